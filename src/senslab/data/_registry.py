@@ -1,0 +1,20 @@
+"""Dataset registry: ``@register_dataset`` on a loader, ``create_dataset(name, split, ...)``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..registry import Registry
+
+DATASETS: Registry[Callable[..., Any]] = Registry("dataset")
+register_dataset = DATASETS.register
+
+
+def create_dataset(name: str, split: str = "train", **kwargs: Any) -> Any:
+    """Load registered dataset ``name`` (``split`` is e.g. "train", "test", "val", "ood")."""
+    return DATASETS.get(name)(split=split, **kwargs)
+
+
+def list_datasets(pattern: str = "*") -> list[str]:
+    return DATASETS.names(pattern)

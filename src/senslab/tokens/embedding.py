@@ -1,0 +1,110 @@
+"""Tokens that live inside the model: the output of a named submodule (e.g. the LayerNorm after a
+token embedding). Noise is added by a forward hook that exists only inside ``bind``."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .base import BoundTokens, Inputs, Tokenization, batch_size, call_model, select, valid_mask
+
+_MASK_KEYS = ("attention_mask", "padding_mask", "mask")
+
+
+def find_module(model: nn.Module, name: str) -> nn.Module:
+    """``model.get_submodule(name)`` with an error that lists the valid names."""
+    names = [n for n, _ in model.named_modules() if n]
+    if name not in names:
+        close = difflib.get_close_matches(name, names, n=3)
+        hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+        raise ValueError(
+            f"model {type(model).__name__} has no submodule {name!r}.{hint} "
+            f"Valid names: {', '.join(names)}"
+        )
+    return model.get_submodule(name)
+
+
+@dataclass(frozen=True)
+class Embedding(Tokenization):
+    """Tokens are the (B, T, D) output of submodule ``module`` (batch first).
+
+    Real tokens are given by the ``mask`` argument of the measurement, else by the
+    ``attention_mask``/``padding_mask`` entry of a dict input, else all positions are real.
+    Padding is never perturbed. Per-position profiles are right-aligned by default (position −1 is
+    the last real token), as for variable-length text.
+    """
+
+    module: str
+    align: str = "right"
+
+    @contextmanager
+    def bind(
+        self, model: nn.Module | Any, inputs: Inputs, mask: Tensor | None = None
+    ) -> Iterator[BoundTokens]:
+        if not isinstance(model, nn.Module):
+            raise TypeError("Embedding tokens need an nn.Module to hook into")
+        target = find_module(model, self.module)
+        bound = _BoundEmbedding(self.module, model, inputs)
+        handle = target.register_forward_hook(bound.hook)
+        try:
+            bound.run_clean(mask)
+            yield bound
+        finally:
+            handle.remove()
+
+
+class _BoundEmbedding(BoundTokens):
+    def __init__(self, name: str, model: nn.Module, inputs: Inputs) -> None:
+        self.name, self.model, self.inputs = name, model, inputs
+        self._delta: tuple[Tensor | None, Tensor] | None = None
+        self._shape: tuple[int, ...] | None = None
+
+    def hook(self, module: nn.Module, args: Any, out: Any) -> Any:
+        if not isinstance(out, Tensor) or out.dim() != 3:
+            got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+            raise ValueError(
+                f"submodule {self.name!r} returned {got}; Embedding tokens need a (batch, tokens, "
+                "dim) tensor output — hook the embedding or its LayerNorm, not a recurrent layer"
+            )
+        if self._delta is None:
+            self._shape = tuple(out.shape)
+            return None
+        tok, noise = self._delta
+        if out.shape[0] != noise.shape[0]:
+            raise RuntimeError(
+                f"submodule {self.name!r} ran on {out.shape[0]} rows, expected {noise.shape[0]}: "
+                "Embedding tokens need a batch-first module called once per forward"
+            )
+        noise = noise.to(out.dtype)
+        if tok is None:
+            return out + noise
+        out = out.clone()
+        out[torch.arange(out.shape[0], device=out.device), tok] += noise
+        return out
+
+    def run_clean(self, mask: Tensor | None) -> None:
+        self.clean_output = call_model(self.model, self.inputs)
+        if self._shape is None:
+            raise RuntimeError(f"submodule {self.name!r} was not called during the forward pass")
+        b, t, d = self._shape
+        if b != batch_size(self.inputs):
+            raise ValueError(f"submodule {self.name!r} output is not batch-first: shape {self._shape}")
+        self.dim = d
+        if mask is None and isinstance(self.inputs, dict):
+            mask = next((self.inputs[k] for k in _MASK_KEYS if k in self.inputs), None)
+        self.valid = valid_mask(mask, b, t, self.clean_output.device)
+
+    def forward_perturbed(self, src: Tensor, tok: Tensor | None, noise: Tensor) -> Tensor:
+        if tok is None:
+            noise = noise * self.valid.index_select(0, src).unsqueeze(-1).to(noise.dtype)
+        self._delta = (tok, noise)
+        try:
+            return call_model(self.model, select(self.inputs, src))
+        finally:
+            self._delta = None

@@ -1,0 +1,123 @@
+"""Image patches and plain vector sequences as tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .base import BoundTokens, Inputs, Tokenization, call_model, valid_mask
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True)
+class Patches(Tokenization):
+    """Contiguous, non-overlapping ``size``×``size`` patches of a (B, C, H, W) image, all channels.
+
+    Token ``t`` is the patch at row ``t // (W/size)``, column ``t % (W/size)``; its vector has
+    ``C·size²`` entries. Noise is added to the raw input tensor, so an MLP, a CNN and a ViT are
+    measured on the same tokens whatever their own patching.
+    """
+
+    size: int
+    align: str = "left"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.size, int) or self.size < 1:
+            raise ValueError(f"patch size must be a positive integer, got {self.size!r}")
+
+    def grid(self, height: int, width: int) -> tuple[int, int]:
+        """Patches per column and per row; an error if ``size`` does not divide the image."""
+        p = self.size
+        if height % p or width % p:
+            ok = sorted(set(_divisors(height)) & set(_divisors(width)))
+            raise ValueError(
+                f"patch size {p} does not divide image size {height}x{width}; "
+                f"use one of {', '.join(map(str, ok))}"
+            )
+        return height // p, width // p
+
+    @contextmanager
+    def bind(
+        self, model: nn.Module | Any, inputs: Inputs, mask: Tensor | None = None
+    ) -> Iterator[BoundTokens]:
+        if not isinstance(inputs, Tensor) or inputs.dim() != 4:
+            shape = tuple(inputs.shape) if isinstance(inputs, Tensor) else type(inputs).__name__
+            raise ValueError(
+                f"Patches expects images of shape (batch, channels, height, width), got {shape}; "
+                "add a channel axis with x.unsqueeze(1) for grayscale images"
+            )
+        yield _BoundPatches(self, model, inputs, mask)
+
+
+class _BoundPatches(BoundTokens):
+    def __init__(self, spec: Patches, model: Any, x: Tensor, mask: Tensor | None) -> None:
+        b, c, h, w = x.shape
+        self.gh, self.gw = spec.grid(h, w)
+        self.p = spec.size
+        self.model, self.x = model, x
+        self.dim = c * self.p * self.p
+        self.valid = valid_mask(mask, b, self.gh * self.gw, x.device)
+        self.clean_output = call_model(model, x)
+
+    def _view(self, imgs: Tensor) -> Tensor:
+        n, c = imgs.shape[:2]
+        return imgs.view(n, c, self.gh, self.p, self.gw, self.p)
+
+    def forward_perturbed(self, src: Tensor, tok: Tensor | None, noise: Tensor) -> Tensor:
+        copies = self.x.index_select(0, src)
+        n, c = copies.shape[:2]
+        v = self._view(copies)
+        if tok is None:  # whole input: noise (N, T, D) → image layout, padding tokens zeroed
+            noise = noise * self.valid.index_select(0, src).unsqueeze(-1).to(noise.dtype)
+            grid = noise.view(n, self.gh, self.gw, c, self.p, self.p).permute(0, 3, 1, 4, 2, 5)
+            v.add_(grid.to(copies.dtype))
+        else:
+            rows, cols = tok // self.gw, tok % self.gw
+            idx = torch.arange(n, device=copies.device)
+            # advanced indices (n, rows, cols) → a (N, C, p, p) block, one patch per copy
+            v[idx, :, rows, :, cols, :] += noise.view(n, c, self.p, self.p).to(copies.dtype)
+        return call_model(self.model, copies)
+
+
+@dataclass(frozen=True)
+class Sequence(Tokenization):
+    """Inputs that already are sequences of token vectors, shape (B, T, D)."""
+
+    align: str = "left"
+
+    @contextmanager
+    def bind(
+        self, model: nn.Module | Any, inputs: Inputs, mask: Tensor | None = None
+    ) -> Iterator[BoundTokens]:
+        if not isinstance(inputs, Tensor) or inputs.dim() != 3:
+            shape = tuple(inputs.shape) if isinstance(inputs, Tensor) else type(inputs).__name__
+            raise ValueError(
+                f"Sequence expects inputs of shape (batch, tokens, dim), got {shape}; "
+                "for token ids use Embedding('<module name>') instead"
+            )
+        yield _BoundSequence(model, inputs, mask)
+
+
+class _BoundSequence(BoundTokens):
+    def __init__(self, model: Any, x: Tensor, mask: Tensor | None) -> None:
+        self.model, self.x = model, x
+        self.dim = x.shape[2]
+        self.valid = valid_mask(mask, x.shape[0], x.shape[1], x.device)
+        self.clean_output = call_model(model, x)
+
+    def forward_perturbed(self, src: Tensor, tok: Tensor | None, noise: Tensor) -> Tensor:
+        copies = self.x.index_select(0, src)
+        valid = self.valid.index_select(0, src)
+        if tok is None:
+            copies = copies + noise.to(copies.dtype) * valid.unsqueeze(-1).to(copies.dtype)
+        else:
+            copies[torch.arange(len(src), device=copies.device), tok] += noise.to(copies.dtype)
+        return call_model(self.model, copies)
