@@ -1,0 +1,61 @@
+"""The in-memory dataset every loader returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+
+@dataclass
+class ArrayDataset(Dataset):
+    """Examples held as tensors in memory (data loading is never the bottleneck).
+
+    ``inputs`` is a tensor with the example axis first (images: float32 (N, C, H, W) normalised),
+    or a dict of such tensors (text: ``input_ids`` (N, L) long and ``attention_mask`` (N, L) bool).
+    ``targets`` is (N,) long for classification (or float for regression).
+    """
+
+    inputs: Tensor | dict[str, Tensor]
+    targets: Tensor
+    num_classes: int
+    name: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.targets)
+        for k, v in self._input_items():
+            if v.shape[0] != n:
+                raise ValueError(f"{self.name}: input {k!r} has {v.shape[0]} rows, targets {n}")
+
+    def _input_items(self) -> list[tuple[str, Tensor]]:
+        if isinstance(self.inputs, Tensor):
+            return [("inputs", self.inputs)]
+        return list(self.inputs.items())
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, i: int) -> tuple[Any, Tensor]:
+        if isinstance(self.inputs, Tensor):
+            return self.inputs[i], self.targets[i]
+        return {k: v[i] for k, v in self.inputs.items()}, self.targets[i]
+
+    def batch(self, index: Tensor | slice) -> tuple[Tensor | dict[str, Tensor], Tensor]:
+        """Inputs and targets of many examples at once (fancy indexing, no collate loop)."""
+        if isinstance(self.inputs, Tensor):
+            return self.inputs[index], self.targets[index]
+        return {k: v[index] for k, v in self.inputs.items()}, self.targets[index]
+
+    def subset(self, index: Tensor | slice) -> ArrayDataset:
+        x, y = self.batch(index)
+        return ArrayDataset(x, y, self.num_classes, self.name, dict(self.meta))
+
+    def first(self, n: int, generator: torch.Generator | None = None) -> ArrayDataset:
+        """``n`` examples: the first ``n``, or a random ``n`` drawn with ``generator``."""
+        if generator is None:
+            return self.subset(slice(0, n))
+        return self.subset(torch.randperm(len(self), generator=generator)[:n])

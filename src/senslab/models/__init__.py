@@ -1,0 +1,10 @@
+"""Models by name: ``create_model(name, **overrides)``, ``list_models(pattern)``.
+
+Every model has a frozen dataclass config and a ``default_tokens()`` method returning the
+:class:`senslab.tokens.Tokenization` its sensitivity is measured on by default.
+"""
+
+from . import vision, resnet, text, small  # noqa: F401  (register factories)
+from ._registry import create_model, list_models, register_model
+
+__all__ = ["create_model", "list_models", "register_model"]
