@@ -1,4 +1,4 @@
-"""Fetching official data files: checksum-verified, atomic, resumable, with a clear offline error."""
+"""Fetching official data files: checksum-verified, atomic, resumable, clear offline errors."""
 
 from __future__ import annotations
 

@@ -106,6 +106,10 @@ class BoundTokens(abc.ABC):
         return self.valid.shape[1]
 
     @abc.abstractmethod
+    def tokens(self, src: Tensor, tok: Tensor) -> Tensor:
+        """Clean vectors (N, D) of token ``tok[n]`` of example ``src[n]``."""
+
+    @abc.abstractmethod
     def forward_perturbed(self, src: Tensor, tok: Tensor | None, noise: Tensor) -> Tensor:
         """Model output on copies of examples ``src`` (N,) with ``noise`` added.
 

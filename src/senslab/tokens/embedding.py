@@ -74,6 +74,7 @@ class _BoundEmbedding(BoundTokens):
             )
         if self._delta is None:
             self._shape = tuple(out.shape)
+            self._clean = out.detach()
             return None
         tok, noise = self._delta
         if out.shape[0] != noise.shape[0]:
@@ -94,11 +95,16 @@ class _BoundEmbedding(BoundTokens):
             raise RuntimeError(f"submodule {self.name!r} was not called during the forward pass")
         b, t, d = self._shape
         if b != batch_size(self.inputs):
-            raise ValueError(f"submodule {self.name!r} output is not batch-first: shape {self._shape}")
+            raise ValueError(
+                f"submodule {self.name!r} output is not batch-first: shape {self._shape}"
+            )
         self.dim = d
         if mask is None and isinstance(self.inputs, dict):
             mask = next((self.inputs[k] for k in _MASK_KEYS if k in self.inputs), None)
         self.valid = valid_mask(mask, b, t, self.clean_output.device)
+
+    def tokens(self, src: Tensor, tok: Tensor) -> Tensor:
+        return self._clean[src, tok]
 
     def forward_perturbed(self, src: Tensor, tok: Tensor | None, noise: Tensor) -> Tensor:
         if tok is None:

@@ -71,6 +71,11 @@ class _BoundPatches(BoundTokens):
         n, c = imgs.shape[:2]
         return imgs.view(n, c, self.gh, self.p, self.gw, self.p)
 
+    def tokens(self, src: Tensor, tok: Tensor) -> Tensor:
+        v = self._view(self.x)
+        n = len(src)
+        return v[src, :, tok // self.gw, :, tok % self.gw, :].reshape(n, self.dim)
+
     def forward_perturbed(self, src: Tensor, tok: Tensor | None, noise: Tensor) -> Tensor:
         copies = self.x.index_select(0, src)
         n, c = copies.shape[:2]
@@ -112,6 +117,9 @@ class _BoundSequence(BoundTokens):
         self.dim = x.shape[2]
         self.valid = valid_mask(mask, x.shape[0], x.shape[1], x.device)
         self.clean_output = call_model(model, x)
+
+    def tokens(self, src: Tensor, tok: Tensor) -> Tensor:
+        return self.x[src, tok]
 
     def forward_perturbed(self, src: Tensor, tok: Tensor | None, noise: Tensor) -> Tensor:
         copies = self.x.index_select(0, src)

@@ -1,0 +1,392 @@
+"""Token-wise Gaussian sensitivity: exactness, closed forms, equivalences and errors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from senslab.measure import TokenSensitivity, token_sensitivity
+from senslab.tokens import Embedding, Patches, Sequence
+
+# -- small models covering the architectures the core must measure through one call ----------
+
+
+class TinyViT(nn.Module):
+    def __init__(self, patch: int = 4, dim: int = 16, classes: int = 3) -> None:
+        super().__init__()
+        self.patch = patch
+        self.embed = nn.Conv2d(1, dim, patch, stride=patch)
+        layer = nn.TransformerEncoderLayer(dim, 2, 32, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x).flatten(2).transpose(1, 2)
+        return self.head(self.encoder(h).mean(1))
+
+
+class TinyLSTM(nn.Module):
+    def __init__(self, vocab: int = 20, dim: int = 8, classes: int = 2) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab, dim)
+        self.embed_ln = nn.LayerNorm(dim)
+        self.lstm = nn.LSTM(dim, dim, batch_first=True)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        h, _ = self.lstm(self.embed_ln(self.embedding(input_ids)))
+        last = attention_mask.long().sum(1) - 1
+        return self.head(h[torch.arange(len(h)), last])
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.LeakyReLU(), nn.Linear(32, 3))
+
+
+def cnn() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64, 3)
+    )
+
+
+def text_batch(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, 20, (6, 7), generator=g)
+    lengths = torch.tensor([7, 3, 5, 1, 6, 4])
+    mask = torch.arange(7)[None] < lengths[:, None]
+    return {"input_ids": ids.masked_fill(~mask, 0), "attention_mask": mask}
+
+
+@pytest.fixture
+def images() -> torch.Tensor:
+    return torch.randn(10, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+
+
+def seeded(module_fn, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)  # test-only: model init; the estimator itself never reads global RNG
+    return module_fn()
+
+
+# -- the same call measures every architecture -------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [mlp, cnn, TinyViT])
+def test_image_models_measurable_through_one_call(make, images):
+    r = token_sensitivity(seeded(make), images, Patches(4), sigma=1.0, repeats=2)
+    assert 0.0 <= r.estimate <= 1.0
+    assert r.num_examples == 10
+    assert r.num_forward == 10 + 10 * 4 * 2
+    assert r.per_sample.shape == (10,) and r.per_position.shape == (4,)
+    assert math.isfinite(r.stderr)
+
+
+def test_lstm_with_embedding_tokens_measurable():
+    model = seeded(TinyLSTM)
+    batch = text_batch()
+    r = token_sensitivity(model, batch, Embedding("embed_ln"), sigma=2.0, repeats=3)
+    assert r.num_forward == 6 + 3 * int(batch["attention_mask"].sum())
+    assert 0.0 < r.estimate < 1.0
+
+
+# -- exactness: chunking, class vs function, merging, seeds ------------------------------------
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"repeats": 3},
+        {"repeats": 2, "num_tokens": 2},
+        {"repeats": 4, "mode": "whole", "sigma": 0.3},
+        {"repeats": 2, "compare": "l2"},
+    ],
+)
+def test_chunked_equals_unchunked_exactly(options, images):
+    model = seeded(cnn)
+    opts = {"sigma": 1.0, **options}
+    full = token_sensitivity(model, images, Patches(2), chunk_size=10_000, **opts)
+    for chunk in (1, 7, 33):
+        part = token_sensitivity(model, images, Patches(2), chunk_size=chunk, **opts)
+        assert part.num_forward == full.num_forward
+        if opts.get("compare", "class") == "class":  # flip counts: identical
+            assert torch.equal(part.per_sample, full.per_sample)
+            assert part.estimate == full.estimate
+        else:  # same noise; distances differ only by BLAS summation order across batch sizes
+            assert torch.allclose(part.per_sample, full.per_sample, rtol=1e-5, atol=0)
+
+
+def test_chunked_equals_unchunked_for_embedding_tokens():
+    model, batch = seeded(TinyLSTM), text_batch()
+    a = token_sensitivity(model, batch, Embedding("embed_ln"), sigma=2.0, repeats=3, chunk_size=5)
+    b = token_sensitivity(model, batch, Embedding("embed_ln"), sigma=2.0, repeats=3)
+    assert torch.equal(a.per_sample, b.per_sample)
+    assert torch.equal(a.per_position, b.per_position)
+
+
+def test_class_equals_function(images):
+    model = seeded(mlp)
+    fn = token_sensitivity(model, images, Patches(4), sigma=0.7, repeats=2, generator=5)
+    metric = TokenSensitivity(model, Patches(4), sigma=0.7, repeats=2, generator=5)
+    metric.update(images)
+    cl = metric.compute()
+    assert cl.estimate == fn.estimate and cl.stderr == fn.stderr
+    assert torch.equal(cl.per_position, fn.per_position)
+
+    # two updates continue the same random stream: equal to one call on the concatenation
+    metric = TokenSensitivity(model, Patches(4), sigma=0.7, repeats=2, generator=5)
+    metric.update(images[:4])
+    metric.update(images[4:])
+    assert torch.equal(metric.compute().per_sample, fn.per_sample)
+
+    metric.reset()
+    with pytest.raises(RuntimeError, match="no examples"):
+        metric.compute()
+
+
+def test_merge_across_workers_matches_pooled_statistics(images):
+    model = seeded(mlp)
+    parts = []
+    for seed, chunk in [(1, images[:3]), (2, images[3:])]:
+        m = TokenSensitivity(model, Patches(4), sigma=0.7, repeats=2, generator=seed)
+        m.update(chunk)
+        parts.append(m)
+    singles = [p.compute() for p in parts]
+    merged = parts[0].merge(parts[1]).compute()
+    pooled = torch.cat([s.per_sample for s in singles]).double()
+    assert merged.num_examples == 10
+    assert merged.estimate == pytest.approx(pooled.mean().item(), abs=1e-12)
+    assert merged.stderr == pytest.approx(pooled.std().item() / math.sqrt(10), abs=1e-12)
+    assert merged.num_forward == sum(s.num_forward for s in singles)
+
+
+def test_same_seed_same_numbers_and_generator_object(images):
+    model = seeded(cnn)
+    a = token_sensitivity(model, images, Patches(2), sigma=1.0, generator=3)
+    b = token_sensitivity(model, images, Patches(2), sigma=1.0, generator=3)
+    c = token_sensitivity(
+        model, images, Patches(2), sigma=1.0, generator=torch.Generator().manual_seed(3)
+    )
+    d = token_sensitivity(model, images, Patches(2), sigma=1.0, generator=4)
+    assert torch.equal(a.per_sample, b.per_sample) and torch.equal(a.per_sample, c.per_sample)
+    assert not torch.equal(a.per_sample, d.per_sample)
+
+
+def test_variance_is_sigma_squared(images):
+    model = seeded(mlp)
+    a = token_sensitivity(model, images, Patches(4), sigma=0.5)
+    b = token_sensitivity(model, images, Patches(4), variance=0.25)
+    assert torch.equal(a.per_sample, b.per_sample) and b.sigma == 0.5
+
+
+# -- statistics: per-position and per-sample reductions, standard errors -----------------------
+
+
+def test_per_position_means_average_back_to_the_mean(images):
+    r = token_sensitivity(seeded(cnn), images, Patches(2), sigma=1.0, repeats=3)
+    assert r.per_position.shape == (16,) and torch.equal(r.positions, torch.arange(16))
+    assert r.per_position.mean().item() == pytest.approx(r.estimate, abs=1e-9)
+    assert r.per_sample.double().mean().item() == pytest.approx(r.estimate, abs=1e-6)
+    assert r.stderr == pytest.approx(r.per_sample.double().std().item() / math.sqrt(10), rel=1e-5)
+
+
+def test_right_aligned_positions_for_variable_length_text():
+    model, batch = seeded(TinyLSTM), text_batch()
+    r = token_sensitivity(model, batch, Embedding("embed_ln"), sigma=2.0, repeats=2)
+    lengths = batch["attention_mask"].sum(1)
+    assert torch.equal(r.positions, torch.arange(-7, 0))
+    # position −k holds one cell per example with at least k real tokens
+    expected = torch.stack([(lengths >= k).sum() * 2 for k in range(7, 0, -1)]).double()
+    assert torch.equal(r.position_counts, expected)
+    token_weighted = (r.per_position * r.position_counts).sum() / r.position_counts.sum()
+    per_example_weighted = (r.per_sample.double() * lengths).sum() / lengths.sum()
+    assert token_weighted.item() == pytest.approx(per_example_weighted.item(), abs=1e-6)
+
+
+def test_padding_never_perturbed():
+    class PaddingReader(nn.Module):
+        """Outputs the embedding vectors at padded positions only."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.embedding = nn.Embedding(20, 4)
+            self.embed_ln = nn.LayerNorm(4)
+
+        def forward(self, input_ids, attention_mask):
+            h = self.embed_ln(self.embedding(input_ids))
+            return (h * (~attention_mask).unsqueeze(-1)).flatten(1)
+
+    batch = text_batch()
+    for mode in ("token", "whole"):
+        r = token_sensitivity(
+            seeded(PaddingReader), batch, Embedding("embed_ln"), sigma=5.0, compare="l1",
+            mode=mode, repeats=2,
+        )
+        assert r.estimate == 0.0
+    # the same model, told every position is real, does see noise on the padded positions
+    everything = torch.ones_like(batch["attention_mask"])
+    r = token_sensitivity(
+        seeded(PaddingReader), batch, Embedding("embed_ln"), sigma=5.0, compare="l1",
+        mask=everything,
+    )
+    assert r.estimate > 0
+
+
+# -- closed form: a linear classifier ----------------------------------------------------------
+
+
+def test_linear_classifier_matches_closed_form():
+    """sign(w·x + b): noise on token t flips with probability Φ(−|w·x+b| / (σ‖w_t‖))."""
+    g = torch.Generator().manual_seed(0)
+    t, d, sigma = 5, 3, 0.8
+    w = torch.randn(t, d, generator=g)
+    bias = 0.3
+    x = torch.randn(4, t, d, generator=g) * 0.4
+
+    def model(seq: torch.Tensor) -> torch.Tensor:
+        return (seq * w).sum((1, 2)) + bias  # one logit: the sign is the class
+
+    margin = (x * w).sum((1, 2)) + bias
+    normal = torch.distributions.Normal(0.0, 1.0)
+    per_token = normal.cdf(-margin.abs()[:, None] / (sigma * w.norm(dim=1)[None]))
+    exact = per_token.mean().item()
+    assert 0.05 < exact < 0.6  # the test is informative only if flips are neither rare nor sure
+
+    r = token_sensitivity(
+        model, x, Sequence(), sigma=sigma, repeats=400, estimand="subset", generator=11
+    )
+    assert abs(r.estimate - exact) < 4 * r.stderr
+    assert r.stderr == r.stderr_subset and 0 < r.stderr < 0.02
+    per_example = per_token.mean(1)
+    assert torch.allclose(r.per_sample.double(), per_example.double(), atol=0.06)
+
+    # two logits [0, w·x+b] give the same predictions through argmax: same numbers
+    r2 = token_sensitivity(
+        lambda s: torch.stack([torch.zeros(len(s)), model(s)], 1), x, Sequence(), sigma=sigma,
+        repeats=400, estimand="subset", generator=11,
+    )
+    assert torch.equal(r.per_sample, r2.per_sample)
+
+
+def test_linear_classifier_whole_input_closed_form():
+    """Noise on every token: flips with probability Φ(−|w·x+b| / (σ‖w‖))."""
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(4, 2, generator=g)
+    x = torch.randn(3, 4, 2, generator=g) * 0.5
+    sigma = 0.6
+    margin = (x * w).sum((1, 2))
+    exact = torch.distributions.Normal(0.0, 1.0).cdf(-margin.abs() / (sigma * w.norm())).mean()
+    r = token_sensitivity(
+        lambda s: (s * w).sum((1, 2)), x, Sequence(), sigma=sigma, mode="whole", repeats=3000,
+        estimand="subset",
+    )
+    assert abs(r.estimate - exact.item()) < 4 * r.stderr
+
+
+def test_replacement_by_vocabulary_tokens():
+    """Replacing token 0 by a uniform vocabulary row flips 'is token 0 = e_0' w.p. (V−1)/V."""
+    vocab = torch.eye(5)
+    x = vocab[torch.tensor([[0, 3, 2, 1]])].repeat(2, 1, 1)
+
+    def model(seq):
+        return seq[:, 0, 0] - 0.5
+
+    r = token_sensitivity(
+        model, x, Sequence(), replace_with=vocab, repeats=500, estimand="subset"
+    )
+    exact = (4 / 5) / 4  # only token 0 matters, one of 4 tokens
+    assert abs(r.estimate - exact) < 4 * r.stderr
+    assert r.per_position[1:].sum() == 0
+
+
+def test_autocast_bfloat16_agrees_with_float32(images):
+    model = seeded(mlp)
+    a = token_sensitivity(model, images, Patches(4), sigma=1.0, repeats=20)
+    b = token_sensitivity(model, images, Patches(4), sigma=1.0, repeats=20, autocast=torch.bfloat16)
+    assert abs(a.estimate - b.estimate) < 4 * max(a.stderr_subset, 1e-3)
+
+
+def test_model_mode_restored_and_measured_in_eval(images):
+    model = nn.Sequential(nn.Flatten(), nn.Dropout(0.5), nn.Linear(64, 3))
+    model.train()
+    a = token_sensitivity(model, images, Patches(4), sigma=0.1)
+    b = token_sensitivity(model, images, Patches(4), sigma=0.1)
+    assert model.training and model[1].training
+    assert torch.equal(a.per_sample, b.per_sample)  # dropout off while measuring
+
+
+def test_default_tokens_from_model(images):
+    model = seeded(mlp)
+    model.default_tokens = lambda: Patches(4)
+    r = token_sensitivity(model, images, sigma=0.5)
+    assert r.per_position.shape == (4,)
+    with pytest.raises(TypeError, match="default_tokens"):
+        token_sensitivity(seeded(mlp), images, sigma=0.5)
+
+
+# -- bad input ---------------------------------------------------------------------------------
+
+
+def test_patch_size_must_divide_image(images):
+    with pytest.raises(ValueError, match="patch size 3 does not divide image size 8x8; use one of"):
+        token_sensitivity(seeded(mlp), images, Patches(3), sigma=0.1)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"sigma": 0.0}, "sigma"),
+        ({"sigma": -1.0}, "sigma"),
+        ({"variance": 0.0}, "variance"),
+        ({}, "exactly one noise level"),
+        ({"sigma": 0.1, "variance": 0.01}, "exactly one noise level"),
+        ({"sigma": 0.1, "repeats": 0}, "repeats"),
+        ({"sigma": 0.1, "compare": "kl"}, "compare"),
+    ],
+)
+def test_bad_options(kwargs, message, images):
+    with pytest.raises(ValueError, match=message):
+        token_sensitivity(seeded(mlp), images, Patches(4), **kwargs)
+
+
+def test_empty_batch_and_wrong_shapes(images):
+    with pytest.raises(ValueError, match="empty batch"):
+        token_sensitivity(seeded(mlp), images[:0], Patches(4), sigma=0.1)
+    with pytest.raises(ValueError, match=r"\(batch, channels, height, width\)"):
+        token_sensitivity(seeded(mlp), images[:, 0], Patches(4), sigma=0.1)
+    with pytest.raises(ValueError, match="mask has shape"):
+        token_sensitivity(
+            seeded(mlp), images, Patches(4), sigma=0.1, mask=torch.ones(10, 5, dtype=torch.bool)
+        )
+
+
+def test_nan_output_is_an_error(images):
+    def broken(x):
+        out = x.flatten(1)[:, :3].clone()
+        out[2] = float("nan")
+        return out
+
+    with pytest.raises(FloatingPointError, match="NaN or infinite on 1 clean"):
+        token_sensitivity(broken, images, Patches(4), sigma=0.1)
+
+
+def test_inputs_on_other_device_than_model(images):
+    model = nn.Linear(64, 3, device="meta")
+    with pytest.raises(ValueError, match="inputs are on cpu but the model is on meta"):
+        token_sensitivity(nn.Sequential(nn.Flatten(), model), images, Patches(4), sigma=0.1)
+
+
+def test_unknown_hook_target_lists_valid_names():
+    with pytest.raises(ValueError, match="no submodule 'embed_lm'.*'embed_ln'.*Valid names"):
+        token_sensitivity(seeded(TinyLSTM), text_batch(), Embedding("embed_lm"), sigma=1.0)
+
+
+def test_hook_removed_after_measurement():
+    model = seeded(TinyLSTM)
+    batch = text_batch()
+    token_sensitivity(model, batch, Embedding("embed_ln"), sigma=1.0)
+    assert not model.embed_ln._forward_hooks
+    with pytest.raises(ValueError):
+        token_sensitivity(model, batch, Embedding("lstm"), sigma=1.0)  # tuple output
+    assert not model.lstm._forward_hooks
