@@ -1,1 +1,379 @@
-"""(being written)"""
+"""Text classifiers of the main paper's language experiments (SPEC §4): LSTM, RoBERTa-style
+encoder (softmax or ReLU attention) and GPT-2-style decoder, all trained from scratch.
+
+Every model maps ``input_ids`` (B, L) and an optional ``attention_mask`` (B, L) (true on real
+tokens, padding on the right) to logits (B, num_classes). Each has a submodule ``embed_ln``: the
+LayerNorm applied to the token embedding. Sensitivity adds noise to *its output* through a forward
+hook, so the models use that output exactly as returned, and the transformers add positional
+embeddings only afterwards: the noise hits the per-token embedding before positions are mixed in,
+as the paper prescribes. ``default_tokens()`` is therefore ``Embedding("embed_ln")``.
+
+This file also holds the pieces the small research models (``small.py``) share: the config
+override helper, seeded weight initialisation, and a transformer block with softmax or ReLU
+attention and pre-, post- or no LayerNorm.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any, TypeVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..tokens import Embedding
+from ._registry import register_model
+
+C = TypeVar("C")
+
+
+# --------------------------------------------------------------------------- shared helpers
+def override_config(config: C, overrides: Mapping[str, Any]) -> C:
+    """``config`` with the fields in ``overrides`` replaced (configs are frozen dataclasses).
+
+    An unknown key is an error naming the closest valid field; a value whose type does not match
+    the field's current value (e.g. ``dim="256"``) is an error too, since it would otherwise fail
+    much later, deep inside a layer constructor.
+    """
+    valid = {f.name: getattr(config, f.name) for f in fields(config)}  # type: ignore[arg-type]
+    for key, value in overrides.items():
+        if key not in valid:
+            close = difflib.get_close_matches(key, list(valid), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise TypeError(
+                f"unknown option {key!r} for {type(config).__name__}.{hint} "
+                f"Valid options: {', '.join(valid)}"
+            )
+        current = valid[key]
+        # bool is an int subclass: check it first so `layers=True` is refused
+        ok = (
+            current is None
+            or (isinstance(current, bool) and isinstance(value, bool))
+            or (type(current) is int and isinstance(value, int) and not isinstance(value, bool))
+            or (isinstance(current, float) and isinstance(value, (int, float)))
+            or (isinstance(current, str) and isinstance(value, str))
+        )
+        if not ok:
+            raise TypeError(
+                f"option {key!r} of {type(config).__name__} expects "
+                f"{type(current).__name__}, got {value!r} ({type(value).__name__})"
+            )
+    return replace(config, **overrides)  # type: ignore[type-var]
+
+
+def init_weights(
+    module: nn.Module,
+    generator: torch.Generator,
+    *,
+    linear_std: float | None = 0.02,
+    embed_std: float = 0.02,
+) -> None:
+    """Re-initialise every Linear, Embedding, LayerNorm and LSTM in ``module`` from ``generator``
+    (the global RNG is never read, so a config's ``seed`` fixes the weights on its own).
+
+    ``linear_std=None`` reproduces PyTorch's default Linear init, U(±1/√fan_in) on weight and
+    bias; a number gives N(0, std²) weights and zero biases (GPT-2 / nanoGPT). Embeddings are
+    N(0, embed_std²); LSTM weights and biases U(±1/√hidden) (PyTorch's default). Parameters
+    owned directly by a model (not by these layers) are the model's own business.
+    """
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, nn.Linear):
+                if linear_std is None:
+                    bound = 1.0 / math.sqrt(m.in_features)
+                    nn.init.uniform_(m.weight, -bound, bound, generator=generator)
+                    if m.bias is not None:
+                        nn.init.uniform_(m.bias, -bound, bound, generator=generator)
+                else:
+                    nn.init.normal_(m.weight, 0.0, linear_std, generator=generator)
+                    if m.bias is not None:
+                        m.bias.zero_()
+            elif isinstance(m, nn.Embedding):
+                nn.init.normal_(m.weight, 0.0, embed_std, generator=generator)
+            elif isinstance(m, nn.LayerNorm) and m.elementwise_affine:
+                m.weight.fill_(1.0)
+                if m.bias is not None:
+                    m.bias.zero_()
+            elif isinstance(m, nn.LSTM):
+                bound = 1.0 / math.sqrt(m.hidden_size)
+                for p in m.parameters():
+                    nn.init.uniform_(p, -bound, bound, generator=generator)
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with weights w = φ(q·kᵀ/√d_head) over the allowed keys.
+
+    ``attention="softmax"``: φ = softmax over keys (disallowed keys get weight 0).
+    ``attention="relu"``: φ = relu, *unnormalised* (SPEC §4), disallowed keys multiplied by 0.
+    Allowed keys: those with ``key_mask`` true and, if ``causal``, at or before the query.
+    """
+
+    def __init__(
+        self, dim: int, heads: int, *, attention: str = "softmax", dropout: float = 0.0,
+        causal: bool = False,
+    ) -> None:
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"dim {dim} is not divisible by heads {heads}; use heads dividing dim")
+        _check_choice("attention", attention, ("softmax", "relu"))
+        self.heads, self.attention, self.causal, self.dropout = heads, attention, causal, dropout
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:
+        b, length, d = x.shape
+        q, k, v = self.qkv(x).view(b, length, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        allowed = None  # (B or 1, 1, L, L), true where query i may look at key j
+        if key_mask is not None:
+            allowed = key_mask[:, None, None, :]
+        if self.causal:
+            tril = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
+            allowed = tril[None, None] if allowed is None else allowed & tril
+        p = self.dropout if self.training else 0.0
+        if self.attention == "softmax":
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p)
+        else:
+            w = torch.relu(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]))
+            if allowed is not None:
+                w = w * allowed
+            out = F.dropout(w, p, self.training) @ v
+        return self.proj(out.transpose(1, 2).reshape(b, length, d))
+
+
+class Block(nn.Module):
+    """Transformer block: attention then MLP, each in a residual branch.
+
+    ``norm="pre"``: x + f(LN(x)) (GPT-2); ``"post"``: LN(x + f(x)) (original Transformer,
+    RoBERTa, Hahn & Rofin); ``"none"``: x + f(x) (Nanda et al.'s grokking model). The LayerNorms
+    are ``ln1`` (attention) and ``ln2`` (MLP), registered in the order they run.
+    """
+
+    def __init__(
+        self, dim: int, heads: int, mlp_dim: int, *, norm: str = "pre", activation: str = "gelu",
+        attention: str = "softmax", dropout: float = 0.0, causal: bool = False,
+    ) -> None:
+        super().__init__()
+        _check_choice("norm", norm, ("pre", "post", "none"))
+        _check_choice("activation", activation, ("gelu", "relu"))
+        self.norm = norm
+        self.ln1 = nn.LayerNorm(dim) if norm != "none" else nn.Identity()
+        self.attn = SelfAttention(dim, heads, attention=attention, dropout=dropout, causal=causal)
+        self.ln2 = nn.LayerNorm(dim) if norm != "none" else nn.Identity()
+        act = nn.GELU() if activation == "gelu" else nn.ReLU()
+        self.mlp = nn.Sequential(nn.Linear(dim, mlp_dim), act, nn.Linear(mlp_dim, dim))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:
+        if self.norm == "pre":
+            x = x + self.drop(self.attn(self.ln1(x), key_mask))
+            return x + self.drop(self.mlp(self.ln2(x)))
+        x = self.ln1(x + self.drop(self.attn(x, key_mask)))
+        return self.ln2(x + self.drop(self.mlp(x)))
+
+
+# --------------------------------------------------------------------------- configs
+@dataclass(frozen=True)
+class TextConfig:
+    """Shared by the three text models (SPEC §4; the paper's 4 layers, width 256, 8 heads).
+
+    ``vocab_size`` and ``pad_id`` must match the tokenizer (senslab's text datasets report both).
+    The LSTM has no attention heads or position table; it ignores ``heads`` but still refuses
+    inputs longer than ``max_len`` so all three models accept the same batches.
+    """
+
+    vocab_size: int = 8000
+    max_len: int = 128
+    dim: int = 256
+    layers: int = 4
+    heads: int = 8
+    num_classes: int = 2
+    dropout: float = 0.1
+    pad_id: int = 1
+    seed: int = 0  #: seeds the weight initialisation (an explicit generator, never global RNG)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "max_len", "dim", "layers", "heads", "num_classes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if not 0 <= self.pad_id < self.vocab_size:
+            raise ValueError(
+                f"pad_id {self.pad_id} is not a token id of a vocabulary of size {self.vocab_size}"
+            )
+
+
+@dataclass(frozen=True)
+class RobertaConfig(TextConfig):
+    """RoBERTa-style encoder. ``attention``: "softmax" or "relu" (unnormalised relu(QKᵀ/√d)).
+    ``norm``: "post" (RoBERTa's own LN(x + f(x)), the default) or "pre" (x + f(LN(x)) with a
+    final LayerNorm; more stable for deep models)."""
+
+    attention: str = "softmax"
+    norm: str = "post"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_choice("attention", self.attention, ("softmax", "relu"))
+        _check_choice("norm", self.norm, ("post", "pre"))
+
+
+def _real_tokens(input_ids: Tensor, attention_mask: Tensor | None, cfg: TextConfig) -> Tensor:
+    """Validated (B, L) bool mask of real tokens (from ``attention_mask``, else ``!= pad_id``)."""
+    if input_ids.dim() != 2 or input_ids.is_floating_point():
+        raise ValueError(
+            f"input_ids must be a (batch, length) tensor of token ids, got dtype "
+            f"{input_ids.dtype} and shape {tuple(input_ids.shape)}"
+        )
+    if input_ids.shape[1] > cfg.max_len:
+        raise ValueError(
+            f"sequence length {input_ids.shape[1]} exceeds max_len {cfg.max_len}; truncate the "
+            f"inputs or build the model with max_len={input_ids.shape[1]}"
+        )
+    mask = input_ids != cfg.pad_id if attention_mask is None else attention_mask.to(torch.bool)
+    if mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask has shape {tuple(mask.shape)}, input_ids {tuple(input_ids.shape)}"
+        )
+    # one host sync for both checks: a real first token, and no real token after a pad
+    bad = (~mask[:, 0]).any() | (mask[:, 1:] & ~mask[:, :-1]).any()
+    if bad:
+        raise ValueError(
+            "every sequence needs real tokens followed only by padding (right padding, a real "
+            "first token); left-padded or empty rows are not supported"
+        )
+    return mask
+
+
+def _last_real(h: Tensor, mask: Tensor) -> Tensor:
+    """Rows of ``h`` (B, L, D) at each sequence's last real token (right padding)."""
+    last = mask.sum(dim=1) - 1
+    return h[torch.arange(h.shape[0], device=h.device), last]
+
+
+# --------------------------------------------------------------------------- models
+class LSTMClassifier(nn.Module):
+    """embedding → ``embed_ln`` → ``layers``-layer LSTM (hidden ``dim``) → linear head on the top
+    layer's state at the last real token. Every parameter is trained (the paper code left the
+    embedding and head out of the optimiser — a bug)."""
+
+    def __init__(self, config: TextConfig) -> None:
+        super().__init__()
+        self.config = c = config
+        self.embed = nn.Embedding(c.vocab_size, c.dim)
+        self.embed_ln = nn.LayerNorm(c.dim)
+        self.drop = nn.Dropout(c.dropout)
+        # nn.LSTM's dropout acts between stacked layers only
+        self.lstm = nn.LSTM(c.dim, c.dim, c.layers, batch_first=True, dropout=c.dropout)
+        self.head = nn.Linear(c.dim, c.num_classes)
+        init_weights(self, torch.Generator().manual_seed(c.seed), linear_std=None, embed_std=1.0)
+
+    def default_tokens(self) -> Embedding:
+        return Embedding("embed_ln")
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        mask = _real_tokens(input_ids, attention_mask, self.config)
+        out, _ = self.lstm(self.drop(self.embed_ln(self.embed(input_ids))))
+        # The LSTM reads left to right, so its state at the last real token has never seen the
+        # right padding: no packing needed for padding to leave the logits unchanged.
+        return self.head(self.drop(_last_real(out, mask)))
+
+
+class _TextTransformer(nn.Module):
+    """Token embedding → ``embed_ln`` → + learned positions → blocks → final norm."""
+
+    def __init__(self, config: TextConfig, *, norm: str, attention: str, causal: bool) -> None:
+        super().__init__()
+        self.config = c = config
+        self.embed = nn.Embedding(c.vocab_size, c.dim)
+        self.embed_ln = nn.LayerNorm(c.dim)
+        self.pos_embed = nn.Embedding(c.max_len, c.dim)
+        self.drop = nn.Dropout(c.dropout)
+        self.blocks = nn.ModuleList(
+            Block(c.dim, c.heads, 4 * c.dim, norm=norm, activation="gelu", attention=attention,
+                  dropout=c.dropout, causal=causal)
+            for _ in range(c.layers)
+        )
+        # post-LN blocks already end in a LayerNorm; pre-LN needs one before the head
+        self.norm = nn.LayerNorm(c.dim) if norm == "pre" else nn.Identity()
+
+    def default_tokens(self) -> Embedding:
+        return Embedding("embed_ln")
+
+    def _encode(self, input_ids: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+        mask = _real_tokens(input_ids, attention_mask, self.config)
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        # positions are added *after* embed_ln so that injected noise hits the token alone
+        h = self.drop(self.embed_ln(self.embed(input_ids)) + self.pos_embed(positions))
+        for block in self.blocks:
+            h = block(h, mask)
+        return self.norm(h), mask
+
+    def hidden_states(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """Final hidden states (B, L, dim), before the classification head."""
+        return self._encode(input_ids, attention_mask)[0]
+
+
+class RobertaClassifier(_TextTransformer):
+    """Bidirectional encoder, padding keys masked; the head reads position 0 (``<s>``, the CLS
+    token) through dense → tanh → dropout → linear, as RoBERTa's classification head does."""
+
+    def __init__(self, config: RobertaConfig) -> None:
+        super().__init__(config, norm=config.norm, attention=config.attention, causal=False)
+        self.head = nn.Sequential(
+            nn.Linear(config.dim, config.dim), nn.Tanh(), nn.Dropout(config.dropout),
+            nn.Linear(config.dim, config.num_classes),
+        )
+        init_weights(self, torch.Generator().manual_seed(config.seed))
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        h, _ = self._encode(input_ids, attention_mask)
+        return self.head(h[:, 0])
+
+
+class GPT2Classifier(_TextTransformer):
+    """Causal pre-LN decoder (GELU MLP); a linear head on the last real token, the only position
+    that has seen the whole sequence."""
+
+    def __init__(self, config: TextConfig) -> None:
+        super().__init__(config, norm="pre", attention="softmax", causal=True)
+        self.head = nn.Linear(config.dim, config.num_classes)
+        init_weights(self, torch.Generator().manual_seed(config.seed))
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        h, mask = self._encode(input_ids, attention_mask)
+        return self.head(_last_real(h, mask))
+
+
+# --------------------------------------------------------------------------- registry
+@register_model("lstm")
+def lstm(**overrides: Any) -> LSTMClassifier:
+    """LSTM baseline: embedding 256 → LayerNorm → 4-layer LSTM 256 → linear (SPEC §4)."""
+    return LSTMClassifier(override_config(TextConfig(), overrides))
+
+
+@register_model("roberta")
+def roberta(**overrides: Any) -> RobertaClassifier:
+    """RoBERTa-like encoder, 4 layers, 256 wide, 8 heads, softmax attention (SPEC §4)."""
+    return RobertaClassifier(override_config(RobertaConfig(), overrides))
+
+
+@register_model("roberta_relu")
+def roberta_relu(**overrides: Any) -> RobertaClassifier:
+    """``roberta`` with unnormalised ReLU attention relu(QKᵀ/√d) (SPEC §4)."""
+    return RobertaClassifier(override_config(RobertaConfig(attention="relu"), overrides))
+
+
+@register_model("gpt2")
+def gpt2(**overrides: Any) -> GPT2Classifier:
+    """GPT-2-like causal decoder, 4 layers, 256 wide, 8 heads (SPEC §4, A.4)."""
+    return GPT2Classifier(override_config(TextConfig(), overrides))
