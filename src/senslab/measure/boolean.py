@@ -1,0 +1,564 @@
+"""Sensitivity and Fourier analysis of functions on the Boolean cube {±1}ⁿ (SPEC §1, "Boolean").
+
+For f: {±1}ⁿ → R and x ∈ {±1}ⁿ let x^⊕i be x with bit i flipped. The *sensitivity* of f at x is
+
+    s(f, x) = Σᵢ 1[f(x) ≠ f(x^⊕i)],
+
+its average over uniform x is the *average sensitivity* as(f) = E_x s(f, x), the per-bit terms
+Inf_i(f) = P_x[f(x) ≠ f(x^⊕i)] are the *influences* (so as(f) = Σᵢ Inf_i(f)), and
+s_max(f) = max_x s(f, x). Every f has a Fourier expansion f(x) = Σ_S f̂(S) χ_S(x) with
+χ_S(x) = Π_{i∈S} xᵢ and f̂(S) = 2⁻ⁿ Σ_x f(x) χ_S(x). With D_i f(x) = (f(x) − f(x^⊕i)) / 2,
+
+    E_x[(D_i f)²] = Σ_{S∋i} f̂(S)²,   Σᵢ E_x[(D_i f)²] = Σ_S |S| f̂(S)²,
+
+and for ±1-valued f, (D_i f)² = 1[f(x) ≠ f(x^⊕i)], which gives the classical identities
+Inf_i(f) = Σ_{S∋i} f̂(S)² and as(f) = Σ_S |S| f̂(S)². For real-valued f the same sums are the
+"real" sensitivity below (squared change / 4), e.g. MEAN(x) = (1/n) Σ xᵢ has as = 1/n.
+
+Encoding (used by every function here)
+    A *truth table* is a 1-D tensor of length 2ⁿ indexed by an integer i whose bit j (the
+    2ʲ digit) encodes coordinate j: x_j = 1 − 2·bit_j(i), so bit 0 ↦ +1 and bit 1 ↦ −1, and i = 0
+    is the all-(+1) string. Flipping coordinate j is ``i ^ (1 << j)``, and a subset S of
+    coordinates is also a bitmask, so ``coefficients[S]`` is f̂(S) and χ_S(x_i) = (−1)^popcount(S&i).
+
+How a change is counted (``output``)
+    f may return shape (N,) or (N, 1) values / logits, or (N, C) class logits (C ≥ 2).
+
+    - ``"sign"``: the indicator of a change of the *predicted class*: argmax for (N, C); equality
+      for integer or bool outputs (class labels); ``value > threshold`` for real outputs (±1
+      values, {0, 1} values or logits with the default threshold 0; use 0.5 for a regression
+      onto {0, 1} targets).
+    - ``"real"``: (f(x) − f(x^⊕i))² / 4, scalar outputs only. It equals the indicator for ±1
+      outputs and gives the Fourier identities above for any real f.
+    - ``"auto"`` (default): ``"sign"`` for class-like outputs — (N, C) logits, integer or bool
+      dtype, or real values that are all in {−1, 1} or all in {0, 1} — and ``"real"`` otherwise.
+      The rule looks at *all* evaluated values, so a model that outputs a raw scalar logit is
+      measured with ``"real"``: pass ``output="sign"`` for logit models.
+
+Example::
+
+    >>> from senslab.measure.boolean import boolean_sensitivity, majority, parity
+    >>> boolean_sensitivity(parity, 6).average
+    6.0
+    >>> round(boolean_sensitivity(majority, 5).average, 4)
+    1.875
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+BoolFn = Callable[[Tensor], Tensor] | nn.Module | Tensor
+Output = Literal["auto", "sign", "real"]
+Method = Literal["auto", "exact", "sample"]
+
+#: Largest n for which a *function* is enumerated (2²² ≈ 4.2M evaluations); beyond, sample.
+MAX_EXACT_N = 22
+DEFAULT_CHUNK = 1 << 15
+_PM_ONE, _ZERO_ONE = torch.tensor([-1, 1]), torch.tensor([0, 1])
+
+
+@dataclass(frozen=True)
+class BooleanSensitivity:
+    """Result of :func:`boolean_sensitivity`.
+
+    ``average`` is as(f) (exact, or the mean of s(f, x) over ``num_points`` sampled strings),
+    ``normalized`` = average / n, ``influence[i]`` the mean change when bit i flips,
+    ``max`` the largest s(f, x) over the evaluated points (s_max(f) when exact, a lower bound when
+    sampled), ``stderr`` the standard error of ``average`` across sampled points (0 when exact),
+    ``ci95`` the normal 95% interval, ``num_evaluations`` the rows f was evaluated on (0 for a
+    truth table), ``output`` the counting rule actually used ("sign" or "real").
+    """
+
+    average: float
+    normalized: float
+    influence: Tensor
+    max: float
+    stderr: float
+    ci95: tuple[float, float]
+    num_points: int
+    num_evaluations: int
+    method: str
+    output: str
+    n: int
+
+    def __str__(self) -> str:
+        err = "" if self.method == "exact" else f" ± {self.stderr:.4f}"
+        return (
+            f"as(f) = {self.average:.4f}{err} (normalized {self.normalized:.4f}, "
+            f"max {self.max:g}; {self.method}, {self.output}, n={self.n}, "
+            f"{self.num_points} points)"
+        )
+
+
+# ----------------------------------------------------------------------------- encoding helpers
+
+
+def index_to_inputs(index: Tensor, n: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """The ±1 strings (len(index), n) of integer indices: x_j = 1 − 2·bit_j(index)."""
+    bits = (index.long().unsqueeze(1) >> torch.arange(n, device=index.device)) & 1
+    return (1 - 2 * bits).to(dtype)
+
+
+def inputs_to_index(x: Tensor) -> Tensor:
+    """Inverse of :func:`index_to_inputs`: the integer index of each ±1 row of ``x`` (N, n)."""
+    if x.dim() != 2:
+        raise ValueError(f"expected a (N, n) batch of ±1 strings, got shape {tuple(x.shape)}")
+    bits = (x < 0).long()  # −1 ↦ bit 1
+    return (bits << torch.arange(x.shape[1], device=x.device)).sum(1)
+
+
+def all_inputs(n: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """All 2ⁿ strings of {±1}ⁿ as a (2ⁿ, n) matrix, row i = the string with index i."""
+    _check_n(n)
+    if n > MAX_EXACT_N:
+        raise ValueError(f"all_inputs({n}) would hold 2^{n} rows; n ≤ {MAX_EXACT_N} is supported")
+    return index_to_inputs(torch.arange(1 << n), n, dtype)
+
+
+def _check_n(n: int) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive integer number of bits, got {n!r}")
+
+
+def _table_n(table: Tensor) -> int:
+    """n for a truth table, with the errors a wrong table deserves."""
+    if not isinstance(table, Tensor):
+        raise TypeError(f"expected a truth table tensor, got {type(table).__name__}")
+    if table.dim() == 2 and table.shape[1] == 1:
+        table = table[:, 0]
+    size = table.shape[0] if table.dim() == 1 else -1
+    if size < 2 or size & (size - 1):
+        raise ValueError(
+            f"a truth table is a 1-D tensor of length 2^n (n ≥ 1); got shape {tuple(table.shape)}"
+            " — build one with truth_table(f, n)"
+        )
+    return size.bit_length() - 1
+
+
+# ----------------------------------------------------------------------------- evaluating f
+
+
+def _module_placement(f: object) -> tuple[torch.device | None, torch.dtype | None]:
+    if isinstance(f, nn.Module):
+        if f.training:
+            warnings.warn(
+                "the module is in training mode (dropout/BatchNorm make f random); "
+                "call model.eval() before measuring its Boolean sensitivity",
+                stacklevel=3,
+            )
+        for p in list(f.parameters()) + list(f.buffers()):
+            if p.is_floating_point():
+                return p.device, p.dtype
+    return None, None
+
+
+def _canonical(raw: object, rows: int, output: Output) -> Tensor:
+    """Reduce raw outputs to one value per row: long class labels, or float64 scalars."""
+    out = torch.as_tensor(raw)
+    if out.dim() == 2 and out.shape[1] == 1:
+        out = out[:, 0]
+    if out.dim() not in (1, 2) or out.shape[0] != rows:
+        raise ValueError(
+            f"f returned shape {tuple(out.shape)} for {rows} inputs; expected ({rows},), "
+            f"({rows}, 1) or ({rows}, C) — check that f takes a (N, n) batch of ±1 strings"
+        )
+    if out.is_floating_point() and not torch.isfinite(out).all():
+        raise ValueError("f returned NaN or infinite outputs; sensitivity is undefined for them")
+    if out.dim() == 2:
+        if output == "real":
+            raise ValueError("output='real' needs scalar outputs; f returned (N, C) logits")
+        return out.argmax(1).long().cpu()
+    if not out.is_floating_point():
+        return out.long().cpu()
+    return out.double().cpu()
+
+
+def _evaluator(
+    f: BoolFn, n: int, output: Output, device: torch.device | str | None, dtype: torch.dtype | None
+) -> Callable[[Tensor], Tensor]:
+    """A function index-or-string → canonical values, for a truth table or a callable."""
+    if isinstance(f, Tensor):
+        table = f[:, 0] if f.dim() == 2 else f
+        table = _canonical(table, table.shape[0], output)
+
+        def lookup(x: Tensor) -> Tensor:
+            return table[inputs_to_index(x).cpu()]
+
+        return lookup
+    if not callable(f):
+        raise TypeError(f"f must be a callable, an nn.Module or a truth table, not {type(f)}")
+    dev, own_dtype = _module_placement(f)
+    dev = torch.device(device) if device is not None else (dev or torch.device("cpu"))
+    dtype = dtype or own_dtype or torch.float32
+
+    def call(x: Tensor) -> Tensor:
+        with torch.inference_mode():
+            return _canonical(f(x.to(device=dev, dtype=dtype)), x.shape[0], output)
+
+    return call
+
+
+def _resolve(values: Tensor, output: Output) -> str:
+    """The counting rule for ``output`` given *all* canonical values (see module docstring)."""
+    if output not in ("auto", "sign", "real"):
+        raise ValueError(f"output must be 'auto', 'sign' or 'real', got {output!r}")
+    if output != "auto":
+        return output
+    if not values.is_floating_point():
+        return "sign"
+    u = values.unique()
+    two_valued = torch.isin(u, _PM_ONE.double()).all() or torch.isin(u, _ZERO_ONE.double()).all()
+    return "sign" if two_valued else "real"
+
+
+def _changes(v0: Tensor, nb: Tensor, rule: str, threshold: float) -> Tensor:
+    """(m, n) change per point and flipped bit: indicator ("sign") or squared change / 4."""
+    if rule == "real":
+        return (v0.double().unsqueeze(1) - nb.double()).pow(2) / 4
+    if v0.is_floating_point():
+        v0, nb = v0 > threshold, nb > threshold
+    return (v0.unsqueeze(1) != nb).double()
+
+
+def truth_table(
+    f: Callable[[Tensor], Tensor] | nn.Module,
+    n: int,
+    *,
+    output: Output = "auto",
+    threshold: float = 0.0,
+    chunk_size: int = DEFAULT_CHUNK,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> Tensor:
+    """The truth table of ``f`` on {±1}ⁿ (length 2ⁿ, index encoding in the module docstring).
+
+    With the "sign" rule a two-valued output becomes a float64 ±1 table (+1 where the output
+    is the positive class: ``> threshold``, label 1, or argmax 1 of two logits), so Fourier
+    analysis applies directly; more than two integer classes stay long labels. With "real" the
+    table holds the float64 outputs. f is called on at most ``chunk_size`` rows at a time.
+    """
+    values = _raw_table(f, n, output, chunk_size, device, dtype)
+    if _resolve(values, output) == "real":
+        return values.double()
+    if values.is_floating_point():
+        return (values > threshold).double() * 2 - 1
+    labels = values.unique()
+    if torch.isin(labels, _ZERO_ONE).all() or torch.isin(labels, _PM_ONE).all():
+        return (values > 0).double() * 2 - 1
+    return values
+
+
+def _raw_table(
+    f: BoolFn,
+    n: int,
+    output: Output,
+    chunk_size: int,
+    device: torch.device | str | None,
+    dtype: torch.dtype | None,
+) -> Tensor:
+    """Canonical values of f on all 2ⁿ strings, f called on ``chunk_size`` rows at a time."""
+    _check_n(n)
+    if n > MAX_EXACT_N:
+        raise ValueError(
+            f"n={n} is too large for exact enumeration (2^{n} evaluations, limit n ≤ "
+            f"{MAX_EXACT_N}); use method='sample' (or 'auto') with num_samples"
+        )
+    _check_chunk(chunk_size, 1)
+    evaluate = _evaluator(f, n, output, device, dtype)
+    return torch.cat(
+        [evaluate(index_to_inputs(c, n)) for c in torch.arange(1 << n).split(chunk_size)]
+    )
+
+
+def _check_chunk(chunk_size: int, row_cost: int) -> None:
+    if not isinstance(chunk_size, int) or chunk_size < row_cost:
+        raise ValueError(
+            f"chunk_size={chunk_size!r} is too small: one evaluation needs {row_cost} rows "
+            f"(a sampled point comes with its n flips); pass chunk_size ≥ {row_cost}"
+        )
+
+
+# ----------------------------------------------------------------------------- sensitivity
+
+
+def boolean_sensitivity(
+    f: BoolFn,
+    n: int | None = None,
+    *,
+    method: Method = "auto",
+    num_samples: int = 2000,
+    generator: torch.Generator | None = None,
+    chunk_size: int = DEFAULT_CHUNK,
+    output: Output = "auto",
+    threshold: float = 0.0,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> BooleanSensitivity:
+    """Average, per-bit and maximum sensitivity of ``f`` on {±1}ⁿ.
+
+    ``f`` is a truth table (``n`` then optional), or a callable / ``nn.Module`` taking a (N, n)
+    batch of ±1 strings. f runs under ``torch.inference_mode()`` on ``device`` with inputs of
+    ``dtype`` (defaults: a module's own device and parameter dtype; CPU and float32 for other
+    callables). ``output`` and ``threshold`` say how a change is counted (module docstring).
+
+    - ``method="exact"`` enumerates all 2ⁿ strings: the truth table is evaluated once, in chunks
+      of ``chunk_size`` rows (2ⁿ evaluations instead of (n+1)·2ⁿ), and the flips are read from it.
+      Functions need n ≤ MAX_EXACT_N; a truth table of any size can be enumerated.
+    - ``method="sample"`` draws ``num_samples`` uniform strings from ``generator`` (seed 0 when
+      None) and evaluates each together with its n flips, ``chunk_size // (n+1)`` points per call.
+      ``stderr`` = std over points of s(f, x) / √num_samples; ``ci95`` = average ± 1.96·stderr.
+    - ``method="auto"``: exact for truth tables and whenever 2ⁿ ≤ (n+1)·num_samples (enumeration
+      costs no more evaluations than sampling), sampled otherwise.
+    """
+    if isinstance(f, Tensor):
+        m = _table_n(f)
+        if n is not None and n != m:
+            raise ValueError(f"the truth table has length 2^{m}, so n={m}, but n={n} was passed")
+        n = m
+    elif n is None:
+        raise ValueError("n (the number of input bits) is required unless f is a truth table")
+    _check_n(n)
+    if method not in ("auto", "exact", "sample"):
+        raise ValueError(f"method must be 'auto', 'exact' or 'sample', got {method!r}")
+    if output not in ("auto", "sign", "real"):
+        raise ValueError(f"output must be 'auto', 'sign' or 'real', got {output!r}")
+    is_table = isinstance(f, Tensor)
+    if method == "auto":
+        method = "exact" if is_table or (1 << n) <= (n + 1) * num_samples else "sample"
+    if method == "exact":
+        if is_table:
+            table, evaluations = _canonical(f, f.shape[0], output), 0
+        else:
+            table, evaluations = _raw_table(f, n, output, chunk_size, device, dtype), 1 << n
+        rule = _resolve(table, output)
+        stats = _Stats(n)
+        masks = 1 << torch.arange(n)
+        step = max(1, chunk_size // (n + 1))  # bounds the (points, n) change matrix too
+        for idx in torch.arange(1 << n).split(step):
+            stats.add(_changes(table[idx], table[idx.unsqueeze(1) ^ masks], rule, threshold))
+        return stats.result("exact", rule, evaluations, exact=True)
+
+    if not isinstance(num_samples, int) or num_samples < 2:
+        raise ValueError(f"num_samples must be an integer ≥ 2, got {num_samples!r}")
+    _check_chunk(chunk_size, n + 1)
+    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    evaluate = _evaluator(f, n, output, device, dtype)
+    flip = 1 - 2 * torch.eye(n)  # row i multiplies bit i by −1
+    base, neighbours = [], []
+    # All strings are drawn up front (num_samples × n bits is small), so the points do not
+    # depend on chunk_size and chunked and unchunked runs agree exactly.
+    bits = torch.randint(0, 2, (num_samples, n), generator=gen, device=gen.device).cpu()
+    for x in (1 - 2 * bits).float().split(chunk_size // (n + 1)):
+        rows = torch.cat([x, (x.unsqueeze(1) * flip).reshape(-1, n)])
+        v = evaluate(rows)
+        base.append(v[: len(x)])
+        neighbours.append(v[len(x) :].reshape(len(x), n))
+    v0, nb = torch.cat(base), torch.cat(neighbours)
+    rule = _resolve(torch.cat([v0, nb.reshape(-1)]), output)
+    stats = _Stats(n)
+    stats.add(_changes(v0, nb, rule, threshold))
+    evaluations = 0 if is_table else num_samples * (n + 1)
+    return stats.result("sample", rule, evaluations, exact=False)
+
+
+class _Stats:
+    """Running sums of s(f, x), s(f, x)² and per-bit changes over chunks of points (float64)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.count, self.s1, self.s2, self.max = n, 0, 0.0, 0.0, -math.inf
+        self.influence = torch.zeros(n, dtype=torch.float64)
+
+    def add(self, changes: Tensor) -> None:
+        s = changes.sum(1)
+        self.count += len(s)
+        self.s1 += s.sum().item()
+        self.s2 += s.pow(2).sum().item()
+        self.max = max(self.max, s.max().item())
+        self.influence += changes.sum(0)
+
+    def result(self, method: str, rule: str, evaluations: int, exact: bool) -> BooleanSensitivity:
+        mean = self.s1 / self.count
+        var = max(self.s2 - self.count * mean**2, 0.0) / (self.count - 1)
+        se = 0.0 if exact else math.sqrt(var / self.count)
+        return BooleanSensitivity(
+            average=mean,
+            normalized=mean / self.n,
+            influence=self.influence / self.count,
+            max=self.max,
+            stderr=se,
+            ci95=(mean - 1.96 * se, mean + 1.96 * se),
+            num_points=self.count,
+            num_evaluations=evaluations,
+            method=method,
+            output=rule,
+            n=self.n,
+        )
+
+
+# ----------------------------------------------------------------------------- Fourier analysis
+
+
+def _spectrum(table: Tensor, coefficients: bool) -> Tensor:
+    _table_n(table)
+    if table.dim() == 2:
+        table = table[:, 0]
+    if not (table.is_floating_point() or table.dtype == torch.bool):
+        if table.unique().numel() > 2:
+            raise ValueError("Fourier analysis needs a real-valued table, not multi-class labels")
+    return table.double() if coefficients else fourier_coefficients(table)
+
+
+def fourier_coefficients(table: Tensor) -> Tensor:
+    """All 2ⁿ Fourier coefficients f̂(S) = 2⁻ⁿ Σ_x f(x) χ_S(x), indexed by the bitmask S.
+
+    Fast Walsh–Hadamard transform: for each bit j, every pair of entries (a, b) whose indices
+    differ only in bit j becomes (a + b, a − b); n such butterfly passes of O(2ⁿ) tensor work
+    each (float64, on a copy). With bit j ↦ x_j = 1 − 2·bit, the pass for bit j multiplies by
+    x_j's two values, so after all n passes entry S holds Σ_x f(x) χ_S(x).
+    """
+    n = _table_n(table)
+    h = (table[:, 0] if table.dim() == 2 else table).double().clone()
+    for j in range(n):
+        pairs = h.view(-1, 2, 1 << j)  # middle axis = bit j of the index
+        a = pairs[:, 0].clone()
+        pairs[:, 0] += pairs[:, 1]
+        pairs[:, 1] = a - pairs[:, 1]
+    return h / (1 << n)
+
+
+def subset_sizes(n: int) -> Tensor:
+    """|S| for every bitmask S < 2ⁿ (popcount), built by doubling: |S + 2ʲ| = |S| + 1."""
+    _check_n(n)
+    sizes = torch.zeros(1, dtype=torch.long)
+    for _ in range(n):
+        sizes = torch.cat([sizes, sizes + 1])
+    return sizes
+
+
+def spectral_weights(table: Tensor, *, coefficients: bool = False) -> Tensor:
+    """W_k = Σ_{|S|=k} f̂(S)² for k = 0..n, a float64 tensor (n+1,); Σ_k W_k = E[f²] (Parseval).
+
+    Pass ``coefficients=True`` when ``table`` already holds f̂ (from fourier_coefficients).
+    """
+    c = _spectrum(table, coefficients)
+    n = _table_n(c)
+    return torch.zeros(n + 1, dtype=torch.float64).index_add_(0, subset_sizes(n), c.pow(2))
+
+
+def degree(table: Tensor, tol: float = 1e-9, *, coefficients: bool = False) -> int:
+    """deg(f) = max |S| with |f̂(S)| > tol (0 for a constant, including the zero function)."""
+    c = _spectrum(table, coefficients)
+    sizes = subset_sizes(_table_n(c))[c.abs() > tol]
+    return int(sizes.max()) if len(sizes) else 0
+
+
+def noise_stability(table: Tensor, rho: float, *, coefficients: bool = False) -> float:
+    """Stab_ρ(f) = Σ_S ρ^|S| f̂(S)² = E[f(x) f(y)] for a ρ-correlated pair (x, y).
+
+    y keeps each bit of x with probability (1 + ρ)/2 and flips it otherwise, so for ±1-valued f,
+    P[f(x) ≠ f(y)] = (1 − Stab_ρ(f)) / 2.
+    """
+    if not -1.0 <= rho <= 1.0:
+        raise ValueError(f"rho is a correlation and must lie in [-1, 1], got {rho}")
+    weights = spectral_weights(table, coefficients=coefficients)
+    return float((weights * rho ** torch.arange(len(weights), dtype=torch.float64)).sum())
+
+
+def average_sensitivity_fourier(table: Tensor, *, coefficients: bool = False) -> float:
+    """Σ_S |S| f̂(S)²: as(f) for ±1-valued f, the "real" sensitivity Σᵢ E[(D_i f)²] otherwise."""
+    weights = spectral_weights(table, coefficients=coefficients)
+    return float((weights * torch.arange(len(weights), dtype=torch.float64)).sum())
+
+
+def influence_fourier(table: Tensor, *, coefficients: bool = False) -> Tensor:
+    """Inf_i(f) = Σ_{S∋i} f̂(S)² for every bit i, a float64 tensor (n,)."""
+    c = _spectrum(table, coefficients)
+    n = _table_n(c)
+    w = c.pow(2)
+    # S ∋ i ⇔ bit i of S is set: the second half of every (−1, 2, 2ⁱ) block.
+    return torch.stack([w.view(-1, 2, 1 << i)[:, 1].sum() for i in range(n)])
+
+
+# ----------------------------------------------------------------------------- reference functions
+# Each takes a (N, n) batch of ±1 strings and returns (N,) values in the batch's float dtype,
+# so they serve both as measured functions and as regression targets for generated tasks.
+
+
+def _bits(x: Tensor) -> Tensor:
+    if x.dim() != 2:
+        raise ValueError(f"expected a (N, n) batch of ±1 strings, got shape {tuple(x.shape)}")
+    return x if x.is_floating_point() else x.float()
+
+
+def parity(x: Tensor) -> Tensor:
+    """PARITY(x) = Π_i x_i ∈ {±1}; as = n, degree n (f̂ is 1 on S = all bits)."""
+    return _bits(x).prod(1)
+
+
+def majority(x: Tensor) -> Tensor:
+    """MAJORITY(x) = 1 if more bits are +1 than −1, else 0 (ties → 0); values in {0, 1}.
+
+    +1 counts as a "one", as in the companion code. For odd n, as = n·C(n−1, (n−1)/2)/2ⁿ⁻¹;
+    for even n only ties/one-above-tie pairs change: n=5 → 1.875, n=10 → 2.4609, n=15 → 3.1421.
+    """
+    return (_bits(x).sum(1) > 0).to(_bits(x).dtype)
+
+
+def first(x: Tensor) -> Tensor:
+    """FIRST(x) = x_1 ∈ {±1} (the dictator function); as = 1."""
+    return _bits(x)[:, 0].clone()
+
+
+def mean(x: Tensor) -> Tensor:
+    """MEAN(x) = (1/n) Σ_i x_i, real-valued; with the "real" rule as = n·(2/n)²/4 = 1/n."""
+    return _bits(x).mean(1)
+
+
+def sparse_parity(subset: Sequence[int]) -> Callable[[Tensor], Tensor]:
+    """A function x ↦ Π_{i∈S} x_i (0-based bit positions); the empty subset is the constant 1."""
+    index = [int(i) for i in subset]
+    if any(i < 0 for i in index) or len(set(index)) != len(index):
+        raise ValueError(f"subset must hold distinct non-negative bit positions, got {subset}")
+    cols = torch.tensor(index, dtype=torch.long)
+
+    def chi(x: Tensor) -> Tensor:
+        x = _bits(x)
+        if index and max(index) >= x.shape[1]:
+            raise ValueError(f"subset {index} names bit {max(index)} but x has {x.shape[1]} bits")
+        return x[:, cols.to(x.device)].prod(1)
+
+    chi.__name__ = f"sparse_parity_{'_'.join(map(str, index)) or 'empty'}"
+    return chi
+
+
+def random_function(n: int, generator: torch.Generator) -> Tensor:
+    """A uniformly random ±1 truth table (float64, length 2ⁿ); E[as(f)] = n/2.
+
+    Use it with :func:`table_function` for a callable, or pass the table directly.
+    """
+    _check_n(n)
+    if n > MAX_EXACT_N:
+        raise ValueError(f"a random truth table for n={n} has 2^{n} entries; n ≤ {MAX_EXACT_N}")
+    bits = torch.randint(0, 2, (1 << n,), generator=generator, device=generator.device)
+    return (1 - 2 * bits).double().cpu()
+
+
+def table_function(table: Tensor) -> Callable[[Tensor], Tensor]:
+    """The callable x ↦ table[index(x)] for a truth table (values returned as stored)."""
+    n = _table_n(table)
+    values = table[:, 0] if table.dim() == 2 else table
+
+    def lookup(x: Tensor) -> Tensor:
+        if x.dim() != 2 or x.shape[1] != n:
+            raise ValueError(f"this table takes (N, {n}) ±1 strings, got {tuple(x.shape)}")
+        return values.to(x.device)[inputs_to_index(x)]
+
+    return lookup
