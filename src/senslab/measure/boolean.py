@@ -152,7 +152,7 @@ def _module_placement(f: object) -> tuple[torch.device | None, torch.dtype | Non
             warnings.warn(
                 "the module is in training mode (dropout/BatchNorm make f random); "
                 "call model.eval() before measuring its Boolean sensitivity",
-                stacklevel=3,
+                stacklevel=4,
             )
         for p in list(f.parameters()) + list(f.buffers()):
             if p.is_floating_point():
@@ -509,7 +509,8 @@ def majority(x: Tensor) -> Tensor:
     +1 counts as a "one", as in the companion code. For odd n, as = n·C(n−1, (n−1)/2)/2ⁿ⁻¹;
     for even n only ties/one-above-tie pairs change: n=5 → 1.875, n=10 → 2.4609, n=15 → 3.1421.
     """
-    return (_bits(x).sum(1) > 0).to(_bits(x).dtype)
+    x = _bits(x)
+    return (x.sum(1) > 0).to(x.dtype)
 
 
 def first(x: Tensor) -> Tensor:
