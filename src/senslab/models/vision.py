@@ -35,6 +35,7 @@ def make_config(cls: type[C], overrides: dict[str, Any]) -> C:
     """``cls(**overrides)``, with an error naming the closest valid field for an unknown key and a
     type check against each field's default (lists are accepted for tuple fields)."""
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    overrides = dict(overrides)  # never mutate the caller's dict
     for key, value in list(overrides.items()):
         if key not in fields:
             close = difflib.get_close_matches(key, list(fields), n=1)
@@ -79,6 +80,7 @@ def check_positive(cfg: Any, *names: str, integer: bool = True) -> None:
 
 
 def check_choice(cfg: Any, name: str, choices: tuple[str, ...]) -> None:
+    """Error listing ``choices`` unless the named string field is one of them."""
     if getattr(cfg, name) not in choices:
         raise ValueError(
             f"{type(cfg).__name__}.{name} must be one of {', '.join(map(repr, choices))}, "
