@@ -1,1 +1,499 @@
-"""(being written)"""
+"""Generated tasks: made from a seed on every call, never stored on disk.
+
+=====================  =========================================================================
+``sparse_frequent``    sparse-vs-frequent token task of the low-sensitivity paper (§4.1, A.1)
+``modular_addition``   (a + b) mod p on all p² pairs, tokens ``a b =`` (grokking, §7)
+``sparse_parity``      y = Π_{i∈S} x_i on uniform x ∈ {±1}ⁿ (A.6)
+``boolean``            PARITY / MAJORITY / FIRST / MEAN / random functions (Hahn & Rofin)
+``maxmargin_attention``  sequences with a unique optimal token (Vasudeva, Deora & Thrampoulidis)
+=====================  =========================================================================
+
+Every loader takes ``seed`` (an int) and draws all randomness from ``torch.Generator`` streams
+derived from it: one stream for what the splits share (token sets, the parity subset, a random
+function's table, the vector v) and one per split, so that "train" and "test" never overlap in
+draws and a split is reproducible on its own. Binary targets are long {0, 1} with 1 ⇔ y = +1;
+the ±1 labels are in ``meta["y_pm"]``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._registry import register_dataset
+from .base import ArrayDataset
+
+#: stream numbers: 0 is shared by all splits; "ood" reuses the "test" stream on purpose (see below)
+_STREAM = {"shared": 0, "train": 1, "test": 2, "ood": 2, "validation": 3}
+
+
+def _generator(seed: int, stream: str) -> torch.Generator:
+    """An independent generator for ``(seed, stream)``; a large odd multiplier keeps the streams
+    of neighbouring seeds apart (seed s, stream 1 is not seed s+1, stream 0)."""
+    return torch.Generator().manual_seed((int(seed) * 1_000_003 + _STREAM[stream]) % (2**63 - 1))
+
+
+def _check_split(name: str, split: str, allowed: tuple[str, ...]) -> str:
+    if split not in allowed:
+        raise ValueError(f"{name} has splits {', '.join(map(repr, allowed))}; got split={split!r}")
+    return split
+
+
+def _pm_to_target(y_pm: Tensor) -> Tensor:
+    """±1 labels → long {0, 1} targets (1 ⇔ +1)."""
+    return (y_pm > 0).long()
+
+
+# --------------------------------------------------------------------------- sparse vs frequent
+
+
+@dataclass(frozen=True)
+class SparseFrequentConfig:
+    """Parameters of the sparse-vs-frequent task (main paper Def. 4.2/4.3; the symbols were lost
+    from our copy, so the exact design below is ours).
+
+    Vocabulary: ``vocab_size`` one-hot tokens, laid out as ids ``S_+ | S_- | F_+ | F_- | R`` with
+    ``|S_±| = sparse_set_size``, ``|F_±| = frequent_set_size`` and the irrelevant tokens R the
+    rest. A sequence of ``seq_len`` tokens with label y ∈ {±1} (uniform): a random split of the
+    positions into ``num_sparse`` sparse positions (tokens uniform from S_y), ``num_frequent``
+    frequent positions (``round(lam·num_frequent)`` tokens uniform from F_y, the rest uniform
+    from F_{-y}) and the remaining positions (uniform from R).
+
+    Both features decide y on every sequence: the sparse count margin #S_y − #S_{-y} is
+    ``num_sparse`` and the frequent margin #F_y − #F_{-y} is m_f = 2·round(lam·f) − f > 0. The knob
+    ``lam`` sets which feature gives the *lower-sensitivity* classifier under the paper's
+    sensitivity (replace one uniformly chosen position by a token uniform over the vocabulary):
+    a margin of 1 or 2 is broken by one replacement, a large margin never is. With lam near 1/2
+    the frequent feature is fragile and spread over many positions (case 1: sparse is less
+    sensitive); with lam = 1 it cannot be flipped by one replacement (case 2: frequent is less
+    sensitive). :func:`feature_sensitivities` measures both.
+    """
+
+    vocab_size: int = 40
+    seq_len: int = 20
+    num_sparse: int = 1
+    num_frequent: int = 9
+    lam: float = 5 / 9
+    sparse_set_size: int = 1
+    frequent_set_size: int = 4
+
+    def __post_init__(self) -> None:
+        s, f, L = self.num_sparse, self.num_frequent, self.seq_len
+        if min(s, f, self.sparse_set_size, self.frequent_set_size) < 1:
+            raise ValueError(f"counts and set sizes must be ≥ 1: {self}")
+        if s + f > L:
+            raise ValueError(f"num_sparse + num_frequent = {s + f} exceeds seq_len = {L}")
+        if not 2 * self.num_major > f:
+            raise ValueError(
+                f"lam={self.lam} gives {self.num_major} of {f} frequent tokens from F_y: the "
+                "label's frequent tokens must be a strict majority; use lam > 1/2 "
+                f"(e.g. {(f // 2 + 1) / f:.3g})"
+            )
+        if self.num_major > f:
+            raise ValueError(f"lam={self.lam} must be ≤ 1")
+        if self.num_irrelevant_ids < 1 and s + f < L:
+            raise ValueError(
+                f"vocab_size={self.vocab_size} leaves no irrelevant tokens; need at least "
+                f"{2 * (self.sparse_set_size + self.frequent_set_size) + 1}"
+            )
+
+    @property
+    def num_major(self) -> int:
+        """Frequent positions drawn from the label's own set F_y."""
+        return int(round(self.lam * self.num_frequent))
+
+    @property
+    def num_irrelevant_ids(self) -> int:
+        return self.vocab_size - 2 * (self.sparse_set_size + self.frequent_set_size)
+
+    def token_sets(self) -> dict[str, Tensor]:
+        """Token ids of S_+, S_-, F_+, F_-, R (keys "sparse+", "sparse-", …, "irrelevant")."""
+        ks, kf = self.sparse_set_size, self.frequent_set_size
+        edges = [0, ks, 2 * ks, 2 * ks + kf, 2 * ks + 2 * kf, self.vocab_size]
+        names = ["sparse+", "sparse-", "frequent+", "frequent-", "irrelevant"]
+        return {n: torch.arange(a, b) for n, a, b in zip(names, edges[:-1], edges[1:], strict=True)}
+
+
+#: The two documented cases, three settings each (ours). Case 1: lam just above 1/2, so the
+#: frequent margin is 1 and the sparse classifier is the less sensitive one; case 2: a large
+#: frequent margin, so the frequent classifier is the less sensitive one.
+SPARSE_FREQUENT_SETTINGS: dict[tuple[int, int], SparseFrequentConfig] = {
+    (1, 0): SparseFrequentConfig(40, 20, 1, 9, 5 / 9),
+    (1, 1): SparseFrequentConfig(40, 30, 1, 15, 8 / 15),
+    (1, 2): SparseFrequentConfig(60, 20, 2, 11, 6 / 11, sparse_set_size=2),
+    (2, 0): SparseFrequentConfig(40, 20, 1, 9, 1.0),
+    (2, 1): SparseFrequentConfig(40, 30, 1, 12, 1.0),
+    (2, 2): SparseFrequentConfig(60, 30, 1, 15, 0.8),
+}
+
+TOKEN_TYPES = ("irrelevant", "sparse", "frequent")
+
+
+def sparse_frequent_ids(
+    config: SparseFrequentConfig, num_samples: int, generator: torch.Generator, ood: bool = False
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Token ids (N, L), token types (N, L) (index into :data:`TOKEN_TYPES`) and ±1 labels (N,).
+
+    ``ood=True`` draws the sparse tokens from the opposite label's set S_{-y}. Every random draw is
+    the same with and without ``ood``, so an OOD set is its in-distribution twin with exactly the
+    sparse tokens swapped (S_y[k] → S_{-y}[k]).
+    """
+    c, n, L = config, num_samples, config.seq_len
+    ks, kf = c.sparse_set_size, c.frequent_set_size
+    y = torch.randint(0, 2, (n,), generator=generator) * 2 - 1
+    order = torch.rand(n, L, generator=generator).argsort(dim=1)  # random positions per sequence
+    sparse_pick = torch.randint(0, ks, (n, c.num_sparse), generator=generator)
+    freq_pick = torch.randint(0, kf, (n, c.num_frequent), generator=generator)
+    n_rest = L - c.num_sparse - c.num_frequent
+    rest_pick = torch.randint(0, max(c.num_irrelevant_ids, 1), (n, n_rest), generator=generator)
+
+    pos = (y > 0).long().unsqueeze(1)  # 1 for y = +1
+    sparse_label = 1 - pos if ood else pos  # which label's sparse set is used
+    sparse_tok = (1 - sparse_label) * ks + sparse_pick  # S_+ = [0, ks), S_- = [ks, 2ks)
+    major = torch.arange(c.num_frequent).unsqueeze(0) < c.num_major  # slots drawn from F_y
+    freq_label = torch.where(major, pos, 1 - pos)
+    freq_tok = 2 * ks + (1 - freq_label) * kf + freq_pick
+    rest_tok = 2 * ks + 2 * kf + rest_pick
+
+    slot_tok = torch.cat([sparse_tok, freq_tok, rest_tok], dim=1)  # (n, L) in slot order
+    slot_type = torch.tensor([1] * c.num_sparse + [2] * c.num_frequent + [0] * n_rest)
+    ids = torch.empty_like(slot_tok).scatter_(1, order, slot_tok)
+    types = torch.empty_like(slot_tok).scatter_(1, order, slot_type.expand(n, L).contiguous())
+    return ids, types, y
+
+
+def _feature_predictions(ids: Tensor, config: SparseFrequentConfig) -> dict[str, Tensor]:
+    """±1/0 predictions of the two ideal classifiers sign(#X_+ − #X_-), X = S or F (0 = tie)."""
+    sets = config.token_sets()
+
+    def count(name: str) -> Tensor:
+        return torch.isin(ids, sets[name]).sum(dim=-1)
+
+    return {
+        "sparse": torch.sign(count("sparse+") - count("sparse-")),
+        "frequent": torch.sign(count("frequent+") - count("frequent-")),
+    }
+
+
+def feature_sensitivities(
+    config: SparseFrequentConfig, num_samples: int = 2000, seed: int = 0
+) -> dict[str, float]:
+    """Sensitivity of the ideal sparse and frequent classifiers, by Monte Carlo.
+
+    For each classifier h ∈ {sign(#S_+ − #S_-), sign(#F_+ − #F_-)} this estimates
+    P_{x, i, t}[h(x̃) ≠ h(x)], where x̃ is x with position i (uniform) replaced by token t (uniform
+    over the vocabulary), the paper's replacement distribution for this task. A tie (h = 0) counts
+    as a change. This is what makes a case "case 1" (sparse lower) or "case 2" (frequent lower).
+    """
+    g = _generator(seed, "validation")
+    ids, _, _ = sparse_frequent_ids(config, num_samples, g)
+    pos = torch.randint(0, config.seq_len, (num_samples,), generator=g)
+    tok = torch.randint(0, config.vocab_size, (num_samples,), generator=g)
+    flipped = ids.clone()
+    flipped[torch.arange(num_samples), pos] = tok
+    before, after = _feature_predictions(ids, config), _feature_predictions(flipped, config)
+    return {k: (before[k] != after[k]).float().mean().item() for k in before}
+
+
+@register_dataset("sparse_frequent")
+def sparse_frequent(
+    split: str = "train",
+    root: Any = None,
+    download: bool = False,
+    case: int = 1,
+    setting: int = 0,
+    num_samples: int | None = None,
+    seed: int = 0,
+    **overrides: Any,
+) -> ArrayDataset:
+    """Sparse-vs-frequent task. ``case`` 1|2, ``setting`` 0|1|2 pick a row of
+    :data:`SPARSE_FREQUENT_SETTINGS`; keyword ``overrides`` (any :class:`SparseFrequentConfig`
+    field, e.g. ``seq_len=30``) replace its values. Splits "train", "test" and "ood" (the test
+    sequences with sparse tokens drawn from the opposite label's set). Default sizes (ours):
+    1,000 per split.
+
+    Inputs (N, L, V) float one-hot; targets long {0, 1} (1 ⇔ y = +1). ``meta`` holds
+    ``token_ids`` (N, L), ``token_type`` (N, L) with codes ``TOKEN_TYPES`` (0 irrelevant, 1 sparse,
+    2 frequent), ``token_sets`` (ids of S_±, F_±, R), ``y_pm`` and the resolved ``config``.
+    """
+    del root, download  # generated, nothing to fetch
+    _check_split("sparse_frequent", split, ("train", "test", "ood"))
+    if (case, setting) not in SPARSE_FREQUENT_SETTINGS:
+        raise ValueError(f"case must be 1 or 2 and setting 0, 1 or 2; got case={case}, "
+                         f"setting={setting}")
+    fields = SparseFrequentConfig.__dataclass_fields__
+    unknown = sorted(set(overrides) - set(fields))
+    if unknown:
+        raise TypeError(f"unknown sparse_frequent option(s) {unknown}; valid: {sorted(fields)}")
+    config = replace(SPARSE_FREQUENT_SETTINGS[case, setting], **overrides)
+    n = 1000 if num_samples is None else num_samples
+    ids, types, y = sparse_frequent_ids(config, n, _generator(seed, split), ood=split == "ood")
+    return ArrayDataset(
+        inputs=F.one_hot(ids, config.vocab_size).float(),
+        targets=_pm_to_target(y),
+        num_classes=2,
+        name="sparse_frequent",
+        meta={
+            "token_ids": ids,
+            "token_type": types,
+            "token_types": TOKEN_TYPES,
+            "token_sets": config.token_sets(),
+            "y_pm": y,
+            "config": asdict(config),
+            "case": case,
+            "setting": setting,
+        },
+    )
+
+
+# --------------------------------------------------------------------------- modular addition
+
+
+@register_dataset("modular_addition")
+def modular_addition(
+    split: str = "train",
+    root: Any = None,
+    download: bool = False,
+    p: int = 113,
+    train_fraction: float = 0.3,
+    seed: int = 0,
+) -> ArrayDataset:
+    """(a + b) mod p on all p² pairs (SPEC §5), as token sequences ``a b =`` with ``=`` = id p.
+
+    A seeded permutation of the p² pairs puts the first ``round(train_fraction·p²)`` in "train"
+    and the rest in "test". Inputs (N, 3) long, targets (N,) long in [0, p), num_classes = p;
+    ``meta["vocab_size"] = p + 1``.
+    """
+    del root, download
+    _check_split("modular_addition", split, ("train", "test"))
+    if p < 2:
+        raise ValueError(f"p must be ≥ 2, got {p}")
+    if not 0.0 < train_fraction < 1.0:
+        raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}")
+    a, b = torch.cartesian_prod(torch.arange(p), torch.arange(p)).unbind(1)
+    perm = torch.randperm(p * p, generator=_generator(seed, "shared"))
+    n_train = round(train_fraction * p * p)
+    index = perm[:n_train] if split == "train" else perm[n_train:]
+    a, b = a[index], b[index]
+    tokens = torch.stack([a, b, torch.full_like(a, p)], dim=1)
+    return ArrayDataset(
+        tokens, (a + b) % p, num_classes=p, name="modular_addition",
+        meta={"p": p, "vocab_size": p + 1, "eq_token": p, "pair_index": index},
+    )
+
+
+# --------------------------------------------------------------------------- Boolean inputs
+
+
+def _uniform_pm(n: int, bits: int, generator: torch.Generator) -> Tensor:
+    """(n, bits) uniform ±1 floats."""
+    return torch.randint(0, 2, (n, bits), generator=generator).float() * 2 - 1
+
+
+def boolean_cube(n_bits: int) -> Tensor:
+    """All 2ⁿ points of {±1}ⁿ: row i has x_j = +1 iff bit j of i is set (x_1 least significant)."""
+    if not 1 <= n_bits <= 24:
+        raise ValueError(f"the full cube needs 1 ≤ n_bits ≤ 24 (2ⁿ rows), got {n_bits}")
+    i = torch.arange(2**n_bits).unsqueeze(1)
+    return ((i >> torch.arange(n_bits)) & 1).float() * 2 - 1
+
+
+def _cube_index(x: Tensor) -> Tensor:
+    """Inverse of :func:`boolean_cube`: the row index of each ±1 point."""
+    return ((x > 0).long() << torch.arange(x.shape[1])).sum(dim=1)
+
+
+@register_dataset("sparse_parity")
+def sparse_parity(
+    split: str = "train",
+    root: Any = None,
+    download: bool = False,
+    n_bits: int = 20,
+    k: int = 3,
+    subset: list[int] | tuple[int, ...] | None = None,
+    train_size: int = 1000,
+    test_size: int = 1000,
+    seed: int = 0,
+) -> ArrayDataset:
+    """Sparse parity (main paper A.6): x uniform on {±1}ⁿ, y = Π_{i∈S} x_i with |S| = k.
+
+    S is ``subset`` if given, else k distinct indices drawn from ``seed`` (shared by the splits).
+    Defaults (n=20, k=3, 1,000 / 1,000) are ours. Inputs (N, n) float ±1; targets long {0, 1}
+    (1 ⇔ y = +1); ``meta["subset"]`` is S (sorted), ``meta["y_pm"]`` the ±1 labels.
+    """
+    del root, download
+    _check_split("sparse_parity", split, ("train", "test"))
+    if subset is None:
+        if not 1 <= k <= n_bits:
+            raise ValueError(f"k must be in [1, n_bits={n_bits}], got {k}")
+        s = torch.randperm(n_bits, generator=_generator(seed, "shared"))[:k]
+    else:
+        s = torch.as_tensor(list(subset), dtype=torch.long)
+        if s.numel() == 0 or s.unique().numel() != s.numel() or s.min() < 0 or s.max() >= n_bits:
+            raise ValueError(
+                f"subset must be distinct indices in [0, {n_bits}), got {list(subset)}"
+            )
+    s = s.sort().values
+    n = train_size if split == "train" else test_size
+    x = _uniform_pm(n, n_bits, _generator(seed, split))
+    y = x[:, s].prod(dim=1)
+    return ArrayDataset(
+        x, _pm_to_target(y), num_classes=2, name="sparse_parity",
+        meta={"subset": s.tolist(), "n_bits": n_bits, "y_pm": y},
+    )
+
+
+def _parity(x: Tensor) -> Tensor:
+    """1 iff an odd number of +1's (the companion code's "number of ones mod 2")."""
+    return ((x > 0).sum(dim=1) % 2).float()
+
+
+def _majority(x: Tensor) -> Tensor:
+    """1 iff strictly more +1's than −1's (ties → 0, SPEC §1)."""
+    return ((x > 0).sum(dim=1) * 2 > x.shape[1]).float()
+
+
+def _first(x: Tensor) -> Tensor:
+    return (x[:, 0] > 0).float()
+
+
+def _mean(x: Tensor) -> Tensor:
+    """Fraction of +1's, in [0, 1]; one flip moves it by 1/n, so as = n·(1/n)² = 1/n."""
+    return (x > 0).float().mean(dim=1)
+
+
+BOOLEAN_FUNCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "parity": _parity, "majority": _majority, "first": _first, "mean": _mean,
+}
+
+
+@register_dataset("boolean")
+def boolean(
+    split: str = "train",
+    root: Any = None,
+    download: bool = False,
+    function: str = "parity",
+    n_bits: int = 10,
+    sampling: str = "fresh",
+    size: int = 1024,
+    train_size: int = 256,
+    seed: int = 0,
+    function_seed: int | None = None,
+) -> ArrayDataset:
+    """Boolean-function tasks of Hahn & Rofin (SPEC §6) on x ∈ {±1}ⁿ (float ±1).
+
+    ``function``: "parity", "majority", "first", "mean" or "random" (a uniformly random table
+    drawn from ``function_seed``, default ``seed``). Targets are float: {0, 1} for the Boolean
+    functions (MSE to {0, 1}, as in Hahn & Rofin; 1 ⇔ f = +1 on the ±1 scale), the fraction of +1
+    bits for "mean" (num_classes = 1 then, a scalar regression).
+
+    ``sampling``: "fresh" — ``size`` uniform strings, a new stream per split; "cube" — all 2ⁿ
+    points (any split); "subset" — a seeded ``train_size`` points of the cube are "train", the
+    other 2ⁿ − train_size are "test" (experiment (4): 128/256/512 of 1,024 for n = 10).
+    ``meta["index"]`` is each row's cube index (:func:`boolean_cube` order) and, where the cube is
+    enumerable, ``meta["table"]`` the targets of all 2ⁿ points.
+    """
+    del root, download
+    if function not in (*BOOLEAN_FUNCTIONS, "random"):
+        raise ValueError(f"unknown function {function!r}; use one of "
+                         f"{', '.join(map(repr, [*BOOLEAN_FUNCTIONS, 'random']))}")
+    if sampling not in ("fresh", "cube", "subset"):
+        raise ValueError(f"sampling must be 'fresh', 'cube' or 'subset', got {sampling!r}")
+    _check_split("boolean", split, ("train", "test"))
+
+    table = None
+    if function == "random" or sampling != "fresh":
+        cube = boolean_cube(n_bits)
+        if function == "random":
+            fs = seed if function_seed is None else function_seed
+            table = torch.randint(0, 2, (2**n_bits,), generator=_generator(fs, "shared")).float()
+        else:
+            table = BOOLEAN_FUNCTIONS[function](cube)
+
+    if sampling == "fresh":
+        x = _uniform_pm(size, n_bits, _generator(seed, split))
+        index = _cube_index(x) if n_bits <= 62 else torch.zeros(size, dtype=torch.long)
+    elif sampling == "cube":
+        x, index = cube, torch.arange(2**n_bits)
+    else:
+        if not 0 < train_size < 2**n_bits:
+            raise ValueError(f"train_size must be in (0, 2^{n_bits}={2**n_bits}), got {train_size}")
+        perm = torch.randperm(2**n_bits, generator=_generator(seed, "train"))
+        index = perm[:train_size] if split == "train" else perm[train_size:]
+        index = index.sort().values
+        x = cube[index]
+    y = table[index] if table is not None else BOOLEAN_FUNCTIONS[function](x)
+    meta: dict[str, Any] = {"function": function, "n_bits": n_bits, "sampling": sampling,
+                            "index": index}
+    if table is not None:
+        meta["table"] = table
+    return ArrayDataset(x, y, num_classes=1 if function == "mean" else 2, name="boolean",
+                        meta=meta)
+
+
+# --------------------------------------------------------------------------- max-margin attention
+
+
+@register_dataset("maxmargin_attention")
+def maxmargin_attention(
+    split: str = "train",
+    root: Any = None,
+    download: bool = False,
+    num_samples: int = 32,
+    seq_len: int = 8,
+    dim: int = 32,
+    opt_score: float = 1.0,
+    other_score_frac: float = 0.5,
+    query_signal: float = 0.0,
+    seed: int = 0,
+) -> ArrayDataset:
+    """Data for Φ(X) = vᵀ Xᵀ softmax(X W x₁) (Vasudeva et al.; SPEC §7), construction ours.
+
+    A unit vector v (shared by the splits) fixes the token scores γ_it = y_i vᵀ x_it. Tokens start
+    as N(0, I/d) (norm ≈ 1), then their component along v is replaced: the optimal token
+    (position opt_i, uniform over 1..T−1, never the query x_1 at position 0) gets y_i·opt_score·v,
+    every other token (the query included) c·v with c uniform in ±other_score_frac·opt_score.
+    So γ_{i,opt} = opt_score and every other γ_it ≤ other_score_frac·opt_score: the optimal token
+    is unique with a gap of at least (1 − other_score_frac)·opt_score.
+
+    W_mm needs some W with (x_opt − x_t)ᵀ W x_1 ≥ 1; W = v uᵀ works when the queries are linearly
+    separable by label along u, which random queries are (almost surely) when N ≤ d — the default
+    N = d = 32. ``query_signal`` b > 0 adds y_i·b·u (u ⟂ v) to the query and makes this hold for
+    any N. Inputs (N, T, d) float; targets long {0, 1} (1 ⇔ y = +1, logistic loss via BCE);
+    ``meta``: ``v`` (d,), ``u`` (d,), ``opt`` (N,), ``gamma`` (N, T), ``y_pm`` (N,).
+    """
+    del root, download
+    _check_split("maxmargin_attention", split, ("train", "test"))
+    if seq_len < 2 or dim < 2:
+        raise ValueError(
+            f"need seq_len ≥ 2 (a query and a token) and dim ≥ 2; got {seq_len}, {dim}"
+        )
+    if not 0.0 <= other_score_frac < 1.0 or opt_score <= 0:
+        raise ValueError("need opt_score > 0 and 0 ≤ other_score_frac < 1 for a unique optimum")
+    shared = _generator(seed, "shared")
+    v = torch.randn(dim, generator=shared)
+    v = v / v.norm()
+    u = torch.randn(dim, generator=shared)
+    u = u - (u @ v) * v
+    u = u / u.norm()
+
+    g = _generator(seed, split)
+    n, T = num_samples, seq_len
+    y = (torch.randint(0, 2, (n,), generator=g) * 2 - 1).float()
+    x = torch.randn(n, T, dim, generator=g) / math.sqrt(dim)
+    opt = torch.randint(1, T, (n,), generator=g)
+    c = (torch.rand(n, T, generator=g) * 2 - 1) * other_score_frac * opt_score
+    c[torch.arange(n), opt] = y * opt_score
+    x = x - (x @ v).unsqueeze(-1) * v + c.unsqueeze(-1) * v  # set each token's v-component to c
+    x[:, 0] += query_signal * y.unsqueeze(1) * u
+    gamma = y.unsqueeze(1) * (x @ v)
+    return ArrayDataset(
+        x, _pm_to_target(y), num_classes=2, name="maxmargin_attention",
+        meta={"v": v, "u": u, "opt": opt, "gamma": gamma, "y_pm": y},
+    )
