@@ -1,5 +1,49 @@
-"""Sensitivity measures: token-wise Gaussian sensitivity, Boolean analysis."""
+"""Sensitivity measures: token-wise Gaussian sensitivity and Boolean (Fourier) analysis.
 
+Every measure is a function returning a small frozen result dataclass; the token-wise one also
+exists as an accumulating class (``update``/``compute``/``reset``/``merge``).
+"""
+
+from .boolean import (
+    BooleanSensitivity,
+    all_inputs,
+    average_sensitivity_fourier,
+    boolean_sensitivity,
+    degree,
+    first,
+    fourier_coefficients,
+    influence_fourier,
+    majority,
+    mean,
+    noise_stability,
+    parity,
+    random_function,
+    sparse_parity,
+    spectral_weights,
+    table_function,
+    truth_table,
+)
 from .tokenwise import SensitivityResult, TokenSensitivity, token_sensitivity
 
-__all__ = ["SensitivityResult", "TokenSensitivity", "token_sensitivity"]
+__all__ = [
+    "BooleanSensitivity",
+    "SensitivityResult",
+    "TokenSensitivity",
+    "all_inputs",
+    "average_sensitivity_fourier",
+    "boolean_sensitivity",
+    "degree",
+    "first",
+    "fourier_coefficients",
+    "influence_fourier",
+    "majority",
+    "mean",
+    "noise_stability",
+    "parity",
+    "random_function",
+    "sparse_parity",
+    "spectral_weights",
+    "table_function",
+    "token_sensitivity",
+    "truth_table",
+]

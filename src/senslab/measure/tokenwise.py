@@ -53,7 +53,7 @@ Estimand = Literal["data", "subset"]
 #: Noise is drawn from the generator in blocks of this many numbers, whatever the chunk size,
 #: so chunked and unchunked evaluation consume the random stream identically.
 NOISE_BLOCK = 1 << 18
-DEFAULT_CHUNK = 256
+DEFAULT_CHUNK = 64
 
 
 @dataclass(frozen=True)
