@@ -1,1 +1,377 @@
-"""(being written)"""
+"""The small research models of the three papers.
+
+=====================  =====================================================================
+``sparse_attention``   one softmax self-attention layer + linear head, sparse/frequent task (§2)
+``modadd_transformer`` one-layer transformer for (a + b) mod p, the grokking run (§5)
+``parity_transformer`` two-layer transformer on n bits, the sparse-parity run (§5, A.6)
+``boolean_transformer`` Hahn & Rofin's post-LN encoder for Boolean functions (§6)
+``attention_model``    Φ(X) = vᵀ Xᵀ softmax(X W x₁) of Vasudeva et al. (§7)
+=====================  =====================================================================
+
+Section numbers refer to SPEC.md. Every model has a frozen dataclass ``config`` (with a ``seed``
+that alone fixes the initial weights) and ``default_tokens()``.
+
+Bit inputs (parity, boolean): a (B, n) tensor, either floats in {−1, +1} or integers in {0, 1};
+bit 1 means +1, i.e. x = 2·bit − 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..tokens import Embedding, Sequence
+from ._registry import register_model
+from .text import Block, _check_choice, init_weights, override_config
+
+
+def _positive(config: Any, *names: str) -> None:
+    for name in names:
+        if getattr(config, name) < 1:
+            raise ValueError(f"{name} must be positive, got {getattr(config, name)}")
+
+
+def _check_vectors(x: Tensor, dim: int) -> None:
+    if x.dim() != 3 or x.shape[-1] != dim or not x.is_floating_point():
+        raise ValueError(
+            f"expected float token vectors of shape (batch, length, {dim}), got dtype {x.dtype} "
+            f"and shape {tuple(x.shape)}; one-hot encode token ids with "
+            f"torch.nn.functional.one_hot(ids, {dim}).float()"
+        )
+
+
+def _bit_ids(x: Tensor, max_bits: int) -> Tensor:
+    """(B, n) bits as {±1} floats or {0, 1} integers → long ids, 1 ↔ +1."""
+    if x.dim() != 2 or not 1 <= x.shape[1] <= max_bits:
+        raise ValueError(
+            f"expected bits of shape (batch, n) with 1 <= n <= {max_bits}, got {tuple(x.shape)}; "
+            f"for longer strings build the model with n_bits={x.shape[-1]}"
+        )
+    if x.is_floating_point():
+        if not ((x == 1) | (x == -1)).all():
+            raise ValueError("float bits must be exactly -1 or +1 (or pass {0, 1} integers)")
+        return (x > 0).long()
+    if not ((x == 0) | (x == 1)).all():
+        raise ValueError("integer bits must be 0 or 1 (or pass -1/+1 floats)")
+    return x.long()
+
+
+# --------------------------------------------------------------------------- §2 sparse attention
+@dataclass(frozen=True)
+class SparseAttentionConfig:
+    """``dim``: token vector size (V for one-hot tokens; must match the data). ``init_scale``:
+    std of the N(0, s²) initial entries of W and v *(ours; the paper only says "small")*.
+    ``pool``: "mean" or "sum" over query positions."""
+
+    dim: int = 32
+    init_scale: float = 0.01
+    pool: str = "mean"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _positive(self, "dim")
+        _check_choice("pool", self.pool, ("mean", "sum"))
+        if self.init_scale < 0:
+            raise ValueError(f"init_scale must be >= 0, got {self.init_scale}")
+
+
+class SparseAttention(nn.Module):
+    """Single-head self-attention with a linear head, our reading of the main paper's Eq. 3.
+
+    For tokens X = (x_1 … x_L) ∈ R^{L×d} every position i attends over all positions j with
+    A_ij = softmax_j(x_jᵀ W x_i) (key-query product merged into one W ∈ R^{d×d}, identity value
+    map), and the output is
+
+        f(X) = pool_i ⟨v, Σ_j A_ij x_j⟩ = pool_i Σ_j A_ij vᵀ x_j,
+
+    pool = mean (default) or sum over i. With query x_1 alone this is the §7 model. f(X) is a
+    logit for the label y ∈ {±1} (logistic loss). ``attention_weights(X).mean(1)`` gives the
+    attention each key position receives, to be summed per token type.
+    """
+
+    def __init__(self, config: SparseAttentionConfig) -> None:
+        super().__init__()
+        self.config = c = config
+        g = torch.Generator().manual_seed(c.seed)
+        self.W = nn.Parameter(torch.randn(c.dim, c.dim, generator=g) * c.init_scale)
+        self.v = nn.Parameter(torch.randn(c.dim, generator=g) * c.init_scale)
+
+    def default_tokens(self) -> Sequence:
+        return Sequence()
+
+    def attention_weights(self, x: Tensor) -> Tensor:
+        """A (B, L_query, L_key); every row sums to 1."""
+        _check_vectors(x, self.config.dim)
+        scores = torch.einsum("bjd,de,bie->bij", x, self.W, x)  # [b, i, j] = x_jᵀ W x_i
+        return scores.softmax(dim=-1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        # (B, L): Σ_j A_ij vᵀx_j for every query i
+        per_query = (self.attention_weights(x) @ (x @ self.v).unsqueeze(-1)).squeeze(-1)
+        return per_query.mean(1) if self.config.pool == "mean" else per_query.sum(1)
+
+
+# --------------------------------------------------------------------------- §5 grokking
+@dataclass(frozen=True)
+class ModAddConfig:
+    """Nanda et al.-style grokking model: p = 113, d 128, 4 heads, ReLU MLP 512, one layer.
+    ``layer_norm=False`` leaves LayerNorm out (as Nanda et al.); True makes the block pre-LN."""
+
+    p: int = 113
+    dim: int = 128
+    heads: int = 4
+    mlp_dim: int = 512
+    layer_norm: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _positive(self, "dim", "heads", "mlp_dim")
+        if self.p < 2:
+            raise ValueError(f"modulus p must be at least 2, got {self.p}")
+
+
+class ModAddTransformer(nn.Module):
+    """Input tokens (B, 3) = ``a b =`` with a, b ∈ [0, p) and ``=`` the id p; output logits
+    (B, p) for (a + b) mod p, read at the ``=`` position.
+
+    The number embedding is the submodule ``embed`` (positions are added after it), so
+    ``default_tokens()`` = ``Embedding("embed")`` puts noise on the token embeddings. Its output
+    also holds the ``=`` token: measurements should pass ``mask=model.number_mask(tokens)`` so
+    that only the two numbers are perturbed, as the paper does. Init follows PyTorch's defaults
+    (embeddings N(0, 1), linear U(±1/√fan_in)); the total weight norm at init is ≈ 124, close to
+    the 123 the paper code logged.
+    """
+
+    def __init__(self, config: ModAddConfig) -> None:
+        super().__init__()
+        self.config = c = config
+        self.embed = nn.Embedding(c.p + 1, c.dim)
+        self.pos_embedding = nn.Parameter(torch.empty(3, c.dim))
+        norm = "pre" if c.layer_norm else "none"
+        self.block = Block(c.dim, c.heads, c.mlp_dim, norm=norm, activation="relu")
+        self.norm = nn.LayerNorm(c.dim) if c.layer_norm else nn.Identity()
+        self.unembed = nn.Linear(c.dim, c.p)
+        g = torch.Generator().manual_seed(c.seed)
+        init_weights(self, g, linear_std=None, embed_std=1.0)
+        with torch.no_grad():
+            nn.init.normal_(self.pos_embedding, 0.0, 1.0, generator=g)
+
+    def default_tokens(self) -> Embedding:
+        return Embedding("embed")
+
+    @staticmethod
+    def number_mask(tokens: Tensor) -> Tensor:
+        """(B, 3) bool, true on the two number positions (the tokens sensitivity perturbs)."""
+        mask = torch.ones(tokens.shape[0], 3, dtype=torch.bool, device=tokens.device)
+        mask[:, 2] = False
+        return mask
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        p = self.config.p
+        if tokens.dim() != 2 or tokens.shape[1] != 3 or tokens.is_floating_point():
+            raise ValueError(f"expected token ids of shape (batch, 3) = `a b =`, got "
+                             f"{tuple(tokens.shape)} ({tokens.dtype})")
+        if ((tokens[:, :2] < 0) | (tokens[:, :2] >= p)).any() or (tokens[:, 2] != p).any():
+            raise ValueError(f"tokens must be `a b =` with a, b in [0, {p}) and `=` = {p}")
+        h = self.embed(tokens) + self.pos_embedding
+        return self.unembed(self.norm(self.block(h))[:, -1])
+
+
+# --------------------------------------------------------------------------- §5 sparse parity
+@dataclass(frozen=True)
+class ParityConfig:
+    """Two-layer pre-LN transformer on up to ``n_bits`` bits *(sizes ours)*. ``num_classes``:
+    2 → logits (B, 2), class 1 ↔ label +1; 1 → a scalar logit (B,) whose sign is the label."""
+
+    n_bits: int = 20
+    dim: int = 64
+    heads: int = 4
+    layers: int = 2
+    mlp_dim: int = 256
+    num_classes: int = 2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _positive(self, "n_bits", "dim", "heads", "layers", "mlp_dim")
+        if self.num_classes not in (1, 2):
+            raise ValueError(f"num_classes must be 1 (scalar logit) or 2, got {self.num_classes}")
+
+
+class ParityTransformer(nn.Module):
+    """Bits → ``embed`` (a 2-entry token embedding) + learned positions → ``layers`` pre-LN
+    blocks → final LayerNorm → mean over positions → linear head. Mean pooling keeps every bit
+    one hop from the read-out, which a k-sparse parity needs."""
+
+    def __init__(self, config: ParityConfig) -> None:
+        super().__init__()
+        self.config = c = config
+        self.embed = nn.Embedding(2, c.dim)
+        self.pos_embedding = nn.Parameter(torch.empty(c.n_bits, c.dim))
+        self.blocks = nn.ModuleList(
+            Block(c.dim, c.heads, c.mlp_dim, norm="pre") for _ in range(c.layers)
+        )
+        self.norm = nn.LayerNorm(c.dim)
+        self.head = nn.Linear(c.dim, c.num_classes)
+        g = torch.Generator().manual_seed(c.seed)
+        init_weights(self, g)
+        with torch.no_grad():
+            nn.init.normal_(self.pos_embedding, 0.0, 0.02, generator=g)
+
+    def default_tokens(self) -> Embedding:
+        return Embedding("embed")
+
+    def forward(self, bits: Tensor) -> Tensor:
+        ids = _bit_ids(bits, self.config.n_bits)
+        h = self.embed(ids) + self.pos_embedding[: ids.shape[1]]
+        for block in self.blocks:
+            h = block(h)
+        out = self.head(self.norm(h).mean(dim=1))
+        return out.squeeze(-1) if self.config.num_classes == 1 else out
+
+
+# --------------------------------------------------------------------------- §6 Hahn & Rofin
+@dataclass(frozen=True)
+class BooleanConfig:
+    """Hahn & Rofin's encoder: d = 128, 2 layers, 2 heads, FF width d, dropout 0, post-LN.
+    ``n_bits`` is the size of the positional table, i.e. the longest accepted input."""
+
+    n_bits: int = 30
+    dim: int = 128
+    layers: int = 2
+    heads: int = 2
+    ff_dim: int = 128
+    dropout: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _positive(self, "n_bits", "dim", "layers", "heads", "ff_dim")
+        if self.dim % 2:
+            raise ValueError(f"dim must be even (bit and position halves), got {self.dim}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+
+
+class BooleanTransformer(nn.Module):
+    """x ∈ {±1}ⁿ → [``bit_embed``(x_i) ; ``pos_embedding``[i]] (d/2 each, concatenated) → post-LN
+    blocks (ReLU FF) → scalar head on the last position, output (B,) (MSE to {0, 1} targets).
+
+    For the sharpness and norm measurements: the positional parameter is ``pos_embedding`` (the
+    only parameter whose name contains "pos"); ``layer_norms()`` lists the LayerNorms in the
+    order they run, for blow-up hooks; ``readout_position`` is −1.
+    """
+
+    readout_position = -1
+
+    def __init__(self, config: BooleanConfig) -> None:
+        super().__init__()
+        self.config = c = config
+        half = c.dim // 2
+        self.bit_embed = nn.Embedding(2, half)
+        self.pos_embedding = nn.Parameter(torch.empty(c.n_bits, half))
+        self.blocks = nn.ModuleList(
+            Block(c.dim, c.heads, c.ff_dim, norm="post", activation="relu", dropout=c.dropout)
+            for _ in range(c.layers)
+        )
+        self.head = nn.Linear(c.dim, 1)
+        g = torch.Generator().manual_seed(c.seed)
+        init_weights(self, g, linear_std=None, embed_std=1.0)
+        with torch.no_grad():
+            nn.init.normal_(self.pos_embedding, 0.0, 1.0, generator=g)
+
+    def default_tokens(self) -> Embedding:
+        return Embedding("bit_embed")
+
+    def layer_norms(self) -> list[tuple[str, nn.LayerNorm]]:
+        """(name, module) of every LayerNorm, in forward order."""
+        return [(n, m) for n, m in self.named_modules() if isinstance(m, nn.LayerNorm)]
+
+    def forward(self, bits: Tensor) -> Tensor:
+        ids = _bit_ids(bits, self.config.n_bits)
+        b, n = ids.shape
+        pos = self.pos_embedding[:n].unsqueeze(0).expand(b, n, -1)
+        h = torch.cat([self.bit_embed(ids), pos], dim=-1)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h[:, self.readout_position]).squeeze(-1)
+
+
+# --------------------------------------------------------------------------- §7 Vasudeva et al.
+@dataclass(frozen=True)
+class AttentionModelConfig:
+    """``dim``: token size d. ``train_v``: learn the decoder v (joint training) or keep it fixed
+    (a buffer, never seen by an optimiser). ``init_scale``: std of W's N(0, s²) entries (0 gives
+    W = 0) *(ours)*; v starts as a random unit vector either way."""
+
+    dim: int = 16
+    train_v: bool = True
+    init_scale: float = 0.01
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _positive(self, "dim")
+        if self.init_scale < 0:
+            raise ValueError(f"init_scale must be >= 0, got {self.init_scale}")
+
+
+class AttentionModel(nn.Module):
+    """Φ(X) = vᵀ Xᵀ softmax(X W x₁) = Σ_t a_t vᵀ x_t with a = softmax_t(x_tᵀ W x₁): attention
+    from the first token, linear decoder v. Input X (B, T, d), output Φ (B,) (logistic loss on
+    y ∈ {±1})."""
+
+    def __init__(self, config: AttentionModelConfig) -> None:
+        super().__init__()
+        self.config = c = config
+        g = torch.Generator().manual_seed(c.seed)
+        self.W = nn.Parameter(torch.randn(c.dim, c.dim, generator=g) * c.init_scale)
+        v = torch.randn(c.dim, generator=g)
+        v = v / v.norm()
+        if c.train_v:
+            self.v = nn.Parameter(v)
+        else:
+            self.register_buffer("v", v)
+
+    def default_tokens(self) -> Sequence:
+        return Sequence()
+
+    def attention_weights(self, x: Tensor) -> Tensor:
+        """softmax(X W x₁), shape (B, T); every row sums to 1."""
+        _check_vectors(x, self.config.dim)
+        return (x @ (self.W @ x[:, 0].unsqueeze(-1))).squeeze(-1).softmax(dim=-1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return (self.attention_weights(x) * (x @ self.v)).sum(dim=1)
+
+
+# --------------------------------------------------------------------------- registry
+@register_model("sparse_attention")
+def sparse_attention(**overrides: Any) -> SparseAttention:
+    """One-layer softmax self-attention + linear head for the sparse/frequent task (SPEC §2)."""
+    return SparseAttention(override_config(SparseAttentionConfig(), overrides))
+
+
+@register_model("modadd_transformer")
+def modadd_transformer(**overrides: Any) -> ModAddTransformer:
+    """One-layer transformer for (a + b) mod 113, the grokking experiment (SPEC §5)."""
+    return ModAddTransformer(override_config(ModAddConfig(), overrides))
+
+
+@register_model("parity_transformer")
+def parity_transformer(**overrides: Any) -> ParityTransformer:
+    """Two-layer transformer for sparse parity on n bits (SPEC §5, A.6)."""
+    return ParityTransformer(override_config(ParityConfig(), overrides))
+
+
+@register_model("boolean_transformer")
+def boolean_transformer(**overrides: Any) -> BooleanTransformer:
+    """Hahn & Rofin's post-LN encoder for Boolean functions (SPEC §6)."""
+    return BooleanTransformer(override_config(BooleanConfig(), overrides))
+
+
+@register_model("attention_model")
+def attention_model(**overrides: Any) -> AttentionModel:
+    """Vasudeva et al.'s Φ(X) = vᵀ Xᵀ softmax(X W x₁) (SPEC §7)."""
+    return AttentionModel(override_config(AttentionModelConfig(), overrides))
+
