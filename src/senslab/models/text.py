@@ -264,7 +264,7 @@ def _last_real(h: Tensor, mask: Tensor) -> Tensor:
 class LSTMClassifier(nn.Module):
     """embedding → ``embed_ln`` → ``layers``-layer LSTM (hidden ``dim``) → linear head on the top
     layer's state at the last real token. Every parameter is trained (the paper code left the
-    embedding and head out of the optimiser — a bug)."""
+    embedding and head out of the optimiser — a bug). Init: PyTorch's defaults."""
 
     def __init__(self, config: TextConfig) -> None:
         super().__init__()
@@ -289,7 +289,11 @@ class LSTMClassifier(nn.Module):
 
 
 class _TextTransformer(nn.Module):
-    """Token embedding → ``embed_ln`` → + learned positions → blocks → final norm."""
+    """Token embedding → ``embed_ln`` → + learned positions → blocks → final norm.
+
+    Weights start N(0, 0.02²) as in GPT-2 and RoBERTa. At that scale the attention branches
+    are small, so at init the read-out position depends only weakly on the other tokens.
+    """
 
     def __init__(self, config: TextConfig, *, norm: str, attention: str, causal: bool) -> None:
         super().__init__()
