@@ -124,16 +124,16 @@ def _tsv(path: Path) -> list[list[str]]:
 def _pairs(path: Path, cols: tuple[int, int, int], width: int) -> TextRows:
     """Sentence-pair rows; a row without ``width`` fields or a 0/1 label is skipped and counted
     (this is how the GLUE loaders treat the broken lines of the original QQP release)."""
-    out = TextRows(second=[])
-    assert out.second is not None
+    out, second = TextRows(), []
     a, b, lab = cols
     for row in _tsv(path):
         if len(row) != width or row[lab] not in ("0", "1"):
             out.skipped += 1
             continue
         out.first.append(row[a])
-        out.second.append(row[b])
+        second.append(row[b])
         out.labels.append(int(row[lab]))
+    out.second = second
     return out
 
 
