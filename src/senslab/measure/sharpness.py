@@ -1,0 +1,458 @@
+r"""Flatness of the loss / output landscape around the weights, LayerNorm blow-up, parameter norm.
+
+Two notions of sharpness are measured by perturbing *every* weight with isotropic Gaussian noise
+:math:`\Delta \sim \mathcal N(0, \sigma^2 I)` (parameters whose name contains one of the
+``exclude`` substrings are left alone):
+
+* **Output sharpness** (main paper §7, SPEC §5). On inputs :math:`x` of a batch,
+
+  .. math::
+
+      \mathrm{ShOp} = \mathbb E_{x,\Delta}\,\lVert f_{\theta+\Delta}(x) - f_\theta(x)\rVert_1,
+      \qquad
+      \mathrm{ShPred} = \mathbb E_{x,\Delta}\,
+      \mathbf 1\big[\hat y_{\theta+\Delta}(x) \ne \hat y_\theta(x)\big].
+
+* **Loss sharpness** (Hahn & Rofin, SPEC §6): :math:`\mathbb E_\Delta L(\theta+\Delta) -
+  L(\theta)` for the loss :math:`L` on a batch, positional embeddings excluded by default.
+
+**Uncertainty.** The weight draws are the sampling unit: every draw perturbs the model once and is
+evaluated on the whole batch, so the batch means of different draws are i.i.d. given the batch,
+while the examples of one draw share their :math:`\Delta` and are *not* independent. The standard
+error is therefore the standard deviation of the per-draw means over :math:`\sqrt{R}` (R draws),
+and the 95% interval uses Student's t with R − 1 degrees of freedom (R is small: 5 in the paper
+code). It describes the noise over :math:`\Delta` for *this* batch, not sampling of the data.
+
+**Side effects: none.** The model is evaluated in eval mode — the paper code left BatchNorm and
+dropout in train mode, so its numbers depended on batch composition and dropout noise — and every
+module's training flag, every parameter and every buffer are restored bit-exactly afterwards,
+also when the forward pass raises.
+
+The other two measures of SPEC §6:
+
+* :func:`layernorm_blowup`: per LayerNorm the inverse standard deviation of its input over the
+  normalised dimensions, :math:`1/\sqrt{\operatorname{Var}(h) + \epsilon}` (maximum over positions),
+  multiplied over all LayerNorms, per example.
+* :func:`parameter_norm`: :math:`\lVert\theta\rVert_2` over all parameters but the excluded ones.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..tokens.base import Inputs, batch_size, call_model, check_device
+from .tokenwise import _predictions
+
+Seed = torch.Generator | int | None
+
+
+@dataclass(frozen=True)
+class SharpnessResult:
+    """One sharpness estimate.
+
+    ``estimate`` is the mean over ``draws`` weight perturbations of noise std ``sigma``;
+    ``stderr`` and ``ci95`` (Student's t) treat the draws as the sampling unit (NaN for a single
+    draw). ``per_draw`` holds each draw's value (a batch mean for output sharpness, the loss
+    increase for loss sharpness), ``per_sample`` the mean over draws per example (output sharpness
+    only), ``reference`` the unperturbed loss :math:`L(\\theta)` (loss sharpness only). All values
+    already include ``scale``.
+    """
+
+    name: str
+    estimate: float
+    stderr: float
+    ci95: tuple[float, float]
+    draws: int
+    sigma: float
+    per_draw: Tensor
+    per_sample: Tensor | None = None
+    reference: float | None = None
+    scale: float = 1.0
+
+    def __str__(self) -> str:
+        lo, hi = self.ci95
+        return (
+            f"{self.name} {self.estimate:.4g} ± {self.stderr:.2g} "
+            f"(95% CI {lo:.4g}–{hi:.4g}; {self.draws} weight draws of std {self.sigma:g})"
+        )
+
+    def __float__(self) -> float:
+        return self.estimate
+
+
+@dataclass(frozen=True)
+class OutputSharpness:
+    """Result of :func:`output_sharpness`: ``shop`` (output L1 change) and ``shpred`` (predicted
+    class changes; ``None`` when the outputs are not class scores, e.g. a sequence of logits)."""
+
+    shop: SharpnessResult
+    shpred: SharpnessResult | None
+    num_examples: int
+
+    def __str__(self) -> str:
+        pred = str(self.shpred) if self.shpred is not None else "ShPred n/a"
+        return f"{self.shop}; {pred}; {self.num_examples:,} examples"
+
+
+# ----------------------------------------------------------------------------------- helpers
+def _generator(generator: Seed, device: torch.device) -> torch.Generator:
+    """An explicit generator: given, or seeded (default 0) on the model's device."""
+    if isinstance(generator, torch.Generator):
+        return generator
+    if generator is not None and not isinstance(generator, int):
+        raise TypeError(
+            f"generator must be a torch.Generator or an int seed, got {type(generator).__name__}"
+        )
+    return torch.Generator(device=device).manual_seed(0 if generator is None else generator)
+
+
+def _check_sigma(sigma: float, name: str) -> None:
+    if not (isinstance(sigma, (int, float)) and math.isfinite(sigma) and sigma >= 0):
+        raise ValueError(f"{name} is a noise standard deviation and must be >= 0, got {sigma!r}")
+
+
+def _check_draws(draws: int, name: str) -> None:
+    if not isinstance(draws, int) or draws < 1:
+        raise ValueError(f"{name} is the number of weight draws and must be >= 1, got {draws!r}")
+
+
+def _excluded(name: str, exclude: Sequence[str]) -> bool:
+    return any(s in name for s in exclude)
+
+
+def _exclude_tuple(exclude: Sequence[str] | str) -> tuple[str, ...]:
+    # a bare string would otherwise be iterated character by character
+    return (exclude,) if isinstance(exclude, str) else tuple(exclude)
+
+
+def _summary(
+    name: str, per_draw: Tensor, sigma: float, scale: float, **extra: Any
+) -> SharpnessResult:
+    """Mean, standard error over draws and a t-based 95% interval."""
+    per_draw = per_draw.double().cpu() * scale
+    r = len(per_draw)
+    est = per_draw.mean().item()
+    if r < 2:
+        se, ci = math.nan, (math.nan, math.nan)
+    else:
+        from scipy.stats import t as student_t  # imported lazily: only needed here
+
+        se = per_draw.std(unbiased=True).item() / math.sqrt(r)
+        half = float(student_t.ppf(0.975, r - 1)) * se
+        ci = (est - half, est + half)
+    return SharpnessResult(
+        name, est, se, ci, r, float(sigma), per_draw, scale=float(scale), **extra
+    )
+
+
+class _WeightNoise:
+    """Sets the chosen parameters to θ + σ·ε with ε ~ N(0, I) drawn from ``generator``."""
+
+    def __init__(
+        self, params: list[nn.Parameter], saved: list[Tensor], gen: torch.Generator
+    ) -> None:
+        self.params, self.saved, self.gen = params, saved, gen
+
+    @torch.no_grad()
+    def draw(self, sigma: float) -> None:
+        for p, p0 in zip(self.params, self.saved, strict=True):
+            # sample in at least float32 so half-precision weights get well-formed noise
+            dtype = p.dtype if p.dtype in (torch.float32, torch.float64) else torch.float32
+            eps = torch.randn(p.shape, generator=self.gen, device=self.gen.device, dtype=dtype)
+            p.copy_(p0 + sigma * eps.to(p.device))
+
+    @torch.no_grad()
+    def reset(self) -> None:
+        for p, p0 in zip(self.params, self.saved, strict=True):
+            p.copy_(p0)
+
+
+@contextmanager
+def _perturbable(
+    model: nn.Module, exclude: Sequence[str], generator: Seed, device: torch.device
+) -> Iterator[_WeightNoise]:
+    """Eval mode and a :class:`_WeightNoise` inside; parameters, buffers and every module's
+    training flag restored bit-exactly on exit (also on an exception)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"sharpness needs an nn.Module with parameters, got {type(model).__name__}")
+    named = [(n, p) for n, p in model.named_parameters()]
+    chosen = [p for n, p in named if not _excluded(n, exclude)]
+    if not chosen:
+        names = ", ".join(n for n, _ in named) or "none"
+        raise ValueError(
+            f"no parameter left to perturb: exclude={tuple(exclude)!r} matches every parameter "
+            f"of {type(model).__name__} (parameters: {names}); pass a narrower exclude"
+        )
+    gen = _generator(generator, device)
+    saved = [p.detach().clone() for p in chosen]
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield _WeightNoise(chosen, saved, gen)
+    finally:
+        with torch.no_grad():
+            for p, p0 in zip(chosen, saved, strict=True):
+                p.copy_(p0)
+            for b, b0 in buffers:
+                b.copy_(b0)
+        for m, was in modes:  # per module, so mixed train/eval submodules come back as they were
+            m.training = was
+
+
+# ----------------------------------------------------------------------------------- sharpness
+def output_sharpness(
+    model: nn.Module,
+    inputs: Inputs,
+    *,
+    sigma_w: float = 0.05,
+    repeats: int = 5,
+    generator: Seed = None,
+    exclude: Sequence[str] | str = (),
+) -> OutputSharpness:
+    r"""ShOp and ShPred of ``model`` on the batch ``inputs`` (see the module docstring).
+
+    ``repeats`` weight draws :math:`\Delta \sim \mathcal N(0, \sigma_w^2 I)` (paper code:
+    :math:`\sigma_w = 0.05`, 5 repeats), each evaluated with one forward pass on the whole batch.
+    The L1 distance sums over all output entries of an example. ShPred compares the argmax of
+    (B, C) logits, or the sign of (B,)/(B, 1) scores, as :func:`token_sensitivity` does; for
+    other output shapes it is ``None``.
+
+    Args:
+        model: the network; evaluated in eval mode, left exactly as it was.
+        inputs: a tensor (positional argument), a tuple (``*args``) or a dict (``**kwargs``).
+        sigma_w: standard deviation of the per-coordinate weight noise.
+        repeats: number of weight draws R (the sampling unit of the standard error).
+        generator: a ``torch.Generator`` or an int seed (default seed 0 on the model's device).
+        exclude: parameters whose name contains any of these substrings are not perturbed.
+
+    Example:
+        >>> import torch
+        >>> model = torch.nn.Linear(4, 3)
+        >>> res = output_sharpness(model, torch.randn(8, 4), sigma_w=0.05, generator=0)
+        >>> res.shop.draws, res.shop.estimate > 0
+        (5, True)
+    """
+    _check_sigma(sigma_w, "sigma_w")
+    _check_draws(repeats, "repeats")
+    device = check_device(model, inputs)
+    exclude = _exclude_tuple(exclude)
+    with _perturbable(model, exclude, generator, device) as noise, torch.no_grad():
+        clean = call_model(model, inputs)
+        b = clean.shape[0]
+        try:
+            clean_pred: Tensor | None = _predictions(clean)
+        except ValueError:
+            clean_pred = None
+        l1 = torch.empty(repeats, b, dtype=torch.float64, device=clean.device)
+        flips = torch.empty_like(l1)
+        for r in range(repeats):
+            noise.draw(sigma_w)
+            out = call_model(model, inputs)
+            l1[r] = (out - clean).reshape(b, -1).abs().sum(1).double()
+            if clean_pred is not None:
+                flips[r] = (_predictions(out) != clean_pred).double()
+    shop = _summary("ShOp", l1.mean(1), sigma_w, 1.0, per_sample=l1.mean(0).cpu())
+    shpred = None
+    if clean_pred is not None:
+        shpred = _summary("ShPred", flips.mean(1), sigma_w, 1.0, per_sample=flips.mean(0).cpu())
+    return OutputSharpness(shop, shpred, b)
+
+
+def loss_sharpness(
+    model: nn.Module,
+    loss_fn: Callable[[Tensor, Any], Tensor],
+    inputs: Inputs,
+    targets: Any,
+    *,
+    sigma: float = 0.02,
+    draws: int = 20,
+    exclude: Sequence[str] | str = ("pos",),
+    generator: Seed = None,
+    scale: float = 1.0,
+) -> SharpnessResult:
+    r"""Hahn & Rofin's sharpness :math:`\mathbb E_\Delta L(\theta+\Delta) - L(\theta)`.
+
+    :math:`L(\theta)` = ``loss_fn(model(inputs), targets)`` (a scalar, e.g. the batch-mean MSE);
+    :math:`\Delta \sim \mathcal N(0, \sigma^2)` per coordinate (paper: σ = 0.02) on every
+    parameter whose name contains none of ``exclude`` (paper: positional embeddings excluded,
+    hence the default ``("pos",)``). ``draws`` (ours: 20) independent draws, one forward pass each.
+
+    ``scale`` multiplies every reported value: Hahn & Rofin train an MSE against {0, 1} targets and
+    report sharpness ×4, the value on the ±1 scale (squared errors scale by 2² = 4) — pass
+    ``scale=4``. ``reference`` is :math:`L(\theta)` times ``scale``.
+
+    Example:
+        >>> import torch
+        >>> model = torch.nn.Linear(4, 1)
+        >>> x, y = torch.randn(16, 4), torch.randn(16, 1)
+        >>> res = loss_sharpness(model, torch.nn.functional.mse_loss, x, y, generator=0)
+        >>> res.draws, res.ci95[0] <= res.estimate <= res.ci95[1]
+        (20, True)
+    """
+    _check_sigma(sigma, "sigma")
+    _check_draws(draws, "draws")
+    device = check_device(model, inputs)
+    exclude = _exclude_tuple(exclude)
+
+    def loss() -> float:
+        value = loss_fn(call_model(model, inputs), targets)
+        if not isinstance(value, Tensor) or value.numel() != 1:
+            shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+            raise ValueError(
+                f"loss_fn must return a scalar tensor, got {shape}; reduce it, e.g. "
+                "reduction='mean'"
+            )
+        return value.double().item()
+
+    with _perturbable(model, exclude, generator, device) as noise, torch.no_grad():
+        base = loss()
+        per_draw = torch.empty(draws, dtype=torch.float64)
+        for r in range(draws):
+            noise.draw(sigma)
+            per_draw[r] = loss() - base
+    return _summary("loss sharpness", per_draw, sigma, scale, reference=base * scale)
+
+
+# ----------------------------------------------------------------------------------- blow-up
+def _parent(name: str) -> str:
+    return name.rpartition(".")[0]
+
+
+def layernorm_factors(
+    model: nn.Module,
+    inputs: Inputs,
+    *,
+    readout_position: int | None = None,
+    readout_modules: Sequence[str] | None = None,
+) -> dict[str, Tensor]:
+    r"""Per LayerNorm call, per example: :math:`\max_t 1/\sqrt{\operatorname{Var}(h_t) + \epsilon}`.
+
+    :math:`h_t` is the LayerNorm's input at position :math:`t`, the variance the biased one over
+    the normalised dimensions and :math:`\epsilon` the module's own ``eps`` — exactly the divisor
+    ``nn.LayerNorm`` uses. Every ``nn.LayerNorm`` submodule is hooked (functional
+    ``F.layer_norm`` calls are invisible); a module called k > 1 times per forward contributes
+    ``name``, ``name#1``, …, ``name#{k-1}``. Keys are in the order the calls ran.
+
+    **Read-out rule.** With a ``readout_position`` (default: ``model.readout_position`` when the
+    model defines one, as senslab's ``BooleanTransformer`` does), the LayerNorms of the *last
+    layer* count only at that position of their (B, T, D) input, since no other position of the
+    last layer reaches the output. The last layer is ``readout_modules`` when given (module names),
+    otherwise the LayerNorms that share the parent module of the last LayerNorm to run (for a
+    stack ``blocks.0 … blocks.L-1`` of post-LN blocks: ``blocks.L-1.ln1`` and
+    ``blocks.L-1.ln2``). Pass ``readout_modules=()`` to take the maximum over all positions
+    everywhere.
+
+    Evaluated in eval mode without gradients; the hooks exist only inside the call.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"layernorm_blowup needs an nn.Module, got {type(model).__name__}")
+    norms = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.LayerNorm)]
+    if not norms:
+        raise ValueError(
+            f"{type(model).__name__} has no nn.LayerNorm submodule; the blow-up is undefined"
+        )
+    if readout_position is None:
+        readout_position = getattr(model, "readout_position", None)
+    if readout_modules is not None:
+        known = {n for n, _ in norms}
+        unknown = [n for n in readout_modules if n not in known]
+        if unknown:
+            raise ValueError(
+                f"readout_modules {unknown} are not LayerNorms of {type(model).__name__}; "
+                f"its LayerNorms are: {', '.join(sorted(known))}"
+            )
+    check_device(model, inputs)
+    b = batch_size(inputs)
+    calls: list[tuple[str, Tensor]] = []  # (module name, (B, positions) inverse std)
+
+    def hook_for(name: str, eps: float, ndim: int) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+            h = args[0]
+            if h.dim() < ndim + 1 or h.shape[0] != b:
+                raise ValueError(
+                    f"LayerNorm {name!r} got input of shape {tuple(h.shape)}; the blow-up needs "
+                    f"batch-first inputs (batch={b}, ..., normalised dims)"
+                )
+            flat = h.detach().double().reshape(b, -1, *h.shape[h.dim() - ndim :])
+            var = flat.flatten(2).var(dim=2, unbiased=False)
+            calls.append((name, (var + eps).rsqrt()))
+
+        return hook
+
+    modes = [(m, m.training) for m in model.modules()]
+    handles = [
+        m.register_forward_pre_hook(hook_for(n, m.eps, len(m.normalized_shape))) for n, m in norms
+    ]
+    try:
+        model.eval()
+        with torch.no_grad():
+            call_model(model, inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+        for m, was in modes:
+            m.training = was
+    if not calls:
+        raise RuntimeError(f"no LayerNorm of {type(model).__name__} ran during the forward pass")
+
+    if readout_position is None:
+        last: set[str] = set()
+    elif readout_modules is not None:
+        last = set(readout_modules)
+    else:
+        parent = _parent(calls[-1][0])
+        last = {n for n, _ in norms if _parent(n) == parent}
+    factors: dict[str, Tensor] = {}
+    counts: dict[str, int] = {}
+    for name, inv in calls:
+        k = counts.get(name, 0)
+        counts[name] = k + 1
+        if name in last:
+            t = inv.shape[1]
+            if not -t <= readout_position < t:
+                raise ValueError(
+                    f"readout_position {readout_position} is out of range for LayerNorm "
+                    f"{name!r} with {t} positions"
+                )
+            value = inv[:, readout_position]
+        else:
+            value = inv.amax(dim=1)
+        factors[name if k == 0 else f"{name}#{k}"] = value.cpu()
+    return factors
+
+
+def layernorm_blowup(
+    model: nn.Module,
+    inputs: Inputs,
+    *,
+    readout_position: int | None = None,
+    readout_modules: Sequence[str] | None = None,
+) -> Tensor:
+    r"""Hahn & Rofin's LayerNorm blow-up per example, shape (B,), float64:
+    :math:`\prod_{\ell} \max_t 1/\sqrt{\operatorname{Var}(h^{(\ell)}_t) + \epsilon_\ell}` over all
+    LayerNorm calls :math:`\ell`, the last layer read at ``readout_position`` only. See
+    :func:`layernorm_factors` (the individual factors) for the rules."""
+    factors = layernorm_factors(
+        model, inputs, readout_position=readout_position, readout_modules=readout_modules
+    )
+    return torch.stack(list(factors.values())).prod(dim=0)
+
+
+def parameter_norm(model: nn.Module, exclude: Sequence[str] | str = ("pos",)) -> float:
+    r""":math:`\lVert\theta\rVert_2 = \sqrt{\sum_i \theta_i^2}` over every parameter whose name
+    contains none of ``exclude`` (default: positional embeddings, as Hahn & Rofin), in float64.
+    Shared (tied) parameters count once."""
+    exclude = _exclude_tuple(exclude)
+    total = torch.zeros((), dtype=torch.float64)
+    for name, p in model.named_parameters():
+        if not _excluded(name, exclude):
+            total += p.detach().double().square().sum().cpu()
+    return math.sqrt(total.item())
