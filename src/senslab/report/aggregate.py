@@ -1,0 +1,237 @@
+"""Aggregating runs over seeds: final-number tables and mean ± std training curves.
+
+Runs that share a label differ only in their seed, so a label's number is the mean over its runs
+and its spread the sample standard deviation
+
+    std = sqrt( Σ_r (v_r − mean)² / (R − 1) ),   R ≥ 2 runs,
+
+which estimates the seed-to-seed variation. A label with a single run has no seed spread; where
+the run logged a standard error for the metric (``<key>_se``, e.g. ``sens/train_se``) that is
+shown instead, marked "se".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from senslab.report.runs import Run, group_by_label
+
+# Column order for tables; other numeric metrics follow alphabetically.
+KNOWN_KEYS = (
+    "epoch",
+    "train/acc",
+    "val/acc",
+    "test/acc",
+    "train/loss",
+    "val/loss",
+    "test/loss",
+    "sens/train",
+    "sens/val",
+    "bool_sens",
+    "weight_norm",
+    "sharpness/shop",
+    "sharpness/shpred",
+    "sharpness/loss",
+)
+# Keys that are bookkeeping or another metric's error bar, never a column of their own.
+SKIP_KEYS = frozenset({"step", "time"})
+SKIP_SUFFIXES = ("_se", "_ci", "_positions", "_per_position")
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class Stat:
+    """A number with its spread: ``mean ± spread`` where ``kind`` says what the spread is
+    (``"std"`` over ``n`` ≥ 2 runs, ``"se"`` a single run's standard error, ``""`` none)."""
+
+    mean: float
+    spread: float | None = None
+    n: int = 1
+    kind: str = ""
+
+    def __str__(self) -> str:
+        text = format_number(self.mean)
+        if self.spread is not None:
+            text += f" ± {self.spread:.2g}"
+        return text
+
+
+def format_number(value: Any) -> str:
+    """Compact text for a table cell: ints as is, floats to 4 significant digits."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def summarize(values: Sequence[float], se: float | None = None) -> Stat:
+    """Mean ± sample std of ``values``; a single value carries ``se`` as its spread if given."""
+    if not values:
+        raise ValueError("summarize needs at least one value")
+    arr = np.asarray(values, dtype=float)
+    if len(arr) >= 2:
+        return Stat(float(arr.mean()), float(arr.std(ddof=1)), len(arr), "std")
+    if se is not None:
+        return Stat(float(arr[0]), float(se), 1, "se")
+    return Stat(float(arr[0]))
+
+
+def metric_keys(runs: Sequence[Run]) -> list[str]:
+    """Numeric scalar final metrics present in any run: known ones first, the rest sorted."""
+    present: set[str] = set()
+    for run in runs:
+        for key, value in run.final.items():
+            if is_number(value) and key not in SKIP_KEYS and not key.endswith(SKIP_SUFFIXES):
+                present.add(key)
+    known = [k for k in KNOWN_KEYS if k in present]
+    return known + sorted(present - set(known))
+
+
+def final_table(
+    runs: Sequence[Run], keys: Sequence[str] | None = None, per_run: bool = False
+) -> list[dict[str, Any]]:
+    """One row per label (or per run with ``per_run=True``) of final numbers.
+
+    Each row has ``label``, ``runs`` (how many runs it aggregates), ``seeds`` and, per metric key,
+    a :class:`Stat` (mean ± std over the label's runs; a single run shows its ``<key>_se`` when
+    logged). A metric a run never logged is left out of that run's mean; a label where no run
+    logged it has no entry for it. Per-run rows have ``label``, ``run`` (its name) and ``seed``.
+    """
+    keys = list(keys) if keys is not None else metric_keys(runs)
+    groups = [[r] for r in runs] if per_run else list(group_by_label(runs).values())
+    rows = []
+    for group in groups:
+        row: dict[str, Any] = {"label": group[0].label}
+        if per_run:
+            row["run"], row["seed"] = group[0].name, group[0].seed
+        else:
+            row["runs"], row["seeds"] = len(group), [r.seed for r in group]
+        finals = [r.final for r in group]
+        for key in keys:
+            values = [f[key] for f in finals if is_number(f.get(key))]
+            if not values:
+                continue
+            se = finals[0].get(f"{key}_se") if len(values) == 1 else None
+            row[key] = summarize(values, se if is_number(se) else None)
+        rows.append(row)
+    return rows
+
+
+def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """Plain-text table with aligned columns (numbers right-aligned) for the terminal."""
+    if not rows:
+        return "(no runs)"
+    if columns is None:
+        columns = []
+        for row in rows:
+            columns += [k for k in row if k not in columns and k != "seeds"]
+    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    numeric = [all(_is_numeric_cell(row.get(c)) for row in rows) for c in columns]
+
+    def line(items: Sequence[str]) -> str:
+        parts = [
+            s.rjust(w) if num else s.ljust(w)
+            for s, w, num in zip(items, widths, numeric, strict=True)
+        ]
+        return "  ".join(parts).rstrip()
+
+    out = [line(list(columns)), line(["-" * w for w in widths])]
+    out += [line(r) for r in cells]
+    return "\n".join(out)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return str(value) if isinstance(value, Stat) else format_number(value)
+
+
+def _is_numeric_cell(value: Any) -> bool:
+    return value is None or isinstance(value, Stat) or is_number(value)
+
+
+@dataclass
+class Curve:
+    """A label's metric over training, aggregated over its runs at each logged step.
+
+    ``low``/``high`` bound the shaded band: mean ± std where ≥ 2 runs logged the step, else the
+    single run's 95% interval (``<key>_ci``, or value ± 1.96·``<key>_se``), NaN where unknown.
+    """
+
+    label: str
+    key: str
+    steps: np.ndarray
+    epochs: np.ndarray
+    mean: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    count: np.ndarray
+
+    def x(self, axis: str) -> np.ndarray:
+        return self.epochs if axis == "epoch" else self.steps.astype(float)
+
+
+def aggregate_curve(runs: Sequence[Run], key: str) -> Curve | None:
+    """Align ``runs`` (one label) on ``step`` and average ``key``; ``None`` if none logged it.
+
+    Runs with the same config log the same steps, so aligning on the step is exact; a seed that
+    stopped early simply contributes to fewer steps (``count`` says how many runs each point has).
+    """
+    per_step: dict[int, list[tuple[float, float, float, float]]] = {}
+    for run in runs:
+        steps, epochs, values = run.series(key)
+        ci_steps, _, cis = run.series(f"{key}_ci")
+        se_steps, _, ses = run.series(f"{key}_se")
+        ci_at = dict(zip(ci_steps, cis, strict=True))
+        se_at = dict(zip(se_steps, ses, strict=True))
+        for step, epoch, value in zip(steps, epochs, values, strict=True):
+            if not is_number(value):
+                continue
+            low, high = _interval(value, ci_at.get(step), se_at.get(step))
+            per_step.setdefault(step, []).append((epoch, float(value), low, high))
+    if not per_step:
+        return None
+    steps = sorted(per_step)
+    mean, low, high, count, epochs = [], [], [], [], []
+    for step in steps:
+        pts = per_step[step]
+        vals = np.array([p[1] for p in pts])
+        epochs.append(pts[0][0])
+        mean.append(vals.mean())
+        count.append(len(pts))
+        if len(pts) >= 2:
+            sd = vals.std(ddof=1)
+            low.append(vals.mean() - sd)
+            high.append(vals.mean() + sd)
+        else:
+            low.append(pts[0][2])
+            high.append(pts[0][3])
+    return Curve(
+        runs[0].label,
+        key,
+        np.array(steps),
+        np.array(epochs, dtype=float),
+        np.array(mean),
+        np.array(low),
+        np.array(high),
+        np.array(count),
+    )
+
+
+def _interval(value: float, ci: Any, se: Any) -> tuple[float, float]:
+    """A single run's 95% interval: its logged CI, else value ± 1.96·se, else unknown (NaN)."""
+    if isinstance(ci, list | tuple) and len(ci) == 2 and all(is_number(c) for c in ci):
+        return float(ci[0]), float(ci[1])
+    if is_number(se):
+        return value - 1.96 * se, value + 1.96 * se
+    return math.nan, math.nan

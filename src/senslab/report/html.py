@@ -1,0 +1,261 @@
+"""One self-contained HTML report for runs and experiments.
+
+``report.html`` embeds its plots as base64 ``data:`` URIs and its CSS inline, with no scripts and
+no network references, so it can be mailed or archived as a single file. Every string that comes
+from a run directory is HTML-escaped: labels and claims are user text.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterable, Sequence
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from senslab.report.aggregate import Stat, final_table, format_number, is_number
+from senslab.report.plots import (
+    curve_panels,
+    has_positions,
+    plot_curves,
+    plot_final_bars,
+    plot_position_profiles,
+    plot_scatter,
+)
+from senslab.report.runs import (
+    Experiment,
+    PathLike,
+    Run,
+    RunFormatError,
+    as_paths,
+    is_experiment_dir,
+    load_experiment,
+    load_run,
+)
+
+# Which final metric the bar chart shows: the first one any run has.
+BAR_KEYS = ("sens/train", "sens/val", "bool_sens")
+VERDICT_CLASSES = {"holds": "holds", "does not hold": "fails", "not comparable": "na"}
+
+CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; max-width: 1100px;
+       margin: 2em auto; padding: 0 1em; color: #222; line-height: 1.45; }
+h1 { font-size: 1.6em; margin-bottom: .2em; } h2 { font-size: 1.25em; margin-top: 1.6em; }
+.claim { border-left: 4px solid #888; margin: .6em 0; padding: .3em .9em; background: #f6f6f6; }
+.verdict { padding: .6em 1em; border-radius: 6px; margin: .8em 0; border: 1px solid; }
+.verdict .word { font-weight: 700; text-transform: uppercase; letter-spacing: .04em; }
+.holds { background: #e6f4ea; border-color: #2e7d32; } .holds .word { color: #2e7d32; }
+.fails { background: #fdecea; border-color: #c62828; } .fails .word { color: #c62828; }
+.na { background: #fff8e1; border-color: #b58900; } .na .word { color: #8a6d00; }
+table { border-collapse: collapse; margin: .6em 0; font-size: .9em; }
+th, td { padding: .25em .7em; border-bottom: 1px solid #ddd; text-align: left; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+th { background: #f0f0f0; }
+figure { margin: 1.2em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
+figcaption { font-size: .85em; color: #555; }
+footer { margin-top: 2.5em; font-size: .8em; color: #555; border-top: 1px solid #ddd; }
+.note { font-size: .85em; color: #555; }
+"""
+
+
+def _e(value: Any) -> str:
+    """HTML-escape any value (quotes too, so it is safe in attributes)."""
+    return escape(str(value), quote=True)
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, Stat):
+        return str(value)
+    if is_number(value):
+        return format_number(value)
+    if isinstance(value, dict | list):
+        return json.dumps(value, sort_keys=True, default=str)
+    return str(value)
+
+
+def _collect(paths: Sequence[Path]) -> tuple[list[Experiment], list[Run]]:
+    experiments, runs = [], []
+    for p in paths:
+        if is_experiment_dir(p):
+            exp = load_experiment(p)
+            experiments.append(exp)
+            runs.extend(exp.runs)
+        else:
+            runs.append(load_run(p))
+    return experiments, runs
+
+
+def make_report(
+    paths: PathLike | Iterable[PathLike],
+    out_dir: PathLike | None = None,
+    title: str | None = None,
+    *,
+    x: str = "epoch",
+    logx: bool = False,
+    logy: bool | Sequence[str] = False,
+    scatter: Sequence[tuple[str, str]] = (),
+) -> Path:
+    """Write the plots and ``report.html`` for run and/or experiment directories.
+
+    ``out_dir`` defaults to the experiment directory when reporting one experiment, else to the
+    first run's directory. Plots: training curves, final sensitivity bars (when a sensitivity was
+    logged), per-position profiles (when positions were logged) and one scatter per
+    ``(x_key, y_key)`` in ``scatter``; ``x``/``logx``/``logy`` go to
+    :func:`~senslab.report.plots.plot_curves`. Returns the path of ``report.html``.
+    """
+    path_list = as_paths(paths)
+    experiments, runs = _collect(path_list)
+    if not runs:
+        raise RunFormatError(
+            f"no runs found in {', '.join(map(str, path_list))}; run the experiment first "
+            "(an experiment directory lists its runs in experiment.json)"
+        )
+    if out_dir is None:
+        single = len(path_list) == 1 and len(experiments) == 1
+        out_dir = experiments[0].path if single else runs[0].path
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    figures: list[tuple[Path, str]] = []  # (png, caption), in page order
+    if curve_panels(runs):
+        png = plot_curves(runs, out / "curves.png", x=x, logx=logx, logy=logy)
+        figures.append(
+            (
+                png,
+                "Metrics over training: mean over seeds, band ± std (a single run: "
+                "95% interval of its sensitivity estimate).",
+            )
+        )
+    bar_key = next((k for k in BAR_KEYS if any(is_number(r.final.get(k)) for r in runs)), None)
+    if bar_key is not None:
+        png = plot_final_bars(runs, out / "final_sensitivity.png", key=bar_key)
+        figures.append((png, f"Final {bar_key} per label, annotated with train accuracy."))
+    if has_positions(runs):
+        png = plot_position_profiles(runs, out / "positions.png")
+        figures.append((png, "Sensitivity per token position, right-aligned (−1 = last token)."))
+    for i, (xk, yk) in enumerate(scatter):
+        png = plot_scatter(runs, xk, yk, out / f"scatter_{i}.png")
+        figures.append((png, f"{yk} against {xk}, one point per run."))
+
+    if title is None:
+        title = (
+            experiments[0].name if len(experiments) == 1 else f"senslab report: {len(runs)} run(s)"
+        )
+    page = render_html(title, experiments, runs, figures)
+    report = out / "report.html"
+    tmp = report.with_name(report.name + ".tmp")
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(report)  # atomic: a reader never sees half a report
+    return report
+
+
+def render_html(
+    title: str,
+    experiments: Sequence[Experiment],
+    runs: Sequence[Run],
+    figures: Sequence[tuple[Path, str]],
+) -> str:
+    """The report page as a string (see :func:`make_report`)."""
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{_e(title)}</title><style>{CSS}</style></head><body>",
+        f"<h1>{_e(title)}</h1>",
+    ]
+    parts += [_experiment_html(exp) for exp in experiments]
+    parts.append("<h2>Final numbers per label</h2>")
+    parts.append(_table_html(final_table(runs)))
+    parts.append(
+        '<p class="note">± is the standard deviation over a label\'s seeds; for a '
+        "label with a single run, the standard error of its estimate (where logged).</p>"
+    )
+    parts.append("<details><summary>Per run</summary>")
+    parts.append(_table_html(final_table(runs, per_run=True)))
+    parts.append("</details>")
+    if figures:
+        parts.append("<h2>Plots</h2>")
+    for path, caption in figures:
+        data = base64.b64encode(path.read_bytes()).decode("ascii")
+        parts.append(
+            f'<figure><img src="data:image/png;base64,{data}" alt="{_e(path.stem)}">'
+            f"<figcaption>{_e(caption)}</figcaption></figure>"
+        )
+    parts.append(_footer_html(runs))
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _experiment_html(exp: Experiment) -> str:
+    out = [f"<h2>Experiment: {_e(exp.name)}</h2>"]
+    if exp.info.get("paper"):
+        out.append(f"<p>Paper: {_e(exp.info['paper'])}</p>")
+    if exp.claim:
+        out.append(f'<blockquote class="claim"><b>Claim.</b> {_e(exp.claim)}</blockquote>')
+    v = exp.verdict
+    if v is None:
+        out.append(
+            '<div class="verdict na"><span class="word">not judged yet</span> '
+            "(no verdict.json)</div>"
+        )
+        return "\n".join(out)
+    word = str(v.get("verdict", "unknown"))
+    css = VERDICT_CLASSES.get(word, "na")
+    out.append(f'<div class="verdict {css}"><span class="word">Verdict: {_e(word)}</span>')
+    if v.get("reason"):
+        out.append(f"<p>{_e(v['reason'])}</p>")
+    evidence = v.get("evidence") or {}
+    if evidence:
+        rows = "".join(
+            f'<tr><th>{_e(k)}</th><td class="num">{_e(_value_text(val))}</td></tr>'
+            for k, val in evidence.items()
+        )
+        out.append(f"<table>{rows}</table>")
+    out.append("</div>")
+    return "\n".join(out)
+
+
+def _table_html(rows: Sequence[dict[str, Any]]) -> str:
+    if not rows:
+        return "<p>(no runs)</p>"
+    columns: list[str] = []
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    head = "".join(f"<th>{_e(c)}</th>" for c in columns)
+    body = []
+    for row in rows:
+        cells = []
+        for c in columns:
+            val = row.get(c)
+            text = "–" if val is None else _value_text(val)
+            if isinstance(val, list):
+                text = ", ".join(str(s) for s in val)
+            tip = ""
+            if isinstance(val, Stat) and val.kind:
+                what = f"std over {val.n} runs" if val.kind == "std" else "standard error"
+                tip = f' title="± is the {what}"'
+            cls = ' class="num"' if isinstance(val, Stat) or is_number(val) else ""
+            cells.append(f"<td{cls}{tip}>{_e(text)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _footer_html(runs: Sequence[Run]) -> str:
+    """Environment of the runs: every env.json key with its distinct values across runs."""
+    from senslab import __version__
+
+    values: dict[str, list[str]] = {}
+    for run in runs:
+        for key, val in run.env.items():
+            text = _value_text(val)
+            if text not in values.setdefault(key, []):
+                values[key].append(text)
+    rows = "".join(
+        f"<tr><th>{_e(k)}</th><td>{_e('; '.join(vs))}</td></tr>" for k, vs in values.items()
+    )
+    env = f"<table>{rows}</table>" if rows else "<p>(no env.json in these runs)</p>"
+    return (
+        f"<footer><p>Environment of the runs:</p>{env}"
+        f"<p>Generated by senslab {_e(__version__)} from run directories only "
+        "(nothing was retrained).</p></footer>"
+    )

@@ -1,0 +1,341 @@
+"""Plots of run directories: training curves, final bars, per-position profiles, scatter.
+
+Every function takes loaded :class:`~senslab.report.runs.Run` objects and an output path, writes
+one PNG and returns its path. matplotlib is imported inside the functions (``import senslab``
+stays light) and only through its object-oriented API (``Figure`` + Agg), never ``pyplot``: no
+global figure state, no GUI backend, nothing ever shown. A label keeps its colour in every plot of
+a report because colours are assigned from the sorted label list.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from senslab.report.aggregate import aggregate_curve, final_table, is_number, metric_keys
+from senslab.report.runs import PathLike, Run, group_by_label
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+# (panel title, y-axis label, metric keys drawn in it); other numeric metrics get a panel each.
+PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("Accuracy", "accuracy", ("train/acc", "val/acc", "test/acc")),
+    ("Loss", "loss", ("train/loss", "val/loss", "test/loss")),
+    ("Token-wise sensitivity", "P(prediction flips)", ("sens/train", "sens/val")),
+    ("Boolean sensitivity", "average sensitivity", ("bool_sens",)),
+    ("Weight norm", "‖θ‖₂", ("weight_norm",)),
+    ("Sharpness ShOp", "E‖f(θ+Δ) − f(θ)‖₁", ("sharpness/shop",)),
+    ("Sharpness ShPred", "P(prediction changes)", ("sharpness/shpred",)),
+    ("Sharpness (loss)", "E L(θ+Δ) − L(θ)", ("sharpness/loss",)),
+)
+SPLIT_STYLES = {"train": "-", "val": "--", "test": ":"}
+YLABELS = {k: ylabel for _, ylabel, keys in PANELS for k in keys}
+# House style, applied through rc_context so the caller's matplotlib settings are left alone.
+STYLE = {
+    "font.size": 9,
+    "axes.titlesize": 10,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "legend.frameon": False,
+    "savefig.dpi": 110,
+}
+
+
+def label_colors(labels: Collection[str]) -> dict[str, Any]:
+    """A fixed colour per label (sorted, so the same labels get the same colours everywhere)."""
+    import matplotlib
+
+    names = sorted(set(labels))
+    cmap = matplotlib.colormaps["tab10" if len(names) <= 10 else "tab20"]
+    return {name: cmap(i % cmap.N) for i, name in enumerate(names)}
+
+
+def _split(key: str) -> str:
+    """``train/acc`` -> ``train``; ``sens/val`` -> ``val``; keys without a split -> ``""``."""
+    parts = key.split("/")
+    return next((p for p in parts if p in SPLIT_STYLES), "")
+
+
+def _figure(width: float, height: float) -> Figure:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def _save(fig: Figure, out: PathLike) -> Path:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png")
+    return out
+
+
+def _label_handles(
+    colors: dict[str, Any], labels: Sequence[str], points: bool = False
+) -> list[Any]:
+    """Legend entries, one per label: a line, or a dot for scatter plots."""
+    from matplotlib.lines import Line2D
+
+    style = {"marker": "o", "ls": ""} if points else {"lw": 2}
+    return [Line2D([], [], color=colors[lb], label=lb, **style) for lb in labels]
+
+
+def curve_panels(
+    runs: Sequence[Run], keys: Sequence[str] | None = None
+) -> list[tuple[str, str, list[str]]]:
+    """The panels :func:`plot_curves` draws: known groups first, then one per other metric."""
+    present = set(metric_keys(runs)) if keys is None else set(keys)
+    present.discard("epoch")
+    panels = []
+    for title, ylabel, group in PANELS:
+        found = [k for k in group if k in present]
+        if found:
+            panels.append((title, ylabel, found))
+            present -= set(found)
+    panels += [(k, k, [k]) for k in sorted(present)]
+    return panels
+
+
+def plot_curves(
+    runs: Sequence[Run],
+    out: PathLike,
+    *,
+    x: str = "epoch",
+    keys: Sequence[str] | None = None,
+    logx: bool = False,
+    logy: bool | Collection[str] = False,
+    title: str | None = None,
+) -> Path:
+    """Metrics over training, one panel per metric group, one colour per label.
+
+    Each line is the mean over the label's runs aligned on ``step``; the band is ± std across
+    those runs (a single run shows its 95% CI when it logged ``<key>_ci`` or ``<key>_se``).
+    Train/val/test of a metric share a panel, told apart by line style. ``x`` is ``"epoch"`` or
+    ``"step"``; ``logy`` is ``True`` for every panel or a set of metric keys whose panels get a
+    log y-axis; ``logx`` masks x = 0.
+    """
+    import matplotlib
+
+    if x not in ("epoch", "step"):
+        raise ValueError(f"x must be 'epoch' or 'step', got {x!r}")
+    panels = curve_panels(runs, keys)
+    if not panels:
+        raise ValueError("no metric to plot: the runs logged nothing besides step/epoch/time")
+    groups = group_by_label(runs)
+    colors = label_colors(groups)
+    ncols = min(3, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    splits_used: set[str] = set()
+    with matplotlib.rc_context(STYLE):
+        fig = _figure(3.8 * ncols + 1.6, 2.9 * nrows + 0.4)
+        axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+        for ax, (ptitle, ylabel, pkeys) in zip(axes, panels, strict=False):
+            for label, group in groups.items():
+                for key in pkeys:
+                    curve = aggregate_curve(group, key)
+                    if curve is None:
+                        continue
+                    xs = curve.x(x)
+                    style = SPLIT_STYLES.get(_split(key), "-")
+                    if len(pkeys) > 1:
+                        splits_used.add(_split(key))
+                    marker = "o" if len(xs) < 3 else None  # a lone point needs a marker to show
+                    ax.plot(xs, curve.mean, color=colors[label], ls=style, lw=1.6, marker=marker)
+                    if np.isfinite(curve.low).any():
+                        ax.fill_between(
+                            xs, curve.low, curve.high, color=colors[label], alpha=0.18, lw=0
+                        )
+            ax.set_title(ptitle)
+            ax.set_xlabel("epoch" if x == "epoch" else "optimizer step")
+            ax.set_ylabel(ylabel)
+            if logx:
+                ax.set_xscale("log", nonpositive="mask")
+            if logy is True or (not isinstance(logy, bool) and set(pkeys) & set(logy)):
+                ax.set_yscale("log", nonpositive="mask")
+        for ax in axes[len(panels) :]:
+            fig.delaxes(ax)
+        handles = _label_handles(colors, list(groups))
+        if len(splits_used) > 1:
+            from matplotlib.lines import Line2D
+
+            handles += [
+                Line2D([], [], color="0.3", ls=SPLIT_STYLES[s], label=s)
+                for s in SPLIT_STYLES
+                if s in splits_used
+            ]
+        fig.legend(handles=handles, loc="outside right upper", title="label")
+        fig.suptitle(title or "Training curves (mean ± std over seeds)")
+        return _save(fig, out)
+
+
+def plot_final_bars(
+    runs: Sequence[Run],
+    out: PathLike,
+    *,
+    key: str = "sens/train",
+    acc_key: str = "train/acc",
+    logy: bool = False,
+    title: str | None = None,
+) -> Path:
+    """Final ``key`` per label as bars, annotated with the label's final ``acc_key``.
+
+    Error bars: ± std over the label's seeds; a label with one run shows ± 1.96 s.e. (its
+    ``<key>_se``), i.e. a 95% interval for that run's estimate; none if neither is known.
+    """
+    import matplotlib
+
+    rows = [r for r in final_table(runs, keys=[key, acc_key]) if key in r]
+    if not rows:
+        raise ValueError(f"no run has a final {key!r}; choose a metric the runs logged")
+    colors = label_colors(r["label"] for r in rows)
+    means = [r[key].mean for r in rows]
+    errs = [
+        r[key].spread * (1.96 if r[key].kind == "se" else 1.0) if r[key].spread else 0.0
+        for r in rows
+    ]
+    with matplotlib.rc_context(STYLE):
+        fig = _figure(max(4.5, 1.0 + 0.9 * len(rows)), 3.8)
+        ax = fig.subplots()
+        pos = np.arange(len(rows))
+        ax.bar(pos, means, yerr=errs, capsize=4, color=[colors[r["label"]] for r in rows])
+        for p, m, e, row in zip(pos, means, errs, rows, strict=True):
+            if acc_key in row:
+                acc = row[acc_key].mean
+                text = f"{acc:.1%}" if 0 <= acc <= 1 else f"{acc:.3g}"
+                ax.annotate(
+                    f"{_split(acc_key) or acc_key} acc\n{text}" if "acc" in acc_key else text,
+                    (p, m + e),
+                    xytext=(0, 3),
+                    textcoords="offset points",
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                )
+        ax.set_xticks(pos, [r["label"] for r in rows], rotation=30 if len(rows) > 4 else 0)
+        ax.set_ylabel(f"final {key}" + (f"\n{YLABELS[key]}" if key in YLABELS else ""))
+        ax.margins(y=0.2)  # head room for the annotations
+        ax.grid(axis="x", visible=False)
+        if logy:
+            ax.set_yscale("log", nonpositive="mask")
+        ax.set_title(
+            title or f"Final {key} per label\n(± std over seeds; a single run ± 1.96 s.e.)"
+        )
+        return _save(fig, out)
+
+
+def position_profile(run: Run, key: str = "sens/train") -> tuple[list[int], list[float]] | None:
+    """The run's final per-position profile of ``key`` (``<key>_positions``, ``<key>_per_position``)
+    or ``None`` when it logged none."""
+    final = run.final
+    pos, vals = final.get(f"{key}_positions"), final.get(f"{key}_per_position")
+    if not isinstance(pos, list) or not isinstance(vals, list) or not pos:
+        return None
+    if len(pos) != len(vals):
+        raise ValueError(
+            f"run {run.path}: {key}_positions has {len(pos)} entries but {key}_per_position has "
+            f"{len(vals)}; they must match one to one"
+        )
+    return [int(p) for p in pos], [float(v) for v in vals]
+
+
+def has_positions(runs: Sequence[Run], key: str = "sens/train") -> bool:
+    return any(position_profile(r, key) is not None for r in runs)
+
+
+def plot_position_profiles(
+    runs: Sequence[Run], out: PathLike, *, key: str = "sens/train", title: str | None = None
+) -> Path:
+    """Final sensitivity per token position, one line per label (mean ± std over its runs).
+
+    Positions are right-aligned (−1 = last real token), so sequences of different lengths line
+    up at their end, where recency effects (e.g. an LSTM's) show.
+    """
+    import matplotlib
+    from matplotlib.ticker import MaxNLocator
+
+    groups = group_by_label(runs)
+    profiles = {}
+    for label, group in groups.items():
+        per_pos: dict[int, list[float]] = {}
+        for run in group:
+            prof = position_profile(run, key)
+            if prof is None:
+                continue
+            for p, v in zip(*prof, strict=True):
+                per_pos.setdefault(p, []).append(v)
+        if per_pos:
+            profiles[label] = per_pos
+    if not profiles:
+        raise ValueError(
+            f"no run logged {key}_positions / {key}_per_position; per-position profiles need "
+            "sequence models tracked with per-position sensitivity"
+        )
+    colors = label_colors(profiles)
+    with matplotlib.rc_context(STYLE):
+        fig = _figure(6.4, 3.6)
+        ax = fig.subplots()
+        for label, per_pos in profiles.items():
+            xs = sorted(per_pos)
+            mean = np.array([np.mean(per_pos[p]) for p in xs])
+            sd = np.array([np.std(per_pos[p], ddof=1) if len(per_pos[p]) > 1 else 0 for p in xs])
+            ax.plot(xs, mean, color=colors[label], lw=1.6, marker="." if len(xs) < 40 else None)
+            if max(len(v) for v in per_pos.values()) > 1:  # a band needs two or more runs
+                ax.fill_between(xs, mean - sd, mean + sd, color=colors[label], alpha=0.18, lw=0)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # positions are whole tokens
+        ax.set_xlabel("token position (right-aligned, −1 = last token)")
+        ax.set_ylabel(YLABELS.get(key, key))
+        fig.legend(handles=_label_handles(colors, list(profiles)), loc="outside right upper")
+        ax.set_title(title or f"Per-position {key} (mean ± std over seeds)")
+        return _save(fig, out)
+
+
+def plot_scatter(
+    runs: Sequence[Run],
+    x_key: str,
+    y_key: str,
+    out: PathLike,
+    *,
+    logx: bool = False,
+    logy: bool = False,
+    title: str | None = None,
+) -> Path:
+    """One point per run: final ``x_key`` against final ``y_key``, coloured by label.
+
+    Keys are final metrics, or ``config.<dotted.path>`` for a configuration value (e.g.
+    ``config.data.n``). Runs lacking either key are left out; it is an error if all are.
+    """
+    import matplotlib
+
+    points: dict[str, list[tuple[float, float]]] = {}
+    for run in runs:
+        try:
+            xv, yv = run.lookup(x_key), run.lookup(y_key)
+        except KeyError:
+            continue
+        if is_number(xv) and is_number(yv):
+            points.setdefault(run.label, []).append((float(xv), float(yv)))
+    if not points:
+        raise ValueError(f"no run has numeric values for both {x_key!r} and {y_key!r}")
+    colors = label_colors(points)
+    with matplotlib.rc_context(STYLE):
+        fig = _figure(6.0, 4.2)
+        ax = fig.subplots()
+        for label, pts in points.items():
+            arr = np.array(pts)
+            ax.scatter(arr[:, 0], arr[:, 1], color=colors[label], s=22, alpha=0.85)
+        ax.set_xlabel(x_key)
+        ax.set_ylabel(y_key)
+        if logx:
+            ax.set_xscale("log", nonpositive="mask")
+        if logy:
+            ax.set_yscale("log", nonpositive="mask")
+        handles = _label_handles(colors, list(points), points=True)
+        fig.legend(handles=handles, loc="outside right upper")
+        ax.set_title(title or f"{y_key} vs {x_key} (one point per run)")
+        return _save(fig, out)

@@ -1,0 +1,263 @@
+"""Reading run and experiment directories (format: ``docs/run-directory.md``).
+
+A *run directory* holds ``config.json``, ``env.json``, ``metrics.jsonl`` and, once finished,
+``summary.json``. An *experiment directory* holds ``experiment.json`` (and usually
+``verdict.json``) next to one run subdirectory per (model, seed). Everything here only reads;
+nothing retrains or rewrites a run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PathLike = str | Path
+
+RUN_MARKERS = ("config.json", "metrics.jsonl")
+EXPERIMENT_MARKER = "experiment.json"
+
+
+class RunFormatError(ValueError):
+    """A directory is not a readable run/experiment, or one of its files is malformed."""
+
+
+@dataclass
+class Run:
+    """One training run, as read from its directory.
+
+    ``metrics`` is the list of logged objects in file order (a resumed run appends, so a step may
+    appear twice; :meth:`series` keeps the last occurrence). ``summary`` is ``None`` while the run
+    has not finished.
+    """
+
+    path: Path
+    config: dict[str, Any]
+    env: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    summary: dict[str, Any] | None = None
+    experiment: Path | None = None
+
+    @property
+    def name(self) -> str:
+        """The run's own name (``config.name``), else its directory name."""
+        return str(self.config.get("name") or self.path.name)
+
+    @property
+    def label(self) -> str:
+        """The curve/bar this run belongs to; runs sharing a label are aggregated over seeds."""
+        if self.summary and self.summary.get("label") is not None:
+            return str(self.summary["label"])
+        return str(self.config.get("label") or self.name)
+
+    @property
+    def seed(self) -> Any:
+        return self.config.get("seed")
+
+    @property
+    def final(self) -> dict[str, Any]:
+        """Final value of every metric.
+
+        ``summary.json``'s ``final`` wins; a key it lacks (or every key, while the run has no
+        summary) falls back to the last value logged for it in ``metrics.jsonl``. Taking the last
+        value *per key* rather than only the last line matters because expensive metrics
+        (sensitivity, sharpness) are logged less often than the loss.
+        """
+        out: dict[str, Any] = {}
+        for row in self.metrics:
+            out.update(row)
+        if self.summary:
+            out.update(self.summary.get("final") or {})
+        return out
+
+    def series(self, key: str) -> tuple[list[int], list[float], list[Any]]:
+        """``(steps, epochs, values)`` of ``key`` over training, sorted by step.
+
+        Lines without the key are skipped; when a resumed run logged a step twice the later line
+        wins (it comes from the run that went on).
+        """
+        by_step: dict[int, tuple[float, Any]] = {}
+        for row in self.metrics:
+            if key in row and row[key] is not None:
+                by_step[int(row["step"])] = (float(row.get("epoch", math.nan)), row[key])
+        steps = sorted(by_step)
+        return steps, [by_step[s][0] for s in steps], [by_step[s][1] for s in steps]
+
+    def lookup(self, key: str) -> Any:
+        """A final metric, or a config entry when ``key`` is ``config.<dotted.path>``."""
+        if key.startswith("config."):
+            node: Any = self.config
+            for part in key.split(".")[1:]:
+                if not isinstance(node, dict) or part not in node:
+                    raise KeyError(f"run {self.path} has no config entry {key[7:]!r}")
+                node = node[part]
+            return node
+        final = self.final
+        if key not in final:
+            raise KeyError(
+                f"run {self.path} has no metric {key!r}; it has: {', '.join(sorted(final))}"
+            )
+        return final[key]
+
+
+@dataclass
+class Experiment:
+    """An experiment directory: its claim, its verdict (if judged yet) and its runs."""
+
+    path: Path
+    info: dict[str, Any]
+    verdict: dict[str, Any] | None
+    runs: list[Run] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return str(self.info.get("name") or self.path.name)
+
+    @property
+    def claim(self) -> str | None:
+        return self.info.get("claim")
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise RunFormatError(
+            f"{path} is not valid JSON ({err.msg} at line {err.lineno}); the file is corrupted, "
+            "fix or delete it"
+        ) from err
+
+
+def _read_json_dict(path: Path, optional: bool = True) -> dict[str, Any] | None:
+    if not path.is_file():
+        if optional:
+            return None
+        raise RunFormatError(f"missing {path}")
+    data = _read_json(path)
+    if not isinstance(data, dict):
+        raise RunFormatError(f"{path} must hold a JSON object, found {type(data).__name__}")
+    return data
+
+
+def read_metrics(path: PathLike) -> list[dict[str, Any]]:
+    """Parse a ``metrics.jsonl`` file into a list of dicts.
+
+    Blank lines are ignored. A last line that does not parse is a write cut short by a killed
+    run: it is skipped with a warning. A bad line anywhere else means the file is corrupt and is
+    an error that names the line number. Every object must carry ``step``.
+    """
+    path = Path(path)
+    lines = path.read_text().splitlines()
+    numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
+    rows: list[dict[str, Any]] = []
+    for pos, (lineno, line) in enumerate(numbered):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            if pos == len(numbered) - 1:
+                warnings.warn(
+                    f"{path}: skipping truncated last line {lineno} (the run was probably "
+                    "killed while writing it)",
+                    stacklevel=3,
+                )
+                break
+            raise RunFormatError(
+                f"{path}: line {lineno} is not valid JSON ({err.msg}); the metrics file is "
+                "corrupt, fix or delete that line"
+            ) from err
+        if not isinstance(row, dict) or "step" not in row:
+            raise RunFormatError(
+                f"{path}: line {lineno} must be a JSON object with a 'step' key, got {line[:80]!r}"
+            )
+        rows.append(row)
+    return rows
+
+
+def is_run_dir(path: PathLike) -> bool:
+    p = Path(path)
+    return p.is_dir() and any((p / m).is_file() for m in RUN_MARKERS)
+
+
+def is_experiment_dir(path: PathLike) -> bool:
+    return (Path(path) / EXPERIMENT_MARKER).is_file()
+
+
+def load_run(path: PathLike, experiment: Path | None = None) -> Run:
+    """Read one run directory. It needs ``config.json`` or ``metrics.jsonl`` (a run that has
+    just started may have logged nothing yet); ``env.json`` and ``summary.json`` are optional."""
+    p = Path(path)
+    if not p.is_dir():
+        raise RunFormatError(f"{p} does not exist or is not a directory; pass a run directory")
+    if not is_run_dir(p):
+        hint = (
+            " It is an experiment directory: use load_runs or load_experiment."
+            if is_experiment_dir(p)
+            else " Pass a directory written by `senslab train` or `senslab run`."
+        )
+        raise RunFormatError(
+            f"{p} is not a run directory (it has neither config.json nor metrics.jsonl).{hint}"
+        )
+    metrics_file = p / "metrics.jsonl"
+    summary = _read_json_dict(p / "summary.json")
+    return Run(
+        path=p,
+        config=_read_json_dict(p / "config.json") or {},
+        env=_read_json_dict(p / "env.json") or {},
+        metrics=read_metrics(metrics_file) if metrics_file.is_file() else [],
+        summary=summary,
+        experiment=experiment,
+    )
+
+
+def load_experiment(path: PathLike) -> Experiment:
+    """Read an experiment directory and its runs.
+
+    The runs are the subdirectories listed in ``experiment.json``'s ``runs`` (in that order);
+    listed runs that are not there yet are skipped with a warning (an experiment still in
+    progress). Without a ``runs`` list every run subdirectory is taken, sorted by name.
+    """
+    p = Path(path)
+    info = _read_json_dict(p / EXPERIMENT_MARKER, optional=False) or {}
+    verdict = _read_json_dict(p / "verdict.json")
+    if "runs" in info:
+        subdirs = []
+        for sub in info["runs"]:
+            if is_run_dir(p / sub):
+                subdirs.append(p / sub)
+            else:
+                warnings.warn(f"{p}: listed run {sub!r} is missing, skipping it", stacklevel=2)
+    else:
+        subdirs = sorted(d for d in p.iterdir() if is_run_dir(d))
+    return Experiment(p, info, verdict, [load_run(d, experiment=p) for d in subdirs])
+
+
+def load_runs(paths: PathLike | Iterable[PathLike]) -> list[Run]:
+    """Read run directories, expanding experiment directories into their runs (in order)."""
+    runs: list[Run] = []
+    for p in as_paths(paths):
+        if is_experiment_dir(p):
+            runs.extend(load_experiment(p).runs)
+        else:
+            runs.append(load_run(p))
+    return runs
+
+
+def as_paths(paths: PathLike | Iterable[PathLike]) -> list[Path]:
+    if isinstance(paths, str | Path):
+        return [Path(paths)]
+    out = [Path(p) for p in paths]
+    if not out:
+        raise RunFormatError("no paths given; pass at least one run or experiment directory")
+    return out
+
+
+def group_by_label(runs: Sequence[Run]) -> dict[str, list[Run]]:
+    """Runs grouped by label, labels in order of first appearance."""
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(run.label, []).append(run)
+    return groups
