@@ -124,6 +124,8 @@ def plot_curves(
 
     if x not in ("epoch", "step"):
         raise ValueError(f"x must be 'epoch' or 'step', got {x!r}")
+    if isinstance(logy, str):  # one key, not a collection of its characters
+        logy = {logy}
     panels = curve_panels(runs, keys)
     if not panels:
         raise ValueError("no metric to plot: the runs logged nothing besides step/epoch/time")
