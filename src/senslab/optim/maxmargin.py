@@ -199,10 +199,10 @@ def max_margin_attention(X: Tensor, opt: Tensor, *, tol: float = 1e-6) -> Tensor
     A, Q, where = _constraints(X, opt)
     _raise_degenerate(A, Q, where)
     alpha = _solve_dual(A, Q)
-    W = (A * alpha[:, None]).T @ Q  # Σ_k α_k a_k q_kᵀ
-    W_mm = torch.from_numpy(W).to(device=X.device, dtype=X.dtype)
-    check_max_margin(X, opt, W_mm, tol=tol)
-    return W_mm
+    W = torch.from_numpy((A * alpha[:, None]).T @ Q)  # Σ_k α_k a_k q_kᵀ, float64
+    # Checked before the cast to X's dtype, so float32 rounding cannot fail a correct solution.
+    check_max_margin(X.detach().to("cpu", torch.float64), opt.cpu(), W, tol=tol)
+    return W.to(device=X.device, dtype=X.dtype)
 
 
 def check_max_margin(X: Tensor, opt: Tensor, W: Tensor, *, tol: float = 1e-6) -> float:
