@@ -345,3 +345,43 @@ def test_digits_real_data_split() -> None:
 def test_all_image_loaders_are_registered() -> None:
     assert {"digits", "mnist", "fashion_mnist", "cifar10", "svhn", "cifar10c",
             "corrupted"} <= set(list_datasets())
+
+
+def test_download_fetches_verifies_and_falls_back_to_a_mirror(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a local "server" folder reached through file:// URLs stands in for the official site
+    server = tmp_path / "server"
+    write_idx_set(server, (pixels((3, 28, 28)), np.array([1, 2, 3], np.uint8)),
+                  (pixels((2, 28, 28), 4), np.array([4, 5], np.uint8)), im.MNIST_FILES,
+                  monkeypatch)
+    monkeypatch.setattr(im, "MNIST_MIRRORS", ((tmp_path / "gone").as_uri() + "/",
+                                              server.as_uri() + "/"))
+    root = tmp_path / "root"
+    ds = create_dataset("mnist", split="test", root=root, download=True, source="idx")
+    assert ds.targets.tolist() == [4, 5]
+    assert (root / "t10k-images-idx3-ubyte.gz").read_bytes() == (
+        server / "t10k-images-idx3-ubyte.gz").read_bytes()
+    assert not list(root.glob("*.part"))
+    # a download whose md5 is wrong is rejected and not kept
+    monkeypatch.setitem(im.MNIST_FILES, "train-labels-idx1-ubyte.gz", "0" * 32)
+    with pytest.raises(DataUnavailableError, match="md5"):
+        create_dataset("mnist", split="train", root=root, download=True, source="idx")
+    assert not (root / "train-labels-idx1-ubyte.gz").exists()
+
+
+def test_cifar10c_extracts_a_local_tar_once(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    staging = tmp_path / "staging"
+    images = write_cifar10c(staging, "contrast", 2)
+    root = tmp_path / "root"
+    root.mkdir()
+    with tarfile.open(root / "CIFAR-10-C.tar", "w") as tar:
+        tar.add(staging / "CIFAR-10-C", arcname="CIFAR-10-C")
+    monkeypatch.setitem(im.CIFAR10C_FILES, "CIFAR-10-C.tar", md5sum(root / "CIFAR-10-C.tar"))
+    ds = create_dataset("cifar10c", root=root, corruption="contrast", severity=1,
+                        normalize="none")
+    assert torch.equal(ds.inputs * 255, torch.from_numpy(images[:2]).float().permute(0, 3, 1, 2))
+    assert (root / "CIFAR-10-C" / "contrast.npy").exists()
+    (root / "CIFAR-10-C.tar").unlink()
+    again = create_dataset("cifar10c", root=root, corruption="contrast", severity=2)
+    assert len(again) == 2
