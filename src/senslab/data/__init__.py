@@ -1,6 +1,6 @@
 """Datasets by name: ``create_dataset(name, split, root=..., download=...)``."""
 
-from . import images, corruptions, text, synthetic  # noqa: F401  (register loaders)
+from . import corruptions, images, synthetic, text  # noqa: F401  (register loaders)
 from ._download import DataUnavailableError, default_root, fetch
 from ._registry import create_dataset, list_datasets, register_dataset
 from .base import ArrayDataset

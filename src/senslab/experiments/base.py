@@ -1,0 +1,87 @@
+"""Experiments: a named set of runs, a claim from a paper, and a verdict computed from numbers.
+
+An experiment lists its runs for a ``scale`` ("cpu": runs here in minutes; "paper": the paper's
+settings, for a GPU), trains each into its own run directory below the experiment directory, then
+computes a verdict from the run summaries and writes ``experiment.json`` and ``verdict.json``
+(format: docs/run-directory.md). ``senslab report EXP_DIR`` turns that into report.html.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..registry import Registry
+from ..train.config import RunConfig, apply_overrides
+from ..train.rundir import RunDir
+
+
+class Experiment:
+    """Subclass and register with ``@register_experiment("name")``."""
+
+    name: str = ""
+    paper: str = ""
+    claim: str = ""
+    #: measured CPU runtime of ``scale="cpu"`` (filled in from real runs, shown by `senslab list`)
+    cpu_runtime: str = ""
+
+    def runs(self, scale: str) -> list[RunConfig]:
+        raise NotImplementedError
+
+    def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+EXPERIMENTS: Registry[Callable[[], Experiment]] = Registry("experiment")
+
+
+def register_experiment(name: str) -> Callable[[type[Experiment]], type[Experiment]]:
+    def deco(cls: type[Experiment]) -> type[Experiment]:
+        cls.name = name
+        EXPERIMENTS.register(name)(cls)
+        return cls
+
+    return deco
+
+
+def list_experiments(pattern: str = "*") -> list[str]:
+    return EXPERIMENTS.names(pattern)
+
+
+def get_experiment(name: str) -> Experiment:
+    return EXPERIMENTS.get(name)()
+
+
+def run_experiment(name: str, out_dir: str | Path, scale: str = "cpu",
+                   overrides: list[str] | None = None, progress: bool | None = None,
+                   log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train every run of experiment ``name`` (resuming finished/partial ones), write
+    experiment.json and verdict.json, and return the verdict."""
+    from ..train.loop import fit
+
+    if scale not in ("cpu", "paper"):
+        raise ValueError(f"scale must be 'cpu' or 'paper', got {scale!r}")
+    exp = get_experiment(name)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    configs = exp.runs(scale)
+    for cfg in configs:
+        apply_overrides(cfg, list(overrides or []))
+    RunDir(out).write_json("experiment.json", {
+        "name": name, "paper": exp.paper, "claim": exp.claim, "scale": scale,
+        "runs": [c.name for c in configs],
+    })
+    summaries = []
+    for i, cfg in enumerate(configs, 1):
+        log(f"[{i}/{len(configs)}] {cfg.name}: {cfg.model.name} on {cfg.data.name}")
+        summaries.append(fit(cfg, out / cfg.name, progress=progress))
+    verdict = exp.verdict(summaries)
+    RunDir(out).write_json("verdict.json", verdict)
+    return verdict
+
+
+def load_summaries(exp_dir: str | Path) -> list[dict[str, Any]]:
+    exp = json.loads((Path(exp_dir) / "experiment.json").read_text())
+    return [json.loads((Path(exp_dir) / r / "summary.json").read_text()) for r in exp["runs"]]

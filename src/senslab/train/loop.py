@@ -1,0 +1,357 @@
+"""The training loop: plain functions over any registered model and dataset.
+
+``fit(cfg, run_dir)`` trains with sensitivity tracked and writes a run directory. Re-running it
+on an existing directory resumes from the last good checkpoint: model, optimizer, scheduler, RNG
+states and the position in the epoch's data order are restored, metrics logged after that
+checkpoint are dropped and redone, so the final weights and metrics are bit-identical to an
+uninterrupted run with the same seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..data import ArrayDataset, create_dataset
+from ..models import create_model
+from .config import RunConfig, dumps
+from .progress import Progress
+from .rundir import RunDir, environment
+from .track import Tracker
+
+# -- building blocks ---------------------------------------------------------------------------
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def load_data(cfg: RunConfig) -> tuple[ArrayDataset, ArrayDataset]:
+    d = cfg.data
+    kwargs = dict(d.options, root=d.root, download=d.download)
+    train = create_dataset(d.name, d.train_split, **kwargs)
+    test = create_dataset(d.name, d.test_split, **kwargs)
+    if d.train_subset is not None and d.train_subset < len(train):
+        g = torch.Generator().manual_seed(cfg.seed + 12345)
+        train = train.first(d.train_subset, generator=g)
+    return train, test
+
+
+def _data_fields(data: ArrayDataset) -> dict[str, Any]:
+    """Model config fields that the data determines (only those the model has are used)."""
+    out: dict[str, Any] = {"num_classes": data.num_classes if data.num_classes > 2 else 2}
+    if isinstance(data.inputs, Tensor) and data.inputs.dim() == 4:
+        _, c, h, w = data.inputs.shape
+        out.update(in_channels=c, image_size=h)
+    meta = data.meta
+    for key in ("vocab_size", "pad_id"):
+        if key in meta:
+            out[key] = meta[key]
+    if isinstance(data.inputs, dict) and "input_ids" in data.inputs:
+        out["max_len"] = data.inputs["input_ids"].shape[1]
+    return out
+
+
+def build_model(cfg: RunConfig, data: ArrayDataset) -> nn.Module:
+    """``create_model`` with data-determined fields filled in unless overridden, seeded."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        probe = create_model(cfg.model.name)  # which config fields does this model have?
+        names = {f.name for f in dataclasses.fields(probe.config)} if hasattr(
+            probe, "config"
+        ) else set()
+        auto = {k: v for k, v in _data_fields(data).items() if k in names}
+        if "num_classes" in auto and data.num_classes == 2 and probe.config.num_classes == 1:
+            auto.pop("num_classes")  # a scalar-logit model stays scalar on binary data
+        if "seed" in names:
+            auto["seed"] = cfg.seed
+        torch.manual_seed(cfg.seed)
+        return create_model(cfg.model.name, **{**auto, **cfg.model.overrides})
+
+
+def build_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
+    o = cfg.optim
+    params = [p for p in model.parameters() if p.requires_grad]
+    if o.name == "sgd":
+        return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
+    if o.name == "adam":
+        return torch.optim.Adam(params, lr=o.lr, weight_decay=o.weight_decay)
+    if o.name == "adamw":
+        return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay)
+    if o.name in ("ngd", "sngd", "sps"):
+        from .. import optim as so
+
+        if o.name == "sps":
+            return so.SPS(params, eta_max=o.eta_max)
+        return so.NGD(params, lr=o.lr, eta_max=o.eta_max)
+    raise ValueError(f"unknown optimizer {o.name!r}; use sgd, adam, adamw, ngd, sngd or sps")
+
+
+def build_scheduler(cfg: RunConfig, opt: torch.optim.Optimizer) -> Any:
+    o = cfg.optim
+    if o.schedule == "constant":
+        return None
+    if o.schedule == "step":
+        return torch.optim.lr_scheduler.StepLR(opt, step_size=o.step_epochs, gamma=o.gamma)
+    if o.schedule == "cosine":
+        return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.train.epochs)
+    raise ValueError(f"unknown schedule {o.schedule!r}; use constant, step or cosine")
+
+
+def loss_function(kind: str, outputs: Tensor) -> Callable[[Tensor, Tensor], Tensor]:
+    scalar = outputs.dim() == 1 or (outputs.dim() == 2 and outputs.shape[1] == 1)
+    if kind == "auto":
+        kind = "bce" if scalar else "ce"
+    if kind == "ce":
+        return lambda out, y: F.cross_entropy(out, y.long())
+    if kind == "bce":
+        return lambda out, y: F.binary_cross_entropy_with_logits(out.reshape(-1), y.float())
+    if kind == "mse":
+        return lambda out, y: F.mse_loss(out.reshape(len(y), -1).squeeze(1), y.float())
+    raise ValueError(f"unknown loss {kind!r}; use auto, ce, bce or mse")
+
+
+def correct(outputs: Tensor, y: Tensor) -> Tensor:
+    if outputs.dim() == 1 or (outputs.dim() == 2 and outputs.shape[1] == 1):
+        return ((outputs.reshape(-1) > 0).long() == y.long()).sum()
+    return (outputs.argmax(1) == y).sum()
+
+
+def to_device(x: Any, device: torch.device) -> Any:
+    if isinstance(x, dict):
+        return {k: v.to(device, non_blocking=True) for k, v in x.items()}
+    return x.to(device, non_blocking=True)
+
+
+def forward(model: nn.Module, x: Any) -> Tensor:
+    return model(**x) if isinstance(x, dict) else model(x)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: ArrayDataset, loss_kind: str, device: torch.device,
+             batch_size: int = 500) -> tuple[float, float]:
+    """Mean loss and accuracy of ``model`` (in eval mode, mode restored) on ``data``."""
+    was_training = model.training
+    model.eval()
+    total, hits, n = 0.0, 0, len(data)
+    try:
+        for lo in range(0, n, batch_size):
+            x, y = data.batch(slice(lo, lo + batch_size))
+            x, y = to_device(x, device), y.to(device)
+            out = forward(model, x)
+            total += loss_function(loss_kind, out)(out, y).item() * len(y)
+            hits += int(correct(out, y))
+    finally:
+        model.train(was_training)
+    return total / n, hits / n
+
+
+def epoch_order(seed: int, epoch: int, n: int) -> Tensor:
+    """The data order of one epoch: a function of (seed, epoch) only, so resume can replay it."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+
+
+def weight_norm(model: nn.Module) -> float:
+    return math.sqrt(sum(float(p.detach().double().pow(2).sum()) for p in model.parameters()))
+
+
+# -- the loop ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Position:
+    epoch: int = 0  # the epoch being run
+    batch: int = 0  # next batch index inside it
+    step: int = 0  # optimizer steps so far
+
+
+def fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None = None,
+        kill_after_step: int | None = None) -> dict[str, Any]:
+    """Train as configured, tracking metrics; resume if ``run_dir`` holds a run of ``cfg``.
+
+    Returns the summary (label and final metrics). ``kill_after_step`` exists for tests of
+    crash recovery: the process ends abruptly (os._exit) right after that optimizer step.
+    """
+    rd = RunDir(run_dir)
+    cfg.label = cfg.label or cfg.model.name
+    if rd.exists():
+        old = rd.read_json("config.json")
+        if old != cfg.to_dict():
+            raise ValueError(
+                f"{rd.path} holds a run with a different configuration; use another --out "
+                "directory, or delete it to start over"
+            )
+        if (rd.path / "summary.json").exists():
+            return rd.read_json("summary.json")
+    device = resolve_device(cfg.device)
+    train, test = load_data(cfg)
+    model = build_model(cfg, train).to(device)
+    opt = build_optimizer(cfg, model)
+    sched = build_scheduler(cfg, opt)
+    reg_gen = torch.Generator().manual_seed(cfg.seed + 777)
+    pos = _Position()
+    start_time = 0.0
+
+    state = rd.latest_checkpoint() if rd.exists() else None
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        if sched is not None:
+            sched.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["torch_rng"])
+        reg_gen.set_state(state["reg_rng"])
+        pos = _Position(**state["position"])
+        start_time = state["time"]
+        rd.truncate_metrics(pos.step)
+    else:
+        rd.write_json("config.json", cfg.to_dict())
+        rd.metrics_path.unlink(missing_ok=True)
+    rd.write_json("env.json", environment(device))
+    (rd.path / "config.txt").write_text(dumps(cfg) + "\n")
+
+    tracker = Tracker(cfg, model, train, test, device)
+    loss_kind = cfg.train.loss
+    clock = time.perf_counter() - start_time
+    n = len(train)
+    bs = cfg.train.batch_size
+    n_batches = math.ceil(n / bs)
+    total_steps = cfg.train.epochs * n_batches
+    if cfg.train.max_steps is not None:
+        total_steps = min(total_steps, cfg.train.max_steps)
+    bar = Progress(total_steps, enabled=progress, desc=cfg.name)
+    bar.update(pos.step)
+
+    def checkpoint() -> None:
+        rd.save_checkpoint(
+            {
+                "model": model.state_dict(),
+                "optimizer": opt.state_dict(),
+                "scheduler": sched.state_dict() if sched is not None else None,
+                "torch_rng": torch.get_rng_state(),
+                "reg_rng": reg_gen.get_state(),
+                "position": dataclasses.asdict(pos),
+                "time": time.perf_counter() - clock,
+            },
+            pos.step,
+            keep=cfg.train.keep_checkpoints,
+        )
+
+    def log_eval() -> dict[str, Any]:
+        record = {"step": pos.step, "epoch": pos.epoch + pos.batch / n_batches}
+        record.update(tracker.measure(loss_kind))
+        record["time"] = round(time.perf_counter() - clock, 3)
+        rd.log(record)
+        bar.set_postfix(record)
+        return record
+
+    if pos.step == 0 and pos.batch == 0 and pos.epoch == 0 and not rd.metrics():
+        last = log_eval()
+    else:
+        last = rd.metrics()[-1] if rd.metrics() else log_eval()
+    done = _reached(cfg, last) or pos.step >= total_steps
+    model.train()
+    while not done and pos.epoch < cfg.train.epochs:
+        order = epoch_order(cfg.seed, pos.epoch, n)
+        while pos.batch < n_batches:
+            idx = order[pos.batch * bs : (pos.batch + 1) * bs]
+            x, y = train.batch(idx)
+            x, y = to_device(x, device), y.to(device)
+            loss = _train_step(cfg, model, opt, x, y, loss_kind, reg_gen)
+            pos.batch += 1
+            pos.step += 1
+            bar.update(1, loss=loss)
+            if kill_after_step is not None and pos.step == kill_after_step:
+                import os
+
+                os._exit(137)
+            if pos.step >= total_steps:
+                break
+            # log before checkpointing: a crash in between redoes the record, never loses it
+            if cfg.track.unit == "step" and pos.step % cfg.track.every == 0:
+                last = log_eval()
+            every = cfg.train.checkpoint_every
+            if every and pos.step % every == 0 and pos.batch < n_batches:
+                checkpoint()
+        epoch_done = pos.batch >= n_batches
+        if epoch_done:
+            pos.epoch += 1
+            pos.batch = 0
+            if sched is not None:
+                sched.step()
+        at_end = pos.step >= total_steps or pos.epoch >= cfg.train.epochs
+        if cfg.track.unit == "epoch" and (pos.epoch % cfg.track.every == 0 or at_end):
+            last = log_eval()
+        elif at_end and last.get("step") != pos.step:
+            last = log_eval()
+        done = at_end or _reached(cfg, last)
+        checkpoint()
+    bar.close()
+    summary = {
+        "label": cfg.label,
+        "name": cfg.name,
+        "final": {k: v for k, v in last.items() if not isinstance(v, list)},
+        "steps": pos.step,
+        "epochs": pos.epoch,
+        "seconds": round(time.perf_counter() - clock, 2),
+        "stopped": "target_train_acc" if _reached(cfg, last) else "budget",
+    }
+    rd.write_json("summary.json", summary)
+    return summary
+
+
+def _reached(cfg: RunConfig, record: dict[str, Any]) -> bool:
+    target = cfg.train.target_train_acc
+    return target is not None and record.get("train/acc", 0.0) >= target
+
+
+def _train_step(cfg: RunConfig, model: nn.Module, opt: torch.optim.Optimizer, x: Any, y: Tensor,
+                loss_kind: str, reg_gen: torch.Generator) -> float:
+    t = cfg.train
+    closure_needed = cfg.optim.name == "sps"
+
+    def compute_loss() -> Tensor:
+        if t.regularizer == "none":
+            out = forward(model, x)
+            return loss_function(loss_kind, out)(out, y)
+        from . import regularize
+
+        if t.regularizer == "noise":
+            xn = regularize.gaussian_noise_augment(x, t.reg_sigma, reg_gen)
+            out = forward(model, xn)
+            return loss_function(loss_kind, out)(out, y)
+        if t.regularizer == "patch_mse":
+            loss, _ = regularize.sensitivity_regularized_loss(
+                model, x, y, alpha=t.reg_alpha, patch=t.reg_patch, sigma=t.reg_sigma,
+                generator=reg_gen,
+            )
+            return loss
+        raise ValueError(f"unknown regularizer {t.regularizer!r}; use none, noise or patch_mse")
+
+    def closure() -> Tensor:
+        opt.zero_grad(set_to_none=True)
+        loss = compute_loss()
+        loss.backward()
+        return loss
+
+    if closure_needed:
+        loss = opt.step(closure)
+    else:
+        loss = closure()
+        opt.step()
+    value = float(loss.detach())
+    if not math.isfinite(value):
+        raise FloatingPointError(
+            f"training loss became {value}; lower optim.lr (now {cfg.optim.lr}) or check the data"
+        )
+    return value

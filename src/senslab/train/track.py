@@ -1,0 +1,86 @@
+"""What is measured at every evaluation: accuracy and loss, token-wise sensitivity on a fixed
+seeded training subset (and optionally test examples), per-position profile, weight norm and
+sharpness."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..data import ArrayDataset
+from ..measure import TokenSensitivity
+from .config import RunConfig
+
+
+class Tracker:
+    def __init__(self, cfg: RunConfig, model: nn.Module, train: ArrayDataset,
+                 test: ArrayDataset, device: torch.device) -> None:
+        self.cfg, self.model, self.device = cfg, model, device
+        t = cfg.track
+        g = torch.Generator().manual_seed(cfg.seed + 1)
+        self.sens_train = train.first(min(t.num_examples, len(train)), generator=g)
+        self.sens_val = test.first(min(t.num_examples, len(test)), generator=g) if t.val else None
+        if t.eval_examples is not None:
+            self.eval_train = train.first(min(t.eval_examples, len(train)), generator=g)
+            self.eval_test = test.first(min(t.eval_examples, len(test)), generator=g)
+        else:
+            self.eval_train, self.eval_test = train, test
+
+    def sensitivity(self, data: ArrayDataset) -> Any:
+        t = self.cfg.track
+        metric = TokenSensitivity(
+            self.model, sigma=t.sigma, repeats=t.repeats, generator=self.cfg.seed,
+            chunk_size=t.chunk_size,
+        )
+        for lo in range(0, len(data), 256):
+            x, _ = data.batch(slice(lo, lo + 256))
+            metric.update(_to(x, self.device))
+        return metric.compute()
+
+    def measure(self, loss_kind: str) -> dict[str, Any]:
+        from .loop import evaluate, weight_norm
+
+        t, rec = self.cfg.track, {}
+        bs = self.cfg.train.eval_batch_size
+        rec["train/loss"], rec["train/acc"] = evaluate(
+            self.model, self.eval_train, loss_kind, self.device, bs
+        )
+        rec["test/loss"], rec["test/acc"] = evaluate(
+            self.model, self.eval_test, loss_kind, self.device, bs
+        )
+        for split, data in (("train", self.sens_train), ("val", self.sens_val)):
+            if data is None or t.sigma <= 0:
+                continue
+            r = self.sensitivity(data)
+            rec[f"sens/{split}"] = r.estimate
+            rec[f"sens/{split}_se"] = r.stderr
+            rec[f"sens/{split}_ci"] = list(r.ci95)
+            rec[f"sens/{split}_positions"] = r.positions.tolist()
+            rec[f"sens/{split}_per_position"] = [
+                None if math.isnan(v) else v for v in r.per_position.tolist()
+            ]
+        if t.weight_norm:
+            rec["weight_norm"] = weight_norm(self.model)
+        if t.sharpness:
+            from ..measure.sharpness import output_sharpness
+
+            x, _ = self.sens_train.batch(slice(0, None))
+            s = output_sharpness(self.model, _to(x, self.device), sigma_w=t.sharpness_sigma,
+                                 generator=self.cfg.seed)
+            rec["sharpness/shop"], rec["sharpness/shpred"] = _shop(s)
+        return rec
+
+
+def _shop(result: Any) -> tuple[float, float]:
+    shop = getattr(result, "shop", None)
+    shpred = getattr(result, "shpred", None)
+    return float(getattr(shop, "estimate", shop)), float(getattr(shpred, "estimate", shpred))
+
+
+def _to(x: Any, device: torch.device) -> Any:
+    if isinstance(x, dict):
+        return {k: v.to(device) for k, v in x.items()}
+    return x.to(device)
