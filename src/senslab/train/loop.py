@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from ..data import ArrayDataset, create_dataset
 from ..models import create_model
-from .config import RunConfig, dumps
+from .config import RunConfig
 from .progress import Progress
 from .rundir import RunDir, environment
 from .track import Tracker
@@ -218,7 +218,6 @@ def fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None = None,
         rd.write_json("config.json", cfg.to_dict())
         rd.metrics_path.unlink(missing_ok=True)
     rd.write_json("env.json", environment(device))
-    (rd.path / "config.txt").write_text(dumps(cfg) + "\n")
 
     tracker = Tracker(cfg, model, train, test, device)
     loss_kind = cfg.train.loss
