@@ -176,13 +176,19 @@ class _Position:
     step: int = 0  # optimizer steps so far
 
 
-def fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None = None,
-        kill_after_step: int | None = None) -> dict[str, Any]:
+def fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None = None) -> dict[str, Any]:
     """Train as configured, tracking metrics; resume if ``run_dir`` holds a run of ``cfg``.
 
-    Returns the summary (label and final metrics). ``kill_after_step`` exists for tests of
-    crash recovery: the process ends abruptly (os._exit) right after that optimizer step.
+    Returns the summary (label and final metrics). The global torch RNG (dropout) is seeded from
+    ``cfg.seed`` inside a fork, so the caller's RNG state is left untouched.
     """
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(cfg.seed + 1_000_003)
+        return _fit(cfg, run_dir, progress)
+
+
+def _fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None) -> dict[str, Any]:
     rd = RunDir(run_dir)
     cfg.label = cfg.label or cfg.model.name
     if rd.exists():
@@ -210,6 +216,8 @@ def fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None = None,
         if sched is not None:
             sched.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["torch_rng"])
+        if state.get("cuda_rng") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
         reg_gen.set_state(state["reg_rng"])
         pos = _Position(**state["position"])
         start_time = state["time"]
@@ -238,6 +246,7 @@ def fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None = None,
                 "optimizer": opt.state_dict(),
                 "scheduler": sched.state_dict() if sched is not None else None,
                 "torch_rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
                 "reg_rng": reg_gen.get_state(),
                 "position": dataclasses.asdict(pos),
                 "time": time.perf_counter() - clock,
@@ -270,10 +279,6 @@ def fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None = None,
             pos.batch += 1
             pos.step += 1
             bar.update(1, loss=loss)
-            if kill_after_step is not None and pos.step == kill_after_step:
-                import os
-
-                os._exit(137)
             if pos.step >= total_steps:
                 break
             # log before checkpointing: a crash in between redoes the record, never loses it

@@ -1,0 +1,169 @@
+"""The engine: configs and overrides, run directories, resume after SIGKILL, CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from senslab.cli import main
+from senslab.train.config import RunConfig, apply_overrides, set_option
+from senslab.train.loop import fit
+from senslab.train.rundir import RunDir
+
+TINY_VIT = [
+    "model.name=vit_small", "data.name=digits", "model.overrides.patch_size=2",
+    "model.overrides.depth=1", "model.overrides.dim=16", "model.overrides.heads=2",
+    "model.overrides.dim_head=8", "model.overrides.mlp_dim=16",  # dropout 0.1 stays: RNG state
+    "train.batch_size=16", "optim.lr=0.05", "track.num_examples=32", "track.eval_examples=64",
+]
+
+
+def tiny(epochs: int = 2, extra: list[str] | None = None) -> RunConfig:
+    return apply_overrides(RunConfig(name="tiny"), TINY_VIT + [f"train.epochs={epochs}"]
+                           + (extra or []))
+
+
+# -- configuration ---------------------------------------------------------------------------
+
+
+def test_dotted_overrides_are_typed_and_checked():
+    cfg = apply_overrides(RunConfig(), ["optim.lr=0.05", "train.epochs=3",
+                                        "model.overrides.widths=[8, 4]", "data.root=none",
+                                        "train.max_steps=7"])
+    assert cfg.optim.lr == 0.05 and cfg.train.epochs == 3 and cfg.train.max_steps == 7
+    assert cfg.model.overrides == {"widths": [8, 4]} and cfg.data.root is None
+    with pytest.raises(KeyError, match="unknown config key 'optim.lrr'.*Did you mean 'optim.lr'"):
+        apply_overrides(cfg, ["optim.lrr=0.1"])
+    with pytest.raises(TypeError, match="train.epochs must be int"):
+        set_option(cfg, "train.epochs", "many")
+    with pytest.raises(TypeError, match="optim.lr must be float"):
+        set_option(cfg, "optim.lr", True)
+    with pytest.raises(ValueError, match="key=value"):
+        apply_overrides(cfg, ["optim.lr"])
+    assert RunConfig.from_dict(cfg.to_dict()) == cfg
+
+
+# -- a run directory ---------------------------------------------------------------------------
+
+
+def test_fit_writes_a_complete_run_directory(tmp_path):
+    summary = fit(tiny(), tmp_path / "run", progress=False)
+    rd = RunDir(tmp_path / "run")
+    records = rd.metrics()
+    assert [r["step"] for r in records] == [0, 90, 180]  # 1438 digits / 16 = 90 steps per epoch
+    expected = {"train/acc", "test/acc", "sens/train", "sens/train_se", "weight_norm"}
+    assert expected <= set(records[-1])
+    assert len(records[-1]["sens/train_per_position"]) == 16  # 8×8 image, 2×2 patches
+    assert rd.read_json("config.json") == tiny().to_dict() | {"label": "vit_small"}
+    env = rd.read_json("env.json")
+    assert env["torch"] == torch.__version__ and "git_commit" in env
+    assert summary["final"]["train/acc"] == records[-1]["train/acc"]
+    assert len(rd.checkpoints()) == 2
+    # running the same command again does not retrain
+    mtime = rd.metrics_path.stat().st_mtime_ns
+    assert fit(tiny(), tmp_path / "run", progress=False) == summary
+    assert rd.metrics_path.stat().st_mtime_ns == mtime
+    with pytest.raises(ValueError, match="different configuration"):
+        fit(tiny(epochs=3), tmp_path / "run", progress=False)
+
+
+def test_target_train_accuracy_stops_early(tmp_path):
+    summary = fit(tiny(epochs=30, extra=["train.target_train_acc=0.5"]), tmp_path, progress=False)
+    assert summary["stopped"] == "target_train_acc" and summary["epochs"] < 30
+    assert summary["final"]["train/acc"] >= 0.5
+
+
+_CHILD = """
+import sys
+from senslab.train.config import RunConfig, apply_overrides
+from senslab.train.loop import fit
+cfg = apply_overrides(RunConfig(name="tiny"), sys.argv[2:])
+fit(cfg, sys.argv[1], progress=False)
+"""
+
+
+def _final_state(path: Path) -> dict:
+    rd = RunDir(path)
+    return RunDir.load_checkpoint(rd.checkpoints()[-1])["model"]
+
+
+def _metrics_without_time(path: Path) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "time"} for r in RunDir(path).metrics()]
+
+
+def test_sigkill_then_resume_is_bit_identical(tmp_path):
+    args = TINY_VIT + ["train.epochs=4", "train.checkpoint_every=7"]
+    ref = tmp_path / "uninterrupted"
+    fit(apply_overrides(RunConfig(name="tiny"), list(args)), ref, progress=False)
+
+    run = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(run), *args])
+    deadline = time.time() + 120
+    while time.time() < deadline and len(RunDir(run).checkpoints()) < 3:
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (run / "summary.json").exists(), "the child finished before it was killed"
+
+    fit(apply_overrides(RunConfig(name="tiny"), list(args)), run, progress=False)
+    a, b = _final_state(ref), _final_state(run)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert _metrics_without_time(ref) == _metrics_without_time(run)
+
+
+def test_corrupted_checkpoint_falls_back_to_previous(tmp_path):
+    cfg = tiny(epochs=3, extra=["train.keep_checkpoints=3"])
+    fit(cfg, tmp_path, progress=False)
+    rd = RunDir(tmp_path)
+    newest = rd.checkpoints()[-1]
+    newest.write_bytes(newest.read_bytes()[:1000])  # truncated, as by a full disk
+    with pytest.raises(Exception, match="checksum"):
+        RunDir.load_checkpoint(newest)
+    with pytest.warns(UserWarning, match="falling back to the previous checkpoint"):
+        state = rd.latest_checkpoint()
+    assert state["position"]["epoch"] == 2
+    # resume from the good one redoes the last epoch and reaches the same end
+    (tmp_path / "summary.json").unlink()
+    with pytest.warns(UserWarning, match="falling back"):
+        fit(cfg, tmp_path, progress=False)
+    assert [r["step"] for r in rd.metrics()] == [0, 90, 180, 270]
+
+
+# -- the command line --------------------------------------------------------------------------
+
+
+def test_cli_list_and_errors(capsys):
+    assert main(["list", "models", "vit_*"]) == 0
+    assert capsys.readouterr().out.split() == ["vit_simple", "vit_small"]
+    assert main(["list", "experiments"]) == 0
+    assert "demo" in capsys.readouterr().out
+    assert main(["train", "--model", "mlp", "--set", "optim.lrr=1"]) == 2
+    assert "Did you mean 'optim.lr'" in capsys.readouterr().err
+    assert main(["train", "--model", "mpl"]) == 2
+    assert "unknown model 'mpl'" in capsys.readouterr().err
+
+
+def test_cli_train_then_measure_checkpoint(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--model", "mlp", "--data", "digits", "--out", str(out),
+                 "--set", "train.epochs=1", "--set", "model.overrides.widths=[16]",
+                 "--set", "model.overrides.sens_patch=2"]) == 0
+    printed = capsys.readouterr().out
+    assert "mlp" in printed and "sens/train" in printed
+    assert main(["measure", "--checkpoint", str(out), "--sigma", "0.5", "2.0",
+                 "--num-examples", "64"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [r[0] for r in rows] == ["0.5", "2"]
+    low, high = float(rows[0][1]), float(rows[1][1])
+    assert 0 <= low <= high <= 1  # more noise, more flips (same noise draws, scaled)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model"]["overrides"]["widths"] == [16]
