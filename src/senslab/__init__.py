@@ -1,3 +1,27 @@
-"""senslab: measure, track and regularize the sensitivity of neural networks."""
+"""senslab: measure, track and regularize the sensitivity of neural networks.
+
+    >>> from senslab import token_sensitivity, Patches
+    >>> result = token_sensitivity(model, images, Patches(4), sigma=0.1)  # doctest: +SKIP
+"""
+
+from .measure import (
+    BooleanSensitivity,
+    SensitivityResult,
+    TokenSensitivity,
+    boolean_sensitivity,
+    token_sensitivity,
+)
+from .tokens import Embedding, Patches, Sequence
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "BooleanSensitivity",
+    "Embedding",
+    "Patches",
+    "Sequence",
+    "SensitivityResult",
+    "TokenSensitivity",
+    "boolean_sensitivity",
+    "token_sensitivity",
+]
