@@ -1,6 +1,8 @@
 """Registered experiments: ``senslab run NAME``; ``list_experiments()``."""
 
-from . import demo  # noqa: F401  (register experiments)
+import importlib
+import pkgutil
+
 from .base import (
     Experiment,
     get_experiment,
@@ -9,6 +11,11 @@ from .base import (
     register_experiment,
     run_experiment,
 )
+
+# register every experiment module found in this package and its sub-packages
+for _info in pkgutil.walk_packages(__path__, prefix=f"{__name__}."):
+    if not _info.name.rsplit(".", 1)[-1].startswith("_"):
+        importlib.import_module(_info.name)
 
 __all__ = [
     "Experiment",

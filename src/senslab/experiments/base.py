@@ -28,10 +28,41 @@ class Experiment:
     cpu_runtime: str = ""
 
     def runs(self, scale: str) -> list[RunConfig]:
+        """The runs of this experiment, as configurations for the standard training loop."""
         raise NotImplementedError
 
+    def execute(self, out: Path, scale: str, overrides: list[str],
+                progress: bool | None, log: Callable[[str], None]) -> list[dict[str, Any]]:
+        """Produce one run directory per run below ``out`` and return their summaries.
+
+        The default trains every config of :meth:`runs` with :func:`senslab.train.loop.fit`
+        (resuming finished or partial runs). Experiments that need their own loop (full-batch
+        training of a small model, Boolean sensitivity, attention metrics...) override this and
+        write run directories in the same format with :class:`senslab.train.rundir.RunDir`.
+        """
+        from ..train.loop import fit
+
+        configs = self.runs(scale)
+        for cfg in configs:
+            apply_overrides(cfg, list(overrides))
+        write_experiment_json(out, self, scale, [c.name for c in configs])
+        summaries = []
+        for i, cfg in enumerate(configs, 1):
+            log(f"[{i}/{len(configs)}] {cfg.name}: {cfg.model.name} on {cfg.data.name}")
+            summaries.append(fit(cfg, out / cfg.name, progress=progress))
+        return summaries
+
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
+        """``{"verdict": "holds" | "does not hold" | "not comparable", "reason": ...,
+        "evidence": {...}}`` computed from the run summaries."""
         raise NotImplementedError
+
+
+def write_experiment_json(out: Path, exp: Experiment, scale: str, runs: list[str]) -> None:
+    """experiment.json: the experiment's name, paper, claim, scale and run subdirectories."""
+    RunDir(out).write_json("experiment.json", {
+        "name": exp.name, "paper": exp.paper, "claim": exp.claim, "scale": scale, "runs": runs,
+    })
 
 
 EXPERIMENTS: Registry[Callable[[], Experiment]] = Registry("experiment")
@@ -59,24 +90,12 @@ def run_experiment(name: str, out_dir: str | Path, scale: str = "cpu",
                    log: Callable[[str], None] = print) -> dict[str, Any]:
     """Train every run of experiment ``name`` (resuming finished/partial ones), write
     experiment.json and verdict.json, and return the verdict."""
-    from ..train.loop import fit
-
     if scale not in ("cpu", "paper"):
         raise ValueError(f"scale must be 'cpu' or 'paper', got {scale!r}")
     exp = get_experiment(name)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    configs = exp.runs(scale)
-    for cfg in configs:
-        apply_overrides(cfg, list(overrides or []))
-    RunDir(out).write_json("experiment.json", {
-        "name": name, "paper": exp.paper, "claim": exp.claim, "scale": scale,
-        "runs": [c.name for c in configs],
-    })
-    summaries = []
-    for i, cfg in enumerate(configs, 1):
-        log(f"[{i}/{len(configs)}] {cfg.name}: {cfg.model.name} on {cfg.data.name}")
-        summaries.append(fit(cfg, out / cfg.name, progress=progress))
+    summaries = exp.execute(out, scale, list(overrides or []), progress, log)
     verdict = exp.verdict(summaries)
     RunDir(out).write_json("verdict.json", verdict)
     return verdict
