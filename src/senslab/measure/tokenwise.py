@@ -154,6 +154,19 @@ class _State:
     samples: list[Tensor] = field(default_factory=list)
 
 
+def _interleave(per_rank: list[Any]) -> Tensor:
+    """Per-sample rates of all ranks back in one-process order (example b lives on rank
+    b % world; each rank's list holds one entry per update)."""
+    world, out = len(per_rank), []
+    for batches in zip(*per_rank, strict=True):
+        n = sum(len(x) for x in batches)
+        merged = [0.0] * n
+        for r, rates in enumerate(batches):
+            merged[r::world] = rates
+        out += merged
+    return torch.tensor(out, dtype=torch.float32)
+
+
 def _pad_to(t: Tensor, n: int, left: bool) -> Tensor:
     if len(t) >= n:
         return t
@@ -186,6 +199,9 @@ class TokenSensitivity:
         chunk_size: perturbed copies per forward pass (bounds memory).
         autocast: a dtype (``torch.bfloat16``/``torch.float16``) to run forwards under autocast.
         align: per-position alignment, ``"left"`` or ``"right"``; default from the tokenization.
+        shard: ``(rank, world_size)``: this process measures only examples ``b`` with
+            ``b % world_size == rank`` of every batch, drawing the same random stream as a single
+            process would; after :meth:`all_reduce` every rank holds the one-process result.
 
     Example:
         >>> import torch
@@ -218,6 +234,7 @@ class TokenSensitivity:
         autocast: torch.dtype | None = None,
         align: Literal["left", "right"] | None = None,
         eval_mode: bool = True,
+        shard: tuple[int, int] | None = None,
     ) -> None:
         if tokens is None:
             if not hasattr(model, "default_tokens"):
@@ -254,6 +271,9 @@ class TokenSensitivity:
         else:
             self._seed, self.generator = None, generator
         self._stream: _NoiseStream | None = None
+        if shard is not None and not (0 <= shard[0] < shard[1]):
+            raise ValueError(f"shard must be (rank, world_size), 0 <= rank < world; got {shard}")
+        self.shard = shard
         self.reset()
 
     # -- state ---------------------------------------------------------------------------------
@@ -327,10 +347,17 @@ class TokenSensitivity:
             src, tok = self._plan(valid, stream)
             ref = _predictions(clean) if self.compare == "class" else clean.float()
             vals = torch.empty(len(src), dtype=torch.float32, device=device)
+            own = self._owned(src)
             for lo in range(0, len(src), self.chunk_size):
-                s = src[lo : lo + self.chunk_size]
-                k = tok[lo : lo + self.chunk_size]
-                vals[lo : lo + len(s)] = self._evaluate(bound, stream, s, k, ref, whole)
+                sl = slice(lo, lo + self.chunk_size)
+                vals[sl] = self._evaluate(bound, stream, src[sl], tok[sl], ref, whole, own[sl])
+        if self.shard is not None:
+            keep = own.nonzero().flatten()
+            mine = self._owned(torch.arange(b, device=device))
+            src, tok, vals = src[keep], tok[keep], vals[keep]
+            b = int(mine.sum())
+            remap = torch.cumsum(mine.long(), 0) - 1  # global example → local row
+            valid, src = valid[mine], remap[src]
         self._accumulate(vals, src, tok, valid, whole)
         self.state.forward += b + len(src)
 
@@ -350,6 +377,12 @@ class TokenSensitivity:
         rep = self.repeats
         return cells[:, 0].repeat_interleave(rep), cells[:, 1].repeat_interleave(rep)
 
+    def _owned(self, src: Tensor) -> Tensor:
+        if self.shard is None:
+            return torch.ones_like(src, dtype=torch.bool)
+        rank, world = self.shard
+        return src % world == rank
+
     def _evaluate(
         self,
         bound: BoundTokens,
@@ -358,16 +391,37 @@ class TokenSensitivity:
         tok: Tensor,
         ref: Tensor,
         whole: bool,
+        own: Tensor,
     ) -> Tensor:
+        """Values of the copies of one chunk. Randomness is drawn for every copy of the chunk
+        (so every shard consumes the stream alike); only ``own`` copies are evaluated."""
         if self.replace_with is not None:
             vocab = self.replace_with.to(ref.device)
             pick = vocab[stream.randint(len(vocab), len(src))]
-            noise = pick - bound.tokens(src, tok).to(pick.dtype)
         else:
             noise = stream.take(len(src)) * self.sigma
-            if whole:
-                noise = noise.view(len(src), -1, bound.dim)
-        out = bound.forward_perturbed(src, None if whole else tok, noise)
+        out_vals = torch.zeros(len(src), dtype=torch.float32, device=ref.device)
+        if not own.all():
+            idx = own.nonzero().flatten()
+            if len(idx) == 0:
+                return out_vals
+            src, tok = src[idx], tok[idx]
+            if self.replace_with is not None:
+                pick = pick[idx]
+            else:
+                noise = noise[idx]
+        else:
+            idx = None
+        if self.replace_with is not None:
+            noise = pick - bound.tokens(src, tok).to(pick.dtype)
+        elif whole:
+            noise = noise.view(len(src), -1, bound.dim)
+        vals = self._compare(bound.forward_perturbed(src, None if whole else tok, noise), ref, src)
+        if idx is None:
+            return vals
+        return out_vals.index_copy_(0, idx, vals)
+
+    def _compare(self, out: Tensor, ref: Tensor, src: Tensor) -> Tensor:
         _check_finite(out, "perturbed copies")
         if self.compare == "class":
             return (_predictions(out) != ref[src]).float()
@@ -423,6 +477,29 @@ class TokenSensitivity:
         left = self.align == "right"
         st.pos_sum = _pad_to(st.pos_sum, n, left) + _pad_to(ps, n, left)
         st.pos_cnt = _pad_to(st.pos_cnt, n, left) + _pad_to(pc, n, left)
+
+    def all_reduce(self, group: Any = None) -> TokenSensitivity:
+        """Sum the state over all processes of ``torch.distributed`` (every rank then holds the
+        total; per-sample rates are gathered in the one-process order)."""
+        import torch.distributed as dist
+
+        st = self.state
+        world = dist.get_world_size(group)
+        sizes = [None] * world
+        dist.all_gather_object(sizes, len(st.pos_sum), group=group)
+        p = max(sizes)
+        left = self.align == "right"
+        scal = torch.tensor([st.n, st.s1, st.s2, st.within, st.forward], dtype=torch.float64)
+        vec = torch.cat([scal, _pad_to(st.pos_sum, p, left), _pad_to(st.pos_cnt, p, left)])
+        dist.all_reduce(vec, group=group)
+        samples = [None] * world
+        dist.all_gather_object(samples, [s.tolist() for s in st.samples], group=group)
+        self.state = _State(
+            n=int(vec[0]), s1=float(vec[1]), s2=float(vec[2]), within=float(vec[3]),
+            forward=int(vec[4]), pos_sum=vec[5 : 5 + p].clone(), pos_cnt=vec[5 + p :].clone(),
+            samples=[_interleave(samples)],
+        )
+        return self
 
     def compute(self) -> SensitivityResult:
         """The estimate over everything accumulated since the last :meth:`reset`."""

@@ -1,0 +1,151 @@
+"""Hahn & Rofin (4): how a transformer completes a random function it has only partly seen.
+
+Claim (SPEC §6): train on k of the 1,024 strings of {±1}¹⁰ labelled by a uniformly random
+function (k = 128, 256, 512). The completion the transformer picks for the unseen strings has a
+lower average sensitivity as(f̂) than a random completion of the same labels (as ≈ n/2 = 5), and a
+transformer fitted to such a random completion (all 1,024 strings) is sharper on the k shared
+training strings than the one that chose its own completion.
+
+Command: ``senslab run hr_random_functions`` (``--scale paper`` on a GPU).
+
+Per (k, seed): the ``boolean`` dataset's "subset" split (k training strings of a random table,
+function seed = seed) → run ``learned-k…``: full-batch training on the k strings until the training
+loss is < 0.01; as(f̂) of its thresholded truth table, exact. The random completion keeps the k
+labels and draws the other 1,024 − k from a seeded generator; its as is exact. Run
+``random-k…``: the same model and optimiser trained full-batch on all 1,024 strings of the random
+completion until loss < 0.01. Sharpness (×4, σ = 0.02, positional embeddings excluded) of both
+models on the k common training strings.
+
+Settings. Paper: d = 128, AdamW lr 3e-4, wd 0.1. CPU scale: d = 64 (FF 64, 2 layers, 2 heads,
+post-LN), AdamW lr 3e-3 (wd 0.1), at most 3,000 full-batch steps, 2 seeds per k, 20 weight draws.
+
+Verdict, over the (k, seed) pairs whose two models both fit their training labels (accuracy 1):
+"holds" when in every pair the learned completion has lower as than the random completion and the
+learned model is less sharp than the random-completion model (paired; a majority of pairs for the
+sharpness, whose estimate is noisy); "not comparable" when no pair fitted.
+
+Measured CPU runtime (2 shared cores, one thread): see ``cpu_runtime``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ...data import create_dataset
+from ...data.synthetic import boolean_cube
+from ...measure import boolean_sensitivity
+from ..base import Experiment, register_experiment, write_experiment_json
+from ._common import Setup, override, train_boolean
+
+N_BITS = 10
+
+
+@dataclass
+class RandomSettings(Setup):
+    train_sizes: tuple[int, ...] = (128, 256, 512)
+    seeds: int = 5
+    n: int = N_BITS
+    stop_loss: float = 0.01
+
+
+def settings(scale: str) -> RandomSettings:
+    if scale == "paper":
+        return RandomSettings(eval_every=100)
+    if scale == "cpu":
+        return RandomSettings(dim=64, steps=3000, lr=3e-3, eval_every=100, seeds=2)
+    raise ValueError(f"scale must be 'cpu' or 'paper', got {scale!r}")
+
+
+def random_completion(table: Tensor, train_index: Tensor, seed: int) -> Tensor:
+    """The {0, 1} table that agrees with ``table`` on ``train_index`` and is uniformly random
+    elsewhere (its own generator, so it differs from the hidden function)."""
+    g = torch.Generator().manual_seed(7_919 * seed + 1)
+    out = torch.randint(0, 2, table.shape, generator=g).to(table.dtype)
+    out[train_index] = table[train_index]
+    return out
+
+
+@register_experiment("hr_random_functions")
+class RandomFunctions(Experiment):
+    paper = "Hahn & Rofin, Why are Sensitive Functions Hard for Transformers? (2024), §5"
+    claim = ("Trained on part of a random function on n = 10, a transformer completes it with "
+             "lower average sensitivity and lower sharpness than a random completion of the "
+             "same labels.")
+    cpu_runtime = ""
+
+    def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
+                log: Callable[[str], None]) -> list[dict[str, Any]]:
+        s = override(settings(scale), overrides)
+        pairs = [(k, seed) for k in s.train_sizes for seed in range(s.seeds)]
+        names = [f"{kind}-k{k}-s{seed}" for k, seed in pairs for kind in ("learned", "random")]
+        write_experiment_json(out, self, scale, names)
+        cube = boolean_cube(s.n)
+        summaries = []
+        for i, (k, seed) in enumerate(pairs, 1):
+            opts = {"function": "random", "n_bits": s.n, "sampling": "subset",
+                    "train_size": k, "seed": seed}
+            train = create_dataset("boolean", "train", **opts)
+            test = create_dataset("boolean", "test", **opts)
+            table, index = train.meta["table"], train.meta["index"]
+            completed = random_completion(table, index, seed)
+            sens_random = boolean_sensitivity(completed * 2 - 1, method="exact").average
+            x_k, y_k = train.inputs, train.targets
+            config = {"train_size": k, "function_seed": seed}
+
+            log(f"[{i}/{len(pairs)}] k={k} seed={seed}: learned completion")
+            learned = train_boolean(
+                out / f"learned-k{k}-s{seed}", label=f"learned k={k}", function="random",
+                n=s.n, seed=seed, setup=s, config=config, train_set=(x_k, y_k),
+                test_set=(test.inputs, test.targets), stop_below=s.stop_loss)
+            log(f"[{i}/{len(pairs)}] k={k} seed={seed}: random completion")
+            # sharpness on the k shared strings, training on all 2ⁿ of the random completion
+            rand = train_boolean(
+                out / f"random-k{k}-s{seed}", label=f"random k={k}", function="random",
+                n=s.n, seed=seed, setup=s, config=config, train_set=(cube, completed),
+                stop_below=s.stop_loss, sharp_set=(x_k, y_k))
+            for summary in (learned, rand):
+                summary.update({"train_size": k, "random_completion_sens": sens_random})
+            summaries += [learned, rand]
+        return summaries
+
+    def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
+        return completion_verdict(summaries)
+
+
+def completion_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    by_pair: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
+    for s in summaries:
+        kind = s["name"].split("-", 1)[0]
+        by_pair.setdefault((s["train_size"], s["seed"]), {})[kind] = s
+    rows = []
+    for (k, seed), pair in sorted(by_pair.items()):
+        if {"learned", "random"} - set(pair):
+            continue
+        lf, rf = pair["learned"]["final"], pair["random"]["final"]
+        if lf["train/acc"] < 1 or rf["train/acc"] < 1:
+            continue
+        rows.append({"k": k, "seed": seed, "learned_as": lf["bool_sens"],
+                     "random_as": pair["learned"]["random_completion_sens"],
+                     "random_model_as": rf["bool_sens"],
+                     "learned_sharpness": lf["sharpness/loss"],
+                     "random_sharpness": rf["sharpness/loss"]})
+    evidence: dict[str, Any] = {"pairs": rows, "total_pairs": len(by_pair)}
+    if not rows:
+        return {"verdict": "not comparable", "evidence": evidence,
+                "reason": "no (k, seed) pair where both models fit their training labels"}
+    lower_as = sum(r["learned_as"] < r["random_as"] for r in rows)
+    flatter = sum(r["learned_sharpness"] < r["random_sharpness"] for r in rows)
+    ok = lower_as == len(rows) and 2 * flatter > len(rows)
+    detail = "; ".join(
+        f"k={r['k']} s{r['seed']}: as {r['learned_as']:.2f} vs {r['random_as']:.2f}, sharpness "
+        f"{r['learned_sharpness']:.3g} vs {r['random_sharpness']:.3g}" for r in rows)
+    return {"verdict": "holds" if ok else "does not hold",
+            "reason": (f"learned completion has lower as in {lower_as}/{len(rows)} pairs and is "
+                       f"flatter in {flatter}/{len(rows)}: {detail}"),
+            "evidence": evidence}

@@ -1,0 +1,122 @@
+"""Hahn & Rofin (1): sharpness of the trained transformer against the input length n.
+
+Claim (SPEC §6): for PARITY, the sharpness of the solution found grows with n (a clearly positive
+slope of a linear fit of sharpness on n over seeds), while for the low-sensitivity functions
+MAJORITY, FIRST and MEAN the slope is ≈ 0.
+
+Command: ``senslab run hr_sharpness_vs_length`` (add ``--scale paper`` on a GPU).
+
+Settings. Paper: d = 128, n = 4, 6, …, 30, 10 seeds, 10,000 steps of 1,024 fresh strings, AdamW
+lr 3e-4, wd 0.1. CPU scale: a narrower model (d = 32, FF width 32, still 2 layers, 2 heads,
+post-LN), n ∈ {4, 6, 8}, 2 seeds, 1,500 steps of 256 fresh strings, AdamW lr 1e-3 (higher
+because of the 7× fewer steps), wd 0.1; sharpness from 10 weight draws on 512 held-out strings.
+PARITY is learnt to > 99% held-out accuracy at every CPU n, so the comparison is between
+solutions, as in the paper. Only converged runs enter the fits.
+
+Verdict: "holds" when PARITY's slope is positive by more than two standard errors and every other
+function's |slope| is below a quarter of PARITY's; "not comparable" when fewer than two n values
+of a function converged.
+
+Measured CPU runtime (2 shared cores, one thread): see ``cpu_runtime``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..base import Experiment, register_experiment, write_experiment_json
+from ._common import Setup, linear_fit, override, train_boolean
+
+FUNCTIONS = ("parity", "majority", "first", "mean")
+
+
+@dataclass
+class LengthSettings(Setup):
+    functions: tuple[str, ...] = FUNCTIONS
+    n_values: tuple[int, ...] = tuple(range(4, 31, 2))
+    seeds: int = 10
+
+
+def settings(scale: str) -> LengthSettings:
+    if scale == "paper":
+        return LengthSettings()
+    if scale == "cpu":
+        return LengthSettings(dim=32, steps=1500, batch=256, lr=1e-3, eval_every=500,
+                              eval_size=512, sharp_draws=10, n_values=(4, 6, 8), seeds=2)
+    raise ValueError(f"scale must be 'cpu' or 'paper', got {scale!r}")
+
+
+@register_experiment("hr_sharpness_vs_length")
+class SharpnessVsLength(Experiment):
+    paper = "Hahn & Rofin, Why are Sensitive Functions Hard for Transformers? (2024), Fig. 2"
+    claim = ("The sharpness of trained transformers grows with the input length n for PARITY "
+             "(clearly positive slope), but not for MAJORITY, FIRST or MEAN (slope ≈ 0).")
+    cpu_runtime = ""
+
+    def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
+                log: Callable[[str], None]) -> list[dict[str, Any]]:
+        s = override(settings(scale), overrides)
+        unknown = [f for f in s.functions if f not in FUNCTIONS]
+        if unknown:
+            raise ValueError(f"unknown functions {unknown}; use some of {', '.join(FUNCTIONS)}")
+        plan = [(f, n, seed) for f in s.functions for n in s.n_values for seed in range(s.seeds)]
+        names = [f"{f}-n{n}-s{seed}" for f, n, seed in plan]
+        write_experiment_json(out, self, scale, names)
+        summaries = []
+        for i, ((f, n, seed), name) in enumerate(zip(plan, names, strict=True), 1):
+            log(f"[{i}/{len(plan)}] {name}")
+            summaries.append(train_boolean(out / name, label=f, function=f, n=n, seed=seed,
+                                           setup=s))
+        return summaries
+
+    def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
+        return slope_verdict(summaries)
+
+
+def slope_verdict(summaries: list[dict[str, Any]], sensitive: str = "parity",
+                  ratio: float = 0.25) -> dict[str, Any]:
+    """Fit final sharpness on n per function (converged runs only) and compare the slopes."""
+    points: dict[str, list[tuple[int, float]]] = {}
+    dropped: dict[str, int] = {}
+    for s in summaries:
+        if s["converged"]:
+            points.setdefault(s["function"], []).append((s["n"], s["final"]["sharpness/loss"]))
+        else:
+            dropped[s["function"]] = dropped.get(s["function"], 0) + 1
+    evidence: dict[str, Any] = {"not_converged": dropped}
+    fits: dict[str, tuple[float, float]] = {}
+    for f in sorted({s["function"] for s in summaries}):
+        pts = points.get(f, [])
+        if len({n for n, _ in pts}) < 2:
+            return {"verdict": "not comparable", "evidence": evidence,
+                    "reason": f"{f}: fewer than two n values converged (acc > 0.99)"}
+        slope, se, intercept = linear_fit([float(n) for n, _ in pts], [v for _, v in pts])
+        fits[f] = (slope, se)
+        evidence[f] = {"slope": slope, "slope_se": se, "intercept": intercept,
+                       "mean_sharpness": {str(n): _mean([v for m, v in pts if m == n])
+                                          for n in sorted({n for n, _ in pts})}}
+    if sensitive not in fits:
+        return {"verdict": "not comparable", "evidence": evidence,
+                "reason": f"no {sensitive} runs to compare with"}
+    ps, pse = fits[sensitive]
+    positive = ps > 0 and (math.isnan(pse) or ps > 2 * pse)
+    flat = {f: abs(v[0]) < ratio * abs(ps) for f, v in fits.items() if f != sensitive}
+    ok = positive and all(flat.values())
+    detail = "; ".join(f"{f} {v[0]:+.4g} ± {v[1]:.2g}" for f, v in fits.items())
+    if ok:
+        why = f"{sensitive}'s slope is > 2 s.e. above 0 and the others are < {ratio:g}× it"
+    elif not positive:
+        why = f"{sensitive}'s slope is not clearly positive"
+    else:
+        why = (f"{', '.join(f for f, v in flat.items() if not v)} slope(s) not below "
+               f"{ratio:g}× {sensitive}'s")
+    return {"verdict": "holds" if ok else "does not hold",
+            "reason": f"{why}: sharpness per unit n: {detail}", "evidence": evidence}
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)

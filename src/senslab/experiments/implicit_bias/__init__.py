@@ -1,0 +1,1 @@
+"""Vasudeva, Deora & Thrampoulidis: implicit bias and fast convergence of self-attention."""

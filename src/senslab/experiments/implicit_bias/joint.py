@@ -1,0 +1,195 @@
+"""Joint training of (W, v) with stochastic optimisers on Φ(X) = vᵀXᵀsoftmax(XWx₁) (SPEC §7).
+
+Claim (Vasudeva, Deora & Thrampoulidis): when the decoder v is trained together with W, the
+stochastic normalised / Polyak variants (SNGD, SPS_max) drive W towards the max-margin direction
+W_mm, v towards the max-margin separator v_mm of the optimal tokens, and the attention towards the
+optimal token faster than SGD, and come close to Adam.
+
+Command: ``senslab run ib_joint``.
+
+Setting: ``maxmargin_attention`` defaults (N = 32, T = 8, d = 32), float64, W₀ ~ N(0, 0.01²),
+v₀ a random unit vector, logistic loss on minibatches of ``batch_size`` (seeded reshuffle every
+epoch), the same ``steps`` for every optimiser: SGD (lr ``sgd_lr``), SNGD (``sngd_lr``, cap
+``eta_max``), SPS_max (c = 0.5, f* = 0 — the loss can reach 0 here because ‖v‖ can grow — cap
+``eta_max``) and Adam (``adam_lr``). W_mm solves the attention max-margin problem for the data's
+optimal tokens; v_mm = argmin ‖v‖ s.t. y_i vᵀx_{i,opt} ≥ 1 (the tokens attention ends up on).
+Metrics on the full training set at log-spaced steps: loss, accuracy, ‖W‖, cos(W, W_mm), mean
+softmax mass on the optimal token, ‖v‖, cos(v, v_mm).
+
+Verdict: "holds" when SNGD and SPS each end (mean over seeds) with lower loss and higher W
+alignment, v alignment and optimal-token mass than SGD, and with W alignment and token mass within
+``CLOSE`` of Adam's (or above).
+
+CPU scale: 2 seeds × 4 optimisers, 3,000 steps of batch 8 (the paper's synthetic sizes and
+learning rates are not given; ours are in ``JointSettings``; "paper" scale: 5 seeds, 20,000
+steps). Measured CPU runtime: (filled in below).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ...models import create_model
+from ...optim import SNGD, SPS
+from ...train.rundir import RunDir
+from ..base import Experiment, register_experiment, write_experiment_json
+from ._common import (
+    AttentionTask,
+    apply_settings,
+    attention_metrics,
+    load_task,
+    log_schedule,
+    logistic_metrics,
+    run_custom,
+)
+
+OPTIMIZERS = ("sgd", "sngd", "sps", "adam")
+CLOSE = 0.1  # "close to Adam": W alignment and token mass at most this far below Adam's
+HIGHER = ("attn/alignment", "attn/v_alignment", "attn/sparsity")  # better when larger
+
+
+@dataclass
+class JointSettings:
+    """Settings of ``ib_joint`` (override with ``--set steps=...``, ``--set data.dim=...``)."""
+
+    steps: int = 3000
+    seeds: int = 2
+    batch_size: int = 8
+    sgd_lr: float = 0.1
+    sngd_lr: float = 0.1
+    adam_lr: float = 0.01
+    eta_max: float = 10.0
+    per_decade: int = 20
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def for_scale(cls, scale: str) -> JointSettings:
+        return cls(steps=20000, seeds=5) if scale == "paper" else cls()
+
+
+def make_optimizer(name: str, params: list[torch.nn.Parameter],
+                   s: JointSettings) -> torch.optim.Optimizer:
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=s.sgd_lr)
+    if name == "sngd":
+        return SNGD(params, lr=s.sngd_lr, eta_max=s.eta_max)
+    if name == "sps":
+        return SPS(params, c=0.5, f_star=0.0, eta_max=s.eta_max)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=s.adam_lr)
+    raise ValueError(f"unknown optimizer {name!r}; use one of {', '.join(OPTIMIZERS)}")
+
+
+def train_joint(task: AttentionTask, optimizer: str, s: JointSettings, seed: int,
+                rd: RunDir) -> dict[str, Any]:
+    """Train (W, v) with ``optimizer`` on seeded minibatches, logging full-batch metrics."""
+    model = create_model("attention_model", dim=task.X.shape[-1], train_v=True,
+                         seed=seed).double()
+    opt = make_optimizer(optimizer, list(model.parameters()), s)
+    gen = torch.Generator().manual_seed(seed + 31)
+    n = len(task.X)
+    order = torch.empty(0, dtype=torch.long)
+    schedule = set(log_schedule(s.steps, s.per_decade))
+    records: list[dict[str, Any]] = []
+    for step in range(s.steps + 1):
+        if step in schedule:
+            rec: dict[str, Any] = {"step": step, "epoch": step * s.batch_size / n}
+            rec.update(logistic_metrics(model, task))
+            rec.update(attention_metrics(model, task))
+            rd.log(rec)
+            records.append(rec)
+        if step == s.steps:
+            break
+        if len(order) < s.batch_size:  # a fresh permutation each epoch; drop the ragged end
+            order = torch.randperm(n, generator=gen)
+        idx, order = order[: s.batch_size], order[s.batch_size:]
+        x, y = task.X[idx], task.y[idx]
+
+        def closure(x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
+            opt.zero_grad(set_to_none=True)
+            loss = F.softplus(-y * model(x)).mean()  # logistic loss log(1 + e^{−yΦ})
+            loss.backward()
+            return loss
+
+        if optimizer == "sps":
+            opt.step(closure)
+        else:
+            closure()
+            opt.step()
+        if not all(torch.isfinite(p).all() for p in model.parameters()):
+            raise FloatingPointError(f"{optimizer}: parameters became non-finite at step "
+                                     f"{step + 1}; lower its learning rate / eta_max")
+    return {"final": records[-1], "steps": s.steps}
+
+
+@register_experiment("ib_joint")
+class IBJoint(Experiment):
+    paper = ("Vasudeva, Deora & Thrampoulidis, Implicit Bias and Fast Convergence Rates for "
+             "Self-attention (TMLR 2025), joint (W, v) training")
+    claim = ("Training W and v jointly on minibatches, SNGD and SPS align W with W_mm and v with "
+             "v_mm, and sparsify attention, faster than SGD, close to Adam.")
+    cpu_runtime = "(measuring)"
+    report_options: dict[str, Any] = {  # noqa: RUF012
+        "x": "step", "logx": True, "logy": ["train/loss", "attn/W_norm", "attn/v_norm"],
+    }
+
+    def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
+                log: Callable[[str], None]) -> list[dict[str, Any]]:
+        from .fixed_v import plot_loglog
+
+        s = apply_settings(JointSettings.for_scale(scale), overrides)
+        runs = [(o, seed) for seed in range(s.seeds) for o in OPTIMIZERS]
+        names = [f"{o}-s{seed}" for o, seed in runs]
+        write_experiment_json(out, self, scale, names)
+        summaries = []
+        for (optimizer, seed), name in zip(runs, names, strict=True):
+            task = load_task(**{"seed": seed, **s.data})
+            config = {"label": optimizer, "seed": seed, "optimizer": optimizer, "scale": scale,
+                      "dtype": "float64", **dataclasses.asdict(s)}
+            summaries.append(run_custom(
+                out / name, config,
+                lambda rd, t=task, o=optimizer, sd=seed: train_joint(t, o, s, sd, rd), log))
+        plot_loglog(out, names, self.report_options)
+        return summaries
+
+    def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
+        return joint_verdict(summaries)
+
+
+def joint_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """SNGD and SPS vs SGD (better on every final metric) and vs Adam (within ``CLOSE``)."""
+    keys = ("train/loss", *HIGHER)
+    by: dict[str, list[dict[str, Any]]] = {}
+    for s in summaries:
+        by.setdefault(s["label"], []).append(s["final"])
+    if set(by) != set(OPTIMIZERS):
+        return {"verdict": "not comparable", "evidence": {},
+                "reason": f"need runs of {', '.join(OPTIMIZERS)}; got {', '.join(sorted(by))}"}
+    mean = {o: {k: sum(f[k] for f in fs) / len(fs) for k in keys} for o, fs in by.items()}
+    if any(not math.isfinite(v) for m in mean.values() for v in m.values()):
+        return {"verdict": "not comparable", "evidence": mean,
+                "reason": "a final metric is not finite"}
+    checks: dict[str, bool] = {}
+    for o in ("sngd", "sps"):
+        m, sgd, adam = mean[o], mean["sgd"], mean["adam"]
+        checks[f"{o} loss < sgd"] = m["train/loss"] < sgd["train/loss"]
+        for k in HIGHER:
+            checks[f"{o} {k} > sgd"] = m[k] > sgd[k]
+        for k in ("attn/alignment", "attn/sparsity"):
+            checks[f"{o} {k} within {CLOSE} of adam"] = m[k] >= adam[k] - CLOSE
+    failed = [k for k, ok in checks.items() if not ok]
+    detail = "; ".join(
+        f"{o}: loss {m['train/loss']:.3g}, cos(W,W_mm) {m['attn/alignment']:.3f}, "
+        f"cos(v,v_mm) {m['attn/v_alignment']:.3f}, opt mass {m['attn/sparsity']:.3f}"
+        for o, m in mean.items())
+    head = f"failed: {', '.join(failed)}. " if failed else "all checks pass. "
+    return {"verdict": "does not hold" if failed else "holds", "reason": head + detail,
+            "evidence": {**mean, "checks": checks}}

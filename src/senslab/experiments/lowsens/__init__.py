@@ -1,0 +1,1 @@
+"""Experiments of "Transformers Learn Low Sensitivity Functions" (ICLR 2025) on small models."""

@@ -1,0 +1,204 @@
+"""Hahn & Rofin experiments: tiny end-to-end runs and their verdict functions on made-up numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from senslab.experiments import get_experiment, list_experiments, run_experiment
+from senslab.experiments.hahn_rofin._common import Setup, linear_fit, override
+from senslab.experiments.hahn_rofin.norm_vs_blowup import norm_blowup_verdict, sweep
+from senslab.experiments.hahn_rofin.norm_vs_blowup import settings as sweep_settings
+from senslab.experiments.hahn_rofin.parity_dynamics import dynamics_verdict, peaks
+from senslab.experiments.hahn_rofin.random_functions import completion_verdict, random_completion
+from senslab.experiments.hahn_rofin.sharpness_vs_length import slope_verdict
+
+TINY = ["dim=8", "steps=6", "eval_every=3", "batch=32", "eval_size=32", "sharp_draws=2"]
+VERDICTS = {"holds", "does not hold", "not comparable"}
+METRICS = {"step", "epoch", "train/loss", "sharpness/loss", "sharpness/loss_se", "blowup",
+           "blowup/log10", "param_norm", "bool_sens", "time"}
+
+
+def _check_runs(out: Path, verdict: dict[str, Any], extra: set[str]) -> list[dict[str, Any]]:
+    exp = json.loads((out / "experiment.json").read_text())
+    assert verdict["verdict"] in VERDICTS and verdict["reason"]
+    assert json.loads((out / "verdict.json").read_text()) == verdict
+    summaries = []
+    for name in exp["runs"]:
+        run = out / name
+        for f in ("config.json", "env.json", "summary.json", "metrics.jsonl"):
+            assert (run / f).exists(), f"{name}/{f} missing"
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in records] == [3, 6]
+        assert METRICS | extra <= set(records[-1])
+        assert all(math.isfinite(r["sharpness/loss"]) and r["blowup"] > 0 for r in records)
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["final"] == records[-1] and summary["name"] == name
+        summaries.append(summary)
+    return summaries
+
+
+def test_registered() -> None:
+    names = {"hr_sharpness_vs_length", "hr_norm_vs_blowup", "hr_parity_dynamics",
+             "hr_random_functions"}
+    assert names <= set(list_experiments("hr_*"))
+    for name in names:
+        exp = get_experiment(name)
+        assert exp.paper and exp.claim and exp.cpu_runtime
+
+
+def test_sharpness_vs_length_tiny_run_and_resume(tmp_path: Path) -> None:
+    out = tmp_path / "len"
+    over = TINY + ["n_values=[3, 4]", "seeds=1", "functions=['parity', 'mean']"]
+    v = run_experiment("hr_sharpness_vs_length", out, overrides=over, log=lambda _: None)
+    summaries = _check_runs(out, v, {"test/loss", "test/acc"})
+    assert {(s["function"], s["n"]) for s in summaries} == {
+        ("parity", 3), ("parity", 4), ("mean", 3), ("mean", 4)}
+    # a finished run is reused, not retrained
+    before = (out / "parity-n3-s0" / "metrics.jsonl").read_text()
+    assert run_experiment("hr_sharpness_vs_length", out, overrides=over,
+                          log=lambda _: None) == v
+    assert (out / "parity-n3-s0" / "metrics.jsonl").read_text() == before
+
+
+def _len_summary(f: str, n: int, sharp: float, converged: bool = True) -> dict[str, Any]:
+    return {"function": f, "n": n, "converged": converged, "final": {"sharpness/loss": sharp}}
+
+
+def test_slope_verdict_outcomes() -> None:
+    good = [_len_summary("parity", n, 0.1 * n + 0.01 * s) for n in (4, 6, 8) for s in (0, 1)]
+    flat = [_len_summary("first", n, 0.2 + 0.001 * s) for n in (4, 6, 8) for s in (0, 1)]
+    v = slope_verdict(good + flat)
+    assert v["verdict"] == "holds"
+    assert v["evidence"]["parity"]["slope"] == pytest.approx(0.1)
+    rising = [_len_summary("first", n, 0.08 * n) for n in (4, 6, 8)]
+    assert slope_verdict(good + rising)["verdict"] == "does not hold"
+    falling = [_len_summary("parity", n, 1 - 0.1 * n) for n in (4, 6, 8)]
+    assert slope_verdict(falling + flat)["verdict"] == "does not hold"
+    unconverged = [_len_summary("parity", n, 1.0, converged=n == 4) for n in (4, 6, 8)]
+    assert slope_verdict(unconverged + flat)["verdict"] == "not comparable"
+
+
+def test_linear_fit_exact_line_and_errors() -> None:
+    slope, se, intercept = linear_fit([1.0, 2.0, 3.0, 4.0], [3.0, 5.0, 7.0, 9.0])
+    assert (slope, intercept) == pytest.approx((2.0, 1.0)) and se == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="two distinct"):
+        linear_fit([1.0, 1.0], [0.0, 1.0])
+
+
+def test_override_types_and_errors() -> None:
+    s = override(Setup(), ["steps=5", "lr=1", "dim=16"])
+    assert (s.steps, s.lr, s.dim) == (5, 1.0, 16) and isinstance(s.lr, float)
+    with pytest.raises(KeyError, match="valid settings"):
+        override(Setup(), ["stepz=5"])
+    with pytest.raises(TypeError, match="steps must be int"):
+        override(Setup(), ["steps=0.5"])
+    with pytest.raises(ValueError, match="key=value"):
+        override(Setup(), ["steps"])
+
+
+def test_norm_vs_blowup_tiny_run(tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    v = run_experiment("hr_norm_vs_blowup", out, overrides=TINY + ["runs=3", "n_values=[3]"],
+                       log=lambda _: None)
+    summaries = _check_runs(out, v, {"test/acc"})
+    assert [s["function"] for s in summaries] == ["parity", "majority", "first"]
+    assert (out / "norm_vs_blowup.png").stat().st_size > 0
+    lrs = {s["config"]["lr"] for s in summaries}
+    assert len(lrs) == 3 and all(5e-4 <= lr <= 3e-3 for lr in lrs)
+
+
+def test_sweep_is_seeded_and_in_range() -> None:
+    cfg = sweep_settings("cpu")
+    assert sweep(cfg) == sweep(cfg)
+    assert all(cfg.wd_range[0] <= p["weight_decay"] <= cfg.wd_range[1] for p in sweep(cfg))
+    assert sweep(cfg) != sweep(override(cfg, ["sweep_seed=1"]))
+
+
+def _sweep_summary(sens: float, norm: float, log_blow: float, conv: bool = True) -> dict:
+    return {"name": f"r{sens}-{norm}", "converged": conv,
+            "final": {"bool_sens": sens, "param_norm": norm, "blowup/log10": log_blow}}
+
+
+def test_norm_blowup_verdict_outcomes() -> None:
+    rising = [_sweep_summary(a, 10 + 5 * a, 0.1 * a) for a in (1, 2, 3, 4, 5, 6, 8)]
+    v = norm_blowup_verdict(rising)
+    assert v["verdict"] == "holds" and v["evidence"]["spearman_rho"] == pytest.approx(1.0)
+    falling = [_sweep_summary(a, 50 - 5 * a, -0.1 * a) for a in (1, 2, 3, 4, 5, 6, 8)]
+    assert norm_blowup_verdict(falling)["verdict"] == "does not hold"
+    assert norm_blowup_verdict(rising[:3])["verdict"] == "not comparable"
+    same = [_sweep_summary(4, 10 + i, 0.0) for i in range(6)]
+    assert norm_blowup_verdict(same)["verdict"] == "not comparable"
+
+
+def test_parity_dynamics_tiny_run(tmp_path: Path) -> None:
+    out = tmp_path / "dyn"
+    v = run_experiment("hr_parity_dynamics", out, overrides=TINY + ["n=3", "seeds=2"],
+                       log=lambda _: None)
+    _check_runs(out, v, {"test/acc"})
+    # 6 steps never reach loss < 0.01, which the verdict must say instead of guessing
+    assert v["verdict"] == "not comparable"
+
+
+def _traj(t0: int, peak_at: int) -> list[dict[str, Any]]:
+    return [{"step": s, "sharpness/loss": -abs(s - peak_at), "blowup/log10": -abs(s - peak_at)}
+            for s in range(10, 210, 10)]
+
+
+def test_peaks_and_dynamics_verdict() -> None:
+    p = peaks(_traj(100, 110), t0=100, window=0.25, eval_every=10)
+    assert p["sharpness"]["peak_step"] == 110 and p["sharpness"]["near"]
+    far = peaks(_traj(100, 200), t0=100, window=0.25, eval_every=10)
+    assert not far["blowup"]["near"] and far["blowup"]["offset"] == 100
+    assert peaks(_traj(100, 110), t0=None, window=0.25, eval_every=10) == {"t0": None}
+    runs = [{"name": f"r{i}", "peaks": p} for i in range(3)]
+    assert dynamics_verdict(runs)["verdict"] == "holds"
+    runs = [{"name": f"r{i}", "peaks": far if i else p} for i in range(3)]
+    assert dynamics_verdict(runs)["verdict"] == "does not hold"
+    assert dynamics_verdict([{"name": "r", "peaks": p}])["verdict"] == "not comparable"
+
+
+def test_random_functions_tiny_run(tmp_path: Path) -> None:
+    out = tmp_path / "rand"
+    over = TINY + ["n=6", "train_sizes=[16]", "seeds=1", "stop_loss=0.0"]
+    v = run_experiment("hr_random_functions", out, overrides=over, log=lambda _: None)
+    summaries = _check_runs(out, v, {"train/acc"})
+    assert [s["name"] for s in summaries] == ["learned-k16-s0", "random-k16-s0"]
+    learned = summaries[0]["final"]
+    assert 0 <= learned["bool_sens"] <= 6 and "test/acc" in learned
+
+
+def test_random_completion_keeps_the_training_labels() -> None:
+    import torch
+
+    table = torch.zeros(64)
+    index = torch.tensor([1, 5, 9])
+    done = random_completion(table, index, seed=0)
+    assert done[index].eq(0).all() and 10 < done.sum() < 54
+    assert torch.equal(done, random_completion(table, index, seed=0))
+
+
+def _pair(k: int, seed: int, las: float, ras: float, lsh: float, rsh: float,
+          acc: float = 1.0) -> list[dict[str, Any]]:
+    common = {"train_size": k, "seed": seed, "random_completion_sens": ras}
+    return [
+        {"name": f"learned-k{k}-s{seed}", **common,
+         "final": {"train/acc": acc, "bool_sens": las, "sharpness/loss": lsh}},
+        {"name": f"random-k{k}-s{seed}", **common,
+         "final": {"train/acc": 1.0, "bool_sens": ras, "sharpness/loss": rsh}},
+    ]
+
+
+def test_completion_verdict_outcomes() -> None:
+    good = _pair(128, 0, 2.0, 5.0, 0.1, 0.5) + _pair(256, 0, 2.5, 5.1, 0.2, 0.6)
+    assert completion_verdict(good)["verdict"] == "holds"
+    worse = _pair(128, 0, 5.5, 5.0, 0.1, 0.5) + _pair(256, 0, 2.5, 5.1, 0.2, 0.6)
+    assert completion_verdict(worse)["verdict"] == "does not hold"
+    sharper = _pair(128, 0, 2.0, 5.0, 0.9, 0.5) + _pair(256, 0, 2.5, 5.1, 0.8, 0.6)
+    assert completion_verdict(sharper)["verdict"] == "does not hold"
+    unfit = _pair(128, 0, 2.0, 5.0, 0.1, 0.5, acc=0.9)
+    assert completion_verdict(unfit)["verdict"] == "not comparable"

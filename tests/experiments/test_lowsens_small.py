@@ -1,0 +1,109 @@
+"""Smoke runs of the small-model low-sensitivity experiments at tiny sizes, and their verdicts on
+hand-made summaries (one per outcome)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from senslab.experiments import get_experiment, list_experiments
+from senslab.experiments.lowsens.synthetic import sparse_frequent_verdict
+
+VERDICTS = {"holds", "does not hold", "not comparable"}
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def _check_run_dirs(out: Path, keys: set[str]) -> list[dict[str, Any]]:
+    """Every run listed in experiment.json has config/env/metrics/summary with ``keys``."""
+    exp = json.loads((out / "experiment.json").read_text())
+    records = []
+    for name in exp["runs"]:
+        run = out / name
+        for f in ("config.json", "env.json", "metrics.jsonl", "summary.json"):
+            assert (run / f).exists(), f"{name}/{f} missing"
+        lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        assert lines, f"{name} logged nothing"
+        for rec in lines:
+            assert {"step", "epoch", "time"} <= rec.keys()
+            assert keys <= rec.keys(), f"{name} lacks {keys - rec.keys()}"
+        steps = [r["step"] for r in lines]
+        assert steps == sorted(steps)
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["name"] == name and summary["label"]
+        assert json.loads((run / "config.json").read_text())["seed"] == 0
+        records.append(summary)
+    return records
+
+
+def test_registered() -> None:
+    names = set(list_experiments())
+    assert {"synthetic_sparse_frequent"} <= names
+    assert get_experiment("synthetic_sparse_frequent").cpu_runtime
+
+
+# --------------------------------------------------------------------------- synthetic
+SF_TINY = ["epochs=3", "train_size=200", "test_size=200", "eval_every=1", "sens_examples=32",
+           "only=case1-s0,case2-s2"]
+
+
+def test_synthetic_smoke_and_resume(tmp_path: Path) -> None:
+    exp = get_experiment("synthetic_sparse_frequent")
+    summaries = exp.execute(tmp_path, "cpu", SF_TINY, False, _quiet)
+    assert [s["name"] for s in summaries] == ["case1-s0", "case2-s2"]
+    keys = {"train/loss", "train/acc", "test/acc", "ood/acc", "sens/train", "sens/train_se",
+            "align/sparse", "align/frequent", "align/irrelevant", "attn/sparse",
+            "attn/frequent", "attn/irrelevant"}
+    _check_run_dirs(tmp_path, keys)
+    for s in summaries:
+        f = s["final"]
+        assert abs(f["attn/sparse"] + f["attn/frequent"] + f["attn/irrelevant"] - 1) < 1e-4
+        assert 0.0 <= f["sens/train"] <= 1.0
+        assert f["solution/sparse"] != f["solution/frequent"]
+    # even three short epochs separate the cases: the OOD set fools case 1 only
+    assert summaries[0]["final"]["ood/acc"] < 0.5 < summaries[1]["final"]["ood/acc"]
+    v = exp.verdict(summaries)
+    assert v["verdict"] in VERDICTS and set(v["evidence"]) == {"case1-s0", "case2-s2"}
+    # a second call reuses the finished runs instead of retraining them
+    stamp = (tmp_path / "case1-s0" / "metrics.jsonl").stat().st_mtime_ns
+    again = exp.execute(tmp_path, "cpu", SF_TINY, False, _quiet)
+    assert again == summaries
+    assert (tmp_path / "case1-s0" / "metrics.jsonl").stat().st_mtime_ns == stamp
+
+
+def test_synthetic_rejects_unknown_run_and_key(tmp_path: Path) -> None:
+    exp = get_experiment("synthetic_sparse_frequent")
+    with pytest.raises(ValueError, match="case1-s0"):
+        exp.execute(tmp_path, "cpu", ["only=case3-s0"], False, _quiet)
+    with pytest.raises(KeyError, match="epochs"):
+        exp.execute(tmp_path, "cpu", ["epoch=3"], False, _quiet)
+
+
+def _sf(name: str, case: int, ood: float, a_s: float, a_f: float, train: float = 1.0,
+        sol: tuple[float, float] | None = None) -> dict[str, Any]:
+    sol = sol or ((0.05, 0.3) if case == 1 else (0.06, 0.0))
+    return {"name": name, "label": name, "case": case, "final": {
+        "train/acc": train, "ood/acc": ood, "align/sparse": a_s, "align/frequent": a_f,
+        "attn/sparse": 0.1, "attn/frequent": 0.5, "sens/train": 0.05,
+        "solution/sparse": sol[0], "solution/frequent": sol[1]}}
+
+
+def test_synthetic_verdict_outcomes() -> None:
+    good = [_sf("case1-s0", 1, 0.02, 0.9, 0.3), _sf("case2-s0", 2, 0.99, 0.2, 0.95)]
+    assert sparse_frequent_verdict(good)["verdict"] == "holds"
+    # case 2 model relying on the sparse token: OOD collapses where it should not
+    bad = [good[0], _sf("case2-s0", 2, 0.1, 0.9, 0.2)]
+    out = sparse_frequent_verdict(bad)
+    assert out["verdict"] == "does not hold" and "case2-s0" in out["reason"]
+    # an untrained run or a missing case cannot be judged
+    assert sparse_frequent_verdict([good[0], _sf("case2-s0", 2, 0.99, 0.2, 0.9, train=0.6)])[
+        "verdict"] == "not comparable"
+    assert sparse_frequent_verdict(good[:1])["verdict"] == "not comparable"
+    # a setting whose designed low-sensitivity feature is not the less sensitive one
+    swapped = [_sf("case1-s0", 1, 0.02, 0.9, 0.3, sol=(0.3, 0.05)), good[1]]
+    assert sparse_frequent_verdict(swapped)["verdict"] == "not comparable"

@@ -1,0 +1,91 @@
+"""Sensitivity under torch.distributed: two CPU processes (gloo) equal one process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from senslab.measure import TokenSensitivity
+from senslab.tokens import Patches
+
+SCRIPT = r'''
+import json, sys
+import torch, torch.distributed as dist
+from torch import nn
+from senslab.measure import TokenSensitivity
+from senslab.tokens import Patches
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+model = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.Tanh(), nn.Linear(16, 3))
+x = torch.randn(13, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+m = TokenSensitivity(model, Patches(2), sigma=1.0, repeats=3, generator=7, chunk_size=10,
+                     shard=(rank, world))
+m.update(x[:6])
+m.update(x[6:])
+r = m.all_reduce().compute()
+if rank == 0:
+    json.dump({"estimate": r.estimate, "stderr": r.stderr, "stderr_subset": r.stderr_subset,
+               "per_sample": r.per_sample.tolist(), "per_position": r.per_position.tolist(),
+               "num_forward": r.num_forward, "n": r.num_examples}, open(sys.argv[1], "w"))
+dist.destroy_process_group()
+'''
+
+
+def one_process() -> dict:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.Tanh(), nn.Linear(16, 3))
+    x = torch.randn(13, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    m = TokenSensitivity(model, Patches(2), sigma=1.0, repeats=3, generator=7, chunk_size=10)
+    m.update(x[:6])
+    m.update(x[6:])
+    return m.compute()
+
+
+def test_two_gloo_processes_equal_one_process(tmp_path: Path):
+    script = tmp_path / "worker.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / "result.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(script), str(out)]
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}  # loopback only
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(out.read_text())
+    ref = one_process()
+    assert got["n"] == ref.num_examples == 13
+    assert got["num_forward"] == ref.num_forward
+    assert got["per_sample"] == ref.per_sample.tolist()
+    assert got["estimate"] == pytest.approx(ref.estimate, abs=1e-12)
+    assert got["stderr"] == pytest.approx(ref.stderr, abs=1e-12)
+    assert got["stderr_subset"] == pytest.approx(ref.stderr_subset, abs=1e-12)
+    assert got["per_position"] == pytest.approx(ref.per_position.tolist(), abs=1e-12)
+
+
+def test_sharded_pieces_merge_to_one_process_without_a_process_group():
+    """The same identity without torch.distributed: shards merged by hand."""
+    ref = one_process()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.Tanh(), nn.Linear(16, 3))
+    x = torch.randn(13, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    parts = []
+    for rank in range(3):
+        m = TokenSensitivity(model, Patches(2), sigma=1.0, repeats=3, generator=7,
+                             chunk_size=10, shard=(rank, 3))
+        m.update(x[:6])
+        m.update(x[6:])
+        parts.append(m)
+    merged = parts[0].merge(parts[1]).merge(parts[2]).compute()
+    assert merged.num_examples == 13 and merged.num_forward == ref.num_forward
+    assert merged.estimate == pytest.approx(ref.estimate, abs=1e-12)
+    assert sorted(merged.per_sample.tolist()) == sorted(ref.per_sample.tolist())
+    with pytest.raises(ValueError, match="shard"):
+        TokenSensitivity(model, Patches(2), sigma=1.0, shard=(2, 2))
