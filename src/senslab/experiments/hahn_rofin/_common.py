@@ -115,18 +115,24 @@ def accuracy(out: Tensor, y: Tensor, function: str, n: int) -> float:
 
 
 def learned_sensitivity(model: nn.Module, n: int, function: str, gen: torch.Generator) -> float:
-    """as(f̂) of the function the model computes (see the module docstring)."""
+    """as(f̂) of the function the model computes (see the module docstring), in eval mode."""
     method = "exact" if n <= 12 else "sample"
-    if function == "mean":
-        device = next(model.parameters()).device
+    was = model.training
+    model.eval()
+    try:
+        if function == "mean":
+            device = next(model.parameters()).device
 
-        def pm(x: Tensor) -> Tensor:  # the model's output on the ±1 scale
-            return 2 * model(x.to(device)) - 1
+            def pm(x: Tensor) -> Tensor:  # the model's output on the ±1 scale
+                return 2 * model(x.to(device)) - 1
 
-        return boolean_sensitivity(pm, n, method=method, output="real", generator=gen).average
-    return boolean_sensitivity(
-        model, n, method=method, output="sign", threshold=0.5, generator=gen
-    ).average
+            return boolean_sensitivity(pm, n, method=method, output="real",
+                                       generator=gen).average
+        return boolean_sensitivity(
+            model, n, method=method, output="sign", threshold=0.5, generator=gen
+        ).average
+    finally:
+        model.train(was)
 
 
 def measure(model: nn.Module, x: Tensor, y: Tensor, function: str, n: int, draws: int,
