@@ -13,7 +13,7 @@ Settings. Paper: PARITY etc. with d = 128, n up to 30, AdamW around lr 3e-4 / wd
 of 1,024 fresh strings. Sweep (ours, both scales): each run draws a function from PARITY /
 MAJORITY / FIRST (cycled), n uniformly from ``n_values``, lr log-uniformly from ``lr_range`` and
 wd log-uniformly from ``wd_range``, from a seeded generator. CPU scale: d = 32 (FF 32, 2 layers,
-2 heads, post-LN), n ∈ {4, 6, 8}, lr ∈ [5e-4, 3e-3], wd ∈ [0.01, 0.3], 15 runs of 1,500 steps of
+2 heads, post-LN), n ∈ {4, 6, 8}, lr ∈ [5e-4, 3e-3], wd ∈ [0.01, 0.3], 12 runs of 1,200 steps of
 256 fresh strings.
 
 Verdict, on converged runs (held-out accuracy > 0.99): with c = log10 ‖θ‖ + mean log10 blow-up
@@ -54,8 +54,8 @@ def settings(scale: str) -> SweepSettings:
     if scale == "paper":
         return SweepSettings()
     if scale == "cpu":
-        return SweepSettings(dim=32, steps=1500, batch=256, eval_every=500, eval_size=512,
-                             sharp_draws=10, runs=15, n_values=(4, 6, 8),
+        return SweepSettings(dim=32, steps=1200, batch=256, eval_every=500, eval_size=512,
+                             sharp_draws=10, runs=12, n_values=(4, 6, 8),
                              lr_range=(5e-4, 3e-3))
     raise ValueError(f"scale must be 'cpu' or 'paper', got {scale!r}")
 
