@@ -27,19 +27,24 @@ instead of a difference of two numbers ≈ γ_opt. Every optimiser sees this obj
 f* = 0 on it, i.e. the true L*. (``train/loss`` logs the plain logistic loss, ``train/excess``
 the excess.)
 
-Verdict: "holds" when (1) on the logged steps ≥ 10 before the run freezes (the softmax
+Verdict: "holds" when (1) on the logged steps ≥ 100 before the run freezes (the softmax
 saturates to one-hot in float64 and the gradient becomes exactly 0), GD's ‖W‖ is fitted better by
 a + b·log t than by a + b·t while NGD's and Polyak's are fitted better by a + b·t; and (2) NGD and
 Polyak reach alignment 0.99 and optimal-token mass 0.99 in fewer steps than GD.
 
-CPU scale: 1 seed, 5,000 steps per optimiser (the paper's exact synthetic sizes are not given;
-"paper" scale: 3 seeds, 20,000 steps). Measured CPU runtime: (filled in below).
+CPU scale: 3 seeds (data and initialisation), 20,000 steps per optimiser (the paper's exact
+synthetic sizes are not given; "paper" scale: 5 seeds, 100,000 steps).
+
+Measured (CPU scale, 3 seeds): verdict "holds". ‖W‖ fits over steps 100…freeze: GD R² 0.694
+linear vs 0.996 logarithmic (‖W‖ = 32.6 after 20,000 steps); NGD R² 0.998 linear vs 0.707 log;
+Polyak 0.997 vs 0.944. Alignment 0.99 / optimal-token mass 0.99 first reached at step 3,981 /
+2,818 (NGD), 40 / 8 (Polyak), never by GD (0.950 / 0.984 at step 20,000). Runtime 10 min on
+the shared 2-core machine under load ~10 (45-90 s per run; one run takes ~25 s on a free core).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,16 +76,18 @@ LEVEL = 0.99  # alignment / optimal-token mass a run must reach to count as conv
 class FixedVSettings:
     """Settings of ``ib_fixed_v`` (override with ``--set steps=...``, ``--set data.dim=...``)."""
 
-    steps: int = 5000
-    seeds: int = 1
+    steps: int = 20000
+    seeds: int = 3
     gd_lr: float = 1.0
     ngd_lr: float = 0.1
     per_decade: int = 20
+    #: fit ‖W_t‖ from this step on: the claim is about growth after the first, transient phase
+    fit_from: int = 100
     data: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def for_scale(cls, scale: str) -> FixedVSettings:
-        return cls(steps=20000, seeds=3) if scale == "paper" else cls()
+        return cls(steps=100_000, seeds=5) if scale == "paper" else cls()
 
 
 def excess_loss(model: torch.nn.Module, task: AttentionTask) -> torch.Tensor:
@@ -131,13 +138,14 @@ def train_fixed_v(task: AttentionTask, optimizer: str, settings: FixedVSettings,
         if not torch.isfinite(model.W).all():
             raise FloatingPointError(f"{optimizer}: W became non-finite at step {step + 1}; "
                                      "lower the learning rate")
-    return {"final": records[-1], "fit": norm_growth(records), "steps": settings.steps,
+    return {"final": records[-1], "fit": norm_growth(records, settings.fit_from),
+            "steps": settings.steps,
             "reach": {k: first_step_reaching(records, f"attn/{k}", LEVEL)
                       for k in ("alignment", "sparsity")}}
 
 
-def norm_growth(records: list[dict[str, Any]]) -> dict[str, float]:
-    """Fits of ‖W_t‖ against t and log t over the logged steps t ≥ 10 while W still moves.
+def norm_growth(records: list[dict[str, Any]], fit_from: int) -> dict[str, float]:
+    """Fits of ‖W_t‖ against t and log t over the logged steps t ≥ ``fit_from`` while W moves.
 
     The window ends at the first logged step where ‖W‖ has stopped changing (the softmax has
     saturated to one-hot in float64, so the gradient is exactly 0 and the run is frozen).
@@ -149,7 +157,7 @@ def norm_growth(records: list[dict[str, Any]]) -> dict[str, float]:
         if prev is not None and w == prev:
             break
         prev = w
-        if r["step"] >= 10:
+        if r["step"] >= fit_from:
             points.append((float(r["step"]), w))
     if len(points) < 3:
         return {"fit_points": float(len(points))}
@@ -163,7 +171,7 @@ class IBFixedV(Experiment):
              "Self-attention (TMLR 2025), fixed-v synthetic experiments")
     claim = ("With v fixed, GD's ‖W_t‖ grows logarithmically while NGD's and Polyak's grow "
              "linearly; NGD and Polyak align with W_mm and sparsify the attention faster.")
-    cpu_runtime = "(measuring)"
+    cpu_runtime = "~10 min (loaded 2-core machine)"
     #: how ``loglog.png`` is drawn (and how `senslab report` should draw this experiment)
     report_options: dict[str, Any] = {  # noqa: RUF012
         "x": "step", "logx": True,
@@ -201,7 +209,7 @@ def plot_loglog(out: Path, names: list[str], options: dict[str, Any]) -> None:
 
 
 def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else math.nan
+    return sum(values) / len(values)
 
 
 def fixed_v_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -212,23 +220,22 @@ def fixed_v_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     if set(by) != set(OPTIMIZERS):
         return {"verdict": "not comparable", "evidence": {},
                 "reason": f"need runs of {', '.join(OPTIMIZERS)}; got {', '.join(sorted(by))}"}
+    unfitted = sorted(s["name"] for s in summaries if "r2_lin" not in s["fit"])
+    if unfitted:
+        return {"verdict": "not comparable", "evidence": {},
+                "reason": f"{', '.join(unfitted)} froze before 3 logged steps in the fit window: "
+                          "too few points to fit ‖W‖ (run longer or lower fit_from)"}
     evidence: dict[str, Any] = {}
     for o, runs in by.items():
-        fits = [r["fit"] for r in runs if "r2_lin" in r["fit"]]
         evidence[o] = {
-            "r2_lin": _mean([f["r2_lin"] for f in fits]),
-            "r2_log": _mean([f["r2_log"] for f in fits]),
-            "slope_lin": _mean([f["slope_lin"] for f in fits]),
-            "slope_log": _mean([f["slope_log"] for f in fits]),
+            **{k: _mean([r["fit"][k] for r in runs])
+               for k in ("r2_lin", "r2_log", "slope_lin", "slope_log")},
             "steps_to_alignment": max(r["reach"]["alignment"] for r in runs),
             "steps_to_sparsity": max(r["reach"]["sparsity"] for r in runs),
             "final_alignment": _mean([r["final"]["attn/alignment"] for r in runs]),
             "final_sparsity": _mean([r["final"]["attn/sparsity"] for r in runs]),
             "final_W_norm": _mean([r["final"]["attn/W_norm"] for r in runs]),
         }
-    if any(math.isnan(e["r2_lin"]) for e in evidence.values()):
-        return {"verdict": "not comparable", "evidence": evidence,
-                "reason": "a run froze before 3 logged steps ≥ 10: too few points to fit ‖W‖"}
     gd = evidence["gd"]
     checks = {"GD ‖W‖ logarithmic": gd["r2_log"] > gd["r2_lin"]}
     for o in ("ngd", "polyak"):

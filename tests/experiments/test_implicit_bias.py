@@ -1,0 +1,248 @@
+"""Implicit-bias experiments (Vasudeva et al.): tiny end-to-end runs, the helpers they rest on,
+and the verdict functions on made-up numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from senslab.experiments import get_experiment, list_experiments, run_experiment
+from senslab.experiments.implicit_bias._common import (
+    apply_settings,
+    growth_fits,
+    load_task,
+    log_schedule,
+    max_margin_direction,
+)
+from senslab.experiments.implicit_bias.fixed_v import (
+    FixedVSettings,
+    excess_loss,
+    fixed_v_verdict,
+    norm_growth,
+)
+from senslab.experiments.implicit_bias.joint import joint_verdict
+from senslab.models import create_model
+from senslab.optim import check_max_margin, max_margin_attention
+
+TINY_DATA = ["data.num_samples=8", "data.seq_len=4", "data.dim=8"]
+VERDICTS = {"holds", "does not hold", "not comparable"}
+ATTN = {"step", "epoch", "train/loss", "train/acc", "attn/W_norm", "attn/alignment",
+        "attn/sparsity"}
+
+
+def _check_runs(out: Path, verdict: dict[str, Any], keys: set[str]) -> list[dict[str, Any]]:
+    exp = json.loads((out / "experiment.json").read_text())
+    assert verdict["verdict"] in VERDICTS and verdict["reason"]
+    assert json.loads((out / "verdict.json").read_text()) == verdict
+    summaries = []
+    for name in exp["runs"]:
+        run = out / name
+        for f in ("config.json", "env.json", "summary.json", "metrics.jsonl"):
+            assert (run / f).exists(), f"{name}/{f} missing"
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert records[0]["step"] == 0 and records[-1]["step"] == 40
+        assert keys <= set(records[-1])
+        assert all(0 <= r["attn/sparsity"] <= 1 and -1 <= r["attn/alignment"] <= 1
+                   for r in records)
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["final"] == records[-1] and summary["name"] == name
+        assert summary["label"] == json.loads((run / "config.json").read_text())["label"]
+        summaries.append(summary)
+    return summaries
+
+
+def test_registered() -> None:
+    assert {"ib_fixed_v", "ib_joint"} <= set(list_experiments("ib_*"))
+    for name in ("ib_fixed_v", "ib_joint"):
+        exp = get_experiment(name)
+        assert exp.paper and exp.claim and exp.cpu_runtime
+
+
+def test_fixed_v_tiny_run_and_resume(tmp_path: Path) -> None:
+    out = tmp_path / "fv"
+    sets = ["steps=40", "seeds=1", "fit_from=5", *TINY_DATA]
+    verdict = run_experiment("ib_fixed_v", out, overrides=sets, log=lambda _: None)
+    summaries = _check_runs(out, verdict, ATTN | {"train/excess"})
+    assert {s["label"] for s in summaries} == {"gd", "ngd", "polyak"}
+    assert (out / "loglog.png").stat().st_size > 0
+    # Any optimiser lowers the excess loss from W = 0, and it stays ≥ 0 (it is L − L*).
+    for s in summaries:
+        records = [json.loads(x) for x in (out / s["name"] / "metrics.jsonl").open()]
+        assert records[-1]["train/excess"] < records[0]["train/excess"]
+        assert min(r["train/excess"] for r in records) >= 0
+    # NGD with lr 0.1 from W = 0 has ‖W_t‖ ≤ 0.1·t (every step has length exactly 0.1).
+    ngd = next(s for s in summaries if s["label"] == "ngd")
+    assert 0 < ngd["final"]["attn/W_norm"] <= 0.1 * 40 + 1e-9
+    # Re-running reuses the finished runs: the metric logs are not rewritten.
+    before = {p: p.stat().st_mtime_ns for p in out.glob("*/metrics.jsonl")}
+    again = run_experiment("ib_fixed_v", out, overrides=sets, log=lambda _: None)
+    assert again == verdict
+    assert {p: p.stat().st_mtime_ns for p in out.glob("*/metrics.jsonl")} == before
+
+
+def test_joint_tiny_run(tmp_path: Path) -> None:
+    out = tmp_path / "joint"
+    sets = ["steps=40", "seeds=1", "batch_size=4", *TINY_DATA]
+    verdict = run_experiment("ib_joint", out, overrides=sets, log=lambda _: None)
+    summaries = _check_runs(out, verdict, ATTN | {"attn/v_norm", "attn/v_alignment"})
+    assert {s["label"] for s in summaries} == {"sgd", "sngd", "sps", "adam"}
+    assert set(verdict["evidence"]) >= {"sgd", "sngd", "sps", "adam"}
+
+
+def test_unknown_setting_names_valid_ones() -> None:
+    with pytest.raises(KeyError, match="steps"):
+        apply_settings(FixedVSettings(), ["stepz=3"])
+    s = apply_settings(FixedVSettings(), ["steps=7", "data.dim=4"])
+    assert s.steps == 7 and s.data == {"dim": 4}
+
+
+def test_excess_loss_is_logistic_loss_minus_floor() -> None:
+    task = load_task(num_samples=8, seq_len=4, dim=8)
+    model = create_model("attention_model", dim=8, train_v=False, init_scale=0.5).double()
+    with torch.no_grad():
+        model.v.copy_(task.v_star)
+    plain = torch.nn.functional.softplus(-task.y * model(task.X)).mean()
+    floor = torch.nn.functional.softplus(-task.opt_scores).mean()
+    excess = excess_loss(model, task)
+    assert excess.item() == pytest.approx((plain - floor).item(), rel=1e-10)
+    # Same gradient as the plain loss (they differ by a constant).
+    g1 = torch.autograd.grad(excess_loss(model, task), model.W)[0]
+    g2 = torch.autograd.grad(plain, model.W)[0]
+    assert torch.allclose(g1, g2, rtol=1e-9, atol=1e-14)
+
+
+def test_max_margin_direction_matches_attention_embedding() -> None:
+    # Independent check: with the query as the optimal token (opt = 0), tokens x₁ = e_D and
+    # x₂ = e_D − z_i, the attention problem's constraint reads z_iᵀ W[:, D] ≥ 1, so the last column
+    # of W_mm is v_mm.
+    g = torch.Generator().manual_seed(3)
+    Z = torch.randn(6, 5, generator=g, dtype=torch.float64)
+    v_mm = max_margin_direction(Z)
+    assert float((Z @ v_mm).min()) == pytest.approx(1.0, abs=1e-9)
+    e = torch.zeros(6, 6, dtype=torch.float64)
+    e[:, -1] = 1.0
+    X = torch.stack([e, e - torch.cat([Z, torch.zeros(6, 1, dtype=torch.float64)], 1)], dim=1)
+    W = max_margin_attention(X, torch.zeros(6, dtype=torch.long))
+    check_max_margin(X, torch.zeros(6, dtype=torch.long), W)
+    assert torch.allclose(W[:5, -1], v_mm, atol=1e-7)
+
+
+def test_max_margin_direction_infeasible() -> None:
+    Z = torch.tensor([[1.0, 0.0], [-1.0, 0.0]], dtype=torch.float64)
+    with pytest.raises(ValueError, match="infeasible"):
+        max_margin_direction(Z)
+
+
+def test_log_schedule() -> None:
+    s = log_schedule(1000, per_decade=10)
+    assert s[0] == 0 and s[-1] == 1000 and s == sorted(set(s))
+    assert 10 <= len(s) <= 40
+
+
+def test_growth_fits_tell_linear_from_log() -> None:
+    t = np.geomspace(100, 20000, 40)
+    lin, log = growth_fits(list(t), list(0.1 * t + 3)), growth_fits(list(t), list(2 * np.log(t)))
+    assert lin["r2_lin"] > lin["r2_log"] and lin["slope_lin"] == pytest.approx(0.1)
+    assert log["r2_log"] > log["r2_lin"] and log["slope_log"] == pytest.approx(2.0)
+
+
+def test_norm_growth_stops_when_frozen() -> None:
+    recs = [{"step": s, "attn/W_norm": float(min(s, 500))} for s in (100, 200, 300, 500, 600, 900)]
+    assert norm_growth(recs, 100)["fit_points"] == 4  # 100, 200, 300, 500; 600 repeats 500: frozen
+
+
+# ------------------------------------------------------------ verdicts on made-up numbers
+def _fv(label: str, r2_lin: float, r2_log: float, reach: float) -> dict[str, Any]:
+    return {"label": label, "final": {"attn/alignment": 0.9, "attn/sparsity": 0.9,
+                                      "attn/W_norm": 10.0},
+            "fit": {"r2_lin": r2_lin, "r2_log": r2_log, "slope_lin": 1.0, "slope_log": 1.0},
+            "reach": {"alignment": reach, "sparsity": reach}}
+
+
+def test_fixed_v_verdict_outcomes() -> None:
+    good = [_fv("gd", 0.8, 0.95, math.inf), _fv("ngd", 0.99, 0.7, 3000),
+            _fv("polyak", 0.99, 0.8, 30)]
+    v = fixed_v_verdict(good)
+    assert v["verdict"] == "holds" and v["evidence"]["ngd"]["steps_to_alignment"] == 3000
+    bad = [_fv("gd", 0.99, 0.7, 100), *good[1:]]  # GD linear and faster than NGD
+    v = fixed_v_verdict(bad)
+    assert v["verdict"] == "does not hold" and "GD ‖W‖ logarithmic" in v["reason"]
+    assert fixed_v_verdict(good[:2])["verdict"] == "not comparable"
+    frozen = [*good[:2], {**good[2], "name": "polyak-s0", "fit": {"fit_points": 1.0}}]
+    v = fixed_v_verdict(frozen)
+    assert v["verdict"] == "not comparable" and "polyak-s0" in v["reason"]
+
+
+def _joint(label: str, loss: float, align: float) -> dict[str, Any]:
+    return {"label": label, "final": {"train/loss": loss, "attn/alignment": align,
+                                      "attn/v_alignment": align, "attn/sparsity": align}}
+
+
+def test_joint_verdict_outcomes() -> None:
+    good = [_joint("sgd", 0.5, 0.5), _joint("sngd", 0.1, 0.9), _joint("sps", 0.1, 0.85),
+            _joint("adam", 0.05, 0.92)]
+    assert joint_verdict(good)["verdict"] == "holds"
+    far = [*good[:3], _joint("adam", 0.01, 0.99)]  # sps 0.85 < 0.99 − 0.1
+    v = joint_verdict(far)
+    assert v["verdict"] == "does not hold" and "sps attn/alignment within" in v["reason"]
+    worse = [_joint("sgd", 0.05, 0.95), *good[1:]]
+    assert joint_verdict(worse)["verdict"] == "does not hold"
+    assert joint_verdict(good[:3])["verdict"] == "not comparable"
+    nan = [*good[:3], _joint("adam", math.nan, 0.9)]
+    assert joint_verdict(nan)["verdict"] == "not comparable"
+
+
+# ------------------------------------------------------------ ViT on MNIST (standard fit path)
+def test_vit_mnist_configs_follow_the_paper() -> None:
+    runs = {c.label: c for c in get_experiment("ib_vit_mnist").runs("paper")}
+    assert set(runs) == {"sgd", "sngd", "sps", "adam"}
+    assert runs["sgd"].optim.lr == 0.1 and runs["adam"].optim.lr == 0.001
+    assert runs["sngd"].optim.lr == 0.001 and runs["sngd"].optim.eta_max == 0.01
+    assert runs["sps"].optim.eta_max == 0.01
+    m = runs["sgd"].model.overrides
+    assert (m["patch_size"], m["depth"], m["heads"], m["mlp_dim"]) == (4, 2, 8, 128)
+    assert all(c.train.batch_size == 100 and c.data.train_subset is None for c in runs.values())
+
+
+TINY_VIT = ["data.train_subset=200", "train.max_steps=3", "track.every=3",
+            "track.eval_examples=100", "model.overrides.dim=16", "model.overrides.heads=2"]
+
+
+def test_vit_digits_tiny_run(tmp_path: Path) -> None:
+    # The whole pipeline on scikit-learn's 8×8 digits (loads in milliseconds; MNIST below).
+    _tiny_vit_run(tmp_path, ["data.name=digits", *TINY_VIT])
+
+
+@pytest.mark.slow
+def test_vit_mnist_tiny_run(tmp_path: Path) -> None:
+    _tiny_vit_run(tmp_path, TINY_VIT)  # loading MNIST takes ~5-20 s per run here
+
+
+def _tiny_vit_run(tmp_path: Path, tiny: list[str]) -> None:
+    verdict = run_experiment("ib_vit_mnist", tmp_path, overrides=tiny, log=lambda _: None)
+    assert verdict["verdict"] in VERDICTS
+    for label in ("sgd", "sngd", "sps", "adam"):
+        summary = json.loads((tmp_path / label / "summary.json").read_text())
+        assert summary["steps"] == 3 and math.isfinite(summary["final"]["train/loss"])
+        assert verdict["evidence"][label]["train_loss"] == summary["final"]["train/loss"]
+
+
+def test_vit_mnist_verdict_outcomes() -> None:
+    from senslab.experiments.implicit_bias.vit_mnist import loss_race_verdict
+
+    def runs(**loss: float) -> list[dict[str, Any]]:
+        return [{"label": k, "steps": 200, "final": {"train/loss": v}} for k, v in loss.items()]
+
+    assert loss_race_verdict(runs(sgd=1.0, sngd=0.3, sps=0.35, adam=0.2))["verdict"] == "holds"
+    v = loss_race_verdict(runs(sgd=1.0, sngd=0.7, sps=0.3, adam=0.2))  # sngd nearer sgd
+    assert v["verdict"] == "does not hold" and "sngd closer to adam" in v["reason"]
+    assert loss_race_verdict(runs(sgd=1.0, sngd=0.3))["verdict"] == "not comparable"
+    uneven = runs(sgd=1.0, sngd=0.3, sps=0.35, adam=0.2)
+    uneven[0]["steps"] = 100
+    assert loss_race_verdict(uneven)["verdict"] == "not comparable"
