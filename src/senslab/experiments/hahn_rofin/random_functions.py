@@ -23,12 +23,17 @@ narrower model d = 64 (FF 64, 2 layers, 2 heads, post-LN), AdamW lr 3e-3 (wd 0.1
 full-batch steps (the random table of n = 8 is fitted in ~300), 2 seeds per k, 20 weight draws.
 A random completion of n = 8 has as ≈ n/2 = 4.
 
-Verdict, over the (k, seed) pairs whose two models both fit their training labels (accuracy 1):
-"holds" when in every pair the learned completion has lower as than the random completion and the
-learned model is less sharp than the random-completion model (paired; a majority of pairs for the
-sharpness, whose estimate is noisy); "not comparable" when no pair fitted.
+Verdict, over the (k, seed) pairs whose two models both fit their training labels (training
+accuracy > 0.99, SPEC §6; training stops at the first evaluation with loss < 0.01): "holds" when
+in every pair the learned completion has lower as than the random completion, and in a majority
+of pairs (the sharpness estimate is noisy) the learned model is less sharp than the
+random-completion model; "not comparable" when no pair fitted.
 
-Measured CPU runtime (2 shared cores, one thread): see ``cpu_runtime``.
+Measured at CPU scale: the learned completion has lower as in 6/6 (k, seed) pairs (2.2–3.3 vs
+3.7–4.2 for the random completion, rising with k) and lower sharpness in 5/6 (0.11–0.29 vs
+0.23–0.32; k = 128, seed 1: 0.292 vs 0.289): "holds".
+
+Measured CPU runtime (2 heavily shared cores, one thread): about 5 minutes.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from ...data import create_dataset
 from ...data.synthetic import boolean_cube
 from ...measure import boolean_sensitivity
 from ..base import Experiment, register_experiment, write_experiment_json
-from ._common import Setup, override, train_boolean
+from ._common import CONVERGED_ACC, Setup, override, train_boolean
 
 N_BITS = 10
 
@@ -82,7 +87,7 @@ class RandomFunctions(Experiment):
     claim = ("Trained on part of a random function on n = 10, a transformer completes it with "
              "lower average sensitivity and lower sharpness than a random completion of the "
              "same labels.")
-    cpu_runtime = ""
+    cpu_runtime = "~5 min"
 
     def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
                 log: Callable[[str], None]) -> list[dict[str, Any]]:
@@ -133,7 +138,7 @@ def completion_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
         if {"learned", "random"} - set(pair):
             continue
         lf, rf = pair["learned"]["final"], pair["random"]["final"]
-        if lf["train/acc"] < 1 or rf["train/acc"] < 1:
+        if not (lf["train/acc"] > CONVERGED_ACC and rf["train/acc"] > CONVERGED_ACC):
             continue
         rows.append({"k": k, "seed": seed, "learned_as": lf["bool_sens"],
                      "random_as": pair["learned"]["random_completion_sens"],
@@ -143,7 +148,8 @@ def completion_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     evidence: dict[str, Any] = {"pairs": rows, "total_pairs": len(by_pair)}
     if not rows:
         return {"verdict": "not comparable", "evidence": evidence,
-                "reason": "no (k, seed) pair where both models fit their training labels"}
+                "reason": "no (k, seed) pair where both models fit their training labels "
+                          "(training accuracy > 0.99)"}
     lower_as = sum(r["learned_as"] < r["random_as"] for r in rows)
     flatter = sum(r["learned_sharpness"] < r["random_sharpness"] for r in rows)
     ok = lower_as == len(rows) and 2 * flatter > len(rows)
