@@ -28,7 +28,13 @@ def resolve_settings(settings: S, overrides: list[str]) -> S:
     """Apply ``key=value`` overrides to a flat settings dataclass (a copy; types are checked and
     an unknown key names the closest valid one, as for ``senslab train --set``)."""
     out = dataclasses.replace(settings)  # type: ignore[type-var]
-    apply_overrides(out, list(overrides))  # type: ignore[arg-type]
+    text_fields = {f.name for f in dataclasses.fields(out) if f.type in (str, "str")}
+    items = []
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        # a text field takes the text as written: only=0 means the string "0", not the int 0
+        items.append(f"{key}={value!r}" if sep and key.strip() in text_fields else item)
+    apply_overrides(out, items)  # type: ignore[arg-type]
     return out
 
 
