@@ -43,7 +43,7 @@ def _check_run_dirs(out: Path, keys: set[str]) -> list[dict[str, Any]]:
 
 def test_registered() -> None:
     names = set(list_experiments())
-    assert {"synthetic_sparse_frequent"} <= names
+    assert {"synthetic_sparse_frequent", "grokking", "sparse_parity"} <= names
     assert get_experiment("synthetic_sparse_frequent").cpu_runtime
 
 
@@ -107,3 +107,50 @@ def test_synthetic_verdict_outcomes() -> None:
     # a setting whose designed low-sensitivity feature is not the less sensitive one
     swapped = [_sf("case1-s0", 1, 0.02, 0.9, 0.3, sol=(0.3, 0.05)), good[1]]
     assert sparse_frequent_verdict(swapped)["verdict"] == "not comparable"
+
+
+# --------------------------------------------------------------------------- grokking
+GROK_TINY = ["p=11", "dim=16", "heads=2", "mlp_dim=32", "epochs=6", "eval_every=2",
+             "sens_examples=20", "lr=0.01", "weight_decay=1.0"]
+
+
+def test_grokking_smoke(tmp_path: Path) -> None:
+    exp = get_experiment("grokking")
+    summaries = exp.execute(tmp_path, "cpu", GROK_TINY, False, _quiet)
+    keys = {"train/loss", "train/acc", "test/loss", "test/acc", "sens/train", "sens/train_se",
+            "weight_norm"}
+    (summary,) = _check_run_dirs(tmp_path, keys)
+    assert summary == summaries[0] and summary["epochs"] == 6
+    lines = (tmp_path / summary["name"] / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["epoch"] for x in lines] == [0, 2, 4, 6]
+    ph = summary["phases"]
+    assert ph["sens_start"] == json.loads(lines[0])["sens/train"]
+    assert ph["weight_norm_final"] == summary["final"]["weight_norm"] > 0
+    # six epochs cannot generalise on held-out sums: the verdict must refuse to judge
+    assert ph["generalisation_epoch"] is None
+    v = exp.verdict(summaries)
+    assert v["verdict"] == "not comparable" and "epoch 6" in v["reason"]
+
+
+def _history(sens: list[float], train: list[float], test: list[float]) -> list[dict[str, Any]]:
+    return [{"epoch": 10 * i, "sens/train": s, "train/acc": a, "test/acc": b, "weight_norm": 1.0}
+            for i, (s, a, b) in enumerate(zip(sens, train, test, strict=True))]
+
+
+def test_grokking_phases_and_verdict() -> None:
+    from senslab.experiments.lowsens.grokking import grokking_phases, grokking_verdict
+
+    train = [0.1, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    test = [0.0, 0.01, 0.01, 0.02, 0.1, 0.6, 0.97]
+    falls = grokking_phases(_history([0.15, 0.03, 0.09, 0.05, 0.02, 0.015, 0.01], train, test))
+    assert (falls["memorisation_epoch"], falls["generalisation_epoch"]) == (10, 60)
+    assert (falls["sens_peak"], falls["peak_epoch"]) == (0.09, 20)
+    assert falls["jump_epoch"] == 50 and falls["sens_before_jump"] == 0.02
+    s = {"name": "a", "epochs": 60, "final": {"test/acc": 0.97}, "phases": falls}
+    assert grokking_verdict([s])["verdict"] == "holds"
+    flat = grokking_phases(_history([0.15, 0.03, 0.09, 0.09, 0.08, 0.08, 0.07], train, test))
+    assert grokking_verdict([{**s, "phases": flat}])["verdict"] == "does not hold"
+    never = grokking_phases(_history([0.1] * 7, train, [0.0] * 7))
+    assert never["generalisation_epoch"] is None
+    out = grokking_verdict([{**s, "final": {"test/acc": 0.0}, "phases": never}])
+    assert out["verdict"] == "not comparable"
