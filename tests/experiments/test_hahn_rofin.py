@@ -8,9 +8,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
+from senslab.data.synthetic import BOOLEAN_FUNCTIONS
 from senslab.experiments import get_experiment, list_experiments, run_experiment
-from senslab.experiments.hahn_rofin._common import Setup, linear_fit, override
+from senslab.experiments.hahn_rofin._common import (
+    Setup,
+    accuracy,
+    fresh_strings,
+    learned_sensitivity,
+    linear_fit,
+    override,
+)
 from senslab.experiments.hahn_rofin.norm_vs_blowup import norm_blowup_verdict, sweep
 from senslab.experiments.hahn_rofin.norm_vs_blowup import settings as sweep_settings
 from senslab.experiments.hahn_rofin.parity_dynamics import dynamics_verdict, peaks
@@ -53,11 +62,11 @@ def test_registered() -> None:
 
 def test_sharpness_vs_length_tiny_run_and_resume(tmp_path: Path) -> None:
     out = tmp_path / "len"
-    over = TINY + ["n_values=[3, 4]", "seeds=1", "functions=['parity', 'mean']"]
+    over = TINY + ["n_values=[3, 4]", "seeds=1", "functions=['parity']"]
     v = run_experiment("hr_sharpness_vs_length", out, overrides=over, log=lambda _: None)
     summaries = _check_runs(out, v, {"test/loss", "test/acc"})
     assert {(s["function"], s["n"]) for s in summaries} == {
-        ("parity", 3), ("parity", 4), ("mean", 3), ("mean", 4)}
+        ("parity", 3), ("parity", 4)}
     # a finished run is reused, not retrained
     before = (out / "parity-n3-s0" / "metrics.jsonl").read_text()
     assert run_experiment("hr_sharpness_vs_length", out, overrides=over,
@@ -154,6 +163,9 @@ def test_peaks_and_dynamics_verdict() -> None:
     assert p["sharpness"]["peak_step"] == 110 and p["sharpness"]["near"]
     far = peaks(_traj(100, 200), t0=100, window=0.25, eval_every=10)
     assert not far["blowup"]["near"] and far["blowup"]["offset"] == 100
+    assert far["blowup"]["at_end"] and not p["blowup"]["at_end"]
+    # within the tolerance but at the last evaluation: still rising, so not a peak
+    assert not peaks(_traj(100, 200), t0=180, window=0.25, eval_every=10)["sharpness"]["near"]
     assert peaks(_traj(100, 110), t0=None, window=0.25, eval_every=10) == {"t0": None}
     runs = [{"name": f"r{i}", "peaks": p} for i in range(3)]
     assert dynamics_verdict(runs)["verdict"] == "holds"
@@ -173,8 +185,6 @@ def test_random_functions_tiny_run(tmp_path: Path) -> None:
 
 
 def test_random_completion_keeps_the_training_labels() -> None:
-    import torch
-
     table = torch.zeros(64)
     index = torch.tensor([1, 5, 9])
     done = random_completion(table, index, seed=0)
@@ -202,3 +212,26 @@ def test_completion_verdict_outcomes() -> None:
     assert completion_verdict(sharper)["verdict"] == "does not hold"
     unfit = _pair(128, 0, 2.0, 5.0, 0.1, 0.5, acc=0.9)
     assert completion_verdict(unfit)["verdict"] == "not comparable"
+
+
+class _Exact(torch.nn.Module):
+    """A 'model' computing a target function exactly on {0, 1} scale (plus one parameter, so
+    it has a device)."""
+
+    def __init__(self, function: str) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(()))
+        self.function = function
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return BOOLEAN_FUNCTIONS[self.function](x) + self.w
+
+
+@pytest.mark.parametrize(("function", "n", "expected"),
+                         [("mean", 5, 1 / 5), ("parity", 6, 6.0), ("first", 4, 1.0)])
+def test_learned_sensitivity_of_exact_models(function: str, n: int, expected: float) -> None:
+    gen = torch.Generator().manual_seed(0)
+    assert learned_sensitivity(_Exact(function), n, function, gen) == pytest.approx(expected)
+    x, y = fresh_strings(function, n, 64, gen)
+    assert accuracy(BOOLEAN_FUNCTIONS[function](x), y, function, n) == 1.0
+    assert accuracy(1 - y, y, function, n) < 1.0

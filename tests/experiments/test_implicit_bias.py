@@ -243,6 +243,8 @@ def test_vit_mnist_verdict_outcomes() -> None:
     v = loss_race_verdict(runs(sgd=1.0, sngd=0.7, sps=0.3, adam=0.2))  # sngd nearer sgd
     assert v["verdict"] == "does not hold" and "sngd closer to adam" in v["reason"]
     assert loss_race_verdict(runs(sgd=1.0, sngd=0.3))["verdict"] == "not comparable"
+    v = loss_race_verdict(runs(sgd=2.30, sngd=2.29, sps=0.5, adam=0.2))  # both still at chance
+    assert v["verdict"] == "not comparable" and "plateau" in v["reason"]
     uneven = runs(sgd=1.0, sngd=0.3, sps=0.35, adam=0.2)
     uneven[0]["steps"] = 100
     assert loss_race_verdict(uneven)["verdict"] == "not comparable"

@@ -154,3 +154,59 @@ def test_grokking_phases_and_verdict() -> None:
     assert never["generalisation_epoch"] is None
     out = grokking_verdict([{**s, "final": {"test/acc": 0.0}, "phases": never}])
     assert out["verdict"] == "not comparable"
+
+
+# --------------------------------------------------------------------------- sparse parity
+SP_TINY = ["only=0,5", "n_bits=6", "k=2", "epochs=2", "test_size=64", "bool_samples=16",
+           "train_size=64"]
+
+
+def test_sparse_parity_smoke(tmp_path: Path) -> None:
+    from senslab.experiments.lowsens import sparse_parity as sp
+
+    small = tuple(s._replace(train_size=64) for s in sp.SETTINGS)
+    exp = get_experiment("sparse_parity")
+    summaries = exp.execute(tmp_path, "cpu", SP_TINY, False, _quiet)
+    assert [s["name"] for s in summaries] == [sp.run_name(0, small[0]), sp.run_name(5, small[5])]
+    keys = {"train/loss", "train/acc", "test/loss", "test/acc", "bool_sens", "bool_sens_se",
+            "bool_sens/relevant"}
+    _check_run_dirs(tmp_path, keys)
+    for s in summaries:
+        f, pr = s["final"], s["progress"]
+        assert 0.0 <= f["bool_sens/relevant"] <= f["bool_sens"] <= 6
+        assert s["k"] == 2 and pr["sens_final"] == f["bool_sens"]
+        steps = [json.loads(x)["step"] for x in
+                 (tmp_path / s["name"] / "metrics.jsonl").read_text().splitlines()]
+        batch = small[int(s["name"][1])].batch_size
+        assert steps == [0, -(-64 // batch), 2 * -(-64 // batch)]  # ceil(64 / batch) per epoch
+    assert exp.verdict(summaries)["verdict"] in VERDICTS
+    with pytest.raises(ValueError, match="0..5"):
+        exp.execute(tmp_path, "cpu", ["only=7"], False, _quiet)
+
+
+def _sp(name: str, start: float, peak: float, final: float, acc: float,
+        plateau: int = 5) -> dict[str, Any]:
+    return {"name": name, "k": 3, "progress": {
+        "plateau_evals": plateau, "sens_start": start, "sens_start_se": 0.05,
+        "sens_plateau_max": peak, "sens_plateau_max_se": 0.05, "plateau_max_test_acc": 0.5,
+        "sens_final": final, "test_acc_final": acc}}
+
+
+def test_sparse_parity_verdict_outcomes() -> None:
+    from senslab.experiments.lowsens.sparse_parity import parity_progress, parity_verdict
+
+    assert parity_verdict([_sp("a", 0.2, 2.5, 3.1, 1.0), _sp("b", 0.0, 1.0, 2.9, 0.99)])[
+        "verdict"] == "holds"
+    # no rise on the plateau, or a final sensitivity far from k
+    assert parity_verdict([_sp("a", 0.2, 0.25, 3.0, 1.0)])["verdict"] == "does not hold"
+    assert parity_verdict([_sp("a", 0.2, 2.0, 6.0, 1.0)])["verdict"] == "does not hold"
+    # runs that never learned cannot be judged
+    assert parity_verdict([_sp("a", 0.2, 2.0, 3.0, 0.6), _sp("b", 0.2, 2.0, 3.0, 0.5)])[
+        "verdict"] == "not comparable"
+    hist = [{"epoch": e, "test/acc": a, "bool_sens": s, "bool_sens_se": 0.1}
+            for e, (a, s) in enumerate([(0.5, 0.1), (0.52, 1.5), (0.49, 2.0), (0.8, 3.5),
+                                        (1.0, 3.0)])]
+    pr = parity_progress(hist)
+    assert pr["plateau_evals"] == 3 and pr["plateau_end_epoch"] == 3
+    assert (pr["sens_plateau_max"], pr["sens_plateau_max_epoch"]) == (2.0, 2)
+    assert pr["sens_final"] == 3.0 and pr["test_acc_final"] == 1.0

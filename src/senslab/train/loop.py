@@ -140,21 +140,27 @@ def forward(model: nn.Module, x: Any) -> Tensor:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, data: ArrayDataset, loss_kind: str, device: torch.device,
-             batch_size: int = 500) -> tuple[float, float]:
-    """Mean loss and accuracy of ``model`` (in eval mode, mode restored) on ``data``."""
+             batch_size: int = 500, shard: tuple[int, int] | None = None) -> tuple[float, float]:
+    """Mean loss and accuracy of ``model`` (in eval mode, mode restored) on ``data``; with
+    ``shard=(rank, world)`` each process evaluates every world-th example and sums are reduced."""
     was_training = model.training
     model.eval()
-    total, hits, n = 0.0, 0, len(data)
+    rank, world = shard or (0, 1)
+    sums = torch.zeros(2, dtype=torch.float64)
     try:
-        for lo in range(0, n, batch_size):
+        for lo in range(rank * batch_size, len(data), batch_size * world):
             x, y = data.batch(slice(lo, lo + batch_size))
             x, y = to_device(x, device), y.to(device)
             out = forward(model, x)
-            total += loss_function(loss_kind, out)(out, y).item() * len(y)
-            hits += int(correct(out, y))
+            sums[0] += loss_function(loss_kind, out)(out, y).item() * len(y)
+            sums[1] += int(correct(out, y))
     finally:
         model.train(was_training)
-    return total / n, hits / n
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.all_reduce(sums)
+    return float(sums[0]) / len(data), float(sums[1]) / len(data)
 
 
 def epoch_order(seed: int, epoch: int, n: int) -> Tensor:
@@ -188,8 +194,29 @@ def fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None = None) -> di
         return _fit(cfg, run_dir, progress)
 
 
+def distributed() -> tuple[int, int]:
+    """(rank, world size); initialises the process group when started by torchrun."""
+    import os
+
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _barrier(world: int) -> None:
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
 def _fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None) -> dict[str, Any]:
-    rd = RunDir(run_dir)
+    rank, world = distributed()
+    rd = RunDir(run_dir, readonly=rank != 0)
     cfg.label = cfg.label or cfg.model.name
     if rd.exists():
         old = rd.read_json("config.json")
@@ -201,8 +228,15 @@ def _fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None) -> dict[str
         if (rd.path / "summary.json").exists():
             return rd.read_json("summary.json")
     device = resolve_device(cfg.device)
+    if world > 1 and device.type == "cuda":
+        import os
+
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     train, test = load_data(cfg)
     model = build_model(cfg, train).to(device)
+    net: nn.Module = model
+    if world > 1:  # gradients averaged across ranks; `model` stays the plain module
+        net = nn.parallel.DistributedDataParallel(model)
     opt = build_optimizer(cfg, model)
     sched = build_scheduler(cfg, opt)
     reg_gen = torch.Generator().manual_seed(cfg.seed + 777)
@@ -225,9 +259,10 @@ def _fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None) -> dict[str
     else:
         rd.write_json("config.json", cfg.to_dict())
         rd.metrics_path.unlink(missing_ok=True)
-    rd.write_json("env.json", environment(device))
+    rd.write_json("env.json", environment(device) | {"world_size": world})
+    _barrier(world)  # ranks > 0 read the run directory only once rank 0 has set it up
 
-    tracker = Tracker(cfg, model, train, test, device)
+    tracker = Tracker(cfg, model, train, test, device, shard=(rank, world) if world > 1 else None)
     loss_kind = cfg.train.loss
     clock = time.perf_counter() - start_time
     n = len(train)
@@ -236,7 +271,7 @@ def _fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None) -> dict[str
     total_steps = cfg.train.epochs * n_batches
     if cfg.train.max_steps is not None:
         total_steps = min(total_steps, cfg.train.max_steps)
-    bar = Progress(total_steps, enabled=progress, desc=cfg.name)
+    bar = Progress(total_steps, enabled=progress if rank == 0 else False, desc=cfg.name)
     bar.update(pos.step)
 
     def checkpoint() -> None:
@@ -272,10 +307,10 @@ def _fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None) -> dict[str
     while not done and pos.epoch < cfg.train.epochs:
         order = epoch_order(cfg.seed, pos.epoch, n)
         while pos.batch < n_batches:
-            idx = order[pos.batch * bs : (pos.batch + 1) * bs]
+            idx = order[pos.batch * bs : (pos.batch + 1) * bs][rank::world]
             x, y = train.batch(idx)
             x, y = to_device(x, device), y.to(device)
-            loss = _train_step(cfg, model, opt, x, y, loss_kind, reg_gen)
+            loss = _train_step(cfg, net, opt, x, y, loss_kind, reg_gen)
             pos.batch += 1
             pos.step += 1
             bar.update(1, loss=loss)

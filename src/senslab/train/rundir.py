@@ -73,13 +73,17 @@ class CheckpointError(RuntimeError):
 class RunDir:
     """Paths and I/O of one run directory."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], readonly: bool = False) -> None:
+        #: a read-only RunDir (ranks > 0 of a distributed run) silently skips every write
+        self.readonly = readonly
         self.path = Path(path)
         self.ckpt_dir = self.path / "checkpoints"
         self.metrics_path = self.path / "metrics.jsonl"
 
     # -- config / env / summary ----------------------------------------------------------------
     def write_json(self, name: str, obj: Any) -> None:
+        if self.readonly:
+            return
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.path / name, json.dumps(obj, indent=2, sort_keys=True, default=str))
 
@@ -91,6 +95,8 @@ class RunDir:
 
     # -- metrics -------------------------------------------------------------------------------
     def log(self, record: dict[str, Any]) -> None:
+        if self.readonly:
+            return
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record, default=float) + "\n")
             f.flush()
@@ -111,11 +117,15 @@ class RunDir:
 
     def truncate_metrics(self, step: int) -> None:
         """Keep only records logged at or before ``step`` (drop what a resume will redo)."""
+        if self.readonly:
+            return
         kept = [r for r in self.metrics() if r.get("step", 0) <= step]
         atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
 
     # -- checkpoints ---------------------------------------------------------------------------
-    def save_checkpoint(self, state: dict[str, Any], step: int, keep: int = 2) -> Path:
+    def save_checkpoint(self, state: dict[str, Any], step: int, keep: int = 2) -> Path | None:
+        if self.readonly:
+            return None
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         buf = io.BytesIO()
         torch.save(state, buf)

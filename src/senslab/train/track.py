@@ -17,8 +17,9 @@ from .config import RunConfig
 
 class Tracker:
     def __init__(self, cfg: RunConfig, model: nn.Module, train: ArrayDataset,
-                 test: ArrayDataset, device: torch.device) -> None:
-        self.cfg, self.model, self.device = cfg, model, device
+                 test: ArrayDataset, device: torch.device,
+                 shard: tuple[int, int] | None = None) -> None:
+        self.cfg, self.model, self.device, self.shard = cfg, model, device, shard
         t = cfg.track
         g = torch.Generator().manual_seed(cfg.seed + 1)
         self.sens_train = train.first(min(t.num_examples, len(train)), generator=g)
@@ -33,11 +34,13 @@ class Tracker:
         t = self.cfg.track
         metric = TokenSensitivity(
             self.model, sigma=t.sigma, repeats=t.repeats, generator=self.cfg.seed,
-            chunk_size=t.chunk_size,
+            chunk_size=t.chunk_size, shard=self.shard,
         )
         for lo in range(0, len(data), 256):
             x, _ = data.batch(slice(lo, lo + 256))
             metric.update(_to(x, self.device))
+        if self.shard is not None:
+            metric.all_reduce()
         return metric.compute()
 
     def measure(self, loss_kind: str) -> dict[str, Any]:
@@ -46,10 +49,10 @@ class Tracker:
         t, rec = self.cfg.track, {}
         bs = self.cfg.train.eval_batch_size
         rec["train/loss"], rec["train/acc"] = evaluate(
-            self.model, self.eval_train, loss_kind, self.device, bs
+            self.model, self.eval_train, loss_kind, self.device, bs, self.shard
         )
         rec["test/loss"], rec["test/acc"] = evaluate(
-            self.model, self.eval_test, loss_kind, self.device, bs
+            self.model, self.eval_test, loss_kind, self.device, bs, self.shard
         )
         for split, data in (("train", self.sens_train), ("val", self.sens_val)):
             if data is None or t.sigma <= 0:

@@ -18,11 +18,13 @@ training images (and 1,000 test images). Sensitivity tracking is off (not part o
 Torch runs on one thread during the experiment (faster on a busy 2-core machine).
 
 Verdict: "holds" when SNGD's and SPS's training loss after the last step is below SGD's and
-closer to Adam's than to SGD's. Measured CPU runtime: (filled in below).
+closer to Adam's than to SGD's; "not comparable" while SGD and SNGD/SPS are both still on the
+initial plateau (loss ≥ 0.95 ln 10). Measured CPU runtime: (filled in below).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -78,9 +80,11 @@ class IBViTMNIST(Experiment):
         return loss_race_verdict(summaries)
 
 
-def loss_race_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+def loss_race_verdict(summaries: list[dict[str, Any]],
+                      chance_loss: float = math.log(10)) -> dict[str, Any]:
     """SNGD and SPS: final train loss below SGD's and closer to Adam's than to SGD's, all after
-    the same number of steps."""
+    the same number of steps. "not comparable" when SGD and a contender both still sit on the
+    initial plateau (loss ≥ 95% of the chance loss ln 10): the race has not started."""
     final = {s["label"]: s for s in summaries}
     if set(final) != set(OPTIMIZERS):
         return {"verdict": "not comparable", "evidence": {},
@@ -89,19 +93,26 @@ def loss_race_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     loss = {k: s["final"].get("train/loss") for k, s in final.items()}
     evidence = {k: {"train_loss": loss[k], "train_acc": final[k]["final"].get("train/acc"),
                     "steps": steps[k]} for k in final}
+    detail = ", ".join(f"{k} {v:.4f}" for k, v in loss.items() if isinstance(v, (int, float)))
     if len(set(steps.values())) != 1:
         return {"verdict": "not comparable", "evidence": evidence,
                 "reason": f"runs stopped after different numbers of steps: {steps}"}
-    if not all(isinstance(v, (int, float)) and v == v for v in loss.values()):
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in loss.values()):
         return {"verdict": "not comparable", "evidence": evidence,
                 "reason": "a run has no finite final train/loss"}
+    plateau = 0.95 * chance_loss
+    stuck = [o for o in ("sngd", "sps") if min(loss[o], loss["sgd"]) >= plateau]
+    if stuck:
+        return {"verdict": "not comparable", "evidence": evidence,
+                "reason": f"after {steps['sgd']} steps SGD and {', '.join(stuck)} are still at "
+                          f"the initial plateau (loss ≥ {plateau:.3f}); train longer. Train "
+                          f"loss: {detail}"}
     sgd, adam = loss["sgd"], loss["adam"]
     checks = {}
     for o in ("sngd", "sps"):
         checks[f"{o} < sgd"] = loss[o] < sgd
         checks[f"{o} closer to adam"] = abs(loss[o] - adam) < abs(loss[o] - sgd)
     failed = [k for k, ok in checks.items() if not ok]
-    detail = ", ".join(f"{k} {v:.4f}" for k, v in loss.items())
     head = f"failed: {', '.join(failed)}" if failed else "SNGD and SPS beat SGD, close to Adam"
     return {"verdict": "does not hold" if failed else "holds",
             "reason": f"{head}; train loss after {steps['sgd']} steps: {detail}",
