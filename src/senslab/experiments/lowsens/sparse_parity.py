@@ -19,7 +19,13 @@ relevant bits, ``bool_sens/relevant`` = Σ_{i∈S} Inf_i.
 
 Scales: cpu — n = 10, k = 3, width ≤ 64, 25 epochs, 200 sampled strings (see ``SCALES``);
 paper — n = 20, k = 3, the same six settings for 200 epochs with 2,000 strings.
-Measured CPU runtime and verdict: see ``cpu_runtime`` and the helper report.
+
+Measured at CPU scale (2 cores shared with other jobs): 4.7 min for the six runs. Verdict
+**holds** on the 4 of 6 runs that learned: sensitivity 0.2 / 0 / 0.2 / 0 at init rises to
+2.35 / 2.36 / 2.47 / 2.49 while test accuracy is still ≈ 0.5 (plateaus of 4–14 epochs), then
+equals k = 3.00 exactly once test accuracy is 1.00 (runs r0, r1, r3, r4). Runs r2 (4,000
+examples) and r5 (lr 3e-3) never left the plateau in 25 epochs: they ended predicting one class
+(sensitivity 0, test accuracy 0.50) and are reported as not judged.
 """
 
 from __future__ import annotations
@@ -112,7 +118,7 @@ class SparseParity(Experiment):
     paper = "Transformers Learn Low Sensitivity Functions (ICLR 2025), A.6"
     claim = ("Training a transformer on a k-sparse parity, its Boolean sensitivity rises during "
              "the plateau where accuracy is ≈ 50%, then converges to k as accuracy → 100%.")
-    cpu_runtime = "~10 min"
+    cpu_runtime = "~5 min"
 
     def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
                 log: Any) -> list[dict[str, Any]]:
