@@ -98,13 +98,14 @@ def _measure(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .experiments import run_experiment
+    from .experiments import get_experiment, run_experiment
     from .report import final_table, format_table, load_runs, make_report
 
     out = Path(args.out or Path("runs") / args.experiment)
     start = time.perf_counter()
     verdict = run_experiment(args.experiment, out, scale=args.scale, overrides=args.set)
-    report = make_report([out])
+    options = getattr(get_experiment(args.experiment), "report_options", {})
+    report = make_report([out], **options)
     print()
     print(format_table(final_table(load_runs([out]))))
     print(f"\nverdict: {verdict['verdict']} — {verdict.get('reason', '')}")

@@ -142,6 +142,11 @@ def test_norm_blowup_verdict_outcomes() -> None:
     assert norm_blowup_verdict(rising[:3])["verdict"] == "not comparable"
     same = [_sweep_summary(4, 10 + i, 0.0) for i in range(6)]
     assert norm_blowup_verdict(same)["verdict"] == "not comparable"
+    # supplementary: with the weight decay known, the norm's dependence on as given the decay
+    for i, s in enumerate(rising):
+        s["config"] = {"weight_decay": 0.01 * (1 + i % 3)}
+    partial = norm_blowup_verdict(rising)["evidence"]["given_weight_decay"]
+    assert partial["log10_norm"]["r"] > 0.9 and set(partial) == {"log10_norm", "log10_blowup", "c"}
 
 
 def test_parity_dynamics_tiny_run(tmp_path: Path) -> None:

@@ -167,3 +167,22 @@ def test_cli_train_then_measure_checkpoint(tmp_path, capsys):
     assert 0 <= low <= high <= 1  # more noise, more flips (same noise draws, scaled)
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["model"]["overrides"]["widths"] == [16]
+
+
+@pytest.mark.parametrize("regularizer", ["noise", "patch_mse"])
+def test_regularized_training_with_sharpness_tracking(tmp_path, regularizer):
+    cfg = tiny(epochs=1, extra=[f"train.regularizer={regularizer}", "train.reg_patch=2",
+                                "track.sharpness=true", "track.loss_sharpness=true"])
+    summary = fit(cfg, tmp_path, progress=False)
+    final = summary["final"]
+    assert final["sharpness/shop"] > 0 and 0 <= final["sharpness/shpred"] <= 1
+    assert "sharpness/loss" in final
+    plain = fit(tiny(epochs=1), tmp_path / "plain", progress=False)
+    assert final["weight_norm"] != plain["final"]["weight_norm"]  # the regularizer did act
+
+
+def test_cli_report(tmp_path, capsys):
+    fit(tiny(epochs=1), tmp_path / "a", progress=False)
+    assert main(["report", str(tmp_path / "a")]) == 0
+    assert (tmp_path / "a" / "report.html").exists()
+    assert "vit_small" in capsys.readouterr().out

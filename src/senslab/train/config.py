@@ -74,6 +74,8 @@ class TrackConfig:
     chunk_size: int | None = None
     sharpness: bool = False  # ShOp / ShPred (SPEC §5) at every evaluation
     sharpness_sigma: float = 0.05
+    loss_sharpness: bool = False  # Hahn & Rofin's E[L(θ+Δ)] − L(θ), positional params excluded
+    loss_sharpness_sigma: float = 0.02
     weight_norm: bool = True
     eval_examples: int | None = None  # accuracy/loss on this many examples (None: all)
 

@@ -67,20 +67,27 @@ class Tracker:
             ]
         if t.weight_norm:
             rec["weight_norm"] = weight_norm(self.model)
-        if t.sharpness:
-            from ..measure.sharpness import output_sharpness
+        if t.sharpness or t.loss_sharpness:
+            from ..measure import sharpness
 
-            x, _ = self.sens_train.batch(slice(0, None))
-            s = output_sharpness(self.model, _to(x, self.device), sigma_w=t.sharpness_sigma,
-                                 generator=self.cfg.seed)
-            rec["sharpness/shop"], rec["sharpness/shpred"] = _shop(s)
+            x, y = self.sens_train.batch(slice(0, None))
+            x, y = _to(x, self.device), y.to(self.device)
+        if t.sharpness:  # SPEC §5: ShOp / ShPred, eval mode, weights restored exactly
+            s = sharpness.output_sharpness(self.model, x, sigma_w=t.sharpness_sigma,
+                                           generator=self.cfg.seed)
+            rec["sharpness/shop"] = s.shop.estimate
+            if s.shpred is not None:
+                rec["sharpness/shpred"] = s.shpred.estimate
+        if t.loss_sharpness:  # SPEC §6: E_Δ L(θ+Δ) − L(θ)
+            from .loop import loss_function
+
+            def loss_fn(out: Any, target: Any) -> Any:
+                return loss_function(loss_kind, out)(out, target)
+
+            ls = sharpness.loss_sharpness(self.model, loss_fn, x, y,
+                                          sigma=t.loss_sharpness_sigma, generator=self.cfg.seed)
+            rec["sharpness/loss"] = ls.estimate
         return rec
-
-
-def _shop(result: Any) -> tuple[float, float]:
-    shop = getattr(result, "shop", None)
-    shpred = getattr(result, "shpred", None)
-    return float(getattr(shop, "estimate", shop)), float(getattr(shpred, "estimate", shpred))
 
 
 def _to(x: Any, device: torch.device) -> Any:

@@ -48,7 +48,7 @@ def settings(scale: str) -> DynamicsSettings:
     if scale == "paper":
         return DynamicsSettings(eval_every=50)
     if scale == "cpu":
-        return DynamicsSettings(dim=32, steps=1500, batch=256, lr=1e-3, eval_every=25,
+        return DynamicsSettings(dim=32, steps=3000, batch=256, lr=1e-3, eval_every=25,
                                 eval_size=512, sharp_draws=10, n=8, seeds=3)
     raise ValueError(f"scale must be 'cpu' or 'paper', got {scale!r}")
 
