@@ -7,7 +7,8 @@ further from the origin of the (norm, blow-up) plane.
 
 Command: ``senslab run hr_norm_vs_blowup`` (``--scale paper`` on a GPU). The scatter of final
 ``param_norm`` against final ``blowup`` (one point per run, coloured by function) is written to
-``norm_vs_blowup.png`` in the experiment directory; ``senslab report`` gives the other plots.
+``norm_vs_blowup.png`` (log blow-up axis) in the experiment directory, and ``senslab run`` puts
+that scatter and param_norm against as(f̂) into report.html (``report_options``).
 
 Settings. Paper: PARITY etc. with d = 128, n up to 30, AdamW around lr 3e-4 / wd 0.1, 10,000 steps
 of 1,024 fresh strings. Sweep (ours, both scales): each run draws a function from PARITY /
@@ -94,6 +95,10 @@ class NormVsBlowup(Experiment):
     claim = ("Over a random sweep of (n, weight decay, lr), transformers that represent more "
              "sensitive functions need a larger parameter norm or LayerNorm blow-up.")
     cpu_runtime = "~11 min (shared cores)"
+    #: extra plots for ``senslab run``'s report: the (norm, blow-up) plane and norm vs as(f̂)
+    report_options: dict[str, Any] = {  # noqa: RUF012 (read-only class constant)
+        "scatter": [("param_norm", "blowup"), ("bool_sens", "param_norm")],
+    }
 
     def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
                 log: Callable[[str], None]) -> list[dict[str, Any]]:
