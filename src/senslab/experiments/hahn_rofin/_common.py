@@ -188,14 +188,16 @@ def train_boolean(
     (summary.json present) is reused; an unfinished one restarts from scratch (runs are short).
     """
     rd = RunDir(path)
+    settings = {**dataclasses.asdict(setup), **(config or {})}
+    resolved = {"name": path.name, "label": label, "seed": seed, "function": function, "n": n,
+                **settings}
     if (path / "summary.json").exists():
+        _check_reusable(rd, resolved)
         return rd.read_json("summary.json")
     if rd.metrics_path.exists():
         rd.metrics_path.unlink()  # a killed run restarts: no checkpoint is worth keeping here
     device = pick_device(setup.device)
-    settings = {**dataclasses.asdict(setup), **(config or {})}
-    rd.write_json("config.json", {"name": path.name, "label": label, "seed": seed,
-                                  "function": function, "n": n, **settings})
+    rd.write_json("config.json", resolved)
     rd.write_json("env.json", environment(device))
 
     model = create_model("boolean_transformer", n_bits=n, dim=setup.dim, ff_dim=setup.dim,
@@ -262,6 +264,26 @@ def train_boolean(
     }
     rd.write_json("summary.json", summary)
     return summary
+
+
+def _check_reusable(rd: RunDir, resolved: dict[str, Any]) -> None:
+    """A finished run is reused only if it was trained with the same run settings; settings that
+    only choose *which* runs exist (e.g. the number of seeds) are not compared."""
+    run_keys = {f.name for f in dataclasses.fields(Setup)} | (set(resolved) - _experiment_keys())
+    old = rd.read_json("config.json") if (rd.path / "config.json").exists() else {}
+    changed = sorted(k for k in run_keys if k in resolved and old.get(k) != resolved[k])
+    if changed:
+        diff = ", ".join(f"{k}: {old.get(k)!r} → {resolved[k]!r}" for k in changed)
+        raise ValueError(
+            f"{rd.path} holds a finished run with other settings ({diff}); use a new --out "
+            "directory, or delete that run directory to retrain it"
+        )
+
+
+def _experiment_keys() -> set[str]:
+    # fields of the experiments' settings classes that select runs rather than configure one
+    return {"functions", "n_values", "seeds", "runs", "lr_range", "wd_range", "sweep_seed",
+            "train_sizes", "window", "stop_loss"}
 
 
 def linear_fit(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
