@@ -72,6 +72,10 @@ def test_sharpness_vs_length_tiny_run_and_resume(tmp_path: Path) -> None:
     assert run_experiment("hr_sharpness_vs_length", out, overrides=over,
                           log=lambda _: None) == v
     assert (out / "parity-n3-s0" / "metrics.jsonl").read_text() == before
+    # ... but never silently when the run settings differ
+    with pytest.raises(ValueError, match=r"other settings \(steps: 6 → 7\)"):
+        run_experiment("hr_sharpness_vs_length", out, overrides=[*over, "steps=7"],
+                       log=lambda _: None)
 
 
 def _len_summary(f: str, n: int, sharp: float, converged: bool = True) -> dict[str, Any]:

@@ -188,7 +188,10 @@ def train_boolean(
     (summary.json present) is reused; an unfinished one restarts from scratch (runs are short).
     """
     rd = RunDir(path)
-    settings = {**dataclasses.asdict(setup), **(config or {})}
+    # the per-run settings: the Setup fields (not a subclass's run-selecting fields such as the
+    # list of n values or the number of seeds), the early stop and the caller's extras
+    settings = {f.name: getattr(setup, f.name) for f in dataclasses.fields(Setup)}
+    settings.update({"stop_below": stop_below, **(config or {})})
     resolved = {"name": path.name, "label": label, "seed": seed, "function": function, "n": n,
                 **settings}
     if (path / "summary.json").exists():
@@ -267,23 +270,16 @@ def train_boolean(
 
 
 def _check_reusable(rd: RunDir, resolved: dict[str, Any]) -> None:
-    """A finished run is reused only if it was trained with the same run settings; settings that
-    only choose *which* runs exist (e.g. the number of seeds) are not compared."""
-    run_keys = {f.name for f in dataclasses.fields(Setup)} | (set(resolved) - _experiment_keys())
+    """A finished run is reused only if its config.json agrees with the settings asked for
+    (keys an older config.json lacks are not compared)."""
     old = rd.read_json("config.json") if (rd.path / "config.json").exists() else {}
-    changed = sorted(k for k in run_keys if k in resolved and old.get(k) != resolved[k])
+    changed = sorted(k for k, v in resolved.items() if k in old and old[k] != v)
     if changed:
-        diff = ", ".join(f"{k}: {old.get(k)!r} → {resolved[k]!r}" for k in changed)
+        diff = ", ".join(f"{k}: {old[k]!r} → {resolved[k]!r}" for k in changed)
         raise ValueError(
             f"{rd.path} holds a finished run with other settings ({diff}); use a new --out "
             "directory, or delete that run directory to retrain it"
         )
-
-
-def _experiment_keys() -> set[str]:
-    # fields of the experiments' settings classes that select runs rather than configure one
-    return {"functions", "n_values", "seeds", "runs", "lr_range", "wd_range", "sweep_seed",
-            "train_sizes", "window", "stop_loss"}
 
 
 def linear_fit(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
