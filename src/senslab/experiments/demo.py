@@ -8,7 +8,7 @@ wheel (a seeded 5,000-image training subset at CPU scale), or scikit-learn's 8×
 wheel is missing. All three models are trained with plain SGD until 97% training accuracy (at most
 20 epochs); sensitivity is tracked every epoch on 500 fixed training images, noise std σ = 1 on
 one 7×7 patch (pixels normalised to [−1, 1]).
-Measured CPU runtime (2 cores): about 2.5 minutes for the three runs.
+Measured CPU runtime (2 cores): 90–115 s for the three runs (`make demo` adds ~1 min of install).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class Demo(Experiment):
     paper = "Transformers Learn Low Sensitivity Functions (ICLR 2025), §5 / A.1"
     claim = ("At comparable train accuracy, a ViT has lower token-wise sensitivity than an MLP "
              "and a CNN on real digit images.")
-    cpu_runtime = "~2.5 min"
+    cpu_runtime = "~2 min"
 
     def runs(self, scale: str) -> list[RunConfig]:
         if mnist_available():
