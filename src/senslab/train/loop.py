@@ -50,7 +50,7 @@ def load_data(cfg: RunConfig) -> tuple[ArrayDataset, ArrayDataset]:
 
 def _data_fields(data: ArrayDataset) -> dict[str, Any]:
     """Model config fields that the data determines (only those the model has are used)."""
-    out: dict[str, Any] = {"num_classes": data.num_classes if data.num_classes > 2 else 2}
+    out: dict[str, Any] = {"num_classes": max(data.num_classes, 2)}
     if isinstance(data.inputs, Tensor) and data.inputs.dim() == 4:
         _, c, h, w = data.inputs.shape
         out.update(in_channels=c, image_size=h)
