@@ -9,13 +9,17 @@ computes a verdict from the run summaries and writes ``experiment.json`` and ``v
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..registry import Registry
 from ..train.config import RunConfig, apply_overrides
-from ..train.rundir import RunDir
+from ..train.rundir import RunDir, environment
 
 
 class Experiment:
@@ -26,6 +30,12 @@ class Experiment:
     claim: str = ""
     #: measured CPU runtime of ``scale="cpu"`` (filled in from real runs, shown by `senslab list`)
     cpu_runtime: str = ""
+    #: how the CPU-scale runs differ from the paper (smaller model, data subset, fewer epochs...);
+    #: shown in REPRODUCTION.md next to the result
+    cpu_scale_note: str = ""
+    #: why the CPU-scale runs cannot run on this kind of machine (e.g. "CIFAR-10 must be placed
+    #: in data.root"), shown in REPRODUCTION.md when no result has been recorded
+    requires: str = ""
 
     def runs(self, scale: str) -> list[RunConfig]:
         """The runs of this experiment, as configurations for the standard training loop."""
@@ -95,8 +105,15 @@ def run_experiment(name: str, out_dir: str | Path, scale: str = "cpu",
     exp = get_experiment(name)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
     summaries = exp.execute(out, scale, list(overrides or []), progress, log)
     verdict = exp.verdict(summaries)
+    # provenance for REPRODUCTION.md; runs resumed from finished ones report only the new work
+    verdict.update(scale=scale, overrides=list(overrides or []),
+                   runtime_s=round(time.perf_counter() - start, 1),
+                   finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                   commit=environment("cpu").get("git_commit"),
+                   threads=torch.get_num_threads())
     RunDir(out).write_json("verdict.json", verdict)
     return verdict
 
