@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip install -q -c constraints.txt
 
-.PHONY: demo test test-all lint bench clean
+.PHONY: demo test test-all lint bench reproduction clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -35,6 +35,10 @@ lint: $(VENV)/.installed-dev
 
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/bench_sensitivity.py
+
+# record the finished runs/<name> experiment directories and regenerate REPRODUCTION.md
+reproduction: $(VENV)/.installed
+	$(BIN)/senslab reproduction
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

@@ -6,6 +6,7 @@
     senslab run demo [--scale cpu|paper] [--out runs/demo]
     senslab report runs/demo [more run or experiment dirs]
     senslab demo            # = senslab run demo, then the report
+    senslab reproduction    # record runs/<name> results, regenerate REPRODUCTION.md
 """
 
 from __future__ import annotations
@@ -122,6 +123,15 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reproduction(args: argparse.Namespace) -> int:
+    from .reproduction import reproduction
+
+    path = reproduction(args.dirs or None, records=args.records, out=args.out,
+                        runs_root=args.runs)
+    print(f"wrote {path}")
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     args.experiment, args.scale = "demo", "cpu"
     return _run(args)
@@ -171,6 +181,15 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("paths", nargs="+")
     s.add_argument("--out")
     s.set_defaults(fn=_report)
+
+    s = sub.add_parser("reproduction",
+                       help="record finished experiment directories and write REPRODUCTION.md")
+    s.add_argument("dirs", nargs="*",
+                   help="experiment directories (default: RUNS/<name> for every experiment)")
+    s.add_argument("--runs", default="runs", help="where the default directories are")
+    s.add_argument("--records", default="reproduction", help="where the JSON records are kept")
+    s.add_argument("--out", default="REPRODUCTION.md")
+    s.set_defaults(fn=_reproduction)
 
     s = sub.add_parser("demo", help="the headline experiment at CPU scale, with its report")
     s.add_argument("--out")
