@@ -140,8 +140,14 @@ def _demo(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="senslab", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
+    # every command takes --threads: small models on a shared CPU run many times faster with
+    # fewer threads than cores (oversubscription), big ones want all cores
+    shared = argparse.ArgumentParser(add_help=False)
+    shared.add_argument("--threads", type=int, metavar="N",
+                        help="torch CPU threads (default: torch's choice, usually all cores)")
 
-    s = sub.add_parser("list", help="list registered models, datasets or experiments")
+    s = sub.add_parser("list", parents=[shared],
+                       help="list registered models, datasets or experiments")
     s.add_argument("what", choices=["models", "datasets", "experiments"])
     s.add_argument("pattern", nargs="?", default="*")
     s.set_defaults(fn=_list)
@@ -155,12 +161,14 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="config override, e.g. optim.lr=0.05 (repeatable)")
 
-    s = sub.add_parser("train", help="train one model with sensitivity tracked")
+    s = sub.add_parser("train", parents=[shared],
+                       help="train one model with sensitivity tracked")
     common(s)
     s.add_argument("--out", help="run directory (re-running resumes it)")
     s.set_defaults(fn=_train)
 
-    s = sub.add_parser("measure", help="sensitivity of a model (or a run's checkpoint) on data")
+    s = sub.add_parser("measure", parents=[shared],
+                       help="sensitivity of a model (or a run's checkpoint) on data")
     common(s)
     s.add_argument("--checkpoint", help="a run directory: use its config and last checkpoint")
     s.add_argument("--split", choices=["train", "test"], default="train")
@@ -170,19 +178,21 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--num-examples", type=int, default=512)
     s.set_defaults(fn=_measure)
 
-    s = sub.add_parser("run", help="run a registered experiment and write its report")
+    s = sub.add_parser("run", parents=[shared],
+                       help="run a registered experiment and write its report")
     s.add_argument("experiment")
     s.add_argument("--scale", choices=["cpu", "paper"], default="cpu")
     s.add_argument("--out")
     s.add_argument("--set", action="append", metavar="KEY=VALUE")
     s.set_defaults(fn=_run)
 
-    s = sub.add_parser("report", help="plots and report.html from run/experiment directories")
+    s = sub.add_parser("report", parents=[shared],
+                       help="plots and report.html from run/experiment directories")
     s.add_argument("paths", nargs="+")
     s.add_argument("--out")
     s.set_defaults(fn=_report)
 
-    s = sub.add_parser("reproduction",
+    s = sub.add_parser("reproduction", parents=[shared],
                        help="record finished experiment directories and write REPRODUCTION.md")
     s.add_argument("dirs", nargs="*",
                    help="experiment directories (default: RUNS/<name> for every experiment)")
@@ -191,7 +201,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="REPRODUCTION.md")
     s.set_defaults(fn=_reproduction)
 
-    s = sub.add_parser("demo", help="the headline experiment at CPU scale, with its report")
+    s = sub.add_parser("demo", parents=[shared],
+                       help="the headline experiment at CPU scale, with its report")
     s.add_argument("--out")
     s.add_argument("--set", action="append", metavar="KEY=VALUE")
     s.set_defaults(fn=_demo)
@@ -200,6 +211,13 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.threads is not None:
+        if args.threads < 1:
+            print(f"senslab: error: --threads must be ≥ 1, got {args.threads}", file=sys.stderr)
+            return 2
+        import torch
+
+        torch.set_num_threads(args.threads)
     try:
         return args.fn(args)
     except (KeyError, ValueError, TypeError, FileNotFoundError) as err:
