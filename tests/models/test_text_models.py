@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from senslab.models import create_model, list_models
-from senslab.models.text import SelfAttention, TextConfig, init_weights, override_config
+from senslab.models._config import override_config
+from senslab.models.text import SelfAttention, TextConfig, init_weights
 from senslab.tokens import Embedding
 
 NAMES = ["lstm", "roberta", "roberta_relu", "gpt2"]

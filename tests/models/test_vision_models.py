@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from senslab.models import create_model, list_models
-from senslab.models.vision import ShiftedPatchTokenizer, sincos_2d
+from senslab.models.vit import ShiftedPatchTokenizer, sincos_2d
 from senslab.tokens import Patches
 
 MINE = {
@@ -126,11 +126,11 @@ def test_patch_not_dividing_image_is_a_clear_error(name: str) -> None:
 
 @pytest.mark.parametrize("name", MODELS)
 def test_unknown_or_mistyped_override(name: str) -> None:
-    with pytest.raises(TypeError, match=r"no field 'image_sise'.*'image_size'.*Valid fields"):
+    with pytest.raises(TypeError, match=r"'image_sise'.*'image_size'.*Valid options"):
         create_model(name, image_sise=16)
-    with pytest.raises(TypeError, match=r"num_classes must be int"):
+    with pytest.raises(TypeError, match=r"'num_classes' of .* expects int"):
         create_model(name, num_classes="10")
-    with pytest.raises(TypeError, match=r"num_classes must be int"):
+    with pytest.raises(TypeError, match=r"'num_classes' of .* expects int"):
         create_model(name, num_classes=True)
     with pytest.raises(ValueError, match="num_classes must be a positive"):
         create_model(name, num_classes=0)

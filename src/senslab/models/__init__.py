@@ -4,7 +4,7 @@ Every model has a frozen dataclass config and a ``default_tokens()`` method retu
 :class:`senslab.tokens.Tokenization` its sensitivity is measured on by default.
 """
 
-from . import resnet, small, text, vision  # noqa: F401  (register factories)
+from . import resnet, small, text, vision, vit  # noqa: F401  (register factories)
 from ._registry import create_model, list_models, register_model
 
 __all__ = ["create_model", "list_models", "register_model"]

@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._config import check_divides, check_positive, make_config
 from ._registry import register_model
-from .vision import ImageClassifier, ImageConfig, check_divides, check_positive, make_config
+from .vision import ImageClassifier, ImageConfig
 
 
 def _conv_bn(c_in: int, c_out: int, k: int, stride: int = 1) -> nn.Sequential:

@@ -24,8 +24,9 @@ import torch
 from torch import Tensor, nn
 
 from ..tokens import Embedding, Sequence
+from ._config import check_one_of, override_config
 from ._registry import register_model
-from .text import Block, _check_choice, init_weights, override_config
+from .text import Block, init_weights
 
 
 def _positive(config: Any, *names: str) -> None:
@@ -73,7 +74,7 @@ class SparseAttentionConfig:
 
     def __post_init__(self) -> None:
         _positive(self, "dim")
-        _check_choice("pool", self.pool, ("mean", "sum"))
+        check_one_of("pool", self.pool, ("mean", "sum"))
         if self.init_scale < 0:
             raise ValueError(f"init_scale must be >= 0, got {self.init_scale}")
 

@@ -8,61 +8,27 @@ hook, so the models use that output exactly as returned, and the transformers ad
 embeddings only afterwards: the noise hits the per-token embedding before positions are mixed in,
 as the paper prescribes. ``default_tokens()`` is therefore ``Embedding("embed_ln")``.
 
-This file also holds the pieces the small research models (``small.py``) share: the config
-override helper, seeded weight initialisation, and a transformer block with softmax or ReLU
+This file also holds the pieces the small research models (``small.py``) share: seeded weight
+initialisation, and a transformer block with softmax or ReLU
 attention and pre-, post- or no LayerNorm.
 """
 
 from __future__ import annotations
 
-import difflib
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..tokens import Embedding
+from ._config import check_one_of, override_config
 from ._registry import register_model
-
-C = TypeVar("C")
 
 
 # --------------------------------------------------------------------------- shared helpers
-def override_config(config: C, overrides: Mapping[str, Any]) -> C:
-    """``config`` with the fields in ``overrides`` replaced (configs are frozen dataclasses).
-
-    An unknown key is an error naming the closest valid field; a value whose type does not match
-    the field's current value (e.g. ``dim="256"``) is an error too, since it would otherwise fail
-    much later, deep inside a layer constructor.
-    """
-    valid = {f.name: getattr(config, f.name) for f in fields(config)}  # type: ignore[arg-type]
-    for key, value in overrides.items():
-        if key not in valid:
-            close = difflib.get_close_matches(key, list(valid), n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise TypeError(
-                f"unknown option {key!r} for {type(config).__name__}.{hint} "
-                f"Valid options: {', '.join(valid)}"
-            )
-        current = valid[key]
-        # bool is an int subclass: check it first so `layers=True` is refused
-        ok = (
-            current is None
-            or (isinstance(current, bool) and isinstance(value, bool))
-            or (type(current) is int and isinstance(value, int) and not isinstance(value, bool))
-            or (isinstance(current, float) and isinstance(value, (int, float)))
-            or (isinstance(current, str) and isinstance(value, str))
-        )
-        if not ok:
-            raise TypeError(
-                f"option {key!r} of {type(config).__name__} expects "
-                f"{type(current).__name__}, got {value!r} ({type(value).__name__})"
-            )
-    return replace(config, **overrides)  # type: ignore[type-var]
 
 
 def init_weights(
@@ -104,11 +70,6 @@ def init_weights(
                     nn.init.uniform_(p, -bound, bound, generator=generator)
 
 
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
-
-
 class SelfAttention(nn.Module):
     """Multi-head self-attention with weights w = φ(q·kᵀ/√d_head) over the allowed keys.
 
@@ -124,7 +85,7 @@ class SelfAttention(nn.Module):
         super().__init__()
         if dim % heads:
             raise ValueError(f"dim {dim} is not divisible by heads {heads}; use heads dividing dim")
-        _check_choice("attention", attention, ("softmax", "relu"))
+        check_one_of("attention", attention, ("softmax", "relu"))
         self.heads, self.attention, self.causal, self.dropout = heads, attention, causal, dropout
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
@@ -162,8 +123,8 @@ class Block(nn.Module):
         attention: str = "softmax", dropout: float = 0.0, causal: bool = False,
     ) -> None:
         super().__init__()
-        _check_choice("norm", norm, ("pre", "post", "none"))
-        _check_choice("activation", activation, ("gelu", "relu"))
+        check_one_of("norm", norm, ("pre", "post", "none"))
+        check_one_of("activation", activation, ("gelu", "relu"))
         self.norm = norm
         self.ln1 = nn.LayerNorm(dim) if norm != "none" else nn.Identity()
         self.attn = SelfAttention(dim, heads, attention=attention, dropout=dropout, causal=causal)
@@ -223,8 +184,8 @@ class RobertaConfig(TextConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_choice("attention", self.attention, ("softmax", "relu"))
-        _check_choice("norm", self.norm, ("post", "pre"))
+        check_one_of("attention", self.attention, ("softmax", "relu"))
+        check_one_of("norm", self.norm, ("post", "pre"))
 
 
 def _real_tokens(input_ids: Tensor, attention_mask: Tensor | None, cfg: TextConfig) -> Tensor:
