@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     try:
         return args.fn(args)
-    except (KeyError, ValueError, TypeError, FileNotFoundError) as err:
+    except (KeyError, ValueError, TypeError, FileNotFoundError, ImportError) as err:
         if "SENSLAB_DEBUG" in __import__("os").environ:
             raise
         msg = err.args[0] if isinstance(err, KeyError) and err.args else err

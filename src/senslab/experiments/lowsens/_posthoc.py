@@ -1,0 +1,107 @@
+"""Measurements taken once from a run's final checkpoint, after standard training.
+
+Several vision experiments need more than the Tracker measures during training: a σ sweep, the
+whole-input noise variant, accuracy under corruptions, sharpness with its standard error. They
+train with :func:`senslab.train.loop.fit` as usual and then call :meth:`FinalMeasureExperiment.
+measure_final` on the restored model. The result is written to ``<run>/final_measure.json``
+together with the settings that produced it, reused when the settings match (so re-running an
+experiment only redoes what changed) and attached to the run's summary under ``"final_measure"``
+for the verdict.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...data import ArrayDataset
+from ...train.config import RunConfig, apply_overrides
+from ...train.loop import build_model, fit, load_data, resolve_device
+from ...train.rundir import RunDir
+from ...train.track import Tracker
+from ..base import Experiment, write_experiment_json
+
+FINAL_FILE = "final_measure.json"
+
+
+def load_final(cfg: RunConfig, run_dir: Path) -> tuple[nn.Module, ArrayDataset, ArrayDataset]:
+    """The model of a finished run with its last checkpoint's weights (eval mode), and the
+    train/test data exactly as the run saw them (same subset, same normalisation)."""
+    state = RunDir(run_dir).latest_checkpoint()
+    if state is None:
+        raise FileNotFoundError(f"{run_dir} has no checkpoint to measure; train it first")
+    train, test = load_data(cfg)
+    model = build_model(cfg, train)
+    model.load_state_dict(state["model"])
+    return model.to(resolve_device(cfg.device)).eval(), train, test
+
+
+def tracking_subset(cfg: RunConfig, model: nn.Module, train: ArrayDataset,
+                    test: ArrayDataset) -> ArrayDataset:
+    """The fixed training subset the Tracker measured sensitivity on during training."""
+    return Tracker(cfg, model, train, test, torch.device("cpu")).sens_train
+
+
+def reuse_finished(src: Path, dst: Path, cfg: RunConfig) -> bool:
+    """Copy the finished run ``src`` to ``dst`` if it was trained with exactly ``cfg``.
+
+    Lets one experiment share the trained models of another (sharpness reads robustness's);
+    a run with any other configuration is never reused.
+    """
+    if dst.exists() or not (src / "summary.json").exists() or not (src / "config.json").exists():
+        return False
+    if RunDir(src).read_json("config.json") != cfg.to_dict():
+        return False
+    shutil.copytree(src, dst)
+    return True
+
+
+class FinalMeasureExperiment(Experiment):
+    """Train every run with ``fit``, then measure each final model once (see module docstring).
+
+    Subclasses define ``runs``, ``verdict``, :meth:`final_settings` (a JSON-able dict that
+    identifies the measurement) and :meth:`measure_final`.
+    """
+
+    #: a finished run of another experiment directory to copy instead of training (see
+    #: :func:`reuse_finished`); relative to the experiment directory's parent
+    reuse_from: str | None = None
+
+    def final_settings(self, scale: str) -> dict[str, Any]:
+        return {}
+
+    def measure_final(self, cfg: RunConfig, model: nn.Module, train: ArrayDataset,
+                      test: ArrayDataset, scale: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
+                log: Callable[[str], None]) -> list[dict[str, Any]]:
+        configs = [apply_overrides(c, list(overrides)) for c in self.runs(scale)]
+        write_experiment_json(out, self, scale, [c.name for c in configs])
+        settings = {"scale": scale, **self.final_settings(scale)}
+        summaries = []
+        for i, cfg in enumerate(configs, 1):
+            path = out / cfg.name
+            if self.reuse_from and reuse_finished(out.parent / self.reuse_from / cfg.name,
+                                                  path, cfg):
+                log(f"[{i}/{len(configs)}] {cfg.name}: reusing the finished run of "
+                    f"{self.reuse_from}")
+            else:
+                log(f"[{i}/{len(configs)}] {cfg.name}: {cfg.model.name} on {cfg.data.name}")
+            summary = fit(cfg, path, progress=progress)
+            rd = RunDir(path)
+            stored = rd.read_json(FINAL_FILE) if (path / FINAL_FILE).exists() else None
+            if stored is not None and stored.get("settings") == settings:
+                values = stored["values"]
+            else:
+                log(f"    measuring the final model of {cfg.name}")
+                model, train, test = load_final(cfg, path)
+                values = self.measure_final(cfg, model, train, test, scale)
+                rd.write_json(FINAL_FILE, {"settings": settings, "values": values})
+            summaries.append({**summary, "final_measure": values})
+        return summaries

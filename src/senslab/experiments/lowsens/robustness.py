@@ -1,0 +1,208 @@
+"""Low sensitivity and robustness to common corruptions (main paper §7.1, SPEC §5).
+
+Paper: "Transformers Learn Low Sensitivity Functions" (ICLR 2025), §7.1, Fig. 9, Figs. 20–21.
+Claims: (a) ViTs are more accurate than CNNs on most corruptions; (b) training ViT-small with
+Gaussian-noise augmentation (``train.regularizer=noise``) or with the sensitivity regularizer
+(``train.regularizer=patch_mse``: loss = ½·CE + ½·MSE(f(x̃), f(x)), x̃ = x with N(0, 1) noise in
+one random patch, paper code) lowers its sensitivity and raises its accuracy on the noise and
+blur corruptions, compared with vanilla training.
+
+Command: ``senslab run robustness --out runs/robustness`` (``--scale paper`` for CIFAR-10/-C).
+
+Every run is trained with :func:`senslab.train.loop.fit` (SGD, batch 100) until a common train
+accuracy, so the comparison is at comparable fit; the final model is then evaluated on the clean
+test images and on every corruption × severity 1–5. Verdict: (a) every ViT beats every CNN on
+more than half of the corruptions (accuracy averaged over severities); (b) for each regularized
+model, final sensitivity below vanilla's by 2 s.e. at train accuracies within 0.03, and accuracy
+on the noise + blur corruptions above vanilla's by 2 s.e. (paired over test images: the per-image
+mean correctness over those corrupted copies is the sampling unit).
+
+Scales: ``paper`` — CIFAR-10, ViT-small / ViT-simple vs ResNet-18 / DenseNet-121 (part a) and
+ViT-small vanilla / noise / patch_mse (part b), 100 epochs, σ = 0.1, CIFAR-10-C (19 corruptions,
+all 10,000 test images; files in ``$SENSLAB_DATA/cifar10c/CIFAR-10-C``). ``cpu`` — Fashion-MNIST
+(found at ``../shared/data/fashion_mnist`` or ``$SENSLAB_DATA/fashion_mnist``; offline MNIST
+otherwise), a 3,000-image training subset, a small ViT-small (patch 7, depth 4, 4 heads) and the
+small 3-layer CNN, all stopped at 85% train accuracy (≤ 12 epochs), σ = 1 on 300 training
+images, and our own corruptions (``data/corruptions.py``: 4 noise, 3 blur, 4 digital, severities
+1–5) on 1,000 test images. Augmentation noise std 0.2 on the [−1, 1] scale (ours: the paper's
+variance was lost; it is the strongest CIFAR-10-C Gaussian noise on that scale); CNN lr 0.05
+instead of the paper's 0.005 so that it reaches the common train accuracy within the budget.
+
+The trained ViT-small runs are shared with ``sharpness`` (it copies them when it finds
+``runs/robustness/<run>`` trained with the same configuration).
+
+Measured at CPU scale: see ``cpu_runtime`` and README (filled in from runs/robustness).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ...data import ArrayDataset, create_dataset, default_root
+from ...data.corruptions import corrupt, list_corruptions
+from ...data.images import CIFAR10C_CORRUPTIONS, denormalize
+from ...train.config import RunConfig, apply_overrides
+from ..base import register_experiment
+from ._posthoc import FinalMeasureExperiment
+from .cifar import PAPER, below_verdict, combine, vision_run
+
+NOISE_BLUR_CIFAR10C = ("gaussian_noise", "shot_noise", "impulse_noise", "speckle_noise",
+                       "defocus_blur", "glass_blur", "motion_blur", "zoom_blur", "gaussian_blur")
+AUGMENT_SIGMA = 0.2
+CPU_TEST_IMAGES = 1000
+REGULARIZED = {"noise": ["train.regularizer=noise", f"train.reg_sigma={AUGMENT_SIGMA}"],
+               "patch_mse": ["train.regularizer=patch_mse", "train.reg_alpha=0.5",
+                             "train.reg_sigma=1.0"]}
+
+
+def cpu_data() -> tuple[list[str], int]:
+    """Data overrides and patch size of the CPU runs: Fashion-MNIST where a copy is found,
+    else MNIST from the offline wheel."""
+    for folder in (Path("../shared/data/fashion_mnist"), default_root() / "fashion_mnist"):
+        if (folder / "train-images-idx3-ubyte.gz").exists():
+            return ["data.name=fashion_mnist", f"data.root={folder.resolve()}"], 7
+    return ["data.name=mnist"], 7
+
+
+def _cpu_run(name: str, model: str, lr: float, extra: list[str]) -> RunConfig:
+    data, patch = cpu_data()
+    cfg = RunConfig(name=name, label=name)
+    cfg.model.name = model
+    common = data + ["data.train_subset=3000", "train.batch_size=100", "train.epochs=12",
+                     "train.target_train_acc=0.85", f"optim.lr={lr}", "track.sigma=1.0",
+                     "track.num_examples=300", "track.eval_examples=1000"]
+    return apply_overrides(cfg, common + extra + (
+        [f"train.reg_patch={patch}"] if any("patch_mse" in e for e in extra) else []))
+
+
+def vit_runs(scale: str) -> list[RunConfig]:
+    """ViT-small trained vanilla, with noise augmentation and with the MSE regularizer (shared
+    with the sharpness experiment)."""
+    if scale == "paper":
+        extra: dict[str, list[str]] = {"vit_small": [], **{
+            f"vit_small-{k}": v + ["train.reg_patch=4"] * (k == "patch_mse")
+            for k, v in REGULARIZED.items()}}
+        return [vision_run(n, "vit_small", scale, extra=e) for n, e in extra.items()]
+    _, patch = cpu_data()
+    small = ["model.overrides.depth=4", "model.overrides.heads=4", "model.overrides.dim_head=16",
+             "model.overrides.mlp_dim=128", f"model.overrides.patch_size={patch}"]
+    return [_cpu_run("vit_small", "vit_small", 0.1, small)] + [
+        _cpu_run(f"vit_small-{k}", "vit_small", 0.1, small + v) for k, v in REGULARIZED.items()]
+
+
+def cnn_runs(scale: str) -> list[RunConfig]:
+    if scale == "paper":
+        return [vision_run(m, m, scale) for m in ("vit_simple", "resnet18", "densenet121")]
+    _, patch = cpu_data()
+    return [_cpu_run("cnn", "cnn", 0.05, [f"model.overrides.sens_patch={patch}",
+                                          "model.overrides.channels=[16, 32]",
+                                          "model.overrides.hidden=64"])]
+
+
+@torch.no_grad()
+def correct(model: nn.Module, x: Tensor, y: Tensor, batch: int = 500) -> Tensor:
+    """Per-example correctness (bool) of ``model`` in eval mode."""
+    model.eval()
+    return torch.cat([model(x[i:i + batch]).argmax(1) == y[i:i + batch]
+                      for i in range(0, len(y), batch)])
+
+
+def corrupted_sets(cfg: RunConfig, test: ArrayDataset, n: int | None):
+    """Yield (corruption, family, severity, inputs, targets): CIFAR-10-C for CIFAR-10 runs, our
+    own corruptions of the first ``n`` test images (seeded) otherwise."""
+    if cfg.data.name == "cifar10":
+        for c in CIFAR10C_CORRUPTIONS:
+            family = "noise/blur" if c in NOISE_BLUR_CIFAR10C else "other"
+            for sev in range(1, 6):
+                ds = create_dataset("cifar10c", "test", corruption=c, severity=sev,
+                                    normalize=test.meta["normalize"])
+                yield c, family, sev, ds.inputs[:n], ds.targets[:n]
+        return
+    x, y = test.batch(slice(0, n))
+    clean = denormalize(x, test.meta).clamp(0, 1)
+    c_ = len(test.meta["mean"])
+    mean = torch.tensor(test.meta["mean"]).view(1, c_, 1, 1)
+    std = torch.tensor(test.meta["std"]).view(1, c_, 1, 1)
+    blur_noise = set(list_corruptions("noise")) | set(list_corruptions("blur"))
+    for c in list_corruptions():
+        for sev in range(1, 6):
+            xc = corrupt(clean, c, sev, torch.Generator().manual_seed(1000 * sev + cfg.seed))
+            yield c, "noise/blur" if c in blur_noise else "other", sev, (xc - mean) / std, y
+
+
+@register_experiment("robustness")
+class Robustness(FinalMeasureExperiment):
+    paper = f"{PAPER}, §7.1 Fig. 9"
+    claim = ("(a) ViTs are more accurate than CNNs on most corruptions; (b) noise augmentation "
+             "and the sensitivity regularizer lower ViT-small's sensitivity and raise its "
+             "accuracy on noise and blur corruptions.")
+    cpu_runtime = "~10 min"
+    cpu_scale_note = ("Fashion-MNIST instead of CIFAR-10(-C): 3,000 training images, small "
+                      "ViT-small (patch 7, depth 4) vs the small CNN, all to 85% train accuracy; "
+                      "11 locally generated corruptions × 5 severities on 1,000 test images; "
+                      "augmentation std 0.2, regularizer std 1, α 0.5")
+    requires = ("paper scale: CIFAR-10 in data.root and CIFAR-10-C in "
+                "$SENSLAB_DATA/cifar10c/CIFAR-10-C; cpu scale: Fashion-MNIST idx files in "
+                "../shared/data/fashion_mnist or $SENSLAB_DATA/fashion_mnist (else MNIST)")
+
+    def runs(self, scale: str) -> list[RunConfig]:
+        return vit_runs(scale) + cnn_runs(scale)
+
+    def final_settings(self, scale: str) -> dict[str, Any]:
+        return {"test_images": None if scale == "paper" else CPU_TEST_IMAGES}
+
+    def measure_final(self, cfg: RunConfig, model: nn.Module, train: ArrayDataset,
+                      test: ArrayDataset, scale: str) -> dict[str, Any]:
+        n = self.final_settings(scale)["test_images"]
+        x, y = test.batch(slice(0, n))
+        acc: dict[str, list[float]] = {}
+        per_image = torch.zeros(len(y), dtype=torch.float64)
+        count = 0
+        for c, family, _, xc, yc in corrupted_sets(cfg, test, n):
+            ok = correct(model, xc, yc)
+            acc.setdefault(c, []).append(float(ok.float().mean()))
+            if family == "noise/blur":
+                per_image += ok.double()
+                count += 1
+        return {"clean_acc": float(correct(model, x, y).float().mean()), "corrupted_acc": acc,
+                "noise_blur_per_image": (per_image / max(count, 1)).tolist()}
+
+    def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
+        by = {s["label"]: s for s in summaries}
+        mean_acc = {k: {c: sum(v) / len(v) for c, v in s["final_measure"]["corrupted_acc"].items()}
+                    for k, s in by.items()}
+        vits = [k for k in by if k in ("vit_small", "vit_simple")]
+        cnns = [k for k in by if not k.startswith("vit")]
+        parts: dict[str, dict[str, Any]] = {}
+        wins = {}
+        for v in vits:
+            for c in cnns:
+                won = sum(mean_acc[v][k] > mean_acc[c][k] for k in mean_acc[v])
+                wins[f"{v} vs {c}"] = (won, len(mean_acc[v]))
+        ok = all(w > n / 2 for w, n in wins.values())
+        parts["a"] = {"verdict": "holds" if ok else "does not hold",
+                      "reason": ", ".join(f"{k}: ViT better on {w}/{n}"
+                                          for k, (w, n) in wins.items()),
+                      "evidence": {"mean_acc_over_severities": mean_acc,
+                                   "clean_acc": {k: s["final_measure"]["clean_acc"]
+                                                 for k, s in by.items()}}}
+        base = torch.tensor(by["vit_small"]["final_measure"]["noise_blur_per_image"])
+        for reg in [k for k in by if k.startswith("vit_small-")]:
+            sens_part = below_verdict([by[reg], by["vit_small"]], [reg], ["vit_small"])
+            d = torch.tensor(by[reg]["final_measure"]["noise_blur_per_image"]) - base
+            diff, se = float(d.mean()), float(d.std() / math.sqrt(len(d)))
+            better = diff > 2 * se
+            verdict = sens_part["verdict"]
+            if verdict == "holds" and not better:
+                verdict = "does not hold"
+            parts[reg] = {"verdict": verdict,
+                          "reason": (f"{sens_part['reason']}; noise/blur accuracy "
+                                     f"{reg} − vit_small = {diff:+.4f} (±{2 * se:.4f})"),
+                          "evidence": {**sens_part["evidence"], "noise_blur_acc_diff": diff,
+                                       "noise_blur_acc_diff_se": se}}
+        return combine(parts)
