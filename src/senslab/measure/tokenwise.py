@@ -14,10 +14,25 @@ averaging uniformly over the real tokens of each example (padding is never pertu
 uniformly over examples. With ``compare="l1"``/``"l2"`` the indicator is replaced by the distance
 between the output vectors.
 
-**Estimator.** For every example all its real tokens are enumerated (a stratified design: no
-variance from choosing tokens) with ``repeats`` fresh noise draws each, or a random subset of
-``num_tokens`` tokens. All perturbed copies of a chunk are built with tensor ops on the model's
-device and evaluated in one forward pass under ``torch.inference_mode``.
+**Estimator.** For every example all its real tokens are enumerated (exhaustive stratification:
+no variance from choosing tokens or examples) with ``repeats`` noise draws each, or a random
+subset of ``num_tokens`` tokens. All perturbed copies of a chunk are built with tensor ops on the
+model's device and evaluated in one forward pass under ``torch.inference_mode``. Against plain
+Monte Carlo over (example, token, noise) triples, whose variance per forward pass is
+:math:`\bar p(1-\bar p)`, stratification leaves only the within-cell part
+:math:`\overline{p_{bt}(1-p_{bt})}`; the between-example and between-token spread of the flip
+rates :math:`p_{bt}` no longer costs forward passes.
+
+* ``antithetic=True`` draws the noise in pairs :math:`(\varepsilon, -\varepsilon)` (``repeats``
+  even). A pair's mean is unbiased for the cell's rate and has variance
+  :math:`\tfrac12\sigma_v^2(1+\rho)`, :math:`\rho` the correlation of the two halves: for a
+  decision boundary that is locally flat, the two flips exclude each other and
+  :math:`\rho = -p/(1-p) < 0`. Standard errors then use pair means as the i.i.d. units.
+* ``target_stderr=s`` (adaptive stopping): ``update`` repeats rounds of ``repeats`` draws per
+  token until the fixed-subset standard error of the batch's mean is at most ``s`` or the next
+  round would exceed ``max_forward`` forward passes for the batch (default: 64 rounds). The
+  stopping rule looks at the whole batch, never at single cells, so the estimate's bias is
+  :math:`O(1/n)` (negligible against its standard error).
 
 **Uncertainty.** Two estimands are distinguished:
 
@@ -26,9 +41,16 @@ device and evaluated in one forward pass under ``torch.inference_mode``.
   per-example flip rates divided by :math:`\sqrt{n}` (tokens of one example are not independent
   of each other, so pooling all flips would understate it).
 * ``"subset"``: the sensitivity of *this fixed set of examples*; only the token/noise randomness
-  counts. With all tokens and ``repeats >= 2`` it uses the stratified variance
-  :math:`\operatorname{Var}(\hat m_b) = T_b^{-2}\sum_t s^2_{bt}/R`; otherwise the copies of an
-  example are treated as i.i.d. draws (conservative under stratification).
+  counts. With all tokens and at least two units per token it uses the stratified variance
+  :math:`\operatorname{Var}(\hat m_b) = K_b^{-2}\sum_t s^2_{bt}/r` (:mod:`._stats`); otherwise
+  the units of an example are treated as i.i.d. draws (conservative under stratification).
+
+**Speed and memory.** ``chunk_size="auto"`` (the default) evaluates a small probe chunk while
+counting the bytes its forward pass allocates, then sizes the chunks to ``memory_budget`` bytes
+(default: half the free GPU memory, or a quarter of the free RAM capped at 256 MiB on CPU, where
+cache-sized chunks run fastest). The noise is drawn in fixed blocks, so chunking never changes the
+numbers. ``autocast`` runs the forwards in bf16/fp16 and ``compile=True`` through
+``torch.compile``.
 
 The state is sums and counts, so results over many batches and processes merge exactly
 (:meth:`TokenSensitivity.merge`).
@@ -39,139 +61,29 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
-from ..tokens.base import BoundTokens, Inputs, Tokenization, batch_size, check_device
+from ..tokens.base import Inputs, Tokenization, batch_size, check_device
+from ._noise import NOISE_BLOCK, NoiseStream
+from ._runner import ChunkRunner, _check_finite, _predictions
+from ._stats import SensitivityResult, State, accumulate, interleave, merged, pad_to, result
+from ._stats import units as _units
+from ._stats import within_variance as _within_variance
 
 Compare = Literal["class", "l1", "l2"]
 Estimand = Literal["data", "subset"]
 
-#: Noise is drawn from the generator in blocks of this many numbers, whatever the chunk size,
-#: so chunked and unchunked evaluation consume the random stream identically.
-NOISE_BLOCK = 1 << 18
-DEFAULT_CHUNK = 64
+__all__ = [
+    "NOISE_BLOCK", "SensitivityResult", "TokenSensitivity", "_predictions", "token_sensitivity"
+]
 
-
-@dataclass(frozen=True)
-class SensitivityResult:
-    """What a sensitivity measurement returns.
-
-    ``estimate`` is the mean flip rate (or output distance); ``stderr`` and ``ci95`` belong to
-    ``estimand`` (see the module docstring); ``stderr_subset`` is always the fixed-subset one.
-    ``per_sample`` holds one rate per example (in input order); ``per_position`` the mean per
-    token position, at positions ``positions`` (right-aligned: −1 is the last real token), with
-    ``position_counts`` perturbed copies behind each. ``num_forward`` counts model evaluations
-    of single examples, clean ones included.
-    """
-
-    estimate: float
-    stderr: float
-    ci95: tuple[float, float]
-    estimand: str
-    stderr_subset: float
-    num_examples: int
-    num_forward: int
-    per_sample: Tensor
-    per_position: Tensor
-    positions: Tensor
-    position_counts: Tensor
-    sigma: float | None
-
-    def __str__(self) -> str:
-        lo, hi = self.ci95
-        return (
-            f"sensitivity {self.estimate:.4f} ± {self.stderr:.4f} "
-            f"(95% CI {lo:.4f}–{hi:.4f}, {self.estimand}; {self.num_examples:,} examples, "
-            f"{self.num_forward:,} forward passes)"
-        )
-
-    def __float__(self) -> float:
-        return self.estimate
-
-
-class _NoiseStream:
-    """Standard-normal rows drawn in fixed-size blocks (see :data:`NOISE_BLOCK`)."""
-
-    def __init__(self, generator: torch.Generator, row: int, device: torch.device) -> None:
-        self.gen, self.row, self.device = generator, row, device
-        self.rows_per_block = max(1, NOISE_BLOCK // row)
-        self.buf = torch.empty(0, row, device=device)
-
-    def take(self, n: int) -> Tensor:
-        parts = [self.buf]
-        have = len(self.buf)
-        while have < n:
-            block = torch.randn(
-                self.rows_per_block, self.row, generator=self.gen, device=self.gen.device
-            )
-            parts.append(block.to(self.device, non_blocking=True))
-            have += self.rows_per_block
-        allrows = torch.cat(parts) if len(parts) > 1 else self.buf
-        out, self.buf = allrows[:n], allrows[n:]
-        return out
-
-    def randint(self, high: int, n: int) -> Tensor:
-        return torch.randint(high, (n,), generator=self.gen, device=self.gen.device).to(
-            self.device
-        )
-
-
-def _predictions(out: Tensor) -> Tensor:
-    if out.dim() == 1 or (out.dim() == 2 and out.shape[1] == 1):
-        return out.reshape(-1) > 0  # one logit / score: the sign is the class
-    if out.dim() == 2:
-        return out.argmax(dim=1)
-    raise ValueError(
-        f"model output has shape {tuple(out.shape)}; compare='class' needs (batch,) or "
-        "(batch, classes) outputs — use compare='l1' or 'l2' for other outputs"
-    )
-
-
-def _check_finite(out: Tensor, what: str) -> None:
-    if not torch.isfinite(out).all():
-        bad = (~torch.isfinite(out.reshape(len(out), -1))).any(dim=1).nonzero().flatten()
-        raise FloatingPointError(
-            f"model output is NaN or infinite on {len(bad)} {what} (first at row {bad[0].item()}); "
-            "sensitivity is undefined there — check the model's weights and the inputs"
-        )
-
-
-@dataclass
-class _State:
-    """Sum/count state: mergeable across batches and processes."""
-
-    n: int = 0
-    s1: float = 0.0  # Σ_b m_b
-    s2: float = 0.0  # Σ_b m_b²
-    within: float = 0.0  # Σ_b Var̂(m_b) (token/noise randomness only)
-    forward: int = 0
-    pos_sum: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.float64))
-    pos_cnt: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.float64))
-    samples: list[Tensor] = field(default_factory=list)
-
-
-def _interleave(per_rank: list[Any]) -> Tensor:
-    """Per-sample rates of all ranks back in one-process order (example b lives on rank
-    b % world; each rank's list holds one entry per update)."""
-    world, out = len(per_rank), []
-    for batches in zip(*per_rank, strict=True):
-        n = sum(len(x) for x in batches)
-        merged = [0.0] * n
-        for r, rates in enumerate(batches):
-            merged[r::world] = rates
-        out += merged
-    return torch.tensor(out, dtype=torch.float32)
-
-
-def _pad_to(t: Tensor, n: int, left: bool) -> Tensor:
-    if len(t) >= n:
-        return t
-    z = torch.zeros(n - len(t), dtype=t.dtype)
-    return torch.cat([z, t] if left else [t, z])
+#: rounds of ``repeats`` draws that ``target_stderr`` may spend per batch without ``max_forward``
+DEFAULT_MAX_ROUNDS = 64
+DEFAULT_CHUNK = 64  # kept for callers that imported it; the default chunk size is now "auto"
+_NoiseStream = NoiseStream
 
 
 class TokenSensitivity:
@@ -187,7 +99,7 @@ class TokenSensitivity:
         variance: noise variance σ².
         replace_with: a (V, D) vocabulary; the perturbation then replaces the token by a row
             drawn uniformly from it instead of adding noise (the synthetic task's sensitivity).
-        repeats: noise draws per token.
+        repeats: noise draws per token (per round, with ``target_stderr``).
         num_tokens: perturb a random subset of this many tokens per example (default: all).
         mode: ``"token"`` (one token at a time) or ``"whole"`` (noise on every token at once,
             the random-noise variant of the paper's A.2).
@@ -196,8 +108,17 @@ class TokenSensitivity:
         estimand: ``"data"`` or ``"subset"``, which standard error ``compute`` reports.
         generator: a ``torch.Generator`` or an int seed; all randomness comes from it
             (default seed 0: same call, same numbers).
-        chunk_size: perturbed copies per forward pass (bounds memory).
+        chunk_size: perturbed copies per forward pass, or ``"auto"``/None (default): sized from
+            a probe forward's allocations and ``memory_budget``.
+        memory_budget: bytes one chunk may allocate with ``chunk_size="auto"`` (default: see
+            the module docstring).
+        antithetic: draw noise in pairs (ε, −ε); ``repeats`` must be even.
+        target_stderr: adaptive stopping — add rounds of ``repeats`` draws per token until the
+            fixed-subset standard error of each batch's mean is at most this.
+        max_forward: forward passes one ``update`` may spend with ``target_stderr`` (at least
+            one round always runs; default 64 rounds).
         autocast: a dtype (``torch.bfloat16``/``torch.float16``) to run forwards under autocast.
+        compile: evaluate the perturbed copies through ``torch.compile(model)``.
         align: per-position alignment, ``"left"`` or ``"right"``; default from the tokenization.
         shard: ``(rank, world_size)``: this process measures only examples ``b`` with
             ``b % world_size == rank`` of every batch, drawing the same random stream as a single
@@ -230,8 +151,13 @@ class TokenSensitivity:
         compare: Compare = "class",
         estimand: Estimand = "data",
         generator: torch.Generator | int | None = None,
-        chunk_size: int | None = None,
+        chunk_size: int | Literal["auto"] | None = None,
+        memory_budget: int | None = None,
+        antithetic: bool = False,
+        target_stderr: float | None = None,
+        max_forward: int | None = None,
         autocast: torch.dtype | None = None,
+        compile: bool = False,
         align: Literal["left", "right"] | None = None,
         eval_mode: bool = True,
         shard: tuple[int, int] | None = None,
@@ -259,8 +185,32 @@ class TokenSensitivity:
             raise ValueError(f"estimand must be 'data' or 'subset', got {estimand!r}")
         self.repeats, self.num_tokens, self.mode = repeats, num_tokens, mode
         self.compare, self.estimand = compare, estimand
-        self.chunk_size = _check_positive("chunk_size", chunk_size or DEFAULT_CHUNK)
-        self.autocast, self.eval_mode = autocast, eval_mode
+        if chunk_size in (None, "auto"):
+            self.chunk_size: int | None = None
+        else:
+            self.chunk_size = _check_positive("chunk_size", chunk_size)  # type: ignore[arg-type]
+        if memory_budget is not None:
+            _check_positive("memory_budget", memory_budget)
+        self.memory_budget = memory_budget
+        self.antithetic = bool(antithetic)
+        if self.antithetic:
+            if replace_with is not None:
+                raise ValueError("antithetic pairs (ε, −ε) need Gaussian noise, not replace_with")
+            if repeats % 2:
+                raise ValueError(
+                    f"antithetic=True needs an even number of repeats (pairs ε, −ε), got {repeats}"
+                )
+            if self.chunk_size is not None and self.chunk_size % 2:
+                self.chunk_size += 1  # pairs never straddle two chunks
+        if target_stderr is not None and not (target_stderr > 0 and math.isfinite(target_stderr)):
+            raise ValueError(f"target_stderr must be a positive number, got {target_stderr!r}")
+        if max_forward is not None:
+            _check_positive("max_forward", max_forward)
+        if target_stderr is not None and shard is not None:
+            raise ValueError("target_stderr (adaptive stopping) cannot be combined with shard")
+        self.target_stderr, self.max_forward = target_stderr, max_forward
+        self.autocast, self.eval_mode, self.compile = autocast, eval_mode, bool(compile)
+        self._compiled: Any = None
         self.align = align or getattr(tokens, "align", "left")
         if self.align not in ("left", "right"):
             raise ValueError(f"align must be 'left' or 'right', got {self.align!r}")
@@ -270,7 +220,7 @@ class TokenSensitivity:
             self.generator: torch.Generator | None = None  # made on the model's device lazily
         else:
             self._seed, self.generator = None, generator
-        self._stream: _NoiseStream | None = None
+        self._stream: NoiseStream | None = None
         if shard is not None and not (0 <= shard[0] < shard[1]):
             raise ValueError(f"shard must be (rank, world_size), 0 <= rank < world; got {shard}")
         self.shard = shard
@@ -279,25 +229,13 @@ class TokenSensitivity:
     # -- state ---------------------------------------------------------------------------------
     def reset(self) -> None:
         """Forget all accumulated examples (the random stream continues)."""
-        self.state = _State()
+        self.state = State()
 
     def merge(self, other: TokenSensitivity) -> TokenSensitivity:
         """Add ``other``'s accumulated state to this one (e.g. results of other processes)."""
         if other.align != self.align:
             raise ValueError("cannot merge results with different per-position alignment")
-        a, b = self.state, other.state
-        n = max(len(a.pos_sum), len(b.pos_sum))
-        left = self.align == "right"
-        self.state = _State(
-            n=a.n + b.n,
-            s1=a.s1 + b.s1,
-            s2=a.s2 + b.s2,
-            within=a.within + b.within,
-            forward=a.forward + b.forward,
-            pos_sum=_pad_to(a.pos_sum, n, left) + _pad_to(b.pos_sum, n, left),
-            pos_cnt=_pad_to(a.pos_cnt, n, left) + _pad_to(b.pos_cnt, n, left),
-            samples=a.samples + b.samples,
-        )
+        self.state = merged(self.state, other.state, self.align)
         return self
 
     # -- measuring -----------------------------------------------------------------------------
@@ -311,23 +249,20 @@ class TokenSensitivity:
         if batch_size(inputs) == 0:
             raise ValueError("empty batch: sensitivity needs at least one example")
         device = check_device(self.model, inputs)
-        if self.eval_mode and isinstance(self.model, nn.Module):
-            with _eval(self.model), self._autocast(device):
-                self._update(inputs, mask, device)
-        else:
-            with self._autocast(device):
-                self._update(inputs, mask, device)
+        evaluating = self.eval_mode and isinstance(self.model, nn.Module)
+        with _eval(self.model) if evaluating else nullcontext(), self._autocast(device):
+            self._update(inputs, mask, device)
 
     def _autocast(self, device: torch.device) -> Any:
         if self.autocast is None:
             return nullcontext()
         return torch.autocast(device_type=device.type, dtype=self.autocast)
 
-    def _rng(self, device: torch.device, row: int) -> _NoiseStream:
+    def _rng(self, device: torch.device, row: int) -> NoiseStream:
         if self.generator is None:
             self.generator = torch.Generator(device=device).manual_seed(self._seed or 0)
         if self._stream is None or self._stream.row != row:
-            self._stream = _NoiseStream(self.generator, row, device)
+            self._stream = NoiseStream(self.generator, row, device)
         return self._stream
 
     def _update(self, inputs: Inputs, mask: Tensor | None, device: torch.device) -> None:
@@ -344,13 +279,18 @@ class TokenSensitivity:
                 )
             whole = self.mode == "whole"
             stream = self._rng(device, t * bound.dim if whole else bound.dim)
-            src, tok = self._plan(valid, stream)
             ref = _predictions(clean) if self.compare == "class" else clean.float()
-            vals = torch.empty(len(src), dtype=torch.float32, device=device)
-            own = self._owned(src)
-            for lo in range(0, len(src), self.chunk_size):
-                sl = slice(lo, lo + self.chunk_size)
-                vals[sl] = self._evaluate(bound, stream, src[sl], tok[sl], ref, whole, own[sl])
+            runner = ChunkRunner(self, bound, stream, ref, whole, device)
+            parts: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
+            rounds = 0
+            while True:
+                src, tok = self._plan(valid, stream)
+                own = self._owned(src)
+                parts.append((runner.run(src, tok, own), src, tok, own))
+                rounds += 1
+                if not self._more(parts, valid, rounds):
+                    break
+        vals, src, tok, own = (torch.cat(x) for x in zip(*parts, strict=True))
         if self.shard is not None:
             keep = own.nonzero().flatten()
             mine = self._owned(torch.arange(b, device=device))
@@ -358,10 +298,35 @@ class TokenSensitivity:
             b = int(mine.sum())
             remap = torch.cumsum(mine.long(), 0) - 1  # global example → local row
             valid, src = valid[mine], remap[src]
-        self._accumulate(vals, src, tok, valid, whole)
+        accumulate(
+            self.state, vals, src, tok, valid, pairs=self.antithetic,
+            per_cell=self._per_cell(rounds), positions=None if whole else self.align,
+        )
         self.state.forward += b + len(src)
 
-    def _plan(self, valid: Tensor, stream: _NoiseStream) -> tuple[Tensor, Tensor]:
+    def _per_cell(self, rounds: int) -> int | None:
+        """Units per real token when every token got the same draws (stratified), else None."""
+        if self.mode == "whole" or self.num_tokens is not None:
+            return None
+        return rounds * self.repeats // (2 if self.antithetic else 1)
+
+    def _more(self, parts: list[tuple[Tensor, ...]], valid: Tensor, rounds: int) -> bool:
+        """Adaptive stopping: another round while the batch's subset s.e. exceeds the target."""
+        if self.target_stderr is None:
+            return False
+        b = valid.shape[0]
+        per_round = len(parts[0][1])
+        spent = b + rounds * per_round
+        cap = self.max_forward or b + DEFAULT_MAX_ROUNDS * per_round
+        if spent + per_round > cap:
+            return False
+        vals, src, tok = (torch.cat([p[i] for p in parts]) for i in range(3))
+        u, usrc, utok = _units(vals, src, tok, self.antithetic)
+        within = _within_variance(u, usrc, utok, valid, self._per_cell(rounds)).sum().item()
+        se = math.sqrt(max(within, 0.0)) / b if math.isfinite(within) else math.inf
+        return se > self.target_stderr
+
+    def _plan(self, valid: Tensor, stream: NoiseStream) -> tuple[Tensor, Tensor]:
         """Which example (src) and token (tok) each perturbed copy has, sample-major."""
         b, t = valid.shape
         if self.mode == "whole":
@@ -383,100 +348,10 @@ class TokenSensitivity:
         rank, world = self.shard
         return src % world == rank
 
-    def _evaluate(
-        self,
-        bound: BoundTokens,
-        stream: _NoiseStream,
-        src: Tensor,
-        tok: Tensor,
-        ref: Tensor,
-        whole: bool,
-        own: Tensor,
-    ) -> Tensor:
-        """Values of the copies of one chunk. Randomness is drawn for every copy of the chunk
-        (so every shard consumes the stream alike); only ``own`` copies are evaluated."""
-        if self.replace_with is not None:
-            vocab = self.replace_with.to(ref.device)
-            pick = vocab[stream.randint(len(vocab), len(src))]
-        else:
-            noise = stream.take(len(src)) * self.sigma
-        out_vals = torch.zeros(len(src), dtype=torch.float32, device=ref.device)
-        if not own.all():
-            idx = own.nonzero().flatten()
-            if len(idx) == 0:
-                return out_vals
-            src, tok = src[idx], tok[idx]
-            if self.replace_with is not None:
-                pick = pick[idx]
-            else:
-                noise = noise[idx]
-        else:
-            idx = None
-        if self.replace_with is not None:
-            noise = pick - bound.tokens(src, tok).to(pick.dtype)
-        elif whole:
-            noise = noise.view(len(src), -1, bound.dim)
-        vals = self._compare(bound.forward_perturbed(src, None if whole else tok, noise), ref, src)
-        if idx is None:
-            return vals
-        return out_vals.index_copy_(0, idx, vals)
-
-    def _compare(self, out: Tensor, ref: Tensor, src: Tensor) -> Tensor:
-        _check_finite(out, "perturbed copies")
-        if self.compare == "class":
-            return (_predictions(out) != ref[src]).float()
-        diff = (out.float() - ref[src]).reshape(len(src), -1)
-        return diff.abs().sum(1) if self.compare == "l1" else diff.norm(dim=1)
-
-    def _accumulate(
-        self, vals: Tensor, src: Tensor, tok: Tensor, valid: Tensor, whole: bool
-    ) -> None:
-        b, t = valid.shape
-        v = vals.double()
-        cnt = torch.zeros(b, dtype=torch.float64, device=v.device).index_add_(
-            0, src, torch.ones_like(v)
-        )
-        mean = torch.zeros_like(cnt).index_add_(0, src, v) / cnt
-        # within-example variance of each example's mean (fixed-subset estimand)
-        stratified = not whole and self.repeats > 1 and self.num_tokens is None
-        if stratified:
-            cell = src * t + tok
-            csum = torch.zeros(b * t, dtype=torch.float64, device=v.device).index_add_(0, cell, v)
-            csq = torch.zeros_like(csum).index_add_(0, cell, v * v)
-            r = self.repeats
-            cvar = (csq - csum * csum / r) / (r - 1)  # sample variance per (example, token) cell
-            k = valid.sum(1).double().to(v.device)
-            within = cvar.view(b, t).sum(1) / r / k**2
-        else:
-            sq = torch.zeros_like(cnt).index_add_(0, src, v * v)
-            var = (sq - cnt * mean * mean) / (cnt - 1).clamp(min=1)
-            within = torch.where(cnt > 1, var / cnt, torch.full_like(var, float("nan")))
-        st = self.state
-        st.n += b
-        st.s1 += mean.sum().item()
-        st.s2 += (mean * mean).sum().item()
-        st.within += within.sum().item()
-        st.samples.append(mean.float().cpu())
-        if not whole:
-            self._accumulate_positions(v, src, tok, valid)
-
-    def _accumulate_positions(self, v: Tensor, src: Tensor, tok: Tensor, valid: Tensor) -> None:
-        t = valid.shape[1]
-        if self.align == "right":  # index t-1 ↔ position −1 (the last real token)
-            # number of real tokens after each token: 0 for the last real one
-            after = valid.flip(1).cumsum(1).flip(1) - valid.long()
-            idx = t - 1 - after[src, tok]
-        else:
-            idx = tok
-        ps = torch.zeros(t, dtype=torch.float64, device=v.device).index_add_(0, idx, v).cpu()
-        pc = torch.zeros(t, dtype=torch.float64, device=v.device).index_add_(
-            0, idx, torch.ones_like(v)
-        ).cpu()
-        st = self.state
-        n = max(t, len(st.pos_sum))
-        left = self.align == "right"
-        st.pos_sum = _pad_to(st.pos_sum, n, left) + _pad_to(ps, n, left)
-        st.pos_cnt = _pad_to(st.pos_cnt, n, left) + _pad_to(pc, n, left)
+    def _compiled_model(self) -> Any:
+        if self._compiled is None:
+            self._compiled = torch.compile(self.model)
+        return self._compiled
 
     def all_reduce(self, group: Any = None) -> TokenSensitivity:
         """Sum the state over all processes of ``torch.distributed`` (every rank then holds the
@@ -490,49 +365,20 @@ class TokenSensitivity:
         p = max(sizes)
         left = self.align == "right"
         scal = torch.tensor([st.n, st.s1, st.s2, st.within, st.forward], dtype=torch.float64)
-        vec = torch.cat([scal, _pad_to(st.pos_sum, p, left), _pad_to(st.pos_cnt, p, left)])
+        vec = torch.cat([scal, pad_to(st.pos_sum, p, left), pad_to(st.pos_cnt, p, left)])
         dist.all_reduce(vec, group=group)
         samples = [None] * world
         dist.all_gather_object(samples, [s.tolist() for s in st.samples], group=group)
-        self.state = _State(
+        self.state = State(
             n=int(vec[0]), s1=float(vec[1]), s2=float(vec[2]), within=float(vec[3]),
             forward=int(vec[4]), pos_sum=vec[5 : 5 + p].clone(), pos_cnt=vec[5 + p :].clone(),
-            samples=[_interleave(samples)],
+            samples=[interleave(samples)],
         )
         return self
 
     def compute(self) -> SensitivityResult:
         """The estimate over everything accumulated since the last :meth:`reset`."""
-        st = self.state
-        if st.n == 0:
-            raise RuntimeError("no examples measured yet: call update(inputs) first")
-        est = st.s1 / st.n
-        var_data = (st.s2 - st.n * est * est) / (st.n - 1) if st.n > 1 else float("nan")
-        se_data = math.sqrt(max(var_data, 0.0) / st.n) if st.n > 1 else float("nan")
-        se_subset = math.sqrt(max(st.within, 0.0)) / st.n if math.isfinite(st.within) else math.nan
-        se = se_data if self.estimand == "data" else se_subset
-        lo, hi = est - 1.96 * se, est + 1.96 * se
-        if self.compare == "class":
-            lo, hi = max(lo, 0.0), min(hi, 1.0)
-        p = len(st.pos_sum)
-        positions = torch.arange(-p, 0) if self.align == "right" else torch.arange(p)
-        with torch.no_grad():
-            per_pos = st.pos_sum / st.pos_cnt.clamp(min=1)
-            per_pos[st.pos_cnt == 0] = float("nan")
-        return SensitivityResult(
-            estimate=est,
-            stderr=se,
-            ci95=(lo, hi),
-            estimand=self.estimand,
-            stderr_subset=se_subset,
-            num_examples=st.n,
-            num_forward=st.forward,
-            per_sample=torch.cat(st.samples),
-            per_position=per_pos,
-            positions=positions,
-            position_counts=st.pos_cnt.clone(),
-            sigma=self.sigma,
-        )
+        return result(self.state, self.estimand, self.align, self.compare == "class", self.sigma)
 
 
 def token_sensitivity(

@@ -1,0 +1,112 @@
+"""Chunked evaluation of the perturbed copies of one batch (the estimator's inner loop)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..tokens.base import BoundTokens
+from . import _chunks
+from ._noise import NoiseStream
+
+
+def _predictions(out: Tensor) -> Tensor:
+    if out.dim() == 1 or (out.dim() == 2 and out.shape[1] == 1):
+        return out.reshape(-1) > 0  # one logit / score: the sign is the class
+    if out.dim() == 2:
+        return out.argmax(dim=1)
+    raise ValueError(
+        f"model output has shape {tuple(out.shape)}; compare='class' needs (batch,) or "
+        "(batch, classes) outputs — use compare='l1' or 'l2' for other outputs"
+    )
+
+
+def _check_finite(out: Tensor, what: str) -> None:
+    if not torch.isfinite(out).all():
+        bad = (~torch.isfinite(out.reshape(len(out), -1))).any(dim=1).nonzero().flatten()
+        raise FloatingPointError(
+            f"model output is NaN or infinite on {len(bad)} {what} (first at row {bad[0].item()}); "
+            "sensitivity is undefined there — check the model's weights and the inputs"
+        )
+
+
+class ChunkRunner:
+    """Evaluates the copies of one batch chunk by chunk; sizes the chunks on the first call
+    (probe) when the chunk size is automatic, and keeps that size for later rounds."""
+
+    def __init__(
+        self, metric: Any, bound: BoundTokens, stream: NoiseStream, ref: Tensor,
+        whole: bool, device: torch.device,
+    ) -> None:
+        self.m, self.bound, self.stream, self.ref, self.whole = metric, bound, stream, ref, whole
+        self.chunk = metric.chunk_size
+        self.budget = metric.memory_budget or (
+            _chunks.default_budget(device) if self.chunk is None else 0
+        )
+        self.compiled = False
+
+    def run(self, src: Tensor, tok: Tensor, own: Tensor) -> Tensor:
+        n = len(src)
+        vals = torch.empty(n, dtype=torch.float32, device=self.ref.device)
+        pos = 0
+        while pos < n:
+            if self.chunk is None:  # probe: evaluate a few copies while metering allocations
+                sl = slice(pos, pos + _chunks.PROBE_COPIES)
+                meter = _chunks.ActivationMeter(_chunks.storages(self.m.model))
+                with meter:
+                    vals[sl] = self._evaluate(src[sl], tok[sl], own[sl])
+                evaluated = int(own[sl].sum())
+                if evaluated:
+                    self.chunk = _chunks.chunk_from_probe(
+                        meter.peak, evaluated, self.budget, n, even=self.m.antithetic
+                    )
+            else:
+                sl = slice(pos, pos + self.chunk)
+                vals[sl] = self._evaluate(src[sl], tok[sl], own[sl])
+            pos = min(sl.stop, n)
+        return vals
+
+    def _evaluate(self, src: Tensor, tok: Tensor, own: Tensor) -> Tensor:
+        """Values of the copies of one chunk. Randomness is drawn for every copy of the chunk
+        (so every shard consumes the stream alike); only ``own`` copies are evaluated."""
+        m, stream, bound = self.m, self.stream, self.bound
+        if m.replace_with is not None:
+            vocab = m.replace_with.to(self.ref.device)
+            pick = vocab[stream.randint(len(vocab), len(src))]
+        elif m.antithetic:
+            noise = stream.take_antithetic(len(src)).mul_(m.sigma)
+        else:
+            noise = stream.take(len(src)).mul_(m.sigma)
+        out_vals = torch.zeros(len(src), dtype=torch.float32, device=self.ref.device)
+        idx = None
+        if not own.all():
+            idx = own.nonzero().flatten()
+            if len(idx) == 0:
+                return out_vals
+            src, tok = src[idx], tok[idx]
+            if m.replace_with is not None:
+                pick = pick[idx]
+            else:
+                noise = noise[idx]
+        if m.replace_with is not None:
+            noise = pick - bound.tokens(src, tok).to(pick.dtype)
+        elif self.whole:
+            noise = noise.view(len(src), -1, bound.dim)
+        if m.compile and not self.compiled and self.chunk is not None:
+            bound.model = m._compiled_model()  # type: ignore[attr-defined]
+            self.compiled = True
+        out = bound.forward_perturbed(src, None if self.whole else tok, noise)
+        vals = self._compare(out, src)
+        if idx is None:
+            return vals
+        return out_vals.index_copy_(0, idx, vals)
+
+    def _compare(self, out: Tensor, src: Tensor) -> Tensor:
+        _check_finite(out, "perturbed copies")
+        ref = self.ref
+        if self.m.compare == "class":
+            return (_predictions(out) != ref[src]).float()
+        diff = (out.float() - ref[src]).reshape(len(src), -1)
+        return diff.abs().sum(1) if self.m.compare == "l1" else diff.norm(dim=1)

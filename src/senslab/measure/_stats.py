@@ -1,0 +1,218 @@
+r"""Sums, counts and standard errors of the token-wise estimator (see
+:mod:`senslab.measure.tokenwise` for the estimands).
+
+**Units.** The copies of one (example, token) cell are grouped into *units* that are i.i.d. given
+the cell: single copies, or with antithetic noise the pair means
+:math:`u = \tfrac12\,[v(\varepsilon) + v(-\varepsilon)]`. Each unit is unbiased for the cell's
+mean, so every estimator below stays unbiased; antithetic pairs only change the variance,
+:math:`\operatorname{Var}(u) = \tfrac12 \operatorname{Var}(v)\,(1 + \rho)` with
+:math:`\rho = \operatorname{corr}(v(\varepsilon), v(-\varepsilon))`, a gain wherever
+:math:`\rho < 0` (for a decision boundary that is locally a hyperplane, a flip by ε and a flip by
+−ε exclude each other, so :math:`\rho = -p/(1-p)`).
+
+**Stratified variance.** With all :math:`K_b` real tokens of example :math:`b` evaluated and
+:math:`r` units each, the example's mean :math:`\hat m_b = K_b^{-1} \sum_t \bar u_{bt}` has
+
+.. math::
+
+    \widehat{\operatorname{Var}}(\hat m_b) = \frac{1}{K_b^2} \sum_t \frac{s^2_{bt}}{r},
+
+:math:`s^2_{bt}` the sample variance of the units of cell :math:`(b, t)` — unbiased for the
+variance of :math:`\hat m_b` (the between-token spread of the flip rates costs nothing, unlike
+plain Monte Carlo that samples tokens at random). With fewer than two units per cell, or a random
+token subset, the units of an example are treated as i.i.d. (conservative).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class SensitivityResult:
+    """What a sensitivity measurement returns.
+
+    ``estimate`` is the mean flip rate (or output distance); ``stderr`` and ``ci95`` belong to
+    ``estimand`` (see the module docstring); ``stderr_subset`` is always the fixed-subset one.
+    ``per_sample`` holds one rate per example (in input order); ``per_position`` the mean per
+    token position, at positions ``positions`` (right-aligned: −1 is the last real token), with
+    ``position_counts`` perturbed copies behind each. ``num_forward`` counts model evaluations
+    of single examples, clean ones included.
+    """
+
+    estimate: float
+    stderr: float
+    ci95: tuple[float, float]
+    estimand: str
+    stderr_subset: float
+    num_examples: int
+    num_forward: int
+    per_sample: Tensor
+    per_position: Tensor
+    positions: Tensor
+    position_counts: Tensor
+    sigma: float | None
+
+    def __str__(self) -> str:
+        lo, hi = self.ci95
+        return (
+            f"sensitivity {self.estimate:.4f} ± {self.stderr:.4f} "
+            f"(95% CI {lo:.4f}–{hi:.4f}, {self.estimand}; {self.num_examples:,} examples, "
+            f"{self.num_forward:,} forward passes)"
+        )
+
+    def __float__(self) -> float:
+        return self.estimate
+
+
+@dataclass
+class State:
+    """Sum/count state: mergeable across batches and processes."""
+
+    n: int = 0
+    s1: float = 0.0  # Σ_b m_b
+    s2: float = 0.0  # Σ_b m_b²
+    within: float = 0.0  # Σ_b Var̂(m_b) (token/noise randomness only)
+    forward: int = 0
+    pos_sum: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.float64))
+    pos_cnt: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.float64))
+    samples: list[Tensor] = field(default_factory=list)
+
+
+def interleave(per_rank: list[Any]) -> Tensor:
+    """Per-sample rates of all ranks back in one-process order (example b lives on rank
+    b % world; each rank's list holds one entry per update)."""
+    world, out = len(per_rank), []
+    for batches in zip(*per_rank, strict=True):
+        n = sum(len(x) for x in batches)
+        merged = [0.0] * n
+        for r, rates in enumerate(batches):
+            merged[r::world] = rates
+        out += merged
+    return torch.tensor(out, dtype=torch.float32)
+
+
+def pad_to(t: Tensor, n: int, left: bool) -> Tensor:
+    if len(t) >= n:
+        return t
+    z = torch.zeros(n - len(t), dtype=t.dtype)
+    return torch.cat([z, t] if left else [t, z])
+
+
+def units(vals: Tensor, src: Tensor, tok: Tensor, pairs: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """The i.i.d. units of the copies (pair means if ``pairs``; pairs are adjacent copies)."""
+    v = vals.double()
+    if not pairs:
+        return v, src, tok
+    return v.view(-1, 2).mean(1), src[0::2], tok[0::2]
+
+
+def _counts(usrc: Tensor, b: int, u: Tensor) -> Tensor:
+    zeros = torch.zeros(b, dtype=torch.float64, device=u.device)
+    return zeros.index_add_(0, usrc, torch.ones_like(u))
+
+
+def within_variance(
+    u: Tensor, usrc: Tensor, utok: Tensor, valid: Tensor, per_cell: int | None
+) -> Tensor:
+    """Var̂(m̂_b) per example from the units (stratified if ``per_cell`` ≥ 2 units in every
+    real cell, else the i.i.d. formula; NaN where an example has a single unit)."""
+    b, t = valid.shape
+    if per_cell is not None and per_cell >= 2:
+        cell = usrc * t + utok
+        csum = torch.zeros(b * t, dtype=torch.float64, device=u.device).index_add_(0, cell, u)
+        csq = torch.zeros_like(csum).index_add_(0, cell, u * u)
+        r = per_cell
+        cvar = (csq - csum * csum / r) / (r - 1)  # sample variance per (example, token) cell
+        k = valid.sum(1).double().to(u.device)
+        return cvar.view(b, t).sum(1) / r / k**2
+    cnt = _counts(usrc, b, u)
+    mean = torch.zeros_like(cnt).index_add_(0, usrc, u) / cnt
+    sq = torch.zeros_like(cnt).index_add_(0, usrc, u * u)
+    var = (sq - cnt * mean * mean) / (cnt - 1).clamp(min=1)
+    return torch.where(cnt > 1, var / cnt, torch.full_like(var, float("nan")))
+
+
+def accumulate(
+    st: State, vals: Tensor, src: Tensor, tok: Tensor, valid: Tensor, *, pairs: bool,
+    per_cell: int | None, positions: str | None,
+) -> None:
+    """Add one batch's copies to ``st``. ``per_cell``: units per real cell when every real
+    token was evaluated equally often (stratified design), else None. ``positions``: alignment
+    of the per-position profile ("left"/"right"), None to skip it (whole-input noise)."""
+    b = valid.shape[0]
+    u, usrc, utok = units(vals, src, tok, pairs)
+    cnt = _counts(usrc, b, u)
+    mean = torch.zeros_like(cnt).index_add_(0, usrc, u) / cnt
+    within = within_variance(u, usrc, utok, valid, per_cell)
+    st.n += b
+    st.s1 += mean.sum().item()
+    st.s2 += (mean * mean).sum().item()
+    st.within += within.sum().item()
+    st.samples.append(mean.float().cpu())
+    if positions is not None:
+        _accumulate_positions(st, vals.double(), src, tok, valid, positions)
+
+
+def _accumulate_positions(
+    st: State, v: Tensor, src: Tensor, tok: Tensor, valid: Tensor, align: str
+) -> None:
+    t = valid.shape[1]
+    if align == "right":  # index t-1 ↔ position −1 (the last real token)
+        # number of real tokens after each token: 0 for the last real one
+        after = valid.flip(1).cumsum(1).flip(1) - valid.long()
+        idx = t - 1 - after[src, tok]
+    else:
+        idx = tok
+    ps = torch.zeros(t, dtype=torch.float64, device=v.device).index_add_(0, idx, v).cpu()
+    pc = torch.zeros(t, dtype=torch.float64, device=v.device).index_add_(
+        0, idx, torch.ones_like(v)
+    ).cpu()
+    n = max(t, len(st.pos_sum))
+    left = align == "right"
+    st.pos_sum = pad_to(st.pos_sum, n, left) + pad_to(ps, n, left)
+    st.pos_cnt = pad_to(st.pos_cnt, n, left) + pad_to(pc, n, left)
+
+
+def merged(a: State, b: State, align: str) -> State:
+    """The state of ``a`` and ``b`` together."""
+    n = max(len(a.pos_sum), len(b.pos_sum))
+    left = align == "right"
+    return State(
+        n=a.n + b.n, s1=a.s1 + b.s1, s2=a.s2 + b.s2, within=a.within + b.within,
+        forward=a.forward + b.forward,
+        pos_sum=pad_to(a.pos_sum, n, left) + pad_to(b.pos_sum, n, left),
+        pos_cnt=pad_to(a.pos_cnt, n, left) + pad_to(b.pos_cnt, n, left),
+        samples=a.samples + b.samples,
+    )
+
+
+def result(
+    st: State, estimand: str, align: str, bounded: bool, sigma: float | None
+) -> SensitivityResult:
+    """Estimate, standard errors and profiles of everything in ``st``."""
+    if st.n == 0:
+        raise RuntimeError("no examples measured yet: call update(inputs) first")
+    est = st.s1 / st.n
+    var_data = (st.s2 - st.n * est * est) / (st.n - 1) if st.n > 1 else float("nan")
+    se_data = math.sqrt(max(var_data, 0.0) / st.n) if st.n > 1 else float("nan")
+    se_subset = math.sqrt(max(st.within, 0.0)) / st.n if math.isfinite(st.within) else math.nan
+    se = se_data if estimand == "data" else se_subset
+    lo, hi = est - 1.96 * se, est + 1.96 * se
+    if bounded:
+        lo, hi = max(lo, 0.0), min(hi, 1.0)
+    p = len(st.pos_sum)
+    positions = torch.arange(-p, 0) if align == "right" else torch.arange(p)
+    per_pos = st.pos_sum / st.pos_cnt.clamp(min=1)
+    per_pos[st.pos_cnt == 0] = float("nan")
+    return SensitivityResult(
+        estimate=est, stderr=se, ci95=(lo, hi), estimand=estimand, stderr_subset=se_subset,
+        num_examples=st.n, num_forward=st.forward, per_sample=torch.cat(st.samples),
+        per_position=per_pos, positions=positions, position_counts=st.pos_cnt.clone(),
+        sigma=sigma,
+    )
