@@ -133,7 +133,7 @@ class _Cifar(Experiment):
     paper = PAPER
     requires = CIFAR_REQUIRES
     cpu_scale_note = CPU_NOTE
-    cpu_runtime = "not measured (CIFAR-10 unavailable here); ~10 min estimated"
+    cpu_runtime = "~10 min (estimate: CIFAR-10 is not available here)"
 
 
 @register_experiment("cifar10")
@@ -158,7 +158,7 @@ class Svhn(_Cifar):
     claim = "At comparable train accuracy on SVHN, ViT-small has lower sensitivity than ResNet-18."
     requires = ("SVHN train_32x32.mat and test_32x32.mat in data.root, default "
                 "$SENSLAB_DATA/svhn: --set data.root=/path/to/svhn")
-    cpu_runtime = "not measured (SVHN unavailable here); ~6 min estimated"
+    cpu_runtime = "~6 min (estimate: SVHN is not available here)"
 
     def runs(self, scale: str) -> list[RunConfig]:
         return [vision_run(m, m, scale, data="svhn") for m in ("vit_small", "resnet18")]

@@ -1,0 +1,197 @@
+"""Robustness, sharpness and ImageNet experiments (main paper §5, §7.1, §7.2): tiny end-to-end
+runs on scikit-learn's digits (always installed), shared runs between robustness and sharpness,
+the local corruption sets, every verdict on hand-made summaries, and ImageNet's clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import senslab.experiments.lowsens.robustness as rob
+from senslab.data import DataUnavailableError, create_dataset, list_datasets  # noqa: F401
+from senslab.data.corruptions import list_corruptions
+from senslab.experiments import get_experiment
+from senslab.experiments.lowsens.imagenet import imagenet_verdict
+from senslab.experiments.lowsens.sharpness import flatter
+from senslab.train.config import RunConfig
+
+TINY = ["train.epochs=1", "data.train_subset=300", "track.num_examples=4",
+        "track.eval_examples=100"]
+
+
+@pytest.fixture
+def digits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the CPU-scale configs on 8×8 digits (patch 2) and evaluate 30 test images."""
+    monkeypatch.setattr(rob, "cpu_data", lambda: (["data.name=digits"], 2))
+    monkeypatch.setattr(rob, "CPU_TEST_IMAGES", 30)
+
+
+def test_cpu_configs_share_the_vit_runs() -> None:
+    robust = get_experiment("robustness").runs("cpu")
+    sharp = get_experiment("sharpness").runs("cpu")
+    assert [c.name for c in robust] == ["vit_small", "vit_small-noise", "vit_small-patch_mse",
+                                        "cnn"]
+    assert [c.to_dict() for c in sharp] == [c.to_dict() for c in robust[:3]]
+    by = {c.name: c for c in robust}
+    assert by["vit_small-patch_mse"].train.regularizer == "patch_mse"
+    assert (by["vit_small-patch_mse"].train.reg_alpha, by["vit_small-patch_mse"].train.reg_sigma) \
+        == (0.5, 1.0)  # paper code
+    assert by["vit_small-noise"].train.regularizer == "noise"
+    assert len({c.train.target_train_acc for c in robust}) == 1  # comparable train accuracy
+    paper = get_experiment("robustness").runs("paper")
+    assert {c.data.name for c in paper} == {"cifar10"}
+    assert {c.model.name for c in paper} == {"vit_small", "vit_simple", "resnet18", "densenet121"}
+
+
+def test_robustness_then_sharpness_end_to_end(tmp_path: Path, digits: None) -> None:
+    robust, sharp = get_experiment("robustness"), get_experiment("sharpness")
+    summaries = robust.execute(tmp_path / "robustness", "cpu", TINY, False, lambda _: None)
+    for s in summaries:
+        m = s["final_measure"]
+        assert set(m["corrupted_acc"]) == set(list_corruptions())
+        assert all(len(v) == 5 and all(0 <= a <= 1 for a in v) for v in m["corrupted_acc"].values())
+        assert len(m["noise_blur_per_image"]) == 30 and 0 <= m["clean_acc"] <= 1
+    v = robust.verdict(summaries)
+    assert v["verdict"] in {"holds", "does not hold", "not comparable"}
+    assert set(v["evidence"]) == {"a", "vit_small-noise", "vit_small-patch_mse"}
+
+    logs: list[str] = []
+    out = tmp_path / "sharpness"
+    stamp = (tmp_path / "robustness" / "vit_small" / "metrics.jsonl").read_text()
+    result = sharp.execute(out, "cpu", TINY, False, logs.append)
+    assert sum("reusing the finished run of robustness" in line for line in logs) == 3
+    assert (out / "vit_small" / "metrics.jsonl").read_text() == stamp  # copied, not retrained
+    for s in result:
+        m = s["final_measure"]
+        assert m["shop"] > 0 and 0 <= m["shpred"] <= 1 and len(m["shop_per_draw"]) == 5
+        assert json.loads((out / s["name"] / "final_measure.json").read_text())["settings"] == {
+            "scale": "cpu", "sigma_w": 0.05, "repeats": 5}
+    v = sharp.verdict(result)
+    assert "vit_small-patch_mse" in v["reason"] and "not in the verdict" in v["reason"]
+
+
+def test_local_corruption_sets_are_normalised_like_the_data() -> None:
+    cfg = RunConfig()
+    cfg.data.name = "digits"
+    test = create_dataset("digits", "test")
+    sets = list(rob.corrupted_sets(cfg, test, 20))
+    assert len(sets) == 5 * len(list_corruptions())
+    x, y = test.batch(slice(0, 20))
+    dist = {}
+    for name, family, sev, xc, yc in sets:
+        assert xc.shape == x.shape and torch.equal(yc, y)
+        assert xc.min() >= -1 - 1e-5 and xc.max() <= 1 + 1e-5  # same [−1, 1] scale as training
+        assert family == ("other" if name in list_corruptions("digital") else "noise/blur")
+        if name == "gaussian_noise":
+            dist[sev] = float((xc - x).abs().mean())
+    assert dist[1] < dist[5]
+    again = list(rob.corrupted_sets(cfg, test, 20))  # seeded: same corrupted images
+    assert all(torch.equal(a[3], b[3]) for a, b in zip(sets, again, strict=True))
+
+
+def _rob(label: str, sens: float, acc: dict[str, float], per_image: list[float],
+         train_acc: float = 0.85) -> dict[str, Any]:
+    return {"label": label, "name": label,
+            "final": {"sens/train": sens, "sens/train_se": 0.002, "train/acc": train_acc},
+            "final_measure": {"clean_acc": 0.8, "noise_blur_per_image": per_image,
+                              "corrupted_acc": {k: [v] * 5 for k, v in acc.items()}}}
+
+
+def test_robustness_verdict() -> None:
+    exp = get_experiment("robustness")
+    names = ["gaussian_noise", "gaussian_blur", "contrast"]
+    low = [0.2, 0.4, 0.3, 0.5] * 10
+    high = [0.6, 0.5, 0.7, 0.6] * 10
+    runs = [_rob("vit_small", 0.05, dict.fromkeys(names, 0.7), low),
+            _rob("vit_small-noise", 0.02, dict.fromkeys(names, 0.8), high),
+            _rob("vit_small-patch_mse", 0.03, dict.fromkeys(names, 0.8), high),
+            _rob("cnn", 0.08, {"gaussian_noise": 0.5, "gaussian_blur": 0.6, "contrast": 0.9},
+                 low)]
+    v = exp.verdict(runs)
+    assert v["verdict"] == "holds" and "ViT better on 2/3" in v["reason"]
+    runs[2] = _rob("vit_small-patch_mse", 0.03, dict.fromkeys(names, 0.8), low)  # no better
+    v = exp.verdict(runs)
+    assert v["verdict"] == "does not hold"
+    assert "vit_small-patch_mse: does not hold" in v["reason"]
+    runs[2] = _rob("vit_small-patch_mse", 0.03, dict.fromkeys(names, 0.8), high, train_acc=0.7)
+    assert exp.verdict(runs)["verdict"] == "not comparable"
+
+
+def _sharp(label: str, shop: list[float], shpred: list[float], acc: float = 0.85) -> dict:
+    return {"label": label, "final": {"train/acc": acc},
+            "final_measure": {"shop": sum(shop) / 5, "shop_per_draw": shop,
+                              "shpred": sum(shpred) / 5, "shpred_per_draw": shpred}}
+
+
+def test_sharpness_verdict_pairs_the_weight_draws() -> None:
+    base = _sharp("vit_small", [10.0, 12, 9, 11, 13], [0.30, 0.40, 0.25, 0.35, 0.45])
+    # the draws vary a lot, but the regularized model is lower on every one of them
+    reg = _sharp("vit_small-patch_mse", [9.0, 11, 8, 10, 12], [0.28, 0.38, 0.24, 0.33, 0.42])
+    assert flatter(reg, base)["verdict"] == "holds"
+    mixed = _sharp("vit_small-patch_mse", [9.0, 11, 8, 10, 12], [0.31, 0.41, 0.24, 0.33, 0.46])
+    v = flatter(mixed, base)
+    assert v["verdict"] == "does not hold" and v["evidence"]["shpred"]["diff"] < 0.01
+    assert flatter(_sharp("r", [1.0] * 5, [0.1] * 5, acc=0.6), base)["verdict"] == \
+        "not comparable"
+    noise = _sharp("vit_small-noise", [20.0] * 5, [0.9] * 5)
+    v = get_experiment("sharpness").verdict([base, noise, reg])
+    assert v["verdict"] == "holds" and "vit_small-noise: shop" in v["reason"]
+
+
+def test_imagenet_missing_images_is_a_clear_error(tmp_path: Path) -> None:
+    exp = get_experiment("imagenet")
+    with pytest.raises(DataUnavailableError, match="ImageFolder-style"):
+        exp.execute(tmp_path / "out", "cpu", [f"root={tmp_path}"], False, lambda _: None)
+
+
+def _jpegs(root: Path, n: int) -> None:
+    from PIL import Image
+
+    for i in range(n):
+        folder = root / ("n01440764" if i % 2 else "n01443537")
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (40, 30), (10 * i, 100, 200)).save(folder / f"img{i}.JPEG")
+
+
+def test_imagenet_without_timm_names_the_install(tmp_path: Path) -> None:
+    pytest.importorskip("PIL")
+    try:
+        import timm  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("timm is installed here")
+    _jpegs(tmp_path / "train", 2)
+    exp = get_experiment("imagenet")
+    with pytest.raises(ImportError, match="pip install -c constraints.txt timm"):
+        exp.execute(tmp_path / "out", "cpu", [f"root={tmp_path / 'train'}"], False, print)
+
+
+def test_imagenet_random_weights_when_timm_is_installed(tmp_path: Path) -> None:
+    pytest.importorskip("timm")
+    _jpegs(tmp_path / "train", 4)
+    sets = [f"root={tmp_path / 'train'}", "pretrained=false", "vit=vit_tiny_patch16_224",
+            "convnext=convnextv2_atto", "num_images=3", "num_tokens=2"]
+    exp = get_experiment("imagenet")
+    summaries = exp.execute(tmp_path / "out", "cpu", sets, False, lambda _: None)
+    assert [s["label"] for s in summaries] == ["vit", "convnext"]
+    assert all(len(s["per_sample"]) == 3 for s in summaries)
+    assert exp.verdict(summaries)["verdict"] in {"holds", "does not hold", "not comparable"}
+
+
+def test_imagenet_verdict_is_paired() -> None:
+    def s(label: str, per: list[float], acc: float | None = 0.85) -> dict[str, Any]:
+        return {"label": label, "per_sample": per,
+                "final": {"sens/train": sum(per) / len(per), "sens/train_se": 0.1,
+                          "train/acc": acc}}
+
+    vit = s("vit", [0.1, 0.5, 0.2, 0.8])
+    assert imagenet_verdict([vit, s("convnext", [0.2, 0.6, 0.3, 0.9])])["verdict"] == "holds"
+    assert imagenet_verdict([vit, s("convnext", [0.1, 0.6, 0.2, 0.8])])["verdict"] == \
+        "does not hold"
+    v = imagenet_verdict([vit, s("convnext", [0.2, 0.6, 0.3, 0.9], acc=0.7)])
+    assert v["verdict"] == "not comparable"
