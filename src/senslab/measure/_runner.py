@@ -38,7 +38,7 @@ class ChunkRunner:
 
     def __init__(
         self, metric: Any, bound: BoundTokens, stream: NoiseStream, ref: Tensor,
-        whole: bool, device: torch.device,
+        whole: bool, device: torch.device, control: Any = None,
     ) -> None:
         self.m, self.bound, self.stream, self.ref, self.whole = metric, bound, stream, ref, whole
         self.chunk = metric.chunk_size
@@ -46,6 +46,7 @@ class ChunkRunner:
             _chunks.default_budget(device) if self.chunk is None else 0
         )
         self.compiled = False
+        self.control = control
 
     def run(self, src: Tensor, tok: Tensor, own: Tensor) -> Tensor:
         n = len(src)
@@ -99,6 +100,8 @@ class ChunkRunner:
             self.compiled = True
         out = bound.forward_perturbed(src, None if self.whole else tok, noise)
         vals = self._compare(out, src)
+        if self.control is not None:
+            vals = self.control.adjust(vals, src, tok, noise)
         if idx is None:
             return vals
         return out_vals.index_copy_(0, idx, vals)

@@ -28,6 +28,10 @@ rates :math:`p_{bt}` no longer costs forward passes.
   :math:`\tfrac12\sigma_v^2(1+\rho)`, :math:`\rho` the correlation of the two halves: for a
   decision boundary that is locally flat, the two flips exclude each other and
   :math:`\rho = -p/(1-p) < 0`. Standard errors then use pair means as the i.i.d. units.
+* ``control_variate="linear"`` pairs every flip with the flip of the model's first-order
+  expansion at the clean input, whose probability is known in closed form
+  (:math:`\Phi(-m/(\sigma\lVert g_t\rVert))`, :mod:`._control`); unbiased for any model, with
+  a variance that vanishes as the model becomes linear at the scale σ.
 * ``target_stderr=s`` (adaptive stopping): ``update`` repeats rounds of ``repeats`` draws per
   token until the fixed-subset standard error of the batch's mean is at most ``s`` or the next
   round would exceed ``max_forward`` forward passes for the batch (default: 64 rounds). The
@@ -67,6 +71,7 @@ import torch
 from torch import Tensor, nn
 
 from ..tokens.base import Inputs, Tokenization, batch_size, check_device
+from ._control import LinearControl
 from ._noise import NOISE_BLOCK, NoiseStream
 from ._runner import ChunkRunner, _check_finite, _predictions
 from ._stats import SensitivityResult, State, accumulate, interleave, merged, pad_to, result
@@ -117,6 +122,10 @@ class TokenSensitivity:
             fixed-subset standard error of each batch's mean is at most this.
         max_forward: forward passes one ``update`` may spend with ``target_stderr`` (at least
             one round always runs; default 64 rounds).
+        control_variate: ``"linear"`` subtracts the flip indicator of the model's tangent
+            hyperplane and adds its closed-form mean (:mod:`._control`): unbiased for any
+            model, exact for a linear one; costs one forward and backward per example (counted
+            as one more forward pass).
         autocast: a dtype (``torch.bfloat16``/``torch.float16``) to run forwards under autocast.
         compile: evaluate the perturbed copies through ``torch.compile(model)``.
         align: per-position alignment, ``"left"`` or ``"right"``; default from the tokenization.
@@ -156,6 +165,7 @@ class TokenSensitivity:
         antithetic: bool = False,
         target_stderr: float | None = None,
         max_forward: int | None = None,
+        control_variate: Literal["linear"] | None = None,
         autocast: torch.dtype | None = None,
         compile: bool = False,
         align: Literal["left", "right"] | None = None,
@@ -209,8 +219,18 @@ class TokenSensitivity:
         if target_stderr is not None and shard is not None:
             raise ValueError("target_stderr (adaptive stopping) cannot be combined with shard")
         self.target_stderr, self.max_forward = target_stderr, max_forward
+        if control_variate not in (None, "linear"):
+            raise ValueError(f"control_variate must be None or 'linear', got {control_variate!r}")
+        if control_variate and (mode != "token" or compare != "class" or replace_with is not None):
+            raise ValueError(
+                "control_variate='linear' needs Gaussian noise on one token at a time and "
+                "compare='class' (mode='token', no replace_with)"
+            )
+        self.control_variate = control_variate
         self.autocast, self.eval_mode, self.compile = autocast, eval_mode, bool(compile)
         self._compiled: Any = None
+        #: copies per forward pass in the last ``update`` (the automatic size, once probed)
+        self.last_chunk_size: int | None = None
         self.align = align or getattr(tokens, "align", "left")
         if self.align not in ("left", "right"):
             raise ValueError(f"align must be 'left' or 'right', got {self.align!r}")
@@ -280,7 +300,11 @@ class TokenSensitivity:
             whole = self.mode == "whole"
             stream = self._rng(device, t * bound.dim if whole else bound.dim)
             ref = _predictions(clean) if self.compare == "class" else clean.float()
-            runner = ChunkRunner(self, bound, stream, ref, whole, device)
+            control = None
+            if self.control_variate:
+                assert self.sigma is not None
+                control = LinearControl(bound, ref, self.sigma, self.chunk_size or 32)
+            runner = ChunkRunner(self, bound, stream, ref, whole, device, control)
             parts: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
             rounds = 0
             while True:
@@ -290,6 +314,7 @@ class TokenSensitivity:
                 rounds += 1
                 if not self._more(parts, valid, rounds):
                     break
+            self.last_chunk_size = runner.chunk
         vals, src, tok, own = (torch.cat(x) for x in zip(*parts, strict=True))
         if self.shard is not None:
             keep = own.nonzero().flatten()
@@ -302,7 +327,7 @@ class TokenSensitivity:
             self.state, vals, src, tok, valid, pairs=self.antithetic,
             per_cell=self._per_cell(rounds), positions=None if whole else self.align,
         )
-        self.state.forward += b + len(src)
+        self.state.forward += b * (2 if self.control_variate else 1) + len(src)
 
     def _per_cell(self, rounds: int) -> int | None:
         """Units per real token when every token got the same draws (stratified), else None."""
