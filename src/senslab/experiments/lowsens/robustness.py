@@ -22,11 +22,13 @@ ViT-small vanilla / noise / patch_mse (part b), 100 epochs, σ = 0.1, CIFAR-10-C
 all 10,000 test images; files in ``$SENSLAB_DATA/cifar10c/CIFAR-10-C``). ``cpu`` — Fashion-MNIST
 (found at ``../shared/data/fashion_mnist`` or ``$SENSLAB_DATA/fashion_mnist``; offline MNIST
 otherwise), a 3,000-image training subset, a small ViT-small (patch 7, depth 4, 4 heads) and the
-small 3-layer CNN, all stopped at 85% train accuracy (≤ 12 epochs), σ = 1 on 300 training
+small 3-layer CNN, all stopped at 85% train accuracy (≤ 20 epochs), σ = 1 on 300 training
 images, and our own corruptions (``data/corruptions.py``: 4 noise, 3 blur, 4 digital, severities
 1–5) on 1,000 test images. Augmentation noise std 0.2 on the [−1, 1] scale (ours: the paper's
 variance was lost; it is the strongest CIFAR-10-C Gaussian noise on that scale); CNN lr 0.05
-instead of the paper's 0.005 so that it reaches the common train accuracy within the budget.
+instead of the paper's 0.005 so that it reaches the common train accuracy within the budget;
+regularized ViT lr 0.2 (vanilla 0.1): its loss weighs CE by ½ (with lr 0.1 it reached only 67%
+train accuracy in 12 epochs, vanilla 84%).
 
 The trained ViT-small runs are shared with ``sharpness`` (it copies them when it finds
 ``runs/robustness/<run>`` trained with the same configuration).
@@ -58,6 +60,9 @@ CPU_TEST_IMAGES = 1000
 REGULARIZED = {"noise": ["train.regularizer=noise", f"train.reg_sigma={AUGMENT_SIGMA}"],
                "patch_mse": ["train.regularizer=patch_mse", "train.reg_alpha=0.5",
                              "train.reg_sigma=1.0"]}
+#: learning rate of the regularized run relative to vanilla's: (1 − α) = ½ halves the CE
+#: gradient, so the step on CE is kept equal (the paper, too, set its own lr for it; value lost)
+PATCH_MSE_LR_FACTOR = 2.0
 
 
 def cpu_data() -> tuple[list[str], int]:
@@ -73,7 +78,7 @@ def _cpu_run(name: str, model: str, lr: float, extra: list[str]) -> RunConfig:
     data, patch = cpu_data()
     cfg = RunConfig(name=name, label=name)
     cfg.model.name = model
-    common = data + ["data.train_subset=3000", "train.batch_size=100", "train.epochs=12",
+    common = data + ["data.train_subset=3000", "train.batch_size=100", "train.epochs=20",
                      "train.target_train_acc=0.85", f"optim.lr={lr}", "track.sigma=1.0",
                      "track.num_examples=300", "track.eval_examples=1000"]
     return apply_overrides(cfg, common + extra + (
@@ -85,14 +90,15 @@ def vit_runs(scale: str) -> list[RunConfig]:
     with the sharpness experiment)."""
     if scale == "paper":
         extra: dict[str, list[str]] = {"vit_small": [], **{
-            f"vit_small-{k}": v + ["train.reg_patch=4"] * (k == "patch_mse")
-            for k, v in REGULARIZED.items()}}
+            f"vit_small-{k}": v + ["train.reg_patch=4", f"optim.lr={0.1 * PATCH_MSE_LR_FACTOR}"]
+            * (k == "patch_mse") for k, v in REGULARIZED.items()}}
         return [vision_run(n, "vit_small", scale, extra=e) for n, e in extra.items()]
     _, patch = cpu_data()
     small = ["model.overrides.depth=4", "model.overrides.heads=4", "model.overrides.dim_head=16",
              "model.overrides.mlp_dim=128", f"model.overrides.patch_size={patch}"]
+    lr = {"noise": 0.1, "patch_mse": 0.1 * PATCH_MSE_LR_FACTOR}
     return [_cpu_run("vit_small", "vit_small", 0.1, small)] + [
-        _cpu_run(f"vit_small-{k}", "vit_small", 0.1, small + v) for k, v in REGULARIZED.items()]
+        _cpu_run(f"vit_small-{k}", "vit_small", lr[k], small + v) for k, v in REGULARIZED.items()]
 
 
 def cnn_runs(scale: str) -> list[RunConfig]:

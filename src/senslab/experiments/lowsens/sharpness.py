@@ -84,8 +84,9 @@ class Sharpness(FinalMeasureExperiment):
             parts[reg] = flatter(by[reg], base)
         primary = "vit_small-patch_mse"
         out = combine({primary: parts[primary]})
-        out["reason"] += " | not in the verdict: " + " | ".join(
-            f"{k}: {p['reason']}" for k, p in parts.items() if k != primary)
+        others = [f"{k}: {p['reason']}" for k, p in parts.items() if k != primary]
+        if others:
+            out["reason"] += " | not in the verdict: " + " | ".join(others)
         out["evidence"] = {k: p["evidence"] for k, p in parts.items()}
         out["evidence"]["vit_small"] = {k: base["final_measure"][k] for k in ("shop", "shpred")}
         return out
