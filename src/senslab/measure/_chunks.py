@@ -2,9 +2,10 @@
 
 The first chunk of every ``update`` is a *probe*: it is evaluated (its results are kept) while an
 :class:`ActivationMeter` records the peak number of bytes held by tensors that the forward pass
-creates. That peak divided by the probe's copies is the memory one copy costs; the chunk size is
-the memory budget divided by it. Because the noise is drawn in fixed blocks
-(:mod:`senslab.measure._noise`), the chunking never changes the numbers.
+creates (exactly on a GPU, from module outputs elsewhere). That peak divided by the probe's
+copies is the memory one copy costs; the chunk size is the memory budget divided by it. Because
+the noise is drawn in fixed blocks (:mod:`senslab.measure._noise`), the chunking never changes
+the numbers.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 #: copies in the probe chunk (rounded to even, for antithetic pairs)
@@ -25,29 +25,70 @@ BUDGET_FRACTION = {"cuda": 0.5, "cpu": 0.25}
 #: on CPU, a budget beyond the last-level cache buys nothing: activations that stay cache-sized
 #: run fastest, and batch dimensions past a few hundred rows do not raise GEMM efficiency.
 CPU_CHUNK_BYTES = 256 << 20
+#: module outputs seen by hooks × this ≈ the forward's peak (temporaries inside modules)
+UNSEEN_FACTOR = 2.0
 
 
-class ActivationMeter(TorchDispatchMode):
-    """Peak bytes of the storages that operators create while the mode is active.
+class ActivationMeter:
+    """Peak bytes a model's forward passes allocate while the meter is active (a context
+    manager).
 
-    Every tensor an operator returns is counted once per storage (views share their base's
-    storage) and released when the last such tensor dies; storages given in ``external``
-    (parameters, inputs) are not counted.
+    On a GPU this is ``torch.cuda.max_memory_allocated`` above the level at entry. Elsewhere,
+    forward hooks on every submodule (and a pre-hook on the model for its inputs) count each
+    output storage once (views share their base's storage) until the last tensor using it dies;
+    the peak is multiplied by :data:`UNSEEN_FACTOR` for temporaries that live inside a module's
+    forward and are no module's output (attention scores, for instance). Parameters and buffers
+    are never counted. A model that is no ``nn.Module`` has nothing to hook: its peak reads 0 and
+    the caller falls back to the size of its inputs.
     """
 
-    def __init__(self, external: set[int] | None = None) -> None:
-        super().__init__()
-        self.external = external or set()
+    def __init__(self, model: Any, device: torch.device) -> None:
+        self.model = model if isinstance(model, torch.nn.Module) else None
+        self.cuda = device.type == "cuda"
+        self.device = device
+        self.external: set[int] = set()
         self.live: dict[int, list[int]] = {}
         self.current = 0
-        self.peak = 0
+        self.seen_peak = 0
+        self._handles: list[Any] = []
+        self._base = 0
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
+    @property
+    def peak(self) -> int:
+        """Peak bytes above the state at entry (see the class docstring)."""
+        if self.cuda:
+            return self.seen_peak
+        return int(self.seen_peak * UNSEEN_FACTOR)
+
+    def __enter__(self) -> ActivationMeter:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._base = torch.cuda.memory_allocated(self.device)
+        elif self.model is not None:
+            self.external = storages(self.model)
+            self._handles.append(self.model.register_forward_pre_hook(self._pre_hook))
+            for module in self.model.modules():
+                self._handles.append(module.register_forward_hook(self._hook))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            self.seen_peak = torch.cuda.max_memory_allocated(self.device) - self._base
+
+    def _pre_hook(self, module: Any, args: Any) -> None:
+        for t in tree_leaves(args):
+            if isinstance(t, Tensor):
+                self._track(t)
+
+    def _hook(self, module: Any, args: Any, out: Any) -> None:
         for t in tree_leaves(out):
             if isinstance(t, Tensor):
                 self._track(t)
-        return out
 
     def _track(self, t: Tensor) -> None:
         try:
@@ -61,7 +102,7 @@ class ActivationMeter(TorchDispatchMode):
         if entry is None:
             entry = self.live[key] = [nbytes, 0]
             self.current += nbytes
-            self.peak = max(self.peak, self.current)
+            self.seen_peak = max(self.seen_peak, self.current)
         entry[1] += 1
         weakref.finalize(t, self._release, key)
 

@@ -47,6 +47,8 @@ class ChunkRunner:
         )
         self.compiled = False
         self.control = control
+        self.meter: _chunks.ActivationMeter | None = None
+        self.input_bytes = 0
 
     def run(self, src: Tensor, tok: Tensor, own: Tensor) -> Tensor:
         n = len(src)
@@ -55,14 +57,17 @@ class ChunkRunner:
         while pos < n:
             if self.chunk is None:  # probe: evaluate a few copies while metering allocations
                 sl = slice(pos, pos + _chunks.PROBE_COPIES)
-                meter = _chunks.ActivationMeter(_chunks.storages(self.m.model))
-                with meter:
-                    vals[sl] = self._evaluate(src[sl], tok[sl], own[sl])
+                self.meter = _chunks.ActivationMeter(self.m.model, self.ref.device)
+                vals[sl] = self._evaluate(src[sl], tok[sl], own[sl])
                 evaluated = int(own[sl].sum())
                 if evaluated:
+                    # a callable without modules to hook: count its inputs (copies) twice
+                    floor = 2 * self.input_bytes * evaluated
                     self.chunk = _chunks.chunk_from_probe(
-                        meter.peak, evaluated, self.budget, n, even=self.m.antithetic
+                        max(self.meter.peak, floor), evaluated, self.budget, n,
+                        even=self.m.antithetic,
                     )
+                self.meter = None
             else:
                 sl = slice(pos, pos + self.chunk)
                 vals[sl] = self._evaluate(src[sl], tok[sl], own[sl])
@@ -98,7 +103,12 @@ class ChunkRunner:
         if m.compile and not self.compiled and self.chunk is not None:
             bound.model = m._compiled_model()  # type: ignore[attr-defined]
             self.compiled = True
-        out = bound.forward_perturbed(src, None if self.whole else tok, noise)
+        if self.meter is not None:
+            self.input_bytes = max(noise[0].numel() * noise.element_size(), 1)
+            with self.meter:
+                out = bound.forward_perturbed(src, None if self.whole else tok, noise)
+        else:
+            out = bound.forward_perturbed(src, None if self.whole else tok, noise)
         vals = self._compare(out, src)
         if self.control is not None:
             vals = self.control.adjust(vals, src, tok, noise)

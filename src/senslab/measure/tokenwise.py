@@ -303,7 +303,7 @@ class TokenSensitivity:
             control = None
             if self.control_variate:
                 assert self.sigma is not None
-                control = LinearControl(bound, ref, self.sigma, self.chunk_size or 32)
+                control = LinearControl(bound, ref, self.sigma, 32)
             runner = ChunkRunner(self, bound, stream, ref, whole, device, control)
             parts: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
             rounds = 0
