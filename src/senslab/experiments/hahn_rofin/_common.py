@@ -41,7 +41,8 @@ from ...measure import boolean_sensitivity
 from ...measure.sharpness import layernorm_blowup, loss_sharpness, parameter_norm
 from ...models import create_model
 from ...train.config import parse_value
-from ...train.rundir import RunDir, environment
+from ...train.rundir import RunDir
+from .._manual import finished_summary, start_run
 
 SIGMA = 0.02  # weight-noise std of the sharpness (SPEC §6)
 SHARPNESS_SCALE = 4.0  # MSE on {0, 1} targets → the ±1 scale
@@ -187,21 +188,19 @@ def train_boolean(
     the first step whose training batch loss was < 0.01 (None if never). A finished run
     (summary.json present) is reused; an unfinished one restarts from scratch (runs are short).
     """
-    rd = RunDir(path)
     # the per-run settings: the Setup fields (not a subclass's run-selecting fields such as the
     # list of n values or the number of seeds), the early stop and the caller's extras
     settings = {f.name: getattr(setup, f.name) for f in dataclasses.fields(Setup)}
     settings.update({"stop_below": stop_below, **(config or {})})
     resolved = {"name": path.name, "label": label, "seed": seed, "function": function, "n": n,
                 **settings}
-    if (path / "summary.json").exists():
-        _check_reusable(rd, resolved)
-        return rd.read_json("summary.json")
-    if rd.metrics_path.exists():
-        rd.metrics_path.unlink()  # a killed run restarts: no checkpoint is worth keeping here
+    done = finished_summary(path)
+    if done is not None:
+        _check_reusable(RunDir(path), resolved)
+        return done
     device = pick_device(setup.device)
-    rd.write_json("config.json", resolved)
-    rd.write_json("env.json", environment(device))
+    # a killed run restarts (no checkpoint is worth keeping here): a fresh metric log
+    rd = start_run(path, resolved, device)
 
     model = create_model("boolean_transformer", n_bits=n, dim=setup.dim, ff_dim=setup.dim,
                          layers=setup.layers, heads=setup.heads, seed=seed).to(device)

@@ -23,7 +23,9 @@ from torch import Tensor
 
 from ...data import create_dataset
 from ...optim import alignment, attention_sparsity, max_margin_attention
-from ...train.rundir import RunDir, environment
+from ...train.config import RunConfig, apply_overrides
+from ...train.rundir import RunDir
+from .._manual import finished_summary, start_run
 
 
 @dataclass
@@ -140,6 +142,13 @@ def growth_fits(steps: list[float], norms: list[float]) -> dict[str, float]:
     return out
 
 
+def optimizer_runs(common: list[str], optimizers: dict[str, list[str]]) -> list[RunConfig]:
+    """One :func:`~senslab.train.loop.fit` run per optimiser, named and labelled after it:
+    the ``common`` overrides, then the optimiser's own (``optimizers``: label → overrides)."""
+    return [apply_overrides(RunConfig(name=label, label=label), common + settings)
+            for label, settings in optimizers.items()]
+
+
 @contextmanager
 def single_thread() -> Iterator[None]:
     """Run torch on one intra-op thread inside the block, restoring the old count afterwards.
@@ -160,16 +169,15 @@ def run_custom(path: Path, config: dict[str, Any], body: Callable[[RunDir], dict
     """Run ``body`` in run directory ``path`` unless it already holds ``summary.json``.
 
     ``body(rundir)`` logs its metric records and returns the summary's extra fields (``final``
-    …); this writes config.json, env.json, and summary.json with the label, name and seconds.
-    A run without a summary (interrupted) starts over: these runs take seconds to minutes.
+    …); this writes config.json, env.json (:func:`~senslab.experiments._manual.start_run`), and
+    summary.json with the label, name and seconds. A run without a summary (interrupted) starts
+    over: these runs take seconds to minutes.
     """
-    rd = RunDir(path)
-    if (path / "summary.json").exists():
+    done = finished_summary(path)
+    if done is not None:
         log(f"{path.name}: finished earlier, reusing its summary")
-        return rd.read_json("summary.json")
-    rd.write_json("config.json", config)
-    rd.write_json("env.json", environment("cpu"))
-    rd.metrics_path.unlink(missing_ok=True)
+        return done
+    rd = start_run(path, config)
     start = time.perf_counter()
     with single_thread():
         summary = {"label": config["label"], "name": path.name, **body(rd)}
