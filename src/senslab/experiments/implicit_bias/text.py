@@ -59,9 +59,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ...train.config import RunConfig, apply_overrides
+from ...train.config import RunConfig
 from ..base import Experiment, register_experiment
-from ._common import single_thread
+from ._common import optimizer_runs, single_thread
 from .vit_mnist import loss_race_verdict
 
 #: (optimizer settings of the paper's text runs, SPEC §7) of each run, by label
@@ -104,11 +104,7 @@ class IBText(Experiment):
                        "track.eval_examples=500"]
         else:
             common += ["track.eval_examples=5000"]
-        out = []
-        for label, optim in OPTIMIZERS.items():
-            cfg = RunConfig(name=label, label=label)
-            out.append(apply_overrides(cfg, common + optim))
-        return out
+        return optimizer_runs(common, OPTIMIZERS)
 
     def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
                 log: Callable[[str], None]) -> list[dict[str, Any]]:

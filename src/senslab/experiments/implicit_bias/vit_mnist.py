@@ -36,9 +36,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ...train.config import RunConfig, apply_overrides
+from ...train.config import RunConfig
 from ..base import Experiment, register_experiment
-from ._common import single_thread
+from ._common import optimizer_runs, single_thread
 
 #: (optimizer settings, per SPEC §7) of each run, by label
 OPTIMIZERS: dict[str, list[str]] = {
@@ -70,11 +70,7 @@ class IBViTMNIST(Experiment):
         if cpu:
             common += ["model.overrides.dim_head=16", "data.train_subset=5000",
                        "track.unit=step", "track.every=20", "track.eval_examples=1000"]
-        out = []
-        for label, optim in OPTIMIZERS.items():
-            cfg = RunConfig(name=label, label=label)
-            out.append(apply_overrides(cfg, common + optim))
-        return out
+        return optimizer_runs(common, OPTIMIZERS)
 
     def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
                 log: Callable[[str], None]) -> list[dict[str, Any]]:
