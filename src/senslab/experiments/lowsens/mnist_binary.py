@@ -20,8 +20,9 @@ compared at (nearly) the same accuracy.
 * paper scale: full binary training set (11,982 images), the paper code's ViT-small (dim 64,
   depth 8, 32 heads of 64, MLP 512, dropout 0.1), target 0.99, at most 50 epochs, sensitivity on
   2,000 training images × 5 noise draws.
-* CPU scale: a seeded 5,000-image subset, a smaller ViT (depth 4, 4 heads of 16, MLP 128: the
-  demo's CPU ViT), target 0.95, at most 25 epochs, sensitivity on 500 images × 2 draws.
+* CPU scale: the same full binary training set, a smaller ViT (depth 4, 4 heads of 16, MLP 128:
+  the demo's CPU ViT), target 0.93, at most 20 epochs, sensitivity on 500 images × 2 draws,
+  train accuracy on 2,000 fixed training images.
 
 Measured CPU result and runtime: see ``MNISTBinary.cpu_runtime`` and the verdict recorded in
 ``runs/mnist_binary/verdict.json`` (filled in below once measured).
@@ -150,11 +151,14 @@ def comparison_verdict(summaries: list[dict[str, Any]], winner: str,
     sweeps = {s["label"]: s.get("sigma_sweep") for s in summaries if s.get("sigma_sweep")}
     if sweeps:
         ev["sigma_sweep"] = sweeps
-        sigmas = next(iter(sweeps.values())).keys()
-        ev["winner_lowest_at"] = {
-            k: all(sweeps[winner][k]["estimate"] < v[k]["estimate"]
+    if winner in sweeps and len(sweeps) == len(summaries):
+        # same 2-s.e. rule as the main verdict, at every σ of the sweep
+        w = sweeps[winner]
+        ev["winner_below_by_2se_at"] = {
+            k: all(v[k]["estimate"] - w[k]["estimate"]
+                   > 2 * math.hypot(v[k]["stderr"], w[k]["stderr"])
                    for lab, v in sweeps.items() if lab != winner)
-            for k in sigmas if winner in sweeps
+            for k in w
         }
     reached = [s["label"] for s in summaries if s.get("stopped") != "target_train_acc"]
     if reached:
@@ -167,11 +171,11 @@ class MNISTBinary(VisionComparison):
     paper = "Transformers Learn Low Sensitivity Functions (ICLR 2025), A.1 / Fig. 14"
     claim = ("MNIST binary (3 vs 8): ViT-small (patch 7) vs 1-hidden-layer MLP (LeakyReLU), SGD "
              "lr 0.01 both, batch 50: at equal train accuracy the ViT has lower sensitivity.")
-    cpu_runtime = ""
-    cpu_scale_note = ("5,000-image subset of the 3-vs-8 training set, ViT depth 4 with 4 heads "
-                      "of 16 and MLP 128 (paper code: depth 8, 32 heads of 64, MLP 512), stop at "
-                      "95% train accuracy (≤ 25 epochs), sensitivity on 500 training images × 2 "
-                      "draws; same SGD lr 0.01, batch 50, patch 7 and σ = 0.1 as the paper.")
+    cpu_runtime = "~8 min"
+    cpu_scale_note = ("full 3-vs-8 training set (11,982 images) but a smaller ViT (depth 4, 4 "
+                      "heads of 16, MLP 128; paper code: depth 8, 32 heads of 64, MLP 512), stop "
+                      "at 93% train accuracy (≤ 20 epochs), sensitivity on 500 training images × "
+                      "2 draws; same SGD lr 0.01, batch 50, patch 7 and σ = 0.1 as the paper.")
 
     def runs(self, scale: str) -> list[RunConfig]:
         if scale not in ("cpu", "paper"):
