@@ -1,0 +1,288 @@
+"""Benchmark suite of senslab's token-wise sensitivity estimator (issue #7).
+
+For each case — ViT-small and ResNet-18 on 32×32×3 images (64 patches), an LSTM and a 4-layer
+RoBERTa-like encoder on length-128 text, the Boolean transformer at n = 20 — it prints forward
+passes per second of senslab's estimator and of the reference algorithm (:mod:`cases`), their
+ratio, model FLOPs per forward and the fraction of the machine's dense float32 GEMM throughput
+the estimator reaches. Reference, senslab and a GEMM are timed in interleaved repetitions (the
+order rotates) and the medians of per-repetition values are reported, so load from other
+processes affects both sides alike. Then: forward passes needed to reach a standard error,
+plain Monte Carlo vs each variance-reduction technique (:mod:`precision`), and the training
+throughput of ``senslab.train.loop.fit`` on the demo's ViT config.
+
+    python benchmarks/run.py                 # full suite (idle 2-core CPU: ~10 min)
+    python benchmarks/run.py --quick         # smaller workloads, for a smoke check
+    python benchmarks/run.py --cases lstm roberta --out results.json
+
+Results go to ``benchmarks/results/<host>-<date>.json`` (or ``--out``) and a markdown table is
+printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cases import Case, flops_per_forward, make_cases, reference  # noqa: E402
+from precision import TECHNIQUES, digits_savings, savings  # noqa: E402
+
+from senslab.measure import TokenSensitivity  # noqa: E402
+
+ALL = ["vit_small", "resnet18", "lstm", "roberta", "boolean_transformer"]
+TARGETS = {"text": 20.0, "image": 3.0}  # speed-up over the reference, issue #7
+GEMM_TARGET = {"vit_small": 0.5}
+#: (senslab examples, senslab tokens per example, reference examples, reference tokens)
+SIZES = {
+    "full": {"image": (8, 16, 1, 4), "text": (4, 32, 1, 4), "bits": (64, 20, 2, 20)},
+    "quick": {"image": (2, 4, 1, 2), "text": (2, 8, 1, 2), "bits": (16, 20, 1, 20)},
+    "tiny": {"image": (1, 2, 1, 1), "text": (1, 2, 1, 1), "bits": (4, 20, 1, 4)},
+}
+TINY_MODELS = {  # --tiny: the same architectures, shrunk (smoke test of this script)
+    "vit_small": {"depth": 1, "heads": 2, "dim_head": 8, "mlp_dim": 32},
+    "resnet18": {"width": 0.125, "blocks": (1, 1, 1, 1)},
+    "lstm": {"layers": 1, "dim": 32},
+    "roberta": {"layers": 1, "dim": 32, "heads": 2},
+    "boolean_transformer": {"layers": 1, "dim": 16, "ff_dim": 16},
+}
+
+
+def loadavg() -> list[float]:
+    try:
+        return [float(v) for v in Path("/proc/loadavg").read_text().split()[:3]]
+    except OSError:
+        return []
+
+
+def gemm_flops(n: int, a: torch.Tensor, b: torch.Tensor, reps: int = 3) -> float:
+    """FLOP/s of an n×n float32 matrix product (median of ``reps``)."""
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return 2 * n**3 / statistics.median(times)
+
+
+def sizes(case: Case, mode: str) -> tuple[int, int, int, int]:
+    key = "bits" if case.name == "boolean_transformer" else case.kind
+    return SIZES[mode][key]
+
+
+def senslab_run(case: Case, n: int, k: int, seed: int) -> tuple[int, int | None]:
+    """Forward passes made and the (automatic) chunk size."""
+    metric = TokenSensitivity(case.model, case.tokens, sigma=case.sigma, repeats=case.repeats,
+                              num_tokens=None if k >= case.length else k, generator=seed)
+    metric.update(case.subset(n))
+    return metric.compute().num_forward, metric.last_chunk_size
+
+
+def time_case(case: Case, mode: str, reps: int, gemm_n: int) -> dict[str, Any]:
+    """Interleaved repetitions of reference, senslab and a GEMM; medians."""
+    n_ours, k_ours, n_ref, k_ref = sizes(case, mode)
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(gemm_n, gemm_n, generator=g)
+    b = torch.randn(gemm_n, gemm_n, generator=g)
+    reference(case, 1, 1, g)  # warm-up (allocator, kernels, one-time initialisation)
+    senslab_run(case, 1, 1, 0)
+    flops = flops_per_forward(case)
+    samples: dict[str, list[float]] = {"reference": [], "senslab": [], "gemm": []}
+    chunk = None
+    for rep in range(reps):
+        order = ["reference", "senslab", "gemm"]
+        order = order[rep % 3:] + order[: rep % 3]
+        for what in order:
+            start = time.perf_counter()
+            if what == "reference":
+                fwd = reference(case, n_ref, k_ref, g)
+            elif what == "senslab":
+                fwd, chunk = senslab_run(case, n_ours, k_ours, rep)
+            else:
+                samples["gemm"].append(gemm_flops(gemm_n, a, b))
+                continue
+            samples[what].append(fwd / (time.perf_counter() - start))
+    ratios = [o / r for o, r in zip(samples["senslab"], samples["reference"], strict=True)]
+    fractions = [o * flops / gm for o, gm in zip(samples["senslab"], samples["gemm"], strict=True)]
+    row = {
+        "case": case.name, "kind": case.kind, "tokens": case.length, "draws": case.repeats,
+        "chunk": chunk, "gflop_per_forward": flops / 1e9,
+        "reference_fwd_per_s": statistics.median(samples["reference"]),
+        "senslab_fwd_per_s": statistics.median(samples["senslab"]),
+        "ratio": statistics.median(ratios), "ratios": ratios,
+        "gemm_gflops": statistics.median(samples["gemm"]) / 1e9,
+        "gemm_fraction": statistics.median(fractions),
+        "target_ratio": TARGETS[case.kind],
+        "target_gemm_fraction": GEMM_TARGET.get(case.name),
+        "workload": {"senslab": [n_ours, k_ours], "reference": [n_ref, k_ref]},
+    }
+    return row
+
+
+def training_throughput(steps: int) -> dict[str, Any]:
+    """Images/s of ``fit`` on the demo's ViT config: runs of ``steps`` and ``2·steps`` steps;
+    the difference cancels data loading, evaluation and checkpoint writing."""
+    from senslab.experiments.demo import Demo
+    from senslab.train.config import apply_overrides
+    from senslab.train.loop import fit
+
+    base = Demo().runs("cpu")[0]
+    times = {}
+    for k in (steps, 2 * steps):
+        cfg = apply_overrides(base, [f"train.max_steps={k}", "train.epochs=100", "track.sigma=0",
+                                     "track.eval_examples=50", "device=cpu"])
+        with tempfile.TemporaryDirectory() as tmp:
+            start = time.perf_counter()
+            fit(cfg, tmp, progress=False)
+            times[k] = time.perf_counter() - start
+    batch = base.train.batch_size
+    extra = times[2 * steps] - times[steps]
+    return {"model": base.model.name, "data": base.data.name, "batch_size": batch,
+            "steps": [steps, 2 * steps], "seconds": [times[steps], times[2 * steps]],
+            # None: the two runs' difference drowned in noise (load from other processes)
+            "images_per_s": steps * batch / extra if extra > 0 else None}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [
+        "| case | tokens × draws | chunk | reference fwd/s | senslab fwd/s | ratio (target) "
+        "| GFLOP/fwd | % of GEMM |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["cases"]:
+        ok = "✓" if r["ratio"] >= r["target_ratio"] else "✗"
+        gf = f"{100 * r['gemm_fraction']:.0f}%"
+        if r["target_gemm_fraction"]:
+            gf += f" ({'✓' if r['gemm_fraction'] >= r['target_gemm_fraction'] else '✗'} ≥ 50%)"
+        lines.append(
+            f"| {r['case']} | {r['tokens']} × {r['draws']} | {r['chunk']} | "
+            f"{r['reference_fwd_per_s']:.1f} | {r['senslab_fwd_per_s']:.1f} | "
+            f"{r['ratio']:.1f}× ({ok} ≥ {r['target_ratio']:.0f}×) | "
+            f"{r['gflop_per_forward']:.3f} | {gf} |"
+        )
+    if result.get("precision"):
+        names = list(TECHNIQUES) + ["adaptive"]
+        lines += ["", "Forward passes saved at equal standard error (plain Monte Carlo ÷ "
+                  "technique; fixed-subset s.e.):", "",
+                  "| case | σ | flip rate | " + " | ".join(names) + " |",
+                  "|---|---|---|" + "---|" * len(names)]
+        for case, p in result["precision"].items():
+            cells = [_times(p[n]["saving"]) if n in p else "–" for n in names]
+            lines.append(f"| {case} | {p['sigma']:g} | {p['flip_rate']:.3f} | "
+                         + " | ".join(cells) + " |")
+    if result.get("training"):
+        t = result["training"]
+        ips = "not measurable (noise)" if t["images_per_s"] is None else (
+            f"{t['images_per_s']:.0f} images/s")
+        lines += ["", f"Training throughput (`fit`, demo config: {t['model']} on {t['data']}, "
+                  f"batch {t['batch_size']}): {ips}"]
+    gm = [r["gemm_gflops"] for r in result["cases"]]
+    if gm:
+        lines += ["", f"float32 GEMM {result['gemm_n']}²: {statistics.median(gm):.1f} GFLOP/s; "
+                  f"load average {result['loadavg_start']} → {result['loadavg_end']}; "
+                  f"{result['threads']} threads"]
+    return "\n".join(lines)
+
+
+#: σ for the precision table: at initialisation the text models flip only under large noise;
+#: the vision zoo models at initialisation predict one class whatever the input (no flips even
+#: at σ = 30), so images are represented by the trained digits MLP
+PRECISION_SIGMA = {"lstm": 3.0, "roberta": 3.0, "boolean_transformer": 3.0}
+
+
+def precision_suite(names: list[str], mode: str, g: torch.Generator) -> dict[str, Any]:
+    """Savings of each technique on a trained digits MLP and on the zoo models (at init;
+    ``--quick``: the Boolean transformer only; examples × measured tokens kept small)."""
+    out = {}
+    start = time.perf_counter()
+    out["digits_mlp (trained)"] = digits_savings(examples={"tiny": 8}.get(mode, 64))
+    _report("digits_mlp (trained)", out["digits_mlp (trained)"], start)
+    for name in names:
+        if name not in PRECISION_SIGMA or (mode == "quick" and name != "boolean_transformer"):
+            continue
+        examples, tokens = (16, 20) if name == "boolean_transformer" else (2, 16)
+        if mode == "tiny":
+            examples, tokens = 2, 4
+        (case,) = make_cases([name], examples, g, TINY_MODELS.get(name) if mode == "tiny" else None)
+        start = time.perf_counter()
+        out[name] = savings(case.model, case.inputs, case.tokens, PRECISION_SIGMA[name], tokens,
+                            case.length)
+        _report(name, out[name], start)
+    return out
+
+
+def _report(name: str, p: dict[str, Any], start: float) -> None:
+    cells = [f"{k} {_times(p[k]['saving'])}" for k in [*TECHNIQUES, "adaptive"] if k in p]
+    print(f"{name}: flip rate {p['flip_rate']:.3f}, savings {', '.join(cells)} "
+          f"({time.perf_counter() - start:.0f} s)", flush=True)
+
+
+def _times(x: float | None) -> str:
+    return "– (no flips)" if x is None else f"{x:.1f}×"
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller workloads (smoke check)")
+    parser.add_argument("--tiny", action="store_true", help="shrunk models (tests of the script)")
+    parser.add_argument("--cases", nargs="+", default=ALL, choices=ALL)
+    parser.add_argument("--reps", type=int, default=None, help="interleaved repetitions")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--no-precision", action="store_true")
+    parser.add_argument("--no-training", action="store_true")
+    parser.add_argument("--out", type=Path, default=None, help="JSON results file")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    mode = "tiny" if args.tiny else "quick" if args.quick else "full"
+    reps = args.reps or {"full": 5, "quick": 3, "tiny": 1}[mode]
+    gemm_n = {"full": 2048, "quick": 1024, "tiny": 256}[mode]
+    result: dict[str, Any] = {
+        "host": socket.gethostname(), "date": datetime.datetime.now(datetime.timezone.utc)
+        .isoformat(timespec="seconds"), "torch": torch.__version__, "threads": args.threads,
+        "mode": mode, "reps": reps, "gemm_n": gemm_n, "loadavg_start": loadavg(), "cases": [],
+    }
+    print(f"torch {torch.__version__}, {args.threads} threads, mode {mode}, load "
+          f"{result['loadavg_start']}", flush=True)
+    torch.manual_seed(0)  # zoo models seed their own init; this covers anything else
+    g = torch.Generator().manual_seed(0)
+    n_max = max(s[0] for s in SIZES[mode].values())
+    for name in args.cases:
+        (case,) = make_cases([name], n_max, g, TINY_MODELS.get(name) if args.tiny else None)
+        start = time.perf_counter()
+        row = time_case(case, mode, reps, gemm_n)
+        row["seconds"] = time.perf_counter() - start
+        result["cases"].append(row)
+        print(f"{name}: reference {row['reference_fwd_per_s']:.1f}/s, senslab "
+              f"{row['senslab_fwd_per_s']:.1f}/s, ratio {row['ratio']:.1f}x, "
+              f"{100 * row['gemm_fraction']:.0f}% of GEMM ({row['seconds']:.0f} s)", flush=True)
+    if not args.no_precision:
+        result["precision"] = precision_suite(args.cases, mode, g)
+    if not args.no_training:
+        steps = {"full": 40, "quick": 10, "tiny": 2}[mode]
+        result["training"] = training_throughput(steps)
+    result["loadavg_end"] = loadavg()
+    table = markdown(result)
+    print("\n" + table)
+    result["markdown"] = table
+    out = args.out or Path(__file__).resolve().parent / "results" / (
+        f"{socket.gethostname()}-{result['date'][:10]}-{mode}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=float))
+    print(f"\nwrote {out}")
+    return result
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+    main()

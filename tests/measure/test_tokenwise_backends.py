@@ -1,0 +1,109 @@
+"""Automatic chunking, reduced precision (autocast) and torch.compile: same estimand, and where
+promised the same numbers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from senslab.measure import TokenSensitivity, token_sensitivity
+from senslab.measure._chunks import ActivationMeter, chunk_from_probe, default_budget
+from senslab.tokens import Embedding, Patches
+
+
+class TinyViT(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Conv2d(1, 16, 4, stride=4)
+        layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embed(x).flatten(2).transpose(1, 2)).mean(1))
+
+
+class TinyText(nn.Module):
+    """Embedding → LayerNorm (the tokens) → tanh MLP → mean → head. (oneDNN's CPU LSTM has no
+    bf16 kernel on CPUs without bf16 instructions, so no LSTM here.)"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(20, 8)
+        self.embed_ln = nn.LayerNorm(8)
+        self.mix = nn.Linear(8, 16)
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.mix(self.embed_ln(self.embedding(input_ids)))).mean(1))
+
+
+def seeded(cls: type[nn.Module]) -> nn.Module:
+    torch.manual_seed(0)  # test-only: model init
+    return cls()
+
+
+def images(n: int = 8) -> torch.Tensor:
+    return torch.randn(n, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+
+
+def within_interval(a, b) -> bool:
+    """Two independent estimates agree within 4 standard errors of their difference."""
+    se = math.hypot(a.stderr_subset, b.stderr_subset)
+    return abs(a.estimate - b.estimate) <= 4 * max(se, 1e-3)
+
+
+@pytest.mark.parametrize("make, inputs, tokens", [
+    (TinyViT, images(), Patches(2)),
+    (TinyText, torch.randint(0, 20, (6, 9), generator=torch.Generator().manual_seed(2)),
+     Embedding("embed_ln")),
+])
+def test_bfloat16_autocast_agrees_with_float32(make, inputs, tokens):
+    model = seeded(make)
+    opts = {"sigma": 1.5, "repeats": 8, "estimand": "subset"}
+    a = token_sensitivity(model, inputs, tokens, **opts)
+    b = token_sensitivity(model, inputs, tokens, autocast=torch.bfloat16, generator=1, **opts)
+    assert 0.02 < a.estimate < 0.98  # informative
+    assert within_interval(a, b)
+
+
+def test_memory_budget_sets_the_chunk_and_never_the_numbers():
+    model = seeded(TinyViT)
+    x = images()
+    runs = {}
+    for budget in (50_000, 1 << 30):
+        m = TokenSensitivity(model, Patches(2), sigma=1.0, repeats=2, memory_budget=budget)
+        m.update(x)
+        runs[budget] = (m.last_chunk_size, m.compute())
+    small, large = runs[50_000][0], runs[1 << 30][0]
+    assert small is not None and large is not None and small < large
+    assert large == len(x) * 16 * 2  # everything fits: one chunk
+    assert torch.equal(runs[50_000][1].per_sample, runs[1 << 30][1].per_sample)
+
+
+def test_activation_meter_sees_module_outputs():
+    layer = nn.Linear(10, 1000)
+    with ActivationMeter(layer, torch.device("cpu")) as meter:
+        layer(torch.zeros(5, 10))
+    # output 5×1000 floats (inputs are counted too), doubled for unseen temporaries
+    assert 2 * 5 * 1000 * 4 <= meter.peak <= 2 * (5 * 1000 + 5 * 10) * 4
+    assert chunk_from_probe(meter.peak, 5, 10 * meter.peak, 10_000) == 50
+    assert chunk_from_probe(meter.peak, 5, 1, 10_000, even=True) == 2
+    assert default_budget(torch.device("cpu")) >= 1 << 20
+
+
+@pytest.mark.slow  # compiling takes minutes on 2 CPU cores
+def test_compile_agrees_with_eager():
+    # a CNN: torch 2.13's compiler rejects nn.TransformerEncoderLayer's fused inference path
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.GELU(), nn.Flatten(),
+                          nn.Linear(256, 3))
+    x = images(4)
+    a = token_sensitivity(model, x, Patches(2), sigma=1.5, repeats=8, estimand="subset")
+    b = token_sensitivity(model, x, Patches(2), sigma=1.5, repeats=8, estimand="subset",
+                          compile=True)
+    assert b.num_forward == a.num_forward
+    assert within_interval(a, b)
