@@ -46,6 +46,7 @@ RESULTS (filled in from the runs in runs/language_mrpc and runs/language_rotten_
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,6 +67,9 @@ MODELS = ("lstm", "roberta", "roberta_relu", "gpt2")
 #: noise variances σ² of the token noise: the paper code's text default, then A.4's alternative
 VARIANCE = 15.0
 ALT_VARIANCE = 4.0
+#: examples (train and validation each) of the end-of-training measurements; the curves use the
+#: first ``track.num_examples`` of them
+END_EXAMPLES = 256
 PAPER_EPOCHS = {"mrpc": 30, "rotten_tomatoes": 30, "qqp": 3}
 PAPER = "Transformers Learn Low Sensitivity Functions (ICLR 2025), §6 / A.4"
 CLAIM = ("Trained from scratch, both RoBERTa encoders (softmax and ReLU attention) have lower "
@@ -165,7 +169,7 @@ class LanguageExperiment(Experiment):
         for i, cfg in enumerate(configs, 1):
             log(f"[{i}/{len(configs)}] {cfg.name}: {cfg.model.name} on {cfg.data.name}")
             summary = fit(cfg, out / cfg.name, progress=progress)
-            if "language" not in summary:
+            if summary.get("language", {}).get("end_examples") is None:
                 summary = finish_run(cfg, out / cfg.name, summary)
             summaries.append(summary)
         return summaries
@@ -211,8 +215,14 @@ def _profile(result: Any) -> dict[str, list[Any]]:
 
 
 def finish_run(cfg: RunConfig, run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
-    """Add the second noise level, the recency contrast and the ``<s>`` rate of the final model,
-    and the step-0 (initialisation) numbers, to ``summary.json``; return the new summary."""
+    """Measure the trained model (last checkpoint) and the untrained one (same seed) on
+    ``END_EXAMPLES`` fixed train and validation examples (the tracking subset plus more, drawn
+    the Tracker's way) and add the numbers to ``summary.json``; return the new summary.
+
+    ``final`` gains ``sens_end/*`` (σ² = 15), ``sens_alt/*`` (σ² = 4), ``sens_init/train``,
+    ``recency/*`` and ``sens_first/train``; ``language`` keeps the logged step-0 record, the last
+    logged profiles, the σ² = 4 profiles and the history of the tracked numbers.
+    """
     from ...train.loop import build_model, load_data, resolve_device
     from ...train.track import Tracker
 
@@ -220,20 +230,26 @@ def finish_run(cfg: RunConfig, run_dir: Path, summary: dict[str, Any]) -> dict[s
     device = resolve_device(cfg.device)
     train, test = load_data(cfg)
     model = build_model(cfg, train).to(device)
+    big = copy.deepcopy(cfg)
+    big.track.num_examples = max(cfg.track.num_examples, END_EXAMPLES)
+    subsets = Tracker(big, model, train, test, device)  # tracking subset + more, same order
+    sigma, alt = math.sqrt(VARIANCE), math.sqrt(ALT_VARIANCE)
+    final = dict(summary["final"])
+    extra: dict[str, Any] = {"variance": VARIANCE, "alt_variance": ALT_VARIANCE,
+                             "end_examples": len(subsets.sens_train)}
+    r = _measure(model, subsets.sens_train, cfg, sigma, device)  # untrained: the init weights
+    final["sens_init/train"], final["sens_init/train_se"] = r.estimate, r.stderr
     state = rd.latest_checkpoint()
     if state is not None:  # None only when training stopped before its first step
         model.load_state_dict(state["model"])
-    tracker = Tracker(cfg, model, train, test, device)  # the same fixed subsets as in training
-    sigma, alt = math.sqrt(VARIANCE), math.sqrt(ALT_VARIANCE)
-    final = dict(summary["final"])
-    extra: dict[str, Any] = {"variance": VARIANCE, "alt_variance": ALT_VARIANCE}
-    for split, data in (("train", tracker.sens_train), ("val", tracker.sens_val)):
+    for split, data in (("train", subsets.sens_train), ("val", subsets.sens_val)):
         if data is None:
             continue
-        r = _measure(model, data, cfg, alt, device)
-        final[f"sens_alt/{split}"], final[f"sens_alt/{split}_se"] = r.estimate, r.stderr
-        extra[f"alt_profile_{split}"] = _profile(r)
-    late, early, first = (_measure(model, tracker.sens_train, cfg, sigma, device, w).per_sample
+        for key, noise in (("sens_end", sigma), ("sens_alt", alt)):
+            r = _measure(model, data, cfg, noise, device)
+            final[f"{key}/{split}"], final[f"{key}/{split}_se"] = r.estimate, r.stderr
+            extra[f"{key}_profile_{split}"] = _profile(r)
+    late, early, first = (_measure(model, subsets.sens_train, cfg, sigma, device, w).per_sample
                           for w in (0, 1, 2))
     diff = (late - early).double()
     n = len(diff)
@@ -291,7 +307,7 @@ class LanguageRottenTomatoes(LanguageExperiment):
 @register_experiment("language_qqp")
 class LanguageQQP(LanguageExperiment):
     source = Source("qqp", cpu_subset=4000, files=(("train.tsv", "dev.tsv"),))
-    cpu_runtime = "not run here (no QQP copy on this machine)"
+    cpu_runtime = "~12 min (estimate from the MRPC run: QQP is not available here)"
     cpu_scale_note = ("paper-scale experiment; the cpu scale (2-layer width-64 models, 4,000 "
                       "training pairs, ≤ 10 epochs) is untested here")
     requires = ("QQP: GLUE's QQP train.tsv and dev.tsv (QQP-clean.zip, ~40 MB) in data.root "
