@@ -57,6 +57,7 @@ def test_robustness_then_sharpness_end_to_end(tmp_path: Path, digits: None) -> N
         assert set(m["corrupted_acc"]) == set(list_corruptions())
         assert all(len(v) == 5 and all(0 <= a <= 1 for a in v) for v in m["corrupted_acc"].values())
         assert len(m["noise_blur_per_image"]) == 30 and 0 <= m["clean_acc"] <= 1
+        assert len(m["sensitivity"]["per_sample"]) == 200  # the whole (tiny) training subset
     v = robust.verdict(summaries)
     assert v["verdict"] in {"holds", "does not hold", "not comparable"}
     assert set(v["evidence"]) == {"a", "vit_small-patch_mse"}
@@ -97,10 +98,13 @@ def test_local_corruption_sets_are_normalised_like_the_data() -> None:
 
 def _rob(label: str, sens: float, acc: dict[str, float], per_image: list[float],
          train_acc: float = 0.85) -> dict[str, Any]:
+    per_sample = [sens + 0.01 * (i % 3) for i in range(30)]  # image-to-image variation
     return {"label": label, "name": label,
             "final": {"sens/train": sens, "sens/train_se": 0.002, "train/acc": train_acc},
             "final_measure": {"clean_acc": 0.8, "noise_blur_per_image": per_image,
-                              "corrupted_acc": {k: [v] * 5 for k, v in acc.items()}}}
+                              "corrupted_acc": {k: [v] * 5 for k, v in acc.items()},
+                              "sensitivity": {"estimate": sens, "stderr": 0.002,
+                                              "per_sample": per_sample}}}
 
 
 def test_robustness_verdict() -> None:
@@ -115,10 +119,13 @@ def test_robustness_verdict() -> None:
                  low)]
     v = exp.verdict(runs)
     assert v["verdict"] == "holds" and "ViT better on 2/3" in v["reason"]
+    assert v["evidence"]["vit_small-noise"]["sens_diff"] == pytest.approx(-0.03)
     runs[2] = _rob("vit_small-patch_mse", 0.03, dict.fromkeys(names, 0.8), low)  # no better
     v = exp.verdict(runs)
     assert v["verdict"] == "does not hold"
     assert "vit_small-patch_mse: does not hold" in v["reason"]
+    runs[2] = _rob("vit_small-patch_mse", 0.05, dict.fromkeys(names, 0.8), high)  # as sensitive
+    assert exp.verdict(runs)["verdict"] == "does not hold"
     runs[2] = _rob("vit_small-patch_mse", 0.03, dict.fromkeys(names, 0.8), high, train_acc=0.7)
     assert exp.verdict(runs)["verdict"] == "not comparable"
 
