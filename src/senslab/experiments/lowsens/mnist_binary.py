@@ -31,7 +31,7 @@ flips 0.0014 ± 0.0009 of the predictions, the MLP 0.0013 ± 0.0008 (difference 
 2 s.e.); the σ sweep is indistinguishable as well (σ = 0.25: 0.0032 vs 0.0032; σ = 0.5: 0.0051
 vs 0.0056; σ = 1: 0.0100 ± 0.0017 vs 0.0103 ± 0.0026). On this easy binary task a 7×7 patch of
 Gaussian noise almost never changes either model's answer, so the CPU run cannot separate them;
-the paper scale (99% train accuracy, 2,000 × 5 draws) measures with ~6× smaller errors.
+the paper scale (99% train accuracy, 2,000 images × 5 draws) measures more precisely.
 Runtime 5.6–7.6 min on the 2 shared cores under a load average of ~7 (ViT ~85 s per epoch of
 240 steps plus tracking; MLP 4 s).
 """
