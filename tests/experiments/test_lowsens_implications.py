@@ -71,10 +71,11 @@ def test_robustness_then_sharpness_end_to_end(tmp_path: Path, digits: None) -> N
     for s in result:
         m = s["final_measure"]
         assert m["shop"] > 0 and 0 <= m["shpred"] <= 1 and len(m["shop_per_draw"]) == 5
+        assert len(m["supplement"]["shpred_per_draw"]) == 30
         assert json.loads((out / s["name"] / "final_measure.json").read_text())["settings"] == {
-            "scale": "cpu", "sigma_w": 0.05, "repeats": 5}
+            "scale": "cpu", "sigma_w": 0.05, "repeats": 5, "supplement": 30}
     v = sharp.verdict(result)
-    assert v["reason"].startswith("vit_small-patch_mse: ")
+    assert v["reason"].startswith("vit_small-patch_mse: ") and "supplementary" in v["reason"]
 
 
 def test_local_corruption_sets_are_normalised_like_the_data() -> None:

@@ -23,13 +23,14 @@ accuracies within 0.03. Noise augmentation is reported too but is not part of th
 Scales: as ``robustness`` (paper: CIFAR-10, full ViT-small; cpu: Fashion-MNIST subset, small
 ViT-small, 300 tracking images).
 
-Measured at CPU scale (seed 0, reusing runs/robustness: 5 s; training the three runs itself
+Measured at CPU scale (seed 0, reusing runs/robustness: 20 s; training the three runs itself
 takes ~9.5 min on the loaded 2-core machine). Verdict **does not hold**: the regularized model's
 ShOp is far lower (6.01 vs 13.94, paired difference −7.93 ± 1.0, 2 s.e.) but its ShPred is not
 (0.175 vs 0.171, +0.004 ± 0.044); noise augmentation: ShOp 12.70 (−1.25 ± 0.5), ShPred 0.175.
-With 5 weight draws the per-draw ShPred varies by ±0.03, so a difference in predicted-class
-flips this small cannot be resolved; ShOp, the continuous measure, clearly favours the
-regularizer.
+A supplementary measurement with 30 further weight draws (reported, not in the verdict)
+agrees: ShOp 6.18 vs 13.98 (−7.80 ± 0.55), ShPred 0.182 vs 0.190 (−0.009 ± 0.021). So the
+regularizer makes the output landscape much flatter, but the predicted classes flip under weight
+noise about as often as vanilla's; ShOp, the continuous measure, clearly favours it.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ from .robustness import vit_runs
 
 SIGMA_W = 0.05
 REPEATS = 5
+#: a supplementary measurement with more (independent) weight draws, reported, not in the verdict
+SUPPLEMENT_REPEATS = 30
 MAX_ACC_GAP = 0.03
 
 
@@ -58,7 +61,7 @@ class Sharpness(FinalMeasureExperiment):
     paper = f"{PAPER}, §7.2 Table 2"
     claim = ("ViT-small trained with the sensitivity regularizer has lower ShOp and lower ShPred "
              "(a flatter minimum) than vanilla ViT-small.")
-    cpu_runtime = "~10 min (5 s when runs/robustness is reused)"
+    cpu_runtime = "~10 min (20 s when runs/robustness is reused)"
     cpu_scale_note = ("Fashion-MNIST subset and small ViT-small as in robustness (trained runs "
                       "shared with it); σ_w = 0.05, 5 draws, eval mode, 300 training images")
     requires = "as robustness (paper scale: CIFAR-10 in data.root)"
@@ -68,18 +71,15 @@ class Sharpness(FinalMeasureExperiment):
         return vit_runs(scale)
 
     def final_settings(self, scale: str) -> dict[str, Any]:
-        return {"sigma_w": SIGMA_W, "repeats": REPEATS}
+        return {"sigma_w": SIGMA_W, "repeats": REPEATS, "supplement": SUPPLEMENT_REPEATS}
 
     def measure_final(self, cfg: RunConfig, model: nn.Module, train: ArrayDataset,
                       test: ArrayDataset, scale: str) -> dict[str, Any]:
         x = tracking_subset(cfg, model, train, test).inputs
-        r = output_sharpness(model, x, sigma_w=SIGMA_W, repeats=REPEATS, generator=cfg.seed)
-        out: dict[str, Any] = {}
-        for key, res in (("shop", r.shop), ("shpred", r.shpred)):
-            if res is not None:
-                out[key] = res.estimate
-                out[f"{key}_se"] = res.stderr
-                out[f"{key}_per_draw"] = res.per_draw.tolist()
+        out = _values(output_sharpness(model, x, sigma_w=SIGMA_W, repeats=REPEATS,
+                                       generator=cfg.seed))
+        out["supplement"] = _values(output_sharpness(
+            model, x, sigma_w=SIGMA_W, repeats=SUPPLEMENT_REPEATS, generator=cfg.seed + 1))
         return out
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -93,9 +93,29 @@ class Sharpness(FinalMeasureExperiment):
         others = [f"{k}: {p['reason']}" for k, p in parts.items() if k != primary]
         if others:
             out["reason"] += " | not in the verdict: " + " | ".join(others)
+        if all("supplement" in s["final_measure"] for s in by.values()):
+            sup = {k: flatter(_supplement(by[k]), _supplement(base)) for k in parts}
+            out["reason"] += (f" | supplementary, {SUPPLEMENT_REPEATS} other weight draws (not "
+                              "in the verdict): " + " | ".join(f"{k}: {p['reason']}"
+                                                               for k, p in sup.items()))
+            out["supplement"] = {k: p["evidence"] for k, p in sup.items()}
         out["evidence"] = {k: p["evidence"] for k, p in parts.items()}
         out["evidence"]["vit_small"] = {k: base["final_measure"][k] for k in ("shop", "shpred")}
         return out
+
+
+def _values(r: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, res in (("shop", r.shop), ("shpred", r.shpred)):
+        if res is not None:
+            out[key] = res.estimate
+            out[f"{key}_se"] = res.stderr
+            out[f"{key}_per_draw"] = res.per_draw.tolist()
+    return out
+
+
+def _supplement(summary: dict[str, Any]) -> dict[str, Any]:
+    return {**summary, "final_measure": summary["final_measure"]["supplement"]}
 
 
 def flatter(reg: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
