@@ -70,7 +70,7 @@ _WORDS = ("the company said its shares rose sharply on monday after a strong qua
           "analysts expected lower profits and the market fell later that week in new york").split()
 
 
-def write_mrpc_fixture(root: Path, n_train: int = 48, n_dev: int = 16) -> None:
+def write_mrpc_fixture(root: Path, n_train: int = 20, n_dev: int = 8) -> None:
     """GLUE-format MRPC files: UTF-8 BOM, tab-separated, a header, quotes inside the text."""
     gen = torch.Generator().manual_seed(0)
 
@@ -90,7 +90,7 @@ def write_mrpc_fixture(root: Path, n_train: int = 48, n_dev: int = 16) -> None:
 
 
 TINY = ["model.overrides={'layers': 1, 'dim': 16, 'heads': 2, 'dropout': 0.0}", "train.epochs=1",
-        "track.num_examples=6", "data.options={'max_len': 40, 'vocab_size': 300}"]
+        "track.num_examples=6", "data.options={'max_len': 28, 'vocab_size': 300}"]
 
 
 def test_tiny_end_to_end_on_mrpc_fixture(tmp_path: Path) -> None:
@@ -118,6 +118,8 @@ def test_tiny_end_to_end_on_mrpc_fixture(tmp_path: Path) -> None:
         summary = json.loads((out / name / "summary.json").read_text())
         f = summary["final"]
         assert 0.0 <= f["sens_alt/train"] <= 1.0 and 0.0 <= f["recency/late"] <= 1.0
+        assert 0.0 <= f["sens_end/val"] <= 1.0 and 0.0 <= f["sens_init/train"] <= 1.0
+        assert summary["language"]["end_examples"] == 20  # capped by the fixture's 20 pairs
         assert summary["language"]["init"]["sens/train"] == rows[0]["sens/train"]
         assert summary["language"]["profile_train"]["per_position"] == last[
             "sens/train_per_position"]
