@@ -17,7 +17,13 @@ so nothing is fitted), and :math:`\operatorname{Var}(v') = P(v \ne c) - (p_{bt} 
 which vanishes where the model is linear at the scale σ (a linear classifier is measured
 exactly) and is small wherever the flips are those of the tangent hyperplane. Where the model is
 far from linear it can be larger than :math:`\operatorname{Var}(v)` (at most
-:math:`p_{bt} + q_{bt}`): the benchmark reports the saving per model.
+:math:`p_{bt} + q_{bt}`): the benchmark reports the saving per model. A single adjusted value
+lies in [−1, 2], so a per-example or per-position mean, though unbiased, can fall slightly
+outside [0, 1] when few draws back it.
+
+Measured (``benchmarks/run.py --quick``): with antithetic pairs, 4.3× fewer forward passes than
+plain Monte Carlo at equal standard error on a trained digits MLP (flip rate 1.5%), 8.0× on the
+Boolean transformer at initialisation.
 """
 
 from __future__ import annotations
