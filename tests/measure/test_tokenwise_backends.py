@@ -107,3 +107,19 @@ def test_compile_agrees_with_eager():
                           compile=True)
     assert b.num_forward == a.num_forward
     assert within_interval(a, b)
+
+
+def test_probe_once_per_input_shape():
+    """Later batches of the same shape reuse the probed copy size: same chunk, same numbers as
+    a fresh metric."""
+    model = seeded(TinyViT)
+    x = images()
+    m = TokenSensitivity(model, Patches(2), sigma=1.0, repeats=2, memory_budget=200_000)
+    m.update(x[:4])
+    first = m.last_chunk_size
+    m.update(x[4:])
+    assert m.last_chunk_size == first and len(m._per_copy) == 1
+    fresh = TokenSensitivity(model, Patches(2), sigma=1.0, repeats=2, memory_budget=200_000)
+    fresh.update(x[:4])
+    fresh.update(x[4:])
+    assert torch.equal(fresh.compute().per_sample, m.compute().per_sample)

@@ -38,7 +38,7 @@ class ChunkRunner:
 
     def __init__(
         self, metric: Any, bound: BoundTokens, stream: NoiseStream, ref: Tensor,
-        whole: bool, device: torch.device, control: Any = None,
+        whole: bool, device: torch.device, control: Any = None, per_copy: float | None = None,
     ) -> None:
         self.m, self.bound, self.stream, self.ref, self.whole = metric, bound, stream, ref, whole
         self.chunk = metric.chunk_size
@@ -49,11 +49,16 @@ class ChunkRunner:
         self.control = control
         self.meter: _chunks.ActivationMeter | None = None
         self.input_bytes = 0
+        #: bytes one copy costs: from an earlier probe on inputs of the same shape, or measured
+        self.per_copy = per_copy
 
     def run(self, src: Tensor, tok: Tensor, own: Tensor) -> Tensor:
         n = len(src)
         vals = torch.empty(n, dtype=torch.float32, device=self.ref.device)
         pos = 0
+        if self.chunk is None and self.per_copy is not None:
+            self.chunk = _chunks.chunk_from_probe(self.per_copy, 1, self.budget, n,
+                                                  even=self.m.antithetic)
         while pos < n:
             if self.chunk is None:  # probe: evaluate a few copies while metering allocations
                 sl = slice(pos, pos + _chunks.PROBE_COPIES)
@@ -63,9 +68,9 @@ class ChunkRunner:
                 if evaluated:
                     # a callable without modules to hook: count its inputs (copies) twice
                     floor = 2 * self.input_bytes * evaluated
+                    self.per_copy = max(self.meter.peak, floor) / evaluated
                     self.chunk = _chunks.chunk_from_probe(
-                        max(self.meter.peak, floor), evaluated, self.budget, n,
-                        even=self.m.antithetic,
+                        self.per_copy, 1, self.budget, n, even=self.m.antithetic
                     )
                 self.meter = None
             else:

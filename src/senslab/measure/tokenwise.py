@@ -233,6 +233,7 @@ class TokenSensitivity:
         self._compiled: Any = None
         #: copies per forward pass in the last ``update`` (the automatic size, once probed)
         self.last_chunk_size: int | None = None
+        self._per_copy: dict[Any, float] = {}
         self.align = align or getattr(tokens, "align", "left")
         if self.align not in ("left", "right"):
             raise ValueError(f"align must be 'left' or 'right', got {self.align!r}")
@@ -306,7 +307,9 @@ class TokenSensitivity:
             if self.control_variate:
                 assert self.sigma is not None
                 control = LinearControl(bound, ref, self.sigma, 32)
-            runner = ChunkRunner(self, bound, stream, ref, whole, device, control)
+            key = (_shapes(inputs), whole, self.autocast)
+            runner = ChunkRunner(self, bound, stream, ref, whole, device, control,
+                                 self._per_copy.get(key))
             parts: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
             rounds = 0
             while True:
@@ -317,6 +320,8 @@ class TokenSensitivity:
                 if not self._more(parts, valid, rounds):
                     break
             self.last_chunk_size = runner.chunk
+            if runner.per_copy is not None:
+                self._per_copy[key] = runner.per_copy  # later batches of this shape: no probe
         vals, src, tok, own = (torch.cat(x) for x in zip(*parts, strict=True))
         if self.shard is not None:
             keep = own.nonzero().flatten()
@@ -456,6 +461,14 @@ def _resolve_sigma(
     if not sigma > 0 or not math.isfinite(sigma):
         raise ValueError(f"sigma (noise standard deviation) must be positive, got {sigma}")
     return float(sigma)
+
+
+def _shapes(inputs: Inputs) -> tuple[Any, ...]:
+    """Shapes of the input tensors without the batch axis (a key for the probed copy size)."""
+    if isinstance(inputs, Tensor):
+        return (tuple(inputs.shape[1:]),)
+    values = inputs.values() if isinstance(inputs, dict) else inputs
+    return tuple(tuple(v.shape[1:]) for v in values if isinstance(v, Tensor))
 
 
 def _check_positive(name: str, value: int) -> int:
