@@ -173,13 +173,16 @@ def markdown(result: dict[str, Any]) -> str:
         )
     if result.get("precision"):
         names = list(TECHNIQUES) + ["adaptive"]
-        lines += ["", "Forward passes saved at equal standard error (plain Monte Carlo ÷ "
-                  "technique; fixed-subset s.e.):", "",
-                  "| case | σ | flip rate | " + " | ".join(names) + " |",
-                  "|---|---|---|" + "---|" * len(names)]
+        lines += ["", f"Perturbed forward passes to reach a fixed-subset standard error of "
+                  f"{TARGET_SE} (plain Monte Carlo over (example, token, noise) triples vs each "
+                  "technique; saving in brackets; adaptive: forwards it spent to reach half the "
+                  "stratified run's s.e. vs plain MC for that s.e.):", "",
+                  "| case | σ | flip rate | plain MC | " + " | ".join(names) + " |",
+                  "|---|---|---|---|" + "---|" * len(names)]
         for case, p in result["precision"].items():
-            cells = [_times(p[n]["saving"]) if n in p else "–" for n in names]
-            lines.append(f"| {case} | {p['sigma']:g} | {p['flip_rate']:.3f} | "
+            cells = [_needed(p, n) for n in names]
+            plain = f"{p['plain_cost'] / TARGET_SE**2:,.0f}" if p["plain_cost"] > 0 else "–"
+            lines.append(f"| {case} | {p['sigma']:g} | {p['flip_rate']:.3f} | {plain} | "
                          + " | ".join(cells) + " |")
     if result.get("training"):
         t = result["training"]
@@ -226,6 +229,19 @@ def _report(name: str, p: dict[str, Any], start: float) -> None:
     cells = [f"{k} {_times(p[k]['saving'])}" for k in [*TECHNIQUES, "adaptive"] if k in p]
     print(f"{name}: flip rate {p['flip_rate']:.3f}, savings {', '.join(cells)} "
           f"({time.perf_counter() - start:.0f} s)", flush=True)
+
+
+TARGET_SE = 0.005
+
+
+def _needed(p: dict[str, Any], name: str) -> str:
+    """'forwards (saving×)' of one technique at TARGET_SE, from its measured cost."""
+    if name not in p or p[name]["saving"] is None:
+        return "–"
+    row = p[name]
+    if name == "adaptive":
+        return f"{row['forwards']:,.0f} vs {row['plain_forwards']:,.0f} ({row['saving']:.1f}×)"
+    return f"{row['cost'] / TARGET_SE**2:,.0f} ({row['saving']:.1f}×)"
 
 
 def _times(x: float | None) -> str:
