@@ -112,6 +112,9 @@ def test_control_variate_unbiased_for_a_nonlinear_model():
     assert 0.1 < truth.estimate < 0.9  # informative: flips neither rare nor sure
     plain_sd = torch.tensor([r.estimate for r in plain]).std().item()
     assert est.std().item() < plain_sd
+    # the reported standard error matches the spread across seeds (40 seeds: loose bounds)
+    reported = torch.tensor([r.stderr**2 for r in cv], dtype=torch.float64).mean().item()
+    assert 0.5 < reported / est.var().item() < 2.0
 
 
 def test_saving_over_plain_monte_carlo():
