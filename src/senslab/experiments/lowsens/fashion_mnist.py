@@ -39,8 +39,9 @@ sigmoid MLP: σ = 0.25: 0.019 / 0.007 / 0.010 / 0.004; σ = 0.5: 0.028 / 0.013 /
 accuracy is early in training (the paper compares at the end of training, with the full ViT and
 the full training set); the run with ``--set train.target_train_acc=0.88 --set train.epochs=40``
 checks whether the order changes with more training (see the final report of issue #5).
-Runtime 14-16 min on the 2 shared cores under a load average of ~7 (ViT ~45 s per epoch of 50
-steps plus tracking, CNN ~18 s, the MLPs ~1 s); expect well under 10 min on 2 idle cores.
+Runtime 14-16 min on the 2 shared cores under a load average of ~7 (a ViT epoch of 50 steps plus
+tracking took 25-63 s depending on the load, a CNN epoch ~18 s, the MLPs ~1 s): about 10 min
+when the machine is otherwise quiet.
 """
 
 from __future__ import annotations
