@@ -159,7 +159,7 @@ def markdown(result: dict[str, Any]) -> str:
         "| case | tokens × draws | chunk | reference fwd/s | senslab fwd/s | ratio (target) "
         "| GFLOP/fwd | % of GEMM |",
         "|---|---|---|---|---|---|---|---|",
-    ]
+    ] if result["cases"] else []
     for r in result["cases"]:
         ok = "✓" if r["ratio"] >= r["target_ratio"] else "✗"
         gf = f"{100 * r['gemm_fraction']:.0f}%"
@@ -255,6 +255,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--cases", nargs="+", default=ALL, choices=ALL)
     parser.add_argument("--reps", type=int, default=None, help="interleaved repetitions")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--no-timing", action="store_true", help="skip the speed table")
     parser.add_argument("--no-precision", action="store_true")
     parser.add_argument("--no-training", action="store_true")
     parser.add_argument("--out", type=Path, default=None, help="JSON results file")
@@ -273,7 +274,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.manual_seed(0)  # zoo models seed their own init; this covers anything else
     g = torch.Generator().manual_seed(0)
     n_max = max(s[0] for s in SIZES[mode].values())
-    for name in args.cases:
+    for name in [] if args.no_timing else args.cases:
         (case,) = make_cases([name], n_max, g, TINY_MODELS.get(name) if args.tiny else None)
         start = time.perf_counter()
         row = time_case(case, mode, reps, gemm_n)
