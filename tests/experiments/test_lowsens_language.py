@@ -22,6 +22,8 @@ from senslab.experiments.lowsens.language import (
     check_data_root,
     recency_masks,
 )
+from senslab.report import load_runs
+from senslab.report.plots import curve_panels
 
 NAMES = ("language_mrpc", "language_rotten_tomatoes", "language_qqp")
 
@@ -123,6 +125,9 @@ def test_tiny_end_to_end_on_mrpc_fixture(tmp_path: Path) -> None:
         assert summary["language"]["init"]["sens/train"] == rows[0]["sens/train"]
         assert summary["language"]["profile_train"]["per_position"] == last[
             "sens/train_per_position"]
+    # end-of-training numbers live in summary.json only: the report draws no empty curve panels
+    panels = [k for _, _, keys in curve_panels(load_runs([out])) for k in keys]
+    assert "sens/train" in panels and not any(k.startswith("sens_end") for k in panels)
     # a second run reuses every finished run and its end-of-training numbers
     stamp = (out / "lstm" / "summary.json").stat().st_mtime_ns
     again = run_experiment("language_mrpc", out, overrides=[f"data.root={data}", *TINY],

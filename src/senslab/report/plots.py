@@ -89,8 +89,16 @@ def _label_handles(
 def curve_panels(
     runs: Sequence[Run], keys: Sequence[str] | None = None
 ) -> list[tuple[str, str, list[str]]]:
-    """The panels :func:`plot_curves` draws: known groups first, then one per other metric."""
-    present = set(metric_keys(runs)) if keys is None else set(keys)
+    """The panels :func:`plot_curves` draws: known groups first, then one per other metric.
+
+    By default only metrics logged over training (in some run's ``metrics.jsonl``) get a panel:
+    a number that exists only in ``summary.json`` has no curve to draw.
+    """
+    if keys is None:
+        logged = {k for run in runs for row in run.metrics for k in row}
+        present = {k for k in metric_keys(runs) if k in logged}
+    else:
+        present = set(keys)
     present.discard("epoch")
     panels = []
     for title, ylabel, group in PANELS:
