@@ -36,9 +36,10 @@ train accuracy in 12 epochs, vanilla 84%).
 The trained ViT-small runs are shared with ``sharpness`` (it copies them when it finds
 ``runs/robustness/<run>`` trained with the same configuration).
 
-Measured at CPU scale (seed 0, Fashion-MNIST; 2 cores shared with other jobs, load 7–10):
-843 s for training and measuring (re-measuring finished runs: 193 s). Train accuracy at the stop:
-vanilla 0.862 (epoch 14), noise 0.852 (14), regularizer 0.842 (20, budget), CNN 0.860 (19).
+Measured at CPU scale (seed 0, Fashion-MNIST; 2 cores shared with other jobs, load ≈ 7):
+783 s for training and measuring (a second run from scratch gave bit-identical metrics).
+Train accuracy at the stop: vanilla 0.862 (epoch 14), noise 0.852 (14), regularizer 0.842 (20,
+budget), CNN 0.860 (19).
 Verdict **does not hold**: (a) the ViT beats the CNN on only 3 of 11 corruptions (both ≈ 0.80
 clean test accuracy on these 1,000 images; the CNN's tracked sensitivity, 0.029, is below the
 ViT's 0.045 here too); (b) both regularized models are less sensitive than vanilla (final-model
@@ -162,7 +163,7 @@ class Robustness(FinalMeasureExperiment):
     claim = ("(a) ViTs are more accurate than CNNs on most corruptions; (b) noise augmentation "
              "and the sensitivity regularizer lower ViT-small's sensitivity and raise its "
              "accuracy on noise and blur corruptions.")
-    cpu_runtime = "~14 min (loaded 2-core machine)"
+    cpu_runtime = "~13 min (loaded 2-core machine)"
     cpu_scale_note = ("Fashion-MNIST instead of CIFAR-10(-C): 3,000 training images, small "
                       "ViT-small (patch 7, depth 4) vs the small CNN, all to 85% train accuracy; "
                       "11 locally generated corruptions × 5 severities on 1,000 test images; "
