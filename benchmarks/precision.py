@@ -55,7 +55,9 @@ def savings(model: Any, x: Any, tokens_spec: Any, sigma: float, tokens: int,
     for name, (r, perturbed) in runs.items():
         cost = r.stderr**2 * perturbed
         rows[name] = {"estimate": r.estimate, "stderr": r.stderr, "forwards": perturbed,
-                      "cost": cost, "saving": plain / cost if cost > 0 and plain > 0 else None}
+                      "cost": cost, "saving": plain / cost if cost > 0 and plain > 0 else None,
+                      # every unit of every cell equal: the technique is exact here
+                      "exact": cost == 0 and plain > 0}
     target = runs["stratified"][0].stderr / 2
     if target > 0 and plain > 0:
         r = token_sensitivity(model, x, tokens_spec, sigma=sigma, estimand="subset", mask=mask,

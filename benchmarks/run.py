@@ -226,7 +226,8 @@ def precision_suite(names: list[str], mode: str, g: torch.Generator) -> dict[str
 
 
 def _report(name: str, p: dict[str, Any], start: float) -> None:
-    cells = [f"{k} {_times(p[k]['saving'])}" for k in [*TECHNIQUES, "adaptive"] if k in p]
+    cells = [f"{k} {'exact' if p[k].get('exact') else _times(p[k]['saving'])}"
+             for k in [*TECHNIQUES, "adaptive"] if k in p]
     print(f"{name}: flip rate {p['flip_rate']:.3f}, savings {', '.join(cells)} "
           f"({time.perf_counter() - start:.0f} s)", flush=True)
 
@@ -236,6 +237,8 @@ TARGET_SE = 0.005
 
 def _needed(p: dict[str, Any], name: str) -> str:
     """'forwards (saving×)' of one technique at TARGET_SE, from its measured cost."""
+    if name in p and p[name].get("exact"):
+        return "0 (s.e. 0: exact)"
     if name not in p or p[name]["saving"] is None:
         return "–"
     row = p[name]
