@@ -70,8 +70,8 @@ def savings(model: Any, x: Any, tokens_spec: Any, sigma: float, tokens: int,
     return rows
 
 
-def trained_digits_mlp(seed: int = 0) -> tuple[nn.Module, torch.Tensor]:
-    """A 64-128-10 LeakyReLU MLP trained (full-batch SGD, 300 steps, ~1 s) on scikit-learn's
+def trained_digits_mlp(seed: int = 0, steps: int = 300) -> tuple[nn.Module, torch.Tensor]:
+    """A 64-128-10 LeakyReLU MLP trained (full-batch SGD, ``steps`` steps, ~1 s) on scikit-learn's
     8×8 digits, pixels scaled to [−1, 1]: flip rates of a *trained* classifier, where most
     (example, patch) cells never flip and a few flip often. Returns the model and 64 training
     images (1, 8, 8)."""
@@ -86,14 +86,14 @@ def trained_digits_mlp(seed: int = 0) -> tuple[nn.Module, torch.Tensor]:
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * (1 / math.sqrt(p.shape[-1])))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _ in range(300):
+    for _ in range(steps):
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
     return model.eval(), x[torch.randperm(len(x), generator=g)[:64]]
 
 
-def digits_savings(sigma: float = 1.0, examples: int = 64) -> dict[str, Any]:
+def digits_savings(sigma: float = 1.0, examples: int = 64, steps: int = 300) -> dict[str, Any]:
     """:func:`savings` on the trained digits MLP, 2×2 patches (16 tokens)."""
-    model, x = trained_digits_mlp()
+    model, x = trained_digits_mlp(steps=steps)
     return savings(model, x[:examples], Patches(2), sigma, 16, 16)

@@ -210,7 +210,8 @@ def precision_suite(names: list[str], mode: str, g: torch.Generator) -> dict[str
     ``--quick``: the Boolean transformer only; examples × measured tokens kept small)."""
     out = {}
     start = time.perf_counter()
-    out["digits_mlp (trained)"] = digits_savings(examples={"tiny": 8}.get(mode, 64))
+    out["digits_mlp (trained)"] = digits_savings(examples={"tiny": 8}.get(mode, 64),
+                                                 steps={"tiny": 50}.get(mode, 300))
     _report("digits_mlp (trained)", out["digits_mlp (trained)"], start)
     for name in names:
         if name not in PRECISION_SIGMA or (mode == "quick" and name != "boolean_transformer"):
