@@ -216,3 +216,25 @@ def result(
         per_position=per_pos, positions=positions, position_counts=st.pos_cnt.clone(),
         sigma=sigma,
     )
+
+
+def all_reduced(st: State, align: str, group: Any = None) -> State:
+    """``st`` summed over all processes of ``torch.distributed`` (per-sample rates gathered in
+    the one-process order)."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group)
+    sizes: list[Any] = [None] * world
+    dist.all_gather_object(sizes, len(st.pos_sum), group=group)
+    p = max(sizes)
+    left = align == "right"
+    scal = torch.tensor([st.n, st.s1, st.s2, st.within, st.forward], dtype=torch.float64)
+    vec = torch.cat([scal, pad_to(st.pos_sum, p, left), pad_to(st.pos_cnt, p, left)])
+    dist.all_reduce(vec, group=group)
+    samples: list[Any] = [None] * world
+    dist.all_gather_object(samples, [s.tolist() for s in st.samples], group=group)
+    return State(
+        n=int(vec[0]), s1=float(vec[1]), s2=float(vec[2]), within=float(vec[3]),
+        forward=int(vec[4]), pos_sum=vec[5 : 5 + p].clone(), pos_cnt=vec[5 + p :].clone(),
+        samples=[interleave(samples)],
+    )

@@ -65,8 +65,7 @@ The state is sums and counts, so results over many batches and processes merge e
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from typing import Any, Literal
 
 import torch
@@ -75,8 +74,9 @@ from torch import Tensor, nn
 from ..tokens.base import Inputs, Tokenization, batch_size, check_device
 from ._control import LinearControl
 from ._noise import NOISE_BLOCK, NoiseStream
+from ._options import _check_positive, _eval, _resolve_sigma, _shapes
 from ._runner import ChunkRunner, _check_finite, _predictions
-from ._stats import SensitivityResult, State, accumulate, interleave, merged, pad_to, result
+from ._stats import SensitivityResult, State, accumulate, all_reduced, merged, result
 from ._stats import units as _units
 from ._stats import within_variance as _within_variance
 
@@ -388,24 +388,7 @@ class TokenSensitivity:
     def all_reduce(self, group: Any = None) -> TokenSensitivity:
         """Sum the state over all processes of ``torch.distributed`` (every rank then holds the
         total; per-sample rates are gathered in the one-process order)."""
-        import torch.distributed as dist
-
-        st = self.state
-        world = dist.get_world_size(group)
-        sizes = [None] * world
-        dist.all_gather_object(sizes, len(st.pos_sum), group=group)
-        p = max(sizes)
-        left = self.align == "right"
-        scal = torch.tensor([st.n, st.s1, st.s2, st.within, st.forward], dtype=torch.float64)
-        vec = torch.cat([scal, pad_to(st.pos_sum, p, left), pad_to(st.pos_cnt, p, left)])
-        dist.all_reduce(vec, group=group)
-        samples = [None] * world
-        dist.all_gather_object(samples, [s.tolist() for s in st.samples], group=group)
-        self.state = State(
-            n=int(vec[0]), s1=float(vec[1]), s2=float(vec[2]), within=float(vec[3]),
-            forward=int(vec[4]), pos_sum=vec[5 : 5 + p].clone(), pos_cnt=vec[5 + p :].clone(),
-            samples=[interleave(samples)],
-        )
+        self.state = all_reduced(self.state, self.align, group)
         return self
 
     def compute(self) -> SensitivityResult:
@@ -437,52 +420,3 @@ def token_sensitivity(
     metric = TokenSensitivity(model, tokens, **options)
     metric.update(inputs, mask)
     return metric.compute()
-
-
-def _resolve_sigma(
-    sigma: float | None, variance: float | None, replace_with: Tensor | None
-) -> float | None:
-    if replace_with is not None:
-        if sigma is not None or variance is not None:
-            raise ValueError("give either replace_with or a noise level (sigma/variance), not both")
-        if replace_with.dim() != 2:
-            raise ValueError("replace_with must be a (vocabulary, dim) tensor of token vectors")
-        return None
-    if (sigma is None) == (variance is None):
-        raise ValueError(
-            "give exactly one noise level: sigma= (standard deviation) or variance= (σ²); "
-            "the paper quotes variances, e.g. variance=15 for text"
-        )
-    if variance is not None:
-        if not variance > 0 or not math.isfinite(variance):
-            raise ValueError(f"variance must be a positive finite number, got {variance}")
-        return math.sqrt(variance)
-    assert sigma is not None
-    if not sigma > 0 or not math.isfinite(sigma):
-        raise ValueError(f"sigma (noise standard deviation) must be positive, got {sigma}")
-    return float(sigma)
-
-
-def _shapes(inputs: Inputs) -> tuple[Any, ...]:
-    """Shapes of the input tensors without the batch axis (a key for the probed copy size)."""
-    if isinstance(inputs, Tensor):
-        return (tuple(inputs.shape[1:]),)
-    values = inputs.values() if isinstance(inputs, dict) else inputs
-    return tuple(tuple(v.shape[1:]) for v in values if isinstance(v, Tensor))
-
-
-def _check_positive(name: str, value: int) -> int:
-    if not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
-@contextmanager
-def _eval(model: nn.Module) -> Iterator[None]:
-    modes = {m: m.training for m in model.modules()}
-    model.eval()
-    try:
-        yield
-    finally:
-        for m, training in modes.items():
-            m.train(training)
