@@ -111,6 +111,10 @@ def test_tiny_end_to_end_on_mrpc_fixture(tmp_path: Path) -> None:
             "gpt2_recency"} <= set(claims)
     assert all(c["verdict"] in {"holds", "does not hold", "not comparable"}
                for c in claims.values())
+    for name in MODELS:  # the end-of-training per-position profile, right-aligned
+        prof = on_disk["evidence"][name]["profile"]
+        assert prof["positions"][-1] == -1
+        assert len(prof["positions"]) == len(prof["per_position"]) > 0
     for name in MODELS:
         rows = [json.loads(x) for x in (out / name / "metrics.jsonl").read_text().splitlines()]
         assert rows[0]["step"] == 0 and len(rows) == 2  # init + one epoch

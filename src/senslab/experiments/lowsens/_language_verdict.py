@@ -114,6 +114,11 @@ def language_verdict(summaries: list[dict[str, Any]],
             "sens_first": f.get("sens_first/train")}
         for m, f in runs.items()
     }
+    for s in summaries:  # the end-of-training per-position profile, right-aligned
+        lang = s.get("language", {})
+        prof = lang.get("sens_end_profile_train") or lang.get("profile_train")
+        if prof and s["label"] in evidence:
+            evidence[s["label"]]["profile"] = prof
     claims: dict[str, dict[str, str]] = {}
     main_ok, main_detail = _below_lstm(runs, MAIN)
     claims["roberta_below_lstm"] = _sub(main_ok, main_detail)
