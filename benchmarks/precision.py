@@ -10,8 +10,9 @@ control variate's gradient pass is charged as 3 forward passes per example (forw
 ``adaptive`` runs ``target_stderr`` (half the stratified run's s.e.) and reports the forwards it
 actually spent against those plain Monte Carlo needs for that s.e.
 
-To keep the runs short only the last ``tokens`` tokens of each example are perturbed (a ``mask``;
-the model still sees every token), so the estimand is the flip rate over those tokens.
+To keep the runs short only ``tokens`` evenly spaced tokens of each example (first and last
+included) are perturbed (a ``mask``; the model still sees every token), so the estimand is the
+flip rate over those tokens.
 """
 
 from __future__ import annotations
@@ -36,10 +37,11 @@ TECHNIQUES: dict[str, dict[str, Any]] = {
 def savings(model: Any, x: Any, tokens_spec: Any, sigma: float, tokens: int,
             length: int) -> dict[str, Any]:
     """Per technique: estimate, subset s.e., perturbed forwards, cost and saving over plain MC;
-    then an adaptive run. ``x``: the examples; the last ``tokens`` of ``length`` are measured."""
+    then an adaptive run. ``x``: the examples; ``tokens`` of their ``length`` are measured."""
     n = len(x) if isinstance(x, torch.Tensor) else len(next(iter(x.values())))
     mask = torch.zeros(n, length, dtype=torch.bool)
-    mask[:, length - tokens :] = True  # the last tokens: the ones an LSTM's read-out sees best
+    # evenly spaced, first and last included (a CLS read-out and an LSTM's last state alike)
+    mask[:, torch.linspace(0, length - 1, tokens).round().long()] = True
     rows: dict[str, Any] = {"sigma": sigma, "examples": n, "tokens": tokens}
     runs = {}
     for name, opts in TECHNIQUES.items():
