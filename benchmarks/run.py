@@ -14,8 +14,14 @@ throughput of ``senslab.train.loop.fit`` on the demo's ViT config.
     python benchmarks/run.py --quick         # smaller workloads, for a smoke check
     python benchmarks/run.py --cases lstm roberta --out results.json
 
-Results go to ``benchmarks/results/<host>-<date>.json`` (or ``--out``) and a markdown table is
-printed.
+Results go to ``benchmarks/results/<host>-<date>-<mode>.json`` (or ``--out``) and a markdown
+table is printed.
+
+On cores shared with other processes, pass ``--threads 1``: with 2 OpenMP threads every small
+sequential operator ends in a barrier that waits for a descheduled peer (measured here under a
+load average of 4 on 2 cores: a batch-3 LSTM forward ran at 71/s with 1 thread and 0.37/s with
+2), which slows the reference's small forwards far more than senslab's large ones and inflates
+the ratio. Measured full-suite runtime with 2 threads at load 3–4: ~12 min.
 """
 
 from __future__ import annotations
