@@ -27,7 +27,6 @@ from ..tokens import Embedding
 from ._config import check_one_of, override_config
 from ._registry import register_model
 
-
 # --------------------------------------------------------------------------- shared helpers
 
 
