@@ -159,10 +159,15 @@ def test_bpe_training_is_deterministic() -> None:
         train_bpe(texts, vocab_size=100)
 
 
-def test_tokenizer_cache_is_reused_and_keyed_by_training_text(mrpc_root: Path) -> None:
+def test_tokenizer_cache_is_reused_and_keyed_by_training_text(
+    mrpc_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SENSLAB_CACHE", str(tmp_path / "cache"))
     first = _load("mrpc", mrpc_root, split="dev")  # a validation load trains on train text
     path = Path(first.meta["tokenizer"])
-    assert first.meta["tokenizer_trained"] and path.parent == mrpc_root / "tokenizers"
+    assert first.meta["tokenizer_trained"]
+    assert path.parent == tmp_path / "cache" / "tokenizers"
+    assert not (mrpc_root / "tokenizers").exists()  # the data directory is never written to
     stamp = path.stat().st_mtime_ns
     again = _load("mrpc", mrpc_root, split="train")
     assert again.meta["tokenizer"] == str(path) and not again.meta["tokenizer_trained"]
@@ -173,8 +178,10 @@ def test_tokenizer_cache_is_reused_and_keyed_by_training_text(mrpc_root: Path) -
     other.mkdir()
     for f in ("train.tsv", "dev.tsv"):
         (other / f).write_bytes((mrpc_root / f).read_bytes())
+    monkeypatch.setenv("SENSLAB_CACHE", str(tmp_path / "other-cache"))
     fresh = _load("mrpc", other, split="train")
     assert fresh.meta["tokenizer_trained"]
+    monkeypatch.setenv("SENSLAB_CACHE", str(tmp_path / "cache"))
     assert torch.equal(fresh.inputs["input_ids"], again.inputs["input_ids"])
     # other vocabulary size or other training text → another cache entry
     _load("mrpc", mrpc_root, vocab_size=320)

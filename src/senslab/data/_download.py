@@ -18,6 +18,12 @@ def default_root() -> Path:
     return Path(os.environ.get("SENSLAB_DATA", Path.home() / ".cache" / "senslab" / "data"))
 
 
+def cache_dir() -> Path:
+    """Where derived files (trained tokenizers) are kept: ``$SENSLAB_CACHE`` or
+    ``~/.cache/senslab``. Never the data directory, which may be shared or read-only."""
+    return Path(os.environ.get("SENSLAB_CACHE", Path.home() / ".cache" / "senslab"))
+
+
 def md5sum(path: Path, chunk: int = 1 << 20) -> str:
     h = hashlib.md5()
     with open(path, "rb") as f:

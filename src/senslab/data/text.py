@@ -22,8 +22,10 @@ special tokens always survive.
 Tokenizer (ours): a byte-level BPE trained with ``tokenizers`` on the *training split only*
 (never on validation text), special tokens ``<s>`` 0, ``<pad>`` 1, ``</s>`` 2, ``<unk>`` 3,
 ``<mask>`` 4 (RoBERTa's ids), prefix space on, no normalisation. Training is deterministic (same
-text → same vocabulary) and the result is cached in ``<root>/tokenizers/`` under a name made of
-the dataset, the vocabulary size and a hash of the training text, written atomically and reused.
+text → same vocabulary) and the result is cached in ``$SENSLAB_CACHE/tokenizers/`` (default
+``~/.cache/senslab/tokenizers/``; never in the data directory, which may be shared or read-only)
+under a name made of the dataset, the vocabulary size and a hash of the training text, written
+atomically and reused.
 ``tokenizer="roberta-base"`` (a Hugging Face name; needs ``transformers`` and the network or its
 cache) or ``tokenizer="/path/tokenizer.json"`` (a ``tokenizers`` file) replaces it.
 """
@@ -46,7 +48,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from ._download import DataUnavailableError, default_root, fetch, md5sum
+from ._download import DataUnavailableError, cache_dir, default_root, fetch, md5sum
 from ._registry import register_dataset
 from .base import ArrayDataset
 
@@ -335,12 +337,12 @@ def _text_digest(texts: Sequence[str]) -> str:
     return h.hexdigest()[:16]
 
 
-def cached_bpe(name: str, texts: Sequence[str], root: Path, vocab_size: int = 8000,
+def cached_bpe(name: str, texts: Sequence[str], vocab_size: int = 8000,
                min_frequency: int = 2) -> TextTokenizer:
-    """The BPE for ``texts`` from ``root/tokenizers/`` if trained before, else trained and saved
-    there (atomically: a half-written file can never be read by a concurrent load)."""
+    """The BPE for ``texts`` from ``cache_dir()/tokenizers/`` if trained before, else trained and
+    saved there (atomically: a half-written file can never be read by a concurrent load)."""
     key = f"{name}-bpe{vocab_size}-min{min_frequency}-{_text_digest(texts)}.json"
-    path = root / "tokenizers" / key
+    path = cache_dir() / "tokenizers" / key
     if path.exists():
         return _from_tokenizers(Tokenizer.from_file(str(path)), str(path))
     tok = train_bpe(texts, vocab_size, min_frequency)
@@ -428,7 +430,7 @@ def _dataset(name: str, split: str, rows: Callable[[str], TextRows], root: Path,
     else:
         train = data if split == "train" else rows("train")
         texts = train.first + (train.second or [])
-        tok = cached_bpe(name, texts, root, vocab_size, min_frequency)
+        tok = cached_bpe(name, texts, vocab_size, min_frequency)
     inputs = encode(tok, data.first, data.second, max_len)
     return ArrayDataset(
         inputs, torch.tensor(data.labels, dtype=torch.long), num_classes=num_classes, name=name,
