@@ -95,6 +95,9 @@ class NormVsBlowup(Experiment):
     claim = ("Over a random sweep of (n, weight decay, lr), transformers that represent more "
              "sensitive functions need a larger parameter norm or LayerNorm blow-up.")
     cpu_runtime = "~11 min (shared cores)"
+    cpu_scale_note = (
+        "d = 32, n ∈ {4, 6, 8}, 12 runs of 1,200 steps of 256 fresh strings"
+    )
     #: extra plots for ``senslab run``'s report: the (norm, blow-up) plane and norm vs as(f̂)
     report_options: dict[str, Any] = {  # noqa: RUF012 (read-only class constant)
         "scatter": [("param_norm", "blowup"), ("bool_sens", "param_norm")],

@@ -88,6 +88,10 @@ class RandomFunctions(Experiment):
              "lower average sensitivity and lower sharpness than a random completion of the "
              "same labels.")
     cpu_runtime = "~5 min"
+    cpu_scale_note = (
+        "n = 8 instead of 10 with the same fractions of the cube (k ∈ {32, 64, 128} of 256 "
+        "strings), d = 64, AdamW lr 3e-3"
+    )
 
     def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
                 log: Callable[[str], None]) -> list[dict[str, Any]]:

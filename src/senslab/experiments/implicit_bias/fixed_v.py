@@ -172,6 +172,10 @@ class IBFixedV(Experiment):
     claim = ("With v fixed, GD's ‖W_t‖ grows logarithmically while NGD's and Polyak's grow "
              "linearly; NGD and Polyak align with W_mm and sparsify the attention faster.")
     cpu_runtime = "~10 min (loaded 2-core machine)"
+    cpu_scale_note = (
+        "3 seeds, 20,000 steps per optimiser (paper scale: 5 seeds, 100,000; the paper does not "
+        "give its synthetic sizes)"
+    )
     #: how ``loglog.png`` is drawn (and how `senslab report` should draw this experiment)
     report_options: dict[str, Any] = {  # noqa: RUF012
         "x": "step", "logx": True,

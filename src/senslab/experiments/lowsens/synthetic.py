@@ -135,6 +135,9 @@ class SyntheticSparseFrequent(Experiment):
              "features gives the lower-sensitivity classifier: sparse tokens in case 1 (OOD "
              "accuracy collapses), frequent tokens in case 2 (OOD accuracy stays high).")
     cpu_runtime = "~2 min (idle cores)"
+    cpu_scale_note = (
+        "1,000 train / 1,000 test / 1,000 OOD examples per run (the paper gives no sizes)"
+    )
 
     def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
                 log: Any) -> list[dict[str, Any]]:
