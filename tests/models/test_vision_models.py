@@ -254,3 +254,21 @@ def test_sincos_positions() -> None:
     with pytest.raises(ValueError, match="multiple of 4"):
         create_model("vit_simple", dim=30)
     assert "pos" not in dict(create_model("vit_simple", **SMALL["vit_simple"]).named_parameters())
+
+
+@pytest.mark.parametrize("locality", [False, True])
+def test_fused_attention_matches_explicit_weights(locality: bool) -> None:
+    """The softmax path runs through scaled_dot_product_attention; it must equal the explicit
+    softmax(Q Kᵀ · s) V of ``attention_weights`` and pass a gradient to the LSA temperature."""
+    from senslab.models.vit import Attention
+
+    torch.manual_seed(0)
+    attn = Attention(dim=16, heads=2, dim_head=8, dropout=0.0, kind="softmax", locality=locality)
+    x = torch.randn(3, 5, 16)
+    _, _, v = attn._split(x)
+    explicit = attn.out((attn.attention_weights(x) @ v).transpose(1, 2).flatten(2))
+    fused = attn(x)
+    torch.testing.assert_close(fused, explicit, rtol=1e-5, atol=1e-6)
+    fused.square().sum().backward()
+    if locality:
+        assert attn.log_scale.grad is not None and attn.log_scale.grad.abs() > 0
