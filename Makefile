@@ -34,7 +34,7 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check src tests benchmarks
 
 bench: $(VENV)/.installed
-	$(BIN)/python benchmarks/bench_sensitivity.py
+	$(BIN)/python benchmarks/run.py
 
 # record the finished runs/<name> experiment directories and regenerate REPRODUCTION.md
 reproduction: $(VENV)/.installed

@@ -103,9 +103,12 @@ def lowest_sensitivity_verdict(summaries: list[dict[str, Any]], winner: str,
         beaten.append((k, diff, se, diff > 2 * se))
     ok = all(b[3] for b in beaten)
     detail = "; ".join(f"{k} − {winner} = {d:+.4f} (±{2 * se:.4f})" for k, d, se, _ in beaten)
+    values = ", ".join(f"{k} {v['sens/train']:.4f} ± {v['sens/train_se']:.4f} (train acc "
+                       f"{accs[k]:.3f})" for k, v in final.items())
     return {
         "verdict": "holds" if ok else "does not hold",
         "reason": (f"{winner} has the lowest sensitivity" if ok else
-                   f"{winner} is not below every other model by 2 s.e.") + f": {detail}",
+                   f"{winner} is not below every other model by 2 s.e.")
+        + f": {detail}. Sensitivity: {values}",
         "evidence": evidence,
     }
