@@ -81,11 +81,15 @@ def test_target_train_accuracy_stops_early(tmp_path):
     assert summary["final"]["train/acc"] >= 0.5
 
 
+# the child uses the parent's thread count: float reductions split across a different number of
+# threads round differently, and the test is about resuming, not about thread counts
 _CHILD = """
 import sys
+import torch
 from senslab.train.config import RunConfig, apply_overrides
 from senslab.train.loop import fit
-cfg = apply_overrides(RunConfig(name="tiny"), sys.argv[2:])
+torch.set_num_threads(int(sys.argv[2]))
+cfg = apply_overrides(RunConfig(name="tiny"), sys.argv[3:])
 fit(cfg, sys.argv[1], progress=False)
 """
 
@@ -105,7 +109,8 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path):
     fit(apply_overrides(RunConfig(name="tiny"), list(args)), ref, progress=False)
 
     run = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(run), *args])
+    proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(run),
+                             str(torch.get_num_threads()), *args])
     deadline = time.time() + 120
     while time.time() < deadline and len(RunDir(run).checkpoints()) < 3:
         time.sleep(0.01)
