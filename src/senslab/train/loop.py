@@ -188,10 +188,25 @@ def fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None = None) -> di
     Returns the summary (label and final metrics). The global torch RNG (dropout) is seeded from
     ``cfg.seed`` inside a fork, so the caller's RNG state is left untouched.
     """
+    import torch.distributed as dist
+
+    owns_group = dist.is_available() and not dist.is_initialized()
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(cfg.seed + 1_000_003)
-        return _fit(cfg, run_dir, progress)
+    try:
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(cfg.seed + 1_000_003)
+            summary = _fit(cfg, run_dir, progress)
+    except BaseException:
+        if owns_group and dist.is_initialized():
+            dist.destroy_process_group()  # no barrier: the other ranks may never reach it
+        raise
+    # A process group this call created is shut down once every rank has finished: a rank that
+    # exits while the group still lives can abort at interpreter exit ("terminate called
+    # without an active exception", seen with gloo).
+    if owns_group and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    return summary
 
 
 def distributed() -> tuple[int, int]:
