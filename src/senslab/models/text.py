@@ -232,8 +232,9 @@ class LSTMClassifier(nn.Module):
         self.embed = nn.Embedding(c.vocab_size, c.dim)
         self.embed_ln = nn.LayerNorm(c.dim)
         self.drop = nn.Dropout(c.dropout)
-        # nn.LSTM's dropout acts between stacked layers only
-        self.lstm = nn.LSTM(c.dim, c.dim, c.layers, batch_first=True, dropout=c.dropout)
+        # nn.LSTM's dropout acts between stacked layers only (and warns when there is one layer)
+        self.lstm = nn.LSTM(c.dim, c.dim, c.layers, batch_first=True,
+                            dropout=c.dropout if c.layers > 1 else 0.0)
         self.head = nn.Linear(c.dim, c.num_classes)
         init_weights(self, torch.Generator().manual_seed(c.seed), linear_std=None, embed_std=1.0)
 
