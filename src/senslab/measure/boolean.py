@@ -35,6 +35,10 @@ How a change is counted (``output``)
       The rule looks at *all* evaluated values, so a model that outputs a raw scalar logit is
       measured with ``"real"``: pass ``output="sign"`` for logit models.
 
+The Fourier side (coefficients, degree, spectral weights, noise stability) is in
+:mod:`senslab.measure.fourier`, the reference functions (PARITY, MAJORITY, FIRST, MEAN, sparse
+parities, random tables) in :mod:`senslab.measure.functions`; both are re-exported here.
+
 Example::
 
     >>> from senslab.measure.boolean import boolean_sensitivity, majority, parity
@@ -48,7 +52,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -403,163 +407,31 @@ class _Stats:
         )
 
 
-# ----------------------------------------------------------------------------- Fourier analysis
+# Fourier analysis and the reference functions live in their own files; re-exported here so
+# ``from senslab.measure.boolean import parity, fourier_coefficients`` keeps working.
+from .fourier import (  # noqa: E402
+    average_sensitivity_fourier,
+    degree,
+    fourier_coefficients,
+    influence_fourier,
+    noise_stability,
+    spectral_weights,
+    subset_sizes,
+)
+from .functions import (  # noqa: E402
+    first,
+    majority,
+    mean,
+    parity,
+    random_function,
+    sparse_parity,
+    table_function,
+)
 
-
-def _spectrum(table: Tensor, coefficients: bool) -> Tensor:
-    _table_n(table)
-    if table.dim() == 2:
-        table = table[:, 0]
-    if not (table.is_floating_point() or table.dtype == torch.bool):
-        if table.unique().numel() > 2:
-            raise ValueError("Fourier analysis needs a real-valued table, not multi-class labels")
-    return table.double() if coefficients else fourier_coefficients(table)
-
-
-def fourier_coefficients(table: Tensor) -> Tensor:
-    """All 2ⁿ Fourier coefficients f̂(S) = 2⁻ⁿ Σ_x f(x) χ_S(x), indexed by the bitmask S.
-
-    Fast Walsh–Hadamard transform: for each bit j, every pair of entries (a, b) whose indices
-    differ only in bit j becomes (a + b, a − b); n such butterfly passes of O(2ⁿ) tensor work
-    each (float64, on a copy). With bit j ↦ x_j = 1 − 2·bit, the pass for bit j multiplies by
-    x_j's two values, so after all n passes entry S holds Σ_x f(x) χ_S(x).
-    """
-    n = _table_n(table)
-    h = (table[:, 0] if table.dim() == 2 else table).double().clone()
-    for j in range(n):
-        pairs = h.view(-1, 2, 1 << j)  # middle axis = bit j of the index
-        a = pairs[:, 0].clone()
-        pairs[:, 0] += pairs[:, 1]
-        pairs[:, 1] = a - pairs[:, 1]
-    return h / (1 << n)
-
-
-def subset_sizes(n: int) -> Tensor:
-    """|S| for every bitmask S < 2ⁿ (popcount), built by doubling: |S + 2ʲ| = |S| + 1."""
-    _check_n(n)
-    sizes = torch.zeros(1, dtype=torch.long)
-    for _ in range(n):
-        sizes = torch.cat([sizes, sizes + 1])
-    return sizes
-
-
-def spectral_weights(table: Tensor, *, coefficients: bool = False) -> Tensor:
-    """W_k = Σ_{|S|=k} f̂(S)² for k = 0..n, a float64 tensor (n+1,); Σ_k W_k = E[f²] (Parseval).
-
-    Pass ``coefficients=True`` when ``table`` already holds f̂ (from fourier_coefficients).
-    """
-    c = _spectrum(table, coefficients)
-    n = _table_n(c)
-    return torch.zeros(n + 1, dtype=torch.float64).index_add_(0, subset_sizes(n), c.pow(2))
-
-
-def degree(table: Tensor, tol: float = 1e-9, *, coefficients: bool = False) -> int:
-    """deg(f) = max |S| with |f̂(S)| > tol (0 for a constant, including the zero function)."""
-    c = _spectrum(table, coefficients)
-    sizes = subset_sizes(_table_n(c))[c.abs() > tol]
-    return int(sizes.max()) if len(sizes) else 0
-
-
-def noise_stability(table: Tensor, rho: float, *, coefficients: bool = False) -> float:
-    """Stab_ρ(f) = Σ_S ρ^|S| f̂(S)² = E[f(x) f(y)] for a ρ-correlated pair (x, y).
-
-    y keeps each bit of x with probability (1 + ρ)/2 and flips it otherwise, so for ±1-valued f,
-    P[f(x) ≠ f(y)] = (1 − Stab_ρ(f)) / 2.
-    """
-    if not -1.0 <= rho <= 1.0:
-        raise ValueError(f"rho is a correlation and must lie in [-1, 1], got {rho}")
-    weights = spectral_weights(table, coefficients=coefficients)
-    return float((weights * rho ** torch.arange(len(weights), dtype=torch.float64)).sum())
-
-
-def average_sensitivity_fourier(table: Tensor, *, coefficients: bool = False) -> float:
-    """Σ_S |S| f̂(S)²: as(f) for ±1-valued f, the "real" sensitivity Σᵢ E[(D_i f)²] otherwise."""
-    weights = spectral_weights(table, coefficients=coefficients)
-    return float((weights * torch.arange(len(weights), dtype=torch.float64)).sum())
-
-
-def influence_fourier(table: Tensor, *, coefficients: bool = False) -> Tensor:
-    """Inf_i(f) = Σ_{S∋i} f̂(S)² for every bit i, a float64 tensor (n,)."""
-    c = _spectrum(table, coefficients)
-    n = _table_n(c)
-    w = c.pow(2)
-    # S ∋ i ⇔ bit i of S is set: the second half of every (−1, 2, 2ⁱ) block.
-    return torch.stack([w.view(-1, 2, 1 << i)[:, 1].sum() for i in range(n)])
-
-
-# ----------------------------------------------------------------------------- reference functions
-# Each takes a (N, n) batch of ±1 strings and returns (N,) values in the batch's float dtype,
-# so they serve both as measured functions and as regression targets for generated tasks.
-
-
-def _bits(x: Tensor) -> Tensor:
-    if x.dim() != 2:
-        raise ValueError(f"expected a (N, n) batch of ±1 strings, got shape {tuple(x.shape)}")
-    return x if x.is_floating_point() else x.float()
-
-
-def parity(x: Tensor) -> Tensor:
-    """PARITY(x) = Π_i x_i ∈ {±1}; as = n, degree n (f̂ is 1 on S = all bits)."""
-    return _bits(x).prod(1)
-
-
-def majority(x: Tensor) -> Tensor:
-    """MAJORITY(x) = 1 if more bits are +1 than −1, else 0 (ties → 0); values in {0, 1}.
-
-    +1 counts as a "one", as in the companion code. For odd n, as = n·C(n−1, (n−1)/2)/2ⁿ⁻¹;
-    for even n only ties/one-above-tie pairs change: n=5 → 1.875, n=10 → 2.4609, n=15 → 3.1421.
-    """
-    x = _bits(x)
-    return (x.sum(1) > 0).to(x.dtype)
-
-
-def first(x: Tensor) -> Tensor:
-    """FIRST(x) = x_1 ∈ {±1} (the dictator function); as = 1."""
-    return _bits(x)[:, 0].clone()
-
-
-def mean(x: Tensor) -> Tensor:
-    """MEAN(x) = (1/n) Σ_i x_i, real-valued; with the "real" rule as = n·(2/n)²/4 = 1/n."""
-    return _bits(x).mean(1)
-
-
-def sparse_parity(subset: Sequence[int]) -> Callable[[Tensor], Tensor]:
-    """A function x ↦ Π_{i∈S} x_i (0-based bit positions); the empty subset is the constant 1."""
-    index = [int(i) for i in subset]
-    if any(i < 0 for i in index) or len(set(index)) != len(index):
-        raise ValueError(f"subset must hold distinct non-negative bit positions, got {subset}")
-    cols = torch.tensor(index, dtype=torch.long)
-
-    def chi(x: Tensor) -> Tensor:
-        x = _bits(x)
-        if index and max(index) >= x.shape[1]:
-            raise ValueError(f"subset {index} names bit {max(index)} but x has {x.shape[1]} bits")
-        return x[:, cols.to(x.device)].prod(1)
-
-    chi.__name__ = f"sparse_parity_{'_'.join(map(str, index)) or 'empty'}"
-    return chi
-
-
-def random_function(n: int, generator: torch.Generator) -> Tensor:
-    """A uniformly random ±1 truth table (float64, length 2ⁿ); E[as(f)] = n/2.
-
-    Use it with :func:`table_function` for a callable, or pass the table directly.
-    """
-    _check_n(n)
-    if n > MAX_EXACT_N:
-        raise ValueError(f"a random truth table for n={n} has 2^{n} entries; n ≤ {MAX_EXACT_N}")
-    bits = torch.randint(0, 2, (1 << n,), generator=generator, device=generator.device)
-    return (1 - 2 * bits).double().cpu()
-
-
-def table_function(table: Tensor) -> Callable[[Tensor], Tensor]:
-    """The callable x ↦ table[index(x)] for a truth table (values returned as stored)."""
-    n = _table_n(table)
-    values = table[:, 0] if table.dim() == 2 else table
-
-    def lookup(x: Tensor) -> Tensor:
-        if x.dim() != 2 or x.shape[1] != n:
-            raise ValueError(f"this table takes (N, {n}) ±1 strings, got {tuple(x.shape)}")
-        return values.to(x.device)[inputs_to_index(x)]
-
-    return lookup
+__all__ = [
+    "MAX_EXACT_N", "BooleanSensitivity", "all_inputs", "average_sensitivity_fourier",
+    "boolean_sensitivity", "degree", "first", "fourier_coefficients", "index_to_inputs",
+    "influence_fourier", "inputs_to_index", "majority", "mean", "noise_stability", "parity",
+    "random_function", "sparse_parity", "spectral_weights", "subset_sizes", "table_function",
+    "truth_table",
+]

@@ -1,0 +1,88 @@
+"""Reference functions on {±1}ⁿ: PARITY, MAJORITY, FIRST, MEAN, sparse parities, random and
+tabulated functions (SPEC §1 and Hahn & Rofin).
+
+Each takes a (N, n) batch of ±1 strings and returns (N,) values in the batch's float dtype, so
+they serve both as measured functions and as regression targets for generated tasks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from .boolean import MAX_EXACT_N, _check_n, _table_n, inputs_to_index
+
+
+def _bits(x: Tensor) -> Tensor:
+    if x.dim() != 2:
+        raise ValueError(f"expected a (N, n) batch of ±1 strings, got shape {tuple(x.shape)}")
+    return x if x.is_floating_point() else x.float()
+
+
+def parity(x: Tensor) -> Tensor:
+    """PARITY(x) = Π_i x_i ∈ {±1}; as = n, degree n (f̂ is 1 on S = all bits)."""
+    return _bits(x).prod(1)
+
+
+def majority(x: Tensor) -> Tensor:
+    """MAJORITY(x) = 1 if more bits are +1 than −1, else 0 (ties → 0); values in {0, 1}.
+
+    +1 counts as a "one", as in the companion code. For odd n, as = n·C(n−1, (n−1)/2)/2ⁿ⁻¹;
+    for even n only ties/one-above-tie pairs change: n=5 → 1.875, n=10 → 2.4609, n=15 → 3.1421.
+    """
+    x = _bits(x)
+    return (x.sum(1) > 0).to(x.dtype)
+
+
+def first(x: Tensor) -> Tensor:
+    """FIRST(x) = x_1 ∈ {±1} (the dictator function); as = 1."""
+    return _bits(x)[:, 0].clone()
+
+
+def mean(x: Tensor) -> Tensor:
+    """MEAN(x) = (1/n) Σ_i x_i, real-valued; with the "real" rule as = n·(2/n)²/4 = 1/n."""
+    return _bits(x).mean(1)
+
+
+def sparse_parity(subset: Sequence[int]) -> Callable[[Tensor], Tensor]:
+    """A function x ↦ Π_{i∈S} x_i (0-based bit positions); the empty subset is the constant 1."""
+    index = [int(i) for i in subset]
+    if any(i < 0 for i in index) or len(set(index)) != len(index):
+        raise ValueError(f"subset must hold distinct non-negative bit positions, got {subset}")
+    cols = torch.tensor(index, dtype=torch.long)
+
+    def chi(x: Tensor) -> Tensor:
+        x = _bits(x)
+        if index and max(index) >= x.shape[1]:
+            raise ValueError(f"subset {index} names bit {max(index)} but x has {x.shape[1]} bits")
+        return x[:, cols.to(x.device)].prod(1)
+
+    chi.__name__ = f"sparse_parity_{'_'.join(map(str, index)) or 'empty'}"
+    return chi
+
+
+def random_function(n: int, generator: torch.Generator) -> Tensor:
+    """A uniformly random ±1 truth table (float64, length 2ⁿ); E[as(f)] = n/2.
+
+    Use it with :func:`table_function` for a callable, or pass the table directly.
+    """
+    _check_n(n)
+    if n > MAX_EXACT_N:
+        raise ValueError(f"a random truth table for n={n} has 2^{n} entries; n ≤ {MAX_EXACT_N}")
+    bits = torch.randint(0, 2, (1 << n,), generator=generator, device=generator.device)
+    return (1 - 2 * bits).double().cpu()
+
+
+def table_function(table: Tensor) -> Callable[[Tensor], Tensor]:
+    """The callable x ↦ table[index(x)] for a truth table (values returned as stored)."""
+    n = _table_n(table)
+    values = table[:, 0] if table.dim() == 2 else table
+
+    def lookup(x: Tensor) -> Tensor:
+        if x.dim() != 2 or x.shape[1] != n:
+            raise ValueError(f"this table takes (N, {n}) ±1 strings, got {tuple(x.shape)}")
+        return values.to(x.device)[inputs_to_index(x)]
+
+    return lookup
