@@ -19,7 +19,7 @@ import torch
 
 from ..registry import Registry
 from ..train.config import RunConfig, apply_overrides
-from ..train.rundir import RunDir, environment
+from ..train.rundir import RunDir, git_commit
 
 
 class Experiment:
@@ -75,6 +75,17 @@ def write_experiment_json(out: Path, exp: Experiment, scale: str, runs: list[str
     })
 
 
+def model_runs(models: dict[str, list[str]], common: list[str]) -> list[RunConfig]:
+    """One :class:`RunConfig` per model name (also its run name and label): the ``common``
+    overrides, then the model's own."""
+    out = []
+    for name, extra in models.items():
+        cfg = RunConfig(name=name, label=name)
+        cfg.model.name = name
+        out.append(apply_overrides(cfg, common + extra))
+    return out
+
+
 EXPERIMENTS: Registry[Callable[[], Experiment]] = Registry("experiment")
 
 
@@ -117,7 +128,7 @@ def run_experiment(name: str, out_dir: str | Path, scale: str = "cpu",
     verdict.update(scale=scale, overrides=list(overrides or []), runtime_s=runtime,
                    last_invocation_s=seconds,
                    finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                   commit=environment("cpu").get("git_commit"),
+                   commit=git_commit(),
                    threads=torch.get_num_threads())
     RunDir(out).write_json("verdict.json", verdict)
     return verdict

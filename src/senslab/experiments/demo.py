@@ -17,8 +17,8 @@ import math
 from typing import Any
 
 from ..data import DataUnavailableError, create_dataset
-from ..train.config import RunConfig, apply_overrides
-from .base import Experiment, register_experiment
+from ..train.config import RunConfig
+from .base import Experiment, model_runs, register_experiment
 
 SIGMA = 1.0
 
@@ -68,12 +68,7 @@ class Demo(Experiment):
             + (["model.overrides.channels=[16, 32]", "model.overrides.hidden=64"] if small
                else []),
         }
-        out = []
-        for name, extra in models.items():
-            cfg = RunConfig(name=name, label=name)
-            cfg.model.name = name
-            out.append(apply_overrides(cfg, common + extra))
-        return out
+        return model_runs(models, common)
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return lowest_sensitivity_verdict(summaries, "vit_small")

@@ -36,16 +36,21 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
-def environment(device: torch.device | str) -> dict[str, Any]:
-    """Versions, git commit, device and command line, for env.json."""
+def git_commit() -> str | None:
+    """The commit of the senslab checkout in use (None outside a git checkout)."""
     try:
         root = Path(__file__).resolve().parents[3]
-        commit = subprocess.run(
+        return subprocess.run(
             ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
             timeout=5,
         ).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
-        commit = None
+        return None
+
+
+def environment(device: torch.device | str) -> dict[str, Any]:
+    """Versions, git commit, device and command line, for env.json."""
+    commit = git_commit()
     import numpy
 
     import senslab

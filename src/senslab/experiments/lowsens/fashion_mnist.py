@@ -59,8 +59,8 @@ from ...data import DataUnavailableError
 from ...data._download import default_root
 from ...data.images import FASHION_MNIST_FILES
 from ...train.config import RunConfig
-from ..base import register_experiment
-from .mnist_binary import SIGMA, VisionComparison, make_runs
+from ..base import model_runs, register_experiment
+from .mnist_binary import SIGMA, VisionComparison
 
 #: this project's copy, relative to the working directory (the repository root)
 SHARED_COPY = Path("..") / "shared" / "data" / "fashion_mnist"
@@ -150,7 +150,7 @@ class FashionMNIST(VisionComparison):
             "mlp_sigmoid": ["model.overrides.sens_patch=4"],
         }
         models = {k: [f"optim.lr={LRS[k]}", *v] for k, v in models.items()}
-        cfgs = make_runs(models, common)
+        cfgs = model_runs(models, common)
         root = find_root()
         for cfg in cfgs:
             cfg.data.root = root

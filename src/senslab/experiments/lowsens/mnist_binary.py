@@ -47,8 +47,8 @@ from typing import Any
 
 import torch
 
-from ...train.config import RunConfig, apply_overrides
-from ..base import Experiment, register_experiment
+from ...train.config import RunConfig
+from ..base import Experiment, model_runs, register_experiment
 from ..demo import lowest_sensitivity_verdict
 from ..implicit_bias._common import single_thread
 
@@ -86,16 +86,6 @@ class VisionComparison(Experiment):
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return comparison_verdict(summaries, self.winner, self.max_acc_gap)
-
-
-def make_runs(models: dict[str, list[str]], common: list[str]) -> list[RunConfig]:
-    """One :class:`RunConfig` per model label: ``common`` then the model's own overrides."""
-    out = []
-    for label, extra in models.items():
-        cfg = RunConfig(name=label, label=label)
-        cfg.model.name = label
-        out.append(apply_overrides(cfg, common + extra))
-    return out
 
 
 def sigma_sweep(run_dir: Path, sigmas: tuple[float, ...]) -> dict[str, dict[str, float]]:
@@ -208,4 +198,4 @@ class MNISTBinary(VisionComparison):
             "mlp": ["model.overrides.sens_patch=7", "model.overrides.widths=[256]",
                     "model.overrides.activation=leaky_relu"],
         }
-        return make_runs(models, common)
+        return model_runs(models, common)
