@@ -4,11 +4,12 @@ algorithms senslab's estimator is compared with.
 The references are written as a researcher would first write them, following the paper code:
 
 * text (and the Boolean transformer): one sentence at a time; for every token, ``repeats`` (3)
-  noise rows are drawn on the CPU and copied row by row into a (repeats, T, D) delta that a
-  forward hook adds after the token module; one forward pass per token holds the ``repeats``
-  copies of that one sentence.
+  noise rows are drawn on the CPU and copied row by row (to the model's device) into a
+  (repeats, T, D) delta that a forward hook adds after the token module; one forward pass per
+  token holds the ``repeats`` copies of that one sentence.
 * images: one image at a time; for every patch, ``repeats`` (5) random noise masks are drawn on
-  the CPU and added to copies of the image; one forward pass per patch holds the 5 copies.
+  the CPU, copied to the model's device and added to copies of the image; one forward pass per
+  patch holds the 5 copies.
 
 Both compute the same quantity as senslab (flip rate over tokens and draws), so forward passes per
 second compare like with like.
@@ -47,15 +48,17 @@ class Case:
 
 
 def make_cases(
-    names: list[str], n: int, generator: torch.Generator, overrides: dict[str, Any] | None = None
+    names: list[str], n: int, generator: torch.Generator, overrides: dict[str, Any] | None = None,
+    device: str | torch.device = "cpu",
 ) -> list[Case]:
     """The suite of issue #7: 32×32×3 images (64 patches of 4×4), length-128 text, n = 20 bits.
     Noise levels: σ = 0.1 on images (paper code), σ² = 1 on text and bits. ``overrides`` go to
-    ``create_model`` (e.g. smaller models for tests of the benchmark)."""
+    ``create_model`` (e.g. smaller models for tests of the benchmark); model and inputs are
+    moved to ``device``."""
     out = []
     for name in names:
         model = create_model(name, **(overrides or {}))
-        model.eval()
+        model.eval().to(device)
         if name in ("vit_small", "resnet18"):
             x = torch.rand(n, 3, 32, 32, generator=generator) * 2 - 1
             out.append(Case(name, "image", model, x, Patches(4), 0.1, 5, 64))
@@ -68,7 +71,14 @@ def make_cases(
             out.append(Case(name, "text", model, bits, Embedding("bit_embed"), 1.0, 3, 20))
         else:
             raise ValueError(f"no benchmark case for model {name!r}")
+        out[-1].inputs = _to(out[-1].inputs, device)
     return out
+
+
+def _to(inputs: Any, device: str | torch.device) -> Any:
+    if isinstance(inputs, dict):
+        return {k: v.to(device) for k, v in inputs.items()}
+    return inputs.to(device)
 
 
 def flops_per_forward(case: Case) -> float:
@@ -113,6 +123,7 @@ def _reference_text(case: Case, examples: int, tokens: int, g: torch.Generator) 
     handle = module.register_forward_hook(hook)
     flips = forwards = 0
     r = case.repeats
+    device = next(case.model.parameters()).device
     try:
         with torch.inference_mode():
             for b in range(examples):
@@ -122,9 +133,10 @@ def _reference_text(case: Case, examples: int, tokens: int, g: torch.Generator) 
                 copies = select(one, torch.zeros(r, dtype=torch.long))
                 forwards += 1
                 for t in range(tokens):
-                    noise = torch.zeros(r, case.length, state["dim"])
+                    noise = torch.zeros(r, case.length, state["dim"], device=device)
                     for i in range(r):  # made on the CPU, copied row by row
-                        noise[i, t] = torch.randn(state["dim"], generator=g) * case.sigma
+                        noise[i, t] = (torch.randn(state["dim"], generator=g) * case.sigma).to(
+                            device)
                     state["noise"] = noise
                     flips += int((predict(call_model(case.model, copies)) != clean).sum())
                     forwards += r
@@ -138,6 +150,7 @@ def _reference_images(case: Case, examples: int, tokens: int, g: torch.Generator
     _, c, h, w = case.inputs.shape
     per_row = w // p
     flips = forwards = 0
+    device = case.inputs.device
     with torch.inference_mode():
         for img in case.inputs[:examples]:
             img = img[None]
@@ -149,7 +162,7 @@ def _reference_images(case: Case, examples: int, tokens: int, g: torch.Generator
                 for k in range(case.repeats):  # one random mask per copy, noise made on the CPU
                     mask = torch.zeros(c, h, w)
                     mask[:, i : i + p, j : j + p] = torch.randn(c, p, p, generator=g)
-                    batch[k] += mask * case.sigma
+                    batch[k] += (mask * case.sigma).to(device)
                 flips += int((case.model(batch).argmax(1) != clean).sum())
                 forwards += case.repeats
     return forwards

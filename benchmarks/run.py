@@ -15,6 +15,7 @@ throughput of ``senslab.train.loop.fit`` on the demo's ViT config.
     python benchmarks/run.py --cases lstm roberta --out results.json
     python benchmarks/run.py --copies 1 --no-precision --no-training   # issue #2's reference:
                                              # one forward pass per perturbed token
+    python benchmarks/run.py --device cuda   # on a GPU: larger senslab workloads, GEMM there
 
 Results go to ``benchmarks/results/<host>-<date>-<mode>.json`` (or ``--out``) and a markdown
 table is printed.
@@ -58,6 +59,8 @@ SIZES = {
     "full": {"image": (8, 16, 1, 4), "text": (4, 32, 1, 4), "bits": (64, 20, 2, 20)},
     "quick": {"image": (2, 4, 1, 2), "text": (2, 8, 1, 2), "bits": (16, 20, 1, 20)},
     "tiny": {"image": (1, 2, 1, 1), "text": (1, 2, 1, 1), "bits": (4, 20, 1, 4)},
+    # a GPU fills only with many copies per forward; the reference stays one example at a time
+    "gpu": {"image": (256, 64, 2, 64), "text": (32, 128, 1, 128), "bits": (4096, 20, 8, 20)},
 }
 TINY_MODELS = {  # --tiny: the same architectures, shrunk (smoke test of this script)
     "vit_small": {"depth": 1, "heads": 2, "dim_head": 8, "mlp_dim": 32},
@@ -75,12 +78,20 @@ def loadavg() -> list[float]:
         return []
 
 
+def sync(device: torch.device) -> None:
+    """Wait for queued device work (GPU kernels run asynchronously to the host clock)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def gemm_flops(n: int, a: torch.Tensor, b: torch.Tensor, reps: int = 3) -> float:
     """FLOP/s of an n×n float32 matrix product (median of ``reps``)."""
     times = []
     for _ in range(reps):
+        sync(a.device)
         start = time.perf_counter()
         a @ b
+        sync(a.device)
         times.append(time.perf_counter() - start)
     return 2 * n**3 / statistics.median(times)
 
@@ -102,8 +113,9 @@ def time_case(case: Case, mode: str, reps: int, gemm_n: int) -> dict[str, Any]:
     """Interleaved repetitions of reference, senslab and a GEMM; medians."""
     n_ours, k_ours, n_ref, k_ref = sizes(case, mode)
     g = torch.Generator().manual_seed(0)
-    a = torch.randn(gemm_n, gemm_n, generator=g)
-    b = torch.randn(gemm_n, gemm_n, generator=g)
+    device = next(case.model.parameters()).device
+    a = torch.randn(gemm_n, gemm_n, generator=g).to(device)
+    b = torch.randn(gemm_n, gemm_n, generator=g).to(device)
     reference(case, 1, 1, g)  # warm-up (allocator, kernels, one-time initialisation)
     senslab_run(case, 1, 1, 0)
     flops = flops_per_forward(case)
@@ -113,6 +125,7 @@ def time_case(case: Case, mode: str, reps: int, gemm_n: int) -> dict[str, Any]:
         order = ["reference", "senslab", "gemm"]
         order = order[rep % 3:] + order[: rep % 3]
         for what in order:
+            sync(device)
             start = time.perf_counter()
             if what == "reference":
                 fwd = reference(case, n_ref, k_ref, g)
@@ -121,6 +134,7 @@ def time_case(case: Case, mode: str, reps: int, gemm_n: int) -> dict[str, Any]:
             else:
                 samples["gemm"].append(gemm_flops(gemm_n, a, b))
                 continue
+            sync(device)
             samples[what].append(fwd / (time.perf_counter() - start))
     ratios = [o / r for o, r in zip(samples["senslab"], samples["reference"], strict=True)]
     fractions = [o * flops / gm for o, gm in zip(samples["senslab"], samples["gemm"], strict=True)]
@@ -275,6 +289,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--cases", nargs="+", default=ALL, choices=ALL)
     parser.add_argument("--reps", type=int, default=None, help="interleaved repetitions")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--device", default="cpu",
+                        help="e.g. cuda: models, inputs, noise and the GEMM on that device (larger "
+                             "senslab workloads; the reference still draws noise on the CPU)")
     parser.add_argument("--no-timing", action="store_true", help="skip the speed table")
     parser.add_argument("--no-precision", action="store_true")
     parser.add_argument("--no-training", action="store_true")
@@ -285,13 +302,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                              "forward pass per perturbed token (issue #2's reference)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    mode = "tiny" if args.tiny else "quick" if args.quick else "full"
-    reps = args.reps or {"full": 5, "quick": 3, "tiny": 1}[mode]
-    gemm_n = {"full": 2048, "quick": 1024, "tiny": 256}[mode]
+    device = torch.device(args.device)
+    gpu = device.type == "cuda"
+    if gpu:  # float32 throughout (cuDNN would otherwise run convolutions in TF32)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    mode = "tiny" if args.tiny else "quick" if args.quick else "gpu" if gpu else "full"
+    reps = args.reps or {"full": 5, "quick": 3, "tiny": 1, "gpu": 5}[mode]
+    gemm_n = {"full": 2048, "quick": 1024, "tiny": 256, "gpu": 8192}[mode]
     result: dict[str, Any] = {
         "host": socket.gethostname(), "date": datetime.datetime.now(datetime.timezone.utc)
         .isoformat(timespec="seconds"), "torch": torch.__version__, "threads": args.threads,
         "mode": mode, "reps": reps, "copies": args.copies, "gemm_n": gemm_n,
+        "device": torch.cuda.get_device_name(device) if gpu else "cpu",
         "loadavg_start": loadavg(), "cases": [],
     }
     print(f"torch {torch.__version__}, {args.threads} threads, mode {mode}, load "
@@ -300,7 +322,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     g = torch.Generator().manual_seed(0)
     n_max = max(s[0] for s in SIZES[mode].values())
     for name in [] if args.no_timing else args.cases:
-        (case,) = make_cases([name], n_max, g, TINY_MODELS.get(name) if args.tiny else None)
+        (case,) = make_cases([name], n_max, g, TINY_MODELS.get(name) if args.tiny else None,
+                             device)
         if args.copies is not None:
             case = dataclasses.replace(case, repeats=args.copies)
         start = time.perf_counter()
@@ -310,6 +333,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{name}: reference {row['reference_fwd_per_s']:.1f}/s, senslab "
               f"{row['senslab_fwd_per_s']:.1f}/s, ratio {row['ratio']:.1f}x, "
               f"{100 * row['gemm_fraction']:.0f}% of GEMM ({row['seconds']:.0f} s)", flush=True)
+    if gpu:
+        args.no_precision = args.no_training = True  # CPU measurements; run them without --device
     if not args.no_precision:
         result["precision"] = precision_suite(args.cases, mode, g)
     if not args.no_training:
