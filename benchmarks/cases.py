@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from senslab.models import create_model
@@ -82,14 +83,19 @@ def _to(inputs: Any, device: str | torch.device) -> Any:
 
 
 def flops_per_forward(case: Case) -> float:
-    """Model FLOPs of one forward pass on one example (FlopCounterMode: matmuls,
-    convolutions, attention; recurrent layers counted analytically)."""
+    """Model FLOPs of one forward pass on one example (FlopCounterMode: matmuls, convolutions;
+    attention through the math backend, whose matmuls are counted on every device; recurrent
+    layers counted analytically, replacing whatever the counter saw of them, which depends on
+    the device's kernel)."""
     one = case.subset(1)
-    with FlopCounterMode(display=False) as counter, torch.inference_mode():
+    with (sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter,
+          torch.inference_mode()):
         call_model(case.model, one)
     flops = float(counter.get_total_flops())
-    for m in case.model.modules():
+    per_module = counter.get_flop_counts()
+    for name, m in case.model.named_modules():
         if isinstance(m, nn.LSTM):  # gates: 4H × (in + H) multiply-adds per step and layer
+            flops -= sum(per_module.get(f"{type(case.model).__name__}.{name}", {}).values())
             h = m.hidden_size
             for layer in range(m.num_layers):
                 inp = m.input_size if layer == 0 else h

@@ -90,7 +90,7 @@ def test_memory_budget_is_respected(mlp):
 @pytest.mark.skipif(CUDA.type == "cpu", reason="host and device are the same")
 def test_inputs_on_the_host_are_an_error(mlp):
     model, x = mlp
-    with pytest.raises(ValueError, match="device"):
+    with pytest.raises(ValueError, match="inputs are on cpu but the model is on cuda"):
         token_sensitivity(model, x.cpu(), Patches(4), sigma=0.5)
 
 
