@@ -1,12 +1,18 @@
 """Test-wide isolation: derived files (trained tokenizers) go to a per-session temporary cache,
-never to the user's ~/.cache; torch's thread count is restored after every test."""
+never to the user's ~/.cache; torch's thread count is restored after every test. Shared fixture
+writers: ``cifar_tarball``."""
 
 from __future__ import annotations
 
+import io
 import os
-from collections.abc import Iterator
+import pickle
+import tarfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -30,3 +36,40 @@ def _restore_torch_threads() -> Iterator[None]:
     before = torch.get_num_threads()
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def cifar_tarball(monkeypatch: pytest.MonkeyPatch) -> Callable[[Path, int], dict[str, Any]]:
+    """A writer of ``root/cifar-10-python.tar.gz`` laid out as the official one (5 train
+    batches, a test batch, batches.meta; uint8 rows = R, G, B planes), its md5 registered for
+    this test only. ``write(root, per_batch)`` returns the pickled batch dicts by name."""
+    from senslab.data import images as im
+    from senslab.data._download import md5sum
+
+    def write(root: Path, per_batch: int) -> dict[str, Any]:
+        root.mkdir(parents=True, exist_ok=True)
+        batches: dict[str, Any] = {}
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]
+            for i, name in enumerate(names):
+                if name == "batches.meta":
+                    obj: dict[bytes, Any] = {
+                        b"label_names": [c.encode() for c in im.CIFAR10_CLASSES]}
+                else:
+                    rng = np.random.default_rng(i)
+                    obj = {b"batch_label": name.encode(),
+                           b"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
+                           b"labels": [(i + j) % 10 for j in range(per_batch)],
+                           b"filenames": [b"x.png"] * per_batch}
+                    batches[name] = obj
+                data = pickle.dumps(obj, protocol=2)
+                info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        path = root / "cifar-10-python.tar.gz"
+        path.write_bytes(buf.getvalue())
+        monkeypatch.setitem(im.CIFAR10_FILES, path.name, md5sum(path))
+        return batches
+
+    return write

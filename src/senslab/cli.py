@@ -3,6 +3,7 @@
     senslab list models|datasets|experiments
     senslab train --model vit_small --data mnist --set optim.lr=0.05 --out runs/vit
     senslab measure --model mlp --data digits [--checkpoint runs/x] --sigma 0.5
+                    [--set device=cuda --autocast bf16 --compile]
     senslab run demo [--scale cpu|paper] [--out runs/demo]
     senslab report runs/demo [more run or experiment dirs]
     senslab demo            # = senslab run demo, then the report
@@ -61,6 +62,10 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+#: ``senslab measure --autocast`` names → dtypes
+AUTOCAST = {"bf16": "bfloat16", "fp16": "float16"}
+
+
 def _measure(args: argparse.Namespace) -> int:
     import torch
 
@@ -85,9 +90,12 @@ def _measure(args: argparse.Namespace) -> int:
         model.load_state_dict(state["model"])
     g = torch.Generator().manual_seed(args.seed + 1)
     subset = data.first(min(args.num_examples, len(data)), generator=g)
+    fast = {"autocast": getattr(torch, AUTOCAST[args.autocast]) if args.autocast else None,
+            "compile": args.compile}
     print(f"{'sigma':>8} {'sensitivity':>12} {'s.e.':>8} {'95% CI':>17} {'forwards':>9}")
     for sigma in args.sigma:
-        metric = TokenSensitivity(model, sigma=sigma, repeats=args.repeats, generator=args.seed)
+        metric = TokenSensitivity(model, sigma=sigma, repeats=args.repeats, generator=args.seed,
+                                  **fast)
         for lo in range(0, len(subset), 256):
             x, _ = subset.batch(slice(lo, lo + 256))
             metric.update({k: v.to(device) for k, v in x.items()} if isinstance(x, dict)
@@ -176,6 +184,11 @@ def parser() -> argparse.ArgumentParser:
                    help="noise standard deviation(s)")
     s.add_argument("--repeats", type=int, default=1)
     s.add_argument("--num-examples", type=int, default=512)
+    s.add_argument("--autocast", choices=sorted(AUTOCAST),
+                   help="run the perturbed forwards under bf16/fp16 autocast (GPU: 2-6× faster, "
+                        "within the float32 interval; see the README's GPU benchmark)")
+    s.add_argument("--compile", action="store_true",
+                   help="evaluate the perturbed copies through torch.compile(model)")
     s.set_defaults(fn=_measure)
 
     s = sub.add_parser("run", parents=[shared],

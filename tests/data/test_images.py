@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import io
 import pickle
 import struct
 import tarfile
@@ -196,33 +195,8 @@ def test_real_mnist_from_the_wheel(tmp_path: Path) -> None:
                                                      974, 1009]
 
 
-def make_cifar_tarball(root: Path, per_batch: int, monkeypatch: pytest.MonkeyPatch) -> dict:
-    """cifar-10-python.tar.gz with cifar-10-batches-py/{data_batch_1..5, test_batch, meta}."""
-    root.mkdir(parents=True, exist_ok=True)
-    batches = {}
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]
-        for i, name in enumerate(names):
-            if name == "batches.meta":
-                obj = {b"label_names": [c.encode() for c in im.CIFAR10_CLASSES]}
-            else:
-                obj = {b"batch_label": name.encode(), b"data": pixels((per_batch, 3072), seed=i),
-                       b"labels": [(i + j) % 10 for j in range(per_batch)],
-                       b"filenames": [b"x.png"] * per_batch}
-                batches[name] = obj
-            data = pickle.dumps(obj, protocol=2)
-            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    path = root / "cifar-10-python.tar.gz"
-    path.write_bytes(buf.getvalue())
-    monkeypatch.setitem(im.CIFAR10_FILES, path.name, md5sum(path))
-    return batches
-
-
-def test_cifar10_from_the_python_tarball(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    batches = make_cifar_tarball(tmp_path, 3, monkeypatch)
+def test_cifar10_from_the_python_tarball(tmp_path: Path, cifar_tarball) -> None:
+    batches = cifar_tarball(tmp_path, 3)
     train = create_dataset("cifar10", split="train", root=tmp_path, normalize="none")
     assert train.inputs.shape == (15, 3, 32, 32) and train.num_classes == 10
     first = batches["data_batch_1"][b"data"][0]
@@ -242,9 +216,9 @@ def test_cifar10_from_the_python_tarball(tmp_path: Path, monkeypatch: pytest.Mon
     assert test.targets.tolist() == [5, 6, 7] and test.meta["classes"][0] == "airplane"
 
 
-def test_truncated_cifar_tarball_is_a_clear_error(tmp_path: Path,
+def test_truncated_cifar_tarball_is_a_clear_error(tmp_path: Path, cifar_tarball,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    make_cifar_tarball(tmp_path, 2, monkeypatch)
+    cifar_tarball(tmp_path, 2)
     path = tmp_path / "cifar-10-python.tar.gz"
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     monkeypatch.setitem(im.CIFAR10_FILES, path.name, md5sum(path))

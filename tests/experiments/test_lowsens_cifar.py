@@ -3,44 +3,18 @@ data in the real CIFAR python-tarball format, and every verdict on hand-made sum
 
 from __future__ import annotations
 
-import io
 import json
-import pickle
-import tarfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
-from senslab.data import images as im
-from senslab.data._download import md5sum
 from senslab.experiments import get_experiment, list_experiments
 from senslab.experiments.lowsens.cifar import LR, below_verdict
 from senslab.models import create_model
 
 NAMES = ["cifar10", "svhn", "cifar10_optim", "cifar10_depth_heads", "cifar10_sigma",
          "cifar10_whole_input"]
-
-
-def write_cifar_tarball(root: Path, per_batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """cifar-10-python.tar.gz as the official one is laid out (5 train batches, a test batch,
-    batches.meta; rows = R, G, B planes), with its md5 registered for this test only."""
-    rng = np.random.default_rng(0)
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for i, name in enumerate([f"data_batch_{k}" for k in range(1, 6)] + ["test_batch"]):
-            obj = {b"batch_label": name.encode(),
-                   b"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
-                   b"labels": [(i + j) % 10 for j in range(per_batch)],
-                   b"filenames": [b"x.png"] * per_batch}
-            data = pickle.dumps(obj, protocol=2)
-            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    path = root / "cifar-10-python.tar.gz"
-    path.write_bytes(buf.getvalue())
-    monkeypatch.setitem(im.CIFAR10_FILES, path.name, md5sum(path))
 
 
 def test_registered_with_claims_and_requirements() -> None:
@@ -82,9 +56,8 @@ def test_cifar_unavailable_is_a_clear_error(tmp_path: Path) -> None:
         exp.execute(tmp_path / "out", "cpu", [f"data.root={tmp_path}"], False, lambda _: None)
 
 
-def test_whole_input_end_to_end_on_fixture_tarball(tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    write_cifar_tarball(tmp_path, 12, monkeypatch)  # 60 training, 12 test images
+def test_whole_input_end_to_end_on_fixture_tarball(tmp_path: Path, cifar_tarball) -> None:
+    cifar_tarball(tmp_path, 12)  # 60 training, 12 test images
     exp = get_experiment("cifar10_whole_input")
     sets = [f"data.root={tmp_path}", "train.epochs=1", "track.num_examples=2"]
     out = tmp_path / "exp"

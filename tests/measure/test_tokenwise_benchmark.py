@@ -41,3 +41,24 @@ def test_benchmark_tiny_run_writes_json_and_table(bench, tmp_path, capsys):
         assert digits[name]["saving"] > 0
     assert "| boolean_transformer | 20 × 3 |" in capsys.readouterr().out
     assert result["markdown"] == saved["markdown"]
+
+
+def test_gpu_benchmark_says_it_needs_a_gpu(tmp_path):
+    """benchmarks/gpu.py renders its recorded H100 run, and on a machine without CUDA stops
+    with a message that points to the CPU suite."""
+    import torch
+
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        spec = importlib.util.spec_from_file_location("senslab_bench_gpu", BENCH.parent / "gpu.py")
+        gpu = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(gpu)
+    finally:
+        sys.path.remove(str(BENCH.parent))
+    recorded = json.loads((BENCH.parent / "results" / "h100-gpu.json").read_text())
+    assert gpu.markdown(recorded) == recorded["markdown"]
+    assert all(row["agrees"] for rows in recorded["sensitivity"].values()
+               for name, row in rows.items() if name in gpu.VARIANTS and name != "float32")
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="needs a CUDA device; on a CPU use benchmarks/run.py"):
+            gpu.main(["--out", str(tmp_path / "x.json")])

@@ -172,6 +172,14 @@ def test_cli_train_then_measure_checkpoint(tmp_path, capsys):
     assert 0 <= low <= high <= 1  # more noise, more flips (same noise draws, scaled)
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["model"]["overrides"]["widths"] == [16]
+    # reduced precision: same noise draws, the estimate within the float32 one's interval
+    assert main(["measure", "--checkpoint", str(out), "--sigma", "2.0", "--num-examples", "64",
+                 "--autocast", "bf16"]) == 0
+    bf16 = capsys.readouterr().out.splitlines()[1].split()
+    assert bf16[0] == "2" and abs(float(bf16[1]) - high) <= 4 * max(float(bf16[2]), 1e-3)
+    with pytest.raises(SystemExit):
+        main(["measure", "--checkpoint", str(out), "--autocast", "fp8"])
+    assert "invalid choice: 'fp8'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("regularizer", ["noise", "patch_mse"])
