@@ -35,6 +35,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cases import flops_per_forward, make_cases  # noqa: E402
+from run import write_results  # noqa: E402
 
 from senslab.measure import TokenSensitivity  # noqa: E402
 from senslab.models import create_model  # noqa: E402
@@ -247,13 +248,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         res["demo_fit"] = demo_fit(args.mnist_root)
         print(f"demo fit: {res['demo_fit']}", flush=True)
     res["markdown"] = markdown(res)
-    print("\n" + res["markdown"])
-    out = args.out or Path(__file__).resolve().parent / "results" / (
-        f"gpu-{res['device'].replace(' ', '_')}-{res['date'][:10]}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1, default=float))
-    print(f"wrote {out}")
-    return res
+    return write_results(res, args.out, f"gpu-{res['device'].replace(' ', '_')}-{res['date'][:10]}")
 
 
 def markdown(res: dict[str, Any]) -> str:

@@ -341,11 +341,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         steps = {"full": 30, "quick": 10, "tiny": 2}[mode]
         result["training"] = training_throughput(steps)
     result["loadavg_end"] = loadavg()
-    table = markdown(result)
-    print("\n" + table)
-    result["markdown"] = table
-    out = args.out or Path(__file__).resolve().parent / "results" / (
-        f"{socket.gethostname()}-{result['date'][:10]}-{mode}.json")
+    result["markdown"] = markdown(result)
+    return write_results(result, args.out, f"{socket.gethostname()}-{result['date'][:10]}-{mode}")
+
+
+def write_results(result: dict[str, Any], out: Path | None, stem: str) -> dict[str, Any]:
+    """Print the result's markdown table and write it as JSON to ``out`` (default
+    ``benchmarks/results/<stem>.json``)."""
+    print("\n" + result["markdown"])
+    out = out or Path(__file__).resolve().parent / "results" / f"{stem}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1, default=float))
     print(f"\nwrote {out}")
