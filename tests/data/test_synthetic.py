@@ -214,3 +214,18 @@ def test_splits_validated() -> None:
     for name, bad in itertools.product(GENERATED, ["validation"]):
         with pytest.raises(ValueError, match="split"):
             create_dataset(name, split=bad)
+
+
+def test_dataset_to_device_keeps_examples_and_meta() -> None:
+    """``ArrayDataset.to``: the same examples on a device (here the host; the GPU path runs in
+    tests/measure/test_gpu.py's device), a dict of inputs included, meta copied not shared."""
+    ds = create_dataset("sparse_frequent", split="train", case=1, setting=0, num_samples=12)
+    moved = ds.to("cpu")
+    assert moved is not ds and moved.meta == ds.meta and moved.meta is not ds.meta
+    x, y = moved.batch(slice(0, 12))
+    x0, y0 = ds.batch(slice(0, 12))
+    assert torch.equal(y, y0)
+    for k in x0 if isinstance(x0, dict) else [None]:
+        assert torch.equal(x[k] if k else x, x0[k] if k else x0)
+    with pytest.raises(RuntimeError):
+        ds.to("no-such-device")

@@ -1,4 +1,5 @@
-"""Training under torchrun (DDP, gloo, two CPU processes) matches one process."""
+"""Training under torchrun (DDP, gloo, two CPU processes — also on a GPU machine) matches one
+process."""
 
 from __future__ import annotations
 
@@ -7,20 +8,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from senslab.train.config import RunConfig, apply_overrides
-from senslab.train.loop import fit
+from senslab.train.loop import fit, rank_device
 from senslab.train.rundir import RunDir
 
 ARGS = ["model.name=mlp", "data.name=digits", "model.overrides.widths=[32]",
         "model.overrides.sens_patch=2", "train.epochs=2", "train.batch_size=16", "optim.lr=0.1",
-        "optim.momentum=0.9", "track.num_examples=64"]
+        "optim.momentum=0.9", "track.num_examples=64", "device=cpu"]
 
 WORKER = """
 import sys
 from senslab.train.config import RunConfig, apply_overrides
-from senslab.train.loop import fit
+from senslab.train.loop import fit, rank_device
 fit(apply_overrides(RunConfig(name="ddp"), sys.argv[2:]), sys.argv[1], progress=False)
 """
 
@@ -46,3 +48,10 @@ def test_two_process_ddp_training_matches_one_process(tmp_path: Path):
     last_ddp, last_single = ddp.metrics()[-1], single.metrics()[-1]
     assert abs(last_ddp["train/acc"] - last_single["train/acc"]) < 0.01
     assert abs(last_ddp["sens/train"] - last_single["sens/train"]) < 0.05
+
+
+def test_more_ranks_than_gpus_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", str(torch.cuda.device_count()))
+    with pytest.raises(RuntimeError, match="--nproc_per_node=.*or set device=cpu"):
+        rank_device(torch.device("cuda"), 2)
+    assert rank_device(torch.device("cpu"), 2) == torch.device("cpu")  # gloo on CPUs: any rank

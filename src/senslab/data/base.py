@@ -54,6 +54,13 @@ class ArrayDataset(Dataset):
         x, y = self.batch(index)
         return ArrayDataset(x, y, self.num_classes, self.name, dict(self.meta))
 
+    def to(self, device: torch.device | str) -> ArrayDataset:
+        """The same examples with every tensor on ``device``."""
+        x = (self.inputs.to(device) if isinstance(self.inputs, Tensor)
+             else {k: v.to(device) for k, v in self.inputs.items()})
+        return ArrayDataset(x, self.targets.to(device), self.num_classes, self.name,
+                            dict(self.meta))
+
     def first(self, n: int, generator: torch.Generator | None = None) -> ArrayDataset:
         """``n`` examples: the first ``n``, or a random ``n`` drawn with ``generator``."""
         if generator is None:

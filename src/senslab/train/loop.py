@@ -209,17 +209,35 @@ def fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None = None) -> di
     return summary
 
 
-def distributed() -> tuple[int, int]:
-    """(rank, world size); initialises the process group when started by torchrun."""
+def distributed(device: torch.device) -> tuple[int, int]:
+    """(rank, world size); initialises the process group when started by torchrun (NCCL when
+    training on GPUs, gloo on CPUs — also on a GPU machine told ``device=cpu``)."""
     import os
 
     import torch.distributed as dist
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def rank_device(device: torch.device, world: int) -> torch.device:
+    """This process's device: under torchrun on GPUs, the GPU of its local rank — an error
+    naming the fix when the node has fewer GPUs than processes."""
+    import os
+
+    if world == 1 or device.type != "cuda":
+        return device
+    local, gpus = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+    if local >= gpus:
+        raise RuntimeError(
+            f"torchrun started local rank {local} but this machine has {gpus} GPU(s): launch "
+            f"with --nproc_per_node={gpus} (one process per GPU), or set device=cpu"
+        )
+    torch.cuda.set_device(local)  # NCCL's communicators then use this GPU too
+    return torch.device("cuda", local)
 
 
 def _barrier(world: int) -> None:
@@ -230,7 +248,8 @@ def _barrier(world: int) -> None:
 
 
 def _fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None) -> dict[str, Any]:
-    rank, world = distributed()
+    device = resolve_device(cfg.device)
+    rank, world = distributed(device)
     rd = RunDir(run_dir, readonly=rank != 0)
     cfg.label = cfg.label or cfg.model.name
     if rd.exists():
@@ -242,11 +261,7 @@ def _fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None) -> dict[str
             )
         if (rd.path / "summary.json").exists():
             return rd.read_json("summary.json")
-    device = resolve_device(cfg.device)
-    if world > 1 and device.type == "cuda":
-        import os
-
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    device = rank_device(device, world)
     train, test = load_data(cfg)
     model = build_model(cfg, train).to(device)
     net: nn.Module = model

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ...data import ArrayDataset
+from ...tokens.base import model_device
 from ...train.config import RunConfig, apply_overrides
 from ...train.loop import build_model, fit, load_data, resolve_device
 from ...train.rundir import RunDir
@@ -43,8 +44,10 @@ def load_final(cfg: RunConfig, run_dir: Path) -> tuple[nn.Module, ArrayDataset, 
 
 def tracking_subset(cfg: RunConfig, model: nn.Module, train: ArrayDataset,
                     test: ArrayDataset) -> ArrayDataset:
-    """The fixed training subset the Tracker measured sensitivity on during training."""
-    return Tracker(cfg, model, train, test, torch.device("cpu")).sens_train
+    """The fixed training subset the Tracker measured sensitivity on during training, on the
+    model's device."""
+    subset = Tracker(cfg, model, train, test, torch.device("cpu")).sens_train
+    return subset.to(model_device(model) or "cpu")
 
 
 def reuse_finished(src: Path, dst: Path, cfg: RunConfig) -> bool:

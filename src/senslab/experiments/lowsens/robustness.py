@@ -61,6 +61,7 @@ from ...data import ArrayDataset, create_dataset, default_root
 from ...data.corruptions import corrupt, list_corruptions
 from ...data.images import CIFAR10C_CORRUPTIONS, denormalize
 from ...measure import token_sensitivity
+from ...tokens.base import model_device
 from ...train.config import RunConfig, apply_overrides
 from ..base import register_experiment
 from ._posthoc import FinalMeasureExperiment
@@ -128,9 +129,11 @@ def cnn_runs(scale: str) -> list[RunConfig]:
 
 @torch.no_grad()
 def correct(model: nn.Module, x: Tensor, y: Tensor, batch: int = 500) -> Tensor:
-    """Per-example correctness (bool) of ``model`` in eval mode."""
+    """Per-example correctness (bool, on the CPU) of ``model`` in eval mode; batches go to the
+    model's device."""
     model.eval()
-    return torch.cat([model(x[i:i + batch]).argmax(1) == y[i:i + batch]
+    dev = model_device(model) or x.device
+    return torch.cat([(model(x[i:i + batch].to(dev)).argmax(1) == y[i:i + batch].to(dev)).cpu()
                       for i in range(0, len(y), batch)])
 
 
@@ -198,6 +201,7 @@ class Robustness(FinalMeasureExperiment):
         settings = self.final_settings(scale)
         g = torch.Generator().manual_seed(cfg.seed + 1)
         data = train.first(min(settings["sens_examples"], len(train)), generator=g)
+        data = data.to(model_device(model) or "cpu")
         r = token_sensitivity(model, data.inputs, sigma=cfg.track.sigma,
                               repeats=settings["sens_repeats"], generator=cfg.seed,
                               chunk_size=256)
