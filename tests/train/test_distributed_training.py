@@ -17,7 +17,7 @@ from senslab.train.rundir import RunDir
 
 ARGS = ["model.name=mlp", "data.name=digits", "model.overrides.widths=[32]",
         "model.overrides.sens_patch=2", "train.epochs=2", "train.batch_size=16", "optim.lr=0.1",
-        "optim.momentum=0.9", "track.num_examples=64", "device=cpu"]
+        "optim.momentum=0.9", "track.num_examples=64", "device=cpu", "train.max_steps=20"]
 
 WORKER = """
 import sys
@@ -32,10 +32,15 @@ def test_two_process_ddp_training_matches_one_process(tmp_path: Path):
     script.write_text(WORKER)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            str(script), str(tmp_path / "ddp"), *ARGS]
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
+    # one thread on every side (torchrun's default for its workers). Two half-batch gradients
+    # averaged differ from one full-batch gradient by float rounding, which momentum SGD
+    # amplifies step by step (past 1e-5 within 2 epochs on some CPUs): 20 steps keep that far
+    # below the tolerance, while a wrong reduction (a sum, one rank's gradient) is far above it
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
+    torch.set_num_threads(1)  # restored after the test (conftest)
     fit(apply_overrides(RunConfig(name="ddp"), list(ARGS)), tmp_path / "single", progress=False)
     ddp, single = RunDir(tmp_path / "ddp"), RunDir(tmp_path / "single")
     # only rank 0 wrote: one line per evaluation, no duplicates
