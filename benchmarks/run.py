@@ -158,29 +158,77 @@ def time_case(case: Case, mode: str, reps: int, gemm_n: int) -> dict[str, Any]:
     return row
 
 
-def training_throughput(steps: int, reps: int = 3) -> dict[str, Any]:
-    """Images/s of ``fit`` on the demo's ViT config (SGD, batch 50, sensitivity tracking off):
-    the training loop's own clock between the first and the last logged record (which brackets
-    the ``steps`` optimizer steps and one evaluation of 2×50 examples), median of ``reps`` runs
-    after a 1-step warm-up run (first data load, caches)."""
-    from senslab.experiments.demo import Demo
+def fit_throughput(base: Any, steps: int, reps: int = 3, extra: tuple[str, ...] = ()
+                   ) -> dict[str, Any]:
+    """Images/s of ``fit`` on config ``base`` (sensitivity tracking off): the training loop's own
+    clock between the first and the last logged record (which brackets the ``steps`` optimizer
+    steps and one evaluation of 2×50 examples), median of ``reps`` runs after a 1-step warm-up
+    run (first data load, caches). Beside it, ``step_images_per_s``: the same model's bare
+    forward + backward + optimizer step on one in-memory batch, so ``fit``/step shows what data
+    handling, evaluation and logging cost."""
     from senslab.train.config import apply_overrides
-    from senslab.train.loop import fit
+    from senslab.train.loop import build_model, build_optimizer, fit, load_data
 
-    base = Demo().runs("cpu")[0]
     rates = []
     for rep in range(reps + 1):
         k = 1 if rep == 0 else steps
         cfg = apply_overrides(base, [f"train.max_steps={k}", "train.epochs=100", "track.sigma=0",
-                                     "track.eval_examples=50", "device=cpu"])
+                                     "track.eval_examples=50", "device=cpu", *extra])
         with tempfile.TemporaryDirectory() as tmp:
             fit(cfg, tmp, progress=False)
             records = [json.loads(line) for line in Path(tmp, "metrics.jsonl").open()]
         if rep:
             rates.append(k * base.train.batch_size / (records[-1]["time"] - records[0]["time"]))
+    train, _ = load_data(cfg)
+    torch.manual_seed(0)
+    model = build_model(cfg, train).train()
+    opt = build_optimizer(cfg, model)
+    x, y = train.batch(slice(0, base.train.batch_size))
+    times = []
+    for i in range(steps + 2):
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        if i >= 2:
+            times.append(time.perf_counter() - start)
     return {"model": base.model.name, "data": base.data.name,
             "batch_size": base.train.batch_size, "steps": steps, "images_per_s_runs": rates,
-            "images_per_s": statistics.median(rates)}
+            "images_per_s": statistics.median(rates),
+            "step_images_per_s": base.train.batch_size / statistics.median(times)}
+
+
+def write_cifar_folder(root: Path, per_batch: int) -> None:
+    """``root/cifar-10-batches-py`` as the official tarball extracts it (5 train batches and a
+    test batch of ``per_batch`` random images each), for timing the CIFAR configs offline."""
+    import pickle
+
+    import numpy as np
+
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for i, name in enumerate([f"data_batch_{k}" for k in range(1, 6)] + ["test_batch"]):
+        batch = {b"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
+                 b"labels": [(i + j) % 10 for j in range(per_batch)]}
+        (folder / name).write_bytes(pickle.dumps(batch, protocol=2))
+
+
+def training_throughput(steps: int, cifar: bool = True) -> dict[str, Any]:
+    """``fit`` throughput of the demo's ViT config (batch 50, MNIST or digits) and of the CIFAR-10
+    CPU-scale configs of ViT-small and ResNet-18 (batch 100, 5,000 training images written in
+    the official layout)."""
+    from senslab.experiments.demo import Demo
+    from senslab.experiments.lowsens.cifar import vision_run
+
+    out = {"demo": fit_throughput(Demo().runs("cpu")[0], steps)}
+    if cifar:
+        with tempfile.TemporaryDirectory() as tmp:
+            write_cifar_folder(Path(tmp), 1000)
+            for name in ("vit_small", "resnet18"):
+                out[f"cifar10 {name}"] = fit_throughput(vision_run(name, name, "cpu"), steps,
+                                                        extra=(f"data.root={tmp}",))
+    return out
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -214,10 +262,11 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(f"| {case} | {p['sigma']:g} | {p['flip_rate']:.3f} | {plain} | "
                          + " | ".join(cells) + " |")
     if result.get("training"):
-        t = result["training"]
-        ips = f"{t['images_per_s']:.0f} images/s"
-        lines += ["", f"Training throughput (`fit`, demo config: {t['model']} on {t['data']}, "
-                  f"batch {t['batch_size']}): {ips}"]
+        lines += ["", "| training config | model | data | batch | `fit` images/s | bare step "
+                  "images/s |", "|---|---|---|---|---|---|"]
+        for name, t in result["training"].items():
+            lines.append(f"| {name} | {t['model']} | {t['data']} | {t['batch_size']} | "
+                         f"{t['images_per_s']:.0f} | {t['step_images_per_s']:.0f} |")
     gm = [r["gemm_gflops"] for r in result["cases"]]
     if gm:
         lines += ["", f"float32 GEMM {result['gemm_n']}²: {statistics.median(gm):.1f} GFLOP/s; "
@@ -339,7 +388,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result["precision"] = precision_suite(args.cases, mode, g)
     if not args.no_training:
         steps = {"full": 30, "quick": 10, "tiny": 2}[mode]
-        result["training"] = training_throughput(steps)
+        result["training"] = training_throughput(steps, cifar=mode != "tiny")
     result["loadavg_end"] = loadavg()
     result["markdown"] = markdown(result)
     return write_results(result, args.out, f"{socket.gethostname()}-{result['date'][:10]}-{mode}")
