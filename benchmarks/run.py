@@ -8,7 +8,8 @@ the estimator reaches. Reference, senslab and a GEMM are timed in interleaved re
 order rotates) and the medians of per-repetition values are reported, so load from other
 processes affects both sides alike. Then: forward passes needed to reach a standard error,
 plain Monte Carlo vs each variance-reduction technique (:mod:`precision`), and the training
-throughput of ``senslab.train.loop.fit`` on the demo's ViT config.
+throughput of ``senslab.train.loop.fit`` on the demo's and the CIFAR-10 CPU-scale configs, beside
+the bare training step of the same models. ``benchmarks/gpu.py`` is the GPU counterpart.
 
     python benchmarks/run.py                 # full suite (idle 2-core CPU: ~10 min)
     python benchmarks/run.py --quick         # smaller workloads, for a smoke check
