@@ -218,3 +218,64 @@ def test_seed_fixes_weights(name: str) -> None:
     pa, pb, pc = (torch.cat([p.flatten() for p in m.parameters()]) for m in (a, b, c))
     assert torch.equal(pa, pb)
     assert not torch.equal(pa, pc)
+
+
+@pytest.mark.parametrize("options", [
+    {"repeats": 3},
+    {"repeats": 4, "antithetic": True, "num_tokens": 5},
+    {"repeats": 2, "compare": "l2"},
+])
+def test_lstm_prefix_reuse_matches_full_forwards(options: dict) -> None:
+    """A copy perturbed at token t resumed from the clean states at t − 1 gives the full
+    forward's prediction (2 layers, right padding, an example of one real token)."""
+    from senslab.measure import TokenSensitivity
+
+    model = small("lstm", layers=2).eval()
+    with torch.no_grad():  # larger weights: at PyTorch's init this LSTM predicts one class
+        for p in model.parameters():
+            p.mul_(3)
+    ids, mask = make_batch(lengths=[9, 4, 1, 7])
+    batch = {"input_ids": ids, "attention_mask": mask}
+    runs = {}
+    for reuse in (False, True):
+        m = TokenSensitivity(model, Embedding("embed_ln", reuse_prefix=reuse), sigma=2.0,
+                             generator=3, **options)
+        m.update(batch)
+        runs[reuse] = m.compute()
+    full, fast = runs[False], runs[True]
+    assert full.num_forward == fast.num_forward
+    if options.get("compare") == "l2":
+        assert full.estimate > 0.01
+        assert torch.allclose(full.per_sample, fast.per_sample, rtol=1e-4, atol=1e-6)
+    else:
+        assert 0.02 < full.estimate < 0.98
+        assert torch.equal(full.per_sample, fast.per_sample)
+
+
+def test_lstm_prefix_cache_equals_the_lstm_states() -> None:
+    model = small("lstm", layers=2).eval()
+    ids, mask = make_batch(lengths=[6, 3])
+    batch = {"input_ids": ids, "attention_mask": mask}
+    with torch.no_grad():
+        tokens = model.embed_ln(model.embed(ids))
+        out, (h, c) = model.lstm(tokens)
+        cache = model.prefix_cache(tokens, batch)
+    assert torch.allclose(cache["h"][:, -1].transpose(0, 1), out, atol=1e-6)  # top layer
+    assert torch.allclose(cache["h"][-1], h, atol=1e-6) and torch.allclose(cache["c"][-1], c,
+                                                                             atol=1e-6)
+    assert cache["last"].tolist() == [5, 2]
+    model.train()
+    with pytest.raises(RuntimeError, match="eval mode"):
+        model.prefix_cache(tokens, batch)
+
+
+def test_prefix_reuse_off_in_train_mode_measurements() -> None:
+    """``eval_mode=False`` on a model in train mode (dropout on) runs full forwards: the cache
+    (which refuses train mode) is never built."""
+    from senslab.measure import token_sensitivity
+
+    model = small("lstm", dropout=0.0).train()
+    ids, mask = make_batch()
+    r = token_sensitivity(model, {"input_ids": ids, "attention_mask": mask},
+                          Embedding("embed_ln"), sigma=1.0, eval_mode=False)
+    assert r.num_forward == len(ids) + int(mask.sum())

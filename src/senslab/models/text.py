@@ -248,6 +248,62 @@ class LSTMClassifier(nn.Module):
         # right padding: no packing needed for padding to leave the logits unchanged.
         return self.head(self.drop(_last_real(out, mask)))
 
+    # -- prefix reuse (senslab.tokens.Embedding): a copy perturbed at token t re-runs only the
+    # positions t.. from the clean states at t − 1, about half the recurrent work on average.
+    prefix_module = "embed_ln"
+
+    @torch.no_grad()
+    def prefix_cache(self, tokens: Tensor, inputs: Any) -> dict[str, Tensor]:
+        """Clean per-layer states (h, c) at every position, from ``tokens`` — the (B, T, D)
+        output of ``embed_ln`` on ``inputs``: each layer's input projection as one matrix
+        product, then the LSTM cell stepped in tensor ops (nn.LSTM returns the cell state of the
+        last position only). Eval mode only: dropout would make a suffix differ from a full
+        forward."""
+        if self.training:
+            raise RuntimeError("prefix reuse needs eval mode")
+        ids = inputs["input_ids"] if isinstance(inputs, dict) else inputs
+        mask = inputs.get("attention_mask") if isinstance(inputs, dict) else None
+        last = _real_tokens(ids, mask, self.config).sum(dim=1) - 1
+        b, t, _ = tokens.shape
+        lstm = self.lstm
+        hs = tokens.new_empty(t, lstm.num_layers, b, lstm.hidden_size)
+        cs = torch.empty_like(hs)
+        x = tokens
+        for layer in range(lstm.num_layers):
+            w_ih, w_hh, b_ih, b_hh = (getattr(lstm, f"{n}_l{layer}")
+                                      for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+            gates_x = torch.addmm(b_ih + b_hh, x.reshape(b * t, -1), w_ih.t()).view(b, t, -1)
+            h = tokens.new_zeros(b, lstm.hidden_size)
+            c = torch.zeros_like(h)
+            for pos in range(t):
+                i, f, g, o = torch.addmm(gates_x[:, pos], h, w_hh.t()).chunk(4, dim=1)
+                c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+                h = torch.sigmoid(o) * torch.tanh(c)
+                hs[pos, layer], cs[pos, layer] = h, c
+            x = hs[:, layer].transpose(0, 1)
+        return {"tokens": tokens, "h": hs, "c": cs, "last": last}
+
+    def forward_suffix(self, cache: dict[str, Tensor], src: Tensor, tok: Tensor,
+                       noise: Tensor) -> Tensor:
+        """Logits of copies of examples ``src`` whose token ``tok`` (a real token) has
+        ``noise`` added at the ``embed_ln`` output: the LSTM resumes at ``tok`` from the clean
+        states and reads up to each example's last real token (packed, so no step is wasted)."""
+        from torch.nn.utils.rnn import pack_padded_sequence
+
+        tokens, hs, cs = cache["tokens"], cache["h"], cache["c"]
+        lengths = cache["last"][src] - tok + 1
+        span = torch.arange(int(lengths.max()), device=tok.device)
+        pos = (tok[:, None] + span).clamp(max=tokens.shape[1] - 1)
+        x = tokens[src[:, None], pos]
+        x[:, 0] += noise.to(x.dtype)
+        prev = (tok - 1).clamp(min=0)
+        start = (tok > 0).to(hs.dtype)[None, :, None]  # zero states before the first token
+        h0 = hs[prev, :, src].transpose(0, 1) * start
+        c0 = cs[prev, :, src].transpose(0, 1) * start
+        packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+        _, (h, _) = self.lstm(packed, (h0.contiguous(), c0.contiguous()))
+        return self.head(h[-1])
+
 
 class _TextTransformer(nn.Module):
     """Token embedding → ``embed_ln`` → + learned positions → blocks → final norm.

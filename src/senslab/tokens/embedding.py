@@ -38,10 +38,18 @@ class Embedding(Tokenization):
     ``attention_mask``/``padding_mask`` entry of a dict input, else all positions are real.
     Padding is never perturbed. Per-position profiles are right-aligned by default (position −1 is
     the last real token), as for variable-length text.
+
+    Prefix reuse: a model that reads its tokens left to right may declare ``prefix_module``
+    (the hooked submodule's name) and implement ``prefix_cache(tokens, inputs)`` and
+    ``forward_suffix(cache, src, tok, noise)``; then, in eval mode, a copy perturbed at token
+    ``t`` is evaluated from the clean state at ``t − 1`` instead of by a full forward
+    (:class:`senslab.models.text.LSTMClassifier` does; same predictions up to float rounding).
+    ``reuse_prefix=False`` always runs full forwards.
     """
 
     module: str
     align: str = "right"
+    reuse_prefix: bool = True
 
     @contextmanager
     def bind(
@@ -51,6 +59,9 @@ class Embedding(Tokenization):
             raise TypeError("Embedding tokens need an nn.Module to hook into")
         target = find_module(model, self.module)
         bound = _BoundEmbedding(self.module, model, inputs)
+        bound.reuse = (self.reuse_prefix and not model.training
+                       and getattr(model, "prefix_module", None) == self.module
+                       and hasattr(model, "forward_suffix"))
         handle = target.register_forward_hook(bound.hook)
         try:
             bound.run_clean(mask)
@@ -64,6 +75,8 @@ class _BoundEmbedding(BoundTokens):
         self.name, self.model, self.inputs = name, model, inputs
         self._delta: tuple[Tensor | None, Tensor] | None = None
         self._shape: tuple[int, ...] | None = None
+        self.reuse = False  # prefix reuse (see Embedding)
+        self._cache: Any = None
 
     def hook(self, module: nn.Module, args: Any, out: Any) -> Any:
         if not isinstance(out, Tensor) or out.dim() != 3:
@@ -107,6 +120,10 @@ class _BoundEmbedding(BoundTokens):
         return self._clean[src, tok]
 
     def forward_perturbed(self, src: Tensor, tok: Tensor | None, noise: Tensor) -> Tensor:
+        if self.reuse and tok is not None:
+            if self._cache is None:
+                self._cache = self.model.prefix_cache(self._clean, self.inputs)
+            return self.model.forward_suffix(self._cache, src, tok, noise)
         if tok is None:
             noise = noise * self.valid.index_select(0, src).unsqueeze(-1).to(noise.dtype)
         self._delta = (tok, noise)
