@@ -220,20 +220,30 @@ def test_seed_fixes_weights(name: str) -> None:
     assert not torch.equal(pa, pc)
 
 
+def prefix_model(name: str) -> torch.nn.Module:
+    """A 2-layer model whose predictions vary with its input (larger weights than at init)."""
+    if name == "gpt2":
+        return lively("gpt2")
+    model = small(name, layers=2).eval()
+    with torch.no_grad():  # at PyTorch's init this LSTM predicts one class
+        for p in model.parameters():
+            p.mul_(3)
+    return model
+
+
+@pytest.mark.parametrize("name", ["lstm", "gpt2"])
 @pytest.mark.parametrize("options", [
     {"repeats": 3},
     {"repeats": 4, "antithetic": True, "num_tokens": 5},
     {"repeats": 2, "compare": "l2"},
 ])
-def test_lstm_prefix_reuse_matches_full_forwards(options: dict) -> None:
-    """A copy perturbed at token t resumed from the clean states at t − 1 gives the full
-    forward's prediction (2 layers, right padding, an example of one real token)."""
+def test_prefix_reuse_matches_full_forwards(name: str, options: dict) -> None:
+    """A copy perturbed at token t resumed from the clean prefix (LSTM states, GPT-2 keys and
+    values) gives the full forward's prediction (2 layers, right padding, an example of one
+    real token)."""
     from senslab.measure import TokenSensitivity
 
-    model = small("lstm", layers=2).eval()
-    with torch.no_grad():  # larger weights: at PyTorch's init this LSTM predicts one class
-        for p in model.parameters():
-            p.mul_(3)
+    model = prefix_model(name)
     ids, mask = make_batch(lengths=[9, 4, 1, 7])
     batch = {"input_ids": ids, "attention_mask": mask}
     runs = {}

@@ -374,6 +374,76 @@ class GPT2Classifier(_TextTransformer):
         h, mask = self._encode(input_ids, attention_mask)
         return self.head(_last_real(h, mask))
 
+    # -- prefix reuse (senslab.tokens.Embedding): causal attention leaves positions before a
+    # perturbed token t unchanged, so a copy recomputes only positions t.. against the clean
+    # keys and values of the prefix (about half the work; copies are bucketed by suffix length)
+    prefix_module = "embed_ln"
+    SUFFIX_BUCKETS = 4
+
+    @torch.no_grad()
+    def prefix_cache(self, tokens: Tensor, inputs: Any) -> dict[str, Any]:
+        """The clean residual stream entering the first block (``tokens`` — the ``embed_ln``
+        output — plus positions) and every block's keys and values, (B, heads, T, d_head)."""
+        if self.training:
+            raise RuntimeError("prefix reuse needs eval mode")
+        ids = inputs["input_ids"] if isinstance(inputs, dict) else inputs
+        mask = _real_tokens(ids, inputs.get("attention_mask") if isinstance(inputs, dict)
+                            else None, self.config)
+        h = tokens + self.pos_embed(torch.arange(tokens.shape[1], device=tokens.device))
+        keys, values = [], []
+        x = h
+        for block in self.blocks:
+            k, v = self._split(block, block.ln1(x))[1:]
+            keys.append(k)
+            values.append(v)
+            x = block(x, mask)
+        return {"h": h, "k": keys, "v": values, "last": mask.sum(dim=1) - 1}
+
+    @staticmethod
+    def _split(block: Block, a: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        n, length, d = a.shape
+        heads = block.attn.heads
+        qkv = block.attn.qkv(a).view(n, length, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
+        return qkv[0], qkv[1], qkv[2]
+
+    def forward_suffix(self, cache: dict[str, Any], src: Tensor, tok: Tensor,
+                       noise: Tensor) -> Tensor:
+        """Logits of copies of examples ``src`` with ``noise`` added to token ``tok`` (a real
+        token) at the ``embed_ln`` output."""
+        lengths = cache["last"][src] - tok + 1
+        out: Tensor | None = None
+        for part in lengths.argsort().chunk(self.SUFFIX_BUCKETS):
+            logits = self._suffix(cache, src[part], tok[part], noise[part], lengths[part])
+            if out is None:
+                out = logits.new_empty(len(src), logits.shape[1])
+            out[part] = logits
+        assert out is not None
+        return out
+
+    def _suffix(self, cache: dict[str, Any], src: Tensor, tok: Tensor, noise: Tensor,
+                lengths: Tensor) -> Tensor:
+        h0 = cache["h"]
+        n, total = len(src), h0.shape[1]
+        span = torch.arange(int(lengths.max()), device=src.device)
+        x = h0[src[:, None], (tok[:, None] + span).clamp(max=total - 1)]
+        x[:, 0] += noise.to(x.dtype)
+        s = len(span)
+        # allowed keys: the clean prefix (positions < t) and the suffix up to the query, within
+        # the sequence's real tokens
+        prefix_ok = torch.arange(total, device=src.device)[None, :] < tok[:, None]  # (n, T)
+        causal = torch.ones(s, s, dtype=torch.bool, device=src.device).tril()
+        suffix_ok = causal[None] & (span[None, None, :] < lengths[:, None, None])  # (n, s, s)
+        allowed = torch.cat([prefix_ok[:, None, :].expand(n, s, total), suffix_ok], dim=2)
+        allowed = allowed[:, None]
+        for block, k_clean, v_clean in zip(self.blocks, cache["k"], cache["v"], strict=True):
+            q, k, v = self._split(block, block.ln1(x))
+            k = torch.cat([k_clean[src].to(k.dtype), k], dim=2)
+            v = torch.cat([v_clean[src].to(v.dtype), v], dim=2)
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+            x = x + block.attn.proj(a.transpose(1, 2).reshape(n, s, -1))
+            x = x + block.mlp(block.ln2(x))
+        return self.head(self.norm(x[torch.arange(n, device=src.device), lengths - 1]))
+
 
 # --------------------------------------------------------------------------- registry
 @register_model("lstm")
