@@ -43,7 +43,8 @@ class Embedding(Tokenization):
     (the hooked submodule's name) and implement ``prefix_cache(tokens, inputs)`` and
     ``forward_suffix(cache, src, tok, noise)``; then, in eval mode, a copy perturbed at token
     ``t`` is evaluated from the clean state at ``t − 1`` instead of by a full forward
-    (:class:`senslab.models.text.LSTMClassifier` does; same predictions up to float rounding).
+    (:class:`senslab.models.text.LSTMClassifier` and ``GPT2Classifier`` do; same predictions up
+    to float rounding).
     ``reuse_prefix=False`` always runs full forwards.
     """
 
