@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -27,26 +26,17 @@ from senslab.experiments.hahn_rofin.random_functions import completion_verdict, 
 from senslab.experiments.hahn_rofin.sharpness_vs_length import slope_verdict
 
 TINY = ["dim=8", "steps=6", "eval_every=3", "batch=32", "eval_size=32", "sharp_draws=2"]
-VERDICTS = {"holds", "does not hold", "not comparable"}
 METRICS = {"step", "epoch", "train/loss", "sharpness/loss", "sharpness/loss_se", "blowup",
            "blowup/log10", "param_norm", "bool_sens", "time"}
 
 
-def _check_runs(out: Path, verdict: dict[str, Any], extra: set[str]) -> list[dict[str, Any]]:
-    exp = json.loads((out / "experiment.json").read_text())
-    assert verdict["verdict"] in VERDICTS and verdict["reason"]
-    assert json.loads((out / "verdict.json").read_text()) == verdict
+def _check_runs(check, out: Path, verdict: dict[str, Any],
+                extra: set[str]) -> list[dict[str, Any]]:
     summaries = []
-    for name in exp["runs"]:
-        run = out / name
-        for f in ("config.json", "env.json", "summary.json", "metrics.jsonl"):
-            assert (run / f).exists(), f"{name}/{f} missing"
-        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for _, records, summary in check(out, verdict):
         assert [r["step"] for r in records] == [3, 6]
         assert METRICS | extra <= set(records[-1])
         assert all(math.isfinite(r["sharpness/loss"]) and r["blowup"] > 0 for r in records)
-        summary = json.loads((run / "summary.json").read_text())
-        assert summary["final"] == records[-1] and summary["name"] == name
         summaries.append(summary)
     return summaries
 
@@ -60,11 +50,11 @@ def test_registered() -> None:
         assert exp.paper and exp.claim and exp.cpu_runtime
 
 
-def test_sharpness_vs_length_tiny_run_and_resume(tmp_path: Path) -> None:
+def test_sharpness_vs_length_tiny_run_and_resume(tmp_path: Path, finished_runs) -> None:
     out = tmp_path / "len"
     over = TINY + ["n_values=[3, 4]", "seeds=1", "functions=['parity']"]
     v = run_experiment("hr_sharpness_vs_length", out, overrides=over, log=lambda _: None)
-    summaries = _check_runs(out, v, {"test/loss", "test/acc"})
+    summaries = _check_runs(finished_runs, out, v, {"test/loss", "test/acc"})
     assert {(s["function"], s["n"]) for s in summaries} == {
         ("parity", 3), ("parity", 4)}
     # a finished run is reused, not retrained
@@ -118,11 +108,11 @@ def test_override_types_and_errors() -> None:
         override(Setup(), ["steps"])
 
 
-def test_norm_vs_blowup_tiny_run(tmp_path: Path) -> None:
+def test_norm_vs_blowup_tiny_run(tmp_path: Path, finished_runs) -> None:
     out = tmp_path / "sweep"
     v = run_experiment("hr_norm_vs_blowup", out, overrides=TINY + ["runs=3", "n_values=[3]"],
                        log=lambda _: None)
-    summaries = _check_runs(out, v, {"test/acc"})
+    summaries = _check_runs(finished_runs, out, v, {"test/acc"})
     assert [s["function"] for s in summaries] == ["parity", "majority", "first"]
     assert (out / "norm_vs_blowup.png").stat().st_size > 0
     lrs = {s["config"]["lr"] for s in summaries}
@@ -157,11 +147,11 @@ def test_norm_blowup_verdict_outcomes() -> None:
     assert partial["log10_norm"]["r"] > 0.9 and set(partial) == {"log10_norm", "log10_blowup", "c"}
 
 
-def test_parity_dynamics_tiny_run(tmp_path: Path) -> None:
+def test_parity_dynamics_tiny_run(tmp_path: Path, finished_runs) -> None:
     out = tmp_path / "dyn"
     v = run_experiment("hr_parity_dynamics", out, overrides=TINY + ["n=3", "seeds=2"],
                        log=lambda _: None)
-    _check_runs(out, v, {"test/acc"})
+    _check_runs(finished_runs, out, v, {"test/acc"})
     # 6 steps never reach loss < 0.01, which the verdict must say instead of guessing
     assert v["verdict"] == "not comparable"
 
@@ -187,11 +177,11 @@ def test_peaks_and_dynamics_verdict() -> None:
     assert dynamics_verdict([{"name": "r", "peaks": p}])["verdict"] == "not comparable"
 
 
-def test_random_functions_tiny_run(tmp_path: Path) -> None:
+def test_random_functions_tiny_run(tmp_path: Path, finished_runs) -> None:
     out = tmp_path / "rand"
     over = TINY + ["n=6", "train_sizes=[16]", "seeds=1", "stop_loss=0.0"]
     v = run_experiment("hr_random_functions", out, overrides=over, log=lambda _: None)
-    summaries = _check_runs(out, v, {"train/acc"})
+    summaries = _check_runs(finished_runs, out, v, {"train/acc"})
     assert [s["name"] for s in summaries] == ["learned-k16-s0", "random-k16-s0"]
     learned = summaries[0]["final"]
     assert 0 <= learned["bool_sens"] <= 6 and "test/acc" in learned
