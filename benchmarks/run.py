@@ -11,7 +11,7 @@ plain Monte Carlo vs each variance-reduction technique (:mod:`precision`), and t
 throughput of ``senslab.train.loop.fit`` on the demo's and the CIFAR-10 CPU-scale configs, beside
 the bare training step of the same models. ``benchmarks/gpu.py`` is the GPU counterpart.
 
-    python benchmarks/run.py                 # full suite (idle 2-core CPU: ~10 min)
+    python benchmarks/run.py                 # full suite (idle 2-core CPU: ~12 min)
     python benchmarks/run.py --quick         # smaller workloads, for a smoke check
     python benchmarks/run.py --cases lstm roberta --out results.json
     python benchmarks/run.py --copies 1 --no-precision --no-training   # issue #2's reference:
