@@ -89,9 +89,15 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:
+    def split_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values of ``x`` (B, L, dim), each (B, heads, L, d_head)."""
         b, length, d = x.shape
         q, k, v = self.qkv(x).view(b, length, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        return q, k, v
+
+    def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:
+        b, length, d = x.shape
+        q, k, v = self.split_heads(x)
         allowed = None  # (B or 1, 1, L, L), true where query i may look at key j
         if key_mask is not None:
             allowed = key_mask[:, None, None, :]
@@ -393,18 +399,11 @@ class GPT2Classifier(_TextTransformer):
         keys, values = [], []
         x = h
         for block in self.blocks:
-            k, v = self._split(block, block.ln1(x))[1:]
+            k, v = block.attn.split_heads(block.ln1(x))[1:]
             keys.append(k)
             values.append(v)
             x = block(x, mask)
         return {"h": h, "k": keys, "v": values, "last": mask.sum(dim=1) - 1}
-
-    @staticmethod
-    def _split(block: Block, a: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        n, length, d = a.shape
-        heads = block.attn.heads
-        qkv = block.attn.qkv(a).view(n, length, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
-        return qkv[0], qkv[1], qkv[2]
 
     def forward_suffix(self, cache: dict[str, Any], src: Tensor, tok: Tensor,
                        noise: Tensor) -> Tensor:
@@ -436,7 +435,7 @@ class GPT2Classifier(_TextTransformer):
         allowed = torch.cat([prefix_ok[:, None, :].expand(n, s, total), suffix_ok], dim=2)
         allowed = allowed[:, None]
         for block, k_clean, v_clean in zip(self.blocks, cache["k"], cache["v"], strict=True):
-            q, k, v = self._split(block, block.ln1(x))
+            q, k, v = block.attn.split_heads(block.ln1(x))
             k = torch.cat([k_clean[src].to(k.dtype), k], dim=2)
             v = torch.cat([v_clean[src].to(v.dtype), v], dim=2)
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
