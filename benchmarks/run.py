@@ -159,6 +159,44 @@ def time_case(case: Case, mode: str, reps: int, gemm_n: int) -> dict[str, Any]:
     return row
 
 
+def prefix_reuse(mode: str, device: torch.device, reps: int) -> dict[str, Any]:
+    """Perturbed forwards per second of the zoo's left-to-right text models (LSTM, GPT-2) with
+    full forwards and with prefix reuse (``Embedding(reuse_prefix=...)``), interleaved
+    repetitions on the same examples, and whether both give the same per-example numbers."""
+    from senslab.models import create_model
+    from senslab.tokens import Embedding
+
+    n, k = {"tiny": (1, 2), "quick": (2, 8)}.get(mode, (4, 32))
+    out = {}
+    for name in ("lstm", "gpt2"):
+        tiny = {"layers": 1, "dim": 32, "heads": 2} if mode == "tiny" else {}
+        model = create_model(name, **tiny).eval().to(device)
+        ids = torch.randint(2, 8000, (n, 128), generator=torch.Generator().manual_seed(0))
+        batch = {"input_ids": ids.to(device),
+                 "attention_mask": torch.ones(n, 128, dtype=torch.bool, device=device)}
+        rates: dict[bool, list[float]] = {False: [], True: []}
+        results = {}
+        for rep in range(reps + 1):  # the first round warms up
+            for reuse in ((False, True) if rep % 2 else (True, False)):
+                metric = TokenSensitivity(model, Embedding("embed_ln", reuse_prefix=reuse),
+                                          sigma=1.0, repeats=3, num_tokens=k, generator=rep)
+                sync(device)
+                start = time.perf_counter()
+                metric.update(batch)
+                results[reuse] = metric.compute()
+                sync(device)
+                if rep:
+                    rates[reuse].append(results[reuse].num_forward
+                                        / (time.perf_counter() - start))
+        full, fast = statistics.median(rates[False]), statistics.median(rates[True])
+        out[name] = {"full_fwd_per_s": full, "reuse_fwd_per_s": fast, "speedup": fast / full,
+                     "same_numbers": bool(torch.equal(results[False].per_sample,
+                                                      results[True].per_sample))}
+        print(f"{name} prefix reuse: {full:.1f} -> {fast:.1f} fwd/s ({fast / full:.2f}x)",
+              flush=True)
+    return out
+
+
 def fit_throughput(base: Any, steps: int, reps: int = 3, extra: tuple[str, ...] = ()
                    ) -> dict[str, Any]:
     """Images/s of ``fit`` on config ``base`` (sensitivity tracking off): the training loop's own
@@ -249,6 +287,13 @@ def markdown(result: dict[str, Any]) -> str:
             f"{r['ratio']:.1f}× ({ok} ≥ {r['target_ratio']:.0f}×) | "
             f"{r['ratio_ceiling']:.1f}× | {r['gflop_per_forward']:.3f} | {gf} |"
         )
+    if result.get("prefix"):
+        lines += ["", "Prefix reuse (length-128 text, 3 draws per token; fwd/s):", "",
+                  "| model | full forwards | prefix reuse | speed-up | same numbers |",
+                  "|---|---|---|---|---|"]
+        for name, r in result["prefix"].items():
+            lines.append(f"| {name} | {r['full_fwd_per_s']:.1f} | {r['reuse_fwd_per_s']:.1f} | "
+                         f"{r['speedup']:.2f}× | {'✓' if r['same_numbers'] else '✗'} |")
     if result.get("precision"):
         names = list(TECHNIQUES) + ["adaptive"]
         lines += ["", f"Perturbed forward passes to reach a fixed-subset standard error of "
@@ -344,6 +389,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                              "senslab workloads; the reference still draws noise on the CPU)")
     parser.add_argument("--no-timing", action="store_true", help="skip the speed table")
     parser.add_argument("--no-precision", action="store_true")
+    parser.add_argument("--no-prefix", action="store_true",
+                        help="skip the prefix-reuse comparison (LSTM, GPT-2)")
     parser.add_argument("--no-training", action="store_true")
     parser.add_argument("--out", type=Path, default=None, help="JSON results file")
     parser.add_argument("--copies", type=int, default=None,
@@ -383,6 +430,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{name}: reference {row['reference_fwd_per_s']:.1f}/s, senslab "
               f"{row['senslab_fwd_per_s']:.1f}/s, ratio {row['ratio']:.1f}x, "
               f"{100 * row['gemm_fraction']:.0f}% of GEMM ({row['seconds']:.0f} s)", flush=True)
+    if not args.no_timing and not args.no_prefix:
+        result["prefix"] = prefix_reuse(mode, device, reps)
     if gpu:
         args.no_precision = args.no_training = True  # CPU measurements; run them without --device
     if not args.no_precision:
