@@ -272,3 +272,20 @@ def test_fused_attention_matches_explicit_weights(locality: bool) -> None:
     fused.square().sum().backward()
     if locality:
         assert attn.log_scale.grad is not None and attn.log_scale.grad.abs() > 0
+
+
+def test_host_inference_attention_matches_the_training_path() -> None:
+    """In eval mode without autograd on the host the kernel applies the (learned) temperature
+    itself; the logits must equal the autograd path's, with a temperature moved off its init."""
+    model = create_model("vit_small", **SMALL["vit_small"]).eval()
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.log_scale.add_(0.7)
+    x = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    with_grad = model(x)
+    with torch.inference_mode():
+        assert model.blocks[0].attn._host_inference(torch.zeros(1))
+        fast = model(x)
+    torch.testing.assert_close(fast, with_grad.detach(), rtol=1e-5, atol=1e-5)
+    model.train()
+    assert not model.blocks[0].attn._host_inference(torch.zeros(1))

@@ -65,6 +65,13 @@ class Attention(nn.Module):
         q, k, _ = self._split(x)
         return self._weights(q, k)
 
+    def _host_inference(self, q: Tensor) -> bool:
+        """Evaluation without autograd on the host, outside ``torch.compile``: reading the
+        temperature as a Python number is free there (on a GPU it would wait for the device;
+        under compile it would break the graph)."""
+        return (q.device.type == "cpu" and not self.training and not torch.is_grad_enabled()
+                and not torch.compiler.is_compiling())
+
     def forward(self, x: Tensor) -> Tensor:
         q, k, v = self._split(x)
         if self.kind == "softmax":
@@ -74,6 +81,12 @@ class Attention(nn.Module):
             # gradient; the boolean mask marks the keys a query may attend to.
             t = q.shape[-2]
             allowed = ~torch.eye(t, dtype=torch.bool, device=q.device) if self.locality else None
+            if self._host_inference(q):
+                # no gradient wanted: the kernel applies the scale itself, sparing a scaled
+                # copy of q (~4% of ViT-small's forward on 2 CPU threads, same numbers)
+                return self.out(F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=allowed, scale=math.exp(float(self.log_scale))
+                ).transpose(1, 2).flatten(2))
             y = F.scaled_dot_product_attention(
                 q * self.log_scale.exp(), k, v, attn_mask=allowed, scale=1.0,
                 dropout_p=self.drop.p if self.training else 0.0,
