@@ -16,6 +16,7 @@ attention and pre-, post- or no LayerNorm.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -226,6 +227,20 @@ def _last_real(h: Tensor, mask: Tensor) -> Tensor:
     return h[torch.arange(h.shape[0], device=h.device), last]
 
 
+def _per_bucket(lengths: Tensor, buckets: int, run: Callable[[Tensor], Tensor]) -> Tensor:
+    """Prefix reuse: the logits of copies with suffixes of ``lengths``, computed in ``buckets``
+    groups of similar length (``run`` maps one group's indices to its logits), so padding each
+    group to its longest suffix wastes little."""
+    out: Tensor | None = None
+    for part in lengths.argsort().chunk(buckets):
+        logits = run(part)
+        if out is None:
+            out = logits.new_empty(len(lengths), logits.shape[1])
+        out[part] = logits
+    assert out is not None
+    return out
+
+
 # --------------------------------------------------------------------------- models
 class LSTMClassifier(nn.Module):
     """embedding → ``embed_ln`` → ``layers``-layer LSTM (hidden ``dim``) → linear head on the top
@@ -257,6 +272,7 @@ class LSTMClassifier(nn.Module):
     # -- prefix reuse (senslab.tokens.Embedding): a copy perturbed at token t re-runs only the
     # positions t.. from the clean states at t − 1, about half the recurrent work on average.
     prefix_module = "embed_ln"
+    SUFFIX_BUCKETS = 8
 
     @torch.no_grad()
     def prefix_cache(self, tokens: Tensor, inputs: Any) -> dict[str, Tensor]:
@@ -293,22 +309,27 @@ class LSTMClassifier(nn.Module):
                        noise: Tensor) -> Tensor:
         """Logits of copies of examples ``src`` whose token ``tok`` (a real token) has
         ``noise`` added at the ``embed_ln`` output: the LSTM resumes at ``tok`` from the clean
-        states and reads up to each example's last real token (packed, so no step is wasted)."""
-        from torch.nn.utils.rnn import pack_padded_sequence
-
-        tokens, hs, cs = cache["tokens"], cache["h"], cache["c"]
+        states and reads up to each example's last real token, in buckets of similar suffix
+        length (unpacked, so nn.LSTM's fused kernel runs: 1.4× the speed of one packed call on
+        2 CPU threads)."""
         lengths = cache["last"][src] - tok + 1
+        return _per_bucket(lengths, self.SUFFIX_BUCKETS, lambda part: self._suffix(
+            cache, src[part], tok[part], noise[part], lengths[part]))
+
+    def _suffix(self, cache: dict[str, Tensor], src: Tensor, tok: Tensor, noise: Tensor,
+                lengths: Tensor) -> Tensor:
+        tokens, hs, cs = cache["tokens"], cache["h"], cache["c"]
         span = torch.arange(int(lengths.max()), device=tok.device)
-        pos = (tok[:, None] + span).clamp(max=tokens.shape[1] - 1)
-        x = tokens[src[:, None], pos]
+        x = tokens[src[:, None], (tok[:, None] + span).clamp(max=tokens.shape[1] - 1)]
         x[:, 0] += noise.to(x.dtype)
         prev = (tok - 1).clamp(min=0)
         start = (tok > 0).to(hs.dtype)[None, :, None]  # zero states before the first token
         h0 = hs[prev, :, src].transpose(0, 1) * start
         c0 = cs[prev, :, src].transpose(0, 1) * start
-        packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
-        _, (h, _) = self.lstm(packed, (h0.contiguous(), c0.contiguous()))
-        return self.head(h[-1])
+        # a shorter suffix's positions past its last real token hold other tokens; they come
+        # after the output read, so they cannot change it (the LSTM reads left to right)
+        out, _ = self.lstm(x, (h0.contiguous(), c0.contiguous()))
+        return self.head(out[torch.arange(len(src), device=src.device), lengths - 1])
 
 
 class _TextTransformer(nn.Module):
@@ -384,7 +405,7 @@ class GPT2Classifier(_TextTransformer):
     # perturbed token t unchanged, so a copy recomputes only positions t.. against the clean
     # keys and values of the prefix (about half the work; copies are bucketed by suffix length)
     prefix_module = "embed_ln"
-    SUFFIX_BUCKETS = 4
+    SUFFIX_BUCKETS = 8
 
     @torch.no_grad()
     def prefix_cache(self, tokens: Tensor, inputs: Any) -> dict[str, Any]:
@@ -410,14 +431,8 @@ class GPT2Classifier(_TextTransformer):
         """Logits of copies of examples ``src`` with ``noise`` added to token ``tok`` (a real
         token) at the ``embed_ln`` output."""
         lengths = cache["last"][src] - tok + 1
-        out: Tensor | None = None
-        for part in lengths.argsort().chunk(self.SUFFIX_BUCKETS):
-            logits = self._suffix(cache, src[part], tok[part], noise[part], lengths[part])
-            if out is None:
-                out = logits.new_empty(len(src), logits.shape[1])
-            out[part] = logits
-        assert out is not None
-        return out
+        return _per_bucket(lengths, self.SUFFIX_BUCKETS, lambda part: self._suffix(
+            cache, src[part], tok[part], noise[part], lengths[part]))
 
     def _suffix(self, cache: dict[str, Any], src: Tensor, tok: Tensor, noise: Tensor,
                 lengths: Tensor) -> Tensor:
