@@ -14,8 +14,9 @@ the bare training step of the same models. ``benchmarks/gpu.py`` is the GPU coun
     python benchmarks/run.py                 # full suite (idle 2-core CPU: ~12 min)
     python benchmarks/run.py --quick         # smaller workloads, for a smoke check
     python benchmarks/run.py --cases lstm roberta --out results.json
-    python benchmarks/run.py --copies 1 --no-precision --no-training   # issue #2's reference:
-                                             # one forward pass per perturbed token
+    python benchmarks/run.py --copies 1 --no-prefix --no-precision --no-training
+                                             # issue #2's reference: one forward per token
+    python benchmarks/run.py --no-timing --no-precision --no-training   # prefix reuse only
     python benchmarks/run.py --device cuda   # on a GPU: larger senslab workloads, GEMM there
 
 Results go to ``benchmarks/results/<host>-<date>-<mode>.json`` (or ``--out``) and a markdown
@@ -432,7 +433,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{name}: reference {row['reference_fwd_per_s']:.1f}/s, senslab "
               f"{row['senslab_fwd_per_s']:.1f}/s, ratio {row['ratio']:.1f}x, "
               f"{100 * row['gemm_fraction']:.0f}% of GEMM ({row['seconds']:.0f} s)", flush=True)
-    if not args.no_timing and not args.no_prefix:
+    if not args.no_prefix:
         result["prefix"] = prefix_reuse(mode, device, reps)
     if gpu:
         args.no_precision = args.no_training = True  # CPU measurements; run them without --device
