@@ -6,7 +6,9 @@ passes per second of senslab's estimator and of the reference algorithm (:mod:`c
 ratio, model FLOPs per forward and the fraction of the machine's dense float32 GEMM throughput
 the estimator reaches. Reference, senslab and a GEMM are timed in interleaved repetitions (the
 order rotates) and the medians of per-repetition values are reported, so load from other
-processes affects both sides alike. Then: forward passes needed to reach a standard error,
+processes affects both sides alike. Then: full forwards vs reuse of the clean computation
+(prefix reuse for the LSTM and GPT-2, local reuse for ResNet-18); forward passes needed to
+reach a standard error,
 plain Monte Carlo vs each variance-reduction technique (:mod:`precision`), and the training
 throughput of ``senslab.train.loop.fit`` on the demo's and the CIFAR-10 CPU-scale configs, beside
 the bare training step of the same models. ``benchmarks/gpu.py`` is the GPU counterpart.
@@ -14,9 +16,9 @@ the bare training step of the same models. ``benchmarks/gpu.py`` is the GPU coun
     python benchmarks/run.py                 # full suite (idle 2-core CPU: ~12 min)
     python benchmarks/run.py --quick         # smaller workloads, for a smoke check
     python benchmarks/run.py --cases lstm roberta --out results.json
-    python benchmarks/run.py --copies 1 --no-prefix --no-precision --no-training
+    python benchmarks/run.py --copies 1 --no-reuse --no-precision --no-training
                                              # issue #2's reference: one forward per token
-    python benchmarks/run.py --no-timing --no-precision --no-training   # prefix reuse only
+    python benchmarks/run.py --no-timing --no-precision --no-training   # reuse table only
     python benchmarks/run.py --device cuda   # on a GPU: larger senslab workloads, GEMM there
 
 Results go to ``benchmarks/results/<host>-<date>-<mode>.json`` (or ``--out``) and a markdown
@@ -160,43 +162,57 @@ def time_case(case: Case, mode: str, reps: int, gemm_n: int) -> dict[str, Any]:
     return row
 
 
-def prefix_reuse(mode: str, device: torch.device, reps: int) -> dict[str, Any]:
-    """Perturbed forwards per second of the zoo's left-to-right text models (LSTM, GPT-2) with
-    full forwards and with prefix reuse (``Embedding(reuse_prefix=...)``), interleaved
-    repetitions on the same examples, and whether both give the same per-example numbers."""
+def reuse(mode: str, device: torch.device, reps: int) -> dict[str, Any]:
+    """Perturbed forwards per second with full forwards and with reuse of the clean
+    computation — prefix reuse for the zoo's left-to-right text models (LSTM, GPT-2;
+    ``Embedding(reuse_prefix=...)``), local reuse for ResNet-18 (``Patches(reuse_local=...)``) —
+    in interleaved repetitions on the same examples, and whether both give the same
+    per-example numbers."""
     from senslab.models import create_model
-    from senslab.tokens import Embedding
+    from senslab.tokens import Embedding, Patches
 
-    # every token measured, as in the experiments (the clean prefix cache is built once per
-    # batch, so measuring a few tokens of each example would mostly time the cache)
+    # every token measured, as in the experiments (the clean cache is built once per batch or
+    # chunk, so measuring a few tokens of each example would mostly time the cache)
     n, k = {"tiny": (1, 2), "quick": (1, None)}.get(mode, (2, None))
     out = {}
-    for name in ("lstm", "gpt2"):
+    for name in ("lstm", "gpt2", "resnet18"):
         tiny = {"layers": 1, "dim": 32, "heads": 2} if mode == "tiny" else {}
+        if name == "resnet18":
+            tiny = {"width": 0.125} if mode == "tiny" else {}
         model = create_model(name, **tiny).eval().to(device)
-        ids = torch.randint(2, 8000, (n, 128), generator=torch.Generator().manual_seed(0))
-        batch = {"input_ids": ids.to(device),
-                 "attention_mask": torch.ones(n, 128, dtype=torch.bool, device=device)}
+        if name == "resnet18":
+            batch: Any = (torch.rand(n, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+                          * 2 - 1).to(device)
+            sigma, repeats = 0.1, 5
+        else:
+            ids = torch.randint(2, 8000, (n, 128), generator=torch.Generator().manual_seed(0))
+            batch = {"input_ids": ids.to(device),
+                     "attention_mask": torch.ones(n, 128, dtype=torch.bool, device=device)}
+            sigma, repeats = 1.0, 3
         rates: dict[bool, list[float]] = {False: [], True: []}
         results = {}
         for rep in range(reps + 1):  # the first round warms up
-            for reuse in ((False, True) if rep % 2 else (True, False)):
-                metric = TokenSensitivity(model, Embedding("embed_ln", reuse_prefix=reuse),
-                                          sigma=1.0, repeats=3, num_tokens=k, generator=rep)
+            for on in ((False, True) if rep % 2 else (True, False)):
+                tokens = (Patches(4, reuse_local=on) if name == "resnet18"
+                          else Embedding("embed_ln", reuse_prefix=on))
+                metric = TokenSensitivity(model, tokens, sigma=sigma, repeats=repeats,
+                                          num_tokens=k, generator=rep, compare="l2")
                 sync(device)
                 start = time.perf_counter()
                 metric.update(batch)
-                results[reuse] = metric.compute()
+                results[on] = metric.compute()
                 sync(device)
                 if rep:
-                    rates[reuse].append(results[reuse].num_forward
-                                        / (time.perf_counter() - start))
+                    rates[on].append(results[on].num_forward / (time.perf_counter() - start))
         full, fast = statistics.median(rates[False]), statistics.median(rates[True])
-        out[name] = {"full_fwd_per_s": full, "reuse_fwd_per_s": fast, "speedup": fast / full,
-                     "same_numbers": bool(torch.equal(results[False].per_sample,
-                                                      results[True].per_sample))}
-        print(f"{name} prefix reuse: {full:.1f} -> {fast:.1f} fwd/s ({fast / full:.2f}x)",
-              flush=True)
+        # output distances (not classes: the zoo's models at init predict one class, so class
+        # flips would be 0 either way) — equal up to float rounding
+        same = torch.allclose(results[False].per_sample, results[True].per_sample,
+                              rtol=1e-3, atol=1e-6)
+        out[name] = {"kind": "local" if name == "resnet18" else "prefix",
+                     "full_fwd_per_s": full, "reuse_fwd_per_s": fast, "speedup": fast / full,
+                     "same_numbers": bool(same)}
+        print(f"{name} reuse: {full:.1f} -> {fast:.1f} fwd/s ({fast / full:.2f}x)", flush=True)
     return out
 
 
@@ -290,13 +306,15 @@ def markdown(result: dict[str, Any]) -> str:
             f"{r['ratio']:.1f}× ({ok} ≥ {r['target_ratio']:.0f}×) | "
             f"{r['ratio_ceiling']:.1f}× | {r['gflop_per_forward']:.3f} | {gf} |"
         )
-    if result.get("prefix"):
-        lines += ["", "Prefix reuse (length-128 text, 3 draws per token; fwd/s):", "",
-                  "| model | full forwards | prefix reuse | speed-up | same numbers |",
-                  "|---|---|---|---|---|"]
-        for name, r in result["prefix"].items():
-            lines.append(f"| {name} | {r['full_fwd_per_s']:.1f} | {r['reuse_fwd_per_s']:.1f} | "
-                         f"{r['speedup']:.2f}× | {'✓' if r['same_numbers'] else '✗'} |")
+    if result.get("reuse"):
+        lines += ["", "Reuse of the clean computation (every token; length-128 text with 3 "
+                  "draws, 32×32 images with 5; perturbed fwd/s):", "",
+                  "| model | reuse | full forwards | with reuse | speed-up | same numbers |",
+                  "|---|---|---|---|---|---|"]
+        for name, r in result["reuse"].items():
+            lines.append(f"| {name} | {r['kind']} | {r['full_fwd_per_s']:.1f} | "
+                         f"{r['reuse_fwd_per_s']:.1f} | {r['speedup']:.2f}× | "
+                         f"{'✓' if r['same_numbers'] else '✗'} |")
     if result.get("precision"):
         names = list(TECHNIQUES) + ["adaptive"]
         lines += ["", f"Perturbed forward passes to reach a fixed-subset standard error of "
@@ -392,8 +410,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                              "senslab workloads; the reference still draws noise on the CPU)")
     parser.add_argument("--no-timing", action="store_true", help="skip the speed table")
     parser.add_argument("--no-precision", action="store_true")
-    parser.add_argument("--no-prefix", action="store_true",
-                        help="skip the prefix-reuse comparison (LSTM, GPT-2)")
+    parser.add_argument("--no-reuse", action="store_true",
+                        help="skip the full-forwards vs reuse comparison (LSTM, GPT-2, ResNet-18)")
     parser.add_argument("--no-training", action="store_true")
     parser.add_argument("--out", type=Path, default=None, help="JSON results file")
     parser.add_argument("--copies", type=int, default=None,
@@ -433,8 +451,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{name}: reference {row['reference_fwd_per_s']:.1f}/s, senslab "
               f"{row['senslab_fwd_per_s']:.1f}/s, ratio {row['ratio']:.1f}x, "
               f"{100 * row['gemm_fraction']:.0f}% of GEMM ({row['seconds']:.0f} s)", flush=True)
-    if not args.no_prefix:
-        result["prefix"] = prefix_reuse(mode, device, reps)
+    if not args.no_reuse:
+        result["reuse"] = reuse(mode, device, reps)
     if gpu:
         args.no_precision = args.no_training = True  # CPU measurements; run them without --device
     if not args.no_precision:

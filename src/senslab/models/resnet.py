@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from ._config import check_divides, check_positive, make_config
 from ._registry import register_model
 from .vision import ImageClassifier, ImageConfig
+from .windows import Window, conv, out_size, read
 
 
 def _conv_bn(c_in: int, c_out: int, k: int, stride: int = 1) -> nn.Sequential:
@@ -85,6 +86,69 @@ class ResNet(ImageClassifier):
     def forward(self, x: Tensor) -> Tensor:
         self.check_input(x)
         return self.head(self.features(x))
+
+    # -- local reuse (senslab.tokens.Patches): noise on one patch changes only a window of the
+    # early feature maps, so a perturbed copy runs the stem and the first blocks on that window
+    # (models.windows), pastes it into the clean map and runs the rest in full. ResNet-18 on
+    # 32×32 with 4×4 patches: the stem and stages 1–2 windowed, ~1.6× the full forwards' speed.
+
+    def _blocks(self) -> list[BasicBlock]:
+        return [m for m in self.features if isinstance(m, BasicBlock)]
+
+    def _window_plan(self, patch: int, height: int, width: int) -> int:
+        """How many blocks run on windows: those whose output window is still smaller than
+        their output map (beyond, a window would cover the map and only cost the bookkeeping)."""
+        (h, height), (w, width) = (out_size(self.features[0], patch, height),
+                                   out_size(self.features[0], patch, width))
+        count = 0
+        for block in self._blocks():
+            sizes = []
+            for n, size in ((h, height), (w, width)):
+                n, size = out_size(block.body[0], n, size)
+                sizes.append(out_size(block.body[2], n, size))
+            (h2, height2), (w2, width2) = sizes
+            if h2 * w2 >= height2 * width2:
+                break
+            (h, height), (w, width), count = (h2, height2), (w2, width2), count + 1
+        return count
+
+    @torch.no_grad()
+    def local_cache(self, x: Tensor, patch: int) -> dict[str, Any]:
+        """Clean maps of images ``x`` that perturbed copies with ``patch``×``patch`` noise read:
+        the input, the stem's output and, per windowed block, its first activation and output."""
+        if self.training:
+            raise RuntimeError("local reuse needs eval mode (BatchNorm's batch statistics and "
+                               "dropout would make a window differ from a full forward)")
+        blocks = self._window_plan(patch, *x.shape[2:])
+        h = self.features[1](self.features[0](x))
+        maps, inner = [x, h], []
+        for block in self._blocks()[:blocks]:
+            inner.append(block.body[1](block.body[0](h)))
+            h = block(h)
+            maps.append(h)
+        return {"maps": maps, "inner": inner, "blocks": blocks}
+
+    def forward_local(self, cache: dict[str, Any], rows: Tensor, top: Tensor, left: Tensor,
+                      patch: Tensor) -> Tensor:
+        """Logits of copies of the cached images ``rows`` whose pixels at ``top``/``left``
+        (a patch) are replaced by ``patch`` (n, C, p, p)."""
+        maps, inner, blocks = cache["maps"], cache["inner"], cache["blocks"]
+        win = Window(maps[0], rows, patch, top, left)
+        y, t, lft = conv(self.features[0], win)
+        win = win.like(maps[1], self.features[1](y), t, lft)
+        for i, block in enumerate(self._blocks()[:blocks]):
+            a, t, lft = conv(block.body[0], win)
+            b, t, lft = conv(block.body[2], win.like(inner[i], block.body[1](a), t, lft))
+            if isinstance(block.shortcut, nn.Identity):
+                short = read(win, t, lft, b.shape[2], b.shape[3])
+            else:
+                short = conv(block.shortcut, win, (t, lft, b.shape[2], b.shape[3]))[0]
+            win = win.like(maps[2 + i], F.relu(b + short), t, lft)
+        zero = torch.zeros_like(top)
+        h = read(win, zero, zero, *win.clean.shape[2:])
+        for layer in list(self.features)[2 + blocks:]:
+            h = layer(h)
+        return self.head(h)
 
 
 @register_model("resnet18")

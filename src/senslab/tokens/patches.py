@@ -24,10 +24,18 @@ class Patches(Tokenization):
     Token ``t`` is the patch at row ``t // (W/size)``, column ``t % (W/size)``; its vector has
     ``C·size²`` entries. Noise is added to the raw input tensor, so an MLP, a CNN and a ViT are
     measured on the same tokens whatever their own patching.
+
+    Local reuse: a convolutional model may implement ``local_cache(images, size)`` and
+    ``forward_local(cache, rows, top, left, patch)``; then, in eval mode, a copy with one noisy
+    patch is computed on the window of each early feature map that the patch can change instead
+    of by a full forward (:class:`senslab.models.resnet.ResNet` does; same predictions up to float
+    rounding). The clean maps are kept only for the examples of the current chunk.
+    ``reuse_local=False`` always runs full forwards.
     """
 
     size: int
     align: str = "left"
+    reuse_local: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.size, int) or self.size < 1:
@@ -54,7 +62,10 @@ class Patches(Tokenization):
                 f"Patches expects images of shape (batch, channels, height, width), got {shape}; "
                 "add a channel axis with x.unsqueeze(1) for grayscale images"
             )
-        yield _BoundPatches(self, model, inputs, mask)
+        bound = _BoundPatches(self, model, inputs, mask)
+        bound.reuse = (self.reuse_local and isinstance(model, nn.Module) and not model.training
+                       and hasattr(model, "forward_local"))
+        yield bound
 
 
 class _BoundPatches(BoundTokens):
@@ -66,6 +77,17 @@ class _BoundPatches(BoundTokens):
         self.dim = c * self.p * self.p
         self.valid = valid_mask(mask, b, self.gh * self.gw, x.device)
         self.clean_output = call_model(model, x)
+        self.reuse = False  # local reuse (see Patches)
+        self._cached: Tensor | None = None  # the examples whose clean maps are cached
+        self._cache: Any = None
+
+    def _local(self, src: Tensor) -> tuple[Any, Tensor]:
+        """The model's clean-map cache holding the examples ``src`` (rebuilt for a chunk that
+        needs others: only one chunk's examples are ever held), and their rows in it."""
+        if self._cached is None or not bool(torch.isin(src, self._cached).all()):
+            self._cached = torch.unique(src)
+            self._cache = self.model.local_cache(self.x.index_select(0, self._cached), self.p)
+        return self._cache, torch.searchsorted(self._cached, src)
 
     def _view(self, imgs: Tensor) -> Tensor:
         n, c = imgs.shape[:2]
@@ -77,6 +99,13 @@ class _BoundPatches(BoundTokens):
         return v[src, :, tok // self.gw, :, tok % self.gw, :].reshape(n, self.dim)
 
     def forward_perturbed(self, src: Tensor, tok: Tensor | None, noise: Tensor) -> Tensor:
+        if self.reuse and tok is not None:
+            n, c = len(src), self.x.shape[1]
+            patch = self.tokens(src, tok).view(n, c, self.p, self.p) + noise.view(
+                n, c, self.p, self.p).to(self.x.dtype)
+            cache, rows = self._local(src)
+            return self.model.forward_local(cache, rows, tok // self.gw * self.p,
+                                            tok % self.gw * self.p, patch)
         copies = self.x.index_select(0, src)
         n, c = copies.shape[:2]
         v = self._view(copies)

@@ -1,0 +1,138 @@
+"""Local reuse for convolutional networks: a copy with one noisy patch computed on windows of the
+early feature maps (senslab.models.windows, ResNet.forward_local) equals a full forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from senslab.measure import TokenSensitivity, token_sensitivity
+from senslab.models import create_model
+from senslab.models.windows import Window, read
+from senslab.tokens import Patches
+
+
+def resnet(image: int, **overrides):
+    """A narrow ResNet whose predictions depend on its input (at PyTorch's init it predicts one
+    class for every image): He-normal weights and spread-out BatchNorm affines, all drawn from a
+    seeded generator."""
+    g = torch.Generator().manual_seed(0)
+    model = create_model("resnet18", image_size=image, width=0.125, num_classes=10, **overrides)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, (nn.Conv2d, nn.Linear)):
+                fan_in = m.weight[0].numel()
+                m.weight.copy_(torch.randn(m.weight.shape, generator=g) * (2 / fan_in) ** 0.5)
+            elif isinstance(m, nn.BatchNorm2d):
+                m.weight.copy_(torch.rand(m.weight.shape, generator=g) + 0.5)
+                m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.3)
+    return model.eval()
+
+
+def perturbed_full(model, x, rows, top, left, patch):
+    """The reference: paste each copy's patch into its image and run the whole model."""
+    copies = x[rows].clone()
+    p = patch.shape[-1]
+    for i in range(len(rows)):
+        copies[i, :, top[i]:top[i] + p, left[i]:left[i] + p] = patch[i]
+    return model(copies)
+
+
+@pytest.mark.parametrize("image, patch, blocks, windowed", [
+    (32, 4, (2, 2, 2, 2), 4),   # ResNet-18: stem, stages 1 and 2 on windows
+    (32, 4, (1, 1, 1, 1), 3),   # two strided blocks with 1×1 shortcuts on windows
+    (16, 2, (2, 2, 2, 2), 2),
+    (16, 8, (2, 2, 2, 2), 1),   # a large patch: the stem and one block
+])
+def test_forward_local_equals_full_forward(image, patch, blocks, windowed):
+    model = resnet(image, blocks=blocks, sens_patch=patch)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 3, image, image, generator=g)
+    grid = image // patch
+    # every patch position of every image (corners and borders included)
+    rows = torch.arange(3).repeat_interleave(grid * grid)
+    tok = torch.arange(grid * grid).repeat(3)
+    top, left = tok // grid * patch, tok % grid * patch
+    noisy = torch.randn(len(rows), 3, patch, patch, generator=g)
+    with torch.no_grad():
+        cache = model.local_cache(x, patch)
+        fast = model.forward_local(cache, rows, top, left, noisy)
+        full = perturbed_full(model, x, rows, top, left, noisy)
+    assert cache["blocks"] == windowed
+    assert fast.shape == full.shape == (len(rows), 10)
+    torch.testing.assert_close(fast, full, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(full, model(x)[rows], atol=1e-3)  # the noise did change outputs
+
+
+def test_read_pastes_the_window_and_zero_pads():
+    clean = torch.arange(2 * 1 * 4 * 4, dtype=torch.float32).view(2, 1, 4, 4)  # value 4·row + col
+    data = -torch.arange(1.0, 5.0).view(1, 1, 2, 2).repeat(2, 1, 1, 1)  # [[-1, -2], [-3, -4]]
+    # copy 0 reads image 1 and has its window on rows 0–1, cols 0–1; copy 1 reads image 0, window
+    # on rows 2–3, cols 2–3
+    win = Window(clean, torch.tensor([1, 0]), data, torch.tensor([0, 2]), torch.tensor([0, 2]))
+    # 3 × 2 regions: copy 0 from (−1, −1): a row and a column of zero padding, the window's
+    # column 1 outside; copy 1 from (1, 3): column 4 is padding, the window's column 2 outside
+    out = read(win, torch.tensor([-1, 1]), torch.tensor([-1, 3]), 3, 2, pad=1)
+    assert out.shape == (2, 1, 3, 2)
+    assert out[0, 0].tolist() == [[0, 0], [0, -1], [0, -3]]
+    assert out[1, 0].tolist() == [[7, 0], [-2, 0], [-4, 0]]
+    # 1 × 2 regions; copy 1's is the padding row below the map, the whole window above it
+    out = read(win, torch.tensor([0, 4]), torch.tensor([0, 2]), 1, 2, pad=1)
+    assert out[0, 0].tolist() == [[-1, -2]]
+    assert out[1, 0].tolist() == [[0, 0]]
+
+
+@pytest.mark.parametrize("options", [
+    {"repeats": 3},
+    {"repeats": 4, "antithetic": True, "num_tokens": 5},
+    {"repeats": 2, "chunk_size": 7},  # the cache is rebuilt for the examples of each chunk
+    {"repeats": 2, "compare": "l2"},
+])
+def test_local_reuse_gives_the_full_forwards_numbers(options):
+    model = resnet(16, sens_patch=4)
+    x = torch.rand(6, 3, 16, 16, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    runs = {}
+    for reuse in (False, True):
+        m = TokenSensitivity(model, Patches(4, reuse_local=reuse), sigma=0.5, generator=2,
+                             **options)
+        m.update(x)
+        runs[reuse] = m.compute()
+    full, fast = runs[False], runs[True]
+    assert full.num_forward == fast.num_forward
+    if options.get("compare") == "l2":
+        assert full.estimate > 1e-3
+        torch.testing.assert_close(fast.per_sample, full.per_sample, rtol=1e-4, atol=1e-7)
+    else:
+        assert 0.02 < full.estimate < 0.98
+        assert torch.equal(full.per_sample, fast.per_sample)
+
+
+def test_cache_holds_only_the_current_chunks_examples():
+    model = resnet(16, sens_patch=4)
+    sizes = []
+    original = model.local_cache
+
+    def recording(x, patch):
+        sizes.append(len(x))
+        return original(x, patch)
+
+    model.local_cache = recording
+    x = torch.rand(5, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    token_sensitivity(model, x, Patches(4), sigma=0.5, repeats=2, chunk_size=12)
+    # 16 patches × 2 draws = 32 copies per example, chunks of 12: at most 2 examples per chunk,
+    # every example cached at least once
+    assert max(sizes) <= 2 and sum(sizes) >= 5
+
+
+def test_train_mode_and_whole_input_run_full_forwards():
+    model = resnet(16, sens_patch=4).train()
+    x = torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    # the cache refuses train mode, so a result means full forwards were run
+    r = token_sensitivity(model, x, Patches(4), sigma=0.5, eval_mode=False)
+    assert r.num_forward == 2 + 2 * 16
+    with pytest.raises(RuntimeError, match="eval mode"):
+        model.local_cache(x, 4)
+    model.eval()
+    whole = token_sensitivity(model, x, Patches(4), sigma=0.5, mode="whole", repeats=3)
+    assert whole.num_forward == 2 + 2 * 3
