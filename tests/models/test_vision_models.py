@@ -289,3 +289,19 @@ def test_host_inference_attention_matches_the_training_path() -> None:
     torch.testing.assert_close(fast, with_grad.detach(), rtol=1e-5, atol=1e-5)
     model.train()
     assert not model.blocks[0].attn._host_inference(torch.zeros(1))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_seed_fixes_weights_without_touching_the_global_rng(name: str) -> None:
+    """``seed`` alone fixes the weights; the global RNG is neither read nor advanced; and the
+    weights are those the model drew after ``torch.manual_seed(seed)`` (what the training loop
+    does), so earlier runs keep their initialisation."""
+    torch.manual_seed(123)
+    state = torch.random.get_rng_state()
+    a, b, c = (create_model(name, **SMALL[name], seed=s) for s in (3, 3, 4))
+    assert torch.equal(torch.random.get_rng_state(), state)
+    flat = [torch.cat([p.flatten() for p in m.parameters()]) for m in (a, b, c)]
+    assert torch.equal(flat[0], flat[1]) and not torch.equal(flat[0], flat[2])
+    torch.manual_seed(3)
+    direct = type(a)(a.config)
+    assert torch.equal(torch.cat([p.flatten() for p in direct.parameters()]), flat[0])

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from ._config import check_divides, check_positive, make_config
 from ._registry import register_model
-from .vision import ImageClassifier, ImageConfig
+from .vision import ImageClassifier, ImageConfig, seeded
 from .windows import Window, conv, out_size, read
 
 
@@ -154,7 +154,7 @@ class ResNet(ImageClassifier):
 @register_model("resnet18")
 def resnet18(**overrides: Any) -> ResNet:
     """CIFAR ResNet-18 (≈11.17M parameters at width 1, 10 classes); see :class:`ResNetConfig`."""
-    return ResNet(make_config(ResNetConfig, overrides))
+    return seeded(ResNet, make_config(ResNetConfig, overrides))
 
 
 # ---------------------------------------------------------------- DenseNet-121
@@ -240,4 +240,4 @@ class DenseNet(ImageClassifier):
 @register_model("densenet121")
 def densenet121(**overrides: Any) -> DenseNet:
     """CIFAR DenseNet-121 (≈6.96M parameters, 10 classes); see :class:`DenseNetConfig`."""
-    return DenseNet(make_config(DenseNetConfig, overrides))
+    return seeded(DenseNet, make_config(DenseNetConfig, overrides))

@@ -15,8 +15,9 @@ Defaults marked *(paper code)* follow the implementations the paper used (locusl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+import torch
 from torch import Tensor, nn
 
 from ..tokens import Patches
@@ -26,14 +27,29 @@ from ._registry import register_model
 
 @dataclass(frozen=True)
 class ImageConfig:
-    """Fields every image classifier has. Images are square: ``image_size`` × ``image_size``."""
+    """Fields every image classifier has. Images are square: ``image_size`` × ``image_size``.
+    ``seed`` fixes the weights :func:`create_model` draws (see :func:`seeded`)."""
 
     image_size: int = 32
     in_channels: int = 3
     num_classes: int = 10
+    seed: int = 0
 
     def __post_init__(self) -> None:
         check_positive(self, "image_size", "in_channels", "num_classes")
+
+
+M = TypeVar("M", bound=nn.Module)
+
+
+def seeded(cls: type[M], config: Any) -> M:
+    """``cls(config)`` with the weights drawn from ``config.seed``: torch's CPU generator is
+    reseeded inside ``torch.random.fork_rng``, so the global RNG is neither read nor advanced.
+    (The training loop seeds the global RNG with the run's seed before building a model and
+    passes the same seed here, so its runs draw exactly the weights they drew before.)"""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        return cls(config)
 
 
 class ImageClassifier(nn.Module):
@@ -107,13 +123,13 @@ class MLP(ImageClassifier):
 @register_model("mlp")
 def mlp(**overrides: Any) -> MLP:
     """MLP on flattened pixels, LeakyReLU by default; see :class:`MLPConfig`."""
-    return MLP(make_config(MLPConfig, overrides))
+    return seeded(MLP, make_config(MLPConfig, overrides))
 
 
 @register_model("mlp_sigmoid")
 def mlp_sigmoid(**overrides: Any) -> MLP:
     """The Fashion-MNIST MLP with sigmoid activations (``mlp`` with ``activation="sigmoid"``)."""
-    return MLP(make_config(MLPConfig, {"activation": "sigmoid", **overrides}))
+    return seeded(MLP, make_config(MLPConfig, {"activation": "sigmoid", **overrides}))
 
 
 @dataclass(frozen=True)
@@ -169,7 +185,7 @@ class CNN(ImageClassifier):
 @register_model("cnn")
 def cnn(**overrides: Any) -> CNN:
     """The Fashion-MNIST CNN; see :class:`CNNConfig`."""
-    return CNN(make_config(CNNConfig, overrides))
+    return seeded(CNN, make_config(CNNConfig, overrides))
 
 
 # ---------------------------------------------------------------- ConvMixer (Trockman & Kolter)
@@ -231,4 +247,4 @@ class ConvMixer(ImageClassifier):
 @register_model("convmixer")
 def convmixer(**overrides: Any) -> ConvMixer:
     """ConvMixer (Trockman & Kolter 2022); see :class:`ConvMixerConfig`."""
-    return ConvMixer(make_config(ConvMixerConfig, overrides))
+    return seeded(ConvMixer, make_config(ConvMixerConfig, overrides))

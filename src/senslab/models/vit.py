@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from ._config import check_choice, check_divides, check_positive, make_config
 from ._registry import register_model
-from .vision import ImageClassifier, ImageConfig, patchify
+from .vision import ImageClassifier, ImageConfig, patchify, seeded
 
 # ---------------------------------------------------------------- transformer parts
 
@@ -211,7 +211,7 @@ class ViTSmall(ImageClassifier):
 @register_model("vit_small")
 def vit_small(**overrides: Any) -> ViTSmall:
     """ViT for small datasets (Lee et al. 2021) with SPT and LSA; see :class:`ViTSmallConfig`."""
-    return ViTSmall(make_config(ViTSmallConfig, overrides))
+    return seeded(ViTSmall, make_config(ViTSmallConfig, overrides))
 
 
 # ---------------------------------------------------------------- ViT-simple (Beyer et al. 2022)
@@ -282,7 +282,7 @@ class ViTSimple(ImageClassifier):
 @register_model("vit_simple")
 def vit_simple(**overrides: Any) -> ViTSimple:
     """Simple ViT (Beyer et al. 2022); see :class:`ViTSimpleConfig`."""
-    return ViTSimple(make_config(ViTSimpleConfig, overrides))
+    return seeded(ViTSimple, make_config(ViTSimpleConfig, overrides))
 
 
 # ---------------------------------------------------------------- MLP and CNN (Fashion-MNIST)
