@@ -1,5 +1,6 @@
 """Local reuse for convolutional networks: a copy with one noisy patch computed on windows of the
-early feature maps (senslab.models.windows, ResNet.forward_local) equals a full forward."""
+early feature maps (senslab.models.windows; ResNet and CNN ``forward_local``) equals a full
+forward."""
 
 from __future__ import annotations
 
@@ -136,3 +137,51 @@ def test_train_mode_and_whole_input_run_full_forwards():
     model.eval()
     whole = token_sensitivity(model, x, Patches(4), sigma=0.5, mode="whole", repeats=3)
     assert whole.num_forward == 2 + 2 * 3
+
+
+def cnn(**overrides):
+    return create_model("cnn", channels=(4, 8), hidden=16, **overrides).eval()
+
+
+@pytest.mark.parametrize("patch, kernel", [(4, 3), (7, 3), (2, 5)])
+def test_cnn_forward_local_equals_full_forward(patch, kernel):
+    model = cnn(kernel_size=kernel, sens_patch=patch)
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(2, 1, 28, 28, generator=g)
+    grid = 28 // patch
+    rows = torch.arange(2).repeat_interleave(grid * grid)
+    tok = torch.arange(grid * grid).repeat(2)
+    top, left = tok // grid * patch, tok % grid * patch
+    noisy = torch.randn(len(rows), 1, patch, patch, generator=g) * 3
+    with torch.no_grad():
+        fast = model.forward_local(model.local_cache(x, patch), rows, top, left, noisy)
+        full = perturbed_full(model, x, rows, top, left, noisy)
+    torch.testing.assert_close(fast, full, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(full, model(x)[rows], atol=1e-4)
+
+
+def test_cnn_local_reuse_gives_the_full_forwards_numbers():
+    model = cnn()
+    x = torch.rand(6, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    runs = {}
+    for reuse in (False, True):
+        m = TokenSensitivity(model, Patches(4, reuse_local=reuse), sigma=4.0, repeats=2,
+                             generator=2, chunk_size=40)
+        m.update(x)
+        runs[reuse] = m.compute()
+    assert 0.02 < runs[False].estimate < 0.98
+    assert torch.equal(runs[False].per_sample, runs[True].per_sample)
+
+
+def test_layers_local_reuse_cannot_window_are_refused():
+    from senslab.models.windows import local
+
+    win = Window(torch.zeros(1, 1, 8, 8), torch.zeros(1, dtype=torch.long),
+                 torch.zeros(1, 1, 2, 2), torch.zeros(1, dtype=torch.long),
+                 torch.zeros(1, dtype=torch.long))
+    with pytest.raises(ValueError, match="undilated"):
+        local(nn.Conv2d(1, 1, 3, dilation=2), win)
+    with pytest.raises(ValueError, match="unpadded pooling"):
+        local(nn.MaxPool2d(2, padding=1), win)
+    with pytest.raises(TypeError, match="cannot window a Linear"):
+        local(nn.Linear(2, 2), win)

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from ._config import check_divides, check_positive, make_config
 from ._registry import register_model
 from .vision import ImageClassifier, ImageConfig, seeded
-from .windows import Window, conv, out_size, read
+from .windows import Window, local, out_size, read
 
 
 def _conv_bn(c_in: int, c_out: int, k: int, stride: int = 1) -> nn.Sequential:
@@ -134,15 +134,15 @@ class ResNet(ImageClassifier):
         (a patch) are replaced by ``patch`` (n, C, p, p)."""
         maps, inner, blocks = cache["maps"], cache["inner"], cache["blocks"]
         win = Window(maps[0], rows, patch, top, left)
-        y, t, lft = conv(self.features[0], win)
+        y, t, lft = local(self.features[0], win)
         win = win.like(maps[1], self.features[1](y), t, lft)
         for i, block in enumerate(self._blocks()[:blocks]):
-            a, t, lft = conv(block.body[0], win)
-            b, t, lft = conv(block.body[2], win.like(inner[i], block.body[1](a), t, lft))
+            a, t, lft = local(block.body[0], win)
+            b, t, lft = local(block.body[2], win.like(inner[i], block.body[1](a), t, lft))
             if isinstance(block.shortcut, nn.Identity):
                 short = read(win, t, lft, b.shape[2], b.shape[3])
             else:
-                short = conv(block.shortcut, win, (t, lft, b.shape[2], b.shape[3]))[0]
+                short = local(block.shortcut, win, (t, lft, b.shape[2], b.shape[3]))[0]
             win = win.like(maps[2 + i], F.relu(b + short), t, lft)
         zero = torch.zeros_like(top)
         h = read(win, zero, zero, *win.clean.shape[2:])

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from ..tokens import Patches
 from ._config import check_choice, check_divides, check_positive, make_config
 from ._registry import register_model
+from .windows import Window, local, read
 
 
 @dataclass(frozen=True)
@@ -180,6 +181,37 @@ class CNN(ImageClassifier):
     def forward(self, x: Tensor) -> Tensor:
         self.check_input(x)
         return self.net(x)
+
+    # -- local reuse (senslab.tokens.Patches): noise on one patch changes only a window of the
+    # two convolutions' and the pool's maps; a perturbed copy computes those windows
+    # (models.windows), pastes the pooled one into the clean pooled map and runs the classifier.
+    # On 28×28 with 4×4 patches the second convolution (~87% of the FLOPs) shrinks to 8×8 of 24×24.
+
+    @torch.no_grad()
+    def local_cache(self, x: Tensor, patch: int) -> dict[str, Any]:
+        """Clean maps of images ``x``: the input and the outputs of the two activations and
+        the pool."""
+        maps = [x]
+        for layer in self.net[:5]:
+            x = layer(x)
+            maps.append(x)
+        return {"maps": [maps[0], maps[2], maps[4], maps[5]]}
+
+    def forward_local(self, cache: dict[str, Any], rows: Tensor, top: Tensor, left: Tensor,
+                      patch: Tensor) -> Tensor:
+        """Logits of copies of the cached images ``rows`` whose pixels at ``top``/``left``
+        (a patch) are replaced by ``patch`` (n, C, p, p)."""
+        x, a1, a2, pooled = cache["maps"]
+        net = self.net
+        win = Window(x, rows, patch, top, left)
+        y, t, lft = local(net[0], win)
+        win = win.like(a1, net[1](y), t, lft)
+        y, t, lft = local(net[2], win)
+        win = win.like(a2, net[3](y), t, lft)
+        y, t, lft = local(net[4], win)
+        win = win.like(pooled, y, t, lft)
+        zero = torch.zeros_like(top)
+        return net[5:](read(win, zero, zero, *pooled.shape[2:]))
 
 
 @register_model("cnn")

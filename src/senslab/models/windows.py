@@ -4,11 +4,11 @@ from the clean maps where it borders unchanged positions — instead of on the w
 
 A perturbed map is a :class:`Window`: the clean maps of the examples, and per copy the values of a
 window (same size for every copy) holding every position that differs from the clean map. A
-convolution maps it to the window of its output that holds every changed output position; the
-window is clamped into the map, so near a border it also covers unchanged positions, which come out
-equal to the clean ones. Only eval-mode layers whose output at a position depends on a bounded
-neighbourhood of the input (convolutions, BatchNorm with running statistics, pointwise functions)
-may be evaluated this way.
+convolution or a pooling (:func:`local`) maps it to the window of its output that holds every
+changed output position; the window is clamped into the map, so near a border it also covers
+unchanged positions, which come out equal to the clean ones. Only eval-mode layers whose output
+at a position depends on a bounded neighbourhood of the input (convolutions, pooling, BatchNorm
+with running statistics, pointwise functions) may be evaluated this way.
 """
 
 from __future__ import annotations
@@ -59,33 +59,41 @@ def read(win: Window, top: Tensor, left: Tensor, h: int, w: int, pad: int = 0) -
     return out[:, :h, :w].permute(0, 3, 1, 2)
 
 
-def _conv(layer: nn.Module) -> tuple[nn.Conv2d, nn.Module | None]:
-    """A convolution, or a Sequential of a convolution and a BatchNorm."""
+def _parts(layer: nn.Module) -> tuple[nn.Module, nn.Module | None, int, int, int]:
+    """(operation, BatchNorm or None, kernel, stride, padding) of a square-kernel ``nn.Conv2d``,
+    a Sequential of one and a BatchNorm, or an unpadded ``nn.MaxPool2d``/``nn.AvgPool2d``."""
+    norm = None
+    if isinstance(layer, nn.Sequential):
+        layer, norm = layer[0], layer[1]
     if isinstance(layer, nn.Conv2d):
-        return layer, None
-    conv, norm = layer[0], layer[1]  # type: ignore[index]
-    return conv, norm
+        if (layer.kernel_size[0] != layer.kernel_size[1] or layer.stride[0] != layer.stride[1]
+                or layer.padding[0] != layer.padding[1] or layer.dilation != (1, 1)):
+            raise ValueError(f"local reuse needs square, undilated convolutions, got {layer}")
+        return layer, norm, layer.kernel_size[0], layer.stride[0], int(layer.padding[0])
+    if isinstance(layer, (nn.MaxPool2d, nn.AvgPool2d)):
+        k, s, p = (v if isinstance(v, int) else v[0]
+                   for v in (layer.kernel_size, layer.stride or layer.kernel_size, layer.padding))
+        if p or layer.ceil_mode or getattr(layer, "dilation", 1) != 1:
+            raise ValueError(f"local reuse needs unpadded pooling without ceil_mode, got {layer}")
+        return layer, norm, k, s, 0
+    raise TypeError(f"local reuse cannot window a {type(layer).__name__}")
 
 
 def out_size(layer: nn.Module, h: int, size: int) -> tuple[int, int]:
     """(window, map) sizes along one axis of ``layer``'s output, for an input window of ``h``
     on a map of ``size``."""
-    conv, _ = _conv(layer)
-    k, s, p = conv.kernel_size[0], conv.stride[0], conv.padding[0]  # type: ignore[index]
+    _, _, k, s, p = _parts(layer)
     full = (size + 2 * p - k) // s + 1
     return min(full, (h + k - 2) // s + 1), full
 
 
-def conv(layer: nn.Module, win: Window,
-         at: tuple[Tensor, Tensor, int, int] | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """``layer`` (a square-kernel ``nn.Conv2d``, or a Sequential of one and a BatchNorm) on the
-    perturbed maps ``win``: the values, top and left of its output window — the smallest holding
-    every changed output position, clamped into the map — or of the window ``at`` = (top, left,
-    h, w) given."""
-    c, norm = _conv(layer)
-    k, s, p = c.kernel_size[0], c.stride[0], c.padding[0]  # type: ignore[index]
-    if c.kernel_size[0] != c.kernel_size[1] or c.stride[0] != c.stride[1] or c.dilation != (1, 1):
-        raise ValueError(f"local reuse needs square, undilated convolutions, got {c}")
+def local(layer: nn.Module, win: Window,
+          at: tuple[Tensor, Tensor, int, int] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """``layer`` (a square-kernel ``nn.Conv2d``, a Sequential of one and a BatchNorm, or an
+    unpadded max/average pool) on the perturbed maps ``win``: the values, top and left of its
+    output window — the smallest holding every changed output position, clamped into the map —
+    or of the window ``at`` = (top, left, h, w) given."""
+    op, norm, k, s, p = _parts(layer)
     size_h, size_w = win.clean.shape[2:]
     if at is None:
         (ho, full_h), (wo, full_w) = (out_size(layer, win.data.shape[2], size_h),
@@ -100,5 +108,8 @@ def conv(layer: nn.Module, win: Window,
     else:
         top, left, ho, wo = at
     crop = read(win, top * s - p, left * s - p, (ho - 1) * s + k, (wo - 1) * s + k, p)
-    y = F.conv2d(crop, c.weight, c.bias, s, 0, 1, c.groups)
+    if isinstance(op, nn.Conv2d):
+        y = F.conv2d(crop, op.weight, op.bias, s, 0, 1, op.groups)
+    else:  # the crop holds whole pooling cells, so pooling it is pooling the map
+        y = op(crop)
     return (norm(y) if norm is not None else y), top, left
