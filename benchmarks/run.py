@@ -7,11 +7,11 @@ ratio, model FLOPs per forward and the fraction of the machine's dense float32 G
 the estimator reaches. Reference, senslab and a GEMM are timed in interleaved repetitions (the
 order rotates) and the medians of per-repetition values are reported, so load from other
 processes affects both sides alike. Then: full forwards vs reuse of the clean computation
-(prefix reuse for the LSTM and GPT-2, local reuse for ResNet-18); forward passes needed to
-reach a standard error,
-plain Monte Carlo vs each variance-reduction technique (:mod:`precision`), and the training
-throughput of ``senslab.train.loop.fit`` on the demo's and the CIFAR-10 CPU-scale configs, beside
-the bare training step of the same models. ``benchmarks/gpu.py`` is the GPU counterpart.
+(prefix reuse for the LSTM and GPT-2, local reuse for ResNet-18 and the CNN); forward passes
+needed to reach a standard error, plain Monte Carlo vs each variance-reduction technique
+(:mod:`precision`); and the training throughput of ``senslab.train.loop.fit`` on the demo's and
+the CIFAR-10 CPU-scale configs, beside the bare training step of the same models.
+``benchmarks/gpu.py`` is the GPU counterpart.
 
     python benchmarks/run.py                 # full suite (idle 2-core CPU: ~12 min)
     python benchmarks/run.py --quick         # smaller workloads, for a smoke check
@@ -165,7 +165,8 @@ def time_case(case: Case, mode: str, reps: int, gemm_n: int) -> dict[str, Any]:
 def reuse(mode: str, device: torch.device, reps: int) -> dict[str, Any]:
     """Perturbed forwards per second with full forwards and with reuse of the clean
     computation — prefix reuse for the zoo's left-to-right text models (LSTM, GPT-2;
-    ``Embedding(reuse_prefix=...)``), local reuse for ResNet-18 (``Patches(reuse_local=...)``) —
+    ``Embedding(reuse_prefix=...)``), local reuse for ResNet-18 on 32×32×3 and the CNN on 28×28
+    (``Patches(reuse_local=...)``) —
     in interleaved repetitions on the same examples, and whether both give the same
     per-example numbers."""
     from senslab.models import create_model
@@ -175,13 +176,16 @@ def reuse(mode: str, device: torch.device, reps: int) -> dict[str, Any]:
     # chunk, so measuring a few tokens of each example would mostly time the cache)
     n, k = {"tiny": (1, 2), "quick": (1, None)}.get(mode, (2, None))
     out = {}
-    for name in ("lstm", "gpt2", "resnet18"):
+    images = {"resnet18": (3, 32), "cnn": (1, 28)}  # channels, side
+    for name in ("lstm", "gpt2", "resnet18", "cnn"):
         tiny = {"layers": 1, "dim": 32, "heads": 2} if mode == "tiny" else {}
-        if name == "resnet18":
-            tiny = {"width": 0.125} if mode == "tiny" else {}
+        if name in images:
+            tiny = ({"resnet18": {"width": 0.125}, "cnn": {"channels": (4, 8)}}[name]
+                    if mode == "tiny" else {})
         model = create_model(name, **tiny).eval().to(device)
-        if name == "resnet18":
-            batch: Any = (torch.rand(n, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+        if name in images:
+            c, side = images[name]
+            batch: Any = (torch.rand(n, c, side, side, generator=torch.Generator().manual_seed(0))
                           * 2 - 1).to(device)
             sigma, repeats = 0.1, 5
         else:
@@ -193,7 +197,7 @@ def reuse(mode: str, device: torch.device, reps: int) -> dict[str, Any]:
         results = {}
         for rep in range(reps + 1):  # the first round warms up
             for on in ((False, True) if rep % 2 else (True, False)):
-                tokens = (Patches(4, reuse_local=on) if name == "resnet18"
+                tokens = (Patches(4, reuse_local=on) if name in images
                           else Embedding("embed_ln", reuse_prefix=on))
                 metric = TokenSensitivity(model, tokens, sigma=sigma, repeats=repeats,
                                           num_tokens=k, generator=rep, compare="l2")
@@ -209,7 +213,7 @@ def reuse(mode: str, device: torch.device, reps: int) -> dict[str, Any]:
         # flips would be 0 either way) — equal up to float rounding
         same = torch.allclose(results[False].per_sample, results[True].per_sample,
                               rtol=1e-3, atol=1e-6)
-        out[name] = {"kind": "local" if name == "resnet18" else "prefix",
+        out[name] = {"kind": "local" if name in images else "prefix",
                      "full_fwd_per_s": full, "reuse_fwd_per_s": fast, "speedup": fast / full,
                      "same_numbers": bool(same)}
         print(f"{name} reuse: {full:.1f} -> {fast:.1f} fwd/s ({fast / full:.2f}x)", flush=True)
@@ -308,7 +312,7 @@ def markdown(result: dict[str, Any]) -> str:
         )
     if result.get("reuse"):
         lines += ["", "Reuse of the clean computation (every token; length-128 text with 3 "
-                  "draws, 32×32 images with 5; perturbed fwd/s):", "",
+                  "draws, images with 5; perturbed fwd/s):", "",
                   "| model | reuse | full forwards | with reuse | speed-up | same numbers |",
                   "|---|---|---|---|---|---|"]
         for name, r in result["reuse"].items():
@@ -411,7 +415,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--no-timing", action="store_true", help="skip the speed table")
     parser.add_argument("--no-precision", action="store_true")
     parser.add_argument("--no-reuse", action="store_true",
-                        help="skip the full-forwards vs reuse comparison (LSTM, GPT-2, ResNet-18)")
+                        help="skip full forwards vs reuse (LSTM, GPT-2, ResNet-18, CNN)")
     parser.add_argument("--no-training", action="store_true")
     parser.add_argument("--out", type=Path, default=None, help="JSON results file")
     parser.add_argument("--copies", type=int, default=None,

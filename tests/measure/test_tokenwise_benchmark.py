@@ -39,9 +39,9 @@ def test_benchmark_tiny_run_writes_json_and_table(bench, tmp_path, capsys):
     assert 0 < digits["flip_rate"] < 0.5
     for name in ("stratified", "antithetic", "control variate", "cv + antithetic"):
         assert digits[name]["saving"] > 0
-    # reuse: the text models (prefix) and ResNet-18 (local) timed both ways, same numbers
-    assert set(saved["reuse"]) == {"lstm", "gpt2", "resnet18"}
-    assert saved["reuse"]["resnet18"]["kind"] == "local"
+    # reuse: the text models (prefix), ResNet-18 and the CNN (local) timed both ways
+    assert set(saved["reuse"]) == {"lstm", "gpt2", "resnet18", "cnn"}
+    assert saved["reuse"]["resnet18"]["kind"] == saved["reuse"]["cnn"]["kind"] == "local"
     assert all(r["same_numbers"] and r["speedup"] > 0 for r in saved["reuse"].values())
     assert "| boolean_transformer | 20 × 3 |" in capsys.readouterr().out
     assert result["markdown"] == saved["markdown"]
