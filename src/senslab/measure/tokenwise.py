@@ -59,8 +59,8 @@ The noise is drawn in fixed blocks, so chunking never changes the numbers. ``aut
 forwards in bf16/fp16 and ``compile=True`` through ``torch.compile``. In eval mode, models that
 support it reuse the clean computation: prefix reuse for models that read left to right
 (:class:`~senslab.tokens.Embedding`, the zoo's LSTM and GPT-2) and local reuse for convolutional
-networks (:class:`~senslab.tokens.Patches`, the zoo's ResNet) — same predictions as full
-forwards, 1.4–1.9× the perturbed forwards per second on CPU.
+networks (:class:`~senslab.tokens.Patches`, the zoo's ResNet and CNN) — same predictions as full
+forwards, 1.3–2.9× the perturbed forwards per second on CPU.
 
 The state is sums and counts, so results over many batches and processes merge exactly
 (:meth:`TokenSensitivity.merge`).

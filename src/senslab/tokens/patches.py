@@ -28,7 +28,7 @@ class Patches(Tokenization):
     Local reuse: a convolutional model may implement ``local_cache(images, size)`` and
     ``forward_local(cache, rows, top, left, patch)``; then, in eval mode, a copy with one noisy
     patch is computed on the window of each early feature map that the patch can change instead
-    of by a full forward (:class:`senslab.models.resnet.ResNet` does; same predictions up to float
+    of by a full forward (the zoo's ``resnet18`` and ``cnn`` do; same predictions up to float
     rounding). The clean maps are kept only for the examples of the current chunk.
     ``reuse_local=False`` always runs full forwards.
     """
