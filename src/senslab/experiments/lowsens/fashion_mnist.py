@@ -43,9 +43,8 @@ accuracy, 24 epochs; MLP 0.024 ± 0.006 at 0.886; sigmoid MLP 0.024 ± 0.006 at 
 0.0061 ± 0.0022 / 0.0079 ± 0.0043 / 0.0039 ± 0.0027), still not lower; the CNN at lr 0.005 stalls
 at 0.83 after 40 epochs of 50 steps, so that verdict is "not comparable". The ordering at 80% is
 thus partly an early-training effect; whether the ViT ends lowest needs the paper scale.
-Runtime 14-16 min on the 2 shared cores under a load average of ~7 (a ViT epoch of 50 steps plus
-tracking took 25-63 s depending on the load, a CNN epoch ~18 s, the MLPs ~1 s): about 10 min
-when the machine is otherwise quiet.
+Runtime 3.8 min on 2 idle cores (``--threads 2``, with local reuse for the CNN's sensitivity;
+re-run with identical numbers), 14-16 min on the 2 shared cores under a load average of ~7.
 """
 
 from __future__ import annotations
@@ -113,7 +112,7 @@ class FashionMNIST(VisionComparison):
     paper = "Transformers Learn Low Sensitivity Functions (ICLR 2025), §5 / Fig. 5"
     claim = ("Fashion-MNIST: ViT-small, 3-layer CNN, MLP (LeakyReLU) and MLP (sigmoid) trained "
              "with SGD at the paper's learning rates: the ViT has the lowest sensitivity.")
-    cpu_runtime = "~14-16 min (loaded 2-core machine)"
+    cpu_runtime = "3.8 min on 2 idle cores (14-16 min on a loaded machine)"
     cpu_scale_note = ("seeded 5,000-image training subset, ViT depth 2 with 4 heads of 16 and MLP "
                       "128 (paper code: depth 8, 32 heads of 64, MLP 512), CNN 16/32 channels "
                       "and fc 64, stop at 80% train accuracy (≤ 25 epochs: the sigmoid MLP and "

@@ -32,8 +32,9 @@ flips 0.0014 ± 0.0009 of the predictions, the MLP 0.0013 ± 0.0008 (difference 
 vs 0.0056; σ = 1: 0.0100 ± 0.0017 vs 0.0103 ± 0.0026). On this easy binary task a 7×7 patch of
 Gaussian noise almost never changes either model's answer, so the CPU run cannot separate them;
 the paper scale (99% train accuracy, 2,000 images × 5 draws) measures more precisely.
-Runtime 5.6–7.6 min on the 2 shared cores under a load average of ~7 (ViT ~85 s per epoch of
-240 steps plus tracking; MLP 4 s).
+Runtime 1.4 min on 2 idle cores (``--threads 2``; re-run with identical numbers), 5.6–7.6 min on
+the 2 shared cores under a load average of ~7 (ViT ~85 s per epoch of 240 steps plus tracking;
+MLP 4 s).
 """
 
 from __future__ import annotations
@@ -169,7 +170,7 @@ class MNISTBinary(VisionComparison):
     paper = "Transformers Learn Low Sensitivity Functions (ICLR 2025), A.1 / Fig. 14"
     claim = ("MNIST binary (3 vs 8): ViT-small (patch 7) vs 1-hidden-layer MLP (LeakyReLU), SGD "
              "lr 0.01 both, batch 50: at equal train accuracy the ViT has lower sensitivity.")
-    cpu_runtime = "~6-8 min (loaded 2-core machine)"
+    cpu_runtime = "1.4 min on 2 idle cores (6-8 min on a loaded machine)"
     cpu_scale_note = ("full 3-vs-8 training set (11,982 images) but a smaller ViT (depth 4, 4 "
                       "heads of 16, MLP 128; paper code: depth 8, 32 heads of 64, MLP 512), stop "
                       "at 93% train accuracy (≤ 20 epochs), sensitivity on 500 training images × "
