@@ -166,7 +166,7 @@ class Robustness(FinalMeasureExperiment):
     claim = ("(a) ViTs are more accurate than CNNs on most corruptions; (b) noise augmentation "
              "and the sensitivity regularizer lower ViT-small's sensitivity and raise its "
              "accuracy on noise and blur corruptions.")
-    cpu_runtime = "~13 min (loaded 2-core machine)"
+    cpu_runtime = "6.4 min, 1 thread on idle cores (~13 min on a loaded machine)"
     cpu_scale_note = ("Fashion-MNIST instead of CIFAR-10(-C): 3,000 training images, small "
                       "ViT-small (patch 7, depth 4) vs the small CNN, all to 85% train accuracy; "
                       "11 locally generated corruptions × 5 severities on 1,000 test images; "
