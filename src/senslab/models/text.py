@@ -310,8 +310,7 @@ class LSTMClassifier(nn.Module):
         """Logits of copies of examples ``src`` whose token ``tok`` (a real token) has
         ``noise`` added at the ``embed_ln`` output: the LSTM resumes at ``tok`` from the clean
         states and reads up to each example's last real token, in buckets of similar suffix
-        length (unpacked, so nn.LSTM's fused kernel runs: 1.4× the speed of one packed call on
-        2 CPU threads)."""
+        length (unpacked, so nn.LSTM's fused kernel runs; a packed call steps time by time)."""
         lengths = cache["last"][src] - tok + 1
         return _per_bucket(lengths, self.SUFFIX_BUCKETS, lambda part: self._suffix(
             cache, src[part], tok[part], noise[part], lengths[part]))
