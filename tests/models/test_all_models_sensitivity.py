@@ -65,3 +65,15 @@ def test_sensitivity_of_every_model(name):
     assert r.estimate > 0  # the noise reaches the output through the default tokens
     c = token_sensitivity(model, x, mask=mask, sigma=1.0, repeats=2)
     assert 0.0 <= c.estimate <= 1.0
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_every_model_declares_its_outputs_logits(name):
+    """The zoo's models output logits (one column: its sign is the class), and say so: a
+    small-init scalar model whose outputs all lie in (0, 1) is not refused as ambiguous."""
+    model = create_model(name, **SMALL[name])
+    assert model.output_kind == "logits"
+    x, mask = inputs_for(name, model, torch.Generator().manual_seed(0))
+    squash = token_sensitivity(model, x, mask=mask, sigma=1.0,
+                               output=lambda out: 0.5 + 0.01 * torch.tanh(out))  # all in (0, 1)
+    assert 0.0 <= squash.estimate <= 1.0

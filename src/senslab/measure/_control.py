@@ -9,9 +9,14 @@ flip indicator of the model's first-order expansion,
     c = \mathbf 1\big[m_b + g_{bt}^\top \varepsilon < 0\big], \qquad
     \mathbb E\, c = q_{bt} = \Phi\!\Big(-\frac{m_b}{\sigma \lVert g_{bt} \rVert}\Big),
 
-where :math:`m_b \ge 0` is the clean margin (top logit minus the runner-up; for one logit its
-absolute value) and :math:`g_{bt} = \partial m_b / \partial x_t`, all tokens' gradients from one
-forward and backward pass per example. The estimator uses :math:`v' = v - c + q_{bt}`:
+where :math:`m_b \ge 0` is the clean margin of :func:`senslab.measure.outputs.margins` (top
+column minus the runner-up; for one column the distance to the kind's class boundary, in the
+output's own units: :math:`|z|` for a logit, :math:`|p - 1/2|` for a probability) and
+:math:`g_{bt} = \partial m_b / \partial x_t`, all tokens' gradients from one forward and
+backward pass per example. Every output kind is supported: the adjusted estimator is unbiased
+whatever the margin, and the tangent of :math:`p - 1/2` has the same hyperplane direction as
+that of the logit, so only :math:`q_{bt}` (a first-order guess of the flip rate) differs.
+The estimator uses :math:`v' = v - c + q_{bt}`:
 :math:`\mathbb E\, v' = \mathbb E\, v` exactly for *any* model (the coefficient is fixed at 1,
 so nothing is fitted), and :math:`\operatorname{Var}(v') = P(v \ne c) - (p_{bt} - q_{bt})^2`,
 which vanishes where the model is linear at the scale σ (a linear classifier is measured
@@ -32,24 +37,15 @@ import torch
 from torch import Tensor
 
 from ..tokens.base import BoundTokens
-
-
-def margins(out: Tensor, ref: Tensor) -> Tensor:
-    """Clean-class margin per row: predicted logit minus the runner-up (≥ 0 at the clean
-    input), or ±logit for a single score whose sign is the class."""
-    if out.dim() == 1 or (out.dim() == 2 and out.shape[1] == 1):
-        z = out.reshape(-1)
-        return torch.where(ref, z, -z)
-    top = out.gather(1, ref[:, None]).squeeze(1)
-    others = out.scatter(1, ref[:, None], float("-inf"))
-    return top - others.max(dim=1).values
+from .outputs import margins
 
 
 class LinearControl:
     """Clean margins ``m`` (B,) and token gradients ``g`` (B, T, D) of one batch, and the
     control values of perturbed copies."""
 
-    def __init__(self, bound: BoundTokens, ref: Tensor, sigma: float, chunk: int) -> None:
+    def __init__(self, bound: BoundTokens, ref: Tensor, sigma: float, chunk: int,
+                 kind: str = "logits", threshold: float | None = None) -> None:
         b, t = bound.valid.shape
         device = ref.device
         valid = bound.valid
@@ -61,7 +57,7 @@ class LinearControl:
                     src = torch.arange(lo, min(lo + chunk, b), device=device)
                     zero = torch.zeros(len(src), t, bound.dim, device=device, requires_grad=True)
                     out = bound.forward_perturbed(src, None, zero)
-                    m = margins(out.float(), ref[src].clone())
+                    m = margins(out.float(), ref[src].clone(), kind, threshold)
                     (g,) = torch.autograd.grad(m.sum(), zero)
                     ms.append(m.detach())
                     gs.append(g.float())

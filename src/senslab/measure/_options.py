@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from numbers import Integral, Real
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
-from ..tokens.base import Inputs
+from ..tokens.base import Inputs, Tokenization
 
 
 def _resolve_sigma(
     sigma: float | None, variance: float | None, replace_with: Tensor | None
 ) -> float | None:
     if replace_with is not None:
+        if not isinstance(replace_with, Tensor):
+            raise TypeError(
+                f"replace_with must be a (vocabulary, dim) tensor of token vectors, got "
+                f"{type(replace_with).__name__}; e.g. replace_with=torch.eye(vocab_size)"
+            )
         if sigma is not None or variance is not None:
             raise ValueError("give either replace_with or a noise level (sigma/variance), not both")
         if replace_with.dim() != 2:
@@ -26,6 +34,9 @@ def _resolve_sigma(
             "give exactly one noise level: sigma= (standard deviation) or variance= (σ²); "
             "the paper quotes variances, e.g. variance=15 for text"
         )
+    for name, value in (("sigma", sigma), ("variance", variance)):
+        if value is not None:
+            _check_number(name, value, "0.1")
     if variance is not None:
         if not variance > 0 or not math.isfinite(variance):
             raise ValueError(f"variance must be a positive finite number, got {variance}")
@@ -44,10 +55,72 @@ def _shapes(inputs: Inputs) -> tuple[Any, ...]:
     return tuple(tuple(v.shape[1:]) for v in values if isinstance(v, Tensor))
 
 
-def _check_positive(name: str, value: int) -> int:
-    if not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
+def _check_number(name: str, value: Any, example: str) -> float:
+    """A real number (not a bool, not a string), else a TypeError with an example."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(
+            f"{name} must be a number, got {value!r} ({type(value).__name__}); "
+            f"e.g. {name}={example}"
+        )
+    return float(value)
+
+
+def _check_positive(name: str, value: Any, example: str = "1") -> int:
+    """A positive int; bools (an int subclass: ``repeats=True``) and floats are refused."""
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+        raise ValueError(
+            f"{name} must be a positive integer, got {value!r} ({type(value).__name__}); "
+            f"e.g. {name}={example}"
+        )
+    return int(value)
+
+
+def _check_flag(name: str, value: Any) -> bool:
+    if isinstance(value, (str, float)) or value is None or value not in (True, False):
+        raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    return bool(value)
+
+
+def _check_generator(generator: Any, name: str = "generator") -> None:
+    """None, an int seed or a ``torch.Generator``; anything else (a str, a float, a bool) is a
+    TypeError that shows both valid forms."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return
+    if isinstance(generator, Integral) and not isinstance(generator, bool):
+        return
+    raise TypeError(
+        f"{name} must be a torch.Generator or an int seed, got {generator!r} "
+        f"({type(generator).__name__}); e.g. {name}=0 or {name}=torch.Generator().manual_seed(0)"
+    )
+
+
+def _check_call_options(model: Any, tokens: Any, autocast: Any, shard: Any) -> None:
+    """Types of the arguments that say what is measured and where."""
+    if not callable(model):
+        raise TypeError(f"model must be an nn.Module or a callable, got {type(model).__name__}")
+    if not isinstance(tokens, Tokenization):
+        hint = (f" — did you mean Patches({tokens})?"
+                if isinstance(tokens, int) and not isinstance(tokens, bool) else "")
+        raise TypeError(
+            f"tokens must be a Tokenization — Patches(p), Embedding('<module>') or Sequence() — "
+            f"got {tokens!r} ({type(tokens).__name__}){hint}"
+        )
+    if autocast is not None and not (
+        isinstance(autocast, torch.dtype) and autocast.is_floating_point
+    ):
+        raise TypeError(
+            f"autocast must be a floating dtype such as torch.bfloat16 or torch.float16 (or "
+            f"None), got {autocast!r}"
+        )
+    if shard is not None and not (
+        isinstance(shard, (tuple, list)) and len(shard) == 2
+        and all(isinstance(v, Integral) and not isinstance(v, bool) for v in shard)
+        and 0 <= shard[0] < shard[1]
+    ):
+        raise ValueError(
+            f"shard must be (rank, world_size), 0 <= rank < world_size; got {shard!r}; "
+            "e.g. shard=(0, 2)"
+        )
 
 
 @contextmanager
@@ -59,3 +132,55 @@ def _eval(model: nn.Module) -> Iterator[None]:
     finally:
         for m, training in modes.items():
             m.train(training)
+
+
+@contextmanager
+def _kept_buffers(model: nn.Module) -> Iterator[None]:
+    """Every buffer of ``model`` (BatchNorm running statistics and counters) restored after the
+    block: measuring a model outside eval mode must not change it."""
+    saved = [(b, b.detach().clone()) for b in model.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, v in saved:
+                b.copy_(v)
+
+
+def _identity(one: Any, other: Any) -> list[tuple[str, Any, Any]]:
+    """(option, this value, other value) of everything that defines the quantity two
+    :class:`TokenSensitivity` metrics measure (what ``merge`` requires to be equal)."""
+    def tokens(m: Any) -> str:
+        t = m.tokens
+        if not dataclasses.is_dataclass(t):
+            return repr(t)
+        keep = [f.name for f in dataclasses.fields(t)  # reuse flags: same numbers
+                if f.name != "align" and not f.name.startswith("reuse")]
+        return f"{type(t).__name__}({', '.join(f'{k}={getattr(t, k)!r}' for k in keep)})"
+
+    def vocab(m: Any) -> Any:
+        r = m.replace_with
+        return None if r is None else f"a {tuple(r.shape)} tensor"
+
+    def selector(m: Any) -> Any:
+        return m.output if m.output is None or isinstance(m.output, (int, str)) else "callable"
+
+    pairs = [
+        ("sigma", one.sigma, other.sigma),
+        ("compare", one.compare, other.compare),
+        ("mode", one.mode, other.mode),
+        ("tokens", tokens(one), tokens(other)),
+        ("replace_with", vocab(one), vocab(other)),
+        ("output_kind", one.kind, other.kind),
+        ("threshold", one.threshold, other.threshold),
+        ("output", selector(one), selector(other)),
+        ("align", one.align, other.align),
+    ]
+    a, b = one.replace_with, other.replace_with
+    if a is not None and b is not None and a.shape == b.shape and not torch.equal(
+        a.detach().cpu(), b.detach().cpu().to(a.dtype)
+    ):
+        pairs.append(("replace_with", "one vocabulary", "another of the same shape"))
+    if one.compare != "class":
+        pairs = [p for p in pairs if p[0] not in ("output_kind", "threshold")]
+    return pairs

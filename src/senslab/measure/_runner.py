@@ -10,17 +10,7 @@ from torch import Tensor
 from ..tokens.base import BoundTokens
 from . import _chunks
 from ._noise import NoiseStream
-
-
-def _predictions(out: Tensor) -> Tensor:
-    if out.dim() == 1 or (out.dim() == 2 and out.shape[1] == 1):
-        return out.reshape(-1) > 0  # one logit / score: the sign is the class
-    if out.dim() == 2:
-        return out.argmax(dim=1)
-    raise ValueError(
-        f"model output has shape {tuple(out.shape)}; compare='class' needs (batch,) or "
-        "(batch, classes) outputs — use compare='l1' or 'l2' for other outputs"
-    )
+from .outputs import check_rows, predictions
 
 
 def _check_finite(out: Tensor, what: str) -> None:
@@ -102,7 +92,8 @@ class ChunkRunner:
             else:
                 noise = noise[idx]
         if m.replace_with is not None:
-            noise = pick - bound.tokens(src, tok).to(pick.dtype)
+            clean = bound.tokens(src, tok)
+            noise = pick.to(clean.dtype) - clean  # in the tokens' dtype: never rounded
         elif self.whole:
             noise = noise.view(len(src), -1, bound.dim)
         if m.compile and not self.compiled and self.chunk is not None:
@@ -122,9 +113,16 @@ class ChunkRunner:
         return out_vals.index_copy_(0, idx, vals)
 
     def _compare(self, out: Tensor, src: Tensor) -> Tensor:
+        check_rows(out, len(src), "perturbed copies")
         _check_finite(out, "perturbed copies")
         ref = self.ref
         if self.m.compare == "class":
-            return (_predictions(out) != ref[src]).float()
+            return (predictions(out, self.m.kind, self.m.threshold) != ref[src]).float()
+        if out[0].shape != ref[0].shape:
+            raise ValueError(
+                f"the model's output per example has shape {tuple(out.shape[1:])} on perturbed "
+                f"copies but {tuple(ref.shape[1:])} on the clean inputs; compare='{self.m.compare}'"
+                " needs outputs of one fixed shape"
+            )
         diff = (out.float() - ref[src]).reshape(len(src), -1)
         return diff.abs().sum(1) if self.m.compare == "l1" else diff.norm(dim=1)

@@ -54,10 +54,13 @@ import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from numbers import Real
 from typing import Literal
 
 import torch
 from torch import Tensor, nn
+
+from ._options import _check_generator
 
 BoolFn = Callable[[Tensor], Tensor] | nn.Module | Tensor
 Output = Literal["auto", "sign", "real"]
@@ -283,7 +286,7 @@ def _raw_table(
 
 
 def _check_chunk(chunk_size: int, row_cost: int) -> None:
-    if not isinstance(chunk_size, int) or chunk_size < row_cost:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < row_cost:
         raise ValueError(
             f"chunk_size={chunk_size!r} is too small: one evaluation needs {row_cost} rows "
             f"(a sampled point comes with its n flips); pass chunk_size ≥ {row_cost}"
@@ -299,7 +302,7 @@ def boolean_sensitivity(
     *,
     method: Method = "auto",
     num_samples: int = 2000,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | int | None = None,
     chunk_size: int = DEFAULT_CHUNK,
     output: Output = "auto",
     threshold: float = 0.0,
@@ -316,12 +319,23 @@ def boolean_sensitivity(
     - ``method="exact"`` enumerates all 2ⁿ strings: the truth table is evaluated once, in chunks
       of ``chunk_size`` rows (2ⁿ evaluations instead of (n+1)·2ⁿ), and the flips are read from it.
       Functions need n ≤ MAX_EXACT_N; a truth table of any size can be enumerated.
-    - ``method="sample"`` draws ``num_samples`` uniform strings from ``generator`` (seed 0 when
-      None) and evaluates each together with its n flips, ``chunk_size // (n+1)`` points per call.
+    - ``method="sample"`` draws ``num_samples`` uniform strings from ``generator`` (a
+      ``torch.Generator`` or an int seed; seed 0 when None) and evaluates each together with its
+      n flips, ``chunk_size // (n+1)`` points per call.
       ``stderr`` = std over points of s(f, x) / √num_samples; ``ci95`` = average ± 1.96·stderr.
     - ``method="auto"``: exact for truth tables and whenever 2ⁿ ≤ (n+1)·num_samples (enumeration
       costs no more evaluations than sampling), sampled otherwise.
     """
+    if isinstance(f, (list, tuple)):
+        raise TypeError(
+            f"a truth table must be a tensor, got a Python {type(f).__name__} of {len(f)} values; "
+            "pass torch.tensor(table)"
+        )
+    _check_generator(generator)
+    if isinstance(threshold, bool) or not isinstance(threshold, Real):
+        raise TypeError(
+            f"threshold must be a number, got {threshold!r} ({type(threshold).__name__})"
+        )
     if isinstance(f, Tensor):
         m = _table_n(f)
         if n is not None and n != m:
@@ -350,10 +364,13 @@ def boolean_sensitivity(
             stats.add(_changes(table[idx], table[idx.unsqueeze(1) ^ masks], rule, threshold))
         return stats.result("exact", rule, evaluations, exact=True)
 
-    if not isinstance(num_samples, int) or num_samples < 2:
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 2:
         raise ValueError(f"num_samples must be an integer ≥ 2, got {num_samples!r}")
     _check_chunk(chunk_size, n + 1)
-    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    if isinstance(generator, torch.Generator):
+        gen = generator
+    else:  # an int seed, or the default seed 0: the same call gives the same numbers
+        gen = torch.Generator().manual_seed(0 if generator is None else int(generator))
     evaluate = _evaluator(f, n, output, device, dtype)
     flip = 1 - 2 * torch.eye(n)  # row i multiplies bit i by −1
     base, neighbours = [], []

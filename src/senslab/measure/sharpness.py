@@ -48,7 +48,7 @@ import torch
 from torch import Tensor, nn
 
 from ..tokens.base import Inputs, batch_size, call_model, check_device
-from .tokenwise import _predictions
+from .outputs import check_kind, declared_kind, predictions, resolve_kind
 
 Seed = torch.Generator | int | None
 
@@ -216,14 +216,18 @@ def output_sharpness(
     repeats: int = 5,
     generator: Seed = None,
     exclude: Sequence[str] | str = (),
+    output_kind: str | None = None,
+    threshold: float | None = None,
 ) -> OutputSharpness:
     r"""ShOp and ShPred of ``model`` on the batch ``inputs`` (see the module docstring).
 
     ``repeats`` weight draws :math:`\Delta \sim \mathcal N(0, \sigma_w^2 I)` (paper code:
     :math:`\sigma_w = 0.05`, 5 repeats), each evaluated with one forward pass on the whole batch.
-    The L1 distance sums over all output entries of an example. ShPred compares the argmax of
-    (B, C) logits, or the sign of (B,)/(B, 1) scores, as :func:`token_sensitivity` does; for
-    other output shapes it is ``None``.
+    The L1 distance sums over all output entries of an example. ShPred compares predicted classes
+    with the decision rule of :mod:`senslab.measure.outputs`, as :func:`token_sensitivity` does
+    (argmax of (B, C) logits; one column by ``output_kind``, default the model's attribute, else
+    its sign); it is ``None`` for other output shapes and for a one-column output in (0, 1)
+    whose kind nobody declared (probabilities or logits?).
 
     Args:
         model: the network; evaluated in eval mode, left exactly as it was.
@@ -232,6 +236,8 @@ def output_sharpness(
         repeats: number of weight draws R (the sampling unit of the standard error).
         generator: a ``torch.Generator`` or an int seed (default seed 0 on the model's device).
         exclude: parameters whose name contains any of these substrings are not perturbed.
+        output_kind, threshold: the one-column decision rule of ShPred (see
+            :class:`~senslab.measure.TokenSensitivity`).
 
     Example:
         >>> import torch
@@ -242,15 +248,18 @@ def output_sharpness(
     """
     _check_sigma(sigma_w, "sigma_w")
     _check_draws(repeats, "repeats")
+    check_kind(output_kind, threshold)
     device = check_device(model, inputs)
     exclude = _exclude_tuple(exclude)
     with _perturbable(model, exclude, generator, device) as noise, torch.no_grad():
         clean = call_model(model, inputs)
         b = clean.shape[0]
+        kind = declared_kind(model, output_kind)
         try:
-            clean_pred: Tensor | None = _predictions(clean)
+            kind = resolve_kind(clean, kind, threshold)
+            clean_pred: Tensor | None = predictions(clean, kind, threshold)
         except ValueError:
-            clean_pred = None
+            clean_pred = None  # no class rule for this output (shape, or ambiguous kind)
         l1 = torch.empty(repeats, b, dtype=torch.float64, device=clean.device)
         flips = torch.empty_like(l1)
         for r in range(repeats):
@@ -258,7 +267,7 @@ def output_sharpness(
             out = call_model(model, inputs)
             l1[r] = (out - clean).reshape(b, -1).abs().sum(1).double()
             if clean_pred is not None:
-                flips[r] = (_predictions(out) != clean_pred).double()
+                flips[r] = (predictions(out, kind, threshold) != clean_pred).double()
     shop = _summary("ShOp", l1.mean(1), sigma_w, 1.0, per_sample=l1.mean(0).cpu())
     shpred = None
     if clean_pred is not None:

@@ -14,6 +14,29 @@ averaging uniformly over the real tokens of each example (padding is never pertu
 uniformly over examples. With ``compare="l1"``/``"l2"`` the indicator is replaced by the distance
 between the output vectors.
 
+**Decision rule** (:mod:`senslab.measure.outputs`, shared with the control variate, output
+sharpness and the training loop). :math:`\hat y` is the argmax of a (B, C) output. A (B,) or
+(B, 1) output is one column read by ``output_kind``: ``"logits"`` (class 1 iff :math:`z > 0`),
+``"probabilities"`` (iff :math:`p > 1/2`) or ``"scores"`` (iff :math:`s >` ``threshold``). The
+default is the model's ``output_kind`` attribute (the zoo's models declare ``"logits"``), else
+logits — except that a single column lying entirely in (0, 1), what a ``sigmoid`` head returns,
+is refused as ambiguous: read as logits it would never flip.
+
+**What the model returns.** ``output=`` says where the logits are in the raw output: an int
+index into a tuple/list, a str key (or attribute), or a function of the raw output. Without it a
+tensor is used as it is, ``.logits`` (Hugging Face ``ModelOutput``) or a mapping's ``"logits"``
+entry, or the element of a one-element tuple; a longer tuple such as ``(features, logits)`` is
+refused, never read as its first element. The selected output must have one row per example.
+
+**Dtypes.** :class:`~senslab.tokens.Patches` and :class:`~senslab.tokens.Sequence` add the
+noise to the inputs themselves, so the inputs must be floating point: integer images are refused
+(cast back to uint8 the noise would wrap around, to int64 it would be truncated) with the fix,
+``images.float()`` (σ in pixel units) or ``images.float() / 255`` (σ in [0, 1] units). Floating
+inputs of another dtype than the weights are measured when the model accepts them (the noise is
+added in the inputs' dtype) and refused with the conversion when its clean forward fails.
+:class:`~senslab.tokens.Embedding` takes integer token ids: its noise lands on the module's
+floating output.
+
 **Estimator.** For every example all its real tokens are enumerated (exhaustive stratification:
 no variance from choosing tokens or examples) with ``repeats`` noise draws each, or a random
 subset of ``num_tokens`` tokens. All perturbed copies of a chunk are built with tensor ops on the
@@ -63,7 +86,9 @@ networks (:class:`~senslab.tokens.Patches`, the zoo's ResNet and CNN) — same p
 forwards, 1.3–2.9× the perturbed forwards per second on CPU.
 
 The state is sums and counts, so results over many batches and processes merge exactly
-(:meth:`TokenSensitivity.merge`).
+(:meth:`TokenSensitivity.merge`, which refuses metrics of different quantities). With
+``eval_mode=False`` the model runs in its own mode, but every buffer (BatchNorm running
+statistics) is restored after ``update``: measuring never changes the model.
 """
 
 from __future__ import annotations
@@ -75,21 +100,38 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from ..tokens.base import Inputs, Tokenization, batch_size, check_device
+from ..tokens.base import (
+    Inputs,
+    OutputSelector,
+    Tokenization,
+    batch_size,
+    check_device,
+    check_selector,
+)
 from ._control import LinearControl
 from ._noise import NOISE_BLOCK, NoiseStream
-from ._options import _check_positive, _eval, _resolve_sigma, _shapes
-from ._runner import ChunkRunner, _check_finite, _predictions
+from ._options import (
+    _check_call_options,
+    _check_flag,
+    _check_generator,
+    _check_number,
+    _check_positive,
+    _eval,
+    _identity,
+    _kept_buffers,
+    _resolve_sigma,
+    _shapes,
+)
+from ._runner import ChunkRunner, _check_finite
 from ._stats import SensitivityResult, State, accumulate, all_reduced, merged, result
 from ._stats import units as _units
 from ._stats import within_variance as _within_variance
+from .outputs import OutputKind, check_kind, check_rows, declared_kind, predictions, resolve_kind
 
 Compare = Literal["class", "l1", "l2"]
 Estimand = Literal["data", "subset"]
 
-__all__ = [
-    "NOISE_BLOCK", "SensitivityResult", "TokenSensitivity", "_predictions", "token_sensitivity"
-]
+__all__ = ["NOISE_BLOCK", "SensitivityResult", "TokenSensitivity", "token_sensitivity"]
 
 #: rounds of ``repeats`` draws that ``target_stderr`` may spend per batch without ``max_forward``
 DEFAULT_MAX_ROUNDS = 64
@@ -116,6 +158,16 @@ class TokenSensitivity:
             the random-noise variant of the paper's A.2).
         compare: ``"class"`` (predicted class changes; default, as in the paper), ``"l1"`` or
             ``"l2"`` (distance between output vectors).
+        output_kind: how ``compare="class"`` reads a one-column output (:mod:`.outputs`):
+            ``"logits"`` (class 1 iff > 0), ``"probabilities"`` (iff > 0.5) or ``"scores"``
+            (iff > ``threshold``); several columns are always read by argmax. Default: the
+            model's ``output_kind`` attribute, else logits — but a one-column output entirely
+            in (0, 1) is then refused as ambiguous.
+        threshold: the class boundary of ``output_kind="scores"``.
+        output: which part of the model's raw output holds the logits: an int index into a
+            tuple/list, a str key (or attribute), or a function of the raw output. Default: a
+            tensor as it is, ``.logits`` / ``["logits"]``, a one-element tuple's element;
+            longer tuples are refused (:func:`~senslab.tokens.base.select_output`).
         estimand: ``"data"`` or ``"subset"``, which standard error ``compute`` reports.
         generator: a ``torch.Generator`` or an int seed; all randomness comes from it
             (default seed 0: same call, same numbers).
@@ -135,6 +187,9 @@ class TokenSensitivity:
         autocast: a dtype (``torch.bfloat16``/``torch.float16``) to run forwards under autocast.
         compile: evaluate the perturbed copies through ``torch.compile(model)``.
         align: per-position alignment, ``"left"`` or ``"right"``; default from the tokenization.
+        eval_mode: False measures the model in its own mode (train-mode BatchNorm then
+            normalises each chunk by its own statistics); its buffers are restored afterwards,
+            so the running statistics never change.
         shard: ``(rank, world_size)``: this process measures only examples ``b`` with
             ``b % world_size == rank`` of every batch, drawing the same random stream as a single
             process would; after :meth:`all_reduce` every rank holds the one-process result.
@@ -177,6 +232,9 @@ class TokenSensitivity:
         align: Literal["left", "right"] | None = None,
         eval_mode: bool = True,
         shard: tuple[int, int] | None = None,
+        output_kind: OutputKind | None = None,
+        threshold: float | None = None,
+        output: OutputSelector = None,
     ) -> None:
         if tokens is None:
             if not hasattr(model, "default_tokens"):
@@ -185,7 +243,16 @@ class TokenSensitivity:
                     "(Patches(p), Embedding('<module>') or Sequence())"
                 )
             tokens = model.default_tokens()
-        self.model, self.tokens = model, tokens
+        _check_call_options(model, tokens, autocast, shard)
+        _check_generator(generator)
+        check_selector(output)
+        check_kind(output_kind, threshold)
+        self.model, self.tokens, self.output = model, tokens, output
+        #: the decision rule for one-column outputs: the option, else the model's attribute
+        self.output_kind = declared_kind(model, output_kind)
+        self.threshold = threshold
+        #: the kind the last batch was read with (``output_kind`` or, if None, logits)
+        self.kind: str = self.output_kind or "logits"
         self.sigma = _resolve_sigma(sigma, variance, replace_with)
         self.replace_with = replace_with
         if replace_with is not None and mode != "token":
@@ -206,9 +273,9 @@ class TokenSensitivity:
         else:
             self.chunk_size = _check_positive("chunk_size", chunk_size)  # type: ignore[arg-type]
         if memory_budget is not None:
-            _check_positive("memory_budget", memory_budget)
+            _check_positive("memory_budget", memory_budget, "2**26 (bytes)")
         self.memory_budget = memory_budget
-        self.antithetic = bool(antithetic)
+        self.antithetic = _check_flag("antithetic", antithetic)
         if self.antithetic:
             if replace_with is not None:
                 raise ValueError("antithetic pairs (ε, −ε) need Gaussian noise, not replace_with")
@@ -218,6 +285,8 @@ class TokenSensitivity:
                 )
             if self.chunk_size is not None and self.chunk_size % 2:
                 self.chunk_size += 1  # pairs never straddle two chunks
+        if target_stderr is not None:
+            _check_number("target_stderr", target_stderr, "0.01")
         if target_stderr is not None and not (target_stderr > 0 and math.isfinite(target_stderr)):
             raise ValueError(f"target_stderr must be a positive number, got {target_stderr!r}")
         if max_forward is not None:
@@ -233,7 +302,9 @@ class TokenSensitivity:
                 "compare='class' (mode='token', no replace_with)"
             )
         self.control_variate = control_variate
-        self.autocast, self.eval_mode, self.compile = autocast, eval_mode, bool(compile)
+        self.autocast = autocast
+        self.eval_mode = _check_flag("eval_mode", eval_mode)
+        self.compile = _check_flag("compile", compile)
         self._compiled: Any = None
         #: copies per forward pass in the last ``update`` (the automatic size, once probed)
         self.last_chunk_size: int | None = None
@@ -241,16 +312,14 @@ class TokenSensitivity:
         self.align = align or getattr(tokens, "align", "left")
         if self.align not in ("left", "right"):
             raise ValueError(f"align must be 'left' or 'right', got {self.align!r}")
-        if generator is None or isinstance(generator, int):
-            seed = 0 if generator is None else generator
+        if not isinstance(generator, torch.Generator):
+            seed = 0 if generator is None else int(generator)
             self._seed: int | None = seed
             self.generator: torch.Generator | None = None  # made on the model's device lazily
         else:
             self._seed, self.generator = None, generator
         self._stream: NoiseStream | None = None
-        if shard is not None and not (0 <= shard[0] < shard[1]):
-            raise ValueError(f"shard must be (rank, world_size), 0 <= rank < world; got {shard}")
-        self.shard = shard
+        self.shard = None if shard is None else (int(shard[0]), int(shard[1]))
         self.reset()
 
     # -- state ---------------------------------------------------------------------------------
@@ -259,9 +328,22 @@ class TokenSensitivity:
         self.state = State()
 
     def merge(self, other: TokenSensitivity) -> TokenSensitivity:
-        """Add ``other``'s accumulated state to this one (e.g. results of other processes)."""
-        if other.align != self.align:
-            raise ValueError("cannot merge results with different per-position alignment")
+        """Add ``other``'s accumulated state to this one (e.g. results of other processes).
+
+        Both must measure the same quantity: the same noise level, ``compare`` rule, ``mode``,
+        tokenization, ``replace_with`` vocabulary, decision rule (``output_kind``/``threshold``,
+        output selector) and per-position alignment; otherwise a ValueError names the first
+        difference. Precision options (repeats, antithetic, control variate, token subsets)
+        may differ: every one of them is unbiased for the same per-example rates.
+        """
+        if not isinstance(other, TokenSensitivity):
+            raise TypeError(f"can only merge a TokenSensitivity, got {type(other).__name__}")
+        for name, a, b in _identity(self, other):
+            if a != b:
+                raise ValueError(
+                    f"cannot merge: {name} {a!r} vs {b!r} — the two metrics measure different "
+                    "quantities; build both with the same options"
+                )
         self.state = merged(self.state, other.state, self.align)
         return self
 
@@ -275,9 +357,17 @@ class TokenSensitivity:
         """
         if batch_size(inputs) == 0:
             raise ValueError("empty batch: sensitivity needs at least one example")
+        if mask is not None and not isinstance(mask, Tensor):
+            raise TypeError(
+                f"mask must be a (batch, tokens) bool tensor, got {type(mask).__name__}; "
+                "e.g. mask=torch.tensor(...) or inputs['attention_mask'].bool()"
+            )
         device = check_device(self.model, inputs)
-        evaluating = self.eval_mode and isinstance(self.model, nn.Module)
-        with _eval(self.model) if evaluating else nullcontext(), self._autocast(device):
+        module = isinstance(self.model, nn.Module)
+        mode = _eval(self.model) if module and self.eval_mode else nullcontext()
+        # outside eval mode BatchNorm updates its running statistics: restore every buffer
+        kept = _kept_buffers(self.model) if module and not self.eval_mode else nullcontext()
+        with mode, kept, self._autocast(device):
             self._update(inputs, mask, device)
 
     def _autocast(self, device: torch.device) -> Any:
@@ -293,11 +383,19 @@ class TokenSensitivity:
         return self._stream
 
     def _update(self, inputs: Inputs, mask: Tensor | None, device: torch.device) -> None:
-        with self.tokens.bind(self.model, inputs, mask) as bound:
+        with self.tokens.bind(self.model, inputs, mask, output=self.output) as bound:
             clean = bound.clean_output
-            _check_finite(clean, "clean examples")
             valid = bound.valid
             b, t = valid.shape
+            check_rows(clean, b, "examples")
+            _check_finite(clean, "clean examples")
+            if self.compare == "class":
+                self.kind = resolve_kind(clean, self.output_kind, self.threshold)
+            if self.replace_with is not None and self.replace_with.shape[1] != bound.dim:
+                raise ValueError(
+                    f"replace_with rows have {self.replace_with.shape[1]} entries but a token has "
+                    f"{bound.dim}; pass a (vocabulary, {bound.dim}) tensor"
+                )
             if not valid.any(dim=1).all():
                 empty = (~valid.any(dim=1)).nonzero().flatten().tolist()
                 raise ValueError(
@@ -306,11 +404,14 @@ class TokenSensitivity:
                 )
             whole = self.mode == "whole"
             stream = self._rng(device, t * bound.dim if whole else bound.dim)
-            ref = _predictions(clean) if self.compare == "class" else clean.float()
+            if self.compare == "class":
+                ref = predictions(clean, self.kind, self.threshold)
+            else:
+                ref = clean.float()
             control = None
             if self.control_variate:
                 assert self.sigma is not None
-                control = LinearControl(bound, ref, self.sigma, 32)
+                control = LinearControl(bound, ref, self.sigma, 32, self.kind, self.threshold)
             key = (_shapes(inputs), whole, self.autocast)
             runner = ChunkRunner(self, bound, stream, ref, whole, device, control,
                                  self._per_copy.get(key))

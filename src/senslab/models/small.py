@@ -93,6 +93,8 @@ class SparseAttention(nn.Module):
     attention each key position receives, to be summed per token type.
     """
 
+    output_kind = "logits"  # one logit (B,): its sign is the label (small init: all in (0, 1))
+
     def __init__(self, config: SparseAttentionConfig) -> None:
         super().__init__()
         self.config = c = config
@@ -145,6 +147,8 @@ class ModAddTransformer(nn.Module):
     (embeddings N(0, 1), linear U(±1/√fan_in)); the total weight norm at init is ≈ 124, close to
     the 123 the paper code logged.
     """
+
+    output_kind = "logits"
 
     def __init__(self, config: ModAddConfig) -> None:
         super().__init__()
@@ -206,6 +210,8 @@ class ParityTransformer(nn.Module):
     blocks → final LayerNorm → mean over positions → linear head. Mean pooling keeps every bit
     one hop from the read-out, which a k-sparse parity needs."""
 
+    output_kind = "logits"  # with num_classes=1 one logit whose sign is the label
+
     def __init__(self, config: ParityConfig) -> None:
         super().__init__()
         self.config = c = config
@@ -262,9 +268,15 @@ class BooleanTransformer(nn.Module):
     For the sharpness and norm measurements: the positional parameter is ``pos_embedding`` (the
     only parameter whose name contains "pos"); ``layer_norms()`` lists the LayerNorms in the
     order they run, for blow-up hooks; ``readout_position`` is −1.
+
+    ``output_kind`` is "logits", the rule senslab's training loop trains a scalar head with
+    (BCE-with-logits, class = sign). The Hahn & Rofin experiments instead regress onto {0, 1}
+    with MSE and read the class as output > 1/2: measure such a model with
+    ``output_kind="scores", threshold=0.5``.
     """
 
     readout_position = -1
+    output_kind = "logits"
 
     def __init__(self, config: BooleanConfig) -> None:
         super().__init__()
@@ -321,6 +333,8 @@ class AttentionModel(nn.Module):
     """Φ(X) = vᵀ Xᵀ softmax(X W x₁) = Σ_t a_t vᵀ x_t with a = softmax_t(x_tᵀ W x₁): attention
     from the first token, linear decoder v. Input X (B, T, d), output Φ (B,) (logistic loss on
     y ∈ {±1})."""
+
+    output_kind = "logits"  # Φ is a logit: its sign is the label
 
     def __init__(self, config: AttentionModelConfig) -> None:
         super().__init__()

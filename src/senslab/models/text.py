@@ -247,6 +247,8 @@ class LSTMClassifier(nn.Module):
     layer's state at the last real token. Every parameter is trained (the paper code left the
     embedding and head out of the optimiser — a bug). Init: PyTorch's defaults."""
 
+    output_kind = "logits"
+
     def __init__(self, config: TextConfig) -> None:
         super().__init__()
         self.config = c = config
@@ -337,6 +339,8 @@ class _TextTransformer(nn.Module):
     Weights start N(0, 0.02²) as in GPT-2 and RoBERTa. At that scale the attention branches
     are small, so at init the read-out position depends only weakly on the other tokens.
     """
+
+    output_kind = "logits"
 
     def __init__(self, config: TextConfig, *, norm: str, attention: str, causal: bool) -> None:
         super().__init__()

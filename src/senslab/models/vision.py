@@ -56,6 +56,9 @@ def seeded(cls: type[M], config: Any) -> M:
 class ImageClassifier(nn.Module):
     """Base: holds ``config``, checks input shapes, names its sensitivity tokens."""
 
+    #: outputs are logits (with ``num_classes=1`` one logit whose sign is the class)
+    output_kind = "logits"
+
     def __init__(self, config: ImageConfig, token_patch: int) -> None:
         super().__init__()
         self.config = config

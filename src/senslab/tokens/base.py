@@ -10,7 +10,7 @@ built with tensor ops on the model's device and evaluated in one forward pass.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -52,22 +52,101 @@ def select(inputs: Inputs, index: Tensor) -> Inputs:
     return type(inputs)(pick(v) for v in inputs)
 
 
-def call_model(model: nn.Module | Any, inputs: Inputs) -> Tensor:
+#: which part of a model's raw output holds the logits: an index into a tuple/list, a key (or
+#: attribute) of a mapping/object, or a function of the raw output; None: see :func:`select_output`
+OutputSelector = int | str | Callable[[Any], Tensor] | None
+
+
+def check_selector(output: Any) -> None:
+    """An error unless ``output`` is a valid ``output=`` selector."""
+    if output is None or isinstance(output, str) or callable(output):
+        return
+    if isinstance(output, int) and not isinstance(output, bool):
+        return
+    raise TypeError(
+        f"output= selects the logits in the model's raw output and must be an int index, a str "
+        f"key or a function of the raw output, got {output!r} ({type(output).__name__}); "
+        "e.g. output=1 for a (features, logits) tuple, output='logits' for a dict"
+    )
+
+
+def _describe(raw: Any) -> str:
+    def one(v: Any) -> str:
+        return f"Tensor{tuple(v.shape)}" if isinstance(v, Tensor) else type(v).__name__
+
+    if isinstance(raw, Mapping):
+        return "{" + ", ".join(f"{k!r}: {one(v)}" for k, v in raw.items()) + "}"
+    if isinstance(raw, (tuple, list)):
+        return "(" + ", ".join(f"[{i}] {one(v)}" for i, v in enumerate(raw)) + ")"
+    return one(raw)
+
+
+def select_output(raw: Any, output: OutputSelector = None) -> Tensor:
+    """The logits tensor in a model's raw output.
+
+    ``output`` None: a Tensor as it is; an object with ``.logits`` (Hugging Face
+    ``ModelOutput``) or a mapping with a ``"logits"`` key: that entry; a tuple/list with a single
+    element: that element. A longer tuple/list, or a mapping without ``"logits"``, is refused —
+    a ``(features, logits)`` pair must not be read as its first element — with a message that
+    lists the elements and the ``output=`` to pass. ``output`` int: ``raw[output]`` of a
+    tuple/list; str: ``raw[output]`` of a mapping, else ``getattr(raw, output)``; callable:
+    ``output(raw)``.
+    """
+    if output is None:
+        if isinstance(raw, Tensor):
+            return raw
+        logits = getattr(raw, "logits", None)
+        if isinstance(logits, Tensor):
+            return logits
+        if isinstance(raw, Mapping) and isinstance(raw.get("logits"), Tensor):
+            return raw["logits"]
+        if isinstance(raw, (tuple, list)) and len(raw) == 1 and isinstance(raw[0], Tensor):
+            return raw[0]
+        if isinstance(raw, (tuple, list)) and raw:
+            hint = "output=<index>, e.g. output=1 for (features, logits)"
+        elif isinstance(raw, Mapping) and raw:
+            hint = f"output=<key>, e.g. output={next(iter(raw))!r}"
+        else:
+            hint = "output=<a function of the raw output that returns the logits tensor>"
+        raise TypeError(
+            f"model returned {type(raw).__name__} {_describe(raw)}, not a logits tensor; say "
+            f"which part holds the logits with {hint}"
+        )
+    if isinstance(output, int) and not isinstance(raw, (tuple, list)):
+        raise TypeError(
+            f"output={output} indexes a tuple/list output, but the model returned "
+            f"{type(raw).__name__} {_describe(raw)}; drop output= for a plain tensor"
+        )
+    try:
+        if callable(output) and not isinstance(output, str):
+            got = output(raw)
+        elif isinstance(output, str) and not isinstance(raw, Mapping):
+            got = getattr(raw, output)
+        else:
+            got = raw[output]  # type: ignore[index]
+    except (IndexError, KeyError, TypeError, AttributeError) as err:
+        raise TypeError(
+            f"output={output!r} does not select anything in the model's output "
+            f"{type(raw).__name__} {_describe(raw)}: {err}"
+        ) from err
+    if not isinstance(got, Tensor):
+        raise TypeError(
+            f"output={output!r} selected a {type(got).__name__}, not a tensor, from the model's "
+            f"output {type(raw).__name__} {_describe(raw)}"
+        )
+    return got
+
+
+def call_model(model: nn.Module | Any, inputs: Inputs, output: OutputSelector = None) -> Tensor:
     """Call ``model`` on ``inputs`` (tensor → positional, tuple → *args, dict → **kwargs) and
-    return its output as a tensor (``.logits`` or the first element of a tuple output)."""
+    return the logits tensor of its output (:func:`select_output`)."""
     if isinstance(inputs, Tensor):
         out = model(inputs)
     elif isinstance(inputs, dict):
         out = model(**inputs)
     else:
         out = model(*inputs)
-    if isinstance(out, Tensor):
-        return out
-    if hasattr(out, "logits"):
-        return out.logits
-    if isinstance(out, (tuple, list)) and out and isinstance(out[0], Tensor):
-        return out[0]
-    raise TypeError(f"model returned {type(out).__name__}; expected a Tensor of outputs or logits")
+    return select_output(out, output)
 
 
 def model_device(model: nn.Module | Any) -> torch.device | None:
@@ -92,6 +171,43 @@ def check_device(model: nn.Module | Any, inputs: Inputs) -> torch.device:
                 f"e.g. inputs.to('{dev}')"
             )
     return dev if dev is not None else torch.device("cpu")
+
+
+def model_dtype(model: nn.Module | Any) -> torch.dtype | None:
+    """dtype of the model's first floating parameter or buffer (``None`` if it has none)."""
+    if isinstance(model, nn.Module):
+        for t in list(model.parameters()) + list(model.buffers()):
+            if t.is_floating_point():
+                return t.dtype
+    return None
+
+
+def check_floating(x: Tensor, what: str, convert: str) -> None:
+    """Refuse non-floating inputs where noise is added to the input itself: cast to the input's
+    dtype, Gaussian noise would wrap around (uint8) or be truncated (int64) — a wrong number."""
+    if not x.is_floating_point():
+        raise TypeError(
+            f"{what} are {x.dtype}, but the noise is added to them: cast back to {x.dtype} it "
+            f"would be rounded (and wrap around for uint8), giving wrong sensitivities. Convert "
+            f"them first: {convert}"
+        )
+
+
+def clean_forward(model: nn.Module | Any, x: Tensor, output: Any) -> Tensor:
+    """``call_model`` on the clean inputs; a dtype clash between inputs and weights (float64
+    images into a float32 model) becomes an error that says how to convert. A model that
+    converts its inputs itself is measured as it is (the noise is added in the inputs' dtype)."""
+    try:
+        return call_model(model, x, output)
+    except RuntimeError as err:
+        own = model_dtype(model)
+        if own is None or own == x.dtype:
+            raise
+        raise TypeError(
+            f"the inputs are {x.dtype} but the model's weights are {own}, and the model failed "
+            f"on them ({str(err).splitlines()[0]}); convert the inputs with inputs.to({own}) "
+            f"(or the model with model.to({x.dtype}))"
+        ) from err
 
 
 class BoundTokens(abc.ABC):
@@ -128,9 +244,11 @@ class Tokenization(abc.ABC):
     @abc.abstractmethod
     @contextmanager
     def bind(
-        self, model: nn.Module | Any, inputs: Inputs, mask: Tensor | None = None
+        self, model: nn.Module | Any, inputs: Inputs, mask: Tensor | None = None,
+        output: OutputSelector = None,
     ) -> Iterator[BoundTokens]:
-        """Run the clean forward pass and yield a :class:`BoundTokens`."""
+        """Run the clean forward pass and yield a :class:`BoundTokens`; ``output`` selects the
+        logits in the model's raw output (:func:`select_output`)."""
 
 
 def valid_mask(mask: Tensor | None, b: int, t: int, device: torch.device) -> Tensor:

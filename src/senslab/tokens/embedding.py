@@ -12,7 +12,17 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .base import BoundTokens, Inputs, Tokenization, batch_size, call_model, select, valid_mask
+from .base import (
+    BoundTokens,
+    Inputs,
+    OutputSelector,
+    Tokenization,
+    batch_size,
+    call_model,
+    select,
+    select_output,
+    valid_mask,
+)
 
 _MASK_KEYS = ("attention_mask", "padding_mask", "mask")
 
@@ -37,7 +47,9 @@ class Embedding(Tokenization):
     Real tokens are given by the ``mask`` argument of the measurement, else by the
     ``attention_mask``/``padding_mask`` entry of a dict input, else all positions are real.
     Padding is never perturbed. Per-position profiles are right-aligned by default (position −1 is
-    the last real token), as for variable-length text.
+    the last real token), as for variable-length text. The inputs may be integer token ids: the
+    noise lands on the module's floating output, never on the inputs. The module must run exactly
+    once per forward pass (a LayerNorm shared by two places would get noise at both: refused).
 
     Prefix reuse: a model that reads its tokens left to right may declare ``prefix_module``
     (the hooked submodule's name) and implement ``prefix_cache(tokens, inputs)`` and
@@ -54,12 +66,13 @@ class Embedding(Tokenization):
 
     @contextmanager
     def bind(
-        self, model: nn.Module | Any, inputs: Inputs, mask: Tensor | None = None
+        self, model: nn.Module | Any, inputs: Inputs, mask: Tensor | None = None,
+        output: OutputSelector = None,
     ) -> Iterator[BoundTokens]:
         if not isinstance(model, nn.Module):
             raise TypeError("Embedding tokens need an nn.Module to hook into")
         target = find_module(model, self.module)
-        bound = _BoundEmbedding(self.module, model, inputs)
+        bound = _BoundEmbedding(self.module, model, inputs, output)
         bound.reuse = (self.reuse_prefix and not model.training
                        and getattr(model, "prefix_module", None) == self.module
                        and hasattr(model, "forward_suffix"))
@@ -72,8 +85,10 @@ class Embedding(Tokenization):
 
 
 class _BoundEmbedding(BoundTokens):
-    def __init__(self, name: str, model: nn.Module, inputs: Inputs) -> None:
-        self.name, self.model, self.inputs = name, model, inputs
+    def __init__(self, name: str, model: nn.Module, inputs: Inputs,
+                 output: OutputSelector = None) -> None:
+        self.name, self.model, self.inputs, self.output = name, model, inputs, output
+        self._calls = 0  # hook calls in the current forward pass
         self._delta: tuple[Tensor | None, Tensor] | None = None
         self._shape: tuple[int, ...] | None = None
         self.reuse = False  # prefix reuse (see Embedding)
@@ -86,6 +101,14 @@ class _BoundEmbedding(BoundTokens):
                 f"submodule {self.name!r} returned {got}; Embedding tokens need a (batch, tokens, "
                 "dim) tensor output — hook the embedding or its LayerNorm, not a recurrent layer"
             )
+        if not out.is_floating_point():
+            raise TypeError(
+                f"submodule {self.name!r} returned {out.dtype}; Gaussian noise needs a floating "
+                "output — hook the embedding (or the layer after it), not an integer input stage"
+            )
+        self._calls += 1
+        if self._calls > 1:
+            return None  # reported by _count after the forward pass; no noise twice
         if self._delta is None:
             self._shape = tuple(out.shape)
             self._clean = out.detach()
@@ -103,8 +126,22 @@ class _BoundEmbedding(BoundTokens):
         out[torch.arange(out.shape[0], device=out.device), tok] += noise
         return out
 
+    def _count(self, forward: Any) -> Tensor:
+        """Run ``forward()`` counting the hook's calls: noise must land exactly once."""
+        self._calls = 0
+        out = forward()
+        if self._calls > 1:
+            raise ValueError(
+                f"submodule {self.name!r} ran {self._calls} times in one forward pass (a module "
+                "shared by several places, e.g. one LayerNorm applied twice); noise on it would be "
+                "added at every call. Hook a module that runs once per forward, e.g. the token "
+                "embedding"
+            )
+        return out
+
     def run_clean(self, mask: Tensor | None) -> None:
-        self.clean_output = call_model(self.model, self.inputs)
+        self.clean_output = self._count(
+            lambda: call_model(self.model, self.inputs, self.output))
         if self._shape is None:
             raise RuntimeError(f"submodule {self.name!r} was not called during the forward pass")
         b, t, d = self._shape
@@ -124,11 +161,13 @@ class _BoundEmbedding(BoundTokens):
         if self.reuse and tok is not None:
             if self._cache is None:
                 self._cache = self.model.prefix_cache(self._clean, self.inputs)
-            return self.model.forward_suffix(self._cache, src, tok, noise)
+            return select_output(self.model.forward_suffix(self._cache, src, tok, noise),
+                                 self.output)
         if tok is None:
             noise = noise * self.valid.index_select(0, src).unsqueeze(-1).to(noise.dtype)
         self._delta = (tok, noise)
         try:
-            return call_model(self.model, select(self.inputs, src))
+            return self._count(
+                lambda: call_model(self.model, select(self.inputs, src), self.output))
         finally:
             self._delta = None

@@ -10,7 +10,17 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .base import BoundTokens, Inputs, Tokenization, call_model, valid_mask
+from .base import (
+    BoundTokens,
+    Inputs,
+    OutputSelector,
+    Tokenization,
+    call_model,
+    check_floating,
+    clean_forward,
+    select_output,
+    valid_mask,
+)
 
 
 def _divisors(n: int) -> list[int]:
@@ -23,7 +33,9 @@ class Patches(Tokenization):
 
     Token ``t`` is the patch at row ``t // (W/size)``, column ``t % (W/size)``; its vector has
     ``C·size²`` entries. Noise is added to the raw input tensor, so an MLP, a CNN and a ViT are
-    measured on the same tokens whatever their own patching.
+    measured on the same tokens whatever their own patching. The images must be floating point
+    (integer pixels would turn the noise into integers): convert uint8 images with
+    ``images.float()`` (σ in pixel units) or ``images.float() / 255`` (σ in [0, 1] units).
 
     Local reuse: a convolutional model may implement ``local_cache(images, size)`` and
     ``forward_local(cache, rows, top, left, patch)``; then, in eval mode, a copy with one noisy
@@ -54,7 +66,8 @@ class Patches(Tokenization):
 
     @contextmanager
     def bind(
-        self, model: nn.Module | Any, inputs: Inputs, mask: Tensor | None = None
+        self, model: nn.Module | Any, inputs: Inputs, mask: Tensor | None = None,
+        output: OutputSelector = None,
     ) -> Iterator[BoundTokens]:
         if not isinstance(inputs, Tensor) or inputs.dim() != 4:
             shape = tuple(inputs.shape) if isinstance(inputs, Tensor) else type(inputs).__name__
@@ -62,21 +75,26 @@ class Patches(Tokenization):
                 f"Patches expects images of shape (batch, channels, height, width), got {shape}; "
                 "add a channel axis with x.unsqueeze(1) for grayscale images"
             )
-        bound = _BoundPatches(self, model, inputs, mask)
+        check_floating(
+            inputs, "the images", "images.float() (σ is then in pixel units, e.g. 0–255) or "
+            "images.float() / 255 (σ in units of the [0, 1] range)"
+        )
+        bound = _BoundPatches(self, model, inputs, mask, output)
         bound.reuse = (self.reuse_local and isinstance(model, nn.Module) and not model.training
                        and hasattr(model, "forward_local"))
         yield bound
 
 
 class _BoundPatches(BoundTokens):
-    def __init__(self, spec: Patches, model: Any, x: Tensor, mask: Tensor | None) -> None:
+    def __init__(self, spec: Patches, model: Any, x: Tensor, mask: Tensor | None,
+                 output: OutputSelector = None) -> None:
         b, c, h, w = x.shape
         self.gh, self.gw = spec.grid(h, w)
         self.p = spec.size
-        self.model, self.x = model, x
+        self.model, self.x, self.output = model, x, output
         self.dim = c * self.p * self.p
         self.valid = valid_mask(mask, b, self.gh * self.gw, x.device)
-        self.clean_output = call_model(model, x)
+        self.clean_output = clean_forward(model, x, output)
         self.reuse = False  # local reuse (see Patches)
         self._cached: Tensor | None = None  # the examples whose clean maps are cached
         self._cache: Any = None
@@ -104,8 +122,8 @@ class _BoundPatches(BoundTokens):
             patch = self.tokens(src, tok).view(n, c, self.p, self.p) + noise.view(
                 n, c, self.p, self.p).to(self.x.dtype)
             cache, rows = self._local(src)
-            return self.model.forward_local(cache, rows, tok // self.gw * self.p,
-                                            tok % self.gw * self.p, patch)
+            return select_output(self.model.forward_local(
+                cache, rows, tok // self.gw * self.p, tok % self.gw * self.p, patch), self.output)
         copies = self.x.index_select(0, src)
         n, c = copies.shape[:2]
         v = self._view(copies)
@@ -118,18 +136,20 @@ class _BoundPatches(BoundTokens):
             idx = torch.arange(n, device=copies.device)
             # advanced indices (n, rows, cols) → a (N, C, p, p) block, one patch per copy
             v[idx, :, rows, :, cols, :] += noise.view(n, c, self.p, self.p).to(copies.dtype)
-        return call_model(self.model, copies)
+        return call_model(self.model, copies, self.output)
 
 
 @dataclass(frozen=True)
 class Sequence(Tokenization):
-    """Inputs that already are sequences of token vectors, shape (B, T, D)."""
+    """Inputs that already are sequences of token vectors, shape (B, T, D), floating point
+    (the noise is added to them; token ids go through :class:`~senslab.tokens.Embedding`)."""
 
     align: str = "left"
 
     @contextmanager
     def bind(
-        self, model: nn.Module | Any, inputs: Inputs, mask: Tensor | None = None
+        self, model: nn.Module | Any, inputs: Inputs, mask: Tensor | None = None,
+        output: OutputSelector = None,
     ) -> Iterator[BoundTokens]:
         if not isinstance(inputs, Tensor) or inputs.dim() != 3:
             shape = tuple(inputs.shape) if isinstance(inputs, Tensor) else type(inputs).__name__
@@ -137,15 +157,20 @@ class Sequence(Tokenization):
                 f"Sequence expects inputs of shape (batch, tokens, dim), got {shape}; "
                 "for token ids use Embedding('<module name>') instead"
             )
-        yield _BoundSequence(model, inputs, mask)
+        check_floating(
+            inputs, "the token vectors", "inputs.float() (σ is then in the units of the "
+            "vectors); for integer token ids use Embedding('<embedding module>') instead"
+        )
+        yield _BoundSequence(model, inputs, mask, output)
 
 
 class _BoundSequence(BoundTokens):
-    def __init__(self, model: Any, x: Tensor, mask: Tensor | None) -> None:
-        self.model, self.x = model, x
+    def __init__(self, model: Any, x: Tensor, mask: Tensor | None,
+                 output: OutputSelector = None) -> None:
+        self.model, self.x, self.output = model, x, output
         self.dim = x.shape[2]
         self.valid = valid_mask(mask, x.shape[0], x.shape[1], x.device)
-        self.clean_output = call_model(model, x)
+        self.clean_output = clean_forward(model, x, output)
 
     def tokens(self, src: Tensor, tok: Tensor) -> Tensor:
         return self.x[src, tok]
@@ -157,4 +182,4 @@ class _BoundSequence(BoundTokens):
             copies = copies + noise.to(copies.dtype) * valid.unsqueeze(-1).to(copies.dtype)
         else:
             copies[torch.arange(len(src), device=copies.device), tok] += noise.to(copies.dtype)
-        return call_model(self.model, copies)
+        return call_model(self.model, copies, self.output)

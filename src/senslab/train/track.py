@@ -32,9 +32,12 @@ class Tracker:
 
     def sensitivity(self, data: ArrayDataset) -> Any:
         t = self.cfg.track
+        # the loop trains on logits (BCE-with-logits / CE, accuracy by sign or argmax): measure
+        # with that rule, so a small-init model whose outputs all lie in (0, 1) is not refused
         metric = TokenSensitivity(
             self.model, sigma=t.sigma, repeats=t.repeats, generator=self.cfg.seed,
             chunk_size=t.chunk_size, shard=self.shard,
+            output_kind=getattr(self.model, "output_kind", None) or "logits",
         )
         for lo in range(0, len(data), 256):
             x, _ = data.batch(slice(lo, lo + 256))
@@ -73,8 +76,9 @@ class Tracker:
             x, y = self.sens_train.batch(slice(0, None))
             x, y = _to(x, self.device), y.to(self.device)
         if t.sharpness:  # SPEC §5: ShOp / ShPred, eval mode, weights restored exactly
-            s = sharpness.output_sharpness(self.model, x, sigma_w=t.sharpness_sigma,
-                                           generator=self.cfg.seed)
+            s = sharpness.output_sharpness(
+                self.model, x, sigma_w=t.sharpness_sigma, generator=self.cfg.seed,
+                output_kind=getattr(self.model, "output_kind", None) or "logits")
             rec["sharpness/shop"] = s.shop.estimate
             if s.shpred is not None:
                 rec["sharpness/shpred"] = s.shpred.estimate

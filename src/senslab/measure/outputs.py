@@ -1,0 +1,181 @@
+r"""How a model's output becomes a predicted class: the one decision rule of senslab.
+
+Every place that turns outputs into classes — the token-wise estimator, its linear control
+variate, output sharpness and the training loop's loss and accuracy — calls this module, so
+they cannot disagree.
+
+An output of shape (B, C) with C ≥ 2 columns is a class score per column and the prediction is
+the argmax, whatever its kind. An output of shape (B,) or (B, 1) is *one column* and its kind
+says where the class boundary lies:
+
+=================  ==========================  ============================================
+``output_kind``    one column: class 1 iff     margin of the clean class (≥ 0 on the clean
+                                               input; the control variate linearises it)
+=================  ==========================  ============================================
+``"logits"``       :math:`z > 0`               :math:`\pm z`
+``"probabilities"`` :math:`p > 1/2`            :math:`\pm (p - 1/2)` (probability space)
+``"scores"``       :math:`s > \text{threshold}` :math:`\pm (s - \text{threshold})`
+=================  ==========================  ============================================
+
+With several columns the margin is the clean class's column minus the largest other one.
+Integer or bool outputs of shape (B,) are class labels and are compared as they are (unless
+the kind is ``"scores"``, whose threshold is then applied).
+
+**The ambiguous case is refused.** A single floating column that lies entirely in (0, 1) is
+what a ``sigmoid`` head returns; read as logits every value is positive, every prediction is
+class 1 and no noise ever flips it — a sensitivity of exactly 0 that says nothing. When no kind
+was given (neither the option nor a model attribute ``output_kind``) such an output raises a
+``ValueError`` that names ``output_kind``; any other output is read as logits.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+OutputKind = Literal["logits", "probabilities", "scores"]
+OUTPUT_KINDS: tuple[str, ...] = ("logits", "probabilities", "scores")
+
+__all__ = [
+    "OUTPUT_KINDS", "OutputKind", "check_kind", "check_rows", "declared_kind", "is_scalar",
+    "margins", "predictions", "resolve_kind", "threshold_of",
+]
+
+
+def is_scalar(out: Tensor) -> bool:
+    """True for one column per example: shape (B,) or (B, 1)."""
+    return out.dim() == 1 or (out.dim() == 2 and out.shape[1] == 1)
+
+
+def check_kind(kind: Any, threshold: Any, where: str = "output_kind") -> None:
+    """Validate an ``output_kind`` and its ``threshold`` (an error names the fix)."""
+    if kind is not None and kind not in OUTPUT_KINDS:
+        raise ValueError(
+            f"{where} must be 'logits', 'probabilities' or 'scores', got {kind!r} "
+            "(one column: sign / > 0.5 / > threshold; several columns: argmax)"
+        )
+    if threshold is None:
+        if kind == "scores":
+            raise ValueError(
+                "output_kind='scores' needs threshold= (one column is class 1 iff score > "
+                "threshold), e.g. threshold=0.5; or use 'logits' (threshold 0) or "
+                "'probabilities' (threshold 0.5)"
+            )
+        return
+    if isinstance(threshold, bool) or not isinstance(threshold, Real):
+        raise TypeError(
+            f"threshold must be a number, got {threshold!r} ({type(threshold).__name__}); "
+            "e.g. threshold=0.5"
+        )
+    if not math.isfinite(threshold):
+        raise ValueError(f"threshold must be finite, got {threshold!r}")
+    if kind != "scores":
+        raise ValueError(
+            f"threshold={threshold!r} applies to output_kind='scores' only (got output_kind="
+            f"{kind!r}); pass output_kind='scores', threshold={threshold!r}"
+        )
+
+
+def declared_kind(model: Any, kind: str | None) -> str | None:
+    """The option ``kind`` if given, else the model's ``output_kind`` attribute (or None)."""
+    if kind is not None:
+        return kind
+    declared = getattr(model, "output_kind", None)
+    if declared is not None and declared not in ("logits", "probabilities"):
+        raise ValueError(
+            f"{type(model).__name__}.output_kind is {declared!r}; a model declares 'logits' or "
+            "'probabilities' (for 'scores' pass output_kind='scores', threshold=t to the "
+            "measurement)"
+        )
+    return declared
+
+
+def threshold_of(kind: str, threshold: float | None = None) -> float:
+    """The one-column class boundary of ``kind``: 0, 1/2 or ``threshold``."""
+    check_kind(kind, threshold)
+    if kind == "scores":
+        return float(threshold)  # type: ignore[arg-type]  # check_kind: not None
+    return 0.5 if kind == "probabilities" else 0.0
+
+
+def resolve_kind(out: Tensor, kind: str | None, threshold: float | None = None) -> str:
+    """The kind to read ``out`` (clean outputs of a batch) with; refuses the ambiguous case.
+
+    ``kind`` None: logits, unless one floating column lies entirely in (0, 1) (a ValueError
+    naming ``output_kind``). ``"probabilities"`` on one column outside [0, 1] is an error too.
+    """
+    check_kind(kind, threshold)
+    scalar = is_scalar(out)
+    if kind == "scores" and not scalar and out.dim() == 2:
+        raise ValueError(
+            f"threshold= applies to one-column outputs, but the model returned shape "
+            f"{tuple(out.shape)} (the argmax decides): drop output_kind='scores'/threshold"
+        )
+    if not scalar or not out.is_floating_point() or out.numel() == 0:
+        return kind or "logits"
+    lo, hi = float(out.min()), float(out.max())
+    if kind is None and 0.0 < lo and hi < 1.0:
+        raise ValueError(
+            f"the model returns one column with every value in (0, 1) (min {lo:.3g}, max "
+            f"{hi:.3g}): probabilities or logits? Read as logits (class = sign) nothing would "
+            "ever flip. Say which: output_kind='probabilities' (class 1 iff > 0.5), "
+            "output_kind='logits', or output_kind='scores', threshold=t; a model can declare "
+            "it with an attribute output_kind"
+        )
+    if kind == "probabilities" and (lo < 0.0 or hi > 1.0):
+        raise ValueError(
+            f"output_kind='probabilities' but the model's one column ranges over [{lo:.3g}, "
+            f"{hi:.3g}], outside [0, 1]: these are not probabilities — use output_kind='logits' "
+            "(class = sign) or output_kind='scores', threshold=t"
+        )
+    return kind or "logits"
+
+
+def predictions(out: Tensor, kind: str = "logits", threshold: float | None = None) -> Tensor:
+    """Predicted classes of outputs ``out``: (B,) bool for one column (class 1 iff above the
+    kind's boundary), (B,) long argmax for (B, C), labels as they are for integer (B,)."""
+    if is_scalar(out):
+        flat = out.reshape(-1)
+        if not flat.is_floating_point() and kind != "scores":
+            return flat  # class labels
+        return flat > threshold_of(kind, threshold)
+    if out.dim() == 2:
+        return out.argmax(dim=1)
+    raise ValueError(
+        f"model output has shape {tuple(out.shape)}; compare='class' needs (batch,) or "
+        "(batch, classes) outputs — select them with output= (an index, a key or a function "
+        "of the raw output), or use compare='l1' or 'l2' for other outputs"
+    )
+
+
+def margins(out: Tensor, ref: Tensor, kind: str = "logits",
+            threshold: float | None = None) -> Tensor:
+    """Margin of the clean class ``ref`` per row, in the output's own units (≥ 0 where the
+    prediction is ``ref``): ±(value − boundary) for one column, the clean class's column minus
+    the largest other column for several."""
+    if is_scalar(out):
+        z = out.reshape(-1) - threshold_of(kind, threshold)
+        return torch.where(ref, z, -z)
+    top = out.gather(1, ref[:, None]).squeeze(1)
+    others = out.scatter(1, ref[:, None], float("-inf"))
+    return top - others.max(dim=1).values
+
+
+def check_rows(out: Tensor, rows: int, what: str) -> None:
+    """An error unless ``out`` has one row per example (``rows``)."""
+    if out.dim() == 0:
+        raise ValueError(
+            f"the model returned a single number for {rows} {what}; sensitivity needs one "
+            f"output row per example, shape ({rows},) or ({rows}, classes) — does the model "
+            "reduce over the batch (a mean loss, a .sum())? Return per-example outputs"
+        )
+    if out.shape[0] != rows:
+        raise ValueError(
+            f"the model returned {out.shape[0]} rows (output shape {tuple(out.shape)}) for "
+            f"{rows} {what}; sensitivity needs one output row per example — does the model "
+            "reduce or reshape over the batch axis, or does output= select the wrong element?"
+        )
