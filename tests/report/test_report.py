@@ -301,13 +301,14 @@ def test_load_runs_expands_experiments_in_order(tmp_path: Path) -> None:
         assert len(load_runs(exp)) == 4
 
 
-def test_resumed_run_keeps_the_later_line_per_step(tmp_path: Path) -> None:
+def test_a_step_logged_twice_is_an_error(tmp_path: Path) -> None:
+    # a resume drops the records after its checkpoint before it logs again, so a repeated step
+    # means two writers (or a log pieced together): its numbers cannot be trusted
     run_dir = write_run(tmp_path / "r", "mlp", 0, (0.9, 0.8, 0.1, 0.01), steps=3)
-    with open(run_dir / "metrics.jsonl", "a") as f:  # resumed from the step-20 checkpoint
+    with open(run_dir / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"step": 30, "epoch": 3.0, "train/loss": 0.05}) + "\n")
-    steps, epochs, values = load_run(run_dir).series("train/loss")
-    assert steps == [10, 20, 30] and epochs == [1.0, 2.0, 3.0]
-    assert values[-1] == 0.05
+    with pytest.raises(RunFormatError, match="line 4 repeats step 30 after step 30"):
+        load_run(run_dir)
 
 
 # ------------------------------------------------------------------------------------ plots

@@ -7,6 +7,11 @@ batch, Boolean sensitivity, attention metrics — and write the same files throu
 ``summary.json`` when it ends. These runs have no checkpoints (each takes seconds to minutes): a
 finished run (``summary.json`` present) is reused, an unfinished one starts over from scratch
 with the metric log of the interrupted attempt discarded.
+
+A run directory has one writer at a time: :func:`run_all` holds each run's lock
+(:meth:`~senslab.train.rundir.RunDir.writing`) while its body runs, and :func:`start_run` takes
+it when its caller does not hold it yet (it is then kept until :meth:`ManualRun.finish` or the
+end of the process).
 """
 
 from __future__ import annotations
@@ -32,9 +37,12 @@ def start_run(path: Path, config: dict[str, Any], device: torch.device | str = "
     """Write ``config.json`` and ``env.json`` in ``path`` and start an empty metric log.
 
     A restarted run must not append to the log of the attempt that was interrupted, so any
-    existing ``metrics.jsonl`` is deleted.
+    existing ``metrics.jsonl`` is deleted. The directory must be new, empty or a senslab run
+    (else an error that names it); another process writing it is an error too.
     """
     rd = RunDir(path)
+    if not rd.holds_lock():
+        rd.acquire()
     rd.write_json("config.json", config)
     rd.write_json("env.json", environment(device))
     rd.metrics_path.unlink(missing_ok=True)
@@ -53,8 +61,10 @@ class ManualRun:
         self.dir = RunDir(path)
         self.label, self.name = label, name
         self.t0 = time.perf_counter()
+        self._took_lock = False  # start() took the directory's lock: finish() releases it
 
     def start(self, config: dict[str, Any], device: torch.device | str = "cpu") -> None:
+        self._took_lock = not self.dir.holds_lock()
         start_run(self.dir.path, {**config, "label": self.label, "name": self.name}, device)
         self.t0 = time.perf_counter()
 
@@ -65,13 +75,16 @@ class ManualRun:
         summary = {"label": self.label, "name": self.name, "final": final,
                    "seconds": round(time.perf_counter() - self.t0, 2), **extra}
         self.dir.write_json("summary.json", summary)
+        if self._took_lock:
+            self.dir.release()
+            self._took_lock = False
         return summary
 
 
 def run_all(out: Path, names: list[str], body: Callable[[int, str], dict[str, Any]],
             log: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Call ``body(i, name)`` for every run below ``out`` that has no summary yet; reuse the
-    others' summaries."""
+    """Call ``body(i, name)`` for every run below ``out`` that has no summary yet, holding that
+    run directory's lock; reuse the others' summaries."""
     summaries = []
     for i, name in enumerate(names):
         done = finished_summary(out / name)
@@ -80,5 +93,6 @@ def run_all(out: Path, names: list[str], body: Callable[[int, str], dict[str, An
             summaries.append(done)
             continue
         log(f"[{i + 1}/{len(names)}] {name}")
-        summaries.append(body(i, name))
+        with RunDir(out / name).writing():
+            summaries.append(body(i, name))
     return summaries

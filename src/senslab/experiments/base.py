@@ -70,7 +70,7 @@ class Experiment:
 
 def write_experiment_json(out: Path, exp: Experiment, scale: str, runs: list[str]) -> None:
     """experiment.json: the experiment's name, paper, claim, scale and run subdirectories."""
-    RunDir(out).write_json("experiment.json", {
+    RunDir(out, kind="experiment").write_json("experiment.json", {
         "name": exp.name, "paper": exp.paper, "claim": exp.claim, "scale": scale, "runs": runs,
     })
 
@@ -110,27 +110,35 @@ def run_experiment(name: str, out_dir: str | Path, scale: str = "cpu",
                    overrides: list[str] | None = None, progress: bool | None = None,
                    log: Callable[[str], None] = print) -> dict[str, Any]:
     """Train every run of experiment ``name`` (resuming finished/partial ones), write
-    experiment.json and verdict.json, and return the verdict."""
+    experiment.json and verdict.json, and return the verdict.
+
+    The experiment directory is locked for the whole call: a second ``senslab run`` on it fails
+    at once (see :meth:`senslab.train.rundir.RunDir.writing`)."""
     if scale not in ("cpu", "paper"):
         raise ValueError(f"scale must be 'cpu' or 'paper', got {scale!r}")
     exp = get_experiment(name)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    previous = _previous_verdict(out, scale, list(overrides or []))
+    with RunDir(out, kind="experiment").writing():
+        return _run_locked(exp, out, scale, list(overrides or []), progress, log)
+
+
+def _run_locked(exp: Experiment, out: Path, scale: str, overrides: list[str],
+                progress: bool | None, log: Callable[[str], None]) -> dict[str, Any]:
+    previous = _previous_verdict(out, scale, overrides)
     start = time.perf_counter()
-    summaries = exp.execute(out, scale, list(overrides or []), progress, log)
+    summaries = exp.execute(out, scale, overrides, progress, log)
     verdict = exp.verdict(summaries)
     seconds = round(time.perf_counter() - start, 1)
     # Provenance for REPRODUCTION.md. A verdict.json is written only once every run finished,
     # so re-running the same experiment reuses finished runs: its runtime stays that of the
     # run that did the work, and this invocation's time is kept apart.
     runtime = previous.get("runtime_s", seconds) if previous else seconds
-    verdict.update(scale=scale, overrides=list(overrides or []), runtime_s=runtime,
+    verdict.update(scale=scale, overrides=list(overrides), runtime_s=runtime,
                    last_invocation_s=seconds,
                    finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                    commit=git_commit(),
                    threads=torch.get_num_threads())
-    RunDir(out).write_json("verdict.json", verdict)
+    RunDir(out, kind="experiment").write_json("verdict.json", verdict)
     return verdict
 
 

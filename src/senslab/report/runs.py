@@ -3,7 +3,9 @@
 A *run directory* holds ``config.json``, ``env.json``, ``metrics.jsonl`` and, once finished,
 ``summary.json``. An *experiment directory* holds ``experiment.json`` (and usually
 ``verdict.json``) next to one run subdirectory per (model, seed). Everything here only reads;
-nothing retrains or rewrites a run.
+nothing retrains or rewrites a run, and no lock is taken (a run may be read while it trains).
+A directory written by a newer senslab (a higher schema in ``senslab.json``) is refused, and so
+is a metric log with a step logged twice or out of order: its numbers cannot be trusted.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from senslab.train.rundir import RunDir, RunDirError, metric_order_problem
 
 PathLike = str | Path
 
@@ -30,8 +34,8 @@ class RunFormatError(ValueError):
 class Run:
     """One training run, as read from its directory.
 
-    ``metrics`` is the list of logged objects in file order (a resumed run appends, so a step may
-    appear twice; :meth:`series` keeps the last occurrence). ``summary`` is ``None`` while the run
+    ``metrics`` is the list of logged objects in file order, steps strictly increasing (a resume
+    first drops the records logged after its checkpoint). ``summary`` is ``None`` while the run
     has not finished.
     """
 
@@ -77,8 +81,7 @@ class Run:
     def series(self, key: str) -> tuple[list[int], list[float], list[Any]]:
         """``(steps, epochs, values)`` of ``key`` over training, sorted by step.
 
-        Lines without the key are skipped; when a resumed run logged a step twice the later line
-        wins (it comes from the run that went on).
+        Lines without the key are skipped.
         """
         by_step: dict[int, tuple[float, Any]] = {}
         for row in self.metrics:
@@ -148,12 +151,14 @@ def read_metrics(path: PathLike) -> list[dict[str, Any]]:
 
     Blank lines are ignored. A last line that does not parse is a write cut short by a killed
     run: it is skipped with a warning. A bad line anywhere else means the file is corrupt and is
-    an error that names the line number. Every object must carry ``step``.
+    an error that names the line number. Every object must carry ``step``, and steps must
+    increase strictly: a repeated or earlier step (two writers, or a log pieced together) is an
+    error naming the line and the step.
     """
     path = Path(path)
     lines = path.read_text().splitlines()
     numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
-    rows: list[dict[str, Any]] = []
+    rows: list[tuple[int, dict[str, Any]]] = []
     for pos, (lineno, line) in enumerate(numbered):
         try:
             row = json.loads(line)
@@ -173,8 +178,19 @@ def read_metrics(path: PathLike) -> list[dict[str, Any]]:
             raise RunFormatError(
                 f"{path}: line {lineno} must be a JSON object with a 'step' key, got {line[:80]!r}"
             )
-        rows.append(row)
-    return rows
+        rows.append((lineno, row))
+    problem = metric_order_problem(path, rows)
+    if problem:
+        raise RunFormatError(problem)
+    return [row for _, row in rows]
+
+
+def check_schema(path: Path, kind: str) -> None:
+    """Refuse a directory written by a newer senslab than this one (see docs/run-directory.md)."""
+    try:
+        RunDir(path, kind=kind).check_readable()
+    except RunDirError as err:
+        raise RunFormatError(str(err)) from None
 
 
 def is_run_dir(path: PathLike) -> bool:
@@ -201,6 +217,7 @@ def load_run(path: PathLike, experiment: Path | None = None) -> Run:
         raise RunFormatError(
             f"{p} is not a run directory (it has neither config.json nor metrics.jsonl).{hint}"
         )
+    check_schema(p, "run")
     metrics_file = p / "metrics.jsonl"
     summary = _read_json_dict(p / "summary.json")
     return Run(
@@ -221,6 +238,7 @@ def load_experiment(path: PathLike) -> Experiment:
     progress). Without a ``runs`` list every run subdirectory is taken, sorted by name.
     """
     p = Path(path)
+    check_schema(p, "experiment")
     info = _read_json_dict(p / EXPERIMENT_MARKER, optional=False) or {}
     verdict = _read_json_dict(p / "verdict.json")
     if "runs" in info:

@@ -1,7 +1,10 @@
 """Run configuration: dataclasses, dotted command-line overrides, JSON round-trip.
 
 ``--set optim.lr=0.05`` sets one field; values are parsed as Python/JSON literals and checked
-against the field's type; an unknown key is an error that names the closest valid key.
+against the field's type and its valid range or choices, declared once on the field
+(:func:`ranged`, :func:`one_of`, :func:`matching`); an unknown key is an error that names the
+closest valid key. :func:`validate` checks a whole config the same way (``fit`` calls it first,
+so a config built in code is checked before anything is written).
 ``model.overrides`` and ``data.options`` are free-form dicts passed on to the model factory and
 the dataset loader (which check their own keys).
 """
@@ -12,10 +15,62 @@ import ast
 import dataclasses
 import difflib
 import json
+import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any
+
+
+def ranged(default: Any, *, ge: float | None = None, gt: float | None = None,
+           le: float | None = None, lt: float | None = None) -> Any:
+    """A numeric field whose values must satisfy the given bounds (None stays allowed when the
+    field's type allows it)."""
+    return field(default=default, metadata={"range": (ge, gt, le, lt)})
+
+
+def one_of(default: str, *choices: str) -> Any:
+    """A string field with a fixed set of valid values."""
+    return field(default=default, metadata={"choices": (default, *choices)})
+
+
+def matching(default: str, pattern: str, hint: str) -> Any:
+    """A string field whose values must match ``pattern`` (``hint`` says how, in the message)."""
+    return field(default=default, metadata={"pattern": pattern, "hint": hint})
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}"
+
+
+def _describe(rule: tuple[Any, ...]) -> str:
+    ge, gt, le, lt = rule
+    low = f"[{_fmt(ge)}" if ge is not None else f"({_fmt(gt)}" if gt is not None else None
+    high = f"{_fmt(le)}]" if le is not None else f"{_fmt(lt)})" if lt is not None else None
+    if low and high:
+        return f"in {low}, {high}"
+    if low:
+        return f"≥ {_fmt(ge)}" if ge is not None else f"> {_fmt(gt)}"
+    return f"≤ {_fmt(le)}" if le is not None else f"< {_fmt(lt)}"
+
+
+def check_value(key: str, value: Any, meta: Any) -> None:
+    """Raise ``ValueError`` naming ``key``, ``value`` and the valid range/choices when ``value``
+    breaks the rule declared in the field's ``meta``."""
+    if value is None or isinstance(value, bool):
+        return
+    if "range" in meta and isinstance(value, (int, float)):
+        ge, gt, le, lt = meta["range"]
+        ok = (math.isfinite(value)
+              and (ge is None or value >= ge) and (gt is None or value > gt)
+              and (le is None or value <= le) and (lt is None or value < lt))
+        if not ok:
+            raise ValueError(f"{key} must be {_describe(meta['range'])}, got {value!r}")
+    if "choices" in meta and value not in meta["choices"]:
+        raise ValueError(f"{key} must be one of {', '.join(meta['choices'])}, got {value!r}")
+    if "pattern" in meta and not re.fullmatch(meta["pattern"], str(value)):
+        raise ValueError(f"{key} must be {meta['hint']}, got {value!r}")
 
 
 @dataclass
@@ -32,60 +87,67 @@ class DataConfig:
     options: dict[str, Any] = field(default_factory=dict)
     train_split: str = "train"
     test_split: str = "test"
-    train_subset: int | None = None  # keep a seeded random subset of this many training examples
+    # keep a seeded random subset of this many training examples
+    train_subset: int | None = ranged(None, ge=1)
 
 
 @dataclass
 class OptimConfig:
-    name: str = "sgd"  # sgd | adam | adamw | ngd | sps
-    lr: float = 0.1
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    eta_max: float | None = None  # cap for ngd / sps
-    schedule: str = "constant"  # constant | step (×gamma every step_epochs) | cosine
-    step_epochs: int = 8
-    gamma: float = 0.5
+    name: str = one_of("sgd", "adam", "adamw", "ngd", "sngd", "sps")
+    lr: float = ranged(0.1, gt=0)
+    momentum: float = ranged(0.0, ge=0, lt=1)
+    weight_decay: float = ranged(0.0, ge=0)
+    eta_max: float | None = ranged(None, gt=0)  # cap for ngd / sps
+    # constant | step (×gamma every step_epochs) | cosine
+    schedule: str = one_of("constant", "step", "cosine")
+    step_epochs: int = ranged(8, ge=1)
+    gamma: float = ranged(0.5, gt=0)
 
 
 @dataclass
 class TrainConfig:
-    epochs: int = 10
-    batch_size: int = 100
-    max_steps: int | None = None
-    target_train_acc: float | None = None  # stop once reached (comparable train accuracy)
-    loss: str = "auto"  # auto | ce | bce | mse
-    regularizer: str = "none"  # none | noise (augmentation) | patch_mse (SPEC §5)
-    reg_alpha: float = 0.5
-    reg_sigma: float = 1.0
-    reg_patch: int = 4
-    checkpoint_every: int = 0  # steps; 0 = at the end of every epoch
-    keep_checkpoints: int = 2
-    eval_batch_size: int = 500
+    epochs: int = ranged(10, ge=1)
+    batch_size: int = ranged(100, ge=1)
+    max_steps: int | None = ranged(None, ge=1)
+    # stop once reached (comparable train accuracy)
+    target_train_acc: float | None = ranged(None, ge=0, le=1)
+    loss: str = one_of("auto", "ce", "bce", "mse")
+    # none | noise (augmentation) | patch_mse (sensitivity-regularized loss)
+    regularizer: str = one_of("none", "noise", "patch_mse")
+    reg_alpha: float = ranged(0.5, ge=0, le=1)
+    reg_sigma: float = ranged(1.0, ge=0)
+    reg_patch: int = ranged(4, ge=1)
+    checkpoint_every: int = ranged(0, ge=0)  # steps; 0 = at the end of every epoch
+    keep_checkpoints: int = ranged(2, ge=0)  # 0 = keep all
+    eval_batch_size: int = ranged(500, ge=1)
 
 
 @dataclass
 class TrackConfig:
-    every: int = 1  # evaluate every `every` epochs (unit=epoch) or steps (unit=step)
-    unit: str = "epoch"
-    sigma: float = 0.1  # noise standard deviation of token-wise sensitivity
-    repeats: int = 1
-    num_examples: int = 256  # fixed, seeded subset of the training set
+    # evaluate every `every` epochs (unit=epoch) or steps (unit=step)
+    every: int = ranged(1, ge=1)
+    unit: str = one_of("epoch", "step")
+    # noise standard deviation of token-wise sensitivity (0: not measured)
+    sigma: float = ranged(0.1, ge=0)
+    repeats: int = ranged(1, ge=1)
+    num_examples: int = ranged(256, ge=1)  # fixed, seeded subset of the training set
     val: bool = False  # also measure on the same number of test examples
-    chunk_size: int | None = None
-    sharpness: bool = False  # ShOp / ShPred (SPEC §5) at every evaluation
-    sharpness_sigma: float = 0.05
+    chunk_size: int | None = ranged(None, ge=1)
+    sharpness: bool = False  # ShOp / ShPred (output sharpness) at every evaluation
+    sharpness_sigma: float = ranged(0.05, gt=0)
     loss_sharpness: bool = False  # Hahn & Rofin's E[L(θ+Δ)] − L(θ), positional params excluded
-    loss_sharpness_sigma: float = 0.02
+    loss_sharpness_sigma: float = ranged(0.02, gt=0)
     weight_norm: bool = True
-    eval_examples: int | None = None  # accuracy/loss on this many examples (None: all)
+    # accuracy/loss on this many examples (None: all)
+    eval_examples: int | None = ranged(None, ge=1)
 
 
 @dataclass
 class RunConfig:
     name: str = "run"
     label: str = ""  # curve/bar this run belongs to in reports (default: the model name)
-    seed: int = 0
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    seed: int = ranged(0, ge=0)
+    device: str = matching("auto", r"auto|cpu|mps|cuda(:\d+)?", "auto, cpu, cuda, cuda:N or mps")
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -155,7 +217,8 @@ def _check_type(key: str, value: Any, hint: Any) -> Any:
 
 
 def set_option(cfg: RunConfig, key: str, value: Any, parse: bool = True) -> None:
-    """Set dotted ``key`` (e.g. ``"optim.lr"``, ``"model.overrides.depth"``) on ``cfg``."""
+    """Set dotted ``key`` (e.g. ``"optim.lr"``, ``"model.overrides.depth"``) on ``cfg``;
+    ``TypeError``/``ValueError`` naming the key, the value and what is valid."""
     if parse and isinstance(value, str):
         value = parse_value(value)
     parts = key.split(".")
@@ -177,9 +240,38 @@ def set_option(cfg: RunConfig, key: str, value: Any, parse: bool = True) -> None
             current = getattr(obj, part)
             if dataclasses.is_dataclass(current):
                 raise KeyError(f"{key} is a section; set one of its fields, e.g. {key}.name")
-            setattr(obj, part, _check_type(key, value, hints[part]))
+            value = _check_type(key, value, hints[part])
+            check_value(key, value, _field(obj, part).metadata)
+            setattr(obj, part, value)
             return
         obj = getattr(obj, part)
+
+
+def _field(obj: Any, name: str) -> dataclasses.Field[Any]:
+    return next(f for f in dataclasses.fields(obj) if f.name == name)
+
+
+def validate(cfg: RunConfig) -> RunConfig:
+    """Check the type and the declared range/choices of every field of ``cfg`` (one built in
+    code as well as one from overrides), then the combinations of fields; the first bad value is
+    an error naming the key, the value and what is valid. Returns ``cfg``."""
+
+    def walk(obj: Any, prefix: str) -> None:
+        hints = typing.get_type_hints(type(obj))
+        for f in dataclasses.fields(obj):
+            value, key = getattr(obj, f.name), f"{prefix}{f.name}"
+            if dataclasses.is_dataclass(value):
+                walk(value, f"{key}.")
+                continue
+            _check_type(key, value, hints[f.name])
+            check_value(key, value, f.metadata)
+
+    walk(cfg, "")
+    o = cfg.optim
+    if o.name == "sps" and o.schedule != "constant":
+        raise ValueError(f"optim.schedule={o.schedule} scales a learning rate, but optim.name=sps "
+                         "sets its own step size; use optim.schedule=constant with sps")
+    return cfg
 
 
 def apply_overrides(cfg: RunConfig, assignments: list[str]) -> RunConfig:

@@ -5,6 +5,10 @@ on an existing directory resumes from the last good checkpoint: model, optimizer
 states and the position in the epoch's data order are restored, metrics logged after that
 checkpoint are dropped and redone, so the final weights and metrics are bit-identical to an
 uninterrupted run with the same seed.
+
+The configuration is validated before anything is written, the run directory is locked against
+a second writer for the whole run (:meth:`~senslab.train.rundir.RunDir.writing`), and a run
+interrupted by Ctrl-C raises :class:`TrainingInterrupted`, which says how to resume.
 """
 
 from __future__ import annotations
@@ -23,18 +27,35 @@ from torch import Tensor, nn
 
 from ..data import ArrayDataset, create_dataset
 from ..models import create_model
-from .config import RunConfig
+from .config import RunConfig, validate
 from .progress import Progress
-from .rundir import RunDir, environment
+from .rundir import RunDir, checkpoint_step, environment, notice
 from .track import Tracker
 
 # -- building blocks ---------------------------------------------------------------------------
 
 
 def resolve_device(name: str) -> torch.device:
+    """``auto`` → CUDA when available, else the CPU; an error naming the fix when the device
+    asked for is not on this machine."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={name}, but CUDA is not available on this machine; use "
+                             "device=cpu, or device=auto (CUDA when there is one)")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ValueError(f"device={name}, but this machine has {count} GPU(s) (cuda:0 to "
+                             f"cuda:{count - 1}); use one of them, or device=auto")
+    if device.type == "mps" and not (torch.backends.mps.is_available()):
+        raise ValueError(f"device={name}, but MPS is not available on this machine; use "
+                         "device=cpu, or device=auto")
+    return device
 
 
 def load_data(cfg: RunConfig) -> tuple[ArrayDataset, ArrayDataset]:
@@ -110,9 +131,12 @@ def build_scheduler(cfg: RunConfig, opt: torch.optim.Optimizer) -> Any:
 
 
 def loss_function(kind: str, outputs: Tensor) -> Callable[[Tensor, Tensor], Tensor]:
-    scalar = outputs.dim() == 1 or (outputs.dim() == 2 and outputs.shape[1] == 1)
+    """The training loss; ``"auto"``: BCE-with-logits for one column (its sign is the class, the
+    ``output_kind="logits"`` rule of :mod:`senslab.measure.outputs`), cross-entropy otherwise."""
+    from ..measure.outputs import is_scalar
+
     if kind == "auto":
-        kind = "bce" if scalar else "ce"
+        kind = "bce" if is_scalar(outputs) else "ce"
     if kind == "ce":
         return lambda out, y: F.cross_entropy(out, y.long())
     if kind == "bce":
@@ -123,9 +147,11 @@ def loss_function(kind: str, outputs: Tensor) -> Callable[[Tensor, Tensor], Tens
 
 
 def correct(outputs: Tensor, y: Tensor) -> Tensor:
-    if outputs.dim() == 1 or (outputs.dim() == 2 and outputs.shape[1] == 1):
-        return ((outputs.reshape(-1) > 0).long() == y.long()).sum()
-    return (outputs.argmax(1) == y).sum()
+    """Number of right predictions, by the one decision rule of :mod:`senslab.measure.outputs`
+    read as logits (what the loop trains: one column's sign, else the argmax)."""
+    from ..measure.outputs import predictions
+
+    return (predictions(outputs, "logits").long() == y.long()).sum()
 
 
 def to_device(x: Any, device: torch.device) -> Any:
@@ -182,13 +208,29 @@ class _Position:
     step: int = 0  # optimizer steps so far
 
 
+class TrainingInterrupted(KeyboardInterrupt):
+    """Training stopped by Ctrl-C (SIGINT); ``step`` is where, ``checkpoint`` the step a re-run
+    resumes from (None: it starts over). The run directory's lock is released."""
+
+    def __init__(self, step: int, checkpoint: int | None) -> None:
+        where = (f"resumes from the checkpoint at step {checkpoint}" if checkpoint is not None
+                 else "starts over: no checkpoint was written yet")
+        super().__init__(f"interrupted at step {step}; re-run the same command to resume (it "
+                         f"{where})")
+        self.step, self.checkpoint = step, checkpoint
+
+
 def fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None = None) -> dict[str, Any]:
     """Train as configured, tracking metrics; resume if ``run_dir`` holds a run of ``cfg``.
 
     Returns the summary (label and final metrics). The global torch RNG (dropout) is seeded from
-    ``cfg.seed`` inside a fork, so the caller's RNG state is left untouched.
+    ``cfg.seed`` inside a fork, so the caller's RNG state is left untouched. An invalid
+    configuration is an error before anything is written; Ctrl-C raises
+    :class:`TrainingInterrupted`.
     """
     import torch.distributed as dist
+
+    validate(cfg)
 
     owns_group = dist.is_available() and not dist.is_initialized()
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
@@ -252,14 +294,32 @@ def _fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None) -> dict[str
     rank, world = distributed(device)
     rd = RunDir(run_dir, readonly=rank != 0)
     cfg.label = cfg.label or cfg.model.name
+    pos = _Position()
+    try:
+        with rd.writing():  # ranks > 0 (read-only) take no lock
+            return _train(cfg, rd, device, rank, world, progress, pos)
+    except KeyboardInterrupt as err:
+        if isinstance(err, TrainingInterrupted):
+            raise
+        saved = rd.checkpoints()
+        raise TrainingInterrupted(pos.step, checkpoint_step(saved[-1]) if saved else None) from None
+
+
+def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: int,
+           progress: bool | None, pos: _Position) -> dict[str, Any]:
     if rd.exists():
         old = rd.read_json("config.json")
         if old != cfg.to_dict():
-            raise ValueError(
-                f"{rd.path} holds a run with a different configuration; use another --out "
-                "directory, or delete it to start over"
-            )
-        if (rd.path / "summary.json").exists():
+            if rd.checkpoints() or (rd.path / "summary.json").exists():
+                raise ValueError(
+                    f"{rd.path} holds a run with a different configuration; use another --out "
+                    "directory, or delete it to start over"
+                )
+            if rank == 0:  # nothing was trained yet: the start failed, or was cut short
+                notice(f"{rd.path} holds a run that stopped before its first checkpoint; "
+                       "starting it over with the new configuration")
+            rd.reset()
+        elif (rd.path / "summary.json").exists():
             return rd.read_json("summary.json")
     device = rank_device(device, world)
     train, test = load_data(cfg)
@@ -270,10 +330,10 @@ def _fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None) -> dict[str
     opt = build_optimizer(cfg, model)
     sched = build_scheduler(cfg, opt)
     reg_gen = torch.Generator().manual_seed(cfg.seed + 777)
-    pos = _Position()
     start_time = 0.0
 
-    state = rd.latest_checkpoint() if rd.exists() else None
+    found = rd.load_latest() if rd.exists() else None
+    state = found[1] if found is not None else None
     if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
@@ -283,9 +343,12 @@ def _fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None) -> dict[str
         if state.get("cuda_rng") is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
         reg_gen.set_state(state["reg_rng"])
-        pos = _Position(**state["position"])
+        for key, value in state["position"].items():
+            setattr(pos, key, value)
         start_time = state["time"]
         rd.truncate_metrics(pos.step)
+        if rank == 0:
+            notice(f"resuming {rd.path} from step {pos.step} (checkpoint {found[0].name})")
     else:
         rd.write_json("config.json", cfg.to_dict())
         rd.metrics_path.unlink(missing_ok=True)

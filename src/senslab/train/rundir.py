@@ -1,14 +1,21 @@
 """A run directory (format: docs/run-directory.md): config, environment, metric log, checkpoints.
 
-Checkpoints are written atomically (temporary file, fsync, rename) with a SHA-256 sidecar, so a
-run killed at any instant leaves either the previous or the new checkpoint intact; a corrupted
-or truncated one is detected and the previous good one is used.
+Three guarantees, so that nothing is lost and nothing is silently wrong:
+
+* **one writer** — a process that writes a run (or experiment) directory holds its lock
+  (:meth:`RunDir.writing`) for the run's whole life; a second writer fails at once with a
+  message naming the holder. Readers (``senslab measure``, ``senslab report``) and the other
+  ranks of one torchrun job never take it. The lock is an OS file lock: it goes away with the
+  process that held it, however that process ended.
+* **verified checkpoints** — written atomically (temporary file, fsync, rename) in the format of
+  :mod:`senslab.train.checkpoint`; a damaged one is detected and the previous good one used.
+* **a schema version** — ``senslab.json`` says what a directory is and which format it follows;
+  a directory of an older format is migrated when it is opened for writing, one of a newer
+  format is refused.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import os
 import platform
@@ -17,23 +24,100 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .checkpoint import LEGACY_SUFFIX, SUFFIX, CheckpointError, decode, encode, load_legacy
+
+__all__ = ["CheckpointError", "RunDir", "RunDirError", "RunDirInUse", "SCHEMA"]
+
+#: the run/experiment directory format this code writes (1: before senslab.json existed)
+SCHEMA = 2
+MARKER = "senslab.json"
+LOCK_FILE = ".senslab.lock"
+OWNER_FILE = ".senslab.owner"
+#: the file whose presence marks a schema-1 directory of each kind
+LEGACY_MARKERS = {"run": "config.json", "experiment": "experiment.json"}
+
+
+class RunDirError(ValueError):
+    """A run or experiment directory that cannot be used as asked (the message says why and
+    what to do)."""
+
+
+class RunDirInUse(RunDirError):
+    """Another process is writing the directory."""
+
+
+def notice(message: str) -> None:
+    """A one-line message to the user, on stderr (stdout stays the command's result)."""
+    print(f"senslab: {message}", file=sys.stderr, flush=True)
+
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename in ``path`` durable (POSIX; a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
+
+
+def read_json_file(path: Path) -> Any:
+    """``json.loads`` of ``path``; a damaged file is a :class:`RunDirError` naming it."""
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        where = f" ({err.msg}, line {err.lineno})" if isinstance(err, json.JSONDecodeError) else ""
+        raise RunDirError(
+            f"{path} is not valid JSON{where}: the file is truncated or damaged; restore it, or "
+            f"delete {path.parent} to start over"
+        ) from None
+
+
+def metric_order_problem(path: Path, numbered: Iterable[tuple[int, dict[str, Any]]]) -> str | None:
+    """Why the metric log ``path`` cannot be trusted — a step logged twice or out of order, as
+    when two processes wrote one run — or None. ``numbered``: (line number, record) pairs."""
+    prev: tuple[int, Any] | None = None
+    for lineno, row in numbered:
+        step = row.get("step")
+        if not isinstance(step, (int, float)) or isinstance(step, bool):
+            continue
+        if prev is not None and step <= prev[1]:
+            how = "repeats" if step == prev[1] else "goes back to"
+            return (f"{path}: line {lineno} {how} step {step} after step {prev[1]} (line "
+                    f"{prev[0]}); the log holds duplicated or out-of-order records, as when two "
+                    "processes write one run at once, so its numbers cannot be trusted: delete "
+                    f"{path.parent} and train it again")
+        prev = (lineno, step)
+    return None
 
 
 def git_commit() -> str | None:
@@ -71,16 +155,27 @@ def environment(device: torch.device | str) -> dict[str, Any]:
     }
 
 
-class CheckpointError(RuntimeError):
-    pass
+#: the directory locks this process holds: resolved path → [lock, nesting depth]
+_HELD: dict[Path, list[Any]] = {}
+
+
+def checkpoint_step(path: Path) -> int:
+    """``step-00000100.safetensors`` → 100 (-1 for a name of another form)."""
+    try:
+        return int(path.name.split(".")[0].removeprefix("step-"))
+    except ValueError:
+        return -1
 
 
 class RunDir:
-    """Paths and I/O of one run directory."""
+    """Paths and I/O of one run directory (``kind="experiment"``: of an experiment directory,
+    which shares the marker, the lock and the JSON writer)."""
 
-    def __init__(self, path: str | os.PathLike[str], readonly: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike[str], readonly: bool = False,
+                 kind: str = "run") -> None:
         #: a read-only RunDir (ranks > 0 of a distributed run) silently skips every write
         self.readonly = readonly
+        self.kind = kind
         self.path = Path(path)
         self.ckpt_dir = self.path / "checkpoints"
         self.metrics_path = self.path / "metrics.jsonl"
@@ -93,10 +188,186 @@ class RunDir:
         atomic_write_text(self.path / name, json.dumps(obj, indent=2, sort_keys=True, default=str))
 
     def read_json(self, name: str) -> Any:
-        return json.loads((self.path / name).read_text())
+        return read_json_file(self.path / name)
 
     def exists(self) -> bool:
         return (self.path / "config.json").exists()
+
+    # -- format version ------------------------------------------------------------------------
+    def marker(self) -> dict[str, Any] | None:
+        """The contents of ``senslab.json`` (None when the directory has none)."""
+        if not (self.path / MARKER).is_file():
+            return None
+        data = self.read_json(MARKER)
+        if not (isinstance(data, dict) and isinstance(data.get("schema"), int)
+                and data.get("kind") in LEGACY_MARKERS):
+            raise RunDirError(f"{self.path / MARKER} is not a senslab directory marker; restore "
+                              f"it, or delete {self.path} to start over")
+        return data
+
+    def schema(self) -> int | None:
+        """The format version of the directory: from ``senslab.json``, 1 for a directory written
+        before it existed, None when the directory holds no senslab run/experiment."""
+        marker = self.marker()
+        if marker is not None:
+            return int(marker["schema"])
+        return 1 if (self.path / LEGACY_MARKERS[self.kind]).is_file() else None
+
+    def check_readable(self) -> None:
+        """Refuse a directory written in a newer format than this code knows."""
+        schema = self.schema()
+        if schema is not None and schema > SCHEMA:
+            raise RunDirError(f"{self.path} was written by a newer senslab (schema {schema}; "
+                              f"this one reads up to {SCHEMA}); upgrade senslab to use it")
+
+    @property
+    def _a_kind(self) -> str:
+        return f"{'an' if self.kind[0] in 'aeiou' else 'a'} {self.kind} directory"
+
+    def _check_target(self) -> None:
+        """Before anything is written: the directory is new, empty, or a senslab directory of
+        this kind in a format this code can write."""
+        p = self.path
+        if p.exists() and not p.is_dir():
+            raise RunDirError(f"{p} is a file, not a directory; choose a new directory for --out")
+        marker = self.marker()
+        if marker is not None and marker["kind"] != self.kind:
+            raise RunDirError(f"{p} is a senslab {marker['kind']} directory, not {self._a_kind}; "
+                              "choose an empty or new directory for --out")
+        self.check_readable()
+        if self.schema() is not None:
+            return
+        other = next((k for k, f in LEGACY_MARKERS.items() if (p / f).is_file()), None)
+        if other is not None:
+            raise RunDirError(f"{p} is a senslab {other} directory, not {self._a_kind}; choose "
+                              "an empty or new directory for --out")
+        foreign = sorted(e.name for e in p.iterdir() if not _own_file(e.name)) if p.is_dir() else []
+        if foreign:
+            shown = ", ".join(foreign[:4]) + (", …" if len(foreign) > 4 else "")
+            raise RunDirError(f"{p} is not empty and is not a senslab {self.kind} directory (it "
+                              f"holds {shown}); choose an empty or new directory for --out")
+
+    # -- the writer's lock ---------------------------------------------------------------------
+    def holds_lock(self) -> bool:
+        """Whether this process holds the directory's lock."""
+        return self.path.resolve() in _HELD
+
+    def acquire(self) -> None:
+        """Take the directory's lock (nested calls in one process only count), after checking
+        that the directory can be written; migrate a schema-1 directory, write the marker and
+        remove temporary files left by writers that died. :class:`RunDirInUse` if another
+        process holds it. Pair with :meth:`release`, or use :meth:`writing`."""
+        if self.readonly:
+            return
+        key = self.path.resolve()
+        if key in _HELD:
+            _HELD[key][1] += 1
+            return
+        self._check_target()
+        from filelock import FileLock, Timeout
+
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            lock = FileLock(self.path / LOCK_FILE, thread_local=False)
+            lock.acquire(timeout=0)
+        except Timeout:  # before OSError: filelock's Timeout is a TimeoutError
+            raise RunDirInUse(f"{self.path} is in use by another senslab process "
+                              f"({self._owner()}); wait for it to finish, or use another "
+                              "--out directory") from None
+        except PermissionError as err:
+            raise PermissionError(f"cannot write to {self.path} ({err.strerror or err}): it is "
+                                  "read-only for you; choose a directory you can write for "
+                                  "--out") from None
+        except OSError as err:
+            raise RunDirError(f"cannot create {self.path} ({err.strerror or err}); choose "
+                              "another directory for --out") from None
+        _HELD[key] = [lock, 1]
+        try:
+            atomic_write_text(self.path / OWNER_FILE, json.dumps({
+                "pid": os.getpid(), "host": socket.gethostname(),
+                "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": sys.argv,
+            }))
+            self._remove_orphans()
+            self._upgrade()
+        except BaseException:
+            self._unlock(key)
+            raise
+
+    def release(self) -> None:
+        if self.readonly:
+            return
+        key = self.path.resolve()
+        if key in _HELD:
+            _HELD[key][1] -= 1
+            if _HELD[key][1] == 0:
+                self._unlock(key)
+
+    def _unlock(self, key: Path) -> None:
+        lock, _ = _HELD.pop(key)
+        try:
+            (self.path / OWNER_FILE).unlink(missing_ok=True)  # before the release: see _owner
+        finally:
+            lock.release()
+
+    @contextmanager
+    def writing(self) -> Iterator[RunDir]:
+        """Hold the directory's lock inside the block (see :meth:`acquire`); released however
+        the block ends. A read-only RunDir takes no lock."""
+        self.acquire()
+        try:
+            yield self
+        finally:
+            self.release()
+
+    def _owner(self) -> str:
+        try:
+            info = json.loads((self.path / OWNER_FILE).read_text())
+            return f"pid {info['pid']} on host {info['host']}, since {info['since']}"
+        except (OSError, ValueError, KeyError, TypeError):
+            return "pid unknown: it is just starting or stopping"
+
+    def _remove_orphans(self) -> None:
+        """Temporary files of writers that died mid-write (only a lock holder runs this, so no
+        live writer owns one)."""
+        for folder in (self.path, self.ckpt_dir):
+            if folder.is_dir():
+                for f in folder.glob(".*.tmp-*"):
+                    f.unlink(missing_ok=True)
+
+    def _upgrade(self) -> None:
+        """Write the marker of a new directory; migrate one of schema 1 (convert its verified
+        ``.pt`` checkpoints) and say so in one line."""
+        schema = self.schema()
+        if schema == SCHEMA:
+            return
+        if schema == 1:
+            done = self._migrate_checkpoints() if self.kind == "run" else ""
+            notice(f"{self.path}: upgraded a {self.kind} directory of an older senslab to schema "
+                   f"{SCHEMA}{done}")
+        import senslab
+
+        self.write_json(MARKER, {"kind": self.kind, "schema": SCHEMA,
+                                 "senslab": senslab.__version__})
+
+    def _migrate_checkpoints(self) -> str:
+        converted, kept = 0, []
+        for old in sorted(self.ckpt_dir.glob(f"step-*{LEGACY_SUFFIX}")):
+            try:
+                state = load_legacy(old)
+            except CheckpointError:
+                kept.append(old.name)
+                continue
+            atomic_write_bytes(old.with_suffix(SUFFIX), encode(state))
+            old.unlink()
+            old.with_suffix(".sha256").unlink(missing_ok=True)
+            converted += 1
+        if not converted and not kept:
+            return ""
+        out = f" ({converted} checkpoint(s) converted to {SUFFIX}"
+        if kept:
+            out += (f"; {', '.join(kept)} could not be verified and stay as they are, loaded only "
+                    "with allow_unverified=True")
+        return out + ")"
 
     # -- metrics -------------------------------------------------------------------------------
     def log(self, record: dict[str, Any]) -> None:
@@ -107,6 +378,7 @@ class RunDir:
             f.flush()
 
     def metrics(self) -> list[dict[str, Any]]:
+        """The logged records; an error if a step is logged twice or out of order."""
         if not self.metrics_path.exists():
             return []
         out = []
@@ -117,7 +389,11 @@ class RunDir:
             except json.JSONDecodeError:
                 if i == len(lines) - 1:  # a run killed mid-write leaves a partial last line
                     break
-                raise ValueError(f"{self.metrics_path}:{i + 1} is not valid JSON") from None
+                raise RunDirError(f"{self.metrics_path}:{i + 1} is not valid JSON; the metric "
+                                  f"log is damaged: delete {self.path} and train again") from None
+        problem = metric_order_problem(self.metrics_path, enumerate(out, 1))
+        if problem:
+            raise RunDirError(problem)
         return out
 
     def truncate_metrics(self, step: int) -> None:
@@ -129,40 +405,66 @@ class RunDir:
 
     # -- checkpoints ---------------------------------------------------------------------------
     def save_checkpoint(self, state: dict[str, Any], step: int, keep: int = 2) -> Path | None:
+        """Write ``state`` as ``checkpoints/step-<step>.safetensors`` and keep the newest
+        ``keep`` checkpoints (0: all)."""
         if self.readonly:
             return None
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
-        buf = io.BytesIO()
-        torch.save(state, buf)
-        data = buf.getvalue()
-        path = self.ckpt_dir / f"step-{step:08d}.pt"
-        atomic_write_bytes(path, data)
-        atomic_write_text(path.with_suffix(".sha256"), hashlib.sha256(data).hexdigest())
+        path = self.ckpt_dir / f"step-{step:08d}{SUFFIX}"
+        atomic_write_bytes(path, encode(state))
         for old in self.checkpoints()[:-keep] if keep > 0 else []:
             old.unlink(missing_ok=True)
             old.with_suffix(".sha256").unlink(missing_ok=True)
         return path
 
     def checkpoints(self) -> list[Path]:
-        return sorted(self.ckpt_dir.glob("step-*.pt")) if self.ckpt_dir.exists() else []
+        """Checkpoint files, oldest first (schema-1 ``.pt`` files too, until migrated)."""
+        if not self.ckpt_dir.exists():
+            return []
+        found = [*self.ckpt_dir.glob(f"step-*{SUFFIX}"),
+                 *self.ckpt_dir.glob(f"step-*{LEGACY_SUFFIX}")]
+        return sorted(found, key=lambda p: (checkpoint_step(p), p.suffix == SUFFIX))
 
     @staticmethod
-    def load_checkpoint(path: Path) -> dict[str, Any]:
-        """Load one checkpoint, verifying its checksum; :class:`CheckpointError` if damaged."""
-        data = path.read_bytes()
-        digest = path.with_suffix(".sha256")
-        if digest.exists() and digest.read_text().strip() != hashlib.sha256(data).hexdigest():
-            raise CheckpointError(f"{path} does not match its checksum (truncated or corrupted)")
+    def load_checkpoint(path: Path, allow_unverified: bool = False) -> dict[str, Any]:
+        """Load one checkpoint after verifying its checksum; :class:`CheckpointError` if it is
+        damaged or (unless ``allow_unverified``) carries no checksum. Nothing is unpickled."""
+        path = Path(path)
+        if path.suffix == LEGACY_SUFFIX:
+            return load_legacy(path, allow_unverified)
         try:
-            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
-        except Exception as err:  # torch raises several types for damaged zip archives
-            raise CheckpointError(f"{path} cannot be read ({err})") from err
+            data = path.read_bytes()
+        except OSError as err:
+            raise CheckpointError(f"{path} cannot be read ({err.strerror or err})") from None
+        return decode(data, path, allow_unverified)
 
-    def latest_checkpoint(self) -> dict[str, Any] | None:
-        """The newest checkpoint that loads; damaged ones are reported and skipped."""
+    def load_latest(self, allow_unverified: bool = False) -> tuple[Path, dict[str, Any]] | None:
+        """(path, state) of the newest checkpoint that verifies; the ones that do not are
+        reported and skipped."""
+        self.check_readable()
         for path in reversed(self.checkpoints()):
             try:
-                return self.load_checkpoint(path)
+                return path, self.load_checkpoint(path, allow_unverified)
             except CheckpointError as err:
-                warnings.warn(f"{err}; falling back to the previous checkpoint", stacklevel=2)
+                warnings.warn(f"{err}; falling back to the previous checkpoint", stacklevel=3)
         return None
+
+    def latest_checkpoint(self, allow_unverified: bool = False) -> dict[str, Any] | None:
+        """The newest checkpoint that verifies; damaged ones are reported and skipped."""
+        found = self.load_latest(allow_unverified)
+        return found[1] if found is not None else None
+
+    def reset(self) -> None:
+        """Remove what a run wrote when it started (config, environment, metrics, summary,
+        checkpoints), so that a new configuration can start in its place."""
+        if self.readonly:
+            return
+        for name in ("config.json", "env.json", "metrics.jsonl", "summary.json"):
+            (self.path / name).unlink(missing_ok=True)
+        for path in self.checkpoints():
+            path.unlink(missing_ok=True)
+
+
+def _own_file(name: str) -> bool:
+    """Files senslab leaves in a directory it has not yet written a run to."""
+    return name in (LOCK_FILE, OWNER_FILE) or (name.startswith(".") and ".tmp-" in name)

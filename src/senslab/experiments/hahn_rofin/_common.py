@@ -187,6 +187,7 @@ def train_boolean(
     ``extra(model)`` adds metrics at every evaluation. The summary holds ``first_below_001``,
     the first step whose training batch loss was < 0.01 (None if never). A finished run
     (summary.json present) is reused; an unfinished one restarts from scratch (runs are short).
+    The run directory is locked while the run trains.
     """
     # the per-run settings: the Setup fields (not a subclass's run-selecting fields such as the
     # list of n values or the number of seeds), the early stop and the caller's extras
@@ -198,74 +199,75 @@ def train_boolean(
     if done is not None:
         _check_reusable(RunDir(path), resolved)
         return done
-    device = pick_device(setup.device)
-    # a killed run restarts (no checkpoint is worth keeping here): a fresh metric log
-    rd = start_run(path, resolved, device)
+    with RunDir(path).writing():  # one writer at a time
+        device = pick_device(setup.device)
+        # a killed run restarts (no checkpoint is worth keeping here): a fresh metric log
+        rd = start_run(path, resolved, device)
 
-    model = create_model("boolean_transformer", n_bits=n, dim=setup.dim, ff_dim=setup.dim,
-                         layers=setup.layers, heads=setup.heads, seed=seed).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=setup.lr, weight_decay=setup.weight_decay)
-    data_gen = torch.Generator().manual_seed(1_000_003 * seed + 17)
-    measure_gen = torch.Generator().manual_seed(seed)
-    if train_set is None:
-        eval_x, eval_y = fresh_strings(function, n, setup.eval_size,
-                                       torch.Generator().manual_seed(10_007 * seed + 5))
-        held = (eval_x, eval_y)
-    else:
-        eval_x, eval_y = sharp_set if sharp_set is not None else train_set
-        held = test_set
-    eval_x, eval_y = eval_x.to(device), eval_y.to(device)
+        model = create_model("boolean_transformer", n_bits=n, dim=setup.dim, ff_dim=setup.dim,
+                             layers=setup.layers, heads=setup.heads, seed=seed).to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=setup.lr, weight_decay=setup.weight_decay)
+        data_gen = torch.Generator().manual_seed(1_000_003 * seed + 17)
+        measure_gen = torch.Generator().manual_seed(seed)
+        if train_set is None:
+            eval_x, eval_y = fresh_strings(function, n, setup.eval_size,
+                                           torch.Generator().manual_seed(10_007 * seed + 5))
+            held = (eval_x, eval_y)
+        else:
+            eval_x, eval_y = sharp_set if sharp_set is not None else train_set
+            held = test_set
+        eval_x, eval_y = eval_x.to(device), eval_y.to(device)
 
-    start = time.perf_counter()
-    first_below: int | None = None
-    losses: list[float] = []
-    record: dict[str, Any] = {}
-    for step in range(1, setup.steps + 1):
-        if train_set is None:
-            x, y = fresh_strings(function, n, setup.batch, data_gen)
-        else:
-            x, y = train_set
-        loss = F.mse_loss(model(x.to(device)), y.to(device))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-        if first_below is None and losses[-1] < 0.01:
-            first_below = step
-        if step % setup.eval_every and step != setup.steps:
-            continue
-        m = measure(model, eval_x, eval_y, function, n, setup.sharp_draws, measure_gen)
-        record = {"step": step, "epoch": float(step), "train/loss": sum(losses) / len(losses)}
-        if train_set is None:
-            record.update({"test/loss": m.pop("loss"), "test/acc": m.pop("acc")})
-        else:
-            del m["loss"], m["acc"]  # on the sharpness set; the fit is judged on the train set
-            with torch.no_grad():
-                out = model(train_set[0].to(device))
-            y_train = train_set[1].to(device)
-            record.update({"train/loss": F.mse_loss(out, y_train).item(),
-                           "train/acc": accuracy(out, y_train, function, n)})
-            if held is not None:
+        start = time.perf_counter()
+        first_below: int | None = None
+        losses: list[float] = []
+        record: dict[str, Any] = {}
+        for step in range(1, setup.steps + 1):
+            if train_set is None:
+                x, y = fresh_strings(function, n, setup.batch, data_gen)
+            else:
+                x, y = train_set
+            loss = F.mse_loss(model(x.to(device)), y.to(device))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            if first_below is None and losses[-1] < 0.01:
+                first_below = step
+            if step % setup.eval_every and step != setup.steps:
+                continue
+            m = measure(model, eval_x, eval_y, function, n, setup.sharp_draws, measure_gen)
+            record = {"step": step, "epoch": float(step), "train/loss": sum(losses) / len(losses)}
+            if train_set is None:
+                record.update({"test/loss": m.pop("loss"), "test/acc": m.pop("acc")})
+            else:
+                del m["loss"], m["acc"]  # on the sharpness set; the fit is judged on the train set
                 with torch.no_grad():
-                    out = model(held[0].to(device))  # no dropout: train mode is deterministic
-                record["test/acc"] = accuracy(out, held[1].to(device), function, n)
-        record.update(m)
-        if extra is not None:
-            record.update(extra(model))
-        record["time"] = time.perf_counter() - start
-        rd.log(record)
-        losses = []
-        if stop_below is not None and record["train/loss"] < stop_below:
-            break
-    acc_key = "test/acc" if train_set is None else "train/acc"
-    summary = {
-        "label": label, "name": path.name, "final": record,
-        "seconds": time.perf_counter() - start, "function": function, "n": n, "seed": seed,
-        "converged": bool(record[acc_key] > CONVERGED_ACC), "first_below_001": first_below,
-        "config": settings,
-    }
-    rd.write_json("summary.json", summary)
-    return summary
+                    out = model(train_set[0].to(device))
+                y_train = train_set[1].to(device)
+                record.update({"train/loss": F.mse_loss(out, y_train).item(),
+                               "train/acc": accuracy(out, y_train, function, n)})
+                if held is not None:
+                    with torch.no_grad():
+                        out = model(held[0].to(device))  # no dropout: train mode is deterministic
+                    record["test/acc"] = accuracy(out, held[1].to(device), function, n)
+            record.update(m)
+            if extra is not None:
+                record.update(extra(model))
+            record["time"] = time.perf_counter() - start
+            rd.log(record)
+            losses = []
+            if stop_below is not None and record["train/loss"] < stop_below:
+                break
+        acc_key = "test/acc" if train_set is None else "train/acc"
+        summary = {
+            "label": label, "name": path.name, "final": record,
+            "seconds": time.perf_counter() - start, "function": function, "n": n, "seed": seed,
+            "converged": bool(record[acc_key] > CONVERGED_ACC), "first_below_001": first_below,
+            "config": settings,
+        }
+        rd.write_json("summary.json", summary)
+        return summary
 
 
 def _check_reusable(rd: RunDir, resolved: dict[str, Any]) -> None:

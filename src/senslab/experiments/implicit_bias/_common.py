@@ -171,18 +171,19 @@ def run_custom(path: Path, config: dict[str, Any], body: Callable[[RunDir], dict
     ``body(rundir)`` logs its metric records and returns the summary's extra fields (``final``
     …); this writes config.json, env.json (:func:`~senslab.experiments._manual.start_run`), and
     summary.json with the label, name and seconds. A run without a summary (interrupted) starts
-    over: these runs take seconds to minutes.
+    over: these runs take seconds to minutes. The run directory is locked while ``body`` runs.
     """
     done = finished_summary(path)
     if done is not None:
         log(f"{path.name}: finished earlier, reusing its summary")
         return done
-    rd = start_run(path, config)
-    start = time.perf_counter()
-    with single_thread():
-        summary = {"label": config["label"], "name": path.name, **body(rd)}
-    summary["seconds"] = round(time.perf_counter() - start, 2)
-    rd.write_json("summary.json", summary)
+    with RunDir(path).writing():
+        rd = start_run(path, config)
+        start = time.perf_counter()
+        with single_thread():
+            summary = {"label": config["label"], "name": path.name, **body(rd)}
+        summary["seconds"] = round(time.perf_counter() - start, 2)
+        rd.write_json("summary.json", summary)
     log(f"{path.name}: done in {summary['seconds']:.1f} s")
     return summary
 

@@ -121,7 +121,7 @@ class Source:
     """One dataset of the experiment: its registered name and what it needs locally.
 
     ``files``: alternative sets of files, any one of which makes ``data.root`` usable (empty:
-    the data ships with an installed package and ``data.root`` only caches the tokenizer).
+    the data ships with an installed package, and an explicit ``data.root`` must hold its file).
     """
 
     data: str
