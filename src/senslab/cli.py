@@ -8,15 +8,67 @@
     senslab report runs/demo [more run or experiment dirs]
     senslab demo            # = senslab run demo, then the report
     senslab reproduction    # record runs/<name> results, regenerate REPRODUCTION.md
+
+Failures. An error the user can act on is one line on stderr, ``senslab: error: <what was wrong
+and how to fix it>``, and no traceback; the exit status says what kind:
+
+    2    bad input: an unknown or out-of-range option or config value, a missing data file or
+         run directory, a damaged config.json or checkpoint (senslab's ValueError, TypeError,
+         KeyError, FileNotFoundError, ImportError and their subclasses)
+    1    the work failed: the training loss became NaN (FloatingPointError), a file could not be
+         written (OSError: the message names the path), or a RuntimeError raised by senslab's
+         own code (its message is written for the user)
+    130  interrupted by Ctrl-C; an interrupted training run says at which step, and that
+         re-running the same command resumes it
+    141  stdout was closed early (``senslab list experiments | head -1``): nothing is printed,
+         the status a shell reports for a command ended by SIGPIPE
+
+Any other exception (and a RuntimeError raised inside torch or another library) is unexpected —
+most likely a bug: it is reported in one line with its type, and the hint to re-run with
+``SENSLAB_DEBUG=1`` (any value but 0), which lets every exception through with its full
+traceback. Warnings are one line too, ``senslab: warning: <message>``, unless SENSLAB_DEBUG is
+set. Lines about what a command does (``senslab: measuring …``) go to stderr as well: stdout
+holds only the result.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import json
+import math
+import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
+
+
+class UsageError(ValueError):
+    """A command-line argument that cannot work; the message names it and the fix."""
+
+
+def _note(message: str) -> None:
+    """A one-line message about what the command does, on stderr (stdout is its result)."""
+    print(f"senslab: {message}", file=sys.stderr, flush=True)
+
+
+def _check_out(path: Path, option: str = "--out") -> None:
+    """Fail before any work when the output directory ``path`` cannot be created or written
+    (nothing is created here: the run directory's own code does that)."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{option} {path} is a file, not a directory; choose a directory")
+    existing = path
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"{option} {path} cannot be created: {existing} is a file, not a "
+                         f"directory; choose another {option}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        where = "" if existing == path else f" (in {existing})"
+        raise UsageError(f"{option} {path} is not writable{where}: permission denied or a "
+                         f"read-only file system; choose a directory you can write for {option}")
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -40,11 +92,17 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
+#: defaults of ``--model``/``--data`` (their argparse default is None, so that ``measure
+#: --checkpoint`` can tell an option given from one left out)
+DEFAULT_MODEL, DEFAULT_DATA = "mlp", "digits"
+
+
 def _config(args: argparse.Namespace) -> Any:
     from .train.config import RunConfig, apply_overrides
 
-    cfg = RunConfig(name=args.name or f"{args.model}-{args.data}-s{args.seed}", seed=args.seed)
-    cfg.model.name, cfg.data.name = args.model, args.data
+    model, data = args.model or DEFAULT_MODEL, args.data or DEFAULT_DATA
+    cfg = RunConfig(name=args.name or f"{model}-{data}-s{args.seed}", seed=args.seed)
+    cfg.model.name, cfg.data.name = model, data
     if args.data_root:
         cfg.data.root = args.data_root
     return apply_overrides(cfg, args.set or [])
@@ -56,6 +114,8 @@ def _train(args: argparse.Namespace) -> int:
 
     cfg = _config(args)
     out = Path(args.out or Path("runs") / cfg.name)
+    _check_out(out)
+    _note(f"training {cfg.model.name} on {cfg.data.name} (seed {cfg.seed}) into {out}")
     summary = fit(cfg, out)
     print(format_table(final_table(load_runs([out]))))
     print(f"run directory: {out} ({summary['seconds']} s)")
@@ -66,32 +126,136 @@ def _train(args: argparse.Namespace) -> int:
 AUTOCAST = {"bf16": "bfloat16", "fp16": "float16"}
 
 
+#: ``--set`` keys that configure training only, and the ``measure`` options that do their job
+_TRAINING_ONLY = ("name", "label", "optim.", "train.", "track.")
+_MEASURE_OPTION = {"track.sigma": "--sigma", "track.repeats": "--repeats",
+                   "track.num_examples": "--num-examples"}
+#: what ``--set`` may change on top of a checkpoint's config: where things run and where the
+#: (same) data is read from, nothing that the trained weights depend on
+_CHECKPOINT_KEYS = ("device", "data.root", "data.download")
+
+
+def _check_measure_set(assignments: list[str], cfg: Any, checkpoint: str | None) -> None:
+    """Refuse ``--set`` keys that ``measure`` would ignore, and (with ``--checkpoint``) those
+    that the checkpoint fixes. Keys are already known to exist: the overrides were applied."""
+    for item in assignments:
+        key = item.split("=", 1)[0].strip()
+        if key in _TRAINING_ONLY or key.startswith(_TRAINING_ONLY):
+            use = _MEASURE_OPTION.get(key)
+            fix = f"use {use} instead" if use else f"drop --set {key}"
+            raise UsageError(f"--set {key} configures training and has no effect on "
+                             f"`senslab measure`; {fix}")
+        if checkpoint is None or key in _CHECKPOINT_KEYS:
+            continue
+        if key.startswith("model."):
+            raise UsageError(f"--set {key} would change the model, but the checkpoint's weights "
+                             f"fix it ({cfg.model.name} as trained in {checkpoint}); drop --set "
+                             f"{key}")
+        what = "its seed (for the noise draws use --seed)" if key == "seed" else "its data"
+        raise UsageError(f"--set {key} would change what the checkpoint's run trained on: "
+                         f"{checkpoint} fixes {what}; drop --set {key} (with --checkpoint, "
+                         f"--set may change only {', '.join(_CHECKPOINT_KEYS)})")
+
+
+def _checkpoint(args: argparse.Namespace) -> tuple[Any, dict[str, Any], int]:
+    """The config of run directory ``--checkpoint`` with the allowed overrides, its newest
+    verified checkpoint and that checkpoint's step."""
+    from .train.config import RunConfig, apply_overrides
+    from .train.rundir import RunDir, checkpoint_step
+
+    path = Path(args.checkpoint)
+    made_by = "pass the directory that `senslab train --out DIR` wrote"
+    if not path.exists():
+        raise UsageError(f"--checkpoint {path}: no such directory; {made_by}")
+    if not path.is_dir():
+        raise UsageError(f"--checkpoint {path} is a file; {made_by}, not a file in it")
+    rd = RunDir(path)
+    config = path / "config.json"
+    if not config.is_file():
+        raise UsageError(f"--checkpoint {path} is not a run directory (it has no config.json); "
+                         f"{made_by}")
+    try:
+        raw = rd.read_json("config.json")
+    except json.JSONDecodeError as err:
+        raise UsageError(f"{config} is not valid JSON ({err.msg}, line {err.lineno}): the file "
+                         f"is truncated or damaged; restore it, or train the run again") from None
+    try:
+        cfg = RunConfig.from_dict(raw)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        msg = err.args[0] if isinstance(err, KeyError) and err.args else err
+        raise UsageError(f"{config} does not hold a run configuration this senslab can read "
+                         f"({msg})") from None
+    for option, given, trained in (("--model", args.model, cfg.model.name),
+                                   ("--data", args.data, cfg.data.name)):
+        if given is not None and given != trained:
+            raise UsageError(f"{option} {given} but the checkpoint's run trained "
+                             f"{'on ' if option == '--data' else ''}{trained}; drop {option} "
+                             "(--checkpoint measures the model and data it was trained with)")
+    if args.data_root:  # the same data, found in another place: safe
+        cfg.data.root = args.data_root
+    apply_overrides(cfg, args.set or [])
+    _check_measure_set(args.set or [], cfg, str(path))
+    found = rd.load_latest()
+    if found is None:
+        raise UsageError(f"no usable checkpoint in {path / 'checkpoints'}: the run saved none "
+                         "yet, or every one is damaged; train it (re-running its `senslab train` "
+                         "command resumes it) and measure again")
+    ckpt, state = found
+    return cfg, state, checkpoint_step(ckpt)
+
+
+def _describe_tokens(tokens: Any, x: Any) -> str:
+    """``tokens`` (a Tokenization) in words, with the number per example of inputs ``x``."""
+    from .tokens import Embedding, Patches, Sequence
+
+    if isinstance(tokens, Patches):
+        h, w = x.shape[-2:]
+        count = (h // tokens.size) * (w // tokens.size)
+        return f"{count} patches of {tokens.size}×{tokens.size} pixels"
+    length = (x["input_ids"] if isinstance(x, dict) else x).shape[1]
+    if isinstance(tokens, Embedding):
+        return f"{length} positions of {tokens.module}'s output (padding left out)"
+    if isinstance(tokens, Sequence):
+        return f"{length} sequence positions"
+    return repr(tokens)
+
+
 def _measure(args: argparse.Namespace) -> int:
     import torch
 
     from .measure import TokenSensitivity
+    from .train.config import validate
     from .train.loop import build_model, load_data, resolve_device
-    from .train.rundir import RunDir
 
-    cfg = _config(args)
+    state: dict[str, Any] | None = None
     if args.checkpoint:
-        rd = RunDir(args.checkpoint)
-        from .train.config import RunConfig
-
-        cfg = RunConfig.from_dict(rd.read_json("config.json"))
+        cfg, state, step = _checkpoint(args)
+        weights = f"checkpoint step {step} of {args.checkpoint}"
+    else:
+        cfg = _config(args)
+        _check_measure_set(args.set or [], cfg, None)
+        weights = f"untrained (seed {cfg.seed})"
+    validate(cfg)
+    device = resolve_device(cfg.device)
     train, test = load_data(cfg)
     data = train if args.split == "train" else test
-    device = resolve_device(cfg.device)
-    model = build_model(cfg, train).to(device)
-    if args.checkpoint:
-        state = RunDir(args.checkpoint).latest_checkpoint()
-        if state is None:
-            raise SystemExit(f"no readable checkpoint in {args.checkpoint}/checkpoints")
+    model = build_model(cfg, train)
+    if state is not None:
         model.load_state_dict(state["model"])
+    model = model.to(device)
     g = torch.Generator().manual_seed(args.seed + 1)
     subset = data.first(min(args.num_examples, len(data)), generator=g)
     fast = {"autocast": getattr(torch, AUTOCAST[args.autocast]) if args.autocast else None,
             "compile": args.compile}
+    tokens = model.default_tokens() if hasattr(model, "default_tokens") else None
+    what = _describe_tokens(tokens, subset.batch(slice(0, 1))[0]) if tokens else "?"
+    extra = (f", autocast {args.autocast}" if args.autocast else "") + (
+        ", compiled" if args.compile else "")
+    threads = torch.get_num_threads()
+    sigmas = ", ".join(f"{s:g}" for s in args.sigma)
+    _note(f"measuring {cfg.model.name}, {weights}, on {cfg.data.name} ({args.split} split, "
+          f"{len(subset)} examples); tokens: {what}; sigma {sigmas}; {args.repeats} noise "
+          f"draw(s) per token; {device}{extra}, {threads} thread{'s' if threads != 1 else ''}")
     print(f"{'sigma':>8} {'sensitivity':>12} {'s.e.':>8} {'95% CI':>17} {'forwards':>9}")
     for sigma in args.sigma:
         metric = TokenSensitivity(model, sigma=sigma, repeats=args.repeats, generator=args.seed,
@@ -111,6 +275,7 @@ def _run(args: argparse.Namespace) -> int:
     from .report import final_table, format_table, load_runs, make_report
 
     out = Path(args.out or Path("runs") / args.experiment)
+    _check_out(out)
     start = time.perf_counter()
     verdict = run_experiment(args.experiment, out, scale=args.scale, overrides=args.set)
     options = getattr(get_experiment(args.experiment), "report_options", {})
@@ -161,8 +326,10 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=_list)
 
     def common(s: argparse.ArgumentParser) -> None:
-        s.add_argument("--model", default="mlp")
-        s.add_argument("--data", default="digits")
+        s.add_argument("--model", help=f"registered model name (default: {DEFAULT_MODEL}; "
+                                        "measure --checkpoint: the run's)")
+        s.add_argument("--data", help=f"registered dataset name (default: {DEFAULT_DATA}; "
+                                      "measure --checkpoint: the run's)")
         s.add_argument("--data-root", help="directory holding the dataset's files")
         s.add_argument("--seed", type=int, default=0)
         s.add_argument("--name")
@@ -178,12 +345,15 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("measure", parents=[shared],
                        help="sensitivity of a model (or a run's checkpoint) on data")
     common(s)
-    s.add_argument("--checkpoint", help="a run directory: use its config and last checkpoint")
+    s.add_argument("--checkpoint", metavar="RUN_DIR",
+                   help="a run directory: measure its last checkpoint with its config (--set may "
+                        "change only device, data.root and data.download)")
     s.add_argument("--split", choices=["train", "test"], default="train")
     s.add_argument("--sigma", type=float, nargs="+", default=[0.1],
                    help="noise standard deviation(s)")
-    s.add_argument("--repeats", type=int, default=1)
-    s.add_argument("--num-examples", type=int, default=512)
+    s.add_argument("--repeats", type=int, default=1, help="noise draws per token")
+    s.add_argument("--num-examples", type=int, default=512,
+                   help="examples measured (a seeded random subset of the split)")
     s.add_argument("--autocast", choices=sorted(AUTOCAST),
                    help="run the perturbed forwards under bf16/fp16 autocast (GPU: 2-6× faster, "
                         "within the float32 interval; see the README's GPU benchmark)")
@@ -222,23 +392,140 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    if args.threads is not None:
-        if args.threads < 1:
-            print(f"senslab: error: --threads must be ≥ 1, got {args.threads}", file=sys.stderr)
-            return 2
-        import torch
+def _check_args(args: argparse.Namespace) -> None:
+    """Option values argparse's types let through but no command can use."""
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads must be ≥ 1, got {args.threads}")
+    if args.command != "measure":
+        return
+    if args.num_examples < 1:
+        raise UsageError(f"--num-examples must be ≥ 1, got {args.num_examples} (the number of "
+                         "examples measured, e.g. --num-examples 512)")
+    if args.repeats < 1:
+        raise UsageError(f"--repeats must be ≥ 1, got {args.repeats} (noise draws per token)")
+    for sigma in args.sigma:
+        if not (math.isfinite(sigma) and sigma > 0):
+            raise UsageError(f"--sigma must be positive and finite, got {sigma:g} (the noise "
+                             "standard deviation, e.g. --sigma 0.1)")
 
-        torch.set_num_threads(args.threads)
+
+def _raised_by_senslab(err: BaseException) -> bool:
+    """Whether ``err`` was raised by senslab's own code (its innermost frame is in the package)."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return False
+    package = Path(__file__).resolve().parent
+    return Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(package)
+
+
+_OS_FIXES = {
+    errno.EACCES: "check its permissions, or choose a directory you can write (e.g. for --out)",
+    errno.EPERM: "check its permissions, or choose a directory you can write (e.g. for --out)",
+    errno.EROFS: "choose a directory on a writable file system (e.g. for --out)",
+    errno.ENOTDIR: "a part of that path is a file, not a directory; choose another path",
+    errno.EISDIR: "it is a directory; give a file name",
+    errno.ENOSPC: "free some space, or choose a directory on another disk (e.g. for --out)",
+    errno.EDQUOT: "free some space, or choose a directory on another disk (e.g. for --out)",
+}
+
+
+def _os_message(err: OSError) -> str:
+    if not (err.filename and err.strerror):
+        return str(err)  # senslab's own OSErrors carry a full message
+    path = f"{err.filename}" + (f" → {err.filename2}" if err.filename2 else "")
+    fix = _OS_FIXES.get(err.errno or 0)
+    return f"{path}: {err.strerror.lower()}" + (f"; {fix}" if fix else "")
+
+
+def explain(err: Exception) -> tuple[int, str]:
+    """(exit status, one-line message) for an exception that ended a command (see the module
+    docstring for the classes)."""
+    if isinstance(err, json.JSONDecodeError):
+        return 2, (f"a JSON file is truncated or damaged ({err.msg}, line {err.lineno}); run "
+                   "with SENSLAB_DEBUG=1 to see which, then restore or delete it")
+    if isinstance(err, KeyError):
+        return 2, str(err.args[0]) if err.args else "KeyError"
+    if isinstance(err, FloatingPointError):
+        return 1, str(err)
+    if isinstance(err, FileNotFoundError):
+        return 2, _os_message(err)
+    if isinstance(err, OSError):
+        return 1, _os_message(err)
+    if isinstance(err, (ValueError, TypeError, ImportError)):
+        return 2, str(err)
+    if isinstance(err, RuntimeError) and _raised_by_senslab(err):
+        return 1, str(err)
+    text = str(err).strip().splitlines()
+    return 1, (f"unexpected {type(err).__name__}" + (f": {text[0]}" if text else "")
+               + " (probably a bug: run again with SENSLAB_DEBUG=1 for the traceback and "
+               "report it)")
+
+
+def _interrupted(err: KeyboardInterrupt) -> str:
+    step = getattr(err, "step", None)
+    if step is None:
+        return "interrupted"
+    text = str(err)
+    return text if text.startswith("interrupted") else (
+        f"interrupted at step {step}; re-run the same command to resume")
+
+
+def _error(message: str, kind: str = "error") -> None:
+    one_line = "; ".join(part.strip() for part in message.splitlines() if part.strip())
     try:
-        return args.fn(args)
-    except (KeyError, ValueError, TypeError, FileNotFoundError, ImportError) as err:
-        if "SENSLAB_DEBUG" in __import__("os").environ:
+        print(f"senslab: {kind}: {one_line}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # stderr closed too: nothing left to tell
+        pass
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:
+    """``warnings.showwarning`` for the command: the message alone, no source line."""
+    _error(str(message), kind="warning")
+
+
+def _quiet_stdout() -> None:
+    """After a broken pipe: point stdout at /dev/null, so that the flush at interpreter exit
+    does not raise again ("Exception ignored ... BrokenPipeError")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # stdout is not a real file (tests)
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command ``argv`` (default: ``sys.argv[1:]``) and return its exit status."""
+    debug = os.environ.get("SENSLAB_DEBUG", "") not in ("", "0")
+    if argv is None and not debug:  # the real command line (tests pass argv: leave them be)
+        warnings.showwarning = _show_warning
+    try:
+        args = parser().parse_args(argv)
+        _check_args(args)
+        if args.threads is not None:
+            import torch
+
+            torch.set_num_threads(args.threads)
+        code = args.fn(args)
+        sys.stdout.flush()  # a closed pipe fails here, inside the handlers, not at exit
+        return code
+    except BrokenPipeError:
+        _quiet_stdout()
+        return 141
+    except KeyboardInterrupt as err:
+        if debug:
             raise
-        msg = err.args[0] if isinstance(err, KeyError) and err.args else err
-        print(f"senslab: error: {msg}", file=sys.stderr)
-        return 2
+        _error(_interrupted(err))
+        return 130
+    except Exception as err:
+        if debug:
+            raise
+        code, message = explain(err)
+        _error(message)
+        return code
 
 
 if __name__ == "__main__":

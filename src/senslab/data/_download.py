@@ -13,9 +13,22 @@ class DataUnavailableError(FileNotFoundError):
     """A data file is missing and could not be downloaded; the message says where to put it."""
 
 
+#: how to turn downloading on, in the terms of both ways of calling a loader
+DOWNLOAD_HINT = "--set data.download=true on the command line, download=True in Python"
+
+
 def default_root() -> Path:
     """``$SENSLAB_DATA`` or ``~/.cache/senslab/data``."""
     return Path(os.environ.get("SENSLAB_DATA", Path.home() / ".cache" / "senslab" / "data"))
+
+
+def reject_root(name: str, root: object, why: str) -> None:
+    """An error for a ``root`` given to a dataset that reads no files (``why`` says why not)."""
+    if root is not None:
+        raise ValueError(
+            f"dataset {name} {why} and reads no files, so root={str(root)!r} would be ignored; "
+            "drop --data-root / --set data.root (root= in Python)"
+        )
 
 
 def cache_dir() -> Path:
@@ -50,7 +63,7 @@ def fetch(url: str, dest: Path, md5: str | None, download: bool) -> Path:
     if not download:
         raise DataUnavailableError(
             f"missing data file {dest}. Download it from {url} and place it at that path, "
-            "or pass download=True (--download) when online"
+            f"or, when online, let senslab download it ({DOWNLOAD_HINT})"
         )
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")

