@@ -51,9 +51,10 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("old", type=Path, help="checkout of the commit before the fixes")
     p.add_argument("--out", type=Path, default=HERE / "BEFORE.md")
+    p.add_argument("--commit", help="the old code's commit, when OLD_CHECKOUT is no git checkout")
     args = p.parse_args()
     commit = subprocess.run(["git", "-C", str(args.old), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
+                            capture_output=True, text=True).stdout.strip() or args.commit
     before, after = outcomes(args.old / "src"), outcomes(None)
     found = [c for c in after if before.get(c, "fail") == "fail"]
     lines = [

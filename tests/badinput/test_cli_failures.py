@@ -278,7 +278,14 @@ def _start_train(out: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "senslab.cli", "train", "--model", "mlp", "--data", "digits",
          "--set", "train.epochs=300", "--threads", "1", "--out", str(out)],
-        cwd=out.parent, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=out.parent, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_default_sigint)
+
+
+def _default_sigint() -> None:
+    """Children inherit an ignored SIGINT from a suite started in the background (``cmd &``):
+    restore the default, so that Python turns SIGINT into KeyboardInterrupt as at a terminal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _interrupt(proc: subprocess.Popen[str], ready: Callable[[], bool]) -> str:

@@ -73,7 +73,14 @@ def popen(args: list[str], cwd: Path, name: str) -> subprocess.Popen[str]:
     read back with :func:`output`."""
     out, err = (open(cwd / f"{name}.{s}", "w") for s in ("out", "err"))  # noqa: SIM115
     with out, err:
-        return subprocess.Popen(args, cwd=cwd, env=ENV, stdout=out, stderr=err, text=True)
+        return subprocess.Popen(args, cwd=cwd, env=ENV, stdout=out, stderr=err, text=True,
+                                preexec_fn=_default_sigint)
+
+
+def _default_sigint() -> None:
+    """Children inherit an ignored SIGINT from a suite started in the background (``cmd &``):
+    restore the default, so that Python turns SIGINT into KeyboardInterrupt as at a terminal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def output(proc: subprocess.Popen[str], cwd: Path, name: str) -> tuple[int, str, str]:

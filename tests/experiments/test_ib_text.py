@@ -49,7 +49,8 @@ def test_configs_use_the_papers_text_optimisers(scale: str) -> None:
     assert all({k: v for k, v in c.to_dict().items() if k not in ("name", "label", "optim")}
                == base for c in runs.values())
     m = runs["sgd"].model.overrides
-    if scale == "paper":  # the SPEC §4 encoder (model defaults) on the full training split
+    # paper: the encoder of docs/definitions.md#text-models (model defaults), full training split
+    if scale == "paper":
         assert m == {} and runs["sgd"].data.train_subset is None
     else:
         assert (m["dim"], m["layers"], m["heads"]) == (64, 2, 4)

@@ -200,3 +200,31 @@ def test_cli_report(tmp_path, capsys):
     assert main(["report", str(tmp_path / "a")]) == 0
     assert (tmp_path / "a" / "report.html").exists()
     assert "vit_small" in capsys.readouterr().out
+
+
+def test_mse_loss_reads_one_column_against_one_half():
+    """With loss="mse" a one-column model regresses the {0, 1} label: accuracy and the tracked
+    sensitivity use the boundary 0.5, not the sign (which would call every prediction class 1)."""
+    from senslab.measure.outputs import predictions
+    from senslab.train.loop import correct, output_rule
+
+    out = torch.tensor([0.1, 0.4, 0.6, 0.9])
+    y = torch.tensor([0, 0, 1, 1])
+    model = torch.nn.Linear(2, 1)
+    rule = output_rule("mse", model, out)
+    assert rule == ("scores", 0.5)
+    assert int(correct(out, y, *rule)) == 4
+    assert int(correct(out, y)) == 2  # read as logits: all class 1
+    assert output_rule("auto", model, out) == ("logits", None)
+    assert output_rule("mse", model, torch.zeros(4, 3)) == ("logits", None)  # argmax
+    assert predictions(out, *rule).tolist() == [False, False, True, True]
+
+
+def test_tracker_measures_an_mse_run_with_its_own_rule(tmp_path):
+    cfg = apply_overrides(RunConfig(name="mse"), [
+        "model.name=mlp", "model.overrides.num_classes=1", "data.name=digits",
+        "data.options.digits=[3, 8]", "train.loss=mse", "train.epochs=20", "track.num_examples=32",
+        "track.eval_examples=64", "device=cpu"])
+    summary = fit(cfg, tmp_path / "r", progress=False)
+    assert 0.0 <= summary["final"]["sens/train"] <= 1.0
+    assert summary["final"]["train/acc"] > 0.9  # by sign it would be the share of 8s

@@ -146,12 +146,25 @@ def loss_function(kind: str, outputs: Tensor) -> Callable[[Tensor, Tensor], Tens
     raise ValueError(f"unknown loss {kind!r}; use auto, ce, bce or mse")
 
 
-def correct(outputs: Tensor, y: Tensor) -> Tensor:
+def output_rule(loss_kind: str, model: Any, outputs: Tensor) -> tuple[str, float | None]:
+    """The decision rule (``output_kind``, ``threshold`` of :mod:`senslab.measure.outputs`) that
+    matches how the loop trains ``model``: with ``loss="mse"`` a one-column output regresses
+    the {0, 1} label, so its class boundary is 0.5; otherwise the model's declared kind, else
+    logits (BCE-with-logits: one column's sign; cross-entropy: the argmax)."""
+    from ..measure.outputs import is_scalar
+
+    if loss_kind == "mse" and is_scalar(outputs):
+        return "scores", 0.5
+    return getattr(model, "output_kind", None) or "logits", None
+
+
+def correct(outputs: Tensor, y: Tensor, kind: str = "logits",
+            threshold: float | None = None) -> Tensor:
     """Number of right predictions, by the one decision rule of :mod:`senslab.measure.outputs`
-    read as logits (what the loop trains: one column's sign, else the argmax)."""
+    (``kind``/``threshold`` from :func:`output_rule`)."""
     from ..measure.outputs import predictions
 
-    return (predictions(outputs, "logits").long() == y.long()).sum()
+    return (predictions(outputs, kind, threshold).long() == y.long()).sum()
 
 
 def to_device(x: Any, device: torch.device) -> Any:
@@ -179,7 +192,7 @@ def evaluate(model: nn.Module, data: ArrayDataset, loss_kind: str, device: torch
             x, y = to_device(x, device), y.to(device)
             out = forward(model, x)
             sums[0] += loss_function(loss_kind, out)(out, y).item() * len(y)
-            sums[1] += int(correct(out, y))
+            sums[1] += int(correct(out, y, *output_rule(loss_kind, model, out)))
     finally:
         model.train(was_training)
     if world > 1:

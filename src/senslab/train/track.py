@@ -20,6 +20,7 @@ class Tracker:
                  test: ArrayDataset, device: torch.device,
                  shard: tuple[int, int] | None = None) -> None:
         self.cfg, self.model, self.device, self.shard = cfg, model, device, shard
+        self._rule: tuple[str, float | None] | None = None
         t = cfg.track
         g = torch.Generator().manual_seed(cfg.seed + 1)
         self.sens_train = train.first(min(t.num_examples, len(train)), generator=g)
@@ -30,14 +31,29 @@ class Tracker:
         else:
             self.eval_train, self.eval_test = train, test
 
+    def rule(self, data: ArrayDataset) -> tuple[str, float | None]:
+        """The decision rule the loop trains with (:func:`~senslab.train.loop.output_rule`), so
+        a small-init model whose outputs all lie in (0, 1) is read as trained, never refused."""
+        from .loop import forward, output_rule
+
+        if self._rule is None:
+            x, _ = data.batch(slice(0, 1))
+            was_training = self.model.training
+            self.model.eval()
+            try:
+                with torch.no_grad():
+                    out = forward(self.model, _to(x, self.device))
+            finally:
+                self.model.train(was_training)
+            self._rule = output_rule(self.cfg.train.loss, self.model, out)
+        return self._rule
+
     def sensitivity(self, data: ArrayDataset) -> Any:
         t = self.cfg.track
-        # the loop trains on logits (BCE-with-logits / CE, accuracy by sign or argmax): measure
-        # with that rule, so a small-init model whose outputs all lie in (0, 1) is not refused
+        kind, threshold = self.rule(data)
         metric = TokenSensitivity(
             self.model, sigma=t.sigma, repeats=t.repeats, generator=self.cfg.seed,
-            chunk_size=t.chunk_size, shard=self.shard,
-            output_kind=getattr(self.model, "output_kind", None) or "logits",
+            chunk_size=t.chunk_size, shard=self.shard, output_kind=kind, threshold=threshold,
         )
         for lo in range(0, len(data), 256):
             x, _ = data.batch(slice(lo, lo + 256))
@@ -75,14 +91,15 @@ class Tracker:
 
             x, y = self.sens_train.batch(slice(0, None))
             x, y = _to(x, self.device), y.to(self.device)
-        if t.sharpness:  # SPEC §5: ShOp / ShPred, eval mode, weights restored exactly
+        if t.sharpness:  # docs/definitions.md#shop-and-shpred: eval mode, weights restored exactly
+            kind, threshold = self.rule(self.sens_train)
             s = sharpness.output_sharpness(
                 self.model, x, sigma_w=t.sharpness_sigma, generator=self.cfg.seed,
-                output_kind=getattr(self.model, "output_kind", None) or "logits")
+                output_kind=kind, threshold=threshold)
             rec["sharpness/shop"] = s.shop.estimate
             if s.shpred is not None:
                 rec["sharpness/shpred"] = s.shpred.estimate
-        if t.loss_sharpness:  # SPEC §6: E_Δ L(θ+Δ) − L(θ)
+        if t.loss_sharpness:  # docs/definitions.md#loss-sharpness: E_Δ L(θ+Δ) − L(θ)
             from .loop import loss_function
 
             def loss_fn(out: Any, target: Any) -> Any:
