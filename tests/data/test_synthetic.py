@@ -144,8 +144,9 @@ def test_boolean_functions_match_their_sensitivities_on_the_cube(
 ) -> None:
     d = create_dataset("boolean", split="train", function=function, n_bits=n, sampling="cube")
     assert d.inputs.shape == (2**n, n)
-    # the MEAN target is in [0, 1]; on the ±1 scale the squared change is 4× larger and SPEC
-    # divides by 4 again, so the plain squared change of the [0, 1] target is the reference
+    # the MEAN target is in [0, 1]; on the ±1 scale the squared change is 4× larger and the
+    # "real" rule (docs/definitions.md#counting-rule) divides by 4 again, so the plain squared
+    # change of the [0, 1] target is the reference
     got = _average_sensitivity(d.inputs, d.targets, squared=function == "mean")
     assert got == pytest.approx(expected, abs=1e-6)
 

@@ -39,8 +39,8 @@ def test_registered() -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_paper_scale_settings(name: str) -> None:
-    """SPEC §4: 4 layers, width 256, 8 heads, dropout 0.1, AdamW 1e-4 / 1e-4, batch 32, max
-    length 128, σ² = 15, validation tracked; the four models of the paper."""
+    """docs/definitions.md#language: 4 layers, width 256, 8 heads, dropout 0.1, AdamW 1e-4 /
+    1e-4, batch 32, max length 128, σ² = 15, validation tracked; the four models of the paper."""
     configs = get_experiment(name).runs("paper")
     assert [c.model.name for c in configs] == list(MODELS)
     for c in configs:

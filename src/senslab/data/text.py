@@ -1,4 +1,5 @@
-"""Text classification sets (SPEC §4), encoded RoBERTa-style with a byte-level BPE.
+"""Text classification sets (docs/definitions.md#text-models), encoded RoBERTa-style with a
+byte-level BPE.
 
 =================  ======================  ===========================================
 name               splits (train / val)    source

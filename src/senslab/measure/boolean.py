@@ -1,4 +1,5 @@
-"""Sensitivity and Fourier analysis of functions on the Boolean cube {±1}ⁿ (SPEC §1, "Boolean").
+"""Sensitivity and Fourier analysis of functions on the Boolean cube {±1}ⁿ
+(docs/definitions.md#boolean-functions).
 
 For f: {±1}ⁿ → R and x ∈ {±1}ⁿ let x^⊕i be x with bit i flipped. The *sensitivity* of f at x is
 

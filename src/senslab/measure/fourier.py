@@ -1,4 +1,5 @@
-"""Fourier analysis of functions on {±1}ⁿ from their truth tables (SPEC §1, "Boolean").
+"""Fourier analysis of functions on {±1}ⁿ from their truth tables
+(docs/definitions.md#fourier-coefficients).
 
 f(x) = Σ_S f̂(S) χ_S(x) with χ_S(x) = Π_{i∈S} xᵢ; all 2ⁿ coefficients by a fast Walsh–Hadamard
 transform in O(n·2ⁿ). Degree, spectral weight per degree, noise stability

@@ -1,5 +1,6 @@
 """Reference functions on {±1}ⁿ: PARITY, MAJORITY, FIRST, MEAN, sparse parities, random and
-tabulated functions (SPEC §1 and Hahn & Rofin).
+tabulated functions (docs/definitions.md#reference-boolean-functions;
+Hahn & Rofin).
 
 Each takes a (N, n) batch of ±1 strings and returns (N,) values in the batch's float dtype, so
 they serve both as measured functions and as regression targets for generated tasks.

@@ -4,7 +4,8 @@ Two notions of sharpness are measured by perturbing *every* weight with isotropi
 :math:`\Delta \sim \mathcal N(0, \sigma^2 I)` (parameters whose name contains one of the
 ``exclude`` substrings are left alone):
 
-* **Output sharpness** (main paper §7, SPEC §5). On inputs :math:`x` of a batch,
+* **Output sharpness** (main paper §7.2; docs/definitions.md#shop-and-shpred). On inputs
+  :math:`x` of a batch,
 
   .. math::
 
@@ -13,8 +14,9 @@ Two notions of sharpness are measured by perturbing *every* weight with isotropi
       \mathrm{ShPred} = \mathbb E_{x,\Delta}\,
       \mathbf 1\big[\hat y_{\theta+\Delta}(x) \ne \hat y_\theta(x)\big].
 
-* **Loss sharpness** (Hahn & Rofin, SPEC §6): :math:`\mathbb E_\Delta L(\theta+\Delta) -
-  L(\theta)` for the loss :math:`L` on a batch, positional embeddings excluded by default.
+* **Loss sharpness** (Hahn & Rofin; docs/definitions.md#loss-sharpness):
+  :math:`\mathbb E_\Delta L(\theta+\Delta) - L(\theta)` for the loss :math:`L` on a batch,
+  positional embeddings excluded by default.
 
 **Uncertainty.** The weight draws are the sampling unit: every draw perturbs the model once and is
 evaluated on the whole batch, so the batch means of different draws are i.i.d. given the batch,
@@ -28,7 +30,8 @@ dropout in train mode, so its numbers depended on batch composition and dropout 
 module's training flag, every parameter and every buffer are restored bit-exactly afterwards,
 also when the forward pass raises.
 
-The other two measures of SPEC §6:
+The other two measures of Hahn & Rofin (docs/definitions.md#layernorm-blow-up,
+docs/definitions.md#parameter-norm):
 
 * :func:`layernorm_blowup`: per LayerNorm the inverse standard deviation of its input over the
   normalised dimensions, :math:`1/\sqrt{\operatorname{Var}(h) + \epsilon}` (maximum over positions),

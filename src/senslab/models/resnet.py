@@ -1,4 +1,5 @@
-"""CIFAR-style CNNs of the vision experiments (SPEC §3): ResNet-18 and DenseNet-121.
+"""CIFAR-style CNNs of the vision experiments (docs/definitions.md#vision-models): ResNet-18 and
+DenseNet-121.
 
 Both use the small-image stem (one 3×3 convolution, stride 1, no max-pool), so a 32×32 image keeps
 its resolution into the first stage, and end with global average pooling, which makes them work on

@@ -1,15 +1,20 @@
 """The small research models of the three papers.
 
 =====================  =====================================================================
-``sparse_attention``   one softmax self-attention layer + linear head, sparse/frequent task (§2)
-``modadd_transformer`` one-layer transformer for (a + b) mod p, the grokking run (§5)
-``parity_transformer`` two-layer transformer on n bits, the sparse-parity run (§5, A.6)
-``boolean_transformer`` Hahn & Rofin's post-LN encoder for Boolean functions (§6)
-``attention_model``    Φ(X) = vᵀ Xᵀ softmax(X W x₁) of Vasudeva et al. (§7)
+``sparse_attention``   one softmax self-attention layer + linear head, sparse/frequent task
+                       (docs/definitions.md#sparse-frequent-task)
+``modadd_transformer`` one-layer transformer for (a + b) mod p, the grokking run
+                       (docs/definitions.md#modular-addition, docs/definitions.md#grokking)
+``parity_transformer`` two-layer transformer on n bits, the sparse-parity run (main paper A.6;
+                       docs/definitions.md#sparse_parity)
+``boolean_transformer`` Hahn & Rofin's post-LN encoder for Boolean functions
+                       (docs/definitions.md#hahn-and-rofin-setup)
+``attention_model``    Φ(X) = vᵀ Xᵀ softmax(X W x₁) of Vasudeva et al.
+                       (docs/definitions.md#attention-model)
 =====================  =====================================================================
 
-Section numbers refer to SPEC.md. Every model has a frozen dataclass ``config`` (with a ``seed``
-that alone fixes the initial weights) and ``default_tokens()``.
+All five are defined in docs/definitions.md#small-models. Every model has a frozen dataclass
+``config`` (with a ``seed`` that alone fixes the initial weights) and ``default_tokens()``.
 
 Bit inputs (parity, boolean): a (B, n) tensor, either floats in {−1, +1} or integers in {0, 1};
 bit 1 means +1, i.e. x = 2·bit − 1.
@@ -60,7 +65,7 @@ def _bit_ids(x: Tensor, max_bits: int) -> Tensor:
     return x.long()
 
 
-# --------------------------------------------------------------------------- §2 sparse attention
+# ------------------------------ sparse attention (docs/definitions.md#sparse-frequent-task)
 @dataclass(frozen=True)
 class SparseAttentionConfig:
     """``dim``: token vector size (V for one-hot tokens; must match the data). ``init_scale``:
@@ -88,9 +93,10 @@ class SparseAttention(nn.Module):
 
         f(X) = pool_i ⟨v, Σ_j A_ij x_j⟩ = pool_i Σ_j A_ij vᵀ x_j,
 
-    pool = mean (default) or sum over i. With query x_1 alone this is the §7 model. f(X) is a
-    logit for the label y ∈ {±1} (logistic loss). ``attention_weights(X).mean(1)`` gives the
-    attention each key position receives, to be summed per token type.
+    pool = mean (default) or sum over i. With query x_1 alone this is Vasudeva et al.'s model
+    (docs/definitions.md#attention-model). f(X) is a logit for the label y ∈ {±1} (logistic
+    loss). ``attention_weights(X).mean(1)`` gives the attention each key position receives, to be
+    summed per token type.
     """
 
     output_kind = "logits"  # one logit (B,): its sign is the label (small init: all in (0, 1))
@@ -117,7 +123,7 @@ class SparseAttention(nn.Module):
         return per_query.mean(1) if self.config.pool == "mean" else per_query.sum(1)
 
 
-# --------------------------------------------------------------------------- §5 grokking
+# ---------------------------------------------------- grokking (docs/definitions.md#grokking)
 @dataclass(frozen=True)
 class ModAddConfig:
     """Nanda et al.-style grokking model: p = 113, d 128, 4 heads, ReLU MLP 512, one layer.
@@ -185,7 +191,7 @@ class ModAddTransformer(nn.Module):
         return self.unembed(self.norm(self.block(h))[:, -1])
 
 
-# --------------------------------------------------------------------------- §5 sparse parity
+# ---------------------------------------- sparse parity (docs/definitions.md#sparse_parity)
 @dataclass(frozen=True)
 class ParityConfig:
     """Two-layer pre-LN transformer on up to ``n_bits`` bits *(sizes ours)*. ``num_classes``:
@@ -239,7 +245,7 @@ class ParityTransformer(nn.Module):
         return out.squeeze(-1) if self.config.num_classes == 1 else out
 
 
-# --------------------------------------------------------------------------- §6 Hahn & Rofin
+# ---------------------------------- Hahn & Rofin (docs/definitions.md#hahn-and-rofin-setup)
 @dataclass(frozen=True)
 class BooleanConfig:
     """Hahn & Rofin's encoder: d = 128, 2 layers, 2 heads, FF width d, dropout 0, post-LN.
@@ -311,7 +317,7 @@ class BooleanTransformer(nn.Module):
         return self.head(h[:, self.readout_position]).squeeze(-1)
 
 
-# --------------------------------------------------------------------------- §7 Vasudeva et al.
+# ------------------------------------ Vasudeva et al. (docs/definitions.md#attention-model)
 @dataclass(frozen=True)
 class AttentionModelConfig:
     """``dim``: token size d. ``train_v``: learn the decoder v (joint training) or keep it fixed
@@ -363,30 +369,35 @@ class AttentionModel(nn.Module):
 # --------------------------------------------------------------------------- registry
 @register_model("sparse_attention")
 def sparse_attention(**overrides: Any) -> SparseAttention:
-    """One-layer softmax self-attention + linear head for the sparse/frequent task (SPEC §2)."""
+    """One-layer softmax self-attention + linear head for the sparse/frequent task
+    (docs/definitions.md#sparse-frequent-task)."""
     return SparseAttention(override_config(SparseAttentionConfig(), overrides))
 
 
 @register_model("modadd_transformer")
 def modadd_transformer(**overrides: Any) -> ModAddTransformer:
-    """One-layer transformer for (a + b) mod 113, the grokking experiment (SPEC §5)."""
+    """One-layer transformer for (a + b) mod 113, the grokking experiment
+    (docs/definitions.md#grokking)."""
     return ModAddTransformer(override_config(ModAddConfig(), overrides))
 
 
 @register_model("parity_transformer")
 def parity_transformer(**overrides: Any) -> ParityTransformer:
-    """Two-layer transformer for sparse parity on n bits (SPEC §5, A.6)."""
+    """Two-layer transformer for sparse parity on n bits (main paper A.6;
+    docs/definitions.md#sparse_parity)."""
     return ParityTransformer(override_config(ParityConfig(), overrides))
 
 
 @register_model("boolean_transformer")
 def boolean_transformer(**overrides: Any) -> BooleanTransformer:
-    """Hahn & Rofin's post-LN encoder for Boolean functions (SPEC §6)."""
+    """Hahn & Rofin's post-LN encoder for Boolean functions
+    (docs/definitions.md#small-models)."""
     return BooleanTransformer(override_config(BooleanConfig(), overrides))
 
 
 @register_model("attention_model")
 def attention_model(**overrides: Any) -> AttentionModel:
-    """Vasudeva et al.'s Φ(X) = vᵀ Xᵀ softmax(X W x₁) (SPEC §7)."""
+    """Vasudeva et al.'s Φ(X) = vᵀ Xᵀ softmax(X W x₁)
+    (docs/definitions.md#attention-model)."""
     return AttentionModel(override_config(AttentionModelConfig(), overrides))
 

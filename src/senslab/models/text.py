@@ -1,4 +1,5 @@
-"""Text classifiers of the main paper's language experiments (SPEC §4): LSTM, RoBERTa-style
+"""Text classifiers of the main paper's language experiments
+(docs/definitions.md#text-models): LSTM, RoBERTa-style
 encoder (softmax or ReLU attention) and GPT-2-style decoder, all trained from scratch.
 
 Every model maps ``input_ids`` (B, L) and an optional ``attention_mask`` (B, L) (true on real
@@ -74,7 +75,8 @@ class SelfAttention(nn.Module):
     """Multi-head self-attention with weights w = φ(q·kᵀ/√d_head) over the allowed keys.
 
     ``attention="softmax"``: φ = softmax over keys (disallowed keys get weight 0).
-    ``attention="relu"``: φ = relu, *unnormalised* (SPEC §4), disallowed keys multiplied by 0.
+    ``attention="relu"``: φ = relu, *unnormalised* (docs/definitions.md#text-models), disallowed
+    keys multiplied by 0.
     Allowed keys: those with ``key_mask`` true and, if ``causal``, at or before the query.
     """
 
@@ -150,7 +152,8 @@ class Block(nn.Module):
 # --------------------------------------------------------------------------- configs
 @dataclass(frozen=True)
 class TextConfig:
-    """Shared by the three text models (SPEC §4; the paper's 4 layers, width 256, 8 heads).
+    """Shared by the three text models (docs/definitions.md#text-models; the paper's 4 layers,
+    width 256, 8 heads).
 
     ``vocab_size`` and ``pad_id`` must match the tokenizer (senslab's text datasets report both).
     The LSTM has no attention heads or position table; it ignores ``heads`` but still refuses
@@ -465,23 +468,27 @@ class GPT2Classifier(_TextTransformer):
 # --------------------------------------------------------------------------- registry
 @register_model("lstm")
 def lstm(**overrides: Any) -> LSTMClassifier:
-    """LSTM baseline: embedding 256 → LayerNorm → 4-layer LSTM 256 → linear (SPEC §4)."""
+    """LSTM baseline: embedding 256 → LayerNorm → 4-layer LSTM 256 → linear
+    (docs/definitions.md#text-models)."""
     return LSTMClassifier(override_config(TextConfig(), overrides))
 
 
 @register_model("roberta")
 def roberta(**overrides: Any) -> RobertaClassifier:
-    """RoBERTa-like encoder, 4 layers, 256 wide, 8 heads, softmax attention (SPEC §4)."""
+    """RoBERTa-like encoder, 4 layers, 256 wide, 8 heads, softmax attention
+    (docs/definitions.md#text-models)."""
     return RobertaClassifier(override_config(RobertaConfig(), overrides))
 
 
 @register_model("roberta_relu")
 def roberta_relu(**overrides: Any) -> RobertaClassifier:
-    """``roberta`` with unnormalised ReLU attention relu(QKᵀ/√d) (SPEC §4)."""
+    """``roberta`` with unnormalised ReLU attention relu(QKᵀ/√d)
+    (docs/definitions.md#text-models)."""
     return RobertaClassifier(override_config(RobertaConfig(attention="relu"), overrides))
 
 
 @register_model("gpt2")
 def gpt2(**overrides: Any) -> GPT2Classifier:
-    """GPT-2-like causal decoder, 4 layers, 256 wide, 8 heads (SPEC §4, A.4)."""
+    """GPT-2-like causal decoder, 4 layers, 256 wide, 8 heads (main paper A.4;
+    docs/definitions.md#text-models)."""
     return GPT2Classifier(override_config(TextConfig(), overrides))

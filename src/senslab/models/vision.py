@@ -1,5 +1,5 @@
-"""Image classifiers of the vision experiments (SPEC §3): an MLP, a CNN and ConvMixer, and the base
-class every image model shares.
+"""Image classifiers of the vision experiments (docs/definitions.md#vision-models): an MLP, a CNN
+and ConvMixer, and the base class every image model shares.
 
 Every model maps images (B, C, H, W) to logits (B, num_classes), keeps its frozen dataclass in
 ``model.config`` and names the patches its sensitivity is measured on in ``default_tokens()``.

@@ -1,6 +1,6 @@
-"""Vision transformers of the vision experiments (SPEC §3): ViT-small (Lee et al. 2021, "ViT for
-small datasets": shifted patch tokenization + locality self-attention) and ViT-simple (Beyer et
-al. 2022: 2-D sin-cos positions, mean pooling).
+"""Vision transformers of the vision experiments (docs/definitions.md#vision-models): ViT-small
+(Lee et al. 2021, "ViT for small datasets": shifted patch tokenization + locality self-attention)
+and ViT-simple (Beyer et al. 2022: 2-D sin-cos positions, mean pooling).
 
 Both map images (B, C, H, W) to logits and measure sensitivity on their own patches
 (``default_tokens()`` is ``Patches(patch_size)``). Defaults marked *(paper code)* follow the
@@ -31,7 +31,8 @@ class Attention(nn.Module):
     initialised to log(1/√d_head) (a learnable temperature τ = 1/s starting at √d_head; the log
     keeps it positive), and the diagonal of A masked so a token cannot attend to itself, which
     sharpens attention onto *other* tokens. ``kind="softmax"``: weights softmax(A) row-wise;
-    ``kind="relu"``: relu(A), unnormalised (SPEC §4), the diagonal then being 0.
+    ``kind="relu"``: relu(A), unnormalised (docs/definitions.md#vision-models), the diagonal then
+    being 0.
     """
 
     def __init__(
@@ -134,7 +135,8 @@ class ViTSmallConfig(ImageConfig):
     one pixel left/right/up/down, as the public port the paper code used; ``"diagonal"`` shifts
     by half a patch towards the four corners, as Lee et al. describe; ``"none"`` disables SPT.
     ``locality``: LSA (learnable temperature + diagonal mask) on, or plain scaled attention.
-    ``attention``: ``"softmax"`` or ``"relu"`` (unnormalised relu(QKᵀ·s), SPEC §4).
+    ``attention``: ``"softmax"`` or ``"relu"`` (unnormalised relu(QKᵀ·s),
+    docs/definitions.md#vision-models).
     """
 
     patch_size: int = 4

@@ -1,4 +1,5 @@
-"""Optimisers and max-margin tools for the implicit bias of self-attention (Vasudeva et al.; §7).
+"""Optimisers and max-margin tools for the implicit bias of self-attention (Vasudeva et al.;
+docs/definitions.md#self-attention-optimization).
 
 ``NGD`` / ``SNGD`` (normalised gradient descent, optional η_max cap), ``SPS`` (stochastic Polyak
 step SPS_max) and ``Polyak`` (full-batch Polyak step) are ``torch.optim.Optimizer`` subclasses

@@ -1,4 +1,5 @@
-"""The max-margin attention matrix W_mm and the metrics that compare W_t with it (SPEC §7).
+"""The max-margin attention matrix W_mm and the metrics that compare W_t with it
+(docs/definitions.md#max-margin-attention).
 
 For the model Φ(X) = vᵀ Xᵀ softmax(X W x₁) with labels y_i ∈ {±1}, the token scores are
 γ_it = y_i vᵀ x_it and the optimal token is opt_i = argmax_t γ_it. Vasudeva et al. show that

@@ -1,4 +1,5 @@
-"""Normalised gradient descent (NGD) and its minibatch form SNGD (Vasudeva et al.; SPEC §7).
+"""Normalised gradient descent (NGD) and its minibatch form SNGD (Vasudeva et al.;
+docs/definitions.md#normalized-gradient-descent).
 
 One NGD step moves the parameters by exactly ``lr`` in Euclidean norm, whatever the gradient's
 size:
@@ -16,7 +17,7 @@ With ``eta_max`` the step size on the *raw* gradient is capped:
     W ← W − min(η / ‖∇L‖, η_max) ∇L,
 
 i.e. a normalised step of length η while ‖∇L‖ ≥ η/η_max, and a plain gradient step with learning
-rate η_max once the gradient is small (SPEC: "SNGD with η_max caps the step likewise", the same
+rate η_max once the gradient is small (docs/definitions.md#normalized-gradient-descent; the same
 cap as SPS_max). A zero gradient gives no step (and no division by zero).
 
 Every updated parameter's state records ``step`` (number of steps taken), ``step_size`` (the

@@ -1,4 +1,5 @@
-"""Polyak step sizes: stochastic SPS_max and the deterministic Polyak step (SPEC §7).
+"""Polyak step sizes: stochastic SPS_max and the deterministic Polyak step
+(docs/definitions.md#polyak-step).
 
 SPS_max (Loizou et al.; used by Vasudeva et al.) on the minibatch loss L_B:
 

@@ -1,4 +1,5 @@
-r"""Sensitivity regularization (main paper §7, SPEC §5).
+r"""Sensitivity regularization (main paper §7;
+docs/definitions.md#regularization).
 
 Two ways to push a vision model towards low sensitivity:
 

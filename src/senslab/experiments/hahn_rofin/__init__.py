@@ -1,1 +1,2 @@
-"""Hahn & Rofin, "Why are Sensitive Functions Hard for Transformers?" (SPEC §6) experiments."""
+"""Hahn & Rofin, "Why are Sensitive Functions Hard for Transformers?" experiments
+(docs/definitions.md#hahn-and-rofin-setup)."""

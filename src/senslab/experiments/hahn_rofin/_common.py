@@ -1,4 +1,5 @@
-r"""Shared pieces of the Hahn & Rofin experiments (SPEC §6): settings, training loop, measures.
+r"""Shared pieces of the Hahn & Rofin experiments: settings, training loop, measures
+(docs/definitions.md#hahn-and-rofin-setup).
 
 Every run trains senslab's ``boolean_transformer`` (post-LN, bit ⊕ position embedding, scalar
 read-out at the last position) with AdamW on the MSE to {0, 1} targets, either on fresh uniform
@@ -19,7 +20,7 @@ strings every step or full-batch on a fixed subset of the cube, and logs at each
 
 Accuracy: a prediction is right when it lands on the correct side of 1/2 (MEAN: when it rounds to
 the correct fraction, |ŷ − y| < 1/(2n)). A run *converged* when its final ``test/acc`` > 0.99
-(SPEC §6).
+(docs/definitions.md#hahn-and-rofin-setup).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from ...train.config import parse_value
 from ...train.rundir import RunDir
 from .._manual import finished_summary, start_run
 
-SIGMA = 0.02  # weight-noise std of the sharpness (SPEC §6)
+SIGMA = 0.02  # weight-noise std of the sharpness (docs/definitions.md#loss-sharpness)
 SHARPNESS_SCALE = 4.0  # MSE on {0, 1} targets → the ±1 scale
 CONVERGED_ACC = 0.99
 

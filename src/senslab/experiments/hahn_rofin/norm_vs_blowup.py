@@ -1,9 +1,9 @@
 r"""Hahn & Rofin (2): parameter norm against LayerNorm blow-up over a random hyper-parameter sweep.
 
-Claim (SPEC §6): a transformer can only represent a sensitive function with a large parameter norm
-or a large LayerNorm blow-up (the theory bounds sensitivity by a product of the two). Over a random
-sweep of (n, weight decay, learning rate), the converged models of more sensitive functions sit
-further from the origin of the (norm, blow-up) plane.
+Claim (docs/definitions.md#hr_norm_vs_blowup): a transformer can only represent a sensitive function
+with a large parameter norm or a large LayerNorm blow-up (the theory bounds sensitivity by a product
+of the two). Over a random sweep of (n, weight decay, learning rate), the converged models of more
+sensitive functions sit further from the origin of the (norm, blow-up) plane.
 
 Command: ``senslab run hr_norm_vs_blowup`` (``--scale paper`` on a GPU). The scatter of final
 ``param_norm`` against final ``blowup`` (one point per run, coloured by function) is written to

@@ -1,8 +1,9 @@
 """Hahn & Rofin (3): PARITY training dynamics around the moment the model finds the solution.
 
-Claim (SPEC §6): aligning training runs at the transition t₀ — the first step whose training loss
-is below 0.01 — the sharpness and the LayerNorm blow-up peak near t₀: the loss landscape is
-sharpest, and the normalisation most amplified, exactly when the sensitive solution appears.
+Claim (docs/definitions.md#hr_parity_dynamics): aligning training runs at the transition t₀ — the
+first step whose training loss is below 0.01 — the sharpness and the LayerNorm blow-up peak near t₀:
+the loss landscape is sharpest, and the normalisation most amplified, exactly when the sensitive
+solution appears.
 
 Command: ``senslab run hr_parity_dynamics`` (``--scale paper`` on a GPU).
 

@@ -1,10 +1,10 @@
 """Hahn & Rofin (4): how a transformer completes a random function it has only partly seen.
 
-Claim (SPEC §6): train on k of the 1,024 strings of {±1}¹⁰ labelled by a uniformly random
-function (k = 128, 256, 512). The completion the transformer picks for the unseen strings has a
-lower average sensitivity as(f̂) than a random completion of the same labels (as ≈ n/2 = 5), and a
-transformer fitted to such a random completion (all 1,024 strings) is sharper on the k shared
-training strings than the one that chose its own completion.
+Claim (docs/definitions.md#hr_random_functions): train on k of the 1,024 strings of {±1}¹⁰ labelled
+by a uniformly random function (k = 128, 256, 512). The completion the transformer picks for the
+unseen strings has a lower average sensitivity as(f̂) than a random completion of the same labels
+(as ≈ n/2 = 5), and a transformer fitted to such a random completion (all 1,024 strings) is sharper
+on the k shared training strings than the one that chose its own completion.
 
 Command: ``senslab run hr_random_functions`` (``--scale paper`` on a GPU).
 
@@ -24,10 +24,10 @@ full-batch steps (the random table of n = 8 is fitted in ~300), 2 seeds per k, 2
 A random completion of n = 8 has as ≈ n/2 = 4.
 
 Verdict, over the (k, seed) pairs whose two models both fit their training labels (training
-accuracy > 0.99, SPEC §6; training stops at the first evaluation with loss < 0.01): "holds" when
-in every pair the learned completion has lower as than the random completion, and in a majority
-of pairs (the sharpness estimate is noisy) the learned model is less sharp than the
-random-completion model; "not comparable" when no pair fitted.
+accuracy > 0.99, docs/definitions.md#hahn-and-rofin-setup; training stops at the first evaluation
+with loss < 0.01): "holds" when in every pair the learned completion has lower as than the random
+completion, and in a majority of pairs (the sharpness estimate is noisy) the learned model is less
+sharp than the random-completion model; "not comparable" when no pair fitted.
 
 Measured at CPU scale: the learned completion has lower as in 6/6 (k, seed) pairs (2.2–3.3 vs
 3.7–4.2 for the random completion, rising with k) and lower sharpness in 5/6 (0.11–0.29 vs

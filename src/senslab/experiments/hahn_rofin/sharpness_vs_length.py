@@ -1,8 +1,8 @@
 """Hahn & Rofin (1): sharpness of the trained transformer against the input length n.
 
-Claim (SPEC §6): for PARITY, the sharpness of the solution found grows with n (a clearly positive
-slope of a linear fit of sharpness on n over seeds), while for the low-sensitivity functions
-MAJORITY, FIRST and MEAN the slope is ≈ 0.
+Claim (docs/definitions.md#hr_sharpness_vs_length): for PARITY, the sharpness of the solution found
+grows with n (a clearly positive slope of a linear fit of sharpness on n over seeds), while for the
+low-sensitivity functions MAJORITY, FIRST and MEAN the slope is ≈ 0.
 
 Command: ``senslab run hr_sharpness_vs_length`` (add ``--scale paper`` on a GPU).
 

@@ -1,4 +1,5 @@
-"""Shared pieces of the implicit-bias experiments (SPEC §7): data in float64, the max-margin
+"""Shared pieces of the implicit-bias experiments
+(docs/definitions.md#self-attention-optimization): data in float64, the max-margin
 targets, a logarithmic evaluation schedule, the attention metrics, and curve fits.
 
 Everything runs in float64: once the softmax saturates, the off-optimal attention weights are

@@ -1,4 +1,5 @@
-"""Fixed decoder v: GD vs normalised GD vs the Polyak step on Φ(X) = vᵀXᵀsoftmax(XWx₁) (SPEC §7).
+"""Fixed decoder v: GD vs normalised GD vs the Polyak step on Φ(X) = vᵀXᵀsoftmax(XWx₁)
+(docs/definitions.md#ib_fixed_v).
 
 Claim (Vasudeva, Deora & Thrampoulidis): with v fixed, full-batch GD's ‖W_t‖ grows only
 logarithmically, so W_t/‖W_t‖ approaches the max-margin direction W_mm slowly; NGD and the Polyak

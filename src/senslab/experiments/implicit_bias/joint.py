@@ -1,4 +1,5 @@
-"""Joint training of (W, v) with stochastic optimisers on Φ(X) = vᵀXᵀsoftmax(XWx₁) (SPEC §7).
+"""Joint training of (W, v) with stochastic optimisers on Φ(X) = vᵀXᵀsoftmax(XWx₁)
+(docs/definitions.md#ib_joint).
 
 Claim (Vasudeva, Deora & Thrampoulidis): when the decoder v is trained together with W, the
 stochastic normalised / Polyak variants (SNGD, SPS_max) drive W towards the max-margin direction

@@ -1,5 +1,5 @@
 """Text classifier: SGD vs SNGD vs SPS_max vs Adam (Vasudeva, Deora & Thrampoulidis, Figs. 1, 4;
-SPEC §7).
+docs/definitions.md#ib_text).
 
 Claim: on a transformer text classifier the stochastic normalised (SNGD) and Polyak (SPS_max)
 steps reach a low training loss faster than SGD, close to Adam. We compare the training loss
@@ -13,11 +13,12 @@ datasets nor pre-trained weights, so both scales train our RoBERTa-style encoder
 ``models/text.py``) from scratch on the offline Rotten Tomatoes sentiment snippets
 (``rotten_tomatoes``, byte-level BPE trained on the training split, label 1 = fresh), with the
 paper's text-experiment optimiser settings: batch 32; SGD lr 1e-3, SNGD lr 0.01 with η_max 0.1,
-SPS_max (c = 0.5, f* = 0) with η_max 0.1, Adam lr 2e-5 (SPEC §7). Those learning rates were
-tuned for fine-tuning; we keep them so the comparison stays the paper's.
+SPS_max (c = 0.5, f* = 0) with η_max 0.1, Adam lr 2e-5 (docs/definitions.md#ib_text). Those
+learning rates were tuned for fine-tuning; we keep them so the comparison stays the paper's.
 
-"paper" scale: the SPEC §4 encoder (4 layers, width 256, 8 heads), the full training split
-(11,528 snippets), 10 epochs (3,610 steps; the paper does not give an epoch count).
+"paper" scale: the paper-size encoder of docs/definitions.md#text-models (4 layers, width 256, 8
+heads), the full training split (11,528 snippets), 10 epochs (3,610 steps; the paper does not give
+an epoch count).
 
 CPU scale: a 2-layer, width-64, 4-head encoder (dropout 0.1 as in BERT), max_len 64 and a 4,000
 token BPE, a seeded 2,000-snippet training subset so the model can fit its training set, and 630
@@ -64,7 +65,7 @@ from ..base import Experiment, register_experiment
 from ._common import optimizer_runs, single_thread
 from .vit_mnist import loss_race_verdict
 
-#: (optimizer settings of the paper's text runs, SPEC §7) of each run, by label
+#: (optimizer settings of the paper's text runs, docs/definitions.md#ib_text) of each run, by label
 OPTIMIZERS: dict[str, list[str]] = {
     "sgd": ["optim.name=sgd", "optim.lr=0.001"],
     "sngd": ["optim.name=sngd", "optim.lr=0.01", "optim.eta_max=0.1"],

@@ -1,4 +1,5 @@
-"""ViT on MNIST: SGD vs SNGD vs SPS_max vs Adam (Vasudeva, Deora & Thrampoulidis, Fig. 6; SPEC §7).
+"""ViT on MNIST: SGD vs SNGD vs SPS_max vs Adam (Vasudeva, Deora & Thrampoulidis, Fig. 6;
+docs/definitions.md#ib_vit_mnist).
 
 Claim: on a real vision transformer the stochastic normalised (SNGD) and Polyak (SPS_max) steps
 train faster than SGD and come close to Adam; we compare the training loss after the same number
@@ -40,7 +41,7 @@ from ...train.config import RunConfig
 from ..base import Experiment, register_experiment
 from ._common import optimizer_runs, single_thread
 
-#: (optimizer settings, per SPEC §7) of each run, by label
+#: (optimizer settings, per docs/definitions.md#ib_vit_mnist) of each run, by label
 OPTIMIZERS: dict[str, list[str]] = {
     "sgd": ["optim.name=sgd", "optim.lr=0.1"],
     "sngd": ["optim.name=sngd", "optim.lr=0.001", "optim.eta_max=0.01"],

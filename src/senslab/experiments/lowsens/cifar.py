@@ -1,6 +1,8 @@
 """Vision transformers vs CNNs on CIFAR-10 and SVHN, and the A.2/A.3 ablations.
 
-Paper: "Transformers Learn Low Sensitivity Functions" (ICLR 2025), §5, A.2, A.3 (SPEC §1, §3).
+Paper: "Transformers Learn Low Sensitivity Functions" (ICLR 2025), §5, A.2, A.3
+(docs/definitions.md#cifar10 and the sections after it; docs/definitions.md#token-wise-sensitivity,
+docs/definitions.md#whole-input-noise).
 Every model is trained with plain SGD, batch 100, on the paper's learning rates (ViT-small 0.1,
 ViT-simple 0.2, ConvMixer 0.06, ResNet-18 0.001, DenseNet-121 0.005); sensitivity is the
 probability that the predicted class flips when N(0, σ²) noise is added to one 4×4 patch (all

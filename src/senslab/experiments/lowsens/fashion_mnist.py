@@ -1,5 +1,5 @@
 """Fashion-MNIST: ViT-small vs CNN vs MLP (LeakyReLU) vs MLP (sigmoid) (main paper §5, Fig. 5;
-SPEC §3).
+docs/definitions.md#fashion_mnist).
 
 Claim: trained with SGD (batch 100; lr MLP-LeakyReLU 0.1, MLP-sigmoid 0.5, CNN 0.005, ViT 0.1),
 the ViT ends with the lowest token-wise sensitivity of the four.
@@ -15,7 +15,8 @@ in each run's config.json. If none does, the run stops before training with an e
 the files, these folders and ``--set data.root=DIR``.
 
 Settings. Widths lost from our copy of the paper are ours: MLPs 512-256, CNN 32/64 channels,
-3×3 kernels, fc 128 (``models/vision.py``). Sensitivity (SPEC §1): Gaussian noise of std σ = 0.1
+3×3 kernels, fc 128 (``models/vision.py``). Sensitivity
+(docs/definitions.md#token-wise-sensitivity): Gaussian noise of std σ = 0.1
 (the paper code's value, pixels in [−1, 1]) on one 4×4 patch at a time, all 49 patches, on a
 fixed seeded subset of the training set, every epoch; the final models are also measured at
 σ = 0.25, 0.5, 1 (A.3). Training stops at the first epoch end with train accuracy ≥ the target,
@@ -64,7 +65,7 @@ from .mnist_binary import SIGMA, VisionComparison
 #: this project's copy, relative to the working directory (the repository root)
 SHARED_COPY = Path("..") / "shared" / "data" / "fashion_mnist"
 
-#: SGD learning rates of SPEC §3 / the paper's Appendix D
+#: SGD learning rates of docs/definitions.md#fashion_mnist / the paper's Appendix D
 LRS = {"vit_small": 0.1, "cnn": 0.005, "mlp": 0.1, "mlp_sigmoid": 0.5}
 
 

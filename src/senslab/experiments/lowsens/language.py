@@ -1,6 +1,7 @@
 """Language tasks: transformers learn lower-sensitivity functions than LSTMs.
 
-Paper: "Transformers Learn Low Sensitivity Functions" (ICLR 2025), §6 and A.4 (SPEC §4).
+Paper: "Transformers Learn Low Sensitivity Functions" (ICLR 2025), §6 and A.4
+(docs/definitions.md#language).
 Claim: trained from scratch with the same number of layers, a RoBERTa-style encoder — with
 softmax or with ReLU attention — has lower token-wise sensitivity than an LSTM, already at
 initialisation and throughout training; the ReLU RoBERTa is below the softmax one; the LSTM's

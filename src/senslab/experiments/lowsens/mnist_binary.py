@@ -1,4 +1,5 @@
-"""MNIST binary: ViT-small (patch 7) vs a 1-hidden-layer MLP (main paper A.1, Fig. 14; SPEC §3).
+"""MNIST binary: ViT-small (patch 7) vs a 1-hidden-layer MLP (main paper A.1, Fig. 14;
+docs/definitions.md#mnist_binary).
 
 Claim: trained with the same SGD (lr 0.01, batch 50) to the same training accuracy on a two-digit
 MNIST task, the ViT has lower token-wise sensitivity than the MLP.
@@ -10,7 +11,8 @@ Settings. The digit pair was lost from our copy of the paper ("a binary digit cl
 task (_ or _)"); we use **3 vs 8** *(ours)*: a pair that is not separable by a few pixels, so
 neither model reaches 100% at once and the sensitivities are resolvable. The MLP's hidden width
 was lost too: 256 *(ours)*, LeakyReLU *(paper)*; it is measured on the same 7×7 patches as the
-ViT (``sens_patch=7``). Sensitivity (SPEC §1): Gaussian noise of std σ = 0.1 on one 7×7 patch at
+ViT (``sens_patch=7``). Sensitivity
+(docs/definitions.md#token-wise-sensitivity): Gaussian noise of std σ = 0.1 on one 7×7 patch at
 a time, pixels in [−1, 1] (the paper code's value), averaged over all 16 patches, on a fixed
 seeded subset of the training set, every epoch; after training the final models are also
 measured at σ = 0.25, 0.5, 1 (A.3's effect of the variance; ``sigma_sweep.json`` in each run).
@@ -53,7 +55,8 @@ from ..base import Experiment, model_runs, register_experiment
 from ..demo import lowest_sensitivity_verdict
 from ..implicit_bias._common import single_thread
 
-#: noise std of the main number: the paper code's 0.1 on pixels normalised to [−1, 1] (SPEC §1)
+#: noise std of the main number: the paper code's 0.1 on pixels normalised to [−1, 1]
+#: (docs/definitions.md#noise-level-and-pixel-scale)
 SIGMA = 0.1
 #: larger σ measured once on the final models (A.3, "effect of the variance")
 SWEEP = (0.25, 0.5, 1.0)

@@ -1,4 +1,5 @@
-"""Low sensitivity and robustness to common corruptions (main paper §7.1, SPEC §5).
+"""Low sensitivity and robustness to common corruptions (main paper §7.1;
+docs/definitions.md#robustness).
 
 Paper: "Transformers Learn Low Sensitivity Functions" (ICLR 2025), §7.1, Fig. 9, Figs. 20–21.
 Claims: (a) ViTs are more accurate than CNNs on most corruptions; (b) training ViT-small with

@@ -1,4 +1,5 @@
-"""Low sensitivity and flat minima (main paper §7.2, Table 2; SPEC §5).
+"""Low sensitivity and flat minima (main paper §7.2, Table 2;
+docs/definitions.md#sharpness).
 
 Paper: "Transformers Learn Low Sensitivity Functions" (ICLR 2025), §7.2.
 Claim: ViT-small trained with the sensitivity regularizer (``train.regularizer=patch_mse``)
