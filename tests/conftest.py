@@ -1,12 +1,14 @@
 """Test-wide isolation: derived files (trained tokenizers) go to a per-session temporary cache,
 never to the user's ~/.cache; torch's thread count is restored after every test. Shared fixture
-writers: ``cifar_tarball``."""
+writers: ``cifar_tarball``, ``idx_dataset``."""
 
 from __future__ import annotations
 
+import gzip
 import io
 import os
 import pickle
+import struct
 import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -71,5 +73,34 @@ def cifar_tarball(monkeypatch: pytest.MonkeyPatch) -> Callable[[Path, int], dict
         path.write_bytes(buf.getvalue())
         monkeypatch.setitem(im.CIFAR10_FILES, path.name, md5sum(path))
         return batches
+
+    return write
+
+
+@pytest.fixture
+def idx_dataset(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Path]:
+    """A writer of the four official idx-gz files of (Fashion-)MNIST in ``root``: big-endian
+    magic and dims, then uint8 bytes, gzipped; 28×28 images whose class (labels 0..9 cycling)
+    brightens its own block of rows, so the classes are learnable. The files' md5s are
+    registered for this test only. ``write(root, n_train, n_test, dataset="fashion_mnist")``."""
+    from senslab.data import images as im
+    from senslab.data._download import md5sum
+
+    def write(root: Path, n_train: int = 20, n_test: int = 10,
+              dataset: str = "fashion_mnist") -> Path:
+        table = {"fashion_mnist": im.FASHION_MNIST_FILES, "mnist": im.MNIST_FILES}[dataset]
+        rng = np.random.default_rng(0)
+        root.mkdir(parents=True, exist_ok=True)
+        for prefix, n in (("train", n_train), ("t10k", n_test)):
+            y = np.arange(n) % 10
+            x = rng.integers(0, 60, size=(n, 28, 28))
+            for i, c in enumerate(y):
+                x[i, 2 * c: 2 * c + 6] += 180
+            for kind, data, magic in (("images-idx3", x, 2051), ("labels-idx1", y, 2049)):
+                header = struct.pack(f">I{data.ndim}I", magic, *data.shape)
+                path = root / f"{prefix}-{kind}-ubyte.gz"
+                path.write_bytes(gzip.compress(header + data.astype(np.uint8).tobytes()))
+                monkeypatch.setitem(table, path.name, md5sum(path))
+        return root
 
     return write

@@ -14,12 +14,12 @@ import torch
 
 from senslab.data import DataUnavailableError
 from senslab.experiments import get_experiment, list_experiments, run_experiment
+from senslab.experiments.base import locate_data
 from senslab.experiments.lowsens._language_verdict import language_verdict
 from senslab.experiments.lowsens.language import (
     MODELS,
     VARIANCE,
     LanguageMRPC,
-    check_data_root,
     recency_masks,
 )
 from senslab.report import load_runs
@@ -144,7 +144,7 @@ def test_missing_mrpc_names_files_and_option(tmp_path: Path) -> None:
     cfg = LanguageMRPC().runs("cpu")[0]
     cfg.data.root = str(tmp_path)
     with pytest.raises(DataUnavailableError, match=r"train\.tsv.*--set data\.root=DIR"):
-        check_data_root(cfg, LanguageMRPC.source, "language_mrpc")
+        locate_data(cfg)
 
 
 # --------------------------------------------------------------------------- verdict

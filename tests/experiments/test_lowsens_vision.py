@@ -16,7 +16,7 @@ import pytest
 from senslab.cli import main
 from senslab.data import DataUnavailableError
 from senslab.experiments import get_experiment, list_experiments, run_experiment
-from senslab.experiments.lowsens import fashion_mnist as fm
+from senslab.experiments.base import locate_data
 from senslab.experiments.lowsens.mnist_binary import SIGMA, SWEEP, comparison_verdict
 from senslab.train.config import RunConfig
 
@@ -147,14 +147,23 @@ def test_fashion_mnist_end_to_end_on_idx_fixture(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- data location
 
 
-def test_missing_fashion_data_error_says_where_to_put_it(tmp_path: Path, capsys: Any) -> None:
+def test_missing_fashion_data_error_says_where_to_put_it(
+        tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = get_experiment("fashion_mnist").runs("cpu")[0]
     cfg.data.root = str(tmp_path / "nowhere")
     with pytest.raises(DataUnavailableError) as err:
-        fm.check_data(cfg)
+        locate_data(cfg)
     msg = str(err.value)
     assert "--set data.root=DIR" in msg and str(tmp_path / "nowhere") in msg
     assert all(name in msg for name in IDX_NAMES)
+    # without a root: every place looked in, every fix
+    monkeypatch.setenv("SENSLAB_DATA", str(tmp_path / "data"))
+    cfg.data.root = None
+    with pytest.raises(DataUnavailableError) as err:
+        locate_data(cfg)
+    msg = str(err.value)
+    assert str(tmp_path / "data" / "fashion_mnist") in msg and "SENSLAB_DATA=DIR" in msg
+    assert "--set data.root=DIR" in msg and "--set data.download=true" in msg
     out = tmp_path / "out"
     code = main(["run", "fashion_mnist", "--out", str(out),
                  "--set", f"data.root={tmp_path / 'nowhere'}"])
@@ -163,17 +172,26 @@ def test_missing_fashion_data_error_says_where_to_put_it(tmp_path: Path, capsys:
     assert not (out / "vit_small").exists()  # stopped before any training
 
 
-def test_fashion_root_search_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fashion_data_found_through_senslab_data(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The experiment finds its data by the data package's rule (never relative to the working
+    directory), records the folder in the config, and an explicit root still wins."""
     (tmp_path / "repo").mkdir()
-    monkeypatch.chdir(tmp_path / "repo")  # ../shared/data/fashion_mnist = tmp_path/shared/...
+    monkeypatch.chdir(tmp_path / "repo")
+    write_idx_dataset(tmp_path / "shared" / "data" / "fashion_mnist", 10, 10)
     monkeypatch.setenv("SENSLAB_DATA", str(tmp_path / "data"))
-    assert fm.find_root() is None
-    shared = write_idx_dataset(tmp_path / "shared" / "data" / "fashion_mnist", 10, 10)
-    assert fm.find_root() == str(shared.resolve())
+    cfg = get_experiment("fashion_mnist").runs("cpu")[0]
+    assert cfg.data.root is None  # runs() are data: where the files are is decided at run time
+    with pytest.raises(DataUnavailableError):  # ../shared beside the cwd is not looked at
+        locate_data(cfg)
     own = write_idx_dataset(tmp_path / "data" / "fashion_mnist", 10, 10)
-    assert fm.find_root() == str(own.resolve())  # $SENSLAB_DATA comes first
-    roots = {c.data.root for c in get_experiment("fashion_mnist").runs("cpu")}
-    assert roots == {str(own.resolve())}
+    locate_data(cfg)
+    assert cfg.data.root == str(own.resolve())
+    mine = write_idx_dataset(tmp_path / "mine", 10, 10)
+    cfg = get_experiment("fashion_mnist").runs("cpu")[0]
+    cfg.data.root = str(mine)
+    locate_data(cfg)
+    assert cfg.data.root == str(mine)
 
 
 # --------------------------------------------------------------------------- verdicts

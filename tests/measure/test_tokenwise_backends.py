@@ -4,6 +4,7 @@ promised the same numbers."""
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -107,6 +108,59 @@ def test_compile_agrees_with_eager():
                           compile=True)
     assert b.num_forward == a.num_forward
     assert within_interval(a, b)
+
+
+class _Counting(nn.Module):
+    """Stands in for ``torch.compile(model)`` (compiling takes minutes on 2 CPU cores)."""
+
+    def __init__(self, model: nn.Module, fail: bool = False) -> None:
+        super().__init__()
+        self.model, self.fail, self.calls = model, fail, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.fail:
+            raise RuntimeError("compiled model failed")
+        return self.model(x)
+
+
+class _Recording(Patches):
+    """Patches that remember every BoundTokens they hand out."""
+
+    @contextmanager
+    def bind(self, model, inputs, mask=None, output=None):
+        with super().bind(model, inputs, mask, output) as bound:
+            BOUND.append(bound)
+            yield bound
+
+
+BOUND: list = []
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_compile_swap_is_undone(monkeypatch, fail):
+    """compile=True runs the perturbed copies through the compiled model and then gives the
+    bound tokenization its own model back — also when the compiled model raises."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.GELU(), nn.Flatten(),
+                          nn.Linear(256, 3)).eval()
+    wrapper = _Counting(model, fail)
+    monkeypatch.setattr(TokenSensitivity, "_compiled_model", lambda self: wrapper)
+    BOUND.clear()
+    x = images(4)
+    options = dict(sigma=1.5, repeats=4, chunk_size=8, generator=0)
+    m = TokenSensitivity(model, _Recording(2), compile=True, **options)
+    if fail:
+        with pytest.raises(RuntimeError, match="compiled model failed"):
+            m.update(x)
+    else:
+        m.update(x)
+        eager = TokenSensitivity(model, Patches(2), **options)
+        eager.update(x)
+        assert torch.equal(m.compute().per_sample, eager.compute().per_sample)
+    assert wrapper.calls > 0  # the swap did happen
+    (bound,) = BOUND
+    assert bound.model is model
 
 
 def test_probe_once_per_input_shape():

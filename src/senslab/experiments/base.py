@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ..data import locate
 from ..registry import Registry
 from ..train.config import RunConfig, apply_overrides
 from ..train.rundir import RunDir, git_commit
@@ -55,6 +56,7 @@ class Experiment:
         configs = self.runs(scale)
         for cfg in configs:
             apply_overrides(cfg, list(overrides))
+            locate_data(cfg)  # before any training: a missing dataset stops the experiment here
         write_experiment_json(out, self, scale, [c.name for c in configs])
         summaries = []
         for i, cfg in enumerate(configs, 1):
@@ -66,6 +68,18 @@ class Experiment:
         """``{"verdict": "holds" | "does not hold" | "not comparable", "reason": ...,
         "evidence": {...}}`` computed from the run summaries."""
         raise NotImplementedError
+
+
+def locate_data(cfg: RunConfig) -> None:
+    """Find ``cfg``'s dataset by the one rule of :mod:`senslab.data._roots` (explicit
+    ``data.root``, else ``$SENSLAB_DATA/<name>``, else an installed package's copy), raising its
+    error — every place looked in, the files, the fixes — before any training. A folder found in
+    the data home is recorded in ``cfg.data.root`` (absolute), so that config.json says which
+    copy was read; a package's copy and a download are left to the loader."""
+    d = cfg.data
+    found = locate(d.name, d.root, download=d.download)
+    if found is not None and found.step == "data home":
+        d.root = str(found.path.resolve())
 
 
 def write_experiment_json(out: Path, exp: Experiment, scale: str, runs: list[str]) -> None:

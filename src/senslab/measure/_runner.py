@@ -24,7 +24,12 @@ def _check_finite(out: Tensor, what: str) -> None:
 
 class ChunkRunner:
     """Evaluates the copies of one batch chunk by chunk; sizes the chunks on the first call
-    (probe) when the chunk size is automatic, and keeps that size for later rounds."""
+    (probe) when the chunk size is automatic, and keeps that size for later rounds.
+
+    Use it as a context manager around all rounds of one batch: with ``compile=True`` the bound
+    tokenization's model is swapped for the compiled one once the chunk size is known, and
+    leaving the ``with`` block (also by an error) puts the original model back.
+    """
 
     def __init__(
         self, metric: Any, bound: BoundTokens, stream: NoiseStream, ref: Tensor,
@@ -36,11 +41,24 @@ class ChunkRunner:
             _chunks.default_budget(device) if self.chunk is None else 0
         )
         self.compiled = False
+        self._original: Any = None  #: ``bound.model`` before the compiled model replaced it
         self.control = control
         self.meter: _chunks.ActivationMeter | None = None
         self.input_bytes = 0
         #: bytes one copy costs: from an earlier probe on inputs of the same shape, or measured
         self.per_copy = per_copy
+
+    def __enter__(self) -> ChunkRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()
+
+    def restore(self) -> None:
+        """Give the bound tokenization its own model back if the compiled one replaced it."""
+        if self.compiled:
+            self.bound.model = self._original  # type: ignore[attr-defined]
+            self._original, self.compiled = None, False
 
     def run(self, src: Tensor, tok: Tensor, own: Tensor) -> Tensor:
         n = len(src)
@@ -97,6 +115,7 @@ class ChunkRunner:
         elif self.whole:
             noise = noise.view(len(src), -1, bound.dim)
         if m.compile and not self.compiled and self.chunk is not None:
+            self._original = bound.model  # type: ignore[attr-defined]
             bound.model = m._compiled_model()  # type: ignore[attr-defined]
             self.compiled = True
         if self.meter is not None:

@@ -61,14 +61,34 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from ._cube import MAX_EXACT_N, all_inputs, check_n, index_to_inputs, inputs_to_index, table_n
 from ._options import _check_generator
+
+# Fourier analysis and the reference functions live in their own files; re-exported here so
+# ``from senslab.measure.boolean import parity, fourier_coefficients`` keeps working.
+from .fourier import (
+    average_sensitivity_fourier,
+    degree,
+    fourier_coefficients,
+    influence_fourier,
+    noise_stability,
+    spectral_weights,
+    subset_sizes,
+)
+from .functions import (
+    first,
+    majority,
+    mean,
+    parity,
+    random_function,
+    sparse_parity,
+    table_function,
+)
 
 BoolFn = Callable[[Tensor], Tensor] | nn.Module | Tensor
 Output = Literal["auto", "sign", "real"]
 Method = Literal["auto", "exact", "sample"]
 
-#: Largest n for which a *function* is enumerated (2²² ≈ 4.2M evaluations); beyond, sample.
-MAX_EXACT_N = 22
 DEFAULT_CHUNK = 1 << 15
 _PM_ONE, _ZERO_ONE = torch.tensor([-1, 1]), torch.tensor([0, 1])
 
@@ -104,51 +124,6 @@ class BooleanSensitivity:
             f"max {self.max:g}; {self.method}, {self.output}, n={self.n}, "
             f"{self.num_points} points)"
         )
-
-
-# ----------------------------------------------------------------------------- encoding helpers
-
-
-def index_to_inputs(index: Tensor, n: int, dtype: torch.dtype = torch.float32) -> Tensor:
-    """The ±1 strings (len(index), n) of integer indices: x_j = 1 − 2·bit_j(index)."""
-    bits = (index.long().unsqueeze(1) >> torch.arange(n, device=index.device)) & 1
-    return (1 - 2 * bits).to(dtype)
-
-
-def inputs_to_index(x: Tensor) -> Tensor:
-    """Inverse of :func:`index_to_inputs`: the integer index of each ±1 row of ``x`` (N, n)."""
-    if x.dim() != 2:
-        raise ValueError(f"expected a (N, n) batch of ±1 strings, got shape {tuple(x.shape)}")
-    bits = (x < 0).long()  # −1 ↦ bit 1
-    return (bits << torch.arange(x.shape[1], device=x.device)).sum(1)
-
-
-def all_inputs(n: int, dtype: torch.dtype = torch.float32) -> Tensor:
-    """All 2ⁿ strings of {±1}ⁿ as a (2ⁿ, n) matrix, row i = the string with index i."""
-    _check_n(n)
-    if n > MAX_EXACT_N:
-        raise ValueError(f"all_inputs({n}) would hold 2^{n} rows; n ≤ {MAX_EXACT_N} is supported")
-    return index_to_inputs(torch.arange(1 << n), n, dtype)
-
-
-def _check_n(n: int) -> None:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive integer number of bits, got {n!r}")
-
-
-def _table_n(table: Tensor) -> int:
-    """n for a truth table, with the errors a wrong table deserves."""
-    if not isinstance(table, Tensor):
-        raise TypeError(f"expected a truth table tensor, got {type(table).__name__}")
-    if table.dim() == 2 and table.shape[1] == 1:
-        table = table[:, 0]
-    size = table.shape[0] if table.dim() == 1 else -1
-    if size < 2 or size & (size - 1):
-        raise ValueError(
-            f"a truth table is a 1-D tensor of length 2^n (n ≥ 1); got shape {tuple(table.shape)}"
-            " — build one with truth_table(f, n)"
-        )
-    return size.bit_length() - 1
 
 
 # ----------------------------------------------------------------------------- evaluating f
@@ -273,7 +248,7 @@ def _raw_table(
     dtype: torch.dtype | None,
 ) -> Tensor:
     """Canonical values of f on all 2ⁿ strings, f called on ``chunk_size`` rows at a time."""
-    _check_n(n)
+    check_n(n)
     if n > MAX_EXACT_N:
         raise ValueError(
             f"n={n} is too large for exact enumeration (2^{n} evaluations, limit n ≤ "
@@ -338,13 +313,13 @@ def boolean_sensitivity(
             f"threshold must be a number, got {threshold!r} ({type(threshold).__name__})"
         )
     if isinstance(f, Tensor):
-        m = _table_n(f)
+        m = table_n(f)
         if n is not None and n != m:
             raise ValueError(f"the truth table has length 2^{m}, so n={m}, but n={n} was passed")
         n = m
     elif n is None:
         raise ValueError("n (the number of input bits) is required unless f is a truth table")
-    _check_n(n)
+    check_n(n)
     if method not in ("auto", "exact", "sample"):
         raise ValueError(f"method must be 'auto', 'exact' or 'sample', got {method!r}")
     if output not in ("auto", "sign", "real"):
@@ -424,27 +399,6 @@ class _Stats:
             n=self.n,
         )
 
-
-# Fourier analysis and the reference functions live in their own files; re-exported here so
-# ``from senslab.measure.boolean import parity, fourier_coefficients`` keeps working.
-from .fourier import (  # noqa: E402
-    average_sensitivity_fourier,
-    degree,
-    fourier_coefficients,
-    influence_fourier,
-    noise_stability,
-    spectral_weights,
-    subset_sizes,
-)
-from .functions import (  # noqa: E402
-    first,
-    majority,
-    mean,
-    parity,
-    random_function,
-    sparse_parity,
-    table_function,
-)
 
 __all__ = [
     "MAX_EXACT_N", "BooleanSensitivity", "all_inputs", "average_sensitivity_fourier",

@@ -13,11 +13,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .boolean import _check_n, _table_n
+from ._cube import check_n, table_n
 
 
 def _spectrum(table: Tensor, coefficients: bool) -> Tensor:
-    _table_n(table)
+    table_n(table)
     if table.dim() == 2:
         table = table[:, 0]
     if not (table.is_floating_point() or table.dtype == torch.bool):
@@ -34,7 +34,7 @@ def fourier_coefficients(table: Tensor) -> Tensor:
     each (float64, on a copy). With bit j ↦ x_j = 1 − 2·bit, the pass for bit j multiplies by
     x_j's two values, so after all n passes entry S holds Σ_x f(x) χ_S(x).
     """
-    n = _table_n(table)
+    n = table_n(table)
     h = (table[:, 0] if table.dim() == 2 else table).double().clone()
     for j in range(n):
         pairs = h.view(-1, 2, 1 << j)  # middle axis = bit j of the index
@@ -46,7 +46,7 @@ def fourier_coefficients(table: Tensor) -> Tensor:
 
 def subset_sizes(n: int) -> Tensor:
     """|S| for every bitmask S < 2ⁿ (popcount), built by doubling: |S + 2ʲ| = |S| + 1."""
-    _check_n(n)
+    check_n(n)
     sizes = torch.zeros(1, dtype=torch.long)
     for _ in range(n):
         sizes = torch.cat([sizes, sizes + 1])
@@ -59,14 +59,14 @@ def spectral_weights(table: Tensor, *, coefficients: bool = False) -> Tensor:
     Pass ``coefficients=True`` when ``table`` already holds f̂ (from fourier_coefficients).
     """
     c = _spectrum(table, coefficients)
-    n = _table_n(c)
+    n = table_n(c)
     return torch.zeros(n + 1, dtype=torch.float64).index_add_(0, subset_sizes(n), c.pow(2))
 
 
 def degree(table: Tensor, tol: float = 1e-9, *, coefficients: bool = False) -> int:
     """deg(f) = max |S| with |f̂(S)| > tol (0 for a constant, including the zero function)."""
     c = _spectrum(table, coefficients)
-    sizes = subset_sizes(_table_n(c))[c.abs() > tol]
+    sizes = subset_sizes(table_n(c))[c.abs() > tol]
     return int(sizes.max()) if len(sizes) else 0
 
 
@@ -91,7 +91,7 @@ def average_sensitivity_fourier(table: Tensor, *, coefficients: bool = False) ->
 def influence_fourier(table: Tensor, *, coefficients: bool = False) -> Tensor:
     """Inf_i(f) = Σ_{S∋i} f̂(S)² for every bit i, a float64 tensor (n,)."""
     c = _spectrum(table, coefficients)
-    n = _table_n(c)
+    n = table_n(c)
     w = c.pow(2)
     # S ∋ i ⇔ bit i of S is set: the second half of every (−1, 2, 2ⁱ) block.
     return torch.stack([w.view(-1, 2, 1 << i)[:, 1].sum() for i in range(n)])

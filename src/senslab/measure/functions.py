@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from .boolean import MAX_EXACT_N, _check_n, _table_n, inputs_to_index
+from ._cube import MAX_EXACT_N, check_n, inputs_to_index, table_n
 
 
 def _bits(x: Tensor) -> Tensor:
@@ -69,7 +69,7 @@ def random_function(n: int, generator: torch.Generator) -> Tensor:
 
     Use it with :func:`table_function` for a callable, or pass the table directly.
     """
-    _check_n(n)
+    check_n(n)
     if n > MAX_EXACT_N:
         raise ValueError(f"a random truth table for n={n} has 2^{n} entries; n ≤ {MAX_EXACT_N}")
     bits = torch.randint(0, 2, (1 << n,), generator=generator, device=generator.device)
@@ -78,7 +78,7 @@ def random_function(n: int, generator: torch.Generator) -> Tensor:
 
 def table_function(table: Tensor) -> Callable[[Tensor], Tensor]:
     """The callable x ↦ table[index(x)] for a truth table (values returned as stored)."""
-    n = _table_n(table)
+    n = table_n(table)
     values = table[:, 0] if table.dim() == 2 else table
 
     def lookup(x: Tensor) -> Tensor:

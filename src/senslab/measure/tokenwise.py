@@ -135,8 +135,6 @@ __all__ = ["NOISE_BLOCK", "SensitivityResult", "TokenSensitivity", "token_sensit
 
 #: rounds of ``repeats`` draws that ``target_stderr`` may spend per batch without ``max_forward``
 DEFAULT_MAX_ROUNDS = 64
-DEFAULT_CHUNK = 64  # kept for callers that imported it; the default chunk size is now "auto"
-_NoiseStream = NoiseStream
 
 
 class TokenSensitivity:
@@ -413,17 +411,17 @@ class TokenSensitivity:
                 assert self.sigma is not None
                 control = LinearControl(bound, ref, self.sigma, 32, self.kind, self.threshold)
             key = (_shapes(inputs), whole, self.autocast)
-            runner = ChunkRunner(self, bound, stream, ref, whole, device, control,
-                                 self._per_copy.get(key))
             parts: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
             rounds = 0
-            while True:
-                src, tok = self._plan(valid, stream)
-                own = self._owned(src)
-                parts.append((runner.run(src, tok, own), src, tok, own))
-                rounds += 1
-                if not self._more(parts, valid, rounds):
-                    break
+            with ChunkRunner(self, bound, stream, ref, whole, device, control,
+                             self._per_copy.get(key)) as runner:  # restores bound.model
+                while True:
+                    src, tok = self._plan(valid, stream)
+                    own = self._owned(src)
+                    parts.append((runner.run(src, tok, own), src, tok, own))
+                    rounds += 1
+                    if not self._more(parts, valid, rounds):
+                        break
             self.last_chunk_size = runner.chunk
             if runner.per_copy is not None:
                 self._per_copy[key] = runner.per_copy  # later batches of this shape: no probe

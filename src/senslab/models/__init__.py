@@ -5,6 +5,6 @@ Every model has a frozen dataclass config and a ``default_tokens()`` method retu
 """
 
 from . import resnet, small, text, vision, vit  # noqa: F401  (register factories)
-from ._registry import create_model, list_models, register_model
+from ._registry import create_model, list_models, model_config, register_model
 
-__all__ = ["create_model", "list_models", "register_model"]
+__all__ = ["create_model", "list_models", "model_config", "register_model"]

@@ -152,7 +152,7 @@ class ResNet(ImageClassifier):
         return self.head(h)
 
 
-@register_model("resnet18")
+@register_model("resnet18", config=ResNetConfig())
 def resnet18(**overrides: Any) -> ResNet:
     """CIFAR ResNet-18 (≈11.17M parameters at width 1, 10 classes); see :class:`ResNetConfig`."""
     return seeded(ResNet, make_config(ResNetConfig, overrides))
@@ -238,7 +238,7 @@ class DenseNet(ImageClassifier):
         return self.head(self.features(x))
 
 
-@register_model("densenet121")
+@register_model("densenet121", config=DenseNetConfig())
 def densenet121(**overrides: Any) -> DenseNet:
     """CIFAR DenseNet-121 (≈6.96M parameters, 10 classes); see :class:`DenseNetConfig`."""
     return seeded(DenseNet, make_config(DenseNetConfig, overrides))

@@ -367,35 +367,35 @@ class AttentionModel(nn.Module):
 
 
 # --------------------------------------------------------------------------- registry
-@register_model("sparse_attention")
+@register_model("sparse_attention", config=SparseAttentionConfig())
 def sparse_attention(**overrides: Any) -> SparseAttention:
     """One-layer softmax self-attention + linear head for the sparse/frequent task
     (docs/definitions.md#sparse-frequent-task)."""
     return SparseAttention(override_config(SparseAttentionConfig(), overrides))
 
 
-@register_model("modadd_transformer")
+@register_model("modadd_transformer", config=ModAddConfig())
 def modadd_transformer(**overrides: Any) -> ModAddTransformer:
     """One-layer transformer for (a + b) mod 113, the grokking experiment
     (docs/definitions.md#grokking)."""
     return ModAddTransformer(override_config(ModAddConfig(), overrides))
 
 
-@register_model("parity_transformer")
+@register_model("parity_transformer", config=ParityConfig())
 def parity_transformer(**overrides: Any) -> ParityTransformer:
     """Two-layer transformer for sparse parity on n bits (main paper A.6;
     docs/definitions.md#sparse_parity)."""
     return ParityTransformer(override_config(ParityConfig(), overrides))
 
 
-@register_model("boolean_transformer")
+@register_model("boolean_transformer", config=BooleanConfig())
 def boolean_transformer(**overrides: Any) -> BooleanTransformer:
     """Hahn & Rofin's post-LN encoder for Boolean functions
     (docs/definitions.md#small-models)."""
     return BooleanTransformer(override_config(BooleanConfig(), overrides))
 
 
-@register_model("attention_model")
+@register_model("attention_model", config=AttentionModelConfig())
 def attention_model(**overrides: Any) -> AttentionModel:
     """Vasudeva et al.'s Φ(X) = vᵀ Xᵀ softmax(X W x₁)
     (docs/definitions.md#attention-model)."""

@@ -466,28 +466,28 @@ class GPT2Classifier(_TextTransformer):
 
 
 # --------------------------------------------------------------------------- registry
-@register_model("lstm")
+@register_model("lstm", config=TextConfig())
 def lstm(**overrides: Any) -> LSTMClassifier:
     """LSTM baseline: embedding 256 → LayerNorm → 4-layer LSTM 256 → linear
     (docs/definitions.md#text-models)."""
     return LSTMClassifier(override_config(TextConfig(), overrides))
 
 
-@register_model("roberta")
+@register_model("roberta", config=RobertaConfig())
 def roberta(**overrides: Any) -> RobertaClassifier:
     """RoBERTa-like encoder, 4 layers, 256 wide, 8 heads, softmax attention
     (docs/definitions.md#text-models)."""
     return RobertaClassifier(override_config(RobertaConfig(), overrides))
 
 
-@register_model("roberta_relu")
+@register_model("roberta_relu", config=RobertaConfig(attention="relu"))
 def roberta_relu(**overrides: Any) -> RobertaClassifier:
     """``roberta`` with unnormalised ReLU attention relu(QKᵀ/√d)
     (docs/definitions.md#text-models)."""
     return RobertaClassifier(override_config(RobertaConfig(attention="relu"), overrides))
 
 
-@register_model("gpt2")
+@register_model("gpt2", config=TextConfig())
 def gpt2(**overrides: Any) -> GPT2Classifier:
     """GPT-2-like causal decoder, 4 layers, 256 wide, 8 heads (main paper A.4;
     docs/definitions.md#text-models)."""

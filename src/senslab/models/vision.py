@@ -124,13 +124,13 @@ class MLP(ImageClassifier):
         return self.net(x)
 
 
-@register_model("mlp")
+@register_model("mlp", config=MLPConfig())
 def mlp(**overrides: Any) -> MLP:
     """MLP on flattened pixels, LeakyReLU by default; see :class:`MLPConfig`."""
     return seeded(MLP, make_config(MLPConfig, overrides))
 
 
-@register_model("mlp_sigmoid")
+@register_model("mlp_sigmoid", config=MLPConfig(activation="sigmoid"))
 def mlp_sigmoid(**overrides: Any) -> MLP:
     """The Fashion-MNIST MLP with sigmoid activations (``mlp`` with ``activation="sigmoid"``)."""
     return seeded(MLP, make_config(MLPConfig, {"activation": "sigmoid", **overrides}))
@@ -217,7 +217,7 @@ class CNN(ImageClassifier):
         return net[5:](read(win, zero, zero, *pooled.shape[2:]))
 
 
-@register_model("cnn")
+@register_model("cnn", config=CNNConfig())
 def cnn(**overrides: Any) -> CNN:
     """The Fashion-MNIST CNN; see :class:`CNNConfig`."""
     return seeded(CNN, make_config(CNNConfig, overrides))
@@ -279,7 +279,7 @@ class ConvMixer(ImageClassifier):
         return self.head(self.net(x))
 
 
-@register_model("convmixer")
+@register_model("convmixer", config=ConvMixerConfig())
 def convmixer(**overrides: Any) -> ConvMixer:
     """ConvMixer (Trockman & Kolter 2022); see :class:`ConvMixerConfig`."""
     return seeded(ConvMixer, make_config(ConvMixerConfig, overrides))

@@ -210,7 +210,7 @@ class ViTSmall(ImageClassifier):
         return self.head(t[:, 0])
 
 
-@register_model("vit_small")
+@register_model("vit_small", config=ViTSmallConfig())
 def vit_small(**overrides: Any) -> ViTSmall:
     """ViT for small datasets (Lee et al. 2021) with SPT and LSA; see :class:`ViTSmallConfig`."""
     return seeded(ViTSmall, make_config(ViTSmallConfig, overrides))
@@ -281,7 +281,7 @@ class ViTSimple(ImageClassifier):
         return self.head(t.mean(dim=1))
 
 
-@register_model("vit_simple")
+@register_model("vit_simple", config=ViTSimpleConfig())
 def vit_simple(**overrides: Any) -> ViTSimple:
     """Simple ViT (Beyer et al. 2022); see :class:`ViTSimpleConfig`."""
     return seeded(ViTSimple, make_config(ViTSimpleConfig, overrides))

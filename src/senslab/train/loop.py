@@ -16,21 +16,36 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..data import ArrayDataset, create_dataset
-from ..models import create_model
+from ..models import create_model, model_config
 from .config import RunConfig, validate
 from .progress import Progress
 from .rundir import RunDir, checkpoint_step, environment, notice
+from .steps import (
+    correct,
+    evaluate,
+    forward,
+    loss_function,
+    output_rule,
+    to_device,
+    weight_norm,
+)
 from .track import Tracker
+
+# The step pieces (forward, loss, decision rule, evaluation) live in :mod:`.steps`, shared with
+# the tracker; they stay importable from here.
+__all__ = [
+    "TrainingInterrupted", "build_model", "build_optimizer", "build_scheduler", "correct",
+    "distributed", "epoch_order", "evaluate", "fit", "forward", "load_data", "loss_function",
+    "output_rule", "rank_device", "resolve_device", "to_device", "weight_norm",
+]
 
 # -- building blocks ---------------------------------------------------------------------------
 
@@ -86,17 +101,14 @@ def _data_fields(data: ArrayDataset) -> dict[str, Any]:
 
 def build_model(cfg: RunConfig, data: ArrayDataset) -> nn.Module:
     """``create_model`` with data-determined fields filled in unless overridden, seeded."""
+    defaults = model_config(cfg.model.name)  # which config fields does this model have?
+    names = {f.name for f in dataclasses.fields(defaults)} if defaults is not None else set()
+    auto = {k: v for k, v in _data_fields(data).items() if k in names}
+    if "num_classes" in auto and data.num_classes == 2 and defaults.num_classes == 1:
+        auto.pop("num_classes")  # a scalar-logit model stays scalar on binary data
+    if "seed" in names:
+        auto["seed"] = cfg.seed
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)
-        probe = create_model(cfg.model.name)  # which config fields does this model have?
-        names = {f.name for f in dataclasses.fields(probe.config)} if hasattr(
-            probe, "config"
-        ) else set()
-        auto = {k: v for k, v in _data_fields(data).items() if k in names}
-        if "num_classes" in auto and data.num_classes == 2 and probe.config.num_classes == 1:
-            auto.pop("num_classes")  # a scalar-logit model stays scalar on binary data
-        if "seed" in names:
-            auto["seed"] = cfg.seed
         torch.manual_seed(cfg.seed)
         return create_model(cfg.model.name, **{**auto, **cfg.model.overrides})
 
@@ -130,85 +142,9 @@ def build_scheduler(cfg: RunConfig, opt: torch.optim.Optimizer) -> Any:
     raise ValueError(f"unknown schedule {o.schedule!r}; use constant, step or cosine")
 
 
-def loss_function(kind: str, outputs: Tensor) -> Callable[[Tensor, Tensor], Tensor]:
-    """The training loss; ``"auto"``: BCE-with-logits for one column (its sign is the class, the
-    ``output_kind="logits"`` rule of :mod:`senslab.measure.outputs`), cross-entropy otherwise."""
-    from ..measure.outputs import is_scalar
-
-    if kind == "auto":
-        kind = "bce" if is_scalar(outputs) else "ce"
-    if kind == "ce":
-        return lambda out, y: F.cross_entropy(out, y.long())
-    if kind == "bce":
-        return lambda out, y: F.binary_cross_entropy_with_logits(out.reshape(-1), y.float())
-    if kind == "mse":
-        return lambda out, y: F.mse_loss(out.reshape(len(y), -1).squeeze(1), y.float())
-    raise ValueError(f"unknown loss {kind!r}; use auto, ce, bce or mse")
-
-
-def output_rule(loss_kind: str, model: Any, outputs: Tensor) -> tuple[str, float | None]:
-    """The decision rule (``output_kind``, ``threshold`` of :mod:`senslab.measure.outputs`) that
-    matches how the loop trains ``model``: with ``loss="mse"`` a one-column output regresses
-    the {0, 1} label, so its class boundary is 0.5; otherwise the model's declared kind, else
-    logits (BCE-with-logits: one column's sign; cross-entropy: the argmax)."""
-    from ..measure.outputs import is_scalar
-
-    if loss_kind == "mse" and is_scalar(outputs):
-        return "scores", 0.5
-    return getattr(model, "output_kind", None) or "logits", None
-
-
-def correct(outputs: Tensor, y: Tensor, kind: str = "logits",
-            threshold: float | None = None) -> Tensor:
-    """Number of right predictions, by the one decision rule of :mod:`senslab.measure.outputs`
-    (``kind``/``threshold`` from :func:`output_rule`)."""
-    from ..measure.outputs import predictions
-
-    return (predictions(outputs, kind, threshold).long() == y.long()).sum()
-
-
-def to_device(x: Any, device: torch.device) -> Any:
-    if isinstance(x, dict):
-        return {k: v.to(device, non_blocking=True) for k, v in x.items()}
-    return x.to(device, non_blocking=True)
-
-
-def forward(model: nn.Module, x: Any) -> Tensor:
-    return model(**x) if isinstance(x, dict) else model(x)
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, data: ArrayDataset, loss_kind: str, device: torch.device,
-             batch_size: int = 500, shard: tuple[int, int] | None = None) -> tuple[float, float]:
-    """Mean loss and accuracy of ``model`` (in eval mode, mode restored) on ``data``; with
-    ``shard=(rank, world)`` each process evaluates every world-th example and sums are reduced."""
-    was_training = model.training
-    model.eval()
-    rank, world = shard or (0, 1)
-    sums = torch.zeros(2, dtype=torch.float64)
-    try:
-        for lo in range(rank * batch_size, len(data), batch_size * world):
-            x, y = data.batch(slice(lo, lo + batch_size))
-            x, y = to_device(x, device), y.to(device)
-            out = forward(model, x)
-            sums[0] += loss_function(loss_kind, out)(out, y).item() * len(y)
-            sums[1] += int(correct(out, y, *output_rule(loss_kind, model, out)))
-    finally:
-        model.train(was_training)
-    if world > 1:
-        import torch.distributed as dist
-
-        dist.all_reduce(sums)
-    return float(sums[0]) / len(data), float(sums[1]) / len(data)
-
-
 def epoch_order(seed: int, epoch: int, n: int) -> Tensor:
     """The data order of one epoch: a function of (seed, epoch) only, so resume can replay it."""
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
-
-
-def weight_norm(model: nn.Module) -> float:
-    return math.sqrt(sum(float(p.detach().double().pow(2).sum()) for p in model.parameters()))
 
 
 # -- the loop ----------------------------------------------------------------------------------
@@ -244,6 +180,8 @@ def fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None = None) -> di
     import torch.distributed as dist
 
     validate(cfg)
+    # the run's own copy, label resolved (config.json holds it filled in); the caller's is kept
+    cfg = dataclasses.replace(cfg, label=cfg.label or cfg.model.name)
 
     owns_group = dist.is_available() and not dist.is_initialized()
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
@@ -306,7 +244,6 @@ def _fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None) -> dict[str
     device = resolve_device(cfg.device)
     rank, world = distributed(device)
     rd = RunDir(run_dir, readonly=rank != 0)
-    cfg.label = cfg.label or cfg.model.name
     pos = _Position()
     try:
         with rd.writing():  # ranks > 0 (read-only) take no lock

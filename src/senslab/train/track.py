@@ -13,6 +13,7 @@ from torch import nn
 from ..data import ArrayDataset
 from ..measure import TokenSensitivity
 from .config import RunConfig
+from .steps import evaluate, forward, loss_function, output_rule, weight_norm
 
 
 class Tracker:
@@ -32,10 +33,8 @@ class Tracker:
             self.eval_train, self.eval_test = train, test
 
     def rule(self, data: ArrayDataset) -> tuple[str, float | None]:
-        """The decision rule the loop trains with (:func:`~senslab.train.loop.output_rule`), so
+        """The decision rule the loop trains with (:func:`~senslab.train.steps.output_rule`), so
         a small-init model whose outputs all lie in (0, 1) is read as trained, never refused."""
-        from .loop import forward, output_rule
-
         if self._rule is None:
             x, _ = data.batch(slice(0, 1))
             was_training = self.model.training
@@ -63,8 +62,6 @@ class Tracker:
         return metric.compute()
 
     def measure(self, loss_kind: str) -> dict[str, Any]:
-        from .loop import evaluate, weight_norm
-
         t, rec = self.cfg.track, {}
         bs = self.cfg.train.eval_batch_size
         rec["train/loss"], rec["train/acc"] = evaluate(
@@ -100,8 +97,6 @@ class Tracker:
             if s.shpred is not None:
                 rec["sharpness/shpred"] = s.shpred.estimate
         if t.loss_sharpness:  # docs/definitions.md#loss-sharpness: E_Δ L(θ+Δ) − L(θ)
-            from .loop import loss_function
-
             def loss_fn(out: Any, target: Any) -> Any:
                 return loss_function(loss_kind, out)(out, target)
 

@@ -25,7 +25,7 @@ from ...train.config import RunConfig, apply_overrides
 from ...train.loop import build_model, fit, load_data, resolve_device
 from ...train.rundir import RunDir
 from ...train.track import Tracker
-from ..base import Experiment, write_experiment_json
+from ..base import Experiment, locate_data, write_experiment_json
 
 FINAL_FILE = "final_measure.json"
 
@@ -85,6 +85,8 @@ class FinalMeasureExperiment(Experiment):
     def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
                 log: Callable[[str], None]) -> list[dict[str, Any]]:
         configs = [apply_overrides(c, list(overrides)) for c in self.runs(scale)]
+        for cfg in configs:
+            locate_data(cfg)  # before any training: a missing dataset stops the experiment here
         write_experiment_json(out, self, scale, [c.name for c in configs])
         settings = {"scale": scale, **self.final_settings(scale)}
         summaries = []

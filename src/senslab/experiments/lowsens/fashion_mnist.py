@@ -6,13 +6,14 @@ the ViT ends with the lowest token-wise sensitivity of the four.
 
 Command: ``senslab run fashion_mnist [--scale paper] [--set data.root=DIR]``.
 
-Data. The four official idx-gz files (``train-images-idx3-ubyte.gz`` ...). Unless
-``--set data.root=DIR`` is given, the experiment looks in ``$SENSLAB_DATA/fashion_mnist`` (the
-loaders' default root, ``~/.cache/senslab/data/fashion_mnist`` without ``SENSLAB_DATA``), then in
-``../shared/data/fashion_mnist`` relative to the working directory (this project's verified copy,
-seen from the repository root); the first folder that holds all four files is used and recorded
-in each run's config.json. If none does, the run stops before training with an error that names
-the files, these folders and ``--set data.root=DIR``.
+Data. The four official idx-gz files (``train-images-idx3-ubyte.gz`` ...), found by the one
+rule of :mod:`senslab.data._roots`: ``--set data.root=DIR`` if given (the only place looked
+in), else ``$SENSLAB_DATA/fashion_mnist`` (``~/.cache/senslab/data/fashion_mnist`` without
+``SENSLAB_DATA``; point ``SENSLAB_DATA`` at the folder that holds ``fashion_mnist/``, e.g. a
+project's shared, verified copies). The folder found is recorded in each run's config.json. If
+the files are in neither, the run stops before training with an error that names the files, the
+places looked in and the fixes (``--set data.root=DIR``, ``SENSLAB_DATA=DIR``,
+``--set data.download=true``).
 
 Settings. Widths lost from our copy of the paper are ours: MLPs 512-256, CNN 32/64 channels,
 3×3 kernels, fc 128 (``models/vision.py``). Sensitivity
@@ -50,62 +51,12 @@ re-run with identical numbers), 14-16 min on the 2 shared cores under a load ave
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
-
-from ...data import DataUnavailableError
-from ...data._download import default_root
-from ...data.images import FASHION_MNIST_FILES
 from ...train.config import RunConfig
 from ..base import model_runs, register_experiment
 from .mnist_binary import SIGMA, VisionComparison
 
-#: this project's copy, relative to the working directory (the repository root)
-SHARED_COPY = Path("..") / "shared" / "data" / "fashion_mnist"
-
 #: SGD learning rates of docs/definitions.md#fashion_mnist / the paper's Appendix D
 LRS = {"vit_small": 0.1, "cnn": 0.005, "mlp": 0.1, "mlp_sigmoid": 0.5}
-
-
-def _complete(folder: Path) -> bool:
-    return all((folder / f).is_file() for f in FASHION_MNIST_FILES)
-
-
-def candidate_roots() -> list[Path]:
-    """Folders searched for the data when ``data.root`` is not set, in order."""
-    return [default_root() / "fashion_mnist", SHARED_COPY]
-
-
-def find_root() -> str | None:
-    """The first of :func:`candidate_roots` holding all four files (absolute), else ``None``
-    (the loader's default, which then fails with :func:`check_data`'s message)."""
-    for folder in candidate_roots():
-        if _complete(folder):
-            return str(folder.resolve())
-    return None
-
-
-def check_data(cfg: RunConfig) -> None:
-    """Raise :class:`DataUnavailableError` saying where to put the files unless ``cfg``'s
-    ``data.root`` holds all four (or ``data.download`` is set: the loader fetches them)."""
-    if cfg.data.name != "fashion_mnist" or cfg.data.download:
-        return
-    root = Path(cfg.data.root) if cfg.data.root is not None else default_root() / "fashion_mnist"
-    missing = [f for f in FASHION_MNIST_FILES if not (root / f).is_file()]
-    if not missing:
-        return
-    searched = ", ".join(str(p) for p in candidate_roots())
-    env = os.environ.get("SENSLAB_DATA")
-    raise DataUnavailableError(
-        f"Fashion-MNIST not found: {root} lacks {', '.join(missing)}. Put the four official "
-        f"idx-gz files ({', '.join(FASHION_MNIST_FILES)}) in one of {searched}"
-        f"{'' if env else ' (or set SENSLAB_DATA=DIR to use DIR/fashion_mnist)'}, or pass "
-        "--set data.root=DIR for a folder that holds them (this project's copy: "
-        "--set data.root=../shared/data/fashion_mnist from the repository root), or "
-        "--set data.download=true when online."
-    )
 
 
 @register_experiment("fashion_mnist")
@@ -120,9 +71,9 @@ class FashionMNIST(VisionComparison):
                       "the CNN at lr 0.005 learn slowly), sensitivity on 200 training images × "
                       "1 draw; same SGD, learning rates, batch 100, patch 4 and σ = 0.1 as the "
                       "paper.")
-    requires = ("Fashion-MNIST's four idx-gz files, found automatically in "
-                "$SENSLAB_DATA/fashion_mnist or ../shared/data/fashion_mnist (relative to the "
-                "working directory); elsewhere pass --set data.root=DIR.")
+    requires = ("Fashion-MNIST's four idx-gz files in $SENSLAB_DATA/fashion_mnist (found "
+                "automatically: SENSLAB_DATA=DIR), or anywhere with "
+                "--set data.root=DIR.")
 
     def runs(self, scale: str) -> list[RunConfig]:
         if scale not in ("cpu", "paper"):
@@ -150,16 +101,4 @@ class FashionMNIST(VisionComparison):
             "mlp_sigmoid": ["model.overrides.sens_patch=4"],
         }
         models = {k: [f"optim.lr={LRS[k]}", *v] for k, v in models.items()}
-        cfgs = model_runs(models, common)
-        root = find_root()
-        for cfg in cfgs:
-            cfg.data.root = root
-        return cfgs
-
-    def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
-                log: Callable[[str], None]) -> list[dict[str, Any]]:
-        from ...train.config import apply_overrides
-
-        for cfg in self.runs(scale):  # fail before any training if the data is missing
-            check_data(apply_overrides(cfg, list(overrides)))
-        return super().execute(out, scale, overrides, progress, log)
+        return model_runs(models, common)

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from ...data import DataUnavailableError, default_root
+from ...data import DataUnavailableError, data_home
 from ...measure import token_sensitivity
 from ...tokens import Patches
 from ..base import Experiment, register_experiment, write_experiment_json
@@ -66,7 +66,7 @@ SCALES = {"paper": ImageNetSettings(),
 
 def image_files(st: ImageNetSettings) -> tuple[list[Path], list[str]]:
     """A seeded sample of ``num_images`` image files below ``root`` and their class folders."""
-    root = Path(st.root) if st.root else default_root() / "imagenet" / "train"
+    root = Path(st.root) if st.root else data_home() / "imagenet" / "train"
     files = sorted(p for p in root.glob("*/*") if p.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
         raise DataUnavailableError(

