@@ -4,7 +4,7 @@
 
 Runs ``tests/badinput`` twice — once against the ``src/`` of ``OLD_CHECKOUT`` (a checkout of
 the commit before the fixes, put first on ``PYTHONPATH``; the CLI cases' subprocesses inherit
-it) and once against this tree — and writes one row per case: did it pass on the old code, and
+it) and once against this tree's ``src/`` — and writes one row per case: did it pass on the old code, and
 on this one. A case that fails on the old code found a defect (or a missing check) there. Not
 a test itself: the table is a record, committed beside the suite.
 """
@@ -23,11 +23,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
 
-def outcomes(src: Path | None) -> dict[str, str]:
-    """``{case id: "pass" | "fail" | "skip"}`` of one run of the suite."""
+def outcomes(src: Path) -> dict[str, str]:
+    """``{case id: "pass" | "fail" | "skip"}`` of one run of the suite against the package in
+    ``src`` (first on ``PYTHONPATH``, whatever senslab the interpreter has installed)."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    if src is not None:
-        env["PYTHONPATH"] = f"{src}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    env["PYTHONPATH"] = f"{src}{os.pathsep}{env.get('PYTHONPATH', '')}"
     with tempfile.TemporaryDirectory() as tmp:
         xml = Path(tmp) / "junit.xml"
         subprocess.run(
@@ -55,7 +55,7 @@ def main() -> int:
     args = p.parse_args()
     commit = subprocess.run(["git", "-C", str(args.old), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip() or args.commit
-    before, after = outcomes(args.old / "src"), outcomes(None)
+    before, after = outcomes(args.old / "src"), outcomes(ROOT / "src")
     found = [c for c in after if before.get(c, "fail") == "fail"]
     lines = [
         "# Bad-input suite: which cases found a defect before the fixes",
