@@ -16,7 +16,14 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils._pytree import tree_leaves
+
+try:
+    from torch.utils._pytree import tree_leaves
+except ImportError:  # older torch (docs/compatibility.md): the same leaves, through tree_flatten
+    from torch.utils._pytree import tree_flatten
+
+    def tree_leaves(tree: Any) -> list[Any]:  # type: ignore[misc]
+        return tree_flatten(tree)[0]
 
 #: copies in the probe chunk (rounded to even, for antithetic pairs)
 PROBE_COPIES = 8

@@ -21,6 +21,10 @@ from ._config import check_choice, check_divides, check_positive, make_config
 from ._registry import register_model
 from .vision import ImageClassifier, ImageConfig, patchify, seeded
 
+#: ``torch.compiler.is_compiling`` is new in torch 2.3. On 2.1/2.2 "not compiling" is assumed:
+#: under ``torch.compile`` there, reading the LSA temperature may cost a graph break, same numbers.
+_is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
+
 # ---------------------------------------------------------------- transformer parts
 
 
@@ -71,7 +75,7 @@ class Attention(nn.Module):
         temperature as a Python number is free there (on a GPU it would wait for the device;
         under compile it would break the graph)."""
         return (q.device.type == "cpu" and not self.training and not torch.is_grad_enabled()
-                and not torch.compiler.is_compiling())
+                and not _is_compiling())
 
     def forward(self, x: Tensor) -> Tensor:
         q, k, v = self._split(x)
