@@ -5,8 +5,8 @@
 Runs ``tests/badinput`` twice — once against the ``src/`` of ``OLD_CHECKOUT`` (a checkout of
 the commit before the fixes, put first on ``PYTHONPATH``; the CLI cases' subprocesses inherit
 it) and once against this tree's ``src/`` — and writes one row per case: did it pass on the
-old code, and on this one. A case that fails on the old code found a defect (or a missing check) there. Not
-a test itself: the table is a record, committed beside the suite.
+old code, and on this one. A case that fails on the old code found a defect (or a missing
+check) there. Not a test itself: the table is a record, committed beside the suite.
 """
 
 from __future__ import annotations
