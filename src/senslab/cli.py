@@ -364,6 +364,8 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("run", parents=[shared],
                        help="run a registered experiment and write its report")
     s.add_argument("experiment")
+    # = senslab.experiments.base.SCALES, written out so that --help does not import torch
+    # (tests/experiments/test_overrides.py checks they agree)
     s.add_argument("--scale", choices=["cpu", "paper"], default="cpu")
     s.add_argument("--out")
     s.add_argument("--set", action="append", metavar="KEY=VALUE")

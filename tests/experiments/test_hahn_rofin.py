@@ -17,13 +17,12 @@ from senslab.experiments.hahn_rofin._common import (
     fresh_strings,
     learned_sensitivity,
     linear_fit,
-    override,
 )
 from senslab.experiments.hahn_rofin.norm_vs_blowup import norm_blowup_verdict, sweep
-from senslab.experiments.hahn_rofin.norm_vs_blowup import settings as sweep_settings
 from senslab.experiments.hahn_rofin.parity_dynamics import dynamics_verdict, peaks
 from senslab.experiments.hahn_rofin.random_functions import completion_verdict, random_completion
 from senslab.experiments.hahn_rofin.sharpness_vs_length import slope_verdict
+from senslab.train.config import apply_overrides
 
 TINY = ["dim=8", "steps=6", "eval_every=3", "batch=32", "eval_size=32", "sharp_draws=2"]
 METRICS = {"step", "epoch", "train/loss", "sharpness/loss", "sharpness/loss_se", "blowup",
@@ -98,14 +97,16 @@ def test_linear_fit_exact_line_and_errors() -> None:
 
 
 def test_override_types_and_errors() -> None:
-    s = override(Setup(), ["steps=5", "lr=1", "dim=16"])
+    s = apply_overrides(Setup(), ["steps=5", "lr=1", "dim=16"])
     assert (s.steps, s.lr, s.dim) == (5, 1.0, 16) and isinstance(s.lr, float)
-    with pytest.raises(KeyError, match="valid settings"):
-        override(Setup(), ["stepz=5"])
+    with pytest.raises(KeyError, match="Did you mean 'steps'"):
+        apply_overrides(Setup(), ["stepz=5"])
     with pytest.raises(TypeError, match="steps must be int"):
-        override(Setup(), ["steps=0.5"])
+        apply_overrides(Setup(), ["steps=0.5"])
     with pytest.raises(ValueError, match="key=value"):
-        override(Setup(), ["steps"])
+        apply_overrides(Setup(), ["steps"])
+    sweep_settings = get_experiment("hr_norm_vs_blowup").settings("cpu", ["n_values=[4, 6]"])
+    assert sweep_settings.n_values == (4, 6)
 
 
 def test_norm_vs_blowup_tiny_run(tmp_path: Path, finished_runs) -> None:
@@ -120,10 +121,11 @@ def test_norm_vs_blowup_tiny_run(tmp_path: Path, finished_runs) -> None:
 
 
 def test_sweep_is_seeded_and_in_range() -> None:
-    cfg = sweep_settings("cpu")
+    exp = get_experiment("hr_norm_vs_blowup")
+    cfg = exp.settings("cpu")
     assert sweep(cfg) == sweep(cfg)
     assert all(cfg.wd_range[0] <= p["weight_decay"] <= cfg.wd_range[1] for p in sweep(cfg))
-    assert sweep(cfg) != sweep(override(cfg, ["sweep_seed=1"]))
+    assert sweep(cfg) != sweep(exp.settings("cpu", ["sweep_seed=1"]))
 
 
 def _sweep_summary(sens: float, norm: float, log_blow: float, conv: bool = True) -> dict:

@@ -14,7 +14,6 @@ import torch
 
 from senslab.experiments import get_experiment, list_experiments, run_experiment
 from senslab.experiments.implicit_bias._common import (
-    apply_settings,
     growth_fits,
     load_task,
     log_schedule,
@@ -29,6 +28,7 @@ from senslab.experiments.implicit_bias.fixed_v import (
 from senslab.experiments.implicit_bias.joint import joint_verdict
 from senslab.models import create_model
 from senslab.optim import check_max_margin, max_margin_attention
+from senslab.train.config import apply_overrides
 
 TINY_DATA = ["data.num_samples=8", "data.seq_len=4", "data.dim=8"]
 ATTN = {"step", "epoch", "train/loss", "train/acc", "attn/W_norm", "attn/alignment",
@@ -88,10 +88,13 @@ def test_joint_tiny_run(tmp_path: Path, finished_runs) -> None:
 
 
 def test_unknown_setting_names_valid_ones() -> None:
-    with pytest.raises(KeyError, match="steps"):
-        apply_settings(FixedVSettings(), ["stepz=3"])
-    s = apply_settings(FixedVSettings(), ["steps=7", "data.dim=4"])
+    with pytest.raises(KeyError, match="Did you mean 'steps'"):
+        apply_overrides(FixedVSettings(), ["stepz=3"])
+    s = apply_overrides(FixedVSettings(), ["steps=7", "data.dim=4"])
     assert s.steps == 7 and s.data == {"dim": 4}
+    shared = {"dim": 2}
+    apply_overrides(FixedVSettings(data=shared), ["data.dim=4"])
+    assert shared == {"dim": 2}  # a dict field is replaced, never changed in place
 
 
 def test_excess_loss_is_logistic_loss_minus_floor() -> None:

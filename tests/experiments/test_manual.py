@@ -8,7 +8,7 @@ from pathlib import Path
 
 from senslab.experiments import _manual
 from senslab.experiments.hahn_rofin import _common as hr_common
-from senslab.experiments.lowsens import _common as lowsens_common
+from senslab.experiments.lowsens import grokking
 
 
 def test_start_run_writes_config_env_and_a_fresh_log(tmp_path: Path) -> None:
@@ -50,6 +50,6 @@ def test_manual_run_round_trip_and_reuse(tmp_path: Path) -> None:
 
 def test_experiment_packages_share_the_writer() -> None:
     # one implementation: the sub-packages re-export or call the shared module
-    assert lowsens_common.ManualRun is _manual.ManualRun
-    assert lowsens_common.run_all is _manual.run_all
+    assert grokking.ManualRun is _manual.ManualRun
+    assert grokking.run_all is _manual.run_all
     assert hr_common.start_run is _manual.start_run

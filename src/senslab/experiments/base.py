@@ -1,30 +1,52 @@
 """Experiments: a named set of runs, a claim from a paper, and a verdict computed from numbers.
 
-An experiment lists its runs for a ``scale`` ("cpu": runs here in minutes; "paper": the paper's
-settings, for a GPU), trains each into its own run directory below the experiment directory, then
+An experiment lists its runs for a ``scale`` (one of :data:`SCALES`: "cpu" runs here in minutes,
+"paper" is the paper's settings, for a GPU), trains each into its own run directory below the
+experiment directory, then
 computes a verdict from the run summaries and writes ``experiment.json`` and ``verdict.json``
 (format: docs/run-directory.md). ``senslab report EXP_DIR`` turns that into report.html.
+
+Overrides (``senslab run NAME --set key=value``) take one path for every experiment:
+:func:`senslab.train.config.apply_overrides` on the experiment's dataclasses — each
+:class:`RunConfig` of :meth:`Experiment.runs`, or the settings dataclass of an experiment with its
+own loop (:attr:`Experiment.scales`). :func:`run_experiment` resolves them before it writes
+anything, so a bad key or value fails with the same message for every experiment.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from ..data import locate
 from ..registry import Registry
-from ..train.config import RunConfig, apply_overrides
+from ..train.config import RunConfig, apply_overrides, validate
 from ..train.rundir import RunDir, git_commit
+
+#: the scales every experiment runs at, smallest first; "cpu" is the default everywhere
+SCALES = ("cpu", "paper")
+
+
+def check_scale(scale: str) -> str:
+    """``scale`` when it is one of :data:`SCALES`, else a ``ValueError`` listing them."""
+    if scale not in SCALES:
+        raise ValueError(f"unknown scale {scale!r}; use one of {', '.join(SCALES)}")
+    return scale
 
 
 class Experiment:
-    """Subclass and register with ``@register_experiment("name")``."""
+    """Subclass and register with ``@register_experiment("name")``.
+
+    An experiment trained by the standard loop defines :meth:`runs`; one with its own loop sets
+    :attr:`scales` and reads :meth:`settings` in :meth:`execute`.
+    """
 
     name: str = ""
     paper: str = ""
@@ -37,10 +59,33 @@ class Experiment:
     #: why the CPU-scale runs cannot run on this kind of machine (e.g. "CIFAR-10 must be placed
     #: in data.root"), shown in REPRODUCTION.md when no result has been recorded
     requires: str = ""
+    #: the settings dataclass of an experiment with its own loop, one instance per scale of
+    #: :data:`SCALES` (empty: the experiment is a list of :meth:`runs`)
+    scales: ClassVar[dict[str, Any]] = {}
 
     def runs(self, scale: str) -> list[RunConfig]:
         """The runs of this experiment, as configurations for the standard training loop."""
         raise NotImplementedError
+
+    def configs(self, scale: str, overrides: list[str]) -> list[RunConfig]:
+        """:meth:`runs` at ``scale`` with ``overrides`` applied to each and checked."""
+        return [validate(apply_overrides(cfg, list(overrides)))
+                for cfg in self.runs(check_scale(scale))]
+
+    def settings(self, scale: str, overrides: list[str] | tuple[str, ...] = ()) -> Any:
+        """A copy of this experiment's :attr:`scales` entry for ``scale`` with ``overrides``
+        applied and checked."""
+        if check_scale(scale) not in self.scales:
+            raise ValueError(f"{self.name} has no settings for scale {scale!r}")
+        return validate(apply_overrides(copy.deepcopy(self.scales[scale]), list(overrides)))
+
+    def check(self, scale: str, overrides: list[str]) -> None:
+        """Resolve ``overrides`` at ``scale`` without writing anything: an unknown key, a value
+        of the wrong type or out of range fails here, before any directory exists."""
+        if self.scales:
+            self.settings(scale, overrides)
+        else:
+            self.configs(scale, overrides)
 
     def execute(self, out: Path, scale: str, overrides: list[str],
                 progress: bool | None, log: Callable[[str], None]) -> list[dict[str, Any]]:
@@ -53,9 +98,8 @@ class Experiment:
         """
         from ..train.loop import fit
 
-        configs = self.runs(scale)
+        configs = self.configs(scale, overrides)
         for cfg in configs:
-            apply_overrides(cfg, list(overrides))
             locate_data(cfg)  # before any training: a missing dataset stops the experiment here
         write_experiment_json(out, self, scale, [c.name for c in configs])
         summaries = []
@@ -126,11 +170,13 @@ def run_experiment(name: str, out_dir: str | Path, scale: str = "cpu",
     """Train every run of experiment ``name`` (resuming finished/partial ones), write
     experiment.json and verdict.json, and return the verdict.
 
-    The experiment directory is locked for the whole call: a second ``senslab run`` on it fails
-    at once (see :meth:`senslab.train.rundir.RunDir.writing`)."""
-    if scale not in ("cpu", "paper"):
-        raise ValueError(f"scale must be 'cpu' or 'paper', got {scale!r}")
+    ``scale`` is one of :data:`SCALES`; ``overrides`` (``["key=value", ...]``) are checked before
+    anything is written (:meth:`Experiment.check`). The experiment directory is locked for the
+    whole call: a second ``senslab run`` on it fails at once (see
+    :meth:`senslab.train.rundir.RunDir.writing`)."""
+    check_scale(scale)
     exp = get_experiment(name)
+    exp.check(scale, list(overrides or []))
     out = Path(out_dir)
     with RunDir(out, kind="experiment").writing():
         return _run_locked(exp, out, scale, list(overrides or []), progress, log)

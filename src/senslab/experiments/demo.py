@@ -18,7 +18,7 @@ from typing import Any
 
 from ..data import DataUnavailableError, create_dataset
 from ..train.config import RunConfig
-from .base import Experiment, model_runs, register_experiment
+from .base import Experiment, check_scale, model_runs, register_experiment
 
 SIGMA = 1.0
 
@@ -44,6 +44,7 @@ class Demo(Experiment):
     )
 
     def runs(self, scale: str) -> list[RunConfig]:
+        check_scale(scale)
         if mnist_available():
             data, patch = ["data.name=mnist"], 7
             subset = ["data.train_subset=5000"] if scale == "cpu" else []

@@ -7,6 +7,10 @@ closest valid key. :func:`validate` checks a whole config the same way (``fit`` 
 so a config built in code is checked before anything is written).
 ``model.overrides`` and ``data.options`` are free-form dicts passed on to the model factory and
 the dataset loader (which check their own keys).
+
+:func:`set_option`, :func:`apply_overrides` and :func:`validate` work on any dataclass, not only
+:class:`RunConfig`: every experiment's settings (``senslab run NAME --set steps=200``) go through
+them, so an override means and is checked the same everywhere.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ import re
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+C = TypeVar("C")
 
 
 def ranged(default: Any, *, ge: float | None = None, gt: float | None = None,
@@ -59,6 +65,10 @@ def check_value(key: str, value: Any, meta: Any) -> None:
     """Raise ``ValueError`` naming ``key``, ``value`` and the valid range/choices when ``value``
     breaks the rule declared in the field's ``meta``."""
     if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, (list, tuple)):  # a tuple setting: the rule holds for every element
+        for v in value:
+            check_value(key, v, meta)
         return
     if "range" in meta and isinstance(value, (int, float)):
         ge, gt, le, lt = meta["range"]
@@ -175,14 +185,16 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def valid_keys(cfg: Any, prefix: str = "") -> list[str]:
+def valid_keys(cfg: Any, prefix: str = "", entries: bool = False) -> list[str]:
+    """The dotted keys of the dataclass ``cfg``; with ``entries``, a dict field is listed as
+    ``field.<key>`` (it takes any entry)."""
     keys = []
     for f in dataclasses.fields(cfg):
         v = getattr(cfg, f.name)
         if dataclasses.is_dataclass(v):
-            keys += valid_keys(v, f"{prefix}{f.name}.")
+            keys += valid_keys(v, f"{prefix}{f.name}.", entries)
         else:
-            keys.append(f"{prefix}{f.name}")
+            keys.append(f"{prefix}{f.name}" + (".<key>" if entries and isinstance(v, dict) else ""))
     return keys
 
 
@@ -199,10 +211,18 @@ def parse_value(text: str) -> Any:
         return text
 
 
+def _type_name(hint: Any) -> str:
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+
+
 def _check_type(key: str, value: Any, hint: Any) -> Any:
+    """``value`` as the type ``hint`` asks for (an int for a float, a list for a tuple), or a
+    ``TypeError`` naming ``key``, the type and the value."""
     origin = typing.get_origin(hint)
     options = typing.get_args(hint) if origin in (typing.Union, types.UnionType) else (hint,)
     for opt in options:
+        if opt is Any:
+            return value
         if opt is type(None) and value is None:
             return None
         base = typing.get_origin(opt) or opt
@@ -212,49 +232,94 @@ def _check_type(key: str, value: Any, hint: Any) -> Any:
             return value
         if base in (str, bool, dict) and isinstance(value, base):
             return value
-    names = " or ".join(getattr(o, "__name__", str(o)) for o in options)
+        if base in (tuple, list) and isinstance(value, (tuple, list)):
+            items = _check_items(value, base, typing.get_args(opt))
+            if items is not None:
+                return items
+    names = " or ".join(_type_name(o) for o in options)
     raise TypeError(f"{key} must be {names}, got {value!r}")
 
 
-def set_option(cfg: RunConfig, key: str, value: Any, parse: bool = True) -> None:
-    """Set dotted ``key`` (e.g. ``"optim.lr"``, ``"model.overrides.depth"``) on ``cfg``;
-    ``TypeError``/``ValueError`` naming the key, the value and what is valid."""
+def _check_items(value: Any, base: type, args: tuple[Any, ...]) -> Any:
+    """The elements of a list/tuple value checked against ``tuple[int, ...]``,
+    ``tuple[float, float]``, ``list[str]``...; None when they do not fit."""
+    if base is tuple and args and args[-1] is not Ellipsis:
+        if len(args) != len(value):
+            return None
+        hints = list(args)
+    else:
+        hints = [args[0] if args else Any] * len(value)
+    try:
+        return base(_check_type("", v, h) for v, h in zip(value, hints, strict=True))
+    except TypeError:
+        return None
+
+
+def _unknown_key(cfg: Any, key: str) -> KeyError:
+    close = difflib.get_close_matches(key, valid_keys(cfg), n=1, cutoff=0.5)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    listed = ", ".join(valid_keys(cfg, entries=True))
+    return KeyError(f"unknown config key {key!r}.{hint} Valid keys: {listed}")
+
+
+def set_option(cfg: Any, key: str, value: Any, parse: bool = True) -> None:
+    """Set dotted ``key`` (e.g. ``"optim.lr"``, ``"model.overrides.depth"``, ``"steps"``) on the
+    dataclass ``cfg`` (a :class:`RunConfig` or an experiment's settings), checked against the
+    field's type hint and its declared range/choices (:func:`check_value`): ``KeyError`` for an
+    unknown key (naming the closest valid one), ``TypeError``/``ValueError`` naming the key, the
+    value and what is valid. A ``dict`` field takes ``field.<entry>`` keys without checking them
+    (the model factory or data loader does); it is replaced, never changed in place.
+
+    A text value for a ``str`` field is taken as written when it does not parse to a string
+    (``only=0`` means ``"0"``)."""
+    raw = value
     if parse and isinstance(value, str):
         value = parse_value(value)
     parts = key.split(".")
     obj: Any = cfg
     for i, part in enumerate(parts):
-        if isinstance(obj, dict):  # free-form dicts: model.overrides.*, data.options.*
-            if i != len(parts) - 1:
-                raise KeyError(f"{key}: {'.'.join(parts[:i])} entries are single values")
-            obj[part] = value
-            return
-        names = [f.name for f in dataclasses.fields(obj)]
-        if part not in names:
-            keys = valid_keys(cfg)
-            close = difflib.get_close_matches(key, keys, n=1, cutoff=0.5)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise KeyError(f"unknown config key {key!r}.{hint} Valid keys: {', '.join(keys)}")
+        if part not in {f.name for f in dataclasses.fields(obj)}:
+            raise _unknown_key(cfg, key)
+        current = getattr(obj, part)
         if i == len(parts) - 1:
-            hints = typing.get_type_hints(type(obj))
-            current = getattr(obj, part)
             if dataclasses.is_dataclass(current):
-                raise KeyError(f"{key} is a section; set one of its fields, e.g. {key}.name")
-            value = _check_type(key, value, hints[part])
+                raise KeyError(f"{key} is a section; set one of its fields, e.g. "
+                               f"{key}.{dataclasses.fields(current)[0].name}")
+            hint = typing.get_type_hints(type(obj))[part]
+            try:
+                value = _check_type(key, value, hint)
+            except TypeError:
+                if not (parse and isinstance(raw, str) and _allows(hint, str)):
+                    raise
+                value = raw
             check_value(key, value, _field(obj, part).metadata)
             setattr(obj, part, value)
             return
-        obj = getattr(obj, part)
+        if isinstance(current, dict):  # free-form dicts: model.overrides.*, data.options.*
+            if i != len(parts) - 2:
+                raise KeyError(f"{key}: {'.'.join(parts[:i + 1])} entries are single values")
+            setattr(obj, part, {**current, parts[-1]: value})
+            return
+        if not dataclasses.is_dataclass(current):
+            raise _unknown_key(cfg, key)
+        obj = current
+
+
+def _allows(hint: Any, kind: type) -> bool:
+    origin = typing.get_origin(hint)
+    options = typing.get_args(hint) if origin in (typing.Union, types.UnionType) else (hint,)
+    return kind in options
 
 
 def _field(obj: Any, name: str) -> dataclasses.Field[Any]:
     return next(f for f in dataclasses.fields(obj) if f.name == name)
 
 
-def validate(cfg: RunConfig) -> RunConfig:
-    """Check the type and the declared range/choices of every field of ``cfg`` (one built in
-    code as well as one from overrides), then the combinations of fields; the first bad value is
-    an error naming the key, the value and what is valid. Returns ``cfg``."""
+def validate(cfg: C) -> C:
+    """Check the type and the declared range/choices of every field of the dataclass ``cfg``
+    (one built in code as well as one from overrides), then, for a :class:`RunConfig`, the
+    combinations of fields; the first bad value is an error naming the key, the value and what
+    is valid. Returns ``cfg``."""
 
     def walk(obj: Any, prefix: str) -> None:
         hints = typing.get_type_hints(type(obj))
@@ -267,21 +332,34 @@ def validate(cfg: RunConfig) -> RunConfig:
             check_value(key, value, f.metadata)
 
     walk(cfg, "")
-    o = cfg.optim
-    if o.name == "sps" and o.schedule != "constant":
-        raise ValueError(f"optim.schedule={o.schedule} scales a learning rate, but optim.name=sps "
-                         "sets its own step size; use optim.schedule=constant with sps")
+    if isinstance(cfg, RunConfig):
+        o = cfg.optim
+        if o.name == "sps" and o.schedule != "constant":
+            raise ValueError(f"optim.schedule={o.schedule} scales a learning rate, but "
+                             "optim.name=sps sets its own step size; use optim.schedule=constant "
+                             "with sps")
     return cfg
 
 
-def apply_overrides(cfg: RunConfig, assignments: list[str]) -> RunConfig:
-    """Apply ``["optim.lr=0.05", ...]`` in order."""
+def apply_overrides(cfg: C, assignments: list[str]) -> C:
+    """Apply ``["optim.lr=0.05", ...]`` (or an experiment's ``["steps=200", ...]``) to the
+    dataclass ``cfg`` in order, with :func:`set_option`; returns ``cfg``, changed in place."""
     for item in assignments:
         if "=" not in item:
-            raise ValueError(f"override {item!r} must look like key=value, e.g. optim.lr=0.05")
+            raise ValueError(f"override {item!r} must look like key=value, e.g. "
+                             f"{_example(cfg)}")
         key, value = item.split("=", 1)
         set_option(cfg, key.strip(), value)
     return cfg
+
+
+def _example(cfg: Any) -> str:
+    """``key=value`` for the first numeric field of ``cfg`` (its current value)."""
+    flat = _flatten(dataclasses.asdict(cfg))  # type: ignore[call-overload]
+    numeric = [(k, v) for k, v in flat.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    key, value = (numeric or list(flat.items()))[0]
+    return f"{key}={value!r}"
 
 
 def dumps(cfg: RunConfig) -> str:

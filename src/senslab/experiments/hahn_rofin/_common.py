@@ -41,7 +41,7 @@ from ...data.synthetic import BOOLEAN_FUNCTIONS
 from ...measure import boolean_sensitivity
 from ...measure.sharpness import layernorm_blowup, loss_sharpness, parameter_norm
 from ...models import create_model
-from ...train.config import parse_value
+from ...train.config import matching, ranged
 from ...train.rundir import RunDir
 from .._manual import finished_summary, start_run
 
@@ -59,42 +59,17 @@ class Setup:
     ``device``: "auto" picks CUDA when available.
     """
 
-    dim: int = 128
-    layers: int = 2
-    heads: int = 2
-    steps: int = 10_000
-    batch: int = 1024
-    lr: float = 3e-4
-    weight_decay: float = 0.1
-    eval_every: int = 500
-    eval_size: int = 1024
-    sharp_draws: int = 20
-    device: str = "auto"
-
-
-def override(settings: Any, assignments: list[str]) -> Any:
-    """A copy of the dataclass ``settings`` with ``["steps=200", "n_values=[4, 6]"]`` applied.
-
-    Values are parsed as Python literals and must match the type of the field's current value
-    (an int is accepted for a float, a list for a tuple); an unknown key names the valid ones.
-    """
-    values: dict[str, Any] = {}
-    fields = {f.name for f in dataclasses.fields(settings)}
-    for item in assignments:
-        if "=" not in item:
-            raise ValueError(f"override {item!r} must look like key=value, e.g. steps=200")
-        key, text = (part.strip() for part in item.split("=", 1))
-        if key not in fields:
-            raise KeyError(f"unknown setting {key!r}; valid settings: {', '.join(sorted(fields))}")
-        current, value = getattr(settings, key), parse_value(text)
-        if isinstance(current, tuple) and isinstance(value, (list, tuple)):
-            value = tuple(value)
-        elif isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if type(value) is not type(current):
-            raise TypeError(f"{key} must be {type(current).__name__}, got {value!r}")
-        values[key] = value
-    return dataclasses.replace(settings, **values)
+    dim: int = ranged(128, ge=1)
+    layers: int = ranged(2, ge=1)
+    heads: int = ranged(2, ge=1)
+    steps: int = ranged(10_000, ge=1)
+    batch: int = ranged(1024, ge=1)
+    lr: float = ranged(3e-4, gt=0)
+    weight_decay: float = ranged(0.1, ge=0)
+    eval_every: int = ranged(500, ge=1)
+    eval_size: int = ranged(1024, ge=1)
+    sharp_draws: int = ranged(20, ge=1)
+    device: str = matching("auto", r"auto|cpu|mps|cuda(:\d+)?", "auto, cpu, cuda, cuda:N or mps")
 
 
 def pick_device(name: str) -> torch.device:

@@ -37,6 +37,7 @@ Measured CPU runtime (2 heavily shared cores, one thread): 11 minutes (12 runs).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,30 +47,29 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...train.config import ranged
 from ..base import Experiment, register_experiment, write_experiment_json
-from ._common import Setup, override, train_boolean
+from ._common import Setup, train_boolean
 
 SWEEP_FUNCTIONS = ("parity", "majority", "first")
 
 
 @dataclass
 class SweepSettings(Setup):
-    runs: int = 40
+    runs: int = ranged(40, ge=1)
     functions: tuple[str, ...] = SWEEP_FUNCTIONS
-    n_values: tuple[int, ...] = (5, 10, 15, 20, 25, 30)
-    lr_range: tuple[float, float] = (1e-4, 1e-3)
-    wd_range: tuple[float, float] = (0.01, 0.3)
-    sweep_seed: int = 0
+    n_values: tuple[int, ...] = ranged((5, 10, 15, 20, 25, 30), ge=1)
+    lr_range: tuple[float, float] = ranged((1e-4, 1e-3), gt=0)
+    wd_range: tuple[float, float] = ranged((0.01, 0.3), gt=0)
+    sweep_seed: int = ranged(0, ge=0)
 
 
-def settings(scale: str) -> SweepSettings:
-    if scale == "paper":
-        return SweepSettings()
-    if scale == "cpu":
-        return SweepSettings(dim=32, steps=1200, batch=256, eval_every=500, eval_size=512,
-                             sharp_draws=10, runs=12, n_values=(4, 6, 8),
-                             lr_range=(5e-4, 3e-3))
-    raise ValueError(f"scale must be 'cpu' or 'paper', got {scale!r}")
+SCALES = {
+    "cpu": SweepSettings(dim=32, steps=1200, batch=256, eval_every=500, eval_size=512,
+                         sharp_draws=10, runs=12, n_values=(4, 6, 8),
+                         lr_range=(5e-4, 3e-3)),
+    "paper": SweepSettings(),
+}
 
 
 def sweep(s: SweepSettings) -> list[dict[str, Any]]:
@@ -103,16 +103,18 @@ class NormVsBlowup(Experiment):
         "scatter": [("param_norm", "blowup"), ("bool_sens", "param_norm")],
     }
 
+    scales = SCALES
+
     def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
                 log: Callable[[str], None]) -> list[dict[str, Any]]:
-        s = override(settings(scale), overrides)
+        s = self.settings(scale, overrides)
         plan = sweep(s)
         names = [f"{i:02d}-{p['function']}-n{p['n']}" for i, p in enumerate(plan)]
         write_experiment_json(out, self, scale, names)
         summaries = []
         for i, (p, name) in enumerate(zip(plan, names, strict=True), 1):
             log(f"[{i}/{len(plan)}] {name} lr={p['lr']:.2g} wd={p['weight_decay']:.2g}")
-            run_setup = override(s, [f"lr={p['lr']!r}", f"weight_decay={p['weight_decay']!r}"])
+            run_setup = dataclasses.replace(s, lr=p["lr"], weight_decay=p["weight_decay"])
             summaries.append(train_boolean(out / name, label=p["function"],
                                            function=p["function"], n=p["n"], seed=p["seed"],
                                            setup=run_setup))

@@ -37,25 +37,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...train.config import ranged
 from ...train.rundir import RunDir
 from ..base import Experiment, register_experiment, write_experiment_json
-from ._common import Setup, override, train_boolean
+from ._common import Setup, train_boolean
 
 
 @dataclass
 class DynamicsSettings(Setup):
-    n: int = 25
-    seeds: int = 3
-    window: float = 0.25  # allowed |t_peak − t₀| as a fraction of t₀
+    n: int = ranged(25, ge=1)
+    seeds: int = ranged(3, ge=1)
+    window: float = ranged(0.25, gt=0)  # allowed |t_peak − t₀| as a fraction of t₀
 
 
-def settings(scale: str) -> DynamicsSettings:
-    if scale == "paper":
-        return DynamicsSettings(eval_every=50)
-    if scale == "cpu":
-        return DynamicsSettings(dim=32, steps=3000, batch=256, lr=1e-3, eval_every=25,
-                                eval_size=512, sharp_draws=10, n=8, seeds=3)
-    raise ValueError(f"scale must be 'cpu' or 'paper', got {scale!r}")
+SCALES = {
+    "cpu": DynamicsSettings(dim=32, steps=3000, batch=256, lr=1e-3, eval_every=25,
+                            eval_size=512, sharp_draws=10, n=8, seeds=3),
+    "paper": DynamicsSettings(eval_every=50),
+}
 
 
 @register_experiment("hr_parity_dynamics")
@@ -69,9 +68,11 @@ class ParityDynamics(Experiment):
         "steps, 3 seeds"
     )
 
+    scales = SCALES
+
     def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
                 log: Callable[[str], None]) -> list[dict[str, Any]]:
-        s = override(settings(scale), overrides)
+        s = self.settings(scale, overrides)
         names = [f"parity-n{s.n}-s{seed}" for seed in range(s.seeds)]
         write_experiment_json(out, self, scale, names)
         summaries = []

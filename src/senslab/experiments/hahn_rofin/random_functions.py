@@ -49,27 +49,26 @@ from torch import Tensor
 from ...data import create_dataset
 from ...data.synthetic import boolean_cube
 from ...measure import boolean_sensitivity
+from ...train.config import ranged
 from ..base import Experiment, register_experiment, write_experiment_json
-from ._common import CONVERGED_ACC, Setup, override, train_boolean
+from ._common import CONVERGED_ACC, Setup, train_boolean
 
 N_BITS = 10
 
 
 @dataclass
 class RandomSettings(Setup):
-    train_sizes: tuple[int, ...] = (128, 256, 512)
-    seeds: int = 5
-    n: int = N_BITS
-    stop_loss: float = 0.01
+    train_sizes: tuple[int, ...] = ranged((128, 256, 512), ge=1)
+    seeds: int = ranged(5, ge=1)
+    n: int = ranged(N_BITS, ge=1)
+    stop_loss: float = ranged(0.01, ge=0)
 
 
-def settings(scale: str) -> RandomSettings:
-    if scale == "paper":
-        return RandomSettings(eval_every=100)
-    if scale == "cpu":
-        return RandomSettings(dim=64, steps=2000, lr=3e-3, eval_every=100, seeds=2, n=8,
-                              train_sizes=(32, 64, 128))
-    raise ValueError(f"scale must be 'cpu' or 'paper', got {scale!r}")
+SCALES = {
+    "cpu": RandomSettings(dim=64, steps=2000, lr=3e-3, eval_every=100, seeds=2, n=8,
+                          train_sizes=(32, 64, 128)),
+    "paper": RandomSettings(eval_every=100),
+}
 
 
 def random_completion(table: Tensor, train_index: Tensor, seed: int) -> Tensor:
@@ -93,9 +92,11 @@ class RandomFunctions(Experiment):
         "strings), d = 64, AdamW lr 3e-3"
     )
 
+    scales = SCALES
+
     def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
                 log: Callable[[str], None]) -> list[dict[str, Any]]:
-        s = override(settings(scale), overrides)
+        s = self.settings(scale, overrides)
         pairs = [(k, seed) for k in s.train_sizes for seed in range(s.seeds)]
         names = [f"{kind}-k{k}-s{seed}" for k, seed in pairs for kind in ("learned", "random")]
         write_experiment_json(out, self, scale, names)

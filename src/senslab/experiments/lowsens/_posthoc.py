@@ -21,7 +21,7 @@ from torch import nn
 
 from ...data import ArrayDataset
 from ...tokens.base import model_device
-from ...train.config import RunConfig, apply_overrides
+from ...train.config import RunConfig
 from ...train.loop import build_model, fit, load_data, resolve_device
 from ...train.rundir import RunDir
 from ...train.track import Tracker
@@ -84,7 +84,7 @@ class FinalMeasureExperiment(Experiment):
 
     def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
                 log: Callable[[str], None]) -> list[dict[str, Any]]:
-        configs = [apply_overrides(c, list(overrides)) for c in self.runs(scale)]
+        configs = self.configs(scale, overrides)
         for cfg in configs:
             locate_data(cfg)  # before any training: a missing dataset stops the experiment here
         write_experiment_json(out, self, scale, [c.name for c in configs])

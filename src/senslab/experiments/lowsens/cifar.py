@@ -48,7 +48,7 @@ from torch import nn
 from ...data import ArrayDataset
 from ...measure import token_sensitivity
 from ...train.config import RunConfig, apply_overrides
-from ..base import Experiment, register_experiment
+from ..base import Experiment, check_scale, register_experiment
 from ._posthoc import FinalMeasureExperiment, tracking_subset
 
 PAPER = "Transformers Learn Low Sensitivity Functions (ICLR 2025)"
@@ -79,8 +79,7 @@ CPU_NOTE = ("5,000-image training subset, small models (ViT dim 64, depth 4, 4 h
 def vision_run(name: str, model: str, scale: str, data: str = "cifar10", label: str = "",
                extra: list[str] | tuple[str, ...] = ()) -> RunConfig:
     """One SGD run of ``model`` with the paper's learning rate, at ``scale`` ("cpu"/"paper")."""
-    if scale not in ("cpu", "paper"):
-        raise ValueError(f"unknown scale {scale!r}; use 'cpu' or 'paper'")
+    check_scale(scale)
     common = [f"data.name={data}", "train.batch_size=100", f"optim.lr={LR[model]}",
               f"track.sigma={SIGMA[scale]}"]
     if scale == "paper":

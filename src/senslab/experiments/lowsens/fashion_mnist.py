@@ -52,7 +52,7 @@ re-run with identical numbers), 14-16 min on the 2 shared cores under a load ave
 from __future__ import annotations
 
 from ...train.config import RunConfig
-from ..base import model_runs, register_experiment
+from ..base import check_scale, model_runs, register_experiment
 from .mnist_binary import SIGMA, VisionComparison
 
 #: SGD learning rates of docs/definitions.md#fashion_mnist / the paper's Appendix D
@@ -76,8 +76,7 @@ class FashionMNIST(VisionComparison):
                 "--set data.root=DIR.")
 
     def runs(self, scale: str) -> list[RunConfig]:
-        if scale not in ("cpu", "paper"):
-            raise ValueError(f"scale must be 'cpu' or 'paper', got {scale!r}")
+        check_scale(scale)
         cpu = scale == "cpu"
         common = [
             "data.name=fashion_mnist", "train.batch_size=100", "optim.name=sgd",

@@ -51,8 +51,9 @@ from ...data import create_dataset
 from ...measure import token_sensitivity
 from ...models import create_model
 from ...tokens import Embedding
+from ...train.config import ranged
+from .._manual import ManualRun, run_all
 from ..base import Experiment, register_experiment, write_experiment_json
-from ._common import ManualRun, pick_scale, resolve_settings, run_all
 
 MEMORISED = 0.99
 GENERALISED = 0.95
@@ -65,19 +66,19 @@ JUMP = 0.5
 
 @dataclass
 class GrokSettings:
-    p: int = 113
-    train_fraction: float = 0.3
-    dim: int = 128
-    heads: int = 4
-    mlp_dim: int = 512
-    lr: float = 1e-3
-    weight_decay: float = 1.0
-    epochs: int = 20000
-    post_epochs: int = 1000
-    eval_every: int = 1
-    sigma: float = 0.1
-    sens_examples: int = 1000
-    seed: int = 0
+    p: int = ranged(113, ge=2)
+    train_fraction: float = ranged(0.3, gt=0, le=1)
+    dim: int = ranged(128, ge=1)
+    heads: int = ranged(4, ge=1)
+    mlp_dim: int = ranged(512, ge=1)
+    lr: float = ranged(1e-3, gt=0)
+    weight_decay: float = ranged(1.0, ge=0)
+    epochs: int = ranged(20000, ge=1)
+    post_epochs: int = ranged(1000, ge=0)
+    eval_every: int = ranged(1, ge=1)
+    sigma: float = ranged(0.1, ge=0)
+    sens_examples: int = ranged(1000, ge=1)
+    seed: int = ranged(0, ge=0)
 
 
 SCALES = {
@@ -108,9 +109,11 @@ class Grokking(Experiment):
         "cores); same optimiser (AdamW, full batch)"
     )
 
+    scales = SCALES
+
     def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
                 log: Any) -> list[dict[str, Any]]:
-        st = resolve_settings(pick_scale(scale, SCALES), overrides)
+        st = self.settings(scale, overrides)
         name = f"modadd-p{st.p}-s{st.seed}"
         write_experiment_json(out, self, scale, [name])
         return run_all(out, [name], lambda _, n: self._train(out / n, n, st, log), log)

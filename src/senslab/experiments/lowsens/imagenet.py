@@ -39,8 +39,9 @@ import torch
 from ...data import DataUnavailableError, data_home
 from ...measure import token_sensitivity
 from ...tokens import Patches
+from ...train.config import ranged
+from .._manual import ManualRun, run_all
 from ..base import Experiment, register_experiment, write_experiment_json
-from ._common import ManualRun, pick_scale, resolve_settings, run_all
 
 IMAGE_SUFFIXES = {".jpeg", ".jpg", ".png"}
 MAX_ACC_GAP = 0.05
@@ -49,15 +50,15 @@ MAX_ACC_GAP = 0.05
 @dataclass
 class ImageNetSettings:
     root: str = ""  # ImageFolder root; "" means $SENSLAB_DATA/imagenet/train
-    num_images: int = 1000
-    num_tokens: int = 0  # 0: every patch
-    sigma: float = 0.5
-    repeats: int = 1
+    num_images: int = ranged(1000, ge=1)
+    num_tokens: int = ranged(0, ge=0)  # 0: every patch
+    sigma: float = ranged(0.5, ge=0)
+    repeats: int = ranged(1, ge=1)
     vit: str = "vit_large_patch16_224.augreg_in21k_ft_in1k"
     convnext: str = "convnextv2_tiny.fcmae_ft_in1k"
     pretrained: bool = True
-    batch_size: int = 16
-    seed: int = 0
+    batch_size: int = ranged(16, ge=1)
+    seed: int = ranged(0, ge=0)
 
 
 SCALES = {"paper": ImageNetSettings(),
@@ -140,9 +141,11 @@ class ImageNet(Experiment):
                 "hub (network or a warm $HF_HOME); ImageNet train images as "
                 "root/<wnid>/*.JPEG (--set root=...)")
 
+    scales = SCALES
+
     def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
                 log: Any) -> list[dict[str, Any]]:
-        st = resolve_settings(pick_scale(scale, SCALES), overrides)
+        st = self.settings(scale, overrides)
         files, folders = image_files(st)  # data first: its error says where to put the images
         timm = import_timm()
         names = {"vit": st.vit, "convnext": st.convnext}

@@ -95,7 +95,13 @@ from ...data import ArrayDataset
 from ...measure import TokenSensitivity
 from ...train.config import RunConfig, apply_overrides
 from ...train.rundir import RunDir
-from ..base import Experiment, locate_data, register_experiment, write_experiment_json
+from ..base import (
+    Experiment,
+    check_scale,
+    locate_data,
+    register_experiment,
+    write_experiment_json,
+)
 from ._language_verdict import language_verdict
 
 MODELS = ("lstm", "roberta", "roberta_relu", "gpt2")
@@ -139,8 +145,7 @@ class LanguageExperiment(Experiment):
     source: Source
 
     def runs(self, scale: str) -> list[RunConfig]:
-        if scale not in ("cpu", "paper"):
-            raise ValueError(f"unknown scale {scale!r}; use 'cpu' or 'paper'")
+        check_scale(scale)
         src, cpu = self.source, scale == "cpu"
         common = [
             f"data.name={src.data}", "data.test_split=validation",
@@ -172,9 +177,8 @@ class LanguageExperiment(Experiment):
         measurements to its ``summary.json`` (once: a summary that has them is returned as is)."""
         from ...train.loop import fit
 
-        configs = self.runs(scale)
+        configs = self.configs(scale, overrides)
         for cfg in configs:
-            apply_overrides(cfg, list(overrides))
             locate_data(cfg)  # before any training: missing data stops the experiment here
         write_experiment_json(out, self, scale, [c.name for c in configs])
         summaries = []

@@ -51,7 +51,7 @@ from typing import Any
 import torch
 
 from ...train.config import RunConfig
-from ..base import Experiment, model_runs, register_experiment
+from ..base import Experiment, check_scale, model_runs, register_experiment
 from ..demo import lowest_sensitivity_verdict
 from ..implicit_bias._common import single_thread
 
@@ -180,8 +180,7 @@ class MNISTBinary(VisionComparison):
                       "2 draws; same SGD lr 0.01, batch 50, patch 7 and σ = 0.1 as the paper.")
 
     def runs(self, scale: str) -> list[RunConfig]:
-        if scale not in ("cpu", "paper"):
-            raise ValueError(f"scale must be 'cpu' or 'paper', got {scale!r}")
+        check_scale(scale)
         cpu = scale == "cpu"
         common = [
             "data.name=mnist", f"data.options.digits={list(DIGITS)}",

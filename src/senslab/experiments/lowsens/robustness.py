@@ -69,7 +69,7 @@ from ...data.images import CIFAR10C_CORRUPTIONS, denormalize
 from ...measure import token_sensitivity
 from ...tokens.base import model_device
 from ...train.config import RunConfig, apply_overrides
-from ..base import register_experiment
+from ..base import check_scale, register_experiment
 from ._posthoc import FinalMeasureExperiment
 from .cifar import PAPER, combine, vision_run
 
@@ -180,7 +180,7 @@ class Robustness(FinalMeasureExperiment):
                 "$SENSLAB_DATA/fashion_mnist or --set data.root=DIR")
 
     def runs(self, scale: str) -> list[RunConfig]:
-        return vit_runs(scale) + cnn_runs(scale)
+        return vit_runs(check_scale(scale)) + cnn_runs(scale)
 
     def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
                 log: Callable[[str], None]) -> list[dict[str, Any]]:

@@ -40,8 +40,9 @@ import torch.nn.functional as F
 from ...data import create_dataset
 from ...measure import boolean_sensitivity
 from ...models import create_model
+from ...train.config import ranged
+from .._manual import ManualRun, run_all
 from ..base import Experiment, register_experiment, write_experiment_json
-from ._common import ManualRun, pick_scale, resolve_settings, run_all
 
 
 class ParitySetting(NamedTuple):
@@ -71,16 +72,16 @@ class ParitySettings:
     """Shared settings. ``only``: comma-separated run indices (e.g. ``"0,3"``); empty = all.
     ``train_size`` > 0 replaces every setting's training-set size (quick checks)."""
 
-    n_bits: int = 20
-    k: int = 3
-    epochs: int = 40
-    test_size: int = 1000
-    eval_every: int = 1
-    bool_samples: int = 500
-    heads: int = 4
-    layers: int = 2
+    n_bits: int = ranged(20, ge=1)
+    k: int = ranged(3, ge=1)
+    epochs: int = ranged(40, ge=1)
+    test_size: int = ranged(1000, ge=1)
+    eval_every: int = ranged(1, ge=1)
+    bool_samples: int = ranged(500, ge=1)
+    heads: int = ranged(4, ge=1)
+    layers: int = ranged(2, ge=1)
     only: str = ""
-    train_size: int = 0
+    train_size: int = ranged(0, ge=0)
 
 
 SCALES = {
@@ -124,9 +125,11 @@ class SparseParity(Experiment):
         "settings varying train size, batch, width, lr and seed as in the paper"
     )
 
+    scales = SCALES
+
     def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
                 log: Any) -> list[dict[str, Any]]:
-        st = resolve_settings(pick_scale(scale, SCALES), overrides)
+        st = self.settings(scale, overrides)
         idx = chosen(st)
         runs = [SETTINGS[i] if st.train_size <= 0 else SETTINGS[i]._replace(
             train_size=st.train_size) for i in idx]

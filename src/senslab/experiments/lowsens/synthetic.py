@@ -52,8 +52,9 @@ from ...measure import token_sensitivity
 from ...models import create_model
 from ...models.small import SparseAttention
 from ...tokens import Sequence
+from ...train.config import ranged
+from .._manual import ManualRun, run_all
 from ..base import Experiment, register_experiment, write_experiment_json
-from ._common import ManualRun, pick_scale, resolve_settings, run_all
 
 #: the low-sensitivity feature each case is built to have
 EXPECTED_FEATURE = {1: "sparse", 2: "frequent"}
@@ -64,15 +65,15 @@ class SyntheticSettings:
     """Training and tracking settings (ours). ``only``: comma-separated run names (e.g.
     ``"case1-s0,case2-s0"``) to run a subset; empty runs all six."""
 
-    epochs: int = 50
-    batch_size: int = 50
-    lr: float = 0.5
-    train_size: int = 1000
-    test_size: int = 1000
-    init_scale: float = 0.01
-    eval_every: int = 5
-    sens_examples: int = 256
-    seed: int = 0
+    epochs: int = ranged(50, ge=1)
+    batch_size: int = ranged(50, ge=1)
+    lr: float = ranged(0.5, gt=0)
+    train_size: int = ranged(1000, ge=1)
+    test_size: int = ranged(1000, ge=1)
+    init_scale: float = ranged(0.01, ge=0)
+    eval_every: int = ranged(5, ge=1)
+    sens_examples: int = ranged(256, ge=1)
+    seed: int = ranged(0, ge=0)
     only: str = ""
 
 
@@ -139,9 +140,11 @@ class SyntheticSparseFrequent(Experiment):
         "1,000 train / 1,000 test / 1,000 OOD examples per run (the paper gives no sizes)"
     )
 
+    scales = SCALES
+
     def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
                 log: Any) -> list[dict[str, Any]]:
-        settings = resolve_settings(pick_scale(scale, SCALES), overrides)
+        settings = self.settings(scale, overrides)
         names = run_names(settings)
         write_experiment_json(out, self, scale, names)
         keys = {f"case{c}-s{s}": (c, s) for c, s in SPARSE_FREQUENT_SETTINGS}

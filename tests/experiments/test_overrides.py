@@ -1,0 +1,114 @@
+"""One override path for every experiment: the same bad key, the same bad value and the same bad
+scale fail with the same message for experiments of different papers and loops, before any
+directory is written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from senslab.cli import parser
+from senslab.experiments import get_experiment, list_experiments, run_experiment
+from senslab.experiments.base import SCALES
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: experiment → (a misspelt key, the key it should suggest, an int key, a float key > 0);
+#: lowsens with fit and with its own loop, Hahn & Rofin, implicit bias
+CASES = {
+    "mnist_binary": ("train.epochz", "train.epochs", "train.epochs", "optim.lr"),
+    "grokking": ("epochz", "epochs", "epochs", "lr"),
+    "hr_parity_dynamics": ("stepz", "steps", "steps", "lr"),
+    "ib_fixed_v": ("stepz", "steps", "steps", "gd_lr"),
+}
+
+
+def _fails(tmp_path: Path, name: str, error: type[Exception], match: str,
+           overrides: list[str], scale: str = "cpu") -> None:
+    out = tmp_path / name
+    with pytest.raises(error, match=match):
+        run_experiment(name, out, scale=scale, overrides=overrides, log=lambda _: None)
+    assert not out.exists(), f"{name} wrote {out} before refusing its overrides"
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_unknown_key_names_the_closest(tmp_path: Path, name: str) -> None:
+    typo, meant, _, _ = CASES[name]
+    _fails(tmp_path, name, KeyError,
+           rf"unknown config key '{typo}'\. Did you mean '{meant}'\? Valid keys: .*{meant}",
+           [f"{typo}=3"])
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_wrong_type_names_the_type(tmp_path: Path, name: str) -> None:
+    _, _, int_key, _ = CASES[name]
+    _fails(tmp_path, name, TypeError, rf"^{int_key} must be int, got 'many'$",
+           [f"{int_key}=many"])
+    _fails(tmp_path, name, TypeError, rf"^{int_key} must be int, got 0\.5$", [f"{int_key}=0.5"])
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_out_of_range_names_the_range(tmp_path: Path, name: str) -> None:
+    _, _, int_key, float_key = CASES[name]
+    _fails(tmp_path, name, ValueError, rf"^{int_key} must be ≥ 1, got 0$", [f"{int_key}=0"])
+    _fails(tmp_path, name, ValueError, rf"^{float_key} must be > 0, got -1(\.0)?$",
+           [f"{float_key}=-1"])
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_not_an_assignment(tmp_path: Path, name: str) -> None:
+    _fails(tmp_path, name, ValueError, r"must look like key=value, e\.g\. \S+=", ["steps"])
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_unknown_scale_lists_the_scales(tmp_path: Path, name: str) -> None:
+    _fails(tmp_path, name, ValueError, r"unknown scale 'gpu'; use one of cpu, paper", [],
+           scale="gpu")
+
+
+@pytest.mark.parametrize("name", list_experiments())
+def test_every_experiment_resolves_at_every_scale(name: str) -> None:
+    exp = get_experiment(name)
+    if exp.scales:
+        assert set(exp.scales) == set(SCALES)
+    for scale in SCALES:
+        exp.check(scale, [])
+    with pytest.raises(ValueError, match="use one of cpu, paper"):
+        exp.check("gpu", [])
+
+
+def test_cpu_is_the_default_scale_everywhere(capsys: pytest.CaptureFixture[str]) -> None:
+    assert SCALES[0] == "cpu"
+    assert parser().parse_args(["run", "demo"]).scale == "cpu"
+    for scale in SCALES:  # the CLI's choices are SCALES
+        assert parser().parse_args(["run", "demo", "--scale", scale]).scale == scale
+    with pytest.raises(SystemExit):
+        parser().parse_args(["run", "demo", "--scale", "gpu"])
+    assert f"--scale {{{','.join(SCALES)}}}" in capsys.readouterr().err
+
+
+def test_text_setting_takes_the_text_as_written() -> None:
+    # a str field keeps a value that parses to something else, as typed: only=0 is "0"
+    st = get_experiment("sparse_parity").settings("cpu", ["only=0,3"])
+    assert st.only == "0,3"
+    assert get_experiment("sparse_parity").settings("cpu", ["only=0"]).only == "0"
+    assert get_experiment("imagenet").settings("cpu", ["root=/data/train"]).root == "/data/train"
+
+
+def test_settings_are_copies() -> None:
+    exp = get_experiment("ib_joint")
+    changed = exp.settings("cpu", ["steps=7", "data.dim=4"])
+    assert (changed.steps, changed.data) == (7, {"dim": 4})
+    assert exp.settings("cpu").steps != 7 and exp.settings("cpu").data == {}
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "reproduction").glob("*.json")),
+                         ids=lambda p: p.stem)
+def test_recorded_overrides_still_parse(path: Path) -> None:
+    record = json.loads(path.read_text())
+    if record.get("name", path.stem) not in list_experiments():
+        pytest.skip("experiment no longer registered")
+    get_experiment(record.get("name", path.stem)).check(record.get("scale", "cpu"),
+                                                        record.get("overrides") or [])
