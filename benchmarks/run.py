@@ -281,7 +281,7 @@ def training_throughput(steps: int, cifar: bool = True) -> dict[str, Any]:
     CPU-scale configs of ViT-small and ResNet-18 (batch 100, 5,000 training images written in
     the official layout)."""
     from senslab.experiments.demo import Demo
-    from senslab.experiments.lowsens.cifar import vision_run
+    from senslab.experiments.lowsens._vision import vision_run
 
     out = {"demo": fit_throughput(Demo().runs("cpu")[0], steps)}
     if cifar:

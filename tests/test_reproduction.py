@@ -9,7 +9,7 @@ import pytest
 
 from senslab.cli import main
 from senslab.experiments import get_experiment, list_experiments
-from senslab.reproduction import load_records, record, render, reproduction
+from senslab.reproduction import format_runtime, load_records, record, render, reproduction
 
 
 def _exp_dir(root: Path, name: str, verdict: str = "holds", scale: str = "cpu",
@@ -79,3 +79,89 @@ def test_checked_in_records_are_current() -> None:
     if not (root / "reproduction").is_dir():
         pytest.skip("no records in this checkout")
     assert (root / "REPRODUCTION.md").read_text() == render(load_records(root / "reproduction"))
+
+
+def test_runtimes_come_from_records_only(tmp_path: Path) -> None:
+    """A runtime is a measurement: it lives in a record's ``runtime_s``, never in a class
+    attribute. An experiment may carry a runtime *estimate* only while it has no record, and
+    the estimate says it is one."""
+    root = Path(__file__).resolve().parents[1]
+    recorded = set(load_records(root / "reproduction")) if (root / "reproduction").is_dir() \
+        else set()
+    for name in list_experiments():
+        exp = get_experiment(name)
+        assert not hasattr(exp, "cpu_runtime"), name
+        if exp.runtime_estimate:
+            assert "estimate" in exp.runtime_estimate, name
+            assert name not in recorded, f"{name} has a record: drop its runtime_estimate"
+    # rendered: a record's runtime_s, "—" for a record without one, the estimate when unrecorded
+    _exp_dir(tmp_path / "runs", "grokking")
+    _exp_dir(tmp_path / "runs", "sparse_parity", runtime_s=None)
+    reproduction(records=tmp_path / "rec", out=tmp_path / "R.md",
+                 runs_root=tmp_path / "runs", log=lambda _: None)
+    rows = {line.split(" | ")[0].split("`")[1]: line.split(" | ")
+            for line in (tmp_path / "R.md").read_text().splitlines() if line.startswith("| `")}
+    assert rows["grokking"][3] == "2.1 min"
+    assert rows["sparse_parity"][3] == "—"
+    assert rows["cifar10"][3] == get_experiment("cifar10").runtime_estimate
+    assert rows["imagenet"][3] == "—"
+    assert (format_runtime(84.0), format_runtime(125.0), format_runtime(None)) \
+        == ("84 s", "2.1 min", "—")
+
+
+def test_list_shows_recorded_runtimes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """`senslab list experiments` reads ./reproduction/ when there is one, and shows nothing
+    measured when there is none (an installed senslab run outside the repository)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["list", "experiments", "grokking"]) == 0
+    assert "on CPU" not in capsys.readouterr().out
+    assert main(["list", "experiments", "cifar10"]) == 0
+    assert "(estimate: CIFAR-10 is not available here) on CPU]" in capsys.readouterr().out
+    record(_exp_dir(tmp_path / "runs", "grokking"), tmp_path / "reproduction")
+    assert main(["list", "experiments", "grokking"]) == 0
+    assert "[2.1 min on CPU, recorded]" in capsys.readouterr().out
+    (tmp_path / "reproduction" / "grokking.json").write_text("{")  # damaged: warn, list anyway
+    with pytest.warns(UserWarning, match="runtimes not shown: .*grokking.json is not valid"):
+        assert main(["list", "experiments", "grokking"]) == 0
+    out = capsys.readouterr().out
+    assert "grokking" in out and "on CPU" not in out
+
+
+def _readme_runtime_cells(readme: str) -> list[tuple[list[str], str]]:
+    """(experiment names, runtime cell) of every README table row whose first cell names
+    experiments in backticks, in tables with a "CPU runtime" column."""
+    out, col = [], None
+    for line in readme.splitlines():
+        if not line.startswith("|"):
+            col = None
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if "CPU runtime" in cells:
+            col = cells.index("CPU runtime")
+        elif col is not None and cells[0].startswith("`"):
+            names = [n.strip().strip("`") for n in cells[0].split(",")]
+            out.append((names, cells[col]))
+    return out
+
+
+def test_readme_runtimes_match_the_records() -> None:
+    """README's experiment tables show, for every recorded experiment, the runtime REPRODUCTION.md
+    renders from its record (a row naming several experiments: theirs joined by " / ")."""
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "reproduction").is_dir() or not (root / "README.md").is_file():
+        pytest.skip("no records or README in this checkout")
+    records = load_records(root / "reproduction")
+    rows = _readme_runtime_cells((root / "README.md").read_text())
+    assert len(rows) >= 10, "README's experiment tables were not found"
+    registered = set(list_experiments())
+    checked = set()
+    for names, cell in rows:
+        assert set(names) <= registered, f"README names unknown experiments: {names}"
+        if not any(n in records for n in names):
+            continue
+        want = " / ".join(format_runtime(records[n].get("runtime_s")) if n in records
+                          else "not run" for n in names)
+        assert cell == want, f"README runtime of {', '.join(names)}: {cell!r}, record: {want!r}"
+        checked.update(n for n in names if n in records)
+    assert checked == set(records) & registered, "recorded experiments missing from README"

@@ -83,13 +83,39 @@ def _list(args: argparse.Namespace) -> int:
     else:
         from .experiments import get_experiment, list_experiments
 
+        records = _records_here()
         for name in list_experiments(args.pattern):
             exp = get_experiment(name)
-            runtime = f" [{exp.cpu_runtime} on CPU]" if exp.cpu_runtime else ""
-            print(f"{name:<24} {exp.claim}{runtime}")
+            print(f"{name:<24} {exp.claim}{_runtime_note(records.get(name), exp)}")
         return 0
     print("\n".join(names))
     return 0
+
+
+def _records_here() -> dict[str, dict[str, Any]]:
+    """The reproduction records of the project in the working directory (``reproduction/``, as
+    ``senslab reproduction`` writes them), or none: an installed senslab run elsewhere has no
+    records, and a damaged one only costs the runtimes (with a warning)."""
+    from .reproduction import load_records
+
+    if not Path("reproduction").is_dir():
+        return {}
+    try:
+        return load_records("reproduction")
+    except ValueError as err:
+        warnings.warn(f"runtimes not shown: {err}", stacklevel=2)
+        return {}
+
+
+def _runtime_note(record: dict[str, Any] | None, exp: Any) -> str:
+    """`` [6.9 min on CPU, recorded]`` from a record's ``runtime_s``; for an experiment without a
+    record, its labelled estimate if it has one; else nothing."""
+    from .reproduction import format_runtime
+
+    if record is not None:
+        seconds = record.get("runtime_s")
+        return f" [{format_runtime(seconds)} on CPU, recorded]" if seconds is not None else ""
+    return f" [{exp.runtime_estimate} on CPU]" if exp.runtime_estimate else ""
 
 
 #: defaults of ``--model``/``--data`` (their argparse default is None, so that ``measure

@@ -7,10 +7,12 @@ Two steps, both done by ``senslab reproduction``:
    ``reproduction/<name>.json`` (claim, scale, verdict, reason, runtime, overrides, commit). The
    records are committed, so the table survives without the (git-ignored) run directories.
 2. **render** — write REPRODUCTION.md from all records plus the experiment registry: an
-   experiment without a record gets a row that says it was not run here and why (``requires``).
+   experiment without a record gets a row that says it was not run here and why (``requires``),
+   with its :attr:`~senslab.experiments.base.Experiment.runtime_estimate` if it has one.
 
 Nothing is typed by hand: the result column is the verdict's ``reason`` sentence, which every
-experiment computes from its measured numbers.
+experiment computes from its measured numbers, and the runtime column is the record's
+``runtime_s`` (:func:`format_runtime`).
 
 A record carries ``"schema"``, the version of its format (:data:`RECORD_SCHEMA`). A record
 without it was written before the field existed and has the same fields (schema 1); a record of
@@ -90,9 +92,11 @@ def load_records(records: str | Path = "reproduction") -> dict[str, dict[str, An
     return out
 
 
-def _runtime(seconds: float | None, fallback: str) -> str:
+def format_runtime(seconds: float | None) -> str:
+    """A record's ``runtime_s`` as REPRODUCTION.md shows it ("84 s", "6.9 min"; "—" for a
+    record written before runtimes were recorded)."""
     if seconds is None:
-        return fallback or "—"
+        return "—"
     if seconds < 90:
         return f"{seconds:.0f} s"
     return f"{seconds / 60:.1f} min"
@@ -141,14 +145,14 @@ def render(records: dict[str, dict[str, Any]]) -> str:
             if rec is None:
                 why = exp.requires or "no CPU-scale result recorded yet"
                 lines.append(f"| {label} | {_cell(exp.claim)} | not run here: {_cell(why)} | "
-                             f"{_cell(exp.cpu_runtime) or '—'} | not run |")
+                             f"{_cell(exp.runtime_estimate) or '—'} | not run |")
                 continue
             result = rec.get("reason", "")
             if exp.cpu_scale_note:
                 result += f" *CPU scale: {exp.cpu_scale_note}*"
             if rec.get("overrides"):
                 result += " (run with " + " ".join(f"`--set {o}`" for o in rec["overrides"]) + ")"
-            runtime = _runtime(rec.get("runtime_s"), exp.cpu_runtime)
+            runtime = format_runtime(rec.get("runtime_s"))
             lines.append(f"| {label} | {_cell(exp.claim)} | {_cell(result)} | {runtime} | "
                          f"**{rec['verdict']}** |")
     return "\n".join(lines) + "\n"

@@ -46,7 +46,7 @@ def test_registered() -> None:
     assert names <= set(list_experiments("hr_*"))
     for name in names:
         exp = get_experiment(name)
-        assert exp.paper and exp.claim and exp.cpu_runtime
+        assert exp.paper and exp.claim
 
 
 def test_sharpness_vs_length_tiny_run_and_resume(tmp_path: Path, finished_runs) -> None:

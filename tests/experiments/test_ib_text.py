@@ -27,7 +27,7 @@ LABELS = {"sgd", "sngd", "sps", "adam"}
 def test_registered_with_paper_claim_and_notes() -> None:
     assert "ib_text" in list_experiments("ib_*")
     exp = get_experiment("ib_text")
-    assert exp.paper and exp.claim and exp.cpu_scale_note and exp.cpu_runtime
+    assert exp.paper and exp.claim and exp.cpu_scale_note
 
 
 @pytest.mark.parametrize("scale", ["cpu", "paper"])

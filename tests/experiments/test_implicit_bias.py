@@ -52,7 +52,7 @@ def test_registered() -> None:
     assert {"ib_fixed_v", "ib_joint"} <= set(list_experiments("ib_*"))
     for name in ("ib_fixed_v", "ib_joint"):
         exp = get_experiment(name)
-        assert exp.paper and exp.claim and exp.cpu_runtime
+        assert exp.paper and exp.claim
 
 
 def test_fixed_v_tiny_run_and_resume(tmp_path: Path, finished_runs) -> None:
@@ -229,7 +229,7 @@ def _tiny_vit_run(tmp_path: Path, tiny: list[str]) -> None:
 
 
 def test_vit_mnist_verdict_outcomes() -> None:
-    from senslab.experiments.implicit_bias.vit_mnist import loss_race_verdict
+    from senslab.experiments.implicit_bias._common import loss_race_verdict
 
     def runs(**loss: float) -> list[dict[str, Any]]:
         return [{"label": k, "steps": 200, "final": {"train/loss": v}} for k, v in loss.items()]

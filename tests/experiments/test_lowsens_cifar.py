@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from senslab.experiments import get_experiment, list_experiments
-from senslab.experiments.lowsens.cifar import LR, below_verdict
+from senslab.experiments.lowsens._vision import LR
+from senslab.experiments.lowsens.cifar import below_verdict
 from senslab.models import create_model
 
 NAMES = ["cifar10", "svhn", "cifar10_optim", "cifar10_depth_heads", "cifar10_sigma",

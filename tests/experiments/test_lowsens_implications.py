@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+import senslab.experiments.lowsens._vision as vis
 import senslab.experiments.lowsens.robustness as rob
 from senslab.data import DataUnavailableError, create_dataset, list_datasets  # noqa: F401
 from senslab.data.corruptions import list_corruptions
@@ -27,9 +28,9 @@ TINY = ["train.epochs=1", "data.train_subset=200", "track.num_examples=4",
 def digits(monkeypatch: pytest.MonkeyPatch) -> None:
     """Run the CPU-scale configs on 8×8 digits (patch 2), evaluate 30 test images, and train
     only the regularizer variant (the augmentation run takes the same code path)."""
-    monkeypatch.setattr(rob, "cpu_data", lambda: (["data.name=digits"], 2))
+    monkeypatch.setattr(vis, "cpu_data", lambda: (["data.name=digits"], 2))
     monkeypatch.setattr(rob, "CPU_TEST_IMAGES", 30)
-    monkeypatch.setattr(rob, "REGULARIZED", {"patch_mse": rob.REGULARIZED["patch_mse"]})
+    monkeypatch.setattr(vis, "REGULARIZED", {"patch_mse": vis.REGULARIZED["patch_mse"]})
 
 
 def test_cpu_configs_share_the_vit_runs() -> None:

@@ -44,7 +44,7 @@ def _check_run_dirs(out: Path, keys: set[str]) -> list[dict[str, Any]]:
 def test_registered() -> None:
     names = set(list_experiments())
     assert {"synthetic_sparse_frequent", "grokking", "sparse_parity"} <= names
-    assert get_experiment("synthetic_sparse_frequent").cpu_runtime
+    assert get_experiment("synthetic_sparse_frequent").cpu_scale_note
 
 
 # --------------------------------------------------------------------------- synthetic

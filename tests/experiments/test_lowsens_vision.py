@@ -17,7 +17,7 @@ from senslab.cli import main
 from senslab.data import DataUnavailableError
 from senslab.experiments import get_experiment, list_experiments, run_experiment
 from senslab.experiments.base import locate_data
-from senslab.experiments.lowsens.mnist_binary import SIGMA, SWEEP, comparison_verdict
+from senslab.experiments.lowsens._comparison import SIGMA, SWEEP, comparison_verdict
 from senslab.train.config import RunConfig
 
 VERDICTS = {"holds", "does not hold", "not comparable"}
@@ -60,7 +60,7 @@ def test_registered_with_documentation() -> None:
     assert {"mnist_binary", "fashion_mnist"} <= set(list_experiments())
     for name in ("mnist_binary", "fashion_mnist"):
         exp = get_experiment(name)
-        assert exp.paper and exp.claim and exp.cpu_scale_note and exp.cpu_runtime
+        assert exp.paper and exp.claim and exp.cpu_scale_note
     assert "--set data.root=DIR" in get_experiment("fashion_mnist").requires
 
 

@@ -12,12 +12,16 @@ A run directory has one writer at a time: :func:`run_all` holds each run's lock
 (:meth:`~senslab.train.rundir.RunDir.writing`) while its body runs, and :func:`start_run` takes
 it when its caller does not hold it yet (it is then kept until :meth:`ManualRun.finish` or the
 end of the process).
+
+:func:`single_thread` runs a block on one intra-op torch thread (small models on a shared
+machine), for hand-written loops and :func:`~senslab.train.loop.fit` alike.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -96,3 +100,19 @@ def run_all(out: Path, names: list[str], body: Callable[[int, str], dict[str, An
         with RunDir(out / name).writing():
             summaries.append(body(i, name))
     return summaries
+
+
+@contextmanager
+def single_thread() -> Iterator[None]:
+    """Run torch on one intra-op thread inside the block, restoring the old count afterwards.
+
+    Used by experiments whose models are a few kilobytes: per-op thread hand-offs cost far more
+    than the arithmetic, and on a busy 2-core machine two threads made each step many times
+    slower.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -51,8 +51,11 @@ class Experiment:
     name: str = ""
     paper: str = ""
     claim: str = ""
-    #: measured CPU runtime of ``scale="cpu"`` (filled in from real runs, shown by `senslab list`)
-    cpu_runtime: str = ""
+    #: for an experiment never run here only: a guess at the CPU-scale runtime, labelled as one
+    #: (e.g. "~10 min (estimate: CIFAR-10 is not available here)"). Measured runtimes are never
+    #: typed: they live in the records (``reproduction/<name>.json``, ``runtime_s``), which
+    #: REPRODUCTION.md and ``senslab list experiments`` read.
+    runtime_estimate: str = ""
     #: how the CPU-scale runs differ from the paper (smaller model, data subset, fewer epochs...);
     #: shown in REPRODUCTION.md next to the result
     cpu_scale_note: str = ""

@@ -8,16 +8,15 @@ wheel (a seeded 5,000-image training subset at CPU scale), or scikit-learn's 8×
 wheel is missing. All three models are trained with plain SGD until 97% training accuracy (at most
 20 epochs); sensitivity is tracked every epoch on 500 fixed training images, noise std σ = 1 on
 one 7×7 patch (pixels normalised to [−1, 1]).
-Measured CPU runtime (2 cores): 90–115 s for the three runs (`make demo` adds ~1 min of install).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from ..data import DataUnavailableError, create_dataset
 from ..train.config import RunConfig
+from ._verdicts import lowest_sensitivity_verdict
 from .base import Experiment, check_scale, model_runs, register_experiment
 
 SIGMA = 1.0
@@ -36,7 +35,6 @@ class Demo(Experiment):
     paper = "Transformers Learn Low Sensitivity Functions (ICLR 2025), §5 / A.1"
     claim = ("At comparable train accuracy, a ViT has lower token-wise sensitivity than an MLP "
              "and a CNN on real digit images.")
-    cpu_runtime = "~2 min"
     cpu_scale_note = (
         "5,000-image MNIST subset; ViT-small depth 4, 4 heads of 16, MLP 128 (paper code: depth "
         "8, 32 heads of 64, MLP 512); CNN 16/32 channels; σ = 1 (paper code: 0.1); each model "
@@ -73,38 +71,3 @@ class Demo(Experiment):
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return lowest_sensitivity_verdict(summaries, "vit_small")
-
-
-def lowest_sensitivity_verdict(summaries: list[dict[str, Any]], winner: str,
-                               max_acc_gap: float = 0.03) -> dict[str, Any]:
-    """'holds' if ``winner``'s final sensitivity is below every other label's by more than two
-    standard errors of the difference, at train accuracies within ``max_acc_gap``."""
-    final = {s["label"]: s["final"] for s in summaries}
-    accs = {k: v.get("train/acc", math.nan) for k, v in final.items()}
-    evidence: dict[str, Any] = {
-        k: {"train_acc": accs[k], "sensitivity": v.get("sens/train"),
-            "stderr": v.get("sens/train_se")} for k, v in final.items()
-    }
-    gap = max(accs.values()) - min(accs.values())
-    if not gap <= max_acc_gap:
-        return {"verdict": "not comparable", "evidence": evidence,
-                "reason": f"train accuracies differ by {gap:.3f} (> {max_acc_gap})"}
-    w = final[winner]
-    beaten = []
-    for k, v in final.items():
-        if k == winner:
-            continue
-        diff = v["sens/train"] - w["sens/train"]
-        se = math.hypot(v["sens/train_se"], w["sens/train_se"])
-        beaten.append((k, diff, se, diff > 2 * se))
-    ok = all(b[3] for b in beaten)
-    detail = "; ".join(f"{k} − {winner} = {d:+.4f} (±{2 * se:.4f})" for k, d, se, _ in beaten)
-    values = ", ".join(f"{k} {v['sens/train']:.4f} ± {v['sens/train_se']:.4f} (train acc "
-                       f"{accs[k]:.3f})" for k, v in final.items())
-    return {
-        "verdict": "holds" if ok else "does not hold",
-        "reason": (f"{winner} has the lowest sensitivity" if ok else
-                   f"{winner} is not below every other model by 2 s.e.")
-        + f": {detail}. Sensitivity: {values}",
-        "evidence": evidence,
-    }

@@ -24,15 +24,6 @@ fewer than 5 converged runs or a single sensitivity level.
 
 The evidence also holds, as a supplement not used by the verdict, the partial correlations of
 as(f̂) with log10 norm, log10 blow-up and c given log(weight decay).
-
-Measured at CPU scale (12 of 12 runs converged): Spearman ρ(as, c) = −0.06 (p = 0.86): "does not
-hold". The weight decay dominates c (ρ(c, log wd) = +0.88): strong decay shrinks the norm and
-inflates the blow-up for every function, so the highest c belongs to FIRST at wd 0.15–0.26
-(blow-up 4.7–6.4). Given the weight decay, PARITY needs the larger *norm* (partial r(as, log10
-norm) = +0.74, p = 0.006; the 4 PARITY runs have norms 17.0–18.3, the others 11.7–17.2) but not a
-larger blow-up (partial r = −0.08); in the scatter PARITY sits furthest out along the norm axis.
-
-Measured CPU runtime (2 heavily shared cores, one thread): 11 minutes (12 runs).
 """
 
 from __future__ import annotations
@@ -94,7 +85,6 @@ class NormVsBlowup(Experiment):
     paper = "Hahn & Rofin, Why are Sensitive Functions Hard for Transformers? (2024), Fig. 3"
     claim = ("Over a random sweep of (n, weight decay, lr), transformers that represent more "
              "sensitive functions need a larger parameter norm or LayerNorm blow-up.")
-    cpu_runtime = "~11 min (shared cores)"
     cpu_scale_note = (
         "d = 32, n ∈ {4, 6, 8}, 12 runs of 1,200 steps of 256 fresh strings"
     )

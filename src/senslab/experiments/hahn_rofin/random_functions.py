@@ -17,10 +17,10 @@ completion until loss < 0.01. Sharpness (×4, σ = 0.02, positional embeddings e
 models on the k common training strings.
 
 Settings. Paper: n = 10, k ∈ {128, 256, 512}, d = 128, AdamW lr 3e-4, wd 0.1. CPU scale: n = 8
-with the same fractions of the cube, k ∈ {32, 64, 128} of 256 strings (on 2 shared cores a
-full-batch step on all 1,024 strings of n = 10 took ~0.5 s, too slow to fit a random table), a
+with the same fractions of the cube, k ∈ {32, 64, 128} of 256 strings (on 2 cores a
+full-batch step on all 1,024 strings of n = 10 is too slow to fit a random table), a
 narrower model d = 64 (FF 64, 2 layers, 2 heads, post-LN), AdamW lr 3e-3 (wd 0.1), at most 2,000
-full-batch steps (the random table of n = 8 is fitted in ~300), 2 seeds per k, 20 weight draws.
+full-batch steps, 2 seeds per k, 20 weight draws.
 A random completion of n = 8 has as ≈ n/2 = 4.
 
 Verdict, over the (k, seed) pairs whose two models both fit their training labels (training
@@ -28,12 +28,6 @@ accuracy > 0.99, docs/definitions.md#hahn-and-rofin-setup; training stops at the
 with loss < 0.01): "holds" when in every pair the learned completion has lower as than the random
 completion, and in a majority of pairs (the sharpness estimate is noisy) the learned model is less
 sharp than the random-completion model; "not comparable" when no pair fitted.
-
-Measured at CPU scale: the learned completion has lower as in 6/6 (k, seed) pairs (2.2–3.3 vs
-3.7–4.2 for the random completion, rising with k) and lower sharpness in 5/6 (0.11–0.29 vs
-0.23–0.32; k = 128, seed 1: 0.292 vs 0.289): "holds".
-
-Measured CPU runtime (2 heavily shared cores, one thread): about 5 minutes.
 """
 
 from __future__ import annotations
@@ -86,7 +80,6 @@ class RandomFunctions(Experiment):
     claim = ("Trained on part of a random function on n = 10, a transformer completes it with "
              "lower average sensitivity and lower sharpness than a random completion of the "
              "same labels.")
-    cpu_runtime = "~5 min"
     cpu_scale_note = (
         "n = 8 instead of 10 with the same fractions of the cube (k ∈ {32, 64, 128} of 256 "
         "strings), d = 64, AdamW lr 3e-3"

@@ -16,17 +16,6 @@ solutions, as in the paper. Only converged runs enter the fits.
 Verdict: "holds" when PARITY's slope is positive by more than two standard errors and every other
 function's |slope| is below a quarter of PARITY's; "not comparable" when fewer than two n values
 of a function converged.
-
-Measured at CPU scale (3 seeds, all 36 runs converged): mean final sharpness for n = 4 / 6 / 8 is
-PARITY 0.14 / 0.25 / 0.33, MAJORITY 0.076 / 0.065 / 0.069, FIRST 0.065 / 0.066 / 0.063, MEAN
-0.060 / 0.060 / 0.063. Slopes per unit n: PARITY +0.049 ± 0.022 (2.3 s.e. above 0), the others
-within ±0.002 (< 4% of PARITY's): "holds", but narrowly — seeds disagree a lot for PARITY (n = 8:
-0.17, 0.35, 0.48), and with the first 2 seeds alone the slope was +0.053 ± 0.032 (1.6 s.e.,
-"does not hold"). More seeds or the paper scale give a clearer test.
-
-Measured CPU runtime (2 shared cores, one thread): the 12 runs of the third seed took 3.75 min on
-lightly loaded cores, so about 11 min for all 36; the first 24 runs took 27 min while several
-other jobs shared the cores (0.04–0.08 s per step, against 0.016 s per step measured alone).
 """
 
 from __future__ import annotations
@@ -63,7 +52,6 @@ class SharpnessVsLength(Experiment):
     paper = "Hahn & Rofin, Why are Sensitive Functions Hard for Transformers? (2024), Fig. 2"
     claim = ("The sharpness of trained transformers grows with the input length n for PARITY "
              "(clearly positive slope), but not for MAJORITY, FIRST or MEAN (slope ≈ 0).")
-    cpu_runtime = "~11 min"
     cpu_scale_note = (
         "d = 32 instead of 128, n ∈ {4, 6, 8} instead of 4…30, 3 seeds instead of 10, 1,500 steps "
         "of 256 fresh strings, AdamW lr 1e-3"

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from ...data import create_dataset
 from ...optim import alignment, attention_sparsity, max_margin_attention
 from ...train.config import RunConfig, apply_overrides
 from ...train.rundir import RunDir
-from .._manual import finished_summary, start_run
+from .._manual import finished_summary, single_thread, start_run
 
 
 @dataclass
@@ -150,21 +149,6 @@ def optimizer_runs(common: list[str], optimizers: dict[str, list[str]]) -> list[
             for label, settings in optimizers.items()]
 
 
-@contextmanager
-def single_thread() -> Iterator[None]:
-    """Run torch on one intra-op thread inside the block, restoring the old count afterwards.
-
-    These models are a few kilobytes: per-op thread hand-offs cost far more than the arithmetic,
-    and on a busy 2-core machine two threads made each step ~30× slower (2 ms → 70 ms).
-    """
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def run_custom(path: Path, config: dict[str, Any], body: Callable[[RunDir], dict[str, Any]],
                log: Callable[[str], None]) -> dict[str, Any]:
     """Run ``body`` in run directory ``path`` unless it already holds ``summary.json``.
@@ -187,3 +171,54 @@ def run_custom(path: Path, config: dict[str, Any], body: Callable[[RunDir], dict
         rd.write_json("summary.json", summary)
     log(f"{path.name}: done in {summary['seconds']:.1f} s")
     return summary
+
+
+#: the four runs of a loss race (:func:`loss_race_verdict`), by label
+RACE = ("sgd", "sngd", "sps", "adam")
+
+
+def loss_race_verdict(summaries: list[dict[str, Any]],
+                      chance_loss: float = math.log(10)) -> dict[str, Any]:
+    """SNGD and SPS: final train loss below SGD's and closer to Adam's than to SGD's, all after
+    the same number of steps. "not comparable" when SGD and a contender both still sit on the
+    initial plateau (loss ≥ 95% of the chance loss ln 10): the race has not started."""
+    final = {s["label"]: s for s in summaries}
+    if set(final) != set(RACE):
+        return {"verdict": "not comparable", "evidence": {},
+                "reason": f"need runs {', '.join(RACE)}; got {', '.join(sorted(final))}"}
+    steps = {k: s.get("steps") for k, s in final.items()}
+    loss = {k: s["final"].get("train/loss") for k, s in final.items()}
+    evidence = {k: {"train_loss": loss[k], "train_acc": final[k]["final"].get("train/acc"),
+                    "steps": steps[k]} for k in final}
+    detail = ", ".join(f"{k} {v:.4f}" for k, v in loss.items() if isinstance(v, (int, float)))
+    if len(set(steps.values())) != 1:
+        return {"verdict": "not comparable", "evidence": evidence,
+                "reason": f"runs stopped after different numbers of steps: {steps}"}
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in loss.values()):
+        return {"verdict": "not comparable", "evidence": evidence,
+                "reason": "a run has no finite final train/loss"}
+    plateau = 0.95 * chance_loss
+    stuck = [o for o in ("sngd", "sps") if min(loss[o], loss["sgd"]) >= plateau]
+    if stuck:
+        return {"verdict": "not comparable", "evidence": evidence,
+                "reason": f"after {steps['sgd']} steps SGD and {', '.join(stuck)} are still at "
+                          f"the initial plateau (loss ≥ {plateau:.3f}); train longer. Train "
+                          f"loss: {detail}"}
+    sgd, adam = loss["sgd"], loss["adam"]
+    checks = {}
+    for o in ("sngd", "sps"):
+        checks[f"{o} < sgd"] = loss[o] < sgd
+        checks[f"{o} closer to adam"] = abs(loss[o] - adam) < abs(loss[o] - sgd)
+    failed = [k for k, ok in checks.items() if not ok]
+    head = f"failed: {', '.join(failed)}" if failed else "SNGD and SPS beat SGD, close to Adam"
+    return {"verdict": "does not hold" if failed else "holds",
+            "reason": f"{head}; train loss after {steps['sgd']} steps: {detail}",
+            "evidence": {**evidence, "checks": checks}}
+
+
+def plot_loglog(out: Path, names: list[str], options: dict[str, Any]) -> None:
+    """Every metric against the step on log axes, as ``out/loglog.png``."""
+    from ...report import load_runs
+    from ...report.plots import plot_curves
+
+    plot_curves(load_runs([out / n for n in names]), out / "loglog.png", **options)

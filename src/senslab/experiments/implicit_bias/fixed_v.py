@@ -35,12 +35,6 @@ Polyak reach alignment 0.99 and optimal-token mass 0.99 in fewer steps than GD.
 
 CPU scale: 3 seeds (data and initialisation), 20,000 steps per optimiser (the paper's exact
 synthetic sizes are not given; "paper" scale: 5 seeds, 100,000 steps).
-
-Measured (CPU scale, 3 seeds): verdict "holds". ‖W‖ fits over steps 100…freeze: GD R² 0.694
-linear vs 0.996 logarithmic (‖W‖ = 32.6 after 20,000 steps); NGD R² 0.998 linear vs 0.707 log;
-Polyak 0.997 vs 0.944. Alignment 0.99 / optimal-token mass 0.99 first reached at step 3,981 /
-2,818 (NGD), 40 / 8 (Polyak), never by GD (0.950 / 0.984 at step 20,000). Runtime 10 min on
-the shared 2-core machine under load ~10 (45-90 s per run; one run takes ~25 s on a free core).
 """
 
 from __future__ import annotations
@@ -66,6 +60,7 @@ from ._common import (
     load_task,
     log_schedule,
     logistic_metrics,
+    plot_loglog,
     run_custom,
 )
 
@@ -171,7 +166,6 @@ class IBFixedV(Experiment):
              "Self-attention (TMLR 2025), fixed-v synthetic experiments")
     claim = ("With v fixed, GD's ‖W_t‖ grows logarithmically while NGD's and Polyak's grow "
              "linearly; NGD and Polyak align with W_mm and sparsify the attention faster.")
-    cpu_runtime = "~10 min (loaded 2-core machine)"
     cpu_scale_note = (
         "3 seeds, 20,000 steps per optimiser (paper scale: 5 seeds, 100,000; the paper does not "
         "give its synthetic sizes)"
@@ -204,14 +198,6 @@ class IBFixedV(Experiment):
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return fixed_v_verdict(summaries)
-
-
-def plot_loglog(out: Path, names: list[str], options: dict[str, Any]) -> None:
-    """Every metric against the step on log axes, as ``out/loglog.png``."""
-    from ...report import load_runs
-    from ...report.plots import plot_curves
-
-    plot_curves(load_runs([out / n for n in names]), out / "loglog.png", **options)
 
 
 def _mean(values: list[float]) -> float:

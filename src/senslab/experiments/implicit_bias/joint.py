@@ -24,16 +24,6 @@ alignment, v alignment and optimal-token mass than SGD, and with W alignment and
 CPU scale: 2 seeds × 4 optimisers, 3,000 steps of batch 8 (the paper's synthetic sizes and
 learning rates are not given; ours are in ``JointSettings``; "paper" scale: 5 seeds, 20,000
 steps).
-
-Measured (CPU scale, mean of 2 seeds, after 3,000 steps): verdict "does not hold". SNGD and SPS
-beat SGD on every metric (loss 4.5e-5 / 4.3e-5 vs 0.017; cos(W, W_mm) 0.900 / 0.891 vs 0.831;
-cos(v, v_mm) 0.971 / 0.964 vs 0.953; optimal-token mass 0.664 / 0.663 vs 0.414) and beat Adam on
-loss and both alignments (Adam: 1.3e-4, 0.869, 0.926), but Adam concentrates the attention much
-more (mass 0.934, ‖W‖ 23.8 vs 12): "close to Adam" fails on sparsity. A 20,000-step run (seed 0)
-gives the same picture (mass SNGD 0.711, SPS 0.706, SGD 0.526, Adam 0.951; Adam's loss 2e-8 vs
-5.6e-6): once the gradients are small both SNGD and SPS take capped steps η_max·∇L, so they then
-move like SGD with lr η_max; a larger η_max (1000, 1,500 steps) lifted SNGD's mass to 0.76 only.
-Runtime 1 min (~5 s per run, 8 runs, on the loaded 2-core machine).
 """
 
 from __future__ import annotations
@@ -59,6 +49,7 @@ from ._common import (
     load_task,
     log_schedule,
     logistic_metrics,
+    plot_loglog,
     run_custom,
 )
 
@@ -146,7 +137,6 @@ class IBJoint(Experiment):
              "Self-attention (TMLR 2025), joint (W, v) training")
     claim = ("Training W and v jointly on minibatches, SNGD and SPS align W with W_mm and v with "
              "v_mm, and sparsify attention, faster than SGD, close to Adam.")
-    cpu_runtime = "~1 min"
     cpu_scale_note = (
         "2 seeds × 4 optimisers, 3,000 steps of batch 8 (the paper does not give its synthetic "
         "sizes or learning rates)"
@@ -159,8 +149,6 @@ class IBJoint(Experiment):
 
     def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
                 log: Callable[[str], None]) -> list[dict[str, Any]]:
-        from .fixed_v import plot_loglog
-
         s = self.settings(scale, overrides)
         runs = [(o, seed) for seed in range(s.seeds) for o in OPTIMIZERS]
         names = [f"{o}-s{seed}" for o, seed in runs]

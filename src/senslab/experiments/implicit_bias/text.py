@@ -25,31 +25,15 @@ token BPE, a seeded 2,000-snippet training subset so the model can fit its train
 steps (10 epochs); training loss and accuracy are evaluated every 45 steps on 500 fixed training
 snippets (and 500 validation snippets). Sensitivity tracking is off (not part of this claim).
 
-Verdict: :func:`text_race_verdict` — the ViT rule (``vit_mnist.loss_race_verdict``) with chance
+Verdict: :func:`text_race_verdict` — the ViT rule (``_common.loss_race_verdict``) with chance
 loss ln 2: "holds" when SNGD's and SPS's training loss after the last step is below SGD's and
 closer to Adam's than to SGD's; "not comparable" while SGD and SNGD/SPS both still sit on the
 initial plateau (loss ≥ 0.95 ln 2). The evidence adds each run's first step with training loss
 ≤ ``THRESHOLD``.
 
-Measured (CPU scale, 630 steps, ``runs/ib_text``): verdict "not comparable". With the paper's
-learning rates no optimiser leaves the majority-class plateau: the 500 evaluated training
-snippets are 57.8% fresh, predicting that prior gives loss 0.681 (above the plateau line
-0.95 ln 2 = 0.658), and all four end with training accuracy 0.578 (every snippet called fresh).
-Final training loss: SGD 0.6811, SNGD 0.6832, SPS 0.6832, Adam 0.6788 (Adam just starting to go
-below the prior); none reaches 0.347. SNGD and SPS do get to the prior loss first (0.681 by step
-45; SGD needs ~585 steps, Adam ~270): they fit the class bias ~10× sooner, but that is not the
-claim. On this model ‖∇L_B‖ is 0.1-0.8, so SPS's Polyak step L_B/(c‖∇L_B‖²) always exceeds
-η_max and SPS_max is plain SGD with lr 0.1 (its curve matches SNGD's, whose steps of length
-0.01 are lr 0.013-0.08 on the raw gradient). Runtime 527 s (8.8 min) on the shared 2-core
-machine under load average ~8 (100-160 s per run).
-
-A one-off probe with from-scratch learning rates (same model and data, 300 steps, loss on 1,000
-training snippets; not a registered setting): Adam lr 1e-3 memorises the subset (train loss
-0.020, accuracy 0.996), while SGD lr 0.1, SNGD lr 0.1 / η_max 1 and SPS_max η_max 1 all stay on
-the plateau (0.678-0.684). So on a from-scratch encoder read out at ``<s>`` the normalised and
-Polyak steps do not close the gap to Adam at this budget either. The paper's claim is about
-fine-tuning a pre-trained BERT: testing it needs longer runs ("paper" scale, a GPU) and, to match
-the paper, pre-trained weights and MNLI / Civil Comments loaders that senslab does not have.
+The paper's claim is about fine-tuning a pre-trained BERT: testing it needs longer runs ("paper"
+scale, a GPU) and, to match the paper, pre-trained weights and MNLI / Civil Comments loaders that
+senslab does not have.
 """
 
 from __future__ import annotations
@@ -61,9 +45,9 @@ from pathlib import Path
 from typing import Any
 
 from ...train.config import RunConfig
+from .._manual import single_thread
 from ..base import Experiment, check_scale, register_experiment
-from ._common import optimizer_runs, single_thread
-from .vit_mnist import loss_race_verdict
+from ._common import loss_race_verdict, optimizer_runs
 
 #: (optimizer settings of the paper's text runs, docs/definitions.md#ib_text) of each run, by label
 OPTIMIZERS: dict[str, list[str]] = {
@@ -83,7 +67,6 @@ class IBText(Experiment):
              "Self-attention (TMLR 2025), text classification (Figs. 1, 4)")
     claim = ("Training a transformer text classifier, SNGD and SPS reach low training loss "
              "faster than SGD, close to Adam.")
-    cpu_runtime = "~9 min"
     cpu_scale_note = ("The paper fine-tunes pre-trained BERT on MNLI / Civil Comments (neither "
                       "available here); both scales train a RoBERTa-style encoder from scratch on "
                       "Rotten Tomatoes with the paper's optimisers, learning rates and batch 32. "
@@ -110,7 +93,7 @@ class IBText(Experiment):
     def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
                 log: Callable[[str], None]) -> list[dict[str, Any]]:
         # One intra-op thread: a small encoder's ops are too short for two threads to pay off
-        # on a shared 2-core machine (see _common.single_thread).
+        # on a shared 2-core machine (see _manual.single_thread).
         with single_thread():
             summaries = super().execute(out, scale, overrides, progress, log)
         # The verdict also wants the loss curve (steps to the threshold), which fit() keeps in

@@ -21,25 +21,18 @@ Torch runs on one thread during the experiment (faster on a busy 2-core machine)
 Verdict: "holds" when SNGD's and SPS's training loss after the last step is below SGD's and
 closer to Adam's than to SGD's; "not comparable" while SGD and SNGD/SPS are both still on the
 initial plateau (loss ≥ 0.95 ln 10).
-
-Measured (CPU scale, 200 steps): verdict "not comparable". With the paper's learning rates only
-Adam leaves the initial plateau in 200 steps (train loss 0.257, train acc 0.92); SGD 2.294, SNGD
-2.309, SPS 2.300 (all ≈ ln 10 = 2.303, accuracy 0.11-0.15). SNGD's steps have length 0.001 in
-parameter norm (‖θ‖ ≈ 65), so it needs thousands of steps: the comparison needs the "paper"
-scale (20 epochs of full MNIST = 12,000 steps per optimiser, a GPU). Runtime 8.5 min on the
-loaded 2-core machine (~0.5 s per step, plus ~20 s to load MNIST per run).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ...train.config import RunConfig
+from .._manual import single_thread
 from ..base import Experiment, check_scale, register_experiment
-from ._common import optimizer_runs, single_thread
+from ._common import loss_race_verdict, optimizer_runs
 
 #: (optimizer settings, per docs/definitions.md#ib_vit_mnist) of each run, by label
 OPTIMIZERS: dict[str, list[str]] = {
@@ -56,7 +49,6 @@ class IBViTMNIST(Experiment):
              "Self-attention (TMLR 2025), ViT on MNIST (Fig. 6)")
     claim = ("Training a ViT on MNIST, SNGD and SPS reduce the training loss faster than SGD, "
              "close to Adam.")
-    cpu_runtime = "~8.5 min"
     cpu_scale_note = (
         "attention heads of width 16 instead of 64, a 5,000-image training subset and 200 steps "
         "(4 epochs); same optimisers, learning rates, depth, heads and batch size"
@@ -80,48 +72,9 @@ class IBViTMNIST(Experiment):
     def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
                 log: Callable[[str], None]) -> list[dict[str, Any]]:
         # One intra-op thread: on this shared 2-core machine two threads made a tiny ViT's
-        # backward pass ~50× slower (threads waiting on each other); see _common.single_thread.
+        # backward pass ~50× slower (threads waiting on each other); see _manual.single_thread.
         with single_thread():
             return super().execute(out, scale, overrides, progress, log)
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return loss_race_verdict(summaries)
-
-
-def loss_race_verdict(summaries: list[dict[str, Any]],
-                      chance_loss: float = math.log(10)) -> dict[str, Any]:
-    """SNGD and SPS: final train loss below SGD's and closer to Adam's than to SGD's, all after
-    the same number of steps. "not comparable" when SGD and a contender both still sit on the
-    initial plateau (loss ≥ 95% of the chance loss ln 10): the race has not started."""
-    final = {s["label"]: s for s in summaries}
-    if set(final) != set(OPTIMIZERS):
-        return {"verdict": "not comparable", "evidence": {},
-                "reason": f"need runs {', '.join(OPTIMIZERS)}; got {', '.join(sorted(final))}"}
-    steps = {k: s.get("steps") for k, s in final.items()}
-    loss = {k: s["final"].get("train/loss") for k, s in final.items()}
-    evidence = {k: {"train_loss": loss[k], "train_acc": final[k]["final"].get("train/acc"),
-                    "steps": steps[k]} for k in final}
-    detail = ", ".join(f"{k} {v:.4f}" for k, v in loss.items() if isinstance(v, (int, float)))
-    if len(set(steps.values())) != 1:
-        return {"verdict": "not comparable", "evidence": evidence,
-                "reason": f"runs stopped after different numbers of steps: {steps}"}
-    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in loss.values()):
-        return {"verdict": "not comparable", "evidence": evidence,
-                "reason": "a run has no finite final train/loss"}
-    plateau = 0.95 * chance_loss
-    stuck = [o for o in ("sngd", "sps") if min(loss[o], loss["sgd"]) >= plateau]
-    if stuck:
-        return {"verdict": "not comparable", "evidence": evidence,
-                "reason": f"after {steps['sgd']} steps SGD and {', '.join(stuck)} are still at "
-                          f"the initial plateau (loss ≥ {plateau:.3f}); train longer. Train "
-                          f"loss: {detail}"}
-    sgd, adam = loss["sgd"], loss["adam"]
-    checks = {}
-    for o in ("sngd", "sps"):
-        checks[f"{o} < sgd"] = loss[o] < sgd
-        checks[f"{o} closer to adam"] = abs(loss[o] - adam) < abs(loss[o] - sgd)
-    failed = [k for k, ok in checks.items() if not ok]
-    head = f"failed: {', '.join(failed)}" if failed else "SNGD and SPS beat SGD, close to Adam"
-    return {"verdict": "does not hold" if failed else "holds",
-            "reason": f"{head}; train loss after {steps['sgd']} steps: {detail}",
-            "evidence": {**evidence, "checks": checks}}

@@ -33,9 +33,8 @@ versions of every model (ViT dim 64 / depth 4 / 4 heads, ResNet width ¼, a Dens
 (2, 4, 6, 4) layers, ConvMixer dim 64 / depth 4), same optimizer and learning rates, training
 stops at 90% train accuracy (at most 20 epochs), σ = 0.5, 1 draw, 500 images.
 
-CIFAR-10 and SVHN are not available on the machine this was written on, so no CPU result has
-been measured; the runs are exercised end to end on fixture data in the CIFAR tarball format
-(tests/experiments/test_lowsens_cifar.py). Estimated CPU runtime: ~10 min per experiment.
+The runs are exercised end to end on fixture data in the CIFAR tarball format
+(tests/experiments/test_lowsens_cifar.py).
 """
 
 from __future__ import annotations
@@ -47,49 +46,20 @@ from torch import nn
 
 from ...data import ArrayDataset
 from ...measure import token_sensitivity
-from ...train.config import RunConfig, apply_overrides
-from ..base import Experiment, check_scale, register_experiment
+from ...train.config import RunConfig
+from ..base import Experiment, register_experiment
 from ._posthoc import FinalMeasureExperiment, tracking_subset
+from ._vision import PAPER, combine, vision_run
 
-PAPER = "Transformers Learn Low Sensitivity Functions (ICLR 2025)"
-LR = {"vit_small": 0.1, "vit_simple": 0.2, "convmixer": 0.06, "resnet18": 0.001,
-      "densenet121": 0.005}
 VITS = ("vit_small", "vit_simple")
 #: train accuracies further apart than this make a sensitivity comparison "not comparable"
 MAX_ACC_GAP = 0.03
-SIGMA = {"paper": 0.1, "cpu": 0.5}
-#: CPU-sized model overrides (paper scale uses each model's defaults)
-SMALL: dict[str, list[str]] = {
-    "vit_small": ["model.overrides.depth=4", "model.overrides.heads=4",
-                  "model.overrides.dim_head=16", "model.overrides.mlp_dim=128"],
-    "vit_simple": ["model.overrides.dim=64", "model.overrides.depth=4", "model.overrides.heads=4",
-                   "model.overrides.dim_head=16", "model.overrides.mlp_dim=128"],
-    "resnet18": ["model.overrides.width=0.25"],
-    "densenet121": ["model.overrides.growth_rate=12", "model.overrides.blocks=[2, 4, 6, 4]"],
-    "convmixer": ["model.overrides.dim=64", "model.overrides.depth=4"],
-}
 CIFAR_REQUIRES = ("CIFAR-10 (cifar-10-python.tar.gz or its extracted cifar-10-batches-py/) in "
                   "data.root, default $SENSLAB_DATA/cifar10: --set data.root=/path/to/cifar10, "
                   "or --set data.download=true when online")
 CPU_NOTE = ("5,000-image training subset, small models (ViT dim 64, depth 4, 4 heads; ResNet "
             "width 1/4; small DenseNet-BC and ConvMixer), same SGD and learning rates, stop at "
             "90% train accuracy (≤ 20 epochs), σ = 0.5 on 500 training images")
-
-
-def vision_run(name: str, model: str, scale: str, data: str = "cifar10", label: str = "",
-               extra: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """One SGD run of ``model`` with the paper's learning rate, at ``scale`` ("cpu"/"paper")."""
-    check_scale(scale)
-    common = [f"data.name={data}", "train.batch_size=100", f"optim.lr={LR[model]}",
-              f"track.sigma={SIGMA[scale]}"]
-    if scale == "paper":
-        common += ["train.epochs=100", "track.repeats=5", "track.num_examples=5000"]
-    else:
-        common += ["data.train_subset=5000", "train.epochs=20", "train.target_train_acc=0.9",
-                   "track.num_examples=500", "track.eval_examples=2000"] + SMALL[model]
-    cfg = RunConfig(name=name, label=label or name)
-    cfg.model.name = model
-    return apply_overrides(cfg, common + list(extra))
 
 
 def sens(summary: dict[str, Any]) -> tuple[float, float]:
@@ -121,20 +91,11 @@ def below_verdict(summaries: list[dict[str, Any]], low: list[str], high: list[st
             "evidence": evidence}
 
 
-def combine(parts: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """One verdict from several: the worst of them ("not comparable" beats "does not hold")."""
-    order = ["not comparable", "does not hold", "holds"]
-    worst = min((p["verdict"] for p in parts.values()), key=order.index)
-    reason = " | ".join(f"{k}: {p['verdict']} ({p['reason']})" for k, p in parts.items())
-    return {"verdict": worst, "reason": reason,
-            "evidence": {k: p["evidence"] for k, p in parts.items()}}
-
-
 class _Cifar(Experiment):
     paper = PAPER
     requires = CIFAR_REQUIRES
     cpu_scale_note = CPU_NOTE
-    cpu_runtime = "~10 min (estimate: CIFAR-10 is not available here)"
+    runtime_estimate = "~10 min (estimate: CIFAR-10 is not available here)"
 
 
 @register_experiment("cifar10")
@@ -159,7 +120,7 @@ class Svhn(_Cifar):
     claim = "At comparable train accuracy on SVHN, ViT-small has lower sensitivity than ResNet-18."
     requires = ("SVHN train_32x32.mat and test_32x32.mat in data.root, default "
                 "$SENSLAB_DATA/svhn: --set data.root=/path/to/svhn")
-    cpu_runtime = "~6 min (estimate: SVHN is not available here)"
+    runtime_estimate = "~6 min (estimate: SVHN is not available here)"
 
     def runs(self, scale: str) -> list[RunConfig]:
         # the paper gives ResNet-18 its own SVHN learning rate (value lost): CIFAR-10's is used

@@ -27,33 +27,16 @@ so the four models are compared at nearly the same accuracy.
   of 64, MLP 512, dropout 0.1, patch 4), target 0.95, at most 50 epochs (the paper code's
   default), sensitivity on 2,000 training images × 5 draws.
 * CPU scale: a seeded 5,000-image training subset, ViT depth 2 with 4 heads of 16 and MLP 128,
-  CNN with 16/32 channels and fc 64, target 0.80 (the sigmoid MLP and the CNN at lr 0.005 need
-  10-15 epochs for it), at most 25 epochs, sensitivity on 200 training images × 1 draw, train
+  CNN with 16/32 channels and fc 64, target 0.80 (the sigmoid MLP and the CNN at lr 0.005 learn
+  slowly), at most 25 epochs, sensitivity on 200 training images × 1 draw, train
   accuracy on 2,000 fixed training images.
-
-Measured (CPU scale, ``runs/fashion_mnist``; two runs gave identical numbers): verdict **does not
-hold** — at this scale the ViT is the *most* sensitive model. Train accuracy at the stop: ViT
-0.816 (11 epochs), CNN 0.806 (15), MLP 0.819 (5), sigmoid MLP 0.818 (11); test 0.77-0.79.
-Sensitivity at σ = 0.1 (200 images × 49 patches): ViT 0.0100 ± 0.0031, CNN 0.0035 ± 0.0021, MLP
-0.0043 ± 0.0022, sigmoid MLP 0.0008 ± 0.0008. σ sweep on the final models, ViT / CNN / MLP /
-sigmoid MLP: σ = 0.25: 0.019 / 0.007 / 0.010 / 0.004; σ = 0.5: 0.028 / 0.013 / 0.016 / 0.010;
-σ = 1: 0.042 ± 0.007 / 0.023 ± 0.006 / 0.024 ± 0.007 / 0.021 ± 0.005. Caveat: 80% train
-accuracy is early in training (the paper compares at the end of training, with the full ViT and
-the full training set). With ``--set train.target_train_acc=0.88 --set train.epochs=40`` (17.5
-min) the ViT's sensitivity falls and meets the MLPs' (σ = 1: ViT 0.025 ± 0.005 at 0.882 train
-accuracy, 24 epochs; MLP 0.024 ± 0.006 at 0.886; sigmoid MLP 0.024 ± 0.006 at 0.883; σ = 0.1:
-0.0061 ± 0.0022 / 0.0079 ± 0.0043 / 0.0039 ± 0.0027), still not lower; the CNN at lr 0.005 stalls
-at 0.83 after 40 epochs of 50 steps, so that verdict is "not comparable". The ordering at 80% is
-thus partly an early-training effect; whether the ViT ends lowest needs the paper scale.
-Runtime 3.8 min on 2 idle cores (``--threads 2``, with local reuse for the CNN's sensitivity;
-re-run with identical numbers), 14-16 min on the 2 shared cores under a load average of ~7.
 """
 
 from __future__ import annotations
 
 from ...train.config import RunConfig
 from ..base import check_scale, model_runs, register_experiment
-from .mnist_binary import SIGMA, VisionComparison
+from ._comparison import SIGMA, VisionComparison
 
 #: SGD learning rates of docs/definitions.md#fashion_mnist / the paper's Appendix D
 LRS = {"vit_small": 0.1, "cnn": 0.005, "mlp": 0.1, "mlp_sigmoid": 0.5}
@@ -64,7 +47,6 @@ class FashionMNIST(VisionComparison):
     paper = "Transformers Learn Low Sensitivity Functions (ICLR 2025), §5 / Fig. 5"
     claim = ("Fashion-MNIST: ViT-small, 3-layer CNN, MLP (LeakyReLU) and MLP (sigmoid) trained "
              "with SGD at the paper's learning rates: the ViT has the lowest sensitivity.")
-    cpu_runtime = "3.8 min on 2 idle cores (14-16 min on a loaded machine)"
     cpu_scale_note = ("seeded 5,000-image training subset, ViT depth 2 with 4 heads of 16 and MLP "
                       "128 (paper code: depth 8, 32 heads of 64, MLP 512), CNN 16/32 channels "
                       "and fc 64, stop at 80% train accuracy (≤ 25 epochs: the sigmoid MLP and "

@@ -23,8 +23,6 @@ lower by more than 2 s.e. of the paired difference. Scales: ``paper`` — 1,000 
 every patch, 1 draw; ``cpu`` — 32 images, 16 random patches per image (ViT-L/16 is ~60 GFLOPs a
 forward pass). ``pretrained=false`` builds random-weight models (for tests, or to check the
 pipeline offline).
-
-Measured here: not run (timm, the weights and ImageNet are not available on this machine).
 """
 
 from __future__ import annotations
@@ -135,7 +133,6 @@ class ImageNet(Experiment):
     paper = "Transformers Learn Low Sensitivity Functions (ICLR 2025), §5"
     claim = ("On ImageNet-1k training images, pretrained ViT-L/16 has lower token-wise "
              "sensitivity than pretrained ConvNeXtV2-Tiny at comparable accuracy.")
-    cpu_runtime = "not measured (no timm/weights/ImageNet here)"
     cpu_scale_note = "32 images, 16 random 16×16 patches per image instead of all 196"
     requires = ("pip install -c constraints.txt timm; pretrained weights from the Hugging Face "
                 "hub (network or a warm $HF_HOME); ImageNet train images as "

@@ -46,37 +46,9 @@ more than 0.05 or every model is insensitive.
 Scales: paper — 4 layers, width 256, 8 heads, dropout 0.1, AdamW lr 1e-4 wd 1e-4, batch 32, max
 length 128, full training split, 3 noise draws per token (paper code) on 1,000 examples (ours),
 ``PAPER_EPOCHS`` epochs (ours: the paper does not state them). cpu — see ``cpu_scale_note``:
-2-layer width-64 models, lr 1e-3, a training subset, stop at 97% train accuracy (≤ 10 epochs).
-
-Measured at CPU scale (seed 0, ``--threads 1``): wall time 6.9 min for MRPC and 4.3 min for
-Rotten Tomatoes on idle cores with prefix reuse for the LSTM and GPT-2 (12–14 and 11–18 min on
-cores shared with other jobs, before it); repeated fresh runs, and the runs with prefix reuse,
-reproduce the numbers below exactly.
-Every model reached 97–99% train accuracy (LSTM after 7–8 epochs, the transformers after 3–4;
-validation 0.61–0.69).
-
-* ``language_mrpc`` (2,000 GLUE training pairs): **does not hold**, narrowly. End of training,
-  σ² = 15: LSTM 0.0202 ± 0.0029, RoBERTa 0.0010 ± 0.0006, ReLU-RoBERTa 0.0115 ± 0.0035, GPT-2
-  0.0009 ± 0.0003 — both RoBERTas are below the LSTM, but the ReLU one by 0.0087 < 2 s.e.
-  (0.0090). At σ² = 4 both are below (holds). Validation: softmax below, ReLU not (0.045 vs
-  0.050). At init (5 seeds) the order is reversed: LSTM 0.0003, the transformers ≈ 0.0076.
-  LSTM recency holds clearly (late quarter 0.064 vs first half 0.0013; RoBERTas flat, ratio
-  0.48 and 0.88). ReLU below softmax: no (0.0115 vs 0.0010). GPT-2 is *below* both RoBERTas,
-  not between; it is more sensitive to recent tokens (late/early 0.0029/0.0002, holds). No
-  ``<s>`` bump beyond 2 s.e.
-* ``language_rotten_tomatoes`` (3,000 single-sentence snippets; not in the paper): **holds**.
-  σ² = 15: LSTM 0.0526 ± 0.0060, RoBERTa 0.0234 ± 0.0051, ReLU-RoBERTa 0.0238 ± 0.0042, GPT-2
-  0.0089 ± 0.0026; at σ² = 4 also holds; validation: softmax below, ReLU not (0.078 vs 0.092).
-  At init reversed again (LSTM 0.0013, transformers ≈ 0.020). LSTM recency holds (late/early
-  2.37; RoBERTas 0.87, 1.05). ReLU vs softmax equal (0.0238 vs 0.0234); GPT-2 lowest, not
-  between; GPT-2 recency ratio 1.86 but only 1.9 s.e.
-
-So at this scale the end-of-training ordering LSTM > RoBERTa and the LSTM's recency profile
-reproduce; "even at initialisation", "ReLU below softmax" and "GPT-2 between" do not. Untrained
-(seed 0), all four models predict one class for every training example (train accuracy = a class
-share), but one noisy token almost never
-moves the LSTM's output across the boundary (PyTorch's default LSTM init; 0.0000–0.0041 over 5
-seeds), while it does for the transformers (N(0, 0.02²) weights; 0.6–2.4%).
+2-layer width-64 models, lr 1e-3, a training subset (MRPC: 2,000 GLUE training pairs; Rotten
+Tomatoes, not in the paper: 3,000 single-sentence snippets), stop at 97% train accuracy (≤ 10
+epochs).
 """
 
 from __future__ import annotations
@@ -321,7 +293,6 @@ def summary_profile(metrics: list[dict[str, Any]], split: str) -> tuple[list[int
 @register_experiment("language_mrpc")
 class LanguageMRPC(LanguageExperiment):
     source = Source("mrpc", cpu_subset=2000)
-    cpu_runtime = "6.9 min, 1 thread on idle cores (12–14 min on shared cores)"
     cpu_scale_note = _CPU_NOTE.format(subset="a seeded 2,000 of GLUE's 3,668 training pairs")
     requires = ("MRPC: GLUE's train.tsv and dev.tsv (or Microsoft's msr_paraphrase_train.txt + "
                 "GLUE's dev_ids.tsv) in $SENSLAB_DATA/mrpc (found automatically) or in "
@@ -331,7 +302,6 @@ class LanguageMRPC(LanguageExperiment):
 @register_experiment("language_rotten_tomatoes")
 class LanguageRottenTomatoes(LanguageExperiment):
     source = Source("rotten_tomatoes", cpu_subset=3000)
-    cpu_runtime = "4.3 min, 1 thread on idle cores (11–18 min on shared cores)"
     cpu_scale_note = _CPU_NOTE.format(subset="a seeded 3,000 of the 11,528 training snippets") + (
         "; the paper has no Rotten Tomatoes run: this single-sentence set stands in for QQP, "
         "which is not available here")
@@ -340,7 +310,6 @@ class LanguageRottenTomatoes(LanguageExperiment):
 @register_experiment("language_qqp")
 class LanguageQQP(LanguageExperiment):
     source = Source("qqp", cpu_subset=4000)
-    cpu_runtime = "not measured (QQP is not available here; language_mrpc takes 7 min)"
     cpu_scale_note = ("paper-scale experiment; the cpu scale (2-layer width-64 models, 4,000 "
                       "training pairs, ≤ 10 epochs) is untested here")
     requires = ("QQP: GLUE's QQP train.tsv and dev.tsv (QQP-clean.zip, ~40 MB) in data.root "

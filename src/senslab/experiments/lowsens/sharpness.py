@@ -23,15 +23,6 @@ accuracies within 0.03. Noise augmentation is reported too but is not part of th
 
 Scales: as ``robustness`` (paper: CIFAR-10, full ViT-small; cpu: Fashion-MNIST subset, small
 ViT-small, 300 tracking images).
-
-Measured at CPU scale (seed 0, reusing runs/robustness: 20 s; training the three runs itself
-takes ~9.5 min on the loaded 2-core machine). Verdict **does not hold**: the regularized model's
-ShOp is far lower (6.01 vs 13.94, paired difference −7.93 ± 1.0, 2 s.e.) but its ShPred is not
-(0.175 vs 0.171, +0.004 ± 0.044); noise augmentation: ShOp 12.70 (−1.25 ± 0.5), ShPred 0.175.
-A supplementary measurement with 30 further weight draws (reported, not in the verdict)
-agrees: ShOp 6.18 vs 13.98 (−7.80 ± 0.55), ShPred 0.182 vs 0.190 (−0.009 ± 0.021). So the
-regularizer makes the output landscape much flatter, but the predicted classes flip under weight
-noise about as often as vanilla's; ShOp, the continuous measure, clearly favours it.
 """
 
 from __future__ import annotations
@@ -47,8 +38,7 @@ from ...measure.sharpness import output_sharpness
 from ...train.config import RunConfig
 from ..base import register_experiment
 from ._posthoc import FinalMeasureExperiment, tracking_subset
-from .cifar import PAPER, combine
-from .robustness import vit_runs
+from ._vision import PAPER, combine, vit_runs
 
 SIGMA_W = 0.05
 REPEATS = 5
@@ -62,7 +52,6 @@ class Sharpness(FinalMeasureExperiment):
     paper = f"{PAPER}, §7.2 Table 2"
     claim = ("ViT-small trained with the sensitivity regularizer has lower ShOp and lower ShPred "
              "(a flatter minimum) than vanilla ViT-small.")
-    cpu_runtime = "~10 min (20 s when runs/robustness is reused)"
     cpu_scale_note = ("Fashion-MNIST subset and small ViT-small as in robustness (trained runs "
                       "shared with it); σ_w = 0.05, 5 draws, eval mode, 300 training images")
     requires = "as robustness (paper scale: CIFAR-10 in data.root)"

@@ -19,13 +19,6 @@ relevant bits, ``bool_sens/relevant`` = Σ_{i∈S} Inf_i.
 
 Scales: cpu — n = 10, k = 3, width ≤ 64, 25 epochs, 200 sampled strings (see ``SCALES``);
 paper — n = 20, k = 3, the same six settings for 200 epochs with 2,000 strings.
-
-Measured at CPU scale (2 cores shared with other jobs): 4.7 min for the six runs. Verdict
-**holds** on the 4 of 6 runs that learned: sensitivity 0.2 / 0 / 0.2 / 0 at init rises to
-2.35 / 2.36 / 2.47 / 2.49 while test accuracy is still ≈ 0.5 (plateaus of 4–14 epochs), then
-equals k = 3.00 exactly once test accuracy is 1.00 (runs r0, r1, r3, r4). Runs r2 (4,000
-examples) and r5 (lr 3e-3) never left the plateau in 25 epochs: they ended predicting one class
-(sensitivity 0, test accuracy 0.50) and are reported as not judged.
 """
 
 from __future__ import annotations
@@ -86,7 +79,7 @@ class ParitySettings:
 
 SCALES = {
     # n = 10 keeps the plateau short enough for 2 shared CPU cores (at n = 20 the model still
-    # predicted a constant class after 30 epochs ≈ 5 min per run)
+    # predicted a constant class after 30 epochs)
     "cpu": ParitySettings(n_bits=10, epochs=25, bool_samples=200),
     "paper": ParitySettings(epochs=200, test_size=2000, bool_samples=2000),
 }
@@ -119,7 +112,6 @@ class SparseParity(Experiment):
     paper = "Transformers Learn Low Sensitivity Functions (ICLR 2025), A.6"
     claim = ("Training a transformer on a k-sparse parity, its Boolean sensitivity rises during "
              "the plateau where accuracy is ≈ 50%, then converges to k as accuracy → 100%.")
-    cpu_runtime = "~5 min"
     cpu_scale_note = (
         "n = 10, k = 3, width ≤ 64, 25 epochs, Boolean sensitivity from 200 sampled strings; six "
         "settings varying train size, batch, width, lr and seed as in the paper"

@@ -1,0 +1,131 @@
+"""Shared pieces of the MNIST-type vision comparisons (``mnist_binary``, ``fashion_mnist``):
+models trained with :func:`~senslab.train.loop.fit` to a common train accuracy, then compared
+on token-wise sensitivity (docs/definitions.md#token-wise-sensitivity) at :data:`SIGMA` and at
+the larger σ of :data:`SWEEP` (A.3, the effect of the variance).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...train.config import RunConfig
+from .._manual import single_thread
+from .._verdicts import lowest_sensitivity_verdict
+from ..base import Experiment
+
+#: noise std of the main number: the paper code's 0.1 on pixels normalised to [−1, 1]
+#: (docs/definitions.md#noise-level-and-pixel-scale)
+SIGMA = 0.1
+#: larger σ measured once on the final models (A.3, "effect of the variance")
+SWEEP = (0.25, 0.5, 1.0)
+
+
+class VisionComparison(Experiment):
+    """Models trained with :func:`~senslab.train.loop.fit` to a common train accuracy, then
+    compared on token-wise sensitivity at ``SIGMA`` (tracked every epoch) and ``sweep``.
+
+    Subclasses give :meth:`runs`; the verdict is :func:`lowest_sensitivity_verdict` for
+    ``winner`` at the main σ, with the σ sweep added to the evidence.
+    """
+
+    winner = "vit_small"
+    sweep: tuple[float, ...] = SWEEP
+    max_acc_gap = 0.03
+
+    def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
+                log: Callable[[str], None]) -> list[dict[str, Any]]:
+        # CPU scale: one intra-op thread, as ib_vit_mnist (small models on a shared 2-core
+        # machine lose far more to thread hand-offs than they gain)
+        with single_thread() if scale == "cpu" else nullcontext():
+            summaries = super().execute(out, scale, overrides, progress, log)
+            for s in summaries:
+                s["sigma_sweep"] = sigma_sweep(out / s["name"], self.sweep)
+                log(f"{s['name']}: σ sweep " + ", ".join(
+                    f"{k}: {v['estimate']:.4f}" for k, v in s["sigma_sweep"].items()))
+        return summaries
+
+    def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
+        return comparison_verdict(summaries, self.winner, self.max_acc_gap)
+
+
+def sigma_sweep(run_dir: Path, sigmas: tuple[float, ...]) -> dict[str, dict[str, float]]:
+    """Sensitivity of a finished run's final model at each σ in ``sigmas``.
+
+    Measured on the run's own tracking subset (same examples, repeats and noise seed as the
+    per-epoch numbers), so the sweep and the tracked curve describe the same data. Cached in
+    ``sigma_sweep.json``, keyed by the checkpoint step, so a resumed experiment does not redo it.
+    """
+    from ...measure import TokenSensitivity
+    from ...train.loop import build_model, load_data, resolve_device
+    from ...train.rundir import RunDir
+
+    rd = RunDir(run_dir)
+    state = rd.latest_checkpoint()
+    if state is None:
+        raise FileNotFoundError(f"{run_dir} has no checkpoint to measure; delete it and rerun")
+    step = int(state["position"]["step"])
+    cache = run_dir / "sigma_sweep.json"
+    if cache.exists():
+        old = json.loads(cache.read_text())
+        if old.get("step") == step and old.get("sigmas") == list(sigmas):
+            return old["results"]
+    cfg = RunConfig.from_dict(rd.read_json("config.json"))
+    train, _ = load_data(cfg)
+    device = resolve_device(cfg.device)
+    model = build_model(cfg, train).to(device)
+    model.load_state_dict(state["model"])
+    g = torch.Generator().manual_seed(cfg.seed + 1)  # the Tracker's subset
+    subset = train.first(min(cfg.track.num_examples, len(train)), generator=g)
+    results = {}
+    for sigma in sigmas:
+        metric = TokenSensitivity(model, sigma=sigma, repeats=cfg.track.repeats,
+                                  generator=cfg.seed, chunk_size=cfg.track.chunk_size)
+        for lo in range(0, len(subset), 256):
+            x, _ = subset.batch(slice(lo, lo + 256))
+            metric.update(x.to(device))
+        r = metric.compute()
+        results[f"{sigma:g}"] = {"estimate": r.estimate, "stderr": r.stderr}
+    rd.write_json("sigma_sweep.json", {"step": step, "sigmas": list(sigmas), "results": results})
+    return results
+
+
+def comparison_verdict(summaries: list[dict[str, Any]], winner: str,
+                       max_acc_gap: float = 0.03) -> dict[str, Any]:
+    """:func:`lowest_sensitivity_verdict` at the main σ; evidence also holds σ, the epochs each
+    run trained, whether it reached the target, and each run's σ sweep with the winner's rank."""
+    labels = [s["label"] for s in summaries]
+    if winner not in labels or len(labels) < 2:
+        return {"verdict": "not comparable", "evidence": {},
+                "reason": f"need {winner} and at least one other model; got {', '.join(labels)}"}
+    finite = all(isinstance(s["final"].get(k), (int, float)) and math.isfinite(s["final"][k])
+                 for s in summaries for k in ("sens/train", "sens/train_se", "train/acc"))
+    if not finite:
+        return {"verdict": "not comparable", "evidence": {},
+                "reason": "a run has no finite final train/acc or sens/train (σ = 0?)"}
+    out = lowest_sensitivity_verdict(summaries, winner, max_acc_gap)
+    ev = out["evidence"]
+    for s in summaries:
+        ev[s["label"]].update(epochs=s.get("epochs"), stopped=s.get("stopped"))
+    sweeps = {s["label"]: s.get("sigma_sweep") for s in summaries if s.get("sigma_sweep")}
+    if sweeps:
+        ev["sigma_sweep"] = sweeps
+    if winner in sweeps and len(sweeps) == len(summaries):
+        # same 2-s.e. rule as the main verdict, at every σ of the sweep
+        w = sweeps[winner]
+        ev["winner_below_by_2se_at"] = {
+            k: all(v[k]["estimate"] - w[k]["estimate"]
+                   > 2 * math.hypot(v[k]["stderr"], w[k]["stderr"])
+                   for lab, v in sweeps.items() if lab != winner)
+            for k in w
+        }
+    reached = [s["label"] for s in summaries if s.get("stopped") != "target_train_acc"]
+    if reached:
+        out["reason"] += f" (did not reach the target: {', '.join(reached)})"
+    return out
