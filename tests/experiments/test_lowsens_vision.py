@@ -4,13 +4,10 @@ the missing-data error."""
 
 from __future__ import annotations
 
-import gzip
 import json
-import struct
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from senslab.cli import main
@@ -27,26 +24,6 @@ IDX_NAMES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
 
 def _quiet(_: str) -> None:
     pass
-
-
-def _write_idx(path: Path, data: np.ndarray, magic: int) -> None:
-    header = struct.pack(">I", magic) + b"".join(struct.pack(">I", d) for d in data.shape)
-    path.write_bytes(gzip.compress(header + data.astype(np.uint8).tobytes()))
-
-
-def write_idx_dataset(root: Path, n_train: int, n_test: int, seed: int = 0) -> Path:
-    """Four idx-gz files of 28×28 images, labels 0..9 cycling; each class brightens its own
-    block of rows, so the classes are learnable."""
-    rng = np.random.default_rng(seed)
-    root.mkdir(parents=True, exist_ok=True)
-    for prefix, n in (("train", n_train), ("t10k", n_test)):
-        y = np.arange(n) % 10
-        x = rng.integers(0, 60, size=(n, 28, 28))
-        for i, c in enumerate(y):
-            x[i, 2 * c: 2 * c + 6] += 180
-        _write_idx(root / f"{prefix}-images-idx3-ubyte.gz", x, 2051)
-        _write_idx(root / f"{prefix}-labels-idx1-ubyte.gz", y, 2049)
-    return root
 
 
 def _opts(cfgs: list[RunConfig]) -> dict[str, RunConfig]:
@@ -125,8 +102,8 @@ def _check_experiment_dir(out: Path, labels: set[str]) -> dict[str, Any]:
     return verdict
 
 
-def test_mnist_binary_end_to_end_on_idx_fixture(tmp_path: Path) -> None:
-    root = write_idx_dataset(tmp_path / "mnist", n_train=80, n_test=20)
+def test_mnist_binary_end_to_end_on_idx_fixture(tmp_path: Path, idx_dataset: Any) -> None:
+    root = idx_dataset(tmp_path / "mnist", 80, 20, dataset="mnist")
     over = [f"data.root={root}", "data.options.source=idx", "data.options.verify=false", *TINY]
     verdict = run_experiment("mnist_binary", tmp_path / "out", overrides=over, log=_quiet)
     _check_experiment_dir(tmp_path / "out", {"vit_small", "mlp"})
@@ -137,8 +114,8 @@ def test_mnist_binary_end_to_end_on_idx_fixture(tmp_path: Path) -> None:
     assert again["evidence"] == verdict["evidence"]
 
 
-def test_fashion_mnist_end_to_end_on_idx_fixture(tmp_path: Path) -> None:
-    root = write_idx_dataset(tmp_path / "fashion", n_train=60, n_test=20)
+def test_fashion_mnist_end_to_end_on_idx_fixture(tmp_path: Path, idx_dataset: Any) -> None:
+    root = idx_dataset(tmp_path / "fashion", 60, 20)
     over = [f"data.root={root}", "data.options.verify=false", *TINY]
     run_experiment("fashion_mnist", tmp_path / "out", overrides=over, log=_quiet)
     _check_experiment_dir(tmp_path / "out", {"vit_small", "cnn", "mlp", "mlp_sigmoid"})
@@ -172,22 +149,22 @@ def test_missing_fashion_data_error_says_where_to_put_it(
     assert not (out / "vit_small").exists()  # stopped before any training
 
 
-def test_fashion_data_found_through_senslab_data(tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fashion_data_found_through_senslab_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                idx_dataset: Any) -> None:
     """The experiment finds its data by the data package's rule (never relative to the working
     directory), records the folder in the config, and an explicit root still wins."""
     (tmp_path / "repo").mkdir()
     monkeypatch.chdir(tmp_path / "repo")
-    write_idx_dataset(tmp_path / "shared" / "data" / "fashion_mnist", 10, 10)
+    idx_dataset(tmp_path / "shared" / "data" / "fashion_mnist", 10, 10)
     monkeypatch.setenv("SENSLAB_DATA", str(tmp_path / "data"))
     cfg = get_experiment("fashion_mnist").runs("cpu")[0]
     assert cfg.data.root is None  # runs() are data: where the files are is decided at run time
     with pytest.raises(DataUnavailableError):  # ../shared beside the cwd is not looked at
         locate_data(cfg)
-    own = write_idx_dataset(tmp_path / "data" / "fashion_mnist", 10, 10)
+    own = idx_dataset(tmp_path / "data" / "fashion_mnist", 10, 10)
     locate_data(cfg)
     assert cfg.data.root == str(own.resolve())
-    mine = write_idx_dataset(tmp_path / "mine", 10, 10)
+    mine = idx_dataset(tmp_path / "mine", 10, 10)
     cfg = get_experiment("fashion_mnist").runs("cpu")[0]
     cfg.data.root = str(mine)
     locate_data(cfg)
