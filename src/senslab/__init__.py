@@ -6,9 +6,12 @@
 
 from .measure import (
     BooleanSensitivity,
+    CompareSensitivity,
+    ComparisonResult,
     SensitivityResult,
     TokenSensitivity,
     boolean_sensitivity,
+    compare_sensitivity,
     token_sensitivity,
 )
 from .tokens import Embedding, Patches, Sequence
@@ -17,11 +20,14 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BooleanSensitivity",
+    "CompareSensitivity",
+    "ComparisonResult",
     "Embedding",
     "Patches",
     "Sequence",
     "SensitivityResult",
     "TokenSensitivity",
     "boolean_sensitivity",
+    "compare_sensitivity",
     "token_sensitivity",
 ]

@@ -1,7 +1,8 @@
 """Sensitivity measures: token-wise Gaussian sensitivity and Boolean (Fourier) analysis.
 
 Every measure is a function returning a small frozen result dataclass; the token-wise one also
-exists as an accumulating class (``update``/``compute``/``reset``/``merge``).
+exists as an accumulating class (``update``/``compute``/``reset``/``merge``), and so does the
+paired comparison of several models on the same perturbed copies (:mod:`.compare`).
 """
 
 from .boolean import (
@@ -23,15 +24,25 @@ from .boolean import (
     table_function,
     truth_table,
 )
+from .compare import (
+    CompareSensitivity,
+    ComparisonResult,
+    Difference,
+    compare_sensitivity,
+)
 from .tokenwise import SensitivityResult, TokenSensitivity, token_sensitivity
 
 __all__ = [
     "BooleanSensitivity",
+    "CompareSensitivity",
+    "ComparisonResult",
+    "Difference",
     "SensitivityResult",
     "TokenSensitivity",
     "all_inputs",
     "average_sensitivity_fourier",
     "boolean_sensitivity",
+    "compare_sensitivity",
     "degree",
     "first",
     "fourier_coefficients",

@@ -433,11 +433,20 @@ class TokenSensitivity:
             b = int(mine.sum())
             remap = torch.cumsum(mine.long(), 0) - 1  # global example → local row
             valid, src = valid[mine], remap[src]
+        forward = b * (2 if self.control_variate else 1) + len(src)
+        self._add(vals, src, tok, valid, self._per_cell(rounds), forward)
+
+    def _add(
+        self, vals: Tensor, src: Tensor, tok: Tensor, valid: Tensor, per_cell: int | None,
+        forward: int,
+    ) -> None:
+        """Add one batch's copies to the state (:mod:`.compare` defers this until every model
+        has measured the batch)."""
         accumulate(
-            self.state, vals, src, tok, valid, pairs=self.antithetic,
-            per_cell=self._per_cell(rounds), positions=None if whole else self.align,
+            self.state, vals, src, tok, valid, pairs=self.antithetic, per_cell=per_cell,
+            positions=None if self.mode == "whole" else self.align,
         )
-        self.state.forward += b * (2 if self.control_variate else 1) + len(src)
+        self.state.forward += forward
 
     def _per_cell(self, rounds: int) -> int | None:
         """Units per real token when every token got the same draws (stratified), else None."""

@@ -1,0 +1,365 @@
+r"""Paired comparisons: several models measured on the same perturbed copies.
+
+"Is model A less sensitive than model B?" is a question about a difference, and its uncertainty
+is much smaller than the two separate uncertainties suggest when both models see the *same*
+examples and the *same* noise (common random numbers). :func:`compare_sensitivity` runs one
+token-wise pass (:mod:`.tokenwise`) per model with identical options, an identical random
+stream and an identical plan, so copy :math:`n` — example :math:`b_n`, token :math:`t_n`, noise
+vector :math:`\varepsilon_n` — is the same input for every model. Each model's estimate is
+exactly what :func:`~senslab.measure.token_sensitivity` returns with the same seed and options:
+pairing costs nothing in the point estimates.
+
+**Differences.** For models :math:`a, b` let :math:`v_{a,n}, v_{b,n}` be the values (flip
+indicators, or output distances) of copy :math:`n`. The difference is estimated by
+
+.. math::
+
+    \hat\Delta_{ab} = \hat S_a - \hat S_b = \frac1n \sum_{e=1}^{n} d_e, \qquad
+    d_e = \hat m_{a,e} - \hat m_{b,e},
+
+:math:`\hat m_{a,e}` the per-example rate of model :math:`a` on example :math:`e`. Its paired
+standard error treats the differences :math:`v_{a,n} - v_{b,n}` as the measurement:
+
+* ``"data"`` (examples are the sampling unit):
+  :math:`\operatorname{se} = s_d / \sqrt{n}`, :math:`s_d^2` the sample variance of the
+  :math:`d_e`;
+* ``"subset"`` (fixed examples, only the noise is random): with all tokens and at least two
+  units per token, the stratified variance of the differences of paired units,
+
+  .. math::
+
+      \operatorname{se}^2 = \frac1{n^2} \sum_e \frac1{K_e^2} \sum_t
+      \frac{s^2_{et}(u_a - u_b)}{r},
+
+  :math:`s^2_{et}(u_a - u_b)` the sample variance over the :math:`r` draws of cell
+  :math:`(e, t)` of the paired unit differences (antithetic pair means with
+  ``antithetic=True``), :math:`K_e` the example's real tokens; otherwise the units
+  :math:`u_a - u_b` of an example are treated as i.i.d. draws (conservative), as in
+  :mod:`._stats`.
+
+Because :math:`\operatorname{Var}(v_a - v_b) = \operatorname{Var} v_a + \operatorname{Var} v_b
+- 2\operatorname{Cov}(v_a, v_b)`, the paired standard error is smaller than the unpaired
+:math:`\sqrt{\operatorname{se}_a^2 + \operatorname{se}_b^2}` (also reported, ``stderr_unpaired``)
+whenever the two models' flips are positively correlated — similar models, the usual case. The
+95% interval is :math:`\hat\Delta \pm 1.96\,\operatorname{se}` (not clipped: a difference lies
+in [−1, 1]).
+
+Models must share the token layout (same tokens per example, same token size, same device),
+otherwise the copies could not be the same; a model with another layout is refused. Adaptive
+stopping (``target_stderr``) and ``shard`` are refused: each model would stop after its own
+number of rounds, and sharded states are not paired.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..tokens.base import Inputs, Tokenization, check_device
+from ._noise import NoiseStream
+from ._stats import SensitivityResult, State, accumulate, merged, result
+from .tokenwise import TokenSensitivity
+
+__all__ = ["CompareSensitivity", "ComparisonResult", "Difference", "compare_sensitivity"]
+
+
+@dataclass(frozen=True)
+class Difference:
+    """The difference ``a − b`` of two models' sensitivities.
+
+    ``stderr``/``ci95`` are paired (common random numbers) for ``estimand``; ``stderr_subset``
+    is always the paired fixed-subset one; ``stderr_unpaired`` is
+    :math:`\\sqrt{\\operatorname{se}_a^2 + \\operatorname{se}_b^2}`, what two independent
+    measurements would give. ``per_sample``: the per-example differences :math:`d_e`.
+    """
+
+    a: str
+    b: str
+    estimate: float
+    stderr: float
+    ci95: tuple[float, float]
+    estimand: str
+    stderr_subset: float
+    stderr_unpaired: float
+    per_sample: Tensor
+
+    def __str__(self) -> str:
+        lo, hi = self.ci95
+        return (
+            f"{self.a} − {self.b}: {self.estimate:+.4f} ± {self.stderr:.4f} paired "
+            f"(95% CI {lo:+.4f}–{hi:+.4f}; unpaired ± {self.stderr_unpaired:.4f}, {self.estimand})"
+        )
+
+    def __float__(self) -> float:
+        return self.estimate
+
+    def negated(self) -> Difference:
+        """The same comparison as ``b − a``."""
+        lo, hi = self.ci95
+        return Difference(
+            a=self.b, b=self.a, estimate=-self.estimate, stderr=self.stderr, ci95=(-hi, -lo),
+            estimand=self.estimand, stderr_subset=self.stderr_subset,
+            stderr_unpaired=self.stderr_unpaired, per_sample=-self.per_sample,
+        )
+
+
+@dataclass(frozen=True)
+class ComparisonResult:
+    """What a paired comparison returns: each model's :class:`SensitivityResult` (``results``,
+    in the order given) and every pairwise :class:`Difference` (``differences``, keyed
+    ``(a, b)`` for ``a`` before ``b``; :meth:`difference` gives either order)."""
+
+    results: dict[str, SensitivityResult]
+    differences: dict[tuple[str, str], Difference]
+    estimand: str
+
+    def difference(self, a: str, b: str) -> Difference:
+        """The difference ``a − b`` (either order)."""
+        if (a, b) in self.differences:
+            return self.differences[a, b]
+        if (b, a) in self.differences:
+            return self.differences[b, a].negated()
+        raise KeyError(f"no comparison of {a!r} and {b!r}; models: {list(self.results)}")
+
+    def __str__(self) -> str:
+        lines = [f"{name}: {r}" for name, r in self.results.items()]
+        return "\n".join(lines + [str(d) for d in self.differences.values()])
+
+
+class _Paired(TokenSensitivity):
+    """One model's pass: keeps its batch instead of adding it, until every model has run."""
+
+    pending: tuple[Any, ...] | None = None
+    layout: tuple[int, torch.device] | None = None
+
+    def _add(self, *batch: Any) -> None:
+        self.pending = batch
+
+    def _rng(self, device: torch.device, row: int) -> NoiseStream:
+        self.layout = (row, device)  # the noise rows' length and device
+        return super()._rng(device, row)
+
+    def commit(self) -> None:
+        assert self.pending is not None
+        TokenSensitivity._add(self, *self.pending)
+        self.pending = None
+
+
+def _snapshot(m: _Paired) -> tuple[Any, ...]:
+    """The random stream's position: generator state and buffered rows (copied: the runner
+    scales the rows it takes in place)."""
+    gen = None if m.generator is None else m.generator.get_state()
+    s = m._stream
+    return gen, None if s is None else (s.row, s.buf.clone(), s.device)
+
+
+def _restore(m: _Paired, snap: tuple[Any, ...]) -> None:
+    """Put ``m``'s random stream at the position ``snap`` (taken from any model's metric)."""
+    gen, stream = snap
+    m._stream = None
+    if gen is None:
+        if m._seed is not None:
+            m.generator = None  # made again, from the seed, on the first update
+        return
+    assert m.generator is not None
+    m.generator.set_state(gen)
+    if stream is not None:
+        row, buf, device = stream
+        m._stream = NoiseStream(m.generator, row, device)
+        m._stream.buf = buf.clone()
+
+
+class CompareSensitivity:
+    """Accumulating paired comparison (``update``/``compute``/``reset``/``merge``); see the
+    module docstring for the formulas.
+
+    Args:
+        models: a dict ``{name: model}`` of at least two models that read the same tokens.
+        tokens: the tokenization (as for :class:`~senslab.measure.TokenSensitivity`; default:
+            each model's ``default_tokens()``).
+        **options: every option of :class:`~senslab.measure.TokenSensitivity` except
+            ``target_stderr``/``max_forward`` and ``shard``; the same for all models. A
+            ``torch.Generator`` is cloned per model (the first model advances the one given).
+
+    Example:
+        >>> import torch
+        >>> from senslab.measure import CompareSensitivity
+        >>> from senslab.tokens import Sequence
+        >>> _ = torch.manual_seed(0)
+        >>> one, two = torch.nn.Linear(4, 1), torch.nn.Linear(4, 1)
+        >>> models = {"one": lambda x: one(x).sum((1, 2)),
+        ...           "two": lambda x: two(x).sum((1, 2))}
+        >>> metric = CompareSensitivity(models, Sequence(), sigma=1.0, repeats=2)
+        >>> for batch in torch.randn(3, 16, 5, 4):
+        ...     metric.update(batch)
+        >>> r = metric.compute()
+        >>> d = r.difference("one", "two")
+        >>> d.estimate == r.results["one"].estimate - r.results["two"].estimate
+        True
+    """
+
+    def __init__(
+        self, models: Mapping[str, nn.Module | Any], tokens: Tokenization | None = None,
+        **options: Any,
+    ) -> None:
+        if not isinstance(models, Mapping):
+            raise TypeError(
+                f"models must be a dict {{name: model}}, got {type(models).__name__}; "
+                "e.g. compare_sensitivity({'base': model_a, 'regularized': model_b}, inputs, ...)"
+            )
+        if len(models) < 2:
+            raise ValueError(
+                f"a comparison needs at least two models, got {len(models)}; for one model use "
+                "token_sensitivity / TokenSensitivity"
+            )
+        for name in models:
+            if not isinstance(name, str):
+                raise TypeError(f"model names must be str, got {name!r} ({type(name).__name__})")
+        for bad in ("target_stderr", "max_forward"):
+            if options.get(bad) is not None:
+                raise ValueError(
+                    f"{bad} (adaptive stopping) is not available in a paired comparison: each "
+                    "model would stop after its own number of rounds, so the noise draws would "
+                    "no longer be paired; give a fixed repeats= instead"
+                )
+        if options.get("shard") is not None:
+            raise ValueError("shard is not available in a paired comparison; measure all examples")
+        generator = options.pop("generator", None)
+        self.metrics: dict[str, _Paired] = {}
+        for i, (name, model) in enumerate(models.items()):
+            gen = generator
+            if isinstance(generator, torch.Generator) and i > 0:
+                gen = torch.Generator(device=generator.device)
+                gen.set_state(generator.get_state())
+            self.metrics[name] = _Paired(model, tokens, generator=gen, **options)
+        first = next(iter(self.metrics.values()))
+        self.estimand, self.align = first.estimand, first.align
+        self.pairs = list(combinations(self.metrics, 2))
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget all accumulated examples (the random stream continues)."""
+        for m in self.metrics.values():
+            m.reset()
+        self.paired = {pair: State() for pair in self.pairs}
+
+    def merge(self, other: CompareSensitivity) -> CompareSensitivity:
+        """Add ``other``'s accumulated state (same model names and options) to this one."""
+        if not isinstance(other, CompareSensitivity):
+            raise TypeError(f"can only merge a CompareSensitivity, got {type(other).__name__}")
+        if list(other.metrics) != list(self.metrics):
+            raise ValueError(
+                f"cannot merge comparisons of different models: {list(self.metrics)} vs "
+                f"{list(other.metrics)}"
+            )
+        for name, m in self.metrics.items():
+            m.merge(other.metrics[name])
+        for pair in self.pairs:
+            self.paired[pair] = merged(self.paired[pair], other.paired[pair], self.align)
+        return self
+
+    def update(self, inputs: Inputs, mask: Tensor | None = None) -> None:
+        """Measure one batch with every model on the same perturbed copies. Nothing is added
+        (and the random stream does not move) unless every model measured the batch."""
+        metrics = list(self.metrics.items())
+        devices = {name: check_device(m.model, inputs) for name, m in metrics}
+        if len(set(devices.values())) > 1:
+            raise ValueError(
+                f"the models live on different devices {devices}: a paired comparison draws "
+                "the same noise for each, which needs one device; move them to one"
+            )
+        start = _snapshot(metrics[0][1])
+        try:
+            for _, m in metrics:
+                _restore(m, start)
+                m.pending = m.layout = None
+                m.update(inputs, mask)
+                self._check_layout(metrics[0], (_, m))
+        except BaseException:
+            for _, m in metrics:
+                _restore(m, start)
+                m.pending = None
+            raise
+        batches = {name: m.pending for name, m in metrics}
+        for _, m in metrics:
+            m.commit()
+        first = metrics[0][1]
+        for a, b in self.pairs:
+            va, src, tok, valid, per_cell, _ = batches[a]  # type: ignore[misc]
+            vb = batches[b][0]  # type: ignore[index]
+            accumulate(self.paired[a, b], va - vb, src, tok, valid, pairs=first.antithetic,
+                       per_cell=per_cell, positions=None)
+
+    @staticmethod
+    def _check_layout(one: tuple[str, _Paired], other: tuple[str, _Paired]) -> None:
+        (na, a), (nb, b) = one, other
+        if b is a:
+            return
+        assert a.pending is not None and b.pending is not None
+        va, vb = a.pending[3], b.pending[3]  # valid (B, T)
+        same = a.layout == b.layout and va.shape == vb.shape and torch.equal(va, vb)
+        plans = zip(a.pending[1:3], b.pending[1:3], strict=True)  # (src, tok) of every copy
+        same = same and all(torch.equal(x, y) for x, y in plans)
+        if not same:
+            def describe(name: str, m: _Paired, valid: Tensor) -> str:
+                t = valid.shape[1]
+                row = m.layout[0] if m.layout else 0
+                dim = row if m.mode == "token" else row // max(t, 1)
+                return f"{name!r}: {t} tokens of {dim} entries ({int(valid.sum())} real)"
+
+            raise ValueError(
+                "the models do not share the token layout — "
+                f"{describe(na, a, va)} vs {describe(nb, b, vb)}; a paired comparison feeds the "
+                "same perturbed copies to every model, so they must read the same tokens "
+                "(same tokenization, token size and padding)"
+            )
+
+    def compute(self) -> ComparisonResult:
+        """Each model's estimate and every pairwise paired difference since :meth:`reset`."""
+        results = {name: m.compute() for name, m in self.metrics.items()}
+        diffs = {}
+        for a, b in self.pairs:
+            r = result(self.paired[a, b], self.estimand, self.align, False, None)
+            ra, rb = results[a], results[b]
+            est = ra.estimate - rb.estimate
+            se = r.stderr
+            diffs[a, b] = Difference(
+                a=a, b=b, estimate=est, stderr=se, ci95=(est - 1.96 * se, est + 1.96 * se),
+                estimand=self.estimand, stderr_subset=r.stderr_subset,
+                stderr_unpaired=math.sqrt(ra.stderr**2 + rb.stderr**2), per_sample=r.per_sample,
+            )
+        return ComparisonResult(results=results, differences=diffs, estimand=self.estimand)
+
+
+def compare_sensitivity(
+    models: Mapping[str, nn.Module | Any],
+    inputs: Inputs,
+    tokens: Tokenization | None = None,
+    *,
+    mask: Tensor | None = None,
+    **options: Any,
+) -> ComparisonResult:
+    """Paired token-wise sensitivities of several models on one batch (see the module
+    docstring); equivalent to one :meth:`CompareSensitivity.update` and ``compute``.
+
+    Example:
+        >>> import torch
+        >>> from senslab.measure import compare_sensitivity
+        >>> from senslab.tokens import Patches
+        >>> a = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 10))
+        >>> b = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 10))
+        >>> r = compare_sensitivity({"a": a, "b": b}, torch.randn(32, 3, 8, 8), Patches(4),
+        ...                         sigma=0.1, repeats=2)
+        >>> d = r.difference("a", "b")
+        >>> d.ci95[0] <= d.estimate <= d.ci95[1]
+        True
+    """
+    metric = CompareSensitivity(models, tokens, **options)
+    metric.update(inputs, mask)
+    return metric.compute()
