@@ -32,7 +32,6 @@ SIGMA = 1.0
 MU = 0.25  # "data": examples drawn i.i.d. with entries N(MU, 1)
 REPLICATES = 8000  # binomial sd of a coverage: 0.24% at 95%, 0.30% at 92.2%
 BIAS_A, BIAS_B = 0.2, 0.3
-PHI = torch.special.ndtr
 
 
 def _weights() -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,26 +50,6 @@ class Logit:
 
     def __call__(self, seq: torch.Tensor) -> torch.Tensor:
         return (seq * self.w).sum((1, 2)) + self.bias
-
-
-def flip_probs(x: torch.Tensor, w: torch.Tensor, bias: float) -> torch.Tensor:
-    """(B, T) closed-form flip probabilities of one linear logit."""
-    w = w.double()
-    z = (x.double() * w).sum((-2, -1)) + bias
-    return PHI(-z.abs()[:, None] / (SIGMA * w.norm(dim=1)[None]))
-
-
-def population_truth(w: torch.Tensor, bias: float) -> float:
-    """E_x[mean_t Φ(−|z(x)|/(σ‖w_t‖))] for x with i.i.d. N(MU, 1) entries (z ~ N(m, s²): a 1-D
-    integral, as in test_coverage.py). The difference of two models is the difference of two
-    such integrals (expectation is linear)."""
-    w = w.double()
-    m, s = MU * w.sum().item() + bias, w.norm().item()
-    z = torch.cat([torch.linspace(m - 14 * s, m + 14 * s, 400_001, dtype=torch.float64),
-                   torch.zeros(1, dtype=torch.float64)]).sort().values
-    density = torch.exp(-0.5 * ((z - m) / s) ** 2) / (s * math.sqrt(2 * math.pi))
-    inner = PHI(-z.abs()[None] / (SIGMA * w.norm(dim=1)[:, None])).mean(0)
-    return torch.trapezoid(inner * density, z).item()
 
 
 def _replicates(metric: CompareSensitivity, batches) -> dict[str, torch.Tensor]:
@@ -110,12 +89,13 @@ def _check_promise(out: dict[str, torch.Tensor], truth, what: str) -> dict[str, 
 # -- coverage ----------------------------------------------------------------------------------
 
 
-def test_paired_subset_interval_covers_the_fixed_set_difference():
+def test_paired_subset_interval_covers_the_fixed_set_difference(linear):
     """estimand="subset" on fixed examples, all tokens, repeats=4: the stratified variance of
     the per-cell differences of paired units."""
     wa, wb = _weights()
     x = 0.5 * torch.randn(64, T, D, generator=torch.Generator().manual_seed(1))
-    pa, pb = flip_probs(x, wa, BIAS_A), flip_probs(x, wb, BIAS_B)
+    pa = linear.flip_probs(x, wa, BIAS_A, SIGMA)
+    pb = linear.flip_probs(x, wb, BIAS_B, SIGMA)
     truth = (pa - pb).mean().item()
     assert 0.1 < pa.mean() < 0.4 and abs(truth) > 0.005  # informative, not degenerate
     metric = CompareSensitivity(
@@ -129,11 +109,12 @@ def test_paired_subset_interval_covers_the_fixed_set_difference():
     _check_promise(out, truth, "subset")
 
 
-def test_paired_data_interval_covers_the_population_difference():
+def test_paired_data_interval_covers_the_population_difference(linear):
     """estimand="data": fresh examples per replicate; the interval must cover the population
     difference, and the paired subset s.e. each replicate's own fixed-set difference."""
     wa, wb = _weights()
-    truth = population_truth(wa, BIAS_A) - population_truth(wb, BIAS_B)
+    truth = (linear.population_truth(wa, BIAS_A, SIGMA, MU)
+             - linear.population_truth(wb, BIAS_B, SIGMA, MU))
     n = 128
     data = MU + torch.randn(REPLICATES, n, T, D, generator=torch.Generator().manual_seed(4))
     metric = CompareSensitivity(
@@ -143,7 +124,8 @@ def test_paired_data_interval_covers_the_population_difference():
     out = _replicates(metric, data)
     _check_promise(out, truth, "data")
     flat = data.view(-1, T, D)
-    fixed = (flip_probs(flat, wa, BIAS_A) - flip_probs(flat, wb, BIAS_B)).view(REPLICATES, -1)
+    fixed = (linear.flip_probs(flat, wa, BIAS_A, SIGMA)
+             - linear.flip_probs(flat, wb, BIAS_B, SIGMA)).view(REPLICATES, -1)
     cov = _coverage(out["est"], out["se_subset"], fixed.mean(1), 1.0)
     assert LOW <= cov <= HIGH, f"paired subset s.e. of data replicates covers {cov:.2%}"
 

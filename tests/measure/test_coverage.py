@@ -23,8 +23,8 @@ every perturbed copy, for ``Patches`` and ``Sequence``, whole-input and token-wi
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
+from typing import Any
 
 import pytest
 import torch
@@ -58,24 +58,9 @@ class Linear:
         return torch.stack([-z, z], 1)
 
 
-def flip_probs(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """(B, T) closed-form flip probabilities of the linear model, one per (example, token)."""
-    w = w.double()
-    z = (x.double() * w).sum((-2, -1)) + BIAS
-    return PHI(-z.abs()[:, None] / (SIGMA * w.norm(dim=1)[None]))
-
-
-def population_truth(w: torch.Tensor) -> float:
-    """E_x[mean_t Φ(−|z(x)|/(σ‖w_t‖))] for x with i.i.d. N(MU, 1) entries: z ~ N(m, s²) with
-    m = MU·Σw + b and s = ‖w‖, so a 1-D integral (trapezoid on a fine grid with a node at the
-    kink z = 0; error far below 1e-8)."""
-    w = w.double()
-    m, s = MU * w.sum().item() + BIAS, w.norm().item()
-    z = torch.cat([torch.linspace(m - 14 * s, m + 14 * s, 400_001, dtype=torch.float64),
-                   torch.zeros(1, dtype=torch.float64)]).sort().values
-    density = torch.exp(-0.5 * ((z - m) / s) ** 2) / (s * math.sqrt(2 * math.pi))
-    inner = PHI(-z.abs()[None] / (SIGMA * w.norm(dim=1)[:, None])).mean(0)
-    return torch.trapezoid(inner * density, z).item()
+def flip_probs(x: torch.Tensor, w: torch.Tensor, linear: Any) -> torch.Tensor:
+    """(B, T) closed-form flip probabilities of the linear model (tests/measure/conftest.py)."""
+    return linear.flip_probs(x, w, BIAS, SIGMA)
 
 
 def replicates(
@@ -123,12 +108,12 @@ def check_ci95(out: dict[str, torch.Tensor]) -> None:
 
 
 @pytest.mark.parametrize("antithetic", [False, True], ids=["plain", "antithetic"])
-def test_subset_interval_covers_the_fixed_set_truth(antithetic):
+def test_subset_interval_covers_the_fixed_set_truth(antithetic, linear):
     """estimand="subset" on a fixed set of examples: only the noise is random. With all tokens and
     repeats=4 (two antithetic pairs) the stratified variance is used."""
     w = _weights()
     x = 0.5 * torch.randn(64, T, D, generator=torch.Generator().manual_seed(1))
-    p = flip_probs(x, w)
+    p = flip_probs(x, w, linear)
     truth = p.mean().item()
     assert 0.1 < truth < 0.4 and (p > 0.05).float().mean() > 0.5  # informative, not degenerate
 
@@ -147,21 +132,21 @@ def test_subset_interval_covers_the_fixed_set_truth(antithetic):
 # -- coverage: the data-distribution estimand --------------------------------------------------
 
 
-def test_population_truth_quadrature_matches_monte_carlo():
+def test_population_truth_quadrature_matches_monte_carlo(linear):
     w = _weights().double()
     x = MU + torch.randn(400_000, T, D, generator=torch.Generator().manual_seed(3),
                          dtype=torch.float64)
-    per_example = flip_probs(x, w).mean(1)
+    per_example = flip_probs(x, w, linear).mean(1)
     mc, mc_se = per_example.mean().item(), per_example.std().item() / len(x) ** 0.5
-    assert abs(population_truth(w) - mc) < 4 * mc_se
+    assert abs(linear.population_truth(w, BIAS, SIGMA, MU) - mc) < 4 * mc_se
 
 
-def test_data_interval_covers_the_population_truth():
+def test_data_interval_covers_the_population_truth(linear):
     """estimand="data": every replicate draws new examples from the same distribution; the
     interval must cover the population sensitivity. From the same replicates, stderr_subset
     (stratified, repeats=2) must cover each replicate's own fixed-set truth."""
     w = _weights()
-    truth = population_truth(w)
+    truth = linear.population_truth(w, BIAS, SIGMA, MU)
     assert 0.1 < truth < 0.4
     n = 128
     gen = torch.Generator().manual_seed(4)
@@ -173,19 +158,19 @@ def test_data_interval_covers_the_population_truth():
     out = replicates(metric, data)
     check_ci95(out)
     check_promise(out["est"], out["se"], truth, "data")
-    fixed_set_truth = flip_probs(data.view(-1, T, D), w).view(REPLICATES, -1).mean(1)
+    fixed_set_truth = flip_probs(data.view(-1, T, D), w, linear).view(REPLICATES, -1).mean(1)
     check_promise(out["est"], out["se_subset"], fixed_set_truth, "subset s.e. of data replicates")
 
 
 # -- coverage: the i.i.d. fallback and whole-input noise ---------------------------------------
 
 
-def test_subset_iid_fallback_with_one_draw_per_token_is_conservative():
+def test_subset_iid_fallback_with_one_draw_per_token_is_conservative(linear):
     """repeats=1: no within-cell variance, so the units of an example are treated as i.i.d.; the
     between-token spread of the flip rates inflates that variance — conservative coverage."""
     w = _weights()
     x = 0.5 * torch.randn(64, T, D, generator=torch.Generator().manual_seed(6))
-    truth = flip_probs(x, w).mean().item()
+    truth = flip_probs(x, w, linear).mean().item()
     metric = TokenSensitivity(
         Linear(w), Sequence(), sigma=SIGMA, repeats=1, estimand="subset", generator=7,
         chunk_size=1024,
@@ -219,13 +204,13 @@ def test_whole_input_interval_with_padding_covers_the_truth():
     check_promise(est, se, truth, "whole input, subset")
 
 
-def test_per_position_and_per_sample_match_closed_forms():
+def test_per_position_and_per_sample_match_closed_forms(linear):
     w = _weights()
     b, reps = 16, 2000
     x = 0.5 * torch.randn(b, T, D, generator=torch.Generator().manual_seed(10))
     lengths = torch.tensor([T, T - 1, 2, T, 1, T, 3, T] * 2)
     mask = torch.arange(T)[None] < lengths[:, None]
-    p = flip_probs(x, w) * mask
+    p = flip_probs(x, w, linear) * mask
     r = token_sensitivity(
         Linear(w), x, Sequence(), mask=mask, sigma=SIGMA, repeats=reps, estimand="subset",
         generator=11, chunk_size=8192,
