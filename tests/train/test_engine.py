@@ -16,7 +16,7 @@ import torch
 from senslab.cli import main
 from senslab.train.config import RunConfig, apply_overrides, set_option
 from senslab.train.loop import fit
-from senslab.train.rundir import RunDir
+from senslab.train.rundir import RunDir, checkpoint_step
 
 TINY_VIT = [
     "model.name=vit_small", "data.name=digits", "model.overrides.patch_size=2",
@@ -112,6 +112,11 @@ def _final_state(path: Path) -> dict:
     return RunDir.load_checkpoint(rd.checkpoints()[-1])["model"]
 
 
+def _newest_step(path: Path) -> int:
+    found = RunDir(path).checkpoints()
+    return checkpoint_step(found[-1]) if found else -1
+
+
 def _metrics_without_time(path: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "time"} for r in RunDir(path).metrics()]
 
@@ -125,8 +130,10 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path):
     run = tmp_path / "killed"
     proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(run),
                              str(torch.get_num_threads()), *args])
+    # kill once the third checkpoint (step 21) is on disk; only the newest two are kept, so
+    # count by step, not by files
     deadline = time.time() + 120
-    while time.time() < deadline and len(RunDir(run).checkpoints()) < 3:
+    while time.time() < deadline and _newest_step(run) < 21:
         time.sleep(0.01)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
