@@ -31,7 +31,7 @@ test-all: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -m ''
 
 lint: $(VENV)/.installed-dev
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks reproduction
 
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/run.py

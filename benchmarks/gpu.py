@@ -171,7 +171,7 @@ def demo_fit(mnist_root: str) -> dict[str, Any]:
     from senslab.train.config import apply_overrides
     from senslab.train.loop import fit
 
-    base = Demo().runs("paper")[0]
+    base = Demo().configs("paper")[0]
     rates = []
     for steps in (5, 200, 200):
         cfg = apply_overrides(base, [f"train.max_steps={steps}", "track.sigma=0",

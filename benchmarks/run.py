@@ -281,15 +281,15 @@ def training_throughput(steps: int, cifar: bool = True) -> dict[str, Any]:
     CPU-scale configs of ViT-small and ResNet-18 (batch 100, 5,000 training images written in
     the official layout)."""
     from senslab.experiments.demo import Demo
-    from senslab.experiments.lowsens._vision import vision_run
+    from senslab.experiments.lowsens._vision import CPU, VisionSettings, vision_runs
 
-    out = {"demo": fit_throughput(Demo().runs("cpu")[0], steps)}
+    out = {"demo": fit_throughput(Demo().configs("cpu")[0], steps)}
     if cifar:
         with tempfile.TemporaryDirectory() as tmp:
             write_cifar_folder(Path(tmp), 1000)
             for name in ("vit_small", "resnet18"):
-                out[f"cifar10 {name}"] = fit_throughput(vision_run(name, name, "cpu"), steps,
-                                                        extra=(f"data.root={tmp}",))
+                cfg = vision_runs({name: (name, [])}, VisionSettings(**CPU))[0].config
+                out[f"cifar10 {name}"] = fit_throughput(cfg, steps, extra=(f"data.root={tmp}",))
     return out
 
 

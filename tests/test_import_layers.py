@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-PACKAGES = ("senslab.measure", "senslab.train")
+PACKAGES = ("senslab.measure", "senslab.train", "senslab.train.loops")
 #: what measure/ must never import (higher layers)
 ABOVE_MEASURE = ("senslab.train", "senslab.experiments", "senslab.report", "senslab.cli")
 

@@ -30,12 +30,12 @@ import pytest
 import torch
 
 from senslab.cli import main
-from senslab.experiments import _manual, run_experiment
-from senslab.experiments.hahn_rofin import _common as hr_common
-from senslab.experiments.implicit_bias import _common as ib_common
+from senslab.experiments import run_experiment
 from senslab.train.config import RunConfig, apply_overrides, valid_keys
 from senslab.train.loop import fit
+from senslab.train.looprun import LoopRun
 from senslab.train.rundir import RunDir
+from senslab.train.trainers import get_trainer, list_trainers, train_run
 
 # the CLI runs in the child as it would for a user; PYTHONPATH is inherited (record_before.py
 # points it at the old code), tracebacks stay hidden unless asked for
@@ -292,32 +292,24 @@ def _fit(d: Path) -> Any:
     return fit(tiny(), d, progress=False)
 
 
-def _start_run(d: Path) -> Any:
-    return _manual.start_run(d, {"lr": 0.1})
+def _loop_run(d: Path) -> Any:
+    with LoopRun(d, {"lr": 0.1}) as run:
+        return run.restore()
 
 
-def _manual_run(d: Path) -> Any:
-    return _manual.ManualRun(d, "label", "name").start({})
+def _trainer(name: str) -> Any:
+    def train(d: Path) -> Any:
+        return train_run(name, get_trainer(name).example(), d, progress=False,
+                         log=lambda _: None)
 
-
-def _run_all(d: Path) -> Any:
-    return _manual.run_all(d.parent, [d.name], lambda i, name: {}, lambda _: None)
-
-
-def _run_custom(d: Path) -> Any:
-    return ib_common.run_custom(d, {"label": "x"}, lambda rd: {"final": {}}, lambda _: None)
-
-
-def _train_boolean(d: Path) -> Any:
-    return hr_common.train_boolean(d, label="parity", function="parity", n=4, seed=0,
-                                   setup=hr_common.Setup(steps=1))
+    return train
 
 
 def _run_experiment(d: Path) -> Any:
     return run_experiment("demo", d, overrides=FAST_DEMO, log=lambda _: None)
 
 
-FOREIGN_WRITERS = {"fit": _fit, "start_run": _start_run, "run_experiment": _run_experiment}
+FOREIGN_WRITERS = {"fit": _fit, "LoopRun": _loop_run, "run_experiment": _run_experiment}
 
 
 @pytest.mark.parametrize("writer", sorted(FOREIGN_WRITERS))
@@ -371,9 +363,8 @@ time.sleep(300)
 
 # writer → the kind of directory it writes, and the writer
 LOCKED_WRITERS: dict[str, tuple[str, Any]] = {
-    "fit": ("run", _fit), "start_run": ("run", _start_run),
-    "ManualRun.start": ("run", _manual_run), "run_all": ("run", _run_all),
-    "run_custom": ("run", _run_custom), "train_boolean": ("run", _train_boolean),
+    "fit": ("run", _fit), "LoopRun": ("run", _loop_run),
+    **{f"trainer_{name}": ("run", _trainer(name)) for name in list_trainers() if name != "fit"},
     "run_experiment": ("experiment", _run_experiment),
 }
 

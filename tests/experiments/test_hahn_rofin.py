@@ -11,18 +11,22 @@ import torch
 
 from senslab.data.synthetic import BOOLEAN_FUNCTIONS
 from senslab.experiments import get_experiment, list_experiments, run_experiment
-from senslab.experiments.hahn_rofin._common import (
-    Setup,
+from senslab.experiments.hahn_rofin._common import Setup, linear_fit
+from senslab.experiments.hahn_rofin.norm_vs_blowup import norm_blowup_verdict, sweep
+from senslab.experiments.hahn_rofin.parity_dynamics import dynamics_verdict, peaks
+from senslab.experiments.hahn_rofin.random_functions import completion_verdict
+from senslab.experiments.hahn_rofin.sharpness_vs_length import slope_verdict
+from senslab.train.config import apply_overrides
+from senslab.train.loops.boolean import (
+    BooleanRunConfig,
     accuracy,
     fresh_strings,
     learned_sensitivity,
-    linear_fit,
+    random_completion,
+    subset_data,
 )
-from senslab.experiments.hahn_rofin.norm_vs_blowup import norm_blowup_verdict, sweep
-from senslab.experiments.hahn_rofin.parity_dynamics import dynamics_verdict, peaks
-from senslab.experiments.hahn_rofin.random_functions import completion_verdict, random_completion
-from senslab.experiments.hahn_rofin.sharpness_vs_length import slope_verdict
-from senslab.train.config import apply_overrides
+from senslab.train.rundir import RunDir
+from senslab.train.trainers import get_trainer, train_run
 
 TINY = ["dim=8", "steps=6", "eval_every=3", "batch=32", "eval_size=32", "sharp_draws=2"]
 METRICS = {"step", "epoch", "train/loss", "sharpness/loss", "sharpness/loss_se", "blowup",
@@ -66,7 +70,7 @@ def test_sharpness_vs_length_tiny_run_and_resume(tmp_path: Path, finished_runs) 
     assert again["last_invocation_s"] < v["runtime_s"] + 1.0
     assert (out / "parity-n3-s0" / "metrics.jsonl").read_text() == before
     # ... but never silently when the run settings differ
-    with pytest.raises(ValueError, match=r"other settings \(steps: 6 → 7\)"):
+    with pytest.raises(ValueError, match=r"different configuration \(differs in steps\)"):
         run_experiment("hr_sharpness_vs_length", out, overrides=[*over, "steps=7"],
                        log=lambda _: None)
 
@@ -156,6 +160,7 @@ def test_parity_dynamics_tiny_run(tmp_path: Path, finished_runs) -> None:
     _check_runs(finished_runs, out, v, {"test/acc"})
     # 6 steps never reach loss < 0.01, which the verdict must say instead of guessing
     assert v["verdict"] == "not comparable"
+    assert v["evidence"] == {"parity-n3-s0": {"t0": None}, "parity-n3-s1": {"t0": None}}
 
 
 def _traj(t0: int, peak_at: int) -> list[dict[str, Any]]:
@@ -240,3 +245,76 @@ def test_learned_sensitivity_of_exact_models(function: str, n: int, expected: fl
     x, y = fresh_strings(function, n, 64, gen)
     assert accuracy(BOOLEAN_FUNCTIONS[function](x), y, function, n) == 1.0
     assert accuracy(1 - y, y, function, n) < 1.0
+
+
+def _resolve(name: str, overrides: list[str]) -> tuple[Any, list[Any]]:
+    return get_experiment(name).resolve("cpu", overrides)
+
+
+def test_runs_are_boolean_trainer_configs() -> None:
+    s, runs = _resolve("hr_sharpness_vs_length", ["seeds=2", "steps=7", "stop_below=0.5"])
+    assert len(runs) == 4 * 3 * 2 and {r.trainer for r in runs} == {"boolean"}
+    cfg = runs[-1].config
+    assert isinstance(cfg, BooleanRunConfig) and runs[-1].name == cfg.name == "mean-n8-s1"
+    # a settings key reaches every run through the settings, another key each run's config
+    assert (cfg.function, cfg.n, cfg.seed, cfg.steps, cfg.dim, cfg.stop_below) == (
+        "mean", 8, 1, 7, s.dim, 0.5)
+    assert cfg.train_size is None
+    with pytest.raises(KeyError, match="Did you mean 'stop_below'"):
+        _resolve("hr_sharpness_vs_length", ["stop_belo=0.5"])
+    with pytest.raises(ValueError, match="unknown functions"):
+        _resolve("hr_sharpness_vs_length", ["functions=['parity', 'xor']"])
+
+    s, runs = _resolve("hr_random_functions", ["train_sizes=[32]", "seeds=2"])
+    assert [r.name for r in runs] == ["learned-k32-s0", "random-k32-s0", "learned-k32-s1",
+                                      "random-k32-s1"]
+    assert [(r.config.completion, r.config.function_seed, r.config.stop_below)
+            for r in runs[2:]] == [("learned", 1, s.stop_loss), ("random", 1, s.stop_loss)]
+    assert all(r.config.train_size == 32 and r.info == {"train_size": 32} for r in runs)
+
+    s, runs = _resolve("hr_norm_vs_blowup", ["runs=2", "seeds=2"])
+    names = [f"{i:02d}-{p['function']}-n{p['n']}" for i, p in enumerate(sweep(s))]
+    assert [r.name for r in runs] == names + [f"{name}-s1" for name in names]
+    assert [r.config.seed for r in runs] == [0, 1, 2, 3]
+    assert [r.config.lr for r in runs[:2]] == [p["lr"] for p in sweep(s)]
+    assert runs[0].config.lr == runs[2].config.lr
+
+
+@pytest.mark.parametrize("completion", ["learned", "random"])
+def test_subset_data(completion: str) -> None:
+    cfg = BooleanRunConfig(function="random", n=5, train_size=8, function_seed=3,
+                           completion=completion)
+    data = subset_data(cfg)
+    x_k, y_k = data.sharp
+    assert x_k.shape == (8, 5) and set(y_k.tolist()) <= {0.0, 1.0}
+    if completion == "learned":
+        assert data.train is data.sharp and data.test is not None
+        assert data.test[0].shape == (32 - 8, 5)
+    else:  # all 32 strings, the k labels kept
+        assert data.test is None and data.train[0].shape == (32, 5)
+        rows = [data.train[0].tolist().index(row) for row in x_k.tolist()]
+        assert torch.equal(data.train[1][rows], y_k)
+        assert torch.equal(data.train[1], data.completed)
+
+
+def test_check_refuses_a_random_table_without_a_subset() -> None:
+    check = get_trainer("boolean").check
+    with pytest.raises(ValueError, match="give train_size"):
+        check(BooleanRunConfig(function="random"))
+    with pytest.raises(ValueError, match="below 2\\^n = 16"):
+        check(BooleanRunConfig(function="random", n=4, train_size=16))
+
+
+def test_an_early_stopped_run_resumes_as_finished(tmp_path: Path) -> None:
+    """A run killed between its stopping checkpoint and its summary finishes without training
+    on: the checkpoint says it stopped."""
+    cfg = BooleanRunConfig(function="random", n=4, train_size=8, dim=8, steps=1000,
+                           eval_every=5, sharp_draws=2, stop_below=1.0, device="cpu")
+    summary = train_run("boolean", cfg, tmp_path, log=lambda _: None)
+    records = RunDir(tmp_path).metrics()
+    assert [r["step"] for r in records] == [5] and summary["final"] == records[-1]
+    (tmp_path / "summary.json").unlink()
+    again = train_run("boolean", cfg, tmp_path, log=lambda _: None)
+    assert RunDir(tmp_path).metrics() == records
+    assert {k: v for k, v in again.items() if k != "seconds"} == {
+        k: v for k, v in summary.items() if k != "seconds"}

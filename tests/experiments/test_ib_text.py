@@ -32,7 +32,7 @@ def test_registered_with_paper_claim_and_notes() -> None:
 
 @pytest.mark.parametrize("scale", ["cpu", "paper"])
 def test_configs_use_the_papers_text_optimisers(scale: str) -> None:
-    runs = {c.label: c for c in get_experiment("ib_text").runs(scale)}
+    runs = {c.label: c for c in get_experiment("ib_text").configs(scale)}
     assert set(runs) == LABELS
     assert runs["sgd"].optim.name == "sgd" and runs["sgd"].optim.lr == 1e-3
     assert runs["sngd"].optim.name == "sngd" and runs["sngd"].optim.lr == 0.01

@@ -13,22 +13,17 @@ import pytest
 import torch
 
 from senslab.experiments import get_experiment, list_experiments, run_experiment
-from senslab.experiments.implicit_bias._common import (
-    growth_fits,
-    load_task,
-    log_schedule,
-    max_margin_direction,
-)
 from senslab.experiments.implicit_bias.fixed_v import (
     FixedVSettings,
-    excess_loss,
     fixed_v_verdict,
+    growth_fits,
     norm_growth,
 )
 from senslab.experiments.implicit_bias.joint import joint_verdict
 from senslab.models import create_model
-from senslab.optim import check_max_margin, max_margin_attention
+from senslab.optim import check_max_margin, max_margin_attention, max_margin_direction
 from senslab.train.config import apply_overrides
+from senslab.train.loops.attention import AttentionConfig, excess_loss, load_task, log_schedule
 
 TINY_DATA = ["data.num_samples=8", "data.seq_len=4", "data.dim=8"]
 ATTN = {"step", "epoch", "train/loss", "train/acc", "attn/W_norm", "attn/alignment",
@@ -61,7 +56,15 @@ def test_fixed_v_tiny_run_and_resume(tmp_path: Path, finished_runs) -> None:
     verdict = run_experiment("ib_fixed_v", out, overrides=sets, log=lambda _: None)
     summaries = _check_runs(finished_runs, out, verdict, ATTN | {"train/excess"})
     assert {s["label"] for s in summaries} == {"gd", "ngd", "polyak"}
-    assert (out / "loglog.png").stat().st_size > 0
+    # the runs are data: the "attention" trainer's config, fixed head, W₀ = 0
+    configs = {s["label"]: json.loads((out / s["name"] / "config.json").read_text())
+               for s in summaries}
+    assert {c["optimizer"] for c in configs.values()} == {"sgd", "ngd", "polyak"}
+    assert all(c["head"] == "fixed" and c["init_scale"] == 0 and c["batch_size"] is None
+               and c["data"]["dim"] == 8 for c in configs.values())
+    assert configs["gd"]["lr"] == 1.0 and configs["ngd"]["lr"] == 0.1
+    # after_run adds the ‖W‖ fits and the steps to LEVEL to what the verdict reads
+    assert set(verdict["evidence"]["gd"]) >= {"r2_lin", "r2_log", "steps_to_alignment"}
     # Any optimiser lowers the excess loss from W = 0, and it stays ≥ 0 (it is L − L*).
     for s in summaries:
         records = [json.loads(x) for x in (out / s["name"] / "metrics.jsonl").open()]
@@ -85,6 +88,29 @@ def test_joint_tiny_run(tmp_path: Path, finished_runs) -> None:
     summaries = _check_runs(finished_runs, out, verdict, ATTN | {"attn/v_norm", "attn/v_alignment"})
     assert {s["label"] for s in summaries} == {"sgd", "sngd", "sps", "adam"}
     assert set(verdict["evidence"]) >= {"sgd", "sngd", "sps", "adam"}
+    # minibatches of 4 out of 8 sequences: two steps per epoch
+    assert all(records[-1]["epoch"] == 40 * 4 / 8 for _, records, _ in finished_runs(out, verdict))
+    sngd = json.loads((out / "sngd-s0" / "config.json").read_text())
+    assert (sngd["optimizer"], sngd["eta_max"], sngd["head"], sngd["batch_size"]) == (
+        "ngd", 10.0, "joint", 4)
+
+
+def test_bad_data_option_fails_before_anything_is_written(tmp_path: Path) -> None:
+    with pytest.raises(KeyError, match="Did you mean 'dim'"):
+        run_experiment("ib_fixed_v", tmp_path / "x", overrides=["data.dimm=4"],
+                       log=lambda _: None)
+    with pytest.raises(ValueError, match="seq_len must be ≥ 2, got 1"):
+        get_experiment("ib_joint").check("cpu", ["data.seq_len=1"])
+    assert not (tmp_path / "x").exists()
+
+
+def test_run_keys_reach_every_attention_run() -> None:
+    # a key that is no setting goes to every run's AttentionConfig, checked there
+    configs = get_experiment("ib_joint").configs("cpu", ["per_decade=5", "sps_c=0.25"])
+    assert all(isinstance(c, AttentionConfig) and c.per_decade == 5 and c.sps_c == 0.25
+               for c in configs)
+    with pytest.raises(ValueError, match="head must be one of joint, fixed"):
+        get_experiment("ib_joint").configs("cpu", ["head=both"])
 
 
 def test_unknown_setting_names_valid_ones() -> None:
@@ -195,7 +221,7 @@ def test_joint_verdict_outcomes() -> None:
 
 # ------------------------------------------------------------ ViT on MNIST (standard fit path)
 def test_vit_mnist_configs_follow_the_paper() -> None:
-    runs = {c.label: c for c in get_experiment("ib_vit_mnist").runs("paper")}
+    runs = {c.label: c for c in get_experiment("ib_vit_mnist").configs("paper")}
     assert set(runs) == {"sgd", "sngd", "sps", "adam"}
     assert runs["sgd"].optim.lr == 0.1 and runs["adam"].optim.lr == 0.001
     assert runs["sngd"].optim.lr == 0.001 and runs["sngd"].optim.eta_max == 0.01

@@ -3,9 +3,10 @@
 * a paper package (``experiments/<paper>/``) imports nothing from another paper's package;
 * an experiment module (one figure: a file without a leading underscore, other than
   ``__init__``) imports no other experiment module — only shared modules (a leading underscore:
-  ``_common``, ``_vision``, ``.._manual``, ``.._verdicts`` ...), ``..base`` and the layers below
+  ``_common``, ``_vision``, ``.._verdicts`` ...), ``..base`` and the layers below
   ``experiments`` (``senslab.train``, ``senslab.measure`` ...);
-* a shared module imports no experiment module either.
+* a shared module imports no experiment module either;
+* ``execute`` is defined once (base.py), and no module here trains (no optimizer, no backward).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def test_no_paper_package_imports_another() -> None:
             if other in PAPERS and other != paper:
                 bad.append(f"{path.relative_to(ROOT)} imports {imp}")
     assert not bad, "cross-paper imports (move the shared piece to experiments/base.py, " \
-                    "_manual.py or another shared module):\n" + "\n".join(bad)
+                    "_verdicts.py or another shared module):\n" + "\n".join(bad)
 
 
 def test_modules_import_no_experiment_module() -> None:
@@ -93,9 +94,13 @@ def test_modules_import_no_experiment_module() -> None:
                     "layers below experiments:\n" + "\n".join(bad)
 
 
-def test_report_execute_overrides() -> None:
-    """Reported, not asserted: how many ``def execute`` the experiments package still has
-    (``pytest -s`` shows it; the aim is one, in base.py)."""
-    count = sum(p.read_text().count("def execute") for p in _sources())
-    print(f"\n`def execute` in src/senslab/experiments: {count}")
-    assert count >= 1
+def test_one_execute_and_no_training_code_in_experiments() -> None:
+    """Every experiment is a spec on one base: ``execute`` is defined once, in base.py, and no
+    experiment or shared module builds an optimizer or runs a step loop (trainers do, in
+    ``senslab.train``)."""
+    defs = {str(p.relative_to(ROOT)): p.read_text().count("def execute") for p in _sources()}
+    assert {k: v for k, v in defs.items() if v} == {"base.py": 1}
+    training = ("torch.optim", ".backward(", "opt.step(", "optimizer.step(")
+    found = [f"{p.relative_to(ROOT)}: {t}" for p in _sources() for t in training
+             if t in p.read_text()]
+    assert not found, "training code in experiments (move it to a trainer):\n" + "\n".join(found)

@@ -30,7 +30,7 @@ def test_registered_with_claims_and_requirements() -> None:
 def test_configs_follow_the_spec_and_build(scale: str) -> None:
     built: set[str] = set()
     for name in NAMES:
-        configs = get_experiment(name).runs(scale)
+        configs = get_experiment(name).configs(scale)
         assert len({c.name for c in configs}) == len(configs)
         for cfg in configs:
             assert cfg.train.batch_size == 100 and cfg.data.name in ("cifar10", "svhn")
@@ -46,7 +46,7 @@ def test_configs_follow_the_spec_and_build(scale: str) -> None:
                                      num_classes=10, **cfg.model.overrides)
                 assert model.default_tokens().size == 4
     if scale == "paper":
-        cfg = get_experiment("cifar10").runs("paper")[0]
+        cfg = get_experiment("cifar10").configs("paper")[0]
         assert cfg.model.overrides == {} and cfg.data.train_subset is None
         assert cfg.track.sigma == 0.1 and cfg.track.repeats == 5
 

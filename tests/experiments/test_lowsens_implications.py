@@ -11,9 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-import senslab.experiments.lowsens._vision as vis
 import senslab.experiments.lowsens.robustness as rob
-from senslab.data import DataUnavailableError, create_dataset, list_datasets  # noqa: F401
+from senslab.data import DataUnavailableError, create_dataset
 from senslab.data.corruptions import list_corruptions
 from senslab.experiments import get_experiment
 from senslab.experiments.lowsens.imagenet import imagenet_verdict
@@ -22,20 +21,14 @@ from senslab.train.config import RunConfig
 
 TINY = ["train.epochs=1", "data.train_subset=200", "track.num_examples=4",
         "track.eval_examples=50"]
-
-
-@pytest.fixture
-def digits(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Run the CPU-scale configs on 8×8 digits (patch 2), evaluate 30 test images, and train
-    only the regularizer variant (the augmentation run takes the same code path)."""
-    monkeypatch.setattr(vis, "cpu_data", lambda: (["data.name=digits"], 2))
-    monkeypatch.setattr(rob, "CPU_TEST_IMAGES", 30)
-    monkeypatch.setattr(vis, "REGULARIZED", {"patch_mse": vis.REGULARIZED["patch_mse"]})
+#: the CPU-scale runs on 8×8 digits (patch 2), 30 test images, 200 sensitivity images
+DIGITS = ["dataset=digits", "patch=2"]
+ROBUST = [*DIGITS, "test_images=30", "sens_examples=200"]
 
 
 def test_cpu_configs_share_the_vit_runs() -> None:
-    robust = get_experiment("robustness").runs("cpu")
-    sharp = get_experiment("sharpness").runs("cpu")
+    robust = get_experiment("robustness").configs("cpu")
+    sharp = get_experiment("sharpness").configs("cpu")
     assert [c.name for c in robust] == ["vit_small", "vit_small-noise", "vit_small-patch_mse",
                                         "cnn"]
     assert [c.to_dict() for c in sharp] == [c.to_dict() for c in robust[:3]]
@@ -45,14 +38,17 @@ def test_cpu_configs_share_the_vit_runs() -> None:
         == (0.5, 1.0)  # paper code
     assert by["vit_small-noise"].train.regularizer == "noise"
     assert len({c.train.target_train_acc for c in robust}) == 1  # comparable train accuracy
-    paper = get_experiment("robustness").runs("paper")
+    paper = get_experiment("robustness").configs("paper")
     assert {c.data.name for c in paper} == {"cifar10"}
     assert {c.model.name for c in paper} == {"vit_small", "vit_simple", "resnet18", "densenet121"}
 
 
-def test_robustness_then_sharpness_end_to_end(tmp_path: Path, digits: None) -> None:
+def test_robustness_then_sharpness_end_to_end(tmp_path: Path) -> None:
     robust, sharp = get_experiment("robustness"), get_experiment("sharpness")
-    summaries = robust.execute(tmp_path / "robustness", "cpu", TINY, False, lambda _: None)
+    summaries = robust.execute(tmp_path / "robustness", "cpu", ROBUST + TINY, False,
+                               lambda _: None)
+    assert [s["name"] for s in summaries] == ["vit_small", "vit_small-noise",
+                                              "vit_small-patch_mse", "cnn"]
     for s in summaries:
         m = s["final_measure"]
         assert set(m["corrupted_acc"]) == set(list_corruptions())
@@ -61,20 +57,23 @@ def test_robustness_then_sharpness_end_to_end(tmp_path: Path, digits: None) -> N
         assert len(m["sensitivity"]["per_sample"]) == 200  # the whole (tiny) training subset
     v = robust.verdict(summaries)
     assert v["verdict"] in {"holds", "does not hold", "not comparable"}
-    assert set(v["evidence"]) == {"a", "vit_small-patch_mse"}
+    assert set(v["evidence"]) == {"a", "vit_small-noise", "vit_small-patch_mse"}
+    cached = json.loads((tmp_path / "robustness" / "cnn" / "final_measure.json").read_text())
+    assert cached == {"settings": {"test_images": 30, "sens_examples": 200, "sens_repeats": 2},
+                      "values": summaries[-1]["final_measure"]}
 
     logs: list[str] = []
     out = tmp_path / "sharpness"
     stamp = (tmp_path / "robustness" / "vit_small" / "metrics.jsonl").read_text()
-    result = sharp.execute(out, "cpu", TINY, False, logs.append)
-    assert sum("reusing the finished run of robustness" in line for line in logs) == 2
+    result = sharp.execute(out, "cpu", DIGITS + TINY, False, logs.append)
+    assert sum("reusing the finished run of robustness" in line for line in logs) == 3
     assert (out / "vit_small" / "metrics.jsonl").read_text() == stamp  # copied, not retrained
     for s in result:
         m = s["final_measure"]
         assert m["shop"] > 0 and 0 <= m["shpred"] <= 1 and len(m["shop_per_draw"]) == 5
         assert len(m["supplement"]["shpred_per_draw"]) == 30
         assert json.loads((out / s["name"] / "final_measure.json").read_text())["settings"] == {
-            "scale": "cpu", "sigma_w": 0.05, "repeats": 5, "supplement": 30}
+            "sigma_w": 0.05, "repeats": 5, "supplement": 30}
     v = sharp.verdict(result)
     assert v["reason"].startswith("vit_small-patch_mse: ") and "supplementary" in v["reason"]
 
@@ -192,6 +191,30 @@ def test_imagenet_random_weights_when_timm_is_installed(tmp_path: Path) -> None:
     assert [s["label"] for s in summaries] == ["vit", "convnext"]
     assert all(len(s["per_sample"]) == 3 for s in summaries)
     assert exp.verdict(summaries)["verdict"] in {"holds", "does not hold", "not comparable"}
+
+
+def test_imagenet_runs_the_pretrained_trainer_on_the_stand_in(tmp_path: Path) -> None:
+    """Without timm too: two runs of trainer "pretrained" with senslab's random-weight stand-in
+    models (``source=senslab`` reaches every run's config), seed replicates, the verdict."""
+    pytest.importorskip("PIL")
+    _jpegs(tmp_path / "train", 4)
+    sets = [f"root={tmp_path / 'train'}", "pretrained=false", "vit=mlp", "convnext=cnn",
+            "num_images=3", "num_tokens=2", "source=senslab"]
+    exp = get_experiment("imagenet")
+    summaries = exp.execute(tmp_path / "out", "cpu", sets, False, lambda _: None)
+    assert [s["label"] for s in summaries] == ["vit", "convnext"]
+    assert all(len(s["per_sample"]) == 3 and s["final"]["train/acc"] is None
+               for s in summaries)
+    cfg = json.loads((tmp_path / "out" / "convnext" / "config.json").read_text())
+    assert (cfg["model"], cfg["num_tokens"], len(cfg["images"])) == ("cnn", 2, 3)
+    assert exp.verdict(summaries)["verdict"] in {"holds", "does not hold", "not comparable"}
+    runs = exp.resolve("cpu", [*sets, "seeds=2"])[1]
+    assert [(r.name, r.trainer, r.config.seed) for r in runs] == [
+        ("vit", "pretrained", 0), ("convnext", "pretrained", 0), ("vit-s1", "pretrained", 1),
+        ("convnext-s1", "pretrained", 1)]
+    with pytest.raises(ValueError, match="no pretrained weights"):
+        exp.execute(tmp_path / "other", "cpu", [*sets, "pretrained=true"], False, print)
+    assert not (tmp_path / "other").exists()
 
 
 def test_imagenet_verdict_is_paired() -> None:

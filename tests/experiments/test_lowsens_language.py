@@ -14,7 +14,6 @@ import torch
 
 from senslab.data import DataUnavailableError
 from senslab.experiments import get_experiment, list_experiments, run_experiment
-from senslab.experiments.base import locate_data
 from senslab.experiments.lowsens._language_verdict import language_verdict
 from senslab.experiments.lowsens.language import (
     MODELS,
@@ -24,6 +23,7 @@ from senslab.experiments.lowsens.language import (
 )
 from senslab.report import load_runs
 from senslab.report.plots import curve_panels
+from senslab.train.loop import locate_data
 
 NAMES = ("language_mrpc", "language_rotten_tomatoes", "language_qqp")
 
@@ -41,7 +41,7 @@ def test_registered() -> None:
 def test_paper_scale_settings(name: str) -> None:
     """docs/definitions.md#language: 4 layers, width 256, 8 heads, dropout 0.1, AdamW 1e-4 /
     1e-4, batch 32, max length 128, σ² = 15, validation tracked; the four models of the paper."""
-    configs = get_experiment(name).runs("paper")
+    configs = get_experiment(name).configs("paper")
     assert [c.model.name for c in configs] == list(MODELS)
     for c in configs:
         assert c.model.overrides == {"layers": 4, "dim": 256, "heads": 8, "dropout": 0.1}
@@ -50,10 +50,10 @@ def test_paper_scale_settings(name: str) -> None:
         assert c.data.train_subset is None and c.track.val
         assert math.isclose(c.track.sigma**2, VARIANCE) and VARIANCE == 15.0
         assert c.track.every == 1 and c.track.unit == "epoch"
-    cpu = get_experiment(name).runs("cpu")
+    cpu = get_experiment(name).configs("cpu")
     assert all(c.optim.name == "adamw" and c.data.options["max_len"] <= 128 for c in cpu)
     with pytest.raises(ValueError, match="scale"):
-        get_experiment(name).runs("gpu")
+        get_experiment(name).configs("gpu")
 
 
 def test_recency_masks() -> None:
@@ -141,7 +141,7 @@ def test_tiny_end_to_end_on_mrpc_fixture(tmp_path: Path) -> None:
 
 
 def test_missing_mrpc_names_files_and_option(tmp_path: Path) -> None:
-    cfg = LanguageMRPC().runs("cpu")[0]
+    cfg = LanguageMRPC().configs("cpu")[0]
     cfg.data.root = str(tmp_path)
     with pytest.raises(DataUnavailableError, match=r"train\.tsv.*--set data\.root=DIR"):
         locate_data(cfg)

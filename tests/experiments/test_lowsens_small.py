@@ -47,6 +47,25 @@ def test_registered() -> None:
     assert get_experiment("synthetic_sparse_frequent").cpu_scale_note
 
 
+def test_runs_are_data_for_their_trainer_with_seed_replicates() -> None:
+    """Each experiment's runs name their trainer and carry the settings; ``seeds`` adds
+    replicates at seed + k (names unchanged for k = 0), ``only`` still selects by name/index."""
+    runs = get_experiment("synthetic_sparse_frequent").resolve(
+        "cpu", ["only=case2-s1", "seeds=2", "epochs=7", "lr=0.25"])[1]
+    assert [(r.name, r.trainer, r.config.case, r.config.setting, r.config.seed,
+             r.config.epochs, r.config.lr) for r in runs] == [
+        ("case2-s1", "sparse_frequent", 2, 1, 0, 7, 0.25),
+        ("case2-s1-s1", "sparse_frequent", 2, 1, 1, 7, 0.25)]
+    grok = get_experiment("grokking").resolve("cpu", ["seeds=2", "seed=3", "p=31"])[1]
+    assert [(r.name, r.trainer, r.config.seed, r.config.p) for r in grok] == [
+        ("modadd-p31-s3", "grokking", 3, 31), ("modadd-p31-s4", "grokking", 4, 31)]
+    parity = get_experiment("sparse_parity").resolve("cpu", ["only=1,4", "train_size=64"])[1]
+    assert [(r.name, r.trainer, r.config.train_size, r.config.width, r.config.seed)
+            for r in parity] == [("r1-n64-b32-w32-lr0.001-s1", "sparse_parity", 64, 32, 1),
+                                 ("r4-n64-b32-w64-lr0.001-s0", "sparse_parity", 64, 64, 0)]
+    assert parity[0].config.n_bits == 10  # the cpu scale's, from the settings
+
+
 # --------------------------------------------------------------------------- synthetic
 SF_TINY = ["epochs=3", "train_size=200", "test_size=200", "eval_every=1", "sens_examples=32",
            "only=case1-s0,case2-s2"]
@@ -138,7 +157,8 @@ def _history(sens: list[float], train: list[float], test: list[float]) -> list[d
 
 
 def test_grokking_phases_and_verdict() -> None:
-    from senslab.experiments.lowsens.grokking import grokking_phases, grokking_verdict
+    from senslab.experiments.lowsens.grokking import grokking_verdict
+    from senslab.train.loops.grokking import grokking_phases
 
     train = [0.1, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
     test = [0.0, 0.01, 0.01, 0.02, 0.1, 0.6, 0.97]
@@ -193,7 +213,8 @@ def _sp(name: str, start: float, peak: float, final: float, acc: float,
 
 
 def test_sparse_parity_verdict_outcomes() -> None:
-    from senslab.experiments.lowsens.sparse_parity import parity_progress, parity_verdict
+    from senslab.experiments.lowsens.sparse_parity import parity_verdict
+    from senslab.train.loops.sparse_parity import parity_progress
 
     assert parity_verdict([_sp("a", 0.2, 2.5, 3.1, 1.0), _sp("b", 0.0, 1.0, 2.9, 0.99)])[
         "verdict"] == "holds"

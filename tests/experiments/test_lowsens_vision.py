@@ -13,9 +13,9 @@ import pytest
 from senslab.cli import main
 from senslab.data import DataUnavailableError
 from senslab.experiments import get_experiment, list_experiments, run_experiment
-from senslab.experiments.base import locate_data
 from senslab.experiments.lowsens._comparison import SIGMA, SWEEP, comparison_verdict
 from senslab.train.config import RunConfig
+from senslab.train.loop import locate_data
 
 VERDICTS = {"holds", "does not hold", "not comparable"}
 IDX_NAMES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
@@ -44,7 +44,7 @@ def test_registered_with_documentation() -> None:
 def test_mnist_binary_settings_both_scales() -> None:
     exp = get_experiment("mnist_binary")
     for scale in ("cpu", "paper"):
-        runs = _opts(exp.runs(scale))
+        runs = _opts(exp.configs(scale))
         assert set(runs) == {"vit_small", "mlp"}
         for cfg in runs.values():
             assert (cfg.optim.name, cfg.optim.lr, cfg.train.batch_size) == ("sgd", 0.01, 50)
@@ -55,19 +55,19 @@ def test_mnist_binary_settings_both_scales() -> None:
         mlp = runs["mlp"].model.overrides
         assert len(mlp["widths"]) == 1 and mlp["activation"] == "leaky_relu"
         assert mlp["sens_patch"] == 7
-    paper = _opts(exp.runs("paper"))
+    paper = _opts(exp.configs("paper"))
     assert paper["vit_small"].model.overrides == {"patch_size": 7}  # paper-code ViT-small
     assert paper["mlp"].data.train_subset is None and paper["mlp"].train.epochs == 50
-    assert _opts(exp.runs("cpu"))["vit_small"].model.overrides["depth"] < 8
+    assert _opts(exp.configs("cpu"))["vit_small"].model.overrides["depth"] < 8
     with pytest.raises(ValueError, match="scale"):
-        exp.runs("gpu")
+        exp.configs("gpu")
 
 
 def test_fashion_mnist_settings_both_scales() -> None:
     exp = get_experiment("fashion_mnist")
     want_lr = {"vit_small": 0.1, "cnn": 0.005, "mlp": 0.1, "mlp_sigmoid": 0.5}
     for scale in ("cpu", "paper"):
-        runs = _opts(exp.runs(scale))
+        runs = _opts(exp.configs(scale))
         assert {k: c.optim.lr for k, c in runs.items()} == want_lr
         for label, cfg in runs.items():
             assert cfg.model.name == label and cfg.data.name == "fashion_mnist"
@@ -75,11 +75,11 @@ def test_fashion_mnist_settings_both_scales() -> None:
         assert runs["vit_small"].model.overrides["patch_size"] == 4
         assert all(runs[k].model.overrides["sens_patch"] == 4 for k in ("cnn", "mlp",
                                                                         "mlp_sigmoid"))
-    paper = _opts(exp.runs("paper"))
+    paper = _opts(exp.configs("paper"))
     assert paper["vit_small"].model.overrides == {"patch_size": 4}
     assert paper["cnn"].model.overrides == {"sens_patch": 4}
     assert all(c.data.train_subset is None and c.train.epochs == 50 for c in paper.values())
-    assert all(c.data.train_subset == 5000 for c in exp.runs("cpu"))
+    assert all(c.data.train_subset == 5000 for c in exp.configs("cpu"))
 
 
 # --------------------------------------------------------------------------- end to end
@@ -126,7 +126,7 @@ def test_fashion_mnist_end_to_end_on_idx_fixture(tmp_path: Path, idx_dataset: An
 
 def test_missing_fashion_data_error_says_where_to_put_it(
         tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = get_experiment("fashion_mnist").runs("cpu")[0]
+    cfg = get_experiment("fashion_mnist").configs("cpu")[0]
     cfg.data.root = str(tmp_path / "nowhere")
     with pytest.raises(DataUnavailableError) as err:
         locate_data(cfg)
@@ -157,7 +157,7 @@ def test_fashion_data_found_through_senslab_data(tmp_path: Path, monkeypatch: py
     monkeypatch.chdir(tmp_path / "repo")
     idx_dataset(tmp_path / "shared" / "data" / "fashion_mnist", 10, 10)
     monkeypatch.setenv("SENSLAB_DATA", str(tmp_path / "data"))
-    cfg = get_experiment("fashion_mnist").runs("cpu")[0]
+    cfg = get_experiment("fashion_mnist").configs("cpu")[0]
     assert cfg.data.root is None  # runs() are data: where the files are is decided at run time
     with pytest.raises(DataUnavailableError):  # ../shared beside the cwd is not looked at
         locate_data(cfg)
@@ -165,7 +165,7 @@ def test_fashion_data_found_through_senslab_data(tmp_path: Path, monkeypatch: py
     locate_data(cfg)
     assert cfg.data.root == str(own.resolve())
     mine = idx_dataset(tmp_path / "mine", 10, 10)
-    cfg = get_experiment("fashion_mnist").runs("cpu")[0]
+    cfg = get_experiment("fashion_mnist").configs("cpu")[0]
     cfg.data.root = str(mine)
     locate_data(cfg)
     assert cfg.data.root == str(mine)

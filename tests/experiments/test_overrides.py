@@ -11,7 +11,7 @@ import pytest
 
 from senslab.cli import parser
 from senslab.experiments import get_experiment, list_experiments, run_experiment
-from senslab.experiments.base import SCALES
+from senslab.experiments.base import SCALES, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -112,3 +112,26 @@ def test_recorded_overrides_still_parse(path: Path) -> None:
         pytest.skip("experiment no longer registered")
     get_experiment(record.get("name", path.stem)).check(record.get("scale", "cpu"),
                                                         record.get("overrides") or [])
+
+
+@pytest.mark.parametrize("name", list_experiments())
+def test_seeds_and_scales_are_axes(name: str) -> None:
+    """Every experiment has settings for every scale, derived from the common Settings, and
+    ``seeds`` adds seed replicates (new run names) without touching the others."""
+    exp = get_experiment(name)
+    assert set(exp.scales) == set(SCALES)
+    for scale in SCALES:
+        settings, runs = exp.resolve(scale, [])
+        assert isinstance(settings, Settings) and runs
+        more = exp.resolve(scale, [f"seeds={settings.seeds + 1}"])[1]
+        names, more_names = [r.name for r in runs], [r.name for r in more]
+        assert len(set(more_names)) == len(more_names) > len(names)
+        assert set(names) <= set(more_names), "adding a seed renamed the existing runs"
+
+
+def test_a_run_config_key_reaches_every_run_and_a_settings_key_the_settings() -> None:
+    exp = get_experiment("mnist_binary")
+    settings, runs = exp.resolve("cpu", ["train.epochs=2", "seeds=2"])
+    assert settings.seeds == 2 and len(runs) >= 4
+    assert {r.config.train.epochs for r in runs} == {2}
+    assert sorted({r.config.seed for r in runs}) == [0, 1]

@@ -1,34 +1,47 @@
-"""Experiments: a named set of runs, a claim from a paper, and a verdict computed from numbers.
+"""Experiments: a claim from a paper, the runs that test it, and a verdict computed from numbers.
 
-An experiment lists its runs for a ``scale`` (one of :data:`SCALES`: "cpu" runs here in minutes,
-"paper" is the paper's settings, for a GPU), trains each into its own run directory below the
-experiment directory, then
-computes a verdict from the run summaries and writes ``experiment.json`` and ``verdict.json``
-(format: docs/run-directory.md). ``senslab report EXP_DIR`` turns that into report.html.
+An experiment is a *spec*, readable top to bottom: its claim, a settings dataclass with one
+instance per scale of :data:`SCALES`, its runs as data (:meth:`Experiment.runs`: a list of
+:class:`Run`, each naming a registered trainer — :mod:`senslab.train.trainers` — and that
+trainer's configuration), optional measurements of each finished run (:meth:`Experiment.
+after_run`) and :meth:`Experiment.verdict`. It holds no optimizer and no step loop. The one
+:meth:`Experiment.execute` trains every run into its own run directory below the experiment
+directory; :func:`run_experiment` then writes ``experiment.json`` and ``verdict.json`` (format:
+docs/run-directory.md). ``senslab report EXP_DIR`` turns that into report.html.
+
+Settings and seeds are axes: every settings dataclass derives from :class:`Settings`, whose
+``seeds`` field (a default per experiment) sets how many seed replicates the runs have, and
+every experiment has one settings instance per scale, so a ladder of scales or a seed sweep is
+``--scale`` and ``--set seeds=N``, never new code.
 
 Overrides (``senslab run NAME --set key=value``) take one path for every experiment:
-:func:`senslab.train.config.apply_overrides` on the experiment's dataclasses — each
-:class:`RunConfig` of :meth:`Experiment.runs`, or the settings dataclass of an experiment with its
-own loop (:attr:`Experiment.scales`). :func:`run_experiment` resolves them before it writes
-anything, so a bad key or value fails with the same message for every experiment.
+:func:`senslab.train.config.apply_overrides` — first on the settings (a key naming one of its
+fields), then, for every other key, on each run's configuration (``train.epochs=3`` reaches every
+:class:`~senslab.train.config.RunConfig` of a comparison). :func:`run_experiment` resolves them
+before it writes anything, so a bad key or value fails with the same message for every
+experiment.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
-from ..data import locate
 from ..registry import Registry
-from ..train.config import RunConfig, apply_overrides, validate
+from ..train.config import RunConfig, UnknownKey, apply_overrides, ranged, unknown_key, validate
+from ..train.looprun import single_thread
 from ..train.rundir import RunDir, git_commit
+from ..train.trainers import get_trainer
 
 #: the scales every experiment runs at, smallest first; "cpu" is the default everywhere
 SCALES = ("cpu", "paper")
@@ -41,12 +54,52 @@ def check_scale(scale: str) -> str:
     return scale
 
 
-class Experiment:
-    """Subclass and register with ``@register_experiment("name")``.
+@dataclass
+class Settings:
+    """The base of every experiment's settings dataclass.
 
-    An experiment trained by the standard loop defines :meth:`runs`; one with its own loop sets
-    :attr:`scales` and reads :meth:`settings` in :meth:`execute`.
-    """
+    ``seeds``: how many seed replicates every run has (seeds 0 … seeds − 1); each experiment
+    chooses its default, per scale."""
+
+    seeds: int = ranged(1, ge=1)
+
+
+@dataclass
+class Run:
+    """One run of an experiment, as data: its directory name below the experiment directory,
+    the registered trainer that trains it, and that trainer's configuration (a dataclass of the
+    trainer's ``config_type``). ``info`` is copied into the run's summary (what the verdict
+    needs to know about the run beyond its metrics: a case, a model family, a seed)."""
+
+    name: str
+    config: Any
+    trainer: str = "fit"
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def seeded_name(name: str, seed: int) -> str:
+    """The run name of seed ``seed`` of run ``name``: seed 0 keeps the plain name, so adding
+    seeds to an experiment keeps its finished runs."""
+    return name if seed == 0 else f"{name}-s{seed}"
+
+
+def fit_runs(models: dict[str, list[str]], common: list[str], seeds: int = 1) -> list[Run]:
+    """``seeds`` :class:`Run` s per model name for the standard loop (``"fit"``): the model's
+    name is its run name (:func:`seeded_name`) and label, the ``common`` overrides apply first,
+    then the model's own; seed k sets ``seed=k``."""
+    out = []
+    for seed in range(seeds):
+        for name, extra in models.items():
+            cfg = RunConfig(name=seeded_name(name, seed), label=name, seed=seed)
+            cfg.model.name = name
+            out.append(Run(cfg.name, apply_overrides(cfg, common + extra),
+                           info={"seed": seed}))
+    return out
+
+
+class Experiment:
+    """Subclass, set the class attributes, define :meth:`runs` and :meth:`verdict`, and register
+    with ``@register_experiment("name")``."""
 
     name: str = ""
     paper: str = ""
@@ -62,71 +115,104 @@ class Experiment:
     #: why the CPU-scale runs cannot run on this kind of machine (e.g. "CIFAR-10 must be placed
     #: in data.root"), shown in REPRODUCTION.md when no result has been recorded
     requires: str = ""
-    #: the settings dataclass of an experiment with its own loop, one instance per scale of
-    #: :data:`SCALES` (empty: the experiment is a list of :meth:`runs`)
-    scales: ClassVar[dict[str, Any]] = {}
+    #: the settings, one :class:`Settings` instance per scale of :data:`SCALES`
+    scales: ClassVar[dict[str, Settings]] = {}
+    #: scales at which the runs train on one intra-op thread (models of a few kilobytes on a
+    #: shared machine lose far more to thread hand-offs than they gain)
+    one_thread_at: ClassVar[tuple[str, ...]] = ()
 
-    def runs(self, scale: str) -> list[RunConfig]:
-        """The runs of this experiment, as configurations for the standard training loop."""
+    # -- the spec ------------------------------------------------------------------------------
+    def runs(self, settings: Any) -> list[Run]:
+        """The runs of this experiment for ``settings``."""
         raise NotImplementedError
 
-    def configs(self, scale: str, overrides: list[str]) -> list[RunConfig]:
-        """:meth:`runs` at ``scale`` with ``overrides`` applied to each and checked."""
-        return [validate(apply_overrides(cfg, list(overrides)))
-                for cfg in self.runs(check_scale(scale))]
+    def before_training(self, settings: Any) -> None:
+        """Called before anything is written, after every run's trainer found its data: check
+        what the runs need beyond it (data read only after training, a package)."""
 
-    def settings(self, scale: str, overrides: list[str] | tuple[str, ...] = ()) -> Any:
-        """A copy of this experiment's :attr:`scales` entry for ``scale`` with ``overrides``
-        applied and checked."""
-        if check_scale(scale) not in self.scales:
-            raise ValueError(f"{self.name} has no settings for scale {scale!r}")
-        return validate(apply_overrides(copy.deepcopy(self.scales[scale]), list(overrides)))
+    def before_run(self, run: Run, path: Path, log: Callable[[str], None]) -> None:
+        """Called before ``run`` trains into ``path`` (e.g. to copy a finished identical run)."""
 
-    def check(self, scale: str, overrides: list[str]) -> None:
-        """Resolve ``overrides`` at ``scale`` without writing anything: an unknown key, a value
-        of the wrong type or out of range fails here, before any directory exists."""
-        if self.scales:
-            self.settings(scale, overrides)
-        else:
-            self.configs(scale, overrides)
-
-    def execute(self, out: Path, scale: str, overrides: list[str],
-                progress: bool | None, log: Callable[[str], None]) -> list[dict[str, Any]]:
-        """Produce one run directory per run below ``out`` and return their summaries.
-
-        The default trains every config of :meth:`runs` with :func:`senslab.train.loop.fit`
-        (resuming finished or partial runs). Experiments that need their own loop (full-batch
-        training of a small model, Boolean sensitivity, attention metrics...) override this and
-        write run directories in the same format with :class:`senslab.train.rundir.RunDir`.
-        """
-        from ..train.loop import fit
-
-        configs = self.configs(scale, overrides)
-        for cfg in configs:
-            locate_data(cfg)  # before any training: a missing dataset stops the experiment here
-        write_experiment_json(out, self, scale, [c.name for c in configs])
-        summaries = []
-        for i, cfg in enumerate(configs, 1):
-            log(f"[{i}/{len(configs)}] {cfg.name}: {cfg.model.name} on {cfg.data.name}")
-            summaries.append(fit(cfg, out / cfg.name, progress=progress))
-        return summaries
+    def after_run(self, run: Run, path: Path, summary: dict[str, Any], settings: Any,
+                  log: Callable[[str], None]) -> dict[str, Any]:
+        """Measurements of the finished run in ``path``, added to its summary for the verdict
+        (cached in the run directory by the experiment; default: none)."""
+        return summary
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         """``{"verdict": "holds" | "does not hold" | "not comparable", "reason": ...,
         "evidence": {...}}`` computed from the run summaries."""
         raise NotImplementedError
 
+    # -- resolving overrides -------------------------------------------------------------------
+    def resolve(self, scale: str, overrides: list[str] | tuple[str, ...] = ()
+                ) -> tuple[Any, list[Run]]:
+        """(settings, runs) at ``scale`` with ``overrides`` applied and checked (see the
+        module docstring for where each key goes); nothing is written."""
+        if check_scale(scale) not in self.scales:
+            raise ValueError(f"{self.name} has no settings for scale {scale!r}")
+        settings = copy.deepcopy(self.scales[scale])
+        names = {f.name for f in dataclasses.fields(settings)}
+        own = [o for o in overrides if "=" not in o or o.split("=", 1)[0].strip()
+               .split(".", 1)[0] in names]
+        rest = [o for o in overrides if o not in own]
+        validate(apply_overrides(settings, own))
+        runs = self.runs(settings)
+        seen: set[str] = set()
+        for run in runs:
+            if run.name in seen:
+                raise ValueError(f"{self.name}: two runs are named {run.name!r}")
+            seen.add(run.name)
+            try:
+                apply_overrides(run.config, rest)
+            except UnknownKey as err:  # in neither: name the closest key of both
+                raise unknown_key(err.key, settings, run.config) from None
+            validate(run.config)
+        if rest and not runs:
+            raise unknown_key(rest[0].split("=", 1)[0].strip(), settings)
+        return settings, runs
 
-def locate_data(cfg: RunConfig) -> None:
-    """Find ``cfg``'s dataset by the one rule of :mod:`senslab.data._roots` (explicit
-    ``data.root``, else ``$SENSLAB_DATA/<name>``, else an installed package's copy), raising its
-    error — every place looked in, the files, the fixes — before any training. A folder found in
-    the data home is recorded in ``cfg.data.root`` (absolute), so that config.json says which
-    copy was read; a package's copy and a download are left to the loader."""
-    d = cfg.data
-    found = locate(d.name, d.root, download=d.download)
-    if found is not None and found.step == "data home":
-        d.root = str(found.path.resolve())
+    def settings(self, scale: str, overrides: list[str] | tuple[str, ...] = ()) -> Any:
+        """The settings at ``scale`` with ``overrides`` applied and checked."""
+        return self.resolve(scale, overrides)[0]
+
+    def configs(self, scale: str, overrides: list[str] | tuple[str, ...] = ()) -> list[Any]:
+        """Every run's configuration at ``scale`` with ``overrides`` applied and checked."""
+        return [run.config for run in self.resolve(scale, overrides)[1]]
+
+    def check(self, scale: str, overrides: list[str]) -> None:
+        """Resolve ``overrides`` at ``scale`` without writing anything: an unknown key, a value
+        of the wrong type or out of range fails here, before any directory exists."""
+        self.resolve(scale, overrides)
+
+    # -- running -------------------------------------------------------------------------------
+    def execute(self, out: Path, scale: str, overrides: list[str],
+                progress: bool | None, log: Callable[[str], None]) -> list[dict[str, Any]]:
+        """Train every run into ``out/<run name>`` with its trainer (finished runs are reused,
+        interrupted ones resume) and return the summaries, each with the run's ``info`` and
+        :meth:`after_run`'s measurements."""
+        settings, runs = self.resolve(scale, overrides)
+        for run in runs:  # before any training: a missing dataset stops the experiment here
+            trainer = get_trainer(run.trainer)
+            if not isinstance(run.config, trainer.config_type):
+                raise TypeError(f"{self.name}: run {run.name} gives trainer {run.trainer!r} a "
+                                f"{type(run.config).__name__}, not a "
+                                f"{trainer.config_type.__name__}")
+            if trainer.check is not None:
+                trainer.check(run.config)
+        self.before_training(settings)
+        write_experiment_json(out, self, scale, [r.name for r in runs])
+        summaries = []
+        with single_thread() if scale in self.one_thread_at else nullcontext():
+            for i, run in enumerate(runs, 1):
+                log(f"[{i}/{len(runs)}] {run.name} ({run.trainer})")
+                path = out / run.name
+                self.before_run(run, path, log)
+                summary = get_trainer(run.trainer).train(run.config, path, progress=progress,
+                                                          log=log)
+                summary = {**summary, **run.info}
+                summaries.append(self.after_run(run, path, summary, settings, log))
+        return summaries
 
 
 def write_experiment_json(out: Path, exp: Experiment, scale: str, runs: list[str]) -> None:
@@ -134,17 +220,6 @@ def write_experiment_json(out: Path, exp: Experiment, scale: str, runs: list[str
     RunDir(out, kind="experiment").write_json("experiment.json", {
         "name": exp.name, "paper": exp.paper, "claim": exp.claim, "scale": scale, "runs": runs,
     })
-
-
-def model_runs(models: dict[str, list[str]], common: list[str]) -> list[RunConfig]:
-    """One :class:`RunConfig` per model name (also its run name and label): the ``common``
-    overrides, then the model's own."""
-    out = []
-    for name, extra in models.items():
-        cfg = RunConfig(name=name, label=name)
-        cfg.model.name = name
-        out.append(apply_overrides(cfg, common + extra))
-    return out
 
 
 EXPERIMENTS: Registry[Callable[[], Experiment]] = Registry("experiment")
@@ -200,7 +275,7 @@ def _run_locked(exp: Experiment, out: Path, scale: str, overrides: list[str],
                    last_invocation_s=seconds,
                    finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                    commit=git_commit(),
-                   threads=torch.get_num_threads())
+                   threads=1 if scale in exp.one_thread_at else torch.get_num_threads())
     RunDir(out, kind="experiment").write_json("verdict.json", verdict)
     return verdict
 
@@ -218,3 +293,4 @@ def _previous_verdict(out: Path, scale: str, overrides: list[str]) -> dict[str, 
 def load_summaries(exp_dir: str | Path) -> list[dict[str, Any]]:
     exp = json.loads((Path(exp_dir) / "experiment.json").read_text())
     return [json.loads((Path(exp_dir) / r / "summary.json").read_text()) for r in exp["runs"]]
+

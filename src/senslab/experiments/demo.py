@@ -12,12 +12,13 @@ one 7×7 patch (pixels normalised to [−1, 1]).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from ..data import DataUnavailableError, create_dataset
-from ..train.config import RunConfig
+from ..train.config import ranged
 from ._verdicts import lowest_sensitivity_verdict
-from .base import Experiment, check_scale, model_runs, register_experiment
+from .base import Experiment, Run, Settings, fit_runs, register_experiment
 
 SIGMA = 1.0
 
@@ -30,6 +31,18 @@ def mnist_available() -> bool:
     return True
 
 
+@dataclass
+class DemoSettings(Settings):
+    """``train_subset``: MNIST training images (0: all 60,000); ``small``: the narrower ViT and
+    CNN; ``epochs``: at most, each model stops at 97% train accuracy; ``eval_examples``: test
+    images for test/acc."""
+
+    train_subset: int = ranged(0, ge=0)
+    small: bool = False
+    epochs: int = ranged(50, ge=1)
+    eval_examples: int = ranged(10_000, ge=1)
+
+
 @register_experiment("demo")
 class Demo(Experiment):
     paper = "Transformers Learn Low Sensitivity Functions (ICLR 2025), §5 / A.1"
@@ -40,23 +53,24 @@ class Demo(Experiment):
         "8, 32 heads of 64, MLP 512); CNN 16/32 channels; σ = 1 (paper code: 0.1); each model "
         "trained with SGD to 97% train accuracy"
     )
+    scales = {
+        "cpu": DemoSettings(train_subset=5000, small=True, epochs=20, eval_examples=2000),
+        "paper": DemoSettings(),
+    }
 
-    def runs(self, scale: str) -> list[RunConfig]:
-        check_scale(scale)
+    def runs(self, s: DemoSettings) -> list[Run]:
         if mnist_available():
             data, patch = ["data.name=mnist"], 7
-            subset = ["data.train_subset=5000"] if scale == "cpu" else []
+            subset = [f"data.train_subset={s.train_subset}"] if s.train_subset else []
         else:  # scikit-learn's 8×8 digits, always installed
             data, patch, subset = ["data.name=digits"], 2, []
         common = data + subset + [
-            "train.batch_size=50", "train.target_train_acc=0.97",
-            f"train.epochs={20 if scale == 'cpu' else 50}",
+            "train.batch_size=50", "train.target_train_acc=0.97", f"train.epochs={s.epochs}",
             f"track.sigma={SIGMA}", "track.num_examples=500",
-            f"track.eval_examples={2000 if scale == 'cpu' else 10000}",
+            f"track.eval_examples={s.eval_examples}",
         ]
-        small = scale == "cpu"
         vit = [f"model.overrides.patch_size={patch}", "optim.lr=0.1"]
-        if small:
+        if s.small:
             vit += ["model.overrides.depth=4", "model.overrides.heads=4",
                     "model.overrides.dim_head=16", "model.overrides.mlp_dim=128"]
         models = {
@@ -64,10 +78,10 @@ class Demo(Experiment):
             "mlp": [f"model.overrides.sens_patch={patch}", "model.overrides.widths=[256]",
                     "optim.lr=0.1"],
             "cnn": [f"model.overrides.sens_patch={patch}", "optim.lr=0.05"]
-            + (["model.overrides.channels=[16, 32]", "model.overrides.hidden=64"] if small
+            + (["model.overrides.channels=[16, 32]", "model.overrides.hidden=64"] if s.small
                else []),
         }
-        return model_runs(models, common)
+        return fit_runs(models, common, s.seeds)
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return lowest_sensitivity_verdict(summaries, "vit_small")

@@ -35,6 +35,7 @@ __all__ = [
     "attention_sparsity",
     "check_max_margin",
     "max_margin_attention",
+    "max_margin_direction",
     "optimal_tokens",
 ]
 
@@ -204,6 +205,27 @@ def max_margin_attention(X: Tensor, opt: Tensor, *, tol: float = 1e-6) -> Tensor
     # Checked before the cast to X's dtype, so float32 rounding cannot fail a correct solution.
     check_max_margin(X.detach().to("cpu", torch.float64), opt.cpu(), W, tol=tol)
     return W.to(device=X.device, dtype=X.dtype)
+
+
+def max_margin_direction(Z: Tensor) -> Tensor:
+    """v_mm = argmin ‖v‖ s.t. z_iᵀ v ≥ 1 for every row z_i of Z (a bias-free hard-margin SVM).
+
+    With joint training, attention concentrates on the optimal tokens, so Φ → vᵀx_{i,opt} and
+    the decoder follows the max-margin separator of the points y_i x_{i,opt}. Solved exactly as a
+    least-distance program (Lawson & Hanson, ch. 23): u = NNLS(E, e) with E = [Zᵀ; 1ᵀ],
+    e = (0, …, 0, 1); the residual r = E u − e gives v = −r[:d] / r[d] (r[d] < 0 iff feasible).
+    Returns a float64 tensor of shape (d,).
+    """
+    Zn = Z.detach().cpu().double().numpy()
+    E = np.vstack([Zn.T, np.ones((1, len(Zn)))])
+    e = np.zeros(len(E))
+    e[-1] = 1.0
+    u, _ = nnls(E, e, maxiter=50 * E.shape[1])
+    r = E @ u - e
+    if r[-1] > -1e-12:
+        raise ValueError("no decoder v separates the optimal tokens (z_iᵀ v ≥ 1 is infeasible); "
+                         "use fewer samples or more dimensions")
+    return torch.from_numpy(-r[:-1] / r[-1])
 
 
 def check_max_margin(X: Tensor, opt: Tensor, W: Tensor, *, tol: float = 1e-6) -> float:

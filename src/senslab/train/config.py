@@ -255,11 +255,22 @@ def _check_items(value: Any, base: type, args: tuple[Any, ...]) -> Any:
         return None
 
 
-def _unknown_key(cfg: Any, key: str) -> KeyError:
-    close = difflib.get_close_matches(key, valid_keys(cfg), n=1, cutoff=0.5)
+class UnknownKey(KeyError):
+    """An override key that names no field; ``key`` is the key as given."""
+
+    def __init__(self, message: str, key: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def unknown_key(key: str, *cfgs: Any) -> UnknownKey:
+    """The error for ``key`` naming no field of any of ``cfgs``: the closest valid key and every
+    valid key."""
+    keys = list(dict.fromkeys(k for cfg in cfgs for k in valid_keys(cfg)))
+    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.5)
     hint = f" Did you mean {close[0]!r}?" if close else ""
-    listed = ", ".join(valid_keys(cfg, entries=True))
-    return KeyError(f"unknown config key {key!r}.{hint} Valid keys: {listed}")
+    listed = ", ".join(dict.fromkeys(k for cfg in cfgs for k in valid_keys(cfg, entries=True)))
+    return UnknownKey(f"unknown config key {key!r}.{hint} Valid keys: {listed}", key)
 
 
 def set_option(cfg: Any, key: str, value: Any, parse: bool = True) -> None:
@@ -279,7 +290,7 @@ def set_option(cfg: Any, key: str, value: Any, parse: bool = True) -> None:
     obj: Any = cfg
     for i, part in enumerate(parts):
         if part not in {f.name for f in dataclasses.fields(obj)}:
-            raise _unknown_key(cfg, key)
+            raise unknown_key(key, cfg)
         current = getattr(obj, part)
         if i == len(parts) - 1:
             if dataclasses.is_dataclass(current):
@@ -301,7 +312,7 @@ def set_option(cfg: Any, key: str, value: Any, parse: bool = True) -> None:
             setattr(obj, part, {**current, parts[-1]: value})
             return
         if not dataclasses.is_dataclass(current):
-            raise _unknown_key(cfg, key)
+            raise unknown_key(key, cfg)
         obj = current
 
 

@@ -437,3 +437,17 @@ def _train_step(cfg: RunConfig, model: nn.Module, opt: torch.optim.Optimizer, x:
             f"training loss became {value}; lower optim.lr (now {cfg.optim.lr}) or check the data"
         )
     return value
+
+
+def locate_data(cfg: RunConfig) -> None:
+    """Find ``cfg``'s dataset by the one rule of :mod:`senslab.data._roots` (explicit
+    ``data.root``, else ``$SENSLAB_DATA/<name>``, else an installed package's copy), raising its
+    error — every place looked in, the files, the fixes — before any training. A folder found in
+    the data home is recorded in ``cfg.data.root`` (absolute), so that config.json says which
+    copy was read; a package's copy and a download are left to the loader."""
+    from ..data import locate
+
+    d = cfg.data
+    found = locate(d.name, d.root, download=d.download)
+    if found is not None and found.step == "data home":
+        d.root = str(found.path.resolve())

@@ -15,7 +15,8 @@ of 1,024 fresh strings. Sweep (ours, both scales): each run draws a function fro
 MAJORITY / FIRST (cycled), n uniformly from ``n_values``, lr log-uniformly from ``lr_range`` and
 wd log-uniformly from ``wd_range``, from a seeded generator. CPU scale: d = 32 (FF 32, 2 layers,
 2 heads, post-LN), n ∈ {4, 6, 8}, lr ∈ [5e-4, 3e-3], wd ∈ [0.01, 0.3], 12 runs of 1,200 steps of
-256 fresh strings.
+256 fresh strings. ``--set seeds=N`` trains every sweep point with N seeds (replicate k of point
+i: seed i + k·runs, run name suffix ``-sk``).
 
 Verdict, on converged runs (held-out accuracy > 0.99): with c = log10 ‖θ‖ + mean log10 blow-up
 (the log of the product the theory bounds), "holds" when the Spearman correlation of c with the
@@ -28,7 +29,6 @@ as(f̂) with log10 norm, log10 blow-up and c given log(weight decay).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,8 +39,8 @@ import numpy as np
 import torch
 
 from ...train.config import ranged
-from ..base import Experiment, register_experiment, write_experiment_json
-from ._common import Setup, train_boolean
+from ..base import Experiment, Run, register_experiment, seeded_name
+from ._common import Setup, boolean_run
 
 SWEEP_FUNCTIONS = ("parity", "majority", "first")
 
@@ -95,21 +95,19 @@ class NormVsBlowup(Experiment):
 
     scales = SCALES
 
-    def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
-                log: Callable[[str], None]) -> list[dict[str, Any]]:
-        s = self.settings(scale, overrides)
-        plan = sweep(s)
-        names = [f"{i:02d}-{p['function']}-n{p['n']}" for i, p in enumerate(plan)]
-        write_experiment_json(out, self, scale, names)
-        summaries = []
-        for i, (p, name) in enumerate(zip(plan, names, strict=True), 1):
-            log(f"[{i}/{len(plan)}] {name} lr={p['lr']:.2g} wd={p['weight_decay']:.2g}")
-            run_setup = dataclasses.replace(s, lr=p["lr"], weight_decay=p["weight_decay"])
-            summaries.append(train_boolean(out / name, label=p["function"],
-                                           function=p["function"], n=p["n"], seed=p["seed"],
-                                           setup=run_setup))
-        write_scatter(out)
-        return summaries
+    def runs(self, s: SweepSettings) -> list[Run]:
+        """One run per sweep point; seed replicate k of point i trains with seed i + k·runs."""
+        return [boolean_run(seeded_name(f"{i:02d}-{p['function']}-n{p['n']}", k), s,
+                            label=p["function"], function=p["function"], n=p["n"],
+                            seed=p["seed"] + k * s.runs, lr=p["lr"],
+                            weight_decay=p["weight_decay"])
+                for k in range(s.seeds) for i, p in enumerate(sweep(s))]
+
+    def after_run(self, run: Run, path: Path, summary: dict[str, Any], settings: SweepSettings,
+                  log: Callable[[str], None]) -> dict[str, Any]:
+        if run.name == self.runs(settings)[-1].name:  # every run has finished
+            write_scatter(path.parent)
+        return summary
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return norm_blowup_verdict(summaries)

@@ -28,8 +28,8 @@ from typing import Any
 
 from ...train.config import ranged
 from ...train.rundir import RunDir
-from ..base import Experiment, register_experiment, write_experiment_json
-from ._common import Setup, train_boolean
+from ..base import Experiment, Run, register_experiment
+from ._common import Setup, boolean_run
 
 
 @dataclass
@@ -58,21 +58,16 @@ class ParityDynamics(Experiment):
 
     scales = SCALES
 
-    def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
-                log: Callable[[str], None]) -> list[dict[str, Any]]:
-        s = self.settings(scale, overrides)
-        names = [f"parity-n{s.n}-s{seed}" for seed in range(s.seeds)]
-        write_experiment_json(out, self, scale, names)
-        summaries = []
-        for seed, name in enumerate(names):
-            log(f"[{seed + 1}/{len(names)}] {name}")
-            summary = train_boolean(out / name, label="parity", function="parity", n=s.n,
-                                    seed=seed, setup=s, config={"window": s.window})
-            # the verdict needs the whole trajectory, not just the final record
-            summary["peaks"] = peaks(RunDir(out / name).metrics(), summary["first_below_001"],
-                                     s.window, s.eval_every)
-            summaries.append(summary)
-        return summaries
+    def runs(self, s: DynamicsSettings) -> list[Run]:
+        return [boolean_run(f"parity-n{s.n}-s{seed}", s, label="parity", function="parity",
+                            n=s.n, seed=seed)
+                for seed in range(s.seeds)]
+
+    def after_run(self, run: Run, path: Path, summary: dict[str, Any], settings: DynamicsSettings,
+                  log: Callable[[str], None]) -> dict[str, Any]:
+        # the verdict needs the whole trajectory, not just the final record
+        return {**summary, "peaks": peaks(RunDir(path).metrics(), summary["first_below_001"],
+                                          settings.window, settings.eval_every)}
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return dynamics_verdict(summaries)

@@ -37,15 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import Tensor
-
-from ...data import create_dataset
-from ...data.synthetic import boolean_cube
 from ...measure import boolean_sensitivity
 from ...train.config import ranged
-from ..base import Experiment, register_experiment, write_experiment_json
-from ._common import CONVERGED_ACC, Setup, train_boolean
+from ...train.loops.boolean import CONVERGED_ACC, subset_data
+from ..base import Experiment, Run, register_experiment
+from ._common import Setup, boolean_run
 
 N_BITS = 10
 
@@ -65,15 +61,6 @@ SCALES = {
 }
 
 
-def random_completion(table: Tensor, train_index: Tensor, seed: int) -> Tensor:
-    """The {0, 1} table that agrees with ``table`` on ``train_index`` and is uniformly random
-    elsewhere (its own generator, so it differs from the hidden function)."""
-    g = torch.Generator().manual_seed(7_919 * seed + 1)
-    out = torch.randint(0, 2, table.shape, generator=g).to(table.dtype)
-    out[train_index] = table[train_index]
-    return out
-
-
 @register_experiment("hr_random_functions")
 class RandomFunctions(Experiment):
     paper = "Hahn & Rofin, Why are Sensitive Functions Hard for Transformers? (2024), §5"
@@ -87,40 +74,20 @@ class RandomFunctions(Experiment):
 
     scales = SCALES
 
-    def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
-                log: Callable[[str], None]) -> list[dict[str, Any]]:
-        s = self.settings(scale, overrides)
-        pairs = [(k, seed) for k in s.train_sizes for seed in range(s.seeds)]
-        names = [f"{kind}-k{k}-s{seed}" for k, seed in pairs for kind in ("learned", "random")]
-        write_experiment_json(out, self, scale, names)
-        cube = boolean_cube(s.n)
-        summaries = []
-        for i, (k, seed) in enumerate(pairs, 1):
-            opts = {"function": "random", "n_bits": s.n, "sampling": "subset",
-                    "train_size": k, "seed": seed}
-            train = create_dataset("boolean", "train", **opts)
-            test = create_dataset("boolean", "test", **opts)
-            table, index = train.meta["table"], train.meta["index"]
-            completed = random_completion(table, index, seed)
-            sens_random = boolean_sensitivity(completed * 2 - 1, method="exact").average
-            x_k, y_k = train.inputs, train.targets
-            config = {"train_size": k, "function_seed": seed}
+    def runs(self, s: RandomSettings) -> list[Run]:
+        return [boolean_run(f"{kind}-k{k}-s{seed}", s, info={"train_size": k},
+                            label=f"{kind} k={k}", function="random", n=s.n, seed=seed,
+                            stop_below=s.stop_loss, train_size=k, function_seed=seed,
+                            completion=kind)
+                for k in s.train_sizes for seed in range(s.seeds)
+                for kind in ("learned", "random")]
 
-            log(f"[{i}/{len(pairs)}] k={k} seed={seed}: learned completion")
-            learned = train_boolean(
-                out / f"learned-k{k}-s{seed}", label=f"learned k={k}", function="random",
-                n=s.n, seed=seed, setup=s, config=config, train_set=(x_k, y_k),
-                test_set=(test.inputs, test.targets), stop_below=s.stop_loss)
-            log(f"[{i}/{len(pairs)}] k={k} seed={seed}: random completion")
-            # sharpness on the k shared strings, training on all 2ⁿ of the random completion
-            rand = train_boolean(
-                out / f"random-k{k}-s{seed}", label=f"random k={k}", function="random",
-                n=s.n, seed=seed, setup=s, config=config, train_set=(cube, completed),
-                stop_below=s.stop_loss, sharp_set=(x_k, y_k))
-            for summary in (learned, rand):
-                summary.update({"train_size": k, "random_completion_sens": sens_random})
-            summaries += [learned, rand]
-        return summaries
+    def after_run(self, run: Run, path: Path, summary: dict[str, Any], settings: RandomSettings,
+                  log: Callable[[str], None]) -> dict[str, Any]:
+        """The average sensitivity of the random completion the ``random-…`` run trains on."""
+        completed = subset_data(run.config).completed
+        sens = boolean_sensitivity(completed * 2 - 1, method="exact").average
+        return {**summary, "random_completion_sens": sens}
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return completion_verdict(summaries)

@@ -21,14 +21,12 @@ of a function converged.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ...train.config import ranged
-from ..base import Experiment, register_experiment, write_experiment_json
-from ._common import Setup, linear_fit, train_boolean
+from ..base import Experiment, Run, register_experiment
+from ._common import Setup, boolean_run, linear_fit
 
 FUNCTIONS = ("parity", "majority", "first", "mean")
 
@@ -59,21 +57,12 @@ class SharpnessVsLength(Experiment):
 
     scales = SCALES
 
-    def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
-                log: Callable[[str], None]) -> list[dict[str, Any]]:
-        s = self.settings(scale, overrides)
+    def runs(self, s: LengthSettings) -> list[Run]:
         unknown = [f for f in s.functions if f not in FUNCTIONS]
         if unknown:
             raise ValueError(f"unknown functions {unknown}; use some of {', '.join(FUNCTIONS)}")
-        plan = [(f, n, seed) for f in s.functions for n in s.n_values for seed in range(s.seeds)]
-        names = [f"{f}-n{n}-s{seed}" for f, n, seed in plan]
-        write_experiment_json(out, self, scale, names)
-        summaries = []
-        for i, ((f, n, seed), name) in enumerate(zip(plan, names, strict=True), 1):
-            log(f"[{i}/{len(plan)}] {name}")
-            summaries.append(train_boolean(out / name, label=f, function=f, n=n, seed=seed,
-                                           setup=s))
-        return summaries
+        return [boolean_run(f"{f}-n{n}-s{seed}", s, label=f, function=f, n=n, seed=seed)
+                for f in s.functions for n in s.n_values for seed in range(s.seeds)]
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return slope_verdict(summaries)

@@ -6,8 +6,9 @@ logarithmically, so W_t/‖W_t‖ approaches the max-margin direction W_mm slowl
 step grow ‖W_t‖ linearly, align with W_mm at a polynomial rate and concentrate the softmax on the
 optimal token (exponentially) faster.
 
-Command: ``senslab run ib_fixed_v`` (plots: ``loglog.png`` in the experiment directory, every
-metric against the step on log–log axes).
+Command: ``senslab run ib_fixed_v`` (report.html draws every metric against the step on log–log
+axes, ``report_options``). The runs: the ``"attention"`` trainer
+(:mod:`senslab.train.loops.attention`) with a fixed head, one run per optimiser and seed.
 
 Setting: ``maxmargin_attention`` with its defaults (N = 32 sequences, T = 8 tokens, d = 32, unit
 v, γ_opt = 1), v fixed to the data's v, W₀ = 0, float64, full batch, ``steps`` steps of each
@@ -24,9 +25,9 @@ and diverge. We therefore train on the *excess* loss
 
 which is L − L* exactly (log(1+e^{−(γ−δ)}) − log(1+e^{−γ}) rearranged) and so has the same
 gradient as L, but is computed without cancellation: δ_i is a sum of the tiny off-optimal weights
-instead of a difference of two numbers ≈ γ_opt. Every optimiser sees this objective; Polyak uses
-f* = 0 on it, i.e. the true L*. (``train/loss`` logs the plain logistic loss, ``train/excess``
-the excess.)
+instead of a difference of two numbers ≈ γ_opt (``excess_loss`` in the trainer). Every optimiser
+sees this objective; Polyak uses f* = 0 on it, i.e. the true L*. (``train/loss`` logs the plain
+logistic loss, ``train/excess`` the excess.)
 
 Verdict: "holds" when (1) on the logged steps ≥ 100 before the run freezes (the softmax
 saturates to one-hot in float64 and the gradient becomes exactly 0), GD's ‖W‖ is fitted better by
@@ -39,38 +40,27 @@ synthetic sizes are not given; "paper" scale: 5 seeds, 100,000 steps).
 
 from __future__ import annotations
 
-import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-import torch
+import numpy as np
 
-from ...models import create_model
-from ...optim import NGD, Polyak
 from ...train.config import ranged
 from ...train.rundir import RunDir
-from ..base import Experiment, register_experiment, write_experiment_json
-from ._common import (
-    AttentionTask,
-    attention_metrics,
-    first_step_reaching,
-    growth_fits,
-    load_task,
-    log_schedule,
-    logistic_metrics,
-    plot_loglog,
-    run_custom,
-)
+from ..base import Experiment, Run, Settings, register_experiment
+from ._common import attention_runs
 
 OPTIMIZERS = ("gd", "ngd", "polyak")
 LEVEL = 0.99  # alignment / optimal-token mass a run must reach to count as converged
 
 
 @dataclass
-class FixedVSettings:
-    """Settings of ``ib_fixed_v`` (override with ``--set steps=...``, ``--set data.dim=...``)."""
+class FixedVSettings(Settings):
+    """Settings of ``ib_fixed_v`` (override with ``--set steps=...``, ``--set data.dim=...``;
+    ``data``: fields of :class:`~senslab.train.loops.attention.AttentionData`)."""
 
     steps: int = ranged(20000, ge=1)
     seeds: int = ranged(3, ge=1)
@@ -85,58 +75,27 @@ class FixedVSettings:
 SCALES = {"cpu": FixedVSettings(), "paper": FixedVSettings(steps=100_000, seeds=5)}
 
 
-def excess_loss(model: torch.nn.Module, task: AttentionTask) -> torch.Tensor:
-    """L(W) − L* computed without cancellation (module docstring)."""
-    a = model.attention_weights(task.X)
-    g_opt = task.opt_scores
-    delta = (a * (g_opt[:, None] - task.gamma)).sum(dim=1)
-    return torch.log1p(torch.sigmoid(-g_opt) * torch.expm1(delta)).mean()
+def first_step_reaching(records: list[dict[str, Any]], key: str, level: float) -> float:
+    """The first logged step at which ``key`` ≥ ``level`` (inf if never: it never got there)."""
+    return next((float(r["step"]) for r in records if r.get(key, -math.inf) >= level), math.inf)
 
 
-def train_fixed_v(task: AttentionTask, optimizer: str, settings: FixedVSettings, seed: int,
-                  rd: RunDir) -> dict[str, Any]:
-    """Train W with ``optimizer`` for ``settings.steps`` full-batch steps, logging into ``rd``;
-    returns the summary fields (final metrics and the ‖W‖ growth fits)."""
-    model = create_model("attention_model", dim=task.X.shape[-1], train_v=False,
-                         init_scale=0.0, seed=seed).double()
-    with torch.no_grad():
-        model.v.copy_(task.v_star)  # the data's decoder: its optimal tokens define W_mm
-    params = [model.W]
-    opt = {"gd": lambda: torch.optim.SGD(params, lr=settings.gd_lr),
-           "ngd": lambda: NGD(params, lr=settings.ngd_lr),
-           "polyak": lambda: Polyak(params, f_star=0.0)}[optimizer]()
+def growth_fits(steps: list[float], norms: list[float]) -> dict[str, float]:
+    """Least-squares fits ‖W‖ ≈ a + b·t and ‖W‖ ≈ a + b·log t; slopes and R² of each.
 
-    def closure() -> torch.Tensor:
-        opt.zero_grad(set_to_none=True)
-        loss = excess_loss(model, task)
-        loss.backward()
-        return loss
-
-    records: list[dict[str, Any]] = []
-    schedule = set(log_schedule(settings.steps, settings.per_decade))
-    for step in range(settings.steps + 1):
-        if step in schedule:
-            with torch.no_grad():
-                rec: dict[str, Any] = {"step": step, "epoch": float(step),
-                                       "train/excess": float(excess_loss(model, task))}
-            rec.update(logistic_metrics(model, task))
-            rec.update(attention_metrics(model, task))
-            rd.log(rec)
-            records.append(rec)
-        if step == settings.steps:
-            break
-        if optimizer == "polyak":
-            opt.step(closure)
-        else:
-            closure()
-            opt.step()
-        if not torch.isfinite(model.W).all():
-            raise FloatingPointError(f"{optimizer}: W became non-finite at step {step + 1}; "
-                                     "lower the learning rate")
-    return {"final": records[-1], "fit": norm_growth(records, settings.fit_from),
-            "steps": settings.steps,
-            "reach": {k: first_step_reaching(records, f"attn/{k}", LEVEL)
-                      for k in ("alignment", "sparsity")}}
+    R²_lin > R²_log says the norm grows linearly in t, the reverse that it grows like log t.
+    """
+    t = np.asarray(steps, dtype=float)
+    w = np.asarray(norms, dtype=float)
+    out: dict[str, float] = {"fit_points": float(len(t))}
+    for name, x in (("lin", t), ("log", np.log(t))):
+        A = np.stack([np.ones_like(x), x], axis=1)
+        coef, *_ = np.linalg.lstsq(A, w, rcond=None)
+        resid = w - A @ coef
+        total = float(((w - w.mean()) ** 2).sum())
+        out[f"slope_{name}"] = float(coef[1])
+        out[f"r2_{name}"] = 1.0 - float((resid**2).sum()) / total if total > 0 else 0.0
+    return out
 
 
 def norm_growth(records: list[dict[str, Any]], fit_from: int) -> dict[str, float]:
@@ -170,31 +129,28 @@ class IBFixedV(Experiment):
         "3 seeds, 20,000 steps per optimiser (paper scale: 5 seeds, 100,000; the paper does not "
         "give its synthetic sizes)"
     )
-    #: how ``loglog.png`` is drawn (and how `senslab report` should draw this experiment)
-    report_options: dict[str, Any] = {  # noqa: RUF012
+    #: how `senslab run` / `senslab report` draw this experiment
+    report_options: ClassVar[dict[str, Any]] = {
         "x": "step", "logx": True,
         "logy": ["train/loss", "train/excess", "attn/W_norm"],
     }
 
     scales = SCALES
+    one_thread_at = ("cpu", "paper")  # a model of a few kilobytes at every scale
 
-    def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
-                log: Callable[[str], None]) -> list[dict[str, Any]]:
-        settings = self.settings(scale, overrides)
-        runs = [(o, s) for s in range(settings.seeds) for o in OPTIMIZERS]
-        names = [f"{o}-s{s}" for o, s in runs]
-        write_experiment_json(out, self, scale, names)
-        summaries = []
-        for (optimizer, seed), name in zip(runs, names, strict=True):
-            task = load_task(**{"seed": seed, **settings.data})
-            config = {"label": optimizer, "seed": seed, "optimizer": optimizer, "scale": scale,
-                      "dtype": "float64", **dataclasses.asdict(settings)}
-            summaries.append(run_custom(
-                out / name, config,
-                lambda rd, t=task, o=optimizer, s=seed: train_fixed_v(t, o, settings, s, rd),
-                log))
-        plot_loglog(out, names, self.report_options)
-        return summaries
+    def runs(self, s: FixedVSettings) -> list[Run]:
+        return attention_runs(s, {"gd": {"optimizer": "sgd", "lr": s.gd_lr},
+                                  "ngd": {"optimizer": "ngd", "lr": s.ngd_lr},
+                                  "polyak": {"optimizer": "polyak"}},
+                              head="fixed", init_scale=0.0)
+
+    def after_run(self, run: Run, path: Path, summary: dict[str, Any], settings: FixedVSettings,
+                  log: Callable[[str], None]) -> dict[str, Any]:
+        """The ‖W‖ growth fits and the steps to ``LEVEL``, from the run's metric log."""
+        records = RunDir(path).metrics()
+        return {**summary, "fit": norm_growth(records, settings.fit_from),
+                "reach": {k: first_step_reaching(records, f"attn/{k}", LEVEL)
+                          for k in ("alignment", "sparsity")}}
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return fixed_v_verdict(summaries)

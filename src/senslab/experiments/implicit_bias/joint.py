@@ -6,7 +6,8 @@ stochastic normalised / Polyak variants (SNGD, SPS_max) drive W towards the max-
 W_mm, v towards the max-margin separator v_mm of the optimal tokens, and the attention towards the
 optimal token faster than SGD, and come close to Adam.
 
-Command: ``senslab run ib_joint``.
+Command: ``senslab run ib_joint``. The runs: the ``"attention"`` trainer
+(:mod:`senslab.train.loops.attention`) with a joint head, one run per optimiser and seed.
 
 Setting: ``maxmargin_attention`` defaults (N = 32, T = 8, d = 32), float64, W₀ ~ N(0, 0.01²),
 v₀ a random unit vector, logistic loss on minibatches of ``batch_size`` (seeded reshuffle every
@@ -28,30 +29,13 @@ steps).
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-import torch
-import torch.nn.functional as F
-
-from ...models import create_model
-from ...optim import SNGD, SPS
 from ...train.config import ranged
-from ...train.rundir import RunDir
-from ..base import Experiment, register_experiment, write_experiment_json
-from ._common import (
-    AttentionTask,
-    attention_metrics,
-    load_task,
-    log_schedule,
-    logistic_metrics,
-    plot_loglog,
-    run_custom,
-)
+from ..base import Experiment, Run, Settings, register_experiment
+from ._common import attention_runs
 
 OPTIMIZERS = ("sgd", "sngd", "sps", "adam")
 CLOSE = 0.1  # "close to Adam": W alignment and token mass at most this far below Adam's
@@ -59,8 +43,9 @@ HIGHER = ("attn/alignment", "attn/v_alignment", "attn/sparsity")  # better when 
 
 
 @dataclass
-class JointSettings:
-    """Settings of ``ib_joint`` (override with ``--set steps=...``, ``--set data.dim=...``)."""
+class JointSettings(Settings):
+    """Settings of ``ib_joint`` (override with ``--set steps=...``, ``--set data.dim=...``;
+    ``data``: fields of :class:`~senslab.train.loops.attention.AttentionData`)."""
 
     steps: int = ranged(3000, ge=1)
     seeds: int = ranged(2, ge=1)
@@ -76,61 +61,6 @@ class JointSettings:
 SCALES = {"cpu": JointSettings(), "paper": JointSettings(steps=20000, seeds=5)}
 
 
-def make_optimizer(name: str, params: list[torch.nn.Parameter],
-                   s: JointSettings) -> torch.optim.Optimizer:
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=s.sgd_lr)
-    if name == "sngd":
-        return SNGD(params, lr=s.sngd_lr, eta_max=s.eta_max)
-    if name == "sps":
-        return SPS(params, c=0.5, f_star=0.0, eta_max=s.eta_max)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=s.adam_lr)
-    raise ValueError(f"unknown optimizer {name!r}; use one of {', '.join(OPTIMIZERS)}")
-
-
-def train_joint(task: AttentionTask, optimizer: str, s: JointSettings, seed: int,
-                rd: RunDir) -> dict[str, Any]:
-    """Train (W, v) with ``optimizer`` on seeded minibatches, logging full-batch metrics."""
-    model = create_model("attention_model", dim=task.X.shape[-1], train_v=True,
-                         seed=seed).double()
-    opt = make_optimizer(optimizer, list(model.parameters()), s)
-    gen = torch.Generator().manual_seed(seed + 31)
-    n = len(task.X)
-    order = torch.empty(0, dtype=torch.long)
-    schedule = set(log_schedule(s.steps, s.per_decade))
-    records: list[dict[str, Any]] = []
-    for step in range(s.steps + 1):
-        if step in schedule:
-            rec: dict[str, Any] = {"step": step, "epoch": step * s.batch_size / n}
-            rec.update(logistic_metrics(model, task))
-            rec.update(attention_metrics(model, task))
-            rd.log(rec)
-            records.append(rec)
-        if step == s.steps:
-            break
-        if len(order) < s.batch_size:  # a fresh permutation each epoch; drop the ragged end
-            order = torch.randperm(n, generator=gen)
-        idx, order = order[: s.batch_size], order[s.batch_size:]
-        x, y = task.X[idx], task.y[idx]
-
-        def closure(x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
-            opt.zero_grad(set_to_none=True)
-            loss = F.softplus(-y * model(x)).mean()  # logistic loss log(1 + e^{−yΦ})
-            loss.backward()
-            return loss
-
-        if optimizer == "sps":
-            opt.step(closure)
-        else:
-            closure()
-            opt.step()
-        if not all(torch.isfinite(p).all() for p in model.parameters()):
-            raise FloatingPointError(f"{optimizer}: parameters became non-finite at step "
-                                     f"{step + 1}; lower its learning rate / eta_max")
-    return {"final": records[-1], "steps": s.steps}
-
-
 @register_experiment("ib_joint")
 class IBJoint(Experiment):
     paper = ("Vasudeva, Deora & Thrampoulidis, Implicit Bias and Fast Convergence Rates for "
@@ -141,28 +71,21 @@ class IBJoint(Experiment):
         "2 seeds × 4 optimisers, 3,000 steps of batch 8 (the paper does not give its synthetic "
         "sizes or learning rates)"
     )
-    report_options: dict[str, Any] = {  # noqa: RUF012
+    report_options: ClassVar[dict[str, Any]] = {
         "x": "step", "logx": True, "logy": ["train/loss", "attn/W_norm", "attn/v_norm"],
     }
 
     scales = SCALES
+    one_thread_at = ("cpu", "paper")  # a model of a few kilobytes at every scale
 
-    def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
-                log: Callable[[str], None]) -> list[dict[str, Any]]:
-        s = self.settings(scale, overrides)
-        runs = [(o, seed) for seed in range(s.seeds) for o in OPTIMIZERS]
-        names = [f"{o}-s{seed}" for o, seed in runs]
-        write_experiment_json(out, self, scale, names)
-        summaries = []
-        for (optimizer, seed), name in zip(runs, names, strict=True):
-            task = load_task(**{"seed": seed, **s.data})
-            config = {"label": optimizer, "seed": seed, "optimizer": optimizer, "scale": scale,
-                      "dtype": "float64", **dataclasses.asdict(s)}
-            summaries.append(run_custom(
-                out / name, config,
-                lambda rd, t=task, o=optimizer, sd=seed: train_joint(t, o, s, sd, rd), log))
-        plot_loglog(out, names, self.report_options)
-        return summaries
+    def runs(self, s: JointSettings) -> list[Run]:
+        return attention_runs(s, {"sgd": {"optimizer": "sgd", "lr": s.sgd_lr},
+                                  "sngd": {"optimizer": "ngd", "lr": s.sngd_lr,
+                                           "eta_max": s.eta_max},
+                                  "sps": {"optimizer": "sps", "sps_c": 0.5,
+                                          "eta_max": s.eta_max},
+                                  "adam": {"optimizer": "adam", "lr": s.adam_lr}},
+                              head="joint", batch_size=s.batch_size)
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return joint_verdict(summaries)

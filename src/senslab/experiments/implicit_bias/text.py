@@ -41,13 +41,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...train.config import RunConfig
-from .._manual import single_thread
-from ..base import Experiment, check_scale, register_experiment
-from ._common import loss_race_verdict, optimizer_runs
+from ..base import Experiment, Run, Settings, fit_runs, register_experiment
+from ._common import loss_race_verdict
 
 #: (optimizer settings of the paper's text runs, docs/definitions.md#ib_text) of each run, by label
 OPTIMIZERS: dict[str, list[str]] = {
@@ -61,6 +60,16 @@ OPTIMIZERS: dict[str, list[str]] = {
 THRESHOLD = 0.5 * math.log(2)
 
 
+@dataclass
+class TextSettings(Settings):
+    """``small``: the CPU-scale encoder and data (2 layers, width 64, 4 heads, max_len 64, a
+    4,000-token BPE, a 2,000-snippet training subset, evaluations every 45 steps on 500
+    snippets); else the paper-size encoder on the full split, evaluated every 190 steps on
+    5,000 snippets. Run settings go to the runs: ``--set train.epochs=3``."""
+
+    small: bool = False
+
+
 @register_experiment("ib_text")
 class IBText(Experiment):
     paper = ("Vasudeva, Deora & Thrampoulidis, Implicit Bias and Fast Convergence Rates for "
@@ -72,33 +81,32 @@ class IBText(Experiment):
                       "Rotten Tomatoes with the paper's optimisers, learning rates and batch 32. "
                       "CPU: 2 layers, width 64, 4 heads, a 2,000-snippet training subset, 630 "
                       "steps (paper scale: 4 layers, width 256, full split, 10 epochs).")
+    scales = {"cpu": TextSettings(small=True), "paper": TextSettings()}
+    # one intra-op thread: a small encoder's ops are too short for two threads to pay off on a
+    # shared 2-core machine
+    one_thread_at = ("cpu",)
 
-    def runs(self, scale: str) -> list[RunConfig]:
-        cpu = check_scale(scale) == "cpu"
+    def runs(self, s: TextSettings) -> list[Run]:
         common = [
             "data.name=rotten_tomatoes", "data.test_split=validation", "model.name=roberta",
             "train.batch_size=32", f"train.epochs={10}",
             "track.sigma=0",  # no sensitivity tracking: this claim is about optimisation speed
-            "track.unit=step", f"track.every={45 if cpu else 190}",
+            "track.unit=step", f"track.every={45 if s.small else 190}",
         ]
-        if cpu:
+        if s.small:
             common += ["data.options.max_len=64", "data.options.vocab_size=4000",
                        "data.train_subset=2000", "model.overrides.dim=64",
                        "model.overrides.layers=2", "model.overrides.heads=4",
                        "track.eval_examples=500"]
         else:
             common += ["track.eval_examples=5000"]
-        return optimizer_runs(common, OPTIMIZERS)
+        return fit_runs(OPTIMIZERS, common, s.seeds)
 
-    def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
-                log: Callable[[str], None]) -> list[dict[str, Any]]:
-        # One intra-op thread: a small encoder's ops are too short for two threads to pay off
-        # on a shared 2-core machine (see _manual.single_thread).
-        with single_thread():
-            summaries = super().execute(out, scale, overrides, progress, log)
-        # The verdict also wants the loss curve (steps to the threshold), which fit() keeps in
-        # metrics.jsonl rather than in the summary.
-        return [{**s, "curve": loss_curve(out / s["name"])} for s in summaries]
+    def after_run(self, run: Run, path: Path, summary: dict[str, Any], settings: TextSettings,
+                  log: Callable[[str], None]) -> dict[str, Any]:
+        """The loss curve (steps to the threshold), which ``fit`` keeps in metrics.jsonl rather
+        than in the summary."""
+        return {**summary, "curve": loss_curve(path)}
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return text_race_verdict(summaries)

@@ -9,16 +9,15 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ...train.config import RunConfig
-from .._manual import single_thread
+from ...train.config import RunConfig, ranged
 from .._verdicts import lowest_sensitivity_verdict
-from ..base import Experiment
+from ..base import Experiment, Run, Settings
 
 #: noise std of the main number: the paper code's 0.1 on pixels normalised to [−1, 1]
 #: (docs/definitions.md#noise-level-and-pixel-scale)
@@ -27,29 +26,57 @@ SIGMA = 0.1
 SWEEP = (0.25, 0.5, 1.0)
 
 
+@dataclass
+class ComparisonSettings(Settings):
+    """What differs between the scales of a comparison: ``target`` (stop at this train
+    accuracy), ``epochs`` (at most), ``train_subset`` (seeded training images; None: all),
+    ``track_examples`` × ``repeats`` (the tracking subset, noise draws per token),
+    ``eval_examples`` (train/test accuracy on this many images; None: all), ``small`` (the
+    CPU-sized models)."""
+
+    target: float = ranged(0.95, ge=0, le=1)
+    epochs: int = ranged(50, ge=1)
+    train_subset: int | None = ranged(None, ge=1)
+    track_examples: int = ranged(2000, ge=1)
+    repeats: int = ranged(5, ge=1)
+    eval_examples: int | None = ranged(None, ge=1)
+    small: bool = False
+
+
+def comparison_common(s: ComparisonSettings) -> list[str]:
+    """The overrides of every run of a comparison at settings ``s`` (after its data's)."""
+    out = [f"train.target_train_acc={s.target}", f"train.epochs={s.epochs}",
+           f"track.sigma={SIGMA}", f"track.repeats={s.repeats}",
+           f"track.num_examples={s.track_examples}"]
+    if s.train_subset is not None:
+        out.append(f"data.train_subset={s.train_subset}")
+    if s.eval_examples is not None:
+        out.append(f"track.eval_examples={s.eval_examples}")
+    return out
+
+
 class VisionComparison(Experiment):
     """Models trained with :func:`~senslab.train.loop.fit` to a common train accuracy, then
-    compared on token-wise sensitivity at ``SIGMA`` (tracked every epoch) and ``sweep``.
+    compared on token-wise sensitivity at ``SIGMA`` (tracked every epoch) and ``sweep``
+    (measured on each final model by :meth:`after_run`).
 
     Subclasses give :meth:`runs`; the verdict is :func:`lowest_sensitivity_verdict` for
-    ``winner`` at the main σ, with the σ sweep added to the evidence.
+    ``winner`` at the main σ, with the σ sweep added to the evidence. CPU scale: one intra-op
+    thread (small models on a shared 2-core machine lose far more to thread hand-offs than
+    they gain).
     """
 
     winner = "vit_small"
     sweep: tuple[float, ...] = SWEEP
     max_acc_gap = 0.03
+    one_thread_at = ("cpu",)
 
-    def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
-                log: Callable[[str], None]) -> list[dict[str, Any]]:
-        # CPU scale: one intra-op thread, as ib_vit_mnist (small models on a shared 2-core
-        # machine lose far more to thread hand-offs than they gain)
-        with single_thread() if scale == "cpu" else nullcontext():
-            summaries = super().execute(out, scale, overrides, progress, log)
-            for s in summaries:
-                s["sigma_sweep"] = sigma_sweep(out / s["name"], self.sweep)
-                log(f"{s['name']}: σ sweep " + ", ".join(
-                    f"{k}: {v['estimate']:.4f}" for k, v in s["sigma_sweep"].items()))
-        return summaries
+    def after_run(self, run: Run, path: Path, summary: dict[str, Any], settings: Any,
+                  log: Callable[[str], None]) -> dict[str, Any]:
+        summary["sigma_sweep"] = sigma_sweep(path, self.sweep)
+        log(f"{run.name}: σ sweep " + ", ".join(
+            f"{k}: {v['estimate']:.4f}" for k, v in summary["sigma_sweep"].items()))
+        return summary
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return comparison_verdict(summaries, self.winner, self.max_acc_gap)

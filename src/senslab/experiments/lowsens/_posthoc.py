@@ -2,7 +2,8 @@
 
 Several vision experiments need more than the Tracker measures during training: a σ sweep, the
 whole-input noise variant, accuracy under corruptions, sharpness with its standard error. They
-train with :func:`senslab.train.loop.fit` as usual and then call :meth:`FinalMeasureExperiment.
+train with the standard loop (``"fit"``) as usual; :class:`FinalMeasureExperiment`'s
+:meth:`~FinalMeasureExperiment.after_run` then calls :meth:`FinalMeasureExperiment.
 measure_final` on the restored model. The result is written to ``<run>/final_measure.json``
 together with the settings that produced it, reused when the settings match (so re-running an
 experiment only redoes what changed) and attached to the run's summary under ``"final_measure"``
@@ -22,10 +23,10 @@ from torch import nn
 from ...data import ArrayDataset
 from ...tokens.base import model_device
 from ...train.config import RunConfig
-from ...train.loop import build_model, fit, load_data, resolve_device
+from ...train.loop import build_model, load_data, resolve_device
 from ...train.rundir import RunDir
 from ...train.track import Tracker
-from ..base import Experiment, locate_data, write_experiment_json
+from ..base import Experiment, Run
 
 FINAL_FILE = "final_measure.json"
 
@@ -65,48 +66,29 @@ def reuse_finished(src: Path, dst: Path, cfg: RunConfig) -> bool:
 
 
 class FinalMeasureExperiment(Experiment):
-    """Train every run with ``fit``, then measure each final model once (see module docstring).
+    """Runs trained with ``fit``, each final model then measured once (see module docstring).
 
     Subclasses define ``runs``, ``verdict``, :meth:`final_settings` (a JSON-able dict that
     identifies the measurement) and :meth:`measure_final`.
     """
 
-    #: a finished run of another experiment directory to copy instead of training (see
-    #: :func:`reuse_finished`); relative to the experiment directory's parent
-    reuse_from: str | None = None
-
-    def final_settings(self, scale: str) -> dict[str, Any]:
+    def final_settings(self, settings: Any) -> dict[str, Any]:
         return {}
 
     def measure_final(self, cfg: RunConfig, model: nn.Module, train: ArrayDataset,
-                      test: ArrayDataset, scale: str) -> dict[str, Any]:
+                      test: ArrayDataset, settings: Any) -> dict[str, Any]:
         raise NotImplementedError
 
-    def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
-                log: Callable[[str], None]) -> list[dict[str, Any]]:
-        configs = self.configs(scale, overrides)
-        for cfg in configs:
-            locate_data(cfg)  # before any training: a missing dataset stops the experiment here
-        write_experiment_json(out, self, scale, [c.name for c in configs])
-        settings = {"scale": scale, **self.final_settings(scale)}
-        summaries = []
-        for i, cfg in enumerate(configs, 1):
-            path = out / cfg.name
-            if self.reuse_from and reuse_finished(out.parent / self.reuse_from / cfg.name,
-                                                  path, cfg):
-                log(f"[{i}/{len(configs)}] {cfg.name}: reusing the finished run of "
-                    f"{self.reuse_from}")
-            else:
-                log(f"[{i}/{len(configs)}] {cfg.name}: {cfg.model.name} on {cfg.data.name}")
-            summary = fit(cfg, path, progress=progress)
-            rd = RunDir(path)
-            stored = rd.read_json(FINAL_FILE) if (path / FINAL_FILE).exists() else None
-            if stored is not None and stored.get("settings") == settings:
-                values = stored["values"]
-            else:
-                log(f"    measuring the final model of {cfg.name}")
-                model, train, test = load_final(cfg, path)
-                values = self.measure_final(cfg, model, train, test, scale)
-                rd.write_json(FINAL_FILE, {"settings": settings, "values": values})
-            summaries.append({**summary, "final_measure": values})
-        return summaries
+    def after_run(self, run: Run, path: Path, summary: dict[str, Any], settings: Any,
+                  log: Callable[[str], None]) -> dict[str, Any]:
+        measure = self.final_settings(settings)
+        rd = RunDir(path)
+        stored = rd.read_json(FINAL_FILE) if (path / FINAL_FILE).exists() else None
+        if stored is not None and stored.get("settings") == measure:
+            values = stored["values"]
+        else:
+            log(f"    measuring the final model of {run.name}")
+            model, train, test = load_final(run.config, path)
+            values = self.measure_final(run.config, model, train, test, settings)
+            rd.write_json(FINAL_FILE, {"settings": measure, "values": values})
+        return {**summary, "final_measure": values}

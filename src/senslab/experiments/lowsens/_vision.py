@@ -1,23 +1,23 @@
 """Shared pieces of the SGD vision experiments (``cifar10``, ``svhn`` and the ablations in
 ``cifar.py``; ``robustness``; ``sharpness``): the paper's learning rates, the CPU-sized models,
-one run per model (:func:`vision_run`), the ViT-small runs trained vanilla / with noise
-augmentation / with the sensitivity regularizer (:func:`vit_runs`, shared by ``robustness`` and
-``sharpness``), the CNN runs of ``robustness`` (:func:`cnn_runs`), and :func:`combine` (one
-verdict from several parts).
+the settings of both scales (:class:`VisionSettings`; :class:`RegularizedSettings` for the
+Fashion-MNIST/CIFAR-10 runs of ``robustness`` and ``sharpness``), the runs of a set of models
+(:func:`vision_runs`), the ViT-small runs trained vanilla / with noise augmentation / with the
+sensitivity regularizer (:func:`vit_runs`, shared by ``robustness`` and ``sharpness``), and
+:func:`combine` (one verdict from several parts).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from ...train.config import RunConfig, apply_overrides
-from ..base import check_scale
+from ...train.config import ranged
+from ..base import Run, Settings, fit_runs
 
 PAPER = "Transformers Learn Low Sensitivity Functions (ICLR 2025)"
 LR = {"vit_small": 0.1, "vit_simple": 0.2, "convmixer": 0.06, "resnet18": 0.001,
       "densenet121": 0.005}
-#: token-wise noise std of the CIFAR-10/SVHN runs, by scale
-SIGMA = {"paper": 0.1, "cpu": 0.5}
 #: CPU-sized model overrides (paper scale uses each model's defaults)
 SMALL: dict[str, list[str]] = {
     "vit_small": ["model.overrides.depth=4", "model.overrides.heads=4",
@@ -36,65 +36,79 @@ REGULARIZED = {"noise": ["train.regularizer=noise", f"train.reg_sigma={AUGMENT_S
 #: learning rate of the regularized run relative to vanilla's: (1 − α) = ½ halves the CE
 #: gradient, so the step on CE is kept equal (the paper, too, set its own lr for it; value lost)
 PATCH_MSE_LR_FACTOR = 2.0
+#: ViT-small's own patch size on 32×32 images (the regularizer's patch when ``patch`` is unset)
+VIT_PATCH = 4
 
 
-def cpu_data() -> tuple[list[str], int]:
-    """Data overrides and patch size of the CPU runs: always Fashion-MNIST (where its files are
-    is decided when the experiment runs, by the data package's rule; missing files are an
-    error, never a silent switch to another dataset)."""
-    return ["data.name=fashion_mnist"], 7
+@dataclass
+class VisionSettings(Settings):
+    """What differs between the scales of the SGD vision runs (defaults: the paper scale).
+
+    ``small``: the CPU-sized models (:data:`SMALL`); ``sigma``: the tracked sensitivity's noise
+    std; ``epochs``: at most; ``train_subset``: seeded training images (None: all); ``target``:
+    stop at this train accuracy (None: train every epoch); ``track_examples`` × ``repeats``:
+    the tracking subset and noise draws per token; ``eval_examples``: accuracy on this many
+    images (None: all)."""
+
+    small: bool = False
+    sigma: float = ranged(0.1, ge=0)
+    epochs: int = ranged(100, ge=1)
+    train_subset: int | None = ranged(None, ge=1)
+    target: float | None = ranged(None, ge=0, le=1)
+    track_examples: int = ranged(5000, ge=1)
+    repeats: int = ranged(5, ge=1)
+    eval_examples: int | None = ranged(None, ge=1)
 
 
-def _cpu_run(name: str, model: str, lr: float, extra: list[str]) -> RunConfig:
-    data, patch = cpu_data()
-    cfg = RunConfig(name=name, label=name)
-    cfg.model.name = model
-    common = data + ["data.train_subset=3000", "train.batch_size=100", "train.epochs=20",
-                     "train.target_train_acc=0.85", f"optim.lr={lr}", "track.sigma=1.0",
-                     "track.num_examples=300", "track.eval_examples=1000"]
-    return apply_overrides(cfg, common + extra + (
-        [f"train.reg_patch={patch}"] if any("patch_mse" in e for e in extra) else []))
+#: the CPU scale of the CIFAR-10/SVHN runs (the paper scale is :class:`VisionSettings`' defaults)
+CPU = {"small": True, "sigma": 0.5, "epochs": 20, "train_subset": 5000, "target": 0.9,
+       "track_examples": 500, "repeats": 1, "eval_examples": 2000}
 
 
-def vit_runs(scale: str) -> list[RunConfig]:
+@dataclass
+class RegularizedSettings(VisionSettings):
+    """:class:`VisionSettings` of ``robustness`` and ``sharpness``: ``dataset`` (the CPU scale
+    trains on Fashion-MNIST), ``patch``: the ViT's patch size and the regularizer's (None:
+    ViT-small's own, 4)."""
+
+    dataset: str = "cifar10"
+    patch: int | None = ranged(None, ge=1)
+
+
+#: the CPU scale of ``robustness`` and ``sharpness`` (paper: :class:`RegularizedSettings`'
+#: defaults). Always Fashion-MNIST: where its files are is decided when the experiment runs, by
+#: the data package's rule; missing files are an error, never a silent switch to another dataset.
+CPU_FASHION = {"small": True, "sigma": 1.0, "epochs": 20, "train_subset": 3000, "target": 0.85,
+               "track_examples": 300, "repeats": 1, "eval_examples": 1000,
+               "dataset": "fashion_mnist", "patch": 7}
+
+
+def vision_runs(models: dict[str, tuple[str, list[str]]], s: VisionSettings,
+                data: str = "cifar10") -> list[Run]:
+    """SGD runs (batch 100) of ``{run name: (model, extra overrides)}`` at settings ``s``: the
+    model's learning rate from :data:`LR` (unless ``extra`` sets one), its CPU size with
+    ``s.small``; ``s.seeds`` replicates."""
+    common = [f"data.name={data}", "train.batch_size=100", f"track.sigma={s.sigma}",
+              f"train.epochs={s.epochs}", f"track.repeats={s.repeats}",
+              f"track.num_examples={s.track_examples}"]
+    common += [f"{key}={value}" for key, value in (
+        ("data.train_subset", s.train_subset), ("train.target_train_acc", s.target),
+        ("track.eval_examples", s.eval_examples)) if value is not None]
+    return fit_runs({name: [f"model.name={m}", *([f"optim.lr={LR[m]}"] if m in LR else []),
+                            *(SMALL.get(m, []) if s.small else []), *extra]
+                     for name, (m, extra) in models.items()}, common, s.seeds)
+
+
+def vit_runs(s: RegularizedSettings) -> list[Run]:
     """ViT-small trained vanilla, with noise augmentation and with the MSE regularizer (shared
     with the sharpness experiment)."""
-    if scale == "paper":
-        extra: dict[str, list[str]] = {"vit_small": [], **{
-            f"vit_small-{k}": v + ["train.reg_patch=4", f"optim.lr={0.1 * PATCH_MSE_LR_FACTOR}"]
-            * (k == "patch_mse") for k, v in REGULARIZED.items()}}
-        return [vision_run(n, "vit_small", scale, extra=e) for n, e in extra.items()]
-    _, patch = cpu_data()
-    small = ["model.overrides.depth=4", "model.overrides.heads=4", "model.overrides.dim_head=16",
-             "model.overrides.mlp_dim=128", f"model.overrides.patch_size={patch}"]
-    lr = {"noise": 0.1, "patch_mse": 0.1 * PATCH_MSE_LR_FACTOR}
-    return [_cpu_run("vit_small", "vit_small", 0.1, small)] + [
-        _cpu_run(f"vit_small-{k}", "vit_small", lr[k], small + v) for k, v in REGULARIZED.items()]
-
-
-def cnn_runs(scale: str) -> list[RunConfig]:
-    if scale == "paper":
-        return [vision_run(m, m, scale) for m in ("vit_simple", "resnet18", "densenet121")]
-    _, patch = cpu_data()
-    return [_cpu_run("cnn", "cnn", 0.05, [f"model.overrides.sens_patch={patch}",
-                                          "model.overrides.channels=[16, 32]",
-                                          "model.overrides.hidden=64"])]
-
-
-def vision_run(name: str, model: str, scale: str, data: str = "cifar10", label: str = "",
-               extra: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """One SGD run of ``model`` with the paper's learning rate, at ``scale`` ("cpu"/"paper")."""
-    check_scale(scale)
-    common = [f"data.name={data}", "train.batch_size=100", f"optim.lr={LR[model]}",
-              f"track.sigma={SIGMA[scale]}"]
-    if scale == "paper":
-        common += ["train.epochs=100", "track.repeats=5", "track.num_examples=5000"]
-    else:
-        common += ["data.train_subset=5000", "train.epochs=20", "train.target_train_acc=0.9",
-                   "track.num_examples=500", "track.eval_examples=2000"] + SMALL[model]
-    cfg = RunConfig(name=name, label=label or name)
-    cfg.model.name = model
-    return apply_overrides(cfg, common + list(extra))
+    patch = [f"model.overrides.patch_size={s.patch}"] if s.patch else []
+    mse = [f"train.reg_patch={s.patch or VIT_PATCH}",
+           f"optim.lr={LR['vit_small'] * PATCH_MSE_LR_FACTOR}"]
+    models = {"vit_small": ("vit_small", patch), **{
+        f"vit_small-{k}": ("vit_small", patch + v + (mse if k == "patch_mse" else []))
+        for k, v in REGULARIZED.items()}}
+    return vision_runs(models, s, data=s.dataset)
 
 
 def combine(parts: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -40,6 +40,7 @@ The runs are exercised end to end on fixture data in the CIFAR tarball format
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
@@ -47,9 +48,9 @@ from torch import nn
 from ...data import ArrayDataset
 from ...measure import token_sensitivity
 from ...train.config import RunConfig
-from ..base import Experiment, register_experiment
+from ..base import Experiment, Run, register_experiment
 from ._posthoc import FinalMeasureExperiment, tracking_subset
-from ._vision import PAPER, combine, vision_run
+from ._vision import CPU, PAPER, VisionSettings, combine, vision_runs
 
 VITS = ("vit_small", "vit_simple")
 #: train accuracies further apart than this make a sensitivity comparison "not comparable"
@@ -91,11 +92,17 @@ def below_verdict(summaries: list[dict[str, Any]], low: list[str], high: list[st
             "evidence": evidence}
 
 
+def same_name(models: tuple[str, ...] | list[str]) -> dict[str, tuple[str, list[str]]]:
+    """One run per model, named after it (the argument of :func:`~._vision.vision_runs`)."""
+    return {m: (m, []) for m in models}
+
+
 class _Cifar(Experiment):
     paper = PAPER
     requires = CIFAR_REQUIRES
     cpu_scale_note = CPU_NOTE
     runtime_estimate = "~10 min (estimate: CIFAR-10 is not available here)"
+    scales = {"cpu": VisionSettings(**CPU), "paper": VisionSettings()}
 
 
 @register_experiment("cifar10")
@@ -105,8 +112,8 @@ class Cifar10(_Cifar):
              "token-wise sensitivity than ResNet-18, DenseNet-121 and ConvMixer.")
     models = ("vit_small", "vit_simple", "resnet18", "densenet121", "convmixer")
 
-    def runs(self, scale: str) -> list[RunConfig]:
-        return [vision_run(m, m, scale) for m in self.models]
+    def runs(self, s: VisionSettings) -> list[Run]:
+        return vision_runs(same_name(self.models), s)
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         labels = [s["label"] for s in summaries]
@@ -122,9 +129,9 @@ class Svhn(_Cifar):
                 "$SENSLAB_DATA/svhn: --set data.root=/path/to/svhn")
     runtime_estimate = "~6 min (estimate: SVHN is not available here)"
 
-    def runs(self, scale: str) -> list[RunConfig]:
+    def runs(self, s: VisionSettings) -> list[Run]:
         # the paper gives ResNet-18 its own SVHN learning rate (value lost): CIFAR-10's is used
-        return [vision_run(m, m, scale, data="svhn") for m in ("vit_small", "resnet18")]
+        return vision_runs(same_name(("vit_small", "resnet18")), s, data="svhn")
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return below_verdict(summaries, ["vit_small"], ["resnet18"])
@@ -140,9 +147,9 @@ class Cifar10Optim(_Cifar):
     claim = ("The ViT's lower sensitivity is not an effect of SGD: with Adam (lr 0.01, halved "
              "every 8 epochs) ViT-small is below ResNet-18 too, as with SGD.")
 
-    def runs(self, scale: str) -> list[RunConfig]:
-        return [vision_run(f"{m}-{o}", m, scale, extra=ADAM if o == "adam" else [])
-                for o in ("sgd", "adam") for m in ("vit_small", "resnet18")]
+    def runs(self, s: VisionSettings) -> list[Run]:
+        return vision_runs({f"{m}-{o}": (m, ADAM if o == "adam" else [])
+                            for o in ("sgd", "adam") for m in ("vit_small", "resnet18")}, s)
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         parts = {}
@@ -152,23 +159,33 @@ class Cifar10Optim(_Cifar):
         return combine(parts)
 
 
+@dataclass
+class DepthHeadsSettings(VisionSettings):
+    """:class:`~._vision.VisionSettings` and the ViT-small variants: every depth of ``depths``
+    at ``base_heads`` heads and every head count of ``heads`` at depth ``base_depth``."""
+
+    depths: tuple[int, ...] = (4, 8, 12)
+    heads: tuple[int, ...] = (8, 16, 32)
+    base_depth: int = 8
+    base_heads: int = 32
+
+
 @register_experiment("cifar10_depth_heads")
 class Cifar10DepthHeads(_Cifar):
     paper = f"{PAPER}, A.3"
     claim = ("Depth and number of heads do not change ViT-small's sensitivity: every variant is "
              "below ResNet-18, and their spread is less than half the ViT-to-ResNet gap.")
-    variants = {"paper": {"depth": (4, 8, 12), "heads": (8, 16, 32), "base": (8, 32)},
-                "cpu": {"depth": (2, 4, 6), "heads": (2, 4, 8), "base": (4, 4)}}
+    scales = {"cpu": DepthHeadsSettings(**CPU, depths=(2, 4, 6), heads=(2, 4, 8), base_depth=4,
+                                        base_heads=4),
+              "paper": DepthHeadsSettings()}
 
-    def runs(self, scale: str) -> list[RunConfig]:
-        v = self.variants[scale] if scale in self.variants else self.variants["cpu"]
-        base_depth, base_heads = v["base"]
-        shapes = sorted({(d, base_heads) for d in v["depth"]} | {(base_depth, h)
-                                                                 for h in v["heads"]})
-        out = [vision_run(f"vit_small-d{d}-h{h}", "vit_small", scale,
-                          extra=[f"model.overrides.depth={d}", f"model.overrides.heads={h}"])
-               for d, h in shapes]
-        return out + [vision_run("resnet18", "resnet18", scale)]
+    def runs(self, s: DepthHeadsSettings) -> list[Run]:
+        shapes = sorted({(d, s.base_heads) for d in s.depths} | {(s.base_depth, h)
+                                                                 for h in s.heads})
+        vits = {f"vit_small-d{d}-h{h}": (
+            "vit_small", [f"model.overrides.depth={d}", f"model.overrides.heads={h}"])
+            for d, h in shapes}
+        return vision_runs({**vits, **same_name(("resnet18",))}, s)
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         vits = [s["label"] for s in summaries if s["label"].startswith("vit_small")]
@@ -195,24 +212,34 @@ def sweep(model: nn.Module, data: ArrayDataset, sigmas: list[float], seed: int,
     return out
 
 
+@dataclass
+class SigmaSettings(VisionSettings):
+    """:class:`~._vision.VisionSettings` and ``models`` (one run each), ``sigmas`` (the σ at
+    which each final model is measured)."""
+
+    models: tuple[str, ...] = Cifar10.models
+    sigmas: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1.0)
+
+
 @register_experiment("cifar10_sigma")
 class Cifar10Sigma(_Cifar, FinalMeasureExperiment):
     paper = f"{PAPER}, A.3 Fig. 17"
     claim = ("The ViTs are less sensitive than the CNNs and ConvMixer at the largest σ, and the "
              "gap grows with σ (from the smallest to the largest σ of the sweep).")
-    sigmas = {"paper": [0.05, 0.1, 0.25, 0.5, 1.0], "cpu": [0.1, 0.25, 0.5, 1.0]}
-    models = {"paper": Cifar10.models, "cpu": ("vit_small", "resnet18", "convmixer")}
+    scales = {"cpu": SigmaSettings(**CPU, models=("vit_small", "resnet18", "convmixer"),
+                                   sigmas=(0.1, 0.25, 0.5, 1.0)),
+              "paper": SigmaSettings()}
 
-    def runs(self, scale: str) -> list[RunConfig]:
-        return [vision_run(m, m, scale) for m in self.models.get(scale, self.models["cpu"])]
+    def runs(self, s: SigmaSettings) -> list[Run]:
+        return vision_runs(same_name(s.models), s)
 
-    def final_settings(self, scale: str) -> dict[str, Any]:
-        return {"sigmas": self.sigmas[scale]}
+    def final_settings(self, s: SigmaSettings) -> dict[str, Any]:
+        return {"sigmas": list(s.sigmas)}
 
     def measure_final(self, cfg: RunConfig, model: nn.Module, train: ArrayDataset,
-                      test: ArrayDataset, scale: str) -> dict[str, Any]:
+                      test: ArrayDataset, s: SigmaSettings) -> dict[str, Any]:
         data = tracking_subset(cfg, model, train, test)
-        return {"sweep": sweep(model, data, self.sigmas[scale], cfg.seed,
+        return {"sweep": sweep(model, data, list(s.sigmas), cfg.seed,
                                repeats=cfg.track.repeats)}
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -245,14 +272,14 @@ class Cifar10WholeInput(_Cifar, FinalMeasureExperiment):
     #: whole-input σ grid, as fractions of the token-wise σ
     fractions = [1 / 16, 1 / 8, 1 / 4, 1 / 2]
 
-    def runs(self, scale: str) -> list[RunConfig]:
-        return [vision_run(m, m, scale) for m in ("vit_small", "resnet18")]
+    def runs(self, s: VisionSettings) -> list[Run]:
+        return vision_runs(same_name(("vit_small", "resnet18")), s)
 
-    def final_settings(self, scale: str) -> dict[str, Any]:
+    def final_settings(self, s: VisionSettings) -> dict[str, Any]:
         return {"fractions": self.fractions}
 
     def measure_final(self, cfg: RunConfig, model: nn.Module, train: ArrayDataset,
-                      test: ArrayDataset, scale: str) -> dict[str, Any]:
+                      test: ArrayDataset, s: VisionSettings) -> dict[str, Any]:
         data = tracking_subset(cfg, model, train, test)
         sigma = cfg.track.sigma
         return {"token": sweep(model, data, [sigma], cfg.seed, repeats=cfg.track.repeats)[0],

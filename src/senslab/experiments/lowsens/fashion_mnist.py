@@ -34,9 +34,8 @@ so the four models are compared at nearly the same accuracy.
 
 from __future__ import annotations
 
-from ...train.config import RunConfig
-from ..base import check_scale, model_runs, register_experiment
-from ._comparison import SIGMA, VisionComparison
+from ..base import Run, fit_runs, register_experiment
+from ._comparison import ComparisonSettings, VisionComparison, comparison_common
 
 #: SGD learning rates of docs/definitions.md#fashion_mnist / the paper's Appendix D
 LRS = {"vit_small": 0.1, "cnn": 0.005, "mlp": 0.1, "mlp_sigmoid": 0.5}
@@ -56,22 +55,18 @@ class FashionMNIST(VisionComparison):
     requires = ("Fashion-MNIST's four idx-gz files in $SENSLAB_DATA/fashion_mnist (found "
                 "automatically: SENSLAB_DATA=DIR), or anywhere with "
                 "--set data.root=DIR.")
+    scales = {
+        "cpu": ComparisonSettings(target=0.80, epochs=25, train_subset=5000, track_examples=200,
+                                  repeats=1, eval_examples=2000, small=True),
+        "paper": ComparisonSettings(target=0.95, epochs=50, track_examples=2000, repeats=5),
+    }
 
-    def runs(self, scale: str) -> list[RunConfig]:
-        check_scale(scale)
-        cpu = scale == "cpu"
-        common = [
-            "data.name=fashion_mnist", "train.batch_size=100", "optim.name=sgd",
-            f"train.target_train_acc={0.80 if cpu else 0.95}",
-            f"train.epochs={25 if cpu else 50}",
-            f"track.sigma={SIGMA}", f"track.repeats={1 if cpu else 5}",
-            f"track.num_examples={200 if cpu else 2000}",
-        ]
-        if cpu:
-            common += ["data.train_subset=5000", "track.eval_examples=2000"]
+    def runs(self, s: ComparisonSettings) -> list[Run]:
+        common = ["data.name=fashion_mnist", "train.batch_size=100", "optim.name=sgd",
+                  *comparison_common(s)]
         vit = ["model.overrides.patch_size=4"]
         cnn = ["model.overrides.sens_patch=4"]
-        if cpu:
+        if s.small:
             vit += ["model.overrides.depth=2", "model.overrides.heads=4",
                     "model.overrides.dim_head=16", "model.overrides.mlp_dim=128"]
             cnn += ["model.overrides.channels=[16, 32]", "model.overrides.hidden=64"]
@@ -82,4 +77,4 @@ class FashionMNIST(VisionComparison):
             "mlp_sigmoid": ["model.overrides.sens_patch=4"],
         }
         models = {k: [f"optim.lr={LRS[k]}", *v] for k, v in models.items()}
-        return model_runs(models, common)
+        return fit_runs(models, common, s.seeds)

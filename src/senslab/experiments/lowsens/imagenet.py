@@ -21,35 +21,41 @@ patches), N(0, σ²) with σ = 0.5 *(ours: the paper's value was lost)*, the sam
 and noise seed for both models, so the verdict compares per-image flip rates in pairs: ViT
 lower by more than 2 s.e. of the paired difference. Scales: ``paper`` — 1,000 images *(ours)*,
 every patch, 1 draw; ``cpu`` — 32 images, 16 random patches per image (ViT-L/16 is ~60 GFLOPs a
-forward pass). ``pretrained=false`` builds random-weight models (for tests, or to check the
-pipeline offline).
+forward pass). ``pretrained=false`` builds random-weight models, initialised from ``seed``
+(for tests, or to check the pipeline offline).
+
+Each model is one run of the registered trainer ``"pretrained"``
+(:mod:`senslab.train.loops.pretrained`: the image sample, the transform, the measurement, the
+run directory); this module holds the settings, the two runs and the verdict.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ...data import DataUnavailableError, data_home
-from ...measure import token_sensitivity
-from ...tokens import Patches
 from ...train.config import ranged
-from .._manual import ManualRun, run_all
-from ..base import Experiment, register_experiment, write_experiment_json
+from ...train.loops.pretrained import PretrainedConfig
+from ..base import Experiment, Run, Settings, register_experiment, seeded_name
 
-IMAGE_SUFFIXES = {".jpeg", ".jpg", ".png"}
 MAX_ACC_GAP = 0.05
 
 
 @dataclass
-class ImageNetSettings:
-    root: str = ""  # ImageFolder root; "" means $SENSLAB_DATA/imagenet/train
+class ImageNetSettings(Settings):
+    """``root``: the ImageFolder root ("" means $SENSLAB_DATA/imagenet/train); ``num_images``
+    sampled images; ``num_tokens`` random patches per image (0: every patch); ``sigma``,
+    ``repeats``: the noise; ``vit``, ``convnext``: the two timm models; ``pretrained``: their
+    published weights (else seeded random ones); ``batch_size``: images (and perturbed copies)
+    per forward pass; ``seed``: the image sample's, the tokens' and the noise's (seed replicate
+    k uses ``seed + k``)."""
+
+    root: str = ""
     num_images: int = ranged(1000, ge=1)
-    num_tokens: int = ranged(0, ge=0)  # 0: every patch
+    num_tokens: int = ranged(0, ge=0)
     sigma: float = ranged(0.5, ge=0)
     repeats: int = ranged(1, ge=1)
     vit: str = "vit_large_patch16_224.augreg_in21k_ft_in1k"
@@ -57,75 +63,6 @@ class ImageNetSettings:
     pretrained: bool = True
     batch_size: int = ranged(16, ge=1)
     seed: int = ranged(0, ge=0)
-
-
-SCALES = {"paper": ImageNetSettings(),
-          "cpu": ImageNetSettings(num_images=32, num_tokens=16)}
-
-
-def image_files(st: ImageNetSettings) -> tuple[list[Path], list[str]]:
-    """A seeded sample of ``num_images`` image files below ``root`` and their class folders."""
-    root = Path(st.root) if st.root else data_home() / "imagenet" / "train"
-    files = sorted(p for p in root.glob("*/*") if p.suffix.lower() in IMAGE_SUFFIXES)
-    if not files:
-        raise DataUnavailableError(
-            f"no images found in {root}/<class>/*.JPEG; put an ImageFolder-style copy of the "
-            "ImageNet-1k training set (or a sample of it) there, or pass --set root=/path/to/train")
-    g = torch.Generator().manual_seed(st.seed)
-    pick = torch.randperm(len(files), generator=g)[: st.num_images].sort().values
-    chosen = [files[int(i)] for i in pick]
-    return chosen, [p.parent.name for p in chosen]
-
-
-def import_timm() -> Any:
-    try:
-        import timm
-    except ImportError as err:
-        raise ImportError(
-            "the imagenet experiment needs the optional package timm for the pretrained models: "
-            "pip install -c constraints.txt timm") from err
-    return timm
-
-
-def create_pretrained(timm: Any, name: str, pretrained: bool) -> torch.nn.Module:
-    try:
-        return timm.create_model(name, pretrained=pretrained).eval()
-    except Exception as err:  # hub/network/cache errors come in many types
-        if not pretrained:
-            raise
-        raise DataUnavailableError(
-            f"could not load the pretrained weights of {name} ({type(err).__name__}: {err}). "
-            "timm downloads them from the Hugging Face hub: run once with network access, or "
-            "copy a warm cache into $HF_HOME on this machine (HF_HUB_OFFLINE=1 then uses it)"
-        ) from err
-
-
-def load_images(timm: Any, model: torch.nn.Module, files: list[Path]) -> torch.Tensor:
-    """Images preprocessed with the model's own timm evaluation transform: (N, 3, 224, 224)."""
-    try:
-        from PIL import Image
-    except ImportError as err:
-        raise ImportError("reading JPEGs needs Pillow: pip install -c constraints.txt pillow"
-                          ) from err
-    config = timm.data.resolve_data_config({}, model=model)
-    transform = timm.data.create_transform(**config)
-    out = []
-    for f in files:
-        with Image.open(f) as im:
-            out.append(transform(im.convert("RGB")))
-    return torch.stack(out)
-
-
-def class_indices(timm: Any, folders: list[str]) -> torch.Tensor | None:
-    """ImageNet-1k class index of each WordNet-ID folder, or None when they are not all known."""
-    info = getattr(timm.data, "ImageNetInfo", None)
-    if info is None:
-        return None
-    synsets = list(info().label_names())
-    index = {s: i for i, s in enumerate(synsets)}
-    if not all(f in index for f in folders):
-        return None
-    return torch.tensor([index[f] for f in folders])
 
 
 @register_experiment("imagenet")
@@ -137,38 +74,20 @@ class ImageNet(Experiment):
     requires = ("pip install -c constraints.txt timm; pretrained weights from the Hugging Face "
                 "hub (network or a warm $HF_HOME); ImageNet train images as "
                 "root/<wnid>/*.JPEG (--set root=...)")
+    scales = {"cpu": ImageNetSettings(num_images=32, num_tokens=16),
+              "paper": ImageNetSettings()}
 
-    scales = SCALES
-
-    def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
-                log: Any) -> list[dict[str, Any]]:
-        st = self.settings(scale, overrides)
-        files, folders = image_files(st)  # data first: its error says where to put the images
-        timm = import_timm()
-        names = {"vit": st.vit, "convnext": st.convnext}
-        write_experiment_json(out, self, scale, list(names))
-        return run_all(out, list(names),
-                       lambda _, label: self._measure(out / label, label, names[label], st,
-                                                      files, folders, timm), log)
-
-    def _measure(self, path: Path, label: str, model_name: str, st: ImageNetSettings,
-                 files: list[Path], folders: list[str], timm: Any) -> dict[str, Any]:
-        model = create_pretrained(timm, model_name, st.pretrained)
-        run = ManualRun(path, label, label)
-        run.start({"settings": asdict(st), "model": model_name, "seed": st.seed,
-                   "images": [str(f) for f in files]})
-        x = load_images(timm, model, files)
-        with torch.no_grad():
-            logits = torch.cat([model(x[i:i + st.batch_size])
-                                for i in range(0, len(x), st.batch_size)])
-        targets = class_indices(timm, folders)
-        acc = None if targets is None else float((logits.argmax(1) == targets).float().mean())
-        r = token_sensitivity(model, x, Patches(16), sigma=st.sigma, repeats=st.repeats,
-                              num_tokens=st.num_tokens or None, generator=st.seed,
-                              chunk_size=st.batch_size)
-        final = {"sens/train": r.estimate, "sens/train_se": r.stderr, "train/acc": acc}
-        run.log({"step": 0, "epoch": 0, **final})
-        return run.finish(final, per_sample=r.per_sample.tolist(), num_images=len(files))
+    def runs(self, s: ImageNetSettings) -> list[Run]:
+        out = []
+        for k in range(s.seeds):
+            for label, model in (("vit", s.vit), ("convnext", s.convnext)):
+                cfg = PretrainedConfig(
+                    name=seeded_name(label, k), label=label, model=model, root=s.root,
+                    num_images=s.num_images, num_tokens=s.num_tokens, sigma=s.sigma,
+                    repeats=s.repeats, pretrained=s.pretrained, batch_size=s.batch_size,
+                    seed=s.seed + k)
+                out.append(Run(cfg.name, cfg, trainer="pretrained", info={"seed": cfg.seed}))
+        return out
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return imagenet_verdict(summaries)

@@ -65,15 +65,9 @@ from torch import Tensor
 
 from ...data import ArrayDataset
 from ...measure import TokenSensitivity
-from ...train.config import RunConfig, apply_overrides
+from ...train.config import RunConfig, ranged
 from ...train.rundir import RunDir
-from ..base import (
-    Experiment,
-    check_scale,
-    locate_data,
-    register_experiment,
-    write_experiment_json,
-)
+from ..base import Experiment, Run, Settings, fit_runs, register_experiment
 from ._language_verdict import language_verdict
 
 MODELS = ("lstm", "roberta", "roberta_relu", "gpt2")
@@ -100,67 +94,68 @@ _CPU_NOTE = ("2-layer models of width 64 (4 heads; the LSTM hidden 64) instead o
              "code: 3)")
 
 
-@dataclass(frozen=True)
-class Source:
-    """One dataset of the experiment: its registered name (the files it needs, and where they
-    are found, are the data package's business) and the CPU scale's training subset."""
+@dataclass
+class LanguageSettings(Settings):
+    """What differs between the scales (defaults: the paper's, but for ``epochs``): ``lr``
+    (AdamW), ``max_len`` (tokens per example), ``epochs`` (at most), ``target`` (stop at this
+    train accuracy; None: every epoch), ``train_subset`` (seeded training examples; None: all),
+    ``track_examples`` × ``repeats`` (tracking subset, noise draws per token), and the models'
+    ``layers``, ``dim`` and ``heads``."""
 
-    data: str
-    cpu_subset: int | None
+    lr: float = ranged(1e-4, gt=0)
+    max_len: int = ranged(128, ge=1)
+    epochs: int = ranged(30, ge=1)
+    target: float | None = ranged(None, ge=0, le=1)
+    train_subset: int | None = ranged(None, ge=1)
+    track_examples: int = ranged(1000, ge=1)
+    repeats: int = ranged(3, ge=1)
+    layers: int = ranged(4, ge=1)
+    dim: int = ranged(256, ge=1)
+    heads: int = ranged(8, ge=1)
+
+
+def language_scales(data: str, cpu_subset: int | None) -> dict[str, LanguageSettings]:
+    """The two scales of the experiment on ``data``: the CPU scale trains ``cpu_subset``
+    examples (None: all), the paper scale :data:`PAPER_EPOCHS` epochs."""
+    return {"cpu": LanguageSettings(lr=1e-3, max_len=64, epochs=10, target=0.97,
+                                    train_subset=cpu_subset, track_examples=64, repeats=1,
+                                    layers=2, dim=64, heads=4),
+            "paper": LanguageSettings(epochs=PAPER_EPOCHS[data])}
 
 
 class LanguageExperiment(Experiment):
-    """The four text models on one dataset (subclasses set ``source``)."""
+    """The four text models on one dataset (subclasses set ``dataset`` and ``scales``)."""
 
     paper = PAPER
     claim = CLAIM
-    source: Source
+    dataset: str
 
-    def runs(self, scale: str) -> list[RunConfig]:
-        check_scale(scale)
-        src, cpu = self.source, scale == "cpu"
+    def runs(self, s: LanguageSettings) -> list[Run]:
         common = [
-            f"data.name={src.data}", "data.test_split=validation",
-            "optim.name=adamw", f"optim.lr={1e-3 if cpu else 1e-4}", "optim.weight_decay=1e-4",
+            f"data.name={self.dataset}", "data.test_split=validation",
+            "optim.name=adamw", f"optim.lr={s.lr}", "optim.weight_decay=1e-4",
             "train.batch_size=32", f"track.sigma={math.sqrt(VARIANCE)}", "track.val=true",
             "track.every=1", "track.unit=epoch", "train.eval_batch_size=256",
+            f"data.options={{'max_len': {s.max_len}}}", f"train.epochs={s.epochs}",
+            f"track.num_examples={s.track_examples}", f"track.repeats={s.repeats}",
         ]
-        if cpu:
-            common += ["data.options={'max_len': 64}", "train.epochs=10",
-                       "train.target_train_acc=0.97", "track.num_examples=64",
-                       "track.repeats=1"]
-            if src.cpu_subset is not None:
-                common.append(f"data.train_subset={src.cpu_subset}")
-            model = ["model.overrides={'layers': 2, 'dim': 64, 'heads': 4, 'dropout': 0.1}"]
-        else:
-            common += ["data.options={'max_len': 128}", f"train.epochs={PAPER_EPOCHS[src.data]}",
-                       "track.num_examples=1000", "track.repeats=3"]
-            model = ["model.overrides={'layers': 4, 'dim': 256, 'heads': 8, 'dropout': 0.1}"]
-        out = []
-        for name in MODELS:
-            cfg = RunConfig(name=name, label=name)
-            cfg.model.name = name
-            out.append(apply_overrides(cfg, common + model))
-        return out
+        if s.target is not None:
+            common.append(f"train.target_train_acc={s.target}")
+        if s.train_subset is not None:
+            common.append(f"data.train_subset={s.train_subset}")
+        model = [f"model.overrides={{'layers': {s.layers}, 'dim': {s.dim}, 'heads': {s.heads}, "
+                 "'dropout': 0.1}"]
+        return fit_runs(dict.fromkeys(MODELS, model), common, s.seeds)
 
-    def execute(self, out: Path, scale: str, overrides: list[str],
-                progress: bool | None, log: Callable[[str], None]) -> list[dict[str, Any]]:
-        """Train each model with ``fit`` (finished runs are reused), then add the end-of-training
-        measurements to its ``summary.json`` (once: a summary that has them is returned as is)."""
-        from ...train.loop import fit
-
-        configs = self.configs(scale, overrides)
-        for cfg in configs:
-            locate_data(cfg)  # before any training: missing data stops the experiment here
-        write_experiment_json(out, self, scale, [c.name for c in configs])
-        summaries = []
-        for i, cfg in enumerate(configs, 1):
-            log(f"[{i}/{len(configs)}] {cfg.name}: {cfg.model.name} on {cfg.data.name}")
-            summary = fit(cfg, out / cfg.name, progress=progress)
-            if "init_seeds" not in summary.get("language", {}):  # end-of-training numbers
-                summary = finish_run(cfg, out / cfg.name, summary)
-            summaries.append(summary)
-        return summaries
+    def after_run(self, run: Run, path: Path, summary: dict[str, Any], settings: Any,
+                  log: Callable[[str], None]) -> dict[str, Any]:
+        """Add the end-of-training measurements to the run's ``summary.json`` (once: a summary
+        that has them is returned as is)."""
+        if "init_seeds" in summary.get("language", {}):
+            return summary
+        log(f"    end-of-training measurements of {run.name}")
+        stored = RunDir(path).read_json("summary.json")
+        return {**finish_run(run.config, path, stored), **run.info}
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return language_verdict(summaries)
@@ -292,7 +287,8 @@ def summary_profile(metrics: list[dict[str, Any]], split: str) -> tuple[list[int
 
 @register_experiment("language_mrpc")
 class LanguageMRPC(LanguageExperiment):
-    source = Source("mrpc", cpu_subset=2000)
+    dataset = "mrpc"
+    scales = language_scales(dataset, cpu_subset=2000)
     cpu_scale_note = _CPU_NOTE.format(subset="a seeded 2,000 of GLUE's 3,668 training pairs")
     requires = ("MRPC: GLUE's train.tsv and dev.tsv (or Microsoft's msr_paraphrase_train.txt + "
                 "GLUE's dev_ids.tsv) in $SENSLAB_DATA/mrpc (found automatically) or in "
@@ -301,7 +297,8 @@ class LanguageMRPC(LanguageExperiment):
 
 @register_experiment("language_rotten_tomatoes")
 class LanguageRottenTomatoes(LanguageExperiment):
-    source = Source("rotten_tomatoes", cpu_subset=3000)
+    dataset = "rotten_tomatoes"
+    scales = language_scales(dataset, cpu_subset=3000)
     cpu_scale_note = _CPU_NOTE.format(subset="a seeded 3,000 of the 11,528 training snippets") + (
         "; the paper has no Rotten Tomatoes run: this single-sentence set stands in for QQP, "
         "which is not available here")
@@ -309,7 +306,8 @@ class LanguageRottenTomatoes(LanguageExperiment):
 
 @register_experiment("language_qqp")
 class LanguageQQP(LanguageExperiment):
-    source = Source("qqp", cpu_subset=4000)
+    dataset = "qqp"
+    scales = language_scales(dataset, cpu_subset=4000)
     cpu_scale_note = ("paper-scale experiment; the cpu scale (2-layer width-64 models, 4,000 "
                       "training pairs, ≤ 10 epochs) is untested here")
     requires = ("QQP: GLUE's QQP train.tsv and dev.tsv (QQP-clean.zip, ~40 MB) in data.root "

@@ -29,9 +29,8 @@ compared at (nearly) the same accuracy.
 
 from __future__ import annotations
 
-from ...train.config import RunConfig
-from ..base import check_scale, model_runs, register_experiment
-from ._comparison import SIGMA, VisionComparison
+from ..base import Run, fit_runs, register_experiment
+from ._comparison import ComparisonSettings, VisionComparison, comparison_common
 
 #: the two digits of the binary task (ours: the paper's pair was lost from our copy)
 DIGITS = (3, 8)
@@ -46,22 +45,18 @@ class MNISTBinary(VisionComparison):
                       "heads of 16, MLP 128; paper code: depth 8, 32 heads of 64, MLP 512), stop "
                       "at 93% train accuracy (≤ 20 epochs), sensitivity on 500 training images × "
                       "2 draws; same SGD lr 0.01, batch 50, patch 7 and σ = 0.1 as the paper.")
+    scales = {
+        "cpu": ComparisonSettings(target=0.93, epochs=20, track_examples=500, repeats=2,
+                                  eval_examples=2000, small=True),
+        "paper": ComparisonSettings(target=0.99, epochs=50, track_examples=2000, repeats=5),
+    }
 
-    def runs(self, scale: str) -> list[RunConfig]:
-        check_scale(scale)
-        cpu = scale == "cpu"
-        common = [
-            "data.name=mnist", f"data.options.digits={list(DIGITS)}",
-            "train.batch_size=50", "optim.name=sgd", "optim.lr=0.01",
-            f"train.target_train_acc={0.93 if cpu else 0.99}",
-            f"train.epochs={20 if cpu else 50}",
-            f"track.sigma={SIGMA}", f"track.repeats={2 if cpu else 5}",
-            f"track.num_examples={500 if cpu else 2000}",
-        ]
-        if cpu:
-            common += ["track.eval_examples=2000"]
+    def runs(self, s: ComparisonSettings) -> list[Run]:
+        common = ["data.name=mnist", f"data.options.digits={list(DIGITS)}",
+                  "train.batch_size=50", "optim.name=sgd", "optim.lr=0.01",
+                  *comparison_common(s)]
         vit = ["model.overrides.patch_size=7"]
-        if cpu:
+        if s.small:
             vit += ["model.overrides.depth=4", "model.overrides.heads=4",
                     "model.overrides.dim_head=16", "model.overrides.mlp_dim=128"]
         models = {
@@ -69,4 +64,4 @@ class MNISTBinary(VisionComparison):
             "mlp": ["model.overrides.sens_patch=7", "model.overrides.widths=[256]",
                     "model.overrides.activation=leaky_relu"],
         }
-        return model_runs(models, common)
+        return fit_runs(models, common, s.seeds)

@@ -45,8 +45,7 @@ The trained ViT-small runs are shared with ``sharpness`` (it copies them when it
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -57,17 +56,38 @@ from ...data.corruptions import corrupt, list_corruptions
 from ...data.images import CIFAR10C_CORRUPTIONS, denormalize
 from ...measure import token_sensitivity
 from ...tokens.base import model_device
-from ...train.config import RunConfig
-from ..base import check_scale, register_experiment
+from ...train.config import RunConfig, ranged
+from ..base import Run, register_experiment
 from ._posthoc import FinalMeasureExperiment
-from ._vision import PAPER, cnn_runs, combine, vit_runs
+from ._vision import (
+    CPU_FASHION,
+    PAPER,
+    RegularizedSettings,
+    combine,
+    vision_runs,
+    vit_runs,
+)
 
 NOISE_BLUR_CIFAR10C = ("gaussian_noise", "shot_noise", "impulse_noise", "speckle_noise",
                        "defocus_blur", "glass_blur", "motion_blur", "zoom_blur", "gaussian_blur")
-CPU_TEST_IMAGES = 1000
-#: final-model sensitivity: training images (a superset of the tracking subset) and noise draws
-SENS_EXAMPLES = {"paper": 5000, "cpu": 1000}
+#: noise draws per token of the final-model sensitivity
 SENS_REPEATS = 2
+#: the CPU scale's CNN: the small 3-layer CNN, lr 0.05 (paper: 0.005, too slow for the budget)
+CPU_CNN = ["optim.lr=0.05", "model.overrides.channels=[16, 32]", "model.overrides.hidden=64"]
+
+
+@dataclass
+class RobustnessSettings(RegularizedSettings):
+    """:class:`~._vision.RegularizedSettings` and: ``others``: the models part (a) compares the
+    ViTs with (``cnn``: :data:`CPU_CNN`); ``test_images``: clean/corrupted test images (None:
+    all); ``sens_examples``: training images of the final-model sensitivity (a superset of the
+    tracking subset)."""
+
+    others: tuple[str, ...] = ("vit_simple", "resnet18", "densenet121")
+    test_images: int | None = ranged(None, ge=1)
+    sens_examples: int = ranged(5000, ge=1)
+
+
 @torch.no_grad()
 def correct(model: nn.Module, x: Tensor, y: Tensor, batch: int = 500) -> Tensor:
     """Per-example correctness (bool, on the CPU) of ``model`` in eval mode; batches go to the
@@ -115,23 +135,26 @@ class Robustness(FinalMeasureExperiment):
                 "$SENSLAB_DATA/cifar10c/CIFAR-10-C; cpu scale: Fashion-MNIST's idx files in "
                 "$SENSLAB_DATA/fashion_mnist or --set data.root=DIR")
 
-    def runs(self, scale: str) -> list[RunConfig]:
-        return vit_runs(check_scale(scale)) + cnn_runs(scale)
+    scales = {"cpu": RobustnessSettings(**CPU_FASHION, others=("cnn",), test_images=1000,
+                                        sens_examples=1000),
+              "paper": RobustnessSettings()}
 
-    def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
-                log: Callable[[str], None]) -> list[dict[str, Any]]:
-        if scale == "paper":  # CIFAR-10-C is read after training: find it before
+    def runs(self, s: RobustnessSettings) -> list[Run]:
+        others = {m: (m, CPU_CNN + [f"model.overrides.sens_patch={s.patch}"] if m == "cnn"
+                      else []) for m in s.others}
+        return vit_runs(s) + vision_runs(others, s, data=s.dataset)
+
+    def before_training(self, s: RobustnessSettings) -> None:
+        if s.dataset == "cifar10":  # CIFAR-10-C is read after training: find it before
             locate("cifar10c")
-        return super().execute(out, scale, overrides, progress, log)
 
-    def final_settings(self, scale: str) -> dict[str, Any]:
-        return {"test_images": None if scale == "paper" else CPU_TEST_IMAGES,
-                "sens_examples": SENS_EXAMPLES.get(scale, SENS_EXAMPLES["cpu"]),
+    def final_settings(self, s: RobustnessSettings) -> dict[str, Any]:
+        return {"test_images": s.test_images, "sens_examples": s.sens_examples,
                 "sens_repeats": SENS_REPEATS}
 
     def measure_final(self, cfg: RunConfig, model: nn.Module, train: ArrayDataset,
-                      test: ArrayDataset, scale: str) -> dict[str, Any]:
-        n = self.final_settings(scale)["test_images"]
+                      test: ArrayDataset, s: RobustnessSettings) -> dict[str, Any]:
+        n = s.test_images
         x, y = test.batch(slice(0, n))
         acc: dict[str, list[float]] = {}
         per_image = torch.zeros(len(y), dtype=torch.float64)
@@ -144,13 +167,11 @@ class Robustness(FinalMeasureExperiment):
                 count += 1
         # same images (the Tracker's generator, so its subset comes first) and the same noise
         # seed for every model: the verdict compares per-image flip rates in pairs
-        settings = self.final_settings(scale)
         g = torch.Generator().manual_seed(cfg.seed + 1)
-        data = train.first(min(settings["sens_examples"], len(train)), generator=g)
+        data = train.first(min(s.sens_examples, len(train)), generator=g)
         data = data.to(model_device(model) or "cpu")
-        r = token_sensitivity(model, data.inputs, sigma=cfg.track.sigma,
-                              repeats=settings["sens_repeats"], generator=cfg.seed,
-                              chunk_size=256)
+        r = token_sensitivity(model, data.inputs, sigma=cfg.track.sigma, repeats=SENS_REPEATS,
+                              generator=cfg.seed, chunk_size=256)
         return {"clean_acc": float(correct(model, x, y).float().mean()), "corrupted_acc": acc,
                 "noise_blur_per_image": (per_image / max(count, 1)).tolist(),
                 "sensitivity": {"estimate": r.estimate, "stderr": r.stderr,

@@ -28,6 +28,8 @@ ViT-small, 300 tracking images).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,15 +38,17 @@ from torch import nn
 from ...data import ArrayDataset
 from ...measure.sharpness import output_sharpness
 from ...train.config import RunConfig
-from ..base import register_experiment
-from ._posthoc import FinalMeasureExperiment, tracking_subset
-from ._vision import PAPER, combine, vit_runs
+from ..base import Run, register_experiment
+from ._posthoc import FinalMeasureExperiment, reuse_finished, tracking_subset
+from ._vision import CPU_FASHION, PAPER, RegularizedSettings, combine, vit_runs
 
 SIGMA_W = 0.05
 REPEATS = 5
 #: a supplementary measurement with more (independent) weight draws, reported, not in the verdict
 SUPPLEMENT_REPEATS = 30
 MAX_ACC_GAP = 0.03
+#: the experiment whose finished runs (siblings of this experiment's directory) are copied
+REUSE_FROM = "robustness"
 
 
 @register_experiment("sharpness")
@@ -55,16 +59,20 @@ class Sharpness(FinalMeasureExperiment):
     cpu_scale_note = ("Fashion-MNIST subset and small ViT-small as in robustness (trained runs "
                       "shared with it); σ_w = 0.05, 5 draws, eval mode, 300 training images")
     requires = "as robustness (paper scale: CIFAR-10 in data.root)"
-    reuse_from = "robustness"
+    scales = {"cpu": RegularizedSettings(**CPU_FASHION), "paper": RegularizedSettings()}
 
-    def runs(self, scale: str) -> list[RunConfig]:
-        return vit_runs(scale)
+    def runs(self, s: RegularizedSettings) -> list[Run]:
+        return vit_runs(s)
 
-    def final_settings(self, scale: str) -> dict[str, Any]:
+    def before_run(self, run: Run, path: Path, log: Callable[[str], None]) -> None:
+        if reuse_finished(path.parent.parent / REUSE_FROM / run.name, path, run.config):
+            log(f"    {run.name}: reusing the finished run of {REUSE_FROM}")
+
+    def final_settings(self, s: RegularizedSettings) -> dict[str, Any]:
         return {"sigma_w": SIGMA_W, "repeats": REPEATS, "supplement": SUPPLEMENT_REPEATS}
 
     def measure_final(self, cfg: RunConfig, model: nn.Module, train: ArrayDataset,
-                      test: ArrayDataset, scale: str) -> dict[str, Any]:
+                      test: ArrayDataset, s: RegularizedSettings) -> dict[str, Any]:
         x = tracking_subset(cfg, model, train, test).inputs
         out = _values(output_sharpness(model, x, sigma_w=SIGMA_W, repeats=REPEATS,
                                        generator=cfg.seed))

@@ -9,8 +9,9 @@ Command: ``senslab run sparse_parity``.
 
 Setup: dataset ``sparse_parity`` (x uniform on {±1}ⁿ, a fixed training set, a held-out test set),
 model ``parity_transformer`` (two pre-LN layers, 4 heads, mean pooling, 2-class head),
-cross-entropy, Adam, minibatches. Six settings of (train size, batch, width, lr, seed) as in the
-paper (their values were lost from our copy; ours are in :data:`SETTINGS`). Tracked every
+cross-entropy, Adam, minibatches (trainer ``sparse_parity``,
+:mod:`senslab.train.loops.sparse_parity`). Six settings of (train size, batch, width, lr, seed)
+as in the paper (their values were lost from our copy; ours are in :data:`SETTINGS`). Tracked every
 ``eval_every`` epochs: train/test loss and accuracy and ``bool_sens`` = the sampled average
 sensitivity E_x Σᵢ 1[ŷ(x) ≠ ŷ(x^⊕i)] of the predicted class
 (``boolean_sensitivity(model, n, method="sample", output="sign")``, the same ``bool_samples``
@@ -23,19 +24,13 @@ paper — n = 20, k = 3, the same six settings for 200 epochs with 2,000 strings
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-import torch
-import torch.nn.functional as F
-
-from ...data import create_dataset
-from ...measure import boolean_sensitivity
-from ...models import create_model
 from ...train.config import ranged
-from .._manual import ManualRun, run_all
-from ..base import Experiment, register_experiment, write_experiment_json
+from ...train.loops._common import config_from
+from ...train.loops.sparse_parity import SparseParityRun, SparseParityTraining
+from ..base import Experiment, Run, Settings, register_experiment
 
 
 class ParitySetting(NamedTuple):
@@ -61,18 +56,13 @@ SETTINGS: tuple[ParitySetting, ...] = (
 
 
 @dataclass
-class ParitySettings:
-    """Shared settings. ``only``: comma-separated run indices (e.g. ``"0,3"``); empty = all.
-    ``train_size`` > 0 replaces every setting's training-set size (quick checks)."""
+class ParitySettings(Settings, SparseParityTraining):
+    """Shared settings (the fields of
+    :class:`~senslab.train.loops.sparse_parity.SparseParityTraining`). ``only``: comma-separated
+    run indices (e.g. ``"0,3"``); empty = all. ``train_size`` > 0 replaces every setting's
+    training-set size (quick checks). Replicate k of ``seeds`` adds k to every setting's seed
+    (its run name says the seed used)."""
 
-    n_bits: int = ranged(20, ge=1)
-    k: int = ranged(3, ge=1)
-    epochs: int = ranged(40, ge=1)
-    test_size: int = ranged(1000, ge=1)
-    eval_every: int = ranged(1, ge=1)
-    bool_samples: int = ranged(500, ge=1)
-    heads: int = ranged(4, ge=1)
-    layers: int = ranged(2, ge=1)
     only: str = ""
     train_size: int = ranged(0, ge=0)
 
@@ -84,9 +74,8 @@ SCALES = {
     "paper": ParitySettings(epochs=200, test_size=2000, bool_samples=2000),
 }
 
-#: verdict thresholds: "≈ 50%" is test acc below PLATEAU_ACC; learned = final test acc ≥
-#: LEARNED_ACC; converged = |bool_sens − k| ≤ K_TOLERANCE · k
-PLATEAU_ACC = 0.6
+#: verdict thresholds: learned = final test acc ≥ LEARNED_ACC; converged = |bool_sens − k| ≤
+#: K_TOLERANCE · k (the plateau's end, test acc ≥ 0.6, is the trainer's PLATEAU_ACC)
 LEARNED_ACC = 0.95
 K_TOLERANCE = 0.15
 
@@ -119,85 +108,19 @@ class SparseParity(Experiment):
 
     scales = SCALES
 
-    def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
-                log: Any) -> list[dict[str, Any]]:
-        st = self.settings(scale, overrides)
-        idx = chosen(st)
-        runs = [SETTINGS[i] if st.train_size <= 0 else SETTINGS[i]._replace(
-            train_size=st.train_size) for i in idx]
-        names = [run_name(i, s) for i, s in zip(idx, runs, strict=True)]
-        write_experiment_json(out, self, scale, names)
-        return run_all(out, names, lambda j, n: self._train(out / n, n, runs[j], st), log)
-
-    def _train(self, path: Path, name: str, s: ParitySetting,
-               st: ParitySettings) -> dict[str, Any]:
-        opts = {"n_bits": st.n_bits, "k": st.k, "train_size": s.train_size,
-                "test_size": st.test_size, "seed": s.seed}
-        train = create_dataset("sparse_parity", "train", **opts)
-        test = create_dataset("sparse_parity", "test", **opts)
-        subset = train.meta["subset"]
-        model = create_model("parity_transformer", n_bits=st.n_bits, dim=s.width,
-                             heads=st.heads, layers=st.layers, mlp_dim=4 * s.width, seed=s.seed)
-        opt = torch.optim.Adam(model.parameters(), lr=s.lr)
-        run = ManualRun(path, name, name)
-        run.start({"settings": asdict(st), "run": s._asdict(), "model": asdict(model.config),
-                   "optim": {"name": "adam", "lr": s.lr}, "subset": subset, "seed": s.seed})
-        gen = torch.Generator().manual_seed(s.seed)
-        x, y = train.inputs, train.targets
-        steps = 0
-
-        def evaluate(epoch: int) -> dict[str, Any]:
-            model.eval()
-            with torch.no_grad():
-                out_tr, out_te = model(x), model(test.inputs)
-            bs = boolean_sensitivity(model, st.n_bits, method="sample", output="sign",
-                                     num_samples=st.bool_samples,
-                                     generator=torch.Generator().manual_seed(s.seed))
-            model.train()
-            return {"step": steps, "epoch": epoch,
-                    "train/loss": F.cross_entropy(out_tr, y).item(),
-                    "train/acc": (out_tr.argmax(1) == y).float().mean().item(),
-                    "test/loss": F.cross_entropy(out_te, test.targets).item(),
-                    "test/acc": (out_te.argmax(1) == test.targets).float().mean().item(),
-                    "bool_sens": bs.average, "bool_sens_se": bs.stderr,
-                    "bool_sens/relevant": bs.influence[subset].sum().item()}
-
-        history = [evaluate(0)]
-        run.log(history[-1])
-        model.train()
-        for epoch in range(1, st.epochs + 1):
-            for idx in torch.randperm(len(x), generator=gen).split(s.batch_size):
-                loss = F.cross_entropy(model(x[idx]), y[idx])
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                steps += 1
-            if epoch % st.eval_every == 0 or epoch == st.epochs:
-                history.append(evaluate(epoch))
-                run.log(history[-1])
-        final = {k: v for k, v in history[-1].items() if k not in ("step", "epoch")}
-        return run.finish(final, k=st.k, n_bits=st.n_bits, progress=parity_progress(history))
+    def runs(self, st: ParitySettings) -> list[Run]:
+        out = []
+        for k in range(st.seeds):
+            for i in chosen(st):
+                s = SETTINGS[i]._replace(seed=SETTINGS[i].seed + k)
+                if st.train_size > 0:
+                    s = s._replace(train_size=st.train_size)
+                cfg = config_from(SparseParityRun, st, name=run_name(i, s), **s._asdict())
+                out.append(Run(cfg.name, cfg, trainer="sparse_parity"))
+        return out
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return parity_verdict(summaries)
-
-
-def parity_progress(history: list[dict[str, Any]]) -> dict[str, Any]:
-    """What the claim compares: the plateau (evaluations before test acc first reaches 0.6),
-    the sensitivity at its start and its largest value inside it, and the final values."""
-    end = next((i for i, r in enumerate(history) if r["test/acc"] >= PLATEAU_ACC), len(history))
-    plateau = history[:end]
-    top = max(plateau, key=lambda r: r["bool_sens"]) if plateau else None
-    return {
-        "plateau_evals": len(plateau),
-        "plateau_end_epoch": history[end]["epoch"] if end < len(history) else None,
-        "sens_start": history[0]["bool_sens"], "sens_start_se": history[0]["bool_sens_se"],
-        "sens_plateau_max": None if top is None else top["bool_sens"],
-        "sens_plateau_max_se": None if top is None else top["bool_sens_se"],
-        "sens_plateau_max_epoch": None if top is None else top["epoch"],
-        "plateau_max_test_acc": None if top is None else top["test/acc"],
-        "sens_final": history[-1]["bool_sens"], "test_acc_final": history[-1]["test/acc"],
-    }
 
 
 def parity_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:

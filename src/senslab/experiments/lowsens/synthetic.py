@@ -12,7 +12,8 @@ Command: ``senslab run synthetic_sparse_frequent``.
 Setup: dataset ``sparse_frequent`` (three settings of each case, the table
 ``SPARSE_FREQUENT_SETTINGS`` in :mod:`senslab.data.synthetic`; the paper's exact parameters were
 lost from our copy, so ours are designed to make both cases clean), model ``sparse_attention``
-(f(X) = mean_i Σ_j softmax_j(x_jᵀ W x_i) vᵀx_j, small random init), logistic loss, plain SGD.
+(f(X) = mean_i Σ_j softmax_j(x_jᵀ W x_i) vᵀx_j, small random init), logistic loss, plain SGD
+(trainer ``sparse_frequent``, :mod:`senslab.train.loops.sparse_frequent`; one run per setting).
 Tracked every ``eval_every`` epochs: train/test/OOD accuracy; ``align/<type>`` = cos(v, u) with
 u_sparse = mean(e_S₊) − mean(e_S₋), u_frequent = mean(e_F₊) − mean(e_F₋) (label-signed, ours)
 and u_irrelevant = mean(e_R); ``attn/<type>`` = softmax attention mass received by each token
@@ -28,43 +29,26 @@ optimiser.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-import torch
-import torch.nn.functional as F
-from torch import Tensor
-
-from ...data import create_dataset
-from ...data.base import ArrayDataset
-from ...data.synthetic import SPARSE_FREQUENT_SETTINGS, TOKEN_TYPES, feature_sensitivities
-from ...measure import token_sensitivity
-from ...models import create_model
-from ...models.small import SparseAttention
-from ...tokens import Sequence
-from ...train.config import ranged
-from .._manual import ManualRun, run_all
-from ..base import Experiment, register_experiment, write_experiment_json
+from ...data.synthetic import SPARSE_FREQUENT_SETTINGS
+from ...train.loops._common import config_from
+from ...train.loops.sparse_frequent import SparseFrequentRun, SparseFrequentTraining
+from ..base import Experiment, Run, Settings, register_experiment, seeded_name
 
 #: the low-sensitivity feature each case is built to have
 EXPECTED_FEATURE = {1: "sparse", 2: "frequent"}
 
 
 @dataclass
-class SyntheticSettings:
-    """Training and tracking settings (ours). ``only``: comma-separated run names (e.g.
-    ``"case1-s0,case2-s0"``) to run a subset; empty runs all six."""
+class SyntheticSettings(Settings, SparseFrequentTraining):
+    """Training and tracking settings (ours; the fields of
+    :class:`~senslab.train.loops.sparse_frequent.SparseFrequentTraining`). ``seed``: the first
+    seed (replicate k of ``seeds`` uses seed + k, named ``<run>-s<k>`` for k > 0). ``only``:
+    comma-separated run names (e.g. ``"case1-s0,case2-s0"``) to run a subset; empty runs all
+    six."""
 
-    epochs: int = ranged(50, ge=1)
-    batch_size: int = ranged(50, ge=1)
-    lr: float = ranged(0.5, gt=0)
-    train_size: int = ranged(1000, ge=1)
-    test_size: int = ranged(1000, ge=1)
-    init_scale: float = ranged(0.01, ge=0)
-    eval_every: int = ranged(5, ge=1)
-    sens_examples: int = ranged(256, ge=1)
-    seed: int = ranged(0, ge=0)
     only: str = ""
 
 
@@ -92,34 +76,6 @@ def run_names(settings: SyntheticSettings) -> list[str]:
     return [n for n in names if n in chosen]
 
 
-def feature_directions(data: ArrayDataset) -> dict[str, Tensor]:
-    """The three reference vectors the head v is compared with (one-hot token space)."""
-    sets = data.meta["token_sets"]
-    eye = torch.eye(data.inputs.shape[-1])
-
-    def mean(name: str) -> Tensor:
-        return eye[sets[name]].mean(0)
-
-    return {"sparse": mean("sparse+") - mean("sparse-"),
-            "frequent": mean("frequent+") - mean("frequent-"),
-            "irrelevant": mean("irrelevant")}
-
-
-@torch.no_grad()
-def attention_by_type(model: SparseAttention, data: ArrayDataset) -> dict[str, float]:
-    """Σ of the softmax attention landing on each token type, averaged over queries and
-    sequences (the three values sum to 1)."""
-    received = model.attention_weights(data.inputs).mean(dim=1)  # (N, L): mean over queries
-    types = data.meta["token_type"]
-    return {t: (received * (types == code)).sum(1).mean().item()
-            for code, t in enumerate(TOKEN_TYPES)}
-
-
-@torch.no_grad()
-def accuracy(model: SparseAttention, data: ArrayDataset) -> float:
-    return ((model(data.inputs) > 0).long() == data.targets).float().mean().item()
-
-
 @register_experiment("synthetic_sparse_frequent")
 class SyntheticSparseFrequent(Experiment):
     paper = "Transformers Learn Low Sensitivity Functions (ICLR 2025), §4.1 / A.1"
@@ -132,67 +88,16 @@ class SyntheticSparseFrequent(Experiment):
 
     scales = SCALES
 
-    def execute(self, out: Path, scale: str, overrides: list[str], progress: bool | None,
-                log: Any) -> list[dict[str, Any]]:
-        settings = self.settings(scale, overrides)
-        names = run_names(settings)
-        write_experiment_json(out, self, scale, names)
-        keys = {f"case{c}-s{s}": (c, s) for c, s in SPARSE_FREQUENT_SETTINGS}
-        return run_all(out, names, lambda _, name: self._train(out / name, name, *keys[name],
-                                                               settings), log)
-
-    def _train(self, path: Path, name: str, case: int, setting: int,
-               st: SyntheticSettings) -> dict[str, Any]:
-        opts = {"case": case, "setting": setting, "seed": st.seed}
-        train = create_dataset("sparse_frequent", "train", num_samples=st.train_size, **opts)
-        test = create_dataset("sparse_frequent", "test", num_samples=st.test_size, **opts)
-        ood = create_dataset("sparse_frequent", "ood", num_samples=st.test_size, **opts)
-        data_cfg = SPARSE_FREQUENT_SETTINGS[case, setting]
-        vocab = data_cfg.vocab_size
-        model = create_model("sparse_attention", dim=vocab, init_scale=st.init_scale, seed=st.seed)
-        assert isinstance(model, SparseAttention)
-        solutions = feature_sensitivities(data_cfg, seed=st.seed)
-        run = ManualRun(path, name, name)
-        run.start({"settings": asdict(st), "case": case, "setting": setting,
-                   "data": asdict(data_cfg), "model": asdict(model.config), "optim": "sgd",
-                   "seed": st.seed})
-        directions = feature_directions(train)
-        sens_x = train.inputs[: st.sens_examples]
-        gen = torch.Generator().manual_seed(st.seed)
-        opt = torch.optim.SGD(model.parameters(), lr=st.lr)
-        x, y = train.inputs, train.targets.float()
-        steps = 0
-
-        def evaluate(epoch: int) -> dict[str, Any]:
-            with torch.no_grad():
-                loss = F.binary_cross_entropy_with_logits(model(x), y).item()
-                v = model.v.detach()
-                align = {f"align/{k}": F.cosine_similarity(v, u, dim=0).item()
-                         for k, u in directions.items()}
-            sens = token_sensitivity(model, sens_x, Sequence(), replace_with=torch.eye(vocab),
-                                     generator=st.seed)
-            return {"step": steps, "epoch": epoch, "train/loss": loss,
-                    "train/acc": accuracy(model, train), "test/acc": accuracy(model, test),
-                    "ood/acc": accuracy(model, ood), **align,
-                    **{f"attn/{k}": m for k, m in attention_by_type(model, train).items()},
-                    "sens/train": sens.estimate, "sens/train_se": sens.stderr}
-
-        record = evaluate(0)
-        run.log(record)
-        for epoch in range(1, st.epochs + 1):
-            for idx in torch.randperm(len(x), generator=gen).split(st.batch_size):
-                loss = F.binary_cross_entropy_with_logits(model(x[idx]), y[idx])
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                steps += 1
-            if epoch % st.eval_every == 0 or epoch == st.epochs:
-                record = evaluate(epoch)
-                run.log(record)
-        final = {k: v for k, v in record.items() if k not in ("step", "epoch")}
-        final.update({"solution/sparse": solutions["sparse"],
-                      "solution/frequent": solutions["frequent"]})
-        return run.finish(final, case=case, setting=setting, epochs=st.epochs)
+    def runs(self, s: SyntheticSettings) -> list[Run]:
+        keys = {f"case{c}-s{n}": (c, n) for c, n in SPARSE_FREQUENT_SETTINGS}
+        out = []
+        for k in range(s.seeds):
+            for name in run_names(s):
+                case, setting = keys[name]
+                cfg = config_from(SparseFrequentRun, s, name=seeded_name(name, k), case=case,
+                                  setting=setting, seed=s.seed + k)
+                out.append(Run(cfg.name, cfg, trainer="sparse_frequent"))
+        return out
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return sparse_frequent_verdict(summaries)

@@ -1,0 +1,99 @@
+"""The trainer registry: every way senslab trains a run, by name.
+
+A trainer takes a run's configuration (a dataclass: :class:`~senslab.train.config.RunConfig` for
+``"fit"``, its own for the others) and a run directory, trains, and returns the run's summary.
+Every trainer writes the same run directory (docs/run-directory.md: ``config.json``,
+``env.json``, ``metrics.jsonl``, checkpoints, ``summary.json``), reuses a finished run of the
+same configuration, refuses a directory that holds another one, and resumes an interrupted run
+from its newest checkpoint bit-identically (same seed, same thread count: same numbers).
+
+Experiments name a trainer and hold no optimizer and no step loop (see
+:mod:`senslab.experiments.base`):
+
+===================  ==================================================================
+``fit``              the standard minibatch loop, :func:`senslab.train.loop.fit`
+``boolean``          a Boolean transformer on PARITY, MAJORITY, … (Hahn & Rofin)
+``attention``        one-layer attention geometry, fixed or joint head (implicit bias)
+``sparse_frequent``  the sparse/frequent-token task (low-sensitivity paper, §4.1)
+``grokking``         modular addition until it generalises
+``sparse_parity``    sparse parity with a transformer, progress measures
+``pretrained``       no training: a pretrained (timm) model measured on images
+===================  ==================================================================
+
+(the table lists the trainers registered by senslab's own modules; ``list_trainers()`` is the
+authority.)
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..registry import Registry
+
+
+@dataclass(frozen=True)
+class Trainer:
+    """A registered trainer.
+
+    ``train(config, path, progress=..., log=...)`` trains one run into ``path`` and returns its
+    summary; ``check(config)`` runs before anything is written (finds the data, so that a
+    missing dataset stops an experiment before its first run); ``config_type`` is the
+    dataclass its runs are configured by; ``example()`` returns a small configuration that
+    trains in a few seconds on a CPU with several checkpoints (the tests kill and resume it).
+    """
+
+    name: str
+    config_type: type
+    train: Callable[..., dict[str, Any]]
+    check: Callable[[Any], None] | None = None
+    example: Callable[[], Any] | None = None
+
+
+TRAINERS: Registry[Trainer] = Registry("trainer")  # type: ignore[type-var]
+
+def register_trainer(name: str, config_type: type,
+                     check: Callable[[Any], None] | None = None,
+                     example: Callable[[], Any] | None = None,
+                     ) -> Callable[[Callable[..., dict[str, Any]]], Callable[..., dict[str, Any]]]:
+    """Decorator: register ``fn(config, path, *, progress, log) -> summary`` as trainer
+    ``name`` for configurations of type ``config_type`` (see :class:`Trainer`)."""
+
+    def deco(fn: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+        trainer = Trainer(name, config_type, fn, check, example)
+        TRAINERS.register(name)(trainer)  # type: ignore[arg-type]
+        return fn
+
+    return deco
+
+
+def _load() -> None:
+    """Import every module of :mod:`senslab.train.loops` (each registers its trainer)."""
+    loops = importlib.import_module("senslab.train.loops")
+    for info in pkgutil.iter_modules(loops.__path__, prefix=f"{loops.__name__}."):
+        if not info.name.rsplit(".", 1)[-1].startswith("_"):
+            importlib.import_module(info.name)
+
+
+def get_trainer(name: str) -> Trainer:
+    _load()
+    return TRAINERS.get(name)  # type: ignore[return-value]
+
+
+def list_trainers() -> list[str]:
+    _load()
+    return TRAINERS.names()
+
+
+def train_run(trainer: str, config: Any, path: str | Path, *, progress: bool | None = None,
+              log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train ``config`` with the trainer named ``trainer`` into ``path``; returns the summary."""
+    t = get_trainer(trainer)
+    if not isinstance(config, t.config_type):
+        raise TypeError(f"trainer {trainer!r} takes a {t.config_type.__name__}, got "
+                        f"{type(config).__name__}")
+    return t.train(config, Path(path), progress=progress, log=log)

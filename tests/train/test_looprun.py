@@ -1,0 +1,97 @@
+"""LoopRun, the run directory of a trainer's own loop: what a run writes when it starts, logs,
+checkpoints and finishes; when a directory is reused, resumed, started over or refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from senslab.train.looprun import (
+    LoopRun,
+    generator_states,
+    set_generator_states,
+    single_thread,
+)
+from senslab.train.rundir import RunDir
+
+
+def _train(path: Path, config: dict, stop_after: int | None = None) -> dict | None:
+    """A toy loop: 6 steps of a random walk from a generator, a record and a checkpoint every 2
+    steps; ``stop_after`` leaves the block after that many steps, as a killed process would."""
+    with LoopRun(path, config) as run:
+        if run.summary is not None:
+            return run.summary
+        gen = torch.Generator().manual_seed(config["seed"])
+        state = run.restore()
+        step, value = 0, torch.zeros(3)
+        if state is not None:
+            step, value = state["step"], state["value"]
+            set_generator_states(state["gens"], gen=gen)
+        while step < 6:
+            if stop_after is not None and step == stop_after:
+                return None
+            value = value + torch.randn(3, generator=gen)
+            step += 1
+            if step % 2 == 0:
+                run.log({"step": step, "value": value.tolist()})
+                run.checkpoint(step, {"value": value, "gens": generator_states(gen=gen)})
+        return run.finish({"name": path.name, "final": {"value": value.tolist()}})
+
+
+def _untimed(path: Path) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "time"} for r in RunDir(path).metrics()]
+
+
+def test_a_fresh_run_writes_config_env_log_checkpoints_and_summary(tmp_path: Path) -> None:
+    summary = _train(tmp_path / "a", {"seed": 1, "shape": (2, 3)})
+    rd = RunDir(tmp_path / "a")
+    assert rd.read_json("config.json") == {"seed": 1, "shape": [2, 3]}  # as JSON reads back
+    assert "torch" in rd.read_json("env.json")
+    assert [r["step"] for r in rd.metrics()] == [2, 4, 6]
+    assert all(r["time"] >= 0 for r in rd.metrics())
+    assert [p.name for p in rd.checkpoints()] == ["step-00000004.safetensors",
+                                                  "step-00000006.safetensors"]  # newest two
+    assert summary == rd.read_json("summary.json") and summary["seconds"] >= 0
+    assert not (tmp_path / "a" / ".senslab.owner").exists()  # the lock is released
+
+
+def test_a_finished_run_is_reused_and_another_config_refused(tmp_path: Path) -> None:
+    path = tmp_path / "a"
+    first = _train(path, {"seed": 1})
+    mtime = (path / "metrics.jsonl").stat().st_mtime_ns
+    assert _train(path, {"seed": 1}) == first
+    assert (path / "metrics.jsonl").stat().st_mtime_ns == mtime
+    with pytest.raises(ValueError, match=r"holds a run with a different configuration "
+                                         r"\(differs in seed\); use another --out"):
+        _train(path, {"seed": 2})
+
+
+def test_an_interrupted_run_resumes_bit_identically(tmp_path: Path) -> None:
+    whole = _train(tmp_path / "whole", {"seed": 3})
+    assert _train(tmp_path / "cut", {"seed": 3}, stop_after=5) is None
+    assert [r["step"] for r in RunDir(tmp_path / "cut").metrics()] == [2, 4]
+    # a record written after the last checkpoint (as by a process killed between the two) is
+    # cut back, not doubled
+    RunDir(tmp_path / "cut").log({"step": 5, "value": []})
+    resumed = _train(tmp_path / "cut", {"seed": 3})
+    assert _untimed(tmp_path / "cut") == _untimed(tmp_path / "whole")
+    assert resumed["final"] == whole["final"]
+
+
+def test_a_run_stopped_before_its_first_checkpoint_starts_over(tmp_path: Path) -> None:
+    path = tmp_path / "a"
+    assert _train(path, {"seed": 1}, stop_after=1) is None
+    assert RunDir(path).checkpoints() == []
+    summary = _train(path, {"seed": 2})  # nothing worth keeping: another config may start
+    assert RunDir(path).read_json("config.json") == {"seed": 2}
+    assert summary == json.loads((path / "summary.json").read_text())
+
+
+def test_single_thread_restores_the_count() -> None:
+    before = torch.get_num_threads()
+    with single_thread():
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
