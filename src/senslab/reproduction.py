@@ -129,7 +129,8 @@ def render(records: dict[str, dict[str, Any]]) -> str:
         "hand.",
         "Every row is the CPU-scale run on a 2-core machine; the result column is the verdict's "
         "own sentence, computed from the measured numbers. Paper-scale settings: "
-        "`senslab run NAME --scale paper` (GPU).",
+        "`senslab run NAME --scale paper` (GPU); how each one compares with the authors' own "
+        "code, setting by setting: [docs/fidelity.md](docs/fidelity.md).",
         "",
         "Summary: " + ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
         + f", {sum(1 for n in list_experiments() if n not in records)} not run here.",

@@ -127,31 +127,49 @@ class SparseAttention(nn.Module):
 @dataclass(frozen=True)
 class ModAddConfig:
     """Nanda et al.-style grokking model: p = 113, d 128, 4 heads, ReLU MLP 512, one layer.
-    ``layer_norm=False`` leaves LayerNorm out (as Nanda et al.); True makes the block pre-LN."""
+
+    ``layer_norm=False`` leaves LayerNorm out (as Nanda et al.); True makes the block pre-LN.
+    The other options reproduce the paper code's ``SimpleTransformer`` (all off by default):
+    ``residual=False`` chains attention and MLP with no residual branches, h = MLP(Attn(x));
+    ``pos_init="zeros"`` starts the positional embedding at zero instead of N(0, 1);
+    ``attn_init="mha"`` initialises attention as ``torch.nn.MultiheadAttention`` does
+    (Xavier-uniform query/key/value weights, zero biases) instead of U(±1/√d) everywhere;
+    ``eq_logit=True`` reads out p + 1 logits, one per vocabulary entry including ``=``.
+    """
 
     p: int = 113
     dim: int = 128
     heads: int = 4
     mlp_dim: int = 512
     layer_norm: bool = False
+    residual: bool = True
+    pos_init: str = "normal"
+    attn_init: str = "linear"
+    eq_logit: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
         _positive(self, "dim", "heads", "mlp_dim")
         if self.p < 2:
             raise ValueError(f"modulus p must be at least 2, got {self.p}")
+        check_one_of("pos_init", self.pos_init, ("normal", "zeros"))
+        check_one_of("attn_init", self.attn_init, ("linear", "mha"))
+        if self.layer_norm and not self.residual:
+            raise ValueError("layer_norm=True needs residual=True (the pre-LN block); the paper "
+                             "code's block without residuals has no LayerNorm either")
 
 
 class ModAddTransformer(nn.Module):
     """Input tokens (B, 3) = ``a b =`` with a, b ∈ [0, p) and ``=`` the id p; output logits
-    (B, p) for (a + b) mod p, read at the ``=`` position.
+    (B, p) for (a + b) mod p, read at the ``=`` position ((B, p + 1) with ``eq_logit``: the last
+    column is the ``=`` token's, never a target).
 
     The number embedding is the submodule ``embed`` (positions are added after it), so
     ``default_tokens()`` = ``Embedding("embed")`` puts noise on the token embeddings. Its output
     also holds the ``=`` token: measurements should pass ``mask=model.number_mask(tokens)`` so
     that only the two numbers are perturbed, as the paper does. Init follows PyTorch's defaults
-    (embeddings N(0, 1), linear U(±1/√fan_in)); the total weight norm at init is ≈ 124, close to
-    the 123 the paper code logged.
+    (embeddings N(0, 1), linear U(±1/√fan_in)) and positions N(0, 1); the total weight norm at
+    init is ≈ 125 (≈ 124 with the paper code's options), close to the 123 the paper code logged.
     """
 
     output_kind = "logits"
@@ -164,11 +182,20 @@ class ModAddTransformer(nn.Module):
         norm = "pre" if c.layer_norm else "none"
         self.block = Block(c.dim, c.heads, c.mlp_dim, norm=norm, activation="relu")
         self.norm = nn.LayerNorm(c.dim) if c.layer_norm else nn.Identity()
-        self.unembed = nn.Linear(c.dim, c.p)
+        self.unembed = nn.Linear(c.dim, c.p + 1 if c.eq_logit else c.p)
         g = torch.Generator().manual_seed(c.seed)
         init_weights(self, g, linear_std=None, embed_std=1.0)
         with torch.no_grad():
-            nn.init.normal_(self.pos_embedding, 0.0, 1.0, generator=g)
+            # the options draw only after the default init, so their defaults change nothing
+            if c.pos_init == "normal":
+                nn.init.normal_(self.pos_embedding, 0.0, 1.0, generator=g)
+            else:
+                self.pos_embedding.zero_()
+            if c.attn_init == "mha":
+                attn = self.block.attn
+                nn.init.xavier_uniform_(attn.qkv.weight, generator=g)  # the stacked (3d, d)
+                attn.qkv.bias.zero_()
+                attn.proj.bias.zero_()
 
     def default_tokens(self) -> Embedding:
         return Embedding("embed")
@@ -188,7 +215,11 @@ class ModAddTransformer(nn.Module):
         if ((tokens[:, :2] < 0) | (tokens[:, :2] >= p)).any() or (tokens[:, 2] != p).any():
             raise ValueError(f"tokens must be `a b =` with a, b in [0, {p}) and `=` = {p}")
         h = self.embed(tokens) + self.pos_embedding
-        return self.unembed(self.norm(self.block(h))[:, -1])
+        if self.config.residual:
+            h = self.block(h)
+        else:  # norm "none" and no dropout: the block's branches alone, one after the other
+            h = self.block.mlp(self.block.attn(h))
+        return self.unembed(self.norm(h)[:, -1])
 
 
 # ---------------------------------------- sparse parity (docs/definitions.md#sparse_parity)
@@ -249,7 +280,12 @@ class ParityTransformer(nn.Module):
 @dataclass(frozen=True)
 class BooleanConfig:
     """Hahn & Rofin's encoder: d = 128, 2 layers, 2 heads, FF width d, dropout 0, post-LN.
-    ``n_bits`` is the size of the positional table, i.e. the longest accepted input."""
+    ``n_bits`` is the size of the positional table, i.e. the longest accepted input.
+
+    ``init``: "independent" draws every block on its own, all Linear layers (attention too)
+    U(±1/√fan_in) on weight and bias; "torch_encoder" is the initial state of the authors'
+    ``nn.TransformerEncoder``: the fused q/k/v matrix Xavier-uniform with zero bias, the attention
+    output bias zero, and every block a copy of the first (the encoder clones one layer)."""
 
     n_bits: int = 30
     dim: int = 128
@@ -257,10 +293,12 @@ class BooleanConfig:
     heads: int = 2
     ff_dim: int = 128
     dropout: float = 0.0
+    init: str = "independent"
     seed: int = 0
 
     def __post_init__(self) -> None:
         _positive(self, "n_bits", "dim", "layers", "heads", "ff_dim")
+        check_one_of("init", self.init, ("independent", "torch_encoder"))
         if self.dim % 2:
             raise ValueError(f"dim must be even (bit and position halves), got {self.dim}")
         if not 0.0 <= self.dropout < 1.0:
@@ -299,6 +337,17 @@ class BooleanTransformer(nn.Module):
         init_weights(self, g, linear_std=None, embed_std=1.0)
         with torch.no_grad():
             nn.init.normal_(self.pos_embedding, 0.0, 1.0, generator=g)
+            if c.init == "torch_encoder":
+                self._clone_first_block(g)
+
+    def _clone_first_block(self, g: torch.Generator) -> None:
+        """PyTorch's MultiheadAttention init on block 0, then block 0 copied into the others."""
+        first = self.blocks[0]
+        nn.init.xavier_uniform_(first.attn.qkv.weight, generator=g)
+        first.attn.qkv.bias.zero_()
+        first.attn.proj.bias.zero_()
+        for block in self.blocks[1:]:
+            block.load_state_dict(first.state_dict())
 
     def default_tokens(self) -> Embedding:
         return Embedding("bit_embed")

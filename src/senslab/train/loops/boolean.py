@@ -30,9 +30,10 @@ At each evaluation (every ``eval_every`` steps and at the last) it logs
 
 Accuracy: a prediction is right when it lands on the correct side of 1/2 (MEAN: when it rounds to
 the correct fraction, |ŷ − y| < 1/(2n)). A run *converged* when its final ``test/acc`` (subset
-training: ``train/acc``) is > 0.99. ``stop_below`` ends training at the first evaluation whose
-training loss is below it. The summary holds ``first_below_001``, the first step whose training
-batch loss was < 0.01 (None if never). A checkpoint is written at every evaluation.
+training: ``train/acc``) is > 0.99; ``converged_loss`` adds a bound on the matching loss.
+``stop_below`` ends training at the first evaluation whose training loss is below it. The
+summary holds ``first_below_001``, the first step whose training batch loss was < 0.01 (None if
+never). A checkpoint is written at every evaluation.
 """
 
 from __future__ import annotations
@@ -71,6 +72,13 @@ class BooleanSetup:
     ``batch``: fresh strings per step; ``eval_size``: fixed held-out strings for loss, accuracy,
     sharpness and blow-up; ``sharp_draws``: weight draws per sharpness estimate;
     ``device``: "auto" picks CUDA when available.
+
+    Three fields whose defaults are senslab's own, for the authors' code at paper scale:
+    ``init``: the model's initialisation (:class:`~senslab.models.small.BooleanConfig`);
+    ``converged_loss``: when set, a run also needs a final loss (held-out, or training loss in
+    subset training) below it to count as converged (the authors' figures keep runs with
+    evaluation loss < 0.001); ``subset_batch``: subset training on ``subset_batch`` strings
+    drawn with replacement from the training set each step instead of the full batch.
     """
 
     dim: int = ranged(128, ge=1)
@@ -83,6 +91,9 @@ class BooleanSetup:
     eval_every: int = ranged(500, ge=1)
     eval_size: int = ranged(1024, ge=1)
     sharp_draws: int = ranged(20, ge=1)
+    init: str = one_of("independent", "torch_encoder")
+    converged_loss: float | None = ranged(None, gt=0)
+    subset_batch: int | None = ranged(None, ge=1)
     device: str = matching("auto", r"auto|cpu|mps|cuda(:\d+)?", "auto, cpu, cuda, cuda:N or mps")
 
 
@@ -238,7 +249,8 @@ def train_boolean(cfg: BooleanRunConfig, path: Path, *, progress: bool | None = 
             return run.summary
         state = run.restore()
         model = create_model("boolean_transformer", n_bits=n, dim=cfg.dim, ff_dim=cfg.dim,
-                             layers=cfg.layers, heads=cfg.heads, seed=seed).to(device)
+                             layers=cfg.layers, heads=cfg.heads, init=cfg.init,
+                             seed=seed).to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         data_gen = torch.Generator().manual_seed(1_000_003 * seed + 17)
         measure_gen = torch.Generator().manual_seed(seed)
@@ -265,8 +277,11 @@ def train_boolean(cfg: BooleanRunConfig, path: Path, *, progress: bool | None = 
                 break
             if subset is None:
                 x, y = fresh_strings(function, n, cfg.batch, data_gen)
-            else:
+            elif cfg.subset_batch is None:
                 x, y = subset.train
+            else:  # the authors' sampler: indices with replacement
+                pick = torch.randint(len(subset.train[0]), (cfg.subset_batch,), generator=data_gen)
+                x, y = subset.train[0][pick], subset.train[1][pick]
             loss = F.mse_loss(model(x.to(device)), y.to(device))
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -284,12 +299,21 @@ def train_boolean(cfg: BooleanRunConfig, path: Path, *, progress: bool | None = 
                 "model": model.state_dict(), "optimizer": opt.state_dict(),
                 "generators": generator_states(data=data_gen, measure=measure_gen),
                 "first_below": first_below, "record": record, "done": done})
-        acc_key = "test/acc" if subset is None else "train/acc"
         return run.finish({
             "label": cfg.label, "name": cfg.name, "final": record, "function": function,
-            "n": n, "seed": seed, "converged": bool(record[acc_key] > CONVERGED_ACC),
+            "n": n, "seed": seed, "converged": converged(record, cfg),
             "first_below_001": first_below, "config": config,
         })
+
+
+def converged(record: dict[str, Any], cfg: BooleanRunConfig) -> bool:
+    """Final accuracy > 0.99 (held-out; subset training: training) and, with
+    ``converged_loss``, the matching loss below it."""
+    kind = "test" if cfg.train_size is None else "train"
+    ok = record[f"{kind}/acc"] > CONVERGED_ACC
+    if cfg.converged_loss is not None:
+        ok = ok and record[f"{kind}/loss"] < cfg.converged_loss
+    return bool(ok)
 
 
 def evaluate(model: nn.Module, cfg: BooleanRunConfig, eval_x: Tensor, eval_y: Tensor,

@@ -3,14 +3,16 @@ Sensitivity Functions", ICLR 2025, §7.3 / A.5), used by the ``grokking`` experi
 
 One run: dataset ``modular_addition`` ((a + b) mod ``p``, tokens ``a b =``, a seeded
 ``train_fraction`` of all pairs for training, the rest for testing), model ``modadd_transformer``
-(one layer, no LayerNorm; ``dim``, ``heads``, ``mlp_dim``), full-batch AdamW (``lr``,
-``weight_decay``, β = (``beta1``, ``beta2``)), one step per epoch, at most ``epochs`` epochs and
-``post_epochs`` more after the first evaluation with test acc ≥ 0.95. Every ``eval_every`` epochs
+(one layer, no LayerNorm; ``dim``, ``heads``, ``mlp_dim`` and the structure options of
+:func:`grokking_model`), full-batch AdamW (``lr``, ``weight_decay``, β = (``beta1``,
+``beta2``)), one step per epoch, at most ``epochs`` epochs and ``post_epochs`` more after the
+first evaluation with test acc ≥ 0.95. Every ``eval_every`` epochs
 (and at 0 and the last): train and test loss/accuracy, ``weight_norm`` (L2 norm of all
 parameters) and ``sens/train``, the probability that the predicted class changes when
-N(0, ``sigma``²) noise is added to one of the two number embeddings (never the ``=`` token), on
-the first ``sens_examples`` training pairs, with the same noise seed at every evaluation. The
-summary holds the phases (:func:`grokking_phases`) and the epochs trained.
+N(0, ``sigma``²) noise is added to one of the two number embeddings, or to both at once with
+``sens_mode="whole"`` (never the ``=`` token), in eval mode, on the first ``sens_examples``
+training pairs, with the same noise seed at every evaluation. The summary holds the phases
+(:func:`grokking_phases`) and the epochs trained.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from ...data import create_dataset
 from ...measure import token_sensitivity
 from ...models import create_model
 from ...tokens import Embedding
-from ..config import ranged
+from ..config import one_of, ranged
 from ..trainers import register_trainer
 from ._common import EpochLoop, classification_record, run_epochs, sgd_step
 
@@ -39,30 +41,49 @@ JUMP = 0.5
 
 @dataclass
 class GrokkingTraining:
-    """The problem, the model, AdamW, the epoch budget, the tracking and the seed."""
+    """The problem, the model, AdamW, the epoch budget, the tracking and the seed.
+
+    ``residual``, ``pos_init``, ``attn_init`` and ``eq_logit`` are
+    :class:`~senslab.models.small.ModAddConfig`'s options (the paper code's model: False,
+    "zeros", "mha", True). ``sens_mode``: "token" perturbs one number at a time, "whole" both
+    numbers at once (the paper code's protocol), each draw N(0, ``sigma``²) per coordinate.
+    """
 
     p: int = ranged(113, ge=2)
     train_fraction: float = ranged(0.3, gt=0, le=1)
     dim: int = ranged(128, ge=1)
     heads: int = ranged(4, ge=1)
     mlp_dim: int = ranged(512, ge=1)
+    residual: bool = True
+    pos_init: str = one_of("normal", "zeros")
+    attn_init: str = one_of("linear", "mha")
+    eq_logit: bool = False
     lr: float = ranged(1e-3, gt=0)
     weight_decay: float = ranged(1.0, ge=0)
+    beta1: float = ranged(0.9, ge=0, lt=1)
+    beta2: float = ranged(0.98, ge=0, lt=1)
     epochs: int = ranged(20000, ge=1)
     post_epochs: int = ranged(1000, ge=0)
     eval_every: int = ranged(1, ge=1)
     sigma: float = ranged(0.1, ge=0)
+    sens_mode: str = one_of("token", "whole")
     sens_examples: int = ranged(1000, ge=1)
     seed: int = ranged(0, ge=0)
 
 
 @dataclass
 class GrokkingRun(GrokkingTraining):
-    """One run: its name, the shared fields and AdamW's β (Nanda et al.'s (0.9, 0.98))."""
+    """One run: its name and the shared fields (AdamW's β default to Nanda et al.'s
+    (0.9, 0.98))."""
 
     name: str = "modadd-p113-s0"
-    beta1: float = ranged(0.9, ge=0, lt=1)
-    beta2: float = ranged(0.98, ge=0, lt=1)
+
+
+def grokking_model(cfg: GrokkingTraining) -> torch.nn.Module:
+    """The ``modadd_transformer`` a run of ``cfg`` trains (before any step)."""
+    return create_model("modadd_transformer", p=cfg.p, dim=cfg.dim, heads=cfg.heads,
+                        mlp_dim=cfg.mlp_dim, residual=cfg.residual, pos_init=cfg.pos_init,
+                        attn_init=cfg.attn_init, eq_logit=cfg.eq_logit, seed=cfg.seed)
 
 
 def weight_norm(model: torch.nn.Module) -> float:
@@ -117,8 +138,7 @@ def train_grokking(cfg: GrokkingRun, path: Path, *, progress: bool | None = None
         opts = {"p": cfg.p, "train_fraction": cfg.train_fraction, "seed": cfg.seed}
         train = create_dataset("modular_addition", "train", **opts)
         test = create_dataset("modular_addition", "test", **opts)
-        model = create_model("modadd_transformer", p=cfg.p, dim=cfg.dim, heads=cfg.heads,
-                             mlp_dim=cfg.mlp_dim, seed=cfg.seed)
+        model = grokking_model(cfg)
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
                                 betas=(cfg.beta1, cfg.beta2))
         sens_x = train.inputs[: cfg.sens_examples]
@@ -127,7 +147,7 @@ def train_grokking(cfg: GrokkingRun, path: Path, *, progress: bool | None = None
 
         def measure() -> dict[str, Any]:
             sens = token_sensitivity(model, sens_x, Embedding("embed"), mask=sens_mask,
-                                     sigma=cfg.sigma, generator=cfg.seed)
+                                     sigma=cfg.sigma, mode=cfg.sens_mode, generator=cfg.seed)
             return {"sens/train": sens.estimate, "sens/train_se": sens.stderr,
                     "weight_norm": weight_norm(model)}
 
