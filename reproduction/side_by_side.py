@@ -5,9 +5,10 @@
 OLD_ROOT/<experiment> and NEW_ROOT/<experiment> are directories written by ``senslab run`` on
 the same machine at the same thread count. For every experiment present in both it compares
 the verdict (verdict and reason), and for every run: each metrics.jsonl record, the summary's
-``final`` record and the measurement files written after training (``final_measure.json``,
-``sigma_sweep.json``), wall-clock entries (``time``, ``seconds``, ``elapsed``) left out. Writes
-``NAME.json`` (every difference) and ``NAME.md`` (one row per experiment).
+``final`` record and the numbers of the measurement files written after training
+(``final_measure.json`` values, ``sigma_sweep.json`` results), wall-clock entries (``time``,
+``seconds``, ``elapsed``) left out. Writes ``NAME.json`` (every difference) and ``NAME.md``
+(one row per experiment).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 CLOCK = {"time", "seconds", "elapsed"}
-MEASURED = ("final_measure.json", "sigma_sweep.json")
+#: measurement files written after training → the key holding the numbers (the rest is the
+#: cache key: the settings that produced them)
+MEASURED = {"final_measure.json": "values", "sigma_sweep.json": "results"}
 
 
 def untimed(node: Any) -> Any:
@@ -82,6 +85,10 @@ def compare(old: Path, new: Path) -> dict[str, Any]:
             if file == "summary.json":  # the numbers; a summary's other keys may be new
                 x, y = x.get("final"), y.get("final")
                 file = "summary.json final"
+            elif file in MEASURED:
+                key = MEASURED[file]
+                x, y = x.get(key), y.get(key)
+                file = f"{file} {key}"
             diffs += [f"{file}{d}" for d in differences(x, y)]
         out["runs"][name] = diffs
     out["equal"] = (out["same_reason"] and "run_names" not in out
