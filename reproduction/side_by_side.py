@@ -101,20 +101,34 @@ def main() -> None:
     ap.add_argument("old", type=Path)
     ap.add_argument("new", type=Path)
     ap.add_argument("--out", type=Path, required=True, help="path without suffix")
+    ap.add_argument("--records", type=Path, default=Path(__file__).parent,
+                    help="the committed records (NAME.json) the re-runs are also set against")
     args = ap.parse_args()
     results = {}
     for exp in sorted(p.name for p in args.old.iterdir() if (p / "verdict.json").exists()):
         if (args.new / exp / "verdict.json").exists():
             results[exp] = compare(args.old / exp, args.new / exp)
+            record = args.records / f"{exp}.json"
+            if record.exists():
+                rec = read(record)
+                results[exp]["record"] = {
+                    "verdict": rec.get("verdict"), "commit": rec.get("commit"),
+                    "same_reason_as_new": rec.get("reason") == read(
+                        args.new / exp / "verdict.json").get("reason")}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
-    lines = ["| experiment | old verdict | new verdict | every number equal | differences |",
-             "|---|---|---|---|---|"]
+    lines = ["| experiment | old verdict | new verdict | every number equal | differences "
+             "| committed record: verdict, same reason as the re-run |",
+             "|---|---|---|---|---|---|"]
     for exp, r in results.items():
         n = sum(len(v) for v in r["runs"].values())
         first = next((f"{k}: {v[0]}" for k, v in r["runs"].items() if v), "")
+        rec = r.get("record")
+        recorded = (f"{rec['verdict']}, {'yes' if rec['same_reason_as_new'] else 'no'}"
+                    if rec else "none")
         lines.append(f"| `{exp}` | {r['verdict'][0]} | {r['verdict'][1]} | "
-                     f"{'yes' if r['equal'] else 'no'} | {n}{' — ' + first if first else ''} |")
+                     f"{'yes' if r['equal'] else 'no'} | {n}{' — ' + first if first else ''} "
+                     f"| {recorded} |")
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
