@@ -135,3 +135,19 @@ def test_a_run_config_key_reaches_every_run_and_a_settings_key_the_settings() ->
     assert settings.seeds == 2 and len(runs) >= 4
     assert {r.config.train.epochs for r in runs} == {2}
     assert sorted({r.config.seed for r in runs}) == [0, 1]
+
+
+def test_a_one_run_per_model_verdict_is_not_read_from_one_of_several_seeds(tmp_path: Path) -> None:
+    """``seeds=2`` trains both replicates of every model; demo's verdict compares one run per
+    model, so it says it was not computed over seeds instead of judging whichever seed came
+    last."""
+    fast = ["train.epochs=1", "train.max_steps=2", "data.train_subset=100",
+            "track.num_examples=8", "track.eval_examples=20"]
+    verdict = run_experiment("demo", tmp_path, overrides=fast + ["seeds=2"],
+                             log=lambda _: None)
+    assert verdict["verdict"] == "not comparable"
+    assert verdict["reason"].startswith("2 seeds per run: demo's verdict compares one run per")
+    runs = json.loads((tmp_path / "experiment.json").read_text())["runs"]
+    assert sorted(runs) == ["cnn", "cnn-s1", "mlp", "mlp-s1", "vit_small", "vit_small-s1"]
+    assert all((tmp_path / r / "summary.json").exists() for r in runs)
+    assert not get_experiment("demo").seed_aware and get_experiment("hr_parity_dynamics").seed_aware

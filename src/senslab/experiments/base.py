@@ -120,6 +120,10 @@ class Experiment:
     #: scales at which the runs train on one intra-op thread (models of a few kilobytes on a
     #: shared machine lose far more to thread hand-offs than they gain)
     one_thread_at: ClassVar[tuple[str, ...]] = ()
+    #: whether :meth:`verdict` judges every run it is given, seed replicates included. A
+    #: verdict that compares one run per model is not: with ``seeds`` > 1 its runs are trained
+    #: and recorded, but the verdict is "not comparable" rather than read from one seed of each
+    seed_aware: ClassVar[bool] = False
 
     # -- the spec ------------------------------------------------------------------------------
     def runs(self, settings: Any) -> list[Run]:
@@ -265,7 +269,15 @@ def _run_locked(exp: Experiment, out: Path, scale: str, overrides: list[str],
     previous = _previous_verdict(out, scale, overrides)
     start = time.perf_counter()
     summaries = exp.execute(out, scale, overrides, progress, log)
-    verdict = exp.verdict(summaries)
+    seeds = exp.settings(scale, overrides).seeds
+    if seeds > 1 and not exp.seed_aware:
+        verdict = {"verdict": "not comparable", "evidence": {},
+                   "reason": f"{seeds} seeds per run: {exp.name}'s verdict compares one run per "
+                             "model and is not computed over seeds; every run is trained and "
+                             "its numbers are in its run directory (seeds=1 gives the "
+                             "single-seed verdict)"}
+    else:
+        verdict = exp.verdict(summaries)
     seconds = round(time.perf_counter() - start, 1)
     # Provenance for REPRODUCTION.md. A verdict.json is written only once every run finished,
     # so re-running the same experiment reuses finished runs: its runtime stays that of the

@@ -109,6 +109,7 @@ class NormVsBlowup(Experiment):
     }
 
     scales = SCALES
+    seed_aware = True  # the verdict judges every run, seed replicates included
 
     def runs(self, s: SweepSettings) -> list[Run]:
         """One run per sweep point; seed replicate k of point i trains with seed i + k·runs."""

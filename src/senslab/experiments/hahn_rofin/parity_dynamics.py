@@ -65,6 +65,7 @@ class ParityDynamics(Experiment):
     )
 
     scales = SCALES
+    seed_aware = True  # the verdict judges every run, seed replicates included
 
     def runs(self, s: DynamicsSettings) -> list[Run]:
         return [boolean_run(f"parity-n{s.n}-s{seed}", s, label="parity", function="parity",

@@ -77,6 +77,7 @@ class RandomFunctions(Experiment):
     )
 
     scales = SCALES
+    seed_aware = True  # the verdict judges every run, seed replicates included
 
     def runs(self, s: RandomSettings) -> list[Run]:
         return [boolean_run(f"{kind}-k{k}-s{seed}", s, info={"train_size": k},

@@ -59,6 +59,7 @@ class SharpnessVsLength(Experiment):
     )
 
     scales = SCALES
+    seed_aware = True  # the verdict judges every run, seed replicates included
 
     def runs(self, s: LengthSettings) -> list[Run]:
         unknown = [f for f in s.functions if f not in FUNCTIONS]

@@ -136,6 +136,7 @@ class IBFixedV(Experiment):
     }
 
     scales = SCALES
+    seed_aware = True  # the verdict judges every run, seed replicates included
     one_thread_at = ("cpu", "paper")  # a model of a few kilobytes at every scale
 
     def runs(self, s: FixedVSettings) -> list[Run]:

@@ -76,6 +76,7 @@ class IBJoint(Experiment):
     }
 
     scales = SCALES
+    seed_aware = True  # the verdict judges every run, seed replicates included
     one_thread_at = ("cpu", "paper")  # a model of a few kilobytes at every scale
 
     def runs(self, s: JointSettings) -> list[Run]:

@@ -88,6 +88,7 @@ class Grokking(Experiment):
     )
 
     scales = SCALES
+    seed_aware = True  # the verdict judges every run, seed replicates included
 
     def runs(self, s: GrokSettings) -> list[Run]:
         out = []

@@ -107,6 +107,7 @@ class SparseParity(Experiment):
     )
 
     scales = SCALES
+    seed_aware = True  # the verdict judges every run, seed replicates included
 
     def runs(self, st: ParitySettings) -> list[Run]:
         out = []

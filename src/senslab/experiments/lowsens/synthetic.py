@@ -87,6 +87,7 @@ class SyntheticSparseFrequent(Experiment):
     )
 
     scales = SCALES
+    seed_aware = True  # the verdict judges every run, seed replicates included
 
     def runs(self, s: SyntheticSettings) -> list[Run]:
         keys = {f"case{c}-s{n}": (c, n) for c, n in SPARSE_FREQUENT_SETTINGS}
