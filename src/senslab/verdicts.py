@@ -1,0 +1,280 @@
+r"""Verdicts: the rules that turn estimated effects into *supported*, *contradicted* or
+*inconclusive* (docs/definitions.md#verdicts).
+
+A claim is directional: "the ViT is less sensitive than the MLP", "PARITY's sharpness grows with
+n". Each part of a claim is an :class:`Effect`, oriented so that a **positive value is the
+claimed direction** (MLP − ViT, the slope), with a standard error and the degrees of freedom of
+its reference distribution. :func:`judge` decides every part with a two-sided test at level
+:data:`ALPHA`:
+
+* **supported** — the interval lies above zero (the claimed side);
+* **contradicted** — it lies below zero (the other side);
+* **inconclusive** — it contains zero. The part then states the smallest effect it could have
+  detected with power :data:`POWER`,
+  :math:`(t_{1-\alpha_i/2,\nu} + t_{\text{power},\nu})\,\mathrm{se}`.
+
+A claim with :math:`m > 1` parts is decided with Holm's step-down correction: the parts sorted by
+their two-sided p-values :math:`p_{(1)} \le \dots \le p_{(m)}` are tested at
+:math:`\alpha_i = \alpha/(m - i + 1)` until the first that is not significant; that part and
+every later one are tested at that part's level (so none of them is significant). Each part's
+interval is at its own level :math:`1 - \alpha_i`, so a part is decided exactly when its interval
+excludes zero. The claim is supported if every part is, contradicted if any part is, and
+inconclusive otherwise. "Not comparable" is not decided here: it is for runs that failed the
+claim's precondition (unequal train accuracy, a run that never converged), and the experiment
+returns it before any effect is judged.
+
+Where an effect comes from:
+
+* :func:`over_seeds` — one value per training seed (for a comparison of two models, the
+  difference of the two models trained with that seed and measured on the same examples and
+  noise draws): the mean, its standard error :math:`s/\sqrt n` and Student's t with
+  :math:`n - 1` degrees of freedom. The seed-level variance :math:`s^2` contains the measurement
+  noise of each value as well as the seed-to-seed variation; both parts are reported
+  (:math:`\mathrm{se}_\text{measure}^2 = \sum_i \mathrm{se}_i^2 / n^2`,
+  :math:`\mathrm{se}_\text{seed}^2 = \max(\mathrm{se}^2 - \mathrm{se}_\text{measure}^2, 0)`).
+  With one seed the measurement standard error is all there is: the normal reference, and the
+  part says that seed-to-seed variation is not in its interval.
+* :func:`measured` — one estimate with a measurement standard error (normal reference).
+* :func:`bootstrap` — a statistic of a set of runs (a slope over n, a rank correlation):
+  the standard error is the standard deviation of the statistic over runs resampled with
+  replacement (a fixed generator), with Student's t on (number of runs − 1) degrees of freedom.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from scipy import stats
+
+__all__ = [
+    "ALPHA", "CONTRADICTED", "INCONCLUSIVE", "NOT_COMPARABLE", "POWER", "SUPPORTED", "WORDS",
+    "Effect", "bootstrap", "describe", "judge", "measured", "not_comparable", "over_seeds",
+    "paired_by_seed", "verdict",
+]
+
+SUPPORTED = "supported"
+CONTRADICTED = "contradicted"
+INCONCLUSIVE = "inconclusive"
+NOT_COMPARABLE = "not comparable"
+#: every verdict word, in the order reports list them
+WORDS = (SUPPORTED, CONTRADICTED, INCONCLUSIVE, NOT_COMPARABLE)
+#: the level of every test (two-sided), before the multiple-comparison correction
+ALPHA = 0.05
+#: the power at which an inconclusive part states the smallest effect it could have detected
+POWER = 0.8
+#: bootstrap resamples (:func:`bootstrap`)
+BOOTSTRAP = 2000
+
+
+@dataclass(frozen=True)
+class Effect:
+    """An estimated effect, positive in the claimed direction.
+
+    ``se``: its standard error (NaN: unknown, and the part cannot be decided); ``df``: degrees of
+    freedom of the reference distribution (``math.inf``: normal); ``seeds``: independent training
+    runs behind it; ``se_measure``/``se_seed``: the parts of ``se`` from measurement noise and
+    from seed-to-seed variation, where known; ``what``: the quantity in words ("mlp −
+    vit_small"); ``method``: how ``se`` was obtained.
+    """
+
+    value: float
+    se: float
+    df: float = math.inf
+    seeds: int = 1
+    se_measure: float | None = None
+    se_seed: float | None = None
+    what: str = ""
+    method: str = "measurement"
+
+    def quantile(self, q: float) -> float:
+        """The ``q`` quantile of the reference distribution (t with ``df``, or normal)."""
+        if math.isinf(self.df):
+            return float(stats.norm.ppf(q))
+        return float(stats.t.ppf(q, self.df))
+
+    def interval(self, alpha: float = ALPHA) -> tuple[float, float]:
+        """The two-sided ``1 − alpha`` interval."""
+        half = self.quantile(1 - alpha / 2) * self.se
+        return self.value - half, self.value + half
+
+    def p_value(self) -> float:
+        """Two-sided p-value of "the effect is zero" (NaN when it cannot be computed)."""
+        if not (math.isfinite(self.value) and math.isfinite(self.se)):
+            return math.nan
+        if self.se == 0:
+            return 1.0 if self.value == 0 else 0.0
+        z = abs(self.value) / self.se
+        tail = stats.norm.sf(z) if math.isinf(self.df) else stats.t.sf(z, self.df)
+        return float(min(1.0, 2 * tail))
+
+    def detectable(self, alpha: float = ALPHA, power: float = POWER) -> float:
+        """The smallest true effect a two-sided level-``alpha`` test detects with ``power``."""
+        return (self.quantile(1 - alpha / 2) + self.quantile(power)) * self.se
+
+
+def measured(value: float, se: float, what: str = "") -> Effect:
+    """One estimate with its measurement standard error (one training run: seed-to-seed
+    variation is not in it)."""
+    return Effect(float(value), float(se), math.inf, 1, float(se), None, what, "measurement")
+
+
+def over_seeds(values: Sequence[float], measure_ses: Sequence[float] | None = None,
+               what: str = "") -> Effect:
+    """The mean of one value per training seed, with Student's t on ``len(values) − 1`` degrees
+    of freedom; ``measure_ses``: each value's measurement standard error (to split the
+    uncertainty into its two parts). One seed: :func:`measured` (NaN standard error without
+    ``measure_ses``)."""
+    vals = [float(v) for v in values]
+    if measure_ses is not None and len(measure_ses) != len(vals):
+        raise ValueError(f"over_seeds: {len(vals)} values but {len(measure_ses)} standard errors")
+    if not vals:
+        raise ValueError("over_seeds: no values (no seed produced this quantity)")
+    n = len(vals)
+    se_m = (math.sqrt(sum(float(s) ** 2 for s in measure_ses)) / n
+            if measure_ses is not None else None)
+    if n == 1:
+        return Effect(vals[0], math.nan if se_m is None else se_m, math.inf, 1, se_m, None, what,
+                      "measurement (one seed)")
+    mean = sum(vals) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1))
+    se = sd / math.sqrt(n)
+    se_seed = None if se_m is None else math.sqrt(max(se * se - se_m * se_m, 0.0))
+    return Effect(mean, se, n - 1, n, se_m, se_seed, what, f"mean over {n} seeds (t)")
+
+
+def paired_by_seed(low: Mapping[Any, tuple[float, float]], high: Mapping[Any, tuple[float, float]],
+                   what: str = "") -> Effect:
+    """``high − low`` paired by seed: ``{seed: (value, measurement se)}`` of each side; the seeds
+    both sides have. The measurement standard error of one difference is taken as
+    :math:`\\sqrt{\\mathrm{se}_\\text{low}^2 + \\mathrm{se}_\\text{high}^2}` (an upper bound
+    when both were measured on the same draws)."""
+    seeds = sorted(set(low) & set(high), key=str)
+    if not seeds:
+        raise ValueError(f"paired_by_seed ({what}): no seed has both sides")
+    return over_seeds([high[s][0] - low[s][0] for s in seeds],
+                      [math.hypot(high[s][1], low[s][1]) for s in seeds], what)
+
+
+def bootstrap(units: Sequence[Any], statistic: Callable[[list[Any]], float], what: str = "",
+              resamples: int = BOOTSTRAP, seed: int = 0) -> Effect:
+    """``statistic(units)`` with the bootstrap standard error over ``units`` (runs) resampled
+    with replacement, ``resamples`` times from a generator seeded with ``seed``; Student's t on
+    ``len(units) − 1`` degrees of freedom. Resamples on which the statistic is undefined (NaN,
+    e.g. a slope over one value of n) are left out; fewer than half defined: NaN."""
+    units = list(units)
+    value = float(statistic(units))
+    n = len(units)
+    if n < 2:
+        return Effect(value, math.nan, math.inf, n, None, None, what, "bootstrap over runs")
+    rng = random.Random(seed)
+    reps = []
+    for _ in range(resamples):
+        r = float(statistic([units[rng.randrange(n)] for _ in range(n)]))
+        if math.isfinite(r):
+            reps.append(r)
+    if len(reps) < resamples / 2:
+        se = math.nan
+    else:
+        m = sum(reps) / len(reps)
+        se = math.sqrt(sum((r - m) ** 2 for r in reps) / (len(reps) - 1))
+    return Effect(value, se, n - 1, n, None, None, what, f"bootstrap over {n} runs")
+
+
+def _decide(effect: Effect, alpha: float) -> str:
+    lo, hi = effect.interval(alpha)
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return INCONCLUSIVE
+    if lo > 0:
+        return SUPPORTED
+    if hi < 0:
+        return CONTRADICTED
+    return INCONCLUSIVE
+
+
+def judge(parts: Mapping[str, Effect], alpha: float = ALPHA,
+          power: float = POWER) -> dict[str, Any]:
+    """Decide every part (Holm-corrected when there are several) and the claim.
+
+    Returns ``{"verdict", "parts": {name: {verdict, what, effect, se, interval, level, df,
+    seeds, se_measure, se_seed, p, detectable, method}}, "correction", "alpha"}``;
+    ``detectable`` is set for inconclusive parts only.
+    """
+    if not parts:
+        raise ValueError("judge: a claim needs at least one part")
+    m = len(parts)
+    order = sorted(parts, key=lambda k: (math.isnan(parts[k].p_value()), parts[k].p_value()))
+    levels: dict[str, float] = {}
+    stopped: float | None = None
+    for i, name in enumerate(order):
+        level = alpha / (m - i)
+        if stopped is None:
+            p = parts[name].p_value()
+            if not (p < level):
+                stopped = level
+        levels[name] = level if stopped is None else stopped
+    out: dict[str, dict[str, Any]] = {}
+    for name, e in parts.items():
+        a = levels[name]
+        word = _decide(e, a)
+        lo, hi = e.interval(a)
+        entry = asdict(e)
+        entry.pop("value")
+        entry.update(verdict=word, effect=e.value, interval=[lo, hi], level=1 - a,
+                     p=e.p_value(), detectable=None)
+        if word == INCONCLUSIVE:
+            entry["detectable"] = e.detectable(a, power)
+        out[name] = entry
+    words = [p["verdict"] for p in out.values()]
+    if CONTRADICTED in words:
+        overall = CONTRADICTED
+    elif all(w == SUPPORTED for w in words):
+        overall = SUPPORTED
+    else:
+        overall = INCONCLUSIVE
+    return {"verdict": overall, "parts": out, "alpha": alpha, "power": power,
+            "correction": f"Holm over {m} parts" if m > 1 else "none (one part)"}
+
+
+def _num(x: float) -> str:
+    return f"{x:.3g}" if math.isfinite(x) else str(x)
+
+
+def describe(name: str, part: Mapping[str, Any]) -> str:
+    """One part in words: ``name: what = +0.012 [+0.004, +0.020] (95%, 3 seeds) supported``."""
+    lo, hi = part["interval"]
+    what = part.get("what") or name
+    seeds = part.get("seeds", 1)
+    level = f"{100 * part['level']:.4g}%"
+    text = (f"{what} = {part['effect']:+.3g} [{lo:+.3g}, {hi:+.3g}] ({level}, "
+            f"{seeds} seed{'s' if seeds != 1 else ''}) {part['verdict']}")
+    if part["verdict"] == INCONCLUSIVE:
+        det = part.get("detectable")
+        text += (f", could detect ≥ {_num(det)}" if det is not None and math.isfinite(det)
+                 else ", no uncertainty estimate")
+    if seeds == 1 and part.get("method", "").startswith("measurement"):
+        text += " (measurement noise only)"
+    return text
+
+
+def verdict(parts: Mapping[str, Effect], claim: str = "", evidence: dict[str, Any] | None = None,
+            note: str = "", alpha: float = ALPHA) -> dict[str, Any]:
+    """An experiment's verdict from its claim's parts: ``{"verdict", "reason", "evidence",
+    "effects", "correction"}``; the reason is ``claim`` (a short restatement), each part in
+    words (:func:`describe`), then ``note``."""
+    j = judge(parts, alpha)
+    body = "; ".join(describe(k, p) for k, p in j["parts"].items())
+    reason = f"{claim}: {body}" if claim else body
+    if note:
+        reason += f". {note}"
+    return {"verdict": j["verdict"], "reason": reason, "evidence": evidence or {},
+            "effects": j["parts"], "correction": j["correction"]}
+
+
+def not_comparable(reason: str, evidence: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The verdict of runs that failed the claim's precondition."""
+    return {"verdict": NOT_COMPARABLE, "reason": reason, "evidence": evidence or {},
+            "effects": {}}
