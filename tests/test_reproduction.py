@@ -12,7 +12,7 @@ from senslab.experiments import get_experiment, list_experiments
 from senslab.reproduction import format_runtime, load_records, record, render, reproduction
 
 
-def _exp_dir(root: Path, name: str, verdict: str = "holds", scale: str = "cpu",
+def _exp_dir(root: Path, name: str, verdict: str = "supported", scale: str = "cpu",
              **extra: object) -> Path:
     d = root / name
     d.mkdir(parents=True)
@@ -24,29 +24,57 @@ def _exp_dir(root: Path, name: str, verdict: str = "holds", scale: str = "cpu",
     return d
 
 
+EFFECTS = {"mlp": {"what": "mlp − vit", "effect": 0.012, "interval": [0.004, 0.02],
+                   "level": 0.975, "se": 0.002, "se_measure": 0.0015, "se_seed": 0.0013,
+                   "seeds": 3, "verdict": "supported"}}
+
+
 def test_record_and_render(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    _exp_dir(runs, "grokking")
-    _exp_dir(runs, "ib_joint", verdict="does not hold", overrides=["steps=50"])
+    _exp_dir(runs, "grokking", effects=EFFECTS, seeds=3, device="CPU: X, 2 cores", threads=1)
+    _exp_dir(runs, "ib_joint", verdict="inconclusive", overrides=["steps=50"])
     out = reproduction(records=tmp_path / "rec", out=tmp_path / "R.md", runs_root=runs,
                        log=lambda _: None)
     recs = load_records(tmp_path / "rec")
     assert set(recs) == {"grokking", "ib_joint"}
     assert recs["grokking"]["runs"] == 2 and recs["grokking"]["runtime_s"] == 125.0
+    assert recs["grokking"]["schema"] == 2 and recs["grokking"]["seeds"] == 3
     assert "evidence" not in recs["grokking"]  # records stay small
     text = out.read_text()
     # one row per registered experiment, recorded or not
     for name in list_experiments():
         assert f"`{name}`" in text
     row = next(line for line in text.splitlines() if line.startswith("| `grokking`"))
+    cells = row.split(" | ")
+    assert cells[2] == "cpu" and cells[4] == "3"
+    assert cells[5] == "mlp − vit +0.012 [+0.004, +0.02] (s.e. 0.002: meas. 0.0015, seeds 0.0013)"
+    assert cells[7] == "CPU: X, 2 cores, 1 thread"
     assert "grokking: measured 0.123 vs 0.456" in row and "2.1 min" in row
-    assert "**holds**" in row and get_experiment("grokking").claim in row
-    assert "`--set steps=50`" in text and "**does not hold**" in text
+    assert "**supported**" in row and get_experiment("grokking").claim in row
+    assert "`--set steps=50`" in text and "**inconclusive**" in text
     demo = next(line for line in text.splitlines() if line.startswith("| `demo`"))
     assert "not run here" in demo
-    assert "Summary: 1 does not hold, 1 holds," in text
+    assert "Summary, CPU scale: 1 supported, 1 inconclusive," in text
     # rendering is a pure function of the records: same records, same text
     assert render(load_records(tmp_path / "rec")) == text
+
+
+def test_paper_scale_rows(tmp_path: Path) -> None:
+    """A paper-scale run is recorded beside the CPU one (``<name>.paper.json``) and gets its own
+    row; the summary counts each scale apart."""
+    _exp_dir(tmp_path / "cpu", "grokking")
+    _exp_dir(tmp_path / "paper", "grokking", verdict="contradicted", scale="paper",
+             device="NVIDIA H100 (CUDA)")
+    record(tmp_path / "cpu" / "grokking", tmp_path / "rec")
+    path = record(tmp_path / "paper" / "grokking", tmp_path / "rec")
+    assert path.name == "grokking.paper.json"
+    recs = load_records(tmp_path / "rec")
+    assert set(recs) == {"grokking", "grokking.paper"}
+    text = render(recs)
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| `grokking`")]
+    assert [r[2] for r in rows] == ["cpu", "paper"]
+    assert rows[1][7] == "NVIDIA H100 (CUDA)" and rows[1][8] == "**contradicted** |"
+    assert "Paper scale: 1 contradicted." in text
 
 
 def test_record_errors(tmp_path: Path) -> None:
@@ -58,8 +86,8 @@ def test_record_errors(tmp_path: Path) -> None:
         record(d, tmp_path / "rec")
     with pytest.raises(KeyError, match="not registered"):
         record(_exp_dir(tmp_path, "no_such_experiment"), tmp_path / "rec")
-    with pytest.raises(ValueError, match="CPU-scale runs only"):
-        record(_exp_dir(tmp_path / "p", "grokking", scale="paper"), tmp_path / "rec")
+    with pytest.raises(ValueError, match="records the scales cpu, paper"):
+        record(_exp_dir(tmp_path / "p", "grokking", scale="ladder"), tmp_path / "rec")
     assert not (tmp_path / "rec").exists()
 
 
@@ -101,10 +129,10 @@ def test_runtimes_come_from_records_only(tmp_path: Path) -> None:
                  runs_root=tmp_path / "runs", log=lambda _: None)
     rows = {line.split(" | ")[0].split("`")[1]: line.split(" | ")
             for line in (tmp_path / "R.md").read_text().splitlines() if line.startswith("| `")}
-    assert rows["grokking"][3] == "2.1 min"
-    assert rows["sparse_parity"][3] == "—"
-    assert rows["cifar10"][3] == get_experiment("cifar10").runtime_estimate
-    assert rows["imagenet"][3] == "—"
+    assert rows["grokking"][6] == "2.1 min"
+    assert rows["sparse_parity"][6] == "—"
+    assert rows["cifar10"][6] == get_experiment("cifar10").runtime_estimate
+    assert rows["imagenet"][6] == "—"
     assert (format_runtime(84.0), format_runtime(125.0), format_runtime(None)) \
         == ("84 s", "2.1 min", "—")
 

@@ -16,7 +16,10 @@ experiment computes from its measured numbers, and the runtime column is the rec
 
 A record carries ``"schema"``, the version of its format (:data:`RECORD_SCHEMA`). A record
 without it was written before the field existed and has the same fields (schema 1); a record of
-a newer schema than this code knows is refused.
+a newer schema than this code knows is refused. Schema 2 adds the verdict's ``effects`` (each
+part of the claim with its interval: :mod:`senslab.verdicts`), ``seeds`` and ``device``, and
+records paper-scale runs too (``reproduction/<name>.paper.json``); schema-1 records carry the
+two-way words of earlier verdicts ("holds", "does not hold") and are shown as they are.
 """
 
 from __future__ import annotations
@@ -27,18 +30,24 @@ from pathlib import Path
 from typing import Any
 
 from .experiments import get_experiment, list_experiments
+from .verdicts import WORDS
 
-RECORD_KEYS = ("verdict", "reason", "runtime_s", "overrides", "finished", "commit", "threads")
+RECORD_KEYS = ("verdict", "reason", "runtime_s", "overrides", "finished", "commit", "threads",
+               "effects", "correction", "seeds", "device")
 #: the format of ``reproduction/<name>.json`` this code writes and reads
-RECORD_SCHEMA = 1
+RECORD_SCHEMA = 2
+#: the scales REPRODUCTION.md shows, in row order
+RECORD_SCALES = ("cpu", "paper")
+#: how many parts of a claim the effect column lists before "… and N more"
+SHOWN_PARTS = 4
 
 
 def record(exp_dir: str | Path, records: str | Path = "reproduction") -> Path:
     """Write ``records/<name>.json`` from one finished experiment directory and return its path.
 
-    Only CPU-scale results are recorded (the table is about what ran on this kind of machine);
-    a paper-scale directory, an unfinished one (no verdict.json) or an unregistered name is an
-    error that says which.
+    A CPU-scale run is recorded as ``<name>.json``, a paper-scale one as ``<name>.paper.json``;
+    an unfinished directory (no verdict.json), another scale or an unregistered name is an error
+    that says which.
     """
     exp_dir = Path(exp_dir)
     exp_file, verdict_file = exp_dir / "experiment.json", exp_dir / "verdict.json"
@@ -55,13 +64,13 @@ def record(exp_dir: str | Path, records: str | Path = "reproduction") -> Path:
         raise KeyError(f"{exp_dir}: experiment {name!r} is not registered "
                        f"(known: {', '.join(list_experiments())})")
     scale = verdict.get("scale", exp.get("scale", "cpu"))
-    if scale != "cpu":
+    if scale not in RECORD_SCALES:
         raise ValueError(f"{exp_dir} was run at scale {scale!r}; REPRODUCTION.md records the "
-                         "CPU-scale runs only")
+                         f"scales {', '.join(RECORD_SCALES)}")
     rec: dict[str, Any] = {"name": name, "scale": scale, "runs": len(exp.get("runs", [])),
                            "schema": RECORD_SCHEMA}
     rec.update({k: verdict[k] for k in RECORD_KEYS if k in verdict})
-    out = Path(records) / f"{name}.json"
+    out = Path(records) / (f"{name}.json" if scale == "cpu" else f"{name}.{scale}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n")
@@ -70,9 +79,10 @@ def record(exp_dir: str | Path, records: str | Path = "reproduction") -> Path:
 
 
 def load_records(records: str | Path = "reproduction") -> dict[str, dict[str, Any]]:
-    """All records in ``records``, keyed by experiment name, in the current format (a record
-    without ``schema`` is one of schema 1); a damaged record or one of a newer schema is an
-    error that names the file."""
+    """All records in ``records``, keyed by file stem (the experiment's name for its CPU-scale
+    record, ``<name>.paper`` for a paper-scale one), in the current format (a record without
+    ``schema`` is one of schema 1); a damaged record or one of a newer schema is an error that
+    names the file."""
     out = {}
     for path in sorted(Path(records).glob("*.json")):
         try:
@@ -88,7 +98,8 @@ def load_records(records: str | Path = "reproduction") -> dict[str, dict[str, An
         if not isinstance(schema, int) or schema > RECORD_SCHEMA:
             raise ValueError(f"{path} was written by a newer senslab (record schema {schema}; "
                              f"this one reads up to {RECORD_SCHEMA}); upgrade senslab")
-        out[rec["name"]] = rec
+        rec.setdefault("scale", "cpu")
+        out[path.stem] = rec
     return out
 
 
@@ -112,50 +123,96 @@ def _paper_and_section(paper: str) -> tuple[str, str]:
     return (head + ")", section) if sep else (paper, "")
 
 
+def _interval(p: dict[str, Any]) -> str:
+    lo, hi = p["interval"]
+    text = f"{p.get('what') or '?'} {p['effect']:+.3g} [{lo:+.3g}, {hi:+.3g}]"
+    parts = [f"{k} {p[v]:.2g}" for k, v in (("meas.", "se_measure"), ("seeds", "se_seed"))
+             if p.get(v) is not None]
+    if parts:
+        text += f" (s.e. {p['se']:.2g}: {', '.join(parts)})"
+    return text
+
+
+def effect_cell(rec: dict[str, Any]) -> str:
+    """The effect column: each part of the claim with its interval (at its Holm level) and the
+    two parts of its standard error, at most :data:`SHOWN_PARTS` of them."""
+    effects = rec.get("effects") or {}
+    if not effects:
+        return "—"
+    shown = [_interval(p) for p in list(effects.values())[:SHOWN_PARTS]]
+    more = len(effects) - SHOWN_PARTS
+    return "; ".join(shown) + (f"; … and {more} more" if more > 0 else "")
+
+
 def render(records: dict[str, dict[str, Any]]) -> str:
-    """The markdown of REPRODUCTION.md: one section per paper, one row per experiment."""
+    """The markdown of REPRODUCTION.md: one section per paper, one row per experiment and
+    recorded scale."""
     by_paper: dict[str, list[tuple[str, str]]] = {}
     for name in list_experiments():
         paper, section = _paper_and_section(get_experiment(name).paper)
         by_paper.setdefault(paper, []).append((name, section))
-    counts: dict[str, int] = {}
+    counts: dict[str, dict[str, int]] = {}
     for rec in records.values():
-        counts[rec["verdict"]] = counts.get(rec["verdict"], 0) + 1
+        by_word = counts.setdefault(rec.get("scale", "cpu"), {})
+        by_word[rec["verdict"]] = by_word.get(rec["verdict"], 0) + 1
+    order = {w: i for i, w in enumerate(WORDS)}
+
+    def summary(scale: str) -> str:
+        c = counts.get(scale, {})
+        return ", ".join(f"{n} {v}" for v, n in sorted(c.items(),
+                                                       key=lambda x: (order.get(x[0], 9), x[0])))
+
+    cpu_recorded = {r["name"] for r in records.values() if r.get("scale", "cpu") == "cpu"}
     lines = [
         "# Reproduction status",
         "",
         "Generated by `senslab reproduction` from the records in `reproduction/` (one JSON file "
-        "per experiment, written from a finished `senslab run NAME` directory); do not edit by "
-        "hand.",
-        "Every row is the CPU-scale run on a 2-core machine; the result column is the verdict's "
-        "own sentence, computed from the measured numbers. Paper-scale settings: "
-        "`senslab run NAME --scale paper` (GPU); how each one compares with the authors' own "
-        "code, setting by setting: [docs/fidelity.md](docs/fidelity.md).",
+        "per experiment and scale, written from a finished `senslab run NAME` directory); do not "
+        "edit by hand.",
+        "A verdict is *supported* (the interval of every part of the claim lies on the claimed "
+        "side of zero), *contradicted* (some part lies on the other side), *inconclusive* (an "
+        "interval contains zero; the part states the smallest effect it could have detected) or "
+        "*not comparable* (the runs failed the claim's precondition): "
+        "[docs/definitions.md](docs/definitions.md#verdicts). Effects are positive in the "
+        "claimed direction; intervals are 95% (Holm-adjusted where a claim has several parts) "
+        "and use Student's t over the training seeds. How each paper-scale setting compares "
+        "with the authors' own code: [docs/fidelity.md](docs/fidelity.md).",
         "",
-        "Summary: " + ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
-        + f", {sum(1 for n in list_experiments() if n not in records)} not run here.",
+        "Summary, CPU scale: " + (summary("cpu") or "nothing recorded")
+        + f", {sum(1 for n in list_experiments() if n not in cpu_recorded)} not run here."
+        + (f" Paper scale: {summary('paper')}." if counts.get("paper") else ""),
     ]
     for paper, items in by_paper.items():
         lines += ["", f"## {paper}", "",
-                  "| experiment | claim | CPU-scale result | runtime | verdict |",
-                  "|---|---|---|---|---|"]
+                  "| experiment | claim | scale | result | seeds | effect [interval] | runtime "
+                  "| device | verdict |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for name, section in items:
             exp = get_experiment(name)
             label = f"`{name}`" + (f" ({section})" if section else "")
-            rec = records.get(name)
-            if rec is None:
+            recs = [(sc, records[key]) for sc, key in (("cpu", name), ("paper", f"{name}.paper"))
+                    if key in records]
+            if not any(sc == "cpu" for sc, _ in recs):
                 why = exp.requires or "no CPU-scale result recorded yet"
-                lines.append(f"| {label} | {_cell(exp.claim)} | not run here: {_cell(why)} | "
-                             f"{_cell(exp.runtime_estimate) or '—'} | not run |")
-                continue
-            result = rec.get("reason", "")
-            if exp.cpu_scale_note:
-                result += f" *CPU scale: {exp.cpu_scale_note}*"
-            if rec.get("overrides"):
-                result += " (run with " + " ".join(f"`--set {o}`" for o in rec["overrides"]) + ")"
-            runtime = format_runtime(rec.get("runtime_s"))
-            lines.append(f"| {label} | {_cell(exp.claim)} | {_cell(result)} | {runtime} | "
-                         f"**{rec['verdict']}** |")
+                lines.append(f"| {label} | {_cell(exp.claim)} | cpu | not run here: {_cell(why)} "
+                             f"| — | — | {_cell(exp.runtime_estimate) or '—'} | — | not run |")
+            for scale, rec in recs:
+                result = rec.get("reason", "")
+                if scale == "cpu" and exp.cpu_scale_note:
+                    result += f" *CPU scale: {exp.cpu_scale_note}*"
+                if rec.get("overrides"):
+                    result += " (run with " + " ".join(f"`--set {o}`"
+                                                       for o in rec["overrides"]) + ")"
+                seeds = rec.get("seeds")
+                threads = rec.get("threads")
+                device = rec.get("device") or ("CPU" if scale == "cpu" else "—")
+                if threads:
+                    device += f", {threads} thread{'s' if threads != 1 else ''}"
+                lines.append(
+                    f"| {label} | {_cell(exp.claim)} | {scale} | {_cell(result)} | "
+                    f"{seeds if seeds else '—'} | {_cell(effect_cell(rec))} | "
+                    f"{format_runtime(rec.get('runtime_s'))} | {_cell(device)} | "
+                    f"**{rec['verdict']}** |")
     return "\n".join(lines) + "\n"
 
 

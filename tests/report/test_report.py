@@ -102,9 +102,14 @@ def write_experiment(root: Path, positions: bool = False) -> Path:
     }
     (exp / "experiment.json").write_text(json.dumps(info))
     verdict = {
-        "verdict": "holds",
+        "verdict": "supported",
         "reason": "ViT sensitivity is below the CNN's in every seed",
         "evidence": {"vit_small": 0.015, "resnet18": 0.055, "ratio": 0.2727},
+        "effects": {"resnet18": {"what": "resnet18 − vit_small", "effect": 0.04,
+                                 "interval": [0.021, 0.059], "level": 0.95, "se": 0.0044,
+                                 "se_measure": 0.003, "se_seed": 0.0032, "seeds": 3,
+                                 "verdict": "supported", "detectable": None}},
+        "correction": "none (one part)",
     }
     (exp / "verdict.json").write_text(json.dumps(verdict))
     return exp
@@ -128,8 +133,13 @@ def test_make_report_for_an_experiment(tmp_path: Path) -> None:
     assert "ViTs are less sensitive than CNNs (sens &lt; 0.05 &amp; acc &gt; 0.8)" in html
     assert "resnet18 &lt;cnn&gt;" in html and "<cnn>" not in html
     assert "vit_small" in html
-    assert 'class="verdict holds"' in html and "Verdict: holds" in html
+    assert 'class="verdict holds"' in html and "Verdict: supported" in html
     assert "below the CNN" in html and "0.2727" in html  # reason and evidence numbers
+    # the claim's parts as a table: effect, interval, seeds, both parts of the s.e.
+    assert ("<th>resnet18 − vit_small</th><td class=\"num\">+0.04</td>"
+            "<td class=\"num\">[+0.021, +0.059] (95%)</td><td class=\"num\">3</td>"
+            "<td class=\"num\">0.0044 (0.003 / 0.0032)</td><td>supported</td>") in html
+    assert "<details><summary>Evidence" in html
     assert "2.13.0" in html and "abc1234" in html  # footer with env info
     # Self-contained: curves + final bars, embedded; nothing fetched from elsewhere.
     assert html.count(IMG_TAG) == 2

@@ -27,6 +27,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import os
+import platform
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -144,8 +146,10 @@ class Experiment:
         return summary
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
-        """``{"verdict": "holds" | "does not hold" | "not comparable", "reason": ...,
-        "evidence": {...}}`` computed from the run summaries."""
+        """``{"verdict": "supported" | "contradicted" | "inconclusive" | "not comparable",
+        "reason": ..., "evidence": {...}, "effects": {...}}`` computed from the run summaries
+        with the rules of :mod:`senslab.verdicts` (:func:`~senslab.verdicts.verdict`,
+        :func:`~senslab.verdicts.not_comparable`)."""
         raise NotImplementedError
 
     # -- resolving overrides -------------------------------------------------------------------
@@ -286,10 +290,26 @@ def _run_locked(exp: Experiment, out: Path, scale: str, overrides: list[str],
     verdict.update(scale=scale, overrides=list(overrides), runtime_s=runtime,
                    last_invocation_s=seconds,
                    finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                   commit=git_commit(),
+                   commit=git_commit(), seeds=seeds, device=device_name(),
                    threads=1 if scale in exp.one_thread_at else torch.get_num_threads())
     RunDir(out, kind="experiment").write_json("verdict.json", verdict)
     return verdict
+
+
+def device_name() -> str:
+    """The machine the runs trained on, for the records: the GPU's name when CUDA is used
+    (trainers pick it when available), else the CPU's model and core count."""
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(0)} (CUDA)"
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        model = platform.processor()
+    return f"CPU: {model or platform.machine()}, {os.cpu_count()} cores"
 
 
 def _previous_verdict(out: Path, scale: str, overrides: list[str]) -> dict[str, Any] | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from collections.abc import Iterable, Sequence
 from html import escape
 from pathlib import Path
@@ -36,7 +37,10 @@ from senslab.report.runs import (
 
 # Which final metric the bar chart shows: the first one any run has.
 BAR_KEYS = ("sens/train", "sens/val", "bool_sens")
-VERDICT_CLASSES = {"holds": "holds", "does not hold": "fails", "not comparable": "na"}
+VERDICT_CLASSES = {"supported": "holds", "contradicted": "fails", "inconclusive": "na",
+                   "not comparable": "na",
+                   # the words of verdicts written before senslab 0.2
+                   "holds": "holds", "does not hold": "fails"}
 
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; max-width: 1100px;
@@ -204,15 +208,44 @@ def _experiment_html(exp: Experiment) -> str:
     out.append(f'<div class="verdict {css}"><span class="word">Verdict: {_e(word)}</span>')
     if v.get("reason"):
         out.append(f"<p>{_e(v['reason'])}</p>")
+    effects = v.get("effects") or {}
+    if effects:
+        out.append(_effects_html(effects, v.get("correction")))
     evidence = v.get("evidence") or {}
     if evidence:
         rows = "".join(
             f'<tr><th>{_e(k)}</th><td class="num">{_e(_value_text(val))}</td></tr>'
             for k, val in evidence.items()
         )
-        out.append(f"<table>{rows}</table>")
+        out.append(f"<details><summary>Evidence (the numbers behind the verdict)</summary>"
+                   f"<table>{rows}</table></details>")
     out.append("</div>")
     return "\n".join(out)
+
+
+def _effects_html(effects: dict[str, Any], correction: str | None) -> str:
+    """The claim's parts: each effect (positive = the claimed direction) with its interval, the
+    seeds behind it, both parts of its uncertainty and its verdict."""
+    head = ("<tr><th>part</th><th>effect</th><th>interval</th><th>seeds</th>"
+            "<th>s.e. (measurement / seeds)</th><th>verdict</th></tr>")
+    rows = []
+    for name, p in effects.items():
+        lo, hi = p.get("interval", [math.nan, math.nan])
+        level = p.get("level")
+        interval = f"[{lo:+.3g}, {hi:+.3g}]" + (f" ({100 * level:.4g}%)" if level else "")
+        se_parts = " / ".join("–" if p.get(k) is None else f"{p[k]:.2g}"
+                              for k in ("se_measure", "se_seed"))
+        word = str(p.get("verdict", ""))
+        if word == "inconclusive" and p.get("detectable") is not None:
+            word += f" (could detect ≥ {p['detectable']:.3g})"
+        rows.append(f"<tr><th>{_e(p.get('what') or name)}</th>"
+                    f'<td class="num">{p.get("effect", math.nan):+.3g}</td>'
+                    f'<td class="num">{_e(interval)}</td><td class="num">{p.get("seeds", 1)}</td>'
+                    f'<td class="num">{p.get("se", math.nan):.2g} ({_e(se_parts)})</td>'
+                    f"<td>{_e(word)}</td></tr>")
+    note = (f'<p class="note">Positive effects are the claimed direction. Multiple parts: '
+            f"{_e(correction)}.</p>" if correction else "")
+    return f"<table>{head}{''.join(rows)}</table>{note}"
 
 
 def _table_html(rows: Sequence[dict[str, Any]]) -> str:
