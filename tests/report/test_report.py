@@ -48,7 +48,7 @@ def write_run(
     final: tuple[float, float, float, float],
     *,
     steps: int = 5,
-    positions: bool = False,
+    positions: bool | str = False,
     summary: bool = True,
 ) -> Path:
     """A run directory whose metrics move linearly towards ``final`` over ``steps`` log lines."""
@@ -74,7 +74,10 @@ def write_run(
             "weight_norm": 10.0 + seed + i,
             "time": 0.5 * i,
         }
-        if positions:
+        if positions == "patches":  # a 3×3 patch grid, row by row; the centre patch the most
+            row["sens/train_positions"] = list(range(9))
+            row["sens/train_per_position"] = [s * (3 if p == 4 else 1) for p in range(9)]
+        elif positions:
             row["sens/train_positions"] = [-4, -3, -2, -1]
             row["sens/train_per_position"] = [s * 0.5, s * 0.8, s, s * 1.5]
         lines.append(json.dumps(row))
@@ -86,7 +89,7 @@ def write_run(
     return path
 
 
-def write_experiment(root: Path, positions: bool = False) -> Path:
+def write_experiment(root: Path, positions: bool | str = False) -> Path:
     exp = root / "exp"
     subdirs = []
     for label, seeds in FINALS.items():
@@ -140,6 +143,7 @@ def test_make_report_for_an_experiment(tmp_path: Path) -> None:
             "<td class=\"num\">[+0.021, +0.059] (95%)</td><td class=\"num\">3</td>"
             "<td class=\"num\">0.0044 (0.003 / 0.0032)</td><td>supported</td>") in html
     assert "<details><summary>Evidence" in html
+    assert "<td>2 (seeds 0, 1)</td>" in html  # the seeds column: how many, then which
     assert "2.13.0" in html and "abc1234" in html  # footer with env info
     # Self-contained: curves + final bars, embedded; nothing fetched from elsewhere.
     assert html.count(IMG_TAG) == 2
@@ -162,6 +166,27 @@ def test_positions_plot_only_when_logged(tmp_path: Path) -> None:
     assert html.count(IMG_TAG) == 3
     assert (out / "positions.png").read_bytes().startswith(PNG_MAGIC)
     assert all(p.startswith(PNG_MAGIC) for p in embedded_pngs(html))
+    assert "right-aligned" in html and "patch grid" not in html
+
+
+def test_image_positions_are_a_heatmap_over_the_patch_grid(tmp_path: Path) -> None:
+    """Patches numbered 0 … g² − 1 are drawn on their g × g grid, one panel per model; the
+    centre patch, three times as sensitive, is the brightest cell of each panel."""
+    import matplotlib.image
+
+    from senslab.report.plots import patch_grid
+    from senslab.report.runs import load_experiment
+
+    exp = write_experiment(tmp_path, positions="patches")
+    assert patch_grid(load_experiment(exp).runs) == (3, 3)
+    html = make_report(exp).read_text(encoding="utf-8")
+    assert "Sensitivity per image patch on the 3×3 patch grid" in html
+    assert "right-aligned" not in html
+    image = matplotlib.image.imread(str(exp / "positions.png"))
+    assert image.shape[1] > image.shape[0]  # panels side by side
+    # sequences (right-aligned, negative positions) never qualify as a grid
+    seq = write_experiment(tmp_path / "seq", positions=True)
+    assert patch_grid(load_experiment(seq).runs) is None
 
 
 def test_report_for_plain_runs_defaults_to_first_run_dir(tmp_path: Path) -> None:

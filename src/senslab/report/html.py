@@ -19,8 +19,10 @@ from senslab.report.aggregate import Stat, final_table, format_number, is_number
 from senslab.report.plots import (
     curve_panels,
     has_positions,
+    patch_grid,
     plot_curves,
     plot_final_bars,
+    plot_position_heatmaps,
     plot_position_profiles,
     plot_scatter,
 )
@@ -136,8 +138,15 @@ def make_report(
         png = plot_final_bars(runs, out / "final_sensitivity.png", key=bar_key)
         figures.append((png, f"Final {bar_key} per label, annotated with train accuracy."))
     if has_positions(runs):
-        png = plot_position_profiles(runs, out / "positions.png")
-        figures.append((png, "Sensitivity per token position, right-aligned (−1 = last token)."))
+        grid = patch_grid(runs)
+        if grid is not None:
+            png = plot_position_heatmaps(runs, out / "positions.png")
+            figures.append((png, f"Sensitivity per image patch on the {grid[0]}×{grid[1]} "
+                                 "patch grid, one panel per model (mean over seeds)."))
+        else:
+            png = plot_position_profiles(runs, out / "positions.png")
+            figures.append((png, "Sensitivity per token position, right-aligned (−1 = last "
+                                 "token)."))
     for i, (xk, yk) in enumerate(scatter):
         png = plot_scatter(runs, xk, yk, out / f"scatter_{i}.png")
         figures.append((png, f"{yk} against {xk}, one point per run."))
@@ -263,6 +272,8 @@ def _table_html(rows: Sequence[dict[str, Any]]) -> str:
             text = "–" if val is None else _value_text(val)
             if isinstance(val, list):
                 text = ", ".join(str(s) for s in val)
+                if c == "seeds":  # how many, then which: "1 (seed 0)", "3 (seeds 0, 1, 2)"
+                    text = f"{len(val)} (seed{'s' if len(val) != 1 else ''} {text})"
             tip = ""
             if isinstance(val, Stat) and val.kind:
                 what = f"std over {val.n} runs" if val.kind == "std" else "standard error"

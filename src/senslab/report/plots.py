@@ -305,6 +305,61 @@ def plot_position_profiles(
         return _save(fig, out)
 
 
+def patch_grid(runs: Sequence[Run], key: str = "sens/train") -> tuple[int, int] | None:
+    """The patch grid of image runs' per-position profiles, or ``None`` for sequences.
+
+    Image tokens are patches numbered row by row from 0; a profile whose positions are exactly
+    ``0 … g² − 1`` (g ≥ 2) is a g × g grid. Sequence positions are right-aligned (negative), so
+    they never qualify; every run with a profile must have the same grid."""
+    grids = set()
+    for run in runs:
+        prof = position_profile(run, key)
+        if prof is None:
+            continue
+        pos = prof[0]
+        g = math.isqrt(len(pos))
+        if g < 2 or g * g != len(pos) or sorted(pos) != list(range(len(pos))):
+            return None
+        grids.add((g, g))
+    return grids.pop() if len(grids) == 1 else None
+
+
+def plot_position_heatmaps(
+    runs: Sequence[Run], out: PathLike, *, key: str = "sens/train", title: str | None = None
+) -> Path:
+    """Final sensitivity per image patch, one heatmap over the patch grid per label (mean over
+    its runs; one colour scale for all labels, so the panels compare)."""
+    import matplotlib
+
+    grid = patch_grid(runs, key)
+    if grid is None:
+        raise ValueError(f"the runs' {key} profiles are not one square patch grid; use "
+                         "plot_position_profiles for sequences")
+    maps: dict[str, np.ndarray] = {}
+    for label, group in group_by_label(runs).items():
+        stack = []
+        for run in group:
+            prof = position_profile(run, key)
+            if prof is not None:
+                m = np.full(grid[0] * grid[1], np.nan)
+                m[np.array(prof[0])] = [np.nan if v is None else v for v in prof[1]]
+                stack.append(m.reshape(grid))
+        if stack:
+            maps[label] = np.nanmean(np.stack(stack), axis=0)
+    top = max(float(np.nanmax(m)) for m in maps.values()) or 1.0
+    with matplotlib.rc_context(STYLE):
+        fig = _figure(2.6 * len(maps) + 1.2, 3.0)
+        axes = np.atleast_1d(fig.subplots(1, len(maps)))
+        for ax, (label, m) in zip(axes, maps.items(), strict=True):
+            im = ax.imshow(m, cmap="viridis", vmin=0, vmax=top)
+            ax.set_title(label, fontsize=9)
+            ax.set_xticks([])
+            ax.set_yticks([])
+        fig.colorbar(im, ax=list(axes), shrink=0.85, label=YLABELS.get(key, key))
+        fig.suptitle(title or f"Per-patch {key} ({grid[0]}×{grid[1]} grid, mean over seeds)")
+        return _save(fig, out)
+
+
 def plot_scatter(
     runs: Sequence[Run],
     x_key: str,
