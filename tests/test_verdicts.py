@@ -154,3 +154,19 @@ def test_verdict_dict_and_not_comparable():
     assert v["effects"]["mlp"]["df"] == 2 and v["evidence"] == {"k": 1}
     nc = not_comparable("train accuracies differ")
     assert nc["verdict"] == NOT_COMPARABLE and nc["effects"] == {}
+
+
+def test_a_verdict_is_plain_json():
+    """No NaN or infinity reaches verdict.json: an unknown s.e. and the normal reference's
+    infinite df are None, so the verdict reads back equal."""
+    import json
+
+    v = verdict({"a": over_seeds([0.5]), "b": measured(1.0, 0.1)})
+    back = json.loads(json.dumps(v, allow_nan=False))
+    assert back == v
+    assert v["effects"]["a"]["se"] is None and v["effects"]["a"]["interval"] == [None, None]
+    assert v["effects"]["b"]["df"] is None  # normal reference
+    assert "a = +0.5 [?, ?]" in v["reason"]
+    # a bootstrap part counts runs, not seeds
+    part = judge({"s": bootstrap([1.0, 2.0, 3.0], lambda u: sum(u) / len(u))})["parts"]["s"]
+    assert "(95%, 3 runs)" in describe("s", part)

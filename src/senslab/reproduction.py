@@ -123,12 +123,17 @@ def _paper_and_section(paper: str) -> tuple[str, str]:
     return (head + ")", section) if sep else (paper, "")
 
 
+def _num(x: Any, fmt: str) -> str:
+    return format(x, fmt) if isinstance(x, (int, float)) else "?"
+
+
 def _interval(p: dict[str, Any]) -> str:
-    lo, hi = p["interval"]
-    text = f"{p.get('what') or '?'} {p['effect']:+.3g} [{lo:+.3g}, {hi:+.3g}]"
+    lo, hi = p.get("interval") or [None, None]
+    text = (f"{p.get('what') or '?'} {_num(p.get('effect'), '+.3g')} "
+            f"[{_num(lo, '+.3g')}, {_num(hi, '+.3g')}]")
     parts = [f"{k} {p[v]:.2g}" for k, v in (("meas.", "se_measure"), ("seeds", "se_seed"))
              if p.get(v) is not None]
-    if parts:
+    if parts and p.get("se") is not None:
         text += f" (s.e. {p['se']:.2g}: {', '.join(parts)})"
     return text
 

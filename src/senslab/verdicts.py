@@ -227,7 +227,7 @@ def judge(parts: Mapping[str, Effect], alpha: float = ALPHA,
                      p=e.p_value(), detectable=None)
         if word == INCONCLUSIVE:
             entry["detectable"] = e.detectable(a, power)
-        out[name] = entry
+        out[name] = _plain(entry)
     words = [p["verdict"] for p in out.values()]
     if CONTRADICTED in words:
         overall = CONTRADICTED
@@ -239,8 +239,22 @@ def judge(parts: Mapping[str, Effect], alpha: float = ALPHA,
             "correction": f"Holm over {m} parts" if m > 1 else "none (one part)"}
 
 
-def _num(x: float) -> str:
-    return f"{x:.3g}" if math.isfinite(x) else str(x)
+def _plain(value: Any) -> Any:
+    """``value`` with every non-finite float as None, so that a verdict is plain JSON and reads
+    back equal (NaN ≠ NaN): an infinite ``df`` (normal reference) or an unknown s.e. is None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _num(x: float | None) -> str:
+    if x is None:
+        return "?"
+    return f"{x:+.3g}" if math.isfinite(x) else str(x)
 
 
 def describe(name: str, part: Mapping[str, Any]) -> str:
@@ -248,12 +262,13 @@ def describe(name: str, part: Mapping[str, Any]) -> str:
     lo, hi = part["interval"]
     what = part.get("what") or name
     seeds = part.get("seeds", 1)
+    unit = "run" if part.get("method", "").startswith("bootstrap") else "seed"
     level = f"{100 * part['level']:.4g}%"
-    text = (f"{what} = {part['effect']:+.3g} [{lo:+.3g}, {hi:+.3g}] ({level}, "
-            f"{seeds} seed{'s' if seeds != 1 else ''}) {part['verdict']}")
+    text = (f"{what} = {_num(part['effect'])} [{_num(lo)}, {_num(hi)}] ({level}, "
+            f"{seeds} {unit}{'s' if seeds != 1 else ''}) {part['verdict']}")
     if part["verdict"] == INCONCLUSIVE:
         det = part.get("detectable")
-        text += (f", could detect ≥ {_num(det)}" if det is not None and math.isfinite(det)
+        text += (f", could detect ≥ {abs(det):.3g}" if det is not None
                  else ", no uncertainty estimate")
     if seeds == 1 and part.get("method", "").startswith("measurement"):
         text += " (measurement noise only)"

@@ -9,13 +9,15 @@ from typing import Any
 
 import pytest
 
-VERDICTS = {"holds", "does not hold", "not comparable"}
+from senslab.verdicts import WORDS
+
+VERDICTS = set(WORDS)  # supported, contradicted, inconclusive, not comparable
 Run = tuple[str, list[dict[str, Any]], dict[str, Any]]
 
 
 @pytest.fixture
 def finished_runs() -> Callable[[Path, dict[str, Any]], list[Run]]:
-    """``check(out, verdict)``: the verdict is one of the three and is what ``verdict.json``
+    """``check(out, verdict)``: the verdict is one of the four words and is what ``verdict.json``
     holds; every run listed in ``experiment.json`` has its config, environment, summary and
     metrics, and its summary's final record is the last metrics line. Returns
     ``(name, metric records, summary)`` per run for the test's own checks."""

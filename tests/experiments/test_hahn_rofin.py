@@ -11,9 +11,13 @@ import torch
 
 from senslab.data.synthetic import BOOLEAN_FUNCTIONS
 from senslab.experiments import get_experiment, list_experiments, run_experiment
-from senslab.experiments.hahn_rofin._common import Setup, linear_fit
-from senslab.experiments.hahn_rofin.norm_vs_blowup import norm_blowup_verdict, sweep
-from senslab.experiments.hahn_rofin.parity_dynamics import dynamics_verdict, peaks
+from senslab.experiments.hahn_rofin._common import Setup, linear_fit, slope
+from senslab.experiments.hahn_rofin.norm_vs_blowup import (
+    norm_blowup_verdict,
+    rank_correlation,
+    sweep,
+)
+from senslab.experiments.hahn_rofin.parity_dynamics import dynamics_verdict, nearness, peaks
 from senslab.experiments.hahn_rofin.random_functions import completion_verdict
 from senslab.experiments.hahn_rofin.sharpness_vs_length import slope_verdict
 from senslab.train.config import apply_overrides
@@ -27,6 +31,7 @@ from senslab.train.loops.boolean import (
 )
 from senslab.train.rundir import RunDir
 from senslab.train.trainers import get_trainer, train_run
+from senslab.verdicts import CONTRADICTED, INCONCLUSIVE, NOT_COMPARABLE, SUPPORTED
 
 TINY = ["dim=8", "steps=6", "eval_every=3", "batch=32", "eval_size=32", "sharp_draws=2"]
 METRICS = {"step", "epoch", "train/loss", "sharpness/loss", "sharpness/loss_se", "blowup",
@@ -80,17 +85,37 @@ def _len_summary(f: str, n: int, sharp: float, converged: bool = True) -> dict[s
 
 
 def test_slope_verdict_outcomes() -> None:
-    good = [_len_summary("parity", n, 0.1 * n + 0.01 * s) for n in (4, 6, 8) for s in (0, 1)]
-    flat = [_len_summary("first", n, 0.2 + 0.001 * s) for n in (4, 6, 8) for s in (0, 1)]
+    good = [_len_summary("parity", n, 0.1 * n + 0.01 * s) for n in (4, 6, 8) for s in (0, 1, 2)]
+    flat = [_len_summary("first", n, 0.2 + 0.001 * s) for n in (4, 6, 8) for s in (0, 1, 2)]
     v = slope_verdict(good + flat)
-    assert v["verdict"] == "holds"
+    assert v["verdict"] == SUPPORTED and v["correction"] == "Holm over 2 parts"
     assert v["evidence"]["parity"]["slope"] == pytest.approx(0.1)
-    rising = [_len_summary("first", n, 0.08 * n) for n in (4, 6, 8)]
-    assert slope_verdict(good + rising)["verdict"] == "does not hold"
-    falling = [_len_summary("parity", n, 1 - 0.1 * n) for n in (4, 6, 8)]
-    assert slope_verdict(falling + flat)["verdict"] == "does not hold"
+    part = v["effects"]["parity slope"]
+    assert part["effect"] == pytest.approx(0.1) and part["df"] == 8  # 9 runs, bootstrap
+    assert v["effects"]["first flat"]["effect"] == pytest.approx(0.025)  # ¼·0.1 − 0
+    # FIRST rising as steeply as PARITY: its part is clearly negative
+    rising = [_len_summary("first", n, 0.08 * n + 0.001 * s) for n in (4, 6, 8) for s in (0, 1)]
+    v = slope_verdict(good + rising)
+    assert v["verdict"] == CONTRADICTED
+    assert v["effects"]["first flat"]["verdict"] == CONTRADICTED
+    falling = [_len_summary("parity", n, 1 - 0.1 * n + 0.01 * s) for n in (4, 6, 8)
+               for s in (0, 1)]
+    v = slope_verdict(falling + flat)
+    assert v["verdict"] == CONTRADICTED and v["effects"]["parity slope"]["verdict"] == CONTRADICTED
+    # a noisy PARITY slope over few runs: inconclusive, with the effect it could have found
+    noisy = [_len_summary("parity", n, x) for n, x in ((4, 0.5), (4, 0.1), (6, 0.2), (6, 0.6),
+                                                        (8, 0.3), (8, 0.45))]
+    v = slope_verdict(noisy + flat)
+    assert v["verdict"] == INCONCLUSIVE
+    assert v["effects"]["parity slope"]["detectable"] > abs(v["effects"]["parity slope"]["effect"])
     unconverged = [_len_summary("parity", n, 1.0, converged=n == 4) for n in (4, 6, 8)]
-    assert slope_verdict(unconverged + flat)["verdict"] == "not comparable"
+    v = slope_verdict(unconverged + flat)
+    assert v["verdict"] == NOT_COMPARABLE and v["effects"] == {}
+
+
+def test_slope_is_nan_on_one_n() -> None:
+    assert slope([(4, 1.0), (6, 2.0)]) == pytest.approx(0.5)
+    assert math.isnan(slope([(4, 1.0), (4, 2.0)]))
 
 
 def test_linear_fit_exact_line_and_errors() -> None:
@@ -140,17 +165,30 @@ def _sweep_summary(sens: float, norm: float, log_blow: float, conv: bool = True)
 def test_norm_blowup_verdict_outcomes() -> None:
     rising = [_sweep_summary(a, 10 + 5 * a, 0.1 * a) for a in (1, 2, 3, 4, 5, 6, 8)]
     v = norm_blowup_verdict(rising)
-    assert v["verdict"] == "holds" and v["evidence"]["spearman_rho"] == pytest.approx(1.0)
+    assert v["verdict"] == SUPPORTED and v["evidence"]["spearman_rho"] == pytest.approx(1.0)
+    assert v["effects"]["rho"]["effect"] == pytest.approx(1.0) and v["effects"]["rho"]["df"] == 6
     falling = [_sweep_summary(a, 50 - 5 * a, -0.1 * a) for a in (1, 2, 3, 4, 5, 6, 8)]
-    assert norm_blowup_verdict(falling)["verdict"] == "does not hold"
-    assert norm_blowup_verdict(rising[:3])["verdict"] == "not comparable"
+    assert norm_blowup_verdict(falling)["verdict"] == CONTRADICTED
+    # c unrelated to as (a zig-zag): inconclusive, with the smallest ρ it could have found
+    zigzag = [_sweep_summary(a, 10 + 5 * (a % 2), 0.0) for a in (1, 2, 3, 4, 5, 6, 8)]
+    v = norm_blowup_verdict(zigzag)
+    assert v["verdict"] == INCONCLUSIVE and v["effects"]["rho"]["detectable"] > 0
+    assert norm_blowup_verdict(rising[:3])["verdict"] == NOT_COMPARABLE
     same = [_sweep_summary(4, 10 + i, 0.0) for i in range(6)]
-    assert norm_blowup_verdict(same)["verdict"] == "not comparable"
+    assert norm_blowup_verdict(same)["verdict"] == NOT_COMPARABLE
     # supplementary: with the weight decay known, the norm's dependence on as given the decay
     for i, s in enumerate(rising):
         s["config"] = {"weight_decay": 0.01 * (1 + i % 3)}
     partial = norm_blowup_verdict(rising)["evidence"]["given_weight_decay"]
     assert partial["log10_norm"]["r"] > 0.9 and set(partial) == {"log10_norm", "log10_blowup", "c"}
+
+
+def test_rank_correlation_is_spearmans() -> None:
+    from scipy.stats import spearmanr
+
+    xs, ys = [1.0, 2.0, 2.0, 3.0, 5.0, 4.0], [0.3, 0.1, 0.5, 0.9, 0.7, 0.7]
+    assert rank_correlation(xs, ys) == pytest.approx(float(spearmanr(xs, ys)[0]))
+    assert math.isnan(rank_correlation([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]))
 
 
 def test_parity_dynamics_tiny_run(tmp_path: Path, finished_runs) -> None:
@@ -168,20 +206,42 @@ def _traj(t0: int, peak_at: int) -> list[dict[str, Any]]:
             for s in range(10, 210, 10)]
 
 
-def test_peaks_and_dynamics_verdict() -> None:
+def test_peaks() -> None:
     p = peaks(_traj(100, 110), t0=100, window=0.25, eval_every=10)
     assert p["sharpness"]["peak_step"] == 110 and p["sharpness"]["near"]
+    assert p["tolerance"] == 25  # max(0.25·100, 2·10)
+    assert nearness(p["sharpness"], p["tolerance"]) == pytest.approx(1 - 10 / 25)
     far = peaks(_traj(100, 200), t0=100, window=0.25, eval_every=10)
     assert not far["blowup"]["near"] and far["blowup"]["offset"] == 100
     assert far["blowup"]["at_end"] and not p["blowup"]["at_end"]
     # within the tolerance but at the last evaluation: still rising, so not a peak
-    assert not peaks(_traj(100, 200), t0=180, window=0.25, eval_every=10)["sharpness"]["near"]
+    end = peaks(_traj(100, 200), t0=180, window=0.25, eval_every=10)
+    assert not end["sharpness"]["near"]
+    assert 1 - 20 / 45 > 0 and nearness(end["sharpness"], end["tolerance"]) == 0.0
     assert peaks(_traj(100, 110), t0=None, window=0.25, eval_every=10) == {"t0": None}
-    runs = [{"name": f"r{i}", "peaks": p} for i in range(3)]
-    assert dynamics_verdict(runs)["verdict"] == "holds"
-    runs = [{"name": f"r{i}", "peaks": far if i else p} for i in range(3)]
-    assert dynamics_verdict(runs)["verdict"] == "does not hold"
-    assert dynamics_verdict([{"name": "r", "peaks": p}])["verdict"] == "not comparable"
+
+
+def _dyn(peak_steps: list[int], t0: int = 100) -> list[dict[str, Any]]:
+    return [{"name": f"r{i}", "peaks": peaks(_traj(t0, at), t0=t0, window=0.25, eval_every=10)}
+            for i, at in enumerate(peak_steps)]
+
+
+def test_dynamics_verdict() -> None:
+    # nearness 1 − |offset|/25 per seed: 1, 1, 0.6, 0.6 (sharpness and blow-up alike)
+    v = dynamics_verdict(_dyn([100, 100, 110, 110]))
+    assert v["verdict"] == SUPPORTED and v["correction"] == "Holm over 2 parts"
+    assert v["effects"]["sharpness"]["effect"] == pytest.approx(0.8)
+    assert v["effects"]["blowup"]["seeds"] == 4 and v["effects"]["blowup"]["df"] == 3
+    assert v["evidence"]["r2"]["sharpness"]["nearness"] == pytest.approx(0.6)
+    # one seed near, two far: the mean is negative but the seeds disagree
+    v = dynamics_verdict(_dyn([110, 200, 180]))
+    assert v["verdict"] == INCONCLUSIVE and v["effects"]["sharpness"]["detectable"] > 0
+    # every seed's peak 60-80 steps after t0, 2.4-3.2 tolerances away
+    v = dynamics_verdict(_dyn([160, 170, 180]))
+    assert v["verdict"] == CONTRADICTED
+    assert v["effects"]["sharpness"]["effect"] == pytest.approx(1 - 70 / 25)
+    v = dynamics_verdict(_dyn([110]))
+    assert v["verdict"] == NOT_COMPARABLE and v["effects"] == {}
 
 
 def test_random_functions_tiny_run(tmp_path: Path, finished_runs) -> None:
@@ -203,25 +263,42 @@ def test_random_completion_keeps_the_training_labels() -> None:
 
 
 def _pair(k: int, seed: int, las: float, ras: float, lsh: float, rsh: float,
-          acc: float = 1.0) -> list[dict[str, Any]]:
+          acc: float = 1.0, se: float = 0.01) -> list[dict[str, Any]]:
     common = {"train_size": k, "seed": seed, "random_completion_sens": ras}
     return [
         {"name": f"learned-k{k}-s{seed}", **common,
-         "final": {"train/acc": acc, "bool_sens": las, "sharpness/loss": lsh}},
+         "final": {"train/acc": acc, "bool_sens": las, "sharpness/loss": lsh,
+                   "sharpness/loss_se": se}},
         {"name": f"random-k{k}-s{seed}", **common,
-         "final": {"train/acc": 1.0, "bool_sens": ras, "sharpness/loss": rsh}},
+         "final": {"train/acc": 1.0, "bool_sens": ras, "sharpness/loss": rsh,
+                   "sharpness/loss_se": se}},
     ]
 
 
 def test_completion_verdict_outcomes() -> None:
-    good = _pair(128, 0, 2.0, 5.0, 0.1, 0.5) + _pair(256, 0, 2.5, 5.1, 0.2, 0.6)
-    assert completion_verdict(good)["verdict"] == "holds"
-    worse = _pair(128, 0, 5.5, 5.0, 0.1, 0.5) + _pair(256, 0, 2.5, 5.1, 0.2, 0.6)
-    assert completion_verdict(worse)["verdict"] == "does not hold"
-    sharper = _pair(128, 0, 2.0, 5.0, 0.9, 0.5) + _pair(256, 0, 2.5, 5.1, 0.8, 0.6)
-    assert completion_verdict(sharper)["verdict"] == "does not hold"
+    good = (_pair(128, 0, 2.0, 5.0, 0.1, 0.5) + _pair(256, 0, 2.5, 5.1, 0.2, 0.6)
+            + _pair(128, 1, 2.2, 4.9, 0.15, 0.5))
+    v = completion_verdict(good)
+    assert v["verdict"] == SUPPORTED and v["correction"] == "Holm over 2 parts"
+    assert v["effects"]["as"]["effect"] == pytest.approx((3.0 + 2.6 + 2.7) / 3)
+    assert v["effects"]["as"]["seeds"] == 3  # pairs, every k together
+    sharp = v["effects"]["sharpness"]
+    assert sharp["se_measure"] == pytest.approx(math.sqrt(3 * 2 * 0.01**2) / 3)
+    worse = (_pair(128, 0, 5.5, 5.0, 0.1, 0.5) + _pair(256, 0, 5.6, 5.1, 0.2, 0.6)
+             + _pair(128, 1, 5.3, 4.9, 0.15, 0.5))
+    v = completion_verdict(worse)
+    assert v["verdict"] == CONTRADICTED and v["effects"]["sharpness"]["verdict"] == SUPPORTED
+    # sharper in one pair, flatter in two: the mean cannot tell
+    mixed = (_pair(128, 0, 2.0, 5.0, 0.9, 0.5) + _pair(256, 0, 2.5, 5.1, 0.2, 0.6)
+             + _pair(128, 1, 2.2, 4.9, 0.15, 0.5))
+    v = completion_verdict(mixed)
+    assert v["verdict"] == INCONCLUSIVE and v["effects"]["sharpness"]["verdict"] == INCONCLUSIVE
+    assert v["effects"]["sharpness"]["detectable"] > 0 and v["evidence"]["flatter"] == 2
+    # one pair: as is exact, but without a second pair there is no seed-to-seed spread
+    one = completion_verdict(_pair(128, 0, 2.0, 5.0, 0.1, 0.5))
+    assert one["verdict"] == INCONCLUSIVE and one["effects"]["as"]["se"] is None
     unfit = _pair(128, 0, 2.0, 5.0, 0.1, 0.5, acc=0.9)
-    assert completion_verdict(unfit)["verdict"] == "not comparable"
+    assert completion_verdict(unfit)["verdict"] == NOT_COMPARABLE
 
 
 class _Exact(torch.nn.Module):

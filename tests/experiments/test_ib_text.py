@@ -20,6 +20,8 @@ from senslab.experiments.implicit_bias.text import (
     steps_to,
     text_race_verdict,
 )
+from senslab.verdicts import CONTRADICTED, INCONCLUSIVE, NOT_COMPARABLE, SUPPORTED
+from senslab.verdicts import WORDS as VERDICT_WORDS
 
 LABELS = {"sgd", "sngd", "sps", "adam"}
 
@@ -32,7 +34,9 @@ def test_registered_with_paper_claim_and_notes() -> None:
 
 @pytest.mark.parametrize("scale", ["cpu", "paper"])
 def test_configs_use_the_papers_text_optimisers(scale: str) -> None:
-    runs = {c.label: c for c in get_experiment("ib_text").configs(scale)}
+    configs = get_experiment("ib_text").configs(scale)
+    assert {c.seed for c in configs} == {0, 1, 2}
+    runs = {c.label: c for c in configs if c.seed == 0}
     assert set(runs) == LABELS
     assert runs["sgd"].optim.name == "sgd" and runs["sgd"].optim.lr == 1e-3
     assert runs["sngd"].optim.name == "sngd" and runs["sngd"].optim.lr == 0.01
@@ -90,28 +94,33 @@ def test_tiny_run_on_rotten_tomatoes(tmp_path: Path) -> None:
 
 
 def _tiny_run(out: Path, overrides: list[str]) -> None:
-    verdict = run_experiment("ib_text", out, overrides=overrides, log=lambda _: None)
-    assert verdict["verdict"] in {"holds", "does not hold", "not comparable"}
+    verdict = run_experiment("ib_text", out, overrides=[*overrides, "seeds=2"],
+                             log=lambda _: None)
+    assert verdict["verdict"] in set(VERDICT_WORDS)
     assert json.loads((out / "verdict.json").read_text())["verdict"] == verdict["verdict"]
     assert verdict["evidence"]["threshold"] == THRESHOLD
     for label in LABELS:
-        summary = json.loads((out / label / "summary.json").read_text())
-        assert summary["steps"] == 4 and math.isfinite(summary["final"]["train/loss"])
-        assert verdict["evidence"][label]["train_loss"] == summary["final"]["train/loss"]
-        curve = loss_curve(out / label)
-        assert [s for s, _ in curve] == [0, 2, 4]
-        assert curve[-1][1] == summary["final"]["train/loss"]
+        for seed, name in ((0, label), (1, f"{label}-s1")):  # seed 0 keeps its name
+            summary = json.loads((out / name / "summary.json").read_text())
+            assert summary["steps"] == 4 and math.isfinite(summary["final"]["train/loss"])
+            assert (verdict["evidence"][label]["seeds"][str(seed)]["train_loss"]
+                    == summary["final"]["train/loss"])
+            curve = loss_curve(out / name)
+            assert [s for s, _ in curve] == [0, 2, 4]
+            assert curve[-1][1] == summary["final"]["train/loss"]
     # SGD with lr 1e-3 for 4 steps barely moves: its loss stays near ln 2 from a N(0, 0.02²) init
     assert abs(verdict["evidence"]["sgd"]["train_loss"] - math.log(2)) < 0.1
 
 
-def _runs(steps: int = 600, **curves: list[float]) -> list[dict[str, Any]]:
-    """Summaries with a loss curve logged every 100 steps, ending at ``steps``."""
+def _runs(steps: int = 600, **curves: list[list[float]]) -> list[dict[str, Any]]:
+    """Summaries with a loss curve per seed (``label=[curve of seed 0, seed 1, ...]``), each
+    logged at evenly spaced steps ending at ``steps``."""
     out = []
-    for label, losses in curves.items():
-        curve = [[i * steps / (len(losses) - 1), v] for i, v in enumerate(losses)]
-        out.append({"label": label, "steps": steps, "final": {"train/loss": losses[-1]},
-                    "curve": curve})
+    for label, per_seed in curves.items():
+        for seed, losses in enumerate(per_seed):
+            curve = [[i * steps / (len(losses) - 1), v] for i, v in enumerate(losses)]
+            out.append({"label": label, "seed": seed, "steps": steps,
+                        "final": {"train/loss": losses[-1]}, "curve": curve})
     return out
 
 
@@ -121,20 +130,47 @@ def test_steps_to_threshold() -> None:
     assert steps_to(curve, 0.05) == math.inf
 
 
+def test_three_seeds_at_cpu_scale() -> None:
+    exp = get_experiment("ib_text")
+    settings, runs = exp.resolve("cpu", [])
+    assert settings.seeds == 3 and exp.seed_aware and len(runs) == 12
+    assert {r.name for r in runs if r.info["seed"] == 0} == LABELS
+    # the four runs of a seed share its training subset, initialisation and order
+    assert {c.seed for c in exp.configs("cpu") if c.label == "sps"} == {0, 1, 2}
+
+
 def test_verdict_outcomes() -> None:
-    good = _runs(sgd=[0.69, 0.68, 0.6], sngd=[0.69, 0.3, 0.1], sps=[0.69, 0.4, 0.15],
-                 adam=[0.69, 0.2, 0.05])
+    good = _runs(sgd=[[0.69, 0.68, 0.6], [0.69, 0.68, 0.61], [0.69, 0.67, 0.6]],
+                 sngd=[[0.69, 0.3, 0.1], [0.69, 0.4, 0.12], [0.69, 0.3, 0.11]],
+                 sps=[[0.69, 0.4, 0.15], [0.69, 0.4, 0.16], [0.69, 0.2, 0.14]],
+                 adam=[[0.69, 0.2, 0.05], [0.69, 0.2, 0.05], [0.69, 0.2, 0.06]])
     v = text_race_verdict(good)
-    assert v["verdict"] == "holds"
-    assert v["evidence"]["sngd"]["steps_to_threshold"] == 300
+    assert v["verdict"] == SUPPORTED and v["correction"] == "Holm over 4 parts"
+    assert v["effects"]["sps below sgd"]["seeds"] == 3
+    assert v["evidence"]["sngd"]["seeds"]["0"]["steps_to_threshold"] == 300
+    assert v["evidence"]["sngd"]["steps_to_threshold"] == 600  # seed 1 got there last
+    assert v["evidence"]["sps"]["steps_to_threshold"] == 600
     assert v["evidence"]["sgd"]["steps_to_threshold"] is None  # never reached
-    assert "sgd never" in v["reason"] and "sngd 300" in v["reason"]
-    # SNGD below SGD but nearer to it than to Adam
-    slow = _runs(sgd=[0.69, 0.6], sngd=[0.69, 0.5], sps=[0.69, 0.15], adam=[0.69, 0.05])
+    assert "sgd never/never/never" in v["reason"] and "sngd 300/600/300" in v["reason"]
+    # SNGD below SGD but nearer to it than to Adam, in every seed
+    slow = _runs(sgd=[[0.69, 0.6], [0.69, 0.61], [0.69, 0.6]],
+                 sngd=[[0.69, 0.5], [0.69, 0.52], [0.69, 0.51]],
+                 sps=[[0.69, 0.15], [0.69, 0.16], [0.69, 0.14]],
+                 adam=[[0.69, 0.05], [0.69, 0.05], [0.69, 0.06]])
     v = text_race_verdict(slow)
-    assert v["verdict"] == "does not hold" and "sngd closer to adam" in v["reason"]
+    assert v["verdict"] == CONTRADICTED
+    assert v["effects"]["sngd closer to adam"]["verdict"] == CONTRADICTED
+    # ... in one seed of three: inconclusive, with the effect it could have found
+    mixed = _runs(sgd=[[0.69, 0.6], [0.69, 0.61], [0.69, 0.6]],
+                  sngd=[[0.69, 0.5], [0.69, 0.12], [0.69, 0.11]],
+                  sps=[[0.69, 0.15], [0.69, 0.16], [0.69, 0.14]],
+                  adam=[[0.69, 0.05], [0.69, 0.05], [0.69, 0.06]])
+    v = text_race_verdict(mixed)
+    assert v["verdict"] == INCONCLUSIVE and v["effects"]["sngd closer to adam"]["detectable"] > 0
     # all still at the majority-class plateau (≥ 0.95 ln 2): the race has not started
-    flat = _runs(sgd=[0.69, 0.684], sngd=[0.69, 0.678], sps=[0.69, 0.678], adam=[0.69, 0.681])
+    flat = _runs(sgd=[[0.69, 0.684]], sngd=[[0.69, 0.678]], sps=[[0.69, 0.678]],
+                 adam=[[0.69, 0.681]])
     v = text_race_verdict(flat)
-    assert v["verdict"] == "not comparable" and "plateau" in v["reason"]
-    assert text_race_verdict(good[:3])["verdict"] == "not comparable"  # Adam missing
+    assert v["verdict"] == NOT_COMPARABLE and "plateau" in v["reason"]
+    v = text_race_verdict([r for r in good if r["label"] != "adam"])  # Adam missing
+    assert v["verdict"] == NOT_COMPARABLE

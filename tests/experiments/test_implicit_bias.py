@@ -24,6 +24,9 @@ from senslab.models import create_model
 from senslab.optim import check_max_margin, max_margin_attention, max_margin_direction
 from senslab.train.config import apply_overrides
 from senslab.train.loops.attention import AttentionConfig, excess_loss, load_task, log_schedule
+from senslab.verdicts import CONTRADICTED, INCONCLUSIVE, NOT_COMPARABLE, SUPPORTED, WORDS
+
+VERDICTS = set(WORDS)
 
 TINY_DATA = ["data.num_samples=8", "data.seq_len=4", "data.dim=8"]
 ATTN = {"step", "epoch", "train/loss", "train/acc", "attn/W_norm", "attn/alignment",
@@ -52,7 +55,7 @@ def test_registered() -> None:
 
 def test_fixed_v_tiny_run_and_resume(tmp_path: Path, finished_runs) -> None:
     out = tmp_path / "fv"
-    sets = ["steps=40", "seeds=1", "fit_from=5", *TINY_DATA]
+    sets = ["steps=40", "seeds=2", "fit_from=5", *TINY_DATA]
     verdict = run_experiment("ib_fixed_v", out, overrides=sets, log=lambda _: None)
     summaries = _check_runs(finished_runs, out, verdict, ATTN | {"train/excess"})
     assert {s["label"] for s in summaries} == {"gd", "ngd", "polyak"}
@@ -83,7 +86,7 @@ def test_fixed_v_tiny_run_and_resume(tmp_path: Path, finished_runs) -> None:
 
 def test_joint_tiny_run(tmp_path: Path, finished_runs) -> None:
     out = tmp_path / "joint"
-    sets = ["steps=40", "seeds=1", "batch_size=4", *TINY_DATA]
+    sets = ["steps=40", "seeds=2", "batch_size=4", *TINY_DATA]
     verdict = run_experiment("ib_joint", out, overrides=sets, log=lambda _: None)
     summaries = _check_runs(finished_runs, out, verdict, ATTN | {"attn/v_norm", "attn/v_alignment"})
     assert {s["label"] for s in summaries} == {"sgd", "sngd", "sps", "adam"}
@@ -179,44 +182,108 @@ def test_norm_growth_stops_when_frozen() -> None:
 
 
 # ------------------------------------------------------------ verdicts on made-up numbers
-def _fv(label: str, r2_lin: float, r2_log: float, reach: float) -> dict[str, Any]:
-    return {"label": label, "final": {"attn/alignment": 0.9, "attn/sparsity": 0.9,
-                                      "attn/W_norm": 10.0},
+def _fv(label: str, seed: int, r2_lin: float, r2_log: float, reach: float) -> dict[str, Any]:
+    return {"label": label, "seed": seed, "name": f"{label}-s{seed}", "steps": 20000,
+            "final": {"attn/alignment": 0.9, "attn/sparsity": 0.9, "attn/W_norm": 10.0},
             "fit": {"r2_lin": r2_lin, "r2_log": r2_log, "slope_lin": 1.0, "slope_log": 1.0},
             "reach": {"alignment": reach, "sparsity": reach}}
 
 
+def _fixed_v(gd_linear: bool = False) -> list[dict[str, Any]]:
+    """Three seeds: GD logarithmic and never at 0.99 (or linear and there at step 100), NGD and
+    Polyak linear and there after ~3,000 and ~30 steps."""
+    out = []
+    for k in range(3):
+        j = 0.01 * k
+        out += [_fv("gd", k, 0.99, 0.7 + j, 100) if gd_linear
+                else _fv("gd", k, 0.8 + j, 0.95, math.inf),
+                _fv("ngd", k, 0.99, 0.7 + j, 3000 + 100 * k),
+                _fv("polyak", k, 0.99, 0.8 + j, 30 + k)]
+    return out
+
+
 def test_fixed_v_verdict_outcomes() -> None:
-    good = [_fv("gd", 0.8, 0.95, math.inf), _fv("ngd", 0.99, 0.7, 3000),
-            _fv("polyak", 0.99, 0.8, 30)]
+    good = _fixed_v()
     v = fixed_v_verdict(good)
-    assert v["verdict"] == "holds" and v["evidence"]["ngd"]["steps_to_alignment"] == 3000
-    bad = [_fv("gd", 0.99, 0.7, 100), *good[1:]]  # GD linear and faster than NGD
-    v = fixed_v_verdict(bad)
-    assert v["verdict"] == "does not hold" and "GD ‖W‖ logarithmic" in v["reason"]
-    assert fixed_v_verdict(good[:2])["verdict"] == "not comparable"
-    frozen = [*good[:2], {**good[2], "name": "polyak-s0", "fit": {"fit_points": 1.0}}]
+    assert v["verdict"] == SUPPORTED and v["correction"] == "Holm over 7 parts"
+    assert v["evidence"]["ngd"]["steps_to_alignment"] == 3200  # the latest seed
+    # GD never got there: it counts its 20,000 steps (a lower bound)
+    assert v["effects"]["ngd aligns faster"]["effect"] == pytest.approx(20000 - 3100)
+    assert v["effects"]["GD ‖W‖ logarithmic"]["effect"] == pytest.approx(0.14)
+    assert v["effects"]["polyak ‖W‖ linear"]["df"] == 2
+    v = fixed_v_verdict(_fixed_v(gd_linear=True))  # GD linear and faster than NGD
+    assert v["verdict"] == CONTRADICTED and "gd r2_log − r2_lin" in v["reason"]
+    assert v["effects"]["GD ‖W‖ logarithmic"]["verdict"] == CONTRADICTED
+    assert v["effects"]["ngd aligns faster"]["verdict"] == CONTRADICTED
+    # Polyak's ‖W‖ fitted better by log t in one seed of three: its part cannot tell
+    mixed = [*good[:-1], _fv("polyak", 2, 0.7, 0.99, 32)]
+    v = fixed_v_verdict(mixed)
+    assert v["verdict"] == INCONCLUSIVE
+    assert v["effects"]["polyak ‖W‖ linear"]["verdict"] == INCONCLUSIVE
+    assert v["effects"]["polyak ‖W‖ linear"]["detectable"] > 0
+    # one seed: no seed-to-seed spread, nothing can be decided
+    assert fixed_v_verdict(good[:3])["verdict"] == INCONCLUSIVE
+    v = fixed_v_verdict([r for r in good if r["label"] != "polyak"])
+    assert v["verdict"] == NOT_COMPARABLE and v["effects"] == {}
+    frozen = [*good[:-1], {**good[-1], "fit": {"fit_points": 1.0}}]
     v = fixed_v_verdict(frozen)
-    assert v["verdict"] == "not comparable" and "polyak-s0" in v["reason"]
+    assert v["verdict"] == NOT_COMPARABLE and "polyak-s2" in v["reason"]
 
 
-def _joint(label: str, loss: float, align: float) -> dict[str, Any]:
-    return {"label": label, "final": {"train/loss": loss, "attn/alignment": align,
-                                      "attn/v_alignment": align, "attn/sparsity": align}}
+def _joint(label: str, seed: int, loss: float, align: float) -> dict[str, Any]:
+    return {"label": label, "seed": seed,
+            "final": {"train/loss": loss, "attn/alignment": align, "attn/v_alignment": align,
+                      "attn/sparsity": align}}
+
+
+def _joint_runs(sgd: tuple[float, float] = (0.5, 0.5), sngd: tuple[float, float] = (0.1, 0.9),
+                sps: tuple[float, float] = (0.1, 0.85), adam: tuple[float, float] = (0.05, 0.92),
+                seeds: int = 3) -> list[dict[str, Any]]:
+    """(final loss, alignments) per optimiser; seed k adds 0.001·k to the contenders' values."""
+    return [_joint(o, k, loss + (0.001 * k if o in ("sngd", "sps") else 0),
+                   align + (0.001 * k if o in ("sngd", "sps") else 0))
+            for k in range(seeds)
+            for o, (loss, align) in {"sgd": sgd, "sngd": sngd, "sps": sps, "adam": adam}.items()]
 
 
 def test_joint_verdict_outcomes() -> None:
-    good = [_joint("sgd", 0.5, 0.5), _joint("sngd", 0.1, 0.9), _joint("sps", 0.1, 0.85),
-            _joint("adam", 0.05, 0.92)]
-    assert joint_verdict(good)["verdict"] == "holds"
-    far = [*good[:3], _joint("adam", 0.01, 0.99)]  # sps 0.85 < 0.99 − 0.1
-    v = joint_verdict(far)
-    assert v["verdict"] == "does not hold" and "sps attn/alignment within" in v["reason"]
-    worse = [_joint("sgd", 0.05, 0.95), *good[1:]]
-    assert joint_verdict(worse)["verdict"] == "does not hold"
-    assert joint_verdict(good[:3])["verdict"] == "not comparable"
-    nan = [*good[:3], _joint("adam", math.nan, 0.9)]
-    assert joint_verdict(nan)["verdict"] == "not comparable"
+    v = joint_verdict(_joint_runs())
+    assert v["verdict"] == SUPPORTED and v["correction"] == "Holm over 12 parts"
+    assert v["effects"]["sps attn/alignment within 0.1 of adam"]["effect"] == pytest.approx(
+        0.851 - 0.82)
+    assert v["effects"]["sngd loss < sgd"]["seeds"] == 3
+    v = joint_verdict(_joint_runs(adam=(0.01, 0.99)))  # sps 0.85 < 0.99 − 0.1 in every seed
+    assert v["verdict"] == CONTRADICTED
+    assert v["effects"]["sps attn/alignment within 0.1 of adam"]["verdict"] == CONTRADICTED
+    assert v["effects"]["sngd attn/alignment within 0.1 of adam"]["verdict"] == SUPPORTED
+    assert joint_verdict(_joint_runs(sgd=(0.05, 0.95)))["verdict"] == CONTRADICTED
+    # SNGD's loss below SGD's in two seeds, above in one
+    mixed = _joint_runs()
+    mixed[5] = _joint("sngd", 1, 0.9, 0.9)
+    v = joint_verdict(mixed)
+    assert v["verdict"] == INCONCLUSIVE
+    assert v["effects"]["sngd loss < sgd"]["verdict"] == INCONCLUSIVE
+    assert v["effects"]["sngd loss < sgd"]["detectable"] > 0
+    runs = _joint_runs()
+    assert joint_verdict([r for r in runs if r["label"] != "adam"])["verdict"] == NOT_COMPARABLE
+    nan = [*runs[:3], _joint("adam", 0, math.nan, 0.9)]
+    assert joint_verdict(nan)["verdict"] == NOT_COMPARABLE
+
+
+def test_three_seeds_at_cpu_scale_and_seed_zero_keeps_its_name() -> None:
+    for name in ("ib_joint", "ib_vit_mnist", "ib_text"):
+        exp = get_experiment(name)
+        settings, runs = exp.resolve("cpu", [])
+        assert settings.seeds == 3 and exp.seed_aware
+        assert sorted({r.info["seed"] for r in runs}) == [0, 1, 2] and len(runs) == 12
+    names = {r.name for r in get_experiment("ib_vit_mnist").resolve("cpu", [])[1]}
+    assert {"sgd", "sngd", "sps", "adam", "sgd-s1", "adam-s2"} <= names
+    names = {r.name for r in get_experiment("ib_joint").resolve("cpu", [])[1]}
+    assert {"sgd-s0", "adam-s0", "sps-s2"} <= names
+    # seed k: the same data subset, initialisation and order for every optimiser of that seed
+    configs = get_experiment("ib_vit_mnist").configs("cpu")
+    assert {(c.label, c.seed) for c in configs} == {
+        (o, k) for o in ("sgd", "sngd", "sps", "adam") for k in range(3)}
 
 
 # ------------------------------------------------------------ ViT on MNIST (standard fit path)
@@ -246,26 +313,54 @@ def test_vit_mnist_tiny_run(tmp_path: Path) -> None:
 
 
 def _tiny_vit_run(tmp_path: Path, tiny: list[str]) -> None:
-    verdict = run_experiment("ib_vit_mnist", tmp_path, overrides=tiny, log=lambda _: None)
-    assert verdict["verdict"] in {"holds", "does not hold", "not comparable"}
+    verdict = run_experiment("ib_vit_mnist", tmp_path, overrides=[*tiny, "seeds=2"],
+                             log=lambda _: None)
+    assert verdict["verdict"] in VERDICTS
     for label in ("sgd", "sngd", "sps", "adam"):
-        summary = json.loads((tmp_path / label / "summary.json").read_text())
-        assert summary["steps"] == 3 and math.isfinite(summary["final"]["train/loss"])
-        assert verdict["evidence"][label]["train_loss"] == summary["final"]["train/loss"]
+        for seed, name in ((0, label), (1, f"{label}-s1")):
+            summary = json.loads((tmp_path / name / "summary.json").read_text())
+            assert summary["steps"] == 3 and math.isfinite(summary["final"]["train/loss"])
+            assert (verdict["evidence"][label]["seeds"][str(seed)]["train_loss"]
+                    == summary["final"]["train/loss"])
+
+
+def _race(steps: int = 200, **losses: list[float]) -> list[dict[str, Any]]:
+    """Summaries of a loss race: ``label=[final loss of seed 0, seed 1, ...]``."""
+    return [{"label": o, "seed": k, "steps": steps, "final": {"train/loss": v}}
+            for o, values in losses.items() for k, v in enumerate(values)]
 
 
 def test_vit_mnist_verdict_outcomes() -> None:
     from senslab.experiments.implicit_bias._common import loss_race_verdict
 
-    def runs(**loss: float) -> list[dict[str, Any]]:
-        return [{"label": k, "steps": 200, "final": {"train/loss": v}} for k, v in loss.items()]
-
-    assert loss_race_verdict(runs(sgd=1.0, sngd=0.3, sps=0.35, adam=0.2))["verdict"] == "holds"
-    v = loss_race_verdict(runs(sgd=1.0, sngd=0.7, sps=0.3, adam=0.2))  # sngd nearer sgd
-    assert v["verdict"] == "does not hold" and "sngd closer to adam" in v["reason"]
-    assert loss_race_verdict(runs(sgd=1.0, sngd=0.3))["verdict"] == "not comparable"
-    v = loss_race_verdict(runs(sgd=2.30, sngd=2.29, sps=0.5, adam=0.2))  # both still at chance
-    assert v["verdict"] == "not comparable" and "plateau" in v["reason"]
-    uneven = runs(sgd=1.0, sngd=0.3, sps=0.35, adam=0.2)
+    good = _race(sgd=[1.0, 1.0, 1.0], sngd=[0.3, 0.31, 0.32], sps=[0.35, 0.36, 0.37],
+                 adam=[0.2, 0.2, 0.2])
+    v = loss_race_verdict(good)
+    assert v["verdict"] == SUPPORTED and v["correction"] == "Holm over 4 parts"
+    assert v["effects"]["sngd below sgd"]["effect"] == pytest.approx(0.69)
+    assert v["effects"]["sps closer to adam"]["effect"] == pytest.approx(0.64 - 0.16)
+    assert v["evidence"]["sngd"]["train_loss"] == pytest.approx(0.31)
+    assert v["evidence"]["sngd"]["seeds"]["2"]["train_loss"] == 0.32
+    # SNGD below SGD but nearer to it than to Adam, in every seed
+    v = loss_race_verdict(_race(sgd=[1.0, 1.0, 1.0], sngd=[0.7, 0.71, 0.72],
+                                sps=[0.3, 0.31, 0.32], adam=[0.2, 0.2, 0.2]))
+    assert v["verdict"] == CONTRADICTED
+    assert v["effects"]["sngd closer to adam"]["verdict"] == CONTRADICTED
+    assert "|sngd − sgd| − |sngd − adam|" in v["reason"]
+    # ... in one seed of three
+    v = loss_race_verdict(_race(sgd=[1.0, 1.0, 1.0], sngd=[0.3, 0.7, 0.4],
+                                sps=[0.35, 0.36, 0.37], adam=[0.2, 0.2, 0.2]))
+    assert v["verdict"] == INCONCLUSIVE
+    assert v["effects"]["sngd closer to adam"]["detectable"] > 0
+    assert loss_race_verdict(_race(sgd=[1.0], sngd=[0.3]))["verdict"] == NOT_COMPARABLE
+    lacking = [r for r in good if (r["label"], r["seed"]) != ("sps", 1)]
+    v = loss_race_verdict(lacking)
+    assert v["verdict"] == NOT_COMPARABLE and "seeds without every run" in v["reason"]
+    # SGD and SNGD both still at chance in one seed: the race has not started
+    v = loss_race_verdict(_race(sgd=[2.30, 1.0, 1.0], sngd=[2.29, 0.3, 0.3],
+                                sps=[0.5, 0.4, 0.4], adam=[0.2, 0.2, 0.2]))
+    assert v["verdict"] == NOT_COMPARABLE and "plateau" in v["reason"]
+    assert "sngd (seed 0)" in v["reason"] and "sps" not in v["reason"].split(";")[0]
+    uneven = _race(sgd=[1.0], sngd=[0.3], sps=[0.35], adam=[0.2])
     uneven[0]["steps"] = 100
-    assert loss_race_verdict(uneven)["verdict"] == "not comparable"
+    assert loss_race_verdict(uneven)["verdict"] == NOT_COMPARABLE

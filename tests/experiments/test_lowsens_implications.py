@@ -15,23 +15,29 @@ import senslab.experiments.lowsens.robustness as rob
 from senslab.data import DataUnavailableError, create_dataset
 from senslab.data.corruptions import list_corruptions
 from senslab.experiments import get_experiment
+from senslab.experiments.base import seeded_name
 from senslab.experiments.lowsens.imagenet import imagenet_verdict
 from senslab.experiments.lowsens.sharpness import flatter
 from senslab.train.config import RunConfig
+from senslab.verdicts import CONTRADICTED, INCONCLUSIVE, NOT_COMPARABLE, SUPPORTED, WORDS
 
 TINY = ["train.epochs=1", "data.train_subset=200", "track.num_examples=4",
         "track.eval_examples=50"]
 #: the CPU-scale runs on 8×8 digits (patch 2), 30 test images, 200 sensitivity images
 DIGITS = ["dataset=digits", "patch=2"]
-ROBUST = [*DIGITS, "test_images=30", "sens_examples=200"]
+ROBUST = [*DIGITS, "test_images=30", "sens_examples=200", "seeds=2"]
 
 
 def test_cpu_configs_share_the_vit_runs() -> None:
     robust = get_experiment("robustness").configs("cpu")
     sharp = get_experiment("sharpness").configs("cpu")
-    assert [c.name for c in robust] == ["vit_small", "vit_small-noise", "vit_small-patch_mse",
-                                        "cnn"]
-    assert [c.to_dict() for c in sharp] == [c.to_dict() for c in robust[:3]]
+    vits = ["vit_small", "vit_small-noise", "vit_small-patch_mse"]
+    assert [c.name for c in robust] == [seeded_name(m, k) for k in range(3) for m in vits] + [
+        "cnn", "cnn-s1", "cnn-s2"]
+    assert [c.to_dict() for c in sharp] == [c.to_dict() for c in robust[:9]]
+    assert get_experiment("robustness").seed_aware and get_experiment("sharpness").seed_aware
+    for name in ("robustness", "sharpness", "imagenet"):
+        assert all(get_experiment(name).settings(scale).seeds == 3 for scale in ("cpu", "paper"))
     by = {c.name: c for c in robust}
     assert by["vit_small-patch_mse"].train.regularizer == "patch_mse"
     assert (by["vit_small-patch_mse"].train.reg_alpha, by["vit_small-patch_mse"].train.reg_sigma) \
@@ -47,8 +53,9 @@ def test_robustness_then_sharpness_end_to_end(tmp_path: Path) -> None:
     robust, sharp = get_experiment("robustness"), get_experiment("sharpness")
     summaries = robust.execute(tmp_path / "robustness", "cpu", ROBUST + TINY, False,
                                lambda _: None)
-    assert [s["name"] for s in summaries] == ["vit_small", "vit_small-noise",
-                                              "vit_small-patch_mse", "cnn"]
+    assert [s["name"] for s in summaries] == [
+        "vit_small", "vit_small-noise", "vit_small-patch_mse", "vit_small-s1",
+        "vit_small-noise-s1", "vit_small-patch_mse-s1", "cnn", "cnn-s1"]
     for s in summaries:
         m = s["final_measure"]
         assert set(m["corrupted_acc"]) == set(list_corruptions())
@@ -56,17 +63,19 @@ def test_robustness_then_sharpness_end_to_end(tmp_path: Path) -> None:
         assert len(m["noise_blur_per_image"]) == 30 and 0 <= m["clean_acc"] <= 1
         assert len(m["sensitivity"]["per_sample"]) == 200  # the whole (tiny) training subset
     v = robust.verdict(summaries)
-    assert v["verdict"] in {"holds", "does not hold", "not comparable"}
-    assert set(v["evidence"]) == {"a", "vit_small-noise", "vit_small-patch_mse"}
+    assert v["verdict"] in WORDS
+    if v["verdict"] != NOT_COMPARABLE:
+        assert set(v["evidence"]) == {"a", "vit_small-noise", "vit_small-patch_mse"}
+        assert {p["seeds"] for p in v["effects"].values()} == {2} and len(v["effects"]) == 5
     cached = json.loads((tmp_path / "robustness" / "cnn" / "final_measure.json").read_text())
     assert cached == {"settings": {"test_images": 30, "sens_examples": 200, "sens_repeats": 2},
-                      "values": summaries[-1]["final_measure"]}
+                      "values": summaries[-2]["final_measure"]}
 
     logs: list[str] = []
     out = tmp_path / "sharpness"
     stamp = (tmp_path / "robustness" / "vit_small" / "metrics.jsonl").read_text()
-    result = sharp.execute(out, "cpu", DIGITS + TINY, False, logs.append)
-    assert sum("reusing the finished run of robustness" in line for line in logs) == 3
+    result = sharp.execute(out, "cpu", [*DIGITS, "seeds=2", *TINY], False, logs.append)
+    assert sum("reusing the finished run of robustness" in line for line in logs) == 6
     assert (out / "vit_small" / "metrics.jsonl").read_text() == stamp  # copied, not retrained
     for s in result:
         m = s["final_measure"]
@@ -75,7 +84,10 @@ def test_robustness_then_sharpness_end_to_end(tmp_path: Path) -> None:
         assert json.loads((out / s["name"] / "final_measure.json").read_text())["settings"] == {
             "sigma_w": 0.05, "repeats": 5, "supplement": 30}
     v = sharp.verdict(result)
-    assert v["reason"].startswith("vit_small-patch_mse: ") and "supplementary" in v["reason"]
+    assert v["verdict"] in WORDS
+    if v["verdict"] != NOT_COMPARABLE:
+        assert v["reason"].startswith("vit_small-patch_mse flatter than vit_small: ")
+        assert "supplementary" in v["reason"] and set(v["effects"]) == {"shop", "shpred"}
 
 
 def test_local_corruption_sets_are_normalised_like_the_data() -> None:
@@ -98,9 +110,9 @@ def test_local_corruption_sets_are_normalised_like_the_data() -> None:
 
 
 def _rob(label: str, sens: float, acc: dict[str, float], per_image: list[float],
-         train_acc: float = 0.85) -> dict[str, Any]:
+         train_acc: float = 0.85, seed: int = 0) -> dict[str, Any]:
     per_sample = [sens + 0.01 * (i % 3) for i in range(30)]  # image-to-image variation
-    return {"label": label, "name": label,
+    return {"label": label, "name": seeded_name(label, seed), "seed": seed,
             "final": {"sens/train": sens, "sens/train_se": 0.002, "train/acc": train_acc},
             "final_measure": {"clean_acc": 0.8, "noise_blur_per_image": per_image,
                               "corrupted_acc": {k: [v] * 5 for k, v in acc.items()},
@@ -108,48 +120,101 @@ def _rob(label: str, sens: float, acc: dict[str, float], per_image: list[float],
                                               "per_sample": per_sample}}}
 
 
+NAMES = ["gaussian_noise", "gaussian_blur", "contrast"]
+LOW = [0.2, 0.4, 0.3, 0.5] * 10
+HIGH = [0.6, 0.5, 0.7, 0.6] * 10
+
+
+def _rob_seeds(label: str, sens: list[float], acc: list[dict[str, float]], per_image: list[float],
+               train_acc: float = 0.85) -> list[dict[str, Any]]:
+    return [_rob(label, v, a, [p + 0.01 * k for p in per_image], train_acc, seed=k)
+            for k, (v, a) in enumerate(zip(sens, acc, strict=True))]
+
+
+def _robust_runs(patch_mse: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    cnn = {"gaussian_noise": 0.5, "gaussian_blur": 0.6, "contrast": 0.9}  # the ViT wins 2 of 3
+    return (_rob_seeds("vit_small", [0.05, 0.052, 0.049], [dict.fromkeys(NAMES, 0.7)] * 3, LOW)
+            + _rob_seeds("vit_small-noise", [0.02, 0.021, 0.018], [dict.fromkeys(NAMES, 0.8)] * 3,
+                         HIGH)
+            + patch_mse
+            + _rob_seeds("cnn", [0.08] * 3, [cnn, cnn, {**cnn, "gaussian_noise": 0.6}], LOW))
+
+
 def test_robustness_verdict() -> None:
     exp = get_experiment("robustness")
-    names = ["gaussian_noise", "gaussian_blur", "contrast"]
-    low = [0.2, 0.4, 0.3, 0.5] * 10
-    high = [0.6, 0.5, 0.7, 0.6] * 10
-    runs = [_rob("vit_small", 0.05, dict.fromkeys(names, 0.7), low),
-            _rob("vit_small-noise", 0.02, dict.fromkeys(names, 0.8), high),
-            _rob("vit_small-patch_mse", 0.03, dict.fromkeys(names, 0.8), high),
-            _rob("cnn", 0.08, {"gaussian_noise": 0.5, "gaussian_blur": 0.6, "contrast": 0.9},
-                 low)]
-    v = exp.verdict(runs)
-    assert v["verdict"] == "holds" and "ViT better on 2/3" in v["reason"]
-    assert v["evidence"]["vit_small-noise"]["sens_diff"] == pytest.approx(-0.03)
-    runs[2] = _rob("vit_small-patch_mse", 0.03, dict.fromkeys(names, 0.8), low)  # no better
-    v = exp.verdict(runs)
-    assert v["verdict"] == "does not hold"
-    assert "vit_small-patch_mse: does not hold" in v["reason"]
-    runs[2] = _rob("vit_small-patch_mse", 0.05, dict.fromkeys(names, 0.8), high)  # as sensitive
-    assert exp.verdict(runs)["verdict"] == "does not hold"
-    runs[2] = _rob("vit_small-patch_mse", 0.03, dict.fromkeys(names, 0.8), high, train_acc=0.7)
-    assert exp.verdict(runs)["verdict"] == "not comparable"
+    good = _rob_seeds("vit_small-patch_mse", [0.03, 0.031, 0.029], [dict.fromkeys(NAMES, 0.8)] * 3,
+                      HIGH)
+    v = exp.verdict(_robust_runs(good))
+    assert v["verdict"] == SUPPORTED and v["correction"] == "Holm over 5 parts"
+    assert set(v["effects"]) == {
+        "a: vit_small vs cnn", *(f"{r}: {k}" for r in ("vit_small-noise", "vit_small-patch_mse")
+                                 for k in ("sensitivity", "noise/blur accuracy"))}
+    assert v["effects"]["a: vit_small vs cnn"]["effect"] == pytest.approx(2 / 3 - 1 / 2)
+    assert "ViT better on 2/3, 2/3, 2/3" in v["reason"]
+    ev = v["evidence"]["vit_small-noise"]
+    assert ev["sens_diff"] == pytest.approx((-0.03 - 0.031 - 0.031) / 3)
+    assert set(ev["per_seed"]) == {"0", "1", "2"}
+    assert v["evidence"]["a"]["wins"]["vit_small vs cnn"]["0"] == [2, 3]
+    # no better on noise/blur than vanilla (the same per-image accuracies): inconclusive
+    same = _rob_seeds("vit_small-patch_mse", [0.03, 0.031, 0.029], [dict.fromkeys(NAMES, 0.8)] * 3,
+                      LOW)
+    v = exp.verdict(_robust_runs(same))
+    assert v["verdict"] == INCONCLUSIVE
+    assert v["effects"]["vit_small-patch_mse: noise/blur accuracy"]["verdict"] == INCONCLUSIVE
+    # more sensitive than vanilla on every seed: contradicted
+    worse = _rob_seeds("vit_small-patch_mse", [0.07, 0.072, 0.069], [dict.fromkeys(NAMES, 0.8)] * 3,
+                       HIGH)
+    v = exp.verdict(_robust_runs(worse))
+    assert v["verdict"] == CONTRADICTED
+    assert v["effects"]["vit_small-patch_mse: sensitivity"]["verdict"] == CONTRADICTED
+    far = _rob_seeds("vit_small-patch_mse", [0.03] * 3, [dict.fromkeys(NAMES, 0.8)] * 3, HIGH,
+                     train_acc=0.7)
+    v = exp.verdict(_robust_runs(far))
+    assert v["verdict"] == NOT_COMPARABLE and "vit_small-patch_mse 0.700" in v["reason"]
 
 
-def _sharp(label: str, shop: list[float], shpred: list[float], acc: float = 0.85) -> dict:
-    return {"label": label, "final": {"train/acc": acc},
+def _sharp(label: str, shop: list[float], shpred: list[float], acc: float = 0.85,
+           seed: int = 0) -> dict:
+    return {"label": label, "seed": seed, "final": {"train/acc": acc},
             "final_measure": {"shop": sum(shop) / 5, "shop_per_draw": shop,
                               "shpred": sum(shpred) / 5, "shpred_per_draw": shpred}}
 
 
-def test_sharpness_verdict_pairs_the_weight_draws() -> None:
-    base = _sharp("vit_small", [10.0, 12, 9, 11, 13], [0.30, 0.40, 0.25, 0.35, 0.45])
+def _sharp_seeds(label: str, shop: list[float], shpred: list[float], acc: float = 0.85,
+                 shift: float = 0.0) -> dict[int, dict]:
+    """Three seeds of one model: the draws of seed k are ``shop``/``shpred`` shifted by
+    ``k · shift`` (the same shift for every model: seed-to-seed variation)."""
+    return {k: _sharp(label, [v + k * shift for v in shop], [v + k * shift / 100 for v in shpred],
+                      acc, seed=k) for k in range(3)}
+
+
+def test_sharpness_verdict_pairs_the_weight_draws_and_the_seeds() -> None:
+    base = _sharp_seeds("vit_small", [10.0, 12, 9, 11, 13], [0.30, 0.40, 0.25, 0.35, 0.45],
+                        shift=1.0)
     # the draws vary a lot, but the regularized model is lower on every one of them
-    reg = _sharp("vit_small-patch_mse", [9.0, 11, 8, 10, 12], [0.28, 0.38, 0.24, 0.33, 0.42])
-    assert flatter(reg, base)["verdict"] == "holds"
-    mixed = _sharp("vit_small-patch_mse", [9.0, 11, 8, 10, 12], [0.31, 0.41, 0.24, 0.33, 0.46])
+    reg = _sharp_seeds("vit_small-patch_mse", [9.0, 11, 8, 10, 12], [0.28, 0.38, 0.24, 0.33, 0.42],
+                       shift=1.0)
+    v = flatter(reg, base)
+    assert v["verdict"] == SUPPORTED and v["correction"] == "Holm over 2 parts"
+    assert v["effects"]["shop"]["effect"] == pytest.approx(1.0) and v["effects"]["shop"]["df"] == 2
+    assert v["evidence"]["shop"]["diff"] == pytest.approx(-1.0)
+    mixed = _sharp_seeds("vit_small-patch_mse", [9.0, 11, 8, 10, 12],
+                         [0.31, 0.41, 0.24, 0.33, 0.46], shift=1.0)
     v = flatter(mixed, base)
-    assert v["verdict"] == "does not hold" and v["evidence"]["shpred"]["diff"] < 0.01
-    assert flatter(_sharp("r", [1.0] * 5, [0.1] * 5, acc=0.6), base)["verdict"] == \
-        "not comparable"
-    noise = _sharp("vit_small-noise", [20.0] * 5, [0.9] * 5)
-    v = get_experiment("sharpness").verdict([base, noise, reg])
-    assert v["verdict"] == "holds" and "vit_small-noise: shop" in v["reason"]
+    assert v["verdict"] == INCONCLUSIVE and v["effects"]["shop"]["verdict"] == SUPPORTED
+    assert v["evidence"]["shpred"]["diff"] < 0.01
+    sharper = _sharp_seeds("vit_small-patch_mse", [11.0, 13, 10, 12, 14],
+                           [0.33, 0.43, 0.28, 0.38, 0.48], shift=1.0)
+    assert flatter(sharper, base)["verdict"] == CONTRADICTED
+    assert flatter(_sharp_seeds("r", [1.0] * 5, [0.1] * 5, acc=0.6), base)["verdict"] == \
+        NOT_COMPARABLE
+    noise = _sharp_seeds("vit_small-noise", [20.0] * 5, [0.9] * 5)
+    runs = [*base.values(), *noise.values(), *reg.values()]
+    v = get_experiment("sharpness").verdict(runs)
+    assert v["verdict"] == SUPPORTED and "not in the verdict: vit_small-noise: contradicted" in \
+        v["reason"]
+    assert v["evidence"]["side"]["vit_small-noise"]["verdict"] == CONTRADICTED
+    assert set(v["effects"]) == {"shop", "shpred"}
 
 
 def test_imagenet_missing_images_is_a_clear_error(tmp_path: Path) -> None:
@@ -185,12 +250,12 @@ def test_imagenet_random_weights_when_timm_is_installed(tmp_path: Path) -> None:
     pytest.importorskip("timm")
     _jpegs(tmp_path / "train", 4)
     sets = [f"root={tmp_path / 'train'}", "pretrained=false", "vit=vit_tiny_patch16_224",
-            "convnext=convnextv2_atto", "num_images=3", "num_tokens=2"]
+            "convnext=convnextv2_atto", "num_images=3", "num_tokens=2", "seeds=1"]
     exp = get_experiment("imagenet")
     summaries = exp.execute(tmp_path / "out", "cpu", sets, False, lambda _: None)
     assert [s["label"] for s in summaries] == ["vit", "convnext"]
     assert all(len(s["per_sample"]) == 3 for s in summaries)
-    assert exp.verdict(summaries)["verdict"] in {"holds", "does not hold", "not comparable"}
+    assert exp.verdict(summaries)["verdict"] in WORDS
 
 
 def test_imagenet_runs_the_pretrained_trainer_on_the_stand_in(tmp_path: Path) -> None:
@@ -201,31 +266,49 @@ def test_imagenet_runs_the_pretrained_trainer_on_the_stand_in(tmp_path: Path) ->
     sets = [f"root={tmp_path / 'train'}", "pretrained=false", "vit=mlp", "convnext=cnn",
             "num_images=3", "num_tokens=2", "source=senslab"]
     exp = get_experiment("imagenet")
-    summaries = exp.execute(tmp_path / "out", "cpu", sets, False, lambda _: None)
-    assert [s["label"] for s in summaries] == ["vit", "convnext"]
+    summaries = exp.execute(tmp_path / "out", "cpu", [*sets, "seeds=2"], False, lambda _: None)
+    assert [(s["label"], s["seed"]) for s in summaries] == [
+        ("vit", 0), ("convnext", 0), ("vit", 1), ("convnext", 1)]
     assert all(len(s["per_sample"]) == 3 and s["final"]["train/acc"] is None
                for s in summaries)
     cfg = json.loads((tmp_path / "out" / "convnext" / "config.json").read_text())
     assert (cfg["model"], cfg["num_tokens"], len(cfg["images"])) == ("cnn", 2, 3)
-    assert exp.verdict(summaries)["verdict"] in {"holds", "does not hold", "not comparable"}
-    runs = exp.resolve("cpu", [*sets, "seeds=2"])[1]
+    v = exp.verdict(summaries)
+    assert v["verdict"] in set(WORDS) - {NOT_COMPARABLE}  # no accuracy: no accuracy precondition
+    assert v["effects"]["convnext − vit"]["seeds"] == 2
+    runs = exp.resolve("cpu", sets)[1]
     assert [(r.name, r.trainer, r.config.seed) for r in runs] == [
         ("vit", "pretrained", 0), ("convnext", "pretrained", 0), ("vit-s1", "pretrained", 1),
-        ("convnext-s1", "pretrained", 1)]
+        ("convnext-s1", "pretrained", 1), ("vit-s2", "pretrained", 2),
+        ("convnext-s2", "pretrained", 2)]
     with pytest.raises(ValueError, match="no pretrained weights"):
         exp.execute(tmp_path / "other", "cpu", [*sets, "pretrained=true"], False, print)
     assert not (tmp_path / "other").exists()
 
 
-def test_imagenet_verdict_is_paired() -> None:
-    def s(label: str, per: list[float], acc: float | None = 0.85) -> dict[str, Any]:
-        return {"label": label, "per_sample": per,
+def test_imagenet_verdict_is_paired_within_and_over_samples() -> None:
+    def s(label: str, per: list[float], acc: float | None = 0.85, seed: int = 0
+          ) -> dict[str, Any]:
+        return {"label": label, "seed": seed, "per_sample": per,
                 "final": {"sens/train": sum(per) / len(per), "sens/train_se": 0.1,
                           "train/acc": acc}}
 
-    vit = s("vit", [0.1, 0.5, 0.2, 0.8])
-    assert imagenet_verdict([vit, s("convnext", [0.2, 0.6, 0.3, 0.9])])["verdict"] == "holds"
-    assert imagenet_verdict([vit, s("convnext", [0.1, 0.6, 0.2, 0.8])])["verdict"] == \
-        "does not hold"
-    v = imagenet_verdict([vit, s("convnext", [0.2, 0.6, 0.3, 0.9], acc=0.7)])
-    assert v["verdict"] == "not comparable"
+    def seeds(label: str, per: list[float], step: float = 0.0, **kw: Any) -> list[dict[str, Any]]:
+        return [s(label, [p + k * step for p in per], seed=k, **kw) for k in range(3)]
+
+    vit = seeds("vit", [0.1, 0.5, 0.2, 0.8], step=0.05)
+    # per image the ConvNeXt is 0.1 above on every image of every sample
+    v = imagenet_verdict(vit + seeds("convnext", [0.2, 0.6, 0.3, 0.9], step=0.05))
+    assert v["verdict"] == SUPPORTED and v["effects"]["convnext − vit"]["seeds"] == 3
+    assert "paired over 12 images in 3 samples" in v["reason"]
+    # below on one sample, above on another
+    mixed = [s("convnext", [0.2, 0.6, 0.3, 0.9]), s("convnext", [0.1, 0.5, 0.2, 0.8], seed=1),
+             s("convnext", [0.2, 0.6, 0.2, 0.8], seed=2)]
+    assert imagenet_verdict(vit + mixed)["verdict"] == INCONCLUSIVE
+    assert imagenet_verdict(vit + seeds("convnext", [0.0, 0.4, 0.1, 0.7], step=0.05))[
+        "verdict"] == CONTRADICTED
+    v = imagenet_verdict(vit + seeds("convnext", [0.2, 0.6, 0.3, 0.9], acc=0.7))
+    assert v["verdict"] == NOT_COMPARABLE and "0.150" in v["reason"]
+    # one sample: its paired per-image error alone (normal reference)
+    one = imagenet_verdict([vit[0], s("convnext", [0.2, 0.6, 0.3, 0.9])])
+    assert one["verdict"] == SUPPORTED and "measurement noise only" in one["reason"]

@@ -1,6 +1,7 @@
 """The language experiments (main paper §6 / A.4): registration, paper-scale settings, a tiny
 end-to-end run on a GLUE-format MRPC fixture written here, and the verdict on hand-made
-summaries (one per outcome)."""
+summaries of three seeds (one per outcome: supported, contradicted, inconclusive, not
+comparable; the pairing by seed; the side claims)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 
 from senslab.data import DataUnavailableError
 from senslab.experiments import get_experiment, list_experiments, run_experiment
-from senslab.experiments.lowsens._language_verdict import language_verdict
+from senslab.experiments.lowsens._language_verdict import RISE_RATIO, language_verdict
 from senslab.experiments.lowsens.language import (
     MODELS,
     VARIANCE,
@@ -24,6 +25,7 @@ from senslab.experiments.lowsens.language import (
 from senslab.report import load_runs
 from senslab.report.plots import curve_panels
 from senslab.train.loop import locate_data
+from senslab.verdicts import CONTRADICTED, INCONCLUSIVE, NOT_COMPARABLE, SUPPORTED, WORDS
 
 NAMES = ("language_mrpc", "language_rotten_tomatoes", "language_qqp")
 
@@ -42,7 +44,9 @@ def test_paper_scale_settings(name: str) -> None:
     """docs/definitions.md#language: 4 layers, width 256, 8 heads, dropout 0.1, AdamW 1e-4 /
     1e-4, batch 32, max length 128, σ² = 15, validation tracked; the four models of the paper."""
     configs = get_experiment(name).configs("paper")
-    assert [c.model.name for c in configs] == list(MODELS)
+    assert [c.model.name for c in configs] == list(MODELS) * 3  # three seeds of each model
+    assert [c.seed for c in configs] == [0] * 4 + [1] * 4 + [2] * 4
+    assert [c.name for c in configs[:5]] == [*MODELS, "lstm-s1"]  # seed 0 keeps its name
     for c in configs:
         assert c.model.overrides == {"layers": 4, "dim": 256, "heads": 8, "dropout": 0.1}
         assert (c.optim.name, c.optim.lr, c.optim.weight_decay) == ("adamw", 1e-4, 1e-4)
@@ -52,6 +56,8 @@ def test_paper_scale_settings(name: str) -> None:
         assert c.track.every == 1 and c.track.unit == "epoch"
     cpu = get_experiment(name).configs("cpu")
     assert all(c.optim.name == "adamw" and c.data.options["max_len"] <= 128 for c in cpu)
+    assert [c.seed for c in cpu] == [0] * 4 + [1] * 4 + [2] * 4
+    assert get_experiment(name).seed_aware
     with pytest.raises(ValueError, match="scale"):
         get_experiment(name).configs("gpu")
 
@@ -92,7 +98,7 @@ def write_mrpc_fixture(root: Path, n_train: int = 20, n_dev: int = 8) -> None:
 
 
 TINY = ["model.overrides={'layers': 1, 'dim': 16, 'heads': 2, 'dropout': 0.0}", "train.epochs=1",
-        "track.num_examples=6", "data.options={'max_len': 28, 'vocab_size': 300}"]
+        "track.num_examples=6", "data.options={'max_len': 28, 'vocab_size': 300}", "seeds=2"]
 
 
 def test_tiny_end_to_end_on_mrpc_fixture(tmp_path: Path) -> None:
@@ -103,18 +109,21 @@ def test_tiny_end_to_end_on_mrpc_fixture(tmp_path: Path) -> None:
     verdict = run_experiment("language_mrpc", out, overrides=[f"data.root={data}", *TINY],
                              progress=False, log=lambda _: None)
     on_disk = json.loads((out / "verdict.json").read_text())
-    assert on_disk["verdict"] == verdict["verdict"] in {"holds", "does not hold",
-                                                         "not comparable"}
+    assert on_disk["verdict"] == verdict["verdict"] in WORDS
     claims = on_disk["evidence"]["claims"]
     assert {"roberta_below_lstm", "below_lstm_at_init", "below_lstm_on_validation",
             "below_lstm_at_alt_sigma", "relu_below_softmax", "lstm_recency", "gpt2_between",
             "gpt2_recency"} <= set(claims)
-    assert all(c["verdict"] in {"holds", "does not hold", "not comparable"}
-               for c in claims.values())
+    assert all(c["verdict"] in WORDS for c in claims.values())
     for name in MODELS:  # the end-of-training per-position profile, right-aligned
         prof = on_disk["evidence"][name]["profile"]
         assert prof["positions"][-1] == -1
         assert len(prof["positions"]) == len(prof["per_position"]) > 0
+        assert on_disk["evidence"][name]["seeds"] == [0, 1]  # both seeds judged
+    if verdict["verdict"] != NOT_COMPARABLE:  # paired over the two seeds
+        assert set(verdict["effects"]) == {"lstm − roberta", "lstm − roberta_relu"}
+        assert all(p["seeds"] == 2 for p in verdict["effects"].values())
+    assert json.loads((out / "lstm-s1" / "config.json").read_text())["seed"] == 1
     for name in MODELS:
         rows = [json.loads(x) for x in (out / name / "metrics.jsonl").read_text().splitlines()]
         assert rows[0]["step"] == 0 and len(rows) == 2  # init + one epoch
@@ -151,50 +160,159 @@ def test_missing_mrpc_names_files_and_option(tmp_path: Path) -> None:
 
 
 def _summary(label: str, sens: float, *, init: float, acc: float = 0.97, late: float = 0.1,
-             early: float = 0.1, se: float = 0.002) -> dict[str, Any]:
+             early: float = 0.1, se: float = 0.002, seed: int = 0, first: float | None = None
+             ) -> dict[str, Any]:
     final = {"train/acc": acc, "test/acc": 0.7, "sens/train": sens, "sens/train_se": se,
              "sens/val": sens, "sens/val_se": se, "sens_alt/train": sens / 2,
              "sens_alt/train_se": se, "recency/late": late, "recency/early": early,
              "recency/diff": late - early, "recency/diff_se": 0.005,
-             "sens_first/train": sens, "sens_first/train_se": se}
-    return {"label": label, "final": final,
+             "sens_first/train": sens if first is None else first, "sens_first/train_se": se}
+    return {"label": label, "seed": seed, "final": final,
             "language": {"init": {"sens/train": init, "sens/train_se": se}}}
 
 
-def paper_like() -> list[dict[str, Any]]:
-    return [_summary("lstm", 0.10, init=0.05, late=0.25, early=0.05),
-            _summary("roberta", 0.03, init=0.01, late=0.03, early=0.03),
-            _summary("roberta_relu", 0.02, init=0.01, late=0.02, early=0.02),
-            _summary("gpt2", 0.05, init=0.02, late=0.08, early=0.03)]
+#: a small seed-to-seed variation of every number, so that the t intervals have a width
+JITTER = (0.0, 0.004, -0.003)
 
 
-def test_verdict_holds_with_every_claim() -> None:
+def paper_like(seeds: int = 3) -> list[dict[str, Any]]:
+    """Every claim of the paper, clearly, in each of ``seeds`` seeds."""
+    out = []
+    for k in range(seeds):
+        j = JITTER[k]
+        out += [_summary("lstm", 0.10 + j, init=0.05 + j, late=0.25 + j, early=0.05, seed=k),
+                _summary("roberta", 0.03 + j, init=0.01 + j / 4, late=0.03, early=0.03 + j / 4,
+                         seed=k),
+                _summary("roberta_relu", 0.02 + j / 2, init=0.005, late=0.02, early=0.02 + j / 4,
+                         seed=k),
+                _summary("gpt2", 0.05 + j, init=0.02, late=0.08 + j, early=0.03, seed=k)]
+    return out
+
+
+def _replace(runs: list[dict[str, Any]], label: str, **kw: Any) -> list[dict[str, Any]]:
+    """``runs`` with every seed of ``label`` rebuilt with ``kw``; a value that is a list gives
+    one per seed."""
+    out = []
+    for s in runs:
+        if s["label"] == label:
+            k = s["seed"]
+            args = {n: (v[k] if isinstance(v, list) else v) for n, v in kw.items()}
+            s = _summary(label, seed=k, **args)
+        out.append(s)
+    return out
+
+
+def test_verdict_supported_with_every_claim() -> None:
     v = language_verdict(paper_like())
-    assert v["verdict"] == "holds"
-    assert all(c["verdict"] == "holds" for k, c in v["evidence"]["claims"].items()
-               if k != "softmax_cls_bump")
-    assert "lstm 0.1000" in v["reason"] and "at init" in v["reason"]
+    assert v["verdict"] == SUPPORTED
+    assert set(v["effects"]) == {"lstm − roberta", "lstm − roberta_relu"}
+    assert v["correction"] == "Holm over 2 parts"
+    for part in v["effects"].values():  # Student's t over the three seeds
+        assert part["seeds"] == 3 and part["df"] == 2 and part["interval"][0] > 0
+    claims = v["evidence"]["claims"]
+    assert all(c["verdict"] == SUPPORTED for k, c in claims.items() if k != "softmax_cls_bump")
+    assert claims["roberta_below_lstm"]["effects"].keys() == v["effects"].keys()
+    assert set(claims["gpt2_between"]["effects"]) == {"gpt2 − roberta", "gpt2 − roberta_relu",
+                                                       "lstm − gpt2"}
+    assert set(claims["lstm_recency"]["effects"]) == {
+        "lstm late − early", f"{RISE_RATIO:g} − roberta late/early",
+        f"{RISE_RATIO:g} − roberta_relu late/early"}
+    # <s> at the rate of every token: no bump, and nothing to decide it with
+    assert claims["softmax_cls_bump"]["verdict"] == INCONCLUSIVE
+    assert "lstm 0.1003 (seeds 0.1000, 0.1040, 0.0970)" in v["reason"]
+    assert "at init" in v["reason"] and "(95%, 3 seeds) supported" in v["reason"]
+    assert v["evidence"]["lstm"]["seeds"] == [0, 1, 2]
+    assert v["evidence"]["lstm"]["per_seed"][1]["sens_train"] == pytest.approx(0.104)
 
 
-def test_verdict_does_not_hold_and_sub_claims_fail() -> None:
-    runs = paper_like()
-    runs[1] = _summary("roberta", 0.12, init=0.06, late=0.30, early=0.05)  # above the LSTM
-    runs[0] = _summary("lstm", 0.10, init=0.05, late=0.10, early=0.10)  # and flat
+def test_verdict_pairs_models_by_seed() -> None:
+    """Seeds far apart, the same small gap in each: supported only because seed k of the LSTM
+    is compared with seed k of each RoBERTa."""
+    runs = _replace(paper_like(), "lstm", sens=[0.10, 0.30, 0.50], init=0.05, late=0.25,
+                    early=0.05)
+    runs = _replace(runs, "roberta", sens=[0.09, 0.289, 0.491], init=0.01, late=0.03, early=0.03)
+    runs = _replace(runs, "roberta_relu", sens=[0.08, 0.281, 0.479], init=0.005, late=0.02,
+                    early=0.02)
+    v = language_verdict(runs)
+    assert v["verdict"] == SUPPORTED
+    assert v["effects"]["lstm − roberta"]["effect"] == pytest.approx(0.01, abs=1e-9)
+    assert v["evidence"]["claims"]["relu_below_softmax"]["verdict"] == SUPPORTED
+    # paired the wrong way round (seed 2 of the RoBERTas with seed 0 of the LSTM): the seeds'
+    # spread swamps the gap
+    swapped = [{**s, "seed": 2 - s["seed"]} if s["label"] != "lstm" else s for s in runs]
+    assert language_verdict(swapped)["verdict"] == INCONCLUSIVE
+
+
+def test_verdict_contradicted_and_side_claims_fail() -> None:
+    runs = _replace(paper_like(), "roberta", sens=[0.12, 0.13, 0.125], init=[0.06, 0.07, 0.065],
+                    late=0.30, early=0.05)  # above the LSTM, and rising towards the end
     v = language_verdict(runs)
     claims = v["evidence"]["claims"]
-    assert v["verdict"] == "does not hold"
-    assert claims["roberta_below_lstm"]["verdict"] == "does not hold"
-    assert claims["below_lstm_at_init"]["verdict"] == "does not hold"
-    assert claims["lstm_recency"]["verdict"] == "does not hold"
-    assert claims["relu_below_softmax"]["verdict"] == "holds"
+    assert v["verdict"] == CONTRADICTED
+    assert v["effects"]["lstm − roberta"]["verdict"] == CONTRADICTED
+    assert v["effects"]["lstm − roberta_relu"]["verdict"] == SUPPORTED
+    assert claims["roberta_below_lstm"]["verdict"] == CONTRADICTED
+    assert claims["below_lstm_at_init"]["verdict"] == CONTRADICTED
+    rec = claims["lstm_recency"]
+    assert rec["verdict"] == CONTRADICTED
+    assert rec["effects"][f"{RISE_RATIO:g} − roberta late/early"]["verdict"] == CONTRADICTED
+    assert rec["effects"]["lstm late − early"]["verdict"] == SUPPORTED
+    assert claims["relu_below_softmax"]["verdict"] == SUPPORTED
+    assert claims["gpt2_between"]["verdict"] == CONTRADICTED  # gpt2 now below roberta
+
+
+def test_verdict_inconclusive_with_detectable_effect() -> None:
+    """The LSTM above softmax RoBERTa in two seeds and below it in the third."""
+    runs = _replace(paper_like(), "roberta", sens=[0.05, 0.16, 0.05], init=0.01, late=0.03,
+                    early=0.03)
+    v = language_verdict(runs)
+    part = v["effects"]["lstm − roberta"]
+    assert v["verdict"] == INCONCLUSIVE and part["verdict"] == INCONCLUSIVE
+    assert part["interval"][0] < 0 < part["interval"][1]
+    assert part["detectable"] > abs(part["effect"])
+    assert "could detect ≥" in v["reason"]
+    # no bump at <s> either way: flip rate at <s> above in one seed, below in another
+    runs = _replace(paper_like(), "roberta", sens=0.03, init=0.01, late=0.03, early=0.03,
+                    first=[0.06, 0.01, 0.05])
+    assert language_verdict(runs)["evidence"]["claims"]["softmax_cls_bump"][
+        "verdict"] == INCONCLUSIVE
+    runs = _replace(paper_like(), "roberta", sens=0.03, init=0.01, late=0.03, early=0.03,
+                    first=[0.06, 0.065, 0.058])
+    assert language_verdict(runs)["evidence"]["claims"]["softmax_cls_bump"][
+        "verdict"] == SUPPORTED
+
+
+def test_verdict_one_seed_is_measurement_only() -> None:
+    v = language_verdict(paper_like(seeds=1))
+    assert v["verdict"] == SUPPORTED
+    assert all(p["seeds"] == 1 and p["df"] is None for p in v["effects"].values())
+    assert "measurement noise only" in v["reason"]
+    # the encoders' flatness is a ratio without a measurement error: one seed cannot decide it
+    rec = v["evidence"]["claims"]["lstm_recency"]
+    assert rec["verdict"] == INCONCLUSIVE
+    assert rec["effects"]["lstm late − early"]["verdict"] == SUPPORTED
 
 
 def test_verdict_not_comparable() -> None:
     runs = paper_like()
-    runs[0]["final"]["train/acc"] = 0.70  # the LSTM never fitted the data
+    runs[4]["final"]["train/acc"] = 0.70  # seed 1's LSTM never fitted the data
     v = language_verdict(runs)
-    assert v["verdict"] == "not comparable" and "differ by 0.270" in v["reason"]
-    assert v["evidence"]["claims"]["roberta_below_lstm"]["verdict"] == "holds"
-    quiet = [_summary(s["label"], 0.0, init=0.0, se=0.0) for s in paper_like()]
-    assert language_verdict(quiet)["verdict"] == "not comparable"
-    assert language_verdict(paper_like()[1:])["verdict"] == "not comparable"  # no LSTM run
+    assert v["verdict"] == NOT_COMPARABLE and "differ by 0.270" in v["reason"]
+    assert v["evidence"]["acc_gap_by_seed"] == {0: 0.0, 1: pytest.approx(0.27), 2: 0.0}
+    assert v["evidence"]["claims"]["roberta_below_lstm"]["verdict"] == SUPPORTED
+    quiet = [_summary(s["label"], 0.0, init=0.0, se=0.0, seed=s["seed"]) for s in paper_like()]
+    assert language_verdict(quiet)["verdict"] == NOT_COMPARABLE
+    assert "insensitive" in language_verdict(quiet)["reason"]
+    no_lstm = [s for s in paper_like() if s["label"] != "lstm"]
+    assert language_verdict(no_lstm)["verdict"] == NOT_COMPARABLE
+    runs = paper_like()
+    runs[1]["final"]["sens/train"] = math.nan  # a number that is not finite
+    v = language_verdict(runs)
+    assert v["verdict"] == NOT_COMPARABLE and "roberta/seed 0" in v["reason"]
+    # early flip rate 0 with late flips: the ratio is undefined, the recency claim unjudged
+    runs = _replace(paper_like(), "roberta", sens=0.03, init=0.01, late=0.03, early=0.0)
+    v = language_verdict(runs)
+    assert v["verdict"] == SUPPORTED
+    assert v["evidence"]["claims"]["lstm_recency"]["verdict"] == NOT_COMPARABLE
+    with pytest.raises(ValueError, match="seed 0"):
+        language_verdict([*paper_like(), paper_like()[0]])

@@ -1,5 +1,6 @@
 """Smoke runs of the small-model low-sensitivity experiments at tiny sizes, and their verdicts on
-hand-made summaries (one per outcome)."""
+hand-made summaries of several runs (one per outcome: supported, contradicted, inconclusive with
+the smallest detectable effect, not comparable)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,7 @@ import pytest
 
 from senslab.experiments import get_experiment, list_experiments
 from senslab.experiments.lowsens.synthetic import sparse_frequent_verdict
-
-VERDICTS = {"holds", "does not hold", "not comparable"}
+from senslab.verdicts import CONTRADICTED, INCONCLUSIVE, NOT_COMPARABLE, SUPPORTED, WORDS
 
 
 def _quiet(_: str) -> None:
@@ -87,7 +87,7 @@ def test_synthetic_smoke_and_resume(tmp_path: Path) -> None:
     # even three short epochs separate the cases: the OOD set fools case 1 only
     assert summaries[0]["final"]["ood/acc"] < 0.5 < summaries[1]["final"]["ood/acc"]
     v = exp.verdict(summaries)
-    assert v["verdict"] in VERDICTS and set(v["evidence"]) == {"case1-s0", "case2-s2"}
+    assert v["verdict"] in WORDS and set(v["evidence"]) == {"case1-s0", "case2-s2"}
     # a second call reuses the finished runs instead of retraining them
     stamp = (tmp_path / "case1-s0" / "metrics.jsonl").stat().st_mtime_ns
     again = exp.execute(tmp_path, "cpu", SF_TINY, False, _quiet)
@@ -112,25 +112,45 @@ def _sf(name: str, case: int, ood: float, a_s: float, a_f: float, train: float =
         "solution/sparse": sol[0], "solution/frequent": sol[1]}}
 
 
+def _cases(ood1: list[float], ood2: list[float], align: float = 0.6) -> list[dict[str, Any]]:
+    """One run per setting of each case; ``align``: how far the aligned feature leads."""
+    runs = [_sf(f"case1-s{i}", 1, o, 0.3 + align + 0.05 * i, 0.3) for i, o in enumerate(ood1)]
+    return runs + [_sf(f"case2-s{i}", 2, o, 0.2, 0.2 + align + 0.03 * i)
+                   for i, o in enumerate(ood2)]
+
+
 def test_synthetic_verdict_outcomes() -> None:
-    good = [_sf("case1-s0", 1, 0.02, 0.9, 0.3), _sf("case2-s0", 2, 0.99, 0.2, 0.95)]
-    assert sparse_frequent_verdict(good)["verdict"] == "holds"
-    # case 2 model relying on the sparse token: OOD collapses where it should not
-    bad = [good[0], _sf("case2-s0", 2, 0.1, 0.9, 0.2)]
+    good = _cases([0.02, 0.05, 0.01], [0.99, 0.97, 0.98])
+    v = sparse_frequent_verdict(good)
+    assert v["verdict"] == SUPPORTED and v["correction"] == "Holm over 4 parts"
+    assert set(v["effects"]) == {"case 1 OOD collapses", "case 1 aligns with sparse",
+                                 "case 2 OOD kept", "case 2 aligns with frequent"}
+    part = v["effects"]["case 1 OOD collapses"]  # 0.5 − OOD acc over the three case-1 runs
+    assert part["effect"] == pytest.approx(0.5 - 0.08 / 3) and part["df"] == 2
+    # case 2 models relying on the sparse tokens: OOD collapses where it should not
+    bad = [*good[:3], *(_sf(f"case2-s{i}", 2, o, 0.9, 0.2) for i, o in enumerate((0.1, 0.15,
+                                                                                  0.12)))]
     out = sparse_frequent_verdict(bad)
-    assert out["verdict"] == "does not hold" and "case2-s0" in out["reason"]
+    assert out["verdict"] == CONTRADICTED
+    assert out["effects"]["case 2 OOD kept"]["verdict"] == CONTRADICTED
+    assert out["effects"]["case 1 OOD collapses"]["verdict"] == SUPPORTED
+    # one case-2 setting collapses, two do not: the mean cannot be told from the threshold
+    mixed = sparse_frequent_verdict(_cases([0.02, 0.05, 0.01], [0.99, 0.1, 0.98]))
+    kept = mixed["effects"]["case 2 OOD kept"]
+    assert mixed["verdict"] == INCONCLUSIVE and kept["verdict"] == INCONCLUSIVE
+    assert kept["detectable"] > abs(kept["effect"]) and "could detect" in mixed["reason"]
     # an untrained run or a missing case cannot be judged
-    assert sparse_frequent_verdict([good[0], _sf("case2-s0", 2, 0.99, 0.2, 0.9, train=0.6)])[
-        "verdict"] == "not comparable"
-    assert sparse_frequent_verdict(good[:1])["verdict"] == "not comparable"
+    untrained = [*good[:5], _sf("case2-s2", 2, 0.99, 0.2, 0.9, train=0.6)]
+    assert sparse_frequent_verdict(untrained)["verdict"] == NOT_COMPARABLE
+    assert sparse_frequent_verdict(good[:3])["verdict"] == NOT_COMPARABLE
     # a setting whose designed low-sensitivity feature is not the less sensitive one
-    swapped = [_sf("case1-s0", 1, 0.02, 0.9, 0.3, sol=(0.3, 0.05)), good[1]]
-    assert sparse_frequent_verdict(swapped)["verdict"] == "not comparable"
+    swapped = [_sf("case1-s0", 1, 0.02, 0.9, 0.3, sol=(0.3, 0.05)), *good[1:]]
+    assert sparse_frequent_verdict(swapped)["verdict"] == NOT_COMPARABLE
 
 
 # --------------------------------------------------------------------------- grokking
 GROK_TINY = ["p=11", "dim=16", "heads=2", "mlp_dim=32", "epochs=6", "eval_every=2",
-             "sens_examples=20", "lr=0.01", "weight_decay=1.0"]
+             "sens_examples=20", "lr=0.01", "weight_decay=1.0", "seeds=1"]
 
 
 def test_grokking_smoke(tmp_path: Path) -> None:
@@ -156,24 +176,56 @@ def _history(sens: list[float], train: list[float], test: list[float]) -> list[d
             for i, (s, a, b) in enumerate(zip(sens, train, test, strict=True))]
 
 
+TRAIN = [0.1, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+TEST = [0.0, 0.01, 0.01, 0.02, 0.1, 0.6, 0.97]
+
+
+def _grok(name: str, sens: list[float], scale: float = 1.0) -> dict[str, Any]:
+    """A run whose sensitivity after its peak (epoch 20) is ``sens``'s times ``scale``."""
+    from senslab.train.loops.grokking import grokking_phases
+
+    curve = sens[:3] + [v * scale for v in sens[3:]]
+    return {"name": name, "epochs": 60, "final": {"test/acc": 0.97},
+            "phases": grokking_phases(_history(curve, TRAIN, TEST))}
+
+
+FALLS = [0.15, 0.03, 0.09, 0.05, 0.02, 0.015, 0.01]
+FLAT = [0.15, 0.03, 0.09, 0.09, 0.08, 0.08, 0.07]
+
+
 def test_grokking_phases_and_verdict() -> None:
     from senslab.experiments.lowsens.grokking import grokking_verdict
     from senslab.train.loops.grokking import grokking_phases
 
-    train = [0.1, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
-    test = [0.0, 0.01, 0.01, 0.02, 0.1, 0.6, 0.97]
-    falls = grokking_phases(_history([0.15, 0.03, 0.09, 0.05, 0.02, 0.015, 0.01], train, test))
+    falls = grokking_phases(_history(FALLS, TRAIN, TEST))
     assert (falls["memorisation_epoch"], falls["generalisation_epoch"]) == (10, 60)
     assert (falls["sens_peak"], falls["peak_epoch"]) == (0.09, 20)
     assert falls["jump_epoch"] == 50 and falls["sens_before_jump"] == 0.02
-    s = {"name": "a", "epochs": 60, "final": {"test/acc": 0.97}, "phases": falls}
-    assert grokking_verdict([s])["verdict"] == "holds"
-    flat = grokking_phases(_history([0.15, 0.03, 0.09, 0.09, 0.08, 0.08, 0.07], train, test))
-    assert grokking_verdict([{**s, "phases": flat}])["verdict"] == "does not hold"
-    never = grokking_phases(_history([0.1] * 7, train, [0.0] * 7))
+    # three seeds: each part is the threshold − the ratio, Student's t over seeds
+    seeds = [_grok(f"s{k}", FALLS, c) for k, c in enumerate((1.0, 1.3, 0.8))]
+    v = grokking_verdict(seeds)
+    assert v["verdict"] == SUPPORTED and v["correction"] == "Holm over 2 parts"
+    gen = v["effects"]["low at generalisation"]
+    assert gen["effect"] == pytest.approx(0.5 - 0.01 * (1.0 + 1.3 + 0.8) / 3 / 0.09)
+    assert gen["seeds"] == 3 and gen["df"] == 2
+    # one seed: a ratio has no measurement error, so nothing to decide it with
+    one = grokking_verdict(seeds[:1])
+    assert one["verdict"] == INCONCLUSIVE and "no uncertainty estimate" in one["reason"]
+    flat = [_grok(f"s{k}", FLAT, c) for k, c in enumerate((1.0, 0.95, 1.05))]
+    out = grokking_verdict(flat)
+    assert out["verdict"] == CONTRADICTED
+    assert out["effects"]["fallen before the jump"]["verdict"] == CONTRADICTED
+    # falls in two seeds, stays flat in the third
+    mixed = grokking_verdict([*seeds[:2], flat[0]])
+    assert mixed["verdict"] == INCONCLUSIVE
+    assert mixed["effects"]["low at generalisation"]["detectable"] > 0
+    never = grokking_phases(_history([0.1] * 7, TRAIN, [0.0] * 7))
     assert never["generalisation_epoch"] is None
-    out = grokking_verdict([{**s, "final": {"test/acc": 0.0}, "phases": never}])
-    assert out["verdict"] == "not comparable"
+    out = grokking_verdict([*seeds[1:], {**seeds[0], "final": {"test/acc": 0.0},
+                                         "phases": never}])
+    assert out["verdict"] == NOT_COMPARABLE and "epoch 60" in out["reason"]
+    zero = grokking_verdict([_grok("s0", [0.15, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])])
+    assert zero["verdict"] == NOT_COMPARABLE and "peak 0" in zero["reason"]
 
 
 # --------------------------------------------------------------------------- sparse parity
@@ -199,7 +251,7 @@ def test_sparse_parity_smoke(tmp_path: Path) -> None:
                  (tmp_path / s["name"] / "metrics.jsonl").read_text().splitlines()]
         batch = small[int(s["name"][1])].batch_size
         assert steps == [0, -(-64 // batch), 2 * -(-64 // batch)]  # ceil(64 / batch) per epoch
-    assert exp.verdict(summaries)["verdict"] in VERDICTS
+    assert exp.verdict(summaries)["verdict"] in WORDS
     with pytest.raises(ValueError, match="0..5"):
         exp.execute(tmp_path, "cpu", ["only=7"], False, _quiet)
 
@@ -216,14 +268,30 @@ def test_sparse_parity_verdict_outcomes() -> None:
     from senslab.experiments.lowsens.sparse_parity import parity_verdict
     from senslab.train.loops.sparse_parity import parity_progress
 
-    assert parity_verdict([_sp("a", 0.2, 2.5, 3.1, 1.0), _sp("b", 0.0, 1.0, 2.9, 0.99)])[
-        "verdict"] == "holds"
-    # no rise on the plateau, or a final sensitivity far from k
-    assert parity_verdict([_sp("a", 0.2, 0.25, 3.0, 1.0)])["verdict"] == "does not hold"
-    assert parity_verdict([_sp("a", 0.2, 2.0, 6.0, 1.0)])["verdict"] == "does not hold"
+    good = [_sp("a", 0.2, 2.5, 3.1, 1.0), _sp("b", 0.0, 1.0, 2.9, 0.99),
+            _sp("c", 0.1, 2.0, 3.0, 1.0)]
+    v = parity_verdict(good)
+    assert v["verdict"] == SUPPORTED and v["correction"] == "Holm over 2 parts"
+    rise = v["effects"]["rises on the plateau"]  # over the three runs, with measurement s.e.
+    assert rise["effect"] == pytest.approx((2.3 + 1.0 + 1.9) / 3) and rise["df"] == 2
+    assert rise["se_measure"] == pytest.approx(0.05 * 2**0.5 / 3**0.5)
+    assert v["effects"]["converges to k"]["effect"] == pytest.approx(0.45 - 0.2 / 3)
+    # no rise on the plateau, or a final sensitivity far from k, in every run
+    flat = [_sp("a", 0.2, 0.1, 3.0, 1.0), _sp("b", 0.3, 0.2, 3.1, 1.0),
+            _sp("c", 0.25, 0.1, 2.9, 1.0)]
+    out = parity_verdict(flat)
+    assert out["verdict"] == CONTRADICTED
+    assert out["effects"]["rises on the plateau"]["verdict"] == CONTRADICTED
+    far = [_sp("a", 0.2, 2.0, 6.0, 1.0), _sp("b", 0.2, 2.1, 5.5, 1.0),
+           _sp("c", 0.2, 1.9, 6.2, 1.0)]
+    assert parity_verdict(far)["effects"]["converges to k"]["verdict"] == CONTRADICTED
+    # one run ends far from k, two near it
+    mixed = parity_verdict([*good[:2], far[0]])
+    assert mixed["verdict"] == INCONCLUSIVE
+    assert mixed["effects"]["converges to k"]["detectable"] > 0
     # runs that never learned cannot be judged
     assert parity_verdict([_sp("a", 0.2, 2.0, 3.0, 0.6), _sp("b", 0.2, 2.0, 3.0, 0.5)])[
-        "verdict"] == "not comparable"
+        "verdict"] == NOT_COMPARABLE
     hist = [{"epoch": e, "test/acc": a, "bool_sens": s, "bool_sens_se": 0.1}
             for e, (a, s) in enumerate([(0.5, 0.1), (0.52, 1.5), (0.49, 2.0), (0.8, 3.5),
                                         (1.0, 3.0)])]

@@ -13,11 +13,13 @@ import pytest
 from senslab.cli import main
 from senslab.data import DataUnavailableError
 from senslab.experiments import get_experiment, list_experiments, run_experiment
+from senslab.experiments.base import seeded_name
 from senslab.experiments.lowsens._comparison import SIGMA, SWEEP, comparison_verdict
 from senslab.train.config import RunConfig
 from senslab.train.loop import locate_data
+from senslab.verdicts import CONTRADICTED, INCONCLUSIVE, NOT_COMPARABLE, SUPPORTED, WORDS
 
-VERDICTS = {"holds", "does not hold", "not comparable"}
+VERDICTS = set(WORDS)
 IDX_NAMES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
              "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
 
@@ -39,6 +41,19 @@ def test_registered_with_documentation() -> None:
         exp = get_experiment(name)
         assert exp.paper and exp.claim and exp.cpu_scale_note
     assert "--set data.root=DIR" in get_experiment("fashion_mnist").requires
+
+
+@pytest.mark.parametrize("name", ["mnist_binary", "fashion_mnist"])
+def test_three_seeds_at_both_scales_with_seed_zero_names_kept(name: str) -> None:
+    exp = get_experiment(name)
+    assert exp.seed_aware
+    for scale in ("cpu", "paper"):
+        settings, runs = exp.resolve(scale)
+        labels = list(dict.fromkeys(r.config.label for r in runs))
+        assert settings.seeds == 3
+        assert [r.name for r in runs] == [seeded_name(m, k) for k in range(3) for m in labels]
+        assert [r.config.seed for r in runs] == [k for k in range(3) for _ in labels]
+        assert all(r.info == {"seed": r.config.seed} for r in runs)
 
 
 def test_mnist_binary_settings_both_scales() -> None:
@@ -87,11 +102,11 @@ def test_fashion_mnist_settings_both_scales() -> None:
 TINY = ["train.epochs=1", "track.num_examples=6", "track.repeats=1", "train.eval_batch_size=64"]
 
 
-def _check_experiment_dir(out: Path, labels: set[str]) -> dict[str, Any]:
+def _check_experiment_dir(out: Path, labels: set[str], seeds: int) -> dict[str, Any]:
     verdict = json.loads((out / "verdict.json").read_text())
     assert verdict["verdict"] in VERDICTS and verdict["runtime_s"] > 0
     exp = json.loads((out / "experiment.json").read_text())
-    assert set(exp["runs"]) == labels
+    assert set(exp["runs"]) == {seeded_name(m, k) for m in labels for k in range(seeds)}
     for name in exp["runs"]:
         sweep = json.loads((out / name / "sigma_sweep.json").read_text())
         assert sweep["sigmas"] == list(SWEEP)
@@ -99,6 +114,9 @@ def _check_experiment_dir(out: Path, labels: set[str]) -> dict[str, Any]:
         metrics = (out / name / "metrics.jsonl").read_text().splitlines()
         assert all("sens/train" in json.loads(line) for line in metrics)
     assert set(verdict["evidence"]["sigma_sweep"]) == labels
+    assert set(verdict["evidence"]["winner_lowest_at"]) == {f"{s:g}" for s in SWEEP}
+    if verdict["verdict"] != NOT_COMPARABLE:
+        assert {p["seeds"] for p in verdict["effects"].values()} == {seeds}
     return verdict
 
 
@@ -106,7 +124,7 @@ def test_mnist_binary_end_to_end_on_idx_fixture(tmp_path: Path, idx_dataset: Any
     root = idx_dataset(tmp_path / "mnist", 80, 20, dataset="mnist")
     over = [f"data.root={root}", "data.options.source=idx", "data.options.verify=false", *TINY]
     verdict = run_experiment("mnist_binary", tmp_path / "out", overrides=over, log=_quiet)
-    _check_experiment_dir(tmp_path / "out", {"vit_small", "mlp"})
+    _check_experiment_dir(tmp_path / "out", {"vit_small", "mlp"}, 3)
     cfg = json.loads((tmp_path / "out" / "mlp" / "config.json").read_text())
     assert cfg["data"]["options"]["digits"] == [3, 8]
     # resuming a finished experiment reuses runs and sweeps: same numbers
@@ -116,9 +134,9 @@ def test_mnist_binary_end_to_end_on_idx_fixture(tmp_path: Path, idx_dataset: Any
 
 def test_fashion_mnist_end_to_end_on_idx_fixture(tmp_path: Path, idx_dataset: Any) -> None:
     root = idx_dataset(tmp_path / "fashion", 60, 20)
-    over = [f"data.root={root}", "data.options.verify=false", *TINY]
+    over = [f"data.root={root}", "data.options.verify=false", "seeds=2", *TINY]
     run_experiment("fashion_mnist", tmp_path / "out", overrides=over, log=_quiet)
-    _check_experiment_dir(tmp_path / "out", {"vit_small", "cnn", "mlp", "mlp_sigmoid"})
+    _check_experiment_dir(tmp_path / "out", {"vit_small", "cnn", "mlp", "mlp_sigmoid"}, 2)
 
 
 # --------------------------------------------------------------------------- data location
@@ -174,44 +192,110 @@ def test_fashion_data_found_through_senslab_data(tmp_path: Path, monkeypatch: py
 # --------------------------------------------------------------------------- verdicts
 
 
-def _summary(label: str, acc: float, sens: float, se: float = 0.001,
+def _summary(label: str, acc: float, sens: float, se: float = 0.001, seed: int = 0,
              sweep: dict[str, float] | None = None) -> dict[str, Any]:
-    s: dict[str, Any] = {"label": label, "name": label, "epochs": 3,
-                         "stopped": "target_train_acc",
+    s: dict[str, Any] = {"label": label, "name": seeded_name(label, seed), "seed": seed,
+                         "epochs": 3, "stopped": "target_train_acc",
                          "final": {"train/acc": acc, "sens/train": sens, "sens/train_se": se}}
     if sweep is not None:
-        s["sigma_sweep"] = {k: {"estimate": v, "stderr": 0.01} for k, v in sweep.items()}
+        s["sigma_sweep"] = {k: {"estimate": v, "stderr": 0.001} for k, v in sweep.items()}
     return s
 
 
-def test_verdict_outcomes_on_hand_made_summaries() -> None:
-    holds = comparison_verdict([  # sweep s.e. 0.01 each: 2 s.e. of a difference = 0.028
-        _summary("vit_small", 0.95, 0.010, sweep={"0.5": 0.05, "1": 0.10, "2": 0.20}),
-        _summary("mlp", 0.96, 0.030, sweep={"0.5": 0.12, "1": 0.08, "2": 0.21}),
-    ], "vit_small")
-    assert holds["verdict"] == "holds"
-    assert holds["evidence"]["winner_below_by_2se_at"] == {"0.5": True, "1": False, "2": False}
-    assert holds["evidence"]["vit_small"]["epochs"] == 3
+def _seeds(label: str, sens: list[float], accs: list[float] | None = None,
+           sweeps: list[dict[str, float]] | None = None) -> list[dict[str, Any]]:
+    """One summary per seed 0, 1, 2 ... of ``label`` (train accuracy 0.95 unless given)."""
+    accs = accs or [0.95] * len(sens)
+    return [_summary(label, a, v, seed=k, sweep=sweeps[k] if sweeps else None)
+            for k, (v, a) in enumerate(zip(sens, accs, strict=True))]
 
+
+def test_verdict_three_seeds_supported_with_sweep_judged_per_sigma() -> None:
+    # mlp − vit per seed: +0.020, +0.021, +0.018 (t on 2 df: clearly above zero). The sweep: at
+    # σ = 0.5 the ViT is lower on every seed, at 1 the signs are mixed, at 2 it is higher
+    vit = _seeds("vit_small", [0.010, 0.012, 0.011], sweeps=[
+        {"0.5": 0.05, "1": 0.10, "2": 0.30}, {"0.5": 0.06, "1": 0.12, "2": 0.31},
+        {"0.5": 0.05, "1": 0.11, "2": 0.29}])
+    mlp = _seeds("mlp", [0.030, 0.033, 0.029], accs=[0.96, 0.95, 0.96], sweeps=[
+        {"0.5": 0.12, "1": 0.13, "2": 0.20}, {"0.5": 0.13, "1": 0.10, "2": 0.21},
+        {"0.5": 0.12, "1": 0.12, "2": 0.19}])
+    v = comparison_verdict(vit + mlp, "vit_small")
+    assert v["verdict"] == SUPPORTED
+    part = v["effects"]["mlp − vit_small"]
+    assert part["effect"] == pytest.approx(0.059 / 3) and part["df"] == 2 and part["seeds"] == 3
+    assert part["interval"][0] > 0 and part["se_measure"] > 0
+    assert v["reason"].startswith("vit_small has the lowest sensitivity: mlp − vit_small = +0.0197")
+    assert "(95%, 3 seeds) supported" in v["reason"]
+    assert "mean over 3 seeds" in v["reason"]
+    ev = v["evidence"]
+    assert ev["vit_small"]["seeds"]["1"]["epochs"] == 3
+    assert ev["mlp"]["train_acc"] == pytest.approx((0.96 + 0.95 + 0.96) / 3)
+    assert ev["mlp"]["sensitivity"] == pytest.approx(0.092 / 3)
+    assert set(ev["sigma_sweep"]) == {"vit_small", "mlp"} and set(ev["sigma_sweep"]["mlp"]) == {
+        "0", "1", "2"}
+    at = {k: j["verdict"] for k, j in ev["winner_lowest_at"].items()}
+    assert at == {"0.5": SUPPORTED, "1": INCONCLUSIVE, "2": CONTRADICTED}
+    assert ev["winner_lowest_at"]["1"]["parts"]["mlp − vit_small"]["detectable"] > 0
+
+
+def test_verdict_mixed_signs_inconclusive_clear_reverse_contradicted() -> None:
+    vit = _seeds("vit_small", [0.010, 0.030, 0.020])
+    mixed = comparison_verdict(vit + _seeds("mlp", [0.020, 0.020, 0.025]), "vit_small")
+    assert mixed["verdict"] == INCONCLUSIVE
+    part = mixed["effects"]["mlp − vit_small"]
+    assert part["interval"][0] < 0 < part["interval"][1]
+    assert part["detectable"] > abs(part["effect"]) and "could detect ≥" in mixed["reason"]
+    lower = comparison_verdict(vit + _seeds("mlp", [0.002, 0.021, 0.011]), "vit_small")
+    assert lower["verdict"] == CONTRADICTED  # the MLP is 0.008–0.009 below on every seed
+
+
+def test_verdict_several_models_are_judged_together() -> None:
+    vit = _seeds("vit_small", [0.010, 0.012, 0.011])
+    cnn = _seeds("cnn", [0.030, 0.033, 0.029])  # clearly above
+    mlp = _seeds("mlp", [0.020, 0.005, 0.016])  # mixed
+    v = comparison_verdict(vit + cnn + mlp, "vit_small")
+    assert v["verdict"] == INCONCLUSIVE and v["correction"] == "Holm over 2 parts"
+    assert v["effects"]["cnn − vit_small"]["verdict"] == SUPPORTED
+    assert v["effects"]["mlp − vit_small"]["verdict"] == INCONCLUSIVE
+    # Holm: the smaller p is tested at 0.05/2, so its interval is at the 97.5% level
+    assert {round(p["level"], 4) for p in v["effects"].values()} == {0.975, 0.95}
+    low = _seeds("mlp", [0.002, 0.003, 0.002])  # clearly below the ViT
+    assert comparison_verdict(vit + cnn + low, "vit_small")["verdict"] == CONTRADICTED
+
+
+def test_verdict_one_seed_is_measurement_only() -> None:
+    v = comparison_verdict([_summary("vit_small", 0.95, 0.010), _summary("mlp", 0.96, 0.030)],
+                           "vit_small")
+    assert v["verdict"] == SUPPORTED and "measurement noise only" in v["reason"]
     close = comparison_verdict([_summary("vit_small", 0.95, 0.010),
                                 _summary("mlp", 0.95, 0.011)], "vit_small")
-    assert close["verdict"] == "does not hold"  # below, but not by 2 s.e.
-    higher = comparison_verdict([_summary("vit_small", 0.95, 0.05),
-                                 _summary("cnn", 0.95, 0.01), _summary("mlp", 0.95, 0.09)],
-                                "vit_small")
-    assert higher["verdict"] == "does not hold" and "cnn" in higher["reason"]
+    assert close["verdict"] == INCONCLUSIVE
 
-    gap = comparison_verdict([_summary("vit_small", 0.80, 0.01), _summary("mlp", 0.95, 0.05)],
-                             "vit_small")
-    assert gap["verdict"] == "not comparable" and "0.150" in gap["reason"]
-    missing = comparison_verdict([_summary("mlp", 0.95, 0.05)], "vit_small")
-    assert missing["verdict"] == "not comparable"
+
+def test_verdict_not_comparable() -> None:
+    vit = _seeds("vit_small", [0.010, 0.012, 0.011])
+    # the gap of the seed-mean train accuracies decides: 0.95 vs 0.80 → 0.150
+    gap = comparison_verdict(vit + _seeds("mlp", [0.03] * 3, accs=[0.80] * 3), "vit_small")
+    assert gap["verdict"] == NOT_COMPARABLE and "0.150" in gap["reason"]
+    assert gap["evidence"]["train_acc_gap"] == pytest.approx(0.15) and gap["effects"] == {}
+    # one seed 0.04 apart, the seed means 0.003 apart: comparable
+    near = comparison_verdict(vit + _seeds("mlp", [0.030, 0.033, 0.029],
+                                           accs=[0.99, 0.94, 0.93]), "vit_small")
+    assert near["verdict"] == SUPPORTED
+    assert near["evidence"]["train_acc_gap_per_seed"]["0"] == pytest.approx(0.04)
+    missing = comparison_verdict(_seeds("mlp", [0.05]), "vit_small")
+    assert missing["verdict"] == NOT_COMPARABLE and "need vit_small" in missing["reason"]
     untracked = _summary("mlp", 0.95, 0.05)
     del untracked["final"]["sens/train"]
     nosens = comparison_verdict([_summary("vit_small", 0.95, 0.01), untracked], "vit_small")
-    assert nosens["verdict"] == "not comparable"
+    assert nosens["verdict"] == NOT_COMPARABLE and "mlp: sens/train" in nosens["reason"]
+    fewer = comparison_verdict(vit + _seeds("mlp", [0.03, 0.03]), "vit_small")
+    assert fewer["verdict"] == NOT_COMPARABLE and "different seeds" in fewer["reason"]
 
-    short = _summary("mlp", 0.96, 0.03)
+
+def test_verdict_names_runs_that_missed_the_target() -> None:
+    short = _summary("mlp", 0.96, 0.03, seed=1)
     short["stopped"] = "budget"
-    note = comparison_verdict([_summary("vit_small", 0.95, 0.01), short], "vit_small")
-    assert "did not reach the target: mlp" in note["reason"]
+    runs = [_summary("vit_small", 0.95, 0.01), _summary("vit_small", 0.95, 0.01, seed=1),
+            _summary("mlp", 0.96, 0.03), short]
+    assert "did not reach the target: mlp-s1" in comparison_verdict(runs, "vit_small")["reason"]

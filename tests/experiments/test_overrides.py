@@ -137,10 +137,14 @@ def test_a_run_config_key_reaches_every_run_and_a_settings_key_the_settings() ->
     assert sorted({r.config.seed for r in runs}) == [0, 1]
 
 
-def test_a_one_run_per_model_verdict_is_not_read_from_one_of_several_seeds(tmp_path: Path) -> None:
-    """``seeds=2`` trains both replicates of every model; demo's verdict compares one run per
-    model, so it says it was not computed over seeds instead of judging whichever seed came
-    last."""
+def test_a_one_run_per_model_verdict_is_not_read_from_one_of_several_seeds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every registered experiment judges all its seeds. An experiment whose verdict compares
+    one run per model (``seed_aware = False``, here demo made so) still trains both replicates
+    with ``seeds=2``, and its verdict says it was not computed over seeds instead of judging
+    whichever seed came last."""
+    assert all(get_experiment(n).seed_aware for n in list_experiments())
+    monkeypatch.setattr(type(get_experiment("demo")), "seed_aware", False)
     fast = ["train.epochs=1", "train.max_steps=2", "data.train_subset=100",
             "track.num_examples=8", "track.eval_examples=20"]
     verdict = run_experiment("demo", tmp_path, overrides=fast + ["seeds=2"],
@@ -150,4 +154,3 @@ def test_a_one_run_per_model_verdict_is_not_read_from_one_of_several_seeds(tmp_p
     runs = json.loads((tmp_path / "experiment.json").read_text())["runs"]
     assert sorted(runs) == ["cnn", "cnn-s1", "mlp", "mlp-s1", "vit_small", "vit_small-s1"]
     assert all((tmp_path / r / "summary.json").exists() for r in runs)
-    assert not get_experiment("demo").seed_aware and get_experiment("hr_parity_dynamics").seed_aware

@@ -3,44 +3,162 @@
 A verdict that only one paper's experiments use lives in that package's shared module
 (``lowsens/_vision.py``, ``implicit_bias/_common.py`` ...); one used across packages lives here,
 so that no experiment module imports another.
+
+The pieces of a sensitivity comparison between models trained with several seeds
+(docs/definitions.md#effects-over-seeds): the runs grouped by label and seed
+(:func:`by_label`); the precondition (:func:`precondition`: every model has the same seeds,
+finite final numbers, and seed-mean train accuracies within a gap); one part per pair of models,
+``high − low`` paired by seed (:func:`lower_parts`); the evidence per model, seed by seed
+(:func:`sensitivity_evidence`); and the claim "``winner`` has the lowest sensitivity"
+(:func:`lowest_sensitivity_verdict`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from typing import Any
+
+from ..verdicts import Effect, not_comparable, over_seeds, paired_by_seed, verdict
+
+#: the runs of one model: ``{seed: summary}``
+Runs = dict[int, dict[str, Any]]
+#: run facts copied seed by seed into the evidence, where a summary has them
+RUN_FACTS = ("name", "epochs", "stopped")
+
+
+def by_label(summaries: Iterable[dict[str, Any]]) -> dict[str, Runs]:
+    """``{label: {seed: summary}}`` in the order the labels first appear; a summary without
+    ``seed`` is seed 0."""
+    out: dict[str, Runs] = {}
+    for s in summaries:
+        seeds = out.setdefault(s["label"], {})
+        seed = int(s.get("seed", 0))
+        if seed in seeds:
+            raise ValueError(f"two runs of {s['label']!r} have seed {seed}")
+        seeds[seed] = s
+    return out
+
+
+def final(runs: Runs, key: str) -> dict[int, float]:
+    """``{seed: summary["final"][key]}`` (NaN where it is missing or not a number)."""
+    out = {}
+    for seed, s in runs.items():
+        v = s.get("final", {}).get(key)
+        out[seed] = float(v) if isinstance(v, int | float) else math.nan
+    return out
+
+
+def mean(values: Iterable[float]) -> float:
+    vals = list(values)
+    return sum(vals) / len(vals) if vals else math.nan
+
+
+def acc_gap(groups: Mapping[str, Runs], labels: Iterable[str], key: str = "train/acc"
+            ) -> float:
+    """The largest difference between the models' seed-mean train accuracies (NaN when one is
+    not finite)."""
+    accs = [mean(final(groups[k], key).values()) for k in labels]
+    if not all(math.isfinite(a) for a in accs):
+        return math.nan
+    return max(accs) - min(accs)
+
+
+def precondition(groups: Mapping[str, Runs], labels: list[str], max_acc_gap: float | None,
+                 keys: tuple[str, ...] = ("sens/train", "sens/train_se", "train/acc")
+                 ) -> str | None:
+    """Why ``labels`` cannot be compared, or None: a model without runs, models with different
+    seeds, a final number in ``keys`` that is missing or not finite, or seed-mean train
+    accuracies further apart than ``max_acc_gap`` (None: no accuracy precondition)."""
+    missing = [k for k in labels if k not in groups]
+    if missing:
+        return f"no runs of {', '.join(missing)} (got {', '.join(groups) or 'none'})"
+    seeds = {k: sorted(groups[k]) for k in labels}
+    if len({tuple(v) for v in seeds.values()}) > 1:
+        return "the models have different seeds: " + "; ".join(
+            f"{k} {v}" for k, v in seeds.items())
+    bad = [f"{groups[k][s].get('name', k)}: {key}" for k in labels for key in keys
+           for s, v in final(groups[k], key).items() if not math.isfinite(v)]
+    if bad:
+        return "a run has no finite final number (σ = 0?): " + ", ".join(bad)
+    if max_acc_gap is None:
+        return None
+    gap = acc_gap(groups, labels)
+    if not gap <= max_acc_gap:
+        return f"seed-mean train accuracies differ by {gap:.3f} (> {max_acc_gap})"
+    return None
+
+
+def sens_by_seed(runs: Runs, key: str = "sens/train") -> dict[int, tuple[float, float]]:
+    """``{seed: (final sensitivity, its measurement standard error)}``."""
+    values, ses = final(runs, key), final(runs, f"{key}_se")
+    return {seed: (values[seed], ses[seed]) for seed in runs}
+
+
+def lower_parts(groups: Mapping[str, Runs], low: list[str], high: list[str]
+                ) -> dict[str, Effect]:
+    """One part per pair: ``high − low`` final sensitivity paired by seed (positive: ``low`` is
+    less sensitive, the claimed direction), named ``"high − low"``."""
+    parts = {}
+    for h in high:
+        for lo in low:
+            name = f"{h} − {lo}"
+            parts[name] = paired_by_seed(sens_by_seed(groups[lo]), sens_by_seed(groups[h]), name)
+    return parts
+
+
+def model_evidence(runs: Runs) -> dict[str, Any]:
+    """One model's numbers: the seed means of train accuracy and sensitivity, the standard error
+    of the mean sensitivity (over seeds; the measurement's with one seed), and every seed's."""
+    sens = sens_by_seed(runs)
+    acc = final(runs, "train/acc")
+    mean_sens = over_seeds([v for v, _ in sens.values()], [se for _, se in sens.values()])
+    return {"train_acc": mean(acc.values()), "sensitivity": mean_sens.value,
+            "stderr": mean_sens.se,
+            "seeds": {str(seed): {"train_acc": acc[seed], "sensitivity": sens[seed][0],
+                                  "stderr": sens[seed][1],
+                                  **{k: runs[seed][k] for k in RUN_FACTS if k in runs[seed]}}
+                      for seed in sorted(runs)}}
+
+
+def sensitivity_evidence(groups: Mapping[str, Runs]) -> dict[str, Any]:
+    """:func:`model_evidence` per label, the gap of the seed-mean train accuracies and the
+    largest gap within each seed."""
+    ev: dict[str, Any] = {k: model_evidence(v) for k, v in groups.items()}
+    ev["train_acc_gap"] = acc_gap(groups, groups)
+    seeds = sorted({s for v in groups.values() for s in v})
+    per_seed = {}
+    for s in seeds:
+        accs = [final(v, "train/acc")[s] for v in groups.values() if s in v]
+        per_seed[str(s)] = max(accs) - min(accs) if all(map(math.isfinite, accs)) else math.nan
+    ev["train_acc_gap_per_seed"] = per_seed
+    return ev
+
+
+def values_note(evidence: Mapping[str, Any], labels: Iterable[str]) -> str:
+    """"Sensitivity (mean over 3 seeds): vit_small 0.0100 ± 0.0031 (train acc 0.816), ..."."""
+    labels = list(labels)
+    n = len(evidence[labels[0]]["seeds"])
+    return f"Sensitivity (mean over {n} seed{'s' if n != 1 else ''}): " + ", ".join(
+        f"{k} {evidence[k]['sensitivity']:.4f} ± {evidence[k]['stderr']:.4f} (train acc "
+        f"{evidence[k]['train_acc']:.3f})" for k in labels)
 
 
 def lowest_sensitivity_verdict(summaries: list[dict[str, Any]], winner: str,
                                max_acc_gap: float = 0.03) -> dict[str, Any]:
-    """'holds' if ``winner``'s final sensitivity is below every other label's by more than two
-    standard errors of the difference, at train accuracies within ``max_acc_gap``."""
-    final = {s["label"]: s["final"] for s in summaries}
-    accs = {k: v.get("train/acc", math.nan) for k, v in final.items()}
-    evidence: dict[str, Any] = {
-        k: {"train_acc": accs[k], "sensitivity": v.get("sens/train"),
-            "stderr": v.get("sens/train_se")} for k, v in final.items()
-    }
-    gap = max(accs.values()) - min(accs.values())
-    if not gap <= max_acc_gap:
-        return {"verdict": "not comparable", "evidence": evidence,
-                "reason": f"train accuracies differ by {gap:.3f} (> {max_acc_gap})"}
-    w = final[winner]
-    beaten = []
-    for k, v in final.items():
-        if k == winner:
-            continue
-        diff = v["sens/train"] - w["sens/train"]
-        se = math.hypot(v["sens/train_se"], w["sens/train_se"])
-        beaten.append((k, diff, se, diff > 2 * se))
-    ok = all(b[3] for b in beaten)
-    detail = "; ".join(f"{k} − {winner} = {d:+.4f} (±{2 * se:.4f})" for k, d, se, _ in beaten)
-    values = ", ".join(f"{k} {v['sens/train']:.4f} ± {v['sens/train_se']:.4f} (train acc "
-                       f"{accs[k]:.3f})" for k, v in final.items())
-    return {
-        "verdict": "holds" if ok else "does not hold",
-        "reason": (f"{winner} has the lowest sensitivity" if ok else
-                   f"{winner} is not below every other model by 2 s.e.")
-        + f": {detail}. Sensitivity: {values}",
-        "evidence": evidence,
-    }
+    """"``winner`` has the lowest final sensitivity": one part per other model, ``other −
+    winner`` paired by seed, all parts judged together (Holm). Not comparable without ``winner``
+    or another model, with different seeds per model, a non-finite final number, or seed-mean
+    train accuracies further apart than ``max_acc_gap``."""
+    groups = by_label(summaries)
+    others = [k for k in groups if k != winner]
+    if winner not in groups or not others:
+        return not_comparable(f"need {winner} and at least one other model; got "
+                              f"{', '.join(groups) or 'none'}")
+    evidence = sensitivity_evidence(groups)
+    why = precondition(groups, list(groups), max_acc_gap)
+    if why is not None:
+        return not_comparable(why, evidence)
+    return verdict(lower_parts(groups, [winner], others),
+                   claim=f"{winner} has the lowest sensitivity", evidence=evidence,
+                   note=values_note(evidence, groups))

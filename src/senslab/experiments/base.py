@@ -298,7 +298,8 @@ def _run_locked(exp: Experiment, out: Path, scale: str, overrides: list[str],
 
 def device_name() -> str:
     """The machine the runs trained on, for the records: the GPU's name when CUDA is used
-    (trainers pick it when available), else the CPU's model and core count."""
+    (trainers pick it when available), else the CPU's model, core count and the vector kernels
+    PyTorch uses (AVX2 and AVX-512 kernels give different float results)."""
     if torch.cuda.is_available():
         return f"{torch.cuda.get_device_name(0)} (CUDA)"
     model = ""
@@ -309,7 +310,8 @@ def device_name() -> str:
                 break
     except OSError:
         model = platform.processor()
-    return f"CPU: {model or platform.machine()}, {os.cpu_count()} cores"
+    kernels = torch.backends.cpu.get_cpu_capability()  # the vector kernels ATen dispatched to
+    return f"CPU: {model or platform.machine()}, {os.cpu_count()} cores, {kernels} kernels"
 
 
 def _previous_verdict(out: Path, scale: str, overrides: list[str]) -> dict[str, Any] | None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 from collections.abc import Iterable, Sequence
 from html import escape
 from pathlib import Path
@@ -238,19 +237,23 @@ def _effects_html(effects: dict[str, Any], correction: str | None) -> str:
     head = ("<tr><th>part</th><th>effect</th><th>interval</th><th>seeds</th>"
             "<th>s.e. (measurement / seeds)</th><th>verdict</th></tr>")
     rows = []
+
+    def num(x: Any, fmt: str) -> str:  # None: not known (a NaN before the JSON)
+        return "–" if not is_number(x) else format(x, fmt)
+
     for name, p in effects.items():
-        lo, hi = p.get("interval", [math.nan, math.nan])
+        lo, hi = p.get("interval") or [None, None]
         level = p.get("level")
-        interval = f"[{lo:+.3g}, {hi:+.3g}]" + (f" ({100 * level:.4g}%)" if level else "")
-        se_parts = " / ".join("–" if p.get(k) is None else f"{p[k]:.2g}"
-                              for k in ("se_measure", "se_seed"))
+        interval = f"[{num(lo, '+.3g')}, {num(hi, '+.3g')}]" + (
+            f" ({100 * level:.4g}%)" if level else "")
+        se_parts = " / ".join(num(p.get(k), ".2g") for k in ("se_measure", "se_seed"))
         word = str(p.get("verdict", ""))
         if word == "inconclusive" and p.get("detectable") is not None:
-            word += f" (could detect ≥ {p['detectable']:.3g})"
+            word += f" (could detect ≥ {abs(p['detectable']):.3g})"
         rows.append(f"<tr><th>{_e(p.get('what') or name)}</th>"
-                    f'<td class="num">{p.get("effect", math.nan):+.3g}</td>'
+                    f'<td class="num">{num(p.get("effect"), "+.3g")}</td>'
                     f'<td class="num">{_e(interval)}</td><td class="num">{p.get("seeds", 1)}</td>'
-                    f'<td class="num">{p.get("se", math.nan):.2g} ({_e(se_parts)})</td>'
+                    f'<td class="num">{num(p.get("se"), ".2g")} ({_e(se_parts)})</td>'
                     f"<td>{_e(word)}</td></tr>")
     note = (f'<p class="note">Positive effects are the claimed direction. Multiple parts: '
             f"{_e(correction)}.</p>" if correction else "")

@@ -1,11 +1,12 @@
 """Shared pieces of the Hahn & Rofin experiments (docs/definitions.md#hahn-and-rofin-setup): the
 settings every one of them has, the run configuration of the ``boolean`` trainer built from them
-(:mod:`senslab.train.loops.boolean`: training loop and measures) and a least-squares fit."""
+(:mod:`senslab.train.loops.boolean`: training loop and measures) and least-squares fits."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,3 +44,12 @@ def linear_fit(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
         return slope, math.nan, intercept
     rss = sum((y - intercept - slope * x) ** 2 for x, y in zip(xs, ys, strict=True))
     return slope, math.sqrt(rss / (m - 2) / sxx), intercept
+
+
+def slope(points: Sequence[tuple[float, float]]) -> float:
+    """Least-squares slope of y on x over ``(x, y)`` points; NaN with fewer than two distinct x
+    (a bootstrap resample that drew one n only, :func:`senslab.verdicts.bootstrap`)."""
+    xs = [float(x) for x, _ in points]
+    if len(set(xs)) < 2:
+        return math.nan
+    return linear_fit(xs, [float(y) for _, y in points])[0]

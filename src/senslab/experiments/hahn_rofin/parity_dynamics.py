@@ -17,12 +17,14 @@ strings per step, AdamW lr 1e-3, wd 0.1, 3,000 steps, 3 seeds; sharpness (10 wei
 held-out strings), blow-up and norm every 25 steps; t₀ = the first training
 step whose batch loss is < 0.01 (``t0_on="train"``).
 
-Verdict: a run's peak is "near the transition" when the logged step of its maximum sharpness (and,
-separately, of its maximum mean log10 blow-up) lies within ``max(0.25·t₀, 2 evaluations)`` of
-t₀ and is not the last evaluation (a maximum there is no peak). "holds" when that is true for
-both measures in a majority of the runs that reached t₀ (and, where the scale sets
-``converged_loss``, converged, as the authors' figures keep only those); "not comparable" when
-fewer than two such runs.
+Verdict (:mod:`senslab.verdicts`): a run's tolerance is ``max(0.25·t₀, 2 evaluations)``; its
+nearness of a measure is ``1 − |t_peak − t₀| / tolerance`` for the logged step t_peak of the
+measure's maximum (positive = the peak lies within the tolerance of t₀), capped at 0 when the
+maximum is the last evaluation (a maximum there is no peak: the measure may still be rising).
+Two parts, Holm-corrected: the mean nearness of sharpness and of the mean log10 blow-up over the
+runs (one per seed, Student's t) that reached t₀ (and, where the scale sets ``converged_loss``,
+converged, as the authors' figures keep only those); "not comparable" when fewer than two such
+runs.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 
 from ...train.config import one_of, ranged
 from ...train.rundir import RunDir
+from ...verdicts import not_comparable, over_seeds, verdict
 from ..base import Experiment, Run, register_experiment
 from ._common import Setup, boolean_run
 
@@ -104,24 +107,35 @@ def peaks(records: list[dict[str, Any]], t0: int | None, window: float,
     return out
 
 
+def nearness(peak: dict[str, Any], tolerance: float) -> float:
+    """``1 − |offset| / tolerance`` of one measure's peak (positive: within the tolerance of
+    t₀), at most 0 for a maximum at the last evaluation (no peak yet)."""
+    value = 1.0 - abs(peak["offset"]) / tolerance
+    return min(value, 0.0) if peak.get("at_end") else value
+
+
 def dynamics_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     reached = [s for s in summaries if s.get("peaks", {}).get("t0") is not None
                and (s.get("config", {}).get("converged_loss") is None or s["converged"])]
     evidence = {s["name"]: s.get("peaks", {}) for s in summaries}
     if len(reached) < 2:
-        return {"verdict": "not comparable", "evidence": evidence,
-                "reason": f"only {len(reached)} of {len(summaries)} runs reached loss < 0.01"}
-    near = {k: sum(bool(s["peaks"][k]["near"]) for s in reached) for k in ("sharpness", "blowup")}
-    ok = all(2 * v > len(reached) for v in near.values())
+        return not_comparable(f"only {len(reached)} of {len(summaries)} runs reached loss < 0.01",
+                              evidence)
+    parts = {}
+    for key, words in (("sharpness", "sharpness"), ("blowup", "blow-up")):
+        values = []
+        for s in reached:
+            p = s["peaks"]
+            values.append(nearness(p[key], p["tolerance"]))
+            evidence[s["name"]] = {**evidence[s["name"]],
+                                   key: {**p[key], "nearness": values[-1]}}
+        parts[key] = over_seeds(values, what=f"{words} peak nearness 1 − |t_peak − t0|/tol")
+
     def where(p: dict[str, Any]) -> str:
         return f"{p['offset']:+d}" + (" (last step, still rising)" if p.get("at_end") else "")
 
     offsets = "; ".join(
         f"{s['name']}: t0={s['peaks']['t0']}, sharpness peak {where(s['peaks']['sharpness'])}, "
         f"blow-up peak {where(s['peaks']['blowup'])}" for s in reached)
-    return {
-        "verdict": "holds" if ok else "does not hold",
-        "reason": (f"peak near t0 in {near['sharpness']}/{len(reached)} runs (sharpness) and "
-                   f"{near['blowup']}/{len(reached)} (blow-up): {offsets}"),
-        "evidence": evidence,
-    }
+    return verdict(parts, claim="sharpness and blow-up peak near t0", evidence=evidence,
+                   note=f"Peaks relative to t0: {offsets}")

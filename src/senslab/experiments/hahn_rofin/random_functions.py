@@ -26,15 +26,19 @@ most 2,000 full-batch steps, stopping at the first evaluation with training loss
 per k, 20 weight draws, fitted = training accuracy > 0.99.
 A random completion of n = 8 has as ≈ n/2 = 4.
 
-Verdict, over the (k, seed) pairs whose two models both fit their training labels (the
-trainer's ``converged``, docs/definitions.md#hahn-and-rofin-setup): "holds" when in every pair
-the learned completion has lower as than the random completion, and in a majority of pairs (the
-sharpness estimate is noisy) the learned model is less sharp than the random-completion model;
-"not comparable" when no pair fitted.
+Verdict (:mod:`senslab.verdicts`), over the (k, seed) pairs whose two models both fit their
+training labels (the trainer's ``converged``, docs/definitions.md#hahn-and-rofin-setup): two
+parts, Holm-corrected, each the mean over those pairs (every k together, Student's t on pairs − 1
+degrees of freedom): ``random_as − learned_as`` (the random completion's exact as minus the
+learned completion's; positive = the transformer's completion is less sensitive) and
+``random_sharpness − learned_sharpness`` (on the k shared strings, with the sharpness estimates'
+standard errors as the measurement part; positive = the learned model is flatter). "not
+comparable" when no pair fitted.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +47,7 @@ from typing import Any
 from ...measure import boolean_sensitivity
 from ...train.config import ranged
 from ...train.loops.boolean import CONVERGED_ACC, subset_data
+from ...verdicts import not_comparable, over_seeds, verdict
 from ..base import Experiment, Run, register_experiment
 from ._common import Setup, boolean_run
 
@@ -120,20 +125,31 @@ def completion_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
                      "random_as": pair["learned"]["random_completion_sens"],
                      "random_model_as": rf["bool_sens"],
                      "learned_sharpness": lf["sharpness/loss"],
-                     "random_sharpness": rf["sharpness/loss"]})
+                     "random_sharpness": rf["sharpness/loss"],
+                     "learned_sharpness_se": lf.get("sharpness/loss_se"),
+                     "random_sharpness_se": rf.get("sharpness/loss_se")})
     evidence: dict[str, Any] = {"pairs": rows, "total_pairs": len(by_pair)}
     if not rows:
-        return {"verdict": "not comparable", "evidence": evidence,
-                "reason": "no (k, seed) pair where both models fit their training labels "
-                          "(the trainer's converged: training accuracy > 0.99, and the loss "
-                          "bound where the scale sets one)"}
+        return not_comparable("no (k, seed) pair where both models fit their training labels "
+                              "(the trainer's converged: training accuracy > 0.99, and the loss "
+                              "bound where the scale sets one)", evidence)
     lower_as = sum(r["learned_as"] < r["random_as"] for r in rows)
     flatter = sum(r["learned_sharpness"] < r["random_sharpness"] for r in rows)
-    ok = lower_as == len(rows) and 2 * flatter > len(rows)
+    evidence.update(lower_as=lower_as, flatter=flatter)
+    ses = [(r["learned_sharpness_se"], r["random_sharpness_se"]) for r in rows]
+    parts = {  # as is exact: its pairs differ by seed-to-seed variation only
+        "as": over_seeds([r["random_as"] - r["learned_as"] for r in rows],
+                         what="random_as − learned_as"),
+        "sharpness": over_seeds([r["random_sharpness"] - r["learned_sharpness"] for r in rows],
+                                [math.hypot(*se) for se in ses]
+                                if all(x is not None for se in ses for x in se) else None,
+                                "random_sharpness − learned_sharpness"),
+    }
     detail = "; ".join(
         f"k={r['k']} s{r['seed']}: as {r['learned_as']:.2f} vs {r['random_as']:.2f}, sharpness "
         f"{r['learned_sharpness']:.3g} vs {r['random_sharpness']:.3g}" for r in rows)
-    return {"verdict": "holds" if ok else "does not hold",
-            "reason": (f"learned completion has lower as in {lower_as}/{len(rows)} pairs and is "
-                       f"flatter in {flatter}/{len(rows)}: {detail}"),
-            "evidence": evidence}
+    return verdict(parts, evidence=evidence,
+                   claim=f"over {len(rows)} (k, seed) pairs (means over pairs), the learned "
+                         "completion is less sensitive and flatter than a random one",
+                   note=f"Learned completion lower as in {lower_as}/{len(rows)} pairs, flatter in "
+                        f"{flatter}/{len(rows)}: {detail}")

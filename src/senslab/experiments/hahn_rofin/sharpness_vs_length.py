@@ -15,20 +15,24 @@ sharpness from 10 weight draws on 512 held-out strings; converged = held-out acc
 PARITY is learnt to > 99% held-out accuracy at every CPU n, so the comparison is between
 solutions, as in the paper. Only converged runs enter the fits.
 
-Verdict: "holds" when PARITY's slope is positive by more than two standard errors and every other
-function's |slope| is below a quarter of PARITY's; "not comparable" when fewer than two n values
-of a function converged.
+Verdict (:mod:`senslab.verdicts`), on the converged runs: the claim has one part per function,
+Holm-corrected together. PARITY's part is the least-squares slope of final sharpness on n, with
+its bootstrap standard error over the runs (positive = sharpness grows with n). Each other
+function f's part is ``ratio·|PARITY's slope| − |f's slope|`` (``ratio`` = ¼; positive = f's
+slope is flatter than a quarter of PARITY's), bootstrapped over the runs of PARITY and f
+together. "not comparable" when fewer than two n values of a function converged.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ...train.config import ranged
+from ...verdicts import bootstrap, not_comparable, verdict
 from ..base import Experiment, Run, register_experiment
-from ._common import Setup, boolean_run, linear_fit
+from ._common import Setup, boolean_run, linear_fit, slope
 
 FUNCTIONS = ("parity", "majority", "first", "mean")
 
@@ -74,7 +78,9 @@ class SharpnessVsLength(Experiment):
 
 def slope_verdict(summaries: list[dict[str, Any]], sensitive: str = "parity",
                   ratio: float = 0.25) -> dict[str, Any]:
-    """Fit final sharpness on n per function (converged runs only) and compare the slopes."""
+    """Fit final sharpness on n per function (converged runs only) and judge the slopes: the
+    ``sensitive`` function's slope > 0 and, per other function f, ``ratio·|its slope| −
+    |f's slope|`` > 0, each bootstrapped over runs (Holm over the parts)."""
     points: dict[str, list[tuple[int, float]]] = {}
     dropped: dict[str, int] = {}
     for s in summaries:
@@ -87,30 +93,35 @@ def slope_verdict(summaries: list[dict[str, Any]], sensitive: str = "parity",
     for f in sorted({s["function"] for s in summaries}):
         pts = points.get(f, [])
         if len({n for n, _ in pts}) < 2:
-            return {"verdict": "not comparable", "evidence": evidence,
-                    "reason": f"{f}: fewer than two n values converged (acc > 0.99)"}
-        slope, se, intercept = linear_fit([float(n) for n, _ in pts], [v for _, v in pts])
-        fits[f] = (slope, se)
-        evidence[f] = {"slope": slope, "slope_se": se, "intercept": intercept,
+            return not_comparable(f"{f}: fewer than two n values converged (acc > 0.99)",
+                                  evidence)
+        fit_slope, se, intercept = linear_fit([float(n) for n, _ in pts], [v for _, v in pts])
+        fits[f] = (fit_slope, se)
+        evidence[f] = {"slope": fit_slope, "slope_se": se, "intercept": intercept,
                        "mean_sharpness": {str(n): _mean([v for m, v in pts if m == n])
                                           for n in sorted({n for n, _ in pts})}}
     if sensitive not in fits:
-        return {"verdict": "not comparable", "evidence": evidence,
-                "reason": f"no {sensitive} runs to compare with"}
-    ps, pse = fits[sensitive]
-    positive = ps > 0 and (math.isnan(pse) or ps > 2 * pse)
-    flat = {f: abs(v[0]) < ratio * abs(ps) for f, v in fits.items() if f != sensitive}
-    ok = positive and all(flat.values())
+        return not_comparable(f"no {sensitive} runs to compare with", evidence)
+    parts = {f"{sensitive} slope": bootstrap(points[sensitive], slope,
+                                             f"slope of {sensitive}'s sharpness on n")}
+    for f in fits:
+        if f != sensitive:
+            units = [(sensitive, p) for p in points[sensitive]] + [(f, p) for p in points[f]]
+            parts[f"{f} flat"] = bootstrap(units, _flatness(sensitive, f, ratio),
+                                           f"{ratio:g}·|{sensitive} slope| − |{f} slope|")
     detail = "; ".join(f"{f} {v[0]:+.4g} ± {v[1]:.2g}" for f, v in fits.items())
-    if ok:
-        why = f"{sensitive}'s slope is > 2 s.e. above 0 and the others are < {ratio:g}× it"
-    elif not positive:
-        why = f"{sensitive}'s slope is not clearly positive"
-    else:
-        why = (f"{', '.join(f for f, v in flat.items() if not v)} slope(s) not below "
-               f"{ratio:g}× {sensitive}'s")
-    return {"verdict": "holds" if ok else "does not hold",
-            "reason": f"{why}: sharpness per unit n: {detail}", "evidence": evidence}
+    return verdict(parts, claim=f"{sensitive}'s sharpness grows with n, the others' is flat",
+                   evidence=evidence,
+                   note=f"Sharpness per unit n (least squares ± s.e.): {detail}")
+
+
+def _flatness(sensitive: str, other: str, ratio: float
+              ) -> Callable[[list[tuple[str, tuple[int, float]]]], float]:
+    """``ratio·|slope of sensitive| − |slope of other|`` of ``(function, (n, sharpness))`` runs."""
+    def statistic(units: list[tuple[str, tuple[int, float]]]) -> float:
+        of = {f: [p for g, p in units if g == f] for f in (sensitive, other)}
+        return ratio * abs(slope(of[sensitive])) - abs(slope(of[other]))
+    return statistic
 
 
 def _mean(values: list[float]) -> float:

@@ -10,49 +10,95 @@ import math
 from typing import Any
 
 from ...train.loops.attention import AttentionConfig, AttentionData
+from ...verdicts import not_comparable, over_seeds, verdict
 from ..base import Run
 
 #: the four runs of a loss race (:func:`loss_race_verdict`), by label
 RACE = ("sgd", "sngd", "sps", "adam")
 
 
+def by_seed(summaries: list[dict[str, Any]]) -> dict[int, dict[str, dict[str, Any]]]:
+    """``{seed: {label: summary}}`` (a summary without ``seed`` is seed 0)."""
+    out: dict[int, dict[str, dict[str, Any]]] = {}
+    for s in summaries:
+        out.setdefault(s.get("seed", 0), {})[s["label"]] = s
+    return dict(sorted(out.items()))
+
+
 def loss_race_verdict(summaries: list[dict[str, Any]],
                       chance_loss: float = math.log(10)) -> dict[str, Any]:
     """SNGD and SPS: final train loss below SGD's and closer to Adam's than to SGD's, all after
-    the same number of steps. "not comparable" when SGD and a contender both still sit on the
-    initial plateau (loss ≥ 95% of the chance loss ln 10): the race has not started."""
-    final = {s["label"]: s for s in summaries}
-    if set(final) != set(RACE):
-        return {"verdict": "not comparable", "evidence": {},
-                "reason": f"need runs {', '.join(RACE)}; got {', '.join(sorted(final))}"}
-    steps = {k: s.get("steps") for k, s in final.items()}
-    loss = {k: s["final"].get("train/loss") for k, s in final.items()}
-    evidence = {k: {"train_loss": loss[k], "train_acc": final[k]["final"].get("train/acc"),
-                    "steps": steps[k]} for k in final}
-    detail = ", ".join(f"{k} {v:.4f}" for k, v in loss.items() if isinstance(v, (int, float)))
+    the same number of steps, judged over seeds (:mod:`senslab.verdicts`): per contender o two
+    parts, ``loss_sgd − loss_o`` and ``|loss_o − loss_sgd| − |loss_o − loss_adam|`` of each seed
+    (the four runs of a seed share its data subset, order and initialisation), their means over
+    seeds with Student's t, Holm over the four. "not comparable" when a seed lacks a run, the
+    runs stopped after different numbers of steps, a loss is not finite, or SGD and a contender
+    both still sit on the initial plateau in some seed (loss ≥ 95% of the chance loss ln 10):
+    the race has not started."""
+    labels = {s["label"] for s in summaries}
+    if labels != set(RACE):
+        return not_comparable(f"need runs {', '.join(RACE)}; got {', '.join(sorted(labels))}")
+    seeds = by_seed(summaries)
+    steps = {f"{o} (seed {k})": r.get("steps") for k, runs in seeds.items()
+             for o, r in runs.items()}
+    loss = {k: {o: r["final"].get("train/loss") for o, r in runs.items()}
+            for k, runs in seeds.items()}
+    evidence: dict[str, Any] = {}
+    for o in RACE:
+        per = {k: runs[o] for k, runs in seeds.items() if o in runs}
+        entry: dict[str, Any] = {
+            "train_loss": _mean([r["final"].get("train/loss") for r in per.values()]),
+            "train_acc": _mean([r["final"].get("train/acc") for r in per.values()]),
+            "steps": next(iter(per.values())).get("steps")}
+        if len(seeds) > 1:
+            entry["seeds"] = {str(k): {"train_loss": r["final"].get("train/loss"),
+                                       "train_acc": r["final"].get("train/acc")}
+                              for k, r in per.items()}
+        evidence[o] = entry
+    missing = {k: sorted(set(RACE) - set(runs)) for k, runs in seeds.items()
+               if set(RACE) - set(runs)}
+    if missing:
+        return not_comparable(f"seeds without every run: {missing}", evidence)
     if len(set(steps.values())) != 1:
-        return {"verdict": "not comparable", "evidence": evidence,
-                "reason": f"runs stopped after different numbers of steps: {steps}"}
-    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in loss.values()):
-        return {"verdict": "not comparable", "evidence": evidence,
-                "reason": "a run has no finite final train/loss"}
+        return not_comparable(f"runs stopped after different numbers of steps: {steps}",
+                              evidence)
+    if not all(isinstance(v, (int, float)) and math.isfinite(v)
+               for per in loss.values() for v in per.values()):
+        return not_comparable("a run has no finite final train/loss", evidence)
+    mean = {o: evidence[o]["train_loss"] for o in RACE}
+    detail = ", ".join(f"{o} {v:.4f}" for o, v in mean.items())
+    if len(seeds) > 1:
+        detail += " (means over seeds)"
     plateau = 0.95 * chance_loss
-    stuck = [o for o in ("sngd", "sps") if min(loss[o], loss["sgd"]) >= plateau]
+    stuck = [f"{o} (seed {k})" for k, per in loss.items() for o in ("sngd", "sps")
+             if min(per[o], per["sgd"]) >= plateau]
+    n_steps = next(iter(steps.values()))
     if stuck:
-        return {"verdict": "not comparable", "evidence": evidence,
-                "reason": f"after {steps['sgd']} steps SGD and {', '.join(stuck)} are still at "
-                          f"the initial plateau (loss ≥ {plateau:.3f}); train longer. Train "
-                          f"loss: {detail}"}
-    sgd, adam = loss["sgd"], loss["adam"]
-    checks = {}
+        return not_comparable(f"after {n_steps} steps SGD and {', '.join(stuck)} are still at "
+                              f"the initial plateau (loss ≥ {plateau:.3f}); train longer. Train "
+                              f"loss: {detail}", evidence)
+    parts = {}
     for o in ("sngd", "sps"):
-        checks[f"{o} < sgd"] = loss[o] < sgd
-        checks[f"{o} closer to adam"] = abs(loss[o] - adam) < abs(loss[o] - sgd)
-    failed = [k for k, ok in checks.items() if not ok]
-    head = f"failed: {', '.join(failed)}" if failed else "SNGD and SPS beat SGD, close to Adam"
-    return {"verdict": "does not hold" if failed else "holds",
-            "reason": f"{head}; train loss after {steps['sgd']} steps: {detail}",
-            "evidence": {**evidence, "checks": checks}}
+        parts[f"{o} below sgd"] = over_seeds([per["sgd"] - per[o] for per in loss.values()],
+                                             what=f"loss_sgd − loss_{o}")
+        parts[f"{o} closer to adam"] = over_seeds(
+            [abs(per[o] - per["sgd"]) - abs(per[o] - per["adam"]) for per in loss.values()],
+            what=f"|{o} − sgd| − |{o} − adam|")
+    sgd, adam = mean["sgd"], mean["adam"]  # the former per-run checks, on the means
+    evidence["checks"] = {}
+    for o in ("sngd", "sps"):
+        evidence["checks"][f"{o} < sgd"] = mean[o] < sgd
+        evidence["checks"][f"{o} closer to adam"] = abs(mean[o] - adam) < abs(mean[o] - sgd)
+    return verdict(parts, evidence=evidence,
+                   claim="SNGD and SPS end below SGD, closer to Adam",
+                   note=f"Train loss after {n_steps} steps: {detail}")
+
+
+def _mean(values: list[Any]) -> Any:
+    """The mean of numbers; None if one is missing (a run without that metric)."""
+    if any(not isinstance(v, (int, float)) for v in values):
+        return None
+    return sum(values) / len(values)
 
 
 def attention_runs(s: Any, optimizers: dict[str, dict[str, Any]],

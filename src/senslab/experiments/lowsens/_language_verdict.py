@@ -1,29 +1,53 @@
-"""The verdict of the language experiments (``language.py``): one sub-verdict per claim of the
+"""The verdict of the language experiments (``language.py``): one judged claim per claim of the
 paper's §6 / A.4, computed from the run summaries alone, and an overall verdict on the main claim.
 
-A summary is what ``language.finish_run`` writes: ``final`` holds ``sens_end/train``,
+A summary is what ``language.finish_run`` writes: ``final`` has ``sens_end/train``,
 ``sens_end/val`` (σ² = 15, end of training), ``sens_alt/*`` (σ² = 4), ``sens_init/train``
 (untrained weights), ``recency/*`` and ``sens_first/*``, all with standard errors over examples,
 and ``train/acc``; :func:`numbers` falls back to the tracked ``sens/*`` and the step-0 record for
-summaries without them. "A below B" always means B − A > 2 s.e. of the difference (the two
-estimates are independent: different models).
+summaries without them. ``seed`` (from the run's info) pairs the models: seed k of every model
+was trained on the same data subset and measured on the same examples with the same noise seed.
+
+Every claim is a set of parts (:mod:`senslab.verdicts`), each an effect positive in the claimed
+direction: "A below B" is B − A paired by seed (Student's t over seeds, the measurement standard
+errors reported beside it); a rise towards the end is the late − early flip-rate difference; a
+flat profile is :data:`RISE_RATIO` − (late/early ratio), positive when the ratio stays below the
+rise threshold (flatness cannot be supported by a test against zero, so it is tested against
+that margin). Several parts: Holm. The main claim decides the verdict; the others are judged
+separately in ``evidence["claims"]``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
-#: final train accuracies further apart than this make the comparison "not comparable"
+from ...verdicts import (
+    NOT_COMPARABLE,
+    Effect,
+    not_comparable,
+    over_seeds,
+    paired_by_seed,
+    verdict,
+)
+
+#: final train accuracies (of the models of one seed) further apart than this make the
+#: comparison "not comparable"
 MAX_ACC_GAP = 0.05
-#: the LSTM "rises towards the end" when its late/early flip-rate ratio is at least this (and the
-#: late − early difference exceeds 2 s.e.); an encoder is "flat" when it does not rise so
+#: an encoder is "flat" when its late/early flip-rate ratio is below this (part
+#: ``RISE_RATIO − ratio``); the LSTM "rises" when late − early > 0
 RISE_RATIO = 1.5
 #: below this every model counts as insensitive (no flips to compare)
 INSENSITIVE = 1e-3
 ENCODERS = ("roberta", "roberta_relu")
 #: the main claim's number: the end-of-training measurement on the larger train subset
 MAIN = "sens_end/train"
+MAIN_CLAIM = "both RoBERTas below the LSTM (end of training, train subset, σ² = 15)"
+#: the main claim's (low, high) pairs: parts ``lstm − roberta`` and ``lstm − roberta_relu``
+BELOW = [(m, "lstm") for m in ENCODERS]
+
+Runs = dict[str, dict[int, dict[str, Any]]]  # label → seed → final numbers
 
 
 def numbers(summary: dict[str, Any]) -> dict[str, Any]:
@@ -42,143 +66,234 @@ def numbers(summary: dict[str, Any]) -> dict[str, Any]:
     return f
 
 
-def _get(summary: dict[str, Any], key: str) -> tuple[float, float]:
-    value, se = summary.get(key), summary.get(f"{key}_se")
+def _get(f: dict[str, Any], key: str) -> tuple[float, float]:
+    value, se = f.get(key), f.get(f"{key}_se")
     return (math.nan if value is None else float(value)), (math.nan if se is None else float(se))
 
 
-def _below(low: dict[str, Any], high: dict[str, Any], key: str) -> tuple[bool, float, float]:
-    """Is ``low``'s ``key`` below ``high``'s by more than 2 s.e.? Returns (ok, diff, 2·se)."""
-    (a, sa), (b, sb) = _get(low, key), _get(high, key)
-    diff, two_se = b - a, 2 * math.hypot(sa, sb)
-    return bool(diff > two_se), diff, two_se
-
-
-def _sub(ok: bool | None, detail: str) -> dict[str, str]:
-    word = "not comparable" if ok is None else ("holds" if ok else "does not hold")
-    return {"verdict": word, "detail": detail}
-
-
-def _fmt(summary: dict[str, Any], key: str) -> str:
-    v, se = _get(summary, key)
-    return f"{v:.4f} ± {se:.4f}"
-
-
-def recency(summary: dict[str, Any]) -> tuple[float, float, float, float]:
+def recency(f: dict[str, Any]) -> tuple[float, float, float, float]:
     """(late rate, early rate, late − early, its s.e.) of a run's final model."""
-    f = summary
     return (float(f["recency/late"]), float(f["recency/early"]), float(f["recency/diff"]),
             float(f["recency/diff_se"]))
 
 
-def ratio(summary: dict[str, Any]) -> float:
-    late, early, _, _ = recency(summary)
+def ratio(f: dict[str, Any]) -> float:
+    """The late/early flip-rate ratio (1 when neither window flips, inf when only late does)."""
+    late, early, _, _ = recency(f)
     if early > 0:
         return late / early
     return math.inf if late > 0 else 1.0
 
 
-def rises(summary: dict[str, Any]) -> bool:
-    _, _, diff, se = recency(summary)
-    return ratio(summary) >= RISE_RATIO and diff > 2 * se
+def _mean(values: list[Any]) -> float | None:
+    if not values or any(v is None for v in values):
+        return None
+    return sum(float(v) for v in values) / len(values)
 
 
-def _below_lstm(runs: dict[str, dict[str, Any]], key: str,
-                who: tuple[str, ...] = ENCODERS) -> tuple[bool | None, str]:
-    if any(key not in runs[m] for m in (*who, "lstm")):
-        return None, f"{key} not measured"
-    parts, ok = [], True
-    for m in who:
-        good, diff, two_se = _below(runs[m], runs["lstm"], key)
-        ok &= good
-        parts.append(f"lstm − {m} = {diff:+.4f} (2 s.e. {two_se:.4f})")
-    return ok, "; ".join(parts)
+def _fmt(runs: Runs, model: str, key: str) -> str:
+    """``value ± se`` of one seed; the mean and each seed's value of several."""
+    per = runs[model]
+    if len(per) == 1:
+        v, se = _get(next(iter(per.values())), key)
+        return f"{v:.4f} ± {se:.4f}"
+    vals = [_get(per[s], key)[0] for s in sorted(per)]
+    return f"{sum(vals) / len(vals):.4f} (seeds {', '.join(f'{v:.4f}' for v in vals)})"
 
 
-def language_verdict(summaries: list[dict[str, Any]],
-                     max_acc_gap: float = MAX_ACC_GAP) -> dict[str, Any]:
-    """Per-claim sub-verdicts (``evidence["claims"]``) and the overall verdict on the main claim
-    (both RoBERTas below the LSTM at the end of training, train subset, σ² = 15)."""
-    runs = {s["label"]: numbers(s) for s in summaries}
-    missing = [m for m in ("lstm", *ENCODERS) if m not in runs]
-    if missing:
-        return {"verdict": "not comparable", "reason": f"runs missing: {', '.join(missing)}",
-                "evidence": {}}
-    accs = {m: float(f.get("train/acc", math.nan)) for m, f in runs.items()}
-    evidence: dict[str, Any] = {
-        m: {"train_acc": accs[m], "val_acc": f.get("test/acc"),
+# --------------------------------------------------------------------------- claims
+
+
+def _claim(parts: dict[str, Effect], note: str = "") -> dict[str, Any]:
+    """One claim judged: ``{"verdict", "detail", "effects", "correction"}``."""
+    v = verdict(parts, note=note)
+    return {"verdict": v["verdict"], "detail": v["reason"], "effects": v["effects"],
+            "correction": v["correction"]}
+
+
+def _unjudged(detail: str) -> dict[str, Any]:
+    return {"verdict": NOT_COMPARABLE, "detail": detail, "effects": {}}
+
+
+def _unmeasured(runs: Runs, key: str, models: tuple[str, ...]) -> list[str]:
+    """The runs (``model/seed``) of ``models`` where ``key`` or its s.e. is missing or not
+    finite."""
+    return [f"{m}/seed {s}" for m in models for s, f in sorted(runs[m].items())
+            if not all(math.isfinite(x) for x in _get(f, key))]
+
+
+def _paired(runs: Runs, key: str, pairs: list[tuple[str, str]]) -> dict[str, Effect]:
+    """Each ``(low, high)``: the part ``high − low`` of ``key``, paired by seed."""
+    return {f"{high} − {low}": paired_by_seed(
+        {s: _get(f, key) for s, f in runs[low].items()},
+        {s: _get(f, key) for s, f in runs[high].items()}, f"{high} − {low} ({key})")
+        for low, high in pairs}
+
+
+def _below(runs: Runs, key: str, pairs: list[tuple[str, str]]) -> dict[str, Any]:
+    """The claim that each ``(low, high)`` has ``low``'s ``key`` below ``high``'s."""
+    bad = _unmeasured(runs, key, tuple(dict.fromkeys(m for p in pairs for m in p)))
+    if bad:
+        return _unjudged(f"{key} not measured (or not finite) in {', '.join(bad)}")
+    return _claim(_paired(runs, key, pairs))
+
+
+def _per_seed(runs: Runs, model: str, value: Callable[[dict[str, Any]], float]
+              ) -> dict[int, float]:
+    return {s: value(f) for s, f in runs[model].items()}
+
+
+def _recency_claims(runs: Runs) -> dict[str, dict[str, Any]]:
+    """The LSTM rises towards the end while the encoders are flat; GPT-2 rises more than the
+    encoders."""
+    models = tuple(runs)
+    if any("recency/late" not in f for m in models for f in runs[m].values()):
+        return {"lstm_recency": _unjudged("recency contrast not measured")}
+    ratios = {m: _per_seed(runs, m, ratio) for m in models}
+    undefined = [f"{m}/seed {s}" for m in models for s, r in sorted(ratios[m].items())
+                 if not math.isfinite(r)]
+    ratio_text = "late/early flip-rate ratio " + ", ".join(
+        f"{m} " + "/".join(f"{ratios[m][s]:.2f}" for s in sorted(ratios[m])) for m in models)
+
+    def rise(m: str) -> Effect:
+        per = runs[m]
+        return over_seeds([recency(per[s])[2] for s in sorted(per)],
+                          [recency(per[s])[3] for s in sorted(per)], f"{m} late − early")
+
+    if undefined:
+        why = (f"late/early ratio undefined (no flips in the first half, some in the last "
+               f"quarter) in {', '.join(undefined)}")
+        out = {"lstm_recency": _unjudged(why)}
+        if "gpt2" in runs:
+            out["gpt2_recency"] = _unjudged(why)
+        return out
+    parts = {"lstm late − early": rise("lstm")}
+    for m in ENCODERS:
+        vals = [RISE_RATIO - r for _, r in sorted(ratios[m].items())]
+        parts[f"{RISE_RATIO:g} − {m} late/early"] = over_seeds(
+            vals, what=f"{RISE_RATIO:g} − {m} late/early ratio")
+    out = {"lstm_recency": _claim(parts, ratio_text)}
+    if "gpt2" in runs:
+        parts = {"gpt2 late − early": rise("gpt2")}
+        for m in ENCODERS:
+            seeds = sorted(set(ratios["gpt2"]) & set(ratios[m]))
+            parts[f"gpt2 − {m} late/early"] = over_seeds(
+                [ratios["gpt2"][s] - ratios[m][s] for s in seeds],
+                what=f"gpt2 − {m} late/early ratio")
+        out["gpt2_recency"] = _claim(parts, ratio_text)
+    return out
+
+
+def _cls_bump(runs: Runs) -> dict[str, Any]:
+    """Softmax RoBERTa: the flip rate at ``<s>`` above the rate over all tokens."""
+    bad = _unmeasured(runs, "sens_first/train", ("roberta",)) + _unmeasured(runs, MAIN,
+                                                                            ("roberta",))
+    if bad:
+        return _unjudged(f"flip rate at <s> not measured (or not finite) in {', '.join(bad)}")
+    per = runs["roberta"]
+    seeds = sorted(per)
+    first = [_get(per[s], "sens_first/train") for s in seeds]
+    every = [_get(per[s], MAIN) for s in seeds]
+    return _claim({"roberta <s> − all tokens": over_seeds(
+        [f - a for (f, _), (a, _) in zip(first, every, strict=True)],
+        [math.hypot(fs, as_) for (_, fs), (_, as_) in zip(first, every, strict=True)],
+        "roberta flip rate at <s> − over all tokens")})
+
+
+def claims(runs: Runs) -> dict[str, dict[str, Any]]:
+    """Every claim judged on its own (the main one first)."""
+    out = {"roberta_below_lstm": _below(runs, MAIN, BELOW),
+           "below_lstm_at_init": _below(runs, "sens_init/train", BELOW),
+           "below_lstm_on_validation": _below(runs, "sens_end/val", BELOW),
+           "below_lstm_at_alt_sigma": _below(runs, "sens_alt/train", BELOW),
+           "relu_below_softmax": _below(runs, MAIN, [("roberta_relu", "roberta")])}
+    recent = _recency_claims(runs)
+    out["lstm_recency"] = recent["lstm_recency"]
+    if any("sens_first/train" in f for f in runs["roberta"].values()):
+        out["softmax_cls_bump"] = _cls_bump(runs)
+    if "gpt2" in runs:
+        out["gpt2_between"] = _below(runs, MAIN, [(m, "gpt2") for m in ENCODERS]
+                                     + [("gpt2", "lstm")])
+        if "gpt2_recency" in recent:
+            out["gpt2_recency"] = recent["gpt2_recency"]
+    return out
+
+
+# --------------------------------------------------------------------------- evidence
+
+
+def _run_evidence(f: dict[str, Any]) -> dict[str, Any]:
+    return {"train_acc": f.get("train/acc"), "val_acc": f.get("test/acc"),
             "sens_train": f.get(MAIN), "se": f.get(f"{MAIN}_se"),
             "sens_val": f.get("sens_end/val"), "sens_alt_train": f.get("sens_alt/train"),
             "sens_init": f.get("sens_init/train"), "sens_last_tracked": f.get("sens/train"),
             "recency_ratio": ratio(f) if "recency/late" in f else None,
             "sens_first": f.get("sens_first/train")}
-        for m, f in runs.items()
-    }
-    for s in summaries:  # the end-of-training per-position profile, right-aligned
+
+
+def _model_evidence(per: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """One model's numbers: a single seed's as they are; several seeds' means (``se``: the
+    measurement s.e. of the mean) with each seed's numbers in ``per_seed``."""
+    rows = {s: _run_evidence(per[s]) for s in sorted(per)}
+    if len(rows) == 1:
+        return {**next(iter(rows.values())), "seeds": list(rows)}
+    out = {k: _mean([r[k] for r in rows.values()]) for k in next(iter(rows.values()))}
+    ses = [r["se"] for r in rows.values()]
+    out["se"] = (None if any(s is None for s in ses)
+                 else math.sqrt(sum(float(s) ** 2 for s in ses)) / len(ses))
+    return {**out, "seeds": list(rows), "per_seed": rows}
+
+
+def language_verdict(summaries: list[dict[str, Any]],
+                     max_acc_gap: float = MAX_ACC_GAP) -> dict[str, Any]:
+    """The verdict on the main claim (both RoBERTas below the LSTM at the end of training, train
+    subset, σ² = 15: parts ``lstm − roberta`` and ``lstm − roberta_relu``, paired by seed,
+    Holm) with every claim judged on its own in ``evidence["claims"]``."""
+    runs: Runs = {}
+    for s in summaries:
+        seed = int(s.get("seed", 0))
+        per = runs.setdefault(s["label"], {})
+        if seed in per:
+            raise ValueError(f"two {s['label']} runs with seed {seed}")
+        per[seed] = numbers(s)
+    missing = [m for m in ("lstm", *ENCODERS) if m not in runs]
+    if missing:
+        return not_comparable(f"runs missing: {', '.join(missing)}")
+    evidence: dict[str, Any] = {m: _model_evidence(per) for m, per in runs.items()}
+    for s in summaries:  # the end-of-training per-position profile (right-aligned), first seed
         lang = s.get("language", {})
         prof = lang.get("sens_end_profile_train") or lang.get("profile_train")
-        if prof and s["label"] in evidence:
+        if prof and int(s.get("seed", 0)) == min(runs[s["label"]]):
             evidence[s["label"]]["profile"] = prof
-    claims: dict[str, dict[str, str]] = {}
-    main_ok, main_detail = _below_lstm(runs, MAIN)
-    claims["roberta_below_lstm"] = _sub(main_ok, main_detail)
-    claims["below_lstm_at_init"] = _sub(*_below_lstm(runs, "sens_init/train"))
-    claims["below_lstm_on_validation"] = _sub(*_below_lstm(runs, "sens_end/val"))
-    claims["below_lstm_at_alt_sigma"] = _sub(*_below_lstm(runs, "sens_alt/train"))
-    ok, diff, two_se = _below(runs["roberta_relu"], runs["roberta"], MAIN)
-    claims["relu_below_softmax"] = _sub(ok, f"roberta − roberta_relu = {diff:+.4f} "
-                                            f"(2 s.e. {two_se:.4f})")
-    have_recency = all("recency/late" in f for f in runs.values())
-    if have_recency:
-        flat = {m: not rises(runs[m]) for m in ENCODERS}
-        claims["lstm_recency"] = _sub(
-            rises(runs["lstm"]) and all(flat.values()),
-            "late/early flip-rate ratio " + ", ".join(
-                f"{m} {ratio(runs[m]):.2f} (late − early {recency(runs[m])[2]:+.4f} ± "
-                f"{recency(runs[m])[3]:.4f})" for m in ("lstm", *ENCODERS))
-            + f"; rise = ratio ≥ {RISE_RATIO} and difference > 2 s.e.")
-    else:
-        claims["lstm_recency"] = _sub(None, "recency contrast not measured")
-    if "sens_first/train" in runs["roberta"]:
-        (f, fse), (s, sse) = (_get(runs["roberta"], "sens_first/train"),
-                              _get(runs["roberta"], MAIN))
-        claims["softmax_cls_bump"] = _sub(
-            f - s > 2 * math.hypot(fse, sse),
-            f"roberta: flip rate at <s> {f:.4f} ± {fse:.4f} vs all tokens {s:.4f} ± {sse:.4f}")
-    if "gpt2" in runs:
-        g = runs["gpt2"]
-        top = max(ENCODERS, key=lambda m: _get(runs[m], MAIN)[0])
-        above = _get(g, MAIN)[0] > _get(runs[top], MAIN)[0]
-        below, diff, two_se = _below(g, runs["lstm"], MAIN)
-        claims["gpt2_between"] = _sub(
-            above and below, f"gpt2 {_fmt(g, MAIN)} vs {top} {_fmt(runs[top], MAIN)} and "
-                             f"lstm − gpt2 = {diff:+.4f} (2 s.e. {two_se:.4f})")
-        if have_recency:
-            _, _, gdiff, gse = recency(g)
-            more = all(ratio(g) > ratio(runs[m]) for m in ENCODERS) and gdiff > 2 * gse
-            claims["gpt2_recency"] = _sub(
-                more, f"gpt2 late/early ratio {ratio(g):.2f} (late − early {gdiff:+.4f} ± "
-                      f"{gse:.4f}) vs " + ", ".join(f"{m} {ratio(runs[m]):.2f}" for m in ENCODERS))
-    evidence["claims"] = claims
-    evidence["acc_gap"] = max(accs.values()) - min(accs.values())
+    judged = claims(runs)
+    evidence["claims"] = judged
+    seeds = sorted({s for per in runs.values() for s in per})
+    gaps = {}
+    for seed in seeds:
+        accs = [float(per[seed].get("train/acc", math.nan)) for per in runs.values()
+                if seed in per]
+        gaps[seed] = max(accs) - min(accs) if all(map(math.isfinite, accs)) else math.nan
+    gap = max(gaps.values()) if all(map(math.isfinite, gaps.values())) else math.nan
+    evidence["acc_gap"] = gap
+    evidence["acc_gap_by_seed"] = gaps
 
-    main = ", ".join(f"{m} {_fmt(runs[m], MAIN)}" for m in runs)
-    init = ", ".join(f"{m} {_fmt(runs[m], 'sens_init/train')}" for m in runs)
-    acc = "/".join(f"{accs[m]:.3f}" for m in runs)
-    subs = "; ".join(f"{k}: {v['verdict']}" for k, v in claims.items()
+    main = ", ".join(f"{m} {_fmt(runs, m, MAIN)}" for m in runs)
+    init = ", ".join(f"{m} {_fmt(runs, m, 'sens_init/train')}" for m in runs)
+    acc = ", ".join(f"{m} {_mean([f.get('train/acc', math.nan) for f in runs[m].values()]):.3f}"
+                    for m in runs)
+    subs = "; ".join(f"{k}: {v['verdict']}" for k, v in judged.items()
                      if k != "roberta_below_lstm")
-    reason = (f"end-of-training train-subset sensitivity (σ² = 15) {main}; at init {init}; "
-              f"train acc "
-              f"{acc}. Sub-claims — {subs}")
-    gap = evidence["acc_gap"]
-    if main_ok is None:
-        word = "not comparable"
-    elif not gap <= max_acc_gap:
-        word = "not comparable"
-        reason = f"train accuracies differ by {gap:.3f} (> {max_acc_gap}): " + reason
-    elif all(_get(runs[m], MAIN)[0] < INSENSITIVE for m in runs):
-        word = "not comparable"
-        reason = "every model is insensitive (no flips to compare): " + reason
-    else:
-        word = "holds" if main_ok else "does not hold"
-    return {"verdict": word, "reason": reason, "evidence": evidence}
+    numbers_text = (f"end-of-training train-subset sensitivity (σ² = 15) {main}; at init {init}; "
+                    f"train acc {acc} ({len(seeds)} seed{'s' if len(seeds) != 1 else ''}). "
+                    f"Sub-claims — {subs}")
+    head = judged["roberta_below_lstm"]
+    if head["verdict"] == NOT_COMPARABLE:
+        return not_comparable(f"{head['detail']}: {numbers_text}", evidence)
+    if not gap <= max_acc_gap:
+        return not_comparable(f"train accuracies differ by {gap:.3f} (> {max_acc_gap}): "
+                              + numbers_text, evidence)
+    if all(_get(f, MAIN)[0] < INSENSITIVE for per in runs.values() for f in per.values()):
+        return not_comparable("every model is insensitive (no flips to compare): "
+                              + numbers_text, evidence)
+    return verdict(_paired(runs, MAIN, BELOW), claim=MAIN_CLAIM, evidence=evidence,
+                   note=numbers_text)

@@ -21,7 +21,11 @@ Settings. Widths lost from our copy of the paper are ours: MLPs 512-256, CNN 32/
 (the paper code's value, pixels in [−1, 1]) on one 4×4 patch at a time, all 49 patches, on a
 fixed seeded subset of the training set, every epoch; the final models are also measured at
 σ = 0.25, 0.5, 1 (A.3). Training stops at the first epoch end with train accuracy ≥ the target,
-so the four models are compared at nearly the same accuracy.
+so the four models are compared at nearly the same accuracy. Both scales train 3 seeds per model.
+
+Verdict: one part per other model, (other − ViT) final sensitivity paired by seed, the three
+judged together (Holm); not comparable when the seed-mean train accuracies differ by more than
+0.03.
 
 * paper scale: full training set (60,000), the paper code's ViT-small (dim 64, depth 8, 32 heads
   of 64, MLP 512, dropout 0.1, patch 4), target 0.95, at most 50 epochs (the paper code's

@@ -18,8 +18,11 @@ mean/std normalisation). Accuracy is reported when the class folders are WordNet
 
 Sensitivity: ``Patches(16)`` on the **normalised** input (the 14×14 grid of ViT-L/16's own
 patches), N(0, σ²) with σ = 0.5 *(ours: the paper's value was lost)*, the same images, tokens
-and noise seed for both models, so the verdict compares per-image flip rates in pairs: ViT
-lower by more than 2 s.e. of the paired difference. Scales: ``paper`` — 1,000 images *(ours)*,
+and noise seed for both models, so per-image flip rates are compared in pairs. Both scales draw
+3 image samples (seeds ``seed``, ``seed + 1``, ``seed + 2``); the verdict has one part,
+ConvNeXt − ViT over the samples (the mean per-image difference of each sample, with its paired
+standard error as the measurement error), and is not comparable when the seed-mean accuracies
+differ by more than 0.05. Scales: ``paper`` — 1,000 images *(ours)*,
 every patch, 1 draw; ``cpu`` — 32 images, 16 random patches per image (ViT-L/16 is ~60 GFLOPs a
 forward pass). ``pretrained=false`` builds random-weight models, initialised from ``seed``
 (for tests, or to check the pipeline offline).
@@ -39,6 +42,8 @@ import torch
 
 from ...train.config import ranged
 from ...train.loops.pretrained import PretrainedConfig
+from ...verdicts import not_comparable, over_seeds, verdict
+from .._verdicts import by_label, final, mean, precondition
 from ..base import Experiment, Run, Settings, register_experiment, seeded_name
 
 MAX_ACC_GAP = 0.05
@@ -51,8 +56,9 @@ class ImageNetSettings(Settings):
     ``repeats``: the noise; ``vit``, ``convnext``: the two timm models; ``pretrained``: their
     published weights (else seeded random ones); ``batch_size``: images (and perturbed copies)
     per forward pass; ``seed``: the image sample's, the tokens' and the noise's (seed replicate
-    k uses ``seed + k``)."""
+    k uses ``seed + k``); ``seeds``: 3 image samples (the verdict is judged over them)."""
 
+    seeds: int = ranged(3, ge=1)
     root: str = ""
     num_images: int = ranged(1000, ge=1)
     num_tokens: int = ranged(0, ge=0)
@@ -67,6 +73,7 @@ class ImageNetSettings(Settings):
 
 @register_experiment("imagenet")
 class ImageNet(Experiment):
+    seed_aware = True  # the verdict judges every run, seed replicates included
     paper = "Transformers Learn Low Sensitivity Functions (ICLR 2025), §5"
     claim = ("On ImageNet-1k training images, pretrained ViT-L/16 has lower token-wise "
              "sensitivity than pretrained ConvNeXtV2-Tiny at comparable accuracy.")
@@ -94,21 +101,42 @@ class ImageNet(Experiment):
 
 
 def imagenet_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
-    """Paired per-image comparison: ViT's flip rate below ConvNeXt's by more than 2 s.e."""
-    by = {s["label"]: s for s in summaries}
-    vit, cnx = by["vit"], by["convnext"]
-    evidence = {k: {"sensitivity": s["final"]["sens/train"], "stderr": s["final"]["sens/train_se"],
-                    "accuracy": s["final"].get("train/acc")} for k, s in by.items()}
-    accs = [vit["final"].get("train/acc"), cnx["final"].get("train/acc")]
-    if None not in accs and abs(accs[0] - accs[1]) > MAX_ACC_GAP:
-        return {"verdict": "not comparable", "evidence": evidence,
-                "reason": f"accuracies differ by {abs(accs[0] - accs[1]):.3f} (> {MAX_ACC_GAP})"}
-    d = torch.tensor(cnx["per_sample"]) - torch.tensor(vit["per_sample"])
-    diff = float(d.mean())
-    se = float(d.std() / math.sqrt(len(d))) if len(d) > 1 else math.nan
-    ok = diff > 2 * se
+    """One part, ConvNeXt − ViT flip rate over seeds: per seed (one image sample), the mean of
+    the per-image differences with their paired standard error as the measurement error. Not
+    comparable when a model has no runs or other seeds, or the seed-mean accuracies (where
+    known) differ by more than :data:`MAX_ACC_GAP`."""
+    groups = by_label(summaries)
+    evidence: dict[str, Any] = {k: {
+        "sensitivity": mean(final(runs, "sens/train").values()),
+        "accuracy": _mean_acc(runs),
+        "seeds": {str(seed): {"sensitivity": s["final"].get("sens/train"),
+                              "stderr": s["final"].get("sens/train_se"),
+                              "accuracy": s["final"].get("train/acc")}
+                  for seed, s in sorted(runs.items())}} for k, runs in groups.items()}
+    why = precondition(groups, ["vit", "convnext"], None, keys=("sens/train",))
+    if why is not None:
+        return not_comparable(why, evidence)
+    accs = [evidence[k]["accuracy"] for k in ("vit", "convnext")]
+    if None not in accs and not abs(accs[0] - accs[1]) <= MAX_ACC_GAP:
+        return not_comparable(f"seed-mean accuracies differ by {abs(accs[0] - accs[1]):.3f} "
+                              f"(> {MAX_ACC_GAP})", evidence)
+    seeds = sorted(groups["vit"])
+    diffs, ses, images = [], [], 0
+    for seed in seeds:
+        d = (torch.tensor(groups["convnext"][seed]["per_sample"], dtype=torch.float64)
+             - torch.tensor(groups["vit"][seed]["per_sample"], dtype=torch.float64))
+        diffs.append(float(d.mean()))
+        ses.append(float(d.std() / math.sqrt(len(d))) if len(d) > 1 else math.nan)
+        images += len(d)
+    part = over_seeds(diffs, ses, "convnext − vit")
     acc_note = "" if None in accs else f" at accuracies {accs[0]:.3f} vs {accs[1]:.3f}"
-    return {"verdict": "holds" if ok else "does not hold",
-            "reason": (f"ConvNeXtV2-T − ViT-L/16 = {diff:+.4f} (±{2 * se:.4f}, paired over "
-                       f"{len(d)} images){acc_note}"),
-            "evidence": evidence}
+    return verdict({"convnext − vit": part},
+                   claim="ViT-L/16 less sensitive than ConvNeXtV2-T",
+                   evidence=evidence, note=f"paired over {images} images in {len(seeds)} "
+                   f"sample{'s' if len(seeds) != 1 else ''}{acc_note}")
+
+
+def _mean_acc(runs: dict[int, dict[str, Any]]) -> float | None:
+    """The seed-mean accuracy, None when a run has none (class folders not WordNet IDs)."""
+    accs = [s["final"].get("train/acc") for s in runs.values()]
+    return None if None in accs else mean(accs)

@@ -38,17 +38,19 @@ recency contrast at σ² = 15 — per example, the flip rate on the last quarter
 minus the rate on its first half, s.e. across examples (``recency/*``) — and the flip rate at
 ``<s>`` (``sens_first/train``). These go into ``summary.json`` (``final`` and ``language``).
 
-Verdict: per claim (``evidence["claims"]``, see ``_language_verdict.py``); the overall verdict is
-the main claim, "both RoBERTas below the LSTM" at the end of training on training examples at
-σ² = 15 (each difference > 2 s.e.), "not comparable" when the final train accuracies differ by
-more than 0.05 or every model is insensitive.
+Verdict (``_language_verdict.py``): the main claim, "both RoBERTas below the LSTM" at the end of
+training on training examples at σ² = 15, has two parts, ``lstm − roberta`` and ``lstm −
+roberta_relu``, each paired by seed (Student's t over the seeds), Holm-corrected; "not
+comparable" when the final train accuracies of one seed's models differ by more than 0.05 or
+every model is insensitive. Every other claim is judged on its own, in ``evidence["claims"]``.
 
-Scales: paper — 4 layers, width 256, 8 heads, dropout 0.1, AdamW lr 1e-4 wd 1e-4, batch 32, max
-length 128, full training split, 3 noise draws per token (paper code) on 1,000 examples (ours),
-``PAPER_EPOCHS`` epochs (ours: the paper does not state them). cpu — see ``cpu_scale_note``:
-2-layer width-64 models, lr 1e-3, a training subset (MRPC: 2,000 GLUE training pairs; Rotten
-Tomatoes, not in the paper: 3,000 single-sentence snippets), stop at 97% train accuracy (≤ 10
-epochs).
+Scales: both train 3 seeds of every model (seed k of each model: the same training subset,
+tracked examples and noise seed). paper — 4 layers, width 256, 8 heads, dropout 0.1, AdamW lr
+1e-4 wd 1e-4, batch 32, max length 128, full training split, 3 noise draws per token (paper code)
+on 1,000 examples (ours), ``PAPER_EPOCHS`` epochs (ours: the paper does not state them). cpu —
+see ``cpu_scale_note``: 2-layer width-64 models, lr 1e-3, a training subset (MRPC: 2,000 GLUE
+training pairs; Rotten Tomatoes, not in the paper: 3,000 single-sentence snippets), stop at 97%
+train accuracy (≤ 10 epochs).
 """
 
 from __future__ import annotations
@@ -119,8 +121,8 @@ def language_scales(data: str, cpu_subset: int | None) -> dict[str, LanguageSett
     examples (None: all), the paper scale :data:`PAPER_EPOCHS` epochs."""
     return {"cpu": LanguageSettings(lr=1e-3, max_len=64, epochs=10, target=0.97,
                                     train_subset=cpu_subset, track_examples=64, repeats=1,
-                                    layers=2, dim=64, heads=4),
-            "paper": LanguageSettings(epochs=PAPER_EPOCHS[data])}
+                                    layers=2, dim=64, heads=4, seeds=3),
+            "paper": LanguageSettings(epochs=PAPER_EPOCHS[data], seeds=3)}
 
 
 class LanguageExperiment(Experiment):
@@ -129,6 +131,7 @@ class LanguageExperiment(Experiment):
     paper = PAPER
     claim = CLAIM
     dataset: str
+    seed_aware = True  # the verdict pairs the models by seed and judges every seed
 
     def runs(self, s: LanguageSettings) -> list[Run]:
         common = [

@@ -17,7 +17,10 @@ a time, pixels in [−1, 1] (the paper code's value), averaged over all 16 patch
 seeded subset of the training set, every epoch; after training the final models are also
 measured at σ = 0.25, 0.5, 1 (A.3's effect of the variance; ``sigma_sweep.json`` in each run).
 Training stops at the first epoch end with train accuracy ≥ the target, so both models are
-compared at (nearly) the same accuracy.
+compared at (nearly) the same accuracy. Both scales train 3 seeds per model.
+
+Verdict: MLP − ViT final sensitivity, paired by seed (Student's t over seeds); not comparable
+when the seed-mean train accuracies differ by more than 0.03.
 
 * paper scale: full binary training set (11,982 images), the paper code's ViT-small (dim 64,
   depth 8, 32 heads of 64, MLP 512, dropout 0.1), target 0.99, at most 50 epochs, sensitivity on

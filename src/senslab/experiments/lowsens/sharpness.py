@@ -15,11 +15,13 @@ sensitivity is tracked on (:func:`senslab.measure.sharpness.output_sharpness`).
 Command: ``senslab run sharpness --out runs/sharpness``. The three runs (vanilla, noise
 augmentation, regularizer) are exactly the ViT-small runs of ``robustness``: when
 ``runs/robustness/<run>`` (a sibling of the output directory) holds a finished run with the same
-configuration it is copied instead of retrained. The same seed draws the same Δ for every model
-(common random numbers), so the verdict compares draw by draw: the regularized model's ShOp and
-ShPred must be below vanilla's by more than 2 s.e. of the paired per-draw differences, at train
-accuracies within 0.03. Noise augmentation is reported too but is not part of the verdict
-(Table 2 compares the regularizer only).
+configuration it is copied instead of retrained. Each run has 3 seeds (both scales). Within a
+seed the same Δ is drawn for every model (common random numbers), so the two models are compared
+draw by draw. The verdict has two parts, vanilla − regularized ShOp and ShPred: over seeds, each
+seed's value the mean per-draw difference with its standard error over draws as the measurement
+error, judged together (Holm); not comparable when the seed-mean train accuracies differ by more
+than 0.03. Noise augmentation and the supplementary draws are judged the same way as claims of
+their own, reported but not part of the verdict (Table 2 compares the regularizer only).
 
 Scales: as ``robustness`` (paper: CIFAR-10, full ViT-small; cpu: Fashion-MNIST subset, small
 ViT-small, 300 tracking images).
@@ -38,9 +40,11 @@ from torch import nn
 from ...data import ArrayDataset
 from ...measure.sharpness import output_sharpness
 from ...train.config import RunConfig
+from ...verdicts import Effect, not_comparable, over_seeds, verdict
+from .._verdicts import by_label, mean, precondition
 from ..base import Run, register_experiment
 from ._posthoc import FinalMeasureExperiment, reuse_finished, tracking_subset
-from ._vision import CPU_FASHION, PAPER, RegularizedSettings, combine, vit_runs
+from ._vision import CPU_FASHION, PAPER, RegularizedSettings, vit_runs
 
 SIGMA_W = 0.05
 REPEATS = 5
@@ -49,10 +53,13 @@ SUPPLEMENT_REPEATS = 30
 MAX_ACC_GAP = 0.03
 #: the experiment whose finished runs (siblings of this experiment's directory) are copied
 REUSE_FROM = "robustness"
+#: the regularized run whose flatness is the claim (Table 2 compares the regularizer only)
+PRIMARY = "vit_small-patch_mse"
 
 
 @register_experiment("sharpness")
 class Sharpness(FinalMeasureExperiment):
+    seed_aware = True  # the verdict judges every run, seed replicates included
     paper = f"{PAPER}, §7.2 Table 2"
     claim = ("ViT-small trained with the sensitivity regularizer has lower ShOp and lower ShPred "
              "(a flatter minimum) than vanilla ViT-small.")
@@ -81,24 +88,45 @@ class Sharpness(FinalMeasureExperiment):
         return out
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
-        by = {s["label"]: s for s in summaries}
-        base = by["vit_small"]
-        parts = {}
-        for reg in [k for k in by if k.startswith("vit_small-")]:
-            parts[reg] = flatter(by[reg], base)
-        primary = "vit_small-patch_mse"
-        out = combine({primary: parts[primary]})
-        others = [f"{k}: {p['reason']}" for k, p in parts.items() if k != primary]
+        """The regularized model's two parts (:func:`flatter_parts`: vanilla − regularized ShOp
+        and ShPred over seeds), judged together (Holm). Noise augmentation and the supplementary
+        weight draws are judged as claims of their own, in the evidence (``side``), and do not
+        decide the verdict. Not comparable when a model has no runs or other seeds, or the
+        regularized model's seed-mean train accuracy is more than :data:`MAX_ACC_GAP` from
+        vanilla's."""
+        groups = by_label(summaries)
+        evidence: dict[str, Any] = {}
+        why = (precondition(groups, list(groups), None, keys=())
+               if "vit_small" in groups and PRIMARY in groups
+               else f"need vit_small and {PRIMARY}; got {', '.join(groups)}")
+        if why is not None:
+            return not_comparable(why, evidence)
+        base = groups["vit_small"]
+        regs = [k for k in groups if k.startswith("vit_small-")]
+        for reg in regs:
+            evidence[reg] = flatness_evidence(groups[reg], base)
+        evidence["vit_small"] = {k: mean(s["final_measure"][k] for s in base.values())
+                                 for k in ("shop", "shpred")}
+        side: dict[str, Any] = {k: _judged(flatter(groups[k], base)) for k in regs
+                                if k != PRIMARY}
+        supplement = {}
+        if all("supplement" in s["final_measure"] for s in summaries):
+            sup_base = _supplement(base)
+            supplement = {k: _judged(flatter(_supplement(groups[k]), sup_base)) for k in regs}
+            side["supplement"] = supplement
+        evidence["side"] = side
+        out = flatter(groups[PRIMARY], base, evidence)
+        others = [f"{k}: {p['verdict']} ({p['reason']})" for k, p in side.items()
+                  if k != "supplement"]
         if others:
             out["reason"] += " | not in the verdict: " + " | ".join(others)
-        if all("supplement" in s["final_measure"] for s in by.values()):
-            sup = {k: flatter(_supplement(by[k]), _supplement(base)) for k in parts}
+        if supplement:
             out["reason"] += (f" | supplementary, {SUPPLEMENT_REPEATS} other weight draws (not "
-                              "in the verdict): " + " | ".join(f"{k}: {p['reason']}"
-                                                               for k, p in sup.items()))
-            out["supplement"] = {k: p["evidence"] for k, p in sup.items()}
-        out["evidence"] = {k: p["evidence"] for k, p in parts.items()}
-        out["evidence"]["vit_small"] = {k: base["final_measure"][k] for k in ("shop", "shpred")}
+                              "in the verdict): " + " | ".join(
+                                  f"{k}: {p['verdict']} ({p['reason']})"
+                                  for k, p in supplement.items()))
+            out["supplement"] = {k: flatness_evidence(_supplement(groups[k]), sup_base)
+                                 for k in regs}
         return out
 
 
@@ -112,25 +140,86 @@ def _values(r: Any) -> dict[str, Any]:
     return out
 
 
-def _supplement(summary: dict[str, Any]) -> dict[str, Any]:
-    return {**summary, "final_measure": summary["final_measure"]["supplement"]}
+def _judged(v: dict[str, Any]) -> dict[str, Any]:
+    """A side claim's verdict without its evidence (the verdict's evidence holds it)."""
+    return {k: v[k] for k in ("verdict", "reason", "effects", "correction") if k in v}
 
 
-def flatter(reg: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
-    """Is ``reg`` flatter than ``base`` on ShOp and ShPred (paired per-draw differences)?"""
-    acc = (reg["final"].get("train/acc", math.nan), base["final"].get("train/acc", math.nan))
-    m, m0 = reg["final_measure"], base["final_measure"]
-    evidence: dict[str, Any] = {"train_acc": acc}
-    ok, detail = True, []
+def _supplement(runs: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    return {seed: {**s, "final_measure": s["final_measure"]["supplement"]}
+            for seed, s in runs.items()}
+
+
+def _per_seed(reg: dict[int, dict[str, Any]], base: dict[int, dict[str, Any]], key: str
+              ) -> dict[int, tuple[float, float]]:
+    """Per seed: the mean of the per-draw differences ``reg − base`` of ``key`` (the same
+    weight draws for both: common random numbers) and its standard error over draws."""
+    out = {}
+    for seed in sorted(reg):
+        d = (torch.tensor(reg[seed]["final_measure"][f"{key}_per_draw"], dtype=torch.float64)
+             - torch.tensor(base[seed]["final_measure"][f"{key}_per_draw"], dtype=torch.float64))
+        out[seed] = (float(d.mean()), float(d.std() / math.sqrt(len(d))) if len(d) > 1
+                     else math.nan)
+    return out
+
+
+def train_accs(reg: dict[int, dict[str, Any]], base: dict[int, dict[str, Any]]
+               ) -> tuple[float, float]:
+    """Seed-mean final train accuracies of ``reg`` and ``base``."""
+    def acc(runs: dict[int, dict[str, Any]]) -> float:
+        return mean(s["final"].get("train/acc", math.nan) for s in runs.values())
+
+    return acc(reg), acc(base)
+
+
+def flatter_parts(reg: dict[int, dict[str, Any]], base: dict[int, dict[str, Any]]
+                  ) -> dict[str, Effect]:
+    """"shop" and "shpred": vanilla − ``reg`` (both ``{seed: summary}``) over seeds, each seed's
+    value the mean of the paired per-draw differences with their standard error as the
+    measurement error (positive: ``reg`` is flatter, the claimed direction)."""
+    label = next(iter(reg.values()))["label"]
+    out = {}
     for key in ("shop", "shpred"):
-        d = torch.tensor(m[f"{key}_per_draw"]) - torch.tensor(m0[f"{key}_per_draw"])
-        diff, se = float(d.mean()), float(d.std() / math.sqrt(len(d)))
-        evidence[key] = {"reg": m[key], "vanilla": m0[key], "diff": diff, "diff_se": se}
-        ok &= diff < -2 * se
-        detail.append(f"{key} {m[key]:.4g} vs {m0[key]:.4g} (diff {diff:+.4g} ± {2 * se:.2g})")
+        d = _per_seed(reg, base, key)
+        out[key] = over_seeds([-v for v, _ in d.values()], [se for _, se in d.values()],
+                              f"{key} vit_small − {label}")
+    return out
+
+
+def flatness_evidence(reg: dict[int, dict[str, Any]], base: dict[int, dict[str, Any]]
+                      ) -> dict[str, Any]:
+    """Train accuracies (seed means: ``reg``, vanilla) and, per measure, the seed means of both
+    models, the mean paired difference ``reg − vanilla``, its standard error over seeds, and
+    every seed's difference."""
+    evidence: dict[str, Any] = {"train_acc": list(train_accs(reg, base))}
+    for key in ("shop", "shpred"):
+        d = _per_seed(reg, base, key)
+        diff = over_seeds([v for v, _ in d.values()], [se for _, se in d.values()])
+        evidence[key] = {"reg": mean(s["final_measure"][key] for s in reg.values()),
+                         "vanilla": mean(s["final_measure"][key] for s in base.values()),
+                         "diff": diff.value, "diff_se": diff.se,
+                         "per_seed": {str(seed): {"diff": v, "diff_se": se}
+                                      for seed, (v, se) in d.items()}}
+    return evidence
+
+
+def flatter(reg: dict[int, dict[str, Any]], base: dict[int, dict[str, Any]],
+            evidence: dict[str, Any] | None = None) -> dict[str, Any]:
+    """"``reg`` is flatter than ``base`` on ShOp and ShPred" (both ``{seed: summary}``): the two
+    parts of :func:`flatter_parts` judged together (Holm); not comparable when the seed-mean
+    train accuracies differ by more than :data:`MAX_ACC_GAP`. ``evidence``: the verdict's
+    (default: :func:`flatness_evidence`)."""
+    if evidence is None:
+        evidence = flatness_evidence(reg, base)
+    acc = train_accs(reg, base)
     gap = abs(acc[0] - acc[1])
     if not gap <= MAX_ACC_GAP:
-        return {"verdict": "not comparable", "evidence": evidence,
-                "reason": f"train accuracies differ by {gap:.3f} (> {MAX_ACC_GAP})"}
-    return {"verdict": "holds" if ok else "does not hold", "reason": "; ".join(detail),
-            "evidence": evidence}
+        return not_comparable(f"seed-mean train accuracies differ by {gap:.3f} (> {MAX_ACC_GAP})",
+                              evidence)
+    label = next(iter(reg.values()))["label"]
+    n = len(reg)
+    note = "; ".join(f"{key} {sum(s['final_measure'][key] for s in reg.values()) / n:.4g} vs "
+                     f"{sum(s['final_measure'][key] for s in base.values()) / len(base):.4g}"
+                     for key in ("shop", "shpred"))
+    return verdict(flatter_parts(reg, base), claim=f"{label} flatter than vit_small",
+                   evidence=evidence, note=f"{note} (means over {n} seed{'s' if n != 1 else ''})")

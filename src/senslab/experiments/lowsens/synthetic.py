@@ -22,6 +22,11 @@ with the replacement token uniform over the vocabulary (main paper's choice for 
 ``sens_examples`` training sequences. The summary also records the sensitivity of the ideal
 sparse and frequent classifiers (``solution/sparse``, ``solution/frequent``).
 
+Verdict: four parts over the runs of each case (settings × seed replicates), Holm — case 1:
+0.5 − OOD acc and cos(v, u_sparse) − cos(v, u_frequent); case 2: OOD acc − 0.9 and the reverse
+alignment difference; "not comparable" if a run does not train or a setting's designed feature is
+not the less sensitive one.
+
 Scales (ours; the paper gives no sizes here): cpu — 1,000 train / 1,000 test / 1,000 OOD
 sequences, SGD lr 0.5, batch 50, 50 epochs; paper — 5,000 / 2,000 / 2,000, 100 epochs, the same
 optimiser.
@@ -29,12 +34,14 @@ optimiser.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from ...data.synthetic import SPARSE_FREQUENT_SETTINGS
 from ...train.loops._common import config_from
 from ...train.loops.sparse_frequent import SparseFrequentRun, SparseFrequentTraining
+from ...verdicts import not_comparable, over_seeds, verdict
 from ..base import Experiment, Run, Settings, register_experiment, seeded_name
 
 #: the low-sensitivity feature each case is built to have
@@ -105,17 +112,18 @@ class SyntheticSparseFrequent(Experiment):
 
 
 def sparse_frequent_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
-    """'holds' if every run trained (train acc ≥ 0.95) on a setting whose low-sensitivity
-    feature is the designed one, and behaves as that feature predicts: case 1 → OOD acc < 0.5 and
-    cos(v, u_sparse) > cos(v, u_frequent); case 2 → OOD acc ≥ 0.9 and the reverse alignment.
-    Both cases must be present."""
+    """Four parts, each the mean over the case's runs (its settings and seed replicates) with
+    Student's t over runs, positive when the run follows its low-sensitivity feature, Holm over
+    the four: case 1 ``0.5 − OOD acc`` and ``align sparse − align frequent``; case 2 ``OOD acc −
+    0.9`` and ``align frequent − align sparse``. "not comparable" if a run did not train
+    (train acc < 0.95), a setting's designed feature is not the less sensitive one, or a case
+    has no runs."""
     evidence: dict[str, Any] = {}
-    problems, failures = [], []
+    problems = []
     for s in summaries:
         f, case = s["final"], s["case"]
         low = "sparse" if f["solution/sparse"] < f["solution/frequent"] else "frequent"
         relies = "sparse" if f["align/sparse"] > f["align/frequent"] else "frequent"
-        ood_ok = (f["ood/acc"] < OOD_COLLAPSED if case == 1 else f["ood/acc"] >= OOD_KEPT)
         evidence[s["name"]] = {
             "train_acc": f["train/acc"], "ood_acc": f["ood/acc"],
             "align_sparse": f["align/sparse"], "align_frequent": f["align/frequent"],
@@ -129,22 +137,31 @@ def sparse_frequent_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
         elif low != EXPECTED_FEATURE[case]:
             problems.append(f"{s['name']}: the {low} solution is the less sensitive one, not "
                             f"the {EXPECTED_FEATURE[case]} one the case is built for")
-        elif relies != EXPECTED_FEATURE[case] or not ood_ok:
-            failures.append(f"{s['name']} (case {case}): OOD acc {f['ood/acc']:.3f}, align "
-                            f"sparse {f['align/sparse']:.2f} vs frequent "
-                            f"{f['align/frequent']:.2f}")
+        elif not all(math.isfinite(f[k]) for k in ("ood/acc", "align/sparse", "align/frequent")):
+            problems.append(f"{s['name']}: OOD accuracy or alignment not finite")
     cases = {s["case"] for s in summaries}
     if cases != {1, 2}:
         problems.append(f"needs runs of both cases, got case(s) {sorted(cases)}")
     if problems:
-        return {"verdict": "not comparable", "reason": "; ".join(problems), "evidence": evidence}
+        return not_comparable("; ".join(problems), evidence)
+    by_case = {c: [s["final"] for s in summaries if s["case"] == c] for c in (1, 2)}
+    parts = {
+        "case 1 OOD collapses": over_seeds(
+            [OOD_COLLAPSED - f["ood/acc"] for f in by_case[1]],
+            what=f"{OOD_COLLAPSED} − case-1 OOD acc"),
+        "case 1 aligns with sparse": over_seeds(
+            [f["align/sparse"] - f["align/frequent"] for f in by_case[1]],
+            what="case-1 align sparse − align frequent"),
+        "case 2 OOD kept": over_seeds(
+            [f["ood/acc"] - OOD_KEPT for f in by_case[2]], what=f"case-2 OOD acc − {OOD_KEPT}"),
+        "case 2 aligns with frequent": over_seeds(
+            [f["align/frequent"] - f["align/sparse"] for f in by_case[2]],
+            what="case-2 align frequent − align sparse"),
+    }
     detail = "; ".join(
         f"{n}: OOD {e['ood_acc']:.2f}, align S/F {e['align_sparse']:.2f}/"
         f"{e['align_frequent']:.2f}" for n, e in evidence.items())
-    if failures:
-        return {"verdict": "does not hold", "evidence": evidence,
-                "reason": "runs not following the low-sensitivity feature: "
-                          + "; ".join(failures)}
-    return {"verdict": "holds", "evidence": evidence,
-            "reason": "every run relies on its low-sensitivity feature (case 1: sparse, OOD "
-                      f"collapses; case 2: frequent, OOD stays high): {detail}"}
+    return verdict(parts, claim="each run relies on its low-sensitivity feature (case 1: sparse, "
+                                "OOD collapses; case 2: frequent, OOD stays high), mean over "
+                                f"{len(by_case[1])} and {len(by_case[2])} runs",
+                   evidence=evidence, note=f"Runs: {detail}")
