@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,12 @@ def test_sharpness_vs_length_tiny_run_and_resume(tmp_path: Path, finished_runs) 
     assert again["runtime_s"] == v["runtime_s"] == v["last_invocation_s"]
     assert again["last_invocation_s"] < v["runtime_s"] + 1.0
     assert (out / "parity-n3-s0" / "metrics.jsonl").read_text() == before
+    # an invocation that trains a run the earlier one did not have (a seed added, a run
+    # deleted) adds its time: the runtime is the cost of every run the verdict rests on
+    shutil.rmtree(out / "parity-n4-s0")
+    third = run_experiment("hr_sharpness_vs_length", out, overrides=over, log=lambda _: None)
+    assert third["runtime_s"] == pytest.approx(v["runtime_s"] + third["last_invocation_s"],
+                                               abs=0.11)
     # ... but never silently when the run settings differ
     with pytest.raises(ValueError, match=r"different configuration \(differs in steps\)"):
         run_experiment("hr_sharpness_vs_length", out, overrides=[*over, "steps=7"],

@@ -271,6 +271,7 @@ def run_experiment(name: str, out_dir: str | Path, scale: str = "cpu",
 def _run_locked(exp: Experiment, out: Path, scale: str, overrides: list[str],
                 progress: bool | None, log: Callable[[str], None]) -> dict[str, Any]:
     previous = _previous_verdict(out, scale, overrides)
+    before = _finished_runs(out)
     start = time.perf_counter()
     summaries = exp.execute(out, scale, overrides, progress, log)
     seeds = exp.settings(scale, overrides).seeds
@@ -285,8 +286,13 @@ def _run_locked(exp: Experiment, out: Path, scale: str, overrides: list[str],
     seconds = round(time.perf_counter() - start, 1)
     # Provenance for REPRODUCTION.md. A verdict.json is written only once every run finished,
     # so re-running the same experiment reuses finished runs: its runtime stays that of the
-    # run that did the work, and this invocation's time is kept apart.
-    runtime = previous.get("runtime_s", seconds) if previous else seconds
+    # run that did the work, and this invocation's time is kept apart. An invocation that trained
+    # runs the earlier one did not have (seeds added) adds its time: the runtime stays the cost
+    # of every run the verdict rests on.
+    runtime = seconds
+    if previous and "runtime_s" in previous:
+        grew = bool(set(_finished_runs(out)) - before)
+        runtime = round(previous["runtime_s"] + seconds, 1) if grew else previous["runtime_s"]
     verdict.update(scale=scale, overrides=list(overrides), runtime_s=runtime,
                    last_invocation_s=seconds,
                    finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -312,6 +318,11 @@ def device_name() -> str:
         model = platform.processor()
     kernels = torch.backends.cpu.get_cpu_capability()  # the vector kernels ATen dispatched to
     return f"CPU: {model or platform.machine()}, {os.cpu_count()} cores, {kernels} kernels"
+
+
+def _finished_runs(out: Path) -> set[str]:
+    """The names of the finished runs (a summary.json) directly below ``out``."""
+    return {p.parent.name for p in out.glob("*/summary.json")}
 
 
 def _previous_verdict(out: Path, scale: str, overrides: list[str]) -> dict[str, Any] | None:
