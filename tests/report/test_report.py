@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import math
 import re
 import statistics
 import subprocess
@@ -27,6 +28,7 @@ from senslab.report import (
     load_runs,
     make_report,
     plot_curves,
+    plot_position_profiles,
     plot_scatter,
     position_profile,
     read_metrics,
@@ -356,6 +358,18 @@ def test_position_profile_and_mismatch_error(tmp_path: Path) -> None:
     run.metrics[-1]["sens/train_per_position"] = [0.1]
     with pytest.raises(ValueError, match="must match one to one"):
         position_profile(run)
+
+
+def test_a_position_no_example_reached_is_left_out_of_the_profile(tmp_path: Path) -> None:
+    # the tracker logs a position no example reached as null (NaN has no JSON form); a report of
+    # such a run used to stop with "float() argument must be ... not 'NoneType'"
+    runs = [load_run(write_run(tmp_path / f"r{s}", "lstm", s, (0.9, 0.8, 0.1, 0.01),
+                               positions=True)) for s in (0, 1)]
+    runs[0].metrics[-1]["sens/train_per_position"][0] = None
+    pos, vals = position_profile(runs[0])
+    assert math.isnan(vals[0]) and vals[-1] == pytest.approx(0.15)
+    out = plot_position_profiles(runs, tmp_path / "positions.png")
+    assert out.read_bytes().startswith(PNG_MAGIC)
 
 
 def test_scatter_and_curve_options(tmp_path: Path) -> None:

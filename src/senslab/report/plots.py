@@ -241,7 +241,8 @@ def plot_final_bars(
 
 def position_profile(run: Run, key: str = "sens/train") -> tuple[list[int], list[float]] | None:
     """The run's final per-position profile of ``key`` (``<key>_positions``, ``<key>_per_position``)
-    or ``None`` when it logged none."""
+    or ``None`` when it logged none. A position no example reached is logged as null and comes
+    back as NaN."""
     final = run.final
     pos, vals = final.get(f"{key}_positions"), final.get(f"{key}_per_position")
     if not isinstance(pos, list) or not isinstance(vals, list) or not pos:
@@ -251,7 +252,7 @@ def position_profile(run: Run, key: str = "sens/train") -> tuple[list[int], list
             f"run {run.path}: {key}_positions has {len(pos)} entries but {key}_per_position has "
             f"{len(vals)}; they must match one to one"
         )
-    return [int(p) for p in pos], [float(v) for v in vals]
+    return [int(p) for p in pos], [math.nan if v is None else float(v) for v in vals]
 
 
 def has_positions(runs: Sequence[Run], key: str = "sens/train") -> bool:
@@ -278,7 +279,8 @@ def plot_position_profiles(
             if prof is None:
                 continue
             for p, v in zip(*prof, strict=True):
-                per_pos.setdefault(p, []).append(v)
+                if not math.isnan(v):  # no example reached this position in this run
+                    per_pos.setdefault(p, []).append(v)
         if per_pos:
             profiles[label] = per_pos
     if not profiles:
@@ -342,7 +344,7 @@ def plot_position_heatmaps(
             prof = position_profile(run, key)
             if prof is not None:
                 m = np.full(grid[0] * grid[1], np.nan)
-                m[np.array(prof[0])] = [np.nan if v is None else v for v in prof[1]]
+                m[np.array(prof[0])] = prof[1]
                 stack.append(m.reshape(grid))
         if stack:
             maps[label] = np.nanmean(np.stack(stack), axis=0)
