@@ -66,6 +66,30 @@ class Settings:
     seeds: int = ranged(1, ge=1)
 
 
+@dataclass(frozen=True)
+class Rung:
+    """One rung of an experiment's scale ladder (docs/definitions.md#scale-ladders): a base
+    scale of :data:`SCALES` plus settings ``overrides`` (``key=value`` as with ``--set``).
+
+    ``size`` orders the rungs and labels the x axis of the effect-vs-scale plot (e.g. the ViT's
+    parameter count, or a training-set size); ``note`` says in words what this rung changes
+    against the one below it. ``cpu`` is false for a rung that needs a GPU's hours: ``senslab
+    run NAME --scale ladder`` prints its command instead of running it (``--rungs`` runs it).
+    """
+
+    name: str
+    scale: str
+    overrides: tuple[str, ...] = ()
+    size: float = 0.0
+    note: str = ""
+    cpu: bool = True
+
+    def command(self, experiment: str, out: str) -> str:
+        """The ``senslab run`` command line that trains this rung alone into ``out``."""
+        sets = "".join(f" --set {o}" for o in self.overrides)
+        return f"senslab run {experiment} --scale {self.scale}{sets} --out {out}"
+
+
 @dataclass
 class Run:
     """One run of an experiment, as data: its directory name below the experiment directory,
@@ -126,6 +150,11 @@ class Experiment:
     #: verdict that compares one run per model is not: with ``seeds`` > 1 its runs are trained
     #: and recorded, but the verdict is "not comparable" rather than read from one seed of each
     seed_aware: ClassVar[bool] = False
+    #: the scale ladder, smallest rung first (docs/definitions.md#scale-ladders); empty for an
+    #: experiment whose CPU-scale verdict needs none. Committed before any of its runs.
+    ladder: ClassVar[tuple[Rung, ...]] = ()
+    #: the effect (a key of the verdict's ``effects``) the ladder follows; None: every part
+    ladder_effects: ClassVar[tuple[str, ...] | None] = None
 
     # -- the spec ------------------------------------------------------------------------------
     def runs(self, settings: Any) -> list[Run]:

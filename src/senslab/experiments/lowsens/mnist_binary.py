@@ -28,11 +28,24 @@ when the seed-mean train accuracies differ by more than 0.03.
 * CPU scale: the same full binary training set, a smaller ViT (depth 4, 4 heads of 16, MLP 128:
   the demo's CPU ViT), target 0.93, at most 20 epochs, sensitivity on 500 images × 2 draws,
   train accuracy on 2,000 fixed training images.
+
+Scale ladder (``senslab run mnist_binary --scale ladder``; docs/definitions.md#scale-ladders),
+3 seeds per model on every rung, the same verdict rule on every rung:
+
+1. ``cpu``: the CPU scale (0.15 M-parameter ViT, stop at 93% train accuracy).
+2. ``plateau``: the same small ViT trained on to 99% train accuracy (at most 30 epochs): is
+   the CPU verdict an artefact of stopping early?
+3. ``paper-arch``: the paper code's ViT (4.7 M parameters: dim 64, depth 8, 32 heads of 64,
+   MLP 512, dropout 0.1) to 99% train accuracy (at most 30 epochs), on one CPU core. It differs
+   from the paper scale only in what CPU time forces: sensitivity on 500 training images × 2
+   draws (paper scale 2,000 × 5) and train accuracy on 2,000 fixed training images, at most 30
+   epochs (paper scale 50; both stop at 99%).
+4. ``paper`` (GPU): the paper scale itself (``--scale paper``).
 """
 
 from __future__ import annotations
 
-from ..base import Run, fit_runs, register_experiment
+from ..base import Run, Rung, fit_runs, register_experiment
 from ._comparison import ComparisonSettings, VisionComparison, comparison_common
 
 #: the two digits of the binary task (ours: the paper's pair was lost from our copy)
@@ -53,6 +66,15 @@ class MNISTBinary(VisionComparison):
                                   eval_examples=2000, small=True),
         "paper": ComparisonSettings(target=0.99, epochs=50, track_examples=2000, repeats=5),
     }
+    ladder = (
+        Rung("cpu", "cpu", size=0.15e6, note="CPU ViT (0.15 M parameters), stop at 93%"),
+        Rung("plateau", "cpu", ("target=0.99", "epochs=30"), size=0.15e6,
+             note="the same CPU ViT trained on to 99% train accuracy"),
+        Rung("paper-arch", "cpu", ("small=false", "target=0.99", "epochs=30"), size=4.74e6,
+             note="the paper code's ViT (4.7 M parameters) to 99% train accuracy"),
+        Rung("paper", "paper", size=4.74e6, cpu=False,
+             note="the paper scale: sensitivity on 2,000 images × 5 draws, at most 50 epochs"),
+    )
 
     def runs(self, s: ComparisonSettings) -> list[Run]:
         common = ["data.name=mnist", f"data.options.digits={list(DIGITS)}",
