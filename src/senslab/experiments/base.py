@@ -75,6 +75,11 @@ class Rung:
     parameter count, or a training-set size); ``note`` says in words what this rung changes
     against the one below it. ``cpu`` is false for a rung that needs a GPU's hours: ``senslab
     run NAME --scale ladder`` prints its command instead of running it (``--rungs`` runs it).
+
+    ``paper_arch`` marks the top CPU rung that trains the paper's own architecture; its
+    ``differs`` lists every run-configuration field (dotted, e.g. ``track.repeats``) in which it
+    still differs from the paper scale, each with its reason. :func:`ladder_differences` computes
+    the fields that do differ, and a test holds the two equal.
     """
 
     name: str
@@ -83,6 +88,8 @@ class Rung:
     size: float = 0.0
     note: str = ""
     cpu: bool = True
+    paper_arch: bool = False
+    differs: tuple[tuple[str, str], ...] = ()
 
     def command(self, experiment: str, out: str) -> str:
         """The ``senslab run`` command line that trains this rung alone into ``out``."""
@@ -101,6 +108,37 @@ class Run:
     config: Any
     trainer: str = "fit"
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _flat(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """A (nested) dataclass as ``{"dotted.field": value}``."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            out.update(_flat(v, f"{prefix}{f.name}."))
+        else:
+            out[f"{prefix}{f.name}"] = v
+    return out
+
+
+def ladder_differences(exp: Experiment, rung: Rung) -> dict[str, tuple[Any, Any]]:
+    """``{field: (rung value, paper-scale value)}`` for every run-configuration field in which
+    ``rung``'s runs differ from the same-named runs at the paper scale (``runs`` when the two
+    train different sets of runs)."""
+    _, mine = exp.resolve(rung.scale, list(rung.overrides))
+    _, paper = exp.resolve("paper")
+    mine_by, paper_by = {r.name: r for r in mine}, {r.name: r for r in paper}
+    out: dict[str, tuple[Any, Any]] = {}
+    if set(mine_by) != set(paper_by):
+        out["runs"] = (sorted(mine_by), sorted(paper_by))
+    for name in sorted(set(mine_by) & set(paper_by)):
+        a, b = _flat(mine_by[name].config), _flat(paper_by[name].config)
+        for key in sorted(set(a) | set(b)):
+            if key in ("name", "label") or a.get(key) == b.get(key):
+                continue
+            out.setdefault(key, (a.get(key), b.get(key)))
+    return out
 
 
 def seeded_name(name: str, seed: int) -> str:
