@@ -9,7 +9,14 @@ import pytest
 
 from senslab.cli import main
 from senslab.experiments import get_experiment, list_experiments
-from senslab.reproduction import format_runtime, load_records, record, render, reproduction
+from senslab.reproduction import (
+    format_runtime,
+    load_ladders,
+    load_records,
+    record,
+    render,
+    reproduction,
+)
 
 
 def _exp_dir(root: Path, name: str, verdict: str = "supported", scale: str = "cpu",
@@ -106,7 +113,8 @@ def test_checked_in_records_are_current() -> None:
     root = Path(__file__).resolve().parents[1]
     if not (root / "reproduction").is_dir():
         pytest.skip("no records in this checkout")
-    assert (root / "REPRODUCTION.md").read_text() == render(load_records(root / "reproduction"))
+    assert (root / "REPRODUCTION.md").read_text() == render(load_records(root / "reproduction"),
+                                                             load_ladders(root / "reproduction"))
 
 
 def test_runtimes_come_from_records_only(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@
     senslab measure --model mlp --data digits [--checkpoint runs/x] --sigma 0.5
                     [--set device=cuda --autocast bf16 --compile]
     senslab run demo [--scale cpu|paper] [--out runs/demo]
+    senslab run mnist_binary --scale ladder [--rungs cpu,plateau] [--out runs/ladder/NAME]
     senslab report runs/demo [more run or experiment dirs]
     senslab demo            # = senslab run demo, then the report
     senslab reproduction    # record runs/<name> results, regenerate REPRODUCTION.md
@@ -300,6 +301,10 @@ def _run(args: argparse.Namespace) -> int:
     from .experiments import get_experiment, run_experiment
     from .report import final_table, format_table, load_runs, make_report
 
+    if args.scale == "ladder":
+        return _run_ladder(args)
+    if getattr(args, "rungs", None):
+        raise ValueError("--rungs chooses rungs of a scale ladder; add --scale ladder")
     out = Path(args.out or Path("runs") / args.experiment)
     _check_out(out)
     start = time.perf_counter()
@@ -310,6 +315,29 @@ def _run(args: argparse.Namespace) -> int:
     print(format_table(final_table(load_runs([out]))))
     print(f"\nverdict: {verdict['verdict']} — {verdict.get('reason', '')}")
     print(f"report: {report}  ({time.perf_counter() - start:.0f} s)")
+    return 0
+
+
+def _run_ladder(args: argparse.Namespace) -> int:
+    from .experiments.ladder import run_ladder
+    from .report import make_report
+
+    out = Path(args.out or Path("runs") / "ladder" / args.experiment)
+    _check_out(out)
+    rungs = [r.strip() for r in args.rungs.split(",") if r.strip()] if args.rungs else None
+    start = time.perf_counter()
+    summary = run_ladder(args.experiment, out, rungs=rungs, extra=args.set or [])
+    print()
+    for row in summary["rungs"]:
+        if row.get("status") == "done":
+            make_report([out / row["rung"]])
+            print(f"{row['rung']:>12}: {row['verdict']} ({row.get('seeds')} seeds) — "
+                  f"{row.get('reason', '')}")
+        else:
+            print(f"{row['rung']:>12}: {row['status']}"
+                  + ("" if row["cpu"] else f"; to run it: {row['command']}"))
+    print(f"\nladder: {summary['summary']}")
+    print(f"effect vs scale: {out / 'ladder.png'}  ({time.perf_counter() - start:.0f} s)")
     return 0
 
 
@@ -392,7 +420,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("experiment")
     # = senslab.experiments.base.SCALES, written out so that --help does not import torch
     # (tests/experiments/test_overrides.py checks they agree)
-    s.add_argument("--scale", choices=["cpu", "paper"], default="cpu")
+    s.add_argument("--scale", choices=["cpu", "paper", "ladder"], default="cpu",
+                   help="cpu (default), paper, or ladder: every CPU rung of the experiment's "
+                        "scale ladder into OUT/<rung> (default OUT: runs/ladder/NAME)")
+    s.add_argument("--rungs", metavar="A,B",
+                   help="with --scale ladder: only these rungs (a GPU rung runs only if named)")
     s.add_argument("--out")
     s.add_argument("--set", action="append", metavar="KEY=VALUE")
     s.set_defaults(fn=_run)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,77 @@ RECORD_SCALES = ("cpu", "paper")
 SHOWN_PARTS = 4
 
 
+def record_ladder(ladder_dir: str | Path, records: str | Path = "reproduction") -> Path:
+    """Write ``records/ladders/<name>.json`` (and ``<name>.png``, the effect-vs-scale plot)
+    from a ladder directory (``senslab run NAME --scale ladder``; it holds ``ladder.json``),
+    re-summarised from its rungs' verdicts, and return the record's path."""
+    from .experiments.ladder import summarize_ladder
+
+    ladder_dir = Path(ladder_dir)
+    old = json.loads((ladder_dir / "ladder.json").read_text())
+    summary = summarize_ladder(old["name"], ladder_dir)
+    out = Path(records) / "ladders" / f"{summary['name']}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for row in summary["rungs"]:  # the command as a user types it, not this machine's path
+        row["command"] = row["command"].replace(str(ladder_dir), f"runs/ladder/{old['name']}")
+    rec = {"schema": RECORD_SCHEMA, **summary}
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, out)
+    if (ladder_dir / "ladder.png").is_file():
+        shutil.copyfile(ladder_dir / "ladder.png", out.with_suffix(".png"))
+    return out
+
+
+def load_ladders(records: str | Path = "reproduction") -> dict[str, dict[str, Any]]:
+    """The ladder records in ``records/ladders``, keyed by experiment name."""
+    out = {}
+    for path in sorted((Path(records) / "ladders").glob("*.json")):
+        try:
+            rec = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} is not valid JSON ({err.msg}, line {err.lineno}); restore "
+                             "it from git, or re-record it with `senslab reproduction DIR`"
+                             ) from None
+        out[rec["name"]] = rec
+    return out
+
+
+def render_ladders(ladders: dict[str, dict[str, Any]]) -> list[str]:
+    """The "Scale ladders" section of REPRODUCTION.md: per ladder, one row per rung with its
+    verdict, seeds and effects, the trend sentence and the effect-vs-scale plot."""
+    if not ladders:
+        return []
+    lines = ["", "## Scale ladders", "",
+             "Each ladder runs one experiment at growing scale, every rung with the same seeds "
+             "and verdict rule, committed before its runs "
+             "([docs/definitions.md](docs/definitions.md#scale-ladders)); `senslab run NAME "
+             "--scale ladder`. A trend is the change of an effect from the lowest to the highest "
+             "rung that measured it, with its 95% interval."]
+    for name, lad in ladders.items():
+        lines += ["", f"### `{name}`", "", f"{_cell(lad.get('summary', ''))}.", "",
+                  "| rung | size | what it changes | seeds | effect [interval] | runtime | "
+                  "device | verdict |", "|---|---|---|---|---|---|---|---|"]
+        for row in lad["rungs"]:
+            size = f"{row['size']:.3g}" if row.get("size") else "—"
+            if row.get("status") != "done":
+                how = row["status"] + ("" if row.get("cpu", True)
+                                       else f"; `{row['command']}`")
+                lines.append(f"| {row['rung']} | {size} | {_cell(row.get('note', ''))} | — | "
+                             f"{_cell(how)} | — | — | not run |")
+                continue
+            device = row.get("device") or "—"
+            if row.get("threads"):
+                device += f", {row['threads']} thread{'s' if row['threads'] != 1 else ''}"
+            lines.append(
+                f"| {row['rung']} | {size} | {_cell(row.get('note', ''))} | "
+                f"{row.get('seeds') or '—'} | {_cell(effect_cell(row))} | "
+                f"{format_runtime(row.get('runtime_s'))} | {_cell(device)} | "
+                f"**{row['verdict']}** |")
+        lines += ["", f"![{name}: effect vs scale](reproduction/ladders/{name}.png)"]
+    return lines
+
+
 def record(exp_dir: str | Path, records: str | Path = "reproduction") -> Path:
     """Write ``records/<name>.json`` from one finished experiment directory and return its path.
 
@@ -50,6 +122,8 @@ def record(exp_dir: str | Path, records: str | Path = "reproduction") -> Path:
     that says which.
     """
     exp_dir = Path(exp_dir)
+    if (exp_dir / "ladder.json").is_file():
+        return record_ladder(exp_dir, records)
     exp_file, verdict_file = exp_dir / "experiment.json", exp_dir / "verdict.json"
     if not exp_file.is_file():
         raise FileNotFoundError(f"{exp_dir} is not an experiment directory (no experiment.json); "
@@ -149,7 +223,8 @@ def effect_cell(rec: dict[str, Any]) -> str:
     return "; ".join(shown) + (f"; … and {more} more" if more > 0 else "")
 
 
-def render(records: dict[str, dict[str, Any]]) -> str:
+def render(records: dict[str, dict[str, Any]],
+           ladders: dict[str, dict[str, Any]] | None = None) -> str:
     """The markdown of REPRODUCTION.md: one section per paper, one row per experiment and
     recorded scale."""
     by_paper: dict[str, list[tuple[str, str]]] = {}
@@ -218,6 +293,7 @@ def render(records: dict[str, dict[str, Any]]) -> str:
                     f"{seeds if seeds else '—'} | {_cell(effect_cell(rec))} | "
                     f"{format_runtime(rec.get('runtime_s'))} | {_cell(device)} | "
                     f"**{rec['verdict']}** |")
+    lines += render_ladders(ladders or {})
     return "\n".join(lines) + "\n"
 
 
@@ -233,6 +309,6 @@ def reproduction(exp_dirs: list[str | Path] | None = None, records: str | Path =
         log(f"recorded {record(d, records)}")
     path = Path(out)
     tmp = path.with_suffix(".md.tmp")
-    tmp.write_text(render(load_records(records)))
+    tmp.write_text(render(load_records(records), load_ladders(records)))
     os.replace(tmp, path)
     return path

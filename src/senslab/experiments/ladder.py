@@ -1,0 +1,243 @@
+"""Scale ladders: one experiment run at several scales, its effect followed from rung to rung
+(docs/definitions.md#scale-ladders).
+
+An experiment's ladder is data (:attr:`~senslab.experiments.base.Experiment.ladder`, a tuple of
+:class:`~senslab.experiments.base.Rung`): each rung is a base scale plus settings overrides,
+committed before any of its runs. :func:`run_ladder` trains every CPU rung into
+``OUT/<rung name>`` with :func:`~senslab.experiments.base.run_experiment` (so a rung directory is
+an ordinary experiment directory: finished runs are reused, interrupted ones resume, and a rung
+trained on another machine can be copied in), then :func:`summarize_ladder` reads the rungs'
+``verdict.json`` and writes
+
+* ``OUT/ladder.json`` — per rung: its verdict, seeds, runtime, device and every effect with its
+  interval; per effect: the verdict at each rung and the *trend*, the change of the effect from
+  the lowest to the highest rung that measured it, with its own interval;
+* ``OUT/ladder.png`` — each effect with its interval against the rungs (:func:`plot_ladder`).
+
+A rung that needs a GPU (``cpu=False``) is not run by default; ``ladder.json`` lists its command.
+
+Command: ``senslab run NAME --scale ladder [--rungs a,b] [--out runs/ladder/NAME]``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..train.rundir import RunDir
+from ..verdicts import CONTRADICTED, INCONCLUSIVE, SUPPORTED, Effect, _plain
+from .base import Experiment, Rung, get_experiment, run_experiment
+
+#: the level of a trend's interval (one comparison per effect: no correction)
+TREND_LEVEL = 0.95
+#: the words a trend is stated in
+GROWS, SHRINKS, NO_CLEAR_CHANGE = "grows", "shrinks", "no clear change"
+
+
+def select_rungs(exp: Experiment, names: Sequence[str] | None = None) -> list[Rung]:
+    """The rungs of ``exp`` named in ``names`` (in ladder order), or every CPU rung. An unknown
+    name, or an experiment without a ladder, is a ``ValueError`` that lists what exists."""
+    if not exp.ladder:
+        from .base import EXPERIMENTS
+
+        have = [n for n in EXPERIMENTS.names() if get_experiment(n).ladder]
+        raise ValueError(f"{exp.name} has no scale ladder; experiments with one: "
+                         f"{', '.join(have) or 'none'}")
+    known = [r.name for r in exp.ladder]
+    if names is None:
+        return [r for r in exp.ladder if r.cpu]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"{exp.name}'s ladder has no rung {unknown[0]!r}; its rungs: "
+                         f"{', '.join(known)}")
+    return [r for r in exp.ladder if r.name in names]
+
+
+def run_ladder(name: str, out_dir: str | Path, rungs: Sequence[str] | None = None,
+               extra: Sequence[str] = (), progress: bool | None = None,
+               log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train the rungs of experiment ``name``'s ladder (default: every CPU rung) into
+    ``out_dir/<rung>``, one after another, then write and return the ladder summary
+    (:func:`summarize_ladder`). ``extra`` overrides (e.g. ``data.root=DIR``) follow each rung's
+    own. Every rung's overrides are checked before anything trains."""
+    exp = get_experiment(name)
+    chosen = select_rungs(exp, rungs)
+    for rung in chosen:  # a bad rung fails before any training
+        exp.check(rung.scale, [*rung.overrides, *extra])
+    out = Path(out_dir)
+    for i, rung in enumerate(chosen, 1):
+        log(f"== rung {i}/{len(chosen)}: {rung.name} ({rung.note or rung.scale})")
+        run_experiment(name, out / rung.name, scale=rung.scale,
+                       overrides=[*rung.overrides, *extra], progress=progress, log=log)
+    return summarize_ladder(name, out)
+
+
+def _rung_verdict(out: Path, rung: Rung) -> tuple[dict[str, Any] | None, str]:
+    """The rung's verdict.json and "" — or None and why it cannot be used."""
+    path = out / rung.name / "verdict.json"
+    if not path.is_file():
+        return None, "not run" if rung.cpu else "needs a GPU: not run here"
+    v = json.loads(path.read_text())
+    done = list(v.get("overrides") or [])
+    if v.get("scale") != rung.scale or done[:len(rung.overrides)] != list(rung.overrides):
+        return None, (f"{path} was run with scale {v.get('scale')!r} and overrides "
+                      f"{done}, not the rung's {rung.scale!r} and {list(rung.overrides)}: "
+                      "left out")
+    return v, ""
+
+
+def trend(low: dict[str, Any], high: dict[str, Any], level: float = TREND_LEVEL
+          ) -> dict[str, Any]:
+    """How an effect moves from rung ``low`` to rung ``high`` (effect dicts of two verdicts):
+    the difference with a Welch-type interval — s.e. √(s.e.ₗ² + s.e.ₕ²), the smaller of the two
+    degrees of freedom (conservative) — and the word: *grows* (the interval lies above zero: the
+    effect moves in the claimed direction), *shrinks* (below zero), *no clear change*."""
+    def num(x: Any, missing: float) -> float:  # JSON null: NaN (an effect) or ∞ (normal df)
+        return missing if x is None else float(x)
+
+    diff = num(high.get("effect"), math.nan) - num(low.get("effect"), math.nan)
+    se = math.hypot(num(low.get("se"), math.nan), num(high.get("se"), math.nan))
+    df = min(num(low.get("df"), math.inf), num(high.get("df"), math.inf))
+    if not (math.isfinite(diff) and math.isfinite(se) and df >= 1):
+        return {"change": diff, "se": se, "df": df, "interval": None, "word": NO_CLEAR_CHANGE,
+                "level": level}
+    lo, hi = Effect(diff, se, df).interval(1 - level)
+    word = GROWS if lo > 0 else SHRINKS if hi < 0 else NO_CLEAR_CHANGE
+    return {"change": diff, "se": se, "df": df, "interval": [lo, hi], "word": word,
+            "level": level}
+
+
+def summarize_ladder(name: str, out_dir: str | Path) -> dict[str, Any]:
+    """Read every rung's verdict.json below ``out_dir``, write ``ladder.json`` and
+    ``ladder.png`` there, and return the summary (see the module docstring)."""
+    exp = get_experiment(name)
+    if not exp.ladder:
+        select_rungs(exp)  # the error naming experiments with a ladder
+    out = Path(out_dir)
+    rows, effects = [], {}
+    for rung in exp.ladder:
+        v, why = _rung_verdict(out, rung)
+        row: dict[str, Any] = {"rung": rung.name, "scale": rung.scale, "size": rung.size,
+                               "note": rung.note, "overrides": list(rung.overrides),
+                               "cpu": rung.cpu,
+                               "command": rung.command(name, str(out / rung.name))}
+        if v is None:
+            row["status"] = why
+        else:
+            row.update(status="done", verdict=v["verdict"], reason=v.get("reason", ""),
+                       extra_overrides=list(v.get("overrides") or [])[len(rung.overrides):],
+                       seeds=v.get("seeds"), runtime_s=v.get("runtime_s"),
+                       device=v.get("device"), threads=v.get("threads"),
+                       effects=v.get("effects") or {})
+            for part in row["effects"]:
+                if exp.ladder_effects is None or part in exp.ladder_effects:
+                    effects.setdefault(part, [])
+        rows.append(row)
+    per_effect = {}
+    for part in effects:
+        pts = [(r["rung"], r["effects"][part]) for r in rows
+               if r.get("status") == "done" and part in r.get("effects", {})
+               and r["effects"][part].get("effect") is not None]
+        entry: dict[str, Any] = {"at": {rung: e.get("verdict") for rung, e in pts}}
+        if len(pts) >= 2:
+            entry["trend"] = {"from": pts[0][0], "to": pts[-1][0], **trend(pts[0][1], pts[-1][1])}
+        per_effect[part] = entry
+    summary = {"name": name, "claim": exp.claim, "rungs": rows, "effects": per_effect,
+               "summary": ladder_sentence(rows, per_effect)}
+    summary = _plain(summary)
+    rd = RunDir(out, kind="experiment")
+    rd.write_json("ladder.json", summary)
+    plot_ladder(summary, out / "ladder.png")
+    return summary
+
+
+def ladder_sentence(rows: list[dict[str, Any]], per_effect: dict[str, Any]) -> str:
+    """One sentence per ladder: the verdict at each rung that ran, then each effect's trend."""
+    done = [r for r in rows if r.get("status") == "done"]
+    if not done:
+        return "no rung has run yet"
+    by_word: dict[str, list[str]] = {}
+    for r in done:
+        by_word.setdefault(r["verdict"], []).append(r["rung"])
+    text = "; ".join(f"{w} at {', '.join(rs)}" for w, rs in by_word.items())
+    trends = []
+    for part, e in per_effect.items():
+        t = e.get("trend")
+        if t and t.get("interval"):
+            lo, hi = t["interval"]
+            trends.append(f"{part} {t['word']} from {t['from']} to {t['to']} "
+                          f"({t['change']:+.3g} [{lo:+.3g}, {hi:+.3g}])")
+    if trends:
+        text += ". As scale grows: " + "; ".join(trends)
+    missing = [r["rung"] for r in rows if r.get("status") != "done"]
+    if missing:
+        text += f". Not run: {', '.join(missing)}"
+    return text
+
+
+def _human(x: float) -> str:
+    """4.74e6 → "4.7M", 150000 → "150k", 40 → "40"."""
+    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.2g}{unit}"
+    return f"{x:.3g}"
+
+
+_COLORS = {SUPPORTED: "#1a7f37", CONTRADICTED: "#cf222e", INCONCLUSIVE: "#9a6700"}
+
+
+def plot_ladder(summary: dict[str, Any], out: str | Path) -> Path:
+    """Each effect of ``summary`` (a :func:`summarize_ladder` result) with its interval at
+    every rung that measured it, rungs in ladder order on the x axis; the marker's colour is
+    that rung's verdict on the part (green supported, red contradicted, amber inconclusive)."""
+    import matplotlib
+    from matplotlib.lines import Line2D
+
+    from ..report.plots import STYLE, _figure, _save
+
+    rows = summary["rungs"]
+    xs = {r["rung"]: i for i, r in enumerate(rows)}
+    parts = list(summary["effects"])
+    with matplotlib.rc_context(STYLE):
+        fig = _figure(max(4.8, 1.3 * len(rows) + 2.4), 3.4)
+        ax = fig.subplots()
+        ax.axhline(0, color="0.4", lw=0.8)
+        width = 0.5 / max(1, len(parts))
+        for k, part in enumerate(parts):
+            offset = (k - (len(parts) - 1) / 2) * width
+            px, py, lo, hi, cols = [], [], [], [], []
+            for r in rows:
+                e = (r.get("effects") or {}).get(part)
+                if r.get("status") != "done" or not e or e.get("effect") is None:
+                    continue
+                iv = e.get("interval") or [None, None]
+                if None in iv:  # one seed: no interval over seeds (drawn without a bar)
+                    iv = [e["effect"], e["effect"]]
+                px.append(xs[r["rung"]] + offset)
+                py.append(e["effect"])
+                lo.append(e["effect"] - iv[0])
+                hi.append(iv[1] - e["effect"])
+                cols.append(_COLORS.get(e.get("verdict"), "0.5"))
+            if not px:
+                continue
+            ax.plot(px, py, color="0.6", lw=0.8, zorder=1)
+            ax.errorbar(px, py, yerr=[lo, hi], fmt="none", ecolor="0.3", elinewidth=1,
+                        capsize=3, zorder=2)
+            ax.scatter(px, py, c=cols, marker="os^vD<>"[k % 7], s=36, zorder=3,
+                       label=part, edgecolors="0.2", linewidths=0.5)
+        labels = [r["rung"] + (f"\n{_human(r['size'])}" if r.get("size") else "")
+                  + (f"\n({r['verdict']})" if r.get("status") == "done" else "\n(not run)")
+                  for r in rows]
+        ax.set_xticks(range(len(rows)), labels, fontsize=8)
+        ax.set_xlim(-0.6, len(rows) - 0.4)
+        ax.set_ylabel("effect (claimed direction > 0)")
+        handles = [Line2D([], [], ls="", marker="os^vD<>"[k % 7], color="0.5", label=p)
+                   for k, p in enumerate(parts)]
+        handles += [Line2D([], [], ls="", marker="o", color=c, label=w)
+                    for w, c in _COLORS.items()]
+        fig.legend(handles=handles, loc="outside right upper", fontsize=7)
+        ax.set_title(f"{summary['name']}: effect vs scale (95% intervals)", fontsize=10)
+        return _save(fig, out)

@@ -1,0 +1,154 @@
+"""Scale ladders: the runner, the trend rule, ladder.json and the plot, and their records."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from scipy import stats
+
+from senslab.cli import main
+from senslab.experiments import get_experiment, run_experiment
+from senslab.experiments.base import Rung, ladder_differences
+from senslab.experiments.ladder import (
+    GROWS,
+    NO_CLEAR_CHANGE,
+    SHRINKS,
+    run_ladder,
+    select_rungs,
+    summarize_ladder,
+    trend,
+)
+from senslab.reproduction import load_ladders, load_records, record, render
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+#: a two-rung CPU ladder of ib_joint (three optimisers on a one-layer attention model) that
+#: trains in seconds, and a GPU rung never run here
+TINY = (
+    Rung("small", "cpu", ("steps=40",), size=40, note="40 steps"),
+    Rung("large", "cpu", ("steps=120",), size=120, note="120 steps"),
+    Rung("paper", "paper", size=1000, cpu=False, note="the paper scale"),
+)
+EXP = "ib_joint"
+
+
+def test_trend_is_a_welch_type_interval_with_the_smaller_df() -> None:
+    low = {"effect": 0.01, "se": 0.003, "df": 2}
+    high = {"effect": 0.05, "se": 0.004, "df": 4}
+    t = trend(low, high)
+    half = stats.t.ppf(0.975, 2) * 0.005  # √(0.003² + 0.004²) = 0.005, df = min(2, 4)
+    assert t["change"] == pytest.approx(0.04) and t["se"] == pytest.approx(0.005)
+    assert t["interval"] == pytest.approx([0.04 - half, 0.04 + half])
+    assert t["word"] == GROWS  # 0.04 − 4.30·0.005 = 0.0185 > 0
+    assert trend(high, low)["word"] == SHRINKS
+    # the same change measured less precisely is no clear change (t₂ = 4.30: half-width 0.0430)
+    assert trend({**low, "se": 0.006}, {**high, "se": 0.008})["word"] == NO_CLEAR_CHANGE
+    # JSON null: an undecidable effect, or a normal reference distribution (df ∞)
+    assert trend({**low, "se": None}, high)["interval"] is None
+    z = trend({**low, "df": None}, {**high, "df": None})
+    assert z["interval"][1] - 0.04 == pytest.approx(stats.norm.ppf(0.975) * 0.005)
+
+
+def test_rungs_are_chosen_by_name_and_errors_list_what_exists() -> None:
+    exp = get_experiment("mnist_binary")
+    assert [r.name for r in select_rungs(exp)] == ["cpu", "plateau", "paper-arch"]
+    assert [r.name for r in select_rungs(exp, ["paper", "cpu"])] == ["cpu", "paper"]
+    with pytest.raises(ValueError, match="has no rung 'huge'; its rungs: cpu, plateau"):
+        select_rungs(exp, ["huge"])
+    with pytest.raises(ValueError, match="synthetic_sparse_frequent has no scale ladder; "
+                                         "experiments with one: .*mnist_binary"):
+        select_rungs(get_experiment("synthetic_sparse_frequent"))
+
+
+def test_mnist_binary_paper_arch_rung_differs_from_the_paper_only_where_it_says() -> None:
+    exp = get_experiment("mnist_binary")
+    top = next(r for r in exp.ladder if r.paper_arch)
+    assert set(ladder_differences(exp, top)) == {k for k, _ in top.differs}
+    assert all(reason for _, reason in top.differs)
+    # the model itself is the paper scale's: no model field is among the differences
+    assert not any(k.startswith("model.") for k in ladder_differences(exp, top))
+    assert ladder_differences(exp, exp.ladder[-1]) == {}  # the paper rung is the paper scale
+
+
+def test_a_ladder_runs_its_cpu_rungs_and_records_effect_against_scale(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(type(get_experiment(EXP)), "ladder", TINY)
+    out = tmp_path / "ladder"
+    assert main(["run", EXP, "--scale", "ladder", "--set", "seeds=2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert (f"paper: needs a GPU: not run here; to run it: senslab run {EXP} --scale paper"
+            in printed)
+    lad = json.loads((out / "ladder.json").read_text())
+    assert [r["rung"] for r in lad["rungs"]] == ["small", "large", "paper"]
+    small, large, gpu = lad["rungs"]
+    assert small["status"] == large["status"] == "done" and gpu["status"].startswith("needs")
+    assert small["seeds"] == 2 and small["extra_overrides"] == ["seeds=2"]
+    for rung in ("small", "large"):  # each rung is an ordinary experiment directory
+        v = json.loads((out / rung / "verdict.json").read_text())
+        assert v["overrides"] == [*next(r for r in TINY if r.name == rung).overrides, "seeds=2"]
+        assert (out / rung / "report.html").is_file()
+        assert small["effects"].keys() == v["effects"].keys()
+    assert lad["effects"] and lad["effects"].keys() == small["effects"].keys()
+    for part, e in lad["effects"].items():
+        assert set(e["at"]) == {"small", "large"}
+        t = e["trend"]
+        assert (t["from"], t["to"]) == ("small", "large")
+        assert t["change"] == pytest.approx(large["effects"][part]["effect"]
+                                            - small["effects"][part]["effect"])
+        assert t["word"] in (GROWS, SHRINKS, NO_CLEAR_CHANGE)
+    assert lad["summary"].endswith("Not run: paper")
+    assert (out / "ladder.png").read_bytes().startswith(PNG_MAGIC)
+
+    # a rung directory run with other settings is left out, with the reason
+    v = json.loads((out / "large" / "verdict.json").read_text())
+    v["overrides"] = ["steps=7"]
+    (out / "large" / "verdict.json").write_text(json.dumps(v))
+    again = summarize_ladder(EXP, out)
+    assert "not the rung's 'cpu'" in again["rungs"][1]["status"]
+    assert all("trend" not in e for e in again["effects"].values())
+    v["overrides"] = [*TINY[1].overrides, "seeds=2"]
+    (out / "large" / "verdict.json").write_text(json.dumps(v))
+
+    # recorded for REPRODUCTION.md: the ladder table, the trend and the plot beside the record
+    rec = record(out, tmp_path / "rec")
+    assert rec == tmp_path / "rec" / "ladders" / f"{EXP}.json"
+    assert rec.with_suffix(".png").read_bytes().startswith(PNG_MAGIC)
+    ladders = load_ladders(tmp_path / "rec")
+    gpu_row = ladders[EXP]["rungs"][2]
+    assert gpu_row["command"] == f"senslab run {EXP} --scale paper --out runs/ladder/{EXP}/paper"
+    text = render(load_records(tmp_path / "rec"), ladders)
+    assert "## Scale ladders" in text and f"### `{EXP}`" in text
+    assert f"![{EXP}: effect vs scale](reproduction/ladders/{EXP}.png)" in text
+    rows = [line for line in text.splitlines() if line.startswith(("| small", "| large"))]
+    assert len(rows) == 2 and all("| 2 |" in r for r in rows)
+
+
+def test_a_gpu_rung_runs_only_when_named_and_rungs_need_the_ladder_scale(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(type(get_experiment(EXP)), "ladder", TINY)
+    lad = run_ladder(EXP, tmp_path, rungs=["small"], extra=["seeds=1"], log=lambda _: None)
+    assert [r["status"] for r in lad["rungs"]] == ["done", "not run", "needs a GPU: not run here"]
+    assert not (tmp_path / "large").exists()
+    assert main(["run", EXP, "--rungs", "small", "--out", str(tmp_path / "x")]) == 2
+    # an override a rung cannot take fails before anything trains
+    with pytest.raises(Exception, match="no_such_key"):
+        run_ladder(EXP, tmp_path / "y", extra=["no_such_key=1"], log=lambda _: None)
+    assert not (tmp_path / "y").exists()
+
+
+def test_the_cpu_rung_reuses_an_existing_cpu_scale_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rung "cpu" of a real ladder is the CPU scale unchanged: a finished CPU-scale experiment
+    directory copied to OUT/cpu is that rung (nothing is retrained)."""
+    ladder = (Rung("cpu", "cpu", ("steps=40",), size=1), TINY[2])
+    monkeypatch.setattr(type(get_experiment(EXP)), "ladder", ladder)
+    run_experiment(EXP, tmp_path / "cpu", overrides=["steps=40", "seeds=1"], log=lambda _: None)
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "cpu").glob("*/summary.json")}
+    lad = run_ladder(EXP, tmp_path, extra=["seeds=1"], log=lambda _: None)
+    after = {p: p.stat().st_mtime_ns for p in (tmp_path / "cpu").glob("*/summary.json")}
+    assert lad["rungs"][0]["status"] == "done" and before == after
+    assert all(not math.isnan(e["effect"]) for e in lad["rungs"][0]["effects"].values()
+               if e.get("effect") is not None)
