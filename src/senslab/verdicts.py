@@ -53,7 +53,7 @@ from scipy import stats
 __all__ = [
     "ALPHA", "CONTRADICTED", "INCONCLUSIVE", "NOT_COMPARABLE", "POWER", "SUPPORTED", "WORDS",
     "Effect", "bootstrap", "describe", "judge", "measured", "not_comparable", "over_seeds",
-    "paired_by_seed", "verdict",
+    "paired_by_seed", "plain", "verdict",
 ]
 
 SUPPORTED = "supported"
@@ -239,16 +239,20 @@ def judge(parts: Mapping[str, Effect], alpha: float = ALPHA,
             "correction": f"Holm over {m} parts" if m > 1 else "none (one part)"}
 
 
-def _plain(value: Any) -> Any:
-    """``value`` with every non-finite float as None, so that a verdict is plain JSON and reads
-    back equal (NaN ≠ NaN): an infinite ``df`` (normal reference) or an unknown s.e. is None."""
+def plain(value: Any) -> Any:
+    """``value`` with every non-finite float as None (and tuples as lists), so that a verdict is
+    plain JSON and reads back equal (NaN ≠ NaN): an infinite ``df`` (normal reference) or an
+    unknown s.e. is None."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
     return value
+
+
+_plain = plain  # the name the verdict helpers below use
 
 
 def _num(x: float | None) -> str:

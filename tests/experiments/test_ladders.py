@@ -152,3 +152,20 @@ def test_the_cpu_rung_reuses_an_existing_cpu_scale_directory(
     assert lad["rungs"][0]["status"] == "done" and before == after
     assert all(not math.isnan(e["effect"]) for e in lad["rungs"][0]["effects"].values()
                if e.get("effect") is not None)
+
+
+def test_verdict_json_is_strict_json_when_the_evidence_holds_nan(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An undefined number in a verdict's evidence (a 0/0 ratio) is written as null: Python's
+    json would write the non-standard token NaN, which other JSON readers refuse."""
+    cls = type(get_experiment(EXP))
+    judged = cls.verdict
+    monkeypatch.setattr(cls, "verdict", lambda self, s: {
+        **judged(self, s), "evidence": {"ratio": math.nan, "per_run": (1.0, math.inf)}})
+    run_experiment(EXP, tmp_path, overrides=["steps=40", "seeds=1"], log=lambda _: None)
+
+    def refuse(token: str) -> None:
+        raise ValueError(f"non-standard JSON token {token}")
+
+    v = json.loads((tmp_path / "verdict.json").read_text(), parse_constant=refuse)
+    assert v["evidence"] == {"ratio": None, "per_run": [1.0, None]}

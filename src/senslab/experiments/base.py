@@ -44,6 +44,7 @@ from ..train.config import RunConfig, UnknownKey, apply_overrides, ranged, unkno
 from ..train.looprun import single_thread
 from ..train.rundir import RunDir, git_commit
 from ..train.trainers import get_trainer
+from ..verdicts import plain
 
 #: the scales every experiment runs at, smallest first; "cpu" is the default everywhere
 SCALES = ("cpu", "paper")
@@ -365,6 +366,7 @@ def _run_locked(exp: Experiment, out: Path, scale: str, overrides: list[str],
                    finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                    commit=git_commit(), seeds=seeds, device=device_name(),
                    threads=1 if scale in exp.one_thread_at else torch.get_num_threads())
+    verdict = plain(verdict)  # evidence may hold NaN (an undefined ratio): JSON has no NaN
     RunDir(out, kind="experiment").write_json("verdict.json", verdict)
     return verdict
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..train.rundir import RunDir
-from ..verdicts import CONTRADICTED, INCONCLUSIVE, SUPPORTED, Effect, _plain
+from ..verdicts import CONTRADICTED, INCONCLUSIVE, SUPPORTED, Effect, plain
 from .base import Experiment, Rung, get_experiment, run_experiment
 
 #: the level of a trend's interval (one comparison per effect: no correction)
@@ -147,7 +147,7 @@ def summarize_ladder(name: str, out_dir: str | Path) -> dict[str, Any]:
         per_effect[part] = entry
     summary = {"name": name, "claim": exp.claim, "rungs": rows, "effects": per_effect,
                "summary": ladder_sentence(rows, per_effect)}
-    summary = _plain(summary)
+    summary = plain(summary)
     rd = RunDir(out, kind="experiment")
     rd.write_json("ladder.json", summary)
     plot_ladder(summary, out / "ladder.png")
