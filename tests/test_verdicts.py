@@ -170,3 +170,16 @@ def test_a_verdict_is_plain_json():
     # a bootstrap part counts runs, not seeds
     part = judge({"s": bootstrap([1.0, 2.0, 3.0], lambda u: sum(u) / len(u))})["parts"]["s"]
     assert "(95%, 3 runs)" in describe("s", part)
+
+
+def test_the_unit_of_replication_is_named_in_the_verdict() -> None:
+    """A mean over runs that are not seeds of one setting says so: the synthetic task's runs are
+    three task settings, hr_random_functions' are (k, seed) pairs."""
+    e = over_seeds([0.2, 0.3, 0.25], what="x", unit="run")
+    assert e.method == "mean over 3 runs (t)" and e.unit == "run"
+    v = verdict({"p": e}, claim="c")
+    assert "(95%, 3 runs) supported" in v["reason"] and v["effects"]["p"]["unit"] == "run"
+    pairs = over_seeds([0.2, 0.3], unit="(k, seed) pair")
+    assert "2 (k, seed) pairs)" in verdict({"p": pairs})["reason"]
+    assert "3 seeds)" in verdict({"p": over_seeds([0.2, 0.3, 0.25])})["reason"]
+    assert bootstrap([1.0, 2.0, 3.0], lambda u: sum(u) / len(u)).unit == "run"

@@ -89,6 +89,8 @@ class Effect:
     se_seed: float | None = None
     what: str = ""
     method: str = "measurement"
+    #: what one of the ``seeds`` independent units is, in words ("seed", "run", "setting")
+    unit: str = "seed"
 
     def quantile(self, q: float) -> float:
         """The ``q`` quantile of the reference distribution (t with ``df``, or normal)."""
@@ -123,11 +125,12 @@ def measured(value: float, se: float, what: str = "") -> Effect:
 
 
 def over_seeds(values: Sequence[float], measure_ses: Sequence[float] | None = None,
-               what: str = "") -> Effect:
+               what: str = "", unit: str = "seed") -> Effect:
     """The mean of one value per training seed, with Student's t on ``len(values) − 1`` degrees
     of freedom; ``measure_ses``: each value's measurement standard error (to split the
     uncertainty into its two parts). One seed: :func:`measured` (NaN standard error without
-    ``measure_ses``)."""
+    ``measure_ses``). ``unit`` names what each value comes from when it is not one seed of one
+    setting (e.g. ``"setting"``: one run per task setting), for the words of the verdict."""
     vals = [float(v) for v in values]
     if measure_ses is not None and len(measure_ses) != len(vals):
         raise ValueError(f"over_seeds: {len(vals)} values but {len(measure_ses)} standard errors")
@@ -138,12 +141,12 @@ def over_seeds(values: Sequence[float], measure_ses: Sequence[float] | None = No
             if measure_ses is not None else None)
     if n == 1:
         return Effect(vals[0], math.nan if se_m is None else se_m, math.inf, 1, se_m, None, what,
-                      "measurement (one seed)")
+                      f"measurement (one {unit})", unit)
     mean = sum(vals) / n
     sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1))
     se = sd / math.sqrt(n)
     se_seed = None if se_m is None else math.sqrt(max(se * se - se_m * se_m, 0.0))
-    return Effect(mean, se, n - 1, n, se_m, se_seed, what, f"mean over {n} seeds (t)")
+    return Effect(mean, se, n - 1, n, se_m, se_seed, what, f"mean over {n} {unit}s (t)", unit)
 
 
 def paired_by_seed(low: Mapping[Any, tuple[float, float]], high: Mapping[Any, tuple[float, float]],
@@ -169,7 +172,8 @@ def bootstrap(units: Sequence[Any], statistic: Callable[[list[Any]], float], wha
     value = float(statistic(units))
     n = len(units)
     if n < 2:
-        return Effect(value, math.nan, math.inf, n, None, None, what, "bootstrap over runs")
+        return Effect(value, math.nan, math.inf, n, None, None, what, "bootstrap over runs",
+                      "run")
     rng = random.Random(seed)
     reps = []
     for _ in range(resamples):
@@ -181,7 +185,7 @@ def bootstrap(units: Sequence[Any], statistic: Callable[[list[Any]], float], wha
     else:
         m = sum(reps) / len(reps)
         se = math.sqrt(sum((r - m) ** 2 for r in reps) / (len(reps) - 1))
-    return Effect(value, se, n - 1, n, None, None, what, f"bootstrap over {n} runs")
+    return Effect(value, se, n - 1, n, None, None, what, f"bootstrap over {n} runs", "run")
 
 
 def _decide(effect: Effect, alpha: float) -> str:
@@ -266,7 +270,8 @@ def describe(name: str, part: Mapping[str, Any]) -> str:
     lo, hi = part["interval"]
     what = part.get("what") or name
     seeds = part.get("seeds", 1)
-    unit = "run" if part.get("method", "").startswith("bootstrap") else "seed"
+    unit = part.get("unit") or ("run" if part.get("method", "").startswith("bootstrap")
+                                else "seed")
     level = f"{100 * part['level']:.4g}%"
     text = (f"{what} = {_num(part['effect'])} [{_num(lo)}, {_num(hi)}] ({level}, "
             f"{seeds} {unit}{'s' if seeds != 1 else ''}) {part['verdict']}")

@@ -139,11 +139,11 @@ def completion_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     ses = [(r["learned_sharpness_se"], r["random_sharpness_se"]) for r in rows]
     parts = {  # as is exact: its pairs differ by seed-to-seed variation only
         "as": over_seeds([r["random_as"] - r["learned_as"] for r in rows],
-                         what="random_as − learned_as"),
+                         what="random_as − learned_as", unit="(k, seed) pair"),
         "sharpness": over_seeds([r["random_sharpness"] - r["learned_sharpness"] for r in rows],
                                 [math.hypot(*se) for se in ses]
                                 if all(x is not None for se in ses for x in se) else None,
-                                "random_sharpness − learned_sharpness"),
+                                "random_sharpness − learned_sharpness", unit="(k, seed) pair"),
     }
     detail = "; ".join(
         f"k={r['k']} s{r['seed']}: as {r['learned_as']:.2f} vs {r['random_as']:.2f}, sharpness "

@@ -148,15 +148,16 @@ def sparse_frequent_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     parts = {
         "case 1 OOD collapses": over_seeds(
             [OOD_COLLAPSED - f["ood/acc"] for f in by_case[1]],
-            what=f"{OOD_COLLAPSED} − case-1 OOD acc"),
+            what=f"{OOD_COLLAPSED} − case-1 OOD acc", unit="run"),
         "case 1 aligns with sparse": over_seeds(
             [f["align/sparse"] - f["align/frequent"] for f in by_case[1]],
-            what="case-1 align sparse − align frequent"),
+            what="case-1 align sparse − align frequent", unit="run"),
         "case 2 OOD kept": over_seeds(
-            [f["ood/acc"] - OOD_KEPT for f in by_case[2]], what=f"case-2 OOD acc − {OOD_KEPT}"),
+            [f["ood/acc"] - OOD_KEPT for f in by_case[2]], what=f"case-2 OOD acc − {OOD_KEPT}",
+            unit="run"),
         "case 2 aligns with frequent": over_seeds(
             [f["align/frequent"] - f["align/sparse"] for f in by_case[2]],
-            what="case-2 align frequent − align sparse"),
+            what="case-2 align frequent − align sparse", unit="run"),
     }
     detail = "; ".join(
         f"{n}: OOD {e['ood_acc']:.2f}, align S/F {e['align_sparse']:.2f}/"
