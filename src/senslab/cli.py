@@ -418,7 +418,7 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("run", parents=[shared],
                        help="run a registered experiment and write its report")
     s.add_argument("experiment")
-    # = senslab.experiments.base.SCALES, written out so that --help does not import torch
+    # = senslab.experiments.base.SCALES + "ladder", written out so that --help does not import torch
     # (tests/experiments/test_overrides.py checks they agree)
     s.add_argument("--scale", choices=["cpu", "paper", "ladder"], default="cpu",
                    help="cpu (default), paper, or ladder: every CPU rung of the experiment's "

@@ -82,11 +82,11 @@ def test_every_experiment_resolves_at_every_scale(name: str) -> None:
 def test_cpu_is_the_default_scale_everywhere(capsys: pytest.CaptureFixture[str]) -> None:
     assert SCALES[0] == "cpu"
     assert parser().parse_args(["run", "demo"]).scale == "cpu"
-    for scale in SCALES:  # the CLI's choices are SCALES
+    for scale in SCALES:  # the CLI's choices are SCALES, and the ladder over them
         assert parser().parse_args(["run", "demo", "--scale", scale]).scale == scale
     with pytest.raises(SystemExit):
         parser().parse_args(["run", "demo", "--scale", "gpu"])
-    assert f"--scale {{{','.join(SCALES)}}}" in capsys.readouterr().err
+    assert f"--scale {{{','.join((*SCALES, 'ladder'))}}}" in capsys.readouterr().err
 
 
 def test_text_setting_takes_the_text_as_written() -> None:

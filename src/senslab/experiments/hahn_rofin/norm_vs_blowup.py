@@ -31,6 +31,19 @@ bootstrap standard error over the runs (positive = more sensitive functions sit 
 
 The evidence also carries, as a supplement not used by the verdict, the partial correlations of
 as(f̂) with log10 norm, log10 blow-up and c given log(weight decay).
+
+Scale ladder (``senslab run hr_norm_vs_blowup --scale ladder``;
+docs/definitions.md#scale-ladders), one seed per sweep point on every rung (as at both scales),
+the same verdict rule on every rung; ``size`` is the number of sweep runs (the points the
+correlation is computed over):
+
+1. ``cpu``: the CPU scale (12 runs of 1,200 steps). Its interval spans nearly [−1, 1]: too few
+   points to detect any correlation.
+2. ``sweep``: the same sweep with 96 runs (its first 12 points are the CPU scale's: the sweep is
+   drawn in order from one seeded generator).
+3. ``longer``: the 96-run sweep trained 2,400 steps per run (the paper: 10,000), so norms and
+   blow-ups settle further under weight decay.
+4. ``paper`` (GPU): the paper scale itself (``--scale paper``: 2,000 runs, d = 128, 10,000 steps).
 """
 
 from __future__ import annotations
@@ -46,7 +59,7 @@ import torch
 
 from ...train.config import ranged
 from ...verdicts import bootstrap, not_comparable, verdict
-from ..base import Experiment, Run, register_experiment, seeded_name
+from ..base import Experiment, Run, Rung, register_experiment, seeded_name
 from ._common import Setup, boolean_run
 
 SWEEP_FUNCTIONS = ("parity", "majority", "first")
@@ -112,6 +125,15 @@ class NormVsBlowup(Experiment):
 
     scales = SCALES
     seed_aware = True  # the verdict judges every run, seed replicates included
+    ladder = (
+        Rung("cpu", "cpu", size=12, note="12 sweep runs of 1,200 steps, d = 32"),
+        Rung("sweep", "cpu", ("runs=96",), size=96,
+             note="the same sweep with 96 runs (the first 12 are the CPU scale's points)"),
+        Rung("longer", "cpu", ("runs=96", "steps=2400"), size=96,
+             note="96 runs trained 2,400 steps each"),
+        Rung("paper", "paper", size=2000, cpu=False,
+             note="the paper scale: 2,000 runs, d = 128, n up to 25, 10,000 steps"),
+    )
 
     def runs(self, s: SweepSettings) -> list[Run]:
         """One run per sweep point; seed replicate k of point i trains with seed i + k·runs."""

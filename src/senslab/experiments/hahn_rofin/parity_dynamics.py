@@ -25,6 +25,21 @@ Two parts, Holm-corrected: the mean nearness of sharpness and of the mean log10 
 runs (one per seed, Student's t) that reached t₀ (and, where the scale sets ``converged_loss``,
 converged, as the authors' figures keep only those); "not comparable" when fewer than two such
 runs.
+
+Scale ladder (``senslab run hr_parity_dynamics --scale ladder``;
+docs/definitions.md#scale-ladders), 3 seeds on every CPU rung, the same verdict rule on every
+rung; ``size`` is the model's parameter count:
+
+1. ``cpu``: the CPU scale (d = 32: 13,121 parameters; 3,000 steps). At this scale the blow-up's
+   maximum is the last evaluation in every seed (still rising: no peak yet).
+2. ``longer``: the same model and task trained 9,000 steps (evaluations still every 25 steps):
+   does the blow-up peak once training goes on, and where?
+3. ``wide``: the paper's width d = 128 (FF 128: 199,937 parameters), 9,000 steps, everything
+   else as ``cpu`` (n = 8, 256 strings per step, lr 1e-3, ``init="independent"``, t₀ from the
+   training batches). Not the paper's run: n = 8 instead of 25, and the batch, learning rate,
+   initialisation (paper: ``torch_encoder``) and step count are the CPU scale's, which one CPU
+   core can train.
+4. ``paper`` (GPU): the paper scale itself (``--scale paper``: n = 25, d = 128, 101 seeds).
 """
 
 from __future__ import annotations
@@ -37,7 +52,7 @@ from typing import Any
 from ...train.config import one_of, ranged
 from ...train.rundir import RunDir
 from ...verdicts import not_comparable, over_seeds, verdict
-from ..base import Experiment, Run, register_experiment
+from ..base import Experiment, Run, Rung, register_experiment
 from ._common import Setup, boolean_run
 
 
@@ -69,6 +84,16 @@ class ParityDynamics(Experiment):
 
     scales = SCALES
     seed_aware = True  # the verdict judges every run, seed replicates included
+    ladder = (
+        Rung("cpu", "cpu", size=13_121, note="d = 32 (13,121 parameters), n = 8, 3,000 steps"),
+        Rung("longer", "cpu", ("steps=9000",), size=13_121,
+             note="the same model trained 9,000 steps: room for the blow-up to peak"),
+        Rung("wide", "cpu", ("steps=9000", "dim=128"), size=199_937,
+             note="the paper's width d = 128 (199,937 parameters), 9,000 steps"),
+        Rung("paper", "paper", size=201_025, cpu=False,
+             note="the paper scale: n = 25, d = 128, 1,024 strings per step, 20,000 steps, "
+                  "101 seeds"),
+    )
 
     def runs(self, s: DynamicsSettings) -> list[Run]:
         return [boolean_run(f"parity-n{s.n}-s{seed}", s, label="parity", function="parity",

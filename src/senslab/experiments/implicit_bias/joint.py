@@ -29,6 +29,19 @@ final metric is not finite.
 CPU scale: 3 seeds × 4 optimisers, 3,000 steps of batch 8 (the paper's synthetic sizes and
 learning rates are not given; ours are in ``JointSettings``; "paper" scale: 5 seeds, 20,000
 steps).
+
+Scale ladder (``senslab run ib_joint --scale ladder``; docs/definitions.md#scale-ladders), 3
+seeds per optimiser on every CPU rung, the same verdict rule on every rung; ``size`` is the number
+of training steps (the model and data are the same at both scales):
+
+1. ``cpu``: the CPU scale (3,000 steps). Its SNGD and SPS trail Adam's optimal-token mass by more
+   than ``CLOSE``.
+2. ``longer``: 10,000 steps.
+3. ``paper-steps``: 20,000 steps, the paper scale's run for every seed it trains here: it differs
+   from the paper scale only in training seeds 0–2 of each optimiser rather than 0–4 (every rung
+   keeps the CPU scale's 3 seeds).
+4. ``paper``: the paper scale itself (``--scale paper``: 20,000 steps, 5 seeds; a few minutes on a
+   CPU, listed as the GPU rung like every experiment's paper scale).
 """
 
 from __future__ import annotations
@@ -39,7 +52,7 @@ from typing import Any, ClassVar
 
 from ...train.config import ranged
 from ...verdicts import not_comparable, over_seeds, verdict
-from ..base import Experiment, Run, Settings, register_experiment
+from ..base import Experiment, Run, Rung, Settings, register_experiment
 from ._common import attention_runs
 
 OPTIMIZERS = ("sgd", "sngd", "sps", "adam")
@@ -83,6 +96,16 @@ class IBJoint(Experiment):
     scales = SCALES
     seed_aware = True  # the verdict judges every run, seed replicates included
     one_thread_at = ("cpu", "paper")  # a model of a few kilobytes at every scale
+    ladder = (
+        Rung("cpu", "cpu", size=3000, note="3,000 steps of batch 8"),
+        Rung("longer", "cpu", ("steps=10000",), size=10_000, note="10,000 steps"),
+        Rung("paper-steps", "cpu", ("steps=20000",), size=20_000,
+             note="20,000 steps: the paper scale's runs of seeds 0-2", paper_arch=True,
+             differs=(("runs", "seeds 0-2 of each optimiser, not 0-4: every rung keeps the CPU "
+                               "scale's 3 seeds"),)),
+        Rung("paper", "paper", size=20_000, cpu=False,
+             note="the paper scale: 20,000 steps, 5 seeds"),
+    )
 
     def runs(self, s: JointSettings) -> list[Run]:
         return attention_runs(s, {"sgd": {"optimizer": "sgd", "lr": s.sgd_lr},

