@@ -18,7 +18,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml constraints.txt
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(PIP) -e '.[dev]'
+	$(PIP) -e '.[dev,hf]'
 	touch $@
 
 demo: $(VENV)/.installed

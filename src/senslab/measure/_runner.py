@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from ..tokens.base import BoundTokens
-from . import _chunks
+from . import _chunks, _trim
 from ._noise import NoiseStream
 from .outputs import check_rows, predictions
 
@@ -60,7 +61,11 @@ class ChunkRunner:
             self.bound.model = self._original  # type: ignore[attr-defined]
             self._original, self.compiled = None, False
 
-    def run(self, src: Tensor, tok: Tensor, own: Tensor) -> Tensor:
+    def run(self, src: Tensor, tok: Tensor, own: Tensor, extent: Tensor | None = None) -> Tensor:
+        """Values of the copies ``(src, tok)`` of one round; with ``extent`` (B,) each copy is
+        evaluated on inputs cut after its example's last real token (:mod:`._trim`)."""
+        if extent is not None:
+            return self._run_trimmed(src, tok, own, extent)
         n = len(src)
         vals = torch.empty(n, dtype=torch.float32, device=self.ref.device)
         pos = 0
@@ -87,17 +92,81 @@ class ChunkRunner:
             pos = min(sl.stop, n)
         return vals
 
-    def _evaluate(self, src: Tensor, tok: Tensor, own: Tensor) -> Tensor:
-        """Values of the copies of one chunk. Randomness is drawn for every copy of the chunk
-        (so every shard consumes the stream alike); only ``own`` copies are evaluated."""
-        m, stream, bound = self.m, self.stream, self.bound
+    def _run_trimmed(self, src: Tensor, tok: Tensor, own: Tensor, extent: Tensor) -> Tensor:
+        """:meth:`run` with padding-aware batching: per window of whole examples, the
+        randomness is drawn in plan order, then the copies are sorted by their example's
+        extent (longest first) and evaluated chunk by chunk, each chunk cut to its longest."""
+        n, full = len(src), self.bound.valid.shape[1]
+        vals = torch.empty(n, dtype=torch.float32, device=self.ref.device)
+        row = self.stream.row * (4 if self.m.replace_with is None else 0) + 8
+        for lo, hi in _trim.windows(src, len(extent), row):
+            rand = self._draw(hi - lo)
+            width = extent[src[lo:hi]]
+            order = torch.sort(width, descending=True, stable=True).indices
+            sorted_width = width[order].tolist()
+            negated = [-x for x in sorted_width]  # ascending, for bisect
+            pos, count = 0, hi - lo
+            while pos < count:
+                w = sorted_width[pos]
+                # probe: the first chunk of the widest copies is evaluated while metering
+                probe = self.m.chunk_size is None and self.per_copy is None
+                if probe:
+                    self.meter = _chunks.ActivationMeter(self.m.model, self.ref.device)
+                size = _chunks.PROBE_COPIES if probe else self._size(w, full, count - pos)
+                # a chunk holds one group of lengths: it ends where the padding it would add to
+                # a copy exceeds a fraction _trim.SLACK of the chunk's width
+                end = bisect.bisect_right(negated, -w * (1 - _trim.SLACK) + 1e-9, pos)
+                sl = order[pos:min(pos + size, max(end, pos + 1))]
+                at = sl + lo
+                vals[at] = self._evaluate(src[at], tok[at], own[at], rand[sl], w)
+                if probe:
+                    self._sized(w, full, own[at])
+                pos += len(sl)
+        return vals
+
+    def _size(self, width: int, full: int, left: int) -> int:
+        """Copies in the next chunk of inputs cut to ``width`` of ``full`` tokens: the user's
+        chunk size, or the budget over the probed bytes per copy scaled to the width."""
+        if self.m.chunk_size is not None:
+            return self.m.chunk_size
+        assert self.per_copy is not None
+        per_copy = self.per_copy * width / full
+        chunk = _chunks.chunk_from_probe(per_copy, 1, self.budget, left, even=self.m.antithetic)
+        if self.chunk is None:  # reported as last_chunk_size: the size at full width
+            self.chunk = _chunks.chunk_from_probe(self.per_copy, 1, self.budget, 1 << 30,
+                                                  even=self.m.antithetic)
+        return chunk
+
+    def _sized(self, width: int, full: int, own: Tensor) -> None:
+        """After the probe: bytes one full-width copy costs, from the probe at ``width``."""
+        assert self.meter is not None
+        evaluated = int(own.sum())
+        if evaluated:
+            floor = 2 * self.input_bytes * evaluated
+            self.per_copy = max(self.meter.peak, floor) / evaluated * full / max(width, 1)
+        self.meter = None
+
+    def _draw(self, n: int) -> Tensor:
+        """The randomness of the next ``n`` copies of the plan: vocabulary rows to pick
+        (``replace_with``) or noise rows scaled by σ."""
+        m, stream = self.m, self.stream
         if m.replace_with is not None:
-            vocab = m.replace_with.to(self.ref.device)
-            pick = vocab[stream.randint(len(vocab), len(src))]
-        elif m.antithetic:
-            noise = stream.take_antithetic(len(src)).mul_(m.sigma)
+            return stream.randint(len(m.replace_with), n)
+        if m.antithetic:
+            return stream.take_antithetic(n).mul_(m.sigma)
+        return stream.take(n).mul_(m.sigma)
+
+    def _evaluate(self, src: Tensor, tok: Tensor, own: Tensor, rand: Tensor | None = None,
+                  width: int | None = None) -> Tensor:
+        """Values of the copies of one chunk. Randomness is drawn for every copy of the chunk
+        (so every shard consumes the stream alike) unless ``rand`` brings it; only ``own``
+        copies are evaluated, at ``width`` tokens if given."""
+        m, bound = self.m, self.bound
+        rand = self._draw(len(src)) if rand is None else rand
+        if m.replace_with is not None:
+            pick = m.replace_with.to(self.ref.device)[rand]
         else:
-            noise = stream.take(len(src)).mul_(m.sigma)
+            noise = rand
         out_vals = torch.zeros(len(src), dtype=torch.float32, device=self.ref.device)
         idx = None
         if not own.all():
@@ -114,16 +183,19 @@ class ChunkRunner:
             noise = pick.to(clean.dtype) - clean  # in the tokens' dtype: never rounded
         elif self.whole:
             noise = noise.view(len(src), -1, bound.dim)
+            if width is not None:
+                noise = noise[:, :width]
         if m.compile and not self.compiled and self.chunk is not None:
             self._original = bound.model  # type: ignore[attr-defined]
             bound.model = m._compiled_model()  # type: ignore[attr-defined]
             self.compiled = True
+        cut = {} if width is None else {"width": width}
         if self.meter is not None:
             self.input_bytes = max(noise[0].numel() * noise.element_size(), 1)
             with self.meter:
-                out = bound.forward_perturbed(src, None if self.whole else tok, noise)
+                out = bound.forward_perturbed(src, None if self.whole else tok, noise, **cut)
         else:
-            out = bound.forward_perturbed(src, None if self.whole else tok, noise)
+            out = bound.forward_perturbed(src, None if self.whole else tok, noise, **cut)
         vals = self._compare(out, src)
         if self.control is not None:
             vals = self.control.adjust(vals, src, tok, noise)

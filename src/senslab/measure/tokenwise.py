@@ -85,6 +85,23 @@ support it reuse the clean computation: prefix reuse for models that read left t
 networks (:class:`~senslab.tokens.Patches`, the zoo's ResNet and CNN) — same predictions as full
 forwards, 1.3–2.9× the perturbed forwards per second on CPU.
 
+**Padding** (:mod:`._trim`). Padding is never perturbed, and with ``trim_padding=True`` (the
+default) never evaluated either: with :class:`~senslab.tokens.Embedding` tokens, each perturbed
+copy runs on inputs cut after its example's last real token (one past the last true position of
+a dict input's ``attention_mask``, else of ``mask``), and copies are grouped by that length, each
+chunk cut to its longest. Every input tensor whose second axis is the token axis is cut
+(``input_ids``, ``attention_mask``, ``token_type_ids``, ``position_ids``…); other inputs pass
+unchanged. For right padding and a model that ignores its padding this is exact: the noise a
+copy receives is keyed by its place in the example-major plan, not by its chunk, so every
+(example, token, draw) gets the same vector and the flips are those of the padded evaluation
+(``tests/measure/test_padding.py`` checks this on the zoo's text models and on Hugging Face BERT
+and GPT-2). Left padding in the attention mask is refused (pad on the right, or pass
+``trim_padding=False``); if cutting changes a clean example's output — the model reads positions
+the mask calls padding — the batch runs at full width (with a warning when the padding came from
+the model's own attention mask; a ``mask`` may leave out real tokens, e.g. an end token).
+Patches and :class:`~senslab.tokens.Sequence` inputs are never cut (the model cannot tell
+padding vectors from tokens).
+
 The state is sums and counts, so results over many batches and processes merge exactly
 (:meth:`TokenSensitivity.merge`, which refuses metrics of different quantities). With
 ``eval_mode=False`` the model runs in its own mode, but every buffer (BatchNorm running
@@ -108,6 +125,7 @@ from ..tokens.base import (
     check_device,
     check_selector,
 )
+from . import _trim
 from ._control import LinearControl
 from ._noise import NOISE_BLOCK, NoiseStream
 from ._options import (
@@ -191,6 +209,13 @@ class TokenSensitivity:
         shard: ``(rank, world_size)``: this process measures only examples ``b`` with
             ``b % world_size == rank`` of every batch, drawing the same random stream as a single
             process would; after :meth:`all_reduce` every rank holds the one-process result.
+        trim_padding: padding-aware batching (default True): evaluate each perturbed copy on
+            inputs cut after its example's last real token, grouping copies by length; same
+            flips as the padded evaluation for right-padded inputs (module docstring,
+            *Padding*). Left-padded ``attention_mask`` inputs are refused while it is on;
+            ``False`` evaluates every copy at the batch's full width. It costs one clean
+            forward per example at its own length (a check that cutting changes nothing; not
+            counted in ``num_forward``).
 
     Example:
         >>> import torch
@@ -233,6 +258,7 @@ class TokenSensitivity:
         output_kind: OutputKind | None = None,
         threshold: float | None = None,
         output: OutputSelector = None,
+        trim_padding: bool = True,
     ) -> None:
         if tokens is None:
             if not hasattr(model, "default_tokens"):
@@ -302,6 +328,9 @@ class TokenSensitivity:
         self.control_variate = control_variate
         self.autocast = autocast
         self.eval_mode = _check_flag("eval_mode", eval_mode)
+        self.trim_padding = _check_flag("trim_padding", trim_padding)
+        #: whether the last ``update`` cut the padding (False: nothing to cut, or switched off)
+        self.last_trimmed = False
         self.compile = _check_flag("compile", compile)
         self._compiled: Any = None
         #: copies per forward pass in the last ``update`` (the automatic size, once probed)
@@ -351,7 +380,10 @@ class TokenSensitivity:
         """Measure one batch of examples and add it to the state.
 
         ``inputs``: a tensor, a tuple (positional arguments) or a dict (keyword arguments) with
-        the example axis first. ``mask``: (B, T) bool, true on real tokens (padding excluded).
+        the example axis first. ``mask``: (B, T) bool, true on real tokens (padding excluded);
+        with ``trim_padding`` the positions after an example's last real token (by ``mask`` or,
+        for a dict, its ``attention_mask``) are cut from every input tensor whose second axis
+        is the token axis.
         """
         if batch_size(inputs) == 0:
             raise ValueError("empty batch: sensitivity needs at least one example")
@@ -410,7 +442,8 @@ class TokenSensitivity:
             if self.control_variate:
                 assert self.sigma is not None
                 control = LinearControl(bound, ref, self.sigma, 32, self.kind, self.threshold)
-            key = (_shapes(inputs), whole, self.autocast)
+            extent = self._extent(bound, clean)
+            key = (_shapes(inputs), whole, self.autocast, extent is not None)
             parts: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
             rounds = 0
             with ChunkRunner(self, bound, stream, ref, whole, device, control,
@@ -418,7 +451,7 @@ class TokenSensitivity:
                 while True:
                     src, tok = self._plan(valid, stream)
                     own = self._owned(src)
-                    parts.append((runner.run(src, tok, own), src, tok, own))
+                    parts.append((runner.run(src, tok, own, extent), src, tok, own))
                     rounds += 1
                     if not self._more(parts, valid, rounds):
                         break
@@ -435,6 +468,27 @@ class TokenSensitivity:
             valid, src = valid[mine], remap[src]
         forward = b * (2 if self.control_variate else 1) + len(src)
         self._add(vals, src, tok, valid, self._per_cell(rounds), forward)
+
+    def _extent(self, bound: Any, clean: Tensor) -> Tensor | None:
+        """Per-example widths for padding-aware batching (:mod:`._trim`), or None: switched
+        off, nothing to cut, or cutting changed the clean outputs (then with a warning)."""
+        self.last_trimmed = False
+        if not self.trim_padding:
+            return None
+        if getattr(bound, "reuse", False) and self.mode == "token":
+            return None  # prefix reuse already reads each copy up to its last real token
+        extent = _trim.extents(bound)
+        if extent is None:
+            return None
+        low = self.autocast is not None
+        reason = _trim.check(bound, extent, clean, low)
+        if reason is not None:
+            if bound.padding is not None:  # the model's own padding mask: it should not matter
+                _trim.warn_untrimmed(reason)
+            # a ``mask`` alone may leave out real tokens (an end token, `=`): full width, quietly
+            return None
+        self.last_trimmed = True
+        return extent
 
     def _add(
         self, vals: Tensor, src: Tensor, tok: Tensor, valid: Tensor, per_cell: int | None,
@@ -519,6 +573,8 @@ def token_sensitivity(
     """Token-wise sensitivity of ``model`` on a batch ``inputs`` (see the module docstring).
 
     Same options as :class:`TokenSensitivity`; equivalent to one ``update`` and ``compute``.
+    Variable-length text is cut after each example's last real token by default
+    (``trim_padding=True``, exact for right padding; see the module docstring, *Padding*).
 
     Example:
         >>> import torch

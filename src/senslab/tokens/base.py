@@ -52,6 +52,32 @@ def select(inputs: Inputs, index: Tensor) -> Inputs:
     return type(inputs)(pick(v) for v in inputs)
 
 
+def cut_tokens(inputs: Inputs, t: int, width: int) -> Inputs:
+    """``inputs`` cut to their first ``width`` tokens: every tensor with at least two axes whose
+    second axis has the token count ``t`` (``input_ids``, ``attention_mask``,
+    ``token_type_ids``, ``position_ids``, a (B, T, D) ``inputs_embeds``…) keeps
+    ``[:, :width]``; other values pass unchanged."""
+    if width >= t:
+        return inputs
+
+    def cut(v: Any) -> Any:
+        if isinstance(v, Tensor) and v.dim() >= 2 and v.shape[1] == t:
+            return v[:, :width]
+        return v
+
+    if isinstance(inputs, Tensor):
+        return cut(inputs)
+    if isinstance(inputs, dict):
+        return {k: cut(v) for k, v in inputs.items()}
+    return type(inputs)(cut(v) for v in inputs)
+
+
+def has_token_axis(inputs: Inputs, t: int) -> bool:
+    """Whether some input tensor has ``t`` entries on its second axis (what :func:`cut_tokens`
+    cuts)."""
+    return any(v.dim() >= 2 and v.shape[1] == t for v in _tensors(inputs))
+
+
 #: which part of a model's raw output holds the logits: an index into a tuple/list, a key (or
 #: attribute) of a mapping/object, or a function of the raw output; None: see :func:`select_output`
 OutputSelector = int | str | Callable[[Any], Tensor] | None
@@ -216,6 +242,14 @@ class BoundTokens(abc.ABC):
     clean_output: Tensor  #: model output on the unperturbed batch, shape (B, ...)
     valid: Tensor  #: (B, T) bool, the tokens that may be perturbed (padding excluded)
     dim: int  #: size of one token vector
+    #: the token axis is the inputs' second axis, so ``forward_perturbed`` accepts ``width=``
+    #: and evaluates the copies on inputs cut to their first ``width`` tokens (padding-aware
+    #: batching, :mod:`senslab.measure._trim`)
+    trimmable: bool = False
+    #: (B, T) bool, the positions the model itself treats as real (a dict input's attention
+    #: mask), when known; ``padding_key`` names the entry it came from
+    padding: Tensor | None = None
+    padding_key: str | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -231,6 +265,8 @@ class BoundTokens(abc.ABC):
 
         ``tok`` (N,) given: ``noise`` is (N, D), added to token ``tok[n]`` of copy ``n``.
         ``tok`` is None: ``noise`` is (N, T, D), added to every valid token (whole-input noise).
+        A ``trimmable`` bound also takes ``width=w``: the copies are cut to their first ``w``
+        tokens (whole-input noise is then (N, w, D)).
         """
 
 

@@ -19,6 +19,8 @@ from .base import (
     Tokenization,
     batch_size,
     call_model,
+    cut_tokens,
+    has_token_axis,
     select,
     select_output,
     valid_mask,
@@ -46,7 +48,10 @@ class Embedding(Tokenization):
 
     Real tokens are given by the ``mask`` argument of the measurement, else by the
     ``attention_mask``/``padding_mask`` entry of a dict input, else all positions are real.
-    Padding is never perturbed. Per-position profiles are right-aligned by default (position −1 is
+    Padding is never perturbed, and by default never evaluated either: perturbed copies are cut
+    after their last real token (padding-aware batching, ``trim_padding`` of
+    :class:`~senslab.measure.TokenSensitivity`; every input tensor whose second axis is the token
+    axis is cut). Per-position profiles are right-aligned by default (position −1 is
     the last real token), as for variable-length text. The inputs may be integer token ids: the
     noise lands on the module's floating output, never on the inputs. The module must run exactly
     once per forward pass (a LayerNorm shared by two places would get noise at both: refused).
@@ -93,6 +98,7 @@ class _BoundEmbedding(BoundTokens):
         self._shape: tuple[int, ...] | None = None
         self.reuse = False  # prefix reuse (see Embedding)
         self._cache: Any = None
+        self._width: int | None = None  # tokens of the copies in the current forward
 
     def hook(self, module: nn.Module, args: Any, out: Any) -> Any:
         if not isinstance(out, Tensor) or out.dim() != 3:
@@ -114,6 +120,11 @@ class _BoundEmbedding(BoundTokens):
             self._clean = out.detach()
             return None
         tok, noise = self._delta
+        if self._width is not None and out.shape[1] != self._width:
+            raise RuntimeError(
+                f"submodule {self.name!r} returned {out.shape[1]} tokens on inputs cut to "
+                f"{self._width}: its token axis is not the inputs' second axis"
+            )
         if out.shape[0] != noise.shape[0]:
             raise RuntimeError(
                 f"submodule {self.name!r} ran on {out.shape[0]} rows, expected {noise.shape[0]}: "
@@ -150,24 +161,37 @@ class _BoundEmbedding(BoundTokens):
                 f"submodule {self.name!r} output is not batch-first: shape {self._shape}"
             )
         self.dim = d
-        if mask is None and isinstance(self.inputs, dict):
-            mask = next((self.inputs[k] for k in _MASK_KEYS if k in self.inputs), None)
+        if isinstance(self.inputs, dict):
+            key = next((k for k in _MASK_KEYS if k in self.inputs), None)
+            padding = None if key is None else self.inputs[key]
+            if isinstance(padding, Tensor) and tuple(padding.shape) == (b, t):
+                self.padding = padding.to(device=self.clean_output.device, dtype=torch.bool)
+                self.padding_key = key
+            if mask is None and key is not None:
+                mask = self.inputs[key]
         self.valid = valid_mask(mask, b, t, self.clean_output.device)
+        self.trimmable = has_token_axis(self.inputs, t)
 
     def tokens(self, src: Tensor, tok: Tensor) -> Tensor:
         return self._clean[src, tok]
 
-    def forward_perturbed(self, src: Tensor, tok: Tensor | None, noise: Tensor) -> Tensor:
-        if self.reuse and tok is not None:
+    def forward_perturbed(self, src: Tensor, tok: Tensor | None, noise: Tensor,
+                          width: int | None = None) -> Tensor:
+        if self.reuse and tok is not None:  # already reads each copy up to its last real token
             if self._cache is None:
                 self._cache = self.model.prefix_cache(self._clean, self.inputs)
             return select_output(self.model.forward_suffix(self._cache, src, tok, noise),
                                  self.output)
+        t = self.valid.shape[1]
+        width = t if width is None else width
         if tok is None:
-            noise = noise * self.valid.index_select(0, src).unsqueeze(-1).to(noise.dtype)
+            valid = self.valid.index_select(0, src)[:, :width]
+            noise = noise * valid.unsqueeze(-1).to(noise.dtype)
+        inputs = cut_tokens(select(self.inputs, src), t, width)
         self._delta = (tok, noise)
+        self._width = width
         try:
-            return self._count(
-                lambda: call_model(self.model, select(self.inputs, src), self.output))
+            return self._count(lambda: call_model(self.model, inputs, self.output))
         finally:
             self._delta = None
+            self._width = None

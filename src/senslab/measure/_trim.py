@@ -1,0 +1,148 @@
+r"""Padding-aware batching (``trim_padding=True``, the default): evaluate a perturbed copy on its
+inputs cut after the last real token of its example, never on the padding.
+
+A copy of example :math:`b` is evaluated on inputs cut to a width :math:`w \ge e_b`, where the
+*extent* :math:`e_b` is one past the last position that is real for the model (its attention mask
+in a dict input, else the ``mask``). With right padding the positions :math:`\ge e_b` are padding
+that a correct model ignores (masked keys, read-out at a real token), and the real positions keep
+their indices, so the outputs are those of the padded inputs: the same flips, up to float rounding
+of the outputs themselves. Copies are ordered by extent, longest first, and cut into chunks,
+each evaluated at its longest extent; a chunk also ends before the first copy that would carry
+more than :data:`SLACK` of padding, so it holds examples of nearly one length (groups by length,
+each filled up to the chunk size).
+
+Nothing random depends on this: the noise of copy :math:`n` is row :math:`n` of the stream in the
+order of the plan (example-major), drawn for a *window* of whole examples before the copies are
+reordered (:data:`WINDOW_BYTES` of noise at most), so every (example, token, draw) receives the same
+vector with and without trimming.
+
+Left padding (padding before the real tokens in the attention mask, as decoders are often fed)
+is refused: cutting it would move the real tokens to other positions. Before the first chunk the
+clean examples are evaluated once at their own extents (not counted in ``num_forward``); if that
+changes the clean outputs beyond float rounding — the model reads the positions the mask calls
+padding, or another input has its token axis elsewhere — trimming is switched off for the batch
+and the copies are evaluated at full width: with a warning when the extents came from the
+model's attention mask, quietly when they came from a ``mask`` alone (which may leave real
+tokens unperturbed, such as an end token).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+import torch
+from torch import Tensor
+
+from ..tokens.base import BoundTokens
+
+#: a chunk ends before a copy whose example is shorter than (1 − SLACK) × the chunk's width:
+#: at most this fraction of a chunk's positions is padding, in few chunks per length group
+SLACK = 0.125
+
+#: at most this many bytes of noise are drawn ahead for one window of examples
+WINDOW_BYTES = 1 << 27
+
+#: largest relative change of a clean output that trimming may cause (float rounding only)
+RTOL = {torch.float64: 1e-9, torch.float32: 1e-4}
+LOW_PRECISION_RTOL = 5e-2
+
+
+def left_padded_message(row: int, key: str) -> str:
+    return (
+        f"the inputs are left-padded (example {row} starts with padding in {key!r}): "
+        "padding-aware batching cuts the padding after the last real token, which is exact "
+        "only for right padding. Pad on the right instead (Hugging Face: "
+        "tokenizer.padding_side = 'right'; a GPT-2 classifier finds the last real token "
+        "through config.pad_token_id), or pass trim_padding=False to evaluate the padding too"
+    )
+
+
+def extents(bound: BoundTokens) -> Tensor | None:
+    """(B,) one past each example's last real position, or None when nothing can be cut (a
+    tokenization that cannot cut its inputs, or no example shorter than the batch)."""
+    if not bound.trimmable:
+        return None
+    valid = bound.valid
+    real = valid if bound.padding is None else bound.padding | valid
+    if bound.padding is not None:
+        starts = ~bound.padding[:, 0] & bound.padding.any(dim=1)
+        if bool(starts.any()):
+            row = int(starts.nonzero()[0, 0])
+            raise ValueError(left_padded_message(row, bound.padding_key or "attention_mask"))
+    t = real.shape[1]
+    ext = t - real.flip(1).int().argmax(dim=1)
+    if bool((ext == t).all()):
+        return None
+    return ext
+
+
+def groups(ext: Tensor) -> list[Tensor]:
+    """Example indices of each distinct extent, longest first."""
+    values, inverse = torch.unique(ext, return_inverse=True)
+    return [(inverse == i).nonzero().flatten() for i in range(len(values) - 1, -1, -1)]
+
+
+def check(bound: BoundTokens, ext: Tensor, clean: Tensor, low_precision: bool) -> str | None:
+    """Evaluate every clean example at its own extent; None if the outputs equal the full-width
+    clean outputs up to rounding, else why not (trimming is then switched off)."""
+    rtol = LOW_PRECISION_RTOL if low_precision else RTOL.get(clean.dtype, LOW_PRECISION_RTOL)
+    for idx in groups(ext):
+        width = int(ext[idx[0]])
+        zero = torch.zeros(len(idx), width, bound.dim, device=clean.device)
+        try:
+            out = bound.forward_perturbed(idx, None, zero, width=width)  # type: ignore[call-arg]
+        except (RuntimeError, ValueError, TypeError, IndexError) as err:
+            return f"the model failed on inputs cut to {width} tokens ({err})"
+        ref = clean[idx]
+        if out.shape != ref.shape:
+            return (f"the output has shape {tuple(out.shape[1:])} per example on inputs cut to "
+                    f"{width} tokens but {tuple(ref.shape[1:])} on the padded inputs")
+        err = (out.float() - ref.float()).reshape(len(idx), -1).abs().amax(dim=1)
+        scale = ref.float().reshape(len(idx), -1).abs().amax(dim=1)
+        floor = float(clean.float().abs().max()) * 1e-3 + 1e-30
+        bad = err > rtol * scale.clamp(min=floor)
+        if bool(bad.any()):
+            row = int(idx[bad.nonzero()[0, 0]])
+            worst = float(err.max())
+            return (f"cutting example {row} after its last real token changed its clean output "
+                    f"by {worst:.3g}")
+    return None
+
+
+def _user_level() -> int:
+    """``stacklevel`` of the first frame outside senslab and torch (the user's call)."""
+    inside = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(torch.__file__))
+    frame, level = sys._getframe(2), 2  # the caller of warn_untrimmed is level 2 of warn()
+    while frame is not None and frame.f_code.co_filename.startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def warn_untrimmed(reason: str) -> None:
+    warnings.warn(
+        f"padding-aware batching is off for this batch: {reason}. The model seems to read "
+        "positions that the mask marks as padding (does it receive the attention mask?), so the "
+        "copies are evaluated at full width. Pass the model's own padding mask, or "
+        "trim_padding=False to silence this warning",
+        RuntimeWarning, stacklevel=_user_level(),
+    )
+
+
+def windows(src: Tensor, num_examples: int, row_bytes: int) -> list[tuple[int, int]]:
+    """Copy ranges ``[lo, hi)`` of a plan (``src`` non-decreasing) that start and end at example
+    boundaries and hold at most :data:`WINDOW_BYTES` of noise (at least one example each)."""
+    ends = torch.cumsum(torch.bincount(src, minlength=num_examples), 0).tolist()
+    cap = max(1, WINDOW_BYTES // max(row_bytes, 1))
+    out, lo, i = [], 0, 0
+    while lo < len(src):
+        hi = ends[i]
+        while i + 1 < len(ends) and ends[i + 1] - lo <= cap:
+            i += 1
+            hi = ends[i]
+        if hi > lo:
+            out.append((lo, hi))
+        lo = hi
+        i += 1
+    return out

@@ -1,0 +1,241 @@
+"""Padding-aware batching (``trim_padding``, senslab.measure._trim): copies are evaluated on inputs
+cut after their example's last real token, with exactly the flips of the padded evaluation."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from senslab.measure import TokenSensitivity, _trim, compare_sensitivity, token_sensitivity
+from senslab.models import create_model
+from senslab.tokens import Embedding
+
+PAD = 1
+OPTIONS = [
+    {"repeats": 3},
+    {"repeats": 4, "antithetic": True},
+    {"repeats": 2, "mode": "whole"},
+    {"repeats": 2, "num_tokens": 3, "chunk_size": 7},
+    {"repeats": 2, "control_variate": "linear"},
+]
+
+
+def right_padded(b: int = 10, t: int = 12, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Token ids in [2, 50) (never the pad id), real lengths mixed from 1 to t − 2."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(2, 50, (b, t), generator=g)
+    lengths = torch.randint(1, t - 1, (b,), generator=g)
+    lengths[0] = t - 2  # no example is full length: every example loses some padding
+    mask = torch.arange(t)[None] < lengths[:, None]
+    return {"input_ids": ids.masked_fill(~mask, PAD), "attention_mask": mask}
+
+
+def zoo(name: str) -> nn.Module:
+    # float64: the cut changes summation lengths, so outputs agree to ~1e-16 and no flip can
+    # hinge on float32 rounding
+    return create_model(name, vocab_size=50, max_len=16, dim=16, layers=2, heads=2,
+                        dropout=0.0, seed=3).double()
+
+
+def both(model, inputs, tokens, **options):
+    """The result with and without trimming; trimming must really have happened."""
+    metric = TokenSensitivity(model, tokens, generator=7, **options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback to full width
+        metric.update(inputs)
+    assert metric.last_trimmed
+    plain = token_sensitivity(model, inputs, tokens, generator=7, trim_padding=False, **options)
+    return metric.compute(), plain
+
+
+def assert_same(a, b) -> None:
+    assert torch.equal(a.per_sample, b.per_sample)
+    assert torch.allclose(a.per_position, b.per_position, rtol=0, atol=0, equal_nan=True)
+    assert a.estimate == b.estimate and a.stderr == b.stderr
+    assert a.num_forward == b.num_forward
+
+
+# -- the zoo's text models ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["roberta", "roberta_relu", "lstm", "gpt2"])
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(map(str, o.values())))
+def test_zoo_text_models_same_flips_with_and_without_trimming(name, options):
+    model = zoo(name)
+    # reuse_prefix=False: the LSTM and GPT-2 would otherwise resume from cached prefixes, which
+    # already stop at the last real token; full forwards are the ones that carry the padding
+    tokens = Embedding("embed_ln", reuse_prefix=False)
+    sigma = 20.0 if name == "lstm" else 3.0
+    trimmed, plain = both(model, right_padded(), tokens, sigma=sigma, **options)
+    assert_same(trimmed, plain)
+    assert 0.0 < plain.estimate < 1.0  # flips happen: the comparison is not vacuous
+
+
+@pytest.mark.parametrize("name", ["lstm", "gpt2"])
+def test_zoo_prefix_reuse_agrees_with_trimmed_full_forwards(name):
+    model, batch = zoo(name), right_padded(seed=1)
+    reuse = token_sensitivity(model, batch, Embedding("embed_ln"), sigma=20.0, repeats=2)
+    full = token_sensitivity(model, batch, Embedding("embed_ln", reuse_prefix=False),
+                             sigma=20.0, repeats=2)
+    assert torch.equal(reuse.per_sample, full.per_sample)
+
+
+def test_compare_sensitivity_is_unchanged_by_trimming():
+    models = {"roberta": zoo("roberta"), "gpt2": zoo("gpt2")}
+    opts = {"sigma": 3.0, "repeats": 2, "generator": 4}
+    a = compare_sensitivity(models, right_padded(), Embedding("embed_ln", reuse_prefix=False),
+                            **opts)
+    b = compare_sensitivity(models, right_padded(), Embedding("embed_ln", reuse_prefix=False),
+                            trim_padding=False, **opts)
+    d, e = a.difference("roberta", "gpt2"), b.difference("roberta", "gpt2")
+    assert d.estimate == e.estimate and d.stderr == e.stderr
+
+
+# -- real Hugging Face architectures from small configs (no download) --------------------------
+
+
+def hf_bert() -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=32, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0, pad_token_id=PAD,
+    )
+    torch.manual_seed(0)  # test-only: HF initialises from the global RNG
+    return transformers.BertForSequenceClassification(config).double().eval()
+
+
+def hf_gpt2() -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(
+        vocab_size=50, n_embd=16, n_layer=2, n_head=2, n_positions=32, pad_token_id=PAD,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )
+    torch.manual_seed(0)
+    return transformers.GPT2ForSequenceClassification(config).double().eval()
+
+
+@pytest.mark.parametrize("options", OPTIONS[:3], ids=lambda o: "-".join(map(str, o.values())))
+def test_hf_bert_encoder_same_flips(options):
+    batch = right_padded()
+    batch["token_type_ids"] = torch.zeros_like(batch["input_ids"])  # cut along with the rest
+    trimmed, plain = both(hf_bert(), batch, Embedding("bert.embeddings.LayerNorm"), sigma=2.0,
+                          **options)
+    assert_same(trimmed, plain)
+    assert 0.0 < plain.estimate < 1.0
+
+
+@pytest.mark.parametrize("options", OPTIONS[:3], ids=lambda o: "-".join(map(str, o.values())))
+def test_hf_gpt2_decoder_same_flips(options):
+    trimmed, plain = both(hf_gpt2(), right_padded(), Embedding("transformer.wte"), sigma=0.3,
+                          **options)
+    assert_same(trimmed, plain)
+    assert 0.0 < plain.estimate < 1.0
+
+
+def test_left_padding_is_refused_with_the_fix():
+    batch = right_padded()
+    left = {k: v.flip(1) for k, v in batch.items()}  # the same sentences, padded on the left
+    with pytest.raises(ValueError, match=r"left-padded \(example 0 .*padding_side = 'right'"):
+        token_sensitivity(hf_gpt2(), left, Embedding("transformer.wte"), sigma=0.3)
+    # what the message offers: evaluate the padding too
+    r = token_sensitivity(hf_gpt2(), left, Embedding("transformer.wte"), sigma=0.3,
+                          trim_padding=False)
+    assert 0.0 <= r.estimate <= 1.0
+
+
+# -- trimming saves work, and never costs correctness ------------------------------------------
+
+
+class PositionCounter:
+    """Forward hook: token positions (rows × width) that the hooked module processed."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.positions = 0
+        self.handle = module.register_forward_hook(self)
+
+    def __call__(self, module, args, out) -> None:
+        self.positions += out.shape[0] * out.shape[1]
+
+
+@pytest.mark.parametrize("make", [lambda: zoo("roberta"), hf_bert])
+def test_trimming_forwards_fewer_token_positions(make):
+    model = make()
+    name = "embed_ln" if hasattr(model, "embed_ln") else "bert.embeddings.LayerNorm"
+    batch = right_padded(b=12, t=16)
+    counts = {}
+    for trim in (True, False):
+        counter = PositionCounter(model.get_submodule(name))
+        metric = TokenSensitivity(model, Embedding(name), sigma=2.0, repeats=2, generator=0,
+                                  trim_padding=trim)
+        metric.update(batch)
+        counter.handle.remove()
+        counts[trim] = counter.positions
+    lengths = batch["attention_mask"].sum(1).double()
+    copies = 2 * int(lengths.sum())
+    assert counts[False] == (12 + copies) * 16  # clean batch and every copy at full width
+    # trimmed: the clean batch, one clean check per example at its length, and every copy at
+    # most 1/(1 − SLACK) of its own length wide
+    bound = 12 * 16 + lengths.sum() + 2 * (lengths * (lengths / (1 - _trim.SLACK))).sum()
+    assert counts[True] <= bound
+    assert counts[True] < 0.8 * counts[False]
+
+
+def test_trim_padding_false_and_full_length_batches_cut_nothing():
+    model = zoo("roberta")
+    full = {"input_ids": torch.randint(2, 50, (4, 8), generator=torch.Generator().manual_seed(0))}
+    metric = TokenSensitivity(model, Embedding("embed_ln"), sigma=1.0)
+    metric.update(full)
+    assert not metric.last_trimmed  # no padding: nothing to cut
+    metric = TokenSensitivity(model, Embedding("embed_ln"), sigma=1.0, trim_padding=False)
+    metric.update(right_padded())
+    assert not metric.last_trimmed
+    with pytest.raises(TypeError, match="trim_padding must be True or False"):
+        TokenSensitivity(model, Embedding("embed_ln"), sigma=1.0, trim_padding="yes")
+
+
+def test_mask_that_is_not_the_models_padding_runs_at_full_width():
+    """A tensor input with a ``mask`` that leaves real trailing tokens unperturbed (an end token,
+    ``=``): the model reads them, the clean check notices, and the batch runs at full width."""
+    model = zoo("roberta")
+    batch = right_padded()
+    ids = batch["input_ids"]
+    lengths = batch["attention_mask"].sum(1)
+    # perturb all real tokens but the last one; lengths ≥ 2 so every example has one left
+    ids, lengths = ids[lengths >= 2], lengths[lengths >= 2]
+    mask = torch.arange(ids.shape[1])[None] < (lengths - 1)[:, None]
+    tokens = Embedding("embed_ln", reuse_prefix=False)
+    metric = TokenSensitivity(model, tokens, sigma=3.0, repeats=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a mask may leave out real tokens: no warning
+        metric.update(ids, mask)
+    assert not metric.last_trimmed
+    plain = token_sensitivity(model, ids, tokens, mask=mask, sigma=3.0, repeats=2,
+                              trim_padding=False)
+    assert torch.equal(metric.compute().per_sample, plain.per_sample)
+
+
+class MeanOfAll(nn.Module):
+    """Averages every position, padding included: it ignores its attention mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(50, 4)
+        self.embed_ln = nn.LayerNorm(4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, input_ids, attention_mask):
+        return self.head(self.embed_ln(self.embedding(input_ids)).mean(1))
+
+
+def test_model_that_reads_its_padding_falls_back_with_a_warning():
+    torch.manual_seed(0)  # test-only: model init
+    model, batch = MeanOfAll(), right_padded()
+    with pytest.warns(RuntimeWarning, match="padding-aware batching is off.*changed its clean"):
+        a = token_sensitivity(model, batch, Embedding("embed_ln"), sigma=3.0, repeats=2)
+    b = token_sensitivity(model, batch, Embedding("embed_ln"), sigma=3.0, repeats=2,
+                          trim_padding=False)
+    assert torch.equal(a.per_sample, b.per_sample)
