@@ -302,6 +302,17 @@ def write_glue_pairs(root: Path, task: str, n_train: int = 24, n_dev: int = 8) -
     return root
 
 
+def write_sst2(root: Path, n_train: int = 24, n_dev: int = 8) -> Path:
+    """GLUE's SST-2 ``train.tsv``/``dev.tsv``: a ``sentence<TAB>label`` header, one sentence a
+    line."""
+    rng = np.random.default_rng(0)
+    root.mkdir(parents=True, exist_ok=True)
+    for file, n in (("train.tsv", n_train), ("dev.tsv", n_dev)):
+        lines = ["sentence\tlabel", *(f"{_sentence(rng)}\t{i % 2}" for i in range(n))]
+        (root / file).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
 def write_svhn(root: Path, monkeypatch: pytest.MonkeyPatch, n_train: int = 40,
                n_test: int = 10) -> Path:
     """SVHN's ``train_32x32.mat``/``test_32x32.mat``: X (32, 32, 3, N) uint8, y (N, 1) in 1..10
@@ -349,6 +360,8 @@ def stand_in_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cifar_tarball
             idx_dataset(path, 40, 10)
         elif name in ("mrpc", "qqp"):
             write_glue_pairs(path, name)
+        elif name == "sst2":
+            write_sst2(path)
         elif name in ("mnist", "rotten_tomatoes", "digits"):
             return None  # installed with the package's dependencies
         else:

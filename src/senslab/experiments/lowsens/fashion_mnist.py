@@ -34,11 +34,25 @@ judged together (Holm); not comparable when the seed-mean train accuracies diffe
   CNN with 16/32 channels and fc 64, target 0.80 (the sigmoid MLP and the CNN at lr 0.005 learn
   slowly), at most 25 epochs, sensitivity on 200 training images × 1 draw, train
   accuracy on 2,000 fixed training images.
+
+Scale ladder (``senslab run fashion_mnist --scale ladder``; docs/definitions.md#scale-ladders),
+3 seeds per model on every rung, the same verdict rule on every rung; ``size`` is the number of
+training images:
+
+1. ``cpu``: the CPU scale (5,000 images, stop at 80% train accuracy, at most 25 epochs).
+2. ``full-data``: the same small models and learning rates on all 60,000 training images, to
+   85% train accuracy (at most 12 epochs): more data and a model trained further, both towards
+   the paper (60,000 images, 95%). Twelve times the steps per epoch let the CNN at lr 0.005
+   reach the higher target.
+3. ``paper`` (GPU): the paper scale itself (``--scale paper``).
+
+The paper code's ViT with patch 4 (50 tokens) is not a CPU rung: about 40 ms per training image
+on one core, about an hour per seed even on 5,000 images.
 """
 
 from __future__ import annotations
 
-from ..base import Run, fit_runs, register_experiment
+from ..base import Run, Rung, fit_runs, register_experiment
 from ._comparison import ComparisonSettings, VisionComparison, comparison_common
 
 #: SGD learning rates of docs/definitions.md#fashion_mnist / the paper's Appendix D
@@ -64,6 +78,13 @@ class FashionMNIST(VisionComparison):
                                   repeats=1, eval_examples=2000, small=True),
         "paper": ComparisonSettings(target=0.95, epochs=50, track_examples=2000, repeats=5),
     }
+    ladder = (
+        Rung("cpu", "cpu", size=5000, note="5,000 training images, stop at 80%"),
+        Rung("full-data", "cpu", ("train_subset=none", "target=0.85", "epochs=12"), size=60000,
+             note="the same small models on all 60,000 training images, to 85%"),
+        Rung("paper", "paper", size=60000, cpu=False,
+             note="the paper scale: the paper code's ViT-small, 60,000 images, to 95%"),
+    )
 
     def runs(self, s: ComparisonSettings) -> list[Run]:
         common = ["data.name=fashion_mnist", "train.batch_size=100", "optim.name=sgd",

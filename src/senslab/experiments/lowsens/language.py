@@ -14,6 +14,7 @@ Commands::
     senslab run language_mrpc --out runs/language_mrpc            # finds $SENSLAB_DATA/mrpc
     senslab run language_mrpc --set data.root=DIR --out runs/language_mrpc
     senslab run language_rotten_tomatoes --out runs/language_rotten_tomatoes   # offline data
+    senslab run language_sst2 --out runs/language_sst2            # finds $SENSLAB_DATA/sst2
     senslab run language_qqp --scale paper --set data.root=DIR      # GLUE QQP, GPU
 
 Data: found by the one rule of :mod:`senslab.data._roots` — ``--set data.root=DIR`` (the only
@@ -49,8 +50,35 @@ tracked examples and noise seed). paper — 4 layers, width 256, 8 heads, dropou
 1e-4 wd 1e-4, batch 32, max length 128, full training split, 3 noise draws per token (paper code)
 on 1,000 examples (ours), ``PAPER_EPOCHS`` epochs (ours: the paper does not state them). cpu —
 see ``cpu_scale_note``: 2-layer width-64 models, lr 1e-3, a training subset (MRPC: 2,000 GLUE
-training pairs; Rotten Tomatoes, not in the paper: 3,000 single-sentence snippets), stop at 97%
-train accuracy (≤ 10 epochs).
+training pairs; Rotten Tomatoes, not in the paper: 3,000 single-sentence snippets; SST-2, not in
+the paper either: 3,000 of GLUE's 67,349 training sentences), stop at 97% train accuracy (≤ 10
+epochs).
+
+SST-2 (``language_sst2``) stands in for the paper's QQP, which is not available here: GLUE's
+SST-2 ``train.tsv``/``dev.tsv`` (single sentences, binary sentiment; 67,349 training, 872
+validation), found in ``$SENSLAB_DATA/sst2`` or ``--set data.root=DIR``. Its sentences are short
+(14.5 BPE tokens on average in training, 27.5 in validation), so the CPU scale's max length 64
+keeps almost all of them whole (at most 10 training and 1 validation sentence reach 64 tokens).
+
+Scale ladders (``senslab run NAME --scale ladder``; docs/definitions.md#scale-ladders), 3 seeds
+per model on every rung and the same verdict rule on every rung; ``size`` is the RoBERTa's
+parameter count (with its 8,000-token embedding), and every CPU rung keeps the CPU scale's
+training subset, max length 64 and stopping rule, so that the rungs differ in the models (and,
+for the paper's own models, the learning rate):
+
+* ``language_mrpc`` and ``language_rotten_tomatoes``: ``cpu`` (the CPU scale, 2 layers of width
+  64, 0.62 M parameters), ``wide`` (4 layers of width 128, 4 heads: 1.8 M parameters, the
+  paper's depth at half its width), ``paper`` (GPU: ``--scale paper``). The paper's own 4 × 256
+  models are not a CPU rung here: on pairs of ~55 tokens they would take about an hour per seed
+  on one core, most of it the end-of-training measurements.
+* ``language_sst2``, a full ladder: ``cpu``, ``wide`` (as above), ``paper-arch`` — the paper's
+  own models (4 layers, width 256, 8 heads, dropout 0.1: 5.3 M parameters) trained until 97%
+  train accuracy (at most 8 epochs) with AdamW lr 3e-4 — the CPU scale's 1e-3 stalls them (a
+  200-step check on the 3,000 sentences: running train accuracy ~0.64 at 1e-3, ~0.90 at 3e-4;
+  the paper's 1e-4 was not tried) — which differs from the paper scale only in what one CPU
+  core forces, each difference listed with its reason in the rung's ``differs`` (a test holds
+  the list equal to the fields that do differ) — and ``paper`` (GPU: ``--scale paper``, the full
+  training split for ``PAPER_EPOCHS`` epochs).
 """
 
 from __future__ import annotations
@@ -69,7 +97,7 @@ from ...data import ArrayDataset
 from ...measure import TokenSensitivity
 from ...train.config import RunConfig, ranged
 from ...train.rundir import RunDir
-from ..base import Experiment, Run, Settings, fit_runs, register_experiment
+from ..base import Experiment, Run, Rung, Settings, fit_runs, register_experiment
 from ._language_verdict import language_verdict
 
 MODELS = ("lstm", "roberta", "roberta_relu", "gpt2")
@@ -81,7 +109,8 @@ ALT_VARIANCE = 4.0
 END_EXAMPLES = 256
 #: initialisations (seeds seed, seed + 1, ...) whose untrained sensitivity is averaged
 INIT_SEEDS = 5
-PAPER_EPOCHS = {"mrpc": 30, "rotten_tomatoes": 30, "qqp": 3}
+#: paper-scale epochs per dataset (ours: the paper states none)
+PAPER_EPOCHS = {"mrpc": 30, "rotten_tomatoes": 30, "qqp": 3, "sst2": 10}
 PAPER = "Transformers Learn Low Sensitivity Functions (ICLR 2025), §6 / A.4"
 CLAIM = ("Trained from scratch, both RoBERTa encoders (softmax and ReLU attention) have lower "
          "token-wise sensitivity than an LSTM, even at initialisation; ReLU below softmax; the "
@@ -286,6 +315,28 @@ def summary_profile(metrics: list[dict[str, Any]], split: str) -> tuple[list[int
     return [], []
 
 
+# --------------------------------------------------------------------------- scale ladders
+
+#: the paper's depth at half its width: the middle rung of every language ladder
+WIDE = ("layers=4", "dim=128", "heads=4")
+#: RoBERTa parameter counts (8,000-token embedding) that order the rungs: 2 × 64 (CPU scale),
+#: 4 × 128 (``wide``), 4 × 256 at max length 64 (``paper-arch``) and at 128 (paper scale)
+SIZE_CPU, SIZE_WIDE, SIZE_PAPER_ARCH, SIZE_PAPER = 0.62e6, 1.84e6, 5.29e6, 5.31e6
+
+
+def short_ladder() -> tuple[Rung, ...]:
+    """``cpu`` → ``wide`` → ``paper`` (GPU): the ladder of ``language_mrpc`` and
+    ``language_rotten_tomatoes`` (module docstring, "Scale ladders")."""
+    return (
+        Rung("cpu", "cpu", size=SIZE_CPU, note="the CPU scale: 2 layers of width 64"),
+        Rung("wide", "cpu", WIDE, size=SIZE_WIDE,
+             note="4 layers of width 128 (4 heads): the paper's depth at half its width"),
+        Rung("paper", "paper", size=SIZE_PAPER, cpu=False,
+             note="the paper scale: 4 × 256 models, lr 1e-4, max length 128, full training "
+                  "split"),
+    )
+
+
 # --------------------------------------------------------------------------- registered
 
 @register_experiment("language_mrpc")
@@ -293,6 +344,7 @@ class LanguageMRPC(LanguageExperiment):
     dataset = "mrpc"
     scales = language_scales(dataset, cpu_subset=2000)
     cpu_scale_note = _CPU_NOTE.format(subset="a seeded 2,000 of GLUE's 3,668 training pairs")
+    ladder = short_ladder()
     requires = ("MRPC: GLUE's train.tsv and dev.tsv (or Microsoft's msr_paraphrase_train.txt + "
                 "GLUE's dev_ids.tsv) in $SENSLAB_DATA/mrpc (found automatically) or in "
                 "--set data.root=DIR")
@@ -305,6 +357,49 @@ class LanguageRottenTomatoes(LanguageExperiment):
     cpu_scale_note = _CPU_NOTE.format(subset="a seeded 3,000 of the 11,528 training snippets") + (
         "; the paper has no Rotten Tomatoes run: this single-sentence set stands in for QQP, "
         "which is not available here")
+    ladder = short_ladder()
+
+
+@register_experiment("language_sst2")
+class LanguageSST2(LanguageExperiment):
+    dataset = "sst2"
+    scales = language_scales(dataset, cpu_subset=3000)
+    runtime_estimate = ("~10 min (estimate: 2-layer models timed for a few steps on SST-2 here, "
+                        "not yet run)")
+    cpu_scale_note = _CPU_NOTE.format(
+        subset="a seeded 3,000 of GLUE's 67,349 training sentences") + (
+        "; the paper has no SST-2 run: this single-sentence set stands in for QQP, which is not "
+        "available here")
+    requires = ("SST-2: GLUE's train.tsv and dev.tsv (or SST-2.zip) in $SENSLAB_DATA/sst2 "
+                "(found automatically) or in --set data.root=DIR")
+    ladder = (
+        *short_ladder()[:2],
+        Rung("paper-arch", "cpu", ("layers=4", "dim=256", "heads=8", "lr=3e-4", "epochs=8"),
+             size=SIZE_PAPER_ARCH, paper_arch=True,
+             note="the paper's own 4 × 256 models (8 heads), AdamW lr 3e-4, to 97% train "
+                  "accuracy (≤ 8 epochs)",
+             differs=(
+                 ("optim.lr", "AdamW lr 3e-4, not 1e-4, to fit 3,000 sentences within the "
+                              "CPU epoch cap (1e-4 not tried); the CPU scale's 1e-3 stalls "
+                              "these models (200-step check: running train accuracy ~0.64 at "
+                              "1e-3, ~0.90 at 3e-4)"),
+                 ("data.options", "max length 64, not 128: CPU time (every forward pass is "
+                                  "padded to it); at most 10 of 67,349 training and 1 of 872 "
+                                  "validation sentences are longer"),
+                 ("data.train_subset", "a seeded 3,000 training sentences, not all 67,349: "
+                                       "CPU time"),
+                 ("train.epochs", f"at most 8 epochs, not {PAPER_EPOCHS['sst2']}, on the "
+                                  "3,000-sentence subset: CPU time"),
+                 ("train.target_train_acc", "stops at 97% train accuracy (the paper scale "
+                                            "trains every epoch): trained to a plateau, not "
+                                            "beyond, on one CPU core"),
+                 ("track.num_examples", "sensitivity tracked on 64 examples, not 1,000: CPU "
+                                        "time (every epoch, train and validation)"),
+                 ("track.repeats", "1 noise draw per token, not 3: CPU time"))),
+        Rung("paper", "paper", size=SIZE_PAPER, cpu=False,
+             note=f"the paper scale: lr 1e-4, max length 128, all 67,349 training sentences, "
+                  f"{PAPER_EPOCHS['sst2']} epochs"),
+    )
 
 
 @register_experiment("language_qqp")

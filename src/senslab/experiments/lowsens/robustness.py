@@ -43,6 +43,20 @@ names the files, the places looked in and the fixes; there is no fallback to ano
 
 The trained ViT-small runs are shared with ``sharpness`` (it copies them when it finds
 ``runs/robustness/<run>`` trained with the same configuration).
+
+Scale ladder (``senslab run robustness --scale ladder``; docs/definitions.md#scale-ladders), 3
+seeds per run on every rung, the same verdict rule on every rung; ``size`` is the epoch budget
+(the rungs keep the data and the models and train longer, towards the paper's 100 epochs):
+
+1. ``cpu``: the CPU scale (stop at 85% train accuracy, at most 20 epochs; the regularized ViT
+   ran out of epochs at 82–84%).
+2. ``longer``: the same target, at most 40 epochs, so that every run reaches it.
+3. ``plateau``: stop at 90% train accuracy, at most 60 epochs: models trained further.
+4. ``paper`` (GPU): the paper scale itself (``--scale paper``: CIFAR-10 / CIFAR-10-C, the full
+   models, 100 epochs).
+
+``sharpness``'s ladder has the same rung names and overrides, so that its rung directories pair
+with these (``runs/ladder/sharpness/<rung>`` reuses ``runs/ladder/robustness/<rung>``).
 """
 
 from __future__ import annotations
@@ -62,7 +76,7 @@ from ...tokens.base import model_device
 from ...train.config import RunConfig, ranged
 from ...verdicts import not_comparable, over_seeds, verdict
 from .._verdicts import by_label, mean, precondition
-from ..base import Run, register_experiment
+from ..base import Run, Rung, register_experiment
 from ._posthoc import FinalMeasureExperiment
 from ._vision import CPU_FASHION, PAPER, RegularizedSettings, vision_runs, vit_runs
 
@@ -139,6 +153,15 @@ class Robustness(FinalMeasureExperiment):
     scales = {"cpu": RobustnessSettings(**CPU_FASHION, others=("cnn",), test_images=1000,
                                         sens_examples=1000),
               "paper": RobustnessSettings()}
+    ladder = (
+        Rung("cpu", "cpu", size=20, note="stop at 85% train accuracy, at most 20 epochs"),
+        Rung("longer", "cpu", ("epochs=40",), size=40,
+             note="the same target, at most 40 epochs: every run reaches it"),
+        Rung("plateau", "cpu", ("target=0.9", "epochs=60"), size=60,
+             note="stop at 90% train accuracy, at most 60 epochs"),
+        Rung("paper", "paper", size=100, cpu=False,
+             note="the paper scale: CIFAR-10 / CIFAR-10-C, full models, 100 epochs"),
+    )
 
     def runs(self, s: RobustnessSettings) -> list[Run]:
         others = {m: (m, CPU_CNN + [f"model.overrides.sens_patch={s.patch}"] if m == "cnn"

@@ -25,6 +25,15 @@ their own, reported but not part of the verdict (Table 2 compares the regularize
 
 Scales: as ``robustness`` (paper: CIFAR-10, full ViT-small; cpu: Fashion-MNIST subset, small
 ViT-small, 300 tracking images).
+
+Scale ladder (``senslab run sharpness --scale ladder``; docs/definitions.md#scale-ladders):
+``robustness``'s ladder itself — the same rung names and overrides (``cpu``; ``longer``: at most
+40 epochs; ``plateau``: stop at 90% train accuracy, at most 60 epochs; ``paper`` on a GPU),
+``size`` the epoch budget — so that every rung trains exactly the ViT-small runs of the same
+rung of ``robustness``. A rung directory ``L/sharpness/<rung>`` therefore copies the finished
+runs of ``L/robustness/<rung>`` (the default ``L`` is ``runs/ladder``) instead of retraining
+them, as ``runs/sharpness`` copies those of ``runs/robustness``; run ``robustness``'s ladder
+first and this one costs only its measurements.
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ from .._verdicts import by_label, mean, precondition
 from ..base import Run, register_experiment
 from ._posthoc import FinalMeasureExperiment, reuse_finished, tracking_subset
 from ._vision import CPU_FASHION, PAPER, RegularizedSettings, vit_runs
+from .robustness import Robustness
 
 SIGMA_W = 0.05
 REPEATS = 5
@@ -67,13 +77,20 @@ class Sharpness(FinalMeasureExperiment):
                       "shared with it); σ_w = 0.05, 5 draws, eval mode, 300 training images")
     requires = "as robustness (paper scale: CIFAR-10 in data.root)"
     scales = {"cpu": RegularizedSettings(**CPU_FASHION), "paper": RegularizedSettings()}
+    #: robustness's rungs, so that the rung directories of the two ladders pair up
+    ladder = Robustness.ladder
 
     def runs(self, s: RegularizedSettings) -> list[Run]:
         return vit_runs(s)
 
     def before_run(self, run: Run, path: Path, log: Callable[[str], None]) -> None:
-        if reuse_finished(path.parent.parent / REUSE_FROM / run.name, path, run.config):
-            log(f"    {run.name}: reusing the finished run of {REUSE_FROM}")
+        """Copy ``run`` from :data:`REUSE_FROM` when it finished there with the same
+        configuration: from ``OUT/../robustness/<run>`` (an experiment directory beside this
+        one), or, for a ladder rung ``L/sharpness/<rung>``, from ``L/robustness/<rung>/<run>``."""
+        for src in reuse_candidates(path):
+            if reuse_finished(src, path, run.config):
+                log(f"    {run.name}: reusing the finished run of {REUSE_FROM} ({src.parent})")
+                return
 
     def final_settings(self, s: RegularizedSettings) -> dict[str, Any]:
         return {"sigma_w": SIGMA_W, "repeats": REPEATS, "supplement": SUPPLEMENT_REPEATS}
@@ -128,6 +145,15 @@ class Sharpness(FinalMeasureExperiment):
             out["supplement"] = {k: flatness_evidence(_supplement(groups[k]), sup_base)
                                  for k in regs}
         return out
+
+
+def reuse_candidates(path: Path) -> tuple[Path, Path]:
+    """Where the run to be trained into ``path`` (``OUT/<run>``) may already have finished in
+    :data:`REUSE_FROM`: ``OUT/../robustness/<run>``, and, when ``OUT`` is a ladder rung
+    ``L/sharpness/<rung>``, ``L/robustness/<rung>/<run>``."""
+    out = path.parent
+    return (out.parent / REUSE_FROM / path.name,
+            out.parent.parent / REUSE_FROM / out.name / path.name)
 
 
 def _values(r: Any) -> dict[str, Any]:
