@@ -186,6 +186,8 @@ def _human(x: float) -> str:
     return f"{x:.3g}"
 
 
+#: one marker per effect (the colour is the verdict), distinct for up to 15 effects
+_MARKERS = "os^vD<>pPX*hH8d"
 _COLORS = {SUPPORTED: "#1a7f37", CONTRADICTED: "#cf222e", INCONCLUSIVE: "#9a6700"}
 
 
@@ -226,7 +228,7 @@ def plot_ladder(summary: dict[str, Any], out: str | Path) -> Path:
             ax.plot(px, py, color="0.6", lw=0.8, zorder=1)
             ax.errorbar(px, py, yerr=[lo, hi], fmt="none", ecolor="0.3", elinewidth=1,
                         capsize=3, zorder=2)
-            ax.scatter(px, py, c=cols, marker="os^vD<>"[k % 7], s=36, zorder=3,
+            ax.scatter(px, py, c=cols, marker=_MARKERS[k % len(_MARKERS)], s=36, zorder=3,
                        label=part, edgecolors="0.2", linewidths=0.5)
         labels = [r["rung"] + (f"\n{_human(r['size'])}" if r.get("size") else "")
                   + (f"\n({r['verdict']})" if r.get("status") == "done" else "\n(not run)")
@@ -234,7 +236,7 @@ def plot_ladder(summary: dict[str, Any], out: str | Path) -> Path:
         ax.set_xticks(range(len(rows)), labels, fontsize=8)
         ax.set_xlim(-0.6, len(rows) - 0.4)
         ax.set_ylabel("effect (claimed direction > 0)")
-        handles = [Line2D([], [], ls="", marker="os^vD<>"[k % 7], color="0.5", label=p)
+        handles = [Line2D([], [], ls="", marker=_MARKERS[k % len(_MARKERS)], color="0.5", label=p)
                    for k, p in enumerate(parts)]
         handles += [Line2D([], [], ls="", marker="o", color=c, label=w)
                     for w, c in _COLORS.items()]
