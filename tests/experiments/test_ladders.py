@@ -132,6 +132,12 @@ def test_a_gpu_rung_runs_only_when_named_and_rungs_need_the_ladder_scale(
     lad = run_ladder(EXP, tmp_path, rungs=["small"], extra=["seeds=1"], log=lambda _: None)
     assert [r["status"] for r in lad["rungs"]] == ["done", "not run", "needs a GPU: not run here"]
     assert not (tmp_path / "large").exists()
+    # a rung that started but did not finish (interrupted) says so
+    (tmp_path / "large").mkdir()
+    (tmp_path / "large" / "experiment.json").write_text("{}")
+    lad = summarize_ladder(EXP, tmp_path)
+    assert lad["rungs"][1]["status"].startswith("started, not finished")
+    assert "Not finished: large. Not run: paper" in lad["summary"]
     assert main(["run", EXP, "--rungs", "small", "--out", str(tmp_path / "x")]) == 2
     # an override a rung cannot take fails before anything trains
     with pytest.raises(Exception, match="no_such_key"):

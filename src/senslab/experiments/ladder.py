@@ -79,6 +79,8 @@ def _rung_verdict(out: Path, rung: Rung) -> tuple[dict[str, Any] | None, str]:
     """The rung's verdict.json and "" — or None and why it cannot be used."""
     path = out / rung.name / "verdict.json"
     if not path.is_file():
+        if (out / rung.name / "experiment.json").is_file():
+            return None, "started, not finished (the same command resumes it)"
         return None, "not run" if rung.cpu else "needs a GPU: not run here"
     v = json.loads(path.read_text())
     done = list(v.get("overrides") or [])
@@ -172,7 +174,11 @@ def ladder_sentence(rows: list[dict[str, Any]], per_effect: dict[str, Any]) -> s
                           f"({t['change']:+.3g} [{lo:+.3g}, {hi:+.3g}])")
     if trends:
         text += ". As scale grows: " + "; ".join(trends)
-    missing = [r["rung"] for r in rows if r.get("status") != "done"]
+    started = [r["rung"] for r in rows if r.get("status", "").startswith("started")]
+    missing = [r["rung"] for r in rows
+               if r.get("status") != "done" and r["rung"] not in started]
+    if started:
+        text += f". Not finished: {', '.join(started)}"
     if missing:
         text += f". Not run: {', '.join(missing)}"
     return text
