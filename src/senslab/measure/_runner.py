@@ -11,6 +11,7 @@ from torch import Tensor
 from ..tokens.base import BoundTokens
 from . import _chunks, _trim
 from ._noise import NoiseStream
+from ._precision import Bf16Check
 from .outputs import check_rows, predictions
 
 
@@ -35,8 +36,16 @@ class ChunkRunner:
     def __init__(
         self, metric: Any, bound: BoundTokens, stream: NoiseStream, ref: Tensor,
         whole: bool, device: torch.device, control: Any = None, per_copy: float | None = None,
+        check: Bf16Check | None = None,
     ) -> None:
         self.m, self.bound, self.stream, self.ref, self.whole = metric, bound, stream, ref, whole
+        self.device = device
+        #: checked bf16 (:mod:`._precision`): copies in bf16, near-boundary ones again in float32
+        self.check = check
+        self._plain: Any = None  #: ``bound.model`` before the float32-caches wrapper replaced it
+        if check is not None:
+            self._plain = bound.model  # type: ignore[attr-defined]
+            bound.model = check.wrap(self._plain, device)  # type: ignore[attr-defined]
         self.chunk = metric.chunk_size
         self.budget = metric.memory_budget or (
             _chunks.default_budget(device) if self.chunk is None else 0
@@ -56,10 +65,14 @@ class ChunkRunner:
         self.restore()
 
     def restore(self) -> None:
-        """Give the bound tokenization its own model back if the compiled one replaced it."""
+        """Give the bound tokenization its own model back if the compiled one (or the
+        float32-caches wrapper of checked bf16) replaced it."""
         if self.compiled:
             self.bound.model = self._original  # type: ignore[attr-defined]
             self._original, self.compiled = None, False
+        if self._plain is not None:
+            self.bound.model = self._plain  # type: ignore[attr-defined]
+            self._plain = None
 
     def run(self, src: Tensor, tok: Tensor, own: Tensor, extent: Tensor | None = None) -> Tensor:
         """Values of the copies ``(src, tok)`` of one round; with ``extent`` (B,) each copy is
@@ -187,21 +200,38 @@ class ChunkRunner:
                 noise = noise[:, :width]
         if m.compile and not self.compiled and self.chunk is not None:
             self._original = bound.model  # type: ignore[attr-defined]
-            bound.model = m._compiled_model()  # type: ignore[attr-defined]
+            compiled = m._compiled_model()
+            bound.model = (compiled if self.check is None  # type: ignore[attr-defined]
+                           else self.check.wrap(compiled, self.device))
             self.compiled = True
-        cut = {} if width is None else {"width": width}
         if self.meter is not None:
             self.input_bytes = max(noise[0].numel() * noise.element_size(), 1)
             with self.meter:
-                out = bound.forward_perturbed(src, None if self.whole else tok, noise, **cut)
+                out = self._forward(src, tok, noise, width)
         else:
-            out = bound.forward_perturbed(src, None if self.whole else tok, noise, **cut)
+            out = self._forward(src, tok, noise, width)
         vals = self._compare(out, src)
         if self.control is not None:
             vals = self.control.adjust(vals, src, tok, noise)
         if idx is None:
             return vals
         return out_vals.index_copy_(0, idx, vals)
+
+    def _forward(self, src: Tensor, tok: Tensor, noise: Tensor, width: int | None) -> Tensor:
+        """Outputs of the copies: one forward, or checked bf16 (:mod:`._precision`), which
+        evaluates the copies in bf16 and those near a class boundary again in float32."""
+        cut = {} if width is None else {"width": width}
+        token = None if self.whole else tok
+        if self.check is None:
+            return self.bound.forward_perturbed(src, token, noise, **cut)
+
+        def forward(rows: Tensor | None) -> Tensor:
+            if rows is None:
+                return self.bound.forward_perturbed(src, token, noise, **cut)
+            return self.bound.forward_perturbed(
+                src[rows], None if token is None else token[rows], noise[rows], **cut)
+
+        return self.check.evaluate(forward, len(src), self.device, self.m.kind, self.m.threshold)
 
     def _compare(self, out: Tensor, src: Tensor) -> Tensor:
         check_rows(out, len(src), "perturbed copies")

@@ -42,7 +42,9 @@ class SensitivityResult:
     ``per_sample`` holds one rate per example (in input order); ``per_position`` the mean per
     token position, at positions ``positions`` (right-aligned: −1 is the last real token), with
     ``position_counts`` perturbed copies behind each. ``num_forward`` counts model evaluations
-    of single examples, clean ones included.
+    of single examples, clean ones included; with checked bf16 (``precision``) every copy counts
+    once there and ``num_forward_fp32`` counts its float32 re-evaluations, a share
+    ``recheck_fraction`` of the checked copies (None when no copy ran checked).
     """
 
     estimate: float
@@ -57,6 +59,8 @@ class SensitivityResult:
     positions: Tensor
     position_counts: Tensor
     sigma: float | None
+    num_forward_fp32: int = 0
+    recheck_fraction: float | None = None
 
     def __str__(self) -> str:
         lo, hi = self.ci95
@@ -79,6 +83,8 @@ class State:
     s2: float = 0.0  # Σ_b m_b²
     within: float = 0.0  # Σ_b Var̂(m_b) (token/noise randomness only)
     forward: int = 0
+    forward_fp32: int = 0  # float32 re-evaluations of checked bf16 copies
+    checked: int = 0  # copies evaluated in checked bf16
     pos_sum: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.float64))
     pos_cnt: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.float64))
     samples: list[Tensor] = field(default_factory=list)
@@ -185,7 +191,8 @@ def merged(a: State, b: State, align: str) -> State:
     left = align == "right"
     return State(
         n=a.n + b.n, s1=a.s1 + b.s1, s2=a.s2 + b.s2, within=a.within + b.within,
-        forward=a.forward + b.forward,
+        forward=a.forward + b.forward, forward_fp32=a.forward_fp32 + b.forward_fp32,
+        checked=a.checked + b.checked,
         pos_sum=pad_to(a.pos_sum, n, left) + pad_to(b.pos_sum, n, left),
         pos_cnt=pad_to(a.pos_cnt, n, left) + pad_to(b.pos_cnt, n, left),
         samples=a.samples + b.samples,
@@ -214,7 +221,8 @@ def result(
         estimate=est, stderr=se, ci95=(lo, hi), estimand=estimand, stderr_subset=se_subset,
         num_examples=st.n, num_forward=st.forward, per_sample=torch.cat(st.samples),
         per_position=per_pos, positions=positions, position_counts=st.pos_cnt.clone(),
-        sigma=sigma,
+        sigma=sigma, num_forward_fp32=st.forward_fp32,
+        recheck_fraction=st.forward_fp32 / st.checked if st.checked else None,
     )
 
 
@@ -228,13 +236,15 @@ def all_reduced(st: State, align: str, group: Any = None) -> State:
     dist.all_gather_object(sizes, len(st.pos_sum), group=group)
     p = max(sizes)
     left = align == "right"
-    scal = torch.tensor([st.n, st.s1, st.s2, st.within, st.forward], dtype=torch.float64)
+    scal = torch.tensor([st.n, st.s1, st.s2, st.within, st.forward, st.forward_fp32, st.checked],
+                        dtype=torch.float64)
     vec = torch.cat([scal, pad_to(st.pos_sum, p, left), pad_to(st.pos_cnt, p, left)])
     dist.all_reduce(vec, group=group)
     samples: list[Any] = [None] * world
     dist.all_gather_object(samples, [s.tolist() for s in st.samples], group=group)
     return State(
         n=int(vec[0]), s1=float(vec[1]), s2=float(vec[2]), within=float(vec[3]),
-        forward=int(vec[4]), pos_sum=vec[5 : 5 + p].clone(), pos_cnt=vec[5 + p :].clone(),
+        forward=int(vec[4]), forward_fp32=int(vec[5]), checked=int(vec[6]),
+        pos_sum=vec[7 : 7 + p].clone(), pos_cnt=vec[7 + p :].clone(),
         samples=[interleave(samples)],
     )

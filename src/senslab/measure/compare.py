@@ -291,7 +291,7 @@ class CompareSensitivity:
             m.commit()
         first = metrics[0][1]
         for a, b in self.pairs:
-            va, src, tok, valid, per_cell, _ = batches[a]  # type: ignore[misc]
+            va, src, tok, valid, per_cell, *_ = batches[a]  # type: ignore[misc]
             vb = batches[b][0]  # type: ignore[index]
             accumulate(self.paired[a, b], va - vb, src, tok, valid, pairs=first.antithetic,
                        per_cell=per_cell, positions=None)

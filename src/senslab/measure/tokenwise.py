@@ -79,11 +79,15 @@ counting the bytes its forward pass allocates, then sizes the chunks to ``memory
 where cache-near chunks run fastest: ViT-small on one core ran 43 copies/s at 5–20 copies per
 pass and 23/s at 80).
 The noise is drawn in fixed blocks, so chunking never changes the numbers. ``autocast`` runs the
-forwards in bf16/fp16 and ``compile=True`` through ``torch.compile``. In eval mode, models that
-support it reuse the clean computation: prefix reuse for models that read left to right
-(:class:`~senslab.tokens.Embedding`, the zoo's LSTM and GPT-2) and local reuse for convolutional
-networks (:class:`~senslab.tokens.Patches`, the zoo's ResNet and CNN) — same predictions as full
-forwards, 1.3–2.9× the perturbed forwards per second on CPU.
+forwards in bf16/fp16 (and keeps their decisions) and ``compile=True`` through ``torch.compile``.
+``precision="bf16-checked"`` — chosen by the default ``"auto"`` where the hardware multiplies
+bf16 matrices natively and faster — evaluates the copies in bf16 but re-evaluates in float32
+those whose bf16 margin is within a per-model calibrated bound of a class boundary, so the flips
+are float32's (:mod:`._precision`; ``num_forward_fp32`` and ``recheck_fraction`` report the cost).
+In eval mode, models that support it reuse the clean computation: prefix reuse for models that
+read left to right (:class:`~senslab.tokens.Embedding`, the zoo's LSTM and GPT-2) and local reuse
+for convolutional networks (:class:`~senslab.tokens.Patches`, the zoo's ResNet and CNN) — same
+predictions as full forwards, 1.3–2.9× the perturbed forwards per second on CPU.
 
 **Padding** (:mod:`._trim`). Padding is never perturbed, and with ``trim_padding=True`` (the
 default) never evaluated either: with :class:`~senslab.tokens.Embedding` tokens, each perturbed
@@ -125,7 +129,7 @@ from ..tokens.base import (
     check_device,
     check_selector,
 )
-from . import _trim
+from . import _precision, _trim
 from ._control import LinearControl
 from ._noise import NOISE_BLOCK, NoiseStream
 from ._options import (
@@ -140,6 +144,7 @@ from ._options import (
     _resolve_sigma,
     _shapes,
 )
+from ._precision import Bf16Check, Precision
 from ._runner import ChunkRunner, _check_finite
 from ._stats import SensitivityResult, State, accumulate, all_reduced, merged, result
 from ._stats import units as _units
@@ -200,7 +205,17 @@ class TokenSensitivity:
             hyperplane and adds its closed-form mean (:mod:`._control`): unbiased for any
             model, exact for a linear one; costs one forward and backward per example (counted
             as one more forward pass).
-        autocast: a dtype (``torch.bfloat16``/``torch.float16``) to run forwards under autocast.
+        autocast: a dtype (``torch.bfloat16``/``torch.float16``) to run forwards under autocast,
+            keeping that precision's own decisions.
+        precision: ``"bf16-checked"`` evaluates the copies under bf16 autocast and those whose
+            bf16 margin lies within a calibrated bound of a class boundary again in float32:
+            float32's decisions at bf16's speed (:mod:`._precision`; the bound is
+            ``bf16_bound``, the re-checked share ``recheck_fraction``). ``"float32"``: every
+            forward in the model's own precision. ``"auto"`` (default): checked bf16 on
+            hardware with native bf16 matrix units (GPUs of compute capability ≥ 8.0;
+            AVX-512 BF16/AMX CPUs where a bf16 matrix product is measured faster) for float32
+            ``nn.Module`` models and ``compare="class"``, else the model's precision;
+            ``autocast=`` takes precedence.
         compile: evaluate the perturbed copies through ``torch.compile(model)``.
         align: per-position alignment, ``"left"`` or ``"right"``; default from the tokenization.
         eval_mode: False measures the model in its own mode (train-mode BatchNorm then
@@ -259,6 +274,7 @@ class TokenSensitivity:
         threshold: float | None = None,
         output: OutputSelector = None,
         trim_padding: bool = True,
+        precision: Precision = "auto",
     ) -> None:
         if tokens is None:
             if not hasattr(model, "default_tokens"):
@@ -327,6 +343,9 @@ class TokenSensitivity:
             )
         self.control_variate = control_variate
         self.autocast = autocast
+        _precision.check_precision(precision, autocast, compare)
+        self.precision = precision
+        self._check = _precision.Bf16Check()
         self.eval_mode = _check_flag("eval_mode", eval_mode)
         self.trim_padding = _check_flag("trim_padding", trim_padding)
         #: whether the last ``update`` cut the padding (False: nothing to cut, or switched off)
@@ -351,8 +370,22 @@ class TokenSensitivity:
 
     # -- state ---------------------------------------------------------------------------------
     def reset(self) -> None:
-        """Forget all accumulated examples (the random stream continues)."""
+        """Forget all accumulated examples and the bf16 calibration (the random stream
+        continues)."""
         self.state = State()
+        self._check.reset()
+
+    @property
+    def bf16_bound(self) -> float | None:
+        """The calibrated margin below which checked bf16 re-evaluates a copy in float32
+        (:mod:`._precision`); None before calibration or when no batch ran checked."""
+        return self._check.bound
+
+    @property
+    def recheck_fraction(self) -> float | None:
+        """Share of the copies evaluated in checked bf16 that were evaluated again in float32
+        (calibration included); None if no copy ran checked."""
+        return self.state.forward_fp32 / self.state.checked if self.state.checked else None
 
     def merge(self, other: TokenSensitivity) -> TokenSensitivity:
         """Add ``other``'s accumulated state to this one (e.g. results of other processes).
@@ -443,11 +476,12 @@ class TokenSensitivity:
                 assert self.sigma is not None
                 control = LinearControl(bound, ref, self.sigma, 32, self.kind, self.threshold)
             extent = self._extent(bound, clean)
-            key = (_shapes(inputs), whole, self.autocast, extent is not None)
+            check = self._checked(bound, clean, device)
+            key = (_shapes(inputs), whole, self.autocast, check is None, extent is not None)
             parts: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
             rounds = 0
             with ChunkRunner(self, bound, stream, ref, whole, device, control,
-                             self._per_copy.get(key)) as runner:  # restores bound.model
+                             self._per_copy.get(key), check) as runner:  # restores bound.model
                 while True:
                     src, tok = self._plan(valid, stream)
                     own = self._owned(src)
@@ -467,7 +501,23 @@ class TokenSensitivity:
             remap = torch.cumsum(mine.long(), 0) - 1  # global example → local row
             valid, src = valid[mine], remap[src]
         forward = b * (2 if self.control_variate else 1) + len(src)
-        self._add(vals, src, tok, valid, self._per_cell(rounds), forward)
+        checked = (0, 0) if check is None else check.take_counts()
+        self._add(vals, src, tok, valid, self._per_cell(rounds), forward, checked)
+
+    def _checked(self, bound: Any, clean: Tensor, device: torch.device) -> Bf16Check | None:
+        """The checked-bf16 state if this batch runs in it (:mod:`._precision`), after
+        calibrating on the clean examples when the bound is not yet known."""
+        if not _precision.checked(self, device, clean):
+            return None
+        self._check.take_counts()  # nothing left over from a failed update
+        n = min(len(clean), _precision.CALIBRATION_CLEAN)
+
+        def forward() -> Tensor:  # the clean examples, through the copies' code path
+            zero = torch.zeros(n, bound.valid.shape[1], bound.dim, device=device)
+            return bound.forward_perturbed(torch.arange(n, device=device), None, zero)
+
+        self._check.calibrate_clean(forward, clean[:n], device, self.kind, self.threshold)
+        return self._check
 
     def _extent(self, bound: Any, clean: Tensor) -> Tensor | None:
         """Per-example widths for padding-aware batching (:mod:`._trim`), or None: switched
@@ -492,15 +542,18 @@ class TokenSensitivity:
 
     def _add(
         self, vals: Tensor, src: Tensor, tok: Tensor, valid: Tensor, per_cell: int | None,
-        forward: int,
+        forward: int, checked: tuple[int, int] = (0, 0),
     ) -> None:
         """Add one batch's copies to the state (:mod:`.compare` defers this until every model
-        has measured the batch)."""
+        has measured the batch); ``checked``: copies run in checked bf16 and their float32
+        re-evaluations."""
         accumulate(
             self.state, vals, src, tok, valid, pairs=self.antithetic, per_cell=per_cell,
             positions=None if self.mode == "whole" else self.align,
         )
         self.state.forward += forward
+        self.state.checked += checked[0]
+        self.state.forward_fp32 += checked[1]
 
     def _per_cell(self, rounds: int) -> int | None:
         """Units per real token when every token got the same draws (stratified), else None."""
