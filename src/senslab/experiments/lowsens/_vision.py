@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...train.config import ranged
-from ..base import Run, Settings, fit_runs
+from ..base import Run, Rung, Settings, fit_runs
 
 PAPER = "Transformers Learn Low Sensitivity Functions (ICLR 2025)"
 LR = {"vit_small": 0.1, "vit_simple": 0.2, "convmixer": 0.06, "resnet18": 0.001,
@@ -109,3 +109,16 @@ def vit_runs(s: RegularizedSettings) -> list[Run]:
         f"vit_small-{k}": ("vit_small", patch + v + (mse if k == "patch_mse" else []))
         for k, v in REGULARIZED.items()}}
     return vision_runs(models, s, data=s.dataset)
+
+
+#: the scale ladder of ``robustness`` and ``sharpness`` (the same rung names and overrides, so
+#: a sharpness rung reuses the ViT runs of the robustness rung of the same name)
+REGULARIZED_LADDER = (
+    Rung("cpu", "cpu", size=20, note="stop at 85% train accuracy, at most 20 epochs"),
+    Rung("longer", "cpu", ("epochs=40",), size=40,
+         note="the same target, at most 40 epochs: every run reaches it"),
+    Rung("plateau", "cpu", ("target=0.9", "epochs=60"), size=60,
+         note="stop at 90% train accuracy, at most 60 epochs"),
+    Rung("paper", "paper", size=100, cpu=False,
+         note="the paper scale: CIFAR-10 / CIFAR-10-C, full models, 100 epochs"),
+)

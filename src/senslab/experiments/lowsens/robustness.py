@@ -76,9 +76,16 @@ from ...tokens.base import model_device
 from ...train.config import RunConfig, ranged
 from ...verdicts import not_comparable, over_seeds, verdict
 from .._verdicts import by_label, mean, precondition
-from ..base import Run, Rung, register_experiment
+from ..base import Run, register_experiment
 from ._posthoc import FinalMeasureExperiment
-from ._vision import CPU_FASHION, PAPER, RegularizedSettings, vision_runs, vit_runs
+from ._vision import (
+    CPU_FASHION,
+    PAPER,
+    REGULARIZED_LADDER,
+    RegularizedSettings,
+    vision_runs,
+    vit_runs,
+)
 
 NOISE_BLUR_CIFAR10C = ("gaussian_noise", "shot_noise", "impulse_noise", "speckle_noise",
                        "defocus_blur", "glass_blur", "motion_blur", "zoom_blur", "gaussian_blur")
@@ -153,15 +160,7 @@ class Robustness(FinalMeasureExperiment):
     scales = {"cpu": RobustnessSettings(**CPU_FASHION, others=("cnn",), test_images=1000,
                                         sens_examples=1000),
               "paper": RobustnessSettings()}
-    ladder = (
-        Rung("cpu", "cpu", size=20, note="stop at 85% train accuracy, at most 20 epochs"),
-        Rung("longer", "cpu", ("epochs=40",), size=40,
-             note="the same target, at most 40 epochs: every run reaches it"),
-        Rung("plateau", "cpu", ("target=0.9", "epochs=60"), size=60,
-             note="stop at 90% train accuracy, at most 60 epochs"),
-        Rung("paper", "paper", size=100, cpu=False,
-             note="the paper scale: CIFAR-10 / CIFAR-10-C, full models, 100 epochs"),
-    )
+    ladder = REGULARIZED_LADDER
 
     def runs(self, s: RobustnessSettings) -> list[Run]:
         others = {m: (m, CPU_CNN + [f"model.overrides.sens_patch={s.patch}"] if m == "cnn"

@@ -53,8 +53,7 @@ from ...verdicts import Effect, not_comparable, over_seeds, verdict
 from .._verdicts import by_label, mean, precondition
 from ..base import Run, register_experiment
 from ._posthoc import FinalMeasureExperiment, reuse_finished, tracking_subset
-from ._vision import CPU_FASHION, PAPER, RegularizedSettings, vit_runs
-from .robustness import Robustness
+from ._vision import CPU_FASHION, PAPER, REGULARIZED_LADDER, RegularizedSettings, vit_runs
 
 SIGMA_W = 0.05
 REPEATS = 5
@@ -78,7 +77,7 @@ class Sharpness(FinalMeasureExperiment):
     requires = "as robustness (paper scale: CIFAR-10 in data.root)"
     scales = {"cpu": RegularizedSettings(**CPU_FASHION), "paper": RegularizedSettings()}
     #: robustness's rungs, so that the rung directories of the two ladders pair up
-    ladder = Robustness.ladder
+    ladder = REGULARIZED_LADDER
 
     def runs(self, s: RegularizedSettings) -> list[Run]:
         return vit_runs(s)
