@@ -65,16 +65,23 @@ def record_ladder(ladder_dir: str | Path, records: str | Path = "reproduction") 
     return out
 
 
+def _read_record(path: Path) -> Any:
+    """The JSON of record ``path``; damaged JSON is an error that names the file and the fix."""
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON ({err.msg}, line {err.lineno}); restore "
+                         "it from git, or re-record it with `senslab reproduction DIR`") from None
+
+
 def load_ladders(records: str | Path = "reproduction") -> dict[str, dict[str, Any]]:
     """The ladder records in ``records/ladders``, keyed by experiment name."""
     out = {}
     for path in sorted((Path(records) / "ladders").glob("*.json")):
-        try:
-            rec = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path} is not valid JSON ({err.msg}, line {err.lineno}); restore "
-                             "it from git, or re-record it with `senslab reproduction DIR`"
-                             ) from None
+        rec = _read_record(path)
+        if not isinstance(rec, dict) or "name" not in rec or "rungs" not in rec:
+            raise ValueError(f"{path} is not a ladder record (no 'name' or 'rungs'); restore it "
+                             "from git, or re-record it with `senslab reproduction LADDER_DIR`")
         out[rec["name"]] = rec
     return out
 
@@ -159,12 +166,7 @@ def load_records(records: str | Path = "reproduction") -> dict[str, dict[str, An
     names the file."""
     out = {}
     for path in sorted(Path(records).glob("*.json")):
-        try:
-            rec = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path} is not valid JSON ({err.msg}, line {err.lineno}); restore "
-                             "it from git, or re-record it with `senslab reproduction DIR`"
-                             ) from None
+        rec = _read_record(path)
         if not isinstance(rec, dict) or "name" not in rec:
             raise ValueError(f"{path} is not a reproduction record (no 'name'); restore it from "
                              "git, or delete it")
