@@ -1,6 +1,6 @@
 """Test-wide isolation: derived files (trained tokenizers) go to a per-session temporary cache,
-never to the user's ~/.cache; torch's thread count is restored after every test. Shared fixture
-writers: ``cifar_tarball``, ``idx_dataset``."""
+never to the user's ~/.cache; the suite runs on a pinned torch thread count (``TEST_THREADS``),
+restored after every test. Shared fixture writers: ``cifar_tarball``, ``idx_dataset``."""
 
 from __future__ import annotations
 
@@ -17,6 +17,13 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+
+#: torch threads for the whole suite, subprocesses included (``SENSLAB_TEST_THREADS``, default 1):
+#: the suite's models are small, and on a machine shared with another busy process two threads
+#: wait on each other at every OpenMP barrier, which slowed the suite several-fold
+TEST_THREADS = int(os.environ.get("SENSLAB_TEST_THREADS", "1"))
+os.environ["OMP_NUM_THREADS"] = str(TEST_THREADS)  # read by the subprocesses tests start
+torch.set_num_threads(TEST_THREADS)
 
 
 @pytest.fixture(autouse=True, scope="session")
