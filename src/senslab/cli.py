@@ -87,7 +87,9 @@ def _list(args: argparse.Namespace) -> int:
         records = _records_here()
         for name in list_experiments(args.pattern):
             exp = get_experiment(name)
-            print(f"{name:<24} {exp.claim}{_runtime_note(records.get(name), exp)}")
+            rungs = (" [ladder: " + " → ".join(r.name + ("" if r.cpu else " (GPU)")
+                                               for r in exp.ladder) + "]") if exp.ladder else ""
+            print(f"{name:<24} {exp.claim}{_runtime_note(records.get(name), exp)}{rungs}")
         return 0
     print("\n".join(names))
     return 0

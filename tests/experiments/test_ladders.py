@@ -175,3 +175,11 @@ def test_verdict_json_is_strict_json_when_the_evidence_holds_nan(
 
     v = json.loads((tmp_path / "verdict.json").read_text(), parse_constant=refuse)
     assert v["evidence"] == {"ratio": None, "per_run": [1.0, None]}
+
+
+def test_list_experiments_names_the_ladder_rungs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list", "experiments", "mnist_binary"]) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith("[ladder: cpu → plateau → paper-arch → paper (GPU)]")
+    assert main(["list", "experiments", "synthetic_sparse_frequent"]) == 0
+    assert "ladder" not in capsys.readouterr().out
