@@ -20,6 +20,7 @@ OPTIONS = [
     {"repeats": 2, "mode": "whole"},
     {"repeats": 2, "num_tokens": 3, "chunk_size": 7},
     {"repeats": 2, "control_variate": "linear"},
+    {"allocation": "linear", "budget": 2.0},
 ]
 
 

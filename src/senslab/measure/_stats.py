@@ -165,6 +165,26 @@ def accumulate(
         _accumulate_positions(st, vals.double(), src, tok, valid, positions)
 
 
+def accumulate_tokens(
+    st: State, y: Tensor, var: Tensor, valid: Tensor, *, positions: str | None
+) -> None:
+    """Add one batch measured token by token (``allocation``, :mod:`._alloc`) to ``st``:
+    ``y`` (B, T) each real token's unbiased value, ``var`` (B, T) its variance estimate."""
+    b = valid.shape[0]
+    v = valid.to(y.device)
+    k = v.sum(1).double()
+    mean = (y.double() * v).sum(1) / k
+    within = (var.double() * v).sum(1) / k**2
+    st.n += b
+    st.s1 += mean.sum().item()
+    st.s2 += (mean * mean).sum().item()
+    st.within += within.sum().item()
+    st.samples.append(mean.float().cpu())
+    if positions is not None:
+        cells = v.nonzero()
+        _accumulate_positions(st, y.double()[v], cells[:, 0], cells[:, 1], v, positions)
+
+
 def _accumulate_positions(
     st: State, v: Tensor, src: Tensor, tok: Tensor, valid: Tensor, align: str
 ) -> None:

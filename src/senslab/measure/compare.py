@@ -228,6 +228,12 @@ class CompareSensitivity:
                     "model would stop after its own number of rounds, so the noise draws would "
                     "no longer be paired; give a fixed repeats= instead"
                 )
+        if options.get("allocation") is not None:
+            raise ValueError(
+                "allocation is not available in a paired comparison: each model would spread "
+                "its draws by its own flip probabilities, so the draws would no longer be "
+                "paired; give a fixed repeats= instead"
+            )
         if options.get("shard") is not None:
             raise ValueError("shard is not available in a paired comparison; measure all examples")
         generator = options.pop("generator", None)

@@ -61,6 +61,15 @@ rates :math:`p_{bt}` no longer costs forward passes.
   stopping rule looks at the whole batch, never at single cells, so the estimate's bias is
   :math:`O(1/n)` (negligible against its standard error). The target bounds the noise part of
   the uncertainty (``"subset"``); the data part shrinks only with more examples.
+* ``allocation="linear"`` puts the draws where flips happen: from one forward and backward pass
+  per example it computes every token's linearised flip probability :math:`q_{bt}` and gives
+  each token an expected ``budget``-scaled share of units in proportion to
+  :math:`\sqrt{q_{bt}(1-q_{bt})}`, never less than a floor; a token is then drawn with
+  probability :math:`\pi_{bt} > 0` and weighted by :math:`1/\pi_{bt}` (Horvitz–Thompson), so
+  the estimate stays unbiased for any model (:mod:`._alloc`). ``budget`` may be below 1: the
+  tokens the tangent says cannot flip are visited rarely. It pays where the tangent knows where
+  flips happen, and can cost more than equal draws where it does not (:mod:`._alloc`, *When it
+  pays*).
 
 **Uncertainty.** Two estimands are distinguished:
 
@@ -129,7 +138,7 @@ from ..tokens.base import (
     check_device,
     check_selector,
 )
-from . import _precision, _trim
+from . import _alloc, _precision, _trim
 from ._control import LinearControl
 from ._noise import NOISE_BLOCK, NoiseStream
 from ._options import (
@@ -146,7 +155,15 @@ from ._options import (
 )
 from ._precision import Bf16Check, Precision
 from ._runner import ChunkRunner, _check_finite
-from ._stats import SensitivityResult, State, accumulate, all_reduced, merged, result
+from ._stats import (
+    SensitivityResult,
+    State,
+    accumulate,
+    accumulate_tokens,
+    all_reduced,
+    merged,
+    result,
+)
 from ._stats import units as _units
 from ._stats import within_variance as _within_variance
 from .outputs import OutputKind, check_kind, check_rows, declared_kind, predictions, resolve_kind
@@ -201,6 +218,12 @@ class TokenSensitivity:
             fixed-subset standard error of each batch's mean is at most this.
         max_forward: forward passes one ``update`` may spend with ``target_stderr`` (at least
             one round always runs; default 64 rounds).
+        allocation: ``"linear"``: draws where the linearised flip probability says flips happen,
+            weighted back so the estimate stays unbiased (module docstring; :mod:`._alloc`);
+            costs one forward and backward per example (counted as one forward pass).
+        budget: with ``allocation``, the mean units (copies, or antithetic pairs) per real
+            token per round (default 1; may be below 1). ``repeats`` stays at 1 (2 with
+            ``antithetic``).
         control_variate: ``"linear"`` subtracts the flip indicator of the model's tangent
             hyperplane and adds its closed-form mean (:mod:`._control`): unbiased for any
             model, exact for a linear one; costs one forward and backward per example (counted
@@ -265,6 +288,8 @@ class TokenSensitivity:
         target_stderr: float | None = None,
         max_forward: int | None = None,
         control_variate: Literal["linear"] | None = None,
+        allocation: Literal["linear"] | None = None,
+        budget: float = 1.0,
         autocast: torch.dtype | None = None,
         compile: bool = False,
         align: Literal["left", "right"] | None = None,
@@ -342,6 +367,10 @@ class TokenSensitivity:
                 "compare='class' (mode='token', no replace_with)"
             )
         self.control_variate = control_variate
+        self.allocation, self.budget = _check_allocation(
+            allocation, budget, mode=mode, compare=compare, replace_with=replace_with,
+            num_tokens=num_tokens, shard=shard, repeats=repeats, antithetic=self.antithetic,
+            control_variate=control_variate)
         self.autocast = autocast
         _precision.check_precision(precision, autocast, compare)
         self.precision = precision
@@ -472,12 +501,21 @@ class TokenSensitivity:
             else:
                 ref = clean.float()
             control = None
-            if self.control_variate:
+            if self.control_variate or self.allocation:
                 assert self.sigma is not None
                 control = LinearControl(bound, ref, self.sigma, 32, self.kind, self.threshold)
             extent = self._extent(bound, clean)
             check = self._checked(bound, clean, device)
             key = (_shapes(inputs), whole, self.autocast, check is None, extent is not None)
+            if self.allocation:
+                assert control is not None
+                with ChunkRunner(self, bound, stream, ref, whole, device, None,
+                                 self._per_copy.get(key), check) as runner:
+                    self._allocated(runner, control, valid, stream, extent, check)
+                    self.last_chunk_size = runner.chunk
+                    if runner.per_copy is not None:
+                        self._per_copy[key] = runner.per_copy
+                return
             parts: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
             rounds = 0
             with ChunkRunner(self, bound, stream, ref, whole, device, control,
@@ -503,6 +541,46 @@ class TokenSensitivity:
         forward = b * (2 if self.control_variate else 1) + len(src)
         checked = (0, 0) if check is None else check.take_counts()
         self._add(vals, src, tok, valid, self._per_cell(rounds), forward, checked)
+
+    def _allocated(self, runner: ChunkRunner, control: LinearControl, valid: Tensor,
+                   stream: NoiseStream, extent: Tensor | None, check: Bf16Check | None) -> None:
+        """One batch with ``allocation="linear"`` (:mod:`._alloc`): rounds of draws spread by
+        the linearised flip probabilities, Horvitz–Thompson weighted per token."""
+        b = valid.shape[0]
+        per_unit = 2 if self.antithetic else 1
+        e = _alloc.expected_units(control.q, valid, self.budget)
+        per_round = self.budget * int(valid.sum()) * per_unit
+        cap = self.max_forward or 2 * b + DEFAULT_MAX_ROUNDS * per_round
+        ys: list[Tensor] = []
+        vs: list[Tensor] = []
+        copies = 0
+        while True:
+            n = _alloc.draw_units(e, stream.gen)
+            src, tok = _alloc.plan(n, per_unit)
+            if len(src):
+                own = torch.ones_like(src, dtype=torch.bool)
+                vals = runner.run(src, tok, own, extent)
+            else:
+                vals = torch.zeros(0, device=valid.device)
+            u, usrc, utok = _units(vals, src, tok, self.antithetic)
+            y, var = _alloc.token_values(u, usrc, utok, n, e)
+            ys.append(y)
+            vs.append(var)
+            copies += len(src)
+            if self.target_stderr is None or 2 * b + copies + per_round > cap:
+                break
+            k = valid.sum(1).double()
+            within = (torch.stack(vs).sum(0) * valid).sum(1) / len(vs) ** 2 / k**2
+            if math.sqrt(max(within.sum().item(), 0.0)) / b <= self.target_stderr:
+                break
+        rounds = len(ys)
+        y = torch.stack(ys).mean(0)
+        var = torch.stack(vs).sum(0) / rounds**2
+        checked = (0, 0) if check is None else check.take_counts()
+        accumulate_tokens(self.state, y, var, valid, positions=self.align)
+        self.state.forward += 2 * b + copies
+        self.state.checked += checked[0]
+        self.state.forward_fp32 += checked[1]
 
     def _checked(self, bound: Any, clean: Tensor, device: torch.device) -> Bf16Check | None:
         """The checked-bf16 state if this batch runs in it (:mod:`._precision`), after
@@ -613,6 +691,39 @@ class TokenSensitivity:
     def compute(self) -> SensitivityResult:
         """The estimate over everything accumulated since the last :meth:`reset`."""
         return result(self.state, self.estimand, self.align, self.compare == "class", self.sigma)
+
+
+def _check_allocation(allocation: Any, budget: Any, *, mode: str, compare: str,
+                      replace_with: Any, num_tokens: Any, shard: Any, repeats: int,
+                      antithetic: bool, control_variate: Any) -> tuple[str | None, float]:
+    if allocation is None:
+        return None, 1.0
+    if allocation != "linear":
+        raise ValueError(f"allocation must be None or 'linear', got {allocation!r}")
+    if mode != "token" or compare != "class" or replace_with is not None:
+        raise ValueError(
+            "allocation='linear' needs Gaussian noise on one token at a time and "
+            "compare='class' (mode='token', no replace_with)"
+        )
+    if control_variate is not None:
+        raise ValueError(
+            "allocation='linear' cannot be combined with control_variate: the draws would "
+            "measure the tangent's misses, which the allocation cannot see (its standard error "
+            "is then too small); use one of the two"
+        )
+    if num_tokens is not None:
+        raise ValueError("allocation='linear' chooses the draws per token itself: drop num_tokens")
+    if shard is not None:
+        raise ValueError("allocation='linear' cannot be combined with shard; measure all examples")
+    if repeats != (2 if antithetic else 1):
+        raise ValueError(
+            f"with allocation='linear', budget= sets the draws per token (mean units per token "
+            f"per round); leave repeats at {2 if antithetic else 1}, got {repeats}"
+        )
+    b = _check_number("budget", budget, "0.5")
+    if not (b > 0 and math.isfinite(b)):
+        raise ValueError(f"budget must be a positive number, got {budget!r}")
+    return "linear", b
 
 
 def token_sensitivity(
