@@ -240,22 +240,92 @@ def _describe_tokens(tokens: Any, x: Any) -> str:
     if isinstance(tokens, Patches):
         h, w = x.shape[-2:]
         count = (h // tokens.size) * (w // tokens.size)
-        return f"{count} patches of {tokens.size}×{tokens.size} pixels"
+        space = ""
+        if tokens.sigma_space == "pixel":
+            std = "model's std" if tokens.std is None else ", ".join(f"{v:g}" for v in tokens.std)
+            space = f"; σ in [0, 1] pixel units (noise ÷ std {std})"
+        return f"{count} patches of {tokens.size}×{tokens.size} pixels{space}"
     length = (x["input_ids"] if isinstance(x, dict) else x).shape[1]
     if isinstance(tokens, Embedding):
-        return f"{length} positions of {tokens.module}'s output (padding left out)"
+        module = tokens.module if isinstance(tokens.module, str) else type(tokens.module).__name__
+        return f"up to {length} positions of {module}'s output (padding left out)"
     if isinstance(tokens, Sequence):
         return f"{length} sequence positions"
     return repr(tokens)
 
 
-def _measure(args: argparse.Namespace) -> int:
+def _precision_note(model: Any, device: Any, autocast: str | None) -> str:
+    """The precision the perturbed forwards run in (the ``precision="auto"`` rule)."""
+    import torch
+
+    from .measure._precision import bf16_pays
+
+    if autocast:
+        return f"autocast {autocast}"
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    if dtype == torch.float32 and bf16_pays(device):
+        return "checked bf16 (float32's decisions)"
+    return str(dtype).removeprefix("torch.")
+
+
+def _table(model: Any, tokens: Any, batches: Any, args: argparse.Namespace,
+           device: Any) -> None:
+    """Measure every ``--sigma`` on ``batches`` (a function of (lo, hi) giving a batch on
+    ``device``) and print one table row each."""
     import torch
 
     from .measure import TokenSensitivity
+
+    fast = {"autocast": getattr(torch, AUTOCAST[args.autocast]) if args.autocast else None,
+            "compile": args.compile}
+    print(f"{'sigma':>8} {'sensitivity':>12} {'s.e.':>8} {'95% CI':>17} {'forwards':>9}")
+    for sigma in args.sigma:
+        metric = TokenSensitivity(model, tokens, sigma=sigma, repeats=args.repeats,
+                                  generator=args.seed, **fast)
+        for lo in range(0, batches.count, batches.size):
+            metric.update(batches(lo, lo + batches.size))
+        r = metric.compute()
+        print(f"{sigma:>8g} {r.estimate:>12.4f} {r.stderr:>8.4f} "
+              f"{r.ci95[0]:>8.4f}–{r.ci95[1]:<8.4f} {r.num_forward:>9,}")
+
+
+class _Batches:
+    """Batches ``lo:hi`` of a dataset subset, prepared (``prepare``) and moved to ``device``."""
+
+    def __init__(self, subset: Any, device: Any, prepare: Any = None, size: int = 256) -> None:
+        self.subset, self.device, self.prepare, self.size = subset, device, prepare, size
+        self.count = len(subset)
+
+    def __call__(self, lo: int, hi: int) -> Any:
+        x, _ = self.subset.batch(slice(lo, hi))
+        if self.prepare is not None:
+            x = self.prepare(x)
+        if isinstance(x, dict):
+            return {k: v.to(self.device) for k, v in x.items()}
+        return x.to(self.device)
+
+
+def _summary(model_words: str, data_words: str, tokens_words: str, args: argparse.Namespace,
+             precision: str, device: Any) -> None:
+    import torch
+
+    extra = ", compiled" if args.compile else ""
+    threads = torch.get_num_threads()
+    sigmas = ", ".join(f"{s:g}" for s in args.sigma)
+    _note(f"measuring {model_words}, on {data_words}; tokens: {tokens_words}; sigma {sigmas}; "
+          f"{args.repeats} noise draw(s) per token; precision {precision}; {device}{extra}, "
+          f"{threads} thread{'s' if threads != 1 else ''}")
+
+
+def _measure(args: argparse.Namespace) -> int:
+    import torch
+
+    from .tokens import auto_tokens
     from .train.config import validate
     from .train.loop import build_model, load_data, resolve_device
 
+    if args.hf or args.timm:
+        return _measure_pretrained(args)
     state: dict[str, Any] | None = None
     if args.checkpoint:
         cfg, state, step = _checkpoint(args)
@@ -274,28 +344,227 @@ def _measure(args: argparse.Namespace) -> int:
     model = model.to(device)
     g = torch.Generator().manual_seed(args.seed + 1)
     subset = data.first(min(args.num_examples, len(data)), generator=g)
-    fast = {"autocast": getattr(torch, AUTOCAST[args.autocast]) if args.autocast else None,
-            "compile": args.compile}
-    tokens = model.default_tokens() if hasattr(model, "default_tokens") else None
+    pixel = {}
+    if args.sigma_space == "pixel":
+        pixel = {"sigma_space": "pixel", "std": data.meta.get("std")}
+        if pixel["std"] is None:
+            raise UsageError(f"--sigma-space pixel needs image data normalised by a known std; "
+                             f"{cfg.data.name} records none")
+    tokens = auto_tokens(model, **pixel) if hasattr(model, "default_tokens") else None
     what = _describe_tokens(tokens, subset.batch(slice(0, 1))[0]) if tokens else "?"
-    extra = (f", autocast {args.autocast}" if args.autocast else "") + (
-        ", compiled" if args.compile else "")
-    threads = torch.get_num_threads()
-    sigmas = ", ".join(f"{s:g}" for s in args.sigma)
-    _note(f"measuring {cfg.model.name}, {weights}, on {cfg.data.name} ({args.split} split, "
-          f"{len(subset)} examples); tokens: {what}; sigma {sigmas}; {args.repeats} noise "
-          f"draw(s) per token; {device}{extra}, {threads} thread{'s' if threads != 1 else ''}")
-    print(f"{'sigma':>8} {'sensitivity':>12} {'s.e.':>8} {'95% CI':>17} {'forwards':>9}")
-    for sigma in args.sigma:
-        metric = TokenSensitivity(model, sigma=sigma, repeats=args.repeats, generator=args.seed,
-                                  **fast)
-        for lo in range(0, len(subset), 256):
-            x, _ = subset.batch(slice(lo, lo + 256))
-            metric.update({k: v.to(device) for k, v in x.items()} if isinstance(x, dict)
-                          else x.to(device))
-        r = metric.compute()
-        print(f"{sigma:>8g} {r.estimate:>12.4f} {r.stderr:>8.4f} "
-              f"{r.ci95[0]:>8.4f}–{r.ci95[1]:<8.4f} {r.num_forward:>9,}")
+    _summary(f"{cfg.model.name}, {weights}",
+             f"{cfg.data.name} ({args.split} split, {len(subset)} examples)", what, args,
+             _precision_note(model, device, args.autocast), device)
+    _table(model, tokens, _Batches(subset, device), args, device)
+    return 0
+
+
+# -- pretrained models (``--hf``, ``--timm``) ---------------------------------------------------
+
+#: HF architectures whose own head senslab reads (others get a new, seeded classification head)
+_HF_HEADS = ("ForSequenceClassification", "ForImageClassification", "ForCausalLM")
+_TEXT_DEFAULT, _IMAGE_DEFAULT = "rotten_tomatoes", "digits"
+
+
+def _offline_message(option: str, name: str, err: BaseException) -> str:
+    flags = [v for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+             if os.environ.get(v, "").lower() not in ("", "0", "false", "no", "off")]
+    where = (f"{' and '.join(flags)} is set, so only the local Hugging Face cache is searched, "
+             "and it is not there" if flags else
+             "it is not in the local Hugging Face cache and the hub could not be reached "
+             "(offline?)")
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return (f"{option} {name}: not a local directory, and {where} ({first}). Download it once "
+            f"where there is network (e.g. `hf download {name}`) and copy the cache (HF_HOME) "
+            "here, or pass a directory written by save_pretrained")
+
+
+def _hf_config(name: str) -> Any:
+    """The config of ``--hf name``, with the errors a user can act on (offline, no such dir)."""
+    try:
+        import transformers
+    except ImportError as err:
+        raise ImportError(f"--hf needs transformers (pip install 'senslab[hf]'): {err}") from None
+    path = Path(name).expanduser()
+    if not path.exists() and (name.startswith((".", "/", "~")) or name.count("/") > 1):
+        raise UsageError(f"--hf {name}: no such directory; pass a directory that "
+                         "save_pretrained wrote, or a Hugging Face model name")
+    try:
+        return transformers.AutoConfig.from_pretrained(name)
+    except OSError as err:
+        if path.exists():
+            raise UsageError(f"--hf {name}: {str(err).splitlines()[0]}") from None
+        raise UsageError(_offline_message("--hf", name, err)) from None
+
+
+def _load_hf(name: str, config: Any, seed: int, num_labels: int) -> tuple[Any, Any, str]:
+    """(model, image processor or None, words on its weights) of ``--hf name``."""
+    import torch
+    import transformers
+
+    image = hasattr(config, "num_channels")
+    arch = next((a for a in config.architectures or [] if a.endswith(_HF_HEADS)), None)
+    cls = getattr(transformers, arch, None) if arch else None
+    kwargs: dict[str, Any] = {}
+    if cls is None:
+        cls = (transformers.AutoModelForImageClassification if image
+               else transformers.AutoModelForSequenceClassification)
+        kwargs["num_labels"] = num_labels
+    transformers.utils.logging.disable_progress_bar()  # stderr: senslab's own lines only
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)  # a head the checkpoint lacks is initialised from this seed
+        model, info = cls.from_pretrained(name, output_loading_info=True, **kwargs)
+    new = sorted(info.get("missing_keys") or [])
+    weights = f"pretrained weights from {name}"
+    if new:
+        shown = ", ".join(new[:4]) + (f" and {len(new) - 4} more" if len(new) > 4 else "")
+        weights += f" except {shown}, newly initialised (seed {seed})"
+    processor = None
+    if image:
+        try:
+            processor = transformers.AutoImageProcessor.from_pretrained(name)
+        except (OSError, ValueError):
+            processor = None
+    return model.eval(), processor, weights
+
+
+def _load_timm(name: str) -> tuple[Any, str]:
+    try:
+        import timm
+    except Exception as err:  # noqa: BLE001  (a broken torchvision fails timm's import too)
+        raise ImportError(f"--timm needs timm (pip install 'senslab[timm]'), whose import "
+                          f"failed here: {type(err).__name__}: {err}") from None
+    try:
+        model = timm.create_model(name, pretrained=True)
+    except RuntimeError as err:
+        if "Unknown model" not in str(err):
+            raise
+        close = timm.list_models(f"*{name.split('_')[0]}*")[:8]
+        raise UsageError(f"--timm {name}: timm has no such model"
+                         + (f"; e.g. {', '.join(close)}" if close else "")) from None
+    except (OSError, ValueError) as err:
+        raise UsageError(_offline_message("--timm", name, err)) from None
+    return model.eval(), f"pretrained weights of timm {name}"
+
+
+def _image_prep(model: Any, processor: Any, x: Any) -> tuple[Any, str, Any]:
+    """How [0, 1] images ``x`` become the model's inputs: (prepare function, words, (mean, std)
+    or None). Channels are repeated (grayscale → RGB), the size interpolated to the model's, and
+    the model's normalisation applied."""
+    import torch
+    import torch.nn.functional as F
+
+    from .tokens.patches import model_normalization
+
+    c, h, w = x.shape[1:]
+    config = getattr(model, "config", None)
+    size: Any = getattr(config, "image_size", None)
+    channels = getattr(config, "num_channels", None)
+    cfg = getattr(model, "pretrained_cfg", None)
+    if isinstance(cfg, dict) and cfg.get("input_size"):
+        channels, *size = cfg["input_size"]
+    if size is None and processor is not None:
+        spec = getattr(processor, "crop_size", None) or getattr(processor, "size", None) or {}
+        side = spec.get("shortest_edge") or spec.get("height")
+        size = (spec.get("height", side), spec.get("width", side)) if side else None
+    size = (h, w) if size is None else (
+        (int(size), int(size)) if isinstance(size, int) else tuple(int(v) for v in size))
+    channels = channels or c
+    norm = None
+    if processor is not None and getattr(processor, "image_std", None) is not None:
+        norm = (tuple(processor.image_mean or (0.0,)), tuple(processor.image_std))
+    elif model_normalization(model) is not None:
+        norm = model_normalization(model)
+    if c != channels and c != 1:
+        raise UsageError(f"the data has {c}-channel images but the model takes {channels} "
+                         "channels; choose another --data")
+    mean = None if norm is None else torch.tensor(norm[0]).view(-1, 1, 1)
+    std = None if norm is None else torch.tensor(norm[1]).view(-1, 1, 1)
+
+    def prepare(images: Any) -> Any:
+        images = images.expand(-1, channels, -1, -1) if c != channels else images
+        if tuple(images.shape[-2:]) != size:
+            images = F.interpolate(images, size=size, mode="bilinear", align_corners=False)
+        return images if norm is None else (images - mean) / std
+
+    words = (f"[0, 1] pixels{' → ' + str(channels) + ' channels' if c != channels else ''}"
+             f"{f', resized {h}×{w} → {size[0]}×{size[1]}' if (h, w) != size else ''}, "
+             + ("normalised with the model's mean/std" if norm else
+                "no normalisation found (the model gets [0, 1] pixels)"))
+    return prepare, words, norm
+
+
+def _measure_pretrained(args: argparse.Namespace) -> int:
+    """``senslab measure --hf NAME`` / ``--timm NAME``: a pretrained model on registered data."""
+    import torch
+
+    from .tokens import auto_tokens
+    from .train.config import validate
+    from .train.loop import load_data, resolve_device
+
+    option, name = ("--hf", args.hf) if args.hf else ("--timm", args.timm)
+    for other, given in (("--model", args.model), ("--checkpoint", args.checkpoint)):
+        if given:
+            raise UsageError(f"{option} measures a pretrained model: drop {other}")
+    processor, config = None, None
+    if args.hf:
+        config = _hf_config(name)
+        image = hasattr(config, "num_channels")
+    else:
+        image = True
+    args.data = args.data or (_IMAGE_DEFAULT if image else _TEXT_DEFAULT)
+    cfg = _config(args)
+    _check_measure_set(args.set or [], cfg, None)
+    cfg.data.options.setdefault(*(("normalize", "none") if image else ("tokenizer", name)))
+    if not image and cfg.data.test_split == "test":
+        cfg.data.test_split = "validation"  # the text sets' held-out split
+    validate(cfg)
+    device = resolve_device(cfg.device)
+    try:
+        train, test = load_data(cfg)
+    except TypeError as err:
+        kind, use = ("image", "digits, mnist or cifar10") if image else (
+            "text", "rotten_tomatoes, sst2 or mrpc")
+        raise UsageError(f"--data {cfg.data.name} does not fit a {kind} model ({err}); use "
+                         f"{use}") from None
+    data = train if args.split == "train" else test
+    split = cfg.data.train_split if args.split == "train" else cfg.data.test_split
+    if args.hf:
+        model, processor, weights = _load_hf(name, config, args.seed, max(train.num_classes, 2))
+    else:
+        model, weights = _load_timm(name)
+    model = model.to(device)
+    g = torch.Generator().manual_seed(args.seed + 1)
+    subset = data.first(min(args.num_examples, len(data)), generator=g)
+    first = subset.batch(slice(0, 1))[0]
+    if image:
+        if not isinstance(first, torch.Tensor) or first.dim() != 4:
+            raise UsageError(f"--data {cfg.data.name} holds no images, but {name} is an image "
+                             "model; use digits, mnist or cifar10")
+        prepare, data_words, norm = _image_prep(model, processor, first)
+        pixel: dict[str, Any] = {"sigma_space": args.sigma_space}
+        if args.sigma_space == "pixel":  # no normalisation: the inputs are the pixels
+            pixel.update({"std": norm[1], "mean": norm[0]} if norm else {"std": 1.0})
+        tokens = auto_tokens(model, **pixel)
+        if args.sigma_space == "input" and norm is not None:
+            data_words += "; σ in the model's input units (--sigma-space pixel: [0, 1] pixels)"
+    else:
+        if not isinstance(first, dict):
+            raise UsageError(f"--data {cfg.data.name} holds no text, but {name} is a text "
+                             "model; use rotten_tomatoes, sst2 or mrpc")
+        if args.sigma_space == "pixel":
+            raise UsageError("--sigma-space pixel applies to image models; drop it")
+
+        def prepare(x: dict[str, Any]) -> dict[str, Any]:
+            return {"input_ids": x["input_ids"], "attention_mask": x["attention_mask"].long()}
+
+        data_words = f"tokenized with {name}'s tokenizer"
+        tokens = auto_tokens(model)
+    what = _describe_tokens(tokens, prepare(first))
+    _summary(f"{option.removeprefix('--')}:{name} ({type(model).__name__}), {weights}",
+             f"{cfg.data.name} ({split} split, {len(subset)} examples; {data_words})",
+             what, args, _precision_note(model, device, args.autocast), device)
+    _table(model, tokens, _Batches(subset, device, prepare, 64), args, device)
     return 0
 
 
@@ -415,6 +684,15 @@ def parser() -> argparse.ArgumentParser:
                         "within the float32 interval; see the README's GPU benchmark)")
     s.add_argument("--compile", action="store_true",
                    help="evaluate the perturbed copies through torch.compile(model)")
+    s.add_argument("--hf", metavar="NAME_OR_PATH",
+                   help="a Hugging Face model: a directory save_pretrained wrote, or a hub name "
+                        "in the local cache (default data: rotten_tomatoes for text, digits for "
+                        "images, tokenized/resized/normalised for the model)")
+    s.add_argument("--timm", metavar="NAME",
+                   help="a timm model with its pretrained weights (from the local cache)")
+    s.add_argument("--sigma-space", choices=["input", "pixel"], default="input",
+                   help="images: sigma on the model's inputs (default) or on [0, 1] pixels, "
+                        "divided per channel by the model's normalisation std")
     s.set_defaults(fn=_measure)
 
     s = sub.add_parser("run", parents=[shared],

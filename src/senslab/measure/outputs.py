@@ -148,7 +148,9 @@ def predictions(out: Tensor, kind: str = "logits", threshold: float | None = Non
     raise ValueError(
         f"model output has shape {tuple(out.shape)}; compare='class' needs (batch,) or "
         "(batch, classes) outputs — select them with output= (an index, a key or a function "
-        "of the raw output), or use compare='l1' or 'l2' for other outputs"
+        "of the raw output), or use compare='l1' or 'l2' for other outputs. A language model's "
+        "(batch, positions, vocabulary) logits are read at the last real token when measured "
+        "on Embedding tokens (Embedding(..., position=...) picks another position)"
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -161,6 +161,60 @@ def select_output(raw: Any, output: OutputSelector = None) -> Tensor:
             f"output {type(raw).__name__} {_describe(raw)}"
         )
     return got
+
+
+#: where a per-position output (batch, positions, classes) is read (see :func:`read_position`)
+Position = Literal["last"] | int | None
+
+
+def check_position(position: Any) -> None:
+    """An error unless ``position`` is ``"last"``, an int or None."""
+    if position is None or position == "last":
+        return
+    if isinstance(position, int) and not isinstance(position, bool):
+        return
+    raise ValueError(
+        f"position must be 'last' (each example's last real token), an int (k ≥ 0: position k; "
+        f"negative: counted back from the last real token, −1 = last) or None (the whole "
+        f"per-position output), got {position!r}"
+    )
+
+
+def last_real(real: Tensor) -> Tensor:
+    """(B,) index of each row's last true entry of a (B, T) bool mask (−1 for an empty row)."""
+    idx = torch.arange(real.shape[1], device=real.device)
+    return torch.where(real, idx, torch.full_like(idx, -1)).max(dim=1).values
+
+
+def read_position(out: Tensor, ends: Tensor, position: Position, width: int) -> Tensor:
+    """A per-position output read at one position per row.
+
+    ``out`` of shape (N, L, V) with ``L == width`` (the token count of the forward that made it)
+    is a per-position output — a causal language model's logits — and becomes (N, V): row ``n``
+    read at ``ends[n]`` (its last real token) for ``position="last"``, at ``k`` for an int
+    ``k ≥ 0``, at ``ends[n] + 1 + k`` for a negative ``k`` (−1 = the last real token). Any
+    other output, and every output with ``position=None``, is returned as it is. A position
+    that is padding (after the last real token) or before the start is refused.
+    """
+    if position is None or out.dim() != 3 or out.shape[1] != width:
+        return out
+    ends = ends.to(out.device)
+    if position == "last":
+        at = ends
+    else:
+        k = int(position)
+        at = torch.full_like(ends, k) if k >= 0 else ends + 1 + k
+        bad = ((at > ends) | (at < 0)) & (ends >= 0)
+        if bool(bad.any()):
+            rows = bad.nonzero().flatten()[:5].tolist()
+            last = ends[bad][:5].tolist()
+            raise ValueError(
+                f"position={k} is outside the real tokens of examples {rows} (their last real "
+                f"token is at {last}); choose a position every example has, e.g. "
+                "position='last' or a small negative one (−1 = the last real token)"
+            )
+    at = at.clamp(min=0)
+    return out[torch.arange(out.shape[0], device=out.device), at]
 
 
 def call_model(model: nn.Module | Any, inputs: Inputs, output: OutputSelector = None) -> Tensor:

@@ -16,11 +16,15 @@ from .base import (
     BoundTokens,
     Inputs,
     OutputSelector,
+    Position,
     Tokenization,
     batch_size,
     call_model,
+    check_position,
     cut_tokens,
     has_token_axis,
+    last_real,
+    read_position,
     select,
     select_output,
     valid_mask,
@@ -42,7 +46,29 @@ def find_module(model: nn.Module, name: str) -> nn.Module:
     return model.get_submodule(name)
 
 
-@dataclass(frozen=True)
+def module_name(model: nn.Module, module: str | nn.Module) -> str:
+    """The dotted name of ``module`` in ``model`` (a name is checked, a module looked up by
+    identity); an error if it is not one of ``model``'s submodules."""
+    if isinstance(module, str):
+        find_module(model, module)
+        return module
+    if not isinstance(module, nn.Module):
+        raise TypeError(
+            f"Embedding's module must be a dotted submodule name or an nn.Module, got "
+            f"{type(module).__name__}; e.g. Embedding('bert.embeddings.LayerNorm') or "
+            "Embedding(model.bert.embeddings.LayerNorm)"
+        )
+    for name, sub in model.named_modules():
+        if sub is module and name:
+            return name
+    raise ValueError(
+        f"the {type(module).__name__} given to Embedding is not a submodule of "
+        f"{type(model).__name__} (the model itself cannot be hooked); pass one of its modules, "
+        "e.g. the LayerNorm after its token embedding, or its dotted name"
+    )
+
+
+@dataclass(frozen=True, repr=False)
 class Embedding(Tokenization):
     """Tokens are the (B, T, D) output of submodule ``module`` (batch first).
 
@@ -63,11 +89,38 @@ class Embedding(Tokenization):
     (:class:`senslab.models.text.LSTMClassifier` and ``GPT2Classifier`` do; same predictions up
     to float rounding).
     ``reuse_prefix=False`` always runs full forwards.
+
+    ``module`` is a dotted name (``"bert.embeddings.LayerNorm"``) or the submodule itself
+    (``model.bert.embeddings.LayerNorm``); :func:`~senslab.tokens.auto_tokens` picks it for
+    Hugging Face text models.
+
+    Per-position outputs (a causal language model's (B, T, V) logits: any 3-D output whose
+    second axis is the inputs' token axis) are read at one position per example before the
+    outputs are compared: ``position="last"`` (default) at each example's last real token (the
+    last true position of the attention mask or ``mask``, so right padding is skipped); an int
+    ``k ≥ 0`` at position ``k``; a negative int counted back from the last real token (−1 is the
+    last real one, −2 the one before); ``None`` keeps the whole output. Other outputs are used as
+    they are.
     """
 
-    module: str
+    module: str | nn.Module
     align: str = "right"
     reuse_prefix: bool = True
+    position: Position = "last"
+
+    def __post_init__(self) -> None:
+        check_position(self.position)
+        if not isinstance(self.module, (str, nn.Module)):
+            raise TypeError(
+                f"Embedding's module must be a dotted submodule name or an nn.Module, got "
+                f"{type(self.module).__name__}; e.g. Embedding('bert.embeddings.LayerNorm')"
+            )
+
+    def __repr__(self) -> str:
+        module = (repr(self.module) if isinstance(self.module, str)
+                  else f"<{type(self.module).__name__} module>")
+        return (f"Embedding(module={module}, align={self.align!r}, "
+                f"reuse_prefix={self.reuse_prefix!r}, position={self.position!r})")
 
     @contextmanager
     def bind(
@@ -76,10 +129,12 @@ class Embedding(Tokenization):
     ) -> Iterator[BoundTokens]:
         if not isinstance(model, nn.Module):
             raise TypeError("Embedding tokens need an nn.Module to hook into")
-        target = find_module(model, self.module)
-        bound = _BoundEmbedding(self.module, model, inputs, output)
+        name = module_name(model, self.module)
+        target = model.get_submodule(name)
+        bound = _BoundEmbedding(name, model, inputs, output)
+        bound.position = self.position
         bound.reuse = (self.reuse_prefix and not model.training
-                       and getattr(model, "prefix_module", None) == self.module
+                       and getattr(model, "prefix_module", None) == name
                        and hasattr(model, "forward_suffix"))
         handle = target.register_forward_hook(bound.hook)
         try:
@@ -99,6 +154,8 @@ class _BoundEmbedding(BoundTokens):
         self.reuse = False  # prefix reuse (see Embedding)
         self._cache: Any = None
         self._width: int | None = None  # tokens of the copies in the current forward
+        self.position: Position = "last"  # where a per-position output is read (see Embedding)
+        self.ends: Tensor | None = None  # (B,) each example's last real position
 
     def hook(self, module: nn.Module, args: Any, out: Any) -> Any:
         if not isinstance(out, Tensor) or out.dim() != 3:
@@ -151,8 +208,7 @@ class _BoundEmbedding(BoundTokens):
         return out
 
     def run_clean(self, mask: Tensor | None) -> None:
-        self.clean_output = self._count(
-            lambda: call_model(self.model, self.inputs, self.output))
+        raw = self._count(lambda: call_model(self.model, self.inputs, self.output))
         if self._shape is None:
             raise RuntimeError(f"submodule {self.name!r} was not called during the forward pass")
         b, t, d = self._shape
@@ -165,12 +221,15 @@ class _BoundEmbedding(BoundTokens):
             key = next((k for k in _MASK_KEYS if k in self.inputs), None)
             padding = None if key is None else self.inputs[key]
             if isinstance(padding, Tensor) and tuple(padding.shape) == (b, t):
-                self.padding = padding.to(device=self.clean_output.device, dtype=torch.bool)
+                self.padding = padding.to(device=raw.device, dtype=torch.bool)
                 self.padding_key = key
             if mask is None and key is not None:
                 mask = self.inputs[key]
-        self.valid = valid_mask(mask, b, t, self.clean_output.device)
+        self.valid = valid_mask(mask, b, t, raw.device)
         self.trimmable = has_token_axis(self.inputs, t)
+        real = self.valid if self.padding is None else self.padding | self.valid
+        self.ends = last_real(real)
+        self.clean_output = read_position(raw, self.ends, self.position, t)
 
     def tokens(self, src: Tensor, tok: Tensor) -> Tensor:
         return self._clean[src, tok]
@@ -180,8 +239,9 @@ class _BoundEmbedding(BoundTokens):
         if self.reuse and tok is not None:  # already reads each copy up to its last real token
             if self._cache is None:
                 self._cache = self.model.prefix_cache(self._clean, self.inputs)
-            return select_output(self.model.forward_suffix(self._cache, src, tok, noise),
-                                 self.output)
+            out = select_output(self.model.forward_suffix(self._cache, src, tok, noise),
+                                self.output)
+            return self._read(out, src, self.valid.shape[1])
         t = self.valid.shape[1]
         width = t if width is None else width
         if tok is None:
@@ -191,7 +251,14 @@ class _BoundEmbedding(BoundTokens):
         self._delta = (tok, noise)
         self._width = width
         try:
-            return self._count(lambda: call_model(self.model, inputs, self.output))
+            out = self._count(lambda: call_model(self.model, inputs, self.output))
         finally:
             self._delta = None
             self._width = None
+        return self._read(out, src, width)
+
+    def _read(self, out: Tensor, src: Tensor, width: int) -> Tensor:
+        """A per-position output of copies of examples ``src`` read at ``position``."""
+        assert self.ends is not None  # set by run_clean
+        return read_position(out, self.ends.index_select(0, src.to(self.ends.device)),
+                             self.position, width)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
+from collections.abc import Sequence as Seq
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -27,6 +29,33 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _channels(value: Any, what: str) -> tuple[float, ...] | None:
+    """A per-channel constant (a number or a sequence of numbers) as a tuple of floats."""
+    if value is None:
+        return None
+    if isinstance(value, Tensor):
+        value = value.flatten().tolist()
+    items = [value] if isinstance(value, (int, float)) else value
+    if isinstance(items, (str, bytes)) or not isinstance(items, Seq) or not items:
+        raise TypeError(f"{what} must be a number or a sequence of per-channel numbers, got "
+                        f"{value!r}; e.g. {what}=(0.229, 0.224, 0.225)")
+    out = tuple(float(v) for v in items)
+    if not all(math.isfinite(v) for v in out):
+        raise ValueError(f"{what} must be finite, got {value!r}")
+    return out
+
+
+def model_normalization(model: Any) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """(mean, std) of a timm model's input normalisation, from its ``pretrained_cfg`` (or the
+    older ``default_cfg``), or None when the model declares none."""
+    for attr in ("pretrained_cfg", "default_cfg"):
+        cfg = getattr(model, attr, None)
+        if isinstance(cfg, dict) and cfg.get("std") is not None:
+            mean = _channels(cfg.get("mean", 0.0), "mean")
+            return mean or (0.0,), _channels(cfg["std"], "std")  # type: ignore[return-value]
+    return None
+
+
 @dataclass(frozen=True)
 class Patches(Tokenization):
     """Contiguous, non-overlapping ``size``×``size`` patches of a (B, C, H, W) image, all channels.
@@ -43,15 +72,73 @@ class Patches(Tokenization):
     of by a full forward (the zoo's ``resnet18`` and ``cnn`` do; same predictions up to float
     rounding). The clean maps are kept only for the examples of the current chunk.
     ``reuse_local=False`` always runs full forwards.
+
+    **σ in pixel space.** A pretrained model sees normalised inputs, ``x = (p − mean) / std``
+    with pixels ``p ∈ [0, 1]`` and the model's own per-channel ``mean``/``std`` (ImageNet's std
+    is about 0.226), so σ on ``x`` is not comparable with σ on the zoo's [−1, 1] inputs or
+    across models. ``sigma_space="pixel"`` reads σ on the [0, 1] pixels instead: the inputs are
+    still the normalised ``x`` the model takes, and the noise of channel ``c`` is divided by
+    ``std[c]`` before it is added — exactly a measurement on pixels behind the model's
+    normalisation. ``std`` is given (a number or one per channel), else read from a timm
+    model's ``pretrained_cfg``; :func:`~senslab.tokens.auto_tokens` also reads a Hugging Face
+    image processor's ``image_std``. ``mean`` matters only for ``replace_with`` (whose rows are
+    then pixel values; default 0). ``sigma_space="input"`` (default) adds σ to ``x`` as it is.
     """
 
     size: int
     align: str = "left"
     reuse_local: bool = True
+    sigma_space: Literal["input", "pixel"] = "input"
+    std: float | tuple[float, ...] | None = None
+    mean: float | tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.size, int) or self.size < 1:
+        if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 1:
             raise ValueError(f"patch size must be a positive integer, got {self.size!r}")
+        if self.sigma_space not in ("input", "pixel"):
+            raise ValueError(
+                f"sigma_space must be 'input' (σ on the model's inputs as they are) or 'pixel' "
+                f"(σ on [0, 1] pixels, through the model's normalisation), got "
+                f"{self.sigma_space!r}"
+            )
+        std, mean = _channels(self.std, "std"), _channels(self.mean, "mean")
+        if std is not None and not all(v > 0 for v in std):
+            raise ValueError(f"std must be positive, got {self.std!r}")
+        if self.sigma_space == "input" and (std is not None or mean is not None):
+            raise ValueError(
+                "std=/mean= convert σ from pixel space and need sigma_space='pixel'; drop them "
+                "to add σ to the inputs as they are"
+            )
+        object.__setattr__(self, "std", std)
+        object.__setattr__(self, "mean", mean)
+
+    def normalization(self, model: Any, channels: int) -> tuple[Tensor, Tensor] | None:
+        """(mean, std) as (C,) float tensors for ``sigma_space="pixel"`` (None for "input"):
+        ``std``/``mean`` as given, else the model's timm ``pretrained_cfg``."""
+        if self.sigma_space == "input":
+            return None
+        std, mean = self.std, self.mean
+        if std is None:
+            found = model_normalization(model)
+            if found is None:
+                raise ValueError(
+                    f"sigma_space='pixel' needs the model's input std: {type(model).__name__} "
+                    "has no timm pretrained_cfg; pass Patches(..., std=...) (e.g. ImageNet's "
+                    "(0.229, 0.224, 0.225)), or auto_tokens(model, sigma_space='pixel', "
+                    "image_processor=AutoImageProcessor.from_pretrained(name)) for a Hugging "
+                    "Face model"
+                )
+            mean, std = (mean or found[0]), found[1]
+        out = []
+        for what, vals in (("mean", mean or (0.0,)), ("std", std)):
+            assert vals is not None
+            if len(vals) not in (1, channels):
+                raise ValueError(
+                    f"{what} has {len(vals)} values but the images have {channels} channels; "
+                    f"give one value or one per channel"
+                )
+            out.append(torch.tensor(vals, dtype=torch.float32).expand(channels).clone())
+        return out[0], out[1]
 
     def grid(self, height: int, width: int) -> tuple[int, int]:
         """Patches per column and per row; an error if ``size`` does not divide the image."""
@@ -79,7 +166,8 @@ class Patches(Tokenization):
             inputs, "the images", "images.float() (σ is then in pixel units, e.g. 0–255) or "
             "images.float() / 255 (σ in units of the [0, 1] range)"
         )
-        bound = _BoundPatches(self, model, inputs, mask, output)
+        norm = self.normalization(model, inputs.shape[1])
+        bound = _BoundPatches(self, model, inputs, mask, output, norm)
         bound.reuse = (self.reuse_local and isinstance(model, nn.Module) and not model.training
                        and hasattr(model, "forward_local"))
         yield bound
@@ -87,8 +175,11 @@ class Patches(Tokenization):
 
 class _BoundPatches(BoundTokens):
     def __init__(self, spec: Patches, model: Any, x: Tensor, mask: Tensor | None,
-                 output: OutputSelector = None) -> None:
+                 output: OutputSelector = None,
+                 norm: tuple[Tensor, Tensor] | None = None) -> None:
         b, c, h, w = x.shape
+        #: (mean, std) per channel for σ in pixel space (None: noise added as it is)
+        self.norm = None if norm is None else (norm[0].to(x.device), norm[1].to(x.device))
         self.gh, self.gw = spec.grid(h, w)
         self.p = spec.size
         self.model, self.x, self.output = model, x, output
@@ -111,15 +202,30 @@ class _BoundPatches(BoundTokens):
         n, c = imgs.shape[:2]
         return imgs.view(n, c, self.gh, self.p, self.gw, self.p)
 
-    def tokens(self, src: Tensor, tok: Tensor) -> Tensor:
+    def _per_channel(self, v: Tensor, scale: Tensor, shift: Tensor | None = None) -> Tensor:
+        """``v`` (…, D) token vectors times ``scale[c]`` (plus ``shift[c]``) per channel."""
+        c = self.x.shape[1]
+        w = v.reshape(*v.shape[:-1], c, self.p * self.p) * scale.to(v.dtype)[:, None]
+        if shift is not None:
+            w = w + shift.to(v.dtype)[:, None]
+        return w.reshape(v.shape)
+
+    def _raw(self, src: Tensor, tok: Tensor) -> Tensor:
         v = self._view(self.x)
         n = len(src)
         return v[src, :, tok // self.gw, :, tok % self.gw, :].reshape(n, self.dim)
 
+    def tokens(self, src: Tensor, tok: Tensor) -> Tensor:
+        """Clean token vectors; in pixel space the pixels ``x·std + mean``."""
+        raw = self._raw(src, tok)
+        return raw if self.norm is None else self._per_channel(raw, self.norm[1], self.norm[0])
+
     def forward_perturbed(self, src: Tensor, tok: Tensor | None, noise: Tensor) -> Tensor:
+        if self.norm is not None:  # pixel-space noise → the model's input units: ε_c / std_c
+            noise = self._per_channel(noise, 1.0 / self.norm[1])
         if self.reuse and tok is not None:
             n, c = len(src), self.x.shape[1]
-            patch = self.tokens(src, tok).view(n, c, self.p, self.p) + noise.view(
+            patch = self._raw(src, tok).view(n, c, self.p, self.p) + noise.view(
                 n, c, self.p, self.p).to(self.x.dtype)
             cache, rows = self._local(src)
             return select_output(self.model.forward_local(

