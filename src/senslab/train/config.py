@@ -150,6 +150,10 @@ class TrackConfig:
     weight_norm: bool = True
     # accuracy/loss on this many examples (None: all)
     eval_examples: int | None = ranged(None, ge=1)
+    # where else every metrics.jsonl record goes (train/report_to.py); logging only: not part of
+    # the run's identity (LOGGING_ONLY), so turning it on resumes a run instead of refusing it
+    report_to: list[str] = field(default_factory=list,
+                                 metadata={"choices": ("tensorboard", "wandb")})
 
 
 @dataclass
@@ -300,9 +304,15 @@ def set_option(cfg: Any, key: str, value: Any, parse: bool = True) -> None:
             try:
                 value = _check_type(key, value, hint)
             except TypeError:
-                if not (parse and isinstance(raw, str) and _allows(hint, str)):
+                if not (parse and isinstance(raw, str)):
                     raise
-                value = raw
+                if _allows(hint, str):
+                    value = raw
+                elif _str_sequence(hint) is not None:  # report_to=tensorboard,wandb
+                    seq = _str_sequence(hint)
+                    value = seq(v.strip() for v in raw.split(",") if v.strip())
+                else:
+                    raise
             check_value(key, value, _field(obj, part).metadata)
             setattr(obj, part, value)
             return
@@ -320,6 +330,15 @@ def _allows(hint: Any, kind: type) -> bool:
     origin = typing.get_origin(hint)
     options = typing.get_args(hint) if origin in (typing.Union, types.UnionType) else (hint,)
     return kind in options
+
+
+def _str_sequence(hint: Any) -> type | None:
+    """``list`` or ``tuple`` when ``hint`` is a sequence of strings (``list[str]``,
+    ``tuple[str, ...]``), so that ``a,b`` on the command line can mean ``["a", "b"]``."""
+    base, args = typing.get_origin(hint), typing.get_args(hint)
+    if base in (list, tuple) and args and args[0] is str and args[-1] in (str, Ellipsis):
+        return base
+    return None
 
 
 def _field(obj: Any, name: str) -> dataclasses.Field[Any]:
@@ -371,6 +390,66 @@ def _example(cfg: Any) -> str:
                if isinstance(v, (int, float)) and not isinstance(v, bool)]
     key, value = (numeric or list(flat.items()))[0]
     return f"{key}={value!r}"
+
+
+# -- which configurations describe the same run --------------------------------------------------
+
+#: settings that change only where the metrics are sent, never what is trained or measured: a run
+#: directory is the same run whatever they say (docs/run-directory.md#same-configuration)
+LOGGING_ONLY: frozenset[str] = frozenset({"track.report_to"})
+
+
+_ABSENT = object()
+
+
+def json_form(obj: Any) -> Any:
+    """``obj`` as it reads back from JSON (tuples → lists, int keys → str...)."""
+    return json.loads(json.dumps(obj, default=str))
+
+
+def defaults_of(cls: type) -> dict[str, Any]:
+    """The default of every field of the dataclass ``cls`` as config.json would hold it (a
+    nested dataclass as a dict); a field without a default is left out."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            continue
+        out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    return json_form(out)
+
+
+def _leaves(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix[:-1]: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def config_differences(old: dict[str, Any], new: dict[str, Any],
+                       defaults: dict[str, Any] | None = None,
+                       ignore: frozenset[str] | set[str] = frozenset()) -> list[str]:
+    """The dotted keys in which configuration ``new`` differs from ``old`` (both as dicts, e.g.
+    a run directory's config.json and the configuration about to run it); ``[]``: the same run.
+
+    Two rules keep recorded run directories valid as the configuration grows:
+
+    * a key absent from ``old`` whose value in ``new`` equals its value in ``defaults`` is no
+      difference — a field added after ``old`` was written, left at its default, changes nothing
+      that run did;
+    * a key in ``ignore`` (:data:`LOGGING_ONLY` for :class:`RunConfig`) is never a difference.
+
+    Everything is compared as JSON reads it back (a tuple equals a list)."""
+    a, b = _leaves(json_form(old)), _leaves(json_form(new))
+    d = _leaves(json_form(defaults)) if defaults is not None else {}
+    keys = (set(a) | set(b)) - set(ignore)
+    # a key missing from `old` reads as its default there (as absent when it has none)
+    return sorted(k for k in keys if a.get(k, d.get(k, _ABSENT)) != b.get(k, _ABSENT))
 
 
 def dumps(cfg: RunConfig) -> str:

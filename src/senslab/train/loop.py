@@ -25,8 +25,10 @@ from torch import Tensor, nn
 
 from ..data import ArrayDataset, create_dataset
 from ..models import create_model, model_config
-from .config import RunConfig, validate
+from .config import LOGGING_ONLY, RunConfig, config_differences, defaults_of, validate
 from .progress import Progress
+from .report_to import Reporters, clear
+from .report_to import check as check_reporters
 from .rundir import RunDir, checkpoint_step, environment, notice
 from .steps import (
     correct,
@@ -175,11 +177,13 @@ def fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None = None) -> di
     Returns the summary (label and final metrics). The global torch RNG (dropout) is seeded from
     ``cfg.seed`` inside a fork, so the caller's RNG state is left untouched. An invalid
     configuration is an error before anything is written; Ctrl-C raises
-    :class:`TrainingInterrupted`.
+    :class:`TrainingInterrupted`. ``cfg.track.report_to`` sends every metrics.jsonl record to
+    TensorBoard and/or W&B as well (:mod:`senslab.train.report_to`).
     """
     import torch.distributed as dist
 
     validate(cfg)
+    check_reporters(cfg.track.report_to)  # a missing package, before anything is written
     # the run's own copy, label resolved (config.json holds it filled in); the caller's is kept
     cfg = dataclasses.replace(cfg, label=cfg.label or cfg.model.name)
 
@@ -246,8 +250,9 @@ def _fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None) -> dict[str
     rd = RunDir(run_dir, readonly=rank != 0)
     pos = _Position()
     try:
-        with rd.writing():  # ranks > 0 (read-only) take no lock
-            return _train(cfg, rd, device, rank, world, progress, pos)
+        # ranks > 0 (read-only) take no lock; reporters close before the lock is released
+        with rd.writing(), Reporters() as reporters:
+            return _train(cfg, rd, device, rank, world, progress, pos, reporters)
     except KeyboardInterrupt as err:
         if isinstance(err, TrainingInterrupted):
             raise
@@ -255,21 +260,31 @@ def _fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None) -> dict[str
         raise TrainingInterrupted(pos.step, checkpoint_step(saved[-1]) if saved else None) from None
 
 
+def config_changes(old: dict[str, Any], cfg: RunConfig) -> list[str]:
+    """The keys in which a run directory's config.json ``old`` differs from ``cfg``; ``[]``: it
+    holds this run. A field added since ``old`` was written counts only when ``cfg`` sets it off
+    its default; logging-only settings (``track.report_to``) never count."""
+    return config_differences(old, cfg.to_dict(), defaults_of(RunConfig), LOGGING_ONLY)
+
+
 def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: int,
-           progress: bool | None, pos: _Position) -> dict[str, Any]:
+           progress: bool | None, pos: _Position, reporters: Reporters) -> dict[str, Any]:
+    report_to = cfg.track.report_to if rank == 0 else []
     if rd.exists():
-        old = rd.read_json("config.json")
-        if old != cfg.to_dict():
+        changed = config_changes(rd.read_json("config.json"), cfg)
+        if changed:
             if rd.checkpoints() or (rd.path / "summary.json").exists():
                 raise ValueError(
-                    f"{rd.path} holds a run with a different configuration; use another --out "
-                    "directory, or delete it to start over"
+                    f"{rd.path} holds a run with a different configuration (differs in "
+                    f"{', '.join(changed)}); use another --out directory, or delete it to start "
+                    "over"
                 )
             if rank == 0:  # nothing was trained yet: the start failed, or was cut short
                 notice(f"{rd.path} holds a run that stopped before its first checkpoint; "
                        "starting it over with the new configuration")
             rd.reset()
         elif (rd.path / "summary.json").exists():
+            reporters.open(report_to, rd, cfg.to_dict(), cfg.name)  # sends what they lack
             return rd.read_json("summary.json")
     device = rank_device(device, world)
     train, test = load_data(cfg)
@@ -302,8 +317,10 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
     else:
         rd.write_json("config.json", cfg.to_dict())
         rd.metrics_path.unlink(missing_ok=True)
+        clear(rd)
     rd.write_json("env.json", environment(device) | {"world_size": world})
     _barrier(world)  # ranks > 0 read the run directory only once rank 0 has set it up
+    reporters.open(report_to, rd, cfg.to_dict(), cfg.name)  # metrics.jsonl as kept, first
 
     tracker = Tracker(cfg, model, train, test, device, shard=(rank, world) if world > 1 else None)
     loss_kind = cfg.train.loss
@@ -314,8 +331,8 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
     total_steps = cfg.train.epochs * n_batches
     if cfg.train.max_steps is not None:
         total_steps = min(total_steps, cfg.train.max_steps)
-    bar = Progress(total_steps, enabled=progress if rank == 0 else False, desc=cfg.name)
-    bar.update(pos.step)
+    bar = Progress(total_steps, enabled=progress if rank == 0 else False, desc=cfg.name,
+                   initial=pos.step)
 
     def checkpoint() -> None:
         rd.save_checkpoint(
@@ -338,6 +355,7 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
         record.update(tracker.measure(loss_kind))
         record["time"] = round(time.perf_counter() - clock, 3)
         rd.log(record)
+        reporters.log(record)
         bar.set_postfix(record)
         return record
 

@@ -14,9 +14,12 @@ Usage inside a trainer (see :mod:`senslab.train.trainers`)::
             run.checkpoint(step, {...})     # everything the loop needs to go on
         return run.finish(summary)
 
-* ``config`` (JSON-able) is written to ``config.json`` at a fresh start. A directory holding a
-  run of another configuration is refused (finished, or with a checkpoint); one that stopped
-  before its first checkpoint starts over.
+* ``config`` (the trainer's configuration dataclass, or a JSON-able dict) is written to
+  ``config.json`` at a fresh start. A directory holding a run of another configuration is refused
+  (finished, or with a checkpoint); one that stopped before its first checkpoint starts over.
+  A field added to the dataclass after a run was recorded does not make it another
+  configuration while it keeps its default (:func:`~senslab.train.config.config_differences`;
+  for a dict, pass ``defaults=``); ``logging_only`` keys never do.
 * :meth:`restore` returns the newest checkpoint that verifies (a damaged one falls back to the
   previous, with a warning) and cuts ``metrics.jsonl`` back to its step, so the records the
   resumed run writes again are not doubled. Resuming at the same thread count gives the same
@@ -30,7 +33,7 @@ shared machine).
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,22 +43,26 @@ from typing import Any
 
 import torch
 
+from .config import config_differences, defaults_of, json_form
 from .rundir import RunDir, environment, notice
-
-
-def _normal(obj: Any) -> Any:
-    """``obj`` as it reads back from JSON (tuples → lists, int keys → str...)."""
-    return json.loads(json.dumps(obj, default=str))
 
 
 class LoopRun:
     """One run directory written by a trainer's own loop; a context manager (see module)."""
 
-    def __init__(self, path: str | Path, config: dict[str, Any],
-                 device: torch.device | str = "cpu", keep: int = 2) -> None:
+    def __init__(self, path: str | Path, config: Any,
+                 device: torch.device | str = "cpu", keep: int = 2, *,
+                 defaults: dict[str, Any] | None = None,
+                 logging_only: frozenset[str] | set[str] = frozenset()) -> None:
         self.dir = RunDir(path)
         self.path = self.dir.path
-        self.config = _normal(config)
+        if dataclasses.is_dataclass(config) and not isinstance(config, type):
+            defaults = defaults_of(type(config)) if defaults is None else defaults
+            config = dataclasses.asdict(config)
+        self.config = json_form(config)
+        #: field defaults: a key missing from an old config.json reads as its default
+        self.defaults = defaults
+        self.logging_only = frozenset(logging_only)
         self.device = device
         self.keep = keep
         #: the summary of a run that finished earlier with this configuration
@@ -90,10 +97,9 @@ class LoopRun:
             return
         old = rd.read_json("config.json")
         finished = (self.path / "summary.json").exists()
-        if old != self.config:
+        changed = config_differences(old, self.config, self.defaults, self.logging_only)
+        if changed:
             if finished or rd.checkpoints():
-                changed = sorted(k for k in set(old) | set(self.config)
-                                 if old.get(k) != self.config.get(k))
                 raise ValueError(
                     f"{self.path} holds a run with a different configuration (differs in "
                     f"{', '.join(changed)}); use another --out directory, or delete that run "

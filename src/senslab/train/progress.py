@@ -1,48 +1,47 @@
-"""A small progress bar for long work: redraws one line on a TTY, silent otherwise."""
+"""The training progress bar: a tqdm bar of optimizer steps on a TTY, silent otherwise, showing
+the last loss and the accuracies and sensitivity of the last evaluation."""
 
 from __future__ import annotations
 
 import sys
-import time
 from typing import Any, TextIO
 
+from tqdm import tqdm
+
+#: the keys of an evaluation record that the bar shows (besides the last training loss)
 _SHOWN = ("train/acc", "test/acc", "sens/train")
 
 
 class Progress:
+    """``enabled`` None: on when ``stream`` (default stderr) is a terminal, so logs and CI
+    output stay free of redraws. ``initial``: the steps done before (a resumed run), left out of
+    the rate."""
+
     def __init__(self, total: int, enabled: bool | None = None, desc: str = "",
-                 stream: TextIO | None = None) -> None:
+                 stream: TextIO | None = None, initial: int = 0) -> None:
         self.stream = stream or sys.stderr
         self.enabled = self.stream.isatty() if enabled is None else enabled
-        self.total, self.desc, self.n = max(total, 1), desc, 0
-        self.start = time.perf_counter()
         self.loss: float | None = None
         self.post: dict[str, Any] = {}
+        self.bar = tqdm(total=max(total, 1), initial=initial, desc=desc, unit="step",
+                        file=self.stream, disable=not self.enabled, dynamic_ncols=True)
 
     def update(self, k: int = 1, loss: float | None = None) -> None:
-        self.n += k
         if loss is not None:
             self.loss = loss
-        self._draw()
+            self._postfix(refresh=False)  # drawn by the update below, at tqdm's own pace
+        self.bar.update(k)
 
     def set_postfix(self, record: dict[str, Any]) -> None:
         self.post = {k: record[k] for k in _SHOWN if k in record}
-        self._draw()
+        self._postfix(refresh=True)
 
-    def _draw(self) -> None:
+    def _postfix(self, refresh: bool) -> None:
         if not self.enabled:
             return
-        frac = min(self.n / self.total, 1.0)
-        bar = "█" * int(frac * 20) + "·" * (20 - int(frac * 20))
-        elapsed = time.perf_counter() - self.start
-        parts = [f"{self.desc} {bar} {self.n}/{self.total} steps {elapsed:5.0f}s"]
-        if self.loss is not None:
-            parts.append(f"loss {self.loss:.3f}")
-        parts += [f"{k.replace('/', ' ')} {v:.3f}" for k, v in self.post.items()]
-        self.stream.write("\r" + " | ".join(parts)[:150].ljust(150))
-        self.stream.flush()
+        shown = {} if self.loss is None else {"loss": f"{self.loss:.3f}"}
+        shown |= {k.replace("/", " "): f"{v:.3f}" for k, v in self.post.items()}
+        self.bar.set_postfix(shown, refresh=refresh)
 
     def close(self) -> None:
-        if self.enabled:
-            self.stream.write("\n")
-            self.stream.flush()
+        self.bar.close()

@@ -1,7 +1,7 @@
 r"""Sensitivity regularization (main paper §7;
-docs/definitions.md#regularization).
+docs/definitions.md#regularization), for images and text, with any task loss.
 
-Two ways to push a vision model towards low sensitivity:
+Two ways to push a model towards low sensitivity:
 
 * **Augmentation** — :func:`gaussian_noise_augment`: train on :math:`x + \varepsilon`,
   :math:`\varepsilon \sim \mathcal N(0, \sigma^2 I)`, with the labels of :math:`x`.
@@ -9,14 +9,25 @@ Two ways to push a vision model towards low sensitivity:
 
   .. math::
 
-      \mathcal L = (1-\alpha)\,\mathrm{CE}\big(f(x), y\big)
+      \mathcal L = (1-\alpha)\,\ell\big(f(x), y\big)
                  + \alpha\,\mathrm{MSE}\big(f(\tilde x), f(x)\big),
 
-  where :math:`\tilde x` (:func:`random_patch_noise`) is :math:`x` with Gaussian noise of std
-  :math:`\sigma` added to **one** contiguous :math:`p\times p` patch per example (all channels),
-  the patch drawn uniformly and independently for every example from the same grid that
-  :class:`senslab.tokens.Patches` uses. Paper code: :math:`\sigma = 1`, :math:`\alpha = 0.5`. (The
-  paper code shared one set of perturbed pixels across the whole batch — a defect not copied.)
+  where :math:`\ell` is the task loss (cross-entropy unless ``loss_fn`` says otherwise) and
+  :math:`\tilde x` is :math:`x` with Gaussian noise of std :math:`\sigma` added to **one** token
+  per example, drawn uniformly and independently for every example:
+
+  - images (``tokens=None`` or :class:`~senslab.tokens.Patches`): one contiguous
+    :math:`p\times p` patch (all channels; :func:`random_patch_noise`) on the grid that
+    :class:`~senslab.tokens.Patches` uses;
+  - text (:class:`~senslab.tokens.Embedding`): one real (non-padding) position of the output of
+    the named submodule, e.g. the LayerNorm after the token embedding — the noise lands on the
+    model's embeddings, never on integer token ids;
+  - vector sequences (:class:`~senslab.tokens.Sequence`): one (B, T, D) input vector.
+
+  :func:`sensitivity_penalty` is the MSE term alone with the clean output, for a training step
+  that combines it with a loss of its own. Paper code: :math:`\sigma = 1`, :math:`\alpha = 0.5`,
+  images. (The paper code shared one set of perturbed pixels across the whole batch — a defect
+  not copied.)
 
 The noise functions take a ``torch.Generator`` that the caller keeps across steps; an int seed is
 refused because re-seeding every step would add the *same* noise at every step.
@@ -25,13 +36,16 @@ refused because re-seeding every step would add the *same* noise at every step.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..tokens import Patches
-from ..tokens.base import call_model
+from ..tokens import Embedding, Patches, Sequence, Tokenization, find_module
+from ..tokens.base import Inputs, OutputSelector, call_model, valid_mask
+from ..tokens.embedding import _MASK_KEYS
 
 
 def _check_generator(generator: object) -> torch.Generator:
@@ -73,7 +87,8 @@ def gaussian_noise_augment(x: Tensor, sigma: float, generator: torch.Generator) 
     return x + sigma * _randn_like(x, tuple(x.shape), gen)
 
 
-def random_patch_noise(x: Tensor, patch: int, sigma: float, generator: torch.Generator) -> Tensor:
+def random_patch_noise(x: Tensor, patch: int, sigma: float, generator: torch.Generator,
+                       channel_scale: Tensor | None = None) -> Tensor:
     r"""``x`` (B, C, H, W) with :math:`\mathcal N(0, \sigma^2)` noise added to one random
     ``patch``×``patch`` patch per example (all channels), everything else untouched.
 
@@ -81,6 +96,8 @@ def random_patch_noise(x: Tensor, patch: int, sigma: float, generator: torch.Gen
     ``t`` at row ``t // (W/p)``, column ``t % (W/p)``) and are drawn uniformly and independently
     per example. Vectorised: one ``randint`` for the positions, one ``randn`` of shape
     (B, C, p, p) for the noise, one indexed add. ``x`` itself is not modified.
+    ``channel_scale`` (C,) multiplies channel ``c``'s noise (``1/std``: σ given in pixel units
+    behind the model's normalisation).
     """
     _check_float(x, "x")
     if x.dim() != 4:
@@ -94,6 +111,8 @@ def random_patch_noise(x: Tensor, patch: int, sigma: float, generator: torch.Gen
     gh, gw = Patches(patch).grid(h, w)  # checks that the patch size divides the image
     tok = torch.randint(gh * gw, (b,), generator=gen, device=gen.device).to(x.device)
     noise = sigma * _randn_like(x, (b, c, patch, patch), gen)
+    if channel_scale is not None:
+        noise = noise * channel_scale.to(device=x.device, dtype=x.dtype).view(1, c, 1, 1)
     out = x.clone(memory_format=torch.contiguous_format)  # the view below needs this layout
     grid = out.view(b, c, gh, patch, gw, patch)
     rows = torch.arange(b, device=x.device)
@@ -102,18 +121,168 @@ def random_patch_noise(x: Tensor, patch: int, sigma: float, generator: torch.Gen
     return out
 
 
+def _embedding_target(model: nn.Module, tokens: Embedding) -> nn.Module:
+    module: Any = tokens.module
+    return module if isinstance(module, nn.Module) else find_module(model, module)
+
+
+def _real_tokens(inputs: Inputs, mask: Tensor | None, b: int, t: int,
+                 device: torch.device) -> Tensor:
+    """(B, T) bool: the positions that may get the noise — ``mask``, else a dict input's
+    attention/padding mask (the keys :class:`~senslab.tokens.Embedding` reads), else all."""
+    if mask is None and isinstance(inputs, dict):
+        key = next((k for k in _MASK_KEYS if k in inputs), None)
+        found = None if key is None else inputs[key]
+        if isinstance(found, Tensor) and tuple(found.shape) == (b, t):
+            mask = found
+    valid = valid_mask(mask, b, t, device)
+    empty = (~valid.any(dim=1)).nonzero().flatten()
+    if len(empty):
+        raise ValueError(f"example(s) {empty.tolist()} of the batch have no real token to add "
+                         "noise to (their mask is all false); drop them from the batch")
+    return valid
+
+
+def _pick_tokens(valid: Tensor, generator: torch.Generator) -> Tensor:
+    """One position per row of ``valid`` (B, T), uniform over its true entries."""
+    weights = valid.to(device=generator.device, dtype=torch.float32)
+    return torch.multinomial(weights, 1, generator=generator).squeeze(1).to(valid.device)
+
+
+def _embedding_branches(model: nn.Module, inputs: Inputs, tokens: Embedding, sigma: float,
+                        generator: torch.Generator, mask: Tensor | None,
+                        output: OutputSelector) -> tuple[Tensor, Tensor]:
+    """(clean, noisy) outputs, the noisy forward with N(0, σ²I) added to one real position of
+    the ``tokens.module`` output per example (a forward hook that exists only here)."""
+    target = _embedding_target(model, tokens)
+    seen: list[Tensor] = []
+    delta: list[Tensor] = []  # empty: the clean pass
+
+    def hook(module: nn.Module, args: Any, out: Any) -> Any:
+        if not isinstance(out, Tensor) or out.dim() != 3 or not out.is_floating_point():
+            got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+            raise ValueError(
+                f"Embedding({tokens.module!r}) returned {got}; the regularizer needs a floating "
+                "(batch, tokens, dim) output — name the embedding or the LayerNorm after it")
+        seen.append(out)
+        return out + delta[0].to(out.dtype) if delta else None
+
+    def run() -> Tensor:
+        seen.clear()
+        out = call_model(model, inputs, output)
+        if len(seen) != 1:
+            raise ValueError(
+                f"submodule {tokens.module!r} ran {len(seen)} times in one forward pass; the "
+                "regularizer adds its noise where it runs exactly once — name the token "
+                "embedding or the LayerNorm after it")
+        return out
+
+    handle = target.register_forward_hook(hook)
+    try:
+        clean = run()
+        b, t, d = seen[0].shape
+        valid = _real_tokens(inputs, mask, b, t, seen[0].device)
+        tok = _pick_tokens(valid, generator)
+        noise = sigma * _randn_like(seen[0], (b, d), generator)
+        rows = torch.arange(b, device=noise.device)
+        # out of place: the noise enters as a constant, the gradient reaches every parameter
+        delta.append(torch.zeros_like(seen[0]).index_put((rows, tok), noise))
+        noisy = run()
+    finally:
+        handle.remove()
+    return clean, noisy
+
+
+def _branches(model: nn.Module, x: Inputs, tokens: Tokenization, sigma: float,
+              generator: torch.Generator, mask: Tensor | None,
+              output: OutputSelector) -> tuple[Tensor, Tensor]:
+    """(f(x), f(x̃)), both attached to the graph; x̃ has noise on one token per example."""
+    if isinstance(tokens, Embedding):
+        if not isinstance(model, nn.Module):
+            raise TypeError("Embedding tokens need an nn.Module to hook into")
+        return _embedding_branches(model, x, tokens, sigma, generator, mask, output)
+    if isinstance(tokens, Patches):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"Patches tokens need an image tensor, got {type(x).__name__}")
+        if mask is not None:
+            raise ValueError("mask= marks real text tokens; every patch of an image is real")
+        norm = tokens.normalization(model, x.shape[1]) if hasattr(tokens, "normalization") \
+            else None
+        scale = None if norm is None else 1.0 / norm[1]  # σ on pixels: noise / std per channel
+        # drawn before the forwards, as the paper code does (keeps the recorded numbers)
+        x_noisy = random_patch_noise(x, tokens.size, sigma, generator, channel_scale=scale)
+        return call_model(model, x, output), call_model(model, x_noisy, output)
+    if isinstance(tokens, Sequence):
+        if not isinstance(x, Tensor) or x.dim() != 3:
+            got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"Sequence tokens need (batch, tokens, dim) inputs, got {got}")
+        _check_float(x, "x")
+        b, t, d = x.shape
+        tok = _pick_tokens(_real_tokens(x, mask, b, t, x.device), generator)
+        noise = sigma * _randn_like(x, (b, d), generator)
+        rows = torch.arange(b, device=x.device)
+        x_noisy = x.index_put((rows, tok), noise, accumulate=True)
+        return call_model(model, x, output), call_model(model, x_noisy, output)
+    raise TypeError(f"tokens must be Patches, Embedding or Sequence, got {type(tokens).__name__}")
+
+
+def sensitivity_penalty(
+    model: nn.Module,
+    x: Inputs,
+    *,
+    tokens: Tokenization | None = None,
+    patch: int = 4,
+    sigma: float = 1.0,
+    generator: torch.Generator,
+    mask: Tensor | None = None,
+    output: OutputSelector = None,
+) -> tuple[Tensor, Tensor]:
+    r"""The regularizer's term :math:`\mathrm{MSE}\big(f(\tilde x), f(x)\big)` and the clean
+    output :math:`f(x)`, both attached to the graph, for a training step with a loss of its own::
+
+        penalty, logits = sensitivity_penalty(model, batch, tokens=Embedding("embed_ln"),
+                                              generator=g)
+        loss = my_loss(logits, labels) + lam * penalty
+
+    ``x`` is what the model takes: an image tensor, a tensor of token ids, a dict of keyword
+    arguments (``input_ids``, ``attention_mask``...) or a tuple of positional ones; ``output``
+    selects the logits of a model that returns more (:func:`~senslab.tokens.base.select_output`:
+    a Hugging Face ``ModelOutput``'s ``.logits`` is found by itself). ``tokens`` says where the
+    noise goes (module docstring; None: ``Patches(patch)``); ``mask`` (B, T) marks the real text
+    positions (default: a dict input's ``attention_mask``, else every position). The MSE is the
+    mean over all output entries of the batch; gradients flow through both branches (the clean
+    output is pulled towards the noisy one as well as the reverse), as in the paper code.
+    """
+    _check_sigma(sigma)
+    gen = _check_generator(generator)
+    tokens = Patches(patch) if tokens is None else tokens
+    clean, noisy = _branches(model, x, tokens, sigma, gen, mask, output)
+    return F.mse_loss(noisy, clean), clean
+
+
 def sensitivity_regularized_loss(
     model: nn.Module,
-    x: Tensor,
+    x: Inputs,
     y: Tensor,
     *,
     alpha: float = 0.5,
     patch: int = 4,
     sigma: float = 1.0,
     generator: torch.Generator,
+    tokens: Tokenization | None = None,
+    loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
+    mask: Tensor | None = None,
+    output: OutputSelector = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    r"""The regularized training loss :math:`(1-\alpha)\,\mathrm{CE}(f(x), y) + \alpha\,
-    \mathrm{MSE}(f(\tilde x), f(x))` with :math:`\tilde x` = :func:`random_patch_noise`.
+    r"""The regularized training loss :math:`(1-\alpha)\,\ell(f(x), y) + \alpha\,
+    \mathrm{MSE}(f(\tilde x), f(x))` (module docstring), a plain function for any training step.
+
+    ``loss_fn(logits, y)`` is the task loss :math:`\ell` (default ``F.cross_entropy``; e.g.
+    ``F.binary_cross_entropy_with_logits`` or ``F.mse_loss``). ``tokens`` says where the noise
+    goes: None or :class:`~senslab.tokens.Patches` for images (``patch`` is the patch size when
+    ``tokens`` is None), :class:`~senslab.tokens.Embedding` for text,
+    :class:`~senslab.tokens.Sequence` for vector sequences; ``x``, ``mask`` and ``output`` as in
+    :func:`sensitivity_penalty`.
 
     Gradients flow through **both** branches, :math:`f(\tilde x)` and :math:`f(x)`, as in the
     paper code (the MSE pulls the clean output towards the noisy one as well as the reverse).
@@ -123,7 +292,8 @@ def sensitivity_regularized_loss(
 
     Returns:
         ``(loss, parts)``: the scalar loss to back-propagate and, for logging, detached scalars
-        ``parts = {"loss", "ce", "mse"}`` (tensors, so logging needs no device sync until read).
+        ``parts = {"loss", "task", "mse"}`` (tensors, so logging needs no device sync until
+        read); with the default cross-entropy, ``"ce"`` holds the task loss too.
 
     Example:
         >>> import torch
@@ -132,15 +302,16 @@ def sensitivity_regularized_loss(
         >>> g = torch.Generator().manual_seed(0)
         >>> loss, parts = sensitivity_regularized_loss(model, x, y, patch=2, generator=g)
         >>> loss.backward(); sorted(parts)
-        ['ce', 'loss', 'mse']
+        ['ce', 'loss', 'mse', 'task']
     """
     if not (isinstance(alpha, (int, float)) and 0.0 <= alpha <= 1.0):
-        raise ValueError(f"alpha weighs CE against the MSE term and must be in [0, 1], got {alpha}")
-    x_noisy = random_patch_noise(x, patch, sigma, generator)
-    clean = call_model(model, x)
-    noisy = call_model(model, x_noisy)
-    ce = F.cross_entropy(clean, y)
-    mse = F.mse_loss(noisy, clean)
-    loss = (1.0 - alpha) * ce + alpha * mse
-    parts = {"loss": loss.detach(), "ce": ce.detach(), "mse": mse.detach()}
+        raise ValueError(f"alpha weighs the task loss against the MSE term and must be in "
+                         f"[0, 1], got {alpha}")
+    mse, clean = sensitivity_penalty(model, x, tokens=tokens, patch=patch, sigma=sigma,
+                                     generator=generator, mask=mask, output=output)
+    task = (F.cross_entropy if loss_fn is None else loss_fn)(clean, y)
+    loss = (1.0 - alpha) * task + alpha * mse
+    parts = {"loss": loss.detach(), "task": task.detach(), "mse": mse.detach()}
+    if loss_fn is None:
+        parts["ce"] = parts["task"]
     return loss, parts

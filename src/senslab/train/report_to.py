@@ -1,0 +1,178 @@
+"""Every metrics.jsonl record sent to TensorBoard and W&B as well (``track.report_to``).
+
+metrics.jsonl stays the canonical record; a reporter receives the same records, each numeric
+scalar under its metrics.jsonl key (``train/loss``, ``sens/train``, ``epoch``, ``time``...) at the
+record's ``step`` (lists such as ``sens/train_ci`` are left out). Only rank 0 of a distributed run
+reports.
+
+* ``"tensorboard"``: event files in ``RUN/tensorboard/`` (``torch.utils.tensorboard``; needs the
+  ``tensorboard`` package: ``pip install senslab[tensorboard]``). They are rebuilt from
+  metrics.jsonl whenever the run starts or resumes: a resumed run cuts metrics.jsonl back to its
+  checkpoint, so the event files never hold a step twice, nor a record that metrics.jsonl dropped.
+* ``"wandb"``: one W&B run, ``wandb.init(dir=RUN, name=<config name>, config=<config.json>)``;
+  project, entity and mode come from W&B's own settings (``WANDB_PROJECT``, ``WANDB_ENTITY``,
+  ``WANDB_MODE=offline``...), the project defaulting to ``senslab``. Its id is kept in
+  ``RUN/wandb.json`` with the last step sent, so a resumed run continues the same W&B run
+  (``resume="allow"``). W&B's history cannot be rewound: the records a resumed run redoes up to
+  that step are not sent again (a resume at the same thread count redoes them bit for bit, so
+  W&B still holds metrics.jsonl's values). A fresh start begins a new W&B run.
+
+A run that is re-run after it finished sends what its reporters have not received yet (its
+TensorBoard files are rebuilt), without retraining.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+import shutil
+from collections.abc import Iterable
+from types import TracebackType
+from typing import Any, Protocol
+
+from .rundir import RunDir
+
+#: the reporters ``track.report_to`` can name
+REPORTERS = ("tensorboard", "wandb")
+TENSORBOARD_DIR = "tensorboard"
+WANDB_STATE = "wandb.json"
+
+
+def scalars(record: dict[str, Any]) -> dict[str, float]:
+    """The numeric scalars of a metrics.jsonl record under their keys; ``step`` is the x axis,
+    not a scalar, and lists, strings and None are left out."""
+    return {k: float(v) for k, v in record.items()
+            if k != "step" and isinstance(v, numbers.Real) and not isinstance(v, bool)}
+
+
+class Reporter(Protocol):
+    def log(self, record: dict[str, Any]) -> None: ...
+    def close(self, failed: bool = False) -> None: ...
+
+
+#: reporter → (the package it needs, how to install it)
+_INSTALL = {
+    "tensorboard": ("tensorboard", "pip install 'senslab[tensorboard]'"),
+    "wandb": ("wandb", "pip install 'senslab[wandb]'"),
+}
+
+
+def check(names: Iterable[str]) -> None:
+    """An error naming the install command when a reporter in ``names`` lacks its package
+    (``fit`` asks before it writes anything)."""
+    import importlib.util
+
+    for n in names:
+        if n not in _INSTALL:
+            raise ValueError(f"unknown reporter {n!r} in track.report_to; use "
+                             f"{' or '.join(REPORTERS)}")
+        package, how = _INSTALL[n]
+        if importlib.util.find_spec(package) is None:
+            raise ImportError(f"track.report_to names {n}, but the {package} package is not "
+                              f"installed; install it with {how}, or drop {n} from "
+                              "track.report_to")
+
+
+class TensorBoard:
+    """Event files in ``RUN/tensorboard/``, rebuilt from ``records`` (the run's metrics.jsonl)."""
+
+    def __init__(self, rd: RunDir, records: list[dict[str, Any]]) -> None:
+        check(["tensorboard"])
+        from torch.utils.tensorboard import SummaryWriter
+        path = rd.path / TENSORBOARD_DIR
+        shutil.rmtree(path, ignore_errors=True)  # metrics.jsonl is the record; rebuild from it
+        self.writer = SummaryWriter(log_dir=str(path))
+        for record in records:
+            self._write(record)
+        self.writer.flush()
+
+    def _write(self, record: dict[str, Any]) -> None:
+        step = int(record["step"])
+        for key, value in scalars(record).items():
+            self.writer.add_scalar(key, value, step)
+
+    def log(self, record: dict[str, Any]) -> None:
+        self._write(record)
+        self.writer.flush()  # records are rare (one per evaluation): readable while training
+
+    def close(self, failed: bool = False) -> None:
+        self.writer.close()
+
+
+class Wandb:
+    """One W&B run per run directory (see module); started at the first record it has to send."""
+
+    def __init__(self, rd: RunDir, config: dict[str, Any], name: str,
+                 records: list[dict[str, Any]]) -> None:
+        check(["wandb"])
+        import wandb
+        self.wandb, self.rd, self.config, self.name = wandb, rd, config, name
+        self.run: Any = None
+        state = rd.read_json(WANDB_STATE) if (rd.path / WANDB_STATE).exists() and records else {}
+        # no records yet: a fresh start, which is a new W&B run
+        self.id: str | None = state.get("id")
+        self.sent: int = state.get("step", -1)
+        for record in records:
+            self.log(record)
+
+    def log(self, record: dict[str, Any]) -> None:
+        step = int(record["step"])
+        if step <= self.sent:  # sent before an interruption; W&B's history cannot be rewound
+            return
+        if self.run is None:
+            self.run = self.wandb.init(
+                dir=str(self.rd.path), project=os.environ.get("WANDB_PROJECT", "senslab"),
+                name=self.name, id=self.id, resume="allow", config=self.config)
+            self.id = self.run.id
+        self.run.log(scalars(record), step=step)
+        self.sent = step
+        self.rd.write_json(WANDB_STATE, {"id": self.id, "step": step})
+
+    def close(self, failed: bool = False) -> None:
+        if self.run is not None:
+            self.run.finish(exit_code=1 if failed else 0)
+            self.run = None
+
+
+class Reporters:
+    """The reporters of one run, a context manager that closes them; empty until :meth:`open`."""
+
+    def __init__(self) -> None:
+        self.active: list[Reporter] = []
+
+    def open(self, names: Iterable[str], rd: RunDir, config: dict[str, Any], name: str) -> None:
+        """Start the reporters ``names`` on run directory ``rd`` (its metrics.jsonl as it is now
+        is sent first); ``config`` is the run's config.json, ``name`` its name."""
+        names = list(dict.fromkeys(names))
+        if not names:
+            return
+        records = rd.metrics()
+        check(names)
+        for n in names:
+            if n == "tensorboard":
+                self.active.append(TensorBoard(rd, records))
+            else:
+                self.active.append(Wandb(rd, config, name, records))
+
+    def log(self, record: dict[str, Any]) -> None:
+        for r in self.active:
+            r.log(record)
+
+    def close(self, failed: bool = False) -> None:
+        while self.active:
+            self.active.pop().close(failed)
+
+    def __enter__(self) -> Reporters:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close(failed=kind is not None)
+
+
+def clear(rd: RunDir) -> None:
+    """Remove what reporters wrote into ``rd`` (a fresh start of the run directory)."""
+    if rd.readonly:
+        return
+    shutil.rmtree(rd.path / TENSORBOARD_DIR, ignore_errors=True)
+    (rd.path / WANDB_STATE).unlink(missing_ok=True)

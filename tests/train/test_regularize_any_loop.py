@@ -1,0 +1,178 @@
+"""The sensitivity regularizer in a user's own training step: text models (noise on one real
+embedding position per example), any task loss, the penalty alone; images keep their numbers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from senslab.models import create_model
+from senslab.tokens import Embedding, Patches, Sequence
+from senslab.train.regularize import (
+    random_patch_noise,
+    sensitivity_penalty,
+    sensitivity_regularized_loss,
+)
+
+PAD = 1
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _text_batch(lengths: tuple[int, ...] = (7, 4, 2, 5)) -> tuple[torch.Tensor, torch.Tensor]:
+    g = _gen(0)
+    t = max(lengths)
+    ids = torch.randint(2, 40, (len(lengths), t), generator=g)
+    mask = torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]
+    return ids.masked_fill(~mask, PAD), mask
+
+
+def _roberta(num_classes: int) -> nn.Module:
+    return create_model("roberta", vocab_size=40, max_len=16, dim=16, layers=1, heads=2,
+                        pad_id=PAD, num_classes=num_classes, dropout=0.0).train()
+
+
+def _by_hand(model: nn.Module, module: nn.Module, inputs: dict, mask: torch.Tensor,
+             sigma: float, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(clean, noisy, noise positions) written out: the same generator draws one real position
+    per example (uniform over the mask) and then N(0, σ²) noise of the embedding's width."""
+    clean = model(**inputs)
+    g = _gen(seed)
+    tok = torch.multinomial(mask.float(), 1, generator=g).squeeze(1)
+    rows = torch.arange(len(tok))
+
+    def add(mod: nn.Module, args: object, out: torch.Tensor) -> torch.Tensor:
+        noise = sigma * torch.randn(out.shape[0], out.shape[2], generator=g)
+        out = out.clone()
+        out[rows, tok] += noise
+        return out
+
+    handle = module.register_forward_hook(add)
+    try:
+        noisy = model(**inputs)
+    finally:
+        handle.remove()
+    return clean, noisy, tok
+
+
+@pytest.mark.parametrize("loss_name", ["bce", "mse"])
+def test_text_model_with_a_custom_loss_matches_a_manual_computation(loss_name):
+    model = _roberta(num_classes=1)
+    ids, mask = _text_batch()
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    y = torch.tensor([[1.0], [0.0], [1.0], [0.0]])
+    loss_fn = F.binary_cross_entropy_with_logits if loss_name == "bce" else F.mse_loss
+    loss, parts = sensitivity_regularized_loss(
+        model, inputs, y, alpha=0.4, sigma=0.8, generator=_gen(3), loss_fn=loss_fn,
+        tokens=Embedding("embed_ln"))
+    assert set(parts) == {"loss", "task", "mse"}
+    loss.backward()
+    got = {n: p.grad.clone() for n, p in model.named_parameters()}
+    assert all(torch.isfinite(g).all() for g in got.values())
+    for name in ("embed.weight", "embed_ln.weight", "blocks.0.attn.qkv.weight", "head.3.weight"):
+        assert got[name].abs().sum() > 0, f"{name} gets no gradient"
+
+    model.zero_grad()
+    clean, noisy, _ = _by_hand(model, model.embed_ln, inputs, mask, 0.8, seed=3)
+    by_hand = 0.6 * loss_fn(clean, y) + 0.4 * F.mse_loss(noisy, clean)
+    torch.testing.assert_close(loss, by_hand, rtol=0, atol=0)
+    by_hand.backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(got[name], p.grad, msg=name)
+    assert parts["mse"] > 0
+
+
+def test_text_noise_lands_on_one_real_position_per_example():
+    model = _roberta(num_classes=2)
+    ids, mask = _text_batch(lengths=(1, 3, 6, 2, 6, 1))
+    seen: list[torch.Tensor] = []  # what enters the dropout: embed_ln(...) + positions
+    model.drop.register_forward_pre_hook(lambda m, args: seen.append(args[0].detach()))
+    for seed in range(20):
+        seen.clear()
+        sensitivity_penalty(model, {"input_ids": ids, "attention_mask": mask},
+                            tokens=Embedding("embed_ln"), generator=_gen(seed))
+        changed = (seen[1] - seen[0]).abs().sum(-1) > 0  # (B, T)
+        assert changed.sum(1).tolist() == [1] * len(ids)
+        assert not (changed & ~mask).any(), "noise landed on padding"
+    # an explicit mask overrides the dict's attention mask
+    only_first = torch.zeros_like(mask)
+    only_first[:, 0] = True
+    seen.clear()
+    sensitivity_penalty(model, {"input_ids": ids, "attention_mask": mask},
+                        tokens=Embedding("embed_ln"), generator=_gen(0), mask=only_first)
+    changed = (seen[1] - seen[0]).abs().sum(-1) > 0
+    assert changed[:, 0].all() and changed.sum() == len(ids)
+
+
+def test_huggingface_bert_from_config():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
+                                  num_attention_heads=2, intermediate_size=32,
+                                  max_position_embeddings=16, num_labels=1,
+                                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)  # the HF init reads the global RNG; the noise does not
+    model = transformers.BertForSequenceClassification(cfg).train()
+    ids, mask = _text_batch()
+    inputs = {"input_ids": ids, "attention_mask": mask.long()}
+    y = torch.tensor([0.5, -1.0, 2.0, 0.0])
+
+    def regression(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.mse_loss(logits.squeeze(-1), target)
+
+    # the ModelOutput's .logits is found by itself; noise after the embeddings' LayerNorm
+    loss, parts = sensitivity_regularized_loss(
+        model, inputs, y, alpha=0.5, sigma=1.0, generator=_gen(7), loss_fn=regression,
+        tokens=Embedding("bert.embeddings.LayerNorm"))
+    loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert "bert.embeddings.word_embeddings.weight" in grads and "classifier.weight" in grads
+    assert all(torch.isfinite(g).all() for g in grads.values())
+
+    with torch.no_grad():
+        clean, noisy, _ = _by_hand(lambda **kw: model(**kw).logits,
+                                   model.bert.embeddings.LayerNorm, inputs, mask, 1.0, seed=7)
+    torch.testing.assert_close(parts["mse"], F.mse_loss(noisy, clean))
+    torch.testing.assert_close(parts["task"], regression(clean, y))
+
+
+def test_penalty_with_an_own_loss_and_image_numbers_unchanged():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 16), nn.Tanh(), nn.Linear(16, 5))
+    x = torch.randn(6, 3, 8, 8, generator=_gen(0))
+    y = torch.tensor([0, 1, 2, 3, 4, 0])
+    penalty, logits = sensitivity_penalty(model, x, patch=4, generator=_gen(2))
+    noisy = random_patch_noise(x, 4, 1.0, _gen(2))
+    assert torch.equal(penalty, F.mse_loss(model(noisy), model(x)))
+    assert torch.equal(logits, model(x)) and penalty.requires_grad
+    # tokens=Patches(4) is the default image path, draw for draw
+    a, pa = sensitivity_regularized_loss(model, x, y, generator=_gen(4))
+    b, pb = sensitivity_regularized_loss(model, x, y, generator=_gen(4), tokens=Patches(4))
+    assert torch.equal(a, b) and torch.equal(pa["ce"], pa["task"])
+
+
+def test_vector_sequences_and_errors():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(5 * 3, 2))
+    x = torch.randn(4, 5, 3, generator=_gen(1))
+    mask = torch.ones(4, 5, dtype=torch.bool)
+    mask[:, 3:] = False
+    loss, _ = sensitivity_regularized_loss(model, x, torch.tensor([0, 1, 0, 1]),
+                                           tokens=Sequence(), mask=mask, generator=_gen(2))
+    loss.backward()
+    assert model[1].weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="no real token"):
+        sensitivity_penalty(model, x, tokens=Sequence(), mask=torch.zeros(4, 5, dtype=torch.bool),
+                            generator=_gen(0))
+    with pytest.raises(TypeError, match="torch.Generator"):
+        sensitivity_penalty(model, x, tokens=Sequence(), generator=0)  # type: ignore[arg-type]
+    text = _roberta(num_classes=2)
+    ids, mask = _text_batch()
+    with pytest.raises(ValueError, match="no submodule 'embed_lnn'"):
+        sensitivity_penalty(text, (ids, mask), tokens=Embedding("embed_lnn"), generator=_gen(0))
+    with pytest.raises(ValueError, match=r"Embedding\(.head.0.\) returned \(4, 16\)"):
+        # the head's Linear is not a (batch, tokens, dim) stage
+        sensitivity_penalty(text, (ids, mask), tokens=Embedding("head.0"), generator=_gen(0))
