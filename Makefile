@@ -18,7 +18,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml constraints.txt
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(PIP) -e '.[dev,hf]'
+	$(PIP) -e '.[dev,hf,lightning,tensorboard]'
 	touch $@
 
 demo: $(VENV)/.installed

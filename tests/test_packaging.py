@@ -83,10 +83,11 @@ def test_other_dependencies_are_ranges():
 def test_extras():
     extras = _pyproject()["project"]["optional-dependencies"]
     names = {k: {Requirement(r).name for r in v} for k, v in extras.items()}
-    assert names["hf"] == {"transformers"}
+    assert names["hf"] == {"transformers", "accelerate"}
     assert names["timm"] == {"timm"}
     assert names["lightning"] == {"lightning", "torchmetrics"}
     assert names["wandb"] == {"wandb"}
+    assert names["tensorboard"] == {"tensorboard"}
     assert {"pytest", "ruff", "build"} <= names["dev"]
     for reqs in extras.values():  # no extra pins torch behind the user's back
         assert all(Requirement(r).name != "torch" for r in reqs)
@@ -164,7 +165,7 @@ def built(tmp_path_factory) -> dict[str, Path]:
 #: versions for the stub distributions of senslab's other dependencies
 _OTHER_DEPS = {"numpy": "2.1.0", "scikit-learn": "1.5.0", "scipy": "1.14.0",
                "tokenizers": "0.20.0", "matplotlib": "3.9.0", "safetensors": "0.4.5",
-               "filelock": "3.16.0"}
+               "filelock": "3.16.0", "tqdm": "4.66.0"}
 
 
 def _stub_env(tmp_path: Path, torch_version: str) -> tuple[Path, Path]:

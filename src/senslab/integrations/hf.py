@@ -1,0 +1,127 @@
+"""Track sensitivity inside a Hugging Face ``Trainer`` (``pip install 'senslab[hf]'``).
+
+:class:`SensitivityCallback` measures a fixed subset at every evaluation and logs the estimate
+and its standard error through the Trainer's own ``log``: ``trainer.state.log_history`` and every
+reporter of ``report_to`` (TensorBoard, W&B, …) receive ``eval_sensitivity`` and
+``eval_sensitivity_stderr`` (``eval/sensitivity`` in TensorBoard), and the dict ``evaluate()``
+returns holds them too (so ``metric_for_best_model="eval_sensitivity"`` works). Each
+measurement starts the noise from the same seed, so the logged value equals
+``token_sensitivity(model, subset, tokens, generator=seed, ...)`` on the model of that step.
+
+A ``TrainerCallback`` is not handed the Trainer, and the Trainer logs its evaluation metrics
+*before* it calls ``on_evaluate``; :meth:`SensitivityCallback.attach` therefore adds the callback
+and keeps the Trainer to log through::
+
+    trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=val)
+    SensitivityCallback(subset, Embedding("bert.embeddings.LayerNorm"), sigma=0.1).attach(trainer)
+
+Passed as ``Trainer(callbacks=[callback])`` instead, the values still reach ``log_history`` and
+``evaluate()``'s dict, but not the reporters (a warning says so).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+try:
+    from transformers import TrainerCallback
+except ImportError as err:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "senslab.integrations.hf needs transformers: pip install 'senslab[hf]'"
+    ) from err
+
+from ..measure import SensitivityResult
+from ..tokens import Tokenization
+from ..tokens.base import Inputs
+from ._common import Seed, check_every, check_options, measure_subset
+
+__all__ = ["SensitivityCallback"]
+
+#: keys of a collated batch that are targets, not model inputs (sensitivity compares outputs)
+_TARGETS = ("labels", "label", "label_ids")
+
+
+class SensitivityCallback(TrainerCallback):
+    """Measure token sensitivity of a fixed subset at every evaluation and log it.
+
+    Args:
+        inputs: the subset — a dict of tensors as the model takes them (a tokenizer's
+            ``BatchEncoding`` works; ``labels`` are dropped), or a tensor/tuple; moved to the
+            model's device when measured.
+        tokens: a :class:`~senslab.tokens.Tokenization`, e.g.
+            ``Embedding("bert.embeddings.LayerNorm")``; default ``model.default_tokens()``.
+        mask: (B, T) bool, true on real tokens; default: the inputs' ``attention_mask``.
+        name: logged as ``f"{prefix}_{name}"`` and ``f"{prefix}_{name}_stderr"``, ``prefix``
+            the evaluation's metric prefix (``eval``).
+        batch_size: examples per measuring batch (default: the whole subset in one batch).
+        generator: the int seed (default 0) or ``torch.Generator`` every measurement starts from.
+        **options: :class:`~senslab.measure.TokenSensitivity`'s options (``sigma``, …).
+
+    ``results`` holds ``(global_step, SensitivityResult)`` for every measurement.
+    """
+
+    def __init__(
+        self, inputs: Inputs | Mapping[str, Any], tokens: Tokenization | None = None, *,
+        mask: Tensor | None = None, name: str = "sensitivity", batch_size: int | None = None,
+        generator: torch.Generator | int | None = 0, **options: Any,
+    ) -> None:
+        check_options(tokens, options, type(self).__name__)
+        if isinstance(inputs, Mapping):
+            inputs = {k: v for k, v in inputs.items() if k not in _TARGETS}
+        self.inputs, self.tokens, self.mask, self.options = inputs, tokens, mask, options
+        self.batch_size = None if batch_size is None else check_every("batch_size", batch_size)
+        self.name, self.seed = name, Seed(generator)
+        self.trainer: Any = None
+        self.results: list[tuple[int, SensitivityResult]] = []
+        self._warned = False
+
+    def attach(self, trainer: Any) -> SensitivityCallback:
+        """Add this callback to ``trainer`` and log through ``trainer.log``; returns itself."""
+        if self not in trainer.callback_handler.callbacks:
+            trainer.add_callback(self)
+        self.trainer = trainer
+        return self
+
+    def measure(self, model: Any) -> SensitivityResult:
+        """The subset's sensitivity on ``model`` as it is now (nothing logged)."""
+        return measure_subset(model, self.inputs, self.tokens, mask=self.mask,
+                              batch=self.batch_size, seed=self.seed, options=self.options)
+
+    def on_evaluate(  # type: ignore[override]
+        self, args: Any, state: Any, control: Any, model: Any = None,
+        metrics: dict[str, float] | None = None, **kwargs: Any,
+    ) -> None:
+        if model is None:
+            raise RuntimeError("SensitivityCallback.on_evaluate was called without the model")
+        r = self.measure(model)
+        self.results.append((state.global_step, r))
+        prefix = _prefix(metrics)
+        logs = {f"{prefix}_{self.name}": r.estimate, f"{prefix}_{self.name}_stderr": r.stderr}
+        if metrics is not None:
+            metrics.update(logs)  # what evaluate() returns (best-model selection reads it)
+        if self.trainer is not None:
+            self.trainer.log(dict(logs))
+            return
+        state.log_history.append({**logs, "epoch": state.epoch, "step": state.global_step})
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                "SensitivityCallback was given to the Trainer without attach(): its values reach "
+                "trainer.state.log_history but not the report_to reporters (TensorBoard, W&B); "
+                "use SensitivityCallback(...).attach(trainer)",
+                stacklevel=2,
+            )
+
+
+def _prefix(metrics: Mapping[str, Any] | None) -> str:
+    """The evaluation's metric key prefix (``eval`` unless ``evaluate(metric_key_prefix=...)``),
+    read off the ``{prefix}_runtime`` key every evaluation reports."""
+    for key in metrics or {}:
+        if key.endswith("_runtime"):
+            return key[: -len("_runtime")]
+    return "eval"

@@ -1,0 +1,92 @@
+"""Track sensitivity while Lightning trains (``pip install 'senslab[lightning]'``).
+
+:class:`SensitivityCallback` measures a fixed subset every ``every_n_epochs`` training epochs
+and logs the estimate and its standard error through ``pl_module.log``, so every logger the
+Trainer has (CSV, TensorBoard, W&B, …) records them and ``trainer.callback_metrics`` holds them
+(usable by ``ModelCheckpoint(monitor=...)``). Each measurement starts the noise from the same
+seed (common random numbers: changes between epochs are the model's), so the logged value
+equals ``token_sensitivity(model, subset, tokens, generator=seed, ...)`` on the model of that
+epoch.
+
+Example:
+    >>> import torch
+    >>> from senslab.integrations.lightning import SensitivityCallback
+    >>> from senslab.tokens import Patches
+    >>> callback = SensitivityCallback(torch.randn(64, 1, 8, 8), Patches(4), sigma=0.5,
+    ...                                every_n_epochs=2)
+    >>> # lightning.Trainer(callbacks=[callback]).fit(module) logs sensitivity(_stderr)
+
+Under DDP every process measures the whole subset (the same numbers: same seed, same weights;
+keep the subset small) and the values are logged with ``sync_dist=True``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+try:
+    from lightning.pytorch import Callback, LightningModule, Trainer
+except ImportError as err:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "senslab.integrations.lightning needs Lightning: pip install 'senslab[lightning]'"
+    ) from err
+
+from ..measure import SensitivityResult
+from ..tokens import Tokenization
+from ..tokens.base import Inputs
+from ._common import Seed, check_every, check_options, measure_subset
+
+__all__ = ["SensitivityCallback"]
+
+
+class SensitivityCallback(Callback):
+    """Measure token sensitivity of a fixed subset every N training epochs and log it.
+
+    Args:
+        inputs: the subset — a tensor, tuple or dict of tensors with the example axis first
+            (moved to the module's device when measured).
+        tokens: a :class:`~senslab.tokens.Tokenization` (module names relative to the
+            LightningModule); default ``pl_module.default_tokens()``.
+        mask: (B, T) bool, true on real tokens (padding excluded), as for ``token_sensitivity``.
+        every_n_epochs: measure after epochs N, 2N, … (epoch numbers counted from 1).
+        name: the logged keys are ``name`` (estimate) and ``f"{name}_stderr"``.
+        batch_size: examples per measuring batch (default: the whole subset in one batch).
+        generator: the int seed (default 0) or ``torch.Generator`` every measurement starts from.
+        **options: :class:`~senslab.measure.TokenSensitivity`'s options (``sigma``,
+            ``repeats``, ``estimand``, …).
+
+    ``results`` holds ``(epoch, SensitivityResult)`` for every measurement.
+    """
+
+    def __init__(
+        self, inputs: Inputs, tokens: Tokenization | None = None, *, mask: Tensor | None = None,
+        every_n_epochs: int = 1, name: str = "sensitivity", batch_size: int | None = None,
+        generator: torch.Generator | int | None = 0, **options: Any,
+    ) -> None:
+        super().__init__()
+        check_options(tokens, options, type(self).__name__)
+        self.inputs, self.tokens, self.mask, self.options = inputs, tokens, mask, options
+        self.every_n_epochs = check_every("every_n_epochs", every_n_epochs)
+        self.batch_size = None if batch_size is None else check_every("batch_size", batch_size)
+        self.name, self.seed = name, Seed(generator)
+        self.results: list[tuple[int, SensitivityResult]] = []
+
+    def measure(self, pl_module: LightningModule) -> SensitivityResult:
+        """The subset's sensitivity on the module as it is now (nothing logged)."""
+        return measure_subset(pl_module, self.inputs, self.tokens, mask=self.mask,
+                              batch=self.batch_size, seed=self.seed, options=self.options)
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        epoch = trainer.current_epoch + 1
+        if epoch % self.every_n_epochs:
+            return
+        r = self.measure(pl_module)
+        self.results.append((epoch, r))
+        n = r.num_examples
+        pl_module.log(self.name, r.estimate, on_step=False, on_epoch=True, sync_dist=True,
+                      batch_size=n)
+        pl_module.log(f"{self.name}_stderr", r.stderr, on_step=False, on_epoch=True,
+                      sync_dist=True, batch_size=n)

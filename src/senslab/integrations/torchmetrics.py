@@ -1,0 +1,296 @@
+r"""Token-wise sensitivity as a ``torchmetrics.Metric`` (``pip install 'senslab[lightning]'``).
+
+:class:`TokenSensitivityMetric` accumulates the same sums as
+:class:`~senslab.measure.TokenSensitivity` — examples :math:`n`, :math:`\sum_b m_b`,
+:math:`\sum_b m_b^2`, :math:`\sum_b \widehat{\operatorname{Var}}(\hat m_b)`, forward passes —
+as torchmetrics states with ``dist_reduce_fx="sum"``, so torchmetrics (and Lightning, which
+calls it) syncs them across processes; per-example rates and the per-position profile are
+``"cat"`` states. ``compute()`` returns the estimate as a tensor; :meth:`result` the full
+:class:`~senslab.measure.SensitivityResult` (standard errors, interval, counts, profiles).
+
+**Distributed rule.** Under a ``DistributedSampler`` every process measures other examples.
+Rank 0 draws exactly the noise one process would (the seed's own stream, so a one-process run is
+unchanged); rank :math:`r > 0` draws from a seed derived from ``(seed, r)``
+(``numpy.random.SeedSequence``). The synced result therefore
+
+* is **exactly reproducible at a fixed world size** (same seed, sampler and batches: the same
+  numbers, bit for bit), and
+* **agrees with one process within the interval**: both estimate the same quantity with
+  independent noise, so their difference has standard error
+  :math:`\sqrt{s_1^2 + s_W^2}` (the ``stderr_subset`` of each; the examples are the same) and
+  lies within 1.96 of it 95% of the time;
+
+it does not equal one process bit for bit (noise keyed by the global example index would, at
+the price of a new noise stream for every recorded experiment). For exact equality across world
+sizes, give every process the *same* batches and use ``TokenSensitivity(shard=(rank, world))``
+with ``all_reduce()`` (:mod:`senslab.measure.tokenwise`).
+
+**Padding of the sampler.** ``DistributedSampler`` pads an uneven dataset by repeating its first
+examples (7 examples on 2 processes: 8 indices, one twice). Pass each batch's global example
+indices as ``index=`` and every example counts once: each ``update`` gathers the batch's indices
+from all processes (one small ``all_gather``; every process must then call ``update`` equally
+often, as a ``DistributedSampler`` arranges), and an index already measured — earlier, or in
+this step by a lower rank — is skipped. ``per_sample`` is then ordered by index. Without
+``index=`` repeats count twice (or use ``drop_last=True``, which drops examples instead).
+
+**Random stream.** The noise stream continues over ``update`` calls and restarts from the seed
+at :meth:`reset` (which torchmetrics and Lightning call between epochs): each period draws the
+same noise, so changes between periods are the model's.
+
+Example:
+    >>> import torch
+    >>> from senslab.integrations.torchmetrics import TokenSensitivityMetric
+    >>> from senslab.tokens import Patches
+    >>> model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3))
+    >>> metric = TokenSensitivityMetric(Patches(2), sigma=0.5)
+    >>> for batch in torch.randn(2, 8, 1, 4, 4):
+    ...     metric.update(model, batch)
+    >>> estimate = metric.compute()  # a tensor
+    >>> metric.result().num_examples
+    16
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+try:
+    from torchmetrics import Metric
+    from torchmetrics.utilities import dim_zero_cat
+except ImportError as err:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "senslab.integrations.torchmetrics needs torchmetrics: pip install 'senslab[lightning]'"
+    ) from err
+
+from ..measure import SensitivityResult, TokenSensitivity
+from ..measure._stats import State, result
+from ..tokens import Tokenization
+from ..tokens.base import Inputs, batch_size, select
+from ._common import Seed, check_options
+
+__all__ = ["TokenSensitivityMetric", "rank_seed"]
+
+#: keyword arguments that go to ``torchmetrics.Metric`` itself
+_METRIC_KWARGS = {
+    "compute_on_cpu", "dist_sync_on_step", "process_group", "dist_sync_fn",
+    "distributed_available_fn", "sync_on_compute", "compute_with_cache",
+}
+#: sum states and the fields of :class:`~senslab.measure._stats.State` they hold (``forward`` is
+#: the Module's method, so the counts get longer names)
+_SUMS = {"n": "n", "s1": "s1", "s2": "s2", "within": "within", "num_forward": "forward",
+         "num_forward_fp32": "forward_fp32", "num_checked": "checked"}
+_CATS = ("sample_rate", "sample_index", "pos_id", "pos_sum", "pos_cnt")
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of process ``rank``: ``seed`` itself on rank 0 (one process draws the usual
+    stream), a ``SeedSequence((seed, rank))`` draw on the others."""
+    if rank == 0:
+        return seed
+    return int(np.random.SeedSequence([seed % 2**64, rank]).generate_state(1, np.uint64)[0])
+
+
+class TokenSensitivityMetric(Metric):
+    """Token-wise Gaussian sensitivity as a ``torchmetrics.Metric`` (module docstring: the
+    states, the distributed rule, the random stream).
+
+    Args:
+        tokens: a :class:`~senslab.tokens.Tokenization`; default ``model.default_tokens()``.
+        generator: an int seed (default 0) or a ``torch.Generator`` (its state when the metric
+            is built is the starting point every :meth:`reset` returns to).
+        **options: :class:`~senslab.measure.TokenSensitivity`'s options (``sigma``,
+            ``repeats``, ``estimand``, …; not ``shard``) and ``torchmetrics.Metric``'s
+            (``process_group``, ``sync_on_compute``, …).
+
+    ``update(model, inputs, mask=None, index=None)`` measures one batch; ``compute()`` returns
+    the estimate (a float64 tensor), :meth:`result` everything.
+    """
+
+    is_differentiable = False
+    higher_is_better: bool | None = None
+    full_state_update = False
+
+    def __init__(
+        self, tokens: Tokenization | None = None, *, generator: torch.Generator | int | None = 0,
+        **options: Any,
+    ) -> None:
+        base = {k: options.pop(k) for k in list(options) if k in _METRIC_KWARGS}
+        super().__init__(**base)
+        check_options(tokens, options, type(self).__name__)
+        self.tokens, self.options, self.seed = tokens, options, Seed(generator)
+        for name in _SUMS:
+            self.add_state(name, torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        for name in _CATS:
+            self.add_state(name, [], dist_reduce_fx="cat")
+        self.set_dtype(torch.float64)  # a rank with no data syncs empty float64 lists
+        self._engine: TokenSensitivity | None = None
+        self._seen: set[int] = set()
+        self._last: SensitivityResult | None = None
+        #: the estimate of the last batch ``forward`` measured
+        self.batch_estimate: float | None = None
+
+    # -- torchmetrics interface ----------------------------------------------------------------
+    def update(  # type: ignore[override]
+        self, model: Any, inputs: Inputs, mask: Tensor | None = None, *,
+        index: Tensor | list[int] | None = None,
+    ) -> None:
+        """Measure one batch of ``model`` and add it to the states.
+
+        ``inputs`` and ``mask`` as for :meth:`TokenSensitivity.update`; ``index``: the global
+        indices of the batch's examples (one per example) — repeats, within this process or
+        across processes, are then measured once (module docstring, *Padding of the sampler*).
+        """
+        self.batch_estimate = None
+        b = batch_size(inputs)
+        if index is not None:
+            keep = self._first_seen(index, b)
+            idx = torch.as_tensor(index).flatten().long().cpu()[keep]
+            if not keep.all():
+                if not keep.any():
+                    return
+                rows = keep.nonzero().flatten()
+                inputs = select(inputs, rows)
+                mask = None if mask is None else mask[rows.to(mask.device)]
+        engine = self._engine_for(model)
+        engine.state = State()  # this batch alone; the engine keeps its stream and calibration
+        engine.update(inputs, mask)
+        st = engine.state
+        dev = self.n.device
+        for name, field in _SUMS.items():
+            setattr(self, name, getattr(self, name) + float(getattr(st, field)))
+        rates = torch.cat(st.samples).double()
+        self.sample_rate.append(rates.to(dev))
+        keys = idx.double() if index is not None else torch.full((st.n,), math.nan)
+        self.sample_index.append(keys.to(dev, torch.float64))
+        p = len(st.pos_sum)
+        if p:
+            ids = torch.arange(-p, 0) if engine.align == "right" else torch.arange(p)
+            self.pos_id.append(ids.to(dev, torch.float64))
+            self.pos_sum.append(st.pos_sum.to(dev, torch.float64))
+            self.pos_cnt.append(st.pos_cnt.to(dev, torch.float64))
+        self.batch_estimate = st.s1 / st.n
+
+    def forward(self, *args: Any, **kwargs: Any) -> Tensor:  # type: ignore[override]
+        """``update`` and the batch's own estimate (the accumulated states keep growing; the
+        random stream continues — torchmetrics' reset-and-restore would restart it)."""
+        self.update(*args, **kwargs)
+        value = math.nan if self.batch_estimate is None else self.batch_estimate
+        return torch.tensor(value, dtype=torch.float64, device=self.n.device)
+
+    def compute(self) -> Tensor:
+        """The estimate over everything accumulated (synced across processes by torchmetrics),
+        a float64 tensor; :meth:`result` returns the full result of the same call."""
+        self._last = self._result()
+        return torch.tensor(self._last.estimate, dtype=torch.float64, device=self.n.device)
+
+    def result(self) -> SensitivityResult:
+        """Estimate, standard errors, 95% interval, counts and profiles (synced)."""
+        self.compute()
+        assert self._last is not None
+        return self._last
+
+    def reset(self) -> None:
+        """Forget the states; the next ``update`` restarts the noise from the seed."""
+        super().reset()
+        self._engine, self._last, self.batch_estimate = None, None, None
+        self._seen = set()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_engine"] = None  # it holds the model: a copy of the metric must not copy it
+        return state
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _distributed(self) -> tuple[int, int]:
+        """(rank, world size) in the metric's process group; (0, 1) without one."""
+        available = self.distributed_available_fn
+        if available is None or not available():
+            return 0, 1
+        import torch.distributed as dist
+
+        group = self.process_group
+        return dist.get_rank(group), dist.get_world_size(group)
+
+    def _engine_for(self, model: Any) -> TokenSensitivity:
+        engine = self._engine
+        if engine is not None and engine.model is model:
+            return engine
+        if engine is not None and engine.generator is not None:
+            generator: torch.Generator | int = engine.generator  # a new model: stream continues
+        else:
+            rank, _ = self._distributed()
+            generator = self.seed.fresh() if rank == 0 else rank_seed(self.seed.initial, rank)
+        self._engine = TokenSensitivity(model, self.tokens, generator=generator, **self.options)
+        return self._engine
+
+    def _first_seen(self, index: Any, b: int) -> Tensor:
+        """Which of this batch's examples no process has measured yet (first occurrence in
+        (step, rank, position) order)."""
+        ids = torch.as_tensor(index).flatten()
+        if ids.is_floating_point() or ids.dtype == torch.bool or len(ids) != b:
+            raise ValueError(
+                f"index must hold one integer example index per example ({b}), got "
+                f"{tuple(ids.shape)} {ids.dtype}; e.g. index=batch['idx']"
+            )
+        mine = ids.tolist()
+        rank, world = self._distributed()
+        everyone: list[Any] = [mine]
+        if world > 1:
+            import torch.distributed as dist
+
+            everyone = [None] * world
+            dist.all_gather_object(everyone, mine, group=self.process_group)
+        keep: list[bool] = []
+        for r, batch in enumerate(everyone):
+            for i in batch:
+                if r == rank:
+                    keep.append(i not in self._seen)
+                self._seen.add(i)
+        return torch.tensor(keep, dtype=torch.bool)
+
+    def _result(self) -> SensitivityResult:
+        n = int(self.n.item())
+        if n == 0:
+            raise RuntimeError("no examples measured yet: call update(model, inputs) first")
+        rates = _cat(self.sample_rate)
+        keys = _cat(self.sample_index)
+        if len(keys) and not torch.isnan(keys).any():
+            rates = rates[torch.argsort(keys.cpu(), stable=True).to(rates.device)]
+        ids = _cat(self.pos_id).cpu().long()
+        align = "right" if len(ids) and int(ids.min()) < 0 else "left"
+        p = (-int(ids.min()) if align == "right" else int(ids.max()) + 1) if len(ids) else 0
+        slot = ids + p if align == "right" else ids
+        pos_sum = torch.zeros(p, dtype=torch.float64).index_add_(0, slot, _cat(self.pos_sum).cpu())
+        pos_cnt = torch.zeros(p, dtype=torch.float64).index_add_(0, slot, _cat(self.pos_cnt).cpu())
+        state = State(
+            n=n, s1=float(self.s1), s2=float(self.s2), within=float(self.within),
+            forward=int(self.num_forward.item()), forward_fp32=int(self.num_forward_fp32.item()),
+            checked=int(self.num_checked.item()), pos_sum=pos_sum, pos_cnt=pos_cnt,
+            samples=[rates.float().cpu()],
+        )
+        compare = self.options.get("compare", "class")
+        sigma = self._engine.sigma if self._engine is not None else _sigma(self.options)
+        return result(state, self.options.get("estimand", "data"), align, compare == "class",
+                      sigma)
+
+
+def _cat(x: Tensor | list[Tensor]) -> Tensor:
+    """A ``"cat"`` state as one tensor (a list before syncing, a tensor after)."""
+    if isinstance(x, Tensor):
+        return x.flatten()
+    if not x:
+        return torch.zeros(0, dtype=torch.float64)
+    return dim_zero_cat(x)
+
+
+def _sigma(options: dict[str, Any]) -> float | None:
+    if options.get("replace_with") is not None:
+        return None
+    if options.get("variance") is not None:
+        return math.sqrt(options["variance"])
+    return None if options.get("sigma") is None else float(options["sigma"])

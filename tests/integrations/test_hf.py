@@ -1,0 +1,135 @@
+"""Hugging Face SensitivityCallback: a real tiny ``Trainer`` run (random-init BERT, CPU,
+``report_to="tensorboard"``) logs the subset's sensitivity to ``state.log_history`` and to the
+TensorBoard event file, equal to ``token_sensitivity`` on the same subset and seed (no mocks)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("tensorboard")
+pytest.importorskip("accelerate")  # the Trainer needs it
+
+from tensorboard.backend.event_processing.event_accumulator import (  # noqa: E402
+    EventAccumulator,
+)
+from transformers import (  # noqa: E402
+    BertConfig,
+    BertForSequenceClassification,
+    Trainer,
+    TrainingArguments,
+)
+
+from senslab.integrations.hf import SensitivityCallback  # noqa: E402
+from senslab.measure import token_sensitivity  # noqa: E402
+from senslab.tokens import Embedding  # noqa: E402
+
+TOKENS = "bert.embeddings.LayerNorm"
+
+
+def tiny_bert() -> BertForSequenceClassification:
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=16, num_labels=2)
+    return BertForSequenceClassification(config)
+
+
+class Texts(torch.utils.data.Dataset):
+    """Right-padded random token sequences of lengths 3–8 with labels."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(1, 40, (n, 8), generator=g)
+        lengths = torch.randint(3, 9, (n,), generator=g)
+        self.mask = (torch.arange(8) < lengths[:, None]).long()
+        self.ids = self.ids * self.mask
+        self.labels = torch.randint(0, 2, (n,), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "attention_mask": self.mask[i],
+                "labels": self.labels[i]}
+
+    def batch(self, n: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[:n], "attention_mask": self.mask[:n],
+                "labels": self.labels[:n]}
+
+
+def arguments(out: Path, **extra) -> TrainingArguments:
+    return TrainingArguments(
+        output_dir=str(out), max_steps=4, per_device_train_batch_size=8,
+        per_device_eval_batch_size=8, eval_strategy="steps", eval_steps=2, logging_steps=2,
+        learning_rate=1e-2, save_strategy="no", report_to=extra.pop("report_to", "tensorboard"),
+        use_cpu=True, disable_tqdm=True, seed=0, dataloader_num_workers=0, **extra)
+
+
+def scalars(out: Path, tag: str) -> list[tuple[int, float]]:
+    found = []
+    for path in sorted(out.rglob("events.out.tfevents*")):
+        acc = EventAccumulator(str(path))
+        acc.Reload()
+        if tag in acc.Tags()["scalars"]:
+            found += [(e.step, e.value) for e in acc.Scalars(tag)]
+    return found
+
+
+def test_callback_logs_through_the_trainer_and_tensorboard(tmp_path: Path):
+    train, val = Texts(32, 1), Texts(8, 2)
+    subset = val.batch(6)
+    model = tiny_bert()
+    trainer = Trainer(model=model, args=arguments(tmp_path), train_dataset=train,
+                      eval_dataset=val)
+    callback = SensitivityCallback(subset, Embedding(TOKENS), sigma=2.0, repeats=2,
+                                   generator=3).attach(trainer)
+    trainer.train()
+
+    logged = [(e["step"], e["eval_sensitivity"], e["eval_sensitivity_stderr"])
+              for e in trainer.state.log_history if "eval_sensitivity" in e]
+    assert [s for s, _, _ in logged] == [2, 4]
+    inputs = {k: v for k, v in subset.items() if k != "labels"}
+    ref = token_sensitivity(model, inputs, Embedding(TOKENS), sigma=2.0, repeats=2, generator=3)
+    assert 0 < ref.estimate < 1  # not a degenerate value
+    assert logged[-1][1] == ref.estimate and logged[-1][2] == ref.stderr
+    assert callback.results[-1][0] == 4 and callback.results[-1][1].num_examples == 6
+
+    events = scalars(tmp_path, "eval/sensitivity")
+    assert [s for s, _ in events] == [2, 4]
+    assert events[-1][1] == pytest.approx(ref.estimate, rel=1e-6)  # TensorBoard keeps float32
+    assert [s for s, _ in scalars(tmp_path, "eval/sensitivity_stderr")] == [2, 4]
+
+    metrics = trainer.evaluate()  # evaluate() returns it too
+    assert metrics["eval_sensitivity"] == ref.estimate
+
+
+def test_without_attach_it_warns_and_still_records(tmp_path: Path):
+    train, val = Texts(16, 1), Texts(8, 2)
+    callback = SensitivityCallback(val.batch(4), Embedding(TOKENS), sigma=2.0)
+    trainer = Trainer(model=tiny_bert(), args=arguments(tmp_path, report_to="none"),
+                      train_dataset=train, eval_dataset=val, callbacks=[callback])
+    with pytest.warns(UserWarning, match="attach"):
+        metrics = trainer.evaluate()
+    assert "eval_sensitivity" in metrics
+    assert any("eval_sensitivity" in e for e in trainer.state.log_history)
+    with pytest.raises(TypeError, match="did you mean sigma"):
+        SensitivityCallback(val.batch(4), Embedding(TOKENS), sigmas=2.0)
+
+
+def test_docs_snippet_runs(snippet, tmp_path: Path):
+    train, val = Texts(16, 1), Texts(8, 2)
+    model = tiny_bert()
+    subset = val.batch(5)
+    scope = {"model": model, "args": arguments(tmp_path, report_to="none"), "train": train,
+             "val": val, "subset": subset}
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    exec(snippet("Hugging Face Trainer", 0), scope)
+    history = scope["trainer"].state.log_history
+    last = [e for e in history if "eval_sensitivity" in e][-1]
+    inputs = {k: v for k, v in subset.items() if k != "labels"}
+    ref = token_sensitivity(model, inputs, Embedding(TOKENS), sigma=0.5, generator=0)
+    assert last["eval_sensitivity"] == ref.estimate

@@ -1,0 +1,142 @@
+"""Lightning SensitivityCallback: a real CPU ``Trainer(max_epochs=1)`` run logs the subset's
+sensitivity to ``callback_metrics`` and the CSV logger's metrics.csv, equal to
+``token_sensitivity`` on the same subset and seed (no mocks)."""
+
+from __future__ import annotations
+
+import csv
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("lightning")
+
+import lightning  # noqa: E402
+from lightning.pytorch.loggers import CSVLogger  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from senslab.integrations.lightning import SensitivityCallback  # noqa: E402
+from senslab.measure import token_sensitivity  # noqa: E402
+from senslab.tokens import Patches  # noqa: E402
+
+logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+
+
+class Module(lightning.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.Tanh(), nn.Linear(16, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], _: int) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.cross_entropy(self(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.5)
+
+
+def data() -> tuple[DataLoader, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(32, 1, 8, 8, generator=g)
+    y = torch.randint(0, 3, (32,), generator=g)
+    return DataLoader(TensorDataset(x, y), batch_size=8), x[:10]
+
+
+def quiet_trainer(tmp_path: Path, callback: SensitivityCallback, epochs: int = 1):
+    return lightning.Trainer(
+        max_epochs=epochs, accelerator="cpu", devices=1, callbacks=[callback],
+        logger=CSVLogger(tmp_path), enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, default_root_dir=tmp_path)
+
+
+def read_csv(trainer: lightning.Trainer) -> list[dict[str, str]]:
+    path = Path(trainer.logger.log_dir) / "metrics.csv"
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_callback_logs_token_sensitivity_of_the_subset(tmp_path: Path):
+    loader, subset = data()
+    module = Module()
+    callback = SensitivityCallback(subset, Patches(4), sigma=0.7, repeats=2, generator=5)
+    trainer = quiet_trainer(tmp_path, callback)
+    trainer.fit(module, loader)
+    ref = token_sensitivity(module, subset, Patches(4), sigma=0.7, repeats=2, generator=5)
+    assert 0 < ref.estimate < 1  # not a degenerate value
+    logged = trainer.callback_metrics["sensitivity"]
+    assert logged.item() == torch.tensor(ref.estimate, dtype=logged.dtype).item()
+    assert trainer.callback_metrics["sensitivity_stderr"].item() == pytest.approx(ref.stderr,
+                                                                                  rel=1e-6)
+    rows = [r for r in read_csv(trainer) if r.get("sensitivity")]
+    assert len(rows) == 1 and rows[0]["epoch"] == "0"
+    assert float(rows[0]["sensitivity"]) == pytest.approx(ref.estimate, rel=1e-6)
+    assert float(rows[0]["sensitivity_stderr"]) == pytest.approx(ref.stderr, rel=1e-6)
+    (epoch, full), = callback.results
+    assert epoch == 1 and full.estimate == ref.estimate and full.num_examples == 10
+
+
+def test_every_n_epochs_and_same_noise_each_time(tmp_path: Path):
+    loader, subset = data()
+    module = Module()
+    callback = SensitivityCallback(subset, Patches(4), sigma=0.7, every_n_epochs=2,
+                                   batch_size=4)
+    quiet_trainer(tmp_path, callback, epochs=2).fit(module, loader)
+    assert [e for e, _ in callback.results] == [2]
+    # the same weights measured again: the same numbers (the seed restarts every measurement)
+    assert callback.measure(module).estimate == callback.results[0][1].estimate
+    with pytest.raises(TypeError, match="did you mean sigma"):
+        SensitivityCallback(subset, Patches(4), sigmaa=0.7)
+    with pytest.raises(ValueError, match="every_n_epochs"):
+        SensitivityCallback(subset, Patches(4), sigma=0.7, every_n_epochs=0)
+
+
+def test_docs_snippet_runs(snippet, tmp_path: Path):
+    loader, subset = data()
+    module = Module()
+    scope = {"subset": subset, "module": module, "loader": loader,
+             "logger": CSVLogger(tmp_path)}
+    exec(snippet("torchmetrics and Lightning", 1), scope)
+    ref = token_sensitivity(module, subset, Patches(4), sigma=0.5, generator=0)
+    assert scope["callback"].results[-1][1].estimate == ref.estimate
+
+
+class Tracked(Module):
+    """The metric inside a LightningModule: updated in validation_step, logged as an object (so
+    Lightning computes, syncs and resets it every epoch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from senslab.integrations.torchmetrics import TokenSensitivityMetric
+
+        self.sens = TokenSensitivityMetric(Patches(4), sigma=0.7, generator=2)
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], _: int) -> None:
+        self.sens.update(self, batch[0])
+        self.log("val_sensitivity", self.sens, on_epoch=True, batch_size=len(batch[0]))
+
+
+def test_metric_logged_from_a_lightning_module(tmp_path: Path):
+    pytest.importorskip("torchmetrics")
+    from senslab.measure import TokenSensitivity
+
+    loader, _ = data()
+    module = Tracked()
+    trainer = lightning.Trainer(
+        max_epochs=1, accelerator="cpu", devices=1, logger=CSVLogger(tmp_path),
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        num_sanity_val_steps=0)
+    trainer.fit(module, loader, loader)
+    ref = TokenSensitivity(module, Patches(4), sigma=0.7, generator=2)
+    for x, _ in loader:
+        ref.update(x)
+    logged = trainer.callback_metrics["val_sensitivity"]
+    assert logged.item() == pytest.approx(ref.compute().estimate, rel=1e-6)
+    rows = [r for r in read_csv(trainer) if r.get("val_sensitivity")]
+    assert float(rows[0]["val_sensitivity"]) == pytest.approx(ref.compute().estimate, rel=1e-6)
