@@ -166,3 +166,19 @@ def test_paired_comparisons_refuse_allocation():
     with pytest.raises(ValueError, match="no longer be paired"):
         compare_sensitivity({"a": model, "b": model}, x, Sequence(), sigma=SIGMA,
                             allocation="linear")
+
+
+@pytest.mark.parametrize("options", [{"repeats": 2}, {"allocation": "linear", "budget": 0.5}])
+def test_adaptive_stopping_does_not_stop_on_a_zero_standard_error_after_one_round(options):
+    """A model that never flips gives a variance estimate of exactly 0 after one round; that
+    is no evidence of precision, so a second round runs (and then it may stop)."""
+    model, x, _ = linear_case()
+
+    def never(inp: torch.Tensor) -> torch.Tensor:
+        return model(inp) * 0 + 1.0  # constant logit: no flip, whatever the noise
+
+    one = token_sensitivity(never, x, Sequence(), sigma=SIGMA, generator=0, **options)
+    ada = token_sensitivity(never, x, Sequence(), sigma=SIGMA, generator=0, target_stderr=0.01,
+                            **options)
+    assert ada.estimate == 0.0 and ada.stderr_subset == 0.0
+    assert ada.num_forward - 16 > one.num_forward - 16 > 0  # more than one round of copies

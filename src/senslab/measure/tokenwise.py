@@ -57,7 +57,8 @@ rates :math:`p_{bt}` no longer costs forward passes.
   a variance that vanishes as the model becomes linear at the scale σ.
 * ``target_stderr=s`` (adaptive stopping): ``update`` repeats rounds of ``repeats`` draws per
   token until the fixed-subset standard error of the batch's mean is at most ``s`` or the next
-  round would exceed ``max_forward`` forward passes for the batch (default: 64 rounds). The
+  round would exceed ``max_forward`` forward passes for the batch (default: 64 rounds); a
+  standard error of exactly 0 stops it only from the second round on. The
   stopping rule looks at the whole batch, never at single cells, so the estimate's bias is
   :math:`O(1/n)` (negligible against its standard error). The target bounds the noise part of
   the uncertainty (``"subset"``); the data part shrinks only with more examples.
@@ -175,6 +176,9 @@ __all__ = ["NOISE_BLOCK", "SensitivityResult", "TokenSensitivity", "token_sensit
 
 #: rounds of ``repeats`` draws that ``target_stderr`` may spend per batch without ``max_forward``
 DEFAULT_MAX_ROUNDS = 64
+#: adaptive stopping never stops on a standard error of exactly 0 before this many rounds: a
+#: variance estimate of 0 from one round's few draws per token is no evidence of precision
+ROUNDS_AT_ZERO = 2
 
 
 class TokenSensitivity:
@@ -301,13 +305,10 @@ class TokenSensitivity:
         trim_padding: bool = True,
         precision: Precision = "auto",
     ) -> None:
-        if tokens is None:
-            if not hasattr(model, "default_tokens"):
-                raise TypeError(
-                    f"{type(model).__name__} declares no default_tokens(); pass tokens= "
-                    "(Patches(p), Embedding('<module>') or Sequence())"
-                )
-            tokens = model.default_tokens()
+        if tokens is None:  # default_tokens(), else auto_tokens for HF/timm; else a TypeError
+            from ..tokens.auto import default_tokens
+
+            tokens = default_tokens(model)
         _check_call_options(model, tokens, autocast, shard)
         _check_generator(generator)
         check_selector(output)
@@ -571,7 +572,8 @@ class TokenSensitivity:
                 break
             k = valid.sum(1).double()
             within = (torch.stack(vs).sum(0) * valid).sum(1) / len(vs) ** 2 / k**2
-            if math.sqrt(max(within.sum().item(), 0.0)) / b <= self.target_stderr:
+            se = math.sqrt(max(within.sum().item(), 0.0)) / b
+            if se <= self.target_stderr and (se > 0.0 or len(ys) >= ROUNDS_AT_ZERO):
                 break
         rounds = len(ys)
         y = torch.stack(ys).mean(0)
@@ -653,7 +655,7 @@ class TokenSensitivity:
         u, usrc, utok = _units(vals, src, tok, self.antithetic)
         within = _within_variance(u, usrc, utok, valid, self._per_cell(rounds)).sum().item()
         se = math.sqrt(max(within, 0.0)) / b if math.isfinite(within) else math.inf
-        return se > self.target_stderr
+        return se > self.target_stderr or (se == 0.0 and rounds < ROUNDS_AT_ZERO)
 
     def _plan(self, valid: Tensor, stream: NoiseStream) -> tuple[Tensor, Tensor]:
         """Which example (src) and token (tok) each perturbed copy has, sample-major."""
