@@ -240,3 +240,28 @@ def test_model_that_reads_its_padding_falls_back_with_a_warning():
     b = token_sensitivity(model, batch, Embedding("embed_ln"), sigma=3.0, repeats=2,
                           trim_padding=False)
     assert torch.equal(a.per_sample, b.per_sample)
+
+
+def test_the_tangent_pass_is_trimmed_too():
+    """The control variate's and the allocation's forward and backward pass per example runs
+    on inputs cut like the copies (longest first, each chunk as wide as its longest example)."""
+    model = zoo("roberta")
+    batch = right_padded(b=12, t=16)
+    widths = {}
+    for trim in (True, False):
+        seen: list[int] = []
+
+        def hook(module, args, out, seen=seen):
+            if torch.is_grad_enabled():  # only the tangent pass runs with gradients
+                seen.extend([out.shape[1]] * out.shape[0])
+
+        handle = model.get_submodule("embed_ln").register_forward_hook(hook)
+        metric = TokenSensitivity(model, Embedding("embed_ln"), sigma=2.0, generator=0,
+                                  allocation="linear", budget=0.5, trim_padding=trim)
+        metric.update(batch)
+        handle.remove()
+        assert metric.last_trimmed == trim
+        widths[trim] = seen
+    lengths = batch["attention_mask"].sum(1)
+    assert widths[False] == [16] * 12
+    assert len(widths[True]) == 12 and max(widths[True]) == int(lengths.max()) < 16

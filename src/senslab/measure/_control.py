@@ -45,26 +45,38 @@ class LinearControl:
     control values of perturbed copies."""
 
     def __init__(self, bound: BoundTokens, ref: Tensor, sigma: float, chunk: int,
-                 kind: str = "logits", threshold: float | None = None) -> None:
+                 kind: str = "logits", threshold: float | None = None,
+                 extent: Tensor | None = None) -> None:
+        """``extent`` (B,): with padding-aware batching (:mod:`._trim`), the examples run
+        longest first in chunks cut to their longest real length, as the copies do (exact for
+        right padding: the positions cut are padding, whose gradient is never used)."""
         b, t = bound.valid.shape
         device = ref.device
         valid = bound.valid
-        ms, gs = [], []
+        parts = []
+        order = (torch.arange(b, device=device) if extent is None
+                 else torch.sort(extent.to(device), descending=True, stable=True).indices)
         try:
             with torch.inference_mode(False), torch.enable_grad():
                 bound.valid = valid.clone()  # a normal tensor: autograd may save it
                 for lo in range(0, b, chunk):
-                    src = torch.arange(lo, min(lo + chunk, b), device=device)
-                    zero = torch.zeros(len(src), t, bound.dim, device=device, requires_grad=True)
-                    out = bound.forward_perturbed(src, None, zero)
+                    src = order[lo:lo + chunk]
+                    width = t if extent is None else int(extent[src].max())
+                    cut = {} if extent is None else {"width": width}
+                    zero = torch.zeros(len(src), width, bound.dim, device=device,
+                                       requires_grad=True)
+                    out = bound.forward_perturbed(src, None, zero, **cut)
                     m = margins(out.float(), ref[src].clone(), kind, threshold)
                     (g,) = torch.autograd.grad(m.sum(), zero)
-                    ms.append(m.detach())
-                    gs.append(g.float())
+                    parts.append((src, width, m.detach().float(), g.float()))
         finally:
             bound.valid = valid
-        self.m = torch.cat(ms).clamp(min=0.0)
-        self.g = torch.cat(gs)
+        self.m = torch.zeros(b, device=device)
+        self.g = torch.zeros(b, t, bound.dim, device=device)
+        for src, width, m, g in parts:
+            self.m[src] = m
+            self.g[src, :width] = g
+        self.m = self.m.clamp(min=0.0)
         scale = sigma * self.g.norm(dim=2)  # (B, T): std of g·ε
         self.q = torch.special.ndtr(-self.m[:, None] / scale)  # ‖g‖ = 0 → −inf → 0
         self.q = torch.where(scale > 0, self.q, torch.zeros_like(self.q))

@@ -501,11 +501,12 @@ class TokenSensitivity:
                 ref = predictions(clean, self.kind, self.threshold)
             else:
                 ref = clean.float()
+            extent = self._extent(bound, clean)
             control = None
             if self.control_variate or self.allocation:
                 assert self.sigma is not None
-                control = LinearControl(bound, ref, self.sigma, 32, self.kind, self.threshold)
-            extent = self._extent(bound, clean)
+                control = LinearControl(bound, ref, self.sigma, 32, self.kind, self.threshold,
+                                        extent)
             check = self._checked(bound, clean, device)
             key = (_shapes(inputs), whole, self.autocast, check is None, extent is not None)
             if self.allocation:
