@@ -1,0 +1,121 @@
+"""Smoke test of the real-model time-to-precision benchmark (benchmarks/real_models.py) on a tiny
+random-init BERT and a tiny CNN, so the script cannot rot: its two references draw senslab's
+noise and must reproduce senslab's flips exactly; its time-to-precision arithmetic is checked on a
+synthetic case."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from senslab.tokens import Embedding, Patches
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "real_models.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        spec = importlib.util.spec_from_file_location("senslab_bench_real", BENCH)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(BENCH.parent))
+
+
+def tiny_text_case(bench, dtype=torch.float64, name="tiny_bert"):
+    """A 2-layer BERT from a config (random init), mean pooling and a linear head, on 6
+    right-padded sentences of mixed real lengths."""
+    transformers = pytest.importorskip("transformers")
+    from _real import MeanPoolClassifier, RealCase
+
+    config = transformers.BertConfig(
+        vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=32, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0, pad_token_id=0,
+    )
+    torch.manual_seed(0)  # test-only: HF initialises from the global RNG
+    model = MeanPoolClassifier(transformers.BertModel(config)).to(dtype).eval()
+    g = torch.Generator().manual_seed(1)
+    lengths = torch.tensor([9, 4, 7, 2, 9, 5])
+    mask = torch.arange(10)[None] < lengths[:, None]
+    ids = torch.randint(1, 50, (6, 10), generator=g).masked_fill(~mask, 0)
+    inputs = {"input_ids": ids, "attention_mask": mask.long()}
+    return RealCase(name, "text", model, inputs, Embedding("bert.embeddings.LayerNorm"), 2.0, 3)
+
+
+def tiny_image_case(bench):
+    from _real import RealCase
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(4 * 8 * 8, 3)).double().eval()
+    x = torch.rand(3, 3, 8, 8, generator=torch.Generator().manual_seed(2)).double() * 2 - 1
+    return RealCase("tiny_cnn", "image", model, x, Patches(4), 1.5, 5)
+
+
+@pytest.mark.parametrize("make", [tiny_text_case, tiny_image_case])
+def test_references_reproduce_senslab_flips_with_the_same_noise(bench, make):
+    case = make(bench)
+    ours = bench.senslab_row(case, "senslab", {"repeats": case.repeats, "precision": "float32"},
+                             t_clean=0.0)
+    assert 0.0 < ours["estimate"] < 1.0  # some copies flip, not all
+    for ref in (bench.naive_loop(case), bench.paper_code(case)):
+        assert torch.allclose(ref["per_sample"], ours["per_sample"], rtol=0, atol=1e-6)
+        assert ref["se"] == pytest.approx(ours["se"], rel=1e-5)
+        assert ref["estimate"] == pytest.approx(ours["estimate"], rel=1e-6)
+    assert bench.paper_code(case)["forwards"] == case.n * (1 + case.width * case.repeats)
+
+
+def test_measure_case_runs_every_row_and_checks(bench):
+    case = tiny_text_case(bench, torch.float32, name="minilm")  # exercises minilm's targets
+    res = bench.measure_case(case, gemm_n=64, log=lambda s: None)
+    assert res["target_se"] == pytest.approx(0.002 * math.sqrt(256 / 6))
+    labels = [r["label"] for r in res["rows"]]
+    assert labels[:4] == ["naive loop float32", "naive loop bf16", "paper code float32",
+                          "paper code bf16"]
+    assert "senslab trim_padding=False" in labels and "senslab adaptive cv + antithetic" in labels
+    for r in res["rows"]:
+        assert r["ttp"] > 0 and r["flops"] > 0 and r["fraction_bf16_gemm"] > 0
+        if r["adaptive"]:
+            assert r["se"] <= res["target_se"] or r["ttp"] == r["ttp_rule"]
+    assert all(v["ok"] for v in res["checks"]["agree"].values())
+    assert res["checks"]["bf16_checked_identical"]
+    assert res["checks"]["naive loop float32 vs senslab: examples differing"] == 0
+    # trimming evaluates fewer FLOPs than the padded evaluation; the paper code pads every copy
+    by = {r["label"]: r for r in res["rows"]}
+    assert by["senslab trim_padding=False"]["flops"] > by["senslab precision=float32"]["flops"]
+    assert by["paper code float32"]["flops"] > by["naive loop float32"]["flops"]
+    targets = {t["target"]: t for t in res["targets"]}
+    assert set(targets) == {"≥ 4× the naive loop", "≥ 40% of the bf16 GEMM peak"}
+    table = bench.markdown({"cases": [res], "gemm_n": 64})
+    assert "| minilm | naive loop float32 | float32 |" in table and "target ≥ 4×" in table
+
+
+def test_time_to_precision_arithmetic(bench):
+    # 2 s clean + 10 s perturbed at s.e. 0.004: four times the draws for 0.002
+    assert bench.seconds_to_precision(2.0, 10.0, 0.004) == pytest.approx(42.0)
+    assert bench.seconds_to_precision(1.0, 8.0, 0.001) == pytest.approx(3.0)
+    assert bench.seconds_to_precision(1.5, 8.0, 0.0) == 1.5  # no flip at all
+    assert bench.seconds_to_precision(0.0, 5.0, 0.003, target=0.003) == pytest.approx(5.0)
+    # floored at one draw per token: a 5-draw run at s.e. 0.0005 still costs 1/5 of its draws
+    assert bench.seconds_to_precision(1.0, 10.0, 0.0005, draws=5) == pytest.approx(3.0)
+    assert bench.seconds_to_precision(1.0, 10.0, 0.004, draws=5) == pytest.approx(41.0)
+    # stratified s.e. by hand: example 0 has K=2 tokens × R=2 draws, example 1 K=1 × R=2
+    flips = [torch.tensor([[1, 0], [0, 0]], dtype=torch.bool),
+             torch.tensor([[1, 1]], dtype=torch.bool)]
+    est, se, per_sample = bench.stratified(flips)
+    assert per_sample.tolist() == [0.25, 1.0] and est == pytest.approx(0.625)
+    # example 0: s²(1,0) = 0.5, s²(0,0) = 0 → Var = 0.5 / 2 / 2² = 0.0625; example 1: 0
+    assert se == pytest.approx(math.sqrt(0.0625) / 2)
+    ok, z = bench.agree(0.10, 0.01, 0.12, 0.01)
+    assert ok and z == pytest.approx(0.02 / math.hypot(0.01, 0.01))
+    assert not bench.agree(0.10, 0.001, 0.12, 0.001)[0]
