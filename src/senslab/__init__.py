@@ -14,7 +14,7 @@ from .measure import (
     compare_sensitivity,
     token_sensitivity,
 )
-from .tokens import Embedding, Patches, Sequence
+from .tokens import Embedding, Patches, Sequence, auto_tokens
 
 __version__ = "0.1.0"
 
@@ -27,6 +27,7 @@ __all__ = [
     "Sequence",
     "SensitivityResult",
     "TokenSensitivity",
+    "auto_tokens",
     "boolean_sensitivity",
     "compare_sensitivity",
     "token_sensitivity",

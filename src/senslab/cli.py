@@ -361,143 +361,14 @@ def _measure(args: argparse.Namespace) -> int:
 
 # -- pretrained models (``--hf``, ``--timm``) ---------------------------------------------------
 
-#: HF architectures whose own head senslab reads (others get a new, seeded classification head)
-_HF_HEADS = ("ForSequenceClassification", "ForImageClassification", "ForCausalLM")
 _TEXT_DEFAULT, _IMAGE_DEFAULT = "rotten_tomatoes", "digits"
-
-
-def _offline_message(option: str, name: str, err: BaseException) -> str:
-    flags = [v for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-             if os.environ.get(v, "").lower() not in ("", "0", "false", "no", "off")]
-    where = (f"{' and '.join(flags)} is set, so only the local Hugging Face cache is searched, "
-             "and it is not there" if flags else
-             "it is not in the local Hugging Face cache and the hub could not be reached "
-             "(offline?)")
-    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-    return (f"{option} {name}: not a local directory, and {where} ({first}). Download it once "
-            f"where there is network (e.g. `hf download {name}`) and copy the cache (HF_HOME) "
-            "here, or pass a directory written by save_pretrained")
-
-
-def _hf_config(name: str) -> Any:
-    """The config of ``--hf name``, with the errors a user can act on (offline, no such dir)."""
-    try:
-        import transformers
-    except ImportError as err:
-        raise ImportError(f"--hf needs transformers (pip install 'senslab[hf]'): {err}") from None
-    path = Path(name).expanduser()
-    if not path.exists() and (name.startswith((".", "/", "~")) or name.count("/") > 1):
-        raise UsageError(f"--hf {name}: no such directory; pass a directory that "
-                         "save_pretrained wrote, or a Hugging Face model name")
-    try:
-        return transformers.AutoConfig.from_pretrained(name)
-    except OSError as err:
-        if path.exists():
-            raise UsageError(f"--hf {name}: {str(err).splitlines()[0]}") from None
-        raise UsageError(_offline_message("--hf", name, err)) from None
-
-
-def _load_hf(name: str, config: Any, seed: int, num_labels: int) -> tuple[Any, Any, str]:
-    """(model, image processor or None, words on its weights) of ``--hf name``."""
-    import torch
-    import transformers
-
-    image = hasattr(config, "num_channels")
-    arch = next((a for a in config.architectures or [] if a.endswith(_HF_HEADS)), None)
-    cls = getattr(transformers, arch, None) if arch else None
-    kwargs: dict[str, Any] = {}
-    if cls is None:
-        cls = (transformers.AutoModelForImageClassification if image
-               else transformers.AutoModelForSequenceClassification)
-        kwargs["num_labels"] = num_labels
-    transformers.utils.logging.disable_progress_bar()  # stderr: senslab's own lines only
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)  # a head the checkpoint lacks is initialised from this seed
-        model, info = cls.from_pretrained(name, output_loading_info=True, **kwargs)
-    new = sorted(info.get("missing_keys") or [])
-    weights = f"pretrained weights from {name}"
-    if new:
-        shown = ", ".join(new[:4]) + (f" and {len(new) - 4} more" if len(new) > 4 else "")
-        weights += f" except {shown}, newly initialised (seed {seed})"
-    processor = None
-    if image:
-        try:
-            processor = transformers.AutoImageProcessor.from_pretrained(name)
-        except (OSError, ValueError):
-            processor = None
-    return model.eval(), processor, weights
-
-
-def _load_timm(name: str) -> tuple[Any, str]:
-    try:
-        import timm
-    except Exception as err:  # noqa: BLE001  (a broken torchvision fails timm's import too)
-        raise ImportError(f"--timm needs timm (pip install 'senslab[timm]'), whose import "
-                          f"failed here: {type(err).__name__}: {err}") from None
-    try:
-        model = timm.create_model(name, pretrained=True)
-    except RuntimeError as err:
-        if "Unknown model" not in str(err):
-            raise
-        close = timm.list_models(f"*{name.split('_')[0]}*")[:8]
-        raise UsageError(f"--timm {name}: timm has no such model"
-                         + (f"; e.g. {', '.join(close)}" if close else "")) from None
-    except (OSError, ValueError) as err:
-        raise UsageError(_offline_message("--timm", name, err)) from None
-    return model.eval(), f"pretrained weights of timm {name}"
-
-
-def _image_prep(model: Any, processor: Any, x: Any) -> tuple[Any, str, Any]:
-    """How [0, 1] images ``x`` become the model's inputs: (prepare function, words, (mean, std)
-    or None). Channels are repeated (grayscale → RGB), the size interpolated to the model's, and
-    the model's normalisation applied."""
-    import torch
-    import torch.nn.functional as F
-
-    from .tokens.patches import model_normalization
-
-    c, h, w = x.shape[1:]
-    config = getattr(model, "config", None)
-    size: Any = getattr(config, "image_size", None)
-    channels = getattr(config, "num_channels", None)
-    cfg = getattr(model, "pretrained_cfg", None)
-    if isinstance(cfg, dict) and cfg.get("input_size"):
-        channels, *size = cfg["input_size"]
-    if size is None and processor is not None:
-        spec = getattr(processor, "crop_size", None) or getattr(processor, "size", None) or {}
-        side = spec.get("shortest_edge") or spec.get("height")
-        size = (spec.get("height", side), spec.get("width", side)) if side else None
-    size = (h, w) if size is None else (
-        (int(size), int(size)) if isinstance(size, int) else tuple(int(v) for v in size))
-    channels = channels or c
-    norm = None
-    if processor is not None and getattr(processor, "image_std", None) is not None:
-        norm = (tuple(processor.image_mean or (0.0,)), tuple(processor.image_std))
-    elif model_normalization(model) is not None:
-        norm = model_normalization(model)
-    if c != channels and c != 1:
-        raise UsageError(f"the data has {c}-channel images but the model takes {channels} "
-                         "channels; choose another --data")
-    mean = None if norm is None else torch.tensor(norm[0]).view(-1, 1, 1)
-    std = None if norm is None else torch.tensor(norm[1]).view(-1, 1, 1)
-
-    def prepare(images: Any) -> Any:
-        images = images.expand(-1, channels, -1, -1) if c != channels else images
-        if tuple(images.shape[-2:]) != size:
-            images = F.interpolate(images, size=size, mode="bilinear", align_corners=False)
-        return images if norm is None else (images - mean) / std
-
-    words = (f"[0, 1] pixels{' → ' + str(channels) + ' channels' if c != channels else ''}"
-             f"{f', resized {h}×{w} → {size[0]}×{size[1]}' if (h, w) != size else ''}, "
-             + ("normalised with the model's mean/std" if norm else
-                "no normalisation found (the model gets [0, 1] pixels)"))
-    return prepare, words, norm
 
 
 def _measure_pretrained(args: argparse.Namespace) -> int:
     """``senslab measure --hf NAME`` / ``--timm NAME``: a pretrained model on registered data."""
     import torch
 
+    from .models import pretrained
     from .tokens import auto_tokens
     from .train.config import validate
     from .train.loop import load_data, resolve_device
@@ -508,8 +379,8 @@ def _measure_pretrained(args: argparse.Namespace) -> int:
             raise UsageError(f"{option} measures a pretrained model: drop {other}")
     processor, config = None, None
     if args.hf:
-        config = _hf_config(name)
-        image = hasattr(config, "num_channels")
+        config = pretrained.hf_config(name)
+        image = pretrained.is_image_config(config)
     else:
         image = True
     args.data = args.data or (_IMAGE_DEFAULT if image else _TEXT_DEFAULT)
@@ -530,9 +401,10 @@ def _measure_pretrained(args: argparse.Namespace) -> int:
     data = train if args.split == "train" else test
     split = cfg.data.train_split if args.split == "train" else cfg.data.test_split
     if args.hf:
-        model, processor, weights = _load_hf(name, config, args.seed, max(train.num_classes, 2))
+        model, processor, weights = pretrained.load_hf(name, config, args.seed,
+                                                       max(train.num_classes, 2))
     else:
-        model, weights = _load_timm(name)
+        model, weights = pretrained.load_timm(name)
     model = model.to(device)
     g = torch.Generator().manual_seed(args.seed + 1)
     subset = data.first(min(args.num_examples, len(data)), generator=g)
@@ -541,7 +413,7 @@ def _measure_pretrained(args: argparse.Namespace) -> int:
         if not isinstance(first, torch.Tensor) or first.dim() != 4:
             raise UsageError(f"--data {cfg.data.name} holds no images, but {name} is an image "
                              "model; use digits, mnist or cifar10")
-        prepare, data_words, norm = _image_prep(model, processor, first)
+        prepare, data_words, norm = pretrained.image_prep(model, processor, first)
         pixel: dict[str, Any] = {"sigma_space": args.sigma_space}
         if args.sigma_space == "pixel":  # no normalisation: the inputs are the pixels
             pixel.update({"std": norm[1], "mean": norm[0]} if norm else {"std": 1.0})
@@ -554,11 +426,8 @@ def _measure_pretrained(args: argparse.Namespace) -> int:
                              "model; use rotten_tomatoes, sst2 or mrpc")
         if args.sigma_space == "pixel":
             raise UsageError("--sigma-space pixel applies to image models; drop it")
-
-        def prepare(x: dict[str, Any]) -> dict[str, Any]:
-            return {"input_ids": x["input_ids"], "attention_mask": x["attention_mask"].long()}
-
-        data_words = f"tokenized with {name}'s tokenizer"
+        prepare, padded = pretrained.text_prep(model, data.meta.get("pad_id"))
+        data_words = f"tokenized with {name}'s tokenizer{padded}"
         tokens = auto_tokens(model)
     what = _describe_tokens(tokens, prepare(first))
     _summary(f"{option.removeprefix('--')}:{name} ({type(model).__name__}), {weights}",

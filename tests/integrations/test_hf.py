@@ -133,3 +133,12 @@ def test_docs_snippet_runs(snippet, tmp_path: Path):
     inputs = {k: v for k, v in subset.items() if k != "labels"}
     ref = token_sensitivity(model, inputs, Embedding(TOKENS), sigma=0.5, generator=0)
     assert last["eval_sensitivity"] == ref.estimate
+
+
+def test_tokens_default_to_auto():
+    """No tokens given: the HF model's auto_tokens (the embeddings block's LayerNorm)."""
+    model, subset = tiny_bert().eval(), Texts(8, 2).batch(6)
+    callback = SensitivityCallback(subset, sigma=2.0, generator=3)
+    inputs = {k: v for k, v in subset.items() if k != "labels"}
+    ref = token_sensitivity(model, inputs, Embedding(TOKENS), sigma=2.0, generator=3)
+    assert callback.measure(model).estimate == ref.estimate

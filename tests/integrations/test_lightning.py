@@ -140,3 +140,31 @@ def test_metric_logged_from_a_lightning_module(tmp_path: Path):
     assert logged.item() == pytest.approx(ref.compute().estimate, rel=1e-6)
     rows = [r for r in read_csv(trainer) if r.get("val_sensitivity")]
     assert float(rows[0]["val_sensitivity"]) == pytest.approx(ref.compute().estimate, rel=1e-6)
+
+
+def test_tokens_default_to_auto_of_the_wrapped_hf_model():
+    """No tokens given, a LightningModule holding a Hugging Face model as ``self.model``: that
+    model's auto_tokens, named from the module."""
+    transformers = pytest.importorskip("transformers")
+    from senslab.tokens import Embedding, default_tokens
+
+    class Wrapped(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.model = transformers.BertForSequenceClassification(transformers.BertConfig(
+                vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                intermediate_size=32, max_position_embeddings=16))
+
+        def forward(self, **batch: torch.Tensor):
+            return self.model(**batch)
+
+    module = Wrapped().eval()
+    g = torch.Generator().manual_seed(0)
+    subset = {"input_ids": torch.randint(1, 40, (5, 8), generator=g),
+              "attention_mask": torch.ones(5, 8, dtype=torch.long)}
+    tokens = Embedding("model.bert.embeddings.LayerNorm")
+    assert default_tokens(module) == tokens
+    r = SensitivityCallback(subset, sigma=2.0, generator=5).measure(module)
+    ref = token_sensitivity(module, subset, tokens, sigma=2.0, generator=5)
+    assert r.estimate == ref.estimate and r.num_forward == ref.num_forward == 5 * 8 + 5

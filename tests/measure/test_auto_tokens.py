@@ -303,6 +303,49 @@ class _WithDefault(nn.Module):
         return Sequence()
 
 
+# --------------------------------------------------------------------------- tokens=None
+class _Wrapper(nn.Module):
+    """A LightningModule-like wrapper: the HF model is ``self.model``."""
+
+    def __init__(self, *inner: nn.Module) -> None:
+        super().__init__()
+        self.model = inner[0]
+        if len(inner) > 1:
+            self.other = inner[1]
+
+    def forward(self, **batch: torch.Tensor):
+        return self.model(**batch)
+
+
+def test_tokens_none_falls_back_to_auto_for_hf_and_timm():
+    from senslab import TokenSensitivity
+    from senslab import auto_tokens as exported
+    from senslab.tokens import default_tokens
+
+    assert exported is auto_tokens
+    model, batch = bert(), text_batch()
+    same(token_sensitivity(model, batch, sigma=4.0, **EXACT),
+         token_sensitivity(model, batch, auto_tokens(model), sigma=4.0, **EXACT))
+    assert TokenSensitivity(model, sigma=1.0).tokens == Embedding("bert.embeddings.LayerNorm")
+    assert default_tokens(TimmShaped()) == Patches(4)
+    wrapped = _Wrapper(model)  # the HF model inside a wrapper: its names, prefixed
+    assert default_tokens(wrapped) == Embedding("model.bert.embeddings.LayerNorm")
+    same(token_sensitivity(wrapped, batch, sigma=4.0, **EXACT),
+         token_sensitivity(model, batch, sigma=4.0, **EXACT))
+    with pytest.raises(TypeError, match="several pretrained models.*model, other"):
+        default_tokens(_Wrapper(model, vit()))
+
+
+def test_tokens_none_refuses_unrecognised_models_clearly():
+    from senslab import TokenSensitivity
+
+    cnn = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.LazyLinear(2))
+    for model in (cnn, nn.Linear(4, 2)):  # a plain CNN is not guessed at: auto_tokens gives 16
+        with pytest.raises(TypeError, match=r"declares no default_tokens\(\) and is no Hugging "
+                                            r"Face or timm model.*pass tokens=.*auto_tokens"):
+            TokenSensitivity(model, sigma=1.0)
+
+
 # --------------------------------------------------------------------------- σ in pixel space
 @pytest.mark.parametrize("mode", ["token", "whole"])
 def test_pixel_sigma_equals_sigma_over_std(mode):

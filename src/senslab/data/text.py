@@ -34,7 +34,10 @@ text → same vocabulary) and the result is cached in ``$SENSLAB_CACHE/tokenizer
 under a name made of the dataset, the vocabulary size and a hash of the training text, written
 atomically and reused.
 ``tokenizer="roberta-base"`` (a Hugging Face name; needs ``transformers`` and the network or its
-cache) or ``tokenizer="/path/tokenizer.json"`` (a ``tokenizers`` file) replaces it.
+cache) or ``tokenizer="/path/tokenizer.json"`` (a ``tokenizers`` file) replaces it. A Hugging Face
+tokenizer without a pad token (GPT-2 and other decoders) pads with its end token (EOS): the
+padding is on the right and ``attention_mask`` is built from the lengths, so it still marks the
+real end token as real.
 """
 
 from __future__ import annotations
@@ -399,11 +402,15 @@ def pretrained_tokenizer(name: str) -> TextTokenizer:
         ) from err
     bos = hf.bos_token_id if hf.bos_token_id is not None else hf.cls_token_id
     eos = hf.eos_token_id if hf.eos_token_id is not None else hf.sep_token_id
-    if None in (bos, eos, hf.pad_token_id):
-        raise ValueError(f"tokenizer {name!r} lacks a start, end or pad token")
+    # Decoder tokenizers (GPT-2 …) have no pad token: pad with the end token, as their models'
+    # own fine-tuning recipes do. Padding is on the right and the attention mask comes from the
+    # lengths, so the real end token stays a real token (the mask, not the id, tells padding).
+    pad = hf.pad_token_id if hf.pad_token_id is not None else eos
+    if None in (bos, eos, pad):
+        raise ValueError(f"tokenizer {name!r} lacks a start or end token")
     return TextTokenizer(
         encode_batch=lambda texts: hf(list(texts), add_special_tokens=False)["input_ids"],
-        bos_id=bos, eos_id=eos, pad_id=hf.pad_token_id, vocab_size=len(hf), name=name,
+        bos_id=bos, eos_id=eos, pad_id=pad, vocab_size=len(hf), name=name,
         special_ids={t: i for t, i in zip(hf.all_special_tokens, hf.all_special_ids,
                                           strict=True)},
     )

@@ -54,7 +54,8 @@ class SensitivityCallback(TrainerCallback):
             ``BatchEncoding`` works; ``labels`` are dropped), or a tensor/tuple; moved to the
             model's device when measured.
         tokens: a :class:`~senslab.tokens.Tokenization`, e.g.
-            ``Embedding("bert.embeddings.LayerNorm")``; default ``model.default_tokens()``.
+            ``Embedding("bert.embeddings.LayerNorm")``; default (None): the model's
+            :func:`~senslab.tokens.auto_tokens` (``default_tokens()`` for senslab's zoo).
         mask: (B, T) bool, true on real tokens; default: the inputs' ``attention_mask``.
         name: logged as ``f"{prefix}_{name}"`` and ``f"{prefix}_{name}_stderr"``, ``prefix``
             the evaluation's metric prefix (``eval``).

@@ -49,7 +49,9 @@ class SensitivityCallback(Callback):
         inputs: the subset — a tensor, tuple or dict of tensors with the example axis first
             (moved to the module's device when measured).
         tokens: a :class:`~senslab.tokens.Tokenization` (module names relative to the
-            LightningModule); default ``pl_module.default_tokens()``.
+            LightningModule); default (None): ``pl_module.default_tokens()`` if it declares
+            one, else :func:`~senslab.tokens.auto_tokens` of the Hugging Face or timm model it
+            holds (e.g. ``self.model``; :func:`~senslab.tokens.default_tokens`).
         mask: (B, T) bool, true on real tokens (padding excluded), as for ``token_sensitivity``.
         every_n_epochs: measure after epochs N, 2N, … (epoch numbers counted from 1).
         name: the logged keys are ``name`` (estimate) and ``f"{name}_stderr"``.

@@ -49,7 +49,7 @@ from .base import Position, Tokenization, check_position
 from .embedding import Embedding
 from .patches import Patches, model_normalization
 
-__all__ = ["DEFAULT_CNN_PATCH", "auto_tokens"]
+__all__ = ["DEFAULT_CNN_PATCH", "auto_tokens", "default_tokens"]
 
 #: patch size for a CNN (a model without a patch size of its own): ViT-B/16's grid
 DEFAULT_CNN_PATCH = 16
@@ -119,6 +119,60 @@ def auto_tokens(
             + _HOW
         )
     return Embedding(_text_module(model, word, embedding), position=position)
+
+
+def default_tokens(model: nn.Module | Any) -> Tokenization:
+    """The tokens a measurement uses when none are given (``tokens=None``).
+
+    ``model.default_tokens()`` if the model declares it (senslab's zoo); else, for a Hugging Face
+    ``PreTrainedModel`` or a timm model, :func:`auto_tokens` with its defaults; else, for a
+    wrapper holding exactly one such model (a ``LightningModule``'s ``self.model``, say),
+    ``auto_tokens`` of that model, an :class:`Embedding` named from the wrapper (e.g.
+    ``model.bert.embeddings.LayerNorm``). Any other model is refused with what to pass: a plain
+    CNN is not guessed at (``auto_tokens(model)`` gives it ``Patches(16)`` when asked).
+    """
+    if hasattr(model, "default_tokens"):
+        return model.default_tokens()
+    if isinstance(model, nn.Module):
+        if _pretrained(model):
+            return auto_tokens(model)
+        inner = _pretrained_children(model)
+        if len(inner) == 1:
+            name, child = inner[0]
+            tokens = auto_tokens(child)
+            if isinstance(tokens, Embedding) and isinstance(tokens.module, str):
+                return dataclasses.replace(tokens, module=f"{name}.{tokens.module}")
+            return tokens
+        if len(inner) > 1:
+            raise TypeError(
+                f"{type(model).__name__} holds several pretrained models "
+                f"({', '.join(n for n, _ in inner)}), so which one's tokens to measure is not "
+                f"clear; pass tokens= (e.g. auto_tokens(model.{inner[0][0]}) with its module "
+                f"name prefixed by '{inner[0][0]}.'), or declare default_tokens()"
+            )
+    raise TypeError(
+        f"{type(model).__name__} declares no default_tokens() and is no Hugging Face or timm "
+        "model (nor holds one), so its tokens are not known; pass tokens= — Patches(p) for "
+        "(B, C, H, W) images, Embedding('<module name>') for token ids (the LayerNorm after the "
+        "token embedding, or the embedding itself), Sequence() for (B, T, D) vectors — or "
+        "auto_tokens(model) to let senslab choose (a CNN gets Patches(16))"
+    )
+
+
+def _pretrained(model: nn.Module) -> bool:
+    """A Hugging Face ``PreTrainedModel`` or a timm model (its ``pretrained_cfg``)."""
+    if any(c.__name__ == "PreTrainedModel" for c in type(model).__mro__):
+        return True
+    return isinstance(getattr(model, "pretrained_cfg", None), dict)
+
+
+def _pretrained_children(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The outermost Hugging Face / timm models inside ``model`` (name, module)."""
+    found: list[tuple[str, nn.Module]] = []
+    for name, sub in model.named_modules():
+        if name and not any(name.startswith(f"{n}.") for n, _ in found) and _pretrained(sub):
+            found.append((name, sub))
+    return found
 
 
 def _no_pixel(tokens: Tokenization | None, sigma_space: str) -> Tokenization:

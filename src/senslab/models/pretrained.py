@@ -1,0 +1,197 @@
+"""Pretrained models by name: Hugging Face (a ``save_pretrained`` directory or a cached hub name)
+and timm, loaded for measuring, and how [0, 1] images become their inputs.
+
+This is what ``senslab measure --hf NAME`` / ``--timm NAME`` run (the command only picks the data
+and prints); nothing here is registered in the zoo, and ``transformers``/``timm`` are imported
+only when a function needs them.
+
+* :func:`hf_config`, :func:`load_hf`: the model with its own head when it has one of
+  :data:`HF_HEADS`, else a sequence/image classification head, new and seeded (a sentence
+  encoder such as MiniLM ships none); the words say which weights are pretrained and which new.
+* :func:`load_timm`: ``timm.create_model(name, pretrained=True)``.
+* :func:`image_prep`: channels repeated (grayscale → RGB), size interpolated to the model's, the
+  model's own normalisation (HF image processor, else timm's ``pretrained_cfg``) applied.
+* :func:`text_prep`: a text set's inputs as the model takes them; a model whose config has no pad
+  token (GPT-2) is given the data's (the tokenizer pads with its end token, see
+  :func:`senslab.data.text.pretrained_tokenizer`).
+
+Errors are ``ValueError``s (``ImportError`` for a missing library) whose message names the
+option, what was wrong and the fix, in the command's terms (``option=`` is that name).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "HF_HEADS",
+    "hf_config",
+    "image_prep",
+    "is_image_config",
+    "load_hf",
+    "load_timm",
+    "offline_message",
+    "text_prep",
+]
+
+#: HF architectures whose own head is read (others get a new, seeded classification head)
+HF_HEADS = ("ForSequenceClassification", "ForImageClassification", "ForCausalLM")
+
+
+def offline_message(option: str, name: str, err: BaseException) -> str:
+    """Why ``name`` could not be loaded without the network, and the ways out."""
+    flags = [v for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+             if os.environ.get(v, "").lower() not in ("", "0", "false", "no", "off")]
+    where = (f"{' and '.join(flags)} is set, so only the local Hugging Face cache is searched, "
+             "and it is not there" if flags else
+             "it is not in the local Hugging Face cache and the hub could not be reached "
+             "(offline?)")
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return (f"{option} {name}: not a local directory, and {where} ({first}). Download it once "
+            f"where there is network (e.g. `hf download {name}`) and copy the cache (HF_HOME) "
+            "here, or pass a directory written by save_pretrained")
+
+
+def hf_config(name: str, option: str = "--hf") -> Any:
+    """The config of Hugging Face model ``name`` (a directory or a cached hub name)."""
+    try:
+        import transformers
+    except ImportError as err:
+        raise ImportError(f"{option} needs transformers (pip install 'senslab[hf]'): "
+                          f"{err}") from None
+    path = Path(name).expanduser()
+    if not path.exists() and (name.startswith((".", "/", "~")) or name.count("/") > 1):
+        raise ValueError(f"{option} {name}: no such directory; pass a directory that "
+                         "save_pretrained wrote, or a Hugging Face model name")
+    try:
+        return transformers.AutoConfig.from_pretrained(name)
+    except OSError as err:
+        if path.exists():
+            raise ValueError(f"{option} {name}: {str(err).splitlines()[0]}") from None
+        raise ValueError(offline_message(option, name, err)) from None
+
+
+def is_image_config(config: Any) -> bool:
+    """Whether a Hugging Face config describes an image model (it has ``num_channels``)."""
+    return hasattr(config, "num_channels")
+
+
+def load_hf(name: str, config: Any, seed: int, num_labels: int) -> tuple[Any, Any, str]:
+    """(model in eval mode, image processor or None, words on its weights) of ``name``.
+
+    A head the checkpoint lacks is initialised from ``seed`` (the global RNG is restored)."""
+    import torch
+    import transformers
+
+    image = is_image_config(config)
+    arch = next((a for a in config.architectures or [] if a.endswith(HF_HEADS)), None)
+    cls = getattr(transformers, arch, None) if arch else None
+    kwargs: dict[str, Any] = {}
+    if cls is None:
+        cls = (transformers.AutoModelForImageClassification if image
+               else transformers.AutoModelForSequenceClassification)
+        kwargs["num_labels"] = num_labels
+    transformers.utils.logging.disable_progress_bar()  # stderr: senslab's own lines only
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model, info = cls.from_pretrained(name, output_loading_info=True, **kwargs)
+    new = sorted(info.get("missing_keys") or [])
+    weights = f"pretrained weights from {name}"
+    if new:
+        shown = ", ".join(new[:4]) + (f" and {len(new) - 4} more" if len(new) > 4 else "")
+        weights += f" except {shown}, newly initialised (seed {seed})"
+    processor = None
+    if image:
+        try:
+            processor = transformers.AutoImageProcessor.from_pretrained(name)
+        except (OSError, ValueError):
+            processor = None
+    return model.eval(), processor, weights
+
+
+def load_timm(name: str, option: str = "--timm") -> tuple[Any, str]:
+    """(model in eval mode, words on its weights) of timm model ``name``, pretrained."""
+    try:
+        import timm
+    except Exception as err:  # noqa: BLE001  (a broken torchvision fails timm's import too)
+        raise ImportError(f"{option} needs timm (pip install 'senslab[timm]'), whose import "
+                          f"failed here: {type(err).__name__}: {err}") from None
+    try:
+        model = timm.create_model(name, pretrained=True)
+    except RuntimeError as err:
+        if "Unknown model" not in str(err):
+            raise
+        close = timm.list_models(f"*{name.split('_')[0]}*")[:8]
+        raise ValueError(f"{option} {name}: timm has no such model"
+                         + (f"; e.g. {', '.join(close)}" if close else "")) from None
+    except (OSError, ValueError) as err:
+        raise ValueError(offline_message(option, name, err)) from None
+    return model.eval(), f"pretrained weights of timm {name}"
+
+
+def image_prep(model: Any, processor: Any, x: Any) -> tuple[Callable[[Any], Any], str, Any]:
+    """How [0, 1] images shaped like ``x`` become the model's inputs: (prepare function, words,
+    (mean, std) or None). Channels are repeated (grayscale → RGB), the size interpolated to the
+    model's, and the model's normalisation applied."""
+    import torch
+    import torch.nn.functional as F
+
+    from ..tokens.patches import model_normalization
+
+    c, h, w = x.shape[1:]
+    config = getattr(model, "config", None)
+    size: Any = getattr(config, "image_size", None)
+    channels = getattr(config, "num_channels", None)
+    cfg = getattr(model, "pretrained_cfg", None)
+    if isinstance(cfg, dict) and cfg.get("input_size"):
+        channels, *size = cfg["input_size"]
+    if size is None and processor is not None:
+        spec = getattr(processor, "crop_size", None) or getattr(processor, "size", None) or {}
+        side = spec.get("shortest_edge") or spec.get("height")
+        size = (spec.get("height", side), spec.get("width", side)) if side else None
+    size = (h, w) if size is None else (
+        (int(size), int(size)) if isinstance(size, int) else tuple(int(v) for v in size))
+    channels = channels or c
+    norm = None
+    if processor is not None and getattr(processor, "image_std", None) is not None:
+        norm = (tuple(processor.image_mean or (0.0,)), tuple(processor.image_std))
+    elif model_normalization(model) is not None:
+        norm = model_normalization(model)
+    if c != channels and c != 1:
+        raise ValueError(f"the data has {c}-channel images but the model takes {channels} "
+                         "channels; choose another --data")
+    mean = None if norm is None else torch.tensor(norm[0]).view(-1, 1, 1)
+    std = None if norm is None else torch.tensor(norm[1]).view(-1, 1, 1)
+
+    def prepare(images: Any) -> Any:
+        images = images.expand(-1, channels, -1, -1) if c != channels else images
+        if tuple(images.shape[-2:]) != size:
+            images = F.interpolate(images, size=size, mode="bilinear", align_corners=False)
+        return images if norm is None else (images - mean) / std
+
+    words = (f"[0, 1] pixels{' → ' + str(channels) + ' channels' if c != channels else ''}"
+             f"{f', resized {h}×{w} → {size[0]}×{size[1]}' if (h, w) != size else ''}, "
+             + ("normalised with the model's mean/std" if norm else
+                "no normalisation found (the model gets [0, 1] pixels)"))
+    return prepare, words, norm
+
+
+def text_prep(model: Any, pad_id: int | None) -> tuple[Callable[[Any], Any], str]:
+    """(prepare function, words) for a text set's ``{"input_ids", "attention_mask"}`` batches.
+
+    A model whose config has no ``pad_token_id`` (GPT-2: its sequence-classification head reads
+    the last non-pad token and refuses batches without one) is given the data's ``pad_id``; the
+    words say so (empty otherwise)."""
+    config = getattr(model, "config", None)
+    words = ""
+    if config is not None and getattr(config, "pad_token_id", 0) is None and pad_id is not None:
+        config.pad_token_id = int(pad_id)
+        words = f"; the model's pad_token_id set to the tokenizer's ({pad_id})"
+
+    def prepare(x: dict[str, Any]) -> dict[str, Any]:
+        return {"input_ids": x["input_ids"], "attention_mask": x["attention_mask"].long()}
+
+    return prepare, words
