@@ -648,17 +648,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                            log=lambda s: print(s, flush=True))
         res["seconds"] = time.perf_counter() - start
         result["cases"].append(res)
+        out = _write(result, args.out, mode)  # after every case: a later case may not finish
+    print("\n" + result["markdown"])
+    print(f"\nwrote {out}")
+    return result
+
+
+def _write(result: dict[str, Any], out: Path | None, mode: str) -> Path:
+    """The results so far as JSON (written whole, then renamed into place)."""
     result["loadavg_end"] = os.getloadavg()
     result["markdown"] = markdown(result)
-    print("\n" + result["markdown"])
-    out = args.out or (Path(__file__).resolve().parent / "results"
-                       / f"real-{socket.gethostname()}-{result['date'][:10]}-{mode}.json")
+    out = out or (Path(__file__).resolve().parent / "results"
+                  / f"real-{socket.gethostname()}-{result['date'][:10]}-{mode}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     saved = {**result, "cases": [{**c, "rows": [_jsonable(r) for r in c["rows"]]}
                                  for c in result["cases"]]}
-    out.write_text(json.dumps(saved, indent=1, default=float))
-    print(f"\nwrote {out}")
-    return result
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(saved, indent=1, default=float))
+    tmp.replace(out)
+    return out
 
 
 if __name__ == "__main__":

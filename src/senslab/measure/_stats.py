@@ -155,14 +155,18 @@ def accumulate(
     u, usrc, utok = units(vals, src, tok, pairs)
     cnt = _counts(usrc, b, u)
     mean = torch.zeros_like(cnt).index_add_(0, usrc, u) / cnt
-    within = within_variance(u, usrc, utok, valid, per_cell)
-    st.n += b
+    _add_examples(st, mean, within_variance(u, usrc, utok, valid, per_cell))
+    if positions is not None:
+        _accumulate_positions(st, vals.double(), src, tok, valid, positions)
+
+
+def _add_examples(st: State, mean: Tensor, within: Tensor) -> None:
+    """Add examples with rates ``mean`` (B,) and their variance estimates ``within`` (B,)."""
+    st.n += len(mean)
     st.s1 += mean.sum().item()
     st.s2 += (mean * mean).sum().item()
     st.within += within.sum().item()
     st.samples.append(mean.float().cpu())
-    if positions is not None:
-        _accumulate_positions(st, vals.double(), src, tok, valid, positions)
 
 
 def accumulate_tokens(
@@ -170,16 +174,9 @@ def accumulate_tokens(
 ) -> None:
     """Add one batch measured token by token (``allocation``, :mod:`._alloc`) to ``st``:
     ``y`` (B, T) each real token's unbiased value, ``var`` (B, T) its variance estimate."""
-    b = valid.shape[0]
     v = valid.to(y.device)
     k = v.sum(1).double()
-    mean = (y.double() * v).sum(1) / k
-    within = (var.double() * v).sum(1) / k**2
-    st.n += b
-    st.s1 += mean.sum().item()
-    st.s2 += (mean * mean).sum().item()
-    st.within += within.sum().item()
-    st.samples.append(mean.float().cpu())
+    _add_examples(st, (y.double() * v).sum(1) / k, (var.double() * v).sum(1) / k**2)
     if positions is not None:
         cells = v.nonzero()
         _accumulate_positions(st, y.double()[v], cells[:, 0], cells[:, 1], v, positions)
