@@ -39,7 +39,7 @@ that is nearly linear at the scale σ it is large (tests/measure/test_allocation
 misses (saturating toy networks) it can cost more than equal draws, and a token the tangent
 wrongly calls safe is drawn rarely and weighted heavily, which makes the estimate heavy-tailed.
 The floor (:data:`FLOOR`) bounds that weight at :math:`1/(0.2 \cdot \mathrm{budget})`; at
-0.05 the standard error came out 30% too small on such networks, at 0.2 within 6%. The control
+0.05 the standard error came out up to 30% too small on such networks, at 0.2 within 6%. The control
 variate is not combined with allocation: the draws would then measure the tangent's misses,
 which the allocation cannot see, and the standard error came out 15–35% too small. Whether
 allocation pays for a given model is what ``benchmarks/real_models.py`` measures.
