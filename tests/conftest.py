@@ -38,6 +38,30 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ["SENSLAB_CACHE"] = before
 
 
+@pytest.fixture
+def gpt2_tokenizer() -> Callable[[Path, list[str]], int]:
+    """Save a GPT-2-style tokenizer (byte-level BPE, ``<|endoftext|>`` as start and end, **no
+    pad token**) trained on ``texts`` to ``path``; returns its vocabulary size."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    def make(path: Path, texts: list[str]) -> int:
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        tok.train_from_iterator(texts, trainer=trainers.BpeTrainer(
+            vocab_size=300, special_tokens=["<|endoftext|>"], show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        end = "<|endoftext|>"
+        hf = transformers.GPT2TokenizerFast(tokenizer_object=tok, bos_token=end, eos_token=end,
+                                            unk_token=end)
+        hf.save_pretrained(path)
+        assert hf.pad_token_id is None
+        return len(hf)
+
+    return make
+
+
 @pytest.fixture(autouse=True)
 def _restore_torch_threads() -> Iterator[None]:
     """A test that changes torch's thread count (``--threads``, the benchmark) must not change

