@@ -89,3 +89,15 @@ def test_sharded_pieces_merge_to_one_process_without_a_process_group():
     assert sorted(merged.per_sample.tolist()) == sorted(ref.per_sample.tolist())
     with pytest.raises(ValueError, match="shard"):
         TokenSensitivity(model, Patches(2), sigma=1.0, shard=(2, 2))
+
+
+@pytest.mark.parametrize("backend", ["gloo", "mpi", "cpu:gloo,cuda:nccl", "nccl"])
+def test_sums_reduce_where_the_backend_reduces(backend: str):
+    """gloo and MPI reduce CPU tensors; NCCL only CUDA tensors (this process's GPU)."""
+    from senslab.measure._stats import reduce_device
+
+    device = reduce_device(backend)
+    if backend == "nccl" and torch.cuda.is_available():
+        assert device == torch.device("cuda", torch.cuda.current_device())
+    else:
+        assert device == torch.device("cpu")

@@ -243,9 +243,18 @@ def result(
     )
 
 
+def reduce_device(backend: str) -> torch.device:
+    """Where the sums travel for a ``torch.distributed`` backend: the CPU where it reduces CPU
+    tensors (gloo, MPI, or a ``"cpu:gloo,cuda:nccl"`` pair), else (NCCL) this process's GPU."""
+    backend = backend.lower()
+    if any(name in backend for name in ("gloo", "mpi", "cpu:")) or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
 def all_reduced(st: State, align: str, group: Any = None) -> State:
     """``st`` summed over all processes of ``torch.distributed`` (per-sample rates gathered in
-    the one-process order)."""
+    the one-process order; the sums reduced on the device the backend reduces on)."""
     import torch.distributed as dist
 
     world = dist.get_world_size(group)
@@ -256,7 +265,9 @@ def all_reduced(st: State, align: str, group: Any = None) -> State:
     scal = torch.tensor([st.n, st.s1, st.s2, st.within, st.forward, st.forward_fp32, st.checked],
                         dtype=torch.float64)
     vec = torch.cat([scal, pad_to(st.pos_sum, p, left), pad_to(st.pos_cnt, p, left)])
+    vec = vec.to(reduce_device(str(dist.get_backend(group))))
     dist.all_reduce(vec, group=group)
+    vec = vec.cpu()
     samples: list[Any] = [None] * world
     dist.all_gather_object(samples, [s.tolist() for s in st.samples], group=group)
     return State(
