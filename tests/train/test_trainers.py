@@ -138,3 +138,37 @@ def test_a_run_of_another_configuration_is_refused(tmp_path: Path, name: str) ->
     RunDir(tmp_path).release()
     with pytest.raises(ValueError, match="holds a run with a different configuration"):
         train_run(name, cfg, tmp_path, progress=False, log=_quiet)
+
+
+@pytest.mark.parametrize("name", [n for n in TRAINERS if n not in ("fit", "pretrained")])
+def test_a_field_added_later_at_its_default_keeps_the_run(tmp_path: Path, name: str) -> None:
+    """A config.json written before a field existed reads that field as its default: the run is
+    reused when the new configuration leaves the field there, refused when it does not."""
+    from senslab.train.config import defaults_of, json_form
+
+    cfg = get_trainer(name).example()
+    full = json_form(dataclasses.asdict(cfg))
+    defaults = defaults_of(type(cfg))
+    key = next(k for k in reversed(list(full)) if k in defaults and full[k] == defaults[k]
+               and not isinstance(full[k], dict))
+    old = {k: v for k, v in full.items() if k != key}
+    run = RunDir(tmp_path)
+    run.acquire()
+    run.write_json("config.json", old)
+    run.write_json("summary.json", {"final": {"marker": 1}})
+    run.release()
+    assert train_run(name, cfg, tmp_path, progress=False, log=_quiet) == {"final": {"marker": 1}}
+    # the field at a value other than its default: another run
+    changed = {**full, key: "another value"}
+    run.acquire()
+    run.write_json("config.json", changed)
+    run.release()
+    with pytest.raises(ValueError, match="holds a run with a different configuration"):
+        train_run(name, cfg, tmp_path, progress=False, log=_quiet)
+    run.acquire()
+    run.write_json("config.json", old)
+    run.release()
+    other = next(k for k, v in full.items() if k != key and type(v) is int)
+    with pytest.raises(ValueError, match="holds a run with a different configuration"):
+        train_run(name, dataclasses.replace(cfg, **{other: full[other] + 1}), tmp_path,
+                  progress=False, log=_quiet)

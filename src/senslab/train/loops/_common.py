@@ -98,7 +98,7 @@ def run_epochs(cfg: Any, path: str | Path, label: str, build: Callable[[], Epoch
     """Train the run configured by ``cfg`` (a dataclass with ``name``, ``epochs`` and
     ``eval_every``) into ``path`` with the loop ``build()`` returns (built only when there is
     training to do); returns the summary: ``label``, ``name``, ``final`` and the loop's own."""
-    with LoopRun(path, dataclasses.asdict(cfg)) as run:
+    with LoopRun(path, cfg) as run:
         if run.summary is not None:
             return run.summary
         loop = build()

@@ -252,7 +252,7 @@ def train_attention(cfg: AttentionConfig, path: Path, *, progress: bool | None =
     label, name, ``final`` (the last record) and ``steps``."""
     del progress, log  # a run of seconds to minutes: no progress bar
     validate(cfg)
-    with LoopRun(path, dataclasses.asdict(cfg)) as run:
+    with LoopRun(path, cfg) as run:
         if run.summary is not None:
             return run.summary
         state = run.restore()

@@ -244,7 +244,7 @@ def train_boolean(cfg: BooleanRunConfig, path: Path, *, progress: bool | None = 
     config = dataclasses.asdict(cfg)
     device = resolve_device(cfg.device)
     function, n, seed = cfg.function, cfg.n, cfg.seed
-    with LoopRun(path, config, device) as run:
+    with LoopRun(path, cfg, device) as run:
         if run.summary is not None:
             return run.summary
         state = run.restore()

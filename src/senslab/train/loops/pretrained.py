@@ -32,7 +32,7 @@ from torch import nn
 from ...data import DataUnavailableError, data_home
 from ...measure import token_sensitivity
 from ...tokens import Patches
-from ..config import one_of, ranged
+from ..config import defaults_of, one_of, ranged
 from ..looprun import LoopRun
 from ..trainers import register_trainer
 
@@ -192,7 +192,8 @@ def _example() -> PretrainedConfig:
 def train_pretrained(cfg: PretrainedConfig, path: Path, *, progress: bool | None = None,
                      log: Any = print) -> dict[str, Any]:
     files, folders = image_files(cfg)
-    with LoopRun(path, {**asdict(cfg), "images": [str(f) for f in files]}) as run:
+    with LoopRun(path, {**asdict(cfg), "images": [str(f) for f in files]},
+                 defaults=defaults_of(type(cfg))) as run:
         if run.summary is not None:
             return run.summary
         state = run.restore() or {"step": 0, "logits": None}
