@@ -364,8 +364,6 @@ class LanguageRottenTomatoes(LanguageExperiment):
 class LanguageSST2(LanguageExperiment):
     dataset = "sst2"
     scales = language_scales(dataset, cpu_subset=3000)
-    runtime_estimate = ("~10 min (estimate: 2-layer models timed for a few steps on SST-2 here, "
-                        "not yet run)")
     cpu_scale_note = _CPU_NOTE.format(
         subset="a seeded 3,000 of GLUE's 67,349 training sentences") + (
         "; the paper has no SST-2 run: this single-sentence set stands in for QQP, which is not "
