@@ -289,3 +289,21 @@ def test_prefix_reuse_off_in_train_mode_measurements() -> None:
     r = token_sensitivity(model, {"input_ids": ids, "attention_mask": mask},
                           Embedding("embed_ln"), sigma=1.0, eval_mode=False)
     assert r.num_forward == len(ids) + int(mask.sum())
+
+
+@pytest.mark.parametrize("name", ["lstm", "gpt2"])
+def test_prefix_reuse_chunk_size_does_not_shrink_with_the_batch(name: str) -> None:
+    """The automatic chunk size counts what one copy costs — its activations and its example's
+    rows of the clean cache — not the cache of the whole batch, which every chunk shares: a batch
+    of 48 sentences gets the chunk size a batch of 3 gets (it once got far fewer)."""
+    from senslab.measure import TokenSensitivity
+
+    model = prefix_model(name)
+    sizes = {}
+    for n in (3, 48):
+        ids, mask = make_batch(lengths=[8] * n)
+        m = TokenSensitivity(model, Embedding("embed_ln"), sigma=2.0, generator=0,
+                             memory_budget=16 << 10)
+        m.update({"input_ids": ids, "attention_mask": mask})
+        sizes[n] = m.last_chunk_size
+    assert sizes[48] == sizes[3] and 2 <= sizes[3] < 3 * 8  # the budget binds at both sizes

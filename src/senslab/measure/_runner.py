@@ -77,6 +77,9 @@ class ChunkRunner:
     def run(self, src: Tensor, tok: Tensor, own: Tensor, extent: Tensor | None = None) -> Tensor:
         """Values of the copies ``(src, tok)`` of one round; with ``extent`` (B,) each copy is
         evaluated on inputs cut after its example's last real token (:mod:`._trim`)."""
+        prepare = getattr(self.bound, "prepare", None)
+        if prepare is not None and not self.whole and len(src):
+            prepare()  # shared caches first: the probe meters the copies alone
         if extent is not None:
             return self._run_trimmed(src, tok, own, extent)
         n = len(src)
@@ -94,7 +97,7 @@ class ChunkRunner:
                 if evaluated:
                     # a callable without modules to hook: count its inputs (copies) twice
                     floor = 2 * self.input_bytes * evaluated
-                    self.per_copy = max(self.meter.peak, floor) / evaluated
+                    self.per_copy = max(self.meter.peak, floor) / evaluated + self._copy_bytes()
                     self.chunk = _chunks.chunk_from_probe(
                         self.per_copy, 1, self.budget, n, even=self.m.antithetic
                     )
@@ -156,8 +159,14 @@ class ChunkRunner:
         evaluated = int(own.sum())
         if evaluated:
             floor = 2 * self.input_bytes * evaluated
-            self.per_copy = max(self.meter.peak, floor) / evaluated * full / max(width, 1)
+            self.per_copy = (max(self.meter.peak, floor) / evaluated * full / max(width, 1)
+                             + self._copy_bytes())
         self.meter = None
+
+    def _copy_bytes(self) -> int:
+        """Bytes of shared caches each copy gathers (prefix reuse), which the meter cannot see."""
+        copy_bytes = getattr(self.bound, "copy_bytes", None)
+        return 0 if copy_bytes is None or self.whole else int(copy_bytes())
 
     def _draw(self, n: int) -> Tensor:
         """The randomness of the next ``n`` copies of the plan: vocabulary rows to pick

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.utils._pytree import tree_flatten
 
 from .base import (
     BoundTokens,
@@ -234,11 +235,26 @@ class _BoundEmbedding(BoundTokens):
     def tokens(self, src: Tensor, tok: Tensor) -> Tensor:
         return self._clean[src, tok]
 
+    def prepare(self) -> None:
+        """Build prefix reuse's clean cache before any copy is evaluated: the automatic chunk
+        size then meters what one copy costs, not this cache, which every chunk shares (on a
+        batch of 64 sentences it made the probe size chunks of 7 copies)."""
+        if self.reuse and self._cache is None:
+            self._cache = self.model.prefix_cache(self._clean, self.inputs)
+
+    def copy_bytes(self) -> int:
+        """Bytes of the cache one copy reads (its example's rows, which prefix reuse gathers per
+        copy): added to the probe's per-copy cost, which sees module outputs only."""
+        if not self.reuse or self._cache is None:
+            return 0
+        leaves = [t for t in tree_flatten(self._cache)[0] if isinstance(t, Tensor)]
+        # the cache holds every example of the batch: one example's share
+        return sum(t.numel() * t.element_size() for t in leaves) // max(self._clean.shape[0], 1)
+
     def forward_perturbed(self, src: Tensor, tok: Tensor | None, noise: Tensor,
                           width: int | None = None) -> Tensor:
         if self.reuse and tok is not None:  # already reads each copy up to its last real token
-            if self._cache is None:
-                self._cache = self.model.prefix_cache(self._clean, self.inputs)
+            self.prepare()
             out = select_output(self.model.forward_suffix(self._cache, src, tok, noise),
                                 self.output)
             return self._read(out, src, self.valid.shape[1])
