@@ -96,7 +96,10 @@ def render_ladders(ladders: dict[str, dict[str, Any]]) -> list[str]:
              "and verdict rule, committed before its runs "
              "([docs/definitions.md](docs/definitions.md#scale-ladders)); `senslab run NAME "
              "--scale ladder`. A trend is the change of an effect from the lowest to the highest "
-             "rung that measured it, with its 95% interval."]
+             "rung that measured it, with its 95% interval. A rung trained over several "
+             "sittings (resumed, or with runs trained in a side process) shows its last "
+             "sitting's wall time and, in brackets, its runs' summed training time (wall "
+             "clock, pauses included)."]
     for name, lad in ladders.items():
         lines += ["", f"### `{name}`", "", f"{_cell(lad.get('summary', ''))}.", "",
                   "| rung | size | what it changes | seeds | effect [interval] | runtime | "
@@ -115,7 +118,7 @@ def render_ladders(ladders: dict[str, dict[str, Any]]) -> list[str]:
             lines.append(
                 f"| {row['rung']} | {size} | {_cell(row.get('note', ''))} | "
                 f"{row.get('seeds') or '—'} | {_cell(effect_cell(row))} | "
-                f"{format_runtime(row.get('runtime_s'))} | {_cell(device)} | "
+                f"{rung_runtime(row)} | {_cell(device)} | "
                 f"**{row['verdict']}** |")
         lines += ["", f"![{name}: effect vs scale](reproduction/ladders/{name}.png)"]
     return lines
@@ -187,6 +190,16 @@ def format_runtime(seconds: float | None) -> str:
     if seconds < 90:
         return f"{seconds:.0f} s"
     return f"{seconds / 60:.1f} min"
+
+
+def rung_runtime(row: dict[str, Any]) -> str:
+    """A ladder rung's runtime cell: the verdict's wall time, and the runs' summed training
+    time where it exceeds that by more than a fifth (a rung trained over several sittings)."""
+    wall, runs = row.get("runtime_s"), row.get("run_seconds")
+    text = format_runtime(wall)
+    if isinstance(runs, (int, float)) and isinstance(wall, (int, float)) and runs > 1.2 * wall:
+        text += f" (its runs: {format_runtime(runs)})"
+    return text
 
 
 def _cell(text: str) -> str:

@@ -124,6 +124,20 @@ def test_a_ladder_runs_its_cpu_rungs_and_records_effect_against_scale(
     assert f"![{EXP}: effect vs scale](reproduction/ladders/{EXP}.png)" in text
     rows = [line for line in text.splitlines() if line.startswith(("| small", "| large"))]
     assert len(rows) == 2 and all("| 2 |" in r for r in rows)
+    assert "(its runs:" not in text  # trained in one sitting: the runs took the wall time
+
+    # a rung trained over several sittings: its runs' summed time is shown beside the wall time
+    for run in (out / "large").glob("*/summary.json"):
+        summary = json.loads(run.read_text())
+        summary["seconds"] = 3600.0
+        run.write_text(json.dumps(summary))
+    lad = summarize_ladder(EXP, out)
+    runs = len(list((out / "large").glob("*/summary.json")))
+    assert lad["rungs"][1]["run_seconds"] == 3600.0 * runs
+    record(out, tmp_path / "rec")
+    text = render(load_records(tmp_path / "rec"), load_ladders(tmp_path / "rec"))
+    large_row = next(line for line in text.splitlines() if line.startswith("| large"))
+    assert f"(its runs: {60.0 * runs:.1f} min)" in large_row
 
 
 def test_a_gpu_rung_runs_only_when_named_and_rungs_need_the_ladder_scale(

@@ -112,6 +112,22 @@ def trend(low: dict[str, Any], high: dict[str, Any], level: float = TREND_LEVEL
             "level": level}
 
 
+def runs_seconds(exp_dir: str | Path) -> float | None:
+    """The summed training time of the runs in an experiment directory (each run's
+    ``summary.json`` ``seconds``: wall clock over every sitting that trained it), or None when
+    none records one. A rung resumed over several sittings, or with runs trained in a side
+    process, has a verdict runtime of its last sitting only; this is what its runs cost."""
+    total, found = 0.0, False
+    for summary in sorted(Path(exp_dir).glob("*/summary.json")):
+        try:
+            seconds = json.loads(summary.read_text()).get("seconds")
+        except (OSError, ValueError):
+            continue
+        if isinstance(seconds, (int, float)):
+            total, found = total + float(seconds), True
+    return round(total, 1) if found else None
+
+
 def summarize_ladder(name: str, out_dir: str | Path) -> dict[str, Any]:
     """Read every rung's verdict.json below ``out_dir``, write ``ladder.json`` and
     ``ladder.png`` there, and return the summary (see the module docstring)."""
@@ -132,6 +148,7 @@ def summarize_ladder(name: str, out_dir: str | Path) -> dict[str, Any]:
             row.update(status="done", verdict=v["verdict"], reason=v.get("reason", ""),
                        extra_overrides=list(v.get("overrides") or [])[len(rung.overrides):],
                        seeds=v.get("seeds"), runtime_s=v.get("runtime_s"),
+                       run_seconds=runs_seconds(out / rung.name),
                        device=v.get("device"), threads=v.get("threads"),
                        effects=v.get("effects") or {})
             for part in row["effects"]:
