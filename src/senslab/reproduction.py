@@ -50,12 +50,15 @@ def record_ladder(ladder_dir: str | Path, records: str | Path = "reproduction") 
     from .experiments.ladder import summarize_ladder
 
     ladder_dir = Path(ladder_dir)
-    old = json.loads((ladder_dir / "ladder.json").read_text())
-    summary = summarize_ladder(old["name"], ladder_dir)
+    name = ladder_name(ladder_dir)
+    if name is None:
+        raise FileNotFoundError(f"{ladder_dir} is no ladder directory (no ladder.json, and no "
+                                "rung directory of an experiment's ladder)")
+    summary = summarize_ladder(name, ladder_dir)
     out = Path(records) / "ladders" / f"{summary['name']}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     for row in summary["rungs"]:  # the command as a user types it, not this machine's path
-        row["command"] = row["command"].replace(str(ladder_dir), f"runs/ladder/{old['name']}")
+        row["command"] = row["command"].replace(str(ladder_dir), f"runs/ladder/{name}")
     rec = {"schema": RECORD_SCHEMA, **summary}
     tmp = out.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n")
@@ -63,6 +66,26 @@ def record_ladder(ladder_dir: str | Path, records: str | Path = "reproduction") 
     if (ladder_dir / "ladder.png").is_file():
         shutil.copyfile(ladder_dir / "ladder.png", out.with_suffix(".png"))
     return out
+
+
+def ladder_name(ladder_dir: Path) -> str | None:
+    """The experiment a ladder directory belongs to: from its ladder.json, or — for a ladder
+    still running, which writes ladder.json only when its command ends — from its rung
+    directories, when they all name one registered experiment and are rungs of its ladder."""
+    if (ladder_dir / "ladder.json").is_file():
+        return json.loads((ladder_dir / "ladder.json").read_text())["name"]
+    names = set()
+    for exp_file in sorted(ladder_dir.glob("*/experiment.json")):
+        try:
+            name = json.loads(exp_file.read_text())["name"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if name not in list_experiments():
+            return None
+        if exp_file.parent.name not in {r.name for r in get_experiment(name).ladder}:
+            return None
+        names.add(name)
+    return names.pop() if len(names) == 1 else None
 
 
 def _read_record(path: Path) -> Any:
@@ -132,8 +155,8 @@ def record(exp_dir: str | Path, records: str | Path = "reproduction") -> Path:
     that says which.
     """
     exp_dir = Path(exp_dir)
-    if (exp_dir / "ladder.json").is_file():
-        return record_ladder(exp_dir, records)
+    if not (exp_dir / "experiment.json").is_file() and ladder_name(exp_dir) is not None:
+        return record_ladder(exp_dir, records)  # a ladder (finished, or still running)
     exp_file, verdict_file = exp_dir / "experiment.json", exp_dir / "verdict.json"
     if not exp_file.is_file():
         raise FileNotFoundError(f"{exp_dir} is not an experiment directory (no experiment.json); "

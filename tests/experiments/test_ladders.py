@@ -139,6 +139,13 @@ def test_a_ladder_runs_its_cpu_rungs_and_records_effect_against_scale(
     large_row = next(line for line in text.splitlines() if line.startswith("| large"))
     assert f"(its runs: {60.0 * runs:.1f} min)" in large_row
 
+    # a ladder still running has no ladder.json yet: its rung directories name the experiment
+    (out / "ladder.json").unlink()
+    rec2 = record(out, tmp_path / "rec2")
+    assert json.loads(rec2.read_text())["rungs"] == json.loads(rec.read_text())["rungs"]
+    with pytest.raises(FileNotFoundError, match="no experiment.json"):
+        record(tmp_path / "rec2", tmp_path / "rec3")  # neither an experiment nor a ladder
+
 
 def test_a_gpu_rung_runs_only_when_named_and_rungs_need_the_ladder_scale(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
