@@ -179,6 +179,33 @@ def test_subset_iid_fallback_with_one_draw_per_token_is_conservative(linear):
     assert coverage(out["est"], out["se"], truth, 1.0) >= LOW
 
 
+@pytest.mark.parametrize("options", [dict(repeats=4, num_tokens=4),
+                                     dict(repeats=8, antithetic=True, num_tokens=2)],
+                         ids=["plain", "antithetic"])
+def test_subset_interval_with_sampled_tokens_covers_the_truth(options, linear):
+    """num_tokens: a random 4 (or 2) of 16 tokens per round, several draws each. The draws of one
+    sampled token share its flip rate, so the unit is the mean of all of them; counting single
+    copies as i.i.d. made the standard error 13-23% too small (coverage 87-92%), which this test
+    catches. Tokens drawn without replacement make the interval conservative by the finite-
+    population factor; with antithetic pairs (little within-token variance left) 4 of 16 covered
+    96.2%, so that case samples 2 of 16, where the factor is negligible."""
+    tokens = 16
+    scale = torch.linspace(0.2, 3.0, tokens)[:, None]  # unequal tokens: a real between-token spread
+    w = torch.randn(tokens, D, generator=torch.Generator().manual_seed(0)) * scale
+    x = 0.5 * torch.randn(64, tokens, D, generator=torch.Generator().manual_seed(1))
+    p = flip_probs(x, w, linear)
+    truth = p.mean().item()
+    assert 0.05 < truth < 0.3 and p.std(1).mean() > 0.05  # tokens differ: sampling them costs
+    metric = TokenSensitivity(
+        Linear(w), Sequence(), sigma=SIGMA, estimand="subset", generator=2,
+        chunk_size=4096, **options,
+    )
+    assert metric.group == options["repeats"]
+    out = replicates(metric, (x for _ in range(REPLICATES)))
+    assert abs(out["est"].mean().item() - truth) < 4 * out["est"].std().item() / REPLICATES**0.5
+    check_promise(out["est"], out["se"], truth, f"sampled tokens {options}")
+
+
 def test_whole_input_interval_with_padding_covers_the_truth():
     """mode="whole" with a mask: noise on every real token at once flips with probability
     Φ(−|z|/(σ‖w ⊙ valid‖)) — padding tokens get no noise; draws of an example are i.i.d."""

@@ -19,8 +19,16 @@ mean, so every estimator below stays unbiased; antithetic pairs only change the 
 
 :math:`s^2_{bt}` the sample variance of the units of cell :math:`(b, t)` — unbiased for the
 variance of :math:`\hat m_b` (the between-token spread of the flip rates costs nothing, unlike
-plain Monte Carlo that samples tokens at random). With fewer than two units per cell, or a random
-token subset, the units of an example are treated as i.i.d. (conservative).
+plain Monte Carlo that samples tokens at random). With fewer than two units per cell the units of
+an example are treated as i.i.d. (conservative: the between-token spread is counted).
+
+**Sampled tokens** (``num_tokens``). Each round draws a random subset of tokens and gives each
+``repeats`` draws; then a unit is the mean of *all* the draws of one sampled token in one round,
+and the units of an example are treated as i.i.d. Single copies would not do: the draws of one
+token share its flip rate, so counting them as independent draws of a random token shrinks the
+between-token part of the variance by the number of draws, and the standard error comes out too
+small (tests/measure/test_coverage.py). Tokens drawn without replacement within a round make the
+i.i.d. formula conservative (by the finite-population factor).
 """
 
 from __future__ import annotations
@@ -110,12 +118,13 @@ def pad_to(t: Tensor, n: int, left: bool) -> Tensor:
     return torch.cat([z, t] if left else [t, z])
 
 
-def units(vals: Tensor, src: Tensor, tok: Tensor, pairs: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """The i.i.d. units of the copies (pair means if ``pairs``; pairs are adjacent copies)."""
+def units(vals: Tensor, src: Tensor, tok: Tensor, group: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The units of the copies: the means of consecutive groups of ``group`` copies of one cell
+    (1: single copies; 2: antithetic pairs; ``repeats``: all draws of a sampled token)."""
     v = vals.double()
-    if not pairs:
+    if group == 1:
         return v, src, tok
-    return v.view(-1, 2).mean(1), src[0::2], tok[0::2]
+    return v.view(-1, group).mean(1), src[0::group], tok[0::group]
 
 
 def _counts(usrc: Tensor, b: int, u: Tensor) -> Tensor:
@@ -145,14 +154,15 @@ def within_variance(
 
 
 def accumulate(
-    st: State, vals: Tensor, src: Tensor, tok: Tensor, valid: Tensor, *, pairs: bool,
+    st: State, vals: Tensor, src: Tensor, tok: Tensor, valid: Tensor, *, group: int,
     per_cell: int | None, positions: str | None,
 ) -> None:
-    """Add one batch's copies to ``st``. ``per_cell``: units per real cell when every real
-    token was evaluated equally often (stratified design), else None. ``positions``: alignment
-    of the per-position profile ("left"/"right"), None to skip it (whole-input noise)."""
+    """Add one batch's copies to ``st``. ``group``: copies per unit (:func:`units`);
+    ``per_cell``: units per real cell when every real token was evaluated equally often
+    (stratified design), else None. ``positions``: alignment of the per-position profile
+    ("left"/"right"), None to skip it (whole-input noise)."""
     b = valid.shape[0]
-    u, usrc, utok = units(vals, src, tok, pairs)
+    u, usrc, utok = units(vals, src, tok, group)
     cnt = _counts(usrc, b, u)
     mean = torch.zeros_like(cnt).index_add_(0, usrc, u) / cnt
     _add_examples(st, mean, within_variance(u, usrc, utok, valid, per_cell))

@@ -34,8 +34,8 @@ standard error treats the differences :math:`v_{a,n} - v_{b,n}` as the measureme
   :math:`s^2_{et}(u_a - u_b)` the sample variance over the :math:`r` draws of cell
   :math:`(e, t)` of the paired unit differences (antithetic pair means with
   ``antithetic=True``), :math:`K_e` the example's real tokens; otherwise the units
-  :math:`u_a - u_b` of an example are treated as i.i.d. draws (conservative), as in
-  :mod:`._stats`.
+  :math:`u_a - u_b` of an example are treated as i.i.d. draws (conservative; with ``num_tokens``
+  a unit is the mean of all draws of one sampled token in a round), as in :mod:`._stats`.
 
 Because :math:`\operatorname{Var}(v_a - v_b) = \operatorname{Var} v_a + \operatorname{Var} v_b
 - 2\operatorname{Cov}(v_a, v_b)`, the paired standard error is smaller than the unpaired
@@ -299,7 +299,7 @@ class CompareSensitivity:
         for a, b in self.pairs:
             va, src, tok, valid, per_cell, *_ = batches[a]  # type: ignore[misc]
             vb = batches[b][0]  # type: ignore[index]
-            accumulate(self.paired[a, b], va - vb, src, tok, valid, pairs=first.antithetic,
+            accumulate(self.paired[a, b], va - vb, src, tok, valid, group=first.group,
                        per_cell=per_cell, positions=None)
 
     @staticmethod

@@ -195,7 +195,8 @@ class TokenSensitivity:
         replace_with: a (V, D) vocabulary; the perturbation then replaces the token by a row
             drawn uniformly from it instead of adding noise (the synthetic task's sensitivity).
         repeats: noise draws per token (per round, with ``target_stderr``).
-        num_tokens: perturb a random subset of this many tokens per example (default: all).
+        num_tokens: perturb a random subset of this many tokens per example (default: all;
+            each round draws a new subset, and the standard error counts the token sampling).
         mode: ``"token"`` (one token at a time) or ``"whole"`` (noise on every token at once,
             the random-noise variant of the paper's A.2).
         compare: ``"class"`` (predicted class changes; default, as in the paper), ``"l1"`` or
@@ -564,7 +565,7 @@ class TokenSensitivity:
                 vals = runner.run(src, tok, own, extent)
             else:
                 vals = torch.zeros(0, device=valid.device)
-            u, usrc, utok = _units(vals, src, tok, self.antithetic)
+            u, usrc, utok = _units(vals, src, tok, 2 if self.antithetic else 1)
             y, var = _alloc.token_values(u, usrc, utok, n, e)
             ys.append(y)
             vs.append(var)
@@ -629,12 +630,20 @@ class TokenSensitivity:
         has measured the batch); ``checked``: copies run in checked bf16 and their float32
         re-evaluations."""
         accumulate(
-            self.state, vals, src, tok, valid, pairs=self.antithetic, per_cell=per_cell,
+            self.state, vals, src, tok, valid, group=self.group, per_cell=per_cell,
             positions=None if self.mode == "whole" else self.align,
         )
         self.state.forward += forward
         self.state.checked += checked[0]
         self.state.forward_fp32 += checked[1]
+
+    @property
+    def group(self) -> int:
+        """Copies per i.i.d. unit (:func:`._stats.units`): all ``repeats`` draws of a sampled
+        token (``num_tokens``), an antithetic pair, or one copy."""
+        if self.mode == "token" and self.num_tokens is not None:
+            return self.repeats
+        return 2 if self.antithetic else 1
 
     def _per_cell(self, rounds: int) -> int | None:
         """Units per real token when every token got the same draws (stratified), else None."""
@@ -653,7 +662,7 @@ class TokenSensitivity:
         if spent + per_round > cap:
             return False
         vals, src, tok = (torch.cat([p[i] for p in parts]) for i in range(3))
-        u, usrc, utok = _units(vals, src, tok, self.antithetic)
+        u, usrc, utok = _units(vals, src, tok, self.group)
         within = _within_variance(u, usrc, utok, valid, self._per_cell(rounds)).sum().item()
         se = math.sqrt(max(within, 0.0)) / b if math.isfinite(within) else math.inf
         return se > self.target_stderr or (se == 0.0 and rounds < ROUNDS_AT_ZERO)
