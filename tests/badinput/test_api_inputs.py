@@ -109,6 +109,28 @@ class IntegerStage(nn.Module):
         return self.inner(self.ids(ids.unsqueeze(-1)).squeeze(-1))
 
 
+class AlwaysDropout(nn.Module):
+    """Dropout that ``eval()`` does not switch off (``training=True`` hard-coded)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(nn.functional.dropout(x, 0.5, training=True))
+
+
+class BatchCentred(nn.Module):
+    """Each example's output depends on the others in its batch (it is centred on their mean)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x - x.mean(0, keepdim=True))
+
+
 def ids(n: int = 6, t: int = 5) -> torch.Tensor:
     return torch.randint(0, 10, (n, t), generator=torch.Generator().manual_seed(0))
 
@@ -244,6 +266,11 @@ CASES = [
          TypeError, ("torch.float64", "torch.float32", "inputs.to(torch.float32)")),
     Case("float16-into-float32-model", lambda: measure(linear(3), images(torch.float16) / 255),
          TypeError, ("torch.float16", "inputs.to(torch.float32)")),
+    # forwards whose copies cannot be compared with the clean output
+    Case("random-forward", lambda: measure(AlwaysDropout(linear(3))), RuntimeError,
+         ("changed between two evaluations", "random", "dropout", "deterministic")),
+    Case("output-depends-on-batch", lambda: measure(BatchCentred(linear(3))), RuntimeError,
+         ("example 0", "other examples in its batch", "BatchNorm")),
     # Embedding hooks
     Case("embedding-hook-runs-twice", lambda: token_sensitivity(
         SharedNorm(), ids(), Embedding("norm"), sigma=1.0), ValueError,

@@ -24,6 +24,80 @@ def _check_finite(out: Tensor, what: str) -> None:
         )
 
 
+#: examples whose zero-noise copies are compared with their clean outputs, per batch
+VERIFY_ROWS = 2
+
+
+def _tolerance(clean: Tensor, low_precision: bool) -> float:
+    """Largest relative difference between two evaluations of one input that float rounding
+    explains: float32 products at full precision, else bf16-class rounding."""
+    highest = torch.get_float32_matmul_precision() == "highest"
+    if low_precision or clean.dtype not in (torch.float32, torch.float64) or not highest:
+        return 5e-2
+    return 1e-3
+
+
+def verify_copies(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor | None,
+                  low_precision: bool) -> None:
+    """Refuse a model whose perturbed copies are not evaluated like its clean inputs.
+
+    The first :data:`VERIFY_ROWS` examples are evaluated twice as copies with zero noise (at the
+    last real token; cut to their extent when padding-aware batching is on), through the same
+    path as the perturbed copies. Two runs that differ mean the forward is random (dropout or
+    sampling that ``eval()`` does not switch off); runs that agree with each other but not with
+    the clean forward mean the copies' path computes something else (an example's output that
+    depends on its batch, or ``prefix_cache``/``forward_suffix``/``forward_local`` that disagree
+    with ``forward``). Either way every flip count would be wrong, so it is an error. These
+    copies are not counted in ``num_forward``.
+    """
+    rows = min(VERIFY_ROWS, len(clean))
+    rtol = _tolerance(clean, low_precision)
+    ref = clean[:rows].float().reshape(rows, -1)
+    floor = float(ref.abs().max()) * 1e-3 + 1e-30
+    runs: list[Tensor] = []
+    for _ in range(2):
+        outs = []
+        for r in range(rows):
+            src = torch.tensor([r], device=bound.valid.device)
+            width = bound.valid.shape[1] if extent is None else int(extent[r])
+            cut = {} if extent is None else {"width": width}
+            if whole:
+                tok = None
+                zero = torch.zeros(1, width, bound.dim, device=clean.device)
+            else:
+                tok = bound.valid[r].nonzero()[-1:].flatten()
+                zero = torch.zeros(1, bound.dim, device=clean.device)
+            out = bound.forward_perturbed(src, tok, zero, **cut)
+            if out.shape[1:] != clean.shape[1:]:
+                return  # reported with the copies' own shape check
+            outs.append(out.float().reshape(1, -1))
+        runs.append(torch.cat(outs))
+    scale = ref.abs().amax(dim=1, keepdim=True).clamp(min=floor)
+    random = (runs[0] - runs[1]).abs() > rtol * scale
+    if bool(random.any()):
+        worst = float((runs[0] - runs[1]).abs().max())
+        raise RuntimeError(
+            f"the model's output changed between two evaluations of the same input (by up to "
+            f"{worst:.3g}, outputs of size up to {float(ref.abs().max()):.3g}): its forward is "
+            "random, so the measured flips would count that randomness. senslab measures in "
+            "eval() mode; something else still samples — F.dropout(..., training=True), a "
+            "stochastic layer, noise added in forward. Make the forward deterministic (with "
+            "eval_mode=False, put the model in eval() yourself)"
+        )
+    diff = (runs[0] - ref).abs()
+    if bool((diff > rtol * scale).any()):
+        row = int((diff > rtol * scale).any(dim=1).nonzero()[0, 0])
+        raise RuntimeError(
+            f"a copy of example {row} with zero noise gives another output than its clean "
+            f"forward (by up to {float(diff.max()):.3g}, outputs of size up to "
+            f"{float(ref.abs().max()):.3g}), so every perturbed copy would be compared with the "
+            "wrong reference. Either an example's output depends on the other examples in its "
+            "batch (batch statistics: BatchNorm in train mode), or the model's prefix_cache/"
+            "forward_suffix or local_cache/forward_local disagree with its forward — pass "
+            "Embedding(..., reuse_prefix=False) or Patches(p, reuse_local=False) to tell"
+        )
+
+
 class ChunkRunner:
     """Evaluates the copies of one batch chunk by chunk; sizes the chunks on the first call
     (probe) when the chunk size is automatic, and keeps that size for later rounds.

@@ -155,7 +155,7 @@ from ._options import (
     _shapes,
 )
 from ._precision import Bf16Check, Precision
-from ._runner import ChunkRunner, _check_finite
+from ._runner import ChunkRunner, _check_finite, verify_copies
 from ._stats import (
     SensitivityResult,
     State,
@@ -461,8 +461,20 @@ class TokenSensitivity:
         mode = _eval(self.model) if module and self.eval_mode else nullcontext()
         # outside eval mode BatchNorm updates its running statistics: restore every buffer
         kept = _kept_buffers(self.model) if module and not self.eval_mode else nullcontext()
-        with mode, kept, self._autocast(device):
-            self._update(inputs, mask, device)
+        try:
+            with mode, kept, self._autocast(device):
+                self._update(inputs, mask, device)
+        except RuntimeError as err:
+            if "could not create a primitive descriptor" not in str(err) or device.type != "cpu":
+                raise
+            if self.autocast is None and self.precision != "bf16-checked":
+                raise
+            raise RuntimeError(
+                f"the model failed in reduced precision on this CPU ({err}): its oneDNN has no "
+                "bf16 kernel for one of the model's layers (an nn.LSTM on a CPU without "
+                "AVX-512, say). Measure in float32: precision='float32' and no autocast= "
+                "(senslab measure: --precision float32)"
+            ) from err
 
     def _autocast(self, device: torch.device) -> Any:
         if self.autocast is None:
@@ -508,6 +520,8 @@ class TokenSensitivity:
                 assert self.sigma is not None
                 control = LinearControl(bound, ref, self.sigma, 32, self.kind, self.threshold,
                                         extent)
+            if self.eval_mode:
+                verify_copies(bound, clean, whole, extent, self.autocast is not None)
             check = self._checked(bound, clean, device)
             key = (_shapes(inputs), whole, self.autocast, check is None, extent is not None)
             if self.allocation:
