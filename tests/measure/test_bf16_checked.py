@@ -108,6 +108,58 @@ def test_zoo_text_models_get_float32_flips(name):
                          repeats=2)
 
 
+class PlainLSTM(nn.Module):
+    """A user's LSTM classifier (not the zoo's, which falls back to float32 by itself)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)  # test-only: model init
+        self.embed = nn.Embedding(50, 16)
+        self.lstm = nn.LSTM(16, 16, batch_first=True)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        out = self.lstm(self.embed(input_ids))[0]
+        last = attention_mask.sum(1) - 1
+        return self.head(out[torch.arange(len(out)), last])
+
+
+def _bf16_lstm_runs() -> bool:
+    try:
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+            nn.LSTM(4, 4, batch_first=True)(torch.randn(1, 2, 4))
+    except RuntimeError:
+        return False
+    return True
+
+
+def test_zoo_lstm_runs_in_autocast_on_every_cpu():
+    """On a CPU whose oneDNN has no bf16 LSTM (AVX2), the zoo's LSTM runs its recurrence in
+    float32 under autocast instead of failing; its head still runs in bf16."""
+    model = create_model("lstm", vocab_size=50, max_len=16, dim=16, layers=2, heads=2,
+                         dropout=0.0, seed=3).eval()
+    batch = right_padded(4, 12)
+    with torch.inference_mode():
+        full = model(**batch)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = model(**batch)
+    assert low.dtype == torch.bfloat16
+    assert torch.allclose(low.float(), full, atol=0.1)
+
+
+def test_user_lstm_in_bf16_is_measured_or_refused_naming_float32():
+    """A user's nn.LSTM in checked bf16: float32's flips where this CPU has a bf16 LSTM, else an
+    error that says to measure in float32 (not oneDNN's bare "primitive descriptor")."""
+    model, batch = PlainLSTM().eval(), right_padded(16, 10)
+    if _bf16_lstm_runs():
+        assert_float32_flips(model, batch, Embedding("embed"), sigma=3.0, repeats=2)
+        return
+    with pytest.raises(RuntimeError, match=r"no bf16 kernel.*precision='float32'"):
+        run(model, batch, Embedding("embed"), sigma=3.0, precision="bf16-checked")
+    plain = run(model, batch, Embedding("embed"), sigma=3.0, precision="float32").compute()
+    assert 0.0 < plain.estimate < 1.0
+
+
 # -- Hugging Face BERT built from a config ----------------------------------------------------
 
 

@@ -245,6 +245,24 @@ def _per_bucket(lengths: Tensor, buckets: int, run: Callable[[Tensor], Tensor]) 
 
 
 # --------------------------------------------------------------------------- models
+#: what oneDNN says when it has no kernel for an op in a dtype on this CPU (bf16 LSTM on AVX2)
+NO_ONEDNN_KERNEL = "could not create a primitive descriptor"
+
+
+def _run_lstm(lstm: nn.LSTM, x: Tensor, hx: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    """``lstm(x, hx)``'s outputs. Under bf16 autocast on a CPU whose oneDNN has no bf16 LSTM
+    (AVX2 without AVX-512: it raises instead of computing), the LSTM alone runs in float32 —
+    more precise, not less — and the rest of the model stays in autocast."""
+    try:
+        return lstm(x, hx)[0]
+    except RuntimeError as err:
+        if NO_ONEDNN_KERNEL not in str(err) or x.device.type != "cpu":
+            raise
+    with torch.autocast("cpu", enabled=False):
+        hx32 = None if hx is None else (hx[0].float(), hx[1].float())
+        return lstm(x.float(), hx32)[0]
+
+
 class LSTMClassifier(nn.Module):
     """embedding → ``embed_ln`` → ``layers``-layer LSTM (hidden ``dim``) → linear head on the top
     layer's state at the last real token. Every parameter is trained (the paper code left the
@@ -269,7 +287,7 @@ class LSTMClassifier(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         mask = _real_tokens(input_ids, attention_mask, self.config)
-        out, _ = self.lstm(self.drop(self.embed_ln(self.embed(input_ids))))
+        out = _run_lstm(self.lstm, self.drop(self.embed_ln(self.embed(input_ids))))
         # The LSTM reads left to right, so its state at the last real token has never seen the
         # right padding: no packing needed for padding to leave the logits unchanged.
         return self.head(self.drop(_last_real(out, mask)))
@@ -332,7 +350,7 @@ class LSTMClassifier(nn.Module):
         c0 = cs[prev, :, src].transpose(0, 1) * start
         # a shorter suffix's positions past its last real token hold other tokens; they come
         # after the output read, so they cannot change it (the LSTM reads left to right)
-        out, _ = self.lstm(x, (h0.contiguous(), c0.contiguous()))
+        out = _run_lstm(self.lstm, x, (h0.contiguous(), c0.contiguous()))
         return self.head(out[torch.arange(len(src), device=src.device), lengths - 1])
 
 
