@@ -30,6 +30,7 @@ import pytest
 import torch
 
 from senslab.measure import TokenSensitivity, token_sensitivity
+from senslab.measure._runner import VERIFY_ROWS
 from senslab.tokens import Patches, Sequence
 
 Z95 = 1.96
@@ -268,10 +269,15 @@ class Recorder:
         return torch.stack([-s, s], 1)
 
     def copies(self, clean: torch.Tensor) -> torch.Tensor:
-        """All perturbed copies the model saw (the clean batch left out)."""
+        """All perturbed copies the model saw: the clean batch left out, and the zero-noise
+        copies of the first examples that check the copies' path (there must be exactly
+        ``2 * VERIFY_ROWS`` of those, each equal to its clean example)."""
         seen = [c for c in self.calls if not (c.shape == clean.shape and torch.equal(c, clean))]
         assert len(seen) < len(self.calls), "the clean batch was never evaluated"
-        return torch.cat(seen)
+        rows = torch.cat(seen)
+        exact = (rows.flatten(1)[:, None] == clean.flatten(1)[None]).all(-1).any(-1)
+        assert int(exact.sum()) == 2 * VERIFY_ROWS, "zero-noise copies other than the check"
+        return rows[~exact]
 
 
 def _as_tokens(images: torch.Tensor, p: int) -> torch.Tensor:

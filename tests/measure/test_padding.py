@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from senslab.measure import TokenSensitivity, _trim, compare_sensitivity, token_sensitivity
+from senslab.measure._runner import VERIFY_ROWS
 from senslab.models import create_model
 from senslab.tokens import Embedding
 
@@ -177,10 +178,13 @@ def test_trimming_forwards_fewer_token_positions(make):
         counts[trim] = counter.positions
     lengths = batch["attention_mask"].sum(1).double()
     copies = 2 * int(lengths.sum())
-    assert counts[False] == (12 + copies) * 16  # clean batch and every copy at full width
-    # trimmed: the clean batch, one clean check per example at its length, and every copy at
-    # most 1/(1 − SLACK) of its own length wide
-    bound = 12 * 16 + lengths.sum() + 2 * (lengths * (lengths / (1 - _trim.SLACK))).sum()
+    verify = 2 * VERIFY_ROWS  # zero-noise copies of the first examples, evaluated twice
+    # clean batch, the verification copies and every perturbed copy at full width
+    assert counts[False] == (12 + verify + copies) * 16
+    # trimmed: the clean batch, one clean check per example at its length, the verification
+    # copies at their lengths, and every copy at most 1/(1 − SLACK) of its own length wide
+    bound = (12 * 16 + lengths.sum() + 2 * lengths[:VERIFY_ROWS].sum()
+             + 2 * (lengths * (lengths / (1 - _trim.SLACK))).sum())
     assert counts[True] <= bound
     assert counts[True] < 0.8 * counts[False]
 
