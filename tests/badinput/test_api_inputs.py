@@ -605,3 +605,19 @@ def test_any_output_shape_is_refused_clearly_or_measured(rows, layout, compare, 
     reference = measure(Wrap(inner, lambda f, z: z.reshape(len(z), -1)), x, **opts)
     if compare == "l2" or layout != "(B, 2, C)":
         assert r.estimate == pytest.approx(reference.estimate, abs=1e-6)
+
+
+def test_verification_tolerance_follows_the_precision() -> None:
+    """The zero-noise check allows float32 rounding in float32, bf16-class rounding otherwise."""
+    from senslab.measure._runner import _tolerance
+
+    clean = torch.zeros(2, 3)
+    assert _tolerance(clean, low_precision=False) == 1e-3
+    assert _tolerance(clean, low_precision=True) == 5e-2
+    assert _tolerance(clean.bfloat16(), low_precision=False) == 5e-2
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")  # TF32 / bf16x3 products
+        assert _tolerance(clean, low_precision=False) == 5e-2
+    finally:
+        torch.set_float32_matmul_precision(before)
