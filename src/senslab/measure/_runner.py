@@ -53,7 +53,8 @@ def verify_copies(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor
     the clean forward mean the copies' path computes something else (an example's output that
     depends on its batch, or ``prefix_cache``/``forward_suffix``/``forward_local`` that disagree
     with ``forward``). Either way every flip count would be wrong, so it is an error. These
-    copies are not counted in ``num_forward``.
+    copies are not counted in ``num_forward``. The metric calls it on the first batch of each
+    input shape (the path of the copies depends on the shape, not on the values).
     """
     rows = min(VERIFY_ROWS, len(clean))
     rtol = _tolerance(clean, low_precision)

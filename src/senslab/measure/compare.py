@@ -281,6 +281,7 @@ class CompareSensitivity:
                 "the same noise for each, which needs one device; move them to one"
             )
         start = _snapshot(metrics[0][1])
+        verified = {name: set(m._verified) for name, m in metrics}  # shapes checked before
         try:
             for _, m in metrics:
                 _restore(m, start)
@@ -288,9 +289,10 @@ class CompareSensitivity:
                 m.update(inputs, mask)
                 self._check_layout(metrics[0], (_, m))
         except BaseException:
-            for _, m in metrics:
+            for name, m in metrics:
                 _restore(m, start)
                 m.pending = None
+                m._verified = verified[name]  # the next update checks as a fresh one would
             raise
         batches = {name: m.pending for name, m in metrics}
         for _, m in metrics:

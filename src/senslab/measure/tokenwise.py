@@ -131,6 +131,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from .._onednn import missing_kernel
 from ..tokens.base import (
     Inputs,
     OutputSelector,
@@ -386,6 +387,8 @@ class TokenSensitivity:
         #: copies per forward pass in the last ``update`` (the automatic size, once probed)
         self.last_chunk_size: int | None = None
         self._per_copy: dict[Any, float] = {}
+        #: input shapes whose zero-noise copies were verified (``_runner.verify_copies``)
+        self._verified: set[Any] = set()
         self.align = align or getattr(tokens, "align", "left")
         if self.align not in ("left", "right"):
             raise ValueError(f"align must be 'left' or 'right', got {self.align!r}")
@@ -465,7 +468,7 @@ class TokenSensitivity:
             with mode, kept, self._autocast(device):
                 self._update(inputs, mask, device)
         except RuntimeError as err:
-            if "could not create a primitive descriptor" not in str(err) or device.type != "cpu":
+            if not missing_kernel(err, device):
                 raise
             if self.autocast is None and self.precision != "bf16-checked":
                 raise
@@ -520,8 +523,10 @@ class TokenSensitivity:
                 assert self.sigma is not None
                 control = LinearControl(bound, ref, self.sigma, 32, self.kind, self.threshold,
                                         extent)
-            if self.eval_mode:
+            shape = (_shapes(inputs), whole, self.autocast, extent is not None)
+            if self.eval_mode and shape not in self._verified:  # once per input shape
                 verify_copies(bound, clean, whole, extent, self.autocast is not None)
+                self._verified.add(shape)
             check = self._checked(bound, clean, device)
             key = (_shapes(inputs), whole, self.autocast, check is None, extent is not None)
             if self.allocation:

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._onednn import missing_kernel
 from ..tokens import Embedding
 from ._config import check_one_of, override_config
 from ._registry import register_model
@@ -245,10 +246,6 @@ def _per_bucket(lengths: Tensor, buckets: int, run: Callable[[Tensor], Tensor]) 
 
 
 # --------------------------------------------------------------------------- models
-#: what oneDNN says when it has no kernel for an op in a dtype on this CPU (bf16 LSTM on AVX2)
-NO_ONEDNN_KERNEL = "could not create a primitive descriptor"
-
-
 def _run_lstm(lstm: nn.LSTM, x: Tensor, hx: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """``lstm(x, hx)``'s outputs. Under bf16 autocast on a CPU whose oneDNN has no bf16 LSTM
     (AVX2 without AVX-512: it raises instead of computing), the LSTM alone runs in float32 —
@@ -256,7 +253,7 @@ def _run_lstm(lstm: nn.LSTM, x: Tensor, hx: tuple[Tensor, Tensor] | None = None)
     try:
         return lstm(x, hx)[0]
     except RuntimeError as err:
-        if NO_ONEDNN_KERNEL not in str(err) or x.device.type != "cpu":
+        if not missing_kernel(err, x.device):
             raise
     with torch.autocast("cpu", enabled=False):
         hx32 = None if hx is None else (hx[0].float(), hx[1].float())
