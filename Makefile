@@ -24,8 +24,14 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(BIN)/senslab demo
 
+# The suite runs one torch thread per process (tests/conftest.py), so it runs in TEST_WORKERS
+# pytest-xdist processes (default: the cores this process may use, at most 4), a test file per
+# worker (module fixtures are built once). TEST_WORKERS=0 runs it in this process alone.
+TEST_WORKERS ?= $(shell $(PY) -c "import os; print(min(4, len(os.sched_getaffinity(0))))")
+PYTEST_ARGS := -n $(TEST_WORKERS) --dist loadfile
+
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The suite again on a second torch release with timm (torch 2.14.1 + torchvision 0.29.1, see
 # constraints-timm.txt): the timm paths, and the package on a torch other than the pinned one.
@@ -40,10 +46,10 @@ $(TIMM_VENV)/.installed: pyproject.toml constraints-timm.txt
 	touch $@
 
 test-timm: $(TIMM_VENV)/.installed
-	$(TIMM_VENV)/bin/python -m pytest
+	$(TIMM_VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 test-all: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -m ''
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -m ''
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check src tests benchmarks reproduction
