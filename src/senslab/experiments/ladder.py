@@ -264,6 +264,6 @@ def plot_ladder(summary: dict[str, Any], out: str | Path) -> Path:
         handles += [Line2D([], [], ls="", marker="o", color=c, label=w)
                     for w, c in _COLORS.items()]
         fig.legend(handles=handles, loc="outside right upper", fontsize=7)
-        ax.set_title(f"{summary['name']}: effect vs scale (95% intervals; with several "
-                     "parts, wider by Holm)", fontsize=10)
+        ax.set_title(f"{summary['name']}: effect vs scale\n95% intervals (with several parts, "
+                     "wider by Holm)", fontsize=9)
         return _save(fig, out)
