@@ -27,7 +27,7 @@ demo: $(VENV)/.installed
 # The suite runs one torch thread per process (tests/conftest.py), so it runs in TEST_WORKERS
 # pytest-xdist processes (default: the cores this process may use, at most 4), a test file per
 # worker (module fixtures are built once). TEST_WORKERS=0 runs it in this process alone.
-TEST_WORKERS ?= $(shell $(PY) -c "import os; print(min(4, len(os.sched_getaffinity(0))))")
+TEST_WORKERS ?= $(shell $(PY) -c "import os; print(min(4, len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1))")
 PYTEST_ARGS := -n $(TEST_WORKERS) --dist loadfile
 
 test: $(VENV)/.installed-dev

@@ -44,13 +44,11 @@ def test_verification_runs_once_per_input_shape():
     metric = TokenSensitivity(model, Sequence(), sigma=1.0, generator=0, chunk_size=64,
                               precision="float32")
     g = torch.Generator().manual_seed(1)
+    # _extra resets the metric before each update: a shape checked stays checked across reset
     assert _extra(metric, model, torch.randn(6, 4, 3, generator=g)) == 2 * VERIFY_ROWS
     assert _extra(metric, model, torch.randn(6, 4, 3, generator=g)) == 0  # same shape: no check
     assert _extra(metric, model, torch.randn(6, 5, 3, generator=g)) == 2 * VERIFY_ROWS  # new
-    assert _extra(metric, model, torch.randn(6, 4, 3, generator=g)) == 0
-    # _extra resets the metric before each update: the model is the same, a shape checked
-    # stays checked
-    assert _extra(metric, model, torch.randn(6, 4, 3, generator=g)) == 0
+    assert _extra(metric, model, torch.randn(6, 4, 3, generator=g)) == 0  # the first, again
 
 
 def test_a_random_forward_is_refused_on_its_first_batch():

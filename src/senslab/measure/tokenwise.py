@@ -528,7 +528,7 @@ class TokenSensitivity:
                 verify_copies(bound, clean, whole, extent, self.autocast is not None)
                 self._verified.add(shape)
             check = self._checked(bound, clean, device)
-            key = (_shapes(inputs), whole, self.autocast, check is None, extent is not None)
+            key = (*shape, check is None)
             if self.allocation:
                 assert control is not None
                 with ChunkRunner(self, bound, stream, ref, whole, device, None,
