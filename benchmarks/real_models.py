@@ -438,10 +438,12 @@ def row_flops(case: RealCase, row: dict[str, Any], fl: dict[int, float]) -> floa
 
 
 def measure_case(case: RealCase, gemm_n: int, reps: int = 1, log: Any = print,
-                 target: float | None = None) -> dict[str, Any]:
+                 target: float | None = None,
+                 methods: list[str] | None = None) -> dict[str, Any]:
     """Every method on ``case`` (``reps`` rounds, order rotated, GEMMs of both dtypes between
     methods; medians of times), then ratios, FLOP rates and the agreement checks. ``target``:
-    the standard error asked for (default :func:`target_for` the case's examples)."""
+    the standard error asked for (default :func:`target_for` the case's examples);
+    ``methods``: only these rows (by label) beside the float32 references."""
     target = target or target_for(case.n)
     runs: list[tuple[str, Any]] = [
         ("naive loop float32", lambda: naive_loop(case)),
@@ -453,6 +455,8 @@ def measure_case(case: RealCase, gemm_n: int, reps: int = 1, log: Any = print,
     for label, opts, single in senslab_methods(case, target):
         runs.append((label, lambda o=opts, s=single, lab=label: senslab_row(
             case, lab, o, t_single if s else t_batched, s)))
+    if methods is not None:
+        runs = keep_methods(runs, methods)
     gemm: dict[str, list[float]] = {"float32": [], "bf16": []}
     samples: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in runs}
     token_sensitivity(case.model, select(case.inputs, torch.arange(2)), case.tokens,
@@ -481,6 +485,20 @@ def measure_case(case: RealCase, gemm_n: int, reps: int = 1, log: Any = print,
         row["fraction_bf16_gemm"] = row["flop_rate"] / peaks["bf16"]
         rows.append(row)
     return finish_case(case, rows, peaks, fl, target)
+
+
+#: rows every run keeps: the ratios and the agreement checks are taken against them
+REFERENCES = ("naive loop float32", "paper code float32")
+
+
+def keep_methods(runs: list[tuple[str, Any]], methods: list[str]) -> list[tuple[str, Any]]:
+    """The references and the rows named in ``methods``; an unknown name is an error that lists
+    the known ones."""
+    labels = [label for label, _ in runs]
+    unknown = [m for m in methods if m not in labels]
+    if unknown:
+        raise SystemExit(f"unknown method(s) {unknown}; this case has: {labels}")
+    return [(label, fn) for label, fn in runs if label in REFERENCES or label in methods]
 
 
 def finish_case(case: RealCase, rows: list[dict[str, Any]], peaks: dict[str, float],
@@ -520,6 +538,8 @@ def targets(name: str, rows: list[dict[str, Any]], peaks: dict[str, float]) -> l
     """Item 4's targets for this case; where one is missed, what bounds it."""
     out = []
     ours = [r for r in rows if r["method"].startswith("senslab")]
+    if not ours:  # a run of the references only (--methods): nothing of ours to hold to a target
+        return out
     best = min(ours, key=lambda r: r["ttp"])
     adaptive_plain = next((r for r in ours if r["method"] == "senslab adaptive plain"), None)
     bf16_over_fp32 = peaks["bf16"] / peaks["float32"]
@@ -625,6 +645,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--examples", type=int, default=None,
                         help=f"examples per case (default {EXAMPLES})")
     parser.add_argument("--reps", type=int, default=1, help="rounds of every method")
+    parser.add_argument("--methods", nargs="+", default=None, metavar="LABEL",
+                        help="only these rows (labels as printed, e.g. 'senslab defaults') "
+                        "beside the float32 naive loop and paper code; default: every row")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--out", type=Path, default=None, help="JSON results file")
     args = parser.parse_args(argv)
@@ -634,7 +657,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "host": socket.gethostname(), "date": datetime.datetime.now(datetime.timezone.utc)
         .isoformat(timespec="seconds"), "torch": torch.__version__, "threads": args.threads,
         "mode": mode, "examples": args.examples, "gemm_n": GEMM_N[mode],
-        "reps": args.reps, "loadavg_start": os.getloadavg(), "cases": [],
+        "reps": args.reps, "methods": args.methods, "loadavg_start": os.getloadavg(), "cases": [],
     }
     print(f"torch {torch.__version__}, {args.threads} threads, mode {mode}, load "
           f"{result['loadavg_start']}", flush=True)
@@ -645,7 +668,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                                  else EXAMPLES))
         print(f"{name}: {case.info}", flush=True)
         res = measure_case(case, GEMM_N[mode], args.reps,
-                           log=lambda s: print(s, flush=True))
+                           log=lambda s: print(s, flush=True), methods=args.methods)
         res["seconds"] = time.perf_counter() - start
         result["cases"].append(res)
         out = _write(result, args.out, mode)  # after every case: a later case may not finish

@@ -119,3 +119,17 @@ def test_time_to_precision_arithmetic(bench):
     ok, z = bench.agree(0.10, 0.01, 0.12, 0.01)
     assert ok and z == pytest.approx(0.02 / math.hypot(0.01, 0.01))
     assert not bench.agree(0.10, 0.001, 0.12, 0.001)[0]
+
+
+def test_measure_case_keeps_the_references_and_the_named_rows(bench):
+    case = tiny_image_case(bench)
+    res = bench.measure_case(case, gemm_n=64, log=lambda s: None,
+                             methods=["senslab defaults"])
+    assert [r["label"] for r in res["rows"]] == ["naive loop float32", "paper code float32",
+                                                 "senslab defaults"]
+    assert all(v["ok"] for v in res["checks"]["agree"].values())
+    with pytest.raises(SystemExit, match="unknown method.*senslab defaults"):
+        bench.measure_case(case, gemm_n=64, log=lambda s: None, methods=["senslab default"])
+    # the references alone: no senslab row to hold to a target, and no error
+    res = bench.measure_case(case, gemm_n=64, log=lambda s: None, methods=["paper code bf16"])
+    assert len(res["rows"]) == 3 and res["targets"] == []
