@@ -133,3 +133,26 @@ def test_measure_case_keeps_the_references_and_the_named_rows(bench):
     # the references alone: no senslab row to hold to a target, and no error
     res = bench.measure_case(case, gemm_n=64, log=lambda s: None, methods=["paper code bf16"])
     assert len(res["rows"]) == 3 and res["targets"] == []
+
+
+def test_vit_exact_cuts_match_a_count_by_hand(bench):
+    from senslab.models import create_model
+
+    dim, heads, dh, mlp = 16, 2, 8, 32
+    model = create_model("vit_small", seed=0, dim=dim, depth=2, heads=heads, dim_head=dh,
+                         mlp_dim=mlp).eval()
+    x = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    cuts = bench.vit_exact_cuts(model, x)
+    n, inner = 65, heads * dh  # 64 patches of 4×4 and CLS
+    assert cuts["cls_row_exact"] == 1.0  # the CLS row alone equals the full block's
+    assert cuts["changed_tokens"] == 5  # SPT shifts one pixel: a patch reaches its 4 neighbours
+    # per token: Q, K, V, A·V and Q·Kᵀ, the projection, the MLP (2 FLOPs a multiply-add)
+    q, att, proj, ff = 2 * dim * inner, 2 * 2 * n * inner, 2 * inner * dim, 2 * 2 * dim * mlp
+    total = cuts["flops"]
+    assert cuts["last_block_beyond_cls"] * total == pytest.approx((n - 1) * (q + att + proj + ff))
+    kept = (n - 5) / n
+    assert cuts["first_block_unchanged"] * total == pytest.approx(
+        n * 3 * q * kept + n * att * kept**2)
+    assert cuts["bound"] == pytest.approx(
+        1 / (1 - cuts["last_block_beyond_cls"] - cuts["first_block_unchanged"]))
+    assert bench.vit_exact_cuts(create_model("resnet18", seed=0).eval(), x) is None
