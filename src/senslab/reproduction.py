@@ -140,7 +140,7 @@ def render_ladders(ladders: dict[str, dict[str, Any]]) -> list[str]:
                 device += f", {row['threads']} thread{'s' if row['threads'] != 1 else ''}"
             lines.append(
                 f"| {row['rung']} | {size} | {_cell(row.get('note', ''))} | "
-                f"{row.get('seeds') or '—'} | {_cell(effect_cell(row))} | "
+                f"{row.get('seeds') or '—'} | {_cell(effect_cell(row, why=True))} | "
                 f"{rung_runtime(row)} | {_cell(device)} | "
                 f"**{row['verdict']}** |")
         lines += ["", f"![{name}: effect vs scale](reproduction/ladders/{name}.png)"]
@@ -250,12 +250,21 @@ def _interval(p: dict[str, Any]) -> str:
     return text
 
 
-def effect_cell(rec: dict[str, Any]) -> str:
+def short_reason(reason: str) -> str:
+    """The first clause of a verdict's reason: up to its first colon, semicolon or " | "."""
+    cut = min((i for i in (reason.find(": "), reason.find("; "), reason.find(" | ")) if i >= 0),
+              default=len(reason))
+    return reason[:cut].strip()
+
+
+def effect_cell(rec: dict[str, Any], why: bool = False) -> str:
     """The effect column: each part of the claim with its interval (at its Holm level) and the
-    two parts of its standard error, at most :data:`SHOWN_PARTS` of them."""
+    two parts of its standard error, at most :data:`SHOWN_PARTS` of them. Without effects (a
+    failed precondition), "—", followed with ``why`` by the first clause of the reason."""
     effects = rec.get("effects") or {}
     if not effects:
-        return "—"
+        reason = short_reason(rec.get("reason") or "") if why else ""
+        return f"— ({reason})" if reason else "—"
     shown = [_interval(p) for p in list(effects.values())[:SHOWN_PARTS]]
     more = len(effects) - SHOWN_PARTS
     return "; ".join(shown) + (f"; … and {more} more" if more > 0 else "")

@@ -203,3 +203,25 @@ def test_list_experiments_names_the_ladder_rungs(capsys: pytest.CaptureFixture[s
     assert out.rstrip().endswith("[ladder: cpu → plateau → paper-arch → paper (GPU)]")
     assert main(["list", "experiments", "synthetic_sparse_frequent"]) == 0
     assert "ladder" not in capsys.readouterr().out
+
+
+def test_a_rung_without_effects_shows_why_in_its_effect_column() -> None:
+    from senslab.reproduction import render_ladders, short_reason
+
+    reason = ("train accuracies differ by 0.311 (> 0.05): end-of-training sensitivity lstm 0.0114;"
+              " Sub-claims — relu_below_softmax: inconclusive")
+    assert short_reason(reason) == "train accuracies differ by 0.311 (> 0.05)"
+    assert short_reason("after 630 steps SGD is at the plateau; train longer") == (
+        "after 630 steps SGD is at the plateau")
+    assert short_reason("differ by 0.031 | not in the verdict: x") == "differ by 0.031"
+    assert short_reason("") == ""
+    rung = {"rung": "wide", "size": 1.84e6, "note": "wider", "status": "done", "seeds": 3,
+            "effects": {}, "verdict": "not comparable", "reason": reason, "runtime_s": 60.0}
+    lines = render_ladders({"x": {"summary": "not comparable at wide", "rungs": [rung]}})
+    row = next(line for line in lines if line.startswith("| wide"))
+    assert "| 3 | — (train accuracies differ by 0.311 (> 0.05)) |" in row
+    assert "**not comparable**" in row
+    del rung["reason"]  # no reason recorded: the bare dash
+    row = next(line for line in render_ladders({"x": {"rungs": [rung]}})
+               if line.startswith("| wide"))
+    assert "| 3 | — |" in row
