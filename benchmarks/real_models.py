@@ -518,10 +518,10 @@ def _cls_only_block(block: nn.Module, t: Tensor) -> Tensor:
 def vit_exact_cuts(model: nn.Module, x: Tensor) -> dict[str, float] | None:
     """The exact cuts a CLS-readout ViT (the zoo's ViT-small) still offers per perturbed copy,
     as fractions of its forward FLOPs: the last block's rows other than CLS (nothing reads
-    them: checked by computing the CLS row alone), and in the first block the query/key/value
-    rows and query–key pairs of the tokens the perturbed patch does not reach (measured: the
-    rows of the tokenizer's output that change). ``bound``: the speed-up all of them together
-    would give at this FLOP rate. None for other models."""
+    them: the CLS row computed alone must equal the full block's, else an error), and in the
+    first block the query/key/value rows and query–key pairs of the tokens the perturbed patch
+    does not reach (measured: the rows of the tokenizer's output that change). ``bound``: the
+    speed-up all of them together would give at this FLOP rate. None for other models."""
     from senslab.models.vit import ViTSmall
 
     if not isinstance(model, ViTSmall) or model.blocks[0].attn.kind != "softmax":
@@ -543,9 +543,11 @@ def vit_exact_cuts(model: nn.Module, x: Tensor) -> dict[str, float] | None:
     last = model.blocks[-1]
     f_last, full = _count(lambda: last(t))
     f_cls, cls = _count(lambda: _cls_only_block(last, t))
-    exact = bool(torch.allclose(cls, full[:, :1], rtol=1e-4, atol=1e-5))
+    if not torch.allclose(cls, full[:, :1], rtol=1e-4, atol=1e-5):
+        raise RuntimeError("the CLS row computed alone differs from the full last block's: "
+                           "the cut is not exact for this model, so it is not counted")
     first = model.blocks[0]
-    f_qkv, h = _count(lambda: first.attn.qkv(first.ln1(first_in)))
+    f_qkv, _ = _count(lambda: first.attn.qkv(first.ln1(first_in)))
     n = first_in.shape[1]
     f_proj, _ = _count(lambda: first.attn.out(torch.zeros(1, n, first.attn.out[0].in_features)))
     f_mlp, _ = _count(lambda: first.mlp(first_in))
@@ -556,7 +558,7 @@ def vit_exact_cuts(model: nn.Module, x: Tensor) -> dict[str, float] | None:
     first_cut = (f_qkv * kept + f_attention * kept**2) / total
     return {"flops": total, "tokens": float(n), "changed_tokens": float(changed),
             "last_block_beyond_cls": last_cut, "first_block_unchanged": first_cut,
-            "cls_row_exact": float(exact), "bound": 1.0 / (1.0 - last_cut - first_cut)}
+            "bound": 1.0 / (1.0 - last_cut - first_cut)}
 
 
 #: rows every run keeps: the ratios and the agreement checks are taken against them
