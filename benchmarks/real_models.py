@@ -399,22 +399,23 @@ def gemm_flops(n: int, dtype: torch.dtype, reps: int = 3) -> float:
     return 2 * n**3 / statistics.median(times)
 
 
+def _count(fn: Any) -> tuple[float, Any]:
+    """Model FLOPs of ``fn()`` (attention counted as its matrix products) and its result."""
+    with sdpa_kernel(SDPBackend.MATH), torch.inference_mode(), \
+            FlopCounterMode(display=False) as counter:
+        out = fn()
+    return float(counter.get_total_flops()), out
+
+
 def flops_by_length(case: RealCase) -> dict[int, float]:
     """Model FLOPs of one forward of one example at each real length of the case (and at the
     padded width)."""
-    with sdpa_kernel(SDPBackend.MATH), torch.inference_mode():
-        if case.kind == "image":
-            with FlopCounterMode(display=False) as counter:
-                case.model(case.inputs[:1])
-            return {case.width: float(counter.get_total_flops())}
-        longest = select(case.inputs, case.lengths.argmax().view(1))
-        out = {}
-        for k in sorted({*case.lengths.tolist(), case.width}):
-            one = {key: v[:, :k] for key, v in longest.items()}
-            with FlopCounterMode(display=False) as counter:
-                call_model(case.model, one)
-            out[int(k)] = float(counter.get_total_flops())
-    return out
+    if case.kind == "image":
+        return {case.width: _count(lambda: case.model(case.inputs[:1]))[0]}
+    longest = select(case.inputs, case.lengths.argmax().view(1))
+    return {int(k): _count(lambda k=k: call_model(
+                case.model, {key: v[:, :k] for key, v in longest.items()}))[0]
+            for k in sorted({*case.lengths.tolist(), case.width})}
 
 
 def row_flops(case: RealCase, row: dict[str, Any], fl: dict[int, float]) -> float:
@@ -486,14 +487,6 @@ def measure_case(case: RealCase, gemm_n: int, reps: int = 1, log: Any = print,
         row["fraction_bf16_gemm"] = row["flop_rate"] / peaks["bf16"]
         rows.append(row)
     return finish_case(case, rows, peaks, fl, target, cuts)
-
-
-def _count(fn: Any) -> tuple[float, Any]:
-    """Model FLOPs of ``fn()`` (attention counted as its matrix products) and its result."""
-    with sdpa_kernel(SDPBackend.MATH), torch.inference_mode(), \
-            FlopCounterMode(display=False) as counter:
-        out = fn()
-    return float(counter.get_total_flops()), out
 
 
 def _cls_only_block(block: nn.Module, t: Tensor) -> Tensor:
