@@ -148,7 +148,7 @@ def test_vit_exact_cuts_match_a_count_by_hand(bench):
     t = torch.randn(3, n, dim, generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         full = model.blocks[-1](t)[:, :1]
-        alone = bench._cls_only_block(model.blocks[-1], t)
+        alone = model.blocks[-1].forward_first_row(t)
     assert alone.shape == (3, 1, dim) and torch.allclose(alone, full, rtol=1e-5, atol=1e-6)
     assert cuts["changed_tokens"] == 5  # SPT shifts one pixel: a patch reaches its 4 neighbours
     # per token: Q, K, V, A·V and Q·Kᵀ, the projection, the MLP (2 FLOPs a multiply-add)
@@ -156,8 +156,9 @@ def test_vit_exact_cuts_match_a_count_by_hand(bench):
     total = cuts["flops"]
     assert cuts["last_block_beyond_cls"] * total == pytest.approx((n - 1) * (q + att + proj + ff))
     kept = (n - 5) / n
-    assert cuts["first_block_unchanged"] * total == pytest.approx(
-        n * 3 * q * kept + n * att * kept**2)
-    assert cuts["bound"] == pytest.approx(
-        1 / (1 - cuts["last_block_beyond_cls"] - cuts["first_block_unchanged"]))
+    assert cuts["first_block_rows"] * total == pytest.approx(n * 3 * q * kept)
+    assert cuts["first_block_pairs"] * total == pytest.approx(n * att * kept**2)
+    taken = cuts["last_block_beyond_cls"] + cuts["first_block_rows"]
+    assert cuts["bound_taken"] == pytest.approx(1 / (1 - taken))
+    assert cuts["bound"] == pytest.approx(1 / (1 - taken - cuts["first_block_pairs"]))
     assert bench.vit_exact_cuts(create_model("resnet18", seed=0).eval(), x) is None

@@ -1,6 +1,6 @@
-"""Local reuse for convolutional networks: a copy with one noisy patch computed on windows of the
-early feature maps (senslab.models.windows; ResNet and CNN ``forward_local``) equals a full
-forward."""
+"""Local reuse: a copy with one noisy patch computed on windows of the early feature maps
+(senslab.models.windows; ResNet and CNN ``forward_local``), or on the tokens the patch reaches and
+the CLS row of the last block (ViT-small's ``forward_local``), equals a full forward."""
 
 from __future__ import annotations
 
@@ -185,3 +185,66 @@ def test_layers_local_reuse_cannot_window_are_refused():
         local(nn.MaxPool2d(2, padding=1), win)
     with pytest.raises(TypeError, match="cannot window a Linear"):
         local(nn.Linear(2, 2), win)
+
+
+def vit(**overrides):
+    config = dict(image_size=16, dim=16, depth=3, heads=2, dim_head=8, mlp_dim=32)
+    return create_model("vit_small", seed=0, **{**config, **overrides}).eval()
+
+
+@pytest.mark.parametrize("overrides, patch", [
+    ({}, 4),
+    ({}, 2),                          # noise on a quarter of a model patch
+    ({}, 8),                          # noise over four model patches
+    ({"shift": "diagonal"}, 4),
+    ({"shift": "none", "locality": False}, 4),
+    ({"attention": "relu"}, 4),
+    ({"depth": 1}, 4),                # the first block is the last: no CLS-only block
+    ({"depth": 2, "patch_size": 2}, 4),
+])
+def test_vit_forward_local_equals_full_forward(overrides, patch):
+    model = vit(**overrides)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 16, 16, generator=g)
+    grid = 16 // patch
+    rows = torch.arange(2).repeat_interleave(grid * grid)
+    tok = torch.arange(grid * grid).repeat(2)
+    top, left = tok // grid * patch, tok % grid * patch
+    noisy = torch.randn(len(rows), 3, patch, patch, generator=g) * 2
+    with torch.no_grad():
+        fast = model.forward_local(model.local_cache(x, patch), rows, top, left, noisy)
+        full = perturbed_full(model, x, rows, top, left, noisy)
+    torch.testing.assert_close(fast, full, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(full, model(x)[rows], atol=1e-3)
+
+
+@pytest.mark.parametrize("shift, inner, corner", [("axis", 5, 3), ("diagonal", 9, 4),
+                                                   ("none", 1, 1)])
+def test_vit_recomputes_the_tokens_a_patch_reaches(shift, inner, corner):
+    """One-pixel axis shifts carry a patch into its 4 neighbours; half-patch diagonal shifts
+    into all 8 around it (both clipped at the border)."""
+    model = vit(shift=shift)
+    mask = torch.zeros(2, 1, 16, 16)
+    mask[0, :, 4:8, 4:8] = 1  # an inner patch
+    mask[1, :, 0:4, 0:4] = 1  # the top-left corner
+    reached = model.reached_tokens(mask)
+    assert reached.shape == (2, 16)
+    assert reached[0, 5] and reached[1, 0]  # a patch always reaches its own token
+    assert reached.sum(1).tolist() == [inner, corner]
+
+
+def test_vit_local_reuse_gives_the_full_forwards_numbers():
+    model = vit()
+    x = torch.rand(5, 3, 16, 16, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    with torch.no_grad():  # at init every image gets one class: centre the logits on these
+        model.head[1].bias.sub_(model(x).mean(0))
+    runs = {}
+    for reuse in (False, True):
+        m = TokenSensitivity(model, Patches(4, reuse_local=reuse), sigma=0.5, repeats=3,
+                             generator=2, chunk_size=20)
+        m.update(x)
+        runs[reuse] = m.compute()
+    assert 0.02 < runs[False].estimate < 0.98
+    assert torch.equal(runs[False].per_sample, runs[True].per_sample)
+    with pytest.raises(RuntimeError, match="eval mode"):
+        model.train().local_cache(x, 4)

@@ -54,9 +54,7 @@ class Attention(nn.Module):
             self.register_buffer("log_scale", log_scale)
 
     def _split(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        b, t, _ = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
-        return q, k, v  # each (B, heads, T, d_head)
+        return self.heads_of(self.qkv(x))  # each (B, heads, T, d_head)
 
     def _weights(self, q: Tensor, k: Tensor) -> Tensor:
         logits = q @ k.transpose(-1, -2) * self.log_scale.exp()
@@ -79,26 +77,53 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         q, k, v = self._split(x)
+        return self.out(self.attend(q, k, v).transpose(1, 2).flatten(2))
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Attention of queries ``q`` (B, heads, Tq, d_head) over all T keys and values; the
+        queries are tokens 0…Tq−1 (for LSA's diagonal mask), so Tq < T computes the first rows
+        only (local reuse reads the CLS row alone). Returns (B, heads, Tq, d_head)."""
+        t, tq = k.shape[-2], q.shape[-2]
         if self.kind == "softmax":
             # the fused kernel avoids materialising the (B, heads, T, T) logits and the copies
             # of the split heads: ~2.7× faster attention on CPU (1 thread, ViT-small shapes).
             # The scale is folded into q so that a learnable LSA temperature still gets a
             # gradient; the boolean mask marks the keys a query may attend to.
-            t = q.shape[-2]
-            allowed = ~torch.eye(t, dtype=torch.bool, device=q.device) if self.locality else None
+            allowed = None
+            if self.locality:
+                allowed = ~torch.eye(t, dtype=torch.bool, device=q.device)[:tq]
             if self._host_inference(q):
                 # no gradient wanted: the kernel applies the scale itself, sparing a scaled
                 # copy of q (~4% of ViT-small's forward on 2 CPU threads, same numbers)
-                y = F.scaled_dot_product_attention(
+                return F.scaled_dot_product_attention(
                     q, k, v, attn_mask=allowed, scale=math.exp(float(self.log_scale)))
-            else:
-                y = F.scaled_dot_product_attention(
-                    q * self.log_scale.exp(), k, v, attn_mask=allowed, scale=1.0,
-                    dropout_p=self.drop.p if self.training else 0.0,
-                )
-        else:
-            y = self.drop(self._weights(q, k)) @ v
-        return self.out(y.transpose(1, 2).flatten(2))
+            return F.scaled_dot_product_attention(
+                q * self.log_scale.exp(), k, v, attn_mask=allowed, scale=1.0,
+                dropout_p=self.drop.p if self.training else 0.0,
+            )
+        logits = q @ k.transpose(-1, -2) * self.log_scale.exp()
+        if self.locality:
+            eye = torch.eye(t, dtype=torch.bool, device=logits.device)[:tq]
+            logits = logits.masked_fill(eye, float("-inf"))  # relu(-inf) = 0 as well
+        return self.drop(F.relu(logits)) @ v
+
+    def heads_of(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``qkv`` (B, T, 3·heads·d_head), the output of :attr:`qkv`, split as in forward."""
+        b, t, _ = qkv.shape
+        q, k, v = qkv.view(b, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        return q, k, v
+
+    def first_row(self, x: Tensor) -> Tensor:
+        """Token 0's output of this attention on normalised tokens ``x`` (B, T, dim): keys and
+        values of every token, the query of token 0 alone. (B, 1, dim)."""
+        w, bias = self.qkv.weight, self.qkv.bias
+        inner = w.shape[0] // 3
+        q = F.linear(x[:, :1], w[:inner], None if bias is None else bias[:inner])
+        kv = F.linear(x, w[inner:], None if bias is None else bias[inner:])
+        b, t, _ = x.shape
+        k, v = kv.view(b, t, 2, self.heads, -1).permute(2, 0, 3, 1, 4)
+        q = q.view(b, 1, self.heads, -1).transpose(1, 2)
+        return self.out(self.attend(q, k, v).transpose(1, 2).flatten(2))
 
 
 class Block(nn.Module):
@@ -125,6 +150,17 @@ class Block(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
+
+    def forward_qkv(self, x: Tensor, qkv: Tensor) -> Tensor:
+        """This block on tokens ``x`` whose ``attn.qkv(ln1(x))`` is given as ``qkv``."""
+        x = x + self.attn.out(self.attn.attend(*self.attn.heads_of(qkv)).transpose(1, 2).flatten(2))
+        return x + self.mlp(self.ln2(x))
+
+    def forward_first_row(self, x: Tensor) -> Tensor:
+        """Token 0's output (B, 1, dim): the only row a classifier reading the CLS token
+        uses of its last block."""
+        c = x[:, :1] + self.attn.first_row(self.ln1(x))
+        return c + self.mlp(self.ln2(c))
 
 
 # ---------------------------------------------------------------- ViT-small (Lee et al. 2021)
@@ -204,13 +240,75 @@ class ViTSmall(ImageClassifier):
         )  # fmt: skip
         self.head = nn.Sequential(nn.LayerNorm(cfg.dim), nn.Linear(cfg.dim, cfg.num_classes))
 
+    def _embed(self, x: Tensor) -> Tensor:
+        t = self.tokenizer(x)
+        return torch.cat([self.cls.expand(len(t), -1, -1), t], dim=1) + self.pos
+
     def forward(self, x: Tensor) -> Tensor:
         self.check_input(x)
-        t = self.tokenizer(x)
-        t = torch.cat([self.cls.expand(len(t), -1, -1), t], dim=1) + self.pos
-        t = self.drop(t)
+        t = self.drop(self._embed(x))
         for blk in self.blocks:
             t = blk(t)
+        return self.head(t[:, 0])
+
+    # -- local reuse (senslab.tokens.Patches): noise on one patch changes only the SPT tokens
+    # whose patch, in the image or in one of its shifted copies, overlaps it (5 of 64 for a
+    # patch-sized noise with one-pixel axis shifts). A perturbed copy recomputes those tokens and
+    # their rows of the first block's Q, K and V (the other rows are the cached clean ones), runs
+    # the middle blocks in full, and the last block for the CLS row alone, the only row the head
+    # reads. Same predictions as a full forward up to float rounding.
+
+    @torch.no_grad()
+    def local_cache(self, x: Tensor, patch: int) -> dict[str, Any]:
+        """Clean tokens of images ``x`` and their first block's ``qkv`` rows."""
+        if self.training:
+            raise RuntimeError("local reuse needs eval mode (dropout would make a copy differ "
+                               "from a full forward)")
+        self.check_input(x)
+        t = self._embed(x)
+        first = self.blocks[0]
+        return {"x": x, "tokens": t, "qkv": first.attn.qkv(first.ln1(t))}
+
+    def reached_tokens(self, mask: Tensor) -> Tensor:
+        """(n, T) bool: the image tokens that pixels marked in ``mask`` (n, 1, H, W) reach
+        through the tokenizer's shifted copies."""
+        spt = self.tokenizer
+        shifted = torch.cat([mask, *(F.pad(mask, pad) for pad in spt.pads)], dim=1)
+        return patchify(shifted, spt.patch).amax(-1) > 0
+
+    def forward_local(self, cache: dict[str, Any], rows: Tensor, top: Tensor, left: Tensor,
+                      patch: Tensor) -> Tensor:
+        """Logits of copies of the cached images ``rows`` whose pixels at ``top``/``left``
+        (a patch) are replaced by ``patch`` (n, C, p, p)."""
+        x = cache["x"].index_select(0, rows)
+        n, c, h, w = x.shape
+        p = patch.shape[-1]
+        idx = torch.arange(n, device=x.device)
+        at = (idx, slice(None), top // p, slice(None), left // p, slice(None))
+        x.view(n, c, h // p, p, w // p, p)[at] = patch.to(x.dtype)
+        mask = torch.zeros(n, 1, h, w, dtype=x.dtype, device=x.device)
+        mask.view(n, 1, h // p, p, w // p, p)[at] = 1.0
+        reached = self.reached_tokens(mask)
+        k = int(reached.sum(1).max())
+        # the reached tokens first; a copy that reaches fewer than k recomputes a few clean
+        # tokens besides, which changes nothing
+        order = torch.argsort((~reached).to(torch.int8), dim=1, stable=True)[:, :k]
+        spt = self.tokenizer
+        pieces = patchify(torch.cat([x, *(F.pad(x, pad) for pad in spt.pads)], dim=1), spt.patch)
+        pieces = pieces.gather(1, order[..., None].expand(-1, -1, pieces.shape[-1]))
+        where = order + 1  # the CLS token comes first
+        new = spt.proj(spt.norm(pieces)) + self.pos[0, where]
+        t = cache["tokens"].index_select(0, rows)
+        t.scatter_(1, where[..., None].expand(-1, -1, t.shape[-1]), new.to(t.dtype))
+        first = self.blocks[0]
+        qkv = cache["qkv"].index_select(0, rows)
+        fresh = first.attn.qkv(first.ln1(new))
+        qkv.scatter_(1, where[..., None].expand(-1, -1, qkv.shape[-1]), fresh.to(qkv.dtype))
+        t = first.forward_qkv(t, qkv)
+        if len(self.blocks) > 1:
+            for blk in self.blocks[1:-1]:
+                t = blk(t)
+            t = self.blocks[-1].forward_first_row(t)
         return self.head(t[:, 0])
 
 

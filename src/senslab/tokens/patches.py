@@ -66,10 +66,11 @@ class Patches(Tokenization):
     (integer pixels would turn the noise into integers): convert uint8 images with
     ``images.float()`` (σ in pixel units) or ``images.float() / 255`` (σ in [0, 1] units).
 
-    Local reuse: a convolutional model may implement ``local_cache(images, size)`` and
+    Local reuse: a model may implement ``local_cache(images, size)`` and
     ``forward_local(cache, rows, top, left, patch)``; then, in eval mode, a copy with one noisy
     patch is computed on the window of each early feature map that the patch can change instead
-    of by a full forward (the zoo's ``resnet18`` and ``cnn`` do; same predictions up to float
+    of by a full forward (the zoo's ``resnet18`` and ``cnn`` do; ``vit_small`` recomputes the
+    tokens the patch reaches and the CLS row of its last block; same predictions up to float
     rounding). The clean maps are kept only for the examples of the current chunk.
     ``reuse_local=False`` always runs full forwards.
 
