@@ -34,7 +34,9 @@ value for them too).
   token); R = 3 for text, 5 for images; float32 and bf16.
 * ``senslab`` — ``token_sensitivity`` with its defaults (R draws, ``precision="auto"``, padding
   trimmed, one batched call), then one factor changed at a time: padding
-  (``trim_padding=False``), precision (``"float32"`` and ``"bf16-checked"``), batching
+  (``trim_padding=False``), reuse of the clean computation where the model offers it
+  (``reuse_local=False`` / ``reuse_prefix=False``: full forwards), precision (``"float32"``
+  and ``"bf16-checked"``), batching
   (one call per example), variance reduction (``target_stderr=0.002`` with 2 draws a round:
   plain, antithetic, control variate, both).
 
@@ -67,6 +69,7 @@ cached under ``~/.cache/senslab-bench``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import math
@@ -338,15 +341,17 @@ def senslab_row(case: RealCase, method: str, options: dict[str, Any], t_clean: f
     """``token_sensitivity`` (or one ``update`` per example) with ``options``; adaptive when
     ``target_stderr`` is among them. ``t_clean``: the clean forwards' share of the run (module
     docstring), the rest counts as perturbed."""
+    options = dict(options)
+    tokens = options.pop("tokens", case.tokens)  # a row that changes the tokens' own options
     common = {"sigma": case.sigma, "estimand": "subset", "generator": SEED, **options}
     start = time.perf_counter()
     if per_example:
-        metric = TokenSensitivity(case.model, case.tokens, **common)
+        metric = TokenSensitivity(case.model, tokens, **common)
         for b in range(case.n):
             metric.update(select(case.inputs, torch.tensor([b])))
         res = metric.compute()
     else:
-        res = token_sensitivity(case.model, case.inputs, case.tokens, **common)
+        res = token_sensitivity(case.model, case.inputs, tokens, **common)
     seconds = time.perf_counter() - start
     checked = res.recheck_fraction is not None
     precision = (f"bf16-checked ({100 * res.recheck_fraction:.1f}% re-checked)" if checked
@@ -358,6 +363,7 @@ def senslab_row(case: RealCase, method: str, options: dict[str, Any], t_clean: f
             "draws": (res.num_forward - case.n * (2 if _gradient_pass(options) else 1))
             / float(case.lengths.sum()),
             "checked": checked, "options": {k: str(v) for k, v in options.items()},
+            "tokens": repr(tokens),
             "control_variate": _gradient_pass(options),
             "per_sample": res.per_sample.double(), "per_position": res.per_position}
 
@@ -373,6 +379,11 @@ def senslab_methods(case: RealCase, target: float) -> list[tuple[str, dict[str, 
     rows = [("senslab defaults", r, False)]
     if case.kind == "text":
         rows.append(("senslab trim_padding=False", {**r, "trim_padding": False}, False))
+    for field in ("reuse_local", "reuse_prefix"):  # the clean computation reused, or not
+        if getattr(case.tokens, field, False):
+            rows.append((f"senslab {field}=False",
+                         {**r, "tokens": dataclasses.replace(case.tokens, **{field: False})},
+                         False))
     rows += [("senslab precision=float32", {**r, "precision": "float32"}, False),
              ("senslab precision=bf16-checked", {**r, "precision": "bf16-checked"}, False),
              ("senslab per-example calls", r, True)]
@@ -713,15 +724,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--methods", nargs="+", default=None, metavar="LABEL",
                         help="only these rows (labels as printed, e.g. 'senslab defaults') "
                         "beside the float32 naive loop and paper code; default: every row")
+    parser.add_argument("--gemm-n", type=int, default=None,
+                        help=f"side of the peak-rate GEMMs (default {GEMM_N['full']}, "
+                        f"{GEMM_N['quick']} with --quick; a smaller one saves minutes where "
+                        "bf16 has no fast kernel)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--out", type=Path, default=None, help="JSON results file")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     mode = "quick" if args.quick else "full"
+    gemm_n = args.gemm_n or GEMM_N[mode]
     result: dict[str, Any] = {
         "host": socket.gethostname(), "date": datetime.datetime.now(datetime.timezone.utc)
         .isoformat(timespec="seconds"), "torch": torch.__version__, "threads": args.threads,
-        "mode": mode, "examples": args.examples, "gemm_n": GEMM_N[mode],
+        "mode": mode, "examples": args.examples, "gemm_n": gemm_n,
         "reps": args.reps, "methods": args.methods, "loadavg_start": os.getloadavg(), "cases": [],
     }
     print(f"torch {torch.__version__}, {args.threads} threads, mode {mode}, load "
@@ -732,7 +748,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         case = make_case(name, args.examples or (QUICK_EXAMPLES[kind] if args.quick
                                                  else EXAMPLES))
         print(f"{name}: {case.info}", flush=True)
-        res = measure_case(case, GEMM_N[mode], args.reps,
+        res = measure_case(case, gemm_n, args.reps,
                            log=lambda s: print(s, flush=True), methods=args.methods)
         res["seconds"] = time.perf_counter() - start
         result["cases"].append(res)

@@ -162,3 +162,30 @@ def test_vit_exact_cuts_match_a_count_by_hand(bench):
     assert cuts["bound_taken"] == pytest.approx(1 / (1 - taken))
     assert cuts["bound"] == pytest.approx(1 / (1 - taken - cuts["first_block_pairs"]))
     assert bench.vit_exact_cuts(create_model("resnet18", seed=0).eval(), x) is None
+
+
+def test_an_image_case_shows_what_local_reuse_gains(bench):
+    """The zoo's ViT-small reuses the clean computation: its row with full forwards finds the
+    same flips, and the benchmark counts which exact cuts the reuse takes."""
+    from _real import RealCase
+
+    from senslab.models import create_model
+
+    model = create_model("vit_small", seed=0, image_size=16, dim=16, depth=2, heads=2,
+                         dim_head=8, mlp_dim=32).eval()
+    x = torch.rand(3, 3, 16, 16, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    with torch.no_grad():  # at init every image gets one class: centre the logits on these
+        model.head[1].bias.sub_(model(x).mean(0))
+    case = RealCase("vit_small", "image", model, x, Patches(4), 0.5, 3)
+    res = bench.measure_case(case, gemm_n=64, log=lambda s: None,
+                             methods=["senslab defaults", "senslab reuse_local=False"])
+    by = {r["label"]: r for r in res["rows"]}
+    assert "reuse_local=False" in by["senslab reuse_local=False"]["tokens"]
+    assert 0.0 < by["senslab defaults"]["estimate"] < 1.0
+    assert torch.equal(by["senslab defaults"]["per_sample"],
+                       by["senslab reuse_local=False"]["per_sample"])
+    assert all(v["ok"] for v in res["checks"]["agree"].values())
+    cuts = res["exact_cuts"]
+    assert cuts["changed_tokens"] == 5 and 1.0 < cuts["bound_taken"] < cuts["bound"]
+    bounds = " ".join(b for t in res["targets"] for b in t["bounds"])
+    assert "exact cuts taken (local reuse)" in bounds and "not taken" in bounds
