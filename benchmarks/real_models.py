@@ -379,8 +379,9 @@ def senslab_methods(case: RealCase, target: float) -> list[tuple[str, dict[str, 
     rows = [("senslab defaults", r, False)]
     if case.kind == "text":
         rows.append(("senslab trim_padding=False", {**r, "trim_padding": False}, False))
-    for field in ("reuse_local", "reuse_prefix"):  # the clean computation reused, or not
-        if getattr(case.tokens, field, False):
+    # the clean computation reused, or not, where the model implements the reuse
+    for field, hook in (("reuse_local", "forward_local"), ("reuse_prefix", "forward_suffix")):
+        if getattr(case.tokens, field, False) and hasattr(case.model, hook):
             rows.append((f"senslab {field}=False",
                          {**r, "tokens": dataclasses.replace(case.tokens, **{field: False})},
                          False))

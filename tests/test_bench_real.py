@@ -83,6 +83,7 @@ def test_measure_case_runs_every_row_and_checks(bench):
     assert labels[:4] == ["naive loop float32", "naive loop bf16", "paper code float32",
                           "paper code bf16"]
     assert "senslab trim_padding=False" in labels and "senslab adaptive cv + antithetic" in labels
+    assert "senslab reuse_prefix=False" not in labels  # an encoder has no prefix reuse
     for r in res["rows"]:
         assert r["ttp"] > 0 and r["flops"] > 0 and r["fraction_bf16_gemm"] > 0
         if r["adaptive"]:
