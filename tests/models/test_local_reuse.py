@@ -31,6 +31,15 @@ def resnet(image: int, **overrides):
     return model.eval()
 
 
+def every_patch(images, side, patch):
+    """(rows, top, left) of one copy per patch position of every image (corners and borders
+    included) for ``images`` images of ``side``×``side`` pixels."""
+    grid = side // patch
+    rows = torch.arange(images).repeat_interleave(grid * grid)
+    tok = torch.arange(grid * grid).repeat(images)
+    return rows, tok // grid * patch, tok % grid * patch
+
+
 def perturbed_full(model, x, rows, top, left, patch):
     """The reference: paste each copy's patch into its image and run the whole model."""
     copies = x[rows].clone()
@@ -50,11 +59,7 @@ def test_forward_local_equals_full_forward(image, patch, blocks, windowed):
     model = resnet(image, blocks=blocks, sens_patch=patch)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3, 3, image, image, generator=g)
-    grid = image // patch
-    # every patch position of every image (corners and borders included)
-    rows = torch.arange(3).repeat_interleave(grid * grid)
-    tok = torch.arange(grid * grid).repeat(3)
-    top, left = tok // grid * patch, tok % grid * patch
+    rows, top, left = every_patch(3, image, patch)
     noisy = torch.randn(len(rows), 3, patch, patch, generator=g)
     with torch.no_grad():
         cache = model.local_cache(x, patch)
@@ -148,10 +153,7 @@ def test_cnn_forward_local_equals_full_forward(patch, kernel):
     model = cnn(kernel_size=kernel, sens_patch=patch)
     g = torch.Generator().manual_seed(0)
     x = torch.rand(2, 1, 28, 28, generator=g)
-    grid = 28 // patch
-    rows = torch.arange(2).repeat_interleave(grid * grid)
-    tok = torch.arange(grid * grid).repeat(2)
-    top, left = tok // grid * patch, tok % grid * patch
+    rows, top, left = every_patch(2, 28, patch)
     noisy = torch.randn(len(rows), 1, patch, patch, generator=g) * 3
     with torch.no_grad():
         fast = model.forward_local(model.local_cache(x, patch), rows, top, left, noisy)
@@ -206,10 +208,7 @@ def test_vit_forward_local_equals_full_forward(overrides, patch):
     model = vit(**overrides)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 16, 16, generator=g)
-    grid = 16 // patch
-    rows = torch.arange(2).repeat_interleave(grid * grid)
-    tok = torch.arange(grid * grid).repeat(2)
-    top, left = tok // grid * patch, tok % grid * patch
+    rows, top, left = every_patch(2, 16, patch)
     noisy = torch.randn(len(rows), 3, patch, patch, generator=g) * 2
     with torch.no_grad():
         fast = model.forward_local(model.local_cache(x, patch), rows, top, left, noisy)

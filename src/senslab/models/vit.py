@@ -57,9 +57,11 @@ class Attention(nn.Module):
         return self.heads_of(self.qkv(x))  # each (B, heads, T, d_head)
 
     def _weights(self, q: Tensor, k: Tensor) -> Tensor:
+        """Weights of queries ``q`` (tokens 0…Tq−1) over all keys ``k``."""
         logits = q @ k.transpose(-1, -2) * self.log_scale.exp()
         if self.locality:
-            eye = torch.eye(logits.shape[-1], dtype=torch.bool, device=logits.device)
+            t, tq = logits.shape[-1], logits.shape[-2]
+            eye = torch.eye(t, dtype=torch.bool, device=logits.device)[:tq]
             logits = logits.masked_fill(eye, float("-inf"))  # relu(-inf) = 0 as well
         return logits.softmax(-1) if self.kind == "softmax" else F.relu(logits)
 
@@ -76,14 +78,16 @@ class Attention(nn.Module):
                 and not _is_compiling())
 
     def forward(self, x: Tensor) -> Tensor:
-        q, k, v = self._split(x)
+        return self.project(*self._split(x))
+
+    def project(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """:meth:`attend`, heads merged and projected: (B, Tq, dim)."""
         return self.out(self.attend(q, k, v).transpose(1, 2).flatten(2))
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """Attention of queries ``q`` (B, heads, Tq, d_head) over all T keys and values; the
         queries are tokens 0…Tq−1 (for LSA's diagonal mask), so Tq < T computes the first rows
         only (local reuse reads the CLS row alone). Returns (B, heads, Tq, d_head)."""
-        t, tq = k.shape[-2], q.shape[-2]
         if self.kind == "softmax":
             # the fused kernel avoids materialising the (B, heads, T, T) logits and the copies
             # of the split heads: ~2.7× faster attention on CPU (1 thread, ViT-small shapes).
@@ -91,6 +95,7 @@ class Attention(nn.Module):
             # gradient; the boolean mask marks the keys a query may attend to.
             allowed = None
             if self.locality:
+                t, tq = k.shape[-2], q.shape[-2]
                 allowed = ~torch.eye(t, dtype=torch.bool, device=q.device)[:tq]
             if self._host_inference(q):
                 # no gradient wanted: the kernel applies the scale itself, sparing a scaled
@@ -101,11 +106,7 @@ class Attention(nn.Module):
                 q * self.log_scale.exp(), k, v, attn_mask=allowed, scale=1.0,
                 dropout_p=self.drop.p if self.training else 0.0,
             )
-        logits = q @ k.transpose(-1, -2) * self.log_scale.exp()
-        if self.locality:
-            eye = torch.eye(t, dtype=torch.bool, device=logits.device)[:tq]
-            logits = logits.masked_fill(eye, float("-inf"))  # relu(-inf) = 0 as well
-        return self.drop(F.relu(logits)) @ v
+        return self.drop(self._weights(q, k)) @ v
 
     def heads_of(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``qkv`` (B, T, 3·heads·d_head), the output of :attr:`qkv`, split as in forward."""
@@ -123,7 +124,7 @@ class Attention(nn.Module):
         b, t, _ = x.shape
         k, v = kv.view(b, t, 2, self.heads, -1).permute(2, 0, 3, 1, 4)
         q = q.view(b, 1, self.heads, -1).transpose(1, 2)
-        return self.out(self.attend(q, k, v).transpose(1, 2).flatten(2))
+        return self.project(q, k, v)
 
 
 class Block(nn.Module):
@@ -153,7 +154,7 @@ class Block(nn.Module):
 
     def forward_qkv(self, x: Tensor, qkv: Tensor) -> Tensor:
         """This block on tokens ``x`` whose ``attn.qkv(ln1(x))`` is given as ``qkv``."""
-        x = x + self.attn.out(self.attn.attend(*self.attn.heads_of(qkv)).transpose(1, 2).flatten(2))
+        x = x + self.attn.project(*self.attn.heads_of(qkv))
         return x + self.mlp(self.ln2(x))
 
     def forward_first_row(self, x: Tensor) -> Tensor:
@@ -216,9 +217,13 @@ class ShiftedPatchTokenizer(nn.Module):
         patch_dim = (1 + len(self.pads)) * in_channels * patch * patch
         self.norm, self.proj = nn.LayerNorm(patch_dim), nn.Linear(patch_dim, dim)
 
+    def pieces(self, x: Tensor) -> Tensor:
+        """(B, T, 5·C·p²): each patch of the image and of its shifted copies, before the
+        LayerNorm and projection."""
+        return patchify(torch.cat([x, *(F.pad(x, pad) for pad in self.pads)], dim=1), self.patch)
+
     def forward(self, x: Tensor) -> Tensor:
-        x = torch.cat([x, *(F.pad(x, pad) for pad in self.pads)], dim=1)
-        return self.proj(self.norm(patchify(x, self.patch)))
+        return self.proj(self.norm(self.pieces(x)))
 
 
 class ViTSmall(ImageClassifier):
@@ -272,9 +277,7 @@ class ViTSmall(ImageClassifier):
     def reached_tokens(self, mask: Tensor) -> Tensor:
         """(n, T) bool: the image tokens that pixels marked in ``mask`` (n, 1, H, W) reach
         through the tokenizer's shifted copies."""
-        spt = self.tokenizer
-        shifted = torch.cat([mask, *(F.pad(mask, pad) for pad in spt.pads)], dim=1)
-        return patchify(shifted, spt.patch).amax(-1) > 0
+        return self.tokenizer.pieces(mask).amax(-1) > 0
 
     def forward_local(self, cache: dict[str, Any], rows: Tensor, top: Tensor, left: Tensor,
                       patch: Tensor) -> Tensor:
@@ -294,7 +297,7 @@ class ViTSmall(ImageClassifier):
         # tokens besides, which changes nothing
         order = torch.argsort((~reached).to(torch.int8), dim=1, stable=True)[:, :k]
         spt = self.tokenizer
-        pieces = patchify(torch.cat([x, *(F.pad(x, pad) for pad in spt.pads)], dim=1), spt.patch)
+        pieces = spt.pieces(x)
         pieces = pieces.gather(1, order[..., None].expand(-1, -1, pieces.shape[-1]))
         where = order + 1  # the CLS token comes first
         new = spt.proj(spt.norm(pieces)) + self.pos[0, where]
