@@ -176,6 +176,50 @@ def agree(a: float, sa: float, b: float, sb: float) -> tuple[bool, float]:
     return z <= 1.96, z
 
 
+def allocation_ceiling(flips: list[Tensor], target: float) -> dict[str, float]:
+    r"""The fewest perturbed forwards any allocation of draws over tokens could reach ``target``
+    with, from per-example (K_b, R) flip indicators of many draws (R ≥ 2).
+
+    The estimate is :math:`\sum_{bt} w_{bt}\,\hat p_{bt}` with :math:`w_{bt} = 1/(n K_b)`. A design
+    that gives token :math:`bt` an expected :math:`e_{bt}` draws (fewer than one: drawn with that
+    probability and weighted by its inverse) has variance at least
+    :math:`\sum w^2_{bt} v_{bt}/e_{bt}`, :math:`v = p(1-p)` (below one draw the inclusion adds
+    :math:`p^2(1/e - 1)`). For a total :math:`E` this is smallest at :math:`e \propto w\sqrt v`
+    (Neyman), where it is :math:`(\sum w\sqrt v)^2/E`: an *oracle* that knew every token's flip
+    probability needs :math:`E = (\sum w \sqrt v)^2/s^2` forwards for standard error :math:`s`.
+    Against it: equal draws for every token (stratified, as the references and senslab's fixed
+    runs; never below one draw per token) and ``num_tokens``-style uniform token sampling within
+    each example (variance :math:`\sum_b m_b(1-m_b)/(n^2 K_b e)` at ``e`` draws per token on
+    average, below one draw per token too).
+
+    :math:`v_{bt}` is estimated by :math:`\hat p(1-\hat p)\,R/(R-1)` (unbiased); its square root
+    is biased low (Jensen), and a token that never flipped in R draws counts as one that never
+    can, so the oracle's forwards come out too few and ``gain`` too large: an upper bound."""
+    n = len(flips)
+    tokens = sum(f.shape[0] for f in flips)
+    draws = flips[0].shape[1]
+    w2v = wsv = uniform = 0.0
+    for f in flips:
+        k, r = f.shape
+        p = f.double().mean(1)
+        v = p * (1 - p) * r / (r - 1)
+        w = 1.0 / (n * k)
+        w2v += float((w * w * v).sum())
+        wsv += float((w * v.sqrt()).sum())
+        m = float(p.mean())
+        uniform += m * (1 - m) / (n * n * k)
+    s2 = target * target
+    stratified = tokens * max(w2v / s2, 1.0)  # equal draws per token, at least one each
+    oracle = wsv * wsv / s2
+    return {"draws": float(draws), "tokens": float(tokens), "target_se": target,
+            "se_one_draw": math.sqrt(w2v), "stratified_draws_per_token": stratified / tokens,
+            "uniform_sampling_draws_per_token": uniform / s2,
+            "oracle_draws_per_token": oracle / tokens,
+            "gain_over_stratified": stratified / oracle if oracle > 0 else math.inf,
+            "gain_uniform_sampling": stratified / (uniform / s2 * tokens) if uniform > 0
+            else math.inf}
+
+
 # -- references --------------------------------------------------------------------------------
 
 
@@ -254,9 +298,12 @@ def _expand(inputs: Any, copies: int) -> Any:
     return inputs.expand(copies, *inputs.shape[1:])
 
 
-def naive_loop(case: RealCase, seed: int = SEED, bf16: bool = False) -> dict[str, Any]:
-    """One example at a time at its real length; its K tokens × R draws in one forward."""
-    r, dim = case.repeats, token_dim(case)
+def naive_loop(case: RealCase, seed: int = SEED, bf16: bool = False,
+               repeats: int | None = None) -> dict[str, Any]:
+    """One example at a time at its real length; its K tokens × R draws in one forward
+    (``repeats``: R, default the case's). The row keeps the flips (``flips``: per example
+    (K, R))."""
+    r, dim = repeats or case.repeats, token_dim(case)
     stream = NoiseStream(torch.Generator().manual_seed(seed), dim, torch.device("cpu"))
     flips, t_clean, t_pert, forwards = [], 0.0, 0.0, 0
     with token_noise(case) as hook, torch.inference_mode(), _precision(bf16):
@@ -275,7 +322,9 @@ def naive_loop(case: RealCase, seed: int = SEED, bf16: bool = False) -> dict[str
             t_clean += mid - start
             t_pert += time.perf_counter() - mid
             forwards += 1 + k * r
-    return _reference_row(case, "naive loop", bf16, flips, t_clean, t_pert, forwards)
+    row = _reference_row(case, "naive loop", bf16, flips, t_clean, t_pert, forwards)
+    row["draws"], row["flips"] = r, flips
+    return row
 
 
 def paper_code(case: RealCase, seed: int = SEED, bf16: bool = False) -> dict[str, Any]:
@@ -700,6 +749,30 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def ceiling_case(case: RealCase, draws: int) -> dict[str, Any]:
+    """The naive loop with ``draws`` per token and :func:`allocation_ceiling` at the case's
+    target, with the per-example flip rates."""
+    target = target_for(case.n)
+    row = naive_loop(case, repeats=draws)
+    return {"case": case.name, "kind": case.kind, "examples": case.n, "sigma": case.sigma,
+            "estimate": row["estimate"], "se": row["se"], "forwards": row["forwards"],
+            "allocation_ceiling": allocation_ceiling(row["flips"], target),
+            "per_sample": row["per_sample"].tolist(), "info": case.info,
+            # flips per token (of ``draws``), per example: for other analyses of the same draws
+            "flip_counts": [f.sum(1).tolist() for f in row["flips"]]}
+
+
+def ceiling_markdown(c: dict[str, Any]) -> str:
+    a = c["allocation_ceiling"]
+    return (f"**{c['case']}** ({c['examples']} examples, σ = {c['sigma']:g}, {a['draws']:.0f} "
+            f"draws per token, flip rate {c['estimate']:.4f} ± {c['se']:.4f}): to s.e. "
+            f"{a['target_se']:.4f}, equal draws per token need "
+            f"{a['stratified_draws_per_token']:.2f} per token (never fewer than 1), uniform "
+            f"token sampling {a['uniform_sampling_draws_per_token']:.2f}, an oracle allocation "
+            f"{a['oracle_draws_per_token']:.2f}: at most {a['gain_over_stratified']:.2f}× fewer "
+            f"forwards than equal draws (uniform sampling: {a['gain_uniform_sampling']:.2f}×)")
+
+
 def make_case(name: str, n: int) -> RealCase:
     if name == "minilm":
         return minilm_case(n, SIGMA[name])
@@ -709,7 +782,7 @@ def make_case(name: str, n: int) -> RealCase:
 
 
 def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
-    out = {k: v for k, v in row.items() if not isinstance(v, Tensor)}
+    out = {k: v for k, v in row.items() if not isinstance(v, Tensor) and k != "flips"}
     out["per_sample"] = row["per_sample"].tolist()
     return out
 
@@ -729,9 +802,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help=f"side of the peak-rate GEMMs (default {GEMM_N['full']}, "
                         f"{GEMM_N['quick']} with --quick; a smaller one saves minutes where "
                         "bf16 has no fast kernel)")
+    parser.add_argument("--repeats", type=int, default=None, metavar="R",
+                        help="draws per token of the fixed-draw rows (default: the case's, text 3, "
+                        "images 5); at least 2, for the within-token variance. Time to "
+                        "precision is extrapolated the same way, so fewer draws only shorten "
+                        "the run")
+    parser.add_argument("--ceiling", type=int, default=None, metavar="R",
+                        help="instead of the timed rows: the naive loop with R draws per token "
+                        "and the fewest forwards any allocation of draws could reach the "
+                        "target with (allocation_ceiling); untimed")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--out", type=Path, default=None, help="JSON results file")
     args = parser.parse_args(argv)
+    for flag, value in (("--repeats", args.repeats), ("--ceiling", args.ceiling)):
+        if value is not None and value < 2:
+            raise SystemExit(f"{flag} needs at least 2 draws per token (a within-token variance "
+                             f"for the standard error), got {value}")
     torch.set_num_threads(args.threads)
     mode = "quick" if args.quick else "full"
     gemm_n = args.gemm_n or GEMM_N[mode]
@@ -748,7 +834,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         kind = "text" if name in ("minilm", "gpt2") else "image"
         case = make_case(name, args.examples or (QUICK_EXAMPLES[kind] if args.quick
                                                  else EXAMPLES))
+        if args.repeats is not None:
+            case = dataclasses.replace(case, repeats=args.repeats)
         print(f"{name}: {case.info}", flush=True)
+        if args.ceiling:
+            result["cases"].append(ceiling_case(case, args.ceiling))
+            print(ceiling_markdown(result["cases"][-1]), flush=True)
+            out = _write(result, args.out, mode)
+            continue
         res = measure_case(case, gemm_n, args.reps,
                            log=lambda s: print(s, flush=True), methods=args.methods)
         res["seconds"] = time.perf_counter() - start
@@ -762,11 +855,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def _write(result: dict[str, Any], out: Path | None, mode: str) -> Path:
     """The results so far as JSON (written whole, then renamed into place)."""
     result["loadavg_end"] = os.getloadavg()
-    result["markdown"] = markdown(result)
+    result["markdown"] = "\n".join(
+        ceiling_markdown(c) for c in result["cases"]) if any(
+        "allocation_ceiling" in c for c in result["cases"]) else markdown(result)
     out = out or (Path(__file__).resolve().parent / "results"
                   / f"real-{socket.gethostname()}-{result['date'][:10]}-{mode}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    saved = {**result, "cases": [{**c, "rows": [_jsonable(r) for r in c["rows"]]}
+    saved = {**result, "cases": [{**c, "rows": [_jsonable(r) for r in c.get("rows", [])]}
                                  for c in result["cases"]]}
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(saved, indent=1, default=float))

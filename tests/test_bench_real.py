@@ -190,3 +190,48 @@ def test_an_image_case_shows_what_local_reuse_gains(bench):
     assert cuts["changed_tokens"] == 5 and 1.0 < cuts["bound_taken"] < cuts["bound"]
     bounds = " ".join(b for t in res["targets"] for b in t["bounds"])
     assert "exact cuts taken (local reuse)" in bounds and "not taken" in bounds
+
+
+def test_allocation_ceiling_arithmetic(bench):
+    """Half the tokens never flip, half flip in 2 of 4 draws: an oracle gives the flipping half
+    all the draws, so it needs half the forwards of equal draws; with every token alike it gains
+    nothing."""
+    half = torch.tensor([[0, 0, 0, 0]] * 5 + [[1, 1, 0, 0]] * 5, dtype=torch.bool)
+    flips = [half, half.flip(0), half]  # 3 examples of 10 tokens
+    s = 0.001
+    c = bench.allocation_ceiling(flips, s)
+    v = 0.25 * 4 / 3  # p(1 - p) · R/(R − 1)
+    w = 1 / 30
+    assert c["se_one_draw"] == pytest.approx(math.sqrt(15 * w * w * v))
+    assert c["stratified_draws_per_token"] == pytest.approx(15 * w * w * v / s**2)
+    assert c["oracle_draws_per_token"] == pytest.approx((15 * w * math.sqrt(v)) ** 2 / s**2 / 30)
+    assert c["gain_over_stratified"] == pytest.approx(2.0)
+    # uniform token sampling within an example sees its rate ¼: variance ¼·¾ per draw
+    assert c["uniform_sampling_draws_per_token"] == pytest.approx(
+        3 * (0.25 * 0.75) / (9 * 10) / s**2)
+    same = [torch.tensor([[1, 0, 0, 0]] * 10, dtype=torch.bool)] * 3
+    assert bench.allocation_ceiling(same, s)["gain_over_stratified"] == pytest.approx(1.0)
+    # a loose target: equal draws stop at one per token, the oracle goes below
+    loose = bench.allocation_ceiling(flips, 1.0)
+    assert loose["stratified_draws_per_token"] == 1.0
+    assert loose["oracle_draws_per_token"] == pytest.approx((15 * w * math.sqrt(v)) ** 2 / 30)
+
+
+def test_ceiling_case_counts_every_tokens_flips(bench):
+    case = tiny_image_case(bench)
+    c = bench.ceiling_case(case, draws=4)
+    counts = c["flip_counts"]
+    assert [len(k) for k in counts] == [case.width] * case.n
+    assert all(0 <= x <= 4 for k in counts for x in k)
+    rates = [sum(k) / (4 * len(k)) for k in counts]
+    assert rates == pytest.approx(c["per_sample"])
+    assert c["estimate"] == pytest.approx(sum(rates) / len(rates))
+    a = c["allocation_ceiling"]
+    assert a["draws"] == 4 and a["tokens"] == case.n * case.width
+    assert a["gain_over_stratified"] >= 1.0  # Neyman never needs more than equal draws
+
+
+@pytest.mark.parametrize("flag", ["--repeats", "--ceiling"])
+def test_too_few_draws_are_refused(bench, flag):
+    with pytest.raises(SystemExit, match="at least 2 draws"):
+        bench.main([flag, "1", "--cases", "resnet18"])
