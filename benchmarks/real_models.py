@@ -56,6 +56,11 @@ extrapolation) and its fraction of the float32 and the bf16 GEMM peaks (square
     python benchmarks/real_models.py --quick --threads 1    # 8 sentences, 2 images: smoke run
     python benchmarks/real_models.py --cases minilm gpt2    # a subset of the cases
 
+**Allocation ceiling** (``--ceiling R``, untimed): the naive loop with R draws per token, and
+from its flips the fewest forwards any allocation of draws over tokens could reach the target
+with (:func:`allocation_ceiling`): how much "draws where flips happen" could gain on the case at
+best, beside the GEMM rate and the exact cuts.
+
 ``--quick`` and ``--examples n`` ask for s.e. 0.002·√(256/n), the same draws per token. Runtime
 (every row runs once): ``--quick`` ~10 min on one loaded core; the full run several hours on 2
 cores, most of it ViT-small's and MiniLM's fixed-draw rows (256 × 64 patches × 5 draws of a
@@ -194,30 +199,53 @@ def allocation_ceiling(flips: list[Tensor], target: float) -> dict[str, float]:
 
     :math:`v_{bt}` is estimated by :math:`\hat p(1-\hat p)\,R/(R-1)` (unbiased); its square root
     is biased low (Jensen), and a token that never flipped in R draws counts as one that never
-    can, so the oracle's forwards come out too few and ``gain`` too large: an upper bound."""
+    can, so the oracle's forwards come out too few and ``gain_over_stratified`` too large: an
+    upper bound. ``gain_jeffreys`` takes instead the posterior mean of :math:`\sqrt{p(1-p)}`
+    under a Beta(½, ½) prior, which credits every token with some chance to flip (too much for
+    tokens that never can): a lower estimate of the same oracle. ``gain_example_oracle``: an
+    oracle that knows only each example's mean within-token variance :math:`\bar v_b` (well
+    estimated: K_b·R draws) and gives all tokens of an example the same draws, needing
+    :math:`(\sum_b \sqrt{\bar v_b})^2/(n^2 s^2)` forwards."""
     n = len(flips)
     tokens = sum(f.shape[0] for f in flips)
     draws = flips[0].shape[1]
-    w2v = wsv = uniform = 0.0
+    w2v = wsv = wsj = example = uniform = 0.0
     for f in flips:
         k, r = f.shape
-        p = f.double().mean(1)
+        hits = f.double().sum(1)
+        p = hits / r
         v = p * (1 - p) * r / (r - 1)
         w = 1.0 / (n * k)
         w2v += float((w * w * v).sum())
         wsv += float((w * v.sqrt()).sum())
+        wsj += w * sum(_jeffreys_sqrt(int(h), r) for h in hits.tolist())
+        example += math.sqrt(float(v.mean())) / n
         m = float(p.mean())
         uniform += m * (1 - m) / (n * n * k)
     s2 = target * target
     stratified = tokens * max(w2v / s2, 1.0)  # equal draws per token, at least one each
     oracle = wsv * wsv / s2
+    jeffreys, by_example = wsj * wsj / s2, example * example / s2
     return {"draws": float(draws), "tokens": float(tokens), "target_se": target,
             "se_one_draw": math.sqrt(w2v), "stratified_draws_per_token": stratified / tokens,
             "uniform_sampling_draws_per_token": uniform / s2,
             "oracle_draws_per_token": oracle / tokens,
             "gain_over_stratified": stratified / oracle if oracle > 0 else math.inf,
             "gain_uniform_sampling": stratified / (uniform / s2 * tokens) if uniform > 0
-            else math.inf}
+            else math.inf,
+            "oracle_jeffreys_draws_per_token": jeffreys / tokens,
+            "gain_jeffreys": stratified / jeffreys,
+            "example_oracle_draws_per_token": by_example / tokens,
+            "gain_example_oracle": stratified / by_example if by_example > 0 else math.inf,
+            "never_flipped": sum(int((f.sum(1) == 0).sum()) for f in flips) / tokens}
+
+
+def _jeffreys_sqrt(hits: int, draws: int) -> float:
+    """Posterior mean of √(p(1−p)) after ``hits`` flips in ``draws`` under a Beta(½, ½) prior:
+    B(a + ½, b + ½)/B(a, b) with a = hits + ½, b = draws − hits + ½."""
+    a, b = hits + 0.5, draws - hits + 0.5
+    lg = math.lgamma
+    return math.exp(lg(a + 0.5) + lg(b + 0.5) - lg(a + b + 1) - lg(a) - lg(b) + lg(a + b))
 
 
 # -- references --------------------------------------------------------------------------------
@@ -770,7 +798,10 @@ def ceiling_markdown(c: dict[str, Any]) -> str:
             f"{a['stratified_draws_per_token']:.2f} per token (never fewer than 1), uniform "
             f"token sampling {a['uniform_sampling_draws_per_token']:.2f}, an oracle allocation "
             f"{a['oracle_draws_per_token']:.2f}: at most {a['gain_over_stratified']:.2f}× fewer "
-            f"forwards than equal draws (uniform sampling: {a['gain_uniform_sampling']:.2f}×)")
+            f"forwards than equal draws (with a Beta(½, ½) prior on each token's rate "
+            f"{a['gain_jeffreys']:.2f}×; an oracle by example {a['gain_example_oracle']:.2f}×; "
+            f"uniform token sampling {a['gain_uniform_sampling']:.2f}×); "
+            f"{100 * a['never_flipped']:.1f}% of the tokens never flipped")
 
 
 def make_case(name: str, n: int) -> RealCase:

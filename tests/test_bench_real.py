@@ -206,6 +206,11 @@ def test_allocation_ceiling_arithmetic(bench):
     assert c["stratified_draws_per_token"] == pytest.approx(15 * w * w * v / s**2)
     assert c["oracle_draws_per_token"] == pytest.approx((15 * w * math.sqrt(v)) ** 2 / s**2 / 30)
     assert c["gain_over_stratified"] == pytest.approx(2.0)
+    assert c["never_flipped"] == 0.5
+    # every example has the same mean variance: an oracle by example has nothing to move
+    assert c["gain_example_oracle"] == pytest.approx(1.0)
+    # the prior credits the never-flipped tokens with some variance: between the two
+    assert 1.0 < c["gain_jeffreys"] < 2.0
     # uniform token sampling within an example sees its rate ¼: variance ¼·¾ per draw
     assert c["uniform_sampling_draws_per_token"] == pytest.approx(
         3 * (0.25 * 0.75) / (9 * 10) / s**2)
@@ -215,6 +220,16 @@ def test_allocation_ceiling_arithmetic(bench):
     loose = bench.allocation_ceiling(flips, 1.0)
     assert loose["stratified_draws_per_token"] == 1.0
     assert loose["oracle_draws_per_token"] == pytest.approx((15 * w * math.sqrt(v)) ** 2 / 30)
+
+
+def test_jeffreys_posterior_mean_of_the_bernoulli_sd(bench):
+    # no draws: the prior mean of √(p(1−p)) under Beta(½, ½) is B(1, 1)/B(½, ½) = 1/π
+    assert bench._jeffreys_sqrt(0, 0) == pytest.approx(1 / math.pi)
+    # against a sum over a fine grid of the Beta(3.5, 1.5) posterior (3 flips in 4 draws)
+    grid = torch.linspace(1e-7, 1 - 1e-7, 200_001, dtype=torch.float64)
+    dens = grid**2.5 * (1 - grid) ** 0.5
+    want = float((dens * (grid * (1 - grid)).sqrt()).sum() / dens.sum())
+    assert bench._jeffreys_sqrt(3, 4) == pytest.approx(want, rel=1e-4)
 
 
 def test_ceiling_case_counts_every_tokens_flips(bench):
