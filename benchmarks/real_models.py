@@ -350,8 +350,8 @@ def naive_loop(case: RealCase, seed: int = SEED, bf16: bool = False,
             t_clean += mid - start
             t_pert += time.perf_counter() - mid
             forwards += 1 + k * r
-    row = _reference_row(case, "naive loop", bf16, flips, t_clean, t_pert, forwards)
-    row["draws"], row["flips"] = r, flips
+    row = _reference_row(case, "naive loop", bf16, flips, t_clean, t_pert, forwards, r)
+    row["flips"] = flips
     return row
 
 
@@ -384,15 +384,16 @@ def paper_code(case: RealCase, seed: int = SEED, bf16: bool = False) -> dict[str
         t_pert = time.perf_counter() - mid
     per = [flips[b, : int(lengths[b])] for b in range(n)]
     return _reference_row(case, "paper code", bf16, per, mid - start, t_pert,
-                          n + n * width * r)
+                          n + n * width * r, r)
 
 
 def _reference_row(case: RealCase, method: str, bf16: bool, flips: list[Tensor],
-                   t_clean: float, t_pert: float, forwards: int) -> dict[str, Any]:
+                   t_clean: float, t_pert: float, forwards: int,
+                   draws: int) -> dict[str, Any]:
     est, se, per_sample = stratified(flips)
     return {"method": method, "precision": "bf16" if bf16 else "float32", "estimate": est,
             "se": se, "forwards": forwards, "seconds": t_clean + t_pert, "t_clean": t_clean,
-            "t_perturbed": t_pert, "adaptive": False, "draws": case.repeats,
+            "t_perturbed": t_pert, "adaptive": False, "draws": draws,
             "per_sample": per_sample}
 
 
