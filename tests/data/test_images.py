@@ -199,6 +199,20 @@ def test_mnist_from_a_nielsen_pickle(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert len(create_dataset("mnist", split="test", root=tmp_path)) == 2
 
 
+def test_a_decoded_mnist_pickle_is_kept_until_the_file_changes(tmp_path: Path) -> None:
+    path = tmp_path / "mnist.pkl.gz"
+    raw = write_nielsen_pickle(path, (5, 3, 2))
+    first = im._read_mnist_pickle(path)
+    assert np.array_equal(first[0][0].reshape(5, 784), raw[0])
+    assert im._read_mnist_pickle(path) is first  # decoded once
+    with pytest.raises(ValueError, match="read-only"):
+        first[2][0][0, 0, 0, 0] = 7  # the kept arrays cannot be changed by a caller
+    raw = write_nielsen_pickle(path, (4, 3, 2))  # another file at the same path
+    again = im._read_mnist_pickle(path)
+    assert again is not first and len(again[0][0]) == 4
+    assert np.array_equal(again[0][0].reshape(4, 784), raw[0])
+
+
 MNIST_WHEEL = find_spec("mnist") is not None and any(
     (Path(p) / "data" / "mnist.pkl.gz").exists()
     for p in (find_spec("mnist").submodule_search_locations or []))
