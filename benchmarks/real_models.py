@@ -205,17 +205,38 @@ def allocation_ceiling(flips: list[Tensor], target: float) -> dict[str, float]:
     tokens that never can): a lower estimate of the same oracle. ``gain_example_oracle``: an
     oracle that knows only each example's mean within-token variance :math:`\bar v_b` (well
     estimated: K_b·R draws) and gives all tokens of an example the same draws, needing
-    :math:`(\sum_b \sqrt{\bar v_b})^2/(n^2 s^2)` forwards."""
+    :math:`(\sum_b \sqrt{\bar v_b})^2/(n^2 s^2)` forwards.
+
+    These three leave out the inclusion term below one draw per token, which is what makes an
+    allocation hard where the floor binds: a token that flips often and is drawn with
+    probability e < 1 adds :math:`w^2 p^2 (1/e - 1)`. The ``*_inclusion`` fields count it
+    (:func:`fewest_draws`): the fewest forwards of an oracle by token (plug-in, an upper bound on
+    the gain; and with the Beta(½, ½) posterior means of p and p(1 − p)), by example (plug-in
+    sums, well estimated), and of equal draws that go below one per token by drawing every token
+    with the same probability (Horvitz–Thompson). Their gains are against the same floored equal
+    draws as the others. ``equal_reported_draws_per_token``: the same design with one draw per
+    drawn token cannot estimate :math:`p^2`, so the standard error it reports (senslab's
+    allocation rule: :math:`\bar v^2/\pi^2` per drawn token) is too large by
+    :math:`\sum w^2 p^2`; it reports the target at :math:`e = \sum w^2 p / s^2` (above 1 the
+    design does not apply)."""
     n = len(flips)
     tokens = sum(f.shape[0] for f in flips)
     draws = flips[0].shape[1]
     w2v = wsv = wsj = example = uniform = 0.0
+    by_token: list[tuple[Tensor, ...]] = []  # (size, w², Σv, Σp) of every token or example
+    by_jeffreys: list[tuple[Tensor, ...]] = []
+    by_ex: list[tuple[float, ...]] = []
     for f in flips:
         k, r = f.shape
         hits = f.double().sum(1)
         p = hits / r
         v = p * (1 - p) * r / (r - 1)
         w = 1.0 / (n * k)
+        one = torch.ones_like(p)
+        by_token.append((one, one * w * w, v, p))
+        a, b = hits + 0.5, r - hits + 0.5  # Beta posterior: E p and E p(1 − p)
+        by_jeffreys.append((one, one * w * w, a * b / ((a + b) * (a + b + 1)), a / (a + b)))
+        by_ex.append((float(k), w * w, float(v.sum()), float(p.sum())))
         w2v += float((w * w * v).sum())
         wsv += float((w * v.sqrt()).sum())
         wsj += w * sum(_jeffreys_sqrt(int(h), r) for h in hits.tolist())
@@ -226,6 +247,24 @@ def allocation_ceiling(flips: list[Tensor], target: float) -> dict[str, float]:
     stratified = tokens * max(w2v / s2, 1.0)  # equal draws per token, at least one each
     oracle = wsv * wsv / s2
     jeffreys, by_example = wsj * wsj / s2, example * example / s2
+    token_groups, jeffreys_groups = (tuple(torch.cat(x) for x in zip(*g, strict=True))
+                                     for g in (by_token, by_jeffreys))
+    example_groups = tuple(torch.tensor(x, dtype=torch.float64) for x in zip(*by_ex, strict=True))
+    incl = {"oracle": fewest_draws(*token_groups, s2),
+            "jeffreys": fewest_draws(*jeffreys_groups, s2),
+            "example_oracle": fewest_draws(*example_groups, s2),
+            # one group of every token, drawn alike: its weighted variance terms add up
+            "equal": fewest_draws(torch.tensor([float(tokens)]), torch.ones(1),
+                                  (token_groups[1] * token_groups[2]).sum().reshape(1),
+                                  (token_groups[1] * token_groups[3]).sum().reshape(1), s2)}
+    # drawn alike with probability e, once: the standard error a one-draw design can report
+    # (senslab's allocation: v̄²/π² per drawn token, over by p²) reaches s² at e = Σw²p/s²
+    extra: dict[str, float] = {
+        "equal_reported_draws_per_token": float((token_groups[1] * token_groups[3]).sum()) / s2}
+    for key, draws_needed in incl.items():
+        extra[f"{key}_inclusion_draws_per_token"] = draws_needed / tokens
+        extra[f"gain_{key}_inclusion"] = (stratified / draws_needed if draws_needed > 0
+                                          else math.inf)
     return {"draws": float(draws), "tokens": float(tokens), "target_se": target,
             "se_one_draw": math.sqrt(w2v), "stratified_draws_per_token": stratified / tokens,
             "uniform_sampling_draws_per_token": uniform / s2,
@@ -237,7 +276,47 @@ def allocation_ceiling(flips: list[Tensor], target: float) -> dict[str, float]:
             "gain_jeffreys": stratified / jeffreys,
             "example_oracle_draws_per_token": by_example / tokens,
             "gain_example_oracle": stratified / by_example if by_example > 0 else math.inf,
-            "never_flipped": sum(int((f.sum(1) == 0).sum()) for f in flips) / tokens}
+            "never_flipped": sum(int((f.sum(1) == 0).sum()) for f in flips) / tokens,
+            **extra}
+
+
+def fewest_draws(size: Tensor, c: Tensor, a: Tensor, s: Tensor, s2: float) -> float:
+    r"""The fewest draws :math:`\sum_g K_g e_g` over groups g (tokens, or the tokens of an
+    example, which share their expected draws per token :math:`e_g`) for which the variance
+    :math:`\sum_g c_g V_g(e_g)` reaches ``s2``, where :math:`c_g` is the squared weight of a
+    token, :math:`a_g = \sum v` and :math:`s_g = \sum p` over the group's tokens, and
+
+    .. math::  V_g(e) = a_g / e \ (e \ge 1), \qquad V_g(e) = s_g / e - (s_g - a_g)\ (e < 1):
+
+    below one draw a token is drawn with probability e, once, and weighted by 1/e
+    (Horvitz–Thompson); both pieces are lower bounds for fractional draws (Jensen), so the result
+    is a lower bound on the forwards. Convex in each :math:`e_g`, so a Lagrange multiplier found by
+    bisection gives the optimum: :math:`e = \sqrt{\lambda c a / K}` where that is ≥ 1, else
+    :math:`\sqrt{\lambda c s / K}` where that is ≤ 1, else 1. A group that never flipped
+    (``s`` = 0) gets no draws."""
+    ca, cs = c * a, c * s
+
+    def plan(lam: float) -> tuple[Tensor, float]:
+        hi = (lam * ca / size).sqrt()
+        lo = (lam * cs / size).sqrt()
+        e = torch.where(hi >= 1, hi, torch.where(lo <= 1, lo, torch.ones_like(lo)))
+        safe = e.clamp(min=1e-300)
+        var = torch.where(e >= 1, ca / safe, torch.where(cs > 0, cs / safe - (cs - ca),
+                                                          torch.zeros_like(e)))
+        return e, float(var.sum())
+
+    if float(cs.sum()) <= 0:
+        return 0.0
+    lo_l, hi_l = 1e-30, 1.0
+    while plan(hi_l)[1] > s2:
+        hi_l *= 4.0
+    for _ in range(200):
+        mid = math.sqrt(lo_l * hi_l)
+        if plan(mid)[1] > s2:
+            lo_l = mid
+        else:
+            hi_l = mid
+    return float((size * plan(hi_l)[0]).sum())
 
 
 def _jeffreys_sqrt(hits: int, draws: int) -> float:
@@ -802,7 +881,40 @@ def ceiling_markdown(c: dict[str, Any]) -> str:
             f"forwards than equal draws (with a Beta(½, ½) prior on each token's rate "
             f"{a['gain_jeffreys']:.2f}×; an oracle by example {a['gain_example_oracle']:.2f}×; "
             f"uniform token sampling {a['gain_uniform_sampling']:.2f}×); "
-            f"{100 * a['never_flipped']:.1f}% of the tokens never flipped")
+            f"{100 * a['never_flipped']:.1f}% of the tokens never flipped"
+            + ("" if "gain_oracle_inclusion" not in a else
+               f". Counting the inclusion variance below one draw per token: an oracle by token "
+               f"{a['oracle_inclusion_draws_per_token']:.2f} per token "
+               f"(≤ {a['gain_oracle_inclusion']:.2f}×; with the prior "
+               f"{a['gain_jeffreys_inclusion']:.2f}×), by example "
+               f"{a['example_oracle_inclusion_draws_per_token']:.2f} "
+               f"({a['gain_example_oracle_inclusion']:.2f}×), every token drawn alike "
+               f"{a['equal_inclusion_draws_per_token']:.2f} "
+               f"({a['gain_equal_inclusion']:.2f}×; to report the target with one draw per "
+               f"drawn token {a['equal_reported_draws_per_token']:.2f})"))
+
+
+def recompute_ceiling(record: Path) -> dict[str, Any]:
+    """:func:`allocation_ceiling` again from the per-token flip counts of a ``--ceiling``
+    record (the same draws: a token's flips are exchangeable, so its count is all the function
+    reads), written back into the record with the date of the recomputation."""
+    result = json.loads(record.read_text())
+    cases = [c for c in result.get("cases", []) if "flip_counts" in c]
+    if not cases:
+        raise SystemExit(f"{record} holds no flip counts: pass a record written with --ceiling")
+    for c in cases:
+        draws = int(c["allocation_ceiling"]["draws"])
+        flips = [torch.arange(draws).expand(len(k), draws) < torch.tensor(k).unsqueeze(1)
+                 for k in c["flip_counts"]]
+        c["allocation_ceiling"] = allocation_ceiling(flips, c["allocation_ceiling"]["target_se"])
+        print(ceiling_markdown(c), flush=True)
+    result["recomputed"] = datetime.datetime.now(datetime.timezone.utc).isoformat(
+        timespec="seconds")
+    result["markdown"] = "\n".join(ceiling_markdown(c) for c in cases)
+    tmp = record.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1, default=float))
+    tmp.replace(record)
+    return result
 
 
 def make_case(name: str, n: int) -> RealCase:
@@ -843,6 +955,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="instead of the timed rows: the naive loop with R draws per token "
                         "and the fewest forwards any allocation of draws could reach the "
                         "target with (allocation_ceiling); untimed")
+    parser.add_argument("--ceiling-from", type=Path, default=None, metavar="RECORD",
+                        help="recompute allocation_ceiling from the flip counts a --ceiling "
+                        "record holds (the same draws) and write it back; no model is run")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--out", type=Path, default=None, help="JSON results file")
     args = parser.parse_args(argv)
@@ -850,6 +965,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if value is not None and value < 2:
             raise SystemExit(f"{flag} needs at least 2 draws per token (a within-token variance "
                              f"for the standard error), got {value}")
+    if args.ceiling_from is not None:
+        return recompute_ceiling(args.ceiling_from)
     torch.set_num_threads(args.threads)
     mode = "quick" if args.quick else "full"
     gemm_n = args.gemm_n or GEMM_N[mode]

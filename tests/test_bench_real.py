@@ -6,6 +6,7 @@ synthetic case."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import sys
 from pathlib import Path
@@ -220,6 +221,66 @@ def test_allocation_ceiling_arithmetic(bench):
     loose = bench.allocation_ceiling(flips, 1.0)
     assert loose["stratified_draws_per_token"] == 1.0
     assert loose["oracle_draws_per_token"] == pytest.approx((15 * w * math.sqrt(v)) ** 2 / 30)
+
+
+def test_fewest_draws_counts_the_inclusion_below_one_draw(bench):
+    one = torch.ones(1, dtype=torch.float64)
+    v, p = torch.tensor([0.2], dtype=torch.float64), torch.tensor([0.5], dtype=torch.float64)
+    # a tight target: at least one draw, variance v/e = s² → e = v/s²
+    assert bench.fewest_draws(one, one, v, p, 0.05) == pytest.approx(4.0)
+    # a loose one: drawn with probability e, p/e − (p − v) = s² → e = p/(s² + p − v)
+    assert bench.fewest_draws(one, one, v, p, 0.5) == pytest.approx(0.5 / 0.8)
+    # the weight c scales the variance: c = 4 at s² = 0.2 is the first case
+    assert bench.fewest_draws(one, 4 * one, v, p, 0.2) == pytest.approx(4.0)
+    # a token that never flips gets nothing; two alike tokens share the draws equally
+    two = torch.ones(2, dtype=torch.float64)
+    assert bench.fewest_draws(two, two, torch.tensor([0.2, 0.0]), torch.tensor([0.5, 0.0]),
+                              0.05) == pytest.approx(4.0)
+    assert bench.fewest_draws(two, two, torch.tensor([0.2, 0.2]), torch.tensor([0.5, 0.5]),
+                              0.1) == pytest.approx(8.0)
+    # a group of K tokens with summed v and p: the same as K separate tokens
+    k = torch.tensor([3.0], dtype=torch.float64)
+    assert bench.fewest_draws(k, one, 3 * v, 3 * p, 0.5) == pytest.approx(
+        bench.fewest_draws(torch.ones(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64),
+                           v.repeat(3), p.repeat(3), 0.5))
+    assert bench.fewest_draws(one, one, torch.zeros(1), torch.zeros(1), 0.1) == 0.0
+
+
+def test_ceiling_with_inclusion_never_beats_the_one_without(bench):
+    half = torch.tensor([[0, 0, 0, 0]] * 5 + [[1, 1, 0, 0]] * 5, dtype=torch.bool)
+    flips = [half, half.flip(0), half]
+    tight = bench.allocation_ceiling(flips, 0.001)  # ≥ 1 draw everywhere: no inclusion term
+    assert tight["gain_oracle_inclusion"] == pytest.approx(tight["gain_over_stratified"])
+    assert tight["gain_equal_inclusion"] == pytest.approx(1.0)
+    assert tight["gain_example_oracle_inclusion"] == pytest.approx(1.0)
+    assert 1.0 < tight["gain_jeffreys_inclusion"] < 2.0
+    loose = bench.allocation_ceiling(flips, 0.2)  # below one draw: the inclusion costs
+    assert loose["stratified_draws_per_token"] == 1.0
+    assert loose["oracle_inclusion_draws_per_token"] > loose["oracle_draws_per_token"]
+    # every token drawn alike with probability e: Σw²p/e − Σw²(p − v) = s²
+    w2 = (1 / 30) ** 2
+    sp, sv = 15 * w2 * 0.5, 15 * w2 * 0.25 * 4 / 3
+    assert loose["equal_inclusion_draws_per_token"] == pytest.approx(sp / (0.2**2 + sp - sv))
+    # reporting it with one draw per drawn token costs Σw²p²: Σw²p/e = s²
+    assert loose["equal_reported_draws_per_token"] == pytest.approx(sp / 0.2**2)
+
+
+def test_ceiling_is_recomputed_from_a_records_flip_counts(bench, tmp_path):
+    half = torch.tensor([[0, 0, 0, 0]] * 5 + [[1, 1, 0, 0]] * 5, dtype=torch.bool)
+    flips = [half, half.flip(0), half]
+    record = tmp_path / "ceiling.json"
+    stale = {"draws": 4.0, "target_se": 0.001, "gain_over_stratified": 99.0}
+    record.write_text(json.dumps({"cases": [{
+        "case": "toy", "examples": 3, "sigma": 1.0, "estimate": 0.25, "se": 0.01,
+        "allocation_ceiling": stale, "flip_counts": [f.sum(1).tolist() for f in flips]}]}))
+    bench.main(["--ceiling-from", str(record)])
+    again = json.loads(record.read_text())
+    assert again["cases"][0]["allocation_ceiling"] == pytest.approx(
+        bench.allocation_ceiling(flips, 0.001))
+    assert "recomputed" in again and "toy" in again["markdown"]
+    record.write_text(json.dumps({"cases": [{"case": "timed", "rows": []}]}))
+    with pytest.raises(SystemExit, match="no flip counts"):
+        bench.main(["--ceiling-from", str(record)])
 
 
 def test_jeffreys_posterior_mean_of_the_bernoulli_sd(bench):
