@@ -218,7 +218,10 @@ def allocation_ceiling(flips: list[Tensor], target: float) -> dict[str, float]:
     drawn token cannot estimate :math:`p^2`, so the standard error it reports (senslab's
     allocation rule: :math:`\bar v^2/\pi^2` per drawn token) is too large by
     :math:`\sum w^2 p^2`; it reports the target at :math:`e = \sum w^2 p / s^2` (above 1 the
-    design does not apply)."""
+    design does not apply). ``*_reported``: the oracles by token and by example restricted to
+    designs that can report their standard error without that excess where it matters — below
+    one draw per token a single draw and the conservative :math:`\bar v^2/\pi^2`, otherwise at
+    least two draws per token (an unbiased within-token variance)."""
     n = len(flips)
     tokens = sum(f.shape[0] for f in flips)
     draws = flips[0].shape[1]
@@ -261,6 +264,10 @@ def allocation_ceiling(flips: list[Tensor], target: float) -> dict[str, float]:
     # (senslab's allocation: v̄²/π² per drawn token, over by p²) reaches s² at e = Σw²p/s²
     extra: dict[str, float] = {
         "equal_reported_draws_per_token": float((token_groups[1] * token_groups[3]).sum()) / s2}
+    for key, groups in (("oracle", token_groups), ("example_oracle", example_groups)):
+        draws_needed = fewest_draws(*groups, s2, reported=True)
+        extra[f"{key}_reported_draws_per_token"] = draws_needed / tokens
+        extra[f"gain_{key}_reported"] = stratified / draws_needed if draws_needed > 0 else math.inf
     for key, draws_needed in incl.items():
         extra[f"{key}_inclusion_draws_per_token"] = draws_needed / tokens
         extra[f"gain_{key}_inclusion"] = (stratified / draws_needed if draws_needed > 0
@@ -280,7 +287,8 @@ def allocation_ceiling(flips: list[Tensor], target: float) -> dict[str, float]:
             **extra}
 
 
-def fewest_draws(size: Tensor, c: Tensor, a: Tensor, s: Tensor, s2: float) -> float:
+def fewest_draws(size: Tensor, c: Tensor, a: Tensor, s: Tensor, s2: float,
+                 reported: bool = False) -> float:
     r"""The fewest draws :math:`\sum_g K_g e_g` over groups g (tokens, or the tokens of an
     example, which share their expected draws per token :math:`e_g`) for which the variance
     :math:`\sum_g c_g V_g(e_g)` reaches ``s2``, where :math:`c_g` is the squared weight of a
@@ -293,10 +301,22 @@ def fewest_draws(size: Tensor, c: Tensor, a: Tensor, s: Tensor, s2: float) -> fl
     is a lower bound on the forwards. Convex in each :math:`e_g`, so a Lagrange multiplier found by
     bisection gives the optimum: :math:`e = \sqrt{\lambda c a / K}` where that is ≥ 1, else
     :math:`\sqrt{\lambda c s / K}` where that is ≤ 1, else 1. A group that never flipped
-    (``s`` = 0) gets no draws."""
+    (``s`` = 0) gets no draws.
+
+    ``reported``: the variance a design can *report* — :math:`V_g(e) = s_g/e` for e ≤ 1 (one
+    draw per drawn token, the conservative estimate) and :math:`a_g/e` for e ≥ 2 (two draws or
+    more; between 1 and 2 not allowed). Each group takes the branch of smaller Lagrangian, so
+    the multiplier's bisection finds a feasible plan on the convex hull (near the optimum)."""
     ca, cs = c * a, c * s
 
     def plan(lam: float) -> tuple[Tensor, float]:
+        if reported:
+            e1 = (lam * cs / size).sqrt().clamp(max=1.0)
+            e2 = (lam * ca / size).sqrt().clamp(min=2.0)
+            v1 = torch.where(cs > 0, cs / e1.clamp(min=1e-300), torch.zeros_like(e1))
+            v2 = ca / e2
+            first = size * e1 + lam * v1 <= size * e2 + lam * v2
+            return torch.where(first, e1, e2), float(torch.where(first, v1, v2).sum())
         hi = (lam * ca / size).sqrt()
         lo = (lam * cs / size).sqrt()
         e = torch.where(hi >= 1, hi, torch.where(lo <= 1, lo, torch.ones_like(lo)))
@@ -891,7 +911,13 @@ def ceiling_markdown(c: dict[str, Any]) -> str:
                f"({a['gain_example_oracle_inclusion']:.2f}×), every token drawn alike "
                f"{a['equal_inclusion_draws_per_token']:.2f} "
                f"({a['gain_equal_inclusion']:.2f}×; to report the target with one draw per "
-               f"drawn token {a['equal_reported_draws_per_token']:.2f})"))
+               f"drawn token {a['equal_reported_draws_per_token']:.2f})"
+               + ("" if "gain_example_oracle_reported" not in a else
+                  f"; designs that can report their standard error: an oracle by token "
+                  f"{a['oracle_reported_draws_per_token']:.2f} "
+                  f"(≤ {a['gain_oracle_reported']:.2f}×), by example "
+                  f"{a['example_oracle_reported_draws_per_token']:.2f} "
+                  f"({a['gain_example_oracle_reported']:.2f}×)")))
 
 
 def recompute_ceiling(record: Path) -> dict[str, Any]:

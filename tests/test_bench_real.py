@@ -244,6 +244,11 @@ def test_fewest_draws_counts_the_inclusion_below_one_draw(bench):
         bench.fewest_draws(torch.ones(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64),
                            v.repeat(3), p.repeat(3), 0.5))
     assert bench.fewest_draws(one, one, torch.zeros(1), torch.zeros(1), 0.1) == 0.0
+    # designs that report their variance: one draw below 1 (reported p/e), else ≥ 2 draws
+    assert bench.fewest_draws(one, one, v, p, 1.0, reported=True) == pytest.approx(0.5)
+    assert bench.fewest_draws(one, one, v, p, 0.05, reported=True) == pytest.approx(4.0)
+    # s² = 0.15: one draw cannot report it (p = 0.5 > 0.15), two draws reach v/2 = 0.1
+    assert bench.fewest_draws(one, one, v, p, 0.15, reported=True) == pytest.approx(2.0)
 
 
 def test_ceiling_with_inclusion_never_beats_the_one_without(bench):
@@ -263,6 +268,9 @@ def test_ceiling_with_inclusion_never_beats_the_one_without(bench):
     assert loose["equal_inclusion_draws_per_token"] == pytest.approx(sp / (0.2**2 + sp - sv))
     # reporting it with one draw per drawn token costs Σw²p²: Σw²p/e = s²
     assert loose["equal_reported_draws_per_token"] == pytest.approx(sp / 0.2**2)
+    for c in (tight, loose):  # a reported variance is never below the true one
+        for key in ("oracle", "example_oracle"):
+            assert c[f"gain_{key}_reported"] <= c[f"gain_{key}_inclusion"] * (1 + 1e-9)
 
 
 def test_ceiling_is_recomputed_from_a_records_flip_counts(bench, tmp_path):
