@@ -16,8 +16,8 @@ SMALL = {
     "vit_simple": {"image_size": 8, "in_channels": 1, "patch_size": 2, "depth": 1, "dim": 16,
                    "heads": 2, "dim_head": 8, "mlp_dim": 16},
     "convmixer": {"image_size": 8, "in_channels": 1, "dim": 16, "depth": 1},
-    "resnet18": {"image_size": 8, "in_channels": 1, "width": 4},
-    "densenet121": {"image_size": 32, "in_channels": 1, "growth_rate": 4},
+    "resnet18": {"image_size": 8, "in_channels": 1, "width": 0.0625},  # 4-8-16-32 channels
+    "densenet121": {"image_size": 16, "in_channels": 1, "growth_rate": 4, "blocks": (2, 2, 2, 2)},
     "mlp": {"image_size": 8, "widths": (16,), "sens_patch": 2},
     "mlp_sigmoid": {"image_size": 8, "widths": (16,), "sens_patch": 2},
     "cnn": {"image_size": 8, "channels": (4, 4), "hidden": 8, "sens_patch": 2},
