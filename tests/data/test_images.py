@@ -211,6 +211,9 @@ def test_a_decoded_mnist_pickle_is_kept_until_the_file_changes(tmp_path: Path) -
     again = im._read_mnist_pickle(path)
     assert again is not first and len(again[0][0]) == 4
     assert np.array_equal(again[0][0].reshape(4, 784), raw[0])
+    path.unlink()
+    with pytest.raises(DataUnavailableError, match="cannot be read"):
+        im._read_mnist_pickle(path)  # a file that went away is not served from memory
 
 
 MNIST_WHEEL = find_spec("mnist") is not None and any(

