@@ -38,10 +38,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+
+from senslab.measure import _alloc
 
 REPLICATES = 200
 SEED = 0
-FLOOR = 0.2  #: smallest expected draws of a token, as a share of the round's budget
+FLOOR = _alloc.FLOOR  #: smallest expected draws of a token, as a share of the round's budget
 SHRINK = 2.0  #: pseudo-draws of the example's rate in a token's q (design ``token``)
 FLOOR_P = 0.01  #: the second truth's flip probability of tokens that never flipped
 MAX_ROUNDS = 200
@@ -50,18 +53,10 @@ DESIGNS = (("equal", 0.5), ("equal", 1.0), ("token", 0.25), ("token", 0.5),
 
 
 def spread(q: np.ndarray, budget: float) -> np.ndarray:
-    """Expected draws per token: mean ``budget``, ∝ √(q(1−q)) above the floor."""
-    a = np.sqrt(np.clip(q * (1 - q), 0, None))
-    floor = FLOOR * budget
-    if a.sum() <= 0:
-        return np.full_like(q, budget)
-    lo, hi = 0.0, 1.0
-    while np.maximum(hi * a, floor).sum() < budget * len(q):
-        hi *= 2
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if np.maximum(mid * a, floor).sum() < budget * len(q) else (lo, mid)
-    return np.maximum(hi * a, floor)
+    """Expected draws per token: mean ``budget``, ∝ √(q(1−q)) above the floor — senslab's own
+    rule (:func:`senslab.measure._alloc.expected_units`)."""
+    qt = torch.from_numpy(np.asarray(q, dtype=np.float64)).unsqueeze(0)
+    return _alloc.expected_units(qt, torch.ones_like(qt, dtype=torch.bool), budget)[0].numpy()
 
 
 def run_design(p: np.ndarray, example: np.ndarray, target: float, design: str, budget: float,

@@ -253,25 +253,21 @@ def allocation_ceiling(flips: list[Tensor], target: float) -> dict[str, float]:
     token_groups, jeffreys_groups = (tuple(torch.cat(x) for x in zip(*g, strict=True))
                                      for g in (by_token, by_jeffreys))
     example_groups = tuple(torch.tensor(x, dtype=torch.float64) for x in zip(*by_ex, strict=True))
-    incl = {"oracle": fewest_draws(*token_groups, s2),
-            "jeffreys": fewest_draws(*jeffreys_groups, s2),
-            "example_oracle": fewest_draws(*example_groups, s2),
-            # one group of every token, drawn alike: its weighted variance terms add up
-            "equal": fewest_draws(torch.tensor([float(tokens)]), torch.ones(1),
-                                  (token_groups[1] * token_groups[2]).sum().reshape(1),
-                                  (token_groups[1] * token_groups[3]).sum().reshape(1), s2)}
+    w2p = (token_groups[1] * token_groups[3]).sum().reshape(1)
+    # one group of every token, drawn alike: its weighted variance terms add up
+    equal_group = (torch.tensor([float(tokens)]), torch.ones(1), torch.tensor([w2v]), w2p)
+    needed = {"oracle_inclusion": fewest_draws(*token_groups, s2),
+              "jeffreys_inclusion": fewest_draws(*jeffreys_groups, s2),
+              "example_oracle_inclusion": fewest_draws(*example_groups, s2),
+              "equal_inclusion": fewest_draws(*equal_group, s2),
+              "oracle_reported": fewest_draws(*token_groups, s2, reported=True),
+              "example_oracle_reported": fewest_draws(*example_groups, s2, reported=True)}
     # drawn alike with probability e, once: the standard error a one-draw design can report
     # (senslab's allocation: v̄²/π² per drawn token, over by p²) reaches s² at e = Σw²p/s²
-    extra: dict[str, float] = {
-        "equal_reported_draws_per_token": float((token_groups[1] * token_groups[3]).sum()) / s2}
-    for key, groups in (("oracle", token_groups), ("example_oracle", example_groups)):
-        draws_needed = fewest_draws(*groups, s2, reported=True)
-        extra[f"{key}_reported_draws_per_token"] = draws_needed / tokens
-        extra[f"gain_{key}_reported"] = stratified / draws_needed if draws_needed > 0 else math.inf
-    for key, draws_needed in incl.items():
-        extra[f"{key}_inclusion_draws_per_token"] = draws_needed / tokens
-        extra[f"gain_{key}_inclusion"] = (stratified / draws_needed if draws_needed > 0
-                                          else math.inf)
+    extra: dict[str, float] = {"equal_reported_draws_per_token": float(w2p) / s2}
+    for key, draws_needed in needed.items():
+        extra[f"{key}_draws_per_token"] = draws_needed / tokens
+        extra[f"gain_{key}"] = stratified / draws_needed if draws_needed > 0 else math.inf
     return {"draws": float(draws), "tokens": float(tokens), "target_se": target,
             "se_one_draw": math.sqrt(w2v), "stratified_draws_per_token": stratified / tokens,
             "uniform_sampling_draws_per_token": uniform / s2,
@@ -901,23 +897,20 @@ def ceiling_markdown(c: dict[str, Any]) -> str:
             f"forwards than equal draws (with a Beta(½, ½) prior on each token's rate "
             f"{a['gain_jeffreys']:.2f}×; an oracle by example {a['gain_example_oracle']:.2f}×; "
             f"uniform token sampling {a['gain_uniform_sampling']:.2f}×); "
-            f"{100 * a['never_flipped']:.1f}% of the tokens never flipped"
-            + ("" if "gain_oracle_inclusion" not in a else
-               f". Counting the inclusion variance below one draw per token: an oracle by token "
-               f"{a['oracle_inclusion_draws_per_token']:.2f} per token "
-               f"(≤ {a['gain_oracle_inclusion']:.2f}×; with the prior "
-               f"{a['gain_jeffreys_inclusion']:.2f}×), by example "
-               f"{a['example_oracle_inclusion_draws_per_token']:.2f} "
-               f"({a['gain_example_oracle_inclusion']:.2f}×), every token drawn alike "
-               f"{a['equal_inclusion_draws_per_token']:.2f} "
-               f"({a['gain_equal_inclusion']:.2f}×; to report the target with one draw per "
-               f"drawn token {a['equal_reported_draws_per_token']:.2f})"
-               + ("" if "gain_example_oracle_reported" not in a else
-                  f"; designs that can report their standard error: an oracle by token "
-                  f"{a['oracle_reported_draws_per_token']:.2f} "
-                  f"(≤ {a['gain_oracle_reported']:.2f}×), by example "
-                  f"{a['example_oracle_reported_draws_per_token']:.2f} "
-                  f"({a['gain_example_oracle_reported']:.2f}×)")))
+            f"{100 * a['never_flipped']:.1f}% of the tokens never flipped. Counting the "
+            f"inclusion variance below one draw per token: an oracle by token "
+            f"{a['oracle_inclusion_draws_per_token']:.2f} per token "
+            f"(≤ {a['gain_oracle_inclusion']:.2f}×; with the prior "
+            f"{a['gain_jeffreys_inclusion']:.2f}×), by example "
+            f"{a['example_oracle_inclusion_draws_per_token']:.2f} "
+            f"({a['gain_example_oracle_inclusion']:.2f}×), every token drawn alike "
+            f"{a['equal_inclusion_draws_per_token']:.2f} "
+            f"({a['gain_equal_inclusion']:.2f}×; to report the target with one draw per "
+            f"drawn token {a['equal_reported_draws_per_token']:.2f}); designs that can report "
+            f"their standard error: an oracle by token {a['oracle_reported_draws_per_token']:.2f} "
+            f"(≤ {a['gain_oracle_reported']:.2f}×), by example "
+            f"{a['example_oracle_reported_draws_per_token']:.2f} "
+            f"({a['gain_example_oracle_reported']:.2f}×)")
 
 
 def recompute_ceiling(record: Path) -> dict[str, Any]:
