@@ -55,6 +55,39 @@ def test_expected_units_keep_the_budget_and_the_floor():
     assert torch.equal(flat, valid.double() * 0.5)
 
 
+
+def _bisected_units(q: torch.Tensor, valid: torch.Tensor, budget: float) -> torch.Tensor:
+    """The allocation found by bisection on c in Σ max(c·a, floor) = budget·k (a reference)."""
+    v = valid.double()
+    a = (q.double() * (1 - q.double())).sqrt() * v
+    floor, total = _alloc.FLOOR * budget, budget * v.sum().item()
+    if a.sum() == 0:
+        return v * budget
+    lo, hi = 0.0, 1.0
+    while (torch.clamp(hi * a, min=floor) * v).sum().item() < total:
+        hi *= 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if (torch.clamp(mid * a, min=floor) * v).sum().item() < total \
+            else (lo, mid)
+    return torch.clamp(hi * a, min=floor) * v
+
+
+def test_expected_units_are_the_exact_solution():
+    """The closed form equals a bisection to float64 rounding, on sparse, tied and padded q."""
+    g = torch.Generator().manual_seed(0)
+    for case in range(300):
+        b, t = torch.randint(1, 9, (2,), generator=g).tolist()
+        q = torch.rand(b, t, generator=g, dtype=torch.float64) ** (1 + case % 5)
+        q[torch.rand(b, t, generator=g) < 0.5] = 0
+        if case % 7 == 0:
+            q[q > 0] = 0.25  # ties
+        valid = torch.rand(b, t, generator=g) < 0.8
+        budget = 0.05 + 4 * torch.rand(1, generator=g).item()
+        e = _alloc.expected_units(q, valid, budget)
+        assert torch.allclose(e, _bisected_units(q, valid, budget), rtol=1e-12, atol=0), case
+        assert e.sum().item() == pytest.approx(budget * valid.sum().item(), rel=1e-12)
+
 def test_linear_model_unbiased_and_standard_error_calibrated():
     model, x, truth = linear_case()
     est, se, r = replicate(model, x, 300, allocation="linear", budget=0.5)

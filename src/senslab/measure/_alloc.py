@@ -64,20 +64,15 @@ def expected_units(q: Tensor, valid: Tensor, budget: float) -> Tensor:
     if a.sum() <= 0:
         return v * budget
     total = budget * k
-
-    def spent(c: float) -> Tensor:
-        return (torch.maximum(c * a, torch.full_like(a, floor)) * v).sum()
-
-    lo, hi = 0.0, 1.0
-    while spent(hi) < total:
-        hi *= 2.0
-    for _ in range(100):
-        mid = 0.5 * (lo + hi)
-        if spent(mid) < total:
-            lo = mid
-        else:
-            hi = mid
-    return torch.maximum(hi * a, torch.full_like(a, floor)) * v
+    # Σ max(c·a, floor) is the largest of the sums with the m largest a above the floor and the
+    # rest at it, c·S_m + floor·(k − m), each increasing in c: the c that spends ``total`` is the
+    # smallest of the c_m that make each of them spend it (exact; no search, no host sync)
+    s = a.flatten().sort(descending=True).values
+    top = s.cumsum(0)
+    m = torch.arange(1, s.numel() + 1, dtype=torch.float64, device=s.device)
+    c = torch.where(s > 0, (total - floor * (k - m)) / top.clamp(min=torch.finfo(s.dtype).tiny),
+                    torch.full_like(s, torch.inf)).min()
+    return torch.maximum(c * a, torch.full_like(a, floor)) * v
 
 
 def draw_units(e: Tensor, gen: torch.Generator) -> Tensor:
