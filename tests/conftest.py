@@ -9,6 +9,7 @@ import io
 import os
 import pickle
 import struct
+import sys
 import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +23,8 @@ import torch
 #: the suite's models are small, and on a machine shared with another busy process two threads
 #: wait on each other at every OpenMP barrier, which slowed the suite several-fold
 TEST_THREADS = int(os.environ.get("SENSLAB_TEST_THREADS", "1"))
+# the suite's helper modules (``cliproc``: senslab command processes from a fork server)
+sys.path.insert(0, str(Path(__file__).parent))
 os.environ["OMP_NUM_THREADS"] = str(TEST_THREADS)  # read by the subprocesses tests start
 torch.set_num_threads(TEST_THREADS)
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import cliproc
 import pytest
 import torch
 
@@ -26,8 +26,7 @@ STD = (0.25, 0.5, 0.125)
 
 def senslab(*args: str, cwd: Path, env: dict[str, str] | None = None
             ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "senslab.cli", *args], cwd=cwd,
-                          env=ENV | (env or {}), capture_output=True, text=True, timeout=300)
+    return cliproc.run(list(args), cwd=cwd, env=ENV | (env or {}), timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,8 @@
 (``{run}`` is a finished tiny run directory, ``{tmp}`` a scratch folder), an optional setup of
 files, and substrings that must all appear in the error line (the option, field or value at
 fault *and* the fix) or must not appear. Every case runs the real command in a subprocess
-(``python -m senslab.cli``) with the inherited ``PYTHONPATH``, and nothing new is imported from
+(``senslab.cli`` in a child of ``tests/cliproc.py``'s fork server, which spares each command the
+import of torch) with the inherited ``PYTHONPATH``, and nothing new is imported from
 senslab at the top, so this file also runs against an older senslab
 (``tests/badinput/record_before.py``). The other tests cover what a table cannot: a pipe closed
 early, Ctrl-C during training and resuming, the NaN loss, and what ``measure`` honours.
@@ -27,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import cliproc
 import numpy as np
 import pytest
 import torch
@@ -39,8 +41,7 @@ AS_ROOT = "root may write in a 0o555 directory" if IS_ROOT else None
 
 
 def senslab(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "senslab.cli", *args], cwd=cwd, env=ENV,
-                          capture_output=True, text=True, timeout=timeout)
+    return cliproc.run(list(args), cwd=cwd, env=ENV, timeout=timeout)
 
 
 def error_line(proc: subprocess.CompletedProcess[str]) -> str:
@@ -274,21 +275,13 @@ def test_closed_pipe_is_quiet(tmp_path: Path) -> None:
     assert first.split()[0] and status in ("status=0", "status=141")
 
 
-def _start_train(out: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "senslab.cli", "train", "--model", "mlp", "--data", "digits",
-         "--set", "train.epochs=300", "--threads", "1", "--out", str(out)],
-        cwd=out.parent, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        preexec_fn=_default_sigint)
+def _start_train(out: Path) -> cliproc.Process:
+    return cliproc.start(["train", "--model", "mlp", "--data", "digits", "--set",
+                          "train.epochs=300", "--threads", "1", "--out", str(out)],
+                         cwd=out.parent, env=ENV, stdout=cliproc.PIPE, stderr=cliproc.PIPE)
 
 
-def _default_sigint() -> None:
-    """Children inherit an ignored SIGINT from a suite started in the background (``cmd &``):
-    restore the default, so that Python turns SIGINT into KeyboardInterrupt as at a terminal."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def _interrupt(proc: subprocess.Popen[str], ready: Callable[[], bool]) -> str:
+def _interrupt(proc: cliproc.Process, ready: Callable[[], bool]) -> str:
     deadline = time.monotonic() + 60
     while not ready():
         assert proc.poll() is None, "training ended before it could be interrupted"

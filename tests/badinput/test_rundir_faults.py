@@ -26,6 +26,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+import cliproc
 import pytest
 import torch
 
@@ -61,29 +62,22 @@ def tiny(epochs: int = 2, extra: list[str] | None = None) -> RunConfig:
 
 
 def train_cmd(out: Path, *sets: str) -> list[str]:
-    args = [sys.executable, "-m", "senslab.cli", "train", "--model", "mlp", "--data", "digits",
-            "--out", str(out), "--threads", "1"]
+    """The arguments of ``senslab train`` for the mlp on digits into ``out``."""
+    args = ["train", "--model", "mlp", "--data", "digits", "--out", str(out), "--threads", "1"]
     for s in sets:
         args += ["--set", s]
     return args
 
 
-def popen(args: list[str], cwd: Path, name: str) -> subprocess.Popen[str]:
-    """Start ``args``; its stdout and stderr go to files (a full pipe would block the child),
-    read back with :func:`output`."""
+def popen(args: list[str], cwd: Path, name: str) -> cliproc.Process:
+    """Start the command ``senslab ARGS`` in its own process (``tests/cliproc.py``); its stdout
+    and stderr go to files (a full pipe would block the child), read back with :func:`output`."""
     out, err = (open(cwd / f"{name}.{s}", "w") for s in ("out", "err"))  # noqa: SIM115
     with out, err:
-        return subprocess.Popen(args, cwd=cwd, env=ENV, stdout=out, stderr=err, text=True,
-                                preexec_fn=_default_sigint)
+        return cliproc.start(args, cwd=cwd, env=ENV, stdout=out, stderr=err)
 
 
-def _default_sigint() -> None:
-    """Children inherit an ignored SIGINT from a suite started in the background (``cmd &``):
-    restore the default, so that Python turns SIGINT into KeyboardInterrupt as at a terminal."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def output(proc: subprocess.Popen[str], cwd: Path, name: str) -> tuple[int, str, str]:
+def output(proc: cliproc.Process, cwd: Path, name: str) -> tuple[int, str, str]:
     code = proc.wait(timeout=300)
     return code, (cwd / f"{name}.out").read_text(), (cwd / f"{name}.err").read_text()
 
@@ -92,7 +86,7 @@ def checkpoint_files(run: Path) -> list[Path]:
     return sorted((run / "checkpoints").glob("step-*")) if (run / "checkpoints").exists() else []
 
 
-def wait_for_checkpoints(proc: subprocess.Popen[str], run: Path, n: int) -> None:
+def wait_for_checkpoints(proc: cliproc.Process, run: Path, n: int) -> None:
     deadline = time.time() + 60
     while len([p for p in checkpoint_files(run) if not p.name.endswith(".sha256")]) < n:
         assert proc.poll() is None, "the run ended before it wrote its checkpoints"
@@ -215,7 +209,9 @@ def test_cli_rejects_bad_value_then_corrected_command_succeeds(
 
 
 def test_cli_bad_value_in_a_real_process(tmp_path: Path) -> None:
-    r = subprocess.run(train_cmd(tmp_path / "run", "train.epochs=-1"), cwd=tmp_path, env=ENV,
+    # the interpreter's own start, ``python -m senslab.cli`` (the others fork a started one)
+    r = subprocess.run([sys.executable, "-m", "senslab.cli",
+                        *train_cmd(tmp_path / "run", "train.epochs=-1")], cwd=tmp_path, env=ENV,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
     assert_one_line_error(r.stderr, "train.epochs must be ≥ 1, got -1")
@@ -440,7 +436,7 @@ def test_sigkilled_holder_releases_the_lock_and_the_rerun_resumes(tmp_path: Path
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (run / "summary.json").exists(), "the run finished before it was killed"
-    r = subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    r = cliproc.run(cmd, cwd=tmp_path, env=ENV, timeout=300)
     assert r.returncode == 0, r.stderr
     assert f"resuming {run} from step" in r.stderr and "(checkpoint step-" in r.stderr
     got = steps(run)
