@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
+import functools
 import json
 import math
 import re
@@ -300,7 +301,7 @@ def set_option(cfg: Any, key: str, value: Any, parse: bool = True) -> None:
             if dataclasses.is_dataclass(current):
                 raise KeyError(f"{key} is a section; set one of its fields, e.g. "
                                f"{key}.{dataclasses.fields(current)[0].name}")
-            hint = typing.get_type_hints(type(obj))[part]
+            hint = _hints(type(obj))[part]
             try:
                 value = _check_type(key, value, hint)
             except TypeError:
@@ -341,6 +342,13 @@ def _str_sequence(hint: Any) -> type | None:
     return None
 
 
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """The evaluated annotations of the dataclass ``cls`` (kept: evaluating the string
+    annotations again for each of an experiment's 2,000 runs cost most of its resolve)."""
+    return typing.get_type_hints(cls)
+
+
 def _field(obj: Any, name: str) -> dataclasses.Field[Any]:
     return next(f for f in dataclasses.fields(obj) if f.name == name)
 
@@ -352,7 +360,7 @@ def validate(cfg: C) -> C:
     is valid. Returns ``cfg``."""
 
     def walk(obj: Any, prefix: str) -> None:
-        hints = typing.get_type_hints(type(obj))
+        hints = _hints(type(obj))
         for f in dataclasses.fields(obj):
             value, key = getattr(obj, f.name), f"{prefix}{f.name}"
             if dataclasses.is_dataclass(value):
