@@ -220,17 +220,27 @@ def _type_name(hint: Any) -> str:
     return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
 
 
+@functools.cache
+def _options(hint: Any) -> tuple[tuple[Any, Any, tuple[Any, ...]], ...]:
+    """The types a value of type ``hint`` may have, each with its origin and arguments
+    (``str | None`` → ``(str, str, ()), (NoneType, NoneType, ())``)."""
+    origin = typing.get_origin(hint)
+    options = typing.get_args(hint) if origin in (typing.Union, types.UnionType) else (hint,)
+    return tuple((opt, typing.get_origin(opt) or opt, typing.get_args(opt)) for opt in options)
+
+
 def _check_type(key: str, value: Any, hint: Any) -> Any:
     """``value`` as the type ``hint`` asks for (an int for a float, a list for a tuple), or a
     ``TypeError`` naming ``key``, the type and the value."""
-    origin = typing.get_origin(hint)
-    options = typing.get_args(hint) if origin in (typing.Union, types.UnionType) else (hint,)
-    for opt in options:
+    try:
+        options = _options(hint)
+    except TypeError:  # an unhashable hint
+        options = _options.__wrapped__(hint)
+    for opt, base, args in options:
         if opt is Any:
             return value
         if opt is type(None) and value is None:
             return None
-        base = typing.get_origin(opt) or opt
         if base is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         if base is int and isinstance(value, int) and not isinstance(value, bool):
@@ -238,10 +248,10 @@ def _check_type(key: str, value: Any, hint: Any) -> Any:
         if base in (str, bool, dict) and isinstance(value, base):
             return value
         if base in (tuple, list) and isinstance(value, (tuple, list)):
-            items = _check_items(value, base, typing.get_args(opt))
+            items = _check_items(value, base, args)
             if items is not None:
                 return items
-    names = " or ".join(_type_name(o) for o in options)
+    names = " or ".join(_type_name(o) for o, _, _ in options)
     raise TypeError(f"{key} must be {names}, got {value!r}")
 
 
