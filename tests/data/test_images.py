@@ -361,6 +361,13 @@ def test_digits_real_data_split() -> None:
     assert std.inputs.std().item() == pytest.approx(1, abs=1e-3)
     pair = create_dataset("digits", split="train", digits=(3, 8))
     assert pair.num_classes == 2 and set(pair.targets.tolist()) == {0, 1}
+    # parsed once per process, and no dataset shares (or can change) the kept arrays
+    assert im._digits_arrays() is im._digits_arrays()
+    with pytest.raises(ValueError, match="read-only"):
+        im._digits_arrays()[0][0, 0, 0, 0] = 3
+    test.inputs.add_(1)
+    assert torch.equal(create_dataset("digits", split="test", normalize="none").inputs + 1,
+                       test.inputs)
 
 
 def test_all_image_loaders_are_registered() -> None:

@@ -277,13 +277,9 @@ def digits(split: str = "train", root: Any = None, download: bool = False,
     uniform call and unused, and a ``root`` is an error (no files would be read from it).
     "standard" stats are computed from the training split.
     """
-    from sklearn.datasets import load_digits
-
     locate("digits", root)  # refuses a root: the data ships with scikit-learn
     _check_split(split, ("train", "test", "all"), "digits")
-    bunch = load_digits()
-    pixels = bunch.images.astype(np.uint8)[:, None]  # values 0..16
-    labels = bunch.target.astype(np.int64)
+    pixels, labels = _digits_arrays()
     g = torch.Generator().manual_seed(seed)
     is_test = np.zeros(len(labels), dtype=bool)
     for c in range(10):
@@ -295,6 +291,19 @@ def digits(split: str = "train", root: Any = None, download: bool = False,
     keep = {"train": ~is_test, "test": is_test, "all": np.ones_like(is_test)}[split]
     return _package("digits", pixels[keep], labels[keep], DIGIT_CLASSES, split, normalize, stats,
                     "sklearn.datasets.load_digits", digits, scale=16.0)
+
+
+@functools.cache
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's 1,797 digits as (N, 1, 8, 8) uint8 pixels 0..16 and int64 labels, read
+    once per process (a gzipped CSV parse each time otherwise); read-only, as they are shared."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    pixels = bunch.images.astype(np.uint8)[:, None]
+    labels = bunch.target.astype(np.int64)
+    pixels.flags.writeable = labels.flags.writeable = False
+    return pixels, labels
 
 
 def _check_pickle(path: Path, verify: bool) -> Path:
