@@ -114,8 +114,9 @@ class Process:
                 ends.append(target.fileno())  # type: ignore[union-attr]
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._conn.connect(_server(env).path)
-        request = json.dumps({"args": list(args), "cwd": str(cwd), "env": env}).encode()
-        socket.send_fds(self._conn, [request], ends)
+        request = json.dumps({"args": list(args), "cwd": str(cwd), "env": env}).encode() + b"\n"
+        socket.send_fds(self._conn, [request[:1]], ends)  # the descriptors with the first byte
+        self._conn.sendall(request[1:])
         for fd in close:  # the child holds its own copies: EOF comes when it ends
             os.close(fd)
         self._buf = b""
@@ -278,7 +279,12 @@ def _serve(path: str) -> None:
             conn = None
         if conn is not None:
             conn.settimeout(None)
-            msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+            msg, fds, _, _ = socket.recv_fds(conn, 1, 3)
+            while not msg.endswith(b"\n"):  # the request, to its end
+                chunk = conn.recv(1 << 16)
+                if not chunk:
+                    break
+                msg += chunk
             pid = os.fork()
             if pid == 0:
                 listener.close()
