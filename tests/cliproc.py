@@ -25,6 +25,7 @@ import atexit
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -47,10 +48,14 @@ class _Server:
         self.dir = tempfile.mkdtemp(prefix="senslab-cliproc-")
         self.path = os.path.join(self.dir, "s")
         log = os.path.join(self.dir, "stderr")
-        with open(log, "w") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, __file__, self.path], env=env, stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=err, text=True, preexec_fn=_default_sigint)
+        try:
+            with open(log, "w") as err:
+                self.proc = subprocess.Popen(
+                    [sys.executable, __file__, self.path], env=env, stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=err, text=True, preexec_fn=_default_sigint)
+        except OSError:  # e.g. an environment too large to start a process with
+            shutil.rmtree(self.dir)
+            raise
         assert self.proc.stdout is not None
         if self.proc.stdout.readline().strip() != "ready":
             self.proc.kill()
@@ -61,9 +66,7 @@ class _Server:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        for name in os.listdir(self.dir):
-            os.unlink(os.path.join(self.dir, name))
-        os.rmdir(self.dir)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 _servers: dict[tuple[tuple[str, str], ...], _Server] = {}
