@@ -52,7 +52,7 @@ class _Server:
             with open(log, "w") as err:
                 self.proc = subprocess.Popen(
                     [sys.executable, __file__, self.path], env=env, stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE, stderr=err, text=True, preexec_fn=_default_sigint)
+                    stdout=subprocess.PIPE, stderr=err, text=True)
         except OSError:  # e.g. an environment too large to start a process with
             shutil.rmtree(self.dir)
             raise
@@ -86,11 +86,6 @@ def _close_all() -> None:
     for server in _servers.values():
         server.close()
     _servers.clear()
-
-
-def _default_sigint() -> None:
-    """A suite started in the background (``cmd &``) ignores SIGINT; commands must not."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 class Process:

@@ -46,6 +46,9 @@ def test_a_forked_command_runs_in_the_environment_given(tmp_path):
 def test_a_forked_command_writes_where_it_runs_and_prints_its_result(tmp_path):
     done = cliproc.run(["list", "datasets"], cwd=tmp_path, env=ENV)
     assert done.returncode == 0 and "digits" in done.stdout.split() and done.stderr == ""
+    (tmp_path / "afile").write_text("")  # a relative --out is read in the command's cwd
+    under = cliproc.run(["run", "demo", "--out", "afile/sub"], cwd=tmp_path, env=ENV)
+    assert under.returncode == 2 and "afile is a file, not a directory" in under.stderr
     # output to files, the working directory's relative paths
     with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
         proc = cliproc.start(["list", "models", "--threads", "0"], cwd=tmp_path, env=ENV,

@@ -70,8 +70,7 @@ def expected_units(q: Tensor, valid: Tensor, budget: float) -> Tensor:
     s = a.flatten().sort(descending=True).values
     top = s.cumsum(0)
     m = torch.arange(1, s.numel() + 1, dtype=torch.float64, device=s.device)
-    c = torch.where(s > 0, (total - floor * (k - m)) / top.clamp(min=torch.finfo(s.dtype).tiny),
-                    torch.full_like(s, torch.inf)).min()
+    c = torch.where(s > 0, (total - floor * (k - m)) / top, torch.full_like(s, torch.inf)).min()
     return torch.maximum(c * a, torch.full_like(a, floor)) * v
 
 
