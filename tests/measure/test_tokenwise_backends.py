@@ -192,3 +192,83 @@ def test_control_variate_through_an_embedding_hook():
     assert within_interval(plain, cv)
     assert cv.stderr_subset < plain.stderr_subset
     assert cv.num_forward == plain.num_forward + len(ids)  # the gradient pass
+
+
+class _CountingCompiler:
+    """Stands in for ``torch.compile`` (compiling takes minutes on 2 CPU cores): what it is
+    asked to compile, and how often each compiled function runs."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+
+    def __call__(self, fn):
+        name = getattr(fn, "__name__", type(fn).__name__)
+        self.calls[name] = 0
+
+        def compiled(*args, **kwargs):
+            self.calls[name] += 1
+            return fn(*args, **kwargs)
+        return compiled
+
+
+def _lively_cnn() -> nn.Module:
+    from senslab.models import create_model
+
+    model = create_model("cnn", seed=0, image_size=16, channels=(4, 8), hidden=16).eval()
+    with torch.no_grad():  # larger weights: some patches flip the class at σ = 1
+        for p in model.parameters():
+            p.mul_(2)
+    return model
+
+
+@pytest.mark.parametrize("case", ["local", "prefix"])
+def test_compile_reaches_the_reuse_path(monkeypatch, case):
+    """With reuse on, the copies go through the model's forward_local/forward_suffix, not its
+    call: compile=True compiles those (it once compiled the call alone, so a zoo ResNet or
+    GPT-2 ran no compiled code), the clean caches stay eager, the numbers are eager's, and the
+    model is given back."""
+    from senslab.measure import _compiled
+
+    compiler = _CountingCompiler()
+    monkeypatch.setattr(_compiled.torch, "compile", compiler)
+    if case == "local":
+        model, tokens = _lively_cnn(), Patches(4)
+        inputs = torch.randn(3, 1, 16, 16, generator=torch.Generator().manual_seed(0))
+        path, cache = "forward_local", "local_cache"
+    else:
+        from senslab.models import create_model
+
+        model = create_model("gpt2", seed=0, vocab_size=20, dim=16, heads=2, layers=2,
+                             max_len=16).eval()
+        ids = torch.randint(0, 20, (3, 9), generator=torch.Generator().manual_seed(1))
+        mask = torch.ones_like(ids)
+        mask[1, 5:] = 0
+        inputs, tokens = {"input_ids": ids, "attention_mask": mask}, Embedding("embed_ln")
+        path, cache = "forward_suffix", "prefix_cache"
+    options = dict(sigma=1.0, repeats=3, chunk_size=8, generator=0)
+    eager = TokenSensitivity(model, tokens, **options)
+    eager.update(inputs)
+    m = TokenSensitivity(model, tokens, compile=True, **options)
+    m.update(inputs)
+    assert compiler.calls[path] > 0  # every chunk of copies went through the compiled path
+    assert cache not in compiler.calls  # built once per batch, eagerly
+    assert m._compiled.compiled_paths == (path,)
+    assert m._compiled.training is model.training  # other attributes are the model's
+    assert torch.equal(m.compute().per_sample, eager.compute().per_sample)
+    assert m.compute().estimate > 0
+
+
+@pytest.mark.slow  # compiling takes minutes on 2 CPU cores
+def test_compiled_local_reuse_agrees_with_eager():
+    from torch._dynamo.utils import counters
+
+    model = _lively_cnn()
+    x = torch.randn(4, 1, 16, 16, generator=torch.Generator().manual_seed(0))
+    opts = dict(sigma=1.0, repeats=4, estimand="subset", generator=0)
+    a = token_sensitivity(model, x, Patches(4), **opts)
+    counters.clear()
+    b = token_sensitivity(model, x, Patches(4), compile=True, **opts)
+    assert counters["stats"]["unique_graphs"] >= 1  # something was compiled
+    assert 0.02 < a.estimate < 0.98
+    assert b.num_forward == a.num_forward
+    assert (a.per_sample - b.per_sample).abs().max() <= 1 / (16 * 4)  # at most a boundary flip

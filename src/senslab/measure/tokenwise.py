@@ -143,6 +143,7 @@ from ..tokens.base import (
     check_selector,
 )
 from . import _alloc, _precision, _trim
+from ._compiled import CompiledModel
 from ._control import LinearControl
 from ._noise import NOISE_BLOCK, NoiseStream
 from ._options import (
@@ -247,7 +248,9 @@ class TokenSensitivity:
             AVX-512 BF16/AMX CPUs where a bf16 matrix product is measured faster) for float32
             ``nn.Module`` models and ``compare="class"``, else the model's precision;
             ``autocast=`` takes precedence.
-        compile: evaluate the perturbed copies through ``torch.compile(model)``.
+        compile: evaluate the perturbed copies through ``torch.compile``: the model's call
+            and, where the tokenization reuses the clean computation, the model's
+            ``forward_local``/``forward_suffix`` (:mod:`._compiled`).
         align: per-position alignment, ``"left"`` or ``"right"``; default from the tokenization.
         eval_mode: False measures the model in its own mode (train-mode BatchNorm then
             normalises each chunk by its own statistics); its buffers are restored afterwards,
@@ -712,7 +715,7 @@ class TokenSensitivity:
 
     def _compiled_model(self) -> Any:
         if self._compiled is None:
-            self._compiled = torch.compile(self.model)
+            self._compiled = CompiledModel(self.model)
         return self._compiled
 
     def all_reduce(self, group: Any = None) -> TokenSensitivity:

@@ -1,0 +1,46 @@
+"""``compile=True``: the model as the perturbed copies see it, with every entry point they go
+through compiled.
+
+A copy is evaluated by the model's call, or — where the model reuses the clean computation — by
+``forward_local`` (local reuse, :class:`~senslab.tokens.Patches`) or ``forward_suffix`` (prefix
+reuse, :class:`~senslab.tokens.Embedding`). Compiling the model alone would leave those two
+paths eager, and a zoo vision or sequence model would then run no compiled code at all.
+:class:`CompiledModel` compiles the call and each reuse path the model has; the clean caches those
+paths read (``local_cache``, ``prefix_cache``, built once per batch) and every other attribute
+are the model's own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+#: the methods a tokenization's reuse path calls once per chunk of copies
+REUSE_PATHS = ("forward_local", "forward_suffix")
+
+
+class CompiledModel:
+    """Stands in for ``model`` while the copies are evaluated: calls go through
+    ``torch.compile(model)``, :data:`REUSE_PATHS` through their own compiled functions."""
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+        self._call = torch.compile(model)
+        self._paths = {name: torch.compile(getattr(model, name)) for name in REUSE_PATHS
+                       if callable(getattr(model, name, None))}
+
+    @property
+    def compiled_paths(self) -> tuple[str, ...]:
+        """The reuse paths compiled besides the call."""
+        return tuple(self._paths)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for names not set in __init__; the model's own for all but the paths
+        paths = self.__dict__.get("_paths", {})
+        if name in paths:
+            return paths[name]
+        return getattr(self.__dict__["_model"], name)
