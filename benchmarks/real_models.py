@@ -39,6 +39,9 @@ value for them too).
   and ``"bf16-checked"``), batching
   (one call per example), variance reduction (``target_stderr=0.002`` with 2 draws a round:
   plain, antithetic, control variate, both).
+* compilation, only when named in ``--methods``: ``senslab compile=True`` and ``paper code
+  float32 compiled`` (the paper code's forwards through ``torch.compile``, so that the ratios
+  against the paper code count compilation on both sides). Compiling is timed as part of the run.
 
 Both references draw their noise from the stream senslab draws from (same seed, same
 example-major order), so with float32 their flips equal senslab's float32 flips up to rounding at
@@ -450,9 +453,13 @@ def naive_loop(case: RealCase, seed: int = SEED, bf16: bool = False,
     return row
 
 
-def paper_code(case: RealCase, seed: int = SEED, bf16: bool = False) -> dict[str, Any]:
+def paper_code(case: RealCase, seed: int = SEED, bf16: bool = False,
+               compiled: bool = False) -> dict[str, Any]:
     """All examples at the padded width; per position, batched forwards with that position
-    perturbed in every example (padding positions too)."""
+    perturbed in every example (padding positions too). ``compiled``: the forwards through
+    ``torch.compile(model)`` (its compilation counted in the clean forwards' time)."""
+    if compiled:
+        case = dataclasses.replace(case, model=torch.compile(case.model))
     r, dim, n, width = case.repeats, token_dim(case), case.n, case.width
     lengths = case.lengths
     with token_noise(case) as hook, torch.inference_mode(), _precision(bf16):
@@ -478,8 +485,11 @@ def paper_code(case: RealCase, seed: int = SEED, bf16: bool = False) -> dict[str
                 hook.delta = None
         t_pert = time.perf_counter() - mid
     per = [flips[b, : int(lengths[b])] for b in range(n)]
-    return _reference_row(case, "paper code", bf16, per, mid - start, t_pert,
-                          n + n * width * r, r)
+    row = _reference_row(case, "paper code", bf16, per, mid - start, t_pert,
+                         n + n * width * r, r)
+    if compiled:
+        row["precision"] += ", compiled"
+    return row
 
 
 def _reference_row(case: RealCase, method: str, bf16: bool, flips: list[Tensor],
@@ -560,7 +570,8 @@ def senslab_methods(case: RealCase, target: float) -> list[tuple[str, dict[str, 
                          False))
     rows += [("senslab precision=float32", {**r, "precision": "float32"}, False),
              ("senslab precision=bf16-checked", {**r, "precision": "bf16-checked"}, False),
-             ("senslab per-example calls", r, True)]
+             ("senslab per-example calls", r, True),
+             ("senslab compile=True", {**r, "compile": True}, False)]
     for label, extra in VARIANCE_REDUCTION.items():
         rows.append((f"senslab {label}", {"repeats": ADAPTIVE_REPEATS,
                                           "target_stderr": target, **extra}, False))
@@ -636,6 +647,7 @@ def measure_case(case: RealCase, gemm_n: int, reps: int = 1, log: Any = print,
         ("naive loop bf16", lambda: naive_loop(case, bf16=True)),
         ("paper code float32", lambda: paper_code(case)),
         ("paper code bf16", lambda: paper_code(case, bf16=True)),
+        ("paper code float32 compiled", lambda: paper_code(case, compiled=True)),
     ]
     t_batched, t_single = clean_seconds(case, False), clean_seconds(case, True)
     for label, opts, single in senslab_methods(case, target):
@@ -643,6 +655,8 @@ def measure_case(case: RealCase, gemm_n: int, reps: int = 1, log: Any = print,
             case, lab, o, t_single if s else t_batched, s)))
     if methods is not None:
         runs = keep_methods(runs, methods)
+    else:
+        runs = [(label, fn) for label, fn in runs if label not in OPT_IN]
     gemm: dict[str, list[float]] = {"float32": [], "bf16": []}
     samples: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in runs}
     token_sensitivity(case.model, select(case.inputs, torch.arange(2)), case.tokens,
@@ -726,6 +740,10 @@ def vit_exact_cuts(model: nn.Module, x: Tensor) -> dict[str, float] | None:
 
 #: rows every run keeps: the ratios and the agreement checks are taken against them
 REFERENCES = ("naive loop float32", "paper code float32")
+#: rows that run only when named in --methods: torch.compile on both sides (compiling costs
+#: minutes on a small CPU, counted in the time to precision). The compiled paper code is a
+#: "paper code" row, so the ratios against the paper code then count the faster of the two.
+OPT_IN = ("paper code float32 compiled", "senslab compile=True")
 
 
 def keep_methods(runs: list[tuple[str, Any]], methods: list[str]) -> list[tuple[str, Any]]:

@@ -85,6 +85,7 @@ def test_measure_case_runs_every_row_and_checks(bench):
                           "paper code bf16"]
     assert "senslab trim_padding=False" in labels and "senslab adaptive cv + antithetic" in labels
     assert "senslab reuse_prefix=False" not in labels  # an encoder has no prefix reuse
+    assert not set(bench.OPT_IN) & set(labels)  # compiling runs only when asked for
     for r in res["rows"]:
         assert r["ttp"] > 0 and r["flops"] > 0 and r["fraction_bf16_gemm"] > 0
         if r["adaptive"]:
@@ -135,6 +136,27 @@ def test_measure_case_keeps_the_references_and_the_named_rows(bench):
     # the references alone: no senslab row to hold to a target, and no error
     res = bench.measure_case(case, gemm_n=64, log=lambda s: None, methods=["paper code bf16"])
     assert len(res["rows"]) == 3 and res["targets"] == []
+
+
+@pytest.mark.slow  # compiling takes minutes on 2 CPU cores
+def test_compiled_rows_run_on_both_sides(bench):
+    """The opt-in compile rows: the paper code's compiled forwards count as a "paper code" row
+    (the ratios then take the faster of the two), and both reproduce the eager flips."""
+    case = tiny_image_case(bench)
+    res = bench.measure_case(case, gemm_n=64, log=lambda s: None,
+                             methods=["paper code float32 compiled", "senslab compile=True"])
+    by = {r["label"]: r for r in res["rows"]}
+    assert set(by) == {"naive loop float32", "paper code float32",
+                       "paper code float32 compiled", "senslab compile=True"}
+    compiled = by["paper code float32 compiled"]
+    assert compiled["method"] == "paper code" and compiled["precision"] == "float32, compiled"
+    assert torch.allclose(compiled["per_sample"], by["paper code float32"]["per_sample"],
+                          rtol=0, atol=1e-6)
+    assert by["senslab compile=True"]["options"]["compile"] == "True"
+    assert all(v["ok"] for v in res["checks"]["agree"].values())
+    fastest = min(by["paper code float32"]["ttp"], compiled["ttp"])
+    assert by["senslab compile=True"]["vs_paper"] == pytest.approx(
+        fastest / by["senslab compile=True"]["ttp"])
 
 
 def test_vit_exact_cuts_match_a_count_by_hand(bench):

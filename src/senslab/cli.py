@@ -562,7 +562,8 @@ def parser() -> argparse.ArgumentParser:
                         "boundary re-checked in float32: float32's decisions); auto (default) "
                         "picks bf16-checked where bf16 matrix products run faster than float32")
     s.add_argument("--compile", action="store_true",
-                   help="evaluate the perturbed copies through torch.compile(model)")
+                   help="evaluate the perturbed copies through torch.compile (the model's call "
+                        "and its reuse paths; compiling takes minutes on a small CPU)")
     s.add_argument("--hf", metavar="NAME_OR_PATH",
                    help="a Hugging Face model: a directory save_pretrained wrote, or a hub name "
                         "in the local cache (default data: rotten_tomatoes for text, digits for "
