@@ -230,6 +230,9 @@ def test_vit_recomputes_the_tokens_a_patch_reaches(shift, inner, corner):
     assert reached.shape == (2, 16)
     assert reached[0, 5] and reached[1, 0]  # a patch always reaches its own token
     assert reached.sum(1).tolist() == [inner, corner]
+    # the tokens every copy recomputes: the most any patch position reaches, fixed before any
+    # copy (no device read per chunk, no data-dependent shape under torch.compile)
+    assert model.eval().local_cache(torch.zeros(1, 3, 16, 16), 4)["reach"] == inner
 
 
 def test_vit_local_reuse_gives_the_full_forwards_numbers():

@@ -272,7 +272,18 @@ class ViTSmall(ImageClassifier):
         self.check_input(x)
         t = self._embed(x)
         first = self.blocks[0]
-        return {"x": x, "tokens": t, "qkv": first.attn.qkv(first.ln1(t))}
+        return {"x": x, "tokens": t, "qkv": first.attn.qkv(first.ln1(t)),
+                "reach": self._reach(x.shape[2], x.shape[3], patch, x.device)}
+
+    def _reach(self, h: int, w: int, patch: int, device: torch.device) -> int:
+        """The most tokens one ``patch``×``patch`` patch reaches, over every patch position: a
+        fixed number of tokens per copy to recompute, known before any copy (no read of the
+        device per chunk, and no data-dependent shape under ``torch.compile``)."""
+        gh, gw = h // patch, w // patch
+        mask = torch.zeros(gh * gw, 1, gh, patch, gw, patch, device=device)
+        cells = torch.arange(gh * gw, device=device)
+        mask[cells, :, cells // gw, :, cells % gw, :] = 1.0
+        return int(self.reached_tokens(mask.view(gh * gw, 1, h, w)).sum(1).max())
 
     def reached_tokens(self, mask: Tensor) -> Tensor:
         """(n, T) bool: the image tokens that pixels marked in ``mask`` (n, 1, H, W) reach
@@ -292,7 +303,7 @@ class ViTSmall(ImageClassifier):
         mask = torch.zeros(n, 1, h, w, dtype=x.dtype, device=x.device)
         mask.view(n, 1, h // p, p, w // p, p)[at] = 1.0
         reached = self.reached_tokens(mask)
-        k = int(reached.sum(1).max())
+        k = cache["reach"]
         # the reached tokens first; a copy that reaches fewer than k recomputes a few clean
         # tokens besides, which changes nothing
         order = torch.argsort((~reached).to(torch.int8), dim=1, stable=True)[:, :k]
