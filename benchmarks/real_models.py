@@ -41,7 +41,9 @@ value for them too).
   plain, antithetic, control variate, both).
 * compilation, only when named in ``--methods``: ``senslab compile=True`` and ``paper code
   float32 compiled`` (the paper code's forwards through ``torch.compile``, so that the ratios
-  against the paper code count compilation on both sides). Compiling is timed as part of the run.
+  against the paper code count compilation on both sides). Compiling is timed as part of the run:
+  the paper code's in its clean forwards (not extrapolated), senslab's in its perturbed time
+  (scaled with it by the rule above, which favours that row).
 
 Both references draw their noise from the stream senslab draws from (same seed, same
 example-major order), so with float32 their flips equal senslab's float32 flips up to rounding at

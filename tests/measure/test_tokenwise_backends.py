@@ -250,7 +250,8 @@ def test_compile_reaches_the_reuse_path(monkeypatch, case):
     eager.update(inputs)
     m = TokenSensitivity(model, tokens, compile=True, **options)
     m.update(inputs)
-    assert compiler.calls[path] > 0  # every chunk of copies went through the compiled path
+    assert compiler.calls[path] > 0  # the copies went through the compiled path …
+    assert compiler.calls[type(model).__name__] == 0  # … and none through the compiled call
     assert cache not in compiler.calls  # built once per batch, eagerly
     assert m._compiled.compiled_paths == (path,)
     assert m._compiled.training is model.training  # other attributes are the model's
