@@ -10,14 +10,14 @@ from torch import nn
 
 from senslab.measure import TokenSensitivity, token_sensitivity
 from senslab.models import create_model
-from senslab.models.windows import Window, read
+from senslab.models.windows import Window, fold, read
 from senslab.tokens import Patches
 
 
-def resnet(image: int, **overrides):
+def resnet(image: int, stats: bool = False, **overrides):
     """A narrow ResNet whose predictions depend on its input (at PyTorch's init it predicts one
     class for every image): He-normal weights and spread-out BatchNorm affines, all drawn from a
-    seeded generator."""
+    seeded generator; ``stats``: spread-out running statistics too."""
     g = torch.Generator().manual_seed(0)
     model = create_model("resnet18", image_size=image, width=0.125, num_classes=10, **overrides)
     with torch.no_grad():
@@ -28,6 +28,12 @@ def resnet(image: int, **overrides):
             elif isinstance(m, nn.BatchNorm2d):
                 m.weight.copy_(torch.rand(m.weight.shape, generator=g) + 0.5)
                 m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.3)
+                if not stats:
+                    continue
+                # running statistics as training leaves them (forward_local folds them into
+                # the convolutions)
+                m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=g) * 0.2)
+                m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) + 0.5)
     return model.eval()
 
 
@@ -56,7 +62,7 @@ def perturbed_full(model, x, rows, top, left, patch):
     (16, 8, (2, 2, 2, 2), 1),   # a large patch: the stem and one block
 ])
 def test_forward_local_equals_full_forward(image, patch, blocks, windowed):
-    model = resnet(image, blocks=blocks, sens_patch=patch)
+    model = resnet(image, stats=True, blocks=blocks, sens_patch=patch)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3, 3, image, image, generator=g)
     rows, top, left = every_patch(3, image, patch)
@@ -67,7 +73,8 @@ def test_forward_local_equals_full_forward(image, patch, blocks, windowed):
         full = perturbed_full(model, x, rows, top, left, noisy)
     assert cache["blocks"] == windowed
     assert fast.shape == full.shape == (len(rows), 10)
-    torch.testing.assert_close(fast, full, rtol=1e-4, atol=1e-5)
+    # folded BatchNorms and another order of summation: equal up to float rounding
+    torch.testing.assert_close(fast, full, rtol=1e-4, atol=1e-6 * float(full.abs().max()))
     assert not torch.allclose(full, model(x)[rows], atol=1e-3)  # the noise did change outputs
 
 
@@ -87,6 +94,65 @@ def test_read_pastes_the_window_and_zero_pads():
     out = read(win, torch.tensor([0, 4]), torch.tensor([0, 2]), 1, 2, pad=1)
     assert out[0, 0].tolist() == [[-1, -2]]
     assert out[1, 0].tolist() == [[0, 0]]
+
+
+def test_read_lays_out_each_clean_map_once():
+    g = torch.Generator().manual_seed(0)
+    clean = torch.randn(3, 5, 6, 6, generator=g)
+    store: dict[int, torch.Tensor] = {}
+    rows, top = torch.tensor([2, 0]), torch.tensor([1, 3])
+    outs = []
+    for _ in range(2):
+        data = torch.randn(2, 5, 2, 2, generator=g)
+        win = Window(clean, rows, data, top, top, store)
+        out = read(win, top - 1, top - 1, 4, 4, pad=1)
+        # the reference: the padded clean maps with each window pasted in
+        ref = torch.nn.functional.pad(clean, (1, 1, 1, 1))[rows]
+        for i in range(2):
+            ref[i, :, top[i] + 1:top[i] + 3, top[i] + 1:top[i] + 3] = data[i]
+        assert torch.equal(out, torch.stack([ref[i, :, top[i]:top[i] + 4, top[i]:top[i] + 4]
+                                             for i in range(2)]))
+        assert out.is_contiguous(memory_format=torch.channels_last)  # what convolutions read
+        outs.append(store[1])
+    assert list(store) == [1] and outs[0] is outs[1]  # laid out by the first read, then reused
+
+
+@pytest.mark.parametrize("bias, affine", [(False, True), (True, True), (True, False)])
+def test_fold_equals_the_convolution_then_its_batchnorm(bias, affine):
+    g = torch.Generator().manual_seed(0)
+    layer = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, bias=bias),
+                          nn.BatchNorm2d(4, affine=affine))
+    with torch.no_grad():
+        for t in [*layer.parameters(), layer[1].running_mean]:
+            t.copy_(torch.randn(t.shape, generator=g))
+        layer[1].running_var.copy_(torch.rand(4, generator=g) + 0.1)
+    layer.eval()
+    x = torch.randn(2, 3, 5, 5, generator=g)
+    weight, shift = fold(layer)
+    torch.testing.assert_close(torch.nn.functional.conv2d(x, weight, shift, padding=1), layer(x),
+                               rtol=1e-5, atol=1e-5)
+    assert fold(layer.train()) is None  # batch statistics: nothing to fold
+    assert fold(nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4, track_running_stats=False)
+                              ).eval()) is None
+    assert fold(layer[0]) is None
+
+
+def test_forward_local_keeps_the_gradient():
+    model = resnet(16, stats=True, sens_patch=4)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 16, 16, generator=g)
+    rows, top, left = torch.tensor([0, 1]), torch.tensor([0, 8]), torch.tensor([4, 12])
+    grads = []
+    for local in (True, False):
+        patch = torch.randn(2, 3, 4, 4, generator=torch.Generator().manual_seed(1),
+                            requires_grad=True)
+        if local:
+            out = model.forward_local(model.local_cache(x, 4), rows, top, left, patch)
+        else:
+            out = perturbed_full(model, x, rows, top, left, patch)
+        grads.append(torch.autograd.grad(out[:, 3].sum(), patch)[0])
+    assert grads[1].abs().max() > 0
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("options", [

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from ._config import check_divides, check_positive, make_config
 from ._registry import register_model
 from .vision import ImageClassifier, ImageConfig, seeded
-from .windows import Window, local, out_size, read
+from .windows import Window, fold, local, out_size, read
 
 
 def _conv_bn(c_in: int, c_out: int, k: int, stride: int = 1) -> nn.Sequential:
@@ -127,28 +127,54 @@ class ResNet(ImageClassifier):
             inner.append(block.body[1](block.body[0](h)))
             h = block(h)
             maps.append(h)
-        return {"maps": maps, "inner": inner, "blocks": blocks}
+        # each map's channels-last copies (models.windows.Window.store), made by the first chunk;
+        # every convolution with its BatchNorm folded in (models.windows.fold)
+        stores = {"maps": [{} for _ in maps], "inner": [{} for _ in inner]}
+        folded = {m: f for m in self.features.modules() if (f := fold(m)) is not None}
+        return {"maps": maps, "inner": inner, "blocks": blocks, "stores": stores,
+                "folded": folded}
+
+    def _conv_bn(self, layer: nn.Module, x: Tensor, folded: dict[nn.Module, Any]) -> Tensor:
+        """``layer`` (a convolution and its BatchNorm) on full maps, folded when it can be."""
+        f = folded.get(layer)
+        if f is None:
+            return layer(x)
+        conv = layer[0]
+        return F.conv2d(x, f[0], f[1], conv.stride, conv.padding, conv.dilation, conv.groups)
+
+    def _block(self, block: BasicBlock, x: Tensor, folded: dict[nn.Module, Any]) -> Tensor:
+        """``block(x)`` with folded convolutions."""
+        y = self._conv_bn(block.body[2], torch.relu_(self._conv_bn(block.body[0], x, folded)),
+                          folded)
+        short = x if isinstance(block.shortcut, nn.Identity) else self._conv_bn(
+            block.shortcut, x, folded)
+        return torch.relu_(y.add_(short))
 
     def forward_local(self, cache: dict[str, Any], rows: Tensor, top: Tensor, left: Tensor,
                       patch: Tensor) -> Tensor:
         """Logits of copies of the cached images ``rows`` whose pixels at ``top``/``left``
         (a patch) are replaced by ``patch`` (n, C, p, p)."""
         maps, inner, blocks = cache["maps"], cache["inner"], cache["blocks"]
-        win = Window(maps[0], rows, patch, top, left)
-        y, t, lft = local(self.features[0], win)
-        win = win.like(maps[1], self.features[1](y), t, lft)
+        stores, inner_stores = cache["stores"]["maps"], cache["stores"]["inner"]
+        folded = cache["folded"]
+        win = Window(maps[0], rows, patch, top, left, stores[0])
+        y, t, lft = local(self.features[0], win, folded=folded.get(self.features[0]))
+        win = win.like(maps[1], torch.relu_(y), t, lft, stores[1])
         for i, block in enumerate(self._blocks()[:blocks]):
-            a, t, lft = local(block.body[0], win)
-            b, t, lft = local(block.body[2], win.like(inner[i], block.body[1](a), t, lft))
+            a, t, lft = local(block.body[0], win, folded=folded.get(block.body[0]))
+            b, t, lft = local(block.body[2],
+                              win.like(inner[i], torch.relu_(a), t, lft, inner_stores[i]),
+                              folded=folded.get(block.body[2]))
             if isinstance(block.shortcut, nn.Identity):
                 short = read(win, t, lft, b.shape[2], b.shape[3])
             else:
-                short = local(block.shortcut, win, (t, lft, b.shape[2], b.shape[3]))[0]
-            win = win.like(maps[2 + i], F.relu(b + short), t, lft)
+                short = local(block.shortcut, win, (t, lft, b.shape[2], b.shape[3]),
+                              folded.get(block.shortcut))[0]
+            win = win.like(maps[2 + i], torch.relu_(b.add_(short)), t, lft, stores[2 + i])
         zero = torch.zeros_like(top)
         h = read(win, zero, zero, *win.clean.shape[2:])
         for layer in list(self.features)[2 + blocks:]:
-            h = layer(h)
+            h = self._block(layer, h, folded) if isinstance(layer, BasicBlock) else layer(h)
         return self.head(h)
 
 

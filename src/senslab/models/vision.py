@@ -198,21 +198,23 @@ class CNN(ImageClassifier):
         for layer in self.net[:5]:
             x = layer(x)
             maps.append(x)
-        return {"maps": [maps[0], maps[2], maps[4], maps[5]]}
+        # each map's channels-last copies (models.windows.Window.store), made by the first chunk
+        return {"maps": [maps[0], maps[2], maps[4], maps[5]], "stores": [{}, {}, {}, {}]}
 
     def forward_local(self, cache: dict[str, Any], rows: Tensor, top: Tensor, left: Tensor,
                       patch: Tensor) -> Tensor:
         """Logits of copies of the cached images ``rows`` whose pixels at ``top``/``left``
         (a patch) are replaced by ``patch`` (n, C, p, p)."""
         x, a1, a2, pooled = cache["maps"]
+        stores = cache["stores"]
         net = self.net
-        win = Window(x, rows, patch, top, left)
+        win = Window(x, rows, patch, top, left, stores[0])
         y, t, lft = local(net[0], win)
-        win = win.like(a1, net[1](y), t, lft)
+        win = win.like(a1, net[1](y), t, lft, stores[1])
         y, t, lft = local(net[2], win)
-        win = win.like(a2, net[3](y), t, lft)
+        win = win.like(a2, net[3](y), t, lft, stores[2])
         y, t, lft = local(net[4], win)
-        win = win.like(pooled, y, t, lft)
+        win = win.like(pooled, y, t, lft, stores[3])
         zero = torch.zeros_like(top)
         return net[5:](read(win, zero, zero, *pooled.shape[2:]))
 

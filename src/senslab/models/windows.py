@@ -13,7 +13,7 @@ with running statistics, pointwise functions) may be evaluated this way.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -24,39 +24,57 @@ from torch import Tensor, nn
 class Window:
     """``clean``: (E, C, H, W) clean maps; ``rows``: (n,) each copy's row of ``clean``;
     ``data``: (n, C, h, w) the copies' values on rows ``top``..``top + h`` and columns
-    ``left``..``left + w`` ((n,) each); outside it every copy equals its clean map."""
+    ``left``..``left + w`` ((n,) each); outside it every copy equals its clean map.
+
+    ``store`` keeps ``clean`` zero-padded and laid out one position per row (channels last), per
+    padding width, so that reads gather whole rows; share one store per clean map across calls
+    (a model's ``local_cache``) and the layout is made once, not once per chunk."""
 
     clean: Tensor
     rows: Tensor
     data: Tensor
     top: Tensor
     left: Tensor
+    store: dict[int, Tensor] = field(default_factory=dict)
 
-    def like(self, clean: Tensor, data: Tensor, top: Tensor, left: Tensor) -> Window:
-        """Another map of the same copies."""
-        return Window(clean, self.rows, data, top, left)
+    def like(self, clean: Tensor, data: Tensor, top: Tensor, left: Tensor,
+             store: dict[int, Tensor] | None = None) -> Window:
+        """Another map of the same copies (``store``: that map's, as in :class:`Window`)."""
+        return Window(clean, self.rows, data, top, left, {} if store is None else store)
+
+    def source(self, pad: int) -> Tensor:
+        """(E·(H + 2·pad)·(W + 2·pad), C): ``clean`` zero-padded by ``pad``, a row per position."""
+        src = self.store.get(pad)
+        if src is None or src.device != self.clean.device:
+            clean = F.pad(self.clean, (pad, pad, pad, pad)) if pad else self.clean
+            src = clean.permute(0, 2, 3, 1).reshape(-1, clean.shape[1])
+            self.store[pad] = src
+        return src
 
 
 def read(win: Window, top: Tensor, left: Tensor, h: int, w: int, pad: int = 0) -> Tensor:
-    """(n, C, h, w): each copy's perturbed map on rows ``top``..``top + h``, columns
-    ``left``..``left + w``; the region may reach ``pad`` positions beyond the map (zeros there, as
-    a convolution's zero padding)."""
-    clean = F.pad(win.clean, (pad, pad, pad, pad)) if pad else win.clean
+    """(n, C, h, w), channels-last in memory: each copy's perturbed map on rows
+    ``top``..``top + h``, columns ``left``..``left + w``; the region may reach ``pad`` positions
+    beyond the map (zeros there, as a convolution's zero padding)."""
+    src = win.source(pad)
     n, dev = len(win.rows), win.data.device
+    channels, (height, width) = win.clean.shape[1], win.clean.shape[2:]
     r = (top + pad)[:, None] + torch.arange(h, device=dev)
     c = (left + pad)[:, None] + torch.arange(w, device=dev)
-    out = clean[win.rows[:, None, None], :, r[:, :, None], c[:, None, :]]  # (n, h, w, C)
-    # paste the window where it overlaps the region; its rows and columns outside the region go
-    # to a spare row and column, dropped afterwards
-    out = F.pad(out, (0, 0, 0, 1, 0, 1))
+    at = (win.rows[:, None, None] * (height + 2 * pad) + r[:, :, None]) * (width + 2 * pad)
+    # one row per region position, and a spare last row that takes the window's positions
+    # outside the region (dropped afterwards)
+    out = torch.empty(n * h * w + 1, channels, dtype=src.dtype, device=dev)
+    torch.index_select(src, 0, (at + c[:, None, :]).reshape(-1), out=out[:-1])
     wh, ww = win.data.shape[2:]
     dr = (win.top - top)[:, None] + torch.arange(wh, device=dev)
     dc = (win.left - left)[:, None] + torch.arange(ww, device=dev)
-    dr = torch.where((dr >= 0) & (dr < h), dr, h)
-    dc = torch.where((dc >= 0) & (dc < w), dc, w)
-    out[torch.arange(n, device=dev)[:, None, None], dr[:, :, None], dc[:, None, :]] = (
-        win.data.permute(0, 2, 3, 1).to(out.dtype))
-    return out[:, :h, :w].permute(0, 3, 1, 2)
+    inside = ((dr >= 0) & (dr < h))[:, :, None] & ((dc >= 0) & (dc < w))[:, None, :]
+    to = (torch.arange(n, device=dev)[:, None, None] * h + dr[:, :, None]) * w + dc[:, None, :]
+    to = torch.where(inside, to, n * h * w)
+    out.index_copy_(0, to.reshape(-1),
+                    win.data.permute(0, 2, 3, 1).reshape(-1, channels).to(out.dtype))
+    return out[:-1].view(n, h, w, channels).permute(0, 3, 1, 2)
 
 
 def _parts(layer: nn.Module) -> tuple[nn.Module, nn.Module | None, int, int, int]:
@@ -87,12 +105,38 @@ def out_size(layer: nn.Module, h: int, size: int) -> tuple[int, int]:
     return min(full, (h + k - 2) // s + 1), full
 
 
+def fold(layer: nn.Module) -> tuple[Tensor, Tensor | None] | None:
+    """(weight, bias) of one convolution equal to ``layer`` = Sequential(``nn.Conv2d``,
+    ``nn.BatchNorm2d`` in eval mode with running statistics): the BatchNorm's scale and shift
+    folded into the convolution, so a window costs one pass instead of two (equal up to float
+    rounding). None for any other layer, or a BatchNorm that would use batch statistics."""
+    if not (isinstance(layer, nn.Sequential) and len(layer) == 2
+            and isinstance(layer[0], nn.Conv2d) and isinstance(layer[1], nn.BatchNorm2d)):
+        return None
+    conv, norm = layer[0], layer[1]
+    if norm.training or norm.running_mean is None or norm.running_var is None:
+        return None
+    with torch.no_grad():
+        scale = torch.rsqrt(norm.running_var + norm.eps)
+        if norm.weight is not None:
+            scale = scale * norm.weight
+        shift = -norm.running_mean * scale
+        if norm.bias is not None:
+            shift = shift + norm.bias
+        if conv.bias is not None:
+            shift = shift + conv.bias * scale
+        weight = conv.weight * scale.to(conv.weight.dtype).view(-1, 1, 1, 1)
+    return weight, shift.to(conv.weight.dtype)
+
+
 def local(layer: nn.Module, win: Window,
-          at: tuple[Tensor, Tensor, int, int] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+          at: tuple[Tensor, Tensor, int, int] | None = None,
+          folded: tuple[Tensor, Tensor | None] | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """``layer`` (a square-kernel ``nn.Conv2d``, a Sequential of one and a BatchNorm, or an
     unpadded max/average pool) on the perturbed maps ``win``: the values, top and left of its
     output window — the smallest holding every changed output position, clamped into the map —
-    or of the window ``at`` = (top, left, h, w) given."""
+    or of the window ``at`` = (top, left, h, w) given. ``folded``: :func:`fold`'s convolution
+    for ``layer``, run in its place."""
     op, norm, k, s, p = _parts(layer)
     size_h, size_w = win.clean.shape[2:]
     if at is None:
@@ -108,6 +152,8 @@ def local(layer: nn.Module, win: Window,
     else:
         top, left, ho, wo = at
     crop = read(win, top * s - p, left * s - p, (ho - 1) * s + k, (wo - 1) * s + k, p)
+    if folded is not None:
+        return F.conv2d(crop, folded[0], folded[1], s, 0, 1, op.groups), top, left
     if isinstance(op, nn.Conv2d):
         y = F.conv2d(crop, op.weight, op.bias, s, 0, 1, op.groups)
     else:  # the crop holds whole pooling cells, so pooling it is pooling the map
