@@ -72,8 +72,7 @@ def read(win: Window, top: Tensor, left: Tensor, h: int, w: int, pad: int = 0) -
     inside = ((dr >= 0) & (dr < h))[:, :, None] & ((dc >= 0) & (dc < w))[:, None, :]
     to = (torch.arange(n, device=dev)[:, None, None] * h + dr[:, :, None]) * w + dc[:, None, :]
     to = torch.where(inside, to, n * h * w)
-    out.index_copy_(0, to.reshape(-1),
-                    win.data.permute(0, 2, 3, 1).reshape(-1, channels).to(out.dtype))
+    out[to.reshape(-1)] = win.data.permute(0, 2, 3, 1).reshape(-1, channels).to(out.dtype)
     return out[:-1].view(n, h, w, channels).permute(0, 3, 1, 2)
 
 
