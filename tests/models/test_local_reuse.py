@@ -269,6 +269,11 @@ def vit(**overrides):
     ({"attention": "relu"}, 4),
     ({"depth": 1}, 4),                # the first block is the last: no CLS-only block
     ({"depth": 2, "patch_size": 2}, 4),
+    # heads as wide as the tokens (ViT-small: 64 and 64): fused query-key and value-output
+    # weights, keys and values the normalised tokens themselves
+    ({"dim_head": 16}, 4),
+    ({"dim_head": 16, "depth": 1}, 4),
+    ({"dim_head": 16, "locality": False, "shift": "diagonal"}, 2),
 ])
 def test_vit_forward_local_equals_full_forward(overrides, patch):
     model = vit(**overrides)
@@ -281,6 +286,9 @@ def test_vit_forward_local_equals_full_forward(overrides, patch):
         full = perturbed_full(model, x, rows, top, left, noisy)
     torch.testing.assert_close(fast, full, rtol=1e-4, atol=1e-5)
     assert not torch.allclose(full, model(x)[rows], atol=1e-3)
+    fused = model.local_cache(x, patch)["fused"]
+    assert all((f is not None) == (overrides.get("dim_head", 8) >= 16
+                                   and overrides.get("attention") != "relu") for f in fused)
 
 
 @pytest.mark.parametrize("shift, inner, corner", [("axis", 5, 3), ("diagonal", 9, 4),
@@ -301,8 +309,9 @@ def test_vit_recomputes_the_tokens_a_patch_reaches(shift, inner, corner):
     assert model.eval().local_cache(torch.zeros(1, 3, 16, 16), 4)["reach"] == inner
 
 
-def test_vit_local_reuse_gives_the_full_forwards_numbers():
-    model = vit()
+@pytest.mark.parametrize("overrides", [{}, {"dim_head": 16}])  # per head, or fused weights
+def test_vit_local_reuse_gives_the_full_forwards_numbers(overrides):
+    model = vit(**overrides)
     x = torch.rand(5, 3, 16, 16, generator=torch.Generator().manual_seed(0)) * 2 - 1
     with torch.no_grad():  # at init every image gets one class: centre the logits on these
         model.head[1].bias.sub_(model(x).mean(0))

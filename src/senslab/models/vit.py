@@ -108,6 +108,41 @@ class Attention(nn.Module):
             )
         return self.drop(self._weights(q, k)) @ v
 
+    @torch.no_grad()
+    def fused(self) -> tuple[Tensor, Tensor] | None:
+        """Weights for :meth:`forward_fused`: (dim, heads·dim) ``qk`` and (dim, heads·dim)
+        ``vo``, or None where they would not save work (a qkv bias, relu attention, or heads
+        narrower than the tokens).
+
+        Without a bias, head h's logits are x W_qᵀ W_k xᵀ·s = (x M_h) xᵀ with M_h = s·W_qᵀW_k,
+        and its share of the output projection A_h x W_vᵀ W_oᵀ = (A_h x) N_h: the keys and values
+        are the normalised tokens themselves, so the K and V projections (and their
+        heads·d_head-wide activations) drop out. Equal up to float rounding."""
+        dim, inner = self.qkv.in_features, self.qkv.out_features // 3
+        d = inner // self.heads
+        if self.kind != "softmax" or self.qkv.bias is not None or dim > d:
+            return None
+        wq, wk, wv = self.qkv.weight.view(3, self.heads, d, dim)
+        qk = torch.einsum("hid,hie->dhe", wq, wk).reshape(dim, self.heads * dim)
+        wo = self.out[0].weight.view(-1, self.heads, d)
+        vo = torch.einsum("hie,ohi->ohe", wv, wo).reshape(wo.shape[0], self.heads * dim)
+        return qk * self.log_scale.exp(), vo
+
+    def forward_fused(self, x: Tensor, fused: tuple[Tensor, Tensor],
+                      rows: int | None = None) -> Tensor:
+        """:meth:`forward` on normalised tokens ``x`` (B, T, dim) by :meth:`fused`'s weights;
+        ``rows``: the outputs of the first ``rows`` tokens only."""
+        qk, vo = fused
+        b, t, dim = x.shape
+        xq = x if rows is None else x[:, :rows]
+        q = (xq @ qk).view(b, xq.shape[1], self.heads, dim).transpose(1, 2)
+        kv = x.to(q.dtype)[:, None].expand(b, self.heads, t, dim)
+        allowed = None
+        if self.locality:
+            allowed = ~torch.eye(t, dtype=torch.bool, device=x.device)[:xq.shape[1]]
+        y = F.scaled_dot_product_attention(q, kv, kv, attn_mask=allowed, scale=1.0)
+        return self.out[1](F.linear(y.transpose(1, 2).flatten(2), vo, self.out[0].bias))
+
     def heads_of(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``qkv`` (B, T, 3·heads·d_head), the output of :attr:`qkv`, split as in forward."""
         b, t, _ = qkv.shape
@@ -161,6 +196,16 @@ class Block(nn.Module):
         """Token 0's output (B, 1, dim): the only row a classifier reading the CLS token
         uses of its last block."""
         c = x[:, :1] + self.attn.first_row(self.ln1(x))
+        return c + self.mlp(self.ln2(c))
+
+    def forward_fused(self, x: Tensor, fused: tuple[Tensor, Tensor] | None,
+                      rows: int | None = None) -> Tensor:
+        """This block (its first ``rows`` outputs) with :meth:`Attention.fused` weights, or
+        as :meth:`forward`/:meth:`forward_first_row` where ``fused`` is None."""
+        if fused is None:
+            return self(x) if rows is None else self.forward_first_row(x)
+        c = x if rows is None else x[:, :rows]
+        c = c + self.attn.forward_fused(self.ln1(x), fused, rows)
         return c + self.mlp(self.ln2(c))
 
 
@@ -272,7 +317,9 @@ class ViTSmall(ImageClassifier):
         self.check_input(x)
         t = self._embed(x)
         first = self.blocks[0]
-        return {"x": x, "tokens": t, "qkv": first.attn.qkv(first.ln1(t)),
+        fused = [blk.attn.fused() for blk in self.blocks]
+        qkv = first.attn.qkv(first.ln1(t)) if fused[0] is None else None
+        return {"x": x, "tokens": t, "qkv": qkv, "fused": fused,
                 "reach": self._reach(x.shape[2], x.shape[3], patch, x.device)}
 
     def _reach(self, h: int, w: int, patch: int, device: torch.device) -> int:
@@ -314,15 +361,18 @@ class ViTSmall(ImageClassifier):
         new = spt.proj(spt.norm(pieces)) + self.pos[0, where]
         t = cache["tokens"].index_select(0, rows)
         t.scatter_(1, where[..., None].expand(-1, -1, t.shape[-1]), new.to(t.dtype))
-        first = self.blocks[0]
-        qkv = cache["qkv"].index_select(0, rows)
-        fresh = first.attn.qkv(first.ln1(new))
-        qkv.scatter_(1, where[..., None].expand(-1, -1, qkv.shape[-1]), fresh.to(qkv.dtype))
-        t = first.forward_qkv(t, qkv)
+        first, fused = self.blocks[0], cache["fused"]
+        if fused[0] is None:
+            qkv = cache["qkv"].index_select(0, rows)
+            fresh = first.attn.qkv(first.ln1(new))
+            qkv.scatter_(1, where[..., None].expand(-1, -1, qkv.shape[-1]), fresh.to(qkv.dtype))
+            t = first.forward_qkv(t, qkv)
+        else:  # fused weights: no K/V projections to spare, so the first block runs in full
+            t = first.forward_fused(t, fused[0])
         if len(self.blocks) > 1:
-            for blk in self.blocks[1:-1]:
-                t = blk(t)
-            t = self.blocks[-1].forward_first_row(t)
+            for blk, f in zip(self.blocks[1:-1], fused[1:-1], strict=True):
+                t = blk.forward_fused(t, f)
+            t = self.blocks[-1].forward_fused(t, fused[-1], rows=1)
         return self.head(t[:, 0])
 
 
