@@ -306,7 +306,10 @@ class ViTSmall(ImageClassifier):
     # patch-sized noise with one-pixel axis shifts). A perturbed copy recomputes those tokens and
     # their rows of the first block's Q, K and V (the other rows are the cached clean ones), runs
     # the middle blocks in full, and the last block for the CLS row alone, the only row the head
-    # reads. Same predictions as a full forward up to float rounding.
+    # reads. Where heads are as wide as the tokens (ViT-small: 32 heads of 64 on 64-wide tokens)
+    # every block runs on fused query-key and value-output weights instead (Attention.fused):
+    # the keys and values are the normalised tokens themselves, so no K/V projections. Same
+    # predictions as a full forward up to float rounding.
 
     @torch.no_grad()
     def local_cache(self, x: Tensor, patch: int) -> dict[str, Any]:
