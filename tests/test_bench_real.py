@@ -186,6 +186,11 @@ def test_vit_exact_cuts_match_a_count_by_hand(bench):
     assert cuts["bound_taken"] == pytest.approx(1 / (1 - taken))
     assert cuts["bound"] == pytest.approx(1 / (1 - taken - cuts["first_block_pairs"]))
     assert bench.vit_exact_cuts(create_model("resnet18", seed=0).eval(), x) is None
+    # heads as wide as the tokens: local reuse runs on fused weights, and the record says so
+    assert cuts["fused"] == 0.0
+    wide = create_model("vit_small", seed=0, dim=dim, depth=2, heads=heads, dim_head=dim,
+                        mlp_dim=mlp).eval()
+    assert bench.vit_exact_cuts(wide, x)["fused"] == 1.0
 
 
 def test_an_image_case_shows_what_local_reuse_gains(bench):
