@@ -134,7 +134,7 @@ class ResNet(ImageClassifier):
         return {"maps": maps, "inner": inner, "blocks": blocks, "stores": stores,
                 "folded": folded}
 
-    def _conv_bn(self, layer: nn.Module, x: Tensor, folded: dict[nn.Module, Any]) -> Tensor:
+    def _folded(self, layer: nn.Module, x: Tensor, folded: dict[nn.Module, Any]) -> Tensor:
         """``layer`` (a convolution and its BatchNorm) on full maps, folded when it can be."""
         f = folded.get(layer)
         if f is None:
@@ -144,9 +144,9 @@ class ResNet(ImageClassifier):
 
     def _block(self, block: BasicBlock, x: Tensor, folded: dict[nn.Module, Any]) -> Tensor:
         """``block(x)`` with folded convolutions."""
-        y = self._conv_bn(block.body[2], torch.relu_(self._conv_bn(block.body[0], x, folded)),
-                          folded)
-        short = x if isinstance(block.shortcut, nn.Identity) else self._conv_bn(
+        y = self._folded(block.body[2], torch.relu_(self._folded(block.body[0], x, folded)),
+                         folded)
+        short = x if isinstance(block.shortcut, nn.Identity) else self._folded(
             block.shortcut, x, folded)
         return torch.relu_(y.add_(short))
 

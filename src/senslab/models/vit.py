@@ -199,11 +199,12 @@ class Block(nn.Module):
         return c + self.mlp(self.ln2(c))
 
     def forward_fused(self, x: Tensor, fused: tuple[Tensor, Tensor] | None,
-                      rows: int | None = None) -> Tensor:
-        """This block (its first ``rows`` outputs) with :meth:`Attention.fused` weights, or
-        as :meth:`forward`/:meth:`forward_first_row` where ``fused`` is None."""
+                      first_row: bool = False) -> Tensor:
+        """This block (``first_row``: token 0's output alone) with :meth:`Attention.fused`
+        weights, or as :meth:`forward`/:meth:`forward_first_row` where ``fused`` is None."""
         if fused is None:
-            return self(x) if rows is None else self.forward_first_row(x)
+            return self.forward_first_row(x) if first_row else self(x)
+        rows = 1 if first_row else None
         c = x if rows is None else x[:, :rows]
         c = c + self.attn.forward_fused(self.ln1(x), fused, rows)
         return c + self.mlp(self.ln2(c))
@@ -375,7 +376,7 @@ class ViTSmall(ImageClassifier):
         if len(self.blocks) > 1:
             for blk, f in zip(self.blocks[1:-1], fused[1:-1], strict=True):
                 t = blk.forward_fused(t, f)
-            t = self.blocks[-1].forward_fused(t, fused[-1], rows=1)
+            t = self.blocks[-1].forward_fused(t, fused[-1], first_row=True)
         return self.head(t[:, 0])
 
 

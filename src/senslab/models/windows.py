@@ -45,7 +45,7 @@ class Window:
     def source(self, pad: int) -> Tensor:
         """(E·(H + 2·pad)·(W + 2·pad), C): ``clean`` zero-padded by ``pad``, a row per position."""
         src = self.store.get(pad)
-        if src is None or src.device != self.clean.device:
+        if src is None:
             clean = F.pad(self.clean, (pad, pad, pad, pad)) if pad else self.clean
             src = clean.permute(0, 2, 3, 1).reshape(-1, clean.shape[1])
             self.store[pad] = src
@@ -104,7 +104,7 @@ def out_size(layer: nn.Module, h: int, size: int) -> tuple[int, int]:
     return min(full, (h + k - 2) // s + 1), full
 
 
-def fold(layer: nn.Module) -> tuple[Tensor, Tensor | None] | None:
+def fold(layer: nn.Module) -> tuple[Tensor, Tensor] | None:
     """(weight, bias) of one convolution equal to ``layer`` = Sequential(``nn.Conv2d``,
     ``nn.BatchNorm2d`` in eval mode with running statistics): the BatchNorm's scale and shift
     folded into the convolution, so a window costs one pass instead of two (equal up to float
@@ -130,7 +130,7 @@ def fold(layer: nn.Module) -> tuple[Tensor, Tensor | None] | None:
 
 def local(layer: nn.Module, win: Window,
           at: tuple[Tensor, Tensor, int, int] | None = None,
-          folded: tuple[Tensor, Tensor | None] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+          folded: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """``layer`` (a square-kernel ``nn.Conv2d``, a Sequential of one and a BatchNorm, or an
     unpadded max/average pool) on the perturbed maps ``win``: the values, top and left of its
     output window — the smallest holding every changed output position, clamped into the map —
