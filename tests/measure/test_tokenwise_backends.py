@@ -10,8 +10,14 @@ import pytest
 import torch
 from torch import nn
 
-from senslab.measure import TokenSensitivity, token_sensitivity
-from senslab.measure._chunks import ActivationMeter, chunk_from_probe, default_budget
+from senslab.measure import TokenSensitivity, _chunks, token_sensitivity
+from senslab.measure._chunks import (
+    CPU_TENSOR_BYTES,
+    ActivationMeter,
+    chunk_from_probe,
+    default_budget,
+    with_tensor_cap,
+)
 from senslab.tokens import Embedding, Patches
 
 
@@ -94,6 +100,69 @@ def test_activation_meter_sees_module_outputs():
     assert chunk_from_probe(meter.peak, 5, 10 * meter.peak, 10_000) == 50
     assert chunk_from_probe(meter.peak, 5, 1, 10_000, even=True) == 2
     assert default_budget(torch.device("cpu")) >= 1 << 20
+
+
+class WideInside(nn.Module):
+    """A conv net whose forward makes a ``width``-channel temporary per image that no module
+    returns (so no hook sees it), and keeps a per-batch layout of its input after its first
+    call — a cache, not a temporary — from which each call reads a view."""
+
+    def __init__(self, width: int = 64) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.lift = nn.Parameter(torch.randn(width, 4, generator=torch.Generator().manual_seed(0)))
+        self.head = nn.Linear(width, 3)
+        self.kept: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kept is None:
+            self.kept = torch.zeros(4096, 1024)  # 16 MiB, made inside the first forward
+        h = self.conv(x).flatten(2)  # (n, 4, 64)
+        wide = torch.einsum("ck,nkp->ncp", self.lift, h)  # (n, width, 64), unseen by hooks
+        feature = wide.mean(2)
+        return self.head(feature - feature.mean(1, keepdim=True)) + self.kept[0, :3]
+
+
+def test_activation_meter_records_the_largest_temporary_only():
+    """``largest``: the biggest storage an operation made and freed inside the forward — the
+    unseen wide temporary; not the layout the forward keeps, nor the output."""
+    model = WideInside()
+    x = images(8)
+    with torch.inference_mode(), ActivationMeter(model, torch.device("cpu")) as meter:
+        model(x)
+    assert meter.largest == 8 * 64 * 64 * 4  # the einsum's (8, 64, 64) float32 output
+    with torch.inference_mode(), ActivationMeter(model, torch.device("cpu")) as meter:
+        out = model(x[:2])  # kept already exists: reading its view is no temporary either
+    assert meter.largest == 2 * 64 * 64 * 4
+    assert out.shape == (2, 3)
+    assert meter.peak < 2 * 64 * 64 * 4  # the hooks never saw it (why the cap needs the mode)
+
+
+def test_with_tensor_cap_keeps_the_largest_tensor_under_the_cap():
+    budget = 64 << 20
+    assert with_tensor_cap(1000.0, 0.0, budget) == 1000.0  # nothing seen: unchanged
+    assert with_tensor_cap(1e6, 1000.0, budget) == 1e6  # small temporaries: the budget rules
+    per_copy = with_tensor_cap(1000.0, 1 << 20, budget)
+    chunk = chunk_from_probe(per_copy, 1, budget, 10_000)
+    assert chunk == CPU_TENSOR_BYTES // (1 << 20)  # 24 copies of a 1 MiB temporary
+
+
+def test_host_chunks_keep_every_temporary_under_the_cap(monkeypatch):
+    """On CPU under the default budget the automatic chunk keeps the largest temporary under
+    CPU_TENSOR_BYTES; a budget the user gives is honoured as is; the numbers never change."""
+    monkeypatch.setattr(_chunks, "CPU_TENSOR_BYTES", 6 * 64 * 64 * 4)  # 6 images' temporary
+    x = images(8)
+    model = seeded(WideInside)
+    runs = {}
+    for budget in (None, 1 << 30):
+        m = TokenSensitivity(model, Patches(2), sigma=3.0, repeats=2,
+                             memory_budget=budget, generator=3)
+        m.update(x)
+        runs[budget] = (m.last_chunk_size, m.compute())
+    assert runs[None][0] == 6
+    assert runs[1 << 30][0] == len(x) * 16 * 2  # the user's budget: one chunk
+    assert runs[None][1].estimate > 0.02  # informative
+    assert torch.equal(runs[None][1].per_sample, runs[1 << 30][1].per_sample)
 
 
 @pytest.mark.slow  # compiling takes minutes on 2 CPU cores

@@ -3,9 +3,11 @@
 The first chunk of every ``update`` is a *probe*: it is evaluated (its results are kept) while an
 :class:`ActivationMeter` records the peak number of bytes held by tensors that the forward pass
 creates (exactly on a GPU, from module outputs elsewhere). That peak divided by the probe's
-copies is the memory one copy costs; the chunk size is the memory budget divided by it. Because
-the noise is drawn in fixed blocks (:mod:`senslab.measure._noise`), the chunking never changes
-the numbers.
+copies is the memory one copy costs; the chunk size is the memory budget divided by it. On the
+host, under the default budget, the chunk is also kept small enough that no single temporary
+tensor of the forward grows past :data:`CPU_TENSOR_BYTES` (the meter records the largest).
+Because the noise is drawn in fixed blocks (:mod:`senslab.measure._noise`), the chunking never
+changes the numbers.
 """
 
 from __future__ import annotations
@@ -16,6 +18,11 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+try:  # private module: without it the host's per-tensor cap is skipped (docs/compatibility.md)
+    from torch.utils._python_dispatch import TorchDispatchMode
+except ImportError:  # pragma: no cover - every supported torch has it
+    TorchDispatchMode = None  # type: ignore[assignment,misc]
 
 try:
     from torch.utils._pytree import tree_leaves
@@ -32,6 +39,11 @@ BUDGET_FRACTION = {"cuda": 0.5, "cpu": 0.25}
 #: on CPU the budget is capped: activations that stay near the caches run fastest (measured on
 #: 1 core: ViT-small 43 copies/s at 5–20 copies per pass, 23/s at 80; RoBERTa flat from 3 to 48)
 CPU_CHUNK_BYTES = 64 << 20
+#: on CPU (default budget) no temporary tensor of a chunk's forward may exceed this: glibc's
+#: malloc serves a block above its mmap threshold (at most 32 MiB on 64-bit) with a fresh mapping
+#: each time, whose pages fault in again on every call — a chunk that stays below runs faster
+#: (the README's ViT-small chunk-size measurements); a quarter of margin under the threshold
+CPU_TENSOR_BYTES = 24 << 20
 #: module outputs seen by hooks × this ≈ the forward's peak (temporaries inside modules)
 UNSEEN_FACTOR = 2.0
 
@@ -47,6 +59,12 @@ class ActivationMeter:
     forward and are no module's output (attention scores, for instance). Parameters and buffers
     are never counted. A model that is no ``nn.Module`` has nothing to hook: its peak reads 0 and
     the caller falls back to the size of its inputs.
+
+    On the host it also records :attr:`largest`: the bytes of the largest storage that an operation
+    of the forward created and that died before the meter closed — a temporary, not a cache the
+    forward keeps (such as a layout a model builds on its first call) nor the output. It is seen
+    through a dispatch mode, so it includes tensors inside modules and forwards no hook sees
+    (``forward_local``, fused attention); 0 where the mode cannot run (a compiled model).
     """
 
     def __init__(self, model: Any, device: torch.device) -> None:
@@ -59,6 +77,11 @@ class ActivationMeter:
         self.seen_peak = 0
         self._handles: list[Any] = []
         self._base = 0
+        #: largest temporary storage of the forward, in bytes (host only; see the docstring)
+        self.largest = 0
+        self._temps: dict[int, list[int]] = {}
+        self._mode: Any = None
+        self._open = False
 
     @property
     def peak(self) -> int:
@@ -77,9 +100,18 @@ class ActivationMeter:
             self._handles.append(self.model.register_forward_pre_hook(self._pre_hook))
             for module in self.model.modules():
                 self._handles.append(module.register_forward_hook(self._hook))
+        if not self.cuda and TorchDispatchMode is not None and not _compiled(self.model):
+            self._open = True
+            self._mode = _Temporaries(self)
+            self._mode.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if self._mode is not None:
+            self._mode.__exit__(*exc)
+            self._mode = None
+        self._open = False
+        self._temps.clear()
         for h in self._handles:
             h.remove()
         self._handles.clear()
@@ -98,11 +130,7 @@ class ActivationMeter:
                 self._track(t)
 
     def _track(self, t: Tensor) -> None:
-        try:
-            storage = t.untyped_storage()
-            key, nbytes = storage.data_ptr(), storage.nbytes()
-        except (RuntimeError, NotImplementedError):  # e.g. tensors without storage
-            return
+        key, nbytes = _storage(t)
         if key == 0 or key in self.external:
             return
         entry = self.live.get(key)
@@ -113,6 +141,30 @@ class ActivationMeter:
         entry[1] += 1
         weakref.finalize(t, self._release, key)
 
+    def _temp(self, t: Tensor, inputs: set[int]) -> None:
+        """An operation's output: counted in :attr:`largest` if its storage dies while open. An
+        output on an input's storage (a view, an in-place result) only keeps a temporary alive:
+        a view of a cache made before the meter opened is never a temporary."""
+        key, nbytes = _storage(t)
+        if key == 0 or key in self.external:
+            return
+        entry = self._temps.get(key)
+        if entry is None:
+            if key in inputs:
+                return
+            entry = self._temps[key] = [nbytes, 0]
+        entry[1] += 1
+        weakref.finalize(t, self._temp_died, key)
+
+    def _temp_died(self, key: int) -> None:
+        entry = self._temps.get(key)
+        if entry is None or not self._open:
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self._temps[key]
+            self.largest = max(self.largest, entry[0])
+
     def _release(self, key: int) -> None:
         entry = self.live.get(key)
         if entry is None:
@@ -121,6 +173,41 @@ class ActivationMeter:
         if entry[1] == 0:
             del self.live[key]
             self.current -= entry[0]
+
+
+def _compiled(model: Any) -> bool:
+    """A ``torch.compile``'d module: a dispatch mode around it would change what it runs."""
+    return model is not None and hasattr(model, "_orig_mod")
+
+
+if TorchDispatchMode is not None:
+
+    class _Temporaries(TorchDispatchMode):
+        """Hands every tensor an operation returns to the meter (:meth:`ActivationMeter._temp`)."""
+
+        def __init__(self, meter: ActivationMeter) -> None:
+            super().__init__()
+            self.meter = meter
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            inputs = {_storage(t)[0] for t in tree_leaves((args, kwargs))
+                      if isinstance(t, Tensor)}
+            for t in tree_leaves(out):
+                if isinstance(t, Tensor):
+                    self.meter._temp(t, inputs)
+            return out
+
+
+def _storage(t: Tensor) -> tuple[int, int]:
+    """(address, bytes) of ``t``'s storage; (0, 0) for tensors without one."""
+    try:
+        storage = t.untyped_storage()
+        return storage.data_ptr(), storage.nbytes()
+    except (RuntimeError, NotImplementedError):
+        return 0, 0
 
 
 def storages(*objects: Any) -> set[int]:
@@ -164,6 +251,15 @@ def default_budget(device: torch.device) -> int:
     if device.type == "cpu":
         budget = min(budget, CPU_CHUNK_BYTES)
     return max(budget, 1 << 20)
+
+
+def with_tensor_cap(per_copy: float, largest_per_copy: float, budget: int) -> float:
+    """Bytes per copy to size chunks by, so that ``budget / result`` copies keep the largest
+    temporary tensor under :data:`CPU_TENSOR_BYTES` (host, default budget: see the module
+    docstring): ``per_copy`` or more."""
+    if largest_per_copy <= 0:
+        return per_copy
+    return max(per_copy, largest_per_copy * budget / CPU_TENSOR_BYTES)
 
 
 def chunk_from_probe(

@@ -177,7 +177,9 @@ class ChunkRunner:
                 if evaluated:
                     # a callable without modules to hook: count its inputs (copies) twice
                     floor = 2 * self.input_bytes * evaluated
-                    self.per_copy = max(self.meter.peak, floor) / evaluated + self._copy_bytes()
+                    self.per_copy = self._capped(
+                        max(self.meter.peak, floor) / evaluated + self._copy_bytes(),
+                        self.meter.largest / evaluated)
                     self.chunk = _chunks.chunk_from_probe(
                         self.per_copy, 1, self.budget, n, even=self.m.antithetic
                     )
@@ -239,9 +241,18 @@ class ChunkRunner:
         evaluated = int(own.sum())
         if evaluated:
             floor = 2 * self.input_bytes * evaluated
-            self.per_copy = (max(self.meter.peak, floor) / evaluated * full / max(width, 1)
-                             + self._copy_bytes())
+            scale = full / max(width, 1)
+            self.per_copy = self._capped(
+                max(self.meter.peak, floor) / evaluated * scale + self._copy_bytes(),
+                self.meter.largest / evaluated * scale)
         self.meter = None
+
+    def _capped(self, per_copy: float, largest: float) -> float:
+        """Bytes per copy with the host's per-tensor cap folded in (:func:`._chunks.
+        with_tensor_cap`): on CPU under the default budget, not a budget the user gave."""
+        if self.ref.device.type != "cpu" or self.m.memory_budget:
+            return per_copy
+        return _chunks.with_tensor_cap(per_copy, largest, self.budget)
 
     def _copy_bytes(self) -> int:
         """Bytes of shared caches each copy gathers (prefix reuse), which the meter cannot see."""
