@@ -100,7 +100,8 @@ class ActivationMeter:
             self._handles.append(self.model.register_forward_pre_hook(self._pre_hook))
             for module in self.model.modules():
                 self._handles.append(module.register_forward_hook(self._hook))
-        if not self.cuda and TorchDispatchMode is not None and not _compiled(self.model):
+        if (self.device.type == "cpu" and TorchDispatchMode is not None
+                and not _compiled(self.model)):
             self._open = True
             self._mode = _Temporaries(self)
             self._mode.__enter__()
