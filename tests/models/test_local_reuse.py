@@ -291,6 +291,32 @@ def test_vit_forward_local_equals_full_forward(overrides, patch):
                                    and overrides.get("attention") != "relu") for f in fused)
 
 
+def test_vit_fused_attention_keeps_its_memory_and_changes_nothing():
+    """Without autograd on the host the fused attention writes into memory kept in the cache
+    (no fresh mapping per call): the same outputs as full forwards for chunks that grow and
+    shrink, no new memory for a smaller chunk; with autograd the plain path and a gradient."""
+    model = vit(dim_head=16)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 16, 16, generator=g)
+    rows, top, left = every_patch(2, 16, 4)
+    noisy = torch.randn(len(rows), 3, 4, 4, generator=g) * 2
+    cache = model.local_cache(x, 4)
+    with torch.no_grad():
+        full = perturbed_full(model, x, rows, top, left, noisy)
+        for sl in (slice(0, 5), slice(5, 30), slice(30, 32)):
+            out = model.forward_local(cache, rows[sl], top[sl], left[sl], noisy[sl])
+            torch.testing.assert_close(out, full[sl], rtol=1e-4, atol=1e-5)
+        kept = {k: v.data_ptr() for k, v in cache["scratch"].items()}
+        assert set(kept) == {"q", "logits", "weights", "y"}
+        model.forward_local(cache, rows[:7], top[:7], left[:7], noisy[:7])
+        assert {k: v.data_ptr() for k, v in cache["scratch"].items()} == kept
+    patch = noisy[:4].clone().requires_grad_()
+    out = model.forward_local(cache, rows[:4], top[:4], left[:4], patch)
+    torch.testing.assert_close(out.detach(), full[:4], rtol=1e-4, atol=1e-5)
+    out.sum().backward()
+    assert patch.grad is not None and float(patch.grad.abs().sum()) > 0
+
+
 @pytest.mark.parametrize("shift, inner, corner", [("axis", 5, 3), ("diagonal", 9, 4),
                                                    ("none", 1, 1)])
 def test_vit_recomputes_the_tokens_a_patch_reaches(shift, inner, corner):

@@ -43,7 +43,7 @@ CPU_CHUNK_BYTES = 64 << 20
 #: malloc serves a block above its mmap threshold (at most 32 MiB on 64-bit) with a fresh mapping
 #: each time, whose pages fault in again on every call — a chunk that stays below runs faster
 #: (the README's ViT-small chunk-size measurements); a quarter of margin under the threshold
-CPU_TENSOR_BYTES = 24 << 20
+CPU_TENSOR_BYTES = 16 << 20
 #: module outputs seen by hooks × this ≈ the forward's peak (temporaries inside modules)
 UNSEEN_FACTOR = 2.0
 

@@ -25,6 +25,14 @@ from .vision import ImageClassifier, ImageConfig, patchify, seeded
 #: under ``torch.compile`` there, reading the LSA temperature may cost a graph break, same numbers.
 _is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 
+
+def _autocast(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type`` (the device argument came with torch 2.4)."""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # older torch: the host's own query
+        return device_type == "cpu" and torch.is_autocast_cpu_enabled()
+
 # ---------------------------------------------------------------- transformer parts
 
 
@@ -129,19 +137,39 @@ class Attention(nn.Module):
         return qk * self.log_scale.exp(), vo
 
     def forward_fused(self, x: Tensor, fused: tuple[Tensor, Tensor],
-                      rows: int | None = None) -> Tensor:
+                      rows: int | None = None, scratch: dict[str, Tensor] | None = None
+                      ) -> Tensor:
         """:meth:`forward` on normalised tokens ``x`` (B, T, dim) by :meth:`fused`'s weights;
-        ``rows``: the outputs of the first ``rows`` tokens only."""
+        ``rows``: the outputs of the first ``rows`` tokens only. ``scratch``: a dict in which
+        the heads·dim-wide intermediates keep their memory from call to call (host inference
+        only; see :func:`_scratch`)."""
         qk, vo = fused
         b, t, dim = x.shape
         xq = x if rows is None else x[:, :rows]
-        q = (xq @ qk).view(b, xq.shape[1], self.heads, dim).transpose(1, 2)
-        kv = x.to(q.dtype)[:, None].expand(b, self.heads, t, dim)
-        allowed = None
-        if self.locality:
-            allowed = ~torch.eye(t, dtype=torch.bool, device=x.device)[:xq.shape[1]]
-        y = F.scaled_dot_product_attention(q, kv, kv, attn_mask=allowed, scale=1.0)
-        return self.out[1](F.linear(y.transpose(1, 2).flatten(2), vo, self.out[0].bias))
+        tq = xq.shape[1]
+        wide = (b, tq * self.heads, dim)
+        # every head has the same keys and values, the tokens x: the logits of all heads are
+        # one product per copy, rows (query token, head) against the t tokens — one GEMM with
+        # heads·tq rows, where an attention kernel would run heads small ones (and on CPU its
+        # flash kernel ran at a third of the GEMM rate for these shapes)
+        if (scratch is None or not self._host_inference(x) or x.dtype != qk.dtype
+                or _autocast(x.device.type)):
+            q = (xq @ qk).view(wide)
+            kv = x.to(q.dtype)
+            logits = torch.bmm(q, kv.transpose(1, 2))
+            if self.locality:  # LSA: query token i never attends to key i
+                logits.view(b, tq, self.heads, t).diagonal(dim1=1, dim2=3).fill_(float("-inf"))
+            y = torch.bmm(logits.softmax(-1), kv)
+        else:  # the same operations, written into memory kept from the last call
+            q = torch.matmul(xq, qk, out=_scratch(scratch, "q", (b, tq, self.heads * dim), x))
+            logits = torch.bmm(q.view(wide), x.transpose(1, 2),
+                               out=_scratch(scratch, "logits", (b, tq * self.heads, t), x))
+            if self.locality:
+                logits.view(b, tq, self.heads, t).diagonal(dim1=1, dim2=3).fill_(float("-inf"))
+            weights = torch.ops.aten._softmax.out(
+                logits, -1, False, out=_scratch(scratch, "weights", logits.shape, x))
+            y = torch.bmm(weights, x, out=_scratch(scratch, "y", wide, x))
+        return self.out[1](F.linear(y.view(b, tq, self.heads * dim), vo, self.out[0].bias))
 
     def heads_of(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``qkv`` (B, T, 3·heads·d_head), the output of :attr:`qkv`, split as in forward."""
@@ -160,6 +188,19 @@ class Attention(nn.Module):
         k, v = kv.view(b, t, 2, self.heads, -1).permute(2, 0, 3, 1, 4)
         q = q.view(b, 1, self.heads, -1).transpose(1, 2)
         return self.project(q, k, v)
+
+
+def _scratch(store: dict[str, Tensor], key: str, shape: tuple[int, ...] | torch.Size,
+             like: Tensor) -> Tensor:
+    """A ``shape`` tensor of ``like``'s dtype and device on memory kept in ``store`` under
+    ``key`` (grown when too small). On the host a fresh tensor of tens of MB is mapped from the
+    system on every allocation and its pages fault in again; memory kept across the calls of a
+    batch's copies does not (local reuse's fused attention: README, ViT-small)."""
+    need = math.prod(shape)
+    buf = store.get(key)
+    if buf is None or buf.numel() < need or buf.dtype != like.dtype or buf.device != like.device:
+        buf = store[key] = torch.empty(need, dtype=like.dtype, device=like.device)
+    return buf[:need].view(shape)
 
 
 class Block(nn.Module):
@@ -199,14 +240,16 @@ class Block(nn.Module):
         return c + self.mlp(self.ln2(c))
 
     def forward_fused(self, x: Tensor, fused: tuple[Tensor, Tensor] | None,
-                      first_row: bool = False) -> Tensor:
+                      first_row: bool = False, scratch: dict[str, Tensor] | None = None
+                      ) -> Tensor:
         """This block (``first_row``: token 0's output alone) with :meth:`Attention.fused`
-        weights, or as :meth:`forward`/:meth:`forward_first_row` where ``fused`` is None."""
+        weights, or as :meth:`forward`/:meth:`forward_first_row` where ``fused`` is None;
+        ``scratch``: see :meth:`Attention.forward_fused`."""
         if fused is None:
             return self.forward_first_row(x) if first_row else self(x)
         rows = 1 if first_row else None
         c = x if rows is None else x[:, :rows]
-        c = c + self.attn.forward_fused(self.ln1(x), fused, rows)
+        c = c + self.attn.forward_fused(self.ln1(x), fused, rows, scratch)
         return c + self.mlp(self.ln2(c))
 
 
@@ -366,17 +409,18 @@ class ViTSmall(ImageClassifier):
         t = cache["tokens"].index_select(0, rows)
         t.scatter_(1, where[..., None].expand(-1, -1, t.shape[-1]), new.to(t.dtype))
         first, fused = self.blocks[0], cache["fused"]
+        scratch = cache.setdefault("scratch", {})  # the fused attention's kept memory
         if fused[0] is None:
             qkv = cache["qkv"].index_select(0, rows)
             fresh = first.attn.qkv(first.ln1(new))
             qkv.scatter_(1, where[..., None].expand(-1, -1, qkv.shape[-1]), fresh.to(qkv.dtype))
             t = first.forward_qkv(t, qkv)
         else:  # fused weights: no K/V projections to spare, so the first block runs in full
-            t = first.forward_fused(t, fused[0])
+            t = first.forward_fused(t, fused[0], scratch=scratch)
         if len(self.blocks) > 1:
             for blk, f in zip(self.blocks[1:-1], fused[1:-1], strict=True):
-                t = blk.forward_fused(t, f)
-            t = self.blocks[-1].forward_fused(t, fused[-1], first_row=True)
+                t = blk.forward_fused(t, f, scratch=scratch)
+            t = self.blocks[-1].forward_fused(t, fused[-1], first_row=True, scratch=scratch)
         return self.head(t[:, 0])
 
 
