@@ -82,7 +82,6 @@ class ActivationMeter:
         self.largest = 0
         self._temps: dict[int, list[int]] = {}
         self._mode: Any = None
-        self._open = False
 
     @property
     def peak(self) -> int:
@@ -103,7 +102,6 @@ class ActivationMeter:
                 self._handles.append(module.register_forward_hook(self._hook))
         if (self.device.type == "cpu" and TorchDispatchMode is not None
                 and not _compiled(self.model)):
-            self._open = True
             self._mode = _Temporaries(self)
             self._mode.__enter__()
         return self
@@ -112,7 +110,6 @@ class ActivationMeter:
         if self._mode is not None:
             self._mode.__exit__(*exc)
             self._mode = None
-        self._open = False
         self._temps.clear()
         for h in self._handles:
             h.remove()
@@ -160,7 +157,7 @@ class ActivationMeter:
 
     def _temp_died(self, key: int) -> None:
         entry = self._temps.get(key)
-        if entry is None or not self._open:
+        if entry is None or self._mode is None:
             return
         entry[1] -= 1
         if entry[1] == 0:

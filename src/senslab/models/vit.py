@@ -152,23 +152,22 @@ class Attention(nn.Module):
         # one product per copy, rows (query token, head) against the t tokens — one GEMM with
         # heads·tq rows, where an attention kernel would run heads small ones (and on CPU its
         # flash kernel ran at a third of the GEMM rate for these shapes)
-        if (scratch is None or not self._host_inference(x) or x.dtype != qk.dtype
-                or _autocast(x.device.type)):
-            q = (xq @ qk).view(wide)
-            kv = x.to(q.dtype)
-            logits = torch.bmm(q, kv.transpose(1, 2))
-            if self.locality:  # LSA: query token i never attends to key i
-                logits.view(b, tq, self.heads, t).diagonal(dim1=1, dim2=3).fill_(float("-inf"))
-            y = torch.bmm(logits.softmax(-1), kv)
-        else:  # the same operations, written into memory kept from the last call
-            q = torch.matmul(xq, qk, out=_scratch(scratch, "q", (b, tq, self.heads * dim), x))
-            logits = torch.bmm(q.view(wide), x.transpose(1, 2),
-                               out=_scratch(scratch, "logits", (b, tq * self.heads, t), x))
-            if self.locality:
-                logits.view(b, tq, self.heads, t).diagonal(dim1=1, dim2=3).fill_(float("-inf"))
-            weights = torch.ops.aten._softmax.out(
-                logits, -1, False, out=_scratch(scratch, "weights", logits.shape, x))
-            y = torch.bmm(weights, x, out=_scratch(scratch, "y", wide, x))
+        keep = (scratch is not None and self._host_inference(x) and x.dtype == qk.dtype
+                and not _autocast(x.device.type))
+
+        def kept(key: str, shape: tuple[int, ...] | torch.Size) -> Tensor | None:
+            """Memory kept from the last call for an intermediate (None: a fresh tensor)."""
+            return _scratch(scratch, key, shape, x) if keep and scratch is not None else None
+
+        q = torch.matmul(xq, qk, out=kept("q", (b, tq, self.heads * dim))).view(wide)
+        kv = x.to(q.dtype)
+        logits = torch.bmm(q, kv.transpose(1, 2), out=kept("logits", (b, tq * self.heads, t)))
+        if self.locality:  # LSA: query token i never attends to key i
+            logits.view(b, tq, self.heads, t).diagonal(dim1=1, dim2=3).fill_(float("-inf"))
+        into = kept("weights", logits.shape)
+        weights = (logits.softmax(-1) if into is None
+                   else torch.ops.aten._softmax.out(logits, -1, False, out=into))
+        y = torch.bmm(weights, kv, out=kept("y", wide))
         return self.out[1](F.linear(y.view(b, tq, self.heads * dim), vo, self.out[0].bias))
 
     def heads_of(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
