@@ -137,12 +137,13 @@ class Attention(nn.Module):
         return qk * self.log_scale.exp(), vo
 
     def forward_fused(self, x: Tensor, fused: tuple[Tensor, Tensor],
-                      rows: int | None = None, scratch: dict[str, Tensor] | None = None
-                      ) -> Tensor:
+                      rows: int | None = None, scratch: dict[str, Tensor] | None = None,
+                      clean: tuple[Tensor, Tensor, Tensor, Tensor] | None = None) -> Tensor:
         """:meth:`forward` on normalised tokens ``x`` (B, T, dim) by :meth:`fused`'s weights;
         ``rows``: the outputs of the first ``rows`` tokens only. ``scratch``: a dict in which
         the heads·dim-wide intermediates keep their memory from call to call (host inference
-        only; see :func:`_scratch`)."""
+        only; see :func:`_scratch`). ``clean``: see :meth:`_reached_logits` (used where the
+        memory is kept)."""
         qk, vo = fused
         b, t, dim = x.shape
         xq = x if rows is None else x[:, :rows]
@@ -158,9 +159,14 @@ class Attention(nn.Module):
             """Memory kept from the last call for an intermediate (None: a fresh tensor)."""
             return None if store is None else _scratch(store, key, shape, x)
 
-        q = torch.matmul(xq, qk, out=kept("q", (b, tq, self.heads * dim))).view(wide)
-        kv = x.to(q.dtype)
-        logits = torch.bmm(q, kv.transpose(1, 2), out=kept("logits", (b, tq * self.heads, t)))
+        kv = x
+        if clean is not None and store is not None and rows is None:
+            q, logits = self._reached_logits(x, qk, clean, kept)
+        else:
+            q = torch.matmul(xq, qk, out=kept("q", (b, tq, self.heads * dim))).view(wide)
+            kv = x.to(q.dtype)
+            logits = torch.bmm(q, kv.transpose(1, 2),
+                               out=kept("logits", (b, tq * self.heads, t)))
         if self.locality:  # LSA: query token i never attends to key i
             logits.view(b, tq, self.heads, t).diagonal(dim1=1, dim2=3).fill_(float("-inf"))
         into = kept("weights", logits.shape)
@@ -173,6 +179,33 @@ class Attention(nn.Module):
                else torch.addmm(bias, y, vo.t(), out=into) if bias is not None
                else torch.mm(y, vo.t(), out=into))
         return self.out[1](out.view(b, tq, -1))
+
+    def _reached_logits(self, x: Tensor, qk: Tensor, clean: tuple[Tensor, Tensor, Tensor, Tensor],
+                        kept: Any) -> tuple[Tensor, Tensor]:
+        """The queries (B, T·heads, dim) and logits (B, T·heads, T) of :meth:`forward_fused` for
+        copies whose tokens ``x`` differ from their clean image's only in the rows ``where``
+        (local reuse's first block). ``clean`` = (``q``, ``logits``, ``src``, ``where``): the
+        clean images' queries (N, T, heads·dim) and logits (N, T·heads, T), each copy's image
+        and its (B, k) reached rows. The other rows' queries, and the logits between two tokens
+        the patch did not reach, are the clean ones; only the reached rows' queries, and their
+        rows and columns of the logits, are computed. Equal up to float rounding."""
+        q0, l0, src, where = clean
+        n, t, dim = x.shape
+        heads, k = self.heads, where.shape[1]
+        q = torch.index_select(q0, 0, src, out=kept("q", (n, t, heads * dim)))
+        xr = x.gather(1, where[..., None].expand(-1, -1, dim))  # (B, k, dim)
+        qr = torch.matmul(xr, qk)  # the reached rows' queries, (B, k, heads·dim)
+        q.scatter_(1, where[..., None].expand(-1, -1, heads * dim), qr)
+        q = q.view(n, t * heads, dim)
+        logits = torch.index_select(l0, 0, src, out=kept("logits", (n, t * heads, t)))
+        # every query against the reached keys: (B, k, T·heads), written as columns
+        cols = torch.bmm(xr, q.transpose(1, 2))
+        logits.scatter_(2, where[:, None, :].expand(-1, t * heads, -1), cols.transpose(1, 2))
+        # the reached queries against every key: (B, k·heads, T), written as rows
+        reached = torch.bmm(qr.view(n, k * heads, dim), x.transpose(1, 2))
+        logits.view(n, t, heads * t).scatter_(
+            1, where[..., None].expand(-1, -1, heads * t), reached.view(n, k, heads * t))
+        return q, logits
 
     def keeps(self, x: Tensor, qk: Tensor, scratch: dict[str, Tensor] | None) -> bool:
         """Whether :meth:`forward_fused` on ``x`` writes into ``scratch``'s kept memory: host
@@ -254,16 +287,16 @@ class Block(nn.Module):
         return c + self.mlp(self.ln2(c))
 
     def forward_fused(self, x: Tensor, fused: tuple[Tensor, Tensor] | None,
-                      first_row: bool = False, scratch: dict[str, Tensor] | None = None
-                      ) -> Tensor:
+                      first_row: bool = False, scratch: dict[str, Tensor] | None = None,
+                      clean: tuple[Tensor, Tensor, Tensor, Tensor] | None = None) -> Tensor:
         """This block (``first_row``: token 0's output alone) with :meth:`Attention.fused`
         weights, or as :meth:`forward`/:meth:`forward_first_row` where ``fused`` is None;
-        ``scratch``: see :meth:`Attention.forward_fused`."""
+        ``scratch`` and ``clean``: see :meth:`Attention.forward_fused`."""
         if fused is None:
             return self.forward_first_row(x) if first_row else self(x)
         rows = 1 if first_row else None
         c = x if rows is None else x[:, :rows]
-        a = self.attn.forward_fused(self.ln1(x), fused, rows, scratch)
+        a = self.attn.forward_fused(self.ln1(x), fused, rows, scratch, clean)
         if scratch is None or not self.attn.keeps(x, fused[0], scratch):
             c = c + a
             return c + self.mlp(self.ln2(c))
@@ -383,8 +416,10 @@ class ViTSmall(ImageClassifier):
     # the middle blocks in full, and the last block for the CLS row alone, the only row the head
     # reads. Where heads are as wide as the tokens (ViT-small: 32 heads of 64 on 64-wide tokens)
     # every block runs on fused query-key and value-output weights instead (Attention.fused):
-    # the keys and values are the normalised tokens themselves, so no K/V projections. Same
-    # predictions as a full forward up to float rounding.
+    # the keys and values are the normalised tokens themselves, so no K/V projections; the first
+    # block then takes the clean queries of the tokens not reached, and the clean logits between
+    # two of them, from the cache (Attention._reached_logits). Same predictions as a full
+    # forward up to float rounding.
 
     @torch.no_grad()
     def local_cache(self, x: Tensor, patch: int) -> dict[str, Any]:
@@ -397,7 +432,16 @@ class ViTSmall(ImageClassifier):
         first = self.blocks[0]
         fused = [blk.attn.fused() for blk in self.blocks]
         qkv = first.attn.qkv(first.ln1(t)) if fused[0] is None else None
-        return {"x": x, "tokens": t, "qkv": qkv, "fused": fused,
+        clean = None
+        if fused[0] is not None:  # the first block's clean queries and logits (with LSA's mask)
+            h = first.ln1(t)
+            q = torch.matmul(h, fused[0][0])
+            logits = torch.bmm(q.view(len(t), -1, h.shape[-1]), h.transpose(1, 2))
+            if first.attn.locality:
+                logits.view(len(t), t.shape[1], first.attn.heads, t.shape[1]).diagonal(
+                    dim1=1, dim2=3).fill_(float("-inf"))
+            clean = (q, logits)
+        return {"x": x, "tokens": t, "qkv": qkv, "fused": fused, "clean": clean,
                 "reach": self._reach(x.shape[2], x.shape[3], patch, x.device)}
 
     def _reach(self, h: int, w: int, patch: int, device: torch.device) -> int:
@@ -446,8 +490,10 @@ class ViTSmall(ImageClassifier):
             fresh = first.attn.qkv(first.ln1(new))
             qkv.scatter_(1, where[..., None].expand(-1, -1, qkv.shape[-1]), fresh.to(qkv.dtype))
             t = first.forward_qkv(t, qkv)
-        else:  # fused weights: no K/V projections to spare, so the first block runs in full
-            t = first.forward_fused(t, fused[0], scratch=scratch)
+        else:  # fused weights: the clean queries and logits of the tokens not reached
+            q, logits = cache["clean"]
+            t = first.forward_fused(t, fused[0], scratch=scratch,
+                                    clean=(q, logits, rows, where))
         if len(self.blocks) > 1:
             for blk, f in zip(self.blocks[1:-1], fused[1:-1], strict=True):
                 t = blk.forward_fused(t, f, scratch=scratch)

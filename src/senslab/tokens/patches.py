@@ -71,8 +71,9 @@ class Patches(Tokenization):
     patch is computed on the window of each early feature map that the patch can change instead
     of by a full forward (the zoo's ``resnet18`` and ``cnn`` do; ``vit_small`` recomputes the
     tokens the patch reaches and the CLS row of its last block; same predictions up to float
-    rounding). The clean maps are kept only for the examples of the current chunk.
-    ``reuse_local=False`` always runs full forwards.
+    rounding). The clean maps are kept only for the examples of the current chunk; a cache
+    dict's ``"scratch"`` entry (memory the model's ``forward_local`` keeps from call to call)
+    passes on to the next chunk's cache. ``reuse_local=False`` always runs full forwards.
 
     **σ in pixel space.** A pretrained model sees normalised inputs, ``x = (p − mean) / std``
     with pixels ``p ∈ [0, 1]`` and the model's own per-channel ``mean``/``std`` (ImageNet's std
@@ -196,7 +197,12 @@ class _BoundPatches(BoundTokens):
         needs others: only one chunk's examples are ever held), and their rows in it."""
         if self._cached is None or not bool(torch.isin(src, self._cached).all()):
             self._cached = torch.unique(src)
+            old = self._cache
             self._cache = self.model.local_cache(self.x.index_select(0, self._cached), self.p)
+            if isinstance(old, dict) and isinstance(self._cache, dict) and "scratch" in old:
+                # memory the model keeps from call to call (Patches: local reuse) outlives the
+                # chunk's examples: the next chunk writes into it instead of mapping it afresh
+                self._cache.setdefault("scratch", old["scratch"])
         return self._cache, torch.searchsorted(self._cached, src)
 
     def _view(self, imgs: Tensor) -> Tensor:
