@@ -320,6 +320,53 @@ def test_vit_fused_attention_keeps_its_memory_and_changes_nothing():
     assert patch.grad is not None and float(patch.grad.abs().sum()) > 0
 
 
+def test_vit_reports_the_memory_it_keeps_and_the_chunks_count_it():
+    """``local_copy_bytes`` is the kept memory of one copy exactly (the buffers of a first call
+    of 7 copies hold 7 times it); a chunk sized to a ``memory_budget`` counts it, so the kept
+    memory stays inside the budget."""
+    model = vit(dim_head=16)
+    x = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    rows, top, left = every_patch(3, 16, 4)
+    cache = model.local_cache(x, 4)
+    assert model.local_copy_bytes(cache) == 0  # nothing kept yet
+    with torch.no_grad():
+        model.forward_local(cache, rows[:7], top[:7], left[:7], torch.zeros(7, 3, 4, 4))
+    kept = sum(v.numel() * v.element_size() for v in cache["scratch"].values())
+    per_copy = model.local_copy_bytes(cache)
+    assert per_copy > 0 and kept == 7 * per_copy
+    budget = 12 * per_copy
+    m = TokenSensitivity(model, Patches(4), sigma=0.5, repeats=2, memory_budget=budget)
+    m.update(x)
+    assert 2 <= m.last_chunk_size <= 12
+    m.compute()
+
+
+def test_default_chunks_count_kept_memory_against_the_hosts_free_memory(monkeypatch):
+    """Under the default budget on the host the cap for temporaries (64 MiB) does not count
+    memory made once and reused, but the share of free memory does: with ample free memory a
+    model's kept memory leaves the chunk as it is, with little it makes the chunk smaller."""
+    from senslab.measure import _chunks
+
+    model = vit(dim_head=16)
+    silent = vit(dim_head=16)
+    silent.local_copy_bytes = lambda cache: 0  # the same model, its kept memory unreported
+    x = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    cache = model.local_cache(x, 4)
+    with torch.no_grad():
+        model.forward_local(cache, *every_patch(1, 16, 4), torch.zeros(16, 3, 4, 4))
+    per_copy = model.local_copy_bytes(cache)
+    chunks = {}
+    for share in (1 << 34, 40 * per_copy):
+        monkeypatch.setattr(_chunks, "memory_share", lambda device, share=share: share)
+        for name, m in (("model", model), ("silent", silent)):
+            metric = TokenSensitivity(m, Patches(4), sigma=0.5, repeats=2)
+            metric.update(x)
+            chunks[name, share] = metric.last_chunk_size
+    assert chunks["model", 1 << 34] == chunks["silent", 1 << 34] == 3 * 16 * 2
+    assert chunks["model", 40 * per_copy] < chunks["silent", 40 * per_copy]
+    assert chunks["model", 40 * per_copy] <= 40
+
+
 def test_patches_pass_the_models_kept_memory_to_the_next_chunks_cache():
     """The clean maps are rebuilt for a chunk of other examples; the memory ``forward_local``
     keeps (``cache["scratch"]``) passes on, so the next chunk writes into the same buffers, and

@@ -242,14 +242,19 @@ def free_memory(device: torch.device) -> int:
         return 1 << 30
 
 
+def memory_share(device: torch.device) -> int:
+    """The share of ``device``'s free memory one chunk may hold (half on a GPU, a quarter on
+    the host; at least 1 MiB)."""
+    return max(int(free_memory(device) * BUDGET_FRACTION.get(device.type, 0.25)), 1 << 20)
+
+
 def default_budget(device: torch.device) -> int:
-    """Bytes one chunk may use when ``memory_budget`` is not given: a fraction of the free
-    memory (half on a GPU, a quarter on the host), on CPU at most :data:`CPU_CHUNK_BYTES`."""
-    frac = BUDGET_FRACTION.get(device.type, 0.25)
-    budget = int(free_memory(device) * frac)
+    """Bytes one chunk may use when ``memory_budget`` is not given: :func:`memory_share`, on
+    CPU at most :data:`CPU_CHUNK_BYTES`."""
+    budget = memory_share(device)
     if device.type == "cpu":
         budget = min(budget, CPU_CHUNK_BYTES)
-    return max(budget, 1 << 20)
+    return budget
 
 
 def with_tensor_cap(per_copy: float, largest_per_copy: float, budget: int) -> float:

@@ -248,11 +248,23 @@ class ChunkRunner:
         self.meter = None
 
     def _capped(self, per_copy: float, largest: float) -> float:
-        """Bytes per copy with the host's per-tensor cap folded in (:func:`._chunks.
-        with_tensor_cap`): on CPU under the default budget, not a budget the user gave."""
+        """Bytes per copy to size chunks by, from the probe's ``per_copy`` (temporaries and the
+        caches each copy gathers) and its ``largest`` temporary per copy, with the memory the
+        model keeps from call to call (``kept_bytes``, which the probe does not see). A budget
+        the user gave, or a GPU's share of free memory, bounds all of it. On CPU under the
+        default budget, whose cap (:data:`._chunks.CPU_CHUNK_BYTES`, and the per-tensor cap of
+        :func:`._chunks.with_tensor_cap`) keeps temporaries small for speed, kept memory — made
+        once and reused, so no cost per call — counts against the host's share of free memory
+        (:func:`._chunks.memory_share`) instead."""
+        kept_bytes = getattr(self.bound, "kept_bytes", None)
+        kept = 0 if kept_bytes is None or self.whole else int(kept_bytes())
         if self.ref.device.type != "cpu" or self.m.memory_budget:
-            return per_copy
-        return _chunks.with_tensor_cap(per_copy, largest, self.budget)
+            return per_copy + kept
+        capped = _chunks.with_tensor_cap(per_copy, largest, self.budget)
+        if kept:
+            share = _chunks.memory_share(self.ref.device)
+            capped = max(capped, (per_copy + kept) * self.budget / share)
+        return capped
 
     def _copy_bytes(self) -> int:
         """Bytes of shared caches each copy gathers (prefix reuse), which the meter cannot see."""

@@ -454,6 +454,20 @@ class ViTSmall(ImageClassifier):
         mask[cells, :, cells // gw, :, cells % gw, :] = 1.0
         return int(self.reached_tokens(mask.view(gh * gw, 1, h, w)).sum(1).max())
 
+    def local_copy_bytes(self, cache: dict[str, Any]) -> int:
+        """Bytes per copy of the memory :meth:`forward_local` keeps in ``cache["scratch"]`` from
+        call to call (fused blocks on the host; 0 where it keeps none): the queries, logits,
+        softmax weights and mixed tokens (heads·T wide), the attention's output, the MLP's hidden
+        layer and two block outputs. The chunk sizing adds it to what its probe measures, which
+        sees temporaries only."""
+        if not cache.get("scratch"):
+            return 0
+        t, dim = cache["tokens"].shape[1:]
+        attn, mlp = self.blocks[0].attn, self.blocks[0].mlp[0].out_features
+        wide = t * attn.heads
+        return cache["tokens"].element_size() * (
+            2 * wide * dim + 2 * wide * t + 3 * t * dim + t * mlp)
+
     def reached_tokens(self, mask: Tensor) -> Tensor:
         """(n, T) bool: the image tokens that pixels marked in ``mask`` (n, 1, H, W) reach
         through the tokenizer's shifted copies."""

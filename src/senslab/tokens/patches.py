@@ -205,6 +205,15 @@ class _BoundPatches(BoundTokens):
                 self._cache.setdefault("scratch", old["scratch"])
         return self._cache, torch.searchsorted(self._cached, src)
 
+    def kept_bytes(self) -> int:
+        """Bytes per copy of the memory the model's ``forward_local`` keeps across calls
+        (``local_copy_bytes(cache)``, where it reports it), which the probe does not see: the
+        chunk sizing counts it against the memory budget."""
+        report = getattr(self.model, "local_copy_bytes", None)
+        if not self.reuse or report is None or self._cache is None:
+            return 0
+        return int(report(self._cache))
+
     def _view(self, imgs: Tensor) -> Tensor:
         n, c = imgs.shape[:2]
         return imgs.view(n, c, self.gh, self.p, self.gw, self.p)
