@@ -309,7 +309,7 @@ class Block(nn.Module):
         up, down = self.mlp[0], self.mlp[3]
         h = torch.addmm(up.bias, self.ln2(c).view(b * tq, dim), up.weight.t(),
                         out=_scratch(scratch, "hidden", (b * tq, up.out_features), c))
-        torch.ops.aten.gelu_(h)
+        torch.ops.aten.gelu_(h, approximate=self.mlp[1].approximate)
         # two output buffers in turn: this block's input may be the last block's output
         key = "block1" if _shares(x, scratch.get("block0")) else "block0"
         out = torch.addmm(down.bias, h, down.weight.t(),
