@@ -73,7 +73,9 @@ class Patches(Tokenization):
     tokens the patch reaches and the CLS row of its last block; same predictions up to float
     rounding). The clean maps are kept only for the examples of the current chunk; a cache
     dict's ``"scratch"`` entry (memory the model's ``forward_local`` keeps from call to call)
-    passes on to the next chunk's cache. ``reuse_local=False`` always runs full forwards.
+    passes on to the next chunk's cache, and a model's ``local_copy_bytes(cache)`` reports that
+    memory per copy, which the automatic chunk size counts (``vit_small`` does both).
+    ``reuse_local=False`` always runs full forwards.
 
     **σ in pixel space.** A pretrained model sees normalised inputs, ``x = (p − mean) / std``
     with pixels ``p ∈ [0, 1]`` and the model's own per-channel ``mean``/``std`` (ImageNet's std
