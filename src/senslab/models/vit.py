@@ -159,16 +159,12 @@ class Attention(nn.Module):
             """Memory kept from the last call for an intermediate (None: a fresh tensor)."""
             return None if store is None else _scratch(store, key, shape, x)
 
-        kv = x
         if clean is not None and store is not None and rows is None:
             q, logits = self._reached_logits(x, qk, clean, kept)
         else:
-            q = torch.matmul(xq, qk, out=kept("q", (b, tq, self.heads * dim))).view(wide)
-            kv = x.to(q.dtype)
-            logits = torch.bmm(q, kv.transpose(1, 2),
-                               out=kept("logits", (b, tq * self.heads, t)))
-        if self.locality:  # LSA: query token i never attends to key i
-            logits.view(b, tq, self.heads, t).diagonal(dim1=1, dim2=3).fill_(float("-inf"))
+            q, logits = self._logits(xq, x, qk, kept)
+        kv = x.to(q.dtype)
+        self._mask_self(logits)
         into = kept("weights", logits.shape)
         weights = (logits.softmax(-1) if into is None
                    else torch.ops.aten._softmax.out(logits, -1, False, out=into))
@@ -179,6 +175,27 @@ class Attention(nn.Module):
                else torch.addmm(bias, y, vo.t(), out=into) if bias is not None
                else torch.mm(y, vo.t(), out=into))
         return self.out[1](out.view(b, tq, -1))
+
+    def _logits(self, xq: Tensor, x: Tensor, qk: Tensor, kept: Any = None
+                ) -> tuple[Tensor, Tensor]:
+        """The queries (B, Tq·heads, dim) of tokens ``xq`` by the fused ``qk`` and their logits
+        (B, Tq·heads, T) against the tokens ``x``, before LSA's mask; ``kept``: see
+        :meth:`forward_fused` (None: fresh tensors)."""
+        b, tq, dim = xq.shape
+        keep = kept or (lambda key, shape: None)
+        q = torch.matmul(xq, qk, out=keep("q", (b, tq, self.heads * dim)))
+        q = q.view(b, tq * self.heads, dim)
+        logits = torch.bmm(q, x.to(q.dtype).transpose(1, 2),
+                           out=keep("logits", (b, tq * self.heads, x.shape[1])))
+        return q, logits
+
+    def _mask_self(self, logits: Tensor) -> None:
+        """LSA: query token i never attends to key i — the diagonal of ``logits`` (B,
+        Tq·heads, T), rows (query token, head), set to −inf in place (nothing without LSA)."""
+        if self.locality:
+            b, rows, t = logits.shape
+            logits.view(b, rows // self.heads, self.heads, t).diagonal(
+                dim1=1, dim2=3).fill_(float("-inf"))
 
     def _reached_logits(self, x: Tensor, qk: Tensor, clean: tuple[Tensor, Tensor, Tensor, Tensor],
                         kept: Any) -> tuple[Tensor, Tensor]:
@@ -435,12 +452,9 @@ class ViTSmall(ImageClassifier):
         clean = None
         if fused[0] is not None:  # the first block's clean queries and logits (with LSA's mask)
             h = first.ln1(t)
-            q = torch.matmul(h, fused[0][0])
-            logits = torch.bmm(q.view(len(t), -1, h.shape[-1]), h.transpose(1, 2))
-            if first.attn.locality:
-                logits.view(len(t), t.shape[1], first.attn.heads, t.shape[1]).diagonal(
-                    dim1=1, dim2=3).fill_(float("-inf"))
-            clean = (q, logits)
+            q, logits = first.attn._logits(h, h, fused[0][0])
+            first.attn._mask_self(logits)
+            clean = (q.view(len(t), t.shape[1], -1), logits)
         return {"x": x, "tokens": t, "qkv": qkv, "fused": fused, "clean": clean,
                 "reach": self._reach(x.shape[2], x.shape[3], patch, x.device)}
 
