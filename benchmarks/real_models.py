@@ -126,6 +126,8 @@ TARGET_BF16_GEMM = 0.40
 
 #: mean units per token and round of the allocation rows (rounds repeat until the target)
 ALLOCATION_BUDGET = 0.25
+#: share of every example's tokens each round of the uniform-sampling row adds
+SAMPLING_SHARE = 1 / 16
 
 VARIANCE_REDUCTION = {
     "adaptive plain": {},
@@ -136,6 +138,10 @@ VARIANCE_REDUCTION = {
     "adaptive allocation": {"repeats": 1, "allocation": "linear", "budget": ALLOCATION_BUDGET},
     "adaptive allocation + antithetic": {"repeats": 2, "antithetic": True,
                                          "allocation": "linear", "budget": ALLOCATION_BUDGET},
+    # a share of every example's tokens, one draw each (a quarter two), in rounds of a
+    # sixteenth of the tokens: below one draw per token where that is all the target needs
+    "adaptive uniform sampling": {"repeats": 1, "allocation": "uniform",
+                                  "budget": SAMPLING_SHARE},
 }
 
 
@@ -555,7 +561,7 @@ def senslab_row(case: RealCase, method: str, options: dict[str, Any], t_clean: f
 
 def _gradient_pass(options: dict[str, Any]) -> bool:
     """Whether the run spends a forward and backward pass per example on the tangent."""
-    return "control_variate" in options or "allocation" in options
+    return "control_variate" in options or options.get("allocation") == "linear"
 
 
 def senslab_methods(case: RealCase, target: float) -> list[tuple[str, dict[str, Any], bool]]:

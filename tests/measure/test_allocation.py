@@ -178,7 +178,7 @@ def test_batches_accumulate_and_per_position_profile():
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"allocation": "neyman"}, "allocation must be None or 'linear'"),
+    ({"allocation": "neyman"}, "allocation must be None, 'linear' or 'uniform'"),
     ({"allocation": "linear", "mode": "whole"}, "one token at a time"),
     ({"allocation": "linear", "compare": "l2"}, "compare='class'"),
     ({"allocation": "linear", "num_tokens": 2}, "drop num_tokens"),

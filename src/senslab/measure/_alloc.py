@@ -109,3 +109,116 @@ def token_values(
         torch.where(cnt == 1, (mean / pi.clamp(min=1e-300)) ** 2, torch.zeros_like(mean)),
     )
     return y, var
+
+
+# -- allocation="uniform": a share of every example's tokens, one draw each ----------------------
+
+#: the probability that a token drawn by ``allocation="uniform"`` gets a second draw, from which
+#: the standard error learns the within-token variance (:class:`Sampled`)
+PAIR_SHARE = 0.25
+
+
+class Sampled:
+    r"""The state of ``allocation="uniform"`` on one batch: every example's real tokens in a random
+    order (``rank``), a share of them measured, each with one draw — or two, with probability
+    :data:`PAIR_SHARE` — and, once every token is in, rounds of one more draw for every token.
+
+    **Estimator.** Example :math:`b` with :math:`K` real tokens has :math:`k` of them measured,
+    a simple random sample :math:`S` without replacement (:math:`f = k/K`); :math:`\bar y_t` is
+    the mean of token :math:`t`'s draws and :math:`\hat m_b = k^{-1}\sum_{t\in S}\bar y_t`,
+    unbiased for the example's rate (the sample and the second draws never depend on a flip).
+
+    **Standard error.** :math:`\operatorname{Var}\hat m_b = (1-f)\,S_p^2/k + (kK)^{-1}\sum_t
+    \bar\sigma_t^2` (:math:`S_p^2` the spread of the tokens' rates, :math:`\bar\sigma_t^2` the
+    variance of a token's mean), estimated without bias by
+
+    .. math::
+
+        \hat v_b = (1-f)\,\frac{s^2_{\bar y}}{k} + \frac{1}{kK}\sum_{t\in S} g_t,
+
+    :math:`s^2_{\bar y}` the sample variance of the measured tokens' means. While some tokens
+    have one draw, :math:`g_t = s_t^2\,(\tfrac12 + (1-r)/r)` on a token with two (its own mean's
+    variance, plus its share of the one-draw tokens' :math:`p(1-p)`, which a single draw cannot
+    estimate: Horvitz–Thompson over the random pairing, :math:`r` = :data:`PAIR_SHARE`) and 0 on
+    the others; once every token has two or more, :math:`g_t = s_t^2/n_t`. A token with one
+    draw alone would need :math:`p_t^2`, so without the pairs the standard error could only be
+    bounded from above. Every example keeps at least two measured tokens (the spread needs
+    two)."""
+
+    def __init__(self, valid: Tensor, gen: torch.Generator, share: float) -> None:
+        self.valid = valid
+        b, t = valid.shape
+        self.k_all = valid.sum(1)
+        scores = torch.rand(b, t, generator=gen, device=gen.device).to(valid.device)
+        scores = scores.masked_fill(~valid, float("inf"))
+        self.rank = scores.argsort(dim=1).argsort(dim=1)
+        pair = torch.rand(b, t, generator=gen, device=gen.device, dtype=torch.float64)
+        self.pair = (pair.to(valid.device) < PAIR_SHARE) & valid
+        self.share = share
+        self.rounds = 0  # rounds of sampling (phase A)
+        self.full = 0  # rounds of one more draw for every token after all are in
+        self.k = torch.zeros_like(self.k_all)
+        self.cnt = torch.zeros(b, t, dtype=torch.float64, device=valid.device)
+        self.s1 = torch.zeros_like(self.cnt)
+        self.s2 = torch.zeros_like(self.cnt)
+
+    @property
+    def covered(self) -> bool:
+        """Whether every real token has been measured."""
+        return bool((self.k >= self.k_all).all())
+
+    def next_plan(self) -> tuple[Tensor, Tensor]:
+        """Example (src) and token (tok) of the next round's copies, example-major: the next
+        share of every example's tokens (a paired token's two copies adjacent), or, once all are
+        in, one more copy of every real token."""
+        if self.covered:
+            self.full += 1
+            cells = self.valid.nonzero()
+            return cells[:, 0], cells[:, 1]
+        self.rounds += 1
+        k_all = self.k_all.double()
+        want = torch.ceil(self.rounds * self.share * k_all - 1e-9)
+        k = torch.minimum(torch.maximum(want, torch.full_like(want, 2.0)), k_all).long()
+        new = (self.rank >= self.k[:, None]) & (self.rank < k[:, None]) & self.valid
+        self.k = k
+        cells = new.nonzero()
+        reps = 1 + self.pair[cells[:, 0], cells[:, 1]].long()
+        return cells[:, 0].repeat_interleave(reps), cells[:, 1].repeat_interleave(reps)
+
+    def add(self, vals: Tensor, src: Tensor, tok: Tensor) -> None:
+        """Add one round's flip indicators (or distances) of the copies (src, tok)."""
+        t = self.valid.shape[1]
+        cell = src * t + tok
+        v = vals.double().to(self.cnt.device)
+        self.cnt.view(-1).index_add_(0, cell, torch.ones_like(v))
+        self.s1.view(-1).index_add_(0, cell, v)
+        self.s2.view(-1).index_add_(0, cell, v * v)
+
+    def values(self) -> tuple[Tensor, Tensor]:
+        """(y, var), each (B, T): the per-token values whose mean over an example's real tokens
+        is :math:`\\hat m_b` (a measured token's mean over :math:`f`, 0 elsewhere), and per-token
+        shares of :math:`\\hat v_b` whose sum over them divided by :math:`K^2` is
+        :math:`\\hat v_b`."""
+        cnt = self.cnt
+        seen = cnt > 0
+        mean = torch.where(seen, self.s1 / cnt.clamp(min=1), torch.zeros_like(cnt))
+        k = self.k.double()
+        k_all = self.k_all.double()
+        f = k / k_all
+        y = mean / f[:, None]
+        sample = ((self.s2 - cnt * mean * mean) / (cnt - 1).clamp(min=1)).clamp(min=0)
+        if self.full:
+            g = torch.where(cnt >= 2, sample / cnt.clamp(min=1), torch.zeros_like(cnt))
+        else:
+            r = PAIR_SHARE
+            g = torch.where(cnt >= 2, sample * (0.5 + (1 - r) / r), torch.zeros_like(cnt))
+        # the spread of the measured tokens' means (k ≥ 2 wherever K ≥ 2)
+        m = (mean * seen).sum(1) / k
+        spread = ((mean - m[:, None]) ** 2 * seen).sum(1) / (k - 1).clamp(min=1)
+        v = (1 - f) * spread / k + g.sum(1) / (k * k_all)
+        var = (v * k_all)[:, None] * self.valid  # Σ_t var / K² = v
+        return y, var
+
+    @property
+    def copies(self) -> int:
+        return int(self.cnt.sum().item())

@@ -73,6 +73,14 @@ rates :math:`p_{bt}` no longer costs forward passes.
   tokens the tangent says cannot flip are visited rarely. It pays where the tangent knows where
   flips happen, and can cost more than equal draws where it does not (:mod:`._alloc`, *When it
   pays*).
+* ``allocation="uniform"`` measures a random share ``budget`` of every example's real tokens
+  (a simple random sample, without replacement) with one draw each, and gives a random quarter
+  of them a second draw: where one draw per token already overshoots the precision asked for
+  (flips concentrated in few tokens), a target is reached with fewer forwards. With
+  ``target_stderr`` every round adds another ``budget`` share of each example's tokens, and
+  once all are in, one more draw for every token. Unbiased for any model, and its standard
+  error is an unbiased variance estimate: the paired draws estimate the within-token variance
+  that one draw per token cannot (:class:`._alloc.Sampled`).
 
 **Uncertainty.** Two estimands are distinguished:
 
@@ -230,9 +238,13 @@ class TokenSensitivity:
         allocation: ``"linear"``: draws where the linearised flip probability says flips happen,
             weighted back so the estimate stays unbiased (module docstring; :mod:`._alloc`);
             costs one forward and backward per example (counted as one forward pass).
-        budget: with ``allocation``, the mean units (copies, or antithetic pairs) per real
-            token per round (default 1; may be below 1). ``repeats`` stays at 1 (2 with
-            ``antithetic``).
+            ``"uniform"``: a random share of every example's tokens, one draw each (a quarter
+            of them two, for the standard error), so that a target needing less than one draw
+            per token is reached with fewer forwards (module docstring; :mod:`._alloc`).
+        budget: with ``allocation="linear"``, the mean units (copies, or antithetic pairs) per
+            real token per round (default 1; may be below 1); with ``"uniform"``, the share
+            of every example's tokens each round adds (in (0, 1], default 1). ``repeats``
+            stays at 1 (2 with ``antithetic``).
         control_variate: ``"linear"`` subtracts the flip indicator of the model's tangent
             hyperplane and adds its closed-form mean (:mod:`._control`): unbiased for any
             model, exact for a linear one; costs one forward and backward per example (counted
@@ -299,7 +311,7 @@ class TokenSensitivity:
         target_stderr: float | None = None,
         max_forward: int | None = None,
         control_variate: Literal["linear"] | None = None,
-        allocation: Literal["linear"] | None = None,
+        allocation: Literal["linear", "uniform"] | None = None,
         budget: float = 1.0,
         autocast: torch.dtype | None = None,
         compile: bool = False,
@@ -524,7 +536,7 @@ class TokenSensitivity:
                 ref = clean.float()
             extent = self._extent(bound, clean)
             control = None
-            if self.control_variate or self.allocation:
+            if self.control_variate or self.allocation == "linear":
                 assert self.sigma is not None
                 control = LinearControl(bound, ref, self.sigma, 32, self.kind, self.threshold,
                                         extent)
@@ -535,10 +547,12 @@ class TokenSensitivity:
             check = self._checked(bound, clean, device)
             key = (*shape, check is None)
             if self.allocation:
-                assert control is not None
                 with ChunkRunner(self, bound, stream, ref, whole, device, None,
                                  self._per_copy.get(key), check) as runner:
-                    self._allocated(runner, control, valid, stream, extent, check)
+                    if control is None:
+                        self._sampled(runner, valid, stream, extent, check)
+                    else:
+                        self._allocated(runner, control, valid, stream, extent, check)
                     self.last_chunk_size = runner.chunk
                     if runner.per_copy is not None:
                         self._per_copy[key] = runner.per_copy
@@ -607,6 +621,39 @@ class TokenSensitivity:
         checked = (0, 0) if check is None else check.take_counts()
         accumulate_tokens(self.state, y, var, valid, positions=self.align)
         self.state.forward += 2 * b + copies
+        self.state.checked += checked[0]
+        self.state.forward_fp32 += checked[1]
+
+    def _sampled(self, runner: ChunkRunner, valid: Tensor, stream: NoiseStream,
+                 extent: Tensor | None, check: Bf16Check | None) -> None:
+        """One batch with ``allocation="uniform"`` (:class:`._alloc.Sampled`): rounds of a
+        further ``budget`` share of every example's tokens, one draw each (a quarter of them
+        two), until the standard error reaches the target; once every token is in, rounds of
+        one more draw for every token."""
+        b = valid.shape[0]
+        plan = _alloc.Sampled(valid, stream.gen, self.budget)
+        tokens = int(valid.sum())
+        per_round = max(1, math.ceil(self.budget * tokens))
+        # by default as many forwards as 64 rounds of one draw for every token
+        cap = self.max_forward or b + DEFAULT_MAX_ROUNDS * tokens
+        while True:
+            src, tok = plan.next_plan()
+            own = torch.ones_like(src, dtype=torch.bool)
+            plan.add(runner.run(src, tok, own, extent), src, tok)
+            if self.target_stderr is None:
+                break
+            if b + plan.copies + (tokens if plan.covered else per_round) > cap:
+                break
+            y, var = plan.values()
+            k = valid.sum(1).double()
+            se = math.sqrt(max(((var * valid).sum(1) / k**2).sum().item(), 0.0)) / b
+            done = plan.rounds + plan.full >= ROUNDS_AT_ZERO or se > 0.0
+            if se <= self.target_stderr and done:
+                break
+        y, var = plan.values()
+        checked = (0, 0) if check is None else check.take_counts()
+        accumulate_tokens(self.state, y, var, valid, positions=self.align)
+        self.state.forward += b + plan.copies
         self.state.checked += checked[0]
         self.state.forward_fp32 += checked[1]
 
@@ -734,9 +781,18 @@ def _check_allocation(allocation: Any, budget: Any, *, mode: str, compare: str,
                       antithetic: bool, control_variate: Any) -> tuple[str | None, float]:
     if allocation is None:
         return None, 1.0
-    if allocation != "linear":
-        raise ValueError(f"allocation must be None or 'linear', got {allocation!r}")
-    if mode != "token" or compare != "class" or replace_with is not None:
+    if allocation not in ("linear", "uniform"):
+        raise ValueError(f"allocation must be None, 'linear' or 'uniform', got {allocation!r}")
+    name = f"allocation={allocation!r}"
+    if allocation == "uniform":
+        if mode != "token":
+            raise ValueError(f"{name} samples tokens: it needs mode='token'")
+        if antithetic or control_variate is not None:
+            raise ValueError(
+                f"{name} cannot be combined with antithetic or control_variate: a token gets "
+                "one draw (a quarter of them two); use one of the two designs"
+            )
+    elif mode != "token" or compare != "class" or replace_with is not None:
         raise ValueError(
             "allocation='linear' needs Gaussian noise on one token at a time and "
             "compare='class' (mode='token', no replace_with)"
@@ -748,18 +804,26 @@ def _check_allocation(allocation: Any, budget: Any, *, mode: str, compare: str,
             "is then too small); use one of the two"
         )
     if num_tokens is not None:
-        raise ValueError("allocation='linear' chooses the draws per token itself: drop num_tokens")
+        raise ValueError(f"{name} chooses the draws per token itself: drop num_tokens")
     if shard is not None:
-        raise ValueError("allocation='linear' cannot be combined with shard; measure all examples")
+        raise ValueError(f"{name} cannot be combined with shard; measure all examples")
     if repeats != (2 if antithetic else 1):
+        what = ("the share of every example's tokens measured per round" if allocation ==
+                "uniform" else "the draws per token (mean units per token per round)")
         raise ValueError(
-            f"with allocation='linear', budget= sets the draws per token (mean units per token "
-            f"per round); leave repeats at {2 if antithetic else 1}, got {repeats}"
+            f"with {name}, budget= sets {what}; leave repeats at {2 if antithetic else 1}, "
+            f"got {repeats}"
         )
     b = _check_number("budget", budget, "0.5")
     if not (b > 0 and math.isfinite(b)):
         raise ValueError(f"budget must be a positive number, got {budget!r}")
-    return "linear", b
+    if allocation == "uniform" and b > 1:
+        raise ValueError(
+            f"with allocation='uniform', budget is the share of every example's tokens measured "
+            f"per round, at most 1; got {budget!r} (for more draws per token, use "
+            "target_stderr: once every token is in, rounds add one draw to each)"
+        )
+    return allocation, b
 
 
 def token_sensitivity(
