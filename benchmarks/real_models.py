@@ -38,7 +38,11 @@ value for them too).
   (``reuse_local=False`` / ``reuse_prefix=False``: full forwards), precision (``"float32"``
   and ``"bf16-checked"``), batching
   (one call per example), variance reduction (``target_stderr=0.002`` with 2 draws a round:
-  plain, antithetic, control variate, both).
+  plain, antithetic, control variate, both; the tangent's allocation in rounds of a quarter
+  draw per token), and token sampling (``allocation="uniform"``, rounds of a further
+  :data:`SAMPLING_SHARE` of every example's tokens at one draw each, a quarter of them two:
+  the design that goes below the floor of one draw per token with a standard error it can
+  report).
 * compilation, only when named in ``--methods``: ``senslab compile=True`` and ``paper code
   float32 compiled`` (the paper code's forwards through ``torch.compile``, so that the ratios
   against the paper code count compilation on both sides). Compiling is timed as part of the run:

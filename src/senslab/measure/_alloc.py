@@ -155,6 +155,7 @@ class Sampled:
         pair = torch.rand(b, t, generator=gen, device=gen.device, dtype=torch.float64)
         self.pair = (pair.to(valid.device) < PAIR_SHARE) & valid
         self.share = share
+        self.reached = 0.0  # the share of every example's tokens measured so far
         self.rounds = 0  # rounds of sampling (phase A)
         self.full = 0  # rounds of one more draw for every token after all are in
         self.k = torch.zeros_like(self.k_all)
@@ -167,17 +168,18 @@ class Sampled:
         """Whether every real token has been measured."""
         return bool((self.k >= self.k_all).all())
 
-    def next_plan(self) -> tuple[Tensor, Tensor]:
-        """Example (src) and token (tok) of the next round's copies, example-major: the next
-        share of every example's tokens (a paired token's two copies adjacent), or, once all are
-        in, one more copy of every real token."""
+    def next_plan(self, to: float | None = None) -> tuple[Tensor, Tensor]:
+        """Example (src) and token (tok) of the next round's copies, example-major: every
+        example's tokens up to the share ``to`` (default: ``share`` more than so far; a paired
+        token's two copies adjacent), or, once all are in, one more copy of every real token."""
         if self.covered:
             self.full += 1
             cells = self.valid.nonzero()
             return cells[:, 0], cells[:, 1]
         self.rounds += 1
+        self.reached = min(1.0, max(self.reached + self.share, to or 0.0))
         k_all = self.k_all.double()
-        want = torch.ceil(self.rounds * self.share * k_all - 1e-9)
+        want = torch.ceil(self.reached * k_all - 1e-9)
         k = torch.minimum(torch.maximum(want, torch.full_like(want, 2.0)), k_all).long()
         new = (self.rank >= self.k[:, None]) & (self.rank < k[:, None]) & self.valid
         self.k = k
@@ -195,10 +197,10 @@ class Sampled:
         self.s2.view(-1).index_add_(0, cell, v * v)
 
     def values(self) -> tuple[Tensor, Tensor]:
-        """(y, var), each (B, T): the per-token values whose mean over an example's real tokens
-        is :math:`\\hat m_b` (a measured token's mean over :math:`f`, 0 elsewhere), and per-token
-        shares of :math:`\\hat v_b` whose sum over them divided by :math:`K^2` is
-        :math:`\\hat v_b`."""
+        r"""(y, var), each (B, T): the per-token values whose mean over an example's real tokens
+        is :math:`\hat m_b` (a measured token's mean over :math:`f`, 0 elsewhere), and per-token
+        shares of :math:`\hat v_b` whose sum over them divided by :math:`K^2` is
+        :math:`\hat v_b`."""
         cnt = self.cnt
         seen = cnt > 0
         mean = torch.where(seen, self.s1 / cnt.clamp(min=1), torch.zeros_like(cnt))
@@ -218,6 +220,29 @@ class Sampled:
         v = (1 - f) * spread / k + g.sum(1) / (k * k_all)
         var = (v * k_all)[:, None] * self.valid  # Σ_t var / K² = v
         return y, var
+
+    def share_for(self, target: float) -> float:
+        r"""The share of every example's tokens that the variance components measured so far
+        predict for a standard error of ``target`` (phase A only): with :math:`\hat S^2_b =
+        s^2_{\bar y} - k^{-1}\sum_S g_t` (the tokens' spread, less the draws' noise in it) and
+        :math:`\hat G_b = (K/k)\sum_S g_t`, the variance at share :math:`f` is
+        :math:`B^{-2}\sum_b [(1/f - 1)\hat S^2_b/K + \hat G_b/(fK^2)]`, which falls to
+        ``target``² at :math:`f = A/(\text{target}^2 + C)`. The share the rounds then jump to
+        depends on the flips seen, like any adaptive stopping (bias :math:`O(1/n)`)."""
+        cnt = self.cnt
+        seen = cnt > 0
+        mean = torch.where(seen, self.s1 / cnt.clamp(min=1), torch.zeros_like(cnt))
+        sample = ((self.s2 - cnt * mean * mean) / (cnt - 1).clamp(min=1)).clamp(min=0)
+        r = PAIR_SHARE
+        g = torch.where(cnt >= 2, sample * (0.5 + (1 - r) / r), torch.zeros_like(cnt)).sum(1)
+        k, k_all = self.k.double(), self.k_all.double()
+        m = (mean * seen).sum(1) / k
+        spread = ((mean - m[:, None]) ** 2 * seen).sum(1) / (k - 1).clamp(min=1)
+        s2 = (spread - g / k).clamp(min=0)
+        b = self.valid.shape[0]
+        c = (s2 / k_all).sum().item() / b**2
+        a = c + (g / k / k_all).sum().item() / b**2
+        return a / (target**2 + c)
 
     @property
     def copies(self) -> int:

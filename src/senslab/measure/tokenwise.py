@@ -626,18 +626,20 @@ class TokenSensitivity:
 
     def _sampled(self, runner: ChunkRunner, valid: Tensor, stream: NoiseStream,
                  extent: Tensor | None, check: Bf16Check | None) -> None:
-        """One batch with ``allocation="uniform"`` (:class:`._alloc.Sampled`): rounds of a
-        further ``budget`` share of every example's tokens, one draw each (a quarter of them
-        two), until the standard error reaches the target; once every token is in, rounds of
-        one more draw for every token."""
+        """One batch with ``allocation="uniform"`` (:class:`._alloc.Sampled`): a ``budget``
+        share of every example's tokens, one draw each (a quarter of them two); with a target,
+        rounds up to the share the variance so far predicts for it (at least ``budget`` more
+        each) until the standard error reaches it; once every token is in, rounds of one more
+        draw for every token."""
         b = valid.shape[0]
         plan = _alloc.Sampled(valid, stream.gen, self.budget)
         tokens = int(valid.sum())
         per_round = max(1, math.ceil(self.budget * tokens))
         # by default as many forwards as 64 rounds of one draw for every token
         cap = self.max_forward or b + DEFAULT_MAX_ROUNDS * tokens
+        to = None
         while True:
-            src, tok = plan.next_plan()
+            src, tok = plan.next_plan(to)
             own = torch.ones_like(src, dtype=torch.bool)
             plan.add(runner.run(src, tok, own, extent), src, tok)
             if self.target_stderr is None:
@@ -650,6 +652,8 @@ class TokenSensitivity:
             done = plan.rounds + plan.full >= ROUNDS_AT_ZERO or se > 0.0
             if se <= self.target_stderr and done:
                 break
+            # the next round goes straight to the share the variance so far predicts
+            to = None if plan.covered else plan.share_for(self.target_stderr)
         y, var = plan.values()
         checked = (0, 0) if check is None else check.take_counts()
         accumulate_tokens(self.state, y, var, valid, positions=self.align)
