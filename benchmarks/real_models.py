@@ -39,10 +39,10 @@ value for them too).
   and ``"bf16-checked"``), batching
   (one call per example), variance reduction (``target_stderr=0.002`` with 2 draws a round:
   plain, antithetic, control variate, both; the tangent's allocation in rounds of a quarter
-  draw per token), and token sampling (``allocation="uniform"``, rounds of a further
-  :data:`SAMPLING_SHARE` of every example's tokens at one draw each, a quarter of them two:
-  the design that goes below the floor of one draw per token with a standard error it can
-  report).
+  draw per token), and token sampling (``allocation="uniform"``: a pilot of
+  :data:`SAMPLING_SHARE` of every example's tokens at one draw each, a quarter of them two,
+  then rounds to the share the pilot's variance predicts for the target — the design that goes
+  below the floor of one draw per token with a standard error it can report).
 * compilation, only when named in ``--methods``: ``senslab compile=True`` and ``paper code
   float32 compiled`` (the paper code's forwards through ``torch.compile``, so that the ratios
   against the paper code count compilation on both sides). Compiling is timed as part of the run:
@@ -130,7 +130,8 @@ TARGET_BF16_GEMM = 0.40
 
 #: mean units per token and round of the allocation rows (rounds repeat until the target)
 ALLOCATION_BUDGET = 0.25
-#: share of every example's tokens each round of the uniform-sampling row adds
+#: share of every example's tokens in the uniform-sampling row's pilot round (and the least
+#: each later round adds)
 SAMPLING_SHARE = 1 / 16
 
 VARIANCE_REDUCTION = {
@@ -142,8 +143,9 @@ VARIANCE_REDUCTION = {
     "adaptive allocation": {"repeats": 1, "allocation": "linear", "budget": ALLOCATION_BUDGET},
     "adaptive allocation + antithetic": {"repeats": 2, "antithetic": True,
                                          "allocation": "linear", "budget": ALLOCATION_BUDGET},
-    # a share of every example's tokens, one draw each (a quarter two), in rounds of a
-    # sixteenth of the tokens: below one draw per token where that is all the target needs
+    # a share of every example's tokens, one draw each (a quarter two): a pilot of a sixteenth
+    # of the tokens, then the share its variance predicts; below one draw per token where that
+    # is all the target needs
     "adaptive uniform sampling": {"repeats": 1, "allocation": "uniform",
                                   "budget": SAMPLING_SHARE},
 }

@@ -77,8 +77,9 @@ rates :math:`p_{bt}` no longer costs forward passes.
   (a simple random sample, without replacement) with one draw each, and gives a random quarter
   of them a second draw: where one draw per token already overshoots the precision asked for
   (flips concentrated in few tokens), a target is reached with fewer forwards. With
-  ``target_stderr`` every round adds another ``budget`` share of each example's tokens, and
-  once all are in, one more draw for every token. Unbiased for any model, and its standard
+  ``target_stderr`` the first round is a pilot of that share, later rounds go to the share the
+  variance measured so far predicts for the target (at least ``budget`` more), and once all
+  tokens are in, rounds add one more draw to every token. Unbiased for any model, and its standard
   error is an unbiased variance estimate: the paired draws estimate the within-token variance
   that one draw per token cannot (:class:`._alloc.Sampled`).
 
