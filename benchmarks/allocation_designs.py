@@ -14,7 +14,12 @@ reaches the record's target (at least two rounds).
 * ``equal``: every token the same expected draws in every round;
 * ``token``: from round 2, draws ∝ √(q(1−q)) with q each token's flips so far, shrunk towards
   its example's rate, never below a fifth of the budget;
-* ``example``: the same with q the example's rate so far (all its tokens alike).
+* ``example``: the same with q the example's rate so far (all its tokens alike);
+* ``uniform``: senslab's own ``allocation="uniform"`` (:class:`senslab.measure._alloc.Sampled`,
+  the code itself, on Bernoulli flips): a pilot of ``budget`` of every example's tokens at one
+  draw each (a quarter two), then rounds to the share the pilot's variance predicts, until its
+  reported standard error reaches the target (one round may do); its estimator is its own
+  (below), not the one that follows.
 
 **Estimator.** A token's expected draws e < 2 become a pair of draws with probability e/2, else
 ⌊e⌋ or ⌊e⌋+1 draws: every drawn token has two draws or more, so each round's
@@ -26,6 +31,8 @@ over the number of rounds squared.
 
     python benchmarks/allocation_designs.py benchmarks/results/ceiling-minilm-16.json \
         --out benchmarks/results/allocation-designs-minilm.json
+    python benchmarks/allocation_designs.py benchmarks/results/ceiling-images-64-8.json \
+        --designs uniform --out benchmarks/results/allocation-designs-images-64-uniform.json
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ SHRINK = 2.0  #: pseudo-draws of the example's rate in a token's q (design ``tok
 FLOOR_P = 0.01  #: the second truth's flip probability of tokens that never flipped
 MAX_ROUNDS = 200
 DESIGNS = (("equal", 0.5), ("equal", 1.0), ("token", 0.25), ("token", 0.5),
-           ("example", 0.25), ("example", 0.5))
+           ("example", 0.25), ("example", 0.5), ("uniform", 1 / 16))
 
 
 def spread(q: np.ndarray, budget: float) -> np.ndarray:
@@ -103,6 +110,31 @@ def run_design(p: np.ndarray, example: np.ndarray, target: float, design: str, b
     return float(np.mean(ys)), se, spent / len(p)
 
 
+def run_uniform(p: np.ndarray, example: np.ndarray, target: float, budget: float,
+                rng: np.random.Generator) -> tuple[float, float, float]:
+    """One replicate of ``allocation="uniform"`` as ``TokenSensitivity`` runs it (the same
+    class, the same stopping rule): (estimate, reported standard error, draws per token)."""
+    n_ex = int(example.max()) + 1
+    k = np.bincount(example, minlength=n_ex)
+    pos = np.arange(len(p)) - np.repeat(np.cumsum(k) - k, k)
+    valid = torch.zeros(n_ex, int(k.max()), dtype=torch.bool)
+    valid[example, pos] = True
+    rate = torch.zeros(valid.shape, dtype=torch.float64)
+    rate[example, pos] = torch.from_numpy(p)
+    gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
+    plan = _alloc.Sampled(valid, gen, budget)
+
+    def flips(src: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
+        return (torch.rand(len(src), generator=gen, dtype=torch.float64)
+                < rate[src, tok]).double()
+
+    plan.run(flips, target, MAX_ROUNDS * len(p))
+    y, _ = plan.values()
+    se = plan.stderr()
+    est = float(((y * valid).sum(1) / valid.sum(1)).mean())
+    return est, se, plan.copies / len(p)
+
+
 def simulate(flip_counts: list[list[int]], draws: int, target: float,
              replicates: int = REPLICATES, designs: tuple = DESIGNS) -> list[dict[str, Any]]:
     """Every design under both truths (the recorded rates; never-flipped at :data:`FLOOR_P`)."""
@@ -118,8 +150,9 @@ def simulate(flip_counts: list[list[int]], draws: int, target: float,
         stratified = float((w * w * p * (1 - p)).sum()) / target**2
         for design, budget in designs:
             rng = np.random.default_rng(SEED)
-            out = np.array([run_design(p, example, target, design, budget, rng)
-                            for _ in range(replicates)])
+            run = run_uniform if design == "uniform" else (
+                lambda *a, d=design: run_design(*a[:3], d, *a[3:]))
+            out = np.array([run(p, example, target, budget, rng) for _ in range(replicates)])
             est, se, spent = out[:, 0], out[:, 1], out[:, 2]
             rows.append({
                 "truth": truth, "design": design, "budget": budget, "replicates": replicates,
@@ -147,6 +180,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("record", type=Path, help="a real_models.py --ceiling record")
     parser.add_argument("--replicates", type=int, default=REPLICATES)
+    parser.add_argument("--designs", nargs="+", default=None, metavar="DESIGN",
+                        choices=sorted({d for d, _ in DESIGNS}),
+                        help="only these designs (default: all)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.replicates < 2:
@@ -161,7 +197,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         .isoformat(timespec="seconds"), "seed": SEED, "cases": []}
     for c in cases:
         a = c["allocation_ceiling"]
-        rows = simulate(c["flip_counts"], int(a["draws"]), a["target_se"], args.replicates)
+        designs = tuple(d for d in DESIGNS if args.designs is None or d[0] in args.designs)
+        rows = simulate(c["flip_counts"], int(a["draws"]), a["target_se"], args.replicates,
+                        designs)
         result["cases"].append({"case": c["case"], "target_se": a["target_se"], "rows": rows})
         print(f"**{c['case']}** (s.e. target {a['target_se']:g})\n\n{markdown(rows)}\n",
               flush=True)

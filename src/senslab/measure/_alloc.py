@@ -47,6 +47,9 @@ allocation pays for a given model is what ``benchmarks/real_models.py`` measures
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -247,3 +250,31 @@ class Sampled:
     @property
     def copies(self) -> int:
         return int(self.cnt.sum().item())
+
+    def stderr(self) -> float:
+        """The batch's fixed-subset standard error, :math:`\\sqrt{\\sum_b \\hat v_b}/B`."""
+        _, var = self.values()
+        k = self.k_all.double()
+        b = self.valid.shape[0]
+        return math.sqrt(max(((var * self.valid).sum(1) / k**2).sum().item(), 0.0)) / b
+
+    def run(self, evaluate: Callable[[Tensor, Tensor], Tensor], target: float | None,
+            room: int, rounds_at_zero: int = 2) -> None:
+        """Rounds of copies, ``evaluate(src, tok)`` giving their values, until the standard
+        error is at most ``target`` (one round without a target): a pilot of ``share``, then
+        each round up to the share :meth:`share_for` predicts, and once every token is in, one
+        more draw for every token. Stops before a round that would take the copies past
+        ``room``; a standard error of exactly 0 ends it only after ``rounds_at_zero`` rounds."""
+        tokens = int(self.valid.sum())
+        step = max(1, math.ceil(self.share * tokens))
+        to = None
+        while True:
+            src, tok = self.next_plan(to)
+            self.add(evaluate(src, tok), src, tok)
+            if target is None or self.copies + (tokens if self.covered else step) > room:
+                return
+            se = self.stderr()
+            if se <= target and (se > 0.0 or self.rounds + self.full >= rounds_at_zero):
+                return
+            # the next round goes straight to the share the variance so far predicts
+            to = None if self.covered else self.share_for(target)

@@ -634,27 +634,13 @@ class TokenSensitivity:
         draw for every token."""
         b = valid.shape[0]
         plan = _alloc.Sampled(valid, stream.gen, self.budget)
-        tokens = int(valid.sum())
-        per_round = max(1, math.ceil(self.budget * tokens))
         # by default as many forwards as 64 rounds of one draw for every token
-        cap = self.max_forward or b + DEFAULT_MAX_ROUNDS * tokens
-        to = None
-        while True:
-            src, tok = plan.next_plan(to)
-            own = torch.ones_like(src, dtype=torch.bool)
-            plan.add(runner.run(src, tok, own, extent), src, tok)
-            if self.target_stderr is None:
-                break
-            if b + plan.copies + (tokens if plan.covered else per_round) > cap:
-                break
-            y, var = plan.values()
-            k = valid.sum(1).double()
-            se = math.sqrt(max(((var * valid).sum(1) / k**2).sum().item(), 0.0)) / b
-            done = plan.rounds + plan.full >= ROUNDS_AT_ZERO or se > 0.0
-            if se <= self.target_stderr and done:
-                break
-            # the next round goes straight to the share the variance so far predicts
-            to = None if plan.covered else plan.share_for(self.target_stderr)
+        cap = self.max_forward or b + DEFAULT_MAX_ROUNDS * int(valid.sum())
+
+        def evaluate(src: Tensor, tok: Tensor) -> Tensor:
+            return runner.run(src, tok, torch.ones_like(src, dtype=torch.bool), extent)
+
+        plan.run(evaluate, self.target_stderr, cap - b, ROUNDS_AT_ZERO)
         y, var = plan.values()
         checked = (0, 0) if check is None else check.take_counts()
         accumulate_tokens(self.state, y, var, valid, positions=self.align)
