@@ -181,3 +181,18 @@ def test_bad_uniform_options(options, message):
     model, _, _ = linear_case()
     with pytest.raises(ValueError, match=message):
         TokenSensitivity(model, Sequence(), sigma=SIGMA, **options)
+
+
+def test_a_few_paired_tokens_are_no_ground_to_stop_on(monkeypatch):
+    """On a small batch the pilot holds a handful of paired tokens, whose variance estimate is
+    too noisy to stop on (stopping on it left 60% of the intervals short of the truth on six
+    short sentences): the rounds go on until every token has two draws. Without the guard the
+    same call stops after the pilot."""
+    model, x, _ = linear_case()  # 16 × 8 tokens: a pilot of 1/8 pairs about 8 of them
+    opts = {"sigma": SIGMA, "generator": 0, "estimand": "subset", "allocation": "uniform",
+            "budget": 1 / 8, "target_stderr": 0.2}
+    guarded = token_sensitivity(model, x, Sequence(), **opts)
+    assert guarded.num_forward >= 16 + 2 * 128
+    monkeypatch.setattr(_alloc, "MIN_PAIRS", 0)
+    loose = token_sensitivity(model, x, Sequence(), **opts)
+    assert loose.num_forward < 16 + 64

@@ -79,9 +79,10 @@ rates :math:`p_{bt}` no longer costs forward passes.
   (flips concentrated in few tokens), a target is reached with fewer forwards. With
   ``target_stderr`` the first round is a pilot of that share, later rounds go to the share the
   variance measured so far predicts for the target (at least ``budget`` more), and once all
-  tokens are in, rounds add one more draw to every token. Unbiased for any model, and its standard
-  error is an unbiased variance estimate: the paired draws estimate the within-token variance
-  that one draw per token cannot (:class:`._alloc.Sampled`).
+  tokens are in, rounds add to every token the draws it predicts (short of two draws for every
+  token it stops only once :data:`._alloc.MIN_PAIRS` tokens have two). Unbiased for any
+  model, and its standard error is an unbiased variance estimate: the paired draws estimate the
+  within-token variance that one draw per token cannot (:class:`._alloc.Sampled`).
 
 **Uncertainty.** Two estimands are distinguished:
 
@@ -630,8 +631,8 @@ class TokenSensitivity:
         """One batch with ``allocation="uniform"`` (:class:`._alloc.Sampled`): a ``budget``
         share of every example's tokens, one draw each (a quarter of them two); with a target,
         rounds up to the share the variance so far predicts for it (at least ``budget`` more
-        each) until the standard error reaches it; once every token is in, rounds of one more
-        draw for every token."""
+        each) until the standard error reaches it; once every token is in, rounds of the draws
+        per token it predicts (:meth:`._alloc.Sampled.run`)."""
         b = valid.shape[0]
         plan = _alloc.Sampled(valid, stream.gen, self.budget)
         # by default as many forwards as 64 rounds of one draw for every token
