@@ -205,18 +205,12 @@ class Sampled:
         self.s1.view(-1).index_add_(0, cell, v)
         self.s2.view(-1).index_add_(0, cell, v * v)
 
-    def values(self) -> tuple[Tensor, Tensor]:
-        r"""(y, var), each (B, T): the per-token values whose mean over an example's real tokens
-        is :math:`\hat m_b` (a measured token's mean over :math:`f`, 0 elsewhere), and per-token
-        shares of :math:`\hat v_b` whose sum over them divided by :math:`K^2` is
-        :math:`\hat v_b`."""
+    def _components(self) -> tuple[Tensor, Tensor, Tensor]:
+        r"""Each measured token's mean (B, T; 0 elsewhere), and per example :math:`\sum_S g_t`
+        and the sample variance :math:`s^2_{\bar y}` of the measured tokens' means (B,)."""
         cnt = self.cnt
         seen = cnt > 0
         mean = torch.where(seen, self.s1 / cnt.clamp(min=1), torch.zeros_like(cnt))
-        k = self.k.double()
-        k_all = self.k_all.double()
-        f = k / k_all
-        y = mean / f[:, None]
         sample = ((self.s2 - cnt * mean * mean) / (cnt - 1).clamp(min=1)).clamp(min=0)
         if self.full:
             g = torch.where(cnt >= 2, sample / cnt.clamp(min=1), torch.zeros_like(cnt))
@@ -224,11 +218,22 @@ class Sampled:
             r = PAIR_SHARE
             g = torch.where(cnt >= 2, sample * (0.5 + (1 - r) / r), torch.zeros_like(cnt))
         # the spread of the measured tokens' means (k ≥ 2 wherever K ≥ 2)
+        k = self.k.double()
         m = (mean * seen).sum(1) / k
         spread = ((mean - m[:, None]) ** 2 * seen).sum(1) / (k - 1).clamp(min=1)
-        v = (1 - f) * spread / k + g.sum(1) / (k * k_all)
+        return mean, g.sum(1), spread
+
+    def values(self) -> tuple[Tensor, Tensor]:
+        r"""(y, var), each (B, T): the per-token values whose mean over an example's real tokens
+        is :math:`\hat m_b` (a measured token's mean over :math:`f`, 0 elsewhere), and per-token
+        shares of :math:`\hat v_b` whose sum over them divided by :math:`K^2` is
+        :math:`\hat v_b`."""
+        mean, g, spread = self._components()
+        k, k_all = self.k.double(), self.k_all.double()
+        f = k / k_all
+        v = (1 - f) * spread / k + g / (k * k_all)
         var = (v * k_all)[:, None] * self.valid  # Σ_t var / K² = v
-        return y, var
+        return mean / f[:, None], var
 
     def share_for(self, target: float) -> float:
         r"""The share of every example's tokens that the variance components measured so far
@@ -238,15 +243,8 @@ class Sampled:
         :math:`B^{-2}\sum_b [(1/f - 1)\hat S^2_b/K + \hat G_b/(fK^2)]`, which falls to
         ``target``² at :math:`f = A/(\text{target}^2 + C)`. The share the rounds then jump to
         depends on the flips seen, like any adaptive stopping (bias :math:`O(1/n)`)."""
-        cnt = self.cnt
-        seen = cnt > 0
-        mean = torch.where(seen, self.s1 / cnt.clamp(min=1), torch.zeros_like(cnt))
-        sample = ((self.s2 - cnt * mean * mean) / (cnt - 1).clamp(min=1)).clamp(min=0)
-        r = PAIR_SHARE
-        g = torch.where(cnt >= 2, sample * (0.5 + (1 - r) / r), torch.zeros_like(cnt)).sum(1)
+        _, g, spread = self._components()
         k, k_all = self.k.double(), self.k_all.double()
-        m = (mean * seen).sum(1) / k
-        spread = ((mean - m[:, None]) ** 2 * seen).sum(1) / (k - 1).clamp(min=1)
         s2 = (spread - g / k).clamp(min=0)
         b = self.valid.shape[0]
         c = (s2 / k_all).sum().item() / b**2
