@@ -150,9 +150,9 @@ def simulate(flip_counts: list[list[int]], draws: int, target: float,
         stratified = float((w * w * p * (1 - p)).sum()) / target**2
         for design, budget in designs:
             rng = np.random.default_rng(SEED)
-            run = run_uniform if design == "uniform" else (
-                lambda *a, d=design: run_design(*a[:3], d, *a[3:]))
-            out = np.array([run(p, example, target, budget, rng) for _ in range(replicates)])
+            out = np.array([run_uniform(p, example, target, budget, rng) if design == "uniform"
+                            else run_design(p, example, target, design, budget, rng)
+                            for _ in range(replicates)])
             est, se, spent = out[:, 0], out[:, 1], out[:, 2]
             rows.append({
                 "truth": truth, "design": design, "budget": budget, "replicates": replicates,

@@ -120,8 +120,8 @@ def token_values(
 #: the standard error learns the within-token variance (:class:`Sampled`)
 PAIR_SHARE = 0.25
 #: tokens drawn twice that ``allocation="uniform"`` needs before it stops short of every token:
-#: a variance estimate from fewer is too noisy to stop on (on six short sentences, stopping on
-#: a handful of pairs covered the truth in 40% of the 95% intervals)
+#: a variance estimate from fewer is too noisy to stop on (in a scratch run on six short
+#: sentences, stopping on a handful of pairs covered the truth in 40% of the 95% intervals)
 MIN_PAIRS = 64
 
 
@@ -229,11 +229,14 @@ class Sampled:
         shares of :math:`\hat v_b` whose sum over them divided by :math:`K^2` is
         :math:`\hat v_b`."""
         mean, g, spread = self._components()
-        k, k_all = self.k.double(), self.k_all.double()
-        f = k / k_all
-        v = (1 - f) * spread / k + g / (k * k_all)
-        var = (v * k_all)[:, None] * self.valid  # Σ_t var / K² = v
+        f = self.k.double() / self.k_all.double()
+        var = (self._variance(g, spread) * self.k_all)[:, None] * self.valid  # Σ_t var / K² = v
         return mean / f[:, None], var
+
+    def _variance(self, g: Tensor, spread: Tensor) -> Tensor:
+        """:math:`\\hat v_b` (B,) from :meth:`_components`' ``g`` and ``spread``."""
+        k, k_all = self.k.double(), self.k_all.double()
+        return (1 - k / k_all) * spread / k + g / (k * k_all)
 
     def share_for(self, target: float) -> float:
         r"""The share of every example's tokens that the variance components measured so far
@@ -257,10 +260,9 @@ class Sampled:
 
     def stderr(self) -> float:
         """The batch's fixed-subset standard error, :math:`\\sqrt{\\sum_b \\hat v_b}/B`."""
-        _, var = self.values()
-        k = self.k_all.double()
-        b = self.valid.shape[0]
-        return math.sqrt(max(((var * self.valid).sum(1) / k**2).sum().item(), 0.0)) / b
+        _, g, spread = self._components()
+        v = self._variance(g, spread).sum().item()
+        return math.sqrt(max(v, 0.0)) / self.valid.shape[0]
 
     def run(self, evaluate: Callable[[Tensor, Tensor], Tensor], target: float | None,
             room: int, rounds_at_zero: int = 2) -> None:

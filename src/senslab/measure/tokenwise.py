@@ -618,13 +618,8 @@ class TokenSensitivity:
             if se <= self.target_stderr and (se > 0.0 or len(ys) >= ROUNDS_AT_ZERO):
                 break
         rounds = len(ys)
-        y = torch.stack(ys).mean(0)
-        var = torch.stack(vs).sum(0) / rounds**2
-        checked = (0, 0) if check is None else check.take_counts()
-        accumulate_tokens(self.state, y, var, valid, positions=self.align)
-        self.state.forward += 2 * b + copies
-        self.state.checked += checked[0]
-        self.state.forward_fp32 += checked[1]
+        self._add_tokens(torch.stack(ys).mean(0), torch.stack(vs).sum(0) / rounds**2, valid,
+                         2 * b + copies, check)
 
     def _sampled(self, runner: ChunkRunner, valid: Tensor, stream: NoiseStream,
                  extent: Tensor | None, check: Bf16Check | None) -> None:
@@ -642,10 +637,15 @@ class TokenSensitivity:
             return runner.run(src, tok, torch.ones_like(src, dtype=torch.bool), extent)
 
         plan.run(evaluate, self.target_stderr, cap - b, ROUNDS_AT_ZERO)
-        y, var = plan.values()
+        self._add_tokens(*plan.values(), valid, b + plan.copies, check)
+
+    def _add_tokens(self, y: Tensor, var: Tensor, valid: Tensor, forward: int,
+                    check: Bf16Check | None) -> None:
+        """Add one batch measured token by token (an allocation) to the state: each real
+        token's unbiased value ``y`` and variance share ``var`` (B, T), ``forward`` passes."""
         checked = (0, 0) if check is None else check.take_counts()
         accumulate_tokens(self.state, y, var, valid, positions=self.align)
-        self.state.forward += b + plan.copies
+        self.state.forward += forward
         self.state.checked += checked[0]
         self.state.forward_fp32 += checked[1]
 
@@ -813,7 +813,7 @@ def _check_allocation(allocation: Any, budget: Any, *, mode: str, compare: str,
         raise ValueError(
             f"with allocation='uniform', budget is the share of every example's tokens measured "
             f"per round, at most 1; got {budget!r} (for more draws per token, use "
-            "target_stderr: once every token is in, rounds add one draw to each)"
+            "target_stderr: once every token is in, rounds add draws to each)"
         )
     return allocation, b
 
