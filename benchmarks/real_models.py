@@ -36,7 +36,7 @@ value for them too).
   trimmed, one batched call), then one factor changed at a time: padding
   (``trim_padding=False``), reuse of the clean computation where the model offers it
   (``reuse_local=False`` / ``reuse_prefix=False``: full forwards), precision (``"float32"``
-  and ``"bf16-checked"``), batching
+  ``"bf16-checked"`` and ``"int8-checked"``), batching
   (one call per example), variance reduction (``target_stderr=0.002`` with 2 draws a round:
   plain, antithetic, control variate, both; the tangent's allocation in rounds of a quarter
   draw per token), and token sampling (``allocation="uniform"``: a pilot of
@@ -52,8 +52,8 @@ value for them too).
 Both references draw their noise from the stream senslab draws from (same seed, same
 example-major order), so with float32 their flips equal senslab's float32 flips up to rounding at
 a decision boundary; the run prints how many examples differ and whether every method's estimate
-agrees with the naive loop's within its interval, and checks that senslab's float32 and
-bf16-checked flips are identical.
+agrees with the naive loop's within its interval, and checks that senslab's float32 flips and
+its bf16-checked and int8-checked ones are identical.
 
 **Throughput.** Model FLOPs per forward at the lengths each method evaluates
 (``torch.utils.flop_counter``, attention through the math backend; a copy that senslab evaluates
@@ -542,17 +542,16 @@ def senslab_row(case: RealCase, method: str, options: dict[str, Any], t_clean: f
     tokens = options.pop("tokens", case.tokens)  # a row that changes the tokens' own options
     common = {"sigma": case.sigma, "estimand": "subset", "generator": SEED, **options}
     start = time.perf_counter()
+    metric = TokenSensitivity(case.model, tokens, **common)
     if per_example:
-        metric = TokenSensitivity(case.model, tokens, **common)
         for b in range(case.n):
             metric.update(select(case.inputs, torch.tensor([b])))
-        res = metric.compute()
     else:
-        res = token_sensitivity(case.model, case.inputs, tokens, **common)
+        metric.update(case.inputs)  # what token_sensitivity does
+    res = metric.compute()
     seconds = time.perf_counter() - start
     checked = res.recheck_fraction is not None
-    precision = (f"bf16-checked ({100 * res.recheck_fraction:.1f}% re-checked)" if checked
-                 else "float32")
+    precision = precision_label(metric.checked_precision, res.recheck_fraction)
     return {"method": method, "precision": precision, "estimate": res.estimate,
             "se": res.stderr_subset, "forwards": res.num_forward,
             "forwards_fp32": res.num_forward_fp32, "seconds": seconds, "t_clean": t_clean,
@@ -563,6 +562,17 @@ def senslab_row(case: RealCase, method: str, options: dict[str, Any], t_clean: f
             "tokens": repr(tokens),
             "control_variate": _gradient_pass(options),
             "per_sample": res.per_sample.double(), "per_position": res.per_position}
+
+
+def precision_label(low: str | None, recheck: float | None) -> str:
+    """What the copies ran in: float32, a checked precision and its re-checked share, or
+    float32 after ``"auto"``'s timed calibration found that checking would not pay."""
+    if low is None:
+        return "float32"
+    share = f"{100 * (recheck or 0.0):.1f}%"
+    if low == "float32":
+        return f"float32 (checking judged not to pay; {share} of the checked copies re-checked)"
+    return f"{low}-checked ({share} re-checked)"
 
 
 def _gradient_pass(options: dict[str, Any]) -> bool:
@@ -584,6 +594,7 @@ def senslab_methods(case: RealCase, target: float) -> list[tuple[str, dict[str, 
                          False))
     rows += [("senslab precision=float32", {**r, "precision": "float32"}, False),
              ("senslab precision=bf16-checked", {**r, "precision": "bf16-checked"}, False),
+             ("senslab precision=int8-checked", {**r, "precision": "int8-checked"}, False),
              ("senslab per-example calls", r, True),
              ("senslab compile=True", {**r, "compile": True}, False)]
     for label, extra in VARIANCE_REDUCTION.items():
@@ -596,15 +607,26 @@ def senslab_methods(case: RealCase, target: float) -> list[tuple[str, dict[str, 
 
 
 def gemm_flops(n: int, dtype: torch.dtype, reps: int = 3) -> float:
-    """FLOP/s of an n×n @ n×n product in ``dtype`` (median of ``reps`` after a warm-up)."""
+    """FLOP/s (int8: operations/s) of an n×n @ n×n product in ``dtype`` (median of ``reps``
+    after a warm-up)."""
     g = torch.Generator().manual_seed(0)
-    a = torch.randn(n, n, generator=g).to(dtype)
-    b = torch.randn(n, n, generator=g).to(dtype)
-    a @ b
+    if dtype == torch.int8:  # int8 × int8 → int32 (VNNI where the CPU has it)
+        a = torch.randint(-127, 128, (n, n), generator=g, dtype=torch.int8)
+        b = torch.randint(-127, 128, (n, n), generator=g, dtype=torch.int8)
+
+        def product() -> Any:
+            return torch._int_mm(a, b)
+    else:
+        a = torch.randn(n, n, generator=g).to(dtype)
+        b = torch.randn(n, n, generator=g).to(dtype)
+
+        def product() -> Any:
+            return a @ b
+    product()
     times = []
     for _ in range(reps):
         start = time.perf_counter()
-        a @ b
+        product()
         times.append(time.perf_counter() - start)
     return 2 * n**3 / statistics.median(times)
 
@@ -671,7 +693,7 @@ def measure_case(case: RealCase, gemm_n: int, reps: int = 1, log: Any = print,
         runs = keep_methods(runs, methods)
     else:
         runs = [(label, fn) for label, fn in runs if label not in OPT_IN]
-    gemm: dict[str, list[float]] = {"float32": [], "bf16": []}
+    gemm: dict[str, list[float]] = {"float32": [], "bf16": [], "int8": []}
     samples: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in runs}
     token_sensitivity(case.model, select(case.inputs, torch.arange(2)), case.tokens,
                       sigma=case.sigma)  # warm-up (allocator, auto-precision probe)
@@ -680,6 +702,7 @@ def measure_case(case: RealCase, gemm_n: int, reps: int = 1, log: Any = print,
         for label, fn in order:
             gemm["float32"].append(gemm_flops(gemm_n, torch.float32))
             gemm["bf16"].append(gemm_flops(gemm_n, torch.bfloat16))
+            gemm["int8"].append(gemm_flops(gemm_n, torch.int8))
             row = fn()
             row["ttp"], row["ttp_rule"] = time_to_precision(row, target)
             samples[label].append(row)
@@ -789,11 +812,14 @@ def finish_case(case: RealCase, rows: list[dict[str, Any]], peaks: dict[str, flo
     for r in rows:
         ok, z = agree(r["estimate"], r["se"], base["estimate"], base["se"])
         checks["agree"][r["label"]] = {"ok": ok, "z": z}
-    f32, b16 = by.get("senslab precision=float32"), by.get("senslab precision=bf16-checked")
-    if f32 is not None and b16 is not None:
-        checks["bf16_checked_identical"] = bool(
-            torch.equal(f32["per_sample"], b16["per_sample"])
-            and torch.equal(f32["per_position"].nan_to_num(-1), b16["per_position"].nan_to_num(-1)))
+    f32 = by.get("senslab precision=float32")
+    for low in ("bf16", "int8"):
+        other = by.get(f"senslab precision={low}-checked")
+        if f32 is not None and other is not None:
+            checks[f"{low}_checked_identical"] = bool(
+                torch.equal(f32["per_sample"], other["per_sample"])
+                and torch.equal(f32["per_position"].nan_to_num(-1),
+                                other["per_position"].nan_to_num(-1)))
     if f32 is not None:  # same noise stream: per-example rates equal up to boundary rounding
         for ref in ("naive loop float32", "paper code float32"):
             diff = (by[ref]["per_sample"] - f32["per_sample"]).abs()
@@ -830,6 +856,7 @@ def targets(name: str, rows: list[dict[str, Any]], peaks: dict[str, float],
             f"{100 * fastest['fraction_fp32_gemm']:.0f}% of the fp32 and "
             f"{100 * fastest['fraction_bf16_gemm']:.0f}% of the bf16 GEMM peak",
             f"bf16/fp32 GEMM peak ratio {bf16_over_fp32:.2f}",
+            f"int8/fp32 GEMM peak ratio {peaks.get('int8', 0.0) / peaks['float32']:.2f}",
             f"model FLOPs of the runs: {ref} {fastest['flops'] / 1e9:.1f} GFLOP vs senslab's "
             f"best {best['flops'] / 1e9:.1f} GFLOP",
         ]
@@ -891,7 +918,8 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", f"**{c['case']}** ({c['examples']} examples, target s.e. "
                   f"{c['target_se']:.4f}, σ = {c['sigma']:g}, mean "
                   f"length {c['mean_length']:.1f} of {c['width']}; GEMM {result['gemm_n']}²: "
-                  f"fp32 {g['float32']:.0f}, bf16 {g['bf16']:.0f} GFLOP/s; "
+                  f"fp32 {g['float32']:.0f}, bf16 {g['bf16']:.0f} GFLOP/s"
+                  + (f", int8 {g['int8']:.0f} GOP/s; " if "int8" in g else "; ")
                   + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                               for k, v in c["info"].items() if k != "trained") + ")"]
         bad = [k for k, v in c["checks"]["agree"].items() if not v["ok"]]
@@ -901,8 +929,9 @@ def markdown(result: dict[str, Any]) -> str:
         for k, v in c["checks"].items():
             if k == "agree":
                 continue
-            if k == "bf16_checked_identical":
-                lines.append(f"- senslab float32 and bf16-checked flips identical (same seed): "
+            if k.endswith("_checked_identical"):
+                low = k.removesuffix("_checked_identical")
+                lines.append(f"- senslab float32 and {low}-checked flips identical (same seed): "
                              f"{'✓' if v else '✗'}")
             else:
                 lines.append(f"- {k}: {v} of {c['examples']}")

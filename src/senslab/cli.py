@@ -259,15 +259,18 @@ def _precision_note(model: Any, device: Any, args: argparse.Namespace) -> str:
     ``"auto"`` rule)."""
     import torch
 
-    from .measure._precision import bf16_pays
+    from .measure._precision import auto_precision
 
     if args.autocast:
         return f"autocast {args.autocast} (its own decisions)"
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    if dtype == torch.float32 and (
-            args.precision == "bf16-checked"
-            or (args.precision == "auto" and bf16_pays(torch.device(device)))):
-        return "checked bf16 (float32's decisions)"
+    if dtype == torch.float32 and args.precision in ("bf16-checked", "int8-checked"):
+        return f"checked {args.precision.removesuffix('-checked')} (float32's decisions)"
+    if dtype == torch.float32 and args.precision == "auto":
+        low = auto_precision(torch.device(device))
+        if low is not None:
+            then = " if its timed calibration finds it pays, else float32" if low[1] else ""
+            return f"checked {low[0]}{then} (float32's decisions)"
     return str(dtype).removeprefix("torch.")
 
 
@@ -293,6 +296,9 @@ def _table(model: Any, tokens: Any, batches: Any, args: argparse.Namespace,
         recheck = "-" if r.recheck_fraction is None else f"{r.recheck_fraction:.1%}"
         print(f"{sigma:>8g} {r.estimate:>12.4f} {r.stderr:>8.4f} "
               f"{r.ci95[0]:>8.4f}–{r.ci95[1]:<8.4f} {r.num_forward:>9,} {recheck:>10}")
+        if metric.checked_precision == "float32":
+            _note(f"sigma {sigma:g}: checked precision would not pay on this model here "
+                  "(timed in its calibration); the copies ran in float32")
 
 
 class _Batches:
@@ -557,10 +563,14 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--autocast", choices=sorted(AUTOCAST),
                    help="run the perturbed forwards under bf16/fp16 autocast (GPU: 2-6× faster, "
                         "within the float32 interval; see the README's GPU benchmark)")
-    s.add_argument("--precision", choices=["auto", "float32", "bf16-checked"], default="auto",
+    s.add_argument("--precision", choices=["auto", "float32", "bf16-checked", "int8-checked"],
+                   default="auto",
                    help="float32; bf16-checked (copies in bf16, copies near the decision "
-                        "boundary re-checked in float32: float32's decisions); auto (default) "
-                        "picks bf16-checked where bf16 matrix products run faster than float32")
+                        "boundary re-checked in float32: float32's decisions); int8-checked "
+                        "(the same with int8 linear layers, CPU); auto (default) picks the "
+                        "checked precision whose matrix products run faster than float32 here, "
+                        "and on a CPU falls back to float32 where its calibration, timed, "
+                        "finds it would not pay")
     s.add_argument("--compile", action="store_true",
                    help="evaluate the perturbed copies through torch.compile (the model's call "
                         "and its reuse paths; compiling takes minutes on a small CPU)")

@@ -301,6 +301,9 @@ def test_float64_models_and_distances_keep_their_precision(monkeypatch):
 @pytest.mark.parametrize("pays", [True, False])
 def test_auto_picks_checked_bf16_where_bf16_pays(monkeypatch, pays):
     monkeypatch.setattr(_precision, "bf16_pays", lambda device: pays)
+    monkeypatch.setattr(_precision, "int8_pays", lambda device: False)
+    # the timed judgement of the calibration (test_int8_checked) finds a gain here
+    monkeypatch.setattr(_precision.PrecisionCheck, "_pays", lambda self: True)
     model = trained_on_digits("mlp")
     x = digits()[0][1500:1532]
     m = run(model, x, Patches(2), sigma=0.5)  # precision="auto" is the default
@@ -321,7 +324,8 @@ def test_auto_on_this_hardware_is_consistent():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"precision": "bf16"}, "precision must be 'auto', 'float32' or 'bf16-checked'"),
+    ({"precision": "bf16"},
+     "precision must be 'auto', 'float32', 'bf16-checked' or 'int8-checked'"),
     ({"precision": "bf16-checked", "autocast": torch.bfloat16}, "Pass one of them"),
     ({"precision": "float32", "autocast": torch.bfloat16}, "Pass one of them"),
     ({"precision": "bf16-checked", "compare": "l1"}, "measures output distances"),

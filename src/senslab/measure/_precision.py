@@ -1,9 +1,12 @@
-r"""bf16 forwards with float32's decisions (``precision="bf16-checked"``, chosen by ``"auto"``
-where the hardware multiplies bf16 matrices natively and, on a CPU, measurably faster).
+r"""Low-precision forwards with float32's decisions: ``precision="bf16-checked"`` (bf16
+autocast) and ``precision="int8-checked"`` (the model's linear layers as int8 products on a
+CPU, :mod:`._int8`), chosen by ``"auto"`` where the hardware runs them measurably faster.
 
-A perturbed copy is evaluated under bf16 autocast; its class is read from the bf16 output
-unless that output is close to a class boundary, where bf16 rounding could put it on the other
-side, and then the copy is evaluated again in float32 and float32's class is used.
+A perturbed copy is evaluated in the low precision; its class is read from that output unless
+the output is close to a class boundary, where rounding could put it on the other side, and
+then the copy is evaluated again in float32 and float32's class is used. The rule and the
+calibration below are written for bf16 (:math:`m_{16}`); int8 follows them word for word, with
+its own, larger, bound.
 
 **Rule.** Let :math:`c` be the class the bf16 output predicts and :math:`m_{16}` its margin in
 the output's own units (:func:`~senslab.measure.outputs.margins`: the top logit minus the
@@ -42,7 +45,20 @@ weights of an ``nn.Module``, ``compare="class"``, and a device with native bf16 
 CUDA GPU of compute capability ≥ 8.0, or a CPU with AVX-512 BF16 or AMX whose bf16 matrix product
 is measured (once per process and thread count) at least :data:`MIN_SPEEDUP` × float32's. The
 flags alone are not enough: on a 2-core Xeon VM reporting AVX-512 BF16 (no AMX) a 512³ bf16 product
-ran at half float32's speed. Elsewhere every forward runs in the model's own precision.
+ran at half float32's speed. Where bf16 does not pay, checked int8 runs on a CPU whose int8
+linear layer (512³) is measured at least :data:`MIN_SPEEDUP` × float32's (that Xeon's AVX-512
+VNNI ran it at about 3×). Elsewhere every forward runs in the model's own precision.
+
+**Whether checking pays** (``"auto"`` on a CPU). A product measured faster does not make a
+checked copy cheaper: the copies near a boundary are evaluated twice, and int8's error, far
+larger than bf16's, widens the bound (all-MiniLM-L6-v2's margins moved by up to ~1 in int8
+against ~0.04 in bf16, so most copies fell inside it). So the calibration also times both
+precisions, per copy, and ``"auto"`` goes back to float32 for the rest of the metric's life
+(until ``reset``) unless a low-precision copy plus the predicted re-checked share of a float32
+one costs at most ``1 / MIN_SPEEDUP`` of a float32 copy. It judges from :data:`JUDGE_AFTER`
+calibration copies on: the share under the bound measured so far is a lower bound of the final
+share, so a loss seen early is a loss at the end. An explicit ``"bf16-checked"`` or
+``"int8-checked"`` always runs checked.
 """
 
 from __future__ import annotations
@@ -50,16 +66,18 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from ..tokens.base import model_dtype
+from . import _int8
 from .outputs import margins, predictions
 
-Precision = Literal["auto", "float32", "bf16-checked"]
-PRECISIONS: tuple[str, ...] = ("auto", "float32", "bf16-checked")
+Precision = Literal["auto", "float32", "bf16-checked", "int8-checked"]
+PRECISIONS: tuple[str, ...] = ("auto", "float32", "bf16-checked", "int8-checked")
 
 #: perturbed copies evaluated in both precisions before the bound is fixed
 CALIBRATION_COPIES = 256
@@ -67,8 +85,11 @@ CALIBRATION_COPIES = 256
 CALIBRATION_CLEAN = 64
 #: the bound is this many times the largest margin change seen in the calibration
 SAFETY = 4.0
-#: ``"auto"`` picks checked bf16 on a CPU only if bf16 matrix products run this much faster
+#: ``"auto"`` picks a checked precision on a CPU only if its matrix products run this much
+#: faster, and keeps checking only while the calibration predicts copies this much cheaper
 MIN_SPEEDUP = 1.2
+#: calibration copies after which ``"auto"`` may stop checking early (:meth:`PrecisionCheck._judge`)
+JUDGE_AFTER = 32
 
 
 @functools.cache
@@ -123,11 +144,30 @@ def bf16_pays(device: torch.device) -> bool:
     return device.type != "cpu" or _bf16_gemm_speedup(torch.get_num_threads()) >= MIN_SPEEDUP
 
 
+def int8_pays(device: torch.device) -> bool:
+    """``precision="auto"``'s second test, where bf16 does not pay: a CPU whose int8 linear
+    layer (:mod:`._int8`) is measured at least :data:`MIN_SPEEDUP` × float32's."""
+    return device.type == "cpu" and _int8.gemm_speedup(torch.get_num_threads()) >= MIN_SPEEDUP
+
+
+def auto_precision(device: torch.device) -> tuple[str, bool] | None:
+    """The low precision ``"auto"`` checks on ``device`` (``"bf16"`` or ``"int8"``) and
+    whether its calibration judges the gain (on a CPU, where the forwards are timed
+    synchronously), or None."""
+    judge = device.type == "cpu"
+    if bf16_pays(device):
+        return "bf16", judge
+    if int8_pays(device):
+        return "int8", judge
+    return None
+
+
 def check_precision(precision: Any, autocast: Any, compare: str) -> None:
     """Validate ``precision`` against the other options (an error names the fix)."""
     if precision not in PRECISIONS:
         raise ValueError(
-            f"precision must be 'auto', 'float32' or 'bf16-checked', got {precision!r}"
+            "precision must be 'auto', 'float32', 'bf16-checked' or 'int8-checked', "
+            f"got {precision!r}"
         )
     if precision != "auto" and autocast is not None:
         raise ValueError(
@@ -135,35 +175,52 @@ def check_precision(precision: Any, autocast: Any, compare: str) -> None:
             f"precision={precision!r} contradicts it. Pass one of them: autocast=torch.bfloat16 "
             "(bf16's own decisions) or precision='bf16-checked' (float32's decisions)"
         )
-    if precision == "bf16-checked" and compare != "class":
+    if precision in ("bf16-checked", "int8-checked") and compare != "class":
         raise ValueError(
-            f"precision='bf16-checked' keeps float32's class decisions; compare={compare!r} "
-            "measures output distances, which bf16 would change — use precision='float32' or "
-            "autocast=torch.bfloat16"
+            f"precision={precision!r} keeps float32's class decisions; compare={compare!r} "
+            "measures output distances, which low precision would change — use "
+            "precision='float32' or autocast=torch.bfloat16"
         )
 
 
-def checked(metric: Any, device: torch.device, clean: Tensor) -> bool:
-    """Whether this batch runs in checked bf16: asked for (or ``"auto"`` on native-bf16
-    hardware), class decisions read from a floating output, and weights in float32 (a float64
-    model keeps its own precision; ``"auto"`` also leaves plain callables alone)."""
+def checked(metric: Any, device: torch.device, clean: Tensor) -> tuple[str, bool] | None:
+    """The low precision this batch's copies run in and are checked against float32
+    (``"bf16"`` or ``"int8"``) and whether its calibration judges the gain (under ``"auto"``
+    on a CPU, :meth:`PrecisionCheck.use`), or None: float32 (or the model's own precision). Checked
+    precision is asked for (or ``"auto"`` finds one that pays here), class decisions are read
+    from a floating output, and the weights are float32 (a float64 model keeps its own
+    precision; ``"auto"`` also leaves plain callables alone)."""
     if metric.precision == "float32" or metric.autocast is not None:
-        return False
+        return None
     if metric.compare != "class" or not clean.is_floating_point():
-        return False
+        return None
     dtype = model_dtype(metric.model)
     if metric.precision == "auto":
-        return dtype == torch.float32 and bf16_pays(device)
-    return dtype in (None, torch.float32)
+        return auto_precision(device) if dtype == torch.float32 else None
+    if dtype not in (None, torch.float32):
+        return None
+    if metric.precision == "int8-checked":
+        if device.type != "cpu":
+            raise ValueError(
+                f"precision='int8-checked' runs int8 matrix products on the CPU; the model is "
+                f"on {device.type}. Use precision='bf16-checked' there"
+            )
+        if not _int8.available():
+            raise RuntimeError(
+                "precision='int8-checked' needs torch's x86 quantised linear kernels (fbgemm), "
+                "which this torch build lacks; use precision='float32'"
+            )
+        return "int8", False
+    return "bf16", False
 
 
 class _Float32Caches:
     """Stands in for the model while copies are evaluated: the clean caches of prefix and
-    local reuse (``prefix_cache``/``local_cache``) are computed with autocast off, as in a
-    float32 run; everything else is the model's."""
+    local reuse (``prefix_cache``/``local_cache``) are computed in float32 (``plain()``
+    suspends the low precision), as in a float32 run; everything else is the model's."""
 
-    def __init__(self, model: Any, device_type: str) -> None:
-        self._model, self._device_type = model, device_type
+    def __init__(self, model: Any, plain: Callable[[], AbstractContextManager[Any]]) -> None:
+        self._model, self._plain = model, plain
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._model(*args, **kwargs)
@@ -174,24 +231,57 @@ class _Float32Caches:
             return attr
 
         def float32(*args: Any, **kwargs: Any) -> Any:
-            with torch.autocast(device_type=self._device_type, enabled=False):
+            with self._plain():
                 return attr(*args, **kwargs)
         return float32
 
 
-class Bf16Check:
-    """The calibrated bound of one metric and its bookkeeping (see the module docstring)."""
+class PrecisionCheck:
+    """The calibrated bound of one metric and its bookkeeping (see the module docstring), for
+    its low precision ``low``: ``"bf16"`` (autocast) or ``"int8"`` (:class:`._int8.Int8Linears`,
+    whose packed weights the check keeps between batches)."""
 
     def __init__(self) -> None:
         self.reset()
 
     def reset(self) -> None:
+        self.low: str | None = None
         #: b, the margin below which a copy is re-checked (None: still calibrating)
         self.bound: float | None = None
         self.scale = 0.0  #: S, the largest absolute output seen in the calibration
         self._deltas: list[float] = []
         self._copies = 0  # calibration copies so far
         self.copies = self.fp32 = 0  # per update: copies evaluated, float32 re-evaluations
+        self._int8 = _int8.Int8Linears()
+        #: the copies run in float32 from the next batch on: int8 found no layer to run (no
+        #: eligible ``F.linear``), or ``"auto"``'s calibration predicted no gain
+        self.idle = False
+        #: ``"auto"`` on a CPU: the calibration judges whether checking pays (:meth:`_pays`)
+        self.judge = False
+        #: the share of the calibration copies the bound would have re-checked
+        self.predicted_recheck: float | None = None
+        #: a float32 copy's time over a low-precision copy's, timed during the calibration
+        self.speedup: float | None = None
+        self._cal: list[tuple[Tensor, Tensor]] = []  # calibration copies' low margins, sizes
+        self._times = [0.0, 0, 0.0, 0]  # low seconds, low copies, float32 seconds, copies
+
+    def use(self, low: str, judge: bool = False) -> None:
+        """Check ``low`` from now on (a new low precision starts a new calibration); with
+        ``judge`` (``"auto"`` on a CPU) stop checking if the calibration finds no gain."""
+        if low != self.low:
+            self.reset()
+            self.low = low
+        self.judge = judge
+
+    def _pays(self) -> bool:
+        """Whether a copy costs less checked than in float32, as timed in the calibration: its
+        low-precision forward plus the predicted share re-checked in float32 at most
+        ``1 / MIN_SPEEDUP`` of a float32 forward. Without ``judge``, yes."""
+        low_s, low_n, full_s, full_n = self._times
+        if not self.judge or not low_n or not full_n or self.predicted_recheck is None:
+            return True
+        per_low, per_full = low_s / low_n, full_s / full_n
+        return per_low + self.predicted_recheck * per_full <= per_full / MIN_SPEEDUP
 
     def take_counts(self) -> tuple[int, int]:
         """(copies, float32 re-evaluations) since the last call."""
@@ -199,56 +289,111 @@ class Bf16Check:
         self.copies = self.fp32 = 0
         return out
 
-    @staticmethod
-    def wrap(model: Any, device: torch.device) -> _Float32Caches:
-        return _Float32Caches(model, device.type)
+    def _lowered(self, device: torch.device) -> AbstractContextManager[Any]:
+        if self.low == "int8":
+            return self._int8
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
-    def _observe(self, low: Tensor, full: Tensor, kind: str, threshold: float | None) -> None:
+    def wrap(self, model: Any, device: torch.device) -> _Float32Caches:
+        if self.low == "int8":
+            return _Float32Caches(model, self._int8.off)
+        return _Float32Caches(
+            model, lambda: torch.autocast(device_type=device.type, enabled=False))
+
+    def _observe(self, low: Tensor, full: Tensor, kind: str,
+                 threshold: float | None) -> tuple[Tensor, Tensor]:
+        """Record the margin changes of ``low`` against ``full``; returns the low outputs'
+        margins of their own class and their largest absolute outputs."""
         c16 = predictions(low, kind, threshold)
         c32 = predictions(full, kind, threshold)
         delta = torch.maximum((margins(low, c16, kind, threshold)
                                - margins(full, c16, kind, threshold)).abs(),
                               (margins(low, c32, kind, threshold)
                                - margins(full, c32, kind, threshold)).abs())
-        delta = torch.where(torch.isfinite(delta), delta, torch.inf)  # bf16 overflow: all rows
+        delta = torch.where(torch.isfinite(delta), delta, torch.inf)  # overflow: all rows
         self._deltas.append(float(delta.max()) if len(delta) else 0.0)
         self.scale = max(self.scale, float(full.reshape(len(full), -1).abs().max()))
+        return margins(low, c16, kind, threshold), low.reshape(len(low), -1).abs().amax(dim=1)
+
+    def _judge(self, final: bool) -> None:
+        """After a calibration chunk: the share of the calibration copies the bound re-checks
+        and the speedup timed so far; at the end (``final``) the bound is fixed. Under
+        ``judge`` checking stops (:attr:`idle`) once it cannot pay: from
+        :data:`JUDGE_AFTER` copies on, the share under the bound so far, with no widening for
+        large outputs, is at most the final share (the bound only grows, and the widening
+        never narrows it), so a loss predicted early is a loss at the end."""
+        bound = SAFETY * max(self._deltas)
+        m, size = (torch.cat(t) for t in zip(*self._cal, strict=True))
+        low_s, low_n, full_s, full_n = self._times
+        if low_n and full_n:
+            self.speedup = (full_s / full_n) / max(low_s / low_n, 1e-12)
+        if final:
+            self.bound = bound
+            self._cal = []
+            band = self._band(size)
+        elif self.judge and self._copies >= JUDGE_AFTER:
+            band = torch.full_like(size, bound)
+        else:
+            return
+        share = (m <= band) | ~torch.isfinite(m)
+        self.predicted_recheck = float(share.float().mean()) if len(m) else 0.0
+        self.idle = not self._pays()
+
+    def _band(self, size: Tensor) -> Tensor:
+        assert self.bound is not None
+        return self.bound * (size / max(self.scale, 1e-30)).clamp(min=1.0)
 
     def calibrate_clean(self, forward: Callable[[], Tensor], clean: Tensor, device: torch.device,
                         kind: str, threshold: float | None) -> None:
-        """Clean examples in bf16 (``forward()`` gives them) against their float32 outputs."""
+        """Clean examples in the low precision (``forward()`` gives them) against their float32
+        outputs; with int8, finds whether any layer runs in int8 at all (:attr:`idle`)."""
         if self.bound is not None or self._copies:
             return
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+        calls = self._int8.calls
+        with self._lowered(device):
             low = forward()
+        self.idle = self.low == "int8" and self._int8.calls == calls
         self._observe(low.float(), clean.float(), kind, threshold)
 
     def evaluate(self, forward: Callable[[Tensor | None], Tensor], n: int, device: torch.device,
                  kind: str, threshold: float | None) -> Tensor:
         """Outputs of ``n`` copies, ``forward(rows)`` evaluating the copies ``rows`` (None: all)
-        at the current precision: bf16 rows where the margin is safe, float32 rows elsewhere."""
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+        at the current precision: low-precision rows where the margin is safe, float32 rows
+        elsewhere; once :attr:`idle` (the calibration found no gain), all rows in float32."""
+        if self.idle:
+            return forward(None).float()
+        clock = time.perf_counter()
+        with self._lowered(device):
             low = forward(None).float()
         self.copies += n
         start = 0
         if self.bound is None:  # calibrating: these copies are decided in float32
             start = min(n, CALIBRATION_COPIES - self._copies)
             rows = torch.arange(start, device=low.device)
+            between = time.perf_counter()
             full = forward(rows).float()
+            self._times[0] += between - clock
+            self._times[1] += n
+            self._times[2] += time.perf_counter() - between
+            self._times[3] += start
             self.fp32 += start
-            self._observe(low[:start], full, kind, threshold)
+            self._cal.append(self._observe(low[:start], full, kind, threshold))
             low[:start] = full
             self._copies += start
-            if self._copies < CALIBRATION_COPIES:
+            self._judge(final=self._copies >= CALIBRATION_COPIES)
+            if self.idle:  # no gain: the chunk's other copies in float32 too
+                if start < n:
+                    low[start:] = forward(torch.arange(start, n, device=low.device)).float()
+                    self.fp32 += n - start
                 return low
-            self.bound = SAFETY * max(self._deltas)
+            if self.bound is None:
+                return low
         if start == n:
             return low
         rest = low[start:]
         m = margins(rest, predictions(rest, kind, threshold), kind, threshold)
         size = rest.reshape(len(rest), -1).abs().amax(dim=1)
-        band = self.bound * (size / max(self.scale, 1e-30)).clamp(min=1.0)
-        rows = ((m <= band) | ~torch.isfinite(m)).nonzero().flatten() + start
+        rows = ((m <= self._band(size)) | ~torch.isfinite(m)).nonzero().flatten() + start
         if len(rows):
             self.fp32 += len(rows)
             low[rows] = forward(rows).float()

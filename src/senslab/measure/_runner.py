@@ -11,7 +11,7 @@ from torch import Tensor
 from ..tokens.base import BoundTokens
 from . import _chunks, _trim
 from ._noise import NoiseStream
-from ._precision import Bf16Check
+from ._precision import PrecisionCheck
 from .outputs import check_rows, predictions
 
 
@@ -116,7 +116,7 @@ class ChunkRunner:
     def __init__(
         self, metric: Any, bound: BoundTokens, stream: NoiseStream, ref: Tensor,
         whole: bool, device: torch.device, control: Any = None, per_copy: float | None = None,
-        check: Bf16Check | None = None,
+        check: PrecisionCheck | None = None,
     ) -> None:
         self.m, self.bound, self.stream, self.ref, self.whole = metric, bound, stream, ref, whole
         self.device = device

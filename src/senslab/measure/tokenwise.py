@@ -106,6 +106,9 @@ forwards in bf16/fp16 (and keeps their decisions) and ``compile=True`` through `
 bf16 matrices natively and faster — evaluates the copies in bf16 but re-evaluates in float32
 those whose bf16 margin is within a per-model calibrated bound of a class boundary, so the flips
 are float32's (:mod:`._precision`; ``num_forward_fp32`` and ``recheck_fraction`` report the cost).
+``precision="int8-checked"`` does the same with int8 linear layers on a CPU (:mod:`._int8`);
+``"auto"`` picks it where bf16 does not pay and int8 does, and on a CPU drops either back to
+float32 when its calibration, timed, finds that the re-checks cost more than they save.
 In eval mode, models that support it reuse the clean computation: prefix reuse for models that
 read left to right (:class:`~senslab.tokens.Embedding`, the zoo's LSTM and GPT-2) and local reuse
 for convolutional networks (:class:`~senslab.tokens.Patches`, the zoo's ResNet and CNN) — same
@@ -168,7 +171,7 @@ from ._options import (
     _resolve_sigma,
     _shapes,
 )
-from ._precision import Bf16Check, Precision
+from ._precision import Precision, PrecisionCheck
 from ._runner import ChunkRunner, _check_finite, verify_copies
 from ._stats import (
     SensitivityResult,
@@ -256,11 +259,15 @@ class TokenSensitivity:
         precision: ``"bf16-checked"`` evaluates the copies under bf16 autocast and those whose
             bf16 margin lies within a calibrated bound of a class boundary again in float32:
             float32's decisions at bf16's speed (:mod:`._precision`; the bound is
-            ``bf16_bound``, the re-checked share ``recheck_fraction``). ``"float32"``: every
-            forward in the model's own precision. ``"auto"`` (default): checked bf16 on
-            hardware with native bf16 matrix units (GPUs of compute capability ≥ 8.0;
-            AVX-512 BF16/AMX CPUs where a bf16 matrix product is measured faster) for float32
-            ``nn.Module`` models and ``compare="class"``, else the model's precision;
+            ``check_bound``, the re-checked share ``recheck_fraction``). ``"int8-checked"``
+            (CPU): the same with the model's linear layers as int8 products (:mod:`._int8`).
+            ``"float32"``: every forward in the model's own precision. ``"auto"`` (default):
+            checked bf16 on hardware with native bf16 matrix units (GPUs of compute
+            capability ≥ 8.0; AVX-512 BF16/AMX CPUs where a bf16 matrix product is measured
+            faster), else checked int8 on CPUs where an int8 linear layer is measured faster,
+            for float32 ``nn.Module`` models and ``compare="class"``, else the model's
+            precision; on a CPU ``"auto"`` also times the calibration and goes back to
+            float32 when checking would not pay (``checked_precision`` says which ran).
             ``autocast=`` takes precedence.
         compile: evaluate the perturbed copies through ``torch.compile``: the model's call
             and, where the tokenization reuses the clean computation, the model's
@@ -396,7 +403,7 @@ class TokenSensitivity:
         self.autocast = autocast
         _precision.check_precision(precision, autocast, compare)
         self.precision = precision
-        self._check = _precision.Bf16Check()
+        self._check = _precision.PrecisionCheck()
         self.eval_mode = _check_flag("eval_mode", eval_mode)
         self.trim_padding = _check_flag("trim_padding", trim_padding)
         #: whether the last ``update`` cut the padding (False: nothing to cut, or switched off)
@@ -423,16 +430,31 @@ class TokenSensitivity:
 
     # -- state ---------------------------------------------------------------------------------
     def reset(self) -> None:
-        """Forget all accumulated examples and the bf16 calibration (the random stream
-        continues)."""
+        """Forget all accumulated examples and the calibration of checked precision (the random
+        stream continues)."""
         self.state = State()
         self._check.reset()
 
     @property
-    def bf16_bound(self) -> float | None:
-        """The calibrated margin below which checked bf16 re-evaluates a copy in float32
-        (:mod:`._precision`); None before calibration or when no batch ran checked."""
+    def check_bound(self) -> float | None:
+        """The calibrated margin below which checked precision (bf16 or int8) re-evaluates a
+        copy in float32 (:mod:`._precision`); None before calibration or when no batch ran
+        checked."""
         return self._check.bound
+
+    @property
+    def bf16_bound(self) -> float | None:
+        """:attr:`check_bound` when the checked precision is bf16, else None."""
+        return self._check.bound if self._check.low == "bf16" else None
+
+    @property
+    def checked_precision(self) -> str | None:
+        """The low precision the copies ran in and were checked against float32 (``"bf16"``
+        or ``"int8"``), ``"float32"`` where ``"auto"``'s calibration found that checking does
+        not pay here (or int8 found no layer to run), None where nothing ran checked."""
+        if self._check.low is None:
+            return None
+        return "float32" if self._check.idle else self._check.low
 
     @property
     def recheck_fraction(self) -> float | None:
@@ -586,7 +608,8 @@ class TokenSensitivity:
         self._add(vals, src, tok, valid, self._per_cell(rounds), forward, checked)
 
     def _allocated(self, runner: ChunkRunner, control: LinearControl, valid: Tensor,
-                   stream: NoiseStream, extent: Tensor | None, check: Bf16Check | None) -> None:
+                   stream: NoiseStream, extent: Tensor | None,
+                   check: PrecisionCheck | None) -> None:
         """One batch with ``allocation="linear"`` (:mod:`._alloc`): rounds of draws spread by
         the linearised flip probabilities, Horvitz–Thompson weighted per token."""
         b = valid.shape[0]
@@ -622,7 +645,7 @@ class TokenSensitivity:
                          2 * b + copies, check)
 
     def _sampled(self, runner: ChunkRunner, valid: Tensor, stream: NoiseStream,
-                 extent: Tensor | None, check: Bf16Check | None) -> None:
+                 extent: Tensor | None, check: PrecisionCheck | None) -> None:
         """One batch with ``allocation="uniform"`` (:class:`._alloc.Sampled`): a ``budget``
         share of every example's tokens, one draw each (a quarter of them two); with a target,
         rounds up to the share the variance so far predicts for it (at least ``budget`` more
@@ -640,7 +663,7 @@ class TokenSensitivity:
         self._add_tokens(*plan.values(), valid, b + plan.copies, check)
 
     def _add_tokens(self, y: Tensor, var: Tensor, valid: Tensor, forward: int,
-                    check: Bf16Check | None) -> None:
+                    check: PrecisionCheck | None) -> None:
         """Add one batch measured token by token (an allocation) to the state: each real
         token's unbiased value ``y`` and variance share ``var`` (B, T), ``forward`` passes."""
         checked = (0, 0) if check is None else check.take_counts()
@@ -649,10 +672,14 @@ class TokenSensitivity:
         self.state.checked += checked[0]
         self.state.forward_fp32 += checked[1]
 
-    def _checked(self, bound: Any, clean: Tensor, device: torch.device) -> Bf16Check | None:
+    def _checked(self, bound: Any, clean: Tensor, device: torch.device) -> PrecisionCheck | None:
         """The checked-bf16 state if this batch runs in it (:mod:`._precision`), after
         calibrating on the clean examples when the bound is not yet known."""
-        if not _precision.checked(self, device, clean):
+        low = _precision.checked(self, device, clean)
+        if low is None:
+            return None
+        self._check.use(*low)
+        if self._check.idle:
             return None
         self._check.take_counts()  # nothing left over from a failed update
         n = min(len(clean), _precision.CALIBRATION_CLEAN)
@@ -662,7 +689,7 @@ class TokenSensitivity:
             return bound.forward_perturbed(torch.arange(n, device=device), None, zero)
 
         self._check.calibrate_clean(forward, clean[:n], device, self.kind, self.threshold)
-        return self._check
+        return None if self._check.idle else self._check
 
     def _extent(self, bound: Any, clean: Tensor) -> Tensor | None:
         """Per-example widths for padding-aware batching (:mod:`._trim`), or None: switched

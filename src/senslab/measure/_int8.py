@@ -1,0 +1,154 @@
+r"""int8 matrix products for ``precision="int8-checked"``: every eligible ``F.linear`` of a
+forward runs as an int8 product with float32 accumulation scales (:class:`Int8Linears`).
+
+CPUs with AVX-512 VNNI (and AVX2 ones, through fbgemm's AVX2 kernels) multiply int8 matrices
+several times faster than float32; PyTorch's dynamic-quantised linear op uses that: the
+weight is quantised once per output channel (symmetric, scale = largest absolute weight of
+the row / 127), the input per call over the whole tensor, the product accumulates in int32 and
+is scaled back to float32 with the bias added. Its error (about 1% of a product's size) is far
+larger than bf16's, so it is only used where :mod:`._precision` checks every decision it could
+change against float32. The input's scale is its largest absolute value over the whole call,
+so a copy's int8 output depends on the other copies of its chunk; its decision does not (it
+is float32's), so the numbers do not depend on the chunking.
+
+Which calls are eligible: ``F.linear`` (so every ``nn.Linear``) with float32 CPU input of at
+least two dimensions, a float32 2-D weight with at least :data:`MIN_FEATURES` input and output
+features (a classifier's head keeps float32: it is cheap, and its rounding lands on the
+margins undivided), and no gradient to carry. Everything else runs as it would. A model that
+multiplies by its weights some other way (``x @ w.T``, ``torch.addmm``) keeps float32 there.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import warnings
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.overrides import TorchFunctionMode
+
+#: layers narrower than this (in or out) keep float32
+MIN_FEATURES = 64
+#: packed weights kept per metric (least recently used dropped first)
+MAX_PACKED = 1024
+
+
+def available() -> bool:
+    """Whether this torch has the x86 dynamic-quantised linear kernels (fbgemm)."""
+    try:
+        engines = torch.backends.quantized.supported_engines
+        return ("fbgemm" in engines or "x86" in engines) and hasattr(
+            torch.ops.quantized, "linear_dynamic")
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _pack(weight: Tensor, bias: Tensor | None) -> Any:
+    """The weight quantised per output channel and prepacked with its float32 bias."""
+    w = weight.detach().contiguous()
+    scale = (w.abs().amax(dim=1).double() / 127.0).clamp(min=1e-12)
+    zero = torch.zeros(w.shape[0], dtype=torch.long)
+    with warnings.catch_warnings():  # torch marks its quantised tensors deprecated
+        warnings.simplefilter("ignore")
+        q = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
+        return torch.ops.quantized.linear_prepack(
+            q, None if bias is None else bias.detach().contiguous())
+
+
+def _key(t: Tensor | None) -> tuple[Any, ...] | None:
+    if t is None:
+        return None
+    return (t.data_ptr(), t._version, tuple(t.shape), t.stride())
+
+
+class Int8Linears(TorchFunctionMode):
+    """While active, eligible ``F.linear`` calls run in int8 (see the module docstring).
+
+    Packed weights are cached by storage address, version, shape and strides, and the cache
+    holds the weight and bias themselves, so an address is never reused by another tensor
+    while its entry lives; an in-place update of a weight bumps its version and repacks it.
+    ``off()`` suspends the mode (the float32 clean caches of prefix and local reuse)."""
+
+    def __init__(self, packs: OrderedDict[Any, Any] | None = None) -> None:
+        super().__init__()
+        self.packs: OrderedDict[Any, Any] = OrderedDict() if packs is None else packs
+        self._enabled = True
+        self.calls = 0  #: linear calls run in int8 (for tests and reports)
+
+    @contextmanager
+    def off(self) -> Iterator[None]:
+        was, self._enabled = self._enabled, False
+        try:
+            yield
+        finally:
+            self._enabled = was
+
+    def _packed(self, weight: Tensor, bias: Tensor | None) -> Any:
+        key = (_key(weight), _key(bias))
+        hit = self.packs.get(key)
+        if hit is not None:
+            self.packs.move_to_end(key)
+            return hit[0]
+        packed = _pack(weight, bias)
+        self.packs[key] = (packed, weight, bias)
+        while len(self.packs) > MAX_PACKED:
+            self.packs.popitem(last=False)
+        return packed
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is F.linear and self._enabled:
+            x = args[0] if args else kwargs.get("input")
+            weight = args[1] if len(args) > 1 else kwargs.get("weight")
+            bias = args[2] if len(args) > 2 else kwargs.get("bias")
+            if _eligible(x, weight, bias):
+                self.calls += 1
+                return torch.ops.quantized.linear_dynamic(x, self._packed(weight, bias), False)
+        return func(*args, **kwargs)
+
+
+def _eligible(x: Any, weight: Any, bias: Any) -> bool:
+    if not (isinstance(x, Tensor) and isinstance(weight, Tensor)):
+        return False
+    if x.dtype != torch.float32 or weight.dtype != torch.float32 or x.dim() < 2:
+        return False
+    if x.device.type != "cpu" or weight.device.type != "cpu" or weight.dim() != 2:
+        return False
+    if min(weight.shape) < MIN_FEATURES or x.shape[-1] != weight.shape[1]:
+        return False
+    if bias is not None and (not isinstance(bias, Tensor) or bias.dtype != torch.float32
+                             or bias.shape != (weight.shape[0],)):
+        return False
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return False
+    return True
+
+
+@functools.cache
+def gemm_speedup(threads: int) -> float:
+    """Measured int8 / float32 throughput of a 512 × 512 × 512 linear layer on this CPU (best
+    of interleaved runs; cached per thread count); 0 where the kernels are missing."""
+    if not available():
+        return 0.0
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(512, 512, generator=gen), torch.randn(512, 512, generator=gen)
+    packed = _pack(w, None)
+    runs = {"float32": lambda: F.linear(x, w),
+            "int8": lambda: torch.ops.quantized.linear_dynamic(x, packed, False)}
+    best = dict.fromkeys(runs, float("inf"))
+    with torch.inference_mode():
+        for _ in range(3):
+            for name, run in runs.items():
+                run()  # warm-up (kernel selection)
+                start = time.perf_counter()
+                for _ in range(4):
+                    run()
+                best[name] = min(best[name], time.perf_counter() - start)
+    return best["float32"] / best["int8"]
