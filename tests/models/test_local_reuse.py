@@ -320,6 +320,32 @@ def test_vit_fused_attention_keeps_its_memory_and_changes_nothing():
     assert patch.grad is not None and float(patch.grad.abs().sum()) > 0
 
 
+@pytest.mark.parametrize("tile", [1, 3])
+def test_vit_fused_attention_in_tiles_of_copies_changes_nothing(monkeypatch, tile):
+    """A chunk larger than a tile (``ATTENTION_TILE_BYTES``) runs the attention's logits and
+    softmax a tile of copies at a time: the outputs of the untiled path, first block (its
+    clean queries and logits) included, and the tile's memory kept for the next tile."""
+    from senslab.models import vit as vit_module
+
+    model = vit(dim_head=16)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 16, 16, generator=g)
+    rows, top, left = every_patch(2, 16, 4)
+    noisy = torch.randn(len(rows), 3, 4, 4, generator=g) * 2
+    with torch.no_grad():
+        whole = model.forward_local(model.local_cache(x, 4), rows, top, left, noisy)
+        full = perturbed_full(model, x, rows, top, left, noisy)
+        t, heads = 17, 2  # 16 patches and CLS; two heads
+        monkeypatch.setattr(vit_module, "ATTENTION_TILE_BYTES", tile * t * heads * t * 4)
+        cache = model.local_cache(x, 4)
+        tiled = model.forward_local(cache, rows, top, left, noisy)
+    torch.testing.assert_close(tiled, whole, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(tiled, full, rtol=1e-4, atol=1e-5)
+    logits = cache["scratch"]["logits"]
+    assert logits.numel() == tile * t * heads * t  # one tile's logits kept, not the chunk's
+    assert cache["scratch"]["y"].numel() == len(rows) * t * heads * 16
+
+
 def test_vit_reports_the_memory_it_keeps_and_the_chunks_count_it():
     """``local_copy_bytes`` is the kept memory of one copy exactly (the buffers of a first call
     of 7 copies hold 7 times it); a chunk sized to a ``memory_budget`` counts it, so the kept

@@ -46,13 +46,13 @@ CUDA GPU of compute capability ≥ 8.0, or a CPU with AVX-512 BF16 or AMX whose 
 is measured (once per process and thread count) at least :data:`MIN_SPEEDUP` × float32's. The
 flags alone are not enough: on a 2-core Xeon VM reporting AVX-512 BF16 (no AMX) a 512³ bf16 product
 ran at half float32's speed. Where bf16 does not pay, checked int8 runs on a CPU whose int8
-linear layer (512³) is measured at least :data:`MIN_SPEEDUP` × float32's (that Xeon's AVX-512
-VNNI ran it at about 3×). Elsewhere every forward runs in the model's own precision.
+linear layer (512³) is measured at least :data:`MIN_SPEEDUP` × float32's (AVX-512 VNNI runs
+it several times faster). Elsewhere every forward runs in the model's own precision.
 
 **Whether checking pays** (``"auto"`` on a CPU). A product measured faster does not make a
 checked copy cheaper: the copies near a boundary are evaluated twice, and int8's error, far
-larger than bf16's, widens the bound (all-MiniLM-L6-v2's margins moved by up to ~1 in int8
-against ~0.04 in bf16, so most copies fell inside it). So the calibration also times both
+larger than bf16's, widens the bound (on a real BERT most copies fell inside it: the README's
+real-model benchmark). So the calibration also times both
 precisions, per copy, and ``"auto"`` goes back to float32 for the rest of the metric's life
 (until ``reset``) unless a low-precision copy plus the predicted re-checked share of a float32
 one costs at most ``1 / MIN_SPEEDUP`` of a float32 copy. It judges from :data:`JUDGE_AFTER`

@@ -21,6 +21,10 @@ from ._config import check_choice, check_divides, check_positive, make_config
 from ._registry import register_model
 from .vision import ImageClassifier, ImageConfig, patchify, seeded
 
+#: bytes of logits per tile of copies in the fused attention under kept memory
+#: (:meth:`Attention.forward_fused`): a tile's queries, logits and weights stay in cache
+ATTENTION_TILE_BYTES = 8 << 20
+
 #: ``torch.compiler.is_compiling`` is new in torch 2.3. On 2.1/2.2 "not compiling" is assumed:
 #: under ``torch.compile`` there, reading the LSA temperature may cost a graph break, same numbers.
 _is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
@@ -159,22 +163,42 @@ class Attention(nn.Module):
             """Memory kept from the last call for an intermediate (None: a fresh tensor)."""
             return None if store is None else _scratch(store, key, shape, x)
 
-        if clean is not None and store is not None and rows is None:
-            q, logits = self._reached_logits(x, qk, clean, kept)
+        reached = clean is not None and store is not None and rows is None
+        tile = max(1, ATTENTION_TILE_BYTES // (tq * self.heads * t * x.element_size()))
+        if store is None or b <= tile:
+            y = self._attend_fused(x, xq, qk, clean if reached else None, kept, kept("y", wide))
         else:
-            q, logits = self._logits(xq, x, qk, kept)
-        kv = x.to(q.dtype)
-        self._mask_self(logits)
-        into = kept("weights", logits.shape)
-        weights = (logits.softmax(-1) if into is None
-                   else torch.ops.aten._softmax.out(logits, -1, False, out=into))
-        y = torch.bmm(weights, kv, out=kept("y", wide)).view(b * tq, self.heads * dim)
+            # a tile of copies at a time: its queries, logits and weights (together about 1.6
+            # MB a copy for ViT-small) stay in cache between the products and the softmax,
+            # while the projections around them take the whole chunk
+            y = _scratch(store, "y", wide, x)
+            for lo in range(0, b, tile):
+                hi = min(lo + tile, b)
+                part = None if not reached else (*clean[:2], clean[2][lo:hi], clean[3][lo:hi])
+                self._attend_fused(x[lo:hi], xq[lo:hi], qk, part, kept, y[lo:hi])
+        y = y.view(b * tq, self.heads * dim)
         bias = self.out[0].bias
         into = kept("out", (b * tq, vo.shape[0]))
         out = (F.linear(y, vo, bias) if into is None
                else torch.addmm(bias, y, vo.t(), out=into) if bias is not None
                else torch.mm(y, vo.t(), out=into))
         return self.out[1](out.view(b, tq, -1))
+
+    def _attend_fused(self, x: Tensor, xq: Tensor, qk: Tensor,
+                      clean: tuple[Tensor, Tensor, Tensor, Tensor] | None, kept: Any,
+                      into: Tensor | None) -> Tensor:
+        """Every head's attention output (B, Tq·heads, dim) of queries ``xq`` over tokens ``x``
+        (before the output projection), written ``into`` if given; ``clean``: the first
+        block's clean queries and logits (:meth:`_reached_logits`)."""
+        if clean is not None:
+            q, logits = self._reached_logits(x, qk, clean, kept)
+        else:
+            q, logits = self._logits(xq, x, qk, kept)
+        self._mask_self(logits)
+        keep = kept("weights", logits.shape)
+        weights = (logits.softmax(-1) if keep is None
+                   else torch.ops.aten._softmax.out(logits, -1, False, out=keep))
+        return torch.bmm(weights, x.to(q.dtype), out=into)
 
     def _logits(self, xq: Tensor, x: Tensor, qk: Tensor, kept: Any = None
                 ) -> tuple[Tensor, Tensor]:
@@ -473,7 +497,9 @@ class ViTSmall(ImageClassifier):
         call to call (fused blocks on the host; 0 where it keeps none): the queries, logits,
         softmax weights and mixed tokens (heads·T wide), the attention's output, the MLP's hidden
         layer and two block outputs. The chunk sizing adds it to what its probe measures, which
-        sees temporaries only."""
+        sees temporaries only. Where a chunk is larger than a tile of the attention
+        (:data:`ATTENTION_TILE_BYTES`), the queries, logits and weights are kept for one tile
+        only, so this per-copy count bounds the memory from above."""
         if not cache.get("scratch"):
             return 0
         t, dim = cache["tokens"].shape[1:]
