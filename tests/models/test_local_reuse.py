@@ -323,8 +323,9 @@ def test_vit_fused_attention_keeps_its_memory_and_changes_nothing():
 @pytest.mark.parametrize("tile", [1, 3])
 def test_vit_fused_attention_in_tiles_of_copies_changes_nothing(monkeypatch, tile):
     """A chunk larger than a tile (``ATTENTION_TILE_BYTES``) runs the attention's logits and
-    softmax a tile of copies at a time: the outputs of the untiled path, first block (its
-    clean queries and logits) included, and the tile's memory kept for the next tile."""
+    softmax and output projection a tile of copies at a time: the outputs of the untiled path,
+    first block (its clean queries and logits) included, and the tile's memory kept for the
+    next tile."""
     from senslab.models import vit as vit_module
 
     model = vit(dim_head=16)
@@ -341,9 +342,11 @@ def test_vit_fused_attention_in_tiles_of_copies_changes_nothing(monkeypatch, til
         tiled = model.forward_local(cache, rows, top, left, noisy)
     torch.testing.assert_close(tiled, whole, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(tiled, full, rtol=1e-4, atol=1e-5)
-    logits = cache["scratch"]["logits"]
-    assert logits.numel() == tile * t * heads * t  # one tile's logits kept, not the chunk's
-    assert cache["scratch"]["y"].numel() == len(rows) * t * heads * 16
+    kept = cache["scratch"]
+    # one tile's logits and mixed tokens kept, not the chunk's; the projection's output whole
+    assert kept["logits"].numel() == tile * t * heads * t
+    assert kept["y"].numel() == tile * t * heads * 16
+    assert kept["out"].numel() == len(rows) * t * 16
 
 
 def test_vit_reports_the_memory_it_keeps_and_the_chunks_count_it():

@@ -165,23 +165,29 @@ class Attention(nn.Module):
 
         reached = clean is not None and store is not None and rows is None
         tile = max(1, ATTENTION_TILE_BYTES // (tq * self.heads * t * x.element_size()))
+        bias = self.out[0].bias
+
+        def project(y: Tensor, into: Tensor | None) -> Tensor:
+            """The output projection of ``y`` (copies, Tq·heads, dim), written ``into``."""
+            y = y.reshape(-1, self.heads * dim)
+            return (F.linear(y, vo, bias) if into is None
+                    else torch.addmm(bias, y, vo.t(), out=into) if bias is not None
+                    else torch.mm(y, vo.t(), out=into))
+
         if store is None or b <= tile:
             y = self._attend_fused(x, xq, qk, clean if reached else None, kept, kept("y", wide))
+            out = project(y, kept("out", (b * tq, vo.shape[0])))
         else:
-            # a tile of copies at a time: its queries, logits and weights (together about 1.6
-            # MB a copy for ViT-small) stay in cache between the products and the softmax,
-            # while the projections around them take the whole chunk
-            y = _scratch(store, "y", wide, x)
+            # a tile of copies at a time: its queries, logits, weights and mixed tokens
+            # (together about 2 MB a copy for ViT-small) stay in cache from the first product
+            # through the softmax to the output projection
+            out = _scratch(store, "out", (b * tq, vo.shape[0]), x)
             for lo in range(0, b, tile):
                 hi = min(lo + tile, b)
                 part = None if not reached else (*clean[:2], clean[2][lo:hi], clean[3][lo:hi])
-                self._attend_fused(x[lo:hi], xq[lo:hi], qk, part, kept, y[lo:hi])
-        y = y.view(b * tq, self.heads * dim)
-        bias = self.out[0].bias
-        into = kept("out", (b * tq, vo.shape[0]))
-        out = (F.linear(y, vo, bias) if into is None
-               else torch.addmm(bias, y, vo.t(), out=into) if bias is not None
-               else torch.mm(y, vo.t(), out=into))
+                y = self._attend_fused(x[lo:hi], xq[lo:hi], qk, part, kept,
+                                       kept("y", (hi - lo, tq * self.heads, dim)))
+                project(y, out[lo * tq:hi * tq])
         return self.out[1](out.view(b, tq, -1))
 
     def _attend_fused(self, x: Tensor, xq: Tensor, qk: Tensor,
