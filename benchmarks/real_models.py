@@ -569,10 +569,9 @@ def precision_label(low: str | None, recheck: float | None) -> str:
     float32 after ``"auto"``'s timed calibration found that checking would not pay."""
     if low is None:
         return "float32"
-    share = f"{100 * (recheck or 0.0):.1f}%"
     if low == "float32":
-        return f"float32 (checking judged not to pay; {share} of the checked copies re-checked)"
-    return f"{low}-checked ({share} re-checked)"
+        return "float32 (auto's timed calibration judged checking not to pay)"
+    return f"{low}-checked ({100 * (recheck or 0.0):.1f}% re-checked)"
 
 
 def _gradient_pass(options: dict[str, Any]) -> bool:
