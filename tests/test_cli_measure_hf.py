@@ -208,3 +208,18 @@ def test_hf_gpt2_text_model(tmp_path: Path, capsys: pytest.CaptureFixture[str],
     assert float(rows[0][1]) == pytest.approx(ref.estimate, abs=5e-5)
     assert int(rows[0][-2].replace(",", "")) == ref.num_forward == int(batch[
         "attention_mask"].sum()) + 6
+
+
+def test_int8_precision_flag_on_a_model_too_narrow_for_it(vit_dir: Path,
+                                                          capsys: pytest.CaptureFixture[str]):
+    """--precision int8-checked on a model whose linear layers are all narrower than int8's
+    minimum: the note names checked int8, the copies run in float32 (and a note says so), and
+    the estimate is float32's."""
+    common = ("--hf", str(vit_dir), "--num-examples", "8", "--sigma", "0.5")
+    code, err, checked = run(capsys, *common, "--precision", "int8-checked")
+    assert code == 0, err
+    assert "precision checked int8 (float32's decisions)" in note(err)
+    assert "the copies ran in float32" in err and checked[0][-1] == "-"
+    code, err, plain = run(capsys, *common, "--precision", "float32")
+    assert code == 0, err
+    assert checked[0][1:5] == plain[0][1:5]

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from senslab.measure import TokenSensitivity, _int8, _precision
+from senslab.measure import TokenSensitivity, _int8, _precision, compare_sensitivity
 from senslab.models import create_model
 from senslab.tokens import Embedding, Patches
 
@@ -161,6 +161,18 @@ def test_a_model_without_linear_layers_to_run_stays_float32():
     r = m.compute()
     assert m.checked_precision == "float32" and r.recheck_fraction is None
     assert r.num_forward_fp32 == 0 and m.check_bound is None
+
+
+def test_paired_comparison_in_checked_int8_equals_float32():
+    models = {name: create_model(name, vocab_size=50, max_len=16, dim=64, layers=2, heads=2,
+                                 dropout=0.0, seed=3) for name in ("roberta", "gpt2")}
+    batch, tokens = right_padded(32, 12), Embedding("embed_ln")
+    runs = [compare_sensitivity(models, batch, tokens, sigma=3.0, repeats=2, precision=p)
+            for p in ("float32", "int8-checked")]
+    d = [r.difference("roberta", "gpt2") for r in runs]
+    assert d[0].estimate == d[1].estimate and d[0].stderr == d[1].stderr
+    assert runs[0].results["gpt2"].num_forward_fp32 == 0
+    assert runs[1].results["gpt2"].num_forward_fp32 > 0
 
 
 # -- "auto" ------------------------------------------------------------------------------------
