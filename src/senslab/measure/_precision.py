@@ -359,42 +359,52 @@ class PrecisionCheck:
                  kind: str, threshold: float | None) -> Tensor:
         """Outputs of ``n`` copies, ``forward(rows)`` evaluating the copies ``rows`` (None: all)
         at the current precision: low-precision rows where the margin is safe, float32 rows
-        elsewhere; once :attr:`idle` (the calibration found no gain), all rows in float32."""
+        elsewhere; once :attr:`idle` (the calibration found no gain), all rows in float32.
+        While calibrating, the calibration copies are evaluated in both precisions (and timed)
+        before the chunk's other copies, which then run checked, or in float32 alone if the
+        judgement went against checking."""
         if self.idle:
             return forward(None).float()
+        if self.bound is not None:
+            return self._checked(forward, None, n, device, kind, threshold)
+        start = min(n, CALIBRATION_COPIES - self._copies)  # calibration copies of this chunk
+        rows = None if start == n else torch.arange(start, device=device)
         clock = time.perf_counter()
         with self._lowered(device):
-            low = forward(None).float()
-        self.copies += n
-        start = 0
-        if self.bound is None:  # calibrating: these copies are decided in float32
-            start = min(n, CALIBRATION_COPIES - self._copies)
-            rows = torch.arange(start, device=low.device)
-            between = time.perf_counter()
-            full = forward(rows).float()
-            self._times[0] += between - clock
-            self._times[1] += n
-            self._times[2] += time.perf_counter() - between
-            self._times[3] += start
-            self.fp32 += start
-            self._cal.append(self._observe(low[:start], full, kind, threshold))
-            low[:start] = full
-            self._copies += start
-            self._judge(final=self._copies >= CALIBRATION_COPIES)
-            if self.idle:  # no gain: the chunk's other copies in float32 too
-                if start < n:
-                    low[start:] = forward(torch.arange(start, n, device=low.device)).float()
-                    self.fp32 += n - start
-                return low
-            if self.bound is None:
-                return low
+            low = forward(rows).float()
+        between = time.perf_counter()
+        full = forward(rows).float()
+        self._times[0] += between - clock
+        self._times[2] += time.perf_counter() - between
+        self._times[1] += start
+        self._times[3] += start
+        self.copies += start
+        self.fp32 += start
+        self._cal.append(self._observe(low, full, kind, threshold))
+        self._copies += start
+        self._judge(final=self._copies >= CALIBRATION_COPIES)
         if start == n:
-            return low
-        rest = low[start:]
-        m = margins(rest, predictions(rest, kind, threshold), kind, threshold)
-        size = rest.reshape(len(rest), -1).abs().amax(dim=1)
-        rows = ((m <= self._band(size)) | ~torch.isfinite(m)).nonzero().flatten() + start
-        if len(rows):
-            self.fp32 += len(rows)
-            low[rows] = forward(rows).float()
+            return full  # calibration copies are decided in float32
+        rest = torch.arange(start, n, device=device)
+        out = full.new_empty((n, *full.shape[1:]))
+        out[:start] = full
+        if self.idle:  # no gain: the chunk's other copies in float32 alone
+            out[start:] = forward(rest).float()
+        else:
+            out[start:] = self._checked(forward, rest, n - start, device, kind, threshold)
+        return out
+
+    def _checked(self, forward: Callable[[Tensor | None], Tensor], rows: Tensor | None, n: int,
+                 device: torch.device, kind: str, threshold: float | None) -> Tensor:
+        """The ``n`` copies ``rows`` (None: all) with the calibrated bound: low precision,
+        those inside the band again in float32."""
+        with self._lowered(device):
+            low = forward(rows).float()
+        self.copies += n
+        m = margins(low, predictions(low, kind, threshold), kind, threshold)
+        size = low.reshape(n, -1).abs().amax(dim=1)
+        again = ((m <= self._band(size)) | ~torch.isfinite(m)).nonzero().flatten()
+        if len(again):
+            self.fp32 += len(again)
+            low[again] = forward(again if rows is None else rows[again]).float()
         return low
