@@ -175,6 +175,51 @@ def test_paired_comparison_in_checked_int8_equals_float32():
     assert runs[1].results["gpt2"].num_forward_fp32 > 0
 
 
+def test_the_bound_widens_with_the_chunks_quantisation_steps():
+    """int8's error grows with each call's input range (its quantisation step), which a chunk
+    shares: a chunk whose ranges exceed the calibration's gets a proportionally wider band."""
+    check = _precision.PrecisionCheck()
+    check.use("int8")
+    check._ranges = [1.0, 2.0]
+    for now, widening in (([0.5, 2.0], 1.0), ([3.0, 2.0], 3.0), ([1.0, 5.0], 2.5),
+                          ([1.0, 2.0, 0.1], float("inf"))):  # a call never calibrated
+        check._int8.ranges = now
+        assert check._widening() == widening
+    check.use("bf16")  # bf16's rounding is per element: no widening
+    check._int8.ranges = [9.0]
+    assert check._widening() == 1.0
+
+
+def test_a_batch_with_wider_activations_than_the_calibration_keeps_float32_flips():
+    model, g = mlp(), torch.Generator().manual_seed(0)
+    flat = nn.Sequential(nn.Flatten(), nn.Linear(64, 128), model).eval()
+    first = torch.randn(32, 1, 8, 8, generator=g)
+    second = torch.randn(32, 1, 8, 8, generator=g) * 10  # every layer's inputs wider
+
+    def run(precision):
+        m = TokenSensitivity(flat, Patches(2), sigma=3.0, repeats=4, generator=0,
+                             precision=precision)
+        m.update(first)
+        before = (m.state.checked, m.state.forward_fp32)
+        m.update(second)
+        return m, before
+
+    full, _ = run("float32")
+    checked, (copies, rechecked) = run("int8-checked")
+    r = checked.compute()
+    assert torch.equal(r.per_sample, full.compute().per_sample)
+    assert 0 < full.compute().estimate < 1
+    # past the calibration, the first batch's share re-checked; the second's, with its band
+    # widened by its wider ranges, far larger (without the widening, its margins and outputs
+    # grow alike and its share stays near the first's: 0.014 against 0.002 where this was
+    # written, 0.187 with it)
+    first_share = (rechecked - _precision.CALIBRATION_COPIES) / (
+        copies - _precision.CALIBRATION_COPIES)
+    second_share = (checked.state.forward_fp32 - rechecked) / (checked.state.checked - copies)
+    assert second_share > 5 * first_share + 0.05
+    print(f"re-checked: first batch {first_share:.3f}, second {second_share:.3f}")
+
+
 # -- "auto" ------------------------------------------------------------------------------------
 
 

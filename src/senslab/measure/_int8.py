@@ -9,7 +9,10 @@ is scaled back to float32 with the bias added. Its error (about 1% of a product'
 larger than bf16's, so it is only used where :mod:`._precision` checks every decision it could
 change against float32. The input's scale is its largest absolute value over the whole call,
 so a copy's int8 output depends on the other copies of its chunk; its decision does not (it
-is float32's), so the numbers do not depend on the chunking.
+is float32's), so the numbers do not depend on the chunking. Nor may the check's bound: the
+error grows with the quantisation step, the input's range over the whole call, so
+:mod:`._precision` records every call's range (:attr:`Int8Linears.ranges`) and widens the bound
+for a chunk whose ranges exceed the calibration's.
 
 Which calls are eligible: ``F.linear`` (so every ``nn.Linear``) with float32 CPU input of at
 least two dimensions, a float32 2-D weight with at least :data:`MIN_FEATURES` input and output
@@ -80,6 +83,8 @@ class Int8Linears(TorchFunctionMode):
         self.packs: OrderedDict[Any, Any] = OrderedDict() if packs is None else packs
         self._enabled = True
         self.calls = 0  #: linear calls run in int8 (for tests and reports)
+        #: when a list: each int8 call appends its input's range (max − min), in call order
+        self.ranges: list[float] | None = None
 
     @contextmanager
     def off(self) -> Iterator[None]:
@@ -110,6 +115,9 @@ class Int8Linears(TorchFunctionMode):
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
             if _eligible(x, weight, bias):
                 self.calls += 1
+                if self.ranges is not None:
+                    lo, hi = torch.aminmax(x.detach())
+                    self.ranges.append(float(hi - lo))
                 return torch.ops.quantized.linear_dynamic(x, self._packed(weight, bias), False)
         return func(*args, **kwargs)
 

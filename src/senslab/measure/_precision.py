@@ -64,6 +64,7 @@ share, so a loss seen early is a loss at the end. An explicit ``"bf16-checked"``
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -253,6 +254,8 @@ class PrecisionCheck:
         self._copies = 0  # calibration copies so far
         self.copies = self.fp32 = 0  # per update: copies evaluated, float32 re-evaluations
         self._int8 = _int8.Int8Linears()
+        #: int8: the largest input range of each int8 call (in call order) in the calibration
+        self._ranges: list[float] = []
         #: the copies run in float32 from the next batch on: int8 found no layer to run (no
         #: eligible ``F.linear``), or ``"auto"``'s calibration predicted no gain
         self.idle = False
@@ -291,8 +294,29 @@ class PrecisionCheck:
 
     def _lowered(self, device: torch.device) -> AbstractContextManager[Any]:
         if self.low == "int8":
+            self._int8.ranges = []
             return self._int8
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+    def _calibrated_ranges(self) -> None:
+        """Calibration: keep each int8 call's largest input range (the last low forward's)."""
+        now = self._int8.ranges or []
+        self._ranges += [0.0] * (len(now) - len(self._ranges))
+        self._ranges = [max(a, b) for a, b in zip(self._ranges, now + [0.0] * len(self._ranges),
+                                                  strict=False)]
+
+    def _widening(self) -> float:
+        """int8: how much wider the band is for the last low forward, whose calls' input ranges
+        (so quantisation steps, so errors) may exceed the calibration's: the largest ratio of a
+        call's range to its calibrated one, at least 1 (inf for a call never calibrated)."""
+        if self.low != "int8":
+            return 1.0
+        worst = 1.0
+        for i, r in enumerate(self._int8.ranges or []):
+            cal = self._ranges[i] if i < len(self._ranges) else 0.0
+            if r > cal:
+                worst = max(worst, r / cal if cal > 0 else math.inf)
+        return worst
 
     def wrap(self, model: Any, device: torch.device) -> _Float32Caches:
         if self.low == "int8":
@@ -353,6 +377,7 @@ class PrecisionCheck:
         with self._lowered(device):
             low = forward()
         self.idle = self.low == "int8" and self._int8.calls == calls
+        self._calibrated_ranges()
         self._observe(low.float(), clean.float(), kind, threshold)
 
     def evaluate(self, forward: Callable[[Tensor | None], Tensor], n: int, device: torch.device,
@@ -373,6 +398,7 @@ class PrecisionCheck:
         with self._lowered(device):
             low = forward(rows).float()
         between = time.perf_counter()
+        self._calibrated_ranges()
         full = forward(rows).float()
         self._times[0] += between - clock
         self._times[2] += time.perf_counter() - between
@@ -403,7 +429,8 @@ class PrecisionCheck:
         self.copies += n
         m = margins(low, predictions(low, kind, threshold), kind, threshold)
         size = low.reshape(n, -1).abs().amax(dim=1)
-        again = ((m <= self._band(size)) | ~torch.isfinite(m)).nonzero().flatten()
+        band = self._band(size) * self._widening()
+        again = ((m <= band) | ~torch.isfinite(m)).nonzero().flatten()
         if len(again):
             self.fp32 += len(again)
             low[again] = forward(again if rows is None else rows[again]).float()
