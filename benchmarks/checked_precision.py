@@ -5,8 +5,9 @@ by side in one process, rounds interleaved.
 The real-model benchmark (``real_models.py``) found checked int8 a loss on MiniLM and the zoo's
 GPT-2: their margins are small next to int8's error, so most copies are re-checked in float32.
 A classifier with wide linear layers and confident decisions is the other end: few copies lie
-near a boundary. Each case trains ``zoo mlp`` (seeded, Adam) for ``steps`` steps and measures
-``examples`` held-out digits with 2×2 patches at ``sigma``; the rows report seconds (best of
+near a boundary. Each case trains ``zoo mlp`` (seeded, Adam) for ``steps`` steps on senslab's
+``digits`` training split and measures the first ``examples`` of its test split (359 images)
+with 2×2 patches at ``sigma``; the rows report seconds (best of
 ``reps``), the speed-up over float32, the re-checked share, what ``"auto"`` ran
 (``checked_precision``: ``"int8"``/``"bf16"``, or ``"float32"`` when its timed calibration
 judged checking a loss), and whether every row's per-example flip rates equal float32's.
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from senslab.data import create_dataset
 from senslab.measure import TokenSensitivity
 from senslab.models import create_model
 from senslab.tokens import Patches
@@ -38,22 +40,20 @@ CASES: dict[str, tuple[tuple[int, ...], int]] = {
 PRECISIONS = ("float32", "int8-checked", "bf16-checked", "auto")
 
 
-def digits() -> tuple[torch.Tensor, torch.Tensor]:
-    from sklearn.datasets import load_digits
-
-    data = load_digits()
-    x = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16
-    return x, torch.tensor(data.target)
+def digits(split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """senslab's digits split (images in [−1, 1], 8×8) and its labels."""
+    x, y = create_dataset("digits", split=split).batch(slice(None))
+    return x, y
 
 
 def trained(widths: tuple[int, ...], steps: int, seed: int = 0) -> nn.Module:
-    x, y = digits()
+    x, y = digits("train")
     torch.manual_seed(seed)  # the zoo's MLP initialises from the global RNG
     model = create_model("mlp", image_size=8, in_channels=1, widths=widths).train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(seed)
     for _ in range(steps):
-        idx = torch.randint(0, 1500, (64,), generator=g)
+        idx = torch.randint(0, len(x), (64,), generator=g)
         loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
         opt.zero_grad()
         loss.backward()
@@ -77,10 +77,10 @@ def measure(model: nn.Module, x: torch.Tensor, precision: str, sigma: float,
 def run_case(name: str, widths: tuple[int, ...], steps: int, examples: int, sigma: float,
              repeats: int, reps: int) -> dict[str, Any]:
     model = trained(widths, steps)
-    x, y = digits()
-    held = x[1500:1500 + examples]
+    x, y = digits("test")
+    held = x[:examples]
     with torch.inference_mode():
-        accuracy = float((model(held).argmax(1) == y[1500:1500 + examples]).float().mean())
+        accuracy = float((model(held).argmax(1) == y[:examples]).float().mean())
     runs: dict[str, list[dict[str, Any]]] = {p: [] for p in PRECISIONS}
     for _ in range(reps):
         for p in PRECISIONS:

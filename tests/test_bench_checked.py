@@ -3,25 +3,17 @@ flips on a trained MLP, says what ran, and the command writes its record."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
+import benchscripts
 import pytest
 
 from senslab.measure import _int8
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "checked_precision.py"
-
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("senslab_checked_precision", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return benchscripts.load("checked_precision.py", "senslab_checked_precision")
 
 
 @pytest.mark.skipif(not _int8.available(), reason="no x86 quantised linear kernels")

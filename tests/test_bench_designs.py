@@ -3,24 +3,16 @@ calibrated standard error on a small synthetic record, and the command reads a -
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
+import benchscripts
 import numpy as np
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "allocation_designs.py"
 
 
 @pytest.fixture(scope="module")
 def designs():
-    spec = importlib.util.spec_from_file_location("senslab_allocation_designs", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return benchscripts.load("allocation_designs.py", "senslab_allocation_designs")
 
 
 #: 20 examples of 10 tokens; half the tokens flip in 4 of 8 draws, in 4 examples all of them

@@ -8,52 +8,12 @@ import functools
 
 import pytest
 import torch
+from checked_flips import PAD, assert_float32_flips, right_padded, run
 from torch import nn
 
 from senslab.measure import TokenSensitivity, _precision, compare_sensitivity, token_sensitivity
 from senslab.models import create_model
 from senslab.tokens import Embedding, Patches
-
-PAD = 1
-
-
-class Recorder(TokenSensitivity):
-    """Keeps every copy's value (its flip), in plan order."""
-
-    def _add(self, vals, *rest) -> None:  # type: ignore[override]
-        self.copies = torch.cat([getattr(self, "copies", torch.zeros(0)), vals.cpu()])
-        super()._add(vals, *rest)
-
-
-def run(model, inputs, tokens, **options) -> Recorder:
-    metric = Recorder(model, tokens, generator=5, **options)
-    metric.update(inputs)
-    return metric
-
-
-def assert_float32_flips(model, inputs, tokens, **options) -> Recorder:
-    """Checked bf16 gives float32's flip on every copy, and re-checks only some copies."""
-    full = run(model, inputs, tokens, precision="float32", **options)
-    checked = run(model, inputs, tokens, precision="bf16-checked", **options)
-    assert torch.equal(checked.copies, full.copies)
-    a, b = checked.compute(), full.compute()
-    assert a.estimate == b.estimate and torch.equal(a.per_sample, b.per_sample)
-    assert a.num_forward == b.num_forward  # every copy counted once …
-    assert b.num_forward_fp32 == 0 and b.recheck_fraction is None
-    assert checked.bf16_bound is not None and checked.bf16_bound > 0
-    assert a.num_forward_fp32 == round(a.recheck_fraction * len(checked.copies))  # … plus these
-    assert a.recheck_fraction < 1  # it saves float32 forwards
-    assert 0.0 < b.estimate < 1.0  # flips happen: the comparison is not vacuous
-    return checked
-
-
-def right_padded(b: int, t: int, seed: int = 0, vocab: int = 50) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(2, vocab, (b, t), generator=g)
-    lengths = torch.randint(t // 2, t + 1, (b,), generator=g)
-    mask = torch.arange(t)[None] < lengths[:, None]
-    return {"input_ids": ids.masked_fill(~mask, PAD), "attention_mask": mask}
-
 
 # -- the zoo ----------------------------------------------------------------------------------
 

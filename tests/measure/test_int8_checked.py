@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from checked_flips import PAD, assert_float32_flips, right_padded, run
 from torch import nn
 
 from senslab.measure import TokenSensitivity, _int8, _precision, compare_sensitivity
@@ -18,45 +19,6 @@ from senslab.tokens import Embedding, Patches
 
 pytestmark = pytest.mark.skipif(not _int8.available(),
                                 reason="this torch has no x86 quantised linear kernels")
-PAD = 1
-
-
-class Recorder(TokenSensitivity):
-    """Keeps every copy's value (its flip), in plan order."""
-
-    def _add(self, vals, *rest) -> None:  # type: ignore[override]
-        self.copies = torch.cat([getattr(self, "copies", torch.zeros(0)), vals.cpu()])
-        super()._add(vals, *rest)
-
-
-def run(model, inputs, tokens, **options) -> Recorder:
-    metric = Recorder(model, tokens, generator=5, **options)
-    metric.update(inputs)
-    return metric
-
-
-def assert_float32_flips(model, inputs, tokens, **options) -> Recorder:
-    full = run(model, inputs, tokens, precision="float32", **options)
-    checked = run(model, inputs, tokens, precision="int8-checked", **options)
-    assert checked.checked_precision == "int8"
-    assert torch.equal(checked.copies, full.copies)
-    a, b = checked.compute(), full.compute()
-    assert a.estimate == b.estimate and torch.equal(a.per_sample, b.per_sample)
-    assert a.num_forward == b.num_forward and b.num_forward_fp32 == 0
-    assert checked.check_bound is not None and checked.check_bound > 0
-    assert checked.bf16_bound is None  # the bound is int8's
-    assert a.num_forward_fp32 == round(a.recheck_fraction * len(checked.copies))
-    assert a.recheck_fraction < 1
-    assert 0.0 < b.estimate < 1.0
-    return checked
-
-
-def right_padded(b: int, t: int, seed: int = 0, vocab: int = 50) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(2, vocab, (b, t), generator=g)
-    lengths = torch.randint(t // 2, t + 1, (b,), generator=g)
-    mask = torch.arange(t)[None] < lengths[:, None]
-    return {"input_ids": ids.masked_fill(~mask, PAD), "attention_mask": mask}
 
 
 def mlp(seed: int = 0) -> nn.Sequential:
@@ -82,13 +44,12 @@ def test_linear_layers_run_in_int8_and_the_head_in_float32():
     assert mode.calls == 2  # the 3-wide head is narrower than MIN_FEATURES
     err = float((low - full).norm() / full.norm())
     assert 0 < err < 0.05  # an int8 product: close to float32, not equal
-    hidden = model[:4]
     with torch.inference_mode(), mode:
-        h = hidden(x)
+        h = model[:4](x)
+        head = model[4](h)  # inside the mode, on the int8 hidden state
     with torch.inference_mode():
-        # the head alone (its input the int8 hidden state) equals float32's head exactly
-        assert torch.equal(model[4](h), torch.nn.functional.linear(h, model[4].weight,
-                                                                   model[4].bias))
+        # the head, narrower than MIN_FEATURES, ran in float32: exactly float32's product
+        assert torch.equal(head, torch.nn.functional.linear(h, model[4].weight, model[4].bias))
 
 
 def test_ineligible_calls_keep_float32_exactly():
@@ -136,7 +97,7 @@ def hf_bert() -> nn.Module:
 def test_hf_bert_from_config_gets_float32_flips():
     model = hf_bert()
     assert_float32_flips(model, right_padded(32, 12), Embedding("bert.embeddings.LayerNorm"),
-                         sigma=2.0, repeats=2)
+                         low="int8", sigma=2.0, repeats=2)
 
 
 def test_zoo_text_model_where_plain_int8_changes_decisions(monkeypatch):
@@ -150,7 +111,7 @@ def test_zoo_text_model_where_plain_int8_changes_decisions(monkeypatch):
         plain = run(model, batch, tokens, precision="int8-checked", **opts)
     assert plain.check_bound == 0.0
     assert int((plain.copies != full.copies).sum()) > 0  # int8 alone changes some flips …
-    assert_float32_flips(model, batch, tokens, **opts)  # … checked int8 changes none
+    assert_float32_flips(model, batch, tokens, low="int8", **opts)  # … checked int8: none
 
 
 def test_a_model_without_linear_layers_to_run_stays_float32():
@@ -254,7 +215,7 @@ def test_the_judgement_counts_the_low_copy_and_the_rechecked_share():
     check = _precision.PrecisionCheck()
     check.use("int8", judge=True)
     check.predicted_recheck = 0.3
-    check._times = [1.0, 100, 3.0, 100]  # a low copy costs a third of a float32 copy
+    check._seconds = [1.0, 3.0]  # a low copy costs a third of a float32 copy
     assert check._pays()  # 1/3 + 0.3 = 0.63 ≤ 1/1.2
     check.predicted_recheck = 0.6
     assert not check._pays()  # 0.93 > 0.83

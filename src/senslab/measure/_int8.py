@@ -7,8 +7,8 @@ weight is quantised once per output channel (symmetric, scale = largest absolute
 the row / 127), the input per call over the whole tensor, the product accumulates in int32 and
 is scaled back to float32 with the bias added. Its error (about 1% of a product's size) is far
 larger than bf16's, so it is only used where :mod:`._precision` checks every decision it could
-change against float32. The input's scale is its largest absolute value over the whole call,
-so a copy's int8 output depends on the other copies of its chunk; its decision does not (it
+change against float32. The input's scale comes from its range over the whole call, so a
+copy's int8 output depends on the other copies of its chunk; its decision does not (it
 is float32's), so the numbers do not depend on the chunking. Nor may the check's bound: the
 error grows with the quantisation step, the input's range over the whole call, so
 :mod:`._precision` records every call's range (:attr:`Int8Linears.ranges`) and widens the bound
@@ -23,8 +23,6 @@ multiplies by its weights some other way (``x @ w.T``, ``torch.addmm``) keeps fl
 
 from __future__ import annotations
 
-import functools
-import time
 import warnings
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -52,7 +50,7 @@ def available() -> bool:
         return False
 
 
-def _pack(weight: Tensor, bias: Tensor | None) -> Any:
+def pack(weight: Tensor, bias: Tensor | None) -> Any:
     """The weight quantised per output channel and prepacked with its float32 bias."""
     w = weight.detach().contiguous()
     scale = (w.abs().amax(dim=1).double() / 127.0).clamp(min=1e-12)
@@ -78,9 +76,9 @@ class Int8Linears(TorchFunctionMode):
     while its entry lives; an in-place update of a weight bumps its version and repacks it.
     ``off()`` suspends the mode (the float32 clean caches of prefix and local reuse)."""
 
-    def __init__(self, packs: OrderedDict[Any, Any] | None = None) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.packs: OrderedDict[Any, Any] = OrderedDict() if packs is None else packs
+        self.packs: OrderedDict[Any, Any] = OrderedDict()
         self._enabled = True
         self.calls = 0  #: linear calls run in int8 (for tests and reports)
         #: when a list: each int8 call appends its input's range (max − min), in call order
@@ -100,7 +98,7 @@ class Int8Linears(TorchFunctionMode):
         if hit is not None:
             self.packs.move_to_end(key)
             return hit[0]
-        packed = _pack(weight, bias)
+        packed = pack(weight, bias)
         self.packs[key] = (packed, weight, bias)
         while len(self.packs) > MAX_PACKED:
             self.packs.popitem(last=False)
@@ -137,26 +135,3 @@ def _eligible(x: Any, weight: Any, bias: Any) -> bool:
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         return False
     return True
-
-
-@functools.cache
-def gemm_speedup(threads: int) -> float:
-    """Measured int8 / float32 throughput of a 512 × 512 × 512 linear layer on this CPU (best
-    of interleaved runs; cached per thread count); 0 where the kernels are missing."""
-    if not available():
-        return 0.0
-    gen = torch.Generator().manual_seed(0)
-    x, w = torch.randn(512, 512, generator=gen), torch.randn(512, 512, generator=gen)
-    packed = _pack(w, None)
-    runs = {"float32": lambda: F.linear(x, w),
-            "int8": lambda: torch.ops.quantized.linear_dynamic(x, packed, False)}
-    best = dict.fromkeys(runs, float("inf"))
-    with torch.inference_mode():
-        for _ in range(3):
-            for name, run in runs.items():
-                run()  # warm-up (kernel selection)
-                start = time.perf_counter()
-                for _ in range(4):
-                    run()
-                best[name] = min(best[name], time.perf_counter() - start)
-    return best["float32"] / best["int8"]

@@ -68,6 +68,7 @@ import math
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from itertools import zip_longest
 from typing import Any, Literal
 
 import torch
@@ -118,23 +119,43 @@ def native_bf16(device: torch.device) -> bool:
     return False
 
 
+def _speedup(runs: dict[str, Callable[[], Any]]) -> float:
+    """Best time of ``runs["float32"]`` over best time of ``runs["low"]`` (interleaved rounds,
+    each after a warm-up call for kernel selection)."""
+    best = dict.fromkeys(runs, float("inf"))
+    with torch.inference_mode():
+        for _ in range(3):
+            for name, run in runs.items():
+                run()
+                start = time.perf_counter()
+                for _ in range(4):
+                    run()
+                best[name] = min(best[name], time.perf_counter() - start)
+    return best["float32"] / best["low"]
+
+
 @functools.cache
 def _bf16_gemm_speedup(threads: int) -> float:
-    """Measured bf16 / float32 throughput of a 512³ matrix product on this CPU (best of
-    interleaved runs; cached per thread count). CPUs that report AVX-512 BF16 do not all run
-    bf16 faster: on one 2-core Xeon VM bf16 ran at half float32's speed."""
+    """Measured bf16 / float32 throughput of a 512³ matrix product on this CPU (cached per
+    thread count). CPUs that report AVX-512 BF16 do not all run bf16 faster: on one 2-core
+    Xeon VM bf16 ran at half float32's speed."""
     gen = torch.Generator().manual_seed(0)
     a, b = torch.randn(512, 512, generator=gen), torch.randn(512, 512, generator=gen)
-    pairs = {torch.float32: (a, b), torch.bfloat16: (a.bfloat16(), b.bfloat16())}
-    best = dict.fromkeys(pairs, float("inf"))
-    for _ in range(3):
-        for dtype, (x, y) in pairs.items():
-            x @ y  # warm-up (kernel selection)
-            start = time.perf_counter()
-            for _ in range(4):
-                x @ y
-            best[dtype] = min(best[dtype], time.perf_counter() - start)
-    return best[torch.float32] / best[torch.bfloat16]
+    a16, b16 = a.bfloat16(), b.bfloat16()
+    return _speedup({"float32": lambda: a @ b, "low": lambda: a16 @ b16})
+
+
+@functools.cache
+def _int8_gemm_speedup(threads: int) -> float:
+    """Measured int8 / float32 throughput of a 512 × 512 × 512 linear layer on this CPU
+    (:mod:`._int8`; cached per thread count); 0 where the kernels are missing."""
+    if not _int8.available():
+        return 0.0
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(512, 512, generator=gen), torch.randn(512, 512, generator=gen)
+    packed = _int8.pack(w, None)
+    return _speedup({"float32": lambda: torch.nn.functional.linear(x, w),
+                     "low": lambda: torch.ops.quantized.linear_dynamic(x, packed, False)})
 
 
 def bf16_pays(device: torch.device) -> bool:
@@ -148,7 +169,7 @@ def bf16_pays(device: torch.device) -> bool:
 def int8_pays(device: torch.device) -> bool:
     """``precision="auto"``'s second test, where bf16 does not pay: a CPU whose int8 linear
     layer (:mod:`._int8`) is measured at least :data:`MIN_SPEEDUP` × float32's."""
-    return device.type == "cpu" and _int8.gemm_speedup(torch.get_num_threads()) >= MIN_SPEEDUP
+    return device.type == "cpu" and _int8_gemm_speedup(torch.get_num_threads()) >= MIN_SPEEDUP
 
 
 def auto_precision(device: torch.device) -> tuple[str, bool] | None:
@@ -263,10 +284,9 @@ class PrecisionCheck:
         self.judge = False
         #: the share of the calibration copies the bound would have re-checked
         self.predicted_recheck: float | None = None
-        #: a float32 copy's time over a low-precision copy's, timed during the calibration
-        self.speedup: float | None = None
         self._cal: list[tuple[Tensor, Tensor]] = []  # calibration copies' low margins, sizes
-        self._times = [0.0, 0, 0.0, 0]  # low seconds, low copies, float32 seconds, copies
+        #: seconds the calibration copies took in the low precision and in float32
+        self._seconds = [0.0, 0.0]
 
     def use(self, low: str, judge: bool = False) -> None:
         """Check ``low`` from now on (a new low precision starts a new calibration); with
@@ -280,11 +300,10 @@ class PrecisionCheck:
         """Whether a copy costs less checked than in float32, as timed in the calibration: its
         low-precision forward plus the predicted share re-checked in float32 at most
         ``1 / MIN_SPEEDUP`` of a float32 forward. Without ``judge``, yes."""
-        low_s, low_n, full_s, full_n = self._times
-        if not self.judge or not low_n or not full_n or self.predicted_recheck is None:
+        low, full = self._seconds
+        if not self.judge or full <= 0 or self.predicted_recheck is None:
             return True
-        per_low, per_full = low_s / low_n, full_s / full_n
-        return per_low + self.predicted_recheck * per_full <= per_full / MIN_SPEEDUP
+        return low + self.predicted_recheck * full <= full / MIN_SPEEDUP
 
     def take_counts(self) -> tuple[int, int]:
         """(copies, float32 re-evaluations) since the last call."""
@@ -300,10 +319,8 @@ class PrecisionCheck:
 
     def _calibrated_ranges(self) -> None:
         """Calibration: keep each int8 call's largest input range (the last low forward's)."""
-        now = self._int8.ranges or []
-        self._ranges += [0.0] * (len(now) - len(self._ranges))
-        self._ranges = [max(a, b) for a, b in zip(self._ranges, now + [0.0] * len(self._ranges),
-                                                  strict=False)]
+        self._ranges = [max(a, b) for a, b in
+                        zip_longest(self._ranges, self._int8.ranges or [], fillvalue=0.0)]
 
     def _widening(self) -> float:
         """int8: how much wider the band is for the last low forward, whose calls' input ranges
@@ -330,27 +347,24 @@ class PrecisionCheck:
         margins of their own class and their largest absolute outputs."""
         c16 = predictions(low, kind, threshold)
         c32 = predictions(full, kind, threshold)
-        delta = torch.maximum((margins(low, c16, kind, threshold)
-                               - margins(full, c16, kind, threshold)).abs(),
+        own = margins(low, c16, kind, threshold)
+        delta = torch.maximum((own - margins(full, c16, kind, threshold)).abs(),
                               (margins(low, c32, kind, threshold)
                                - margins(full, c32, kind, threshold)).abs())
         delta = torch.where(torch.isfinite(delta), delta, torch.inf)  # overflow: all rows
         self._deltas.append(float(delta.max()) if len(delta) else 0.0)
         self.scale = max(self.scale, float(full.reshape(len(full), -1).abs().max()))
-        return margins(low, c16, kind, threshold), low.reshape(len(low), -1).abs().amax(dim=1)
+        return own, low.reshape(len(low), -1).abs().amax(dim=1)
 
     def _judge(self, final: bool) -> None:
-        """After a calibration chunk: the share of the calibration copies the bound re-checks
-        and the speedup timed so far; at the end (``final``) the bound is fixed. Under
+        """After a calibration chunk: the share of the calibration copies the bound re-checks;
+        at the end (``final``) the bound is fixed. Under
         ``judge`` checking stops (:attr:`idle`) once it cannot pay: from
         :data:`JUDGE_AFTER` copies on, the share under the bound so far, with no widening for
         large outputs, is at most the final share (the bound only grows, and the widening
         never narrows it), so a loss predicted early is a loss at the end."""
         bound = SAFETY * max(self._deltas)
         m, size = (torch.cat(t) for t in zip(*self._cal, strict=True))
-        low_s, low_n, full_s, full_n = self._times
-        if low_n and full_n:
-            self.speedup = (full_s / full_n) / max(low_s / low_n, 1e-12)
         if final:
             self.bound = bound
             self._cal = []
@@ -400,10 +414,8 @@ class PrecisionCheck:
         between = time.perf_counter()
         self._calibrated_ranges()
         full = forward(rows).float()
-        self._times[0] += between - clock
-        self._times[2] += time.perf_counter() - between
-        self._times[1] += start
-        self._times[3] += start
+        self._seconds[0] += between - clock
+        self._seconds[1] += time.perf_counter() - between
         self.copies += start
         self.fp32 += start
         self._cal.append(self._observe(low, full, kind, threshold))

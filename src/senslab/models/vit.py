@@ -152,7 +152,6 @@ class Attention(nn.Module):
         b, t, dim = x.shape
         xq = x if rows is None else x[:, :rows]
         tq = xq.shape[1]
-        wide = (b, tq * self.heads, dim)
         # every head has the same keys and values, the tokens x: the logits of all heads are
         # one product per copy, rows (query token, head) against the t tokens — one GEMM with
         # heads·tq rows, where an attention kernel would run heads small ones (and on CPU its
@@ -164,30 +163,25 @@ class Attention(nn.Module):
             return None if store is None else _scratch(store, key, shape, x)
 
         reached = clean is not None and store is not None and rows is None
-        tile = max(1, ATTENTION_TILE_BYTES // (tq * self.heads * t * x.element_size()))
+        # under kept memory a tile of copies at a time: its queries, logits, weights and mixed
+        # tokens (together about 2 MB a copy for ViT-small) stay in cache from the first
+        # product through the softmax to the output projection
+        tile = b if store is None else max(
+            1, ATTENTION_TILE_BYTES // (tq * self.heads * t * x.element_size()))
         bias = self.out[0].bias
-
-        def project(y: Tensor, into: Tensor | None) -> Tensor:
-            """The output projection of ``y`` (copies, Tq·heads, dim), written ``into``."""
+        out = kept("out", (b * tq, vo.shape[0]))
+        for lo in range(0, b, tile):
+            hi = min(lo + tile, b)
+            part = None if not reached else (*clean[:2], clean[2][lo:hi], clean[3][lo:hi])
+            y = self._attend_fused(x[lo:hi], xq[lo:hi], qk, part, kept,
+                                   kept("y", (hi - lo, tq * self.heads, dim)))
             y = y.reshape(-1, self.heads * dim)
-            return (F.linear(y, vo, bias) if into is None
-                    else torch.addmm(bias, y, vo.t(), out=into) if bias is not None
-                    else torch.mm(y, vo.t(), out=into))
-
-        if store is None or b <= tile:
-            y = self._attend_fused(x, xq, qk, clean if reached else None, kept, kept("y", wide))
-            out = project(y, kept("out", (b * tq, vo.shape[0])))
-        else:
-            # a tile of copies at a time: its queries, logits, weights and mixed tokens
-            # (together about 2 MB a copy for ViT-small) stay in cache from the first product
-            # through the softmax to the output projection
-            out = _scratch(store, "out", (b * tq, vo.shape[0]), x)
-            for lo in range(0, b, tile):
-                hi = min(lo + tile, b)
-                part = None if not reached else (*clean[:2], clean[2][lo:hi], clean[3][lo:hi])
-                y = self._attend_fused(x[lo:hi], xq[lo:hi], qk, part, kept,
-                                       kept("y", (hi - lo, tq * self.heads, dim)))
-                project(y, out[lo * tq:hi * tq])
+            if out is None:  # no kept memory: one tile, the projection a fresh tensor
+                out = F.linear(y, vo, bias)
+            elif bias is not None:
+                torch.addmm(bias, y, vo.t(), out=out[lo * tq:hi * tq])
+            else:
+                torch.mm(y, vo.t(), out=out[lo * tq:hi * tq])
         return self.out[1](out.view(b, tq, -1))
 
     def _attend_fused(self, x: Tensor, xq: Tensor, qk: Tensor,
@@ -504,8 +498,8 @@ class ViTSmall(ImageClassifier):
         softmax weights and mixed tokens (heads·T wide), the attention's output, the MLP's hidden
         layer and two block outputs. The chunk sizing adds it to what its probe measures, which
         sees temporaries only. Where a chunk is larger than a tile of the attention
-        (:data:`ATTENTION_TILE_BYTES`), the queries, logits and weights are kept for one tile
-        only, so this per-copy count bounds the memory from above."""
+        (:data:`ATTENTION_TILE_BYTES`), the queries, logits, weights and mixed tokens are kept
+        for one tile only, so this per-copy count bounds the memory from above."""
         if not cache.get("scratch"):
             return 0
         t, dim = cache["tokens"].shape[1:]
