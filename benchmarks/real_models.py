@@ -773,7 +773,8 @@ def vit_exact_cuts(model: nn.Module, x: Tensor) -> dict[str, float] | None:
             "first_block_pairs": pairs_cut, "bound_taken": 1.0 / (1.0 - last_cut - rows_cut),
             "bound": 1.0 / (1.0 - last_cut - rows_cut - pairs_cut),
             # local reuse then runs every block on fused weights (no K/V projections), which
-            # these fractions do not count, and gives up the first block's rows for it
+            # these fractions do not count; its first block updates the clean rows of the
+            # tokens not reached (Attention._forward_reached), taking both first-block cuts
             "fused": float(model.blocks[0].attn.fused() is not None)}
 
 
@@ -864,9 +865,10 @@ def targets(name: str, rows: list[dict[str, Any]], peaks: dict[str, float],
                 f"exact cuts taken (local reuse): the last block beyond CLS "
                 f"{100 * cuts['last_block_beyond_cls']:.1f}% of the FLOPs, and in every block "
                 f"the K and V projections (fused query-key and value-output weights; not "
-                f"counted here), for which the first block's Q/K/V rows of the tokens the patch "
-                f"does not reach ({100 * cuts['first_block_rows']:.1f}%) are given up; not "
-                f"taken: their query–key pairs {100 * cuts['first_block_pairs']:.1f}%")
+                f"counted here), and in the first block the rows of the tokens the patch does "
+                f"not reach, updated from their clean sums for the reached keys: their Q/K/V "
+                f"rows {100 * cuts['first_block_rows']:.1f}% and query–key pairs "
+                f"{100 * cuts['first_block_pairs']:.1f}% (and their mixing and projection)")
         elif cuts is not None:
             bounds.append(
                 f"exact cuts taken (local reuse): the last block beyond CLS "

@@ -320,6 +320,46 @@ def test_vit_fused_attention_keeps_its_memory_and_changes_nothing():
     assert patch.grad is not None and float(patch.grad.abs().sum()) > 0
 
 
+def test_vit_first_block_updates_the_clean_rows_in_any_order_of_copies():
+    """The first block computes only the logits against the keys a patch reached and updates
+    each clean row's sums; copies of several images interleaved (not in runs of one image)
+    give the full forwards' outputs too."""
+    model = vit(dim_head=16)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 3, 16, 16, generator=g)
+    rows, top, left = every_patch(3, 16, 4)
+    order = torch.randperm(len(rows), generator=g)
+    rows, top, left = rows[order], top[order], left[order]
+    noisy = torch.randn(len(rows), 3, 4, 4, generator=g) * 2
+    with torch.no_grad():
+        fast = model.forward_local(model.local_cache(x, 4), rows, top, left, noisy)
+        full = perturbed_full(model, x, rows, top, left, noisy)
+    torch.testing.assert_close(fast, full, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("share, close", [(0.5, True), (2.0, False)])
+def test_vit_first_block_recomputes_rows_the_reached_keys_dominate(monkeypatch, share, close):
+    """With sharp attention (a high LSA temperature) some clean rows put nearly all their
+    weight on the keys a patch reached; updating them would subtract nearly all of the row's
+    sum. Those rows are computed in full (``REACHED_SHARE``): the full forward's outputs, which
+    updating every row (a share that never triggers) misses by far more than rounding."""
+    from senslab.models import vit as vit_module
+
+    model = vit(dim_head=16, depth=2)
+    with torch.no_grad():
+        model.blocks[0].attn.log_scale.add_(4.0)  # 55 times sharper
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 16, 16, generator=g)
+    rows, top, left = every_patch(2, 16, 4)
+    noisy = torch.randn(len(rows), 3, 4, 4, generator=g) * 2
+    monkeypatch.setattr(vit_module, "REACHED_SHARE", share)
+    with torch.no_grad():
+        fast = model.forward_local(model.local_cache(x, 4), rows, top, left, noisy)
+        full = perturbed_full(model, x, rows, top, left, noisy)
+    error = float((fast - full).abs().max())
+    assert (error < 1e-5) == close, error
+
+
 @pytest.mark.parametrize("tile", [1, 3])
 def test_vit_fused_attention_in_tiles_of_copies_changes_nothing(monkeypatch, tile):
     """A chunk larger than a tile (``ATTENTION_TILE_BYTES``) runs the attention's logits and

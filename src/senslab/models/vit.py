@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +24,11 @@ from .vision import ImageClassifier, ImageConfig, patchify, seeded
 #: bytes of logits per tile of copies in the fused attention under kept memory
 #: (:meth:`Attention.forward_fused`): a tile's queries, logits and weights stay in cache
 ATTENTION_TILE_BYTES = 8 << 20
+
+#: local reuse's first block (:meth:`Attention._forward_reached`) recomputes in full a query's
+#: row whose clean weight on the keys a patch reached exceeds this share (the update would
+#: subtract most of the row's sum, magnifying rounding)
+REACHED_SHARE = 0.5
 
 #: ``torch.compiler.is_compiling`` is new in torch 2.3. On 2.1/2.2 "not compiling" is assumed:
 #: under ``torch.compile`` there, reading the LSA temperature may cost a graph break, same numbers.
@@ -38,6 +43,29 @@ def _autocast(device_type: str) -> bool:
         return device_type == "cpu" and torch.is_autocast_cpu_enabled()
 
 # ---------------------------------------------------------------- transformer parts
+
+
+class Mixtures(NamedTuple):
+    """A fused attention's clean rows (query token, head), for copies that change a few tokens
+    (:meth:`Attention._forward_reached`)."""
+
+    exps: Tensor  #: (N, T keys, heads, T queries) exp(logit − the row's maximum); LSA's diagonal 0
+    top: Tensor  #: (N, heads, T) the rows' maxima
+    sums: Tensor  #: (N, heads, T) the rows' sums of ``exps``
+    values: Tensor  #: (N, T, heads, dim out) each token through each head's output projection
+    mixed: Tensor  #: (N, T, heads, dim out) each row's ``exps``-weighted sum of ``values``
+    key_w: Tensor  #: (dim, heads·dim) token j to M_a x_j for every head a (fused query-key)
+    value_w: Tensor  #: (dim, heads·dim out) token to ``values`` (fused value-output)
+
+
+class Reached(NamedTuple):
+    """Copies of clean images (:class:`Mixtures`): each copy's image ``src`` (B,) and the
+    rows ``where`` (B, k) in which its tokens differ."""
+
+    mixtures: Mixtures
+    src: Tensor
+    where: Tensor
+
 
 
 class Attention(nn.Module):
@@ -142,12 +170,13 @@ class Attention(nn.Module):
 
     def forward_fused(self, x: Tensor, fused: tuple[Tensor, Tensor],
                       rows: int | None = None, scratch: dict[str, Tensor] | None = None,
-                      clean: tuple[Tensor, Tensor, Tensor, Tensor] | None = None) -> Tensor:
+                      clean: Reached | None = None) -> Tensor:
         """:meth:`forward` on normalised tokens ``x`` (B, T, dim) by :meth:`fused`'s weights;
         ``rows``: the outputs of the first ``rows`` tokens only. ``scratch``: a dict in which
         the heads·dim-wide intermediates keep their memory from call to call (host inference
-        only; see :func:`_scratch`). ``clean``: see :meth:`_reached_logits` (used where the
-        memory is kept)."""
+        only; see :func:`_scratch`). ``clean``: copies of clean images that differ from them in
+        a few rows (:class:`Reached`, local reuse's first block), computed by
+        :meth:`_forward_reached` where the memory is kept."""
         qk, vo = fused
         b, t, dim = x.shape
         xq = x if rows is None else x[:, :rows]
@@ -162,7 +191,8 @@ class Attention(nn.Module):
             """Memory kept from the last call for an intermediate (None: a fresh tensor)."""
             return None if store is None else _scratch(store, key, shape, x)
 
-        reached = clean is not None and store is not None and rows is None
+        if clean is not None and store is not None and rows is None:
+            return self.out[1](self._forward_reached(x, fused, clean, kept))
         # under kept memory a tile of copies at a time: its queries, logits, weights and mixed
         # tokens (together about 2 MB a copy for ViT-small) stay in cache from the first
         # product through the softmax to the output projection
@@ -172,8 +202,7 @@ class Attention(nn.Module):
         out = kept("out", (b * tq, vo.shape[0]))
         for lo in range(0, b, tile):
             hi = min(lo + tile, b)
-            part = None if not reached else (*clean[:2], clean[2][lo:hi], clean[3][lo:hi])
-            y = self._attend_fused(x[lo:hi], xq[lo:hi], qk, part, kept,
+            y = self._attend_fused(x[lo:hi], xq[lo:hi], qk, kept,
                                    kept("y", (hi - lo, tq * self.heads, dim)))
             y = y.reshape(-1, self.heads * dim)
             if out is None:  # no kept memory: one tile, the projection a fresh tensor
@@ -184,16 +213,11 @@ class Attention(nn.Module):
                 torch.mm(y, vo.t(), out=out[lo * tq:hi * tq])
         return self.out[1](out.view(b, tq, -1))
 
-    def _attend_fused(self, x: Tensor, xq: Tensor, qk: Tensor,
-                      clean: tuple[Tensor, Tensor, Tensor, Tensor] | None, kept: Any,
+    def _attend_fused(self, x: Tensor, xq: Tensor, qk: Tensor, kept: Any,
                       into: Tensor | None) -> Tensor:
         """Every head's attention output (B, Tq·heads, dim) of queries ``xq`` over tokens ``x``
-        (before the output projection), written ``into`` if given; ``clean``: the first
-        block's clean queries and logits (:meth:`_reached_logits`)."""
-        if clean is not None:
-            q, logits = self._reached_logits(x, qk, clean, kept)
-        else:
-            q, logits = self._logits(xq, x, qk, kept)
+        (before the output projection), written ``into`` if given."""
+        q, logits = self._logits(xq, x, qk, kept)
         self._mask_self(logits)
         keep = kept("weights", logits.shape)
         weights = (logits.softmax(-1) if keep is None
@@ -221,32 +245,94 @@ class Attention(nn.Module):
             logits.view(b, rows // self.heads, self.heads, t).diagonal(
                 dim1=1, dim2=3).fill_(float("-inf"))
 
-    def _reached_logits(self, x: Tensor, qk: Tensor, clean: tuple[Tensor, Tensor, Tensor, Tensor],
-                        kept: Any) -> tuple[Tensor, Tensor]:
-        """The queries (B, T·heads, dim) and logits (B, T·heads, T) of :meth:`forward_fused` for
-        copies whose tokens ``x`` differ from their clean image's only in the rows ``where``
-        (local reuse's first block). ``clean`` = (``q``, ``logits``, ``src``, ``where``): the
-        clean images' queries (N, T, heads·dim) and logits (N, T·heads, T), each copy's image
-        and its (B, k) reached rows. The other rows' queries, and the logits between two tokens
-        the patch did not reach, are the clean ones; only the reached rows' queries, and their
-        rows and columns of the logits, are computed. Equal up to float rounding."""
-        q0, l0, src, where = clean
+    @torch.no_grad()
+    def clean_mixtures(self, x: Tensor, fused: tuple[Tensor, Tensor]) -> Mixtures:
+        """What :meth:`_forward_reached` reads of clean normalised tokens ``x`` (N, T, dim):
+        :class:`Mixtures`."""
+        qk, vo = fused
         n, t, dim = x.shape
-        heads, k = self.heads, where.shape[1]
-        q = torch.index_select(q0, 0, src, out=kept("q", (n, t, heads * dim)))
+        heads, d_out = self.heads, vo.shape[0]
+        _, logits = self._logits(x, x, qk)
+        self._mask_self(logits)
+        logits = logits.view(n, t, heads, t)  # (query, head, key)
+        top = logits.amax(-1)  # finite: every row has a key besides its own
+        e = torch.exp(logits - top[..., None])
+        # each token through each head's share of the output projection: (N, T, heads, dim out)
+        value_w = vo.view(d_out, heads, dim).permute(2, 1, 0).reshape(dim, heads * d_out)
+        values = (x @ value_w).view(n, t, heads, d_out)
+        mixed = torch.einsum("niaj,njao->niao", e, values)
+        key_w = qk.view(dim, heads, dim).permute(2, 1, 0).reshape(dim, heads * dim)
+        return Mixtures(e.permute(0, 3, 2, 1).contiguous(), top.transpose(1, 2).contiguous(),
+                        e.sum(-1).transpose(1, 2).contiguous(), values, mixed, key_w, value_w)
+
+    def _forward_reached(self, x: Tensor, fused: tuple[Tensor, Tensor], clean: Reached,
+                         kept: Any) -> Tensor:
+        """The projected attention output (B, T, dim) of copies whose normalised tokens ``x``
+        differ from their clean image's only in the rows ``clean.where`` (local reuse's first
+        block), exact up to float rounding.
+
+        A query the patch did not reach keeps its logits against every key it did not reach:
+        with the clean row's exponentials e_j = exp(l_j − m) (m its maximum), sum Z and
+        projected mixture P = Σ_j e_j V_j (V_j: token j through the head's share of the output
+        projection), its new output is (f·(P − Σ_R e_j V_j) + Σ_R e'_j V'_j) / (f·(Z − Σ_R e_j)
+        + Σ_R e'_j), the sums over the reached keys R, e'_j = exp(l'_j − m'), m' the larger of
+        m and the new logits, f = exp(m − m'). Only the logits against the reached keys are
+        computed. The subtraction leaves the other keys' share of the clean sum; a row where
+        the reached keys held more than :data:`REACHED_SHARE` of it (rounding would be
+        magnified) is computed in full, as are the reached queries' rows."""
+        qk, vo = fused
+        n, t, dim = x.shape
+        heads, d_out = self.heads, vo.shape[0]
+        mix, src, where = clean.mixtures, clean.src, clean.where
+        k = where.shape[1]
         xr = x.gather(1, where[..., None].expand(-1, -1, dim))  # (B, k, dim)
-        qr = torch.matmul(xr, qk)  # the reached rows' queries, (B, k, heads·dim)
-        q.scatter_(1, where[..., None].expand(-1, -1, heads * dim), qr)
-        q = q.view(n, t * heads, dim)
-        logits = torch.index_select(l0, 0, src, out=kept("logits", (n, t * heads, t)))
-        # every query against the reached keys: (B, k, T·heads), written as columns
-        cols = torch.bmm(xr, q.transpose(1, 2))
-        logits.scatter_(2, where[:, None, :].expand(-1, t * heads, -1), cols.transpose(1, 2))
-        # the reached queries against every key: (B, k·heads, T), written as rows
-        reached = torch.bmm(qr.view(n, k * heads, dim), x.transpose(1, 2))
-        logits.view(n, t, heads * t).scatter_(
-            1, where[..., None].expand(-1, -1, heads * t), reached.view(n, k, heads * t))
-        return q, logits
+        # rows (reached key j, head a), columns query i: l'_{ja,i} = x_i · (M_a x_j)
+        new = torch.bmm((xr @ mix.key_w).view(n, k * heads, dim), x.transpose(1, 2))
+        new = new.view(n, k, heads, t)
+        old = mix.exps[src[:, None], where]  # (B, k, heads, T)
+        top = mix.top.index_select(0, src)  # (B, heads, T)
+        peak = torch.maximum(top, new.amax(1))
+        f = top.sub_(peak).exp_()
+        e_new = new.sub_(peak[:, None]).exp_()
+        z, reached = mix.sums.index_select(0, src), old.sum(1)
+        redo = reached > REACHED_SHARE * z  # rows the reached keys dominated
+        total = z.sub_(reached).mul_(f).add_(e_new.sum(1))  # the other keys' share, and the new
+        scale = f.div_(total)
+        old.mul_(scale[:, None]).neg_()
+        e_new.div_(total[:, None])
+        v_new = (xr @ mix.value_w).view(n, k * heads, d_out)
+        v_old = mix.values[src[:, None], where].view(n, k * heads, d_out)
+        out = torch.bmm(old.view(n, k * heads, t).transpose(1, 2), v_old,
+                        out=kept("out", (n, t, d_out)))
+        out.baddbmm_(e_new.view(n, k * heads, t).transpose(1, 2), v_new)
+        # the clean mixtures, rescaled: for each run of copies of one image, a (copies × heads)
+        # by (heads × dim out) product for each query token
+        first = 0
+        for image, count in zip(*(v.tolist() for v in torch.unique_consecutive(
+                src, return_counts=True)), strict=True):
+            part = slice(first, first + count)
+            out[part] += torch.bmm(scale[part].permute(2, 0, 1), mix.mixed[image]).transpose(0, 1)
+            first += count
+        # rows computed in full: the reached queries (their rows of every head) ...
+        q = (xr @ qk).view(n, k * heads, dim)
+        logits = torch.bmm(q, x.transpose(1, 2)).view(n, k, heads, t)
+        if self.locality:
+            logits.scatter_(3, where[:, :, None, None].expand(-1, -1, heads, 1), float("-inf"))
+        y = torch.bmm(logits.view(n, k * heads, t).softmax(-1), x).view(n, k, heads * dim)
+        out.scatter_(1, where[..., None].expand(-1, -1, d_out), y @ vo.t())
+        # ... and any other row the reached keys dominated
+        redo = redo.any(1)
+        redo.scatter_(1, where, False)
+        if redo.any():
+            b_idx, i_idx = redo.nonzero(as_tuple=True)
+            keys = x.index_select(0, b_idx)  # (F, T, dim)
+            logits = torch.bmm((x[b_idx, i_idx] @ qk).view(-1, heads, dim), keys.transpose(1, 2))
+            if self.locality:
+                logits[torch.arange(len(i_idx), device=x.device), :, i_idx] = float("-inf")
+            y = torch.bmm(logits.softmax(-1), keys).view(-1, heads * dim)
+            out[b_idx, i_idx] = y @ vo.t()
+        bias = self.out[0].bias
+        return out if bias is None else out.add_(bias)
 
     def keeps(self, x: Tensor, qk: Tensor, scratch: dict[str, Tensor] | None) -> bool:
         """Whether :meth:`forward_fused` on ``x`` writes into ``scratch``'s kept memory: host
@@ -329,7 +415,7 @@ class Block(nn.Module):
 
     def forward_fused(self, x: Tensor, fused: tuple[Tensor, Tensor] | None,
                       first_row: bool = False, scratch: dict[str, Tensor] | None = None,
-                      clean: tuple[Tensor, Tensor, Tensor, Tensor] | None = None) -> Tensor:
+                      clean: Reached | None = None) -> Tensor:
         """This block (``first_row``: token 0's output alone) with :meth:`Attention.fused`
         weights, or as :meth:`forward`/:meth:`forward_first_row` where ``fused`` is None;
         ``scratch`` and ``clean``: see :meth:`Attention.forward_fused`."""
@@ -458,8 +544,8 @@ class ViTSmall(ImageClassifier):
     # reads. Where heads are as wide as the tokens (ViT-small: 32 heads of 64 on 64-wide tokens)
     # every block runs on fused query-key and value-output weights instead (Attention.fused):
     # the keys and values are the normalised tokens themselves, so no K/V projections; the first
-    # block then takes the clean queries of the tokens not reached, and the clean logits between
-    # two of them, from the cache (Attention._reached_logits). Same predictions as a full
+    # block then updates its clean rows for the reached tokens (Attention._forward_reached): the
+    # logits against the reached keys alone, the rest from the cache. Same predictions as a full
     # forward up to float rounding.
 
     @torch.no_grad()
@@ -473,12 +559,8 @@ class ViTSmall(ImageClassifier):
         first = self.blocks[0]
         fused = [blk.attn.fused() for blk in self.blocks]
         qkv = first.attn.qkv(first.ln1(t)) if fused[0] is None else None
-        clean = None
-        if fused[0] is not None:  # the first block's clean queries and logits (with LSA's mask)
-            h = first.ln1(t)
-            q, logits = first.attn._logits(h, h, fused[0][0])
-            first.attn._mask_self(logits)
-            clean = (q.view(len(t), t.shape[1], -1), logits)
+        # the first block's clean rows of fused attention (Attention._forward_reached)
+        clean = None if fused[0] is None else first.attn.clean_mixtures(first.ln1(t), fused[0])
         return {"x": x, "tokens": t, "qkv": qkv, "fused": fused, "clean": clean,
                 "reach": self._reach(x.shape[2], x.shape[3], patch, x.device)}
 
@@ -544,10 +626,9 @@ class ViTSmall(ImageClassifier):
             fresh = first.attn.qkv(first.ln1(new))
             qkv.scatter_(1, where[..., None].expand(-1, -1, qkv.shape[-1]), fresh.to(qkv.dtype))
             t = first.forward_qkv(t, qkv)
-        else:  # fused weights: the clean queries and logits of the tokens not reached
-            q, logits = cache["clean"]
+        else:  # fused weights: the clean rows, updated for the reached tokens
             t = first.forward_fused(t, fused[0], scratch=scratch,
-                                    clean=(q, logits, rows, where))
+                                    clean=Reached(cache["clean"], rows, where))
         if len(self.blocks) > 1:
             for blk, f in zip(self.blocks[1:-1], fused[1:-1], strict=True):
                 t = blk.forward_fused(t, f, scratch=scratch)
