@@ -114,14 +114,99 @@ def test_zoo_text_model_where_plain_int8_changes_decisions(monkeypatch):
     assert_float32_flips(model, batch, tokens, low="int8", **opts)  # … checked int8: none
 
 
-def test_a_model_without_linear_layers_to_run_stays_float32():
-    torch.manual_seed(0)  # test-only: the zoo's vision models initialise from the global RNG
-    model = create_model("resnet18", image_size=8, in_channels=1, width=0.125).eval()
+class Branching(nn.Module):
+    """A small CNN whose forward branches on a tensor's value: FX cannot trace it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 8, 3, padding=1)
+        self.head = nn.Linear(8, 3)  # narrower than int8's linear layers
+
+    def forward(self, x):
+        h = self.conv(x)
+        if float(h.mean()) > 1e9:  # never taken, but a tensor's value decides
+            h = -h
+        return self.head(h.relu().mean((2, 3)))
+
+
+def test_a_model_without_layers_to_run_in_int8_stays_float32():
+    """No linear layer wide enough, and convolutions FX cannot trace: float32, said so."""
+    torch.manual_seed(0)
+    model = Branching().eval()
+    assert not _int8.StaticInt8.applies(model)
     x = torch.rand(4, 1, 8, 8, generator=torch.Generator().manual_seed(0))
     m = run(model, x, Patches(2), sigma=0.5, precision="int8-checked")
     r = m.compute()
     assert m.checked_precision == "float32" and r.recheck_fraction is None
     assert r.num_forward_fp32 == 0 and m.check_bound is None
+
+
+def strips(n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """16×16 images in [−1, 1], labelled by which of three vertical strips is brightest."""
+    x = torch.rand(n, 1, 16, 16, generator=g) * 2 - 1
+    y = torch.stack([x[..., :, s:s + 5].mean((1, 2, 3)) for s in (0, 5, 11)], 1).argmax(1)
+    return x, y
+
+
+@functools.cache
+def trained_resnet() -> nn.Module:
+    """A narrow zoo ResNet (two stages of one block) trained 60 Adam steps on :func:`strips`
+    (about 2 s): margins as training leaves them, where a random network's are either far
+    wider or far narrower than int8's error."""
+    torch.manual_seed(0)  # test-only: the zoo's vision models initialise from the global RNG
+    model = create_model("resnet18", image_size=16, in_channels=1, num_classes=3, width=0.25,
+                         blocks=(1, 1))
+    g = torch.Generator().manual_seed(0)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(60):
+        x, y = strips(64, g)
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
+def test_a_convolutional_model_runs_its_static_int8_copy_with_float32_flips(monkeypatch):
+    """A CNN that FX traces runs as a static int8 graph (its first and last layer float) on
+    whole copies — local reuse off for the int8 pass, on for the float32 re-checks — with
+    float32's flips; without the band, the int8 graph's own decisions differ on some copies."""
+    model = trained_resnet()
+    x, _ = strips(48, torch.Generator().manual_seed(1))
+    opts = {"sigma": 1.5, "repeats": 2}
+    m = assert_float32_flips(model, x, Patches(4), low="int8", **opts)
+    static = m._check._static
+    assert static is not None and static.model is not None and not static.failed
+    kinds = [type(mod).__name__ for mod in static.model.modules()]
+    assert "ConvReLU2d" in kinds or "Conv2d" in kinds
+    assert any(type(mod).__module__.startswith("torch.ao.nn.quantized") for mod in
+               static.model.modules())  # int8 layers …
+    convs = [mod for mod in static.model.modules() if isinstance(mod, nn.Conv2d)]
+    assert convs and type(convs[0]) is nn.Conv2d  # … the first convolution float
+    # the int8 graph gave the low outputs (float32 re-evaluated by local reuse would leave a
+    # band of rounding size)
+    assert m.check_bound > 1e-3
+    full = run(model, x, Patches(4), precision="float32", **opts)
+    with monkeypatch.context() as patch:
+        patch.setattr(_precision, "SAFETY", 0.0)
+        plain = run(model, x, Patches(4), precision="int8-checked", **opts)
+    assert int((plain.copies != full.copies).sum()) > 0
+
+
+def test_the_static_int8_copy_falls_back_to_float_if_it_cannot_run(monkeypatch):
+    """A quantised graph that fails on its first inputs leaves every call to the float model:
+    float32's numbers, the rest of the copies in float32."""
+    model = trained_resnet()
+    x, _ = strips(3, torch.Generator().manual_seed(1))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no int8 kernel")
+
+    monkeypatch.setattr(torch.ao.quantization.quantize_fx, "convert_fx", broken)
+    full = run(model, x, Patches(4), precision="float32", sigma=1.5, repeats=2)
+    m = run(model, x, Patches(4), precision="int8-checked", sigma=1.5, repeats=2)
+    assert m._check._static.failed and m.checked_precision == "float32"
+    assert torch.equal(m.copies, full.copies)
 
 
 def test_paired_comparison_in_checked_int8_equals_float32():

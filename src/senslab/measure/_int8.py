@@ -23,6 +23,7 @@ multiplies by its weights some other way (``x @ w.T``, ``torch.addmm``) keeps fl
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -31,7 +32,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 #: layers narrower than this (in or out) keep float32
@@ -135,3 +136,87 @@ def _eligible(x: Any, weight: Any, bias: Any) -> bool:
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         return False
     return True
+
+
+class StaticInt8:
+    """A convolutional model's int8 copy for ``precision="int8-checked"``: PyTorch's FX graph
+    mode static quantisation for x86 (convolutions fused with their BatchNorm and ReLU, weights
+    per output channel, activations per tensor, int8 from the input to the output). It keeps
+    activations in int8 between layers, where a per-layer quantised product would quantise and
+    dequantise every layer's input.
+
+    Its activation ranges come from observers run in float32 on the inputs :meth:`build` is
+    given (the metric's perturbed copies of its first examples: noisy inputs set them) before it
+    is converted.
+    While :attr:`active` the metric's stand-in model runs it on whole copies (local reuse needs
+    the float model's clean maps, so it is off for the int8 pass). If converting or running
+    the quantised graph fails, every call returns the float model's outputs (:attr:`failed`;
+    the metric then runs float32)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.float_model = model
+        self.model: nn.Module | None = None
+        self.active = False
+        self.failed = False
+
+    @staticmethod
+    def applies(model: Any) -> bool:
+        """Whether ``model`` is a module with a 2-D convolution that FX can trace (no control
+        flow on tensor values), and this torch has the x86 static kernels."""
+        if not (isinstance(model, nn.Module) and available()
+                and hasattr(torch.ops.quantized, "conv2d_prepack")
+                and any(isinstance(m, nn.Conv2d) for m in model.modules())):
+            return False
+        try:
+            torch.fx.symbolic_trace(model)
+        except Exception:  # noqa: BLE001 -- tracing raises many kinds; the model stays float
+            return False
+        return True
+
+    @torch.no_grad()
+    def build(self, x: Tensor) -> None:
+        """Quantise: observers run in float32 on inputs ``x`` set the activations' ranges, then
+        the graph is converted; a failure leaves the model float (:attr:`failed`)."""
+        if self.model is not None or self.failed:
+            return
+        from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+
+        try:
+            with warnings.catch_warnings():  # torch marks torch.ao.quantization deprecated
+                warnings.simplefilter("ignore")
+                prepared = prepare_fx(copy.deepcopy(self.float_model).eval(),
+                                      _qconfigs(self.float_model), example_inputs=(x[:1],))
+                for part in x.split(64):
+                    prepared(part)
+                model = convert_fx(prepared)
+                model(_channels_last(x[:1]))  # the quantised graph runs
+            self.model = model
+        except Exception:  # noqa: BLE001 -- an op without an int8 kernel, or another failure
+            self.failed = True
+
+    @torch.no_grad()
+    def __call__(self, x: Tensor) -> Tensor:
+        self.build(x)  # not built yet (no inputs were given first): on these
+        if self.model is None:
+            return self.float_model(x)
+        return self.model(_channels_last(x))
+
+
+def _channels_last(x: Tensor) -> Tensor:
+    """Images in the layout x86's int8 convolutions compute in (channels last): a residual sum
+    of a float layer's output and an int8 one's otherwise mixes layouts, which its int8 add
+    runs several times slower."""
+    return x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x
+
+
+def _qconfigs(model: nn.Module) -> Any:
+    """x86's default static quantisation settings, but the model's first and last layer
+    (convolution or linear, in module order) kept float: the first takes the noisy input at full
+    precision, the last puts out the margins the check reads."""
+    from torch.ao.quantization import get_default_qconfig_mapping
+
+    mapping = get_default_qconfig_mapping("x86")
+    names = [n for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    for name in {names[0], names[-1]}:
+        mapping.set_module_name(name, None)
+    return mapping

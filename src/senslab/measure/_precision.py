@@ -66,8 +66,8 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from itertools import zip_longest
 from typing import Any, Literal
 
@@ -239,12 +239,23 @@ def checked(metric: Any, device: torch.device, clean: Tensor) -> tuple[str, bool
 class _Float32Caches:
     """Stands in for the model while copies are evaluated: the clean caches of prefix and
     local reuse (``prefix_cache``/``local_cache``) are computed in float32 (``plain()``
-    suspends the low precision), as in a float32 run; everything else is the model's."""
+    suspends the low precision), as in a float32 run; everything else is the model's. With
+    a static int8 copy (:class:`._int8.StaticInt8`) active, calls go to it, on whole copies
+    (:attr:`full_copies`)."""
 
-    def __init__(self, model: Any, plain: Callable[[], AbstractContextManager[Any]]) -> None:
-        self._model, self._plain = model, plain
+    def __init__(self, model: Any, plain: Callable[[], AbstractContextManager[Any]],
+                 static: _int8.StaticInt8 | None = None) -> None:
+        self._model, self._plain, self._static = model, plain, static
+
+    @property
+    def full_copies(self) -> bool:
+        """Whether copies must be passed whole (no local reuse): the static int8 pass."""
+        return self._static is not None and self._static.active
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.full_copies and len(args) == 1 and not kwargs:
+            assert self._static is not None
+            return self._static(args[0])
         return self._model(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
@@ -256,6 +267,16 @@ class _Float32Caches:
             with self._plain():
                 return attr(*args, **kwargs)
         return float32
+
+
+@contextmanager
+def _active(static: _int8.StaticInt8) -> Iterator[None]:
+    """The static int8 copy in use for the calls inside."""
+    static.active = True
+    try:
+        yield
+    finally:
+        static.active = False
 
 
 class PrecisionCheck:
@@ -275,6 +296,10 @@ class PrecisionCheck:
         self._copies = 0  # calibration copies so far
         self.copies = self.fp32 = 0  # per update: copies evaluated, float32 re-evaluations
         self._int8 = _int8.Int8Linears()
+        #: int8 on a convolutional model that FX traces (explicit ``"int8-checked"``): its
+        #: static int8 copy, and the model it was made for
+        self._static: _int8.StaticInt8 | None = None
+        self._static_for: Any = None
         #: int8: the largest input range of each int8 call (in call order) in the calibration
         self._ranges: list[float] = []
         #: the copies run in float32 from the next batch on: int8 found no layer to run (no
@@ -288,13 +313,18 @@ class PrecisionCheck:
         #: seconds the calibration copies took in the low precision and in float32
         self._seconds = [0.0, 0.0]
 
-    def use(self, low: str, judge: bool = False) -> None:
+    def use(self, low: str, judge: bool = False, model: Any = None) -> None:
         """Check ``low`` from now on (a new low precision starts a new calibration); with
-        ``judge`` (``"auto"`` on a CPU) stop checking if the calibration finds no gain."""
+        ``judge`` (``"auto"`` on a CPU) stop checking if the calibration finds no gain. An
+        explicit int8 on a convolutional ``model`` that FX traces runs its static int8 copy
+        (:class:`._int8.StaticInt8`); other models run their linear layers in int8."""
         if low != self.low:
             self.reset()
             self.low = low
         self.judge = judge
+        if low == "int8" and not judge and model is not None and model is not self._static_for:
+            self._static_for = model
+            self._static = _int8.StaticInt8(model) if _int8.StaticInt8.applies(model) else None
 
     def _pays(self) -> bool:
         """Whether a copy costs less checked than in float32, as timed in the calibration: its
@@ -312,6 +342,8 @@ class PrecisionCheck:
         return out
 
     def _lowered(self, device: torch.device) -> AbstractContextManager[Any]:
+        if self.low == "int8" and self._static is not None:
+            return _active(self._static)
         if self.low == "int8":
             self._int8.ranges = []
             return self._int8
@@ -335,9 +367,23 @@ class PrecisionCheck:
                 worst = max(worst, r / cal if cal > 0 else math.inf)
         return worst
 
+    @property
+    def wants_inputs(self) -> bool:
+        """Whether a static int8 copy waits for model inputs to calibrate on (:meth:`build`)."""
+        return (self.low == "int8" and self._static is not None and self._static.model is None
+                and not self._static.failed)
+
+    def build(self, inputs: Tensor | None) -> None:
+        """Quantise the static int8 copy on ``inputs`` (whole perturbed copies); a copy that
+        cannot be made leaves the copies in float32 (:attr:`idle`)."""
+        if self._static is None or inputs is None:
+            return
+        self._static.build(inputs)
+        self.idle = self._static.failed
+
     def wrap(self, model: Any, device: torch.device) -> _Float32Caches:
         if self.low == "int8":
-            return _Float32Caches(model, self._int8.off)
+            return _Float32Caches(model, self._int8.off, self._static)
         return _Float32Caches(
             model, lambda: torch.autocast(device_type=device.type, enabled=False))
 
@@ -385,8 +431,8 @@ class PrecisionCheck:
                         kind: str, threshold: float | None) -> None:
         """Clean examples in the low precision (``forward()`` gives them) against their float32
         outputs; with int8, finds whether any layer runs in int8 at all (:attr:`idle`)."""
-        if self.bound is not None or self._copies:
-            return
+        if self.bound is not None or self._copies or self._static is not None:
+            return  # a static int8 copy: its observers see the first perturbed copies instead
         calls = self._int8.calls
         with self._lowered(device):
             low = forward()
@@ -421,6 +467,8 @@ class PrecisionCheck:
         self._cal.append(self._observe(low, full, kind, threshold))
         self._copies += start
         self._judge(final=self._copies >= CALIBRATION_COPIES)
+        if self._static is not None and self._static.failed:
+            self.idle = True  # the int8 copy could not run: float32 from here on
         if start == n:
             return full  # calibration copies are decided in float32
         rest = torch.arange(start, n, device=device)

@@ -196,6 +196,8 @@ DEFAULT_MAX_ROUNDS = 64
 #: adaptive stopping never stops on a standard error of exactly 0 before this many rounds: a
 #: variance estimate of 0 from one round's few draws per token is no evidence of precision
 ROUNDS_AT_ZERO = 2
+#: whole perturbed copies checked int8 calibrates a static int8 model on (``_static_inputs``)
+STATIC_COPIES = 256
 
 
 class TokenSensitivity:
@@ -678,7 +680,7 @@ class TokenSensitivity:
         low = _precision.checked(self, device, clean)
         if low is None:
             return None
-        self._check.use(*low)
+        self._check.use(*low, model=self.model)
         if self._check.idle:
             return None
         self._check.take_counts()  # nothing left over from a failed update
@@ -689,7 +691,40 @@ class TokenSensitivity:
             return bound.forward_perturbed(torch.arange(n, device=device), None, zero)
 
         self._check.calibrate_clean(forward, clean[:n], device, self.kind, self.threshold)
+        if self._check.wants_inputs:
+            self._check.build(self._static_inputs(bound, n, device))
         return None if self._check.idle else self._check
+
+    def _static_inputs(self, bound: Any, n: int, device: torch.device) -> Tensor | None:
+        """Whole perturbed copies of the first ``n`` examples — :data:`STATIC_COPIES` of them,
+        each with σ-noise on one real token — on which checked int8 calibrates its static copy
+        (:class:`._int8.StaticInt8`); their noise comes from a generator of its own, so the
+        metric's stream is untouched. None where there is no σ (``replace_with``) or the
+        tokenization passes no whole tensor to the model."""
+        if self.sigma is None:
+            return None
+        g = torch.Generator().manual_seed(0)
+        src = torch.arange(n).repeat(-(-STATIC_COPIES // n))[:STATIC_COPIES]
+        tok = torch.multinomial(bound.valid.cpu()[src].float(), 1, generator=g).flatten()
+        noise = torch.randn(len(src), bound.dim, generator=g) * self.sigma
+        captured: list[Tensor] = []
+
+        def capture(x: Any) -> Tensor:  # stands in for the model: keeps the copies
+            if isinstance(x, Tensor):
+                captured.append(x)
+            return torch.zeros(len(x), 1, device=device)
+
+        model, reuse = bound.model, getattr(bound, "reuse", None)
+        bound.model = capture
+        if reuse is not None:
+            bound.reuse = False  # whole copies, not local reuse's patches
+        try:
+            bound.forward_perturbed(src.to(device), tok.to(device), noise.to(device))
+        finally:
+            bound.model = model
+            if reuse is not None:
+                bound.reuse = reuse
+        return torch.cat(captured) if captured else None
 
     def _extent(self, bound: Any, clean: Tensor) -> Tensor | None:
         """Per-example widths for padding-aware batching (:mod:`._trim`), or None: switched
