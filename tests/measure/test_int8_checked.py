@@ -5,12 +5,13 @@ pays."""
 
 from __future__ import annotations
 
+import copy
 import functools
 from types import SimpleNamespace
 
 import pytest
 import torch
-from checked_flips import PAD, assert_float32_flips, right_padded, run
+from checked_flips import PAD, Recorder, assert_float32_flips, right_padded, run
 from torch import nn
 
 from senslab.measure import TokenSensitivity, _int8, _precision, compare_sensitivity
@@ -191,6 +192,30 @@ def test_a_convolutional_model_runs_its_static_int8_copy_with_float32_flips(monk
         patch.setattr(_precision, "SAFETY", 0.0)
         plain = run(model, x, Patches(4), precision="int8-checked", **opts)
     assert int((plain.copies != full.copies).sum()) > 0
+
+
+def test_the_static_int8_copy_is_remade_when_the_weights_change():
+    """Between batches the model trains (here: its head flipped in place, which changes most
+    decisions): the int8 copy of the old weights would decide them wrongly with wide margins,
+    so a changed parameter or buffer makes a new copy, calibrated afresh — float32's flips."""
+    x, _ = strips(24, torch.Generator().manual_seed(1))
+    opts = {"sigma": 1.5, "repeats": 2}
+    model = copy.deepcopy(trained_resnet())
+    checked = Recorder(model, Patches(4), generator=5, precision="int8-checked", **opts)
+    checked.update(x)
+    first = checked._check._static
+    with torch.no_grad():
+        model.head.weight.neg_()  # in place: the same tensor, a new version
+    checked.update(x)
+    assert checked._check._static is not first and checked._check._static.model is not None
+    # float32 on the new weights, the same two batches' draws
+    reference = Recorder(copy.deepcopy(model), Patches(4), generator=5, precision="float32",
+                         **opts)
+    reference.update(x)
+    reference.update(x)
+    half = len(checked.copies) // 2
+    assert torch.equal(checked.copies[half:], reference.copies[half:])
+    assert not torch.equal(checked.copies[:half], checked.copies[half:])  # decisions changed
 
 
 def test_the_static_int8_copy_falls_back_to_float_if_it_cannot_run(monkeypatch):

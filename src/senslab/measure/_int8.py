@@ -158,6 +158,12 @@ class StaticInt8:
         self.model: nn.Module | None = None
         self.active = False
         self.failed = False
+        self._state = _state(model)  # the weights it copies, to tell when they change
+
+    def stale(self) -> bool:
+        """Whether the float model's parameters or buffers changed (a training step, a loaded
+        state) since this copy was made: its int8 graph would compute the old model."""
+        return _state(self.float_model) != self._state
 
     @staticmethod
     def applies(model: Any) -> bool:
@@ -200,6 +206,12 @@ class StaticInt8:
         if self.model is None:
             return self.float_model(x)
         return self.model(_channels_last(x))
+
+
+def _state(model: nn.Module) -> list[tuple[int, int]]:
+    """Storage address and version counter of every parameter and buffer of ``model``: an
+    in-place update bumps the version, a replaced tensor changes the address."""
+    return [(t.data_ptr(), t._version) for t in (*model.parameters(), *model.buffers())]
 
 
 def _channels_last(x: Tensor) -> Tensor:

@@ -325,6 +325,12 @@ class PrecisionCheck:
         if low == "int8" and not judge and model is not None and model is not self._static_for:
             self._static_for = model
             self._static = _int8.StaticInt8(model) if _int8.StaticInt8.applies(model) else None
+        elif self._static is not None and self._static.stale():
+            # the weights changed since the int8 copy was made: a new copy, calibrated afresh
+            # (the bound too: it was measured on the old weights)
+            self.reset()
+            self.low, self.judge = low, judge
+            self._static_for, self._static = model, _int8.StaticInt8(model)
 
     def _pays(self) -> bool:
         """Whether a copy costs less checked than in float32, as timed in the calibration: its
