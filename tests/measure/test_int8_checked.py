@@ -218,6 +218,35 @@ def test_the_static_int8_copy_is_remade_when_the_weights_change():
     assert not torch.equal(checked.copies[:half], checked.copies[half:])  # decisions changed
 
 
+class ConvText(nn.Module):
+    """Token ids → embedding → LayerNorm (the tokens) → a 2-D convolution over (position,
+    feature) → mean → head: FX traces it, but its inputs are token ids."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(20, 8)
+        self.embed_ln = nn.LayerNorm(8)
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, ids):
+        return self.head(self.conv(self.embed_ln(self.embedding(ids))[:, None]).mean((2, 3)))
+
+
+def test_a_convolutional_model_fed_token_ids_gets_no_static_copy():
+    """The noise enters inside the model (``Embedding``), so whole copies are token ids with
+    nothing to calibrate int8 activations on: no static copy, float32's flips."""
+    torch.manual_seed(0)
+    model = ConvText().eval()
+    assert _int8.StaticInt8.applies(model)
+    ids = torch.randint(0, 20, (6, 10), generator=torch.Generator().manual_seed(0))
+    m = run(model, ids, Embedding("embed_ln"), sigma=3.0, repeats=4,
+            precision="int8-checked")
+    full = run(model, ids, Embedding("embed_ln"), sigma=3.0, repeats=4, precision="float32")
+    assert m._check._static is None and m.checked_precision == "float32"
+    assert torch.equal(m.copies, full.copies) and 0 < full.compute().estimate < 1
+
+
 def test_the_static_int8_copy_falls_back_to_float_if_it_cannot_run(monkeypatch):
     """A quantised graph that fails on its first inputs leaves every call to the float model:
     float32's numbers, the rest of the copies in float32."""

@@ -381,8 +381,13 @@ class PrecisionCheck:
 
     def build(self, inputs: Tensor | None) -> None:
         """Quantise the static int8 copy on ``inputs`` (whole perturbed copies); a copy that
-        cannot be made leaves the copies in float32 (:attr:`idle`)."""
-        if self._static is None or inputs is None:
+        cannot be made leaves the copies in float32 (:attr:`idle`). Without floating inputs
+        to calibrate on (token ids: the noise enters inside the model) there is no static copy:
+        the linear layers run in int8 instead."""
+        if self._static is None:
+            return
+        if inputs is None or not inputs.is_floating_point():
+            self._static = None
             return
         self._static.build(inputs)
         self.idle = self._static.failed

@@ -690,9 +690,9 @@ class TokenSensitivity:
             zero = torch.zeros(n, bound.valid.shape[1], bound.dim, device=device)
             return bound.forward_perturbed(torch.arange(n, device=device), None, zero)
 
-        self._check.calibrate_clean(forward, clean[:n], device, self.kind, self.threshold)
         if self._check.wants_inputs:
             self._check.build(self._static_inputs(bound, n, device))
+        self._check.calibrate_clean(forward, clean[:n], device, self.kind, self.threshold)
         return None if self._check.idle else self._check
 
     def _static_inputs(self, bound: Any, n: int, device: torch.device) -> Tensor | None:
