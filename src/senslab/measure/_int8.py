@@ -1,5 +1,6 @@
 r"""int8 matrix products for ``precision="int8-checked"``: every eligible ``F.linear`` of a
-forward runs as an int8 product with float32 accumulation scales (:class:`Int8Linears`).
+forward runs as an int8 product with float32 accumulation scales (:class:`Int8Linears`); a
+convolutional model that FX traces runs instead as a static int8 graph (:class:`StaticInt8`).
 
 CPUs with AVX-512 VNNI (and AVX2 ones, through fbgemm's AVX2 kernels) multiply int8 matrices
 several times faster than float32; PyTorch's dynamic-quantised linear op uses that: the
@@ -141,7 +142,7 @@ def _eligible(x: Any, weight: Any, bias: Any) -> bool:
 class StaticInt8:
     """A convolutional model's int8 copy for ``precision="int8-checked"``: PyTorch's FX graph
     mode static quantisation for x86 (convolutions fused with their BatchNorm and ReLU, weights
-    per output channel, activations per tensor, int8 from the input to the output). It keeps
+    per output channel, activations per tensor; the first and last layer float32). It keeps
     activations in int8 between layers, where a per-layer quantised product would quantise and
     dequantise every layer's input.
 
@@ -158,7 +159,7 @@ class StaticInt8:
         self.model: nn.Module | None = None
         self.active = False
         self.failed = False
-        self._state = _state(model)  # the weights it copies, to tell when they change
+        self._state = _state(model)  # the weights it copies (at build), to tell a change
 
     def stale(self) -> bool:
         """Whether the float model's parameters or buffers changed (a training step, a loaded
@@ -187,6 +188,7 @@ class StaticInt8:
             return
         from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
+        self._state = _state(self.float_model)
         try:
             with warnings.catch_warnings():  # torch marks torch.ao.quantization deprecated
                 warnings.simplefilter("ignore")

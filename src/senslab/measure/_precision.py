@@ -1,6 +1,7 @@
 r"""Low-precision forwards with float32's decisions: ``precision="bf16-checked"`` (bf16
-autocast) and ``precision="int8-checked"`` (the model's linear layers as int8 products on a
-CPU, :mod:`._int8`), chosen by ``"auto"`` where the hardware runs them measurably faster.
+autocast) and ``precision="int8-checked"`` (on a CPU, the model's linear layers as int8
+products, or a convolutional model's static int8 copy; :mod:`._int8`), chosen by ``"auto"``
+where the hardware runs them measurably faster (the static copy only when asked for).
 
 A perturbed copy is evaluated in the low precision; its class is read from that output unless
 the output is close to a class boundary, where rounding could put it on the other side, and
@@ -282,7 +283,8 @@ def _active(static: _int8.StaticInt8) -> Iterator[None]:
 class PrecisionCheck:
     """The calibrated bound of one metric and its bookkeeping (see the module docstring), for
     its low precision ``low``: ``"bf16"`` (autocast) or ``"int8"`` (:class:`._int8.Int8Linears`,
-    whose packed weights the check keeps between batches)."""
+    whose packed weights the check keeps between batches, or a :class:`._int8.StaticInt8` copy
+    of a convolutional model)."""
 
     def __init__(self) -> None:
         self.reset()
@@ -443,7 +445,7 @@ class PrecisionCheck:
         """Clean examples in the low precision (``forward()`` gives them) against their float32
         outputs; with int8, finds whether any layer runs in int8 at all (:attr:`idle`)."""
         if self.bound is not None or self._copies or self._static is not None:
-            return  # a static int8 copy: its observers see the first perturbed copies instead
+            return  # a static int8 copy is calibrated on perturbed copies (build) instead
         calls = self._int8.calls
         with self._lowered(device):
             low = forward()

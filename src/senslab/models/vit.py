@@ -67,7 +67,6 @@ class Reached(NamedTuple):
     where: Tensor
 
 
-
 class Attention(nn.Module):
     """Multi-head self-attention, optionally with Lee et al.'s locality self-attention (LSA).
 
