@@ -247,6 +247,25 @@ def test_a_convolutional_model_fed_token_ids_gets_no_static_copy():
     assert torch.equal(m.copies, full.copies) and 0 < full.compute().estimate < 1
 
 
+def test_a_training_step_between_batches_starts_a_new_calibration():
+    """The bound is measured on the model's own errors; after its weights change (here: a
+    hidden layer scaled in place, which scales every later value and int8's error with it)
+    the next batch calibrates afresh, and nothing changes while the weights stay."""
+    model = mlp()
+    flat = nn.Sequential(nn.Flatten(), nn.Linear(64, 128), model).eval()
+    x = torch.randn(32, 1, 8, 8, generator=torch.Generator().manual_seed(2))
+    m = TokenSensitivity(flat, Patches(2), sigma=3.0, repeats=4, generator=0,
+                         precision="int8-checked")
+    m.update(x)
+    first = m.check_bound
+    m.update(x)
+    assert m.check_bound == first  # the same weights: the same calibration
+    with torch.no_grad():
+        model[2].weight.mul_(8.0)
+    m.update(x)
+    assert m.check_bound is not None and m.check_bound > 2 * first
+
+
 def test_the_static_int8_copy_falls_back_to_float_if_it_cannot_run(monkeypatch):
     """A quantised graph that fails on its first inputs leaves every call to the float model:
     float32's numbers, the rest of the copies in float32."""

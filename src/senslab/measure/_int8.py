@@ -159,12 +159,6 @@ class StaticInt8:
         self.model: nn.Module | None = None
         self.active = False
         self.failed = False
-        self._state = _state(model)  # the weights it copies (at build), to tell a change
-
-    def stale(self) -> bool:
-        """Whether the float model's parameters or buffers changed (a training step, a loaded
-        state) since this copy was made: its int8 graph would compute the old model."""
-        return _state(self.float_model) != self._state
 
     @staticmethod
     def applies(model: Any) -> bool:
@@ -188,7 +182,6 @@ class StaticInt8:
             return
         from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
-        self._state = _state(self.float_model)
         try:
             with warnings.catch_warnings():  # torch marks torch.ao.quantization deprecated
                 warnings.simplefilter("ignore")
@@ -210,9 +203,12 @@ class StaticInt8:
         return self.model(_channels_last(x))
 
 
-def _state(model: nn.Module) -> list[tuple[int, int]]:
-    """Storage address and version counter of every parameter and buffer of ``model``: an
-    in-place update bumps the version, a replaced tensor changes the address."""
+def weights_state(model: Any) -> list[tuple[int, int]] | None:
+    """Storage address and version counter of every parameter and buffer of ``model`` (None
+    for a plain callable): an in-place update bumps the version, a replaced tensor changes the
+    address, so a training step or a loaded state changes it."""
+    if not isinstance(model, nn.Module):
+        return None
     return [(t.data_ptr(), t._version) for t in (*model.parameters(), *model.buffers())]
 
 

@@ -30,10 +30,11 @@ and :math:`b = ` :data:`SAFETY` :math:`\times \max_i \delta_i`, with
 :math:`\delta_i = \max_{c \in \{c_{16}, c_{32}\}} |m_{16}(c) - m_{32}(c)|` the change of the
 margin of either precision's class. The calibration copies are decided in float32 (their bf16
 values only serve the calibration), so nothing is decided before :math:`b` is known; a batch
-with fewer copies continues the calibration into the next ``update``. The bound is empirical —
-a safety factor over the worst error seen, not a proof — and the tests check it where it
-matters: the flips equal float32's, copy by copy, on the zoo and on trained Hugging Face models
-where plain bf16 changes some.
+with fewer copies continues the calibration into the next ``update``, and a model whose
+parameters or buffers changed since the last batch (a training step) calibrates afresh. The
+bound is empirical — a safety factor over the worst error seen, not a proof — and the tests
+check it where it matters: the flips equal float32's, copy by copy, on the zoo and on trained
+Hugging Face models where plain bf16 changes some.
 
 **Cost.** ``num_forward`` counts every copy once (its bf16 forward); ``num_forward_fp32`` counts
 the float32 re-evaluations (calibration included), and ``recheck_fraction`` is their share of the
@@ -302,6 +303,8 @@ class PrecisionCheck:
         #: static int8 copy, and the model it was made for
         self._static: _int8.StaticInt8 | None = None
         self._static_for: Any = None
+        #: the model's parameters and buffers at the calibration (:func:`._int8.weights_state`)
+        self._weights: list[tuple[int, int]] | None = None
         #: int8: the largest input range of each int8 call (in call order) in the calibration
         self._ranges: list[float] = []
         #: the copies run in float32 from the next batch on: int8 found no layer to run (no
@@ -319,20 +322,21 @@ class PrecisionCheck:
         """Check ``low`` from now on (a new low precision starts a new calibration); with
         ``judge`` (``"auto"`` on a CPU) stop checking if the calibration finds no gain. An
         explicit int8 on a convolutional ``model`` that FX traces runs its static int8 copy
-        (:class:`._int8.StaticInt8`); other models run their linear layers in int8."""
-        if low != self.low:
+        (:class:`._int8.StaticInt8`); other models run their linear layers in int8. A
+        ``model`` whose parameters or buffers changed since the last call starts a new
+        calibration."""
+        weights = _int8.weights_state(model)
+        if low != self.low or (weights is not None and self._weights is not None
+                               and weights != self._weights):
+            # a new precision, or weights changed since the calibration (a training step): the
+            # bound, and a static int8 copy, were the old model's
             self.reset()
             self.low = low
+        self._weights = weights
         self.judge = judge
         if low == "int8" and not judge and model is not None and model is not self._static_for:
             self._static_for = model
             self._static = _int8.StaticInt8(model) if _int8.StaticInt8.applies(model) else None
-        elif self._static is not None and self._static.stale():
-            # the weights changed since the int8 copy was made: a new copy, calibrated afresh
-            # (the bound too: it was measured on the old weights)
-            self.reset()
-            self.low, self.judge = low, judge
-            self._static_for, self._static = model, _int8.StaticInt8(model)
 
     def _pays(self) -> bool:
         """Whether a copy costs less checked than in float32, as timed in the calibration: its
