@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from senslab.measure import TokenSensitivity
+from senslab.measure import TokenSensitivity, compare_sensitivity
+from senslab.models import create_model
+from senslab.tokens import Embedding
 
 PAD = 1
 
@@ -52,3 +54,17 @@ def right_padded(b: int, t: int, seed: int = 0, vocab: int = 50) -> dict[str, to
     lengths = torch.randint(t // 2, t + 1, (b,), generator=g)
     mask = torch.arange(t)[None] < lengths[:, None]
     return {"input_ids": ids.masked_fill(~mask, PAD), "attention_mask": mask}
+
+
+def assert_paired_comparison_equals_float32(low: str, dim: int) -> None:
+    """``compare_sensitivity`` of two zoo text models (``dim`` wide) in checked ``low``: the
+    float32 run's difference and standard error, with some copies re-checked."""
+    models = {name: create_model(name, vocab_size=50, max_len=16, dim=dim, layers=2, heads=2,
+                                 dropout=0.0, seed=3) for name in ("roberta", "gpt2")}
+    batch, tokens = right_padded(32, 12), Embedding("embed_ln")
+    runs = [compare_sensitivity(models, batch, tokens, sigma=3.0, repeats=2, precision=p)
+            for p in ("float32", f"{low}-checked")]
+    d = [r.difference("roberta", "gpt2") for r in runs]
+    assert d[0].estimate == d[1].estimate and d[0].stderr == d[1].stderr
+    assert runs[0].results["gpt2"].num_forward_fp32 == 0
+    assert runs[1].results["gpt2"].num_forward_fp32 > 0

@@ -8,10 +8,16 @@ import functools
 
 import pytest
 import torch
-from checked_flips import PAD, assert_float32_flips, right_padded, run
+from checked_flips import (
+    PAD,
+    assert_float32_flips,
+    assert_paired_comparison_equals_float32,
+    right_padded,
+    run,
+)
 from torch import nn
 
-from senslab.measure import TokenSensitivity, _precision, compare_sensitivity, token_sensitivity
+from senslab.measure import TokenSensitivity, _precision, token_sensitivity
 from senslab.models import create_model
 from senslab.tokens import Embedding, Patches
 
@@ -197,15 +203,7 @@ def test_checked_with_padding_aware_batching_and_estimator_options(options):
 
 
 def test_paired_comparison_in_checked_bf16_equals_float32():
-    models = {name: create_model(name, vocab_size=50, max_len=16, dim=16, layers=2, heads=2,
-                                 dropout=0.0, seed=3) for name in ("roberta", "gpt2")}
-    batch, tokens = right_padded(32, 12), Embedding("embed_ln")
-    runs = [compare_sensitivity(models, batch, tokens, sigma=3.0, repeats=2, precision=p)
-            for p in ("float32", "bf16-checked")]
-    d = [r.difference("roberta", "gpt2") for r in runs]
-    assert d[0].estimate == d[1].estimate and d[0].stderr == d[1].stderr
-    assert runs[0].results["gpt2"].num_forward_fp32 == 0
-    assert runs[1].results["gpt2"].num_forward_fp32 > 0
+    assert_paired_comparison_equals_float32("bf16", dim=16)
 
 
 # -- calibration, bookkeeping and the automatic choice -----------------------------------------

@@ -197,8 +197,7 @@ class StaticInt8:
 
     @torch.no_grad()
     def __call__(self, x: Tensor) -> Tensor:
-        self.build(x)  # not built yet (no inputs were given first): on these
-        if self.model is None:
+        if self.model is None:  # failed (:meth:`build` always runs before the first call)
             return self.float_model(x)
         return self.model(_channels_last(x))
 
