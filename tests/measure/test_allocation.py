@@ -56,13 +56,17 @@ def test_expected_units_keep_the_budget_and_the_floor():
 
 
 
-def _bisected_units(q: torch.Tensor, valid: torch.Tensor, budget: float) -> torch.Tensor:
-    """The allocation found by bisection on c in Σ max(c·a, floor) = budget·k (a reference)."""
+def _bisected_units(q: torch.Tensor, valid: torch.Tensor, budget: float,
+                    scale: torch.Tensor | None = None) -> torch.Tensor:
+    """The allocation found by bisection on c in Σ max(c·s·a, s·floor) = budget·k, s the
+    example's factor over its mean on real tokens (a reference)."""
     v = valid.double()
-    a = (q.double() * (1 - q.double())).sqrt() * v
-    floor, total = _alloc.FLOOR * budget, budget * v.sum().item()
+    s = v if scale is None else scale.double()[:, None] * v
+    s = s / (s.sum() / v.sum())
+    a = (q.double() * (1 - q.double())).sqrt() * s
+    floor, total = _alloc.FLOOR * budget * s, budget * v.sum().item()
     if a.sum() == 0:
-        return v * budget
+        return s * budget
     lo, hi = 0.0, 1.0
     while (torch.clamp(hi * a, min=floor) * v).sum().item() < total:
         hi *= 2
@@ -87,6 +91,83 @@ def test_expected_units_are_the_exact_solution():
         e = _alloc.expected_units(q, valid, budget)
         assert torch.allclose(e, _bisected_units(q, valid, budget), rtol=1e-12, atol=0), case
         assert e.sum().item() == pytest.approx(budget * valid.sum().item(), rel=1e-12)
+        if valid.any():  # with an example factor (weights and cost), floors of their own
+            scale = 0.1 + torch.rand(b, generator=g, dtype=torch.float64)
+            e = _alloc.expected_units(q, valid, budget, scale)
+            ref = _bisected_units(q, valid, budget, scale)
+            assert torch.allclose(e, ref, rtol=1e-10, atol=1e-300), case
+            assert e.sum().item() == pytest.approx(budget * valid.sum().item(), rel=1e-12)
+
+
+def test_short_examples_get_more_draws_per_token():
+    """Neyman with weights and cost: at equal flip probabilities a token of an example with K
+    real tokens weighs 1/K and its copies cost ∝ K, so it gets ∝ K^(−3/2) draws."""
+    valid = torch.zeros(2, 16, dtype=torch.bool)
+    valid[0, :4] = True
+    valid[1, :] = True
+    q = torch.full((2, 16), 0.2)
+    k = valid.sum(1).double()
+    e = _alloc.expected_units(q, valid, 1.0, 1.0 / (k * k.sqrt()))
+    assert e[valid].mean().item() == pytest.approx(1.0)
+    assert e[0, 0].item() / e[1, 0].item() == pytest.approx(8.0)  # (16/4)^(3/2)
+    # and the measurement draws so: a short and a long example, the same flip rate per token
+    # (channel 1 holds the example's id, 10 or 11; the model reads channel 0)
+    x = torch.zeros(2, 16, 2)
+    x[:, :, 1] = torch.tensor([10.0, 11.0])[:, None]
+
+    def model(inp: torch.Tensor) -> torch.Tensor:
+        ids = inp[:, :, 1].median(dim=1).values.round().long() - 10
+        copies.extend(int(i) for i, row in zip(ids, inp, strict=True)
+                      if not torch.equal(row, x[i, :row.shape[0]]))  # perturbed rows only
+        return inp[:, :, 0].sum(1) / 4 - 1.0  # flips where a token's noise pushes it over 4
+
+    copies: list[int] = []
+    metric = TokenSensitivity(model, Sequence(), sigma=SIGMA, generator=0, allocation="linear",
+                              budget=2.0)
+    metric.update(x, mask=valid)
+    short, long = copies.count(0), copies.count(1)
+    # expected 4 × 6.67 and 16 × 0.83 copies (e ∝ K^(−3/2), mean 2 over 20 tokens)
+    assert 20 <= short <= 33 and 8 <= long <= 19, (short, long)
+
+
+def test_fit_scale_recovers_the_tangent_scale():
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(4000, generator=g, dtype=torch.float64) * 3
+    for kappa in (0.5, 1.0, 2.0):
+        p = torch.special.ndtr(-x / kappa)
+        counts = torch.full_like(x, 4.0)
+        hits = torch.binomial(counts, p, generator=g)
+        assert _alloc.fit_scale(x, hits, counts) == pytest.approx(kappa, rel=0.1)
+    zero = torch.zeros_like(x)
+    assert _alloc.fit_scale(x, zero, torch.ones_like(x)) == 1.0  # no flip: nothing to fit
+    assert _alloc.fit_scale(x, zero, zero) == 1.0
+
+
+def _steep(model):
+    """The same flips as ``model`` (a monotone odd map of its logit), but a tangent three times
+    too steep where the logit is large: z³ + z has z/3 of the margin per unit of slope."""
+    def f(inp: torch.Tensor) -> torch.Tensor:
+        z = model(inp)
+        return z**3 + z
+    return f
+
+
+def test_the_tangent_is_recalibrated_between_rounds():
+    """A model whose tangent overstates its flips (the cubic map): after the first round the
+    tangent's σ is rescaled below 1, and the estimate stays that of the linear model's flips."""
+    model, x, truth = linear_case(b=32)
+    steep = _steep(model)
+    metric = TokenSensitivity(steep, Sequence(), sigma=SIGMA, generator=0, estimand="subset",
+                              allocation="linear", budget=0.25, target_stderr=0.006)
+    metric.update(x)
+    r = metric.compute()
+    assert metric.last_tangent_scale < 0.8
+    assert abs(r.estimate - truth) < 4 * r.stderr
+    lin = TokenSensitivity(model, Sequence(), sigma=SIGMA, generator=0, estimand="subset",
+                           allocation="linear", budget=0.25, target_stderr=0.006)
+    lin.update(x)
+    lin.compute()
+    assert 0.7 < lin.last_tangent_scale < 1.4  # the linear model's own tangent is right
 
 def test_linear_model_unbiased_and_standard_error_calibrated():
     model, x, truth = linear_case()

@@ -8,13 +8,37 @@ backward pass per example, the linearised flip probability :math:`q_{bt}` of eve
 
 .. math::
 
-    e_{bt} = \max\big(e_{\min},\; c\,\sqrt{q_{bt}(1 - q_{bt})}\big),
+    e_{bt} = \max\big(s_b\,e_{\min}/\bar s,\; c\,s_b\sqrt{q_{bt}(1 - q_{bt})}\big),
 
 with :math:`c` chosen so that the mean of :math:`e_{bt}` over real tokens equals ``budget`` and
-the floor :math:`e_{\min}` = :data:`FLOOR` × ``budget`` (at most ``budget``), so no token is ever
-left out (if no token can flip to first order, every token gets ``budget``). The number of units
-drawn is :math:`n_{bt} = \lfloor e_{bt} \rfloor + \mathrm{Bernoulli}(e_{bt} - \lfloor e_{bt}
-\rfloor)`, so a token is measured at all with probability :math:`\pi_{bt} = \min(1, e_{bt}) > 0`.
+the floor :math:`e_{\min}` = :data:`FLOOR` × ``budget`` (scaled by the example's factor
+:math:`s_b`, :math:`\bar s` its mean over real tokens), so no token is ever left out (if no
+token can flip to first order, every token gets the example's share of ``budget``). The number
+of units drawn is :math:`n_{bt} = \lfloor e_{bt} \rfloor + \mathrm{Bernoulli}(e_{bt} - \lfloor
+e_{bt} \rfloor)`, so a token is measured at all with probability :math:`\pi_{bt} = \min(1,
+e_{bt}) > 0`.
+
+**Weights and cost.** The estimate is the mean over examples of each example's mean over its
+:math:`K_b` real tokens, so a token weighs :math:`w_b \propto 1/K_b`; and with padding-aware
+batching a copy of example :math:`b` costs in proportion to its extent :math:`c_b` (up to its
+last real token: the copies are cut there; the allocation uses it with ``trim_padding=False``
+too, so that option never changes the numbers). For a fixed cost :math:`\sum e_{bt} c_b` the
+variance :math:`\sum w_b^2 p_{bt}(1-p_{bt})/e_{bt}` is smallest at :math:`e_{bt} \propto w_b
+\sqrt{p(1-p)}/\sqrt{c_b}` (Neyman allocation with costs), hence the factor
+:math:`s_b = 1/(K_b\sqrt{c_b})`: a short sentence's tokens weigh more and cost less, so they
+get more draws. Where every example has the same length it is the same for all and drops out.
+
+**Calibrated tangent and rounds** (``target_stderr``). Where a model bends at the scale σ the
+tangent's :math:`q` tends to be off by much the same factor everywhere: its flips are those of a
+steeper or flatter tangent. The first round spends ``budget`` units per token by the tangent as
+it is; after each round the scale :math:`\kappa` in :math:`q_{bt}(\kappa) =
+\Phi(-m_b/(\kappa\sigma\lVert g_{bt}\rVert))` is fitted by maximum likelihood to every copy's
+flip so far (:func:`fit_scale`), and the next round is allocated by :math:`q(\hat\kappa)`, with
+:data:`~senslab.measure.tokenwise.APPROACH` of the budget that the rounds so far predict for the
+target (:meth:`Rounds.next_budget`, at least a quarter of ``budget``), so the last round
+overshoots little. A round's draw counts depend only on earlier rounds, so each round's
+:math:`Y` stays unbiased given them; the rounds are combined with weights fixed by their budgets
+(:class:`Rounds`).
 
 **Estimator** (Horvitz–Thompson per token). With :math:`\bar v_{bt}` the mean of the token's
 units (flip indicators, or antithetic pair means),
@@ -30,8 +54,8 @@ example's rate is :math:`\hat m_b = K_b^{-1}\sum_t Y_{bt}`.
 **Standard error.** Per token, :math:`\widehat{\operatorname{Var}}(Y_{bt})` is
 :math:`s^2_{bt}/n_{bt}` (the units' sample variance) where :math:`n_{bt} \ge 2`; where a token had
 one unit it is :math:`\bar v_{bt}^{\,2}/\pi_{bt}^2`, conservative by :math:`p_{bt}^2`; where it
-had none, 0. Rounds (``target_stderr``) are independent replicates: the estimate is their mean,
-the variance estimate their mean over the number of rounds.
+had none, 0. Rounds (``target_stderr``) are replicates, each unbiased given the rounds before
+it, combined as :class:`Rounds` says (their errors are uncorrelated).
 
 **When it pays.** The saving comes from the tangent knowing where flips happen. On a model
 that is nearly linear at the scale σ it is large (tests/measure/test_allocation.py: more than
@@ -57,24 +81,58 @@ from torch import Tensor
 FLOOR = 0.2
 
 
-def expected_units(q: Tensor, valid: Tensor, budget: float) -> Tensor:
-    """:math:`e_{bt}` (B, T) in float64: ``budget`` units per real token on average, spread in
-    proportion to :math:`\\sqrt{q(1-q)}` above the floor; 0 on padding."""
+def expected_units(q: Tensor, valid: Tensor, budget: float,
+                   scale: Tensor | None = None) -> Tensor:
+    r""":math:`e_{bt}` (B, T) in float64: ``budget`` units per real token on average, spread in
+    proportion to :math:`s_b\sqrt{q(1-q)}` above the floor :math:`s_b\,e_{\min}/\bar s`; 0 on
+    padding. ``scale`` (B,) is the example's factor :math:`s_b = 1/(K_b\sqrt{c_b})` of the
+    Neyman allocation (module docstring, *Weights and cost*); None: the same for every
+    example."""
     v = valid.to(torch.float64)
-    a = (q.double() * (1 - q.double())).clamp(min=0).sqrt() * v
     k = v.sum()
-    floor = FLOOR * budget
+    s = torch.ones_like(v) if scale is None else scale.to(v)[:, None].expand_as(v)
+    s = s * v
+    s = s / (s.sum() / k.clamp(min=1)).clamp(min=1e-300)  # mean 1 over the real tokens
+    a = (q.double() * (1 - q.double())).clamp(min=0).sqrt() * s
+    # each token's floor: FLOOR × budget where every example has the same factor
+    floor = FLOOR * budget * s
     if a.sum() <= 0:
-        return v * budget
+        return budget * s
     total = budget * k
-    # Σ max(c·a, floor) is the largest of the sums with the m largest a above the floor and the
-    # rest at it, c·S_m + floor·(k − m), each increasing in c: the c that spends ``total`` is the
-    # smallest of the c_m that make each of them spend it (exact; no search, no host sync)
-    s = a.flatten().sort(descending=True).values
-    top = s.cumsum(0)
-    m = torch.arange(1, s.numel() + 1, dtype=torch.float64, device=s.device)
-    c = torch.where(s > 0, (total - floor * (k - m)) / top, torch.full_like(s, torch.inf)).min()
-    return torch.maximum(c * a, torch.full_like(a, floor)) * v
+    # Σ max(c·a, f) is the largest of the sums c·A_S + F_(not S) over sets S of tokens above
+    # their floors, each increasing in c, and the largest is always a set of the tokens with
+    # the smallest breakpoints f/a: the c that spends ``total`` is the smallest of the c that
+    # make each such prefix spend it (exact; no search, no host sync)
+    live = a > 0
+    brk = torch.where(live, floor / a.clamp(min=1e-300), torch.full_like(a, torch.inf))
+    order = brk.flatten().argsort()
+    a_sorted = a.flatten()[order]
+    f_sorted = floor.flatten()[order]
+    top = a_sorted.cumsum(0)
+    rest = floor.sum() - f_sorted.cumsum(0)  # the floors of the tokens not yet above them
+    c = torch.where(a_sorted > 0, (total - rest) / top.clamp(min=1e-300),
+                    torch.full_like(top, torch.inf)).min()
+    return torch.maximum(c * a, floor) * v
+
+
+#: the scales :func:`fit_scale` chooses among: κ from 1/20 to 20, 2.5% apart
+SCALE_GRID = torch.linspace(-3.0, 3.0, 241, dtype=torch.float64).exp()
+
+
+def fit_scale(x: Tensor, hits: Tensor, counts: Tensor) -> float:
+    r"""The maximum-likelihood :math:`\kappa` of flips ``hits`` in ``counts`` copies per token
+    (any shape) whose flip probability is :math:`\Phi(-x/\kappa)`, ``x`` = :math:`m/(\sigma
+    \lVert g\rVert)` (``inf`` where the tangent is flat), among :data:`SCALE_GRID`. 1 where
+    the copies so far hold no flip, or nothing but flips: the likelihood has no maximum there."""
+    seen = counts > 0
+    h, n = hits[seen].double(), counts[seen].double()
+    if not seen.any() or h.sum() <= 0 or (n - h).sum() <= 0:
+        return 1.0
+    z = -x[seen].double()[None, :] / SCALE_GRID.to(h.device)[:, None]  # (G, tokens)
+    logq = torch.special.log_ndtr(z).clamp(min=-690.0)
+    log1q = torch.special.log_ndtr(-z).clamp(min=-690.0)
+    ll = (h * logq + (n - h) * log1q).sum(1)
+    return float(SCALE_GRID[int(ll.argmax())])
 
 
 def draw_units(e: Tensor, gen: torch.Generator) -> Tensor:
@@ -112,6 +170,78 @@ def token_values(
         torch.where(cnt == 1, (mean / pi.clamp(min=1e-300)) ** 2, torch.zeros_like(mean)),
     )
     return y, var
+
+
+def design_change(q: Tensor, valid: Tensor, k: Tensor, e_old: Tensor, e_new: Tensor) -> float:
+    r"""How the batch's variance per unit budget changes from the allocation ``e_old`` to
+    ``e_new`` (both (B, T), any budgets) if the flip rates were ``q``:
+    :math:`\sum w^2 q(1-q)/\tilde e` with :math:`\tilde e = e/\bar e` (per unit budget),
+    new over old (1 where ``q`` says nothing flips). Counts only the draws' variance (not the
+    inclusion term below one draw), as the allocation itself does."""
+    v = valid.to(torch.float64)
+    w2 = (v / k[:, None].clamp(min=1) ** 2)
+    a = q.double() * (1 - q.double()) * w2
+
+    def per_unit(e: Tensor) -> float:
+        unit = e / ((e * v).sum() / v.sum())
+        return float(torch.where(v > 0, a / unit.clamp(min=1e-300), torch.zeros_like(a)).sum())
+
+    old = per_unit(e_old)
+    return per_unit(e_new) / old if old > 0 else 1.0
+
+
+class Rounds:
+    r"""The rounds of ``allocation="linear"`` on one batch, combined with weights in proportion
+    to their budgets :math:`\beta_r` (units per token): :math:`Y = \sum_r \beta_r Y_r / B`,
+    :math:`B = \sum_r \beta_r`, with variance :math:`\sum_r \beta_r^2 V_r / B^2` (a round's
+    :math:`Y_r` is unbiased given the rounds before it, so the rounds' errors are uncorrelated).
+    The weights are those that minimise the variance when a round's variance falls as
+    :math:`1/\beta_r`; each is fixed before its round is drawn."""
+
+    def __init__(self) -> None:
+        self.beta: list[float] = []
+        self.y: list[Tensor] = []
+        self.var: list[Tensor] = []
+
+    def __len__(self) -> int:
+        return len(self.beta)
+
+    def add(self, beta: float, y: Tensor, var: Tensor) -> None:
+        """One round of budget ``beta``: its per-token values and variance estimates (B, T)."""
+        self.beta.append(beta)
+        self.y.append(y)
+        self.var.append(var)
+
+    def values(self) -> tuple[Tensor, Tensor]:
+        """The combined per-token values and variance estimates (B, T)."""
+        total = sum(self.beta)
+        y = sum(w * y for w, y in zip(self.beta, self.y, strict=True)) / total
+        var = sum(w * w * v for w, v in zip(self.beta, self.var, strict=True)) / total**2
+        return y, var  # type: ignore[return-value]
+
+    def next_budget(self, target_sum: float, valid: Tensor, k: Tensor, least: float,
+                    change: float = 1.0) -> float:
+        r"""The budget :math:`\beta` of one more round that brings the standard error of the
+        batch's sum of example rates to ``target_sum``, if that round has the last round's
+        variance per unit budget :math:`u = \beta_{last} V_{last}` times ``change`` (the next
+        round's allocation against the last one's, :func:`design_change`): the root of
+        :math:`(S + \beta u)/(B + \beta)^2 = s^2`, :math:`S = \sum_r \beta_r^2 V_r`
+        (at least ``least``)."""
+
+        def batch(v: Tensor) -> float:  # Σ_b Var(m̂_b) from per-token variances
+            return float(((v * valid).sum(1) / k**2).sum())
+
+        s2 = target_sum**2
+        big = sum(self.beta)
+        sq = sum(w * w * batch(v) for w, v in zip(self.beta, self.var, strict=True))
+        u = self.beta[-1] * batch(self.var[-1]) * change
+        # s²β² + (2s²B − u)β + (s²B² − S) = 0, its positive root (S > s²B² when not yet there)
+        bq = 2 * s2 * big - u
+        cq = s2 * big * big - sq
+        disc = bq * bq - 4 * s2 * cq
+        if s2 <= 0 or disc < 0:
+            return least
+        return max(least, (-bq + math.sqrt(disc)) / (2 * s2))
 
 
 # -- allocation="uniform": a share of every example's tokens, one draw each ----------------------

@@ -78,8 +78,14 @@ class LinearControl:
             self.g[src, :width] = g
         self.m = self.m.clamp(min=0.0)
         scale = sigma * self.g.norm(dim=2)  # (B, T): std of g·ε
-        self.q = torch.special.ndtr(-self.m[:, None] / scale)  # ‖g‖ = 0 → −inf → 0
-        self.q = torch.where(scale > 0, self.q, torch.zeros_like(self.q))
+        #: m/(σ‖g‖) per token (inf where the tangent is flat): q = Φ(−x)
+        self.x = torch.where(scale > 0, self.m[:, None] / scale.clamp(min=1e-30),
+                             torch.full_like(scale, torch.inf))
+        self.q = self.q_at(1.0)
+
+    def q_at(self, kappa: float) -> Tensor:
+        """The tangent's flip probabilities with its σ scaled by ``kappa``: Φ(−x/κ) (B, T)."""
+        return torch.special.ndtr(-self.x / kappa)  # a flat tangent: −inf → 0
 
     def adjust(self, vals: Tensor, src: Tensor, tok: Tensor, noise: Tensor) -> Tensor:
         """v − c + q for copies with noise rows ``noise`` (N, D) on tokens ``tok``."""
