@@ -28,17 +28,16 @@ variance :math:`\sum w_b^2 p_{bt}(1-p_{bt})/e_{bt}` is smallest at :math:`e_{bt}
 :math:`s_b = 1/(K_b\sqrt{c_b})`: a short sentence's tokens weigh more and cost less, so they
 get more draws. Where every example has the same length it is the same for all and drops out.
 
-**Calibrated tangent and rounds** (``target_stderr``). Where a model bends at the scale σ the
-tangent's :math:`q` tends to be off by much the same factor everywhere: its flips are those of a
-steeper or flatter tangent. The first round spends ``budget`` units per token by the tangent as
-it is; after each round the scale :math:`\kappa` in :math:`q_{bt}(\kappa) =
-\Phi(-m_b/(\kappa\sigma\lVert g_{bt}\rVert))` is fitted by maximum likelihood to every copy's
-flip so far (:func:`fit_scale`), and the next round is allocated by :math:`q(\hat\kappa)`, with
-:data:`~senslab.measure.tokenwise.APPROACH` of the budget that the rounds so far predict for the
-target (:meth:`Rounds.next_budget`, at least a quarter of ``budget``), so the last round
-overshoots little. A round's draw counts depend only on earlier rounds, so each round's
-:math:`Y` stays unbiased given them; the rounds are combined with weights fixed by their budgets
-(:class:`Rounds`).
+**Calibrated tangent** (``target_stderr``). Where a model bends at the scale σ the tangent's
+:math:`q` tends to be off by much the same factor everywhere: its flips are those of a steeper or
+flatter tangent. The first round is allocated by the tangent as it is; after each round the
+scale :math:`\kappa` in :math:`q_{bt}(\kappa) = \Phi(-m_b/(\kappa\sigma\lVert g_{bt}\rVert))` is
+fitted by maximum likelihood to every copy's flip so far (:func:`fit_scale`), and the next
+round is allocated by :math:`q(\hat\kappa)`. Every round spends ``budget`` units per token. A
+round's draw counts depend only on earlier rounds, so each round's :math:`Y` stays unbiased given
+them, and their plain mean is unbiased; rounds sized from the variance seen so far and combined
+by their sizes were tried and rejected: the weights then depend on the flips (a round that saw
+few flips predicts a small next round and so weighs more), which can bias the estimate low.
 
 **Estimator** (Horvitz–Thompson per token). With :math:`\bar v_{bt}` the mean of the token's
 units (flip indicators, or antithetic pair means),
@@ -55,7 +54,8 @@ example's rate is :math:`\hat m_b = K_b^{-1}\sum_t Y_{bt}`.
 :math:`s^2_{bt}/n_{bt}` (the units' sample variance) where :math:`n_{bt} \ge 2`; where a token had
 one unit it is :math:`\bar v_{bt}^{\,2}/\pi_{bt}^2`, conservative by :math:`p_{bt}^2`; where it
 had none, 0. Rounds (``target_stderr``) are replicates, each unbiased given the rounds before
-it, combined as :class:`Rounds` says (their errors are uncorrelated).
+it: the estimate is their mean, the variance estimate the sum of theirs over the number of
+rounds squared (the rounds' errors are uncorrelated).
 
 **When it pays.** The saving comes from the tangent knowing where flips happen. On a model
 that is nearly linear at the scale σ it is large (tests/measure/test_allocation.py: more than
@@ -170,78 +170,6 @@ def token_values(
         torch.where(cnt == 1, (mean / pi.clamp(min=1e-300)) ** 2, torch.zeros_like(mean)),
     )
     return y, var
-
-
-def design_change(q: Tensor, valid: Tensor, k: Tensor, e_old: Tensor, e_new: Tensor) -> float:
-    r"""How the batch's variance per unit budget changes from the allocation ``e_old`` to
-    ``e_new`` (both (B, T), any budgets) if the flip rates were ``q``:
-    :math:`\sum w^2 q(1-q)/\tilde e` with :math:`\tilde e = e/\bar e` (per unit budget),
-    new over old (1 where ``q`` says nothing flips). Counts only the draws' variance (not the
-    inclusion term below one draw), as the allocation itself does."""
-    v = valid.to(torch.float64)
-    w2 = (v / k[:, None].clamp(min=1) ** 2)
-    a = q.double() * (1 - q.double()) * w2
-
-    def per_unit(e: Tensor) -> float:
-        unit = e / ((e * v).sum() / v.sum())
-        return float(torch.where(v > 0, a / unit.clamp(min=1e-300), torch.zeros_like(a)).sum())
-
-    old = per_unit(e_old)
-    return per_unit(e_new) / old if old > 0 else 1.0
-
-
-class Rounds:
-    r"""The rounds of ``allocation="linear"`` on one batch, combined with weights in proportion
-    to their budgets :math:`\beta_r` (units per token): :math:`Y = \sum_r \beta_r Y_r / B`,
-    :math:`B = \sum_r \beta_r`, with variance :math:`\sum_r \beta_r^2 V_r / B^2` (a round's
-    :math:`Y_r` is unbiased given the rounds before it, so the rounds' errors are uncorrelated).
-    The weights are those that minimise the variance when a round's variance falls as
-    :math:`1/\beta_r`; each is fixed before its round is drawn."""
-
-    def __init__(self) -> None:
-        self.beta: list[float] = []
-        self.y: list[Tensor] = []
-        self.var: list[Tensor] = []
-
-    def __len__(self) -> int:
-        return len(self.beta)
-
-    def add(self, beta: float, y: Tensor, var: Tensor) -> None:
-        """One round of budget ``beta``: its per-token values and variance estimates (B, T)."""
-        self.beta.append(beta)
-        self.y.append(y)
-        self.var.append(var)
-
-    def values(self) -> tuple[Tensor, Tensor]:
-        """The combined per-token values and variance estimates (B, T)."""
-        total = sum(self.beta)
-        y = sum(w * y for w, y in zip(self.beta, self.y, strict=True)) / total
-        var = sum(w * w * v for w, v in zip(self.beta, self.var, strict=True)) / total**2
-        return y, var  # type: ignore[return-value]
-
-    def next_budget(self, target_sum: float, valid: Tensor, k: Tensor, least: float,
-                    change: float = 1.0) -> float:
-        r"""The budget :math:`\beta` of one more round that brings the standard error of the
-        batch's sum of example rates to ``target_sum``, if that round has the last round's
-        variance per unit budget :math:`u = \beta_{last} V_{last}` times ``change`` (the next
-        round's allocation against the last one's, :func:`design_change`): the root of
-        :math:`(S + \beta u)/(B + \beta)^2 = s^2`, :math:`S = \sum_r \beta_r^2 V_r`
-        (at least ``least``)."""
-
-        def batch(v: Tensor) -> float:  # Σ_b Var(m̂_b) from per-token variances
-            return float(((v * valid).sum(1) / k**2).sum())
-
-        s2 = target_sum**2
-        big = sum(self.beta)
-        sq = sum(w * w * batch(v) for w, v in zip(self.beta, self.var, strict=True))
-        u = self.beta[-1] * batch(self.var[-1]) * change
-        # s²β² + (2s²B − u)β + (s²B² − S) = 0, its positive root (S > s²B² when not yet there)
-        bq = 2 * s2 * big - u
-        cq = s2 * big * big - sq
-        disc = bq * bq - 4 * s2 * cq
-        if s2 <= 0 or disc < 0:
-            return least
-        return max(least, (-bq + math.sqrt(disc)) / (2 * s2))
 
 
 # -- allocation="uniform": a share of every example's tokens, one draw each ----------------------

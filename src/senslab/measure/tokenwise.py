@@ -196,8 +196,6 @@ DEFAULT_MAX_ROUNDS = 64
 #: adaptive stopping never stops on a standard error of exactly 0 before this many rounds: a
 #: variance estimate of 0 from one round's few draws per token is no evidence of precision
 ROUNDS_AT_ZERO = 2
-#: ``allocation="linear"`` with a target: the share of the predicted budget a round takes
-APPROACH = 0.8
 #: whole perturbed copies checked int8 calibrates a static int8 model on (``_static_inputs``)
 STATIC_COPIES = 256
 
@@ -630,14 +628,15 @@ class TokenSensitivity:
         tokens = int(valid.sum())
         per_round = self.budget * tokens * per_unit
         cap = self.max_forward or 2 * b + DEFAULT_MAX_ROUNDS * per_round
-        rounds = _alloc.Rounds()
+        ys: list[Tensor] = []
+        vs: list[Tensor] = []
         hits = torch.zeros(b * t, dtype=torch.float64, device=valid.device)
         counts = torch.zeros_like(hits)
         copies = 0
-        beta = self.budget  # the first round: ``budget`` units per token, by the tangent as is
-        self.last_tangent_scale = 1.0
+        self.last_tangent_scale = 1.0  # the first round: the tangent as it is
         while True:
-            e = _alloc.expected_units(control.q_at(self.last_tangent_scale), valid, beta, scale)
+            q = control.q_at(self.last_tangent_scale)
+            e = _alloc.expected_units(q, valid, self.budget, scale)
             n = _alloc.draw_units(e, stream.gen)
             src, tok = _alloc.plan(n, per_unit)
             if len(src):
@@ -646,32 +645,27 @@ class TokenSensitivity:
             else:
                 vals = torch.zeros(0, device=valid.device)
             u, usrc, utok = _units(vals, src, tok, 2 if self.antithetic else 1)
-            rounds.add(beta, *_alloc.token_values(u, usrc, utok, n, e))
+            y, var = _alloc.token_values(u, usrc, utok, n, e)
+            ys.append(y)
+            vs.append(var)
             copies += len(src)
-            if self.target_stderr is None:
+            if self.target_stderr is None or 2 * b + copies + per_round > cap:
                 break
-            y, var = rounds.values()
-            se = math.sqrt(max(((var * valid).sum(1) / k**2).sum().item(), 0.0)) / b
-            if se <= self.target_stderr and (se > 0.0 or len(rounds) >= ROUNDS_AT_ZERO):
+            within = (torch.stack(vs).sum(0) * valid).sum(1) / len(vs) ** 2 / k**2
+            se = math.sqrt(max(within.sum().item(), 0.0)) / b
+            if se <= self.target_stderr and (se > 0.0 or len(ys) >= ROUNDS_AT_ZERO):
                 break
-            # the next round: as many units per token as the last round's precision per unit
-            # predicts for the target (at least a quarter of ``budget``), allocated by the
-            # tangent recalibrated on every flip so far
+            # the next round by the tangent recalibrated on every flip so far
             cell = (src * t + tok).to(hits.device)
             hits.index_add_(0, cell, vals.double().to(hits.device))
             counts.index_add_(0, cell, torch.ones_like(cell, dtype=torch.float64))
             self.last_tangent_scale = _alloc.fit_scale(control.x.flatten(), hits, counts)
-            q = control.q_at(self.last_tangent_scale)
-            change = _alloc.design_change(q, valid, k, e,
-                                          _alloc.expected_units(q, valid, 1.0, scale))
-            least = self.budget / 4
-            room = (cap - 2 * b - copies) / (tokens * per_unit)
-            if room < least:
-                break  # the forward cap
-            beta = APPROACH * rounds.next_budget(self.target_stderr * b, valid, k, 0.0, change)
-            beta = min(max(beta, least), room)
-        y, var = rounds.values()
-        self._add_tokens(y, var, valid, 2 * b + copies, check)
+        # rounds of one budget, each unbiased given the rounds before it: their plain mean is
+        # unbiased (weights that depended on the flips, such as budgets sized from the variance
+        # seen so far, would not be)
+        rounds = len(ys)
+        self._add_tokens(torch.stack(ys).mean(0), torch.stack(vs).sum(0) / rounds**2, valid,
+                         2 * b + copies, check)
 
     def _sampled(self, runner: ChunkRunner, valid: Tensor, stream: NoiseStream,
                  extent: Tensor | None, check: PrecisionCheck | None) -> None:
