@@ -67,7 +67,10 @@ rates :math:`p_{bt}` no longer costs forward passes.
 * ``allocation="linear"`` puts the draws where flips happen: from one forward and backward pass
   per example it computes every token's linearised flip probability :math:`q_{bt}` and gives
   each token an expected ``budget``-scaled share of units in proportion to
-  :math:`\sqrt{q_{bt}(1-q_{bt})}`, never less than a floor; a token is then drawn with
+  :math:`\sqrt{q_{bt}(1-q_{bt})}/(K_b\sqrt{c_b})`, never less than a floor (a token weighs
+  :math:`1/K_b` in the estimate and its copies cost in proportion to the example's extent
+  :math:`c_b`; with ``target_stderr`` the tangent's σ is refitted to the flips after each
+  round, ``last_tangent_scale``); a token is then drawn with
   probability :math:`\pi_{bt} > 0` and weighted by :math:`1/\pi_{bt}` (Horvitz–Thompson), so
   the estimate stays unbiased for any model (:mod:`._alloc`). ``budget`` may be below 1: the
   tokens the tangent says cannot flip are visited rarely. It pays where the tangent knows where
