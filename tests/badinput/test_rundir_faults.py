@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import typing
 from collections import OrderedDict
@@ -485,6 +486,49 @@ def test_interrupt_releases_the_lock_and_resume_is_bit_identical(
         capfd.readouterr().err
     assert same_weights(final_weights(run), final_weights(tmp_path / "ref"))
     assert steps(run) == steps(tmp_path / "ref") == [0, 15, 30, 45]
+
+
+def test_ctrl_c_inside_a_finalizer_still_stops_training(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGINT that lands while a weakref finalizer runs (an object dying mid-step, as the
+    tracked sensitivity's memory bookkeeping does) raises its KeyboardInterrupt there, and Python
+    swallows it ("Exception ignored"); training must stop all the same, at the end of that
+    step. Without the check it ran to its end (a flaky CLI Ctrl-C test caught it in CI)."""
+    import weakref
+
+    from senslab.train import loop
+    from senslab.train.loop import TrainingInterrupted
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers are installed from the main thread only")
+    real, calls = loop._train_step, []
+
+    def ctrl_c_in_a_finalizer() -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(10_000):  # the handler runs here, inside the finalizer
+            pass
+
+    def step(*args: Any) -> float:
+        calls.append(1)
+        if len(calls) == 20:
+            dying = type("Dying", (), {})()
+            weakref.finalize(dying, ctrl_c_in_a_finalizer)
+            del dying  # the finalizer runs now, and its KeyboardInterrupt is swallowed
+        return real(*args)
+
+    swallowed: list[type] = []
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(loop, "_train_step", step)
+            m.setattr(sys, "unraisablehook", lambda u: swallowed.append(u.exc_type))
+            with pytest.raises(TrainingInterrupted) as err:
+                fit(tiny(epochs=3), tmp_path / "run", progress=False)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert err.value.step == 20 and len(calls) == 20
+    assert swallowed == [KeyboardInterrupt]  # Python swallowed it where it landed
 
 
 def test_orphan_temp_files_of_dead_writers_are_removed(tmp_path: Path) -> None:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,6 +159,36 @@ class _Position:
     epoch: int = 0  # the epoch being run
     batch: int = 0  # next batch index inside it
     step: int = 0  # optimizer steps so far
+    interrupted: bool = False  # Ctrl-C seen (:class:`_Interrupts`)
+
+
+class _Interrupts:
+    """Ctrl-C during training is never lost. Python raises the KeyboardInterrupt of SIGINT
+    wherever the main thread is, and where that is a weakref finalizer or a ``__del__`` (run
+    whenever an object dies, such as the memory bookkeeping of the tracked sensitivity), it
+    prints "Exception ignored" and goes on: training would run on. While training, the SIGINT
+    handler also marks ``pos.interrupted``, which the loop checks after every step. Installed
+    only in the main thread and over Python's own handler (a handler the user installed is
+    left alone)."""
+
+    def __init__(self, pos: _Position) -> None:
+        self.pos = pos
+        self._installed = False
+
+    def __enter__(self) -> _Interrupts:
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+            signal.signal(signal.SIGINT, self._handle)
+            self._installed = True
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.pos.interrupted = True
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc: object) -> None:
+        if self._installed:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -251,7 +283,7 @@ def _fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None) -> dict[str
     pos = _Position()
     try:
         # ranks > 0 (read-only) take no lock; reporters close before the lock is released
-        with rd.writing(), Reporters() as reporters:
+        with _Interrupts(pos), rd.writing(), Reporters() as reporters:
             return _train(cfg, rd, device, rank, world, progress, pos, reporters)
     except KeyboardInterrupt as err:
         if isinstance(err, TrainingInterrupted):
@@ -374,6 +406,8 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
             loss = _train_step(cfg, net, opt, x, y, loss_kind, reg_gen)
             pos.batch += 1
             pos.step += 1
+            if pos.interrupted:  # a Ctrl-C whose KeyboardInterrupt was swallowed
+                raise KeyboardInterrupt
             bar.update(1, loss=loss)
             if pos.step >= total_steps:
                 break
