@@ -52,7 +52,7 @@ def run_seeds(case: Any, options: dict[str, Any], seeds: int, log: Any = print) 
         res = metric.compute()
         runs.append({"seed": seed, "estimate": res.estimate, "se": res.stderr_subset,
                      "forwards": res.num_forward, "seconds": time.perf_counter() - start,
-                     "tangent_scale": getattr(metric, "last_tangent_scale", None)})
+                     "tangent_scale": metric.last_tangent_scale})
         log(f"  seed {seed}: {res.estimate:.4f} ± {res.stderr_subset:.4f}, "
             f"{res.num_forward} forwards, {runs[-1]['seconds']:.1f} s")
     est = [r["estimate"] for r in runs]

@@ -126,7 +126,7 @@ def fit_scale(x: Tensor, hits: Tensor, counts: Tensor) -> float:
     the copies so far hold no flip, or nothing but flips: the likelihood has no maximum there."""
     seen = counts > 0
     h, n = hits[seen].double(), counts[seen].double()
-    if not seen.any() or h.sum() <= 0 or (n - h).sum() <= 0:
+    if h.sum() <= 0 or (n - h).sum() <= 0:  # also: no copy yet
         return 1.0
     z = -x[seen].double()[None, :] / SCALE_GRID.to(h.device)[:, None]  # (G, tokens)
     logq = torch.special.log_ndtr(z).clamp(min=-690.0)
