@@ -533,6 +533,31 @@ def clean_seconds(case: RealCase, per_example: bool) -> float:
         return time.perf_counter() - start
 
 
+@contextmanager
+def copies_per_example(n: int) -> Iterator[Tensor]:
+    """Tally, per example, the perturbed text copies a senslab row evaluates (a (n,) float64
+    tensor filled in place; the control's gradient pass, whose noise requires a gradient, and
+    the noiseless checks of the copies' code path are not copies). Instrumentation only: an
+    allocation's draws favour some examples, so its FLOPs are counted at each copy's own
+    length rather than as if every token had the same draws."""
+    from senslab.tokens.embedding import _BoundEmbedding
+
+    counts = torch.zeros(n, dtype=torch.float64)
+    original = _BoundEmbedding.forward_perturbed
+
+    def tallied(bound: Any, src: Tensor, tok: Tensor | None, noise: Tensor,
+                **kw: Any) -> Tensor:
+        if tok is not None and not noise.requires_grad and bool(noise.any()):
+            counts.add_(torch.bincount(src.cpu(), minlength=n).double()[:n])
+        return original(bound, src, tok, noise, **kw)
+
+    _BoundEmbedding.forward_perturbed = tallied  # type: ignore[method-assign]
+    try:
+        yield counts
+    finally:
+        _BoundEmbedding.forward_perturbed = original  # type: ignore[method-assign]
+
+
 def senslab_row(case: RealCase, method: str, options: dict[str, Any], t_clean: float,
                 per_example: bool = False) -> dict[str, Any]:
     """``token_sensitivity`` (or one ``update`` per example) with ``options``; adaptive when
@@ -541,15 +566,18 @@ def senslab_row(case: RealCase, method: str, options: dict[str, Any], t_clean: f
     options = dict(options)
     tokens = options.pop("tokens", case.tokens)  # a row that changes the tokens' own options
     common = {"sigma": case.sigma, "estimand": "subset", "generator": SEED, **options}
-    start = time.perf_counter()
-    metric = TokenSensitivity(case.model, tokens, **common)
-    if per_example:
-        for b in range(case.n):
-            metric.update(select(case.inputs, torch.tensor([b])))
-    else:
-        metric.update(case.inputs)  # what token_sensitivity does
-    res = metric.compute()
-    seconds = time.perf_counter() - start
+    tally = (copies_per_example(case.n) if case.kind == "text" and not per_example
+             else nullcontext(None))
+    with tally as counts:
+        start = time.perf_counter()
+        metric = TokenSensitivity(case.model, tokens, **common)
+        if per_example:
+            for b in range(case.n):
+                metric.update(select(case.inputs, torch.tensor([b])))
+        else:
+            metric.update(case.inputs)  # what token_sensitivity does
+        res = metric.compute()
+        seconds = time.perf_counter() - start
     checked = res.recheck_fraction is not None
     precision = precision_label(metric.checked_precision, res.recheck_fraction)
     return {"method": method, "precision": precision, "estimate": res.estimate,
@@ -561,7 +589,8 @@ def senslab_row(case: RealCase, method: str, options: dict[str, Any], t_clean: f
             "checked": checked, "options": {k: str(v) for k, v in options.items()},
             "tokens": repr(tokens),
             "control_variate": _gradient_pass(options),
-            "per_sample": res.per_sample.double(), "per_position": res.per_position}
+            "per_sample": res.per_sample.double(), "per_position": res.per_position,
+            **({} if counts is None else {"copies_per_example": counts.tolist()})}
 
 
 def precision_label(low: str | None, recheck: float | None) -> str:
@@ -662,7 +691,12 @@ def row_flops(case: RealCase, row: dict[str, Any], fl: dict[int, float]) -> floa
     copies = row["forwards"] - clean
     trimmed = case.kind == "text" and "trim_padding" not in row["options"]
     per_copy = real / sum(lengths) if trimmed else full
-    grads = 3 * n * full if row["control_variate"] else 0.0  # forward + backward per example
+    tally = row.get("copies_per_example")
+    if trimmed and tally is not None and sum(tally) > 0:
+        # where the copies went (an allocation favours short sentences), each at its length
+        per_copy = sum(c * fl[k] for c, k in zip(tally, lengths, strict=True)) / sum(tally)
+    own = sum(fl[k] for k in lengths) if trimmed else n * full
+    grads = 3 * own if row["control_variate"] else 0.0  # forward + backward per example
     return n * full + (copies + row["forwards_fp32"]) * per_copy + grads
 
 
@@ -692,7 +726,7 @@ def measure_case(case: RealCase, gemm_n: int, reps: int = 1, log: Any = print,
         runs = keep_methods(runs, methods)
     else:
         runs = [(label, fn) for label, fn in runs if label not in OPT_IN]
-    gemm: dict[str, list[float]] = {"float32": [], "bf16": [], "int8": []}
+    gemm: dict[str, list[float]] = {"float32": [], "bf16": [], "fp16": [], "int8": []}
     samples: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in runs}
     token_sensitivity(case.model, select(case.inputs, torch.arange(2)), case.tokens,
                       sigma=case.sigma)  # warm-up (allocator, auto-precision probe)
@@ -701,6 +735,7 @@ def measure_case(case: RealCase, gemm_n: int, reps: int = 1, log: Any = print,
         for label, fn in order:
             gemm["float32"].append(gemm_flops(gemm_n, torch.float32))
             gemm["bf16"].append(gemm_flops(gemm_n, torch.bfloat16))
+            gemm["fp16"].append(gemm_flops(gemm_n, torch.float16))
             gemm["int8"].append(gemm_flops(gemm_n, torch.int8))
             row = fn()
             row["ttp"], row["ttp_rule"] = time_to_precision(row, target)
@@ -856,6 +891,7 @@ def targets(name: str, rows: list[dict[str, Any]], peaks: dict[str, float],
             f"{100 * fastest['fraction_fp32_gemm']:.0f}% of the fp32 and "
             f"{100 * fastest['fraction_bf16_gemm']:.0f}% of the bf16 GEMM peak",
             f"bf16/fp32 GEMM peak ratio {bf16_over_fp32:.2f}",
+            f"fp16/fp32 GEMM peak ratio {peaks.get('fp16', 0.0) / peaks['float32']:.2f}",
             f"int8/fp32 GEMM peak ratio {peaks.get('int8', 0.0) / peaks['float32']:.2f}",
             f"model FLOPs of the runs: {ref} {fastest['flops'] / 1e9:.1f} GFLOP vs senslab's "
             f"best {best['flops'] / 1e9:.1f} GFLOP",

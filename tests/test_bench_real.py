@@ -346,3 +346,25 @@ def test_ceiling_case_counts_every_tokens_flips(bench):
 def test_too_few_draws_are_refused(bench, flag):
     with pytest.raises(SystemExit, match="at least 2 draws"):
         bench.main([flag, "1", "--cases", "resnet18"])
+
+
+def test_an_allocations_flops_are_counted_where_its_copies_went(bench):
+    """The tally sees every copy (equal draws: the repeats times each example's real length),
+    and an allocation row's FLOPs follow its own tally, not the equal-draws average."""
+    case = tiny_text_case(bench, torch.float32)
+    lengths = case.lengths.tolist()
+    fl = bench.flops_by_length(case)
+    equal = bench.senslab_row(case, "senslab", {"repeats": 3, "precision": "float32"}, 0.0)
+    assert equal["copies_per_example"] == [3.0 * k for k in lengths]
+    alloc = bench.senslab_row(case, "senslab adaptive allocation",
+                              {"repeats": 1, "allocation": "linear", "budget": 2.0,
+                               "precision": "float32"}, 0.0)
+    tally = alloc["copies_per_example"]
+    assert sum(tally) == alloc["forwards"] - 2 * case.n  # every copy, not the gradient pass
+    per_copy = sum(c * fl[k] for c, k in zip(tally, lengths, strict=True)) / sum(tally)
+    grads = 3 * sum(fl[k] for k in lengths)
+    expected = case.n * fl[case.width] + sum(tally) * per_copy + grads
+    assert bench.row_flops(case, alloc, fl) == pytest.approx(expected)
+    # the equal-draws average would differ: the allocation's copies are not spread like that
+    flat = {**alloc, "copies_per_example": None}
+    assert bench.row_flops(case, flat, fl) != pytest.approx(expected)
