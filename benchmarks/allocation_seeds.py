@@ -10,6 +10,9 @@ standard error, and the seconds and forwards per run.
 
     python benchmarks/allocation_seeds.py --case minilm --seeds 10 \
         --out benchmarks/results/allocation-seeds-minilm.json
+    python benchmarks/allocation_seeds.py --case minilm --seeds 30 --first-seed 11 \
+        --merge benchmarks/results/allocation-seeds-minilm.json \
+        --out benchmarks/results/allocation-seeds-minilm-40.json
 """
 
 from __future__ import annotations
@@ -42,9 +45,10 @@ def row_options(case: Any, label: str) -> dict[str, Any]:
     raise SystemExit(f"no row {label!r} in real_models.senslab_methods")
 
 
-def run_seeds(case: Any, options: dict[str, Any], seeds: int, log: Any = print) -> dict[str, Any]:
+def run_seeds(case: Any, options: dict[str, Any], seeds: int, log: Any = print,
+              first: int = 1) -> dict[str, Any]:
     runs = []
-    for seed in range(1, seeds + 1):
+    for seed in range(first, first + seeds):
         start = time.perf_counter()
         metric = TokenSensitivity(case.model, case.tokens, sigma=case.sigma, estimand="subset",
                                   generator=seed, **options)
@@ -55,6 +59,15 @@ def run_seeds(case: Any, options: dict[str, Any], seeds: int, log: Any = print) 
                      "tangent_scale": metric.last_tangent_scale})
         log(f"  seed {seed}: {res.estimate:.4f} ± {res.stderr_subset:.4f}, "
             f"{res.num_forward} forwards, {runs[-1]['seconds']:.1f} s")
+    return {"runs": runs, "summary": summarise(runs)}
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Bias and calibration over the runs: the mean estimate and its standard error, the
+    spread of the estimates against the mean reported standard error (``sd_over_reported``,
+    with an approximate 95% interval from the spread's own standard error, 1/√(2(n − 1)) of
+    it), and the seconds and forwards."""
+    seeds = len(runs)
     est = [r["estimate"] for r in runs]
     summary = {"mean_estimate": statistics.mean(est),
                "se_of_mean": statistics.stdev(est) / math.sqrt(len(est)) if seeds > 1 else None,
@@ -64,7 +77,12 @@ def run_seeds(case: Any, options: dict[str, Any], seeds: int, log: Any = print) 
                "min_seconds": min(r["seconds"] for r in runs),
                "max_seconds": max(r["seconds"] for r in runs),
                "mean_forwards": statistics.mean(r["forwards"] for r in runs)}
-    return {"runs": runs, "summary": summary}
+    if seeds > 1:
+        ratio = summary["sd_estimates"] / summary["mean_reported_se"]
+        half = 1.96 * ratio / math.sqrt(2 * (seeds - 1))
+        summary["sd_over_reported"] = ratio
+        summary["sd_over_reported_ci95"] = [ratio - half, ratio + half]
+    return summary
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -72,6 +90,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--case", default="minilm", choices=real_models.CASES)
     p.add_argument("--row", default="senslab adaptive allocation")
     p.add_argument("--seeds", type=int, default=10)
+    p.add_argument("--first-seed", type=int, default=1,
+                   help="seeds first..first+N−1 (to extend an earlier record)")
+    p.add_argument("--merge", type=Path, help="an earlier record of the same row and case "
+                   "whose runs join these in the summary")
     p.add_argument("--examples", type=int, default=real_models.EXAMPLES)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path)
@@ -84,11 +106,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "torch": torch.__version__, "threads": args.threads, "case": args.case,
               "examples": case.n, "row": args.row,
               "options": {k: str(v) for k, v in options.items()},
-              **run_seeds(case, options, args.seeds)}
+              **run_seeds(case, options, args.seeds, first=args.first_seed)}
+    if args.merge:
+        old = json.loads(args.merge.read_text())
+        if (old["case"], old["row"], old["examples"]) != (args.case, args.row, case.n):
+            raise SystemExit(f"{args.merge} is a record of another case, row or size")
+        seen = {r["seed"] for r in result["runs"]}
+        if seen & {r["seed"] for r in old["runs"]}:
+            raise SystemExit(f"{args.merge} has some of these seeds already: pick --first-seed "
+                             "beyond them")
+        result["runs"] = old["runs"] + result["runs"]
+        result["merged_from"] = {"file": args.merge.name, "date": old["date"]}
+        result["summary"] = summarise(result["runs"])
     s = result["summary"]
     print(f"mean {s['mean_estimate']:.4f} ± {s['se_of_mean'] or 0:.4f} over seeds; spread "
           f"{s['sd_estimates'] or 0:.4f} against a mean reported s.e. of "
-          f"{s['mean_reported_se']:.4f}; {s['median_seconds']:.1f} s median "
+          f"{s['mean_reported_se']:.4f} (ratio {s.get('sd_over_reported', 0):.2f}, "
+          f"95% {s.get('sd_over_reported_ci95', [0, 0])[0]:.2f}–"
+          f"{s.get('sd_over_reported_ci95', [0, 0])[1]:.2f}); {s['median_seconds']:.1f} s median "
           f"({s['min_seconds']:.1f}–{s['max_seconds']:.1f})")
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")

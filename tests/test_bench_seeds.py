@@ -49,3 +49,26 @@ def test_row_options_are_the_benchmark_rows(seeds):
     assert opts["allocation"] == "linear" and opts["target_stderr"] == pytest.approx(0.002)
     with pytest.raises(SystemExit, match="no row"):
         seeds.row_options(case, "senslab nothing")
+
+
+def test_seeds_extend_an_earlier_record(seeds):
+    """--first-seed runs later seeds; the summary of merged runs is that of all of them, with
+    the spread over the reported standard error and its interval."""
+    w = torch.tensor([1.0, 0.05, 0.8])[:, None]
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        return (x * w).sum((1, 2)) + 0.3
+
+    case = SimpleNamespace(model=model, tokens=Sequence(), sigma=1.0,
+                           inputs=torch.randn(6, 3, 1, generator=torch.Generator().manual_seed(0)))
+    options = {"repeats": 1, "allocation": "linear", "budget": 0.5, "target_stderr": 0.05}
+    first = seeds.run_seeds(case, options, 2, log=lambda *_: None)
+    later = seeds.run_seeds(case, options, 2, log=lambda *_: None, first=3)
+    assert [r["seed"] for r in later["runs"]] == [3, 4]
+    both = seeds.summarise(first["runs"] + later["runs"])
+    allr = first["runs"] + later["runs"]
+    assert both["mean_estimate"] == pytest.approx(statistics.mean(r["estimate"] for r in allr))
+    ratio = both["sd_estimates"] / both["mean_reported_se"]
+    assert both["sd_over_reported"] == pytest.approx(ratio)
+    lo, hi = both["sd_over_reported_ci95"]
+    assert lo < ratio < hi and hi - lo == pytest.approx(2 * 1.96 * ratio / 6**0.5)  # 4 runs: √(2·3)

@@ -1,0 +1,184 @@
+r"""How much an allocation of draws could gain on a real case, judged on draws it did not see.
+
+``real_models.py --ceiling`` bounds what an *oracle* allocation could gain from the flips of R
+draws per token; a token that never flipped in those draws counts there as one that never can,
+so the plug-in oracle is an upper bound. This script measures allocations on draws they were not
+chosen from. Every real token of the first ``--examples`` examples of a case gets ``--draws``
+draws (the naive loop's noise); the draws are split into halves A and B. A design chooses
+each token's expected draws :math:`e_{bt}` from half A (or from the tangent alone), and half B
+judges it: with :math:`h` flips in the :math:`m` draws of B, :math:`h/m`, :math:`h(h-1)/(m(m-1))`
+and :math:`h(m-h)/(m(m-1))` are unbiased for :math:`p`, :math:`p^2` and :math:`p(1-p)`, so
+
+.. math::
+
+    V(e) = \sum_{bt} w_b^2\, V_{bt}(e_{bt}), \qquad
+    V_{bt}(e) = \frac{p(1-p)}{e}\ (e \ge 1), \qquad \frac{p}{e} - p^2\ (e < 1)
+
+(below one draw a token is drawn with probability :math:`e`, once, and weighted by
+:math:`1/e`) is estimated without bias, :math:`w_b = 1/(nK_b)`. A draw of example :math:`b`
+costs :math:`c_b`, its real length (padding-aware batching), so the cost is
+:math:`C(e) = \sum e_{bt} c_b`; the time to a standard error goes as :math:`V \cdot C`, and a
+design's gain is equal draws' :math:`V \cdot C` over its own, at ``--budget`` draws per token on
+average (equal draws: the same number for every token). The halves then swap roles and the two
+gains are averaged.
+
+**Designs** (each :math:`e \propto s_b\,\sqrt{\hat v}`, :math:`s_b = 1/(K_b\sqrt{c_b})`, floored
+at a fifth of the budget as ``allocation="linear"`` does):
+
+* ``length``: :math:`\hat v` = 1 (the weights and costs alone);
+* ``tangent κ=k``: :math:`\hat v = q(1-q)`, :math:`q = \Phi(-m/(k\sigma\lVert g\rVert))`, the
+  tangent of senslab's allocation with its σ scaled by k; ``κ fitted`` takes k from
+  ``_alloc.fit_scale`` on half A's flips (what the adaptive rounds fit), ``κ best`` the k that
+  does best on half B (in hindsight: not a design, a bound on choosing k);
+* ``token oracle from A``: :math:`\hat v` the Beta(½, ½) posterior mean of :math:`p(1-p)` from
+  half A's flips (what a design that had already spent half A's draws would know);
+* ``plug-in oracle on B``: :math:`\hat v` from half B itself, judged on B: optimistic (the
+  in-sample bound of ``--ceiling``), shown for comparison.
+
+    python benchmarks/allocation_holdout.py --case minilm --examples 64 --draws 32 \
+        --out benchmarks/results/allocation-holdout-minilm.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import real_models  # noqa: E402
+
+from senslab.measure import _alloc  # noqa: E402
+from senslab.measure._control import LinearControl  # noqa: E402
+from senslab.measure.outputs import predictions  # noqa: E402
+
+KAPPAS = (1.0, 1.5, 2.0, 3.0)
+
+
+def tangent_x(case: Any) -> list[Tensor]:
+    """Per example, :math:`m/(\\sigma\\lVert g_t\\rVert)` of its real tokens (senslab's tangent)."""
+    with torch.inference_mode(), case.tokens.bind(case.model, case.inputs) as bound:
+        ref = predictions(bound.clean_output, "logits")
+        control = LinearControl(bound, ref, case.sigma, 32, "logits")
+        return [control.x[b, bound.valid[b]].double() for b in range(case.n)]
+
+
+def judge(e: Tensor, hits: Tensor, m: int, w2: Tensor, cost: Tensor) -> tuple[float, float]:
+    """Unbiased :math:`V(e)` from ``hits`` of ``m`` held-out draws, and the cost :math:`C(e)`."""
+    h = hits.double()
+    p = h / m
+    p2 = h * (h - 1) / (m * (m - 1))
+    pq = h * (m - h) / (m * (m - 1))
+    safe = e.clamp(min=1e-300)
+    v = torch.where(e >= 1, pq / safe, p / safe - p2)
+    return float((w2 * v).sum()), float((e * cost).sum())
+
+
+def allocate(vhat: Tensor, s: Tensor, budget: float) -> Tensor:
+    """:math:`e \\propto s\\sqrt{\\hat v}` with mean ``budget``, floored at
+    ``_alloc.FLOOR`` × budget × s (s normalised to mean 1), as ``allocation="linear"``."""
+    s = s / s.mean()
+    a = vhat.clamp(min=0).sqrt() * s
+    floor = _alloc.FLOOR * budget * s
+    if a.sum() <= 0:
+        return budget * s
+    lo, hi = 0.0, 1.0
+    while float(torch.maximum(hi * a, floor).mean()) < budget:
+        hi *= 2
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if float(torch.maximum(mid * a, floor).mean()) < budget:
+            lo = mid
+        else:
+            hi = mid
+    return torch.maximum(hi * a, floor)
+
+
+def gains(flips: list[Tensor], x: list[Tensor], budget: float) -> dict[str, Any]:
+    """Every design's gain over equal draws, judged on held-out halves (module docstring)."""
+    n = len(flips)
+    r = flips[0].shape[1]
+    half = r // 2
+    k = torch.cat([torch.full((f.shape[0],), float(f.shape[0])) for f in flips]).double()
+    w2 = 1.0 / (n * k) ** 2
+    cost = k  # a copy costs the example's real length
+    s = 1.0 / (k * cost.sqrt())
+    xs = torch.cat(x)
+    out: dict[str, list[float]] = {}
+    for first, second in ((slice(0, half), slice(half, 2 * half)),
+                          (slice(half, 2 * half), slice(0, half))):
+        a = torch.cat([f[:, first].double().sum(1) for f in flips])
+        b = torch.cat([f[:, second].double().sum(1) for f in flips])
+        equal = judge(torch.full_like(k, budget), b, half, w2, cost)
+        base = equal[0] * equal[1]
+        fitted = _alloc.fit_scale(xs, a, torch.full_like(a, float(half)))
+        designs = {"length": torch.ones_like(k)}
+        for name, kappa in [*((f"tangent κ={c:g}", c) for c in KAPPAS),
+                            ("tangent κ fitted", fitted)]:
+            q = torch.special.ndtr(-xs / kappa)
+            designs[name] = q * (1 - q)
+        pa, pb = a + 0.5, half - a + 0.5
+        designs["token oracle from A"] = pa * pb / ((pa + pb) * (pa + pb + 1))
+        designs["plug-in oracle on B"] = b * (half - b) / (half * (half - 1))
+        best = (0.0, 1.0)
+        for kappa in sorted({*_alloc.SCALE_GRID[::4].tolist(), *KAPPAS, fitted}):
+            q = torch.special.ndtr(-xs / kappa)
+            v, c = judge(allocate(q * (1 - q), s, budget), b, half, w2, cost)
+            best = max(best, (base / (v * c), kappa))
+        for name, vhat in designs.items():
+            v, c = judge(allocate(vhat, s, budget), b, half, w2, cost)
+            out.setdefault(name, []).append(base / (v * c))
+        out.setdefault("tangent κ best", []).append(best[0])
+        out.setdefault("κ fitted on A", []).append(fitted)
+        out.setdefault("κ best on B", []).append(best[1])
+    return {name: sum(v) / len(v) for name, v in out.items()}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--case", default="minilm", choices=("minilm", "gpt2"))
+    p.add_argument("--examples", type=int, default=64)
+    p.add_argument("--draws", type=int, default=32, help="draws per token (split in halves)")
+    p.add_argument("--budgets", type=float, nargs="+", default=[0.25, 1.0, 2.0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+    if args.draws < 4 or args.draws % 2:
+        raise SystemExit(f"--draws must be even and at least 4, got {args.draws}")
+    torch.set_num_threads(args.threads)
+    case = real_models.make_case(args.case, args.examples)
+    start = time.perf_counter()
+    row = real_models.naive_loop(case, repeats=args.draws)
+    x = tangent_x(case)
+    seconds = time.perf_counter() - start
+    result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "torch": torch.__version__, "threads": args.threads, "case": args.case,
+              "examples": case.n, "draws": args.draws, "sigma": case.sigma,
+              "estimate": row["estimate"], "seconds": seconds,
+              "gains": {str(b): gains(row["flips"], x, b) for b in args.budgets},
+              # flips per token in each half of the draws, per example: for other analyses
+              "flip_counts_halves": [[f[:, :args.draws // 2].sum(1).tolist(),
+                                      f[:, args.draws // 2:].sum(1).tolist()]
+                                     for f in row["flips"]],
+              "tangent_x": [v.tolist() for v in x]}
+    print(f"{args.case}: {case.n} examples, {args.draws} draws per token, estimate "
+          f"{row['estimate']:.4f}, {seconds:.0f} s")
+    for b, g in result["gains"].items():
+        print(f"  budget {b} draws per token: " + ", ".join(
+            f"{k} {v:.2f}" for k, v in g.items()))
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1).replace("Infinity", "null") + "\n")
+        print(f"wrote {args.out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

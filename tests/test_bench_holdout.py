@@ -1,0 +1,72 @@
+"""benchmarks/allocation_holdout.py: allocations judged on held-out draws — the judge is
+unbiased, the allocations keep the budget and the floor, and a run on a tiny real text case
+reports every design."""
+
+from __future__ import annotations
+
+import sys
+
+import benchscripts
+import pytest
+import torch
+
+
+@pytest.fixture(scope="module")
+def holdout():
+    sys.path.insert(0, str(benchscripts.BENCHMARKS))
+    try:
+        yield benchscripts.load("allocation_holdout.py", "senslab_allocation_holdout")
+    finally:
+        sys.path.remove(str(benchscripts.BENCHMARKS))
+
+
+def test_the_judge_is_unbiased_for_the_design_variance(holdout):
+    """Averaged over held-out Bernoulli draws, V(e) equals the exact variance of the design:
+    p(1 − p)/e at e ≥ 1, p/e − p² below one draw (drawn with probability e, weighted 1/e)."""
+    g = torch.Generator().manual_seed(0)
+    p = torch.tensor([0.0, 0.02, 0.3, 0.7, 0.5])
+    e = torch.tensor([0.3, 0.5, 2.0, 1.0, 0.8], dtype=torch.float64)
+    w2 = torch.tensor([1.0, 2.0, 0.5, 1.0, 3.0], dtype=torch.float64)
+    cost = torch.tensor([3.0, 1.0, 2.0, 5.0, 1.0], dtype=torch.float64)
+    m, reps = 6, 40_000
+    hits = torch.bernoulli(p.expand(reps, m, -1), generator=g).sum(1).double()
+    vs = [holdout.judge(e, h, m, w2, cost)[0] for h in hits[:2000]]
+    v = torch.tensor(vs).mean().item()
+    pd = p.double()
+    exact = (w2 * torch.where(e >= 1, pd * (1 - pd) / e, pd / e - pd**2)).sum().item()
+    assert v == pytest.approx(exact, rel=0.05)
+    assert holdout.judge(e, hits[0], m, w2, cost)[1] == pytest.approx(float((e * cost).sum()))
+
+
+def test_allocate_keeps_the_budget_and_the_floor(holdout):
+    vhat = torch.tensor([0.0, 0.0, 0.01, 0.25, 0.1], dtype=torch.float64)
+    s = torch.tensor([1.0, 2.0, 1.0, 1.0, 0.5], dtype=torch.float64)
+    e = holdout.allocate(vhat, s, 0.5)
+    assert e.mean().item() == pytest.approx(0.5, rel=1e-6)
+    floor = holdout._alloc.FLOOR * 0.5 * s / s.mean()
+    assert bool((e >= floor - 1e-12).all())
+    assert e[3] > e[2] > e[0]  # more where flips are likelier
+    flat = holdout.allocate(torch.zeros(5, dtype=torch.float64), s, 0.5)
+    assert torch.allclose(flat, 0.5 * s / s.mean())
+
+
+def test_gains_on_a_tiny_text_case(holdout):
+    """Every design is judged on both halves; a length-only design on equal lengths, or the
+    equal design itself, gains nothing; the plug-in oracle on B beats every design chosen
+    without B's flips (it is the in-sample optimum of the same family, up to the floor)."""
+    pytest.importorskip("transformers")
+    from test_bench_real import tiny_text_case
+
+    case = tiny_text_case(holdout.real_models, torch.float32)
+    row = holdout.real_models.naive_loop(case, repeats=16)
+    x = holdout.tangent_x(case)
+    assert [len(v) for v in x] == case.lengths.tolist()
+    out = holdout.gains(row["flips"], x, 1.0)
+    assert {"length", "tangent κ=1", "tangent κ fitted", "tangent κ best",
+            "token oracle from A", "plug-in oracle on B"} <= set(out)
+    assert all(v > 0 for k, v in out.items() if not k.startswith("κ"))
+    assert out["tangent κ best"] >= max(out[f"tangent κ={k:g}"] for k in holdout.KAPPAS) - 1e-9
+    g = torch.Generator().manual_seed(1)
+    same = [torch.rand(4, 16, generator=g) < 0.3 for _ in range(3)]
+    flat = holdout.gains(same, [torch.full((4,), 1.0, dtype=torch.float64)] * 3, 1.0)
+    assert flat["length"] == pytest.approx(1.0)
