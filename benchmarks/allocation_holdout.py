@@ -37,12 +37,20 @@ at a fifth of the budget as ``allocation="linear"`` does):
 
     python benchmarks/allocation_holdout.py --case minilm --examples 64 --draws 32 \
         --out benchmarks/results/allocation-holdout-minilm.json
+
+``--from-record`` recomputes the judgements (and the simulation below) from such a record.
+**Simulated rounds.** The judgements above are of one round at a fixed budget. senslab's
+adaptive allocation runs rounds of a quarter draw per token, refits κ after each, and stops on
+its own (conservative) standard error. The script runs that code (``_alloc.linear_rounds``)
+on a world whose tokens flip independently with the recorded rates, and reports its cost
+against equal draws at the same standard error, with its bias, spread and coverage.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from datetime import datetime, timezone
@@ -142,26 +150,101 @@ def gains(flips: list[Tensor], x: list[Tensor], budget: float) -> dict[str, Any]
     return {name: sum(v) / len(v) for name, v in out.items()}
 
 
+def simulate(counts: list[Tensor], draws: int, x: list[Tensor], budget: float, target: float,
+             replicates: int, seed: int = 0, world: str = "plug-in") -> dict[str, float]:
+    """senslab's own adaptive ``allocation="linear"`` (``_alloc.linear_rounds``, rounds of
+    ``budget`` to a subset standard error of ``target``) run ``replicates`` times on a world
+    whose tokens flip independently with the recorded rates (``world="plug-in"``: flips/draws;
+    ``"jeffreys"``: (flips + ½)/(draws + 1), so no token is safe): its cost in token positions
+    against equal draws' (the same standard error from every token drawn alike, fractional
+    draws allowed), and its bias, spread and coverage against the world's exact rate."""
+    n = len(counts)
+    width = max(len(c) for c in counts)
+    valid = torch.zeros(n, width, dtype=torch.bool)
+    p = torch.zeros(n, width, dtype=torch.float64)
+    xs = torch.full((n, width), torch.inf, dtype=torch.float64)
+    for b, (c, v) in enumerate(zip(counts, x, strict=True)):
+        valid[b, :len(c)] = True
+        h = c.double()
+        p[b, :len(c)] = h / draws if world == "plug-in" else (h + 0.5) / (draws + 1)
+        xs[b, :len(c)] = v
+    k = valid.sum(1).double()
+    truth = float(((p * valid).sum(1) / k).mean())
+    equal = float(((p * (1 - p) * valid).sum(1) / k**2).sum()) / n**2 / target**2
+    equal_cost = equal * float((k * k).sum())  # every token `equal` draws at its length
+    gen = torch.Generator().manual_seed(seed)
+    spent = [0.0]
+
+    def evaluate(src: Tensor, tok: Tensor) -> Tensor:
+        spent[0] += float(k[src].sum())
+        return torch.bernoulli(p[src, tok], generator=gen)
+
+    est, se, cost, rounds, kappas = [], [], [], [], []
+    for _ in range(replicates):
+        spent[0] = 0.0
+        y, var, copies, kappa = _alloc.linear_rounds(xs, valid, budget, gen, evaluate,
+                                                     target=target)
+        est.append(float(((y * valid).sum(1) / k).mean()))
+        se.append(float(((var * valid).sum(1) / k**2).sum()) ** 0.5 / n)
+        cost.append(spent[0])
+        rounds.append(copies / (budget * float(k.sum())))
+        kappas.append(kappa)
+    e, s = torch.tensor(est), torch.tensor(se)
+    return {"world": world, "truth": truth, "equal_draws_per_token": equal,
+            "gain": equal_cost / (sum(cost) / len(cost)),
+            "mean_rounds": sum(rounds) / len(rounds), "mean_kappa": sum(kappas) / len(kappas),
+            "bias_over_se": float((e.mean() - truth) / s.mean()),
+            "sd_over_se": float(e.std() / s.mean()),
+            "coverage95": float(((e - truth).abs() <= 1.96 * s).double().mean())}
+
+
+def from_record(path: Path) -> tuple[dict[str, Any], list[Tensor], dict[str, Any]]:
+    """The flips (each half's flips first in its draws: only their counts are kept) and the
+    tangent of a record this script wrote."""
+    old = json.loads(path.read_text())
+    half = old["draws"] // 2
+    flips = []
+    for a, b in old["flip_counts_halves"]:
+        cols = torch.arange(half)
+        first = cols[None, :] < torch.tensor(a)[:, None]
+        second = cols[None, :] < torch.tensor(b)[:, None]
+        flips.append(torch.cat([first, second], dim=1))
+    x = [torch.tensor([math.inf if v is None else v for v in xs], dtype=torch.float64)
+         for xs in old["tangent_x"]]
+    return {"flips": flips, "estimate": old["estimate"]}, x, old
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--case", default="minilm", choices=("minilm", "gpt2"))
     p.add_argument("--examples", type=int, default=64)
     p.add_argument("--draws", type=int, default=32, help="draws per token (split in halves)")
     p.add_argument("--budgets", type=float, nargs="+", default=[0.25, 1.0, 2.0])
+    p.add_argument("--replicates", type=int, default=200,
+                   help="simulated runs of the adaptive allocation per world")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--from-record", type=Path,
+                   help="recompute the judgements from a record's flips and tangent (no draws)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     if args.draws < 4 or args.draws % 2:
         raise SystemExit(f"--draws must be even and at least 4, got {args.draws}")
     torch.set_num_threads(args.threads)
-    case = real_models.make_case(args.case, args.examples)
-    start = time.perf_counter()
-    row = real_models.naive_loop(case, repeats=args.draws)
-    x = tangent_x(case)
-    seconds = time.perf_counter() - start
+    if args.from_record:
+        row, x, old = from_record(args.from_record)
+        args.case, args.draws, n, seconds = old["case"], old["draws"], old["examples"], \
+            old["seconds"]
+        sigma = old["sigma"]
+    else:
+        case = real_models.make_case(args.case, args.examples)
+        start = time.perf_counter()
+        row = real_models.naive_loop(case, repeats=args.draws)
+        x = tangent_x(case)
+        seconds = time.perf_counter() - start
+        n, sigma = case.n, case.sigma
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "torch": torch.__version__, "threads": args.threads, "case": args.case,
-              "examples": case.n, "draws": args.draws, "sigma": case.sigma,
+              "examples": n, "draws": args.draws, "sigma": sigma,
               "estimate": row["estimate"], "seconds": seconds,
               "gains": {str(b): gains(row["flips"], x, b) for b in args.budgets},
               # flips per token in each half of the draws, per example: for other analyses
@@ -169,11 +252,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                       f[:, args.draws // 2:].sum(1).tolist()]
                                      for f in row["flips"]],
               "tangent_x": [v.tolist() for v in x]}
-    print(f"{args.case}: {case.n} examples, {args.draws} draws per token, estimate "
+    counts = [f.sum(1) for f in row["flips"]]
+    target = real_models.target_for(n)
+    result["simulated"] = [simulate(counts, args.draws, x, real_models.ALLOCATION_BUDGET,
+                                    target, args.replicates, world=w)
+                           for w in ("plug-in", "jeffreys")]
+    print(f"{args.case}: {n} examples, {args.draws} draws per token, estimate "
           f"{row['estimate']:.4f}, {seconds:.0f} s")
     for b, g in result["gains"].items():
         print(f"  budget {b} draws per token: " + ", ".join(
             f"{k} {v:.2f}" for k, v in g.items()))
+    for sim in result["simulated"]:
+        print(f"  adaptive allocation simulated ({sim['world']} world): " + ", ".join(
+            f"{k} {v:.3f}" for k, v in sim.items() if k != "world"))
     if args.out:
         args.out.write_text(json.dumps(result, indent=1).replace("Infinity", "null") + "\n")
         print(f"wrote {args.out}")

@@ -70,3 +70,37 @@ def test_gains_on_a_tiny_text_case(holdout):
     same = [torch.rand(4, 16, generator=g) < 0.3 for _ in range(3)]
     flat = holdout.gains(same, [torch.full((4,), 1.0, dtype=torch.float64)] * 3, 1.0)
     assert flat["length"] == pytest.approx(1.0)
+
+
+def test_simulated_rounds_run_senslabs_allocation(holdout, tmp_path):
+    """senslab's own rounds on a synthetic world: unbiased, the spread near the reported s.e.,
+    and a gain over equal draws where the tangent knows which tokens flip."""
+    g = torch.Generator().manual_seed(3)
+    counts, x = [], []
+    for b in range(24):
+        k = 3 + b % 5
+        xb = 2.5 + torch.rand(k, generator=g, dtype=torch.float64) * 2  # mostly safe
+        xb[0] = 0.2  # one token the tangent calls likely to flip
+        counts.append((torch.special.ndtr(-xb) * 16).round())
+        x.append(xb)
+    sim = holdout.simulate(counts, 16, x, 0.25, 0.02, replicates=150)
+    assert sim["world"] == "plug-in" and sim["mean_rounds"] >= 1
+    assert abs(sim["bias_over_se"]) < 0.4  # stopping bias on a small world (0.24 here)
+    assert 0.7 < sim["sd_over_se"] < 1.25 and 0.88 <= sim["coverage95"] <= 1.0
+    assert sim["gain"] > 1.0
+    jeff = holdout.simulate(counts, 16, x, 0.25, 0.02, replicates=20, world="jeffreys")
+    assert jeff["truth"] > sim["truth"]  # every token gets some chance to flip
+
+
+def test_a_record_is_judged_again_without_draws(holdout, tmp_path):
+    half = [[[2, 0, 5], [1, 0, 6]], [[0, 8], [1, 7]]]
+    record = {"case": "minilm", "draws": 16, "examples": 2, "seconds": 1.0, "sigma": 1.0,
+              "estimate": 0.2, "flip_counts_halves": half,
+              "tangent_x": [[1.0, None, 0.1], [2.0, 0.05]]}
+    path = tmp_path / "r.json"
+    path.write_text(__import__("json").dumps(record))
+    row, x, old = holdout.from_record(path)
+    assert [f.shape for f in row["flips"]] == [(3, 16), (2, 16)]
+    assert row["flips"][0][:, :8].sum(1).tolist() == [2, 0, 5]
+    assert row["flips"][0][:, 8:].sum(1).tolist() == [1, 0, 6]
+    assert x[0][1] == float("inf") and old["draws"] == 16

@@ -77,6 +77,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ._stats import units
+
 #: the smallest expected units per round a real token keeps, as a share of ``budget``
 FLOOR = 0.2
 
@@ -171,6 +173,62 @@ def token_values(
     )
     return y, var
 
+
+
+def linear_rounds(x: Tensor, valid: Tensor, budget: float, gen: torch.Generator,
+                  evaluate: Callable[[Tensor, Tensor], Tensor], *, per_unit: int = 1,
+                  target: float | None = None, max_copies: float = math.inf,
+                  rounds_at_zero: int = 2) -> tuple[Tensor, Tensor, int, float]:
+    r"""The rounds of ``allocation="linear"`` on one batch (module docstring): each spends
+    ``budget`` units per real token by Neyman's rule with weights and cost on the tangent's
+    :math:`\Phi(-x/\kappa)` (``x`` (B, T): :attr:`LinearControl.x`), the first at
+    :math:`\kappa = 1`, each later one at the :math:`\kappa` fitted to every flip so far;
+    with a ``target`` standard error, rounds until the estimate's (subset) standard error
+    reaches it (not at zero before ``rounds_at_zero`` rounds) or another round would pass
+    ``max_copies``. ``evaluate(src, tok)``: the flip (or output) value of one copy of token
+    ``tok`` of example ``src`` each, units of ``per_unit`` adjacent copies (antithetic pairs).
+    Returns the mean of the rounds' token values (B, T), its variance share (the sum of the
+    rounds' variance estimates over the number of rounds squared), the copies made and the last
+    :math:`\kappa`."""
+    b, t = valid.shape
+    # Neyman with weights and cost: a token weighs 1/K_b, and a copy costs in proportion to its
+    # example's extent, up to its last real token (what padding-aware batching evaluates; taken
+    # from the data, so trim_padding never changes the numbers)
+    k = valid.sum(1).double()
+    cost = (valid.cumsum(1).argmax(1) + 1).to(k)
+    scale = 1.0 / (k.clamp(min=1) * cost.clamp(min=1).sqrt())
+    per_round = budget * int(valid.sum()) * per_unit
+    ys: list[Tensor] = []
+    vs: list[Tensor] = []
+    hits = torch.zeros(b * t, dtype=torch.float64, device=valid.device)
+    counts = torch.zeros_like(hits)
+    copies, kappa = 0, 1.0
+    while True:
+        e = expected_units(torch.special.ndtr(-x / kappa), valid, budget, scale)
+        n = draw_units(e, gen)
+        src, tok = plan(n, per_unit)
+        vals = evaluate(src, tok) if len(src) else torch.zeros(0, device=valid.device)
+        u, usrc, utok = units(vals, src, tok, per_unit)
+        y, var = token_values(u, usrc, utok, n, e)
+        ys.append(y)
+        vs.append(var)
+        copies += len(src)
+        if target is None or copies + per_round > max_copies:
+            break
+        within = (torch.stack(vs).sum(0) * valid).sum(1) / len(vs) ** 2 / k**2
+        se = math.sqrt(max(within.sum().item(), 0.0)) / b
+        if se <= target and (se > 0.0 or len(ys) >= rounds_at_zero):
+            break
+        # the next round by the tangent recalibrated on every flip so far
+        cell = (src * t + tok).to(hits.device)
+        hits.index_add_(0, cell, vals.double().to(hits.device))
+        counts.index_add_(0, cell, torch.ones_like(cell, dtype=torch.float64))
+        kappa = fit_scale(x.flatten(), hits, counts)
+    # rounds of one budget, each unbiased given the rounds before it: their plain mean is
+    # unbiased (weights that depended on the flips, such as budgets sized from the variance
+    # seen so far, would not be)
+    rounds = len(ys)
+    return torch.stack(ys).mean(0), torch.stack(vs).sum(0) / rounds**2, copies, kappa
 
 # -- allocation="uniform": a share of every example's tokens, one draw each ----------------------
 

@@ -620,55 +620,20 @@ class TokenSensitivity:
                    check: PrecisionCheck | None) -> None:
         """One batch with ``allocation="linear"`` (:mod:`._alloc`): rounds of draws spread by
         the linearised flip probabilities, Horvitz–Thompson weighted per token."""
-        b, t = valid.shape
+        b = valid.shape[0]
         per_unit = 2 if self.antithetic else 1
-        # Neyman with weights and cost (:mod:`._alloc`): a token weighs 1/K_b, and a copy costs
-        # in proportion to its example's extent, up to its last real token (what padding-aware
-        # batching evaluates; taken from the data, so trim_padding never changes the numbers)
-        k = valid.sum(1).double()
-        cost = (valid.cumsum(1).argmax(1) + 1).to(k)
-        scale = 1.0 / (k.clamp(min=1) * cost.clamp(min=1).sqrt())
-        tokens = int(valid.sum())
-        per_round = self.budget * tokens * per_unit
+        per_round = self.budget * int(valid.sum()) * per_unit
         cap = self.max_forward or 2 * b + DEFAULT_MAX_ROUNDS * per_round
-        ys: list[Tensor] = []
-        vs: list[Tensor] = []
-        hits = torch.zeros(b * t, dtype=torch.float64, device=valid.device)
-        counts = torch.zeros_like(hits)
-        copies = 0
+
+        def evaluate(src: Tensor, tok: Tensor) -> Tensor:
+            return runner.run(src, tok, torch.ones_like(src, dtype=torch.bool), extent)
+
         self.last_tangent_scale = 1.0  # the first round: the tangent as it is
-        while True:
-            q = control.q_at(self.last_tangent_scale)
-            e = _alloc.expected_units(q, valid, self.budget, scale)
-            n = _alloc.draw_units(e, stream.gen)
-            src, tok = _alloc.plan(n, per_unit)
-            if len(src):
-                own = torch.ones_like(src, dtype=torch.bool)
-                vals = runner.run(src, tok, own, extent)
-            else:
-                vals = torch.zeros(0, device=valid.device)
-            u, usrc, utok = _units(vals, src, tok, 2 if self.antithetic else 1)
-            y, var = _alloc.token_values(u, usrc, utok, n, e)
-            ys.append(y)
-            vs.append(var)
-            copies += len(src)
-            if self.target_stderr is None or 2 * b + copies + per_round > cap:
-                break
-            within = (torch.stack(vs).sum(0) * valid).sum(1) / len(vs) ** 2 / k**2
-            se = math.sqrt(max(within.sum().item(), 0.0)) / b
-            if se <= self.target_stderr and (se > 0.0 or len(ys) >= ROUNDS_AT_ZERO):
-                break
-            # the next round by the tangent recalibrated on every flip so far
-            cell = (src * t + tok).to(hits.device)
-            hits.index_add_(0, cell, vals.double().to(hits.device))
-            counts.index_add_(0, cell, torch.ones_like(cell, dtype=torch.float64))
-            self.last_tangent_scale = _alloc.fit_scale(control.x.flatten(), hits, counts)
-        # rounds of one budget, each unbiased given the rounds before it: their plain mean is
-        # unbiased (weights that depended on the flips, such as budgets sized from the variance
-        # seen so far, would not be)
-        rounds = len(ys)
-        self._add_tokens(torch.stack(ys).mean(0), torch.stack(vs).sum(0) / rounds**2, valid,
-                         2 * b + copies, check)
+        y, var, copies, kappa = _alloc.linear_rounds(
+            control.x, valid, self.budget, stream.gen, evaluate, per_unit=per_unit,
+            target=self.target_stderr, max_copies=cap - 2 * b, rounds_at_zero=ROUNDS_AT_ZERO)
+        self.last_tangent_scale = kappa
+        self._add_tokens(y, var, valid, 2 * b + copies, check)
 
     def _sampled(self, runner: ChunkRunner, valid: Tensor, stream: NoiseStream,
                  extent: Tensor | None, check: PrecisionCheck | None) -> None:
