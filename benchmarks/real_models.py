@@ -955,7 +955,8 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", f"**{c['case']}** ({c['examples']} examples, target s.e. "
                   f"{c['target_se']:.4f}, σ = {c['sigma']:g}, mean "
                   f"length {c['mean_length']:.1f} of {c['width']}; GEMM {result['gemm_n']}²: "
-                  f"fp32 {g['float32']:.0f}, bf16 {g['bf16']:.0f} GFLOP/s"
+                  f"fp32 {g['float32']:.0f}, bf16 {g['bf16']:.0f}"
+                  + (f", fp16 {g['fp16']:.0f}" if "fp16" in g else "") + " GFLOP/s"
                   + (f", int8 {g['int8']:.0f} GOP/s; " if "int8" in g else "; ")
                   + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                               for k, v in c["info"].items() if k != "trained") + ")"]
