@@ -43,7 +43,9 @@ at a fifth of the budget as ``allocation="linear"`` does):
 adaptive allocation runs rounds of a quarter draw per token, refits κ after each, and stops on
 its own (conservative) standard error. The script runs that code (``_alloc.linear_rounds``)
 on a world whose tokens flip independently with the recorded rates, and reports its cost
-against equal draws at the same standard error, with its bias, spread and coverage.
+against equal draws at the same standard error, with its bias, spread and coverage, and what
+one round costs at each budget (``round_price``): its true variance, and the variance its own
+estimate reports, which is what the rounds stop on.
 """
 
 from __future__ import annotations
@@ -148,6 +150,48 @@ def gains(flips: list[Tensor], x: list[Tensor], budget: float) -> dict[str, Any]
         out.setdefault("κ fitted on A", []).append(fitted)
         out.setdefault("κ best on B", []).append(best[1])
     return {name: sum(v) / len(v) for name, v in out.items()}
+
+
+def round_price(counts: list[Tensor], draws: int, x: list[Tensor], kappa: float,
+                budgets: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0)) -> dict[str, dict[str, float]]:
+    """What one round of ``allocation="linear"`` (``_alloc.expected_units`` at the tangent
+    scaled by ``kappa``) costs against equal draws at 2 per token, on the world of the recorded
+    rates: ``true`` from its exact variance, ``reported`` from the expected variance its own
+    estimate reports (conservative by p² where a token is drawn once), both as gains in
+    variance × cost. Rounds of a small budget draw most tokens with probability below one,
+    which adds p²(1/π − 1) to the true variance and makes the report's excess larger."""
+    n = len(counts)
+    width = max(len(c) for c in counts)
+    valid = torch.zeros(n, width, dtype=torch.bool)
+    p = torch.zeros(n, width, dtype=torch.float64)
+    xs = torch.full((n, width), torch.inf, dtype=torch.float64)
+    for b, (c, v) in enumerate(zip(counts, x, strict=True)):
+        valid[b, :len(c)] = True
+        p[b, :len(c)] = c.double() / draws
+        xs[b, :len(c)] = v
+    k = valid.sum(1).double()
+    w2 = (1.0 / (n * k) ** 2)[:, None] * valid
+    cost = k[:, None] * valid
+    scale = 1.0 / (k * k.sqrt())
+
+    def price(e: Tensor) -> tuple[float, float, float]:
+        whole = e.floor()
+        frac = e - whole
+        inv_n = (1 - frac) / whole.clamp(min=1) + frac / (whole + 1)  # E[1/n], n ≥ 1
+        safe = e.clamp(min=1e-300)
+        true = torch.where(e >= 1, p * (1 - p) * inv_n, p / safe - p * p)
+        reported = torch.where(e < 1, p / safe, torch.where(
+            e < 2, (1 - frac) * p + frac * p * (1 - p) / 2, true))
+        c = float((e * cost).sum())
+        return float((w2 * true).sum()) * c, float((w2 * reported).sum()) * c, c
+
+    equal = price(torch.full_like(p, 2.0) * valid)[0]
+    q = torch.special.ndtr(-xs / kappa)
+    out = {}
+    for budget in budgets:
+        true, reported, _ = price(_alloc.expected_units(q, valid, budget, scale))
+        out[str(budget)] = {"true": equal / true, "reported": equal / reported}
+    return out
 
 
 def simulate(counts: list[Tensor], draws: int, x: list[Tensor], budget: float, target: float,
@@ -262,6 +306,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for b, g in result["gains"].items():
         print(f"  budget {b} draws per token: " + ", ".join(
             f"{k} {v:.2f}" for k, v in g.items()))
+    kappas = {"1": 1.0, "simulated κ̂": result["simulated"][0]["mean_kappa"]}
+    result["round_price"] = {name: round_price(counts, args.draws, x, kappa)
+                             for name, kappa in kappas.items()}
+    for name, prices in result["round_price"].items():
+        print(f"  one round at κ = {name}, gain in variance × cost against 2 draws each "
+              "(true / as reported): " + ", ".join(
+                  f"budget {b} {v['true']:.2f} / {v['reported']:.2f}" for b, v in prices.items()))
     for sim in result["simulated"]:
         print(f"  adaptive allocation simulated ({sim['world']} world): " + ", ".join(
             f"{k} {v:.3f}" for k, v in sim.items() if k != "world"))

@@ -4,6 +4,7 @@ reports every design."""
 
 from __future__ import annotations
 
+import math
 import sys
 
 import benchscripts
@@ -104,3 +105,21 @@ def test_a_record_is_judged_again_without_draws(holdout, tmp_path):
     assert row["flips"][0][:, :8].sum(1).tolist() == [2, 0, 5]
     assert row["flips"][0][:, 8:].sum(1).tolist() == [1, 0, 6]
     assert x[0][1] == float("inf") and old["draws"] == 16
+
+
+def test_round_price_against_a_hand_count(holdout):
+    """One example of two tokens: equal draws' variance × cost over the round's, by hand."""
+    counts = [torch.tensor([8.0, 0.0])]  # p = 0.5 and 0 of 16 draws
+    x = [torch.tensor([0.0, 10.0], dtype=torch.float64)]  # the tangent agrees
+    out = holdout.round_price(counts, 16, x, 1.0, budgets=(1.0,))
+    e = holdout._alloc.expected_units(torch.tensor([[0.5, 0.0]], dtype=torch.float64),
+                                      torch.ones(1, 2, dtype=torch.bool), 1.0,
+                                      torch.ones(1, dtype=torch.float64))
+    hi, lo = float(e[0, 0]), float(e[0, 1])
+    assert hi >= 1 > lo > 0  # the floor keeps the safe token in
+    w2, c = 1 / 4, 2.0
+    equal = w2 * 0.25 / 2 * (2 * 2 * c)
+    whole, frac = math.floor(hi), hi - math.floor(hi)
+    true = w2 * 0.25 * ((1 - frac) / whole + frac / (whole + 1)) * (hi + lo) * c
+    assert out["1.0"]["true"] == pytest.approx(equal / true)
+    assert out["1.0"]["reported"] <= out["1.0"]["true"]  # the report is conservative
