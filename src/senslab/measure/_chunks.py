@@ -42,7 +42,7 @@ CPU_CHUNK_BYTES = 64 << 20
 #: on CPU (default budget) no temporary tensor of a chunk's forward may exceed this: glibc's
 #: malloc serves a block above its mmap threshold (at most 32 MiB on 64-bit) with a fresh mapping
 #: each time, whose pages fault in again on every call, and gives freed memory above twice the
-#: threshold back to the system — a chunk that stays well below runs faster (the README's
+#: threshold back to the system — a chunk that stays well below runs faster (docs/benchmarks.md,
 #: ViT-small chunk-size measurements, where 25 MB tensors still ran slow once; 17 MB did not)
 CPU_TENSOR_BYTES = 16 << 20
 #: module outputs seen by hooks × this ≈ the forward's peak (temporaries inside modules)

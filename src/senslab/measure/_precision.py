@@ -53,8 +53,8 @@ it several times faster). Elsewhere every forward runs in the model's own precis
 
 **Whether checking pays** (``"auto"`` on a CPU). A product measured faster does not make a
 checked copy cheaper: the copies near a boundary are evaluated twice, and int8's error, far
-larger than bf16's, widens the bound (on a real BERT most copies fell inside it: the README's
-real-model benchmark). So the calibration also times both
+larger than bf16's, widens the bound (on a real BERT most copies fell inside it:
+docs/benchmarks.md, checked int8). So the calibration also times both
 precisions, per copy, and ``"auto"`` goes back to float32 for the rest of the metric's life
 (until ``reset``) unless a low-precision copy plus the predicted re-checked share of a float32
 one costs at most ``1 / MIN_SPEEDUP`` of a float32 copy. It judges from :data:`JUDGE_AFTER`

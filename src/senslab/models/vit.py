@@ -363,7 +363,7 @@ def _scratch(store: dict[str, Tensor], key: str, shape: tuple[int, ...] | torch.
     """A ``shape`` tensor of ``like``'s dtype and device on memory kept in ``store`` under
     ``key`` (grown when too small). On the host a fresh tensor of tens of MB is mapped from the
     system on every allocation and its pages fault in again; memory kept across the calls of a
-    batch's copies does not (local reuse's fused attention: README, ViT-small)."""
+    batch's copies does not (local reuse's fused attention: docs/benchmarks.md, ViT-small)."""
     need = math.prod(shape)
     buf = store.get(key)
     if buf is None or buf.numel() < need or buf.dtype != like.dtype or buf.device != like.device:
