@@ -174,7 +174,6 @@ def token_values(
     return y, var
 
 
-
 def linear_rounds(x: Tensor, valid: Tensor, budget: float, gen: torch.Generator,
                   evaluate: Callable[[Tensor, Tensor], Tensor], *, per_unit: int = 1,
                   target: float | None = None, max_copies: float = math.inf,
@@ -229,6 +228,7 @@ def linear_rounds(x: Tensor, valid: Tensor, budget: float, gen: torch.Generator,
     # seen so far, would not be)
     rounds = len(ys)
     return torch.stack(ys).mean(0), torch.stack(vs).sum(0) / rounds**2, copies, kappa
+
 
 # -- allocation="uniform": a share of every example's tokens, one draw each ----------------------
 
