@@ -368,6 +368,28 @@ def test_auto_checks_int8_or_falls_back_to_float32(monkeypatch, pays):
         assert r.num_forward_fp32 < _precision.CALIBRATION_COPIES
 
 
+@pytest.mark.parametrize("large", [True, False], ids=["large-batch", "small-batch"])
+def test_auto_builds_a_static_int8_copy_on_large_batches_only(monkeypatch, large):
+    """``"auto"`` runs a convolutional model's static int8 copy — judged like the linear
+    layers, with float32's flips — only where the first batch makes AUTO_STATIC_COPIES copies
+    or more; on a smaller one it does not build it (and this CNN has no linear layer to run in
+    int8, so it stays in float32)."""
+    _auto(monkeypatch, True)
+    monkeypatch.setattr(_precision, "AUTO_STATIC_COPIES", 1000)
+    model = trained_resnet()
+    x, _ = strips(48 if large else 8, torch.Generator().manual_seed(1))  # 16 patches × 2 draws
+    opts = {"sigma": 1.5, "repeats": 2}
+    full = run(model, x, Patches(4), precision="float32", **opts)
+    auto = run(model, x, Patches(4), **opts)
+    assert torch.equal(auto.copies, full.copies)
+    static = auto._check._static
+    if large:
+        assert static is not None and static.model is not None and not static.failed
+        assert auto.checked_precision == "int8" and auto.check_bound > 1e-3
+    else:
+        assert static is None and auto.checked_precision == "float32"
+
+
 def test_the_judgement_counts_the_low_copy_and_the_rechecked_share():
     check = _precision.PrecisionCheck()
     check.use("int8", judge=True)

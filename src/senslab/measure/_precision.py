@@ -1,7 +1,7 @@
 r"""Low-precision forwards with float32's decisions: ``precision="bf16-checked"`` (bf16
 autocast) and ``precision="int8-checked"`` (on a CPU, the model's linear layers as int8
 products, or a convolutional model's static int8 copy; :mod:`._int8`), chosen by ``"auto"``
-where the hardware runs them measurably faster (the static copy only when asked for).
+where the hardware runs them measurably faster (the static copy on large batches only).
 
 A perturbed copy is evaluated in the low precision; its class is read from that output unless
 the output is close to a class boundary, where rounding could put it on the other side, and
@@ -94,6 +94,10 @@ SAFETY = 4.0
 MIN_SPEEDUP = 1.2
 #: calibration copies after which ``"auto"`` may stop checking early (:meth:`PrecisionCheck._judge`)
 JUDGE_AFTER = 32
+#: ``"auto"`` tries a convolutional model's static int8 copy only on a batch of at least this
+#: many perturbed copies: quantising the copy costs a few hundred whole forwards and FX's
+#: graph passes, negligible beside this many copies and not worth it on small batches
+AUTO_STATIC_COPIES = 16_384
 
 
 @functools.cache
@@ -318,13 +322,14 @@ class PrecisionCheck:
         #: seconds the calibration copies took in the low precision and in float32
         self._seconds = [0.0, 0.0]
 
-    def use(self, low: str, judge: bool = False, model: Any = None) -> None:
+    def use(self, low: str, judge: bool = False, model: Any = None, copies: int = 0) -> None:
         """Check ``low`` from now on (a new low precision starts a new calibration); with
-        ``judge`` (``"auto"`` on a CPU) stop checking if the calibration finds no gain. An
-        explicit int8 on a convolutional ``model`` that FX traces runs its static int8 copy
-        (:class:`._int8.StaticInt8`); other models run their linear layers in int8. A
-        ``model`` whose parameters or buffers changed since the last call starts a new
-        calibration."""
+        ``judge`` (``"auto"`` on a CPU) stop checking if the calibration finds no gain. int8 on
+        a convolutional ``model`` that FX traces runs its static int8 copy
+        (:class:`._int8.StaticInt8`) — under ``judge`` only where the first batch of a
+        calibration makes at least :data:`AUTO_STATIC_COPIES` ``copies``, so building the copy
+        costs little beside them; other models run their linear layers in int8. A ``model``
+        whose parameters or buffers changed since the last call starts a new calibration."""
         weights = _int8.weights_state(model)
         if low != self.low or (weights is not None and self._weights is not None
                                and weights != self._weights):
@@ -334,7 +339,9 @@ class PrecisionCheck:
             self.low = low
         self._weights = weights
         self.judge = judge
-        if low == "int8" and not judge and model is not None and model is not self._static_for:
+        fresh = self.bound is None and self._copies == 0 and not self.idle
+        if (low == "int8" and model is not None and model is not self._static_for
+                and (not judge or (fresh and copies >= AUTO_STATIC_COPIES))):
             self._static_for = model
             self._static = _int8.StaticInt8(model) if _int8.StaticInt8.applies(model) else None
 

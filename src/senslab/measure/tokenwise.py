@@ -669,7 +669,9 @@ class TokenSensitivity:
         low = _precision.checked(self, device, clean)
         if low is None:
             return None
-        self._check.use(*low, model=self.model)
+        b = bound.valid.shape[0]
+        copies = b * self.repeats if self.mode == "whole" else int(bound.valid.sum()) * self.repeats
+        self._check.use(*low, model=self.model, copies=copies)
         if self._check.idle:
             return None
         self._check.take_counts()  # nothing left over from a failed update
