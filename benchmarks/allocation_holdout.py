@@ -18,9 +18,9 @@ and :math:`h(m-h)/(m(m-1))` are unbiased for :math:`p`, :math:`p^2` and :math:`p
 :math:`1/e`) is estimated without bias, :math:`w_b = 1/(nK_b)`. A draw of example :math:`b`
 costs :math:`c_b`, its real length (padding-aware batching), so the cost is
 :math:`C(e) = \sum e_{bt} c_b`; the time to a standard error goes as :math:`V \cdot C`, and a
-design's gain is equal draws' :math:`V \cdot C` over its own, at ``--budget`` draws per token on
-average (equal draws: the same number for every token). The halves then swap roles and the two
-gains are averaged.
+design's gain is equal draws' :math:`V \cdot C` over its own, at each of ``--budgets`` draws per
+token on average (equal draws: the same number for every token). The halves then swap roles and
+the two gains are averaged.
 
 **Designs** (each :math:`e \propto s_b\,\sqrt{\hat v}`, :math:`s_b = 1/(K_b\sqrt{c_b})`, floored
 at a fifth of the budget as ``allocation="linear"`` does):
@@ -152,6 +152,23 @@ def gains(flips: list[Tensor], x: list[Tensor], budget: float) -> dict[str, Any]
     return {name: sum(v) / len(v) for name, v in out.items()}
 
 
+def world_tensors(counts: list[Tensor], draws: int, x: list[Tensor],
+                  world: str = "plug-in") -> tuple[Tensor, Tensor, Tensor]:
+    """Per-example flip counts of ``draws`` draws and tangents as right-padded (B, T) tensors:
+    the real tokens, their flip rates (``world="plug-in"``: flips/draws; ``"jeffreys"``:
+    (flips + ½)/(draws + 1), so no token is safe) and their tangent ``x`` (inf on padding)."""
+    n, width = len(counts), max(len(c) for c in counts)
+    valid = torch.zeros(n, width, dtype=torch.bool)
+    p = torch.zeros(n, width, dtype=torch.float64)
+    xs = torch.full((n, width), torch.inf, dtype=torch.float64)
+    for b, (c, v) in enumerate(zip(counts, x, strict=True)):
+        h = c.double()
+        valid[b, :len(c)] = True
+        p[b, :len(c)] = h / draws if world == "plug-in" else (h + 0.5) / (draws + 1)
+        xs[b, :len(c)] = v
+    return valid, p, xs
+
+
 def round_price(counts: list[Tensor], draws: int, x: list[Tensor], kappa: float,
                 budgets: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0)) -> dict[str, dict[str, float]]:
     """What one round of ``allocation="linear"`` (``_alloc.expected_units`` at the tangent
@@ -161,20 +178,13 @@ def round_price(counts: list[Tensor], draws: int, x: list[Tensor], kappa: float,
     variance × cost. Rounds of a small budget draw most tokens with probability below one,
     which adds p²(1/π − 1) to the true variance and makes the report's excess larger."""
     n = len(counts)
-    width = max(len(c) for c in counts)
-    valid = torch.zeros(n, width, dtype=torch.bool)
-    p = torch.zeros(n, width, dtype=torch.float64)
-    xs = torch.full((n, width), torch.inf, dtype=torch.float64)
-    for b, (c, v) in enumerate(zip(counts, x, strict=True)):
-        valid[b, :len(c)] = True
-        p[b, :len(c)] = c.double() / draws
-        xs[b, :len(c)] = v
+    valid, p, xs = world_tensors(counts, draws, x)
     k = valid.sum(1).double()
     w2 = (1.0 / (n * k) ** 2)[:, None] * valid
     cost = k[:, None] * valid
     scale = 1.0 / (k * k.sqrt())
 
-    def price(e: Tensor) -> tuple[float, float, float]:
+    def price(e: Tensor) -> tuple[float, float]:
         whole = e.floor()
         frac = e - whole
         inv_n = (1 - frac) / whole.clamp(min=1) + frac / (whole + 1)  # E[1/n], n ≥ 1
@@ -183,13 +193,13 @@ def round_price(counts: list[Tensor], draws: int, x: list[Tensor], kappa: float,
         reported = torch.where(e < 1, p / safe, torch.where(
             e < 2, (1 - frac) * p + frac * p * (1 - p) / 2, true))
         c = float((e * cost).sum())
-        return float((w2 * true).sum()) * c, float((w2 * reported).sum()) * c, c
+        return float((w2 * true).sum()) * c, float((w2 * reported).sum()) * c
 
     equal = price(torch.full_like(p, 2.0) * valid)[0]
     q = torch.special.ndtr(-xs / kappa)
     out = {}
     for budget in budgets:
-        true, reported, _ = price(_alloc.expected_units(q, valid, budget, scale))
+        true, reported = price(_alloc.expected_units(q, valid, budget, scale))
         out[str(budget)] = {"true": equal / true, "reported": equal / reported}
     return out
 
@@ -198,20 +208,12 @@ def simulate(counts: list[Tensor], draws: int, x: list[Tensor], budget: float, t
              replicates: int, seed: int = 0, world: str = "plug-in") -> dict[str, float]:
     """senslab's own adaptive ``allocation="linear"`` (``_alloc.linear_rounds``, rounds of
     ``budget`` to a subset standard error of ``target``) run ``replicates`` times on a world
-    whose tokens flip independently with the recorded rates (``world="plug-in"``: flips/draws;
-    ``"jeffreys"``: (flips + ½)/(draws + 1), so no token is safe): its cost in token positions
+    whose tokens flip independently with the recorded rates (``world``: :func:`world_tensors`):
+    its cost in token positions
     against equal draws' (the same standard error from every token drawn alike, fractional
     draws allowed), and its bias, spread and coverage against the world's exact rate."""
     n = len(counts)
-    width = max(len(c) for c in counts)
-    valid = torch.zeros(n, width, dtype=torch.bool)
-    p = torch.zeros(n, width, dtype=torch.float64)
-    xs = torch.full((n, width), torch.inf, dtype=torch.float64)
-    for b, (c, v) in enumerate(zip(counts, x, strict=True)):
-        valid[b, :len(c)] = True
-        h = c.double()
-        p[b, :len(c)] = h / draws if world == "plug-in" else (h + 0.5) / (draws + 1)
-        xs[b, :len(c)] = v
+    valid, p, xs = world_tensors(counts, draws, x, world)
     k = valid.sum(1).double()
     truth = float(((p * valid).sum(1) / k).mean())
     equal = float(((p * (1 - p) * valid).sum(1) / k**2).sum()) / n**2 / target**2

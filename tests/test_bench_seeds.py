@@ -24,15 +24,23 @@ def seeds():
         sys.path.remove(str(benchscripts.BENCHMARKS))
 
 
-def test_run_seeds_summarises_every_run(seeds):
-    w = torch.tensor([1.0, 0.05, 0.05, 0.8])[:, None]
+#: the adaptive allocation's options for the small linear cases below
+OPTIONS = {"repeats": 1, "allocation": "linear", "budget": 0.5, "target_stderr": 0.05}
+
+
+def linear_case(*weights: float) -> SimpleNamespace:
+    """A linear logit over 6 examples of one-number tokens with these ``weights``."""
+    w = torch.tensor(weights)[:, None]
 
     def model(x: torch.Tensor) -> torch.Tensor:
         return (x * w).sum((1, 2)) + 0.3
 
-    case = SimpleNamespace(model=model, tokens=Sequence(), sigma=1.0,
-                           inputs=torch.randn(6, 4, 1, generator=torch.Generator().manual_seed(0)))
-    options = {"repeats": 1, "allocation": "linear", "budget": 0.5, "target_stderr": 0.05}
+    inputs = torch.randn(6, len(weights), 1, generator=torch.Generator().manual_seed(0))
+    return SimpleNamespace(model=model, tokens=Sequence(), sigma=1.0, inputs=inputs)
+
+
+def test_run_seeds_summarises_every_run(seeds):
+    case, options = linear_case(1.0, 0.05, 0.05, 0.8), OPTIONS
     out = seeds.run_seeds(case, options, 3, log=lambda *_: None)
     runs, s = out["runs"], out["summary"]
     assert [r["seed"] for r in runs] == [1, 2, 3]
@@ -54,14 +62,7 @@ def test_row_options_are_the_benchmark_rows(seeds):
 def test_seeds_extend_an_earlier_record(seeds):
     """--first-seed runs later seeds; the summary of merged runs is that of all of them, with
     the spread over the reported standard error and its interval."""
-    w = torch.tensor([1.0, 0.05, 0.8])[:, None]
-
-    def model(x: torch.Tensor) -> torch.Tensor:
-        return (x * w).sum((1, 2)) + 0.3
-
-    case = SimpleNamespace(model=model, tokens=Sequence(), sigma=1.0,
-                           inputs=torch.randn(6, 3, 1, generator=torch.Generator().manual_seed(0)))
-    options = {"repeats": 1, "allocation": "linear", "budget": 0.5, "target_stderr": 0.05}
+    case, options = linear_case(1.0, 0.05, 0.8), OPTIONS
     first = seeds.run_seeds(case, options, 2, log=lambda *_: None)
     later = seeds.run_seeds(case, options, 2, log=lambda *_: None, first=3)
     assert [r["seed"] for r in later["runs"]] == [3, 4]

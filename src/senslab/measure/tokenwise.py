@@ -628,7 +628,6 @@ class TokenSensitivity:
         def evaluate(src: Tensor, tok: Tensor) -> Tensor:
             return runner.run(src, tok, torch.ones_like(src, dtype=torch.bool), extent)
 
-        self.last_tangent_scale = 1.0  # the first round: the tangent as it is
         y, var, copies, kappa = _alloc.linear_rounds(
             control.x, valid, self.budget, stream.gen, evaluate, per_unit=per_unit,
             target=self.target_stderr, max_copies=cap - 2 * b, rounds_at_zero=ROUNDS_AT_ZERO)
