@@ -21,9 +21,10 @@ from checked_flips import (
 )
 from torch import nn
 
-from senslab.measure import TokenSensitivity, _int8, _precision
+from senslab.measure import TokenSensitivity, _int8, _precision, _runner
 from senslab.models import create_model
 from senslab.tokens import Embedding, Patches
+from senslab.tokens.patches import _BoundPatches
 
 pytestmark = pytest.mark.skipif(not _int8.available(),
                                 reason="this torch has no x86 quantised linear kernels")
@@ -199,6 +200,53 @@ def test_a_convolutional_model_runs_its_static_int8_copy_with_float32_flips(monk
         patch.setattr(_precision, "SAFETY", 0.0)
         plain = run(model, x, Patches(4), precision="int8-checked", **opts)
     assert int((plain.copies != full.copies).sum()) > 0
+
+
+def test_a_calibrated_check_gathers_its_rechecks_over_several_chunks(monkeypatch):
+    """Past the calibration, int8 runs a chunk (here 16 copies) per forward, and float32
+    re-checks the near-boundary copies of several chunks in one forward: fewer, fuller
+    float32 forwards — and still float32's flips."""
+    model = trained_resnet()
+    x, _ = strips(48, torch.Generator().manual_seed(1))
+    calls: list[tuple[bool, int]] = []  # (int8 pass?, copies) of every perturbed forward
+    forward = _BoundPatches.forward_perturbed
+
+    def spy(self, src, tok, noise):
+        calls.append((bool(getattr(self.model, "full_copies", False)), len(src)))
+        return forward(self, src, tok, noise)
+
+    monkeypatch.setattr(_BoundPatches, "forward_perturbed", spy)
+    opts = {"sigma": 1.5, "repeats": 2, "chunk_size": 16}
+    m = assert_float32_flips(model, x, Patches(4), low="int8", **opts)
+    share = m._check.predicted_recheck
+    assert share is not None and 0 < share < 0.5
+    gather = _runner.ChunkRunner._gather(SimpleNamespace(check=m._check, whole=False))
+    assert gather == min(_runner.GATHER_MAX, int(1 / max(share, 1 / _runner.GATHER_MAX))) > 1
+    checked = calls[len(calls) // 2:]  # the checked run's calls (the float32 run's first)
+    low = [n for is_int8, n in checked if is_int8]
+    assert max(low) <= 16
+    # after the calibration (its copies: float32 chunk by chunk), one float32 forward per
+    # gathered call at most
+    chunks = len(x) * 16 * 2 // 16
+    calibration = _precision.CALIBRATION_COPIES // 16
+    rechecks = [n for is_int8, n in checked[calibration * 2:] if not is_int8]
+    assert len(rechecks) <= -(-(chunks - calibration) // gather) + 1
+    assert max(rechecks) > 16 * share * 2  # fuller than one chunk's share
+
+
+def test_gathering_follows_the_predicted_share():
+    check = _precision.PrecisionCheck()
+    runner = SimpleNamespace(check=check, whole=False)
+    gather = functools.partial(_runner.ChunkRunner._gather, runner)
+    assert gather() == 1  # calibrating
+    check.bound = 1.0
+    for share, k in ((None, 1), (1.0, 1), (0.6, 1), (0.3, 3), (0.14, 7), (0.01, 8), (0.0, 8)):
+        check.predicted_recheck = share
+        assert gather() == k
+    check.idle = True  # float32 from here on
+    assert gather() == 1
+    check.idle, runner.whole = False, True  # whole-input noise: one chunk's noise per call
+    assert gather() == 1
 
 
 def test_the_static_int8_copy_is_remade_when_the_weights_change():

@@ -465,17 +465,18 @@ class PrecisionCheck:
         self._observe(low.float(), clean.float(), kind, threshold)
 
     def evaluate(self, forward: Callable[[Tensor | None], Tensor], n: int, device: torch.device,
-                 kind: str, threshold: float | None) -> Tensor:
+                 kind: str, threshold: float | None, piece: int | None = None) -> Tensor:
         """Outputs of ``n`` copies, ``forward(rows)`` evaluating the copies ``rows`` (None: all)
         at the current precision: low-precision rows where the margin is safe, float32 rows
         elsewhere; once :attr:`idle` (the calibration found no gain), all rows in float32.
         While calibrating, the calibration copies are evaluated in both precisions (and timed)
         before the chunk's other copies, which then run checked, or in float32 alone if the
-        judgement went against checking."""
+        judgement went against checking. Checked, the low precision runs ``piece`` copies at a
+        time (None: all at once) and float32 the re-checked copies of all of them at once."""
         if self.idle:
             return forward(None).float()
         if self.bound is not None:
-            return self._checked(forward, None, n, device, kind, threshold)
+            return self._checked(forward, None, n, device, kind, threshold, piece)
         start = min(n, CALIBRATION_COPIES - self._copies)  # calibration copies of this chunk
         rows = None if start == n else torch.arange(start, device=device)
         clock = time.perf_counter()
@@ -501,19 +502,31 @@ class PrecisionCheck:
         if self.idle:  # no gain: the chunk's other copies in float32 alone
             out[start:] = forward(rest).float()
         else:
-            out[start:] = self._checked(forward, rest, n - start, device, kind, threshold)
+            out[start:] = self._checked(forward, rest, n - start, device, kind, threshold, piece)
         return out
 
     def _checked(self, forward: Callable[[Tensor | None], Tensor], rows: Tensor | None, n: int,
-                 device: torch.device, kind: str, threshold: float | None) -> Tensor:
-        """The ``n`` copies ``rows`` (None: all) with the calibrated bound: low precision,
-        those inside the band again in float32."""
-        with self._lowered(device):
-            low = forward(rows).float()
+                 device: torch.device, kind: str, threshold: float | None,
+                 piece: int | None = None) -> Tensor:
+        """The ``n`` copies ``rows`` (None: all) with the calibrated bound: low precision
+        (``piece`` copies per forward; None: all), those inside the band again in float32, in
+        one forward. Each piece's band is widened for its own int8 input ranges."""
+        if piece is None or piece >= n:
+            parts: list[Tensor | None] = [rows]
+        else:
+            every = torch.arange(n, device=device) if rows is None else rows
+            parts = list(every.split(piece))
+        lows, bands = [], []
+        for part in parts:
+            with self._lowered(device):
+                low = forward(part).float()
+            size = low.reshape(len(low), -1).abs().amax(dim=1)
+            lows.append(low)
+            bands.append(self._band(size) * self._widening())
+        low = lows[0] if len(lows) == 1 else torch.cat(lows)
+        band = bands[0] if len(bands) == 1 else torch.cat(bands)
         self.copies += n
         m = margins(low, predictions(low, kind, threshold), kind, threshold)
-        size = low.reshape(n, -1).abs().amax(dim=1)
-        band = self._band(size) * self._widening()
         again = ((m <= band) | ~torch.isfinite(m)).nonzero().flatten()
         if len(again):
             self.fp32 += len(again)

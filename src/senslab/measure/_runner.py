@@ -26,6 +26,8 @@ def _check_finite(out: Tensor, what: str) -> None:
 
 #: examples whose zero-noise copies are compared with their clean outputs, per batch
 VERIFY_ROWS = 2
+#: a calibrated checked precision gathers at most this many chunks per call (ChunkRunner._gather)
+GATHER_MAX = 8
 
 
 def _tolerance(clean: Tensor, low_precision: bool) -> float:
@@ -185,8 +187,8 @@ class ChunkRunner:
                     )
                 self.meter = None
             else:
-                sl = slice(pos, pos + self.chunk)
-                vals[sl] = self._evaluate(src[sl], tok[sl], own[sl])
+                sl = slice(pos, pos + self.chunk * self._gather())
+                vals[sl] = self._evaluate(src[sl], tok[sl], own[sl], piece=self.chunk)
             pos = min(sl.stop, n)
         return vals
 
@@ -211,16 +213,30 @@ class ChunkRunner:
                 if probe:
                     self.meter = _chunks.ActivationMeter(self.m.model, self.ref.device)
                 size = _chunks.PROBE_COPIES if probe else self._size(w, full, count - pos)
+                piece, size = size, size * self._gather()
                 # a chunk holds one group of lengths: it ends where the padding it would add to
                 # a copy exceeds a fraction _trim.SLACK of the chunk's width
                 end = bisect.bisect_right(negated, -w * (1 - _trim.SLACK) + 1e-9, pos)
                 sl = order[pos:min(pos + size, max(end, pos + 1))]
                 at = sl + lo
-                vals[at] = self._evaluate(src[at], tok[at], own[at], rand[sl], w)
+                vals[at] = self._evaluate(src[at], tok[at], own[at], rand[sl], w, piece)
                 if probe:
                     self._sized(w, full, own[at])
                 pos += len(sl)
         return vals
+
+    def _gather(self) -> int:
+        """Chunks per call of a calibrated checked precision (:mod:`._precision`): its low
+        precision runs the copies a chunk at a time, but float32 re-checks only the copies near
+        a class boundary, a share of each chunk too small to run at speed. So a call gathers
+        about ``1 / share`` chunks (at most :data:`GATHER_MAX`), and its re-checks fill
+        about one chunk. 1 while calibrating, in float32, or when every copy holds the whole
+        input (the noise of every copy of a call is drawn at once)."""
+        c = self.check
+        if c is None or c.bound is None or c.idle or self.whole:
+            return 1
+        share = c.predicted_recheck if c.predicted_recheck is not None else 1.0
+        return max(1, min(GATHER_MAX, int(1.0 / max(share, 1.0 / GATHER_MAX))))
 
     def _size(self, width: int, full: int, left: int) -> int:
         """Copies in the next chunk of inputs cut to ``width`` of ``full`` tokens: the user's
@@ -282,10 +298,11 @@ class ChunkRunner:
         return stream.take(n).mul_(m.sigma)
 
     def _evaluate(self, src: Tensor, tok: Tensor, own: Tensor, rand: Tensor | None = None,
-                  width: int | None = None) -> Tensor:
+                  width: int | None = None, piece: int | None = None) -> Tensor:
         """Values of the copies of one chunk. Randomness is drawn for every copy of the chunk
         (so every shard consumes the stream alike) unless ``rand`` brings it; only ``own``
-        copies are evaluated, at ``width`` tokens if given."""
+        copies are evaluated, at ``width`` tokens if given; a checked precision runs its low
+        precision ``piece`` copies at a time (:meth:`_gather`)."""
         m, bound = self.m, self.bound
         rand = self._draw(len(src)) if rand is None else rand
         if m.replace_with is not None:
@@ -319,9 +336,9 @@ class ChunkRunner:
         if self.meter is not None:
             self.input_bytes = max(noise[0].numel() * noise.element_size(), 1)
             with self.meter:
-                out = self._forward(src, tok, noise, width)
+                out = self._forward(src, tok, noise, width, piece)
         else:
-            out = self._forward(src, tok, noise, width)
+            out = self._forward(src, tok, noise, width, piece)
         vals = self._compare(out, src)
         if self.control is not None:
             vals = self.control.adjust(vals, src, tok, noise)
@@ -329,7 +346,8 @@ class ChunkRunner:
             return vals
         return out_vals.index_copy_(0, idx, vals)
 
-    def _forward(self, src: Tensor, tok: Tensor, noise: Tensor, width: int | None) -> Tensor:
+    def _forward(self, src: Tensor, tok: Tensor, noise: Tensor, width: int | None,
+                 piece: int | None = None) -> Tensor:
         """Outputs of the copies: one forward, or checked bf16 (:mod:`._precision`), which
         evaluates the copies in bf16 and those near a class boundary again in float32."""
         cut = {} if width is None else {"width": width}
@@ -343,7 +361,8 @@ class ChunkRunner:
             return self.bound.forward_perturbed(
                 src[rows], None if token is None else token[rows], noise[rows], **cut)
 
-        return self.check.evaluate(forward, len(src), self.device, self.m.kind, self.m.threshold)
+        return self.check.evaluate(forward, len(src), self.device, self.m.kind, self.m.threshold,
+                                   piece)
 
     def _compare(self, out: Tensor, src: Tensor) -> Tensor:
         check_rows(out, len(src), "perturbed copies")
