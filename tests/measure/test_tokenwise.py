@@ -391,3 +391,59 @@ def test_hook_removed_after_measurement():
     with pytest.raises(ValueError):
         token_sensitivity(model, batch, Embedding("lstm"), sigma=1.0)  # tuple output
     assert not model.lstm._forward_hooks
+
+
+# -- Ctrl-C ------------------------------------------------------------------------------------
+
+
+def test_ctrl_c_inside_a_probe_finalizer_still_stops_the_measurement(monkeypatch) -> None:
+    """SIGINT that lands while one of the chunk-size probe's weakref finalizers runs raises its
+    KeyboardInterrupt there, and Python swallows it ("Exception ignored"); the measurement must
+    stop all the same — after the probe chunk, not at the end of the batch — and put Python's
+    own handler back."""
+    import os
+    import signal
+    import sys
+    import threading
+    import weakref
+
+    from senslab.measure import _chunks
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers are installed from the main thread only")
+    g = torch.Generator().manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 3)).eval()
+    x = torch.randn(8, 1, 8, 8, generator=g)
+    forwards: list[int] = []
+    model.register_forward_hook(lambda m, a, out: forwards.append(len(out)))
+    real, fired = _chunks.ActivationMeter._release, []
+
+    def ctrl_c_in_a_finalizer() -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(10_000):  # the handler runs here, inside the finalizer
+            pass
+
+    def release(self, key: int) -> None:
+        if not fired:  # the first tensor of the probe that dies
+            fired.append(1)
+            dying = type("Dying", (), {})()
+            weakref.finalize(dying, ctrl_c_in_a_finalizer)
+            del dying  # the finalizer runs now, and its KeyboardInterrupt is swallowed
+        real(self, key)
+
+    swallowed: list[type] = []
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(_chunks.ActivationMeter, "_release", release)
+            m.setattr(sys, "unraisablehook", lambda u: swallowed.append(u.exc_type))
+            metric = TokenSensitivity(model, Patches(2), sigma=1.0, repeats=64, generator=0,
+                                      precision="float32", memory_budget=1 << 16)
+            with pytest.raises(KeyboardInterrupt):
+                metric.update(x)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert swallowed == [KeyboardInterrupt]  # Python swallowed it where it landed
+    # of 8 × 16 × 64 copies, only the probe chunk ran (after the clean pass and its checks)
+    assert fired and forwards[-1] == _chunks.PROBE_COPIES and sum(forwards) < 64

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._sigint import SigintWatch
 from ..tokens.base import BoundTokens
 from . import _chunks, _trim
 from ._noise import NoiseStream
@@ -139,12 +140,19 @@ class ChunkRunner:
         self.input_bytes = 0
         #: bytes one copy costs: from an earlier probe on inputs of the same shape, or measured
         self.per_copy = per_copy
+        #: Ctrl-C is never lost (a finalizer of the probe's bookkeeping may swallow it): checked
+        #: after every chunk, and when the ``with`` block ends
+        self._sigint = SigintWatch()
 
     def __enter__(self) -> ChunkRunner:
+        self._sigint.__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.restore()
+    def __exit__(self, exc_type: Any, *exc: object) -> None:
+        try:
+            self.restore()
+        finally:
+            self._sigint.__exit__(exc_type)
 
     def restore(self) -> None:
         """Give the bound tokenization its own model back if the compiled one (or the
@@ -189,6 +197,7 @@ class ChunkRunner:
             else:
                 sl = slice(pos, pos + self.chunk * self._gather())
                 vals[sl] = self._evaluate(src[sl], tok[sl], own[sl], piece=self.chunk)
+            self._sigint.check()
             pos = min(sl.stop, n)
         return vals
 
@@ -222,6 +231,7 @@ class ChunkRunner:
                 vals[at] = self._evaluate(src[at], tok[at], own[at], rand[sl], w, piece)
                 if probe:
                     self._sized(w, full, own[at])
+                self._sigint.check()
                 pos += len(sl)
         return vals
 

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import signal
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .._sigint import SigintWatch
 from ..data import ArrayDataset, create_dataset
 from ..models import create_model, model_config
 from .config import LOGGING_ONLY, RunConfig, config_differences, defaults_of, validate
@@ -159,36 +158,14 @@ class _Position:
     epoch: int = 0  # the epoch being run
     batch: int = 0  # next batch index inside it
     step: int = 0  # optimizer steps so far
-    interrupted: bool = False  # Ctrl-C seen (:class:`_Interrupts`)
+    interrupted: bool = False  # Ctrl-C seen (:func:`_interrupts`)
 
 
-class _Interrupts:
-    """Ctrl-C during training is never lost. Python raises the KeyboardInterrupt of SIGINT
-    wherever the main thread is, and where that is a weakref finalizer or a ``__del__`` (run
-    whenever an object dies, such as the memory bookkeeping of the tracked sensitivity), it
-    prints "Exception ignored" and goes on: training would run on. While training, the SIGINT
-    handler also marks ``pos.interrupted``, which the loop checks after every step. Installed
-    only in the main thread and over Python's own handler (a handler the user installed is
-    left alone)."""
-
-    def __init__(self, pos: _Position) -> None:
-        self.pos = pos
-        self._installed = False
-
-    def __enter__(self) -> _Interrupts:
-        if (threading.current_thread() is threading.main_thread()
-                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
-            signal.signal(signal.SIGINT, self._handle)
-            self._installed = True
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.pos.interrupted = True
-        raise KeyboardInterrupt
-
-    def __exit__(self, *exc: object) -> None:
-        if self._installed:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+def _interrupts(pos: _Position) -> SigintWatch:
+    """Ctrl-C during training is never lost (:class:`senslab._sigint.SigintWatch`): a
+    KeyboardInterrupt swallowed in a finalizer (the tracked sensitivity's memory bookkeeping,
+    for one) still marks ``pos.interrupted``, which the loop checks after every step."""
+    return SigintWatch(lambda: setattr(pos, "interrupted", True))
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -283,7 +260,7 @@ def _fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None) -> dict[str
     pos = _Position()
     try:
         # ranks > 0 (read-only) take no lock; reporters close before the lock is released
-        with _Interrupts(pos), rd.writing(), Reporters() as reporters:
+        with _interrupts(pos), rd.writing(), Reporters() as reporters:
             return _train(cfg, rd, device, rank, world, progress, pos, reporters)
     except KeyboardInterrupt as err:
         if isinstance(err, TrainingInterrupted):

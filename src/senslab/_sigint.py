@@ -1,0 +1,57 @@
+"""Ctrl-C that is never lost.
+
+Python raises the KeyboardInterrupt of SIGINT wherever the main thread happens to be. Where that
+is a weakref finalizer or a ``__del__`` — run whenever an object dies, such as the allocation
+bookkeeping of the chunk-size probe or the memory accounting of the tracked sensitivity —
+Python prints "Exception ignored" and goes on, and the work runs on as if nothing was pressed.
+:class:`SigintWatch` puts a SIGINT handler in place that also records the interrupt, so the
+work it guards stops all the same: at its next :meth:`SigintWatch.check`, or when the guarded
+block ends.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+
+class SigintWatch:
+    """A context manager: while open, SIGINT raises KeyboardInterrupt as always and is also
+    recorded (:attr:`seen`; ``mark()`` is called too). :meth:`check` raises KeyboardInterrupt
+    for an interrupt that was swallowed, and so does leaving the block without an exception.
+
+    Installed only from the main thread (the only one Python delivers signals to) and only over
+    Python's own handler: a handler the user installed, or an enclosing watch, is left alone
+    (the enclosing one then records the interrupt)."""
+
+    def __init__(self, mark: Callable[[], None] | None = None) -> None:
+        self.seen = False
+        self._mark = mark
+        self._installed = False
+
+    def __enter__(self) -> SigintWatch:
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+            signal.signal(signal.SIGINT, self._handle)
+            self._installed = True
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.seen = True
+        if self._mark is not None:
+            self._mark()
+        raise KeyboardInterrupt
+
+    def check(self) -> None:
+        """Raise the KeyboardInterrupt of a Ctrl-C that was swallowed where it landed."""
+        if self.seen:
+            raise KeyboardInterrupt
+
+    def __exit__(self, exc_type: Any, *exc: object) -> None:
+        if self._installed:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            self._installed = False
+        if self.seen and exc_type is None:
+            raise KeyboardInterrupt
