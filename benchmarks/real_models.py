@@ -535,25 +535,34 @@ def clean_seconds(case: RealCase, per_example: bool) -> float:
 
 @contextmanager
 def copies_per_example(n: int) -> Iterator[Tensor]:
-    """Tally, per example, the perturbed text copies a senslab row evaluates (a (n,) float64
-    tensor filled in place; the control's gradient pass, whose noise requires a gradient, and
-    the noiseless checks of the copies' code path are not copies). Instrumentation only: an
-    allocation's draws favour some examples, so its FLOPs are counted at each copy's own
-    length rather than as if every token had the same draws."""
+    """Tally, per example, the perturbed text copies a senslab row evaluates and the work they
+    cost: a (2, n) float64 tensor filled in place, row 0 the copies, row 1 each copy's share of
+    a forward at its example's real length (1 for a whole copy; for a copy resumed from its
+    clean prefix, prefix reuse, the share of the real tokens it recomputes, (k - t) / k for
+    token t of k). The control's gradient pass, whose noise requires a gradient, and the
+    noiseless checks of the copies' code path are not copies. Instrumentation only: an
+    allocation's draws favour some examples, and prefix reuse recomputes suffixes, so FLOPs are
+    counted where the copies went, not as if every copy were a whole forward of mean length."""
     from senslab.tokens.embedding import _BoundEmbedding
 
-    counts = torch.zeros(n, dtype=torch.float64)
+    tally = torch.zeros(2, n, dtype=torch.float64)
     original = _BoundEmbedding.forward_perturbed
 
     def tallied(bound: Any, src: Tensor, tok: Tensor | None, noise: Tensor,
                 **kw: Any) -> Tensor:
         if tok is not None and not noise.requires_grad and bool(noise.any()):
-            counts.add_(torch.bincount(src.cpu(), minlength=n).double()[:n])
+            s = src.cpu()
+            tally[0].add_(torch.bincount(s, minlength=n).double()[:n])
+            share = torch.ones(len(s), dtype=torch.float64)
+            if bound.reuse:
+                k = bound.valid.index_select(0, src).sum(1).cpu().double()
+                share = (k - tok.cpu().double()) / k
+            tally[1].add_(torch.bincount(s, weights=share, minlength=n)[:n])
         return original(bound, src, tok, noise, **kw)
 
     _BoundEmbedding.forward_perturbed = tallied  # type: ignore[method-assign]
     try:
-        yield counts
+        yield tally
     finally:
         _BoundEmbedding.forward_perturbed = original  # type: ignore[method-assign]
 
@@ -590,7 +599,8 @@ def senslab_row(case: RealCase, method: str, options: dict[str, Any], t_clean: f
             "tokens": repr(tokens),
             "control_variate": _gradient_pass(options),
             "per_sample": res.per_sample.double(), "per_position": res.per_position,
-            **({} if counts is None else {"copies_per_example": counts.tolist()})}
+            **({} if counts is None else {"copies_per_example": counts[0].tolist(),
+                                          "work_per_example": counts[1].tolist()})}
 
 
 def precision_label(low: str | None, recheck: float | None) -> str:
@@ -692,9 +702,11 @@ def row_flops(case: RealCase, row: dict[str, Any], fl: dict[int, float]) -> floa
     trimmed = case.kind == "text" and "trim_padding" not in row["options"]
     per_copy = real / sum(lengths) if trimmed else full
     tally = row.get("copies_per_example")
+    work = row.get("work_per_example") or tally  # records before prefix reuse was tallied
     if trimmed and tally is not None and sum(tally) > 0:
         # where the copies went (an allocation favours short sentences), each at its length
-        per_copy = sum(c * fl[k] for c, k in zip(tally, lengths, strict=True)) / sum(tally)
+        # and for the share of it recomputed (prefix reuse)
+        per_copy = sum(w * fl[k] for w, k in zip(work, lengths, strict=True)) / sum(tally)
     own = sum(fl[k] for k in lengths) if trimmed else n * full
     grads = 3 * own if row["control_variate"] else 0.0  # forward + backward per example
     return n * full + (copies + row["forwards_fp32"]) * per_copy + grads

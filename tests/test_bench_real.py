@@ -368,3 +368,36 @@ def test_an_allocations_flops_are_counted_where_its_copies_went(bench):
     # the equal-draws average would differ: the allocation's copies are not spread like that
     flat = {**alloc, "copies_per_example": None}
     assert bench.row_flops(case, flat, fl) != pytest.approx(expected)
+
+
+def test_prefix_reuse_copies_are_counted_for_the_suffix_they_recompute(bench):
+    """A decoder resumed from its clean prefix recomputes, for token t of k real tokens, k - t
+    positions: the tally's work is r (k + 1) / 2 per example of k tokens and r draws, not r k
+    whole forwards, and row_flops follows it; without prefix reuse every copy is whole."""
+    from _real import RealCase
+
+    from senslab.models import create_model
+
+    model = create_model("gpt2", vocab_size=50, max_len=16, dim=16, layers=1, heads=2,
+                         dropout=0.0, seed=0).eval()
+    lengths = torch.tensor([9, 4, 7, 2])
+    mask = torch.arange(10)[None] < lengths[:, None]
+    ids = torch.randint(2, 50, (4, 10), generator=torch.Generator().manual_seed(1))
+    inputs = {"input_ids": ids.masked_fill(~mask, 1), "attention_mask": mask.long()}
+    case = RealCase("tiny_gpt2", "text", model, inputs, Embedding("embed_ln"), 2.0, 3)
+    fl = bench.flops_by_length(case)
+    r = 3
+    reused = bench.senslab_row(case, "senslab", {"repeats": r, "precision": "float32"}, 0.0)
+    assert reused["copies_per_example"] == [r * k for k in lengths.tolist()]
+    assert reused["work_per_example"] == pytest.approx([r * (k + 1) / 2 for k in lengths.tolist()])
+    whole = bench.senslab_row(
+        case, "senslab reuse_prefix=False",
+        {"repeats": r, "precision": "float32", "tokens": Embedding("embed_ln", reuse_prefix=False)},
+        0.0)
+    assert whole["work_per_example"] == whole["copies_per_example"]
+    k = lengths.tolist()
+    expected = (len(k) * fl[case.width]
+                + sum(r * (n + 1) / 2 * fl[n] for n in k))
+    assert bench.row_flops(case, reused, fl) == pytest.approx(expected)
+    assert bench.row_flops(case, whole, fl) == pytest.approx(
+        len(k) * fl[case.width] + sum(r * n * fl[n] for n in k))
