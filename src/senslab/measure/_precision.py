@@ -510,7 +510,8 @@ class PrecisionCheck:
                  piece: int | None = None) -> Tensor:
         """The ``n`` copies ``rows`` (None: all) with the calibrated bound: low precision
         (``piece`` copies per forward; None: all), those inside the band again in float32, in
-        one forward. Each piece's band is widened for its own int8 input ranges."""
+        as few forwards of at most ``piece`` copies as they fill. Each piece's band is widened
+        for its own int8 input ranges."""
         if piece is None or piece >= n:
             parts: list[Tensor | None] = [rows]
         else:
@@ -528,7 +529,10 @@ class PrecisionCheck:
         self.copies += n
         m = margins(low, predictions(low, kind, threshold), kind, threshold)
         again = ((m <= band) | ~torch.isfinite(m)).nonzero().flatten()
-        if len(again):
-            self.fp32 += len(again)
-            low[again] = forward(again if rows is None else rows[again]).float()
+        self.fp32 += len(again)
+        # a chunk at most per forward (a share above the predicted one never overruns memory),
+        # in forwards of equal size
+        forwards = -(-len(again) // piece) if piece else min(len(again), 1)
+        for part in (again.tensor_split(forwards) if forwards else ()):
+            low[part] = forward(part if rows is None else rows[part]).float()
         return low
