@@ -21,7 +21,7 @@ from checked_flips import (
 )
 from torch import nn
 
-from senslab.measure import TokenSensitivity, _int8, _precision, _runner
+from senslab.measure import TokenSensitivity, _chunks, _int8, _precision, _runner
 from senslab.models import create_model
 from senslab.tokens import Embedding, Patches
 from senslab.tokens.patches import _BoundPatches
@@ -235,6 +235,29 @@ def test_a_calibrated_check_gathers_its_rechecks_over_several_chunks(monkeypatch
     # fuller than one chunk's share, and far fewer than one per chunk
     assert sum(rechecks) / len(rechecks) > 1.5 * 16 * share
     assert len(rechecks) < (chunks - calibration) / 2
+
+
+def test_a_later_batch_of_another_shape_probes_its_chunk_size_on_a_probe_alone(monkeypatch):
+    """Past the calibration, a batch of another width sizes its chunks afresh: its probe
+    evaluates the probe's copies alone, not the chunks a calibrated check would gather (their
+    peak over that many copies would size chunks several times too large)."""
+    model = create_model("roberta", vocab_size=50, max_len=16, dim=64, layers=2, heads=2,
+                         dropout=0.0, seed=3)
+    probed: list[int] = []
+    sized = _runner.ChunkRunner._sized
+
+    def spy(self, width, full, own):
+        probed.append(int(own.sum()))
+        sized(self, width, full, own)
+
+    monkeypatch.setattr(_runner.ChunkRunner, "_sized", spy)
+    m = TokenSensitivity(model, Embedding("embed_ln"), sigma=3.0, repeats=16, generator=0,
+                         precision="int8-checked")
+    m.update(right_padded(32, 12))
+    assert m._check.bound is not None  # calibrated: later chunks are gathered
+    assert _runner.ChunkRunner._gather(SimpleNamespace(check=m._check, whole=False)) > 1
+    m.update(right_padded(32, 16, seed=1))  # another width: a new probe
+    assert probed == [_chunks.PROBE_COPIES] * 2
 
 
 def test_gathering_follows_the_predicted_share():

@@ -472,7 +472,8 @@ class PrecisionCheck:
         While calibrating, the calibration copies are evaluated in both precisions (and timed)
         before the chunk's other copies, which then run checked, or in float32 alone if the
         judgement went against checking. Checked, the low precision runs ``piece`` copies at a
-        time (None: all at once) and float32 the re-checked copies of all of them at once."""
+        time (None: all at once) and float32 the re-checked copies of all of them together, in
+        forwards of at most ``piece``."""
         if self.idle:
             return forward(None).float()
         if self.bound is not None:

@@ -222,7 +222,7 @@ class ChunkRunner:
                 if probe:
                     self.meter = _chunks.ActivationMeter(self.m.model, self.ref.device)
                 size = _chunks.PROBE_COPIES if probe else self._size(w, full, count - pos)
-                piece, size = size, size * self._gather()
+                piece, size = size, size * (1 if probe else self._gather())  # the probe: alone
                 # a chunk holds one group of lengths: it ends where the padding it would add to
                 # a copy exceeds a fraction _trim.SLACK of the chunk's width
                 end = bisect.bisect_right(negated, -w * (1 - _trim.SLACK) + 1e-9, pos)
