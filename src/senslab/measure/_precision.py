@@ -525,15 +525,14 @@ class PrecisionCheck:
             size = low.reshape(len(low), -1).abs().amax(dim=1)
             lows.append(low)
             bands.append(self._band(size) * self._widening())
-        low = lows[0] if len(lows) == 1 else torch.cat(lows)
-        band = bands[0] if len(bands) == 1 else torch.cat(bands)
+        low, band = torch.cat(lows), torch.cat(bands)
         self.copies += n
         m = margins(low, predictions(low, kind, threshold), kind, threshold)
         again = ((m <= band) | ~torch.isfinite(m)).nonzero().flatten()
         self.fp32 += len(again)
-        # a chunk at most per forward (a share above the predicted one never overruns memory),
-        # in forwards of equal size
-        forwards = -(-len(again) // piece) if piece else min(len(again), 1)
-        for part in (again.tensor_split(forwards) if forwards else ()):
-            low[part] = forward(part if rows is None else rows[part]).float()
+        if len(again):
+            # forwards of equal size, a chunk at most each (a share above the predicted one
+            # never overruns memory)
+            for part in again.tensor_split(-(-len(again) // (piece or len(again)))):
+                low[part] = forward(part if rows is None else rows[part]).float()
         return low

@@ -246,7 +246,7 @@ class ChunkRunner:
         if c is None or c.bound is None or c.idle or self.whole:
             return 1
         share = c.predicted_recheck if c.predicted_recheck is not None else 1.0
-        return max(1, min(GATHER_MAX, int(1.0 / max(share, 1.0 / GATHER_MAX))))
+        return int(1.0 / max(share, 1.0 / GATHER_MAX))  # 1 to GATHER_MAX: share ≤ 1
 
     def _size(self, width: int, full: int, left: int) -> int:
         """Copies in the next chunk of inputs cut to ``width`` of ``full`` tokens: the user's
