@@ -122,3 +122,28 @@ def test_round_price_against_a_hand_count(holdout):
     true = w2 * 0.25 * ((1 - frac) / whole + frac / (whole + 1)) * (hi + lo) * c
     assert out["1.0"]["true"] == pytest.approx(equal / true)
     assert out["1.0"]["reported"] <= out["1.0"]["true"]  # the report is conservative
+
+
+def test_the_rate_oracle_recovers_the_gain_of_known_rates(holdout):
+    """On a world of known rates (most tokens never flip, a few often), the deconvolved oracle
+    comes near the gain of the exact rates, where the plug-in of a token that never flipped
+    overstates it; where every token flips alike, no allocation gains."""
+    g = torch.Generator().manual_seed(5)
+    lengths = [12, 20, 8, 16] * 8
+    rates = [torch.where(torch.rand(k, generator=g) < 0.6, 0.005,
+                         torch.where(torch.rand(k, generator=g) < 0.5, 0.05, 0.3)).double()
+             for k in lengths]
+    m = 48
+    counts = [torch.binomial(torch.full_like(p, float(m)), p, generator=g) for p in rates]
+    out = holdout.rate_oracle(counts, m, replicates=100)
+    p = torch.cat(rates)
+    k = torch.cat([torch.full((n,), float(n), dtype=torch.float64) for n in lengths])
+    w, v = 1.0 / (len(lengths) * k), p * (1 - p)
+    exact = float((w**2 * v).sum() * k.sum() / ((w * (k * v).sqrt()).sum()) ** 2)
+    assert out["gain_lo"] <= out["gain"] <= out["gain_hi"]
+    assert out["gain"] == pytest.approx(exact, rel=0.15)
+    assert out["plug_in_gain"] > out["gain"]
+    assert 0.4 < out["tokens_never_flipped"] < 0.9
+    alike = [torch.binomial(torch.full((8,), float(m)), torch.full((8,), 0.2), generator=g)
+             for _ in range(40)]
+    assert holdout.rate_oracle(alike, m, replicates=50)["gain"] == pytest.approx(1.0, abs=0.1)
