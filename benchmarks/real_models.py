@@ -756,7 +756,8 @@ def measure_case(case: RealCase, gemm_n: int, reps: int = 1, log: Any = print,
                 f"{row['seconds']:.1f} s, to {target:.4f}: {row['ttp']:.1f} s")
     peaks = {k: statistics.median(v) for k, v in gemm.items()}
     fl = flops_by_length(case)
-    cuts = vit_exact_cuts(case.model, case.inputs) if case.kind == "image" else None
+    cuts = (vit_exact_cuts(case.model, case.inputs) if case.kind == "image"
+            else encoder_exact_cuts(case, fl))
     rows = []
     for label, _ in runs:
         row = dict(samples[label][0])
@@ -825,6 +826,54 @@ def vit_exact_cuts(model: nn.Module, x: Tensor) -> dict[str, float] | None:
             "fused": float(model.blocks[0].attn.fused() is not None)}
 
 
+def encoder_exact_cuts(case: RealCase, fl: dict[int, float]) -> dict[str, float] | None:
+    r"""The exact cuts of a bidirectional encoder whose every output row is read (MiniLM with
+    mean pooling), per perturbed copy, as a fraction of the FLOPs of one copy of every real
+    token at its length (``fl``: :func:`flops_by_length`). A perturbed token changes every
+    position from the first layer's attention on, so only the first layer has work to spare;
+    counted for the :math:`K - 1` tokens not perturbed:
+
+    * ``first_layer_rows``: their query, key and value rows (the clean ones);
+    * ``first_layer_pairs``: their query–key products and the mixing of their values
+      (:math:`(K-1)^2` of :math:`K^2` pairs): a row's new softmax differs from the clean one
+      only by its weight on the perturbed key and a common factor, so its mix is the clean mix
+      less that key's share, rescaled, plus the new share of the perturbed value;
+    * ``first_layer_projection``: their output projection, through the clean mixes projected
+      head by head ahead of time; each row then recombines its heads' scaled projections
+      (:math:`4 h d` FLOPs a row for :math:`h` heads of width :math:`d`, subtracted).
+
+    ``bound``: the speed-up all of them would give at this FLOP rate. None for a model that is
+    not a BERT-style encoder (``bert.encoder.layer``)."""
+    model = getattr(case.model, "bert", None)
+    layers = getattr(getattr(model, "encoder", None), "layer", None)
+    if case.kind != "text" or layers is None:
+        return None
+    first = layers[0]
+    attn = first.attention.self
+    width = attn.query.in_features
+    heads = attn.num_attention_heads
+
+    def flops(fn: Any, k: int, width: int = width) -> float:
+        return _count(lambda: fn(torch.zeros(1, k, width)))[0]
+
+    total = rows = pairs = proj = 0.0
+    for k in case.lengths.tolist():
+        f_q = sum(flops(m, k) for m in (attn.query, attn.key, attn.value))
+        f_out = flops(first.attention.output.dense, k)
+        f_ffn = (flops(first.intermediate.dense, k)
+                 + flops(first.output.dense, k, first.output.dense.in_features))
+        f_layer = flops(lambda h: first(h)[0], k)
+        f_pairs = f_layer - f_q - f_out - f_ffn  # the two products Q·Kᵀ and A·V
+        kept = (k - 1) / k
+        total += k * fl[k]
+        rows += k * f_q * kept
+        pairs += k * f_pairs * kept**2
+        proj += k * max(f_out * kept - (k - 1) * 4 * heads * width, 0.0)
+    cut = {"first_layer_rows": rows / total, "first_layer_pairs": pairs / total,
+           "first_layer_projection": proj / total}
+    return {**cut, "kind": "encoder", "bound": 1.0 / (1.0 - sum(cut.values()))}
+
+
 #: rows every run keeps: the ratios and the agreement checks are taken against them
 REFERENCES = ("naive loop float32", "paper code float32")
 #: rows that run only when named in --methods: torch.compile on both sides (compiling costs
@@ -847,7 +896,8 @@ def finish_case(case: RealCase, rows: list[dict[str, Any]], peaks: dict[str, flo
                 fl: dict[int, float], target: float,
                 cuts: dict[str, float] | None = None) -> dict[str, Any]:
     """Ratios against the fastest row of each reference, the agreement checks, the targets
-    (``cuts``: :func:`vit_exact_cuts` of the case's model, where it has them)."""
+    (``cuts``: :func:`vit_exact_cuts` or :func:`encoder_exact_cuts` of the case's model, where
+    it has them)."""
     best = {m: min(r["ttp"] for r in rows if r["method"] == m)
             for m in ("naive loop", "paper code")}
     for r in rows:
@@ -917,6 +967,14 @@ def targets(name: str, rows: list[dict[str, Any]], peaks: dict[str, float],
                 f"not reach, updated from their clean sums for the reached keys: their Q/K/V "
                 f"rows {100 * cuts['first_block_rows']:.1f}% and query–key pairs "
                 f"{100 * cuts['first_block_pairs']:.1f}% (and their mixing and projection)")
+        elif cuts is not None and cuts.get("kind") == "encoder":
+            bounds.append(
+                f"exact cuts (none taken): in the first layer the tokens not perturbed keep "
+                f"their Q/K/V rows {100 * cuts['first_layer_rows']:.1f}%, their query–key "
+                f"pairs and value mixing {100 * cuts['first_layer_pairs']:.1f}% and their "
+                f"output projection {100 * cuts['first_layer_projection']:.1f}% of the FLOPs "
+                f"(rescaled from clean sums): at most {cuts['bound']:.2f}×; every later "
+                f"layer sees every position changed")
         elif cuts is not None:
             bounds.append(
                 f"exact cuts taken (local reuse): the last block beyond CLS "

@@ -193,6 +193,32 @@ def test_vit_exact_cuts_match_a_count_by_hand(bench):
     assert bench.vit_exact_cuts(wide, x)["fused"] == 1.0
 
 
+def test_encoder_exact_cuts_match_a_count_by_hand(bench):
+    """The first layer's spare work for the tokens not perturbed, counted by hand for the tiny
+    BERT (width 16, 2 heads, MLP 32); none for a model that is not a BERT encoder."""
+    case = tiny_text_case(bench, torch.float32)
+    fl = bench.flops_by_length(case)
+    cuts = bench.encoder_exact_cuts(case, fl)
+    d, heads, mlp = 16, 2, 32
+    total = rows = pairs = proj = 0.0
+    for k in case.lengths.tolist():
+        kept = (k - 1) / k
+        total += k * fl[k]
+        rows += k * 3 * (2 * k * d * d) * kept  # Q, K, V: 2 FLOPs a multiply-add
+        pairs += k * 2 * (2 * k * k * d) * kept**2  # Q·Kᵀ and A·V
+        proj += k * max((2 * k * d * d) * kept - (k - 1) * 4 * heads * d, 0.0)
+    assert cuts["kind"] == "encoder"
+    assert cuts["first_layer_rows"] == pytest.approx(rows / total)
+    assert cuts["first_layer_pairs"] == pytest.approx(pairs / total)
+    assert cuts["first_layer_projection"] == pytest.approx(proj / total)
+    assert cuts["bound"] == pytest.approx(1 / (1 - (rows + pairs + proj) / total))
+    # every FLOP of one layer of two is in the first: the cuts stay below half of it
+    layer = sum(k * (2 * k * d * (4 * d + 2 * mlp) + 4 * k * k * d) for k in case.lengths.tolist())
+    assert (rows + pairs + proj) < layer < total
+    image = tiny_image_case(bench)
+    assert bench.encoder_exact_cuts(image, bench.flops_by_length(image)) is None
+
+
 def test_an_image_case_shows_what_local_reuse_gains(bench):
     """The zoo's ViT-small reuses the clean computation: its row with full forwards finds the
     same flips, and the benchmark counts which exact cuts the reuse takes."""
