@@ -92,6 +92,7 @@ import socket
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -826,7 +827,7 @@ def vit_exact_cuts(model: nn.Module, x: Tensor) -> dict[str, float] | None:
             "fused": float(model.blocks[0].attn.fused() is not None)}
 
 
-def encoder_exact_cuts(case: RealCase, fl: dict[int, float]) -> dict[str, float] | None:
+def encoder_exact_cuts(case: RealCase, fl: dict[int, float]) -> dict[str, Any] | None:
     r"""The exact cuts of a bidirectional encoder whose every output row is read (MiniLM with
     mean pooling), per perturbed copy, as a fraction of the FLOPs of one copy of every real
     token at its length (``fl``: :func:`flops_by_length`). A perturbed token changes every
@@ -857,7 +858,8 @@ def encoder_exact_cuts(case: RealCase, fl: dict[int, float]) -> dict[str, float]
         return _count(lambda: fn(torch.zeros(1, k, width)))[0]
 
     total = rows = pairs = proj = 0.0
-    for k in case.lengths.tolist():
+    for k, copies in Counter(case.lengths.tolist()).items():  # one copy per real token
+        copies *= k
         f_q = sum(flops(m, k) for m in (attn.query, attn.key, attn.value))
         f_out = flops(first.attention.output.dense, k)
         f_ffn = (flops(first.intermediate.dense, k)
@@ -865,10 +867,10 @@ def encoder_exact_cuts(case: RealCase, fl: dict[int, float]) -> dict[str, float]
         f_layer = flops(lambda h: first(h)[0], k)
         f_pairs = f_layer - f_q - f_out - f_ffn  # the two products Q·Kᵀ and A·V
         kept = (k - 1) / k
-        total += k * fl[k]
-        rows += k * f_q * kept
-        pairs += k * f_pairs * kept**2
-        proj += k * max(f_out * kept - (k - 1) * 4 * heads * width, 0.0)
+        total += copies * fl[k]
+        rows += copies * f_q * kept
+        pairs += copies * f_pairs * kept**2
+        proj += copies * max(f_out * kept - (k - 1) * 4 * heads * width, 0.0)
     cut = {"first_layer_rows": rows / total, "first_layer_pairs": pairs / total,
            "first_layer_projection": proj / total}
     return {**cut, "kind": "encoder", "bound": 1.0 / (1.0 - sum(cut.values()))}
@@ -894,7 +896,7 @@ def keep_methods(runs: list[tuple[str, Any]], methods: list[str]) -> list[tuple[
 
 def finish_case(case: RealCase, rows: list[dict[str, Any]], peaks: dict[str, float],
                 fl: dict[int, float], target: float,
-                cuts: dict[str, float] | None = None) -> dict[str, Any]:
+                cuts: dict[str, Any] | None = None) -> dict[str, Any]:
     """Ratios against the fastest row of each reference, the agreement checks, the targets
     (``cuts``: :func:`vit_exact_cuts` or :func:`encoder_exact_cuts` of the case's model, where
     it has them)."""
@@ -933,7 +935,7 @@ def finish_case(case: RealCase, rows: list[dict[str, Any]], peaks: dict[str, flo
 
 
 def targets(name: str, rows: list[dict[str, Any]], peaks: dict[str, float],
-            cuts: dict[str, float] | None = None) -> list[dict]:
+            cuts: dict[str, Any] | None = None) -> list[dict]:
     """Item 4's targets for this case; where one is missed, what bounds it."""
     out = []
     ours = [r for r in rows if r["method"].startswith("senslab")]
