@@ -262,6 +262,36 @@ def test_prefix_reuse_matches_full_forwards(name: str, options: dict) -> None:
         assert torch.equal(full.per_sample, fast.per_sample)
 
 
+def test_gpt2_suffix_reads_the_prefix_up_to_its_groups_latest_token() -> None:
+    """GPT-2's suffix forward reads the clean keys only up to the latest perturbed token of a
+    group: groups whose copies all perturb the first token (no prefix at all), or tokens spread
+    over the sequence, give the logits of full forwards with the same noise."""
+    model = prefix_model("gpt2")
+    ids, mask = make_batch(lengths=[9, 4, 1, 7])
+    batch = {"input_ids": ids, "attention_mask": mask}
+    seen = {}
+    handle = model.embed_ln.register_forward_hook(lambda m, a, out: seen.update(t=out))
+    with torch.no_grad():
+        model(ids, mask)
+    handle.remove()
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        cache = model.prefix_cache(seen["t"], batch)
+        for src, tok in ((torch.tensor([0, 1, 2, 3, 0]), torch.zeros(5, dtype=torch.long)),
+                         (torch.tensor([0, 0, 1, 3, 3, 2]), torch.tensor([0, 8, 3, 6, 2, 0]))):
+            noise = torch.randn(len(src), seen["t"].shape[-1], generator=g)
+            fast = model.forward_suffix(cache, src, tok, noise)
+            delta = torch.zeros(len(src), *seen["t"].shape[1:])
+            delta[torch.arange(len(src)), tok] = noise
+            handle = model.embed_ln.register_forward_hook(
+                lambda m, a, out, delta=delta: out + delta)
+            try:
+                full = model(ids[src], mask[src])
+            finally:
+                handle.remove()
+            assert torch.allclose(fast, full, rtol=1e-4, atol=1e-5)
+
+
 def test_lstm_prefix_cache_equals_the_lstm_states() -> None:
     model = small("lstm", layers=2).eval()
     ids, mask = make_batch(lengths=[6, 3])

@@ -464,16 +464,18 @@ class GPT2Classifier(_TextTransformer):
         x[:, 0] += noise.to(x.dtype)
         s = len(span)
         # allowed keys: the clean prefix (positions < t) and the suffix up to the query, within
-        # the sequence's real tokens
-        prefix_ok = torch.arange(total, device=src.device)[None, :] < tok[:, None]  # (n, T)
+        # the sequence's real tokens; the prefix is read only up to the group's latest t (the
+        # clean keys beyond it are masked for every copy of the group)
+        width = int(tok.max())
+        prefix_ok = torch.arange(width, device=src.device)[None, :] < tok[:, None]  # (n, w)
         causal = torch.ones(s, s, dtype=torch.bool, device=src.device).tril()
         suffix_ok = causal[None] & (span[None, None, :] < lengths[:, None, None])  # (n, s, s)
-        allowed = torch.cat([prefix_ok[:, None, :].expand(n, s, total), suffix_ok], dim=2)
+        allowed = torch.cat([prefix_ok[:, None, :].expand(n, s, width), suffix_ok], dim=2)
         allowed = allowed[:, None]
         for block, k_clean, v_clean in zip(self.blocks, cache["k"], cache["v"], strict=True):
             q, k, v = block.attn.split_heads(block.ln1(x))
-            k = torch.cat([k_clean[src].to(k.dtype), k], dim=2)
-            v = torch.cat([v_clean[src].to(v.dtype), v], dim=2)
+            k = torch.cat([k_clean[src, :, :width].to(k.dtype), k], dim=2)
+            v = torch.cat([v_clean[src, :, :width].to(v.dtype), v], dim=2)
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
             x = x + block.attn.proj(a.transpose(1, 2).reshape(n, s, -1))
             x = x + block.mlp(block.ln2(x))
