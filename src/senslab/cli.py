@@ -297,9 +297,9 @@ def _table(model: Any, tokens: Any, batches: Any, args: argparse.Namespace,
         print(f"{sigma:>8g} {r.estimate:>12.4f} {r.stderr:>8.4f} "
               f"{r.ci95[0]:>8.4f}–{r.ci95[1]:<8.4f} {r.num_forward:>9,} {recheck:>10}")
         if metric.checked_precision == "float32":
-            _note(f"sigma {sigma:g}: the copies ran in float32 — checked precision did not run "
-                  "on this model here (int8: no linear layer of 64 or more features; auto: its "
-                  "timed calibration found no gain)")
+            share = ("" if r.recheck_fraction is None else "; the re-checked share is the "
+                     "calibration's, whose copies were decided in float32")
+            _note(f"sigma {sigma:g}: the copies ran in float32 — {metric.float32_reason}{share}")
 
 
 class _Batches:

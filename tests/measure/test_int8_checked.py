@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -148,6 +149,8 @@ def test_a_model_without_layers_to_run_in_int8_stays_float32():
     r = m.compute()
     assert m.checked_precision == "float32" and r.recheck_fraction is None
     assert r.num_forward_fp32 == 0 and m.check_bound is None
+    assert m.float32_reason == (f"int8 found no linear layer with {_int8.MIN_FEATURES} or more "
+                                "input and output features to run")
 
 
 def strips(n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -360,6 +363,7 @@ def test_the_static_int8_copy_falls_back_to_float_if_it_cannot_run(monkeypatch):
     full = run(model, x, Patches(4), precision="float32", sigma=1.5, repeats=2)
     m = run(model, x, Patches(4), precision="int8-checked", sigma=1.5, repeats=2)
     assert m._check._static.failed and m.checked_precision == "float32"
+    assert m.float32_reason.startswith("the static int8 copy of the model could not be made")
     assert torch.equal(m.copies, full.copies)
 
 
@@ -434,7 +438,11 @@ def test_auto_checks_int8_or_falls_back_to_float32(monkeypatch, pays):
     r = auto.compute()
     if pays:
         assert auto.checked_precision == "int8" and auto.check_bound is not None
+        assert auto.float32_reason is None
     else:
+        assert re.fullmatch(r"\"auto\"'s timed calibration found no gain: int8 would re-check "
+                            r"\d+% of the copies in float32, and a checked copy would cost "
+                            r"\d\.\d\d of a float32 one", auto.float32_reason)
         # judged once JUDGE_AFTER calibration copies are in: the copies of the chunk that
         # reached them were all evaluated in float32 too, every later one only in float32
         assert auto.checked_precision == "float32" and auto.check_bound is None

@@ -285,6 +285,10 @@ def _active(static: _int8.StaticInt8) -> Iterator[None]:
         static.active = False
 
 
+#: why the copies run in float32 where a static int8 copy failed (:attr:`PrecisionCheck.why_idle`)
+_STATIC_FAILED = ("the static int8 copy of the model could not be made or run (an operation "
+                  "without an int8 kernel, or one FX cannot trace)")
+
 class PrecisionCheck:
     """The calibrated bound of one metric and its bookkeeping (see the module docstring), for
     its low precision ``low``: ``"bf16"`` (autocast) or ``"int8"`` (:class:`._int8.Int8Linears`,
@@ -314,6 +318,8 @@ class PrecisionCheck:
         #: the copies run in float32 from the next batch on: int8 found no layer to run (no
         #: eligible ``F.linear``), or ``"auto"``'s calibration predicted no gain
         self.idle = False
+        #: why the copies run in float32 (:attr:`idle`), in words; None while they do not
+        self.why_idle: str | None = None
         #: ``"auto"`` on a CPU: the calibration judges whether checking pays (:meth:`_pays`)
         self.judge = False
         #: the share of the calibration copies the bound would have re-checked
@@ -403,7 +409,7 @@ class PrecisionCheck:
             self._static = None
             return
         self._static.build(inputs)
-        self.idle = self._static.failed
+        self._set_idle(self._static.failed, _STATIC_FAILED)
 
     def wrap(self, model: Any, device: torch.device) -> _Float32Caches:
         if self.low == "int8":
@@ -445,7 +451,16 @@ class PrecisionCheck:
             return
         share = (m <= band) | ~torch.isfinite(m)
         self.predicted_recheck = float(share.float().mean()) if len(m) else 0.0
-        self.idle = not self._pays()
+        low, full = self._seconds
+        cost = (low + self.predicted_recheck * full) / full if full > 0 else math.nan
+        self._set_idle(not self._pays(),
+                       f"\"auto\"'s timed calibration found no gain: {self.low} would re-check "
+                       f"{self.predicted_recheck:.0%} of the copies in float32, and a checked copy "
+                       f"would cost {cost:.2f} of a float32 one")
+
+    def _set_idle(self, idle: bool, why: str) -> None:
+        self.idle = idle
+        self.why_idle = why if idle else None
 
     def _band(self, size: Tensor) -> Tensor:
         assert self.bound is not None
@@ -460,7 +475,9 @@ class PrecisionCheck:
         calls = self._int8.calls
         with self._lowered(device):
             low = forward()
-        self.idle = self.low == "int8" and self._int8.calls == calls
+        self._set_idle(self.low == "int8" and self._int8.calls == calls,
+                       f"int8 found no linear layer with {_int8.MIN_FEATURES} or more input "
+                       "and output features to run")
         self._calibrated_ranges()
         self._observe(low.float(), clean.float(), kind, threshold)
 
@@ -494,7 +511,7 @@ class PrecisionCheck:
         self._copies += start
         self._judge(final=self._copies >= CALIBRATION_COPIES)
         if self._static is not None and self._static.failed:
-            self.idle = True  # the int8 copy could not run: float32 from here on
+            self._set_idle(True, _STATIC_FAILED)  # float32 from here on
         if start == n:
             return full  # calibration copies are decided in float32
         rest = torch.arange(start, n, device=device)

@@ -272,7 +272,8 @@ class TokenSensitivity:
             faster), else checked int8 on CPUs where an int8 linear layer is measured faster,
             for float32 ``nn.Module`` models and ``compare="class"``, else the model's
             precision; on a CPU ``"auto"`` also times the calibration and goes back to
-            float32 when checking would not pay (``checked_precision`` says which ran).
+            float32 when checking would not pay (``checked_precision`` says which ran,
+            ``float32_reason`` why float32).
             ``autocast=`` takes precedence.
         compile: evaluate the perturbed copies through ``torch.compile``: the model's call
             and, where the tokenization reuses the clean computation, the model's
@@ -463,6 +464,14 @@ class TokenSensitivity:
         if self._check.low is None:
             return None
         return "float32" if self._check.idle else self._check.low
+
+    @property
+    def float32_reason(self) -> str | None:
+        """Why the copies run in float32 where checking was asked for
+        (``checked_precision == "float32"``), in words: int8 found no layer to run, the static
+        int8 copy could not be made, or ``"auto"``'s timed calibration found no gain (with the
+        share it would re-check and what a checked copy would cost). None otherwise."""
+        return self._check.why_idle if self._check.idle else None
 
     @property
     def recheck_fraction(self) -> float | None:
