@@ -289,6 +289,7 @@ def _active(static: _int8.StaticInt8) -> Iterator[None]:
 _STATIC_FAILED = ("the static int8 copy of the model could not be made or run (an operation "
                   "without an int8 kernel, or one FX cannot trace)")
 
+
 class PrecisionCheck:
     """The calibrated bound of one metric and its bookkeeping (see the module docstring), for
     its low precision ``low``: ``"bf16"`` (autocast) or ``"int8"`` (:class:`._int8.Int8Linears`,
@@ -316,7 +317,8 @@ class PrecisionCheck:
         #: int8: the largest input range of each int8 call (in call order) in the calibration
         self._ranges: list[float] = []
         #: the copies run in float32 from the next batch on: int8 found no layer to run (no
-        #: eligible ``F.linear``), or ``"auto"``'s calibration predicted no gain
+        #: eligible ``F.linear``), the static int8 copy failed, or ``"auto"``'s calibration
+        #: predicted no gain
         self.idle = False
         #: why the copies run in float32 (:attr:`idle`), in words; None while they do not
         self.why_idle: str | None = None
