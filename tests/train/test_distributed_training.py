@@ -19,11 +19,19 @@ ARGS = ["model.name=mlp", "data.name=digits", "model.overrides.widths=[32]",
         "model.overrides.sens_patch=2", "train.epochs=2", "train.batch_size=16", "optim.lr=0.1",
         "optim.momentum=0.9", "track.num_examples=64", "device=cpu", "train.max_steps=20"]
 
+# The worker leaves without the interpreter's teardown: there, after fit has returned, its
+# process group is destroyed and every output is written, torch's gloo backend now and then
+# aborts a rank in C++ ("terminate called without an active exception", no Python frame; 4 of
+# 120 runs of this worker beside a busy process, scratch). The outputs are what this test
+# checks, below.
 WORKER = """
-import sys
+import os, sys
 from senslab.train.config import RunConfig, apply_overrides
 from senslab.train.loop import fit, rank_device
 fit(apply_overrides(RunConfig(name="ddp"), sys.argv[2:]), sys.argv[1], progress=False)
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
 """
 
 

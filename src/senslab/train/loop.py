@@ -208,7 +208,10 @@ def fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None = None) -> di
         raise
     # A process group this call created is shut down once every rank has finished: a rank that
     # exits while the group still lives can abort at interpreter exit ("terminate called
-    # without an active exception", seen with gloo).
+    # without an active exception", seen with gloo). Rarely a gloo rank still aborts that way
+    # in the interpreter's teardown, after this returns and every output is written (no
+    # Python object of the group survives here); a script that must exit 0 under torchrun can
+    # end with os._exit(0).
     if owns_group and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
