@@ -16,7 +16,7 @@ from senslab.measure import TokenSensitivity
 from senslab.tokens import Patches
 
 SCRIPT = r'''
-import json, sys
+import json, os, sys
 import torch, torch.distributed as dist
 from torch import nn
 from senslab.measure import TokenSensitivity
@@ -33,10 +33,16 @@ m.update(x[:6])
 m.update(x[6:])
 r = m.all_reduce().compute()
 if rank == 0:
-    json.dump({"estimate": r.estimate, "stderr": r.stderr, "stderr_subset": r.stderr_subset,
-               "per_sample": r.per_sample.tolist(), "per_position": r.per_position.tolist(),
-               "num_forward": r.num_forward, "n": r.num_examples}, open(sys.argv[1], "w"))
+    with open(sys.argv[1], "w") as f:
+        json.dump({"estimate": r.estimate, "stderr": r.stderr, "stderr_subset": r.stderr_subset,
+                   "per_sample": r.per_sample.tolist(), "per_position": r.per_position.tolist(),
+                   "num_forward": r.num_forward, "n": r.num_examples}, f)
 dist.destroy_process_group()
+# past the interpreter's teardown, where gloo now and then aborts a rank after everything is
+# done (tests/train/test_distributed_training.py)
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
 '''
 
 
