@@ -49,7 +49,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_models  # noqa: E402
 
 from senslab.measure._control import LinearControl  # noqa: E402
-from senslab.measure._noise import NoiseStream  # noqa: E402
 from senslab.measure.outputs import predictions  # noqa: E402
 
 STRATA = (2, 4, 8, 16)
@@ -81,42 +80,34 @@ def strata_gain(flips: list[Tensor], feature: list[Tensor], strata: int) -> floa
 
 def draws(case: Any, repeats: int, seed: int) -> dict[str, Any]:
     """Every real token's ``repeats`` draws, one example at a time at its real length (the
-    naive loop's forwards): flips and noise features, per example (K, repeats)."""
+    naive loop itself, :func:`real_models.naive_loop`): flips and noise features, per example
+    (K, repeats)."""
     with torch.inference_mode(), case.tokens.bind(case.model, case.inputs) as bound:
         ref = predictions(bound.clean_output, "logits")
         grad = LinearControl(bound, ref, case.sigma, 32, "logits").g
     dim = real_models.token_dim(case)
-    stream = NoiseStream(torch.Generator().manual_seed(seed), dim, torch.device("cpu"))
-    module = case.model.get_submodule(case.tokens.module)
-    seen: dict[str, Tensor] = {}
-    handle = module.register_forward_hook(lambda m, a, out: seen.__setitem__("x", out.detach()))
-    flips: list[Tensor] = []
+    seen: dict[str, Tensor] = {}  # the token module's last output: the clean one, when observed
     feats: dict[str, list[Tensor]] = {"tangent": [], "norm": [], "token": [], "|token|": []}
+
+    def observe(b: int, noise: Tensor) -> None:
+        k = int(case.lengths[b])
+        x = seen["x"][0, :k].double()
+        e = noise.view(k, repeats, dim).double()
+        g = grad[b, :k].double()
+        u = g / g.norm(dim=1, keepdim=True).clamp(min=1e-300)
+        feats["tangent"].append((e * u[:, None]).sum(-1) / case.sigma)
+        feats["norm"].append(e.norm(dim=-1))
+        along = (e * (x / x.norm(dim=1, keepdim=True))[:, None]).sum(-1)
+        feats["token"].append(along)
+        feats["|token|"].append(along.abs())
+
+    module = case.model.get_submodule(case.tokens.module)
+    handle = module.register_forward_hook(lambda m, a, out: seen.__setitem__("x", out.detach()))
     try:
-        with real_models.token_noise(case) as hook, torch.inference_mode():
-            for b in range(case.n):
-                one = real_models._example(case, b)
-                k = int(case.lengths[b])
-                hook.delta = None
-                clean = real_models._classes(case, one)
-                x = seen["x"][0, :k].double()
-                noise = stream.take(k * repeats).mul_(case.sigma)
-                tok = torch.arange(k).repeat_interleave(repeats)
-                copies = real_models._perturbed(case, real_models._expand(one, k * repeats),
-                                                tok, noise, hook)
-                flips.append((real_models._classes(case, copies) != clean).view(k, repeats))
-                hook.delta = None
-                e = noise.view(k, repeats, dim).double()
-                g = grad[b, :k].double()
-                u = g / g.norm(dim=1, keepdim=True).clamp(min=1e-300)
-                feats["tangent"].append((e * u[:, None]).sum(-1) / case.sigma)
-                feats["norm"].append(e.norm(dim=-1))
-                along = (e * (x / x.norm(dim=1, keepdim=True))[:, None]).sum(-1)
-                feats["token"].append(along)
-                feats["|token|"].append(along.abs())
+        row = real_models.naive_loop(case, seed=seed, repeats=repeats, observe=observe)
     finally:
         handle.remove()
-    return {"flips": flips, "features": feats}
+    return {"flips": row["flips"], "features": feats}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

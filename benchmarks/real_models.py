@@ -93,7 +93,7 @@ import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -440,10 +440,12 @@ def _expand(inputs: Any, copies: int) -> Any:
 
 
 def naive_loop(case: RealCase, seed: int = SEED, bf16: bool = False,
-               repeats: int | None = None) -> dict[str, Any]:
+               repeats: int | None = None,
+               observe: Callable[[int, Tensor], None] | None = None) -> dict[str, Any]:
     """One example at a time at its real length; its K tokens × R draws in one forward
     (``repeats``: R, default the case's). The row keeps the flips (``flips``: per example
-    (K, R))."""
+    (K, R)). ``observe(b, noise)``: called with each example's noise (K·R rows, token-major)
+    after its clean forward and before its perturbed one."""
     r, dim = repeats or case.repeats, token_dim(case)
     stream = NoiseStream(torch.Generator().manual_seed(seed), dim, torch.device("cpu"))
     flips, t_clean, t_pert, forwards = [], 0.0, 0.0, 0
@@ -456,6 +458,8 @@ def naive_loop(case: RealCase, seed: int = SEED, bf16: bool = False,
             clean = _classes(case, one)
             mid = time.perf_counter()
             noise = stream.take(k * r).mul_(case.sigma)
+            if observe is not None:
+                observe(b, noise)
             tok = torch.arange(k).repeat_interleave(r)
             copies = _perturbed(case, _expand(one, k * r), tok, noise, hook)
             flips.append((_classes(case, copies) != clean).view(k, r))

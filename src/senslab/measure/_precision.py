@@ -357,10 +357,16 @@ class PrecisionCheck:
         """Whether a copy costs less checked than in float32, as timed in the calibration: its
         low-precision forward plus the predicted share re-checked in float32 at most
         ``1 / MIN_SPEEDUP`` of a float32 forward. Without ``judge``, yes."""
-        low, full = self._seconds
-        if not self.judge or full <= 0 or self.predicted_recheck is None:
+        if not self.judge or self._seconds[1] <= 0 or self.predicted_recheck is None:
             return True
-        return low + self.predicted_recheck * full <= full / MIN_SPEEDUP
+        return self._checked_cost() <= 1 / MIN_SPEEDUP
+
+    def _checked_cost(self) -> float:
+        """A checked copy's cost in float32 copies, as timed in the calibration: its
+        low-precision forward plus the predicted share re-checked in float32."""
+        low, full = self._seconds
+        share = self.predicted_recheck or 0.0
+        return (low + share * full) / full if full > 0 else math.nan
 
     def take_counts(self) -> tuple[int, int]:
         """(copies, float32 re-evaluations) since the last call."""
@@ -453,12 +459,10 @@ class PrecisionCheck:
             return
         share = (m <= band) | ~torch.isfinite(m)
         self.predicted_recheck = float(share.float().mean()) if len(m) else 0.0
-        low, full = self._seconds
-        cost = (low + self.predicted_recheck * full) / full if full > 0 else math.nan
         self._set_idle(not self._pays(),
                        f"\"auto\"'s timed calibration found no gain: {self.low} would re-check "
                        f"{self.predicted_recheck:.0%} of the copies in float32, and a checked copy "
-                       f"would cost {cost:.2f} of a float32 one")
+                       f"would cost {self._checked_cost():.2f} of a float32 one")
 
     def _set_idle(self, idle: bool, why: str) -> None:
         self.idle = idle
