@@ -46,8 +46,9 @@ an upper bound on what any allocation of draws to tokens could gain.
 
 ``--from-record`` recomputes the judgements (and the simulation below) from such a record.
 **Simulated rounds.** The judgements above are of one round at a fixed budget. senslab's
-adaptive allocation runs rounds of a quarter draw per token, refits κ after each, and stops on
-its own (conservative) standard error. The script runs that code (``_alloc.linear_rounds``)
+adaptive allocation runs a pilot round of a quarter draw per token, refits κ after each round,
+sizes the next one by the refitted tangent's prediction for the target, and stops on its own
+(conservative) standard error. The script runs that code (``_alloc.linear_rounds``)
 on a world whose tokens flip independently with the recorded rates, and reports its cost
 against equal draws at the same standard error, with its bias, spread and coverage, and what
 one round costs at each budget (``round_price``): its true variance, and the variance its own

@@ -38,11 +38,12 @@ value for them too).
   (``reuse_local=False`` / ``reuse_prefix=False``: full forwards), precision (``"float32"``
   ``"bf16-checked"`` and ``"int8-checked"``), batching
   (one call per example), variance reduction (``target_stderr=0.002`` with 2 draws a round:
-  plain, antithetic, control variate, both; the tangent's allocation in rounds of a quarter
-  draw per token), and token sampling (``allocation="uniform"``: a pilot of
-  :data:`SAMPLING_SHARE` of every example's tokens at one draw each, a quarter of them two,
-  then rounds to the share the pilot's variance predicts for the target — the design that goes
-  below the floor of one draw per token with a standard error it can report).
+  plain, antithetic, control variate, both; the tangent's allocation, a pilot of a quarter
+  draw per token and then rounds sized for the target), and token sampling
+  (``allocation="uniform"``: a pilot of :data:`SAMPLING_SHARE` of every example's tokens at
+  one draw each, a quarter of them two, then rounds to the share the pilot's variance predicts
+  for the target — the design that goes below the floor of one draw per token with a
+  standard error it can report).
 * compilation, only when named in ``--methods``: ``senslab compile=True`` and ``paper code
   float32 compiled`` (the paper code's forwards through ``torch.compile``, so that the ratios
   against the paper code count compilation on both sides). Compiling is timed as part of the run:
@@ -129,7 +130,7 @@ TARGET_VS_NAIVE = {"minilm": 4.0}
 TARGET_VS_PAPER = {"vit_small": 3.0, "resnet18": 3.0}
 TARGET_BF16_GEMM = 0.40
 
-#: mean units per token and round of the allocation rows (rounds repeat until the target)
+#: mean units per token of the allocation rows' first round (later rounds sized for the target)
 ALLOCATION_BUDGET = 0.25
 #: share of every example's tokens in the uniform-sampling row's pilot round (and the least
 #: each later round adds)
@@ -140,7 +141,8 @@ VARIANCE_REDUCTION = {
     "adaptive antithetic": {"antithetic": True},
     "adaptive control variate": {"control_variate": "linear"},
     "adaptive cv + antithetic": {"antithetic": True, "control_variate": "linear"},
-    # draws where the tangent says flips happen, in rounds of a quarter draw per token
+    # draws where the tangent says flips happen: a pilot of a quarter draw per token, then
+    # rounds sized for the target
     "adaptive allocation": {"repeats": 1, "allocation": "linear", "budget": ALLOCATION_BUDGET},
     "adaptive allocation + antithetic": {"repeats": 2, "antithetic": True,
                                          "allocation": "linear", "budget": ALLOCATION_BUDGET},

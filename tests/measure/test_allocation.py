@@ -143,6 +143,80 @@ def test_fit_scale_recovers_the_tangent_scale():
     assert _alloc.fit_scale(x, zero, zero) == 1.0
 
 
+def _world(seed: int = 0, b: int = 48, t: int = 12):
+    """Tangent inputs ``x`` and tokens that flip with exactly Φ(−x): a world whose tangent is
+    right, so the rounds' predictions are too."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(b, t, generator=g, dtype=torch.float64) * 4
+    x[:, ::5] = 0.3  # a few tokens that flip often
+    valid = torch.ones(b, t, dtype=torch.bool)
+    valid[: b // 2, t - 4:] = False
+    return x.masked_fill(~valid, math.inf), valid, torch.special.ndtr(-x) * valid
+
+
+def test_next_size_is_the_smallest_round_that_reaches_the_target():
+    x, valid, q = _world()
+    k = valid.sum(1).double()
+    scale = 1.0 / (k * k.sqrt())
+    w2 = (1.0 / (len(k) * k) ** 2)[:, None] * valid
+    prior, spent, target = 4e-4, 0.25, 0.012
+
+    def combined(size: float) -> float:
+        r = _alloc.reported_variance(q, _alloc.expected_units(q, valid, size, scale), w2)
+        return (spent**2 * prior + size**2 * r) / (spent + size) ** 2
+
+    size = _alloc.next_size(q, valid, scale, w2, spent, prior, target, 0.25, 64.0)
+    assert 0.25 < size < 64.0
+    assert combined(size) <= target**2 * (1 + 1e-9)
+    assert combined(size * 0.99) > target**2  # no smaller round would do
+    # bounded by what is allowed: the least, or all that is left
+    assert _alloc.next_size(q, valid, scale, w2, spent, prior, 1.0, 0.25, 64.0) == 0.25
+    assert _alloc.next_size(q, valid, scale, w2, spent, prior, 1e-6, 0.25, 3.0) == 3.0
+
+
+def test_reported_variance_is_what_the_rounds_report_on_average():
+    """The prediction the rounds are sized by matches the variance they go on to report."""
+    x, valid, q = _world()
+    k = valid.sum(1).double()
+    scale = 1.0 / (k * k.sqrt())
+    w2 = (1.0 / (len(k) * k) ** 2)[:, None] * valid
+    for size in (0.3, 1.5, 3.0):
+        e = _alloc.expected_units(q, valid, size, scale)
+        g = torch.Generator().manual_seed(1)
+        seen = []
+        for _ in range(400):
+            n = _alloc.draw_units(e, g)
+            src, tok = _alloc.plan(n, 1)
+            vals = torch.bernoulli(q[src, tok], generator=g)
+            _, var = _alloc.token_values(vals, src, tok, n, e)
+            seen.append(float((var * w2).sum()))
+        mean = sum(seen) / len(seen)
+        assert _alloc.reported_variance(q, e, w2) == pytest.approx(mean, rel=0.05)
+
+
+def test_a_pilot_and_one_sized_round_where_the_tangent_is_right():
+    """Where the tangent's rates are the flips' own, the second round is sized for the target:
+    most runs need two rounds, and every run reaches the target."""
+    x, valid, q = _world()
+    rounds = []
+    for seed in range(20):
+        g = torch.Generator().manual_seed(seed)
+        calls = []
+
+        def evaluate(src, tok, g=g, calls=calls):
+            calls.append(len(src))
+            return torch.bernoulli(q[src, tok], generator=g)
+
+        y, var, copies, kappa = _alloc.linear_rounds(x, valid, 0.25, g, evaluate, target=0.006)
+        k = valid.sum(1).double()
+        se = float(((var * valid).sum(1) / k**2).sum()) ** 0.5 / len(k)
+        assert se <= 0.006
+        assert copies == sum(calls)
+        assert calls[1] > 2 * calls[0]  # the second round is the big one
+        rounds.append(len(calls))
+    assert sorted(rounds)[len(rounds) // 2] == 2, rounds
+
+
 def _steep(model):
     """The same flips as ``model`` (a monotone odd map of its logit), but a tangent three times
     too steep where the logit is large: z³ + z has z/3 of the margin per unit of slope."""

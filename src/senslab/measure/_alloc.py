@@ -28,16 +28,30 @@ variance :math:`\sum w_b^2 p_{bt}(1-p_{bt})/e_{bt}` is smallest at :math:`e_{bt}
 :math:`s_b = 1/(K_b\sqrt{c_b})`: a short sentence's tokens weigh more and cost less, so they
 get more draws. Where every example has the same length it is the same for all and drops out.
 
-**Calibrated tangent** (``target_stderr``). Where a model bends at the scale σ the tangent's
-:math:`q` tends to be off by much the same factor everywhere: its flips are those of a steeper or
-flatter tangent. The first round is allocated by the tangent as it is; after each round the
-scale :math:`\kappa` in :math:`q_{bt}(\kappa) = \Phi(-m_b/(\kappa\sigma\lVert g_{bt}\rVert))` is
-fitted by maximum likelihood to every copy's flip so far (:func:`fit_scale`), and the next
-round is allocated by :math:`q(\hat\kappa)`. Every round spends ``budget`` units per token. A
-round's draw counts depend only on earlier rounds, so each round's :math:`Y` stays unbiased given
-them, and their plain mean is unbiased; rounds sized from the variance seen so far and combined
-by their sizes were tried and rejected: the weights then depend on the flips (a round that saw
-few flips predicts a small next round and so weighs more), which can bias the estimate low.
+**Calibrated tangent, sized rounds** (``target_stderr``). Where a model bends at the scale σ the
+tangent's :math:`q` tends to be off by much the same factor everywhere: its flips are those of a
+steeper or flatter tangent. The first round, of ``budget`` units per token, is allocated by the
+tangent as it is; after each round the scale :math:`\kappa` in :math:`q_{bt}(\kappa) =
+\Phi(-m_b/(\kappa\sigma\lVert g_{bt}\rVert))` is fitted by maximum likelihood to every copy's
+flip so far (:func:`fit_scale`), and the next round is allocated by :math:`q(\hat\kappa)` and
+sized, at least ``budget``, by what the refitted tangent predicts that round will report
+(:func:`next_size`): the variance so far and the prediction together reach the target. Rounds
+of sizes :math:`b_r` are combined by their sizes, :math:`\sum_r b_r Y_r / \sum_r b_r`. A small
+pilot and one round sized for the target replace the many equal rounds that went before:
+small rounds draw most tokens with a probability below one, which costs
+:math:`p^2(1/\pi - 1)` of variance per token, and each look at the standard error can
+overshoot by a round. The weights depend on the flips only through the fitted scale and the
+variance so far, both sums over the whole batch, and each round's :math:`Y` is unbiased given
+the rounds before it; what is left is the stopping rule's :math:`O(1/n)` bias, low (fewer
+flips, a smaller standard error, an earlier stop). (Predicting the next round's variance from
+the flips seen so far, token by token, rather than from the refitted tangent, was rejected:
+after a small pilot that prediction is noisy, and the sizes, and so the weights, follow its
+noise — a round that saw few flips predicts a small next round and so weighs more, which
+biases the estimate low. The tangent's prediction uses the flips only through
+:math:`\hat\kappa`.)
+``benchmarks/allocation_holdout.py`` simulates the rounds on a
+real model's recorded flips (cost, bias, spread and coverage), and a slow test in
+tests/measure/test_allocation.py bounds the bias on a toy.
 
 **Estimator** (Horvitz–Thompson per token). With :math:`\bar v_{bt}` the mean of the token's
 units (flip indicators, or antithetic pair means),
@@ -53,9 +67,9 @@ example's rate is :math:`\hat m_b = K_b^{-1}\sum_t Y_{bt}`.
 **Standard error.** Per token, :math:`\widehat{\operatorname{Var}}(Y_{bt})` is
 :math:`s^2_{bt}/n_{bt}` (the units' sample variance) where :math:`n_{bt} \ge 2`; where a token had
 one unit it is :math:`\bar v_{bt}^{\,2}/\pi_{bt}^2`, conservative by :math:`p_{bt}^2`; where it
-had none, 0. Rounds (``target_stderr``) are replicates, each unbiased given the rounds before
-it: the estimate is their mean, the variance estimate the sum of theirs over the number of
-rounds squared (the rounds' errors are uncorrelated).
+had none, 0. Rounds (``target_stderr``) are unbiased given the rounds before them: the estimate
+is their mean weighted by their sizes :math:`b_r`, the variance estimate the sum of theirs
+weighted by :math:`b_r^2`, over :math:`(\sum_r b_r)^2` (the rounds' errors are uncorrelated).
 
 **When it pays.** The saving comes from the tangent knowing where flips happen. On a model
 that is nearly linear at the scale σ it is large (tests/measure/test_allocation.py: more than
@@ -174,21 +188,72 @@ def token_values(
     return y, var
 
 
+#: the largest round with a target, in multiples of ``budget`` (later rounds continue from it)
+MAX_GROWTH = 64
+
+
+def reported_variance(q: Tensor, e: Tensor, weight2: Tensor) -> float:
+    r"""The variance a round with expected units ``e`` (B, T) reports on average, tokens flipping
+    with probability ``q`` and weighing ``weight2`` (their squared weights in the estimate): a
+    token drawn with probability :math:`\pi = e < 1` reports :math:`p/\pi`, one with one unit
+    :math:`p` (conservative by :math:`p^2`), one with :math:`n \ge 2` units :math:`p(1-p)/n`
+    (:func:`token_values`). In float64."""
+    p = q.double()
+    whole = e.floor()
+    frac = e - whole
+    # E[1/n] over n = ⌊e⌋ + Bernoulli(frac), n ≥ 2; and the chance of a single unit
+    inv_n = (1 - frac) / whole.clamp(min=1) + frac / (whole + 1)
+    per_token = torch.where(
+        e < 1, p / e.clamp(min=1e-300),
+        torch.where(e < 2, (1 - frac) * p + frac * p * (1 - p) / 2, p * (1 - p) * inv_n))
+    return float((weight2 * per_token).sum())
+
+
+def next_size(q: Tensor, valid: Tensor, scale: Tensor, weight2: Tensor, spent: float,
+              variance: float, target: float, least: float, most: float) -> float:
+    r"""The units per token of the next round that bring the rounds' combined standard error to
+    ``target``: rounds of sizes :math:`b_r` are combined by their sizes, so with :math:`B` =
+    ``spent`` and the current combined ``variance`` :math:`V`, a round of size :math:`b` whose
+    report is :math:`R(b)` (:func:`reported_variance` at the tangent's :math:`q`) leaves
+    :math:`(B^2V + b^2R(b))/(B+b)^2`. The smallest :math:`b` in [``least``, ``most``] that
+    reaches ``target``² (``most`` where none does; bisection in :math:`\log b`)."""
+
+    def combined(size: float) -> float:
+        e = expected_units(q, valid, size, scale)
+        r = reported_variance(q, e, weight2)
+        return (spent**2 * variance + size**2 * r) / (spent + size) ** 2
+
+    goal = target**2
+    if most <= least or combined(most) > goal:
+        return most
+    if combined(least) <= goal:
+        return least
+    lo, hi = math.log(least), math.log(most)
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if combined(math.exp(mid)) <= goal:
+            hi = mid
+        else:
+            lo = mid
+    return math.exp(hi)
+
+
 def linear_rounds(x: Tensor, valid: Tensor, budget: float, gen: torch.Generator,
                   evaluate: Callable[[Tensor, Tensor], Tensor], *, per_unit: int = 1,
                   target: float | None = None, max_copies: float = math.inf,
                   rounds_at_zero: int = 2) -> tuple[Tensor, Tensor, int, float]:
-    r"""The rounds of ``allocation="linear"`` on one batch (module docstring): each spends
-    ``budget`` units per real token by Neyman's rule with weights and cost on the tangent's
-    :math:`\Phi(-x/\kappa)` (``x`` (B, T): :attr:`LinearControl.x`), the first at
-    :math:`\kappa = 1`, each later one at the :math:`\kappa` fitted to every flip so far;
-    with a ``target`` standard error, rounds until the estimate's (subset) standard error
-    reaches it (not at zero before ``rounds_at_zero`` rounds) or another round would pass
-    ``max_copies``. ``evaluate(src, tok)``: the flip (or output) value of one copy of token
-    ``tok`` of example ``src`` each, units of ``per_unit`` adjacent copies (antithetic pairs).
-    Returns the mean of the rounds' token values (B, T), its variance share (the sum of the
-    rounds' variance estimates over the number of rounds squared), the copies made and the last
-    :math:`\kappa`."""
+    r"""The rounds of ``allocation="linear"`` on one batch (module docstring): each spends its
+    size in units per real token by Neyman's rule with weights and cost on the tangent's
+    :math:`\Phi(-x/\kappa)` (``x`` (B, T): :attr:`LinearControl.x`), the first ``budget`` at
+    :math:`\kappa = 1`, each later one at the :math:`\kappa` fitted to every flip so far and of
+    the size that the fitted tangent predicts for the ``target`` (:func:`next_size`, at least
+    ``budget``); with a ``target`` standard error, rounds until the estimate's (subset)
+    standard error reaches it (not at zero before ``rounds_at_zero`` rounds) or another round
+    of ``budget`` would pass ``max_copies`` (a later round is cut to what is left).
+    ``evaluate(src, tok)``: the flip (or output) value of one copy of token ``tok`` of example
+    ``src`` each, units of ``per_unit`` adjacent copies (antithetic pairs). Returns the rounds'
+    token values (B, T) combined by their sizes, their variance share (the rounds' variance
+    estimates weighted by their sizes squared), the copies made and the last :math:`\kappa`."""
     b, t = valid.shape
     # Neyman with weights and cost: a token weighs 1/K_b, and a copy costs in proportion to its
     # example's extent, up to its last real token (what padding-aware batching evaluates; taken
@@ -196,14 +261,16 @@ def linear_rounds(x: Tensor, valid: Tensor, budget: float, gen: torch.Generator,
     k = valid.sum(1).double()
     cost = (valid.cumsum(1).argmax(1) + 1).to(k)
     scale = 1.0 / (k.clamp(min=1) * cost.clamp(min=1).sqrt())
-    per_round = budget * int(valid.sum()) * per_unit
+    weight2 = (1.0 / (b * k.clamp(min=1)) ** 2)[:, None] * valid  # a token's weight, squared
+    per_token = int(valid.sum()) * per_unit  # copies of one unit per real token
     ys: list[Tensor] = []
     vs: list[Tensor] = []
+    sizes: list[float] = []
     hits = torch.zeros(b * t, dtype=torch.float64, device=valid.device)
     counts = torch.zeros_like(hits)
-    copies, kappa = 0, 1.0
+    copies, kappa, size = 0, 1.0, budget
     while True:
-        e = expected_units(torch.special.ndtr(-x / kappa), valid, budget, scale)
+        e = expected_units(torch.special.ndtr(-x / kappa), valid, size, scale)
         n = draw_units(e, gen)
         src, tok = plan(n, per_unit)
         vals = evaluate(src, tok) if len(src) else torch.zeros(0, device=valid.device)
@@ -211,23 +278,33 @@ def linear_rounds(x: Tensor, valid: Tensor, budget: float, gen: torch.Generator,
         y, var = token_values(u, usrc, utok, n, e)
         ys.append(y)
         vs.append(var)
+        sizes.append(size)
         copies += len(src)
-        if target is None or copies + per_round > max_copies:
+        left = (max_copies - copies) / max(per_token, 1)  # units per token still allowed
+        if target is None or left < budget:
             break
-        within = (torch.stack(vs).sum(0) * valid).sum(1) / len(vs) ** 2 / k**2
-        se = math.sqrt(max(within.sum().item(), 0.0)) / b
+        spent = sum(sizes)
+        variance = sum((s / spent) ** 2 * float((v * weight2.to(v)).sum())
+                       for s, v in zip(sizes, vs, strict=True))
+        se = math.sqrt(max(variance, 0.0))
         if se <= target and (se > 0.0 or len(ys) >= rounds_at_zero):
             break
-        # the next round by the tangent recalibrated on every flip so far
+        # the next round by the tangent recalibrated on every flip so far, of the size it
+        # predicts for the target
         cell = (src * t + tok).to(hits.device)
         hits.index_add_(0, cell, vals.double().to(hits.device))
         counts.index_add_(0, cell, torch.ones_like(cell, dtype=torch.float64))
         kappa = fit_scale(x.flatten(), hits, counts)
-    # rounds of one budget, each unbiased given the rounds before it: their plain mean is
-    # unbiased (weights that depended on the flips, such as budgets sized from the variance
-    # seen so far, would not be)
-    rounds = len(ys)
-    return torch.stack(ys).mean(0), torch.stack(vs).sum(0) / rounds**2, copies, kappa
+        q = torch.special.ndtr(-x / kappa)
+        size = next_size(q, valid, scale, weight2.to(q.device, torch.float64), spent, variance,
+                         target, budget, min(left, MAX_GROWTH * budget))
+    # rounds combined by their sizes: a round's size depends on the flips before it only
+    # through the fitted scale and the variance so far, both sums over the whole batch, so the
+    # estimate's bias stays a small share of its standard error (module docstring)
+    spent = sum(sizes)
+    y = sum(s / spent * yr for s, yr in zip(sizes, ys, strict=True))
+    v = sum((s / spent) ** 2 * vr for s, vr in zip(sizes, vs, strict=True))
+    return y, v, copies, kappa
 
 
 # -- allocation="uniform": a share of every example's tokens, one draw each ----------------------

@@ -69,8 +69,10 @@ rates :math:`p_{bt}` no longer costs forward passes.
   each token an expected ``budget``-scaled share of units in proportion to
   :math:`\sqrt{q_{bt}(1-q_{bt})}/(K_b\sqrt{c_b})`, never less than a floor (a token weighs
   :math:`1/K_b` in the estimate and its copies cost in proportion to the example's extent
-  :math:`c_b`; with ``target_stderr`` the tangent's σ is refitted to the flips after each
-  round, ``last_tangent_scale``); a token is then drawn with
+  :math:`c_b`; with ``target_stderr`` the first round spends ``budget``, and after each round
+  the tangent's σ is refitted to the flips (``last_tangent_scale``) and the next round sized
+  for the target by the refitted tangent's prediction, the rounds combined by their sizes); a
+  token is then drawn with
   probability :math:`\pi_{bt} > 0` and weighted by :math:`1/\pi_{bt}` (Horvitz–Thompson), so
   the estimate stays unbiased for any model (:mod:`._alloc`). ``budget`` may be below 1: the
   tokens the tangent says cannot flip are visited rarely. It pays where the tangent knows where
@@ -252,7 +254,9 @@ class TokenSensitivity:
             of them two, for the standard error), so that a target needing less than one draw
             per token is reached with fewer forwards (module docstring; :mod:`._alloc`).
         budget: with ``allocation="linear"``, the mean units (copies, or antithetic pairs) per
-            real token per round (default 1; may be below 1); with ``"uniform"``, the share
+            real token of the round (default 1; may be below 1); with ``target_stderr``, of the
+            first round and the least of each later one, whose size the refitted tangent
+            predicts for the target; with ``"uniform"``, the share
             of every example's tokens each round adds (in (0, 1], default 1). ``repeats``
             stays at 1 (2 with ``antithetic``).
         control_variate: ``"linear"`` subtracts the flip indicator of the model's tangent
