@@ -282,26 +282,29 @@ def simulate(counts: list[Tensor], draws: int, x: list[Tensor], budget: float, t
     equal = float(((p * (1 - p) * valid).sum(1) / k**2).sum()) / n**2 / target**2
     equal_cost = equal * float((k * k).sum())  # every token `equal` draws at its length
     gen = torch.Generator().manual_seed(seed)
-    spent = [0.0]
+    spent = [0.0, 0]  # token positions, rounds
 
     def evaluate(src: Tensor, tok: Tensor) -> Tensor:
         spent[0] += float(k[src].sum())
+        spent[1] += 1
         return torch.bernoulli(p[src, tok], generator=gen)
 
-    est, se, cost, rounds, kappas = [], [], [], [], []
+    est, se, cost, rounds, units, kappas = [], [], [], [], [], []
     for _ in range(replicates):
-        spent[0] = 0.0
+        spent[:] = [0.0, 0]
         y, var, copies, kappa = _alloc.linear_rounds(xs, valid, budget, gen, evaluate,
                                                      target=target)
         est.append(float(((y * valid).sum(1) / k).mean()))
         se.append(float(((var * valid).sum(1) / k**2).sum()) ** 0.5 / n)
         cost.append(spent[0])
-        rounds.append(copies / (budget * float(k.sum())))
+        rounds.append(spent[1])
+        units.append(copies / float(k.sum()))
         kappas.append(kappa)
     e, s = torch.tensor(est), torch.tensor(se)
     return {"world": world, "truth": truth, "equal_draws_per_token": equal,
             "gain": equal_cost / (sum(cost) / len(cost)),
-            "mean_rounds": sum(rounds) / len(rounds), "mean_kappa": sum(kappas) / len(kappas),
+            "mean_rounds": sum(rounds) / len(rounds), "max_rounds": max(rounds),
+            "copies_per_token": sum(units) / len(units), "mean_kappa": sum(kappas) / len(kappas),
             "bias_over_se": float((e.mean() - truth) / s.mean()),
             "sd_over_se": float(e.std() / s.mean()),
             "coverage95": float(((e - truth).abs() <= 1.96 * s).double().mean())}
