@@ -351,6 +351,21 @@ def test_bad_options(kwargs, message, images):
         token_sensitivity(seeded(mlp), images, Patches(4), **kwargs)
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    ({"seed": 0}, r"seed=: pass generator= \(an int seed"),
+    ({"num_samples": 8}, r"num_samples=: pass repeats="),
+    ({"batch_size": 64}, r"batch_size=: pass chunk_size="),
+    ({"sigmma": 0.1}, r"sigmma=: did you mean sigma=\?"),
+    ({"frobnicate": 1}, r"frobnicate=: not an option\. The options are: sigma, variance"),
+])
+def test_unknown_options_name_what_to_pass(kwargs, message, images):
+    """An option senslab does not take is refused with the name it goes by here."""
+    with pytest.raises(TypeError, match=message):
+        token_sensitivity(seeded(mlp), images, Patches(4), sigma=0.1, **kwargs)
+    with pytest.raises(TypeError, match=message):
+        TokenSensitivity(seeded(mlp), Patches(4), sigma=0.1, **kwargs)
+
+
 def test_empty_batch_and_wrong_shapes(images):
     with pytest.raises(ValueError, match="empty batch"):
         token_sensitivity(seeded(mlp), images[:0], Patches(4), sigma=0.1)

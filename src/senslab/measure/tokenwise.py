@@ -342,7 +342,10 @@ class TokenSensitivity:
         output: OutputSelector = None,
         trim_padding: bool = True,
         precision: Precision = "auto",
+        **unknown: Any,
     ) -> None:
+        if unknown:
+            raise TypeError(_unknown_options(unknown))
         if tokens is None:  # default_tokens(), else auto_tokens for HF/timm; else a TypeError
             from ..tokens.auto import default_tokens
 
@@ -831,6 +834,38 @@ class TokenSensitivity:
     def compute(self) -> SensitivityResult:
         """The estimate over everything accumulated since the last :meth:`reset`."""
         return result(self.state, self.estimand, self.align, self.compare == "class", self.sigma)
+
+
+#: option names from other libraries (and senslab's own older habits), and what to pass instead
+_OTHER_NAMES = {
+    **dict.fromkeys(("seed", "rng", "random_state", "random_seed"),
+                    "generator= (an int seed or a torch.Generator)"),
+    **dict.fromkeys(("num_samples", "n_samples", "samples", "draws", "num_draws", "n_draws",
+                     "n_repeats", "num_repeats"), "repeats= (draws per token)"),
+    **dict.fromkeys(("batch_size", "chunk"), "chunk_size= (perturbed copies per forward)"),
+    **dict.fromkeys(("std", "noise_std", "noise_scale", "noise"),
+                    "sigma= (the noise's standard deviation)"),
+}
+
+
+def _unknown_options(unknown: dict[str, Any]) -> str:
+    """The message for options :class:`TokenSensitivity` does not take: what to pass instead
+    where the name is known from elsewhere, the closest option name otherwise."""
+    import difflib
+    import inspect
+
+    names = [n for n, p in inspect.signature(TokenSensitivity.__init__).parameters.items()
+             if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    hints = []
+    for name in unknown:
+        if name in _OTHER_NAMES:
+            hints.append(f"{name}=: pass {_OTHER_NAMES[name]}")
+            continue
+        close = difflib.get_close_matches(name, names, n=1)
+        hints.append(f"{name}=: did you mean {close[0]}=?" if close
+                     else f"{name}=: not an option")
+    return ("TokenSensitivity (and token_sensitivity) got unknown options: " + "; ".join(hints)
+            + f". The options are: {', '.join(names)}.")
 
 
 def _check_allocation(allocation: Any, budget: Any, *, mode: str, compare: str,
