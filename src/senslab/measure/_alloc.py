@@ -93,7 +93,7 @@ from torch import Tensor
 
 from ._stats import units
 
-#: the smallest expected units per round a real token keeps, as a share of ``budget``
+#: the smallest expected units a real token keeps in a round, as a share of the round's size
 FLOOR = 0.2
 
 

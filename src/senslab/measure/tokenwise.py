@@ -901,7 +901,8 @@ def _check_allocation(allocation: Any, budget: Any, *, mode: str, compare: str,
         raise ValueError(f"{name} cannot be combined with shard; measure all examples")
     if repeats != (2 if antithetic else 1):
         what = ("the share of every example's tokens measured per round" if allocation ==
-                "uniform" else "the draws per token (mean units per token per round)")
+                "uniform" else "the draws per token (mean units per token; with "
+                "target_stderr, of the first round)")
         raise ValueError(
             f"with {name}, budget= sets {what}; leave repeats at {2 if antithetic else 1}, "
             f"got {repeats}"
