@@ -253,10 +253,8 @@ def round_price(counts: list[Tensor], draws: int, x: list[Tensor], kappa: float,
         inv_n = (1 - frac) / whole.clamp(min=1) + frac / (whole + 1)  # E[1/n], n ≥ 1
         safe = e.clamp(min=1e-300)
         true = torch.where(e >= 1, p * (1 - p) * inv_n, p / safe - p * p)
-        reported = torch.where(e < 1, p / safe, torch.where(
-            e < 2, (1 - frac) * p + frac * p * (1 - p) / 2, true))
         c = float((e * cost).sum())
-        return float((w2 * true).sum()) * c, float((w2 * reported).sum()) * c
+        return float((w2 * true).sum()) * c, _alloc.reported_variance(p, e, w2) * c
 
     equal = price(torch.full_like(p, 2.0) * valid)[0]
     q = torch.special.ndtr(-xs / kappa)
