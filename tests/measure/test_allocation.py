@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from senslab.measure import TokenSensitivity, _alloc, compare_sensitivity, token_sensitivity
+from senslab.measure._stats import units
 from senslab.tokens import Sequence
 
 SIGMA = 1.0
@@ -174,8 +175,10 @@ def test_next_size_is_the_smallest_round_that_reaches_the_target():
     assert _alloc.next_size(q, valid, scale, w2, spent, prior, 1e-6, 0.25, 3.0) == 3.0
 
 
-def test_reported_variance_is_what_the_rounds_report_on_average():
-    """The prediction the rounds are sized by matches the variance they go on to report."""
+@pytest.mark.parametrize("per_unit", [1, 2], ids=["single", "antithetic"])
+def test_reported_variance_is_what_the_rounds_report_on_average(per_unit):
+    """The prediction the rounds are sized by matches the variance they go on to report; for
+    antithetic pairs, in a world where a pair's two copies never both flip (the tangent's)."""
     x, valid, q = _world()
     k = valid.sum(1).double()
     scale = 1.0 / (k * k.sqrt())
@@ -186,12 +189,20 @@ def test_reported_variance_is_what_the_rounds_report_on_average():
         seen = []
         for _ in range(400):
             n = _alloc.draw_units(e, g)
-            src, tok = _alloc.plan(n, 1)
-            vals = torch.bernoulli(q[src, tok], generator=g)
-            _, var = _alloc.token_values(vals, src, tok, n, e)
+            src, tok = _alloc.plan(n, per_unit)
+            if per_unit == 1:
+                vals = torch.bernoulli(q[src, tok], generator=g)
+            else:  # one uniform per pair: the first flips below q, the second above 1 − q
+                u = torch.rand(len(src) // 2, generator=g, dtype=torch.float64)
+                p = q[src[0::2], tok[0::2]]
+                vals = torch.stack([u < p, u > 1 - p], 1).flatten().double()
+            u_, usrc, utok = units(vals, src, tok, per_unit)
+            _, var = _alloc.token_values(u_, usrc, utok, n, e)
             seen.append(float((var * w2).sum()))
         mean = sum(seen) / len(seen)
-        assert _alloc.reported_variance(q, e, w2) == pytest.approx(mean, rel=0.05)
+        assert _alloc.reported_variance(q, e, w2, per_unit) == pytest.approx(mean, rel=0.05)
+    if per_unit == 2:  # a pair's mean varies less than a single copy
+        assert _alloc.reported_variance(q, e, w2, 2) < _alloc.reported_variance(q, e, w2, 1)
 
 
 def test_a_pilot_and_one_sized_round_where_the_tangent_is_right():
@@ -373,16 +384,20 @@ def test_adaptive_stopping_does_not_stop_on_a_zero_standard_error_after_one_roun
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("options", [{"repeats": 2}, {"allocation": "linear", "budget": 0.25}],
-                         ids=["plain", "alloc"])
+@pytest.mark.parametrize("options", [
+    {"repeats": 2}, {"allocation": "linear", "budget": 0.25},
+    {"allocation": "linear", "budget": 0.25, "antithetic": True, "repeats": 2},
+], ids=["plain", "alloc", "alloc-antithetic"])
 def test_adaptive_stopping_bias_is_a_small_share_of_the_standard_error(options):
     """The stopping rule reads a standard error that moves with the flips seen (fewer flips, a
     smaller s.e., an earlier stop), so adaptive rounds are biased low — by O(1/n): on this
     32-example toy, over 2,000 replicates, well under a tenth of the reported standard error
-    when this test was written; a fifth would be a stopping rule gone wrong."""
+    when this test was written; a fifth would be a stopping rule gone wrong. (An antithetic
+    pair drawn once reports its mean squared, conservative by p² as a single copy is but a
+    larger share of a pair's smaller variance: its intervals may cover more than 95%.)"""
     model, x, truth = linear_case(b=32)
     est, se, _ = replicate(model, x, 2000, target_stderr=0.006, **options)
     assert se.max().item() <= 0.006
     assert abs(est.mean().item() - truth) < 0.2 * se.mean().item()
     cover = ((est - truth).abs() <= 1.96 * se).double().mean().item()
-    assert 0.93 <= cover <= 0.985
+    assert 0.93 <= cover <= (1.0 if options.get("antithetic") else 0.985)

@@ -192,35 +192,43 @@ def token_values(
 MAX_GROWTH = 64
 
 
-def reported_variance(q: Tensor, e: Tensor, weight2: Tensor) -> float:
+def reported_variance(q: Tensor, e: Tensor, weight2: Tensor, per_unit: int = 1) -> float:
     r"""The variance a round with expected units ``e`` (B, T) reports on average, tokens flipping
-    with probability ``q`` and weighing ``weight2`` (their squared weights in the estimate): a
-    token drawn with probability :math:`\pi = e < 1` reports :math:`p/\pi`, one with one unit
-    :math:`p` (conservative by :math:`p^2`), one with :math:`n \ge 2` units :math:`p(1-p)/n`
-    (:func:`token_values`). In float64."""
+    with probability ``q`` and weighing ``weight2`` (their squared weights in the estimate).
+    With :math:`\mu_2` a unit's second moment and :math:`v = \mu_2 - p^2` its variance, a token
+    drawn with probability :math:`\pi = e < 1` reports :math:`\mu_2/\pi`, one with one unit
+    :math:`\mu_2` (conservative by :math:`p^2`), one with :math:`n \ge 2` units :math:`v/n`
+    (:func:`token_values`). A single copy (``per_unit=1``) has :math:`\mu_2 = p`; an antithetic
+    pair's mean (``per_unit=2``) :math:`\mu_2 = p/2` where its two copies never both flip, as
+    the tangent's two half-spaces :math:`g^\top\varepsilon < -m` and
+    :math:`g^\top\varepsilon > m` never do. In float64."""
     p = q.double()
+    mu2 = p / per_unit
+    v = p * (1 / per_unit - p)  # p(1 − p) for a single copy
     whole = e.floor()
     frac = e - whole
-    # E[1/n] over n = ⌊e⌋ + Bernoulli(frac), n ≥ 2; and the chance of a single unit
+    # E[1/n] over n = ⌊e⌋ + Bernoulli(frac), where n ≥ 2
     inv_n = (1 - frac) / whole.clamp(min=1) + frac / (whole + 1)
     per_token = torch.where(
-        e < 1, p / e.clamp(min=1e-300),
-        torch.where(e < 2, (1 - frac) * p + frac * p * (1 - p) / 2, p * (1 - p) * inv_n))
+        e < 1, mu2 / e.clamp(min=1e-300),
+        torch.where(e < 2, (1 - frac) * mu2 + frac * v / 2, v * inv_n))
     return float((weight2 * per_token).sum())
 
 
 def next_size(q: Tensor, valid: Tensor, scale: Tensor, weight2: Tensor, spent: float,
-              variance: float, target: float, least: float, most: float) -> float:
+              variance: float, target: float, least: float, most: float,
+              per_unit: int = 1) -> float:
     r"""The units per token of the next round that bring the rounds' combined standard error to
     ``target``: rounds of sizes :math:`b_r` are combined by their sizes, so with :math:`B` =
     ``spent`` and the current combined ``variance`` :math:`V`, a round of size :math:`b` whose
-    report is :math:`R(b)` (:func:`reported_variance` at the tangent's :math:`q`) leaves
+    report is :math:`R(b)` (:func:`reported_variance` at the tangent's :math:`q`, units of
+    ``per_unit`` copies) leaves
     :math:`(B^2V + b^2R(b))/(B+b)^2`. The smallest :math:`b` in [``least``, ``most``] that
     reaches ``target``² (``most`` where none does; bisection in :math:`\log b`)."""
 
     def combined(size: float) -> float:
         e = expected_units(q, valid, size, scale)
-        r = reported_variance(q, e, weight2)
+        r = reported_variance(q, e, weight2, per_unit)
         return (spent**2 * variance + size**2 * r) / (spent + size) ** 2
 
     goal = target**2
@@ -297,7 +305,7 @@ def linear_rounds(x: Tensor, valid: Tensor, budget: float, gen: torch.Generator,
         kappa = fit_scale(x.flatten(), hits, counts)
         q = torch.special.ndtr(-x / kappa)
         size = next_size(q, valid, scale, weight2.to(q.device, torch.float64), spent, variance,
-                         target, budget, min(left, MAX_GROWTH * budget))
+                         target, budget, min(left, MAX_GROWTH * budget), per_unit)
     # rounds combined by their sizes: a round's size depends on the flips before it only
     # through the fitted scale and the variance so far, both sums over the whole batch, so the
     # estimate's bias stays a small share of its standard error (module docstring)
