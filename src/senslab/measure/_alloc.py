@@ -273,6 +273,7 @@ def linear_rounds(x: Tensor, valid: Tensor, budget: float, gen: torch.Generator,
     per_token = int(valid.sum()) * per_unit  # copies of one unit per real token
     ys: list[Tensor] = []
     vs: list[Tensor] = []
+    reports: list[float] = []  # each round's reported variance of the batch's mean
     sizes: list[float] = []
     hits = torch.zeros(b * t, dtype=torch.float64, device=valid.device)
     counts = torch.zeros_like(hits)
@@ -286,14 +287,14 @@ def linear_rounds(x: Tensor, valid: Tensor, budget: float, gen: torch.Generator,
         y, var = token_values(u, usrc, utok, n, e)
         ys.append(y)
         vs.append(var)
+        reports.append(float((var * weight2.to(var)).sum()))
         sizes.append(size)
         copies += len(src)
         left = (max_copies - copies) / max(per_token, 1)  # units per token still allowed
         if target is None or left < budget:
             break
         spent = sum(sizes)
-        variance = sum((s / spent) ** 2 * float((v * weight2.to(v)).sum())
-                       for s, v in zip(sizes, vs, strict=True))
+        variance = sum((s / spent) ** 2 * r for s, r in zip(sizes, reports, strict=True))
         se = math.sqrt(max(variance, 0.0))
         if se <= target and (se > 0.0 or len(ys) >= rounds_at_zero):
             break
