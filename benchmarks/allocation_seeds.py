@@ -8,6 +8,14 @@ script runs ``token_sensitivity`` with the options of one ``real_models`` row (b
 and its standard error over seeds, the spread of the estimates against the mean reported
 standard error, and the seconds and forwards per run.
 
+For ``allocation="linear"`` rows it also splits each run's reported variance: a token measured
+by one unit in a round (or drawn with probability below one) reports its value squared, whose
+mean is :math:`p` where its variance is :math:`p(1 - p)`, so the reported variance exceeds the
+estimate's by the sum of those tokens' weighted :math:`p^2` (:func:`single_excess`). That
+excess is estimated in the run from the product of a token's values in the first two rounds;
+``single_excess_share`` is its share of the reported variance — how much sooner a design with
+an unbiased variance could have stopped, by this cause.
+
     python benchmarks/allocation_seeds.py --case minilm --seeds 10 \
         --out benchmarks/results/allocation-seeds-minilm.json
     python benchmarks/allocation_seeds.py --case minilm --seeds 30 --first-seed 11 \
@@ -23,6 +31,8 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -33,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import real_models  # noqa: E402
 
-from senslab.measure import TokenSensitivity  # noqa: E402
+from senslab.measure import TokenSensitivity, _alloc  # noqa: E402
 
 
 def row_options(case: Any, label: str) -> dict[str, Any]:
@@ -45,21 +55,109 @@ def row_options(case: Any, label: str) -> dict[str, Any]:
     raise SystemExit(f"no row {label!r} in real_models.senslab_methods")
 
 
+@contextmanager
+def recorded_rounds() -> Iterator[list[dict[str, Any]]]:
+    """While open, every batch that ``allocation="linear"`` measures appends
+    ``{"valid": (B, T), "rounds": [(y, var, e), ...]}``: its real tokens, and each round's token
+    values, their variance estimates and expected units (what
+    :func:`senslab.measure._alloc.token_values` returns and is given)."""
+    batches: list[dict[str, Any]] = []
+    rounds_fn, values_fn = _alloc.linear_rounds, _alloc.token_values
+
+    def linear_rounds(x: Any, valid: Any, *args: Any, **kwargs: Any) -> Any:
+        batches.append({"valid": valid.detach().cpu(), "rounds": []})
+        return rounds_fn(x, valid, *args, **kwargs)
+
+    def token_values(u: Any, usrc: Any, utok: Any, n: Any, e: Any) -> Any:
+        y, var = values_fn(u, usrc, utok, n, e)
+        batches[-1]["rounds"].append(tuple(t.detach().double().cpu() for t in (y, var, e)))
+        return y, var
+
+    _alloc.linear_rounds, _alloc.token_values = linear_rounds, token_values
+    try:
+        yield batches
+    finally:
+        _alloc.linear_rounds, _alloc.token_values = rounds_fn, values_fn
+
+
+def single_excess(valid: torch.Tensor, rounds: list[tuple[torch.Tensor, ...]]
+                  ) -> tuple[float, float | None]:
+    r"""One batch's reported variance of its mean (the rounds combined by their sizes, as
+    ``_alloc.linear_rounds`` does) and the part of it that is the single-unit tokens'
+    :math:`p^2` (None with one round). Round :math:`r` of size
+    :math:`b_r` reports, for a token with expected units :math:`e`, :math:`p^2` too much with
+    weight :math:`c = 1` below one unit and :math:`c = 1 - (e - \lfloor e\rfloor)` (the
+    chance of one unit) below two (``_alloc.reported_variance``); :math:`p^2` itself is
+    :math:`y_1 y_2`, the product of the first two rounds' values, unbiased where the pilot never
+    ends the run (the second round's values are unbiased given the first's). Products with later
+    rounds would not be: whether a third round runs depends on the values before it. The
+    weights :math:`c` of the later rounds depend on the first only through the batch's fitted
+    scale and variance so far, which leaves a small bias on a large batch. Single copies only
+    (antithetic pairs report :math:`\mu_2` differently)."""
+    b = valid.shape[0]
+    k = valid.sum(1).double().clamp(min=1)
+    w2 = (1.0 / (b * k) ** 2)[:, None] * valid
+    sizes = [float(e[valid].mean()) for _, _, e in rounds]
+    spent = sum(sizes)
+    ys = torch.stack([y for y, _, _ in rounds])
+    reported = sum((size / spent) ** 2 * float((w2 * var).sum())
+                   for size, (_, var, _) in zip(sizes, rounds, strict=True))
+    if len(rounds) < 2:
+        return reported, None
+    p2 = ys[0] * ys[1]
+    excess = 0.0
+    for size, (_, _, e) in zip(sizes, rounds, strict=True):
+        frac = e - e.floor()
+        c = torch.where(e < 1, torch.ones_like(e),
+                        torch.where(e < 2, 1 - frac, torch.zeros_like(e)))
+        excess += (size / spent) ** 2 * float((w2 * c * p2).sum())
+    return reported, excess
+
+
 def run_seeds(case: Any, options: dict[str, Any], seeds: int, log: Any = print,
               first: int = 1) -> dict[str, Any]:
     runs = []
+    split = options.get("allocation") == "linear" and not options.get("antithetic")
     for seed in range(first, first + seeds):
-        start = time.perf_counter()
-        metric = TokenSensitivity(case.model, case.tokens, sigma=case.sigma, estimand="subset",
-                                  generator=seed, **options)
-        metric.update(case.inputs)
-        res = metric.compute()
-        runs.append({"seed": seed, "estimate": res.estimate, "se": res.stderr_subset,
-                     "forwards": res.num_forward, "seconds": time.perf_counter() - start,
-                     "tangent_scale": metric.last_tangent_scale})
+        with recorded_rounds() as batches:
+            start = time.perf_counter()
+            metric = TokenSensitivity(case.model, case.tokens, sigma=case.sigma,
+                                      estimand="subset", generator=seed, **options)
+            metric.update(case.inputs)
+            res = metric.compute()
+            seconds = time.perf_counter() - start
+        run = {"seed": seed, "estimate": res.estimate, "se": res.stderr_subset,
+               "forwards": res.num_forward, "seconds": seconds,
+               "tangent_scale": metric.last_tangent_scale}
+        if split and batches:
+            run.update(split_variance(batches))
+        runs.append(run)
+        share = run.get("single_excess_share")
         log(f"  seed {seed}: {res.estimate:.4f} ± {res.stderr_subset:.4f}, "
-            f"{res.num_forward} forwards, {runs[-1]['seconds']:.1f} s")
+            f"{res.num_forward} forwards, {seconds:.1f} s"
+            + (f", rounds {run['round_sizes']}, single-unit p² {share:.1%} of the reported "
+               "variance" if share is not None else ""))
     return {"runs": runs, "summary": summarise(runs)}
+
+
+def split_variance(batches: list[dict[str, Any]]) -> dict[str, Any]:
+    """A run's rounds (each batch's sizes, in units per token) and :func:`single_excess` over
+    its batches, each batch's share weighted by its examples (the estimate is the mean over all
+    examples): the reported variance of the estimate and the excess's share of it (None where a
+    batch had one round)."""
+    n = sum(b["valid"].shape[0] for b in batches)
+    reported, excess = 0.0, 0.0
+    for b in batches:
+        rep, exc = single_excess(b["valid"], b["rounds"])
+        f = (b["valid"].shape[0] / n) ** 2
+        reported += f * rep
+        excess = None if excess is None or exc is None else excess + f * exc
+    sizes = [[round(float(e[b["valid"]].mean()), 4) for _, _, e in b["rounds"]]
+             for b in batches]
+    return {"round_sizes": sizes[0] if len(sizes) == 1 else sizes,
+            "reported_variance": reported,
+            "single_excess_share": None if excess is None or reported <= 0
+            else excess / reported}
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -77,6 +175,12 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
                "min_seconds": min(r["seconds"] for r in runs),
                "max_seconds": max(r["seconds"] for r in runs),
                "mean_forwards": statistics.mean(r["forwards"] for r in runs)}
+    shares = [r["single_excess_share"] for r in runs if r.get("single_excess_share") is not None]
+    if shares:
+        # the spread over reported s.e. that the single-unit excess alone would explain
+        mean_share = statistics.mean(shares)
+        summary["mean_single_excess_share"] = mean_share
+        summary["sd_over_reported_if_only_excess"] = math.sqrt(max(0.0, 1 - mean_share))
     if seeds > 1:
         ratio = summary["sd_estimates"] / summary["mean_reported_se"]
         half = 1.96 * ratio / math.sqrt(2 * (seeds - 1))
@@ -125,6 +229,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"95% {s.get('sd_over_reported_ci95', [0, 0])[0]:.2f}–"
           f"{s.get('sd_over_reported_ci95', [0, 0])[1]:.2f}); {s['median_seconds']:.1f} s median "
           f"({s['min_seconds']:.1f}–{s['max_seconds']:.1f})")
+    if "mean_single_excess_share" in s:
+        print(f"single-unit tokens' p²: {s['mean_single_excess_share']:.1%} of the reported "
+              f"variance on average (alone, a spread of "
+              f"{s['sd_over_reported_if_only_excess']:.2f}× the reported s.e.)")
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {args.out}")
