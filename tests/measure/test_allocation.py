@@ -228,6 +228,40 @@ def test_a_pilot_and_one_sized_round_where_the_tangent_is_right():
     assert sorted(rounds)[len(rounds) // 2] == 2, rounds
 
 
+def test_a_top_up_after_the_sized_round_may_be_smaller_than_the_pilot(monkeypatch):
+    """Where the sized round falls short (a few tokens flip far more often than the tangent
+    says, which no refitted scale captures), the round after it is sized by the same
+    prediction down to TOPUP × budget, not a whole budget: often smaller than the pilot, so the
+    target is not overshot by a pilot's worth of copies."""
+    x, valid, q = _world()
+    odd = torch.rand(q.shape, generator=torch.Generator().manual_seed(123),
+                     dtype=torch.float64) < 0.03
+    flips = torch.where(odd, q.clamp(min=0.4), q) * valid
+    leasts: list[list[float]] = []
+    real = _alloc.next_size
+
+    def spy(*args, **kwargs):
+        leasts[-1].append(args[7])  # ``least``
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_alloc, "next_size", spy)
+    smaller = 0
+    for seed in range(20):
+        g = torch.Generator().manual_seed(seed)
+        calls: list[int] = []
+        leasts.append([])
+
+        def evaluate(src, tok, g=g, calls=calls):
+            calls.append(len(src))
+            return torch.bernoulli(flips[src, tok], generator=g)
+
+        _alloc.linear_rounds(x, valid, 0.25, g, evaluate, target=0.006)
+        assert leasts[-1][0] == 0.25
+        assert all(v == pytest.approx(0.25 * _alloc.TOPUP) for v in leasts[-1][1:])
+        smaller += any(c < 0.6 * calls[0] for c in calls[2:])  # a whole budget: 0.84× or more
+    assert smaller >= 3, leasts
+
+
 def _steep(model):
     """The same flips as ``model`` (a monotone odd map of its logit), but a tangent three times
     too steep where the logit is large: z³ + z has z/3 of the margin per unit of slope."""

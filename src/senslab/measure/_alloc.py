@@ -34,10 +34,11 @@ steeper or flatter tangent. The first round, of ``budget`` units per token, is a
 tangent as it is; after each round the scale :math:`\kappa` in :math:`q_{bt}(\kappa) =
 \Phi(-m_b/(\kappa\sigma\lVert g_{bt}\rVert))` is fitted by maximum likelihood to every copy's
 flip so far (:func:`fit_scale`), and the next round is allocated by :math:`q(\hat\kappa)` and
-sized, at least ``budget``, by what the refitted tangent predicts that round will report
-(:func:`next_size`): the variance so far and the prediction together reach the target. Rounds
-of sizes :math:`b_r` are combined by their sizes, :math:`\sum_r b_r Y_r / \sum_r b_r`. A small
-pilot and one round sized for the target replace the many equal rounds that went before:
+sized, at least ``budget`` (a top-up after that round at least :data:`TOPUP` × ``budget``), by
+what the refitted tangent predicts that round will report (:func:`next_size`): the variance so
+far and the prediction together reach the target. Rounds of sizes :math:`b_r` are combined by
+their sizes, :math:`\sum_r b_r Y_r / \sum_r b_r`. A small pilot and one round sized for the
+target replace the many equal rounds that went before:
 small rounds draw most tokens with a probability below one, which costs
 :math:`p^2(1/\pi - 1)` of variance per token, and each look at the standard error can
 overshoot by a round. The weights depend on the flips only through the fitted scale and the
@@ -190,6 +191,9 @@ def token_values(
 
 #: the largest round with a target, in multiples of ``budget`` (later rounds continue from it)
 MAX_GROWTH = 64
+#: the least size of a round after the one sized for the target (a top-up where its prediction
+#: fell short), in multiples of ``budget``: a whole ``budget`` there overshot the target
+TOPUP = 0.25
 
 
 def reported_variance(q: Tensor, e: Tensor, weight2: Tensor, per_unit: int = 1) -> float:
@@ -255,7 +259,8 @@ def linear_rounds(x: Tensor, valid: Tensor, budget: float, gen: torch.Generator,
     :math:`\Phi(-x/\kappa)` (``x`` (B, T): :attr:`LinearControl.x`), the first ``budget`` at
     :math:`\kappa = 1`, each later one at the :math:`\kappa` fitted to every flip so far and of
     the size that the fitted tangent predicts for the ``target`` (:func:`next_size`, at least
-    ``budget``); with a ``target`` standard error, rounds until the estimate's (subset)
+    ``budget``, a top-up after it at least :data:`TOPUP` × ``budget``); with a ``target``
+    standard error, rounds until the estimate's (subset)
     standard error reaches it (not at zero before ``rounds_at_zero`` rounds) or another round
     of ``budget`` would pass ``max_copies`` (a later round is cut to what is left).
     ``evaluate(src, tok)``: the flip (or output) value of one copy of token ``tok`` of example
@@ -305,8 +310,9 @@ def linear_rounds(x: Tensor, valid: Tensor, budget: float, gen: torch.Generator,
         counts.index_add_(0, cell, torch.ones_like(cell, dtype=torch.float64))
         kappa = fit_scale(x.flatten(), hits, counts)
         q = torch.special.ndtr(-x / kappa)
+        least = budget if len(ys) == 1 else TOPUP * budget
         size = next_size(q, valid, scale, weight2.to(q.device, torch.float64), spent, variance,
-                         target, budget, min(left, MAX_GROWTH * budget), per_unit)
+                         target, least, min(left, MAX_GROWTH * budget), per_unit)
     # rounds combined by their sizes: a round's size depends on the flips before it only
     # through the fitted scale and the variance so far, both sums over the whole batch, so the
     # estimate's bias stays a small share of its standard error (module docstring)

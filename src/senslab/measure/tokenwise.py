@@ -255,9 +255,10 @@ class TokenSensitivity:
             per token is reached with fewer forwards (module docstring; :mod:`._alloc`).
         budget: with ``allocation="linear"``, the mean units (copies, or antithetic pairs) per
             real token of the round (default 1; may be below 1); with ``target_stderr``, of the
-            first round and the least of each later one, whose size the refitted tangent
-            predicts for the target, so a small pilot (0.25) leaves most draws to a round the
-            tangent has been fitted for (docs/benchmarks.md, *Sized rounds*); with
+            first round and the least of the next, whose size the refitted tangent predicts
+            for the target (a top-up after it at least a quarter of ``budget``), so a small
+            pilot (0.25) leaves most draws to a round the tangent has been fitted for
+            (docs/benchmarks.md, *Sized rounds*); with
             ``"uniform"``, the share of every example's tokens each round adds (in (0, 1],
             default 1). ``repeats`` stays at 1 (2 with ``antithetic``).
         control_variate: ``"linear"`` subtracts the flip indicator of the model's tangent
