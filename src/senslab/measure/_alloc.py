@@ -260,9 +260,9 @@ def linear_rounds(x: Tensor, valid: Tensor, budget: float, gen: torch.Generator,
     :math:`\kappa = 1`, each later one at the :math:`\kappa` fitted to every flip so far and of
     the size that the fitted tangent predicts for the ``target`` (:func:`next_size`, at least
     ``budget``, a top-up after it at least :data:`TOPUP` × ``budget``); with a ``target``
-    standard error, rounds until the estimate's (subset)
-    standard error reaches it (not at zero before ``rounds_at_zero`` rounds) or another round
-    of ``budget`` would pass ``max_copies`` (a later round is cut to what is left).
+    standard error, rounds until the estimate's (subset) standard error reaches it (not at zero
+    before ``rounds_at_zero`` rounds) or another round of ``budget`` would pass ``max_copies``
+    (a later round is cut to what is left).
     ``evaluate(src, tok)``: the flip (or output) value of one copy of token ``tok`` of example
     ``src`` each, units of ``per_unit`` adjacent copies (antithetic pairs). Returns the rounds'
     token values (B, T) combined by their sizes, their variance share (the rounds' variance
