@@ -32,7 +32,7 @@ import statistics
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -99,12 +99,11 @@ def single_excess(valid: torch.Tensor, rounds: list[tuple[torch.Tensor, ...]]
     w2 = (1.0 / (b * k) ** 2)[:, None] * valid
     sizes = [float(e[valid].mean()) for _, _, e in rounds]
     spent = sum(sizes)
-    ys = torch.stack([y for y, _, _ in rounds])
     reported = sum((size / spent) ** 2 * float((w2 * var).sum())
                    for size, (_, var, _) in zip(sizes, rounds, strict=True))
     if len(rounds) < 2:
         return reported, None
-    p2 = ys[0] * ys[1]
+    p2 = rounds[0][0] * rounds[1][0]
     excess = 0.0
     for size, (_, _, e) in zip(sizes, rounds, strict=True):
         frac = e - e.floor()
@@ -119,7 +118,7 @@ def run_seeds(case: Any, options: dict[str, Any], seeds: int, log: Any = print,
     runs = []
     split = options.get("allocation") == "linear" and not options.get("antithetic")
     for seed in range(first, first + seeds):
-        with recorded_rounds() as batches:
+        with recorded_rounds() if split else nullcontext([]) as batches:
             start = time.perf_counter()
             metric = TokenSensitivity(case.model, case.tokens, sigma=case.sigma,
                                       estimand="subset", generator=seed, **options)

@@ -258,9 +258,9 @@ class TokenSensitivity:
             first round and the least of the next, whose size the refitted tangent predicts
             for the target (a top-up after it at least a quarter of ``budget``), so a small
             pilot (0.25) leaves most draws to a round the tangent has been fitted for
-            (docs/benchmarks.md, *Sized rounds*); with
-            ``"uniform"``, the share of every example's tokens each round adds (in (0, 1],
-            default 1). ``repeats`` stays at 1 (2 with ``antithetic``).
+            (docs/benchmarks.md, *Sized rounds*); with ``"uniform"``, the share of every
+            example's tokens each round adds (in (0, 1], default 1). ``repeats`` stays at 1
+            (2 with ``antithetic``).
         control_variate: ``"linear"`` subtracts the flip indicator of the model's tangent
             hyperplane and adds its closed-form mean (:mod:`._control`): unbiased for any
             model, exact for a linear one; costs one forward and backward per example (counted
