@@ -90,6 +90,34 @@ def test_simulated_rounds_run_senslabs_allocation(holdout):
     assert sim["gain"] > 1.0
     jeff = holdout.simulate(counts, 16, x, 0.25, 0.02, replicates=20, world="jeffreys")
     assert jeff["truth"] > sim["truth"]  # every token gets some chance to flip
+    post = holdout.simulate(counts, 16, x, 0.25, 0.02, replicates=20, world="posterior")
+    assert post["world"] == "posterior" and post["mean_rounds"] >= 1
+
+
+def test_the_posterior_world_keeps_small_rates_for_tokens_that_never_flipped(holdout):
+    """Drawn from the deconvolved posterior: a token that never flipped in 32 draws mostly gets
+    a small rate above zero (its flips cannot exclude one), a token that flipped often a rate
+    near its share; one seed, one world; an unknown world is refused."""
+    g = torch.Generator().manual_seed(2)
+    lengths = [10, 14, 6, 12] * 10
+    rates = [torch.where(torch.rand(k, generator=g) < 0.7, 0.01, 0.4).double() for k in lengths]
+    m = 32
+    counts = [torch.binomial(torch.full_like(p, float(m)), p, generator=g) for p in rates]
+    x = [torch.ones(k, dtype=torch.float64) for k in lengths]
+    valid, p, _ = holdout.world_tensors(counts, m, x, "posterior", seed=0)
+    h = torch.cat(counts)
+    drawn = p[valid]
+    never = drawn[h == 0]
+    assert (never > 0).double().mean() > 0.5 and never.mean() < 0.05
+    often = h >= 8
+    assert (drawn[often] - h[often] / m).abs().mean() < 0.1
+    again = holdout.world_tensors(counts, m, x, "posterior", seed=0)[1]
+    other = holdout.world_tensors(counts, m, x, "posterior", seed=1)[1]
+    assert torch.equal(again, p) and not torch.equal(other, p)
+    plug = holdout.world_tensors(counts, m, x, "plug-in")[1]
+    assert plug[valid][h == 0].abs().max() == 0
+    with pytest.raises(ValueError, match="world must be one of"):
+        holdout.world_tensors(counts, m, x, "oracle")
 
 
 def test_a_record_is_judged_again_without_draws(holdout, tmp_path):

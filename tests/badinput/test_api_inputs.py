@@ -225,10 +225,10 @@ CASES = [
     Case("threshold-str", lambda: measure(output_kind="scores", threshold="0.5"), TypeError,
          ("threshold", "'0.5'", "threshold=0.5")),
     Case("sigmoid-output-ambiguous", lambda: measure(Sigmoid(linear(1))), ValueError,
-         ("(0, 1)", "output_kind='probabilities'")),
+         ("[0, 1]", "output_kind='probabilities'")),
     Case("sigmoid-output-ambiguous-flat", lambda: measure(
         Wrap(linear(1), lambda f, z: torch.sigmoid(z).squeeze(1))), ValueError,
-         ("(0, 1)", "output_kind")),
+         ("[0, 1]", "output_kind")),
     Case("probabilities-not-in-unit-interval",
          lambda: measure(linear(1), images(), output_kind="probabilities"), ValueError,
          ("output_kind='probabilities'", "outside [0, 1]", "output_kind='logits'")),
@@ -548,7 +548,7 @@ def test_any_output_convention_is_refused_clearly_or_equals_the_logits(pack, cla
         assert "output=" in text or "output_kind" in text or "threshold" in text, text
         assert pack in ("pair-no-selector", "dict-no-logits") or (
             kind == "scores" and classes > 1
-        ) or (kind is None and classes == 1 and "(0, 1)" in text), text
+        ) or (kind is None and classes == 1 and "[0, 1]" in text), text
         return
     assert r.estimate == reference
 

@@ -77,13 +77,24 @@ def test_margins_agree_with_predictions():
 
 
 def test_resolve_refuses_one_column_in_zero_one():
+    """A one-column output in [0, 1] with values strictly inside is refused without a kind,
+    saturated sigmoid heads included."""
     p = torch.tensor([0.2, 0.6, 0.9])
     with pytest.raises(ValueError, match="output_kind='probabilities'"):
         resolve_kind(p, None)
     assert resolve_kind(p, "probabilities") == "probabilities"
     assert resolve_kind(p, "logits") == "logits"
     assert resolve_kind(torch.tensor([-0.2, 0.6]), None) == "logits"  # not all in (0, 1)
-    assert resolve_kind(torch.tensor([0.0, 0.6]), None) == "logits"  # 0 is outside (0, 1)
+    # a sigmoid head whose confident examples round to exactly 1 (or 0) in float32 is still one
+    saturated = torch.sigmoid(torch.tensor([1.5, 1.2, 20.0, -120.0]))
+    assert saturated.max().item() == 1.0 and saturated.min().item() == 0.0
+    for out in (saturated, torch.tensor([0.0, 0.6]), torch.tensor([1.0, 0.3])):
+        with pytest.raises(ValueError, match=r"every value in \[0, 1\]"):
+            resolve_kind(out, None)
+    assert resolve_kind(saturated, "probabilities") == "probabilities"
+    # exact 0s and 1s (hard decisions) read the same as logits and as probabilities
+    assert resolve_kind(torch.tensor([0.0, 1.0, 1.0]), None) == "logits"
+    assert resolve_kind(torch.tensor([-0.5, 0.0, 1.0]), None) == "logits"  # not all in [0, 1]
     assert resolve_kind(torch.rand(5, 3), None) == "logits"  # several columns: argmax
     assert resolve_kind(torch.tensor([0, 1]), None) == "logits"  # integer labels
     with pytest.raises(ValueError, match="not probabilities"):

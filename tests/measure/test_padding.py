@@ -269,3 +269,44 @@ def test_the_tangent_pass_is_trimmed_too():
     lengths = batch["attention_mask"].sum(1)
     assert widths[False] == [16] * 12
     assert len(widths[True]) == 12 and max(widths[True]) == int(lengths.max()) < 16
+
+
+class PaddingMaskModel(nn.Module):
+    """Takes a ``padding_mask`` that is True on padding (PyTorch's and fairseq's convention)
+    and averages the real positions only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)  # test-only: model init
+        self.embedding = nn.Embedding(50, 4)
+        self.embed_ln = nn.LayerNorm(4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, input_ids, padding_mask):
+        h = self.embed_ln(self.embedding(input_ids))
+        real = (~padding_mask).unsqueeze(-1).to(h.dtype)
+        return self.head((h * real).sum(1) / real.sum(1))
+
+
+@pytest.mark.parametrize("key", ["padding_mask", "key_padding_mask"])
+def test_a_padding_mask_of_either_convention_is_never_guessed(key):
+    """A ``padding_mask`` entry may mean padding (True) or real tokens: read the wrong way the
+    noise would land on the padding only, which the model ignores (a false 0). Without mask=
+    it is refused with both fixes; with mask= the user's real tokens count, trimmed or not."""
+    batch = right_padded()
+    model = PaddingMaskModel()
+    inputs = {"input_ids": batch["input_ids"], key: ~batch["attention_mask"]}
+    if key != "padding_mask":  # the model's own argument is named padding_mask
+        model.forward = lambda input_ids, key_padding_mask: PaddingMaskModel.forward(
+            model, input_ids, key_padding_mask)
+    with pytest.raises(ValueError, match=rf"{key}.*mask=~inputs\['{key}'\]"):
+        token_sensitivity(model, inputs, Embedding("embed_ln"), sigma=3.0, repeats=2)
+    real = ~inputs[key]
+    metric = TokenSensitivity(model, Embedding("embed_ln"), sigma=3.0, repeats=2, generator=0)
+    metric.update(inputs, mask=real)
+    a = metric.compute()
+    b = token_sensitivity(model, inputs, Embedding("embed_ln"), mask=real, sigma=3.0, repeats=2,
+                          generator=0, trim_padding=False)
+    assert metric.last_trimmed
+    assert torch.equal(a.per_sample, b.per_sample)
+    assert a.estimate > 0.05  # flips on the real tokens (read the other way round: exactly 0)

@@ -21,9 +21,10 @@ With several columns the margin is the clean class's column minus the largest ot
 Integer or bool outputs of shape (B,) are class labels and are compared as they are (unless
 the kind is ``"scores"``, whose threshold is then applied).
 
-**The ambiguous case is refused.** A single floating column that lies entirely in (0, 1) is
-what a ``sigmoid`` head returns; read as logits every value is positive, every prediction is
-class 1 and no noise ever flips it — a sensitivity of exactly 0 that says nothing. When no kind
+**The ambiguous case is refused.** A single floating column that lies entirely in [0, 1], some
+values strictly inside, is what a ``sigmoid`` head returns (its confident examples round to
+exactly 0 or 1 in float32); read as logits every value is at least 0, (almost) every prediction
+is class 1 and no noise flips it — a sensitivity of (about) 0 that says nothing. When no kind
 was given (neither the option nor a model attribute ``output_kind``) such an output raises a
 ``ValueError`` that names ``output_kind``; any other output is read as logits.
 """
@@ -105,8 +106,11 @@ def threshold_of(kind: str, threshold: float | None = None) -> float:
 def resolve_kind(out: Tensor, kind: str | None, threshold: float | None = None) -> str:
     """The kind to read ``out`` (clean outputs of a batch) with; refuses the ambiguous case.
 
-    ``kind`` None: logits, unless one floating column lies entirely in (0, 1) (a ValueError
-    naming ``output_kind``). ``"probabilities"`` on one column outside [0, 1] is an error too.
+    ``kind`` None: logits, unless one floating column lies entirely in [0, 1] with some value
+    strictly inside (a ValueError naming ``output_kind``): a sigmoid head, even one whose
+    confident examples round to exactly 0 or 1 in float32. A column of exact 0s and 1s (hard
+    decisions) reads the same either way. ``"probabilities"`` on one column outside [0, 1] is
+    an error too.
     """
     check_kind(kind, threshold)
     scalar = is_scalar(out)
@@ -118,9 +122,10 @@ def resolve_kind(out: Tensor, kind: str | None, threshold: float | None = None) 
     if not scalar or not out.is_floating_point() or out.numel() == 0:
         return kind or "logits"
     lo, hi = float(out.min()), float(out.max())
-    if kind is None and 0.0 < lo and hi < 1.0:
+    inside = bool(((out > 0) & (out < 1)).any())
+    if kind is None and 0.0 <= lo and hi <= 1.0 and inside:
         raise ValueError(
-            f"the model returns one column with every value in (0, 1) (min {lo:.3g}, max "
+            f"the model returns one column with every value in [0, 1] (min {lo:.3g}, max "
             f"{hi:.3g}): probabilities or logits? Read as logits (class = sign) nothing would "
             "ever flip. Say which: output_kind='probabilities' (class 1 iff > 0.5), "
             "output_kind='logits', or output_kind='scores', threshold=t; a model can declare "

@@ -229,8 +229,8 @@ def output_sharpness(
     The L1 distance sums over all output entries of an example. ShPred compares predicted classes
     with the decision rule of :mod:`senslab.measure.outputs`, as :func:`token_sensitivity` does
     (argmax of (B, C) logits; one column by ``output_kind``, default the model's attribute, else
-    its sign); it is ``None`` for other output shapes and for a one-column output in (0, 1)
-    whose kind nobody declared (probabilities or logits?).
+    its sign); it is ``None`` for other output shapes and for a one-column output in [0, 1]
+    (some values strictly inside) whose kind nobody declared (probabilities or logits?).
 
     Args:
         model: the network; evaluated in eval mode, left exactly as it was.

@@ -19,8 +19,8 @@ sharpness and the training loop). :math:`\hat y` is the argmax of a (B, C) outpu
 (B, 1) output is one column read by ``output_kind``: ``"logits"`` (class 1 iff :math:`z > 0`),
 ``"probabilities"`` (iff :math:`p > 1/2`) or ``"scores"`` (iff :math:`s >` ``threshold``). The
 default is the model's ``output_kind`` attribute (the zoo's models declare ``"logits"``), else
-logits — except that a single column lying entirely in (0, 1), what a ``sigmoid`` head returns,
-is refused as ambiguous: read as logits it would never flip.
+logits — except that a single column lying entirely in [0, 1] (some values strictly inside),
+what a ``sigmoid`` head returns, is refused as ambiguous: read as logits it would never flip.
 
 **What the model returns.** ``output=`` says where the logits are in the raw output: an int
 index into a tuple/list, a str key (or attribute), or a function of the raw output. Without it a
@@ -229,7 +229,7 @@ class TokenSensitivity:
             ``"logits"`` (class 1 iff > 0), ``"probabilities"`` (iff > 0.5) or ``"scores"``
             (iff > ``threshold``); several columns are always read by argmax. Default: the
             model's ``output_kind`` attribute, else logits — but a one-column output entirely
-            in (0, 1) is then refused as ambiguous.
+            in [0, 1] (some values strictly inside) is then refused as ambiguous.
         threshold: the class boundary of ``output_kind="scores"``.
         output: which part of the model's raw output holds the logits: an int index into a
             tuple/list, a str key (or attribute), or a function of the raw output. Default: a

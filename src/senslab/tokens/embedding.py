@@ -31,7 +31,33 @@ from .base import (
     valid_mask,
 )
 
-_MASK_KEYS = ("attention_mask", "padding_mask", "mask")
+#: dict-input entries read as the mask of real tokens (True or 1 on a real token)
+_MASK_KEYS = ("attention_mask", "mask")
+#: entries whose convention varies (True marks *padding* in PyTorch's ``key_padding_mask`` and in
+#: fairseq's ``padding_mask``, real tokens elsewhere): never guessed
+_AMBIGUOUS_MASK_KEYS = ("padding_mask", "key_padding_mask", "src_key_padding_mask")
+
+
+def input_mask(inputs: Inputs, b: int, t: int, given: bool) -> tuple[str | None, Any]:
+    """A dict input's mask of real tokens: ``(key, value)`` of its first :data:`_MASK_KEYS`
+    entry, ``(None, None)`` without one. Without a mask of the user's (``given`` False), a dict
+    whose only mask-like entry has an ambiguous convention (:data:`_AMBIGUOUS_MASK_KEYS`) is
+    refused: read the wrong way round, the noise would land on the padding only."""
+    if not isinstance(inputs, dict):
+        return None, None
+    key = next((k for k in _MASK_KEYS if k in inputs), None)
+    if key is not None:
+        return key, inputs[key]
+    odd = next((k for k in _AMBIGUOUS_MASK_KEYS if k in inputs), None)
+    if odd is not None and not given and isinstance(inputs[odd], Tensor) \
+            and tuple(inputs[odd].shape) == (b, t):
+        raise ValueError(
+            f"the input's {odd!r} entry marks padding, or real tokens? (True means padding in "
+            f"PyTorch's key_padding_mask and fairseq's padding_mask.) Say which tokens are "
+            f"real with mask=: mask=~inputs[{odd!r}] where True marks padding, "
+            f"mask=inputs[{odd!r}] where it marks real tokens"
+        )
+    return None, None
 
 
 def find_module(model: nn.Module, name: str) -> nn.Module:
@@ -74,7 +100,9 @@ class Embedding(Tokenization):
     """Tokens are the (B, T, D) output of submodule ``module`` (batch first).
 
     Real tokens are given by the ``mask`` argument of the measurement, else by the
-    ``attention_mask``/``padding_mask`` entry of a dict input, else all positions are real.
+    ``attention_mask`` (or ``mask``) entry of a dict input, else all positions are real. A
+    ``padding_mask``/``key_padding_mask`` entry is never guessed (True marks padding in PyTorch
+    and fairseq, real tokens elsewhere): without ``mask=`` such an input is refused.
     Padding is never perturbed, and by default never evaluated either: perturbed copies are cut
     after their last real token (padding-aware batching, ``trim_padding`` of
     :class:`~senslab.measure.TokenSensitivity`; every input tensor whose second axis is the token
@@ -218,14 +246,12 @@ class _BoundEmbedding(BoundTokens):
                 f"submodule {self.name!r} output is not batch-first: shape {self._shape}"
             )
         self.dim = d
-        if isinstance(self.inputs, dict):
-            key = next((k for k in _MASK_KEYS if k in self.inputs), None)
-            padding = None if key is None else self.inputs[key]
-            if isinstance(padding, Tensor) and tuple(padding.shape) == (b, t):
-                self.padding = padding.to(device=raw.device, dtype=torch.bool)
-                self.padding_key = key
-            if mask is None and key is not None:
-                mask = self.inputs[key]
+        key, padding = input_mask(self.inputs, b, t, mask is not None)
+        if isinstance(padding, Tensor) and tuple(padding.shape) == (b, t):
+            self.padding = padding.to(device=raw.device, dtype=torch.bool)
+            self.padding_key = key
+        if mask is None and key is not None:
+            mask = padding
         self.valid = valid_mask(mask, b, t, raw.device)
         self.trimmable = has_token_axis(self.inputs, t)
         real = self.valid if self.padding is None else self.padding | self.valid

@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from ..tokens import Embedding, Patches, Sequence, Tokenization, find_module
 from ..tokens.base import Inputs, OutputSelector, call_model, valid_mask
-from ..tokens.embedding import _MASK_KEYS
+from ..tokens.embedding import input_mask
 
 
 def _check_generator(generator: object) -> torch.Generator:
@@ -129,10 +129,9 @@ def _embedding_target(model: nn.Module, tokens: Embedding) -> nn.Module:
 def _real_tokens(inputs: Inputs, mask: Tensor | None, b: int, t: int,
                  device: torch.device) -> Tensor:
     """(B, T) bool: the positions that may get the noise — ``mask``, else a dict input's
-    attention/padding mask (the keys :class:`~senslab.tokens.Embedding` reads), else all."""
-    if mask is None and isinstance(inputs, dict):
-        key = next((k for k in _MASK_KEYS if k in inputs), None)
-        found = None if key is None else inputs[key]
+    attention mask (the keys :class:`~senslab.tokens.Embedding` reads), else all."""
+    if mask is None:
+        _, found = input_mask(inputs, b, t, False)
         if isinstance(found, Tensor) and tuple(found.shape) == (b, t):
             mask = found
     valid = valid_mask(mask, b, t, device)
