@@ -59,3 +59,50 @@ def test_a_random_forward_is_refused_on_its_first_batch():
     metric = TokenSensitivity(Noisy(), Sequence(), sigma=1.0, generator=0)
     with pytest.raises(RuntimeError, match="changed between two evaluations"):
         metric.update(torch.randn(6, 4, 3))
+
+
+def test_eval_mode_false_refuses_dropout_in_train_mode_but_measures_batchnorm():
+    """In the model's own mode a train-mode dropout is random: its draws would be counted as
+    flips (two runs with one seed gave different numbers), so it is refused; train-mode
+    BatchNorm is deterministic and is measured, with its buffers left as they were."""
+    torch.manual_seed(0)  # test-only: model init
+    drop = nn.Sequential(nn.Flatten(), nn.Linear(12, 16), nn.Dropout(0.3), nn.Linear(16, 3))
+    x = torch.randn(5, 4, 3, generator=torch.Generator().manual_seed(1))
+    with pytest.raises(RuntimeError, match="eval_mode=False.*eval_mode=True"):
+        TokenSensitivity(drop.train(), Sequence(), sigma=1e-6, eval_mode=False).update(x)
+    assert drop.training
+    calm = TokenSensitivity(drop.eval(), Sequence(), sigma=1e-6, eval_mode=False, generator=0)
+    calm.update(x)  # dropout off: deterministic
+    assert calm.compute().estimate == 0.0
+    norm = nn.Sequential(nn.Flatten(), nn.Linear(12, 16), nn.BatchNorm1d(16), nn.Linear(16, 3))
+    norm.train()
+    before = {k: v.clone() for k, v in norm.state_dict().items()}
+    a = TokenSensitivity(norm, Sequence(), sigma=1.0, eval_mode=False, generator=0)
+    b = TokenSensitivity(norm, Sequence(), sigma=1.0, eval_mode=False, generator=0)
+    a.update(x)
+    b.update(x)
+    assert torch.equal(a.compute().per_sample, b.compute().per_sample)
+    assert all(torch.equal(before[k], v) for k, v in norm.state_dict().items())
+
+
+def test_a_callers_autocast_does_not_change_the_decisions():
+    """Called inside a bf16 autocast region (a bf16-mixed validation step) without autocast=,
+    the measurement still runs in float32: the same flips as outside it. With autocast= the
+    precision is the caller's choice."""
+    torch.manual_seed(0)  # test-only: model init
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 64), nn.Tanh(), nn.Linear(64, 2)).eval()
+    with torch.no_grad():  # two nearly tied classes: bf16's rounding changes some decisions
+        model[3].weight[1] = model[3].weight[0] + 0.002 * torch.randn(64)
+        model[3].bias.zero_()
+    x = torch.randn(16, 4, 3, generator=torch.Generator().manual_seed(2))
+    plain = TokenSensitivity(model, Sequence(), sigma=0.5, repeats=8, generator=0)
+    plain.update(x)
+    inside = TokenSensitivity(model, Sequence(), sigma=0.5, repeats=8, generator=0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside.update(x)
+        assert torch.is_autocast_cpu_enabled()  # the caller's region is left as it was
+    assert torch.equal(inside.compute().per_sample, plain.compute().per_sample)
+    low = TokenSensitivity(model, Sequence(), sigma=0.5, repeats=8, generator=0,
+                           autocast=torch.bfloat16)
+    low.update(x)
+    assert not torch.equal(low.compute().per_sample, plain.compute().per_sample)

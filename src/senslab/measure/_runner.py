@@ -45,6 +45,54 @@ def _tolerance(clean: Tensor, low_precision: bool) -> float:
     return 1e-3
 
 
+RANDOM_FORWARD = (
+    "its forward is random, so the measured flips would count that randomness. senslab "
+    "measures in eval() mode; something else still samples — F.dropout(..., training=True), a "
+    "stochastic layer, noise added in forward. Make the forward deterministic (with "
+    "eval_mode=False, put the model in eval() yourself)"
+)
+
+
+def verify_deterministic(bound: BoundTokens, clean: Tensor, whole: bool,
+                         extent: Tensor | None, low_precision: bool) -> None:
+    """``eval_mode=False``: refuse a forward that is random in the model's own mode (dropout in
+    train mode). The first :data:`VERIFY_ROWS` examples (at least two copies, for train-mode
+    BatchNorm) are evaluated twice, together, as copies with zero noise; the two runs must
+    agree. Unlike :func:`verify_copies` they are not compared with the clean forward: in train
+    mode batch statistics make an example's output depend on its batch."""
+    rows = min(VERIFY_ROWS, len(clean))
+    src = torch.arange(rows, device=bound.valid.device)
+    if rows == 1:
+        src = src.repeat(2)
+    width = bound.valid.shape[1] if extent is None else int(extent[src].max())
+    cut = {} if extent is None else {"width": width}
+    if whole:
+        tok = None
+        zero = torch.zeros(len(src), width, bound.dim, device=clean.device)
+    else:
+        last = bound.valid.shape[1] - 1 - bound.valid.flip(1).int().argmax(1)
+        tok = last[src]
+        zero = torch.zeros(len(src), bound.dim, device=clean.device)
+    runs = [bound.forward_perturbed(src, tok, zero, **cut).float().reshape(len(src), -1)
+            for _ in range(2)]
+    if runs[0].shape != runs[1].shape:
+        return
+    rtol = _tolerance(clean, low_precision)
+    ref = clean[:rows].float().reshape(rows, -1)
+    floor = float(ref.abs().max()) * 1e-3 + 1e-30
+    scale = runs[0].abs().amax(dim=1, keepdim=True).clamp(min=floor)
+    if bool(((runs[0] - runs[1]).abs() > rtol * scale).any()):
+        worst = float((runs[0] - runs[1]).abs().max())
+        raise RuntimeError(
+            f"with eval_mode=False the model's output changed between two evaluations of the "
+            f"same input (by up to {worst:.3g}, outputs of size up to "
+            f"{float(runs[0].abs().max()):.3g}): the forward is random in the model's own mode "
+            "(dropout in train mode, a stochastic layer), so the measured flips would count that "
+            "randomness. Measure with eval_mode=True (the default: eval() for the measurement, "
+            "the model's mode restored after it), or make the forward deterministic"
+        )
+
+
 def verify_copies(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor | None,
                   low_precision: bool) -> None:
     """Refuse a model whose perturbed copies are not evaluated like its clean inputs.
@@ -87,11 +135,7 @@ def verify_copies(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor
         worst = float((runs[0] - runs[1]).abs().max())
         raise RuntimeError(
             f"the model's output changed between two evaluations of the same input (by up to "
-            f"{worst:.3g}, outputs of size up to {float(ref.abs().max()):.3g}): its forward is "
-            "random, so the measured flips would count that randomness. senslab measures in "
-            "eval() mode; something else still samples — F.dropout(..., training=True), a "
-            "stochastic layer, noise added in forward. Make the forward deterministic (with "
-            "eval_mode=False, put the model in eval() yourself)"
+            f"{worst:.3g}, outputs of size up to {float(ref.abs().max()):.3g}): " + RANDOM_FORWARD
         )
     diff = (runs[0] - ref).abs()
     if bool((diff > rtol * scale).any()):

@@ -139,7 +139,9 @@ padding vectors from tokens).
 The state is sums and counts, so results over many batches and processes merge exactly
 (:meth:`TokenSensitivity.merge`, which refuses metrics of different quantities). With
 ``eval_mode=False`` the model runs in its own mode, but every buffer (BatchNorm running
-statistics) is restored after ``update``: measuring never changes the model.
+statistics) is restored after ``update``: measuring never changes the model; a forward that is
+random in that mode (dropout in train mode) is refused. A caller's autocast region is switched
+off during ``update``: without ``autocast=`` the forwards keep the model's own precision.
 """
 
 from __future__ import annotations
@@ -177,7 +179,7 @@ from ._options import (
     _shapes,
 )
 from ._precision import Precision, PrecisionCheck
-from ._runner import ChunkRunner, _check_finite, verify_copies
+from ._runner import ChunkRunner, _check_finite, verify_copies, verify_deterministic
 from ._stats import (
     SensitivityResult,
     State,
@@ -266,7 +268,9 @@ class TokenSensitivity:
             model, exact for a linear one; costs one forward and backward per example (counted
             as one more forward pass).
         autocast: a dtype (``torch.bfloat16``/``torch.float16``) to run forwards under autocast,
-            keeping that precision's own decisions.
+            keeping that precision's own decisions. Without it the forwards run in the model's
+            own dtype, also when ``update`` is called inside an autocast region (a bf16-mixed
+            validation step): that autocast is switched off for the measurement.
         precision: ``"bf16-checked"`` evaluates the copies under bf16 autocast and those whose
             bf16 margin lies within a calibrated bound of a class boundary again in float32:
             float32's decisions at bf16's speed (:mod:`._precision`; the bound is
@@ -287,7 +291,8 @@ class TokenSensitivity:
         align: per-position alignment, ``"left"`` or ``"right"``; default from the tokenization.
         eval_mode: False measures the model in its own mode (train-mode BatchNorm then
             normalises each chunk by its own statistics); its buffers are restored afterwards,
-            so the running statistics never change.
+            so the running statistics never change. A forward that is random in that mode
+            (dropout in train mode) is refused: its randomness would be counted as flips.
         shard: ``(rank, world_size)``: this process measures only examples ``b`` with
             ``b % world_size == rank`` of every batch, drawing the same random stream as a single
             process would; after :meth:`all_reduce` every rank holds the one-process result.
@@ -547,9 +552,15 @@ class TokenSensitivity:
             ) from err
 
     def _autocast(self, device: torch.device) -> Any:
-        if self.autocast is None:
+        """The precision the forwards run in: ``autocast``'s, else float32 — also inside a
+        caller's autocast (a bf16-mixed validation step, say), which is switched off here, so
+        the decisions never silently become bf16's."""
+        if self.autocast is not None:
+            return torch.autocast(device_type=device.type, dtype=self.autocast)
+        try:
+            return torch.autocast(device_type=device.type, enabled=False)
+        except (RuntimeError, ValueError):  # a device type without autocast: nothing to undo
             return nullcontext()
-        return torch.autocast(device_type=device.type, dtype=self.autocast)
 
     def _rng(self, device: torch.device, row: int) -> NoiseStream:
         if self.generator is None:
@@ -591,8 +602,11 @@ class TokenSensitivity:
                 control = LinearControl(bound, ref, self.sigma, 32, self.kind, self.threshold,
                                         extent)
             shape = (_shapes(inputs), whole, self.autocast, extent is not None)
-            if self.eval_mode and shape not in self._verified:  # once per input shape
-                verify_copies(bound, clean, whole, extent, self.autocast is not None)
+            if shape not in self._verified:  # once per input shape
+                if self.eval_mode:
+                    verify_copies(bound, clean, whole, extent, self.autocast is not None)
+                else:  # the model's own mode: batch statistics may differ, randomness may not
+                    verify_deterministic(bound, clean, whole, extent, self.autocast is not None)
                 self._verified.add(shape)
             check = self._checked(bound, clean, device)
             key = (*shape, check is None)
