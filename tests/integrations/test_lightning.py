@@ -142,6 +142,53 @@ def test_metric_logged_from_a_lightning_module(tmp_path: Path):
     assert float(rows[0]["val_sensitivity"]) == pytest.approx(ref.compute().estimate, rel=1e-6)
 
 
+class StepLogged(Module):
+    """The metric called as ``metric(model, x)`` in training_step, logged per step and epoch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from senslab.integrations.torchmetrics import TokenSensitivityMetric
+
+        self.sens = TokenSensitivityMetric(Patches(4), sigma=0.7, generator=2)
+        self.steps: list[float] = []
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], i: int) -> torch.Tensor:
+        self.steps.append(self.sens(self, batch[0]).item())
+        self.log("train_sens", self.sens, on_step=True, on_epoch=True, batch_size=len(batch[0]))
+        return super().training_step(batch, i)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.0)  # fixed weights: one reference
+
+
+def test_per_step_values_of_the_metrics_forward_reach_the_logger(tmp_path: Path):
+    """``self.log(name, metric, on_step=True)`` logs what ``metric(model, x)`` returned for
+    the batch (Lightning reads the metric's forward cache; it once logged no step at all)."""
+    pytest.importorskip("torchmetrics")
+    loader, _ = data()
+    module = StepLogged()
+    trainer = lightning.Trainer(
+        max_epochs=1, accelerator="cpu", devices=1, logger=CSVLogger(tmp_path),
+        log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False)
+    trainer.fit(module, loader)
+    rows = read_csv(trainer)
+    steps = [float(r["train_sens_step"]) for r in rows if r.get("train_sens_step")]
+    assert len(module.steps) == 4 and steps == pytest.approx(module.steps, rel=1e-6)
+    epoch = [float(r["train_sens_epoch"]) for r in rows if r.get("train_sens_epoch")]
+    ref = sensitivity_over(module, loader)
+    assert epoch == pytest.approx([ref], rel=1e-6)
+
+
+def sensitivity_over(module: lightning.LightningModule, loader: DataLoader) -> float:
+    from senslab.measure import TokenSensitivity
+
+    ref = TokenSensitivity(module, Patches(4), sigma=0.7, generator=2)
+    for x, _ in loader:
+        ref.update(x)
+    return ref.compute().estimate
+
+
 def test_tokens_default_to_auto_of_the_wrapped_hf_model():
     """No tokens given, a LightningModule holding a Hugging Face model as ``self.model``: that
     model's auto_tokens, named from the module."""

@@ -180,7 +180,10 @@ class TokenSensitivityMetric(Metric):
         random stream continues — torchmetrics' reset-and-restore would restart it)."""
         self.update(*args, **kwargs)
         value = math.nan if self.batch_estimate is None else self.batch_estimate
-        return torch.tensor(value, dtype=torch.float64, device=self.n.device)
+        out = torch.tensor(value, dtype=torch.float64, device=self.n.device)
+        # what Lightning logs for self.log(..., metric, on_step=True)
+        self._forward_cache = out
+        return out
 
     def compute(self) -> Tensor:
         """The estimate over everything accumulated (synced across processes by torchmetrics),

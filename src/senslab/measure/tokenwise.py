@@ -438,6 +438,8 @@ class TokenSensitivity:
         self._per_copy: dict[Any, float] = {}
         #: input shapes whose zero-noise copies were verified (``_runner.verify_copies``)
         self._verified: set[Any] = set()
+        #: this process's own state while :attr:`state` holds the all-reduced total
+        self._local: State | None = None
         self.align = align or getattr(tokens, "align", "left")
         if self.align not in ("left", "right"):
             raise ValueError(f"align must be 'left' or 'right', got {self.align!r}")
@@ -456,6 +458,7 @@ class TokenSensitivity:
         """Forget all accumulated examples and the calibration of checked precision (the random
         stream continues)."""
         self.state = State()
+        self._local = None
         self._check.reset()
 
     @property
@@ -496,6 +499,8 @@ class TokenSensitivity:
     def merge(self, other: TokenSensitivity) -> TokenSensitivity:
         """Add ``other``'s accumulated state to this one (e.g. results of other processes).
 
+        ``per_sample`` then lists this metric's examples, then ``other``'s (shards of one
+        batch merged this way are not interleaved back: :meth:`all_reduce` does that).
         Both must measure the same quantity: the same noise level, ``compare`` rule, ``mode``,
         tokenization, ``replace_with`` vocabulary, decision rule (``output_kind``/``threshold``,
         output selector) and per-position alignment; otherwise a ValueError names the first
@@ -509,6 +514,12 @@ class TokenSensitivity:
                 raise ValueError(
                     f"cannot merge: {name} {a!r} vs {b!r} — the two metrics measure different "
                     "quantities; build both with the same options"
+                )
+        for name, metric in (("this metric", self), ("the other metric", other)):
+            if metric._local is not None:
+                raise ValueError(
+                    f"cannot merge: {name} holds the total of an all_reduce, which would be "
+                    "counted again; merge the processes' own metrics, or all_reduce alone"
                 )
         self.state = merged(self.state, other.state, self.align)
         return self
@@ -532,6 +543,8 @@ class TokenSensitivity:
                 "e.g. mask=torch.tensor(...) or inputs['attention_mask'].bool()"
             )
         device = check_device(self.model, inputs)
+        if self._local is not None:  # after all_reduce: add to this process's own state
+            self.state, self._local = self._local, None
         module = isinstance(self.model, nn.Module)
         mode = _eval(self.model) if module and self.eval_mode else nullcontext()
         # outside eval mode BatchNorm updates its running statistics: restore every buffer
@@ -843,8 +856,13 @@ class TokenSensitivity:
 
     def all_reduce(self, group: Any = None) -> TokenSensitivity:
         """Sum the state over all processes of ``torch.distributed`` (every rank then holds the
-        total; per-sample rates are gathered in the one-process order)."""
-        self.state = all_reduced(self.state, self.align, group)
+        total; per-sample rates are gathered in the one-process order). Each rank keeps its own
+        state beside the total: a later ``update`` adds to its own state, and another
+        ``all_reduce`` (an interim value, then the final one) sums the ranks' own states again,
+        never a total twice."""
+        local = self._local if self._local is not None else self.state
+        self.state = all_reduced(local, self.align, group)
+        self._local = local
         return self
 
     def compute(self) -> SensitivityResult:
