@@ -346,3 +346,55 @@ def test_bad_input_errors() -> None:
         fourier_coefficients(torch.ones(12))
     with pytest.raises(ValueError, match="multi-class"):
         degree(torch.arange(8))
+
+
+def test_a_threshold_the_rule_would_ignore_is_refused():
+    """f = 0.1 + 0.8·MAJORITY is real-valued: output='auto' counts the squared change, where a
+    threshold means nothing; the threshold once vanished silently (0.30 instead of the 1.875
+    of output='sign', threshold=0.5)."""
+    from senslab.measure.functions import majority
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return 0.1 + 0.8 * (majority(x) > 0).float()
+
+    with pytest.raises(ValueError, match="threshold=0.5.*chose 'real'.*output='sign'"):
+        boolean_sensitivity(f, 5, threshold=0.5)
+    with pytest.raises(ValueError, match="threshold=0.5.*output='real'"):
+        boolean_sensitivity(f, 5, output="real", threshold=0.5)
+    signed = boolean_sensitivity(f, 5, output="sign", threshold=0.5).average
+    assert signed == pytest.approx(boolean_sensitivity(majority, 5).average)
+    assert signed == pytest.approx(1.875)
+
+
+def test_sampled_auto_rule_on_zero_one_values_warns_and_explicit_rules_do_not():
+    """From a sample, 'auto' cannot know that a {0, 1}-valued callable never takes a value in
+    between: it says so; ±1 values (where both rules agree) and explicit rules stay quiet."""
+    import warnings
+
+    from senslab.measure.functions import majority
+
+    def zero_one(x: torch.Tensor) -> torch.Tensor:
+        return (x[:, 0] > 0).float()
+
+    with pytest.warns(UserWarning, match="output='sign' or output='real'"):
+        r = boolean_sensitivity(zero_one, 20, method="sample", num_samples=200)
+    assert r.output == "sign"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        boolean_sensitivity(zero_one, 20, method="sample", num_samples=200, output="sign")
+        boolean_sensitivity(lambda x: x[:, 0], 20, method="sample", num_samples=200)
+        boolean_sensitivity(zero_one, 6)  # exact: every value seen
+        boolean_sensitivity(majority, 20, method="sample", num_samples=200)  # declared Boolean
+
+
+def test_zero_one_strings_are_refused_by_the_cube_index():
+    from senslab.measure._cube import inputs_to_index
+    from senslab.measure.functions import parity, table_function
+
+    with pytest.raises(ValueError, match=r"±1 strings.*1 − 2·x"):
+        inputs_to_index(torch.tensor([[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]]))
+    x = torch.tensor([[1.0, -1.0, -1.0], [-1.0, 1.0, 1.0]])
+    assert inputs_to_index(x).tolist() == [6, 1]
+    lookup = table_function(parity(torch.tensor([[1.0, 1.0, 1.0]]).new_ones(8, 3)))
+    with pytest.raises(ValueError, match="±1 strings"):
+        lookup(torch.tensor([[0.0, 1.0, 1.0]]))

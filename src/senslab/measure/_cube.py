@@ -26,6 +26,12 @@ def inputs_to_index(x: Tensor) -> Tensor:
     """Inverse of :func:`index_to_inputs`: the integer index of each ±1 row of ``x`` (N, n)."""
     if x.dim() != 2:
         raise ValueError(f"expected a (N, n) batch of ±1 strings, got shape {tuple(x.shape)}")
+    if bool((x.abs() != 1).any()):
+        bad = x[(x.abs() != 1)].unique()[:4].tolist()
+        raise ValueError(
+            f"expected ±1 strings, got entries {bad}: a 0/1 string would be read as all +1 (one "
+            "index for every row). For 0/1 bits pass 1 − 2·x (bit 1 ↦ −1)"
+        )
     bits = (x < 0).long()  # −1 ↦ bit 1
     return (bits << torch.arange(x.shape[1], device=x.device)).sum(1)
 

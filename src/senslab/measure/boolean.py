@@ -34,7 +34,11 @@ How a change is counted (``output``)
     - ``"auto"`` (default): ``"sign"`` for class-like outputs — (N, C) logits, integer or bool
       dtype, or real values that are all in {−1, 1} or all in {0, 1} — and ``"real"`` otherwise.
       The rule looks at *all* evaluated values, so a model that outputs a raw scalar logit is
-      measured with ``"real"``: pass ``output="sign"`` for logit models.
+      measured with ``"real"``: pass ``output="sign"`` for logit models. Sampled, it sees only
+      the sampled values: a callable whose sampled values were all in {0, 1} gets ``"sign"``
+      with a warning (a value in between elsewhere would have made it ``"real"``), unless it
+      declares ``boolean_output = "sign"`` as MAJORITY does. A ``threshold`` with a rule that
+      has none (``"real"``, given or chosen by ``"auto"``) is refused.
 
 The Fourier side (coefficients, degree, spectral weights, noise stability) is in
 :mod:`senslab.measure.fourier`, the reference functions (PARITY, MAJORITY, FIRST, MEAN, sparse
@@ -202,6 +206,17 @@ def _resolve(values: Tensor, output: Output) -> str:
     return "sign" if two_valued else "real"
 
 
+def _check_threshold(rule: str, output: Output, threshold: float) -> None:
+    """A threshold the rule would ignore is refused: ``output="auto"`` that chose ``"real"``."""
+    if rule == "real" and threshold != 0.0:
+        raise ValueError(
+            f"threshold={threshold!r} applies to class changes (output='sign': class = value > "
+            f"threshold), but output={output!r} chose 'real' for these real values (squared "
+            "change / 4, no threshold): pass output='sign' to count class changes at the "
+            "threshold, or drop threshold"
+        )
+
+
 def _changes(v0: Tensor, nb: Tensor, rule: str, threshold: float) -> Tensor:
     """(m, n) change per point and flipped bit: indicator ("sign") or squared change / 4."""
     if rule == "real":
@@ -324,6 +339,12 @@ def boolean_sensitivity(
         raise ValueError(f"method must be 'auto', 'exact' or 'sample', got {method!r}")
     if output not in ("auto", "sign", "real"):
         raise ValueError(f"output must be 'auto', 'sign' or 'real', got {output!r}")
+    if output == "real" and threshold != 0.0:
+        raise ValueError(
+            f"threshold={threshold!r} applies to output='sign' (class = value > threshold); "
+            "output='real' counts the squared change and has no threshold: pass output='sign' "
+            "or drop threshold"
+        )
     is_table = isinstance(f, Tensor)
     if method == "auto":
         method = "exact" if is_table or (1 << n) <= (n + 1) * num_samples else "sample"
@@ -333,6 +354,7 @@ def boolean_sensitivity(
         else:
             table, evaluations = _raw_table(f, n, output, chunk_size, device, dtype), 1 << n
         rule = _resolve(table, output)
+        _check_threshold(rule, output, threshold)
         stats = _Stats(n)
         masks = 1 << torch.arange(n)
         step = max(1, chunk_size // (n + 1))  # bounds the (points, n) change matrix too
@@ -360,6 +382,20 @@ def boolean_sensitivity(
         neighbours.append(v[len(x) :].reshape(len(x), n))
     v0, nb = torch.cat(base), torch.cat(neighbours)
     rule = _resolve(torch.cat([v0, nb.reshape(-1)]), output)
+    declared = getattr(f, "boolean_output", None) == "sign"  # senslab's Boolean functions
+    if output == "auto" and rule == "sign" and v0.is_floating_point() and v0.dim() == 1 \
+            and not declared:
+        seen = torch.cat([v0, nb.reshape(-1)]).unique()
+        if not bool(torch.isin(seen, _PM_ONE.to(seen)).all()):
+            warnings.warn(
+                "output='auto' took the sampled values, all in {0, 1}, for a Boolean function "
+                "and counts changes of class; a value in between that the sample missed would "
+                "make the exact rule 'real' (squared change / 4, a quarter of this for a 0/1 "
+                "change). Pass output='sign' or output='real' to fix the rule (or give the "
+                "callable an attribute boolean_output='sign')",
+                UserWarning, stacklevel=2,
+            )
+    _check_threshold(rule, output, threshold)
     stats = _Stats(n)
     stats.add(_changes(v0, nb, rule, threshold))
     evaluations = 0 if is_table else num_samples * (n + 1)

@@ -37,6 +37,9 @@ def majority(x: Tensor) -> Tensor:
     return (x.sum(1) > 0).to(x.dtype)
 
 
+majority.boolean_output = "sign"  # type: ignore[attr-defined]  # Boolean: no sample can tell
+
+
 def first(x: Tensor) -> Tensor:
     """FIRST(x) = x_1 ∈ {±1} (the dictator function); as = 1."""
     return _bits(x)[:, 0].clone()
