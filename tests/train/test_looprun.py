@@ -81,6 +81,25 @@ def test_an_interrupted_run_resumes_bit_identically(tmp_path: Path) -> None:
     assert resumed["final"] == whole["final"]
 
 
+def test_a_torn_metric_log_falls_back_to_a_checkpoint_whose_records_survived(
+        tmp_path: Path) -> None:
+    """A crash may tear the log's last line after the checkpoint of its step was written (the
+    line was only flushed). Resuming from that checkpoint would drop the record for good; the
+    run falls back to the previous checkpoint, with a warning, and ends with every record."""
+    whole = _train(tmp_path / "whole", {"seed": 3})
+    cut = tmp_path / "cut"
+    assert _train(cut, {"seed": 3}, stop_after=5) is None  # checkpoints at 2 and 4
+    log = cut / "metrics.jsonl"
+    log.write_bytes(log.read_bytes()[:-20])  # step 4's record torn
+    assert [r["step"] for r in RunDir(cut).metrics()] == [2]
+    with pytest.warns(UserWarning, match="holds 1 of the 2 metric records.*falling back"):
+        resumed = _train(cut, {"seed": 3})
+    assert _untimed(cut) == _untimed(tmp_path / "whole")
+    assert resumed["final"] == whole["final"]
+    # the record count stays out of the state a resume sees
+    assert "_metric_records" not in RunDir(cut).load_latest()[1]
+
+
 def test_a_run_stopped_before_its_first_checkpoint_starts_over(tmp_path: Path) -> None:
     path = tmp_path / "a"
     assert _train(path, {"seed": 1}, stop_after=1) is None

@@ -309,7 +309,7 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
     reg_gen = torch.Generator().manual_seed(cfg.seed + 777)
     start_time = 0.0
 
-    found = rd.load_latest() if rd.exists() else None
+    found = rd.load_latest(resume=True) if rd.exists() else None
     state = found[1] if found is not None else None
     if state is not None:
         model.load_state_dict(state["model"])

@@ -114,7 +114,7 @@ class LoopRun:
         """The newest usable checkpoint's state (metric log cut back to its step), or None after
         starting the run afresh (config.json, env.json, an empty metric log)."""
         rd = self.dir
-        found = rd.load_latest() if rd.exists() else None
+        found = rd.load_latest(resume=True) if rd.exists() else None
         rd.write_json("env.json", environment(self.device))
         if found is None:
             rd.write_json("config.json", self.config)

@@ -411,7 +411,15 @@ class RunDir:
             return None
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         path = self.ckpt_dir / f"step-{step:08d}{SUFFIX}"
-        atomic_write_bytes(path, encode(state))
+        # the metric log is made durable first and its length recorded: a checkpoint never
+        # outlives records logged before it (a torn last line after a crash is detected on
+        # resume, :meth:`load_latest`)
+        records = 0
+        if self.metrics_path.exists():
+            with open(self.metrics_path, "rb") as f:
+                os.fsync(f.fileno())
+            records = len(self.metrics())
+        atomic_write_bytes(path, encode({**state, METRIC_RECORDS: records}))
         for old in self.checkpoints()[:-keep] if keep > 0 else []:
             old.unlink(missing_ok=True)
             old.with_suffix(".sha256").unlink(missing_ok=True)
@@ -429,24 +437,50 @@ class RunDir:
     def load_checkpoint(path: Path, allow_unverified: bool = False) -> dict[str, Any]:
         """Load one checkpoint after verifying its checksum; :class:`CheckpointError` if it is
         damaged or (unless ``allow_unverified``) carries no checksum. Nothing is unpickled."""
+        return RunDir._load(path, allow_unverified)[0]
+
+    @staticmethod
+    def _load(path: Path, allow_unverified: bool) -> tuple[dict[str, Any], int | None]:
+        """A checkpoint's state as saved, and the metric records logged before it (None for a
+        checkpoint written before they were recorded)."""
         path = Path(path)
         if path.suffix == LEGACY_SUFFIX:
-            return load_legacy(path, allow_unverified)
+            return load_legacy(path, allow_unverified), None
         try:
             data = path.read_bytes()
         except OSError as err:
             raise CheckpointError(f"{path} cannot be read ({err.strerror or err})") from None
-        return decode(data, path, allow_unverified)
+        state = decode(data, path, allow_unverified)
+        records = state.pop(METRIC_RECORDS, None)
+        return state, None if records is None else int(records)
 
-    def load_latest(self, allow_unverified: bool = False) -> tuple[Path, dict[str, Any]] | None:
+    def load_latest(self, allow_unverified: bool = False, resume: bool = False
+                    ) -> tuple[Path, dict[str, Any]] | None:
         """(path, state) of the newest checkpoint that verifies; the ones that do not are
-        reported and skipped."""
+        reported and skipped. With ``resume``, also one whose metric records are no longer all
+        in metrics.jsonl (its last line torn by a crash after the checkpoint was written):
+        resuming from it would leave those records out for good."""
         self.check_readable()
+        kept: list[dict[str, Any]] | None = None
         for path in reversed(self.checkpoints()):
             try:
-                return path, self.load_checkpoint(path, allow_unverified)
+                state, records = self._load(path, allow_unverified)
             except CheckpointError as err:
                 warnings.warn(f"{err}; falling back to the previous checkpoint", stacklevel=3)
+                continue
+            if resume and records is not None:
+                if kept is None:
+                    kept = self.metrics()
+                step = checkpoint_step(path)
+                have = sum(1 for r in kept if r.get("step", 0) <= step)
+                if have < records:
+                    warnings.warn(
+                        f"{self.metrics_path} holds {have} of the {records} metric records "
+                        f"logged before checkpoint {path.name} (its end was lost in a crash); "
+                        "falling back to the previous checkpoint so that no record goes missing",
+                        stacklevel=3)
+                    continue
+            return path, state
         return None
 
     def latest_checkpoint(self, allow_unverified: bool = False) -> dict[str, Any] | None:
@@ -463,6 +497,10 @@ class RunDir:
             (self.path / name).unlink(missing_ok=True)
         for path in self.checkpoints():
             path.unlink(missing_ok=True)
+
+
+#: the key a checkpoint records the metric log's length under (:meth:`RunDir.save_checkpoint`)
+METRIC_RECORDS = "_metric_records"
 
 
 def _own_file(name: str) -> bool:
