@@ -193,5 +193,6 @@ def test_a_few_paired_tokens_are_no_ground_to_stop_on(monkeypatch):
     guarded = token_sensitivity(model, x, Sequence(), **opts)
     assert guarded.num_forward >= 16 + 2 * 128
     monkeypatch.setattr(_alloc, "MIN_PAIRS", 0)
+    monkeypatch.setattr(_alloc, "MIN_FLIPS", 0)  # the other guard: a handful of flips
     loose = token_sensitivity(model, x, Sequence(), **opts)
     assert loose.num_forward < 16 + 64
