@@ -60,7 +60,7 @@ rates :math:`p_{bt}` no longer costs forward passes.
   round would exceed ``max_forward`` forward passes for the batch (default: 64 rounds); a
   standard error of exactly 0 stops it only from the second round on, and one estimated from
   fewer than :data:`._alloc.MIN_FLIPS` flips (nonzero values) never does: it moves with the
-  flips seen (a few-flips toy covered 73% of its 95% intervals without the guard, 92% with it;
+  flips seen (a few-flips toy covered 72% of its 95% intervals without the guard, 92% with it;
   tests/measure/test_allocation.py). The
   stopping rule looks at the whole batch, never at single cells, so the estimate's bias is
   :math:`O(1/n)` and low (fewer flips, a smaller standard error, an earlier stop): a small
