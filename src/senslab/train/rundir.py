@@ -471,8 +471,9 @@ class RunDir:
             if resume and records is not None:
                 if kept is None:
                     kept = self.metrics()
-                step = checkpoint_step(path)
-                have = sum(1 for r in kept if r.get("step", 0) <= step)
+                # records are appended in order and only the last line can be torn, so the
+                # first ``records`` lines are intact exactly when that many are complete
+                have = len(kept)
                 if have < records:
                     warnings.warn(
                         f"{self.metrics_path} holds {have} of the {records} metric records "
