@@ -277,6 +277,23 @@ def test_truncated_config_json_names_the_file(
     assert_one_line_error(capsys.readouterr().err, "config.json", "not valid JSON")
 
 
+def test_a_truncated_summary_is_rewritten_by_its_own_advice(tmp_path: Path) -> None:
+    """summary.json damaged after training: the error's fix (delete the file, re-run) keeps the
+    training — the run resumes from its last checkpoint and writes the same summary."""
+    run = tmp_path / "run"
+    first = fit(tiny(), run, progress=False)
+    log = (run / "metrics.jsonl").read_text()
+    summary = run / "summary.json"
+    summary.write_text(summary.read_text()[:40])
+    with pytest.raises(ValueError, match=r"summary.json is not valid JSON.*delete this file and "
+                                         r"re-run.*keeping the training"):
+        fit(tiny(), run, progress=False)
+    summary.unlink()
+    again = fit(tiny(), run, progress=False)
+    assert again["final"] == first["final"]
+    assert (run / "metrics.jsonl").read_text() == log
+
+
 def _foreign(tmp_path: Path) -> Path:
     d = tmp_path / "mine"
     d.mkdir()

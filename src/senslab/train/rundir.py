@@ -96,9 +96,13 @@ def read_json_file(path: Path) -> Any:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         where = f" ({err.msg}, line {err.lineno})" if isinstance(err, json.JSONDecodeError) else ""
+        if path.name == "summary.json":  # the training is in the checkpoints: nothing to redo
+            fix = ("delete this file and re-run the run's command: it resumes from the last "
+                   "checkpoint and writes the summary again, keeping the training")
+        else:
+            fix = f"restore it, or delete {path.parent} to start over"
         raise RunDirError(
-            f"{path} is not valid JSON{where}: the file is truncated or damaged; restore it, or "
-            f"delete {path.parent} to start over"
+            f"{path} is not valid JSON{where}: the file is truncated or damaged; {fix}"
         ) from None
 
 
