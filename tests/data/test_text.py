@@ -317,3 +317,25 @@ def test_glue_zip_in_root_is_extracted_and_checked(tmp_path: Path) -> None:
         d = _load("sst2", root, split="dev")
     assert d.targets.tolist() == [1, 0]
     assert (root / "train.tsv").read_text() == rows * 3
+
+
+def test_a_tokenizer_file_saved_with_padding_still_encodes_bare_ids(tmp_path: Path) -> None:
+    """A tokenizers .json saved after batching carries its padding and truncation: encode()
+    must still put the end token right after the text and mark only real tokens (the saved
+    padding once put pad ids inside the row, marked real, and moved the end token)."""
+    from senslab.data.text import encode, pretrained_tokenizer
+
+    tok = train_bpe(["the cat sat on the mat", "a dog", "the dog sat"] * 5, vocab_size=300)
+    plain_path = tmp_path / "plain.json"
+    tok.save(str(plain_path))
+    tok.enable_padding(pad_id=tok.token_to_id("<pad>"), pad_token="<pad>", length=12)
+    tok.enable_truncation(max_length=3)
+    padded_path = tmp_path / "padded.json"
+    tok.save(str(padded_path))
+    texts = ["the cat sat on the mat", "a"]
+    plain = encode(pretrained_tokenizer(str(plain_path)), texts, max_len=16)
+    padded = encode(pretrained_tokenizer(str(padded_path)), texts, max_len=16)
+    assert torch.equal(plain["input_ids"], padded["input_ids"])
+    assert torch.equal(plain["attention_mask"], padded["attention_mask"])
+    pad = pretrained_tokenizer(str(padded_path)).pad_id
+    assert not bool(((padded["input_ids"] == pad) & padded["attention_mask"]).any())

@@ -318,6 +318,11 @@ class TextTokenizer:
 
 
 def _from_tokenizers(tok: Tokenizer, name: str, trained: bool = False) -> TextTokenizer:
+    # a file saved after batching carries its padding (and truncation) settings: :func:`encode`
+    # pads, truncates and builds the mask itself, so the tokenizer must return bare ids (pads
+    # inside the ids would be marked real and move the end token)
+    tok.no_padding()
+    tok.no_truncation()
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
     missing = [t for t in ("<s>", "</s>", "<pad>") if ids[t] is None]
     if missing:
