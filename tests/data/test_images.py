@@ -413,3 +413,25 @@ def test_cifar10c_extracts_a_local_tar_once(tmp_path: Path,
     (root / "CIFAR-10-C.tar").unlink()
     again = create_dataset("cifar10c", root=root, corruption="contrast", severity=2)
     assert len(again) == 2
+
+
+@pytest.mark.parametrize("labels, found", [
+    ([0, 10, 3], "10"), ([-1, 2, 3], "-1"), ([0.7, 1.0, 2.0], "0.7")])
+def test_labels_outside_the_classes_are_refused(labels, found) -> None:
+    """A label file with values outside 0..classes−1 (or fractional ones, which int64 would
+    truncate) is damaged or another dataset's: refused, not trained on."""
+    import numpy as np
+
+    from senslab.data.images import _package
+
+    pixels = np.zeros((3, 1, 2, 2), dtype=np.uint8)
+    classes = [str(i) for i in range(10)]
+    with pytest.raises(ValueError, match=rf"labels must be whole numbers in 0..9.*{found}"):
+        _package("cifar10", pixels, np.array(labels), classes, "test", "none", (0.5, 0.5),
+                 "fixture")
+    with pytest.raises(ValueError, match="3 images but 2 labels"):
+        _package("cifar10", pixels, np.array([0, 1]), classes, "test", "none", (0.5, 0.5),
+                 "fixture")
+    ok = _package("cifar10", pixels, np.array([0, 9, 3]), classes, "test", "none", (0.5, 0.5),
+                  "fixture")
+    assert ok.targets.tolist() == [0, 9, 3]

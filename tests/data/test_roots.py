@@ -116,6 +116,21 @@ def test_an_explicit_root_is_the_only_place_looked_in(
     assert locate("fashion_mnist", empty, download=True) == roots.Location(empty, "root")
 
 
+@pytest.mark.parametrize("root", ["", "  "])
+def test_an_empty_root_is_refused_not_read_as_the_working_directory(
+        root: str, tmp_path: Path, home: Path, idx_dataset: Callable[..., Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--set data.root=`` parses to '', which Path reads as '.': a decoy copy in the working
+    directory was loaded instead of $SENSLAB_DATA's."""
+    idx_dataset(home / "fashion_mnist")
+    decoy = tmp_path / "cwd"
+    idx_dataset(decoy)
+    monkeypatch.chdir(decoy)
+    with pytest.raises(DataUnavailableError, match="data root for fashion_mnist is empty"):
+        locate("fashion_mnist", root)
+    assert locate("fashion_mnist", None) == roots.Location(home / "fashion_mnist", "data home")
+
+
 def test_senslab_data_serves_every_file_based_loader(
         tmp_path: Path, home: Path, idx_dataset: Callable[..., Path], cifar_tarball) -> None:
     idx_dataset(home / "fashion_mnist", 20, 10)

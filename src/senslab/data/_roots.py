@@ -160,6 +160,12 @@ def locate(name: str, root: str | os.PathLike[str] | None = None,
     groups = spec.files if files is None else _groups(files)
     pkg = spec.package if package else None
     can_download = spec.downloadable and download
+    if root is not None and not str(root).strip():
+        raise DataUnavailableError(
+            f"data root for {name} is empty (--set data.root= with no value?): an empty path "
+            "would mean the working directory. Give a folder, or leave data.root unset to use "
+            "SENSLAB_DATA or the data home"
+        )
     if root is not None:
         folder = Path(root)
         if can_download or _holds(folder, groups):

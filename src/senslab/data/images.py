@@ -149,7 +149,20 @@ def denormalize(x: Tensor, meta: dict[str, Any]) -> Tensor:
 def _package(name: str, pixels: np.ndarray, labels: np.ndarray, classes: list[str], split: str,
              normalize: str, stats: Stats, source: str, pair: tuple[int, int] | None = None,
              scale: float = 255.0) -> ArrayDataset:
-    """uint8 (or small-integer) pixels (N, C, H, W) / ``scale`` → normalised float32 dataset."""
+    """uint8 (or small-integer) pixels (N, C, H, W) / ``scale`` → normalised float32 dataset.
+    Labels must be whole numbers in ``0 .. len(classes) − 1``, one per image: a file with others
+    is damaged or another dataset's, and would train and measure silently wrong."""
+    if len(labels) != len(pixels):
+        raise ValueError(f"{source}: {len(pixels)} images but {len(labels)} labels; the files "
+                         "are damaged or do not belong together")
+    lab = np.asarray(labels)
+    whole = np.issubdtype(lab.dtype, np.integer) or bool(np.all(np.mod(lab, 1) == 0))
+    if len(lab) and (not whole or lab.min() < 0 or lab.max() >= len(classes)):
+        odd = (lab < 0) | (lab >= len(classes)) | (np.mod(lab, 1) != 0)
+        bad = sorted({float(v) for v in lab[odd][:5]})
+        raise ValueError(f"{source}: labels must be whole numbers in 0..{len(classes) - 1} "
+                         f"({name} has {len(classes)} classes), found {bad}; the file is "
+                         "damaged or belongs to another dataset")
     if pair is not None:
         pixels, labels, classes = _select_pair(pixels, labels, classes, pair)
     # astype copies into a fresh writable array (idx bytes come read-only from frombuffer)
