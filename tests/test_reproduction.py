@@ -98,6 +98,34 @@ def test_record_errors(tmp_path: Path) -> None:
     assert not (tmp_path / "rec").exists()
 
 
+def test_newer_or_damaged_schemas_are_refused(tmp_path: Path) -> None:
+    """An experiment directory of a newer senslab is not recorded as a current record (report
+    refuses it too); ladder records get the same schema check as experiment records; a schema
+    that is not a whole number from 1 up, or a record without a verdict, is damaged."""
+    d = _exp_dir(tmp_path, "grokking")
+    (d / "senslab.json").write_text(json.dumps({"kind": "experiment", "schema": 99}))
+    with pytest.raises(ValueError, match="newer senslab"):
+        record(d, tmp_path / "rec")
+    assert not (tmp_path / "rec").exists()
+    rec = tmp_path / "records"
+    (rec / "ladders").mkdir(parents=True)
+    ladder = rec / "ladders" / "demo.json"
+    ladder.write_text(json.dumps({"name": "demo", "rungs": [], "schema": 99}))
+    with pytest.raises(ValueError, match="newer senslab"):
+        load_ladders(rec)
+    ladder.unlink()
+    good = {"name": "demo", "verdict": "supported", "scale": "cpu"}
+    for schema in (True, 0, -1, "2"):
+        (rec / "demo.json").write_text(json.dumps({**good, "schema": schema}))
+        with pytest.raises(ValueError, match="invalid record schema"):
+            load_records(rec)
+    (rec / "demo.json").write_text(json.dumps({"name": "demo", "schema": 2}))
+    with pytest.raises(ValueError, match="lacks 'verdict'"):
+        load_records(rec)
+    (rec / "demo.json").write_text(json.dumps({**good, "schema": 2}))
+    assert load_records(rec)["demo"]["verdict"] == "supported"
+
+
 def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = _exp_dir(tmp_path / "runs", "sparse_parity", verdict="not comparable")
     md = tmp_path / "R.md"

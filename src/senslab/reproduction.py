@@ -105,6 +105,7 @@ def load_ladders(records: str | Path = "reproduction") -> dict[str, dict[str, An
         if not isinstance(rec, dict) or "name" not in rec or "rungs" not in rec:
             raise ValueError(f"{path} is not a ladder record (no 'name' or 'rungs'); restore it "
                              "from git, or re-record it with `senslab reproduction LADDER_DIR`")
+        _check_schema(path, rec.get("schema", 1))
         out[rec["name"]] = rec
     return out
 
@@ -165,6 +166,9 @@ def record(exp_dir: str | Path, records: str | Path = "reproduction") -> Path:
         raise FileNotFoundError(f"{exp_dir} has no verdict.json: the experiment did not finish; "
                                 f"re-run `senslab run NAME --out {exp_dir}` (finished runs are "
                                 "reused)")
+    from .train.rundir import RunDir
+
+    RunDir(exp_dir, kind="experiment").check_readable()  # a newer format is refused, as report does
     exp, verdict = json.loads(exp_file.read_text()), json.loads(verdict_file.read_text())
     name = exp["name"]
     if name not in list_experiments():
@@ -185,6 +189,16 @@ def record(exp_dir: str | Path, records: str | Path = "reproduction") -> Path:
     return out
 
 
+def _check_schema(path: Path, schema: Any) -> None:
+    """A record's schema must be a whole number this code reads: 1 .. :data:`RECORD_SCHEMA`."""
+    if type(schema) is not int or schema < 1:
+        raise ValueError(f"{path} has an invalid record schema {schema!r} (a whole number from 1 "
+                         "up); the record is damaged: restore it from git, or re-record it")
+    if schema > RECORD_SCHEMA:
+        raise ValueError(f"{path} was written by a newer senslab (record schema {schema}; "
+                         f"this one reads up to {RECORD_SCHEMA}); upgrade senslab")
+
+
 def load_records(records: str | Path = "reproduction") -> dict[str, dict[str, Any]]:
     """All records in ``records``, keyed by file stem (the experiment's name for its CPU-scale
     record, ``<name>.paper`` for a paper-scale one), in the current format (a record without
@@ -196,10 +210,10 @@ def load_records(records: str | Path = "reproduction") -> dict[str, dict[str, An
         if not isinstance(rec, dict) or "name" not in rec:
             raise ValueError(f"{path} is not a reproduction record (no 'name'); restore it from "
                              "git, or delete it")
-        schema = rec.setdefault("schema", 1)
-        if not isinstance(schema, int) or schema > RECORD_SCHEMA:
-            raise ValueError(f"{path} was written by a newer senslab (record schema {schema}; "
-                             f"this one reads up to {RECORD_SCHEMA}); upgrade senslab")
+        _check_schema(path, rec.setdefault("schema", 1))
+        if "verdict" not in rec:
+            raise ValueError(f"{path} lacks 'verdict': the record is damaged; restore it from "
+                             "git, or re-record it with `senslab reproduction DIR`")
         rec.setdefault("scale", "cpu")
         out[path.stem] = rec
     return out
