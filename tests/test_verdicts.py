@@ -183,3 +183,15 @@ def test_the_unit_of_replication_is_named_in_the_verdict() -> None:
     assert "2 (k, seed) pairs)" in verdict({"p": pairs})["reason"]
     assert "3 seeds)" in verdict({"p": over_seeds([0.2, 0.3, 0.25])})["reason"]
     assert bootstrap([1.0, 2.0, 3.0], lambda u: sum(u) / len(u)).unit == "run"
+
+
+def test_a_value_that_is_not_finite_gets_no_power_statement():
+    """A NaN metric is inconclusive without a 'could detect' size (which would claim a power it
+    never had), and its words say why."""
+    for e in (measured(float("nan"), 0.01), over_seeds([float("nan")] * 3, [0.01] * 3)):
+        part = judge({"p": e})["parts"]["p"]
+        assert part["verdict"] == INCONCLUSIVE and part["detectable"] is None
+        text = describe("p", part)
+        assert "cannot be judged (the value is not finite)" in text and "detect" not in text
+    ok = judge({"p": measured(0.001, 0.01)})["parts"]["p"]
+    assert ok["detectable"] is not None and "could detect" in describe("p", ok)

@@ -229,7 +229,7 @@ def judge(parts: Mapping[str, Effect], alpha: float = ALPHA,
         entry.pop("value")
         entry.update(verdict=word, effect=e.value, interval=[lo, hi], level=1 - a,
                      p=e.p_value(), detectable=None)
-        if word == INCONCLUSIVE:
+        if word == INCONCLUSIVE and math.isfinite(e.value):  # no power claim without a value
             entry["detectable"] = e.detectable(a, power)
         out[name] = _plain(entry)
     words = [p["verdict"] for p in out.values()]
@@ -277,8 +277,12 @@ def describe(name: str, part: Mapping[str, Any]) -> str:
             f"{seeds} {unit}{'s' if seeds != 1 else ''}) {part['verdict']}")
     if part["verdict"] == INCONCLUSIVE:
         det = part.get("detectable")
-        text += (f", could detect ≥ {abs(det):.3g}" if det is not None
-                 else ", no uncertainty estimate")
+        eff = part["effect"]
+        if eff is None or not math.isfinite(eff):  # not finite (plain JSON: None)
+            text += ", cannot be judged (the value is not finite)"
+        else:
+            text += (f", could detect ≥ {abs(det):.3g}" if det is not None
+                     else ", no uncertainty estimate")
     if seeds == 1 and part.get("method", "").startswith("measurement"):
         text += " (measurement noise only)"
     return text

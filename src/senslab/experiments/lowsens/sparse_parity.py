@@ -160,8 +160,11 @@ def parity_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     skipped = len(summaries) - len(judged)
     note = (f"{skipped} run(s) without a plateau-then-learning curve not judged. " if skipped
             else "")
-    parts = {"rises on the plateau": over_seeds(rise, rise_se, "plateau max − start"),
-             "converges to k": over_seeds(close, what=f"{K_TOLERANCE:g}·k − |final − k|")}
+    # one run per task setting (n, k), not seeds of one setting: the verdict's words say so
+    parts = {"rises on the plateau": over_seeds(rise, rise_se, "plateau max − start",
+                                                unit="setting"),
+             "converges to k": over_seeds(close, what=f"{K_TOLERANCE:g}·k − |final − k|",
+                                          unit="setting")}
     return verdict(parts, claim=f"sensitivity rises on the plateau and ends near k, mean over "
                                 f"{len(judged)} runs",
                    evidence=evidence, note=note + "Runs: " + "; ".join(detail))
