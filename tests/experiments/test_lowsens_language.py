@@ -243,6 +243,15 @@ def test_verdict_pairs_models_by_seed() -> None:
     assert language_verdict(swapped)["verdict"] == INCONCLUSIVE
 
 
+def test_a_missing_run_is_not_paired_away() -> None:
+    """roberta's seed-2 run missing: not comparable, naming the seeds (it was judged on the two
+    seeds left, with the words still saying three)."""
+    runs = [s for s in paper_like() if not (s["label"] == "roberta" and s["seed"] == 2)]
+    v = language_verdict(runs)
+    assert v["verdict"] == "not comparable"
+    assert "different seeds" in v["reason"] and "roberta [0, 1]" in v["reason"]
+
+
 def test_verdict_contradicted_and_side_claims_fail() -> None:
     runs = _replace(paper_like(), "roberta", sens=[0.12, 0.13, 0.125], init=[0.06, 0.07, 0.065],
                     late=0.30, early=0.05)  # above the LSTM, and rising towards the end

@@ -259,6 +259,10 @@ def language_verdict(summaries: list[dict[str, Any]],
     missing = [m for m in ("lstm", *ENCODERS) if m not in runs]
     if missing:
         return not_comparable(f"runs missing: {', '.join(missing)}")
+    seed_sets = {m: sorted(per) for m, per in runs.items()}
+    if len({tuple(v) for v in seed_sets.values()}) > 1:  # a missing run: never paired away
+        return not_comparable("the models have different seeds (a run is missing): " + "; ".join(
+            f"{m} {v}" for m, v in seed_sets.items()))
     evidence: dict[str, Any] = {m: _model_evidence(per) for m, per in runs.items()}
     for s in summaries:  # the end-of-training per-position profile (right-aligned), first seed
         lang = s.get("language", {})
