@@ -176,3 +176,39 @@ def test_vector_sequences_and_errors():
     with pytest.raises(ValueError, match=r"Embedding\(.head.0.\) returned \(4, 16\)"):
         # the head's Linear is not a (batch, tokens, dim) stage
         sensitivity_penalty(text, (ids, mask), tokens=Embedding("head.0"), generator=_gen(0))
+
+
+class _PrefixedEncoder(nn.Module):
+    """Prepends a token inside the model: its embedding stage has T + 1 positions, so the
+    input's (B, T) attention_mask does not describe them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)  # test-only: model init
+        self.embedding = nn.Embedding(40, 8)
+        self.embed_ln = nn.LayerNorm(8)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        h = self.embedding(input_ids)
+        h = torch.cat([h.mean(1, keepdim=True), h], 1)
+        h = self.embed_ln(h)
+        m = torch.cat([torch.ones(len(h), 1), attention_mask.float()], 1)[..., None]
+        return self.head((h * m).sum(1) / m.sum(1))
+
+
+def test_a_mask_that_does_not_fit_the_hooked_stage_is_refused_not_ignored():
+    """The (B, T) attention_mask against T + 1 hooked positions was silently dropped, and the
+    noise then landed on padding too; refused as the measurement refuses it, and with a fitting
+    mask= the penalty runs."""
+    ids, mask = _text_batch()
+    model = _PrefixedEncoder()
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    with pytest.raises(ValueError, match=r"mask has shape \(4, 7\) but the batch has 4 "
+                                         r"examples of 8"):
+        sensitivity_penalty(model, inputs, tokens=Embedding("embed_ln"), sigma=0.5,
+                            generator=_gen(0))
+    fitting = torch.cat([torch.ones(4, 1, dtype=torch.bool), mask], 1)
+    penalty, _ = sensitivity_penalty(model, inputs, tokens=Embedding("embed_ln"), sigma=0.5,
+                                     generator=_gen(0), mask=fitting)
+    assert torch.isfinite(penalty) and penalty.item() >= 0

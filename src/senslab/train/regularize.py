@@ -132,7 +132,7 @@ def _real_tokens(inputs: Inputs, mask: Tensor | None, b: int, t: int,
     attention mask (the keys :class:`~senslab.tokens.Embedding` reads), else all."""
     if mask is None:
         _, found = input_mask(inputs, b, t, False)
-        if isinstance(found, Tensor) and tuple(found.shape) == (b, t):
+        if isinstance(found, Tensor):  # of another shape it is refused, as the measurement does
             mask = found
     valid = valid_mask(mask, b, t, device)
     empty = (~valid.any(dim=1)).nonzero().flatten()
