@@ -286,8 +286,13 @@ def sensitivity_regularized_loss(
     Gradients flow through **both** branches, :math:`f(\tilde x)` and :math:`f(x)`, as in the
     paper code (the MSE pulls the clean output towards the noisy one as well as the reverse).
     The two branches are separate forward passes, so a BatchNorm model normalises clean and noisy
-    images with their own batch statistics (as the paper code did), not with a mixed batch. The
-    MSE is the mean over all logits of the batch (``F.mse_loss`` with ``reduction="mean"``).
+    images with their own batch statistics (as the paper code did), not with a mixed batch, and a
+    model in train mode draws its dropout masks for each branch anew, so with dropout the term
+    also counts the dropout's own change of the output (it is not 0 at σ = 0; measured with
+    ``eval()`` it is). The MSE is the mean over all logits of the batch (``F.mse_loss`` with
+    ``reduction="mean"``): for per-token outputs (B, T, C) that mean includes padding positions,
+    so the term shrinks with the batch's share of padding — select per-example logits with
+    ``output=`` (or pool over real tokens in the model) to keep α's weight fixed.
 
     Returns:
         ``(loss, parts)``: the scalar loss to back-propagate and, for logging, detached scalars
