@@ -382,3 +382,21 @@ def test_scatter_and_curve_options(tmp_path: Path) -> None:
     assert out.read_bytes().startswith(PNG_MAGIC)
     with pytest.raises(ValueError, match="x must be 'epoch' or 'step'"):
         plot_curves(runs, tmp_path / "c.png", x="time")
+
+
+def test_a_single_logged_value_shows_its_own_runs_standard_error() -> None:
+    """Three runs of a label, only seed 1 logged sens/val: the table shows seed 1's value with
+    seed 1's s.e. (it showed seed 0's), and counts the one run behind the number."""
+    from senslab.report.runs import Run
+
+    def run(seed: int, final: dict) -> Run:
+        return Run(Path(f"r{seed}"), {"name": f"r{seed}", "label": "vit", "seed": seed}, {},
+                   [], {"label": "vit", "final": final})
+
+    runs = [run(0, {"acc": 0.9, "sens/val_se": 0.25}),
+            run(1, {"acc": 0.8, "sens/val": 0.031, "sens/val_se": 0.0012}),
+            run(2, {"acc": 0.85})]
+    row = final_table(runs, keys=["acc", "sens/val"])[0]
+    assert row["runs"] == 3 and row["acc"].n == 3
+    stat = row["sens/val"]
+    assert (stat.mean, stat.spread, stat.n, stat.kind) == (0.031, 0.0012, 1, "se")

@@ -100,9 +100,10 @@ def final_table(
     """One row per label (or per run with ``per_run=True``) of final numbers.
 
     Each row has ``label``, ``runs`` (how many runs it aggregates), ``seeds`` and, per metric key,
-    a :class:`Stat` (mean ± std over the label's runs; a single run shows its ``<key>_se`` when
-    logged). A metric a run never logged is left out of that run's mean; a label where no run
-    logged it has no entry for it. Per-run rows have ``label``, ``run`` (its name) and ``seed``.
+    a :class:`Stat` (mean ± std over the label's runs that logged it, ``n`` of them; a single
+    value shows its own run's ``<key>_se`` when logged). A metric a run never logged is left out
+    of that run's mean; a label where no run logged it has no entry for it. Per-run rows have
+    ``label``, ``run`` (its name) and ``seed``.
     """
     keys = list(keys) if keys is not None else metric_keys(runs)
     groups = [[r] for r in runs] if per_run else list(group_by_label(runs).values())
@@ -115,10 +116,12 @@ def final_table(
             row["runs"], row["seeds"] = len(group), [r.seed for r in group]
         finals = [r.final for r in group]
         for key in keys:
-            values = [f[key] for f in finals if is_number(f.get(key))]
+            supplied = [f for f in finals if is_number(f.get(key))]
+            values = [f[key] for f in supplied]
             if not values:
                 continue
-            se = finals[0].get(f"{key}_se") if len(values) == 1 else None
+            # a single value's standard error is that run's, not the label's first run's
+            se = supplied[0].get(f"{key}_se") if len(values) == 1 else None
             row[key] = summarize(values, se if is_number(se) else None)
         rows.append(row)
     return rows
