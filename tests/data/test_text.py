@@ -317,6 +317,13 @@ def test_glue_zip_in_root_is_extracted_and_checked(tmp_path: Path) -> None:
         d = _load("sst2", root, split="dev")
     assert d.targets.tolist() == [1, 0]
     assert (root / "train.tsv").read_text() == rows * 3
+    # a split already there is the user's: extracting the missing one never replaces it
+    mine = "sentence\tlabel\nmy own train row\t1\n"
+    (root / "train.tsv").write_text(mine)
+    (root / "dev.tsv").unlink()
+    with pytest.warns(UserWarning, match="reference md5"):
+        _load("sst2", root, split="dev")
+    assert (root / "train.tsv").read_text() == mine
 
 
 def test_a_tokenizer_file_saved_with_padding_still_encodes_bare_ids(tmp_path: Path) -> None:

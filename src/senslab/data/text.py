@@ -234,6 +234,8 @@ def _glue_zip_file(name: str, root: Path, split: str, download: bool) -> Path:
         ) from err
     with zipfile.ZipFile(zpath) as z:
         for member in ("train.tsv", "dev.tsv"):
+            if (root / member).exists():  # a file already there is the user's: never replaced
+                continue
             _write_atomic(root / member, z.read(f"{folder}/{member}"))
             if md5sum(root / member) != md5s[member]:
                 warnings.warn(f"{root / member} does not have the reference md5 {md5s[member]}",
