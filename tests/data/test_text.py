@@ -346,3 +346,18 @@ def test_a_tokenizer_file_saved_with_padding_still_encodes_bare_ids(tmp_path: Pa
     assert torch.equal(plain["attention_mask"], padded["attention_mask"])
     pad = pretrained_tokenizer(str(padded_path)).pad_id
     assert not bool(((padded["input_ids"] == pad) & padded["attention_mask"]).any())
+
+
+def test_a_tsv_cut_mid_row_is_refused(tmp_path: Path) -> None:
+    """An interrupted copy ends without its newline and with a short last row: refused (it
+    loaded, the cut row only counted in meta['skipped_rows']); a complete file without a final
+    newline still loads."""
+    root = tmp_path / "sst2"
+    root.mkdir()
+    full = "sentence\tlabel\ngood film\t1\nbad film\t0\n"
+    (root / "train.tsv").write_text(full * 2)
+    (root / "dev.tsv").write_text(full[:-6])  # "bad fi": mid-row
+    with pytest.raises(DataUnavailableError, match=r"dev.tsv ends mid-row.*truncated"):
+        _load("sst2", root, split="dev")
+    (root / "dev.tsv").write_text(full[:-1])  # only the final newline missing
+    assert _load("sst2", root, split="dev").targets.tolist() == [1, 0]

@@ -45,6 +45,7 @@ from __future__ import annotations
 import bz2
 import csv
 import hashlib
+import io
 import os
 import warnings
 import zipfile
@@ -151,7 +152,15 @@ def _tsv(path: Path) -> list[list[str]]:
     """Rows of a tab-separated file (header dropped). Quotes are ordinary characters in these
     corpora, hence QUOTE_NONE; the BOM some GLUE files start with is dropped by utf-8-sig."""
     with open(path, encoding="utf-8-sig", newline="") as f:
-        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+        text = f.read()
+    rows = list(csv.reader(io.StringIO(text), delimiter="\t", quoting=csv.QUOTE_NONE))
+    # a file cut mid-row (an interrupted copy or download) ends without its newline and with a
+    # short last row: refused, where a skipped row would pass unnoticed
+    if len(rows) > 1 and text and not text.endswith(("\n", "\r")) \
+            and len(rows[-1]) < len(rows[0]):
+        raise DataUnavailableError(
+            f"{path} ends mid-row (its last line has {len(rows[-1])} of {len(rows[0])} fields and "
+            "no line end): the file is truncated; copy or download it again")
     return rows[1:]
 
 
