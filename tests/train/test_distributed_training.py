@@ -35,6 +35,41 @@ os._exit(0)
 """
 
 
+def _torchrun(tmp_path: Path, out: Path, args: list[str]) -> None:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(script), str(out), *args]
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_uneven_shares_of_a_batch_weigh_as_in_one_process(tmp_path: Path):
+    """A batch of 15 on 2 ranks (8 + 7 examples): DDP's equal-weight average of the ranks'
+    mean losses once weighed the 7 more than the 8 (2e-3 off one process); each rank's loss is
+    now scaled by its share, and the weights agree as for even batches."""
+    args = [a for a in ARGS if not a.startswith("train.batch_size")] + ["train.batch_size=15"]
+    _torchrun(tmp_path, tmp_path / "ddp", args)
+    torch.set_num_threads(1)
+    fit(apply_overrides(RunConfig(name="ddp"), list(args)), tmp_path / "single", progress=False)
+    a = RunDir.load_checkpoint(RunDir(tmp_path / "ddp").checkpoints()[-1])["model"]
+    b = RunDir.load_checkpoint(RunDir(tmp_path / "single").checkpoints()[-1])["model"]
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+
+
+def test_each_rank_draws_its_own_regularizer_noise(tmp_path: Path):
+    """With the sensitivity regularizer, every rank's noise stream is its own (one seed gave
+    every rank's row i the same patch and noise), rank 0's is the single process's, and the
+    checkpoint keeps every rank's so that a resume continues each."""
+    args = [*ARGS, "train.regularizer=patch_mse", "train.max_steps=4"]
+    _torchrun(tmp_path, tmp_path / "ddp", [a for a in args if a != "train.max_steps=20"])
+    state = RunDir.load_checkpoint(RunDir(tmp_path / "ddp").checkpoints()[-1])
+    regs = state["reg_rngs"]
+    assert len(regs) == 2 and not torch.equal(regs[0], regs[1])
+    assert torch.equal(regs[0], state["reg_rng"])
+
+
 def test_two_process_ddp_training_matches_one_process(tmp_path: Path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)

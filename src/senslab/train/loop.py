@@ -9,6 +9,11 @@ uninterrupted run with the same seed.
 The configuration is validated before anything is written, the run directory is locked against
 a second writer for the whole run (:meth:`~senslab.train.rundir.RunDir.writing`), and a run
 interrupted by Ctrl-C raises :class:`TrainingInterrupted`, which says how to resume.
+
+Under ``torchrun`` (DDP) rank r trains on rows r, r + world, … of every batch; its loss is
+scaled by its share of the batch so that DDP's equal-weight gradient average is the batch-mean
+gradient of one process, uneven shares included. Each rank draws its own regularizer noise
+(rank 0 the single process's stream), and checkpoints keep every rank's stream.
 """
 
 from __future__ import annotations
@@ -306,7 +311,9 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
         net = nn.parallel.DistributedDataParallel(model)
     opt = build_optimizer(cfg, model)
     sched = build_scheduler(cfg, opt)
-    reg_gen = torch.Generator().manual_seed(cfg.seed + 777)
+    # each rank draws its own regularizer noise (rank 0 the single process's stream): one seed
+    # for all ranks gave every rank's row i the same patch and the same noise
+    reg_gen = torch.Generator().manual_seed(cfg.seed + 777 + REG_RANK_STRIDE * rank)
     start_time = 0.0
 
     found = rd.load_latest(resume=True) if rd.exists() else None
@@ -319,7 +326,9 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
         torch.set_rng_state(state["torch_rng"])
         if state.get("cuda_rng") is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
-        reg_gen.set_state(state["reg_rng"])
+        per_rank = state.get("reg_rngs")
+        reg_gen.set_state(per_rank[rank] if world > 1 and per_rank is not None
+                          and len(per_rank) == world else state["reg_rng"])
         for key, value in state["position"].items():
             setattr(pos, key, value)
         start_time = state["time"]
@@ -347,6 +356,12 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
                    initial=pos.step)
 
     def checkpoint() -> None:
+        regs = None
+        if world > 1:  # every rank's noise stream, so that a resume continues each
+            regs = [None] * world
+            import torch.distributed as dist
+
+            dist.all_gather_object(regs, reg_gen.get_state())
         rd.save_checkpoint(
             {
                 "model": model.state_dict(),
@@ -355,6 +370,7 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
                 "torch_rng": torch.get_rng_state(),
                 "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
                 "reg_rng": reg_gen.get_state(),
+                **({"reg_rngs": regs} if regs is not None else {}),
                 "position": dataclasses.asdict(pos),
                 "time": time.perf_counter() - clock,
             },
@@ -380,10 +396,15 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
     while not done and pos.epoch < cfg.train.epochs:
         order = epoch_order(cfg.seed, pos.epoch, n)
         while pos.batch < n_batches:
-            idx = order[pos.batch * bs : (pos.batch + 1) * bs][rank::world]
+            whole = order[pos.batch * bs : (pos.batch + 1) * bs]
+            idx = whole[rank::world]
             x, y = train.batch(idx)
             x, y = to_device(x, device), y.to(device)
-            loss = _train_step(cfg, net, opt, x, y, loss_kind, reg_gen)
+            # DDP averages the ranks' gradients with equal weights: a rank's mean loss weighs
+            # its share of the batch, so uneven shares (15 on 2 ranks, a short last batch) give
+            # the batch-mean gradient, as one process does
+            share = len(idx) * world / len(whole)
+            loss = _train_step(cfg, net, opt, x, y, loss_kind, reg_gen, share)
             pos.batch += 1
             pos.step += 1
             if pos.interrupted:  # a Ctrl-C whose KeyboardInterrupt was swallowed
@@ -429,8 +450,15 @@ def _reached(cfg: RunConfig, record: dict[str, Any]) -> bool:
     return target is not None and record.get("train/acc", 0.0) >= target
 
 
+#: the regularizer's seed offset between ranks (rank r: seed + 777 + r × this)
+REG_RANK_STRIDE = 1_000_003
+
+
 def _train_step(cfg: RunConfig, model: nn.Module, opt: torch.optim.Optimizer, x: Any, y: Tensor,
-                loss_kind: str, reg_gen: torch.Generator) -> float:
+                loss_kind: str, reg_gen: torch.Generator, share: float = 1.0) -> float:
+    """One optimizer step on the batch ``(x, y)``; ``share``: this rank's weight in DDP's
+    average (its examples × world size / the batch's), which scales the gradient only (the
+    loss returned, and the loss an SPS step reads, is the rank's own mean)."""
     t = cfg.train
     closure_needed = cfg.optim.name == "sps"
 
@@ -455,7 +483,7 @@ def _train_step(cfg: RunConfig, model: nn.Module, opt: torch.optim.Optimizer, x:
     def closure() -> Tensor:
         opt.zero_grad(set_to_none=True)
         loss = compute_loss()
-        loss.backward()
+        (loss if share == 1.0 else loss * share).backward()
         return loss
 
     if closure_needed:
