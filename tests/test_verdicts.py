@@ -35,7 +35,15 @@ def test_over_seeds_closed_form():
     assert lo < 0 < hi
     assert e.se_measure == pytest.approx(math.sqrt(3 * 0.01) / 3)
     assert e.se_seed == pytest.approx(math.sqrt(1 / 3 - 0.01 / 3))
-    assert e.detectable() == pytest.approx((4.302653 + 1.060660) / math.sqrt(3), rel=1e-5)
+    # the effect found with 80% power by the two-sided t test: the noncentral t's power there
+    # is 0.80 (the normal shortcut with t quantiles, (4.3027 + 1.0607)·s, gave 0.77)
+    det = e.detectable()
+    crit = 4.302653
+    power = stats.nct.sf(crit, 2, det / e.se) + stats.nct.cdf(-crit, 2, det / e.se)
+    assert power == pytest.approx(0.8, abs=1e-6)
+    assert det > (4.302653 + 1.060660) / math.sqrt(3)
+    normal = measured(0.0, 0.5)
+    assert normal.detectable() == pytest.approx((1.959964 + 0.841621) * 0.5, rel=1e-6)
 
 
 def test_one_seed_is_measurement_only():

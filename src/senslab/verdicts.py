@@ -48,7 +48,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from scipy import stats
+from scipy import optimize, stats
 
 __all__ = [
     "ALPHA", "CONTRADICTED", "INCONCLUSIVE", "NOT_COMPARABLE", "POWER", "SUPPORTED", "WORDS",
@@ -114,8 +114,25 @@ class Effect:
         return float(min(1.0, 2 * tail))
 
     def detectable(self, alpha: float = ALPHA, power: float = POWER) -> float:
-        """The smallest true effect a two-sided level-``alpha`` test detects with ``power``."""
-        return (self.quantile(1 - alpha / 2) + self.quantile(power)) * self.se
+        r"""The smallest true effect a two-sided level-``alpha`` test detects with ``power``: on
+        the normal, :math:`(z_{1-\alpha/2} + z_{power})\,s`; on Student's t, the effect whose
+        noncentral t (noncentrality effect / s) crosses either critical value with
+        probability ``power`` (the normal shortcut with t quantiles overstated the power: 0.77
+        instead of 0.80 on 2 degrees of freedom)."""
+        if not math.isfinite(self.se) or self.se == 0 or math.isinf(self.df):
+            return (self.quantile(1 - alpha / 2) + self.quantile(power)) * self.se
+        crit = self.quantile(1 - alpha / 2)
+        df = self.df
+
+        def short(ncp: float) -> float:
+            lower = float(stats.nct.cdf(-crit, df, ncp))  # the far tail: NaN where it underflows
+            return float(stats.nct.sf(crit, df, ncp)) + (lower if math.isfinite(lower) else 0.0) \
+                - power
+
+        hi = crit + self.quantile(power)
+        while short(hi) < 0:
+            hi *= 2
+        return float(optimize.brentq(short, 0.0, hi, xtol=1e-10)) * self.se
 
 
 def measured(value: float, se: float, what: str = "") -> Effect:
