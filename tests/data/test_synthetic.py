@@ -230,3 +230,20 @@ def test_dataset_to_device_keeps_examples_and_meta() -> None:
         assert torch.equal(x[k] if k else x, x0[k] if k else x0)
     with pytest.raises(RuntimeError):
         ds.to("no-such-device")
+
+
+@pytest.mark.parametrize("name, options, keys", [
+    ("sparse_frequent", {}, ("token_ids", "token_type", "y_pm")),
+    ("maxmargin_attention", {}, ("opt", "gamma", "y_pm")),
+    ("boolean", {"n_bits": 6, "function": "parity"}, ("index",)),
+])
+def test_a_subset_cuts_its_per_example_metadata_alike(name, options, keys):
+    """first()/subset kept the full dataset's per-example metadata (100 rows of token types
+    beside 10 examples); listed in meta['per_example'], it is cut with the examples."""
+    full = create_dataset(name, split="train", **options)
+    part = full.first(7, generator=torch.Generator().manual_seed(0))
+    order = torch.randperm(len(full), generator=torch.Generator().manual_seed(0))[:7]
+    for key in keys:
+        assert len(part.meta[key]) == 7
+        assert torch.equal(torch.as_tensor(part.meta[key]), torch.as_tensor(full.meta[key])[order])
+    assert torch.equal(part.targets, full.targets[order])

@@ -51,8 +51,13 @@ class ArrayDataset(Dataset):
         return {k: v[index] for k, v in self.inputs.items()}, self.targets[index]
 
     def subset(self, index: Tensor | slice) -> ArrayDataset:
+        """The examples at ``index``; metadata listed in ``meta["per_example"]`` (one row per
+        example: labels on ±1, token types, cube indices…) is cut alike, the rest is kept."""
         x, y = self.batch(index)
-        return ArrayDataset(x, y, self.num_classes, self.name, dict(self.meta))
+        meta = dict(self.meta)
+        for key in meta.get("per_example", ()):
+            meta[key] = meta[key][index]
+        return ArrayDataset(x, y, self.num_classes, self.name, meta)
 
     def to(self, device: torch.device | str) -> ArrayDataset:
         """The same examples with every tensor on ``device``."""

@@ -246,6 +246,7 @@ def sparse_frequent(
         num_classes=2,
         name="sparse_frequent",
         meta={
+            "per_example": ("token_ids", "token_type", "y_pm"),
             "token_ids": ids,
             "token_type": types,
             "token_types": TOKEN_TYPES,
@@ -292,7 +293,8 @@ def modular_addition(
     tokens = torch.stack([a, b, torch.full_like(a, p)], dim=1)
     return ArrayDataset(
         tokens, (a + b) % p, num_classes=p, name="modular_addition",
-        meta={"p": p, "vocab_size": p + 1, "eq_token": p, "pair_index": index},
+        meta={"p": p, "vocab_size": p + 1, "eq_token": p, "pair_index": index,
+              "per_example": ("pair_index",)},
     )
 
 
@@ -354,7 +356,7 @@ def sparse_parity(
     y = x[:, s].prod(dim=1)
     return ArrayDataset(
         x, _pm_to_target(y), num_classes=2, name="sparse_parity",
-        meta={"subset": s.tolist(), "n_bits": n_bits, "y_pm": y},
+        meta={"subset": s.tolist(), "n_bits": n_bits, "y_pm": y, "per_example": ("y_pm",)},
     )
 
 
@@ -442,7 +444,7 @@ def boolean(
         x = cube[index]
     y = table[index] if table is not None else BOOLEAN_FUNCTIONS[function](x)
     meta: dict[str, Any] = {"function": function, "n_bits": n_bits, "sampling": sampling,
-                            "index": index}
+                            "index": index, "per_example": ("index",)}
     if table is not None:
         meta["table"] = table
     return ArrayDataset(x, y, num_classes=1 if function == "mean" else 2, name="boolean",
@@ -509,5 +511,6 @@ def maxmargin_attention(
     gamma = y.unsqueeze(1) * (x @ v)
     return ArrayDataset(
         x, _pm_to_target(y), num_classes=2, name="maxmargin_attention",
-        meta={"v": v, "u": u, "opt": opt, "gamma": gamma, "y_pm": y},
+        meta={"v": v, "u": u, "opt": opt, "gamma": gamma, "y_pm": y,
+              "per_example": ("opt", "gamma", "y_pm")},
     )
