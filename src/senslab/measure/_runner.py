@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from .._sigint import SigintWatch
-from ..tokens.base import BoundTokens
+from ..tokens.base import BoundTokens, last_real
 from . import _chunks, _trim
 from ._noise import NoiseStream
 from ._precision import PrecisionCheck
@@ -45,14 +45,6 @@ def _tolerance(clean: Tensor, low_precision: bool) -> float:
     return 1e-3
 
 
-RANDOM_FORWARD = (
-    "its forward is random, so the measured flips would count that randomness. senslab "
-    "measures in eval() mode; something else still samples — F.dropout(..., training=True), a "
-    "stochastic layer, noise added in forward. Make the forward deterministic (with "
-    "eval_mode=False, put the model in eval() yourself)"
-)
-
-
 def verify_deterministic(bound: BoundTokens, clean: Tensor, whole: bool,
                          extent: Tensor | None, low_precision: bool) -> None:
     """``eval_mode=False``: refuse a forward that is random in the model's own mode (dropout in
@@ -70,8 +62,7 @@ def verify_deterministic(bound: BoundTokens, clean: Tensor, whole: bool,
         tok = None
         zero = torch.zeros(len(src), width, bound.dim, device=clean.device)
     else:
-        last = bound.valid.shape[1] - 1 - bound.valid.flip(1).int().argmax(1)
-        tok = last[src]
+        tok = last_real(bound.valid)[src]
         zero = torch.zeros(len(src), bound.dim, device=clean.device)
     runs = [bound.forward_perturbed(src, tok, zero, **cut).float().reshape(len(src), -1)
             for _ in range(2)]
@@ -135,7 +126,11 @@ def verify_copies(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor
         worst = float((runs[0] - runs[1]).abs().max())
         raise RuntimeError(
             f"the model's output changed between two evaluations of the same input (by up to "
-            f"{worst:.3g}, outputs of size up to {float(ref.abs().max()):.3g}): " + RANDOM_FORWARD
+            f"{worst:.3g}, outputs of size up to {float(ref.abs().max()):.3g}): its forward is "
+            "random, so the measured flips would count that randomness. senslab measures in "
+            "eval() mode; something else still samples — F.dropout(..., training=True), a "
+            "stochastic layer, noise added in forward. Make the forward deterministic (with "
+            "eval_mode=False, put the model in eval() yourself)"
         )
     diff = (runs[0] - ref).abs()
     if bool((diff > rtol * scale).any()):

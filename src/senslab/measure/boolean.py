@@ -207,13 +207,15 @@ def _resolve(values: Tensor, output: Output) -> str:
 
 
 def _check_threshold(rule: str, output: Output, threshold: float) -> None:
-    """A threshold the rule would ignore is refused: ``output="auto"`` that chose ``"real"``."""
+    """A threshold the rule would ignore is refused: ``output="real"``, or ``"auto"`` that
+    chose ``"real"``."""
     if rule == "real" and threshold != 0.0:
+        why = ("output='real' counts" if output == "real"
+               else f"output={output!r} chose 'real' for these real values, which counts")
         raise ValueError(
             f"threshold={threshold!r} applies to class changes (output='sign': class = value > "
-            f"threshold), but output={output!r} chose 'real' for these real values (squared "
-            "change / 4, no threshold): pass output='sign' to count class changes at the "
-            "threshold, or drop threshold"
+            f"threshold), but {why} the squared change / 4, with no threshold: pass "
+            "output='sign' to count class changes at the threshold, or drop threshold"
         )
 
 
@@ -339,12 +341,8 @@ def boolean_sensitivity(
         raise ValueError(f"method must be 'auto', 'exact' or 'sample', got {method!r}")
     if output not in ("auto", "sign", "real"):
         raise ValueError(f"output must be 'auto', 'sign' or 'real', got {output!r}")
-    if output == "real" and threshold != 0.0:
-        raise ValueError(
-            f"threshold={threshold!r} applies to output='sign' (class = value > threshold); "
-            "output='real' counts the squared change and has no threshold: pass output='sign' "
-            "or drop threshold"
-        )
+    if output == "real":  # refused before anything is evaluated
+        _check_threshold("real", output, threshold)
     is_table = isinstance(f, Tensor)
     if method == "auto":
         method = "exact" if is_table or (1 << n) <= (n + 1) * num_samples else "sample"
