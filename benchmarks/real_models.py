@@ -106,7 +106,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _real import RealCase, gpt2_case, image_case, minilm_case  # noqa: E402
+from _real import RealCase, export_offline, gpt2_case, image_case, minilm_case  # noqa: E402
 
 from senslab.measure import TokenSensitivity, token_sensitivity  # noqa: E402
 from senslab.measure._noise import NoiseStream  # noqa: E402
@@ -125,6 +125,7 @@ TRANSFORMERS = ("minilm", "vit_small", "gpt2")
 PAPER_BATCH = 64  #: examples per forward of the paper code (× R copies)
 ADAPTIVE_REPEATS = 2  #: draws per token and round of the adaptive runs (pairs for antithetic)
 GEMM_N = {"full": 2048, "quick": 1024}
+GEMM_N_GPU = 8192  #: a GPU's peak needs a larger product
 #: issue 18, item 4
 TARGET_VS_NAIVE = {"minilm": 4.0}
 TARGET_VS_PAPER = {"vit_small": 3.0, "resnet18": 3.0}
@@ -402,8 +403,20 @@ def token_dim(case: RealCase) -> int:
     return hook.dim
 
 
-def _precision(bf16: bool) -> Any:
-    return torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
+def _precision(bf16: bool, device: torch.device) -> Any:
+    return torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
+
+
+def now(device: torch.device) -> float:
+    """The host clock once the device's queued work is done (GPU kernels run asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _stream(seed: int, dim: int, device: torch.device) -> NoiseStream:
+    """The noise stream senslab draws from for an int seed: a generator on the model's device."""
+    return NoiseStream(torch.Generator(device=device).manual_seed(seed), dim, device)
 
 
 def _classes(case: RealCase, inputs: Any) -> Tensor:
@@ -415,14 +428,15 @@ def _perturbed(case: RealCase, inputs: Any, tok: Tensor, noise: Tensor,
     """Copies of ``inputs`` (already one row per copy) with ``noise[i]`` on token ``tok[i]``."""
     if case.kind == "text":
         width = inputs["input_ids"].shape[1]
-        delta = torch.zeros(len(tok), width, noise.shape[1])
-        delta[torch.arange(len(tok)), tok] = noise
+        delta = torch.zeros(len(tok), width, noise.shape[1], device=noise.device)
+        delta[torch.arange(len(tok), device=tok.device), tok] = noise
         hook.delta = delta
         return inputs
     p = case.tokens.size  # type: ignore[attr-defined]
     n, c, h, w = inputs.shape
     v = inputs.clone().view(n, c, h // p, p, w // p, p)
-    v[torch.arange(n), :, tok // (w // p), :, tok % (w // p), :] += noise.view(n, c, p, p)
+    rows = torch.arange(n, device=tok.device)
+    v[rows, :, tok // (w // p), :, tok % (w // p), :] += noise.view(n, c, p, p)
     return v.view(n, c, h, w)
 
 
@@ -448,26 +462,26 @@ def naive_loop(case: RealCase, seed: int = SEED, bf16: bool = False,
     (``repeats``: R, default the case's). The row keeps the flips (``flips``: per example
     (K, R)). ``observe(b, noise)``: called with each example's noise (K·R rows, token-major)
     after its clean forward and before its perturbed one."""
-    r, dim = repeats or case.repeats, token_dim(case)
-    stream = NoiseStream(torch.Generator().manual_seed(seed), dim, torch.device("cpu"))
+    r, dim, dev = repeats or case.repeats, token_dim(case), case.device
+    stream = _stream(seed, dim, dev)
     flips, t_clean, t_pert, forwards = [], 0.0, 0.0, 0
-    with token_noise(case) as hook, torch.inference_mode(), _precision(bf16):
+    with token_noise(case) as hook, torch.inference_mode(), _precision(bf16, dev):
         for b in range(case.n):
-            start = time.perf_counter()
+            start = now(dev)
             one = _example(case, b)
             k = int(case.lengths[b])
             hook.delta = None
             clean = _classes(case, one)
-            mid = time.perf_counter()
+            mid = now(dev)
             noise = stream.take(k * r).mul_(case.sigma)
             if observe is not None:
                 observe(b, noise)
-            tok = torch.arange(k).repeat_interleave(r)
+            tok = torch.arange(k, device=dev).repeat_interleave(r)
             copies = _perturbed(case, _expand(one, k * r), tok, noise, hook)
             flips.append((_classes(case, copies) != clean).view(k, r))
             hook.delta = None
             t_clean += mid - start
-            t_pert += time.perf_counter() - mid
+            t_pert += now(dev) - mid
             forwards += 1 + k * r
     row = _reference_row(case, "naive loop", bf16, flips, t_clean, t_pert, forwards, r)
     row["flips"] = flips
@@ -482,29 +496,29 @@ def paper_code(case: RealCase, seed: int = SEED, bf16: bool = False,
     if compiled:
         case = dataclasses.replace(case, model=torch.compile(case.model))
     r, dim, n, width = case.repeats, token_dim(case), case.n, case.width
-    lengths = case.lengths
-    with token_noise(case) as hook, torch.inference_mode(), _precision(bf16):
-        start = time.perf_counter()
+    lengths, dev = case.lengths, case.device
+    with token_noise(case) as hook, torch.inference_mode(), _precision(bf16, dev):
+        start = now(dev)
         clean = torch.cat([_classes(case, select(case.inputs, idx))
                            for idx in torch.arange(n).split(PAPER_BATCH)])
-        mid = time.perf_counter()
+        mid = now(dev)
         # the stream's rows in senslab's example-major order; padding positions get zero noise
-        stream = NoiseStream(torch.Generator().manual_seed(seed), dim, torch.device("cpu"))
-        noise = torch.zeros(n, width, r, dim)
+        stream = _stream(seed, dim, dev)
+        noise = torch.zeros(n, width, r, dim, device=dev)
         for b in range(n):
             k = int(lengths[b])
             noise[b, :k] = stream.take(k * r).mul_(case.sigma).view(k, r, dim)
-        flips = torch.zeros(n, width, r, dtype=torch.bool)
+        flips = torch.zeros(n, width, r, dtype=torch.bool, device=dev)
         for t in range(width):
             for i in range(0, n, PAPER_BATCH):
                 idx = torch.arange(i, min(n, i + PAPER_BATCH))
                 copies = select(case.inputs, idx.repeat_interleave(r))
-                tok = torch.full((len(idx) * r,), t)
+                tok = torch.full((len(idx) * r,), t, device=dev)
                 copies = _perturbed(case, copies, tok, noise[idx, t].reshape(-1, dim), hook)
                 out = _classes(case, copies)
                 flips[idx, t] = (out != clean[idx].repeat_interleave(r)).view(len(idx), r)
                 hook.delta = None
-        t_pert = time.perf_counter() - mid
+        t_pert = now(dev) - mid
     per = [flips[b, : int(lengths[b])] for b in range(n)]
     row = _reference_row(case, "paper code", bf16, per, mid - start, t_pert,
                          n + n * width * r, r)
@@ -516,6 +530,7 @@ def paper_code(case: RealCase, seed: int = SEED, bf16: bool = False,
 def _reference_row(case: RealCase, method: str, bf16: bool, flips: list[Tensor],
                    t_clean: float, t_pert: float, forwards: int,
                    draws: int) -> dict[str, Any]:
+    flips = [f.cpu() for f in flips]
     est, se, per_sample = stratified(flips)
     return {"method": method, "precision": "bf16" if bf16 else "float32", "estimate": est,
             "se": se, "forwards": forwards, "seconds": t_clean + t_pert, "t_clean": t_clean,
@@ -530,14 +545,14 @@ def clean_seconds(case: RealCase, per_example: bool) -> float:
     """A clean float32 forward of every example: one batched call, or one call per example."""
     with torch.inference_mode():
         call_model(case.model, select(case.inputs, torch.arange(min(case.n, 4))))  # warm
-        start = time.perf_counter()
+        start = now(case.device)
         if per_example:
             for b in range(case.n):
                 call_model(case.model, select(case.inputs, torch.tensor([b])))
         else:
             for idx in torch.arange(case.n).split(PAPER_BATCH):
                 call_model(case.model, select(case.inputs, idx))
-        return time.perf_counter() - start
+        return now(case.device) - start
 
 
 @contextmanager
@@ -585,7 +600,7 @@ def senslab_row(case: RealCase, method: str, options: dict[str, Any], t_clean: f
     tally = (copies_per_example(case.n) if case.kind == "text" and not per_example
              else nullcontext(None))
     with tally as counts:
-        start = time.perf_counter()
+        start = now(case.device)
         metric = TokenSensitivity(case.model, tokens, **common)
         if per_example:
             for b in range(case.n):
@@ -593,7 +608,7 @@ def senslab_row(case: RealCase, method: str, options: dict[str, Any], t_clean: f
         else:
             metric.update(case.inputs)  # what token_sensitivity does
         res = metric.compute()
-        seconds = time.perf_counter() - start
+        seconds = now(case.device) - start
     checked = res.recheck_fraction is not None
     precision = precision_label(metric.checked_precision, res.recheck_fraction)
     return {"method": method, "precision": precision, "estimate": res.estimate,
@@ -605,9 +620,13 @@ def senslab_row(case: RealCase, method: str, options: dict[str, Any], t_clean: f
             "checked": checked, "options": {k: str(v) for k, v in options.items()},
             "tokens": repr(tokens),
             "control_variate": _gradient_pass(options),
-            "per_sample": res.per_sample.double(), "per_position": res.per_position,
+            "per_sample": res.per_sample.double().cpu(), "per_position": _cpu(res.per_position),
             **({} if counts is None else {"copies_per_example": counts[0].tolist(),
                                           "work_per_example": counts[1].tolist()})}
+
+
+def _cpu(x: Any) -> Any:
+    return x.cpu() if isinstance(x, Tensor) else x
 
 
 def precision_label(low: str | None, recheck: float | None) -> str:
@@ -639,7 +658,8 @@ def senslab_methods(case: RealCase, target: float) -> list[tuple[str, dict[str, 
                          False))
     rows += [("senslab precision=float32", {**r, "precision": "float32"}, False),
              ("senslab precision=bf16-checked", {**r, "precision": "bf16-checked"}, False),
-             ("senslab precision=int8-checked", {**r, "precision": "int8-checked"}, False),
+             *([("senslab precision=int8-checked", {**r, "precision": "int8-checked"}, False)]
+               if case.device.type == "cpu" else []),  # int8 products: a CPU's
              ("senslab per-example calls", r, True),
              ("senslab compile=True", {**r, "compile": True}, False)]
     for label, extra in VARIANCE_REDUCTION.items():
@@ -651,28 +671,30 @@ def senslab_methods(case: RealCase, target: float) -> list[tuple[str, dict[str, 
 # -- throughput -----------------------------------------------------------------------------------
 
 
-def gemm_flops(n: int, dtype: torch.dtype, reps: int = 3) -> float:
-    """FLOP/s (int8: operations/s) of an n×n @ n×n product in ``dtype`` (median of ``reps``
-    after a warm-up)."""
+def gemm_flops(n: int, dtype: torch.dtype, reps: int = 3,
+               device: torch.device | None = None) -> float:
+    """FLOP/s (int8: operations/s) of an n×n @ n×n product in ``dtype`` on ``device`` (median of
+    ``reps`` after a warm-up)."""
+    device = device or torch.device("cpu")
     g = torch.Generator().manual_seed(0)
     if dtype == torch.int8:  # int8 × int8 → int32 (VNNI where the CPU has it)
-        a = torch.randint(-127, 128, (n, n), generator=g, dtype=torch.int8)
-        b = torch.randint(-127, 128, (n, n), generator=g, dtype=torch.int8)
+        a = torch.randint(-127, 128, (n, n), generator=g, dtype=torch.int8).to(device)
+        b = torch.randint(-127, 128, (n, n), generator=g, dtype=torch.int8).to(device)
 
         def product() -> Any:
             return torch._int_mm(a, b)
     else:
-        a = torch.randn(n, n, generator=g).to(dtype)
-        b = torch.randn(n, n, generator=g).to(dtype)
+        a = torch.randn(n, n, generator=g).to(device, dtype)
+        b = torch.randn(n, n, generator=g).to(device, dtype)
 
         def product() -> Any:
             return a @ b
     product()
     times = []
     for _ in range(reps):
-        start = time.perf_counter()
+        start = now(device)
         product()
-        times.append(time.perf_counter() - start)
+        times.append(now(device) - start)
     return 2 * n**3 / statistics.median(times)
 
 
@@ -749,14 +771,23 @@ def measure_case(case: RealCase, gemm_n: int, reps: int = 1, log: Any = print,
     samples: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in runs}
     token_sensitivity(case.model, select(case.inputs, torch.arange(2)), case.tokens,
                       sigma=case.sigma)  # warm-up (allocator, auto-precision probe)
+    failed: dict[str, str] = {}
     for rep in range(reps):
         order = runs[rep % len(runs):] + runs[: rep % len(runs)]
         for label, fn in order:
-            gemm["float32"].append(gemm_flops(gemm_n, torch.float32))
-            gemm["bf16"].append(gemm_flops(gemm_n, torch.bfloat16))
-            gemm["fp16"].append(gemm_flops(gemm_n, torch.float16))
-            gemm["int8"].append(gemm_flops(gemm_n, torch.int8))
-            row = fn()
+            for key, dtype in (("float32", torch.float32), ("bf16", torch.bfloat16),
+                               ("fp16", torch.float16), ("int8", torch.int8)):
+                gemm[key].append(gemm_flops(gemm_n, dtype, device=case.device))
+            if label in failed:
+                continue
+            try:
+                row = fn()
+            except Exception as err:  # one row's failure must not lose the case's other rows
+                if label in REFERENCES:
+                    raise
+                failed[label] = f"{type(err).__name__}: {err}"
+                log(f"  {case.name} {label}: FAILED {failed[label]}")
+                continue
             row["ttp"], row["ttp_rule"] = time_to_precision(row, target)
             samples[label].append(row)
             log(f"  {case.name} {label}: {row['estimate']:.4f} ± {row['se']:.4f}, "
@@ -767,6 +798,8 @@ def measure_case(case: RealCase, gemm_n: int, reps: int = 1, log: Any = print,
             else encoder_exact_cuts(case, fl))
     rows = []
     for label, _ in runs:
+        if label in failed:
+            continue
         row = dict(samples[label][0])
         for key in ("seconds", "ttp", "ttp_rule"):
             row[key] = statistics.median(s[key] for s in samples[label])
@@ -776,7 +809,7 @@ def measure_case(case: RealCase, gemm_n: int, reps: int = 1, log: Any = print,
         row["fraction_fp32_gemm"] = row["flop_rate"] / peaks["float32"]
         row["fraction_bf16_gemm"] = row["flop_rate"] / peaks["bf16"]
         rows.append(row)
-    return finish_case(case, rows, peaks, fl, target, cuts)
+    return {**finish_case(case, rows, peaks, fl, target, cuts), "failed": failed}
 
 
 def vit_exact_cuts(model: nn.Module, x: Tensor) -> dict[str, float] | None:
@@ -816,7 +849,8 @@ def vit_exact_cuts(model: nn.Module, x: Tensor) -> dict[str, float] | None:
     first = model.blocks[0]
     f_qkv, _ = _count(lambda: first.attn.qkv(first.ln1(first_in)))
     n = first_in.shape[1]
-    f_proj, _ = _count(lambda: first.attn.out(torch.zeros(1, n, first.attn.out[0].in_features)))
+    f_proj, _ = _count(lambda: first.attn.out(torch.zeros(1, n, first.attn.out[0].in_features,
+                                                           device=x.device)))
     f_mlp, _ = _count(lambda: first.mlp(first_in))
     f_block, _ = _count(lambda: first(first_in))
     f_attention = f_block - f_qkv - f_proj - f_mlp  # the two products Q·Kᵀ and A·V
@@ -861,7 +895,7 @@ def encoder_exact_cuts(case: RealCase, fl: dict[int, float]) -> dict[str, Any] |
     heads = attn.num_attention_heads
 
     def flops(fn: Any, k: int, width: int = width) -> float:
-        return _count(lambda: fn(torch.zeros(1, k, width)))[0]
+        return _count(lambda: fn(torch.zeros(1, k, width, device=case.device)))[0]
 
     total = rows = pairs = proj = 0.0
     for k, copies in Counter(case.lengths.tolist()).items():  # one copy per real token
@@ -1038,6 +1072,7 @@ def markdown(result: dict[str, Any]) -> str:
                   + (f", int8 {g['int8']:.0f} GOP/s; " if "int8" in g else "; ")
                   + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                               for k, v in c["info"].items() if k != "trained") + ")"]
+        lines += [f"- {label}: failed ({err})" for label, err in c.get("failed", {}).items()]
         bad = [k for k, v in c["checks"]["agree"].items() if not v["ok"]]
         zmax = max(v["z"] for v in c["checks"]["agree"].values())
         lines.append(f"- estimates agree with the naive loop's within 95% intervals: "
@@ -1166,8 +1201,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="recompute allocation_ceiling from the flip counts a --ceiling "
                         "record holds (the same draws) and write it back; no model is run")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--device", default="cpu",
+                        help="e.g. cuda: the cases are built on the CPU, then measured there "
+                        "(float32 without TF32; GEMM peaks of that device)")
+    parser.add_argument("--export-offline", type=Path, default=None, metavar="DIR",
+                        help="write what the cases read (MiniLM, MNIST, Rotten Tomatoes) into DIR "
+                        "for a machine without the packages, print the variables to set, stop")
     parser.add_argument("--out", type=Path, default=None, help="JSON results file")
     args = parser.parse_args(argv)
+    if args.export_offline is not None:
+        env = export_offline(args.export_offline)
+        print(" ".join(f"{k}={v}" for k, v in env.items()))
+        return env
     for flag, value in (("--repeats", args.repeats), ("--ceiling", args.ceiling)):
         if value is not None and value < 2:
             raise SystemExit(f"{flag} needs at least 2 draws per token (a within-token variance "
@@ -1175,11 +1220,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.ceiling_from is not None:
         return recompute_ceiling(args.ceiling_from)
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    gpu = device.type == "cuda"
+    if gpu:  # float32 means float32: no TF32 in matrix products or convolutions
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     mode = "quick" if args.quick else "full"
-    gemm_n = args.gemm_n or GEMM_N[mode]
+    gemm_n = args.gemm_n or (GEMM_N_GPU if gpu else GEMM_N[mode])
     result: dict[str, Any] = {
-        "host": socket.gethostname(), "date": datetime.datetime.now(datetime.timezone.utc)
-        .isoformat(timespec="seconds"), "torch": torch.__version__, "threads": args.threads,
+        "host": socket.gethostname(),
+        "device": torch.cuda.get_device_name(device) if gpu else "cpu",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__, "threads": args.threads,
         "mode": mode, "examples": args.examples, "gemm_n": gemm_n,
         "reps": args.reps, "methods": args.methods, "loadavg_start": os.getloadavg(), "cases": [],
     }
@@ -1192,6 +1243,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                                  else EXAMPLES))
         if args.repeats is not None:
             case = dataclasses.replace(case, repeats=args.repeats)
+        if gpu:
+            case = case.to(device)
         print(f"{name}: {case.info}", flush=True)
         if args.ceiling:
             result["cases"].append(ceiling_case(case, args.ceiling))

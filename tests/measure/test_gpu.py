@@ -112,3 +112,58 @@ def test_zoo_models_measurable_on_gpu(name):
                           sigma=3.0, repeats=2)
     assert r.num_forward == 3 + (128 * 3 - 28) * 2
     assert math.isfinite(r.estimate)
+
+
+def test_bf16_checked_keeps_float32_decisions(mlp):
+    """On tensor cores as on a CPU: the copies whose margin bf16 could flip are evaluated again
+    in float32, so every decision is float32's; ``"auto"`` checks bf16 where the device has
+    native bf16 matrix units."""
+    model, x = mlp
+    opts = dict(sigma=0.5, repeats=4, estimand="subset", generator=1)
+    ref = token_sensitivity(model, x, Patches(4), precision="float32", **opts)
+    chk = token_sensitivity(model, x, Patches(4), precision="bf16-checked", **opts)
+    assert 0.01 < ref.estimate < 0.99
+    assert torch.equal(ref.per_sample.cpu(), chk.per_sample.cpu())
+    assert chk.recheck_fraction is not None and 0 < chk.recheck_fraction < 1
+    assert chk.num_forward_fp32 > 0
+    if CUDA.type == "cuda" and torch.cuda.get_device_capability(CUDA) >= (8, 0):
+        auto = TokenSensitivity(model, Patches(4), **opts)
+        auto.update(x)
+        assert auto.checked_precision == "bf16"
+        assert torch.equal(auto.compute().per_sample.cpu(), ref.per_sample.cpu())
+
+
+def _padded_text(vocab: int, n: int = 4, width: int = 12) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, vocab, (n, width), generator=g)
+    lengths = torch.tensor([width, 5, 9, 3][:n])
+    mask = torch.arange(width)[None] < lengths[:, None]
+    return {"input_ids": ids.masked_fill(~mask, 0).to(CUDA), "attention_mask": mask.to(CUDA)}
+
+
+def test_padding_trim_and_reuse_never_change_the_flips():
+    """The exact cuts on the device: padding trimmed or evaluated, GPT-2's copies resumed from
+    their clean prefix or run whole, ViT's local reuse or full forwards — the same flips with
+    the same seed (float64 models, so no rounding decides a flip)."""
+    torch.manual_seed(0)  # test-only: model init
+    opts = dict(sigma=2.0, repeats=3, precision="float32", generator=2)
+    gpt2 = create_model("gpt2", seed=0, vocab_size=40, dim=32, heads=2, layers=2,
+                        max_len=16).double().to(CUDA).eval()
+    batch = _padded_text(40)
+    runs = [token_sensitivity(gpt2, batch, Embedding("embed_ln", reuse_prefix=reuse),
+                              trim_padding=trim, **opts)
+            for reuse, trim in ((True, True), (False, True), (False, False))]
+    assert runs[0].estimate > 0
+    for other in runs[1:]:
+        assert torch.equal(runs[0].per_sample.cpu(), other.per_sample.cpu())
+    vit = create_model("vit_small", seed=0, dim=32, depth=2, heads=2, dim_head=16).double()
+    with torch.no_grad():  # larger weights: at initialisation every image is one class
+        for p in vit.parameters():
+            p.mul_(2)
+    vit = vit.to(CUDA).eval()
+    x = (torch.rand(3, 3, 32, 32, generator=torch.Generator().manual_seed(0)) * 2 - 1)
+    x = x.double().to(CUDA)
+    local, full = (token_sensitivity(vit, x, Patches(4, reuse_local=r), **{**opts, "sigma": 4.0})
+                   for r in (True, False))
+    assert local.estimate > 0
+    assert torch.equal(local.per_sample.cpu(), full.per_sample.cpu())

@@ -125,6 +125,14 @@ def native_bf16(device: torch.device) -> bool:
     return False
 
 
+def _clock(device: torch.device) -> float:
+    """The host clock once ``device``'s queued work is done: GPU kernels run asynchronously, so
+    a clock read right after launching them times the launch, not the work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 def _speedup(runs: dict[str, Callable[[], Any]]) -> float:
     """Best time of ``runs["float32"]`` over best time of ``runs["low"]`` (interleaved rounds,
     each after a warm-up call for kernel selection)."""
@@ -503,14 +511,14 @@ class PrecisionCheck:
             return self._checked(forward, None, n, device, kind, threshold, piece)
         start = min(n, CALIBRATION_COPIES - self._copies)  # calibration copies of this chunk
         rows = None if start == n else torch.arange(start, device=device)
-        clock = time.perf_counter()
+        clock = _clock(device)
         with self._lowered(device):
             low = forward(rows).float()
-        between = time.perf_counter()
+        between = _clock(device)
         self._calibrated_ranges()
         full = forward(rows).float()
         self._seconds[0] += between - clock
-        self._seconds[1] += time.perf_counter() - between
+        self._seconds[1] += _clock(device) - between
         self.copies += start
         self.fp32 += start
         self._cal.append(self._observe(low, full, kind, threshold))
