@@ -52,7 +52,8 @@ def test_run_seeds_summarises_every_run(seeds):
 
 
 def test_row_options_are_the_benchmark_rows(seeds):
-    case = SimpleNamespace(n=256, kind="text", repeats=3, tokens=Sequence(), model=object())
+    case = SimpleNamespace(n=256, kind="text", repeats=3, tokens=Sequence(), model=object(),
+                           device=torch.device("cpu"))
     opts = seeds.row_options(case, "senslab adaptive allocation")
     assert opts["allocation"] == "linear" and opts["target_stderr"] == pytest.approx(0.002)
     with pytest.raises(SystemExit, match="no row"):

@@ -492,3 +492,19 @@ def test_int8_checked_options_are_checked():
     with pytest.raises(ValueError, match="Use precision='bf16-checked' there"):
         _precision.checked(metric, torch.device("cuda"), torch.zeros(2, 3))
     assert _precision.checked(metric, torch.device("cpu"), torch.zeros(2, 3)) == ("int8", False)
+
+
+def test_the_int8_product_never_saturates():
+    """On a CPU without VNNI fbgemm adds 8-bit pair products in 16 bits, and 8-bit inputs
+    saturate them: one product erred by 11% of its largest entry. The input then gets 7 bits
+    (:func:`_int8.reduce_range`), and the error stays at the quantisation's."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(512, 384, generator=g)
+    w, b = torch.randn(384, 384, generator=g) * 0.05, torch.zeros(384)
+    ref = torch.nn.functional.linear(x, w, b)
+    with _int8.Int8Linears() as mode:
+        out = torch.nn.functional.linear(x, w, b)
+    assert mode.calls == 1
+    assert float((out - ref).abs().max() / ref.abs().max()) < 0.04
+    vnni = {"avx512_vnni", "avx_vnni", "amx_int8"} & _int8.cpu_flags()
+    assert _int8.reduce_range() == (not vnni)

@@ -100,16 +100,7 @@ JUDGE_AFTER = 32
 AUTO_STATIC_COPIES = 16_384
 
 
-@functools.cache
-def _cpu_flags() -> frozenset[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
+_cpu_flags = _int8.cpu_flags
 
 
 def native_bf16(device: torch.device) -> bool:
@@ -123,6 +114,66 @@ def native_bf16(device: torch.device) -> bool:
             return False
         return bool({"avx512_bf16", "amx_bf16"} & _cpu_flags())
     return False
+
+
+def _reduced_float32(chain: tuple[str, ...], legacy: str) -> str | None:
+    """The reduced precision (``"tf32"``, ``"bf16"``) PyTorch's settings give float32 work of
+    one kind, or None for IEEE float32. ``chain``: the ``fp32_precision`` settings from the most
+    specific to the global one (``"none"`` defers to the next; PyTorch ≥ 2.9), ``legacy``: the
+    ``allow_tf32`` flag older releases have."""
+    owners = [_attr(name) for name in chain]
+    if _has_new_api(chain):
+        for owner in owners:
+            value = str(getattr(owner, "fp32_precision", "none"))
+            if value != "none":
+                return None if value == "ieee" else value
+        return None
+    module, _, flag = legacy.rpartition(".")
+    return "tf32" if getattr(_attr(module), flag, False) else None
+
+
+def _has_new_api(chain: tuple[str, ...]) -> bool:
+    """Whether this PyTorch has the ``fp32_precision`` settings (2.9 and later)."""
+    try:
+        return hasattr(_attr(chain[0]), "fp32_precision")
+    except RuntimeError:  # it has them, and refuses to read a mix of them and the legacy ones
+        return True
+
+
+def _attr(path: str) -> Any:
+    obj: Any = torch
+    for part in path.split(".")[1:]:
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def reduced_float32(model: Any, device: torch.device) -> list[str]:
+    """Where ``model``'s float32 forwards on ``device`` would not run in IEEE float32 under the
+    current PyTorch settings: on a CUDA device, cuBLAS matrix products and cuDNN convolutions
+    and recurrent layers may run in TF32 (cuDNN convolutions do by default) or bf16. Each entry
+    names the kind of layer, the precision and the setting that restores float32."""
+    if device.type != "cuda":
+        return []
+    modules = list(model.modules()) if isinstance(model, torch.nn.Module) else []
+    found = []
+    kinds = [("matrix products", ("torch.backends.cuda.matmul", "torch.backends.cuda",
+                                  "torch.backends"), "torch.backends.cuda.matmul.allow_tf32")]
+    if any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in modules):
+        kinds.append(("convolutions", ("torch.backends.cudnn.conv", "torch.backends.cudnn",
+                                       "torch.backends"), "torch.backends.cudnn.allow_tf32"))
+    if any(isinstance(m, torch.nn.RNNBase) for m in modules):
+        kinds.append(("recurrent layers", ("torch.backends.cudnn.rnn", "torch.backends.cudnn",
+                                           "torch.backends"), "torch.backends.cudnn.allow_tf32"))
+    for what, chain, legacy in kinds:
+        try:
+            low = _reduced_float32(chain, legacy)
+        except RuntimeError:  # a mix of PyTorch's legacy and new settings: cannot tell
+            low = "an undetermined reduced precision"
+        if low is not None:
+            setting = (f"{chain[0]}.fp32_precision = 'ieee'" if _has_new_api(chain)
+                       else f"{legacy} = False")
+            found.append(f"{what} in {low} (set {setting})")
+    return found
 
 
 def _clock(device: torch.device) -> float:
@@ -169,7 +220,8 @@ def _int8_gemm_speedup(threads: int) -> float:
     x, w = torch.randn(512, 512, generator=gen), torch.randn(512, 512, generator=gen)
     packed = _int8.pack(w, None)
     return _speedup({"float32": lambda: torch.nn.functional.linear(x, w),
-                     "low": lambda: torch.ops.quantized.linear_dynamic(x, packed, False)})
+                     "low": lambda: torch.ops.quantized.linear_dynamic(
+                         x, packed, _int8.reduce_range())})
 
 
 def bf16_pays(device: torch.device) -> bool:

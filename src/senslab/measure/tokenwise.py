@@ -150,6 +150,7 @@ off during ``update``: without ``autocast=`` the forwards keep the model's own p
 from __future__ import annotations
 
 import math
+import warnings
 from contextlib import nullcontext
 from typing import Any, Literal
 
@@ -208,6 +209,22 @@ DEFAULT_MAX_ROUNDS = 64
 ROUNDS_AT_ZERO = 2
 #: whole perturbed copies checked int8 calibrates a static int8 model on (``_static_inputs``)
 STATIC_COPIES = 256
+
+
+def _warn_reduced_float32(model: Any, device: torch.device) -> None:
+    """Warn, once per metric, where the model's float32 forwards would run in a reduced
+    precision (TF32 on a GPU: PyTorch's default for cuDNN convolutions): the decisions that
+    ``precision="float32"`` and ``"bf16-checked"`` report as float32's would be TF32's."""
+    reduced = _precision.reduced_float32(model, device)
+    if reduced:
+        warnings.warn(
+            f"the model's float32 forwards on {device} run {'; '.join(reduced)}: the flips "
+            "counted (and precision='bf16-checked''s re-checks) are then decided in that "
+            "precision, not float32, and can differ for copies near a class boundary. For "
+            "float32's decisions change the setting before measuring; to accept reduced "
+            "precision, pass autocast= instead",
+            RuntimeWarning, stacklevel=_trim._user_level(),
+        )
 
 
 class TokenSensitivity:
@@ -424,6 +441,7 @@ class TokenSensitivity:
             num_tokens=num_tokens, shard=shard, repeats=repeats, antithetic=self.antithetic,
             control_variate=control_variate)
         self.autocast = autocast
+        self._float32_checked = False  # whether update has looked at PyTorch's float32 settings
         _precision.check_precision(precision, autocast, compare)
         self.precision = precision
         self._check = _precision.PrecisionCheck()
@@ -546,6 +564,9 @@ class TokenSensitivity:
                 "e.g. mask=torch.tensor(...) or inputs['attention_mask'].bool()"
             )
         device = check_device(self.model, inputs)
+        if self.autocast is None and not self._float32_checked:
+            self._float32_checked = True
+            _warn_reduced_float32(self.model, device)
         if self._local is not None:  # after all_reduce: add to this process's own state
             self.state, self._local = self._local, None
         module = isinstance(self.model, nn.Module)
