@@ -495,3 +495,49 @@ def test_docs_pretrained_snippet_runs():
     space = {"texts": ["a gripping film", "dull and far too long"]}
     exec(compile(code, "integrations.md", "exec"), space)  # noqa: S102
     assert isinstance(space["model"], transformers.BertForSequenceClassification)
+
+
+def test_a_tuple_input_has_its_attention_mask_read_from_the_forwards_signature():
+    """``(input_ids, attention_mask)`` binds to the model's forward like the dict does: the
+    padding is never perturbed (it once was, halving the estimate without a word)."""
+    model, batch = bert(), text_batch()
+    opts = dict(sigma=2.0, repeats=4, **EXACT)
+    as_dict = token_sensitivity(model, batch, auto_tokens(model), **opts)
+    as_tuple = token_sensitivity(model, (batch["input_ids"], batch["attention_mask"]),
+                                 auto_tokens(model), **opts)
+    assert as_dict.num_forward == 4 + 4 * int(batch["attention_mask"].sum())
+    assert as_tuple.num_forward == as_dict.num_forward
+    assert torch.equal(as_tuple.per_sample, as_dict.per_sample)
+
+
+def _t5_encoder() -> nn.Module:
+    return seeded(lambda: transformers.T5EncoderModel(transformers.T5Config(
+        vocab_size=60, d_model=16, d_kv=8, d_ff=24, num_layers=1, num_heads=2)))
+
+
+def _bart_cls() -> nn.Module:
+    return seeded(lambda: transformers.BartForSequenceClassification(transformers.BartConfig(
+        vocab_size=60, d_model=16, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=24,
+        decoder_ffn_dim=24, max_position_embeddings=32, num_labels=3)))
+
+
+@pytest.mark.parametrize("make, name", [(_t5_encoder, "encoder.embed_tokens"),
+                                        (_bart_cls, "model.encoder.embed_tokens")])
+def test_encoder_models_get_the_embedding_their_forward_calls(make, name):
+    """T5 and BART return a tied copy (``shared``) from get_input_embeddings, which the forward
+    never calls: the tokens are the encoder's own embedding's output; hooking the copy is an
+    error that names the embeddings the forward did call."""
+    model = make()
+    assert auto_tokens(model).module == name
+    ids = torch.randint(3, 60, (3, 7), generator=torch.Generator().manual_seed(0))
+    ids[:, -1] = 2  # BART's classifier reads the end-of-sentence token
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    opts = dict(sigma=1.0, repeats=2, compare="l2", **EXACT)
+    if isinstance(model, transformers.T5EncoderModel):
+        opts["output"] = "last_hidden_state"
+    res = token_sensitivity(model, batch, auto_tokens(model), **opts)
+    assert res.num_forward == 3 + 3 * 7 * 2 and res.estimate > 0
+    shared = "shared" if isinstance(model, transformers.T5EncoderModel) else "model.shared"
+    with pytest.raises(RuntimeError, match=f"'{shared}' was not called.*'{name}'"):
+        token_sensitivity(model, batch, Embedding(shared), **opts)

@@ -212,3 +212,19 @@ def test_a_mask_that_does_not_fit_the_hooked_stage_is_refused_not_ignored():
     penalty, _ = sensitivity_penalty(model, inputs, tokens=Embedding("embed_ln"), sigma=0.5,
                                      generator=_gen(0), mask=fitting)
     assert torch.isfinite(penalty) and penalty.item() >= 0
+
+
+def test_a_tuple_input_keeps_the_noise_off_its_padding():
+    """``(input_ids, attention_mask)``, as the model's forward takes them positionally: the mask
+    is read from the argument it binds to, as from the dict's entry."""
+    model = _roberta(num_classes=2)
+    ids, mask = _text_batch(lengths=(1, 3, 6, 2, 6, 1))
+    seen: list[torch.Tensor] = []
+    model.drop.register_forward_pre_hook(lambda m, args: seen.append(args[0].detach()))
+    for seed in range(10):
+        seen.clear()
+        sensitivity_penalty(model, (ids, mask), tokens=Embedding("embed_ln"),
+                            generator=_gen(seed))
+        changed = (seen[1] - seen[0]).abs().sum(-1) > 0
+        assert changed.sum(1).tolist() == [1] * len(ids)
+        assert not (changed & ~mask).any(), "noise landed on padding"

@@ -231,7 +231,28 @@ def _patch_size(model: nn.Module) -> int:
 
 
 def _input_embeddings(model: nn.Module) -> nn.Module | None:
-    get = getattr(model, "get_input_embeddings", None)
+    """The word embedding the forward calls: ``get_input_embeddings()``, except in a model with
+    an encoder (T5, BART) whose input embedding is a tied copy of it (``shared``, which the
+    forward never calls): the encoder's own. For an encoder–decoder model the tokens are then
+    the encoder's inputs; the decoder's copy of them is not perturbed."""
+    word = _called_or_none(model, "get_input_embeddings")
+    get_encoder = getattr(model, "get_encoder", None)
+    if word is not None and callable(get_encoder):
+        try:
+            encoder = get_encoder()
+        except (NotImplementedError, AttributeError, TypeError):
+            encoder = None
+        own = _called_or_none(encoder, "get_input_embeddings") if encoder is not model else None
+        if own is None and isinstance(encoder, nn.Module):
+            own = getattr(encoder, "embed_tokens", None)
+        if isinstance(own, nn.Module) and own is not word \
+                and any(m is own for m in model.modules()):
+            return own
+    return word
+
+
+def _called_or_none(owner: Any, method: str) -> nn.Module | None:
+    get = getattr(owner, method, None)
     if get is None:
         return None
     try:

@@ -4,6 +4,7 @@ token embedding). Noise is added by a forward hook that exists only inside ``bin
 from __future__ import annotations
 
 import difflib
+import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,11 +39,16 @@ _MASK_KEYS = ("attention_mask", "mask")
 _AMBIGUOUS_MASK_KEYS = ("padding_mask", "key_padding_mask", "src_key_padding_mask")
 
 
-def input_mask(inputs: Inputs, b: int, t: int, given: bool) -> tuple[str | None, Any]:
+def input_mask(inputs: Inputs, b: int, t: int, given: bool,
+               model: Any = None) -> tuple[str | None, Any]:
     """A dict input's mask of real tokens: ``(key, value)`` of its first :data:`_MASK_KEYS`
-    entry, ``(None, None)`` without one. Without a mask of the user's (``given`` False), a dict
-    whose only mask-like entry has an ambiguous convention (:data:`_AMBIGUOUS_MASK_KEYS`) is
-    refused: read the wrong way round, the noise would land on the padding only."""
+    entry, ``(None, None)`` without one. A tuple or list input is read as the positional
+    arguments of ``model``'s forward, so ``(input_ids, attention_mask)`` has its mask too
+    (:func:`_positional`). Without a mask of the user's (``given`` False), an input whose only
+    mask-like entry has an ambiguous convention (:data:`_AMBIGUOUS_MASK_KEYS`) is refused: read
+    the wrong way round, the noise would land on the padding only."""
+    if isinstance(inputs, (tuple, list)) and model is not None:
+        inputs = _positional(model, inputs)
     if not isinstance(inputs, dict):
         return None, None
     key = next((k for k in _MASK_KEYS if k in inputs), None)
@@ -58,6 +64,36 @@ def input_mask(inputs: Inputs, b: int, t: int, given: bool) -> tuple[str | None,
             f"mask=inputs[{odd!r}] where it marks real tokens"
         )
     return None, None
+
+
+def _called_embeddings(model: Any, inputs: Inputs, output: Any) -> list[str]:
+    """The ``nn.Embedding`` and ``nn.LayerNorm`` submodules a forward of ``inputs`` calls, in
+    call order (for an error message; at most six)."""
+    if not isinstance(model, nn.Module):
+        return []
+    called: list[str] = []
+    names = {m: n for n, m in model.named_modules() if n}
+    hooks = [m.register_forward_hook(lambda m, a, o: called.append(names[m]))
+             for m in names if isinstance(m, (nn.Embedding, nn.LayerNorm))]
+    try:
+        with torch.no_grad():
+            call_model(model, inputs, output)
+    except Exception:  # noqa: BLE001 -- only a hint for the message
+        pass
+    finally:
+        for h in hooks:
+            h.remove()
+    return list(dict.fromkeys(called))[:6]
+
+
+def _positional(model: Any, inputs: tuple[Any, ...] | list[Any]) -> dict[str, Any] | None:
+    """``inputs`` as the named parameters of ``model``'s forward they bind to (the model is
+    called as ``model(*inputs)``), or None where the signature cannot be read or bound."""
+    forward = model.forward if isinstance(model, nn.Module) else model
+    try:
+        return dict(inspect.signature(forward).bind_partial(*inputs).arguments)
+    except (TypeError, ValueError):
+        return None
 
 
 def find_module(model: nn.Module, name: str) -> nn.Module:
@@ -239,14 +275,21 @@ class _BoundEmbedding(BoundTokens):
     def run_clean(self, mask: Tensor | None) -> None:
         raw = self._count(lambda: call_model(self.model, self.inputs, self.output))
         if self._shape is None:
-            raise RuntimeError(f"submodule {self.name!r} was not called during the forward pass")
+            called = _called_embeddings(self.model, self.inputs, self.output)
+            raise RuntimeError(
+                f"submodule {self.name!r} was not called during the forward pass. A module that "
+                "shares its weight with the one the forward calls is not on the path (T5's and "
+                "BART's 'shared' embedding: the encoder calls 'encoder.embed_tokens'), nor is an "
+                "embedding when the inputs are inputs_embeds: hook a module the forward runs"
+                + (f", e.g. one of {', '.join(map(repr, called))}" if called else "")
+            )
         b, t, d = self._shape
         if b != batch_size(self.inputs):
             raise ValueError(
                 f"submodule {self.name!r} output is not batch-first: shape {self._shape}"
             )
         self.dim = d
-        key, padding = input_mask(self.inputs, b, t, mask is not None)
+        key, padding = input_mask(self.inputs, b, t, mask is not None, self.model)
         if isinstance(padding, Tensor) and tuple(padding.shape) == (b, t):
             self.padding = padding.to(device=raw.device, dtype=torch.bool)
             self.padding_key = key

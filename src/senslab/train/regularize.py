@@ -127,11 +127,12 @@ def _embedding_target(model: nn.Module, tokens: Embedding) -> nn.Module:
 
 
 def _real_tokens(inputs: Inputs, mask: Tensor | None, b: int, t: int,
-                 device: torch.device) -> Tensor:
-    """(B, T) bool: the positions that may get the noise — ``mask``, else a dict input's
-    attention mask (the keys :class:`~senslab.tokens.Embedding` reads), else all."""
+                 device: torch.device, model: Any = None) -> Tensor:
+    """(B, T) bool: the positions that may get the noise — ``mask``, else the input's
+    attention mask (the keys :class:`~senslab.tokens.Embedding` reads; of a tuple input, the
+    argument of ``model``'s forward it binds to), else all."""
     if mask is None:
-        _, found = input_mask(inputs, b, t, False)
+        _, found = input_mask(inputs, b, t, False, model)
         if isinstance(found, Tensor):  # of another shape it is refused, as the measurement does
             mask = found
     valid = valid_mask(mask, b, t, device)
@@ -180,7 +181,7 @@ def _embedding_branches(model: nn.Module, inputs: Inputs, tokens: Embedding, sig
     try:
         clean = run()
         b, t, d = seen[0].shape
-        valid = _real_tokens(inputs, mask, b, t, seen[0].device)
+        valid = _real_tokens(inputs, mask, b, t, seen[0].device, model)
         tok = _pick_tokens(valid, generator)
         noise = sigma * _randn_like(seen[0], (b, d), generator)
         rows = torch.arange(b, device=noise.device)
