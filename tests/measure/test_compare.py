@@ -283,3 +283,20 @@ def test_a_failed_update_adds_nothing_and_keeps_the_pairing():
                         chunk_size=64)
     assert all(torch.equal(u, v) for u, v in zip(a.calls, b.calls, strict=True))
     assert all(torch.equal(u, v) for u, v in zip(a.calls, fresh.calls, strict=True))
+
+
+def test_a_dtype_clash_names_the_model_and_a_fix_that_keeps_the_others():
+    """A float32 model and its bf16 copy share one input tensor: the error names the model that
+    failed and the wrapper that converts its inputs (converting the shared inputs, the single
+    model's fix, would break the other); with the wrapper the comparison runs."""
+    import copy
+
+    torch.manual_seed(0)  # test-only: init
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(20, 3))
+    low = copy.deepcopy(net).bfloat16()
+    x = torch.randn(6, 5, 4, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(TypeError, match="model 'bf16'.*share one input.*torch.bfloat16"):
+        compare_sensitivity({"fp32": net, "bf16": low}, x, Sequence(), sigma=0.8, repeats=2)
+    res = compare_sensitivity({"fp32": net, "bf16": lambda z: low(z.to(torch.bfloat16))}, x,
+                              Sequence(), sigma=0.8, repeats=2)
+    assert res.difference("fp32", "bf16") is not None

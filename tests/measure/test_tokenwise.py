@@ -462,3 +462,52 @@ def test_ctrl_c_inside_a_probe_finalizer_still_stops_the_measurement(monkeypatch
     assert swallowed == [KeyboardInterrupt]  # Python swallowed it where it landed
     # of 8 × 16 × 64 copies, only the probe chunk ran (after the clean pass and its checks)
     assert fired and forwards[-1] == _chunks.PROBE_COPIES and sum(forwards) < 64
+
+
+def test_a_float64_models_distances_are_taken_in_float64():
+    """compare='l2' on a linear float64 model whose outputs sit near 100: the distance scales
+    exactly with σ, down to σ = 1e-8 (subtracted after rounding to float32, where the spacing
+    near 100 is 8e-6, it came out as 0 or a multiple of that spacing)."""
+    torch.manual_seed(0)  # test-only: init
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 3)).double()
+    with torch.no_grad():
+        model[1].bias.fill_(100.0)
+    x = torch.randn(4, 3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    opts = dict(compare="l2", repeats=2, generator=0)
+    big, tiny = (token_sensitivity(model, x, Sequence(), sigma=s, **opts).estimate
+                 for s in (1.0, 1e-8))
+    assert big > 0
+    assert tiny == pytest.approx(big * 1e-8, rel=1e-5)
+
+
+@pytest.mark.parametrize("option", [{"control_variate": "linear"}, {"allocation": "linear"}])
+def test_the_tangent_options_refuse_a_model_that_returns_labels(option):
+    torch.manual_seed(0)  # test-only: init
+    net = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))
+    x = torch.randn(4, 3, 4, generator=torch.Generator().manual_seed(1))
+
+    def labels(z):
+        return net(z).argmax(-1)
+
+    with pytest.raises(ValueError, match="returns class labels .torch.int64.: return the logits"):
+        token_sensitivity(labels, x, Sequence(), sigma=1.0, generator=0, **option)
+    assert token_sensitivity(labels, x, Sequence(), sigma=1.0, generator=0).num_forward > 0
+
+
+def test_replace_with_refuses_a_half_precision_models_tokens():
+    """In a bf16 model the copy x + (row − x) is not the vocabulary row (0.0117 for a row of
+    0.0100, which flipped this model every time and was counted as never flipping): refused,
+    with the float32 route; a float32 model puts the row there."""
+
+    class Threshold(nn.Module):  # class 1 iff token 0 exceeds 0.011
+        output_kind = "logits"
+
+        def forward(self, x):
+            return x[:, 0, 0].float() - 0.011
+
+    x, vocab = torch.ones(1, 1, 1), torch.tensor([[0.01]])
+    res = token_sensitivity(Threshold(), x, Sequence(), replace_with=vocab, repeats=4)
+    assert res.estimate == 1.0  # the row is below the threshold: every copy flips
+    with pytest.raises(ValueError, match="replace_with needs float32 or float64 tokens.*bfloat16"):
+        token_sensitivity(Threshold(), x.bfloat16(), Sequence(), replace_with=vocab.bfloat16(),
+                          repeats=4)

@@ -432,6 +432,33 @@ def pretrained_tokenizer(name: str) -> TextTokenizer:
     )
 
 
+def own_pair_layout(name: str) -> str | None:
+    """How the Hugging Face tokenizer ``name`` encodes a sentence pair itself, where that is not
+    :func:`encode`'s layout (``<s> A </s></s> B </s>``, no token types): e.g. ``"[CLS] A [SEP] B
+    [SEP], token_type_ids 1 on B"`` for BERT's. None where they agree (RoBERTa's), or where
+    ``name`` is no Hugging Face tokenizer (a ``tokenizers`` file has no pair template)."""
+    if name.endswith(".json"):
+        return None
+    try:
+        from transformers import AutoTokenizer  # type: ignore[import-not-found]
+
+        hf = AutoTokenizer.from_pretrained(name)
+    except (ImportError, OSError):
+        return None
+    tok = pretrained_tokenizer(name)
+    a, b = (hf("A", add_special_tokens=False)["input_ids"],
+            hf("B", add_special_tokens=False)["input_ids"])
+    own = hf("A", "B")
+    ours = [tok.bos_id, *a, tok.eos_id, tok.eos_id, *b, tok.eos_id]
+    types = own.get("token_type_ids") or []
+    if list(own["input_ids"]) == ours and not any(types):
+        return None
+    words = " ".join(hf.convert_ids_to_tokens(own["input_ids"]))
+    if any(types):
+        words += ", token_type_ids 1 on the second sentence"
+    return words
+
+
 # --------------------------------------------------------------------------- encoding
 
 

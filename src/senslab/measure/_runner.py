@@ -371,7 +371,16 @@ class ChunkRunner:
                 noise = noise[idx]
         if m.replace_with is not None:
             clean = bound.tokens(src, tok)
-            noise = pick.to(clean.dtype) - clean  # in the tokens' dtype: never rounded
+            if clean.dtype not in (torch.float32, torch.float64) and m.autocast is None:
+                # the copy is built as x + (row − x), in the tokens' dtype: in a bf16 or fp16
+                # model the rounded difference puts another vector there (0.0117 for a row of
+                # 0.0100); under autocast= low precision's own decisions are asked for
+                raise ValueError(
+                    f"replace_with needs float32 or float64 tokens, but the model's tokens are "
+                    f"{clean.dtype}: the replaced token would not be the vocabulary row but a "
+                    "rounding of it. Measure the model in float32 (model.float(); "
+                    "autocast=torch.bfloat16 for bf16 arithmetic and its decisions)")
+            noise = pick.to(clean.dtype) - clean  # float32: within an ulp of the token
         elif self.whole:
             noise = noise.view(len(src), -1, bound.dim)
             if width is not None:
@@ -425,5 +434,6 @@ class ChunkRunner:
                 f"copies but {tuple(ref.shape[1:])} on the clean inputs; compare='{self.m.compare}'"
                 " needs outputs of one fixed shape"
             )
-        diff = (out.float() - ref[src]).reshape(len(src), -1)
-        return diff.abs().sum(1) if self.m.compare == "l1" else diff.norm(dim=1)
+        # subtracted in the reference's precision (float64 for a float64 model), then stored
+        diff = (out.to(ref.dtype) - ref[src]).reshape(len(src), -1)
+        return (diff.abs().sum(1) if self.m.compare == "l1" else diff.norm(dim=1)).float()

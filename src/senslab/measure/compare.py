@@ -61,7 +61,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..tokens.base import Inputs, Tokenization, check_device
+from ..tokens.base import Inputs, Tokenization, check_device, model_dtype
 from ._noise import NoiseStream
 from ._stats import SensitivityResult, State, accumulate, merged, result
 from .tokenwise import TokenSensitivity
@@ -283,11 +283,21 @@ class CompareSensitivity:
         start = _snapshot(metrics[0][1])
         verified = {name: set(m._verified) for name, m in metrics}  # shapes checked before
         try:
-            for _, m in metrics:
+            for name, m in metrics:
                 _restore(m, start)
                 m.pending = m.layout = None
-                m.update(inputs, mask)
-                self._check_layout(metrics[0], (_, m))
+                try:
+                    m.update(inputs, mask)
+                except TypeError as err:
+                    if "but the model's weights are" not in str(err):
+                        raise
+                    raise TypeError(
+                        f"model {name!r}: {err}. The models of a comparison share one input "
+                        "tensor, so converting it would break the others: give this model a "
+                        f"wrapper that converts its inputs, e.g. lambda z: model(z.to("
+                        f"{model_dtype(m.model)})) (the noise is then added in the inputs' "
+                        "dtype)") from err
+                self._check_layout(metrics[0], (name, m))
         except BaseException:
             for name, m in metrics:
                 _restore(m, start)

@@ -20,14 +20,31 @@ def _spectrum(table: Tensor, coefficients: bool) -> Tensor:
     table_n(table)
     if table.dim() == 2:
         table = table[:, 0]
-    if not (table.is_floating_point() or table.dtype == torch.bool):
-        if table.unique().numel() > 2:
-            raise ValueError("Fourier analysis needs a real-valued table, not multi-class labels")
     return table.double() if coefficients else fourier_coefficients(table)
 
 
+def _real_values(table: Tensor) -> Tensor:
+    """The table as float64 values: a real table as it is; a Boolean one — bool, or integer
+    labels 0/1 or ±1 — as the ±1 function :func:`~senslab.measure.boolean.truth_table` gives
+    (+1 on True / label 1), since the identities (as(f) = Σ|S|f̂(S)², Stab_ρ = E[f(x)f(y)])
+    hold for ±1 values; read as 0/1 they would give a quarter of the flip count. Other integer
+    tables are refused."""
+    if table.is_floating_point():
+        return table.double()
+    labels = table.unique()
+    if table.dtype == torch.bool or torch.isin(labels, torch.tensor([0, 1])).all() \
+            or torch.isin(labels, torch.tensor([-1, 1])).all():
+        return (table > 0).double() * 2 - 1
+    raise ValueError(
+        f"Fourier analysis needs a real-valued or a Boolean table, not multi-class labels: "
+        f"this integer table holds {labels.numel()} labels {labels[:5].tolist()}: pass a ±1 "
+        "table (truth_table(f, n) gives one) or the real outputs as float")
+
+
 def fourier_coefficients(table: Tensor) -> Tensor:
-    """All 2ⁿ Fourier coefficients f̂(S) = 2⁻ⁿ Σ_x f(x) χ_S(x), indexed by the bitmask S.
+    """All 2ⁿ Fourier coefficients f̂(S) = 2⁻ⁿ Σ_x f(x) χ_S(x), indexed by the bitmask S. A
+    Boolean table (bool, or integer labels 0/1 or ±1) is read as its ±1 function (+1 on True /
+    label 1, as :func:`~senslab.measure.boolean.truth_table`).
 
     Fast Walsh–Hadamard transform: for each bit j, every pair of entries (a, b) whose indices
     differ only in bit j becomes (a + b, a − b); n such butterfly passes of O(2ⁿ) tensor work
@@ -35,7 +52,7 @@ def fourier_coefficients(table: Tensor) -> Tensor:
     x_j's two values, so after all n passes entry S holds Σ_x f(x) χ_S(x).
     """
     n = table_n(table)
-    h = (table[:, 0] if table.dim() == 2 else table).double().clone()
+    h = _real_values(table[:, 0] if table.dim() == 2 else table).clone()
     for j in range(n):
         pairs = h.view(-1, 2, 1 << j)  # middle axis = bit j of the index
         a = pairs[:, 0].clone()

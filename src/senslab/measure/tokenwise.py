@@ -630,12 +630,19 @@ class TokenSensitivity:
             stream = self._rng(device, t * bound.dim if whole else bound.dim)
             if self.compare == "class":
                 ref = predictions(clean, self.kind, self.threshold)
-            else:
-                ref = clean.float()
+            else:  # a float64 model's distances are taken in float64: tiny ones are differences
+                ref = clean.double() if clean.dtype == torch.float64 else clean.float()
             extent = self._extent(bound, clean)
             control = None
             if self.control_variate or self.allocation == "linear":
                 assert self.sigma is not None
+                if not clean.is_floating_point():
+                    option = ("control_variate=" + repr(self.control_variate)
+                              if self.control_variate else "allocation='linear'")
+                    raise ValueError(
+                        f"{option} follows the model's logits along their tangent, but the model "
+                        f"returns class labels ({clean.dtype}): return the logits, or drop "
+                        f"{option}")
                 control = LinearControl(bound, ref, self.sigma, 32, self.kind, self.threshold,
                                         extent)
             shape = (_shapes(inputs), whole, self.autocast, extent is not None)
