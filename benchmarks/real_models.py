@@ -65,6 +65,9 @@ extrapolation) and its fraction of the float32 and the bf16 GEMM peaks (square
     python benchmarks/real_models.py --threads 2 --out benchmarks/results/real-2threads.json
     python benchmarks/real_models.py --quick --threads 1    # 8 sentences, 2 images: smoke run
     python benchmarks/real_models.py --cases minilm gpt2    # a subset of the cases
+    python benchmarks/real_models.py --device cuda          # on a GPU (float32 without TF32)
+    python benchmarks/real_models.py --export-offline DIR   # what the cases read, for a machine
+                                                            # without the packages (gpu_session.sh)
 
 **Allocation ceiling** (``--ceiling R``, untimed): the naive loop with R draws per token, and
 from its flips the fewest forwards any allocation of draws over tokens could reach the target
