@@ -113,6 +113,7 @@ from _real import RealCase, export_offline, gpt2_case, image_case, minilm_case  
 
 from senslab.measure import TokenSensitivity, token_sensitivity  # noqa: E402
 from senslab.measure._noise import NoiseStream  # noqa: E402
+from senslab.measure._precision import _clock as now  # noqa: E402
 from senslab.tokens.base import call_model, select  # noqa: E402
 
 # -- fixed before any run ----------------------------------------------------------------------
@@ -408,13 +409,6 @@ def token_dim(case: RealCase) -> int:
 
 def _precision(bf16: bool, device: torch.device) -> Any:
     return torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
-
-
-def now(device: torch.device) -> float:
-    """The host clock once the device's queued work is done (GPU kernels run asynchronously)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 def _stream(seed: int, dim: int, device: torch.device) -> NoiseStream:

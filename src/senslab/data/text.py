@@ -326,6 +326,7 @@ class TextTokenizer:
     special_ids: dict[str, int]
     name: str
     trained: bool = False  #: True when this load trained it (False: read from the cache)
+    hf: Any = None  #: the Hugging Face tokenizer it wraps, if any
 
 
 def _from_tokenizers(tok: Tokenizer, name: str, trained: bool = False) -> TextTokenizer:
@@ -428,7 +429,7 @@ def pretrained_tokenizer(name: str) -> TextTokenizer:
         encode_batch=lambda texts: hf(list(texts), add_special_tokens=False)["input_ids"],
         bos_id=bos, eos_id=eos, pad_id=pad, vocab_size=len(hf), name=name,
         special_ids={t: i for t, i in zip(hf.all_special_tokens, hf.all_special_ids,
-                                          strict=True)},
+                                          strict=True)}, hf=hf,
     )
 
 
@@ -440,12 +441,10 @@ def own_pair_layout(name: str) -> str | None:
     if name.endswith(".json"):
         return None
     try:
-        from transformers import AutoTokenizer  # type: ignore[import-not-found]
-
-        hf = AutoTokenizer.from_pretrained(name)
-    except (ImportError, OSError):
+        tok = pretrained_tokenizer(name)
+    except (ImportError, DataUnavailableError, ValueError):
         return None
-    tok = pretrained_tokenizer(name)
+    hf = tok.hf
     a, b = (hf("A", add_special_tokens=False)["input_ids"],
             hf("B", add_special_tokens=False)["input_ids"])
     own = hf("A", "B")

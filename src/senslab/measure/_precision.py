@@ -100,9 +100,6 @@ JUDGE_AFTER = 32
 AUTO_STATIC_COPIES = 16_384
 
 
-_cpu_flags = _int8.cpu_flags
-
-
 def native_bf16(device: torch.device) -> bool:
     """Whether ``device`` multiplies bf16 matrices in hardware: a CPU with AVX-512 BF16 or AMX
     (and a torch whose kernels use AVX-512), a CUDA GPU of compute capability ≥ 8.0."""
@@ -112,19 +109,18 @@ def native_bf16(device: torch.device) -> bool:
     if device.type == "cpu":
         if torch.backends.cpu.get_cpu_capability() not in ("AVX512", "AVX512_BF16", "AMX"):
             return False
-        return bool({"avx512_bf16", "amx_bf16"} & _cpu_flags())
+        return bool({"avx512_bf16", "amx_bf16"} & _int8.cpu_flags())
     return False
 
 
-def _reduced_float32(chain: tuple[str, ...], legacy: str) -> str | None:
+def _reduced_float32(chain: tuple[str, ...], legacy: str, new_api: bool) -> str | None:
     """The reduced precision (``"tf32"``, ``"bf16"``) PyTorch's settings give float32 work of
     one kind, or None for IEEE float32. ``chain``: the ``fp32_precision`` settings from the most
-    specific to the global one (``"none"`` defers to the next; PyTorch ≥ 2.9), ``legacy``: the
-    ``allow_tf32`` flag older releases have."""
-    owners = [_attr(name) for name in chain]
-    if _has_new_api(chain):
-        for owner in owners:
-            value = str(getattr(owner, "fp32_precision", "none"))
+    specific to the global one (``"none"`` defers to the next; ``new_api``: PyTorch ≥ 2.9),
+    ``legacy``: the ``allow_tf32`` flag older releases have."""
+    if new_api:
+        for name in chain:
+            value = str(getattr(_attr(name), "fp32_precision", "none"))
             if value != "none":
                 return None if value == "ieee" else value
         return None
@@ -165,13 +161,13 @@ def reduced_float32(model: Any, device: torch.device) -> list[str]:
         kinds.append(("recurrent layers", ("torch.backends.cudnn.rnn", "torch.backends.cudnn",
                                            "torch.backends"), "torch.backends.cudnn.allow_tf32"))
     for what, chain, legacy in kinds:
+        new_api = _has_new_api(chain)
         try:
-            low = _reduced_float32(chain, legacy)
+            low = _reduced_float32(chain, legacy, new_api)
         except RuntimeError:  # a mix of PyTorch's legacy and new settings: cannot tell
             low = "an undetermined reduced precision"
         if low is not None:
-            setting = (f"{chain[0]}.fp32_precision = 'ieee'" if _has_new_api(chain)
-                       else f"{legacy} = False")
+            setting = f"{chain[0]}.fp32_precision = 'ieee'" if new_api else f"{legacy} = False"
             found.append(f"{what} in {low} (set {setting})")
     return found
 

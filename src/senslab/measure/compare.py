@@ -61,7 +61,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..tokens.base import Inputs, Tokenization, check_device, model_dtype
+from ..tokens.base import DtypeClash, Inputs, Tokenization, check_device, model_dtype
 from ._noise import NoiseStream
 from ._stats import SensitivityResult, State, accumulate, merged, result
 from .tokenwise import TokenSensitivity
@@ -288,10 +288,8 @@ class CompareSensitivity:
                 m.pending = m.layout = None
                 try:
                     m.update(inputs, mask)
-                except TypeError as err:
-                    if "but the model's weights are" not in str(err):
-                        raise
-                    raise TypeError(
+                except DtypeClash as err:
+                    raise DtypeClash(
                         f"model {name!r}: {err}. The models of a comparison share one input "
                         "tensor, so converting it would break the others: give this model a "
                         f"wrapper that converts its inputs, e.g. lambda z: model(z.to("

@@ -273,6 +273,10 @@ def check_floating(x: Tensor, what: str, convert: str) -> None:
         )
 
 
+class DtypeClash(TypeError):
+    """The inputs' dtype is not the model's weights', and the model failed on them."""
+
+
 def clean_forward(model: nn.Module | Any, x: Tensor, output: Any) -> Tensor:
     """``call_model`` on the clean inputs; a dtype clash between inputs and weights (float64
     images into a float32 model) becomes an error that says how to convert. A model that
@@ -283,7 +287,7 @@ def clean_forward(model: nn.Module | Any, x: Tensor, output: Any) -> Tensor:
         own = model_dtype(model)
         if own is None or own == x.dtype:
             raise
-        raise TypeError(
+        raise DtypeClash(
             f"the inputs are {x.dtype} but the model's weights are {own}, and the model failed "
             f"on them ({str(err).splitlines()[0]}); convert the inputs with inputs.to({own}) "
             f"(or the model with model.to({x.dtype}))"
