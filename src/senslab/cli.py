@@ -377,6 +377,18 @@ def _measure(args: argparse.Namespace) -> int:
 _TEXT_DEFAULT, _IMAGE_DEFAULT = "rotten_tomatoes", "digits"
 
 
+def _takes(dataset: str, option: str) -> bool:
+    """Whether the registered loader ``dataset`` has the keyword ``option``."""
+    import inspect
+
+    from .data._registry import DATASETS
+
+    try:
+        return option in inspect.signature(DATASETS.get(dataset)).parameters
+    except (KeyError, ValueError):
+        return False
+
+
 def _measure_pretrained(args: argparse.Namespace) -> int:
     """``senslab measure --hf NAME`` / ``--timm NAME``: a pretrained model on registered data."""
     import torch
@@ -401,6 +413,8 @@ def _measure_pretrained(args: argparse.Namespace) -> int:
     cfg = _config(args)
     _check_measure_set(args.set or [], cfg, None)
     cfg.data.options.setdefault(*(("normalize", "none") if image else ("tokenizer", name)))
+    if not image and _takes(cfg.data.name, "pair_encoding"):  # pairs as the tokenizer encodes them
+        cfg.data.options.setdefault("pair_encoding", "tokenizer")
     if not image and cfg.data.test_split == "test":
         cfg.data.test_split = "validation"  # the text sets' held-out split
     validate(cfg)
@@ -442,7 +456,9 @@ def _measure_pretrained(args: argparse.Namespace) -> int:
             raise UsageError("--sigma-space pixel applies to image models; drop it")
         prepare, padded = pretrained.text_prep(model, data.meta.get("pad_id"))
         data_words = f"tokenized with {name}'s tokenizer{padded}"
-        own = own_pair_layout(name) if data.meta.get("pair") else None
+        own = (own_pair_layout(name) if data.meta.get("pair_encoding") == "senslab" else None)
+        if data.meta.get("pair_encoding") == "tokenizer":
+            data_words += "; pairs in the tokenizer's own encoding"
         if own is not None:  # measured on a layout other than the model's own pair encoding
             data_words += (f"; pairs in senslab's layout <s> A </s></s> B </s>, not the "
                            f"tokenizer's own ({own}): a model fine-tuned on its own pair "

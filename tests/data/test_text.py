@@ -95,6 +95,35 @@ def test_pair_encoding_layout(mrpc_root: Path) -> None:
         assert 1 < k < n - 3  # both sentences are non-empty
 
 
+def test_pair_encoding_tokenizer_is_the_tokenizers_own(mrpc_root: Path, tmp_path: Path,
+                                                       gpt2_tokenizer: Callable) -> None:
+    """``pair_encoding="tokenizer"``: every pair exactly as the Hugging Face tokenizer encodes it
+    (its template, its longest-first truncation), padded on the right with the data's pad id; a
+    tokenizer without token types adds none. Refused without a Hugging Face tokenizer."""
+    transformers = pytest.importorskip("transformers")
+    gpt2_tokenizer(tmp_path / "tok", _sentence(random.Random(0), 400).split())
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path / "tok")
+    d = _load("mrpc", mrpc_root, max_len=12, tokenizer=str(tmp_path / "tok"),
+              pair_encoding="tokenizer")
+    plain = _load("mrpc", mrpc_root, max_len=12, tokenizer=str(tmp_path / "tok"))
+    ids, mask = d.inputs["input_ids"], d.inputs["attention_mask"]
+    assert "token_type_ids" not in d.inputs and d.meta["pair_encoding"] == "tokenizer"
+    assert plain.meta["pair_encoding"] == "senslab"
+    assert not torch.equal(ids, plain.inputs["input_ids"])
+    rows = [(r[3], r[4]) for r in _pair_rows(40, 0)]
+    own = hf([a for a, _ in rows], [b for _, b in rows], truncation="longest_first",
+             max_length=12)["input_ids"]
+    assert max(map(len, own)) == 12  # some pairs were cut
+    for row, m, want in zip(ids, mask, own, strict=True):
+        n = int(m.sum())
+        assert row[:n].tolist() == want and not m[n:].any()
+        assert (row[n:] == d.meta["pad_id"]).all()
+    with pytest.raises(ValueError, match="needs a Hugging Face tokenizer name"):
+        _load("mrpc", mrpc_root, pair_encoding="tokenizer")
+    with pytest.raises(ValueError, match="pair_encoding='bert'.*'senslab'.*'tokenizer'"):
+        _load("mrpc", mrpc_root, pair_encoding="bert")
+
+
 def test_single_sentence_layout_and_truncation(tmp_path: Path) -> None:
     root = tmp_path / "sst2"
     root.mkdir()

@@ -24,7 +24,10 @@ Every loader returns an :class:`ArrayDataset` with ``inputs = {"input_ids": (N, 
 Layout (RoBERTa): a sentence is ``<s> A </s>``, a pair ``<s> A </s></s> B </s>``, then ``<pad>``
 to ``max_len`` on the right. Too long inputs are cut at the end of their content, for pairs
 longest-first (tokens are removed from the longer sentence; at equal length from B), so the
-special tokens always survive.
+special tokens always survive. The pair sets (``mrpc``, ``qqp``) take ``pair_encoding="tokenizer"``
+with a Hugging Face ``tokenizer``: pairs in that tokenizer's own template instead (BERT's ``[CLS]
+A [SEP] B [SEP]``), with its ``token_type_ids`` added to the inputs where it makes them — how a
+model fine-tuned with that tokenizer saw its pairs (``senslab measure --hf`` uses it).
 
 Tokenizer (ours): a byte-level BPE trained with ``tokenizers`` on the *training split only*
 (never on validation text), special tokens ``<s>`` 0, ``<pad>`` 1, ``</s>`` 2, ``<unk>`` 3,
@@ -473,9 +476,16 @@ def _truncate_pair(la: int, lb: int, budget: int) -> tuple[int, int]:
 
 
 def encode(tokenizer: TextTokenizer, first: list[str], second: list[str] | None = None,
-           max_len: int = 128) -> dict[str, torch.Tensor]:
+           max_len: int = 128, own_pairs: bool = False) -> dict[str, torch.Tensor]:
     """``{"input_ids": (N, max_len) long, "attention_mask": (N, max_len) bool}`` in the layout of
-    the module docstring (right padding; the mask is true exactly on non-pad positions)."""
+    the module docstring (right padding; the mask is true exactly on non-pad positions).
+
+    ``own_pairs=True`` (pairs of a Hugging Face tokenizer only) encodes the pairs with the
+    tokenizer's own pair template and longest-first truncation instead, e.g. BERT's ``[CLS] A
+    [SEP] B [SEP]``, adding its ``token_type_ids`` (N, max_len) long where the tokenizer makes
+    them; padded on the right with ``pad_id``."""
+    if own_pairs and second is not None:
+        return _encode_own_pairs(tokenizer, first, second, max_len)
     specials = 2 if second is None else 4
     if max_len < specials + (1 if second is None else 2):
         raise ValueError(f"max_len={max_len} leaves no room for text after {specials} special "
@@ -497,9 +507,43 @@ def encode(tokenizer: TextTokenizer, first: list[str], second: list[str] | None 
     return {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
 
 
+def _encode_own_pairs(tokenizer: TextTokenizer, first: list[str], second: list[str],
+                      max_len: int) -> dict[str, torch.Tensor]:
+    hf = tokenizer.hf
+    own = hf(list(first), list(second), truncation="longest_first", max_length=max_len)
+    rows, types = own["input_ids"], own.get("token_type_ids")
+    ids = np.full((len(rows), max_len), tokenizer.pad_id, dtype=np.int64)
+    tt = np.zeros((len(rows), max_len), dtype=np.int64)
+    length = np.zeros(len(rows), dtype=np.int64)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = row
+        if types is not None:
+            tt[i, : len(row)] = types[i]
+        length[i] = len(row)
+    mask = np.arange(max_len)[None, :] < length[:, None]
+    out = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
+    if types is not None:
+        out["token_type_ids"] = torch.from_numpy(tt)
+    return out
+
+
+#: ``pair_encoding`` values of the pair sets: senslab's RoBERTa layout, or the tokenizer's own
+PAIR_ENCODINGS = ("senslab", "tokenizer")
+
+
 def _dataset(name: str, split: str, rows: Callable[[str], TextRows], root: Path, max_len: int,
              vocab_size: int, tokenizer: str | None, min_frequency: int = 2,
-             num_classes: int = 2, extra: dict[str, Any] | None = None) -> ArrayDataset:
+             num_classes: int = 2, extra: dict[str, Any] | None = None,
+             pair_encoding: str = "senslab") -> ArrayDataset:
+    if pair_encoding not in PAIR_ENCODINGS:
+        raise ValueError(f"pair_encoding={pair_encoding!r}: use 'senslab' (<s> A </s></s> B </s>, "
+                         "any tokenizer) or 'tokenizer' (a Hugging Face tokenizer's own pair "
+                         "encoding, with its token_type_ids)")
+    own = pair_encoding == "tokenizer"
+    if own and (tokenizer is None or tokenizer.endswith(".json")):
+        raise ValueError(f"pair_encoding='tokenizer' needs a Hugging Face tokenizer name "
+                         f"(tokenizer={tokenizer!r} has no pair template of its own); set "
+                         "tokenizer=<name> or use pair_encoding='senslab'")
     data = rows(split)
     if tokenizer is not None:
         tok = pretrained_tokenizer(tokenizer)
@@ -507,12 +551,14 @@ def _dataset(name: str, split: str, rows: Callable[[str], TextRows], root: Path,
         train = data if split == "train" else rows("train")
         texts = train.first + (train.second or [])
         tok = cached_bpe(name, texts, vocab_size, min_frequency)
-    inputs = encode(tok, data.first, data.second, max_len)
+    inputs = encode(tok, data.first, data.second, max_len, own_pairs=own)
     return ArrayDataset(
         inputs, torch.tensor(data.labels, dtype=torch.long), num_classes=num_classes, name=name,
         meta={"vocab_size": tok.vocab_size, "pad_id": tok.pad_id, "special_ids": tok.special_ids,
               "tokenizer": tok.name, "tokenizer_trained": tok.trained, "max_len": max_len,
-              "skipped_rows": data.skipped, "pair": data.second is not None, **(extra or {})},
+              "skipped_rows": data.skipped, "pair": data.second is not None,
+              "pair_encoding": pair_encoding if data.second is not None else None,
+              **(extra or {})},
     )
 
 
@@ -522,26 +568,29 @@ def _dataset(name: str, split: str, rows: Callable[[str], TextRows], root: Path,
 @register_dataset("mrpc")
 def mrpc(split: str = "train", root: str | os.PathLike | None = None, download: bool = False,
          max_len: int = 128, vocab_size: int = 8000, tokenizer: str | None = None,
-         variant: str = "glue") -> ArrayDataset:
+         variant: str = "glue", pair_encoding: str = "senslab") -> ArrayDataset:
     """MRPC sentence pairs, label 1 = paraphrase. ``variant="glue"``: GLUE's 3,668 / 408 split
     (built from the msr files + dev_ids when only those are present); ``variant="msr"``:
-    Microsoft's train/test files, 4,076 / 1,725 — the sizes the paper reports."""
+    Microsoft's train/test files, 4,076 / 1,725 — the sizes the paper reports.
+    ``pair_encoding="tokenizer"``: the Hugging Face ``tokenizer``'s own pair encoding
+    (:func:`encode`)."""
     s = _split(split)
     r = _root("mrpc", root, s, download, variant)
     return _dataset("mrpc" if variant == "glue" else f"mrpc-{variant}", s,
                     lambda sp: _mrpc_rows(r, sp, download, variant), r, max_len, vocab_size,
-                    tokenizer)
+                    tokenizer, pair_encoding=pair_encoding)
 
 
 @register_dataset("qqp")
 def qqp(split: str = "train", root: str | os.PathLike | None = None, download: bool = False,
-        max_len: int = 128, vocab_size: int = 8000, tokenizer: str | None = None) -> ArrayDataset:
+        max_len: int = 128, vocab_size: int = 8000, tokenizer: str | None = None,
+        pair_encoding: str = "senslab") -> ArrayDataset:
     """Quora Question Pairs (GLUE), label 1 = duplicate; malformed rows skipped, counted in
-    ``meta["skipped_rows"]``."""
+    ``meta["skipped_rows"]``. ``pair_encoding`` as for :func:`mrpc`."""
     s = _split(split)
     r = _root("qqp", root, s, download)
     return _dataset("qqp", s, lambda sp: _qqp_rows(r, sp, download), r, max_len, vocab_size,
-                    tokenizer)
+                    tokenizer, pair_encoding=pair_encoding)
 
 
 @register_dataset("sst2")

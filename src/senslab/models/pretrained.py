@@ -180,7 +180,8 @@ def image_prep(model: Any, processor: Any, x: Any) -> tuple[Callable[[Any], Any]
 
 
 def text_prep(model: Any, pad_id: int | None) -> tuple[Callable[[Any], Any], str]:
-    """(prepare function, words) for a text set's ``{"input_ids", "attention_mask"}`` batches.
+    """(prepare function, words) for a text set's ``{"input_ids", "attention_mask"}`` batches
+    (and ``token_type_ids`` where the set has them).
 
     A model whose config has no ``pad_token_id`` (GPT-2: its sequence-classification head reads
     the last non-pad token and refuses batches without one) is given the data's ``pad_id``; the
@@ -192,6 +193,9 @@ def text_prep(model: Any, pad_id: int | None) -> tuple[Callable[[Any], Any], str
         words = f"; the model's pad_token_id set to the tokenizer's ({pad_id})"
 
     def prepare(x: dict[str, Any]) -> dict[str, Any]:
-        return {"input_ids": x["input_ids"], "attention_mask": x["attention_mask"].long()}
+        out = {"input_ids": x["input_ids"], "attention_mask": x["attention_mask"].long()}
+        if "token_type_ids" in x:  # pairs in the tokenizer's own encoding
+            out["token_type_ids"] = x["token_type_ids"]
+        return out
 
     return prepare, words
