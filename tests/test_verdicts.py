@@ -46,6 +46,20 @@ def test_over_seeds_closed_form():
     assert normal.detectable() == pytest.approx((1.959964 + 0.841621) * 0.5, rel=1e-6)
 
 
+def test_seeds_that_agree_closer_than_their_measurement_error_are_not_exact():
+    """Two seeds with the same difference (one flip each in 256 copies) and a measurement error
+    of 0.01 each: the spread is 0, but the mean is not exact — its s.e. is the measurement
+    error's, and the verdict is the one a single seed gets (inconclusive), not supported."""
+    e = over_seeds([1 / 256, 1 / 256], [0.01, 0.01], "mlp − vit")
+    assert e.se == pytest.approx(0.01 / math.sqrt(2)) and e.se == e.se_measure
+    assert e.se_seed == 0.0 and "floored at the measurement error" in e.method
+    assert verdict({"a": e})["verdict"] == INCONCLUSIVE
+    assert verdict({"a": over_seeds([1 / 256], [0.01])})["verdict"] == INCONCLUSIVE
+    wide = over_seeds([0.1, 0.3], [0.01, 0.01])  # a real spread: the sample s.e., not floored
+    assert wide.se == pytest.approx(0.1) and "floored" not in wide.method
+    assert over_seeds([0.2, 0.2]).se == 0.0  # no measurement error known: nothing to floor at
+
+
 def test_one_seed_is_measurement_only():
     e = over_seeds([0.5], [0.1])
     assert e.df == math.inf and e.se == 0.1 and e.seeds == 1

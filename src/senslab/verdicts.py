@@ -32,6 +32,9 @@ Where an effect comes from:
   noise of each value as well as the seed-to-seed variation; both parts are reported
   (:math:`\mathrm{se}_\text{measure}^2 = \sum_i \mathrm{se}_i^2 / n^2`,
   :math:`\mathrm{se}_\text{seed}^2 = \max(\mathrm{se}^2 - \mathrm{se}_\text{measure}^2, 0)`).
+  The standard error is never below :math:`\mathrm{se}_\text{measure}`: seeds whose values
+  happen to agree more closely than their measurement error allows (equal flip counts of a few
+  flips each) do not make the mean exact.
   With one seed the measurement standard error is all there is: the normal reference, and the
   part says that seed-to-seed variation is not in its interval.
 * :func:`measured` — one estimate with a measurement standard error (normal reference).
@@ -162,8 +165,11 @@ def over_seeds(values: Sequence[float], measure_ses: Sequence[float] | None = No
     mean = sum(vals) / n
     sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1))
     se = sd / math.sqrt(n)
+    method = f"mean over {n} {unit}s (t)"
+    if se_m is not None and se < se_m:  # a small spread cannot undo a known measurement error
+        se, method = se_m, f"mean over {n} {unit}s (t; s.e. floored at the measurement error)"
     se_seed = None if se_m is None else math.sqrt(max(se * se - se_m * se_m, 0.0))
-    return Effect(mean, se, n - 1, n, se_m, se_seed, what, f"mean over {n} {unit}s (t)", unit)
+    return Effect(mean, se, n - 1, n, se_m, se_seed, what, method, unit)
 
 
 def paired_by_seed(low: Mapping[Any, tuple[float, float]], high: Mapping[Any, tuple[float, float]],
