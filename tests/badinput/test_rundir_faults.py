@@ -842,3 +842,30 @@ def test_report_refuses_duplicated_or_out_of_order_steps(
     assert needle in str(err.value)
     assert main(["report", str(tmp_path / "run")]) != 0
     assert_one_line_error(capsys.readouterr().err, needle)
+
+
+def test_an_experiment_directory_keeps_no_verdict_of_other_runs(tmp_path: Path) -> None:
+    """Another experiment into a finished experiment's directory is refused before anything is
+    written; the same experiment with other settings, stopped before its verdict, leaves no
+    verdict.json of the old settings (which `senslab report`/`reproduction` would take for the
+    new runs'): it is moved to verdict.superseded.json."""
+    from senslab.experiments.base import SUPERSEDED
+
+    exp = tmp_path / "exp"
+    first = run_experiment("demo", exp, overrides=[*FAST_DEMO, "seeds=1"], log=lambda _: None)
+    before = {p.name: p.read_bytes() for p in exp.iterdir() if p.is_file()}
+    with pytest.raises(ValueError, match=r"holds the runs of experiment 'demo', not 'ib_joint'"
+                                         r".*choose another --out"):
+        run_experiment("ib_joint", exp, overrides=["steps=20", "seeds=1"], log=lambda _: None)
+    assert {p.name: p.read_bytes() for p in exp.iterdir() if p.is_file()} == before
+
+    def stop(line: str) -> None:
+        if line.startswith("[2/"):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment("demo", exp, overrides=[*FAST_DEMO, "seeds=2"], log=stop)
+    assert not (exp / "verdict.json").exists()
+    assert json.loads((exp / SUPERSEDED).read_text()) == first
+    again = run_experiment("demo", exp, overrides=[*FAST_DEMO, "seeds=2"], log=lambda _: None)
+    assert json.loads((exp / "verdict.json").read_text()) == again

@@ -42,7 +42,7 @@ import torch
 from ..registry import Registry
 from ..train.config import RunConfig, UnknownKey, apply_overrides, ranged, unknown_key, validate
 from ..train.looprun import single_thread
-from ..train.rundir import RunDir, git_commit
+from ..train.rundir import RunDir, RunDirError, git_commit
 from ..train.trainers import get_trainer
 from ..verdicts import plain
 
@@ -338,7 +338,19 @@ def run_experiment(name: str, out_dir: str | Path, scale: str = "cpu",
 
 def _run_locked(exp: Experiment, out: Path, scale: str, overrides: list[str],
                 progress: bool | None, log: Callable[[str], None]) -> dict[str, Any]:
+    try:
+        held = json.loads((out / "experiment.json").read_text()).get("name")
+    except (OSError, ValueError, AttributeError):
+        held = None
+    if held is not None and held != exp.name:
+        raise RunDirError(f"{out} holds the runs of experiment {held!r}, not {exp.name!r}; "
+                          f"choose another --out for {exp.name}")
     previous = _previous_verdict(out, scale, overrides)
+    if previous is None and (out / "verdict.json").is_file():
+        # the verdict of other settings (scale, overrides) no longer describes this directory
+        # once experiment.json names the new runs: kept aside, not shown as this run's verdict
+        os.replace(out / "verdict.json", out / SUPERSEDED)
+        log(f"{out}/verdict.json was written for other settings: moved to {SUPERSEDED}")
     before = _finished_runs(out)
     start = time.perf_counter()
     summaries = exp.execute(out, scale, overrides, progress, log)
@@ -392,6 +404,10 @@ def device_name() -> str:
 def _finished_runs(out: Path) -> set[str]:
     """The names of the finished runs (a summary.json) directly below ``out``."""
     return {p.parent.name for p in out.glob("*/summary.json")}
+
+
+#: where a verdict.json of other settings goes when the directory is run with new ones
+SUPERSEDED = "verdict.superseded.json"
 
 
 def _previous_verdict(out: Path, scale: str, overrides: list[str]) -> dict[str, Any] | None:
