@@ -400,3 +400,28 @@ def test_a_single_logged_value_shows_its_own_runs_standard_error() -> None:
     assert row["runs"] == 3 and row["acc"].n == 3
     stat = row["sens/val"]
     assert (stat.mean, stat.spread, stat.n, stat.kind) == (0.031, 0.0012, 1, "se")
+
+
+def test_runs_of_other_settings_are_not_averaged_as_seeds(tmp_path: Path) -> None:
+    """Loose runs that share a label but differ in a setting (optim.lr) are shown apart, each
+    labelled with its setting; the same seed and settings twice warns; a run given twice (or
+    with its experiment) is refused; within one experiment the labels stay as given."""
+    a = write_run(tmp_path / "a", "mlp", 0, (0.9, 0.8, 0.02, 0.002))
+    b = write_run(tmp_path / "b", "mlp", 1, (0.7, 0.6, 0.04, 0.002))
+    seeds = {row["label"]: row for row in final_table(load_runs([a, b]))}
+    assert list(seeds) == ["mlp"] and seeds["mlp"]["runs"] == 2  # seeds 0 and 1 of one setting
+    config = json.loads((b / "config.json").read_text())
+    (b / "config.json").write_text(json.dumps({**config, "optim": {"lr": 0.5}}))
+    with pytest.warns(UserWarning, match="labelled 'mlp' differ in optim.lr"):
+        rows = {row["label"]: row for row in final_table(load_runs([a, b]))}
+    assert set(rows) == {"mlp (optim.lr=-)", "mlp (optim.lr=0.5)"}
+    assert rows["mlp (optim.lr=0.5)"]["train/acc"].mean == pytest.approx(0.7)
+    c = write_run(tmp_path / "c", "mlp", 0, (0.9, 0.8, 0.02, 0.002))
+    with pytest.warns(UserWarning, match="same settings and seed 0"):
+        load_runs([a, c])
+    with pytest.raises(RunFormatError, match="given twice"):
+        load_runs([a, tmp_path / "." / "a"])
+    exp = write_experiment(tmp_path / "e")
+    with pytest.raises(RunFormatError, match="given twice"):
+        load_runs([exp, exp / "vit_small-s0"])
+    assert {r.label for r in load_runs(exp)} == set(FINALS)

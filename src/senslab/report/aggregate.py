@@ -1,6 +1,7 @@
 """Aggregating runs over seeds: final-number tables and mean ± std training curves.
 
-Runs that share a label differ only in their seed, so a label's number is the mean over its runs
+Runs that share a label differ only in their seed (:func:`~senslab.report.runs.load_runs` sees
+to that), so a label's number is the mean over its runs
 and its spread the sample standard deviation
 
     std = sqrt( Σ_r (v_r − mean)² / (R − 1) ),   R ≥ 2 runs,

@@ -45,6 +45,8 @@ class Run:
     metrics: list[dict[str, Any]]
     summary: dict[str, Any] | None = None
     experiment: Path | None = None
+    #: the label given by :func:`load_runs` where runs of one label differ in a setting
+    relabel: str | None = None
 
     @property
     def name(self) -> str:
@@ -54,6 +56,8 @@ class Run:
     @property
     def label(self) -> str:
         """The curve/bar this run belongs to; runs sharing a label are aggregated over seeds."""
+        if self.relabel is not None:
+            return self.relabel
         if self.summary and self.summary.get("label") is not None:
             return str(self.summary["label"])
         return str(self.config.get("label") or self.name)
@@ -254,14 +258,72 @@ def load_experiment(path: PathLike) -> Experiment:
 
 
 def load_runs(paths: PathLike | Iterable[PathLike]) -> list[Run]:
-    """Read run directories, expanding experiment directories into their runs (in order)."""
+    """Read run directories, expanding experiment directories into their runs (in order).
+
+    A run reached twice (a directory given twice, or a run and its experiment) is refused. Runs
+    from different directories that share a label are aggregated as seeds only where they differ
+    in nothing but the seed (and :data:`NOT_SETTINGS`); otherwise each gets a label that names
+    its differing settings (``mlp (optim.lr=0.5)``), with a warning."""
     runs: list[Run] = []
     for p in as_paths(paths):
         if is_experiment_dir(p):
             runs.extend(load_experiment(p).runs)
         else:
             runs.append(load_run(p))
+    seen: dict[Path, Path] = {}
+    for run in runs:
+        key = run.path.resolve()
+        if key in seen:
+            raise RunFormatError(f"run {run.path} is given twice (also as {seen[key]}, or through "
+                                 "its experiment directory): pass each run once, or its runs "
+                                 "would count as two seeds")
+        seen[key] = run.path
+    _separate_settings(runs)
     return runs
+
+
+#: config keys that say where and how a run ran, not what it is: runs that differ only in these
+#: (and the seed) are seeds of one setting
+NOT_SETTINGS = frozenset({"seed", "name", "label", "device", "data.root", "data.download",
+                          "track.report_to", "train.checkpoint_every", "train.keep_checkpoints",
+                          "train.eval_batch_size", "track.chunk_size"})
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _separate_settings(runs: Sequence[Run]) -> None:
+    """Give runs of one label from different directories (experiments or loose runs) that
+    differ in a setting the label plus those settings; warn where two of them have the same
+    setting and seed (copies of one run, not two seeds). Runs within one experiment keep the
+    labels their experiment gave them."""
+    for label, group in group_by_label(runs).items():
+        if len({r.experiment or r.path for r in group}) < 2:
+            continue
+        flat = [{k: json.dumps(v, sort_keys=True) for k, v in _flat(r.config).items()
+                 if k not in NOT_SETTINGS} for r in group]
+        keys = sorted({k for f in flat for k in f if len({g.get(k) for g in flat}) > 1})
+        if keys:
+            for run, f in zip(group, flat, strict=True):
+                named = ", ".join(f"{k}={f.get(k, '-')}" for k in keys)
+                run.relabel = f"{label} ({named})"
+            warnings.warn(f"runs labelled {label!r} differ in {', '.join(keys)}: shown apart "
+                          "as labels that name those settings, not averaged as seeds",
+                          stacklevel=3)
+        seeds: dict[tuple[str, Any], Run] = {}
+        for run, f in zip(group, flat, strict=True):
+            twin = seeds.setdefault((json.dumps(f, sort_keys=True), run.seed), run)
+            if twin is not run:
+                warnings.warn(f"runs {twin.path} and {run.path} have the same settings and seed "
+                              f"{run.seed}: they are counted as two runs of {run.label!r}, but "
+                              "their spread is not seed-to-seed variation", stacklevel=3)
 
 
 def as_paths(paths: PathLike | Iterable[PathLike]) -> list[Path]:
