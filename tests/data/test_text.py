@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -408,3 +409,36 @@ def test_own_pair_layout_names_a_tokenizers_other_pair_encoding(tmp_path: Path,
         return
     assert own_pair_layout(str(get_model_path())) == (
         "[CLS] a [SEP] b [SEP], token_type_ids 1 on the second sentence")
+
+
+def test_a_known_file_of_another_split_or_task_is_refused(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file whose bytes are another reference file's — train and dev swapped, or another
+    task's file under this task's name — is refused, naming what it is; a folder whose files
+    yield no example at all is refused too (it loaded as an empty set). The reference table is
+    pointed at these small files, standing in for GLUE's own md5s."""
+    from senslab.data import text
+
+    root = tmp_path / "sst2"
+    root.mkdir()
+    train = "sentence\tlabel\ngood film\t1\nbad film\t0\nfine\t1\n"
+    dev = "sentence\tlabel\nawful\t0\n"
+    (root / "train.tsv").write_text(dev)  # swapped
+    (root / "dev.tsv").write_text(train)
+    md5 = {"train.tsv": hashlib.md5(train.encode()).hexdigest(),
+           "dev.tsv": hashlib.md5(dev.encode()).hexdigest()}
+    url, folder, _ = text.GLUE_ZIPS["sst2"]
+    monkeypatch.setitem(text.GLUE_ZIPS, "sst2", (url, folder, md5))
+    with pytest.raises(DataUnavailableError, match=r"dev.tsv is sst2's train.tsv .*reference md5"):
+        _load("sst2", root, split="dev")
+    (root / "train.tsv").write_text(train)
+    (root / "dev.tsv").write_text(dev)
+    assert _load("sst2", root, split="dev").targets.tolist() == [0]
+    mrpc = tmp_path / "mrpc"
+    mrpc.mkdir()
+    (mrpc / "train.tsv").write_text(train)  # SST-2's file in MRPC's folder
+    with pytest.raises(DataUnavailableError, match=r"mrpc/train.tsv is sst2's train.tsv"):
+        _load("mrpc", mrpc)
+    (mrpc / "train.tsv").write_text(MRPC_HEADER + "\n" + "x\ty\n")  # nothing in MRPC's format
+    with pytest.raises(DataUnavailableError, match=r"no example could be read .*1 rows skipped"):
+        _load("mrpc", mrpc)

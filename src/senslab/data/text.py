@@ -94,6 +94,27 @@ GLUE_ZIPS = {
 }
 
 
+def _known_files() -> dict[str, tuple[str, str]]:
+    """md5 → (task, file) of every reference file above."""
+    out = {md5: ("mrpc", n) for n, md5 in MRPC_GLUE_MD5.items()}
+    out.update({md5: ("mrpc", n) for n, (_, md5) in MRPC_FILES.items()})
+    for task, (_, _, md5s) in GLUE_ZIPS.items():
+        out.update({md5: (task, n) for n, md5 in md5s.items()})
+    return out
+
+
+def _check_identity(path: Path, task: str) -> Path:
+    """``path`` (task ``task``'s file of that name), refused where its bytes are another known
+    file's — train and dev swapped, or another task's file: a reference md5 names them exactly.
+    A file that is no reference file (a local rebuild, a fixture) passes."""
+    other = _known_files().get(md5sum(path))
+    if other is not None and other != (task, path.name):
+        raise DataUnavailableError(
+            f"{path} is {other[0]}'s {other[1]} (it has that file's reference md5), not "
+            f"{task}'s {path.name}: put {task}'s {path.name} there")
+    return path
+
+
 @dataclass
 class TextRows:
     """Parsed examples: ``first`` (and ``second`` for pairs) sentences and integer labels."""
@@ -211,7 +232,8 @@ def build_mrpc_glue(root: Path, download: bool = False) -> None:
 def _mrpc_rows(root: Path, split: str, download: bool, variant: str) -> TextRows:
     if variant == "msr":  # the paper's 4,076 / 1,725: Microsoft's own train/test files
         name = "msr_paraphrase_train.txt" if split == "train" else "msr_paraphrase_test.txt"
-        return _pairs(_need(root, name, *MRPC_FILES[name], download), (3, 4, 0), 5)
+        return _pairs(_check_identity(_need(root, name, *MRPC_FILES[name], download), "mrpc"),
+                      (3, 4, 0), 5)
     if variant != "glue":
         raise ValueError(f"MRPC variant must be 'glue' or 'msr', got {variant!r}")
     path = root / _GLUE_FILE[split]
@@ -225,7 +247,7 @@ def _mrpc_rows(root: Path, split: str, download: bool, variant: str) -> TextRows
                 f"split by GLUE's rule), or, when online, let senslab download them "
                 f"({DOWNLOAD_HINT}). ({err})"
             ) from err
-    return _pairs(path, (3, 4, 0), 5)
+    return _pairs(_check_identity(path, "mrpc"), (3, 4, 0), 5)
 
 
 def _glue_zip_file(name: str, root: Path, split: str, download: bool) -> Path:
@@ -235,7 +257,7 @@ def _glue_zip_file(name: str, root: Path, split: str, download: bool) -> Path:
     url, folder, md5s = GLUE_ZIPS[name]
     path = root / _GLUE_FILE[split]
     if path.exists():
-        return path
+        return _check_identity(path, name)
     zpath = root / url.rsplit("/", 1)[1]
     try:
         fetch(url, zpath, None, download)
@@ -545,6 +567,11 @@ def _dataset(name: str, split: str, rows: Callable[[str], TextRows], root: Path,
                          f"(tokenizer={tokenizer!r} has no pair template of its own); set "
                          "tokenizer=<name> or use pair_encoding='senslab'")
     data = rows(split)
+    if not data.labels:
+        raise DataUnavailableError(
+            f"{name} ({split}): no example could be read from {root} ({data.skipped} rows "
+            f"skipped as malformed): its files are not in {name}'s format; put {name}'s files "
+            "there")
     if tokenizer is not None:
         tok = pretrained_tokenizer(tokenizer)
     else:
