@@ -5,6 +5,7 @@ TensorBoard event file, equal to ``token_sensitivity`` on the same subset and se
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -65,7 +66,8 @@ def arguments(out: Path, **extra) -> TrainingArguments:
     return TrainingArguments(
         output_dir=str(out), max_steps=4, per_device_train_batch_size=8,
         per_device_eval_batch_size=8, eval_strategy="steps", eval_steps=2, logging_steps=2,
-        learning_rate=1e-2, save_strategy="no", report_to=extra.pop("report_to", "tensorboard"),
+        learning_rate=1e-2, save_strategy=extra.pop("save_strategy", "no"),
+        report_to=extra.pop("report_to", "tensorboard"),
         use_cpu=True, disable_tqdm=True, seed=0, dataloader_num_workers=0, **extra)
 
 
@@ -105,6 +107,33 @@ def test_callback_logs_through_the_trainer_and_tensorboard(tmp_path: Path):
 
     metrics = trainer.evaluate()  # evaluate() returns it too
     assert metrics["eval_sensitivity"] == ref.estimate
+
+
+def test_best_model_by_sensitivity_warns_where_the_most_sensitive_would_be_kept(tmp_path: Path):
+    """transformers takes a larger value as better for a metric not ending in "loss": with
+    metric_for_best_model naming the callback's metric and greater_is_better left at that
+    default, load_best_model_at_end keeps the most sensitive checkpoint — the callback warns,
+    on attach and at the start of training without attach; greater_is_better=False does not."""
+    val = Texts(8, 2)
+    best = {"metric_for_best_model": "eval_sensitivity", "save_strategy": "steps",
+            "save_steps": 2, "load_best_model_at_end": True, "report_to": "none"}
+    args = arguments(tmp_path / "a", **best)
+    assert args.greater_is_better is True  # transformers' default for this name
+    trainer = Trainer(model=tiny_bert(), args=args, train_dataset=val, eval_dataset=val)
+    with pytest.warns(UserWarning, match="keeps the most sensitive checkpoint.*"
+                                         "greater_is_better=False"):
+        SensitivityCallback(val.batch(4), Embedding(TOKENS), sigma=2.0).attach(trainer)
+    callback = SensitivityCallback(val.batch(4), Embedding(TOKENS), sigma=2.0, name="sens")
+    trainer = Trainer(model=tiny_bert(), args=arguments(tmp_path / "b", **{
+        **best, "metric_for_best_model": "sens"}), train_dataset=val, eval_dataset=val,
+        callbacks=[callback])
+    with pytest.warns(UserWarning, match="metric_for_best_model='sens'"):
+        callback.on_train_begin(trainer.args, trainer.state, trainer.control)
+    fine = arguments(tmp_path / "c", **best, greater_is_better=False)
+    trainer = Trainer(model=tiny_bert(), args=fine, train_dataset=val, eval_dataset=val)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        SensitivityCallback(val.batch(4), Embedding(TOKENS), sigma=2.0).attach(trainer)
 
 
 def test_without_attach_it_warns_and_still_records(tmp_path: Path):

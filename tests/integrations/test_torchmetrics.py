@@ -68,6 +68,33 @@ def test_reset_restarts_the_noise_and_index_dedupes():
         TokenSensitivityMetric(Patches(2), sigma=1.0)._result()
 
 
+def test_merge_state_after_a_compute_counts_the_merged_examples():
+    """merge_state after compute()/result(): the next result holds both metrics' examples
+    (torchmetrics' cached value of the earlier compute came back), and the indices either
+    metric has seen are skipped after the merge."""
+    model, x = mlp(), images(9)
+
+    def pair() -> tuple[TokenSensitivityMetric, TokenSensitivityMetric]:
+        a = TokenSensitivityMetric(Patches(2), sigma=1.0, repeats=2, generator=0)
+        b = TokenSensitivityMetric(Patches(2), sigma=1.0, repeats=2, generator=5)
+        a.update(model, x[:5], index=torch.arange(5))
+        b.update(model, x[5:], index=torch.arange(5, 9))
+        return a, b
+
+    a, b = pair()
+    ra, rb = a.result(), b.result()
+    a.merge_state(b)
+    merged = a.result()
+    assert merged.num_examples == 9
+    assert merged.estimate == pytest.approx((5 * ra.estimate + 4 * rb.estimate) / 9)
+    assert a.compute().item() == merged.estimate
+    fresh, other = pair()
+    fresh.merge_state(other)
+    assert fresh.result().estimate == merged.estimate
+    a.update(model, x[3:7], index=torch.arange(3, 7))  # all seen by one of the two: skipped
+    assert a.result().num_examples == 9
+
+
 def test_forward_returns_the_batch_value_and_keeps_accumulating():
     model, x = mlp(), images(8)
     metric = TokenSensitivityMetric(Patches(4), sigma=1.0)

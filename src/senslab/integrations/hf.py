@@ -4,7 +4,8 @@
 and its standard error through the Trainer's own ``log``: ``trainer.state.log_history`` and every
 reporter of ``report_to`` (TensorBoard, W&B, …) receive ``eval_sensitivity`` and
 ``eval_sensitivity_stderr`` (``eval/sensitivity`` in TensorBoard), and the dict ``evaluate()``
-returns holds them too (so ``metric_for_best_model="eval_sensitivity"`` works). Each
+returns holds them too (so ``metric_for_best_model="eval_sensitivity"`` works, with
+``greater_is_better=False`` to keep the least sensitive checkpoint: a warning says so). Each
 measurement starts the noise from the same seed, so the logged value equals
 ``token_sensitivity(model, subset, tokens, generator=seed, ...)`` on the model of that step.
 
@@ -79,14 +80,33 @@ class SensitivityCallback(TrainerCallback):
         self.name, self.seed = name, Seed(generator)
         self.trainer: Any = None
         self.results: list[tuple[int, SensitivityResult]] = []
-        self._warned = False
+        self._warned = self._warned_best = False
 
     def attach(self, trainer: Any) -> SensitivityCallback:
         """Add this callback to ``trainer`` and log through ``trainer.log``; returns itself."""
         if self not in trainer.callback_handler.callbacks:
             trainer.add_callback(self)
         self.trainer = trainer
+        self._check_best(trainer.args)
         return self
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._check_best(args)
+
+    def _check_best(self, args: Any) -> None:
+        """Warn (once) where the Trainer would keep the *most* sensitive checkpoint: transformers
+        takes a larger value as better for every metric whose name does not end in "loss"."""
+        best = getattr(args, "metric_for_best_model", None)
+        if self._warned_best or best is None or not getattr(args, "greater_is_better", False):
+            return
+        if best == self.name or best.endswith(f"_{self.name}"):
+            self._warned_best = True
+            warnings.warn(
+                f"metric_for_best_model={best!r} with greater_is_better=True (transformers' "
+                "default for a metric whose name does not end in 'loss') keeps the most "
+                "sensitive checkpoint; pass greater_is_better=False to keep the least sensitive",
+                stacklevel=3,
+            )
 
     def measure(self, model: Any) -> SensitivityResult:
         """The subset's sensitivity on ``model`` as it is now (nothing logged)."""

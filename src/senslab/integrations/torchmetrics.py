@@ -197,6 +197,15 @@ class TokenSensitivityMetric(Metric):
         assert self._last is not None
         return self._last
 
+    def merge_state(self, incoming_state: Any) -> None:
+        """Add another metric's states (or a state dict) to this one's; the next :meth:`compute`
+        includes them (torchmetrics keeps an earlier ``compute``'s value otherwise), and the
+        example indices it has seen count as seen here."""
+        super().merge_state(incoming_state)
+        self._computed, self._last = None, None
+        if isinstance(incoming_state, TokenSensitivityMetric):
+            self._seen |= incoming_state._seen
+
     def reset(self) -> None:
         """Forget the states; the next ``update`` restarts the noise from the seed."""
         super().reset()
