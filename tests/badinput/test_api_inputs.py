@@ -271,6 +271,10 @@ CASES = [
          ("changed between two evaluations", "random", "dropout", "deterministic")),
     Case("output-depends-on-batch", lambda: measure(BatchCentred(linear(3))), RuntimeError,
          ("example 0", "other examples in its batch", "BatchNorm")),
+    Case("train-mode-batchnorm-in-own-mode", lambda: measure(
+        nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.BatchNorm1d(8), nn.Linear(8, 3)).train(),
+        eval_mode=False), ValueError,
+         ("eval_mode=False", "BatchNorm", "(2:", "chunk_size", "eval_mode=True")),
     # Embedding hooks
     Case("embedding-hook-runs-twice", lambda: token_sensitivity(
         SharedNorm(), ids(), Embedding("norm"), sigma=1.0), ValueError,
@@ -414,11 +418,13 @@ def exact_eval_mode_false_leaves_batchnorm_alone() -> None:
     model = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.BatchNorm2d(2), nn.Flatten(),
                           nn.Linear(128, 3))
     model.train()
+    model[1].eval()  # train-mode BatchNorm itself is refused (batch statistics)
+    model[1].running_mean.fill_(0.1)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     measure(model, eval_mode=False, repeats=2)
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
-    assert model.training
+    assert model.training and not model[1].training
 
 
 def exact_control_variate_with_probabilities() -> None:

@@ -61,10 +61,13 @@ def test_a_random_forward_is_refused_on_its_first_batch():
         metric.update(torch.randn(6, 4, 3))
 
 
-def test_eval_mode_false_refuses_dropout_in_train_mode_but_measures_batchnorm():
+def test_eval_mode_false_refuses_dropout_and_batch_statistics_in_train_mode():
     """In the model's own mode a train-mode dropout is random: its draws would be counted as
-    flips (two runs with one seed gave different numbers), so it is refused; train-mode
-    BatchNorm is deterministic and is measured, with its buffers left as they were."""
+    flips (two runs with one seed gave different numbers), so it is refused. Train-mode
+    BatchNorm normalises each chunk of copies by its own statistics — the number moved with
+    chunk_size (0.70 at chunks of 2, 0.04 at 64 here) — so it is refused too, before any
+    forward; with its BatchNorm in eval() the rest of the model keeps its mode and is measured,
+    the same at every chunk size."""
     torch.manual_seed(0)  # test-only: model init
     drop = nn.Sequential(nn.Flatten(), nn.Linear(12, 16), nn.Dropout(0.3), nn.Linear(16, 3))
     x = torch.randn(5, 4, 3, generator=torch.Generator().manual_seed(1))
@@ -77,12 +80,18 @@ def test_eval_mode_false_refuses_dropout_in_train_mode_but_measures_batchnorm():
     norm = nn.Sequential(nn.Flatten(), nn.Linear(12, 16), nn.BatchNorm1d(16), nn.Linear(16, 3))
     norm.train()
     before = {k: v.clone() for k, v in norm.state_dict().items()}
-    a = TokenSensitivity(norm, Sequence(), sigma=1.0, eval_mode=False, generator=0)
-    b = TokenSensitivity(norm, Sequence(), sigma=1.0, eval_mode=False, generator=0)
-    a.update(x)
-    b.update(x)
-    assert torch.equal(a.compute().per_sample, b.compute().per_sample)
+    with pytest.raises(ValueError, match=r"BatchNorm layers that normalise by batch statistics "
+                                         r"\(2: .*depend on chunk_size.*eval_mode=True"):
+        TokenSensitivity(norm, Sequence(), sigma=1.0, eval_mode=False).update(x)
     assert all(torch.equal(before[k], v) for k, v in norm.state_dict().items())
+    norm[2].eval()  # the rest in train mode
+    rates = []
+    for chunk in (2, 64):
+        m = TokenSensitivity(norm, Sequence(), sigma=1.0, eval_mode=False, generator=0,
+                             chunk_size=chunk)
+        m.update(x)
+        rates.append(m.compute().per_sample)
+    assert torch.equal(rates[0], rates[1]) and norm.training and not norm[2].training
 
 
 def test_a_callers_autocast_does_not_change_the_decisions():
@@ -106,3 +115,28 @@ def test_a_callers_autocast_does_not_change_the_decisions():
                            autocast=torch.bfloat16)
     low.update(x)
     assert not torch.equal(low.compute().per_sample, plain.compute().per_sample)
+
+
+class Scaled(nn.Module):
+    """A linear model whose forward multiplies by a registered buffer (saved for backward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)  # test-only: model init
+        self.lin = nn.Linear(12, 3)
+        self.register_buffer("scale", torch.full((3,), 2.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x.flatten(1)) * self.scale
+
+
+def test_measuring_between_a_loss_and_its_backward_leaves_the_graph_usable():
+    """A loss computed before measuring with eval_mode=False (a per-step metric in a training
+    step) still backpropagates: buffers the measurement did not change are not written back
+    (a write bumped their version, and backward failed with torch's in-place error)."""
+    model = Scaled().train()
+    x = torch.randn(5, 4, 3, generator=torch.Generator().manual_seed(1))
+    loss = model(x).square().mean()
+    TokenSensitivity(model, Sequence(), sigma=1.0, eval_mode=False, generator=0).update(x)
+    loss.backward()
+    assert model.lin.weight.grad is not None and model.scale._version == 0

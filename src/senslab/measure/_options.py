@@ -136,15 +136,18 @@ def _eval(model: nn.Module) -> Iterator[None]:
 
 @contextmanager
 def _kept_buffers(model: nn.Module) -> Iterator[None]:
-    """Every buffer of ``model`` (BatchNorm running statistics and counters) restored after the
-    block: measuring a model outside eval mode must not change it."""
+    """Every buffer of ``model`` restored after the block: measuring a model outside eval mode
+    must not change it. Only a buffer that changed is written back: a write bumps its version,
+    and a buffer the caller's pending backward saved (a loss computed before measuring) must
+    keep it."""
     saved = [(b, b.detach().clone()) for b in model.buffers()]
     try:
         yield
     finally:
         with torch.no_grad():
             for b, v in saved:
-                b.copy_(v)
+                if not torch.equal(b, v):
+                    b.copy_(v)
 
 
 def _identity(one: Any, other: Any) -> list[tuple[str, Any, Any]]:

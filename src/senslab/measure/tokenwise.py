@@ -141,10 +141,12 @@ padding vectors from tokens).
 
 The state is sums and counts, so results over many batches and processes merge exactly
 (:meth:`TokenSensitivity.merge`, which refuses metrics of different quantities). With
-``eval_mode=False`` the model runs in its own mode, but every buffer (BatchNorm running
-statistics) is restored after ``update``: measuring never changes the model; a forward that is
-random in that mode (dropout in train mode) is refused. A caller's autocast region is switched
-off during ``update``: without ``autocast=`` the forwards keep the model's own precision.
+``eval_mode=False`` the model runs in its own mode, and a buffer a forward changed is restored
+after ``update``: measuring never changes the model; a forward that is random in that mode
+(dropout in train mode) is refused, and so is BatchNorm that normalises by batch statistics
+(train mode), whose copies' outputs would depend on their chunk. A caller's autocast region
+is switched off during ``update``: without ``autocast=`` the forwards keep the model's own
+precision.
 """
 
 from __future__ import annotations
@@ -226,6 +228,24 @@ def _warn_reduced_float32(model: Any, device: torch.device) -> None:
             RuntimeWarning, stacklevel=_trim._user_level(),
         )
 
+
+
+def _refuse_batch_statistics(model: nn.Module) -> None:
+    """``eval_mode=False``: refuse BatchNorm layers that normalise by their batch's statistics
+    (train mode, or no running statistics): a copy's output would depend on the copies that
+    share its chunk, so the number would change with ``chunk_size``."""
+    norms = [name or type(model).__name__ for name, m in model.named_modules()
+             if isinstance(m, nn.modules.batchnorm._BatchNorm)
+             and (m.training or m.running_mean is None)]
+    if norms:
+        shown = ", ".join(norms[:3]) + (f" and {len(norms) - 3} more" if len(norms) > 3 else "")
+        raise ValueError(
+            f"eval_mode=False with BatchNorm layers that normalise by batch statistics ({shown}: "
+            "train mode, or no running statistics): each perturbed copy would be normalised with "
+            "the copies that share its chunk, so its flips, and the number, would depend on "
+            "chunk_size. Measure with eval_mode=True (the default: eval() for the measurement, "
+            "the model's mode restored after it), or put the BatchNorm layers in eval() and keep "
+            "the rest of the model's mode")
 
 class TokenSensitivity:
     """Accumulating token-wise sensitivity (torchmetrics-style ``update``/``compute``/``reset``).
@@ -309,10 +329,10 @@ class TokenSensitivity:
             and, where the tokenization reuses the clean computation, the model's
             ``forward_local``/``forward_suffix`` (:mod:`._compiled`).
         align: per-position alignment, ``"left"`` or ``"right"``; default from the tokenization.
-        eval_mode: False measures the model in its own mode (train-mode BatchNorm then
-            normalises each chunk by its own statistics); its buffers are restored afterwards,
-            so the running statistics never change. A forward that is random in that mode
-            (dropout in train mode) is refused: its randomness would be counted as flips.
+        eval_mode: False measures the model in its own mode; a buffer a forward changed is
+            restored afterwards. A forward that is random in that mode (dropout in train mode)
+            is refused: its randomness would be counted as flips; so is BatchNorm in train mode
+            (batch statistics), which would make each copy's output depend on its chunk.
         shard: ``(rank, world_size)``: this process measures only examples ``b`` with
             ``b % world_size == rank`` of every batch, drawing the same random stream as a single
             process would; after :meth:`all_reduce` every rank holds the one-process result.
@@ -570,8 +590,10 @@ class TokenSensitivity:
         if self._local is not None:  # after all_reduce: add to this process's own state
             self.state, self._local = self._local, None
         module = isinstance(self.model, nn.Module)
+        if module and not self.eval_mode:
+            _refuse_batch_statistics(self.model)
         mode = _eval(self.model) if module and self.eval_mode else nullcontext()
-        # outside eval mode BatchNorm updates its running statistics: restore every buffer
+        # outside eval mode a forward may update buffers: restore those it changed
         kept = _kept_buffers(self.model) if module and not self.eval_mode else nullcontext()
         try:
             with mode, kept, self._autocast(device):
