@@ -205,6 +205,18 @@ def test_a_convolutional_model_runs_its_static_int8_copy_with_float32_flips(monk
     assert int((plain.copies != full.copies).sum()) > 0
 
 
+def test_building_the_static_int8_copy_leaves_the_global_generator_alone():
+    """torch's FX conversion draws from the global generator; a measurement must not move the
+    caller's stream (their shuffling or initialisation after it would change)."""
+    model = trained_resnet()
+    x, _ = strips(8, torch.Generator().manual_seed(1))
+    before = torch.get_rng_state()
+    m = TokenSensitivity(model, Patches(4), sigma=1.5, precision="int8-checked", generator=0)
+    m.update(x)
+    assert m._check._static is not None and m._check._static.model is not None
+    assert torch.equal(torch.get_rng_state(), before)
+
+
 def test_a_calibrated_check_gathers_its_rechecks_over_several_chunks(monkeypatch):
     """Past the calibration, int8 runs a chunk (here 16 copies) per forward, and float32
     re-checks the near-boundary copies of several chunks together, in forwards of up to a

@@ -208,9 +208,9 @@ class StaticInt8:
             return
         from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
-        try:
-            with warnings.catch_warnings():  # torch marks torch.ao.quantization deprecated
-                warnings.simplefilter("ignore")
+        try:  # convert_fx draws from torch's global generator: the caller's stream is kept
+            with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
+                warnings.simplefilter("ignore")  # torch marks torch.ao.quantization deprecated
                 prepared = prepare_fx(copy.deepcopy(self.float_model).eval(),
                                       _qconfigs(self.float_model), example_inputs=(x[:1],))
                 for part in x.split(64):
