@@ -134,7 +134,12 @@ def _config(args: argparse.Namespace) -> Any:
     cfg.model.name, cfg.data.name = model, data
     if args.data_root:
         cfg.data.root = args.data_root
-    return apply_overrides(cfg, args.set or [])
+    cfg = apply_overrides(cfg, args.set or [])
+    chosen = {item.split("=", 1)[0].strip() for item in args.set or []}
+    if ("data.test_split" not in chosen and cfg.data.test_split == "test"
+            and _takes(cfg.data.name, "tokenizer")):
+        cfg.data.test_split = "validation"  # the text sets' held-out split (no labelled test)
+    return cfg
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -415,8 +420,6 @@ def _measure_pretrained(args: argparse.Namespace) -> int:
     cfg.data.options.setdefault(*(("normalize", "none") if image else ("tokenizer", name)))
     if not image and _takes(cfg.data.name, "pair_encoding"):  # pairs as the tokenizer encodes them
         cfg.data.options.setdefault("pair_encoding", "tokenizer")
-    if not image and cfg.data.test_split == "test":
-        cfg.data.test_split = "validation"  # the text sets' held-out split
     validate(cfg)
     device = resolve_device(cfg.device)
     try:

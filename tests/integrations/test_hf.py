@@ -136,6 +136,13 @@ def test_best_model_by_sensitivity_warns_where_the_most_sensitive_would_be_kept(
         SensitivityCallback(val.batch(4), Embedding(TOKENS), sigma=2.0).attach(trainer)
 
 
+def test_a_left_padded_subset_is_refused_when_the_callback_is_made():
+    val = Texts(4, 2).batch(4)
+    val["attention_mask"] = val["attention_mask"].flip(1)  # left padding
+    with pytest.raises(ValueError, match="SensitivityCallback: the inputs are left-padded"):
+        SensitivityCallback(val, Embedding(TOKENS), sigma=2.0)
+
+
 def test_without_attach_it_warns_and_still_records(tmp_path: Path):
     train, val = Texts(16, 1), Texts(8, 2)
     callback = SensitivityCallback(val.batch(4), Embedding(TOKENS), sigma=2.0)

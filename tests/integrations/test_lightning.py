@@ -215,3 +215,18 @@ def test_tokens_default_to_auto_of_the_wrapped_hf_model():
     r = SensitivityCallback(subset, sigma=2.0, generator=5).measure(module)
     ref = token_sensitivity(module, subset, tokens, sigma=2.0, generator=5)
     assert r.estimate == ref.estimate and r.num_forward == ref.num_forward == 5 * 8 + 5
+
+
+def test_a_left_padded_subset_is_refused_when_the_callback_is_made():
+    """A left-padded attention mask would be refused at the first measurement, after an epoch
+    of training: the callback refuses it when it is made, with the same fix; with
+    trim_padding=False it is measured as it is."""
+    ids = torch.randint(1, 9, (3, 6), generator=torch.Generator().manual_seed(0))
+    mask = torch.tensor([[1] * 6, [0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+    with pytest.raises(ValueError, match="SensitivityCallback: the inputs are left-padded "
+                                         r"\(example 1.*padding_side = 'right'"):
+        SensitivityCallback({"input_ids": ids, "attention_mask": mask}, Patches(2), sigma=1.0)
+    SensitivityCallback({"input_ids": ids, "attention_mask": mask}, Patches(2), sigma=1.0,
+                        trim_padding=False)
+    SensitivityCallback({"input_ids": ids, "attention_mask": mask.flip(1).flip(0)[1:]},
+                        Patches(2), sigma=1.0)  # right padding

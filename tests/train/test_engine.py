@@ -248,3 +248,38 @@ def test_tracker_measures_an_mse_run_with_its_own_rule(tmp_path):
     summary = fit(cfg, tmp_path / "r", progress=False)
     assert 0.0 <= summary["final"]["sens/train"] <= 1.0
     assert summary["final"]["train/acc"] > 0.9  # by sign it would be the share of 8s
+
+
+def test_the_data_folder_read_is_recorded_and_a_resume_on_another_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A text set found through SENSLAB_DATA: config.json records the folder (it recorded none,
+    so a resume under another SENSLAB_DATA went on, silently, on other text with a tokenizer
+    trained on it); the command line's default held-out split of a text set is its
+    validation split (text sets have no labelled test split)."""
+    rows = "".join(f"{w} film {i}\t{i % 2}\n" for i, w in enumerate(["good", "bad"] * 12))
+    for home in ("a", "b"):
+        (tmp_path / home / "sst2").mkdir(parents=True)
+        for split in ("train.tsv", "dev.tsv"):
+            extra = "" if home == "a" else "another film\t1\n"
+            (tmp_path / home / "sst2" / split).write_text("sentence\tlabel\n" + rows + extra)
+    monkeypatch.setenv("SENSLAB_DATA", str(tmp_path / "a"))
+    monkeypatch.setenv("SENSLAB_CACHE", str(tmp_path / "cache"))
+    args = ["train", "--model", "lstm", "--data", "sst2", "--threads", "1", "--out",
+            str(tmp_path / "run"), "--set", "train.epochs=1", "--set", "data.options.max_len=8",
+            "--set", "data.options.vocab_size=300", "--set", "track.num_examples=4",
+            "--set", "model.overrides.dim=8"]
+    assert main(args) == 0
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["data"]["root"] == str((tmp_path / "a" / "sst2").resolve())
+    assert config["data"]["test_split"] == "validation"
+    monkeypatch.setenv("SENSLAB_DATA", str(tmp_path / "b"))
+    capsys.readouterr()
+    assert main(args) == 2
+    assert "data.root" in capsys.readouterr().err
+    cfg = RunConfig.from_dict(config)
+    cfg.data.root = None
+    fit(cfg, tmp_path / "lib", progress=False)  # the caller's config is left as it was
+    assert cfg.data.root is None
+    assert json.loads((tmp_path / "lib" / "config.json").read_text())["data"]["root"] == str(
+        (tmp_path / "b" / "sst2").resolve())

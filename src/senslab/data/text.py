@@ -130,7 +130,8 @@ def _split(split: str) -> str:
         return _SPLITS[split]
     except KeyError:
         raise ValueError(f"unknown split {split!r}; use 'train' or 'validation' "
-                         "('val' and 'dev' are aliases)") from None
+                         "('val' and 'dev' are aliases; the text sets have no labelled test "
+                         "split: in a run config, data.test_split=validation)") from None
 
 
 RT_FILE = "rotten_tomatoes_corpus_full.csv.bz2"

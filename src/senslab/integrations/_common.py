@@ -40,6 +40,23 @@ def check_options(tokens: Tokenization | None, options: dict[str, Any], where: s
     TokenSensitivity(_placeholder, tokens if tokens is not None else Sequence(), **options)
 
 
+def check_subset(inputs: Any, options: dict[str, Any], where: str) -> None:
+    """Refuse at construction a subset the first measurement would refuse — a left-padded
+    ``attention_mask`` with padding-aware batching on — rather than after an epoch of
+    training."""
+    from ..measure._trim import left_padded_message
+
+    mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
+    if options.get("trim_padding", True) is False or not isinstance(mask, Tensor) \
+            or mask.dim() != 2:
+        return
+    real = mask.bool()
+    starts = ~real[:, 0] & real.any(dim=1)
+    if bool(starts.any()):
+        row = int(starts.nonzero()[0, 0])
+        raise ValueError(f"{where}: {left_padded_message(row, 'attention_mask')}")
+
+
 class Seed:
     """An int seed or a ``torch.Generator`` frozen at construction: :meth:`fresh` hands out the
     same starting point every time, so every measurement of a fixed subset draws the same noise

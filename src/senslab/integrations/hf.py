@@ -39,7 +39,7 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 from ..measure import SensitivityResult
 from ..tokens import Tokenization
 from ..tokens.base import Inputs
-from ._common import Seed, check_every, check_options, measure_subset
+from ._common import Seed, check_every, check_options, check_subset, measure_subset
 
 __all__ = ["SensitivityCallback"]
 
@@ -75,6 +75,7 @@ class SensitivityCallback(TrainerCallback):
         check_options(tokens, options, type(self).__name__)
         if isinstance(inputs, Mapping):
             inputs = {k: v for k, v in inputs.items() if k not in _TARGETS}
+        check_subset(inputs, options, type(self).__name__)
         self.inputs, self.tokens, self.mask, self.options = inputs, tokens, mask, options
         self.batch_size = None if batch_size is None else check_every("batch_size", batch_size)
         self.name, self.seed = name, Seed(generator)

@@ -37,7 +37,7 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 from ..measure import SensitivityResult
 from ..tokens import Tokenization
 from ..tokens.base import Inputs
-from ._common import Seed, check_every, check_options, measure_subset
+from ._common import Seed, check_every, check_options, check_subset, measure_subset
 
 __all__ = ["SensitivityCallback"]
 
@@ -70,6 +70,7 @@ class SensitivityCallback(Callback):
     ) -> None:
         super().__init__()
         check_options(tokens, options, type(self).__name__)
+        check_subset(inputs, options, type(self).__name__)
         self.inputs, self.tokens, self.mask, self.options = inputs, tokens, mask, options
         self.every_n_epochs = check_every("every_n_epochs", every_n_epochs)
         self.batch_size = None if batch_size is None else check_every("batch_size", batch_size)

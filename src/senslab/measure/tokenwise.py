@@ -506,13 +506,13 @@ class TokenSensitivity:
     def check_bound(self) -> float | None:
         """The calibrated margin below which checked precision (bf16 or int8) re-evaluates a
         copy in float32 (:mod:`._precision`); None before calibration or when no batch ran
-        checked."""
-        return self._check.bound
+        checked (``"auto"`` found that checking does not pay: the copies ran in float32)."""
+        return None if self._check.idle else self._check.bound
 
     @property
     def bf16_bound(self) -> float | None:
         """:attr:`check_bound` when the checked precision is bf16, else None."""
-        return self._check.bound if self._check.low == "bf16" else None
+        return self.check_bound if self._check.low == "bf16" else None
 
     @property
     def checked_precision(self) -> str | None:

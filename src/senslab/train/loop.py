@@ -198,8 +198,11 @@ def fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None = None) -> di
 
     validate(cfg)
     check_reporters(cfg.track.report_to)  # a missing package, before anything is written
-    # the run's own copy, label resolved (config.json holds it filled in); the caller's is kept
-    cfg = dataclasses.replace(cfg, label=cfg.label or cfg.model.name)
+    # the run's own copy, label resolved and the data folder found (config.json holds them
+    # filled in, so a resume on another copy of the data is refused); the caller's is kept
+    cfg = dataclasses.replace(cfg, label=cfg.label or cfg.model.name,
+                              data=dataclasses.replace(cfg.data))
+    locate_data(cfg)
 
     owns_group = dist.is_available() and not dist.is_initialized()
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
