@@ -259,3 +259,34 @@ def test_state_dict_round_trip_is_bit_identical(name: str) -> None:
         assert torch.equal(a, b)
     assert resumed_opt.step_sizes() == opt.step_sizes()
     assert [s["step"] for s in resumed_opt.state.values()] == [8] * len(resumed_opt.state)
+
+
+@pytest.mark.parametrize("dtype,entry", [(torch.float64, 1e-163), (torch.float32, 1e-23),
+                                         (torch.float64, 1e150)])
+def test_every_ngd_step_has_length_lr_however_small_or_large_the_gradient(dtype, entry):
+    """‖g‖ is taken rescaled by the largest entry: the squares of a tiny nonzero gradient
+    underflowed to a norm of 0 (no step: the run froze while the gradient was not 0), a huge
+    one's overflowed to inf."""
+    p = torch.nn.Parameter(torch.ones(8, dtype=dtype))
+    p.grad = torch.full((8,), entry, dtype=dtype)
+    opt = NGD([p], lr=0.1)
+    opt.step()
+    assert float(torch.linalg.vector_norm((p.detach() - 1).double())) == pytest.approx(0.1,
+                                                                                         rel=1e-5)
+    assert float(opt.state[p]["grad_norm"]) == pytest.approx(entry * 8 ** 0.5, rel=1e-5)
+
+
+def test_polyak_step_of_a_tiny_gradient_and_half_precision_parameters():
+    p = torch.nn.Parameter(torch.zeros(4, dtype=torch.float64))
+
+    def closure() -> torch.Tensor:  # L = 1e-149 + g·p with g = 1e-150 per entry
+        p.grad = torch.full((4,), 1e-150, dtype=torch.float64)
+        return torch.tensor(1e-149, dtype=torch.float64)
+
+    Polyak([p]).step(closure)  # step size L/‖g‖² = 1e-149 / 4e-300 = 2.5e150
+    assert torch.allclose(p.detach(), torch.full((4,), -2.5, dtype=torch.float64))
+    h = torch.nn.Parameter(torch.tensor([1.0, 1.0, 1.0, 1.0], dtype=torch.float16))
+    h.grad = torch.tensor([3e-6, 0.0, 3e-6, 3e-6], dtype=torch.float16)
+    NGD([h], lr=1.0).step()  # η/‖g‖ ≈ 1.9e5: inf in float16
+    assert torch.isfinite(h.detach()).all()
+    assert float(torch.linalg.vector_norm(h.detach().float() - 1)) == pytest.approx(1.0, rel=2e-3)

@@ -103,3 +103,19 @@ def test_more_ranks_than_gpus_is_a_clear_error(monkeypatch):
     with pytest.raises(RuntimeError, match="--nproc_per_node=.*or set device=cpu"):
         rank_device(torch.device("cuda"), 2)
     assert rank_device(torch.device("cpu"), 2) == torch.device("cpu")  # gloo on CPUs: any rank
+
+
+def test_sps_under_ddp_steps_on_the_batch_loss_as_one_process(tmp_path: Path):
+    """SPS sets its step size from the loss: each rank's own half-batch loss gave each rank
+    another step on the same averaged gradient, and the ranks' models drifted apart (rank 0's
+    checkpoint then was one of two models). The ranks now read the whole batch's loss, so
+    training matches one process."""
+    args = [a for a in ARGS if not a.startswith(("optim.momentum", "optim.lr"))]
+    args += ["optim.name=sps", "optim.eta_max=2", "train.max_steps=8"]
+    args = [a for a in args if a != "train.max_steps=20"]
+    _torchrun(tmp_path, tmp_path / "ddp", args)
+    torch.set_num_threads(1)
+    fit(apply_overrides(RunConfig(name="ddp"), list(args)), tmp_path / "single", progress=False)
+    a = RunDir.load_checkpoint(RunDir(tmp_path / "ddp").checkpoints()[-1])["model"]
+    b = RunDir.load_checkpoint(RunDir(tmp_path / "single").checkpoints()[-1])["model"]
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)

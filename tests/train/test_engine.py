@@ -283,3 +283,16 @@ def test_the_data_folder_read_is_recorded_and_a_resume_on_another_is_refused(
     assert cfg.data.root is None
     assert json.loads((tmp_path / "lib" / "config.json").read_text())["data"]["root"] == str(
         (tmp_path / "b" / "sst2").resolve())
+
+
+@pytest.mark.parametrize("name", ["ngd", "sngd", "sps"])
+def test_momentum_or_weight_decay_with_a_normalised_or_polyak_step_is_refused(name):
+    """NGD/SNGD/SPS have no momentum or weight decay: the settings were recorded in config.json
+    and never applied."""
+    from senslab.train.config import validate
+
+    for key in ("optim.momentum=0.9", "optim.weight_decay=0.1"):
+        cfg = apply_overrides(RunConfig(), [f"optim.name={name}", key])
+        with pytest.raises(ValueError, match=rf"{key}: optim.name={name} has no momentum"):
+            validate(cfg)
+    validate(apply_overrides(RunConfig(), [f"optim.name={name}"]))

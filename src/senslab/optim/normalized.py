@@ -49,19 +49,30 @@ def _params_with_grad(group: dict[str, Any]) -> list[Tensor]:
     return params
 
 
+def _scaled_norm(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """‖x‖ computed as m·‖x/m‖ with m = max |x|: the squares of tiny entries (below ≈1e-162 in
+    float64, 1e-23 in float32) underflow to 0, which made a nonzero gradient's norm 0 and
+    stopped the step; a huge one's overflow. ``dtype``: the precision it is taken in."""
+    x = x.to(dtype)
+    m = x.abs().amax() if x.numel() else torch.zeros((), dtype=dtype, device=x.device)
+    safe = torch.where(m > 0, m, torch.ones_like(m))
+    return torch.where(m > 0, safe * torch.linalg.vector_norm(x / safe), torch.zeros_like(m))
+
+
 def global_grad_norm(params: Iterable[Tensor]) -> Tensor | None:
     """‖∇L‖ = sqrt(Σ_p ‖∇_p L‖²) over the parameters that have a gradient, as a 0-dim tensor on
     the first such parameter's device (``None`` when none has one). Norms are taken in at least
-    float32 so half-precision gradients do not overflow."""
+    float32 so half-precision gradients do not overflow, and rescaled by the largest entry so
+    tiny gradients do not underflow to a norm of 0."""
     norms = [
-        torch.linalg.vector_norm(p.grad, dtype=torch.promote_types(p.grad.dtype, torch.float32))
+        _scaled_norm(p.grad, torch.promote_types(p.grad.dtype, torch.float32))
         for p in params
         if p.grad is not None
     ]
     if not norms:
         return None
     device = norms[0].device
-    return torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]))
+    return _scaled_norm(torch.stack([n.to(device) for n in norms]), norms[0].dtype)
 
 
 def _check_positive(name: str, value: float | None, optional: bool = False) -> None:
@@ -151,7 +162,8 @@ class NGD(_StepSizeLog, Optimizer):
                 size = torch.where(norm > 0, group["lr"] / norm, torch.zeros_like(norm))
                 if group["eta_max"] is not None:
                     size = size.clamp(max=group["eta_max"])
-                p.sub_(p.grad * size.to(p.grad.dtype))
+                # in the multiplier's precision: η/‖g‖ above 65504 is inf in float16
+                p.sub_((p.grad.to(size.dtype) * size).to(p.dtype))
                 _record(self.state[p], size, norm)
         return loss
 

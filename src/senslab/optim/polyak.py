@@ -89,17 +89,18 @@ class SPS(_StepSizeLog, Optimizer):
         norm = _global_grad_norm(p for _, ps in groups for p in ps)
         if norm is None:  # nothing has a gradient: nothing to do
             return loss
-        sq = norm.square()
-        value = value.reshape(()).to(device=sq.device, dtype=sq.dtype)
+        value = value.reshape(()).to(device=norm.device, dtype=norm.dtype)
+        safe = torch.where(norm > 0, norm, torch.ones_like(norm))
         for group, params in groups:
-            size = ((value - group["f_star"]) / (group["c"] * sq)).clamp(min=0)
+            # (L − f*)/(c‖g‖²) as ((L − f*)/‖g‖)/(c‖g‖): ‖g‖² of a tiny gradient underflows to 0
+            size = ((value - group["f_star"]) / safe / (group["c"] * safe)).clamp(min=0)
             if group["eta_max"] is not None:
                 size = size.clamp(max=group["eta_max"])
             # 0/0 or x/0 for a zero gradient: no step instead of NaN/inf.
-            size = torch.where(sq > 0, size, torch.zeros_like(size))
+            size = torch.where(norm > 0, size, torch.zeros_like(size))
             for p in params:
                 s = size.to(p.device)
-                p.sub_(p.grad * s.to(p.grad.dtype))
+                p.sub_((p.grad.to(s.dtype) * s).to(p.dtype))
                 _record(self.state[p], s, norm.to(p.device))
         return loss
 

@@ -382,6 +382,12 @@ def validate(cfg: C) -> C:
     walk(cfg, "")
     if isinstance(cfg, RunConfig):
         o = cfg.optim
+        unused = [f"optim.{k}={getattr(o, k)}" for k in ("momentum", "weight_decay")
+                  if getattr(o, k) != 0]
+        if o.name in ("ngd", "sngd", "sps") and unused:
+            raise ValueError(f"{', '.join(unused)}: optim.name={o.name} has no momentum or weight "
+                             "decay (its step is the normalised or Polyak one alone); set them to "
+                             f"0, or use optim.name=sgd/adamw for them")
         if o.name == "sps" and o.schedule != "constant":
             raise ValueError(f"optim.schedule={o.schedule} scales a learning rate, but "
                              "optim.name=sps sets its own step size; use optim.schedule=constant "

@@ -461,9 +461,15 @@ def _train_step(cfg: RunConfig, model: nn.Module, opt: torch.optim.Optimizer, x:
                 loss_kind: str, reg_gen: torch.Generator, share: float = 1.0) -> float:
     """One optimizer step on the batch ``(x, y)``; ``share``: this rank's weight in DDP's
     average (its examples × world size / the batch's), which scales the gradient only (the
-    loss returned, and the loss an SPS step reads, is the rank's own mean)."""
+    loss returned is the rank's own mean). An SPS step reads the whole batch's mean loss,
+    averaged over the ranks as DDP averages the gradient: with each rank's own, the ranks took
+    different steps and their models drifted apart."""
+    import torch.distributed as dist
+
     t = cfg.train
     closure_needed = cfg.optim.name == "sps"
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    own: list[Tensor] = []
 
     def compute_loss() -> Tensor:
         if t.regularizer == "none":
@@ -487,18 +493,24 @@ def _train_step(cfg: RunConfig, model: nn.Module, opt: torch.optim.Optimizer, x:
         opt.zero_grad(set_to_none=True)
         loss = compute_loss()
         (loss if share == 1.0 else loss * share).backward()
-        return loss
+        if world == 1 or not closure_needed:
+            return loss
+        own.append(loss)
+        whole = loss.detach() * share  # Σ over ranks of share × mean = world × the batch mean
+        dist.all_reduce(whole)
+        return whole / world
 
     if closure_needed:
         loss = opt.step(closure)
+        loss = own[-1] if own else loss
     else:
         loss = closure()
         opt.step()
     value = float(loss.detach())
     if not math.isfinite(value):
-        raise FloatingPointError(
-            f"training loss became {value}; lower optim.lr (now {cfg.optim.lr}) or check the data"
-        )
+        rate = (f"optim.eta_max (now {cfg.optim.eta_max}; sps sets its own step size)"
+                if cfg.optim.name == "sps" else f"optim.lr (now {cfg.optim.lr})")
+        raise FloatingPointError(f"training loss became {value}; lower {rate} or check the data")
     return value
 
 
