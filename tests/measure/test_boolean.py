@@ -421,3 +421,46 @@ def test_a_boolean_table_is_analysed_as_its_pm1_function():
         assert torch.equal(fourier_coefficients(table), fourier_coefficients(pm))
     with pytest.raises(ValueError, match="not multi-class labels.*truth_table"):
         fourier_coefficients(torch.tensor([2, 5] * 4))
+
+
+class _MajorityProbability(nn.Module):
+    """P(MAJORITY = +1) as a sigmoid of the bit sum, declared as probabilities."""
+
+    output_kind = "probabilities"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(3.0 * x.sum(1))
+
+
+def test_a_declared_probability_model_counts_class_changes_at_one_half():
+    """A model that declares output_kind='probabilities' is a classifier: its class is p > 1/2
+    (at the default threshold 0 no probability ever changed class: a false 0), and "auto"
+    counts class changes — MAJORITY's 1.875 on 5 bits; truth_table gives its ±1 table."""
+    model = _MajorityProbability().eval()
+    want = boolean_sensitivity(majority, 5).average
+    assert want == pytest.approx(1.875)
+    for output in ("sign", "auto"):
+        assert boolean_sensitivity(model, 5, output=output).average == pytest.approx(want)
+    assert torch.equal(truth_table(model, 5), truth_table(majority, 5))
+
+
+def test_a_threshold_that_would_be_ignored_is_refused():
+    """truth_table applied no threshold to real outputs ("auto" chose "real") and none to class
+    labels; both are refused, as boolean_sensitivity refuses them."""
+    def prob(x: torch.Tensor) -> torch.Tensor:  # probabilities, undeclared
+        return torch.sigmoid(3.0 * x.sum(1))
+
+    with pytest.raises(ValueError, match="chose 'real'.*pass output='sign'"):
+        truth_table(prob, 5, threshold=0.5)
+    table = truth_table(prob, 5, output="sign", threshold=0.5)
+    assert average_sensitivity_fourier(table) == pytest.approx(1.875)
+
+    def count(x: torch.Tensor) -> torch.Tensor:  # integer outputs: class labels
+        return (x > 0).sum(1)
+
+    for call in (lambda: boolean_sensitivity(count, 5, output="sign", threshold=2.0),
+                 lambda: truth_table(count, 5, output="sign", threshold=2.0),
+                 lambda: boolean_sensitivity(lambda x: torch.stack([x[:, 0], -x[:, 0]], 1), 3,
+                                             output="sign", threshold=0.5)):
+        with pytest.raises(ValueError, match="class labels.*drop threshold"):
+            call()

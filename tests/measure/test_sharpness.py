@@ -295,3 +295,63 @@ def test_parameter_norm_excludes_positions() -> None:
     assert parameter_norm(model) == pytest.approx(expected, rel=1e-12)
     full = math.sqrt(expected**2 + model.pos_embedding.detach().double().square().sum().item())
     assert parameter_norm(model, exclude=()) == pytest.approx(full, rel=1e-12)
+
+
+def test_the_default_exclude_is_the_positional_embeddings_by_name_component():
+    """The default leaves out positional embeddings: GPT-2's wpe (no "pos" in its name) is
+    left out, a LLaMA-style post_attention_layernorm ("pos" inside "post") is not."""
+    model = nn.ModuleDict({
+        "wpe": nn.Embedding(4, 3), "wte": nn.Embedding(5, 3),
+        "layer": nn.ModuleDict({"post_attention_layernorm": nn.LayerNorm(3)}),
+        "pos_embed": nn.Embedding(4, 3), "embed_positions": nn.Embedding(4, 3)})
+    kept = ["wte.weight", "layer.post_attention_layernorm.weight",
+            "layer.post_attention_layernorm.bias"]
+    params = dict(model.named_parameters())
+    want = math.sqrt(sum(float(params[k].detach().double().square().sum()) for k in kept))
+    assert parameter_norm(model) == pytest.approx(want)
+    assert parameter_norm(model, exclude=()) > want
+    assert parameter_norm(model, exclude=("wte",)) < parameter_norm(model, exclude=())
+
+
+@pytest.mark.parametrize("batch", [5, 8])
+def test_blowup_of_a_sequence_first_encoder_reads_its_positions(batch):
+    """nn.TransformerEncoderLayer runs (T, B, D) by default: its LayerNorms' positions are on
+    axis 0. With B = T = 8 the batch axis was taken for positions without a word."""
+    torch.manual_seed(0)  # test-only: model init
+    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0)
+    model = nn.Sequential(nn.Linear(4, 8), layer).eval()
+
+    class SeqFirst(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = model
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, 4) in, (T, B, 8) inside
+            return self.net(x.transpose(0, 1)).transpose(0, 1)
+
+    x = torch.randn(batch, 8, 4, generator=torch.Generator().manual_seed(1))
+    seen: list[torch.Tensor] = []
+    handle = layer.norm1.register_forward_pre_hook(lambda m, a: seen.append(a[0].detach()))
+    got = layernorm_factors(SeqFirst(), x, readout_modules=())
+    handle.remove()
+    h = seen[0].transpose(0, 1).double()  # (B, T, D)
+    inv = (h.var(dim=2, unbiased=False) + layer.norm1.eps).rsqrt()  # (B, T)
+    want = inv.max(dim=1).values
+    key = next(k for k in got if k.endswith("norm1"))
+    assert torch.allclose(got[key].double(), want, rtol=1e-6)
+    assert layernorm_blowup(SeqFirst(), x, readout_modules=()).shape == (batch,)
+
+
+def test_bool_arguments_and_an_asked_for_kind_are_refused():
+    model = nn.Linear(3, 1)
+    x = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="repeats"):
+        output_sharpness(model, x, repeats=True)
+    with pytest.raises(ValueError, match="sigma_w"):
+        output_sharpness(model, x, sigma_w=True)
+    with pytest.raises(TypeError, match="generator"):
+        loss_sharpness(model, lambda o, y: o.mean(), x, None, generator=True)
+    with torch.no_grad():
+        model.weight.fill_(2.0)
+    with pytest.raises(ValueError, match="outside \\[0, 1\\]"):  # not probabilities: an error
+        output_sharpness(model, x, output_kind="probabilities", generator=0)

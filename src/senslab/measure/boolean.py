@@ -38,7 +38,12 @@ How a change is counted (``output``)
       the sampled values: a callable whose sampled values were all in {0, 1} gets ``"sign"``
       with a warning (a value in between elsewhere would have made it ``"real"``), unless it
       declares ``boolean_output = "sign"`` as MAJORITY does. A ``threshold`` with a rule that
-      has none (``"real"``, given or chosen by ``"auto"``) is refused.
+      has none (``"real"``, given or chosen by ``"auto"``) is refused, and so is one on class
+      labels (integer outputs, or (N, C) logits), which are compared as they are.
+    - A model that declares ``output_kind`` (``"logits"`` or ``"probabilities"``, as
+      :mod:`senslab.measure.outputs` reads it) is a classifier: ``"auto"`` counts its class
+      changes, and a probability column's class boundary is 1/2 unless ``threshold`` says
+      otherwise.
 
 The Fourier side (coefficients, degree, spectral weights, noise stability) is in
 :mod:`senslab.measure.fourier`, the reference functions (PARITY, MAJORITY, FIRST, MEAN, sparse
@@ -88,6 +93,7 @@ from .functions import (
     sparse_parity,
     table_function,
 )
+from .outputs import declared_kind
 
 BoolFn = Callable[[Tensor], Tensor] | nn.Module | Tensor
 Output = Literal["auto", "sign", "real"]
@@ -206,9 +212,35 @@ def _resolve(values: Tensor, output: Output) -> str:
     return "sign" if two_valued else "real"
 
 
-def _check_threshold(rule: str, output: Output, threshold: float) -> None:
+def _declared(f: object, output: Output, threshold: float) -> tuple[Output, float]:
+    """(output, threshold) for a callable that declares ``output_kind`` (the attribute
+    :mod:`senslab.measure.outputs` reads): a declared kind is a classifier's, so ``"auto"``
+    counts class changes, and a declared ``"probabilities"`` column has its class boundary at
+    1/2 (at 0 no probability ever changes class: a false 0)."""
+    if isinstance(f, Tensor):
+        return output, threshold
+    kind = declared_kind(f, None)
+    if kind is None:
+        return output, threshold
+    if output == "auto":
+        output = "sign"
+    if kind == "probabilities" and threshold == 0.0:
+        threshold = 0.5
+    return output, threshold
+
+
+def _check_threshold(rule: str, output: Output, threshold: float,
+                     values: Tensor | None = None) -> None:
     """A threshold the rule would ignore is refused: ``output="real"``, or ``"auto"`` that
-    chose ``"real"``."""
+    chose ``"real"``, and class labels (integer or bool outputs, or the argmax of (N, C)
+    logits), which are compared as they are."""
+    if rule == "sign" and threshold != 0.0 and values is not None \
+            and not values.is_floating_point():
+        raise ValueError(
+            f"threshold={threshold!r} applies to one real output per input (class = value > "
+            "threshold), but f returned class labels (integer or bool outputs, or (N, C) logits "
+            "read by their argmax), whose changes are counted as they are: drop threshold, or "
+            "return the real value to threshold")
     if rule == "real" and threshold != 0.0:
         why = ("output='real' counts" if output == "real"
                else f"output={output!r} chose 'real' for these real values, which counts")
@@ -245,8 +277,15 @@ def truth_table(
     analysis applies directly; more than two integer classes stay long labels. With "real" the
     table holds the float64 outputs. f is called on at most ``chunk_size`` rows at a time.
     """
+    if isinstance(threshold, bool) or not isinstance(threshold, Real):
+        raise TypeError(
+            f"threshold must be a number, got {threshold!r} ({type(threshold).__name__})"
+        )
+    output, threshold = _declared(f, output, threshold)
     values = _raw_table(f, n, output, chunk_size, device, dtype)
-    if _resolve(values, output) == "real":
+    rule = _resolve(values, output)
+    _check_threshold(rule, output, threshold, values)
+    if rule == "real":
         return values.double()
     if values.is_floating_point():
         return (values > threshold).double() * 2 - 1
@@ -341,6 +380,7 @@ def boolean_sensitivity(
         raise ValueError(f"method must be 'auto', 'exact' or 'sample', got {method!r}")
     if output not in ("auto", "sign", "real"):
         raise ValueError(f"output must be 'auto', 'sign' or 'real', got {output!r}")
+    output, threshold = _declared(f, output, threshold)
     if output == "real":  # refused before anything is evaluated
         _check_threshold("real", output, threshold)
     is_table = isinstance(f, Tensor)
@@ -352,7 +392,7 @@ def boolean_sensitivity(
         else:
             table, evaluations = _raw_table(f, n, output, chunk_size, device, dtype), 1 << n
         rule = _resolve(table, output)
-        _check_threshold(rule, output, threshold)
+        _check_threshold(rule, output, threshold, table)
         stats = _Stats(n)
         masks = 1 << torch.arange(n)
         step = max(1, chunk_size // (n + 1))  # bounds the (points, n) change matrix too
@@ -393,7 +433,7 @@ def boolean_sensitivity(
                 "callable an attribute boolean_output='sign')",
                 UserWarning, stacklevel=2,
             )
-    _check_threshold(rule, output, threshold)
+    _check_threshold(rule, output, threshold, v0)
     stats = _Stats(n)
     stats.add(_changes(v0, nb, rule, threshold))
     evaluations = 0 if is_table else num_samples * (n + 1)

@@ -2,7 +2,9 @@ r"""Flatness of the loss / output landscape around the weights, LayerNorm blow-u
 
 Two notions of sharpness are measured by perturbing *every* weight with isotropic Gaussian noise
 :math:`\Delta \sim \mathcal N(0, \sigma^2 I)` (parameters whose name contains one of the
-``exclude`` substrings are left alone):
+``exclude`` substrings are left alone; :data:`POSITIONAL`, the default, stands for the
+positional embeddings, matched on whole components of the name: ``pos``, ``pos_embed``,
+``position_embeddings``, ``embed_positions``, GPT-2's ``wpe`` — not ``post_attention_…``):
 
 * **Output sharpness** (main paper §7.2; docs/definitions.md#shop-and-shpred). On inputs
   :math:`x` of a batch,
@@ -42,6 +44,7 @@ docs/definitions.md#parameter-norm):
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -109,7 +112,7 @@ def _generator(generator: Seed, device: torch.device) -> torch.Generator:
     """An explicit generator: given, or seeded (default 0) on the model's device."""
     if isinstance(generator, torch.Generator):
         return generator
-    if generator is not None and not isinstance(generator, int):
+    if generator is not None and (not isinstance(generator, int) or isinstance(generator, bool)):
         raise TypeError(
             f"generator must be a torch.Generator or an int seed, got {type(generator).__name__}"
         )
@@ -117,17 +120,35 @@ def _generator(generator: Seed, device: torch.device) -> torch.Generator:
 
 
 def _check_sigma(sigma: float, name: str) -> None:
-    if not (isinstance(sigma, (int, float)) and math.isfinite(sigma) and sigma >= 0):
+    if isinstance(sigma, bool) or not (isinstance(sigma, (int, float)) and math.isfinite(sigma)
+                                       and sigma >= 0):
         raise ValueError(f"{name} is a noise standard deviation and must be >= 0, got {sigma!r}")
 
 
 def _check_draws(draws: int, name: str) -> None:
-    if not isinstance(draws, int) or draws < 1:
+    if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
         raise ValueError(f"{name} is the number of weight draws and must be >= 1, got {draws!r}")
 
 
+#: the default ``exclude``: the model's positional embeddings, found by :func:`positional`
+POSITIONAL = "positional"
+
+#: a dotted-name component of a positional embedding: pos, pos_embed(ding), position(s)_…,
+#: positional_…, …_pos, embed_positions, GPT-2's wpe (not post_…, as in post_attention_layernorm)
+_POSITIONAL = re.compile(r"^(pos|positions?|positional)(_\w*)?$|^\w*_(pos|positions?|positional)$"
+                         r"|^wpe$")
+
+
+def positional(name: str) -> bool:
+    """Whether parameter ``name`` belongs to a positional embedding (a component of its dotted
+    name matches :data:`_POSITIONAL`)."""
+    return any(_POSITIONAL.match(part) for part in name.lower().split("."))
+
+
 def _excluded(name: str, exclude: Sequence[str]) -> bool:
-    return any(s in name for s in exclude)
+    """``exclude``: substrings of parameter names; :data:`POSITIONAL` among them stands for the
+    positional embeddings (:func:`positional`)."""
+    return any(positional(name) if s == POSITIONAL else s in name for s in exclude)
 
 
 def _exclude_tuple(exclude: Sequence[str] | str) -> tuple[str, ...]:
@@ -262,6 +283,8 @@ def output_sharpness(
             kind = resolve_kind(clean, kind, threshold)
             clean_pred: Tensor | None = predictions(clean, kind, threshold)
         except ValueError:
+            if output_kind is not None:  # asked for: its error is the answer, not a None
+                raise
             clean_pred = None  # no class rule for this output (shape, or ambiguous kind)
         l1 = torch.empty(repeats, b, dtype=torch.float64, device=clean.device)
         flips = torch.empty_like(l1)
@@ -286,7 +309,7 @@ def loss_sharpness(
     *,
     sigma: float = 0.02,
     draws: int = 20,
-    exclude: Sequence[str] | str = ("pos",),
+    exclude: Sequence[str] | str = (POSITIONAL,),
     generator: Seed = None,
     scale: float = 1.0,
 ) -> SharpnessResult:
@@ -350,7 +373,9 @@ def layernorm_factors(
     :math:`h_t` is the LayerNorm's input at position :math:`t`, the variance the biased one over
     the normalised dimensions and :math:`\epsilon` the module's own ``eps`` — exactly the divisor
     ``nn.LayerNorm`` uses. Every ``nn.LayerNorm`` submodule is hooked (functional
-    ``F.layer_norm`` calls are invisible); a module called k > 1 times per forward contributes
+    ``F.layer_norm`` calls are invisible); a LayerNorm inside a layer with ``batch_first=False``
+    (``nn.TransformerEncoderLayer``'s default) gets (T, B, D) inputs, read as such; a module
+    called k > 1 times per forward contributes
     ``name``, ``name#1``, …, ``name#{k-1}``. Keys are in the order the calls ran.
 
     **Read-out rule.** With a ``readout_position`` (default: ``model.readout_position`` when the
@@ -385,9 +410,30 @@ def layernorm_factors(
     b = batch_size(inputs)
     calls: list[tuple[str, Tensor]] = []  # (module name, (B, positions) inverse std)
 
+    modules = dict(model.named_modules())
+
+    def seq_first(name: str) -> bool:
+        """Whether the LayerNorm ``name`` sits in a layer that runs sequence-first
+        (``batch_first=False``: ``nn.TransformerEncoderLayer``'s default), read from the
+        nearest enclosing module that says — itself, or its ``nn.MultiheadAttention``."""
+        while name:
+            name = _parent(name)
+            around = modules.get(name)
+            flags = [getattr(around, "batch_first", None)] + [
+                c.batch_first for c in (around.children() if around is not None else ())
+                if isinstance(c, nn.MultiheadAttention)]
+            flag = next((f for f in flags if isinstance(f, bool)), None)
+            if flag is not None:
+                return not flag
+        return False
+
     def hook_for(name: str, eps: float, ndim: int) -> Callable[..., None]:
+        first = seq_first(name)
+
         def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
             h = args[0]
+            if first and h.dim() >= ndim + 2:  # (T, B, …): the batch axis first
+                h = h.transpose(0, 1)
             if h.dim() < ndim + 1 or h.shape[0] != b:
                 raise ValueError(
                     f"LayerNorm {name!r} got input of shape {tuple(h.shape)}; the blow-up needs "
@@ -458,7 +504,7 @@ def layernorm_blowup(
     return torch.stack(list(factors.values())).prod(dim=0)
 
 
-def parameter_norm(model: nn.Module, exclude: Sequence[str] | str = ("pos",)) -> float:
+def parameter_norm(model: nn.Module, exclude: Sequence[str] | str = (POSITIONAL,)) -> float:
     r""":math:`\lVert\theta\rVert_2 = \sqrt{\sum_i \theta_i^2}` over every parameter whose name
     contains none of ``exclude`` (default: positional embeddings, as Hahn & Rofin), in float64.
     Shared (tied) parameters count once."""
