@@ -206,7 +206,7 @@ def test_fixed_v_verdict_outcomes() -> None:
     good = _fixed_v()
     v = fixed_v_verdict(good)
     assert v["verdict"] == SUPPORTED and v["correction"] == "Holm over 7 parts"
-    assert v["evidence"]["ngd"]["steps_to_alignment"] == 3200  # the latest seed
+    assert v["evidence"]["ngd"]["steps_to_alignment"] == 3200  # the slowest seed
     # GD never got there: it counts its 20,000 steps (a lower bound)
     assert v["effects"]["ngd aligns faster"]["effect"] == pytest.approx(20000 - 3100)
     assert v["effects"]["GD ‖W‖ logarithmic"]["effect"] == pytest.approx(0.14)

@@ -217,7 +217,7 @@ def fixed_v_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     return verdict(parts, evidence={**evidence, "checks": checks},
                    claim="GD's ‖W‖ grows like log t, NGD's and Polyak's linearly, and they align "
                          "and sparsify faster",
-                   note=f"Means over seeds (steps: the latest seed; inf: never): {detail}")
+                   note=f"Means over seeds (steps: the slowest seed; inf: never): {detail}")
 
 
 def _reached(run: dict[str, Any], key: str) -> float:
