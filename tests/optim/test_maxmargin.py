@@ -66,6 +66,21 @@ def test_random_instance_is_feasible_tight_and_optimal() -> None:
     assert -res.fun == pytest.approx(half_norm_sq, rel=1e-5)
 
 
+@pytest.mark.parametrize("scale", [1e-3, 1e3])
+def test_the_solution_scales_with_the_tokens(scale: float) -> None:
+    """Tokens scaled by s: W_mm(sX) = W_mm(X)/s² (and v_mm(sZ) = v_mm(Z)/s). The solver's
+    thresholds were absolute, so at s = 1e-3 a feasible problem was called infeasible."""
+    from senslab.optim.maxmargin import max_margin_direction
+
+    X, opt = _random_instance()
+    W = max_margin_attention(X, opt)
+    assert torch.allclose(max_margin_attention(scale * X, opt), W / scale**2, rtol=1e-9)
+    Z = torch.randn(8, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    Z = Z * torch.sign(Z @ torch.tensor([1.0, 0.5, -0.2], dtype=torch.float64))[:, None]
+    v = max_margin_direction(Z)
+    assert torch.allclose(max_margin_direction(scale * 1e-4 * Z), v / (scale * 1e-4), rtol=1e-8)
+
+
 def test_two_token_toy_has_hand_derived_solution() -> None:
     # One sample, query x_1 = e1, optimal token x_2 = e2: one constraint ⟨W, z⟩ ≥ 1 with
     # z = (e2 − e1) e1ᵀ, so W_mm = z / ‖z‖² = [[−½, 0], [½, 0]].

@@ -200,8 +200,12 @@ def max_margin_attention(X: Tensor, opt: Tensor, *, tol: float = 1e-6) -> Tensor
     opt = _check_opt(X, opt)
     A, Q, where = _constraints(X, opt)
     _raise_degenerate(A, Q, where)
+    # solved at unit scale (the solver's thresholds are absolute): with a = A/sa, q = Q/sq the
+    # solution of ⟨W', a qᵀ⟩ ≥ 1 is W' = sa·sq·W
+    sa, sq = float(np.abs(A).max()), float(np.abs(Q).max())
+    A, Q = A / sa, Q / sq
     alpha = _solve_dual(A, Q)
-    W = torch.from_numpy((A * alpha[:, None]).T @ Q)  # Σ_k α_k a_k q_kᵀ, float64
+    W = torch.from_numpy((A * alpha[:, None]).T @ Q / (sa * sq))  # Σ_k α_k a_k q_kᵀ, float64
     # Checked before the cast to X's dtype, so float32 rounding cannot fail a correct solution.
     check_max_margin(X.detach().to("cpu", torch.float64), opt.cpu(), W, tol=tol)
     return W.to(device=X.device, dtype=X.dtype)
@@ -217,6 +221,9 @@ def max_margin_direction(Z: Tensor) -> Tensor:
     Returns a float64 tensor of shape (d,).
     """
     Zn = Z.detach().cpu().double().numpy()
+    scale = float(np.abs(Zn).max()) if Zn.size else 0.0
+    scale = scale if scale > 0 else 1.0
+    Zn = Zn / scale  # at unit scale (absolute thresholds); v = v' / scale
     E = np.vstack([Zn.T, np.ones((1, len(Zn)))])
     e = np.zeros(len(E))
     e[-1] = 1.0
@@ -225,7 +232,7 @@ def max_margin_direction(Z: Tensor) -> Tensor:
     if r[-1] > -1e-12:
         raise ValueError("no decoder v separates the optimal tokens (z_iᵀ v ≥ 1 is infeasible); "
                          "use fewer samples or more dimensions")
-    return torch.from_numpy(-r[:-1] / r[-1])
+    return torch.from_numpy(-r[:-1] / r[-1] / scale)
 
 
 def check_max_margin(X: Tensor, opt: Tensor, W: Tensor, *, tol: float = 1e-6) -> float:
