@@ -150,6 +150,21 @@ def test_pixelate_matches_pillow_box_resampling() -> None:
                           atol=0.02)
 
 
+@pytest.mark.parametrize("side", [7, 9, 15, 31])
+def test_pixelate_of_any_size_matches_pillow_without_nan(side: int) -> None:
+    """Output centres on whole input coordinates (7×7 at severity 1, 15×15 at 3, …) lost their
+    only input pixel: NaN rows and columns that the final clamp let through."""
+    pil = pytest.importorskip("PIL.Image")
+    x = smooth_images(2, 1, side, seed=4)
+    for severity, c in zip(range(1, 6), (0.95, 0.9, 0.85, 0.75, 0.65), strict=True):
+        ours = corrupt(x, "pixelate", severity, torch.Generator())
+        assert torch.isfinite(ours).all()
+        n = max(1, int(side * c))
+        ref = [np.asarray(pil.fromarray(img[0].numpy(), mode="F").resize((n, n), pil.BOX)
+                          .resize((side, side), pil.BOX)) for img in x]
+        assert np.allclose(ours[:, 0].numpy(), np.stack(ref), atol=1e-5)
+
+
 @pytest.mark.parametrize("channels", [1, 3])
 def test_jpeg_matches_pillow(channels: int) -> None:
     pil = pytest.importorskip("PIL.Image")

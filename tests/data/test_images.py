@@ -435,3 +435,22 @@ def test_labels_outside_the_classes_are_refused(labels, found) -> None:
     ok = _package("cifar10", pixels, np.array([0, 9, 3]), classes, "test", "none", (0.5, 0.5),
                   "fixture")
     assert ok.targets.tolist() == [0, 9, 3]
+
+
+def test_a_damaged_cifar_batch_or_a_float_cifar10c_file_is_refused(tmp_path: Path,
+                                                                   cifar_tarball) -> None:
+    """A truncated or foreign batch in the extracted folder names the file and the fix (it
+    raised pickle's bare error); a CIFAR-10-C .npy of float pixels is refused (it was divided
+    by 255 again: nearly black images)."""
+    cifar_tarball(tmp_path, 2)
+    create_dataset("cifar10", split="train", root=tmp_path)  # extracted
+    batch = tmp_path / "cifar-10-batches-py" / "data_batch_2"
+    batch.write_bytes(batch.read_bytes()[:100])
+    with pytest.raises(DataUnavailableError, match=r"data_batch_2 is not a CIFAR-10 batch.*"
+                                                   r"delete .*cifar-10-batches-py"):
+        create_dataset("cifar10", split="train", root=tmp_path)
+    c = tmp_path / "c"
+    images = write_cifar10c(c, "fog", 2)
+    np.save(c / "CIFAR-10-C" / "fog.npy", images.astype(np.float32) / 255)
+    with pytest.raises(DataUnavailableError, match="float32 pixels; CIFAR-10-C's are uint8"):
+        create_dataset("cifar10c", root=c, corruption="fog", severity=1)

@@ -233,7 +233,9 @@ def _box_matrix(n_in: int, n_out: int) -> Tensor:
     lo = (centre - width / 2 + 0.5).floor().clamp(min=0)  # PIL's integer window bounds
     hi = (centre + width / 2 + 0.5).floor().clamp(max=n_in)
     arg = (j + 0.5 - centre) / width
-    w = ((arg >= -0.5) & (arg < 0.5) & (j >= lo) & (j < hi)).to(torch.float64)
+    # (−½, ½], as PIL: with [−½, ½) a centre on a whole input coordinate lost its only pixel,
+    # and the empty row divided 0 by 0 (NaN pixels on 7×7, 15×15, … images)
+    w = ((arg > -0.5) & (arg <= 0.5) & (j >= lo) & (j < hi)).to(torch.float64)
     return w / w.sum(dim=1, keepdim=True)
 
 

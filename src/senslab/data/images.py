@@ -431,9 +431,15 @@ def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if not path.exists():
         raise DataUnavailableError(f"missing {path}; delete {path.parent} so that it is "
                                    "extracted again from cifar-10-python.tar.gz")
-    with open(path, "rb") as f:  # pickles: trusted only because the tarball's md5 was checked
-        batch = pickle.load(f, encoding="bytes")
-    data, labels = np.asarray(batch[b"data"], dtype=np.uint8), np.asarray(batch[b"labels"])
+    try:
+        with open(path, "rb") as f:  # pickles: trusted only because the tarball's md5 was checked
+            batch = pickle.load(f, encoding="bytes")
+        data, labels = np.asarray(batch[b"data"], dtype=np.uint8), np.asarray(batch[b"labels"])
+    except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError) as err:
+        raise DataUnavailableError(
+            f"{path} is not a CIFAR-10 batch ({type(err).__name__}: {err}): truncated, damaged "
+            f"or another set's (CIFAR-100 has no b'labels'); delete {path.parent} so that it is "
+            "extracted again from cifar-10-python.tar.gz") from err
     if data.ndim != 2 or data.shape[1] != 3072 or len(data) != len(labels):
         raise DataUnavailableError(f"{path}: expected data (n, 3072) and n labels, got "
                                    f"{data.shape} and {len(labels)}")
@@ -527,6 +533,9 @@ def cifar10c(split: str = "test", root: Any = None, download: bool = False,
     except (ValueError, OSError, EOFError) as err:
         raise DataUnavailableError(f"could not read {npy} or labels.npy ({err}); "
                                    "the file is truncated or missing: extract again") from err
+    if images.dtype != np.uint8:  # a float copy in [0, 1] would be divided by 255 again
+        raise DataUnavailableError(f"{npy} holds {images.dtype} pixels; CIFAR-10-C's are uint8 "
+                                   "(0–255): extract CIFAR-10-C.tar again")
     n = len(images) // 5
     if images.shape[1:] != (32, 32, 3) or len(images) != 5 * n or len(labels) != len(images):
         raise DataUnavailableError(f"{npy}: expected (5·n, 32, 32, 3) images and as many labels, "
