@@ -61,9 +61,20 @@ def fetch(url: str, dest: Path, md5: str | None, download: bool) -> Path:
             with open(part, mode) as f:
                 while block := resp.read(1 << 20):
                     f.write(block)
+    except urllib.error.HTTPError as err:
+        if err.code != 416 or not start:
+            raise DataUnavailableError(
+                f"could not download {url} ({err}). Offline? Place the file at {dest} by hand"
+            ) from err
+        # 416: nothing after byte `start` — the .part is already whole (a run stopped between
+        # the last byte and the rename) or longer than the file: checked below, or restarted
+        if md5 is None or md5sum(part) != md5:
+            part.unlink()
+            return fetch(url, dest, md5, download)
     except (urllib.error.URLError, OSError) as err:
         raise DataUnavailableError(
             f"could not download {url} ({err}). Offline? Place the file at {dest} by hand"
+            + (f" (the partial download {part} is kept and resumed)" if part.exists() else "")
         ) from err
     if md5 is not None and (got := md5sum(part)) != md5:
         part.unlink()
