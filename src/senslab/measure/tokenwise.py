@@ -696,7 +696,7 @@ class TokenSensitivity:
                     own = self._owned(src)
                     parts.append((runner.run(src, tok, own, extent), src, tok, own))
                     rounds += 1
-                    if not self._more(parts, valid, rounds):
+                    if not self._more(parts, valid, rounds, control):
                         break
             self.last_chunk_size = runner.chunk
             if runner.per_copy is not None:
@@ -864,8 +864,12 @@ class TokenSensitivity:
             return None
         return rounds * self.repeats // (2 if self.antithetic else 1)
 
-    def _more(self, parts: list[tuple[Tensor, ...]], valid: Tensor, rounds: int) -> bool:
-        """Adaptive stopping: another round while the batch's subset s.e. exceeds the target."""
+    def _more(self, parts: list[tuple[Tensor, ...]], valid: Tensor, rounds: int,
+              control: Any = None) -> bool:
+        """Adaptive stopping: another round while the batch's subset s.e. exceeds the target.
+        The flips counted for the :data:`._alloc.MIN_FLIPS` guard are the values that vary:
+        with the control variate, the copies whose flip differs from the tangent's (an
+        adjusted value v − c + q is nonzero on nearly every copy, and the guard never held)."""
         if self.target_stderr is None:
             return False
         b = valid.shape[0]
@@ -879,8 +883,9 @@ class TokenSensitivity:
         within = _within_variance(u, usrc, utok, valid, self._per_cell(rounds)).sum().item()
         se = math.sqrt(max(within, 0.0)) / b if math.isfinite(within) else math.inf
         # a standard error estimated from a handful of flips is too noisy to stop on
+        events = vals if control is None else vals - control.q[src, tok].to(vals)
         return se > self.target_stderr or (se == 0.0 and rounds < ROUNDS_AT_ZERO) \
-            or not _alloc.enough_flips(int((vals != 0).sum()))
+            or not _alloc.enough_flips(int((events != 0).sum()))
 
     def _plan(self, valid: Tensor, stream: NoiseStream) -> tuple[Tensor, Tensor]:
         """Which example (src) and token (tok) each perturbed copy has, sample-major."""
