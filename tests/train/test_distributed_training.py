@@ -45,17 +45,22 @@ def _torchrun(tmp_path: Path, out: Path, args: list[str]) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-def test_uneven_shares_of_a_batch_weigh_as_in_one_process(tmp_path: Path):
-    """A batch of 15 on 2 ranks (8 + 7 examples): DDP's equal-weight average of the ranks'
-    mean losses once weighed the 7 more than the 8 (2e-3 off one process); each rank's loss is
-    now scaled by its share, and the weights agree as for even batches."""
-    args = [a for a in ARGS if not a.startswith("train.batch_size")] + ["train.batch_size=15"]
+def _assert_ddp_equals_one_process(tmp_path: Path, args: list[str]) -> None:
+    """Two ranks under torchrun and one process, trained on ``args``: the same final weights."""
     _torchrun(tmp_path, tmp_path / "ddp", args)
     torch.set_num_threads(1)
     fit(apply_overrides(RunConfig(name="ddp"), list(args)), tmp_path / "single", progress=False)
     a = RunDir.load_checkpoint(RunDir(tmp_path / "ddp").checkpoints()[-1])["model"]
     b = RunDir.load_checkpoint(RunDir(tmp_path / "single").checkpoints()[-1])["model"]
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+
+
+def test_uneven_shares_of_a_batch_weigh_as_in_one_process(tmp_path: Path):
+    """A batch of 15 on 2 ranks (8 + 7 examples): DDP's equal-weight average of the ranks'
+    mean losses once weighed the 7 more than the 8 (2e-3 off one process); each rank's loss is
+    now scaled by its share, and the weights agree as for even batches."""
+    args = [a for a in ARGS if not a.startswith("train.batch_size")] + ["train.batch_size=15"]
+    _assert_ddp_equals_one_process(tmp_path, args)
 
 
 def test_each_rank_draws_its_own_regularizer_noise(tmp_path: Path):
@@ -113,9 +118,4 @@ def test_sps_under_ddp_steps_on_the_batch_loss_as_one_process(tmp_path: Path):
     args = [a for a in ARGS if not a.startswith(("optim.momentum", "optim.lr"))]
     args += ["optim.name=sps", "optim.eta_max=2", "train.max_steps=8"]
     args = [a for a in args if a != "train.max_steps=20"]
-    _torchrun(tmp_path, tmp_path / "ddp", args)
-    torch.set_num_threads(1)
-    fit(apply_overrides(RunConfig(name="ddp"), list(args)), tmp_path / "single", progress=False)
-    a = RunDir.load_checkpoint(RunDir(tmp_path / "ddp").checkpoints()[-1])["model"]
-    b = RunDir.load_checkpoint(RunDir(tmp_path / "single").checkpoints()[-1])["model"]
-    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+    _assert_ddp_equals_one_process(tmp_path, args)
