@@ -370,8 +370,9 @@ def _measure(args: argparse.Namespace) -> int:
                              f"{cfg.data.name} records none")
     tokens = auto_tokens(model, **pixel) if hasattr(model, "default_tokens") else None
     what = _describe_tokens(tokens, subset.batch(slice(0, 1))[0]) if tokens else "?"
+    split = cfg.data.train_split if args.split == "train" else cfg.data.test_split
     _summary(f"{cfg.model.name}, {weights}",
-             f"{cfg.data.name} ({args.split} split, {len(subset)} examples)", what, args,
+             f"{cfg.data.name} ({split} split, {len(subset)} examples)", what, args,
              _precision_note(model, device, args), device)
     _table(model, tokens, _Batches(subset, device), args, device)
     return 0

@@ -14,6 +14,7 @@ import re
 import statistics
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -425,3 +426,18 @@ def test_runs_of_other_settings_are_not_averaged_as_seeds(tmp_path: Path) -> Non
     with pytest.raises(RunFormatError, match="given twice"):
         load_runs([exp, exp / "vit_small-s0"])
     assert {r.label for r in load_runs(exp)} == set(FINALS)
+
+
+def test_a_sweep_within_an_experiment_is_not_averaged_as_seeds(tmp_path: Path) -> None:
+    """An experiment that labels runs by function over several input lengths (hr_sharpness_vs_
+    length): the runs of one label differ in n, so the label is split by n, without a warning
+    (the experiment's own design), instead of a mean ± std "over seeds" of different n."""
+    exp = write_experiment(tmp_path)
+    for sub, n in (("vit_small-s0", 4), ("vit_small-s1", 6)):
+        path = exp / sub / "config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "n": n, "seed": 0}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        labels = [r.label for r in load_runs(exp)]
+    assert labels[:2] == ["vit_small (n=4)", "vit_small (n=6)"]
+    assert labels[2:] == ["resnet18 <cnn>", "resnet18 <cnn>"]

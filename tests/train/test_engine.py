@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -283,6 +284,10 @@ def test_the_data_folder_read_is_recorded_and_a_resume_on_another_is_refused(
     assert cfg.data.root is None
     assert json.loads((tmp_path / "lib" / "config.json").read_text())["data"]["root"] == str(
         (tmp_path / "b" / "sst2").resolve())
+    capsys.readouterr()  # measuring the run names the split it held out: validation
+    assert main(["measure", "--checkpoint", str(tmp_path / "run"), "--num-examples", "4",
+                 "--threads", "1", "--split", "test"]) == 0
+    assert "sst2 (validation split, 4 examples" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", ["ngd", "sngd", "sps"])
@@ -296,3 +301,42 @@ def test_momentum_or_weight_decay_with_a_normalised_or_polyak_step_is_refused(na
         with pytest.raises(ValueError, match=rf"{key}: optim.name={name} has no momentum"):
             validate(cfg)
     validate(apply_overrides(RunConfig(), [f"optim.name={name}"]))
+
+
+MLP_DIGITS = ["model.name=mlp", "data.name=digits", "train.batch_size=50",
+              "track.num_examples=16", "track.eval_examples=100"]
+
+
+def test_a_target_reached_at_a_step_record_stops_the_run_there(tmp_path: Path):
+    """track.unit=step: the target is checked at every record (it was checked at the epoch's
+    end only, against the last record, so the run went on and summary.json's final numbers were
+    an earlier step's than the final checkpoint's)."""
+    cfg = apply_overrides(RunConfig(name="stop"), [*MLP_DIGITS, "train.epochs=3",
+                                                   "track.unit=step", "track.every=4",
+                                                   "train.target_train_acc=0.3"])
+    summary = fit(cfg, tmp_path / "run", progress=False)
+    assert summary["stopped"] == "target_train_acc"
+    assert summary["final"]["step"] == summary["steps"] and summary["steps"] % 4 == 0
+    assert summary["final"]["train/acc"] >= 0.3
+    last = RunDir(tmp_path / "run").checkpoints()[-1]
+    assert checkpoint_step(last) == summary["steps"]
+
+
+def test_loss_kinds_that_do_not_fit_the_model_are_refused_and_the_regularizer_keeps_its_loss(
+        tmp_path: Path):
+    """bce/mse train one output column: with a 10-class model they failed inside torch (mse
+    broadcast a batch of 10 against its labels and trained on that). patch_mse took
+    cross-entropy whatever train.loss said, which failed on a one-logit model."""
+    for kind in ("bce", "mse"):
+        cfg = apply_overrides(RunConfig(name=kind), [*MLP_DIGITS, "train.epochs=1",
+                                                     f"train.loss={kind}"])
+        with pytest.raises(ValueError, match=rf"train.loss={kind} trains one output column.*"
+                                             "10 columns.*train.loss=ce"):
+            fit(cfg, tmp_path / kind, progress=False)
+    binary = ["data.options.digits=(3, 8)", "model.overrides.num_classes=1", "train.epochs=1",
+              "train.regularizer=patch_mse", "model.overrides.sens_patch=2"]
+    for kind in ("bce", "mse"):
+        cfg = apply_overrides(RunConfig(name=f"reg-{kind}"), [*MLP_DIGITS, *binary,
+                                                              f"train.loss={kind}"])
+        summary = fit(cfg, tmp_path / f"reg-{kind}", progress=False)
+        assert math.isfinite(summary["final"]["train/loss"])

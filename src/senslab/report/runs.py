@@ -300,12 +300,13 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _separate_settings(runs: Sequence[Run]) -> None:
-    """Give runs of one label from different directories (experiments or loose runs) that
-    differ in a setting the label plus those settings; warn where two of them have the same
-    setting and seed (copies of one run, not two seeds). Runs within one experiment keep the
-    labels their experiment gave them."""
+    """Give runs of one label that differ in a setting the label plus those settings (a sweep
+    within an experiment, such as one function's runs over several input lengths, or runs from
+    different directories), so that a label's spread is over seeds alone; warn where runs from
+    different directories were split, and where two have the same setting and seed (copies of
+    one run, not two seeds)."""
     for label, group in group_by_label(runs).items():
-        if len({r.experiment or r.path for r in group}) < 2:
+        if len(group) < 2:
             continue
         flat = [{k: json.dumps(v, sort_keys=True) for k, v in _flat(r.config).items()
                  if k not in NOT_SETTINGS} for r in group]
@@ -314,9 +315,10 @@ def _separate_settings(runs: Sequence[Run]) -> None:
             for run, f in zip(group, flat, strict=True):
                 named = ", ".join(f"{k}={f.get(k, '-')}" for k in keys)
                 run.relabel = f"{label} ({named})"
-            warnings.warn(f"runs labelled {label!r} differ in {', '.join(keys)}: shown apart "
-                          "as labels that name those settings, not averaged as seeds",
-                          stacklevel=3)
+            if len({r.experiment or r.path for r in group}) > 1:
+                warnings.warn(f"runs labelled {label!r} differ in {', '.join(keys)}: shown apart "
+                              "as labels that name those settings, not averaged as seeds",
+                              stacklevel=3)
         seeds: dict[tuple[str, Any], Run] = {}
         for run, f in zip(group, flat, strict=True):
             twin = seeds.setdefault((json.dumps(f, sort_keys=True), run.seed), run)

@@ -418,6 +418,8 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
             # log before checkpointing: a crash in between redoes the record, never loses it
             if cfg.track.unit == "step" and pos.step % cfg.track.every == 0:
                 last = log_eval()
+                if _reached(cfg, last):  # stop at this record (the summary's, the checkpoint's)
+                    break
             every = cfg.train.checkpoint_every
             if every and pos.step % every == 0 and pos.batch < n_batches:
                 checkpoint()
@@ -484,7 +486,8 @@ def _train_step(cfg: RunConfig, model: nn.Module, opt: torch.optim.Optimizer, x:
         if t.regularizer == "patch_mse":
             loss, _ = regularize.sensitivity_regularized_loss(
                 model, x, y, alpha=t.reg_alpha, patch=t.reg_patch, sigma=t.reg_sigma,
-                generator=reg_gen,
+                generator=reg_gen,  # the task loss is train.loss's, as without the regularizer
+                loss_fn=lambda out, target: loss_function(loss_kind, out)(out, target),
             )
             return loss
         raise ValueError(f"unknown regularizer {t.regularizer!r}; use none, noise or patch_mse")

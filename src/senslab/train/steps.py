@@ -22,6 +22,11 @@ def loss_function(kind: str, outputs: Tensor) -> Callable[[Tensor, Tensor], Tens
     ``output_kind="logits"`` rule of :mod:`senslab.measure.outputs`), cross-entropy otherwise."""
     if kind == "auto":
         kind = "bce" if is_scalar(outputs) else "ce"
+    if kind in ("bce", "mse") and not is_scalar(outputs):
+        raise ValueError(
+            f"train.loss={kind} trains one output column against a 0/1 label, but the model "
+            f"returns {outputs.shape[-1]} columns (a score per class): use train.loss=ce (or "
+            "auto) for it, or a model with one output on binary data")
     if kind == "ce":
         return lambda out, y: F.cross_entropy(out, y.long())
     if kind == "bce":
