@@ -44,16 +44,14 @@ def check_subset(inputs: Any, options: dict[str, Any], where: str) -> None:
     """Refuse at construction a subset the first measurement would refuse — a left-padded
     ``attention_mask`` with padding-aware batching on — rather than after an epoch of
     training."""
-    from ..measure._trim import left_padded_message
+    from ..measure._trim import left_padded_message, left_padded_row
 
     mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
     if options.get("trim_padding", True) is False or not isinstance(mask, Tensor) \
             or mask.dim() != 2:
         return
-    real = mask.bool()
-    starts = ~real[:, 0] & real.any(dim=1)
-    if bool(starts.any()):
-        row = int(starts.nonzero()[0, 0])
+    row = left_padded_row(mask)
+    if row is not None:
         raise ValueError(f"{where}: {left_padded_message(row, 'attention_mask')}")
 
 

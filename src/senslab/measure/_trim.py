@@ -59,6 +59,14 @@ def left_padded_message(row: int, key: str) -> str:
     )
 
 
+def left_padded_row(mask: Tensor) -> int | None:
+    """The first example whose (B, T) attention ``mask`` (true on real tokens) starts with
+    padding and has a real token later, or None: left padding, which trimming cannot cut."""
+    real = mask.bool()
+    starts = ~real[:, 0] & real.any(dim=1)
+    return int(starts.nonzero()[0, 0]) if bool(starts.any()) else None
+
+
 def extents(bound: BoundTokens) -> Tensor | None:
     """(B,) one past each example's last real position, or None when nothing can be cut (a
     tokenization that cannot cut its inputs, or no example shorter than the batch)."""
@@ -67,9 +75,8 @@ def extents(bound: BoundTokens) -> Tensor | None:
     valid = bound.valid
     real = valid if bound.padding is None else bound.padding | valid
     if bound.padding is not None:
-        starts = ~bound.padding[:, 0] & bound.padding.any(dim=1)
-        if bool(starts.any()):
-            row = int(starts.nonzero()[0, 0])
+        row = left_padded_row(bound.padding)
+        if row is not None:
             raise ValueError(left_padded_message(row, bound.padding_key or "attention_mask"))
     t = real.shape[1]
     ext = t - real.flip(1).int().argmax(dim=1)

@@ -229,6 +229,13 @@ def _declared(f: object, output: Output, threshold: float) -> tuple[Output, floa
     return output, threshold
 
 
+def _check_threshold_type(threshold: object) -> None:
+    if isinstance(threshold, bool) or not isinstance(threshold, Real):
+        raise TypeError(
+            f"threshold must be a number, got {threshold!r} ({type(threshold).__name__})"
+        )
+
+
 def _check_threshold(rule: str, output: Output, threshold: float,
                      values: Tensor | None = None) -> None:
     """A threshold the rule would ignore is refused: ``output="real"``, or ``"auto"`` that
@@ -277,10 +284,7 @@ def truth_table(
     analysis applies directly; more than two integer classes stay long labels. With "real" the
     table holds the float64 outputs. f is called on at most ``chunk_size`` rows at a time.
     """
-    if isinstance(threshold, bool) or not isinstance(threshold, Real):
-        raise TypeError(
-            f"threshold must be a number, got {threshold!r} ({type(threshold).__name__})"
-        )
+    _check_threshold_type(threshold)
     output, threshold = _declared(f, output, threshold)
     values = _raw_table(f, n, output, chunk_size, device, dtype)
     rule = _resolve(values, output)
@@ -364,10 +368,7 @@ def boolean_sensitivity(
             "pass torch.tensor(table)"
         )
     _check_generator(generator)
-    if isinstance(threshold, bool) or not isinstance(threshold, Real):
-        raise TypeError(
-            f"threshold must be a number, got {threshold!r} ({type(threshold).__name__})"
-        )
+    _check_threshold_type(threshold)
     if isinstance(f, Tensor):
         m = table_n(f)
         if n is not None and n != m:

@@ -261,9 +261,9 @@ def load_runs(paths: PathLike | Iterable[PathLike]) -> list[Run]:
     """Read run directories, expanding experiment directories into their runs (in order).
 
     A run reached twice (a directory given twice, or a run and its experiment) is refused. Runs
-    from different directories that share a label are aggregated as seeds only where they differ
-    in nothing but the seed (and :data:`NOT_SETTINGS`); otherwise each gets a label that names
-    its differing settings (``mlp (optim.lr=0.5)``), with a warning."""
+    that share a label are aggregated as seeds only where they differ in nothing but the seed
+    (and :data:`NOT_SETTINGS`); otherwise each gets a label that names its differing settings
+    (``mlp (optim.lr=0.5)``), with a warning where they come from different directories."""
     runs: list[Run] = []
     for p in as_paths(paths):
         if is_experiment_dir(p):
