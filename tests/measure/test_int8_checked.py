@@ -24,7 +24,7 @@ from torch import nn
 
 from senslab.measure import TokenSensitivity, _chunks, _int8, _precision, _runner
 from senslab.models import create_model
-from senslab.tokens import Embedding, Patches
+from senslab.tokens import Embedding, Patches, Sequence
 from senslab.tokens.patches import _BoundPatches
 
 pytestmark = pytest.mark.skipif(not _int8.available(),
@@ -360,6 +360,35 @@ def test_a_training_step_between_batches_starts_a_new_calibration():
         model[2].weight.mul_(8.0)
     m.update(x)
     assert m.check_bound is not None and m.check_bound > 2 * first
+
+
+@pytest.mark.parametrize("low", ["int8", "bf16"])
+def test_a_write_through_data_between_batches_is_seen(low):
+    """``p.data.copy_``/``p.data.mul_`` (a manual SGD step written the old way) bump no version
+    counter and keep the address: the content fingerprint still sees them, so the second batch
+    is not run with the old packed int8 weights or the old bound."""
+    g = torch.Generator().manual_seed(2)
+    x1, x2 = torch.randn(64, 8, 16, generator=g), torch.randn(64, 8, 16, generator=g)
+    new = torch.randn(128, 128, generator=torch.Generator().manual_seed(9)) * 0.2
+    copies = {}
+    for precision in ("float32", f"{low}-checked"):
+        gen = torch.Generator().manual_seed(1)
+        model = nn.Sequential(nn.Flatten(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 128),
+                              nn.ReLU(), nn.Linear(128, 4)).eval()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
+        m = Recorder(model, Sequence(), generator=5, precision=precision, sigma=1.0,
+                     chunk_size=64)
+        m.update(x1)
+        version = model[3].weight._version
+        model[3].weight.data.copy_(new)
+        model[1].weight.data.mul_(-1.0)
+        assert model[3].weight._version == version  # what a version check alone misses
+        m.update(x2)
+        copies[precision] = m.copies
+    assert torch.equal(copies[f"{low}-checked"], copies["float32"])
+    assert 0 < copies["float32"].float().mean() < 1
 
 
 def test_the_static_int8_copy_falls_back_to_float_if_it_cannot_run(monkeypatch):

@@ -228,13 +228,27 @@ class StaticInt8:
         return self.model(_channels_last(x))
 
 
-def weights_state(model: Any) -> list[tuple[int, int]] | None:
-    """Storage address and version counter of every parameter and buffer of ``model`` (None
-    for a plain callable): an in-place update bumps the version, a replaced tensor changes the
-    address, so a training step or a loaded state changes it."""
+def weights_state(model: Any) -> list[tuple[Any, ...]] | None:
+    """Storage address, version counter and a content fingerprint (the float64 sum and norm) of
+    every parameter and buffer of ``model`` (None for a plain callable): an in-place update
+    bumps the version, a replaced tensor changes the address, and a write through ``.data``
+    (``p.data.add_(-lr * p.grad)``, which bumps no version) changes the content, so a training
+    step or a loaded state changes it. One pass over the weights, one host sync."""
     if not isinstance(model, nn.Module):
         return None
-    return [(t.data_ptr(), t._version) for t in (*model.parameters(), *model.buffers())]
+    tensors = [t for t in (*model.parameters(), *model.buffers()) if t.numel()]
+    if not tensors:
+        return []
+    sums = []
+    for t in tensors:
+        d = t.detach()
+        if d.is_complex() or d.dtype == torch.bool:
+            d = torch.view_as_real(d) if d.is_complex() else d.to(torch.uint8)
+        norm = (torch.linalg.vector_norm(d, dtype=torch.float64) if d.is_floating_point()
+                else d.double().abs().sum())
+        sums.append(torch.stack([d.sum(dtype=torch.float64), norm]))
+    prints = torch.stack([v.to(sums[0].device) for v in sums]).tolist()
+    return [(t.data_ptr(), t._version, *f) for t, f in zip(tensors, prints, strict=True)]
 
 
 def _channels_last(x: Tensor) -> Tensor:

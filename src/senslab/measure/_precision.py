@@ -369,7 +369,7 @@ class PrecisionCheck:
         self._static: _int8.StaticInt8 | None = None
         self._static_for: Any = None
         #: the model's parameters and buffers at the calibration (:func:`._int8.weights_state`)
-        self._weights: list[tuple[int, int]] | None = None
+        self._weights: list[tuple[Any, ...]] | None = None
         #: int8: the largest input range of each int8 call (in call order) in the calibration
         self._ranges: list[float] = []
         #: the copies run in float32 from the next batch on: int8 found no layer to run (no
