@@ -414,17 +414,27 @@ def test_paired_comparison_in_checked_int8_equals_float32():
 
 def test_the_bound_widens_with_the_chunks_quantisation_steps():
     """int8's error grows with each call's input range (its quantisation step), which a chunk
-    shares: a chunk whose ranges exceed the calibration's gets a proportionally wider band."""
+    shares: a chunk whose ranges exceed the calibration's gets a proportionally wider band;
+    so does bf16's, whose rounding grows with the values. A static int8 copy's ranges are
+    fixed: a copy past them is widened in proportion, and one far past them (clamped) is
+    always re-checked."""
     check = _precision.PrecisionCheck()
     check.use("int8")
     check._ranges = [1.0, 2.0]
     for now, widening in (([0.5, 2.0], 1.0), ([3.0, 2.0], 3.0), ([1.0, 5.0], 2.5),
                           ([1.0, 2.0, 0.1], float("inf"))):  # a call never calibrated
         check._int8.ranges = now
-        assert check._widening() == widening
-    check.use("bf16")  # bf16's rounding is per element: no widening
-    check._int8.ranges = [9.0]
-    assert check._widening() == 1.0
+        assert check._widening(4) == widening
+    check.use("bf16")
+    check._ranges = [1.0, 2.0]
+    check._recorder().ranges = [torch.tensor(3.0), torch.tensor(1.0)]
+    assert check._widening(4) == 3.0
+    static = _precision.PrecisionCheck()
+    static.use("int8")
+    static._static = _int8.StaticInt8(nn.Sequential())
+    static._ranges = [2.0]
+    static._recorder().ranges = [torch.tensor([1.0, 2.5, 4.0])]  # per copy
+    assert static._widening(3).tolist() == [1.0, 1.25, float("inf")]
 
 
 def test_a_batch_with_wider_activations_than_the_calibration_keeps_float32_flips():
@@ -549,3 +559,61 @@ def test_the_int8_product_never_saturates():
     assert float((out - ref).abs().max() / ref.abs().max()) < 0.04
     vnni = {"avx512_vnni", "avx_vnni", "amx_int8"} & _int8.cpu_flags()
     assert _int8.reduce_range() == (not vnni)
+
+
+def _checked_and_float32(model, batches, tokens, low, **options):
+    out = {}
+    for precision in ("float32", f"{low}-checked"):
+        m = Recorder(model, tokens, generator=5, precision=precision, **options)
+        for b in batches:
+            m.update(b)
+        out[precision] = m
+    return out["float32"], out[f"{low}-checked"]
+
+
+def test_later_copies_past_the_static_copys_ranges_keep_float32_flips():
+    """A static int8 copy's activation ranges are fixed from its first examples; later examples
+    of 8× their scale are clamped at the hand-over to int8 (177 of 1,024 copies flipped
+    otherwise than float32 before the copies past the calibrated ranges were re-checked)."""
+    torch.manual_seed(1)  # test-only: nn.Conv2d initialises from the global RNG
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
+                          nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+                          nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10)).eval()
+    g = torch.Generator().manual_seed(2)
+    small = torch.randn(64, 3, 16, 16, generator=g)
+    big = torch.randn(64, 3, 16, 16, generator=g) * 8
+    full, checked = _checked_and_float32(model, [torch.cat([small, big])], Patches(4), "int8",
+                                         sigma=0.5, chunk_size=256)
+    assert checked._check._static is not None and checked._check._static.model is not None
+    assert torch.equal(checked.copies, full.copies)
+    assert checked.compute().estimate == full.compute().estimate > 0
+
+
+def test_bf16_copies_with_larger_hidden_values_than_the_calibration_keep_float32_flips():
+    """A LayerNorm hides from the output how large the values before it are, and bf16's
+    rounding of them: a later batch with an offset of 300 on one input feature kept the
+    calibration's band and 123 of 768 copies flipped otherwise than float32, until the band
+    widened with the products' input ranges."""
+
+    class Offset(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(1)  # test-only: nn.Linear initialises from the global RNG
+            self.l1, self.ln, self.head = nn.Linear(8, 64), nn.LayerNorm(64), nn.Linear(64, 3)
+            with torch.no_grad():
+                self.l1.weight[:, 0] = 1.0  # the feature adds to every unit
+
+        def forward(self, x):
+            return self.head(self.ln(self.l1(x)).mean(1))
+
+    def batch(offset, seed):
+        x = torch.randn(96, 4, 8, generator=torch.Generator().manual_seed(seed))
+        x[..., 0] += offset
+        return x
+
+    full, checked = _checked_and_float32(Offset().eval(), [batch(0.0, 1), batch(300.0, 2)],
+                                         Sequence(), "bf16", sigma=0.3)
+    assert checked.checked_precision == "bf16"
+    assert torch.equal(checked.copies, full.copies)
+    assert 0 < full.compute().estimate < 1

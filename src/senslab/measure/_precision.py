@@ -69,12 +69,14 @@ import functools
 import math
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from itertools import zip_longest
 from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 
 from ..tokens.base import model_dtype
 from . import _int8
@@ -94,6 +96,9 @@ SAFETY = 4.0
 MIN_SPEEDUP = 1.2
 #: calibration copies after which ``"auto"`` may stop checking early (:meth:`PrecisionCheck._judge`)
 JUDGE_AFTER = 32
+#: a copy whose value at a static int8 copy's hand-over to int8 exceeds the calibrated largest
+#: by this factor is re-checked whatever its margin (:meth:`PrecisionCheck._widening`)
+STATIC_CLAMP = 1.5
 #: ``"auto"`` tries a convolutional model's static int8 copy only on a batch of at least this
 #: many perturbed copies: quantising the copy costs a few hundred whole forwards and FX's
 #: graph passes, negligible beside this many copies and not worth it on small batches
@@ -298,6 +303,86 @@ def checked(metric: Any, device: torch.device, clean: Tensor) -> tuple[str, bool
     return "bf16", False
 
 
+#: the products whose inputs' ranges bf16's check records (:class:`_Ranges`): autocast runs
+#: them in bf16, and their rounding error grows with their inputs' size
+_PRODUCTS = frozenset({
+    F.linear, F.bilinear, F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d, F.conv_transpose2d,
+    F.conv_transpose3d, F.scaled_dot_product_attention, torch.matmul, torch.mm, torch.bmm,
+    torch.addmm, torch.baddbmm, torch.addbmm, torch.einsum, Tensor.matmul, Tensor.__matmul__,
+    Tensor.__rmatmul__, Tensor.mm, Tensor.bmm,
+})
+
+
+class _Ranges(TorchFunctionMode):
+    """While active, records the input ranges of the calls a low precision's error depends on,
+    in call order, so that a later chunk can be compared with the calibration's
+    (:meth:`PrecisionCheck._widening`):
+
+    * ``"bf16"``: each product of :data:`_PRODUCTS`, the largest range (max − min) of its first
+      two floating arguments. Its bf16 error grows with them, and a normalisation layer after
+      it can hide a larger input from the output the band is scaled by.
+    * ``"static"``: each ``torch.quantize_per_tensor`` of a static int8 copy (where a float layer
+      hands over to int8), per copy (row), the largest absolute value: its quantisation range
+      is fixed, so a value beyond every calibrated one is clamped, an error of any size.
+
+    Values stay on the device until read (:meth:`read`: one host sync). ``off()`` suspends the
+    recording (the float32 clean caches of prefix and local reuse)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.ranges: list[Tensor] = []
+        self._enabled = True
+
+    @contextmanager
+    def off(self) -> Iterator[None]:
+        was, self._enabled = self._enabled, False
+        try:
+            yield
+        finally:
+            self._enabled = was
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        if self._enabled:
+            if self.kind == "bf16" and func in _PRODUCTS:
+                found = [a.detach() for a in _tensors(func, args, kwargs)[:2]
+                         if a.is_floating_point() and a.numel()]
+                if found:
+                    self.ranges.append(torch.stack([_spread(a) for a in found]).amax())
+            elif self.kind == "static" and func is torch.quantize_per_tensor:
+                x = (args[0] if args else kwargs["input"]).detach()
+                if x.is_floating_point() and x.numel():
+                    rows = x.reshape(len(x), -1) if x.dim() >= 2 else x.reshape(1, -1)
+                    self.ranges.append(rows.abs().amax(dim=1).float())
+        return func(*args, **kwargs)
+
+    def read(self) -> list[list[float]]:
+        """The recorded values (per call: one for ``"bf16"``, one per row for ``"static"``)."""
+        if not self.ranges:
+            return []
+        if self.kind == "bf16":
+            return [[v] for v in torch.stack(self.ranges).tolist()]
+        return [r.tolist() for r in self.ranges]
+
+
+def _tensors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Tensor]:
+    """The tensor arguments of a product, in order (``einsum``'s operands after its equation,
+    given as one list or one by one)."""
+    if func is torch.einsum:
+        ops = args[1:]
+        if len(ops) == 1 and isinstance(ops[0], (list, tuple)):
+            ops = tuple(ops[0])
+        return [a for a in ops if isinstance(a, Tensor)]
+    return [a for a in (*args, *kwargs.values()) if isinstance(a, Tensor)]
+
+
+def _spread(a: Tensor) -> Tensor:
+    lo, hi = torch.aminmax(a)
+    return (hi - lo).float()
+
+
 class _Float32Caches:
     """Stands in for the model while copies are evaluated: the clean caches of prefix and
     local reuse (``prefix_cache``/``local_cache``) are computed in float32 (``plain()``
@@ -329,6 +414,19 @@ class _Float32Caches:
             with self._plain():
                 return attr(*args, **kwargs)
         return float32
+
+
+@contextmanager
+def _both(*managers: AbstractContextManager[Any]) -> Iterator[None]:
+    """The context managers entered in order, left in reverse."""
+    with ExitStack() as stack:
+        for m in managers:
+            stack.enter_context(m)
+        yield
+
+
+def _on(widening: float | Tensor, like: Tensor) -> float | Tensor:
+    return widening.to(like.device, like.dtype) if isinstance(widening, Tensor) else widening
 
 
 @contextmanager
@@ -370,8 +468,10 @@ class PrecisionCheck:
         self._static_for: Any = None
         #: the model's parameters and buffers at the calibration (:func:`._int8.weights_state`)
         self._weights: list[tuple[Any, ...]] | None = None
-        #: int8: the largest input range of each int8 call (in call order) in the calibration
+        #: the largest input range of each recorded call (in call order) in the calibration:
+        #: int8's linear layers, bf16's products, a static int8 copy's quantisations
         self._ranges: list[float] = []
+        self._rec: _Ranges | None = None
         #: the copies run in float32 from the next batch on: int8 found no layer to run (no
         #: eligible ``F.linear``), the static int8 copy failed, or ``"auto"``'s calibration
         #: predicted no gain
@@ -430,27 +530,55 @@ class PrecisionCheck:
         self.copies = self.fp32 = 0
         return out
 
+    def _recorder(self) -> _Ranges:
+        """The recorder of this low precision's input ranges (:class:`_Ranges`): a static int8
+        copy's quantisation inputs, or bf16's products."""
+        kind = "static" if self.low == "int8" and self._static is not None else "bf16"
+        if self._rec is None or self._rec.kind != kind:
+            self._rec = _Ranges(kind)
+        return self._rec
+
     def _lowered(self, device: torch.device) -> AbstractContextManager[Any]:
-        if self.low == "int8" and self._static is not None:
-            return _active(self._static)
-        if self.low == "int8":
+        if self.low == "int8" and self._static is None:
             self._int8.ranges = []
             return self._int8
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+        rec = self._recorder()
+        rec.ranges = []
+        if self.low == "int8":
+            return _both(_active(self._static), rec)  # type: ignore[arg-type]
+        return _both(torch.autocast(device_type=device.type, dtype=torch.bfloat16), rec)
+
+    def _recorded(self) -> list[float]:
+        """The last low forward's input range of each recorded call (static int8: the largest
+        over its rows)."""
+        if self.low == "int8" and self._static is None:
+            return list(self._int8.ranges or [])
+        return [max(v) for v in self._recorder().read()]
 
     def _calibrated_ranges(self) -> None:
-        """Calibration: keep each int8 call's largest input range (the last low forward's)."""
+        """Calibration: keep each recorded call's largest input range (the last low
+        forward's)."""
         self._ranges = [max(a, b) for a, b in
-                        zip_longest(self._ranges, self._int8.ranges or [], fillvalue=0.0)]
+                        zip_longest(self._ranges, self._recorded(), fillvalue=0.0)]
 
-    def _widening(self) -> float:
-        """int8: how much wider the band is for the last low forward, whose calls' input ranges
-        (so quantisation steps, so errors) may exceed the calibration's: the largest ratio of a
-        call's range to its calibrated one, at least 1 (inf for a call never calibrated)."""
-        if self.low != "int8":
-            return 1.0
+    def _widening(self, rows: int) -> float | Tensor:
+        """How much wider the band is for the ``rows`` copies of the last low forward, whose
+        calls' input ranges may exceed the calibration's. Dynamic int8 (quantisation steps)
+        and bf16 (rounding grows with the values): the largest ratio of a call's range to its
+        calibrated one, at least 1 (inf for a call never calibrated). A static int8 copy,
+        whose quantisation ranges are fixed, per copy (row): the ratio of its largest value at
+        each hand-over to int8 to the calibrated one, and inf beyond :data:`STATIC_CLAMP`
+        times it (clamped far past anything the calibration saw: an error of any size)."""
+        if self.low == "int8" and self._static is not None:
+            worst = torch.ones(rows)
+            for i, r in enumerate(self._recorder().ranges):
+                cal = self._ranges[i] if i < len(self._ranges) else 0.0
+                ratio = r.cpu() / cal if cal > 0 else torch.full_like(r.cpu(), math.inf)
+                ratio = torch.where(ratio > STATIC_CLAMP, math.inf, ratio)
+                worst = torch.maximum(worst, ratio if len(ratio) == rows else ratio.max())
+            return worst
         worst = 1.0
-        for i, r in enumerate(self._int8.ranges or []):
+        for i, r in enumerate(self._recorded()):
             cal = self._ranges[i] if i < len(self._ranges) else 0.0
             if r > cal:
                 worst = max(worst, r / cal if cal > 0 else math.inf)
@@ -478,8 +606,8 @@ class PrecisionCheck:
     def wrap(self, model: Any, device: torch.device) -> _Float32Caches:
         if self.low == "int8":
             return _Float32Caches(model, self._int8.off, self._static)
-        return _Float32Caches(
-            model, lambda: torch.autocast(device_type=device.type, enabled=False))
+        return _Float32Caches(model, lambda: _both(
+            torch.autocast(device_type=device.type, enabled=False), self._recorder().off()))
 
     def _observe(self, low: Tensor, full: Tensor, kind: str,
                  threshold: float | None) -> tuple[Tensor, Tensor]:
@@ -603,7 +731,7 @@ class PrecisionCheck:
                 low = forward(part).float()
             size = low.reshape(len(low), -1).abs().amax(dim=1)
             lows.append(low)
-            bands.append(self._band(size) * self._widening())
+            bands.append(self._band(size) * _on(self._widening(len(low)), size))
         low, band = torch.cat(lows), torch.cat(bands)
         self.copies += n
         m = margins(low, predictions(low, kind, threshold), kind, threshold)
