@@ -17,11 +17,18 @@ i.e. whenever :math:`|m_{16} - m_{32}| < m_{16}`. The copy is re-evaluated in fl
 
 .. math::
 
-    m_{16} \le b \cdot \max(1,\; s / S),
+    m_{16} \le b \cdot \max(1,\; s / S) \cdot w,
 
 :math:`s` the copy's largest absolute output, :math:`S` the largest seen during calibration
 (rounding errors grow with the size of the values, so copies with larger outputs than any
-calibrated one get a proportionally wider band).
+calibrated one get a proportionally wider band), and :math:`w \ge 1` the widening for inputs
+larger than the calibration's (:meth:`PrecisionCheck._widening`): the calibration records the
+input range of every call whose error grows with it (:class:`_Ranges`: bf16's products, int8's
+linear layers, a static int8 copy's hand-overs to int8) and a chunk whose ranges exceed those
+gets a band wider by the largest ratio — a normalisation layer can hide larger values before it
+from the output. A model with a discontinuity inside (a hard router, an ``argmax`` between
+layers) can change it under the low precision on rare copies with an error of any size, which
+no calibration bounds: docs/definitions.md says to measure such models in float32.
 
 **Calibration** (per metric, so per model). No rigorous bound on bf16's error exists for a deep
 network, so :math:`b` is measured: the first :data:`CALIBRATION_COPIES` perturbed copies (and up
