@@ -247,9 +247,12 @@ def test_float64_models_and_distances_keep_their_precision(monkeypatch):
     monkeypatch.setattr(_precision, "bf16_pays", lambda device: True)
     model = trained_on_digits("mlp")
     x = digits()[0][1500:1532]
-    for precision in ("auto", "bf16-checked"):  # float64 weights: autocast would not apply
-        m = run(model.double(), x.double(), Patches(2), sigma=0.5, precision=precision)
-        assert m.bf16_bound is None and m.compute().num_forward_fp32 == 0
+    m = run(model.double(), x.double(), Patches(2), sigma=0.5, precision="auto")
+    assert m.bf16_bound is None and m.compute().num_forward_fp32 == 0
+    # float64 weights: autocast would not apply; asked for explicitly, that is said
+    with pytest.warns(RuntimeWarning, match="weights are torch.float64"):
+        m = run(model.double(), x.double(), Patches(2), sigma=0.5, precision="bf16-checked")
+    assert m.bf16_bound is None and m.compute().num_forward_fp32 == 0
     m = run(model.float(), x, Patches(2), sigma=0.5, compare="l2")  # auto: distances in float32
     assert m.bf16_bound is None and m.compute().recheck_fraction is None
     m = run(lambda v: model(v), x, Patches(2), sigma=0.5)  # auto leaves plain callables alone
@@ -287,6 +290,9 @@ def test_auto_on_this_hardware_is_consistent():
     ({"precision": "bf16-checked", "autocast": torch.bfloat16}, "Pass one of them"),
     ({"precision": "float32", "autocast": torch.bfloat16}, "Pass one of them"),
     ({"precision": "bf16-checked", "compare": "l1"}, "measures output distances"),
+    # torch.autocast would warn, switch itself off and run the model's own precision
+    ({"autocast": torch.float64}, r"model.double\(\)"),
+    ({"autocast": torch.float32}, "only switches to torch.bfloat16 or torch.float16"),
 ])
 def test_bad_precision_options(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -112,6 +112,14 @@ def _check_call_options(model: Any, tokens: Any, autocast: Any, shard: Any) -> N
             f"autocast must be a floating dtype such as torch.bfloat16 or torch.float16 (or "
             f"None), got {autocast!r}"
         )
+    if autocast is not None and autocast not in (torch.bfloat16, torch.float16):
+        # torch.autocast only lowers precision: with another dtype it warns, switches itself
+        # off and every forward keeps the model's own precision
+        raise ValueError(
+            f"autocast={autocast} is no lower precision torch.autocast runs (it only switches "
+            "to torch.bfloat16 or torch.float16); for the model's own precision pass nothing, "
+            "for float64 convert the model (model.double()) and its inputs"
+        )
     if shard is not None and not (
         isinstance(shard, (tuple, list)) and len(shard) == 2
         and all(isinstance(v, Integral) and not isinstance(v, bool) for v in shard)

@@ -75,6 +75,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from itertools import zip_longest
@@ -294,6 +295,11 @@ def checked(metric: Any, device: torch.device, clean: Tensor) -> tuple[str, bool
     if metric.precision == "auto":
         return auto_precision(device) if dtype == torch.float32 else None
     if dtype not in (None, torch.float32):
+        warnings.warn(
+            f"precision={metric.precision!r} checks a lower precision against float32, but the "
+            f"model's weights are {dtype}: its forwards, and its decisions, run in {dtype} as "
+            "they are (pass precision='float32' to say so, or convert the model with "
+            "model.float() for float32's decisions)", RuntimeWarning, stacklevel=4)
         return None
     if metric.precision == "int8-checked":
         if device.type != "cpu":
