@@ -541,3 +541,37 @@ def test_encoder_models_get_the_embedding_their_forward_calls(make, name):
     shared = "shared" if isinstance(model, transformers.T5EncoderModel) else "model.shared"
     with pytest.raises(RuntimeError, match=f"'{shared}' was not called.*'{name}'"):
         token_sensitivity(model, batch, Embedding(shared), **opts)
+
+
+@pytest.mark.parametrize("problem", ["regression", "multi_label_classification"])
+def test_heads_whose_output_is_no_class_are_refused_for_class_changes(problem):
+    """A regression head (one value around 2.5: read as a binary logit it never flipped, 0.0
+    without a word) or a multi-label head (independent sigmoids, whose argmax is no
+    prediction) is refused with compare="class"; a distance, or a stated decision rule,
+    measures it."""
+    labels = 1 if problem == "regression" else 3
+    model = seeded(lambda: transformers.BertForSequenceClassification(
+        transformers.BertConfig(**SMALL, num_labels=labels, problem_type=problem)))
+    batch = text_batch()
+    with pytest.raises(ValueError, match=f"problem_type='{problem}'"):
+        token_sensitivity(model, batch, sigma=1.0, **EXACT)
+    moved = token_sensitivity(model, batch, sigma=1.0, compare="l1", **EXACT)
+    assert moved.estimate > 0
+    if problem == "regression":
+        with torch.no_grad():
+            clean = float(model(**batch).logits.median())
+        r = token_sensitivity(model, batch, sigma=3.0, output_kind="scores", threshold=clean,
+                              **EXACT)
+        assert r.estimate > 0
+
+
+def test_a_tokenizers_batch_encoding_is_read_as_its_dict():
+    """The tokenizer's own output (a BatchEncoding: a mapping, not a dict) was refused as
+    holding no tensor; it measures as dict(encoding) does."""
+    model, batch = bert(), text_batch()
+    encoding = transformers.BatchEncoding(batch)
+    assert not isinstance(encoding, dict)
+    a = token_sensitivity(model, encoding, sigma=1.0, **EXACT)
+    b = token_sensitivity(model, dict(batch), sigma=1.0, **EXACT)
+    assert a.estimate == b.estimate and torch.equal(a.per_sample, b.per_sample)
+    assert a.num_forward == b.num_forward

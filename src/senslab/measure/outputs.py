@@ -95,6 +95,31 @@ def declared_kind(model: Any, kind: str | None) -> str | None:
     return declared
 
 
+def check_head(model: Any, compare: str, kind: str | None, output: Any = None) -> None:
+    """Refuse ``compare="class"`` on a Hugging Face head whose output is no class score: a
+    regression head (``config.problem_type == "regression"``: one column of values, whose
+    sign never changes around a positive mean, so it read as a binary logit that never
+    flips) or a multi-label one (independent sigmoids: the argmax is not its prediction).
+    ``output_kind=`` or ``output=`` given says how to read it, and is taken as is."""
+    if compare != "class" or kind is not None or output is not None:
+        return
+    problem = getattr(getattr(model, "config", None), "problem_type", None)
+    if problem == "regression":
+        raise ValueError(
+            f"{type(model).__name__} is a regression head (config.problem_type='regression'): "
+            "its output is a value, not a class, and read as a binary logit it only flips "
+            "where the value changes sign. Measure how far it moves with compare='l1' or "
+            "'l2', or say where its decision lies with output_kind='scores', threshold=t"
+        )
+    if problem == "multi_label_classification":
+        raise ValueError(
+            f"{type(model).__name__} is a multi-label head (config.problem_type="
+            "'multi_label_classification'): each label is its own sigmoid, so the argmax over "
+            "labels is not its prediction. Measure one label at a time with output=<a "
+            "function picking its column> and output_kind='logits', or compare='l1'/'l2'"
+        )
+
+
 def threshold_of(kind: str, threshold: float | None = None) -> float:
     """The one-column class boundary of ``kind``: 0, 1/2 or ``threshold``."""
     check_kind(kind, threshold)

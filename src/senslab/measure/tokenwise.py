@@ -153,6 +153,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Mapping
 from contextlib import nullcontext
 from typing import Any, Literal
 
@@ -197,7 +198,15 @@ from ._stats import (
 )
 from ._stats import units as _units
 from ._stats import within_variance as _within_variance
-from .outputs import OutputKind, check_kind, check_rows, declared_kind, predictions, resolve_kind
+from .outputs import (
+    OutputKind,
+    check_head,
+    check_kind,
+    check_rows,
+    declared_kind,
+    predictions,
+    resolve_kind,
+)
 
 Compare = Literal["class", "l1", "l2"]
 Estimand = Literal["data", "subset"]
@@ -418,6 +427,7 @@ class TokenSensitivity:
             raise ValueError(f"mode must be 'token' or 'whole', got {mode!r}")
         if compare not in ("class", "l1", "l2"):
             raise ValueError(f"compare must be 'class', 'l1' or 'l2', got {compare!r}")
+        check_head(model, compare, output_kind, output)
         if estimand not in ("data", "subset"):
             raise ValueError(f"estimand must be 'data' or 'subset', got {estimand!r}")
         self.repeats, self.num_tokens, self.mode = repeats, num_tokens, mode
@@ -574,8 +584,11 @@ class TokenSensitivity:
         the example axis first. ``mask``: (B, T) bool, true on real tokens (padding excluded);
         with ``trim_padding`` the positions after an example's last real token (by ``mask`` or,
         for a dict, its ``attention_mask``) are cut from every input tensor whose second axis
-        is the token axis.
+        is the token axis. Any other mapping (a tokenizer's ``BatchEncoding``) is read as the
+        dict of its items.
         """
+        if isinstance(inputs, Mapping) and not isinstance(inputs, dict):
+            inputs = dict(inputs)
         if batch_size(inputs) == 0:
             raise ValueError("empty batch: sensitivity needs at least one example")
         if mask is not None and not isinstance(mask, Tensor):
