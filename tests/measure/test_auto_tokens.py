@@ -522,14 +522,17 @@ def _bart_cls() -> nn.Module:
         decoder_ffn_dim=24, max_position_embeddings=32, num_labels=3)))
 
 
-@pytest.mark.parametrize("make, name", [(_t5_encoder, "encoder.embed_tokens"),
-                                        (_bart_cls, "model.encoder.embed_tokens")])
-def test_encoder_models_get_the_embedding_their_forward_calls(make, name):
+@pytest.mark.parametrize("make, name, block", [
+    (_t5_encoder, "encoder.embed_tokens", "encoder.embed_tokens"),
+    (_bart_cls, "model.encoder.embed_tokens", "model.encoder.layernorm_embedding")])
+def test_encoder_models_get_the_embedding_their_forward_calls(make, name, block):
     """T5 and BART return a tied copy (``shared``) from get_input_embeddings, which the forward
-    never calls: the tokens are the encoder's own embedding's output; hooking the copy is an
-    error that names the embeddings the forward did call."""
+    never calls: the tokens are the encoder's own embedding's output (BART's block tokens: the
+    LayerNorm after it and the positions); hooking the copy is an error that names the
+    embeddings the forward did call."""
     model = make()
-    assert auto_tokens(model).module == name
+    assert auto_tokens(model, embedding="word").module == name
+    assert auto_tokens(model).module == block
     ids = torch.randint(3, 60, (3, 7), generator=torch.Generator().manual_seed(0))
     ids[:, -1] = 2  # BART's classifier reads the end-of-sentence token
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
@@ -575,3 +578,51 @@ def test_a_tokenizers_batch_encoding_is_read_as_its_dict():
     b = token_sensitivity(model, dict(batch), sigma=1.0, **EXACT)
     assert a.estimate == b.estimate and torch.equal(a.per_sample, b.per_sample)
     assert a.num_forward == b.num_forward
+
+
+def _block_input_equals_token_output(model, tokens, block):
+    """Whether the tokens' module puts out exactly what enters ``block``."""
+    seen = {}
+    module = model.get_submodule(tokens.module)
+    a = module.register_forward_hook(lambda m, args, out: seen.__setitem__("tokens", out))
+    b = model.get_submodule(block).register_forward_pre_hook(
+        lambda m, args, kwargs: seen.__setitem__(
+            "block", args[0] if args else kwargs["hidden_states"]), with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([[5, 6, 7, 8, 2]]))
+    finally:
+        a.remove()
+        b.remove()
+    return torch.equal(seen["tokens"], seen["block"])
+
+
+def test_an_embedding_layernorm_beside_the_word_embedding_is_the_block_input():
+    """BART normalises the sum of words and positions (layernorm_embedding), BLOOM its words
+    (word_embeddings_layernorm): that LayerNorm's output enters the first block, where the
+    word embedding's (chosen before) is 9× smaller in BART and is normalised in BLOOM."""
+    bart = seeded(lambda: transformers.BartForSequenceClassification(transformers.BartConfig(
+        vocab_size=60, d_model=16, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=24,
+        decoder_ffn_dim=24, max_position_embeddings=32)))
+    bloom = seeded(lambda: transformers.BloomForSequenceClassification(transformers.BloomConfig(
+        vocab_size=60, hidden_size=16, n_layer=1, n_head=2, pad_token_id=1)))
+    for model, module, block in ((bart, "model.encoder.layernorm_embedding",
+                                  "model.encoder.layers.0"),
+                                 (bloom, "transformer.word_embeddings_layernorm",
+                                  "transformer.h.0")):
+        tokens = auto_tokens(model)
+        assert tokens.module == module
+        assert _block_input_equals_token_output(model, tokens, block)
+        assert auto_tokens(model, embedding="word").module != module
+
+
+def test_positions_added_inside_forward_refuse_the_block_tokens():
+    """OPT adds its learned positions to the word embedding inline: no module puts out the
+    block's input, so "block" is refused with the explicit choice that remains."""
+    model = seeded(lambda: transformers.OPTForSequenceClassification(transformers.OPTConfig(
+        vocab_size=60, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, ffn_dim=24,
+        word_embed_proj_dim=16, max_position_embeddings=32)))
+    with pytest.raises(TypeError, match=r"embed_positions.*embedding='word'"):
+        auto_tokens(model)
+    assert auto_tokens(model, embedding="word").module == "model.decoder.embed_tokens"

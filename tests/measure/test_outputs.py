@@ -169,6 +169,12 @@ def test_select_output_defaults():
         select_output({"scores": z})
     with pytest.raises(TypeError, match="not a logits tensor"):
         select_output("text")
+    # a base model's output: no head, so no class; the hint named last_hidden_state, which
+    # measured the argmax over the hidden units of the last token (0.106 on MiniLM)
+    hidden = OrderedDict(last_hidden_state=torch.randn(3, 5, 8), pooler_output=z)
+    with pytest.raises(TypeError, match="the model has no head.*compare='l2'") as err:
+        select_output(hidden)
+    assert "output='last_hidden_state'" not in str(err.value)
 
 
 def test_select_output_explicit():

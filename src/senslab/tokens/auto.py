@@ -24,6 +24,11 @@ transformer block, after the embedding LayerNorm (``embedding="block"``, default
   zoo's own text models put their LayerNorm before the positions are added).
 * GPT-2 style, learned positions ``wpe`` and no embedding LayerNorm: the dropout after the sum
   of token and position embeddings (``transformer.drop``), i.e. exactly that sum in eval mode.
+* an embedding LayerNorm beside the word embedding (BART's ``layernorm_embedding``, applied after
+  the positions are added; BLOOM's ``word_embeddings_layernorm``): that LayerNorm.
+* positions added inside the forward after the word embedding (``embed_positions``: OPT, Marian,
+  Pegasus): no module's output is the vector entering the first block, so ``"block"`` is
+  refused, naming ``embedding="word"`` (noise before the positions).
 * otherwise (Llama-style models with rotary positions): the word-embedding output, which is
   then itself what enters the first block.
 
@@ -280,6 +285,23 @@ def _text_module(model: nn.Module, word: nn.Module, embedding: str) -> str:
             return f"{parent_name}.{norms[0]}"
         return parent_name  # no (or no single) LayerNorm: the block's own output
     drop = getattr(parent, "drop", None)
+    prefix = f"{parent_name}." if parent_name else ""
     if hasattr(parent, "wpe") and isinstance(drop, nn.Dropout):  # GPT-2 style
-        return f"{parent_name}.drop" if parent_name else "drop"
+        return f"{prefix}drop"
+    # an embedding LayerNorm beside the word embedding (BART's layernorm_embedding, after the
+    # positions are added; BLOOM's word_embeddings_layernorm): its output enters the block
+    norms = [n for n, m in parent.named_children() if m is not word and "emb" in n.lower()
+             and ("norm" in n.lower() or isinstance(m, nn.LayerNorm))]
+    if len(norms) == 1:
+        return f"{prefix}{norms[0]}"
+    if hasattr(parent, "embed_positions"):
+        # positions added inline after the word embedding (OPT, Marian, Pegasus): no module's
+        # output is what enters the first block
+        raise TypeError(
+            f"{type(model).__name__} adds its positions ({prefix}embed_positions) to the word "
+            f"embedding inside {type(parent).__name__}.forward, so no module's output is the "
+            "vector that enters its first block; noise on the word embedding "
+            f"({name}) comes before the positions. Pass that explicitly: "
+            "auto_tokens(model, embedding='word')"
+        )
     return name

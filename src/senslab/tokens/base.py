@@ -130,6 +130,15 @@ def select_output(raw: Any, output: OutputSelector = None) -> Tensor:
             return raw[0]
         if isinstance(raw, (tuple, list)) and raw:
             hint = "output=<index>, e.g. output=1 for (features, logits)"
+        elif isinstance(raw, Mapping) and "last_hidden_state" in raw:
+            # a base model (no head): its hidden states hold no class to flip
+            raise TypeError(
+                f"model returned {type(raw).__name__} {_describe(raw)}: hidden states, no "
+                "logits — the model has no head, so there is no class to change. Measure a "
+                "model with a classification head (e.g. AutoModelForSequenceClassification), or "
+                "how far a representation moves: compare='l2' with output='pooler_output' or "
+                "output=<a function pooling last_hidden_state>"
+            )
         elif isinstance(raw, Mapping) and raw:
             hint = f"output=<key>, e.g. output={next(iter(raw))!r}"
         else:
