@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="images measured (CIFAR-10's test set: 10,000)")
     parser.add_argument("--sigma", type=float, default=None,
                         help="noise level (default: per model, the first of 0.25, 0.5, 1, 2, 4, "
-                             "8 at which float32 flips at least 1% on 256 images)")
+                             "8 at which float32 flips at least 1%% on 256 images)")
     parser.add_argument("--steps", type=int, default=400, help="training steps on digits")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--models", nargs="+", default=["vit_small", "resnet18"])

@@ -232,8 +232,9 @@ def cnn(**overrides: Any) -> CNN:
 
 @dataclass(frozen=True)
 class ConvMixerConfig(ImageConfig):
-    """ConvMixer with kernel 3 and patch 4 *(paper)*; dim 256, depth 8 *(ours: CPU-friendly,
-    the paper's values were lost from our copy)*."""
+    """ConvMixer with kernel 3 and patch 4 *(paper)*; dim 256, depth 8 *(ours: the paper text's
+    values were lost from our copy; the paper code's defaults, ``cifar_sens.py``, are dim 64,
+    depth 8, and its commands are not published; docs/fidelity.md)*."""
 
     patch_size: int = 4
     kernel_size: int = 3

@@ -646,8 +646,10 @@ def vit_small(**overrides: Any) -> ViTSmall:
 
 @dataclass(frozen=True)
 class ViTSimpleConfig(ImageConfig):
-    """Simple ViT: fixed 2-D sin-cos positions, mean pooling, no dropout, no CLS. Sizes *(ours)*
-    (the paper's were lost from our copy): dim 256, depth 6, heads 8, dim_head 32, mlp 512."""
+    """Simple ViT: fixed 2-D sin-cos positions, mean pooling, no dropout, no CLS. Sizes *(ours)*:
+    dim 256, depth 6, heads 8, dim_head 32, mlp 512. The paper text's depth, heads and MLP width
+    were lost from our copy; the paper code's defaults (``cifar_sens.py``) are dim 64, depth 8,
+    heads 32, mlp 512, and its commands are not published (docs/fidelity.md)."""
 
     patch_size: int = 4
     dim: int = 256
