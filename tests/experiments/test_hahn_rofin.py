@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 from pathlib import Path
@@ -190,6 +191,24 @@ def test_norm_blowup_verdict_outcomes() -> None:
     assert partial["log10_norm"]["r"] > 0.9 and set(partial) == {"log10_norm", "log10_blowup", "c"}
 
 
+def test_norm_blowup_interval_is_a_correlation() -> None:
+    """A correlation's interval stays within [−1, 1] and its detectable effect is a possible
+    correlation (< 1): the test runs on Fisher's z and is transformed back (before 2026-11-30:
+    the bootstrap on ρ itself gave e.g. [−1.61, +0.723] and "could detect ≥ 1.59")."""
+    noisy = [_sweep_summary(a, 10 + 3 * ((a * 7) % 5), 0.0) for a in (1, 2, 3, 4, 5, 6)]
+    v = norm_blowup_verdict(noisy)
+    part = v["effects"]["rho"]
+    assert v["verdict"] == INCONCLUSIVE
+    assert part["effect"] == pytest.approx(v["evidence"]["spearman_rho"])
+    lo, hi = part["interval"]
+    assert -1 <= lo < part["effect"] < hi <= 1
+    assert 0 < part["detectable"] < 1
+    assert "Fisher" in part["method"]
+    # the z-scale decision: the interval's back-transform is tanh of the t interval on z
+    z = math.atanh(part["effect"])
+    assert math.atanh(hi) - z == pytest.approx(z - math.atanh(lo))
+
+
 def test_rank_correlation_is_spearmans() -> None:
     from scipy.stats import spearmanr
 
@@ -287,25 +306,64 @@ def test_completion_verdict_outcomes() -> None:
             + _pair(128, 1, 2.2, 4.9, 0.15, 0.5))
     v = completion_verdict(good)
     assert v["verdict"] == SUPPORTED and v["correction"] == "Holm over 2 parts"
-    assert v["effects"]["as"]["effect"] == pytest.approx((3.0 + 2.6 + 2.7) / 3)
-    assert v["effects"]["as"]["seeds"] == 3  # pairs, every k together
+    # the seed is the unit: seed 0's two k values are averaged first
+    assert v["effects"]["as"]["effect"] == pytest.approx(((3.0 + 2.6) / 2 + 2.7) / 2)
+    assert v["effects"]["as"]["seeds"] == 2 and v["effects"]["as"]["unit"] == "seed"
     sharp = v["effects"]["sharpness"]
-    assert sharp["se_measure"] == pytest.approx(math.sqrt(3 * 2 * 0.01**2) / 3)
-    worse = (_pair(128, 0, 5.5, 5.0, 0.1, 0.5) + _pair(256, 0, 5.6, 5.1, 0.2, 0.6)
+    seed_se = [math.sqrt(2 * 2 * 0.01**2) / 2, math.sqrt(2 * 0.01**2)]
+    assert sharp["se_measure"] == pytest.approx(math.hypot(*seed_se) / 2)
+    worse = (_pair(128, 0, 5.5, 5.0, 0.1, 0.5) + _pair(256, 2, 5.6, 5.1, 0.2, 0.6)
              + _pair(128, 1, 5.3, 4.9, 0.15, 0.5))
     v = completion_verdict(worse)
     assert v["verdict"] == CONTRADICTED and v["effects"]["sharpness"]["verdict"] == SUPPORTED
-    # sharper in one pair, flatter in two: the mean cannot tell
-    mixed = (_pair(128, 0, 2.0, 5.0, 0.9, 0.5) + _pair(256, 0, 2.5, 5.1, 0.2, 0.6)
+    # sharper in one seed, flatter in two: the mean cannot tell
+    mixed = (_pair(128, 0, 2.0, 5.0, 0.9, 0.5) + _pair(256, 2, 2.5, 5.1, 0.2, 0.6)
              + _pair(128, 1, 2.2, 4.9, 0.15, 0.5))
     v = completion_verdict(mixed)
     assert v["verdict"] == INCONCLUSIVE and v["effects"]["sharpness"]["verdict"] == INCONCLUSIVE
     assert v["effects"]["sharpness"]["detectable"] > 0 and v["evidence"]["flatter"] == 2
-    # one pair: as is exact, but without a second pair there is no seed-to-seed spread
+    # one pair: as is exact, but without a second seed there is no seed-to-seed spread
     one = completion_verdict(_pair(128, 0, 2.0, 5.0, 0.1, 0.5))
     assert one["verdict"] == INCONCLUSIVE and one["effects"]["as"]["se"] is None
     unfit = _pair(128, 0, 2.0, 5.0, 0.1, 0.5, acc=0.9)
     assert completion_verdict(unfit)["verdict"] == NOT_COMPARABLE
+
+
+def test_completion_verdict_seed_is_the_unit() -> None:
+    """The k values of one seed share its table, initialisation and nested subsets: they are
+    averaged first, and the test runs over seeds (2 seeds: 1 degree of freedom), not over the
+    6 (k, seed) pairs (5 degrees of freedom, the pseudo-replicated rule before 2026-11-30)."""
+    diffs = {0: (1.4, 1.0, 0.5), 1: (1.5, 1.2, 0.8)}  # random_as − learned_as per k
+    runs = [r for seed, ds in diffs.items() for k, d in zip((32, 64, 128), ds, strict=True)
+            for r in _pair(k, seed, 3.0, 3.0 + d, 0.2, 0.3 + 0.02 * seed + 0.01 * k / 32)]
+    v = completion_verdict(runs)
+    part = v["effects"]["as"]
+    assert part["seeds"] == 2 and part["df"] == 1 and part["unit"] == "seed"
+    seed_means = [sum(ds) / 3 for ds in diffs.values()]
+    assert part["effect"] == pytest.approx(sum(seed_means) / 2)
+    assert part["se"] == pytest.approx(abs(seed_means[0] - seed_means[1]) / 2)
+    # as the pairs' rule it was "supported"; two seeds cannot carry that
+    assert v["verdict"] == INCONCLUSIVE and part["verdict"] == INCONCLUSIVE
+    assert [e["as_diff"] for e in v["evidence"]["seeds"]] == pytest.approx(seed_means)
+    assert "over 2 seeds (6 fitted (k, seed) pairs" in v["reason"]
+    # with enough seeds the same per-seed differences do support it
+    many = [r for seed in range(6) for k, d in zip((32, 64), (1.0 + 0.05 * seed, 1.2), strict=True)
+            for r in _pair(k, seed, 3.0, 3.0 + d, 0.2, 0.4 + 0.01 * seed)]
+    v = completion_verdict(many)
+    assert v["verdict"] == SUPPORTED and v["effects"]["as"]["df"] == 5
+
+
+def test_committed_random_functions_record_is_rejudged_by_seed() -> None:
+    """The committed CPU record was re-judged (2026-11-30) from its per-pair numbers with the
+    seed as the unit; its former verdict stays visible."""
+    root = Path(__file__).resolve().parents[2]
+    rec = json.loads((root / "reproduction" / "hr_random_functions.json").read_text())
+    assert rec["verdict"] == INCONCLUSIVE
+    assert rec["rejudged"]["previous_verdict"] == SUPPORTED
+    assert rec["rejudged"]["date"] == "2026-11-30"
+    assert all(p["unit"] == "seed" and p["seeds"] == 2 and p["df"] == 1
+               for p in rec["effects"].values())
+    assert "previously" in rec["reason"] and "supported" in rec["reason"]
 
 
 class _Exact(torch.nn.Module):

@@ -330,6 +330,34 @@ def _race(steps: int = 200, **losses: list[float]) -> list[dict[str, Any]]:
             for o, values in losses.items() for k, v in enumerate(values)]
 
 
+def test_loss_race_plateau_does_not_withhold_a_contradiction() -> None:
+    """SGD, SNGD and SPS still at chance but Adam far below it in every seed (the committed
+    CPU-scale ViT record: sgd 2.2976, sngd 2.3184, sps 2.2989, adam 0.2227): "below SGD" cannot
+    be judged, but "closer to Adam" can, and it is contradicted (before 2026-11-30: "not
+    comparable")."""
+    from senslab.experiments.implicit_bias._common import loss_race_verdict
+
+    v = loss_race_verdict(_race(sgd=[2.30, 2.29, 2.30], sngd=[2.32, 2.31, 2.33],
+                                sps=[2.30, 2.30, 2.29], adam=[0.22, 0.20, 0.25]))
+    assert v["verdict"] == CONTRADICTED
+    assert set(v["effects"]) == {"sngd closer to adam", "sps closer to adam"}
+    assert all(p["verdict"] == CONTRADICTED for p in v["effects"].values())
+    # the levels of the fixed Holm family of four: the withheld parts count as not significant
+    assert sorted(p["level"] for p in v["effects"].values()) == pytest.approx(
+        [1 - 0.05 / 3, 1 - 0.05 / 4])
+    assert v["evidence"]["withheld"] == ["sngd below sgd", "sps below sgd"]
+    assert "not judged: sngd below sgd, sps below sgd" in v["reason"]
+    assert "Holm over 4 parts" in v["correction"]
+    # Adam at chance too (the committed CPU-scale text record): nothing can be judged
+    v = loss_race_verdict(_race(sgd=[2.30, 2.29], sngd=[2.31, 2.30], sps=[2.30, 2.31],
+                                adam=[2.25, 2.28]))
+    assert v["verdict"] == NOT_COMPARABLE and "plateau" in v["reason"] and v["effects"] == {}
+    # Adam below the plateau in one seed only: "closer to adam" is withheld as well
+    v = loss_race_verdict(_race(sgd=[2.30, 2.29], sngd=[2.31, 2.30], sps=[2.30, 2.31],
+                                adam=[0.2, 2.28]))
+    assert v["verdict"] == NOT_COMPARABLE and "Judged without" not in v["reason"]
+
+
 def test_vit_mnist_verdict_outcomes() -> None:
     from senslab.experiments.implicit_bias._common import loss_race_verdict
 
@@ -361,6 +389,7 @@ def test_vit_mnist_verdict_outcomes() -> None:
                                 sps=[0.5, 0.4, 0.4], adam=[0.2, 0.2, 0.2]))
     assert v["verdict"] == NOT_COMPARABLE and "plateau" in v["reason"]
     assert "sngd (seed 0)" in v["reason"] and "sps" not in v["reason"].split(";")[0]
+    assert "Judged without sngd below sgd" in v["reason"] and v["effects"] == {}
     uneven = _race(sgd=[1.0], sngd=[0.3], sps=[0.35], adam=[0.2])
     uneven[0]["steps"] = 100
     assert loss_race_verdict(uneven)["verdict"] == NOT_COMPARABLE

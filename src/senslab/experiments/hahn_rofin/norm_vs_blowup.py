@@ -25,9 +25,16 @@ trains every sweep point with N seeds (replicate k of point i: seed i + k·runs,
 
 Verdict (:mod:`senslab.verdicts`), on converged runs (the rule of the scale, above): with
 c = log10 ‖θ‖ + mean log10 blow-up (the log of the product the theory bounds), one part: the
-Spearman correlation of c with the learned function's average sensitivity as(f̂), with its
-bootstrap standard error over the runs (positive = more sensitive functions sit further out);
-"not comparable" with fewer than 5 converged runs or a single sensitivity level.
+Spearman correlation of c with the learned function's average sensitivity as(f̂) (positive =
+more sensitive functions sit further out); "not comparable" with fewer than 5 converged runs or a
+single sensitivity level. The test runs on Fisher's z = atanh ρ (ρ clipped to ±0.999 first, so
+that a resample with a perfect rank order stays finite): the bootstrap standard error of z over
+the runs, Student's t on runs − 1 degrees of freedom, and the interval and the smallest
+detectable effect transformed back with tanh, so that both are possible correlations (inside
+[−1, 1]; tanh is increasing with tanh 0 = 0, so the interval excludes zero exactly when the z
+interval does). Correction of 2026-11-30: the
+bootstrap first ran on ρ itself, which gave intervals beyond [−1, 1] and "could detect ≥ 1.02"
+(no correlation can be that large); the verdict word did not depend on it.
 
 The evidence also carries, as a supplement not used by the verdict, the partial correlations of
 as(f̂) with log10 norm, log10 blow-up and c given log(weight decay).
@@ -58,7 +65,7 @@ import numpy as np
 import torch
 
 from ...train.config import ranged
-from ...verdicts import bootstrap, not_comparable, verdict
+from ...verdicts import bootstrap, describe, judge, not_comparable
 from ..base import Experiment, Run, Rung, register_experiment, seeded_name
 from ._common import Setup, boolean_run
 
@@ -182,13 +189,48 @@ def norm_blowup_verdict(summaries: list[dict[str, Any]], min_runs: int = 5) -> d
     evidence.update({"spearman_rho": float(rho), "p_value": float(p_value)})
     if all(s.get("config", {}).get("weight_decay", 0) > 0 for s in done):  # log(wd) below
         evidence["given_weight_decay"] = partial_correlations(done, points)
-    part = bootstrap(points, lambda pts: rank_correlation([p["as"] for p in pts],
-                                                           [p["c"] for p in pts]),
-                     "Spearman ρ(as(f̂), log10 norm + log10 blow-up)")
-    return verdict({"rho": part}, evidence=evidence,
-                   claim=f"over {len(done)} converged runs, more sensitive functions need a "
-                         "larger norm × blow-up",
-                   note=f"Spearman's own p = {float(p_value):.2g}")
+    return correlation_verdict(
+        points, lambda pts: rank_correlation([p["as"] for p in pts], [p["c"] for p in pts]),
+        "Spearman ρ(as(f̂), log10 norm + log10 blow-up)", evidence,
+        claim=f"over {len(done)} converged runs, more sensitive functions need a larger norm × "
+              "blow-up",
+        note=f"Spearman's own p = {float(p_value):.2g}")
+
+
+#: |ρ| is clipped to this before Fisher's z, so that a perfect rank order stays finite
+RHO_CLIP = 0.999
+
+
+def fisher_z(rho: float) -> float:
+    """atanh ρ, with ρ clipped to ±:data:`RHO_CLIP` (NaN stays NaN)."""
+    if not math.isfinite(rho):
+        return math.nan
+    return math.atanh(max(-RHO_CLIP, min(RHO_CLIP, rho)))
+
+
+def correlation_verdict(units: list[Any], statistic: Callable[[list[Any]], float], what: str,
+                        evidence: dict[str, Any], claim: str, note: str = "") -> dict[str, Any]:
+    """One correlation part, judged on Fisher's z (bootstrap over ``units``, Student's t on
+    units − 1 degrees of freedom) and reported on the correlation's own scale: the effect is
+    ``statistic(units)``, the interval and ``detectable`` are tanh of the z-scale ones (within
+    [−1, 1]); ``se`` stays the standard error of z (``method`` says so)."""
+    part = bootstrap(units, lambda u: fisher_z(statistic(u)), what)
+    rho = float(statistic(units))
+    judged = judge({"rho": part})
+    entry = judged["parts"]["rho"]
+    lo, hi = entry["interval"]
+    entry.update(effect=rho, method=f"{part.method}, on Fisher's z = atanh ρ (interval and "
+                                    "detectable transformed back with tanh)",
+                 interval=[math.tanh(lo) if lo is not None else None,
+                           math.tanh(hi) if hi is not None else None])
+    if entry.get("detectable") is not None:
+        entry["detectable"] = math.tanh(entry["detectable"])
+    text = describe("rho", entry)
+    reason = f"{claim}: {text}" if claim else text
+    if note:
+        reason += f". {note}"
+    return {"verdict": judged["verdict"], "reason": reason, "evidence": evidence,
+            "effects": {"rho": entry}, "correction": judged["correction"]}
 
 
 def rank_correlation(xs: list[float], ys: list[float]) -> float:

@@ -28,12 +28,23 @@ A random completion of n = 8 has as ≈ n/2 = 4.
 
 Verdict (:mod:`senslab.verdicts`), over the (k, seed) pairs whose two models both fit their
 training labels (the trainer's ``converged``, docs/definitions.md#hahn-and-rofin-setup): two
-parts, Holm-corrected, each the mean over those pairs (every k together, Student's t on pairs − 1
-degrees of freedom): ``random_as − learned_as`` (the random completion's exact as minus the
+parts, Holm-corrected: ``random_as − learned_as`` (the random completion's exact as minus the
 learned completion's; positive = the transformer's completion is less sensitive) and
 ``random_sharpness − learned_sharpness`` (on the k shared strings, with the sharpness estimates'
 standard errors as the measurement part; positive = the learned model is flatter). "not
 comparable" when no pair fitted.
+
+The unit of replication is the **seed**, not the (k, seed) pair: the runs of one seed share the
+hidden random table (``function_seed = seed``), the model initialisation, nested training
+subsets (the k = 32 strings lie inside the k = 64 ones, ...) and the random completion outside
+them, so the pairs of one seed are one table seen through several windows, not independent
+replicates. Each part is therefore the mean over seeds of the seed's mean difference over its
+fitted k values, with Student's t on seeds − 1 degrees of freedom (the sharpness part's
+measurement error of a seed is that of its mean over k). Correction of 2026-11-30: the rule
+first treated every (k, seed) pair as an independent replicate (Student's t on pairs − 1
+degrees of freedom), which overstated the evidence (pseudo-replication); the committed CPU
+record was re-judged from its per-pair numbers with this rule (``rejudged`` in
+reproduction/hr_random_functions.json).
 """
 
 from __future__ import annotations
@@ -133,23 +144,53 @@ def completion_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return not_comparable("no (k, seed) pair where both models fit their training labels "
                               "(the trainer's converged: training accuracy > 0.99, and the loss "
                               "bound where the scale sets one)", evidence)
+    return judge_pairs(rows, evidence)
+
+
+def judge_pairs(rows: list[dict[str, Any]], evidence: dict[str, Any] | None = None
+                ) -> dict[str, Any]:
+    """The verdict from the fitted pairs (``k``, ``seed``, ``learned_as``, ``random_as``,
+    ``learned_sharpness``, ``random_sharpness`` and optionally the sharpness standard errors
+    ``learned_sharpness_se``/``random_sharpness_se``): each difference averaged over the k values
+    of a seed first, then Student's t over the seeds (the seed is the unit of replication: its
+    pairs share the table, the initialisation and nested training subsets)."""
+    evidence = dict(evidence or {})
     lower_as = sum(r["learned_as"] < r["random_as"] for r in rows)
     flatter = sum(r["learned_sharpness"] < r["random_sharpness"] for r in rows)
-    evidence.update(lower_as=lower_as, flatter=flatter)
-    ses = [(r["learned_sharpness_se"], r["random_sharpness_se"]) for r in rows]
-    parts = {  # as is exact: its pairs differ by seed-to-seed variation only
-        "as": over_seeds([r["random_as"] - r["learned_as"] for r in rows],
-                         what="random_as − learned_as", unit="(k, seed) pair"),
-        "sharpness": over_seeds([r["random_sharpness"] - r["learned_sharpness"] for r in rows],
-                                [math.hypot(*se) for se in ses]
-                                if all(x is not None for se in ses for x in se) else None,
-                                "random_sharpness − learned_sharpness", unit="(k, seed) pair"),
+    by_seed: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_seed.setdefault(r["seed"], []).append(r)
+    seeds = sorted(by_seed)
+    has_se = all(r.get(f"{kind}_sharpness_se") is not None
+                 for r in rows for kind in ("learned", "random"))
+    per_seed = []
+    for seed in seeds:
+        mine = by_seed[seed]
+        m = len(mine)
+        entry = {"seed": seed, "k": [r["k"] for r in mine],
+                 "as_diff": sum(r["random_as"] - r["learned_as"] for r in mine) / m,
+                 "sharpness_diff": sum(r["random_sharpness"] - r["learned_sharpness"]
+                                       for r in mine) / m}
+        if has_se:  # the measurement error of the seed's mean over its k values
+            entry["sharpness_diff_se"] = math.sqrt(sum(
+                r["learned_sharpness_se"] ** 2 + r["random_sharpness_se"] ** 2
+                for r in mine)) / m
+        per_seed.append(entry)
+    evidence.update(lower_as=lower_as, flatter=flatter, seeds=per_seed)
+    parts = {  # as is exact: its seeds differ by seed-to-seed variation only
+        "as": over_seeds([e["as_diff"] for e in per_seed], what="random_as − learned_as",
+                         unit="seed"),
+        "sharpness": over_seeds([e["sharpness_diff"] for e in per_seed],
+                                [e["sharpness_diff_se"] for e in per_seed] if has_se else None,
+                                "random_sharpness − learned_sharpness", unit="seed"),
     }
     detail = "; ".join(
         f"k={r['k']} s{r['seed']}: as {r['learned_as']:.2f} vs {r['random_as']:.2f}, sharpness "
         f"{r['learned_sharpness']:.3g} vs {r['random_sharpness']:.3g}" for r in rows)
     return verdict(parts, evidence=evidence,
-                   claim=f"over {len(rows)} (k, seed) pairs (means over pairs), the learned "
+                   claim=f"over {len(seeds)} seed{'s' if len(seeds) != 1 else ''} ({len(rows)} "
+                         "fitted (k, seed) pairs; each seed's differences averaged over its k "
+                         "first, as its pairs share one table and initialisation), the learned "
                          "completion is less sensitive and flatter than a random one",
                    note=f"Learned completion lower as in {lower_as}/{len(rows)} pairs, flatter in "
                         f"{flatter}/{len(rows)}: {detail}")

@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 from ...train.loops.attention import AttentionConfig, AttentionData
-from ...verdicts import not_comparable, over_seeds, verdict
+from ...verdicts import CONTRADICTED, Effect, describe, judge, not_comparable, over_seeds, verdict
 from ..base import Run
 
 #: the four runs of a loss race (:func:`loss_race_verdict`), by label
@@ -32,9 +32,21 @@ def loss_race_verdict(summaries: list[dict[str, Any]],
     parts, ``loss_sgd − loss_o`` and ``|loss_o − loss_sgd| − |loss_o − loss_adam|`` of each seed
     (the four runs of a seed share its data subset, order and initialisation), their means over
     seeds with Student's t, Holm over the four. "not comparable" when a seed lacks a run, the
-    runs stopped after different numbers of steps, a loss is not finite, or SGD and a contender
-    both still sit on the initial plateau in some seed (loss ≥ 95% of the chance loss ln 10):
-    the race has not started."""
+    runs stopped after different numbers of steps, or a loss is not finite.
+
+    The initial plateau (loss ≥ 95% of the chance loss, ln 10 for MNIST): where SGD and a
+    contender o both still sit on it in some seed, the race between them has not started, and
+    the part "o below sgd" is withheld (two stuck runs differ by noise). The part "o closer to
+    adam" is still judged when Adam has left the plateau in every seed: then |o − adam| is a real
+    distance, and a contender that is as far from Adam as SGD is measurably not "close to Adam"
+    after this many steps. The judged parts keep the levels of the fixed Holm family of four
+    (a withheld part counts as not significant, i.e. last), so withholding never loosens a test.
+    If a judged part is contradicted, the claim is contradicted (it fails whatever the withheld
+    parts would say); otherwise the verdict is "not comparable" (train longer), with the judged
+    parts in the reason. All four parts are judged as before when no pair is stuck.
+    Correction of 2026-11-30: the guard first returned "not comparable" whenever a pair was
+    stuck, even when the data already contradicted the "closer to Adam" half (e.g. a ViT record
+    with sgd 2.30, sngd 2.32, sps 2.30, adam 0.22)."""
     labels = {s["label"] for s in summaries}
     if labels != set(RACE):
         return not_comparable(f"need runs {', '.join(RACE)}; got {', '.join(sorted(labels))}")
@@ -73,25 +85,50 @@ def loss_race_verdict(summaries: list[dict[str, Any]],
     stuck = [f"{o} (seed {k})" for k, per in loss.items() for o in ("sngd", "sps")
              if min(per[o], per["sgd"]) >= plateau]
     n_steps = next(iter(steps.values()))
-    if stuck:
-        return not_comparable(f"after {n_steps} steps SGD and {', '.join(stuck)} are still at "
-                              f"the initial plateau (loss ≥ {plateau:.3f}); train longer. Train "
-                              f"loss: {detail}", evidence)
-    parts = {}
+    adam_moved = all(per["adam"] < plateau for per in loss.values())
+    parts, withheld = {}, []
     for o in ("sngd", "sps"):
-        parts[f"{o} below sgd"] = over_seeds([per["sgd"] - per[o] for per in loss.values()],
-                                             what=f"loss_sgd − loss_{o}")
-        parts[f"{o} closer to adam"] = over_seeds(
+        race = not any(min(per[o], per["sgd"]) >= plateau for per in loss.values())
+        below = over_seeds([per["sgd"] - per[o] for per in loss.values()],
+                           what=f"loss_sgd − loss_{o}")
+        closer = over_seeds(
             [abs(per[o] - per["sgd"]) - abs(per[o] - per["adam"]) for per in loss.values()],
             what=f"|{o} − sgd| − |{o} − adam|")
+        for name, effect, judged in ((f"{o} below sgd", below, race),
+                                     (f"{o} closer to adam", closer, race or adam_moved)):
+            if judged:
+                parts[name] = effect
+            else:
+                withheld.append(name)
     sgd, adam = mean["sgd"], mean["adam"]  # the former per-run checks, on the means
     evidence["checks"] = {}
     for o in ("sngd", "sps"):
         evidence["checks"][f"{o} < sgd"] = mean[o] < sgd
         evidence["checks"][f"{o} closer to adam"] = abs(mean[o] - adam) < abs(mean[o] - sgd)
-    return verdict(parts, evidence=evidence,
-                   claim="SNGD and SPS end below SGD, closer to Adam",
-                   note=f"Train loss after {n_steps} steps: {detail}")
+    claim = "SNGD and SPS end below SGD, closer to Adam"
+    if not withheld:
+        return verdict(parts, evidence=evidence, claim=claim,
+                       note=f"Train loss after {n_steps} steps: {detail}")
+    stuck_reason = (f"after {n_steps} steps SGD and {', '.join(stuck)} are still at the initial "
+                    f"plateau (loss ≥ {plateau:.3f})")
+    evidence["withheld"] = withheld
+    if not parts:
+        return not_comparable(f"{stuck_reason}; train longer. Train loss: {detail}", evidence)
+    # the judged parts at their levels in the fixed family of four: a withheld part is a
+    # not-significant one (NaN p-value: Holm puts it last)
+    j = judge({**parts, **{name: Effect(math.nan, math.nan, what=name) for name in withheld}})
+    judged = {name: j["parts"][name] for name in parts}
+    body = "; ".join(describe(name, p) for name, p in judged.items())
+    if any(p["verdict"] == CONTRADICTED for p in judged.values()):
+        return {"verdict": CONTRADICTED,
+                "reason": f"{claim}: {body}; not judged: {', '.join(withheld)} ({stuck_reason}, "
+                          f"Adam not). Train loss after {n_steps} steps: {detail}",
+                "evidence": evidence, "effects": judged,
+                "correction": f"Holm over 4 parts ({len(withheld)} withheld as not "
+                              "significant: both runs on the initial plateau)"}
+    evidence["judged_parts"] = judged
+    return not_comparable(f"{stuck_reason}; train longer. Train loss: {detail}. Judged without "
+                          f"{', '.join(withheld)} (no contradiction): {body}", evidence)
 
 
 def _mean(values: list[Any]) -> Any:
