@@ -626,3 +626,64 @@ def test_positions_added_inside_forward_refuse_the_block_tokens():
     with pytest.raises(TypeError, match=r"embed_positions.*embedding='word'"):
         auto_tokens(model)
     assert auto_tokens(model, embedding="word").module == "model.decoder.embed_tokens"
+
+
+def test_pad_ids_without_a_mask_are_refused():
+    """GPT-2 pools at its last non-pad token and the zoo's models find their padding by
+    config.pad_id: fed the ids alone, every padding position was measured as a token that never
+    flips (GPT-2: 0.081 instead of 0.159, without a word). With no mask the ids' pad ends are
+    refused; the mask, or mask= saying every id is real, measures."""
+    from senslab.models import create_model
+
+    batch = text_batch()
+    for model in (gpt2_cls(), create_model("roberta", vocab_size=60, max_len=16, dim=16,
+                                           layers=1, heads=2, dropout=0.0, seed=0)):
+        with pytest.raises(ValueError, match=r"pad id 1 \(config\.pad_(token_)?id\)"):
+            token_sensitivity(model, batch["input_ids"], sigma=1.0, **EXACT)
+        with_mask = token_sensitivity(model, batch, sigma=1.0, **EXACT)
+        given = token_sensitivity(model, batch["input_ids"], sigma=1.0,
+                                  mask=batch["attention_mask"].bool(), **EXACT)
+        assert given.estimate == with_mask.estimate
+        assert with_mask.num_forward == 4 + int(batch["attention_mask"].sum())
+    full = batch["input_ids"][:1]  # no pad id at its ends: nothing to say
+    assert token_sensitivity(gpt2_cls(), full, sigma=1.0, **EXACT).num_forward == 1 + 9
+
+
+def test_a_model_that_adds_tokens_inside_names_it_when_its_mask_does_not_fit():
+    """Longformer pads its inputs inside forward (and this model prepends a token): the dict's
+    (B, L) attention_mask cannot describe the hooked module's L + 1 positions. The error says so
+    and what to pass, where it spoke of a mask= the user never gave."""
+
+    class Prefixed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)  # test-only: nn layers initialise from the global RNG
+            self.embed, self.ln = nn.Embedding(60, 8), nn.LayerNorm(8)
+            self.first, self.head = nn.Parameter(torch.randn(1, 1, 8)), nn.Linear(8, 2)
+
+        def forward(self, input_ids, attention_mask):
+            h = self.embed(input_ids)
+            h = self.ln(torch.cat([self.first.expand(len(h), 1, 8), h], 1))
+            m = torch.cat([torch.ones(len(h), 1), attention_mask.float()], 1)[..., None]
+            return self.head((h * m).sum(1) / m.sum(1))
+
+    batch = text_batch()
+    with pytest.raises(ValueError, match=r"'attention_mask' entry has shape \(4, 9\), but 'ln' "
+                                         r"puts out 10 tokens.*pads or adds tokens inside"):
+        token_sensitivity(Prefixed().eval(), batch, Embedding("ln"), sigma=1.0, **EXACT)
+    fitting = torch.cat([torch.ones(4, 1, dtype=torch.bool), batch["attention_mask"].bool()], 1)
+    r = token_sensitivity(Prefixed().eval(), batch, Embedding("ln"), sigma=1.0, mask=fitting,
+                          **EXACT)
+    assert r.num_forward == 4 + int(fitting.sum())
+
+
+def test_a_decoder_classifier_without_a_pad_token_names_the_fix():
+    """GPT-2 from the Hub has no pad token and runs one example at a time; its perturbed copies
+    run together, and transformers' "batch sizes > 1" error said nothing of why."""
+    model = seeded(lambda: transformers.GPT2ForSequenceClassification(
+        transformers.GPT2Config(**{**GPT, "pad_token_id": None})))
+    one = {"input_ids": torch.tensor([[5, 6, 7, 8, 9]])}
+    with pytest.raises(ValueError, match=r"pad_token_id = tokenizer.eos_token_id.*chunk_size=1"):
+        token_sensitivity(model, one, sigma=1.0, **EXACT)
+    model.config.pad_token_id = 0  # the fix it names (no id 0 in these inputs)
+    assert token_sensitivity(model, one, sigma=1.0, **EXACT).num_forward == 1 + 5

@@ -66,6 +66,33 @@ def input_mask(inputs: Inputs, b: int, t: int, given: bool,
     return None, None
 
 
+def _refuse_unmasked_padding(model: Any, inputs: Inputs, b: int, t: int) -> None:
+    """Without any mask, refuse token ids that end (or start) with the pad id the model declares
+    (senslab's zoo: ``config.pad_id``; Hugging Face: ``config.pad_token_id``): such a model
+    finds its padding by that id itself, so every position would be measured as a token and
+    the padding, which never flips, would dilute each example's rate (a GPT-2 measured
+    0.081 instead of 0.159)."""
+    config = getattr(model, "config", None)
+    attr = next((a for a in ("pad_id", "pad_token_id")
+                 if isinstance(getattr(config, a, None), int)), None)
+    if attr is None:
+        return
+    pad = getattr(config, attr)
+    ids = inputs.get("input_ids") if isinstance(inputs, dict) else (
+        inputs[0] if isinstance(inputs, (tuple, list)) and inputs else inputs)
+    if not (isinstance(ids, Tensor) and tuple(ids.shape) == (b, t)) or ids.is_floating_point():
+        return
+    ends = torch.cat([ids[:, -1:], ids[:, :1]], dim=1) == pad
+    if bool(ends.any()):
+        raise ValueError(
+            f"the token ids hold {type(model).__name__}'s pad id {pad} (config.{attr}) at the "
+            "ends of some rows, and no mask says which tokens are real, so the padding would "
+            "be perturbed as tokens: pass the attention mask ({'input_ids': ids, "
+            "'attention_mask': mask}) or mask= (True on real tokens); if those ids are real "
+            "tokens, pass mask=torch.ones_like(ids, dtype=torch.bool)"
+        )
+
+
 def _called_embeddings(model: Any, inputs: Inputs, output: Any) -> list[str]:
     """The ``nn.Embedding`` and ``nn.LayerNorm`` submodules a forward of ``inputs`` calls, in
     call order (for an error message; at most six)."""
@@ -294,7 +321,20 @@ class _BoundEmbedding(BoundTokens):
             self.padding = padding.to(device=raw.device, dtype=torch.bool)
             self.padding_key = key
         if mask is None and key is not None:
+            if isinstance(padding, Tensor) and tuple(padding.shape) != (b, t):
+                shape = tuple(padding.shape)
+                why = (f"the model pads or adds tokens inside its forward ({shape[1]} in the "
+                       f"inputs, {t} at {self.name!r})"
+                       if len(shape) == 2 and shape[0] == b else
+                       "it is no (batch, tokens) mask of real tokens")
+                raise ValueError(
+                    f"the input's {key!r} entry has shape {shape}, but {self.name!r} puts out "
+                    f"{t} tokens for each of {b} examples: {why}. Say which of those {t} "
+                    f"positions are real tokens with mask= of shape ({b}, {t})"
+                )
             mask = padding
+        if mask is None:
+            _refuse_unmasked_padding(self.model, self.inputs, b, t)
         self.valid = valid_mask(mask, b, t, raw.device)
         self.trimmable = has_token_axis(self.inputs, t)
         real = self.valid if self.padding is None else self.padding | self.valid
@@ -337,6 +377,18 @@ class _BoundEmbedding(BoundTokens):
         self._width = width
         try:
             out = self._count(lambda: call_model(self.model, inputs, self.output))
+        except ValueError as err:
+            if "no padding token is defined" not in str(err):
+                raise
+            # Hugging Face's decoder classifiers (GPT-2…) pool at the last non-pad token and
+            # refuse batches without a pad id: the copies of one example are such a batch
+            raise ValueError(
+                f"{type(self.model).__name__} has no pad token (config.pad_token_id is None), "
+                "so it runs one example at a time, but senslab evaluates an example's perturbed "
+                "copies together. Set it, e.g. model.config.pad_token_id = "
+                "tokenizer.eos_token_id (what its pooling then reads past), or pass "
+                f"chunk_size=1 (one copy per forward: slow). ({err})"
+            ) from err
         finally:
             self._delta = None
             self._width = None
