@@ -106,7 +106,7 @@ def test_synthetic_rejects_unknown_run_and_key(tmp_path: Path) -> None:
 def _sf(name: str, case: int, ood: float, a_s: float, a_f: float, train: float = 1.0,
         sol: tuple[float, float] | None = None) -> dict[str, Any]:
     sol = sol or ((0.05, 0.3) if case == 1 else (0.06, 0.0))
-    return {"name": name, "label": name, "case": case, "final": {
+    return {"name": name, "label": name, "case": case, "ood_size": 1000, "final": {
         "train/acc": train, "ood/acc": ood, "align/sparse": a_s, "align/frequent": a_f,
         "attn/sparse": 0.1, "attn/frequent": 0.5, "sens/train": 0.05,
         "solution/sparse": sol[0], "solution/frequent": sol[1]}}
@@ -258,10 +258,13 @@ def test_sparse_parity_smoke(tmp_path: Path) -> None:
 
 def _sp(name: str, start: float, peak: float, final: float, acc: float,
         plateau: int = 5) -> dict[str, Any]:
-    return {"name": name, "k": 3, "progress": {
+    """A run whose plateau starts at ``start`` and stays at ``peak`` after it (s.e. 0.05 each)."""
+    return {"name": name, "k": 3, "n_bits": 10, "progress": {
         "plateau_evals": plateau, "sens_start": start, "sens_start_se": 0.05,
         "sens_plateau_max": peak, "sens_plateau_max_se": 0.05, "plateau_max_test_acc": 0.5,
-        "sens_final": final, "test_acc_final": acc}}
+        "sens_final": final, "test_acc_final": acc},
+        "plateau": {"epochs": list(range(plateau)), "sens": [start] + [peak] * (plateau - 1),
+                    "se": [0.05] * plateau, "sens_final_se": 0.0, "bool_samples": 200}}
 
 
 def test_sparse_parity_verdict_outcomes() -> None:

@@ -286,6 +286,11 @@ class Experiment:
                 self.before_run(run, path, log)
                 summary = get_trainer(run.trainer).train(run.config, path, progress=progress,
                                                           log=log)
+                if any(summary.get(k) != v for k, v in run.info.items()):
+                    # the run's info (its seed) in summary.json too, so that load_summaries
+                    # gives the verdict what execute gives it
+                    stored = RunDir(path).read_json("summary.json")
+                    RunDir(path).write_json("summary.json", {**stored, **run.info})
                 summary = {**summary, **run.info}
                 summaries.append(self.after_run(run, path, summary, settings, log))
         return summaries
@@ -421,6 +426,18 @@ def _previous_verdict(out: Path, scale: str, overrides: list[str]) -> dict[str, 
 
 
 def load_summaries(exp_dir: str | Path) -> list[dict[str, Any]]:
+    """The runs' summaries, as :meth:`Experiment.execute` gives them to the verdict. A
+    summary.json written before the run's ``info`` was stored in it (before 2026-11-30) has no
+    ``seed``: it is taken from the run's config.json, whose ``seed`` is the one ``info`` held."""
     exp = json.loads((Path(exp_dir) / "experiment.json").read_text())
-    return [json.loads((Path(exp_dir) / r / "summary.json").read_text()) for r in exp["runs"]]
+    out = []
+    for r in exp["runs"]:
+        summary = json.loads((Path(exp_dir) / r / "summary.json").read_text())
+        config = Path(exp_dir) / r / "config.json"
+        if "seed" not in summary and config.exists():
+            seed = json.loads(config.read_text()).get("seed")
+            if isinstance(seed, int):
+                summary["seed"] = seed
+        out.append(summary)
+    return out
 

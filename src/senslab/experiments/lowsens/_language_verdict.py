@@ -7,6 +7,9 @@ A summary is what ``language.finish_run`` writes: ``final`` has ``sens_end/train
 and ``train/acc``; :func:`numbers` falls back to the tracked ``sens/*`` and the step-0 record for
 summaries without them. ``seed`` (from the run's info) pairs the models: seed k of every model
 was trained on the same data subset and measured on the same examples with the same noise seed.
+The at-init claim (``below_lstm_at_init``) is "not comparable" when replicates of a model share
+untrained inits (:func:`shared_inits`: runs measured before 2026-11-30, whose seeds k and k + 1
+shared 4 of their 5 inits, so the values over seeds were not independent replicates).
 
 Every claim is a set of parts (:mod:`senslab.verdicts`), each an effect positive in the claimed
 direction: "A below B" is B − A paired by seed (Student's t over seeds, the measurement standard
@@ -200,10 +203,31 @@ def _cls_bump(runs: Runs) -> dict[str, Any]:
         "roberta flip rate at <s> − over all tokens")})
 
 
-def claims(runs: Runs) -> dict[str, dict[str, Any]]:
-    """Every claim judged on its own (the main one first)."""
+def shared_inits(summaries: list[dict[str, Any]]) -> str | None:
+    """Why the untrained numbers of different replicates are not independent, or None: two
+    replicates of a model whose untrained models share an init seed (``language.init_seeds``;
+    runs measured before 2026-11-30 used seeds seed … seed + 4)."""
+    by: dict[str, list[tuple[int, set[int]]]] = {}
+    for s in summaries:
+        seeds = s.get("language", {}).get("init_seeds", {}).get("seeds")
+        if seeds:
+            by.setdefault(s["label"], []).append((int(s.get("seed", 0)), set(seeds)))
+    shared = [f"{m} seeds {a} and {b} share inits {sorted(x & y)}"
+              for m, reps in by.items() for i, (a, x) in enumerate(reps)
+              for b, y in reps[i + 1:] if x & y]
+    if not shared:
+        return None
+    return ("the replicates' untrained models overlap (" + "; ".join(shared[:3])
+            + ("; …" if len(shared) > 3 else "") + "): their values are correlated, so Student's "
+            "t over seeds does not apply; re-measure (finish_run) with disjoint inits")
+
+
+def claims(runs: Runs, init_overlap: str | None = None) -> dict[str, dict[str, Any]]:
+    """Every claim judged on its own (the main one first); ``init_overlap``: why the at-init
+    claim cannot be judged (:func:`shared_inits`), or None."""
     out = {"roberta_below_lstm": _below(runs, MAIN, BELOW),
-           "below_lstm_at_init": _below(runs, "sens_init/train", BELOW),
+           "below_lstm_at_init": (_unjudged(init_overlap) if init_overlap else
+                                  _below(runs, "sens_init/train", BELOW)),
            "below_lstm_on_validation": _below(runs, "sens_end/val", BELOW),
            "below_lstm_at_alt_sigma": _below(runs, "sens_alt/train", BELOW),
            "relu_below_softmax": _below(runs, MAIN, [("roberta_relu", "roberta")])}
@@ -269,7 +293,7 @@ def language_verdict(summaries: list[dict[str, Any]],
         prof = lang.get("sens_end_profile_train") or lang.get("profile_train")
         if prof and int(s.get("seed", 0)) == min(runs[s["label"]]):
             evidence[s["label"]]["profile"] = prof
-    judged = claims(runs)
+    judged = claims(runs, shared_inits(summaries))
     evidence["claims"] = judged
     seeds = sorted({s for per in runs.values() for s in per})
     gaps = {}

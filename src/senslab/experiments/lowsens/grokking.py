@@ -19,10 +19,23 @@ mode. Every measurement reuses the same noise seed (common random numbers), so c
 epochs are the model's, not the noise's. Phases: memorisation = first evaluation with train
 acc ≥ 0.99; generalisation = first with test acc ≥ 0.95.
 
-Verdict: two parts over seeds (Student's t), Holm: 0.5 − (sensitivity at generalisation / its
-post-memorisation peak) and 0.8 − (sensitivity at the last evaluation before test accuracy
-reaches 50% / peak); one seed (the cpu scale) has no seed-to-seed spread to judge them with and is
-inconclusive. "not comparable" if a run never generalises.
+Verdict: two parts over seeds (Student's t), Holm: 0.5 − (sensitivity at generalisation / peak)
+and 0.8 − (sensitivity at the last evaluation before test accuracy reaches 50% / peak), where
+the peak is the largest sensitivity from memorisation up to that last evaluation before the
+jump (:func:`phases_before_jump`): the peak of the plateau on which test accuracy is still low.
+A peak at the last evaluation before the jump gives the second ratio 1 (no fall before the
+jump: that part points against the claim). One seed has no seed-to-seed spread to judge a ratio
+with and is inconclusive. "not comparable" if a run never generalises, or its test accuracy
+already reaches 50% at memorisation (no plateau).
+
+*Corrected 2026-11-30 (a bug in the rule):* the peak was searched from memorisation up to
+*generalisation*, after the jump, and nothing required it to come before the jump, so a curve
+flat on the plateau that spiked between the jump and generalisation was "supported". What the
+rule tests is §7.3's claim, "sensitivity values continue to decrease [...] while test accuracy
+stays low" before it jumps. It does **not** test A.5's finer phase structure (a drop during
+memorisation, a rise during circuit formation, then the clean-up fall): the peak may be the
+memorisation epoch itself, so a monotone fall after memorisation passes (it does at the cpu
+scale, where no dip-and-rise is seen).
 
 Scales: paper — the paper code's run: p = 113, d = 128, 4 heads, MLP 512, the paper code's
 model (no residual branches, positions initialised to zero, ``nn.MultiheadAttention``'s init, a
@@ -31,24 +44,33 @@ whatever happens (``post_epochs`` = ``epochs``), seeds 42–44, sensitivity ever
 numbers perturbed at once on every training pair (docs/fidelity.md lists what still differs).
 cpu — a smaller problem so the run fits a CPU budget: see ``SCALES["cpu"]``: Nanda et al.'s
 residual block with N(0, 1) positions, β = (0.9, 0.98), one number perturbed at a time on 1,000
-training pairs, seed 0, and, to fit the budget, p = 59, d = 64, MLP 256, lr 3e-3, weight decay
+training pairs, seeds 0–2, and, to fit the budget, p = 59, d = 64, MLP 256, lr 3e-3, weight decay
 3.0 and a 50% training split (with p = 59, lr 3e-3 and wd 1.0 the test accuracy did not rise
 within the CPU budget). The run stops ``post_epochs`` after it generalises.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ...train.loops._common import config_from
-from ...train.loops.grokking import GrokkingRun, GrokkingTraining
+from ...train.loops.grokking import (
+    GENERALISED,
+    JUMP,
+    MEMORISED,
+    GrokkingRun,
+    GrokkingTraining,
+)
+from ...train.rundir import RunDir
 from ...verdicts import not_comparable, over_seeds, verdict
 from ..base import Experiment, Run, Settings, register_experiment
 
 #: the verdict's thresholds, each a part positive when the ratio is below it: sensitivity at
-#: generalisation ≤ 1/2 of the post-memorisation peak, and already ≤ 80% of it at the last
-#: evaluation before test accuracy reaches 50%
+#: generalisation ≤ 1/2 of the plateau's peak (memorisation to the jump), and already ≤ 80% of
+#: it at the last evaluation before test accuracy reaches 50%
 FALL_AT_GENERALISATION = 0.5
 FALL_BEFORE_JUMP = 0.8
 
@@ -84,7 +106,7 @@ class Grokking(Experiment):
     paper = "Transformers Learn Low Sensitivity Functions (ICLR 2025), §7.3 / A.5"
     claim = ("During grokking on modular addition, sensitivity to noise on the number embeddings "
              "falls while test accuracy is still flat: at the generalisation epoch it is well "
-             "below its peak after memorisation.")
+             "below its peak on the plateau between memorisation and the jump.")
     cpu_scale_note = (
         "p = 59 instead of 113, d = 64, MLP 256, lr 3e-3, weight decay 3.0 and a 50% training "
         "split (paper: 30%, wd 1.0: the memorisation plateau alone would take hours on 2 CPU "
@@ -104,28 +126,107 @@ class Grokking(Experiment):
             out.append(Run(cfg.name, cfg, trainer="grokking"))
         return out
 
+    def after_run(self, run: Run, path: Path, summary: dict[str, Any], settings: Any,
+                  log: Callable[[str], None]) -> dict[str, Any]:
+        """Add :func:`phases_before_jump` (from ``metrics.jsonl``) to the run's ``summary.json``
+        as ``claim_phases`` (once: a summary that has them is returned as is)."""
+        if "claim_phases" in summary:
+            return summary
+        rd = RunDir(path)
+        ph = phases_before_jump(rd.metrics())
+        rd.write_json("summary.json", {**rd.read_json("summary.json"), "claim_phases": ph})
+        return {**summary, "claim_phases": ph}
+
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return grokking_verdict(summaries)
 
 
+def phases_before_jump(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """The numbers the verdict compares, from the logged evaluations: memorisation (first train
+    acc ≥ 0.99), the jump (first test acc ≥ 0.5 from memorisation on), generalisation (first
+    test acc ≥ 0.95 from memorisation on), the last evaluation before the jump (``before``), and
+    the peak: the largest sensitivity from memorisation up to ``before`` (the first of equal
+    values). ``plateau`` is False when test acc is already ≥ 0.5 at memorisation; epochs and
+    sensitivities are None where a phase never happened."""
+    def first(pred: Any, start: int = 0) -> int | None:
+        return next((i for i in range(start, len(history)) if pred(history[i])), None)
+
+    mem = first(lambda r: r["train/acc"] >= MEMORISED)
+    gen = None if mem is None else first(lambda r: r["test/acc"] >= GENERALISED, mem)
+    jump = None if mem is None else first(lambda r: r["test/acc"] >= JUMP, mem)
+    out: dict[str, Any] = dict.fromkeys(
+        ("memorisation_epoch", "generalisation_epoch", "jump_epoch", "before_jump_epoch",
+         "sens_before_jump", "peak_epoch", "sens_peak", "sens_at_generalisation"))
+    out["plateau"] = None
+    if mem is None:
+        return out
+    out["memorisation_epoch"] = history[mem]["epoch"]
+    if gen is not None:
+        out.update(generalisation_epoch=history[gen]["epoch"],
+                   sens_at_generalisation=history[gen]["sens/train"])
+    if jump is None:
+        return out
+    out.update(jump_epoch=history[jump]["epoch"], plateau=jump > mem)
+    if jump == mem:
+        return out
+    before = jump - 1
+    peak = max(range(mem, before + 1), key=lambda i: (history[i]["sens/train"], -i))
+    out.update(before_jump_epoch=history[before]["epoch"],
+               sens_before_jump=history[before]["sens/train"],
+               peak_epoch=history[peak]["epoch"], sens_peak=history[peak]["sens/train"])
+    return out
+
+
+def claim_phases(summary: dict[str, Any]) -> dict[str, Any] | None:
+    """The run's :func:`phases_before_jump`: stored by :meth:`Grokking.after_run`, or, for a
+    summary from before 2026-11-30, read from the trainer's ``phases`` where that is exact (their
+    peak, the largest value from memorisation to generalisation, lies before the jump, so it is
+    also the largest up to the last evaluation before it); None where it is not."""
+    if "claim_phases" in summary:
+        return summary["claim_phases"]
+    ph = summary["phases"]
+    if ph.get("peak_epoch") is None or ph.get("jump_epoch") is None \
+            or not ph["peak_epoch"] < ph["jump_epoch"]:
+        return None
+    return {"memorisation_epoch": ph["memorisation_epoch"],
+            "generalisation_epoch": ph["generalisation_epoch"], "jump_epoch": ph["jump_epoch"],
+            "before_jump_epoch": None, "sens_before_jump": ph["sens_before_jump"],
+            "peak_epoch": ph["peak_epoch"], "sens_peak": ph["sens_peak"],
+            "sens_at_generalisation": ph["sens_at_generalisation"], "plateau": True}
+
+
 def grokking_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     """Two parts, each over seeds (Student's t; one seed: no uncertainty, inconclusive), Holm
-    over the two: ``0.5 − sensitivity at generalisation / post-memorisation peak`` and ``0.8 −
-    sensitivity just before test acc reaches 50% / peak``. "not comparable" if a run never
-    generalised within its epoch budget or its peak is not positive."""
-    evidence = {s["name"]: s["phases"] for s in summaries}
+    over the two: ``0.5 − sensitivity at generalisation / peak`` and ``0.8 − sensitivity just
+    before test acc reaches 50% / peak``, the peak being the largest sensitivity from
+    memorisation up to the last evaluation before the jump (:func:`claim_phases`). "not
+    comparable" if a run never generalised within its epoch budget, had no plateau (test acc ≥
+    0.5 at memorisation), its peak is not positive, or its summary lacks the curve's phases
+    (a summary from before 2026-11-30 whose stored peak lies after the jump)."""
+    evidence = {s["name"]: s.get("claim_phases", s["phases"]) for s in summaries}
     missing = [f"{s['name']} (stopped at epoch {s['epochs']}, final test acc "
                f"{s['final']['test/acc']:.3f})" for s in summaries
                if s["phases"]["generalisation_epoch"] is None]
     if not summaries or missing:
         return not_comparable("no grokking within the epoch budget: " + ", ".join(missing)
                               if missing else "no runs", evidence)
-    flat = [s["name"] for s in summaries if not s["phases"]["sens_peak"] > 0]
+    phases = {s["name"]: claim_phases(s) for s in summaries}
+    old = [n for n, ph in phases.items() if ph is None]
+    if old:
+        return not_comparable(f"the summaries of {old} (from before 2026-11-30) put the "
+                              "sensitivity peak after the jump: the peak before it needs their "
+                              "curves; run the experiment again on its directory (finished runs "
+                              "are reused) to add them", evidence)
+    no_plateau = [n for n, ph in phases.items() if not ph["plateau"]]
+    if no_plateau:
+        return not_comparable(f"test accuracy already ≥ {JUMP} at memorisation in {no_plateau}: "
+                              "no plateau to fall on", evidence)
+    flat = [n for n, ph in phases.items() if not ph["sens_peak"] > 0]
     if flat:
         return not_comparable(f"no sensitivity after memorisation (peak 0) in {flat}", evidence)
     gen, before, detail = [], [], []
     for s in summaries:
-        ph = s["phases"]
+        ph = phases[s["name"]]
         peak = ph["sens_peak"]
         r_gen = ph["sens_at_generalisation"] / peak
         r_before = ph["sens_before_jump"] / peak
@@ -133,10 +234,10 @@ def grokking_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
         before.append(FALL_BEFORE_JUMP - r_before)
         detail.append(
             f"{s['name']}: memorised at epoch {ph['memorisation_epoch']}, sensitivity peak "
-            f"{peak:.4f} at epoch {ph['peak_epoch']}, {ph['sens_before_jump']:.4f} just before "
-            f"the jump (epoch {ph['jump_epoch']}), {ph['sens_at_generalisation']:.4f} at "
-            f"generalisation (epoch {ph['generalisation_epoch']}), ratios {r_before:.2f} / "
-            f"{r_gen:.2f}")
+            f"before the jump {peak:.4f} at epoch {ph['peak_epoch']}, "
+            f"{ph['sens_before_jump']:.4f} just before the jump (epoch {ph['jump_epoch']}), "
+            f"{ph['sens_at_generalisation']:.4f} at generalisation (epoch "
+            f"{ph['generalisation_epoch']}), ratios {r_before:.2f} / {r_gen:.2f}")
     parts = {
         "low at generalisation": over_seeds(
             gen, what=f"{FALL_AT_GENERALISATION:g} − sensitivity at generalisation / peak"),

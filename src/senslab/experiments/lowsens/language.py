@@ -34,7 +34,8 @@ padding never) of a fixed seeded subset of examples — with the right-aligned p
 the untrained model. After training (``finish_run``), on ``END_EXAMPLES`` = 256 fixed train and
 256 validation examples (the tracking subset plus more): the final model's sensitivity at σ² = 15
 (``sens_end/*``, the verdict's numbers) and at A.4's second level σ² = 4 (``sens_alt/*``); the
-untrained sensitivity averaged over ``INIT_SEEDS`` = 5 initialisations (``sens_init/train``); a
+untrained sensitivity averaged over ``INIT_SEEDS`` = 5 initialisations (``sens_init/train``; the
+run's own and 4 that no other replicate uses, :func:`init_seeds`); a
 recency contrast at σ² = 15 — per example, the flip rate on the last quarter of its real tokens
 minus the rate on its first half, s.e. across examples (``recency/*``) — and the flip rate at
 ``<s>`` (``sens_first/train``). These go into ``summary.json`` (``final`` and ``language``).
@@ -109,6 +110,17 @@ ALT_VARIANCE = 4.0
 END_EXAMPLES = 256
 #: initialisations (seeds seed, seed + 1, ...) whose untrained sensitivity is averaged
 INIT_SEEDS = 5
+#: the untrained models of replicate ``seed`` other than its own init use seeds
+#: INIT_SEED_BASE + seed·(INIT_SEEDS − 1) + j: disjoint between replicates and from the training
+#: seeds (before 2026-11-30 they were seed + 1 … seed + 4, so that neighbouring replicates shared
+#: 4 of their 5 inits and Student's t over seeds treated correlated values as independent)
+INIT_SEED_BASE = 10_000
+
+
+def init_seeds(seed: int) -> list[int]:
+    """The seeds of the ``INIT_SEEDS`` untrained models of replicate ``seed``: its own init
+    first, then ones no other replicate uses (:data:`INIT_SEED_BASE`)."""
+    return [seed] + [INIT_SEED_BASE + seed * (INIT_SEEDS - 1) + j for j in range(INIT_SEEDS - 1)]
 #: paper-scale epochs per dataset (ours: the paper states none)
 PAPER_EPOCHS = {"mrpc": 30, "rotten_tomatoes": 30, "qqp": 3, "sst2": 10}
 PAPER = "Transformers Learn Low Sensitivity Functions (ICLR 2025), §6 / A.4"
@@ -254,21 +266,23 @@ def finish_run(cfg: RunConfig, run_dir: Path, summary: dict[str, Any]) -> dict[s
     extra: dict[str, Any] = {**summary.get("language", {}), "variance": VARIANCE,
                              "alt_variance": ALT_VARIANCE}
     n_end = len(subsets.sens_train)
-    if extra.get("init_seeds", {}).get("examples") != n_end:
+    seeds = init_seeds(cfg.seed)
+    if extra.get("init_seeds", {}).get("examples") != n_end \
+            or extra["init_seeds"].get("seeds") != seeds:
         # untrained: the run's own init and INIT_SEEDS − 1 more, since one init's sensitivity
         # hangs on a single draw of the weights (e.g. a head bias that makes the prediction
-        # constant, so that no noise flips it)
+        # constant, so that no noise flips it); no other replicate shares them (init_seeds)
         inits = []
         for k in range(INIT_SEEDS):
             other = copy.deepcopy(cfg)
-            other.seed = cfg.seed + k
+            other.seed = seeds[k]
             net = model if k == 0 else build_model(other, train).to(device)
             inits.append(_measure(net, subsets.sens_train, cfg, sigma, device))
         est = torch.tensor([r.estimate for r in inits], dtype=torch.float64)
         spread = float(est.std()) ** 2 / len(inits) if len(inits) > 1 else 0.0
         final["sens_init/train"] = float(est.mean())
         final["sens_init/train_se"] = math.sqrt(spread + max(r.stderr for r in inits) ** 2)
-        extra["init_seeds"] = {"seeds": [cfg.seed + k for k in range(INIT_SEEDS)],
+        extra["init_seeds"] = {"seeds": seeds,
                                "sens/train": est.tolist(), "se": [r.stderr for r in inits],
                                "examples": n_end}
     if extra.get("end_examples") != n_end:

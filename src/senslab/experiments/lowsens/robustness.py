@@ -15,7 +15,10 @@ accuracy, so the comparison is at comparable fit; the final model is then evalua
 test images and on every corruption × severity 1–5. Every run is trained with the same 3 seeds
 (both scales) and the verdict pairs the runs by seed; its parts, all over seeds and judged
 together (Holm): (a) for every ViT and CNN, the share of corruptions on which the ViT is more
-accurate (accuracy averaged over severities) minus ½; (b) for each regularized model, vanilla −
+accurate (accuracy averaged over severities) minus ½, its s.e. floored at that of a share of n
+corruptions, √((p(1 − p) + 1/n)/n) (:func:`~senslab.experiments._verdicts.accuracy_se`; *before
+2026-11-30 seeds that tied, e.g. 6/11 each, gave an s.e. of 0 and certified a one-corruption
+margin, a bug in the rule*); (b) for each regularized model, vanilla −
 regularized final-model sensitivity and regularized − vanilla accuracy on the noise + blur
 corruptions. Not comparable when a regularized model's seed-mean train accuracy is more than
 0.03 from vanilla's. Sensitivity is measured once more on the final models, on more training
@@ -75,7 +78,7 @@ from ...measure import token_sensitivity
 from ...tokens.base import model_device
 from ...train.config import RunConfig, ranged
 from ...verdicts import not_comparable, over_seeds, verdict
-from .._verdicts import by_label, mean, precondition
+from .._verdicts import accuracy_se, by_label, mean, precondition
 from ..base import Run, register_experiment
 from ._posthoc import FinalMeasureExperiment
 from ._vision import (
@@ -244,6 +247,7 @@ class Robustness(FinalMeasureExperiment):
         if why is not None:
             return not_comparable(why, evidence)
         parts = {f"a: {pair}": over_seeds([won / n - 0.5 for won, n in per.values()],
+                                          [accuracy_se(won / n, n) for won, n in per.values()],
                                           what=f"{pair}: share of corruptions won − ½")
                  for pair, per in wins.items()}
         for reg in regs:

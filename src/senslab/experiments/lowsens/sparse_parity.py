@@ -19,7 +19,29 @@ strings at every evaluation), its standard error ``bool_sens_se`` and the part o
 relevant bits, ``bool_sens/relevant`` = Σ_{i∈S} Inf_i.
 
 Verdict: on the runs that learn after a plateau, two parts over runs (settings × seed
-replicates), Holm: the plateau maximum − the start, and 0.15·k − |final − k|.
+replicates), Holm: the rise on the plateau and the convergence to k (:func:`parity_verdict`).
+
+* **Rises on the plateau**: the mean sensitivity over the *later half* of the plateau (the last
+  ⌈(m − 1)/2⌉ of its m − 1 evaluations after the start; the plateau is every evaluation before
+  test acc first reaches 0.6) minus the sensitivity at the start. The evaluations are chosen by
+  their position, never by their value, so on a flat plateau the difference has expectation 0
+  whatever the evaluation-to-evaluation noise; the mean over runs is judged with Student's t over
+  runs, whose spread contains that noise. Its measurement s.e. per run is
+  √(se_start² + mean(se_later)²) (the mean of the later s.e.'s, not their root-mean-square / √L:
+  every evaluation reuses the same sampled strings, so their errors are correlated). *Before
+  2026-11-30 this part was the plateau maximum − the start; the plateau included the start, so
+  it was ≥ 0 by construction and biased upward by the maximum of noisy evaluations: a flat,
+  noisy plateau was "supported". That was a bug in the rule, corrected here.*
+* **Converges to k**: 0.15·k − |final − k|, Student's t over runs, with each run's measurement
+  s.e. the sampled s.e. of the final sensitivity combined with the resolution of m sampled
+  strings, √(se² + (n/m)²) (one string in m off by the whole range n): strings that all flip
+  exactly k bits give a sample s.e. of 0, which does not make the value exact (corrected
+  2026-11-30, with the s.e. floor of :func:`~senslab.verdicts.over_seeds`).
+
+The curve these parts need (``plateau`` in the run's summary) is added by
+:meth:`SparseParity.after_run` from ``metrics.jsonl`` (and cached in ``summary.json``); a summary
+without it is "not comparable" (run the experiment again on its directory: finished runs are
+reused and only the curve is added).
 
 Scales: cpu — n = 10, k = 3, width ≤ 64, 25 epochs, 200 sampled strings (see ``SCALES``);
 paper — n = 20, k = 3, the same six settings for 200 epochs with 2,000 strings.
@@ -28,12 +50,15 @@ paper — n = 20, k = 3, the same six settings for 200 epochs with 2,000 strings
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from ...train.config import ranged
 from ...train.loops._common import config_from
-from ...train.loops.sparse_parity import SparseParityRun, SparseParityTraining
+from ...train.loops.sparse_parity import PLATEAU_ACC, SparseParityRun, SparseParityTraining
+from ...train.rundir import RunDir
 from ...verdicts import not_comparable, over_seeds, verdict
 from ..base import Experiment, Run, Settings, register_experiment
 
@@ -126,17 +151,63 @@ class SparseParity(Experiment):
                 out.append(Run(cfg.name, cfg, trainer="sparse_parity"))
         return out
 
+    def after_run(self, run: Run, path: Path, summary: dict[str, Any], settings: Any,
+                  log: Callable[[str], None]) -> dict[str, Any]:
+        """Add the plateau curve the verdict reads (:func:`plateau_curve`) to the run's
+        ``summary.json`` (once: a summary that has it is returned as is)."""
+        if "plateau" in summary:
+            return summary
+        rd = RunDir(path)
+        curve = plateau_curve(rd.metrics(), run.config.bool_samples)
+        rd.write_json("summary.json", {**rd.read_json("summary.json"), "plateau": curve})
+        return {**summary, "plateau": curve}
+
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return parity_verdict(summaries)
+
+
+def plateau_curve(history: list[dict[str, Any]], bool_samples: int) -> dict[str, Any]:
+    """The sensitivities the verdict reads: every evaluation of the plateau (before test acc
+    first reaches :data:`~senslab.train.loops.sparse_parity.PLATEAU_ACC`, the trainer's
+    definition), the final one, and the number of sampled strings behind each."""
+    end = next((i for i, r in enumerate(history) if r["test/acc"] >= PLATEAU_ACC), len(history))
+    plateau = history[:end]
+    return {"epochs": [r["epoch"] for r in plateau],
+            "sens": [r["bool_sens"] for r in plateau],
+            "se": [r["bool_sens_se"] for r in plateau],
+            "sens_final_se": history[-1]["bool_sens_se"] if history else None,
+            "bool_samples": bool_samples}
+
+
+def plateau_rise(curve: dict[str, Any]) -> tuple[float, float, str]:
+    """(later plateau mean − start, its measurement s.e., the evaluations used in words): the
+    later half of the plateau's evaluations after the start (see the module docstring)."""
+    sens, se, epochs = curve["sens"], curve["se"], curve["epochs"]
+    after = len(sens) - 1
+    if after < 1:
+        return math.nan, math.nan, "no evaluation after the start"
+    first = len(sens) - (after + 1) // 2
+    later, later_se = sens[first:], se[first:]
+    rise = sum(later) / len(later) - sens[0]
+    rise_se = math.sqrt(se[0] ** 2 + (sum(later_se) / len(later_se)) ** 2)
+    return rise, rise_se, f"epochs {epochs[first]}–{epochs[-1]}"
+
+
+def final_se(summary: dict[str, Any]) -> float:
+    """The final sensitivity's measurement s.e., floored by the resolution of the sampled
+    strings: √(se² + (n/m)²) (module docstring)."""
+    curve = summary["plateau"]
+    return math.hypot(curve["sens_final_se"], summary["n_bits"] / curve["bool_samples"])
 
 
 def parity_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     """Judged on runs that learned the parity (final test acc ≥ 0.95) after a plateau of at
     least two evaluations. Two parts, each the mean over those runs (settings and seed
-    replicates) with Student's t over runs, Holm over the two: the rise on the plateau,
-    ``plateau max − start`` (its measurement s.e. from both sampled values), and the
-    convergence to k, ``0.15·k − |final − k|``. "not comparable" if fewer than half the runs
-    learned."""
+    replicates) with Student's t over runs (floored at the measurement s.e.), Holm over the two:
+    the rise on the plateau, ``later plateau mean − start`` (:func:`plateau_rise`), and the
+    convergence to k, ``0.15·k − |final − k|`` (module docstring). "not comparable" if fewer than
+    half the runs learned, or a judged run's summary has no plateau curve (one from before
+    2026-11-30)."""
     evidence = {s["name"]: s["progress"] for s in summaries}
     judged = [s for s in summaries if s["progress"]["test_acc_final"] >= LEARNED_ACC
               and s["progress"]["plateau_evals"] >= 2]
@@ -144,26 +215,36 @@ def parity_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return not_comparable(f"only {len(judged)} of {len(summaries)} runs learned the parity "
                               f"(test acc ≥ {LEARNED_ACC}) after a plateau; need at least half",
                               evidence)
-    rise, rise_se, close, detail = [], [], [], []
+    old = [s["name"] for s in judged if "plateau" not in s]
+    if old:
+        return not_comparable(f"no plateau curve in the summaries of {old} (written before "
+                              "2026-11-30): run the experiment again on its directory (finished "
+                              "runs are reused) to add it", evidence)
+    rise, rise_se, close, close_se, detail = [], [], [], [], []
     for s in judged:
         pr, k = s["progress"], s["k"]
-        rise.append(pr["sens_plateau_max"] - pr["sens_start"])
-        rise_se.append((pr["sens_start_se"] ** 2 + pr["sens_plateau_max_se"] ** 2) ** 0.5)
+        r, r_se, where = plateau_rise(s["plateau"])
+        rise.append(r)
+        rise_se.append(r_se)
         close.append(K_TOLERANCE * k - abs(pr["sens_final"] - k))
-        detail.append(f"{s['name']}: {pr['sens_start']:.2f} → {pr['sens_plateau_max']:.2f} "
-                      f"(plateau, test acc {pr['plateau_max_test_acc']:.2f}) → "
+        close_se.append(final_se(s))
+        evidence[s["name"]] = {**pr, "later_plateau_minus_start": r,
+                               "later_plateau_minus_start_se": r_se, "later_plateau": where}
+        detail.append(f"{s['name']}: {pr['sens_start']:.2f} → {r + pr['sens_start']:.2f} "
+                      f"(later plateau, {where}; max {pr['sens_plateau_max']:.2f}) → "
                       f"{pr['sens_final']:.2f} (k = {k}, test acc {pr['test_acc_final']:.2f})")
-    bad = [s["name"] for s, r, c in zip(judged, rise, close, strict=True)
-           if not (math.isfinite(r) and math.isfinite(c))]
+    bad = [s["name"] for s, r, c, e in zip(judged, rise, close, rise_se, strict=True)
+           if not (math.isfinite(r) and math.isfinite(c) and math.isfinite(e))]
     if bad:
         return not_comparable(f"sensitivity not finite in {bad}", evidence)
     skipped = len(summaries) - len(judged)
     note = (f"{skipped} run(s) without a plateau-then-learning curve not judged. " if skipped
             else "")
     # one run per task setting (n, k), not seeds of one setting: the verdict's words say so
-    parts = {"rises on the plateau": over_seeds(rise, rise_se, "plateau max − start",
+    parts = {"rises on the plateau": over_seeds(rise, rise_se, "later plateau mean − start",
                                                 unit="setting"),
-             "converges to k": over_seeds(close, what=f"{K_TOLERANCE:g}·k − |final − k|",
+             "converges to k": over_seeds(close, close_se,
+                                          what=f"{K_TOLERANCE:g}·k − |final − k|",
                                           unit="setting")}
     return verdict(parts, claim=f"sensitivity rises on the plateau and ends near k, mean over "
                                 f"{len(judged)} runs",

@@ -25,7 +25,11 @@ sparse and frequent classifiers (``solution/sparse``, ``solution/frequent``).
 Verdict: four parts over the runs of each case (settings × seed replicates), Holm — case 1:
 0.5 − OOD acc and cos(v, u_sparse) − cos(v, u_frequent); case 2: OOD acc − 0.9 and the reverse
 alignment difference; "not comparable" if a run does not train or a setting's designed feature is
-not the less sensitive one.
+not the less sensitive one. The OOD parts' s.e. is floored at the measurement s.e. of an accuracy
+on the OOD set (:func:`~senslab.experiments._verdicts.accuracy_se`, √((p(1 − p) + 1/n)/n) on n
+OOD sequences): *before 2026-11-30 it had no measurement s.e., and runs that tied (all at OOD
+acc 1.000) gave an s.e. of 0 and a zero-width interval, a bug in the rule.* The alignment parts
+(a cosine of the trained weights, no sampling) have no measurement s.e.
 
 Scales (ours; the paper gives no sizes here): cpu — 1,000 train / 1,000 test / 1,000 OOD
 sequences, SGD lr 0.5, batch 50, 50 epochs; paper — 5,000 / 2,000 / 2,000, 100 epochs, the same
@@ -35,13 +39,17 @@ optimiser.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ...data.synthetic import SPARSE_FREQUENT_SETTINGS
 from ...train.loops._common import config_from
 from ...train.loops.sparse_frequent import SparseFrequentRun, SparseFrequentTraining
+from ...train.rundir import RunDir
 from ...verdicts import not_comparable, over_seeds, verdict
+from .._verdicts import accuracy_se
 from ..base import Experiment, Run, Settings, register_experiment, seeded_name
 
 #: the low-sensitivity feature each case is built to have
@@ -107,6 +115,17 @@ class SyntheticSparseFrequent(Experiment):
                 out.append(Run(cfg.name, cfg, trainer="sparse_frequent"))
         return out
 
+    def after_run(self, run: Run, path: Path, summary: dict[str, Any], settings: Any,
+                  log: Callable[[str], None]) -> dict[str, Any]:
+        """Add the OOD set's size (``ood_size``: the run's ``test_size``), which the verdict's
+        measurement s.e. of the OOD accuracy needs, to the run's ``summary.json``."""
+        if "ood_size" in summary:
+            return summary
+        rd = RunDir(path)
+        rd.write_json("summary.json", {**rd.read_json("summary.json"),
+                                       "ood_size": run.config.test_size})
+        return {**summary, "ood_size": run.config.test_size}
+
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return sparse_frequent_verdict(summaries)
 
@@ -139,22 +158,28 @@ def sparse_frequent_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
                             f"the {EXPECTED_FEATURE[case]} one the case is built for")
         elif not all(math.isfinite(f[k]) for k in ("ood/acc", "align/sparse", "align/frequent")):
             problems.append(f"{s['name']}: OOD accuracy or alignment not finite")
+    old = [s["name"] for s in summaries if not isinstance(s.get("ood_size"), int)]
+    if old:
+        problems.append(f"no OOD set size in the summaries of {old} (written before 2026-11-30): "
+                        "run the experiment again on its directory (finished runs are reused)")
     cases = {s["case"] for s in summaries}
     if cases != {1, 2}:
         problems.append(f"needs runs of both cases, got case(s) {sorted(cases)}")
     if problems:
         return not_comparable("; ".join(problems), evidence)
     by_case = {c: [s["final"] for s in summaries if s["case"] == c] for c in (1, 2)}
+    ood_se = {c: [accuracy_se(s["final"]["ood/acc"], s["ood_size"]) for s in summaries
+                  if s["case"] == c] for c in (1, 2)}
     parts = {
         "case 1 OOD collapses": over_seeds(
-            [OOD_COLLAPSED - f["ood/acc"] for f in by_case[1]],
+            [OOD_COLLAPSED - f["ood/acc"] for f in by_case[1]], ood_se[1],
             what=f"{OOD_COLLAPSED} − case-1 OOD acc", unit="run"),
         "case 1 aligns with sparse": over_seeds(
             [f["align/sparse"] - f["align/frequent"] for f in by_case[1]],
             what="case-1 align sparse − align frequent", unit="run"),
         "case 2 OOD kept": over_seeds(
-            [f["ood/acc"] - OOD_KEPT for f in by_case[2]], what=f"case-2 OOD acc − {OOD_KEPT}",
-            unit="run"),
+            [f["ood/acc"] - OOD_KEPT for f in by_case[2]], ood_se[2],
+            what=f"case-2 OOD acc − {OOD_KEPT}", unit="run"),
         "case 2 aligns with frequent": over_seeds(
             [f["align/frequent"] - f["align/sparse"] for f in by_case[2]],
             what="case-2 align frequent − align sparse", unit="run"),
