@@ -30,7 +30,7 @@ import functools
 import warnings
 from collections import OrderedDict
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import torch
@@ -95,6 +95,17 @@ def _key(t: Tensor | None) -> tuple[Any, ...] | None:
     return (t.data_ptr(), t._version, tuple(t.shape), t.stride())
 
 
+@contextmanager
+def suspended(mode: Any) -> Iterator[None]:
+    """``mode`` (a function mode with an ``_enabled`` flag) passing calls through unchanged for
+    the calls inside: the float32 clean caches of prefix and local reuse."""
+    was, mode._enabled = mode._enabled, False
+    try:
+        yield
+    finally:
+        mode._enabled = was
+
+
 class Int8Linears(TorchFunctionMode):
     """While active, eligible ``F.linear`` calls run in int8 (see the module docstring).
 
@@ -111,13 +122,8 @@ class Int8Linears(TorchFunctionMode):
         #: when a list: each int8 call appends its input's range (max − min), in call order
         self.ranges: list[float] | None = None
 
-    @contextmanager
-    def off(self) -> Iterator[None]:
-        was, self._enabled = self._enabled, False
-        try:
-            yield
-        finally:
-            self._enabled = was
+    def off(self) -> AbstractContextManager[None]:
+        return suspended(self)
 
     def _packed(self, weight: Tensor, bias: Tensor | None) -> Any:
         key = (_key(weight), _key(bias))

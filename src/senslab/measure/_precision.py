@@ -347,13 +347,8 @@ class _Ranges(TorchFunctionMode):
         self.ranges: list[Tensor] = []
         self._enabled = True
 
-    @contextmanager
-    def off(self) -> Iterator[None]:
-        was, self._enabled = self._enabled, False
-        try:
-            yield
-        finally:
-            self._enabled = was
+    def off(self) -> AbstractContextManager[None]:
+        return _int8.suspended(self)
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
