@@ -667,6 +667,10 @@ def test_a_model_that_adds_tokens_inside_names_it_when_its_mask_does_not_fit():
             m = torch.cat([torch.ones(len(h), 1), attention_mask.float()], 1)[..., None]
             return self.head((h * m).sum(1) / m.sum(1))
 
+    class Unmasked(Prefixed):
+        def forward(self, input_ids):
+            return super().forward(input_ids, torch.ones(input_ids.shape))
+
     batch = text_batch()
     with pytest.raises(ValueError, match=r"'attention_mask' entry has shape \(4, 9\), but 'ln' "
                                          r"puts out 10 tokens.*pads or adds tokens inside"):
@@ -675,6 +679,12 @@ def test_a_model_that_adds_tokens_inside_names_it_when_its_mask_does_not_fit():
     r = token_sensitivity(Prefixed().eval(), batch, Embedding("ln"), sigma=1.0, mask=fitting,
                           **EXACT)
     assert r.num_forward == 4 + int(fitting.sum())
+    # with no mask at all, every one of the module's 10 positions was measured (Longformer:
+    # the 6 it pads itself, as tokens that never flip); which are real, no input says
+    with pytest.raises(ValueError, match=r"'ln' puts out 5 positions per example for 4 token "
+                                         r"ids.*mask= of shape \(4, 5\)"):
+        token_sensitivity(Unmasked().eval(), batch["input_ids"][:, :4], Embedding("ln"),
+                          sigma=1.0, **EXACT)
 
 
 def test_a_decoder_classifier_without_a_pad_token_names_the_fix():

@@ -78,8 +78,7 @@ def _refuse_unmasked_padding(model: Any, inputs: Inputs, b: int, t: int) -> None
     if attr is None:
         return
     pad = getattr(config, attr)
-    ids = inputs.get("input_ids") if isinstance(inputs, dict) else (
-        inputs[0] if isinstance(inputs, (tuple, list)) and inputs else inputs)
+    ids = _token_ids(inputs)
     if not (isinstance(ids, Tensor) and tuple(ids.shape) == (b, t)) or ids.is_floating_point():
         return
     ends = torch.cat([ids[:, -1:], ids[:, :1]], dim=1) == pad
@@ -91,6 +90,31 @@ def _refuse_unmasked_padding(model: Any, inputs: Inputs, b: int, t: int) -> None
             "'attention_mask': mask}) or mask= (True on real tokens); if those ids are real "
             "tokens, pass mask=torch.ones_like(ids, dtype=torch.bool)"
         )
+
+
+def _token_ids(inputs: Inputs) -> Any:
+    """The token ids of ``inputs``: its ``input_ids``, the tensor itself, or a tuple's first."""
+    if isinstance(inputs, dict):
+        return inputs.get("input_ids")
+    if isinstance(inputs, (tuple, list)):
+        return inputs[0] if inputs else None
+    return inputs
+
+
+def _refuse_added_positions(inputs: Inputs, b: int, t: int, name: str) -> None:
+    """Without any mask, refuse a hooked module with another number of positions than the
+    token ids (Longformer pads to its attention window inside forward; a model may prepend a
+    token): which of its positions are real, no input says, and measuring all of them counts
+    the model's own padding as tokens that never flip."""
+    ids = _token_ids(inputs)
+    if not (isinstance(ids, Tensor) and ids.dim() == 2 and len(ids) == b) \
+            or ids.is_floating_point() or ids.shape[1] == t:
+        return
+    raise ValueError(
+        f"{name!r} puts out {t} positions per example for {ids.shape[1]} token ids: the model "
+        f"pads or adds tokens inside its forward, and no mask says which of the {t} are real. "
+        f"Pass mask= of shape ({b}, {t}), True on the positions to measure"
+    )
 
 
 def _called_embeddings(model: Any, inputs: Inputs, output: Any) -> list[str]:
@@ -335,6 +359,7 @@ class _BoundEmbedding(BoundTokens):
             mask = padding
         if mask is None:
             _refuse_unmasked_padding(self.model, self.inputs, b, t)
+            _refuse_added_positions(self.inputs, b, t, self.name)
         self.valid = valid_mask(mask, b, t, raw.device)
         self.trimmable = has_token_axis(self.inputs, t)
         real = self.valid if self.padding is None else self.padding | self.valid
