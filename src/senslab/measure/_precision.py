@@ -366,13 +366,11 @@ class _Ranges(TorchFunctionMode):
                     self.ranges.append(rows.abs().amax(dim=1).float())
         return func(*args, **kwargs)
 
-    def read(self) -> list[list[float]]:
-        """The recorded values (per call: one for ``"bf16"``, one per row for ``"static"``)."""
+    def read(self) -> list[float]:
+        """Each recorded call's value (``"static"``: the largest over its rows), one host sync."""
         if not self.ranges:
             return []
-        if self.kind == "bf16":
-            return [[v] for v in torch.stack(self.ranges).tolist()]
-        return [r.tolist() for r in self.ranges]
+        return torch.stack([r.amax() for r in self.ranges]).tolist()
 
 
 def _tensors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Tensor]:
@@ -561,7 +559,7 @@ class PrecisionCheck:
         over its rows)."""
         if self.low == "int8" and self._static is None:
             return list(self._int8.ranges or [])
-        return [max(v) for v in self._recorder().read()]
+        return self._recorder().read()
 
     def _calibrated_ranges(self) -> None:
         """Calibration: keep each recorded call's largest input range (the last low
@@ -581,7 +579,7 @@ class PrecisionCheck:
             worst = torch.ones(rows)
             for i, r in enumerate(self._recorder().ranges):
                 cal = self._ranges[i] if i < len(self._ranges) else 0.0
-                ratio = r.cpu() / cal if cal > 0 else torch.full_like(r.cpu(), math.inf)
+                ratio = r.cpu() / cal if cal > 0 else torch.full((len(r),), math.inf)
                 ratio = torch.where(ratio > STATIC_CLAMP, math.inf, ratio)
                 worst = torch.maximum(worst, ratio if len(ratio) == rows else ratio.max())
             return worst
