@@ -340,3 +340,31 @@ def test_loss_kinds_that_do_not_fit_the_model_are_refused_and_the_regularizer_ke
                                                               f"train.loss={kind}"])
         summary = fit(cfg, tmp_path / f"reg-{kind}", progress=False)
         assert math.isfinite(summary["final"]["train/loss"])
+
+
+def test_real_valued_targets_are_refused_before_training(tmp_path: Path):
+    """boolean with function=mean has targets in {0.1, …, 1}: loss=auto trained it with BCE and
+    recorded a train/acc against targets truncated by .long() (only y = 1 was class 1)."""
+    cfg = apply_overrides(RunConfig(name="mean"), [
+        "model.name=boolean_transformer", "data.name=boolean", "data.options.function=mean",
+        "train.epochs=1", "track.num_examples=8"])
+    with pytest.raises(ValueError, match="real-valued targets.*function=mean.*hr_sharpness"):
+        fit(cfg, tmp_path / "mean", progress=False)
+    assert not (tmp_path / "mean" / "summary.json").exists()
+
+
+def test_turning_on_track_val_leaves_the_other_subsets_alone():
+    """track.val drew its subset from the generator of the accuracy subsets, so turning it on
+    changed which examples train/* and test/* were computed on."""
+    from senslab.train.loop import build_model, load_data
+    from senslab.train.track import Tracker
+
+    subsets = []
+    for val in (False, True):
+        cfg = apply_overrides(RunConfig(name="v"), [*MLP_DIGITS, f"track.val={val}"])
+        train, test = load_data(cfg)
+        t = Tracker(cfg, build_model(cfg, train), train, test, torch.device("cpu"))
+        subsets.append((t.sens_train.inputs, t.eval_train.inputs, t.eval_test.inputs))
+        assert (t.sens_val is not None) == val
+    for before, after in zip(*subsets, strict=True):
+        assert torch.equal(before, after)

@@ -86,10 +86,29 @@ def load_data(cfg: RunConfig) -> tuple[ArrayDataset, ArrayDataset]:
     kwargs = dict(d.options, root=d.root, download=d.download)
     train = create_dataset(d.name, d.train_split, **kwargs)
     test = create_dataset(d.name, d.test_split, **kwargs)
+    for split, data in ((d.train_split, train), (d.test_split, test)):
+        _check_labels(data, d.name, split)
     if d.train_subset is not None and d.train_subset < len(train):
         g = torch.Generator().manual_seed(cfg.seed + 12345)
         train = train.first(d.train_subset, generator=g)
     return train, test
+
+
+def _check_labels(data: ArrayDataset, name: str, split: str) -> None:
+    """Refuse what the loop cannot score: an empty split, or real-valued targets (accuracy and
+    the class-flip sensitivity need class labels; ``.long()`` would truncate 0.7 to class 0)."""
+    if len(data) == 0:
+        raise ValueError(f"data {name!r} split {split!r} has no examples: check the data folder "
+                         "(data.root / SENSLAB_DATA) holds this dataset's files")
+    y = data.targets
+    if isinstance(y, Tensor) and y.is_floating_point() and not bool((y == y.round()).all()):
+        raise ValueError(
+            f"data {name!r} split {split!r} has real-valued targets (a regression, e.g. boolean "
+            "with function=mean), but this loop scores class labels: its accuracy and "
+            "class-flip sensitivity would truncate each target to an integer. MEAN is trained, "
+            "with its real-valued sensitivity, by the Hahn-Rofin experiments' loop (senslab "
+            "run hr_sharpness_vs_length); for another regression, measure the model with "
+            "senslab.token_sensitivity and a decision rule of your own (output_kind/threshold)")
 
 
 def _data_fields(data: ArrayDataset) -> dict[str, Any]:

@@ -25,7 +25,11 @@ class Tracker:
         t = cfg.track
         g = torch.Generator().manual_seed(cfg.seed + 1)
         self.sens_train = train.first(min(t.num_examples, len(train)), generator=g)
-        self.sens_val = test.first(min(t.num_examples, len(test)), generator=g) if t.val else None
+        # the validation subset has its own generator, so turning track.val on leaves every
+        # other subset (and so train/* and test/*) as it was
+        self.sens_val = (test.first(min(t.num_examples, len(test)),
+                                    generator=torch.Generator().manual_seed(cfg.seed + 2))
+                         if t.val else None)
         if t.eval_examples is not None:
             self.eval_train = train.first(min(t.eval_examples, len(train)), generator=g)
             self.eval_test = test.first(min(t.eval_examples, len(test)), generator=g)
