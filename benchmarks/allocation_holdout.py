@@ -334,6 +334,11 @@ def simulate(counts: list[Tensor], draws: int, x: list[Tensor], budget: float, t
             "gain": equal_cost / (sum(cost) / len(cost)),
             "mean_rounds": sum(rounds) / len(rounds), "max_rounds": max(rounds),
             "copies_per_token": sum(units) / len(units), "mean_kappa": sum(kappas) / len(kappas),
+            # the same cost at the spread the estimates really had (a run that stops short of
+            # the target, or past it, counts at its own precision)
+            "gain_at_spread": equal_cost * target**2 / (sum(cost) / len(cost))
+            / float(e.var()),
+            "mean_se_over_target": float(s.mean()) / target,
             "bias_over_se": float((e.mean() - truth) / s.mean()),
             "sd_over_se": float(e.std() / s.mean()),
             "coverage95": float(((e - truth).abs() <= 1.96 * s).double().mean())}

@@ -59,8 +59,9 @@ rates :math:`p_{bt}` no longer costs forward passes.
   token until the fixed-subset standard error of the batch's mean is at most ``s`` or the next
   round would exceed ``max_forward`` forward passes for the batch (default: 64 rounds); a
   standard error of exactly 0 stops it only from the second round on, and one estimated from
-  fewer than :data:`._alloc.MIN_FLIPS` flips (nonzero values) never does: it moves with the
-  flips seen (a few-flips toy covered 72% of its 95% intervals without the guard, 92% with it;
+  fewer than :data:`._alloc.MIN_FLIPS` flips (nonzero values; with ``allocation="linear"``,
+  :data:`._alloc.ALLOC_MIN_FLIPS`) never does: it moves with the flips seen (a few-flips toy
+  covered 72% of its 95% intervals without the guard, 92% with it;
   tests/measure/test_allocation.py). The
   stopping rule looks at the whole batch, never at single cells, so the estimate's bias is
   :math:`O(1/n)` and low (fewer flips, a smaller standard error, an earlier stop): a small
