@@ -617,3 +617,37 @@ def test_bf16_copies_with_larger_hidden_values_than_the_calibration_keep_float32
     assert checked.checked_precision == "bf16"
     assert torch.equal(checked.copies, full.copies)
     assert 0 < full.compute().estimate < 1
+
+
+class _Shifted(nn.Module):
+    """A model whose forward reads a plain Python float: a traced copy bakes it in."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner, self.shift = inner, 0.0
+        self.register_buffer("first", torch.tensor([1.0, 0.0, 0.0]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x) + self.shift * self.first
+
+
+def test_a_python_attribute_changed_between_batches_remakes_the_static_copy():
+    """The static int8 copy is a traced graph with the model's Python attributes as constants:
+    a logit shift changed between two batches was not seen, and the second batch ran the old
+    model's int8 copy with the old bound (21 of 4,096 copies flipped otherwise than float32 on
+    the zoo ResNet trained on digits)."""
+    x, _ = strips(24, torch.Generator().manual_seed(1))
+    runs = {}
+    for precision in ("float32", "int8-checked"):
+        model = _Shifted(copy.deepcopy(trained_resnet())).eval()
+        m = Recorder(model, Patches(4), generator=5, precision=precision, sigma=1.5, repeats=2)
+        m.update(x)
+        first = m._check._static
+        model.shift = 3.0  # favour class 0
+        m.update(x)
+        runs[precision] = (m, first)
+    (full, _), (checked, first) = runs["float32"], runs["int8-checked"]
+    assert checked._check._static is not first and checked._check._static.model is not None
+    half = len(full.copies) // 2
+    assert torch.equal(checked.copies, full.copies)
+    assert not torch.equal(full.copies[:half], full.copies[half:])  # the shift changed flips

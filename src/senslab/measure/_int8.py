@@ -257,6 +257,19 @@ def weights_state(model: Any) -> list[tuple[Any, ...]] | None:
     return [(t.data_ptr(), t._version, *f) for t, f in zip(tensors, prints, strict=True)]
 
 
+def attributes_state(model: Any) -> list[tuple[str, str, str]] | None:
+    """(module, attribute, repr) of every plain Python value (bool, int, float, str, None) that
+    a module of ``model`` holds as an attribute, ``training`` included (None for a plain
+    callable). A static int8 copy is a traced graph that bakes such values in as constants (a
+    logit shift, a temperature, a flag a forward branches on): one changed between batches
+    would leave the copy computing the old model, so it is part of what makes a new copy."""
+    if not isinstance(model, nn.Module):
+        return None
+    return [(name, key, repr(value)) for name, module in model.named_modules()
+            for key, value in sorted(vars(module).items())
+            if isinstance(value, (bool, int, float, str, type(None)))]
+
+
 def _channels_last(x: Tensor) -> Tensor:
     """Images in the layout x86's int8 convolutions compute in (channels last): a residual sum
     of a float layer's output and an int8 one's otherwise mixes layouts, which its int8 add

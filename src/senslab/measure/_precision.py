@@ -499,8 +499,12 @@ class PrecisionCheck:
         (:class:`._int8.StaticInt8`) — under ``judge`` only where the first batch of a
         calibration makes at least :data:`AUTO_STATIC_COPIES` ``copies``, so building the copy
         costs little beside them; other models run their linear layers in int8. A ``model``
-        whose parameters or buffers changed since the last call starts a new calibration."""
+        whose parameters or buffers changed since the last call starts a new calibration, and
+        under int8 so does one whose plain Python attributes changed
+        (:func:`._int8.attributes_state`: the static copy bakes them in)."""
         weights = _int8.weights_state(model)
+        if low == "int8" and weights is not None:  # a static int8 copy bakes them in
+            weights = [*weights, *(_int8.attributes_state(model) or [])]
         if low != self.low or (weights is not None and self._weights is not None
                                and weights != self._weights):
             # a new precision, or weights changed since the calibration (a training step): the
