@@ -214,6 +214,24 @@ def test_per_position_output_refused_for_class_compare_without_read_out():
         token_sensitivity(model, batch, Embedding("transformer.drop", position=None), sigma=2.0)
 
 
+@pytest.mark.parametrize("make", ["BertForTokenClassification", "BertForMaskedLM"])
+def test_a_per_token_head_that_cannot_generate_is_not_read_at_the_last_token(make):
+    """A tagger's (or masked LM's) per-token output was read, like a causal LM's, at the last
+    real token ([SEP]): the measurement compared one tag no one asked about, without a word.
+    It is refused naming position=; an explicit position measures that token's prediction."""
+    cls = getattr(transformers, make)
+    model = seeded(lambda: cls(transformers.BertConfig(**SMALL, num_labels=5)))
+    batch = text_batch()
+    with pytest.raises(ValueError, match=rf"{make} returns a prediction for every token.*"
+                                         "cannot generate.*position=k"):
+        token_sensitivity(model, batch, auto_tokens(model), sigma=1.0, **EXACT)
+    first = token_sensitivity(model, batch, auto_tokens(model, position=0), sigma=1.0, **EXACT)
+    assert first.num_examples == 4 and 0.0 <= first.estimate <= 1.0
+    # a causal LM's per-token output keeps the last real token by default
+    lm = gpt2_lm()
+    assert token_sensitivity(lm, batch, auto_tokens(lm), sigma=2.0, **EXACT).num_examples == 4
+
+
 # --------------------------------------------------------------------------- image models
 def test_vit_auto_patches_equal_explicit():
     model, x = vit(), images()

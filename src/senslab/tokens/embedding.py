@@ -101,6 +101,33 @@ def _token_ids(inputs: Inputs) -> Any:
     return inputs
 
 
+def _refuse_per_token_head(model: Any, raw: Tensor, t: int, position: Position) -> None:
+    """Refuse reading a per-position output at the last real token (the default, meant for a
+    causal language model's next-token logits) where the model is a Hugging Face model that
+    cannot generate: a token classifier or a masked language model, whose last real token
+    ([SEP]) carries no prediction of the example (a tagger measured that way gave 0.084
+    without a word)."""
+    if position != "last" or raw.dim() != 3 or raw.shape[1] != t:
+        return
+    can_generate = getattr(model, "can_generate", None)
+    if not callable(can_generate) or getattr(model, "config", None) is None:
+        return
+    try:
+        causal = bool(can_generate())
+    except Exception:  # noqa: BLE001 -- an old or custom class: keep the documented default
+        return
+    if not causal:
+        raise ValueError(
+            f"{type(model).__name__} returns a prediction for every token ({raw.shape[2]} "
+            f"values at each of {t} positions) and is no causal language model (it cannot "
+            "generate): a token classifier or masked LM, whose last real token carries no "
+            "prediction of the example. Say which position is measured with position=k on "
+            "Embedding or auto_tokens (k ≥ 0: position k, e.g. 0 for [CLS]; negative: counted "
+            "back from the last real token), or position=None with compare='l1' or 'l2' for "
+            "the whole per-position output"
+        )
+
+
 def _refuse_added_positions(inputs: Inputs, b: int, t: int, name: str) -> None:
     """Without any mask, refuse a hooked module with another number of positions than the
     token ids (Longformer pads to its attention window inside forward; a model may prepend a
@@ -364,6 +391,8 @@ class _BoundEmbedding(BoundTokens):
         self.trimmable = has_token_axis(self.inputs, t)
         real = self.valid if self.padding is None else self.padding | self.valid
         self.ends = last_real(real)
+        if self.output is None:  # an output= the user chose is read as they chose
+            _refuse_per_token_head(self.model, raw, t, self.position)
         self.clean_output = read_position(raw, self.ends, self.position, t)
 
     def tokens(self, src: Tensor, tok: Tensor) -> Tensor:
