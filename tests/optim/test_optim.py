@@ -161,6 +161,24 @@ def test_sps_loss_below_f_star_gives_no_step() -> None:
     assert w.detach().tolist() == [0.1, 0.1]
 
 
+def test_polyak_step_that_overflows_gives_no_step() -> None:
+    """A loss and a gradient that have both underflowed towards float64's smallest numbers
+    (ib_fixed_v's excess loss at 1e-293 after a thousand Polyak steps, on an AVX2 machine) give
+    a quotient past float64's range: the step was inf and the parameters became non-finite.
+    Such a step is not defined: none is taken, as for a zero gradient."""
+    w = nn.Parameter(torch.tensor([1.0, -2.0], dtype=torch.float64))
+    opt = Polyak([w])
+
+    def closure() -> Tensor:
+        opt.zero_grad()
+        w.grad = torch.tensor([3e-310, 0.0], dtype=torch.float64)  # subnormal, nonzero
+        return torch.tensor(1e-290, dtype=torch.float64)
+
+    opt.step(closure)
+    assert opt.last_step_size == 0.0
+    assert w.detach().tolist() == [1.0, -2.0]
+
+
 def test_polyak_converges_on_convex_quadratic_with_zero_minimum() -> None:
     g = torch.Generator().manual_seed(0)
     D = torch.rand(6, generator=g, dtype=torch.float64) * 9 + 1  # condition number ≤ 10

@@ -12,7 +12,8 @@ f* = L* = 0 (the infimum of the logistic loss on separable data):
 
 ‖∇L‖ is the global norm over every parameter of the optimiser, as in ``NGD``. Two edge cases are
 ours: a loss below f* would make η_t negative (an ascent step), so η_t is clamped at 0; and a zero
-gradient gives no step.
+gradient, or a quotient that overflows (loss and gradient both underflowed towards the float
+type's smallest numbers: the step is no longer defined), gives no step.
 
 The step size needs the loss, so both are closure-based like ``torch.optim.LBFGS``::
 
@@ -96,8 +97,10 @@ class SPS(_StepSizeLog, Optimizer):
             size = ((value - group["f_star"]) / safe / (group["c"] * safe)).clamp(min=0)
             if group["eta_max"] is not None:
                 size = size.clamp(max=group["eta_max"])
-            # 0/0 or x/0 for a zero gradient: no step instead of NaN/inf.
-            size = torch.where(norm > 0, size, torch.zeros_like(size))
+            # 0/0 or x/0 for a zero gradient: no step instead of NaN/inf; likewise where the
+            # quotient overflows (a loss and a gradient that have both underflowed towards
+            # float's smallest numbers: converged as far as the float type resolves)
+            size = torch.where((norm > 0) & torch.isfinite(size), size, torch.zeros_like(size))
             for p in params:
                 s = size.to(p.device)
                 p.sub_((p.grad.to(s.dtype) * s).to(p.dtype))
