@@ -32,7 +32,8 @@ right after the embedding LayerNorm, averaged over the real tokens (``<s>``, ``<
 padding never) of a fixed seeded subset of examples — with the right-aligned per-position profile
 (``sens/train_per_position``, position −1 = the last real token). The first record (step 0) is
 the untrained model. After training (``finish_run``), on ``END_EXAMPLES`` = 256 fixed train and
-256 validation examples (the tracking subset plus more): the final model's sensitivity at σ² = 15
+256 validation examples, or the tracking subset's size where larger (1,000 at paper scale; the
+tracking subset plus more): the final model's sensitivity at σ² = 15
 (``sens_end/*``, the verdict's numbers) and at A.4's second level σ² = 4 (``sens_alt/*``); the
 untrained sensitivity averaged over ``INIT_SEEDS`` = 5 initialisations (``sens_init/train``; the
 run's own and 4 that no other replicate uses, :func:`init_seeds`); a
