@@ -303,18 +303,32 @@ def write_cifar10c(root: Path, corruption: str, n: int) -> np.ndarray:
 
 def test_cifar10c_reads_one_severity_block(tmp_path: Path) -> None:
     images = write_cifar10c(tmp_path, "gaussian_noise", 4)
-    ds = create_dataset("cifar10c", root=tmp_path, corruption="gaussian_noise", severity=3,
-                        normalize="none")
+    with pytest.warns(UserWarning, match="has 4 images per severity where CIFAR-10-C has 10,000"):
+        ds = create_dataset("cifar10c", root=tmp_path, corruption="gaussian_noise", severity=3,
+                            normalize="none")
     assert ds.inputs.shape == (4, 3, 32, 32) and ds.num_classes == 10
     block = torch.from_numpy(images[8:12]).float().permute(0, 3, 1, 2)
     assert torch.equal(ds.inputs * 255, block)
     assert ds.targets.tolist() == [0, 1, 2, 3]
     assert ds.meta["corruption"] == "gaussian_noise" and ds.meta["severity"] == 3
-    scaled = create_dataset("cifar10c", split="test", root=tmp_path, corruption="gaussian_noise",
-                            severity=5)
+    with pytest.warns(UserWarning, match="partial or rebuilt"):
+        scaled = create_dataset("cifar10c", split="test", root=tmp_path,
+                                corruption="gaussian_noise", severity=5)
     assert scaled.inputs.min() >= -1 and scaled.inputs.max() <= 1
     assert torch.allclose((scaled.inputs + 1) / 2 * 255,
                           torch.from_numpy(images[16:]).float().permute(0, 3, 1, 2), atol=1e-4)
+
+
+def test_cifar10c_whose_labels_are_not_five_equal_blocks_is_refused(tmp_path: Path) -> None:
+    """A corruption file of another length than the labels were cut for (here 10 images, taken
+    as five severities of 2) was read without a word; CIFAR-10-C repeats the test labels for
+    every severity, so blocks that differ show the cut is wrong."""
+    folder = tmp_path / "CIFAR-10-C"
+    folder.mkdir()
+    np.save(folder / "snow.npy", pixels((10, 32, 32, 3), seed=0).astype(np.uint8))
+    np.save(folder / "labels.npy", (np.arange(10) % 10).astype(np.uint8))
+    with pytest.raises(DataUnavailableError, match="five severity blocks of 2 labels differ"):
+        create_dataset("cifar10c", root=tmp_path, corruption="snow", severity=3)
 
 
 def test_cifar10c_names_and_errors(tmp_path: Path) -> None:
@@ -397,6 +411,7 @@ def test_download_fetches_verifies_and_falls_back_to_a_mirror(
     assert not (root / "train-labels-idx1-ubyte.gz").exists()
 
 
+@pytest.mark.filterwarnings("ignore:.*images per severity:UserWarning")
 def test_cifar10c_extracts_a_local_tar_once(tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     staging = tmp_path / "staging"

@@ -33,6 +33,7 @@ import shutil
 import struct
 import tarfile
 import tempfile
+import warnings
 import zlib
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,8 @@ SVHN_FILES = {
 }
 CIFAR10C_URL = "https://zenodo.org/records/2535967/files/CIFAR-10-C.tar"
 CIFAR10C_FILES = {"CIFAR-10-C.tar": "56bf5dcef84df0e2308c6dcbcbbd8499"}
+#: images per severity in every CIFAR-10-C corruption file (the CIFAR-10 test set)
+CIFAR10C_PER_SEVERITY = 10_000
 # The 15 benchmark corruptions of Hendrycks & Dietterich (2019), then the 4 extra ones.
 CIFAR10C_CORRUPTIONS = (
     "gaussian_noise", "shot_noise", "impulse_noise",
@@ -540,6 +543,16 @@ def cifar10c(split: str = "test", root: Any = None, download: bool = False,
     if images.shape[1:] != (32, 32, 3) or len(images) != 5 * n or len(labels) != len(images):
         raise DataUnavailableError(f"{npy}: expected (5·n, 32, 32, 3) images and as many labels, "
                                    f"got {images.shape} and {labels.shape}")
+    lab = np.asarray(labels)
+    if any(not np.array_equal(lab[:n], lab[k * n:(k + 1) * n]) for k in range(1, 5)):
+        raise DataUnavailableError(
+            f"{folder / 'labels.npy'}: its five severity blocks of {n} labels differ, but "
+            "CIFAR-10-C repeats the same 10,000 test labels for each severity, so the file is "
+            "not cut into the blocks it was made of: extract CIFAR-10-C.tar again")
+    if n != CIFAR10C_PER_SEVERITY:
+        warnings.warn(f"{npy} has {n} images per severity where CIFAR-10-C has "
+                      f"{CIFAR10C_PER_SEVERITY:,}: a partial or rebuilt copy (the severity "
+                      "blocks are taken as its fifths)", stacklevel=2)
     block = slice((severity - 1) * n, severity * n)
     x = np.asarray(images[block]).transpose(0, 3, 1, 2)
     ds = _package("cifar10c", x, np.asarray(labels[block]), CIFAR10_CLASSES, "test", normalize,
