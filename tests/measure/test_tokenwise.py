@@ -511,3 +511,31 @@ def test_replace_with_refuses_a_half_precision_models_tokens():
     with pytest.raises(ValueError, match="replace_with needs float32 or float64 tokens.*bfloat16"):
         token_sensitivity(Threshold(), x.bfloat16(), Sequence(), replace_with=vocab.bfloat16(),
                           repeats=4)
+
+
+def test_per_position_under_num_tokens_weighs_each_example_alike(linear):
+    """num_tokens draws 2 of each example's real tokens: a short example's tokens are always
+    drawn, a long one's rarely, and the profile averaged copies alike, so it leaned towards
+    short examples (27% high at one position). Each copy now stands for its example's real
+    tokens over those drawn (1/π), and the profile pooled over runs is the per-token truth."""
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(6, 3, generator=g, dtype=torch.float64) * torch.linspace(0.3, 1.5, 6)[:, None]
+    x = torch.randn(12, 6, 3, generator=g, dtype=torch.float64) * 0.5 + 0.2
+    mask = torch.arange(6)[None] < torch.tensor([6, 2, 5, 2, 4, 6, 2, 3, 6, 2, 5, 2])[:, None]
+
+    def model(inp: torch.Tensor) -> torch.Tensor:
+        return (inp * w).sum((-2, -1))[:, None]
+
+    p = linear.flip_probs(x, w, 0.0, 1.5)
+    truth = (p * mask).sum(0) / mask.sum(0)
+    m = TokenSensitivity(model, Sequence(), sigma=1.5, generator=3, precision="float32",
+                         num_tokens=2, repeats=50, align="left")
+    ps, pc = torch.zeros(6, dtype=torch.float64), torch.zeros(6, dtype=torch.float64)
+    for _ in range(150):
+        m.update(x, mask)
+        r = m.compute()
+        m.reset()
+        ps += r.per_position.double().nan_to_num() * r.position_counts
+        pc += r.position_counts
+    pooled = ps / pc
+    assert torch.allclose(pooled, truth, atol=0.008), (pooled, truth)

@@ -49,8 +49,9 @@ class SensitivityResult:
     ``estimand`` (see the module docstring); ``stderr_subset`` is always the fixed-subset one.
     ``per_sample`` holds one rate per example (in input order); ``per_position`` the mean per
     token position, at positions ``positions`` (right-aligned: −1 is the last real token), with
-    ``position_counts`` perturbed copies behind each. ``num_forward`` counts model evaluations
-    of single examples, clean ones included; with checked bf16 (``precision``) every copy counts
+    ``position_counts`` perturbed copies behind each (with ``num_tokens`` each weighted by its
+    example's real tokens over those drawn; with an allocation, tokens). ``num_forward`` counts
+    model evaluations of single examples, clean ones included; with checked bf16 (``precision``) every copy counts
     once there and ``num_forward_fp32`` counts its float32 re-evaluations, a share
     ``recheck_fraction`` of the checked copies (None when no copy ran checked).
     """
@@ -167,7 +168,16 @@ def accumulate(
     mean = torch.zeros_like(cnt).index_add_(0, usrc, u) / cnt
     _add_examples(st, mean, within_variance(u, usrc, utok, valid, per_cell))
     if positions is not None:
-        _accumulate_positions(st, vals.double(), src, tok, valid, positions)
+        # a copy stands for its example's real tokens over those drawn (1/π where num_tokens
+        # draws a subset: the profile would otherwise lean towards short examples, all of
+        # whose tokens are drawn); 1 wherever every real token was drawn
+        t = valid.shape[1]
+        drawn = torch.zeros(b * t, dtype=torch.bool, device=src.device)
+        drawn[src * t + tok] = True
+        real = valid.to(src.device).sum(1).double()
+        weight = (real / drawn.view(b, t).sum(1).double().clamp(min=1))[src]
+        _accumulate_positions(st, vals.double(), src, tok, valid, positions,
+                              weight.to(vals.device))
 
 
 def _add_examples(st: State, mean: Tensor, within: Tensor) -> None:
@@ -196,9 +206,14 @@ def accumulate_tokens(
 
 
 def _accumulate_positions(
-    st: State, v: Tensor, src: Tensor, tok: Tensor, valid: Tensor, align: str
+    st: State, v: Tensor, src: Tensor, tok: Tensor, valid: Tensor, align: str,
+    weight: Tensor | None = None,
 ) -> None:
     t = valid.shape[1]
+    if weight is not None and bool((weight != 1).any()):
+        v = v * weight
+    else:
+        weight = None
     if align == "right":  # index t-1 ↔ position −1 (the last real token)
         # number of real tokens after each token: 0 for the last real one
         after = valid.flip(1).cumsum(1).flip(1) - valid.long()
@@ -207,7 +222,7 @@ def _accumulate_positions(
         idx = tok
     ps = torch.zeros(t, dtype=torch.float64, device=v.device).index_add_(0, idx, v).cpu()
     pc = torch.zeros(t, dtype=torch.float64, device=v.device).index_add_(
-        0, idx, torch.ones_like(v)
+        0, idx, torch.ones_like(v) if weight is None else weight.double()
     ).cpu()
     n = max(t, len(st.pos_sum))
     left = align == "right"
