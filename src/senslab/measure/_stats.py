@@ -51,8 +51,9 @@ class SensitivityResult:
     token position, at positions ``positions`` (right-aligned: −1 is the last real token), with
     ``position_counts`` perturbed copies behind each (with ``num_tokens`` each weighted by its
     example's real tokens over those drawn; with an allocation, tokens). ``num_forward`` counts
-    model evaluations of single examples, clean ones included; with checked bf16 (``precision``) every copy counts
-    once there and ``num_forward_fp32`` counts its float32 re-evaluations, a share
+    model evaluations of single examples, clean ones included; with checked bf16
+    (``precision``) every copy counts once there and ``num_forward_fp32`` counts its float32
+    re-evaluations, a share
     ``recheck_fraction`` of the checked copies (None when no copy ran checked).
     """
 
