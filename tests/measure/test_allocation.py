@@ -458,7 +458,8 @@ def test_allocation_rounds_stop_on_enough_flips_to_stay_unbiased():
     0.02): stopping once 10 flips were seen, the estimate was low by 0.55 of its standard error
     (-0.0098 against a truth of 0.125) and 87% of the 95% intervals covered, because a rarely
     drawn token that flips adds 1/π to the estimate and 1/π² to its variance, so runs that saw
-    none stopped early, low. With ALLOC_MIN_FLIPS the bias is within a fifth of the s.e."""
+    none stopped early, low. With ALLOC_MIN_FLIPS (50) the bias is within a fifth of the s.e.
+    (0.15 when this test was written, with 91% coverage)."""
     model = _Saturating().eval()
     x = torch.randn(30, 5, 3, generator=torch.Generator().manual_seed(3))
     gen = torch.Generator().manual_seed(11)
@@ -480,7 +481,7 @@ def test_allocation_rounds_stop_on_enough_flips_to_stay_unbiased():
         se.append(r.stderr)
     e, s = torch.tensor(est, dtype=torch.float64), torch.tensor(se, dtype=torch.float64)
     assert abs(e.mean().item() - truth) < 0.2 * s.mean().item()
-    assert ((e - truth).abs() <= 1.96 * s).double().mean().item() >= 0.91
+    assert ((e - truth).abs() <= 1.96 * s).double().mean().item() >= 0.89
 
 
 def few_flips_case():

@@ -303,17 +303,6 @@ def test_momentum_or_weight_decay_with_a_normalised_or_polyak_step_is_refused(na
     validate(apply_overrides(RunConfig(), [f"optim.name={name}"]))
 
 
-def test_a_learning_rate_for_sps_is_refused():
-    """SPS sets its own step size: an optim.lr given with it was recorded in config.json and
-    never read."""
-    from senslab.train.config import validate
-
-    with pytest.raises(ValueError, match=r"optim.lr=0.001: optim.name=sps.*optim.eta_max"):
-        validate(apply_overrides(RunConfig(), ["optim.name=sps", "optim.lr=0.001"]))
-    validate(apply_overrides(RunConfig(), ["optim.name=sps", "optim.eta_max=0.5"]))
-    validate(apply_overrides(RunConfig(), ["optim.name=sngd", "optim.lr=0.001"]))
-
-
 MLP_DIGITS = ["model.name=mlp", "data.name=digits", "train.batch_size=50",
               "track.num_examples=16", "track.eval_examples=100"]
 

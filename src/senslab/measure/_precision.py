@@ -474,6 +474,8 @@ class PrecisionCheck:
         self._static_for: Any = None
         #: the model's parameters and buffers at the calibration (:func:`._int8.weights_state`)
         self._weights: list[tuple[Any, ...]] | None = None
+        #: its plain Python attributes then (:func:`._int8.attributes_state`; int8 only)
+        self._attrs: list[tuple[str, str, str]] | None = None
         #: the largest input range of each recorded call (in call order) in the calibration:
         #: int8's linear layers, bf16's products, a static int8 copy's quantisations
         self._ranges: list[float] = []
@@ -503,15 +505,18 @@ class PrecisionCheck:
         under int8 so does one whose plain Python attributes changed
         (:func:`._int8.attributes_state`: the static copy bakes them in)."""
         weights = _int8.weights_state(model)
-        if low == "int8" and weights is not None:  # a static int8 copy bakes them in
-            weights = [*weights, *(_int8.attributes_state(model) or [])]
-        if low != self.low or (weights is not None and self._weights is not None
-                               and weights != self._weights):
+        # a static int8 copy bakes the model's plain Python attributes in (the dynamic int8
+        # layers and bf16 read them at every call): compared only while such a copy exists
+        attrs = _int8.attributes_state(model) if low == "int8" else None
+        baked = (self._static is not None and attrs is not None and self._attrs is not None
+                 and attrs != self._attrs)
+        if baked or low != self.low or (weights is not None and self._weights is not None
+                                        and weights != self._weights):
             # a new precision, or weights changed since the calibration (a training step): the
             # bound, and a static int8 copy, were the old model's
             self.reset()
             self.low = low
-        self._weights = weights
+        self._weights, self._attrs = weights, attrs
         self.judge = judge
         fresh = self.bound is None and self._copies == 0 and not self.idle
         if (low == "int8" and model is not None and model is not self._static_for

@@ -157,28 +157,29 @@ def within_variance(
 
 def accumulate(
     st: State, vals: Tensor, src: Tensor, tok: Tensor, valid: Tensor, *, group: int,
-    per_cell: int | None, positions: str | None,
+    per_cell: int | None, positions: str | None, num_tokens: int | None = None,
 ) -> None:
     """Add one batch's copies to ``st``. ``group``: copies per unit (:func:`units`);
     ``per_cell``: units per real cell when every real token was evaluated equally often
     (stratified design), else None. ``positions``: alignment of the per-position profile
-    ("left"/"right"), None to skip it (whole-input noise)."""
+    ("left"/"right"), None to skip it (whole-input noise). ``num_tokens``: each round drew
+    that many of every example's real tokens (a copy then stands for K_b / min(k, K_b) of
+    its example's tokens in the profile); None: every real token."""
     b = valid.shape[0]
     u, usrc, utok = units(vals, src, tok, group)
     cnt = _counts(usrc, b, u)
     mean = torch.zeros_like(cnt).index_add_(0, usrc, u) / cnt
     _add_examples(st, mean, within_variance(u, usrc, utok, valid, per_cell))
     if positions is not None:
-        # a copy stands for its example's real tokens over those drawn (1/π where num_tokens
-        # draws a subset: the profile would otherwise lean towards short examples, all of
-        # whose tokens are drawn); 1 wherever every real token was drawn
-        t = valid.shape[1]
-        drawn = torch.zeros(b * t, dtype=torch.bool, device=src.device)
-        drawn[src * t + tok] = True
-        real = valid.to(src.device).sum(1).double()
-        weight = (real / drawn.view(b, t).sum(1).double().clamp(min=1))[src]
-        _accumulate_positions(st, vals.double(), src, tok, valid, positions,
-                              weight.to(vals.device))
+        # with num_tokens a copy stands for its example's real tokens over those each round
+        # draws (1/π: the profile would otherwise lean towards short examples, all of whose
+        # tokens are drawn); every round draws its own subset, so π is per round, not the
+        # share of tokens drawn in some round
+        weight = None
+        if num_tokens is not None:
+            real = valid.to(src.device).sum(1).double()
+            weight = (real / real.clamp(max=num_tokens).clamp(min=1))[src].to(vals.device)
+        _accumulate_positions(st, vals.double(), src, tok, valid, positions, weight)
 
 
 def _add_examples(st: State, mean: Tensor, within: Tensor) -> None:

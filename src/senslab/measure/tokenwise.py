@@ -859,6 +859,7 @@ class TokenSensitivity:
         accumulate(
             self.state, vals, src, tok, valid, group=self.group, per_cell=per_cell,
             positions=None if self.mode == "whole" else self.align,
+            num_tokens=self.num_tokens if self.mode == "token" else None,
         )
         self.state.forward += forward
         self.state.checked += checked[0]

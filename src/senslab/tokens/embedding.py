@@ -123,8 +123,9 @@ def _refuse_per_token_head(model: Any, raw: Tensor, t: int, position: Position) 
             "generate): a token classifier or masked LM, whose last real token carries no "
             "prediction of the example. Say which position is measured with position=k on "
             "Embedding or auto_tokens (k ≥ 0: position k, e.g. 0 for [CLS]; negative: counted "
-            "back from the last real token), or position=None with compare='l1' or 'l2' for "
-            "the whole per-position output"
+            "back from the last real token; -1 reads the last one, as for a causal LM whose "
+            "class does not generate through transformers), or position=None with "
+            "compare='l1' or 'l2' for the whole per-position output"
         )
 
 

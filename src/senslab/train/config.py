@@ -388,11 +388,6 @@ def validate(cfg: C) -> C:
             raise ValueError(f"{', '.join(unused)}: optim.name={o.name} has no momentum or weight "
                              "decay (its step is the normalised or Polyak one alone); set them to "
                              f"0, or use optim.name=sgd/adamw for them")
-        default_lr = OptimConfig.__dataclass_fields__["lr"].default
-        if o.name == "sps" and o.lr != default_lr:
-            raise ValueError(f"optim.lr={o.lr}: optim.name=sps sets its own step size and never "
-                             "reads a learning rate; cap it with optim.eta_max instead, and "
-                             "leave optim.lr unset")
         if o.name == "sps" and o.schedule != "constant":
             raise ValueError(f"optim.schedule={o.schedule} scales a learning rate, but "
                              "optim.name=sps sets its own step size; use optim.schedule=constant "

@@ -86,8 +86,6 @@ def load_data(cfg: RunConfig) -> tuple[ArrayDataset, ArrayDataset]:
     kwargs = dict(d.options, root=d.root, download=d.download)
     train = create_dataset(d.name, d.train_split, **kwargs)
     test = create_dataset(d.name, d.test_split, **kwargs)
-    for split, data in ((d.train_split, train), (d.test_split, test)):
-        _check_labels(data, d.name, split)
     if d.train_subset is not None and d.train_subset < len(train):
         g = torch.Generator().manual_seed(cfg.seed + 12345)
         train = train.first(d.train_subset, generator=g)
@@ -327,6 +325,8 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
             return rd.read_json("summary.json")
     device = rank_device(device, world)
     train, test = load_data(cfg)
+    for split, data in ((cfg.data.train_split, train), (cfg.data.test_split, test)):
+        _check_labels(data, cfg.data.name, split)  # what the loop scores (measuring does not)
     model = build_model(cfg, train).to(device)
     net: nn.Module = model
     if world > 1:  # gradients averaged across ranks; `model` stays the plain module
