@@ -502,8 +502,8 @@ class PrecisionCheck:
         calibration makes at least :data:`AUTO_STATIC_COPIES` ``copies``, so building the copy
         costs little beside them; other models run their linear layers in int8. A ``model``
         whose parameters or buffers changed since the last call starts a new calibration, and
-        under int8 so does one whose plain Python attributes changed
-        (:func:`._int8.attributes_state`: the static copy bakes them in)."""
+        while a static int8 copy is in use so does one whose plain Python attributes changed
+        (:func:`._int8.attributes_state`: the copy bakes them in)."""
         weights = _int8.weights_state(model)
         # a static int8 copy bakes the model's plain Python attributes in (the dynamic int8
         # layers and bf16 read them at every call): compared only while such a copy exists
