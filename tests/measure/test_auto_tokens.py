@@ -257,6 +257,24 @@ def test_cnn_default_and_hf_cnn():
     assert r.num_forward == 2 * 4 + 2
 
 
+def test_an_isotropic_patch_network_gets_its_own_patches():
+    """ConvMixer cuts the image into p×p patches with its stem (kernel = stride = p) and never
+    strides again: its tokens are those patches, not the CNN default of 16 (which cut a 7-patch
+    ConvMixer's grid across its own). A CNN that downsamples in stages keeps the default."""
+    def mixer(p: int) -> nn.Module:
+        return nn.Sequential(nn.Conv2d(3, 8, p, stride=p), nn.GELU(), nn.BatchNorm2d(8),
+                             nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.GELU(),
+                             nn.Conv2d(8, 8, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                             nn.Linear(8, 3))
+    assert auto_tokens(mixer(7)) == Patches(7) and auto_tokens(mixer(4)) == Patches(4)
+    staged = nn.Sequential(nn.Conv2d(3, 8, 4, stride=4), nn.Conv2d(8, 16, 2, stride=2),
+                           nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 3))
+    assert auto_tokens(staged) == Patches(DEFAULT_CNN_PATCH)  # ConvNeXt-like: stages
+    padded = nn.Sequential(nn.Conv2d(3, 8, 3, stride=3, padding=1), nn.AdaptiveAvgPool2d(1),
+                           nn.Flatten(), nn.Linear(8, 3))
+    assert auto_tokens(padded) == Patches(DEFAULT_CNN_PATCH)  # overlapping: no patch grid
+
+
 class TimmShaped(nn.Module):
     """Not timm: a plain module with the two attributes timm documents for its models
     (``patch_embed.patch_size``, ``pretrained_cfg`` mean/std). It tests senslab's reading of
@@ -293,6 +311,15 @@ def _timm():
         pytest.skip(f"timm does not import here ({type(err).__name__}: {err}); the timm paths "
                     "are covered by the timm-shaped test above")
     return timm
+
+
+@pytest.mark.parametrize("name,patch", [("convmixer_768_32", 7), ("convmixer_1024_20_ks9_p14", 14),
+                                        ("convnext_atto", 16)])
+def test_real_timm_patch_networks(name, patch):
+    """timm's ConvMixers get their own patch size (7, 14); ConvNeXt, whose 4×4 stem is
+    followed by strided stages, the CNN default."""
+    timm = _timm()
+    assert auto_tokens(timm.create_model(name, pretrained=False, num_classes=3)) == Patches(patch)
 
 
 @pytest.mark.parametrize("name,patch", [("vit_tiny_patch16_224", 16), ("resnet18", 16)])

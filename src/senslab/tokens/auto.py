@@ -8,6 +8,8 @@ has ``default_tokens()`` (senslab's zoo)     that
 HF image model (``main_input_name`` is       ``Patches(config.patch_size)``; a model without a
 ``pixel_values``), timm ViT                  patch size (HF ResNet, ConvNeXt…): the CNN default
 (``patch_embed.patch_size``)
+an isotropic patch network (ConvMixer: a    ``Patches(p)``: the model's own patch grid
+p×p stride-p stem, no later stride)
 any other model with a ``Conv2d`` (CNN)      ``Patches(DEFAULT_CNN_PATCH)`` = 16: the grid of
                                              ViT-B/16, so a CNN and a ViT at 224×224 are
                                              measured on the same 14×14 patches
@@ -224,7 +226,8 @@ def _square(size: Any, where: str) -> int:
 
 
 def _patch_size(model: nn.Module) -> int:
-    """timm ``patch_embed.patch_size``, else HF ``config.patch_size``, else the CNN default."""
+    """timm ``patch_embed.patch_size``, else HF ``config.patch_size``, else the patch of an
+    isotropic patch network (:func:`_patch_stem`), else the CNN default."""
     embed = getattr(model, "patch_embed", None)
     if embed is not None and getattr(embed, "patch_size", None) is not None:
         return _square(embed.patch_size, "patch_embed.patch_size")
@@ -232,7 +235,24 @@ def _patch_size(model: nn.Module) -> int:
     size = getattr(config, "patch_size", None)
     if size is not None:
         return _square(size, "config.patch_size")
-    return DEFAULT_CNN_PATCH
+    return _patch_stem(model) or DEFAULT_CNN_PATCH
+
+
+def _patch_stem(model: nn.Module) -> int | None:
+    """p where the model's first convolution cuts the image into p×p patches (square kernel =
+    stride = p > 1, no padding) and no later convolution strides: an isotropic patch network
+    such as ConvMixer, whose tokens are those patches. None for a CNN that downsamples in
+    stages (ResNet, ConvNeXt: their stem is no token grid)."""
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    if not convs:
+        return None
+    stem, rest = convs[0], convs[1:]
+    k, st, pad = stem.kernel_size, stem.stride, stem.padding
+    if not (k[0] == k[1] == st[0] == st[1] > 1 and pad in ((0, 0), "valid")):
+        return None
+    if any(tuple(m.stride) != (1, 1) for m in rest):
+        return None
+    return int(k[0])
 
 
 def _input_embeddings(model: nn.Module) -> nn.Module | None:
