@@ -122,10 +122,10 @@ MIN_FLIPS = 10
 ALLOC_MIN_FLIPS = 50
 
 
-def enough_flips(events: int) -> bool:
+def enough_flips(events: int, least: int | None = None) -> bool:
     """Whether a standard error estimated from ``events`` nonzero values may stop the rounds
-    (:data:`MIN_FLIPS`; zero is left to the caller's ``rounds_at_zero``)."""
-    return events == 0 or events >= MIN_FLIPS
+    (``least``, default :data:`MIN_FLIPS`; zero is left to the caller's ``rounds_at_zero``)."""
+    return events == 0 or events >= (MIN_FLIPS if least is None else least)
 
 
 def expected_units(q: Tensor, valid: Tensor, budget: float,
@@ -333,7 +333,7 @@ def linear_rounds(x: Tensor, valid: Tensor, budget: float, gen: torch.Generator,
         variance = sum((s / spent) ** 2 * r for s, r in zip(sizes, reports, strict=True))
         se = math.sqrt(max(variance, 0.0))
         if se <= target and (se > 0.0 or len(ys) >= rounds_at_zero) and \
-                (events == 0 or events >= min(ALLOC_MIN_FLIPS, MIN_FLIPS * b)):
+                enough_flips(events, min(ALLOC_MIN_FLIPS, MIN_FLIPS * b)):
             break
         # the next round by the tangent recalibrated on every flip so far, of the size it
         # predicts for the target

@@ -212,10 +212,8 @@ def _accumulate_positions(
     weight: Tensor | None = None,
 ) -> None:
     t = valid.shape[1]
-    if weight is not None and bool((weight != 1).any()):
+    if weight is not None:  # weights of exactly 1 leave every sum as it was
         v = v * weight
-    else:
-        weight = None
     if align == "right":  # index t-1 ↔ position −1 (the last real token)
         # number of real tokens after each token: 0 for the last real one
         after = valid.flip(1).cumsum(1).flip(1) - valid.long()
