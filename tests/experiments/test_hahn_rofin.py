@@ -22,6 +22,7 @@ from senslab.experiments.hahn_rofin.norm_vs_blowup import (
 from senslab.experiments.hahn_rofin.parity_dynamics import dynamics_verdict, nearness, peaks
 from senslab.experiments.hahn_rofin.random_functions import completion_verdict
 from senslab.experiments.hahn_rofin.sharpness_vs_length import slope_verdict
+from senslab.experiments.ladder import runs_seconds
 from senslab.train.config import apply_overrides
 from senslab.train.loops.boolean import (
     BooleanRunConfig,
@@ -76,16 +77,45 @@ def test_sharpness_vs_length_tiny_run_and_resume(tmp_path: Path, finished_runs) 
     assert again["runtime_s"] == v["runtime_s"] == v["last_invocation_s"]
     assert again["last_invocation_s"] < v["runtime_s"] + 1.0
     assert (out / "parity-n3-s0" / "metrics.jsonl").read_text() == before
-    # an invocation that trains a run the earlier one did not have (a seed added, a run
-    # deleted) adds its time: the runtime is the cost of every run the verdict rests on
+    # an invocation that trains a run the earlier one did not have (a run deleted) counts the
+    # runs the verdict rests on, each its own training time, and its own time besides
     shutil.rmtree(out / "parity-n4-s0")
     third = run_experiment("hr_sharpness_vs_length", out, overrides=over, log=lambda _: None)
-    assert third["runtime_s"] == pytest.approx(v["runtime_s"] + third["last_invocation_s"],
-                                               abs=0.11)
+    trained = _seconds(out)
+    assert set(trained) == {"parity-n3-s0", "parity-n4-s0"}
+    outside = max(0.0, third["last_invocation_s"] - trained["parity-n4-s0"])
+    assert third["runtime_s"] == pytest.approx(sum(trained.values()) + outside, abs=0.11)
     # ... but never silently when the run settings differ
     with pytest.raises(ValueError, match=r"different configuration \(differs in steps\)"):
         run_experiment("hr_sharpness_vs_length", out, overrides=[*over, "steps=7"],
                        log=lambda _: None)
+
+
+def _seconds(out: Path) -> dict[str, float]:
+    """Each run's recorded training time, of the runs experiment.json lists."""
+    runs = json.loads((out / "experiment.json").read_text())["runs"]
+    return {r: json.loads((out / r / "summary.json").read_text())["seconds"] for r in runs}
+
+
+def test_runtime_counts_the_runs_the_verdict_rests_on_across_settings(tmp_path: Path) -> None:
+    """Adding seeds reuses the finished runs: the runtime is every listed run's training time,
+    not this invocation's alone; going back to fewer seeds trains nothing, and its runtime is
+    still what the runs it lists cost (not the 0.1 s of reading them), and a rung's runs time
+    leaves out runs of other settings left in the directory."""
+    out = tmp_path / "len"
+    over = TINY + ["n_values=[3]", "functions=['parity']"]
+    run_experiment("hr_sharpness_vs_length", out, overrides=[*over, "seeds=1"],
+                   log=lambda _: None)
+    two = run_experiment("hr_sharpness_vs_length", out, overrides=[*over, "seeds=2"],
+                         log=lambda _: None)
+    trained = _seconds(out)
+    assert len(trained) == 2
+    assert two["runtime_s"] >= sum(trained.values()) - 0.05
+    back = run_experiment("hr_sharpness_vs_length", out, overrides=[*over, "seeds=1"],
+                          log=lambda _: None)
+    assert back["runtime_s"] >= _seconds(out)["parity-n3-s0"] - 0.05
+    assert back["runtime_s"] >= back["last_invocation_s"]
+    assert runs_seconds(out) == pytest.approx(_seconds(out)["parity-n3-s0"], abs=0.051)
 
 
 def _len_summary(f: str, n: int, sharp: float, converged: bool = True) -> dict[str, Any]:

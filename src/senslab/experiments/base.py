@@ -357,6 +357,7 @@ def _run_locked(exp: Experiment, out: Path, scale: str, overrides: list[str],
         os.replace(out / "verdict.json", out / SUPERSEDED)
         log(f"{out}/verdict.json was written for other settings: moved to {SUPERSEDED}")
     before = _finished_runs(out)
+    trained_before = run_seconds(out)
     start = time.perf_counter()
     summaries = exp.execute(out, scale, overrides, progress, log)
     seeds = exp.settings(scale, overrides).seeds
@@ -369,15 +370,20 @@ def _run_locked(exp: Experiment, out: Path, scale: str, overrides: list[str],
     else:
         verdict = exp.verdict(summaries)
     seconds = round(time.perf_counter() - start, 1)
-    # Provenance for REPRODUCTION.md. A verdict.json is written only once every run finished,
-    # so re-running the same experiment reuses finished runs: its runtime stays that of the
-    # run that did the work, and this invocation's time is kept apart. An invocation that trained
-    # runs the earlier one did not have (seeds added) adds its time: the runtime stays the cost
-    # of every run the verdict rests on.
+    # Provenance for REPRODUCTION.md: the cost of every run the verdict rests on. Re-running the
+    # same settings reuses the finished runs and trains nothing: the runtime stays the earlier
+    # one, and this invocation's time is kept apart. Otherwise (new settings reuse finished runs
+    # of earlier ones, add seeds, or go back to fewer) it is the training time of the runs
+    # experiment.json lists, each its own summary's over every sitting, plus this invocation's
+    # time outside training them (measurements, the verdict).
     runtime = seconds
-    if previous and "runtime_s" in previous:
-        grew = bool(set(_finished_runs(out)) - before)
-        runtime = round(previous["runtime_s"] + seconds, 1) if grew else previous["runtime_s"]
+    grew = bool(set(_finished_runs(out)) - before)
+    listed = run_seconds(out, listed_runs(out))
+    if previous and "runtime_s" in previous and not grew:
+        runtime = previous["runtime_s"]
+    elif listed:
+        trained_now = sum(v - trained_before.get(k, 0.0) for k, v in listed.items())
+        runtime = round(sum(listed.values()) + max(0.0, seconds - trained_now), 1)
     verdict.update(scale=scale, overrides=list(overrides), runtime_s=runtime,
                    last_invocation_s=seconds,
                    finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -409,6 +415,33 @@ def device_name() -> str:
 def _finished_runs(out: Path) -> set[str]:
     """The names of the finished runs (a summary.json) directly below ``out``."""
     return {p.parent.name for p in out.glob("*/summary.json")}
+
+
+def listed_runs(out: str | Path) -> list[str] | None:
+    """The run subdirectories ``out``'s experiment.json lists (the runs its verdict rests on;
+    a directory may also hold runs of other settings), or None where it lists none."""
+    try:
+        runs = json.loads((Path(out) / "experiment.json").read_text()).get("runs")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return [str(r) for r in runs] if isinstance(runs, list) else None
+
+
+def run_seconds(out: str | Path, names: list[str] | None = None) -> dict[str, float]:
+    """Each finished run's training time (its summary.json ``seconds``: wall clock over every
+    sitting that trained it) below ``out``, by name: those of ``names`` (None: every run)."""
+    found: dict[str, float] = {}
+    for summary in sorted(Path(out).glob("*/summary.json")):
+        name = summary.parent.name
+        if names is not None and name not in names:
+            continue
+        try:
+            seconds = json.loads(summary.read_text()).get("seconds")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(seconds, (int, float)) and not isinstance(seconds, bool):
+            found[name] = float(seconds)
+    return found
 
 
 #: where a verdict.json of other settings goes when the directory is run with new ones

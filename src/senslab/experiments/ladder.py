@@ -29,7 +29,7 @@ from typing import Any
 
 from ..train.rundir import RunDir
 from ..verdicts import CONTRADICTED, INCONCLUSIVE, SUPPORTED, Effect, plain
-from .base import Experiment, Rung, get_experiment, run_experiment
+from .base import Experiment, Rung, get_experiment, listed_runs, run_experiment, run_seconds
 
 #: the level of a trend's interval (one comparison per effect: no correction)
 TREND_LEVEL = 0.95
@@ -113,19 +113,13 @@ def trend(low: dict[str, Any], high: dict[str, Any], level: float = TREND_LEVEL
 
 
 def runs_seconds(exp_dir: str | Path) -> float | None:
-    """The summed training time of the runs in an experiment directory (each run's
-    ``summary.json`` ``seconds``: wall clock over every sitting that trained it), or None when
-    none records one. A rung resumed over several sittings, or with runs trained in a side
-    process, has a verdict runtime of its last sitting only; this is what its runs cost."""
-    total, found = 0.0, False
-    for summary in sorted(Path(exp_dir).glob("*/summary.json")):
-        try:
-            seconds = json.loads(summary.read_text()).get("seconds")
-        except (OSError, ValueError):
-            continue
-        if isinstance(seconds, (int, float)):
-            total, found = total + float(seconds), True
-    return round(total, 1) if found else None
+    """The summed training time of the runs an experiment directory's experiment.json lists
+    (each run's ``summary.json`` ``seconds``: wall clock over every sitting that trained it;
+    runs of other settings left in the directory are not counted), or None when none records
+    one. A rung resumed over several sittings, or with runs trained in a side process, has a
+    verdict runtime of its last sitting only; this is what its runs cost."""
+    found = run_seconds(exp_dir, listed_runs(exp_dir))
+    return round(sum(found.values()), 1) if found else None
 
 
 def summarize_ladder(name: str, out_dir: str | Path) -> dict[str, Any]:
