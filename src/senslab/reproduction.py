@@ -33,8 +33,8 @@ from typing import Any
 from .experiments import get_experiment, list_experiments
 from .verdicts import WORDS
 
-RECORD_KEYS = ("verdict", "reason", "runtime_s", "overrides", "finished", "commit", "threads",
-               "effects", "correction", "seeds", "device")
+RECORD_KEYS = ("verdict", "reason", "runtime_s", "overrides", "finished", "commit",
+               "run_commits", "threads", "effects", "correction", "seeds", "device")
 #: the format of ``reproduction/<name>.json`` this code writes and reads
 RECORD_SCHEMA = 2
 #: the scales REPRODUCTION.md shows, in row order

@@ -118,6 +118,27 @@ def test_runtime_counts_the_runs_the_verdict_rests_on_across_settings(tmp_path: 
     assert runs_seconds(out) == pytest.approx(_seconds(out)["parity-n3-s0"], abs=0.051)
 
 
+def test_the_verdict_names_the_commits_behind_its_runs(tmp_path: Path) -> None:
+    """A finished run reused from another commit: the verdict lists both commits and the log
+    says the run's numbers are that code's."""
+    from senslab.train.rundir import git_commit
+
+    if git_commit() is None:
+        pytest.skip("outside a git checkout no commit is recorded")
+    out = tmp_path / "len"
+    over = TINY + ["n_values=[3, 4]", "functions=['parity']"]
+    v = run_experiment("hr_sharpness_vs_length", out, overrides=over, log=lambda _: None)
+    assert v["run_commits"] == [git_commit()]
+    env = json.loads((out / "parity-n3-s0" / "env.json").read_text())
+    env["sittings"] = [{**s, "git_commit": "f" * 40} for s in env["sittings"]]
+    (out / "parity-n3-s0" / "env.json").write_text(json.dumps(env))
+    lines: list[str] = []
+    with pytest.warns(UserWarning, match="reusing the finished run"):
+        again = run_experiment("hr_sharpness_vs_length", out, overrides=over, log=lines.append)
+    assert again["run_commits"] == sorted([git_commit(), "f" * 40])
+    assert any("ffffffffff" in line and "other commits" in line for line in lines)
+
+
 def _len_summary(f: str, n: int, sharp: float, converged: bool = True) -> dict[str, Any]:
     return {"function": f, "n": n, "converged": converged, "final": {"sharpness/loss": sharp}}
 

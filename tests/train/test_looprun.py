@@ -114,3 +114,43 @@ def test_single_thread_restores_the_count() -> None:
     with single_thread():
         assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == before
+
+
+def _trained_by(path: Path, commit: str) -> None:
+    """Rewrite env.json as if every sitting so far ran at ``commit``."""
+    env = json.loads((path / "env.json").read_text())
+    env["git_commit"] = commit
+    env["sittings"] = [{**s, "git_commit": commit} for s in env["sittings"]]
+    (path / "env.json").write_text(json.dumps(env))
+
+
+def test_the_code_behind_every_sitting_is_kept_and_a_change_of_it_said(tmp_path: Path) -> None:
+    """A run resumed by another commit than the one that trained it warns and keeps both
+    sittings in env.json; a finished run reused by another commit warns too. Same code: no
+    word."""
+    from senslab.train._provenance import commits_of
+    from senslab.train.rundir import git_commit
+
+    if git_commit() is None:
+        pytest.skip("outside a git checkout no commit is recorded, so none can differ")
+    path = tmp_path / "a"
+    assert _train(path, {"seed": 1}, stop_after=4) is None
+    first = json.loads((path / "env.json").read_text())
+    assert [s["from_step"] for s in first["sittings"]] == [None]
+    _trained_by(path, "0" * 40)
+    with pytest.warns(UserWarning, match="trained by commit 0000000000"):
+        _train(path, {"seed": 1})
+    env = json.loads((path / "env.json").read_text())
+    assert [s["from_step"] for s in env["sittings"]] == [None, 4]
+    assert env["sittings"][0]["git_commit"] == "0" * 40
+    assert commits_of(path) == ["0" * 40, git_commit()]
+    with pytest.warns(UserWarning, match="reusing the finished run"):
+        _train(path, {"seed": 1})
+    same = tmp_path / "b"
+    _train(same, {"seed": 1}, stop_after=2)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _train(same, {"seed": 1})  # resumed by the same code
+        _train(same, {"seed": 1})  # reused by the same code

@@ -40,6 +40,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..registry import Registry
+from ..train._provenance import commits_of
 from ..train.config import RunConfig, UnknownKey, apply_overrides, ranged, unknown_key, validate
 from ..train.looprun import single_thread
 from ..train.rundir import RunDir, RunDirError, git_commit
@@ -384,10 +385,18 @@ def _run_locked(exp: Experiment, out: Path, scale: str, overrides: list[str],
     elif listed:
         trained_now = sum(v - trained_before.get(k, 0.0) for k, v in listed.items())
         runtime = round(sum(listed.values()) + max(0.0, seconds - trained_now), 1)
+    commit = git_commit()
+    # the code behind the numbers: a run trained (or resumed) by another commit than the one
+    # judging it carries that code's results into this verdict
+    run_commits = sorted({c for r in listed_runs(out) or [] for c in commits_of(out / r)})
+    others = [c[:10] for c in run_commits if commit is not None and c != commit]
+    if others:
+        log(f"{out}: runs trained by other commits than this one ({commit[:10]}): "
+            f"{', '.join(others)}; their numbers are that code's (run_commits in verdict.json)")
     verdict.update(scale=scale, overrides=list(overrides), runtime_s=runtime,
                    last_invocation_s=seconds,
                    finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                   commit=git_commit(), seeds=seeds, device=device_name(),
+                   commit=commit, run_commits=run_commits, seeds=seeds, device=device_name(),
                    threads=1 if scale in exp.one_thread_at else torch.get_num_threads())
     verdict = plain(verdict)  # evidence may hold NaN (an undefined ratio): JSON has no NaN
     RunDir(out, kind="experiment").write_json("verdict.json", verdict)

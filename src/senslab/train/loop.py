@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from .._sigint import SigintWatch
 from ..data import ArrayDataset, create_dataset
 from ..models import create_model, model_config
+from ._provenance import check_reused, write_env
 from .config import LOGGING_ONLY, RunConfig, config_differences, defaults_of, validate
 from .progress import Progress
 from .report_to import Reporters, clear
@@ -321,6 +322,8 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
                        "starting it over with the new configuration")
             rd.reset()
         elif (rd.path / "summary.json").exists():
+            if rank == 0:
+                check_reused(rd.path)
             reporters.open(report_to, rd, cfg.to_dict(), cfg.name)  # sends what they lack
             return rd.read_json("summary.json")
     device = rank_device(device, world)
@@ -361,7 +364,8 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
         rd.write_json("config.json", cfg.to_dict())
         rd.metrics_path.unlink(missing_ok=True)
         clear(rd)
-    rd.write_json("env.json", environment(device) | {"world_size": world})
+    write_env(rd, environment(device) | {"world_size": world},
+              pos.step if state is not None else None)
     _barrier(world)  # ranks > 0 read the run directory only once rank 0 has set it up
     reporters.open(report_to, rd, cfg.to_dict(), cfg.name)  # metrics.jsonl as kept, first
 

@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from ._provenance import check_reused, write_env
 from .config import config_differences, defaults_of, json_form
 from .rundir import RunDir, environment, notice
 
@@ -107,6 +108,7 @@ class LoopRun:
             rd.reset()  # stopped before its first checkpoint: nothing worth keeping
             return
         if finished:
+            check_reused(self.path)
             self.summary = rd.read_json("summary.json")
 
     # -- the run -------------------------------------------------------------------------------
@@ -115,7 +117,7 @@ class LoopRun:
         starting the run afresh (config.json, env.json, an empty metric log)."""
         rd = self.dir
         found = rd.load_latest(resume=True) if rd.exists() else None
-        rd.write_json("env.json", environment(self.device))
+        write_env(rd, environment(self.device), None if found is None else int(found[1]["step"]))
         if found is None:
             rd.write_json("config.json", self.config)
             rd.metrics_path.unlink(missing_ok=True)

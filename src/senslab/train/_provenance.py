@@ -1,0 +1,84 @@
+"""Which code trained a run: every sitting's commit, kept across resumes.
+
+env.json describes the sitting that last trained a run (versions, commit, device); a run resumed
+after a kill is trained in several sittings, possibly by different code. Each write of env.json
+therefore carries the earlier sittings forward in ``"sittings"`` (commit, senslab version, start
+time, the step it started from), and a run resumed or reused by another commit than the one that
+trained it says so: its metrics, or its whole result, come from that code. The experiment's
+verdict lists the commits behind its runs (``run_commits``).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+from .rundir import RunDir, git_commit
+
+
+def _sittings(old: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The sittings an env.json records (one written before sittings were kept: itself)."""
+    if not isinstance(old, dict):
+        return []
+    kept = old.get("sittings")
+    if isinstance(kept, list):
+        return [s for s in kept if isinstance(s, dict)]
+    return [{"git_commit": old.get("git_commit"), "senslab": old.get("senslab"),
+             "started": old.get("started"), "from_step": None}]
+
+
+def _read_env(path: Path) -> dict[str, Any] | None:
+    try:
+        env = json.loads((path / "env.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return env if isinstance(env, dict) else None
+
+
+def commits_of(path: str | Path) -> list[str]:
+    """The commits that trained the run at ``path`` (every sitting's; none recorded: [])."""
+    seen: list[str] = []
+    for s in _sittings(_read_env(Path(path))):
+        c = s.get("git_commit")
+        if isinstance(c, str) and c and c not in seen:
+            seen.append(c)
+    return seen
+
+
+def _other(commits: list[str], now: str | None) -> list[str]:
+    return [c for c in commits if now is not None and c != now]
+
+
+def write_env(rd: RunDir, env: dict[str, Any], step: int | None) -> None:
+    """Write env.json for a sitting that starts at ``step`` (None: a fresh run), keeping the
+    earlier sittings of a resumed run, and warn when they were trained by other code."""
+    earlier = _sittings(_read_env(rd.path)) if step is not None else []
+    other = _other([s["git_commit"] for s in earlier if isinstance(s.get("git_commit"), str)],
+                   env.get("git_commit"))
+    if other:
+        warnings.warn(
+            f"resuming {rd.path} at step {step} with commit {_short(env.get('git_commit'))}, "
+            f"but it was trained by commit {', '.join(_short(c) for c in other)}: its metrics "
+            f"up to step {step} come from that code. Delete the run directory to train it "
+            "again with this code alone", UserWarning, stacklevel=3)
+    sitting = {"git_commit": env.get("git_commit"), "senslab": env.get("senslab"),
+               "started": env.get("started"), "from_step": step}
+    rd.write_json("env.json", {**env, "sittings": [*earlier, sitting]})
+
+
+def check_reused(path: str | Path) -> None:
+    """Warn when a finished run about to be reused was trained by another commit than this
+    one (its result is that code's)."""
+    other = _other(commits_of(path), git_commit())
+    if other:
+        warnings.warn(
+            f"reusing the finished run {path}, trained by commit "
+            f"{', '.join(_short(c) for c in other)}, not by this commit "
+            f"({_short(git_commit())}): its numbers are that code's. Delete the run directory "
+            "to train it again with this code", UserWarning, stacklevel=3)
+
+
+def _short(commit: str | None) -> str:
+    return commit[:10] if commit else "unknown"
