@@ -13,7 +13,7 @@ from ..tokens.base import BoundTokens, last_real
 from . import _chunks, _trim
 from ._noise import NoiseStream
 from ._precision import PrecisionCheck
-from .outputs import check_rows, predictions
+from .outputs import check_perturbed_kind, check_rows, predictions
 
 
 def _check_finite(out: Tensor, what: str) -> None:
@@ -427,6 +427,8 @@ class ChunkRunner:
         _check_finite(out, "perturbed copies")
         ref = self.ref
         if self.m.compare == "class":
+            # clean outputs all exact 0/1 were read as logits: a saturated sigmoid shows here
+            check_perturbed_kind(out, self.m.kind_from_zero_one)
             return (predictions(out, self.m.kind, self.m.threshold) != ref[src]).float()
         if out[0].shape != ref[0].shape:
             raise ValueError(

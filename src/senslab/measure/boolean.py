@@ -23,12 +23,18 @@ Encoding (used by every function here)
     coordinates is also a bitmask, so ``coefficients[S]`` is f̂(S) and χ_S(x_i) = (−1)^popcount(S&i).
 
 How a change is counted (``output``)
-    f may return shape (N,) or (N, 1) values / logits, or (N, C) class logits (C ≥ 2).
+    f may return shape (N,) or (N, 1) values / logits, or (N, C) class logits (C ≥ 2). A
+    structured output is read as the token-wise estimator reads it by default: ``.logits``, a
+    ``"logits"`` key, the element of a one-element tuple; for any other tuple or mapping (a
+    ``(features, logits)`` pair) pass a callable that returns the logits tensor.
 
     - ``"sign"``: the indicator of a change of the *predicted class*: argmax for (N, C); equality
       for integer or bool outputs (class labels); ``value > threshold`` for real outputs (±1
-      values, {0, 1} values or logits with the default threshold 0; use 0.5 for a regression
-      onto {0, 1} targets).
+      values, {0, 1} values or logits with the default boundary 0; use 0.5 for probabilities
+      or a regression onto {0, 1} targets). Without a ``threshold`` or a declared kind, real
+      values all in [0, 1] with some strictly inside (a sigmoid head) are refused as
+      ambiguous, as :mod:`senslab.measure.outputs` refuses them: read as logits (class =
+      value > 0) nothing would ever flip.
     - ``"real"``: (f(x) − f(x^⊕i))² / 4, scalar outputs only. It equals the indicator for ±1
       outputs and gives the Fourier identities above for any real f.
     - ``"auto"`` (default): ``"sign"`` for class-like outputs — (N, C) logits, integer or bool
@@ -43,7 +49,11 @@ How a change is counted (``output``)
     - A model that declares ``output_kind`` (``"logits"`` or ``"probabilities"``, as
       :mod:`senslab.measure.outputs` reads it) is a classifier: ``"auto"`` counts its class
       changes, and a probability column's class boundary is 1/2 unless ``threshold`` says
-      otherwise.
+      otherwise; (N, C) probabilities are read by their argmax, as any (N, C) output.
+
+A random f has no truth table: the first batch is evaluated twice (on at most
+:data:`REPEAT_ROWS` strings), and outputs that differ — a model in training mode with dropout,
+passed directly or inside a wrapper — are refused with an error that names ``model.eval()``.
 
 The Fourier side (coefficients, degree, spectral weights, noise stability) is in
 :mod:`senslab.measure.fourier`, the reference functions (PARITY, MAJORITY, FIRST, MEAN, sparse
@@ -62,7 +72,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from numbers import Real
 from typing import Literal
@@ -70,6 +80,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from ..tokens.base import select_output
 from ._cube import MAX_EXACT_N, all_inputs, check_n, index_to_inputs, inputs_to_index, table_n
 from ._options import _check_generator
 
@@ -112,7 +123,8 @@ class BooleanSensitivity:
     ``max`` the largest s(f, x) over the evaluated points (s_max(f) when exact, a lower bound when
     sampled), ``stderr`` the standard error of ``average`` across sampled points (0 when exact),
     ``ci95`` the normal 95% interval, ``num_evaluations`` the rows f was evaluated on (0 for a
-    truth table), ``output`` the counting rule actually used ("sign" or "real").
+    truth table; the randomness check's two evaluations of at most ``REPEAT_ROWS`` strings are
+    not counted), ``output`` the counting rule actually used ("sign" or "real").
     """
 
     average: float
@@ -143,8 +155,8 @@ def _module_placement(f: object) -> tuple[torch.device | None, torch.dtype | Non
     if isinstance(f, nn.Module):
         if f.training:
             warnings.warn(
-                "the module is in training mode (dropout/BatchNorm make f random); "
-                "call model.eval() before measuring its Boolean sensitivity",
+                "the module is in training mode (dropout/BatchNorm make f random or depend on "
+                "the batch); call model.eval() before measuring its Boolean sensitivity",
                 stacklevel=4,
             )
         for p in list(f.parameters()) + list(f.buffers()):
@@ -153,9 +165,52 @@ def _module_placement(f: object) -> tuple[torch.device | None, torch.dtype | Non
     return None, None
 
 
+def _describe(raw: object) -> str:
+    def one(v: object) -> str:
+        return f"Tensor{tuple(v.shape)}" if isinstance(v, Tensor) else type(v).__name__
+
+    if isinstance(raw, Mapping):
+        return "{" + ", ".join(f"{k!r}: {one(v)}" for k, v in raw.items()) + "}"
+    if isinstance(raw, (tuple, list)):
+        return "(" + ", ".join(f"[{i}] {one(v)}" for i, v in enumerate(raw)) + ")"
+    return one(raw)
+
+
+def _as_tensor(raw: object) -> Tensor:
+    """f's raw output as one tensor. A structured output is read as the token-wise estimator
+    reads it by default (:func:`~senslab.tokens.base.select_output`): ``.logits``, a mapping's
+    ``"logits"``, the element of a one-element tuple; anything else is refused, since
+    ``output=`` here is the counting rule: wrap f to return its logits."""
+    if isinstance(raw, Tensor):
+        return raw
+    structured = isinstance(raw, Mapping) or hasattr(raw, "logits") or (
+        isinstance(raw, (tuple, list)) and any(isinstance(v, Tensor) for v in raw))
+    if structured:
+        try:
+            return select_output(raw)
+        except TypeError:
+            pass
+        pick = ("lambda x: model(x)[1]" if isinstance(raw, (tuple, list))
+                else f"lambda x: model(x)[{next(iter(raw))!r}]" if isinstance(raw, Mapping) and raw
+                else "lambda x: <the logits in model(x)>")
+        raise TypeError(
+            f"f returned {type(raw).__name__} {_describe(raw)}, not one tensor of outputs, and "
+            "no part of it is marked as the logits (.logits, a 'logits' key or a one-element "
+            f"tuple); pass a callable that returns the logits, e.g. {pick} (with device= and "
+            "dtype= when the model is not on CPU in float32)"
+        )
+    try:
+        return torch.as_tensor(raw)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise TypeError(
+            f"f returned {type(raw).__name__}, which is not a tensor of outputs ({err}); f must "
+            "return a (N,), (N, 1) or (N, C) tensor for a (N, n) batch of ±1 strings"
+        ) from err
+
+
 def _canonical(raw: object, rows: int, output: Output) -> Tensor:
     """Reduce raw outputs to one value per row: long class labels, or float64 scalars."""
-    out = torch.as_tensor(raw)
+    out = _as_tensor(raw)
     if out.dim() == 2 and out.shape[1] == 1:
         out = out[:, 0]
     if out.dim() not in (1, 2) or out.shape[0] != rows:
@@ -174,10 +229,44 @@ def _canonical(raw: object, rows: int, output: Output) -> Tensor:
     return out.double().cpu()
 
 
+#: rows of the first batch that f is evaluated on twice, to refuse a random f
+REPEAT_ROWS = 64
+
+
+def _check_repeatable(first: Tensor, second: Tensor, rows: int) -> None:
+    """Refuse an f whose two evaluations of the same ``rows`` inputs differ: a random f (a
+    model in training mode with dropout, called directly or inside a wrapper) has no truth
+    table, and its sensitivity would count the randomness. Float rounding is allowed for:
+    relative 1e-3 of the largest output (5e-2 below float32)."""
+    if first.shape != second.shape:
+        differ, worst = True, math.inf
+    elif first.is_floating_point() and second.is_floating_point():
+        if not (torch.isfinite(first).all() and torch.isfinite(second).all()):
+            return  # refused by _canonical with its own message
+        rtol = 1e-3 if first.dtype in (torch.float32, torch.float64) else 5e-2
+        diff = (first.double() - second.double()).abs().max()
+        scale = first.double().abs().max()
+        worst = float(diff)
+        differ = worst > rtol * float(scale)
+    else:
+        differ = not torch.equal(first, second)
+        worst = float((first.double() - second.double()).abs().max()) if differ else 0.0
+    if differ:
+        raise ValueError(
+            f"f returned different outputs on two evaluations of the same {rows} inputs (by up "
+            f"to {worst:.3g}): f is random — a model in training mode with dropout, or noise in "
+            "the forward — so it has no truth table and its sensitivity would count that "
+            "randomness. Call model.eval() first (also when f wraps the model), or make f "
+            "deterministic"
+        )
+
+
 def _evaluator(
     f: BoolFn, n: int, output: Output, device: torch.device | str | None, dtype: torch.dtype | None
 ) -> Callable[[Tensor], Tensor]:
-    """A function index-or-string → canonical values, for a truth table or a callable."""
+    """A function index-or-string → canonical values, for a truth table or a callable. The
+    first call also evaluates (up to :data:`REPEAT_ROWS` of) its inputs twice more, as one
+    batch of their own, and refuses a random f (:func:`_check_repeatable`)."""
     if isinstance(f, Tensor):
         table = f[:, 0] if f.dim() == 2 else f
         table = _canonical(table, table.shape[0], output)
@@ -191,10 +280,17 @@ def _evaluator(
     dev, own_dtype = _module_placement(f)
     dev = torch.device(device) if device is not None else (dev or torch.device("cpu"))
     dtype = dtype or own_dtype or torch.float32
+    checked = False
 
     def call(x: Tensor) -> Tensor:
+        nonlocal checked
         with torch.inference_mode():
-            return _canonical(f(x.to(device=dev, dtype=dtype)), x.shape[0], output)
+            x = x.to(device=dev, dtype=dtype)
+            if not checked:
+                probe = x[:REPEAT_ROWS]
+                _check_repeatable(_as_tensor(f(probe)), _as_tensor(f(probe)), len(probe))
+                checked = True
+            return _canonical(f(x), x.shape[0], output)
 
     return call
 
@@ -212,49 +308,80 @@ def _resolve(values: Tensor, output: Output) -> str:
     return "sign" if two_valued else "real"
 
 
-def _declared(f: object, output: Output, threshold: float) -> tuple[Output, float]:
-    """(output, threshold) for a callable that declares ``output_kind`` (the attribute
-    :mod:`senslab.measure.outputs` reads): a declared kind is a classifier's, so ``"auto"``
-    counts class changes, and a declared ``"probabilities"`` column has its class boundary at
-    1/2 (at 0 no probability ever changes class: a false 0)."""
+def _declared(f: object, output: Output) -> tuple[Output, str | None]:
+    """(output, declared kind) for ``f``: a callable that declares ``output_kind`` (the
+    attribute :mod:`senslab.measure.outputs` reads) is a classifier, so ``"auto"`` counts its
+    class changes."""
     if isinstance(f, Tensor):
-        return output, threshold
+        return output, None
     kind = declared_kind(f, None)
-    if kind is None:
-        return output, threshold
-    if output == "auto":
+    if kind is not None and output == "auto":
         output = "sign"
-    if kind == "probabilities" and threshold == 0.0:
-        threshold = 0.5
-    return output, threshold
+    return output, kind
+
+
+def _boundary(values: Tensor, kind: str | None, threshold: float | None) -> float:
+    """The class boundary of one real column: the ``threshold`` given, else 1/2 for a declared
+    ``"probabilities"`` column (at 0 no probability ever changes class: a false 0), else 0.
+    Class labels and argmax classes are compared as they are, whatever it is."""
+    if threshold is not None:
+        return float(threshold)
+    return 0.5 if kind == "probabilities" and values.is_floating_point() else 0.0
 
 
 def _check_threshold_type(threshold: object) -> None:
+    if threshold is None:
+        return
     if isinstance(threshold, bool) or not isinstance(threshold, Real):
         raise TypeError(
             f"threshold must be a number, got {threshold!r} ({type(threshold).__name__})"
         )
+    if not math.isfinite(threshold):
+        raise ValueError(f"threshold must be finite, got {threshold!r}")
 
 
-def _check_threshold(rule: str, output: Output, threshold: float,
+def _check_threshold(rule: str, output: Output, threshold: float | None,
                      values: Tensor | None = None) -> None:
     """A threshold the rule would ignore is refused: ``output="real"``, or ``"auto"`` that
     chose ``"real"``, and class labels (integer or bool outputs, or the argmax of (N, C)
-    logits), which are compared as they are."""
-    if rule == "sign" and threshold != 0.0 and values is not None \
-            and not values.is_floating_point():
+    logits), which are compared as they are. Only a threshold the caller gave is checked (0
+    passes, as it changes nothing)."""
+    if threshold is None or threshold == 0.0:
+        return
+    if rule == "sign" and values is not None and not values.is_floating_point():
         raise ValueError(
             f"threshold={threshold!r} applies to one real output per input (class = value > "
             "threshold), but f returned class labels (integer or bool outputs, or (N, C) logits "
             "read by their argmax), whose changes are counted as they are: drop threshold, or "
             "return the real value to threshold")
-    if rule == "real" and threshold != 0.0:
+    if rule == "real":
         why = ("output='real' counts" if output == "real"
                else f"output={output!r} chose 'real' for these real values, which counts")
         raise ValueError(
             f"threshold={threshold!r} applies to class changes (output='sign': class = value > "
             f"threshold), but {why} the squared change / 4, with no threshold: pass "
             "output='sign' to count class changes at the threshold, or drop threshold"
+        )
+
+
+def _check_unit_interval(rule: str, values: Tensor, kind: str | None,
+                         threshold: float | None) -> None:
+    """The ambiguous column of :func:`senslab.measure.outputs.resolve_kind`: with the "sign"
+    rule, no declared kind and no threshold, real values all in [0, 1] with some strictly
+    inside are probabilities (a sigmoid head) as likely as logits, and read as logits
+    (class = value > 0) nothing ever flips — a false 0. Refused; the error names the fix."""
+    if rule != "sign" or kind is not None or threshold is not None \
+            or not values.is_floating_point() or values.numel() == 0:
+        return
+    lo, hi = float(values.min()), float(values.max())
+    if 0.0 <= lo and hi <= 1.0 and bool(((values > 0) & (values < 1)).any()):
+        raise ValueError(
+            f"f returns one real value per input, every one in [0, 1] (min {lo:.3g}, max "
+            f"{hi:.3g}): probabilities or logits? output='sign' reads the class as value > 0 "
+            "(threshold 0), so read as logits nothing would ever flip. Say which: "
+            "threshold=0.5 for probabilities (class 1 iff p > 1/2), or give f an attribute "
+            "output_kind='probabilities' (class at 1/2) or output_kind='logits' (class = sign); "
+            "threshold=0.0 keeps the sign as well"
         )
 
 
@@ -272,7 +399,7 @@ def truth_table(
     n: int,
     *,
     output: Output = "auto",
-    threshold: float = 0.0,
+    threshold: float | None = None,
     chunk_size: int = DEFAULT_CHUNK,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
@@ -280,19 +407,22 @@ def truth_table(
     """The truth table of ``f`` on {±1}ⁿ (length 2ⁿ, index encoding in the module docstring).
 
     With the "sign" rule a two-valued output becomes a float64 ±1 table (+1 where the output
-    is the positive class: ``> threshold``, label 1, or argmax 1 of two logits), so Fourier
-    analysis applies directly; more than two integer classes stay long labels. With "real" the
-    table holds the float64 outputs. f is called on at most ``chunk_size`` rows at a time.
+    is the positive class: above the boundary — ``threshold``, else 1/2 for a declared
+    probability column, else 0 —, label 1, or argmax 1 of two logits), so Fourier analysis
+    applies directly; more than two integer classes stay long labels. With "real" the table
+    holds the float64 outputs. f is called on at most ``chunk_size`` rows at a time. The
+    ``threshold`` and the refusals are those of :func:`boolean_sensitivity`.
     """
     _check_threshold_type(threshold)
-    output, threshold = _declared(f, output, threshold)
+    output, kind = _declared(f, output)
     values = _raw_table(f, n, output, chunk_size, device, dtype)
     rule = _resolve(values, output)
     _check_threshold(rule, output, threshold, values)
+    _check_unit_interval(rule, values, kind, threshold)
     if rule == "real":
         return values.double()
     if values.is_floating_point():
-        return (values > threshold).double() * 2 - 1
+        return (values > _boundary(values, kind, threshold)).double() * 2 - 1
     labels = values.unique()
     if torch.isin(labels, _ZERO_ONE).all() or torch.isin(labels, _PM_ONE).all():
         return (values > 0).double() * 2 - 1
@@ -341,7 +471,7 @@ def boolean_sensitivity(
     generator: torch.Generator | int | None = None,
     chunk_size: int = DEFAULT_CHUNK,
     output: Output = "auto",
-    threshold: float = 0.0,
+    threshold: float | None = None,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
 ) -> BooleanSensitivity:
@@ -350,7 +480,9 @@ def boolean_sensitivity(
     ``f`` is a truth table (``n`` then optional), or a callable / ``nn.Module`` taking a (N, n)
     batch of ±1 strings. f runs under ``torch.inference_mode()`` on ``device`` with inputs of
     ``dtype`` (defaults: a module's own device and parameter dtype; CPU and float32 for other
-    callables). ``output`` and ``threshold`` say how a change is counted (module docstring).
+    callables). ``output`` and ``threshold`` say how a change is counted (module docstring);
+    ``threshold`` None (default) is the class boundary 0 of real outputs, 1/2 for a model that
+    declares ``output_kind="probabilities"``. A random f (dropout in training mode) is refused.
 
     - ``method="exact"`` enumerates all 2ⁿ strings: the truth table is evaluated once, in chunks
       of ``chunk_size`` rows (2ⁿ evaluations instead of (n+1)·2ⁿ), and the flips are read from it.
@@ -381,7 +513,7 @@ def boolean_sensitivity(
         raise ValueError(f"method must be 'auto', 'exact' or 'sample', got {method!r}")
     if output not in ("auto", "sign", "real"):
         raise ValueError(f"output must be 'auto', 'sign' or 'real', got {output!r}")
-    output, threshold = _declared(f, output, threshold)
+    output, kind = _declared(f, output)
     if output == "real":  # refused before anything is evaluated
         _check_threshold("real", output, threshold)
     is_table = isinstance(f, Tensor)
@@ -394,11 +526,13 @@ def boolean_sensitivity(
             table, evaluations = _raw_table(f, n, output, chunk_size, device, dtype), 1 << n
         rule = _resolve(table, output)
         _check_threshold(rule, output, threshold, table)
+        _check_unit_interval(rule, table, kind, threshold)
+        boundary = _boundary(table, kind, threshold)
         stats = _Stats(n)
         masks = 1 << torch.arange(n)
         step = max(1, chunk_size // (n + 1))  # bounds the (points, n) change matrix too
         for idx in torch.arange(1 << n).split(step):
-            stats.add(_changes(table[idx], table[idx.unsqueeze(1) ^ masks], rule, threshold))
+            stats.add(_changes(table[idx], table[idx.unsqueeze(1) ^ masks], rule, boundary))
         return stats.result("exact", rule, evaluations, exact=True)
 
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 2:
@@ -435,8 +569,9 @@ def boolean_sensitivity(
                 UserWarning, stacklevel=2,
             )
     _check_threshold(rule, output, threshold, v0)
+    _check_unit_interval(rule, torch.cat([v0, nb.reshape(-1)]), kind, threshold)
     stats = _Stats(n)
-    stats.add(_changes(v0, nb, rule, threshold))
+    stats.add(_changes(v0, nb, rule, _boundary(v0, kind, threshold)))
     evaluations = 0 if is_table else num_samples * (n + 1)
     return stats.result("sample", rule, evaluations, exact=False)
 

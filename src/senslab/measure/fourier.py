@@ -10,6 +10,9 @@ encoding of :mod:`senslab.measure.boolean` (subset S = bitmask, ``coefficients[S
 
 from __future__ import annotations
 
+import math
+from numbers import Real
+
 import torch
 from torch import Tensor
 
@@ -80,10 +83,40 @@ def spectral_weights(table: Tensor, *, coefficients: bool = False) -> Tensor:
     return torch.zeros(n + 1, dtype=torch.float64).index_add_(0, subset_sizes(n), c.pow(2))
 
 
-def degree(table: Tensor, tol: float = 1e-9, *, coefficients: bool = False) -> int:
-    """deg(f) = max |S| with |f̂(S)| > tol (0 for a constant, including the zero function)."""
+#: default relative tolerance of :func:`degree`, a multiple of ‖f‖₂: float32 rounding of the
+#: outputs (relative 6e-8 each) moves the coefficients by about 1e-8·‖f‖₂
+DEGREE_RTOL = 1e-6
+
+
+def degree(table: Tensor, tol: float | None = None, *, rtol: float | None = None,
+           coefficients: bool = False) -> int:
+    """deg(f) = max |S| with |f̂(S)| > cut (0 for a constant, including the zero function).
+
+    The cut is relative to the table's scale ‖f‖₂ = (Σ_S f̂(S)²)^½ = E[f²]^½ (Parseval):
+    ``rtol``·‖f‖₂. The default ``rtol`` is ``min(DEGREE_RTOL, 2⁻ⁿ)``: 1e-6 ignores the
+    coefficients that float32 rounding of a model's outputs leaves at every degree (a few
+    1e-9 for outputs of size 1, which an absolute 1e-9 counted: a linear model read as degree
+    5 to 10), and 2⁻ⁿ stays below 2¹⁻ⁿ, the smallest nonzero coefficient of a ±1 function, so
+    Boolean tables keep their exact degree. A table computed in bf16 or fp16 needs more, e.g.
+    ``rtol=1e-2``. ``tol`` is an absolute cut instead (|f̂(S)| > tol), for a known noise
+    level; pass one of the two.
+    """
+    if tol is not None and rtol is not None:
+        raise ValueError(
+            f"pass tol (an absolute cut, got {tol!r}) or rtol (relative to ‖f‖₂, got {rtol!r}), "
+            "not both")
+    for name, value in (("tol", tol), ("rtol", rtol)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, Real)
+                                  or not math.isfinite(value) or value < 0):
+            raise ValueError(f"{name} must be a finite number ≥ 0, got {value!r}")
     c = _spectrum(table, coefficients)
-    sizes = subset_sizes(table_n(c))[c.abs() > tol]
+    n = table_n(c)
+    if tol is not None:
+        cut = float(tol)
+    else:
+        scale = float(c.pow(2).sum().sqrt())
+        cut = scale * (min(DEGREE_RTOL, 2.0**-n) if rtol is None else float(rtol))
+    sizes = subset_sizes(n)[c.abs() > cut]
     return int(sizes.max()) if len(sizes) else 0
 
 

@@ -3,7 +3,8 @@ tabulated functions (docs/definitions.md#reference-boolean-functions;
 Hahn & Rofin).
 
 Each takes a (N, n) batch of ±1 strings and returns (N,) values in the batch's float dtype, so
-they serve both as measured functions and as regression targets for generated tasks.
+they serve both as measured functions and as regression targets for generated tasks. Entries
+other than ±1 are refused: on 0/1 bits PARITY would compute AND and MAJORITY OR, silently.
 """
 
 from __future__ import annotations
@@ -14,11 +15,21 @@ import torch
 from torch import Tensor
 
 from ._cube import MAX_EXACT_N, check_n, inputs_to_index, table_n
+from ._options import _check_generator
 
 
 def _bits(x: Tensor) -> Tensor:
+    """``x`` as a float (N, n) batch, refused unless every entry is ±1 (one pass over x)."""
     if x.dim() != 2:
         raise ValueError(f"expected a (N, n) batch of ±1 strings, got shape {tuple(x.shape)}")
+    bad = x.abs() != 1
+    if bool(bad.any()):
+        got = x[bad].unique()[:4].tolist()
+        raise ValueError(
+            f"expected ±1 strings, got entries {got}: on 0/1 bits these functions compute other "
+            "functions (PARITY would be AND, MAJORITY OR). For 0/1 bits pass 1 − 2·x (bit 1 ↦ "
+            "−1)"
+        )
     return x if x.is_floating_point() else x.float()
 
 
@@ -67,14 +78,20 @@ def sparse_parity(subset: Sequence[int]) -> Callable[[Tensor], Tensor]:
     return chi
 
 
-def random_function(n: int, generator: torch.Generator) -> Tensor:
+def random_function(n: int, generator: torch.Generator | int | None) -> Tensor:
     """A uniformly random ±1 truth table (float64, length 2ⁿ); E[as(f)] = n/2.
 
-    Use it with :func:`table_function` for a callable, or pass the table directly.
+    ``generator`` is a ``torch.Generator`` or an int seed (None: seed 0), as for
+    :func:`~senslab.measure.boolean.boolean_sensitivity`; a seed ``s`` gives the table of
+    ``torch.Generator().manual_seed(s)``. Use it with :func:`table_function` for a callable, or
+    pass the table directly.
     """
     check_n(n)
+    _check_generator(generator)
     if n > MAX_EXACT_N:
         raise ValueError(f"a random truth table for n={n} has 2^{n} entries; n ≤ {MAX_EXACT_N}")
+    if not isinstance(generator, torch.Generator):
+        generator = torch.Generator().manual_seed(0 if generator is None else int(generator))
     bits = torch.randint(0, 2, (1 << n,), generator=generator, device=generator.device)
     return (1 - 2 * bits).double().cpu()
 

@@ -26,7 +26,11 @@ values strictly inside, is what a ``sigmoid`` head returns (its confident exampl
 exactly 0 or 1 in float32); read as logits every value is at least 0, (almost) every prediction
 is class 1 and no noise flips it — a sensitivity of (about) 0 that says nothing. When no kind
 was given (neither the option nor a model attribute ``output_kind``) such an output raises a
-``ValueError`` that names ``output_kind``; any other output is read as logits.
+``ValueError`` that names ``output_kind``; any other output is read as logits. A clean column
+of exact 0s and 1s (hard decisions, or a sigmoid saturated at 1.0 on every example: float32
+rounds a logit above about 17 to 1.0, bf16 one above about 5.5) cannot tell, so it is read as
+logits *provisionally* (:func:`inferred_from_zero_one`): perturbed outputs in [0, 1] with a
+value strictly inside raise the same error (:func:`check_perturbed_kind`).
 """
 
 from __future__ import annotations
@@ -42,8 +46,9 @@ OutputKind = Literal["logits", "probabilities", "scores"]
 OUTPUT_KINDS: tuple[str, ...] = ("logits", "probabilities", "scores")
 
 __all__ = [
-    "OUTPUT_KINDS", "OutputKind", "check_kind", "check_rows", "declared_kind", "is_scalar",
-    "margins", "predictions", "resolve_kind", "threshold_of",
+    "OUTPUT_KINDS", "OutputKind", "check_kind", "check_perturbed_kind", "check_rows",
+    "declared_kind", "inferred_from_zero_one", "is_scalar", "margins", "predictions",
+    "resolve_kind", "threshold_of",
 ]
 
 
@@ -128,14 +133,35 @@ def threshold_of(kind: str, threshold: float | None = None) -> float:
     return 0.5 if kind == "probabilities" else 0.0
 
 
+def _column_range(out: Tensor) -> tuple[float, float, bool] | None:
+    """(min, max, some value strictly inside (0, 1)) of a floating one-column output, with one
+    host sync; None for any other output (several columns, labels, empty)."""
+    if not is_scalar(out) or not out.is_floating_point() or out.numel() == 0:
+        return None
+    flat = out.reshape(-1)
+    lo, hi, inside = torch.stack(
+        [flat.min(), flat.max(), ((flat > 0) & (flat < 1)).any().to(flat.dtype)]).tolist()
+    return lo, hi, inside > 0
+
+
+def _ambiguous(lo: float, hi: float, what: str) -> ValueError:
+    return ValueError(
+        f"{what} one column with every value in [0, 1] (min {lo:.3g}, max {hi:.3g}): "
+        "probabilities or logits? Read as logits (class = sign) nothing would ever flip. Say "
+        "which: output_kind='probabilities' (class 1 iff > 0.5), output_kind='logits', or "
+        "output_kind='scores', threshold=t; a model can declare it with an attribute output_kind"
+    )
+
+
 def resolve_kind(out: Tensor, kind: str | None, threshold: float | None = None) -> str:
     """The kind to read ``out`` (clean outputs of a batch) with; refuses the ambiguous case.
 
     ``kind`` None: logits, unless one floating column lies entirely in [0, 1] with some value
     strictly inside (a ValueError naming ``output_kind``): a sigmoid head, even one whose
     confident examples round to exactly 0 or 1 in float32. A column of exact 0s and 1s (hard
-    decisions) reads the same either way. ``"probabilities"`` on one column outside [0, 1] is
-    an error too.
+    decisions, or a sigmoid saturated on every example) is read as logits provisionally: pass
+    :func:`inferred_from_zero_one` to :func:`check_perturbed_kind` on the perturbed outputs.
+    ``"probabilities"`` on one column outside [0, 1] is an error too.
     """
     check_kind(kind, threshold)
     scalar = is_scalar(out)
@@ -144,18 +170,14 @@ def resolve_kind(out: Tensor, kind: str | None, threshold: float | None = None) 
             f"threshold= applies to one-column outputs, but the model returned shape "
             f"{tuple(out.shape)} (the argmax decides): drop output_kind='scores'/threshold"
         )
-    if not scalar or not out.is_floating_point() or out.numel() == 0:
+    if kind not in (None, "probabilities"):
+        return kind
+    seen = _column_range(out)
+    if seen is None:
         return kind or "logits"
-    lo, hi = float(out.min()), float(out.max())
-    inside = bool(((out > 0) & (out < 1)).any())
+    lo, hi, inside = seen
     if kind is None and 0.0 <= lo and hi <= 1.0 and inside:
-        raise ValueError(
-            f"the model returns one column with every value in [0, 1] (min {lo:.3g}, max "
-            f"{hi:.3g}): probabilities or logits? Read as logits (class = sign) nothing would "
-            "ever flip. Say which: output_kind='probabilities' (class 1 iff > 0.5), "
-            "output_kind='logits', or output_kind='scores', threshold=t; a model can declare "
-            "it with an attribute output_kind"
-        )
+        raise _ambiguous(lo, hi, "the model returns")
     if kind == "probabilities" and (lo < 0.0 or hi > 1.0):
         raise ValueError(
             f"output_kind='probabilities' but the model's one column ranges over [{lo:.3g}, "
@@ -163,6 +185,40 @@ def resolve_kind(out: Tensor, kind: str | None, threshold: float | None = None) 
             "(class = sign) or output_kind='scores', threshold=t"
         )
     return kind or "logits"
+
+
+def inferred_from_zero_one(clean: Tensor, kind: str | None) -> bool:
+    """True when no kind was given and the clean outputs ``clean`` are one floating column of
+    exact 0s and 1s: :func:`resolve_kind` read them as logits, but a sigmoid saturated at
+    exactly 0 or 1 on every clean example looks the same, so only the perturbed outputs can
+    tell (:func:`check_perturbed_kind`). One host sync, once per batch."""
+    if kind is not None:
+        return False
+    seen = _column_range(clean)
+    return seen is not None and seen[0] >= 0.0 and seen[1] <= 1.0 and not seen[2]
+
+
+def check_perturbed_kind(out: Tensor, inferred_from_clean: bool) -> None:
+    """Refuse perturbed outputs ``out`` that show a logits reading was wrong.
+
+    ``inferred_from_clean`` is :func:`inferred_from_zero_one` of the clean outputs. When it is
+    True (no kind given, clean column all exact 0s and 1s) and ``out`` is one floating column
+    lying in [0, 1] with some value strictly inside, the model is a saturated sigmoid read as
+    logits — class = p > 0, which no perturbation ever changes: a false 0. That raises the
+    "probabilities or logits?" ValueError of :func:`resolve_kind`, naming ``output_kind``.
+    Hard decisions (exact 0s and 1s in ``out`` too) and logits (values outside [0, 1]) pass.
+    Nothing is computed when ``inferred_from_clean`` is False; else one host sync per call.
+    """
+    if not inferred_from_clean:
+        return
+    seen = _column_range(out)
+    if seen is None:
+        return
+    lo, hi, inside = seen
+    if 0.0 <= lo and hi <= 1.0 and inside:
+        raise _ambiguous(
+            lo, hi, "the model's clean outputs are one column of exact 0s and 1s, read as "
+            "logits, but on perturbed inputs it returns")
 
 
 def predictions(out: Tensor, kind: str = "logits", threshold: float | None = None) -> Tensor:

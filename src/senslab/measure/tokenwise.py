@@ -21,6 +21,8 @@ sharpness and the training loop). :math:`\hat y` is the argmax of a (B, C) outpu
 default is the model's ``output_kind`` attribute (the zoo's models declare ``"logits"``), else
 logits — except that a single column lying entirely in [0, 1] (some values strictly inside),
 what a ``sigmoid`` head returns, is refused as ambiguous: read as logits it would never flip.
+A clean column of exact 0s and 1s (a sigmoid saturated on every example) is refused the same
+way as soon as a perturbed copy's output lies in [0, 1] with a value strictly inside.
 
 **What the model returns.** ``output=`` says where the logits are in the raw output: an int
 index into a tuple/list, a str key (or attribute), or a function of the raw output. Without it a
@@ -205,6 +207,7 @@ from .outputs import (
     check_kind,
     check_rows,
     declared_kind,
+    inferred_from_zero_one,
     predictions,
     resolve_kind,
 )
@@ -281,7 +284,8 @@ class TokenSensitivity:
             ``"logits"`` (class 1 iff > 0), ``"probabilities"`` (iff > 0.5) or ``"scores"``
             (iff > ``threshold``); several columns are always read by argmax. Default: the
             model's ``output_kind`` attribute, else logits — but a one-column output entirely
-            in [0, 1] (some values strictly inside) is then refused as ambiguous.
+            in [0, 1] (some values strictly inside) is then refused as ambiguous, on the clean
+            inputs or, after a clean column of exact 0s and 1s, on the perturbed copies.
         threshold: the class boundary of ``output_kind="scores"``.
         output: which part of the model's raw output holds the logits: an int index into a
             tuple/list, a str key (or attribute), or a function of the raw output. Default: a
@@ -417,6 +421,9 @@ class TokenSensitivity:
         self.threshold = threshold
         #: the kind the last batch was read with (``output_kind`` or, if None, logits)
         self.kind: str = self.output_kind or "logits"
+        #: the last batch's logits reading was inferred from a clean column of exact 0s and 1s,
+        #: so the perturbed outputs are checked (:func:`.outputs.check_perturbed_kind`)
+        self.kind_from_zero_one = False
         self.sigma = _resolve_sigma(sigma, variance, replace_with)
         self.replace_with = replace_with
         if replace_with is not None and mode != "token":
@@ -651,6 +658,7 @@ class TokenSensitivity:
             _check_finite(clean, "clean examples")
             if self.compare == "class":
                 self.kind = resolve_kind(clean, self.output_kind, self.threshold)
+                self.kind_from_zero_one = inferred_from_zero_one(clean, self.output_kind)
             if self.replace_with is not None and self.replace_with.shape[1] != bound.dim:
                 raise ValueError(
                     f"replace_with rows have {self.replace_with.shape[1]} entries but a token has "
