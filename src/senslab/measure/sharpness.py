@@ -53,8 +53,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..tokens.base import Inputs, batch_size, call_model, check_device
-from .outputs import check_kind, declared_kind, predictions, resolve_kind
+from ..tokens.base import Inputs, OutputSelector, batch_size, call_model, check_device
+from .outputs import (
+    check_head,
+    check_kind,
+    check_rows,
+    declared_kind,
+    is_scalar,
+    predictions,
+    resolve_kind,
+)
 
 Seed = torch.Generator | int | None
 
@@ -96,14 +104,20 @@ class SharpnessResult:
 @dataclass(frozen=True)
 class OutputSharpness:
     """Result of :func:`output_sharpness`: ``shop`` (output L1 change) and ``shpred`` (predicted
-    class changes; ``None`` when the outputs are not class scores, e.g. a sequence of logits)."""
+    class changes; ``None`` when the outputs are not class scores, e.g. a sequence of logits, a
+    regression or multi-label head, or an undeclared one-column output in [0, 1]).
+    ``shpred_reason`` says why ShPred is ``None`` (``None`` when it is reported)."""
 
     shop: SharpnessResult
     shpred: SharpnessResult | None
     num_examples: int
+    shpred_reason: str | None = None
 
     def __str__(self) -> str:
-        pred = str(self.shpred) if self.shpred is not None else "ShPred n/a"
+        if self.shpred is not None:
+            pred = str(self.shpred)
+        else:
+            pred = "ShPred n/a" + (f" ({self.shpred_reason})" if self.shpred_reason else "")
         return f"{self.shop}; {pred}; {self.num_examples:,} examples"
 
 
@@ -176,21 +190,88 @@ def _summary(
     )
 
 
+#: low-precision weights: the applied noise may be off from the drawn one by this share of its
+#: root mean square at most (see :meth:`_WeightNoise.draw`)
+ROUNDING_RTOL = 0.1
+#: … and at most this share of their coordinates may round back to the clean weight
+ROUNDING_MAX_UNCHANGED = 0.5
+
+
+def _spacing(p: Tensor) -> Tensor:
+    """Float64 distance from each entry of ``p`` to the next larger value of its dtype."""
+    _, exponent = torch.frexp(p.double())  # |p| = m·2^e, m in [0.5, 1)
+    spacing = torch.finfo(p.dtype).eps * torch.exp2(exponent.double() - 1)
+    return torch.where(p == 0, 0.0, spacing)
+
+
 class _WeightNoise:
-    """Sets the chosen parameters to θ + σ·ε with ε ~ N(0, I) drawn from ``generator``."""
+    """Sets the chosen parameters to θ + σ·ε with ε ~ N(0, I) drawn from ``generator``.
+
+    A bf16/fp16 parameter holds θ + σ·ε rounded to its own grid (spacing about
+    ``torch.finfo(dtype).eps · |θ|``). For σ near or below that spacing the noise actually applied
+    is not the one drawn: mostly zero (σ = 0.001 on bf16 weights of size 1: a third of σ, ShOp
+    16× too small) or larger (σ about the spacing). The first draw of a call therefore compares
+    the noise applied to every low-precision parameter with the noise drawn, over all their
+    coordinates together, and refuses (a ``ValueError``) when the root mean square of the applied
+    noise differs from that of the drawn noise by more than :data:`ROUNDING_RTOL` (10%), or when
+    more than :data:`ROUNDING_MAX_UNCHANGED` (half) of the coordinates kept their clean value.
+    float32 and float64 parameters are not checked.
+    """
 
     def __init__(
-        self, params: list[nn.Parameter], saved: list[Tensor], gen: torch.Generator
+        self, params: list[nn.Parameter], saved: list[Tensor], gen: torch.Generator,
+        names: list[str] | None = None,
     ) -> None:
         self.params, self.saved, self.gen = params, saved, gen
+        self.names = names if names is not None else [f"#{i}" for i in range(len(params))]
+        self.checked = False
 
     @torch.no_grad()
-    def draw(self, sigma: float) -> None:
-        for p, p0 in zip(self.params, self.saved, strict=True):
+    def draw(self, sigma: float, name: str = "sigma") -> None:
+        """Perturb; ``name`` is the caller's argument for σ (for the rounding refusal)."""
+        check = not self.checked and sigma > 0
+        low: list[int] = []  # indices of the low-precision parameters
+        sums: list[Tensor] = []  # per such parameter: Σ drawn², Σ applied², # unchanged
+        for i, (p, p0) in enumerate(zip(self.params, self.saved, strict=True)):
             # sample in at least float32 so half-precision weights get well-formed noise
             dtype = p.dtype if p.dtype in (torch.float32, torch.float64) else torch.float32
             eps = torch.randn(p.shape, generator=self.gen, device=self.gen.device, dtype=dtype)
-            p.copy_(p0 + sigma * eps.to(p.device))
+            delta = sigma * eps.to(p.device)
+            p.copy_(p0 + delta)
+            if check and p.is_floating_point() and p.dtype not in (torch.float32, torch.float64):
+                applied = p.double() - p0.double()
+                stats = torch.stack([delta.double().square().sum(), applied.square().sum(),
+                                     (applied == 0).sum().double()])
+                sums.append(stats.to(sums[0].device) if sums else stats)  # no sync yet
+                low.append(i)
+        self.checked = self.checked or sigma > 0
+        if not low:
+            return
+        per = torch.stack(sums).cpu()  # (parameters, 3): one host sync
+        drawn_sq, applied_sq, unchanged = per.sum(0).tolist()
+        if drawn_sq > 0:
+            ratio = math.sqrt(applied_sq / drawn_sq)
+            share = unchanged / sum(self.saved[i].numel() for i in low)
+            if abs(ratio - 1) > ROUNDING_RTOL or share > ROUNDING_MAX_UNCHANGED:
+                worst = low[int(per[:, 2].argmax())]  # the most coordinates unchanged
+                self._refuse(sigma, name, ratio, share, low, worst)
+
+    def _refuse(self, sigma: float, name: str, ratio: float, share: float, low: list[int],
+                worst: int) -> None:
+        saved = [self.saved[i] for i in low]
+        dtypes = "/".join(sorted({str(p0.dtype).removeprefix("torch.") for p0 in saved}))
+        spacing = math.sqrt(sum(_spacing(p0).square().sum().item() for p0 in saved)
+                            / sum(p0.numel() for p0 in saved))
+        raise ValueError(
+            f"{name}={sigma:g} is too small for the {dtypes} weights: rounded to their grid "
+            f"(root-mean-square spacing {spacing:.2g}), the noise applied has {ratio:.2f}x the "
+            f"root mean square of the noise drawn and leaves {share:.0%} of those weights "
+            f"unchanged (most in {self.names[worst]!r}), so the result would describe another "
+            f"noise (accepted: within {ROUNDING_RTOL:.0%}, at most {ROUNDING_MAX_UNCHANGED:.0%} "
+            f"unchanged). Measure in float32 — model.float() (on a copy.deepcopy to keep the "
+            f"{dtypes} model), inputs cast to float32 — or use a larger {name}, well above "
+            f"{spacing:.2g}"
+        )
 
     @torch.no_grad()
     def reset(self) -> None:
@@ -216,11 +297,12 @@ def _perturbable(
         )
     gen = _generator(generator, device)
     saved = [p.detach().clone() for p in chosen]
+    chosen_names = [n for n, _ in named if not _excluded(n, exclude)]
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
     modes = [(m, m.training) for m in model.modules()]
     model.eval()
     try:
-        yield _WeightNoise(chosen, saved, gen)
+        yield _WeightNoise(chosen, saved, gen, chosen_names)
     finally:
         with torch.no_grad():
             for p, p0 in zip(chosen, saved, strict=True):
@@ -242,16 +324,31 @@ def output_sharpness(
     exclude: Sequence[str] | str = (),
     output_kind: str | None = None,
     threshold: float | None = None,
+    output: OutputSelector = None,
 ) -> OutputSharpness:
     r"""ShOp and ShPred of ``model`` on the batch ``inputs`` (see the module docstring).
 
     ``repeats`` weight draws :math:`\Delta \sim \mathcal N(0, \sigma_w^2 I)` (paper code:
     :math:`\sigma_w = 0.05`, 5 repeats), each evaluated with one forward pass on the whole batch.
-    The L1 distance sums over all output entries of an example. ShPred compares predicted classes
-    with the decision rule of :mod:`senslab.measure.outputs`, as :func:`token_sensitivity` does
-    (argmax of (B, C) logits; one column by ``output_kind``, default the model's attribute, else
-    its sign); it is ``None`` for other output shapes and for a one-column output in [0, 1]
-    (some values strictly inside) whose kind nobody declared (probabilities or logits?).
+    The model must return one output row per example (a model that reduces over the batch is
+    refused). The L1 distance sums over all output entries of an example. ShPred compares
+    predicted classes with the decision rule of :mod:`senslab.measure.outputs`, as
+    :func:`token_sensitivity` does (argmax of (B, C) logits; one column by ``output_kind``,
+    default the model's attribute, else its sign). Unless ``output_kind`` is given, ShPred is
+    ``None`` — with the reason in ``shpred_reason`` — for other output shapes, for a Hugging Face
+    regression or multi-label head (``config.problem_type``: no class to flip, or not by argmax;
+    :func:`~senslab.measure.outputs.check_head`) and for a one-column output in [0, 1] (some
+    values strictly inside) whose kind nobody declared (probabilities or logits?). A given
+    ``output_kind`` that cannot read the output raises instead.
+
+    A one-column output whose clean values are all exactly 0 or 1 (a saturated sigmoid: every
+    example confidently one class) is read as logits when no kind is declared, since it reads
+    the same either way; if a perturbed output then lies in [0, 1] with values strictly inside,
+    it was a probability after all — read as logits nothing would ever flip — and the call
+    raises the same ``ValueError`` naming ``output_kind``.
+
+    On bf16/fp16 weights a ``sigma_w`` near or below the weights' spacing is refused: the noise
+    rounded onto their grid is not the noise drawn (see :class:`_WeightNoise`).
 
     Args:
         model: the network; evaluated in eval mode, left exactly as it was.
@@ -262,6 +359,10 @@ def output_sharpness(
         exclude: parameters whose name contains any of these substrings are not perturbed.
         output_kind, threshold: the one-column decision rule of ShPred (see
             :class:`~senslab.measure.TokenSensitivity`).
+        output: which part of the model's raw output holds the logits: an int index into a
+            tuple/list, a str key (or attribute), or a function of the raw output. Default: a
+            tensor as it is, ``.logits`` / ``["logits"]``, a one-element tuple's element;
+            longer tuples are refused (:func:`~senslab.tokens.base.select_output`).
 
     Example:
         >>> import torch
@@ -276,21 +377,32 @@ def output_sharpness(
     device = check_device(model, inputs)
     exclude = _exclude_tuple(exclude)
     with _perturbable(model, exclude, generator, device) as noise, torch.no_grad():
-        clean = call_model(model, inputs)
+        clean = call_model(model, inputs, output)
+        check_rows(clean, batch_size(inputs), "examples")
         b = clean.shape[0]
-        kind = declared_kind(model, output_kind)
+        declared = kind = declared_kind(model, output_kind)
+        reason: str | None = None
         try:
+            check_head(model, "class", output_kind, output)
             kind = resolve_kind(clean, kind, threshold)
             clean_pred: Tensor | None = predictions(clean, kind, threshold)
-        except ValueError:
+        except ValueError as err:
             if output_kind is not None:  # asked for: its error is the answer, not a None
                 raise
-            clean_pred = None  # no class rule for this output (shape, or ambiguous kind)
+            clean_pred = None  # no class rule for this output (shape, head or ambiguous kind)
+            reason = str(err)
+        # read as logits only because its clean values are all exactly 0 or 1 (see above)
+        saturated = (
+            clean_pred is not None and kind == "logits" and declared is None and is_scalar(clean)
+            and clean.is_floating_point() and bool(((clean == 0) | (clean == 1)).all())
+        )
         l1 = torch.empty(repeats, b, dtype=torch.float64, device=clean.device)
         flips = torch.empty_like(l1)
         for r in range(repeats):
-            noise.draw(sigma_w)
-            out = call_model(model, inputs)
+            noise.draw(sigma_w, "sigma_w")
+            out = call_model(model, inputs, output)
+            if saturated:
+                _check_saturated(out, sigma_w)
             l1[r] = (out - clean).reshape(b, -1).abs().sum(1).double()
             if clean_pred is not None:
                 flips[r] = (predictions(out, kind, threshold) != clean_pred).double()
@@ -298,7 +410,19 @@ def output_sharpness(
     shpred = None
     if clean_pred is not None:
         shpred = _summary("ShPred", flips.mean(1), sigma_w, 1.0, per_sample=flips.mean(0).cpu())
-    return OutputSharpness(shop, shpred, b)
+    return OutputSharpness(shop, shpred, b, reason)
+
+
+def _check_saturated(out: Tensor, sigma_w: float) -> None:
+    """A clean one-column output of exact 0s and 1s, read as logits, must not move strictly
+    inside (0, 1) under the noise: then it is a probability (:func:`resolve_kind`'s refusal)."""
+    try:
+        resolve_kind(out, None)
+    except ValueError as err:
+        raise ValueError(
+            "the clean outputs are all exactly 0 or 1 (a saturated sigmoid?) and were read as "
+            f"logits, but with the weights perturbed (sigma_w={sigma_w:g}) {err}"
+        ) from None
 
 
 def loss_sharpness(
@@ -312,17 +436,23 @@ def loss_sharpness(
     exclude: Sequence[str] | str = (POSITIONAL,),
     generator: Seed = None,
     scale: float = 1.0,
+    output: OutputSelector = None,
 ) -> SharpnessResult:
     r"""Hahn & Rofin's sharpness :math:`\mathbb E_\Delta L(\theta+\Delta) - L(\theta)`.
 
     :math:`L(\theta)` = ``loss_fn(model(inputs), targets)`` (a scalar, e.g. the batch-mean MSE);
     :math:`\Delta \sim \mathcal N(0, \sigma^2)` per coordinate (paper: σ = 0.02) on every
     parameter whose name contains none of ``exclude`` (paper: positional embeddings excluded,
-    hence the default ``("pos",)``). ``draws`` (ours: 20) independent draws, one forward pass each.
+    hence the default :data:`POSITIONAL`). ``draws`` (ours: 20) independent draws, one forward
+    pass each.
 
     ``scale`` multiplies every reported value: Hahn & Rofin train an MSE against {0, 1} targets and
     report sharpness ×4, the value on the ±1 scale (squared errors scale by 2² = 4) — pass
     ``scale=4``. ``reference`` is :math:`L(\theta)` times ``scale``.
+
+    ``output`` selects the part of a structured model output that ``loss_fn`` receives, as in
+    :func:`output_sharpness`. On bf16/fp16 weights a ``sigma`` near or below the weights'
+    spacing is refused (see :class:`_WeightNoise`).
 
     Example:
         >>> import torch
@@ -338,7 +468,7 @@ def loss_sharpness(
     exclude = _exclude_tuple(exclude)
 
     def loss() -> float:
-        value = loss_fn(call_model(model, inputs), targets)
+        value = loss_fn(call_model(model, inputs, output), targets)
         if not isinstance(value, Tensor) or value.numel() != 1:
             shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
             raise ValueError(
@@ -351,7 +481,7 @@ def loss_sharpness(
         base = loss()
         per_draw = torch.empty(draws, dtype=torch.float64)
         for r in range(draws):
-            noise.draw(sigma)
+            noise.draw(sigma, "sigma")
             per_draw[r] = loss() - base
     return _summary("loss sharpness", per_draw, sigma, scale, reference=base * scale)
 
@@ -361,22 +491,62 @@ def _parent(name: str) -> str:
     return name.rpartition(".")[0]
 
 
+def _forward(model: nn.Module, inputs: Inputs) -> Any:
+    """``model`` on ``inputs`` (tensor → positional, tuple → *args, dict → **kwargs), the raw
+    output: the blow-up reads the LayerNorms' inputs, never the output."""
+    if isinstance(inputs, Tensor):
+        return model(inputs)
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    return model(*inputs)
+
+
+_STACK_LAYERS = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
+
+
+def _layout_flag(module: nn.Module | None) -> bool | None:
+    """The ``batch_first`` a module declares: its own attribute, that of an
+    ``nn.MultiheadAttention`` child, or — for a stack such as ``nn.TransformerEncoder`` /
+    ``nn.TransformerDecoder``, whose ``layers`` are Transformer layers — its first layer's
+    ``self_attn``. None when it says nothing."""
+    if module is None:
+        return None
+    flags = [getattr(module, "batch_first", None)] + [
+        c.batch_first for c in module.children() if isinstance(c, nn.MultiheadAttention)]
+    layers = getattr(module, "layers", None)
+    if isinstance(layers, nn.ModuleList) and len(layers) and isinstance(layers[0], _STACK_LAYERS):
+        flags.append(layers[0].self_attn.batch_first)
+    return next((f for f in flags if isinstance(f, bool)), None)
+
+
 def layernorm_factors(
     model: nn.Module,
     inputs: Inputs,
     *,
     readout_position: int | None = None,
     readout_modules: Sequence[str] | None = None,
+    batch_first: bool | None = None,
 ) -> dict[str, Tensor]:
     r"""Per LayerNorm call, per example: :math:`\max_t 1/\sqrt{\operatorname{Var}(h_t) + \epsilon}`.
 
     :math:`h_t` is the LayerNorm's input at position :math:`t`, the variance the biased one over
     the normalised dimensions and :math:`\epsilon` the module's own ``eps`` — exactly the divisor
     ``nn.LayerNorm`` uses. Every ``nn.LayerNorm`` submodule is hooked (functional
-    ``F.layer_norm`` calls are invisible); a LayerNorm inside a layer with ``batch_first=False``
-    (``nn.TransformerEncoderLayer``'s default) gets (T, B, D) inputs, read as such; a module
-    called k > 1 times per forward contributes
-    ``name``, ``name#1``, …, ``name#{k-1}``. Keys are in the order the calls ran.
+    ``F.layer_norm`` calls are invisible); a module called k > 1 times per forward contributes
+    ``name``, ``name#1``, …, ``name#{k-1}``. Keys are in the order the calls ran. Only the
+    LayerNorms' inputs are read, so a structured model output needs no ``output=``.
+
+    **Layout.** A LayerNorm's input is (B, T, …) or, sequence-first, (T, B, …). The layout is
+    read from the nearest enclosing module that declares one: its ``batch_first`` attribute, its
+    ``nn.MultiheadAttention`` child's (so ``nn.TransformerEncoderLayer``'s default
+    ``batch_first=False`` gives (T, B, D)), or, for ``nn.TransformerEncoder`` /
+    ``nn.TransformerDecoder`` (their final ``norm``), the first layer's ``self_attn``. A
+    LayerNorm no module speaks for takes ``batch_first`` (True: (B, T, …), False: (T, B, …));
+    left at None it is read batch-first, except that an input whose first two axes both have
+    the batch size B is refused when the model contains a sequence-first layer (any module with
+    ``batch_first=False``): (B, B, …) cannot tell examples from positions. A sequence-first model
+    that declares nothing (hand-written attention) is refused when T ≠ B, and must pass
+    ``batch_first=False`` — at T = B it cannot be told from a batch-first one.
 
     **Read-out rule.** With a ``readout_position`` (default: ``model.readout_position`` when the
     model defines one, as senslab's ``BooleanTransformer`` does), the LayerNorms of the *last
@@ -391,6 +561,11 @@ def layernorm_factors(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"layernorm_blowup needs an nn.Module, got {type(model).__name__}")
+    if batch_first is not None and not isinstance(batch_first, bool):
+        raise TypeError(
+            f"batch_first must be True, False or None (read from the layers), got "
+            f"{batch_first!r} ({type(batch_first).__name__})"
+        )
     norms = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.LayerNorm)]
     if not norms:
         raise ValueError(
@@ -411,33 +586,46 @@ def layernorm_factors(
     calls: list[tuple[str, Tensor]] = []  # (module name, (B, positions) inverse std)
 
     modules = dict(model.named_modules())
+    # a sequence-first layer somewhere: a LayerNorm no layer speaks for may see its (T, B, …)
+    mixed = any(getattr(m, "batch_first", None) is False for m in model.modules())
 
-    def seq_first(name: str) -> bool:
-        """Whether the LayerNorm ``name`` sits in a layer that runs sequence-first
-        (``batch_first=False``: ``nn.TransformerEncoderLayer``'s default), read from the
-        nearest enclosing module that says — itself, or its ``nn.MultiheadAttention``."""
+    def seq_first(name: str) -> bool | None:
+        """Whether the LayerNorm ``name`` runs sequence-first, read from the nearest enclosing
+        module that declares a layout (:func:`_layout_flag`); None when none does."""
         while name:
             name = _parent(name)
-            around = modules.get(name)
-            flags = [getattr(around, "batch_first", None)] + [
-                c.batch_first for c in (around.children() if around is not None else ())
-                if isinstance(c, nn.MultiheadAttention)]
-            flag = next((f for f in flags if isinstance(f, bool)), None)
+            flag = _layout_flag(modules.get(name))
             if flag is not None:
                 return not flag
-        return False
+        return None
 
     def hook_for(name: str, eps: float, ndim: int) -> Callable[..., None]:
-        first = seq_first(name)
+        declared = seq_first(name)
+        first = declared if declared is not None else (
+            None if batch_first is None else not batch_first)
 
         def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
             h = args[0]
-            if first and h.dim() >= ndim + 2:  # (T, B, …): the batch axis first
+            positions = h.dim() >= ndim + 2
+            if (first is None and mixed and positions and h.shape[0] == b
+                    and h.shape[1] == b):
+                raise ValueError(
+                    f"LayerNorm {name!r} got input of shape {tuple(h.shape)}: batch {b} and "
+                    f"{b} positions, and no enclosing layer says which axis is the batch while "
+                    f"{type(model).__name__} has sequence-first layers (batch_first=False). "
+                    "Say how LayerNorms without a layer of their own are laid out: "
+                    "batch_first=False for (positions, batch, ...), batch_first=True for "
+                    "(batch, positions, ...)"
+                )
+            if first and positions:  # (T, B, …): the batch axis first
                 h = h.transpose(0, 1)
             if h.dim() < ndim + 1 or h.shape[0] != b:
+                fix = ("" if declared is not None else
+                       "; a LayerNorm that runs sequence-first, (positions, batch, ...), with no "
+                       "enclosing layer saying so needs batch_first=False")
                 raise ValueError(
                     f"LayerNorm {name!r} got input of shape {tuple(h.shape)}; the blow-up needs "
-                    f"batch-first inputs (batch={b}, ..., normalised dims)"
+                    f"batch-first inputs (batch={b}, ..., normalised dims){fix}"
                 )
             flat = h.detach().double().reshape(b, -1, *h.shape[h.dim() - ndim :])
             var = flat.flatten(2).var(dim=2, unbiased=False)
@@ -452,7 +640,7 @@ def layernorm_factors(
     try:
         model.eval()
         with torch.no_grad():
-            call_model(model, inputs)
+            _forward(model, inputs)
     finally:
         for handle in handles:
             handle.remove()
@@ -493,13 +681,16 @@ def layernorm_blowup(
     *,
     readout_position: int | None = None,
     readout_modules: Sequence[str] | None = None,
+    batch_first: bool | None = None,
 ) -> Tensor:
     r"""Hahn & Rofin's LayerNorm blow-up per example, shape (B,), float64:
     :math:`\prod_{\ell} \max_t 1/\sqrt{\operatorname{Var}(h^{(\ell)}_t) + \epsilon_\ell}` over all
     LayerNorm calls :math:`\ell`, the last layer read at ``readout_position`` only. See
-    :func:`layernorm_factors` (the individual factors) for the rules."""
+    :func:`layernorm_factors` (the individual factors) for the rules, and for ``batch_first``
+    (the layout of LayerNorms that no enclosing layer declares)."""
     factors = layernorm_factors(
-        model, inputs, readout_position=readout_position, readout_modules=readout_modules
+        model, inputs, readout_position=readout_position, readout_modules=readout_modules,
+        batch_first=batch_first,
     )
     return torch.stack(list(factors.values())).prod(dim=0)
 

@@ -1,0 +1,283 @@
+"""Sharpness and blow-up refusals: outputs whose class rule, rows or layout cannot be read, and
+weight noise the weights' precision cannot hold (audit numbers51, findings 1, 4, 5, 6, 8, 11)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from senslab.measure.sharpness import (
+    layernorm_blowup,
+    layernorm_factors,
+    loss_sharpness,
+    output_sharpness,
+)
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# ------------------------------------------------------------- 1: a saturated sigmoid column
+def _saturated_sigmoid() -> nn.Module:
+    """Every clean output is sigmoid(20), exactly 1.0 in float32."""
+    lin = nn.Linear(4, 1)
+    with torch.no_grad():
+        lin.weight.zero_()
+        lin.bias.fill_(20.0)
+    return nn.Sequential(lin, nn.Sigmoid())
+
+
+def test_a_saturated_sigmoid_column_is_refused_once_noise_moves_it_inside():
+    """Clean outputs all exactly 1.0 read as logits: no perturbed probability is ever <= 0, so
+    ShPred was a false 0 (brute force: about 0.2). The perturbed outputs give the kind away."""
+    model = _saturated_sigmoid()
+    x = torch.randn(16, 4, generator=_gen(0))
+    assert model(x).unique().tolist() == [1.0]
+    with pytest.raises(ValueError, match="output_kind='probabilities'") as err:
+        output_sharpness(model, x, sigma_w=10.0, repeats=3, generator=0)
+    assert "exactly 0 or 1" in str(err.value)
+    declared = output_sharpness(model, x, sigma_w=10.0, repeats=3, generator=0,
+                                output_kind="probabilities")
+    assert declared.shpred is not None and declared.shpred.estimate > 0.05
+    # a declared model attribute says the same as the option
+    model.output_kind = "probabilities"
+    same = output_sharpness(model, x, sigma_w=10.0, repeats=3, generator=0)
+    assert torch.equal(same.shpred.per_draw, declared.shpred.per_draw)
+
+
+class Step(nn.Module):
+    """Hard 0/1 decisions: clean and perturbed outputs stay in {0, 1}."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.lin(x) > 0).float()
+
+
+def test_hard_zero_one_decisions_are_still_measured():
+    torch.manual_seed(0)  # test-only: layer init
+    res = output_sharpness(Step(), torch.randn(32, 4, generator=_gen(1)), sigma_w=2.0,
+                           repeats=3, generator=0)
+    assert res.shpred is not None and res.shpred.estimate > 0
+
+
+# ------------------------------------------------------------- 4: sequence-first blow-up
+def _encoder(norm_first: bool = True) -> nn.Module:
+    torch.manual_seed(0)  # test-only: model init
+    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, norm_first=norm_first)
+    return nn.TransformerEncoder(layer, 1, norm=nn.LayerNorm(8), enable_nested_tensor=False)
+
+
+class SeqFirstModel(nn.Module):
+    """(B, T, 3) in; a stock sequence-first encoder with a final ``norm`` inside."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(3, 8)
+        self.enc = _encoder()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.enc(self.inp(x).transpose(0, 1))[-1].sum(-1)
+
+
+def _true_factors(model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Hooks on the true (T, B, D) inputs, max over T (axis 0)."""
+    seen: dict[str, torch.Tensor] = {}
+    handles = [m.register_forward_pre_hook(
+        lambda _m, a, n=n: seen.__setitem__(n, a[0].detach().double()))
+        for n, m in model.named_modules() if isinstance(m, nn.LayerNorm)]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return {n: (h.var(-1, unbiased=False) + 1e-5).rsqrt().amax(0) for n, h in seen.items()}
+
+
+@pytest.mark.parametrize("batch", [5, 8])
+def test_the_final_norm_of_a_sequence_first_encoder_is_read_sequence_first(batch):
+    """nn.TransformerEncoder(norm=...) carries no batch_first of its own: its first layer's
+    self_attn says. With B = T = 8 the final norm's positions were read as examples."""
+    model = SeqFirstModel().eval()
+    x = torch.randn(batch, 8, 3, generator=_gen(1))
+    x[0] *= 30  # one example on another scale, so rows differ
+    got = layernorm_factors(model, x, readout_modules=())
+    want = _true_factors(model, x)
+    assert list(got) == ["enc.layers.0.norm1", "enc.layers.0.norm2", "enc.norm"]
+    for name in got:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-6, atol=0)
+
+
+class LooseNorm(nn.Module):
+    """A sequence-first encoder layer, then a LayerNorm of the model's own on its (T, B, D)
+    output: no layer says how that LayerNorm's input is laid out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)  # test-only: model init
+        self.inp = nn.Linear(3, 8)
+        self.layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0)
+        self.out_norm = nn.LayerNorm(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out_norm(self.layer(self.inp(x).transpose(0, 1)))[-1].sum(-1)
+
+
+def test_an_undeclared_layout_that_cannot_be_told_apart_is_refused():
+    model = LooseNorm().eval()
+    x = torch.randn(6, 6, 3, generator=_gen(2))
+    x[0] *= 30
+    with pytest.raises(ValueError, match="batch_first=False"):
+        layernorm_blowup(model, x, readout_modules=())
+    got = layernorm_factors(model, x, readout_modules=(), batch_first=False)
+    torch.testing.assert_close(got["out_norm"], _true_factors(model, x)["out_norm"],
+                               rtol=1e-6, atol=0)
+    # B != T: the batch-first reading does not fit, and the error names the argument
+    with pytest.raises(ValueError, match="batch_first=False"):
+        layernorm_factors(model, torch.randn(4, 6, 3, generator=_gen(3)), readout_modules=())
+    with pytest.raises(TypeError, match="batch_first"):
+        layernorm_factors(model, x, batch_first=1)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------- 5: Hugging Face heads
+class FakeHead(nn.Module):
+    """A Hugging Face sequence-classification head in miniature: ``config.problem_type``."""
+
+    def __init__(self, problem: str, labels: int) -> None:
+        super().__init__()
+        self.config = SimpleNamespace(problem_type=problem)
+        self.lin = nn.Linear(4, labels)
+
+    def forward(self, x: torch.Tensor) -> SimpleNamespace:
+        return SimpleNamespace(logits=self.lin(x))
+
+
+@pytest.mark.parametrize(("problem", "labels"), [("regression", 1),
+                                                 ("multi_label_classification", 3)])
+def test_regression_and_multi_label_heads_report_no_shpred(problem, labels):
+    torch.manual_seed(0)  # test-only: layer init
+    model = FakeHead(problem, labels)
+    x = torch.randn(8, 4, generator=_gen(0))
+    res = output_sharpness(model, x, sigma_w=0.5, repeats=2, generator=0)
+    assert res.shpred is None and res.shop.estimate > 0
+    assert problem in res.shpred_reason
+    assert problem in str(res)
+    # an output_kind the caller gave says how to read it
+    given = output_sharpness(model, x, sigma_w=0.5, repeats=2, generator=0, output_kind="logits")
+    assert given.shpred is not None and given.shpred_reason is None
+
+
+def test_class_less_outputs_say_why_shpred_is_missing():
+    model = nn.Sequential(nn.Embedding(7, 5))  # (B, T, 5): not class scores
+    ids = torch.randint(0, 7, (4, 3), generator=_gen(0))
+    res = output_sharpness(model, ids, repeats=2, generator=0)
+    assert res.shpred is None and "(4, 3, 5)" in res.shpred_reason
+
+
+# ------------------------------------------------------------- 6: low-precision weights
+def _unit_weights(dtype: torch.dtype) -> nn.Module:
+    """Linear(64 -> 1) with |w| in [1, 2): bf16 spacing 2^-7, fp16 spacing 2^-10."""
+    lin = nn.Linear(64, 1)
+    g = _gen(0)
+    with torch.no_grad():
+        sign = torch.randn(1, 64, generator=g).sign()
+        lin.weight.copy_((sign * (1 + torch.rand(1, 64, generator=g))).to(dtype).float())
+        lin.bias.fill_(1.5)
+    return lin.to(dtype)
+
+
+@pytest.mark.parametrize(("dtype", "sigma"), [(torch.bfloat16, 0.001), (torch.bfloat16, 0.002),
+                                              (torch.bfloat16, 0.004), (torch.float16, 0.0002)])
+def test_weight_noise_below_the_weights_spacing_is_refused(dtype, sigma):
+    """Rounded to the weights' grid the applied noise was 0.3x (sigma 0.001), mostly zero
+    (0.002) or 1.2x (0.004) of the noise drawn, and ShOp 16x too small at 0.001."""
+    model = _unit_weights(dtype)
+    before = model.weight.detach().clone()
+    x = torch.randn(16, 64, generator=_gen(1)).to(dtype)
+    with pytest.raises(ValueError, match=r"model\.float\(\)") as err:
+        output_sharpness(model, x, sigma_w=sigma, repeats=2, generator=0)
+    assert "sigma_w" in str(err.value)
+    assert torch.equal(model.weight, before)  # restored after the refusal
+    with pytest.raises(ValueError, match=r"sigma=.*model\.float\(\)"):
+        loss_sharpness(model, lambda o, t: o.float().square().mean(), x, None, sigma=sigma,
+                       draws=2, generator=0)
+
+
+def test_weight_noise_well_above_the_spacing_and_float32_weights_are_measured():
+    x = torch.randn(16, 64, generator=_gen(1))
+    res = output_sharpness(_unit_weights(torch.bfloat16), x.bfloat16(), sigma_w=0.05,
+                           repeats=2, generator=0)
+    assert res.shop.estimate > 0
+    assert output_sharpness(_unit_weights(torch.float32), x, sigma_w=0.001, repeats=2,
+                            generator=0).shop.estimate > 0
+    # sigma 0 draws no noise: nothing to compare
+    zero = output_sharpness(_unit_weights(torch.bfloat16), x.bfloat16(), sigma_w=0.0, repeats=1)
+    assert zero.shop.estimate == 0.0
+
+
+# ------------------------------------------------------------- 8: one row per example
+class BatchMean(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x).mean(0, keepdim=True)  # (1, 3) for any batch
+
+
+class Total(BatchMean):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x).sum()  # one number
+
+
+def test_a_model_without_one_output_row_per_example_is_refused():
+    x = torch.randn(8, 4, generator=_gen(0))
+    with pytest.raises(ValueError, match="1 rows .* for 8 examples"):
+        output_sharpness(BatchMean(), x, generator=0)
+    with pytest.raises(ValueError, match="single number for 8 examples"):
+        output_sharpness(Total(), x, generator=0)
+
+
+# ------------------------------------------------------------- 11: structured outputs
+class Pair(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+        self.ln = nn.LayerNorm(2)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x, self.ln(self.lin(x))  # (features, logits)
+
+
+class LogitsOnly(Pair):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return self.ln(self.lin(x))
+
+
+def test_output_selects_the_logits_of_a_structured_output():
+    """The refusal names output=1; output_sharpness and loss_sharpness now accept it."""
+    torch.manual_seed(0)  # test-only: layer init
+    pair = Pair()
+    plain = LogitsOnly()
+    plain.load_state_dict(pair.state_dict())
+    x = torch.randn(8, 4, generator=_gen(0))
+    with pytest.raises(TypeError, match="output=1"):
+        output_sharpness(pair, x, generator=0)
+    got = output_sharpness(pair, x, sigma_w=0.3, repeats=3, generator=0, output=1)
+    want = output_sharpness(plain, x, sigma_w=0.3, repeats=3, generator=0)
+    assert torch.equal(got.shop.per_draw, want.shop.per_draw)
+    assert torch.equal(got.shpred.per_draw, want.shpred.per_draw)
+    y = torch.zeros(8, dtype=torch.long)
+    ls = loss_sharpness(pair, nn.functional.cross_entropy, x, y, draws=3, generator=0,
+                        output=1)
+    assert ls.estimate == loss_sharpness(plain, nn.functional.cross_entropy, x, y, draws=3,
+                                         generator=0).estimate
+    # the blow-up reads no output, so a tuple needs no selector
+    torch.testing.assert_close(layernorm_blowup(pair, x), layernorm_blowup(plain, x))
