@@ -9,6 +9,11 @@ and its spread the sample standard deviation
 which estimates the seed-to-seed variation. A label with a single run has no seed spread; where
 the run logged a standard error for the metric (``<key>_se``, e.g. ``sens/train_se``) that is
 shown instead, marked "se".
+
+Only finished runs are averaged: a run without ``summary.json`` (stopped, or still training)
+is its own row and curve, labelled ``<label> (unfinished, step N)``
+(:attr:`~senslab.report.runs.Run.group_label`), since its last logged values describe a model
+trained for fewer steps, and their gap to the finished runs is not seed-to-seed variation.
 """
 
 from __future__ import annotations
@@ -104,13 +109,14 @@ def final_table(
     a :class:`Stat` (mean ± std over the label's runs that logged it, ``n`` of them; a single
     value shows its own run's ``<key>_se`` when logged). A metric a run never logged is left out
     of that run's mean; a label where no run logged it has no entry for it. Per-run rows have
-    ``label``, ``run`` (its name) and ``seed``.
+    ``label``, ``run`` (its name) and ``seed``. An unfinished run (no ``summary.json``) is left
+    out of its label's row and has a row of its own, labelled ``<label> (unfinished, step N)``.
     """
     keys = list(keys) if keys is not None else metric_keys(runs)
     groups = [[r] for r in runs] if per_run else list(group_by_label(runs).values())
     rows = []
     for group in groups:
-        row: dict[str, Any] = {"label": group[0].label}
+        row: dict[str, Any] = {"label": group[0].group_label}
         if per_run:
             row["run"], row["seed"] = group[0].name, group[0].seed
         else:
@@ -186,7 +192,8 @@ class Curve:
 
 
 def aggregate_curve(runs: Sequence[Run], key: str) -> Curve | None:
-    """Align ``runs`` (one label) on ``step`` and average ``key``; ``None`` if none logged it.
+    """Align ``runs`` (one label: one group of :func:`~senslab.report.runs.group_by_label`) on
+    ``step`` and average ``key``; ``None`` if none logged it.
 
     Runs with the same config log the same steps, so aligning on the step is exact; a seed that
     stopped early simply contributes to fewer steps (``count`` says how many runs each point has).
@@ -221,7 +228,7 @@ def aggregate_curve(runs: Sequence[Run], key: str) -> Curve | None:
             low.append(pts[0][2])
             high.append(pts[0][3])
     return Curve(
-        runs[0].label,
+        runs[0].group_label,
         key,
         np.array(steps),
         np.array(epochs, dtype=float),

@@ -34,6 +34,7 @@ from senslab.report.runs import (
     is_experiment_dir,
     load_experiment,
     load_run,
+    warn_unfinished,
 )
 
 # Which final metric the bar chart shows: the first one any run has.
@@ -88,6 +89,7 @@ def _collect(paths: Sequence[Path]) -> tuple[list[Experiment], list[Run]]:
             runs.extend(exp.runs)
         else:
             runs.append(load_run(p))
+    warn_unfinished(runs)
     return experiments, runs
 
 
@@ -177,13 +179,23 @@ def render_html(
     ]
     parts += [_experiment_html(exp) for exp in experiments]
     parts.append("<h2>Final numbers per label</h2>")
+    unfinished = [r for r in runs if not r.finished]
+    if unfinished:
+        parts.append(
+            f'<div class="verdict na"><span class="word">{len(unfinished)} of {len(runs)} '
+            "run(s) unfinished</span> (no summary.json: stopped, or still training): "
+            f"{_e(', '.join(f'{r.name} ({r.status})' for r in unfinished))}. Their numbers are "
+            "the last values they logged; each is shown apart, labelled “(unfinished, step N)”, "
+            "not averaged with the finished runs of its label. Re-run the command that trained "
+            "them to finish them.</div>"
+        )
     parts.append(_table_html(final_table(runs)))
     parts.append(
         '<p class="note">± is the standard deviation over a label\'s seeds; for a '
         "label with a single run, the standard error of its estimate (where logged).</p>"
     )
     parts.append("<details><summary>Per run</summary>")
-    parts.append(_table_html(final_table(runs, per_run=True)))
+    parts.append(_table_html(_with_status(final_table(runs, per_run=True), runs)))
     parts.append("</details>")
     if figures:
         parts.append("<h2>Plots</h2>")
@@ -258,6 +270,17 @@ def _effects_html(effects: dict[str, Any], correction: str | None) -> str:
     note = (f'<p class="note">Positive effects are the claimed direction. Multiple parts: '
             f"{_e(correction)}.</p>" if correction else "")
     return f"<table>{head}{''.join(rows)}</table>{note}"
+
+
+def _with_status(rows: Sequence[dict[str, Any]], runs: Sequence[Run]) -> list[dict[str, Any]]:
+    """Per-run rows (one per run, in order) with each run's ``status`` after its seed:
+    ``finished``, or ``unfinished, step N``."""
+    out = []
+    for row, run in zip(rows, runs, strict=True):
+        head = {k: row[k] for k in ("label", "run", "seed") if k in row}
+        out.append({**head, "status": run.status,
+                    **{k: v for k, v in row.items() if k not in head}})
+    return out
 
 
 def _table_html(rows: Sequence[dict[str, Any]]) -> str:

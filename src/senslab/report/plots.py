@@ -386,7 +386,7 @@ def plot_scatter(
         except KeyError:
             continue
         if is_number(xv) and is_number(yv):
-            points.setdefault(run.label, []).append((float(xv), float(yv)))
+            points.setdefault(run.group_label, []).append((float(xv), float(yv)))
     if not points:
         raise ValueError(f"no run has numeric values for both {x_key!r} and {y_key!r}")
     colors = label_colors(points)

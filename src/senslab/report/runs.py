@@ -6,6 +6,11 @@ A *run directory* holds ``config.json``, ``env.json``, ``metrics.jsonl`` and, on
 nothing retrains or rewrites a run, and no lock is taken (a run may be read while it trains).
 A directory written by a newer senslab (a higher schema in ``senslab.json``) is refused, and so
 is a metric log with a step logged twice or out of order: its numbers cannot be trusted.
+
+A run without ``summary.json`` has not finished (it was stopped, or is still training): its
+numbers are the last values it logged. It is shown apart, as ``<label> (unfinished, step N)``
+(:attr:`Run.group_label`), never averaged with the finished runs of its label, and the readers
+warn once about such runs.
 """
 
 from __future__ import annotations
@@ -54,8 +59,35 @@ class Run:
         return str(self.config.get("name") or self.path.name)
 
     @property
+    def finished(self) -> bool:
+        """Whether the run finished (it has ``summary.json``)."""
+        return self.summary is not None
+
+    @property
+    def last_step(self) -> int | None:
+        """The step of the last logged record (None: nothing logged yet)."""
+        return int(self.metrics[-1]["step"]) if self.metrics else None
+
+    @property
+    def status(self) -> str:
+        """``"finished"``, or ``"unfinished, step N"`` (N: the last logged step) for a run
+        without ``summary.json`` — stopped, or still training."""
+        if self.finished:
+            return "finished"
+        step = self.last_step
+        return "unfinished, nothing logged" if step is None else f"unfinished, step {step}"
+
+    @property
+    def group_label(self) -> str:
+        """The label the run's numbers are shown and aggregated under: :attr:`label` for a
+        finished run; for an unfinished one its label marked ``(unfinished, step N)``, so that
+        its last logged values are never averaged with the finished runs' final ones."""
+        return self.label if self.finished else f"{self.label} ({self.status})"
+
+    @property
     def label(self) -> str:
-        """The curve/bar this run belongs to; runs sharing a label are aggregated over seeds."""
+        """The curve/bar this run belongs to; finished runs sharing a label are aggregated over
+        seeds (see :attr:`group_label` for unfinished ones)."""
         if self.relabel is not None:
             return self.relabel
         if self.summary and self.summary.get("label") is not None:
@@ -71,7 +103,8 @@ class Run:
         """Final value of every metric.
 
         ``summary.json``'s ``final`` wins; a key it lacks (or every key, while the run has no
-        summary) falls back to the last value logged for it in ``metrics.jsonl``. Taking the last
+        summary: see :attr:`status`) falls back to the last value logged for it in
+        ``metrics.jsonl``. Taking the last
         value *per key* rather than only the last line matters because expensive metrics
         (sensitivity, sharpness) are logged less often than the loss.
         """
@@ -279,7 +312,33 @@ def load_runs(paths: PathLike | Iterable[PathLike]) -> list[Run]:
                                  "would count as two seeds")
         seen[key] = run.path
     _separate_settings(runs)
+    warn_unfinished(runs)
     return runs
+
+
+#: (run directory, status) of the unfinished runs already warned about in this process
+_WARNED: set[tuple[Path, str]] = set()
+
+
+def warn_unfinished(runs: Sequence[Run]) -> None:
+    """One warning naming the runs that have not finished (no ``summary.json``): their numbers
+    are last logged values, shown apart from the finished runs of their label. A run is named
+    once per status in a process (``senslab report`` reads its runs twice: report.html, then
+    the table); when it has logged more since, it is named again."""
+    unfinished = []
+    for run in runs:
+        key = (run.path.resolve(), run.status)
+        if not run.finished and key not in _WARNED:
+            _WARNED.add(key)
+            unfinished.append(run)
+    if not unfinished:
+        return
+    shown = ", ".join(f"{r.path} ({r.status.removeprefix('unfinished, ')})"
+                      for r in unfinished[:4]) + (", …" if len(unfinished) > 4 else "")
+    warnings.warn(f"{len(unfinished)} run(s) have not finished (no summary.json): {shown}; "
+                  "their numbers are the last values they logged, shown apart as '<label> "
+                  "(unfinished, step N)' and not averaged with finished runs; re-run the "
+                  "command that trained them to finish them", stacklevel=3)
 
 
 #: config keys that say where and how a run ran, not what it is: runs that differ only in these
@@ -305,7 +364,10 @@ def _separate_settings(runs: Sequence[Run]) -> None:
     different directories), so that a label's spread is over seeds alone; warn where runs from
     different directories were split, and where two have the same setting and seed (copies of
     one run, not two seeds)."""
-    for label, group in group_by_label(runs).items():
+    by_label: dict[str, list[Run]] = {}
+    for run in runs:  # finished or not: a sweep's unfinished run names its setting too
+        by_label.setdefault(run.label, []).append(run)
+    for label, group in by_label.items():
         if len(group) < 2:
             continue
         flat = [{k: json.dumps(v, sort_keys=True) for k, v in _flat(r.config).items()
@@ -319,9 +381,11 @@ def _separate_settings(runs: Sequence[Run]) -> None:
                 warnings.warn(f"runs labelled {label!r} differ in {', '.join(keys)}: shown apart "
                               "as labels that name those settings, not averaged as seeds",
                               stacklevel=3)
-        seeds: dict[tuple[str, Any], Run] = {}
+        seeds: dict[tuple[str, str, Any], Run] = {}
         for run, f in zip(group, flat, strict=True):
-            twin = seeds.setdefault((json.dumps(f, sort_keys=True), run.seed), run)
+            # runs shown apart (one unfinished) are not counted together: no warning
+            twin = seeds.setdefault((run.group_label, json.dumps(f, sort_keys=True), run.seed),
+                                    run)
             if twin is not run:
                 warnings.warn(f"runs {twin.path} and {run.path} have the same settings and seed "
                               f"{run.seed}: they are counted as two runs of {run.label!r}, but "
@@ -338,8 +402,9 @@ def as_paths(paths: PathLike | Iterable[PathLike]) -> list[Path]:
 
 
 def group_by_label(runs: Sequence[Run]) -> dict[str, list[Run]]:
-    """Runs grouped by label, labels in order of first appearance."""
+    """Runs grouped by :attr:`Run.group_label` (an unfinished run apart from the finished runs
+    of its label), labels in order of first appearance."""
     groups: dict[str, list[Run]] = {}
     for run in runs:
-        groups.setdefault(run.label, []).append(run)
+        groups.setdefault(run.group_label, []).append(run)
     return groups

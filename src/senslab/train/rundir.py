@@ -4,11 +4,14 @@ Three guarantees, so that nothing is lost and nothing is silently wrong:
 
 * **one writer** — a process that writes a run (or experiment) directory holds its lock
   (:meth:`RunDir.writing`) for the run's whole life; a second writer fails at once with a
-  message naming the holder. Readers (``senslab measure``, ``senslab report``) and the other
-  ranks of one torchrun job never take it. The lock is an OS file lock: it goes away with the
-  process that held it, however that process ended.
+  message naming the holder, be it another process or another thread of this one (only the
+  holding thread may take the lock again, nested). Readers (``senslab measure``, ``senslab
+  report``) and the other ranks of one torchrun job never take it. The lock is an OS file lock:
+  it goes away with the process that held it, however that process ended.
 * **verified checkpoints** — written atomically (temporary file, fsync, rename) in the format of
-  :mod:`senslab.train.checkpoint`; a damaged one is detected and the previous good one used.
+  :mod:`senslab.train.checkpoint`; a damaged one is detected, and a resume uses the previous good
+  one, while the final model (:meth:`RunDir.final_checkpoint`) is never replaced by an earlier
+  one.
 * **a schema version** — ``senslab.json`` says what a directory is and which format it follows;
   a directory of an older format is migrated when it is opened for writing, one of a newer
   format is refused.
@@ -22,6 +25,7 @@ import platform
 import socket
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterable, Iterator
@@ -59,7 +63,10 @@ def notice(message: str) -> None:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    """Write ``data`` to ``path`` through a temporary file (fsync, rename): a reader sees the old
+    file or the new one, never part of one. The temporary name carries the process and the
+    thread, so that two writers never share it."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
         with open(tmp, "wb") as f:
             f.write(data)
@@ -159,8 +166,10 @@ def environment(device: torch.device | str) -> dict[str, Any]:
     }
 
 
-#: the directory locks this process holds: resolved path → [lock, nesting depth]
+#: the directory locks this process holds: resolved path → [lock, nesting depth, owning thread]
 _HELD: dict[Path, list[Any]] = {}
+#: guards :data:`_HELD` while a thread checks it and takes a lock
+_HELD_GUARD = threading.Lock()
 
 
 def checkpoint_step(path: Path) -> int:
@@ -253,21 +262,48 @@ class RunDir:
 
     # -- the writer's lock ---------------------------------------------------------------------
     def holds_lock(self) -> bool:
-        """Whether this process holds the directory's lock."""
-        return self.path.resolve() in _HELD
+        """Whether this thread holds the directory's lock (another thread's hold is no
+        permission to write: see :meth:`acquire`)."""
+        held = _HELD.get(self.path.resolve())
+        return held is not None and held[2] is threading.current_thread()
 
     def acquire(self) -> None:
-        """Take the directory's lock (nested calls in one process only count), after checking
-        that the directory can be written; migrate a schema-1 directory, write the marker and
-        remove temporary files left by writers that died. :class:`RunDirInUse` if another
-        process holds it. Pair with :meth:`release`, or use :meth:`writing`."""
+        """Take the directory's lock (nested calls in the holding thread only count), after
+        checking that the directory can be written; migrate a schema-1 directory, write the
+        marker and remove temporary files left by writers that died. :class:`RunDirInUse` if
+        another process, or another thread of this one, holds it. Pair with :meth:`release`, or
+        use :meth:`writing`."""
         if self.readonly:
             return
         key = self.path.resolve()
-        if key in _HELD:
-            _HELD[key][1] += 1
-            return
-        self._check_target()
+        me = threading.current_thread()
+        with _HELD_GUARD:  # no other thread of this process slips in between check and take
+            held = _HELD.get(key)
+            if held is not None:
+                if held[2] is not me:
+                    raise RunDirInUse(
+                        f"{self.path} is in use by another thread of this process (thread "
+                        f"{held[2].name!r}, {self._owner()}); wait for it to finish, or use "
+                        "another --out directory (one per run: threads that train at once "
+                        "need directories of their own)")
+                held[1] += 1
+                return
+            self._check_target()
+            lock = self._lock_file()
+            _HELD[key] = [lock, 1, me]
+        try:
+            atomic_write_text(self.path / OWNER_FILE, json.dumps({
+                "pid": os.getpid(), "host": socket.gethostname(), "thread": me.name,
+                "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": sys.argv,
+            }))
+            self._remove_orphans()
+            self._upgrade()
+        except BaseException:
+            self._unlock(key)
+            raise
+
+    def _lock_file(self) -> Any:
+        """The directory's OS file lock, taken without waiting."""
         from filelock import FileLock, Timeout
 
         try:
@@ -285,33 +321,31 @@ class RunDir:
         except OSError as err:
             raise RunDirError(f"cannot create {self.path} ({err.strerror or err}); choose "
                               "another directory for --out") from None
-        _HELD[key] = [lock, 1]
-        try:
-            atomic_write_text(self.path / OWNER_FILE, json.dumps({
-                "pid": os.getpid(), "host": socket.gethostname(),
-                "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": sys.argv,
-            }))
-            self._remove_orphans()
-            self._upgrade()
-        except BaseException:
-            self._unlock(key)
-            raise
+        return lock
 
     def release(self) -> None:
+        """Undo one :meth:`acquire` of this thread (the lock goes with the last); a thread that
+        does not hold the lock releases nothing."""
         if self.readonly:
             return
         key = self.path.resolve()
-        if key in _HELD:
-            _HELD[key][1] -= 1
-            if _HELD[key][1] == 0:
-                self._unlock(key)
+        with _HELD_GUARD:
+            held = _HELD.get(key)
+            if held is None or held[2] is not threading.current_thread():
+                return
+            held[1] -= 1
+            if held[1] > 0:
+                return
+        self._unlock(key)
 
     def _unlock(self, key: Path) -> None:
-        lock, _ = _HELD.pop(key)
+        lock = _HELD[key][0]
         try:
             (self.path / OWNER_FILE).unlink(missing_ok=True)  # before the release: see _owner
         finally:
-            lock.release()
+            with _HELD_GUARD:
+                del _HELD[key]
+                lock.release()
 
     @contextmanager
     def writing(self) -> Iterator[RunDir]:
@@ -492,6 +526,53 @@ class RunDir:
         """The newest checkpoint that verifies; damaged ones are reported and skipped."""
         found = self.load_latest(allow_unverified)
         return found[1] if found is not None else None
+
+    def final_checkpoint(self, allow_unverified: bool = False
+                         ) -> tuple[Path, dict[str, Any]] | None:
+        """(path, state) of the checkpoint a finished run ended with — the model its
+        ``summary.json`` describes — for measurements of the final model.
+
+        That is the newest checkpoint, which must be at the step summary.json says the run
+        finished at (``steps``; any step, for a summary without it). Unlike :meth:`load_latest`
+        (right for resuming) nothing falls back to an earlier checkpoint: a damaged or missing
+        final checkpoint is a :class:`RunDirError` naming the file and the fix. None for a run
+        that finished at step 0 without a checkpoint (its final model is its initial one)."""
+        self.check_readable()
+        summary_path = self.path / "summary.json"
+        if not summary_path.is_file():
+            raise RunDirError(f"{self.path} has not finished (no summary.json), so it has no final "
+                              "model yet; re-run the command that trained it to finish it")
+        summary = self.read_json("summary.json")
+        steps = summary.get("steps") if isinstance(summary, dict) else None
+        if not isinstance(steps, int) or isinstance(steps, bool):
+            steps = None
+        found = self.checkpoints()
+        newest = found[-1] if found else None
+        at = f" (the run finished at step {steps})" if steps is not None else ""
+
+        def fix(also: str = "") -> str:
+            return (f"delete {summary_path}{also} and re-run the command that trained the run "
+                    "(`senslab run` of its experiment, or `senslab train`): it resumes from its "
+                    "last good checkpoint, retrains the rest and writes the final checkpoint "
+                    "again")
+
+        if newest is None or (steps is not None and checkpoint_step(newest) < steps):
+            if newest is None and not steps:
+                return None
+            name = f"step-{steps:08d}{SUFFIX}" if steps is not None else "any checkpoint"
+            have = f"the newest is {newest.name}" if newest is not None else "it has none"
+            raise RunDirError(
+                f"{self.ckpt_dir}: the final checkpoint {name}{at} is missing ({have}), so the "
+                "final model cannot be measured and an earlier one does not stand in for it; "
+                + fix())
+        try:
+            state, _ = self._load(newest, allow_unverified)
+        except CheckpointError as err:
+            raise RunDirError(
+                f"{err}: it is the final checkpoint of {self.path}{at}, so the final model "
+                "cannot be measured and an earlier one does not stand in for it; "
+                + fix(f" and {newest}")) from None
+        return newest, state
 
     def reset(self) -> None:
         """Remove what a run wrote when it started (config, environment, metrics, summary,

@@ -91,18 +91,22 @@ def sigma_sweep(run_dir: Path, sigmas: tuple[float, ...]) -> dict[str, dict[str,
     """Sensitivity of a finished run's final model at each σ in ``sigmas``.
 
     Measured on the run's own tracking subset (same examples, repeats and noise seed as the
-    per-epoch numbers), so the sweep and the tracked curve describe the same data. Cached in
-    ``sigma_sweep.json``, keyed by the checkpoint step, so a resumed experiment does not redo it.
+    per-epoch numbers), so the sweep and the tracked curve describe the same data. The model is
+    the run's final checkpoint (:meth:`~senslab.train.rundir.RunDir.final_checkpoint`): a
+    damaged or missing one is an error naming the fix, never replaced by an earlier checkpoint.
+    Cached in ``sigma_sweep.json``, keyed by the checkpoint step, so a resumed experiment does
+    not redo it and a sweep of another checkpoint is not reused.
     """
     from ...measure import TokenSensitivity
     from ...train.loop import build_model, load_data, resolve_device
-    from ...train.rundir import RunDir
+    from ...train.rundir import RunDir, checkpoint_step
 
     rd = RunDir(run_dir)
-    state = rd.latest_checkpoint()
-    if state is None:
+    found = rd.final_checkpoint()
+    if found is None:
         raise FileNotFoundError(f"{run_dir} has no checkpoint to measure; delete it and rerun")
-    step = int(state["position"]["step"])
+    path, state = found
+    step = checkpoint_step(path)
     cache = run_dir / "sigma_sweep.json"
     if cache.exists():
         old = json.loads(cache.read_text())

@@ -5,9 +5,13 @@ whole-input noise variant, accuracy under corruptions, sharpness with its standa
 train with the standard loop (``"fit"``) as usual; :class:`FinalMeasureExperiment`'s
 :meth:`~FinalMeasureExperiment.after_run` then calls :meth:`FinalMeasureExperiment.
 measure_final` on the restored model. The result is written to ``<run>/final_measure.json``
-together with the settings that produced it, reused when the settings match (so re-running an
-experiment only redoes what changed) and attached to the run's summary under ``"final_measure"``
-for the verdict.
+together with the settings that produced it and the step of the checkpoint measured, reused when
+both match (so re-running an experiment only redoes what changed) and attached to the run's
+summary under ``"final_measure"`` for the verdict.
+
+The final model is the run's final checkpoint (:meth:`~senslab.train.rundir.RunDir.
+final_checkpoint`), the one summary.json's numbers describe: when it is damaged or missing the
+measurement is refused, naming the fix, rather than taken on an earlier checkpoint.
 """
 
 from __future__ import annotations
@@ -24,19 +28,30 @@ from ...data import ArrayDataset
 from ...tokens.base import model_device
 from ...train.config import RunConfig
 from ...train.loop import build_model, load_data, resolve_device
-from ...train.rundir import RunDir
+from ...train.rundir import RunDir, checkpoint_step
 from ...train.track import Tracker
 from ..base import Experiment, Run
 
 FINAL_FILE = "final_measure.json"
 
 
-def load_final(cfg: RunConfig, run_dir: Path) -> tuple[nn.Module, ArrayDataset, ArrayDataset]:
-    """The model of a finished run with its last checkpoint's weights (eval mode), and the
-    train/test data exactly as the run saw them (same subset, same normalisation)."""
-    state = RunDir(run_dir).latest_checkpoint()
-    if state is None:
+def final_state(run_dir: Path) -> tuple[int, dict[str, Any]]:
+    """(step, state) of a finished run's final checkpoint: never an earlier one in its place (a
+    :class:`~senslab.train.rundir.RunDirError` naming the damaged or missing file and the fix)."""
+    found = RunDir(run_dir).final_checkpoint()
+    if found is None:
         raise FileNotFoundError(f"{run_dir} has no checkpoint to measure; train it first")
+    path, state = found
+    return checkpoint_step(path), state
+
+
+def load_final(cfg: RunConfig, run_dir: Path, state: dict[str, Any] | None = None
+               ) -> tuple[nn.Module, ArrayDataset, ArrayDataset]:
+    """The model of a finished run with its final checkpoint's weights (eval mode; ``state``:
+    that checkpoint, already loaded by :func:`final_state`), and the train/test data exactly as
+    the run saw them (same subset, same normalisation)."""
+    if state is None:
+        state = final_state(run_dir)[1]
     train, test = load_data(cfg)
     model = build_model(cfg, train)
     model.load_state_dict(state["model"])
@@ -83,12 +98,14 @@ class FinalMeasureExperiment(Experiment):
                   log: Callable[[str], None]) -> dict[str, Any]:
         measure = self.final_settings(settings)
         rd = RunDir(path)
+        step, state = final_state(path)
         stored = rd.read_json(FINAL_FILE) if (path / FINAL_FILE).exists() else None
-        if stored is not None and stored.get("settings") == measure:
+        # a result without the step (older senslab) may be of an earlier checkpoint: redone
+        if stored is not None and stored.get("settings") == measure and stored.get("step") == step:
             values = stored["values"]
         else:
             log(f"    measuring the final model of {run.name}")
-            model, train, test = load_final(run.config, path)
+            model, train, test = load_final(run.config, path, state)
             values = self.measure_final(run.config, model, train, test, settings)
-            rd.write_json(FINAL_FILE, {"settings": measure, "values": values})
+            rd.write_json(FINAL_FILE, {"settings": measure, "step": step, "values": values})
         return {**summary, "final_measure": values}

@@ -243,7 +243,7 @@ def _profile(result: Any) -> dict[str, list[Any]]:
 
 
 def finish_run(cfg: RunConfig, run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
-    """Measure the trained model (last checkpoint) and the untrained one (same seed) on
+    """Measure the trained model (final checkpoint) and the untrained one (same seed) on
     ``END_EXAMPLES`` fixed train and validation examples (the tracking subset plus more, drawn
     the Tracker's way) and add the numbers to ``summary.json``; return the new summary.
 
@@ -287,9 +287,10 @@ def finish_run(cfg: RunConfig, run_dir: Path, summary: dict[str, Any]) -> dict[s
                                "sens/train": est.tolist(), "se": [r.stderr for r in inits],
                                "examples": n_end}
     if extra.get("end_examples") != n_end:
-        state = rd.latest_checkpoint()
-        if state is not None:  # None only when training stopped before its first step
-            model.load_state_dict(state["model"])
+        # the final checkpoint, never an earlier one in its place (an error naming the fix)
+        found = rd.final_checkpoint()
+        if found is not None:  # None only when training stopped before its first step
+            model.load_state_dict(found[1]["model"])
         for split, data in (("train", subsets.sens_train), ("val", subsets.sens_val)):
             if data is None:
                 continue
