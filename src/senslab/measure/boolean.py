@@ -104,7 +104,7 @@ from .functions import (
     sparse_parity,
     table_function,
 )
-from .outputs import declared_kind
+from .outputs import declared_kind, is_scalar
 
 BoolFn = Callable[[Tensor], Tensor] | nn.Module | Tensor
 Output = Literal["auto", "sign", "real"]
@@ -370,8 +370,18 @@ def _check_unit_interval(rule: str, values: Tensor, kind: str | None,
     rule, no declared kind and no threshold, real values all in [0, 1] with some strictly
     inside are probabilities (a sigmoid head) as likely as logits, and read as logits
     (class = value > 0) nothing ever flips — a false 0. Refused; the error names the fix."""
-    if rule != "sign" or kind is not None or threshold is not None \
-            or not values.is_floating_point() or values.numel() == 0:
+    if rule != "sign" or not values.is_floating_point() or values.numel() == 0:
+        return
+    if kind == "probabilities" and threshold is None and is_scalar(values):
+        lo, hi = float(values.min()), float(values.max())
+        if lo < 0.0 or hi > 1.0:
+            raise ValueError(
+                f"f declares output_kind='probabilities' but its values range over [{lo:.3g}, "
+                f"{hi:.3g}], outside [0, 1]: these are not probabilities. Declare "
+                "output_kind='logits' (class = sign), or pass threshold=t"
+            )
+        return
+    if kind is not None or threshold is not None:
         return
     lo, hi = float(values.min()), float(values.max())
     if 0.0 <= lo and hi <= 1.0 and bool(((values > 0) & (values < 1)).any()):
