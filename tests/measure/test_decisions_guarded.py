@@ -265,3 +265,45 @@ def test_structured_outputs():
         boolean_sensitivity(pair, 5)
     want = boolean_sensitivity(lambda x: pair(x)[1], 5).average
     assert boolean_sensitivity(_Dict().eval(), 5).average == want
+
+
+def test_declared_probabilities_outside_the_unit_interval_are_refused():
+    """As the token-wise path refuses it: a column declared probabilities that leaves [0, 1]
+    is not one, and reading it at 1/2 would count other changes."""
+    from senslab.measure import boolean_sensitivity, truth_table
+
+    class Logit(torch.nn.Module):
+        output_kind = "probabilities"
+
+        def forward(self, x):
+            return x.sum(1, keepdim=True)  # ranges over [-4, 4]
+
+    with pytest.raises(ValueError, match="outside \\[0, 1\\]"):
+        boolean_sensitivity(Logit(), 4)
+    with pytest.raises(ValueError, match="outside \\[0, 1\\]"):
+        truth_table(Logit(), 4)
+
+
+def test_a_column_of_exact_zeros_is_a_logit_head_measured_not_refused():
+    """Clean outputs all exactly 0 (a ReLU'd or zero-initialised logit head) are no saturated
+    sigmoid (float32's sigmoid reaches 0.0 only past a logit of about −103): perturbed values
+    inside (0, 1) are logits that moved, measured by the token-wise estimator and by ShPred."""
+    from senslab import Patches, token_sensitivity
+    from senslab.measure.sharpness import output_sharpness
+
+    g = torch.Generator().manual_seed(0)
+    lin = torch.nn.Linear(16, 1)
+    model = torch.nn.Sequential(torch.nn.Flatten(), lin, torch.nn.ReLU())
+    with torch.no_grad():
+        lin.weight.fill_(0.05)
+        lin.bias.fill_(-0.5)  # pixels in [0, 1]: every clean logit below 0, ReLU'd to 0.0
+    x = torch.rand(6, 1, 4, 4, generator=g)
+    assert (model(x) == 0).all()
+    r = token_sensitivity(model, x, Patches(2), sigma=1.0, repeats=4, generator=1,
+                          chunk_size=64)
+    assert r.estimate > 0  # some copies rise above 0: class changes, counted
+    with torch.no_grad():
+        lin.weight.zero_()
+        lin.bias.zero_()  # a zero-initialised head: weight noise moves it off 0
+    s = output_sharpness(model, x[:1], sigma_w=0.05, repeats=5, generator=1)
+    assert s.shpred is not None and s.shpred.estimate > 0

@@ -189,13 +189,17 @@ def resolve_kind(out: Tensor, kind: str | None, threshold: float | None = None) 
 
 def inferred_from_zero_one(clean: Tensor, kind: str | None) -> bool:
     """True when no kind was given and the clean outputs ``clean`` are one floating column of
-    exact 0s and 1s: :func:`resolve_kind` read them as logits, but a sigmoid saturated at
-    exactly 0 or 1 on every clean example looks the same, so only the perturbed outputs can
-    tell (:func:`check_perturbed_kind`). One host sync, once per batch."""
+    exact 0s and 1s with at least one 1: :func:`resolve_kind` read them as logits, but a
+    sigmoid saturated at 1.0 looks the same, so only the perturbed outputs can tell
+    (:func:`check_perturbed_kind`). A column of exact 0s alone is a logit head (float32's
+    sigmoid reaches 0.0 only past a logit of about −103). One host sync, once per batch."""
     if kind is not None:
         return False
     seen = _column_range(clean)
-    return seen is not None and seen[0] >= 0.0 and seen[1] <= 1.0 and not seen[2]
+    # some value exactly 1: a sigmoid reaches 1.0 in float32 past a logit of about 17, but 0.0
+    # only past about −103, so a column of exact 0s alone is a logit head (a zero-initialised
+    # one, say) and is read as logits without a check
+    return seen is not None and seen[0] >= 0.0 and seen[1] == 1.0 and not seen[2]
 
 
 def check_perturbed_kind(out: Tensor, inferred_from_clean: bool) -> None:

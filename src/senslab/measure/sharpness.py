@@ -59,7 +59,7 @@ from .outputs import (
     check_kind,
     check_rows,
     declared_kind,
-    is_scalar,
+    inferred_from_zero_one,
     predictions,
     resolve_kind,
 )
@@ -393,8 +393,8 @@ def output_sharpness(
             reason = str(err)
         # read as logits only because its clean values are all exactly 0 or 1 (see above)
         saturated = (
-            clean_pred is not None and kind == "logits" and declared is None and is_scalar(clean)
-            and clean.is_floating_point() and bool(((clean == 0) | (clean == 1)).all())
+            clean_pred is not None and kind == "logits" and declared is None
+            and inferred_from_zero_one(clean, None)
         )
         l1 = torch.empty(repeats, b, dtype=torch.float64, device=clean.device)
         flips = torch.empty_like(l1)
