@@ -284,6 +284,24 @@ def test_declared_probabilities_outside_the_unit_interval_are_refused():
         truth_table(Logit(), 4)
 
 
+def test_a_threshold_outside_the_unit_interval_on_declared_probabilities_is_refused():
+    """threshold=0.0 was the default before None: on a declared probability column it would
+    count nothing (every p > 0), so it is refused rather than giving a false 0."""
+    from senslab.measure import boolean_sensitivity
+
+    class Prob(torch.nn.Module):
+        output_kind = "probabilities"
+
+        def forward(self, x):
+            return torch.sigmoid(x.sum(1, keepdim=True))
+
+    assert boolean_sensitivity(Prob(), 5).average == pytest.approx(1.875)  # majority's
+    for t in (0.0, 1.0, -0.5):
+        with pytest.raises(ValueError, match="outside \\(0, 1\\)"):
+            boolean_sensitivity(Prob(), 5, threshold=t)
+    assert boolean_sensitivity(Prob(), 5, threshold=0.5).average == pytest.approx(1.875)
+
+
 def test_a_column_of_exact_zeros_is_a_logit_head_measured_not_refused():
     """Clean outputs all exactly 0 (a ReLU'd or zero-initialised logit head) are no saturated
     sigmoid (float32's sigmoid reaches 0.0 only past a logit of about −103): perturbed values

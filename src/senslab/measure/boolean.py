@@ -372,6 +372,14 @@ def _check_unit_interval(rule: str, values: Tensor, kind: str | None,
     (class = value > 0) nothing ever flips — a false 0. Refused; the error names the fix."""
     if rule != "sign" or not values.is_floating_point() or values.numel() == 0:
         return
+    if kind == "probabilities" and threshold is not None and is_scalar(values) \
+            and not 0.0 < threshold < 1.0:
+        raise ValueError(
+            f"threshold={threshold!r} on a column f declares output_kind='probabilities': "
+            "a probability is never on the other side of a boundary outside (0, 1), so no "
+            "class would ever change (a false 0). Drop threshold (class 1 iff p > 1/2) or "
+            "pass one inside (0, 1)"
+        )
     if kind == "probabilities" and threshold is None and is_scalar(values):
         lo, hi = float(values.min()), float(values.max())
         if lo < 0.0 or hi > 1.0:
