@@ -118,6 +118,29 @@ def test_runtime_counts_the_runs_the_verdict_rests_on_across_settings(tmp_path: 
     assert runs_seconds(out) == pytest.approx(_seconds(out)["parity-n3-s0"], abs=0.051)
 
 
+def test_runtime_after_a_resume_keeps_the_invocations_own_time(tmp_path: Path) -> None:
+    """A run finished in a second sitting: the time before it (its last logged record) is not
+    charged to this invocation, so the invocation's time outside training stays counted."""
+    from senslab.experiments.base import _seconds_so_far
+
+    out = tmp_path / "len"
+    over = TINY + ["n_values=[3]", "functions=['parity']"]
+    run_experiment("hr_sharpness_vs_length", out, overrides=over, log=lambda _: None)
+    run = out / "parity-n3-s0"
+    total = json.loads((run / "summary.json").read_text())["seconds"]
+    (run / "summary.json").unlink()  # as if killed after its last record
+    logged = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["time"]
+    assert _seconds_so_far(out)["parity-n3-s0"] == logged
+    (out / "verdict.json").unlink()
+    v = run_experiment("hr_sharpness_vs_length", out, overrides=over, log=lambda _: None)
+    trained = _seconds(out)
+    now = trained["parity-n3-s0"]
+    assert now >= logged
+    outside = max(0.0, v["last_invocation_s"] - (now - logged))
+    assert v["runtime_s"] == pytest.approx(sum(trained.values()) + outside, abs=0.11)
+    assert total > 0
+
+
 def test_the_verdict_names_the_commits_behind_its_runs(tmp_path: Path) -> None:
     """A finished run reused from another commit: the verdict lists both commits and the log
     says the run's numbers are that code's."""

@@ -154,3 +154,29 @@ def test_the_code_behind_every_sitting_is_kept_and_a_change_of_it_said(tmp_path:
         warnings.simplefilter("error")
         _train(same, {"seed": 1})  # resumed by the same code
         _train(same, {"seed": 1})  # reused by the same code
+
+
+def test_an_installed_copy_inside_another_repository_names_no_commit(tmp_path: Path) -> None:
+    """senslab installed in a virtual environment inside a user's git project: that project's
+    commit says nothing of senslab's code, so none is recorded (and no run warns of one)."""
+    import shutil
+    import subprocess
+    import sys
+
+    import senslab
+
+    proj = tmp_path / "proj"
+    site = proj / ".venv" / "lib" / "python3" / "site-packages"
+    shutil.copytree(Path(senslab.__file__).parent, site / "senslab",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    git = ["git", "-C", str(proj), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(proj)], check=True)
+    (proj / "README").write_text("a user's project\n")
+    subprocess.run([*git, "add", "README"], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", "from senslab.train.rundir import git_commit; "
+                               "print(git_commit())"],
+        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, capture_output=True,
+        text=True, check=True).stdout.strip()
+    assert out == "None"

@@ -402,3 +402,18 @@ def test_language_end_measurements_refuse_a_damaged_final_checkpoint(tmp_path: P
 
 def checkpoint_step_of(path: Path) -> int:
     return rundir.checkpoint_step(path)
+
+
+def test_a_lock_left_by_a_thread_that_ended_is_taken_over(tmp_path: Path) -> None:
+    """A thread that ended without releasing its run directory cannot write through it any
+    more: another thread takes the lock over instead of being told to wait forever."""
+    rd = RunDir(tmp_path / "run")
+    t = threading.Thread(target=rd.acquire, name="left")
+    t.start()
+    t.join()
+    rd.acquire()  # the holder is dead: taken over, no RunDirInUse
+    try:
+        assert rd.holds_lock()
+    finally:
+        rd.release()
+    assert not rd.holds_lock()

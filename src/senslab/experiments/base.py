@@ -358,7 +358,7 @@ def _run_locked(exp: Experiment, out: Path, scale: str, overrides: list[str],
         os.replace(out / "verdict.json", out / SUPERSEDED)
         log(f"{out}/verdict.json was written for other settings: moved to {SUPERSEDED}")
     before = _finished_runs(out)
-    trained_before = run_seconds(out)
+    trained_before = _seconds_so_far(out)
     start = time.perf_counter()
     summaries = exp.execute(out, scale, overrides, progress, log)
     seeds = exp.settings(scale, overrides).seeds
@@ -424,6 +424,26 @@ def device_name() -> str:
 def _finished_runs(out: Path) -> set[str]:
     """The names of the finished runs (a summary.json) directly below ``out``."""
     return {p.parent.name for p in out.glob("*/summary.json")}
+
+
+def _seconds_so_far(out: Path) -> dict[str, float]:
+    """Each run's training time before this invocation: a finished run's summary ``seconds``,
+    an unfinished one's last logged ``time`` (its sittings so far, up to that record), so that
+    the time an invocation spends outside training is not charged to an earlier sitting."""
+    found = run_seconds(out)
+    for log in out.glob("*/metrics.jsonl"):
+        name = log.parent.name
+        if name in found:
+            continue
+        try:
+            lines = log.read_bytes().splitlines()
+            last = json.loads(lines[-1]) if lines else {}
+        except (OSError, ValueError):
+            continue  # a torn last line: counted as nothing, as a resume cuts it
+        t = last.get("time") if isinstance(last, dict) else None
+        if isinstance(t, (int, float)) and not isinstance(t, bool):
+            found[name] = float(t)
+    return found
 
 
 def listed_runs(out: str | Path) -> list[str] | None:

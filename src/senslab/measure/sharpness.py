@@ -204,6 +204,25 @@ def _spacing(p: Tensor) -> Tensor:
     return torch.where(p == 0, 0.0, spacing)
 
 
+#: elements of a parameter compared at a time by the rounding check (bounds its memory)
+_CHECK_SLICE = 1 << 22
+
+
+def _applied_stats(p: Tensor, p0: Tensor) -> tuple[Tensor, Tensor]:
+    """(Σ applied², # unchanged) of the noise a low-precision parameter ``p`` took on over its
+    clean value ``p0``, in float32 (which holds a difference of two bf16/fp16 weights) slices
+    of :data:`_CHECK_SLICE` elements: a whole float64 copy doubled a large model's peak
+    memory."""
+    flat, flat0 = p.reshape(-1), p0.reshape(-1)
+    sq = torch.zeros((), dtype=torch.float64, device=p.device)
+    same = torch.zeros((), dtype=torch.float64, device=p.device)
+    for lo in range(0, flat.numel(), _CHECK_SLICE):
+        a = flat[lo:lo + _CHECK_SLICE].float().sub_(flat0[lo:lo + _CHECK_SLICE])
+        same += (a == 0).sum()
+        sq += torch.linalg.vector_norm(a).double().square()
+    return sq, same
+
+
 class _WeightNoise:
     """Sets the chosen parameters to θ + σ·ε with ε ~ N(0, I) drawn from ``generator``.
 
@@ -239,9 +258,8 @@ class _WeightNoise:
             delta = sigma * eps.to(p.device)
             p.copy_(p0 + delta)
             if check and p.is_floating_point() and p.dtype not in (torch.float32, torch.float64):
-                applied = p.double() - p0.double()
-                stats = torch.stack([delta.double().square().sum(), applied.square().sum(),
-                                     (applied == 0).sum().double()])
+                drawn = torch.linalg.vector_norm(delta).double().square()
+                stats = torch.stack([drawn, *_applied_stats(p, p0)])
                 sums.append(stats.to(sums[0].device) if sums else stats)  # no sync yet
                 low.append(i)
         self.checked = self.checked or sigma > 0

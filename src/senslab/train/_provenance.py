@@ -51,13 +51,14 @@ def _other(commits: list[str], now: str | None) -> list[str]:
     return [c for c in commits if now is not None and c != now]
 
 
-def write_env(rd: RunDir, env: dict[str, Any], step: int | None) -> None:
+def write_env(rd: RunDir, env: dict[str, Any], step: int | None, warn: bool = True) -> None:
     """Write env.json for a sitting that starts at ``step`` (None: a fresh run), keeping the
-    earlier sittings of a resumed run, and warn when they were trained by other code."""
+    earlier sittings of a resumed run, and warn (``warn``: one rank of several says it) when
+    they were trained by other code."""
     earlier = _sittings(_read_env(rd.path)) if step is not None else []
     other = _other([s["git_commit"] for s in earlier if isinstance(s.get("git_commit"), str)],
                    env.get("git_commit"))
-    if other:
+    if other and warn:
         warnings.warn(
             f"resuming {rd.path} at step {step} with commit {_short(env.get('git_commit'))}, "
             f"but it was trained by commit {', '.join(_short(c) for c in other)}: its metrics "

@@ -365,7 +365,7 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
         rd.metrics_path.unlink(missing_ok=True)
         clear(rd)
     write_env(rd, environment(device) | {"world_size": world},
-              pos.step if state is not None else None)
+              pos.step if state is not None else None, warn=rank == 0)
     _barrier(world)  # ranks > 0 read the run directory only once rank 0 has set it up
     reporters.open(report_to, rd, cfg.to_dict(), cfg.name)  # metrics.jsonl as kept, first
 

@@ -132,15 +132,23 @@ def metric_order_problem(path: Path, numbered: Iterable[tuple[int, dict[str, Any
 
 
 def git_commit() -> str | None:
-    """The commit of the senslab checkout in use (None outside a git checkout)."""
+    """The commit of the senslab checkout in use: None outside one, and None for an installed
+    package that merely sits inside some other git repository (a virtual environment in a
+    user's project), whose commit says nothing about senslab's code."""
+    here = Path(__file__).resolve()
+    root = here.parents[3]
+    if here.parents[2].name != "src" or not (root / "pyproject.toml").is_file():
+        return None  # not src/senslab/… of a checkout: an installed copy
     try:
-        root = Path(__file__).resolve().parents[3]
-        return subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-            timeout=5,
-        ).stdout.strip() or None
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--show-toplevel", "HEAD"],
+            capture_output=True, text=True, timeout=5,
+        ).stdout.split()
     except (OSError, subprocess.SubprocessError):
         return None
+    if len(out) != 2 or Path(out[0]).resolve() != root:
+        return None
+    return out[1]
 
 
 def environment(device: torch.device | str) -> dict[str, Any]:
@@ -279,6 +287,10 @@ class RunDir:
         me = threading.current_thread()
         with _HELD_GUARD:  # no other thread of this process slips in between check and take
             held = _HELD.get(key)
+            if held is not None and held[2] is not me and not held[2].is_alive():
+                # its thread ended without releasing it: nobody can write through it any more,
+                # so this thread takes the lock over (the OS lock is this process's already)
+                held[1], held[2] = 0, me
             if held is not None:
                 if held[2] is not me:
                     raise RunDirInUse(
