@@ -359,11 +359,12 @@ def output_sharpness(
     values strictly inside) whose kind nobody declared (probabilities or logits?). A given
     ``output_kind`` that cannot read the output raises instead.
 
-    A one-column output whose clean values are all exactly 0 or 1 (a saturated sigmoid: every
-    example confidently one class) is read as logits when no kind is declared, since it reads
-    the same either way; if a perturbed output then lies in [0, 1] with values strictly inside,
-    it was a probability after all — read as logits nothing would ever flip — and the call
-    raises the same ``ValueError`` naming ``output_kind``.
+    A one-column output whose clean values are all exactly 0 or 1, some 1 (a saturated sigmoid:
+    every example confidently one class; exact 0s alone are a logit head) is read as logits
+    when no kind is declared, since it reads the same either way; if a perturbed output then
+    lies in [0, 1] with values strictly inside, it was a probability after all — read as logits
+    nothing would ever flip — and the call raises the same ``ValueError`` naming
+    ``output_kind``.
 
     On bf16/fp16 weights a ``sigma_w`` near or below the weights' spacing is refused: the noise
     rounded onto their grid is not the noise drawn (see :class:`_WeightNoise`).
