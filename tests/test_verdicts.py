@@ -57,7 +57,9 @@ def test_seeds_that_agree_closer_than_their_measurement_error_are_not_exact():
     assert verdict({"a": over_seeds([1 / 256], [0.01])})["verdict"] == INCONCLUSIVE
     wide = over_seeds([0.1, 0.3], [0.01, 0.01])  # a real spread: the sample s.e., not floored
     assert wide.se == pytest.approx(0.1) and "floored" not in wide.method
-    assert over_seeds([0.2, 0.2]).se == 0.0  # no measurement error known: nothing to floor at
+    # tied seeds and no measurement error known: no standard error at all, not an exact mean
+    assert math.isnan(over_seeds([0.2, 0.2]).se)
+    assert verdict({"a": over_seeds([0.2, 0.2, 0.2])})["verdict"] == INCONCLUSIVE
 
 
 def test_one_seed_is_measurement_only():

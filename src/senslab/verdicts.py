@@ -36,11 +36,21 @@ Where an effect comes from:
   happen to agree more closely than their measurement error allows (equal flip counts of a few
   flips each) do not make the mean exact.
   With one seed the measurement standard error is all there is: the normal reference, and the
-  part says that seed-to-seed variation is not in its interval.
+  part says that seed-to-seed variation is not in its interval. Seeds that all tie, without a
+  (non-zero) measurement error, give no standard error at all: the spread of a few seeds that
+  happen to agree is chance, not precision, so the part is inconclusive and says that the seeds
+  tied and more are needed (before 2026-11-30 it read "+0.5 [+0.5, +0.5] supported, p = 0").
 * :func:`measured` — one estimate with a measurement standard error (normal reference).
-* :func:`bootstrap` — a statistic of a set of runs (a slope over n, a rank correlation):
-  the standard error is the standard deviation of the statistic over runs resampled with
-  replacement (a fixed generator), with Student's t on (number of runs − 1) degrees of freedom.
+* :func:`bootstrap` — a statistic of a set of runs: the standard error is the standard
+  deviation of the statistic over runs resampled with replacement (a fixed generator), with
+  Student's t on (number of runs − 1) degrees of freedom. (The slope of hr_sharpness_vs_length
+  and the rank correlation of hr_norm_vs_blowup no longer use it: a bootstrap over a handful of
+  runs has no spread to draw on — two runs give the same slope in every resample — see their
+  modules.)
+
+A part whose standard error is unknown says why in its ``method``, after :data:`NO_SE`
+(":func:`describe`" repeats it: "no uncertainty estimate (the 3 seeds tied, more seeds are
+needed)").
 """
 
 from __future__ import annotations
@@ -54,9 +64,9 @@ from typing import Any
 from scipy import optimize, stats
 
 __all__ = [
-    "ALPHA", "CONTRADICTED", "INCONCLUSIVE", "NOT_COMPARABLE", "POWER", "SUPPORTED", "WORDS",
-    "Effect", "bootstrap", "describe", "judge", "measured", "not_comparable", "over_seeds",
-    "paired_by_seed", "plain", "verdict",
+    "ALPHA", "CONTRADICTED", "INCONCLUSIVE", "NOT_COMPARABLE", "NO_SE", "POWER", "RHO_CLIP",
+    "SUPPORTED", "WORDS", "Effect", "bootstrap", "describe", "fisher_z", "judge", "measured",
+    "not_comparable", "over_seeds", "paired_by_seed", "plain", "verdict",
 ]
 
 SUPPORTED = "supported"
@@ -71,6 +81,20 @@ ALPHA = 0.05
 POWER = 0.8
 #: bootstrap resamples (:func:`bootstrap`)
 BOOTSTRAP = 2000
+#: what an Effect's ``method`` says, followed by the reason, when it has no standard error
+NO_SE = "no standard error: "
+#: values of seeds closer than this, relative to their size, are tied (:func:`over_seeds`)
+TIE_TOLERANCE = 1e-12
+#: |ρ| is clipped to this before Fisher's z, so that a perfect rank order stays finite
+RHO_CLIP = 0.999
+
+
+def fisher_z(rho: float) -> float:
+    """atanh ρ, with ρ clipped to ±:data:`RHO_CLIP` (NaN stays NaN): the scale on which a
+    correlation is judged and on which a ladder compares it across rungs."""
+    if not math.isfinite(rho):
+        return math.nan
+    return math.atanh(max(-RHO_CLIP, min(RHO_CLIP, rho)))
 
 
 @dataclass(frozen=True)
@@ -166,8 +190,14 @@ def over_seeds(values: Sequence[float], measure_ses: Sequence[float] | None = No
     sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1))
     se = sd / math.sqrt(n)
     method = f"mean over {n} {unit}s (t)"
-    if se_m is not None and se < se_m:  # a small spread cannot undo a known measurement error
+    tied = max(vals) - min(vals) <= TIE_TOLERANCE * max(abs(v) for v in vals)
+    if se_m is not None and (se < se_m or (tied and se_m > 0)):
+        # a small spread cannot undo a known measurement error
         se, method = se_m, f"mean over {n} {unit}s (t; s.e. floored at the measurement error)"
+    elif tied:  # no spread and no measurement error: nothing to estimate the s.e. from
+        se = math.nan
+        method = (f"mean over {n} {unit}s (t); {NO_SE}the {n} {unit}s tied, more {unit}s are "
+                  "needed")
     se_seed = None if se_m is None else math.sqrt(max(se * se - se_m * se_m, 0.0))
     return Effect(mean, se, n - 1, n, se_m, se_seed, what, method, unit)
 
@@ -252,7 +282,9 @@ def judge(parts: Mapping[str, Effect], alpha: float = ALPHA,
         entry.pop("value")
         entry.update(verdict=word, effect=e.value, interval=[lo, hi], level=1 - a,
                      p=e.p_value(), detectable=None)
-        if word == INCONCLUSIVE and math.isfinite(e.value):  # no power claim without a value
+        # no power claim without a value, or without a standard error (an s.e. of exactly 0
+        # would claim that the runs detect any effect at all)
+        if word == INCONCLUSIVE and math.isfinite(e.value) and math.isfinite(e.se) and e.se > 0:
             entry["detectable"] = e.detectable(a, power)
         out[name] = _plain(entry)
     words = [p["verdict"] for p in out.values()]
@@ -304,8 +336,10 @@ def describe(name: str, part: Mapping[str, Any]) -> str:
         if eff is None or not math.isfinite(eff):  # not finite (plain JSON: None)
             text += ", cannot be judged (the value is not finite)"
         else:
+            method = part.get("method") or ""
+            why = method.split(NO_SE, 1)[1] if NO_SE in method else ""
             text += (f", could detect ≥ {abs(det):.3g}" if det is not None
-                     else ", no uncertainty estimate")
+                     else ", no uncertainty estimate" + (f" ({why})" if why else ""))
     if seeds == 1 and part.get("method", "").startswith("measurement"):
         text += " (measurement noise only)"
     return text

@@ -173,7 +173,7 @@ def test_slope_verdict_outcomes() -> None:
     assert v["verdict"] == SUPPORTED and v["correction"] == "Holm over 2 parts"
     assert v["evidence"]["parity"]["slope"] == pytest.approx(0.1)
     part = v["effects"]["parity slope"]
-    assert part["effect"] == pytest.approx(0.1) and part["df"] == 8  # 9 runs, bootstrap
+    assert part["effect"] == pytest.approx(0.1) and part["df"] == 7  # 9 runs, least squares
     assert v["effects"]["first flat"]["effect"] == pytest.approx(0.025)  # ¼·0.1 − 0
     # FIRST rising as steeply as PARITY: its part is clearly negative
     rising = [_len_summary("first", n, 0.08 * n + 0.001 * s) for n in (4, 6, 8) for s in (0, 1)]

@@ -254,7 +254,7 @@ def test_a_missing_run_is_not_paired_away() -> None:
 
 def test_verdict_contradicted_and_side_claims_fail() -> None:
     runs = _replace(paper_like(), "roberta", sens=[0.12, 0.13, 0.125], init=[0.06, 0.07, 0.065],
-                    late=0.30, early=0.05)  # above the LSTM, and rising towards the end
+                    late=[0.30, 0.31, 0.29], early=0.05)  # above the LSTM, rising to the end
     v = language_verdict(runs)
     claims = v["evidence"]["claims"]
     assert v["verdict"] == CONTRADICTED

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..train.rundir import RunDir
-from ..verdicts import CONTRADICTED, INCONCLUSIVE, SUPPORTED, Effect, plain
+from ..verdicts import CONTRADICTED, INCONCLUSIVE, SUPPORTED, Effect, fisher_z, plain
 from .base import Experiment, Rung, get_experiment, listed_runs, run_experiment, run_seconds
 
 #: the level of a trend's interval (one comparison per effect: no correction)
@@ -91,25 +91,53 @@ def _rung_verdict(out: Path, rung: Rung) -> tuple[dict[str, Any] | None, str]:
     return v, ""
 
 
+def _on_fisher_z(e: dict[str, Any]) -> bool:
+    """Whether a part was judged on Fisher's z (a correlation: its ``se`` is the s.e. of z)."""
+    return e.get("scale") == "fisher_z" or "Fisher's z" in (e.get("method") or "")
+
+
 def trend(low: dict[str, Any], high: dict[str, Any], level: float = TREND_LEVEL
           ) -> dict[str, Any]:
     """How an effect moves from rung ``low`` to rung ``high`` (effect dicts of two verdicts):
     the difference with a Welch-type interval — s.e. √(s.e.ₗ² + s.e.ₕ²), the smaller of the two
     degrees of freedom (conservative) — and the word: *grows* (the interval lies above zero: the
-    effect moves in the claimed direction), *shrinks* (below zero), *no clear change*."""
+    effect moves in the claimed direction), *shrinks* (below zero), *no clear change*.
+
+    A correlation judged on Fisher's z (``scale`` ``"fisher_z"``, or a ``method`` that says so:
+    its ``se`` is the s.e. of z) is compared on z: the change is z_high − z_low, with
+    ``"scale": "fisher_z"`` in the result (a difference of ρ with the s.e. of z gave intervals
+    such as [−2.5, +1.37], changes no correlation can make). A correlation judged on z at one
+    rung and on ρ at the other has no common scale: no interval."""
     def num(x: Any, missing: float) -> float:  # JSON null: NaN (an effect) or ∞ (normal df)
         return missing if x is None else float(x)
 
-    diff = num(high.get("effect"), math.nan) - num(low.get("effect"), math.nan)
+    scale = "effect"
+    on_z = (_on_fisher_z(low), _on_fisher_z(high))
+    if all(on_z):
+        scale = "fisher_z"
+
+        def value(e: dict[str, Any]) -> float:
+            return num(e.get("z"), math.nan) if e.get("z") is not None \
+                else fisher_z(num(e.get("effect"), math.nan))
+
+        diff = value(high) - value(low)
+    else:
+        diff = num(high.get("effect"), math.nan) - num(low.get("effect"), math.nan)
     se = math.hypot(num(low.get("se"), math.nan), num(high.get("se"), math.nan))
     df = min(num(low.get("df"), math.inf), num(high.get("df"), math.inf))
+    out: dict[str, Any] = {"change": diff, "se": se, "df": df, "interval": None,
+                           "word": NO_CLEAR_CHANGE, "level": level}
+    if scale == "fisher_z":
+        out["scale"] = scale
+    if any(on_z) and not all(on_z):
+        out["note"] = ("one rung judged the correlation on Fisher's z, the other on ρ: no common "
+                       "scale")
+        return out
     if not (math.isfinite(diff) and math.isfinite(se) and df >= 1):
-        return {"change": diff, "se": se, "df": df, "interval": None, "word": NO_CLEAR_CHANGE,
-                "level": level}
+        return out
     lo, hi = Effect(diff, se, df).interval(1 - level)
-    word = GROWS if lo > 0 else SHRINKS if hi < 0 else NO_CLEAR_CHANGE
-    return {"change": diff, "se": se, "df": df, "interval": [lo, hi], "word": word,
-            "level": level}
+    out.update(interval=[lo, hi], word=GROWS if lo > 0 else SHRINKS if hi < 0 else NO_CLEAR_CHANGE)
+    return out
 
 
 def runs_seconds(exp_dir: str | Path) -> float | None:
@@ -181,8 +209,9 @@ def ladder_sentence(rows: list[dict[str, Any]], per_effect: dict[str, Any]) -> s
         t = e.get("trend")
         if t and t.get("interval"):
             lo, hi = t["interval"]
+            on = " in atanh ρ" if t.get("scale") == "fisher_z" else ""
             trends.append(f"{part} {t['word']} from {t['from']} to {t['to']} "
-                          f"({t['change']:+.3g} [{lo:+.3g}, {hi:+.3g}])")
+                          f"({t['change']:+.3g} [{lo:+.3g}, {hi:+.3g}]{on})")
     if trends:
         text += ". As scale grows: " + "; ".join(trends)
     started = [r["rung"] for r in rows if r.get("status", "").startswith("started")]

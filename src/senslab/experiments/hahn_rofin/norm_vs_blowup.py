@@ -28,13 +28,26 @@ c = log10 ‖θ‖ + mean log10 blow-up (the log of the product the theory bound
 Spearman correlation of c with the learned function's average sensitivity as(f̂) (positive =
 more sensitive functions sit further out); "not comparable" with fewer than 5 converged runs or a
 single sensitivity level. The test runs on Fisher's z = atanh ρ (ρ clipped to ±0.999 first, so
-that a resample with a perfect rank order stays finite): the bootstrap standard error of z over
-the runs, Student's t on runs − 1 degrees of freedom, and the interval and the smallest
-detectable effect transformed back with tanh, so that both are possible correlations (inside
-[−1, 1]; tanh is increasing with tanh 0 = 0, so the interval excludes zero exactly when the z
-interval does). Correction of 2026-11-30: the
-bootstrap first ran on ρ itself, which gave intervals beyond [−1, 1] and "could detect ≥ 1.02"
-(no correlation can be that large); the verdict word did not depend on it.
+that a perfect rank order stays finite), with Student's t on runs − 1 degrees of freedom, and the
+interval and the smallest detectable effect transformed back with tanh, so that both are possible
+correlations (inside [−1, 1]; tanh is increasing with tanh 0 = 0, so the interval excludes zero
+exactly when the z interval does); the interval always contains the reported ρ. The standard
+error of z:
+
+* up to :data:`PERMUTATION_RUNS` (10) runs, the one at which the t test reproduces the
+  two-sided permutation p-value of Spearman's ρ (exact over all m! orderings up to
+  :data:`EXACT_RUNS` runs, else over :data:`PERMUTATIONS` random orderings from a fixed
+  generator): with so few runs, and sensitivity levels tied, no resampling or normal
+  approximation holds, and the permutation test is exact whatever the ties;
+* above, the bootstrap standard error over the runs; a degenerate bootstrap (every resample the
+  same ρ: a perfect rank order) falls back to Fieller's √(1.06/(m − 3)).
+
+Corrections of 2026-11-30: the bootstrap first ran on ρ itself, which gave intervals beyond
+[−1, 1] and "could detect ≥ 1.02" (no correlation can be that large); the verdict word did not
+depend on it. Then the bootstrap of z, at every size, gave 5–6 runs in perfect order a
+zero-width interval [+0.999, +0.999] that excluded the reported ρ = 1 with p = 4e-53 (the exact
+p is 0.017), and called two tied sensitivity levels perfectly separated over 6–7 runs
+"supported" where the exact p is 0.13 and 0.095.
 
 The evidence also carries, as a supplement not used by the verdict, the partial correlations of
 as(f̂) with log10 norm, log10 blow-up and c given log(weight decay).
@@ -65,7 +78,9 @@ import numpy as np
 import torch
 
 from ...train.config import ranged
-from ...verdicts import bootstrap, describe, judge, not_comparable
+from ...verdicts import NO_SE, Effect, bootstrap, describe, judge, not_comparable
+from ...verdicts import RHO_CLIP as RHO_CLIP  # re-exported: it moved to senslab.verdicts
+from ...verdicts import fisher_z as fisher_z  # re-exported
 from ..base import Experiment, Run, Rung, register_experiment, seeded_name
 from ._common import Setup, boolean_run
 
@@ -194,35 +209,99 @@ def norm_blowup_verdict(summaries: list[dict[str, Any]], min_runs: int = 5) -> d
         "Spearman ρ(as(f̂), log10 norm + log10 blow-up)", evidence,
         claim=f"over {len(done)} converged runs, more sensitive functions need a larger norm × "
               "blow-up",
-        note=f"Spearman's own p = {float(p_value):.2g}")
+        note=f"Spearman's own p = {float(p_value):.2g}",
+        pairs=([p["as"] for p in points], [p["c"] for p in points]))
 
 
-#: |ρ| is clipped to this before Fisher's z, so that a perfect rank order stays finite
-RHO_CLIP = 0.999
+#: up to this many runs the permutation p-value of Spearman's ρ decides (with ``pairs``)
+PERMUTATION_RUNS = 10
+#: up to this many runs every ordering is enumerated (8! = 40,320); above, random ones
+EXACT_RUNS = 8
+#: random orderings for a permutation p-value above :data:`EXACT_RUNS` runs
+PERMUTATIONS = 20000
 
 
-def fisher_z(rho: float) -> float:
-    """atanh ρ, with ρ clipped to ±:data:`RHO_CLIP` (NaN stays NaN)."""
-    if not math.isfinite(rho):
-        return math.nan
-    return math.atanh(max(-RHO_CLIP, min(RHO_CLIP, rho)))
+def permutation_p(xs: list[float], ys: list[float], seed: int = 0) -> tuple[float, str]:
+    """Two-sided permutation p-value of Spearman's ρ of ``xs`` and ``ys`` (ties averaged): the
+    share of orderings of ``ys`` whose |ρ| is at least the observed one; every ordering up to
+    :data:`EXACT_RUNS` values (exact), else :data:`PERMUTATIONS` random ones from a generator
+    seeded with ``seed`` (the observed ordering counted in, so p ≥ 1/(N + 1)). Returns
+    ``(p, how)``."""
+    import itertools
+
+    m = len(xs)
+    rx, ry = _ranks(xs), _ranks(ys)
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    scale = math.sqrt(float(rx @ rx) * float(ry @ ry))
+    if scale == 0:
+        return math.nan, "one side constant"
+    observed = abs(float(rx @ ry)) - 1e-9 * scale  # ties in |ρ| up to rounding count as ≥
+    if m <= EXACT_RUNS:
+        orders = np.array(list(itertools.permutations(range(m))), dtype=np.intp)
+        hits = int(np.count_nonzero(np.abs(ry[orders] @ rx) >= observed))
+        return hits / len(orders), f"exact over all {len(orders)} orderings"
+    rng = np.random.default_rng(seed)
+    orders = rng.permuted(np.tile(np.arange(m), (PERMUTATIONS, 1)), axis=1)
+    hits = int(np.count_nonzero(np.abs(ry[orders] @ rx) >= observed))
+    return (hits + 1) / (PERMUTATIONS + 1), f"over {PERMUTATIONS} random orderings (seed {seed})"
+
+
+def _z_effect(units: list[Any], statistic: Callable[[list[Any]], float], what: str,
+              pairs: tuple[list[float], list[float]] | None) -> Effect:
+    """The part on Fisher's z (see the module docstring for the standard error)."""
+    from scipy import stats
+
+    m = len(units)
+    z = fisher_z(float(statistic(units)))
+    if pairs is not None and 4 <= m <= PERMUTATION_RUNS:
+        p, how = permutation_p(*pairs)
+        df = m - 1
+        if not math.isfinite(p) or not math.isfinite(z):
+            se = math.nan
+        elif z == 0:  # p = 1 whatever the s.e.: Fieller's for the interval
+            se = math.sqrt(1.06 / (m - 3))
+        elif p >= 1:
+            se = math.inf
+        else:
+            se = abs(z) / float(stats.t.ppf(1 - p / 2, df))
+        method = (f"permutation test of Spearman's ρ over {m} runs ({how}; p = {p:.3g}), on "
+                  "Fisher's z = atanh ρ: the s.e. of z is the one at which t on runs − 1 df "
+                  "gives that p (interval and detectable transformed back with tanh)")
+        if math.isinf(se):
+            method += f"; {NO_SE}every ordering of the runs gives a |ρ| at least as large"
+        return Effect(z, se, df, m, None, None, what, method, "run")
+    part = bootstrap(units, lambda u: fisher_z(statistic(u)), what)
+    method = (f"{part.method}, on Fisher's z = atanh ρ (interval and detectable transformed back "
+              "with tanh)")
+    se = part.se
+    if se < 1e-9 and m > 3:  # every resample the same ρ (up to rounding): nothing to say
+        se = math.sqrt(1.06 / (m - 3))
+        method += ("; degenerate bootstrap (every resample the same ρ): Fieller's s.e. "
+                   "√(1.06/(m − 3))")
+    return Effect(z, se, part.df, m, None, None, what, method, "run")
 
 
 def correlation_verdict(units: list[Any], statistic: Callable[[list[Any]], float], what: str,
-                        evidence: dict[str, Any], claim: str, note: str = "") -> dict[str, Any]:
-    """One correlation part, judged on Fisher's z (bootstrap over ``units``, Student's t on
-    units − 1 degrees of freedom) and reported on the correlation's own scale: the effect is
-    ``statistic(units)``, the interval and ``detectable`` are tanh of the z-scale ones (within
-    [−1, 1]); ``se`` stays the standard error of z (``method`` says so)."""
-    part = bootstrap(units, lambda u: fisher_z(statistic(u)), what)
+                        evidence: dict[str, Any], claim: str, note: str = "",
+                        pairs: tuple[list[float], list[float]] | None = None) -> dict[str, Any]:
+    """One correlation part, judged on Fisher's z (Student's t on units − 1 degrees of freedom)
+    and reported on the correlation's own scale: the effect is ``statistic(units)``, the
+    interval and ``detectable`` are tanh of the z-scale ones (within [−1, 1], the interval
+    widened to contain the effect where the clip at ±:data:`RHO_CLIP` would leave it out);
+    ``se`` stays the standard error of z and ``z`` the clipped atanh ρ (``scale`` is
+    ``"fisher_z"``, ``method`` says so). ``pairs``: the (x, y) values whose Spearman ρ
+    ``statistic`` is; with them and at most :data:`PERMUTATION_RUNS` units, the permutation
+    p-value decides; without them, or above, the bootstrap over ``units``."""
+    part = _z_effect(units, statistic, what, pairs)
     rho = float(statistic(units))
     judged = judge({"rho": part})
     entry = judged["parts"]["rho"]
     lo, hi = entry["interval"]
-    entry.update(effect=rho, method=f"{part.method}, on Fisher's z = atanh ρ (interval and "
-                                    "detectable transformed back with tanh)",
-                 interval=[math.tanh(lo) if lo is not None else None,
-                           math.tanh(hi) if hi is not None else None])
+    lo = math.tanh(lo) if lo is not None else None
+    hi = math.tanh(hi) if hi is not None else None
+    if lo is not None and hi is not None and math.isfinite(rho):
+        lo, hi = min(lo, rho), max(hi, rho)  # the clip at ±0.999 must not exclude ρ = ±1
+    entry.update(effect=rho, z=part.value, scale="fisher_z", interval=[lo, hi])
     if entry.get("detectable") is not None:
         entry["detectable"] = math.tanh(entry["detectable"])
     text = describe("rho", entry)

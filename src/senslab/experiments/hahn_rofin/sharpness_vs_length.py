@@ -16,23 +16,31 @@ PARITY is learnt to > 99% held-out accuracy at every CPU n, so the comparison is
 solutions, as in the paper. Only converged runs enter the fits.
 
 Verdict (:mod:`senslab.verdicts`), on the converged runs: the claim has one part per function,
-Holm-corrected together. PARITY's part is the least-squares slope of final sharpness on n, with
-its bootstrap standard error over the runs (positive = sharpness grows with n). Each other
-function f's part is ``ratio·|PARITY's slope| − |f's slope|`` (``ratio`` = ¼; positive = f's
-slope is flatter than a quarter of PARITY's), bootstrapped over the runs of PARITY and f
-together. "not comparable" when fewer than two n values of a function converged.
+Holm-corrected together. PARITY's part is the least-squares slope of final sharpness on n over
+its m runs, with the ordinary least-squares standard error and Student's t on m − 2 degrees of
+freedom (positive = sharpness grows with n). Each other function f's part is
+``ratio·|PARITY's slope| − |f's slope|`` (``ratio`` = ¼; positive = f's slope is flatter than a
+quarter of PARITY's), with standard error √(ratio²·s.e.²_PARITY + s.e.²_f) and Welch–
+Satterthwaite degrees of freedom from the two fits' m − 2. A fit through two runs has no
+standard error (the line passes through both): its parts are inconclusive, and say so. "not
+comparable" when fewer than two n values of a function converged. (Until 2026-11-30 the
+standard errors were bootstrapped over the runs: two runs gave the same slope in every resample,
+s.e. ≈ 1e-17, so any difference between them was "supported" or "contradicted" for certain, and
+with a lone run at some n its noise never entered the s.e.: 11–24% false decisions at a true
+slope of 0 with 4–5 converged runs.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ...train.config import ranged
-from ...verdicts import bootstrap, not_comparable, verdict
+from ...verdicts import NO_SE, Effect, not_comparable, verdict
 from ..base import Experiment, Run, register_experiment
-from ._common import Setup, boolean_run, linear_fit, slope
+from ._common import Setup, boolean_run, linear_fit
 
 FUNCTIONS = ("parity", "majority", "first", "mean")
 
@@ -80,7 +88,7 @@ def slope_verdict(summaries: list[dict[str, Any]], sensitive: str = "parity",
                   ratio: float = 0.25) -> dict[str, Any]:
     """Fit final sharpness on n per function (converged runs only) and judge the slopes: the
     ``sensitive`` function's slope > 0 and, per other function f, ``ratio·|its slope| −
-    |f's slope|`` > 0, each bootstrapped over runs (Holm over the parts)."""
+    |f's slope|`` > 0, each on its least-squares standard error (Holm over the parts)."""
     points: dict[str, list[tuple[int, float]]] = {}
     dropped: dict[str, int] = {}
     for s in summaries:
@@ -89,39 +97,63 @@ def slope_verdict(summaries: list[dict[str, Any]], sensitive: str = "parity",
         else:
             dropped[s["function"]] = dropped.get(s["function"], 0) + 1
     evidence: dict[str, Any] = {"not_converged": dropped}
-    fits: dict[str, tuple[float, float]] = {}
+    fits: dict[str, Effect] = {}
     for f in sorted({s["function"] for s in summaries}):
         pts = points.get(f, [])
         if len({n for n, _ in pts}) < 2:
             return not_comparable(f"{f}: fewer than two n values converged (acc > 0.99)",
                                   evidence)
-        fit_slope, se, intercept = linear_fit([float(n) for n, _ in pts], [v for _, v in pts])
-        fits[f] = (fit_slope, se)
-        evidence[f] = {"slope": fit_slope, "slope_se": se, "intercept": intercept,
+        fits[f] = slope_effect(pts, f"slope of {f}'s sharpness on n")
+        _, _, intercept = linear_fit([float(n) for n, _ in pts], [v for _, v in pts])
+        evidence[f] = {"slope": fits[f].value, "slope_se": fits[f].se, "intercept": intercept,
+                       "runs": len(pts),
                        "mean_sharpness": {str(n): _mean([v for m, v in pts if m == n])
                                           for n in sorted({n for n, _ in pts})}}
     if sensitive not in fits:
         return not_comparable(f"no {sensitive} runs to compare with", evidence)
-    parts = {f"{sensitive} slope": bootstrap(points[sensitive], slope,
-                                             f"slope of {sensitive}'s sharpness on n")}
+    parts = {f"{sensitive} slope": fits[sensitive]}
     for f in fits:
         if f != sensitive:
-            units = [(sensitive, p) for p in points[sensitive]] + [(f, p) for p in points[f]]
-            parts[f"{f} flat"] = bootstrap(units, _flatness(sensitive, f, ratio),
-                                           f"{ratio:g}·|{sensitive} slope| − |{f} slope|")
-    detail = "; ".join(f"{f} {v[0]:+.4g} ± {v[1]:.2g}" for f, v in fits.items())
+            parts[f"{f} flat"] = flatness_effect(fits[sensitive], fits[f], ratio,
+                                                 f"{ratio:g}·|{sensitive} slope| − |{f} slope|")
+    detail = "; ".join(f"{f} {v.value:+.4g} ± {v.se:.2g}" for f, v in fits.items())
     return verdict(parts, claim=f"{sensitive}'s sharpness grows with n, the others' is flat",
                    evidence=evidence,
                    note=f"Sharpness per unit n (least squares ± s.e.): {detail}")
 
 
-def _flatness(sensitive: str, other: str, ratio: float
-              ) -> Callable[[list[tuple[str, tuple[int, float]]]], float]:
-    """``ratio·|slope of sensitive| − |slope of other|`` of ``(function, (n, sharpness))`` runs."""
-    def statistic(units: list[tuple[str, tuple[int, float]]]) -> float:
-        of = {f: [p for g, p in units if g == f] for f in (sensitive, other)}
-        return ratio * abs(slope(of[sensitive])) - abs(slope(of[other]))
-    return statistic
+def slope_effect(points: Sequence[tuple[float, float]], what: str = "") -> Effect:
+    """The least-squares slope of y on x over ``(x, y)`` runs (at least two distinct x), with
+    its ordinary standard error and Student's t on m − 2 degrees of freedom; no standard error
+    (inconclusive) through two runs."""
+    xs, ys = [float(x) for x, _ in points], [float(y) for _, y in points]
+    m = len(xs)
+    b, se, _ = linear_fit(xs, ys)
+    method = f"least squares over {m} runs (t on {m - 2} df)"
+    if m <= 2:
+        method = (f"least squares over {m} runs; {NO_SE}a line through two runs fits them "
+                  "exactly, at least 3 are needed")
+    return Effect(b, se, m - 2, m, None, None, what, method, "run")
+
+
+def flatness_effect(sensitive: Effect, other: Effect, ratio: float, what: str = "") -> Effect:
+    """``ratio·|sensitive slope| − |other slope|`` of two independent least-squares fits
+    (:func:`slope_effect`): standard error √(ratio²·s.e.²ₛ + s.e.²ₒ), Welch–Satterthwaite degrees
+    of freedom; none (NaN) when either fit has none."""
+    a, b = (ratio * sensitive.se) ** 2, other.se ** 2
+    se = math.sqrt(a + b)
+    runs = sensitive.seeds + other.seeds
+    if not math.isfinite(se):
+        lacking = " and ".join(e.what or "a fit" for e in (sensitive, other)
+                               if not math.isfinite(e.se))
+        return Effect(ratio * abs(sensitive.value) - abs(other.value), math.nan, 0, runs, None,
+                      None, what, f"difference of two least-squares fits; {NO_SE}{lacking} "
+                      "has two runs only, at least 3 are needed", "run")
+    dfs = (sensitive.df, other.df)
+    df = (a + b) ** 2 / (a * a / dfs[0] + b * b / dfs[1]) if a + b > 0 else min(dfs)
+    return Effect(ratio * abs(sensitive.value) - abs(other.value), se, df, runs, None, None, what,
+                  f"difference of two least-squares fits over {sensitive.seeds} and "
+                  f"{other.seeds} runs (t, Welch–Satterthwaite df)", "run")
 
 
 def _mean(values: list[float]) -> float:
