@@ -80,7 +80,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from ..tokens.base import select_output
+from ..tokens.base import _describe, select_output
 from ._cube import MAX_EXACT_N, all_inputs, check_n, index_to_inputs, inputs_to_index, table_n
 from ._options import _check_generator
 
@@ -163,17 +163,6 @@ def _module_placement(f: object) -> tuple[torch.device | None, torch.dtype | Non
             if p.is_floating_point():
                 return p.device, p.dtype
     return None, None
-
-
-def _describe(raw: object) -> str:
-    def one(v: object) -> str:
-        return f"Tensor{tuple(v.shape)}" if isinstance(v, Tensor) else type(v).__name__
-
-    if isinstance(raw, Mapping):
-        return "{" + ", ".join(f"{k!r}: {one(v)}" for k, v in raw.items()) + "}"
-    if isinstance(raw, (tuple, list)):
-        return "(" + ", ".join(f"[{i}] {one(v)}" for i, v in enumerate(raw)) + ")"
-    return one(raw)
 
 
 def _as_tensor(raw: object) -> Tensor:
