@@ -202,7 +202,8 @@ def inferred_from_zero_one(clean: Tensor, kind: str | None) -> bool:
     return seen is not None and seen[0] >= 0.0 and seen[1] == 1.0 and not seen[2]
 
 
-def check_perturbed_kind(out: Tensor, inferred_from_clean: bool) -> None:
+def check_perturbed_kind(out: Tensor, inferred_from_clean: bool,
+                         when: str = "on perturbed inputs") -> None:
     """Refuse perturbed outputs ``out`` that show a logits reading was wrong.
 
     ``inferred_from_clean`` is :func:`inferred_from_zero_one` of the clean outputs. When it is
@@ -212,6 +213,7 @@ def check_perturbed_kind(out: Tensor, inferred_from_clean: bool) -> None:
     "probabilities or logits?" ValueError of :func:`resolve_kind`, naming ``output_kind``.
     Hard decisions (exact 0s and 1s in ``out`` too) and logits (values outside [0, 1]) pass.
     Nothing is computed when ``inferred_from_clean`` is False; else one host sync per call.
+    ``when`` says what was perturbed, for the message (output sharpness perturbs weights).
     """
     if not inferred_from_clean:
         return
@@ -221,8 +223,8 @@ def check_perturbed_kind(out: Tensor, inferred_from_clean: bool) -> None:
     lo, hi, inside = seen
     if 0.0 <= lo and hi <= 1.0 and inside:
         raise _ambiguous(
-            lo, hi, "the model's clean outputs are one column of exact 0s and 1s, read as "
-            "logits, but on perturbed inputs it returns")
+            lo, hi, "the model's clean outputs are one column of exact 0s and 1s (each exactly "
+            f"0 or 1: a saturated sigmoid?), read as logits, but {when} it returns")
 
 
 def predictions(out: Tensor, kind: str = "logits", threshold: float | None = None) -> Tensor:

@@ -53,10 +53,18 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..tokens.base import Inputs, OutputSelector, batch_size, call_model, check_device
+from ..tokens.base import (
+    Inputs,
+    OutputSelector,
+    batch_size,
+    call_model,
+    check_device,
+    forward,
+)
 from .outputs import (
     check_head,
     check_kind,
+    check_perturbed_kind,
     check_rows,
     declared_kind,
     inferred_from_zero_one,
@@ -420,8 +428,8 @@ def output_sharpness(
         for r in range(repeats):
             noise.draw(sigma_w, "sigma_w")
             out = call_model(model, inputs, output)
-            if saturated:
-                _check_saturated(out, sigma_w)
+            check_perturbed_kind(out, saturated, f"with the weights perturbed (sigma_w="
+                                 f"{sigma_w:g})")
             l1[r] = (out - clean).reshape(b, -1).abs().sum(1).double()
             if clean_pred is not None:
                 flips[r] = (predictions(out, kind, threshold) != clean_pred).double()
@@ -430,18 +438,6 @@ def output_sharpness(
     if clean_pred is not None:
         shpred = _summary("ShPred", flips.mean(1), sigma_w, 1.0, per_sample=flips.mean(0).cpu())
     return OutputSharpness(shop, shpred, b, reason)
-
-
-def _check_saturated(out: Tensor, sigma_w: float) -> None:
-    """A clean one-column output of exact 0s and 1s, read as logits, must not move strictly
-    inside (0, 1) under the noise: then it is a probability (:func:`resolve_kind`'s refusal)."""
-    try:
-        resolve_kind(out, None)
-    except ValueError as err:
-        raise ValueError(
-            "the clean outputs are all exactly 0 or 1 (a saturated sigmoid?) and were read as "
-            f"logits, but with the weights perturbed (sigma_w={sigma_w:g}) {err}"
-        ) from None
 
 
 def loss_sharpness(
@@ -508,16 +504,6 @@ def loss_sharpness(
 # ----------------------------------------------------------------------------------- blow-up
 def _parent(name: str) -> str:
     return name.rpartition(".")[0]
-
-
-def _forward(model: nn.Module, inputs: Inputs) -> Any:
-    """``model`` on ``inputs`` (tensor → positional, tuple → *args, dict → **kwargs), the raw
-    output: the blow-up reads the LayerNorms' inputs, never the output."""
-    if isinstance(inputs, Tensor):
-        return model(inputs)
-    if isinstance(inputs, dict):
-        return model(**inputs)
-    return model(*inputs)
 
 
 _STACK_LAYERS = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
@@ -659,7 +645,7 @@ def layernorm_factors(
     try:
         model.eval()
         with torch.no_grad():
-            _forward(model, inputs)
+            forward(model, inputs)  # the LayerNorms' inputs are read, not the output
     finally:
         for handle in handles:
             handle.remove()

@@ -226,16 +226,20 @@ def read_position(out: Tensor, ends: Tensor, position: Position, width: int) -> 
     return out[torch.arange(out.shape[0], device=out.device), at]
 
 
-def call_model(model: nn.Module | Any, inputs: Inputs, output: OutputSelector = None) -> Tensor:
-    """Call ``model`` on ``inputs`` (tensor → positional, tuple → *args, dict → **kwargs) and
-    return the logits tensor of its output (:func:`select_output`)."""
+def forward(model: nn.Module | Any, inputs: Inputs) -> Any:
+    """``model`` on ``inputs`` (tensor → positional, tuple → *args, dict → **kwargs): its raw
+    output."""
     if isinstance(inputs, Tensor):
-        out = model(inputs)
-    elif isinstance(inputs, dict):
-        out = model(**inputs)
-    else:
-        out = model(*inputs)
-    return select_output(out, output)
+        return model(inputs)
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    return model(*inputs)
+
+
+def call_model(model: nn.Module | Any, inputs: Inputs, output: OutputSelector = None) -> Tensor:
+    """Call ``model`` on ``inputs`` (:func:`forward`) and return the logits tensor of its output
+    (:func:`select_output`)."""
+    return select_output(forward(model, inputs), output)
 
 
 def model_device(model: nn.Module | Any) -> torch.device | None:
