@@ -180,3 +180,40 @@ def test_an_installed_copy_inside_another_repository_names_no_commit(tmp_path: P
         env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, capture_output=True,
         text=True, check=True).stdout.strip()
     assert out == "None"
+
+
+def test_a_checkout_with_edited_source_says_so_in_its_commit(tmp_path: Path) -> None:
+    """Code run from a checkout whose src/ differs from its commit is not that commit's: the
+    recorded commit carries ``+dirty`` (edits outside src/, or untracked files, do not)."""
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    import senslab
+
+    repo = tmp_path / "checkout"
+    shutil.copytree(Path(senslab.__file__).parent, repo / "src" / "senslab",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (repo / "pyproject.toml").write_text("[project]\nname = 'senslab'\n")
+    (repo / "README").write_text("x\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+
+    def commit() -> str:
+        return subprocess.run(
+            [sys.executable, "-c", "from senslab.train.rundir import git_commit; "
+                                   "print(git_commit())"],
+            env={"PYTHONPATH": str(repo / "src"), "PATH": "/usr/bin:/bin"},
+            capture_output=True, text=True, check=True).stdout.strip()
+
+    clean = commit()
+    assert re.fullmatch(r"[0-9a-f]{40}", clean)
+    (repo / "README").write_text("edited\n")
+    (repo / "src" / "senslab" / "untracked.py").write_text("")
+    assert commit() == clean
+    with open(repo / "src" / "senslab" / "registry.py", "a") as f:
+        f.write("\n# an edit\n")
+    assert commit() == clean + "+dirty"

@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..registry import Registry
-from ..train._provenance import commits_of
+from ..train._provenance import _short, commits_of
 from ..train.config import RunConfig, UnknownKey, apply_overrides, ranged, unknown_key, validate
 from ..train.looprun import single_thread
 from ..train.rundir import RunDir, RunDirError, git_commit
@@ -389,9 +389,9 @@ def _run_locked(exp: Experiment, out: Path, scale: str, overrides: list[str],
     # the code behind the numbers: a run trained (or resumed) by another commit than the one
     # judging it carries that code's results into this verdict
     run_commits = sorted({c for r in listed_runs(out) or [] for c in commits_of(out / r)})
-    others = [c[:10] for c in run_commits if commit is not None and c != commit]
+    others = [_short(c) for c in run_commits if commit is not None and c != commit]
     if others:
-        log(f"{out}: runs trained by other commits than this one ({commit[:10]}): "
+        log(f"{out}: runs trained by other commits than this one ({_short(commit)}): "
             f"{', '.join(others)}; their numbers are that code's (run_commits in verdict.json)")
     verdict.update(scale=scale, overrides=list(overrides), runtime_s=runtime,
                    last_invocation_s=seconds,

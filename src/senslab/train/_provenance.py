@@ -82,4 +82,6 @@ def check_reused(path: str | Path) -> None:
 
 
 def _short(commit: str | None) -> str:
-    return commit[:10] if commit else "unknown"
+    if not commit:
+        return "unknown"
+    return commit[:10] + ("+dirty" if commit.endswith("+dirty") else "")

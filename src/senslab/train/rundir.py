@@ -132,9 +132,11 @@ def metric_order_problem(path: Path, numbered: Iterable[tuple[int, dict[str, Any
 
 
 def git_commit() -> str | None:
-    """The commit of the senslab checkout in use: None outside one, and None for an installed
-    package that merely sits inside some other git repository (a virtual environment in a
-    user's project), whose commit says nothing about senslab's code."""
+    """The commit of the senslab checkout in use, with ``+dirty`` appended when tracked files
+    under its ``src/`` differ from that commit (the code that ran is then not the commit's):
+    None outside a checkout, and None for an installed package that merely sits inside some
+    other git repository (a virtual environment in a user's project), whose commit says nothing
+    about senslab's code."""
     here = Path(__file__).resolve()
     root = here.parents[3]
     if here.parents[2].name != "src" or not (root / "pyproject.toml").is_file():
@@ -148,7 +150,14 @@ def git_commit() -> str | None:
         return None
     if len(out) != 2 or Path(out[0]).resolve() != root:
         return None
-    return out[1]
+    try:
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--",
+             "src"], capture_output=True, text=True, timeout=5,
+        ).stdout.strip() != ""
+    except (OSError, subprocess.SubprocessError):
+        dirty = False
+    return out[1] + ("+dirty" if dirty else "")
 
 
 def environment(device: torch.device | str) -> dict[str, Any]:
