@@ -372,10 +372,20 @@ def _measure(args: argparse.Namespace) -> int:
     what = _describe_tokens(tokens, subset.batch(slice(0, 1))[0]) if tokens else "?"
     split = cfg.data.train_split if args.split == "train" else cfg.data.test_split
     _summary(f"{cfg.model.name}, {weights}",
-             f"{cfg.data.name} ({split} split, {len(subset)} examples)", what, args,
+             f"{cfg.data.name} ({split} split, {len(subset)} examples{_cut_words(data)})", what,
+             args,
              _precision_note(model, device, args), device)
     _table(model, tokens, _Batches(subset, device), args, device)
     return 0
+
+
+def _cut_words(data: Any) -> str:
+    """What the cut of a text set to its maximum length removed (``meta``), or ""."""
+    cut = data.meta.get("truncated_rows") if isinstance(getattr(data, "meta", None), dict) else 0
+    if not cut:
+        return ""
+    return (f"; {cut:,} of the split's {len(data):,} rows cut to {data.meta.get('max_len')} "
+            f"tokens ({data.meta.get('truncated_tokens', 0):,} tokens dropped)")
 
 
 # -- pretrained models (``--hf``, ``--timm``) ---------------------------------------------------
@@ -468,6 +478,7 @@ def _measure_pretrained(args: argparse.Namespace) -> int:
                            f"tokenizer's own ({own}): a model fine-tuned on its own pair "
                            "encoding is measured on inputs unlike its training")
         tokens = auto_tokens(model)
+        data_words += _cut_words(data)
     what = _describe_tokens(tokens, prepare(first))
     _summary(f"{option.removeprefix('--')}:{name} ({type(model).__name__}), {weights}",
              f"{cfg.data.name} ({split} split, {len(subset)} examples; {data_words})",

@@ -442,3 +442,209 @@ def test_a_known_file_of_another_split_or_task_is_refused(tmp_path: Path,
     (mrpc / "train.tsv").write_text(MRPC_HEADER + "\n" + "x\ty\n")  # nothing in MRPC's format
     with pytest.raises(DataUnavailableError, match=r"no example could be read .*1 rows skipped"):
         _load("mrpc", mrpc)
+
+
+# --------------------------------------------------------------------------- file checks (text52)
+
+MRPC_TEST_HEADER = "index\t#1 ID\t#2 ID\t#1 String\t#2 String"  # GLUE's unlabelled test.tsv
+
+
+def test_an_unlabelled_glue_test_file_in_the_dev_slot_is_refused(
+        mrpc_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GLUE MRPC's test.tsv (``index`` where dev.tsv has ``Quality``, no BOM) put in dev.tsv's
+    place loaded as a 2-pair validation set: the rows of index 0 and 1, their index read as the
+    label, 1,723 rows skipped without a word. Refused by its header, and by its reference md5
+    (4825dab4…, now a known file) where it is GLUE's file itself."""
+    from senslab.data import text
+
+    rows = [(str(i), *r[1:]) for i, r in enumerate(_pair_rows(30, 3))]
+    _write_tsv(mrpc_root / "dev.tsv", MRPC_TEST_HEADER, rows, bom=False)
+    with pytest.raises(DataUnavailableError,
+                       match=r"dev.tsv is an unlabelled GLUE test file .*Quality 0 or 1"):
+        _load("mrpc", mrpc_root, split="dev")
+    # the published file itself is named by its md5 (standing in: this file's md5)
+    assert text._known_files()["4825dab4b4832f81455719660b608de5"] == ("mrpc", "test.tsv")
+    md5 = hashlib.md5((mrpc_root / "dev.tsv").read_bytes()).hexdigest()
+    monkeypatch.setitem(text.GLUE_TEST_MD5, "mrpc", md5)
+    with pytest.raises(DataUnavailableError,
+                       match=r"dev.tsv is mrpc's test.tsv — GLUE's unlabelled test file"):
+        _load("mrpc", mrpc_root, split="dev")
+
+
+def test_more_than_a_handful_of_skipped_rows_refuse_the_file(mrpc_root: Path) -> None:
+    """Skipped rows were only counted in meta['skipped_rows'], which nothing reads: a file whose
+    rows are mostly not examples loaded as the few that happened to parse. A handful are still
+    skipped (the original QQP release has broken lines), with a warning naming them."""
+    rows = _pair_rows(40, 0)
+    broken = [("2" if i % 2 else "", *r[1:]) for i, r in enumerate(_pair_rows(10, 4))]
+    _write_tsv(mrpc_root / "train.tsv", MRPC_HEADER, rows[:20] + broken + rows[20:])
+    with pytest.raises(DataUnavailableError) as err:
+        _load("mrpc", mrpc_root)
+    msg = str(err.value)
+    assert "train.tsv: 10 of its 50 rows are not mrpc examples (lines 22, 23, 24, 25, 26, …)" \
+        in msg
+    assert "5 tab-separated columns Quality, #1 ID, #2 ID, #1 String, #2 String" in msg
+    assert "with Quality 0 or 1" in msg and "put mrpc's train.tsv there" in msg
+    _write_tsv(mrpc_root / "train.tsv", MRPC_HEADER, rows[:20] + broken[:2] + rows[20:])
+    with pytest.warns(UserWarning, match=r"train.tsv: 2 malformed row\(s\) skipped \(line 22, "
+                                         r"23\)"):
+        d = _load("mrpc", mrpc_root)
+    assert len(d) == 40 and d.meta["skipped_rows"] == 2
+
+
+def test_a_file_named_like_a_reference_file_with_another_row_count_warns(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SST-2's train.tsv cut at a line end (40,000 of 67,349 rows) loaded without a word. A file
+    named like a reference file whose row count is not the reference's warns; the reference
+    count itself passes (here the table is pointed at the fixture's size)."""
+    from senslab.data import text
+
+    root = tmp_path / "sst2"
+    root.mkdir()
+    rng = random.Random(5)
+    rows = [(_sentence(rng, 6) + " ", str(i % 2)) for i in range(12)]
+    _write_tsv(root / "train.tsv", "sentence\tlabel", rows, bom=False)
+    _write_tsv(root / "dev.tsv", "sentence\tlabel", rows[:4], bom=False)
+    with pytest.warns(UserWarning,
+                      match=r"sst2/dev.tsv has 4 rows, but sst2's reference dev.tsv has 872 "
+                            r".*truncated.*Copy or download it again"):
+        _load("sst2", root, split="dev")
+    monkeypatch.setitem(text.REFERENCE_ROWS["sst2"], "dev.tsv", 4)
+    monkeypatch.setitem(text.REFERENCE_ROWS["sst2"], "train.tsv", 12)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(_load("sst2", root, split="dev")) == 4
+
+
+def test_a_file_whose_last_row_may_be_cut_is_refused(mrpc_root: Path, tmp_path: Path) -> None:
+    """MRPC's train.tsv cut inside the last row's second sentence still has 5 fields, and
+    loaded with that sentence cut ('… making billi'); SST-2's cut right after the last tab
+    loaded with that row skipped. No GLUE file ends without its newline: where the last row
+    cannot be shown complete (its last column is text, or its label is missing), refused."""
+    text = (mrpc_root / "train.tsv").read_bytes()
+    (mrpc_root / "train.tsv").write_bytes(text[:-12])  # inside the last row's sentence B
+    with pytest.raises(DataUnavailableError,
+                       match=r"train.tsv ends mid-row: its last line has no line end, so it may "
+                             r"be cut inside a field.*copy or download it again"):
+        _load("mrpc", mrpc_root)
+    root = tmp_path / "sst2"
+    root.mkdir()
+    (root / "train.tsv").write_text("sentence\tlabel\ngood film \t1\nbad film \t0\n")
+    (root / "dev.tsv").write_text("sentence\tlabel\ngood film \t1\nbad film \t")
+    with pytest.raises(DataUnavailableError, match=r"dev.tsv ends mid-row"):
+        _load("sst2", root, split="dev")
+
+
+def test_a_tsv_without_its_header_or_with_another_is_refused(tmp_path: Path) -> None:
+    """SST-2's dev.tsv saved without its header line loaded 871 of 872 rows: the first example
+    was dropped as the header. Refused, naming the header to add; so is another header."""
+    root = tmp_path / "sst2"
+    root.mkdir()
+    rows = "it 's a charming and often affecting journey . \t1\nunflinchingly bleak . \t0\n"
+    (root / "train.tsv").write_text("sentence\tlabel\n" + rows * 3)
+    (root / "dev.tsv").write_text(rows)
+    with pytest.raises(DataUnavailableError,
+                       match=r"dev.tsv has no header line: its first line is already an example"
+                             r".*header line sentence, label \(tab-separated\); add that line"):
+        _load("sst2", root, split="dev")
+    (root / "dev.tsv").write_text("text\tlabel\n" + rows)
+    with pytest.raises(DataUnavailableError,
+                       match=r"dev.tsv does not start with sst2's header: its first line is "
+                             r"'text \| label'"):
+        _load("sst2", root, split="dev")
+    (root / "dev.tsv").write_text("sentence\tlabel\n" + rows)
+    assert _load("sst2", root, split="dev").targets.tolist() == [1, 0]
+
+
+def test_a_bare_carriage_return_inside_a_field_names_the_file_and_line(tmp_path: Path) -> None:
+    """A bare CR inside a sentence raised `_csv.Error: new-line character seen in unquoted
+    field`, naming neither the file nor the fix (CRLF line ends are fine)."""
+    root = tmp_path / "sst2"
+    root.mkdir()
+    lines = ["sentence\tlabel", "good film \t1", "bad film \t0", "a fine\r film \t1"]
+    (root / "train.tsv").write_bytes(("\r\n".join(lines[:3]) + "\r\n").encode())
+    (root / "dev.tsv").write_bytes(("\n".join(lines) + "\n").encode())
+    assert len(_load("sst2", root)) == 2  # CRLF
+    with pytest.raises(DataUnavailableError,
+                       match=r"sst2/dev.tsv, line 4: the line holds a bare carriage return "
+                             r"\(\\r\) inside a field.*replace it with a space"):
+        _load("sst2", root, split="dev")
+
+
+def test_build_mrpc_reads_dev_ids_with_a_bom_and_warns_off_reference(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """dev_ids.tsv saved with a BOM kept its first pair in train (3,669 / 407); the build was
+    never checked against the md5 its docstring promises. A build that misses GLUE's md5 warns
+    (why: sources not the reference files, dev ids without a pair); one that has it is quiet."""
+    import warnings
+
+    from senslab.data import text
+
+    root = tmp_path / "mrpc"
+    root.mkdir()
+    rows = _pair_rows(12, 2)
+    _write_tsv(root / "msr_paraphrase_train.txt", MRPC_HEADER, rows)
+    dev_pairs = [rows[0], rows[5], rows[6]]
+    ids = "".join(f"{r[1]}\t{r[2]}\n" for r in dev_pairs)
+    (root / "dev_ids.tsv").write_bytes((BOM + ids).encode("utf-8"))
+    with pytest.warns(UserWarning, match=r"MRPC train.tsv and dev.tsv built in .* do not have "
+                                         r"GLUE's reference md5 \(.*msr_paraphrase_train.txt "
+                                         r"does not have the reference md5"):
+        build_mrpc_glue(root)
+    dev_text = (root / "dev.tsv").read_text(encoding="utf-8")
+    assert all("\t".join(r) in dev_text for r in dev_pairs)  # the BOM's pair too
+    assert dev_text.count("\n") == 1 + 3
+    with pytest.warns(UserWarning, match=r"1 of the pairs listed in dev_ids.tsv are not in"):
+        (root / "dev_ids.tsv").write_text(ids + "999\t998\n")
+        build_mrpc_glue(root)
+    # sources and outputs with their reference md5s (pointed at these files): no warning
+    (root / "dev_ids.tsv").write_text(ids)
+    build_mrpc_glue(root)
+    for name in ("msr_paraphrase_train.txt", "dev_ids.tsv"):
+        url, _ = text.MRPC_FILES[name]
+        monkeypatch.setitem(text.MRPC_FILES, name,
+                            (url, hashlib.md5((root / name).read_bytes()).hexdigest()))
+    for name in ("train.tsv", "dev.tsv"):
+        monkeypatch.setitem(text.MRPC_GLUE_MD5, name,
+                            hashlib.md5((root / name).read_bytes()).hexdigest())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build_mrpc_glue(root)
+
+
+def test_truncation_to_max_len_is_counted_in_meta(mrpc_root: Path, tmp_path: Path) -> None:
+    """Cutting to max_len left no record (36% of MRPC's training pairs at max_len 64): meta
+    now says how many rows lost tokens and how many tokens, checked against the uncut encoding."""
+    full = _load("mrpc", mrpc_root, split="dev", max_len=512)
+    assert full.meta["truncated_rows"] == 0 and full.meta["truncated_tokens"] == 0
+    n = full.inputs["attention_mask"].sum(1)
+    for max_len in (24, 40):
+        cut = _load("mrpc", mrpc_root, split="dev", max_len=max_len)
+        assert cut.meta["truncated_rows"] == int((n > max_len).sum()) > 0
+        assert cut.meta["truncated_tokens"] == int((n - max_len).clamp(min=0).sum())
+        assert cut.first(3).meta["truncated_rows"] == cut.meta["truncated_rows"]  # whole split
+    root = tmp_path / "sst2"
+    root.mkdir()
+    rng = random.Random(3)
+    rows = [(_sentence(rng, rng.randint(2, 30)), str(i % 2)) for i in range(30)]
+    _write_tsv(root / "train.tsv", "sentence\tlabel", rows, bom=False)
+    _write_tsv(root / "dev.tsv", "sentence\tlabel", rows[:5], bom=False)
+    n = _load("sst2", root, max_len=512).inputs["attention_mask"].sum(1)
+    d = _load("sst2", root, max_len=16)
+    assert d.meta["truncated_rows"] == int((n > 16).sum()) > 0
+    assert d.meta["truncated_tokens"] == int((n - 16).clamp(min=0).sum())
+
+
+def test_truncation_is_counted_for_the_tokenizers_own_pairs(mrpc_root: Path, tmp_path: Path,
+                                                            gpt2_tokenizer: Callable) -> None:
+    transformers = pytest.importorskip("transformers")
+    gpt2_tokenizer(tmp_path / "tok", _sentence(random.Random(0), 400).split())
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path / "tok")
+    d = _load("mrpc", mrpc_root, max_len=12, tokenizer=str(tmp_path / "tok"),
+              pair_encoding="tokenizer")
+    rows = [(r[3], r[4]) for r in _pair_rows(40, 0)]
+    whole = [len(x) for x in hf([a for a, _ in rows], [b for _, b in rows])["input_ids"]]
+    assert d.meta["truncated_rows"] == sum(n > 12 for n in whole) > 0
+    assert d.meta["truncated_tokens"] == sum(max(n - 12, 0) for n in whole)

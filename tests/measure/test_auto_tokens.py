@@ -742,3 +742,27 @@ def test_a_decoder_classifier_without_a_pad_token_names_the_fix():
         token_sensitivity(model, one, sigma=1.0, **EXACT)
     model.config.pad_token_id = 0  # the fix it names (no id 0 in these inputs)
     assert token_sensitivity(model, one, sigma=1.0, **EXACT).num_forward == 1 + 5
+
+
+def test_an_embedding_projection_after_the_layernorm_is_the_block_input():
+    """ALBERT and ELECTRA-small map the embedding LayerNorm's 16-wide output to the 32-wide
+    hidden size before their first block: the tokens are that map's output (noise on the
+    LayerNorm's had reached the block through the map, in other units than σ)."""
+    size = dict(vocab_size=60, embedding_size=16, hidden_size=32, num_hidden_layers=1,
+                num_attention_heads=2, intermediate_size=24, max_position_embeddings=32)
+    albert = seeded(lambda: transformers.AlbertForSequenceClassification(
+        transformers.AlbertConfig(**size)))
+    electra = seeded(lambda: transformers.ElectraForSequenceClassification(
+        transformers.ElectraConfig(**size)))
+    for model, module, block in (
+            (albert, "albert.encoder.embedding_hidden_mapping_in",
+             "albert.encoder.albert_layer_groups.0.albert_layers.0"),
+            (electra, "electra.embeddings_project", "electra.encoder.layer.0")):
+        tokens = auto_tokens(model)
+        assert tokens.module == module
+        assert _block_input_equals_token_output(model, tokens, block)
+    same = dict(size, embedding_size=32)  # ELECTRA-base: no projection, the LayerNorm's output
+    model = seeded(lambda: transformers.ElectraForSequenceClassification(
+        transformers.ElectraConfig(**same)))
+    assert auto_tokens(model).module == "electra.embeddings.LayerNorm"
+    assert _block_input_equals_token_output(model, auto_tokens(model), "electra.encoder.layer.0")

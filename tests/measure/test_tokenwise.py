@@ -204,6 +204,39 @@ def test_right_aligned_positions_for_variable_length_text():
     assert token_weighted.item() == pytest.approx(per_example_weighted.item(), abs=1e-6)
 
 
+@pytest.mark.parametrize("allocation", [None, "uniform", "linear"])
+def test_right_aligned_positions_count_real_tokens_a_mask_leaves_out(allocation):
+    """mask= may leave out real tokens (an end token): positions still count from the last
+    real token, so a token keeps its position whatever else is perturbed (the token 3 of 6
+    that alone flips was reported at −2, not −3, when token 4 was left out)."""
+
+    class OnlyToken(nn.Module):
+        """Class 1 unless token ``k``'s noise sums beyond ±0.01: only that token flips, and it
+        nearly always does."""
+
+        def __init__(self, k: int) -> None:
+            super().__init__()
+            self.emb, self.k = nn.Embedding(10, 4), k
+
+        def forward(self, input_ids, attention_mask):
+            h = self.emb(input_ids)
+            v = 0.01 - (h[:, self.k] - self.emb.weight[input_ids[:, self.k]]).sum(-1).abs()
+            return torch.stack([torch.zeros_like(v), v], -1)
+
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 0]])
+    batch = {"input_ids": ids, "attention_mask": ids != 0}
+    mask = torch.tensor([[1, 1, 1, 1, 0, 1], [1, 1, 1, 1, 1, 0]], dtype=torch.bool)
+    opts = dict(sigma=1.0, repeats=8, generator=0) if allocation is None else dict(
+        sigma=1.0, generator=0, allocation=allocation, budget=8.0 if allocation == "linear"
+        else 1.0)
+    r = token_sensitivity(seeded(lambda: OnlyToken(3)), batch, Embedding("emb"), mask=mask,
+                          **opts)
+    flipped = r.positions[r.per_position.nan_to_num() > 0].tolist()
+    assert flipped == [-3, -2]  # token 3 of row 0 (6 real) and of row 1 (5 real)
+    # position −2 of row 0 is the token mask= left out: never perturbed, never counted there
+    assert r.position_counts[r.positions == -1].item() > 0
+
+
 def test_padding_never_perturbed():
     class PaddingReader(nn.Module):
         """Outputs the embedding vectors at padded positions only."""

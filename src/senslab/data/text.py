@@ -19,7 +19,17 @@ the files, every place looked in and the fixes.
 
 Every loader returns an :class:`ArrayDataset` with ``inputs = {"input_ids": (N, L) long,
 "attention_mask": (N, L) bool}`` (L = ``max_len``, fixed so that any batch stacks), binary
-``targets`` and ``meta`` with ``vocab_size``, ``pad_id``, ``special_ids`` and ``tokenizer``.
+``targets`` and ``meta`` with ``vocab_size``, ``pad_id``, ``special_ids``, ``tokenizer``,
+``skipped_rows`` (malformed rows left out) and ``truncated_rows``/``truncated_tokens`` (rows cut
+to ``max_len`` and the tokens that removed, over the whole split).
+
+The GLUE files are checked as they are read: a file whose first line is not its format's header
+(a file without its header, an unlabelled GLUE ``test.tsv``), with more than a handful of rows
+that are not examples (more than 3 and more than 1%), that ends without a line end where its last
+row may be cut, or that is another known file (train and dev swapped, a test file: by reference
+md5) is refused, naming the file and the fix; a few malformed rows are skipped with a warning,
+and a file named like a reference file with another row count than the reference's (e.g. SST-2
+67,349 / 872) warns that it may be truncated.
 
 Layout (RoBERTa): a sentence is ``<s> A </s>``, a pair ``<s> A </s></s> B </s>``, then ``<pad>``
 to ``max_len`` on the right. Too long inputs are cut at the end of their content, for pairs
@@ -92,6 +102,18 @@ GLUE_ZIPS = {
              {"train.tsv": "da409a0a939379ed32a470bc0f7fe99a",
               "dev.tsv": "268856b487b2a31a28c0a93daaff7288"}),
 }
+#: GLUE's unlabelled ``test.tsv`` files (same loaders' reference values; checked against the
+#: files themselves). Never loaded: known so that one put in a train/dev slot is named as such.
+#: (QQP's is left out: its published value could not be checked against a copy of the file.)
+GLUE_TEST_MD5 = {"mrpc": "4825dab4b4832f81455719660b608de5",
+                 "sst2": "3230e4efec76488b87877a56ae49675a"}
+#: rows (header line excluded) of the reference files, counted in the files of the md5s above.
+#: A file of that name with another count warns (truncated, or cut short by an interrupted copy).
+REFERENCE_ROWS = {
+    "mrpc": {"train.tsv": 3668, "dev.tsv": 408,
+             "msr_paraphrase_train.txt": 4076, "msr_paraphrase_test.txt": 1725},
+    "sst2": {"train.tsv": 67349, "dev.tsv": 872},
+}
 
 
 def _known_files() -> dict[str, tuple[str, str]]:
@@ -100,17 +122,20 @@ def _known_files() -> dict[str, tuple[str, str]]:
     out.update({md5: ("mrpc", n) for n, (_, md5) in MRPC_FILES.items()})
     for task, (_, _, md5s) in GLUE_ZIPS.items():
         out.update({md5: (task, n) for n, md5 in md5s.items()})
+    out.update({md5: (task, "test.tsv") for task, md5 in GLUE_TEST_MD5.items()})
     return out
 
 
 def _check_identity(path: Path, task: str) -> Path:
     """``path`` (task ``task``'s file of that name), refused where its bytes are another known
-    file's — train and dev swapped, or another task's file: a reference md5 names them exactly.
-    A file that is no reference file (a local rebuild, a fixture) passes."""
+    file's — train and dev swapped, another task's file, or GLUE's unlabelled test file: a
+    reference md5 names them exactly. A file that is no reference file (a local rebuild, a
+    fixture) passes here; :func:`_read` checks its format and its row count."""
     other = _known_files().get(md5sum(path))
     if other is not None and other != (task, path.name):
+        what = " — GLUE's unlabelled test file" if other[1] == "test.tsv" else ""
         raise DataUnavailableError(
-            f"{path} is {other[0]}'s {other[1]} (it has that file's reference md5), not "
+            f"{path} is {other[0]}'s {other[1]}{what} (it has that file's reference md5), not "
             f"{task}'s {path.name}: put {task}'s {path.name} there")
     return path
 
@@ -173,35 +198,133 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _tsv(path: Path) -> list[list[str]]:
-    """Rows of a tab-separated file (header dropped). Quotes are ordinary characters in these
-    corpora, hence QUOTE_NONE; the BOM some GLUE files start with is dropped by utf-8-sig."""
+@dataclass(frozen=True)
+class _Format:
+    """A labelled tab-separated format: its header's column names, the sentence column(s) and
+    the label column (0 or 1)."""
+
+    task: str
+    columns: tuple[str, ...]
+    text: tuple[int, ...]
+    label: int
+
+    def valid(self, row: list[str]) -> bool:
+        return len(row) == len(self.columns) and row[self.label] in ("0", "1")
+
+    def describe(self) -> str:
+        return (f"{len(self.columns)} tab-separated columns "
+                f"{', '.join(self.columns)} with {self.columns[self.label]} 0 or 1")
+
+
+MRPC_FORMAT = _Format("mrpc", ("Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"), (3, 4), 0)
+QQP_FORMAT = _Format("qqp", ("id", "qid1", "qid2", "question1", "question2", "is_duplicate"),
+                     (3, 4), 5)
+SST2_FORMAT = _Format("sst2", ("sentence", "label"), (0,), 1)
+#: header lines of GLUE's unlabelled test files → task
+_TEST_HEADERS = {("index", "#1 ID", "#2 ID", "#1 String", "#2 String"): "mrpc",
+                 ("id", "question1", "question2"): "qqp", ("index", "sentence"): "sst2"}
+#: malformed rows a file may hold before it is refused: the broken lines of the original QQP
+#: release are a handful per file, a file in another format (an unlabelled test file, another
+#: task's) fails on nearly every row. Up to this many rows, or this share of the rows, pass
+#: (skipped, counted in ``meta["skipped_rows"]`` and warned about); more are refused.
+_SKIP_ALLOWED, _SKIP_SHARE = 3, 0.01
+
+
+def _tsv(path: Path, fmt: _Format) -> tuple[list[tuple[int, list[str]]], bool]:
+    """(line number, fields) of every row of a tab-separated file after its header line, and
+    whether the file ends with a line end. Quotes are ordinary characters in these corpora,
+    hence QUOTE_NONE; the BOM some GLUE files start with is dropped by utf-8-sig. A file whose
+    first line is not ``fmt``'s header (a file without its header, whose first example would be
+    dropped, or an unlabelled GLUE test file) and a row that cannot be split (a bare carriage
+    return inside a field) are refused, naming the file and the fix."""
     with open(path, encoding="utf-8-sig", newline="") as f:
         text = f.read()
-    rows = list(csv.reader(io.StringIO(text), delimiter="\t", quoting=csv.QUOTE_NONE))
-    # a file cut mid-row (an interrupted copy or download) ends without its newline and with a
-    # short last row: refused, where a skipped row would pass unnoticed
-    if len(rows) > 1 and text and not text.endswith(("\n", "\r")) \
-            and len(rows[-1]) < len(rows[0]):
+    reader = csv.reader(io.StringIO(text), delimiter="\t", quoting=csv.QUOTE_NONE)
+    rows: list[tuple[int, list[str]]] = []
+    try:
+        for row in reader:
+            rows.append((reader.line_num, row))
+    except csv.Error as err:
+        what = ("holds a bare carriage return (\\r) inside a field, which no GLUE file has: "
+                "replace it with a space, or copy the original file again"
+                if "new-line" in str(err) else
+                "cannot be read as a tab-separated line: copy the original file again")
         raise DataUnavailableError(
-            f"{path} ends mid-row (its last line has {len(rows[-1])} of {len(rows[0])} fields and "
-            "no line end): the file is truncated; copy or download it again")
-    return rows[1:]
+            f"{path}, line {reader.line_num}: the line {what} (csv: {err})") from err
+    header = f"the header line {', '.join(fmt.columns)} (tab-separated)"
+    if not rows:
+        raise DataUnavailableError(f"{path} is empty: put {fmt.task}'s {path.name} there "
+                                   f"({header}, then one example a line)")
+    found = tuple(c.strip() for c in rows[0][1])
+    if found != fmt.columns:
+        if found in _TEST_HEADERS:
+            raise DataUnavailableError(
+                f"{path} is an unlabelled GLUE test file ({_TEST_HEADERS[found]}'s test.tsv, "
+                f"header {', '.join(found)}), not {fmt.task}'s {path.name}, which has "
+                f"{fmt.describe()}: the test split has no labels; put {fmt.task}'s labelled "
+                f"{path.name} there")
+        if fmt.valid(rows[0][1]):
+            raise DataUnavailableError(
+                f"{path} has no header line: its first line is already an example (it would be "
+                f"dropped as the header). {fmt.task}'s {path.name} starts with {header}; add "
+                "that line at the top of the file")
+        raise DataUnavailableError(
+            f"{path} does not start with {fmt.task}'s header: its first line is "
+            f"{' | '.join(rows[0][1])[:120]!r}, where {fmt.task}'s {path.name} has {header}, "
+            f"then {fmt.describe()}; put {fmt.task}'s {path.name} there, or give your file "
+            "that header and those columns")
+    return rows[1:], text.endswith(("\n", "\r"))
 
 
-def _pairs(path: Path, cols: tuple[int, int, int], width: int) -> TextRows:
-    """Sentence-pair rows; a row without ``width`` fields or a 0/1 label is skipped and counted
-    (this is how the GLUE loaders treat the broken lines of the original QQP release)."""
-    out, second = TextRows(), []
-    a, b, lab = cols
-    for row in _tsv(path):
-        if len(row) != width or row[lab] not in ("0", "1"):
-            out.skipped += 1
+def _read(path: Path, fmt: _Format) -> TextRows:
+    """The examples of a labelled ``.tsv`` (:func:`_tsv`). A row without ``fmt``'s fields or a
+    0/1 label is skipped and counted (this is how the GLUE loaders treat the broken lines of the
+    original QQP release) and warned about; more than a handful (:data:`_SKIP_ALLOWED` rows or
+    :data:`_SKIP_SHARE` of them) refuse the file: it is not in ``fmt``'s format. Refused too: a
+    file without its final line end whose last row may be cut (one whose last column is the
+    label and valid was complete). A file named like a reference file with another row count
+    than :data:`REFERENCE_ROWS` warns (it may be truncated at a line end)."""
+    rows, ended = _tsv(path, fmt)
+    out = TextRows(second=[] if len(fmt.text) == 2 else None)
+    bad: list[int] = []
+    for line, row in rows:
+        if not row:  # a blank line
             continue
-        out.first.append(row[a])
-        second.append(row[b])
-        out.labels.append(int(row[lab]))
-    out.second = second
+        if not fmt.valid(row):
+            bad.append(line)
+            continue
+        out.first.append(row[fmt.text[0]])
+        if out.second is not None:
+            out.second.append(row[fmt.text[1]])
+        out.labels.append(int(row[fmt.label]))
+    last = next((r for _, r in reversed(rows) if r), None)
+    if not ended and last is not None \
+            and not (fmt.valid(last) and fmt.label == len(fmt.columns) - 1):
+        fields = f" and {len(last)} of {len(fmt.columns)} fields" \
+            if len(last) < len(fmt.columns) else ""
+        raise DataUnavailableError(
+            f"{path} ends mid-row: its last line has no line end{fields}, so it may be cut "
+            "inside a field. The file is truncated (an interrupted copy or download): copy or "
+            "download it again (GLUE's files end every line with a newline; if the last row is "
+            "complete, end it with one)")
+    out.skipped = len(bad)
+    n = len(out.labels) + len(bad)
+    where = ", ".join(map(str, bad[:5])) + (", …" if len(bad) > 5 else "")
+    if len(bad) > max(_SKIP_ALLOWED, _SKIP_SHARE * n):
+        raise DataUnavailableError(
+            f"{path}: {len(bad):,} of its {n:,} rows are not {fmt.task} examples (lines {where}); "
+            f"{fmt.task}'s {path.name} has {fmt.describe()}. The file is in another format (an "
+            f"unlabelled test file, another task's file?): put {fmt.task}'s {path.name} there")
+    if bad:
+        warnings.warn(f"{path}: {len(bad)} malformed row(s) skipped (line {where}), as not "
+                      f"{fmt.describe()}", stacklevel=2)
+    expected = REFERENCE_ROWS.get(fmt.task, {}).get(path.name)
+    if expected is not None and n != expected:
+        warnings.warn(
+            f"{path} has {n:,} row{'' if n == 1 else 's'}, but {fmt.task}'s reference "
+            f"{path.name} has {expected:,} (and this file does not have its md5): it may be "
+            "truncated (an interrupted copy or download). Copy or download it again; a subset or "
+            "rebuild of your own loads as it is", stacklevel=2)
     return out
 
 
@@ -213,28 +336,58 @@ def build_mrpc_glue(root: Path, download: bool = False) -> None:
     ``msr_paraphrase_train.txt`` and GLUE's ``dev_ids.tsv``, by GLUE's rule: a pair whose
     (#1 ID, #2 ID) is listed in dev_ids goes to dev, every other pair to train. Rows are
     whitespace-stripped and re-joined with tabs and the header line is kept as it is (BOM
-    included), which reproduces the published files byte for byte (md5 :data:`MRPC_GLUE_MD5`).
+    included), which reproduces the published files byte for byte (md5 :data:`MRPC_GLUE_MD5`);
+    a built file without that md5 warns, saying why (sources other than the reference files, dev
+    ids not found among the pairs). ``dev_ids.tsv`` may start with a BOM.
     """
     src = {n: _need(root, n, *MRPC_FILES[n], download)
            for n in ("msr_paraphrase_train.txt", "dev_ids.tsv")}
+    # utf-8-sig: a BOM left in the first id would keep that dev pair in train
     dev_ids = {tuple(line.strip().split("\t")) for line in
-               src["dev_ids.tsv"].read_text(encoding="utf-8").split("\n") if line.strip()}
+               src["dev_ids.tsv"].read_text(encoding="utf-8-sig").split("\n") if line.strip()}
     lines = src["msr_paraphrase_train.txt"].read_text(encoding="utf-8").split("\n")
     train, dev = [lines[0].rstrip("\r") + "\n"], [lines[0].rstrip("\r") + "\n"]
+    found: set[tuple[str, ...]] = set()
     for line in lines[1:]:
         fields = line.strip().split("\t")
         if len(fields) != 5:
             continue  # the final empty line
-        (dev if (fields[1], fields[2]) in dev_ids else train).append("\t".join(fields) + "\n")
+        if (fields[1], fields[2]) in dev_ids:
+            found.add((fields[1], fields[2]))
+            dev.append("\t".join(fields) + "\n")
+        else:
+            train.append("\t".join(fields) + "\n")
     _write_atomic(root / "train.tsv", "".join(train).encode("utf-8"))
     _write_atomic(root / "dev.tsv", "".join(dev).encode("utf-8"))
+    _check_build(root, src, len(dev_ids - found))
+
+
+def _check_build(root: Path, src: dict[str, Path], missing: int) -> None:
+    """Warn where :func:`build_mrpc_glue` did not reproduce GLUE's files (:data:`MRPC_GLUE_MD5`),
+    naming why: sources that are not the reference files, dev ids matching no pair."""
+    off = [n for n, md5 in MRPC_GLUE_MD5.items() if md5sum(root / n) != md5]
+    if not off:
+        return
+    why = [f"{p} does not have the reference md5 {MRPC_FILES[n][1]}" for n, p in src.items()
+           if md5sum(p) != MRPC_FILES[n][1]]
+    if missing:
+        why.append(f"{missing} of the pairs listed in dev_ids.tsv are not in "
+                   "msr_paraphrase_train.txt")
+    reason = "; ".join(why) if why else (
+        "its sources are the reference files, so the build itself went wrong: please report it")
+    warnings.warn(
+        f"MRPC {' and '.join(off)} built in {root} from {' and '.join(src)} "
+        f"{'does' if len(off) == 1 else 'do'} not have GLUE's reference md5 ({reason}). For "
+        "GLUE's split use Microsoft's msr_paraphrase_train.txt and GLUE's dev_ids.tsv "
+        "unchanged, or GLUE's train.tsv and dev.tsv; a variant of your own loads as it is",
+        stacklevel=3)
 
 
 def _mrpc_rows(root: Path, split: str, download: bool, variant: str) -> TextRows:
     if variant == "msr":  # the paper's 4,076 / 1,725: Microsoft's own train/test files
         name = "msr_paraphrase_train.txt" if split == "train" else "msr_paraphrase_test.txt"
-        return _pairs(_check_identity(_need(root, name, *MRPC_FILES[name], download), "mrpc"),
-                      (3, 4, 0), 5)
+        return _read(_check_identity(_need(root, name, *MRPC_FILES[name], download), "mrpc"),
+                     MRPC_FORMAT)
     if variant != "glue":
         raise ValueError(f"MRPC variant must be 'glue' or 'msr', got {variant!r}")
     path = root / _GLUE_FILE[split]
@@ -248,7 +401,7 @@ def _mrpc_rows(root: Path, split: str, download: bool, variant: str) -> TextRows
                 f"split by GLUE's rule), or, when online, let senslab download them "
                 f"({DOWNLOAD_HINT}). ({err})"
             ) from err
-    return _pairs(_check_identity(path, "mrpc"), (3, 4, 0), 5)
+    return _read(_check_identity(path, "mrpc"), MRPC_FORMAT)
 
 
 def _glue_zip_file(name: str, root: Path, split: str, download: bool) -> Path:
@@ -280,18 +433,11 @@ def _glue_zip_file(name: str, root: Path, split: str, download: bool) -> Path:
 
 def _qqp_rows(root: Path, split: str, download: bool) -> TextRows:
     # id qid1 qid2 question1 question2 is_duplicate
-    return _pairs(_glue_zip_file("qqp", root, split, download), (3, 4, 5), 6)
+    return _read(_glue_zip_file("qqp", root, split, download), QQP_FORMAT)
 
 
 def _sst2_rows(root: Path, split: str, download: bool) -> TextRows:
-    out = TextRows()
-    for row in _tsv(_glue_zip_file("sst2", root, split, download)):
-        if len(row) != 2 or row[1] not in ("0", "1"):
-            out.skipped += 1
-            continue
-        out.first.append(row[0])
-        out.labels.append(int(row[1]))
-    return out
+    return _read(_glue_zip_file("sst2", root, split, download), SST2_FORMAT)
 
 
 def rotten_tomatoes_file(root: str | os.PathLike | None = None) -> Path:
@@ -499,16 +645,20 @@ def _truncate_pair(la: int, lb: int, budget: int) -> tuple[int, int]:
 
 
 def encode(tokenizer: TextTokenizer, first: list[str], second: list[str] | None = None,
-           max_len: int = 128, own_pairs: bool = False) -> dict[str, torch.Tensor]:
+           max_len: int = 128, own_pairs: bool = False,
+           stats: dict[str, int] | None = None) -> dict[str, torch.Tensor]:
     """``{"input_ids": (N, max_len) long, "attention_mask": (N, max_len) bool}`` in the layout of
     the module docstring (right padding; the mask is true exactly on non-pad positions).
 
     ``own_pairs=True`` (pairs of a Hugging Face tokenizer only) encodes the pairs with the
     tokenizer's own pair template and longest-first truncation instead, e.g. BERT's ``[CLS] A
     [SEP] B [SEP]``, adding its ``token_type_ids`` (N, max_len) long where the tokenizer makes
-    them; padded on the right with ``pad_id``."""
+    them; padded on the right with ``pad_id``.
+
+    ``stats``, a dict, receives what the cut to ``max_len`` removed: ``truncated_rows`` (rows
+    that lost tokens) and ``truncated_tokens`` (tokens removed in all)."""
     if own_pairs and second is not None:
-        return _encode_own_pairs(tokenizer, first, second, max_len)
+        return _encode_own_pairs(tokenizer, first, second, max_len, stats)
     specials = 2 if second is None else 4
     if max_len < specials + (1 if second is None else 2):
         raise ValueError(f"max_len={max_len} leaves no room for text after {specials} special "
@@ -526,12 +676,23 @@ def encode(tokenizer: TextTokenizer, first: list[str], second: list[str] | None 
             row = [bos, *ta[:na], eos, eos, *b[i][:nb], eos]
         ids[i, : len(row)] = row
         length[i] = len(row)
+    if stats is not None:
+        _count_cut(stats, [specials + len(t) + (len(b[i]) if b is not None else 0)
+                           for i, t in enumerate(a)], length)
     mask = np.arange(max_len)[None, :] < length[:, None]
     return {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
 
 
+def _count_cut(stats: dict[str, int], full: Sequence[int], kept: np.ndarray) -> None:
+    """``stats`` gains the rows cut and the tokens removed: each row's uncut length ``full``
+    against its encoded length ``kept``."""
+    cut = np.maximum(np.asarray(full, dtype=np.int64).reshape(-1) - kept, 0)
+    stats.update(truncated_rows=int((cut > 0).sum()), truncated_tokens=int(cut.sum()))
+
+
 def _encode_own_pairs(tokenizer: TextTokenizer, first: list[str], second: list[str],
-                      max_len: int) -> dict[str, torch.Tensor]:
+                      max_len: int, stats: dict[str, int] | None = None
+                      ) -> dict[str, torch.Tensor]:
     hf = tokenizer.hf
     own = hf(list(first), list(second), truncation="longest_first", max_length=max_len)
     rows, types = own["input_ids"], own.get("token_type_ids")
@@ -543,6 +704,11 @@ def _encode_own_pairs(tokenizer: TextTokenizer, first: list[str], second: list[s
         if types is not None:
             tt[i, : len(row)] = types[i]
         length[i] = len(row)
+    if stats is not None:  # uncut: both sentences whole plus the template's special tokens
+        specials = hf.num_special_tokens_to_add(pair=True)
+        _count_cut(stats, [specials + len(x) + len(y) for x, y in
+                           zip(tokenizer.encode_batch(first), tokenizer.encode_batch(second),
+                               strict=True)], length)
     mask = np.arange(max_len)[None, :] < length[:, None]
     out = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
     if types is not None:
@@ -579,12 +745,16 @@ def _dataset(name: str, split: str, rows: Callable[[str], TextRows], root: Path,
         train = data if split == "train" else rows("train")
         texts = train.first + (train.second or [])
         tok = cached_bpe(name, texts, vocab_size, min_frequency)
-    inputs = encode(tok, data.first, data.second, max_len, own_pairs=own)
+    cut: dict[str, int] = {}
+    inputs = encode(tok, data.first, data.second, max_len, own_pairs=own, stats=cut)
     return ArrayDataset(
         inputs, torch.tensor(data.labels, dtype=torch.long), num_classes=num_classes, name=name,
         meta={"vocab_size": tok.vocab_size, "pad_id": tok.pad_id, "special_ids": tok.special_ids,
               "tokenizer": tok.name, "tokenizer_trained": tok.trained, "max_len": max_len,
               "skipped_rows": data.skipped, "pair": data.second is not None,
+              # of the whole split, however it is subset later
+              "truncated_rows": cut["truncated_rows"],
+              "truncated_tokens": cut["truncated_tokens"],
               "pair_encoding": pair_encoding if data.second is not None else None,
               **(extra or {})},
     )

@@ -158,13 +158,16 @@ def within_variance(
 def accumulate(
     st: State, vals: Tensor, src: Tensor, tok: Tensor, valid: Tensor, *, group: int,
     per_cell: int | None, positions: str | None, num_tokens: int | None = None,
+    real: Tensor | None = None,
 ) -> None:
     """Add one batch's copies to ``st``. ``group``: copies per unit (:func:`units`);
     ``per_cell``: units per real cell when every real token was evaluated equally often
     (stratified design), else None. ``positions``: alignment of the per-position profile
     ("left"/"right"), None to skip it (whole-input noise). ``num_tokens``: each round drew
     that many of every example's real tokens (a copy then stands for K_b / min(k, K_b) of
-    its example's tokens in the profile); None: every real token."""
+    its example's tokens in the profile); None: every real token. ``real``: the example's real
+    tokens, of which ``valid`` (those perturbed) may leave some out, for the right-aligned
+    profile (None: ``valid``)."""
     b = valid.shape[0]
     u, usrc, utok = units(vals, src, tok, group)
     cnt = _counts(usrc, b, u)
@@ -177,9 +180,10 @@ def accumulate(
         # share of tokens drawn in some round
         weight = None
         if num_tokens is not None:
-            real = valid.to(src.device).sum(1).double()
-            weight = (real / real.clamp(max=num_tokens).clamp(min=1))[src].to(vals.device)
-        _accumulate_positions(st, vals.double(), src, tok, valid, positions, weight)
+            k = valid.to(src.device).sum(1).double()
+            weight = (k / k.clamp(max=num_tokens).clamp(min=1))[src].to(vals.device)
+        _accumulate_positions(st, vals.double(), src, tok, valid if real is None else real,
+                              positions, weight)
 
 
 def _add_examples(st: State, mean: Tensor, within: Tensor) -> None:
@@ -195,7 +199,8 @@ def _add_examples(st: State, mean: Tensor, within: Tensor) -> None:
 
 
 def accumulate_tokens(
-    st: State, y: Tensor, var: Tensor, valid: Tensor, *, positions: str | None
+    st: State, y: Tensor, var: Tensor, valid: Tensor, *, positions: str | None,
+    real: Tensor | None = None,
 ) -> None:
     """Add one batch measured token by token (``allocation``, :mod:`._alloc`) to ``st``:
     ``y`` (B, T) each real token's unbiased value, ``var`` (B, T) its variance estimate."""
@@ -204,13 +209,18 @@ def accumulate_tokens(
     _add_examples(st, (y.double() * v).sum(1) / k, (var.double() * v).sum(1) / k**2)
     if positions is not None:
         cells = v.nonzero()
-        _accumulate_positions(st, y.double()[v], cells[:, 0], cells[:, 1], v, positions)
+        _accumulate_positions(st, y.double()[v], cells[:, 0], cells[:, 1],
+                              v if real is None else real.to(v.device), positions)
 
 
 def _accumulate_positions(
-    st: State, v: Tensor, src: Tensor, tok: Tensor, valid: Tensor, align: str,
+    st: State, v: Tensor, src: Tensor, tok: Tensor, real: Tensor, align: str,
     weight: Tensor | None = None,
 ) -> None:
+    """Add values ``v`` of the tokens (``src``, ``tok``) to the per-position profile; right
+    alignment counts positions from each example's last ``real`` token (real tokens left out of
+    the perturbed ones still count: −1 stays the last real token)."""
+    valid = real.to(src.device)
     t = valid.shape[1]
     if weight is not None:  # weights of exactly 1 leave every sum as it was
         v = v * weight

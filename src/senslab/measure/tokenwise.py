@@ -653,6 +653,8 @@ class TokenSensitivity:
         with self.tokens.bind(self.model, inputs, mask, output=self.output) as bound:
             clean = bound.clean_output
             valid = bound.valid
+            # the real tokens, for the right-aligned profile: mask= may perturb fewer of them
+            real = valid if bound.padding is None else bound.padding | valid
             b, t = valid.shape
             check_rows(clean, b, "examples")
             _check_finite(clean, "clean examples")
@@ -702,9 +704,9 @@ class TokenSensitivity:
                 with ChunkRunner(self, bound, stream, ref, whole, device, None,
                                  self._per_copy.get(key), check) as runner:
                     if control is None:
-                        self._sampled(runner, valid, stream, extent, check)
+                        self._sampled(runner, valid, stream, extent, check, real)
                     else:
-                        self._allocated(runner, control, valid, stream, extent, check)
+                        self._allocated(runner, control, valid, stream, extent, check, real)
                     self.last_chunk_size = runner.chunk
                     if runner.per_copy is not None:
                         self._per_copy[key] = runner.per_copy
@@ -730,14 +732,14 @@ class TokenSensitivity:
             src, tok, vals = src[keep], tok[keep], vals[keep]
             b = int(mine.sum())
             remap = torch.cumsum(mine.long(), 0) - 1  # global example → local row
-            valid, src = valid[mine], remap[src]
+            valid, real, src = valid[mine], real[mine], remap[src]
         forward = b * (2 if self.control_variate else 1) + len(src)
         checked = (0, 0) if check is None else check.take_counts()
-        self._add(vals, src, tok, valid, self._per_cell(rounds), forward, checked)
+        self._add(vals, src, tok, valid, self._per_cell(rounds), forward, checked, real)
 
     def _allocated(self, runner: ChunkRunner, control: LinearControl, valid: Tensor,
                    stream: NoiseStream, extent: Tensor | None,
-                   check: PrecisionCheck | None) -> None:
+                   check: PrecisionCheck | None, real: Tensor) -> None:
         """One batch with ``allocation="linear"`` (:mod:`._alloc`): rounds of draws spread by
         the linearised flip probabilities, Horvitz–Thompson weighted per token."""
         b = valid.shape[0]
@@ -752,10 +754,10 @@ class TokenSensitivity:
             control.x, valid, self.budget, stream.gen, evaluate, per_unit=per_unit,
             target=self.target_stderr, max_copies=cap - 2 * b, rounds_at_zero=ROUNDS_AT_ZERO)
         self.last_tangent_scale = kappa
-        self._add_tokens(y, var, valid, 2 * b + copies, check)
+        self._add_tokens(y, var, valid, 2 * b + copies, check, real)
 
     def _sampled(self, runner: ChunkRunner, valid: Tensor, stream: NoiseStream,
-                 extent: Tensor | None, check: PrecisionCheck | None) -> None:
+                 extent: Tensor | None, check: PrecisionCheck | None, real: Tensor) -> None:
         """One batch with ``allocation="uniform"`` (:class:`._alloc.Sampled`): a ``budget``
         share of every example's tokens, one draw each (a quarter of them two); with a target,
         rounds up to the share the variance so far predicts for it (at least ``budget`` more
@@ -770,14 +772,14 @@ class TokenSensitivity:
             return runner.run(src, tok, torch.ones_like(src, dtype=torch.bool), extent)
 
         plan.run(evaluate, self.target_stderr, cap - b, ROUNDS_AT_ZERO)
-        self._add_tokens(*plan.values(), valid, b + plan.copies, check)
+        self._add_tokens(*plan.values(), valid, b + plan.copies, check, real)
 
     def _add_tokens(self, y: Tensor, var: Tensor, valid: Tensor, forward: int,
-                    check: PrecisionCheck | None) -> None:
+                    check: PrecisionCheck | None, real: Tensor | None = None) -> None:
         """Add one batch measured token by token (an allocation) to the state: each real
         token's unbiased value ``y`` and variance share ``var`` (B, T), ``forward`` passes."""
         checked = (0, 0) if check is None else check.take_counts()
-        accumulate_tokens(self.state, y, var, valid, positions=self.align)
+        accumulate_tokens(self.state, y, var, valid, positions=self.align, real=real)
         self.state.forward += forward
         self.state.checked += checked[0]
         self.state.forward_fp32 += checked[1]
@@ -859,7 +861,7 @@ class TokenSensitivity:
 
     def _add(
         self, vals: Tensor, src: Tensor, tok: Tensor, valid: Tensor, per_cell: int | None,
-        forward: int, checked: tuple[int, int] = (0, 0),
+        forward: int, checked: tuple[int, int] = (0, 0), real: Tensor | None = None,
     ) -> None:
         """Add one batch's copies to the state (:mod:`.compare` defers this until every model
         has measured the batch); ``checked``: copies run in checked bf16 and their float32
@@ -867,7 +869,7 @@ class TokenSensitivity:
         accumulate(
             self.state, vals, src, tok, valid, group=self.group, per_cell=per_cell,
             positions=None if self.mode == "whole" else self.align,
-            num_tokens=self.num_tokens if self.mode == "token" else None,
+            num_tokens=self.num_tokens if self.mode == "token" else None, real=real,
         )
         self.state.forward += forward
         self.state.checked += checked[0]

@@ -20,10 +20,14 @@ HF text model (``get_input_embeddings()``)   ``Embedding`` on the output of the 
 **Text: which module.** As in the paper, noise goes on the token vectors that enter the first
 transformer block, after the embedding LayerNorm (``embedding="block"``, default):
 
-* an embeddings block with a LayerNorm (BERT, RoBERTa, MiniLM, DistilBERT, ELECTRA, ALBERT…):
+* an embeddings block with a LayerNorm (BERT, RoBERTa, MiniLM, DistilBERT, ELECTRA…):
   that LayerNorm, e.g. ``bert.embeddings.LayerNorm``. In these models it follows the sum of the
   word, position and token-type embeddings, so a token vector already holds its position (the
   zoo's own text models put their LayerNorm before the positions are added).
+* a linear map from the embedding size to the hidden size after that LayerNorm (ALBERT's
+  ``albert.encoder.embedding_hidden_mapping_in``; ELECTRA-small's and ConvBERT's
+  ``embeddings_project``): that map, whose output is what enters the first block; noise on the
+  LayerNorm's narrower output would reach the block mapped, in other units than σ.
 * GPT-2 style, learned positions ``wpe`` and no embedding LayerNorm: the dropout after the sum
   of token and position embeddings (``transformer.drop``), i.e. exactly that sum in eval mode.
 * an embedding LayerNorm beside the word embedding (BART's ``layernorm_embedding``, applied after
@@ -291,6 +295,21 @@ def _name(model: nn.Module, module: nn.Module) -> str:
     return next(n for n, m in model.named_modules() if m is module)
 
 
+#: the linear maps from the embedding size to the hidden size that some BERT-style models apply
+#: to the embeddings block's output before their first block (ALBERT:
+#: ``encoder.embedding_hidden_mapping_in``; ELECTRA and ConvBERT with ``embedding_size`` ≠
+#: ``hidden_size``: ``embeddings_project``)
+EMBEDDING_PROJECTIONS = ("embedding_hidden_mapping_in", "embeddings_project")
+
+
+def _embedding_projection(model: nn.Module) -> str | None:
+    """The dotted name of the model's one projection from its embeddings block into its first
+    block (:data:`EMBEDDING_PROJECTIONS`), None when it has none."""
+    found = [n for n, m in model.named_modules()
+             if isinstance(m, nn.Linear) and n.rpartition(".")[2] in EMBEDDING_PROJECTIONS]
+    return found[0] if len(found) == 1 else None
+
+
 def _text_module(model: nn.Module, word: nn.Module, embedding: str) -> str:
     """The dotted name of the module whose output the text tokens are (module docstring)."""
     name = _name(model, word)
@@ -299,6 +318,9 @@ def _text_module(model: nn.Module, word: nn.Module, embedding: str) -> str:
     parent_name = name.rpartition(".")[0]
     parent = model.get_submodule(parent_name) if parent_name else model
     if type(parent).__name__.endswith("Embeddings"):  # BERT-style embeddings block
+        projection = _embedding_projection(model)
+        if projection is not None:  # ALBERT, ELECTRA-small: the LayerNorm's output is mapped
+            return projection
         norms = [n for n, m in parent.named_children()
                  if isinstance(m, nn.LayerNorm) or "norm" in type(m).__name__.lower()]
         if len(norms) == 1:

@@ -267,6 +267,9 @@ def finish_run(cfg: RunConfig, run_dir: Path, summary: dict[str, Any]) -> dict[s
     extra: dict[str, Any] = {**summary.get("language", {}), "variance": VARIANCE,
                              "alt_variance": ALT_VARIANCE}
     n_end = len(subsets.sens_train)
+    # how much the cut to the maximum length took from each split (the loaders count it)
+    extra["truncated"] = {split: {k: d.meta.get(k) for k in ("truncated_rows", "truncated_tokens")}
+                          for split, d in (("train", train), ("test", test))}
     seeds = init_seeds(cfg.seed)
     if extra.get("init_seeds", {}).get("examples") != n_end \
             or extra["init_seeds"].get("seeds") != seeds:
