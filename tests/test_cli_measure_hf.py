@@ -201,6 +201,13 @@ def test_hf_gpt2_text_model(tmp_path: Path, capsys: pytest.CaptureFixture[str],
 
     data = create_dataset("rotten_tomatoes", "train", tokenizer=str(tmp_path))
     x, _ = data.first(6, generator=torch.Generator().manual_seed(1)).batch(slice(0, 6))
+    # the tokenizer's own single-sentence layout: the text alone. An end token appended after
+    # it lay beyond the classifier's read-out (its pad id) and was measured as never flipping
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    real = x["attention_mask"].sum(1)
+    for ids, n in zip(x["input_ids"], real, strict=True):
+        text = hf.decode(ids[:n])
+        assert ids[:n].tolist() == hf(text)["input_ids"] and 0 not in ids[:n].tolist()
     model = transformers.GPT2ForSequenceClassification.from_pretrained(tmp_path).eval()
     model.config.pad_token_id = 0
     batch = {"input_ids": x["input_ids"], "attention_mask": x["attention_mask"].long()}

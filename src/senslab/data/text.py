@@ -37,7 +37,9 @@ longest-first (tokens are removed from the longer sentence; at equal length from
 special tokens always survive. The pair sets (``mrpc``, ``qqp``) take ``pair_encoding="tokenizer"``
 with a Hugging Face ``tokenizer``: pairs in that tokenizer's own template instead (BERT's ``[CLS]
 A [SEP] B [SEP]``), with its ``token_type_ids`` added to the inputs where it makes them — how a
-model fine-tuned with that tokenizer saw its pairs (``senslab measure --hf`` uses it).
+model fine-tuned with that tokenizer saw its pairs (``senslab measure --hf`` uses it). Single
+sentences of a Hugging Face tokenizer are always in its own template (the encoders': the layout
+above; GPT-2's: the sentence alone, no start or end token).
 
 Tokenizer (ours): a byte-level BPE trained with ``tokenizers`` on the *training split only*
 (never on validation text), special tokens ``<s>`` 0, ``<pad>`` 1, ``</s>`` 2, ``<unk>`` 3,
@@ -655,10 +657,16 @@ def encode(tokenizer: TextTokenizer, first: list[str], second: list[str] | None 
     [SEP] B [SEP]``, adding its ``token_type_ids`` (N, max_len) long where the tokenizer makes
     them; padded on the right with ``pad_id``.
 
+    Single sentences of a Hugging Face tokenizer are always in its own template (cut at the end
+    of their text): ``<s> A </s>`` or ``[CLS] A [SEP]`` for the encoders, as above, but GPT-2's
+    adds no token at all, where ``<bos> A <eos>`` appended an end token that a GPT-2 classifier
+    padded with that token never reads (it was measured as a token that never flips) and after
+    which a language model's next-token prediction was read.
+
     ``stats``, a dict, receives what the cut to ``max_len`` removed: ``truncated_rows`` (rows
     that lost tokens) and ``truncated_tokens`` (tokens removed in all)."""
-    if own_pairs and second is not None:
-        return _encode_own_pairs(tokenizer, first, second, max_len, stats)
+    if tokenizer.hf is not None and (second is None or own_pairs):
+        return _encode_own(tokenizer, first, second, max_len, stats)
     specials = 2 if second is None else 4
     if max_len < specials + (1 if second is None else 2):
         raise ValueError(f"max_len={max_len} leaves no room for text after {specials} special "
@@ -690,11 +698,20 @@ def _count_cut(stats: dict[str, int], full: Sequence[int], kept: np.ndarray) -> 
     stats.update(truncated_rows=int((cut > 0).sum()), truncated_tokens=int(cut.sum()))
 
 
-def _encode_own_pairs(tokenizer: TextTokenizer, first: list[str], second: list[str],
-                      max_len: int, stats: dict[str, int] | None = None
-                      ) -> dict[str, torch.Tensor]:
+def _encode_own(tokenizer: TextTokenizer, first: list[str], second: list[str] | None,
+                max_len: int, stats: dict[str, int] | None = None) -> dict[str, torch.Tensor]:
+    """Sentences, or pairs (longest-first), in the Hugging Face tokenizer's own template."""
     hf = tokenizer.hf
-    own = hf(list(first), list(second), truncation="longest_first", max_length=max_len)
+    pair = second is not None
+    if pair:
+        own = hf(list(first), list(second), truncation="longest_first", max_length=max_len)
+    else:
+        specials = hf.num_special_tokens_to_add(pair=False)
+        if max_len <= specials:
+            raise ValueError(f"max_len={max_len} leaves no room for text after the "
+                             f"tokenizer's {specials} special tokens; use max_len ≥ 8 (128 is "
+                             "the paper's)")
+        own = hf(list(first), truncation=True, max_length=max_len)
     rows, types = own["input_ids"], own.get("token_type_ids")
     ids = np.full((len(rows), max_len), tokenizer.pad_id, dtype=np.int64)
     tt = np.zeros((len(rows), max_len), dtype=np.int64)
@@ -704,14 +721,14 @@ def _encode_own_pairs(tokenizer: TextTokenizer, first: list[str], second: list[s
         if types is not None:
             tt[i, : len(row)] = types[i]
         length[i] = len(row)
-    if stats is not None:  # uncut: both sentences whole plus the template's special tokens
-        specials = hf.num_special_tokens_to_add(pair=True)
-        _count_cut(stats, [specials + len(x) + len(y) for x, y in
-                           zip(tokenizer.encode_batch(first), tokenizer.encode_batch(second),
-                               strict=True)], length)
+    if stats is not None:  # uncut: the sentences whole plus the template's special tokens
+        texts = [tokenizer.encode_batch(first)] + ([tokenizer.encode_batch(second)] if pair
+                                                   else [])
+        _count_cut(stats, [hf.num_special_tokens_to_add(pair=pair) + sum(map(len, parts))
+                           for parts in zip(*texts, strict=True)], length)
     mask = np.arange(max_len)[None, :] < length[:, None]
     out = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
-    if types is not None:
+    if types is not None and pair:
         out["token_type_ids"] = torch.from_numpy(tt)
     return out
 
