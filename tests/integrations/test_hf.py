@@ -178,3 +178,39 @@ def test_tokens_default_to_auto():
     inputs = {k: v for k, v in subset.items() if k != "labels"}
     ref = token_sensitivity(model, inputs, Embedding(TOKENS), sigma=2.0, generator=3)
     assert callback.measure(model).estimate == ref.estimate
+
+
+def test_a_bf16_trainer_leaves_the_measurement_in_float32(tmp_path: Path):
+    """Trainer(bf16=True) has accelerate replace model.forward with an autocast one, which
+    stays after training: the callback, and any later token_sensitivity of that model, ran in
+    bf16 whatever precision= said (+7.8% at σ = 0.3 in an audit). They measure through the
+    model's own forward, and accelerate's patch is left in place."""
+    data, subset = Texts(32, 1), Texts(16, 2).batch(16)
+    batch = {k: subset[k] for k in ("input_ids", "attention_mask")}
+    model = tiny_bert()
+    with torch.no_grad():  # weights large enough for bf16 to move the logits
+        for m in model.modules():
+            if isinstance(m, torch.nn.Linear):
+                m.weight.normal_(0, 0.3, generator=torch.Generator().manual_seed(m.weight.numel()))
+    opts = dict(sigma=3.0, repeats=16, precision="float32")
+    trainer = Trainer(model=model, args=arguments(tmp_path, bf16=True, report_to="none"),
+                      train_dataset=data, eval_dataset=Texts(16, 2))
+    callback = SensitivityCallback(batch, Embedding(TOKENS), **opts).attach(trainer)
+    trainer.train()
+    assert "_original_forward" in vars(model)  # accelerate's patch, still there
+    with torch.no_grad():
+        patched = model(**batch).logits
+        model.eval()
+        plain = model._original_forward(**batch).logits
+    assert not torch.equal(patched, plain)  # the patch does run in bf16
+    fresh = tiny_bert()
+    fresh.load_state_dict(model.state_dict())
+    ref = token_sensitivity(fresh, batch, Embedding(TOKENS), generator=0, **opts)
+    low = token_sensitivity(fresh, batch, Embedding(TOKENS), generator=0,
+                            sigma=3.0, repeats=16, autocast=torch.bfloat16)
+    assert not torch.equal(low.per_sample, ref.per_sample)  # bf16 would have shown
+    step, logged = callback.results[-1]
+    assert torch.equal(logged.per_sample, ref.per_sample)
+    again = token_sensitivity(model, batch, Embedding(TOKENS), generator=0, **opts)
+    assert torch.equal(again.per_sample, ref.per_sample)
+    assert "forward" in vars(model)  # the patch is put back

@@ -214,3 +214,24 @@ def test_docs_snippet_runs(snippet, capsys):
     ref.update(x[4:])
     assert r.estimate == ref.compute().estimate
     assert "sensitivity" in capsys.readouterr().out
+
+
+def test_a_module_cast_to_bf16_leaves_the_states_in_float64():
+    """A LightningModule under precision="bf16-true" is cast with .to(torch.bfloat16), which
+    reaches the metric inside it: its float64 counts and sums had become bf16 (exact only up to
+    256 examples: 300 were counted as 300 + rounding). They keep their dtype; .to(device) still
+    moves them."""
+    holder = nn.Module()
+    holder.metric = TokenSensitivityMetric(Patches(4), sigma=1.0)
+    holder.to(torch.bfloat16)
+    metric = holder.metric
+    assert metric.n.dtype == torch.float64 and metric.s1.dtype == torch.float64
+    model, x = mlp(), images(300)
+    for part in x.split(50):
+        metric.update(model, part)
+    r = metric.result()
+    ref = token_sensitivity(model, x, Patches(4), sigma=1.0, generator=0)
+    assert r.num_examples == 300 and r.num_forward == ref.num_forward
+    assert r.estimate == pytest.approx(ref.estimate, abs=1e-12)
+    holder.to("cpu", torch.float16)
+    assert metric.n.dtype == torch.float64 and metric.n.item() == 300

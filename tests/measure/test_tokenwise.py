@@ -581,3 +581,28 @@ def test_per_position_under_num_tokens_weighs_each_example_alike(linear):
             pc += r.position_counts
         pooled = ps / pc
         assert torch.allclose(pooled, truth, atol=0.02), (options, pooled - truth)
+
+
+def test_a_forward_that_enters_autocast_itself_is_refused():
+    """A mixed-precision wrapper (Lightning Fabric's module under bf16-mixed) switches autocast
+    on inside its forward, past senslab's switch-off: the decisions would be bf16's. Refused
+    before anything is counted; autocast= (reduced precision accepted) measures it."""
+
+    class OwnAutocast(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = seeded(cnn)
+
+        def forward(self, x):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return self.net(x).float()
+
+    model, x = OwnAutocast(), torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    metric = TokenSensitivity(model, Patches(4), sigma=1.0, precision="float32")
+    with pytest.raises(ValueError, match="switches autocast on by itself"):
+        metric.update(x)
+    assert metric.state.n == 0
+    r = token_sensitivity(model, x, Patches(4), sigma=1.0, autocast=torch.bfloat16)
+    assert r.num_examples == 4
+    plain = token_sensitivity(model.net, x, Patches(4), sigma=1.0, precision="float32")
+    assert plain.num_examples == 4

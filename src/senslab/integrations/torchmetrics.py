@@ -212,6 +212,18 @@ class TokenSensitivityMetric(Metric):
         self._engine, self._last, self.batch_estimate = None, None, None
         self._seen = set()
 
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Move the states with the module, never change their dtype: a ``.to(torch.bfloat16)``
+        of the module that holds the metric (Lightning's ``precision="bf16-true"``) had turned
+        the float64 counts and sums into bf16, which counts exactly only up to 256 (8,000
+        examples were counted as 8,896, without a word)."""
+
+        def same_dtype(t: Tensor) -> Tensor:
+            moved = fn(t)
+            return moved if moved.dtype == t.dtype else t.to(moved.device)
+
+        return super()._apply(same_dtype, *args, **kwargs)
+
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state["_engine"] = None  # it holds the model: a copy of the metric must not copy it

@@ -156,8 +156,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Mapping
-from contextlib import nullcontext
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, nullcontext
 from typing import Any, Literal
 
 import torch
@@ -241,6 +241,68 @@ def _warn_reduced_float32(model: Any, device: torch.device) -> None:
             RuntimeWarning, stacklevel=_trim._user_level(),
         )
 
+
+
+@contextmanager
+def _own_forward(model: Any) -> Iterator[None]:
+    """Measure through the model's own forward where Hugging Face accelerate's mixed precision
+    (``Trainer(bf16=True)``, ``Accelerator(mixed_precision=...)``) replaced it, on the model
+    object itself, with one that enters autocast: that patch stays after training, and every
+    forward, clean and perturbed, ran in bf16 whatever ``precision`` said. The precision is
+    senslab's to choose (``precision=``, ``autocast=``); the patch is put back afterwards."""
+    patched = (isinstance(model, nn.Module) and "forward" in vars(model)
+               and callable(getattr(model, "_original_forward", None)))
+    if not patched:
+        yield
+        return
+    wrapped = vars(model)["forward"]
+    model.forward = model._original_forward
+    try:
+        yield
+    finally:
+        model.forward = wrapped
+
+
+def _autocast_on(device_type: str) -> bool:
+    try:
+        return bool(torch.is_autocast_enabled(device_type))
+    except TypeError:  # torch < 2.4: no device argument
+        if device_type == "cpu":
+            return bool(torch.is_autocast_cpu_enabled())
+        return bool(torch.is_autocast_enabled())
+
+
+@contextmanager
+def _refuse_own_autocast(model: Any, device: torch.device) -> Iterator[None]:
+    """Refuse a model whose forward enters autocast itself (Lightning Fabric's module under
+    ``precision="bf16-mixed"``, a forward with its own ``torch.autocast``): the first module it
+    runs sees autocast on although senslab switched it off, and every decision said to be
+    float32's would be the reduced precision's. Looked at in the first forward (the clean one),
+    before anything is counted."""
+    if not isinstance(model, nn.Module):
+        yield
+        return
+    handles: list[Any] = []
+
+    def look(module: nn.Module, args: Any) -> None:
+        for h in handles:
+            h.remove()
+        handles.clear()
+        if _autocast_on(device.type):
+            raise ValueError(
+                f"{type(model).__name__}'s forward switches autocast on by itself (a "
+                "mixed-precision wrapper: Lightning Fabric's module under "
+                "precision='bf16-mixed', a forward with its own torch.autocast), so the "
+                "decisions counted would be the reduced precision's, not float32's as "
+                "precision= says. Measure the module inside the wrapper (fabric_module.module), "
+                "or accept reduced precision with autocast=torch.bfloat16")
+
+    handles.extend(m.register_forward_pre_hook(look) for m in model.modules() if m is not model)
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def _refuse_batch_statistics(model: nn.Module) -> None:
@@ -480,6 +542,7 @@ class TokenSensitivity:
             control_variate=control_variate)
         self.autocast = autocast
         self._float32_checked = False  # whether update has looked at PyTorch's float32 settings
+        self._own_autocast_checked = False  # whether a forward has shown no autocast of its own
         _precision.check_precision(precision, autocast, compare)
         self.precision = precision
         self._check = _precision.PrecisionCheck()
@@ -616,9 +679,12 @@ class TokenSensitivity:
         mode = _eval(self.model) if module and self.eval_mode else nullcontext()
         # outside eval mode a forward may update buffers: restore those it changed
         kept = _kept_buffers(self.model) if module and not self.eval_mode else nullcontext()
+        probe = (_refuse_own_autocast(self.model, device)
+                 if self.autocast is None and not self._own_autocast_checked else nullcontext())
         try:
-            with mode, kept, self._autocast(device):
+            with mode, kept, _own_forward(self.model), self._autocast(device), probe:
                 self._update(inputs, mask, device)
+            self._own_autocast_checked = True
         except RuntimeError as err:
             if not missing_kernel(err, device):
                 raise
