@@ -1,6 +1,8 @@
 """Two gloo processes (``torch.multiprocessing``) measure 7 examples under a
-``DistributedSampler`` with :class:`TokenSensitivityMetric`; rank 0 writes the synced result as
-JSON. Run by tests/integrations/test_torchmetrics.py: ``python gloo_worker.py OUT.json``.
+``DistributedSampler`` with :class:`TokenSensitivityMetric`; rank 0 writes the synced result of
+two runs as JSON (``runs``), and the values ``forward`` returned on each rank, step by step, with
+``dist_sync_on_step=True`` (``on_step``). Run by tests/integrations/test_torchmetrics.py:
+``python gloo_worker.py OUT.json``.
 
 The processes are forked from this fresh one after the imports (torchmetrics pulls in
 transformers: seconds of CPU a process); nothing here has touched CUDA or started threads."""
@@ -52,9 +54,15 @@ def worker(rank: int, world: int, init: str, out: str) -> None:
                      "n": r.num_examples, "num_forward": r.num_forward,
                      "per_sample": r.per_sample.tolist(), "per_position": r.per_position.tolist(),
                      "compute": float(metric.compute())})
+    # the same batches through forward, synced per step: the value of the step's examples on all
+    # ranks together (the same numbers: the same seed, so rank r draws rank r's stream again)
+    synced = TokenSensitivityMetric(Patches(2), generator=SEED, dist_sync_on_step=True, **OPTIONS)
+    mine = [float(synced(model, x, index=idx)) for idx, x in loader(data, rank, world)]
+    on_step: list[object] = [None] * world
+    dist.all_gather_object(on_step, mine)
     if rank == 0:
         with open(out, "w") as f:
-            json.dump(runs, f)
+            json.dump({"runs": runs, "on_step": on_step}, f)
     dist.destroy_process_group()
 
 

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import math
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -156,34 +157,53 @@ def _worker_module():
     return mod
 
 
-def test_two_gloo_processes_meet_the_distributed_rule(tmp_path: Path):
-    """World 2, 7 examples, DistributedSampler (pads to 8), deduplicated by index: every example
-    once; exactly the numbers of the rule (rank 0 the seed's stream, rank 1 the derived seed) in
-    both runs; within the interval of one process."""
-    out = tmp_path / "result.json"
+@pytest.fixture(scope="module")
+def gloo_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """gloo_worker.py's JSON: two runs of two processes, and forward's values per step."""
+    out = tmp_path_factory.mktemp("gloo") / "result.json"
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, str(HERE / "gloo_worker.py"), str(out)],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    first, second = json.loads(out.read_text())
-    assert first == second  # exact reproducibility at a fixed world size
+    return json.loads(out.read_text())
 
+
+def _replay_the_rule() -> tuple[list[TokenSensitivityMetric], list[tuple[float, int]]]:
+    """The distributed rule, replayed in one process: rank r's batches with rank r's seed,
+    repeats dropped. The two ranks' metrics, and each step's sum of rates and examples over
+    both ranks."""
     w = _worker_module()
     model, data = w.model_and_data()
-    # the rule, replayed in one process: rank r's batches with rank r's seed, repeats dropped
     seen: set[int] = set()
     parts = [TokenSensitivityMetric(Patches(2), generator=rank_seed(w.SEED, r), **w.OPTIONS)
              for r in range(2)]
     loaders = [list(w.loader(data, r, 2)) for r in range(2)]
     assert sum(len(idx) for batches in loaders for idx, _ in batches) == 8  # one repeat
+    steps = []
     for step in zip(*loaders, strict=True):
         keep = []
         for idx, _ in step:
             keep.append(torch.tensor([i not in seen for i in idx.tolist()]))
             seen.update(idx.tolist())
+        s1, n = 0.0, 0
         for part, (_, x), k in zip(parts, step, keep, strict=True):
             if k.any():
                 part.update(model, x[k])
+                s1, n = s1 + part.batch_estimate * int(k.sum()), n + int(k.sum())
+        steps.append((s1, n))
+    return parts, steps
+
+
+def test_two_gloo_processes_meet_the_distributed_rule(gloo_run: dict):
+    """World 2, 7 examples, DistributedSampler (pads to 8), deduplicated by index: every example
+    once; exactly the numbers of the rule (rank 0 the seed's stream, rank 1 the derived seed) in
+    both runs; within the interval of one process."""
+    first, second = gloo_run["runs"]
+    assert first == second  # exact reproducibility at a fixed world size
+
+    w = _worker_module()
+    model, data = w.model_and_data()
+    parts, _ = _replay_the_rule()
     n = sum(p.n for p in parts)
     s1 = sum(p.s1 for p in parts)
     assert first["n"] == n == 7
@@ -197,6 +217,16 @@ def test_two_gloo_processes_meet_the_distributed_rule(tmp_path: Path):
     bound = 1.96 * math.hypot(first["stderr_subset"], ref.stderr_subset)
     assert abs(first["estimate"] - ref.estimate) <= bound
     assert len(first["per_sample"]) == 7
+
+
+def test_dist_sync_on_step_returns_the_step_value_of_all_processes(gloo_run: dict):
+    """dist_sync_on_step=True: forward returns, on every rank, the value of the step's examples
+    on all ranks together (as torchmetrics' own metrics do), not the rank's own batch value; the
+    sampler's repeat, skipped on one rank, counts once."""
+    ranks = gloo_run["on_step"]
+    _, steps = _replay_the_rule()
+    assert ranks[0] == ranks[1]
+    assert ranks[0] == pytest.approx([s1 / n for s1, n in steps], abs=1e-12)
 
 
 def test_docs_snippet_runs(snippet, capsys):
@@ -235,3 +265,80 @@ def test_a_module_cast_to_bf16_leaves_the_states_in_float64():
     assert r.estimate == pytest.approx(ref.estimate, abs=1e-12)
     holder.to("cpu", torch.float16)
     assert metric.n.dtype == torch.float64 and metric.n.item() == 300
+
+
+def test_state_dict_keeps_the_seen_indices():
+    """persistent(True): the state dict holds the indices already measured (``seen_index``), so
+    after load_state_dict (here inside a parent module) they are skipped as before the save, not
+    counted again; a state dict without them (saved before they were stored) rebuilds them
+    from the measured examples' indices. Updates after a load leave the loaded state dict as it
+    was (torchmetrics kept its lists, and appended to them)."""
+    model, x = mlp(), images(8)
+
+    def holder() -> nn.Module:
+        h = nn.Module()
+        h.metric = TokenSensitivityMetric(Patches(2), sigma=1.0)
+        h.metric.persistent(True)
+        return h
+
+    src = holder()
+    src.metric.update(model, x[:6], index=torch.arange(6))
+    sd = src.state_dict()
+    for saved in (sd, {k: v for k, v in sd.items() if k != "metric.seen_index"}):
+        dst = holder()
+        dst.metric.update(model, x[6:], index=torch.tensor([6, 7]))  # replaced by the load
+        assert dst.metric.result().num_examples == 2
+        dst.load_state_dict(saved)  # strict: no unexpected key
+        assert dst.metric.compute().item() == src.metric.compute().item()  # not the cached one
+        dst.metric.update(model, x[4:], index=torch.arange(4, 8))  # 4, 5 seen: skipped
+        assert torch.cat(dst.metric.sample_index).tolist() == list(range(8))
+        assert dst.metric.result().num_examples == 8
+    assert sd["metric.seen_index"].tolist() == list(range(6))
+    assert len(sd["metric.sample_index"]) == 1
+    fresh = TokenSensitivityMetric(Patches(2), sigma=1.0)  # not persistent: nothing saved
+    fresh.update(model, x[:2], index=torch.arange(2))
+    assert "seen_index" not in fresh.state_dict()
+
+
+def test_merge_state_with_dist_sync_on_step_and_from_a_state_dict():
+    """merge_state also with dist_sync_on_step=True (torchmetrics refuses it for its own
+    forward; here only forward's value is synced, the states add up), and a state dict's
+    seen_index counts as seen."""
+    model, x = mlp(), images(6)
+    a = TokenSensitivityMetric(Patches(2), sigma=1.0)
+    a.persistent(True)
+    a.update(model, x[:4], index=torch.arange(4))
+    b = TokenSensitivityMetric(Patches(2), sigma=1.0, generator=3, dist_sync_on_step=True)
+    b.merge_state(a.state_dict())
+    b.update(model, x[2:], index=torch.arange(2, 6))  # 2, 3 merged: skipped
+    assert b.result().num_examples == 6
+    assert b(model, x[:1], index=[0]).isnan()  # all seen: no value, nothing added
+    assert b.batch_estimate is None and b.result().num_examples == 6
+
+
+def test_a_clone_continues_the_noise_stream():
+    """clone() (a deepcopy, or a pickle) leaves the model behind but continues the noise stream
+    where the original stands: both, updated with the same next batch, give the same numbers —
+    those of one TokenSensitivity over both batches. After reset() a clone restarts from the
+    seed, like the original."""
+    model, x = mlp(), images(12)
+    opts = {"sigma": 1.0, "repeats": 2, "generator": 4}
+    a = TokenSensitivityMetric(Patches(2), **opts)
+    a.update(model, x[:6])
+    copies = [a.clone(), copy.deepcopy(a), pickle.loads(pickle.dumps(a))]
+    copies.append(copies[0].clone())  # a copy of a copy that has not measured yet
+    assert all(c._engine is None for c in copies)
+    a.update(model, x[6:])
+    ref = TokenSensitivity(model, Patches(2), sigma=1.0, repeats=2, generator=4)
+    ref.update(x[:6])
+    ref.update(x[6:])
+    want = ref.compute()
+    assert a.result().estimate == want.estimate
+    for c in copies:
+        c.update(model, x[6:])
+        got = c.result()
+        assert got.estimate == want.estimate and torch.equal(got.per_sample, want.per_sample)
+    a.reset()
+    again = a.clone()
+    again.update(model, x[:6])
+    assert again.compute().item() == token_sensitivity(model, x[:6], Patches(2), **opts).estimate

@@ -33,9 +33,25 @@ often, as a ``DistributedSampler`` arranges), and an index already measured — 
 this step by a lower rank — is skipped. ``per_sample`` is then ordered by index. Without
 ``index=`` repeats count twice (or use ``drop_last=True``, which drops examples instead).
 
+Each process keeps the indices of every process (they are gathered at each ``update``). With
+``persistent(True)`` the state dict holds them (``seen_index``, int64) beside the states, so an
+index measured before a save is skipped after ``load_state_dict`` too; a state dict without them
+(saved by an older senslab) takes them from the loaded ``sample_index``, this process's own.
+
+**Per-step values.** ``forward`` (``metric(model, inputs)``) updates the states and returns the
+batch's own estimate — this process's examples; with ``dist_sync_on_step=True`` that of the
+step's examples on all processes together (:math:`\sum s_1 / \sum n` over the processes, one
+small gather, so every process must call ``forward`` equally often), the same on every process.
+
 **Random stream.** The noise stream continues over ``update`` calls and restarts from the seed
 at :meth:`reset` (which torchmetrics and Lightning call between epochs): each period draws the
-same noise, so changes between periods are the model's.
+same noise, so changes between periods are the model's. A copy (``clone()``, ``copy.deepcopy``,
+a pickle) leaves the model behind but keeps where the stream stands — the generator's state and
+the noise drawn but not used yet — so its next ``update`` draws what the original's next
+``update`` with the same model would (a copy used by another process starts from that process's
+seed instead: two processes must not draw the same noise). The state dict does not hold the
+stream (a loaded metric starts from the seed). A copy calibrates checked precision
+(``precision="bf16-checked"``, …) anew, as the original does for a new model.
 
 Example:
     >>> import torch
@@ -53,7 +69,7 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -62,12 +78,14 @@ from torch import Tensor
 try:
     from torchmetrics import Metric
     from torchmetrics.utilities import dim_zero_cat
+    from torchmetrics.utilities.distributed import gather_all_tensors
 except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError(
         "senslab.integrations.torchmetrics needs torchmetrics: pip install 'senslab[lightning]'"
     ) from err
 
 from ..measure import SensitivityResult, TokenSensitivity
+from ..measure._noise import NoiseStream
 from ..measure._stats import State, result
 from ..tokens import Tokenization
 from ..tokens.base import Inputs, batch_size, select
@@ -85,6 +103,27 @@ _METRIC_KWARGS = {
 _SUMS = {"n": "n", "s1": "s1", "s2": "s2", "within": "within", "num_forward": "forward",
          "num_forward_fp32": "forward_fp32", "num_checked": "checked"}
 _CATS = ("sample_rate", "sample_index", "pos_id", "pos_sum", "pos_cnt")
+
+
+class _Position(NamedTuple):
+    """Where an engine's noise stream stands: the process (rank) it belongs to, its generator's
+    state and device, and the rows of length ``row`` it has drawn but not handed out yet
+    (``NoiseStream.buf``; None: no stream)."""
+
+    rank: int
+    state: Tensor
+    device: torch.device
+    row: int | None
+    buffer: Tensor | None
+
+    def restore(self) -> tuple[torch.Generator, NoiseStream | None]:
+        generator = torch.Generator(device=self.device)
+        generator.set_state(self.state)
+        if self.row is None or self.buffer is None:
+            return generator, None
+        stream = NoiseStream(generator, self.row, self.buffer.device)
+        stream.buf = self.buffer.clone()  # the noise is scaled in place where it is used
+        return generator, stream
 
 
 def rank_seed(seed: int, rank: int) -> int:
@@ -108,7 +147,8 @@ class TokenSensitivityMetric(Metric):
             (``process_group``, ``sync_on_compute``, …).
 
     ``update(model, inputs, mask=None, index=None)`` measures one batch; ``compute()`` returns
-    the estimate (a float64 tensor), :meth:`result` everything.
+    the estimate (a float64 tensor), :meth:`result` everything; ``forward`` (calling the metric)
+    updates and returns the batch's estimate, synced with ``dist_sync_on_step=True``.
     """
 
     is_differentiable = False
@@ -130,8 +170,12 @@ class TokenSensitivityMetric(Metric):
         self.set_dtype(torch.float64)  # a rank with no data syncs empty float64 lists
         self._engine: TokenSensitivity | None = None
         self._seen: set[int] = set()
+        #: a copy's stream position, until its first ``update`` builds an engine from it
+        self._resume: _Position | None = None
+        self._batch: tuple[float, int] = (0.0, 0)  # the last update's sum of rates, examples
         self._last: SensitivityResult | None = None
-        #: the estimate of the last batch ``forward`` measured
+        #: the estimate of the last batch ``forward`` measured (all processes' with
+        #: ``dist_sync_on_step=True``)
         self.batch_estimate: float | None = None
 
     # -- torchmetrics interface ----------------------------------------------------------------
@@ -145,7 +189,7 @@ class TokenSensitivityMetric(Metric):
         indices of the batch's examples (one per example) — repeats, within this process or
         across processes, are then measured once (module docstring, *Padding of the sampler*).
         """
-        self.batch_estimate = None
+        self.batch_estimate, self._batch = None, (0.0, 0)
         b = batch_size(inputs)
         if index is not None:
             keep = self._first_seen(index, b)
@@ -173,12 +217,19 @@ class TokenSensitivityMetric(Metric):
             self.pos_id.append(ids.to(dev, torch.float64))
             self.pos_sum.append(st.pos_sum.to(dev, torch.float64))
             self.pos_cnt.append(st.pos_cnt.to(dev, torch.float64))
-        self.batch_estimate = st.s1 / st.n
+        self.batch_estimate, self._batch = st.s1 / st.n, (st.s1, st.n)
 
     def forward(self, *args: Any, **kwargs: Any) -> Tensor:  # type: ignore[override]
         """``update`` and the batch's own estimate (the accumulated states keep growing; the
-        random stream continues — torchmetrics' reset-and-restore would restart it)."""
+        random stream continues — torchmetrics' reset-and-restore would restart it). With
+        ``dist_sync_on_step=True`` the estimate of the step's examples on all processes
+        together, the same on each (every process must call ``forward`` equally often); NaN
+        where no example was measured (all skipped by ``index=``)."""
         self.update(*args, **kwargs)
+        s1, n = self._batch
+        if self.dist_sync_on_step:
+            s1, n = self._synced(s1, n)
+        self.batch_estimate = s1 / n if n else None
         value = math.nan if self.batch_estimate is None else self.batch_estimate
         out = torch.tensor(value, dtype=torch.float64, device=self.n.device)
         # what Lightning logs for self.log(..., metric, on_step=True)
@@ -200,17 +251,24 @@ class TokenSensitivityMetric(Metric):
     def merge_state(self, incoming_state: Any) -> None:
         """Add another metric's states (or a state dict) to this one's; the next :meth:`compute`
         includes them (torchmetrics keeps an earlier ``compute``'s value otherwise), and the
-        example indices it has seen count as seen here."""
-        super().merge_state(incoming_state)
+        example indices it has seen (a state dict's ``seen_index``) count as seen here. Also
+        with ``dist_sync_on_step=True``, which torchmetrics refuses for its own forward."""
+        flag, self.dist_sync_on_step = self.dist_sync_on_step, False  # the states only add up
+        try:
+            super().merge_state(incoming_state)
+        finally:
+            self.dist_sync_on_step = flag
         self._computed, self._last = None, None
         if isinstance(incoming_state, TokenSensitivityMetric):
             self._seen |= incoming_state._seen
+        elif incoming_state.get("seen_index") is not None:
+            self._seen |= _indices(incoming_state["seen_index"])
 
     def reset(self) -> None:
         """Forget the states; the next ``update`` restarts the noise from the seed."""
         super().reset()
         self._engine, self._last, self.batch_estimate = None, None, None
-        self._seen = set()
+        self._seen, self._resume = set(), None
 
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Move the states with the module, never change their dtype: a ``.to(torch.bfloat16)``
@@ -224,9 +282,41 @@ class TokenSensitivityMetric(Metric):
 
         return super()._apply(same_dtype, *args, **kwargs)
 
+    def state_dict(  # type: ignore[override]
+        self, destination: dict[str, Any] | None = None, prefix: str = "",
+        keep_vars: bool = False,
+    ) -> dict[str, Any]:
+        """torchmetrics' state dict (the states, with ``persistent(True)``) and then also the
+        example indices already measured, ``seen_index`` (module docstring)."""
+        out = super().state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
+        if any(self._persistent.values()):
+            out[prefix + "seen_index"] = torch.tensor(sorted(self._seen), dtype=torch.int64)
+        return out
+
+    def _load_from_state_dict(
+        self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any,
+    ) -> None:
+        """Load the states (torchmetrics) and the seen indices: ``seen_index``, or where a
+        state dict lacks it the indices of its ``sample_index``. The list states are copies:
+        torchmetrics keeps the state dict's own lists, which later updates appended to."""
+        seen = state_dict.pop(prefix + "seen_index", None)
+        loaded = prefix + "sample_index" in state_dict
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        for name in _CATS:
+            if isinstance(getattr(self, name), list):
+                setattr(self, name, list(getattr(self, name)))
+        if seen is not None:
+            self._seen = _indices(seen)
+        elif loaded:
+            keys = _cat(self.sample_index)
+            self._seen = _indices(keys[~torch.isnan(keys)])
+        if seen is not None or loaded:
+            self._computed, self._last = None, None  # no earlier compute's value
+
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state["_engine"] = None  # it holds the model: a copy of the metric must not copy it
+        state["_resume"] = self._position()  # … but continues its noise stream
         return state
 
     # -- helpers -------------------------------------------------------------------------------
@@ -244,13 +334,42 @@ class TokenSensitivityMetric(Metric):
         engine = self._engine
         if engine is not None and engine.model is model:
             return engine
+        stream = None
+        rank, _ = self._distributed()
         if engine is not None and engine.generator is not None:
             generator: torch.Generator | int = engine.generator  # a new model: stream continues
-        else:
-            rank, _ = self._distributed()
+        elif self._resume is not None and self._resume.rank == rank:  # a copy: where the
+            generator, stream = self._resume.restore()  # original's stream stood
+        else:  # the seed; a copy sent to another process: that process's seed, not a repeat
             generator = self.seed.fresh() if rank == 0 else rank_seed(self.seed.initial, rank)
         self._engine = TokenSensitivity(model, self.tokens, generator=generator, **self.options)
+        if stream is not None:
+            self._engine._stream = stream
+        self._resume = None
         return self._engine
+
+    def _position(self) -> _Position | None:
+        """Where the noise stream stands, for a copy: the engine's generator and unused noise,
+        a copy's position not used yet, or None (the copy starts from the seed)."""
+        engine = self._engine
+        if engine is None or engine.generator is None:
+            return self._resume
+        rank, _ = self._distributed()
+        generator, stream = engine.generator, engine._stream
+        if stream is None or stream.gen is not generator:
+            return _Position(rank, generator.get_state(), generator.device, None, None)
+        return _Position(rank, generator.get_state(), generator.device, stream.row,
+                         stream.buf.clone())
+
+    def _synced(self, s1: float, n: int) -> tuple[float, int]:
+        """One batch's sum of rates and examples, summed over the processes."""
+        _, world = self._distributed()
+        if world == 1:
+            return s1, n
+        gather = self.dist_sync_fn or gather_all_tensors
+        mine = torch.tensor([float(s1), float(n)], dtype=torch.float64, device=self.n.device)
+        total = torch.stack(gather(mine, group=self.process_group)).sum(0).tolist()
+        return total[0], int(total[1])
 
     def _first_seen(self, index: Any, b: int) -> Tensor:
         """Which of this batch's examples no process has measured yet (first occurrence in
@@ -310,6 +429,11 @@ def _cat(x: Tensor | list[Tensor]) -> Tensor:
     if not x:
         return torch.zeros(0, dtype=torch.float64)
     return dim_zero_cat(x)
+
+
+def _indices(x: Any) -> set[int]:
+    """Example indices (a tensor of them) as a set of ints."""
+    return {int(i) for i in torch.as_tensor(x).flatten().tolist()}
 
 
 def _sigma(options: dict[str, Any]) -> float | None:
