@@ -319,8 +319,9 @@ def test_merge_state_with_dist_sync_on_step_and_from_a_state_dict():
 def test_a_clone_continues_the_noise_stream():
     """clone() (a deepcopy, or a pickle) leaves the model behind but continues the noise stream
     where the original stands: both, updated with the same next batch, give the same numbers —
-    those of one TokenSensitivity over both batches. After reset() a clone restarts from the
-    seed, like the original."""
+    those of one TokenSensitivity over both batches. A clone used by another process starts
+    from that process's seed (not the original's stream: the two would draw the same noise).
+    After reset() a clone restarts from the seed, like the original."""
     model, x = mlp(), images(12)
     opts = {"sigma": 1.0, "repeats": 2, "generator": 4}
     a = TokenSensitivityMetric(Patches(2), **opts)
@@ -338,6 +339,12 @@ def test_a_clone_continues_the_noise_stream():
         c.update(model, x[6:])
         got = c.result()
         assert got.estimate == want.estimate and torch.equal(got.per_sample, want.per_sample)
+    elsewhere = a.clone()
+    elsewhere._distributed = lambda: (1, 2)  # as on rank 1 of 2
+    elsewhere.update(model, x[:6])
+    ref = TokenSensitivity(model, Patches(2), sigma=1.0, repeats=2, generator=rank_seed(4, 1))
+    ref.update(x[:6])
+    assert elsewhere.result().per_sample[-6:].tolist() == ref.compute().per_sample.tolist()
     a.reset()
     again = a.clone()
     again.update(model, x[:6])

@@ -591,6 +591,52 @@ def test_encoder_models_get_the_embedding_their_forward_calls(make, name, block)
         token_sensitivity(model, batch, Embedding(shared), **opts)
 
 
+def test_one_output_without_a_problem_type_is_read_only_when_told_how():
+    """num_labels=1 with no problem_type is what Hugging Face trains as a regression (MSE):
+    read as a binary logit its value flipped only where it crossed 0 (0.11 on a random head,
+    without a word). Refused; output_kind= says how to read it."""
+    model = seeded(lambda: transformers.BertForSequenceClassification(
+        transformers.BertConfig(**SMALL, num_labels=1)))
+    batch = text_batch()
+    with pytest.raises(ValueError, match=r"num_labels=1\) and no config.problem_type"):
+        token_sensitivity(model, batch, sigma=1.0, **EXACT)
+    told = token_sensitivity(model, batch, sigma=1.0, output_kind="logits", **EXACT)
+    assert 0.0 <= told.estimate <= 1.0
+    from senslab.measure.outputs import check_head
+
+    model.config.problem_type = "single_label_classification"  # declared: a binary logit
+    check_head(model, "class", None)
+
+
+def test_a_dict_output_without_logits_is_not_pointed_at_its_first_key():
+    """A sentence-transformers-style dict (ids first, then embeddings): the refusal named its
+    first key, and output='input_ids' measured 0 flips of ids that never change. The hint now
+    points at the embedding with a distance, and integer (batch, tokens) outputs are refused."""
+
+    class Encoder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb, self.proj = nn.Embedding(60, 8), nn.Linear(8, 8)
+
+        def forward(self, input_ids, attention_mask):
+            tokens = self.proj(self.emb(input_ids))
+            pooled = (tokens * attention_mask[..., None]).sum(1) / attention_mask.sum(1, True)
+            return {"input_ids": input_ids, "attention_mask": attention_mask,
+                    "token_embeddings": tokens, "sentence_embedding": pooled}
+
+    model, batch = seeded(Encoder), text_batch()
+    with pytest.raises(TypeError) as err:
+        token_sensitivity(model, batch, Embedding("emb"), sigma=1.0, **EXACT)
+    assert "compare='l2', output='sentence_embedding'" in str(err.value)
+    assert "output='input_ids'" not in str(err.value)
+    with pytest.raises(ValueError, match=r"integer tensor of shape \(4, 9\)"):
+        token_sensitivity(model, batch, Embedding("emb"), sigma=1.0, output="input_ids",
+                          **EXACT)
+    moved = token_sensitivity(model, batch, Embedding("emb"), sigma=1.0, compare="l2",
+                              output="sentence_embedding", **EXACT)
+    assert moved.estimate > 0
+
+
 @pytest.mark.parametrize("problem", ["regression", "multi_label_classification"])
 def test_heads_whose_output_is_no_class_are_refused_for_class_changes(problem):
     """A regression head (one value around 2.5: read as a binary logit it never flipped, 0.0

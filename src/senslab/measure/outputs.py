@@ -104,8 +104,10 @@ def check_head(model: Any, compare: str, kind: str | None, output: Any = None) -
     """Refuse ``compare="class"`` on a Hugging Face head whose output is no class score: a
     regression head (``config.problem_type == "regression"``: one column of values, whose
     sign never changes around a positive mean, so it read as a binary logit that never
-    flips) or a multi-label one (independent sigmoids: the argmax is not its prediction).
-    ``output_kind=`` or ``output=`` given says how to read it, and is taken as is."""
+    flips), also one with one output and no ``problem_type`` (which Hugging Face trains as a
+    regression), or a multi-label one (independent sigmoids: the argmax is not its
+    prediction). ``output_kind=`` or ``output=`` given says how to read it, and is taken as
+    is."""
     if compare != "class" or kind is not None or output is not None:
         return
     problem = getattr(getattr(model, "config", None), "problem_type", None)
@@ -115,6 +117,16 @@ def check_head(model: Any, compare: str, kind: str | None, output: Any = None) -
             "its output is a value, not a class, and read as a binary logit it only flips "
             "where the value changes sign. Measure how far it moves with compare='l1' or "
             "'l2', or say where its decision lies with output_kind='scores', threshold=t"
+        )
+    labels = getattr(getattr(model, "config", None), "num_labels", None)
+    if problem is None and labels == 1 and hasattr(model, "can_generate"):
+        raise ValueError(
+            f"{type(model).__name__} has one output (config.num_labels=1) and no "
+            "config.problem_type, which Hugging Face reads as a regression head (its loss is "
+            "then MSE): its output is a value, not a binary logit. Say how to read it: "
+            "output_kind='logits' for a binary classifier trained on one logit, "
+            "output_kind='scores', threshold=t for a decision at t, or compare='l1'/'l2' for "
+            "how far it moves"
         )
     if problem == "multi_label_classification":
         raise ValueError(
@@ -236,6 +248,12 @@ def predictions(out: Tensor, kind: str = "logits", threshold: float | None = Non
             return flat  # class labels
         return flat > threshold_of(kind, threshold)
     if out.dim() == 2:
+        if not out.is_floating_point():
+            raise ValueError(
+                f"model output is an integer tensor of shape {tuple(out.shape)}: class labels "
+                "are one per example, (batch,), and logits are floating (batch, classes), so "
+                "its argmax is no prediction (token ids never change: 0 flips). Select the "
+                "logits with output=, or use compare='l1'/'l2' for other outputs")
         return out.argmax(dim=1)
     raise ValueError(
         f"model output has shape {tuple(out.shape)}; compare='class' needs (batch,) or "

@@ -140,7 +140,7 @@ def select_output(raw: Any, output: OutputSelector = None) -> Tensor:
                 "output=<a function pooling last_hidden_state>"
             )
         elif isinstance(raw, Mapping) and raw:
-            hint = f"output=<key>, e.g. output={next(iter(raw))!r}"
+            hint = _mapping_hint(raw)
         else:
             hint = "output=<a function of the raw output that returns the logits tensor>"
         raise TypeError(
@@ -170,6 +170,28 @@ def select_output(raw: Any, output: OutputSelector = None) -> Tensor:
             f"output {type(raw).__name__} {_describe(raw)}"
         )
     return got
+
+
+def _mapping_hint(raw: Mapping) -> str:
+    """What to pass for a mapping output without ``"logits"``: a key only where its entry could
+    be logits (a floating (batch, classes) tensor) — the first key (``input_ids`` of a
+    sentence-transformers output) measured 0 flips of ids that never change; embeddings are
+    measured by how far they move."""
+    floats = {k: v for k, v in raw.items() if isinstance(v, Tensor) and v.is_floating_point()}
+    two_d = [k for k, v in floats.items() if v.dim() == 2]
+    embedding = [k for k in two_d if any(w in str(k).lower() for w in ("embed", "pool",
+                                                                       "hidden", "feature"))]
+    if embedding:
+        return (f"output=<key> if one of its entries is a (batch, classes) logits tensor; "
+                f"{embedding[0]!r} looks like an embedding, whose argmax is no class: measure "
+                f"how far it moves with compare='l2', output={embedding[0]!r}")
+    if two_d:
+        return (f"output=<key> of its (batch, classes) logits entry, e.g. output={two_d[0]!r} "
+                "if that is the logits; an embedding is measured by how far it moves "
+                f"(compare='l2', output={two_d[0]!r})")
+    return ("output=<key> or <a function of the output> giving (batch, classes) logits; none "
+            "of its entries is a floating (batch, classes) tensor, so for a representation "
+            "measure how far it moves with compare='l2' and output=<a function pooling it>")
 
 
 #: where a per-position output (batch, positions, classes) is read (see :func:`read_position`)
