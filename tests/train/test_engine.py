@@ -368,3 +368,22 @@ def test_turning_on_track_val_leaves_the_other_subsets_alone():
         assert (t.sens_val is not None) == val
     for before, after in zip(*subsets, strict=True):
         assert torch.equal(before, after)
+
+
+def test_measure_checkpoint_reproduces_the_tracked_numbers(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]):
+    """`senslab measure --checkpoint` draws the examples training tracked: --split train those
+    of sens/train, --split test those of sens/val (it had drawn other test examples: 0.055
+    against the run's 0.065 in an audit), with the same noise."""
+    run = tmp_path / "run"
+    assert main(["train", "--model", "mlp", "--data", "digits", "--out", str(run), "--threads",
+                 "1", "--set", "train.epochs=1", "--set", "track.val=true", "--set",
+                 "track.num_examples=16", "--set", "track.sigma=0.5"]) == 0
+    last = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()][-1]
+    for split, key in (("train", "sens/train"), ("test", "sens/val")):
+        capsys.readouterr()
+        assert main(["measure", "--checkpoint", str(run), "--split", split, "--num-examples",
+                     "16", "--sigma", "0.5", "--threads", "1", "--precision", "float32"]) == 0
+        row = capsys.readouterr().out.strip().splitlines()[-1].split()
+        assert float(row[1]) == pytest.approx(last[key], abs=5e-5), (split, row, last[key])
+    assert last["sens/val"] != last["sens/train"]  # two subsets, told apart
