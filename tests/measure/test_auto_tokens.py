@@ -812,3 +812,30 @@ def test_an_embedding_projection_after_the_layernorm_is_the_block_input():
         transformers.ElectraConfig(**same)))
     assert auto_tokens(model).module == "electra.embeddings.LayerNorm"
     assert _block_input_equals_token_output(model, auto_tokens(model), "electra.encoder.layer.0")
+
+
+def test_a_wrapper_of_one_pretrained_model_gets_its_tokens():
+    """auto_tokens(wrapper) refused a module holding one Hugging Face model (while
+    token_sensitivity(wrapper) without tokens looked inside), and an image wrapper would have
+    been cut into the CNN default's patches instead of its ViT's."""
+
+    class Wrapper(nn.Module):
+        def __init__(self, inner: nn.Module) -> None:
+            super().__init__()
+            self.model = inner
+
+        def forward(self, **kw):
+            return self.model(**kw)
+
+    text = Wrapper(bert())
+    tokens = auto_tokens(text)
+    assert tokens.module == "model.bert.embeddings.LayerNorm"
+    assert auto_tokens(text, embedding="word").module == "model.bert.embeddings.word_embeddings"
+    batch = text_batch()
+    a = token_sensitivity(text, batch, tokens, sigma=1.0, **EXACT)
+    b = token_sensitivity(text.model, batch, auto_tokens(text.model), sigma=1.0, **EXACT)
+    assert torch.equal(a.per_sample, b.per_sample)
+    vit = seeded(lambda: transformers.ViTForImageClassification(transformers.ViTConfig(
+        image_size=8, patch_size=2, num_channels=3, hidden_size=16, num_hidden_layers=1,
+        num_attention_heads=2, intermediate_size=24)))
+    assert auto_tokens(Wrapper(vit)).size == 2

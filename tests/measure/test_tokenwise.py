@@ -606,3 +606,24 @@ def test_a_forward_that_enters_autocast_itself_is_refused():
     assert r.num_examples == 4
     plain = token_sensitivity(model.net, x, Patches(4), sigma=1.0, precision="float32")
     assert plain.num_examples == 4
+
+
+def test_batchnorm_without_running_statistics_is_refused_in_eval_mode_too():
+    """eval() leaves a BatchNorm without running statistics normalising by its batch: the
+    copies' flips would depend on chunk_size (a chunk of one copy failed inside torch)."""
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 8),
+                          nn.BatchNorm1d(8, track_running_stats=False), nn.Linear(8, 3))
+    x = torch.randn(6, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"without running statistics \(2: track_running"):
+        token_sensitivity(model, x, Patches(4), sigma=1.0)
+    tracked = nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.BatchNorm1d(8), nn.Linear(8, 3))
+    assert token_sensitivity(tracked, x, Patches(4), sigma=1.0).num_examples == 6
+
+
+def test_inputs_without_a_tensor_are_named_with_the_fix():
+    """Tokenizer output without return_tensors='pt' (lists) and a forward that takes one dict,
+    passed as (features,), were told only that the inputs hold no tensor."""
+    with pytest.raises(TypeError, match=r"a dict of \{'input_ids': list\}.*return_tensors='pt'"):
+        token_sensitivity(seeded(mlp), {"input_ids": [[3, 4, 5]]}, Sequence(), sigma=1.0)
+    with pytest.raises(TypeError, match=r"a tuple of \(dict\).*forward\(\*\*features\)"):
+        token_sensitivity(seeded(mlp), ({"x": torch.zeros(2, 3)},), Sequence(), sigma=1.0)

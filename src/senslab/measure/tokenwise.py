@@ -305,13 +305,24 @@ def _refuse_own_autocast(model: Any, device: torch.device) -> Iterator[None]:
             h.remove()
 
 
-def _refuse_batch_statistics(model: nn.Module) -> None:
-    """``eval_mode=False``: refuse BatchNorm layers that normalise by their batch's statistics
-    (train mode, or no running statistics): a copy's output would depend on the copies that
-    share its chunk, so the number would change with ``chunk_size``."""
+def _refuse_batch_statistics(model: nn.Module, eval_mode: bool = False) -> None:
+    """Refuse BatchNorm layers that normalise by their batch's statistics: a copy's output
+    would depend on the copies that share its chunk, so the number would change with
+    ``chunk_size``. With ``eval_mode=False``: those in train mode or without running
+    statistics; with ``eval_mode=True`` (eval() is applied for the measurement): those without
+    running statistics (``track_running_stats=False``), which eval() leaves normalising by the
+    batch."""
     norms = [name or type(model).__name__ for name, m in model.named_modules()
              if isinstance(m, nn.modules.batchnorm._BatchNorm)
-             and (m.training or m.running_mean is None)]
+             and ((m.training and not eval_mode) or m.running_mean is None)]
+    if norms and eval_mode:
+        shown = ", ".join(norms[:3]) + (f" and {len(norms) - 3} more" if len(norms) > 3 else "")
+        raise ValueError(
+            f"BatchNorm layers without running statistics ({shown}: track_running_stats="
+            "False) normalise each forward by its own batch, in eval mode too: each perturbed "
+            "copy would be normalised with the copies that share its chunk, so its flips, and "
+            "the number, would depend on chunk_size. Give them running statistics (estimated "
+            "on training data), or measure a model without them")
     if norms:
         shown = ", ".join(norms[:3]) + (f" and {len(norms) - 3} more" if len(norms) > 3 else "")
         raise ValueError(
@@ -674,8 +685,8 @@ class TokenSensitivity:
         if self._local is not None:  # after all_reduce: add to this process's own state
             self.state, self._local = self._local, None
         module = isinstance(self.model, nn.Module)
-        if module and not self.eval_mode:
-            _refuse_batch_statistics(self.model)
+        if module:
+            _refuse_batch_statistics(self.model, self.eval_mode)
         mode = _eval(self.model) if module and self.eval_mode else nullcontext()
         # outside eval mode a forward may update buffers: restore those it changed
         kept = _kept_buffers(self.model) if module and not self.eval_mode else nullcontext()

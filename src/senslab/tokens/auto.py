@@ -84,8 +84,9 @@ def auto_tokens(
     """The tokens to measure ``model`` on (see the module docstring for the rules).
 
     Args:
-        model: a Hugging Face ``PreTrainedModel``, a timm model, a CNN, or a model with
-            ``default_tokens()``.
+        model: a Hugging Face ``PreTrainedModel``, a timm model, a CNN, a model with
+            ``default_tokens()``, or a wrapper holding exactly one Hugging Face or timm model
+            (that model's tokens, an ``Embedding`` named from the wrapper).
         embedding: text models: ``"block"`` (the embeddings block's output after its LayerNorm,
             as in the paper) or ``"word"`` (the word-embedding lookup).
         patch_size: images: overrides the model's patch size (or the CNN default, 16).
@@ -118,6 +119,15 @@ def auto_tokens(
         return _no_pixel(tokens, sigma_space)
     if not isinstance(model, nn.Module):
         raise TypeError(f"auto_tokens needs an nn.Module, got {type(model).__name__}; {_HOW}")
+    inner = [] if _pretrained(model) else _pretrained_children(model)
+    if len(inner) == 1:  # a wrapper of one pretrained model (a LightningModule's self.model)
+        name, child = inner[0]
+        tokens = auto_tokens(child, embedding=embedding, position=position,
+                             patch_size=patch_size, image_processor=image_processor,
+                             sigma_space=sigma_space, std=std, mean=mean)
+        if isinstance(tokens, Embedding) and isinstance(tokens.module, str):
+            return dataclasses.replace(tokens, module=f"{name}.{tokens.module}")
+        return tokens
     if _is_image(model):
         return Patches(patch_size or _patch_size(model), **pixel)
     _no_pixel(None, sigma_space)

@@ -24,7 +24,21 @@ def batch_size(inputs: Inputs) -> int:
     """Number of examples in ``inputs`` (the first dimension of its first tensor)."""
     for t in _tensors(inputs):
         return t.shape[0]
-    raise TypeError("inputs hold no tensor: pass a Tensor, a tuple of Tensors or a dict of Tensors")
+    raise TypeError(f"inputs hold no tensor ({_kinds(inputs)}): pass a Tensor, a tuple of "
+                    "Tensors or a dict of Tensors. Tokenizer output needs return_tensors='pt'; "
+                    "a model whose forward takes one dict (features) is measured through a "
+                    "wrapper whose forward(**features) calls it, given the dict itself")
+
+
+def _kinds(inputs: Any) -> str:
+    """What ``inputs`` holds, in words: its type and, for a container, its entries' types."""
+    if isinstance(inputs, Mapping):
+        inner = ", ".join(f"{k!r}: {type(v).__name__}" for k, v in list(inputs.items())[:4])
+        return f"a {type(inputs).__name__} of {{{inner}{', …' if len(inputs) > 4 else ''}}}"
+    if isinstance(inputs, (tuple, list)):
+        inner = ", ".join(type(v).__name__ for v in inputs[:4])
+        return f"a {type(inputs).__name__} of ({inner}{', …' if len(inputs) > 4 else ''})"
+    return f"a {type(inputs).__name__}"
 
 
 def _tensors(inputs: Inputs) -> Iterator[Tensor]:
