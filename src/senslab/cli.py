@@ -142,11 +142,23 @@ def _config(args: argparse.Namespace) -> Any:
     return cfg
 
 
+def _check_fits(cfg: Any) -> None:
+    """An image model on a text set, or a text model on an image set: a UsageError naming the
+    mismatch and what would fit, before any data is loaded or any file written."""
+    from .train.loop import check_model_fits_data
+
+    try:
+        check_model_fits_data(cfg)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
 def _train(args: argparse.Namespace) -> int:
     from .report import final_table, format_table, load_runs
     from .train.loop import fit
 
     cfg = _config(args)
+    _check_fits(cfg)  # (fit checks too) before the note, and before --out is looked at
     out = Path(args.out or Path("runs") / cfg.name)
     _check_out(out)
     _note(f"training {cfg.model.name} on {cfg.data.name} (seed {cfg.seed}) into {out}")
@@ -229,6 +241,7 @@ def _checkpoint(args: argparse.Namespace) -> tuple[Any, dict[str, Any], int]:
         cfg.data.root = args.data_root
     apply_overrides(cfg, args.set or [])
     _check_measure_set(args.set or [], cfg, str(path))
+    _check_fits(cfg)  # e.g. the config.json of a run that failed on its first step
     found = rd.load_latest()
     if found is None:
         raise UsageError(f"no usable checkpoint in {path / 'checkpoints'}: the run saved none "
@@ -353,6 +366,7 @@ def _measure(args: argparse.Namespace) -> int:
         _check_measure_set(args.set or [], cfg, None)
         weights = f"untrained (seed {cfg.seed})"
     validate(cfg)
+    _check_fits(cfg)
     device = resolve_device(cfg.device)
     train, test = load_data(cfg)
     data = train if args.split == "train" else test
@@ -360,7 +374,8 @@ def _measure(args: argparse.Namespace) -> int:
     if state is not None:
         model.load_state_dict(state["model"])
     model = model.to(device)
-    g = torch.Generator().manual_seed(args.seed + 1)
+    # the examples training tracks (train.track): seed + 1 for sens/train, seed + 2 for sens/val
+    g = torch.Generator().manual_seed(args.seed + (2 if args.split == "test" else 1))
     subset = data.first(min(args.num_examples, len(data)), generator=g)
     pixel = {}
     if args.sigma_space == "pixel":

@@ -627,3 +627,84 @@ def test_inputs_without_a_tensor_are_named_with_the_fix():
         token_sensitivity(seeded(mlp), {"input_ids": [[3, 4, 5]]}, Sequence(), sigma=1.0)
     with pytest.raises(TypeError, match=r"a tuple of \(dict\).*forward\(\*\*features\)"):
         token_sensitivity(seeded(mlp), ({"x": torch.zeros(2, 3)},), Sequence(), sigma=1.0)
+
+
+@pytest.mark.parametrize("design", [{"repeats": 1}, {"allocation": "uniform"},
+                                    {"allocation": "linear"}])
+def test_adaptive_stopping_needs_evidence_to_stop_on_no_flip(design):
+    """target_stderr stopped at 0 ± 0 after two rounds without a flip, however few the draws:
+    one example of 8 tokens flipping at ≈ 0.1 per draw did so in about a quarter of the calls.
+    Zero flips now end the rounds only once the rule of three allows it; a model that never
+    flips still stops long before the round cap."""
+    torch.manual_seed(0)
+    w = torch.randn(8, 3)
+    x = torch.randn(1, 8, 3, generator=torch.Generator().manual_seed(4))
+
+    def model(z):  # one logit: 0.5 + Σ_t w_t · (z_t − x_t), flips where the noise pushes it < 0
+        return (0.5 + ((z - x) * w).sum((1, 2)))[:, None]
+
+    design = dict(design, output_kind="logits")
+    zeros = 0
+    for seed in range(24):
+        r = token_sensitivity(model, x, Sequence(), sigma=0.25, target_stderr=0.03,
+                              generator=seed, estimand="subset", **design)
+        zeros += r.estimate == 0.0 and r.stderr == 0.0
+    exact = token_sensitivity(model, x, Sequence(), sigma=0.25, repeats=400, generator=99,
+                              output_kind="logits")
+    assert exact.estimate > 0.05  # the example does flip
+    assert zeros <= 1, zeros
+    never = token_sensitivity(lambda z: model(z) + 100.0, x, Sequence(), sigma=0.25,
+                              target_stderr=0.03, generator=0, estimand="subset", **design)
+    assert never.estimate == 0.0 and never.num_forward < 1 + 8 * 64 / 2
+
+
+def test_the_profile_under_adaptive_stopping_weighs_batches_by_their_tokens():
+    """With target_stderr each update runs as many rounds as its flips ask for; the profile
+    counted every copy alike, so batches that ran more rounds weighed more (10–23% high in an
+    audit). A batch's copies weigh 1/rounds: with examples of one length the count-weighted
+    profile averages back to the estimate, as without a target."""
+    torch.manual_seed(0)
+    w = torch.randn(6, 3)
+    x = torch.randn(8, 6, 3, generator=torch.Generator().manual_seed(4))
+
+    def model(z):
+        return (0.3 * torch.randn(1, generator=torch.Generator().manual_seed(0))
+                + (z * w).sum((1, 2)))[:, None]
+
+    metric = TokenSensitivity(model, Sequence(), sigma=0.8, target_stderr=0.05, generator=0,
+                              estimand="subset", output_kind="logits")
+    for i in range(len(x)):
+        metric.update(x[i:i + 1])
+    r = metric.compute()
+    weighted = (r.per_position * r.position_counts).sum() / r.position_counts.sum()
+    assert weighted.item() == pytest.approx(r.estimate, abs=1e-12)
+
+
+def test_an_estimate_below_zero_never_inverts_the_interval():
+    """A control variate's estimate can fall below 0; the interval clipped to [0, 1] had come
+    out as (0.0000, −0.0084)."""
+    from senslab.measure._stats import State, result
+
+    st = State(n=4, s1=-0.47, s2=0.2, within=4 * 0.0559**2 * 4,
+               samples=[torch.tensor([-0.1, -0.2, -0.1, -0.07])])
+    r = result(st, "subset", "left", True, 1.0)
+    lo, hi = r.ci95
+    assert r.estimate < 0 and 0.0 <= lo <= hi <= 1.0 and hi == 0.0
+    st.s1 = 4 * 1.2  # and above 1
+    lo, hi = result(st, "subset", "left", True, 1.0).ci95
+    assert lo == hi == 1.0
+
+
+def test_token_sampling_without_a_target_on_few_pairs_says_its_error_is_unreliable():
+    """allocation='uniform' learns the within-token variance from the tokens it draws twice;
+    on a small batch without a target they are few, and the standard error came out 0 with
+    flips seen in 29% of runs (coverage 0.68) without a word."""
+    x = torch.randn(8, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    with pytest.warns(RuntimeWarning, match=r"drew \d+ tokens twice, fewer than 64"):
+        token_sensitivity(seeded(mlp), x, Patches(2), sigma=1.0, allocation="uniform")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        token_sensitivity(seeded(mlp), x, Patches(2), sigma=1.0, allocation="uniform",
+                          target_stderr=0.05)

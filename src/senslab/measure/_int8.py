@@ -12,9 +12,12 @@ larger than bf16's, so it is only used where :mod:`._precision` checks every dec
 change against float32. The input's scale comes from its range over the whole call, so a
 copy's int8 output depends on the other copies of its chunk; its decision does not (it
 is float32's), so the numbers do not depend on the chunking. Nor may the check's bound: the
-error grows with the quantisation step, the input's range over the whole call, so
-:mod:`._precision` records every call's range (:attr:`Int8Linears.ranges`) and widens the bound
-for a chunk whose ranges exceed the calibration's.
+error grows with the quantisation step, the input's range over the whole call stretched to
+include 0 (PyTorch's dynamic quantisation always represents 0 exactly), and the weight's
+rounding with the input's size, so :mod:`._precision` records these sizes for every call
+(:func:`extents`, :attr:`Int8Linears.ranges`) and widens the bound for a chunk whose sizes
+exceed the calibration's. The range alone would miss inputs shifted by a constant: the
+quantisation step grows with the shift, the range does not.
 
 Which calls are eligible: ``F.linear`` (so every ``nn.Linear``) with float32 CPU input of at
 least two dimensions, a float32 2-D weight with at least :data:`MIN_FEATURES` input and output
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 import warnings
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -119,7 +123,8 @@ class Int8Linears(TorchFunctionMode):
         self.packs: OrderedDict[Any, Any] = OrderedDict()
         self._enabled = True
         self.calls = 0  #: linear calls run in int8 (for tests and reports)
-        #: when a list: each int8 call appends its input's range (max − min), in call order
+        #: when a list: each int8 call appends its input's :func:`extents` (three values), in
+        #: call order
         self.ranges: list[float] | None = None
 
     def off(self) -> AbstractContextManager[None]:
@@ -147,11 +152,24 @@ class Int8Linears(TorchFunctionMode):
             if _eligible(x, weight, bias):
                 self.calls += 1
                 if self.ranges is not None:
-                    lo, hi = torch.aminmax(x.detach())
-                    self.ranges.append(float(hi - lo))
+                    self.ranges.extend(extents(x.detach()))
                 return torch.ops.quantized.linear_dynamic(x, self._packed(weight, bias),
                                                           reduce_range())
         return func(*args, **kwargs)
+
+
+def extents(x: Tensor) -> list[float]:
+    """The sizes the error of an int8 product with input ``x`` grows with (one host sync):
+    the quantisation range, from ``min(x.min(), 0)`` to ``max(x.max(), 0)`` (PyTorch's dynamic
+    quantisation stretches the input's range to include 0, and its step is this range over
+    the levels), and the largest absolute value and root mean square of ``x`` (the weight's
+    rounding error is multiplied by the input: one value's, and the sum of many). Inputs
+    shifted by a constant widen all three, though not ``x.max() - x.min()``."""
+    lo, hi = torch.aminmax(x)
+    zero = lo.new_zeros(())
+    rms = torch.linalg.vector_norm(x) / math.sqrt(x.numel())
+    return torch.stack([torch.maximum(hi, zero) - torch.minimum(lo, zero),
+                        torch.maximum(hi, -lo), rms]).float().tolist()
 
 
 def _eligible(x: Any, weight: Any, bias: Any) -> bool:

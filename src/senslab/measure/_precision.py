@@ -22,13 +22,19 @@ i.e. whenever :math:`|m_{16} - m_{32}| < m_{16}`. The copy is re-evaluated in fl
 :math:`s` the copy's largest absolute output, :math:`S` the largest seen during calibration
 (rounding errors grow with the size of the values, so copies with larger outputs than any
 calibrated one get a proportionally wider band), and :math:`w \ge 1` the widening for inputs
-larger than the calibration's (:meth:`PrecisionCheck._widening`): the calibration records the
-input range of every call whose error grows with it (:class:`_Ranges`: bf16's products, int8's
-linear layers, a static int8 copy's hand-overs to int8) and a chunk whose ranges exceed those
-gets a band wider by the largest ratio — a normalisation layer can hide larger values before it
-from the output. A model with a discontinuity inside (a hard router, an ``argmax`` between
-layers) can change it under the low precision on rare copies with an error of any size, which
-no calibration bounds: docs/definitions.md says to measure such models in float32.
+larger than the calibration's (:meth:`PrecisionCheck._widening`): the calibration records, for
+every call whose error grows with its inputs' size (:class:`_Ranges`: bf16's products, int8's
+linear layers, a static int8 copy's hand-overs to int8), the sizes that error grows with —
+the largest absolute value of its inputs (a static copy: per copy, that alone), their root
+mean square (errors summed over many values) and their range (max − min; for int8's linear
+layers the quantisation range, which includes 0) — and a chunk whose sizes exceed those gets a
+band wider by the largest ratio: a normalisation layer can hide larger values before it from the
+output, and a model can cancel a constant shift of its inputs (first-layer weight rows summing
+to 0), which leaves the range and the output as they were while bf16's rounding and int8's
+quantisation step grow with the shift. A model with a discontinuity inside (a hard router, an
+``argmax`` between layers) can change it under the low precision on rare copies with an error
+of any size, which no calibration bounds: docs/definitions.md says to measure such models in
+float32.
 
 **Calibration** (per metric, so per model). No rigorous bound on bf16's error exists for a deep
 network, so :math:`b` is measured: the first :data:`CALIBRATION_COPIES` perturbed copies (and up
@@ -316,7 +322,7 @@ def checked(metric: Any, device: torch.device, clean: Tensor) -> tuple[str, bool
     return "bf16", False
 
 
-#: the products whose inputs' ranges bf16's check records (:class:`_Ranges`): autocast runs
+#: the products whose inputs' sizes bf16's check records (:class:`_Ranges`): autocast runs
 #: them in bf16, and their rounding error grows with their inputs' size
 _PRODUCTS = frozenset({
     F.linear, F.bilinear, F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d, F.conv_transpose2d,
@@ -327,13 +333,16 @@ _PRODUCTS = frozenset({
 
 
 class _Ranges(TorchFunctionMode):
-    """While active, records the input ranges of the calls a low precision's error depends on,
+    """While active, records the input sizes of the calls a low precision's error depends on,
     in call order, so that a later chunk can be compared with the calibration's
     (:meth:`PrecisionCheck._widening`):
 
-    * ``"bf16"``: each product of :data:`_PRODUCTS`, the largest range (max − min) of its first
-      two floating arguments. Its bf16 error grows with them, and a normalisation layer after
-      it can hide a larger input from the output the band is scaled by.
+    * ``"bf16"``: each product of :data:`_PRODUCTS`, three values (:func:`_extents`, the
+      larger of its first two floating arguments'): the largest absolute value, the root mean
+      square and the range (max − min). bf16 rounds each value to a step proportional to its
+      size, so its error grows with the values' magnitude (inputs shifted by a constant, which
+      a model can cancel, widen the first two though not the range), and a normalisation
+      layer after it can hide a larger input from the output the band is scaled by.
     * ``"static"``: each ``torch.quantize_per_tensor`` of a static int8 copy (where a float layer
       hands over to int8), per copy (row), the largest absolute value: its quantisation range
       is fixed, so a value beyond every calibrated one is clamped, an error of any size.
@@ -358,7 +367,8 @@ class _Ranges(TorchFunctionMode):
                 found = [a.detach() for a in _tensors(func, args, kwargs)[:2]
                          if a.is_floating_point() and a.numel()]
                 if found:
-                    self.ranges.append(torch.stack([_spread(a) for a in found]).amax())
+                    sizes = torch.stack([_extents(a) for a in found]).amax(dim=0)
+                    self.ranges.extend(sizes.unbind())
             elif self.kind == "static" and func is torch.quantize_per_tensor:
                 x = (args[0] if args else kwargs["input"]).detach()
                 if x.is_floating_point() and x.numel():
@@ -384,9 +394,13 @@ def _tensors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[T
     return [a for a in (*args, *kwargs.values()) if isinstance(a, Tensor)]
 
 
-def _spread(a: Tensor) -> Tensor:
+def _extents(a: Tensor) -> Tensor:
+    """The sizes bf16's rounding error in a product with input ``a`` grows with, float32: the
+    largest absolute value (one value's error), the root mean square (the sum of many
+    values' errors) and the range (max − min)."""
     lo, hi = torch.aminmax(a)
-    return (hi - lo).float()
+    rms = torch.linalg.vector_norm(a.float()) / math.sqrt(a.numel())
+    return torch.stack([torch.maximum(hi, -lo).float(), rms, (hi - lo).float()])
 
 
 class _Float32Caches:
@@ -476,8 +490,8 @@ class PrecisionCheck:
         self._weights: list[tuple[Any, ...]] | None = None
         #: its plain Python attributes then (:func:`._int8.attributes_state`; int8 only)
         self._attrs: list[tuple[str, str, str]] | None = None
-        #: the largest input range of each recorded call (in call order) in the calibration:
-        #: int8's linear layers, bf16's products, a static int8 copy's quantisations
+        #: the largest of each recorded input size (:meth:`_recorded`, in call order) in the
+        #: calibration: int8's linear layers, bf16's products, a static int8 copy's quantisations
         self._ranges: list[float] = []
         self._rec: _Ranges | None = None
         #: the copies run in float32 from the next batch on: int8 found no layer to run (no
@@ -546,7 +560,7 @@ class PrecisionCheck:
         return out
 
     def _recorder(self) -> _Ranges:
-        """The recorder of this low precision's input ranges (:class:`_Ranges`): a static int8
+        """The recorder of this low precision's input sizes (:class:`_Ranges`): a static int8
         copy's quantisation inputs, or bf16's products."""
         kind = "static" if self.low == "int8" and self._static is not None else "bf16"
         if self._rec is None or self._rec.kind != kind:
@@ -564,24 +578,26 @@ class PrecisionCheck:
         return _both(torch.autocast(device_type=device.type, dtype=torch.bfloat16), rec)
 
     def _recorded(self) -> list[float]:
-        """The last low forward's input range of each recorded call (static int8: the largest
-        over its rows)."""
+        """The last low forward's input sizes of each recorded call, in call order (dynamic
+        int8: :func:`._int8.extents`; bf16: :func:`_extents`, three values a call; static int8:
+        the largest absolute value over its rows, one a call)."""
         if self.low == "int8" and self._static is None:
             return list(self._int8.ranges or [])
         return self._recorder().read()
 
     def _calibrated_ranges(self) -> None:
-        """Calibration: keep each recorded call's largest input range (the last low
-        forward's)."""
+        """Calibration: keep each recorded value's largest (the last low forward's)."""
         self._ranges = [max(a, b) for a, b in
                         zip_longest(self._ranges, self._recorded(), fillvalue=0.0)]
 
     def _widening(self, rows: int) -> float | Tensor:
         """How much wider the band is for the ``rows`` copies of the last low forward, whose
-        calls' input ranges may exceed the calibration's. Dynamic int8 (quantisation steps)
-        and bf16 (rounding grows with the values): the largest ratio of a call's range to its
-        calibrated one, at least 1 (inf for a call never calibrated). A static int8 copy,
-        whose quantisation ranges are fixed, per copy (row): the ratio of its largest value at
+        calls' input sizes may exceed the calibration's. Dynamic int8 (quantisation steps,
+        and the weight's rounding times the input) and bf16 (rounding grows with the values):
+        the largest ratio of a recorded value (:meth:`_recorded`: a call's largest absolute
+        input, root mean square and range) to its calibrated one, at least 1 (inf for a call
+        never calibrated). A static int8 copy, whose quantisation ranges are fixed, per copy
+        (row): the ratio of its largest value at
         each hand-over to int8 to the calibrated one, and inf beyond :data:`STATIC_CLAMP`
         times it (clamped far past anything the calibration saw: an error of any size)."""
         if self.low == "int8" and self._static is not None:
@@ -734,7 +750,7 @@ class PrecisionCheck:
         """The ``n`` copies ``rows`` (None: all) with the calibrated bound: low precision
         (``piece`` copies per forward; None: all), those inside the band again in float32, in
         as few forwards of at most ``piece`` copies as they fill. Each piece's band is widened
-        for its own int8 input ranges."""
+        for its own recorded input sizes."""
         if piece is None or piece >= n:
             parts: list[Tensor | None] = [rows]
         else:

@@ -158,7 +158,7 @@ def within_variance(
 def accumulate(
     st: State, vals: Tensor, src: Tensor, tok: Tensor, valid: Tensor, *, group: int,
     per_cell: int | None, positions: str | None, num_tokens: int | None = None,
-    real: Tensor | None = None,
+    real: Tensor | None = None, rounds: int = 1,
 ) -> None:
     """Add one batch's copies to ``st``. ``group``: copies per unit (:func:`units`);
     ``per_cell``: units per real cell when every real token was evaluated equally often
@@ -167,7 +167,10 @@ def accumulate(
     that many of every example's real tokens (a copy then stands for K_b / min(k, K_b) of
     its example's tokens in the profile); None: every real token. ``real``: the example's real
     tokens, of which ``valid`` (those perturbed) may leave some out, for the right-aligned
-    profile (None: ``valid``)."""
+    profile (None: ``valid``). ``rounds``: the rounds of draws the batch ran (adaptive
+    stopping); its copies weigh 1/``rounds`` in the profile, so that a batch that ran more
+    rounds — which depends on its flips — does not weigh more (its examples' flips near 1/2
+    had pulled the profile 10–23% up)."""
     b = valid.shape[0]
     u, usrc, utok = units(vals, src, tok, group)
     cnt = _counts(usrc, b, u)
@@ -182,6 +185,9 @@ def accumulate(
         if num_tokens is not None:
             k = valid.to(src.device).sum(1).double()
             weight = (k / k.clamp(max=num_tokens).clamp(min=1))[src].to(vals.device)
+        if rounds > 1:
+            weight = (torch.full_like(vals, 1.0 / rounds, dtype=torch.float64) if weight is None
+                      else weight / rounds)
         _accumulate_positions(st, vals.double(), src, tok, valid if real is None else real,
                               positions, weight)
 
@@ -267,7 +273,9 @@ def result(
     se = se_data if estimand == "data" else se_subset
     lo, hi = est - 1.96 * se, est + 1.96 * se
     if bounded:
-        lo, hi = max(lo, 0.0), min(hi, 1.0)
+        # clipped to [0, 1]; an estimate outside it (a control variate's can fall below 0)
+        # leaves the interval at that end's bound, never inverted
+        lo, hi = min(max(lo, 0.0), 1.0), max(min(hi, 1.0), 0.0)
     p = len(st.pos_sum)
     positions = torch.arange(-p, 0) if align == "right" else torch.arange(p)
     per_pos = st.pos_sum / st.pos_cnt.clamp(min=1)

@@ -812,7 +812,7 @@ class TokenSensitivity:
             valid, real, src = valid[mine], real[mine], remap[src]
         forward = b * (2 if self.control_variate else 1) + len(src)
         checked = (0, 0) if check is None else check.take_counts()
-        self._add(vals, src, tok, valid, self._per_cell(rounds), forward, checked, real)
+        self._add(vals, src, tok, valid, self._per_cell(rounds), forward, checked, real, rounds)
 
     def _allocated(self, runner: ChunkRunner, control: LinearControl, valid: Tensor,
                    stream: NoiseStream, extent: Tensor | None,
@@ -849,6 +849,14 @@ class TokenSensitivity:
             return runner.run(src, tok, torch.ones_like(src, dtype=torch.bool), extent)
 
         plan.run(evaluate, self.target_stderr, cap - b, ROUNDS_AT_ZERO)
+        pairs = int((plan.cnt >= 2).sum())
+        if self.target_stderr is None and not plan.full and pairs < _alloc.MIN_PAIRS:
+            warnings.warn(
+                f"allocation='uniform' on a batch of {b} examples drew {pairs} tokens twice, "
+                f"fewer than {_alloc.MIN_PAIRS}: the batch's standard error rests on them (with "
+                "few, it is often far too small, even 0 with flips seen). Pass target_stderr= "
+                "(rounds until enough pairs), or measure more examples per update, or use "
+                "repeats= without allocation", RuntimeWarning, stacklevel=_trim._user_level())
         self._add_tokens(*plan.values(), valid, b + plan.copies, check, real)
 
     def _add_tokens(self, y: Tensor, var: Tensor, valid: Tensor, forward: int,
@@ -939,6 +947,7 @@ class TokenSensitivity:
     def _add(
         self, vals: Tensor, src: Tensor, tok: Tensor, valid: Tensor, per_cell: int | None,
         forward: int, checked: tuple[int, int] = (0, 0), real: Tensor | None = None,
+        rounds: int = 1,
     ) -> None:
         """Add one batch's copies to the state (:mod:`.compare` defers this until every model
         has measured the batch); ``checked``: copies run in checked bf16 and their float32
@@ -947,6 +956,7 @@ class TokenSensitivity:
             self.state, vals, src, tok, valid, group=self.group, per_cell=per_cell,
             positions=None if self.mode == "whole" else self.align,
             num_tokens=self.num_tokens if self.mode == "token" else None, real=real,
+            rounds=rounds,
         )
         self.state.forward += forward
         self.state.checked += checked[0]
@@ -984,10 +994,17 @@ class TokenSensitivity:
         u, usrc, utok = _units(vals, src, tok, self.group)
         within = _within_variance(u, usrc, utok, valid, self._per_cell(rounds)).sum().item()
         se = math.sqrt(max(within, 0.0)) / b if math.isfinite(within) else math.inf
-        # a standard error estimated from a handful of flips is too noisy to stop on
+        # a standard error estimated from a handful of flips is too noisy to stop on, and one
+        # of no flip at all ends the rounds only once the rule of three allows it
         events = vals if control is None else vals - control.q[src, tok].to(vals)
+        flips = int((events != 0).sum())
+        if flips == 0 and se <= self.target_stderr:
+            counts = torch.zeros(valid.shape, dtype=torch.float64, device=usrc.device)
+            counts.index_put_((usrc, utok), torch.ones_like(usrc, dtype=torch.float64),
+                              accumulate=True)
+            return rounds < ROUNDS_AT_ZERO or _alloc.zero_bound(counts, valid) > self.target_stderr
         return se > self.target_stderr or (se == 0.0 and rounds < ROUNDS_AT_ZERO) \
-            or not _alloc.enough_flips(int((events != 0).sum()))
+            or not _alloc.enough_flips(flips)
 
     def _plan(self, valid: Tensor, stream: NoiseStream) -> tuple[Tensor, Tensor]:
         """Which example (src) and token (tok) each perturbed copy has, sample-major."""

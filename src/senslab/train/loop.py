@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from .._sigint import SigintWatch
 from ..data import ArrayDataset, create_dataset
-from ..models import create_model, model_config
+from ..models import create_model, list_models, model_config
 from ._provenance import check_reused, write_env
 from .config import LOGGING_ONLY, RunConfig, config_differences, defaults_of, validate
 from .progress import Progress
@@ -51,9 +51,10 @@ from .track import Tracker
 # The step pieces (forward, loss, decision rule, evaluation) live in :mod:`.steps`, shared with
 # the tracker; they stay importable from here.
 __all__ = [
-    "TrainingInterrupted", "build_model", "build_optimizer", "build_scheduler", "correct",
-    "distributed", "epoch_order", "evaluate", "fit", "forward", "load_data", "loss_function",
-    "output_rule", "rank_device", "resolve_device", "to_device", "weight_norm",
+    "TrainingInterrupted", "build_model", "build_optimizer", "build_scheduler",
+    "check_model_fits_data", "correct", "distributed", "epoch_order", "evaluate", "fit",
+    "forward", "load_data", "loss_function", "output_rule", "rank_device", "resolve_device",
+    "to_device", "weight_norm",
 ]
 
 # -- building blocks ---------------------------------------------------------------------------
@@ -125,8 +126,90 @@ def _data_fields(data: ArrayDataset) -> dict[str, Any]:
     return out
 
 
+# -- which models take which data ---------------------------------------------------------------
+
+#: the input kinds a model or dataset is told apart by (a model's by the base class of its config,
+#: a dataset's by its loader's keywords) → (a model of the kind, what a set of it holds, a set of
+#: it); anything else (the Boolean, synthetic and attention tasks, a model or loader registered
+#: elsewhere) has no kind and is not checked
+_KINDS = {"image": ("an image model", "images", "an image set"),
+          "text": ("a text model", "text", "a text set")}
+
+
+def model_kind(name: str) -> str | None:
+    """``"image"`` or ``"text"`` for registered model ``name`` (by its config's class: the image
+    classifiers' ``ImageConfig``, the text models' ``TextConfig``), else None — also for a name
+    not registered (its own error comes later, where it is built)."""
+    from ..models.text import TextConfig
+    from ..models.vision import ImageConfig
+
+    try:
+        config = model_config(name)
+    except Exception:  # unknown, or a factory that cannot build with its defaults: not ours
+        return None
+    if isinstance(config, ImageConfig):
+        return "image"
+    if isinstance(config, TextConfig):
+        return "text"
+    return None
+
+
+def data_kind(name: str) -> str | None:
+    """``"image"`` or ``"text"`` for registered dataset ``name`` (by its loader's keywords: the
+    text sets take a ``tokenizer``, the image sets a ``normalize`` mode), else None."""
+    import inspect
+
+    from ..data._registry import DATASETS
+
+    try:
+        keywords = inspect.signature(DATASETS.get(name)).parameters
+    except (KeyError, TypeError, ValueError):
+        return None
+    if "tokenizer" in keywords:
+        return "text"
+    if "normalize" in keywords:
+        return "image"
+    return None
+
+
+def _inputs_kind(data: ArrayDataset) -> str | None:
+    """``"image"`` or ``"text"`` for what a loaded dataset holds (a (N, C, H, W) tensor, or a
+    dict with ``input_ids``), else None."""
+    x = data.inputs
+    if isinstance(x, Tensor) and x.dim() == 4:
+        return "image"
+    if isinstance(x, dict) and "input_ids" in x:
+        return "text"
+    return None
+
+
+def _mismatch(model: str, kind: str, data: str, held: str) -> str:
+    """The one-line error for model ``model`` (of ``kind``) on data ``data`` holding ``held``:
+    the registered sets of the model's kind and the registered models of the data's."""
+    from ..data import list_datasets
+
+    sets = ", ".join(n for n in list_datasets() if data_kind(n) == kind)
+    models = ", ".join(n for n in list_models() if model_kind(n) == held)
+    return (f"{model} is {_KINDS[kind][0]} and {data} holds {_KINDS[held][1]}: use "
+            f"{_KINDS[kind][2]} ({sets}) or {_KINDS[held][0]} ({models})")
+
+
+def check_model_fits_data(cfg: RunConfig) -> None:
+    """Refuse, before anything is loaded or written, an image model on a text set or a text
+    model on an image set (``cfg.model.name`` and ``cfg.data.name`` as registered): a ValueError
+    naming both and what would fit. Other pairs (the synthetic tasks' models and data) pass."""
+    model, data = model_kind(cfg.model.name), data_kind(cfg.data.name)
+    if model is not None and data is not None and model != data:
+        raise ValueError(_mismatch(cfg.model.name, model, cfg.data.name, data))
+
+
 def build_model(cfg: RunConfig, data: ArrayDataset) -> nn.Module:
-    """``create_model`` with data-determined fields filled in unless overridden, seeded."""
+    """``create_model`` with data-determined fields filled in unless overridden, seeded. An image
+    model given text (or a text model given images) is a ValueError naming the mismatch."""
+    model, held = model_kind(cfg.model.name), _inputs_kind(data)
+    if model is not None and held is not None and model != held:
+        raise ValueError(_mismatch(cfg.model.name, model, getattr(data, "name", None)
+                                   or cfg.data.name, held))
     defaults = model_config(cfg.model.name)  # which config fields does this model have?
     names = {f.name for f in dataclasses.fields(defaults)} if defaults is not None else set()
     auto = {k: v for k, v in _data_fields(data).items() if k in names}
@@ -215,6 +298,7 @@ def fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None = None) -> di
     import torch.distributed as dist
 
     validate(cfg)
+    check_model_fits_data(cfg)  # an image model on text (or back): before anything is written
     check_reporters(cfg.track.report_to)  # a missing package, before anything is written
     # the run's own copy, label resolved and the data folder found (config.json holds them
     # filled in, so a resume on another copy of the data is refused); the caller's is kept
