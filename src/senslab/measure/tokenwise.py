@@ -315,23 +315,23 @@ def _refuse_batch_statistics(model: nn.Module, eval_mode: bool = False) -> None:
     norms = [name or type(model).__name__ for name, m in model.named_modules()
              if isinstance(m, nn.modules.batchnorm._BatchNorm)
              and ((m.training and not eval_mode) or m.running_mean is None)]
-    if norms and eval_mode:
-        shown = ", ".join(norms[:3]) + (f" and {len(norms) - 3} more" if len(norms) > 3 else "")
+    if not norms:
+        return
+    shown = ", ".join(norms[:3]) + (f" and {len(norms) - 3} more" if len(norms) > 3 else "")
+    why = ("each perturbed copy would be normalised with the copies that share its chunk, so "
+           "its flips, and the number, would depend on chunk_size")
+    if eval_mode:
         raise ValueError(
             f"BatchNorm layers without running statistics ({shown}: track_running_stats="
-            "False) normalise each forward by its own batch, in eval mode too: each perturbed "
-            "copy would be normalised with the copies that share its chunk, so its flips, and "
-            "the number, would depend on chunk_size. Give them running statistics (estimated "
-            "on training data), or measure a model without them")
-    if norms:
-        shown = ", ".join(norms[:3]) + (f" and {len(norms) - 3} more" if len(norms) > 3 else "")
-        raise ValueError(
-            f"eval_mode=False with BatchNorm layers that normalise by batch statistics ({shown}: "
-            "train mode, or no running statistics): each perturbed copy would be normalised with "
-            "the copies that share its chunk, so its flips, and the number, would depend on "
-            "chunk_size. Measure with eval_mode=True (the default: eval() for the measurement, "
-            "the model's mode restored after it), or put the BatchNorm layers in eval() and keep "
-            "the rest of the model's mode")
+            f"False) normalise each forward by its own batch, in eval mode too: {why}. Give "
+            "them running statistics (estimated on training data), or measure a model without "
+            "them")
+    raise ValueError(
+        f"eval_mode=False with BatchNorm layers that normalise by batch statistics ({shown}: "
+        f"train mode, or no running statistics): {why}. Measure with eval_mode=True (the "
+        "default: eval() for the measurement, the model's mode restored after it), or put the "
+        "BatchNorm layers in eval() and keep the rest of the model's mode")
+
 
 class TokenSensitivity:
     """Accumulating token-wise sensitivity (torchmetrics-style ``update``/``compute``/``reset``).
