@@ -559,7 +559,8 @@ def copies_per_example(n: int) -> Iterator[Tensor]:
     a forward at its example's real length (1 for a whole copy; for a copy resumed from its
     clean prefix, prefix reuse, the share of the real tokens it recomputes, (k - t) / k for
     token t of k). The control's gradient pass, whose noise requires a gradient, and the
-    noiseless checks of the copies' code path are not copies. Instrumentation only: an
+    checks of the copies' code path (noiseless, and the few noisy copies that check reuse
+    against full forwards) are not copies. Instrumentation only: an
     allocation's draws favour some examples, and prefix reuse recomputes suffixes, so FLOPs are
     counted where the copies went, not as if every copy were a whole forward of mean length."""
     from senslab.tokens.embedding import _BoundEmbedding
@@ -569,7 +570,8 @@ def copies_per_example(n: int) -> Iterator[Tensor]:
 
     def tallied(bound: Any, src: Tensor, tok: Tensor | None, noise: Tensor,
                 **kw: Any) -> Tensor:
-        if tok is not None and not noise.requires_grad and bool(noise.any()):
+        if tok is not None and not noise.requires_grad and bool(noise.any()) \
+                and not getattr(bound, "verifying", False):
             s = src.cpu()
             tally[0].add_(torch.bincount(s, minlength=n).double()[:n])
             share = torch.ones(len(s), dtype=torch.float64)

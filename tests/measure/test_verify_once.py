@@ -140,3 +140,114 @@ def test_measuring_between_a_loss_and_its_backward_leaves_the_graph_usable():
     TokenSensitivity(model, Sequence(), sigma=1.0, eval_mode=False, generator=0).update(x)
     loss.backward()
     assert model.lin.weight.grad is not None and model.scale._version == 0
+
+
+# -- a user's own reuse path is checked with noise, not only at zero noise (audit user52, §2)
+
+
+def _own_reuse_models():
+    """A user's subclasses of the zoo's LSTM (prefix reuse) and CNN (local reuse) with the zoo's
+    weights: correct at zero noise, wrong on every noisy copy."""
+    from senslab.models import create_model
+    from senslab.models.text import LSTMClassifier
+    from senslab.models.vision import CNN
+
+    class ForgetsNoise(LSTMClassifier):
+        def forward_suffix(self, cache, src, tok, noise):
+            return super().forward_suffix(cache, src, tok, torch.zeros_like(noise))  # bug
+
+    class HalvesNoise(CNN):
+        def forward_local(self, cache, rows, top, left, patch):
+            x, p = cache["maps"][0], patch.shape[-1]
+            clean = torch.stack([x[r, :, t:t + p, c:c + p] for r, t, c in
+                                 zip(rows.tolist(), top.tolist(), left.tolist(), strict=True)])
+            return super().forward_local(cache, rows, top, left, clean + 0.5 * (patch - clean))
+
+    lstm = create_model("lstm", vocab_size=64, dim=32, layers=2, max_len=16).eval()
+    cnn = create_model("cnn", image_size=8, num_classes=3, channels=(4, 8), hidden=16).eval()
+    out = []
+    for base, cls in ((lstm, ForgetsNoise), (cnn, HalvesNoise)):
+        own = cls(base.config)
+        own.load_state_dict(base.state_dict())
+        out.append((base, own.eval()))
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(5, 64, (4, 10), generator=g)
+    mask = torch.ones(4, 10, dtype=torch.long)
+    mask[1, 6:] = 0
+    text = {"input_ids": ids, "attention_mask": mask}
+    images = torch.randn(3, 1, 8, 8, generator=g)
+    return out, text, images
+
+
+def test_a_forward_suffix_that_drops_the_noise_is_refused():
+    """Right at zero noise, so the zero-noise copies agree with the clean forward; the noisy
+    copies of the first example disagree with full forwards: refused, naming the method and the
+    way out. The zoo's LSTM (same weights) and full forwards measure as before."""
+    from senslab import token_sensitivity
+    from senslab.tokens import Embedding
+
+    [(base, own), _], text, _ = _own_reuse_models()
+    opts = {"sigma": 3.0, "repeats": 2, "precision": "float32", "compare": "l2", "generator": 0}
+    with pytest.raises(RuntimeError, match=r"ForgetsNoise's prefix_cache/forward_suffix "
+                                           r"disagrees with its forward on a noisy copy(?s:.*)"
+                                           r"reuse_prefix=False"):
+        token_sensitivity(own, text, **opts)
+    full = token_sensitivity(own, text, Embedding("embed_ln", reuse_prefix=False), **opts)
+    reused = token_sensitivity(base, text, **opts)
+    assert full.estimate > 0 and reused.estimate == pytest.approx(full.estimate, rel=1e-4)
+
+
+def test_a_forward_local_that_halves_the_noise_is_refused():
+    from senslab import token_sensitivity
+    from senslab.tokens import Patches
+
+    [_, (base, own)], _, images = _own_reuse_models()
+    opts = {"sigma": 1.0, "repeats": 2, "precision": "float32", "generator": 0}
+    with pytest.raises(RuntimeError, match=r"HalvesNoise's local_cache/forward_local disagrees "
+                                           r"with its forward on a noisy copy(?s:.*)"
+                                           r"reuse_local=False"):
+        token_sensitivity(own, images, Patches(4), **opts)
+    full = token_sensitivity(own, images, Patches(4, reuse_local=False), **opts)
+    reused = token_sensitivity(base, images, Patches(4), **opts)
+    assert torch.equal(full.per_sample, reused.per_sample)
+
+
+def test_the_noisy_check_costs_two_forwards_and_leaves_the_seeded_numbers_alone(monkeypatch):
+    """With reuse on, the noisy copies take two forwards (their reuse path and their full
+    forward) on the first batch of a shape, none later; their noise has a generator of its own,
+    so a seed gives exactly the numbers it gives without the check, and the global RNG is not
+    drawn from."""
+    from senslab.measure import _runner
+
+    [(lstm, _), _], text, _ = _own_reuse_models()
+    calls = {"forward": 0, "suffix": 0}
+    forward, suffix = lstm.forward, lstm.forward_suffix
+
+    def counted(name, fn):
+        def run(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(lstm, "forward", counted("forward", forward))
+    monkeypatch.setattr(lstm, "forward_suffix", counted("suffix", suffix))
+
+    def measure(**kw):
+        metric = TokenSensitivity(lstm, sigma=3.0, repeats=2, precision="float32",
+                                  compare="l2", chunk_size=64, generator=5, **kw)
+        metric.update(text)
+        before = dict(calls)
+        metric.update(text)  # the same shape: verified already
+        later = {k: calls[k] - before[k] for k in calls}
+        return metric.compute().per_sample, before, later
+
+    rng = torch.get_rng_state()
+    calls.update(forward=0, suffix=0)
+    checked, first, later = measure()
+    assert torch.equal(torch.get_rng_state(), rng)
+    monkeypatch.setattr(_runner, "_verify_noisy", lambda *a: None, raising=False)
+    calls.update(forward=0, suffix=0)
+    unchecked, bare, _ = measure()
+    assert torch.equal(checked, unchecked)
+    assert first["forward"] - bare["forward"] == 1 and first["suffix"] - bare["suffix"] == 1
+    assert later["forward"] == 1  # the clean forward only

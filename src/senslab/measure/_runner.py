@@ -10,6 +10,7 @@ from torch import Tensor
 
 from .._sigint import SigintWatch
 from ..tokens.base import BoundTokens, last_real
+from ..tokens.embedding import _BoundEmbedding
 from . import _chunks, _trim
 from ._noise import NoiseStream
 from ._precision import PrecisionCheck
@@ -27,6 +28,11 @@ def _check_finite(out: Tensor, what: str) -> None:
 
 #: examples whose zero-noise copies are compared with their clean outputs, per batch
 VERIFY_ROWS = 2
+#: noisy copies of example 0 evaluated both through a model's own reuse path and by full
+#: forwards, per input shape (:func:`verify_copies`): one forward per path for all of them
+VERIFY_NOISY = 3
+#: seed of the noisy copies' own generator: the measurement's noise stream is never drawn from
+VERIFY_SEED = 20240527
 #: a calibrated checked precision gathers at most this many chunks per call (ChunkRunner._gather)
 GATHER_MAX = 8
 
@@ -94,9 +100,12 @@ def verify_copies(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor
     sampling that ``eval()`` does not switch off); runs that agree with each other but not with
     the clean forward mean the copies' path computes something else (an example's output that
     depends on its batch, or ``prefix_cache``/``forward_suffix``/``forward_local`` that disagree
-    with ``forward``). Either way every flip count would be wrong, so it is an error. These
-    copies are not counted in ``num_forward``. The metric calls it on the first batch of each
-    input shape (the path of the copies depends on the shape, not on the values).
+    with ``forward``). Either way every flip count would be wrong, so it is an error. With the
+    model's own prefix or local reuse on, :data:`VERIFY_NOISY` noisy copies are then evaluated
+    through it and by full forwards too (:func:`_verify_noisy`): a reuse path that mishandles
+    the noise agrees with zero noise. These copies are not counted in ``num_forward``. The
+    metric calls it on the first batch of each input shape (the path of the copies depends on
+    the shape, not on the values).
     """
     rows = min(VERIFY_ROWS, len(clean))
     rtol = _tolerance(clean, low_precision)
@@ -143,6 +152,76 @@ def verify_copies(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor
             "batch (batch statistics: BatchNorm in train mode), or the model's prefix_cache/"
             "forward_suffix or local_cache/forward_local disagree with its forward — pass "
             "Embedding(..., reuse_prefix=False) or Patches(p, reuse_local=False) to tell"
+        )
+    if not whole:  # whole-input copies never take a reuse path
+        _verify_noisy(bound, clean, extent, rtol, floor)
+
+
+def _verify_noisy(bound: BoundTokens, clean: Tensor, extent: Tensor | None, rtol: float,
+                  floor: float) -> None:
+    """With the model's own reuse on (prefix or local), evaluate noisy copies of example 0 both
+    through it and by full forwards, and refuse a disagreement beyond float rounding: a
+    ``forward_suffix``/``forward_local`` that is right with zero noise but drops or rescales the
+    noise passes the zero-noise check.
+
+    The copies perturb the example's first, middle and last real token (:data:`VERIFY_NOISY`
+    copies at most: prefix reuse recomputes the longest suffix from the first, the last moves a
+    causal model's output most; local reuse sees a corner and an interior window), each by
+    Gaussian noise of the size of the example's own token vectors, drawn from a generator of
+    its own (:data:`VERIFY_SEED`, on the CPU): the measurement's stream, and so every number a
+    seed gives, is untouched. They take one forward per path (two in all, on the first batch of
+    each input shape). Skipped without reuse (and for whole-input noise, which never takes it)
+    and for outputs that are class labels (a noisy copy may sit on a decision boundary that
+    rounding crosses)."""
+    if not getattr(bound, "reuse", False) or not clean.is_floating_point():
+        return
+    prefix = isinstance(bound, _BoundEmbedding)
+    method = "prefix_cache/forward_suffix" if prefix else "local_cache/forward_local"
+    option = "Embedding(..., reuse_prefix=False)" if prefix else "Patches(p, reuse_local=False)"
+    real = bound.valid[0].nonzero().flatten()
+    if not len(real):
+        return
+    tok = torch.unique(real[torch.tensor([0, len(real) // 2, len(real) - 1],
+                                         device=real.device)])[:VERIFY_NOISY]
+    src = torch.zeros(len(tok), dtype=torch.long, device=real.device)
+    own = bound.tokens(src[:1].expand(len(real)), real).float()
+    size = float(own.pow(2).mean().sqrt())
+    if not 0 < size < float("inf"):
+        size = 1.0
+    gen = torch.Generator().manual_seed(VERIFY_SEED)
+    noise = (torch.randn(len(tok), bound.dim, generator=gen) * size).to(clean.device)
+    cut = {} if extent is None else {"width": int(extent[0])}
+    bound.verifying = True  # type: ignore[attr-defined]  # copies of a check, not measured
+    try:
+        reused = bound.forward_perturbed(src, tok, noise, **cut)
+        bound.reuse = False  # type: ignore[attr-defined]
+        try:
+            full = bound.forward_perturbed(src, tok, noise, **cut)
+        finally:
+            bound.reuse = True  # type: ignore[attr-defined]
+    finally:
+        bound.verifying = False  # type: ignore[attr-defined]
+    if reused.shape[1:] != clean.shape[1:] or full.shape != reused.shape:
+        return  # reported with the copies' own shape check
+    a, b = full.float().reshape(len(tok), -1), reused.float().reshape(len(tok), -1)
+    finite = torch.isfinite(a)
+    scale = max(float(a[finite].abs().max()) if finite.any() else 0.0,
+                float(clean[0].float().abs().max()), floor)
+    diff = (a - b).abs()
+    bad = (diff > rtol * scale) | (finite != torch.isfinite(b))
+    if bool(bad.any()):
+        over = torch.where(bad, diff.nan_to_num(float("inf")), torch.zeros_like(diff))
+        k = int(over.amax(dim=1).argmax())
+        worst = float(over[k].max())
+        model = type(getattr(bound, "model", None)).__name__
+        raise RuntimeError(
+            f"{model}'s {method} disagrees with its forward on a noisy copy (example 0, token "
+            f"{int(tok[k])}, noise of norm {float(noise[k].norm()):.3g}): the outputs differ by "
+            f"up to {worst:.3g} (outputs of size up to {scale:.3g}; float rounding explains "
+            f"{rtol * scale:.3g}), although they agree with zero noise, so the reuse path "
+            "drops, rescales or misplaces the noise and every measured flip would be wrong. "
+            f"Repair {model}'s {method} (a copy perturbed at one token must give what the full "
+            f"forward gives), or measure with full forwards: pass {option} as the tokens"
         )
 
 
