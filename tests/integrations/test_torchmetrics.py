@@ -253,6 +253,8 @@ def test_a_module_cast_to_bf16_leaves_the_states_in_float64():
     moves them."""
     holder = nn.Module()
     holder.metric = TokenSensitivityMetric(Patches(4), sigma=1.0)
+    # its own set_dtype still applies: a rank that measured nothing syncs float64 empties
+    assert holder.metric.dtype == torch.float64
     holder.to(torch.bfloat16)
     metric = holder.metric
     assert metric.n.dtype == torch.float64 and metric.s1.dtype == torch.float64

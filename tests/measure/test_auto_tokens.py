@@ -606,6 +606,10 @@ def test_one_output_without_a_problem_type_is_read_only_when_told_how():
 
     model.config.problem_type = "single_label_classification"  # declared: a binary logit
     check_head(model, "class", None)
+    # only sequence classifiers: a language model with num_labels=1 keeps its vocabulary logits
+    lm = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=60, n_embd=16, n_layer=1, n_head=2, n_positions=16, num_labels=1))
+    check_head(lm, "class", None)
 
 
 def test_a_dict_output_without_logits_is_not_pointed_at_its_first_key():

@@ -276,6 +276,9 @@ class TokenSensitivityMetric(Metric):
         the float64 counts and sums into bf16, which counts exactly only up to 256 (8,000
         examples were counted as 8,896, without a word)."""
 
+        if getattr(self, "_dtype_convert", False):  # torchmetrics' own set_dtype (float64)
+            return super()._apply(fn, *args, **kwargs)
+
         def same_dtype(t: Tensor) -> Tensor:
             moved = fn(t)
             return moved if moved.dtype == t.dtype else t.to(moved.device)

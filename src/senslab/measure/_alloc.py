@@ -356,7 +356,7 @@ def linear_rounds(x: Tensor, valid: Tensor, budget: float, gen: torch.Generator,
         counts.index_add_(0, cell, torch.ones_like(cell, dtype=torch.float64))
         if se <= target and (se > 0.0 or len(ys) >= rounds_at_zero) and \
                 enough_flips(events, min(ALLOC_MIN_FLIPS, MIN_FLIPS * b)) and \
-                (events > 0 or zero_bound(counts.view(b, t) / per_unit, valid) <= target):
+                (events > 0 or zero_bound(counts.view(b, t), valid) <= target):
             break
         # the next round by the tangent recalibrated on every flip so far, of the size it
         # predicts for the target

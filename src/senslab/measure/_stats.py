@@ -50,7 +50,8 @@ class SensitivityResult:
     ``per_sample`` holds one rate per example (in input order); ``per_position`` the mean per
     token position, at positions ``positions`` (right-aligned: −1 is the last real token), with
     ``position_counts`` perturbed copies behind each (with ``num_tokens`` each weighted by its
-    example's real tokens over those drawn; with an allocation, tokens). ``num_forward`` counts
+    example's real tokens over those drawn; with ``target_stderr`` each weighted by 1/(its
+    batch's rounds); with an allocation, tokens). ``num_forward`` counts
     model evaluations of single examples, clean ones included; with checked bf16
     (``precision``) every copy counts once there and ``num_forward_fp32`` counts its float32
     re-evaluations, a share

@@ -119,7 +119,10 @@ def check_head(model: Any, compare: str, kind: str | None, output: Any = None) -
             "'l2', or say where its decision lies with output_kind='scores', threshold=t"
         )
     labels = getattr(getattr(model, "config", None), "num_labels", None)
-    if problem is None and labels == 1 and hasattr(model, "can_generate"):
+    # Hugging Face's sequence classifiers train one output without a problem_type as a
+    # regression (other heads, a language model's say, keep their own outputs)
+    if problem is None and labels == 1 \
+            and type(model).__name__.endswith("ForSequenceClassification"):
         raise ValueError(
             f"{type(model).__name__} has one output (config.num_labels=1) and no "
             "config.problem_type, which Hugging Face reads as a regression head (its loss is "

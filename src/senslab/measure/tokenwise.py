@@ -850,13 +850,15 @@ class TokenSensitivity:
 
         plan.run(evaluate, self.target_stderr, cap - b, ROUNDS_AT_ZERO)
         pairs = int((plan.cnt >= 2).sum())
-        if self.target_stderr is None and not plan.full and pairs < _alloc.MIN_PAIRS:
+        if self.target_stderr is None and self.estimand == "subset" and not plan.full \
+                and pairs < _alloc.MIN_PAIRS:
+            # one text for every batch, so that the warning filter shows it once
             warnings.warn(
-                f"allocation='uniform' on a batch of {b} examples drew {pairs} tokens twice, "
-                f"fewer than {_alloc.MIN_PAIRS}: the batch's standard error rests on them (with "
-                "few, it is often far too small, even 0 with flips seen). Pass target_stderr= "
-                "(rounds until enough pairs), or measure more examples per update, or use "
-                "repeats= without allocation", RuntimeWarning, stacklevel=_trim._user_level())
+                f"allocation='uniform' drew fewer than {_alloc.MIN_PAIRS} tokens of a batch "
+                "twice: its (subset) standard error rests on them, and with few it is often far "
+                "too small, even 0 with flips seen. Pass target_stderr= (rounds until enough "
+                "pairs), measure more examples per update, or use repeats= without allocation",
+                RuntimeWarning, stacklevel=_trim._user_level())
         self._add_tokens(*plan.values(), valid, b + plan.copies, check, real)
 
     def _add_tokens(self, y: Tensor, var: Tensor, valid: Tensor, forward: int,
@@ -998,9 +1000,9 @@ class TokenSensitivity:
         # of no flip at all ends the rounds only once the rule of three allows it
         events = vals if control is None else vals - control.q[src, tok].to(vals)
         flips = int((events != 0).sum())
-        if flips == 0 and se <= self.target_stderr:
-            counts = torch.zeros(valid.shape, dtype=torch.float64, device=usrc.device)
-            counts.index_put_((usrc, utok), torch.ones_like(usrc, dtype=torch.float64),
+        if flips == 0 and se <= self.target_stderr:  # draws per token: copies, not units
+            counts = torch.zeros(valid.shape, dtype=torch.float64, device=src.device)
+            counts.index_put_((src, tok), torch.ones_like(src, dtype=torch.float64),
                               accumulate=True)
             return rounds < ROUNDS_AT_ZERO or _alloc.zero_bound(counts, valid) > self.target_stderr
         return se > self.target_stderr or (se == 0.0 and rounds < ROUNDS_AT_ZERO) \
