@@ -127,6 +127,7 @@ DEFAULT_MODEL, DEFAULT_DATA = "mlp", "digits"
 
 
 def _config(args: argparse.Namespace) -> Any:
+    from .data._registry import takes
     from .train.config import RunConfig, apply_overrides
 
     model, data = args.model or DEFAULT_MODEL, args.data or DEFAULT_DATA
@@ -137,7 +138,7 @@ def _config(args: argparse.Namespace) -> Any:
     cfg = apply_overrides(cfg, args.set or [])
     chosen = {item.split("=", 1)[0].strip() for item in args.set or []}
     if ("data.test_split" not in chosen and cfg.data.test_split == "test"
-            and _takes(cfg.data.name, "tokenizer")):
+            and takes(cfg.data.name, "tokenizer")):
         cfg.data.test_split = "validation"  # the text sets' held-out split (no labelled test)
     return cfg
 
@@ -408,22 +409,11 @@ def _cut_words(data: Any) -> str:
 _TEXT_DEFAULT, _IMAGE_DEFAULT = "rotten_tomatoes", "digits"
 
 
-def _takes(dataset: str, option: str) -> bool:
-    """Whether the registered loader ``dataset`` has the keyword ``option``."""
-    import inspect
-
-    from .data._registry import DATASETS
-
-    try:
-        return option in inspect.signature(DATASETS.get(dataset)).parameters
-    except (KeyError, ValueError):
-        return False
-
-
 def _measure_pretrained(args: argparse.Namespace) -> int:
     """``senslab measure --hf NAME`` / ``--timm NAME``: a pretrained model on registered data."""
     import torch
 
+    from .data._registry import takes
     from .data.text import own_pair_layout
     from .models import pretrained
     from .tokens import auto_tokens
@@ -444,7 +434,7 @@ def _measure_pretrained(args: argparse.Namespace) -> int:
     cfg = _config(args)
     _check_measure_set(args.set or [], cfg, None)
     cfg.data.options.setdefault(*(("normalize", "none") if image else ("tokenizer", name)))
-    if not image and _takes(cfg.data.name, "pair_encoding"):  # pairs as the tokenizer encodes them
+    if not image and takes(cfg.data.name, "pair_encoding"):  # pairs as the tokenizer encodes them
         cfg.data.options.setdefault("pair_encoding", "tokenizer")
     validate(cfg)
     device = resolve_device(cfg.device)

@@ -18,3 +18,14 @@ def create_dataset(name: str, split: str = "train", **kwargs: Any) -> Any:
 
 def list_datasets(pattern: str = "*") -> list[str]:
     return DATASETS.names(pattern)
+
+
+def takes(name: str, option: str) -> bool:
+    """Whether the loader of registered dataset ``name`` has the keyword ``option`` (False for
+    a name not registered)."""
+    import inspect
+
+    try:
+        return option in inspect.signature(DATASETS.get(name)).parameters
+    except (KeyError, TypeError, ValueError):
+        return False

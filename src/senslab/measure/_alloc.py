@@ -122,10 +122,15 @@ MIN_FLIPS = 10
 ALLOC_MIN_FLIPS = 50
 
 
-def enough_flips(events: int, least: int | None = None) -> bool:
-    """Whether a standard error estimated from ``events`` nonzero values may stop the rounds
-    (``least``, default :data:`MIN_FLIPS`; zero is left to :func:`zero_bound`)."""
-    return events == 0 or events >= (MIN_FLIPS if least is None else least)
+def enough_flips(events: int, least: int | None = None, *, counts: Tensor | None = None,
+                 valid: Tensor | None = None, target: float = 0.0) -> bool:
+    """Whether a standard error estimated from ``events`` nonzero values may stop the rounds:
+    at least ``least`` (default :data:`MIN_FLIPS`) of them, or none at all once
+    :func:`zero_bound` of the draws per token ``counts`` (B, T) over the real tokens ``valid``
+    meets ``target`` (without ``counts``, none at all is left to the caller)."""
+    if events == 0:
+        return counts is None or valid is None or zero_bound(counts, valid) <= target
+    return events >= (MIN_FLIPS if least is None else least)
 
 
 def zero_bound(counts: Tensor, valid: Tensor) -> float:
@@ -355,8 +360,8 @@ def linear_rounds(x: Tensor, valid: Tensor, budget: float, gen: torch.Generator,
         hits.index_add_(0, cell, vals.double().to(hits.device))
         counts.index_add_(0, cell, torch.ones_like(cell, dtype=torch.float64))
         if se <= target and (se > 0.0 or len(ys) >= rounds_at_zero) and \
-                enough_flips(events, min(ALLOC_MIN_FLIPS, MIN_FLIPS * b)) and \
-                (events > 0 or zero_bound(counts.view(b, t), valid) <= target):
+                enough_flips(events, min(ALLOC_MIN_FLIPS, MIN_FLIPS * b),
+                             counts=counts.view(b, t), valid=valid, target=target):
             break
         # the next round by the tangent recalibrated on every flip so far, of the size it
         # predicts for the target
@@ -546,9 +551,10 @@ class Sampled:
             se = self.stderr()
             # short of two draws for every token, stop only on enough paired tokens
             trusted = self.full > 0 or int((self.cnt >= 2).sum()) >= MIN_PAIRS
-            if se <= target and trusted and enough_flips(self.events) \
-                    and (se > 0.0 or self.rounds + self.full >= rounds_at_zero) \
-                    and (self.events > 0 or zero_bound(self.cnt, self.valid) <= target):
+            if se <= target and trusted \
+                    and enough_flips(self.events, counts=self.cnt, valid=self.valid,
+                                     target=target) \
+                    and (se > 0.0 or self.rounds + self.full >= rounds_at_zero):
                 return
             # the next round goes straight to the share the variance so far predicts or, once
             # every token is in, to the draws per token it predicts (the variance falls as

@@ -1000,13 +1000,14 @@ class TokenSensitivity:
         # of no flip at all ends the rounds only once the rule of three allows it
         events = vals if control is None else vals - control.q[src, tok].to(vals)
         flips = int((events != 0).sum())
-        if flips == 0 and se <= self.target_stderr:  # draws per token: copies, not units
+        counts = None
+        if flips == 0:  # draws per token: copies, not units
             counts = torch.zeros(valid.shape, dtype=torch.float64, device=src.device)
             counts.index_put_((src, tok), torch.ones_like(src, dtype=torch.float64),
                               accumulate=True)
-            return rounds < ROUNDS_AT_ZERO or _alloc.zero_bound(counts, valid) > self.target_stderr
         return se > self.target_stderr or (se == 0.0 and rounds < ROUNDS_AT_ZERO) \
-            or not _alloc.enough_flips(flips)
+            or not _alloc.enough_flips(flips, counts=counts, valid=valid,
+                                       target=self.target_stderr)
 
     def _plan(self, valid: Tensor, stream: NoiseStream) -> tuple[Tensor, Tensor]:
         """Which example (src) and token (tok) each perturbed copy has, sample-major."""

@@ -157,17 +157,11 @@ def model_kind(name: str) -> str | None:
 def data_kind(name: str) -> str | None:
     """``"image"`` or ``"text"`` for registered dataset ``name`` (by its loader's keywords: the
     text sets take a ``tokenizer``, the image sets a ``normalize`` mode), else None."""
-    import inspect
+    from ..data._registry import takes
 
-    from ..data._registry import DATASETS
-
-    try:
-        keywords = inspect.signature(DATASETS.get(name)).parameters
-    except (KeyError, TypeError, ValueError):
-        return None
-    if "tokenizer" in keywords:
+    if takes(name, "tokenizer"):
         return "text"
-    if "normalize" in keywords:
+    if takes(name, "normalize"):
         return "image"
     return None
 
