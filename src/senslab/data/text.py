@@ -495,8 +495,11 @@ class TextTokenizer:
     """What encoding needs from a tokenizer: ids without specials, and the special ids."""
 
     encode_batch: Callable[[list[str]], list[list[int]]]
-    bos_id: int
-    eos_id: int
+    #: None for a Hugging Face tokenizer without one (T5's has no start token): its own
+    #: template encodes single sentences and pairs (``pair_encoding="tokenizer"``); only
+    #: senslab's pair layout needs both
+    bos_id: int | None
+    eos_id: int | None
     pad_id: int
     vocab_size: int
     special_ids: dict[str, int]
@@ -599,8 +602,10 @@ def pretrained_tokenizer(name: str) -> TextTokenizer:
     # own fine-tuning recipes do. Padding is on the right and the attention mask comes from the
     # lengths, so the real end token stays a real token (the mask, not the id, tells padding).
     pad = hf.pad_token_id if hf.pad_token_id is not None else eos
-    if None in (bos, eos, pad):
-        raise ValueError(f"tokenizer {name!r} lacks a start or end token")
+    if pad is None:
+        raise ValueError(f"tokenizer {name!r} has neither a padding nor an end token, so its "
+                         "batches cannot be padded; pass a tokenizer that has one (or a "
+                         "tokenizers .json file with <s>, </s> and <pad>)")
     return TextTokenizer(
         encode_batch=lambda texts: hf(list(texts), add_special_tokens=False)["input_ids"],
         bos_id=bos, eos_id=eos, pad_id=pad, vocab_size=len(hf), name=name,
@@ -624,6 +629,8 @@ def own_pair_layout(name: str) -> str | None:
     a, b = (hf("A", add_special_tokens=False)["input_ids"],
             hf("B", add_special_tokens=False)["input_ids"])
     own = hf("A", "B")
+    if tok.bos_id is None or tok.eos_id is None:  # senslab's layout cannot be built at all
+        return " ".join(hf.convert_ids_to_tokens(own["input_ids"]))
     ours = [tok.bos_id, *a, tok.eos_id, tok.eos_id, *b, tok.eos_id]
     types = own.get("token_type_ids") or []
     if list(own["input_ids"]) == ours and not any(types):
@@ -673,11 +680,16 @@ def encode(tokenizer: TextTokenizer, first: list[str], second: list[str] | None 
     if max_len < specials + (1 if second is None else 2):
         raise ValueError(f"max_len={max_len} leaves no room for text after {specials} special "
                          "tokens; use max_len ≥ 8 (128 is the paper's)")
+    bos, eos = tokenizer.bos_id, tokenizer.eos_id
+    if bos is None or eos is None:
+        raise ValueError(
+            f"tokenizer {tokenizer.name!r} has no {'start' if bos is None else 'end'} token, "
+            "which senslab's pair layout <s> A </s></s> B </s> needs; use "
+            "pair_encoding='tokenizer' (the tokenizer's own pair template)")
     a = tokenizer.encode_batch(first)
     b = tokenizer.encode_batch(second) if second is not None else None
     ids = np.full((len(a), max_len), tokenizer.pad_id, dtype=np.int64)
     length = np.zeros(len(a), dtype=np.int64)
-    bos, eos = tokenizer.bos_id, tokenizer.eos_id
     for i, ta in enumerate(a):
         if b is None:
             row = [bos, *ta[: max_len - 2], eos]
@@ -723,11 +735,16 @@ def _encode_own(tokenizer: TextTokenizer, first: list[str], second: list[str] | 
         if types is not None:
             tt[i, : len(row)] = types[i]
         length[i] = len(row)
-    if stats is not None:  # uncut: the sentences whole plus the template's special tokens
-        texts = [tokenizer.encode_batch(first)] + ([tokenizer.encode_batch(second)] if pair
-                                                   else [])
-        _count_cut(stats, [hf.num_special_tokens_to_add(pair=pair) + sum(map(len, parts))
-                           for parts in zip(*texts, strict=True)], length)
+    if stats is not None:  # uncut: the sentences whole plus the template's special tokens;
+        # a row shorter than max_len lost nothing, so only full rows are tokenized again
+        full = length.copy()
+        hit = np.flatnonzero(length >= max_len).tolist()
+        if hit:
+            texts = [tokenizer.encode_batch([first[i] for i in hit])] + (
+                [tokenizer.encode_batch([second[i] for i in hit])] if pair else [])
+            full[hit] = [hf.num_special_tokens_to_add(pair=pair) + sum(map(len, parts))
+                         for parts in zip(*texts, strict=True)]
+        _count_cut(stats, full, length)
     mask = np.arange(max_len)[None, :] < length[:, None]
     out = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
     if types is not None and pair:
