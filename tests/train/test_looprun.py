@@ -217,3 +217,9 @@ def test_a_checkout_with_edited_source_says_so_in_its_commit(tmp_path: Path) -> 
     with open(repo / "src" / "senslab" / "registry.py", "a") as f:
         f.write("\n# an edit\n")
     assert commit() == clean + "+dirty"
+    # a git that cannot read the index cannot say whether src/ is edited: never "clean"
+    (repo / ".git" / "index").write_bytes(b"not an index")
+    assert commit() == clean + "+unknown"
+    from senslab.train._provenance import _short
+
+    assert _short(clean + "+unknown") == clean[:10] + "+unknown"

@@ -84,4 +84,5 @@ def check_reused(path: str | Path) -> None:
 def _short(commit: str | None) -> str:
     if not commit:
         return "unknown"
-    return commit[:10] + ("+dirty" if commit.endswith("+dirty") else "")
+    sha, plus, mark = commit.partition("+")
+    return sha[:10] + plus + mark

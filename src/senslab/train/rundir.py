@@ -133,7 +133,8 @@ def metric_order_problem(path: Path, numbered: Iterable[tuple[int, dict[str, Any
 
 def git_commit() -> str | None:
     """The commit of the senslab checkout in use, with ``+dirty`` appended when tracked files
-    under its ``src/`` differ from that commit (the code that ran is then not the commit's):
+    under its ``src/`` differ from that commit (the code that ran is then not the commit's), and
+    ``+unknown`` when ``git status`` fails, so that cannot be told:
     None outside a checkout, and None for an installed package that merely sits inside some
     other git repository (a virtual environment in a user's project), whose commit says nothing
     about senslab's code."""
@@ -151,13 +152,16 @@ def git_commit() -> str | None:
     if len(out) != 2 or Path(out[0]).resolve() != root:
         return None
     try:
-        dirty = subprocess.run(
+        status = subprocess.run(
             ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--",
              "src"], capture_output=True, text=True, timeout=5,
-        ).stdout.strip() != ""
+        )
     except (OSError, subprocess.SubprocessError):
-        dirty = False
-    return out[1] + ("+dirty" if dirty else "")
+        status = None
+    if status is None or status.returncode != 0:
+        # git could not say whether src/ is edited (a locked or unreadable index): not "clean"
+        return out[1] + "+unknown"
+    return out[1] + ("+dirty" if status.stdout.strip() else "")
 
 
 def environment(device: torch.device | str) -> dict[str, Any]:
