@@ -89,6 +89,40 @@ def test_packed_weights_follow_in_place_updates():
     assert len(mode.packs) == 2
 
 
+class _ComputedBias(nn.Module):
+    """timm's EVA/BEiT attention: the query/key/value bias concatenated inside ``forward``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(2)
+        self.w = nn.Parameter(torch.randn(128, 64, generator=g) / 8)
+        self.b = nn.Parameter(torch.randn(128, generator=g))
+        self.head = nn.Linear(128, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = torch.cat([self.b[:64], torch.zeros_like(self.b[64:])])
+        return self.head(nn.functional.linear(x.flatten(1), self.w, bias).relu())
+
+
+def test_a_bias_made_inside_the_forward_runs_in_int8_with_float32_flips():
+    """A bias made in the forward under inference mode has no version counter: keying the
+    packed-weight cache on it raised a raw "Inference tensors do not track version counter"
+    under the default precision (timm's EVA on an int8 CPU)."""
+    model, x = _ComputedBias().eval(), torch.randn(8, 1, 8, 8,
+                                                   generator=torch.Generator().manual_seed(3))
+    mode = _int8.Int8Linears()
+    with torch.inference_mode(), mode:
+        model(x)
+        model(x)
+    assert mode.calls == 2 and len(mode.packs) == 0  # packed afresh, never cached
+    ref = TokenSensitivity(model, Patches(2), sigma=1.0, precision="float32", estimand="subset")
+    ref.update(x)
+    low = TokenSensitivity(model, Patches(2), sigma=1.0, precision="int8-checked",
+                           estimand="subset")
+    low.update(x)
+    assert torch.equal(low.compute().per_sample, ref.compute().per_sample)
+
+
 # -- float32's flips --------------------------------------------------------------------------
 
 

@@ -131,6 +131,11 @@ class Int8Linears(TorchFunctionMode):
         return suspended(self)
 
     def _packed(self, weight: Tensor, bias: Tensor | None) -> Any:
+        if weight.is_inference() or (bias is not None and bias.is_inference()):
+            # made inside the forward under inference mode (timm's EVA and BEiT concatenate
+            # their query/key/value bias there): no version counter to key a cache on, and a
+            # new tensor every call anyway
+            return pack(weight, bias)
         key = (_key(weight), _key(bias))
         hit = self.packs.get(key)
         if hit is not None:
