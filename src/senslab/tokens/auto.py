@@ -5,14 +5,22 @@ Face or timm model (or any CNN) from the model itself.
 model                                       tokens
 ==========================================  ================================================
 has ``default_tokens()`` (senslab's zoo)     that
-HF image model (``main_input_name`` is       ``Patches(config.patch_size)``; a model without a
-``pixel_values``), timm ViT                  patch size (HF ResNet, ConvNeXt…): the CNN default
-(``patch_embed.patch_size``)
+HF image model (``main_input_name`` is       ``Patches(p)``, p = ``config.patch_size`` or
+``pixel_values``), timm ViT: a patch size    ``patch_embed.patch_size``, where the first
+p whose first convolution cuts the image     convolution takes the image's channels with
+into p×p patches that stay the tokens        kernel = stride = p and no padding, and the model
+(ViT, DeiT, BEiT, DINOv2, Swin, EVA…)        attends over those patches or never strides again
+timm hybrid ViT (a CNN ``backbone`` in       ``Patches(img_size // grid_size)``: a token's size
+``patch_embed``: ``vit_small_r26_s32``)      in pixels (32), not ``patch_size`` (1, a patch of
+                                             the backbone's feature map)
 an isotropic patch network (ConvMixer: a    ``Patches(p)``: the model's own patch grid
 p×p stride-p stem, no later stride)
-any other model with a ``Conv2d`` (CNN)      ``Patches(DEFAULT_CNN_PATCH)`` = 16: the grid of
-                                             ViT-B/16, so a CNN and a ViT at 224×224 are
-                                             measured on the same 14×14 patches
+any other model with a ``Conv2d`` (CNN),     ``Patches(DEFAULT_CNN_PATCH)`` = 16: the grid of
+also one whose patch size is no such cut     ViT-B/16, so a CNN and a ViT at 224×224 are
+(HF MobileViT: an unfold on downsampled      measured on the same 14×14 patches
+maps) or a patchify stem followed by
+strided convolutions (timm/HF ConvNeXt,
+FocalNet; HF ResNet)
 HF text model (``get_input_embeddings()``)   ``Embedding`` on the output of the embeddings
                                              block (below)
 ==========================================  ================================================
@@ -60,7 +68,7 @@ from .base import Position, Tokenization, check_position
 from .embedding import Embedding
 from .patches import Patches, model_normalization
 
-__all__ = ["DEFAULT_CNN_PATCH", "auto_tokens", "default_tokens"]
+__all__ = ["DEFAULT_CNN_PATCH", "auto_tokens", "default_tokens", "headless_reason"]
 
 #: patch size for a CNN (a model without a patch size of its own): ViT-B/16's grid
 DEFAULT_CNN_PATCH = 16
@@ -180,6 +188,42 @@ def default_tokens(model: nn.Module | Any) -> Tokenization:
     )
 
 
+def headless_reason(model: Any) -> str | None:
+    """Why ``model``'s output is no class score although it looks like one, or None.
+
+    A timm model without a classifier (built with ``num_classes=0``, or after
+    ``reset_classifier(0)``: ``num_classes == 0`` or ``get_classifier()`` an ``nn.Identity``)
+    returns its pooled features, (batch, features), which ``compare="class"`` would read as
+    logits and measure flips of the argmax over feature dimensions. A Hugging Face classifier
+    with ``config.num_labels == 0`` is the same (its classifier is an ``nn.Identity``). Only
+    the model itself is looked at: a wrapper that puts its own head on such a backbone gives
+    class scores. (A Hugging Face base model, ``ViTModel``, returns no ``logits`` and is refused
+    where its output is read.)
+    """
+    if not isinstance(model, nn.Module):
+        return None
+    name = type(model).__name__
+    fix = "; measure a model with a head, or compare='l2' for a distance on the features"
+    if isinstance(getattr(model, "pretrained_cfg", None), dict):  # timm
+        get = getattr(model, "get_classifier", None)
+        try:
+            head = get() if callable(get) else None
+        except (AttributeError, NotImplementedError, TypeError):
+            head = None
+        if getattr(model, "num_classes", None) == 0 or isinstance(head, nn.Identity):
+            return (f"{name} is a timm model without a classifier (num_classes=0, as built with "
+                    "num_classes=0 or after reset_classifier(0)): it returns pooled features, "
+                    "not class scores, so compare='class' would count flips of the argmax "
+                    "over feature dimensions" + fix)
+    if any(c.__name__ == "PreTrainedModel" for c in type(model).__mro__) \
+            and name.endswith("Classification") \
+            and getattr(getattr(model, "config", None), "num_labels", None) == 0:
+        return (f"{name} has no classifier (config.num_labels=0, so its classifier is an "
+                "nn.Identity): its logits are pooled features, not class scores, so "
+                "compare='class' would count flips of the argmax over feature dimensions" + fix)
+    return None
+
+
 def _pretrained(model: nn.Module) -> bool:
     """A Hugging Face ``PreTrainedModel`` or a timm model (its ``pretrained_cfg``)."""
     if any(c.__name__ == "PreTrainedModel" for c in type(model).__mro__):
@@ -240,16 +284,65 @@ def _square(size: Any, where: str) -> int:
 
 
 def _patch_size(model: nn.Module) -> int:
-    """timm ``patch_embed.patch_size``, else HF ``config.patch_size``, else the patch of an
-    isotropic patch network (:func:`_patch_stem`), else the CNN default."""
+    """The image patch of the model's tokens (module docstring): a timm hybrid's token size in
+    pixels (:func:`_hybrid_patch`); else the declared patch size (timm
+    ``patch_embed.patch_size``, HF ``config.patch_size``) where it is an image patch
+    (:func:`_declared_patch`); else the patch of an isotropic patch network
+    (:func:`_patch_stem`); else the CNN default."""
     embed = getattr(model, "patch_embed", None)
+    if isinstance(getattr(embed, "backbone", None), nn.Module):
+        return _hybrid_patch(embed)
     if embed is not None and getattr(embed, "patch_size", None) is not None:
-        return _square(embed.patch_size, "patch_embed.patch_size")
+        return _declared_patch(model, embed.patch_size, "patch_embed.patch_size")
     config = getattr(model, "config", None)
     size = getattr(config, "patch_size", None)
     if size is not None:
-        return _square(size, "config.patch_size")
+        return _declared_patch(model, size, "config.patch_size")
     return _patch_stem(model) or DEFAULT_CNN_PATCH
+
+
+def _hybrid_patch(embed: nn.Module) -> int:
+    """A timm hybrid ViT (``HybridEmbed``: a CNN backbone before the patch embedding, e.g.
+    ``vit_small_r26_s32``): its ``patch_size`` is a patch of the backbone's feature map (1×1
+    there), while each token covers ``img_size / grid_size`` pixels (32×32)."""
+    img, grid = getattr(embed, "img_size", None), getattr(embed, "grid_size", None)
+    if img is None or grid is None:
+        return DEFAULT_CNN_PATCH
+    return _square(tuple(int(i) // int(g) for i, g in zip(_pair(img), _pair(grid), strict=True)),
+                   "the hybrid's token in pixels (patch_embed.img_size // grid_size)")
+
+
+def _declared_patch(model: nn.Module, size: Any, where: str) -> int:
+    """``size`` where the model's first convolution cuts the image into patches of that size
+    (kernel = stride = size, no padding, the image's channels in) and the model keeps them as
+    its tokens: it attends over them (ViT, Swin), or no later convolution strides. Else the CNN
+    default: a CNN that only convolves and strides again after a patchify stem (HF ConvNeXt,
+    FocalNet) is measured as timm's ConvNeXt is, and a ``patch_size`` that is no cut of the
+    image at all (HF MobileViT's unfold on downsampled maps) is not read as one. A model
+    without a convolution (a linear patch embedding) keeps its declared size."""
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    if not convs:
+        return _square(size, where)
+    stem, rest = convs[0], convs[1:]
+    want = _pair(size)
+    channels = getattr(getattr(model, "config", None), "num_channels", None)
+    cuts = (tuple(stem.kernel_size) == tuple(stem.stride) == want
+            and stem.padding in ((0, 0), "valid")
+            and (not isinstance(channels, int) or stem.in_channels == channels))
+    if cuts and (_attends(model) or all(tuple(m.stride) == (1, 1) for m in rest)):
+        return _square(size, where)
+    return DEFAULT_CNN_PATCH
+
+
+def _pair(size: Any) -> tuple[int, ...]:
+    return tuple(int(s) for s in size) if isinstance(size, (tuple, list)) else (int(size),) * 2
+
+
+def _attends(model: nn.Module) -> bool:
+    """The model has an attention layer (timm ``Attention``/``WindowAttention``, HF
+    ``*SelfAttention``, ``nn.MultiheadAttention``): its patches are tokens it attends over."""
+    return any(isinstance(m, nn.MultiheadAttention) or "Attention" in type(m).__name__
+               for m in model.modules())
 
 
 def _patch_stem(model: nn.Module) -> int | None:
