@@ -473,7 +473,12 @@ def test_the_bound_widens_with_the_chunks_quantisation_steps():
 
 def test_a_batch_with_wider_activations_than_the_calibration_keeps_float32_flips():
     model, g = mlp(), torch.Generator().manual_seed(0)
-    flat = nn.Sequential(nn.Flatten(), nn.Linear(64, 128), model).eval()
+    wide = nn.Linear(64, 128)
+    with torch.no_grad():  # seeded: drawn from the global generator it varied with test order
+        w = torch.Generator().manual_seed(1)
+        wide.weight.copy_(torch.randn(128, 64, generator=w) / 8)
+        wide.bias.copy_(torch.randn(128, generator=w) / 8)
+    flat = nn.Sequential(nn.Flatten(), wide, model).eval()
     first = torch.randn(32, 1, 8, 8, generator=g)
     second = torch.randn(32, 1, 8, 8, generator=g) * 10  # every layer's inputs wider
 

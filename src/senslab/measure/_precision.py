@@ -49,11 +49,28 @@ bound is empirical — a safety factor over the worst error seen, not a proof �
 check it where it matters: the flips equal float32's, copy by copy, on the zoo and on trained
 Hugging Face models where plain bf16 changes some.
 
+**Spot checks.** The calibration sees only the first copies; later ones can differ from them in
+a way no widening sees (a linear model whose first batch uses input features with small
+weights and whose later batches use large weights that cancel: bf16's error there was ten
+times the bound, and 542 of 5,120 copies took bf16's class). So the bound is verified as it is
+used: in every checked call, :data:`SPOT_SHARE` of the copies outside the band (at least
+:data:`SPOT_MIN`) is also evaluated in float32, chosen by a generator of the check's own
+(:data:`SPOT_SEED`: the noise stream and the numbers never move). Where a spot-checked copy's
+margin changed by more than its band / :data:`SAFETY` (the calibration's premise), or its
+class changed, :math:`b` becomes :data:`SAFETY` times that change (per unit of widening), the
+call's copies inside the wider band are re-checked, and new copies outside it are
+spot-checked, until a spot check passes: the call's decisions are float32's and later calls
+use the wider bound (``check_bound``; :attr:`PrecisionCheck.calibrated` keeps the calibrated
+one). A change beyond the band itself, where copies outside it could have taken the low
+precision's class, is said once (a ``RuntimeWarning``); a smaller one, which the safety factor
+absorbed, continues the calibration silently. Calls already returned are not revisited: a
+shift in the copies is caught in the first call whose spot checks draw a shifted copy.
+
 **Cost.** ``num_forward`` counts every copy once (its bf16 forward); ``num_forward_fp32`` counts
-the float32 re-evaluations (calibration included), and ``recheck_fraction`` is their share of the
-copies. Clean examples are evaluated in float32 (their prediction is the reference every flip is
-measured against). The models' clean caches of prefix and local reuse are computed in float32,
-as in a float32 run, so a re-checked copy is computed as float32 would.
+the float32 re-evaluations (calibration and spot checks included), and ``recheck_fraction`` is
+their share of the copies. Clean examples are evaluated in float32 (their prediction is the
+reference every flip is measured against). The models' clean caches of prefix and local reuse
+are computed in float32, as in a float32 run, so a re-checked copy is computed as float32 would.
 
 **Automatic choice** (``precision="auto"``, the default). Checked bf16 runs where it pays: float32
 weights of an ``nn.Module``, ``compare="class"``, and a device with native bf16 matrix units — a
@@ -93,7 +110,7 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
 from ..tokens.base import model_dtype
-from . import _int8
+from . import _int8, _trim
 from .outputs import margins, predictions
 
 Precision = Literal["auto", "float32", "bf16-checked", "int8-checked"]
@@ -105,6 +122,13 @@ CALIBRATION_COPIES = 256
 CALIBRATION_CLEAN = 64
 #: the bound is this many times the largest margin change seen in the calibration
 SAFETY = 4.0
+#: past the calibration, this share of the copies outside the band (at least
+#: :data:`SPOT_MIN` a call) is also evaluated in float32 to verify the bound
+#: (:meth:`PrecisionCheck._checked`)
+SPOT_SHARE = 1 / 64
+SPOT_MIN = 2
+#: seed of the spot checks' own generator (the noise stream never sees it)
+SPOT_SEED = 0x5EED
 #: ``"auto"`` picks a checked precision on a CPU only if its matrix products run this much
 #: faster, and keeps checking only while the calibration predicts copies this much cheaper
 MIN_SPEEDUP = 1.2
@@ -507,6 +531,14 @@ class PrecisionCheck:
         self._cal: list[tuple[Tensor, Tensor]] = []  # calibration copies' low margins, sizes
         #: seconds the calibration copies took in the low precision and in float32
         self._seconds = [0.0, 0.0]
+        #: the bound as calibrated, before any spot check widened it (None: calibrating)
+        self.calibrated: float | None = None
+        #: how many times a spot check widened the bound (:meth:`_checked`), and whether one
+        #: found a change beyond the band (said once)
+        self.widened = 0
+        self.warned = False
+        #: the spot checks' own generator: which copies are verified never moves the noise
+        self._spots = torch.Generator().manual_seed(SPOT_SEED)
 
     def use(self, low: str, judge: bool = False, model: Any = None, copies: int = 0) -> None:
         """Check ``low`` from now on (a new low precision starts a new calibration); with
@@ -644,15 +676,10 @@ class PrecisionCheck:
                  threshold: float | None) -> tuple[Tensor, Tensor]:
         """Record the margin changes of ``low`` against ``full``; returns the low outputs'
         margins of their own class and their largest absolute outputs."""
-        c16 = predictions(low, kind, threshold)
-        c32 = predictions(full, kind, threshold)
-        own = margins(low, c16, kind, threshold)
-        delta = torch.maximum((own - margins(full, c16, kind, threshold)).abs(),
-                              (margins(low, c32, kind, threshold)
-                               - margins(full, c32, kind, threshold)).abs())
-        delta = torch.where(torch.isfinite(delta), delta, torch.inf)  # overflow: all rows
+        delta = _changes(low, full, kind, threshold)
         self._deltas.append(float(delta.max()) if len(delta) else 0.0)
         self.scale = max(self.scale, float(full.reshape(len(full), -1).abs().max()))
+        own = margins(low, predictions(low, kind, threshold), kind, threshold)
         return own, low.reshape(len(low), -1).abs().amax(dim=1)
 
     def _judge(self, final: bool) -> None:
@@ -665,7 +692,7 @@ class PrecisionCheck:
         bound = SAFETY * max(self._deltas)
         m, size = (torch.cat(t) for t in zip(*self._cal, strict=True))
         if final:
-            self.bound = bound
+            self.bound = self.calibrated = bound
             self._cal = []
             band = self._band(size)
         elif self.judge and self._copies >= JUDGE_AFTER:
@@ -685,7 +712,11 @@ class PrecisionCheck:
 
     def _band(self, size: Tensor) -> Tensor:
         assert self.bound is not None
-        return self.bound * (size / max(self.scale, 1e-30)).clamp(min=1.0)
+        return self.bound * self._output_widening(size)
+
+    def _output_widening(self, size: Tensor) -> Tensor:
+        """:math:`\\max(1, s / S)` of copies whose largest absolute outputs are ``size``."""
+        return (size / max(self.scale, 1e-30)).clamp(min=1.0)
 
     def calibrate_clean(self, forward: Callable[[], Tensor], clean: Tensor, device: torch.device,
                         kind: str, threshold: float | None) -> None:
@@ -750,27 +781,106 @@ class PrecisionCheck:
         """The ``n`` copies ``rows`` (None: all) with the calibrated bound: low precision
         (``piece`` copies per forward; None: all), those inside the band again in float32, in
         as few forwards of at most ``piece`` copies as they fill. Each piece's band is widened
-        for its own recorded input sizes."""
+        for its own recorded input sizes.
+
+        The bound is verified as it is used: a random share of the copies outside the band
+        (:meth:`_spot`) joins the float32 re-checks. Where one of them changed class, or its
+        margin by more than its band / :data:`SAFETY` (the calibration's premise), the bound
+        is widened to :data:`SAFETY` times that change (:meth:`_widen`), the copies the wider
+        band takes in are re-checked too, and new copies outside it are spot-checked, until a
+        spot check passes or no copy is left outside. So a later batch whose errors the
+        calibration did not see gets float32's decisions, and the wider bound from then on."""
         if piece is None or piece >= n:
             parts: list[Tensor | None] = [rows]
         else:
             every = torch.arange(n, device=device) if rows is None else rows
             parts = list(every.split(piece))
-        lows, bands = [], []
+        lows, wides = [], []
         for part in parts:
             with self._lowered(device):
                 low = forward(part).float()
             size = low.reshape(len(low), -1).abs().amax(dim=1)
             lows.append(low)
-            bands.append(self._band(size) * _on(self._widening(len(low)), size))
-        low, band = torch.cat(lows), torch.cat(bands)
+            wides.append(self._output_widening(size) * _on(self._widening(len(low)), size))
+        low, wide = torch.cat(lows), torch.cat(wides)
         self.copies += n
         m = margins(low, predictions(low, kind, threshold), kind, threshold)
-        again = ((m <= band) | ~torch.isfinite(m)).nonzero().flatten()
-        self.fp32 += len(again)
-        if len(again):
+        done = torch.zeros(n, dtype=torch.bool, device=low.device)  # evaluated in float32
+        while True:
+            assert self.bound is not None
+            band = self.bound * wide
+            inside = ((m <= band) | ~torch.isfinite(m)) & ~done
+            spot = self._spot(~inside & ~done)
+            again = (inside | spot).nonzero().flatten()
+            if not len(again):
+                return low
+            done[again] = True
+            self.fp32 += len(again)
+            before = low[spot]  # the spot-checked copies' low outputs
             # forwards of equal size, a chunk at most each (a share above the predicted one
             # never overruns memory)
             for part in again.tensor_split(-(-len(again) // (piece or len(again)))):
                 low[part] = forward(part if rows is None else rows[part]).float()
-        return low
+            if not self._widen(before, low[spot], wide[spot], kind, threshold):
+                return low
+
+    def _spot(self, outside: Tensor) -> Tensor:
+        """A mask of the copies outside the band (mask ``outside``) to verify in float32:
+        :data:`SPOT_SHARE` of them, at least :data:`SPOT_MIN` (all, where fewer), drawn from
+        the check's own generator (:data:`SPOT_SEED`)."""
+        where = outside.nonzero().flatten()
+        k = min(len(where), max(SPOT_MIN, math.ceil(SPOT_SHARE * len(where))))
+        chosen = torch.zeros_like(outside)
+        if k:
+            pick = torch.randperm(len(where), generator=self._spots)[:k]
+            chosen[where[pick.to(where.device)]] = True
+        return chosen
+
+    def _widen(self, low: Tensor, full: Tensor, wide: Tensor, kind: str,
+               threshold: float | None) -> bool:
+        """Verify the bound on spot-checked copies (their ``low`` and float32 ``full``
+        outputs, their bands' widenings ``wide``): where one changed class, or its margin by
+        more than its band / :data:`SAFETY`, widen the bound to :data:`SAFETY` times the
+        change (per unit of widening); returns whether it widened. A change within the band
+        (the safety factor absorbed it) widens silently: the calibration goes on. A change
+        beyond it, or a changed class, means copies outside the band could have taken the low
+        precision's class: that is said once (a ``RuntimeWarning``)."""
+        assert self.bound is not None
+        if not len(low):
+            return False
+        delta = _changes(low, full, kind, threshold)
+        flipped = predictions(low, kind, threshold) != predictions(full, kind, threshold)
+        need = SAFETY * delta / wide
+        if not bool(((need > self.bound) | flipped).any()):
+            return False
+        worst = int(need.argmax())
+        old, self.bound = self.bound, max(self.bound, float(need[worst]))
+        self.widened += 1
+        if (bool(flipped.any()) or float(need[worst]) > SAFETY * old) and not self.warned:
+            self.warned = True
+            name = "bf16" if self.low == "bf16" else "int8"
+            warnings.warn(
+                f"precision='{name}-checked': a float32 spot check found {name} changing a "
+                f"copy's margin by {float(delta[worst]):.3g}, more than its band "
+                f"({old * float(wide[worst]):.3g}: the bound, calibrated on the first "
+                f"{CALIBRATION_COPIES} copies as {self.calibrated:.3g}, widened for this copy's "
+                f"sizes), so copies outside the band could take {name}'s class: {name}'s errors "
+                "here exceed the calibration's. The bound is widened to "
+                f"{self.bound:.3g} (check_bound) and the copies inside it re-checked in float32, "
+                "so the decisions stay float32's; more copies are re-checked from here on "
+                "(recheck_fraction). A first batch unlike the later ones (data sorted by class) "
+                "causes this: shuffled data calibrates on typical copies",
+                RuntimeWarning, stacklevel=_trim._user_level())
+        return True
+
+
+def _changes(low: Tensor, full: Tensor, kind: str, threshold: float | None) -> Tensor:
+    """Per copy, the change between its ``low`` and float32 (``full``) outputs of the margin of
+    either precision's class (:math:`\\delta_i`); inf where it overflows."""
+    c16 = predictions(low, kind, threshold)
+    c32 = predictions(full, kind, threshold)
+    delta = torch.maximum((margins(low, c16, kind, threshold)
+                           - margins(full, c16, kind, threshold)).abs(),
+                          (margins(low, c32, kind, threshold)
+                           - margins(full, c32, kind, threshold)).abs())
+    return torch.where(torch.isfinite(delta), delta, torch.inf)  # overflow: all rows
