@@ -3,9 +3,11 @@
 Two steps, both done by ``senslab reproduction``:
 
 1. **record** — for every experiment directory given (default: ``runs/<name>`` for every
-   registered experiment), read ``experiment.json`` and ``verdict.json`` and write a small record
-   ``reproduction/<name>.json`` (claim, scale, verdict, reason, runtime, overrides, commit). The
-   records are committed, so the table survives without the (git-ignored) run directories.
+   registered experiment), read ``experiment.json`` and ``verdict.json``, check that every run
+   it lists finished and that their summaries still give that verdict (:func:`check_verdict`),
+   and write a small record ``reproduction/<name>.json`` (claim, scale, verdict, reason, runtime,
+   overrides, commit). The records are committed, so the table survives without the
+   (git-ignored) run directories.
 2. **render** — write REPRODUCTION.md from all records plus the experiment registry: an
    experiment without a record gets a row that says it was not run here and why (``requires``),
    with its :attr:`~senslab.experiments.base.Experiment.runtime_estimate` if it has one.
@@ -25,6 +27,7 @@ two-way words of earlier verdicts ("holds", "does not hold") and are shown as th
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -152,8 +155,9 @@ def record(exp_dir: str | Path, records: str | Path = "reproduction") -> Path:
     """Write ``records/<name>.json`` from one finished experiment directory and return its path.
 
     A CPU-scale run is recorded as ``<name>.json``, a paper-scale one as ``<name>.paper.json``;
-    an unfinished directory (no verdict.json), another scale or an unregistered name is an error
-    that says which.
+    an unfinished directory (no verdict.json, or a listed run without summary.json), another
+    scale, an unregistered name or a verdict.json its runs no longer give
+    (:func:`check_verdict`) is an error that says which.
     """
     exp_dir = Path(exp_dir)
     if not (exp_dir / "experiment.json").is_file() and ladder_name(exp_dir) is not None:
@@ -178,6 +182,7 @@ def record(exp_dir: str | Path, records: str | Path = "reproduction") -> Path:
     if scale not in RECORD_SCALES:
         raise ValueError(f"{exp_dir} was run at scale {scale!r}; REPRODUCTION.md records the "
                          f"scales {', '.join(RECORD_SCALES)}")
+    check_verdict(exp_dir, name, scale, [str(r) for r in exp.get("runs", [])], verdict)
     rec: dict[str, Any] = {"name": name, "scale": scale, "runs": len(exp.get("runs", [])),
                            "schema": RECORD_SCHEMA}
     rec.update({k: verdict[k] for k in RECORD_KEYS if k in verdict})
@@ -187,6 +192,81 @@ def record(exp_dir: str | Path, records: str | Path = "reproduction") -> Path:
     tmp.write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, out)
     return out
+
+
+def check_verdict(exp_dir: Path, name: str, scale: str, runs: list[str],
+                  verdict: dict[str, Any]) -> None:
+    """Refuse to record ``verdict`` (verdict.json of ``exp_dir``) unless every run experiment.json
+    lists has finished and the runs' summaries still give that verdict: its word and effects are
+    recomputed as ``senslab run`` computes them (each run's ``info`` and :meth:`~senslab.
+    experiments.base.Experiment.after_run` measurements, cached in its run directory, then the
+    experiment's own verdict). A record rests on those runs; a removed, unfinished or edited run
+    would otherwise be recorded under the verdict of runs that are gone."""
+    from .experiments.base import load_summaries
+    from .verdicts import plain
+
+    overrides = [str(o) for o in verdict.get("overrides") or []]
+    again = f"senslab run {name}" + (f" --scale {scale}" if scale != "cpu" else "") + "".join(
+        f" --set {o}" for o in overrides) + f" --out {exp_dir}"
+    missing = [r for r in runs if not (exp_dir / r / "summary.json").is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"{exp_dir}: {len(missing)} of the {len(runs)} runs its experiment.json lists have "
+            f"no summary.json (missing or unfinished): {', '.join(missing)}; the verdict cannot "
+            f"rest on them. Resume them with `{again}` (finished runs are reused), then record")
+    exp = get_experiment(name)
+    try:
+        settings, built = exp.resolve(scale, overrides)
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{exp_dir}: verdict.json cannot be checked against its runs: its "
+                         f"settings (scale {scale}, overrides {overrides}) no longer resolve: "
+                         f"{err}") from None
+    by_name = {r.name: r for r in built}
+    if sorted(by_name) != sorted(runs):
+        raise ValueError(f"verdict.json is stale: {exp_dir}'s experiment.json lists the runs "
+                         f"{', '.join(runs)}, but {name} at these settings now has "
+                         f"{', '.join(by_name)}; re-run `{again}`")
+    summaries = []
+    for r, summary in zip(runs, load_summaries(exp_dir), strict=True):
+        summary = {**summary, **by_name[r].info}
+        summaries.append(exp.after_run(by_name[r], exp_dir / r, summary, settings,
+                                       lambda _: None))
+    if settings.seeds > 1 and not exp.seed_aware:  # as run_experiment: not read from one seed
+        fresh: dict[str, Any] = {"verdict": "not comparable"}
+    else:
+        fresh = json.loads(json.dumps(plain(exp.verdict(summaries))))  # as verdict.json reads
+    diffs = []
+    if fresh.get("verdict") != verdict.get("verdict"):
+        diffs.append(f"verdict: recorded {verdict.get('verdict')!r}, its runs give "
+                     f"{fresh.get('verdict')!r}")
+    mine, theirs = verdict.get("effects") or {}, fresh.get("effects") or {}
+    for part in sorted(set(mine) | set(theirs), key=str):  # one line per part of the claim
+        if _differences(mine.get(part), theirs.get(part), part):
+            a, b = (_interval(e[part]) if isinstance(e.get(part), dict) else "absent"
+                    for e in (mine, theirs))
+            diffs.append(f"{part!r}: recorded {a}, its runs give {b}")
+    if diffs:
+        raise ValueError(f"verdict.json is stale: {exp_dir}'s runs no longer give it ("
+                         f"{'; '.join(diffs[:4])}{'; …' if len(diffs) > 4 else ''}); re-run "
+                         f"`{again}` (finished runs are reused) to write their verdict, then "
+                         "record")
+
+
+def _differences(recorded: Any, fresh: Any, where: str) -> list[str]:
+    """Where ``recorded`` and ``fresh`` (JSON values) differ, as ``"where.key: recorded a, its
+    runs give b"``; numbers equal to 1e-9 (relative) are the same."""
+    if isinstance(recorded, dict) and isinstance(fresh, dict):
+        return [d for k in sorted(set(recorded) | set(fresh), key=str)
+                for d in _differences(recorded.get(k), fresh.get(k), f"{where}.{k}")]
+    if isinstance(recorded, list) and isinstance(fresh, list) and len(recorded) == len(fresh):
+        return [d for i, (a, b) in enumerate(zip(recorded, fresh, strict=True))
+                for d in _differences(a, b, f"{where}[{i}]")]
+    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                  for x in (recorded, fresh))
+    if recorded == fresh or numbers and math.isclose(recorded, fresh, rel_tol=1e-9,
+                                                      abs_tol=1e-12):
+        return []
+    return [f"{where}: recorded {recorded!r}, its runs give {fresh!r}"]
 
 
 def _check_schema(path: Path, schema: Any) -> None:

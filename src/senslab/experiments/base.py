@@ -17,7 +17,11 @@ every experiment has one settings instance per scale, so a ladder of scales or a
 Overrides (``senslab run NAME --set key=value``) take one path for every experiment:
 :func:`senslab.train.config.apply_overrides` — first on the settings (a key naming one of its
 fields), then, for every other key, on each run's configuration (``train.epochs=3`` reaches every
-:class:`~senslab.train.config.RunConfig` of a comparison). :func:`run_experiment` resolves them
+:class:`~senslab.train.config.RunConfig` of a comparison). A key that the experiment sets per run
+(a field whose value differs between its runs as :meth:`Experiment.runs` built them — the
+optimizer or model the claim compares, a per-run learning rate, a seed — and the runs' ``name``,
+``label`` and ``seed``) is refused, naming the settings fields that set it: one value for every
+run would train the same thing under each run's label. :func:`run_experiment` resolves them
 before it writes anything, so a bad key or value fails with the same message for every
 experiment.
 """
@@ -41,7 +45,15 @@ import torch
 
 from ..registry import Registry
 from ..train._provenance import _short, commits_of
-from ..train.config import RunConfig, UnknownKey, apply_overrides, ranged, unknown_key, validate
+from ..train.config import (
+    RunConfig,
+    UnknownKey,
+    apply_overrides,
+    json_form,
+    ranged,
+    unknown_key,
+    validate,
+)
 from ..train.looprun import single_thread
 from ..train.rundir import RunDir, RunDirError, git_commit
 from ..train.trainers import get_trainer
@@ -143,6 +155,42 @@ def ladder_differences(exp: Experiment, rung: Rung) -> dict[str, tuple[Any, Any]
     return out
 
 
+#: run-configuration fields that tell the runs apart, never one value for all of them: ``--set``
+#: may not set them (seeds are the ``seeds`` setting)
+IDENTITY_FIELDS = ("name", "label", "seed")
+_ABSENT = "<absent>"
+
+
+def _run_fields(cfg: Any) -> dict[str, Any]:
+    """A run configuration as ``{"dotted.field": value}``, dicts (``model.overrides``) down to
+    their leaves, each value as config.json holds it."""
+    def leaves(v: Any, prefix: str) -> dict[str, Any]:
+        if isinstance(v, dict) and v:
+            return {k: x for key, item in v.items() for k, x in leaves(item, f"{prefix}.{key}")
+                    .items()}
+        return {prefix: v}
+    form = json_form(dataclasses.asdict(cfg))
+    return {k: x for key, v in form.items() for k, x in leaves(v, key).items()}
+
+
+def _values(fields: list[str], runs: list[Run], built: list[dict[str, Any]]) -> str:
+    """The runs' distinct values of ``fields``, each with the first run that has it."""
+    shown: dict[str, str] = {}
+    for run, b in zip(runs, built, strict=True):
+        value = ({f: b.get(f, _ABSENT) for f in fields} if len(fields) > 1
+                 else b.get(fields[0], _ABSENT))
+        shown.setdefault(repr(value), f"{run.name}: {value}")
+    return "; ".join(list(shown.values())[:4]) + ("; …" if len(shown) > 4 else "")
+
+
+def _controls(key: str, names: list[str]) -> list[str]:
+    """The settings fields among ``names`` that by their name set run field ``key``: optim.lr →
+    sgd_lr, adam_lr; model.name → models; seed → seeds; weight_decay → wd_range."""
+    parts = key.split(".")[-2:]
+    parts += ["".join(w[0] for w in p.split("_")) for p in parts if "_" in p]
+    return [n for n in names if any(p in n.split("_") or n in (p + "s", p + "es") for p in parts)]
+
+
 def seeded_name(name: str, seed: int) -> str:
     """The run name of seed ``seed`` of run ``name``: seed 0 keeps the plain name, so adding
     seeds to an experiment keeps its finished runs."""
@@ -235,6 +283,7 @@ class Experiment:
         rest = [o for o in overrides if o not in own]
         validate(apply_overrides(settings, own))
         runs = self.runs(settings)
+        built = [_run_fields(run.config) for run in runs]  # before the overrides: as runs() set
         seen: set[str] = set()
         for run in runs:
             if run.name in seen:
@@ -247,7 +296,76 @@ class Experiment:
             validate(run.config)
         if rest and not runs:
             raise unknown_key(rest[0].split("=", 1)[0].strip(), settings)
+        for item in rest:
+            self._refuse_per_run(item, settings, runs, built)
+        for item in own:
+            self._refuse_ignored(item, scale, own, settings, runs, built)
         return settings, runs
+
+    def _refuse_ignored(self, item: str, scale: str, own: list[str], settings: Any,
+                        runs: list[Run], built: list[dict[str, Any]]) -> None:
+        """Refuse the settings override ``item`` when its field is also a run-configuration field
+        that :meth:`runs` sets per run from other settings (e.g. a learning rate drawn from a
+        range): the override would be recorded but change no run."""
+        key = item.split("=", 1)[0].strip()
+        fields = [f for f in sorted({f for b in built for f in b})
+                  if (f == key or f.startswith(key + "."))
+                  and len({repr(b.get(f, _ABSENT)) for b in built}) > 1]
+        if not fields:
+            return
+        without = copy.deepcopy(self.scales[scale])
+        apply_overrides(without, [o for o in own if o is not item])
+        before = self.runs(without)
+        if [r.name for r in before] != [r.name for r in runs]:
+            return
+        if any(_run_fields(r.config).get(f, _ABSENT) != b.get(f, _ABSENT)
+               for r, b in zip(before, built, strict=True) for f in fields):
+            return  # the setting reaches the runs
+        names = [f.name for f in dataclasses.fields(settings)]
+        control = [n for n in _controls(key, names) if n != key]
+        how = (f"set {'them' if len(control) > 1 else 'it'} through "
+               f"{', '.join(control)}" if control else "it cannot be set for these runs")
+        raise ValueError(
+            f"--set {item}: {self.name} sets {key} per run from other settings "
+            f"({_values(fields, runs, built)}), so this setting would be recorded but change no "
+            f"run; {how} ({self.name}'s settings: {', '.join(names)})")
+
+    def _refuse_per_run(self, item: str, settings: Any, runs: list[Run],
+                        built: list[dict[str, Any]]) -> None:
+        """Refuse the run-configuration override ``item`` when :meth:`runs` sets its key per run
+        (an identity field, or a value that differs between the runs as built): one value for
+        every run would train the same thing under each run's name and label, and the verdict
+        would compare labels that no longer differ."""
+        key = item.split("=", 1)[0].strip()
+        fields = sorted({f for b in built for f in b if f == key or f.startswith(key + ".")})
+        differ = [f for f in fields if len({repr(b.get(f, _ABSENT)) for b in built}) > 1]
+        if not differ and key not in IDENTITY_FIELDS:
+            return
+        seeds = [run.info.get("seed", b.get("seed")) for run, b in zip(runs, built, strict=True)]
+        by_seed = list(zip(built, seeds, strict=True))
+        compared = any(  # differs between runs of one seed: the factor the claim compares
+            len({repr(b.get(f, _ABSENT)) for b, s in by_seed if s == seed}) > 1
+            for f in differ for seed in set(seeds))
+        if key in ("name", "label"):
+            why = ("it names each run (its label in the summaries, which the verdict reads): one "
+                   "value would give every run the same one")
+        elif compared:
+            why = ("the runs are compared on it: one value for every run would train the same "
+                   "thing under each run's label, and the verdict would compare labels that no "
+                   "longer differ")
+        else:
+            why = ("the seed replicates are replicated over it: one value for every run would "
+                   "make them identical while the verdict counts them as independent seeds")
+        values = _values(differ or [key], runs, built)
+        names = [f.name for f in dataclasses.fields(settings)]
+        control = _controls(key, names)
+        how = (f"set it through the settings field{'s' if len(control) > 1 else ''} "
+               f"{', '.join(control)}" if control else
+               f"no settings field of {self.name} changes it")
+        raise ValueError(
+            f"--set {item}: {self.name} sets {key} per run ({values}), and {why}. {how[0].upper()}"
+            f"{how[1:]} ({self.name}'s settings: {', '.join(names)}); a single run of your own "
+            "is `senslab train`")
 
     def settings(self, scale: str, overrides: list[str] | tuple[str, ...] = ()) -> Any:
         """The settings at ``scale`` with ``overrides`` applied and checked."""
@@ -263,11 +381,10 @@ class Experiment:
         self.resolve(scale, overrides)
 
     # -- running -------------------------------------------------------------------------------
-    def execute(self, out: Path, scale: str, overrides: list[str],
-                progress: bool | None, log: Callable[[str], None]) -> list[dict[str, Any]]:
-        """Train every run into ``out/<run name>`` with its trainer (finished runs are reused,
-        interrupted ones resume) and return the summaries, each with the run's ``info`` and
-        :meth:`after_run`'s measurements."""
+    def prepare(self, scale: str, overrides: list[str]) -> tuple[Any, list[Run]]:
+        """(settings, runs) as :meth:`resolve`, with every run's trainer check (its data found,
+        the combinations of fields it refuses) and :meth:`before_training` passed: everything
+        that can refuse the runs, done before anything is written."""
         settings, runs = self.resolve(scale, overrides)
         for run in runs:  # before any training: a missing dataset stops the experiment here
             trainer = get_trainer(run.trainer)
@@ -278,6 +395,16 @@ class Experiment:
             if trainer.check is not None:
                 trainer.check(run.config)
         self.before_training(settings)
+        return settings, runs
+
+    def execute(self, out: Path, scale: str, overrides: list[str],
+                progress: bool | None, log: Callable[[str], None],
+                prepared: tuple[Any, list[Run]] | None = None) -> list[dict[str, Any]]:
+        """Train every run into ``out/<run name>`` with its trainer (finished runs are reused,
+        interrupted ones resume) and return the summaries, each with the run's ``info`` and
+        :meth:`after_run`'s measurements. ``prepared``: what :meth:`prepare` returned for these
+        settings (else it is called here)."""
+        settings, runs = prepared if prepared is not None else self.prepare(scale, overrides)
         write_experiment_json(out, self, scale, [r.name for r in runs])
         summaries = []
         with single_thread() if scale in self.one_thread_at else nullcontext():
@@ -336,14 +463,15 @@ def run_experiment(name: str, out_dir: str | Path, scale: str = "cpu",
     :meth:`senslab.train.rundir.RunDir.writing`)."""
     check_scale(scale)
     exp = get_experiment(name)
-    exp.check(scale, list(overrides or []))
+    prepared = exp.prepare(scale, list(overrides or []))  # refusals before any directory exists
     out = Path(out_dir)
     with RunDir(out, kind="experiment").writing():
-        return _run_locked(exp, out, scale, list(overrides or []), progress, log)
+        return _run_locked(exp, out, scale, list(overrides or []), progress, log, prepared)
 
 
 def _run_locked(exp: Experiment, out: Path, scale: str, overrides: list[str],
-                progress: bool | None, log: Callable[[str], None]) -> dict[str, Any]:
+                progress: bool | None, log: Callable[[str], None],
+                prepared: tuple[Any, list[Run]] | None = None) -> dict[str, Any]:
     try:
         held = json.loads((out / "experiment.json").read_text()).get("name")
     except (OSError, ValueError, AttributeError):
@@ -360,7 +488,7 @@ def _run_locked(exp: Experiment, out: Path, scale: str, overrides: list[str],
     before = _finished_runs(out)
     trained_before = _seconds_so_far(out)
     start = time.perf_counter()
-    summaries = exp.execute(out, scale, overrides, progress, log)
+    summaries = exp.execute(out, scale, overrides, progress, log, prepared)
     seeds = exp.settings(scale, overrides).seeds
     if seeds > 1 and not exp.seed_aware:
         verdict = {"verdict": "not comparable", "evidence": {},
