@@ -30,7 +30,7 @@ import pytest
 import torch
 
 from senslab.measure import TokenSensitivity, token_sensitivity
-from senslab.measure._runner import VERIFY_ROWS
+from senslab.measure._runner import VERIFY_BATCH, VERIFY_ROWS
 from senslab.tokens import Patches, Sequence
 
 Z95 = 1.96
@@ -271,9 +271,14 @@ class Recorder:
     def copies(self, clean: torch.Tensor) -> torch.Tensor:
         """All perturbed copies the model saw: the clean batch left out, and the zero-noise
         copies of the first examples that check the copies' path (there must be exactly
-        ``2 * VERIFY_ROWS`` of those, each equal to its clean example)."""
-        seen = [c for c in self.calls if not (c.shape == clean.shape and torch.equal(c, clean))]
-        assert len(seen) < len(self.calls), "the clean batch was never evaluated"
+        ``2 * VERIFY_ROWS`` of those, each equal to its clean example), and the batch check's
+        noisy copies (the three calls after them: ``VERIFY_BATCH`` copies, then its halves)."""
+        zero = 1 + 2 * VERIFY_ROWS  # the clean batch and the zero-noise calls (one row each)
+        calls = self.calls[:zero] + self.calls[zero + 3:]
+        assert [len(c) for c in self.calls[zero:zero + 3]] == [
+            VERIFY_BATCH, VERIFY_BATCH // 2, VERIFY_BATCH - VERIFY_BATCH // 2]
+        seen = [c for c in calls if not (c.shape == clean.shape and torch.equal(c, clean))]
+        assert len(seen) < len(calls), "the clean batch was never evaluated"
         rows = torch.cat(seen)
         exact = (rows.flatten(1)[:, None] == clean.flatten(1)[None]).all(-1).any(-1)
         assert int(exact.sum()) == 2 * VERIFY_ROWS, "zero-noise copies other than the check"

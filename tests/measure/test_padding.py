@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from senslab.measure import TokenSensitivity, _trim, compare_sensitivity, token_sensitivity
-from senslab.measure._runner import VERIFY_ROWS
+from senslab.measure._runner import VERIFY_BATCH, VERIFY_ROWS
 from senslab.models import create_model
 from senslab.tokens import Embedding
 
@@ -178,12 +178,15 @@ def test_trimming_forwards_fewer_token_positions(make):
         counts[trim] = counter.positions
     lengths = batch["attention_mask"].sum(1).double()
     copies = 2 * int(lengths.sum())
-    verify = 2 * VERIFY_ROWS  # zero-noise copies of the first examples, evaluated twice
+    # zero-noise copies of the first examples, evaluated twice, and the batch check's noisy
+    # copies of them (together, then in two halves), at the width of the longer
+    verify = 2 * VERIFY_ROWS + 2 * VERIFY_BATCH
     # clean batch, the verification copies and every perturbed copy at full width
     assert counts[False] == (12 + verify + copies) * 16
     # trimmed: the clean batch, one clean check per example at its length, the verification
     # copies at their lengths, and every copy at most 1/(1 − SLACK) of its own length wide
     bound = (12 * 16 + lengths.sum() + 2 * lengths[:VERIFY_ROWS].sum()
+             + 2 * VERIFY_BATCH * lengths[:VERIFY_ROWS].max()
              + 2 * (lengths * (lengths / (1 - _trim.SLACK))).sum())
     assert counts[True] <= bound
     assert counts[True] < 0.8 * counts[False]

@@ -3,7 +3,8 @@ shape, and never again for that shape: later batches pay no extra forwards.
 
 The model counts every row it evaluates; ``num_forward`` counts the clean rows and the perturbed
 copies, so what the model saw beyond ``num_forward`` is the verification: ``2 × VERIFY_ROWS``
-rows on a new shape, none on a shape already checked.
+zero-noise rows and ``2 × VERIFY_BATCH`` noisy ones (the batch check: together, then in two
+halves) on a new shape, none on a shape already checked.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 from torch import nn
 
 from senslab.measure import TokenSensitivity
-from senslab.measure._runner import VERIFY_ROWS
+from senslab.measure._runner import VERIFY_BATCH, VERIFY_ROWS
 from senslab.tokens import Sequence
 
 
@@ -45,9 +46,10 @@ def test_verification_runs_once_per_input_shape():
                               precision="float32")
     g = torch.Generator().manual_seed(1)
     # _extra resets the metric before each update: a shape checked stays checked across reset
-    assert _extra(metric, model, torch.randn(6, 4, 3, generator=g)) == 2 * VERIFY_ROWS
+    check = 2 * VERIFY_ROWS + 2 * VERIFY_BATCH
+    assert _extra(metric, model, torch.randn(6, 4, 3, generator=g)) == check
     assert _extra(metric, model, torch.randn(6, 4, 3, generator=g)) == 0  # same shape: no check
-    assert _extra(metric, model, torch.randn(6, 5, 3, generator=g)) == 2 * VERIFY_ROWS  # new
+    assert _extra(metric, model, torch.randn(6, 5, 3, generator=g)) == check  # new
     assert _extra(metric, model, torch.randn(6, 4, 3, generator=g)) == 0  # the first, again
 
 

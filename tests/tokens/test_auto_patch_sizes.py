@@ -229,3 +229,29 @@ def test_headless_reason_hf_classifier_without_labels():
     assert headless_reason(transformers.ViTModel(transformers.ViTConfig(
         hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24,
         image_size=8, patch_size=2))) is None
+
+
+def test_a_headless_body_is_refused_before_any_forward_and_a_head_is_measured():
+    """A timm model built with num_classes=0 returns pooled features; compare="class" measured
+    flips of their argmax over feature dimensions (0.1406 ± 0.0696 on a tiny ViT) without a
+    word. It is refused, naming the fix; the same body with a head is measured."""
+    x = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="num_classes=0.*compare='l2'"):
+        token_sensitivity(seeded(lambda: TimmShapedBody(0)), x, Patches(4), sigma=1.0, **EXACT)
+    token_sensitivity(seeded(lambda: TimmShapedBody(0)), x, Patches(4), sigma=1.0,
+                      compare="l2", **EXACT)
+    assert token_sensitivity(seeded(lambda: TimmShapedBody(3)), x, Patches(4), sigma=1.0,
+                             **EXACT).num_forward > 0
+
+
+def test_an_hf_image_classifier_with_one_output_and_no_problem_type_is_refused():
+    """Hugging Face trains a one-output image classifier without a problem_type as a
+    regression, like a sequence classifier; read as a binary logit it measured sign changes
+    of a regression value without a word. It is refused; output_kind='logits' says it is one."""
+    model = seeded(lambda: _small("ViT", num_labels=1, image_size=8, patch_size=4))
+    assert model.config.problem_type is None
+    x = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="num_labels=1.*output_kind='logits'"):
+        token_sensitivity(model, x, sigma=1.0, **EXACT)
+    assert token_sensitivity(model, x, sigma=1.0, output_kind="logits",
+                             **EXACT).num_forward > 0

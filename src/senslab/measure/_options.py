@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..tokens.base import Inputs, Tokenization
+from ..tokens.base import Inputs, Tokenization, model_dtype
 
 
 def _resolve_sigma(
@@ -94,10 +94,27 @@ def _check_generator(generator: Any, name: str = "generator") -> None:
     )
 
 
+def _takes_hooks(model: nn.Module) -> bool:
+    try:
+        model.register_forward_pre_hook(lambda *args: None).remove()
+    except RuntimeError:  # "register_forward_pre_hook is not supported on ScriptModules"
+        return False
+    return True
+
+
 def _check_call_options(model: Any, tokens: Any, autocast: Any, shard: Any) -> None:
     """Types of the arguments that say what is measured and where."""
     if not callable(model):
         raise TypeError(f"model must be an nn.Module or a callable, got {type(model).__name__}")
+    if isinstance(model, torch.jit.ScriptModule) and not _takes_hooks(model):
+        # senslab hooks into the model (its memory meter, Embedding tokens), which a scripted
+        # module does not allow (a traced one does)
+        raise TypeError(
+            f"model is a TorchScript module ({type(model).__name__}, from torch.jit.script or "
+            "torch.jit.load), which takes no forward hooks. Measure the eager model, or pass "
+            "the scripted one as a function: lambda t: scripted(t) (after scripted.eval(); "
+            "with Patches or Sequence tokens)"
+        )
     if not isinstance(tokens, Tokenization):
         hint = (f" — did you mean Patches({tokens})?"
                 if isinstance(tokens, int) and not isinstance(tokens, bool) else "")
@@ -120,6 +137,15 @@ def _check_call_options(model: Any, tokens: Any, autocast: Any, shard: Any) -> N
             "to torch.bfloat16 or torch.float16); for the model's own precision pass nothing, "
             "for float64 convert the model (model.double()) and its inputs"
         )
+    if autocast is not None and model_dtype(model) == torch.float64:
+        # torch's autocast never casts float64 tensors: every forward would stay float64
+        raise ValueError(
+            f"autocast={autocast} on a float64 model: torch's autocast leaves float64 "
+            "tensors as they are, so every forward would run in float64 and the result would "
+            f"show nothing of {autocast}'s decisions. Convert the model and its inputs to "
+            "float32 first (model.float(), inputs.float()), or drop autocast= to measure in "
+            "float64"
+        )
     if shard is not None and not (
         isinstance(shard, (tuple, list)) and len(shard) == 2
         and all(isinstance(v, Integral) and not isinstance(v, bool) for v in shard)
@@ -134,7 +160,16 @@ def _check_call_options(model: Any, tokens: Any, autocast: Any, shard: Any) -> N
 @contextmanager
 def _eval(model: nn.Module) -> Iterator[None]:
     modes = {m: m.training for m in model.modules()}
-    model.eval()
+    try:
+        model.eval()
+    except NotImplementedError as err:  # torch.export's ep.module(): "Calling eval() is not
+        for m, training in modes.items():  # supported yet"
+            m.training = training
+        raise ValueError(
+            f"{type(model).__name__} cannot be switched to eval mode ({err}): a program from "
+            "torch.export keeps the mode it was exported in. Export the model in eval mode "
+            "(model.eval() before torch.export.export) and pass eval_mode=False"
+        ) from err
     try:
         yield
     finally:

@@ -6,7 +6,7 @@ import bisect
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from .._sigint import SigintWatch
 from ..tokens.base import BoundTokens, last_real
@@ -14,17 +14,7 @@ from ..tokens.embedding import _BoundEmbedding
 from . import _chunks, _trim
 from ._noise import NoiseStream
 from ._precision import PrecisionCheck
-from .outputs import check_perturbed_kind, check_rows, predictions
-
-
-def _check_finite(out: Tensor, what: str) -> None:
-    if not torch.isfinite(out).all():
-        bad = (~torch.isfinite(out.reshape(len(out), -1))).any(dim=1).nonzero().flatten()
-        raise FloatingPointError(
-            f"model output is NaN or infinite on {len(bad)} {what} (first at row {bad[0].item()}); "
-            "sensitivity is undefined there — check the model's weights and the inputs"
-        )
-
+from .outputs import check_finite, check_perturbed_kind, check_rows, predictions
 
 #: examples whose zero-noise copies are compared with their clean outputs, per batch
 VERIFY_ROWS = 2
@@ -33,6 +23,9 @@ VERIFY_ROWS = 2
 VERIFY_NOISY = 3
 #: seed of the noisy copies' own generator: the measurement's noise stream is never drawn from
 VERIFY_SEED = 20240527
+#: noisy copies of the first examples evaluated all in one forward and again in two halves, per
+#: input shape (:func:`_verify_batch`): three forwards in all
+VERIFY_BATCH = 6
 #: a calibrated checked precision gathers at most this many chunks per call (ChunkRunner._gather)
 GATHER_MAX = 8
 
@@ -51,13 +44,58 @@ def _tolerance(clean: Tensor, low_precision: bool) -> float:
     return 1e-3
 
 
+def _dynamic_quantized(model: Any) -> list[str]:
+    """Names of ``model``'s dynamically quantised modules (``quantize_dynamic``'s Linear, LSTM…,
+    from ``torch.ao.nn.quantized.dynamic``): each forward takes its activation scale from the
+    range of its own batch, so an example's output depends on the examples it is batched with."""
+    if not isinstance(model, nn.Module):
+        return []
+    prefixes = ("torch.ao.nn.quantized.dynamic", "torch.nn.quantized.dynamic")
+    return [name or type(model).__name__ for name, m in model.named_modules()
+            if type(m).__module__.startswith(prefixes)]
+
+
+def _buffer_versions(model: Any) -> dict[str, int]:
+    """Version counter of each of ``model``'s buffers (no copy: an in-place update bumps it),
+    to name the buffers a forward updates; buffers made in inference mode keep none."""
+    if not isinstance(model, nn.Module):
+        return {}
+    out = {}
+    for name, buf in model.named_buffers():
+        try:
+            out[name] = buf._version
+        except RuntimeError:  # an inference tensor tracks no version
+            continue
+    return out
+
+
+def _updated(model: Any, before: dict[str, int]) -> list[str]:
+    """The buffers of ``model`` updated in place since ``before`` (:func:`_buffer_versions`)."""
+    now = _buffer_versions(model)
+    return [name for name, v in before.items() if now.get(name, v) != v]
+
+
+def _quantized_cause(names: list[str]) -> str:
+    shown = ", ".join(map(repr, names[:3])) + (", …" if len(names) > 3 else "")
+    return (
+        f"The model holds dynamically quantised modules ({shown}: quantize_dynamic), which take "
+        "their activation scale from the range of each forward's batch, so an example's output "
+        "depends on the examples evaluated with it, and the number would depend on chunk_size. "
+        "Measure the float model with precision='int8-checked' (int8 speed, float32's "
+        "decisions), or, for this quantised model's own decisions, feed one example per "
+        "update() with chunk_size=1 and precision='float32' (exact, one copy per forward: slow)"
+    )
+
+
 def verify_deterministic(bound: BoundTokens, clean: Tensor, whole: bool,
-                         extent: Tensor | None, low_precision: bool) -> None:
+                         extent: Tensor | None, low_precision: bool, alone: bool = False) -> None:
     """``eval_mode=False``: refuse a forward that is random in the model's own mode (dropout in
     train mode). The first :data:`VERIFY_ROWS` examples (at least two copies, for train-mode
     BatchNorm) are evaluated twice, together, as copies with zero noise; the two runs must
     agree. Unlike :func:`verify_copies` they are not compared with the clean forward: in train
-    mode batch statistics make an example's output depend on its batch."""
+    mode batch statistics make an example's output depend on its batch. The batch check of
+    :func:`_verify_batch` follows (unless ``alone``): a forward whose copies depend on each
+    other makes the number depend on ``chunk_size`` in any mode."""
     rows = min(VERIFY_ROWS, len(clean))
     src = torch.arange(rows, device=bound.valid.device)
     if rows == 1:
@@ -88,29 +126,38 @@ def verify_deterministic(bound: BoundTokens, clean: Tensor, whole: bool,
             "randomness. Measure with eval_mode=True (the default: eval() for the measurement, "
             "the model's mode restored after it), or make the forward deterministic"
         )
+    if not alone:
+        _verify_batch(bound, clean, whole, extent, rtol, floor)
 
 
 def verify_copies(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor | None,
-                  low_precision: bool) -> None:
+                  low_precision: bool, alone: bool = False) -> None:
     """Refuse a model whose perturbed copies are not evaluated like its clean inputs.
 
     The first :data:`VERIFY_ROWS` examples are evaluated twice as copies with zero noise (at the
     last real token; cut to their extent when padding-aware batching is on), through the same
     path as the perturbed copies. Two runs that differ mean the forward is random (dropout or
-    sampling that ``eval()`` does not switch off); runs that agree with each other but not with
-    the clean forward mean the copies' path computes something else (an example's output that
-    depends on its batch, or ``prefix_cache``/``forward_suffix``/``forward_local`` that disagree
-    with ``forward``). Either way every flip count would be wrong, so it is an error. With the
-    model's own prefix or local reuse on, :data:`VERIFY_NOISY` noisy copies are then evaluated
-    through it and by full forwards too (:func:`_verify_noisy`): a reuse path that mishandles
-    the noise agrees with zero noise. These copies are not counted in ``num_forward``. The
-    metric calls it on the first batch of each input shape (the path of the copies depends on
-    the shape, not on the values).
+    sampling that ``eval()`` does not switch off) or keeps state from call to call; runs that
+    agree with each other but not with the clean forward mean the copies' path computes
+    something else (an example's output that depends on its batch, or
+    ``prefix_cache``/``forward_suffix``/``forward_local`` that disagree with ``forward``).
+    Either way every flip count would be wrong, so it is an error. A zero-noise copy evaluated
+    alone can agree with its batch although the model is batch-dependent (each example attains
+    the batch max it is normalised by), so :data:`VERIFY_BATCH` noisy copies are then
+    evaluated together and in two halves (:func:`_verify_batch`; skipped with ``alone``: every
+    copy gets a forward of its own, ``chunk_size=1`` in float32). With the model's own prefix
+    or local reuse on, :data:`VERIFY_NOISY` noisy copies are evaluated through it and by full
+    forwards too (:func:`_verify_noisy`): a reuse path that mishandles the noise agrees with
+    zero noise. These copies are not counted in ``num_forward`` and their noise has a generator
+    of its own. The metric calls it on the first batch of each input shape (the path of the
+    copies depends on the shape, not on the values).
     """
     rows = min(VERIFY_ROWS, len(clean))
     rtol = _tolerance(clean, low_precision)
     ref = clean[:rows].float().reshape(rows, -1)
     floor = float(ref.abs().max()) * 1e-3 + 1e-30
+    model = getattr(bound, "model", None)
+    versions = _buffer_versions(model)
     runs: list[Tensor] = []
     for _ in range(2):
         outs = []
@@ -129,32 +176,144 @@ def verify_copies(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor
                 return  # reported with the copies' own shape check
             outs.append(out.float().reshape(1, -1))
         runs.append(torch.cat(outs))
+    updated = _updated(model, versions)
+    state = (f"its forward updates the buffer(s) {', '.join(map(repr, updated[:3]))} in place, "
+             "even in eval() mode (a running mean, a counter), so each forward sees another state"
+             if updated else "")
     scale = ref.abs().amax(dim=1, keepdim=True).clamp(min=floor)
     random = (runs[0] - runs[1]).abs() > rtol * scale
     if bool(random.any()):
         worst = float((runs[0] - runs[1]).abs().max())
         raise RuntimeError(
             f"the model's output changed between two evaluations of the same input (by up to "
-            f"{worst:.3g}, outputs of size up to {float(ref.abs().max()):.3g}): its forward is "
-            "random, so the measured flips would count that randomness. senslab measures in "
-            "eval() mode; something else still samples — F.dropout(..., training=True), a "
-            "stochastic layer, noise added in forward. Make the forward deterministic (with "
-            "eval_mode=False, put the model in eval() yourself)"
+            f"{worst:.3g}, outputs of size up to {float(ref.abs().max()):.3g}): "
+            + (state or "its forward is random or keeps state from call to call")
+            + ", so the measured flips would count that. senslab measures in eval() mode; "
+            "something else still changes the output — F.dropout(..., training=True), a "
+            "stochastic layer, noise added in forward, a buffer the forward updates in eval mode "
+            "(a running mean), a call counter. Make the forward deterministic and stateless "
+            "while measuring (with eval_mode=False, put the model in eval() yourself)"
         )
     diff = (runs[0] - ref).abs()
     if bool((diff > rtol * scale).any()):
         row = int((diff > rtol * scale).any(dim=1).nonzero()[0, 0])
-        raise RuntimeError(
+        head = (
             f"a copy of example {row} with zero noise gives another output than its clean "
             f"forward (by up to {float(diff.max()):.3g}, outputs of size up to "
             f"{float(ref.abs().max()):.3g}), so every perturbed copy would be compared with the "
-            "wrong reference. Either an example's output depends on the other examples in its "
-            "batch (batch statistics: BatchNorm in train mode), or the model's prefix_cache/"
-            "forward_suffix or local_cache/forward_local disagree with its forward — pass "
-            "Embedding(..., reuse_prefix=False) or Patches(p, reuse_local=False) to tell"
+            "wrong reference. "
         )
+        quantized = _dynamic_quantized(model)
+        if quantized:
+            raise RuntimeError(head + _quantized_cause(quantized))
+        if state:
+            raise RuntimeError(
+                head + state[0].upper() + state[1:] + ": make the forward stateless while "
+                "measuring (freeze what it updates), or measure a copy of the model whose "
+                "state does not change")
+        reuse = ""
+        if getattr(bound, "reuse", False) and not whole:
+            option = ("Embedding(..., reuse_prefix=False)" if isinstance(bound, _BoundEmbedding)
+                      else "Patches(p, reuse_local=False)")
+            method = ("prefix_cache/forward_suffix" if isinstance(bound, _BoundEmbedding)
+                      else "local_cache/forward_local")
+            reuse = (f" Or the model's {method} disagrees with its forward: pass {option} to "
+                     "tell.")
+        raise RuntimeError(
+            head + "An example's output depends on the other examples in its batch (batch "
+            "statistics: a batch max or mean, BatchNorm in train mode, F.batch_norm(..., "
+            "training=True)) or on what earlier forwards left behind (a call counter, a buffer "
+            "updated in eval mode). Measure a model whose output for one example does not "
+            "depend on the others or on earlier calls (eval() mode, no batch-level "
+            "statistics), or, where one example at a time is exact, feed one example per "
+            "update() with chunk_size=1 and precision='float32'." + reuse
+        )
+    if not alone:
+        _verify_batch(bound, clean, whole, extent, rtol, floor)
     if not whole:  # whole-input copies never take a reuse path
         _verify_noisy(bound, clean, extent, rtol, floor)
+
+
+def _verify_batch(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor | None,
+                  rtol: float, floor: float) -> None:
+    """Refuse a model whose output for one copy depends on the other copies of its forward.
+
+    The zero-noise check evaluates each example alone and compares it with the clean batch; a
+    model normalised by its batch's maximum passes it when every example attains that maximum
+    (images each scaled to max 1), while a chunk of noisy copies is divided by its largest noisy
+    value, so the number moved with ``chunk_size`` (0.113 at the automatic size, 0.066 one copy
+    at a time). So :data:`VERIFY_BATCH` noisy copies of the first two examples (first, middle
+    and last real token; whole-input noise with ``whole``) are evaluated in one forward and
+    again in two halves, through the copies' own path, and must agree within float rounding.
+    The noise, of the size of each example's token vectors, comes from a generator of its own
+    (:data:`VERIFY_SEED`, on the CPU): the measurement's stream is untouched. Three forwards on
+    the first batch of each input shape. Skipped for outputs that are class labels (a noisy
+    copy may sit on a decision boundary that rounding crosses)."""
+    if not clean.is_floating_point():
+        return
+    k = VERIFY_BATCH
+    rows = min(VERIFY_ROWS, len(clean))
+    src = torch.arange(k, device=bound.valid.device) % rows  # examples alternate: 0, 1, 0, 1…
+    width = bound.valid.shape[1] if extent is None else int(extent[:rows].max())
+    cut = {} if extent is None else {"width": width}
+    gen = torch.Generator().manual_seed(VERIFY_SEED + 1)
+    toks, noise = [], []
+    for i, r in enumerate(src.tolist()):
+        real = bound.valid[r].nonzero().flatten()
+        if not len(real):
+            return
+        own = bound.tokens(torch.full_like(real, r), real).float()
+        size = float(own.pow(2).mean().sqrt())
+        if not 0 < size < float("inf"):
+            size = 1.0
+        j = i // rows  # this example's j-th copy: first, middle, last real token, first…
+        toks.append(real[[0, len(real) // 2, len(real) - 1][j % 3]])
+        shape = (width, bound.dim) if whole else (bound.dim,)
+        noise.append(torch.randn(shape, generator=gen) * size)
+    tok = None if whole else torch.stack(toks)
+    eps = torch.stack(noise).to(clean.device)
+    if whole:  # padding tokens get no noise (forward_perturbed zeroes them as well)
+        eps = eps * bound.valid[src][:, :width].unsqueeze(-1).to(eps.dtype)
+
+    def run(part: slice) -> Tensor:
+        return bound.forward_perturbed(src[part], None if tok is None else tok[part], eps[part],
+                                       **cut)
+
+    together = run(slice(0, k))
+    halves = [run(slice(0, k // 2)), run(slice(k // 2, k))]
+    if together.shape[1:] != clean.shape[1:] or any(h.shape[1:] != together.shape[1:]
+                                                   for h in halves):
+        return  # reported with the copies' own shape check
+    a = together.float().reshape(k, -1)
+    b = torch.cat(halves).float().reshape(k, -1)
+    finite = torch.isfinite(a)
+    ref = clean[src].float().reshape(k, -1)
+    scale = torch.stack([a.nan_to_num(0.0, 0.0, 0.0).abs().amax(dim=1),
+                         ref.abs().amax(dim=1)]).amax(dim=0).clamp(min=floor).unsqueeze(1)
+    diff = (a - b).abs()
+    bad = (diff > rtol * scale) | (finite != torch.isfinite(b))
+    if not bool(bad.any()):
+        return
+    over = torch.where(bad, diff.nan_to_num(float("inf")), torch.zeros_like(diff))
+    row = int(over.amax(dim=1).argmax())
+    worst, size = float(over[row].max()), float(scale[row])
+    quantized = _dynamic_quantized(getattr(bound, "model", None))
+    cause = _quantized_cause(quantized) if quantized else (
+        "Likely causes: batch statistics (a batch max or mean used to normalise, BatchNorm in "
+        "train mode), dynamic quantisation's per-batch activation range. Measure a model whose "
+        "output for one example does not depend on the others (eval() mode, no batch-level "
+        "statistics), or, where one copy at a time is exact, pass chunk_size=1 with "
+        "precision='float32' (one copy per forward: slow; feed one example per update() if the "
+        "clean batch depends on its examples too)")
+    raise RuntimeError(
+        f"the model's output for one example depends on the other examples in its forward "
+        f"pass: {k} noisy copies of the first {'examples' if rows > 1 else 'example'} gave "
+        f"other outputs evaluated together than in two halves (copy {row}: by up to "
+        f"{worst:.3g}, outputs of size up to {size:.3g}; float rounding explains "
+        f"{rtol * size:.3g}). senslab evaluates many perturbed copies per forward, so every "
+        "flip would depend on which copies share a chunk, and the number on chunk_size. "
+        + cause
+    )
 
 
 def _verify_noisy(bound: BoundTokens, clean: Tensor, extent: Tensor | None, rtol: float,
@@ -503,7 +662,7 @@ class ChunkRunner:
 
     def _compare(self, out: Tensor, src: Tensor) -> Tensor:
         check_rows(out, len(src), "perturbed copies")
-        _check_finite(out, "perturbed copies")
+        check_finite(out, "perturbed copies", self.m.compare)
         ref = self.ref
         if self.m.compare == "class":
             # clean outputs all exact 0/1 were read as logits: a saturated sigmoid shows here

@@ -42,12 +42,14 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from ..tokens.auto import headless_reason
+
 OutputKind = Literal["logits", "probabilities", "scores"]
 OUTPUT_KINDS: tuple[str, ...] = ("logits", "probabilities", "scores")
 
 __all__ = [
-    "OUTPUT_KINDS", "OutputKind", "check_kind", "check_perturbed_kind", "check_rows",
-    "declared_kind", "inferred_from_zero_one", "is_scalar", "margins", "predictions",
+    "OUTPUT_KINDS", "OutputKind", "check_finite", "check_kind", "check_perturbed_kind",
+    "check_rows", "declared_kind", "inferred_from_zero_one", "is_scalar", "margins", "predictions",
     "resolve_kind", "threshold_of",
 ]
 
@@ -110,6 +112,9 @@ def check_head(model: Any, compare: str, kind: str | None, output: Any = None) -
     is."""
     if compare != "class" or kind is not None or output is not None:
         return
+    reason = headless_reason(model)  # a timm/HF classifier built without its classifier
+    if reason is not None:
+        raise ValueError(reason)
     problem = getattr(getattr(model, "config", None), "problem_type", None)
     if problem == "regression":
         raise ValueError(
@@ -119,10 +124,10 @@ def check_head(model: Any, compare: str, kind: str | None, output: Any = None) -
             "'l2', or say where its decision lies with output_kind='scores', threshold=t"
         )
     labels = getattr(getattr(model, "config", None), "num_labels", None)
-    # Hugging Face's sequence classifiers train one output without a problem_type as a
-    # regression (other heads, a language model's say, keep their own outputs)
-    if problem is None and labels == 1 \
-            and type(model).__name__.endswith("ForSequenceClassification"):
+    # Hugging Face's sequence and image classifiers train one output without a problem_type as
+    # a regression (other heads, a language model's say, keep their own outputs)
+    if problem is None and labels == 1 and type(model).__name__.endswith(
+            ("ForSequenceClassification", "ForImageClassification")):
         raise ValueError(
             f"{type(model).__name__} has one output (config.num_labels=1) and no "
             "config.problem_type, which Hugging Face reads as a regression head (its loss is "
@@ -146,6 +151,26 @@ def threshold_of(kind: str, threshold: float | None = None) -> float:
     if kind == "scores":
         return float(threshold)  # type: ignore[arg-type]  # check_kind: not None
     return 0.5 if kind == "probabilities" else 0.0
+
+
+def _boundary(dtype: torch.dtype, t: float) -> tuple[float, bool]:
+    """``(r, inclusive)``: ``t`` rounded to ``dtype`` (what ``out > t`` compared with, in the
+    output's own dtype: 0.3 is 0.30078125 in bf16) and whether a value equal to ``r`` lies
+    above ``t``. Rounding gives a neighbour of ``t``, so no ``dtype`` value lies between
+    the two: ``x > t`` exactly iff ``x >= r`` (``r > t``) or ``x > r`` (else), with no copy in
+    a wider dtype (MPS has no float64). ``r`` is the boundary the margins are taken from."""
+    if dtype == torch.float64 or not dtype.is_floating_point:
+        return t, False
+    r = torch.tensor(t, dtype=dtype).item()
+    return r, r > t
+
+
+def _above(flat: Tensor, t: float) -> Tensor:
+    """``flat > t`` for the real number ``t``, exact in ``flat``'s own dtype."""
+    if not flat.is_floating_point():
+        return flat > math.floor(t)  # an integer above t is above its floor
+    r, inclusive = _boundary(flat.dtype, t)
+    return flat >= r if inclusive else flat > r
 
 
 def _column_range(out: Tensor) -> tuple[float, float, bool] | None:
@@ -183,7 +208,11 @@ def resolve_kind(out: Tensor, kind: str | None, threshold: float | None = None) 
     if kind == "scores" and not scalar and out.dim() == 2:
         raise ValueError(
             f"threshold= applies to one-column outputs, but the model returned shape "
-            f"{tuple(out.shape)} (the argmax decides): drop output_kind='scores'/threshold"
+            f"{tuple(out.shape)}: with {out.shape[1]} columns senslab reads the argmax, one "
+            "class per example. For one class per example drop output_kind='scores'/"
+            "threshold; for independent labels (multi-label, a sigmoid per column) measure "
+            "one label at a time, output=lambda o: o[:, k], output_kind='scores', "
+            f"threshold={threshold!r}, or how far the outputs move with compare='l1'/'l2'"
         )
     if kind not in (None, "probabilities"):
         return kind
@@ -249,7 +278,7 @@ def predictions(out: Tensor, kind: str = "logits", threshold: float | None = Non
         flat = out.reshape(-1)
         if not flat.is_floating_point() and kind != "scores":
             return flat  # class labels
-        return flat > threshold_of(kind, threshold)
+        return _above(flat, threshold_of(kind, threshold))
     if out.dim() == 2:
         if not out.is_floating_point():
             raise ValueError(
@@ -273,7 +302,10 @@ def margins(out: Tensor, ref: Tensor, kind: str = "logits",
     prediction is ``ref``): ±(value − boundary) for one column, the clean class's column minus
     the largest other column for several."""
     if is_scalar(out):
-        z = out.reshape(-1) - threshold_of(kind, threshold)
+        flat = out.reshape(-1)
+        # from the boundary as the output's dtype holds it: the sign agrees with predictions
+        # (a value at a rounded-up boundary is above it: margin 0, still ≥ 0)
+        z = flat - _boundary(flat.dtype, threshold_of(kind, threshold))[0]
         return torch.where(ref, z, -z)
     top = out.gather(1, ref[:, None]).squeeze(1)
     others = out.scatter(1, ref[:, None], float("-inf"))
@@ -294,3 +326,34 @@ def check_rows(out: Tensor, rows: int, what: str) -> None:
             f"{rows} {what}; sensitivity needs one output row per example — does the model "
             "reduce or reshape over the batch axis, or does output= select the wrong element?"
         )
+
+
+def check_finite(out: Tensor, what: str, compare: str = "class") -> None:
+    """Refuse outputs ``out`` on which sensitivity is undefined, naming the rows.
+
+    With ``compare="class"`` a row's decision is defined unless it holds a NaN or its largest
+    entry is not finite (``+inf``, or every entry ``-inf``): ``-inf`` for disallowed classes
+    (a common masking idiom) leaves the argmax well defined and is let through; a column of
+    one output flips at its boundary only if it is finite. A distance (``"l1"``/``"l2"``)
+    needs every entry finite (``-inf - -inf`` is NaN). One host sync when all is well."""
+    flat = out.reshape(len(out), -1)
+    if not flat.is_floating_point():
+        return
+    if compare == "class":
+        bad_rows = flat.isnan().any(dim=1) | ~torch.isfinite(flat.amax(dim=1)) \
+            if flat.shape[1] else torch.zeros(len(flat), dtype=torch.bool, device=flat.device)
+    else:
+        bad_rows = (~torch.isfinite(flat)).any(dim=1)
+    if not bool(bad_rows.any()):
+        return
+    bad = bad_rows.nonzero().flatten()
+    masked = ("; -inf for disallowed classes is fine as long as every row keeps a finite "
+              "largest entry (else clamp them: output=lambda o: o.clamp(min=-1e9))"
+              if compare == "class" else
+              f" (compare={compare!r} measures distances, which -inf entries make NaN: clamp "
+              "them, output=lambda o: o.clamp(min=-1e9))")
+    raise FloatingPointError(
+        f"model output is NaN or infinite on {len(bad)} {what} (first at row "
+        f"{bad[0].item()}); sensitivity is undefined there — check the model's weights and "
+        f"the inputs{masked}"
+    )

@@ -157,11 +157,12 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from .._onednn import missing_kernel
 from ..tokens.base import (
@@ -189,7 +190,7 @@ from ._options import (
     _shapes,
 )
 from ._precision import Precision, PrecisionCheck
-from ._runner import ChunkRunner, _check_finite, verify_copies, verify_deterministic
+from ._runner import ChunkRunner, verify_copies, verify_deterministic
 from ._stats import (
     SensitivityResult,
     State,
@@ -203,6 +204,7 @@ from ._stats import units as _units
 from ._stats import within_variance as _within_variance
 from .outputs import (
     OutputKind,
+    check_finite,
     check_head,
     check_kind,
     check_rows,
@@ -272,37 +274,56 @@ def _autocast_on(device_type: str) -> bool:
         return bool(torch.is_autocast_enabled())
 
 
+class _AutocastProbe(TorchFunctionMode):
+    """Looks at the autocast state at every torch call while it is entered (one forward):
+    :attr:`seen` is True once a call ran with autocast on for ``device_type``."""
+
+    def __init__(self, device_type: str) -> None:
+        super().__init__()
+        self.device_type, self.seen = device_type, False
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        if not self.seen and _autocast_on(self.device_type):
+            self.seen = True
+        return func(*args, **(kwargs or {}))
+
+
 @contextmanager
 def _refuse_own_autocast(model: Any, device: torch.device) -> Iterator[None]:
     """Refuse a model whose forward enters autocast itself (Lightning Fabric's module under
-    ``precision="bf16-mixed"``, a forward with its own ``torch.autocast``): the first module it
-    runs sees autocast on although senslab switched it off, and every decision said to be
-    float32's would be the reduced precision's. Looked at in the first forward (the clean one),
-    before anything is counted."""
-    if not isinstance(model, nn.Module):
-        yield
-        return
-    handles: list[Any] = []
+    ``precision="bf16-mixed"``, a forward or a predict function with its own
+    ``torch.autocast``): senslab switched autocast off, so a torch call that runs with it on
+    was switched on by the model, and every decision said to be float32's would be the
+    reduced precision's. Wraps the first forward (the clean one), before anything is counted:
+    a torch function mode sees every call, also a plain callable's and functional ops on a
+    module's own parameters (a forward pre-hook on submodules saw neither, and a ScriptModule
+    takes no hooks); the other forwards run without it. Pre-hooks on the submodules look too:
+    a mode is thread-local, and ``nn.DataParallel`` runs its replicas in threads of its own."""
+    probe = _AutocastProbe(device.type)
 
     def look(module: nn.Module, args: Any) -> None:
-        for h in handles:
-            h.remove()
-        handles.clear()
         if _autocast_on(device.type):
-            raise ValueError(
-                f"{type(model).__name__}'s forward switches autocast on by itself (a "
-                "mixed-precision wrapper: Lightning Fabric's module under "
-                "precision='bf16-mixed', a forward with its own torch.autocast), so the "
-                "decisions counted would be the reduced precision's, not float32's as "
-                "precision= says. Measure the module inside the wrapper (fabric_module.module), "
-                "or accept reduced precision with autocast=torch.bfloat16")
+            probe.seen = True
 
-    handles.extend(m.register_forward_pre_hook(look) for m in model.modules() if m is not model)
+    handles = ([m.register_forward_pre_hook(look) for m in model.modules() if m is not model]
+               if isinstance(model, nn.Module) else [])
     try:
-        yield
+        with probe:
+            yield
     finally:
         for h in handles:
             h.remove()
+    if probe.seen:
+        name = (type(model).__name__ if isinstance(model, nn.Module)
+                else getattr(model, "__name__", type(model).__name__))
+        raise ValueError(
+            f"{name}'s forward switches autocast on by itself (a mixed-precision wrapper: "
+            "Lightning Fabric's module under precision='bf16-mixed', a forward or a predict "
+            "function with its own torch.autocast), so the decisions counted would be the "
+            "reduced precision's, not float32's as precision= says. Measure the model without "
+            "it (the module inside the wrapper: fabric_module.module; a predict function "
+            "without its autocast), or accept reduced precision with autocast=torch.bfloat16")
 
 
 def _refuse_batch_statistics(model: nn.Module, eval_mode: bool = False) -> None:
@@ -693,8 +714,8 @@ class TokenSensitivity:
         probe = (_refuse_own_autocast(self.model, device)
                  if self.autocast is None and not self._own_autocast_checked else nullcontext())
         try:
-            with mode, kept, _own_forward(self.model), self._autocast(device), probe:
-                self._update(inputs, mask, device)
+            with mode, kept, _own_forward(self.model), self._autocast(device):
+                self._update(inputs, mask, device, probe)
             self._own_autocast_checked = True
         except RuntimeError as err:
             if not missing_kernel(err, device):
@@ -726,15 +747,19 @@ class TokenSensitivity:
             self._stream = NoiseStream(self.generator, row, device)
         return self._stream
 
-    def _update(self, inputs: Inputs, mask: Tensor | None, device: torch.device) -> None:
-        with self.tokens.bind(self.model, inputs, mask, output=self.output) as bound:
+    def _update(self, inputs: Inputs, mask: Tensor | None, device: torch.device,
+                probe: AbstractContextManager[Any]) -> None:
+        with ExitStack() as stack:
+            with probe:  # around the clean forward alone, which bind runs
+                bound = stack.enter_context(
+                    self.tokens.bind(self.model, inputs, mask, output=self.output))
             clean = bound.clean_output
             valid = bound.valid
             # the real tokens, for the right-aligned profile: mask= may perturb fewer of them
             real = valid if bound.padding is None else bound.padding | valid
             b, t = valid.shape
             check_rows(clean, b, "examples")
-            _check_finite(clean, "clean examples")
+            check_finite(clean, "clean examples", self.compare)
             if self.compare == "class":
                 self.kind = resolve_kind(clean, self.output_kind, self.threshold)
                 self.kind_from_zero_one = inferred_from_zero_one(clean, self.output_kind)
@@ -770,10 +795,17 @@ class TokenSensitivity:
                                         extent)
             shape = (_shapes(inputs), whole, self.autocast, extent is not None)
             if shape not in self._verified:  # once per input shape
+                # every copy in a forward of its own (chunk_size=1, no checked precision
+                # gathering re-checks, no tangent of the batch): nothing shares a forward, so
+                # the batch check is moot (the zero-noise copies still face the clean batch)
+                alone = (self.chunk_size == 1 and self.precision == "float32"
+                         and not self.control_variate and not self.allocation)
                 if self.eval_mode:
-                    verify_copies(bound, clean, whole, extent, self.autocast is not None)
+                    verify_copies(bound, clean, whole, extent, self.autocast is not None,
+                                  alone=alone)
                 else:  # the model's own mode: batch statistics may differ, randomness may not
-                    verify_deterministic(bound, clean, whole, extent, self.autocast is not None)
+                    verify_deterministic(bound, clean, whole, extent, self.autocast is not None,
+                                         alone=alone)
                 self._verified.add(shape)
             check = self._checked(bound, clean, device)
             key = (*shape, check is None)
@@ -877,6 +909,16 @@ class TokenSensitivity:
         low = _precision.checked(self, device, clean)
         if low is None:
             return None
+        if not bool(torch.isfinite(clean).all()):  # -inf entries: masked classes
+            # a checked precision's margins and bands are sizes of the outputs: infinite here,
+            # so its band would not be a bound; "auto" keeps such a batch in float32
+            if self.precision == "auto":
+                return None
+            raise ValueError(
+                f"precision={self.precision!r} with -inf in the model's outputs (classes "
+                "masked out with -inf): the checked precision bounds its error by the size of "
+                "the outputs, which -inf makes infinite. Pass precision='float32', or clamp the "
+                "masked entries to a large finite value (output=lambda o: o.clamp(min=-1e4))")
         b = bound.valid.shape[0]
         copies = b * self.repeats if self.mode == "whole" else int(bound.valid.sum()) * self.repeats
         self._check.use(*low, model=self.model, copies=copies)

@@ -145,6 +145,20 @@ def _refuse_added_positions(inputs: Inputs, b: int, t: int, name: str) -> None:
     )
 
 
+def _cloned(inputs: Inputs) -> Inputs:
+    """``inputs`` with every tensor copied (other values pass through): the clean forward runs
+    on it, so a model that edits its inputs in place (``input_ids.clamp_``, a mask's
+    ``masked_fill_``) changes neither the caller's tensors nor the rows the copies are built
+    from. Token ids and masks are small: one copy per batch."""
+    if isinstance(inputs, Tensor):
+        return inputs.clone()
+    if isinstance(inputs, dict):
+        return {k: v.clone() if isinstance(v, Tensor) else v for k, v in inputs.items()}
+    if isinstance(inputs, (tuple, list)):
+        return type(inputs)(v.clone() if isinstance(v, Tensor) else v for v in inputs)
+    return inputs
+
+
 def _called_embeddings(model: Any, inputs: Inputs, output: Any) -> list[str]:
     """The ``nn.Embedding`` and ``nn.LayerNorm`` submodules a forward of ``inputs`` calls, in
     call order (for an error message; at most six)."""
@@ -156,7 +170,7 @@ def _called_embeddings(model: Any, inputs: Inputs, output: Any) -> list[str]:
              for m in names if isinstance(m, (nn.Embedding, nn.LayerNorm))]
     try:
         with torch.no_grad():
-            call_model(model, inputs, output)
+            call_model(model, _cloned(inputs), output)
     except Exception:  # noqa: BLE001 -- only a hint for the message
         pass
     finally:
@@ -318,7 +332,9 @@ class _BoundEmbedding(BoundTokens):
             return None  # reported by _count after the forward pass; no noise twice
         if self._delta is None:
             self._shape = tuple(out.shape)
-            self._clean = out.detach()
+            # a copy: the rest of the forward may edit the module's output in place (h += pos),
+            # and these are the clean tokens (replace_with, prefix reuse's cache)
+            self._clean = out.detach().clone()
             return None
         tok, noise = self._delta
         if self._width is not None and out.shape[1] != self._width:
@@ -352,7 +368,8 @@ class _BoundEmbedding(BoundTokens):
         return out
 
     def run_clean(self, mask: Tensor | None) -> None:
-        raw = self._count(lambda: call_model(self.model, self.inputs, self.output))
+        inputs = _cloned(self.inputs)  # the model may edit its inputs in place
+        raw = self._count(lambda: call_model(self.model, inputs, self.output))
         if self._shape is None:
             called = _called_embeddings(self.model, self.inputs, self.output)
             raise RuntimeError(

@@ -189,7 +189,9 @@ class _BoundPatches(BoundTokens):
         self.model, self.x, self.output = model, x, output
         self.dim = c * self.p * self.p
         self.valid = valid_mask(mask, b, self.gh * self.gw, x.device)
-        self.clean_output = clean_forward(model, x, output)
+        # on a copy: a model that edits its input in place (an in-place ReLU or clamp_ first)
+        # would change the caller's images and the base of every perturbed copy
+        self.clean_output = clean_forward(model, x.clone(), output)
         self.reuse = False  # local reuse (see Patches)
         self._cached: Tensor | None = None  # the examples whose clean maps are cached
         self._cache: Any = None
@@ -295,7 +297,9 @@ class _BoundSequence(BoundTokens):
         self.model, self.x, self.output = model, x, output
         self.dim = x.shape[2]
         self.valid = valid_mask(mask, x.shape[0], x.shape[1], x.device)
-        self.clean_output = clean_forward(model, x, output)
+        # on a copy: a forward that edits its input in place must not change the caller's
+        # tensor, nor the base of the perturbed copies
+        self.clean_output = clean_forward(model, x.clone(), output)
 
     def tokens(self, src: Tensor, tok: Tensor) -> Tensor:
         return self.x[src, tok]
