@@ -128,7 +128,10 @@ def check_config(cfg: BooleanRunConfig) -> None:
             raise ValueError("function=random is a table on the cube: give train_size (subset "
                              "training)")
     elif not cfg.train_size < 2**cfg.n:
-        raise ValueError(f"train_size must be below 2^n = {2**cfg.n}, got {cfg.train_size}")
+        raise ValueError(
+            f"train_size={cfg.train_size} leaves no held-out strings: the cube of n={cfg.n} has "
+            f"2^n = {2**cfg.n}; give a train_size below {2**cfg.n} (an experiment's "
+            "train_sizes, e.g. --set train_sizes=8,12) or a larger n")
     resolve_device(cfg.device)
 
 
