@@ -115,6 +115,7 @@ def test_a_trainer_check_refuses_before_the_directory_exists(tmp_path: Path) -> 
     """A combination only the trainer checks (train_size < 2^n) fails before run_experiment
     creates or locks the experiment directory (D4)."""
     out = tmp_path / "exp"
-    with pytest.raises(ValueError, match=r"train_size=32 leaves no held-out.*2\^n = 16.*train_sizes"):
+    with pytest.raises(ValueError,
+                       match=r"train_size=32 leaves no held-out.*2\^n = 16.*train_sizes"):
         run_experiment("hr_random_functions", out, overrides=["n=4"], log=lambda _: None)
     assert not out.exists()
