@@ -262,3 +262,23 @@ def test_a_batch_dependent_refusal_suggests_reuse_options_only_when_reuse_is_on(
                                            r"(?s:.*)chunk_size=1") as err:
         token_sensitivity(Centred(_mlp()), _images(), Patches(2), sigma=0.5)
     assert "reuse_local" not in str(err.value)  # this model has no local reuse to turn off
+
+
+def test_the_batch_check_runs_once_per_metric_not_per_padded_width(monkeypatch):
+    """Text batches of new padded widths are new input shapes; the batch check, a property of
+    the model and the options, ran again on each (+18% model calls on 16 batches of the zoo's
+    RoBERTa). It runs on the first batch only; the zero-noise checks still run per shape."""
+    net = _mlp(d_in=8)
+    seen: list[int] = []
+    real = _runner._verify_batch
+
+    def counted(*args, **kwargs):
+        seen.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_runner, "_verify_batch", counted)
+    metric = TokenSensitivity(lambda t: net(t.flatten(1)), Sequence(), sigma=0.5, generator=0)
+    for width in (2, 4, 8):  # (B, T, D): T·D = 8 features for every width
+        metric.update(torch.randn(3, width, 8 // width, generator=torch.Generator()
+                                  .manual_seed(width)))
+    assert len(seen) == 1 and len(metric._verified) == 3

@@ -242,3 +242,40 @@ def test_masked_logits_and_checked_precisions(monkeypatch):
     assert auto.recheck_fraction is None  # float32 alone
     clamped = token_sensitivity(Masked(clamp=True), x, Patches(4), sigma=1.0, generator=0)
     assert clamped.recheck_fraction is not None  # auto checks bf16 where the outputs are finite
+
+
+class _NoisyMasked(nn.Module):
+    """Random in eval mode, with class 0 masked by -inf: must be refused as random."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.lin(x.flatten(1)) + 0.5 * torch.randn(len(x), 4)
+        return torch.cat([torch.full_like(out[:, :1], float("-inf")), out[:, 1:]], 1)
+
+
+class _BatchMaxMasked(nn.Module):
+    """Normalised by its batch's maximum, with class 0 masked by -inf: must be refused."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.lin((x / x.abs().amax()).flatten(1)) * 10
+        return torch.cat([torch.full_like(out[:, :1], float("-inf")), out[:, 1:]], 1)
+
+
+@pytest.mark.parametrize("make,words", [(_NoisyMasked, "changed between two evaluations"),
+                                        (_BatchMaxMasked, "zero noise gives another output")])
+def test_masked_logits_keep_the_copy_checks_on(make, words):
+    """A -inf logit made every tolerance of the copy checks infinite (sized from the clean
+    outputs), so a random or batch-dependent forward with a masked class was measured without
+    a word (0.3906 and 0.2812); the tolerances are sized from the finite entries."""
+    torch.manual_seed(0)  # test-only: the layers' initialisation
+    model = make().eval()
+    x = torch.randn(8, 1, 4, 4, generator=torch.Generator().manual_seed(1))
+    with pytest.raises(RuntimeError, match=words):
+        token_sensitivity(model, x, Patches(2), sigma=1.0, repeats=2)

@@ -3,6 +3,7 @@ weight noise the weights' precision cannot hold (audit numbers51, findings 1, 4,
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -281,3 +282,174 @@ def test_output_selects_the_logits_of_a_structured_output():
                                          generator=0).estimate
     # the blow-up reads no output, so a tuple needs no selector
     torch.testing.assert_close(layernorm_blowup(pair, x), layernorm_blowup(plain, x))
+
+
+# ------------------------------- audit apis53: random forwards, side effects, exclude, NaN loss
+class MCDropout(nn.Module):
+    """Dropout kept on at test time (MC dropout): random in eval mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 32), nn.Linear(32, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        return self.b(nn.functional.dropout(h, p=0.3, training=True))
+
+
+def test_a_forward_random_in_eval_mode_is_refused():
+    """At sigma_w=0 the truth is 0; the dropout noise read as ShOp 0.54 ± 0.005 (audit D1)."""
+    torch.manual_seed(0)  # test-only: layer init and the model's own dropout
+    model = MCDropout()
+    x = torch.randn(64, 8, generator=_gen(0))
+    y = torch.randint(0, 3, (64,), generator=_gen(1))
+    with pytest.raises(ValueError, match=r"random in eval mode.*training=True") as err:
+        output_sharpness(model, x, sigma_w=0.0, repeats=3, generator=0)
+    assert "ShOp" in str(err.value)
+    with pytest.raises(ValueError, match=r"random in eval mode.*loss sharpness"):
+        loss_sharpness(model, nn.functional.cross_entropy, x, y, sigma=0.0, draws=3)
+    # the same network made deterministic is measured: exactly 0 at sigma 0
+    model.forward = lambda x: model.b(torch.relu(model.a(x)))  # type: ignore[method-assign]
+    assert output_sharpness(model, x, sigma_w=0.0, repeats=3, generator=0).shop.estimate == 0
+    assert loss_sharpness(model, nn.functional.cross_entropy, x, y, sigma=0.0,
+                          draws=3).estimate == 0
+
+
+def test_a_random_loss_fn_is_refused():
+    model = nn.Linear(4, 2)
+    x = torch.randn(16, 4, generator=_gen(0))
+
+    def noisy(out: torch.Tensor, _t: object) -> torch.Tensor:
+        return out.square().mean() + torch.rand(())
+
+    with pytest.raises(ValueError, match="forward or loss_fn is random"):
+        loss_sharpness(model, noisy, x, None, draws=2)
+
+
+def _bn_mlp() -> nn.Module:
+    torch.manual_seed(0)  # test-only: layer init
+    model = nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.Tanh(), nn.Linear(16, 3))
+    with torch.no_grad():  # running statistics that eval-mode backward reads
+        model[1].running_mean.uniform_(-0.5, 0.5)
+        model[1].running_var.uniform_(0.5, 2.0)
+    return model.eval()
+
+
+@pytest.mark.parametrize("which", ["output", "loss"])
+def test_a_pending_backward_survives_and_gets_the_same_gradients(which):
+    """p.copy_ / b.copy_ bumped every version counter: loss.backward() after the call raised
+    'modified by an inplace operation' (audit D3)."""
+    x = torch.randn(8, 6, generator=_gen(0))
+    reference = _bn_mlp()
+    reference(x).pow(2).mean().backward()
+    model = _bn_mlp()
+    loss = model(x).pow(2).mean()
+    versions = [t._version for t in [*model.parameters(), *model.buffers()]]
+    if which == "output":
+        output_sharpness(model, x, sigma_w=0.1, repeats=2, generator=0)
+    else:
+        loss_sharpness(model, lambda o, _t: o.pow(2).mean(), x, None, draws=2, generator=0)
+    loss.backward()  # raised "modified by an inplace operation"
+    assert [t._version for t in [*model.parameters(), *model.buffers()]] == versions
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad)
+
+
+class Counter(nn.Module):
+    """Reassigns one buffer (self.calls = self.calls + 1) and updates another in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+        self.register_buffer("calls", torch.zeros(()))
+        self.register_buffer("seen", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls = self.calls + 1
+        self.seen.add_(0)  # written, value unchanged
+        return self.lin(x)
+
+
+def test_a_reassigned_buffer_is_put_back_by_name():
+    """The snapshot was copied into the old tensor object: calls == 4 after 3 draws (audit D4)."""
+    model = Counter()
+    calls, seen = model.calls, model.seen
+    x = torch.randn(8, 4, generator=_gen(0))
+    output_sharpness(model, x, repeats=3, generator=0)
+    loss_sharpness(model, lambda o, _t: o.square().mean(), x, None, draws=3, generator=0)
+    assert model.calls is calls and model.calls.item() == 0.0
+    assert model.seen is seen and model.state_dict()["calls"].item() == 0.0
+
+
+def test_an_output_that_is_a_parameter_is_measured():
+    """A model returning its own weight: the clean output was the parameter itself, perturbed
+    in place with it, so ShOp was 0; E|Δ| = σ·sqrt(2/π) per example."""
+
+    class Weights(nn.Module):
+        def __init__(self, n: int) -> None:
+            super().__init__()
+            self.theta = nn.Parameter(torch.zeros(n))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.theta
+
+    res = output_sharpness(Weights(400), torch.zeros(400, 1), sigma_w=1.0, repeats=5,
+                           generator=0)
+    assert res.shop.estimate == pytest.approx(math.sqrt(2 / math.pi), rel=0.05)
+
+
+def test_a_forward_that_writes_its_parameters_is_refused():
+    class Clamps(nn.Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                self.weight.clamp_(-0.1, 0.1)
+            return super().forward(x)
+
+    torch.manual_seed(0)  # test-only: layer init
+    with pytest.raises(ValueError, match="writes into the parameter"):
+        output_sharpness(Clamps(4, 2), torch.randn(8, 4, generator=_gen(0)), generator=0)
+
+
+def test_an_exclude_entry_that_matches_nothing_is_refused_with_the_closest_names():
+    """exclude=('layer0',) measured the unexcluded model without a word (audit S3)."""
+    torch.manual_seed(0)  # test-only: layer init
+
+    class Layers(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 2)])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.layers[1](torch.tanh(self.layers[0](x)))
+
+    model = Layers()
+    x = torch.randn(8, 4, generator=_gen(0))
+    with pytest.raises(ValueError, match=r"'layer0' is in no parameter name.*'layers\.0'"):
+        output_sharpness(model, x, exclude=("layer0",), generator=0)
+    with pytest.raises(ValueError, match="'layer0' is in no parameter name"):
+        loss_sharpness(model, lambda o, _t: o.square().mean(), x, None, exclude="layer0")
+    # a real substring, and the default positional exclude on a model without positions, pass
+    output_sharpness(model, x, exclude=("layers.0",), repeats=2, generator=0)
+    loss_sharpness(model, lambda o, _t: o.square().mean(), x, None, draws=2)
+
+
+def _log_loss(out: torch.Tensor, _t: object) -> torch.Tensor:
+    return out.log().mean()
+
+
+def test_a_nan_loss_is_refused_naming_where_it_appeared():
+    """A NaN loss gave a NaN sharpness without a word (audit S7)."""
+    model = nn.Linear(1, 1)
+    with torch.no_grad():
+        model.weight.zero_()
+        model.bias.fill_(1.0)  # clean output 1, log 0; perturbed outputs go negative
+    x = torch.randn(16, 1, generator=_gen(0))
+    with pytest.raises(ValueError, match=r"loss with the weights perturbed \(draw 1 of 3.*NaN"
+                       r".*smaller sigma"):
+        loss_sharpness(model, _log_loss, x, None, sigma=5.0, draws=3, generator=0)
+    with pytest.raises(ValueError, match="loss of the clean model is NaN"):
+        loss_sharpness(model, lambda o, t: (o * t).mean(), x, torch.full((16, 1), math.nan))
+    with torch.no_grad():
+        model.bias.fill_(math.nan)
+    with pytest.raises(ValueError, match="clean model's output is NaN"):
+        output_sharpness(model, x, generator=0)

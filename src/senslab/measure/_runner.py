@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import math
 from typing import Any
 
 import torch
@@ -15,6 +16,21 @@ from . import _chunks, _trim
 from ._noise import NoiseStream
 from ._precision import PrecisionCheck
 from .outputs import check_finite, check_perturbed_kind, check_rows, predictions
+
+
+def _size(t: Tensor) -> Tensor:
+    """``|t|`` where finite, 0 elsewhere: the size a tolerance scales with (a ``-inf`` logit of
+    a masked class would make every tolerance infinite and every check pass)."""
+    return torch.where(torch.isfinite(t), t.abs(), torch.zeros_like(t))
+
+
+def _gap(a: Tensor, b: Tensor) -> Tensor:
+    """``|a − b|``, 0 where they are equal (the same ``-inf`` in both), ``inf`` where one is
+    finite and the other not, or either is NaN."""
+    d = (a - b).abs()
+    return torch.where(a == b, torch.zeros_like(d),
+                       torch.where(torch.isfinite(d), d, torch.full_like(d, math.inf)))
+
 
 #: examples whose zero-noise copies are compared with their clean outputs, per batch
 VERIFY_ROWS = 2
@@ -114,14 +130,14 @@ def verify_deterministic(bound: BoundTokens, clean: Tensor, whole: bool,
         return
     rtol = _tolerance(clean, low_precision)
     ref = clean[:rows].float().reshape(rows, -1)
-    floor = float(ref.abs().max()) * 1e-3 + 1e-30
-    scale = runs[0].abs().amax(dim=1, keepdim=True).clamp(min=floor)
-    if bool(((runs[0] - runs[1]).abs() > rtol * scale).any()):
-        worst = float((runs[0] - runs[1]).abs().max())
+    floor = float(_size(ref).max()) * 1e-3 + 1e-30
+    scale = _size(runs[0]).amax(dim=1, keepdim=True).clamp(min=floor)
+    if bool((_gap(runs[0], runs[1]) > rtol * scale).any()):
+        worst = float(_gap(runs[0], runs[1]).max())
         raise RuntimeError(
             f"with eval_mode=False the model's output changed between two evaluations of the "
             f"same input (by up to {worst:.3g}, outputs of size up to "
-            f"{float(runs[0].abs().max()):.3g}): the forward is random in the model's own mode "
+            f"{float(_size(runs[0]).max()):.3g}): the forward is random in the model's own mode "
             "(dropout in train mode, a stochastic layer), so the measured flips would count that "
             "randomness. Measure with eval_mode=True (the default: eval() for the measurement, "
             "the model's mode restored after it), or make the forward deterministic"
@@ -155,7 +171,7 @@ def verify_copies(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor
     rows = min(VERIFY_ROWS, len(clean))
     rtol = _tolerance(clean, low_precision)
     ref = clean[:rows].float().reshape(rows, -1)
-    floor = float(ref.abs().max()) * 1e-3 + 1e-30
+    floor = float(_size(ref).max()) * 1e-3 + 1e-30
     model = getattr(bound, "model", None)
     versions = _buffer_versions(model)
     runs: list[Tensor] = []
@@ -180,13 +196,13 @@ def verify_copies(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor
     state = (f"its forward updates the buffer(s) {', '.join(map(repr, updated[:3]))} in place, "
              "even in eval() mode (a running mean, a counter), so each forward sees another state"
              if updated else "")
-    scale = ref.abs().amax(dim=1, keepdim=True).clamp(min=floor)
-    random = (runs[0] - runs[1]).abs() > rtol * scale
+    scale = _size(ref).amax(dim=1, keepdim=True).clamp(min=floor)
+    random = _gap(runs[0], runs[1]) > rtol * scale
     if bool(random.any()):
-        worst = float((runs[0] - runs[1]).abs().max())
+        worst = float(_gap(runs[0], runs[1]).max())
         raise RuntimeError(
             f"the model's output changed between two evaluations of the same input (by up to "
-            f"{worst:.3g}, outputs of size up to {float(ref.abs().max()):.3g}): "
+            f"{worst:.3g}, outputs of size up to {float(_size(ref).max()):.3g}): "
             + (state or "its forward is random or keeps state from call to call")
             + ", so the measured flips would count that. senslab measures in eval() mode; "
             "something else still changes the output — F.dropout(..., training=True), a "
@@ -194,13 +210,13 @@ def verify_copies(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor
             "(a running mean), a call counter. Make the forward deterministic and stateless "
             "while measuring (with eval_mode=False, put the model in eval() yourself)"
         )
-    diff = (runs[0] - ref).abs()
+    diff = _gap(runs[0], ref)
     if bool((diff > rtol * scale).any()):
         row = int((diff > rtol * scale).any(dim=1).nonzero()[0, 0])
         head = (
             f"a copy of example {row} with zero noise gives another output than its clean "
             f"forward (by up to {float(diff.max()):.3g}, outputs of size up to "
-            f"{float(ref.abs().max()):.3g}), so every perturbed copy would be compared with the "
+            f"{float(_size(ref).max()):.3g}), so every perturbed copy would be compared with the "
             "wrong reference. "
         )
         quantized = _dynamic_quantized(model)
@@ -288,9 +304,9 @@ def _verify_batch(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor
     b = torch.cat(halves).float().reshape(k, -1)
     finite = torch.isfinite(a)
     ref = clean[src].float().reshape(k, -1)
-    scale = torch.stack([a.nan_to_num(0.0, 0.0, 0.0).abs().amax(dim=1),
-                         ref.abs().amax(dim=1)]).amax(dim=0).clamp(min=floor).unsqueeze(1)
-    diff = (a - b).abs()
+    scale = torch.stack([_size(a).amax(dim=1),
+                         _size(ref).amax(dim=1)]).amax(dim=0).clamp(min=floor).unsqueeze(1)
+    diff = _gap(a, b)
     bad = (diff > rtol * scale) | (finite != torch.isfinite(b))
     if not bool(bad.any()):
         return
@@ -364,9 +380,8 @@ def _verify_noisy(bound: BoundTokens, clean: Tensor, extent: Tensor | None, rtol
         return  # reported with the copies' own shape check
     a, b = full.float().reshape(len(tok), -1), reused.float().reshape(len(tok), -1)
     finite = torch.isfinite(a)
-    scale = max(float(a[finite].abs().max()) if finite.any() else 0.0,
-                float(clean[0].float().abs().max()), floor)
-    diff = (a - b).abs()
+    scale = max(float(_size(a).max()), float(_size(clean[0].float()).max()), floor)
+    diff = _gap(a, b)
     bad = (diff > rtol * scale) | (finite != torch.isfinite(b))
     if bool(bad.any()):
         over = torch.where(bad, diff.nan_to_num(float("inf")), torch.zeros_like(diff))

@@ -40,7 +40,12 @@ How a change is counted (``output``)
     - ``"auto"`` (default): ``"sign"`` for class-like outputs — (N, C) logits, integer or bool
       dtype, or real values that are all in {−1, 1} or all in {0, 1} — and ``"real"`` otherwise.
       The rule looks at *all* evaluated values, so a model that outputs a raw scalar logit is
-      measured with ``"real"``: pass ``output="sign"`` for logit models. Sampled, it sees only
+      measured with ``"real"``: pass ``output="sign"`` for logit models. Since the token-wise
+      estimator and sharpness read such a column as a logit, ``boolean_sensitivity`` warns
+      when ``"auto"`` chooses ``"real"`` for an ``nn.Module`` (or a callable holding one) that
+      declares no ``output_kind`` (a wrapper hides the kind its model declares: the warning
+      names it); ``output="real"`` keeps the number without the warning.
+      Sampled, it sees only
       the sampled values: a callable whose sampled values were all in {0, 1} gets ``"sign"``
       with a warning (a value in between elsewhere would have made it ``"real"``), unless it
       declares ``boolean_output = "sign"`` as MAJORITY does. A ``threshold`` with a rule that
@@ -51,9 +56,20 @@ How a change is counted (``output``)
       changes, and a probability column's class boundary is 1/2 unless ``threshold`` says
       otherwise; (N, C) probabilities are read by their argmax, as any (N, C) output.
 
-A random f has no truth table: the first batch is evaluated twice (on at most
-:data:`REPEAT_ROWS` strings), and outputs that differ — a model in training mode with dropout,
-passed directly or inside a wrapper — are refused with an error that names ``model.eval()``.
+A random f has no truth table, and an f whose output for one string depends on the other
+strings of its forward has none either (its number would move with ``chunk_size``): at most
+:data:`REPEAT_ROWS` strings of the first batch are evaluated in one forward and again in two
+halves, and outputs that differ beyond float rounding are refused; one more forward of the
+same strings tells the two causes apart, so the error names the cause — a random forward
+(dropout in training mode) or batch statistics (BatchNorm in training mode) — and the fix,
+``model.eval()`` (also when f wraps the model). Class labels (integer or bool outputs) are
+only evaluated twice in one forward: rounding may move a label at a decision boundary when
+the batch changes. A module passed as f with BatchNorm that normalises by batch statistics
+(training mode, or ``track_running_stats=False``) is refused before any forward. The buffers
+of f — an ``nn.Module``, or the modules a callable holds (its closure, the globals it names,
+a bound method's object, a ``functools.partial``'s arguments, its attributes) — are as they
+were after the call (a forward in training mode updates BatchNorm's running statistics even
+under ``torch.inference_mode``).
 
 The Fourier side (coefficients, degree, spectral weights, noise stability) is in
 :mod:`senslab.measure.fourier`, the reference functions (PARITY, MAJORITY, FIRST, MEAN, sparse
@@ -70,9 +86,11 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from numbers import Real
 from typing import Literal
@@ -83,6 +101,7 @@ from torch import Tensor, nn
 from ..tokens.base import _describe, select_output
 from ._cube import MAX_EXACT_N, all_inputs, check_n, index_to_inputs, inputs_to_index, table_n
 from ._options import _check_generator
+from ._runner import _tolerance
 
 # Fourier analysis and the reference functions live in their own files; re-exported here so
 # ``from senslab.measure.boolean import parity, fourier_coefficients`` keeps working.
@@ -123,8 +142,8 @@ class BooleanSensitivity:
     ``max`` the largest s(f, x) over the evaluated points (s_max(f) when exact, a lower bound when
     sampled), ``stderr`` the standard error of ``average`` across sampled points (0 when exact),
     ``ci95`` the normal 95% interval, ``num_evaluations`` the rows f was evaluated on (0 for a
-    truth table; the randomness check's two evaluations of at most ``REPEAT_ROWS`` strings are
-    not counted), ``output`` the counting rule actually used ("sign" or "real").
+    truth table; the checks' evaluations of at most 2·``REPEAT_ROWS`` strings are not
+    counted), ``output`` the counting rule actually used ("sign" or "real").
     """
 
     average: float
@@ -151,12 +170,35 @@ class BooleanSensitivity:
 # ----------------------------------------------------------------------------- evaluating f
 
 
+def _refuse_batch_statistics(model: nn.Module) -> None:
+    """Refuse BatchNorm layers that normalise by their batch's statistics (training mode, or
+    no running statistics): a string's output would depend on the strings that share its
+    chunk, so the number would move with ``chunk_size`` (0.12 at the default chunk, 0.31 at
+    64, 0.36 in eval mode), and every forward would update the running statistics."""
+    norms = [repr(name) if name else type(model).__name__
+             for name, m in model.named_modules()
+             if isinstance(m, nn.modules.batchnorm._BatchNorm)
+             and (m.training or m.running_mean is None)]
+    if not norms:
+        return
+    shown = ", ".join(norms[:3]) + (f" and {len(norms) - 3} more" if len(norms) > 3 else "")
+    raise ValueError(
+        f"f has BatchNorm layers that normalise by batch statistics ({shown}: training mode, "
+        "or track_running_stats=False): each string would be normalised with the strings that "
+        "share its chunk, so the sensitivity would depend on chunk_size, and each forward "
+        "would update the running statistics. Call model.eval() first (BatchNorm then uses "
+        "its running statistics); a BatchNorm without running statistics normalises by the "
+        "batch in eval mode too: give it running statistics or measure a model without it"
+    )
+
+
 def _module_placement(f: object) -> tuple[torch.device | None, torch.dtype | None]:
     if isinstance(f, nn.Module):
+        _refuse_batch_statistics(f)
         if f.training:
             warnings.warn(
-                "the module is in training mode (dropout/BatchNorm make f random or depend on "
-                "the batch); call model.eval() before measuring its Boolean sensitivity",
+                "the module is in training mode (dropout makes f random); call model.eval() "
+                "before measuring its Boolean sensitivity",
                 stacklevel=4,
             )
         for p in list(f.parameters()) + list(f.buffers()):
@@ -222,25 +264,31 @@ def _canonical(raw: object, rows: int, output: Output) -> Tensor:
 REPEAT_ROWS = 64
 
 
+def _difference(first: Tensor, second: Tensor, rtol: float) -> float | None:
+    """The largest difference of two evaluations of the same inputs if it is more than float
+    rounding explains (``rtol`` of the largest output; class labels must be equal), else None.
+    Non-finite outputs are left to :func:`_canonical`, which refuses them with its own message."""
+    if first.shape != second.shape:
+        return math.inf
+    if first.is_floating_point() and second.is_floating_point():
+        if not (torch.isfinite(first).all() and torch.isfinite(second).all()):
+            return None
+        worst = float((first.double() - second.double()).abs().max()) if first.numel() else 0.0
+        scale = float(first.double().abs().max()) if first.numel() else 0.0
+        return worst if worst > rtol * scale else None
+    if torch.equal(first, second):
+        return None
+    return float((first.double() - second.double()).abs().max())
+
+
 def _check_repeatable(first: Tensor, second: Tensor, rows: int) -> None:
     """Refuse an f whose two evaluations of the same ``rows`` inputs differ: a random f (a
     model in training mode with dropout, called directly or inside a wrapper) has no truth
     table, and its sensitivity would count the randomness. Float rounding is allowed for:
     relative 1e-3 of the largest output (5e-2 below float32)."""
-    if first.shape != second.shape:
-        differ, worst = True, math.inf
-    elif first.is_floating_point() and second.is_floating_point():
-        if not (torch.isfinite(first).all() and torch.isfinite(second).all()):
-            return  # refused by _canonical with its own message
-        rtol = 1e-3 if first.dtype in (torch.float32, torch.float64) else 5e-2
-        diff = (first.double() - second.double()).abs().max()
-        scale = first.double().abs().max()
-        worst = float(diff)
-        differ = worst > rtol * float(scale)
-    else:
-        differ = not torch.equal(first, second)
-        worst = float((first.double() - second.double()).abs().max()) if differ else 0.0
-    if differ:
+    rtol = 1e-3 if first.dtype in (torch.float32, torch.float64) else 5e-2
+    worst = _difference(first, second, rtol)
+    if worst is not None:
         raise ValueError(
             f"f returned different outputs on two evaluations of the same {rows} inputs (by up "
             f"to {worst:.3g}): f is random — a model in training mode with dropout, or noise in "
@@ -250,12 +298,113 @@ def _check_repeatable(first: Tensor, second: Tensor, rows: int) -> None:
         )
 
 
+def _check_batch_independent(f: Callable[[Tensor], object], probe: Tensor) -> None:
+    """Refuse a random f, or one whose output for a string depends on the other strings of its
+    forward (batch statistics: BatchNorm in training mode, a batch mean or max). ``probe`` is
+    evaluated in one forward and again in two halves; outputs that differ beyond float rounding
+    (:func:`~senslab.measure._runner._tolerance`: 1e-3 of the largest output in float32, 5e-2
+    below it or with TF32 products) are refused, after one more forward of the whole probe that
+    tells randomness (:func:`_check_repeatable`) from batch dependence. Class labels (integer
+    or bool outputs) and a one-row probe are only evaluated twice in one forward: a label may
+    move at a decision boundary when rounding changes with the batch. Two forwards of
+    ``len(probe)`` rows in all for an f that passes."""
+    rows = len(probe)
+    whole = _as_tensor(f(probe))
+    half = rows // 2
+    if rows < 2 or not whole.is_floating_point() or whole.dim() == 0 or len(whole) != rows:
+        _check_repeatable(whole, _as_tensor(f(probe)), rows)
+        return
+    parts = [_as_tensor(f(probe[:half])), _as_tensor(f(probe[half:]))]
+    if any(p.dim() == 0 or p.shape[1:] != whole.shape[1:] for p in parts):
+        _check_repeatable(whole, _as_tensor(f(probe)), rows)  # shapes: refused by _canonical
+        return
+    low = whole.dtype not in (torch.float32, torch.float64)
+    rtol = _tolerance(whole, low)
+    worst = _difference(whole, torch.cat(parts), rtol)
+    if worst is None:
+        return
+    _check_repeatable(whole, _as_tensor(f(probe)), rows)
+    size = float(whole.double().abs().max())
+    raise ValueError(
+        f"f's output for a string depends on the other strings in its forward: {rows} strings "
+        f"gave other outputs evaluated in one forward than in two halves (by up to "
+        f"{worst:.3g}, outputs of size up to {size:.3g}; float rounding explains "
+        f"{rtol * size:.3g}), while two forwards of all {rows} agree. f is evaluated on "
+        "chunk_size strings per forward, so every change counted would depend on which strings "
+        "share a chunk, and the number on chunk_size. Likely causes: BatchNorm in training "
+        "mode (batch statistics) or without running statistics, a batch mean or max used to "
+        "normalise, dynamic quantisation's per-batch activation range. Call model.eval() first "
+        "(also when f wraps the model), or measure a model whose output for one string does "
+        "not depend on the others"
+    )
+
+
+def _held_modules(f: object) -> list[nn.Module]:
+    """The modules whose buffers a call of ``f`` may change: f itself if it is one, else those
+    f holds one level down — a bound method's object, a ``functools.partial``'s function and
+    arguments, closure cells, the globals its code names, its attributes. ``lambda x: m(x)``
+    holds ``m``; a module reached only through other functions is not found."""
+    if isinstance(f, nn.Module):
+        return [f]
+    found: list[nn.Module] = []
+
+    def add(v: object) -> None:
+        if isinstance(v, nn.Module) and all(v is not m for m in found):
+            found.append(v)
+
+    if isinstance(f, functools.partial):
+        for v in (f.func, *f.args, *f.keywords.values()):
+            add(v)
+        f = f.func
+    add(getattr(f, "__self__", None))
+    for cell in getattr(f, "__closure__", None) or ():
+        try:
+            add(cell.cell_contents)
+        except ValueError:  # an empty cell
+            pass
+    code, names = getattr(f, "__code__", None), getattr(f, "__globals__", None)
+    if code is not None and isinstance(names, dict):
+        for name in code.co_names:
+            add(names.get(name))
+    for v in getattr(f, "__dict__", {}).values():
+        add(v)
+    return found
+
+
+@contextmanager
+def _kept_buffers(f: object) -> Iterator[None]:
+    """Every buffer of the modules ``f`` is or holds (:func:`_held_modules`) as it was after the
+    block: a forward in training mode updates BatchNorm's running statistics, even under
+    ``torch.inference_mode``, and measuring must not change the model. Only a buffer that
+    changed is written back (a write bumps its version, and a loss computed before measuring
+    must still backpropagate); a buffer the forward replaced by another tensor is put back."""
+    if isinstance(f, Tensor):
+        yield
+        return
+    saved, seen = [], set()
+    for top in _held_modules(f):
+        for owner in top.modules():
+            for name, b in owner._buffers.items():
+                if b is not None and (id(owner), name) not in seen:
+                    seen.add((id(owner), name))
+                    saved.append((owner, name, b, b.detach().clone()))
+    try:
+        yield
+    finally:
+        with torch.inference_mode():  # writes an inference tensor as well as a normal one
+            for owner, name, b, v in saved:
+                if owner._buffers.get(name) is not b:
+                    owner._buffers[name] = b
+                if not torch.equal(b, v):
+                    b.copy_(v)
+
+
 def _evaluator(
     f: BoolFn, n: int, output: Output, device: torch.device | str | None, dtype: torch.dtype | None
 ) -> Callable[[Tensor], Tensor]:
     """A function index-or-string → canonical values, for a truth table or a callable. The
-    first call also evaluates (up to :data:`REPEAT_ROWS` of) its inputs twice more, as one
-    batch of their own, and refuses a random f (:func:`_check_repeatable`)."""
+    first call also evaluates (up to :data:`REPEAT_ROWS` of) its inputs in one forward and in
+    two halves, and refuses a random or batch-dependent f (:func:`_check_batch_independent`)."""
     if isinstance(f, Tensor):
         table = f[:, 0] if f.dim() == 2 else f
         table = _canonical(table, table.shape[0], output)
@@ -276,8 +425,7 @@ def _evaluator(
         with torch.inference_mode():
             x = x.to(device=dev, dtype=dtype)
             if not checked:
-                probe = x[:REPEAT_ROWS]
-                _check_repeatable(_as_tensor(f(probe)), _as_tensor(f(probe)), len(probe))
+                _check_batch_independent(f, x[:REPEAT_ROWS])
                 checked = True
             return _canonical(f(x), x.shape[0], output)
 
@@ -392,6 +540,30 @@ def _check_unit_interval(rule: str, values: Tensor, kind: str | None,
         )
 
 
+def _warn_real_column(f: object, output: Output, rule: str) -> None:
+    """Say so when ``output="auto"`` read a model's one real column as a real-valued function:
+    the token-wise estimator and sharpness read the same column as a logit (class = value > 0),
+    and for a logit the "real" number is not the flip count (an 8-bit MLP's (N, 1) logit:
+    0.073 against 1.922 class changes). Only for an ``nn.Module`` or a callable holding one
+    (:func:`_held_modules`) that declares no ``output_kind``; the number is unchanged."""
+    held = [] if isinstance(f, Tensor) else _held_modules(f)
+    if output != "auto" or rule != "real" or not held:
+        return
+    kinds = [k for k in (declared_kind(m, None) for m in held) if k is not None]
+    wrapped = (f"; f wraps a model that declares output_kind={kinds[0]!r}, which the wrapper "
+               "hides (the model passed itself is counted by class)" if kinds else "")
+    warnings.warn(
+        "output='auto' measured the model's one real output per string as a real-valued "
+        "function (output='real': the squared change / 4 when a bit flips), not as a "
+        "classifier's logit, as token_sensitivity and output_sharpness read one column (class "
+        f"= value > 0): for a logit this is not the count of class changes{wrapped}. Pass "
+        "output='sign' to count class changes (threshold=0.5 for a probability), or "
+        "output='real' to keep this number without this warning; or give the model an "
+        "attribute output_kind='logits' (or 'probabilities')",
+        UserWarning, stacklevel=3,
+    )
+
+
 def _changes(v0: Tensor, nb: Tensor, rule: str, threshold: float) -> Tensor:
     """(m, n) change per point and flipped bit: indicator ("sign") or squared change / 4."""
     if rule == "real":
@@ -422,7 +594,8 @@ def truth_table(
     """
     _check_threshold_type(threshold)
     output, kind = _declared(f, output)
-    values = _raw_table(f, n, output, chunk_size, device, dtype)
+    with _kept_buffers(f):
+        values = _raw_table(f, n, output, chunk_size, device, dtype)
     rule = _resolve(values, output)
     _check_threshold(rule, output, threshold, values)
     _check_unit_interval(rule, values, kind, threshold)
@@ -530,10 +703,13 @@ def boolean_sensitivity(
         if is_table:
             table, evaluations = _canonical(f, f.shape[0], output), 0
         else:
-            table, evaluations = _raw_table(f, n, output, chunk_size, device, dtype), 1 << n
+            with _kept_buffers(f):
+                table = _raw_table(f, n, output, chunk_size, device, dtype)
+            evaluations = 1 << n
         rule = _resolve(table, output)
         _check_threshold(rule, output, threshold, table)
         _check_unit_interval(rule, table, kind, threshold)
+        _warn_real_column(f, output, rule)
         boundary = _boundary(table, kind, threshold)
         stats = _Stats(n)
         masks = 1 << torch.arange(n)
@@ -555,11 +731,12 @@ def boolean_sensitivity(
     # All strings are drawn up front (num_samples × n bits is small), so the points do not
     # depend on chunk_size and chunked and unchunked runs agree exactly.
     bits = torch.randint(0, 2, (num_samples, n), generator=gen, device=gen.device).cpu()
-    for x in (1 - 2 * bits).float().split(chunk_size // (n + 1)):
-        rows = torch.cat([x, (x.unsqueeze(1) * flip).reshape(-1, n)])
-        v = evaluate(rows)
-        base.append(v[: len(x)])
-        neighbours.append(v[len(x) :].reshape(len(x), n))
+    with _kept_buffers(f):
+        for x in (1 - 2 * bits).float().split(chunk_size // (n + 1)):
+            rows = torch.cat([x, (x.unsqueeze(1) * flip).reshape(-1, n)])
+            v = evaluate(rows)
+            base.append(v[: len(x)])
+            neighbours.append(v[len(x) :].reshape(len(x), n))
     v0, nb = torch.cat(base), torch.cat(neighbours)
     rule = _resolve(torch.cat([v0, nb.reshape(-1)]), output)
     declared = getattr(f, "boolean_output", None) == "sign"  # senslab's Boolean functions
@@ -577,6 +754,7 @@ def boolean_sensitivity(
             )
     _check_threshold(rule, output, threshold, v0)
     _check_unit_interval(rule, torch.cat([v0, nb.reshape(-1)]), kind, threshold)
+    _warn_real_column(f, output, rule)
     stats = _Stats(n)
     stats.add(_changes(v0, nb, rule, _boundary(v0, kind, threshold)))
     evaluations = 0 if is_table else num_samples * (n + 1)

@@ -30,7 +30,17 @@ code). It describes the noise over :math:`\Delta` for *this* batch, not sampling
 **Side effects: none.** The model is evaluated in eval mode — the paper code left BatchNorm and
 dropout in train mode, so its numbers depended on batch composition and dropout noise — and every
 module's training flag, every parameter and every buffer are restored bit-exactly afterwards,
-also when the forward pass raises.
+also when the forward pass raises. The perturbed weights live in tensors of their own, swapped
+in for the parameters' data and swapped out again: the parameters' own values are never
+written, and a buffer is written back only if the forward changed it (or put back by module and
+name if the forward reassigned it), so a loss computed before the call still backpropagates,
+with the same gradients.
+
+**A forward that is random in eval mode is refused.** The clean forward runs twice; outputs
+that differ (beyond float rounding) mean dropout that ``eval()`` does not switch off
+(``F.dropout(..., training=True)``, MC dropout), a sampling layer or noise in the forward, or a
+forward that keeps state from call to call: that randomness would be reported as weight
+sensitivity (MC dropout at σ = 0: ShOp 0.54 where the truth is 0).
 
 The other two measures of Hahn & Rofin (docs/definitions.md#layernorm-blow-up,
 docs/definitions.md#parameter-norm):
@@ -43,6 +53,7 @@ docs/definitions.md#parameter-norm):
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -178,6 +189,24 @@ def _exclude_tuple(exclude: Sequence[str] | str) -> tuple[str, ...]:
     return (exclude,) if isinstance(exclude, str) else tuple(exclude)
 
 
+def _check_exclude(model: nn.Module, names: list[str], exclude: Sequence[str]) -> None:
+    """Refuse an ``exclude`` substring that is in no parameter name: a typo would silently
+    measure the unexcluded model. :data:`POSITIONAL` may match nothing (a model without
+    positional embeddings)."""
+    for s in exclude:
+        if s == POSITIONAL or any(s in n for n in names):
+            continue
+        prefixes = {".".join(n.split(".")[:k]) for n in names for k in range(1, n.count(".") + 2)}
+        parts = sorted(prefixes | {c for n in names for c in n.split(".")})
+        close = difflib.get_close_matches(s, parts, n=3, cutoff=0.5) or names[:3]
+        raise ValueError(
+            f"exclude entry {s!r} is in no parameter name of {type(model).__name__}, so it would "
+            f"exclude nothing; closest: {', '.join(map(repr, close))}. Entries are substrings "
+            f"of the names in model.named_parameters() (or {POSITIONAL!r} for the positional "
+            "embeddings); fix or drop it"
+        )
+
+
 def _summary(
     name: str, per_draw: Tensor, sigma: float, scale: float, **extra: Any
 ) -> SharpnessResult:
@@ -196,6 +225,47 @@ def _summary(
     return SharpnessResult(
         name, est, se, ci, r, float(sigma), per_draw, scale=float(scale), **extra
     )
+
+
+def _check_repeatable(first: Any, second: Any, what: str, loss: bool = False) -> None:
+    """Refuse a clean forward whose two evaluations of the same inputs differ, as
+    ``boolean._check_repeatable`` does: ``what`` is reported as weight sensitivity otherwise.
+    Float rounding is allowed for: relative 1e-3 of the largest output (5e-2 below float32);
+    NaN agrees with NaN (refused on its own). ``loss``: the two are the clean loss."""
+    if not (isinstance(first, Tensor) and isinstance(second, Tensor)):
+        return  # a selector that returns something else: compared through the loss
+    if first.shape != second.shape:
+        differ, worst = True, math.inf
+    elif first.is_floating_point():
+        rtol = 1e-3 if first.dtype in (torch.float32, torch.float64) else 5e-2
+        a, b = first.double(), second.double()
+        same = (a == b) | (a.isnan() & b.isnan())
+        worst = float(torch.where(same, 0.0, (a - b).abs()).max()) if a.numel() else 0.0
+        finite = a[torch.isfinite(a)]
+        scale = float(finite.abs().max()) if finite.numel() else 0.0
+        differ = worst > rtol * scale
+    else:
+        differ = not torch.equal(first, second)
+        worst = float((first.double() - second.double()).abs().max()) if differ else 0.0
+    if differ:
+        subject = ("the clean loss differed between two evaluations of the same inputs and "
+                   "targets" if loss else "the model returned different outputs on two clean "
+                   "forwards of the same inputs")
+        cause = "the model's forward or loss_fn is random" if loss else "its forward is random"
+        raise ValueError(
+            f"{subject} (by up to {worst:.3g}): {cause} in eval mode — F.dropout(..., "
+            "training=True) (MC dropout), a sampling layer, noise added in forward — or keeps "
+            "state from call to call (a call counter, a buffer updated in eval mode), so "
+            f"{what} would count that randomness as weight sensitivity. Make it deterministic "
+            "while measuring (e.g. F.dropout(..., training=self.training))"
+        )
+
+
+def _check_finite(value: Tensor, where: str, fix: str) -> None:
+    """Refuse NaN/inf ``value``: the mean over draws would be NaN without a word."""
+    if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+        bad = "NaN" if bool(value.isnan().any()) else "infinite"
+        raise ValueError(f"{where} is {bad}, so sharpness is undefined; {fix}")
 
 
 #: low-precision weights: the applied noise may be off from the drawn one by this share of its
@@ -243,23 +313,43 @@ class _WeightNoise:
     noise differs from that of the drawn noise by more than :data:`ROUNDING_RTOL` (10%), or when
     more than :data:`ROUNDING_MAX_UNCHANGED` (half) of the coordinates kept their clean value.
     float32 and float64 parameters are not checked.
+
+    The perturbed weights are written into tensors of their own (one per parameter, same dtype
+    and strides), swapped in as the parameters' ``.data`` on the first draw; :meth:`reset` swaps
+    the clean tensors back. The clean values are never written and no version counter moves, so
+    an autograd graph the caller built on the parameters (a pending ``loss.backward()``) stays
+    valid. A forward that writes into its own parameters is refused on the first draw.
     """
 
     def __init__(
-        self, params: list[nn.Parameter], saved: list[Tensor], gen: torch.Generator,
-        names: list[str] | None = None,
+        self, params: list[nn.Parameter], gen: torch.Generator, names: list[str] | None = None,
     ) -> None:
-        self.params, self.saved, self.gen = params, saved, gen
+        self.params, self.gen = params, gen
+        self.saved = [p.detach() for p in params]  # the clean tensors themselves, not copies
+        self.versions = [_version(p) for p in params]
+        self.work: list[Tensor] | None = None  # the perturbed weights, allocated on first draw
         self.names = names if names is not None else [f"#{i}" for i in range(len(params))]
         self.checked = False
 
     @torch.no_grad()
     def draw(self, sigma: float, name: str = "sigma") -> None:
         """Perturb; ``name`` is the caller's argument for σ (for the rounding refusal)."""
+        if self.work is None:
+            written = [n for n, p, v in zip(self.names, self.params, self.versions, strict=True)
+                       if _version(p) != v]
+            if written:
+                raise ValueError(
+                    f"the forward writes into the parameter(s) {', '.join(map(repr, written[:3]))}"
+                    " in place, so the clean weights change from call to call and no draw "
+                    "perturbs the weights measured; make the forward leave its parameters alone"
+                )
+            self.work = [torch.empty_like(p0) for p0 in self.saved]
+            for p, w in zip(self.params, self.work, strict=True):
+                p.data = w
         check = not self.checked and sigma > 0
         low: list[int] = []  # indices of the low-precision parameters
         sums: list[Tensor] = []  # per such parameter: Σ drawn², Σ applied², # unchanged
-        for i, (p, p0) in enumerate(zip(self.params, self.saved, strict=True)):
+        for i, (p, p0) in enumerate(zip(self.work, self.saved, strict=True)):
             # sample in at least float32 so half-precision weights get well-formed noise
             dtype = p.dtype if p.dtype in (torch.float32, torch.float64) else torch.float32
             eps = torch.randn(p.shape, generator=self.gen, device=self.gen.device, dtype=dtype)
@@ -299,10 +389,32 @@ class _WeightNoise:
             f"{spacing:.2g}"
         )
 
-    @torch.no_grad()
     def reset(self) -> None:
-        for p, p0 in zip(self.params, self.saved, strict=True):
-            p.copy_(p0)
+        """The clean tensors back in place (a swap: nothing is written)."""
+        if self.work is not None:
+            for p, p0 in zip(self.params, self.saved, strict=True):
+                p.data = p0
+            self.work = None
+
+
+def _version(t: Tensor) -> int | None:
+    """``t``'s version counter (bumped by every in-place write); None for an inference tensor,
+    which keeps none."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
+
+
+#: (module, "_parameters" or "_buffers", name, tensor or None): one slot of a module's state
+_Slot = tuple[nn.Module, str, str, Any]
+
+
+def _slots(model: nn.Module) -> list[_Slot]:
+    """Every parameter and buffer slot of every module, by module and attribute name, so that
+    a tensor the forward reassigns (``self.buf = self.buf + 1``) can be put back."""
+    return [(m, kind, name, t) for m in model.modules()
+            for kind in ("_parameters", "_buffers") for name, t in getattr(m, kind).items()]
 
 
 @contextmanager
@@ -321,20 +433,26 @@ def _perturbable(
             f"no parameter left to perturb: exclude={tuple(exclude)!r} matches every parameter "
             f"of {type(model).__name__} (parameters: {names}); pass a narrower exclude"
         )
+    _check_exclude(model, [n for n, _ in named], exclude)
     gen = _generator(generator, device)
-    saved = [p.detach().clone() for p in chosen]
     chosen_names = [n for n, _ in named if not _excluded(n, exclude)]
-    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    slots = _slots(model)
+    buffers = {id(b): (b, b.detach().clone()) for _, kind, _, b in slots
+               if kind == "_buffers" and b is not None}
     modes = [(m, m.training) for m in model.modules()]
+    noise = _WeightNoise(chosen, gen, chosen_names)
     model.eval()
     try:
-        yield _WeightNoise(chosen, saved, gen, chosen_names)
+        yield noise
     finally:
+        noise.reset()
+        for m, kind, name, t in slots:  # a tensor the forward reassigned: the old one back
+            if getattr(m, kind).get(name) is not t:
+                getattr(m, kind)[name] = t
         with torch.no_grad():
-            for p, p0 in zip(chosen, saved, strict=True):
-                p.copy_(p0)
-            for b, b0 in buffers:
-                b.copy_(b0)
+            for b, b0 in buffers.values():
+                if not torch.equal(b, b0):  # unchanged: not written (its version stays)
+                    b.copy_(b0)
         for m, was in modes:  # per module, so mixed train/eval submodules come back as they were
             m.training = was
 
@@ -378,12 +496,15 @@ def output_sharpness(
     rounded onto their grid is not the noise drawn (see :class:`_WeightNoise`).
 
     Args:
-        model: the network; evaluated in eval mode, left exactly as it was.
+        model: the network; evaluated in eval mode, left exactly as it was (a loss the
+            caller computed before still backpropagates). A forward that is random in eval
+            mode (MC dropout, sampling) is refused: its two clean forwards differ.
         inputs: a tensor (positional argument), a tuple (``*args``) or a dict (``**kwargs``).
         sigma_w: standard deviation of the per-coordinate weight noise.
         repeats: number of weight draws R (the sampling unit of the standard error).
         generator: a ``torch.Generator`` or an int seed (default seed 0 on the model's device).
-        exclude: parameters whose name contains any of these substrings are not perturbed.
+        exclude: parameters whose name contains any of these substrings are not perturbed;
+            an entry in no parameter name is refused (with the closest names).
         output_kind, threshold: the one-column decision rule of ShPred (see
             :class:`~senslab.measure.TokenSensitivity`).
         output: which part of the model's raw output holds the logits: an int index into a
@@ -405,7 +526,10 @@ def output_sharpness(
     exclude = _exclude_tuple(exclude)
     with _perturbable(model, exclude, generator, device) as noise, torch.no_grad():
         clean = call_model(model, inputs, output)
+        _check_repeatable(clean, call_model(model, inputs, output), "ShOp and ShPred")
+        clean = clean.detach().clone()  # not an alias of a weight the draws swap out
         check_rows(clean, batch_size(inputs), "examples")
+        _check_finite(clean, "the clean model's output", "fix the model or its inputs")
         b = clean.shape[0]
         declared = kind = declared_kind(model, output_kind)
         reason: str | None = None
@@ -430,6 +554,8 @@ def output_sharpness(
             out = call_model(model, inputs, output)
             check_perturbed_kind(out, saturated, f"with the weights perturbed (sigma_w="
                                  f"{sigma_w:g})")
+            _check_finite(out, f"the output with the weights perturbed (draw {r + 1} of "
+                          f"{repeats}, sigma_w={sigma_w:g})", "use a smaller sigma_w")
             l1[r] = (out - clean).reshape(b, -1).abs().sum(1).double()
             if clean_pred is not None:
                 flips[r] = (predictions(out, kind, threshold) != clean_pred).double()
@@ -469,6 +595,10 @@ def loss_sharpness(
     :func:`output_sharpness`. On bf16/fp16 weights a ``sigma`` near or below the weights'
     spacing is refused (see :class:`_WeightNoise`).
 
+    Refused (``ValueError``): a clean loss that differs between two evaluations (a random
+    forward or ``loss_fn``), a NaN or infinite loss — clean or perturbed, the error says which
+    — and an ``exclude`` entry in no parameter name.
+
     Example:
         >>> import torch
         >>> model = torch.nn.Linear(4, 1)
@@ -482,22 +612,34 @@ def loss_sharpness(
     device = check_device(model, inputs)
     exclude = _exclude_tuple(exclude)
 
-    def loss() -> float:
-        value = loss_fn(call_model(model, inputs, output), targets)
+    def loss(out: Any, where: str, fix: str) -> Tensor:
+        value = loss_fn(out, targets)
         if not isinstance(value, Tensor) or value.numel() != 1:
             shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
             raise ValueError(
                 f"loss_fn must return a scalar tensor, got {shape}; reduce it, e.g. "
                 "reduction='mean'"
             )
-        return value.double().item()
+        _check_finite(value, where, fix)
+        return value.reshape(())
 
     with _perturbable(model, exclude, generator, device) as noise, torch.no_grad():
-        base = loss()
+        clean = call_model(model, inputs, output)
+        again = call_model(model, inputs, output)
+        _check_repeatable(clean, again, "loss sharpness")
+        fix = "check the model, loss_fn, inputs and targets (a log of 0, a NaN input)"
+        first = loss(clean, "the loss of the clean model", fix)
+        _check_repeatable(first, loss(again, "the loss of the clean model", fix),
+                          "loss sharpness", loss=True)  # a random loss_fn
+        base = first.double().item()
         per_draw = torch.empty(draws, dtype=torch.float64)
         for r in range(draws):
             noise.draw(sigma, "sigma")
-            per_draw[r] = loss() - base
+            value = loss(call_model(model, inputs, output), f"the loss with the weights perturbed "
+                         f"(draw {r + 1} of {draws}, sigma={sigma:g}; clean loss {base:.4g})",
+                         "use a smaller sigma, or a loss that stays finite (cross_entropy on "
+                         "logits rather than a log of probabilities)")
+            per_draw[r] = value.double().item() - base
     return _summary("loss sharpness", per_draw, sigma, scale, reference=base * scale)
 
 

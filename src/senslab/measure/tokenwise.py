@@ -592,6 +592,9 @@ class TokenSensitivity:
         self._per_copy: dict[Any, float] = {}
         #: input shapes whose zero-noise copies were verified (``_runner.verify_copies``)
         self._verified: set[Any] = set()
+        #: paths whose batch independence was checked: a property of the model and the
+        #: options, not of the padded width (text batches of new widths would repeat it)
+        self._batch_checked: set[Any] = set()
         #: this process's own state while :attr:`state` holds the all-reduced total
         self._local: State | None = None
         self.align = align or getattr(tokens, "align", "left")
@@ -798,8 +801,10 @@ class TokenSensitivity:
                 # every copy in a forward of its own (chunk_size=1, no checked precision
                 # gathering re-checks, no tangent of the batch): nothing shares a forward, so
                 # the batch check is moot (the zero-noise copies still face the clean batch)
+                path = (whole, self.autocast, extent is not None)
                 alone = (self.chunk_size == 1 and self.precision == "float32"
-                         and not self.control_variate and not self.allocation)
+                         and not self.control_variate and not self.allocation) \
+                    or path in self._batch_checked
                 if self.eval_mode:
                     verify_copies(bound, clean, whole, extent, self.autocast is not None,
                                   alone=alone)
@@ -807,6 +812,7 @@ class TokenSensitivity:
                     verify_deterministic(bound, clean, whole, extent, self.autocast is not None,
                                          alone=alone)
                 self._verified.add(shape)
+                self._batch_checked.add(path)
             check = self._checked(bound, clean, device)
             key = (*shape, check is None)
             if self.allocation:
@@ -950,10 +956,13 @@ class TokenSensitivity:
         noise = torch.randn(len(src), bound.dim, generator=g) * self.sigma
         captured: list[Tensor] = []
 
-        def capture(x: Any) -> Tensor:  # stands in for the model: keeps the copies
-            if isinstance(x, Tensor):
-                captured.append(x)
-            return torch.zeros(len(x), 1, device=device)
+        def capture(*args: Any, **kwargs: Any) -> Tensor:  # stands in for the model
+            # keeps the copies of a one-tensor call; a dict input's keyword call (Patches on
+            # {"pixel_values": x, …}) cannot reach the static copy, which takes one tensor
+            if len(args) == 1 and not kwargs and isinstance(args[0], Tensor):
+                captured.append(args[0])
+            first = next(v for v in (*args, *kwargs.values()) if isinstance(v, Tensor))
+            return torch.zeros(len(first), 1, device=device)
 
         model, reuse = bound.model, getattr(bound, "reuse", None)
         bound.model = capture

@@ -137,7 +137,12 @@ def auto_tokens(
             return dataclasses.replace(tokens, module=f"{name}.{tokens.module}")
         return tokens
     if _is_image(model):
-        return Patches(patch_size or _patch_size(model), **pixel)
+        tokens = Patches(patch_size or _patch_size(model), **pixel)
+        if patch_size is None:  # a grid refusal says where the size came from (not the user)
+            object.__setattr__(tokens, "_chosen", (
+                f"auto_tokens chose it: the model's own patch size, or {DEFAULT_CNN_PATCH} for a "
+                "CNN"))
+        return tokens
     _no_pixel(None, sigma_space)
     word = _input_embeddings(model)
     if word is None:

@@ -142,6 +142,15 @@ def select_output(raw: Any, output: OutputSelector = None) -> Tensor:
             return raw["logits"]
         if isinstance(raw, (tuple, list)) and len(raw) == 1 and isinstance(raw[0], Tensor):
             return raw[0]
+        if isinstance(raw, (tuple, list)) and raw \
+                and all(isinstance(v, Tensor) and v.dim() >= 3 for v in raw):
+            # feature maps (timm features_only): no element holds (batch, classes) logits
+            raise TypeError(
+                f"model returned {type(raw).__name__} {_describe(raw)}: feature maps, no "
+                "(batch, classes) logits, so there is no class to change. Measure a model with "
+                "a classifier head, or how far a feature map moves: compare='l2' with "
+                "output=<index> (e.g. output=-1, the last map)"
+            )
         if isinstance(raw, (tuple, list)) and raw:
             hint = "output=<index>, e.g. output=1 for (features, logits)"
         elif isinstance(raw, Mapping) and "last_hidden_state" in raw:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from collections.abc import Sequence as Seq
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -14,15 +14,29 @@ from torch import Tensor, nn
 
 from .base import (
     BoundTokens,
+    DtypeClash,
     Inputs,
     OutputSelector,
     Tokenization,
     call_model,
     check_floating,
     clean_forward,
+    model_dtype,
     select_output,
     valid_mask,
 )
+
+#: entries of a dict input that are targets, not model inputs: dropped (as the Hugging Face
+#: callback drops them from a Trainer batch); the outputs are compared, not a loss
+TARGETS = ("labels", "label", "label_ids")
+#: low-precision images: the noise applied may be off from the drawn one by this share of its
+#: root mean square at most, and at most this share of the perturbed entries may keep their
+#: clean value — the criteria ``ROUNDING_RTOL``/``ROUNDING_MAX_UNCHANGED`` of
+#: :mod:`senslab.measure.sharpness` for low-precision weights (tokens/ does not import measure/)
+ROUNDING_RTOL = 0.1
+ROUNDING_MAX_UNCHANGED = 0.5
+#: … judged once this many entries got noise (a few copies' worth would judge by chance)
+ROUNDING_MIN_ENTRIES = 1024
 
 
 def _divisors(n: int) -> list[int]:
@@ -54,6 +68,62 @@ def model_normalization(model: Any) -> tuple[tuple[float, ...], tuple[float, ...
             mean = _channels(cfg.get("mean", 0.0), "mean")
             return mean or (0.0,), _channels(cfg["std"], "std")  # type: ignore[return-value]
     return None
+
+
+def _main_input_name(model: Any) -> str | None:
+    """A Hugging Face model's ``main_input_name`` (``pixel_values`` for image models), also
+    through a ``DataParallel``-style ``.module``; None for other models."""
+    for m in (model, getattr(model, "module", None)):
+        name = getattr(m, "main_input_name", None)
+        if isinstance(name, str):
+            return name
+    return None
+
+
+def _shape(v: Any) -> str:
+    return str(tuple(v.shape)) if isinstance(v, Tensor) else type(v).__name__
+
+
+def _image_hint(v: Any, where: str) -> str:
+    """Why ``v`` is no (B, C, H, W) image batch, and the fix (the grayscale hint only for a
+    3-D tensor, where a channel axis is what is missing)."""
+    got = f"Patches expects images of shape (batch, channels, height, width){where}, got "
+    if isinstance(v, Tensor) and v.dim() == 3:
+        return got + f"{_shape(v)}; add a channel axis with x.unsqueeze(1) for grayscale images"
+    if isinstance(v, Tensor):
+        return got + f"{_shape(v)}"
+    return got + (f"a {type(v).__name__}; pass the image tensor itself, or a dict "
+                  "{'pixel_values': images, …} whose other entries go to the model as keyword "
+                  "arguments")
+
+
+def image_entry(model: Any, inputs: Mapping) -> str:
+    """The key of a dict input's images: the model's ``main_input_name`` where that entry is a
+    4-D tensor, else ``pixel_values``. A dict with neither, or with both as different 4-D
+    tensors, is refused, naming its keys and what to pass."""
+    main = _main_input_name(model)
+    fours = [k for k, v in inputs.items() if isinstance(v, Tensor) and v.dim() == 4]
+    keys = ", ".join(f"{k!r}: {_shape(v)}" for k, v in inputs.items())
+    if main is not None and main != "pixel_values" and main in fours and "pixel_values" in fours:
+        raise ValueError(
+            f"Patches got a dict with images under both 'pixel_values' and the model's "
+            f"main input {main!r} ({{{keys}}}), so which to perturb is not clear; drop the "
+            "other entry, or pass a wrapper whose forward(images) calls the model with it"
+        )
+    if main is not None and main in fours:
+        return main
+    if "pixel_values" in inputs:
+        return "pixel_values"
+    if main is not None and main in inputs:
+        return main
+    near = f" (4-D: {', '.join(map(repr, fours))})" if fours else ""
+    raise ValueError(
+        f"Patches got a dict with keys {{{keys}}} but no 'pixel_values' entry"
+        + (f" nor the model's main input {main!r}" if main and main != "pixel_values" else "")
+        + f", so which entry holds the images is not known{near}; put the images under "
+        "'pixel_values' (the model is then called as model(pixel_values=images, **the other "
+        "entries)), or pass the image tensor itself (called as model(images))"
+    )
 
 
 @dataclass(frozen=True)
@@ -148,10 +218,17 @@ class Patches(Tokenization):
         """Patches per column and per row; an error if ``size`` does not divide the image."""
         p = self.size
         if height % p or width % p:
-            ok = sorted(set(_divisors(height)) & set(_divisors(width)))
+            ok = ", ".join(map(str, sorted(set(_divisors(height)) & set(_divisors(width)))))
+            chosen = getattr(self, "_chosen", None)  # set by auto_tokens (or tokens=None)
+            if chosen is not None:
+                raise ValueError(
+                    f"patch size {p} ({chosen}) does not divide image size "
+                    f"{height}x{width}; choose a size that does with "
+                    f"tokens=auto_tokens(model, patch_size=q) or tokens=Patches(q), q one of "
+                    f"{ok}, or resize the images"
+                )
             raise ValueError(
-                f"patch size {p} does not divide image size {height}x{width}; "
-                f"use one of {', '.join(map(str, ok))}"
+                f"patch size {p} does not divide image size {height}x{width}; use one of {ok}"
             )
         return height // p, width // p
 
@@ -160,28 +237,38 @@ class Patches(Tokenization):
         self, model: nn.Module | Any, inputs: Inputs, mask: Tensor | None = None,
         output: OutputSelector = None,
     ) -> Iterator[BoundTokens]:
+        key, rest = None, {}
+        if isinstance(inputs, Mapping):  # {"pixel_values": x, …}: an image processor's output
+            key = image_entry(model, inputs)
+            rest = {k: v for k, v in inputs.items() if k != key and k not in TARGETS}
+            inputs = inputs[key]
         if not isinstance(inputs, Tensor) or inputs.dim() != 4:
-            shape = tuple(inputs.shape) if isinstance(inputs, Tensor) else type(inputs).__name__
-            raise ValueError(
-                f"Patches expects images of shape (batch, channels, height, width), got {shape}; "
-                "add a channel axis with x.unsqueeze(1) for grayscale images"
-            )
+            raise ValueError(_image_hint(inputs, "" if key is None else f" under {key!r}"))
         check_floating(
             inputs, "the images", "images.float() (σ is then in pixel units, e.g. 0–255) or "
             "images.float() / 255 (σ in units of the [0, 1] range)"
         )
         norm = self.normalization(model, inputs.shape[1])
-        bound = _BoundPatches(self, model, inputs, mask, output, norm)
+        bound = _BoundPatches(self, model, inputs, mask, output, norm, key=key, rest=rest)
+        # forward_local takes the images alone: not with a dict's other entries
         bound.reuse = (self.reuse_local and isinstance(model, nn.Module) and not model.training
-                       and hasattr(model, "forward_local"))
+                       and hasattr(model, "forward_local") and not rest)
         yield bound
 
 
 class _BoundPatches(BoundTokens):
     def __init__(self, spec: Patches, model: Any, x: Tensor, mask: Tensor | None,
                  output: OutputSelector = None,
-                 norm: tuple[Tensor, Tensor] | None = None) -> None:
+                 norm: tuple[Tensor, Tensor] | None = None, *, key: str | None = None,
+                 rest: dict[str, Any] | None = None) -> None:
         b, c, h, w = x.shape
+        #: a dict input: the images' key, and the other entries (keyword arguments, their
+        #: batch-shaped tensors picked per copy)
+        self.key, self.rest = key, rest or {}
+        #: low-precision images: the rounding of the noise is checked (pooled Σ drawn²,
+        #: Σ applied², # unchanged, # perturbed; :meth:`_check_rounding`)
+        self.low = x.is_floating_point() and x.dtype not in (torch.float32, torch.float64)
+        self._rounding = [0.0, 0.0, 0.0, 0.0]
         #: (mean, std) per channel for σ in pixel space (None: noise added as it is)
         self.norm = None if norm is None else (norm[0].to(x.device), norm[1].to(x.device))
         self.gh, self.gw = spec.grid(h, w)
@@ -191,10 +278,84 @@ class _BoundPatches(BoundTokens):
         self.valid = valid_mask(mask, b, self.gh * self.gw, x.device)
         # on a copy: a model that edits its input in place (an in-place ReLU or clamp_ first)
         # would change the caller's images and the base of every perturbed copy
-        self.clean_output = clean_forward(model, x.clone(), output)
+        self.clean_output = self._clean(x.clone())
         self.reuse = False  # local reuse (see Patches)
         self._cached: Tensor | None = None  # the examples whose clean maps are cached
         self._cache: Any = None
+
+    def _clean(self, x: Tensor) -> Tensor:
+        """The clean output (:func:`~.base.clean_forward`; a dict input with its entries)."""
+        if self.key is None:
+            return clean_forward(self.model, x, self.output)
+        try:
+            return self._call(x, None)
+        except RuntimeError as err:
+            own = model_dtype(self.model)
+            if own is None or own == x.dtype:
+                raise
+            raise DtypeClash(
+                f"the images are {x.dtype} but the model's weights are {own}, and the model "
+                f"failed on them ({str(err).splitlines()[0]}); convert them with "
+                f"inputs[{self.key!r}].to({own}) (or the model with model.to({x.dtype}))"
+            ) from err
+
+    def _call(self, images: Tensor, src: Tensor | None) -> Tensor:
+        """The model's logits on ``images``: copies of examples ``src`` (None: the batch); a
+        dict input's other entries go along as keyword arguments, rows ``src`` of those with
+        the batch's leading size."""
+        if self.key is None:
+            return call_model(self.model, images, self.output)
+        b = self.x.shape[0]
+        kwargs = {k: v.index_select(0, src.to(v.device))
+                  if src is not None and isinstance(v, Tensor) and v.dim() > 0
+                  and v.shape[0] == b else v for k, v in self.rest.items()}
+        kwargs[self.key] = images
+        return call_model(self.model, kwargs, self.output)
+
+    def _check_rounding(self, clean: Tensor, noise: Tensor) -> None:
+        """bf16/fp16 images: refuse where the noise, added on the images' own grid, is not the
+        noise drawn — the criteria of low-precision weights (:mod:`senslab.measure.sharpness`):
+        its root mean square off by more than :data:`ROUNDING_RTOL`, or more than
+        :data:`ROUNDING_MAX_UNCHANGED` of the perturbed entries unchanged. Entries without
+        noise (padding, a zero-noise check) are not counted. Calls are pooled until
+        :data:`ROUNDING_MIN_ENTRIES` entries are perturbed, then judged; a call whose noise
+        differs in size by more than 2x from the pool's starts a new pool. Every call is looked
+        at (one host sync each), because the batch checks' copies carry noise of the token
+        vectors' own size, not σ: the first chunk of σ-noise decides. Nothing is drawn (the
+        stream is untouched). ``clean`` and ``noise`` have one shape."""
+        drawn = noise.float()
+        moved = drawn != 0
+        applied = ((clean + noise.to(clean.dtype)).float() - clean.float()) * moved
+        stats = torch.stack([drawn.double().square().sum(), applied.double().square().sum(),
+                             ((applied == 0) & moved).sum().double(), moved.sum().double()])
+        now, pool = stats.tolist(), self._rounding
+        if now[3] == 0:
+            return
+        if pool[3] and not 0.5 < math.sqrt(now[0] / now[3] * pool[3] / pool[0]) < 2:
+            pool = [0.0, 0.0, 0.0, 0.0]  # another noise size (a check's): pooled apart
+        pool = [a + b for a, b in zip(pool, now, strict=True)]
+        if pool[3] < ROUNDING_MIN_ENTRIES:
+            self._rounding = pool
+            return
+        self._rounding = [0.0, 0.0, 0.0, 0.0]
+        ratio, share = math.sqrt(pool[1] / pool[0]), pool[2] / pool[3]
+        if abs(ratio - 1) <= ROUNDING_RTOL and share <= ROUNDING_MAX_UNCHANGED:
+            return
+        _, exponent = torch.frexp(clean[moved].double())
+        spacing = torch.finfo(clean.dtype).eps * torch.exp2(exponent.double() - 1)
+        rms = math.sqrt(float(spacing.square().mean()))
+        size = math.sqrt(pool[0] / pool[3])
+        dtype = str(clean.dtype).removeprefix("torch.")
+        raise ValueError(
+            f"the noise is too small for the {dtype} images: added to them and rounded to "
+            f"their grid (root-mean-square spacing {rms:.2g} where it lands), noise of root mean "
+            f"square {size:.2g} becomes {ratio:.2f}x that and leaves {share:.0%} of the "
+            f"perturbed entries unchanged, so the result would describe another noise "
+            f"(accepted: within {ROUNDING_RTOL:.0%}, at most {ROUNDING_MAX_UNCHANGED:.0%} "
+            f"unchanged). Measure on float32 images — images.float(), with model.float() on a "
+            f"copy for a {dtype} model, and autocast=torch.{dtype} to keep {dtype} arithmetic "
+            f"inside the model — or use a larger sigma, well above {rms:.2g}"
+        )
 
     def _local(self, src: Tensor) -> tuple[Any, Tensor]:
         """The model's clean-map cache holding the examples ``src`` (rebuilt for a chunk that
@@ -246,6 +407,8 @@ class _BoundPatches(BoundTokens):
         # a stand-in model may ask for whole copies (checked int8's static pass)
         if self.reuse and tok is not None and not getattr(self.model, "full_copies", False):
             n, c = len(src), self.x.shape[1]
+            if self.low:
+                self._check_rounding(self._raw(src, tok), noise)
             patch = self._raw(src, tok).view(n, c, self.p, self.p) + noise.view(
                 n, c, self.p, self.p).to(self.x.dtype)
             cache, rows = self._local(src)
@@ -257,13 +420,17 @@ class _BoundPatches(BoundTokens):
         if tok is None:  # whole input: noise (N, T, D) → image layout, padding tokens zeroed
             noise = noise * self.valid.index_select(0, src).unsqueeze(-1).to(noise.dtype)
             grid = noise.view(n, self.gh, self.gw, c, self.p, self.p).permute(0, 3, 1, 4, 2, 5)
+            if self.low:
+                self._check_rounding(v, grid)
             v.add_(grid.to(copies.dtype))
         else:
             rows, cols = tok // self.gw, tok % self.gw
             idx = torch.arange(n, device=copies.device)
+            if self.low:
+                self._check_rounding(self._raw(src, tok), noise)
             # advanced indices (n, rows, cols) → a (N, C, p, p) block, one patch per copy
             v[idx, :, rows, :, cols, :] += noise.view(n, c, self.p, self.p).to(copies.dtype)
-        return call_model(self.model, copies, self.output)
+        return self._call(copies, src)
 
 
 @dataclass(frozen=True)
