@@ -77,7 +77,21 @@ def test_an_edited_summary_makes_the_verdict_stale(exp_dir: Path, tmp_path: Path
     summary = json.loads(path.read_text())
     summary["final"]["attn/alignment"] -= 5.0
     path.write_text(json.dumps(summary))
-    with pytest.raises(ValueError, match=r"verdict.json is stale: .*'sngd attn/alignment > sgd': "
-                                         r"recorded sngd − sgd attn/alignment"):
+    with pytest.raises(ValueError, match=r"verdict.json is stale: .*'sngd attn/alignment > sgd'"
+                                         r"\.\w+: recorded -?[0-9.]+, its runs give"):
         record(exp_dir, tmp_path / "rec")
     assert not (tmp_path / "rec").exists()
+
+
+def test_a_verdict_written_before_an_effect_gained_a_field_is_not_stale(
+        exp_dir: Path, tmp_path: Path) -> None:
+    """A verdict.json written by code whose effects lacked a field that later code adds (the
+    committed hr_norm_vs_blowup run's rho before its scale and z) was refused as stale, with two
+    identical intervals in the message; only fields both hold are compared."""
+    path = exp_dir / "verdict.json"
+    verdict = json.loads(path.read_text())
+    part = sorted(verdict["effects"])[0]
+    field = sorted(verdict["effects"][part])[-1]
+    del verdict["effects"][part][field]
+    path.write_text(json.dumps(verdict))
+    assert record(exp_dir, tmp_path / "rec").is_file()

@@ -241,10 +241,12 @@ def check_verdict(exp_dir: Path, name: str, scale: str, runs: list[str],
                      f"{fresh.get('verdict')!r}")
     mine, theirs = verdict.get("effects") or {}, fresh.get("effects") or {}
     for part in sorted(set(mine) | set(theirs), key=str):  # one line per part of the claim
-        if _differences(mine.get(part), theirs.get(part), part):
+        if part not in mine or part not in theirs:
             a, b = (_interval(e[part]) if isinstance(e.get(part), dict) else "absent"
                     for e in (mine, theirs))
             diffs.append(f"{part!r}: recorded {a}, its runs give {b}")
+        else:
+            diffs.extend(_differences(mine[part], theirs[part], repr(part)))
     if diffs:
         raise ValueError(f"verdict.json is stale: {exp_dir}'s runs no longer give it ("
                          f"{'; '.join(diffs[:4])}{'; …' if len(diffs) > 4 else ''}); re-run "
@@ -254,10 +256,12 @@ def check_verdict(exp_dir: Path, name: str, scale: str, runs: list[str],
 
 def _differences(recorded: Any, fresh: Any, where: str) -> list[str]:
     """Where ``recorded`` and ``fresh`` (JSON values) differ, as ``"where.key: recorded a, its
-    runs give b"``; numbers equal to 1e-9 (relative) are the same."""
+    runs give b"``; numbers equal to 1e-9 (relative) are the same. Only keys both hold are
+    compared: a verdict written before an effect gained a field (``rho``'s ``scale`` and
+    ``z``) or lost one is not stale for it."""
     if isinstance(recorded, dict) and isinstance(fresh, dict):
-        return [d for k in sorted(set(recorded) | set(fresh), key=str)
-                for d in _differences(recorded.get(k), fresh.get(k), f"{where}.{k}")]
+        return [d for k in sorted(set(recorded) & set(fresh), key=str)
+                for d in _differences(recorded[k], fresh[k], f"{where}.{k}")]
     if isinstance(recorded, list) and isinstance(fresh, list) and len(recorded) == len(fresh):
         return [d for i, (a, b) in enumerate(zip(recorded, fresh, strict=True))
                 for d in _differences(a, b, f"{where}[{i}]")]
