@@ -203,7 +203,7 @@ def test_tokenizer_cache_is_reused_and_keyed_by_training_text(
     again = _load("mrpc", mrpc_root, split="train")
     assert again.meta["tokenizer"] == str(path) and not again.meta["tokenizer_trained"]
     assert path.stat().st_mtime_ns == stamp
-    assert not list(path.parent.glob(".*tmp"))  # no temp file left behind
+    assert not list(path.parent.glob(".*tmp*"))  # no temp file left behind
     # the cached tokenizer encodes exactly like one freshly trained elsewhere on the same text
     other = mrpc_root.parent / "elsewhere"
     other.mkdir()
@@ -709,3 +709,41 @@ def test_an_hf_tokenizer_without_a_start_token_encodes_in_its_own_template(
     with pytest.raises(ValueError, match="no start token.*pair_encoding='tokenizer'"):
         encode(tok, sentences, sentences, max_len=16)
     assert own_pair_layout(str(tmp_path / "t")) is not None
+
+
+def test_a_damaged_cached_tokenizer_is_trained_again_with_a_warning(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A truncated cache file (a copy cut short, a power cut before the data reached the disk)
+    raised a bare "EOF while parsing" naming no file, on every later load; it is named in a
+    warning and trained again, with the same ids as before."""
+    from senslab.data.text import cached_bpe
+
+    monkeypatch.setenv("SENSLAB_CACHE", str(tmp_path / "cache"))
+    texts = [_sentence(random.Random(i), 12) for i in range(60)]
+    first = cached_bpe("t", texts, vocab_size=300)
+    path = next((tmp_path / "cache" / "tokenizers").glob("*.json"))
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.warns(UserWarning, match=f"{path.name} cannot be read.*training it again"):
+        again = cached_bpe("t", texts, vocab_size=300)
+    assert again.trained and again.encode_batch(texts[:5]) == first.encode_batch(texts[:5])
+    assert not cached_bpe("t", texts, vocab_size=300).trained  # the rebuilt file is read
+
+
+def test_threads_building_one_cached_tokenizer_all_succeed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Threads of one process wrote one temporary file name (".<name>.<pid>.tmp"): one renamed
+    it while another rewrote it, and the other's rename failed with FileNotFoundError."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from senslab.data.text import cached_bpe
+
+    monkeypatch.setenv("SENSLAB_CACHE", str(tmp_path / "cache"))
+    texts = [_sentence(random.Random(i), 12) for i in range(60)]
+    for attempt in range(20):
+        with ThreadPoolExecutor(6) as pool:
+            done = list(pool.map(lambda _: cached_bpe(f"t{attempt}", texts, vocab_size=300),
+                                 range(6)))
+        ids = {tuple(map(tuple, t.encode_batch(texts[:3]))) for t in done}
+        assert len(ids) == 1
+    assert not list((tmp_path / "cache" / "tokenizers").glob(".*tmp*"))
+

@@ -195,9 +195,11 @@ def _need(root: Path, name: str, url: str, md5: str | None, download: bool) -> P
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    """Through a temporary file named for the process and the thread, synced, then renamed (two
+    threads building one cache file shared a temporary name, and one of them failed)."""
+    from ..train.rundir import atomic_write_bytes  # at call time: train imports data
+
+    atomic_write_bytes(path, data)
 
 
 @dataclass(frozen=True)
@@ -563,7 +565,12 @@ def cached_bpe(name: str, texts: Sequence[str], vocab_size: int = 8000,
     key = f"{name}-bpe{vocab_size}-min{min_frequency}-{_text_digest(texts)}.json"
     path = cache_dir() / "tokenizers" / key
     if path.exists():
-        return _from_tokenizers(Tokenizer.from_file(str(path)), str(path))
+        try:
+            return _from_tokenizers(Tokenizer.from_file(str(path)), str(path))
+        except Exception as err:  # noqa: BLE001  (the tokenizers library raises plain Exception)
+            warnings.warn(f"the cached tokenizer {path} cannot be read ({err}); training it "
+                          "again", UserWarning, stacklevel=2)
+            path.unlink(missing_ok=True)
     tok = train_bpe(texts, vocab_size, min_frequency)
     path.parent.mkdir(parents=True, exist_ok=True)
     _write_atomic(path, tok.to_str().encode("utf-8"))
