@@ -741,8 +741,8 @@ def test_threads_building_one_cached_tokenizer_all_succeed(
     texts = [_sentence(random.Random(i), 12) for i in range(60)]
     for attempt in range(20):
         with ThreadPoolExecutor(6) as pool:
-            done = list(pool.map(lambda _: cached_bpe(f"t{attempt}", texts, vocab_size=300),
-                                 range(6)))
+            done = list(pool.map(lambda name: cached_bpe(name, texts, vocab_size=300),
+                                 [f"t{attempt}"] * 6))
         ids = {tuple(map(tuple, t.encode_batch(texts[:3]))) for t in done}
         assert len(ids) == 1
     assert not list((tmp_path / "cache" / "tokenizers").glob(".*tmp*"))
