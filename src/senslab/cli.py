@@ -204,11 +204,11 @@ def _check_measure_set(assignments: list[str], cfg: Any, checkpoint: str | None)
                          f"--set may change only {', '.join(_CHECKPOINT_KEYS)})")
 
 
-def _checkpoint(args: argparse.Namespace) -> tuple[Any, dict[str, Any], int]:
+def _checkpoint(args: argparse.Namespace) -> tuple[Any, dict[str, Any], Path]:
     """The config of run directory ``--checkpoint`` with the allowed overrides, its newest
-    verified checkpoint and that checkpoint's step."""
+    verified checkpoint and that checkpoint's file."""
     from .train.config import RunConfig, apply_overrides
-    from .train.rundir import RunDir, checkpoint_step
+    from .train.rundir import RunDir
 
     path = Path(args.checkpoint)
     made_by = "pass the directory that `senslab train --out DIR` wrote"
@@ -249,7 +249,7 @@ def _checkpoint(args: argparse.Namespace) -> tuple[Any, dict[str, Any], int]:
                          "yet, or every one is damaged; train it (re-running its `senslab train` "
                          "command resumes it) and measure again")
     ckpt, state = found
-    return cfg, state, checkpoint_step(ckpt)
+    return cfg, state, ckpt
 
 
 def _describe_tokens(tokens: Any, x: Any) -> str:
@@ -355,13 +355,14 @@ def _measure(args: argparse.Namespace) -> int:
     from .tokens import auto_tokens
     from .train.config import validate
     from .train.loop import build_model, load_data, resolve_device
+    from .train.rundir import checkpoint_step, load_model_state
 
     if args.hf or args.timm:
         return _measure_pretrained(args)
     state: dict[str, Any] | None = None
     if args.checkpoint:
-        cfg, state, step = _checkpoint(args)
-        weights = f"checkpoint step {step} of {args.checkpoint}"
+        cfg, state, ckpt = _checkpoint(args)
+        weights = f"checkpoint step {checkpoint_step(ckpt)} of {args.checkpoint}"
     else:
         cfg = _config(args)
         _check_measure_set(args.set or [], cfg, None)
@@ -372,8 +373,8 @@ def _measure(args: argparse.Namespace) -> int:
     train, test = load_data(cfg)
     data = train if args.split == "train" else test
     model = build_model(cfg, train)
-    if state is not None:
-        model.load_state_dict(state["model"])
+    if state is not None:  # a checkpoint of another model: an error naming it and the fix
+        load_model_state(model, state["model"], ckpt)
     model = model.to(device)
     # the examples training tracks (train.track): seed + 1 for sens/train, seed + 2 for sens/val
     g = torch.Generator().manual_seed(args.seed + (2 if args.split == "test" else 1))

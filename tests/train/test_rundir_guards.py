@@ -417,3 +417,170 @@ def test_a_lock_left_by_a_thread_that_ended_is_taken_over(tmp_path: Path) -> Non
     finally:
         rd.release()
     assert not rd.holds_lock()
+
+
+# -- stale checkpoints, readers during training, checkpoints of another model (audit conc53) -----
+
+
+def _names(run: Path) -> list[str]:
+    return [p.name for p in RunDir(run).checkpoints()]
+
+
+def test_a_run_without_config_json_is_refused_not_started_over(
+        finished: Path, tmp_path: Path) -> None:
+    """A finished run lost its config.json; training another configuration into it started
+    afresh without a word, pruned its own checkpoints and left the old run's final model to be
+    measured as its own. Now refused, naming the fix, with nothing touched."""
+    run = _copy(finished, tmp_path / "run")
+    (run / "config.json").unlink()
+    before = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
+    with pytest.raises(RunDirError) as err:
+        fit(tiny(1, ["optim.lr=0.05"]), run, progress=False)
+    msg = str(err.value)
+    assert "but no config.json" in msg and "step-00000030.safetensors" in msg
+    assert f"restore {run / 'config.json'}" in msg and f"delete {run}" in msg
+    assert {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()} == before
+    with pytest.raises(RunDirError, match="but no config.json"):
+        with LoopRun(run, {"lr": 0.1}):
+            pass
+
+
+def test_pruning_keeps_the_checkpoint_just_written(tmp_path: Path) -> None:
+    """Later checkpoints left by another sitting never prune this sitting's newest one."""
+    rd = RunDir(tmp_path / "run")
+    for step in (75, 90):
+        rd.save_checkpoint({"w": torch.full((2,), float(step))}, step, keep=0)
+    rd.save_checkpoint({"w": torch.zeros(2)}, 15, keep=1)
+    assert "step-00000015.safetensors" in _names(rd.path)
+    rd.save_checkpoint({"w": torch.ones(2)}, 30, keep=1)
+    assert "step-00000030.safetensors" in _names(rd.path)
+    assert "step-00000015.safetensors" not in _names(rd.path)
+
+
+def test_a_start_over_sets_unusable_checkpoints_aside(finished: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """No checkpoint can be resumed from (metrics.jsonl emptied: each would lose records): the
+    run starts over with the old checkpoints moved into checkpoints/unusable/, not mixed with its
+    own, and ends with its own final model."""
+    run = _copy(finished, tmp_path / "run")
+    (run / "summary.json").unlink()
+    (run / "metrics.jsonl").write_text("")
+    with pytest.warns(UserWarning, match="falling back to the previous checkpoint"):
+        summary = fit(tiny(), run, progress=False)
+    assert "moved them to" in capsys.readouterr().err
+    aside = sorted(p.name for p in (run / "checkpoints" / "unusable").iterdir())
+    assert aside == ["step-00000015.safetensors", "step-00000030.safetensors"]
+    assert _names(run) == ["step-00000015.safetensors", "step-00000030.safetensors"]
+    path, state = RunDir(run).final_checkpoint()
+    assert summary["steps"] == 30 and state["position"]["step"] == 30
+    _, want = RunDir(finished).final_checkpoint()  # same seed: the same model, retrained
+    for key, value in want["model"].items():
+        assert torch.equal(state["model"][key], value), key
+
+
+def test_a_final_checkpoint_past_the_finished_step_is_refused(
+        finished: Path, tmp_path: Path) -> None:
+    """The audit's case: the old run's step-90 checkpoint outlived a new run that finished at
+    step 45, and final_checkpoint returned it as the new run's model."""
+    run = _copy(finished, tmp_path / "run")
+    ckpts = run / "checkpoints"
+    (ckpts / "step-00000045.safetensors").write_bytes(
+        (ckpts / "step-00000030.safetensors").read_bytes())
+    with pytest.raises(RunDirError) as err:
+        RunDir(run).final_checkpoint()
+    msg = str(err.value)
+    assert "step-00000045.safetensors is past the step the run finished at (30" in msg
+    assert f"delete {run}" in msg
+
+
+def test_a_reader_relists_when_the_training_run_prunes_a_checkpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader listed step 2, then the run training in the directory saved step 3 and pruned
+    step 2 (keep=1) before the reader opened it: the reader reads the list again and gets
+    step 3, without calling anything damaged (it returned None: "every one is damaged")."""
+    run = tmp_path / "run"
+    writer = RunDir(run)
+    writer.save_checkpoint({"w": torch.zeros(2)}, 2, keep=1)
+    real = RunDir._load
+    raced = [False]
+
+    def load(path: Path, allow_unverified: bool) -> Any:
+        if not raced[0]:
+            raced[0] = True
+            writer.save_checkpoint({"w": torch.ones(2)}, 3, keep=1)  # the writer, in between
+        return real(path, allow_unverified)
+
+    monkeypatch.setattr(RunDir, "_load", staticmethod(load))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing is damaged: no warning
+        found = RunDir(run).load_latest()
+    assert raced[0] and found is not None
+    assert found[0].name == "step-00000003.safetensors" and torch.equal(found[1]["w"],
+                                                                       torch.ones(2))
+
+
+def test_a_checkpoint_of_another_model_is_named_with_the_fix(
+        finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """config.json edited to another width: `measure --checkpoint` and the resume of `train`
+    said "unexpected RuntimeError … probably a bug", the mismatch cut off."""
+    from senslab.cli import main
+
+    run = _copy(finished, tmp_path / "run")
+    config = json.loads((run / "config.json").read_text())
+    config["model"]["overrides"] = {"widths": [8]}
+    (run / "config.json").write_text(json.dumps(config))
+    ckpt = run / "checkpoints" / "step-00000030.safetensors"
+    code = main(["measure", "--checkpoint", str(run), "--sigma", "0.1", "--num-examples", "8",
+                 "--threads", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "unexpected" not in err and "probably a bug" not in err
+    assert f"{ckpt} holds a model that does not match" in err
+    assert "size mismatch for" in err and f"delete {run}" in err
+    # the resume of `train` (here fit, which it calls)
+    (run / "summary.json").unlink()
+    with pytest.raises(RunDirError, match=r"step-00000030.safetensors holds a model that does "
+                                          r"not match.*size mismatch for"):
+        fit(apply_overrides(RunConfig.from_dict(config), []), run, progress=False)
+
+
+def test_a_damaged_verdict_is_kept_as_damaged_not_as_other_settings(tmp_path: Path) -> None:
+    """A truncated verdict.json was logged as "written for other settings" and kept as
+    verdict.superseded.json; it is unreadable, and now said to be so."""
+    from senslab.experiments import run_experiment
+
+    demo = ["train.epochs=1", "data.train_subset=200", "track.num_examples=16",
+            "track.eval_examples=100", "seeds=1"]
+    exp = tmp_path / "exp"
+    run_experiment("demo", exp, overrides=demo, log=lambda _: None)
+    damaged = (exp / "verdict.json").read_bytes()[:40]
+    (exp / "verdict.json").write_bytes(damaged)
+    lines: list[str] = []
+    again = run_experiment("demo", exp, overrides=demo, log=lines.append)
+    said = [line for line in lines if "verdict.json" in line]
+    assert said and "is damaged (not valid JSON" in said[0] and "verdict.damaged.json" in said[0]
+    assert not any("other settings" in line for line in lines)
+    assert (exp / "verdict.damaged.json").read_bytes() == damaged
+    assert not (exp / "verdict.superseded.json").exists()
+    assert json.loads((exp / "verdict.json").read_text()) == again
+
+
+def test_report_says_a_damaged_last_line_of_a_finished_run_is_no_crash(
+        finished: Path, tmp_path: Path) -> None:
+    """A finished run's last metrics line cannot be torn by a crash (summary.json comes after
+    it): the warning names the file and line and says so, instead of "probably killed"."""
+    from senslab.report import load_run
+
+    run = _copy(finished, tmp_path / "run")
+    metrics = run / "metrics.jsonl"
+    lines = metrics.read_text().splitlines(keepends=True)
+    metrics.write_text("".join(lines[:-1]) + lines[-1][:20])
+    with pytest.warns(UserWarning) as caught:
+        loaded = load_run(run)
+    text = " ".join(str(w.message) for w in caught)
+    assert f"{metrics}: skipping truncated last line {len(lines)}" in text
+    assert "the run finished, so no crash cut it" in text and "probably killed" not in text
+    assert len(loaded.metrics) == len(lines) - 1
+    # an unfinished run: still the crash it most likely was
+    (run / "summary.json").unlink()
+    with pytest.warns(UserWarning, match="probably killed while writing it"):
+        load_run(run)

@@ -480,7 +480,14 @@ def _run_locked(exp: Experiment, out: Path, scale: str, overrides: list[str],
         raise RunDirError(f"{out} holds the runs of experiment {held!r}, not {exp.name!r}; "
                           f"choose another --out for {exp.name}")
     previous = _previous_verdict(out, scale, overrides)
-    if previous is None and (out / "verdict.json").is_file():
+    damaged = _damaged_verdict(out)
+    if damaged is not None:
+        # unreadable, so of unknown settings: kept for inspection, never taken for a verdict
+        os.replace(out / "verdict.json", out / DAMAGED)
+        log(f"{out}/verdict.json is damaged ({damaged}): moved to {DAMAGED}; the verdict is "
+            "computed again (runtime_s then counts the runs' training time and this "
+            "invocation's other time, not an earlier invocation's measurements)")
+    elif previous is None and (out / "verdict.json").is_file():
         # the verdict of other settings (scale, overrides) no longer describes this directory
         # once experiment.json names the new runs: kept aside, not shown as this run's verdict
         os.replace(out / "verdict.json", out / SUPERSEDED)
@@ -603,6 +610,22 @@ def run_seconds(out: str | Path, names: list[str] | None = None) -> dict[str, fl
 
 #: where a verdict.json of other settings goes when the directory is run with new ones
 SUPERSEDED = "verdict.superseded.json"
+#: where an unreadable verdict.json goes (a truncated or damaged file)
+DAMAGED = "verdict.damaged.json"
+
+
+def _damaged_verdict(out: Path) -> str | None:
+    """Why ``out``'s verdict.json cannot be read as a verdict (not JSON, or not an object);
+    None when it reads, or when there is none."""
+    try:
+        old = json.loads((out / "verdict.json").read_text())
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError as err:
+        return f"not valid JSON: {err.msg}, line {err.lineno}"
+    except (OSError, ValueError) as err:
+        return str(err)
+    return None if isinstance(old, dict) else f"a JSON {type(old).__name__}, not an object"
 
 
 def _previous_verdict(out: Path, scale: str, overrides: list[str]) -> dict[str, Any] | None:
@@ -610,6 +633,8 @@ def _previous_verdict(out: Path, scale: str, overrides: list[str]) -> dict[str, 
     try:
         old = json.loads((out / "verdict.json").read_text())
     except (OSError, ValueError):
+        return None
+    if not isinstance(old, dict):
         return None
     same = old.get("scale") == scale and old.get("overrides") == overrides
     return old if same else None

@@ -183,11 +183,13 @@ def _read_json_dict(path: Path, optional: bool = True) -> dict[str, Any] | None:
     return data
 
 
-def read_metrics(path: PathLike) -> list[dict[str, Any]]:
+def read_metrics(path: PathLike, finished: bool = False) -> list[dict[str, Any]]:
     """Parse a ``metrics.jsonl`` file into a list of dicts.
 
     Blank lines are ignored. A last line that does not parse is a write cut short by a killed
-    run: it is skipped with a warning. A bad line anywhere else means the file is corrupt and is
+    run: it is skipped with a warning. In a ``finished`` run (one with summary.json, written
+    after its last record) no crash can cut it, so the warning says the file was damaged since;
+    the line is still skipped. A bad line anywhere else means the file is corrupt and is
     an error that names the line number. Every object must carry ``step``, and steps must
     increase strictly: a repeated or earlier step (two writers, or a log pieced together) is an
     error naming the line and the step.
@@ -201,11 +203,12 @@ def read_metrics(path: PathLike) -> list[dict[str, Any]]:
             row = json.loads(line)
         except json.JSONDecodeError as err:
             if pos == len(numbered) - 1:
-                warnings.warn(
-                    f"{path}: skipping truncated last line {lineno} (the run was probably "
-                    "killed while writing it)",
-                    stacklevel=3,
-                )
+                why = ("the run was probably killed while writing it" if not finished else
+                       f"the run finished, so no crash cut it: the file was damaged or edited "
+                       f"since ({err.msg}), and the run's last logged point is missing from "
+                       "the curves; restore the file, or train the run again")
+                warnings.warn(f"{path}: skipping truncated last line {lineno} ({why})",
+                              stacklevel=3)
                 break
             raise RunFormatError(
                 f"{path}: line {lineno} is not valid JSON ({err.msg}); the metrics file is "
@@ -261,7 +264,8 @@ def load_run(path: PathLike, experiment: Path | None = None) -> Run:
         path=p,
         config=_read_json_dict(p / "config.json") or {},
         env=_read_json_dict(p / "env.json") or {},
-        metrics=read_metrics(metrics_file) if metrics_file.is_file() else [],
+        metrics=(read_metrics(metrics_file, finished=summary is not None)
+                 if metrics_file.is_file() else []),
         summary=summary,
         experiment=experiment,
     )

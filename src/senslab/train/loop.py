@@ -36,7 +36,7 @@ from .config import LOGGING_ONLY, RunConfig, config_differences, defaults_of, va
 from .progress import Progress
 from .report_to import Reporters, clear
 from .report_to import check as check_reporters
-from .rundir import RunDir, checkpoint_step, environment, notice
+from .rundir import RunDir, checkpoint_step, environment, load_model_state, notice
 from .steps import (
     correct,
     evaluate,
@@ -422,7 +422,7 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
     found = rd.load_latest(resume=True) if rd.exists() else None
     state = found[1] if found is not None else None
     if state is not None:
-        model.load_state_dict(state["model"])
+        load_model_state(model, state["model"], found[0])
         opt.load_state_dict(state["optimizer"])
         if sched is not None:
             sched.load_state_dict(state["scheduler"])

@@ -37,7 +37,8 @@ import torch
 
 from .checkpoint import LEGACY_SUFFIX, SUFFIX, CheckpointError, decode, encode, load_legacy
 
-__all__ = ["CheckpointError", "RunDir", "RunDirError", "RunDirInUse", "SCHEMA"]
+__all__ = ["CheckpointError", "RunDir", "RunDirError", "RunDirInUse", "SCHEMA",
+           "load_model_state"]
 
 #: the run/experiment directory format this code writes (1: before senslab.json existed)
 SCHEMA = 2
@@ -281,6 +282,23 @@ class RunDir:
             raise RunDirError(f"{p} is not empty and is not a senslab {self.kind} directory (it "
                               f"holds {shown}); choose an empty or new directory for --out")
 
+    def _check_config_present(self) -> None:
+        """Refuse a run directory that holds checkpoints or a summary but no config.json: the
+        run that wrote them is unknown, so a new one started in their place would mix with them
+        (its checkpoints pruned for the old run's later ones, the old final model taken for its
+        own)."""
+        if self.kind != "run" or self.exists():
+            return
+        left = [p.name for p in self.checkpoints()]
+        if (self.path / "summary.json").is_file():
+            left.append("summary.json")
+        if left:
+            shown = ", ".join(left[:3]) + (", …" if len(left) > 3 else "")
+            raise RunDirError(
+                f"{self.path} holds a run ({shown}) but no config.json, so what trained it is "
+                f"unknown and a new run cannot start over it; restore {self.path / 'config.json'}"
+                f" to resume it, or delete {self.path} (or choose another --out) to train anew")
+
     # -- the writer's lock ---------------------------------------------------------------------
     def holds_lock(self) -> bool:
         """Whether this thread holds the directory's lock (another thread's hold is no
@@ -314,6 +332,7 @@ class RunDir:
                 held[1] += 1
                 return
             self._check_target()
+            self._check_config_present()
             lock = self._lock_file()
             _HELD[key] = [lock, 1, me]
         try:
@@ -484,6 +503,8 @@ class RunDir:
             records = len(self.metrics())
         atomic_write_bytes(path, encode({**state, METRIC_RECORDS: records}))
         for old in self.checkpoints()[:-keep] if keep > 0 else []:
+            if old == path:  # a later one left by another sitting never outlives this sitting's
+                continue
             old.unlink(missing_ok=True)
             old.with_suffix(".sha256").unlink(missing_ok=True)
         return path
@@ -522,14 +543,45 @@ class RunDir:
         """(path, state) of the newest checkpoint that verifies; the ones that do not are
         reported and skipped. With ``resume``, also one whose metric records are no longer all
         in metrics.jsonl (its last line torn by a crash after the checkpoint was written):
-        resuming from it would leave those records out for good."""
+        resuming from it would leave those records out for good; and when none can be resumed
+        from, the writer (the lock holder) moves them aside (:meth:`_set_aside`), so that the
+        run starting over never mixes with them.
+
+        A checkpoint that vanishes between listing and reading was pruned by the run training
+        in the directory (readers may read a run while it trains): the list is read again,
+        not the file reported as damaged."""
         self.check_readable()
+        for attempt in range(VANISHED_RETRIES + 1):
+            listed = self.checkpoints()
+            found, problems, vanished = self._newest_usable(listed, allow_unverified, resume,
+                                                            last=attempt == VANISHED_RETRIES)
+            if not vanished:
+                break
+        for problem in problems:
+            warnings.warn(problem, stacklevel=3)
+        if found is None and resume and listed and self.holds_lock():
+            self._set_aside()
+        return found
+
+    def _newest_usable(self, listed: list[Path], allow_unverified: bool, resume: bool,
+                       last: bool) -> tuple[tuple[Path, dict[str, Any]] | None, list[str], bool]:
+        """One pass of :meth:`load_latest` over ``listed``: (the result, the warnings to give,
+        whether a file vanished so that the list must be read again — never on the ``last``
+        pass)."""
+        problems: list[str] = []
         kept: list[dict[str, Any]] | None = None
-        for path in reversed(self.checkpoints()):
+        for path in reversed(listed):
             try:
                 state, records = self._load(path, allow_unverified)
             except CheckpointError as err:
-                warnings.warn(f"{err}; falling back to the previous checkpoint", stacklevel=3)
+                if not path.exists():
+                    if not last:
+                        return None, [], True
+                    problems.append(f"{path} vanished while being read (pruned by the run "
+                                    "training in the directory); falling back to the previous "
+                                    "checkpoint")
+                    continue
+                problems.append(f"{err}; falling back to the previous checkpoint")
                 continue
             if resume and records is not None:
                 if kept is None:
@@ -538,14 +590,36 @@ class RunDir:
                 # first ``records`` lines are intact exactly when that many are complete
                 have = len(kept)
                 if have < records:
-                    warnings.warn(
+                    problems.append(
                         f"{self.metrics_path} holds {have} of the {records} metric records "
                         f"logged before checkpoint {path.name} (its end was lost in a crash); "
-                        "falling back to the previous checkpoint so that no record goes missing",
-                        stacklevel=3)
+                        "falling back to the previous checkpoint so that no record goes missing")
                     continue
-            return path, state
-        return None
+            return (path, state), problems, False
+        return None, problems, False
+
+    def _set_aside(self) -> None:
+        """Move every checkpoint into a new ``checkpoints/unusable[-N]/`` folder (a run that
+        starts over: none of them can be resumed from, and left in place they would outrank the
+        new run's own — in pruning, and as its final model)."""
+        if self.readonly:
+            return
+        listed = self.checkpoints()
+        if not listed:
+            return
+        n = 1
+        while (folder := self.ckpt_dir / ("unusable" if n == 1 else f"unusable-{n}")).exists():
+            n += 1
+        folder.mkdir()
+        for path in listed:
+            path.replace(folder / path.name)
+            sidecar = path.with_suffix(".sha256")
+            if sidecar.exists():
+                sidecar.replace(folder / sidecar.name)
+        _fsync_dir(self.ckpt_dir)
+        notice(f"{self.ckpt_dir}: none of its {len(listed)} checkpoint(s) can be resumed from "
+               f"(see the warnings above); moved them to {folder} and starting the run over "
+               "(delete that folder once you no longer need them)")
 
     def latest_checkpoint(self, allow_unverified: bool = False) -> dict[str, Any] | None:
         """The newest checkpoint that verifies; damaged ones are reported and skipped."""
@@ -581,6 +655,13 @@ class RunDir:
                     "last good checkpoint, retrains the rest and writes the final checkpoint "
                     "again")
 
+        if newest is not None and steps is not None and checkpoint_step(newest) > steps:
+            raise RunDirError(
+                f"{self.ckpt_dir}: the newest checkpoint {newest.name} is past the step the run "
+                f"finished at ({steps}, {summary_path.name}), so it is not this run's final "
+                "model: checkpoints of another run were left in the directory (as when a run "
+                f"started over there after config.json was lost); delete {self.path} and train "
+                "the run again")
         if newest is None or (steps is not None and checkpoint_step(newest) < steps):
             if newest is None and not steps:
                 return None
@@ -604,14 +685,40 @@ class RunDir:
         checkpoints), so that a new configuration can start in its place."""
         if self.readonly:
             return
-        for name in ("config.json", "env.json", "metrics.jsonl", "summary.json"):
-            (self.path / name).unlink(missing_ok=True)
+        # checkpoints and summary first: a reset cut short never leaves them without config.json
         for path in self.checkpoints():
             path.unlink(missing_ok=True)
+        for name in ("summary.json", "metrics.jsonl", "env.json", "config.json"):
+            (self.path / name).unlink(missing_ok=True)
+
+
+def load_model_state(model: torch.nn.Module, state: dict[str, Any], path: Path) -> None:
+    """``model.load_state_dict(state)`` for the checkpoint ``path``; a checkpoint of another
+    model (other sizes or parameters than the run's config.json builds) is a
+    :class:`RunDirError` naming the file, the first mismatches and the fix, not torch's
+    RuntimeError."""
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as err:
+        lines = str(err).splitlines()
+        if not lines or not lines[0].startswith("Error(s) in loading state_dict"):
+            raise
+        detail = [line.strip().rstrip(".") for line in lines[1:] if line.strip()]
+        shown = "; ".join(d if len(d) < 240 else d[:237] + "…" for d in detail[:3])
+        more = f"; and {len(detail) - 3} more" if len(detail) > 3 else ""
+        run = Path(path).parent.parent
+        raise RunDirError(
+            f"{path} holds a model that does not match the one {run / 'config.json'} describes "
+            f"({shown}{more}): the checkpoint was written for another model (config.json "
+            "edited, or the checkpoint copied in from another run); restore config.json, point "
+            f"at the run directory that wrote the checkpoint, or delete {run} and train it "
+            "again") from None
 
 
 #: the key a checkpoint records the metric log's length under (:meth:`RunDir.save_checkpoint`)
 METRIC_RECORDS = "_metric_records"
+#: how often :meth:`RunDir.load_latest` reads the list again when a checkpoint vanished
+VANISHED_RETRIES = 5
 
 
 def _own_file(name: str) -> bool:
