@@ -53,6 +53,23 @@ seed instead: two processes must not draw the same noise). The state dict does n
 stream (a loaded metric starts from the seed). A copy calibrates checked precision
 (``precision="bf16-checked"``, …) anew, as the original does for a new model.
 
+**Threads.** ``update``, ``forward``, ``compute``, ``merge_state``, ``reset`` and the state dict
+of one metric run one thread at a time (a lock per metric), so a metric updated from several
+threads counts every batch once and gives a valid estimate; but which batch draws which noise
+then follows the threads' scheduling, so the numbers are not reproducible. For reproducible
+numbers give each thread its own metric (its own ``generator``) and ``merge_state`` them.
+
+**Merging and loading.** :meth:`~TokenSensitivityMetric.merge_state` and ``load_state_dict``
+refuse the states of a metric that measures another quantity — another noise level,
+``compare`` rule, ``mode``, tokenization, ``replace_with`` vocabulary, decision rule or
+alignment (what :meth:`TokenSensitivity.merge <senslab.measure.TokenSensitivity.merge>`
+requires) — naming the first difference; the state dict holds this configuration
+(``config``, JSON as a uint8 tensor) beside the states. A state dict without it (saved by an
+older senslab, or built by hand) is loaded or merged unchecked, with a warning. Merging a metric
+into itself is refused, and so is a merge whose states hold an example index (``index=``) that
+this metric has measured already (the examples would count twice; without ``index=`` the states
+hold no identities, so merge each shard once).
+
 Example:
     >>> import torch
     >>> from senslab.integrations.torchmetrics import TokenSensitivityMetric
@@ -68,7 +85,13 @@ Example:
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import math
+import threading
+import warnings
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -86,10 +109,11 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 
 from ..measure import SensitivityResult, TokenSensitivity
 from ..measure._noise import NoiseStream
+from ..measure._options import _identity
 from ..measure._stats import State, result
-from ..tokens import Tokenization
+from ..tokens import Sequence, Tokenization
 from ..tokens.base import Inputs, batch_size, select
-from ._common import Seed, check_options
+from ._common import Seed, _placeholder, check_options
 
 __all__ = ["TokenSensitivityMetric", "rank_seed"]
 
@@ -103,6 +127,8 @@ _METRIC_KWARGS = {
 _SUMS = {"n": "n", "s1": "s1", "s2": "s2", "within": "within", "num_forward": "forward",
          "num_forward_fp32": "forward_fp32", "num_checked": "checked"}
 _CATS = ("sample_rate", "sample_index", "pos_id", "pos_sum", "pos_cnt")
+#: configuration fields the model decides where the options leave them open (None)
+_MODEL_DECIDES = ("tokens", "align", "output_kind")
 
 
 class _Position(NamedTuple):
@@ -168,6 +194,10 @@ class TokenSensitivityMetric(Metric):
         for name in _CATS:
             self.add_state(name, [], dist_reduce_fx="cat")
         self.set_dtype(torch.float64)  # a rank with no data syncs empty float64 lists
+        #: what defines the quantity measured (``merge_state`` and ``load_state_dict`` check it)
+        self._config = _config(tokens, options)
+        self._lock = threading.RLock()
+        self._serialize()
         self._engine: TokenSensitivity | None = None
         self._seen: set[int] = set()
         #: a copy's stream position, until its first ``update`` builds an engine from it
@@ -225,16 +255,17 @@ class TokenSensitivityMetric(Metric):
         ``dist_sync_on_step=True`` the estimate of the step's examples on all processes
         together, the same on each (every process must call ``forward`` equally often); NaN
         where no example was measured (all skipped by ``index=``)."""
-        self.update(*args, **kwargs)
-        s1, n = self._batch
-        if self.dist_sync_on_step:
-            s1, n = self._synced(s1, n)
-        self.batch_estimate = s1 / n if n else None
-        value = math.nan if self.batch_estimate is None else self.batch_estimate
-        out = torch.tensor(value, dtype=torch.float64, device=self.n.device)
-        # what Lightning logs for self.log(..., metric, on_step=True)
-        self._forward_cache = out
-        return out
+        with self._lock:
+            self.update(*args, **kwargs)
+            s1, n = self._batch
+            if self.dist_sync_on_step:
+                s1, n = self._synced(s1, n)
+            self.batch_estimate = s1 / n if n else None
+            value = math.nan if self.batch_estimate is None else self.batch_estimate
+            out = torch.tensor(value, dtype=torch.float64, device=self.n.device)
+            # what Lightning logs for self.log(..., metric, on_step=True)
+            self._forward_cache = out
+            return out
 
     def compute(self) -> Tensor:
         """The estimate over everything accumulated (synced across processes by torchmetrics),
@@ -244,31 +275,64 @@ class TokenSensitivityMetric(Metric):
 
     def result(self) -> SensitivityResult:
         """Estimate, standard errors, 95% interval, counts and profiles (synced)."""
-        self.compute()
-        assert self._last is not None
-        return self._last
+        with self._lock:
+            self.compute()
+            assert self._last is not None
+            return self._last
 
     def merge_state(self, incoming_state: Any) -> None:
         """Add another metric's states (or a state dict) to this one's; the next :meth:`compute`
         includes them (torchmetrics keeps an earlier ``compute``'s value otherwise), and the
         example indices it has seen (a state dict's ``seen_index``) count as seen here. Also
-        with ``dist_sync_on_step=True``, which torchmetrics refuses for its own forward."""
-        flag, self.dist_sync_on_step = self.dist_sync_on_step, False  # the states only add up
-        try:
-            super().merge_state(incoming_state)
-        finally:
-            self.dist_sync_on_step = flag
-        self._computed, self._last = None, None
+        with ``dist_sync_on_step=True``, which torchmetrics refuses for its own forward.
+
+        Refused with a ValueError: this metric itself; states of another configuration (the
+        first difference named; a state dict without ``config`` is merged unchecked, with a
+        warning); states holding an example index (``index=``) this metric has measured
+        already (the examples would count twice)."""
+        if incoming_state is self:
+            raise ValueError(
+                "cannot merge a metric into itself: its examples would count twice (a smaller "
+                "standard error from the same examples); merge the other threads' or "
+                "processes' metrics"
+            )
+        seen: set[int] = set()
         if isinstance(incoming_state, TokenSensitivityMetric):
-            self._seen |= incoming_state._seen
-        elif incoming_state.get("seen_index") is not None:
-            self._seen |= _indices(incoming_state["seen_index"])
+            with incoming_state._lock:  # a snapshot: another thread may be updating it
+                config: dict[str, Any] | None = incoming_state._config
+                states: Any = incoming_state._copy_state_dict()
+                seen = set(incoming_state._seen)
+                other = incoming_state._engine
+        elif isinstance(incoming_state, dict):
+            states, config, other = incoming_state, _stored(incoming_state.get("config")), None
+            if incoming_state.get("seen_index") is not None:
+                seen = _indices(incoming_state["seen_index"])
+        else:  # torchmetrics' own refusal (not a dict, another Metric class)
+            states, config, other = incoming_state, None, None
+        with self._lock:
+            if isinstance(states, dict):
+                self._check_config(config, "cannot merge", "merge_state")
+                if other is not None and self._engine is not None:  # resolved by the models
+                    for name, a, b in _identity(self._engine, other):
+                        if a != b:
+                            raise ValueError(_differ_message("cannot merge", f"{name} {a!r} vs "
+                                                             f"{b!r}"))
+                if "sample_index" in states:
+                    self._refuse_overlap(states["sample_index"])
+            flag, self.dist_sync_on_step = self.dist_sync_on_step, False  # the states add up
+            try:
+                super().merge_state(states)
+            finally:
+                self.dist_sync_on_step = flag
+            self._computed, self._last = None, None
+            self._seen |= seen
 
     def reset(self) -> None:
         """Forget the states; the next ``update`` restarts the noise from the seed."""
-        super().reset()
-        self._engine, self._last, self.batch_estimate = None, None, None
-        self._seen, self._resume = set(), None
+        with self._lock:
+            super().reset()
+            self._engine, self._last, self.batch_estimate = None, None, None
+            self._seen, self._resume = set(), None
 
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Move the states with the module, never change their dtype: a ``.to(torch.bfloat16)``
@@ -290,39 +354,100 @@ class TokenSensitivityMetric(Metric):
         keep_vars: bool = False,
     ) -> dict[str, Any]:
         """torchmetrics' state dict (the states, with ``persistent(True)``) and then also the
-        example indices already measured, ``seen_index`` (module docstring)."""
-        out = super().state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
-        if any(self._persistent.values()):
-            out[prefix + "seen_index"] = torch.tensor(sorted(self._seen), dtype=torch.int64)
-        return out
+        example indices already measured, ``seen_index``, and the configuration the states were
+        measured with, ``config`` (module docstring)."""
+        with self._lock:
+            out = super().state_dict(destination=destination, prefix=prefix,
+                                     keep_vars=keep_vars)
+            if any(self._persistent.values()):
+                out[prefix + "seen_index"] = torch.tensor(sorted(self._seen), dtype=torch.int64)
+                out[prefix + "config"] = _encoded(self._config)
+            return out
 
     def _load_from_state_dict(
         self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any,
     ) -> None:
         """Load the states (torchmetrics) and the seen indices: ``seen_index``, or where a
         state dict lacks it the indices of its ``sample_index``. The list states are copies:
-        torchmetrics keeps the state dict's own lists, which later updates appended to."""
-        seen = state_dict.pop(prefix + "seen_index", None)
-        loaded = prefix + "sample_index" in state_dict
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-        for name in _CATS:
-            if isinstance(getattr(self, name), list):
-                setattr(self, name, list(getattr(self, name)))
-        if seen is not None:
-            self._seen = _indices(seen)
-        elif loaded:
-            keys = _cat(self.sample_index)
-            self._seen = _indices(keys[~torch.isnan(keys)])
-        if seen is not None or loaded:
-            self._computed, self._last = None, None  # no earlier compute's value
+        torchmetrics keeps the state dict's own lists, which later updates appended to.
+
+        States of another configuration (``config``: another sigma, compare rule,
+        tokenization, …) are refused with a ValueError naming the first difference; a state
+        dict with states but no ``config`` (saved by an older senslab) is loaded unchecked, with
+        a warning."""
+        with self._lock:
+            seen = state_dict.pop(prefix + "seen_index", None)
+            config = state_dict.pop(prefix + "config", None)
+            loaded = prefix + "sample_index" in state_dict
+            if config is not None or prefix + "n" in state_dict:
+                self._check_config(_stored(config), "cannot load the state dict",
+                                   "load_state_dict")
+            super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+            for name in _CATS:
+                if isinstance(getattr(self, name), list):
+                    setattr(self, name, list(getattr(self, name)))
+            if seen is not None:
+                self._seen = _indices(seen)
+            elif loaded:
+                keys = _cat(self.sample_index)
+                self._seen = _indices(keys[~torch.isnan(keys)])
+            if seen is not None or loaded:
+                self._computed, self._last = None, None  # no earlier compute's value
 
     def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
-        state["_engine"] = None  # it holds the model: a copy of the metric must not copy it
-        state["_resume"] = self._position()  # … but continues its noise stream
+        with self._lock:
+            state = super().__getstate__()
+            state["_engine"] = None  # it holds the model: a copy of the metric must not copy it
+            state["_resume"] = self._position()  # … but continues its noise stream
+        del state["_lock"]
         return state
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        if "_config" not in state:  # pickled by an older senslab
+            self._config = _config(self.tokens, self.options)
+        self._lock = threading.RLock()
+        self._serialize()
+
     # -- helpers -------------------------------------------------------------------------------
+    def _serialize(self) -> None:
+        """``update`` and ``compute`` — torchmetrics' wrappers included, which count updates and
+        cache the computed value — under the metric's lock: ``update`` measures a batch on the
+        shared engine's state and then reads it, and a second thread in between counted a
+        batch twice, lost it, or crashed on an empty one."""
+        for name in ("update", "compute"):
+            setattr(self, name, _locked(self._lock, getattr(self, name)))
+
+    def _check_config(self, config: dict[str, Any] | None, what: str, call: str) -> None:
+        """Refuse states measured with another configuration; warn where there is none."""
+        if config is None:
+            warnings.warn(
+                f"{call}: the state dict holds no configuration ('config'; saved by an older "
+                "senslab, or built by hand), so it is not checked against this metric's "
+                f"({_described(self._config)}); use only states measured with the same options",
+                stacklevel=4,
+            )
+            return
+        for name in list(self._config) + [k for k in config if k not in self._config]:
+            a, b = self._config.get(name), config.get(name)
+            if name in _MODEL_DECIDES and (a is None or b is None):
+                continue  # left to the model on one side: only the models can tell
+            if a != b:
+                raise ValueError(_differ_message(what, f"{name} {a!r} vs {b!r}"))
+
+    def _refuse_overlap(self, incoming: Any) -> None:
+        """Refuse states holding an example index this metric has measured already."""
+        mine, theirs = _cat(self.sample_index).cpu(), _cat(incoming).cpu()
+        mine, theirs = mine[~torch.isnan(mine)], theirs[~torch.isnan(theirs)]
+        both = sorted(_indices(mine.long()) & _indices(theirs.long()))
+        if both:
+            shown = ", ".join(map(str, both[:8])) + (", …" if len(both) > 8 else "")
+            raise ValueError(
+                f"cannot merge: {len(both)} example(s) are in both metrics (index {shown}) and "
+                "would count twice; merge each shard once (a metric merged before, or a copy "
+                "of this one, holds examples already here)"
+            )
+
     def _distributed(self) -> tuple[int, int]:
         """(rank, world size) in the metric's process group; (0, 1) without one."""
         available = self.distributed_available_fn
@@ -432,6 +557,66 @@ def _cat(x: Tensor | list[Tensor]) -> Tensor:
     if not x:
         return torch.zeros(0, dtype=torch.float64)
     return dim_zero_cat(x)
+
+
+def _locked(lock: threading.RLock, method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` run while holding ``lock``."""
+
+    @functools.wraps(method)
+    def locked(*args: Any, **kwargs: Any) -> Any:
+        with lock:
+            return method(*args, **kwargs)
+
+    return locked
+
+
+def _config(tokens: Tokenization | None, options: dict[str, Any]) -> dict[str, Any]:
+    """What defines the quantity a metric of ``tokens`` and ``options`` measures —
+    :class:`TokenSensitivity.merge`'s identity (``_identity``) as JSON values; None where the
+    model decides (the tokens and alignment without ``tokens``, ``output_kind`` without the
+    option); a ``replace_with`` vocabulary with a digest of its values."""
+    probe = TokenSensitivity(_placeholder, tokens if tokens is not None else Sequence(), **options)
+    config = {name: value for name, value, _ in _identity(probe, probe)}
+    if tokens is None:
+        config["tokens"], config["align"] = None, options.get("align")
+    if "output_kind" in config:
+        config["output_kind"] = options.get("output_kind")
+    vocab = options.get("replace_with")
+    if vocab is not None:
+        values = vocab.detach().cpu().double().contiguous().numpy().tobytes()
+        config["replace_with"] += f" (sha256 {hashlib.sha256(values).hexdigest()[:16]})"
+    return config
+
+
+def _encoded(config: dict[str, Any]) -> Tensor:
+    """A configuration as a state dict entry: its JSON as a uint8 tensor (safetensors and
+    ``torch.load(weights_only=True)`` hold tensors)."""
+    return torch.tensor(list(json.dumps(config, sort_keys=True).encode()), dtype=torch.uint8)
+
+
+def _stored(entry: Any) -> dict[str, Any] | None:
+    """A state dict's ``config`` entry read back (None: there is none)."""
+    if entry is None:
+        return None
+    try:
+        config = json.loads(bytes(torch.as_tensor(entry).cpu().tolist()).decode())
+    except (ValueError, TypeError, UnicodeDecodeError) as err:
+        raise ValueError(
+            f"the state dict's 'config' entry cannot be read ({err}): it is damaged; use a state "
+            "dict saved by TokenSensitivityMetric.state_dict()"
+        ) from err
+    if not isinstance(config, dict):
+        raise ValueError("the state dict's 'config' entry is not a configuration: it is damaged")
+    return config
+
+
+def _described(config: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in config.items() if v is not None)
+
+
+def _differ_message(what: str, difference: str) -> str:
+    return (f"{what}: {difference} — the states measure a different quantity from this "
+            "metric's; build both metrics with the same options")
 
 
 def _indices(x: Any) -> set[int]:

@@ -295,8 +295,12 @@ def _verify_batch(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor
         return bound.forward_perturbed(src[part], None if tok is None else tok[part], eps[part],
                                        **cut)
 
-    together = run(slice(0, k))
-    halves = [run(slice(0, k // 2)), run(slice(k // 2, k))]
+    bound.verifying = True  # type: ignore[attr-defined]  # copies of a check, not measured
+    try:
+        together = run(slice(0, k))
+        halves = [run(slice(0, k // 2)), run(slice(k // 2, k))]
+    finally:
+        bound.verifying = False  # type: ignore[attr-defined]
     if together.shape[1:] != clean.shape[1:] or any(h.shape[1:] != together.shape[1:]
                                                    for h in halves):
         return  # reported with the copies' own shape check

@@ -281,7 +281,8 @@ class CompareSensitivity:
                 "the same noise for each, which needs one device; move them to one"
             )
         start = _snapshot(metrics[0][1])
-        verified = {name: set(m._verified) for name, m in metrics}  # shapes checked before
+        verified = {name: (set(m._verified), set(m._batch_checked))  # checked before
+                    for name, m in metrics}
         try:
             for name, m in metrics:
                 _restore(m, start)
@@ -300,7 +301,8 @@ class CompareSensitivity:
             for name, m in metrics:
                 _restore(m, start)
                 m.pending = None
-                m._verified = verified[name]  # the next update checks as a fresh one would
+                # the next update checks as a fresh one would
+                m._verified, m._batch_checked = verified[name]
             raise
         batches = {name: m.pending for name, m in metrics}
         for _, m in metrics:

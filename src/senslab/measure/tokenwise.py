@@ -154,9 +154,13 @@ precision.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
+import threading
 import warnings
-from collections.abc import Iterator, Mapping
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import Any, Literal
 
@@ -352,6 +356,34 @@ def _refuse_batch_statistics(model: nn.Module, eval_mode: bool = False) -> None:
         f"train mode, or no running statistics): {why}. Measure with eval_mode=True (the "
         "default: eval() for the measurement, the model's mode restored after it), or put the "
         "BatchNorm layers in eval() and keep the rest of the model's mode")
+
+
+#: one lock per :class:`TokenSensitivity`, kept outside the object (which stays copyable and
+#: picklable); see :func:`_lock`
+_LOCKS: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def _lock(metric: Any) -> threading.RLock:
+    """The lock that serializes ``metric``'s ``update`` and ``merge``: two threads updating one
+    metric at once took the same noise rows (``NoiseStream.take`` reads, then assigns) and
+    added to one state unguarded."""
+    with _LOCKS_GUARD:
+        lock = _LOCKS.get(metric)
+        if lock is None:
+            lock = _LOCKS[metric] = threading.RLock()
+        return lock
+
+
+def _one_thread_at_a_time(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` under the metric's :func:`_lock`."""
+
+    @functools.wraps(method)
+    def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with _lock(self):
+            return method(self, *args, **kwargs)
+
+    return guarded
 
 
 class TokenSensitivity:
@@ -663,25 +695,42 @@ class TokenSensitivity:
         output selector) and per-position alignment; otherwise a ValueError names the first
         difference. Precision options (repeats, antithetic, control variate, token subsets)
         may differ: every one of them is unbiased for the same per-example rates.
+
+        A metric merged into itself is refused (its examples would count twice). The state
+        holds no example identities, so merging the *same other* metric twice is not detected:
+        merge each shard once.
         """
         if not isinstance(other, TokenSensitivity):
             raise TypeError(f"can only merge a TokenSensitivity, got {type(other).__name__}")
+        if other is self:
+            raise ValueError(
+                "cannot merge a metric into itself: its examples would count twice (a smaller "
+                "standard error from the same examples); merge the other shards' metrics"
+            )
         for name, a, b in _identity(self, other):
             if a != b:
                 raise ValueError(
                     f"cannot merge: {name} {a!r} vs {b!r} — the two metrics measure different "
                     "quantities; build both with the same options"
                 )
-        for name, metric in (("this metric", self), ("the other metric", other)):
-            if metric._local is not None:
-                raise ValueError(
-                    f"cannot merge: {name} holds the total of an all_reduce, which would be "
-                    "counted again; merge the processes' own metrics, or all_reduce alone"
-                )
-        self.state = merged(self.state, other.state, self.align)
+        with _lock(other):  # a snapshot: another thread may be adding a batch to ``other``
+            theirs = dataclasses.replace(
+                other.state, pos_sum=other.state.pos_sum.clone(),
+                pos_cnt=other.state.pos_cnt.clone(), samples=list(other.state.samples))
+            their_total = other._local is not None
+        with _lock(self):
+            for name, total in (("this metric", self._local is not None),
+                                ("the other metric", their_total)):
+                if total:
+                    raise ValueError(
+                        f"cannot merge: {name} holds the total of an all_reduce, which would be "
+                        "counted again; merge the processes' own metrics, or all_reduce alone"
+                    )
+            self.state = merged(self.state, theirs, self.align)
         return self
 
     # -- measuring -----------------------------------------------------------------------------
+    @_one_thread_at_a_time
     @torch.inference_mode()
     def update(self, inputs: Inputs, mask: Tensor | None = None) -> None:
         """Measure one batch of examples and add it to the state.
@@ -692,6 +741,11 @@ class TokenSensitivity:
         for a dict, its ``attention_mask``) are cut from every input tensor whose second axis
         is the token axis. Any other mapping (a tokenizer's ``BatchEncoding``) is read as the
         dict of its items.
+
+        Calls from several threads run one at a time (a lock per metric): the counts stay
+        right, but which batch draws which noise then follows the threads' scheduling, so the
+        numbers are not reproducible. For reproducible numbers use one metric per thread, each
+        with its own ``generator``, and :meth:`merge` them.
         """
         if isinstance(inputs, Mapping) and not isinstance(inputs, dict):
             inputs = dict(inputs)
