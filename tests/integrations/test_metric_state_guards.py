@@ -188,3 +188,24 @@ def test_merge_state_refuses_examples_already_measured():
                                              r"\(index 16, 17, 18"):
             a.merge_state(again)
     assert a.result().num_examples == 32
+
+
+def test_a_numpy_threshold_survives_the_state_dict():
+    """The configuration stored in the state dict kept a NumPy threshold as given, and
+    state_dict() raised "Object of type float32 is not JSON serializable" at the first
+    checkpoint; it is stored as a number and reads back equal."""
+    import numpy as np
+
+    torch.manual_seed(0)  # test-only: init
+    net = nn.Sequential(nn.Flatten(), nn.Linear(16, 1), nn.Sigmoid())
+    x = torch.randn(4, 1, 4, 4, generator=torch.Generator().manual_seed(1))
+    metric = TokenSensitivityMetric(Patches(2), sigma=0.5, output_kind="scores",
+                                    threshold=np.float32(0.5), generator=0)
+    metric.persistent(True)
+    metric.update(net, x)
+    state = metric.state_dict()
+    other = TokenSensitivityMetric(Patches(2), sigma=0.5, output_kind="scores",
+                                   threshold=0.5, generator=0)
+    other.persistent(True)
+    other.load_state_dict(state)
+    assert other.result().estimate == metric.result().estimate

@@ -585,7 +585,15 @@ def _config(tokens: Tokenization | None, options: dict[str, Any]) -> dict[str, A
     if vocab is not None:
         values = vocab.detach().cpu().double().contiguous().numpy().tobytes()
         config["replace_with"] += f" (sha256 {hashlib.sha256(values).hexdigest()[:16]})"
-    return config
+    # plain JSON values (a NumPy threshold, np.float32(0.3), made state_dict() raise at the
+    # first checkpoint), as they read back from a state dict
+    return json.loads(json.dumps(config, default=_plain))
+
+
+def _plain(value: Any) -> Any:
+    """A NumPy or torch scalar as a Python number; anything else by its repr."""
+    item = getattr(value, "item", None)
+    return item() if callable(item) else repr(value)
 
 
 def _encoded(config: dict[str, Any]) -> Tensor:

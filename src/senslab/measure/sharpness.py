@@ -323,9 +323,15 @@ class _WeightNoise:
 
     def __init__(
         self, params: list[nn.Parameter], gen: torch.Generator, names: list[str] | None = None,
+        aliased: bool = False,
     ) -> None:
         self.params, self.gen = params, gen
-        self.saved = [p.detach() for p in params]  # the clean tensors themselves, not copies
+        #: a parameter's storage is also read through another tensor (a view of a flat buffer,
+        #: an alias a module keeps, two parameters on one storage): a swapped-in tensor would
+        #: hide the noise from it (ShOp 0), so the noise is written in place and the clean
+        #: values copied back (a pending backward through those parameters is then invalid)
+        self.aliased = aliased
+        self.saved = [p.detach().clone() if aliased else p.detach() for p in params]
         self.versions = [_version(p) for p in params]
         self.work: list[Tensor] | None = None  # the perturbed weights, allocated on first draw
         self.names = names if names is not None else [f"#{i}" for i in range(len(params))]
@@ -343,9 +349,12 @@ class _WeightNoise:
                     " in place, so the clean weights change from call to call and no draw "
                     "perturbs the weights measured; make the forward leave its parameters alone"
                 )
-            self.work = [torch.empty_like(p0) for p0 in self.saved]
-            for p, w in zip(self.params, self.work, strict=True):
-                p.data = w
+            if self.aliased:
+                self.work = [p.data for p in self.params]
+            else:
+                self.work = [torch.empty_like(p0) for p0 in self.saved]
+                for p, w in zip(self.params, self.work, strict=True):
+                    p.data = w
         check = not self.checked and sigma > 0
         low: list[int] = []  # indices of the low-precision parameters
         sums: list[Tensor] = []  # per such parameter: Σ drawn², Σ applied², # unchanged
@@ -393,8 +402,36 @@ class _WeightNoise:
         """The clean tensors back in place (a swap: nothing is written)."""
         if self.work is not None:
             for p, p0 in zip(self.params, self.saved, strict=True):
-                p.data = p0
+                if self.aliased:
+                    with torch.no_grad():
+                        p.data.copy_(p0)
+                else:
+                    p.data = p0
             self.work = None
+
+
+def _aliased(model: nn.Module, params: list[nn.Parameter]) -> bool:
+    """Whether a chosen parameter's storage is also reachable through another tensor: it is a
+    view into a larger storage, shares one with another parameter or buffer, or a module keeps
+    a tensor on it among its attributes (``self.w_t = self.weight.t()``)."""
+    def key(t: Tensor) -> int:
+        return t.untyped_storage().data_ptr()
+
+    mine: dict[int, int] = {}
+    for p in params:
+        if p.storage_offset() != 0 or p.untyped_storage().nbytes() != p.numel() \
+                * p.element_size():
+            return True
+        mine[key(p)] = mine.get(key(p), 0) + 1
+    if any(n > 1 for n in mine.values()):
+        return True
+    ids = {id(p) for p in params}
+    for m in model.modules():
+        others = [t for t in (*m._parameters.values(), *m._buffers.values(),
+                              *vars(m).values()) if isinstance(t, Tensor) and id(t) not in ids]
+        if any(t.numel() and key(t) in mine for t in others):
+            return True
+    return False
 
 
 def _version(t: Tensor) -> int | None:
@@ -440,7 +477,7 @@ def _perturbable(
     buffers = {id(b): (b, b.detach().clone()) for _, kind, _, b in slots
                if kind == "_buffers" and b is not None}
     modes = [(m, m.training) for m in model.modules()]
-    noise = _WeightNoise(chosen, gen, chosen_names)
+    noise = _WeightNoise(chosen, gen, chosen_names, aliased=_aliased(model, chosen))
     model.eval()
     try:
         yield noise
