@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip install -q -c constraints.txt
 
-.PHONY: demo test test-timm test-all lint bench reproduction clean
+.PHONY: demo test test-heavy test-timm test-all lint bench reproduction clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -32,6 +32,12 @@ PYTEST_ARGS := -n $(TEST_WORKERS) --dist loadfile
 
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The tests marked `heavy` (5 s or more each: calibration over hundreds of seeds, several real
+# processes, a built package). Kept out of `make test` so that it ends within 10 minutes on a
+# 2-core machine shared with another busy job; CI runs them after `make test`.
+test-heavy: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -m heavy
 
 # The suite again on a second torch release with timm (torch 2.14.1 + torchvision 0.29.1, see
 # constraints-timm.txt): the timm paths, and the package on a torch other than the pinned one.

@@ -72,6 +72,7 @@ def test_gains_on_a_tiny_text_case(holdout):
     assert flat["length"] == pytest.approx(1.0)
 
 
+@pytest.mark.heavy
 def test_simulated_rounds_run_senslabs_allocation(holdout):
     """senslab's own rounds on a synthetic world: unbiased, the spread near the reported s.e.,
     and a gain over equal draws where the tangent knows which tokens flip."""

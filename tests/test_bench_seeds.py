@@ -90,6 +90,7 @@ def test_split_variance_is_the_reported_variance(seeds):
         (1 - s["mean_single_excess_share"]) ** 0.5)
 
 
+@pytest.mark.heavy
 def test_single_excess_is_unbiased(seeds):
     """Over many runs of the rounds on tokens with known flip rates, the excess estimated from
     the first two rounds' values averages to the excess the rates give, Σ w² c p² (a target

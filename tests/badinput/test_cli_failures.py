@@ -255,6 +255,7 @@ def test_explicit_mnist_root_is_used(tmp_path: Path) -> None:
     assert "on mnist (train split, 6 examples)" in proc.stderr  # the 6 of root, not 60,000
 
 
+@pytest.mark.heavy
 def test_closed_pipe_is_quiet(tmp_path: Path) -> None:
     # the reader is gone before anything is written: the write fails with EPIPE
     proc = subprocess.Popen([sys.executable, "-m", "senslab.cli", "list", "experiments"],
@@ -292,6 +293,7 @@ def _interrupt(proc: cliproc.Process, ready: Callable[[], bool]) -> str:
     return err
 
 
+@pytest.mark.heavy
 def test_ctrl_c_during_training(tmp_path: Path) -> None:
     import importlib
 

@@ -414,6 +414,7 @@ def test_second_writer_fails_at_once(writer: str, holder: Any) -> None:
     assert not (d / "config.json").exists() and not (d / "metrics.jsonl").exists()
 
 
+@pytest.mark.heavy
 def test_two_real_train_processes_one_wins(tmp_path: Path) -> None:
     from senslab.report import load_runs
 
@@ -440,6 +441,7 @@ def test_two_real_train_processes_one_wins(tmp_path: Path) -> None:
     assert load_runs([run])[0].summary is not None
 
 
+@pytest.mark.heavy
 def test_sigkilled_holder_releases_the_lock_and_the_rerun_resumes(tmp_path: Path) -> None:
     from senslab.report import load_runs
 
@@ -844,6 +846,7 @@ def test_report_refuses_duplicated_or_out_of_order_steps(
     assert_one_line_error(capsys.readouterr().err, needle)
 
 
+@pytest.mark.heavy
 def test_an_experiment_directory_keeps_no_verdict_of_other_runs(tmp_path: Path) -> None:
     """Another experiment into a finished experiment's directory is refused before anything is
     written; the same experiment with other settings, stopped before its verdict, leaves no

@@ -72,6 +72,7 @@ def test_mnist_binary_paper_arch_rung_differs_from_the_paper_only_where_it_says(
     assert ladder_differences(exp, exp.ladder[-1]) == {}  # the paper rung is the paper scale
 
 
+@pytest.mark.heavy
 def test_a_ladder_runs_its_cpu_rungs_and_records_effect_against_scale(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:

@@ -196,6 +196,7 @@ TINY = ["layers=1", "dim=16", "heads=2", "max_len=24", "epochs=1", "seeds=2", "t
         "track_examples=6", "data.options.vocab_size=300"]
 
 
+@pytest.mark.heavy
 def test_sst2_tiny_end_to_end_on_a_fixture(tmp_path: Path) -> None:
     data = tmp_path / "sst2"
     write_sst2_fixture(data)

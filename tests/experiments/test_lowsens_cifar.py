@@ -59,6 +59,7 @@ def test_cifar_unavailable_is_a_clear_error(tmp_path: Path) -> None:
         exp.execute(tmp_path / "out", "cpu", [f"data.root={tmp_path}"], False, lambda _: None)
 
 
+@pytest.mark.heavy
 def test_whole_input_end_to_end_on_fixture_tarball(tmp_path: Path, cifar_tarball) -> None:
     cifar_tarball(tmp_path, 12)  # 60 training, 12 test images
     exp = get_experiment("cifar10_whole_input")

@@ -49,6 +49,7 @@ def test_cpu_configs_share_the_vit_runs() -> None:
     assert {c.model.name for c in paper} == {"vit_small", "vit_simple", "resnet18", "densenet121"}
 
 
+@pytest.mark.heavy
 def test_robustness_then_sharpness_end_to_end(tmp_path: Path) -> None:
     robust, sharp = get_experiment("robustness"), get_experiment("sharpness")
     summaries = robust.execute(tmp_path / "robustness", "cpu", ROBUST + TINY, False,

@@ -101,6 +101,7 @@ TINY = ["model.overrides={'layers': 1, 'dim': 16, 'heads': 2, 'dropout': 0.0}", 
         "track.num_examples=6", "data.options={'max_len': 28, 'vocab_size': 300}", "seeds=2"]
 
 
+@pytest.mark.heavy
 def test_tiny_end_to_end_on_mrpc_fixture(tmp_path: Path) -> None:
     data = tmp_path / "mrpc"
     data.mkdir()

@@ -120,6 +120,7 @@ def _check_experiment_dir(out: Path, labels: set[str], seeds: int) -> dict[str, 
     return verdict
 
 
+@pytest.mark.heavy
 def test_mnist_binary_end_to_end_on_idx_fixture(tmp_path: Path, idx_dataset: Any) -> None:
     root = idx_dataset(tmp_path / "mnist", 80, 20, dataset="mnist")
     over = [f"data.root={root}", "data.options.source=idx", "data.options.verify=false", *TINY]
@@ -132,6 +133,7 @@ def test_mnist_binary_end_to_end_on_idx_fixture(tmp_path: Path, idx_dataset: Any
     assert again["evidence"] == verdict["evidence"]
 
 
+@pytest.mark.heavy
 def test_fashion_mnist_end_to_end_on_idx_fixture(tmp_path: Path, idx_dataset: Any) -> None:
     root = idx_dataset(tmp_path / "fashion", 60, 20)
     over = [f"data.root={root}", "data.options.verify=false", "seeds=2", *TINY]

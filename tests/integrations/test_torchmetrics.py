@@ -194,6 +194,7 @@ def _replay_the_rule() -> tuple[list[TokenSensitivityMetric], list[tuple[float, 
     return parts, steps
 
 
+@pytest.mark.heavy
 def test_two_gloo_processes_meet_the_distributed_rule(gloo_run: dict):
     """World 2, 7 examples, DistributedSampler (pads to 8), deduplicated by index: every example
     once; exactly the numbers of the rule (rank 0 the seed's stream, rank 1 the derived seed) in
@@ -219,6 +220,7 @@ def test_two_gloo_processes_meet_the_distributed_rule(gloo_run: dict):
     assert len(first["per_sample"]) == 7
 
 
+@pytest.mark.heavy
 def test_dist_sync_on_step_returns_the_step_value_of_all_processes(gloo_run: dict):
     """dist_sync_on_step=True: forward returns, on every rank, the value of the step's examples
     on all ranks together (as torchmetrics' own metrics do), not the rank's own batch value; the

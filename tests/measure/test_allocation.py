@@ -79,6 +79,7 @@ def _bisected_units(q: torch.Tensor, valid: torch.Tensor, budget: float,
     return torch.clamp(hi * a, min=floor) * v
 
 
+@pytest.mark.heavy
 def test_expected_units_are_the_exact_solution():
     """The closed form equals a bisection to float64 rounding, on sparse, tied and padded q."""
     g = torch.Generator().manual_seed(0)
@@ -528,6 +529,7 @@ def test_a_handful_of_flips_is_no_ground_to_stop_on(options, monkeypatch):
 
 
 @pytest.mark.parametrize("options", FEW_FLIPS_DESIGNS, ids=["plain", "uniform", "linear"])
+@pytest.mark.heavy
 def test_adaptive_stopping_on_few_flips_stays_calibrated(options):
     """On the few-flips toy over 300 seeds (truth from 20,000 draws per token), the stopping
     bias is under a quarter of the reported standard error and 95% intervals cover at least

@@ -89,6 +89,7 @@ def _check_promise(out: dict[str, torch.Tensor], truth, what: str) -> dict[str, 
 # -- coverage ----------------------------------------------------------------------------------
 
 
+@pytest.mark.heavy
 def test_paired_subset_interval_covers_the_fixed_set_difference(linear):
     """estimand="subset" on fixed examples, all tokens, repeats=4: the stratified variance of
     the per-cell differences of paired units."""
@@ -109,6 +110,7 @@ def test_paired_subset_interval_covers_the_fixed_set_difference(linear):
     _check_promise(out, truth, "subset")
 
 
+@pytest.mark.heavy
 def test_paired_data_interval_covers_the_population_difference(linear):
     """estimand="data": fresh examples per replicate; the interval must cover the population
     difference, and the paired subset s.e. each replicate's own fixed-set difference."""

@@ -109,6 +109,7 @@ def check_ci95(out: dict[str, torch.Tensor]) -> None:
 
 
 @pytest.mark.parametrize("antithetic", [False, True], ids=["plain", "antithetic"])
+@pytest.mark.heavy
 def test_subset_interval_covers_the_fixed_set_truth(antithetic, linear):
     """estimand="subset" on a fixed set of examples: only the noise is random. With all tokens and
     repeats=4 (two antithetic pairs) the stratified variance is used."""
@@ -142,6 +143,7 @@ def test_population_truth_quadrature_matches_monte_carlo(linear):
     assert abs(linear.population_truth(w, BIAS, SIGMA, MU) - mc) < 4 * mc_se
 
 
+@pytest.mark.heavy
 def test_data_interval_covers_the_population_truth(linear):
     """estimand="data": every replicate draws new examples from the same distribution; the
     interval must cover the population sensitivity. From the same replicates, stderr_subset
@@ -166,6 +168,7 @@ def test_data_interval_covers_the_population_truth(linear):
 # -- coverage: the i.i.d. fallback and whole-input noise ---------------------------------------
 
 
+@pytest.mark.heavy
 def test_subset_iid_fallback_with_one_draw_per_token_is_conservative(linear):
     """repeats=1: no within-cell variance, so the units of an example are treated as i.i.d.; the
     between-token spread of the flip rates inflates that variance — conservative coverage."""
@@ -183,6 +186,7 @@ def test_subset_iid_fallback_with_one_draw_per_token_is_conservative(linear):
 @pytest.mark.parametrize("options", [dict(repeats=4, num_tokens=4),
                                      dict(repeats=8, antithetic=True, num_tokens=2)],
                          ids=["plain", "antithetic"])
+@pytest.mark.heavy
 def test_subset_interval_with_sampled_tokens_covers_the_truth(options, linear):
     """num_tokens: a random 4 (or 2) of 16 tokens per round, several draws each. The draws of one
     sampled token share its flip rate, so the unit is the mean of all of them; counting single
@@ -207,6 +211,7 @@ def test_subset_interval_with_sampled_tokens_covers_the_truth(options, linear):
     check_promise(out["est"], out["se"], truth, f"sampled tokens {options}")
 
 
+@pytest.mark.heavy
 def test_whole_input_interval_with_padding_covers_the_truth():
     """mode="whole" with a mask: noise on every real token at once flips with probability
     Φ(−|z|/(σ‖w ⊙ valid‖)) — padding tokens get no noise; draws of an example are i.i.d."""

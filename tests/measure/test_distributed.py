@@ -63,6 +63,7 @@ def one_process() -> dict:
     return m.compute()
 
 
+@pytest.mark.heavy
 def test_two_gloo_processes_equal_one_process(tmp_path: Path):
     script = tmp_path / "worker.py"
     script.write_text(SCRIPT)

@@ -213,6 +213,7 @@ def trained_resnet() -> nn.Module:
     return model.eval()
 
 
+@pytest.mark.heavy
 def test_a_convolutional_model_runs_its_static_int8_copy_with_float32_flips(monkeypatch):
     """A CNN that FX traces runs as a static int8 graph (its first and last layer float) on
     whole copies — local reuse off for the int8 pass, on for the float32 re-checks — with

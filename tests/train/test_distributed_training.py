@@ -55,6 +55,7 @@ def _assert_ddp_equals_one_process(tmp_path: Path, args: list[str]) -> None:
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
 
 
+@pytest.mark.heavy
 def test_uneven_shares_of_a_batch_weigh_as_in_one_process(tmp_path: Path):
     """A batch of 15 on 2 ranks (8 + 7 examples): DDP's equal-weight average of the ranks'
     mean losses once weighed the 7 more than the 8 (2e-3 off one process); each rank's loss is
@@ -63,6 +64,7 @@ def test_uneven_shares_of_a_batch_weigh_as_in_one_process(tmp_path: Path):
     _assert_ddp_equals_one_process(tmp_path, args)
 
 
+@pytest.mark.heavy
 def test_each_rank_draws_its_own_regularizer_noise(tmp_path: Path):
     """With the sensitivity regularizer, every rank's noise stream is its own (one seed gave
     every rank's row i the same patch and noise), rank 0's is the single process's, and the
@@ -75,6 +77,7 @@ def test_each_rank_draws_its_own_regularizer_noise(tmp_path: Path):
     assert torch.equal(regs[0], state["reg_rng"])
 
 
+@pytest.mark.heavy
 def test_two_process_ddp_training_matches_one_process(tmp_path: Path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
@@ -110,6 +113,7 @@ def test_more_ranks_than_gpus_is_a_clear_error(monkeypatch):
     assert rank_device(torch.device("cpu"), 2) == torch.device("cpu")  # gloo on CPUs: any rank
 
 
+@pytest.mark.heavy
 def test_sps_under_ddp_steps_on_the_batch_loss_as_one_process(tmp_path: Path):
     """SPS sets its step size from the loss: each rank's own half-batch loss gave each rank
     another step on the same averaged gradient, and the ranks' models drifted apart (rank 0's

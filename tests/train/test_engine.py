@@ -89,6 +89,7 @@ def test_fit_leaves_the_callers_config_alone(tmp_path):
     assert cfg.to_dict() == before
 
 
+@pytest.mark.heavy
 def test_target_train_accuracy_stops_early(tmp_path):
     summary = fit(tiny(epochs=30, extra=["train.target_train_acc=0.5"]), tmp_path, progress=False)
     assert summary["stopped"] == "target_train_acc" and summary["epochs"] < 30
@@ -122,6 +123,7 @@ def _metrics_without_time(path: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "time"} for r in RunDir(path).metrics()]
 
 
+@pytest.mark.heavy
 def test_sigkill_then_resume_is_bit_identical(tmp_path):
     # on the CPU: bit-identity is a CPU guarantee, and on a GPU this tiny run ends before the kill
     args = TINY_VIT + ["train.epochs=4", "train.checkpoint_every=7", "device=cpu"]

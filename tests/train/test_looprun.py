@@ -182,6 +182,7 @@ def test_an_installed_copy_inside_another_repository_names_no_commit(tmp_path: P
     assert out == "None"
 
 
+@pytest.mark.heavy
 def test_a_checkout_with_edited_source_says_so_in_its_commit(tmp_path: Path) -> None:
     """Code run from a checkout whose src/ differs from its commit is not that commit's: the
     recorded commit carries ``+dirty`` (edits outside src/, or untracked files, do not)."""
