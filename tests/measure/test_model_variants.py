@@ -249,6 +249,39 @@ def test_a_forward_that_updates_a_buffer_is_refused_naming_the_buffer():
                           precision="float32")
 
 
+def test_a_refused_measurement_leaves_the_buffer_the_forward_updated_in_eval_mode():
+    """The refusal above used to leave ``mu`` changed by the measurement's forwards (0 → 0.058):
+    buffers were restored only with eval_mode=False."""
+    model = RunningMean(_mlp())
+    with pytest.raises(RuntimeError, match="updates the buffer"):
+        token_sensitivity(model, _images() + 0.5, Patches(2), sigma=0.5, precision="float32")
+    assert model.mu.item() == 0.0
+
+
+class Reassigning(nn.Module):
+    """Replaces its buffer by a new tensor in every training-mode forward (a step counter)."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+        self.register_buffer("steps", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.steps = self.steps + 1
+        return self.net(x)
+
+
+def test_a_buffer_the_forward_replaces_is_put_back_by_name_outside_eval_mode():
+    """With eval_mode=False the buffers were kept by tensor identity: a forward that assigns a
+    new tensor to ``self.steps`` left the model holding the measurement's count (14)."""
+    model = Reassigning(_mlp()).train()
+    before = model.steps
+    token_sensitivity(model, _images(), Patches(2), sigma=0.5, eval_mode=False,
+                      precision="float32", generator=0)
+    assert model.steps is before and model.steps.item() == 0.0 and model.training
+
+
 def test_a_batch_dependent_refusal_suggests_reuse_options_only_when_reuse_is_on():
     class Centred(nn.Module):
         def __init__(self, net: nn.Module) -> None:

@@ -178,17 +178,28 @@ def _eval(model: nn.Module) -> Iterator[None]:
 
 
 @contextmanager
-def _kept_buffers(model: nn.Module) -> Iterator[None]:
-    """Every buffer of ``model`` restored after the block: measuring a model outside eval mode
-    must not change it. Only a buffer that changed is written back: a write bumps its version,
-    and a buffer the caller's pending backward saved (a loss computed before measuring) must
-    keep it."""
-    saved = [(b, b.detach().clone()) for b in model.buffers()]
+def _kept_buffers(*tops: nn.Module) -> Iterator[None]:
+    """Every buffer of the modules ``tops`` (and their submodules) as it was, after the block:
+    a forward in training mode updates BatchNorm's running statistics (even under
+    ``torch.inference_mode``), some update a buffer in eval mode too, and measuring must not
+    change the model. Buffers are kept by module and name, so one the forward replaced by
+    another tensor (``self.buf = self.buf + 1``) is put back. Only a buffer that changed is
+    written back: a write bumps its version, and a buffer the caller's pending backward saved
+    (a loss computed before measuring) must keep it. Inference tensors are written too."""
+    saved, seen = [], set()
+    for top in tops:
+        for owner in top.modules():
+            for name, b in owner._buffers.items():
+                if b is not None and (id(owner), name) not in seen:
+                    seen.add((id(owner), name))
+                    saved.append((owner, name, b, b.detach().clone()))
     try:
         yield
     finally:
-        with torch.no_grad():
-            for b, v in saved:
+        with torch.inference_mode():  # writes an inference tensor as well as a normal one
+            for owner, name, b, v in saved:
+                if owner._buffers.get(name) is not b:
+                    owner._buffers[name] = b
                 if not torch.equal(b, v):
                     b.copy_(v)
 

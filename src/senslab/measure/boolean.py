@@ -89,11 +89,11 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from numbers import Real
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -101,6 +101,7 @@ from torch import Tensor, nn
 from ..tokens.base import _describe, select_output
 from ._cube import MAX_EXACT_N, all_inputs, check_n, index_to_inputs, inputs_to_index, table_n
 from ._options import _check_generator
+from ._options import _kept_buffers as _kept_model_buffers
 from ._runner import _tolerance
 
 # Fourier analysis and the reference functions live in their own files; re-exported here so
@@ -371,32 +372,10 @@ def _held_modules(f: object) -> list[nn.Module]:
     return found
 
 
-@contextmanager
-def _kept_buffers(f: object) -> Iterator[None]:
+def _kept_buffers(f: object) -> Any:
     """Every buffer of the modules ``f`` is or holds (:func:`_held_modules`) as it was after the
-    block: a forward in training mode updates BatchNorm's running statistics, even under
-    ``torch.inference_mode``, and measuring must not change the model. Only a buffer that
-    changed is written back (a write bumps its version, and a loss computed before measuring
-    must still backpropagate); a buffer the forward replaced by another tensor is put back."""
-    if isinstance(f, Tensor):
-        yield
-        return
-    saved, seen = [], set()
-    for top in _held_modules(f):
-        for owner in top.modules():
-            for name, b in owner._buffers.items():
-                if b is not None and (id(owner), name) not in seen:
-                    seen.add((id(owner), name))
-                    saved.append((owner, name, b, b.detach().clone()))
-    try:
-        yield
-    finally:
-        with torch.inference_mode():  # writes an inference tensor as well as a normal one
-            for owner, name, b, v in saved:
-                if owner._buffers.get(name) is not b:
-                    owner._buffers[name] = b
-                if not torch.equal(b, v):
-                    b.copy_(v)
+    block (:func:`._options._kept_buffers`)."""
+    return nullcontext() if isinstance(f, Tensor) else _kept_model_buffers(*_held_modules(f))
 
 
 def _evaluator(

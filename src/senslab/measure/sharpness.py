@@ -72,6 +72,7 @@ from ..tokens.base import (
     check_device,
     forward,
 )
+from ._options import _kept_buffers
 from .outputs import (
     check_head,
     check_kind,
@@ -448,10 +449,10 @@ _Slot = tuple[nn.Module, str, str, Any]
 
 
 def _slots(model: nn.Module) -> list[_Slot]:
-    """Every parameter and buffer slot of every module, by module and attribute name, so that
-    a tensor the forward reassigns (``self.buf = self.buf + 1``) can be put back."""
-    return [(m, kind, name, t) for m in model.modules()
-            for kind in ("_parameters", "_buffers") for name, t in getattr(m, kind).items()]
+    """Every parameter slot of every module, by module and attribute name, so that a parameter
+    the forward reassigns can be put back (buffers: :func:`._options._kept_buffers`)."""
+    return [(m, "_parameters", name, t) for m in model.modules()
+            for name, t in m._parameters.items()]
 
 
 @contextmanager
@@ -474,22 +475,19 @@ def _perturbable(
     gen = _generator(generator, device)
     chosen_names = [n for n, _ in named if not _excluded(n, exclude)]
     slots = _slots(model)
-    buffers = {id(b): (b, b.detach().clone()) for _, kind, _, b in slots
-               if kind == "_buffers" and b is not None}
     modes = [(m, m.training) for m in model.modules()]
     noise = _WeightNoise(chosen, gen, chosen_names, aliased=_aliased(model, chosen))
     model.eval()
     try:
-        yield noise
+        with _kept_buffers(model):  # after the weights: a buffer may view their storage
+            try:
+                yield noise
+            finally:
+                noise.reset()
     finally:
-        noise.reset()
-        for m, kind, name, t in slots:  # a tensor the forward reassigned: the old one back
+        for m, kind, name, t in slots:  # a parameter the forward reassigned: the old one back
             if getattr(m, kind).get(name) is not t:
                 getattr(m, kind)[name] = t
-        with torch.no_grad():
-            for b, b0 in buffers.values():
-                if not torch.equal(b, b0):  # unchanged: not written (its version stays)
-                    b.copy_(b0)
         for m, was in modes:  # per module, so mixed train/eval submodules come back as they were
             m.training = was
 

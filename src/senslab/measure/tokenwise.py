@@ -766,8 +766,8 @@ class TokenSensitivity:
         if module:
             _refuse_batch_statistics(self.model, self.eval_mode)
         mode = _eval(self.model) if module and self.eval_mode else nullcontext()
-        # outside eval mode a forward may update buffers: restore those it changed
-        kept = _kept_buffers(self.model) if module and not self.eval_mode else nullcontext()
+        # a forward may update buffers (in training mode, some in eval mode too): restore them
+        kept = _kept_buffers(self.model) if module else nullcontext()
         probe = (_refuse_own_autocast(self.model, device)
                  if self.autocast is None and not self._own_autocast_checked else nullcontext())
         try:
