@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from senslab.measure.boolean import boolean_sensitivity, truth_table
+from senslab.measure.fourier import degree
 
 
 def gen(seed: int) -> torch.Generator:
@@ -221,3 +222,21 @@ def test_no_warning_where_the_rule_is_said_or_the_function_is_real():
         assert boolean_sensitivity(Declared().eval(), n).output == "sign"
         assert boolean_sensitivity(mean, n).output == "real"  # a plain real-valued function
         boolean_sensitivity(truth_table(m, n, output="real"))  # a table says what it holds
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_real_table_of_reduced_precision_outputs_warns_that_degree_needs_rtol(dtype):
+    """truth_table returns float64, so degree() could not tell that a bf16 linear model's table
+    carries bf16 rounding: read with the default rtol, degree 10 for a degree-1 function."""
+    model = nn.Linear(10, 1).to(dtype).eval()
+    with pytest.warns(UserWarning, match=r"significant bits(?s:.*)degree\(table, rtol=1e-2\)"):
+        table = truth_table(model, 10, output="real")
+    assert table.dtype == torch.float64
+    assert degree(table) > 1 and degree(table, rtol=1e-2) == 1
+
+
+def test_a_float32_real_table_does_not_warn():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        table = truth_table(nn.Linear(6, 1).eval(), 6, output="real")
+    assert degree(table) == 1

@@ -406,8 +406,12 @@ def _evaluator(
             if not checked:
                 _check_batch_independent(f, x[:REPEAT_ROWS])
                 checked = True
-            return _canonical(f(x), x.shape[0], output)
+            out = f(x)
+            if isinstance(out, Tensor) and out.dtype in (torch.bfloat16, torch.float16):
+                call.low_precision = out.dtype  # type: ignore[attr-defined]
+            return _canonical(out, x.shape[0], output)
 
+    call.low_precision = None  # type: ignore[attr-defined]
     return call
 
 
@@ -574,11 +578,22 @@ def truth_table(
     _check_threshold_type(threshold)
     output, kind = _declared(f, output)
     with _kept_buffers(f):
-        values = _raw_table(f, n, output, chunk_size, device, dtype)
+        values, low = _raw_table(f, n, output, chunk_size, device, dtype)
     rule = _resolve(values, output)
     _check_threshold(rule, output, threshold, values)
     _check_unit_interval(rule, values, kind, threshold)
     if rule == "real":
+        if low is not None:
+            warnings.warn(
+                f"the truth table holds {_dtype_name(low)} outputs "
+                f"({8 if low == torch.bfloat16 else 11} significant bits), returned as "
+                "float64: their rounding leaves Fourier coefficients at every degree, so "
+                "degree() and spectral quantities read it with the default rtol as a "
+                "high-degree function (a bf16 linear model: degree 10 for 1). Pass "
+                "degree(table, rtol=1e-2), or evaluate a float32 copy of the model "
+                "(copy.deepcopy(model).float())",
+                UserWarning, stacklevel=2,
+            )
         return values.double()
     if values.is_floating_point():
         return (values > _boundary(values, kind, threshold)).double() * 2 - 1
@@ -588,6 +603,10 @@ def truth_table(
     return values
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def _raw_table(
     f: BoolFn,
     n: int,
@@ -595,8 +614,9 @@ def _raw_table(
     chunk_size: int,
     device: torch.device | str | None,
     dtype: torch.dtype | None,
-) -> Tensor:
-    """Canonical values of f on all 2ⁿ strings, f called on ``chunk_size`` rows at a time."""
+) -> tuple[Tensor, torch.dtype | None]:
+    """Canonical values of f on all 2ⁿ strings, f called on ``chunk_size`` rows at a time, and
+    the reduced float type (bf16, fp16) f's outputs came in, if any."""
     check_n(n)
     if n > MAX_EXACT_N:
         raise ValueError(
@@ -605,9 +625,10 @@ def _raw_table(
         )
     _check_chunk(chunk_size, 1)
     evaluate = _evaluator(f, n, output, device, dtype)
-    return torch.cat(
+    values = torch.cat(
         [evaluate(index_to_inputs(c, n)) for c in torch.arange(1 << n).split(chunk_size)]
     )
+    return values, evaluate.low_precision
 
 
 def _check_chunk(chunk_size: int, row_cost: int) -> None:
@@ -683,7 +704,7 @@ def boolean_sensitivity(
             table, evaluations = _canonical(f, f.shape[0], output), 0
         else:
             with _kept_buffers(f):
-                table = _raw_table(f, n, output, chunk_size, device, dtype)
+                table, _ = _raw_table(f, n, output, chunk_size, device, dtype)
             evaluations = 1 << n
         rule = _resolve(table, output)
         _check_threshold(rule, output, threshold, table)
