@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from senslab import token_sensitivity
-from senslab.tokens import Patches, auto_tokens
+from senslab.tokens import Embedding, Patches, auto_tokens
 from senslab.tokens import patches as patches_module
 
 EXACT = dict(precision="float32", generator=0, repeats=2)
@@ -273,3 +273,32 @@ def test_dict_images_under_checked_int8_with_a_static_copy() -> None:
     got = token_sensitivity(model, {"pixel_values": x}, Patches(4), sigma=1.0,
                             precision="int8-checked", repeats=2)
     assert torch.equal(torch.as_tensor(got.per_sample), torch.as_tensor(ref.per_sample))
+
+
+class _Permute(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.permute(0, 2, 3, 1)
+
+
+class _StemNet(nn.Module):
+    """A 4×4 convolutional stem, then a mean over positions and a linear head; with
+    ``grid=True`` the stem's output is (batch, height, width, dim), as Swin's patch embedding."""
+
+    def __init__(self, grid: bool) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 4, stride=4), *([_Permute()] if grid else []))
+        self.grid = grid
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.stem(x).mean((1, 2) if self.grid else (2, 3)))
+
+
+@pytest.mark.parametrize("grid", [False, True], ids=["cnn-stem", "swin-grid"])
+def test_embedding_on_a_4d_image_embedding_names_patches(grid):
+    """A CNN stem or a Swin patch grid is 4-D: the refusal said to hook 'the embedding, not a
+    recurrent layer', though the user had hooked the embedding."""
+    x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"4-D image embedding(?s:.*)Patches\(p\)") as err:
+        token_sensitivity(_StemNet(grid).eval(), x, Embedding("stem"), sigma=0.5)
+    assert "recurrent" not in str(err.value)

@@ -316,6 +316,14 @@ class _BoundEmbedding(BoundTokens):
         self.ends: Tensor | None = None  # (B,) each example's last real position
 
     def hook(self, module: nn.Module, args: Any, out: Any) -> Any:
+        if isinstance(out, Tensor) and out.dim() == 4:
+            raise ValueError(
+                f"submodule {self.name!r} returned {tuple(out.shape)}: a 4-D image embedding "
+                "(a CNN stem's (batch, channels, height, width), or a Swin-style (batch, height, "
+                "width, dim) patch grid), not (batch, tokens, dim). Measure image tokens with "
+                "Patches(p) on the image itself (auto_tokens(model) picks p), or hook a layer "
+                "whose output is (batch, tokens, dim), such as a ViT's patch embedding"
+            )
         if not isinstance(out, Tensor) or out.dim() != 3:
             got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
             raise ValueError(
