@@ -240,3 +240,14 @@ def test_a_float32_real_table_does_not_warn():
         warnings.simplefilter("error")
         table = truth_table(nn.Linear(6, 1).eval(), 6, output="real")
     assert degree(table) == 1
+
+
+def test_a_model_of_another_input_width_is_named_by_n():
+    with pytest.raises(RuntimeError, match=r"strings of n=6(?s:.*)input width"):
+        boolean_sensitivity(nn.Linear(5, 1).eval(), 6, output="sign")
+
+
+def test_a_correlation_of_the_wrong_type_is_named():
+    from senslab.measure.fourier import noise_stability
+    with pytest.raises(TypeError, match="rho is a correlation: pass a number"):
+        noise_stability(truth_table(nn.Linear(4, 1).eval(), 4, output="sign"), "a")

@@ -485,3 +485,29 @@ def test_a_weight_read_through_an_alias_gets_its_noise():
     assert math.isclose(aliased.shop.estimate, plain.shop.estimate, rel_tol=1e-6)  # rounding
     assert plain.shop.estimate > 0.3
     assert torch.equal(model.lin.weight, w0) and torch.equal(model.wt, w0.t())
+
+
+def test_a_sigma_of_the_wrong_type_is_named_as_such():
+    with pytest.raises(ValueError, match=r"pass a number ≥ 0 \(a float\), got str '0.1'"):
+        output_sharpness(nn.Linear(3, 2), torch.randn(4, 3), sigma_w="0.1")
+
+
+def test_a_sequence_first_input_to_layernorm_blowup_says_the_inputs_must_be_batch_first():
+    """The module's own (T, B, D) input: the message showed the shape after senslab's transpose
+    and called T the batch, without saying that the *model's inputs* must be batch-first."""
+    layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=False)
+    enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    x = torch.randn(7, 5, 16, generator=torch.Generator().manual_seed(0))  # (T, B, D)
+    with pytest.raises(ValueError, match=r"shape \(7, 5, 16\) \(read as sequence-first(?s:.*)"
+                                         r"model's inputs must be batch-first(?s:.*)wrapper"):
+        layernorm_blowup(enc, x)
+
+    class BatchFirst(nn.Module):  # the fix the message names
+        def __init__(self) -> None:
+            super().__init__()
+            self.enc = enc
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.enc(x.transpose(0, 1)).transpose(0, 1)
+
+    assert layernorm_blowup(BatchFirst(), x.transpose(0, 1)).shape == (5,)

@@ -404,7 +404,16 @@ def _evaluator(
         with torch.inference_mode():
             x = x.to(device=dev, dtype=dtype)
             if not checked:
-                _check_batch_independent(f, x[:REPEAT_ROWS])
+                try:
+                    _check_batch_independent(f, x[:REPEAT_ROWS])
+                except RuntimeError as err:
+                    if "shape" not in str(err) and "size" not in str(err):
+                        raise
+                    raise RuntimeError(
+                        f"f failed on ({min(len(x), REPEAT_ROWS)}, {n}) inputs, strings of n={n} "
+                        f"±1 bits ({err}): is n the model's input width? Pass the n it was "
+                        "built for"
+                    ) from err
                 checked = True
             out = f(x)
             if isinstance(out, Tensor) and out.dtype in (torch.bfloat16, torch.float16):

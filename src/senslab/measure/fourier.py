@@ -126,6 +126,9 @@ def noise_stability(table: Tensor, rho: float, *, coefficients: bool = False) ->
     y keeps each bit of x with probability (1 + ρ)/2 and flips it otherwise, so for ±1-valued f,
     P[f(x) ≠ f(y)] = (1 − Stab_ρ(f)) / 2.
     """
+    if isinstance(rho, bool) or not isinstance(rho, Real):
+        raise TypeError(f"rho is a correlation: pass a number in [-1, 1], got "
+                        f"{type(rho).__name__} {rho!r}")
     if not -1.0 <= rho <= 1.0:
         raise ValueError(f"rho is a correlation and must lie in [-1, 1], got {rho}")
     weights = spectral_weights(table, coefficients=coefficients)

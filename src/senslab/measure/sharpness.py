@@ -154,8 +154,10 @@ def _generator(generator: Seed, device: torch.device) -> torch.Generator:
 
 
 def _check_sigma(sigma: float, name: str) -> None:
-    if isinstance(sigma, bool) or not (isinstance(sigma, (int, float)) and math.isfinite(sigma)
-                                       and sigma >= 0):
+    if isinstance(sigma, bool) or not isinstance(sigma, (int, float)):
+        raise ValueError(f"{name} is a noise standard deviation: pass a number ≥ 0 (a float), "
+                         f"got {type(sigma).__name__} {sigma!r}")
+    if not (math.isfinite(sigma) and sigma >= 0):
         raise ValueError(f"{name} is a noise standard deviation and must be >= 0, got {sigma!r}")
 
 
@@ -805,9 +807,14 @@ def layernorm_factors(
                 fix = ("" if declared is not None else
                        "; a LayerNorm that runs sequence-first, (positions, batch, ...), with no "
                        "enclosing layer saying so needs batch_first=False")
+                layout = (f" (read as {'sequence' if first else 'batch'}-first: batch axis "
+                          f"{1 if first and positions else 0})" if positions else "")
                 raise ValueError(
-                    f"LayerNorm {name!r} got input of shape {tuple(h.shape)}; the blow-up needs "
-                    f"batch-first inputs (batch={b}, ..., normalised dims){fix}"
+                    f"LayerNorm {name!r} got input of shape {tuple(args[0].shape)}{layout}, "
+                    f"whose batch axis is not the batch size {b}, read from the first axis of "
+                    "the model's inputs. The model's inputs must be batch-first, (batch, ...): "
+                    "for a sequence-first model, pass a wrapper whose forward transposes "
+                    f"(batch, positions, ...) inputs to the model's layout{fix}"
                 )
             flat = h.detach().double().reshape(b, -1, *h.shape[h.dim() - ndim :])
             var = flat.flatten(2).var(dim=2, unbiased=False)
