@@ -56,6 +56,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -383,6 +384,28 @@ class _WeightNoise:
             if abs(ratio - 1) > ROUNDING_RTOL or share > ROUNDING_MAX_UNCHANGED:
                 worst = low[int(per[:, 2].argmax())]  # the most coordinates unchanged
                 self._refuse(sigma, name, ratio, share, low, worst)
+            self._warn_groups(sigma, name, low, per[:, 2].tolist())
+
+    def _warn_groups(self, sigma: float, name: str, low: list[int], unchanged: list[float]
+                     ) -> None:
+        """The check above is over all low-precision coordinates together: a small group
+        whose values are large for σ (LayerNorm gains of 1 beside small weights) can keep
+        most of its clean values while the whole passes. Say which, once per call."""
+        kept = [(self.names[i], u / self.saved[i].numel()) for i, u in zip(low, unchanged,
+                                                                        strict=True)
+                if self.saved[i].numel() and u / self.saved[i].numel() > ROUNDING_MAX_UNCHANGED]
+        if not kept:
+            return
+        shown = ", ".join(f"{n!r} ({share:.0%} unchanged)" for n, share in kept[:3])
+        more = f" and {len(kept) - 3} more" if len(kept) > 3 else ""
+        warnings.warn(
+            f"{name}={sigma:g} is rounded away on most coordinates of {len(kept)} "
+            f"low-precision parameter(s) — {shown}{more} — so the result hardly perturbs "
+            "them. "
+            "Exclude them to say so (exclude=[...]), use a larger "
+            f"{name}, or measure a float32 copy (copy.deepcopy(model).float())",
+            UserWarning, stacklevel=4,
+        )
 
     def _refuse(self, sigma: float, name: str, ratio: float, share: float, low: list[int],
                 worst: int) -> None:
