@@ -325,18 +325,31 @@ def _declared_patch(model: nn.Module, size: Any, where: str) -> int:
     FocalNet) is measured as timm's ConvNeXt is, and a ``patch_size`` that is no cut of the
     image at all (HF MobileViT's unfold on downsampled maps) is not read as one. A model
     without a convolution (a linear patch embedding) keeps its declared size."""
-    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
-    if not convs:
+    found = _stem(model)
+    if found is None:
         return _square(size, where)
-    stem, rest = convs[0], convs[1:]
-    want = _pair(size)
+    stem, strides = found
     channels = getattr(getattr(model, "config", None), "num_channels", None)
-    cuts = (tuple(stem.kernel_size) == tuple(stem.stride) == want
-            and stem.padding in ((0, 0), "valid")
-            and (not isinstance(channels, int) or stem.in_channels == channels))
-    if cuts and (_attends(model) or all(tuple(m.stride) == (1, 1) for m in rest)):
+    cuts = _cuts(stem, _pair(size)) and (not isinstance(channels, int)
+                                         or stem.in_channels == channels)
+    if cuts and (_attends(model) or not strides):
         return _square(size, where)
     return DEFAULT_CNN_PATCH
+
+
+def _stem(model: nn.Module) -> tuple[nn.Conv2d, bool] | None:
+    """The model's first convolution, and whether any later one strides; None without one."""
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    if not convs:
+        return None
+    return convs[0], any(tuple(m.stride) != (1, 1) for m in convs[1:])
+
+
+def _cuts(stem: nn.Conv2d, size: tuple[int, ...]) -> bool:
+    """The convolution cuts its input into ``size`` patches: kernel = stride = size, no
+    padding."""
+    return (tuple(stem.kernel_size) == tuple(stem.stride) == size
+            and stem.padding in ((0, 0), "valid"))
 
 
 def _pair(size: Any) -> tuple[int, ...]:
@@ -355,14 +368,12 @@ def _patch_stem(model: nn.Module) -> int | None:
     stride = p > 1, no padding) and no later convolution strides: an isotropic patch network
     such as ConvMixer, whose tokens are those patches. None for a CNN that downsamples in
     stages (ResNet, ConvNeXt: their stem is no token grid)."""
-    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
-    if not convs:
+    found = _stem(model)
+    if found is None:
         return None
-    stem, rest = convs[0], convs[1:]
-    k, st, pad = stem.kernel_size, stem.stride, stem.padding
-    if not (k[0] == k[1] == st[0] == st[1] > 1 and pad in ((0, 0), "valid")):
-        return None
-    if any(tuple(m.stride) != (1, 1) for m in rest):
+    stem, strides = found
+    k = tuple(stem.kernel_size)
+    if strides or not (k[0] == k[1] > 1 and _cuts(stem, k)):
         return None
     return int(k[0])
 
