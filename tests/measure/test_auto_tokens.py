@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 
+import optional
 import pytest
 import torch
 from torch import nn
@@ -304,21 +305,12 @@ def test_timm_shaped_attributes():
     same(a, b)
 
 
-def _timm():
-    try:
-        import timm  # type: ignore[import-not-found]
-    except Exception as err:  # noqa: BLE001  (timm's import fails on a broken torchvision too)
-        pytest.skip(f"timm does not import here ({type(err).__name__}: {err}); the timm paths "
-                    "are covered by the timm-shaped test above")
-    return timm
-
-
 @pytest.mark.parametrize("name,patch", [("convmixer_768_32", 7), ("convmixer_1024_20_ks9_p14", 14),
                                         ("convnext_atto", 16)])
 def test_real_timm_patch_networks(name, patch):
     """timm's ConvMixers get their own patch size (7, 14); ConvNeXt, whose 4×4 stem is
     followed by strided stages, the CNN default."""
-    timm = _timm()
+    timm = optional.timm()
     assert auto_tokens(timm.create_model(name, pretrained=False, num_classes=3)) == Patches(patch)
 
 
@@ -328,7 +320,7 @@ def test_real_timm_models(name, patch):
     tokenization; ``num_forward`` is sampled tokens × draws + one clean forward per image;
     σ in pixel space equals measuring pixels through a model that normalises them itself with
     ``pretrained_cfg``'s mean and std (σ/std per channel on the model's inputs)."""
-    timm = _timm()
+    timm = optional.timm()
     torch.manual_seed(0)
     model = timm.create_model(name, pretrained=False, num_classes=3).eval()
     assert auto_tokens(model) == Patches(patch)

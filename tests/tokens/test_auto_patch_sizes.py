@@ -9,6 +9,7 @@ imports (``make test-timm``); timm-shaped plain modules cover the same paths eve
 
 from __future__ import annotations
 
+import optional
 import pytest
 import torch
 from torch import nn
@@ -19,15 +20,6 @@ from senslab.tokens import DEFAULT_CNN_PATCH, Patches, auto_tokens
 transformers = pytest.importorskip("transformers")
 
 EXACT = dict(precision="float32", generator=3)
-
-
-def _timm():
-    try:
-        import timm  # type: ignore[import-not-found]
-    except Exception as err:  # noqa: BLE001  (timm's import fails on a broken torchvision too)
-        pytest.skip(f"timm does not import here ({type(err).__name__}: {err}); the timm paths "
-                    "are covered by the timm-shaped tests")
-    return timm
 
 
 def seeded(make, seed: int = 0) -> nn.Module:
@@ -75,7 +67,7 @@ def test_a_hybrid_vits_tokens_are_its_token_size_in_pixels():
 def test_real_timm_hybrids(name, patch):
     """timm's ResNet-ViT hybrids: r26_s32 (patch 1 on a stride-32 map) and r_s16_p8 (patch 8
     on a stride-4 stem) both cut 32×32-pixel tokens: a 2×2 grid on 64×64 images."""
-    timm = _timm()
+    timm = optional.timm()
     model = timm.create_model(name, pretrained=False, img_size=64, num_classes=3)
     assert tuple(model.patch_embed.grid_size) == (2, 2)
     assert auto_tokens(model) == Patches(patch)
@@ -94,7 +86,7 @@ def test_real_timm_hybrids(name, patch):
 def test_real_timm_plain_patch_sizes_are_kept(name, kwargs, patch):
     """ViTs and Swin keep their patch size; ConvNeXt and FocalNet (a 4×4 stem, then strided
     convolutions) keep the CNN default, which their HF versions now get too."""
-    timm = _timm()
+    timm = optional.timm()
     model = timm.create_model(name, pretrained=False, num_classes=3, **kwargs)
     assert auto_tokens(model) == Patches(patch)
 
@@ -200,7 +192,7 @@ def test_headless_reason_names_a_timm_shaped_body_and_the_fix():
 
 
 def test_headless_reason_real_timm():
-    timm = _timm()
+    timm = optional.timm()
     from senslab.tokens.auto import headless_reason
 
     body = timm.create_model("vit_tiny_patch16_224", pretrained=False, patch_size=8,
