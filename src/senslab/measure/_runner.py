@@ -143,7 +143,8 @@ def verify_deterministic(bound: BoundTokens, clean: Tensor, whole: bool,
             "the model's mode restored after it), or make the forward deterministic"
         )
     if not alone:
-        _verify_batch(bound, clean, whole, extent, rtol, floor)
+        _verify_batch(bound, clean, whole, extent, rtol, floor,
+                      labels=_tolerance(clean.float(), low_precision) <= 1e-3)
 
 
 def verify_copies(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor | None,
@@ -245,13 +246,14 @@ def verify_copies(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor
             "update() with chunk_size=1 and precision='float32'." + reuse
         )
     if not alone:
-        _verify_batch(bound, clean, whole, extent, rtol, floor)
+        _verify_batch(bound, clean, whole, extent, rtol, floor,
+                      labels=_tolerance(clean.float(), low_precision) <= 1e-3)
     if not whole:  # whole-input copies never take a reuse path
         _verify_noisy(bound, clean, extent, rtol, floor)
 
 
 def _verify_batch(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor | None,
-                  rtol: float, floor: float) -> None:
+                  rtol: float, floor: float, labels: bool = False) -> None:
     """Refuse a model whose output for one copy depends on the other copies of its forward.
 
     The zero-noise check evaluates each example alone and compares it with the clean batch; a
@@ -263,9 +265,12 @@ def _verify_batch(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor
     again in two halves, through the copies' own path, and must agree within float rounding.
     The noise, of the size of each example's token vectors, comes from a generator of its own
     (:data:`VERIFY_SEED`, on the CPU): the measurement's stream is untouched. Three forwards on
-    the first batch of each input shape. Skipped for outputs that are class labels (a noisy
-    copy may sit on a decision boundary that rounding crosses)."""
-    if not clean.is_floating_point():
+    the first batch of each input shape. Outputs that are class labels (a ``predict``
+    returning argmax) are compared exactly when the forwards run in float32 at full precision
+    (``labels``): a noisy copy within float32 rounding of a decision boundary is too rare to
+    matter. Under reduced precision (autocast, bf16 weights, TF32) rounding that changes with
+    the batch can move a label, so labels are not compared there."""
+    if not clean.is_floating_point() and not labels:
         return
     k = VERIFY_BATCH
     rows = min(VERIFY_ROWS, len(clean))
@@ -306,6 +311,18 @@ def _verify_batch(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor
         return  # reported with the copies' own shape check
     a = together.float().reshape(k, -1)
     b = torch.cat(halves).float().reshape(k, -1)
+    if not clean.is_floating_point():
+        moved = (a != b).any(dim=1)
+        if bool(moved.any()):
+            raise RuntimeError(
+                f"the model's output for one example depends on the other examples in its "
+                f"forward pass: {k} noisy copies of the first "
+                f"{'examples' if rows > 1 else 'example'} got other class labels evaluated "
+                f"together than in two halves ({int(moved.sum())} of {k} copies, in float32, "
+                "where rounding moves no label). senslab evaluates many perturbed copies per "
+                "forward, so every flip would depend on which copies share a chunk, and the "
+                "number on chunk_size. " + _batch_cause(bound))
+        return
     finite = torch.isfinite(a)
     ref = clean[src].float().reshape(k, -1)
     scale = torch.stack([_size(a).amax(dim=1),
@@ -317,14 +334,7 @@ def _verify_batch(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor
     over = torch.where(bad, diff.nan_to_num(float("inf")), torch.zeros_like(diff))
     row = int(over.amax(dim=1).argmax())
     worst, size = float(over[row].max()), float(scale[row])
-    quantized = _dynamic_quantized(getattr(bound, "model", None))
-    cause = _quantized_cause(quantized) if quantized else (
-        "Likely causes: batch statistics (a batch max or mean used to normalise, BatchNorm in "
-        "train mode), dynamic quantisation's per-batch activation range. Measure a model whose "
-        "output for one example does not depend on the others (eval() mode, no batch-level "
-        "statistics), or, where one copy at a time is exact, pass chunk_size=1 with "
-        "precision='float32' (one copy per forward: slow; feed one example per update() if the "
-        "clean batch depends on its examples too)")
+    cause = _batch_cause(bound)
     raise RuntimeError(
         f"the model's output for one example depends on the other examples in its forward "
         f"pass: {k} noisy copies of the first {'examples' if rows > 1 else 'example'} gave "
@@ -334,6 +344,18 @@ def _verify_batch(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor
         "flip would depend on which copies share a chunk, and the number on chunk_size. "
         + cause
     )
+
+
+def _batch_cause(bound: BoundTokens) -> str:
+    """What makes an output depend on its batch, and what to do (:func:`_verify_batch`)."""
+    quantized = _dynamic_quantized(getattr(bound, "model", None))
+    return _quantized_cause(quantized) if quantized else (
+        "Likely causes: batch statistics (a batch max or mean used to normalise, BatchNorm in "
+        "train mode), dynamic quantisation's per-batch activation range. Measure a model whose "
+        "output for one example does not depend on the others (eval() mode, no batch-level "
+        "statistics), or, where one copy at a time is exact, pass chunk_size=1 with "
+        "precision='float32' (one copy per forward: slow; feed one example per update() if the "
+        "clean batch depends on its examples too)")
 
 
 def _verify_noisy(bound: BoundTokens, clean: Tensor, extent: Tensor | None, rtol: float,
