@@ -36,10 +36,14 @@ Where an effect comes from:
   happen to agree more closely than their measurement error allows (equal flip counts of a few
   flips each) do not make the mean exact.
   With one seed the measurement standard error is all there is: the normal reference, and the
-  part says that seed-to-seed variation is not in its interval. Seeds that all tie, without a
-  (non-zero) measurement error, give no standard error at all: the spread of a few seeds that
-  happen to agree is chance, not precision, so the part is inconclusive and says that the seeds
-  tied and more are needed (before 2026-11-30 it read "+0.5 [+0.5, +0.5] supported, p = 0").
+  part says that seed-to-seed variation is not in its interval ("measurement noise only"); one
+  seed without a measurement error (an exact quantity, or one whose error is not given) has no
+  standard error, and the part says that seed-to-seed variation needs at least 2 seeds (before
+  2026-11-30 it, too, read "measurement noise only", although there was no measurement noise).
+  Seeds that all tie, without a (non-zero) measurement error, give no standard error at all:
+  the spread of a few seeds that happen to agree is chance, not precision, so the part is
+  inconclusive and says that the seeds tied and more are needed (before 2026-11-30 it read
+  "+0.5 [+0.5, +0.5] supported, p = 0").
 * :func:`measured` — one estimate with a measurement standard error (normal reference).
 * :func:`bootstrap` — a statistic of a set of runs: the standard error is the standard
   deviation of the statistic over runs resampled with replacement (a fixed generator), with
@@ -341,7 +345,12 @@ def describe(name: str, part: Mapping[str, Any]) -> str:
             text += (f", could detect ≥ {abs(det):.3g}" if det is not None
                      else ", no uncertainty estimate" + (f" ({why})" if why else ""))
     if seeds == 1 and part.get("method", "").startswith("measurement"):
-        text += " (measurement noise only)"
+        se_m = part.get("se_measure")
+        if isinstance(se_m, int | float) and math.isfinite(se_m) and se_m > 0:
+            text += " (measurement noise only)"
+        else:  # an exact quantity, or one without a known error: no noise of any kind in it
+            text += (f" (one {unit}, without a measurement error: seed-to-seed variation needs "
+                     f"at least 2 {unit}s)")
     return text
 
 

@@ -23,7 +23,17 @@ freedom (positive = sharpness grows with n). Each other function f's part is
 quarter of PARITY's), with standard error √(ratio²·s.e.²_PARITY + s.e.²_f) and Welch–
 Satterthwaite degrees of freedom from the two fits' m − 2. A fit through two runs has no
 standard error (the line passes through both): its parts are inconclusive, and say so. "not
-comparable" when fewer than two n values of a function converged. (Until 2026-11-30 the
+comparable" when fewer than two n values of a function converged.
+
+A ``--set functions=...`` that leaves out some of PARITY, MAJORITY, FIRST, MEAN judges only part
+of the claim: the verdict is *partial* (``"partial"`` in verdict.json names the parts judged and
+the parts omitted, and the reason says so). The judged parts keep the levels of the full Holm
+family of four (an omitted part counts as not significant), so leaving functions out never
+loosens a test; a contradicted judged part makes the claim contradicted (it fails whatever the
+omitted parts would say), otherwise the verdict is "not comparable" (add the missing functions),
+with the judged parts in the reason. (Correction of 2026-11-30: ``functions=parity,`` was
+judged on PARITY's slope alone and recorded as the whole claim, "parity's sharpness grows with
+n, the others' is flat".) (Until 2026-11-30 the
 standard errors were bootstrapped over the runs: two runs gave the same slope in every resample,
 s.e. ≈ 1e-17, so any difference between them was "supported" or "contradicted" for certain, and
 with a lone run at some n its noise never entered the s.e.: 11–24% false decisions at a true
@@ -38,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...train.config import ranged
-from ...verdicts import NO_SE, Effect, not_comparable, verdict
+from ...verdicts import CONTRADICTED, NO_SE, Effect, describe, judge, not_comparable, verdict
 from ..base import Experiment, Run, register_experiment
 from ._common import Setup, boolean_run, linear_fit
 
@@ -81,14 +91,18 @@ class SharpnessVsLength(Experiment):
                 for f in s.functions for n in s.n_values for seed in range(s.seeds)]
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
-        return slope_verdict(summaries)
+        return slope_verdict(summaries, claimed=FUNCTIONS)
 
 
 def slope_verdict(summaries: list[dict[str, Any]], sensitive: str = "parity",
-                  ratio: float = 0.25) -> dict[str, Any]:
+                  ratio: float = 0.25, claimed: Sequence[str] | None = None) -> dict[str, Any]:
     """Fit final sharpness on n per function (converged runs only) and judge the slopes: the
     ``sensitive`` function's slope > 0 and, per other function f, ``ratio·|its slope| −
-    |f's slope|`` > 0, each on its least-squares standard error (Holm over the parts)."""
+    |f's slope|`` > 0, each on its least-squares standard error (Holm over the parts).
+
+    ``claimed``: the functions the claim compares (the experiment passes :data:`FUNCTIONS`);
+    where some of them have no runs, the verdict is partial (the module docstring). None: the
+    claim is about the functions that have runs."""
     points: dict[str, list[tuple[int, float]]] = {}
     dropped: dict[str, int] = {}
     for s in summaries:
@@ -117,9 +131,36 @@ def slope_verdict(summaries: list[dict[str, Any]], sensitive: str = "parity",
             parts[f"{f} flat"] = flatness_effect(fits[sensitive], fits[f], ratio,
                                                  f"{ratio:g}·|{sensitive} slope| − |{f} slope|")
     detail = "; ".join(f"{f} {v.value:+.4g} ± {v.se:.2g}" for f, v in fits.items())
-    return verdict(parts, claim=f"{sensitive}'s sharpness grows with n, the others' is flat",
-                   evidence=evidence,
-                   note=f"Sharpness per unit n (least squares ± s.e.): {detail}")
+    claim = f"{sensitive}'s sharpness grows with n, the others' is flat"
+    note = f"Sharpness per unit n (least squares ± s.e.): {detail}"
+    missing = [f for f in claimed or () if f not in fits and f != sensitive]
+    if missing:
+        return _partial(parts, [f"{f} flat" for f in missing], missing, claim, note, evidence)
+    return verdict(parts, claim=claim, evidence=evidence, note=note)
+
+
+def _partial(parts: dict[str, Effect], omitted: list[str], missing: list[str], claim: str,
+             note: str, evidence: dict[str, Any]) -> dict[str, Any]:
+    """The verdict of a claim some of whose parts have no runs (``omitted``, the parts of the
+    functions ``missing``): the judged ``parts`` at their levels in the full Holm family (an
+    omitted part is a not-significant one: NaN p-value, last); contradicted if a judged part
+    is, else "not comparable"; ``"partial"`` names the judged and the omitted parts."""
+    j = judge({**parts, **{name: Effect(math.nan, math.nan, what=name) for name in omitted}})
+    judged = {name: j["parts"][name] for name in parts}
+    body = "; ".join(describe(name, p) for name, p in judged.items())
+    why = (f"partial verdict: no runs of {', '.join(missing)} (add "
+           f"{'them' if len(missing) > 1 else 'it'} to functions), so the claim's parts "
+           + ", ".join(repr(p) for p in omitted) + " are not judged")
+    partial = {"judged": list(parts), "omitted": omitted, "missing_functions": missing}
+    if any(p["verdict"] == CONTRADICTED for p in judged.values()):
+        return {"verdict": CONTRADICTED, "reason": f"{claim}: {body}; {why}. {note}",
+                "evidence": evidence, "effects": judged, "partial": partial,
+                "correction": f"Holm over {len(parts) + len(omitted)} parts ({len(omitted)} "
+                              "omitted as not significant: no runs)"}
+    out = not_comparable(f"{claim} — {why}; judged without them (no contradiction): {body}. "
+                         f"{note}",
+                         {**evidence, "judged_parts": judged})
+    return {**out, "partial": partial}
 
 
 def slope_effect(points: Sequence[tuple[float, float]], what: str = "") -> Effect:

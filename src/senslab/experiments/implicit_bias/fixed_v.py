@@ -35,8 +35,13 @@ the run freezes (the softmax saturates to one-hot in float64 and the gradient be
 GD's ``r2_log − r2_lin`` (positive = ‖W‖ grows like log t) and NGD's and Polyak's ``r2_lin −
 r2_log`` (positive = linear growth); (2) for NGD and Polyak, ``steps_gd − steps_o`` to alignment
 0.99 and to optimal-token mass 0.99 (positive = o gets there first). A run that never gets there
-counts its last step (a lower bound: GD's lag is understated). "not comparable" when an optimiser
-has no runs or a run froze before three logged steps of the fit window.
+is censored at its last step. GD censored alone leaves a lower bound (GD's lag is understated,
+against the claim), and the note says so. A censored contender would leave an *upper* bound
+(biased toward the claim; with both censored the difference reads 0 whatever the truth), so that
+part has no standard error: it is inconclusive, and says which seeds never got there (train
+longer). (Correction of 2026-11-30: a censored contender first counted its last step too, which
+could support "o gets there faster" from runs where o never got there.) "not comparable" when an
+optimiser has no runs or a run froze before three logged steps of the fit window.
 
 CPU scale: 3 seeds (data and initialisation), 20,000 steps per optimiser (the paper's exact
 synthetic sizes are not given; "paper" scale: 5 seeds, 100,000 steps).
@@ -54,7 +59,7 @@ import numpy as np
 
 from ...train.config import ranged
 from ...train.rundir import RunDir
-from ...verdicts import not_comparable, over_seeds, verdict
+from ...verdicts import NO_SE, Effect, not_comparable, over_seeds, verdict
 from ..base import Experiment, Run, Settings, register_experiment
 from ._common import attention_runs
 
@@ -205,23 +210,60 @@ def fixed_v_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     for o in ("ngd", "polyak"):
         parts[f"{o} ‖W‖ linear"] = over_seeds(
             [r["fit"]["r2_lin"] - r["fit"]["r2_log"] for r in by[o]], what=f"{o} r2_lin − r2_log")
+    censored: dict[str, dict[str, list[int]]] = {}  # {optimiser: {key: seeds that never got there}}
+    for o in OPTIMIZERS:
+        for key in ("alignment", "sparsity"):
+            never = [k for k in common if not math.isfinite(seed[o][k]["reach"][key])]
+            if never:
+                censored.setdefault(o, {})[key] = never
     for o in ("ngd", "polyak"):
         for key, words in (("alignment", "aligns"), ("sparsity", "sparsifies")):
-            parts[f"{o} {words} faster"] = over_seeds(
+            part = over_seeds(
                 [_reached(seed["gd"][k], key) - _reached(seed[o][k], key) for k in common],
                 what=f"steps_gd − steps_{o} to {LEVEL} {key}")
+            never = censored.get(o, {}).get(key)
+            parts[f"{o} {words} faster"] = _censored(part, o, key, never, seed[o]) if never \
+                else part
     detail = "; ".join(
         f"{o}: R² lin {e['r2_lin']:.3f} / log {e['r2_log']:.3f}, steps to {LEVEL} alignment "
         f"{e['steps_to_alignment']:g}, to {LEVEL} mass {e['steps_to_sparsity']:g}"
         for o, e in evidence.items())
+    note = f"Means over seeds (steps: the slowest seed; inf: never): {detail}"
+    gd_never = censored.get("gd", {})
+    if gd_never:
+        note += ". " + "; ".join(
+            f"gd never reached {LEVEL} {key} in {_seeds(never)}: its last step counts, so "
+            "where a contender got there steps_gd − steps_o is a lower bound (GD's lag "
+            "understated)"
+            for key, never in gd_never.items())
+    if censored:
+        evidence["censored"] = censored
     return verdict(parts, evidence={**evidence, "checks": checks},
                    claim="GD's ‖W‖ grows like log t, NGD's and Polyak's linearly, and they align "
                          "and sparsify faster",
-                   note=f"Means over seeds (steps: the slowest seed; inf: never): {detail}")
+                   note=note)
+
+
+def _seeds(seeds: list[int]) -> str:
+    return f"seed{'s' if len(seeds) != 1 else ''} {', '.join(map(str, seeds))}"
+
+
+def _censored(part: Effect, o: str, key: str, never: list[int],
+              runs: dict[int, dict[str, Any]]) -> Effect:
+    """``part`` (``steps_gd − steps_o``) without a standard error, because contender ``o``
+    never reached ``LEVEL`` of ``key`` in the seeds ``never``: its last step stands in for a
+    later, unknown one, so the difference is only an upper bound, biased toward the claim; the
+    method says why (inconclusive)."""
+    last = sorted({int(runs[k]["steps"]) for k in never})
+    method = part.method.split(NO_SE, 1)[0].rstrip("; ")  # censoring is the reason (ties too)
+    return Effect(part.value, math.nan, part.df, part.seeds, part.se_measure, None, part.what,
+                  f"{method}; {NO_SE}{o} never reached {LEVEL} {key} in {_seeds(never)} "
+                  f"within its {' or '.join(map(str, last))} steps, so steps_gd − steps_{o} is "
+                  "only an upper bound there: train longer", part.unit)
 
 
 def _reached(run: dict[str, Any], key: str) -> float:
     """The run's first step at ``LEVEL`` of ``key``; its last step (``steps``: the schedule
-    ends there) if it never got there."""
+    ends there) if it never got there (censored: a lower bound of the true step)."""
     step = run["reach"][key]
     return step if math.isfinite(step) else float(run["steps"])
