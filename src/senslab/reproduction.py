@@ -256,12 +256,21 @@ def check_verdict(exp_dir: Path, name: str, scale: str, runs: list[str],
 
 def _differences(recorded: Any, fresh: Any, where: str) -> list[str]:
     """Where ``recorded`` and ``fresh`` (JSON values) differ, as ``"where.key: recorded a, its
-    runs give b"``; numbers equal to 1e-9 (relative) are the same. Only keys both hold are
-    compared: a verdict written before an effect gained a field (``rho``'s ``scale`` and
-    ``z``) or lost one is not stale for it."""
+    runs give b"``; numbers equal to 1e-9 (relative) are the same.
+
+    The recorded keys are compared. A key only ``fresh`` holds is not: a verdict written before
+    an effect gained a field (``rho``'s ``scale`` and ``z``) is not stale for it. A recorded
+    key that ``fresh`` lacks is a difference — the record states a number its runs no longer
+    give — unless its recorded value is null: ``plain`` writes an undefined number (NaN, an
+    infinite df) as null, and a field left out states no number either."""
     if isinstance(recorded, dict) and isinstance(fresh, dict):
-        return [d for k in sorted(set(recorded) & set(fresh), key=str)
-                for d in _differences(recorded[k], fresh[k], f"{where}.{k}")]
+        out = []
+        for k in sorted(recorded, key=str):
+            if k in fresh:
+                out.extend(_differences(recorded[k], fresh[k], f"{where}.{k}"))
+            elif recorded[k] is not None:
+                out.append(f"{where}.{k}: recorded {recorded[k]!r}, its runs give no {k!r}")
+        return out
     if isinstance(recorded, list) and isinstance(fresh, list) and len(recorded) == len(fresh):
         return [d for i, (a, b) in enumerate(zip(recorded, fresh, strict=True))
                 for d in _differences(a, b, f"{where}[{i}]")]

@@ -163,8 +163,8 @@ def test_a_batch_dependent_model_that_returns_labels_is_refused_in_float32():
     an image attains its batch's maximum: every clean image (each scaled to max 1) does, alone
     or in its batch, so the zero-noise check passes, while among noisy copies only the largest
     of each forward does: the number moved with chunk_size without a word (0 one copy at a time,
-    0.94 in chunks of 16, 0.98 at the automatic size). In float32 the labels of copies evaluated together and in
-    two halves are compared exactly."""
+    0.94 in chunks of 16, 0.98 at the automatic size). In float32 the labels of copies
+    evaluated together and in two halves are compared exactly."""
     def predict(t: torch.Tensor) -> torch.Tensor:
         return (t.flatten(1).amax(1) >= t.amax()).long()
 

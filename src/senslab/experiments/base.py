@@ -55,7 +55,7 @@ from ..train.config import (
     validate,
 )
 from ..train.looprun import single_thread
-from ..train.rundir import RunDir, RunDirError, git_commit
+from ..train.rundir import RunDir, RunDirError, commit_relation, git_commit
 from ..train.trainers import get_trainer
 from ..verdicts import plain
 
@@ -483,15 +483,15 @@ def _run_locked(exp: Experiment, out: Path, scale: str, overrides: list[str],
     damaged = _damaged_verdict(out)
     if damaged is not None:
         # unreadable, so of unknown settings: kept for inspection, never taken for a verdict
-        os.replace(out / "verdict.json", out / DAMAGED)
-        log(f"{out}/verdict.json is damaged ({damaged}): moved to {DAMAGED}; the verdict is "
+        kept = _set_verdict_aside(out, DAMAGED)
+        log(f"{out}/verdict.json is damaged ({damaged}): moved to {kept}; the verdict is "
             "computed again (runtime_s then counts the runs' training time and this "
             "invocation's other time, not an earlier invocation's measurements)")
     elif previous is None and (out / "verdict.json").is_file():
         # the verdict of other settings (scale, overrides) no longer describes this directory
         # once experiment.json names the new runs: kept aside, not shown as this run's verdict
-        os.replace(out / "verdict.json", out / SUPERSEDED)
-        log(f"{out}/verdict.json was written for other settings: moved to {SUPERSEDED}")
+        kept = _set_verdict_aside(out, SUPERSEDED)
+        log(f"{out}/verdict.json was written for other settings: moved to {kept}")
     before = _finished_runs(out)
     trained_before = _seconds_so_far(out)
     start = time.perf_counter()
@@ -524,10 +524,17 @@ def _run_locked(exp: Experiment, out: Path, scale: str, overrides: list[str],
     # the code behind the numbers: a run trained (or resumed) by another commit than the one
     # judging it carries that code's results into this verdict
     run_commits = sorted({c for r in listed_runs(out) or [] for c in commits_of(out / r)})
-    others = [_short(c) for c in run_commits if commit is not None and c != commit]
+    relation = {c: commit_relation(c, commit) for c in run_commits} if commit is not None else {}
+    others = [_short(c) for c, how in relation.items() if how == "other"]
     if others:
         log(f"{out}: runs trained by other commits than this one ({_short(commit)}): "
             f"{', '.join(others)}; their numbers are that code's (run_commits in verdict.json)")
+    unknown = [_short(c) for c, how in relation.items() if how == "unknown"]
+    if unknown:  # the same commit, but git status failed in one sitting: no difference claimed
+        log(f"{out}: runs trained by commit {', '.join(unknown)}, judged by {_short(commit)}: "
+            "the same commit, but git status failed when one of the two started (+unknown), "
+            "so whether the code under src/ differs cannot be determined (run_commits in "
+            "verdict.json)")
     verdict.update(scale=scale, overrides=list(overrides), runtime_s=runtime,
                    last_invocation_s=seconds,
                    finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -608,10 +615,24 @@ def run_seconds(out: str | Path, names: list[str] | None = None) -> dict[str, fl
     return found
 
 
-#: where a verdict.json of other settings goes when the directory is run with new ones
+#: where a verdict.json of other settings goes when the directory is run with new ones (the
+#: second such file goes to verdict.superseded.2.json, and so on: :func:`_set_verdict_aside`)
 SUPERSEDED = "verdict.superseded.json"
-#: where an unreadable verdict.json goes (a truncated or damaged file)
+#: where an unreadable verdict.json goes (a truncated or damaged file; the second to
+#: verdict.damaged.2.json, and so on)
 DAMAGED = "verdict.damaged.json"
+
+
+def _set_verdict_aside(out: Path, name: str) -> str:
+    """Move ``out``'s verdict.json to ``name`` (:data:`DAMAGED` or :data:`SUPERSEDED`) or, when
+    an earlier one is kept there, to the first free ``verdict.<kind>.<N>.json`` (N = 2, 3, …),
+    so that no verdict set aside before is overwritten; returns the name it was moved to."""
+    stem = name.removesuffix(".json")
+    n = 1
+    while (out / (kept := name if n == 1 else f"{stem}.{n}.json")).exists():
+        n += 1
+    os.replace(out / "verdict.json", out / kept)
+    return kept
 
 
 def _damaged_verdict(out: Path) -> str | None:

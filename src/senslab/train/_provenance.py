@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from .rundir import RunDir, git_commit
+from .rundir import RunDir, commit_relation, git_commit
 
 
 def _sittings(old: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -47,8 +47,22 @@ def commits_of(path: str | Path) -> list[str]:
     return seen
 
 
-def _other(commits: list[str], now: str | None) -> list[str]:
-    return [c for c in commits if now is not None and c != now]
+def _other(commits: list[str], now: str | None, how: str = "other") -> list[str]:
+    """The ``commits`` whose :func:`~senslab.train.rundir.commit_relation` to ``now`` is
+    ``how``: ``"other"`` (other code) or ``"unknown"`` (the same commit, one of the two
+    ``+unknown``: whether the code differs cannot be told)."""
+    return [c for c in commits if now is not None and commit_relation(c, now) == how]
+
+
+def _unknown_note(commits: list[str], now: str | None) -> str:
+    """A sentence for a run trained by the same commit as ``now`` where one of the two was
+    recorded ``+unknown``; "" when there is none."""
+    unknown = _other(commits, now, "unknown")
+    if not unknown:
+        return ""
+    return (f"it was trained by commit {', '.join(_short(c) for c in unknown)} and this is "
+            f"{_short(now)}: the same commit, but git status failed when one of the two "
+            "started (+unknown), so whether src/ was edited in between cannot be determined")
 
 
 def write_env(rd: RunDir, env: dict[str, Any], step: int | None, warn: bool = True) -> None:
@@ -56,14 +70,16 @@ def write_env(rd: RunDir, env: dict[str, Any], step: int | None, warn: bool = Tr
     earlier sittings of a resumed run, and warn (``warn``: one rank of several says it) when
     they were trained by other code."""
     earlier = _sittings(_read_env(rd.path)) if step is not None else []
-    other = _other([s["git_commit"] for s in earlier if isinstance(s.get("git_commit"), str)],
-                   env.get("git_commit"))
+    commits = [s["git_commit"] for s in earlier if isinstance(s.get("git_commit"), str)]
+    other = _other(commits, env.get("git_commit"))
     if other and warn:
         warnings.warn(
             f"resuming {rd.path} at step {step} with commit {_short(env.get('git_commit'))}, "
             f"but it was trained by commit {', '.join(_short(c) for c in other)}: its metrics "
             f"up to step {step} come from that code. Delete the run directory to train it "
             "again with this code alone", UserWarning, stacklevel=3)
+    elif (note := _unknown_note(commits, env.get("git_commit"))) and warn:
+        warnings.warn(f"resuming {rd.path} at step {step}: {note}", UserWarning, stacklevel=3)
     sitting = {"git_commit": env.get("git_commit"), "senslab": env.get("senslab"),
                "started": env.get("started"), "from_step": step}
     rd.write_json("env.json", {**env, "sittings": [*earlier, sitting]})
@@ -72,13 +88,16 @@ def write_env(rd: RunDir, env: dict[str, Any], step: int | None, warn: bool = Tr
 def check_reused(path: str | Path) -> None:
     """Warn when a finished run about to be reused was trained by another commit than this
     one (its result is that code's)."""
-    other = _other(commits_of(path), git_commit())
+    now = git_commit()
+    other = _other(commits_of(path), now)
     if other:
         warnings.warn(
             f"reusing the finished run {path}, trained by commit "
             f"{', '.join(_short(c) for c in other)}, not by this commit "
-            f"({_short(git_commit())}): its numbers are that code's. Delete the run directory "
+            f"({_short(now)}): its numbers are that code's. Delete the run directory "
             "to train it again with this code", UserWarning, stacklevel=3)
+    elif note := _unknown_note(commits_of(path), now):
+        warnings.warn(f"reusing the finished run {path}: {note}", UserWarning, stacklevel=3)
 
 
 def _short(commit: str | None) -> str:

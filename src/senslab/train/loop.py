@@ -400,10 +400,13 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
                        "starting it over with the new configuration")
             rd.reset()
         elif (rd.path / "summary.json").exists():
+            # read first: a summary its metric log disagrees with is refused (RunDir.read_json)
+            # before a reporter is sent anything
+            summary = rd.read_json("summary.json")
             if rank == 0:
                 check_reused(rd.path)
             reporters.open(report_to, rd, cfg.to_dict(), cfg.name)  # sends what they lack
-            return rd.read_json("summary.json")
+            return summary
     device = rank_device(device, world)
     train, test = load_data(cfg)
     for split, data in ((cfg.data.train_split, train), (cfg.data.test_split, test)):

@@ -20,6 +20,7 @@ Three guarantees, so that nothing is lost and nothing is silently wrong:
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import socket
@@ -38,7 +39,7 @@ import torch
 from .checkpoint import LEGACY_SUFFIX, SUFFIX, CheckpointError, decode, encode, load_legacy
 
 __all__ = ["CheckpointError", "RunDir", "RunDirError", "RunDirInUse", "SCHEMA",
-           "load_model_state"]
+           "commit_relation", "load_model_state"]
 
 #: the run/experiment directory format this code writes (1: before senslab.json existed)
 SCHEMA = 2
@@ -114,6 +115,13 @@ def read_json_file(path: Path) -> Any:
         ) from None
 
 
+def _numbers_differ(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` are two numbers (not bools) that differ; NaN equals NaN."""
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (a, b)):
+        return False
+    return a != b and not (math.isnan(a) and math.isnan(b))
+
+
 def metric_order_problem(path: Path, numbered: Iterable[tuple[int, dict[str, Any]]]) -> str | None:
     """Why the metric log ``path`` cannot be trusted — a step logged twice or out of order, as
     when two processes wrote one run — or None. ``numbered``: (line number, record) pairs."""
@@ -163,6 +171,21 @@ def git_commit() -> str | None:
         # git could not say whether src/ is edited (a locked or unreadable index): not "clean"
         return out[1] + "+unknown"
     return out[1] + ("+dirty" if status.stdout.strip() else "")
+
+
+def commit_relation(recorded: str, now: str) -> str:
+    """Whether the commit ``recorded`` (a sitting's, as :func:`git_commit` gave it) is the
+    code of ``now``: ``"same"`` (the same string), ``"other"`` (another commit, or the same one
+    with and without edits under ``src/``) or ``"unknown"``: the same commit where one of the
+    two is ``+unknown`` — git status failed, so whether ``src/`` was edited cannot be told, and
+    neither can a difference."""
+    if recorded == now:
+        return "same"
+    sha, _, mark = recorded.partition("+")
+    sha_now, _, mark_now = now.partition("+")
+    if sha == sha_now and "unknown" in (mark, mark_now):
+        return "unknown"
+    return "other"
 
 
 def environment(device: torch.device | str) -> dict[str, Any]:
@@ -223,7 +246,57 @@ class RunDir:
         atomic_write_text(self.path / name, json.dumps(obj, indent=2, sort_keys=True, default=str))
 
     def read_json(self, name: str) -> Any:
-        return read_json_file(self.path / name)
+        """``name``'s JSON; summary.json is checked against the metric log first
+        (:meth:`check_summary`), so that every reader of a finished run — a trainer reusing it,
+        a measurement of its final model — gets a summary its records agree with."""
+        data = read_json_file(self.path / name)
+        if name == "summary.json":
+            self.check_summary(data)
+        return data
+
+    def check_summary(self, summary: Any) -> None:
+        """Refuse a summary.json whose ``final`` disagrees with the last record of metrics.jsonl.
+
+        Every trainer's ``final`` is that record (plus numbers measured after training, which
+        the log lacks), and a finished run is reused without training; a hand-edited or damaged
+        summary.json would change the run's result, and the verdict resting on it, without a
+        word. Cheap: the log's last line only, and the numbers both hold (equal as their JSON
+        text reads back; NaN equals NaN). A log without records, or whose last line is torn,
+        is not checked here (:meth:`metrics` treats a torn last line as a crash's)."""
+        final = summary.get("final") if isinstance(summary, dict) else None
+        last = self._last_record()
+        if not isinstance(final, dict) or last is None:
+            return
+        differ = [k for k in final if k in last and _numbers_differ(final[k], last[k])]
+        if not differ:
+            return
+        shown = "; ".join(f"{k}: {final[k]!r} in summary.json, {last[k]!r} in the log"
+                          for k in differ[:3]) + ("; …" if len(differ) > 3 else "")
+        summary_path = self.path / "summary.json"
+        raise RunDirError(
+            f"{summary_path}: its final numbers are not those of the last record of "
+            f"{self.metrics_path.name} (step {last.get('step', '?')}), which the run ended with "
+            f"({shown}): one of the two files was edited or damaged, so the run's result cannot "
+            f"be trusted. If summary.json is the damaged one, delete {summary_path} and re-run "
+            "the run's command: it resumes from the last checkpoint and writes the summary "
+            f"again, keeping the training; otherwise delete {self.path} and train it again")
+
+    def _last_record(self) -> dict[str, Any] | None:
+        """The last line of metrics.jsonl as a record; None when the log is missing or empty,
+        or its last line is torn (not JSON)."""
+        try:
+            with open(self.metrics_path, "rb") as fh:  # the tail only: logs grow long
+                size = fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, size - (1 << 20)))
+                data = fh.read()
+        except OSError:
+            return None
+        line = data.rstrip().rpartition(b"\n")[2]
+        try:
+            record = json.loads(line) if line else None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return None
+        return record if isinstance(record, dict) else None
 
     def exists(self) -> bool:
         return (self.path / "config.json").exists()
