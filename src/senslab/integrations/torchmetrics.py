@@ -65,10 +65,20 @@ refuse the states of a metric that measures another quantity — another noise l
 alignment (what :meth:`TokenSensitivity.merge <senslab.measure.TokenSensitivity.merge>`
 requires) — naming the first difference; the state dict holds this configuration
 (``config``, JSON as a uint8 tensor) beside the states. A state dict without it (saved by an
-older senslab, or built by hand) is loaded or merged unchecked, with a warning. Merging a metric
-into itself is refused, and so is a merge whose states hold an example index (``index=``) that
-this metric has measured already (the examples would count twice; without ``index=`` the states
-hold no identities, so merge each shard once).
+older senslab, or built by hand) is loaded or merged unchecked, with a warning. An ``Embedding``
+module given as the object matches one given by its dotted name once both metrics have measured
+(each finds the name in its model); a state dict holds only the module's description, so there
+the refusal says to build both metrics with the dotted name.
+
+A merge that would count examples twice is refused: a metric merged into itself; states holding
+an example index (``index=``) this metric has measured already; and, with or without
+``index=``, the same metric (or its state dict) merged twice, a metric holding one merged
+before, or a copy of this metric made after it measured. Every metric carries a random id and
+the ids of the metrics whose examples its states hold, carried through merges, copies and the
+state dict (``merged_ids``, a (k, 16) uint8 tensor); a copy (``clone()``, ``copy.deepcopy``, a
+pickle) and a metric after ``reset`` get an id of their own, and a copy made before the metric
+measured merges freely. A state dict without ``merged_ids`` (an older senslab) loads and merges
+as before, unchecked for repeats.
 
 Example:
     >>> import torch
@@ -89,7 +99,9 @@ import functools
 import hashlib
 import json
 import math
+import re
 import threading
+import uuid
 import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -196,6 +208,10 @@ class TokenSensitivityMetric(Metric):
         self.set_dtype(torch.float64)  # a rank with no data syncs empty float64 lists
         #: what defines the quantity measured (``merge_state`` and ``load_state_dict`` check it)
         self._config = _config(tokens, options)
+        #: a random id of this metric's own examples, and the ids of every metric whose
+        #: examples the states hold (its own included): ``merge_state`` refuses a repeat
+        self._id = uuid.uuid4().hex
+        self._ids = {self._id}
         self._lock = threading.RLock()
         self._serialize()
         self._engine: TokenSensitivity | None = None
@@ -289,7 +305,9 @@ class TokenSensitivityMetric(Metric):
         Refused with a ValueError: this metric itself; states of another configuration (the
         first difference named; a state dict without ``config`` is merged unchecked, with a
         warning); states holding an example index (``index=``) this metric has measured
-        already (the examples would count twice)."""
+        already, or the examples of a metric merged here before (the same metric or state dict
+        merged twice, a metric holding one merged before, a copy of this metric made after it
+        measured: module docstring) — they would count twice."""
         if incoming_state is self:
             raise ValueError(
                 "cannot merge a metric into itself: its examples would count twice (a smaller "
@@ -297,21 +315,26 @@ class TokenSensitivityMetric(Metric):
                 "processes' metrics"
             )
         seen: set[int] = set()
+        ids: set[str] = set()
+        named = None  # the incoming tokens with a module by its name (once it has measured)
         if isinstance(incoming_state, TokenSensitivityMetric):
             with incoming_state._lock:  # a snapshot: another thread may be updating it
                 config: dict[str, Any] | None = incoming_state._config
                 states: Any = incoming_state._copy_state_dict()
                 seen = set(incoming_state._seen)
                 other = incoming_state._engine
+                ids, named = incoming_state._held_ids(), _named_tokens(incoming_state)
         elif isinstance(incoming_state, dict):
             states, config, other = incoming_state, _stored(incoming_state.get("config")), None
             if incoming_state.get("seen_index") is not None:
                 seen = _indices(incoming_state["seen_index"])
+            if _count(incoming_state):  # an empty state holds nobody's examples
+                ids = _ids_read(incoming_state.get("merged_ids"))
         else:  # torchmetrics' own refusal (not a dict, another Metric class)
             states, config, other = incoming_state, None, None
         with self._lock:
             if isinstance(states, dict):
-                self._check_config(config, "cannot merge", "merge_state")
+                self._check_config(config, "cannot merge", "merge_state", named)
                 if other is not None and self._engine is not None:  # resolved by the models
                     for name, a, b in _identity(self._engine, other):
                         if a != b:
@@ -319,6 +342,15 @@ class TokenSensitivityMetric(Metric):
                                                              f"{b!r}"))
                 if "sample_index" in states:
                     self._refuse_overlap(states["sample_index"])
+                if self._ids & ids:
+                    raise ValueError(
+                        "cannot merge: this metric already holds the examples of the incoming "
+                        "states — the same metric (or its state dict) merged here before, a "
+                        "metric holding one merged before, or a copy of this metric made after "
+                        "it measured — and they would count twice (a smaller standard error "
+                        "from the same examples); merge each metric once, and copy a metric "
+                        "before it measures (or reset() the copy)"
+                    )
             flag, self.dist_sync_on_step = self.dist_sync_on_step, False  # the states add up
             try:
                 super().merge_state(states)
@@ -326,13 +358,17 @@ class TokenSensitivityMetric(Metric):
                 self.dist_sync_on_step = flag
             self._computed, self._last = None, None
             self._seen |= seen
+            self._ids |= ids
 
     def reset(self) -> None:
-        """Forget the states; the next ``update`` restarts the noise from the seed."""
+        """Forget the states; the next ``update`` restarts the noise from the seed. The metric
+        gets a new id: its next examples are not those a metric it was merged into holds."""
         with self._lock:
             super().reset()
             self._engine, self._last, self.batch_estimate = None, None, None
             self._seen, self._resume = set(), None
+            self._id = uuid.uuid4().hex
+            self._ids = {self._id}
 
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Move the states with the module, never change their dtype: a ``.to(torch.bfloat16)``
@@ -354,14 +390,16 @@ class TokenSensitivityMetric(Metric):
         keep_vars: bool = False,
     ) -> dict[str, Any]:
         """torchmetrics' state dict (the states, with ``persistent(True)``) and then also the
-        example indices already measured, ``seen_index``, and the configuration the states were
-        measured with, ``config`` (module docstring)."""
+        example indices already measured, ``seen_index``, the configuration the states were
+        measured with, ``config``, and the ids of the metrics whose examples they hold,
+        ``merged_ids`` (module docstring)."""
         with self._lock:
             out = super().state_dict(destination=destination, prefix=prefix,
                                      keep_vars=keep_vars)
             if any(self._persistent.values()):
                 out[prefix + "seen_index"] = torch.tensor(sorted(self._seen), dtype=torch.int64)
                 out[prefix + "config"] = _encoded(self._config)
+                out[prefix + "merged_ids"] = _ids_encoded(self._held_ids())
             return out
 
     def _load_from_state_dict(
@@ -374,11 +412,15 @@ class TokenSensitivityMetric(Metric):
         States of another configuration (``config``: another sigma, compare rule,
         tokenization, …) are refused with a ValueError naming the first difference; a state
         dict with states but no ``config`` (saved by an older senslab) is loaded unchecked, with
-        a warning."""
+        a warning. Loaded states replace this metric's, and with them the ids of the metrics
+        whose examples they hold (``merged_ids``; none in an older state dict); the metric
+        gets a new id of its own."""
         with self._lock:
             seen = state_dict.pop(prefix + "seen_index", None)
             config = state_dict.pop(prefix + "config", None)
+            ids = state_dict.pop(prefix + "merged_ids", None)
             loaded = prefix + "sample_index" in state_dict
+            counts = prefix + "n" in state_dict
             if config is not None or prefix + "n" in state_dict:
                 self._check_config(_stored(config), "cannot load the state dict",
                                    "load_state_dict")
@@ -393,6 +435,9 @@ class TokenSensitivityMetric(Metric):
                 self._seen = _indices(keys[~torch.isnan(keys)])
             if seen is not None or loaded:
                 self._computed, self._last = None, None  # no earlier compute's value
+            if counts:  # the states were replaced: so are the examples' ids
+                self._id = uuid.uuid4().hex
+                self._ids = {self._id} | (_ids_read(ids) if float(self.n) else set())
 
     def __getstate__(self) -> dict[str, Any]:
         with self._lock:
@@ -403,9 +448,14 @@ class TokenSensitivityMetric(Metric):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        """A copy (``clone()``, ``copy.deepcopy``, a pickle) gets an id of its own and keeps the
+        ids of the examples its states hold (none if the original held none)."""
         super().__setstate__(state)
         if "_config" not in state:  # pickled by an older senslab
             self._config = _config(self.tokens, self.options)
+        held = self._held_ids() if "_ids" in state else set()
+        self._id = uuid.uuid4().hex
+        self._ids = held | {self._id}
         self._lock = threading.RLock()
         self._serialize()
 
@@ -418,8 +468,15 @@ class TokenSensitivityMetric(Metric):
         for name in ("update", "compute"):
             setattr(self, name, _locked(self._lock, getattr(self, name)))
 
-    def _check_config(self, config: dict[str, Any] | None, what: str, call: str) -> None:
-        """Refuse states measured with another configuration; warn where there is none."""
+    def _held_ids(self) -> set[str]:
+        """The ids of the metrics whose examples the states hold (none while they are empty)."""
+        return set(self._ids) if float(self.n) else set()
+
+    def _check_config(self, config: dict[str, Any] | None, what: str, call: str,
+                      named: str | None = None) -> None:
+        """Refuse states measured with another configuration; warn where there is none.
+        ``named``: the incoming tokens with an ``Embedding`` module by its dotted name (from
+        a metric that has measured; None: not known)."""
         if config is None:
             warnings.warn(
                 f"{call}: the state dict holds no configuration ('config'; saved by an older "
@@ -432,6 +489,12 @@ class TokenSensitivityMetric(Metric):
             a, b = self._config.get(name), config.get(name)
             if name in _MODEL_DECIDES and (a is None or b is None):
                 continue  # left to the model on one side: only the models can tell
+            if name == "tokens" and a != b:
+                a, b = _named_tokens(self) or a, named or b
+                if a == b:
+                    continue  # the module as an object on one side, by its name on the other
+                if _unnamed(a) != _unnamed(b):
+                    raise ValueError(_unnamed_message(what, a, b))
             if a != b:
                 raise ValueError(_differ_message(what, f"{name} {a!r} vs {b!r}"))
 
@@ -616,6 +679,58 @@ def _stored(entry: Any) -> dict[str, Any] | None:
     if not isinstance(config, dict):
         raise ValueError("the state dict's 'config' entry is not a configuration: it is damaged")
     return config
+
+
+def _ids_encoded(ids: set[str]) -> Tensor:
+    """Metric ids (uuid4 hex) as a state dict entry: a (k, 16) uint8 tensor."""
+    rows = [list(bytes.fromhex(i)) for i in sorted(ids)]
+    return torch.tensor(rows, dtype=torch.uint8).reshape(len(rows), 16)
+
+
+def _ids_read(entry: Any) -> set[str]:
+    """A state dict's ``merged_ids`` entry read back (none where there is none)."""
+    if entry is None:
+        return set()
+    t = torch.as_tensor(entry)
+    if t.dtype != torch.uint8 or t.dim() != 2 or t.shape[1] != 16:
+        raise ValueError(
+            f"the state dict's 'merged_ids' entry is not a (k, 16) uint8 tensor "
+            f"({tuple(t.shape)} {t.dtype}): it is damaged; use a state dict saved by "
+            "TokenSensitivityMetric.state_dict()"
+        )
+    return {bytes(row).hex() for row in t.cpu().tolist()}
+
+
+def _count(states: dict[str, Any]) -> float:
+    """The examples a state dict holds (0 without a count)."""
+    n = states.get("n")
+    return 0.0 if n is None else float(torch.as_tensor(n).sum())
+
+
+def _named_tokens(metric: TokenSensitivityMetric) -> str | None:
+    """The metric's tokens as ``_identity`` writes them with its model, an ``Embedding``
+    module by its dotted name (None before the first ``update``: no model yet)."""
+    engine = metric._engine
+    if engine is None:
+        return None
+    return next(a for name, a, _ in _identity(engine, engine) if name == "tokens")
+
+
+def _unnamed(tokens: Any) -> bool:
+    """Whether a configuration's tokens hold a module as the object's description
+    (``Embedding(module=LayerNorm((384,), ...))``), not by its name (``module='norm'``)."""
+    return isinstance(tokens, str) and re.search(r"\bmodule=(?!['\"])", tokens) is not None
+
+
+def _unnamed_message(what: str, a: str, b: str) -> str:
+    found = re.findall(r"\bmodule='([^']*)'", f"{a} {b}")
+    how = (f"Embedding({found[0]!r})" if found
+           else "Embedding('<dotted name>'), the module's name in model.named_modules()")
+    return (f"{what}: tokens {a!r} vs {b!r} — the Embedding module is given as the module "
+            "object on one side and by its dotted name on the other, and which module the "
+            "object is can be told only with the model (a metric finds the name at its first "
+            "update; a state dict holds only a description of the module). Build both metrics "
+            f"with the dotted name, {how}")
 
 
 def _described(config: dict[str, Any]) -> str:

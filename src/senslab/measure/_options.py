@@ -206,14 +206,25 @@ def _kept_buffers(*tops: nn.Module) -> Iterator[None]:
 
 def _identity(one: Any, other: Any) -> list[tuple[str, Any, Any]]:
     """(option, this value, other value) of everything that defines the quantity two
-    :class:`TokenSensitivity` metrics measure (what ``merge`` requires to be equal)."""
+    :class:`TokenSensitivity` metrics measure (what ``merge`` requires to be equal). A module
+    in the tokenization (``Embedding(model.norm)``) is written as its dotted name in the
+    metric's model, as ``Embedding("norm")`` writes it: the same layer either way, and two
+    layers of one shape are told apart (their reprs are equal)."""
+    def named(m: Any, value: Any) -> Any:
+        if isinstance(value, nn.Module) and isinstance(m.model, nn.Module):
+            for name, sub in m.model.named_modules():
+                if sub is value and name:
+                    return name
+        return value  # not a module, or none of the model's (or no model yet): as given
+
     def tokens(m: Any) -> str:
         t = m.tokens
         if not dataclasses.is_dataclass(t):
             return repr(t)
         keep = [f.name for f in dataclasses.fields(t)  # reuse flags: same numbers
                 if f.name != "align" and not f.name.startswith("reuse")]
-        return f"{type(t).__name__}({', '.join(f'{k}={getattr(t, k)!r}' for k in keep)})"
+        return (f"{type(t).__name__}("
+                f"{', '.join(f'{k}={named(m, getattr(t, k))!r}' for k in keep)})")
 
     def vocab(m: Any) -> Any:
         r = m.replace_with

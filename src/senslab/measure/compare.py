@@ -53,7 +53,8 @@ number of rounds, and sharded states are not paired.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
@@ -64,7 +65,7 @@ from torch import Tensor, nn
 from ..tokens.base import DtypeClash, Inputs, Tokenization, check_device, model_dtype
 from ._noise import NoiseStream
 from ._stats import SensitivityResult, State, accumulate, merged, result
-from .tokenwise import TokenSensitivity
+from .tokenwise import TokenSensitivity, _lock, _one_thread_at_a_time
 
 __all__ = ["CompareSensitivity", "ComparisonResult", "Difference", "compare_sensitivity"]
 
@@ -249,6 +250,7 @@ class CompareSensitivity:
         self.pairs = list(combinations(self.metrics, 2))
         self.reset()
 
+    @_one_thread_at_a_time
     def reset(self) -> None:
         """Forget all accumulated examples (the random stream continues)."""
         for m in self.metrics.values():
@@ -256,7 +258,12 @@ class CompareSensitivity:
         self.paired = {pair: State() for pair in self.pairs}
 
     def merge(self, other: CompareSensitivity) -> CompareSensitivity:
-        """Add ``other``'s accumulated state (same model names and options) to this one."""
+        """Add ``other``'s accumulated state (same model names and options) to this one.
+
+        Refused, before anything is added, where a model's metric would be
+        (:meth:`TokenSensitivity.merge <senslab.measure.TokenSensitivity.merge>`): other
+        options, a comparison merged into itself or merged twice, a copy made after it
+        measured merged back."""
         if not isinstance(other, CompareSensitivity):
             raise TypeError(f"can only merge a CompareSensitivity, got {type(other).__name__}")
         if list(other.metrics) != list(self.metrics):
@@ -264,15 +271,25 @@ class CompareSensitivity:
                 f"cannot merge comparisons of different models: {list(self.metrics)} vs "
                 f"{list(other.metrics)}"
             )
-        for name, m in self.metrics.items():
-            m.merge(other.metrics[name])
-        for pair in self.pairs:
-            self.paired[pair] = merged(self.paired[pair], other.paired[pair], self.align)
+        with _both(self, other):  # neither changes while the models' states are merged
+            for name, m in self.metrics.items():  # every refusal before anything is added
+                theirs = other.metrics[name]
+                m._refuse_other(theirs)
+                m._refuse_repeat(theirs._local is not None, theirs._held_ids())
+            for name, m in self.metrics.items():
+                m.merge(other.metrics[name])
+            for pair in self.pairs:
+                self.paired[pair] = merged(self.paired[pair], other.paired[pair], self.align)
         return self
 
+    @_one_thread_at_a_time
     def update(self, inputs: Inputs, mask: Tensor | None = None) -> None:
         """Measure one batch with every model on the same perturbed copies. Nothing is added
-        (and the random stream does not move) unless every model measured the batch."""
+        (and the random stream does not move) unless every model measured the batch.
+
+        Calls from several threads run one at a time (a lock per comparison; two at once
+        restored each other's noise stream mid-batch and failed with a false "do not share
+        the token layout"); which batch draws which noise then follows the scheduling."""
         metrics = list(self.metrics.items())
         devices = {name: check_device(m.model, inputs) for name, m in metrics}
         if len(set(devices.values())) > 1:
@@ -338,6 +355,7 @@ class CompareSensitivity:
                 "(same tokenization, token size and padding)"
             )
 
+    @_one_thread_at_a_time
     def compute(self) -> ComparisonResult:
         """Each model's estimate and every pairwise paired difference since :meth:`reset`."""
         results = {name: m.compute() for name, m in self.metrics.items()}
@@ -353,6 +371,15 @@ class CompareSensitivity:
                 stderr_unpaired=math.sqrt(ra.stderr**2 + rb.stderr**2), per_sample=r.per_sample,
             )
         return ComparisonResult(results=results, differences=diffs, estimand=self.estimand)
+
+
+@contextmanager
+def _both(one: Any, other: Any) -> Iterator[None]:
+    """The locks of two objects, always taken in one order (two threads merging ``a`` into
+    ``b`` and ``b`` into ``a`` wait for each other instead of deadlocking)."""
+    first, second = sorted((one, other), key=id)
+    with _lock(first), _lock(second):
+        yield
 
 
 def compare_sensitivity(

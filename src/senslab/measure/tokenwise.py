@@ -158,6 +158,7 @@ import dataclasses
 import functools
 import math
 import threading
+import uuid
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -358,16 +359,17 @@ def _refuse_batch_statistics(model: nn.Module, eval_mode: bool = False) -> None:
         "BatchNorm layers in eval() and keep the rest of the model's mode")
 
 
-#: one lock per :class:`TokenSensitivity`, kept outside the object (which stays copyable and
-#: picklable); see :func:`_lock`
+#: one lock per :class:`TokenSensitivity` (and :class:`.compare.CompareSensitivity`), kept
+#: outside the object (which stays copyable and picklable); see :func:`_lock`
 _LOCKS: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
 _LOCKS_GUARD = threading.Lock()
 
 
 def _lock(metric: Any) -> threading.RLock:
-    """The lock that serializes ``metric``'s ``update`` and ``merge``: two threads updating one
-    metric at once took the same noise rows (``NoiseStream.take`` reads, then assigns) and
-    added to one state unguarded."""
+    """The lock that serializes ``metric``'s ``update``, ``merge``, ``compute`` and ``reset``:
+    two threads updating one metric at once took the same noise rows (``NoiseStream.take``
+    reads, then assigns) and added to one state unguarded, and a ``compute`` during an
+    ``update`` read a half-added state (the new count with the old sum)."""
     with _LOCKS_GUARD:
         lock = _LOCKS.get(metric)
         if lock is None:
@@ -643,12 +645,35 @@ class TokenSensitivity:
         self.reset()
 
     # -- state ---------------------------------------------------------------------------------
+    @_one_thread_at_a_time
     def reset(self) -> None:
         """Forget all accumulated examples and the calibration of checked precision (the random
-        stream continues)."""
+        stream continues). The metric gets a new id (:meth:`merge`): its next examples are not
+        those a metric it was merged into holds."""
         self.state = State()
         self._local = None
         self._check.reset()
+        #: a random id of this metric's own examples, and the ids of every metric whose
+        #: examples the state holds (its own included): :meth:`merge` refuses a repeat
+        self._id = uuid.uuid4().hex
+        self._ids = {self._id}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A copy (``copy.deepcopy``, a pickle) gets an id of its own, its updates being other
+        examples than the original's; it keeps the ids of the examples it holds (none if the
+        original held none), so a copy made after measuring is refused where the original's
+        examples are already, and copies of an empty metric merge freely."""
+        self.__dict__.update(state)
+        held = self._held_ids() if "_ids" in state else set()  # an older pickle: no ids
+        self._id = uuid.uuid4().hex
+        self._ids = held | {self._id}
+
+    def _holds_examples(self) -> bool:
+        return bool(self.state.n or (self._local is not None and self._local.n))
+
+    def _held_ids(self) -> set[str]:
+        """The ids of the metrics whose examples the state holds (none while it is empty)."""
+        return set(self._ids) if self._holds_examples() else set()
 
     @property
     def check_bound(self) -> float | None:
@@ -694,12 +719,32 @@ class TokenSensitivity:
         tokenization, ``replace_with`` vocabulary, decision rule (``output_kind``/``threshold``,
         output selector) and per-position alignment; otherwise a ValueError names the first
         difference. Precision options (repeats, antithetic, control variate, token subsets)
-        may differ: every one of them is unbiased for the same per-example rates.
+        may differ: every one of them is unbiased for the same per-example rates. An
+        ``Embedding`` module given as the object and one given by its dotted name are the same
+        tokens when the name is the object's in the model.
 
-        A metric merged into itself is refused (its examples would count twice). The state
-        holds no example identities, so merging the *same other* metric twice is not detected:
-        merge each shard once.
+        Every metric carries a random id and the ids of the metrics whose examples it holds
+        (carried through merges and copies), so a merge that would count examples twice is
+        refused: a metric merged into itself, the same metric merged twice, a metric that holds
+        one merged before, or a copy (``copy.deepcopy``, a pickle) of a metric made after it
+        measured merged back into it. A copy of a metric that held no examples yet gets an id
+        of its own and merges freely; so does a metric after :meth:`reset`.
         """
+        self._refuse_other(other)
+        with _lock(other):  # a snapshot: another thread may be adding a batch to ``other``
+            theirs = dataclasses.replace(
+                other.state, pos_sum=other.state.pos_sum.clone(),
+                pos_cnt=other.state.pos_cnt.clone(), samples=list(other.state.samples))
+            their_total = other._local is not None
+            their_ids = other._held_ids()
+        with _lock(self):
+            self._refuse_repeat(their_total, their_ids)
+            self.state = merged(self.state, theirs, self.align)
+            self._ids |= their_ids
+        return self
+
+    def _refuse_other(self, other: Any) -> None:
+        """Raise where ``other`` is not a metric of the same quantity (or is this one)."""
         if not isinstance(other, TokenSensitivity):
             raise TypeError(f"can only merge a TokenSensitivity, got {type(other).__name__}")
         if other is self:
@@ -713,21 +758,25 @@ class TokenSensitivity:
                     f"cannot merge: {name} {a!r} vs {b!r} — the two metrics measure different "
                     "quantities; build both with the same options"
                 )
-        with _lock(other):  # a snapshot: another thread may be adding a batch to ``other``
-            theirs = dataclasses.replace(
-                other.state, pos_sum=other.state.pos_sum.clone(),
-                pos_cnt=other.state.pos_cnt.clone(), samples=list(other.state.samples))
-            their_total = other._local is not None
-        with _lock(self):
-            for name, total in (("this metric", self._local is not None),
-                                ("the other metric", their_total)):
-                if total:
-                    raise ValueError(
-                        f"cannot merge: {name} holds the total of an all_reduce, which would be "
-                        "counted again; merge the processes' own metrics, or all_reduce alone"
-                    )
-            self.state = merged(self.state, theirs, self.align)
-        return self
+
+    def _refuse_repeat(self, their_total: bool, their_ids: set[str]) -> None:
+        """Raise where a state (``their_total``: an all_reduce total; ``their_ids``: the ids
+        of the metrics whose examples it holds) would count examples twice here."""
+        for name, total in (("this metric", self._local is not None),
+                            ("the other metric", their_total)):
+            if total:
+                raise ValueError(
+                    f"cannot merge: {name} holds the total of an all_reduce, which would be "
+                    "counted again; merge the processes' own metrics, or all_reduce alone"
+                )
+        if self._ids & their_ids:
+            raise ValueError(
+                "cannot merge: this metric already holds examples of the other one — it was "
+                "merged here before, or it holds a metric merged here before, or it is a copy "
+                "(copy.deepcopy, a pickle) of this metric made after it measured — and they "
+                "would count twice (a smaller standard error from the same examples); merge "
+                "each metric once, and copy a metric before it measures (or reset() the copy)"
+            )
 
     # -- measuring -----------------------------------------------------------------------------
     @_one_thread_at_a_time
@@ -1141,6 +1190,7 @@ class TokenSensitivity:
             self._compiled = CompiledModel(self.model)
         return self._compiled
 
+    @_one_thread_at_a_time
     def all_reduce(self, group: Any = None) -> TokenSensitivity:
         """Sum the state over all processes of ``torch.distributed`` (every rank then holds the
         total; per-sample rates are gathered in the one-process order). Each rank keeps its own
@@ -1152,8 +1202,10 @@ class TokenSensitivity:
         self._local = local
         return self
 
+    @_one_thread_at_a_time
     def compute(self) -> SensitivityResult:
-        """The estimate over everything accumulated since the last :meth:`reset`."""
+        """The estimate over everything accumulated since the last :meth:`reset` (waits for an
+        ``update`` another thread runs: the state is read whole, never half-added)."""
         return result(self.state, self.estimand, self.align, self.compare == "class", self.sigma)
 
 
