@@ -15,16 +15,17 @@ import pytest
 
 from senslab.experiments import get_experiment, run_experiment
 
+COMPARED = "differs between the runs the verdict compares"
 #: (experiment, override, why, the settings fields the message names, or None: none controls it)
 REFUSED = [
-    ("ib_joint", "optimizer=ngd", "the runs are compared on it", None),
-    ("ib_fixed_v", "optimizer=sgd", "the runs are compared on it", None),
-    ("ib_joint", "lr=0.5", "the runs are compared on it", "sgd_lr, sngd_lr, adam_lr"),
-    ("hr_sharpness_vs_length", "function=parity", "the runs are compared on it", "functions"),
-    ("demo", "model.name=mlp", "the runs are compared on it", None),
-    ("demo", "model.overrides.depth=2", "the runs are compared on it", None),
-    ("cifar10_sigma", "model.name=mlp", "the runs are compared on it", "models"),
-    ("ib_text", "optim.lr=0.01", "the runs are compared on it", None),
+    ("ib_joint", "optimizer=ngd", COMPARED, None),
+    ("ib_fixed_v", "optimizer=sgd", COMPARED, None),
+    ("ib_joint", "lr=0.5", COMPARED, "sgd_lr, sngd_lr, adam_lr"),
+    ("hr_sharpness_vs_length", "function=parity", COMPARED, "functions"),
+    ("demo", "model.name=mlp", COMPARED, None),
+    ("demo", "model.overrides.depth=2", COMPARED, None),
+    ("cifar10_sigma", "model.name=mlp", COMPARED, "models"),
+    ("ib_text", "optim.lr=0.01", COMPARED, None),
     ("ib_joint", "seed=3", "the seed replicates are replicated over it", "seeds"),
     ("hr_parity_dynamics", "seed=3", "the seed replicates are replicated over it", "seeds"),
     ("ib_joint", "name=foo", "it names each run", None),

@@ -350,9 +350,10 @@ class Experiment:
             why = ("it names each run (its label in the summaries, which the verdict reads): one "
                    "value would give every run the same one")
         elif compared:
-            why = ("the runs are compared on it: one value for every run would train the same "
-                   "thing under each run's label, and the verdict would compare labels that no "
-                   "longer differ")
+            why = ("it differs between the runs the verdict compares (it goes with each one's "
+                   "model, method or function): one value for every run would change what each "
+                   "of them trains, and the verdict would compare runs that no longer differ as "
+                   "their labels say")
         else:
             why = ("the seed replicates are replicated over it: one value for every run would "
                    "make them identical while the verdict counts them as independent seeds")
