@@ -546,3 +546,25 @@ def test_adaptive_stopping_on_few_flips_stays_calibrated(options):
     e, s = torch.tensor(est, dtype=torch.float64), torch.tensor(se, dtype=torch.float64)
     assert abs(e.mean().item() - truth) < 0.25 * s.mean().item()
     assert ((e - truth).abs() <= 1.96 * s).double().mean().item() >= 0.85
+
+
+def test_many_adaptively_stopped_batches_warn_once_that_their_biases_add_up():
+    """Each update() stops on its own batch's standard error with a small low bias; over many
+    batches the bias stays while the whole's standard error shrinks: a word, once."""
+    import warnings
+
+    from senslab.measure.tokenwise import STOPPING_WARN_BATCHES
+    model, x, mask = few_flips_case()
+    metric = TokenSensitivity(model, Sequence(), sigma=0.8, estimand="subset",
+                              target_stderr=0.2, generator=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(STOPPING_WARN_BATCHES + 2):
+            metric.update(x, mask=mask)
+    said = [w for w in caught if "target_stderr stops each update() batch" in str(w.message)]
+    assert len(said) == 1
+    fixed = TokenSensitivity(model, Sequence(), sigma=0.8, repeats=2, generator=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(STOPPING_WARN_BATCHES + 2):
+            fixed.update(x, mask=mask)

@@ -229,6 +229,9 @@ DEFAULT_MAX_ROUNDS = 64
 #: adaptive stopping never stops on a standard error of exactly 0 before this many rounds: a
 #: variance estimate of 0 from one round's few draws per token is no evidence of precision
 ROUNDS_AT_ZERO = 2
+#: ``update`` calls with ``target_stderr`` after which a metric warns (once) that the batches'
+#: stopping biases add up while the standard error of their mean shrinks
+STOPPING_WARN_BATCHES = 10
 #: whole perturbed copies checked int8 calibrates a static int8 model on (``_static_inputs``)
 STATIC_COPIES = 256
 
@@ -657,6 +660,7 @@ class TokenSensitivity:
         #: examples the state holds (its own included): :meth:`merge` refuses a repeat
         self._id = uuid.uuid4().hex
         self._ids = {self._id}
+        self._stopped = 0  # update() calls stopped by target_stderr (_warn_stopping_bias)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """A copy (``copy.deepcopy``, a pickle) gets an id of its own, its updates being other
@@ -674,6 +678,25 @@ class TokenSensitivity:
     def _held_ids(self) -> set[str]:
         """The ids of the metrics whose examples the state holds (none while it is empty)."""
         return set(self._ids) if self._holds_examples() else set()
+
+    def _warn_stopping_bias(self) -> None:
+        """Adaptive stopping stops each ``update`` batch on that batch's own standard error, with
+        a small low bias of order 1/n per batch (module docstring). Over many batches the bias
+        stays while the standard error of the whole shrinks like 1/√batches: say so once."""
+        if self.target_stderr is None:
+            return
+        self._stopped = getattr(self, "_stopped", 0) + 1
+        if self._stopped != STOPPING_WARN_BATCHES:
+            return
+        warnings.warn(
+            f"target_stderr stops each update() batch on its own standard error, {self._stopped} "
+            "batches so far: each stop leaves a small low bias (a share of that batch's standard "
+            "error), which stays as the batches add up while the standard error of the whole "
+            "shrinks like 1/sqrt(batches), so over many batches the bias becomes a larger share "
+            "of the reported standard error. For many batches, measure with fixed repeats (no "
+            "target_stderr), or pass fewer, larger batches",
+            UserWarning, stacklevel=_trim._user_level(),
+        )
 
     @property
     def check_bound(self) -> float | None:
@@ -823,6 +846,7 @@ class TokenSensitivity:
             with mode, kept, _own_forward(self.model), self._autocast(device):
                 self._update(inputs, mask, device, probe)
             self._own_autocast_checked = True
+            self._warn_stopping_bias()
         except RuntimeError as err:
             if not missing_kernel(err, device):
                 raise
