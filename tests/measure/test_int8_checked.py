@@ -467,9 +467,22 @@ def test_the_bound_widens_with_the_chunks_quantisation_steps():
     static = _precision.PrecisionCheck()
     static.use("int8")
     static._static = _int8.StaticInt8(nn.Sequential())
-    static._ranges = [2.0]
-    static._recorder().ranges = [torch.tensor([1.0, 2.5, 4.0])]  # per copy
+    static._ranges = [2.0, 2.0]  # one hand-over: its reach above 0, and below 0
+    static._recorder().ranges = [torch.tensor([1.0, 2.5, 4.0]), torch.zeros(3)]  # per copy
     assert static._widening(3).tolist() == [1.0, 1.25, float("inf")]
+    # an affine range reaching far above 0 and barely below it: a copy 2 below 0 is clamped
+    # at -0.1 (its largest |x| of 2 was well within the 5 above 0, and read as no widening)
+    static._ranges = [5.0, 0.1]
+    static._recorder().ranges = [torch.tensor([4.0, 1.0]), torch.tensor([0.05, 2.0])]
+    assert static._widening(2).tolist() == [1.0, float("inf")]
+    rec = _precision._Ranges("static")  # what the hand-over records: each side apart
+    with rec:
+        torch.quantize_per_tensor(torch.tensor([[4.0, -0.5], [1.0, -2.0]]), 0.1, 0,
+                                  torch.quint8)
+    assert [r.tolist() for r in rec.ranges] == [[4.0, 1.0], [0.5, 2.0]]
+    static._ranges = [5.0, 0.0]  # never below 0 in the calibration: 0 is its low end
+    static._recorder().ranges = [torch.tensor([4.0, 4.0]), torch.tensor([0.0, 0.5])]
+    assert static._widening(2).tolist() == [1.0, float("inf")]
 
 
 def test_a_batch_with_wider_activations_than_the_calibration_keeps_float32_flips():

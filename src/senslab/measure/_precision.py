@@ -368,8 +368,10 @@ class _Ranges(TorchFunctionMode):
       a model can cancel, widen the first two though not the range), and a normalisation
       layer after it can hide a larger input from the output the band is scaled by.
     * ``"static"``: each ``torch.quantize_per_tensor`` of a static int8 copy (where a float layer
-      hands over to int8), per copy (row), the largest absolute value: its quantisation range
-      is fixed, so a value beyond every calibrated one is clamped, an error of any size.
+      hands over to int8), per copy (row), how far its values reach above 0 and below 0 (two
+      values a call): its quantisation range is fixed and affine (its two ends need not be
+      alike), so a value beyond every calibrated one on its side is clamped, an error of any
+      size.
 
     Values stay on the device until read (:meth:`read`: one host sync). ``off()`` suspends the
     recording (the float32 clean caches of prefix and local reuse)."""
@@ -397,11 +399,15 @@ class _Ranges(TorchFunctionMode):
                 x = (args[0] if args else kwargs["input"]).detach()
                 if x.is_floating_point() and x.numel():
                     rows = x.reshape(len(x), -1) if x.dim() >= 2 else x.reshape(1, -1)
-                    self.ranges.append(rows.abs().amax(dim=1).float())
+                    # each side of 0 apart: the range is affine (a post-activation range can
+                    # reach far above 0 and barely below it), so a copy past its low end is
+                    # clamped although its largest |x| is within the high end
+                    lo, hi = torch.aminmax(rows, dim=1)
+                    self.ranges.extend([hi.clamp(min=0).float(), (-lo).clamp(min=0).float()])
         return func(*args, **kwargs)
 
     def read(self) -> list[float]:
-        """Each recorded call's value (``"static"``: the largest over its rows), one host sync."""
+        """Each recorded value (``"static"``: the largest over its rows), one host sync."""
         if not self.ranges:
             return []
         return torch.stack([r.amax() for r in self.ranges]).tolist()
@@ -629,14 +635,19 @@ class PrecisionCheck:
         the largest ratio of a recorded value (:meth:`_recorded`: a call's largest absolute
         input, root mean square and range) to its calibrated one, at least 1 (inf for a call
         never calibrated). A static int8 copy, whose quantisation ranges are fixed, per copy
-        (row): the ratio of its largest value at
-        each hand-over to int8 to the calibrated one, and inf beyond :data:`STATIC_CLAMP`
-        times it (clamped far past anything the calibration saw: an error of any size)."""
+        (row): the ratio of how far its values reach at each hand-over to int8, above 0 and
+        below 0 apart, to the calibrated reach on that side, and inf beyond
+        :data:`STATIC_CLAMP` times it (clamped far past anything the calibration saw: an error
+        of any size; on a side the calibration never reached, one quantisation step, the other
+        side's reach / 255, stands for the calibrated reach)."""
         if self.low == "int8" and self._static is not None:
             worst = torch.ones(rows)
             for i, r in enumerate(self._recorder().ranges):
                 cal = self._ranges[i] if i < len(self._ranges) else 0.0
-                ratio = r.cpu() / cal if cal > 0 else torch.full((len(r),), math.inf)
+                if cal == 0 and (i ^ 1) < len(self._ranges):  # a side never reached: its end
+                    cal = self._ranges[i ^ 1] / 255  # is 0, a step from the values beyond it
+                r = r.cpu()
+                ratio = r / cal if cal > 0 else torch.where(r > 0, math.inf, 0.0)
                 ratio = torch.where(ratio > STATIC_CLAMP, math.inf, ratio)
                 worst = torch.maximum(worst, ratio if len(ratio) == rows else ratio.max())
             return worst
