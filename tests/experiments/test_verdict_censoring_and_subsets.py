@@ -68,11 +68,14 @@ def test_a_censored_contender_makes_its_part_inconclusive_and_says_why() -> None
 
 def test_a_censored_contender_where_gd_got_there_is_not_judged_either() -> None:
     """GD at step 5,000 in every seed, NGD never in seed 0: the value there, 5,000 − 20,000, is
-    an upper bound; the part is inconclusive whatever the other seeds say."""
+    an upper bound. Here the mean of the upper bounds is already below 0 (−2,343): the truth is
+    lower still, so the part keeps its standard error and is judged as it stands — never
+    supported; here inconclusive — and its method names the censoring."""
     v = fixed_v_verdict(_race(ngd_never=(0,), gd_reach=5000.0, seeds=3))
-    assert v["effects"]["ngd aligns faster"]["verdict"] == INCONCLUSIVE
-    assert v["effects"]["ngd aligns faster"]["se"] is None
-    assert "ngd never reached 0.99 sparsity in seed 0" in v["reason"]
+    part = v["effects"]["ngd aligns faster"]
+    assert part["effect"] < 0 and part["se"] is not None and part["verdict"] == INCONCLUSIVE
+    assert "ngd never reached 0.99 alignment in seed 0" in part["method"]
+    assert "lower still" in part["method"]
 
 
 def test_a_contender_censored_in_every_seed_names_the_censoring_not_a_tie() -> None:
@@ -170,3 +173,17 @@ def test_one_seed_of_an_exact_quantity_does_not_claim_measurement_noise() -> Non
     # an exact zero measurement error is no measurement noise either
     text = describe("z", judge({"z": over_seeds([0.3], [0.0])})["parts"]["z"])
     assert "measurement noise only" not in text and "without a measurement error" in text
+
+
+def test_a_censored_contender_that_is_slower_still_contradicts() -> None:
+    """GD there at step ~100 in every seed, NGD never in 20,000: steps_gd − steps_ngd, an upper
+    bound, is already far below 0, so the claim fails whatever NGD's true step: contradicted,
+    as before the censoring rule (which had made it inconclusive)."""
+    runs = _race(ngd_never=(0, 1, 2), gd_reach=100.0, seeds=3)
+    for r in runs:  # GD's seeds a step apart, so the differences have a spread
+        if r["label"] == "gd":
+            r["reach"] = {k: 100.0 + r["seed"] for k in r["reach"]}
+    v = fixed_v_verdict(runs)
+    part = v["effects"]["ngd aligns faster"]
+    assert part["effect"] < 0 and part["se"] is not None
+    assert part["verdict"] == CONTRADICTED and v["verdict"] == CONTRADICTED

@@ -39,7 +39,8 @@ is censored at its last step. GD censored alone leaves a lower bound (GD's lag i
 against the claim), and the note says so. A censored contender would leave an *upper* bound
 (biased toward the claim; with both censored the difference reads 0 whatever the truth), so that
 part has no standard error: it is inconclusive, and says which seeds never got there (train
-longer). (Correction of 2026-11-30: a censored contender first counted its last step too, which
+longer) — unless that upper bound is already below 0: the truth is lower still, and the part is
+judged as it stands (never supported). (Correction of 2026-11-30: a censored contender first counted its last step too, which
 could support "o gets there faster" from runs where o never got there.) "not comparable" when an
 optimiser has no runs or a run froze before three logged steps of the fit window.
 
@@ -49,6 +50,7 @@ synthetic sizes are not given; "paper" scale: 5 seeds, 100,000 steps).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -253,8 +255,15 @@ def _censored(part: Effect, o: str, key: str, never: list[int],
     """``part`` (``steps_gd − steps_o``) without a standard error, because contender ``o``
     never reached ``LEVEL`` of ``key`` in the seeds ``never``: its last step stands in for a
     later, unknown one, so the difference is only an upper bound, biased toward the claim; the
-    method says why (inconclusive)."""
+    method says why (inconclusive). Where that upper bound is already below 0 (against the
+    claim) the part keeps its standard error: the true difference is lower still."""
     last = sorted({int(runs[k]["steps"]) for k in never})
+    if part.value < 0:  # an upper bound already against the claim: the truth is lower still,
+        # so the part is judged as it stands (it can be contradicted or undecided, never
+        # supported)
+        return dataclasses.replace(part, method=(
+            f"{part.method}; {o} never reached {LEVEL} {key} in {_seeds(never)} within its "
+            f"{' or '.join(map(str, last))} steps: the true difference is lower still"))
     method = part.method.split(NO_SE, 1)[0].rstrip("; ")  # censoring is the reason (ties too)
     return Effect(part.value, math.nan, part.df, part.seeds, part.se_measure, None, part.what,
                   f"{method}; {NO_SE}{o} never reached {LEVEL} {key} in {_seeds(never)} "
