@@ -40,7 +40,8 @@ test-heavy: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest $(PYTEST_ARGS) -m heavy
 
 # The suite again on a second torch release with timm (torch 2.14.1 + torchvision 0.29.1, see
-# constraints-timm.txt): the timm paths, and the package on a torch other than the pinned one.
+# constraints-timm.txt): the timm paths, and the package on a torch other than the pinned one;
+# the heavy tests too (their timm, packaging and multi-process paths on that torch).
 TIMM_VENV ?= .venv-timm
 TIMM_PIP := $(TIMM_VENV)/bin/python -m pip install -q -c constraints-timm.txt
 
@@ -52,7 +53,7 @@ $(TIMM_VENV)/.installed: pyproject.toml constraints-timm.txt
 	touch $@
 
 test-timm: $(TIMM_VENV)/.installed
-	$(TIMM_VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	$(TIMM_VENV)/bin/python -m pytest $(PYTEST_ARGS) -m 'not slow'
 
 test-all: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest $(PYTEST_ARGS) -m ''

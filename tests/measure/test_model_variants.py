@@ -338,3 +338,20 @@ def test_the_batch_check_runs_once_per_metric_not_per_padded_width(monkeypatch):
         metric.update(torch.randn(3, width, 8 // width, generator=torch.Generator()
                                   .manual_seed(width)))
     assert len(seen) == 1 and len(metric._verified) == 3
+
+
+def test_buffers_on_the_meta_device_or_holding_nan_are_left_alone():
+    """Restoring buffers (on in eval mode too) crashed on an unused meta placeholder buffer
+    (aten::equal has no meta kernel), after the whole measurement; and a NaN buffer counted as
+    changed (NaN ≠ NaN) was rewritten on every call, breaking a pending backward through it."""
+    net = _mlp()
+    net.register_buffer("placeholder", torch.empty(3, device="meta"))
+    net.register_buffer("unset", torch.full((2,), float("nan")))
+    scale = nn.Parameter(torch.ones(()))
+    pending = (net.unset.nan_to_num() * scale).sum()  # a graph that saved the NaN buffer
+    before = net.unset._version
+    r = token_sensitivity(net, _images(), Patches(2), sigma=0.5, precision="float32",
+                          generator=0)
+    assert 0 <= r.estimate <= 1 and net.placeholder.is_meta
+    assert net.unset._version == before
+    pending.backward()  # the buffer it saved was not written

@@ -134,7 +134,7 @@ def test_a_looprun_trainer_refuses_an_edited_summary_too(tmp_path: Path) -> None
 @pytest.mark.parametrize(("recorded", "now", "how"), [
     (SHA, SHA, "same"),
     (SHA + "+dirty", SHA + "+dirty", "same"),
-    (SHA + "+unknown", SHA + "+unknown", "same"),
+    (SHA + "+unknown", SHA + "+unknown", "unknown"),  # neither status known
     (SHA + "+unknown", SHA, "unknown"),
     (SHA, SHA + "+unknown", "unknown"),
     (SHA + "+dirty", SHA + "+unknown", "unknown"),

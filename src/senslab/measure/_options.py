@@ -192,7 +192,8 @@ def _kept_buffers(*tops: nn.Module) -> Iterator[None]:
             for name, b in owner._buffers.items():
                 if b is not None and (id(owner), name) not in seen:
                     seen.add((id(owner), name))
-                    saved.append((owner, name, b, b.detach().clone()))
+                    # a meta placeholder holds no values: only its slot is kept
+                    saved.append((owner, name, b, None if b.is_meta else b.detach().clone()))
     try:
         yield
     finally:
@@ -200,8 +201,17 @@ def _kept_buffers(*tops: nn.Module) -> Iterator[None]:
             for owner, name, b, v in saved:
                 if owner._buffers.get(name) is not b:
                     owner._buffers[name] = b
-                if not torch.equal(b, v):
+                if v is not None and not _same(b, v):
                     b.copy_(v)
+
+
+def _same(a: Tensor, b: Tensor) -> bool:
+    """Equal values, NaN equal to NaN (a buffer holding NaN is unchanged when it still does)."""
+    if torch.equal(a, b):
+        return True
+    if a.shape != b.shape or not a.is_floating_point():
+        return False
+    return bool(((a == b) | (a.isnan() & b.isnan())).all())
 
 
 def _identity(one: Any, other: Any) -> list[tuple[str, Any, Any]]:

@@ -179,13 +179,11 @@ def commit_relation(recorded: str, now: str) -> str:
     with and without edits under ``src/``) or ``"unknown"``: the same commit where one of the
     two is ``+unknown`` — git status failed, so whether ``src/`` was edited cannot be told, and
     neither can a difference."""
-    if recorded == now:
-        return "same"
     sha, _, mark = recorded.partition("+")
     sha_now, _, mark_now = now.partition("+")
-    if sha == sha_now and "unknown" in (mark, mark_now):
+    if sha == sha_now and "unknown" in (mark, mark_now):  # both +unknown: still not known
         return "unknown"
-    return "other"
+    return "same" if recorded == now else "other"
 
 
 def environment(device: torch.device | str) -> dict[str, Any]:

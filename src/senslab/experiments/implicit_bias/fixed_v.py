@@ -40,9 +40,10 @@ against the claim), and the note says so. A censored contender would leave an *u
 (biased toward the claim; with both censored the difference reads 0 whatever the truth), so that
 part has no standard error: it is inconclusive, and says which seeds never got there (train
 longer) — unless that upper bound is already below 0: the truth is lower still, and the part is
-judged as it stands (never supported). (Correction of 2026-11-30: a censored contender first counted its last step too, which
-could support "o gets there faster" from runs where o never got there.) "not comparable" when an
-optimiser has no runs or a run froze before three logged steps of the fit window.
+judged as it stands (never supported). (Correction of 2026-11-30: a censored contender first
+counted its last step too, which could support "o gets there faster" from runs where o never
+got there.) "not comparable" when an optimiser has no runs or a run froze before three logged
+steps of the fit window.
 
 CPU scale: 3 seeds (data and initialisation), 20,000 steps per optimiser (the paper's exact
 synthetic sizes are not given; "paper" scale: 5 seeds, 100,000 steps).
