@@ -526,3 +526,25 @@ def test_a_group_whose_noise_rounds_away_is_named_when_the_whole_passes():
     with warnings.catch_warnings():  # excluded, as the warning suggests: nothing to say
         warnings.simplefilter("error")
         output_sharpness(model, x, sigma_w=0.002, generator=0, exclude=["1.weight"])
+
+
+def test_a_scalar_parameter_is_not_named_by_the_chance_of_one_draw():
+    """A CLIP-like bf16 logit scale (2.659, spacing 2⁻⁶): σ_w = 0.05 moves it on about 87% of
+    draws, yet the draw-based warning named it in 12 of 100 calls (a scalar is 0% or 100%
+    unchanged). It is named only where its expected unchanged share is above a half too."""
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(16, 3)
+            self.logit_scale = nn.Parameter(torch.tensor(2.659))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x) * self.logit_scale
+
+    torch.manual_seed(0)
+    model = Scaled().to(torch.bfloat16).eval()
+    x = torch.randn(8, 16, generator=_gen(2)).bfloat16()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for seed in range(40):
+            output_sharpness(model, x, sigma_w=0.05, generator=seed)
