@@ -181,6 +181,33 @@ def test_a_batch_dependent_model_that_returns_labels_is_refused_in_float32():
     assert b.estimate == c.estimate  # an ordinary label model passes, with the same numbers
 
 
+def test_labels_of_a_bf16_model_are_not_compared_exactly(monkeypatch):
+    """Under reduced precision rounding that changes with the batch may move a label, so the
+    batch check compares labels exactly only in float32: a bf16 module (its own weights, not
+    autocast) counts as reduced precision too."""
+    flags: list[bool] = []
+    real = _runner._verify_batch
+
+    def seen(*args, **kwargs):
+        flags.append(kwargs.get("labels", False))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_runner, "_verify_batch", seen)
+
+    class Labels(nn.Module):
+        def __init__(self, net: nn.Module) -> None:
+            super().__init__()
+            self.net = net
+
+        def forward(self, t: torch.Tensor) -> torch.Tensor:
+            return self.net(t.to(next(self.net.parameters()).dtype)).argmax(1)
+
+    for dtype, exact in ((torch.float32, True), (torch.bfloat16, False)):
+        token_sensitivity(Labels(_mlp().to(dtype)).eval(), _images(), Patches(2), sigma=0.5,
+                          precision="float32", generator=0)
+        assert flags[-1] is exact, dtype
+
+
 def test_the_batch_check_is_skipped_when_every_copy_is_evaluated_alone():
     """alone=True (chunk_size=1 in float32: one copy per forward) has nothing to check."""
     model = BatchMax(_mlp())

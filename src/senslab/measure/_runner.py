@@ -144,7 +144,7 @@ def verify_deterministic(bound: BoundTokens, clean: Tensor, whole: bool,
         )
     if not alone:
         _verify_batch(bound, clean, whole, extent, rtol, floor,
-                      labels=_tolerance(clean.float(), low_precision) <= 1e-3)
+                      labels=_exact_labels(bound, clean, low_precision))
 
 
 def verify_copies(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor | None,
@@ -247,7 +247,7 @@ def verify_copies(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor
         )
     if not alone:
         _verify_batch(bound, clean, whole, extent, rtol, floor,
-                      labels=_tolerance(clean.float(), low_precision) <= 1e-3)
+                      labels=_exact_labels(bound, clean, low_precision))
     if not whole:  # whole-input copies never take a reuse path
         _verify_noisy(bound, clean, extent, rtol, floor)
 
@@ -344,6 +344,21 @@ def _verify_batch(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor
         "flip would depend on which copies share a chunk, and the number on chunk_size. "
         + cause
     )
+
+
+def _exact_labels(bound: BoundTokens, clean: Tensor, low_precision: bool) -> bool:
+    """Whether class labels are compared exactly in the batch check: the forwards run in
+    float32 at full precision (no autocast or TF32) and the model, where it is a module, holds
+    no bf16/fp16 parameter or buffer (a function wrapping one cannot be told)."""
+    if _tolerance(clean.float(), low_precision) > 1e-3:
+        return False
+    model = getattr(bound, "model", None)
+    if isinstance(model, nn.Module):
+        reduced = (torch.bfloat16, torch.float16)
+        for t in (*model.parameters(), *model.buffers()):
+            if t.dtype in reduced:
+                return False
+    return True
 
 
 def _batch_cause(bound: BoundTokens) -> str:
