@@ -242,6 +242,14 @@ def test_a_float32_real_table_does_not_warn():
     assert degree(table) == 1
 
 
+def test_exact_bf16_outputs_do_not_warn():
+    """x0·x1 is exact in bf16: its degree reads 2 at any rtol, so nothing to warn about."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        table = truth_table(lambda x: (x[:, 0] * x[:, 1]).bfloat16(), 6, output="real")
+    assert degree(table) == 2
+
+
 def test_a_model_of_another_input_width_is_named_by_n():
     with pytest.raises(RuntimeError, match=r"strings of n=6(?s:.*)input width"):
         boolean_sensitivity(nn.Linear(5, 1).eval(), 6, output="sign")

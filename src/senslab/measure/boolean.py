@@ -411,8 +411,8 @@ def _evaluator(
                         raise
                     raise RuntimeError(
                         f"f failed on ({min(len(x), REPEAT_ROWS)}, {n}) inputs, strings of n={n} "
-                        f"±1 bits ({err}): is n the model's input width? Pass the n it was "
-                        "built for"
+                        f"±1 bits: {err}. If n is not the model's input width, pass the n it "
+                        "was built for"
                     ) from err
                 checked = True
             out = f(x)
@@ -592,7 +592,7 @@ def truth_table(
     _check_threshold(rule, output, threshold, values)
     _check_unit_interval(rule, values, kind, threshold)
     if rule == "real":
-        if low is not None:
+        if low is not None and degree(values.double()) != degree(values.double(), rtol=1e-2):
             warnings.warn(
                 f"the truth table holds {_dtype_name(low)} outputs "
                 f"({8 if low == torch.bfloat16 else 11} significant bits), returned as "
