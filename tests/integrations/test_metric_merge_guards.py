@@ -152,3 +152,21 @@ def test_an_embedding_module_object_matches_its_dotted_name():
     assert same_way.result().num_examples == 8
     with pytest.raises(ValueError, match="cannot merge: tokens .*'norm'.* vs .*'norm2'"):
         metric(Embedding(model.norm), 0).merge_state(metric(Embedding(model.norm2), 1))
+
+
+def test_a_second_epoch_without_reset_says_that_its_batches_are_skipped():
+    """A plain loop over two epochs with index= and no reset(): the second epoch's batches were
+    all measured before, skipped without a word, and compute() kept the first epoch's value
+    for the new weights. The first whole batch skipped warns, once until reset()."""
+    model, x = net(), batches()[0].reshape(16, 1, 4, 4)[:8]
+    metric = TokenSensitivityMetric(Patches(2), generator=0, **OPTS)
+    for lo in (0, 4):
+        metric.update(model, x[lo:lo + 4], index=torch.arange(lo, lo + 4))
+    with pytest.warns(UserWarning, match=r"measured before(?s:.*)metric.reset\(\)"):
+        metric.update(model, x[:4], index=torch.arange(4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once
+        metric.update(model, x[4:], index=torch.arange(4, 8))
+        metric.reset()
+        metric.update(model, x[:4], index=torch.arange(4))  # a new epoch after reset: measured
+    assert metric.result().num_examples == 4

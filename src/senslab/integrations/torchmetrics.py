@@ -242,6 +242,7 @@ class TokenSensitivityMetric(Metric):
             idx = torch.as_tensor(index).flatten().long().cpu()[keep]
             if not keep.all():
                 if not keep.any():
+                    self._warn_all_seen(b)
                     return
                 rows = keep.nonzero().flatten()
                 inputs = select(inputs, rows)
@@ -360,6 +361,22 @@ class TokenSensitivityMetric(Metric):
             self._seen |= seen
             self._ids |= ids
 
+    def _warn_all_seen(self, b: int) -> None:
+        """A whole batch measured before is skipped (each example counts once); in a plain loop
+        over a second epoch without :meth:`reset` that drops the epoch and ``compute`` keeps
+        returning the first one's value: say so, once until the next reset."""
+        if getattr(self, "_warned_seen", False):
+            return
+        self._warned_seen = True
+        warnings.warn(
+            f"every example of this batch of {b} (index=) was measured before, so the batch is "
+            "skipped: the metric counts each example once, and compute() still gives the value "
+            "of the examples' first measurement. A new epoch? Call metric.reset() before it to "
+            "measure the model again (Lightning resets a metric logged as a Metric object each "
+            "epoch, not one logged by its value)",
+            UserWarning, stacklevel=3,
+        )
+
     def reset(self) -> None:
         """Forget the states; the next ``update`` restarts the noise from the seed. The metric
         gets a new id: its next examples are not those a metric it was merged into holds."""
@@ -367,6 +384,7 @@ class TokenSensitivityMetric(Metric):
             super().reset()
             self._engine, self._last, self.batch_estimate = None, None, None
             self._seen, self._resume = set(), None
+            self._warned_seen = False
             self._id = uuid.uuid4().hex
             self._ids = {self._id}
 

@@ -48,7 +48,17 @@ def input_mask(inputs: Inputs, b: int, t: int, given: bool,
     mask-like entry has an ambiguous convention (:data:`_AMBIGUOUS_MASK_KEYS`) is refused: read
     the wrong way round, the noise would land on the padding only."""
     if isinstance(inputs, (tuple, list)) and model is not None:
-        inputs = _positional(model, inputs)
+        named = _positional(model, inputs)
+        grids = sum(isinstance(v, Tensor) and tuple(v.shape) == (b, t) for v in inputs)
+        if named is None and grids > 1 and not given:
+            raise ValueError(
+                f"the input is a tuple of {grids} (batch, tokens) tensors, and "
+                f"{type(model).__name__}'s forward does not name its arguments (*args), so "
+                "which one is the attention mask cannot be read: the padding would be perturbed "
+                "as tokens. Pass a dict ({'input_ids': ids, 'attention_mask': mask}) or mask= "
+                "(True on real tokens)"
+            )
+        inputs = named
     if not isinstance(inputs, dict):
         return None, None
     key = next((k for k in _MASK_KEYS if k in inputs), None)
@@ -72,7 +82,7 @@ def _refuse_unmasked_padding(model: Any, inputs: Inputs, b: int, t: int) -> None
     finds its padding by that id itself, so every position would be measured as a token and
     the padding, which never flips, would dilute each example's rate (a GPT-2 measured
     0.081 instead of 0.159)."""
-    config = getattr(model, "config", None)
+    config = getattr(unwrapped(model), "config", None)
     attr = next((a for a in ("pad_id", "pad_token_id")
                  if isinstance(getattr(config, a, None), int)), None)
     if attr is None:
@@ -181,12 +191,35 @@ def _called_embeddings(model: Any, inputs: Inputs, output: Any) -> list[str]:
 
 def _positional(model: Any, inputs: tuple[Any, ...] | list[Any]) -> dict[str, Any] | None:
     """``inputs`` as the named parameters of ``model``'s forward they bind to (the model is
-    called as ``model(*inputs)``), or None where the signature cannot be read or bound."""
-    forward = model.forward if isinstance(model, nn.Module) else model
+    called as ``model(*inputs)``; inside DDP, DataParallel or ``torch.compile``, the wrapped
+    model's forward), or None where the signature cannot be read or bound, or binds them to
+    ``*args`` (no names)."""
+    inner = unwrapped(model)
+    forward = inner.forward if isinstance(inner, nn.Module) else inner
     try:
-        return dict(inspect.signature(forward).bind_partial(*inputs).arguments)
+        signature = inspect.signature(forward)
+        bound = signature.bind_partial(*inputs).arguments
     except (TypeError, ValueError):
         return None
+    variadic = {n for n, p in signature.parameters.items() if p.kind is p.VAR_POSITIONAL}
+    if variadic & bound.keys():
+        return None
+    return dict(bound)
+
+
+def unwrapped(model: Any) -> Any:
+    """The model inside DistributedDataParallel / DataParallel (``.module``) and
+    ``torch.compile`` (``._orig_mod``), whose forward takes ``*args, **kwargs``; else
+    ``model``."""
+    for _ in range(8):
+        inner = getattr(model, "_orig_mod", None) if isinstance(model, nn.Module) else None
+        if inner is None and isinstance(model, (nn.parallel.DistributedDataParallel,
+                                                nn.DataParallel)):
+            inner = model.module
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
+    return model
 
 
 def find_module(model: nn.Module, name: str) -> nn.Module:
