@@ -12,6 +12,7 @@ import warnings
 
 import pytest
 import torch
+from metric_models import Text
 from torch import nn
 
 pytest.importorskip("torchmetrics")
@@ -109,17 +110,6 @@ def test_an_older_state_dict_loads_and_merges():
     with pytest.warns(UserWarning, match="holds no configuration"):
         older.load_state_dict(oldest)
     assert older.result().estimate == b.result().estimate
-
-
-class Text(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)  # test-only: init
-        self.emb, self.norm, self.norm2 = nn.Embedding(10, 8), nn.LayerNorm(8), nn.LayerNorm(8)
-        self.head = nn.Linear(8, 2)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.head(self.norm2(self.norm(self.emb(ids))).mean(1))
 
 
 @pytest.mark.filterwarnings("ignore:The ``compute`` method")  # torchmetrics: loaded, not updated

@@ -13,6 +13,7 @@ import time
 
 import pytest
 import torch
+from metric_models import Text
 from torch import nn
 
 from senslab.measure import CompareSensitivity, TokenSensitivity
@@ -198,17 +199,6 @@ def test_a_comparison_merged_twice_is_refused_before_anything_is_added():
     r = one.compute()
     assert [v.num_examples for v in r.results.values()] == [32, 32]
     assert one.paired["a", "b"].n == 32 and r.difference("a", "b").stderr == first.stderr
-
-
-class Text(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)  # test-only: init
-        self.emb, self.norm, self.norm2 = nn.Embedding(10, 8), nn.LayerNorm(8), nn.LayerNorm(8)
-        self.head = nn.Linear(8, 2)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.head(self.norm2(self.norm(self.emb(ids))).mean(1))
 
 
 def test_an_embedding_module_object_matches_its_dotted_name():
