@@ -342,8 +342,31 @@ def test_a_tuple_input_keeps_its_mask_through_dataparallel_and_compile():
                                 generator=0)
         assert torch.equal(got.per_sample, want.per_sample), type(wrapped).__name__
     thin = _Thin(model)
-    with pytest.raises(ValueError, match=r"does not name its arguments(?s:.*)mask="):
+    with pytest.raises(ValueError, match=r"as \*args, without names(?s:.*)mask="):
         token_sensitivity(thin, x, Embedding(model.embed_ln), sigma=2.0, repeats=2, generator=0)
     given = token_sensitivity(thin, x, Embedding(model.embed_ln), sigma=2.0, repeats=2,
                               generator=0, mask=batch["attention_mask"].bool())
     assert torch.equal(given.per_sample, want.per_sample)
+
+
+def test_a_forward_that_names_the_mask_before_its_varargs_keeps_it():
+    """``forward(input_ids, attention_mask=None, *args)``: an extra positional argument goes to
+    *args, the mask keeps its name (the first version of the *args refusal dropped every name
+    once anything went to *args)."""
+    model, batch = zoo("roberta"), right_padded()
+
+    class Named(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask=None, *args):
+            return self.model(input_ids, attention_mask)
+
+    x = (batch["input_ids"], batch["attention_mask"])
+    want = token_sensitivity(model, x, Embedding(model.embed_ln), sigma=2.0, repeats=2,
+                             generator=0)
+    extra = (*x, torch.zeros(len(x[0])))
+    got = token_sensitivity(Named(), extra, Embedding(model.embed_ln), sigma=2.0, repeats=2,
+                            generator=0)
+    assert torch.equal(got.per_sample, want.per_sample)

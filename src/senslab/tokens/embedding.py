@@ -50,13 +50,16 @@ def input_mask(inputs: Inputs, b: int, t: int, given: bool,
     if isinstance(inputs, (tuple, list)) and model is not None:
         named = _positional(model, inputs)
         grids = sum(isinstance(v, Tensor) and tuple(v.shape) == (b, t) for v in inputs)
-        if named is None and grids > 1 and not given:
+        unnamed = grids - sum(isinstance(v, Tensor) and tuple(v.shape) == (b, t)
+                              for v in (named or {}).values())
+        if (not given and grids > 1 and unnamed > 0
+                and not any(k in (named or {}) for k in _MASK_KEYS)):
             raise ValueError(
                 f"the input is a tuple of {grids} (batch, tokens) tensors, and "
-                f"{type(model).__name__}'s forward does not name its arguments (*args), so "
-                "which one is the attention mask cannot be read: the padding would be perturbed "
-                "as tokens. Pass a dict ({'input_ids': ids, 'attention_mask': mask}) or mask= "
-                "(True on real tokens)"
+                f"{type(model).__name__}'s forward takes {unnamed} of them as *args, without "
+                "names, so which one is the attention mask cannot be read: the padding would be "
+                "perturbed as tokens. Pass a dict ({'input_ids': ids, 'attention_mask': mask}) "
+                "or mask= (True on real tokens)"
             )
         inputs = named
     if not isinstance(inputs, dict):
@@ -192,8 +195,8 @@ def _called_embeddings(model: Any, inputs: Inputs, output: Any) -> list[str]:
 def _positional(model: Any, inputs: tuple[Any, ...] | list[Any]) -> dict[str, Any] | None:
     """``inputs`` as the named parameters of ``model``'s forward they bind to (the model is
     called as ``model(*inputs)``; inside DDP, DataParallel or ``torch.compile``, the wrapped
-    model's forward), or None where the signature cannot be read or bound, or binds them to
-    ``*args`` (no names)."""
+    model's forward), without those that go to ``*args`` (they have no names); None where the
+    signature cannot be read or bound, or everything goes to ``*args``."""
     inner = unwrapped(model)
     forward = inner.forward if isinstance(inner, nn.Module) else inner
     try:
@@ -202,9 +205,8 @@ def _positional(model: Any, inputs: tuple[Any, ...] | list[Any]) -> dict[str, An
     except (TypeError, ValueError):
         return None
     variadic = {n for n, p in signature.parameters.items() if p.kind is p.VAR_POSITIONAL}
-    if variadic & bound.keys():
-        return None
-    return dict(bound)
+    named = {k: v for k, v in bound.items() if k not in variadic}  # *args' entries: no names
+    return named if named or not variadic & bound.keys() else None
 
 
 def unwrapped(model: Any) -> Any:
