@@ -160,3 +160,19 @@ def test_a_second_epoch_without_reset_says_that_its_batches_are_skipped():
         metric.reset()
         metric.update(model, x[:4], index=torch.arange(4))  # a new epoch after reset: measured
     assert metric.result().num_examples == 4
+
+
+def test_a_batch_another_process_measured_is_skipped_without_a_word():
+    """A DistributedSampler's padding: a rank's last batch may hold only examples another rank
+    measured. They are skipped, as always, but that is no second epoch: no warning. (Here the
+    other process's examples come in through merge_state, as a sync would bring them.)"""
+    model, x = net(), batches()[0].reshape(16, 1, 4, 4)[:8]
+    other = TokenSensitivityMetric(Patches(2), generator=1, **OPTS)
+    other.update(model, x[:2], index=torch.arange(2))
+    metric = TokenSensitivityMetric(Patches(2), generator=0, **OPTS)
+    metric.update(model, x[2:6], index=torch.arange(2, 6))
+    metric.merge_state(other)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        metric.update(model, x[:1], index=torch.arange(1))  # the other's example: padding
+    assert metric.result().num_examples == 6

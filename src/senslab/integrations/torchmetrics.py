@@ -238,11 +238,15 @@ class TokenSensitivityMetric(Metric):
         self.batch_estimate, self._batch = None, (0.0, 0)
         b = batch_size(inputs)
         if index is not None:
+            own = getattr(self, "_own", set())  # the indices this process measured itself
+            again = all(i in own for i in torch.as_tensor(index).flatten().tolist())
             keep = self._first_seen(index, b)
             idx = torch.as_tensor(index).flatten().long().cpu()[keep]
+            self._own = own | set(idx.tolist())
             if not keep.all():
                 if not keep.any():
-                    self._warn_all_seen(b)
+                    if again:  # not a sampler's padding (another process measured those)
+                        self._warn_all_seen(b)
                     return
                 rows = keep.nonzero().flatten()
                 inputs = select(inputs, rows)
@@ -362,9 +366,11 @@ class TokenSensitivityMetric(Metric):
             self._ids |= ids
 
     def _warn_all_seen(self, b: int) -> None:
-        """A whole batch measured before is skipped (each example counts once); in a plain loop
-        over a second epoch without :meth:`reset` that drops the epoch and ``compute`` keeps
-        returning the first one's value: say so, once until the next reset."""
+        """A whole batch this process measured before is skipped (each example counts once; a
+        batch of a sampler's padding, which another process measured, says nothing); in a
+        plain loop over a second epoch without :meth:`reset` that drops the epoch and
+        ``compute`` keeps returning the first one's value: say so, once until the next
+        reset."""
         if getattr(self, "_warned_seen", False):
             return
         self._warned_seen = True
@@ -384,7 +390,7 @@ class TokenSensitivityMetric(Metric):
             super().reset()
             self._engine, self._last, self.batch_estimate = None, None, None
             self._seen, self._resume = set(), None
-            self._warned_seen = False
+            self._warned_seen, self._own = False, set()
             self._id = uuid.uuid4().hex
             self._ids = {self._id}
 
