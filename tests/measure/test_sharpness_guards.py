@@ -548,3 +548,15 @@ def test_a_scalar_parameter_is_not_named_by_the_chance_of_one_draw():
         warnings.simplefilter("error")
         for seed in range(40):
             output_sharpness(model, x, sigma_w=0.05, generator=seed)
+
+
+def test_the_expected_unchanged_share_matches_simulation_at_a_power_of_two():
+    """Below a power of two (a LayerNorm gain of 1) the bf16 grid is twice as fine: the share
+    read with the spacing above on both sides was 0.604 where 0.468 of the weights keep their
+    value (σ = 0.0046)."""
+    from senslab.measure.sharpness import _expected_unchanged
+    for value in (1.0, 1.5):
+        p = torch.full((20000,), value, dtype=torch.bfloat16)
+        noise = torch.randn(20000, generator=_gen(3)) * 0.0046
+        simulated = ((p.float() + noise).bfloat16() == p).double().mean().item()
+        assert abs(_expected_unchanged(p, 0.0046) - simulated) < 0.02, value

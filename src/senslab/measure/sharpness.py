@@ -288,13 +288,19 @@ def _spacing(p: Tensor) -> Tensor:
 
 def _expected_unchanged(p: Tensor, sigma: float) -> float:
     """The expected share of ``p``'s coordinates that keep their value when N(0, σ²) noise is
-    added and the sum rounded to ``p``'s grid: |noise| below half the spacing, probability
-    erf(spacing / (2√2 σ)) per coordinate (0 at an exact 0, whose spacing is tiny)."""
+    added and the sum rounded to ``p``'s grid: the noise within half the spacing on its side,
+    probability Φ(up/2σ) − Φ(−down/2σ) per coordinate, ``up`` the spacing away from 0 and
+    ``down`` the one towards 0 (half of it at an exact power of two, as a LayerNorm gain of 1);
+    0 at an exact 0, whose spacing is tiny."""
     flat, total = p.detach().reshape(-1), 0.0
+    scale = 2 * math.sqrt(2) * sigma
     for lo in range(0, flat.numel(), _CHECK_SLICE):
-        spacing = _spacing(flat[lo:lo + _CHECK_SLICE])
-        total += float(torch.special.erf(spacing / (2 * math.sqrt(2) * sigma)).sum())
-    return total / max(flat.numel(), 1)
+        part = flat[lo:lo + _CHECK_SLICE]
+        up = _spacing(part)
+        mantissa, _ = torch.frexp(part.double())
+        down = torch.where(mantissa.abs() == 0.5, up / 2, up)
+        total += float((torch.special.erf(up / scale) + torch.special.erf(down / scale)).sum())
+    return total / 2 / max(flat.numel(), 1)
 
 
 #: elements of a parameter compared at a time by the rounding check (bounds its memory)
