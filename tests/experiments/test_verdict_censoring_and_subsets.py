@@ -187,3 +187,22 @@ def test_a_censored_contender_that_is_slower_still_contradicts() -> None:
     part = v["effects"]["ngd aligns faster"]
     assert part["effect"] < 0 and part["se"] is not None
     assert part["verdict"] == CONTRADICTED and v["verdict"] == CONTRADICTED
+
+
+def test_a_censored_contender_beside_a_censored_gd_stays_inconclusive() -> None:
+    """GD cut off in seed 0 (its difference, +10, a lower bound there) and NGD in seeds 1–4
+    (about −5,000 each, upper bounds): the mean is below 0, but the seed-0 difference is
+    unbounded above, so nothing bounds the truth: no standard error, inconclusive."""
+    from senslab.experiments.implicit_bias.fixed_v import _censored
+    diffs = [10.0, -5000.0, -4900.0, -4800.0, -4700.0]
+    part = over_seeds(diffs, what="steps_gd − steps_ngd to 0.99 alignment")
+    runs = {k: {"steps": 20000} for k in range(5)}
+    assert _censored(part, "ngd", "alignment", [1, 2, 3, 4], runs).se == part.se
+    out = _censored(part, "ngd", "alignment", [1, 2, 3, 4], runs, gd_never=True)
+    assert math.isnan(out.se) and "upper bound" in out.method
+    runs = _race(ngd_never=(1, 2, 3, 4), seeds=5)
+    for r in runs:  # GD cut off in seed 0 only, there at 14,100–14,400 elsewhere
+        if r["label"] == "gd" and r["seed"]:
+            r["reach"] = {k: 14000.0 + 100 * r["seed"] for k in r["reach"]}
+    whole = fixed_v_verdict(runs)["effects"]["ngd aligns faster"]
+    assert whole["effect"] < 0 and whole["se"] is None and whole["verdict"] == INCONCLUSIVE

@@ -225,8 +225,9 @@ def fixed_v_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
                 [_reached(seed["gd"][k], key) - _reached(seed[o][k], key) for k in common],
                 what=f"steps_gd − steps_{o} to {LEVEL} {key}")
             never = censored.get(o, {}).get(key)
-            parts[f"{o} {words} faster"] = _censored(part, o, key, never, seed[o]) if never \
-                else part
+            gd_never = bool(censored.get("gd", {}).get(key))
+            parts[f"{o} {words} faster"] = (_censored(part, o, key, never, seed[o], gd_never)
+                                            if never else part)
     detail = "; ".join(
         f"{o}: R² lin {e['r2_lin']:.3f} / log {e['r2_log']:.3f}, steps to {LEVEL} alignment "
         f"{e['steps_to_alignment']:g}, to {LEVEL} mass {e['steps_to_sparsity']:g}"
@@ -252,14 +253,17 @@ def _seeds(seeds: list[int]) -> str:
 
 
 def _censored(part: Effect, o: str, key: str, never: list[int],
-              runs: dict[int, dict[str, Any]]) -> Effect:
+              runs: dict[int, dict[str, Any]], gd_never: bool = False) -> Effect:
     """``part`` (``steps_gd − steps_o``) without a standard error, because contender ``o``
     never reached ``LEVEL`` of ``key`` in the seeds ``never``: its last step stands in for a
     later, unknown one, so the difference is only an upper bound, biased toward the claim; the
     method says why (inconclusive). Where that upper bound is already below 0 (against the
-    claim) the part keeps its standard error: the true difference is lower still."""
+    claim) the part keeps its standard error: the true difference is lower still — provided
+    GD reached the level in every seed (``gd_never`` False); a seed where GD was cut off too is
+    a lower bound there, and the difference is then bounded on neither side."""
     last = sorted({int(runs[k]["steps"]) for k in never})
-    if part.value < 0:  # an upper bound already against the claim: the truth is lower still,
+    if part.value < 0 and not gd_never:  # an upper bound already against the claim: the truth
+        # is lower still (unless GD was cut off in some seed too: a lower bound there),
         # so the part is judged as it stands (it can be contradicted or undecided, never
         # supported)
         return dataclasses.replace(part, method=(
