@@ -618,7 +618,7 @@ class PrecisionCheck:
     def _recorded(self) -> list[float]:
         """The last low forward's input sizes of each recorded call, in call order (dynamic
         int8: :func:`._int8.extents`; bf16: :func:`_extents`, three values a call; static int8:
-        the largest absolute value over its rows, one a call)."""
+        how far its rows reach above 0 and below 0, the largest over the rows, two a call)."""
         if self.low == "int8" and self._static is None:
             return list(self._int8.ranges or [])
         return self._recorder().read()
