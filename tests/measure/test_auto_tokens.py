@@ -655,6 +655,16 @@ def test_heads_whose_output_is_no_class_are_refused_for_class_changes(problem):
         assert r.estimate > 0
 
 
+def test_a_wrapped_hf_head_is_judged_by_the_wrapped_model():
+    """Inside DataParallel (DDP, torch.compile alike) the head checks read the wrapper, which
+    has no config: a multi-label head was measured by argmax without a word."""
+    model = seeded(lambda: transformers.BertForSequenceClassification(transformers.BertConfig(
+        **SMALL, num_labels=3, problem_type="multi_label_classification")))
+    tokens = Embedding(model.bert.embeddings.LayerNorm)
+    with pytest.raises(ValueError, match="problem_type='multi_label_classification'"):
+        token_sensitivity(nn.DataParallel(model), text_batch(), tokens, sigma=1.0, **EXACT)
+
+
 def test_a_tokenizers_batch_encoding_is_read_as_its_dict():
     """The tokenizer's own output (a BatchEncoding: a mapping, not a dict) was refused as
     holding no tensor; it measures as dict(encoding) does."""

@@ -43,6 +43,7 @@ import torch
 from torch import Tensor
 
 from ..tokens.auto import headless_reason
+from ..tokens.embedding import unwrapped
 
 OutputKind = Literal["logits", "probabilities", "scores"]
 OUTPUT_KINDS: tuple[str, ...] = ("logits", "probabilities", "scores")
@@ -93,6 +94,8 @@ def declared_kind(model: Any, kind: str | None) -> str | None:
     if kind is not None:
         return kind
     declared = getattr(model, "output_kind", None)
+    if declared is None:  # inside DDP, DataParallel or torch.compile: the wrapped model's
+        declared = getattr(unwrapped(model), "output_kind", None)
     if declared is not None and declared not in ("logits", "probabilities"):
         raise ValueError(
             f"{type(model).__name__}.output_kind is {declared!r}; a model declares 'logits' or "
@@ -112,6 +115,7 @@ def check_head(model: Any, compare: str, kind: str | None, output: Any = None) -
     is."""
     if compare != "class" or kind is not None or output is not None:
         return
+    model = unwrapped(model)  # DDP, DataParallel, torch.compile: the wrapped model's head
     reason = headless_reason(model)  # a timm/HF classifier built without its classifier
     if reason is not None:
         raise ValueError(reason)

@@ -122,6 +122,7 @@ def _refuse_per_token_head(model: Any, raw: Tensor, t: int, position: Position) 
     without a word)."""
     if position != "last" or raw.dim() != 3 or raw.shape[1] != t:
         return
+    model = unwrapped(model)  # DDP, DataParallel, torch.compile: the wrapped model
     can_generate = getattr(model, "can_generate", None)
     if not callable(can_generate) or getattr(model, "config", None) is None:
         return
