@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 
@@ -18,3 +22,30 @@ class Text(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.head(self.norm2(self.norm(self.emb(ids))).mean(1))
+
+
+class Meter:
+    """Counts forwards running at once (``most``). The first forward waits (up to a second)
+    for a second one to enter, so two threads that may measure at the same time do so every
+    time, not by chance."""
+
+    def __init__(self) -> None:
+        self.guard, self.other = threading.Lock(), threading.Event()
+        self.inside = self.most = 0
+        self.waited = False
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        with self.guard:
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+            if self.inside > 1:
+                self.other.set()
+            wait, self.waited = not self.waited, True
+        if wait:
+            self.other.wait(1.0)
+        try:
+            yield
+        finally:
+            with self.guard:
+                self.inside -= 1

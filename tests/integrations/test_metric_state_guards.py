@@ -12,6 +12,7 @@ import warnings
 
 import pytest
 import torch
+from metric_models import Meter
 from torch import nn
 
 pytest.importorskip("torchmetrics")
@@ -32,24 +33,11 @@ class Gate(nn.Module):
         super().__init__()
         torch.manual_seed(0)
         self.net = nn.Sequential(nn.Flatten(), nn.Linear(16, 3))
-        self.guard, self.other = threading.Lock(), threading.Event()
-        self.inside = self.most = 0
-        self.waited = False
+        self.meter = Meter()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with self.guard:
-            self.inside += 1
-            self.most = max(self.most, self.inside)
-            if self.inside > 1:
-                self.other.set()
-            wait, self.waited = not self.waited, True
-        if wait:
-            self.other.wait(1.0)
-        try:
+        with self.meter.running():
             return self.net(x)
-        finally:
-            with self.guard:
-                self.inside -= 1
 
 
 def batches(n: int = 4) -> torch.Tensor:
@@ -82,7 +70,7 @@ def test_metric_updated_from_two_threads_counts_every_batch_once():
     errors = in_threads(lambda k: [metric.update(model, x[i % 4]) for i in range(k, 8, 2)],
                         [0, 1])
     assert errors == []
-    assert model.most == 1
+    assert model.meter.most == 1
     r = metric.result()
     assert r.num_examples == 128 and int(metric.n) == 128
     assert sum(len(s) for s in metric.sample_rate) == 128
@@ -99,7 +87,7 @@ def test_token_sensitivity_updated_from_two_threads_draws_distinct_noise():
     model, x = Gate(), batches(2)
     metric = TokenSensitivity(model, Patches(2), generator=0, **OPTS)
     assert in_threads(lambda i: metric.update(x[i]), [0, 1]) == []
-    assert model.most == 1
+    assert model.meter.most == 1
     got = metric.compute().per_sample
     orders = []
     for first, second in ((0, 1), (1, 0)):

@@ -13,7 +13,7 @@ import time
 
 import pytest
 import torch
-from metric_models import Text
+from metric_models import Meter, Text
 from torch import nn
 
 from senslab.measure import CompareSensitivity, TokenSensitivity
@@ -120,36 +120,14 @@ def test_compute_waits_for_an_update_in_another_thread():
     assert out[0].estimate == pytest.approx(float(out[0].per_sample.double().mean()), abs=1e-6)
 
 
-class Meter:
-    """Counts forwards running at once over several models. The first forward waits (up to a
-    second) for a second one to enter, so two threads that may measure at the same time do."""
-
-    def __init__(self) -> None:
-        self.guard, self.other = threading.Lock(), threading.Event()
-        self.inside = self.most = 0
-        self.waited = False
-
-
 class Gate(nn.Module):
     def __init__(self, seed: int, meter: Meter) -> None:
         super().__init__()
         self.net, self.meter = net(seed), meter
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        m = self.meter
-        with m.guard:
-            m.inside += 1
-            m.most = max(m.most, m.inside)
-            if m.inside > 1:
-                m.other.set()
-            wait, m.waited = not m.waited, True
-        if wait:
-            m.other.wait(1.0)
-        try:
+        with self.meter.running():
             return self.net(x)
-        finally:
-            with m.guard:
-                m.inside -= 1
 
 
 def test_compare_sensitivity_updated_from_two_threads():
