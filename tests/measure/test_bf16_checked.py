@@ -305,3 +305,82 @@ def test_checked_bf16_on_cuda_gets_float32_flips():
                          dropout=0.0, seed=3).cuda()
     batch = {k: v.cuda() for k, v in right_padded(32, 12).items()}
     assert_float32_flips(model, batch, Embedding("embed_ln"), sigma=3.0, repeats=2)
+
+
+# -- the recorder's own bf16 linear -------------------------------------------------------------
+
+
+class TwoLinears(nn.Module):
+    """A linear of float32 input, then one of the first's bf16 output (autocast's), one
+    without bias: the recorder casts each as autocast would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.a = nn.Linear(24, 40)
+        self.b = nn.Linear(40, 8, bias=False)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+def forward_bf16(model: nn.Module, x: torch.Tensor,
+                 rec: _precision._Ranges | None) -> torch.Tensor:
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        if rec is None:
+            return model(x)
+        with rec:
+            return model(x)
+
+
+def test_recorder_linears_equal_autocast_and_record_input_and_weight_sizes():
+    """The recorder runs float32 linears in bf16 itself (keeping the weights' bf16 copies):
+    the outputs are autocast's bit for bit, and each call records the larger of its input's
+    and weight's sizes, as every other product does."""
+    model = TwoLinears().eval()
+    x = torch.randn(5, 3, 24, generator=torch.Generator().manual_seed(1))
+    rec = _precision._Ranges("bf16")
+    out = forward_bf16(model, x, rec)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, forward_bf16(model, x, None))
+    assert len(rec._cast) == 2  # both weights kept in bf16
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        h = model.a(x)
+    expected = [torch.maximum(_precision._extents(x), _precision._extents(model.a.weight)),
+                torch.maximum(_precision._extents(torch.relu(h)),
+                              _precision._extents(model.b.weight))]
+    assert torch.allclose(torch.stack(rec.ranges).view(2, 3), torch.stack(expected), rtol=1e-2)
+    rec.forget()
+    assert not rec._cast
+
+
+def test_recorder_recasts_a_weight_changed_in_place():
+    """A weight updated in place between forwards (an optimizer step between two updates)
+    is cast again, not read from the kept bf16 copy."""
+    model = TwoLinears().eval()
+    x = torch.randn(4, 24, generator=torch.Generator().manual_seed(2))
+    rec = _precision._Ranges("bf16")
+    before = forward_bf16(model, x, rec)
+    with torch.no_grad():
+        model.a.weight.mul_(-3.0)
+    after = forward_bf16(model, x, rec)
+    assert not torch.equal(before, after)
+    assert torch.equal(after, forward_bf16(model, x, None))
+
+
+def test_checked_bf16_drops_the_kept_weights_after_each_batch():
+    """The weights' bf16 copies live for one batch: a trained model between updates is
+    measured with its new weights, and no copy outlives the update."""
+    model, x = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10)), None
+    x = torch.randn(24, 1, 8, 8, generator=torch.Generator().manual_seed(3))
+    m = TokenSensitivity(model.eval(), Patches(2), sigma=0.5, repeats=2,
+                         precision="bf16-checked", generator=0)
+    m.update(x)
+    assert m._check._rec is not None and not m._check._rec._cast
+    full = TokenSensitivity(model, Patches(2), sigma=0.5, repeats=2, precision="float32",
+                            generator=0)
+    full.update(x)
+    assert torch.equal(m.compute().per_sample, full.compute().per_sample)

@@ -165,6 +165,19 @@ def test_host_chunks_keep_every_temporary_under_the_cap(monkeypatch):
     assert torch.equal(runs[None][1].per_sample, runs[1 << 30][1].per_sample)
 
 
+def test_host_chunks_under_autocast_meter_the_einsum_it_casts(monkeypatch):
+    """Under autocast the probe's metering no longer breaks a forward: its einsum of a float32
+    parameter and a bf16 activation had failed (a dtype mismatch inside the dispatch mode,
+    under inference mode). The einsum's bf16 output, half a float32 one, still sets the
+    chunk."""
+    monkeypatch.setattr(_chunks, "CPU_TENSOR_BYTES", 6 * 64 * 64 * 4)  # 6 float32 images'
+    m = TokenSensitivity(seeded(WideInside), Patches(2), sigma=3.0, repeats=2,
+                         autocast=torch.bfloat16, generator=3)
+    m.update(images(8))
+    assert m.last_chunk_size == 12  # 12 images' bf16 temporary
+    assert m.compute().estimate > 0.02
+
+
 @pytest.mark.slow  # compiling takes minutes on 2 CPU cores
 def test_compile_agrees_with_eager():
     # a CNN: torch 2.13's compiler rejects nn.TransformerEncoderLayer's fused inference path
@@ -237,12 +250,14 @@ def test_probe_once_per_input_shape():
     a fresh metric."""
     model = seeded(TinyViT)
     x = images()
-    m = TokenSensitivity(model, Patches(2), sigma=1.0, repeats=2, memory_budget=200_000)
-    m.update(x[:4])
+    m = TokenSensitivity(model, Patches(2), sigma=1.0, repeats=2, memory_budget=200_000,
+                         precision="float32")  # "auto" may stop checking after a batch (a
+    m.update(x[:4])  # new path, probed again) where the CPU multiplies bf16 faster
     first = m.last_chunk_size
     m.update(x[4:])
     assert m.last_chunk_size == first and len(m._per_copy) == 1
-    fresh = TokenSensitivity(model, Patches(2), sigma=1.0, repeats=2, memory_budget=200_000)
+    fresh = TokenSensitivity(model, Patches(2), sigma=1.0, repeats=2, memory_budget=200_000,
+                             precision="float32")
     fresh.update(x[:4])
     fresh.update(x[4:])
     assert torch.equal(fresh.compute().per_sample, m.compute().per_sample)

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 
 try:  # private module: without it the host's per-tensor cap is skipped (docs/compatibility.md)
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -82,6 +83,7 @@ class ActivationMeter:
         self.largest = 0
         self._temps: dict[int, list[int]] = {}
         self._mode: Any = None
+        self._autocast: Any = None
 
     @property
     def peak(self) -> int:
@@ -104,10 +106,13 @@ class ActivationMeter:
                 and not _compiled(self.model)):
             self._mode = _Temporaries(self)
             self._mode.__enter__()
+            self._autocast = _UnderAutocast(self)
+            self._autocast.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         if self._mode is not None:
+            self._autocast.__exit__(*exc)
             self._mode.__exit__(*exc)
             self._mode = None
         self._temps.clear()
@@ -192,6 +197,31 @@ if TorchDispatchMode is not None:
                                kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
+            inputs = {_storage(t)[0] for t in tree_leaves((args, kwargs))
+                      if isinstance(t, Tensor)}
+            for t in tree_leaves(out):
+                if isinstance(t, Tensor):
+                    self.meter._temp(t, inputs)
+            return out
+
+    class _UnderAutocast(TorchFunctionMode):
+        """Under autocast, each call runs with the dispatch mode off, and its outputs are handed
+        to the meter here: under inference mode PyTorch skips autocast's casts inside an
+        operation a dispatch mode sees whole (``einsum`` of a float32 parameter and a bf16
+        activation failed, a dtype mismatch), so the mode must not see operations autocast is
+        to cast. Temporaries inside such a call go unseen; its outputs are counted."""
+
+        def __init__(self, meter: ActivationMeter) -> None:
+            super().__init__()
+            self.meter = meter
+
+        def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            if not torch.is_autocast_enabled(self.meter.device.type):
+                return func(*args, **kwargs)
+            with torch._C._DisableTorchDispatch():
+                out = func(*args, **kwargs)
             inputs = {_storage(t)[0] for t in tree_leaves((args, kwargs))
                       if isinstance(t, Tensor)}
             for t in tree_leaves(out):
