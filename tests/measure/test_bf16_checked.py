@@ -384,3 +384,28 @@ def test_checked_bf16_drops_the_kept_weights_after_each_batch():
                             generator=0)
     full.update(x)
     assert torch.equal(m.compute().per_sample, full.compute().per_sample)
+
+
+def test_auto_times_the_low_precision_after_an_untimed_first_call(monkeypatch):
+    """``"auto"``'s timed calibration runs the first calibration chunk in bf16 once untimed:
+    kernels made on a first call would count against bf16. An explicit "bf16-checked", which
+    does not judge, does not pay for it."""
+    monkeypatch.setattr(_precision, "bf16_pays", lambda device: True)
+    monkeypatch.setattr(_precision, "int8_pays", lambda device: False)
+    monkeypatch.setattr(_precision.PrecisionCheck, "_pays", lambda self: True)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 10)).eval()
+    calls = []
+    model.register_forward_hook(lambda mod, args, out: calls.append(
+        (torch.is_autocast_enabled("cpu"), len(args[0]))))
+    x = digits()[0][:4]
+    sizes = {}
+    for precision in ("auto", "bf16-checked"):
+        calls.clear()
+        TokenSensitivity(model, Patches(2), sigma=0.5, repeats=2, precision=precision,
+                         generator=0).update(x)
+        sizes[precision] = [n for low, n in calls if low]
+    clean = _precision.CALIBRATION_CLEAN
+    # the clean examples' bf16 calibration, then the first chunk in bf16 twice under "auto"
+    assert sizes["auto"][1] == sizes["auto"][2] and len(sizes["auto"]) == \
+        len(sizes["bf16-checked"]) + 1
+    assert sizes["auto"][0] <= clean

@@ -69,8 +69,11 @@ class ActivationMeter:
     (``forward_local``, fused attention); 0 where the mode cannot run (a compiled model).
     """
 
-    def __init__(self, model: Any, device: torch.device) -> None:
+    def __init__(self, model: Any, device: torch.device, autocast: bool = False) -> None:
         self.model = model if isinstance(model, torch.nn.Module) else None
+        #: the forwards may run under autocast: its operations are metered apart
+        #: (:class:`_UnderAutocast`)
+        self.autocast = autocast
         self.cuda = device.type == "cuda"
         self.device = device
         self.external: set[int] = set()
@@ -106,13 +109,16 @@ class ActivationMeter:
                 and not _compiled(self.model)):
             self._mode = _Temporaries(self)
             self._mode.__enter__()
-            self._autocast = _UnderAutocast(self)
-            self._autocast.__enter__()
+            if self.autocast:
+                self._autocast = _UnderAutocast(self)
+                self._autocast.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         if self._mode is not None:
-            self._autocast.__exit__(*exc)
+            if self._autocast is not None:
+                self._autocast.__exit__(*exc)
+                self._autocast = None
             self._mode.__exit__(*exc)
             self._mode = None
         self._temps.clear()

@@ -514,7 +514,8 @@ class ChunkRunner:
         while pos < n:
             if self.chunk is None:  # probe: evaluate a few copies while metering allocations
                 sl = slice(pos, pos + _chunks.PROBE_COPIES)
-                self.meter = _chunks.ActivationMeter(self.m.model, self.ref.device)
+                self.meter = _chunks.ActivationMeter(self.m.model, self.ref.device,
+                                                    autocast=self._autocast())
                 vals[sl] = self._evaluate(src[sl], tok[sl], own[sl])
                 evaluated = int(own[sl].sum())
                 if evaluated:
@@ -553,7 +554,8 @@ class ChunkRunner:
                 # probe: the first chunk of the widest copies is evaluated while metering
                 probe = self.m.chunk_size is None and self.per_copy is None
                 if probe:
-                    self.meter = _chunks.ActivationMeter(self.m.model, self.ref.device)
+                    self.meter = _chunks.ActivationMeter(self.m.model, self.ref.device,
+                                                    autocast=self._autocast())
                 size = _chunks.PROBE_COPIES if probe else self._size(w, full, count - pos)
                 piece, size = size, size * (1 if probe else self._gather())  # the probe: alone
                 # a chunk holds one group of lengths: it ends where the padding it would add to
@@ -697,6 +699,11 @@ class ChunkRunner:
         if idx is None:
             return vals
         return out_vals.index_copy_(0, idx, vals)
+
+    def _autocast(self) -> bool:
+        """Whether the copies' forwards may run under autocast (``autocast=``, checked bf16)."""
+        return self.m.autocast is not None or (self.check is not None
+                                               and self.check.low == "bf16")
 
     def _forward(self, src: Tensor, tok: Tensor, noise: Tensor, width: int | None,
                  piece: int | None = None) -> Tensor:
