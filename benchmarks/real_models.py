@@ -149,6 +149,9 @@ VARIANCE_REDUCTION = {
     # draws where the tangent says flips happen: a pilot of a quarter draw per token, then
     # rounds sized for the target
     "adaptive allocation": {"repeats": 1, "allocation": "linear", "budget": ALLOCATION_BUDGET},
+    "adaptive allocation autocast=bf16": {"repeats": 1, "allocation": "linear",
+                                          "budget": ALLOCATION_BUDGET,
+                                          "autocast": torch.bfloat16},
     "adaptive allocation + antithetic": {"repeats": 2, "antithetic": True,
                                          "allocation": "linear", "budget": ALLOCATION_BUDGET},
     # a share of every example's tokens, one draw each (a quarter two): a pilot of a sixteenth
@@ -609,7 +612,8 @@ def senslab_row(case: RealCase, method: str, options: dict[str, Any], t_clean: f
         res = metric.compute()
         seconds = now(case.device) - start
     checked = res.recheck_fraction is not None
-    precision = precision_label(metric.checked_precision, res.recheck_fraction)
+    precision = precision_label(metric.checked_precision, res.recheck_fraction,
+                                options.get("autocast"))
     return {"method": method, "precision": precision, "estimate": res.estimate,
             "se": res.stderr_subset, "forwards": res.num_forward,
             "forwards_fp32": res.num_forward_fp32, "seconds": seconds, "t_clean": t_clean,
@@ -628,9 +632,12 @@ def _cpu(x: Any) -> Any:
     return x.cpu() if isinstance(x, Tensor) else x
 
 
-def precision_label(low: str | None, recheck: float | None) -> str:
+def precision_label(low: str | None, recheck: float | None, autocast: Any = None) -> str:
     """What the copies ran in: float32, a checked precision and its re-checked share, or
-    float32 after ``"auto"``'s timed calibration found that checking would not pay."""
+    float32 after ``"auto"``'s timed calibration found that checking would not pay; under
+    ``autocast=`` its precision, with its own decisions."""
+    if autocast is not None:
+        return f"{str(autocast).removeprefix('torch.').replace('bfloat16', 'bf16')} (autocast)"
     if low is None:
         return "float32"
     if low == "float32":
@@ -659,6 +666,8 @@ def senslab_methods(case: RealCase, target: float) -> list[tuple[str, dict[str, 
              ("senslab precision=bf16-checked", {**r, "precision": "bf16-checked"}, False),
              *([("senslab precision=int8-checked", {**r, "precision": "int8-checked"}, False)]
                if case.device.type == "cpu" else []),  # int8 products: a CPU's
+             # bf16's own decisions, as the references' bf16 rows: what checking costs
+             ("senslab autocast=bf16", {**r, "autocast": torch.bfloat16}, False),
              ("senslab per-example calls", r, True),
              ("senslab compile=True", {**r, "compile": True}, False)]
     for label, extra in VARIANCE_REDUCTION.items():

@@ -97,6 +97,9 @@ def test_measure_case_runs_every_row_and_checks(bench):
     by = {r["label"]: r for r in res["rows"]}
     assert by["senslab trim_padding=False"]["flops"] > by["senslab precision=float32"]["flops"]
     assert by["paper code float32"]["flops"] > by["naive loop float32"]["flops"]
+    # bf16's own decisions, the references' bf16 rows' counterpart, and its allocation
+    for label in ("senslab autocast=bf16", "senslab adaptive allocation autocast=bf16"):
+        assert by[label]["precision"] == "bf16 (autocast)" and by[label]["forwards_fp32"] == 0
     targets = {t["target"]: t for t in res["targets"]}
     assert set(targets) == {"≥ 4× the naive loop", "≥ 40% of the bf16 GEMM peak"}
     table = bench.markdown({"cases": [res], "gemm_n": 64})

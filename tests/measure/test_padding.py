@@ -249,6 +249,46 @@ def test_model_that_reads_its_padding_falls_back_with_a_warning():
     assert torch.equal(a.per_sample, b.per_sample)
 
 
+class MeanOfReal(MeanOfAll):
+    """Averages the real positions only; under autocast its first logit moves with the
+    input's width, as bf16's rounding can (MiniLM's logits moved by 0.0078 between a sentence
+    padded to 55 tokens and cut to its own length)."""
+
+    def forward(self, input_ids, attention_mask):
+        m = attention_mask.unsqueeze(-1).float()
+        out = self.head((self.embed_ln(self.embedding(input_ids)) * m).sum(1) / m.sum(1))
+        if torch.is_autocast_enabled("cpu"):
+            out = out + torch.tensor([0.01 * input_ids.shape[1], 0.0, 0.0])
+        return out
+
+
+def test_under_autocast_whether_the_model_reads_its_padding_is_asked_in_float32():
+    """Under ``autocast=`` the cut is checked in float32: bf16's rounding, which moves with the
+    width, had switched padding-aware batching off for a model that does not read its padding
+    (MiniLM on real sentences: twice the token positions). A model that reads its padding is
+    still found."""
+    torch.manual_seed(0)  # test-only: model init
+    batch = right_padded(40)
+    metric = TokenSensitivity(MeanOfReal(), Embedding("embed_ln"), sigma=3.0, repeats=2,
+                              autocast=torch.bfloat16, generator=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        metric.update(batch)
+    assert metric.last_trimmed
+    # each copy is compared with its example's clean output at its own width: noise too small
+    # to change a class flips nothing, although the width moves the first logit
+    torch.manual_seed(0)
+    quiet = token_sensitivity(MeanOfReal(), batch, Embedding("embed_ln"), sigma=1e-4,
+                              repeats=2, autocast=torch.bfloat16, generator=0)
+    assert quiet.estimate == 0.0
+    torch.manual_seed(0)
+    reads = TokenSensitivity(MeanOfAll(), Embedding("embed_ln"), sigma=3.0, repeats=2,
+                             autocast=torch.bfloat16, generator=0)
+    with pytest.warns(RuntimeWarning, match="padding-aware batching is off.*changed its clean"):
+        reads.update(batch)
+    assert not reads.last_trimmed
+
+
 def test_the_tangent_pass_is_trimmed_too():
     """The control variate's and the allocation's forward and backward pass per example runs
     on inputs cut like the copies (longest first, each chunk as wide as its longest example)."""

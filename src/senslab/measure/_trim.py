@@ -118,6 +118,18 @@ def check(bound: BoundTokens, ext: Tensor, clean: Tensor, low_precision: bool) -
     return None
 
 
+def clean_cut(bound: BoundTokens, ext: Tensor, clean: Tensor) -> Tensor:
+    """The clean outputs with every example cut to its extent (as its copies are), in the
+    current precision: under autocast they differ from the padded ones by rounding."""
+    out = clean.clone()
+    for idx in groups(ext):
+        width = int(ext[idx[0]])
+        zero = torch.zeros(len(idx), width, bound.dim, device=clean.device)
+        out[idx] = bound.forward_perturbed(idx, None, zero,  # type: ignore[call-arg]
+                                           width=width).to(out.dtype)
+    return out
+
+
 def _user_level() -> int:
     """``stacklevel`` of the first frame outside senslab and torch (the user's call)."""
     inside = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(torch.__file__))
