@@ -190,6 +190,15 @@ def _compiled(model: Any) -> bool:
     return model is not None and hasattr(model, "_orig_mod")
 
 
+def _handed(meter: ActivationMeter, out: Any, args: Any, kwargs: Any) -> Any:
+    """``out``, each of its tensors handed to ``meter`` (:meth:`ActivationMeter._temp`)."""
+    inputs = {_storage(t)[0] for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)}
+    for t in tree_leaves(out):
+        if isinstance(t, Tensor):
+            meter._temp(t, inputs)
+    return out
+
+
 if TorchDispatchMode is not None:
 
     class _Temporaries(TorchDispatchMode):
@@ -202,13 +211,7 @@ if TorchDispatchMode is not None:
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                                kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
-            out = func(*args, **kwargs)
-            inputs = {_storage(t)[0] for t in tree_leaves((args, kwargs))
-                      if isinstance(t, Tensor)}
-            for t in tree_leaves(out):
-                if isinstance(t, Tensor):
-                    self.meter._temp(t, inputs)
-            return out
+            return _handed(self.meter, func(*args, **kwargs), args, kwargs)
 
     class _UnderAutocast(TorchFunctionMode):
         """Under autocast, each call runs with the dispatch mode off, and its outputs are handed
@@ -227,13 +230,7 @@ if TorchDispatchMode is not None:
             if not torch.is_autocast_enabled(self.meter.device.type):
                 return func(*args, **kwargs)
             with torch._C._DisableTorchDispatch():
-                out = func(*args, **kwargs)
-            inputs = {_storage(t)[0] for t in tree_leaves((args, kwargs))
-                      if isinstance(t, Tensor)}
-            for t in tree_leaves(out):
-                if isinstance(t, Tensor):
-                    self.meter._temp(t, inputs)
-            return out
+                return _handed(self.meter, func(*args, **kwargs), args, kwargs)
 
 
 def _storage(t: Tensor) -> tuple[int, int]:
