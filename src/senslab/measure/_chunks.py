@@ -190,6 +190,26 @@ def _compiled(model: Any) -> bool:
     return model is not None and hasattr(model, "_orig_mod")
 
 
+def autocast_on(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type`` (the device argument came with torch 2.4)."""
+    try:
+        return bool(torch.is_autocast_enabled(device_type))
+    except TypeError:  # torch < 2.4: no device argument
+        if device_type == "cpu":
+            return bool(torch.is_autocast_cpu_enabled())
+        return bool(torch.is_autocast_enabled())
+
+
+def autocast_dtype(device_type: str) -> torch.dtype:
+    """The dtype autocast casts to on ``device_type`` (the device argument came with 2.4)."""
+    try:
+        return torch.get_autocast_dtype(device_type)
+    except (AttributeError, TypeError):  # torch < 2.4
+        if device_type == "cpu":
+            return torch.get_autocast_cpu_dtype()
+        return torch.get_autocast_gpu_dtype()
+
+
 def _handed(meter: ActivationMeter, out: Any, args: Any, kwargs: Any) -> Any:
     """``out``, each of its tensors handed to ``meter`` (:meth:`ActivationMeter._temp`)."""
     inputs = {_storage(t)[0] for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)}
@@ -227,7 +247,7 @@ if TorchDispatchMode is not None:
         def __torch_function__(self, func: Any, types: Any, args: Any = (),
                                kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
-            if not torch.is_autocast_enabled(self.meter.device.type):
+            if not autocast_on(self.meter.device.type):
                 return func(*args, **kwargs)
             with torch._C._DisableTorchDispatch():
                 return _handed(self.meter, func(*args, **kwargs), args, kwargs)

@@ -178,7 +178,7 @@ from ..tokens.base import (
     check_device,
     check_selector,
 )
-from . import _alloc, _precision, _trim
+from . import _alloc, _chunks, _precision, _trim
 from ._compiled import CompiledModel
 from ._control import LinearControl
 from ._noise import NOISE_BLOCK, NoiseStream
@@ -273,13 +273,7 @@ def _own_forward(model: Any) -> Iterator[None]:
         model.forward = wrapped
 
 
-def _autocast_on(device_type: str) -> bool:
-    try:
-        return bool(torch.is_autocast_enabled(device_type))
-    except TypeError:  # torch < 2.4: no device argument
-        if device_type == "cpu":
-            return bool(torch.is_autocast_cpu_enabled())
-        return bool(torch.is_autocast_enabled())
+_autocast_on = _chunks.autocast_on
 
 
 class _AutocastProbe(TorchFunctionMode):
