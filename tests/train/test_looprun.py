@@ -224,3 +224,19 @@ def test_a_checkout_with_edited_source_says_so_in_its_commit(tmp_path: Path) -> 
     from senslab.train._provenance import _short
 
     assert _short(clean + "+unknown") == clean[:10] + "+unknown"
+
+
+def test_a_runs_seconds_never_read_below_its_last_logged_time(tmp_path, monkeypatch):
+    """summary.json's seconds and the log's times round alike: a run whose last record said
+    0.031 s had finished at "0.03" s, and a resumed run's own time was read as negative."""
+    import senslab.train.looprun as looprun
+
+    now = [100.0]
+    monkeypatch.setattr(looprun.time, "perf_counter", lambda: now[0])
+    with LoopRun(tmp_path / "run", {"seed": 0}) as run:
+        run.restore()
+        now[0] = 100.0314
+        logged = run.log({"step": 1})["time"]
+        now[0] = 100.0316
+        summary = run.finish({"name": "run"})
+    assert summary["seconds"] >= logged == 0.031

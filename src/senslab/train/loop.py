@@ -547,7 +547,7 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
         "final": {k: v for k, v in last.items() if not isinstance(v, list)},
         "steps": pos.step,
         "epochs": pos.epoch,
-        "seconds": round(time.perf_counter() - clock, 2),
+        "seconds": round(time.perf_counter() - clock, 3),
         "stopped": "target_train_acc" if _reached(cfg, last) else "budget",
     }
     rd.write_json("summary.json", summary)

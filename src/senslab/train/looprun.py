@@ -149,7 +149,7 @@ class LoopRun:
 
     def finish(self, summary: dict[str, Any]) -> dict[str, Any]:
         """Write summary.json (``"seconds"`` added unless given) and return it."""
-        summary = {"seconds": round(self.elapsed, 2), **summary}
+        summary = {"seconds": round(self.elapsed, 3), **summary}
         self.dir.write_json("summary.json", summary)
         return summary
 
