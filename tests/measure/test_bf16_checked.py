@@ -374,7 +374,7 @@ def test_recorder_recasts_a_weight_changed_in_place():
 def test_checked_bf16_drops_the_kept_weights_after_each_batch():
     """The weights' bf16 copies live for one batch: a trained model between updates is
     measured with its new weights, and no copy outlives the update."""
-    model, x = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10)), None
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
     x = torch.randn(24, 1, 8, 8, generator=torch.Generator().manual_seed(3))
     m = TokenSensitivity(model.eval(), Patches(2), sigma=0.5, repeats=2,
                          precision="bf16-checked", generator=0)

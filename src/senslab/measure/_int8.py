@@ -33,7 +33,7 @@ import functools
 import math
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
@@ -99,6 +99,27 @@ def _key(t: Tensor | None) -> tuple[Any, ...] | None:
     return (t.data_ptr(), t._version, tuple(t.shape), t.stride())
 
 
+def cached(cache: OrderedDict[Any, Any], weight: Tensor, bias: Tensor | None,
+           make: Callable[[], Any]) -> Any:
+    """``make()`` for this weight and bias, kept in ``cache`` (least recently used out past
+    :data:`MAX_PACKED`) by storage address, version, shape and strides; the entry holds the
+    tensors themselves, so an address is never reused by another tensor while it lives, and an
+    in-place update bumps the version and makes it again."""
+    if weight.is_inference() or (bias is not None and bias.is_inference()):
+        # made inside the forward under inference mode (timm's EVA and BEiT concatenate
+        # their query/key/value bias there): no version counter to key a cache on, and a
+        # new tensor every call anyway
+        return make()
+    key = (_key(weight), _key(bias))
+    hit = cache.get(key)
+    if hit is None:
+        hit = cache[key] = (make(), weight, bias)
+        while len(cache) > MAX_PACKED:
+            cache.popitem(last=False)
+    cache.move_to_end(key)
+    return hit[0]
+
+
 @contextmanager
 def suspended(mode: Any) -> Iterator[None]:
     """``mode`` (a function mode with an ``_enabled`` flag) passing calls through unchanged for
@@ -131,21 +152,7 @@ class Int8Linears(TorchFunctionMode):
         return suspended(self)
 
     def _packed(self, weight: Tensor, bias: Tensor | None) -> Any:
-        if weight.is_inference() or (bias is not None and bias.is_inference()):
-            # made inside the forward under inference mode (timm's EVA and BEiT concatenate
-            # their query/key/value bias there): no version counter to key a cache on, and a
-            # new tensor every call anyway
-            return pack(weight, bias)
-        key = (_key(weight), _key(bias))
-        hit = self.packs.get(key)
-        if hit is not None:
-            self.packs.move_to_end(key)
-            return hit[0]
-        packed = pack(weight, bias)
-        self.packs[key] = (packed, weight, bias)
-        while len(self.packs) > MAX_PACKED:
-            self.packs.popitem(last=False)
-        return packed
+        return cached(self.packs, weight, bias, lambda: pack(weight, bias))
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:

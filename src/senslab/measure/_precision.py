@@ -396,20 +396,10 @@ class _Ranges(TorchFunctionMode):
 
     def _weights(self, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None, Tensor]:
         """``weight`` and ``bias`` in bf16, and the weight's :func:`_extents`."""
-        def make() -> tuple[Tensor, Tensor | None, Tensor]:
-            return (weight.detach().to(torch.bfloat16),
-                    None if bias is None else bias.detach().to(torch.bfloat16),
-                    _extents(weight.detach()))
-        if weight.is_inference() or (bias is not None and bias.is_inference()):
-            return make()  # made inside the forward: no version to key on, new every call
-        key = (_int8._key(weight), _int8._key(bias))
-        hit = self._cast.get(key)
-        if hit is None:
-            hit = self._cast[key] = (make(), weight, bias)
-            while len(self._cast) > _int8.MAX_PACKED:
-                self._cast.popitem(last=False)
-        self._cast.move_to_end(key)
-        return hit[0]
+        return _int8.cached(self._cast, weight, bias, lambda: (
+            weight.detach().to(torch.bfloat16),
+            None if bias is None else bias.detach().to(torch.bfloat16),
+            _extents(weight.detach())))
 
     def _linear(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A linear of float32 weights (input float32 or already bf16) under bf16 autocast,

@@ -91,10 +91,11 @@ def groups(ext: Tensor) -> list[Tensor]:
     return [(inverse == i).nonzero().flatten() for i in range(len(values) - 1, -1, -1)]
 
 
-def check(bound: BoundTokens, ext: Tensor, clean: Tensor, low_precision: bool) -> str | None:
+def check(bound: BoundTokens, ext: Tensor, clean: Tensor) -> str | None:
     """Evaluate every clean example at its own extent; None if the outputs equal the full-width
-    clean outputs up to rounding, else why not (trimming is then switched off)."""
-    rtol = LOW_PRECISION_RTOL if low_precision else RTOL.get(clean.dtype, LOW_PRECISION_RTOL)
+    clean outputs up to rounding (of ``clean``'s dtype: the caller runs both in float32 where
+    the copies run under autocast), else why not (trimming is then switched off)."""
+    rtol = RTOL.get(clean.dtype, LOW_PRECISION_RTOL)
     for idx in groups(ext):
         width = int(ext[idx[0]])
         zero = torch.zeros(len(idx), width, bound.dim, device=clean.device)

@@ -273,9 +273,6 @@ def _own_forward(model: Any) -> Iterator[None]:
         model.forward = wrapped
 
 
-_autocast_on = _chunks.autocast_on
-
-
 class _AutocastProbe(TorchFunctionMode):
     """Looks at the autocast state at every torch call while it is entered (one forward):
     :attr:`seen` is True once a call ran with autocast on for ``device_type``."""
@@ -286,7 +283,7 @@ class _AutocastProbe(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
-        if not self.seen and _autocast_on(self.device_type):
+        if not self.seen and _chunks.autocast_on(self.device_type):
             self.seen = True
         return func(*args, **(kwargs or {}))
 
@@ -305,7 +302,7 @@ def _refuse_own_autocast(model: Any, device: torch.device) -> Iterator[None]:
     probe = _AutocastProbe(device.type)
 
     def look(module: nn.Module, args: Any) -> None:
-        if _autocast_on(device.type):
+        if _chunks.autocast_on(device.type):
             probe.seen = True
 
     handles = ([m.register_forward_pre_hook(look) for m in model.modules() if m is not model]
@@ -853,11 +850,11 @@ class TokenSensitivity:
                 "(senslab measure: --precision float32)"
             ) from err
 
-    def _autocast(self, device: torch.device) -> Any:
-        """The precision the forwards run in: ``autocast``'s, else float32 — also inside a
-        caller's autocast (a bf16-mixed validation step, say), which is switched off here, so
-        the decisions never silently become bf16's."""
-        if self.autocast is not None:
+    def _autocast(self, device: torch.device, low: bool = True) -> Any:
+        """The precision the forwards run in: ``autocast``'s, else (or with ``low`` False)
+        float32 — also inside a caller's autocast (a bf16-mixed validation step, say), which is
+        switched off here, so the decisions never silently become bf16's."""
+        if low and self.autocast is not None:
             return torch.autocast(device_type=device.type, dtype=self.autocast)
         try:
             return torch.autocast(device_type=device.type, enabled=False)
@@ -1114,17 +1111,16 @@ class TokenSensitivity:
         extent = _trim.extents(bound)
         if extent is None:
             return None
-        if self.autocast is None:
-            reason = _trim.check(bound, extent, clean, False)
-        else:
-            # whether the model reads the padding is the model's question, asked in float32:
-            # in bf16 an exact cut moves small outputs by more than any tolerance of bf16's
-            # rounding could tell from reading the padding (MiniLM's logits: 0.0078)
-            b, t = bound.valid.shape
-            with torch.autocast(device_type=clean.device.type, enabled=False):
-                full = bound.forward_perturbed(torch.arange(b, device=clean.device), None,
-                                               torch.zeros(b, t, bound.dim, device=clean.device))
-                reason = _trim.check(bound, extent, full, False)
+        # whether the model reads the padding is the model's question, asked in float32 under
+        # autocast: in bf16 an exact cut moves small outputs by more than any tolerance of
+        # bf16's rounding could tell from reading the padding (MiniLM's logits: 0.0078)
+        with self._autocast(clean.device, low=False):
+            if self.autocast is not None:
+                b, t = bound.valid.shape
+                clean = bound.forward_perturbed(
+                    torch.arange(b, device=clean.device), None,
+                    torch.zeros(b, t, bound.dim, device=clean.device))
+            reason = _trim.check(bound, extent, clean)
         if reason is not None:
             if bound.padding is not None:  # the model's own padding mask: it should not matter
                 _trim.warn_untrimmed(reason)
