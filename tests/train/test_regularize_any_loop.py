@@ -228,3 +228,26 @@ def test_a_tuple_input_keeps_the_noise_off_its_padding():
         changed = (seen[1] - seen[0]).abs().sum(-1) > 0
         assert changed.sum(1).tolist() == [1] * len(ids)
         assert not (changed & ~mask).any(), "noise landed on padding"
+
+
+def test_an_empty_batch_is_refused_not_a_nan_loss():
+    """The mean over no examples is NaN: an empty batch (a last shard of a sampler, a filter
+    that kept nothing) is refused with the fix, on images, vector sequences and text alike."""
+    images = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 5))
+    with pytest.raises(ValueError, match="empty batch.*drop_last"):
+        sensitivity_regularized_loss(images, torch.randn(0, 3, 8, 8),
+                                     torch.zeros(0, dtype=torch.long), patch=4,
+                                     generator=_gen(0))
+    vectors = nn.Sequential(nn.Flatten(), nn.Linear(4 * 6, 5))
+    with pytest.raises(ValueError, match="empty batch"):
+        sensitivity_penalty(vectors, torch.randn(0, 4, 6), tokens=Sequence(), generator=_gen(0))
+    model = _roberta(3)
+    ids, mask = _text_batch()
+    with pytest.raises(ValueError, match="empty batch"):
+        sensitivity_penalty(model, {"input_ids": ids[:0], "attention_mask": mask[:0]},
+                            tokens=Embedding("embed_ln"), generator=_gen(0))
+    # a batch of one still gives a finite loss
+    loss, _ = sensitivity_regularized_loss(images, torch.randn(1, 3, 8, 8),
+                                           torch.zeros(1, dtype=torch.long), patch=4,
+                                           generator=_gen(0))
+    assert torch.isfinite(loss)

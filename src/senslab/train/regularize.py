@@ -257,6 +257,12 @@ def sensitivity_penalty(
     gen = _check_generator(generator)
     tokens = Patches(patch) if tokens is None else tokens
     clean, noisy = _branches(model, x, tokens, sigma, gen, mask, output)
+    if clean.numel() == 0:
+        # the mean over no entries is NaN: a NaN loss would reach the optimizer and the logs
+        raise ValueError(
+            f"empty batch: the model's output has shape {tuple(clean.shape)}, so the penalty "
+            "would be the mean over no examples (NaN); skip empty batches (e.g. "
+            "DataLoader(drop_last=True), or `if len(x): ...` before the step)")
     return F.mse_loss(noisy, clean), clean
 
 
