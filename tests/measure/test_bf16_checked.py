@@ -357,6 +357,26 @@ def test_recorder_linears_equal_autocast_and_record_input_and_weight_sizes():
     assert not rec._cast
 
 
+def test_extents_read_dense_layouts_in_memory_order_with_the_same_values():
+    """A channels-last map (what local reuse keeps) or a transposed weight is reduced as a
+    1-D view of its memory, not copied, with the same sizes as its contiguous twin; a layout
+    with gaps (a slice) is reduced as it is."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 5, 4, 3, generator=g) * 3 + 1
+    last = x.contiguous(memory_format=torch.channels_last)
+    view = _precision._in_memory_order(last)
+    assert view.dim() == 1 and view.data_ptr() == last.data_ptr()
+    w = torch.randn(7, 9, generator=g)
+    assert _precision._in_memory_order(w.t()).data_ptr() == w.data_ptr()
+    gaps = x[:, ::2]
+    assert _precision._in_memory_order(gaps) is gaps
+    for a, twin in ((last, x), (w.t(), w.t().contiguous()), (gaps, gaps.contiguous()),
+                    (last.to(torch.bfloat16), x.to(torch.bfloat16))):
+        ours, plain = _precision._extents(a), _precision._extents(twin)
+        assert torch.equal(ours[[0, 2]], plain[[0, 2]])  # max |x| and range: exact
+        assert torch.allclose(ours[1], plain[1], rtol=1e-5)
+
+
 def test_recorder_recasts_a_weight_changed_in_place():
     """A weight updated in place between forwards (an optimizer step between two updates)
     is cast again, not read from the kept bf16 copy."""

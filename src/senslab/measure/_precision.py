@@ -470,11 +470,24 @@ def _tensors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[T
     return [a for a in (*args, *kwargs.values()) if isinstance(a, Tensor)]
 
 
+def _in_memory_order(a: Tensor) -> Tensor:
+    """``a``'s elements as a 1-D view in the order they lie in memory, where they are dense
+    (a channels-last map, a transposed weight), else ``a`` itself: a full reduction such as a
+    minimum or maximum gives the same value either way, and torch's ``aminmax`` ran 4–6× slower
+    over a channels-last map than over the same memory read in order (local reuse keeps its
+    maps channels-last)."""
+    if a.is_contiguous():
+        return a.reshape(-1)
+    order = sorted(range(a.dim()), key=lambda d: (a.stride(d), a.size(d)), reverse=True)
+    dense = a.permute(order)
+    return dense.reshape(-1) if dense.is_contiguous() else a
+
+
 def _extents(a: Tensor) -> Tensor:
     """The sizes bf16's rounding error in a product with input ``a`` grows with, float32: the
     largest absolute value (one value's error), the root mean square (the sum of many
     values' errors) and the range (max − min)."""
-    lo, hi = torch.aminmax(a)
+    lo, hi = torch.aminmax(_in_memory_order(a))
     # a bf16 tensor's norm accumulates in float32 and rounds the result to bf16 (a relative
     # 2^-8, far below any widening that matters), several times faster than a float32 copy's
     norm = torch.linalg.vector_norm(a if a.dtype == torch.bfloat16 else a.float())
