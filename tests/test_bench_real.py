@@ -498,3 +498,27 @@ def test_prefix_reuse_copies_are_counted_for_the_suffix_they_recompute(bench):
     assert bench.row_flops(case, reused, fl) == pytest.approx(expected)
     assert bench.row_flops(case, whole, fl) == pytest.approx(
         len(k) * fl[case.width] + sum(r * n * fl[n] for n in k))
+
+
+def test_the_peak_targets_bound_says_what_the_best_row_ran(bench):
+    """A bf16 row (autocast) is not bounded by what a float32 forward can reach; a float32 or
+    checked row is; both name what the references' plain bf16 rows reach in the same run."""
+    peaks = {"float32": 100.0, "bf16": 350.0, "fp16": 100.0, "int8": 500.0}
+
+    def row(method, precision, bf16, options=None):
+        return {"method": method, "label": method, "precision": precision, "ttp": 1.0,
+                "vs_naive": 1.0, "vs_paper": 1.0, "flops": 1e9, "fraction_fp32_gemm": bf16 * 3.5,
+                "fraction_bf16_gemm": bf16, "options": options or {}}
+
+    refs = [row("naive loop", "float32", 0.2), row("naive loop", "bf16", 0.34),
+            row("paper code", "bf16", 0.39)]
+    bf16_row = row("senslab autocast=bf16", "bf16 (autocast)", 0.19,
+                   {"autocast": "torch.bfloat16"})
+    fp32_row = row("senslab defaults", "float32", 0.11)
+    peak = {"≥ 40% of the bf16 GEMM peak"}
+    for ours, says, never in ((bf16_row, "its forwards are bf16's, at 19%", "a float32 forward"),
+                              (fp32_row, "a float32 forward can reach at most 29%", "bf16's, at")):
+        out = [t for t in bench.targets("gpt2", [*refs, ours], peaks) if t["target"] in peak]
+        bounds = " ".join(out[0]["bounds"])
+        assert says in bounds and never not in bounds and not out[0]["ok"]
+        assert "34% (naive loop), 39% (paper code)" in bounds
