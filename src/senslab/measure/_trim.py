@@ -98,9 +98,8 @@ def check(bound: BoundTokens, ext: Tensor, clean: Tensor) -> str | None:
     rtol = RTOL.get(clean.dtype, LOW_PRECISION_RTOL)
     for idx in groups(ext):
         width = int(ext[idx[0]])
-        zero = torch.zeros(len(idx), width, bound.dim, device=clean.device)
         try:
-            out = bound.forward_perturbed(idx, None, zero, width=width)  # type: ignore[call-arg]
+            out = _cut(bound, idx, width, clean.device)
         except (RuntimeError, ValueError, TypeError, IndexError) as err:
             return f"the model failed on inputs cut to {width} tokens ({err})"
         ref = clean[idx]
@@ -124,11 +123,14 @@ def clean_cut(bound: BoundTokens, ext: Tensor, clean: Tensor) -> Tensor:
     current precision: under autocast they differ from the padded ones by rounding."""
     out = clean.clone()
     for idx in groups(ext):
-        width = int(ext[idx[0]])
-        zero = torch.zeros(len(idx), width, bound.dim, device=clean.device)
-        out[idx] = bound.forward_perturbed(idx, None, zero,  # type: ignore[call-arg]
-                                           width=width).to(out.dtype)
+        out[idx] = _cut(bound, idx, int(ext[idx[0]]), clean.device).to(out.dtype)
     return out
+
+
+def _cut(bound: BoundTokens, idx: Tensor, width: int, device: torch.device) -> Tensor:
+    """The clean outputs of the examples ``idx``, their inputs cut to ``width`` tokens."""
+    zero = torch.zeros(len(idx), width, bound.dim, device=device)
+    return bound.forward_perturbed(idx, None, zero, width=width)  # type: ignore[call-arg]
 
 
 def _user_level() -> int:
