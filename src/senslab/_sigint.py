@@ -3,18 +3,32 @@
 Python raises the KeyboardInterrupt of SIGINT wherever the main thread happens to be. Where that
 is a weakref finalizer or a ``__del__`` — run whenever an object dies, such as the allocation
 bookkeeping of the chunk-size probe or the memory accounting of the tracked sensitivity —
-Python prints "Exception ignored" and goes on, and the work runs on as if nothing was pressed.
-:class:`SigintWatch` puts a SIGINT handler in place that also records the interrupt, so the
-work it guards stops all the same: at its next :meth:`SigintWatch.check`, or when the guarded
-block ends.
+Python prints "Exception ignored" with a traceback and goes on, and the work runs on as if
+nothing was pressed. :class:`SigintWatch` puts a SIGINT handler in place that records the
+interrupt (and, inside a finalizer or ``__del__``, raises nothing there), so the work it guards
+stops all the same, without a traceback: at its next :meth:`SigintWatch.check`, or when the
+guarded block ends.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Callable
 from typing import Any
+
+
+def _in_finalizer(frame: Any) -> bool:
+    """Whether ``frame`` runs inside a weakref finalizer or a ``__del__``, where an exception
+    is swallowed."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "__del__" or (code.co_name == "__call__"
+                                         and os.path.basename(code.co_filename) == "weakref.py"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 class SigintWatch:
@@ -42,6 +56,10 @@ class SigintWatch:
         self.seen = True
         if self._mark is not None:
             self._mark()
+        if _in_finalizer(frame):
+            # Python would swallow it there and print "Exception ignored" with a traceback:
+            # recorded instead, it is raised at the next check or when the block ends
+            return
         raise KeyboardInterrupt
 
     def check(self) -> None:

@@ -445,10 +445,11 @@ def test_hook_removed_after_measurement():
 
 
 def test_ctrl_c_inside_a_probe_finalizer_still_stops_the_measurement(monkeypatch) -> None:
-    """SIGINT that lands while one of the chunk-size probe's weakref finalizers runs raises its
-    KeyboardInterrupt there, and Python swallows it ("Exception ignored"); the measurement must
-    stop all the same — after the probe chunk, not at the end of the batch — and put Python's
-    own handler back."""
+    """SIGINT that lands while one of the chunk-size probe's weakref finalizers runs would raise
+    its KeyboardInterrupt there, and Python would swallow it ("Exception ignored" and a
+    traceback): the handler records it there without raising, and the measurement must stop all
+    the same — after the probe chunk, not at the end of the batch — and put Python's own
+    handler back."""
     import os
     import signal
     import sys
@@ -476,7 +477,7 @@ def test_ctrl_c_inside_a_probe_finalizer_still_stops_the_measurement(monkeypatch
             fired.append(1)
             dying = type("Dying", (), {})()
             weakref.finalize(dying, ctrl_c_in_a_finalizer)
-            del dying  # the finalizer runs now, and its KeyboardInterrupt is swallowed
+            del dying  # the finalizer runs now, and the Ctrl-C lands in it
         real(self, key)
 
     swallowed: list[type] = []
@@ -492,7 +493,7 @@ def test_ctrl_c_inside_a_probe_finalizer_still_stops_the_measurement(monkeypatch
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
     finally:
         signal.signal(signal.SIGINT, previous)
-    assert swallowed == [KeyboardInterrupt]  # Python swallowed it where it landed
+    assert swallowed == []  # nothing raised inside the finalizer: no "Exception ignored" print
     # of 8 × 16 × 64 copies, only the probe chunk ran (after the clean pass and its checks)
     assert fired and forwards[-1] == _chunks.PROBE_COPIES and sum(forwards) < 64
 
