@@ -57,10 +57,15 @@ agrees with the naive loop's within its interval, and checks that senslab's floa
 its bf16-checked and int8-checked ones are identical.
 
 **Throughput.** Model FLOPs per forward at the lengths each method evaluates
-(``torch.utils.flop_counter``, attention through the math backend; a copy that senslab evaluates
-with prefix or local reuse counts as a full forward), achieved FLOP/s of the run (not the
-extrapolation) and its fraction of the float32 and the bf16 GEMM peaks (square
-:data:`GEMM_N`² products of both dtypes, measured between the methods of every case).
+(``torch.utils.flop_counter``, attention through the math backend; a copy resumed from the clean
+prefix counts the suffix it recomputes, one evaluated by local reuse its windows and the rest of
+the model, counted on one image, :func:`local_copy_flops`; a static int8 copy a whole forward),
+achieved FLOP/s of the run (not the extrapolation) and its fraction of the float32 and the bf16
+GEMM peaks (square :data:`GEMM_N`² products of every dtype, measured between the methods of every
+case). Where a target is missed, its bounds include two ceilings (:func:`ceilings`): the ratio
+each senslab row would reach with every FLOP at 100% of its unit's measured peak, and the
+fewest-FLOP row's on the fastest unit the machine has, in that unit's own decisions.
+``--recount RECORD`` counts an earlier record's FLOPs this way and writes them back.
 
     python benchmarks/real_models.py --threads 2 --out benchmarks/results/real-2threads.json
     python benchmarks/real_models.py --quick --threads 1    # 8 sentences, 2 images: smoke run
@@ -112,6 +117,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _real import RealCase, export_offline, gpt2_case, image_case, minilm_case  # noqa: E402
 
 from senslab.measure import TokenSensitivity, token_sensitivity  # noqa: E402
+from senslab.measure._int8 import StaticInt8  # noqa: E402
 from senslab.measure._noise import NoiseStream  # noqa: E402
 from senslab.measure._precision import _clock as now  # noqa: E402
 from senslab.tokens.base import call_model, select  # noqa: E402
@@ -725,19 +731,51 @@ def flops_by_length(case: RealCase) -> dict[int, float]:
             for k in sorted({*case.lengths.tolist(), case.width})}
 
 
-def row_flops(case: RealCase, row: dict[str, Any], fl: dict[int, float]) -> float:
-    """Model FLOPs of the forwards ``row`` made, each at the length it was evaluated at."""
+def local_copy_flops(case: RealCase) -> float | None:
+    """Model FLOPs of one perturbed copy as local reuse evaluates it (``forward_local``: the
+    windows a patch reaches, then the rest of the model), for an image case whose tokens reuse
+    the clean computation; None for other cases. Counted on the first image as the difference
+    between two draws per patch and one, divided by the copies it adds: exact, whatever the
+    clean work (its caches, the clean forward) costs."""
+    if (case.kind != "image" or not getattr(case.tokens, "reuse_local", False)
+            or not hasattr(case.model, "forward_local")):
+        return None
+    x = case.inputs[:1]
+    counted = [_count(lambda r=r: token_sensitivity(
+        case.model, x, case.tokens, sigma=case.sigma, repeats=r, precision="float32",
+        generator=SEED)) for r in (1, 2)]
+    (f1, one), (f2, two) = counted
+    return (f2 - f1) / (two.num_forward - one.num_forward)
+
+
+def _whole_low_copies(case: RealCase, row: dict[str, Any]) -> bool:
+    """Whether ``row``'s low-precision copies were whole forwards: checked int8 on a
+    convolutional model runs a static int8 copy of it (its float32 re-checks reuse locally)."""
+    return (row["precision"].startswith("int8-checked") and case.kind == "image"
+            and StaticInt8.applies(case.model))
+
+
+def flop_parts(case: RealCase, row: dict[str, Any], fl: dict[int, float],
+               local: float | None = None) -> dict[str, float]:
+    """Model FLOPs of the forwards ``row`` made, each at the length it was evaluated at, in
+    parts: ``clean`` (the clean forwards, and for a tangent the forward and backward pass),
+    ``copies`` (the perturbed copies in the row's own precision) and ``rechecks`` (the copies a
+    checked precision evaluated again in float32). ``local``: :func:`local_copy_flops` of an image
+    case, for the copies local reuse evaluated (None: each counted as a whole forward)."""
     lengths = case.lengths.tolist()
     n, r, full = case.n, case.repeats, fl[case.width]
     real = sum(k * fl[k] for k in lengths)  # one copy of every real token at its own length
     if row["method"] == "naive loop":
-        return sum(fl[k] for k in lengths) + r * real
+        return {"clean": sum(fl[k] for k in lengths), "copies": r * real, "rechecks": 0.0}
     if row["method"] == "paper code":
-        return n * full * (1 + case.width * r)
+        return {"clean": n * full, "copies": n * full * case.width * r, "rechecks": 0.0}
     clean = n * (2 if row["control_variate"] else 1)
     copies = row["forwards"] - clean
     trimmed = case.kind == "text" and "trim_padding" not in row["options"]
     per_copy = real / sum(lengths) if trimmed else full
+    reused = local is not None and "reuse_local=False" not in row.get("tokens", "")
+    if reused:
+        per_copy = local
     tally = row.get("copies_per_example")
     work = row.get("work_per_example") or tally  # records before prefix reuse was tallied
     if trimmed and tally is not None and sum(tally) > 0:
@@ -746,7 +784,15 @@ def row_flops(case: RealCase, row: dict[str, Any], fl: dict[int, float]) -> floa
         per_copy = sum(w * fl[k] for w, k in zip(work, lengths, strict=True)) / sum(tally)
     own = sum(fl[k] for k in lengths) if trimmed else n * full
     grads = 3 * own if row["control_variate"] else 0.0  # forward + backward per example
-    return n * full + (copies + row["forwards_fp32"]) * per_copy + grads
+    low_copy = full if reused and _whole_low_copies(case, row) else per_copy
+    return {"clean": n * full + grads, "copies": copies * low_copy,
+            "rechecks": row["forwards_fp32"] * per_copy}
+
+
+def row_flops(case: RealCase, row: dict[str, Any], fl: dict[int, float],
+              local: float | None = None) -> float:
+    """Model FLOPs of the forwards ``row`` made (:func:`flop_parts`, summed)."""
+    return sum(flop_parts(case, row, fl, local).values())
 
 
 # -- one case -------------------------------------------------------------------------------------
@@ -808,6 +854,7 @@ def measure_case(case: RealCase, gemm_n: int, reps: int = 1, log: Any = print,
     fl = flops_by_length(case)
     cuts = (vit_exact_cuts(case.model, case.inputs) if case.kind == "image"
             else encoder_exact_cuts(case, fl))
+    local = local_copy_flops(case)
     rows = []
     for label, _ in runs:
         if label in failed:
@@ -816,12 +863,13 @@ def measure_case(case: RealCase, gemm_n: int, reps: int = 1, log: Any = print,
         for key in ("seconds", "ttp", "ttp_rule"):
             row[key] = statistics.median(s[key] for s in samples[label])
         row["label"] = label
-        row["flops"] = row_flops(case, row, fl)
+        row["flop_parts"] = flop_parts(case, row, fl, local)
+        row["flops"] = sum(row["flop_parts"].values())
         row["flop_rate"] = row["flops"] / row["seconds"]
         row["fraction_fp32_gemm"] = row["flop_rate"] / peaks["float32"]
         row["fraction_bf16_gemm"] = row["flop_rate"] / peaks["bf16"]
         rows.append(row)
-    return {**finish_case(case, rows, peaks, fl, target, cuts), "failed": failed}
+    return {**finish_case(case, rows, peaks, fl, target, cuts, local), "failed": failed}
 
 
 def vit_exact_cuts(model: nn.Module, x: Tensor) -> dict[str, float] | None:
@@ -948,10 +996,11 @@ def keep_methods(runs: list[tuple[str, Any]], methods: list[str]) -> list[tuple[
 
 def finish_case(case: RealCase, rows: list[dict[str, Any]], peaks: dict[str, float],
                 fl: dict[int, float], target: float,
-                cuts: dict[str, Any] | None = None) -> dict[str, Any]:
+                cuts: dict[str, Any] | None = None,
+                local: float | None = None) -> dict[str, Any]:
     """Ratios against the fastest row of each reference, the agreement checks, the targets
     (``cuts``: :func:`vit_exact_cuts` or :func:`encoder_exact_cuts` of the case's model, where
-    it has them)."""
+    it has them; ``local``: :func:`local_copy_flops`)."""
     best = {m: min(r["ttp"] for r in rows if r["method"] == m)
             for m in ("naive loop", "paper code")}
     for r in rows:
@@ -982,8 +1031,63 @@ def finish_case(case: RealCase, rows: list[dict[str, Any]], peaks: dict[str, flo
             "repeats": case.repeats, "width": case.width, "mean_length": float(lengths.mean()),
             "info": case.info, "gemm_gflops": {k: v / 1e9 for k, v in peaks.items()},
             "gflop_per_forward": {str(k): v / 1e9 for k, v in fl.items()},
+            "gflop_per_local_copy": None if local is None else local / 1e9,
             "rows": rows, "checks": checks, "exact_cuts": cuts,
             "targets": targets(case.name, rows, peaks, cuts)}
+
+
+def row_unit(row: dict[str, Any]) -> str:
+    """The unit a row's perturbed copies ran on: ``"bf16"`` (autocast, checked bf16, a
+    reference's bf16 row), ``"int8"`` (checked int8) or ``"float32"``."""
+    precision = row["precision"]
+    if precision.startswith("int8-checked"):
+        return "int8"
+    return "bf16" if precision.startswith(("bf16", "bfloat16")) else "float32"
+
+
+def ceiling_seconds(row: dict[str, Any], peaks: dict[str, float],
+                    unit: str | None = None) -> float:
+    """Seconds ``row``'s FLOPs (:func:`flop_parts`) would take at 100% of the ``peaks``: its
+    copies on its own unit (:func:`row_unit`; ``unit`` instead, where given: that precision's own
+    decisions, nothing re-checked), a checked row's clean work and float32 re-checks at the
+    float32 peak (an unchecked row's clean work on its own unit)."""
+    parts = row.get("flop_parts") or {"clean": 0.0, "copies": row["flops"], "rechecks": 0.0}
+    own = peaks[unit or row_unit(row)]
+    # a checked row's clean forwards are float32's; an unchecked row's run as its copies do
+    clean = peaks["float32"] if unit is not None or "checked" in row["precision"] else own
+    return (parts["clean"] + parts["rechecks"]) / clean + parts["copies"] / own
+
+
+def ceilings(rows: list[dict[str, Any]], peaks: dict[str, float], key: str) -> list[str]:
+    """The ratio (``key``: ``"vs_naive"`` or ``"vs_paper"``) each senslab row would reach if its
+    every FLOP ran at its unit's peak (the reference as measured), and the fewest-FLOP row's on
+    the fastest unit the machine has, in that unit's own decisions. A unit's peak is its square
+    GEMM's rate, or the best rate a row reached running on it alone, if higher (convolutions
+    and fused products can beat the GEMM)."""
+    ours = [r for r in rows if r["method"].startswith("senslab") and r["seconds"] > 0]
+    if not ours:
+        return []
+    # a convolution or a fused product may beat the square GEMM: a unit runs at least as fast
+    # as any row that ran on it alone did (a checked row's rate mixes two units)
+    peaks = dict(peaks)
+    for r in rows:
+        if r["seconds"] > 0 and "checked" not in r["precision"]:
+            unit = row_unit(r)
+            peaks[unit] = max(peaks[unit], r["flops"] / r["seconds"])
+    at_peak = ", ".join(f"{r['label']} {r[key] * r['seconds'] / ceiling_seconds(r, peaks):.2f}×"
+                        for r in ours)
+    fastest = max((u for u in ("float32", "bf16", "int8") if peaks.get(u, 0.0) > 0),
+                  key=lambda u: peaks[u])
+    least = min(ours, key=lambda r: r["flops"] * r["ttp"] / r["seconds"])  # to the target
+    whole = least[key] * least["seconds"] / ceiling_seconds(least, peaks, fastest)
+    rates = ", ".join(f"{u} {peaks[u] / 1e9:.0f}" for u in ("float32", "bf16", "int8")
+                      if peaks.get(u, 0.0) > 0)
+    return [f"ceiling, every FLOP of a row at its unit's peak (the GEMM's, or the best rate a "
+            f"row reached on that unit alone: {rates} G/s; its copies in its own precision, a "
+            f"checked row's clean work and float32 re-checks at the fp32 peak): {at_peak}",
+            f"ceiling on the fastest unit ({fastest}, {peaks[fastest] / 1e9:.0f} G/s), its own "
+            f"decisions, nothing re-checked: {least['label']}'s {least['flops'] / 1e9:.1f} GFLOP "
+            f"at its peak, {whole:.2f}×"]
 
 
 def targets(name: str, rows: list[dict[str, Any]], peaks: dict[str, float],
@@ -1038,6 +1142,7 @@ def targets(name: str, rows: list[dict[str, Any]], peaks: dict[str, float],
                 f"FLOPs, at most {cuts['bound_taken']:.2f}×; not taken: their query–key pairs "
                 f"{100 * cuts['first_block_pairs']:.1f}%, at most "
                 f"{cuts['bound'] / cuts['bound_taken']:.2f}× more")
+        bounds += ceilings(rows, peaks, "vs_naive" if ref == "naive loop" else "vs_paper")
         if adaptive_plain is not None:
             bounds.append(f"variance reduction: {adaptive_plain['forwards']:,} forwards (plain "
                           f"adaptive) vs {best['forwards']:,} ({best['method']})")
@@ -1093,6 +1198,10 @@ def markdown(result: dict[str, Any]) -> str:
                   + (f", int8 {g['int8']:.0f} GOP/s; " if "int8" in g else "; ")
                   + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                               for k, v in c["info"].items() if k != "trained") + ")"]
+        if c.get("gflop_per_local_copy"):
+            whole, local = c["gflop_per_forward"][str(c["width"])], c["gflop_per_local_copy"]
+            lines.append(f"- local reuse: {local:.3f} GFLOP a copy against {whole:.3f} for a "
+                         f"whole forward ({whole / local:.2f}× fewer)")
         lines += [f"- {label}: failed ({err})" for label, err in c.get("failed", {}).items()]
         bad = [k for k, v in c["checks"]["agree"].items() if not v["ok"]]
         zmax = max(v["z"] for v in c["checks"]["agree"].values())
@@ -1180,6 +1289,38 @@ def recompute_ceiling(record: Path) -> dict[str, Any]:
     return result
 
 
+def recount(record: Path) -> dict[str, Any]:
+    """The FLOPs of a timed record's rows counted again (:func:`flop_parts`, with local reuse's
+    own count, :func:`local_copy_flops`), and from them the FLOP rates and the targets' bounds
+    and ceilings, written back into the record with the date of the recount. Each case's model
+    is built again (the counts do not depend on its weights); nothing is timed, so the rows'
+    seconds, estimates and ratios stay as they ran."""
+    result = json.loads(record.read_text())
+    cases = [c for c in result.get("cases", []) if c.get("rows")]
+    if not cases:
+        raise SystemExit(f"{record} holds no timed rows: pass a record written without --ceiling")
+    for c in cases:
+        case = dataclasses.replace(make_case(c["case"], c["examples"]), repeats=c["repeats"])
+        fl, local = flops_by_length(case), local_copy_flops(case)
+        peaks = {k: v * 1e9 for k, v in c["gemm_gflops"].items()}
+        for row in c["rows"]:
+            row["flop_parts"] = flop_parts(case, row, fl, local)
+            row["flops"] = sum(row["flop_parts"].values())
+            row["flop_rate"] = row["flops"] / row["seconds"]
+            row["fraction_fp32_gemm"] = row["flop_rate"] / peaks["float32"]
+            row["fraction_bf16_gemm"] = row["flop_rate"] / peaks["bf16"]
+        c["gflop_per_local_copy"] = None if local is None else local / 1e9
+        c["targets"] = targets(c["case"], c["rows"], peaks, c.get("exact_cuts"))
+    result["recounted"] = datetime.datetime.now(datetime.timezone.utc).isoformat(
+        timespec="seconds")
+    result["markdown"] = markdown(result)
+    print(result["markdown"], flush=True)
+    tmp = record.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1, default=float))
+    tmp.replace(record)
+    return result
+
+
 def make_case(name: str, n: int) -> RealCase:
     if name == "minilm":
         return minilm_case(n, SIGMA[name])
@@ -1221,6 +1362,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--ceiling-from", type=Path, default=None, metavar="RECORD",
                         help="recompute allocation_ceiling from the flip counts a --ceiling "
                         "record holds (the same draws) and write it back; no model is run")
+    parser.add_argument("--recount", type=Path, default=None, metavar="RECORD",
+                        help="count a timed record's FLOPs again (local reuse's copies at their "
+                        "own cost), then its FLOP rates, bounds and ceilings, and write them "
+                        "back; the models are built, nothing is timed")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--device", default="cpu",
                         help="e.g. cuda: the cases are built on the CPU, then measured there "
@@ -1240,6 +1385,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                              f"for the standard error), got {value}")
     if args.ceiling_from is not None:
         return recompute_ceiling(args.ceiling_from)
+    if args.recount is not None:
+        return recount(args.recount)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     gpu = device.type == "cuda"

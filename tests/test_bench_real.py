@@ -522,3 +522,95 @@ def test_the_peak_targets_bound_says_what_the_best_row_ran(bench):
         bounds = " ".join(out[0]["bounds"])
         assert says in bounds and never not in bounds and not out[0]["ok"]
         assert "34% (naive loop), 39% (paper code)" in bounds
+
+
+def tiny_resnet_case(bench, n=2):
+    """The zoo's ResNet-18 at an eighth of its width on 16×16 images, 4×4 patches: a model with
+    local reuse (``forward_local``) and a static int8 copy."""
+    from _real import RealCase
+
+    from senslab.models import create_model
+
+    model = create_model("resnet18", image_size=16, width=0.125, num_classes=3, seed=0).eval()
+    x = torch.rand(n, 3, 16, 16, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    return RealCase("tiny_resnet", "image", model, x, Patches(4), 1.0, 2)
+
+
+def test_local_reuse_copies_are_counted_at_the_work_they_do(bench):
+    """A copy local reuse evaluates costs the FLOPs of its windows and the rest of the model —
+    fewer than a whole forward, more than the part past the windows — and a row's FLOPs count it
+    so; whole copies (checked int8's static copy) and a row without reuse count whole forwards."""
+    case = tiny_resnet_case(bench)
+    fl = bench.flops_by_length(case)
+    full = fl[case.width]
+    local = bench.local_copy_flops(case)
+    assert 0.1 * full < local < full
+    # counted by hand: the same images, one more draw per patch adds 16 copies
+    x = case.inputs[:1]
+    counted = [bench._count(lambda r=r: bench.token_sensitivity(
+        case.model, x, case.tokens, sigma=case.sigma, repeats=r, precision="float32"))[0]
+        for r in (2, 3)]
+    assert counted[1] - counted[0] == pytest.approx(16 * local)
+
+    def row(precision, rechecked=0, tokens="Patches(4)"):
+        return {"method": "senslab x", "precision": precision, "forwards": case.n + 40,
+                "forwards_fp32": rechecked, "control_variate": False, "options": {},
+                "tokens": tokens}
+
+    parts = bench.flop_parts(case, row("float32"), fl, local)
+    assert parts == {"clean": case.n * full, "copies": 40 * local, "rechecks": 0.0}
+    int8 = bench.flop_parts(case, row("int8-checked (10.0% re-checked)", 4), fl, local)
+    assert int8["copies"] == 40 * full and int8["rechecks"] == 4 * local
+    bf16 = bench.flop_parts(case, row("bf16-checked (10.0% re-checked)", 4), fl, local)
+    assert bf16["copies"] == 40 * local and bf16["rechecks"] == 4 * local
+    whole = bench.flop_parts(case, row("float32", tokens="Patches(4, reuse_local=False)"), fl,
+                             local)
+    assert whole["copies"] == 40 * full
+    assert bench.row_flops(case, row("float32"), fl, local) == pytest.approx(
+        case.n * full + 40 * local)
+    # a model without local reuse: nothing to count
+    assert bench.local_copy_flops(tiny_image_case(bench)) is None
+
+
+def test_ceilings_run_every_flop_at_its_units_peak(bench):
+    """A row's ceiling divides its measured ratio by the share of its seconds its FLOPs would
+    take at the measured peaks: copies on the row's own unit, a checked row's clean work and
+    float32 re-checks at the float32 peak; the fastest unit's line runs the fewest-FLOP row
+    there."""
+    G = 1e9  # FLOP/s and FLOPs in billions, as the report prints them
+    peaks = {"float32": 100 * G, "bf16": 200 * G, "fp16": 1 * G, "int8": 400 * G}
+
+    def row(label, precision, parts, seconds, ratio):
+        parts = {k: v * G for k, v in parts.items()}
+        return {"method": label, "label": label, "precision": precision, "seconds": seconds,
+                "ttp": seconds, "flop_parts": parts, "flops": sum(parts.values()),
+                "forwards": 10, "vs_paper": ratio}
+
+    f32 = row("senslab precision=float32", "float32",
+              {"clean": 100.0, "copies": 900.0, "rechecks": 0.0}, 20.0, 1.0)
+    checked = row("senslab precision=bf16-checked", "bf16-checked (10.0% re-checked)",
+                  {"clean": 100.0, "copies": 900.0, "rechecks": 90.0}, 12.0, 1.5)
+    ref = row("paper code", "bf16", {"clean": 100.0, "copies": 1900.0, "rechecks": 0.0}, 20.0,
+              1.0)
+    assert bench.ceiling_seconds(f32, peaks) == pytest.approx(10.0)
+    assert bench.ceiling_seconds(checked, peaks) == pytest.approx(1.0 + 4.5 + 0.9)
+    # an unchecked bf16 row runs its clean forwards in bf16 too
+    assert bench.ceiling_seconds(ref, peaks) == pytest.approx(0.5 + 9.5)
+    assert bench.ceiling_seconds(f32, peaks, "int8") == pytest.approx(1.0 + 2.25)
+    lines = bench.ceilings([ref, f32, checked], peaks, "vs_paper")
+    assert "float32 100, bf16 200, int8 400 G/s" in lines[0]
+    assert "senslab precision=float32 2.00×" in lines[0]
+    assert f"senslab precision=bf16-checked {1.5 * 12 / 6.4:.2f}×" in lines[0]
+    assert "paper code" not in lines[0]  # the references are what the ratios are taken against
+    # the fewest FLOPs to the target: the float32 row's 1,000 (the checked row re-checked 90
+    # more); on int8 at its peak, nothing re-checked
+    assert "fastest unit (int8" in lines[1] and "senslab precision=float32's" in lines[1]
+    assert f"{1.0 * 20 / (1.0 + 900 / 400):.2f}×" in lines[1]
+    # a row that ran faster on its unit than the GEMM raises that unit's peak (the references
+    # too); a checked row, whose rate mixes two units, does not
+    fast = row("naive loop", "float32", {"clean": 0.0, "copies": 4000.0, "rechecks": 0.0}, 20.0,
+               1.0)
+    quick = {**checked, "seconds": 1.0}  # 1,090 FLOPs a second: checked, so not a unit's peak
+    lines = bench.ceilings([fast, ref, f32, quick], peaks, "vs_paper")
+    assert "float32 200, bf16 200, int8 400 G/s" in lines[0]
+    assert f"senslab precision=float32 {1.0 * 20 / 5.0:.2f}×" in lines[0]
