@@ -620,7 +620,10 @@ def senslab_row(case: RealCase, method: str, options: dict[str, Any], t_clean: f
     checked = res.recheck_fraction is not None
     precision = precision_label(metric.checked_precision, res.recheck_fraction,
                                 options.get("autocast"))
+    # whether its copies ran whole in a static int8 copy of the model (:func:`flop_parts`)
+    static = metric.checked_precision == "int8" and metric._check._static is not None
     return {"method": method, "precision": precision, "estimate": res.estimate,
+            "static_int8": static,
             "se": res.stderr_subset, "forwards": res.num_forward,
             "forwards_fp32": res.num_forward_fp32, "seconds": seconds, "t_clean": t_clean,
             "t_perturbed": max(seconds - t_clean, 0.0), "adaptive": "target_stderr" in options,
@@ -750,9 +753,12 @@ def local_copy_flops(case: RealCase) -> float | None:
 
 def _whole_low_copies(case: RealCase, row: dict[str, Any]) -> bool:
     """Whether ``row``'s low-precision copies were whole forwards: checked int8 on a
-    convolutional model runs a static int8 copy of it (its float32 re-checks reuse locally)."""
+    convolutional model may run a static int8 copy of it (its float32 re-checks reuse
+    locally)."""
+    if "static_int8" in row:  # recorded by the run
+        return bool(row["static_int8"])
     return (row["precision"].startswith("int8-checked") and case.kind == "image"
-            and StaticInt8.applies(case.model))
+            and StaticInt8.applies(case.model))  # a record made before it was
 
 
 def flop_parts(case: RealCase, row: dict[str, Any], fl: dict[int, float],

@@ -563,6 +563,11 @@ def test_local_reuse_copies_are_counted_at_the_work_they_do(bench):
     assert int8["copies"] == 40 * full and int8["rechecks"] == 4 * local
     bf16 = bench.flop_parts(case, row("bf16-checked (10.0% re-checked)", 4), fl, local)
     assert bf16["copies"] == 40 * local and bf16["rechecks"] == 4 * local
+    # a run records whether its int8 copies ran whole; where it says not, they reused locally
+    dynamic = {**row("int8-checked (10.0% re-checked)", 4), "static_int8": False}
+    assert bench.flop_parts(case, dynamic, fl, local)["copies"] == 40 * local
+    ran = bench.senslab_row(case, "senslab x", {"repeats": 2, "precision": "int8-checked"}, 0.0)
+    assert ran["static_int8"] is True  # the zoo's ResNet traces: its static int8 copy ran
     whole = bench.flop_parts(case, row("float32", tokens="Patches(4, reuse_local=False)"), fl,
                              local)
     assert whole["copies"] == 40 * full
