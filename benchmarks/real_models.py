@@ -158,6 +158,11 @@ VARIANCE_REDUCTION = {
     "adaptive allocation autocast=bf16": {"repeats": 1, "allocation": "linear",
                                           "budget": ALLOCATION_BUDGET,
                                           "autocast": torch.bfloat16},
+    # float32's decisions from checked bf16 whatever "auto"'s timed judgement (which can fall
+    # either side of its threshold on the allocation's small rounds)
+    "adaptive allocation bf16-checked": {"repeats": 1, "allocation": "linear",
+                                         "budget": ALLOCATION_BUDGET,
+                                         "precision": "bf16-checked"},
     "adaptive allocation + antithetic": {"repeats": 2, "antithetic": True,
                                          "allocation": "linear", "budget": ALLOCATION_BUDGET},
     # a share of every example's tokens, one draw each (a quarter two): a pilot of a sixteenth
