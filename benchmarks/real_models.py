@@ -806,6 +806,17 @@ def row_flops(case: RealCase, row: dict[str, Any], fl: dict[int, float],
     return sum(flop_parts(case, row, fl, local).values())
 
 
+def count_row(case: RealCase, row: dict[str, Any], fl: dict[int, float], local: float | None,
+              peaks: dict[str, float]) -> None:
+    """Set ``row``'s FLOPs (:func:`flop_parts` and their sum), its FLOP rate and that rate's
+    fractions of the float32 and bf16 GEMM ``peaks``."""
+    row["flop_parts"] = flop_parts(case, row, fl, local)
+    row["flops"] = sum(row["flop_parts"].values())
+    row["flop_rate"] = row["flops"] / row["seconds"]
+    row["fraction_fp32_gemm"] = row["flop_rate"] / peaks["float32"]
+    row["fraction_bf16_gemm"] = row["flop_rate"] / peaks["bf16"]
+
+
 # -- one case -------------------------------------------------------------------------------------
 
 
@@ -874,11 +885,7 @@ def measure_case(case: RealCase, gemm_n: int, reps: int = 1, log: Any = print,
         for key in ("seconds", "ttp", "ttp_rule"):
             row[key] = statistics.median(s[key] for s in samples[label])
         row["label"] = label
-        row["flop_parts"] = flop_parts(case, row, fl, local)
-        row["flops"] = sum(row["flop_parts"].values())
-        row["flop_rate"] = row["flops"] / row["seconds"]
-        row["fraction_fp32_gemm"] = row["flop_rate"] / peaks["float32"]
-        row["fraction_bf16_gemm"] = row["flop_rate"] / peaks["bf16"]
+        count_row(case, row, fl, local, peaks)
         rows.append(row)
     return {**finish_case(case, rows, peaks, fl, target, cuts, local), "failed": failed}
 
@@ -1087,12 +1094,11 @@ def ceilings(rows: list[dict[str, Any]], peaks: dict[str, float], key: str) -> l
             peaks[unit] = max(peaks[unit], r["flops"] / r["seconds"])
     at_peak = ", ".join(f"{r['label']} {r[key] * r['seconds'] / ceiling_seconds(r, peaks):.2f}×"
                         for r in ours)
-    fastest = max((u for u in ("float32", "bf16", "int8") if peaks.get(u, 0.0) > 0),
-                  key=lambda u: peaks[u])
+    units = [u for u in ("float32", "bf16", "int8") if peaks.get(u, 0.0) > 0]
+    fastest = max(units, key=lambda u: peaks[u])
     least = min(ours, key=lambda r: r["flops"] * r["ttp"] / r["seconds"])  # to the target
     whole = least[key] * least["seconds"] / ceiling_seconds(least, peaks, fastest)
-    rates = ", ".join(f"{u} {peaks[u] / 1e9:.0f}" for u in ("float32", "bf16", "int8")
-                      if peaks.get(u, 0.0) > 0)
+    rates = ", ".join(f"{u} {peaks[u] / 1e9:.0f}" for u in units)
     return [f"ceiling, every FLOP of a row at its unit's peak (the GEMM's, or the best rate a "
             f"row reached on that unit alone: {rates} G/s; its copies in its own precision, a "
             f"checked row's clean work and float32 re-checks at the fp32 peak): {at_peak}",
@@ -1294,6 +1300,11 @@ def recompute_ceiling(record: Path) -> dict[str, Any]:
     result["recomputed"] = datetime.datetime.now(datetime.timezone.utc).isoformat(
         timespec="seconds")
     result["markdown"] = "\n".join(ceiling_markdown(c) for c in cases)
+    return _write_back(result, record)
+
+
+def _write_back(result: dict[str, Any], record: Path) -> dict[str, Any]:
+    """``result`` written over ``record`` (whole, then renamed into place)."""
     tmp = record.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1, default=float))
     tmp.replace(record)
@@ -1315,21 +1326,14 @@ def recount(record: Path) -> dict[str, Any]:
         fl, local = flops_by_length(case), local_copy_flops(case)
         peaks = {k: v * 1e9 for k, v in c["gemm_gflops"].items()}
         for row in c["rows"]:
-            row["flop_parts"] = flop_parts(case, row, fl, local)
-            row["flops"] = sum(row["flop_parts"].values())
-            row["flop_rate"] = row["flops"] / row["seconds"]
-            row["fraction_fp32_gemm"] = row["flop_rate"] / peaks["float32"]
-            row["fraction_bf16_gemm"] = row["flop_rate"] / peaks["bf16"]
+            count_row(case, row, fl, local, peaks)
         c["gflop_per_local_copy"] = None if local is None else local / 1e9
         c["targets"] = targets(c["case"], c["rows"], peaks, c.get("exact_cuts"))
     result["recounted"] = datetime.datetime.now(datetime.timezone.utc).isoformat(
         timespec="seconds")
     result["markdown"] = markdown(result)
     print(result["markdown"], flush=True)
-    tmp = record.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1, default=float))
-    tmp.replace(record)
-    return result
+    return _write_back(result, record)
 
 
 def make_case(name: str, n: int) -> RealCase:
