@@ -15,6 +15,9 @@ predictions depend on the input.
 
 from __future__ import annotations
 
+import math
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -151,11 +154,15 @@ def test_grayscale_hint_only_for_three_dimensional_images() -> None:
 
 # --------------------------------------------------------------------------- low precision
 class OnePixel(nn.Module):
-    """Class 1 iff pixel (0, 0) of channel 0 exceeds 3 − 0.004: the flip probability under
+    """Class 1 iff pixel (0, 0) of channel 0 exceeds 3 − d (0.004): the flip probability under
     N(0, σ²) noise on that pixel is known."""
 
+    def __init__(self, d: float = 0.004) -> None:
+        super().__init__()
+        self.d = d
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        z = (x[:, 0, 0, 0] - 3.0) + 0.004
+        z = (x[:, 0, 0, 0] - 3.0) + self.d
         return torch.stack([torch.zeros_like(z), z], 1)
 
 
@@ -183,16 +190,39 @@ def test_bf16_images_whose_grid_rounds_the_noise_away_are_refused(mode: str) -> 
 
 
 def test_low_precision_images_at_ordinary_sigma_are_measured() -> None:
-    """bf16 normalised images, σ = 0.1; fp16 at σ = 0.005 near 3 (spacing 0.002: the noise is
-    kept within 1%); float32 images never checked. No refusal; the numbers are the plain
-    measurement's (the check draws nothing)."""
+    """bf16 normalised images at σ = 0.2, fp16 at σ = 0.02 near 3 (spacing 0.002, a tenth of
+    σ): measured without a word, and the one-pixel threshold's rate is the exact one."""
     model = Linear().bfloat16().eval()
     x = images().bfloat16()
-    r = token_sensitivity(model, x, Patches(4), sigma=0.1, generator=0, repeats=2)
-    assert 0 <= r.estimate <= 1
-    x3 = torch.full((64, 1, 4, 4), 3.0)
-    half = token_sensitivity(OnePixel(), x3.half(), Patches(2), sigma=0.005, repeats=4)
-    assert 0 < half.estimate < 0.1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = token_sensitivity(model, x, Patches(4), sigma=0.2, generator=0, repeats=2)
+        assert 0 <= r.estimate <= 1
+        x3 = torch.full((64, 1, 4, 4), 3.0)
+        half = token_sensitivity(OnePixel(d=0.016), x3.half(), Patches(2), sigma=0.02, repeats=32,
+                                 generator=0)
+    exact = 0.25 * 0.5 * math.erfc(0.8 / math.sqrt(2))  # Φ(−0.016/0.02) on one patch of four
+    assert abs(half.estimate - exact) < 4 * half.stderr_subset
+
+
+@pytest.mark.parametrize("mode", ["token", "whole"])
+def test_fp16_noise_that_the_grid_moves_the_threshold_of_is_refused(mode: str) -> None:
+    """fp16 images near 3 (spacing 0.002) at σ = 0.005: the noise keeps its root mean square
+    within 1% on the grid, but its rounding moves a one-pixel threshold by up to a fifth of σ
+    (its rate came out 0.0437 against the exact 0.0530 before this was refused). At σ = 0.01
+    (rounding 5.7% of the noise) it is measured with a warning naming the fix."""
+    x3 = torch.full((64, 1, 4, 4), 3.0).half()
+    with pytest.raises(ValueError) as err:
+        token_sensitivity(OnePixel(), x3, Patches(2), sigma=0.005, repeats=8, mode=mode)
+    text = str(err.value)
+    assert "too small for the float16 images" in text and "is moved by 11." in text
+    assert "half the spacing" in text and "images.float()" in text
+    model = OnePixel(d=0.008)
+    with pytest.warns(UserWarning, match=r"coarse on the float16 grid.*moved by 5\.\d%.*"
+                                         r"autocast=torch\.float16") as seen:
+        r = token_sensitivity(model, x3, Patches(2), sigma=0.01, repeats=8, mode=mode)
+    assert all(w.filename == __file__ for w in seen)  # pointed at the caller
+    assert 0 < r.estimate < 1
 
 
 def test_the_check_draws_nothing() -> None:

@@ -28,13 +28,12 @@ tokens unperturbed, such as an end token).
 
 from __future__ import annotations
 
-import os
-import sys
 import warnings
 
 import torch
 from torch import Tensor
 
+from .._stack import user_level as _user_level
 from ..tokens.base import BoundTokens
 
 #: a chunk ends before a copy whose example is shorter than (1 − SLACK) × the chunk's width:
@@ -131,15 +130,6 @@ def _cut(bound: BoundTokens, idx: Tensor, width: int, device: torch.device) -> T
     """The clean outputs of the examples ``idx``, their inputs cut to ``width`` tokens."""
     zero = torch.zeros(len(idx), width, bound.dim, device=device)
     return bound.forward_perturbed(idx, None, zero, width=width)  # type: ignore[call-arg]
-
-
-def _user_level() -> int:
-    """``stacklevel`` of the first frame outside senslab and torch (the user's call)."""
-    inside = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(torch.__file__))
-    frame, level = sys._getframe(2), 2  # the caller of warn_untrimmed is level 2 of warn()
-    while frame is not None and frame.f_code.co_filename.startswith(inside):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def warn_untrimmed(reason: str) -> None:
