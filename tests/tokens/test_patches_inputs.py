@@ -24,7 +24,7 @@ from torch import nn
 
 from senslab import token_sensitivity
 from senslab.tokens import Embedding, Patches, auto_tokens
-from senslab.tokens import patches as patches_module
+from senslab.tokens import _grid as grid
 
 EXACT = dict(precision="float32", generator=0, repeats=2)
 
@@ -169,8 +169,8 @@ class OnePixel(nn.Module):
 def test_criteria_are_those_of_low_precision_weights() -> None:
     from senslab.measure import sharpness
 
-    assert patches_module.ROUNDING_RTOL == sharpness.ROUNDING_RTOL
-    assert patches_module.ROUNDING_MAX_UNCHANGED == sharpness.ROUNDING_MAX_UNCHANGED
+    assert grid.ROUNDING_RTOL == sharpness.ROUNDING_RTOL
+    assert grid.ROUNDING_MAX_UNCHANGED == sharpness.ROUNDING_MAX_UNCHANGED
 
 
 @pytest.mark.parametrize("mode", ["token", "whole"])

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten
 
+from ._grid import LOW_PRECISION, GridCheck
 from .base import (
     BoundTokens,
     Inputs,
@@ -350,6 +351,11 @@ class _BoundEmbedding(BoundTokens):
         self._width: int | None = None  # tokens of the copies in the current forward
         self.position: Position = "last"  # where a per-position output is read (see Embedding)
         self.ends: Tensor | None = None  # (B,) each example's last real position
+        #: noise landing on bf16/fp16 token vectors is checked against the noise drawn
+        self._check_rounding = GridCheck(f"token vectors of {name!r}", (
+            "Measure a float32 copy of the model — copy.deepcopy(model).float() — with "
+            "autocast=torch.{dtype} to keep {dtype} arithmetic (the noise then lands in "
+            "float32), or use a larger sigma, well above {spacing}"))
 
     def hook(self, module: nn.Module, args: Any, out: Any) -> Any:
         if isinstance(out, Tensor) and out.dim() == 4:
@@ -391,11 +397,17 @@ class _BoundEmbedding(BoundTokens):
                 f"submodule {self.name!r} ran on {out.shape[0]} rows, expected {noise.shape[0]}: "
                 "Embedding tokens need a batch-first module called once per forward"
             )
-        noise = noise.to(out.dtype)
+        low = out.dtype in LOW_PRECISION
         if tok is None:
-            return out + noise
+            if low:
+                self._check_rounding(out, noise)
+            return out + noise.to(out.dtype)
+        rows = torch.arange(out.shape[0], device=out.device)
+        if low:
+            self._check_rounding(out[rows, tok], noise)
+        noise = noise.to(out.dtype)
         out = out.clone()
-        out[torch.arange(out.shape[0], device=out.device), tok] += noise
+        out[rows, tok] += noise
         return out
 
     def _count(self, forward: Any) -> Tensor:
@@ -479,6 +491,8 @@ class _BoundEmbedding(BoundTokens):
     def forward_perturbed(self, src: Tensor, tok: Tensor | None, noise: Tensor,
                           width: int | None = None) -> Tensor:
         if self.reuse and tok is not None:  # already reads each copy up to its last real token
+            if self._clean.dtype in LOW_PRECISION:  # the model adds the noise to its own cache
+                self._check_rounding(self._clean[src, tok], noise)
             self.prepare()
             out = select_output(self.model.forward_suffix(self._cache, src, tok, noise),
                                 self.output)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Iterator, Mapping
 from collections.abc import Sequence as Seq
 from contextlib import contextmanager
@@ -13,7 +12,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from .._stack import user_level
+from ._grid import LOW_PRECISION, GridCheck
 from .base import (
     BoundTokens,
     DtypeClash,
@@ -31,22 +30,6 @@ from .base import (
 #: entries of a dict input that are targets, not model inputs: dropped (as the Hugging Face
 #: callback drops them from a Trainer batch); the outputs are compared, not a loss
 TARGETS = ("labels", "label", "label_ids")
-#: low-precision images: the noise applied (rounded to the images' grid) may differ from the
-#: noise drawn by this share of the drawn noise's root mean square at most — the difference
-#: itself, not the two sizes (a sum rounded to a grid of spacing Δ keeps its root mean square
-#: within 1% up to Δ ≈ 0.5σ, yet a decision that hinges on one value then moves its flip rate by
-#: a third: the effective threshold shifts by up to Δ/2) — and at most
-#: ``ROUNDING_MAX_UNCHANGED`` of the perturbed entries may keep their clean value. The share
-#: matches ``ROUNDING_RTOL`` of :mod:`senslab.measure.sharpness` for low-precision weights, which
-#: compares the sizes instead (a loss changes with the noise's size, not a threshold's place).
-ROUNDING_RTOL = 0.1
-ROUNDING_MAX_UNCHANGED = 0.5
-#: … and above this share (spacing about σ/10) the measurement goes on with a warning: decisions
-#: that hinge on a few values can move by several percent (measured: a one-pixel threshold 8%
-#: off at a share of 0.056, within its standard error at 0.028)
-ROUNDING_WARN = 0.03
-#: … judged once this many entries got noise (a few copies' worth would judge by chance)
-ROUNDING_MIN_ENTRIES = 1024
 
 
 def _divisors(n: int) -> list[int]:
@@ -275,11 +258,12 @@ class _BoundPatches(BoundTokens):
         #: a dict input: the images' key, and the other entries (keyword arguments, their
         #: batch-shaped tensors picked per copy)
         self.key, self.rest = key, rest or {}
-        #: low-precision images: the rounding of the noise is checked (pooled Σ drawn²,
-        #: Σ applied², # unchanged, # perturbed; :meth:`_check_rounding`)
+        #: low-precision images: the rounding of the noise is checked (:class:`GridCheck`)
         self.low = x.is_floating_point() and x.dtype not in (torch.float32, torch.float64)
-        self._rounding = [0.0, 0.0, 0.0, 0.0]
-        self._warned = False  # the coarse-grid warning, once
+        self._check_rounding = GridCheck("images", (
+            "Measure on float32 images — images.float(), with model.float() on a copy for a "
+            "{dtype} model, and autocast=torch.{dtype} to keep {dtype} arithmetic inside the "
+            "model — or use a larger sigma, well above {spacing}"))
         #: (mean, std) per channel for σ in pixel space (None: noise added as it is)
         self.norm = None if norm is None else (norm[0].to(x.device), norm[1].to(x.device))
         self.gh, self.gw = spec.grid(h, w)
@@ -322,64 +306,6 @@ class _BoundPatches(BoundTokens):
                   and v.shape[0] == b else v for k, v in self.rest.items()}
         kwargs[self.key] = images
         return call_model(self.model, kwargs, self.output)
-
-    def _check_rounding(self, clean: Tensor, noise: Tensor) -> None:
-        """bf16/fp16 images: refuse where the noise, added on the images' own grid, is not the
-        noise drawn: the root mean square of (applied − drawn) above :data:`ROUNDING_RTOL` of
-        the drawn noise's, or more than :data:`ROUNDING_MAX_UNCHANGED` of the perturbed entries
-        unchanged; warn (once) above :data:`ROUNDING_WARN`. Entries without noise (padding, a
-        zero-noise check) are not counted. Calls are pooled until :data:`ROUNDING_MIN_ENTRIES`
-        entries are perturbed, then judged; a call whose noise differs in size by more than 2x
-        from the pool's starts a new pool. Every call is looked at (one host sync each),
-        because the batch checks' copies carry noise of the token vectors' own size, not σ: the
-        first chunk of σ-noise decides. Nothing is drawn (the stream is untouched). ``clean``
-        and ``noise`` have one shape."""
-        drawn = noise.float()
-        moved = drawn != 0
-        applied = ((clean + noise.to(clean.dtype)).float() - clean.float()) * moved
-        stats = torch.stack([drawn.double().square().sum(),
-                             (applied - drawn).double().square().sum(),
-                             ((applied == 0) & moved).sum().double(), moved.sum().double()])
-        now, pool = stats.tolist(), self._rounding
-        if now[3] == 0:
-            return
-        if pool[3] and not 0.5 < math.sqrt(now[0] / now[3] * pool[3] / pool[0]) < 2:
-            pool = [0.0, 0.0, 0.0, 0.0]  # another noise size (a check's): pooled apart
-        pool = [a + b for a, b in zip(pool, now, strict=True)]
-        if pool[3] < ROUNDING_MIN_ENTRIES:
-            self._rounding = pool
-            return
-        self._rounding = [0.0, 0.0, 0.0, 0.0]
-        error, share = math.sqrt(pool[1] / pool[0]), pool[2] / pool[3]
-        if error <= ROUNDING_WARN and share <= ROUNDING_MAX_UNCHANGED:
-            return
-        _, exponent = torch.frexp((clean + noise.to(clean.dtype))[moved].double())
-        spacing = torch.finfo(clean.dtype).eps * torch.exp2(exponent.double() - 1)
-        rms = math.sqrt(float(spacing.square().mean()))
-        size = math.sqrt(pool[0] / pool[3])
-        dtype = str(clean.dtype).removeprefix("torch.")
-        fix = (f"Measure on float32 images — images.float(), with model.float() on a copy for a "
-               f"{dtype} model, and autocast=torch.{dtype} to keep {dtype} arithmetic inside "
-               f"the model — or use a larger sigma, well above {rms:.2g}")
-        where = (f"added to the {dtype} images and rounded to their grid (root-mean-square "
-                 f"spacing {rms:.2g} where it lands), noise of root mean square {size:.2g} is "
-                 f"moved by {error:.1%} of that and leaves {share:.0%} of the perturbed entries "
-                 f"unchanged")
-        if error <= ROUNDING_RTOL and share <= ROUNDING_MAX_UNCHANGED:
-            if not self._warned:
-                self._warned = True
-                warnings.warn(
-                    f"the noise is coarse on the {dtype} grid: {where}. A decision that "
-                    f"hinges on a few values can change its flip rate by several percent "
-                    f"(above {ROUNDING_RTOL:.0%} this is refused). {fix}",
-                    UserWarning, stacklevel=user_level())
-            return
-        raise ValueError(
-            f"the noise is too small for the {dtype} images: {where}, so the result would "
-            f"describe another noise (accepted: moved by at most {ROUNDING_RTOL:.0%}, at most "
-            f"{ROUNDING_MAX_UNCHANGED:.0%} unchanged: a decision that hinges on one value has its "
-            f"threshold moved by up to half the spacing). {fix}"
-        )
 
     def _local(self, src: Tensor) -> tuple[Any, Tensor]:
         """The model's clean-map cache holding the examples ``src`` (rebuilt for a chunk that
@@ -491,6 +417,11 @@ class _BoundSequence(BoundTokens):
         # on a copy: a forward that edits its input in place must not change the caller's
         # tensor, nor the base of the perturbed copies
         self.clean_output = clean_forward(model, x.clone(), output)
+        self.low = x.dtype in LOW_PRECISION
+        self._check_rounding = GridCheck("token vectors", (
+            "Pass float32 token vectors — x.float(), with model.float() on a copy for a {dtype} "
+            "model, and autocast=torch.{dtype} to keep {dtype} arithmetic inside the model — or "
+            "use a larger sigma, well above {spacing}"))
 
     def tokens(self, src: Tensor, tok: Tensor) -> Tensor:
         return self.x[src, tok]
@@ -499,7 +430,13 @@ class _BoundSequence(BoundTokens):
         copies = self.x.index_select(0, src)
         valid = self.valid.index_select(0, src)
         if tok is None:
-            copies = copies + noise.to(copies.dtype) * valid.unsqueeze(-1).to(copies.dtype)
+            noise = noise * valid.unsqueeze(-1).to(noise.dtype)
+            if self.low:
+                self._check_rounding(copies, noise)
+            copies = copies + noise.to(copies.dtype)
         else:
-            copies[torch.arange(len(src), device=copies.device), tok] += noise.to(copies.dtype)
+            rows = torch.arange(len(src), device=copies.device)
+            if self.low:
+                self._check_rounding(copies[rows, tok], noise)
+            copies[rows, tok] += noise.to(copies.dtype)
         return call_model(self.model, copies, self.output)

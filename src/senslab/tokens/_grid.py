@@ -1,0 +1,109 @@
+"""Noise added to low-precision token vectors lands on their grid: is it still the noise drawn?
+
+A bf16/fp16 tensor (images, or the output of a bf16 model's embedding) holds ``x + noise``
+rounded to its own grid, whose spacing is about ``torch.finfo(dtype).eps · |x|``. When σ is not
+large against that spacing the noise applied is not the noise drawn, and the flip rates describe
+another noise. Two things go wrong: the noise is rounded away (most entries keep their clean
+value), or — before its size changes at all — the threshold of a decision that hinges on a few
+values moves by up to half the spacing, which shifts its flip rate even while the noise keeps its
+root mean square. So the check measures the rounding itself, the root mean square of
+(applied − drawn), against the noise drawn.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+from torch import Tensor
+
+from .._stack import user_level
+
+#: the noise applied (rounded to the tokens' grid) may differ from the noise drawn by this share
+#: of the drawn noise's root mean square at most — the difference itself, not the two sizes (on a
+#: grid of spacing Δ the noise keeps its root mean square within 1% up to Δ ≈ 0.5σ, yet a
+#: one-value threshold moves by up to Δ/2: fp16 images near 3 at σ = 0.005, rounding 11% of the
+#: noise, gave a one-pixel flip rate of 0.0437 against the exact 0.0530) — and at most
+#: ``ROUNDING_MAX_UNCHANGED`` of the perturbed entries may keep their clean value. The share equals
+#: ``ROUNDING_RTOL`` of :mod:`senslab.measure.sharpness` for low-precision weights, which compares
+#: the sizes instead (a loss follows the noise's size, not a threshold's place).
+ROUNDING_RTOL = 0.1
+ROUNDING_MAX_UNCHANGED = 0.5
+#: … and above this share (a spacing of about σ/10) the measurement goes on with a warning: a
+#: decision that hinges on a few values can move by several percent (the one-pixel threshold
+#: came out 8% low at 0.056, within its standard error at 0.028)
+ROUNDING_WARN = 0.03
+#: the dtypes whose grids are checked
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+#: … judged once this many entries got noise (a few copies' worth would judge by chance)
+ROUNDING_MIN_ENTRIES = 1024
+
+
+class GridCheck:
+    """Pooled over a measurement's calls: ``check(clean, noise)`` with ``clean`` the
+    low-precision token vectors the noise is added to and ``noise`` the noise drawn (one shape).
+
+    Refuses (``ValueError``) where the root mean square of (applied − drawn) is above
+    :data:`ROUNDING_RTOL` of the drawn noise's, or more than :data:`ROUNDING_MAX_UNCHANGED` of
+    the perturbed entries kept their clean value; warns once above :data:`ROUNDING_WARN`.
+    Entries without noise (padding, a zero-noise check) are not counted. Calls are pooled until
+    :data:`ROUNDING_MIN_ENTRIES` entries are perturbed, then judged; a call whose noise differs
+    in size by more than 2x from the pool's starts a new pool. Every call is looked at (one host
+    sync each), because the batch checks' copies carry noise of the token vectors' own size, not
+    σ: the first chunk of σ-noise decides. Nothing is drawn (the stream is untouched).
+
+    ``what`` names the tokens in the messages ("images"); ``fix`` is the advice, formatted with
+    ``dtype`` and ``spacing``."""
+
+    def __init__(self, what: str, fix: str) -> None:
+        self.what, self.fix = what, fix
+        self._pool = [0.0, 0.0, 0.0, 0.0]  # Σ drawn², Σ (applied − drawn)², # unchanged, # moved
+        self._warned = False
+
+    def __call__(self, clean: Tensor, noise: Tensor) -> None:
+        drawn = noise.float()
+        moved = drawn != 0
+        landed = clean + noise.to(clean.dtype)
+        applied = (landed.float() - clean.float()) * moved
+        stats = torch.stack([drawn.double().square().sum(),
+                             (applied - drawn).double().square().sum(),
+                             ((applied == 0) & moved).sum().double(), moved.sum().double()])
+        now, pool = stats.tolist(), self._pool
+        if now[3] == 0:
+            return
+        if pool[3] and not 0.5 < math.sqrt(now[0] / now[3] * pool[3] / pool[0]) < 2:
+            pool = [0.0, 0.0, 0.0, 0.0]  # another noise size (a check's): pooled apart
+        pool = [a + b for a, b in zip(pool, now, strict=True)]
+        if pool[3] < ROUNDING_MIN_ENTRIES:
+            self._pool = pool
+            return
+        self._pool = [0.0, 0.0, 0.0, 0.0]
+        error, share = math.sqrt(pool[1] / pool[0]), pool[2] / pool[3]
+        if error <= ROUNDING_WARN and share <= ROUNDING_MAX_UNCHANGED:
+            return
+        _, exponent = torch.frexp(landed[moved].double())
+        spacing = torch.finfo(clean.dtype).eps * torch.exp2(exponent.double() - 1)
+        rms = math.sqrt(float(spacing.square().mean()))
+        size = math.sqrt(pool[0] / pool[3])
+        dtype = str(clean.dtype).removeprefix("torch.")
+        fix = self.fix.format(dtype=dtype, spacing=f"{rms:.2g}")
+        where = (f"added to the {dtype} {self.what} and rounded to their grid (root-mean-square "
+                 f"spacing {rms:.2g} where it lands), noise of root mean square {size:.2g} is "
+                 f"moved by {error:.1%} of that and leaves {share:.0%} of the perturbed entries "
+                 f"unchanged")
+        if error <= ROUNDING_RTOL and share <= ROUNDING_MAX_UNCHANGED:
+            if not self._warned:
+                self._warned = True
+                warnings.warn(
+                    f"the noise is coarse on the {dtype} grid: {where}. A decision that hinges "
+                    f"on a few values can change its flip rate by several percent (above "
+                    f"{ROUNDING_RTOL:.0%} this is refused). {fix}",
+                    UserWarning, stacklevel=user_level())
+            return
+        raise ValueError(
+            f"the noise is too small for the {dtype} {self.what}: {where}, so the result would "
+            f"describe another noise (accepted: moved by at most {ROUNDING_RTOL:.0%}, at most "
+            f"{ROUNDING_MAX_UNCHANGED:.0%} unchanged: a decision that hinges on one value has its "
+            f"threshold moved by up to half the spacing). {fix}"
+        )
