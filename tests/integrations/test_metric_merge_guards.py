@@ -162,6 +162,28 @@ def test_a_second_epoch_without_reset_says_that_its_batches_are_skipped():
     assert metric.result().num_examples == 4
 
 
+def test_a_resumed_metric_says_that_a_batch_of_its_loaded_examples_is_skipped():
+    """A metric loaded from a state dict and run over the same epoch again without reset():
+    its examples' indices were taken for another process's (the loaded ones were not this
+    process's own), so every batch was skipped without a word. Now it warns as the metric
+    that measured them would; a fresh metric measuring new indices still does not."""
+    model, x = net(), batches()[0].reshape(16, 1, 4, 4)[:8]
+    first = TokenSensitivityMetric(Patches(2), generator=0, **OPTS)
+    first.persistent(True)
+    first.update(model, x[:4], index=torch.arange(4))
+    for states in (first.state_dict(),
+                   {k: v for k, v in first.state_dict().items() if k != "seen_index"}):
+        resumed = TokenSensitivityMetric(Patches(2), generator=0, **OPTS)
+        resumed.persistent(True)
+        resumed.load_state_dict(states)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            resumed.update(model, x[4:], index=torch.arange(4, 8))  # new examples: measured
+        with pytest.warns(UserWarning, match=r"measured before(?s:.*)metric.reset\(\)"):
+            resumed.update(model, x[:4], index=torch.arange(4))
+        assert resumed.result().num_examples == 8
+
+
 def test_a_batch_another_process_measured_is_skipped_without_a_word():
     """A DistributedSampler's padding: a rank's last batch may hold only examples another rank
     measured. They are skipped, as always, but that is no second epoch: no warning. (Here the

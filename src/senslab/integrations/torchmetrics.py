@@ -452,11 +452,13 @@ class TokenSensitivityMetric(Metric):
             for name in _CATS:
                 if isinstance(getattr(self, name), list):
                     setattr(self, name, list(getattr(self, name)))
+            if loaded:  # the loaded states' own examples: a batch of them again is a repeat
+                keys = _cat(self.sample_index)
+                self._own, self._warned_seen = _indices(keys[~torch.isnan(keys)]), False
             if seen is not None:
                 self._seen = _indices(seen)
             elif loaded:
-                keys = _cat(self.sample_index)
-                self._seen = _indices(keys[~torch.isnan(keys)])
+                self._seen = set(self._own)
             if seen is not None or loaded:
                 self._computed, self._last = None, None  # no earlier compute's value
             if counts:  # the states were replaced: so are the examples' ids
