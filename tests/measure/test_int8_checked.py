@@ -592,6 +592,62 @@ def test_the_judgement_counts_the_low_copy_and_the_rechecked_share():
     assert check._pays()
 
 
+def test_the_judgement_is_checked_against_the_checked_copies():
+    """The calibration's copies (the first of the first batch) predicted 10% re-checked and a
+    third of a float32 copy's time: checking pays. Once CALIBRATION_COPIES copies ran
+    checked, their measured share (59%) and times decide: a loss (0.92 > 1/1.2), so the rest
+    run in float32, with the measured numbers in the reason. Fewer checked copies, or an
+    explicit request, leave the calibration's verdict."""
+    check = _precision.PrecisionCheck()
+    check.use("int8", judge=True)
+    cal = _precision.CALIBRATION_COPIES
+    check._copies, check._seconds, check.predicted_recheck = cal, [0.5, 1.5], 0.1
+    assert check._pays()  # 1/3 + 0.1
+    check._timed = [0.5, cal - 1, 1.8, 300]
+    check._rejudge()
+    assert not check.idle  # not yet enough checked copies
+    check._timed = [1.0, 2 * cal, 1.8, 300]
+    per_low, per_full = 1.5 / (3 * cal), 3.3 / (cal + 300)
+    assert check._checked_cost() == pytest.approx(per_low / per_full + 300 / (2 * cal))
+    check._rejudge()
+    assert check.idle and check.why_idle == (
+        f"\"auto\" measured no gain over {2 * cal} checked copies: int8 re-checked 59% of them "
+        "in float32, and a checked copy cost 0.92 of a float32 one")
+    explicit = _precision.PrecisionCheck()
+    explicit.use("int8", judge=False)
+    explicit._copies, explicit._seconds, explicit._timed = cal, [0.5, 1.5], [1.0, 2 * cal, 1.8, 300]
+    explicit._rejudge()
+    assert not explicit.idle
+
+
+def test_auto_stops_checking_mid_batch_with_float32_flips(monkeypatch):
+    """"auto" judged checking to pay on its calibration copies, then found it a loss on the
+    checked copies (as on an AVX2 CPU whose static int8 ResNet-18 ran no faster than local
+    reuse in float32 and re-checked 15× the share the calibration predicted): the rest of
+    the batch, and later batches, run in float32 alone; every flip is float32's."""
+    monkeypatch.setattr(_precision, "bf16_pays", lambda device: False)
+    monkeypatch.setattr(_precision, "int8_pays", lambda device: True)
+    # the calibration's prediction pays, the measured checked copies do not, whatever this
+    # machine's speeds
+    monkeypatch.setattr(_precision.PrecisionCheck, "_pays", lambda self: not self.judge or (
+        self._timed[1] < _precision.CALIBRATION_COPIES))
+    model = hf_bert()
+    batch, tokens = right_padded(64, 12), Embedding("bert.embeddings.LayerNorm")
+    opts = {"sigma": 2.0, "repeats": 3}
+    full = run(model, batch, tokens, precision="float32", **opts)
+    auto = run(model, batch, tokens, chunk_size=128, **opts)
+    assert len(auto.copies) > 3 * _precision.CALIBRATION_COPIES  # copies left after the switch
+    assert torch.equal(auto.copies, full.copies)
+    checked = auto._check._timed[1]
+    assert _precision.CALIBRATION_COPIES <= checked < len(auto.copies) - 256
+    assert auto.checked_precision == "float32" and auto.check_bound is None
+    assert auto.float32_reason.startswith(f"\"auto\" measured no gain over {checked} checked "
+                                          "copies: int8 re-checked ")
+    r = auto.compute()
+    assert r.estimate == full.compute().estimate
+    assert 0 < r.num_forward_fp32 < _precision.CALIBRATION_COPIES + checked
+
+
 def test_int8_checked_options_are_checked():
     with pytest.raises(ValueError, match="measures output distances"):
         TokenSensitivity(mlp(), Patches(2), sigma=1.0, precision="int8-checked", compare="l1")

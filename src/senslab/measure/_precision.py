@@ -89,8 +89,10 @@ precisions, per copy, and ``"auto"`` goes back to float32 for the rest of the me
 (until ``reset``) unless a low-precision copy plus the predicted re-checked share of a float32
 one costs at most ``1 / MIN_SPEEDUP`` of a float32 copy. It judges from :data:`JUDGE_AFTER`
 calibration copies on: the share under the bound measured so far is a lower bound of the final
-share, so a loss seen early is a loss at the end. An explicit ``"bf16-checked"`` or
-``"int8-checked"`` always runs checked.
+share, so a loss seen early is a loss at the end. The calibration copies are the first batch's
+first few examples, so it judges again once :data:`CALIBRATION_COPIES` copies have run checked,
+from their measured re-checked share and times, and goes back to float32 then where checking
+turned out a loss. An explicit ``"bf16-checked"`` or ``"int8-checked"`` always runs checked.
 """
 
 from __future__ import annotations
@@ -606,6 +608,9 @@ class PrecisionCheck:
         self._cal: list[tuple[Tensor, Tensor]] = []  # calibration copies' low margins, sizes
         #: seconds the calibration copies took in the low precision and in float32
         self._seconds = [0.0, 0.0]
+        #: after the calibration: seconds and copies of the checked low-precision forwards,
+        #: and of the float32 re-checks (:meth:`_rejudge`)
+        self._timed = [0.0, 0, 0.0, 0]
         #: the bound as calibrated, before any spot check widened it (None: calibrating)
         self.calibrated: float | None = None
         #: how many times a spot check widened the bound (:meth:`_checked`), and whether one
@@ -646,18 +651,27 @@ class PrecisionCheck:
             self._static = _int8.StaticInt8(model) if _int8.StaticInt8.applies(model) else None
 
     def _pays(self) -> bool:
-        """Whether a copy costs less checked than in float32, as timed in the calibration: its
-        low-precision forward plus the predicted share re-checked in float32 at most
-        ``1 / MIN_SPEEDUP`` of a float32 forward. Without ``judge``, yes."""
+        """Whether a copy costs less checked than in float32 (:meth:`_checked_cost`: its
+        low-precision forward plus the share re-checked in float32, as the calibration predicts
+        it or, later, as measured) at most ``1 / MIN_SPEEDUP`` of a float32 forward. Without
+        ``judge``, yes."""
         if not self.judge or self._seconds[1] <= 0 or self.predicted_recheck is None:
             return True
         return self._checked_cost() <= 1 / MIN_SPEEDUP
 
     def _checked_cost(self) -> float:
-        """A checked copy's cost in float32 copies, as timed in the calibration: its
-        low-precision forward plus the predicted share re-checked in float32."""
+        """A checked copy's cost in float32 copies: its low-precision forward plus the share
+        re-checked in float32. As timed in the calibration, with the share it predicts; from
+        :data:`CALIBRATION_COPIES` checked copies on (:meth:`_rejudge`), with their measured
+        share, and per-copy times pooled over the calibration and the checked copies (the
+        float32 ones over the calibration and the re-checks)."""
         low, full = self._seconds
         share = self.predicted_recheck or 0.0
+        low_s, low_n, full_s, full_n = self._timed
+        if low_n >= CALIBRATION_COPIES and self._copies > 0:
+            per_low = (low + low_s) / (self._copies + low_n)
+            per_full = (full + full_s) / (self._copies + full_n)
+            return (per_low + full_n / low_n * per_full) / per_full if per_full > 0 else math.nan
         return (low + share * full) / full if full > 0 else math.nan
 
     def take_counts(self) -> tuple[int, int]:
@@ -878,6 +892,15 @@ class PrecisionCheck:
         band takes in are re-checked too, and new copies outside it are spot-checked, until a
         spot check passes or no copy is left outside. So a later batch whose errors the
         calibration did not see gets float32's decisions, and the wider bound from then on."""
+        low = self._checked_copies(forward, rows, n, device, kind, threshold, piece)
+        self._rejudge()
+        return low
+
+    def _checked_copies(self, forward: Callable[[Tensor | None], Tensor], rows: Tensor | None,
+                        n: int, device: torch.device, kind: str, threshold: float | None,
+                        piece: int | None) -> Tensor:
+        """:meth:`_checked`'s work, its forwards timed for :meth:`_rejudge`."""
+        clock = _clock(device)
         if piece is None or piece >= n:
             parts: list[Tensor | None] = [rows]
         else:
@@ -892,6 +915,8 @@ class PrecisionCheck:
             wides.append(self._output_widening(size) * _on(self._widening(len(low)), size))
         low, wide = torch.cat(lows), torch.cat(wides)
         self.copies += n
+        self._timed[0] += _clock(device) - clock
+        self._timed[1] += n
         m = margins(low, predictions(low, kind, threshold), kind, threshold)
         done = torch.zeros(n, dtype=torch.bool, device=low.device)  # evaluated in float32
         while True:
@@ -907,10 +932,30 @@ class PrecisionCheck:
             before = low[spot]  # the spot-checked copies' low outputs
             # forwards of equal size, a chunk at most each (a share above the predicted one
             # never overruns memory)
+            clock = _clock(device)
             for part in again.tensor_split(-(-len(again) // (piece or len(again)))):
                 low[part] = forward(part if rows is None else rows[part]).float()
+            self._timed[2] += _clock(device) - clock
+            self._timed[3] += len(again)
             if not self._widen(before, low[spot], wide[spot], kind, threshold):
                 return low
+
+    def _rejudge(self) -> None:
+        """Under ``judge``: the calibration's verdict checked against the checked copies so far.
+        The calibration copies are the first :data:`CALIBRATION_COPIES` of the first batch (a
+        few examples): their re-checked share can be far from the batch's (1% predicted, 15%
+        re-checked: ResNet-18 on MNIST, a static int8 copy on an AVX2 CPU), and their timing
+        is one sample. From :data:`CALIBRATION_COPIES` checked copies on, :meth:`_pays` judges
+        from what they measured (:meth:`_checked_cost`), and where checking does not pay the
+        rest run in float32 (:attr:`idle`). The decisions are float32's either way: only the
+        time changes."""
+        if not self.judge or self.idle or self._timed[1] < CALIBRATION_COPIES:
+            return
+        self._set_idle(not self._pays(),
+                       f"\"auto\" measured no gain over {self._timed[1]} checked copies: "
+                       f"{self.low} re-checked {self._timed[3] / self._timed[1]:.0%} of them in "
+                       f"float32, and a checked copy cost {self._checked_cost():.2f} of a "
+                       "float32 one")
 
     def _spot(self, outside: Tensor) -> Tensor:
         """A mask of the copies outside the band (mask ``outside``) to verify in float32:
