@@ -580,6 +580,23 @@ def test_auto_builds_a_static_int8_copy_on_large_batches_only(monkeypatch, large
         assert static is None and auto.checked_precision == "float32"
 
 
+def test_auto_counts_an_allocations_first_round_for_the_static_copy(monkeypatch):
+    """An allocation sizes its rounds as it goes, so the batch's tokens × draws overstate what
+    the calibration's first round makes: the static int8 copy is judged on the first round's
+    copies (a share ``budget`` of the tokens). On an AVX2 CPU, building it for token sampling
+    on 256 MNIST images (16,384 tokens, a first round of 1,024) cost seconds that the
+    calibration then threw away."""
+    _auto(monkeypatch, True)
+    monkeypatch.setattr(_precision, "AUTO_STATIC_COPIES", 1000)
+    model = trained_resnet()
+    x, _ = strips(80, torch.Generator().manual_seed(1))  # 1,280 patches, a first round of 640
+    auto = run(model, x, Patches(4), sigma=1.5, allocation="uniform", budget=0.5)
+    assert auto._check._static is None
+    assert auto.checked_precision == "float32"  # the CNN has no linear layer to run in int8
+    whole = run(model, x, Patches(4), sigma=1.5, repeats=1)  # 1,280 copies at once
+    assert whole._check._static is not None and whole.checked_precision == "int8"
+
+
 def test_the_judgement_counts_the_low_copy_and_the_rechecked_share():
     check = _precision.PrecisionCheck()
     check.use("int8", judge=True)

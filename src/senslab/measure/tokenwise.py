@@ -1051,6 +1051,8 @@ class TokenSensitivity:
                 "masked entries to a large finite value (output=lambda o: o.clamp(min=-1e4))")
         b = bound.valid.shape[0]
         copies = b * self.repeats if self.mode == "whole" else int(bound.valid.sum()) * self.repeats
+        if self.allocation:  # rounds sized as they go: the first is a share budget of the tokens
+            copies = int(bound.valid.sum() * self.budget)
         self._check.use(*low, model=self.model, copies=copies)
         if self._check.idle:
             return None
