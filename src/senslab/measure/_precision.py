@@ -626,8 +626,9 @@ class PrecisionCheck:
         a convolutional ``model`` that FX traces runs its static int8 copy
         (:class:`._int8.StaticInt8`) — under ``judge`` only where the first batch of a
         calibration makes at least :data:`AUTO_STATIC_COPIES` ``copies`` (an allocation's: its
-        first round's), so building the copy costs little beside them; other models run their linear layers in int8. A ``model``
-        whose parameters or buffers changed since the last call starts a new calibration, and
+        first round's), so building the copy costs little beside them; other models run their
+        linear layers in int8. A ``model`` whose parameters or buffers changed since the last
+        call starts a new calibration, and
         while a static int8 copy is in use so does one whose plain Python attributes changed
         (:func:`._int8.attributes_state`: the copy bakes them in)."""
         weights = _int8.weights_state(model)
