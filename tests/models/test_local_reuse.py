@@ -12,6 +12,7 @@ from senslab.measure import TokenSensitivity, token_sensitivity
 from senslab.models import create_model
 from senslab.models.windows import Window, fold, read
 from senslab.tokens import Patches
+from senslab.tokens import patches as patches_module
 
 
 def resnet(image: int, stats: bool = False, **overrides):
@@ -180,7 +181,12 @@ def test_local_reuse_gives_the_full_forwards_numbers(options):
         assert torch.equal(full.per_sample, fast.per_sample)
 
 
-def test_cache_holds_only_the_current_chunks_examples():
+@pytest.mark.parametrize("ahead", [1, 8])
+def test_cache_holds_a_chunks_examples_and_the_next_ones(monkeypatch, ahead):
+    """The clean maps of a chunk's examples, made together with the examples after them up to
+    LOCAL_AHEAD in all (the next chunks read them: one call instead of one per example, at
+    batch-1 speed), and never more than a chunk's own examples beyond that."""
+    monkeypatch.setattr(patches_module, "LOCAL_AHEAD", ahead)
     model = resnet(16, sens_patch=4)
     sizes = []
     original = model.local_cache
@@ -190,11 +196,17 @@ def test_cache_holds_only_the_current_chunks_examples():
         return original(x, patch)
 
     model.local_cache = recording
-    x = torch.rand(5, 3, 16, 16, generator=torch.Generator().manual_seed(0))
-    token_sensitivity(model, x, Patches(4), sigma=0.5, repeats=2, chunk_size=12)
-    # 16 patches × 2 draws = 32 copies per example, chunks of 12: at most 2 examples per chunk,
-    # every example cached at least once
-    assert max(sizes) <= 2 and sum(sizes) >= 5
+    x = torch.rand(12, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    full = token_sensitivity(model, x, Patches(4, reuse_local=False), sigma=0.5, repeats=2,
+                             chunk_size=12)
+    fast = token_sensitivity(model, x, Patches(4), sigma=0.5, repeats=2, chunk_size=12)
+    assert torch.equal(fast.per_sample, full.per_sample)
+    # 16 patches × 2 draws = 32 copies per example, chunks of 12: at most 2 examples per chunk
+    if ahead == 1:
+        assert max(sizes) <= 2 and sum(sizes) >= 12  # every example cached at least once
+    else:
+        # examples 0–7, then 7–11 for the chunk of copies 252–263 (examples 7 and 8): two calls
+        assert sizes == [8, 5]
 
 
 def test_train_mode_and_whole_input_run_full_forwards():
@@ -439,10 +451,11 @@ def test_default_chunks_count_kept_memory_against_the_hosts_free_memory(monkeypa
     assert chunks["model", 40 * per_copy] <= 40
 
 
-def test_patches_pass_the_models_kept_memory_to_the_next_chunks_cache():
+def test_patches_pass_the_models_kept_memory_to_the_next_chunks_cache(monkeypatch):
     """The clean maps are rebuilt for a chunk of other examples; the memory ``forward_local``
     keeps (``cache["scratch"]``) passes on, so the next chunk writes into the same buffers, and
     every chunk's values are still those of its own examples."""
+    monkeypatch.setattr(patches_module, "LOCAL_AHEAD", 1)  # one example's maps at a time
     model = vit(dim_head=16)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(4, 3, 16, 16, generator=g)
