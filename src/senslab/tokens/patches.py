@@ -34,7 +34,7 @@ TARGETS = ("labels", "label", "label_ids")
 #: and, where it has fewer, the examples after its last (the copies come example-major, so the
 #: next chunks read them). One image's maps at a time ran at batch-1 speed and repeated the
 #: model's per-call work (BatchNorms folded into ResNet-18's convolutions: 23 ms an image
-#: against 9 ms in eights)
+#: against 9 ms eight at a time)
 LOCAL_AHEAD = 8
 
 
