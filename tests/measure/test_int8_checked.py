@@ -527,9 +527,10 @@ def test_a_batch_with_wider_activations_than_the_calibration_keeps_float32_flips
 # -- "auto" ------------------------------------------------------------------------------------
 
 
-def _auto(monkeypatch, pays: bool) -> None:
+def _auto(monkeypatch, pays: bool, int8_speedup: float = 4.0) -> None:
     monkeypatch.setattr(_precision, "bf16_pays", lambda device: False)
     monkeypatch.setattr(_precision, "int8_pays", lambda device: True)
+    monkeypatch.setattr(_precision, "_int8_gemm_speedup", lambda threads: int8_speedup)
     # the timed judgement finds a gain, or none, whatever this machine's speeds
     monkeypatch.setattr(_precision.PrecisionCheck, "_pays",
                         lambda self: pays or not self.judge)
@@ -578,6 +579,24 @@ def test_auto_builds_a_static_int8_copy_on_large_batches_only(monkeypatch, large
         assert auto.checked_precision == "int8" and auto.check_bound > 1e-3
     else:
         assert static is None and auto.checked_precision == "float32"
+
+
+@pytest.mark.parametrize("reuse", [True, False], ids=["local-reuse", "whole-copies"])
+def test_auto_builds_no_static_copy_against_local_reuse_where_int8_is_barely_faster(
+        monkeypatch, reuse):
+    """The static int8 copy runs whole copies; local reuse runs a cheaper part of one in
+    float32. Where the int8 product is only 1.5× float32's (an AVX2 CPU without VNNI, whose
+    static ResNet-18 copy cost as much per copy as local reuse), "auto" does not build it for
+    copies local reuse would run — they stay float32 (this CNN has no linear layer to run in
+    int8) — but does where every copy is a whole forward anyway."""
+    _auto(monkeypatch, True, int8_speedup=1.5)
+    monkeypatch.setattr(_precision, "AUTO_STATIC_COPIES", 1000)
+    x, _ = strips(48, torch.Generator().manual_seed(1))  # 1,536 copies
+    auto = run(trained_resnet(), x, Patches(4, reuse_local=reuse), sigma=1.5, repeats=2)
+    if reuse:
+        assert auto._check._static is None and auto.checked_precision == "float32"
+    else:
+        assert auto._check._static is not None and auto.checked_precision == "int8"
 
 
 def test_auto_counts_an_allocations_first_round_for_the_static_copy(monkeypatch):

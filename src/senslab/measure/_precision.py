@@ -144,6 +144,13 @@ STATIC_CLAMP = 1.5
 #: many perturbed copies: quantising the copy costs a few hundred whole forwards and FX's
 #: graph passes, negligible beside this many copies and not worth it on small batches
 AUTO_STATIC_COPIES = 16_384
+#: ``"auto"`` builds that copy, for copies that would reuse the clean computation in float32
+#: (local reuse), only where the int8 linear layer measured at least this many times float32's
+#: speed: the static copy runs whole forwards, local reuse a part of one (ResNet-18 on 32×32:
+#: 1.55× fewer FLOPs), so int8 must beat that and still gain :data:`MIN_SPEEDUP` (on an AVX2
+#: CPU without VNNI, int8 at 1.4–1.5×, the static copy cost as much per copy as local reuse's
+#: float32 one)
+STATIC_OVER_LOCAL = 2.0
 
 
 def native_bf16(device: torch.device) -> bool:
@@ -620,17 +627,20 @@ class PrecisionCheck:
         #: the spot checks' own generator: which copies are verified never moves the noise
         self._spots = torch.Generator().manual_seed(SPOT_SEED)
 
-    def use(self, low: str, judge: bool = False, model: Any = None, copies: int = 0) -> None:
+    def use(self, low: str, judge: bool = False, model: Any = None, copies: int = 0,
+            reuse: bool = False) -> None:
         """Check ``low`` from now on (a new low precision starts a new calibration); with
         ``judge`` (``"auto"`` on a CPU) stop checking if the calibration finds no gain. int8 on
         a convolutional ``model`` that FX traces runs its static int8 copy
         (:class:`._int8.StaticInt8`) — under ``judge`` only where the first batch of a
         calibration makes at least :data:`AUTO_STATIC_COPIES` ``copies`` (an allocation's: its
-        first round's), so building the copy costs little beside them; other models run their
-        linear layers in int8. A ``model`` whose parameters or buffers changed since the last
-        call starts a new calibration, and
-        while a static int8 copy is in use so does one whose plain Python attributes changed
-        (:func:`._int8.attributes_state`: the copy bakes them in)."""
+        first round's), so building the copy costs little beside them, and where the copies
+        would otherwise reuse the clean computation (``reuse``) only on a CPU whose int8
+        product runs at :data:`STATIC_OVER_LOCAL` × float32's; other models run their linear
+        layers in int8. A ``model`` whose parameters or buffers changed since the last call
+        starts a new calibration, and while a static int8 copy is in use so does one whose
+        plain Python attributes changed (:func:`._int8.attributes_state`: the copy bakes them
+        in)."""
         weights = _int8.weights_state(model)
         # a static int8 copy bakes the model's plain Python attributes in (the dynamic int8
         # layers and bf16 read them at every call): compared only while such a copy exists
@@ -647,7 +657,9 @@ class PrecisionCheck:
         self.judge = judge
         fresh = self.bound is None and self._copies == 0 and not self.idle
         if (low == "int8" and model is not None and model is not self._static_for
-                and (not judge or (fresh and copies >= AUTO_STATIC_COPIES))):
+                and (not judge or (fresh and copies >= AUTO_STATIC_COPIES and (
+                    not reuse
+                    or _int8_gemm_speedup(torch.get_num_threads()) >= STATIC_OVER_LOCAL)))):
             self._static_for = model
             self._static = _int8.StaticInt8(model) if _int8.StaticInt8.applies(model) else None
 

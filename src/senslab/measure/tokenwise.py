@@ -1053,7 +1053,8 @@ class TokenSensitivity:
         copies = b * self.repeats if self.mode == "whole" else int(bound.valid.sum()) * self.repeats
         if self.allocation:  # rounds sized as they go: the first is a share budget of the tokens
             copies = int(bound.valid.sum() * self.budget)
-        self._check.use(*low, model=self.model, copies=copies)
+        self._check.use(*low, model=self.model, copies=copies,
+                        reuse=bool(getattr(bound, "reuse", False)) and self.mode != "whole")
         if self._check.idle:
             return None
         self._check.take_counts()  # nothing left over from a failed update
