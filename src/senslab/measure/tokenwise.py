@@ -1050,9 +1050,10 @@ class TokenSensitivity:
                 "the outputs, which -inf makes infinite. Pass precision='float32', or clamp the "
                 "masked entries to a large finite value (output=lambda o: o.clamp(min=-1e4))")
         b = bound.valid.shape[0]
-        copies = b * self.repeats if self.mode == "whole" else int(bound.valid.sum()) * self.repeats
         if self.allocation:  # rounds sized as they go: the first is a share budget of the tokens
             copies = int(bound.valid.sum() * self.budget)
+        else:
+            copies = (b if self.mode == "whole" else int(bound.valid.sum())) * self.repeats
         self._check.use(*low, model=self.model, copies=copies,
                         reuse=bool(getattr(bound, "reuse", False)) and self.mode != "whole")
         if self._check.idle:
