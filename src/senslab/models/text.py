@@ -424,7 +424,9 @@ class GPT2Classifier(_TextTransformer):
 
     # -- prefix reuse (senslab.tokens.Embedding): causal attention leaves positions before a
     # perturbed token t unchanged, so a copy recomputes only positions t.. against the clean
-    # keys and values of the prefix (about half the work; copies are bucketed by suffix length)
+    # keys and values of the prefix (about half the work). The copies' suffix rows are packed
+    # one after another, so every matrix product runs once per layer on real rows only; the
+    # attention alone groups copies by suffix length (padding each group to its longest)
     prefix_module = "embed_ln"
     SUFFIX_BUCKETS = 8
 
@@ -440,46 +442,76 @@ class GPT2Classifier(_TextTransformer):
         h = tokens + self.pos_embed(torch.arange(tokens.shape[1], device=tokens.device))
         keys, values = [], []
         x = h
-        for block in self.blocks:
-            k, v = block.attn.split_heads(block.ln1(x))[1:]
+        allowed = mask[:, None, None, :] & torch.ones(
+            h.shape[1], h.shape[1], dtype=torch.bool, device=h.device).tril()
+        for block in self.blocks:  # Block.forward, keeping each block's keys and values
+            q, k, v = block.attn.split_heads(block.ln1(x))
             keys.append(k)
             values.append(v)
-            x = block(x, mask)
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+            x = x + block.attn.proj(a.transpose(1, 2).reshape(x.shape))
+            x = x + block.mlp(block.ln2(x))
         return {"h": h, "k": keys, "v": values, "last": mask.sum(dim=1) - 1}
 
     def forward_suffix(self, cache: dict[str, Any], src: Tensor, tok: Tensor,
                        noise: Tensor) -> Tensor:
         """Logits of copies of examples ``src`` with ``noise`` added to token ``tok`` (a real
         token) at the ``embed_ln`` output."""
-        lengths = cache["last"][src] - tok + 1
-        return _per_bucket(lengths, self.SUFFIX_BUCKETS, lambda part: self._suffix(
-            cache, src[part], tok[part], noise[part], lengths[part]))
-
-    def _suffix(self, cache: dict[str, Any], src: Tensor, tok: Tensor, noise: Tensor,
-                lengths: Tensor) -> Tensor:
         h0 = cache["h"]
-        n, total = len(src), h0.shape[1]
-        span = torch.arange(int(lengths.max()), device=src.device)
-        x = h0[src[:, None], (tok[:, None] + span).clamp(max=total - 1)]
-        x[:, 0] += noise.to(x.dtype)
-        s = len(span)
-        # allowed keys: the clean prefix (positions < t) and the suffix up to the query, within
-        # the sequence's real tokens; the prefix is read only up to the group's latest t (the
-        # clean keys beyond it are masked for every copy of the group)
-        width = int(tok.max())
-        prefix_ok = torch.arange(width, device=src.device)[None, :] < tok[:, None]  # (n, w)
-        causal = torch.ones(s, s, dtype=torch.bool, device=src.device).tril()
-        suffix_ok = causal[None] & (span[None, None, :] < lengths[:, None, None])  # (n, s, s)
-        allowed = torch.cat([prefix_ok[:, None, :].expand(n, s, width), suffix_ok], dim=2)
-        allowed = allowed[:, None]
+        lengths = cache["last"][src] - tok + 1  # each copy's suffix: tokens tok..last
+        n, dim = len(src), h0.shape[2]
+        starts = lengths.cumsum(0) - lengths  # copy i's rows: starts[i] .. starts[i] + lengths[i]
+        total = int(lengths.sum())
+        copy = torch.repeat_interleave(torch.arange(n, device=src.device), lengths,
+                                       output_size=total)
+        x = h0[src[copy], tok[copy] + torch.arange(total, device=src.device) - starts[copy]]
+        x[starts] += noise.to(x.dtype)
+        groups: list[_SuffixGroup] = []
         for block, k_clean, v_clean in zip(self.blocks, cache["k"], cache["v"], strict=True):
-            q, k, v = block.attn.split_heads(block.ln1(x))
-            k = torch.cat([k_clean[src, :, :width].to(k.dtype), k], dim=2)
-            v = torch.cat([v_clean[src, :, :width].to(v.dtype), v], dim=2)
-            a = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
-            x = x + block.attn.proj(a.transpose(1, 2).reshape(n, s, -1))
+            qkv = block.attn.qkv(block.ln1(x))
+            if not groups:  # the attention's dtype: the products' (bf16 under autocast)
+                groups = [_SuffixGroup(part, src, tok, lengths, starts, qkv.dtype)
+                          for part in lengths.argsort().chunk(self.SUFFIX_BUCKETS)]
+            heads = block.attn.heads
+            a = qkv.new_empty(total, dim)
+            for g in groups:
+                q, k, v = qkv[g.rows].view(g.n, g.s, 3, heads, dim // heads).permute(2, 0, 3, 1, 4)
+                k = torch.cat([k_clean[g.src, :, :g.width].to(k.dtype), k], dim=2)
+                v = torch.cat([v_clean[g.src, :, :g.width].to(v.dtype), v], dim=2)
+                o = F.scaled_dot_product_attention(q, k, v, attn_mask=g.mask)
+                a[g.to_rows] = o.transpose(1, 2).reshape(g.n * g.s, dim).index_select(0, g.real)
+            x = x + block.attn.proj(a)
             x = x + block.mlp(block.ln2(x))
-        return self.head(self.norm(x[torch.arange(n, device=src.device), lengths - 1]))
+        return self.head(self.norm(x[starts + lengths - 1]))
+
+
+class _SuffixGroup:
+    """Copies ``part`` of a :meth:`GPT2Classifier.forward_suffix` call, for the attention: their
+    suffix rows padded to the group's longest suffix ``s`` (``rows``: each padded slot's packed
+    row, a padding slot repeating its copy's last row), which of the ``n × s`` slots are real
+    (``real``) and their packed rows (``to_rows``), and the keys each query may read (``mask``:
+    0 where allowed, −inf elsewhere): the clean prefix (positions < t, read up to the group's
+    latest t, ``width``) and its own suffix up to itself."""
+
+    def __init__(self, part: Tensor, src: Tensor, tok: Tensor, lengths: Tensor,
+                 starts: Tensor, dtype: torch.dtype) -> None:
+        t, length = tok[part], lengths[part]
+        self.n, self.s, self.width = len(part), int(length.max()), int(t.max())
+        self.src = src[part]
+        span = torch.arange(self.s, device=src.device)
+        real = span[None, :] < length[:, None]  # (n, s)
+        self.rows = starts[part][:, None] + torch.minimum(span[None, :], length[:, None] - 1)
+        self.real = real.flatten().nonzero().squeeze(1)
+        self.to_rows = self.rows.flatten().index_select(0, self.real)
+        prefix_ok = torch.arange(self.width, device=src.device)[None, :] < t[:, None]  # (n, w)
+        causal = torch.ones(self.s, self.s, dtype=torch.bool, device=src.device).tril()
+        suffix_ok = causal[None] & real[:, None, :]  # (n, s, s)
+        allowed = torch.cat([prefix_ok[:, None, :].expand(self.n, self.s, self.width),
+                             suffix_ok], dim=2)[:, None]
+        # as an additive mask in the attention's dtype, built once for every layer (a boolean
+        # one is converted on every call)
+        self.mask = torch.zeros(allowed.shape, dtype=dtype, device=src.device).masked_fill_(
+            ~allowed, float("-inf"))
 
 
 # --------------------------------------------------------------------------- registry
