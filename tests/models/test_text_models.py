@@ -265,7 +265,8 @@ def test_prefix_reuse_matches_full_forwards(name: str, options: dict) -> None:
 def test_gpt2_suffix_reads_the_prefix_up_to_its_groups_latest_token() -> None:
     """GPT-2's suffix forward reads the clean keys only up to the latest perturbed token of a
     group: groups whose copies all perturb the first token (no prefix at all), or tokens spread
-    over the sequence, give the logits of full forwards with the same noise."""
+    over the sequence, give the logits of full forwards with the same noise — also 40 copies in
+    one call, whose attention groups hold copies of several suffix lengths (padding slots)."""
     model = prefix_model("gpt2")
     ids, mask = make_batch(lengths=[9, 4, 1, 7])
     batch = {"input_ids": ids, "attention_mask": mask}
@@ -277,8 +278,11 @@ def test_gpt2_suffix_reads_the_prefix_up_to_its_groups_latest_token() -> None:
     g = torch.Generator().manual_seed(7)
     with torch.no_grad():
         cache = model.prefix_cache(seen["t"], batch)
+        many = torch.randint(0, 4, (40,), generator=g)
+        many_tok = (torch.rand(40, generator=g) * mask.sum(1)[many]).long()  # a real token
         for src, tok in ((torch.tensor([0, 1, 2, 3, 0]), torch.zeros(5, dtype=torch.long)),
-                         (torch.tensor([0, 0, 1, 3, 3, 2]), torch.tensor([0, 8, 3, 6, 2, 0]))):
+                         (torch.tensor([0, 0, 1, 3, 3, 2]), torch.tensor([0, 8, 3, 6, 2, 0])),
+                         (many, many_tok)):
             noise = torch.randn(len(src), seen["t"].shape[-1], generator=g)
             fast = model.forward_suffix(cache, src, tok, noise)
             delta = torch.zeros(len(src), *seen["t"].shape[1:])
