@@ -442,15 +442,11 @@ class GPT2Classifier(_TextTransformer):
         h = tokens + self.pos_embed(torch.arange(tokens.shape[1], device=tokens.device))
         keys, values = [], []
         x = h
-        allowed = mask[:, None, None, :] & torch.ones(
-            h.shape[1], h.shape[1], dtype=torch.bool, device=h.device).tril()
-        for block in self.blocks:  # Block.forward, keeping each block's keys and values
-            q, k, v = block.attn.split_heads(block.ln1(x))
+        for block in self.blocks:
+            k, v = block.attn.split_heads(block.ln1(x))[1:]
             keys.append(k)
             values.append(v)
-            a = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
-            x = x + block.attn.proj(a.transpose(1, 2).reshape(x.shape))
-            x = x + block.mlp(block.ln2(x))
+            x = block(x, mask)
         return {"h": h, "k": keys, "v": values, "last": mask.sum(dim=1) - 1}
 
     def forward_suffix(self, cache: dict[str, Any], src: Tensor, tok: Tensor,
