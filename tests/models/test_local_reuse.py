@@ -404,6 +404,46 @@ def test_vit_fused_attention_in_tiles_of_copies_changes_nothing(monkeypatch, til
     assert kept["out"].numel() == len(rows) * t * 16
 
 
+@pytest.mark.parametrize("autocast", [False, True])
+def test_vit_fused_attention_runs_in_tiles_without_kept_memory(monkeypatch, autocast):
+    """Under bf16 autocast (no kept memory: its buffers are float32) the host still runs the
+    fused attention a tile of copies at a time, tiles counted in the products' bytes (bf16: 2);
+    a whole chunk's logits, fresh each call, were mapped and faulted in again on every call
+    (18.7M page faults against 12k in a ViT-small run). The outputs: the untiled path's, and
+    the full forwards' under the same autocast."""
+    from senslab.models import vit as vit_module
+
+    model = vit(dim_head=16)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 16, 16, generator=g)
+    rows, top, left = every_patch(2, 16, 4)
+    noisy = torch.randn(len(rows), 3, 4, 4, generator=g) * 2
+    t, heads, tile = 17, 2, 3
+    calls = []
+    attend = vit_module.Attention._attend_fused
+
+    def counted(self, x, *args):
+        calls.append(x.shape[0])
+        return attend(self, x, *args)
+
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        whole = model.forward_local(model.local_cache(x, 4), rows, top, left, noisy)
+        full = perturbed_full(model, x, rows, top, left, noisy)
+        size = 2 if autocast else 4
+        monkeypatch.setattr(vit_module, "ATTENTION_TILE_BYTES", tile * t * heads * t * size)
+        monkeypatch.setattr(vit_module.Attention, "_attend_fused", counted)
+        tiled = model.forward_local(model.local_cache(x, 4), rows, top, left, noisy)
+    # depth 3: the first block updates its clean rows under kept memory (no tiles there) and
+    # runs in tiles under autocast, the second in tiles; the last, the CLS row alone (a
+    # seventeenth of the logits), in one
+    tiles = [tile] * (len(rows) // tile) + [len(rows) % tile]
+    assert calls == (tiles * 2 if autocast else tiles) + [len(rows)]
+    close = {"rtol": 2e-2, "atol": 2e-2} if autocast else {"rtol": 1e-5, "atol": 1e-6}
+    torch.testing.assert_close(tiled.float(), whole.float(), **close)
+    torch.testing.assert_close(tiled.float(), full.float(), **(
+        {"rtol": 5e-2, "atol": 5e-2} if autocast else {"rtol": 1e-4, "atol": 1e-5}))
+
+
 def test_vit_reports_the_memory_it_keeps_and_the_chunks_count_it():
     """``local_copy_bytes`` is the kept memory of one copy exactly (the buffers of a first call
     of 7 copies hold 7 times it); a chunk sized to a ``memory_budget`` counts it, so the kept

@@ -21,7 +21,7 @@ from ._config import check_choice, check_divides, check_positive, make_config
 from ._registry import register_model
 from .vision import ImageClassifier, ImageConfig, patchify, seeded
 
-#: bytes of logits per tile of copies in the fused attention under kept memory
+#: bytes of logits per tile of copies in the fused attention on the host
 #: (:meth:`Attention.forward_fused`): a tile's queries, logits and weights stay in cache
 ATTENTION_TILE_BYTES = 8 << 20
 
@@ -192,24 +192,28 @@ class Attention(nn.Module):
 
         if clean is not None and store is not None and rows is None:
             return self.out[1](self._forward_reached(x, fused, clean, kept))
-        # under kept memory a tile of copies at a time: its queries, logits, weights and mixed
-        # tokens (together about 2 MB a copy for ViT-small) stay in cache from the first
-        # product through the softmax to the output projection
-        tile = b if store is None else max(
-            1, ATTENTION_TILE_BYTES // (tq * self.heads * t * x.element_size()))
+        # on the host a tile of copies at a time: its queries, logits, weights and mixed tokens
+        # (together about 2 MB a copy for ViT-small) stay in cache from the first product
+        # through the softmax to the output projection (a whole chunk's logits, tens of MB, ran
+        # the attention at 0.4 of the tiles' speed under bf16 autocast)
+        tile = b if not self._host_inference(x) else max(
+            1, ATTENTION_TILE_BYTES // (tq * self.heads * t * _product_size(x)))
         bias = self.out[0].bias
         out = kept("out", (b * tq, vo.shape[0]))
+        parts = []  # without kept memory: each tile's projection a fresh tensor
         for lo in range(0, b, tile):
             hi = min(lo + tile, b)
             y = self._attend_fused(x[lo:hi], xq[lo:hi], qk, kept,
                                    kept("y", (hi - lo, tq * self.heads, dim)))
             y = y.reshape(-1, self.heads * dim)
-            if out is None:  # no kept memory: one tile, the projection a fresh tensor
-                out = F.linear(y, vo, bias)
+            if out is None:
+                parts.append(F.linear(y, vo, bias))
             elif bias is not None:
                 torch.addmm(bias, y, vo.t(), out=out[lo * tq:hi * tq])
             else:
                 torch.mm(y, vo.t(), out=out[lo * tq:hi * tq])
+        if out is None:
+            out = parts[0] if len(parts) == 1 else torch.cat(parts)
         return self.out[1](out.view(b, tq, -1))
 
     def _attend_fused(self, x: Tensor, xq: Tensor, qk: Tensor, kept: Any,
@@ -356,6 +360,15 @@ class Attention(nn.Module):
         k, v = kv.view(b, t, 2, self.heads, -1).permute(2, 0, 3, 1, 4)
         q = q.view(b, 1, self.heads, -1).transpose(1, 2)
         return self.project(q, k, v)
+
+
+def _product_size(x: Tensor) -> int:
+    """Bytes per element of the products on ``x``: autocast's dtype where it is on."""
+    if _autocast(x.device.type):
+        get = getattr(torch, "get_autocast_dtype", None)  # torch >= 2.4
+        dtype = get(x.device.type) if get else torch.get_autocast_cpu_dtype()
+        return dtype.itemsize
+    return x.element_size()
 
 
 def _scratch(store: dict[str, Tensor], key: str, shape: tuple[int, ...] | torch.Size,
