@@ -58,8 +58,9 @@ its bf16-checked and int8-checked ones are identical.
 
 **Throughput.** Model FLOPs per forward at the lengths each method evaluates
 (``torch.utils.flop_counter``, attention through the math backend; a copy resumed from the clean
-prefix counts the suffix it recomputes, one evaluated by local reuse its windows and the rest of
-the model, counted on one image, :func:`local_copy_flops`; a static int8 copy a whole forward),
+prefix the FLOPs its own ``forward_suffix`` does, counted per real length and token,
+:func:`suffix_shares`; one evaluated by local reuse its windows and the rest of the model,
+counted on one image, :func:`local_copy_flops`; a static int8 copy a whole forward),
 achieved FLOP/s of the run (not the extrapolation) and its fraction of the float32 and the bf16
 GEMM peaks (square :data:`GEMM_N`² products of every dtype, measured between the methods of every
 case). Where a target is missed, its bounds include two ceilings (:func:`ceilings`): the ratio
@@ -567,19 +568,23 @@ def clean_seconds(case: RealCase, per_example: bool) -> float:
 
 
 @contextmanager
-def copies_per_example(n: int) -> Iterator[Tensor]:
+def copies_per_example(case: RealCase) -> Iterator[Tensor]:
     """Tally, per example, the perturbed text copies a senslab row evaluates and the work they
-    cost: a (2, n) float64 tensor filled in place, row 0 the copies, row 1 each copy's share of
-    a forward at its example's real length (1 for a whole copy; for a copy resumed from its
-    clean prefix, prefix reuse, the share of the real tokens it recomputes, (k - t) / k for
-    token t of k). The control's gradient pass, whose noise requires a gradient, and the
-    checks of the copies' code path (noiseless, and the few noisy copies that check reuse
-    against full forwards) are not copies. Instrumentation only: an
-    allocation's draws favour some examples, and prefix reuse recomputes suffixes, so FLOPs are
-    counted where the copies went, not as if every copy were a whole forward of mean length."""
+    cost: a (2, n) float64 tensor, row 0 the copies, row 1 their work in forwards at the
+    example's real length (1 for a whole copy; for a copy resumed from its clean prefix, prefix
+    reuse, its counted FLOPs over a forward's, :func:`suffix_shares`: the suffix it recomputes,
+    and in the last block only the row the head reads). Row 1 is complete when the context
+    exits (the resumed copies are tallied per token during the run and weighed after it, so
+    the counting is not timed). The control's gradient pass, whose noise requires a gradient,
+    and the checks of the copies' code path (noiseless, and the few noisy copies that check
+    reuse against full forwards) are not copies. Instrumentation only: an allocation's draws
+    favour some examples, and prefix reuse recomputes suffixes, so FLOPs are counted where the
+    copies went, not as if every copy were a whole forward of mean length."""
     from senslab.tokens.embedding import _BoundEmbedding
 
+    n = case.n
     tally = torch.zeros(2, n, dtype=torch.float64)
+    resumed = torch.zeros(n, case.width, dtype=torch.float64)  # copies per (example, token)
     original = _BoundEmbedding.forward_perturbed
 
     def tallied(bound: Any, src: Tensor, tok: Tensor | None, noise: Tensor,
@@ -588,11 +593,11 @@ def copies_per_example(n: int) -> Iterator[Tensor]:
                 and not getattr(bound, "verifying", False):
             s = src.cpu()
             tally[0].add_(torch.bincount(s, minlength=n).double()[:n])
-            share = torch.ones(len(s), dtype=torch.float64)
             if bound.reuse:
-                k = bound.valid.index_select(0, src).sum(1).cpu().double()
-                share = (k - tok.cpu().double()) / k
-            tally[1].add_(torch.bincount(s, weights=share, minlength=n)[:n])
+                resumed.index_put_((s, tok.cpu()), torch.ones(len(s), dtype=torch.float64),
+                                   accumulate=True)
+            else:
+                tally[1].add_(torch.bincount(s, minlength=n).double()[:n])
         return original(bound, src, tok, noise, **kw)
 
     _BoundEmbedding.forward_perturbed = tallied  # type: ignore[method-assign]
@@ -600,6 +605,43 @@ def copies_per_example(n: int) -> Iterator[Tensor]:
         yield tally
     finally:
         _BoundEmbedding.forward_perturbed = original  # type: ignore[method-assign]
+    if resumed.any():
+        shares = suffix_shares(case)
+        for b, k in enumerate(case.lengths.tolist()):
+            tally[1, b] += float(resumed[b, :k] @ torch.tensor(shares[k], dtype=torch.float64))
+
+
+def suffix_shares(case: RealCase) -> dict[int, list[float]]:
+    """For a model that resumes copies from their clean prefix (``prefix_cache`` and
+    ``forward_suffix``): per real length k of the case, the FLOPs of one copy perturbed at each
+    token t < k (``forward_suffix`` of that copy, counted by :func:`_count`) over a forward's at
+    length k, on the case's longest example cut to k tokens. Counted once per case (kept on
+    it)."""
+    known = getattr(case, "_suffix_shares", None)
+    if known is not None:
+        return known
+    model, fl = case.model, flops_by_length(case)
+    module = dict(model.named_modules())[model.prefix_module]
+    longest = select(case.inputs, case.lengths.argmax().view(1))
+    zero = torch.zeros(1, dtype=torch.long, device=case.device)
+    shares = {}
+    for k in sorted(set(case.lengths.tolist())):
+        inputs = {key: v[:, :k] for key, v in longest.items()}
+        seen: list[Tensor] = []
+        handle = module.register_forward_hook(lambda m, a, out, seen=seen: seen.append(out))
+        try:
+            with torch.inference_mode():
+                call_model(model, inputs)
+        finally:
+            handle.remove()
+        with torch.inference_mode():
+            cache = model.prefix_cache(seen[0], inputs)
+        noise = torch.full((1, seen[0].shape[-1]), case.sigma, device=case.device)
+        shares[k] = [_count(lambda t=t, cache=cache, noise=noise: model.forward_suffix(
+            cache, zero, torch.full((1,), t, device=case.device), noise))[0] / fl[k]
+            for t in range(k)]
+    case._suffix_shares = shares  # type: ignore[attr-defined]
+    return shares
 
 
 def senslab_row(case: RealCase, method: str, options: dict[str, Any], t_clean: float,
@@ -610,7 +652,7 @@ def senslab_row(case: RealCase, method: str, options: dict[str, Any], t_clean: f
     options = dict(options)
     tokens = options.pop("tokens", case.tokens)  # a row that changes the tokens' own options
     common = {"sigma": case.sigma, "estimand": "subset", "generator": SEED, **options}
-    tally = (copies_per_example(case.n) if case.kind == "text" and not per_example
+    tally = (copies_per_example(case) if case.kind == "text" and not per_example
              else nullcontext(None))
     with tally as counts:
         start = now(case.device)

@@ -468,33 +468,48 @@ def test_an_allocations_flops_are_counted_where_its_copies_went(bench):
 
 
 def test_prefix_reuse_copies_are_counted_for_the_suffix_they_recompute(bench):
-    """A decoder resumed from its clean prefix recomputes, for token t of k real tokens, k - t
-    positions: the tally's work is r (k + 1) / 2 per example of k tokens and r draws, not r k
-    whole forwards, and row_flops follows it; without prefix reuse every copy is whole."""
+    """A decoder resumed from its clean prefix recomputes, for token t of k real tokens, the
+    k - t suffix positions, and in its last block only the row the head reads: the tally's
+    work is each copy's FLOPs over a forward's at length k — here, one layer, the FLOPs written
+    out by hand — not r k whole forwards, and row_flops follows it; without prefix reuse every
+    copy is whole."""
     from _real import RealCase
 
     from senslab.models import create_model
 
-    model = create_model("gpt2", vocab_size=50, max_len=16, dim=16, layers=1, heads=2,
-                         dropout=0.0, seed=0).eval()
+    d, classes = 16, 2
+    model = create_model("gpt2", vocab_size=50, max_len=16, dim=d, layers=1, heads=2,
+                         dropout=0.0, seed=0, num_classes=classes).eval()
     lengths = torch.tensor([9, 4, 7, 2])
     mask = torch.arange(10)[None] < lengths[:, None]
     ids = torch.randint(2, 50, (4, 10), generator=torch.Generator().manual_seed(1))
     inputs = {"input_ids": ids.masked_fill(~mask, 1), "attention_mask": mask.long()}
     case = RealCase("tiny_gpt2", "text", model, inputs, Embedding("embed_ln"), 2.0, 3)
     fl = bench.flops_by_length(case)
+
+    def forward(k):  # qkv, attention (two k × k products), projection, MLP; the head's row
+        return (2 * k * d * 3 * d + 4 * k * k * d + 2 * k * d * d + 2 * k * d * 8 * d
+                + 2 * d * classes)
+
+    def suffix(k, t):  # qkv of the k - t suffix rows; the last row's attention over k keys,
+        # its projection and MLP; the head
+        return 2 * (k - t) * d * 3 * d + 4 * k * d + 2 * d * d + 2 * d * 8 * d + 2 * d * classes
+
+    assert all(fl[k] == forward(k) for k in lengths.tolist())
     r = 3
     reused = bench.senslab_row(case, "senslab", {"repeats": r, "precision": "float32"}, 0.0)
     assert reused["copies_per_example"] == [r * k for k in lengths.tolist()]
-    assert reused["work_per_example"] == pytest.approx([r * (k + 1) / 2 for k in lengths.tolist()])
+    work = [r * sum(suffix(k, t) for t in range(k)) / forward(k) for k in lengths.tolist()]
+    assert reused["work_per_example"] == pytest.approx(work)
+    # less than the suffixes' share of whole forwards, (k + 1) / 2 a draw
+    assert all(w < r * (k + 1) / 2 for w, k in zip(work, lengths.tolist(), strict=True))
     whole = bench.senslab_row(
         case, "senslab reuse_prefix=False",
         {"repeats": r, "precision": "float32", "tokens": Embedding("embed_ln", reuse_prefix=False)},
         0.0)
     assert whole["work_per_example"] == whole["copies_per_example"]
     k = lengths.tolist()
-    expected = (len(k) * fl[case.width]
-                + sum(r * (n + 1) / 2 * fl[n] for n in k))
+    expected = len(k) * fl[case.width] + sum(w * fl[n] for w, n in zip(work, k, strict=True))
     assert bench.row_flops(case, reused, fl) == pytest.approx(expected)
     assert bench.row_flops(case, whole, fl) == pytest.approx(
         len(k) * fl[case.width] + sum(r * n * fl[n] for n in k))

@@ -426,7 +426,9 @@ class GPT2Classifier(_TextTransformer):
     # perturbed token t unchanged, so a copy recomputes only positions t.. against the clean
     # keys and values of the prefix (about half the work). The copies' suffix rows are packed
     # one after another, so every matrix product runs once per layer on real rows only; the
-    # attention alone groups copies by suffix length (padding each group to its longest)
+    # attention alone groups copies by suffix length (padding each group to its longest). The
+    # last block needs every suffix row's keys and values but the rest of each copy's last
+    # row alone, the one the head reads
     prefix_module = "embed_ln"
     SUFFIX_BUCKETS = 8
 
@@ -462,23 +464,36 @@ class GPT2Classifier(_TextTransformer):
                                        output_size=total)
         x = h0[src[copy], tok[copy] + torch.arange(total, device=src.device) - starts[copy]]
         x[starts] += noise.to(x.dtype)
+        ends = starts + lengths - 1  # the row the head reads
         groups: list[_SuffixGroup] = []
-        for block, k_clean, v_clean in zip(self.blocks, cache["k"], cache["v"], strict=True):
+        for i, (block, k_clean, v_clean) in enumerate(
+                zip(self.blocks, cache["k"], cache["v"], strict=True)):
+            # the last block: every row's keys and values, then the attention, projection and
+            # MLP of each copy's last row alone, the only row the head reads
+            last = i == len(self.blocks) - 1
             qkv = block.attn.qkv(block.ln1(x))
             if not groups:  # the attention's dtype: the products' (bf16 under autocast)
                 groups = [_SuffixGroup(part, src, tok, lengths, starts, qkv.dtype)
                           for part in lengths.argsort().chunk(self.SUFFIX_BUCKETS)]
             heads = block.attn.heads
-            a = qkv.new_empty(total, dim)
+            a = qkv.new_empty(n if last else total, dim)
             for g in groups:
                 q, k, v = qkv[g.rows].view(g.n, g.s, 3, heads, dim // heads).permute(2, 0, 3, 1, 4)
                 k = torch.cat([k_clean[g.src, :, :g.width].to(k.dtype), k], dim=2)
                 v = torch.cat([v_clean[g.src, :, :g.width].to(v.dtype), v], dim=2)
-                o = F.scaled_dot_product_attention(q, k, v, attn_mask=g.mask)
-                a[g.to_rows] = o.transpose(1, 2).reshape(g.n * g.s, dim).index_select(0, g.real)
-            x = x + block.attn.proj(a)
+                if last:
+                    at = torch.arange(g.n, device=src.device)
+                    q = q[at, :, g.last, None]  # (n, heads, 1, d_head)
+                    mask = g.mask[at, :, g.last, None]
+                    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+                    a[g.part] = o.reshape(g.n, dim)
+                else:
+                    o = F.scaled_dot_product_attention(q, k, v, attn_mask=g.mask)
+                    a[g.to_rows] = o.transpose(1, 2).reshape(g.n * g.s, dim).index_select(
+                        0, g.real)
+            x = (x[ends] if last else x) + block.attn.proj(a)
             x = x + block.mlp(block.ln2(x))
-        return self.head(self.norm(x[starts + lengths - 1]))
+        return self.head(self.norm(x))
 
 
 class _SuffixGroup:
@@ -487,12 +502,14 @@ class _SuffixGroup:
     row, a padding slot repeating its copy's last row), which of the ``n × s`` slots are real
     (``real``) and their packed rows (``to_rows``), and the keys each query may read (``mask``:
     0 where allowed, −inf elsewhere): the clean prefix (positions < t, read up to the group's
-    latest t, ``width``) and its own suffix up to itself."""
+    latest t, ``width``) and its own suffix up to itself; ``last``: each copy's last slot (the
+    row the head reads)."""
 
     def __init__(self, part: Tensor, src: Tensor, tok: Tensor, lengths: Tensor,
                  starts: Tensor, dtype: torch.dtype) -> None:
         t, length = tok[part], lengths[part]
         self.n, self.s, self.width = len(part), int(length.max()), int(t.max())
+        self.part, self.last = part, length - 1
         self.src = src[part]
         span = torch.arange(self.s, device=src.device)
         real = span[None, :] < length[:, None]  # (n, s)
