@@ -194,8 +194,9 @@ class Attention(nn.Module):
             return self.out[1](self._forward_reached(x, fused, clean, kept))
         # on the host a tile of copies at a time: its queries, logits, weights and mixed tokens
         # (together about 2 MB a copy for ViT-small) stay in cache from the first product
-        # through the softmax to the output projection (a whole chunk's logits, tens of MB, ran
-        # the attention at 0.4 of the tiles' speed under bf16 autocast)
+        # through the softmax to the output projection. Under autocast, without kept memory, a
+        # whole chunk's (tens of MB, fresh at every call) could have its pages faulted in again
+        # at every call (docs/benchmarks.md, ViT-small's attention in tiles)
         tile = b if not self._host_inference(x) else max(
             1, ATTENTION_TILE_BYTES // (tq * self.heads * t * _product_size(x)))
         bias = self.out[0].bias
