@@ -111,6 +111,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -798,6 +799,65 @@ def local_copy_flops(case: RealCase) -> float | None:
     return (f2 - f1) / (two.num_forward - one.num_forward)
 
 
+class _SoftmaxCount(TorchDispatchMode):
+    """While active, counts the values every softmax runs on (``aten.softmax``, ``_softmax``
+    and its ``out`` variant, ``_safe_softmax``: whichever the call reaches the mode as; what it
+    calls inside runs below the mode, so nothing is counted twice) by the length of the rows it
+    normalises."""
+
+    OPS = frozenset({"softmax", "_softmax", "_safe_softmax"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.values: Counter[int] = Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        packet = getattr(func, "overloadpacket", None)
+        if getattr(packet, "__name__", None) in self.OPS:
+            x, dim = args[0], args[1] if len(args) > 1 else kwargs.get("dim", -1)
+            self.values[int(x.shape[dim])] += x.numel()
+        return func(*args, **kwargs)
+
+
+def local_copy_softmax(case: RealCase) -> dict[str, float] | None:
+    """The softmax values one perturbed copy evaluated by local reuse runs (counted as
+    :func:`local_copy_flops` counts its FLOPs: two draws per patch minus one, on the first image,
+    attention through the math backend) and the row length most of them have (``keys``); None
+    for a case without local reuse or without a softmax."""
+    if (case.kind != "image" or not getattr(case.tokens, "reuse_local", False)
+            or not hasattr(case.model, "forward_local")):
+        return None
+    x = case.inputs[:1]
+    counted = []
+    for r in (1, 2):
+        with sdpa_kernel(SDPBackend.MATH), torch.inference_mode(), _SoftmaxCount() as mode:
+            res = token_sensitivity(case.model, x, case.tokens, sigma=case.sigma, repeats=r,
+                                    precision="float32", generator=SEED)
+        counted.append((mode.values, res.num_forward))
+    (one, f1), (two, f2) = counted
+    extra = two - one  # Counter subtraction: the values the added copies ran
+    if not extra:
+        return None
+    return {"values": sum(extra.values()) / (f2 - f1),
+            "keys": float(max(extra, key=lambda k: extra[k]))}
+
+
+def softmax_rate(keys: int, dtype: torch.dtype, device: torch.device | None = None,
+                 reps: int = 5) -> float:
+    """Values per second of ``torch.softmax`` over rows of ``keys`` values in ``dtype`` (about
+    2M values a call, the median of ``reps`` calls)."""
+    device = device or torch.device("cpu")
+    x = torch.randn(max(1, (1 << 21) // keys), keys, device=device).to(dtype)
+    times = []
+    for _ in range(reps + 1):
+        start = now(device)
+        x.softmax(-1)
+        times.append(now(device) - start)
+    return x.numel() / statistics.median(times[1:])
+
+
 def _whole_low_copies(case: RealCase, row: dict[str, Any]) -> bool:
     """Whether ``row``'s low-precision copies were whole forwards: checked int8 on a
     convolutional model may run a static int8 copy of it (its float32 re-checks reuse
@@ -919,6 +979,10 @@ def measure_case(case: RealCase, gemm_n: int, reps: int = 1, log: Any = print,
     cuts = (vit_exact_cuts(case.model, case.inputs) if case.kind == "image"
             else encoder_exact_cuts(case, fl))
     local = local_copy_flops(case)
+    soft = local_copy_softmax(case)
+    if soft is not None and local is not None:  # what the softmax alone bounds (:func:`targets`)
+        soft["flops"] = local
+        soft["rate_bf16"] = softmax_rate(int(soft["keys"]), torch.bfloat16, case.device)
     rows = []
     for label, _ in runs:
         if label in failed:
@@ -929,7 +993,7 @@ def measure_case(case: RealCase, gemm_n: int, reps: int = 1, log: Any = print,
         row["label"] = label
         count_row(case, row, fl, local, peaks)
         rows.append(row)
-    return {**finish_case(case, rows, peaks, fl, target, cuts, local), "failed": failed}
+    return {**finish_case(case, rows, peaks, fl, target, cuts, local, soft), "failed": failed}
 
 
 def vit_exact_cuts(model: nn.Module, x: Tensor) -> dict[str, float] | None:
@@ -1057,10 +1121,12 @@ def keep_methods(runs: list[tuple[str, Any]], methods: list[str]) -> list[tuple[
 def finish_case(case: RealCase, rows: list[dict[str, Any]], peaks: dict[str, float],
                 fl: dict[int, float], target: float,
                 cuts: dict[str, Any] | None = None,
-                local: float | None = None) -> dict[str, Any]:
+                local: float | None = None,
+                softmax: dict[str, float] | None = None) -> dict[str, Any]:
     """Ratios against the fastest row of each reference, the agreement checks, the targets
     (``cuts``: :func:`vit_exact_cuts` or :func:`encoder_exact_cuts` of the case's model, where
-    it has them; ``local``: :func:`local_copy_flops`)."""
+    it has them; ``local``: :func:`local_copy_flops`; ``softmax``: :func:`local_copy_softmax`
+    with the copy's FLOPs and the measured bf16 softmax rate)."""
     best = {m: min(r["ttp"] for r in rows if r["method"] == m)
             for m in ("naive loop", "paper code")}
     for r in rows:
@@ -1092,8 +1158,8 @@ def finish_case(case: RealCase, rows: list[dict[str, Any]], peaks: dict[str, flo
             "info": case.info, "gemm_gflops": {k: v / 1e9 for k, v in peaks.items()},
             "gflop_per_forward": {str(k): v / 1e9 for k, v in fl.items()},
             "gflop_per_local_copy": None if local is None else local / 1e9,
-            "rows": rows, "checks": checks, "exact_cuts": cuts,
-            "targets": targets(case.name, rows, peaks, cuts)}
+            "rows": rows, "checks": checks, "exact_cuts": cuts, "softmax": softmax,
+            "targets": targets(case.name, rows, peaks, cuts, softmax)}
 
 
 def row_unit(row: dict[str, Any]) -> str:
@@ -1150,8 +1216,11 @@ def ceilings(rows: list[dict[str, Any]], peaks: dict[str, float], key: str) -> l
 
 
 def targets(name: str, rows: list[dict[str, Any]], peaks: dict[str, float],
-            cuts: dict[str, Any] | None = None) -> list[dict]:
-    """Item 4's targets for this case; where one is missed, what bounds it."""
+            cuts: dict[str, Any] | None = None,
+            softmax: dict[str, float] | None = None) -> list[dict]:
+    """Item 4's targets for this case; where one is missed, what bounds it (``softmax``: a
+    local copy's softmax values, FLOPs and the measured bf16 softmax rate, for the ceiling the
+    softmax alone sets on the bf16 peak fraction)."""
     out = []
     ours = [r for r in rows if r["method"].startswith("senslab")]
     if not ours:  # a run of the references only (--methods): nothing of ours to hold to a target
@@ -1223,6 +1292,14 @@ def targets(name: str, rows: list[dict[str, Any]], peaks: dict[str, float],
         if plain:  # what plain bf16 reaches on this model's products, in the same run
             bounds.append("the references' bf16 rows reach " + ", ".join(
                 f"{100 * r['fraction_bf16_gemm']:.0f}% ({r['method']})" for r in plain))
+        if softmax and softmax.get("rate_bf16"):  # a local copy's products at the bf16 peak
+            # beside its softmax at the rate measured: no bf16 forward of it can do better
+            gemm, soft = softmax["flops"] / peaks["bf16"], softmax["values"] / softmax["rate_bf16"]
+            bounds.append(
+                f"softmax: {softmax['values'] / 1e3:,.0f}k values a local copy (rows of "
+                f"{softmax['keys']:.0f}) at {softmax['rate_bf16'] / 1e9:.2f}G values/s in bf16, "
+                f"beside its {softmax['flops'] / 1e6:,.0f} MFLOP at the bf16 peak: at most "
+                f"{100 * gemm / (gemm + soft):.0f}% of the peak")
         out.append({"target": f"≥ {100 * TARGET_BF16_GEMM:.0f}% of the bf16 GEMM peak",
                     "value": frac, "ok": frac >= TARGET_BF16_GEMM, "best": top["label"],
                     "bounds": bounds})
@@ -1370,7 +1447,7 @@ def recount(record: Path) -> dict[str, Any]:
         for row in c["rows"]:
             count_row(case, row, fl, local, peaks)
         c["gflop_per_local_copy"] = None if local is None else local / 1e9
-        c["targets"] = targets(c["case"], c["rows"], peaks, c.get("exact_cuts"))
+        c["targets"] = targets(c["case"], c["rows"], peaks, c.get("exact_cuts"), c.get("softmax"))
     result["recounted"] = datetime.datetime.now(datetime.timezone.utc).isoformat(
         timespec="seconds")
     result["markdown"] = markdown(result)

@@ -5,6 +5,7 @@ synthetic case."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -537,6 +538,44 @@ def test_the_peak_targets_bound_says_what_the_best_row_ran(bench):
         bounds = " ".join(out[0]["bounds"])
         assert says in bounds and never not in bounds and not out[0]["ok"]
         assert "34% (naive loop), 39% (paper code)" in bounds
+
+
+def test_a_local_copys_softmax_values_are_counted_and_bound_the_peak_fraction(bench):
+    """A fused ViT's local copy runs its middle block's softmax over every row (heads × tokens
+    rows of tokens keys) and the last block's over the CLS row's, the first block's over the
+    rows it recomputes: counted between those bounds, rows of 17; none without local reuse.
+    The ceiling line: the copy's FLOPs at the bf16 peak beside its softmax at its rate."""
+    from _real import RealCase
+
+    from senslab.models import create_model
+
+    heads, t = 2, 17
+    model = create_model("vit_small", image_size=16, dim=16, depth=3, heads=heads, dim_head=16,
+                         mlp_dim=32, seed=0).eval()
+    x = torch.rand(1, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    case = RealCase("tiny_vit", "image", model, x, Patches(4), 1.0, 2)
+    soft = bench.local_copy_softmax(case)
+    middle, last = heads * t * t, heads * t
+    assert soft["keys"] == t
+    assert middle + last < soft["values"] <= 2 * middle + last
+    assert bench.local_copy_softmax(dataclasses.replace(
+        case, tokens=Patches(4, reuse_local=False))) is None
+    assert bench.softmax_rate(t, torch.bfloat16, reps=2) > 0
+    peaks = {"float32": 100.0, "bf16": 400.0, "fp16": 100.0, "int8": 500.0}
+
+    def row(method, precision, options=None):
+        return {"method": method, "label": method, "precision": precision, "ttp": 1.0,
+                "vs_naive": 1.0, "vs_paper": 1.0, "flops": 1e9, "fraction_fp32_gemm": 0.8,
+                "fraction_bf16_gemm": 0.2, "options": options or {}, "seconds": 1.0}
+
+    rows = [row("naive loop", "float32"), row("paper code", "float32"),
+            row("senslab autocast=bf16", "bf16 (autocast)", {"autocast": "torch.bfloat16"})]
+    # 400 FLOP at 400 FLOP/s and 100 values at 300 values/s: 1 s against 1/3 s, 75%
+    limits = {"values": 100.0, "keys": 17.0, "flops": 400.0, "rate_bf16": 300.0}
+    out = [o for o in bench.targets("vit_small", rows, peaks, None, limits)
+           if "bf16 GEMM peak" in o["target"]]
+    assert "at most 75% of the peak" in " ".join(out[0]["bounds"])
+    assert not any("softmax" in b for b in bench.targets("vit_small", rows, peaks)[-1]["bounds"])
 
 
 def tiny_resnet_case(bench, n=2):
