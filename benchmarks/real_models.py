@@ -65,7 +65,11 @@ achieved FLOP/s of the run (not the extrapolation) and its fraction of the float
 GEMM peaks (square :data:`GEMM_N`² products of every dtype, measured between the methods of every
 case). Where a target is missed, its bounds include two ceilings (:func:`ceilings`): the ratio
 each senslab row would reach with every FLOP at 100% of its unit's measured peak, and the
-fewest-FLOP row's on the fastest unit the machine has, in that unit's own decisions.
+fewest-FLOP row's on the fastest unit the machine has, in that unit's own decisions; and for
+a model whose local copies run a softmax (ViT-small), the bf16 peak fraction no bf16 forward
+of it can pass: each copy's FLOPs at the bf16 peak beside its softmax values
+(:func:`local_copy_softmax`) at the bf16 softmax rate measured after the rows
+(:func:`softmax_rate`).
 ``--recount RECORD`` counts an earlier record's FLOPs this way and writes them back.
 
     python benchmarks/real_models.py --threads 2 --out benchmarks/results/real-2threads.json
