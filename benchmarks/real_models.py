@@ -758,13 +758,18 @@ def gemm_flops(n: int, dtype: torch.dtype, reps: int = 3,
 
         def product() -> Any:
             return a @ b
-    product()
+    return 2 * n**3 / _median_seconds(product, reps, device)
+
+
+def _median_seconds(fn: Any, reps: int, device: torch.device) -> float:
+    """The median time of ``reps`` calls of ``fn`` after a warm-up call."""
+    fn()
     times = []
     for _ in range(reps):
         start = now(device)
-        product()
+        fn()
         times.append(now(device) - start)
-    return 2 * n**3 / statistics.median(times)
+    return statistics.median(times)
 
 
 def _count(fn: Any) -> tuple[float, Any]:
@@ -786,21 +791,27 @@ def flops_by_length(case: RealCase) -> dict[int, float]:
             for k in sorted({*case.lengths.tolist(), case.width})}
 
 
-def local_copy_flops(case: RealCase) -> float | None:
-    """Model FLOPs of one perturbed copy as local reuse evaluates it (``forward_local``: the
-    windows a patch reaches, then the rest of the model), for an image case whose tokens reuse
-    the clean computation; None for other cases. Counted on the first image as the difference
-    between two draws per patch and one, divided by the copies it adds: exact, whatever the
+def _per_added_copy(case: RealCase, count: Any) -> tuple[Any, int] | None:
+    """What ``count(fn) -> (amount, result)`` measures of the copies local reuse adds on the
+    first image between two draws per patch and one, and how many copies those are; None for a
+    case whose tokens do not reuse the clean computation. The difference is exact, whatever the
     clean work (its caches, the clean forward) costs."""
     if (case.kind != "image" or not getattr(case.tokens, "reuse_local", False)
             or not hasattr(case.model, "forward_local")):
         return None
     x = case.inputs[:1]
-    counted = [_count(lambda r=r: token_sensitivity(
+    (a1, one), (a2, two) = [count(lambda r=r: token_sensitivity(
         case.model, x, case.tokens, sigma=case.sigma, repeats=r, precision="float32",
         generator=SEED)) for r in (1, 2)]
-    (f1, one), (f2, two) = counted
-    return (f2 - f1) / (two.num_forward - one.num_forward)
+    return a2 - a1, two.num_forward - one.num_forward
+
+
+def local_copy_flops(case: RealCase) -> float | None:
+    """Model FLOPs of one perturbed copy as local reuse evaluates it (``forward_local``: the
+    windows a patch reaches, then the rest of the model), for an image case whose tokens reuse
+    the clean computation (:func:`_per_added_copy`); None for other cases."""
+    added = _per_added_copy(case, _count)
+    return None if added is None else added[0] / added[1]
 
 
 class _SoftmaxCount(TorchDispatchMode):
@@ -825,41 +836,34 @@ class _SoftmaxCount(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+def _count_softmax(fn: Any) -> tuple[Counter[int], Any]:
+    """The softmax values ``fn()`` runs, by row length (:class:`_SoftmaxCount`, attention
+    through the math backend, as :func:`_count`), and its result."""
+    with sdpa_kernel(SDPBackend.MATH), torch.inference_mode(), _SoftmaxCount() as mode:
+        out = fn()
+    return mode.values, out
+
+
 def local_copy_softmax(case: RealCase) -> dict[str, float] | None:
     """The softmax values one perturbed copy evaluated by local reuse runs (counted as
-    :func:`local_copy_flops` counts its FLOPs: two draws per patch minus one, on the first image,
-    attention through the math backend) and the row length most of them have (``keys``); None
-    for a case without local reuse or without a softmax."""
-    if (case.kind != "image" or not getattr(case.tokens, "reuse_local", False)
-            or not hasattr(case.model, "forward_local")):
+    :func:`local_copy_flops` counts its FLOPs, :func:`_per_added_copy`) and the row length most
+    of them have (``keys``); None for a case without local reuse or without a softmax."""
+    added = _per_added_copy(case, _count_softmax)
+    if added is None or not added[0]:  # Counter subtraction: the values the added copies ran
         return None
-    x = case.inputs[:1]
-    counted = []
-    for r in (1, 2):
-        with sdpa_kernel(SDPBackend.MATH), torch.inference_mode(), _SoftmaxCount() as mode:
-            res = token_sensitivity(case.model, x, case.tokens, sigma=case.sigma, repeats=r,
-                                    precision="float32", generator=SEED)
-        counted.append((mode.values, res.num_forward))
-    (one, f1), (two, f2) = counted
-    extra = two - one  # Counter subtraction: the values the added copies ran
-    if not extra:
-        return None
-    return {"values": sum(extra.values()) / (f2 - f1),
+    extra, copies = added
+    return {"values": sum(extra.values()) / copies,
             "keys": float(max(extra, key=lambda k: extra[k]))}
 
 
 def softmax_rate(keys: int, dtype: torch.dtype, device: torch.device | None = None,
                  reps: int = 5) -> float:
     """Values per second of ``torch.softmax`` over rows of ``keys`` values in ``dtype`` (about
-    2M values a call, the median of ``reps`` calls)."""
+    2M values a call, the median of ``reps`` calls after a warm-up)."""
     device = device or torch.device("cpu")
-    x = torch.randn(max(1, (1 << 21) // keys), keys, device=device).to(dtype)
-    times = []
-    for _ in range(reps + 1):
-        start = now(device)
-        x.softmax(-1)
-        times.append(now(device) - start)
-    return x.numel() / statistics.median(times[1:])
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(max(1, (1 << 21) // keys), keys, generator=g).to(device, dtype)
+    return x.numel() / _median_seconds(lambda: x.softmax(-1), reps, device)
 
 
 def _whole_low_copies(case: RealCase, row: dict[str, Any]) -> bool:

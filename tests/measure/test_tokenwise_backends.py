@@ -362,10 +362,12 @@ def test_compiled_local_reuse_agrees_with_eager():
 def test_autocast_queries_fall_back_on_a_torch_without_their_device_argument(monkeypatch):
     """Before torch 2.4 ``is_autocast_enabled`` took no device and ``get_autocast_dtype`` did
     not exist: the host's own queries answer instead."""
+    from senslab._autocast import autocast_dtype, autocast_on
+
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert _chunks.autocast_on("cpu") and _chunks.autocast_dtype("cpu") == torch.bfloat16
+        assert autocast_on("cpu") and autocast_dtype("cpu") == torch.bfloat16
         monkeypatch.setattr(torch, "is_autocast_enabled", lambda *a: (_ for _ in ()).throw(
             TypeError("is_autocast_enabled() takes 0 positional arguments")) if a else False)
         monkeypatch.delattr(torch, "get_autocast_dtype")
-        assert _chunks.autocast_on("cpu") and _chunks.autocast_dtype("cpu") == torch.bfloat16
-    assert not _chunks.autocast_on("cpu")
+        assert autocast_on("cpu") and autocast_dtype("cpu") == torch.bfloat16
+    assert not autocast_on("cpu")

@@ -20,6 +20,8 @@ import torch
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
+from .._autocast import autocast_on
+
 try:  # private module: without it the host's per-tensor cap is skipped (docs/compatibility.md)
     from torch.utils._python_dispatch import TorchDispatchMode
 except ImportError:  # pragma: no cover - every supported torch has it
@@ -188,26 +190,6 @@ class ActivationMeter:
 def _compiled(model: Any) -> bool:
     """A ``torch.compile``'d module: a dispatch mode around it would change what it runs."""
     return model is not None and hasattr(model, "_orig_mod")
-
-
-def autocast_on(device_type: str) -> bool:
-    """Whether autocast is on for ``device_type`` (the device argument came with torch 2.4)."""
-    try:
-        return bool(torch.is_autocast_enabled(device_type))
-    except TypeError:  # torch < 2.4: no device argument
-        if device_type == "cpu":
-            return bool(torch.is_autocast_cpu_enabled())
-        return bool(torch.is_autocast_enabled())
-
-
-def autocast_dtype(device_type: str) -> torch.dtype:
-    """The dtype autocast casts to on ``device_type`` (the device argument came with 2.4)."""
-    try:
-        return torch.get_autocast_dtype(device_type)
-    except (AttributeError, TypeError):  # torch < 2.4
-        if device_type == "cpu":
-            return torch.get_autocast_cpu_dtype()
-        return torch.get_autocast_gpu_dtype()
 
 
 def _handed(meter: ActivationMeter, out: Any, args: Any, kwargs: Any) -> Any:

@@ -112,8 +112,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
+from .._autocast import autocast_dtype, autocast_on
 from ..tokens.base import model_dtype
-from . import _chunks, _int8, _trim
+from . import _int8, _trim
 from .outputs import margins, predictions
 
 Precision = Literal["auto", "float32", "bf16-checked", "int8-checked"]
@@ -423,8 +424,7 @@ class _Ranges(TorchFunctionMode):
                 and len(args) + len(kwargs) <= 3 and x.device == weight.device):
             return None
         device = x.device.type
-        if not (_chunks.autocast_on(device)
-                and _chunks.autocast_dtype(device) == torch.bfloat16):
+        if not (autocast_on(device) and autocast_dtype(device) == torch.bfloat16):
             return None
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                            for t in (x, weight, bias)):

@@ -169,6 +169,7 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
+from .._autocast import autocast_on
 from .._onednn import missing_kernel
 from ..tokens.base import (
     Inputs,
@@ -178,7 +179,7 @@ from ..tokens.base import (
     check_device,
     check_selector,
 )
-from . import _alloc, _chunks, _precision, _trim
+from . import _alloc, _precision, _trim
 from ._compiled import CompiledModel
 from ._control import LinearControl
 from ._noise import NOISE_BLOCK, NoiseStream
@@ -283,7 +284,7 @@ class _AutocastProbe(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
-        if not self.seen and _chunks.autocast_on(self.device_type):
+        if not self.seen and autocast_on(self.device_type):
             self.seen = True
         return func(*args, **(kwargs or {}))
 
@@ -302,7 +303,7 @@ def _refuse_own_autocast(model: Any, device: torch.device) -> Iterator[None]:
     probe = _AutocastProbe(device.type)
 
     def look(module: nn.Module, args: Any) -> None:
-        if _chunks.autocast_on(device.type):
+        if autocast_on(device.type):
             probe.seen = True
 
     handles = ([m.register_forward_pre_hook(look) for m in model.modules() if m is not model]

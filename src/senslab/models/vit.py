@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._autocast import autocast_dtype, autocast_on
 from ._config import check_choice, check_divides, check_positive, make_config
 from ._registry import register_model
 from .vision import ImageClassifier, ImageConfig, patchify, seeded
@@ -34,13 +35,6 @@ REACHED_SHARE = 0.5
 #: under ``torch.compile`` there, reading the LSA temperature may cost a graph break, same numbers.
 _is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 
-
-def _autocast(device_type: str) -> bool:
-    """Whether autocast is on for ``device_type`` (the device argument came with torch 2.4)."""
-    try:
-        return torch.is_autocast_enabled(device_type)
-    except TypeError:  # older torch: the host's own query
-        return device_type == "cpu" and torch.is_autocast_cpu_enabled()
 
 # ---------------------------------------------------------------- transformer parts
 
@@ -342,7 +336,7 @@ class Attention(nn.Module):
         """Whether :meth:`forward_fused` on ``x`` writes into ``scratch``'s kept memory: host
         inference (:meth:`_host_inference`) in the weights' dtype, without autocast."""
         return (scratch is not None and self._host_inference(x) and x.dtype == qk.dtype
-                and not _autocast(x.device.type))
+                and not autocast_on(x.device.type))
 
     def heads_of(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``qkv`` (B, T, 3·heads·d_head), the output of :attr:`qkv`, split as in forward."""
@@ -365,10 +359,8 @@ class Attention(nn.Module):
 
 def _product_size(x: Tensor) -> int:
     """Bytes per element of the products on ``x``: autocast's dtype where it is on."""
-    if _autocast(x.device.type):
-        get = getattr(torch, "get_autocast_dtype", None)  # torch >= 2.4
-        dtype = get(x.device.type) if get else torch.get_autocast_cpu_dtype()
-        return dtype.itemsize
+    if autocast_on(x.device.type):
+        return autocast_dtype(x.device.type).itemsize
     return x.element_size()
 
 
