@@ -20,7 +20,8 @@ def resnet(image: int, stats: bool = False, **overrides):
     class for every image): He-normal weights and spread-out BatchNorm affines, all drawn from a
     seeded generator; ``stats``: spread-out running statistics too."""
     g = torch.Generator().manual_seed(0)
-    model = create_model("resnet18", image_size=image, width=0.125, num_classes=10, **overrides)
+    model = create_model("resnet18", image_size=image, num_classes=10,
+                         **{"width": 0.125, **overrides})
     with torch.no_grad():
         for m in model.modules():
             if isinstance(m, (nn.Conv2d, nn.Linear)):
