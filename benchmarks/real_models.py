@@ -35,7 +35,9 @@ value for them too).
 * ``senslab`` — ``token_sensitivity`` with its defaults (R draws, ``precision="auto"``, padding
   trimmed, one batched call), then one factor changed at a time: padding
   (``trim_padding=False``), reuse of the clean computation where the model offers it
-  (``reuse_local=False`` / ``reuse_prefix=False``: full forwards), precision (``"float32"``
+  (``reuse_local=False`` / ``reuse_prefix=False``: full forwards; on the CPU, ResNet's local
+  copies with direct convolutions instead of Winograd's, ``winograd=False``), precision
+  (``"float32"``
   ``"bf16-checked"`` and ``"int8-checked"``), batching
   (one call per example), variance reduction (``target_stderr=0.002`` with 2 draws a round:
   plain, antithetic, control variate, both; the tangent's allocation, a pilot of a quarter
@@ -656,10 +658,11 @@ def senslab_row(case: RealCase, method: str, options: dict[str, Any], t_clean: f
     docstring), the rest counts as perturbed."""
     options = dict(options)
     tokens = options.pop("tokens", case.tokens)  # a row that changes the tokens' own options
+    switches = options.pop("model", {})  # a row that sets the model's own switches
     common = {"sigma": case.sigma, "estimand": "subset", "generator": SEED, **options}
     tally = (copies_per_example(case) if case.kind == "text" and not per_example
              else nullcontext(None))
-    with tally as counts:
+    with tally as counts, model_switches(case.model, switches):
         start = now(case.device)
         metric = TokenSensitivity(case.model, tokens, **common)
         if per_example:
@@ -682,11 +685,34 @@ def senslab_row(case: RealCase, method: str, options: dict[str, Any], t_clean: f
             "draws": (res.num_forward - case.n * (2 if _gradient_pass(options) else 1))
             / float(case.lengths.sum()),
             "checked": checked, "options": {k: str(v) for k, v in options.items()},
+            "model": switches,
             "tokens": repr(tokens),
             "control_variate": _gradient_pass(options),
             "per_sample": res.per_sample.double().cpu(), "per_position": _cpu(res.per_position),
             **({} if counts is None else {"copies_per_example": counts[0].tolist(),
                                           "work_per_example": counts[1].tolist()})}
+
+
+@contextmanager
+def model_switches(model: nn.Module, switches: dict[str, Any]) -> Iterator[None]:
+    """``model``'s attributes set to ``switches`` (e.g. ``{"winograd": False}``) while active,
+    then restored."""
+    before = {k: getattr(model, k) for k in switches}
+    try:
+        for k, v in switches.items():
+            setattr(model, k, v)
+        yield
+    finally:
+        for k, v in before.items():
+            setattr(model, k, v)
+
+
+def ran_winograd(case: RealCase, row: dict[str, Any], recorded: bool = True) -> bool:
+    """Whether ``row``'s local-reuse copies ran the model's Winograd convolutions
+    (``ResNet.winograd``): on where the model has the switch, unless the row turned it off;
+    ``recorded``: whether the record's code had it (records before it ran direct convolutions)."""
+    return (recorded and getattr(case.model, "winograd", False)
+            and row.get("model", {}).get("winograd", True))
 
 
 def _cpu(x: Any) -> Any:
@@ -724,6 +750,11 @@ def senslab_methods(case: RealCase, target: float) -> list[tuple[str, dict[str, 
                          {**r, "tokens": dataclasses.replace(case.tokens, **{field: False})},
                          False))
     rows += [("senslab precision=float32", {**r, "precision": "float32"}, False),
+             # local reuse's Winograd convolutions (ResNet) against direct ones, same precision
+             *([("senslab precision=float32 winograd=False",
+                 {**r, "precision": "float32", "model": {"winograd": False}}, False)]
+               if getattr(case.model, "winograd", False) and case.device.type == "cpu"
+               else []),
              ("senslab precision=bf16-checked", {**r, "precision": "bf16-checked"}, False),
              *([("senslab precision=int8-checked", {**r, "precision": "int8-checked"}, False)]
                if case.device.type == "cpu" else []),  # int8 products: a CPU's
@@ -791,7 +822,8 @@ def flops_by_length(case: RealCase) -> dict[int, float]:
             for k in sorted({*case.lengths.tolist(), case.width})}
 
 
-def _per_added_copy(case: RealCase, count: Any) -> tuple[Any, int] | None:
+def _per_added_copy(case: RealCase, count: Any,
+                    switches: dict[str, Any] | None = None) -> tuple[Any, int] | None:
     """What ``count(fn) -> (amount, result)`` measures of the copies local reuse adds on the
     first image between two draws per patch and one, and how many copies those are; None for a
     case whose tokens do not reuse the clean computation. The difference is exact, whatever the
@@ -800,17 +832,19 @@ def _per_added_copy(case: RealCase, count: Any) -> tuple[Any, int] | None:
             or not hasattr(case.model, "forward_local")):
         return None
     x = case.inputs[:1]
-    (a1, one), (a2, two) = [count(lambda r=r: token_sensitivity(
-        case.model, x, case.tokens, sigma=case.sigma, repeats=r, precision="float32",
-        generator=SEED)) for r in (1, 2)]
+    with model_switches(case.model, switches or {}):
+        (a1, one), (a2, two) = [count(lambda r=r: token_sensitivity(
+            case.model, x, case.tokens, sigma=case.sigma, repeats=r, precision="float32",
+            generator=SEED)) for r in (1, 2)]
     return a2 - a1, two.num_forward - one.num_forward
 
 
-def local_copy_flops(case: RealCase) -> float | None:
+def local_copy_flops(case: RealCase, switches: dict[str, Any] | None = None) -> float | None:
     """Model FLOPs of one perturbed copy as local reuse evaluates it (``forward_local``: the
-    windows a patch reaches, then the rest of the model), for an image case whose tokens reuse
-    the clean computation (:func:`_per_added_copy`); None for other cases."""
-    added = _per_added_copy(case, _count)
+    windows a patch reaches, then the rest of the model; with the model's ``switches`` set, e.g.
+    ``{"winograd": False}``), for an image case whose tokens reuse the clean computation
+    (:func:`_per_added_copy`); None for other cases."""
+    added = _per_added_copy(case, _count, switches)
     return None if added is None else added[0] / added[1]
 
 
@@ -877,12 +911,14 @@ def _whole_low_copies(case: RealCase, row: dict[str, Any]) -> bool:
 
 
 def flop_parts(case: RealCase, row: dict[str, Any], fl: dict[int, float],
-               local: float | None = None) -> dict[str, float]:
+               local: float | None = None, local_low: float | None = None) -> dict[str, float]:
     """Model FLOPs of the forwards ``row`` made, each at the length it was evaluated at, in
     parts: ``clean`` (the clean forwards, and for a tangent the forward and backward pass),
     ``copies`` (the perturbed copies in the row's own precision) and ``rechecks`` (the copies a
     checked precision evaluated again in float32). ``local``: :func:`local_copy_flops` of an image
-    case, for the copies local reuse evaluated (None: each counted as a whole forward)."""
+    case, for the copies local reuse evaluated (None: each counted as a whole forward);
+    ``local_low``: the same for copies in the row's low precision, where it differs (default
+    ``local``)."""
     lengths = case.lengths.tolist()
     n, r, full = case.n, case.repeats, fl[case.width]
     real = sum(k * fl[k] for k in lengths)  # one copy of every real token at its own length
@@ -905,7 +941,10 @@ def flop_parts(case: RealCase, row: dict[str, Any], fl: dict[int, float],
         per_copy = sum(w * fl[k] for w, k in zip(work, lengths, strict=True)) / sum(tally)
     own = sum(fl[k] for k in lengths) if trimmed else n * full
     grads = 3 * own if row["control_variate"] else 0.0  # forward + backward per example
-    low_copy = full if reused and _whole_low_copies(case, row) else per_copy
+    low_copy = per_copy
+    if reused:
+        low_copy = full if _whole_low_copies(case, row) else (
+            local if local_low is None else local_low)
     return {"clean": n * full + grads, "copies": copies * low_copy,
             "rechecks": row["forwards_fp32"] * per_copy}
 
@@ -917,10 +956,16 @@ def row_flops(case: RealCase, row: dict[str, Any], fl: dict[int, float],
 
 
 def count_row(case: RealCase, row: dict[str, Any], fl: dict[int, float], local: float | None,
-              peaks: dict[str, float]) -> None:
+              peaks: dict[str, float], direct: float | None = None,
+              recorded: bool = True) -> None:
     """Set ``row``'s FLOPs (:func:`flop_parts` and their sum), its FLOP rate and that rate's
-    fractions of the float32 and bf16 GEMM ``peaks``."""
-    row["flop_parts"] = flop_parts(case, row, fl, local)
+    fractions of the float32 and bf16 GEMM ``peaks``. ``local``: a local copy's FLOPs as the
+    model runs it by default, ``direct``: with its Winograd convolutions off (default
+    ``local``), for the copies that ran them (:func:`ran_winograd`: float32 ones only)."""
+    direct = local if direct is None else direct
+    f32 = local if ran_winograd(case, row, recorded) else direct
+    low = f32 if row_unit(row) == "float32" else direct  # bf16/int8 convolutions: direct
+    row["flop_parts"] = flop_parts(case, row, fl, f32, low)
     row["flops"] = sum(row["flop_parts"].values())
     row["flop_rate"] = row["flops"] / row["seconds"]
     row["fraction_fp32_gemm"] = row["flop_rate"] / peaks["float32"]
@@ -987,6 +1032,9 @@ def measure_case(case: RealCase, gemm_n: int, reps: int = 1, log: Any = print,
     cuts = (vit_exact_cuts(case.model, case.inputs) if case.kind == "image"
             else encoder_exact_cuts(case, fl))
     local = local_copy_flops(case)
+    # direct convolutions' count, for rows that ran them (ResNet's ``winograd`` switch)
+    direct = (local_copy_flops(case, {"winograd": False})
+              if getattr(case.model, "winograd", False) else local)
     soft = local_copy_softmax(case)
     if soft is not None and local is not None:  # what the softmax alone bounds (:func:`targets`)
         soft["flops"] = local
@@ -999,9 +1047,11 @@ def measure_case(case: RealCase, gemm_n: int, reps: int = 1, log: Any = print,
         for key in ("seconds", "ttp", "ttp_rule"):
             row[key] = statistics.median(s[key] for s in samples[label])
         row["label"] = label
-        count_row(case, row, fl, local, peaks)
+        count_row(case, row, fl, local, peaks, direct)
         rows.append(row)
-    return {**finish_case(case, rows, peaks, fl, target, cuts, local, soft), "failed": failed}
+    result = finish_case(case, rows, peaks, fl, target, cuts, local, soft)
+    return {**result, "failed": failed, "winograd": bool(getattr(case.model, "winograd", False)),
+            "gflop_per_local_copy_direct": None if direct is None else direct / 1e9}
 
 
 def vit_exact_cuts(model: nn.Module, x: Tensor) -> dict[str, float] | None:
@@ -1451,10 +1501,14 @@ def recount(record: Path) -> dict[str, Any]:
     for c in cases:
         case = dataclasses.replace(make_case(c["case"], c["examples"]), repeats=c["repeats"])
         fl, local = flops_by_length(case), local_copy_flops(case)
+        direct = (local_copy_flops(case, {"winograd": False})
+                  if getattr(case.model, "winograd", False) else local)
         peaks = {k: v * 1e9 for k, v in c["gemm_gflops"].items()}
+        recorded = bool(c.get("winograd", False))  # records before it ran direct convolutions
         for row in c["rows"]:
-            count_row(case, row, fl, local, peaks)
-        c["gflop_per_local_copy"] = None if local is None else local / 1e9
+            count_row(case, row, fl, local, peaks, direct, recorded)
+        c["gflop_per_local_copy"] = None if local is None else (
+            local if recorded else direct) / 1e9
         c["targets"] = targets(c["case"], c["rows"], peaks, c.get("exact_cuts"), c.get("softmax"))
     result["recounted"] = datetime.datetime.now(datetime.timezone.utc).isoformat(
         timespec="seconds")

@@ -631,6 +631,49 @@ def test_local_reuse_copies_are_counted_at_the_work_they_do(bench):
     assert bench.local_copy_flops(tiny_image_case(bench)) is None
 
 
+def test_winograd_copies_are_counted_at_the_work_they_do(bench):
+    """ResNet's local copies run their last stages' 3×3 convolutions by Winograd's algorithm in
+    float32 and directly in bf16 (and in records made before it): each row's copies are counted
+    at the convolutions they ran, and a row can turn the algorithm off (``winograd=False``)."""
+    from _real import RealCase
+
+    from senslab.models import create_model
+
+    # 32-64-128-256 channels: its 4×4 maps of 256 channels run by Winograd's algorithm
+    model = create_model("resnet18", image_size=32, width=0.5, blocks=(1, 1, 1, 2),
+                         num_classes=3, seed=0).eval()
+    x = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    case = RealCase("wide_resnet", "image", model, x, Patches(4), 1.0, 2)
+    fl = bench.flops_by_length(case)
+    local, direct = bench.local_copy_flops(case), bench.local_copy_flops(case, {"winograd": False})
+    assert model.winograd is True  # restored after the count
+    assert 0.5 * direct < local < direct < fl[case.width]
+    labels = [label for label, _, _ in bench.senslab_methods(case, 0.002)]
+    assert "senslab precision=float32 winograd=False" in labels
+
+    def row(precision, rechecked=0, switches=None):
+        return {"method": "senslab x", "precision": precision, "forwards": case.n + 40,
+                "forwards_fp32": rechecked, "control_variate": False, "options": {},
+                "tokens": "Patches(4)", **({"model": switches} if switches else {})}
+
+    peaks = {"float32": 1e11, "bf16": 1e11}
+    counted = {}
+    for name, r, recorded in (("float32", row("float32"), True),
+                              ("off", row("float32", switches={"winograd": False}), True),
+                              ("bf16", row("bf16-checked (10.0% re-checked)", 4), True),
+                              ("old record", row("float32"), False)):
+        r["seconds"] = 1.0
+        bench.count_row(case, r, fl, local, peaks, direct, recorded)
+        counted[name] = r["flop_parts"]
+    assert counted["float32"]["copies"] == 40 * local
+    assert counted["off"]["copies"] == counted["old record"]["copies"] == 40 * direct
+    assert counted["bf16"]["copies"] == 40 * direct and counted["bf16"]["rechecks"] == 4 * local
+    ran = bench.senslab_row(case, "senslab x", {"repeats": 1, "precision": "float32",
+                                                "model": {"winograd": False}}, 0.0)
+    assert ran["model"] == {"winograd": False} and model.winograd is True
+    assert not bench.ran_winograd(case, ran) and bench.ran_winograd(case, row("float32"))
+
+
 def test_ceilings_run_every_flop_at_its_units_peak(bench):
     """A row's ceiling divides its measured ratio by the share of its seconds its FLOPs would
     take at the measured peaks: copies on the row's own unit, a checked row's clean work and
