@@ -139,11 +139,12 @@ def test_fold_equals_the_convolution_then_its_batchnorm(bias, affine):
     assert fold(layer[0]) is None
 
 
-def test_forward_local_keeps_the_gradient():
-    model = resnet(16, stats=True, sens_patch=4)
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 3, 16, 16, generator=g)
-    rows, top, left = torch.tensor([0, 1]), torch.tensor([0, 8]), torch.tensor([4, 12])
+def assert_same_gradients(model, side, top, left):
+    """The gradient of a logit with respect to two copies' patches (4×4 at ``top``/``left`` of
+    two ``side``×``side`` images) is the same through ``forward_local`` as through full
+    forwards, and not zero."""
+    x = torch.randn(2, 3, side, side, generator=torch.Generator().manual_seed(0))
+    rows, top, left = torch.tensor([0, 1]), torch.tensor(top), torch.tensor(left)
     grads = []
     for local in (True, False):
         patch = torch.randn(2, 3, 4, 4, generator=torch.Generator().manual_seed(1),
@@ -155,6 +156,10 @@ def test_forward_local_keeps_the_gradient():
         grads.append(torch.autograd.grad(out[:, 3].sum(), patch)[0])
     assert grads[1].abs().max() > 0
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
+
+
+def test_forward_local_keeps_the_gradient():
+    assert_same_gradients(resnet(16, stats=True, sens_patch=4), 16, [0, 8], [4, 12])
 
 
 @pytest.mark.parametrize("options", [

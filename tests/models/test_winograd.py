@@ -12,7 +12,7 @@ from senslab.measure import TokenSensitivity
 from senslab.models import _winograd as winograd
 from senslab.tokens import Patches
 
-from .test_local_reuse import every_patch, perturbed_full, resnet
+from .test_local_reuse import assert_same_gradients, every_patch, perturbed_full, resnet
 
 
 @pytest.mark.parametrize("c, k, h, w, bias", [
@@ -75,12 +75,18 @@ def wide_resnet():
     return resnet(32, stats=True, blocks=(1, 1, 1, 2), sens_patch=4, width=0.5)
 
 
+def copies(images, seed):
+    """``images`` random 32×32 images and a noisy copy at every 4×4 patch of each: (x, rows,
+    top, left, noise)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(images, 3, 32, 32, generator=g)
+    rows, top, left = every_patch(images, 32, 4)
+    return x, rows, top, left, torch.randn(len(rows), 3, 4, 4, generator=g)
+
+
 def test_resnet_forward_local_runs_the_last_stage_by_winograd():
     model = wide_resnet()
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 3, 32, 32, generator=g)
-    rows, top, left = every_patch(2, 32, 4)
-    noisy = torch.randn(len(rows), 3, 4, 4, generator=g)
+    x, rows, top, left, noisy = copies(2, 0)
     with torch.no_grad():
         full = perturbed_full(model, x, rows, top, left, noisy)
         fast = model.forward_local(model.local_cache(x, 4), rows, top, left, noisy)
@@ -98,10 +104,7 @@ def test_resnet_forward_local_runs_the_last_stage_by_winograd():
 
 def test_resnet_winograd_filters_follow_the_weights():
     model = wide_resnet()
-    g = torch.Generator().manual_seed(2)
-    x = torch.randn(1, 3, 32, 32, generator=g)
-    rows, top, left = every_patch(1, 32, 4)
-    noisy = torch.randn(len(rows), 3, 4, 4, generator=g)
+    x, rows, top, left, noisy = copies(1, 2)
     with torch.no_grad():
         model.forward_local(model.local_cache(x, 4), rows, top, left, noisy)
         kept = dict(model.__dict__["_winograd_filters"])
@@ -132,18 +135,5 @@ def test_token_sensitivity_with_winograd_equals_full_forwards():
 
 def test_winograd_keeps_the_gradient():
     model = wide_resnet()
-    g = torch.Generator().manual_seed(4)
-    x = torch.randn(2, 3, 32, 32, generator=g)
-    rows, top, left = torch.tensor([0, 1]), torch.tensor([0, 16]), torch.tensor([4, 28])
-    grads = []
-    for local in (True, False):
-        patch = torch.randn(2, 3, 4, 4, generator=torch.Generator().manual_seed(1),
-                            requires_grad=True)
-        if local:
-            out = model.forward_local(model.local_cache(x, 4), rows, top, left, patch)
-        else:
-            out = perturbed_full(model, x, rows, top, left, patch)
-        grads.append(torch.autograd.grad(out[:, 3].sum(), patch)[0])
+    assert_same_gradients(model, 32, [0, 16], [4, 28])
     assert model.__dict__.get("_winograd_filters")
-    assert grads[1].abs().max() > 0
-    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
