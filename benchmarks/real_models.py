@@ -848,6 +848,15 @@ def local_copy_flops(case: RealCase, switches: dict[str, Any] | None = None) -> 
     return None if added is None else added[0] / added[1]
 
 
+def local_copy_counts(case: RealCase) -> tuple[float | None, float | None]:
+    """:func:`local_copy_flops` as the model runs local copies by default, and with its Winograd
+    convolutions off (ResNet's ``winograd`` switch; the same count for a model without it)."""
+    local = local_copy_flops(case)
+    if not getattr(case.model, "winograd", False):
+        return local, local
+    return local, local_copy_flops(case, {"winograd": False})
+
+
 class _SoftmaxCount(TorchDispatchMode):
     """While active, counts the values every softmax runs on (``aten.softmax``, ``_softmax``
     and its ``out`` variant, ``_safe_softmax``: whichever the call reaches the mode as; what it
@@ -1031,10 +1040,7 @@ def measure_case(case: RealCase, gemm_n: int, reps: int = 1, log: Any = print,
     fl = flops_by_length(case)
     cuts = (vit_exact_cuts(case.model, case.inputs) if case.kind == "image"
             else encoder_exact_cuts(case, fl))
-    local = local_copy_flops(case)
-    # direct convolutions' count, for rows that ran them (ResNet's ``winograd`` switch)
-    direct = (local_copy_flops(case, {"winograd": False})
-              if getattr(case.model, "winograd", False) else local)
+    local, direct = local_copy_counts(case)
     soft = local_copy_softmax(case)
     if soft is not None and local is not None:  # what the softmax alone bounds (:func:`targets`)
         soft["flops"] = local
@@ -1500,15 +1506,14 @@ def recount(record: Path) -> dict[str, Any]:
         raise SystemExit(f"{record} holds no timed rows: pass a record written without --ceiling")
     for c in cases:
         case = dataclasses.replace(make_case(c["case"], c["examples"]), repeats=c["repeats"])
-        fl, local = flops_by_length(case), local_copy_flops(case)
-        direct = (local_copy_flops(case, {"winograd": False})
-                  if getattr(case.model, "winograd", False) else local)
+        fl, (local, direct) = flops_by_length(case), local_copy_counts(case)
         peaks = {k: v * 1e9 for k, v in c["gemm_gflops"].items()}
         recorded = bool(c.get("winograd", False))  # records before it ran direct convolutions
         for row in c["rows"]:
             count_row(case, row, fl, local, peaks, direct, recorded)
         c["gflop_per_local_copy"] = None if local is None else (
             local if recorded else direct) / 1e9
+        c["gflop_per_local_copy_direct"] = None if direct is None else direct / 1e9
         c["targets"] = targets(c["case"], c["rows"], peaks, c.get("exact_cuts"), c.get("softmax"))
     result["recounted"] = datetime.datetime.now(datetime.timezone.utc).isoformat(
         timespec="seconds")
