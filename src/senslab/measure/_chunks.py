@@ -21,6 +21,7 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
 from .._autocast import autocast_on
+from .._exclusive import OwnForwards
 
 try:  # private module: without it the host's per-tensor cap is skipped (docs/compatibility.md)
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -89,6 +90,7 @@ class ActivationMeter:
         self._temps: dict[int, list[int]] = {}
         self._mode: Any = None
         self._autocast: Any = None
+        self._own = OwnForwards(None)
 
     @property
     def peak(self) -> int:
@@ -103,6 +105,7 @@ class ActivationMeter:
             torch.cuda.reset_peak_memory_stats(self.device)
             self._base = torch.cuda.memory_allocated(self.device)
         elif self.model is not None:
+            self._own = OwnForwards(self.model)  # another thread's forwards are not metered
             self.external = storages(self.model)
             self._handles.append(self.model.register_forward_pre_hook(self._pre_hook))
             for module in self.model.modules():
@@ -132,11 +135,15 @@ class ActivationMeter:
             self.seen_peak = torch.cuda.max_memory_allocated(self.device) - self._base
 
     def _pre_hook(self, module: Any, args: Any) -> None:
+        if not self._own(module):
+            return
         for t in tree_leaves(args):
             if isinstance(t, Tensor):
                 self._track(t)
 
     def _hook(self, module: Any, args: Any, out: Any) -> None:
+        if not self._own(module):
+            return
         for t in tree_leaves(out):
             if isinstance(t, Tensor):
                 self._track(t)

@@ -89,15 +89,16 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from collections.abc import Callable, Mapping
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from numbers import Real
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
+from .._exclusive import exclusive
 from ..tokens.base import _describe, select_output
 from ._cube import MAX_EXACT_N, all_inputs, check_n, index_to_inputs, inputs_to_index, table_n
 from ._options import _check_generator
@@ -372,10 +373,14 @@ def _held_modules(f: object) -> list[nn.Module]:
     return found
 
 
-def _kept_buffers(f: object) -> Any:
+@contextmanager
+def _kept_buffers(f: object) -> Iterator[None]:
     """Every buffer of the modules ``f`` is or holds (:func:`_held_modules`) as it was after the
-    block (:func:`._options._kept_buffers`)."""
-    return nullcontext() if isinstance(f, Tensor) else _kept_model_buffers(*_held_modules(f))
+    block (:func:`._options._kept_buffers`), those modules measured by this thread alone
+    meanwhile (:func:`senslab._exclusive.exclusive`)."""
+    held = [] if isinstance(f, Tensor) else _held_modules(f)
+    with exclusive(*held), _kept_model_buffers(*held):
+        yield
 
 
 def _evaluator(

@@ -65,6 +65,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .._exclusive import OwnForwards, exclusive
 from ..tokens.base import (
     Inputs,
     OutputSelector,
@@ -521,22 +522,23 @@ def _perturbable(
     _check_exclude(model, [n for n, _ in named], exclude)
     gen = _generator(generator, device)
     chosen_names = [n for n, _ in named if not _excluded(n, exclude)]
-    slots = _slots(model)
-    modes = [(m, m.training) for m in model.modules()]
-    noise = _WeightNoise(chosen, gen, chosen_names, aliased=_aliased(model, chosen))
-    model.eval()
-    try:
-        with _kept_buffers(model):  # after the weights: a buffer may view their storage
-            try:
-                yield noise
-            finally:
-                noise.reset()
-    finally:
-        for m, kind, name, t in slots:  # a parameter the forward reassigned: the old one back
-            if getattr(m, kind).get(name) is not t:
-                getattr(m, kind)[name] = t
-        for m, was in modes:  # per module, so mixed train/eval submodules come back as they were
-            m.training = was
+    with exclusive(model):  # one thread's measurement at a time (see senslab._exclusive)
+        slots = _slots(model)
+        modes = [(m, m.training) for m in model.modules()]
+        noise = _WeightNoise(chosen, gen, chosen_names, aliased=_aliased(model, chosen))
+        model.eval()
+        try:
+            with _kept_buffers(model):  # after the weights: a buffer may view their storage
+                try:
+                    yield noise
+                finally:
+                    noise.reset()
+        finally:
+            for m, kind, name, t in slots:  # a parameter the forward reassigned: back again
+                if getattr(m, kind).get(name) is not t:
+                    getattr(m, kind)[name] = t
+            for m, was in modes:  # per module: mixed train/eval submodules come back as they were
+                m.training = was
 
 
 # ----------------------------------------------------------------------------------- sharpness
@@ -813,6 +815,7 @@ def layernorm_factors(
     check_device(model, inputs)
     b = batch_size(inputs)
     calls: list[tuple[str, Tensor]] = []  # (module name, (B, positions) inverse std)
+    own = OwnForwards(model)
 
     modules = dict(model.named_modules())
     # a sequence-first layer somewhere: a LayerNorm no layer speaks for may see its (T, B, …)
@@ -834,6 +837,8 @@ def layernorm_factors(
             None if batch_first is None else not batch_first)
 
         def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+            if not own(module):
+                return  # another thread's forward of the model (see senslab._exclusive)
             h = args[0]
             positions = h.dim() >= ndim + 2
             if (first is None and mixed and positions and h.shape[0] == b
@@ -867,19 +872,21 @@ def layernorm_factors(
 
         return hook
 
-    modes = [(m, m.training) for m in model.modules()]
-    handles = [
-        m.register_forward_pre_hook(hook_for(n, m.eps, len(m.normalized_shape))) for n, m in norms
-    ]
-    try:
-        model.eval()
-        with torch.no_grad():
-            forward(model, inputs)  # the LayerNorms' inputs are read, not the output
-    finally:
-        for handle in handles:
-            handle.remove()
-        for m, was in modes:
-            m.training = was
+    with exclusive(model):  # one thread's measurement at a time (see senslab._exclusive)
+        modes = [(m, m.training) for m in model.modules()]
+        handles = [
+            m.register_forward_pre_hook(hook_for(n, m.eps, len(m.normalized_shape)))
+            for n, m in norms
+        ]
+        try:
+            model.eval()
+            with torch.no_grad():
+                forward(model, inputs)  # the LayerNorms' inputs are read, not the output
+        finally:
+            for handle in handles:
+                handle.remove()
+            for m, was in modes:
+                m.training = was
     if not calls:
         raise RuntimeError(f"no LayerNorm of {type(model).__name__} ran during the forward pass")
 

@@ -170,6 +170,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from .._autocast import autocast_on
+from .._exclusive import OwnForwards, exclusive
 from .._onednn import missing_kernel
 from ..tokens.base import (
     Inputs,
@@ -299,11 +300,13 @@ def _refuse_own_autocast(model: Any, device: torch.device) -> Iterator[None]:
     a torch function mode sees every call, also a plain callable's and functional ops on a
     module's own parameters (a forward pre-hook on submodules saw neither, and a ScriptModule
     takes no hooks); the other forwards run without it. Pre-hooks on the submodules look too:
-    a mode is thread-local, and ``nn.DataParallel`` runs its replicas in threads of its own."""
+    a mode is thread-local, and ``nn.DataParallel`` runs its replicas in threads of its own
+    (another thread's forward of the model itself, a training loop's, is not looked at)."""
     probe = _AutocastProbe(device.type)
+    own = OwnForwards(model)
 
     def look(module: nn.Module, args: Any) -> None:
-        if autocast_on(device.type):
+        if autocast_on(device.type) and own(module):
             probe.seen = True
 
     handles = ([m.register_forward_pre_hook(look) for m in model.modules() if m is not model]
@@ -835,7 +838,8 @@ class TokenSensitivity:
         probe = (_refuse_own_autocast(self.model, device)
                  if self.autocast is None and not self._own_autocast_checked else nullcontext())
         try:
-            with mode, kept, _own_forward(self.model), self._autocast(device):
+            with (exclusive(self.model), mode, kept, _own_forward(self.model),
+                  self._autocast(device)):
                 self._update(inputs, mask, device, probe)
             self._own_autocast_checked = True
             self._warn_stopping_bias()

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten
 
+from .._exclusive import OwnForwards
 from ._grid import LOW_PRECISION, GridCheck
 from .base import (
     BoundTokens,
@@ -350,6 +351,7 @@ class _BoundEmbedding(BoundTokens):
         self._cache: Any = None
         self._width: int | None = None  # tokens of the copies in the current forward
         self.position: Position = "last"  # where a per-position output is read (see Embedding)
+        self.own = OwnForwards(model)  # which forwards are this measurement's
         self.ends: Tensor | None = None  # (B,) each example's last real position
         #: noise landing on bf16/fp16 token vectors is checked against the noise drawn
         self._check_rounding = GridCheck(f"token vectors of {name!r}", (
@@ -358,6 +360,8 @@ class _BoundEmbedding(BoundTokens):
             "float32), or use a larger sigma, well above {spacing}"))
 
     def hook(self, module: nn.Module, args: Any, out: Any) -> Any:
+        if not self.own(module):
+            return None  # another thread's forward of the model (see senslab._exclusive)
         if isinstance(out, Tensor) and out.dim() == 4:
             raise ValueError(
                 f"submodule {self.name!r} returned {tuple(out.shape)}: a 4-D image embedding "

@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._exclusive import OwnForwards
 from ..tokens import Embedding, Patches, Sequence, Tokenization, find_module
 from ..tokens.base import Inputs, OutputSelector, call_model, valid_mask
 from ..tokens.embedding import input_mask
@@ -157,8 +158,11 @@ def _embedding_branches(model: nn.Module, inputs: Inputs, tokens: Embedding, sig
     target = _embedding_target(model, tokens)
     seen: list[Tensor] = []
     delta: list[Tensor] = []  # empty: the clean pass
+    own = OwnForwards(model)  # another thread's forwards of the model pass through
 
     def hook(module: nn.Module, args: Any, out: Any) -> Any:
+        if not own(module):
+            return None
         if not isinstance(out, Tensor) or out.dim() != 3 or not out.is_floating_point():
             got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
             raise ValueError(
