@@ -5,6 +5,7 @@ exists as an accumulating class (``update``/``compute``/``reset``/``merge``), an
 paired comparison of several models on the same perturbed copies (:mod:`.compare`).
 """
 
+from .._exclusive import exclusive
 from .boolean import (
     BooleanSensitivity,
     all_inputs,
@@ -44,6 +45,7 @@ __all__ = [
     "boolean_sensitivity",
     "compare_sensitivity",
     "degree",
+    "exclusive",
     "first",
     "fourier_coefficients",
     "influence_fourier",

@@ -105,7 +105,7 @@ class ActivationMeter:
             torch.cuda.reset_peak_memory_stats(self.device)
             self._base = torch.cuda.memory_allocated(self.device)
         elif self.model is not None:
-            self._own = OwnForwards(self.model)  # another thread's forwards are not metered
+            self._own = OwnForwards(self.model).__enter__()  # not another thread's forwards
             self.external = storages(self.model)
             self._handles.append(self.model.register_forward_pre_hook(self._pre_hook))
             for module in self.model.modules():
@@ -127,6 +127,7 @@ class ActivationMeter:
             self._mode.__exit__(*exc)
             self._mode = None
         self._temps.clear()
+        self._own.__exit__(*exc)
         for h in self._handles:
             h.remove()
         self._handles.clear()
@@ -135,14 +136,14 @@ class ActivationMeter:
             self.seen_peak = torch.cuda.max_memory_allocated(self.device) - self._base
 
     def _pre_hook(self, module: Any, args: Any) -> None:
-        if not self._own(module):
+        if not self._own():
             return
         for t in tree_leaves(args):
             if isinstance(t, Tensor):
                 self._track(t)
 
     def _hook(self, module: Any, args: Any, out: Any) -> None:
-        if not self._own(module):
+        if not self._own():
             return
         for t in tree_leaves(out):
             if isinstance(t, Tensor):

@@ -86,19 +86,19 @@ Example::
 
 from __future__ import annotations
 
-import functools
 import math
 import warnings
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from numbers import Real
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
-from .._exclusive import exclusive
+from .._exclusive import held_modules as _held_modules
+from .._exclusive import one_at_a_time
 from ..tokens.base import _describe, select_output
 from ._cube import MAX_EXACT_N, all_inputs, check_n, index_to_inputs, inputs_to_index, table_n
 from ._options import _check_generator
@@ -341,46 +341,10 @@ def _check_batch_independent(f: Callable[[Tensor], object], probe: Tensor) -> No
     )
 
 
-def _held_modules(f: object) -> list[nn.Module]:
-    """The modules whose buffers a call of ``f`` may change: f itself if it is one, else those
-    f holds one level down — a bound method's object, a ``functools.partial``'s function and
-    arguments, closure cells, the globals its code names, its attributes. ``lambda x: m(x)``
-    holds ``m``; a module reached only through other functions is not found."""
-    if isinstance(f, nn.Module):
-        return [f]
-    found: list[nn.Module] = []
-
-    def add(v: object) -> None:
-        if isinstance(v, nn.Module) and all(v is not m for m in found):
-            found.append(v)
-
-    if isinstance(f, functools.partial):
-        for v in (f.func, *f.args, *f.keywords.values()):
-            add(v)
-        f = f.func
-    add(getattr(f, "__self__", None))
-    for cell in getattr(f, "__closure__", None) or ():
-        try:
-            add(cell.cell_contents)
-        except ValueError:  # an empty cell
-            pass
-    code, names = getattr(f, "__code__", None), getattr(f, "__globals__", None)
-    if code is not None and isinstance(names, dict):
-        for name in code.co_names:
-            add(names.get(name))
-    for v in getattr(f, "__dict__", {}).values():
-        add(v)
-    return found
-
-
-@contextmanager
-def _kept_buffers(f: object) -> Iterator[None]:
-    """Every buffer of the modules ``f`` is or holds (:func:`_held_modules`) as it was after the
-    block (:func:`._options._kept_buffers`), those modules measured by this thread alone
-    meanwhile (:func:`senslab._exclusive.exclusive`)."""
-    held = [] if isinstance(f, Tensor) else _held_modules(f)
-    with exclusive(*held), _kept_model_buffers(*held):
-        yield
+def _kept_buffers(f: object) -> Any:
+    """Every buffer of the modules ``f`` is or holds (:func:`._exclusive.held_modules`) as it
+    was after the block (:func:`._options._kept_buffers`)."""
+    return nullcontext() if isinstance(f, Tensor) else _kept_model_buffers(*_held_modules(f))
 
 
 def _evaluator(
@@ -570,6 +534,7 @@ def _changes(v0: Tensor, nb: Tensor, rule: str, threshold: float) -> Tensor:
     return (v0.unsqueeze(1) != nb).double()
 
 
+@one_at_a_time  # one thread's measurement of a module at a time (see senslab._exclusive)
 def truth_table(
     f: Callable[[Tensor], Tensor] | nn.Module,
     n: int,
@@ -656,6 +621,7 @@ def _check_chunk(chunk_size: int, row_cost: int) -> None:
 # ----------------------------------------------------------------------------- sensitivity
 
 
+@one_at_a_time
 def boolean_sensitivity(
     f: BoolFn,
     n: int | None = None,

@@ -65,7 +65,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .._exclusive import OwnForwards, exclusive
+from .._exclusive import OwnForwards, one_at_a_time
 from ..tokens.base import (
     Inputs,
     OutputSelector,
@@ -522,26 +522,26 @@ def _perturbable(
     _check_exclude(model, [n for n, _ in named], exclude)
     gen = _generator(generator, device)
     chosen_names = [n for n, _ in named if not _excluded(n, exclude)]
-    with exclusive(model):  # one thread's measurement at a time (see senslab._exclusive)
-        slots = _slots(model)
-        modes = [(m, m.training) for m in model.modules()]
-        noise = _WeightNoise(chosen, gen, chosen_names, aliased=_aliased(model, chosen))
-        model.eval()
-        try:
-            with _kept_buffers(model):  # after the weights: a buffer may view their storage
-                try:
-                    yield noise
-                finally:
-                    noise.reset()
-        finally:
-            for m, kind, name, t in slots:  # a parameter the forward reassigned: back again
-                if getattr(m, kind).get(name) is not t:
-                    getattr(m, kind)[name] = t
-            for m, was in modes:  # per module: mixed train/eval submodules come back as they were
-                m.training = was
+    slots = _slots(model)
+    modes = [(m, m.training) for m in model.modules()]
+    noise = _WeightNoise(chosen, gen, chosen_names, aliased=_aliased(model, chosen))
+    model.eval()
+    try:
+        with _kept_buffers(model):  # after the weights: a buffer may view their storage
+            try:
+                yield noise
+            finally:
+                noise.reset()
+    finally:
+        for m, kind, name, t in slots:  # a parameter the forward reassigned: back again
+            if getattr(m, kind).get(name) is not t:
+                getattr(m, kind)[name] = t
+        for m, was in modes:  # per module: mixed train/eval submodules come back as they were
+            m.training = was
 
 
 # ----------------------------------------------------------------------------------- sharpness
+@one_at_a_time  # one thread's measurement of a model at a time (see senslab._exclusive)
 def output_sharpness(
     model: nn.Module,
     inputs: Inputs,
@@ -650,6 +650,7 @@ def output_sharpness(
     return OutputSharpness(shop, shpred, b, reason)
 
 
+@one_at_a_time
 def loss_sharpness(
     model: nn.Module,
     loss_fn: Callable[[Tensor, Any], Tensor],
@@ -750,6 +751,7 @@ def _layout_flag(module: nn.Module | None) -> bool | None:
     return next((f for f in flags if isinstance(f, bool)), None)
 
 
+@one_at_a_time
 def layernorm_factors(
     model: nn.Module,
     inputs: Inputs,
@@ -837,7 +839,7 @@ def layernorm_factors(
             None if batch_first is None else not batch_first)
 
         def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
-            if not own(module):
+            if not own():
                 return  # another thread's forward of the model (see senslab._exclusive)
             h = args[0]
             positions = h.dim() >= ndim + 2
@@ -872,21 +874,20 @@ def layernorm_factors(
 
         return hook
 
-    with exclusive(model):  # one thread's measurement at a time (see senslab._exclusive)
-        modes = [(m, m.training) for m in model.modules()]
-        handles = [
-            m.register_forward_pre_hook(hook_for(n, m.eps, len(m.normalized_shape)))
-            for n, m in norms
-        ]
-        try:
-            model.eval()
-            with torch.no_grad():
-                forward(model, inputs)  # the LayerNorms' inputs are read, not the output
-        finally:
-            for handle in handles:
-                handle.remove()
-            for m, was in modes:
-                m.training = was
+    modes = [(m, m.training) for m in model.modules()]
+    handles = [
+        m.register_forward_pre_hook(hook_for(n, m.eps, len(m.normalized_shape)))
+        for n, m in norms
+    ]
+    try:
+        model.eval()
+        with torch.no_grad(), own:
+            forward(model, inputs)  # the LayerNorms' inputs are read, not the output
+    finally:
+        for handle in handles:
+            handle.remove()
+        for m, was in modes:
+            m.training = was
     if not calls:
         raise RuntimeError(f"no LayerNorm of {type(model).__name__} ran during the forward pass")
 
@@ -916,6 +917,7 @@ def layernorm_factors(
     return factors
 
 
+@one_at_a_time
 def layernorm_blowup(
     model: nn.Module,
     inputs: Inputs,
@@ -936,6 +938,7 @@ def layernorm_blowup(
     return torch.stack(list(factors.values())).prod(dim=0)
 
 
+@one_at_a_time
 def parameter_norm(model: nn.Module, exclude: Sequence[str] | str = (POSITIONAL,)) -> float:
     r""":math:`\lVert\theta\rVert_2 = \sqrt{\sum_i \theta_i^2}` over every parameter whose name
     contains none of ``exclude`` (default: positional embeddings, as Hahn & Rofin), in float64.

@@ -306,13 +306,13 @@ def _refuse_own_autocast(model: Any, device: torch.device) -> Iterator[None]:
     own = OwnForwards(model)
 
     def look(module: nn.Module, args: Any) -> None:
-        if autocast_on(device.type) and own(module):
+        if autocast_on(device.type) and own():
             probe.seen = True
 
     handles = ([m.register_forward_pre_hook(look) for m in model.modules() if m is not model]
                if isinstance(model, nn.Module) else [])
     try:
-        with probe:
+        with probe, own:
             yield
     finally:
         for h in handles:
@@ -829,6 +829,11 @@ class TokenSensitivity:
             _warn_reduced_float32(self.model, device)
         if self._local is not None:  # after all_reduce: add to this process's own state
             self.state, self._local = self._local, None
+        with exclusive(self.model):  # one thread's measurement at a time (senslab._exclusive)
+            self._update_model(inputs, mask, device)
+
+    def _update_model(self, inputs: Inputs, mask: Tensor | None, device: torch.device) -> None:
+        """:meth:`update` with the model this thread's alone: checks, mode, buffers, forwards."""
         module = isinstance(self.model, nn.Module)
         if module:
             _refuse_batch_statistics(self.model, self.eval_mode)
@@ -838,8 +843,7 @@ class TokenSensitivity:
         probe = (_refuse_own_autocast(self.model, device)
                  if self.autocast is None and not self._own_autocast_checked else nullcontext())
         try:
-            with (exclusive(self.model), mode, kept, _own_forward(self.model),
-                  self._autocast(device)):
+            with mode, kept, _own_forward(self.model), self._autocast(device):
                 self._update(inputs, mask, device, probe)
             self._own_autocast_checked = True
             self._warn_stopping_bias()

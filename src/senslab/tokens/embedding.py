@@ -334,8 +334,9 @@ class Embedding(Tokenization):
                        and hasattr(model, "forward_suffix"))
         handle = target.register_forward_hook(bound.hook)
         try:
-            bound.run_clean(mask)
-            yield bound
+            with bound.own:
+                bound.run_clean(mask)
+                yield bound
         finally:
             handle.remove()
 
@@ -360,7 +361,7 @@ class _BoundEmbedding(BoundTokens):
             "float32), or use a larger sigma, well above {spacing}"))
 
     def hook(self, module: nn.Module, args: Any, out: Any) -> Any:
-        if not self.own(module):
+        if not self.own():
             return None  # another thread's forward of the model (see senslab._exclusive)
         if isinstance(out, Tensor) and out.dim() == 4:
             raise ValueError(
