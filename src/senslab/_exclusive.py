@@ -1,40 +1,46 @@
-"""A model measured by one thread at a time, and hooks that leave other threads' forwards alone.
+"""One measurement at a time in a process, and hooks that leave other threads' forwards alone.
 
 A measurement changes the model while it runs: it switches eval mode on and puts every module's
 flag back at the end, restores the buffers a forward changed, hooks a submodule to add noise,
 perturbs the weights (sharpness). Two measurements of one model in two threads saw each other's
 changes: one thread's noise landed in the other's forwards (reported as a module "that ran twice
 in one forward pass"), the first to finish put the model back in its own starting mode while the
-other still ran, and a measurement took sharpness's perturbed weights for the model's.
-:func:`exclusive` makes them take turns: a lock per module, taken for every module of the
-measured model (so a model and a container or wrapper holding it — ``nn.Sequential(model, …)``,
-a LightningModule's ``self.model``, ``torch.compile``, DDP — share their modules' locks), held
-for the whole measurement and re-entrant (a measurement inside another, in one thread, runs on).
-A plain callable's locks are those of the modules it holds (:func:`held_modules`).
+other still ran, and a measurement took sharpness's perturbed weights for the model's. The same
+holds for a model and anything holding it (``nn.Sequential(model, …)``, a LightningModule's
+``self.model``, a callable that calls it, a wrapper). :func:`exclusive` makes measurements take
+turns: one re-entrant lock for the process, held for the whole measurement (a measurement
+inside another, in one thread, runs on). One lock, not one per model: measurements of two models
+in two threads wait for each other too, but no order of taking several locks can deadlock, and
+no container, callable or shared submodule can slip past it. A metric's own lock is always
+taken after it.
 
 A thread that runs the model without measuring it (a training loop while another thread
-measures) takes no lock unless it asks for one (``with exclusive(model): ...``);
-:class:`OwnForwards` keeps the measurement's hooks out of its forwards: those of a thread,
-other than the measuring one, that entered the model's top-level forward. The model's own
-worker threads (a forward that runs a branch in a thread pool) and ``nn.DataParallel``'s
-replicas (copies of the modules, run in threads of their own) never enter it, so what they run
-stays the measurement's.
+measures) takes no lock unless it asks for one (``with exclusive(model): ...``). A measurement's
+hooks (:class:`OwnForwards`) leave its forwards alone: those of a thread, other than the
+measuring one, whose call stack holds the measured model's top-level forward (or that of the
+model inside a ``torch.compile``/DDP/DataParallel wrapper). The model's own worker threads (a
+forward that runs a submodule in a thread pool) and ``nn.DataParallel``'s replicas (copies of
+the modules, run in threads of their own) are not inside that forward, so what they run stays
+the measurement's. The hooks are objects that a copy of the model (``copy.deepcopy``, a
+pickle) receives as hooks that do nothing.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
+import sys
 import threading
-import weakref
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from typing import Any
 
-from torch import Tensor, nn
+from torch import nn
 
-_LOCKS: weakref.WeakKeyDictionary[nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
-_GUARD = threading.Lock()
+_LOCK = threading.RLock()
+#: the code of ``nn.Module.__call__``'s frames, in whose ``self`` a forward's module is read
+_CALL_CODES = frozenset(
+    f.__code__ for f in (getattr(nn.Module, "_call_impl", None),
+                         getattr(nn.Module, "_wrapped_call_impl", None)) if f is not None)
 
 
 def held_modules(f: object) -> list[nn.Module]:
@@ -69,67 +75,44 @@ def held_modules(f: object) -> list[nn.Module]:
     return found
 
 
-def _lock(module: nn.Module) -> threading.RLock:
-    with _GUARD:
-        lock = _LOCKS.get(module)
-        if lock is None:
-            lock = _LOCKS[module] = threading.RLock()
-        return lock
-
-
 @contextmanager
 def exclusive(*models: Any) -> Iterator[None]:
-    """Hold the locks of every module of ``models`` for the block: modules and everything
-    inside them, a callable's :func:`held_modules`; a tensor (a truth table) has none. The
-    locks are taken in one fixed order, so two threads never wait for each other in a circle.
-
-    A training loop that shares its model with a thread measuring it can take turns too::
+    """Hold the measurements' lock for the block (``models`` name what is protected; the lock
+    is one for the process, see the module docstring). A training loop that shares its model
+    with a thread measuring it can take turns too::
 
         with exclusive(model):
             optimizer.step()          # never half-applied under a measurement
     """
-    locks: dict[int, threading.RLock] = {}
-    for m in models:
-        if isinstance(m, Tensor):
-            continue
-        for top in held_modules(m):
-            for sub in top.modules():
-                lock = _lock(sub)
-                locks[id(lock)] = lock
-    with ExitStack() as stack:
-        for key in sorted(locks):
-            stack.enter_context(locks[key])
+    with _LOCK:
         yield
 
 
 def one_at_a_time(func: Callable[..., Any]) -> Callable[..., Any]:
-    """``func`` (whose first parameter is the model measured) under :func:`exclusive` of it."""
-    first = next(iter(inspect.signature(func).parameters))
+    """``func`` under :func:`exclusive`."""
 
     @functools.wraps(func)
     def guarded(*args: Any, **kwargs: Any) -> Any:
-        model = args[0] if args else kwargs.get(first)
-        with exclusive(model):
+        with _LOCK:
             return func(*args, **kwargs)
 
     return guarded
 
 
 class OwnForwards:
-    """Tells a measurement's hook whether a call is the measurement's own (see the module
-    docstring). Inside ``with OwnForwards(model) as own:``, ``own()`` is False in a thread that
-    is not the measuring one and entered ``model``'s top-level forward (or that of the model
-    inside a ``torch.compile``/DDP/DataParallel wrapper) meanwhile, True elsewhere. A copy —
-    ``copy.deepcopy`` of a model taken while a measurement's hooks are on it — says False
-    everywhere: the hooks it carries pass every forward of the copy through."""
+    """Tells a measurement's hooks whether a call is the measurement's own (see the module
+    docstring): ``own()`` is False in a thread other than the one that made this object whose
+    stack holds the top-level forward of ``model`` (of the modules a callable holds, and of the
+    model inside a wrapper), and always False once the measurement ended (``close``).
+    :meth:`hook` wraps a hook so that it runs on the measurement's own calls only, and so that
+    a copy of the model receives a hook that does nothing."""
 
     def __init__(self, model: Any) -> None:
         self.thread = threading.get_ident()
         self.live = True
-        self.foreign: set[int] = set()
         tops: list[nn.Module] = []
-        for m in held_modules(model):  # a callable: the modules it calls
-            for _ in range(8):  # and the model inside a wrapper
+        for m in held_modules(model):
+            for _ in range(8):  # the model inside a wrapper
                 if not isinstance(m, nn.Module) or any(m is t for t in tops):
                     break
                 tops.append(m)
@@ -138,33 +121,53 @@ class OwnForwards:
                                                     nn.parallel.DistributedDataParallel)):
                     inner = m.module
                 m = inner
-        self._tops = {id(t) for t in tops}
-        self._models = tops
-        self._handles: list[Any] = []
+        self._tops = frozenset(id(t) for t in tops)
+        self._keep = tops  # the ids stay theirs while this object lives
 
-    def __enter__(self) -> OwnForwards:
-        for t in self._models:
-            try:
-                self._handles.append(t.register_forward_pre_hook(self._entered))
-            except RuntimeError:  # a ScriptModule takes no hooks: no thread is told apart
-                pass
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-
-    def _entered(self, module: nn.Module, args: Any) -> None:
-        thread = threading.get_ident()
-        if self.live and thread != self.thread and id(module) in self._tops:
-            self.foreign.add(thread)  # a replica is another object: its threads stay out
+    def close(self) -> None:
+        self.live = False
 
     def __call__(self) -> bool:
-        return self.live and threading.get_ident() not in self.foreign
+        if not self.live:
+            return False
+        if threading.get_ident() == self.thread:
+            return True
+        frame = sys._getframe(1)
+        while frame is not None:
+            if frame.f_code in _CALL_CODES and id(frame.f_locals.get("self")) in self._tops:
+                return False  # this thread runs the model itself: a training loop, say
+            frame = frame.f_back
+        return True
+
+    def hook(self, fn: Callable[..., Any]) -> _OwnHook:
+        """``fn`` as a forward (pre-)hook that runs on the measurement's own calls only."""
+        return _OwnHook(fn, self)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> OwnForwards:
-        dead = OwnForwards.__new__(OwnForwards)
-        dead.__dict__.update(thread=None, live=False, foreign=set(), _tops=set(), _models=[],
-                             _handles=[])
+        dead = OwnForwards(None)
+        dead.live = False
         return dead
+
+
+class _OwnHook:
+    """A hook that calls ``fn`` where :class:`OwnForwards` says the call is the measurement's
+    (a pass-through otherwise); copied or pickled with a model, it does nothing."""
+
+    def __init__(self, fn: Callable[..., Any], own: OwnForwards) -> None:
+        self.fn, self.own = fn, own
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args) if self.own() else None
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Inert:
+        return _Inert()
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return _Inert, ()
+
+
+class _Inert:
+    """What a measurement's hook becomes in a copy of the model: nothing."""
+
+    def __call__(self, *args: Any) -> None:
+        return None

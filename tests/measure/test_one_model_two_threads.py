@@ -14,38 +14,42 @@ import torch
 from metric_models import Meter
 from torch import nn
 
-from senslab._exclusive import exclusive
-from senslab.measure import TokenSensitivity, token_sensitivity
-from senslab.measure.sharpness import output_sharpness
+from senslab.measure import exclusive, token_sensitivity
+from senslab.measure.sharpness import layernorm_blowup, output_sharpness
 from senslab.tokens import Embedding, Sequence
 
 OPTS = {"sigma": 1.0, "repeats": 4, "generator": 1, "precision": "float32"}
 
 
 class Words(nn.Module):
-    """Token ids → embedding → tanh layer → mean → 3 logits; ``meter`` (optional) counts the
-    forwards running at once and makes the first wait for a second."""
+    """Token ids → embedding → LayerNorm → tanh layer → mean → 3 logits; ``meter`` (optional)
+    counts the forwards running at once and makes the first wait for a second."""
 
     def __init__(self, meter: Meter | None = None, dropout: float = 0.0) -> None:
         super().__init__()
         torch.manual_seed(0)  # test-only: init
-        self.emb = nn.Embedding(50, 16)
+        self.emb, self.norm = nn.Embedding(50, 16), nn.LayerNorm(16)
         self.body = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Dropout(dropout))
         self.head = nn.Linear(32, 3)
         self.meter = meter
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.meter is None:
-            return self.head(self.body(self.emb(ids)).mean(1))
+            return self.logits(ids)
         with self.meter.running():
-            return self.head(self.body(self.emb(ids)).mean(1))
+            return self.logits(ids)
+
+    def logits(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(self.norm(self.emb(ids))).mean(1))
 
 
 def ids() -> torch.Tensor:
     return torch.randint(0, 50, (24, 10), generator=torch.Generator().manual_seed(3))
 
 
-def run_threads(*jobs) -> list[str]:
+def run_threads(*jobs, names: tuple[str, ...] = ()) -> list[str]:
+    """Run ``jobs`` in threads (named ``names`` in order), the errors they raised; a thread
+    still running after a minute (a deadlock) fails the test instead of hanging it."""
     errors: list[str] = []
 
     def guarded(job) -> None:
@@ -54,11 +58,14 @@ def run_threads(*jobs) -> list[str]:
         except Exception as err:  # reported, not lost with the thread
             errors.append(f"{type(err).__name__}: {err}")
 
-    threads = [threading.Thread(target=guarded, args=(job,)) for job in jobs]
+    threads = [threading.Thread(target=guarded, args=(job,), daemon=True,
+                                name=names[k] if k < len(names) else None)
+               for k, job in enumerate(jobs)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(60.0)
+    assert not any(t.is_alive() for t in threads), "threads still waiting: a deadlock"
     return errors
 
 
@@ -110,72 +117,173 @@ def test_the_training_mode_comes_back_when_two_threads_measure():
 
 
 class Events:
-    """Two events, shared by a model's copies (``copy.deepcopy`` returns the same object)."""
+    """Events shared by a model's copies (``copy.deepcopy`` returns the same object)."""
 
     def __init__(self) -> None:
-        self.measuring, self.other_done = threading.Event(), threading.Event()
+        self.inside, self.measuring, self.other_done = (threading.Event(), threading.Event(),
+                                                        threading.Event())
 
     def __deepcopy__(self, memo: dict) -> Events:
         return self
 
 
 class Waiting(Words):
-    """The measuring thread's second forward (the first of perturbed copies, the noise hook
-    armed) waits until another thread has run the hooked model (or copied it)."""
+    """A measurement and another thread interleaved. The other thread (named "other") enters
+    the model's forward first and waits there, before any hooked module, until the measurement
+    reaches its forward number ``at`` (2: the first of perturbed copies, the noise hook armed;
+    1: the LayerNorm blow-up's only one), which waits until the other thread is done — so that
+    thread is inside the model's forward when the measurement starts, and runs its modules
+    while the measurement's hooks are on them."""
 
-    def __init__(self) -> None:
+    def __init__(self, at: int = 2) -> None:
         super().__init__()
-        self.sync = Events()
-        self.user: int | None = None
-        self.calls = 0
-
-    @property
-    def measuring(self) -> threading.Event:
-        return self.sync.measuring
-
-    @property
-    def other_done(self) -> threading.Event:
-        return self.sync.other_done
+        self.sync, self.at, self.calls = Events(), at, 0
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if threading.get_ident() != self.user and not self.measuring.is_set():
+        if threading.current_thread().name == "other":
+            self.sync.inside.set()
+            assert self.sync.measuring.wait(10.0), "the measurement never reached its forward"
+            return super().forward(ids)
+        if not self.sync.measuring.is_set():
             self.calls += 1
-            if self.calls == 2:  # the first after the clean one: copies, the noise hook armed
-                self.measuring.set()
-                assert self.other_done.wait(10.0), "the other thread's forward never ran"
+            if self.calls == self.at:
+                self.sync.measuring.set()
+                assert self.sync.other_done.wait(10.0), "the other thread never finished"
         return super().forward(ids)
 
 
-@pytest.mark.parametrize("under_autocast", [False, True])
-def test_another_threads_forward_is_left_alone(under_autocast):
-    """A thread that runs the model while another measures it (a training loop, say) gets
-    the model's own outputs, and the measurement its own numbers: the hooks pass that
-    thread's forwards through; a bf16 autocast there is not the model's own."""
-    model, x = Waiting().eval(), ids()
-    with torch.no_grad():
-        clean = model.head(model.body(model.emb(x)).mean(1))
-    alone = TokenSensitivity(Words().eval(), Embedding("emb"), **OPTS)
-    alone.update(x)
-    got: list = []
+def penalty(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    from senslab.train.regularize import sensitivity_penalty
 
-    def user() -> None:
-        model.user = threading.get_ident()
-        assert model.measuring.wait(10.0)
+    with torch.no_grad():
+        return sensitivity_penalty(model, x, tokens=Embedding("emb"),
+                                   generator=torch.Generator().manual_seed(0))[0]
+
+
+def flips(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return token_sensitivity(model, x, Embedding("emb"), **OPTS).per_sample
+
+
+#: name: (the measurement, its forward the other thread meets)
+MEASURES = {"token_sensitivity": (flips, 2), "layernorm_blowup": (layernorm_blowup, 1),
+            "sensitivity_penalty": (penalty, 2)}
+
+
+@pytest.mark.parametrize("name,under_autocast", [
+    ("token_sensitivity", False), ("token_sensitivity", True), ("layernorm_blowup", False),
+    ("sensitivity_penalty", False)])
+def test_another_threads_forward_is_left_alone(name, under_autocast):
+    """A thread that runs the model while another measures it (a training loop, say; here
+    already inside the model's forward when the measurement starts) gets the model's own
+    outputs, and the measurement its own numbers: the hooks (the noise, the LayerNorm
+    blow-up's, the regularizer's) pass that thread's forwards through; a bf16 autocast there is
+    not the model's own (before: refused with "ran 2 times in one forward pass", or a blow-up
+    of other numbers, without a word)."""
+    measure, at = MEASURES[name]
+    model, x = Waiting(at).eval(), ids()
+    with torch.no_grad():
+        clean = model.logits(x)
+    alone = measure(Words().eval(), x)
+    got: list = []
+    out: list = []
+
+    def other() -> None:
         try:
             with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16,
                                                  enabled=under_autocast):
                 got.append(model(x).float())
         finally:
-            model.other_done.set()
+            model.sync.other_done.set()
 
-    out: list = []
-    errors = run_threads(user,
-                         lambda: out.append(token_sensitivity(model, x, Embedding("emb"),
-                                                              **OPTS)))
-    assert errors == []
+    def measuring() -> None:
+        assert model.sync.inside.wait(10.0)
+        out.append(measure(model, x))
+
+    assert run_threads(other, measuring, names=("other", "measuring")) == []
     if not under_autocast:
         assert torch.equal(got[0], clean)
-    assert torch.equal(out[0].per_sample, alone.compute().per_sample)
+    assert torch.equal(out[0], alone)
+
+
+@pytest.mark.parametrize("name", sorted(MEASURES))
+def test_a_copy_taken_while_measuring_carries_no_live_hook(name):
+    """copy.deepcopy of a model while another thread measures it copies the hooks on it, as
+    hooks that do nothing (before: the copy's forward got noise or failed with "ran on 2 rows,
+    expected 1", or appended to the finished measurement's lists). ``exclusive(model)`` around
+    the copy gives one taken between measurements: its own mode, no hooks."""
+    import copy
+
+    measure, at = MEASURES[name]
+    model, x = Waiting(at).eval(), ids()
+    with torch.no_grad():
+        clean, first = model.logits(x), model.logits(x[:1])
+    copies: list = []
+
+    def copying() -> None:
+        assert model.sync.measuring.wait(10.0)
+        try:
+            copies.append(copy.deepcopy(model))
+        finally:
+            model.sync.other_done.set()
+
+    assert run_threads(copying, lambda: measure(model, x)) == []
+    twin = copies[0]  # its forwards do not wait: the events are set
+    with torch.no_grad():
+        assert torch.equal(twin(x), clean)
+        assert torch.equal(twin(x[:1]), first)
+    with exclusive(model):
+        snapshot = copy.deepcopy(model)
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in snapshot.modules())
+
+
+DEADLOCK = """
+import threading, torch
+from torch import nn
+from senslab.measure import TokenSensitivity, exclusive, token_sensitivity
+from senslab.tokens import Embedding
+torch.manual_seed(0)
+model = nn.Sequential(nn.Embedding(50, 16), nn.Linear(16, 3)).eval()
+x = torch.randint(0, 50, (4, 6), generator=torch.Generator().manual_seed(3))
+opts = {"sigma": 1.0, "repeats": 2, "generator": 1, "precision": "float32"}
+metric = TokenSensitivity(model, Embedding("0"), **opts)
+
+def holding(part):
+    for _ in range(5):
+        with exclusive(part):
+            metric.update(x)
+            token_sensitivity(model, x, Embedding("0"), **opts)
+
+def plain():
+    for _ in range(5):
+        metric.update(x)
+        token_sensitivity(model, x, Embedding("0"), **opts)
+
+threads = [threading.Thread(target=f, daemon=True)
+           for f in (lambda: holding(model), lambda: holding(model[1]), plain)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join(60)
+print("alive", sum(t.is_alive() for t in threads), "examples", metric.compute().num_examples
+      if not any(t.is_alive() for t in threads) else -1)
+"""
+
+
+def test_a_caller_holding_the_lock_and_another_thread_never_deadlock():
+    """A caller that holds ``exclusive`` — for the model, or only a part of it — and measures,
+    beside another thread measuring with the same metric or model: all finish, since every
+    measurement takes the measurements' lock before its metric's (before: a metric lock taken
+    first, or per-module locks taken in address order under a part already held, left the
+    threads waiting forever). In a process of its own, so a deadlock fails this test only."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", DEADLOCK], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["alive", "0", "examples", "60"]
 
 
 class Vectors(nn.Module):
@@ -225,20 +333,6 @@ def test_a_model_and_what_holds_it_take_turns():
     assert torch.equal(out[1].per_sample, by_itself.per_sample)
 
 
-def test_exclusive_takes_locks_in_one_order():
-    """Two threads asking for the same models in opposite orders finish (no circle)."""
-    a, b = Words(), Words()
-    done: list[str] = []
-
-    def take(order) -> None:
-        for _ in range(200):
-            with exclusive(*order):
-                done.append("x")
-
-    assert run_threads(lambda: take((a, b)), lambda: take((b, nn.Sequential(a)))) == []
-    assert len(done) == 400
-
-
 class Branches(nn.Module):
     """A forward that runs its embedding and one LayerNorm branch in worker threads."""
 
@@ -280,68 +374,3 @@ def test_a_models_own_worker_threads_are_the_measurements():
         got = token_sensitivity(model, x, Embedding("emb"), **OPTS)
         want = token_sensitivity(inline, x, Embedding("emb"), **OPTS)
     assert torch.equal(got.per_sample, want.per_sample)
-
-
-def test_a_copy_taken_while_measuring_carries_no_live_hook():
-    """copy.deepcopy of a model while another thread measures it copies the hooks on it; the
-    copies pass every forward through (before: the copy's first forward got noise, or failed
-    with "ran on 2 rows, expected 1"). ``exclusive(model)`` around the copy gives one taken
-    between measurements."""
-    import copy
-
-    model, x = Waiting().eval(), ids()
-    with torch.no_grad():
-        clean = model.head(model.body(model.emb(x)).mean(1))
-        first = model.head(model.body(model.emb(x[:1])).mean(1))
-    copies: list = []
-
-    def user() -> None:
-        model.user = threading.get_ident()
-        assert model.measuring.wait(10.0)
-        try:
-            copies.append(copy.deepcopy(model))
-        finally:
-            model.other_done.set()
-
-    assert run_threads(user, lambda: token_sensitivity(model, x, Embedding("emb"),
-                                                       **OPTS)) == []
-    twin = copies[0]  # its forwards do not wait: the events are set
-    with torch.no_grad():
-        assert torch.equal(twin(x), clean)
-        assert torch.equal(twin(x[:1]), first)
-    with exclusive(model):
-        assert len(copy.deepcopy(model).emb._forward_hooks) == 0
-
-
-def test_the_regularizer_leaves_another_threads_forward_alone():
-    """The training regularizer's hook too: a forward another thread runs while a step
-    computes its penalty gets the model's own output, and the penalty is the one computed
-    alone (before: the step failed with a false "ran 2 times in one forward pass")."""
-    from senslab.train.regularize import sensitivity_penalty
-
-    model, x = Waiting().eval(), ids()
-    with torch.no_grad():
-        clean = model.head(model.body(model.emb(x)).mean(1))
-        alone, _ = sensitivity_penalty(Words().eval(), x, tokens=Embedding("emb"),
-                                       generator=torch.Generator().manual_seed(0))
-    got: list = []
-
-    def user() -> None:
-        model.user = threading.get_ident()
-        assert model.measuring.wait(10.0)
-        try:
-            with torch.no_grad():
-                got.append(model(x))
-        finally:
-            model.other_done.set()
-
-    out: list = []
-
-    def step() -> None:
-        with torch.no_grad():
-            out.append(sensitivity_penalty(model, x, tokens=Embedding("emb"),
-                                           generator=torch.Generator().manual_seed(0))[0])
-
-    assert run_threads(user, step) == []
-    assert torch.equal(got[0], clean)
-    assert torch.equal(out[0], alone)

@@ -104,6 +104,7 @@ import threading
 import uuid
 import warnings
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -119,6 +120,7 @@ except ImportError as err:  # pragma: no cover - depends on the environment
         "senslab.integrations.torchmetrics needs torchmetrics: pip install 'senslab[lightning]'"
     ) from err
 
+from .._exclusive import exclusive
 from ..measure import SensitivityResult, TokenSensitivity
 from ..measure._noise import NoiseStream
 from ..measure._options import _identity
@@ -276,7 +278,7 @@ class TokenSensitivityMetric(Metric):
         ``dist_sync_on_step=True`` the estimate of the step's examples on all processes
         together, the same on each (every process must call ``forward`` equally often); NaN
         where no example was measured (all skipped by ``index=``)."""
-        with self._lock:
+        with exclusive(), self._lock:  # the measurements' lock first (senslab._exclusive)
             self.update(*args, **kwargs)
             s1, n = self._batch
             if self.dist_sync_on_step:
@@ -492,7 +494,7 @@ class TokenSensitivityMetric(Metric):
         shared engine's state and then reads it, and a second thread in between counted a
         batch twice, lost it, or crashed on an empty one."""
         for name in ("update", "compute"):
-            setattr(self, name, _locked(self._lock, getattr(self, name)))
+            setattr(self, name, _locked(self._lock, getattr(self, name), name == "update"))
 
     def _held_ids(self) -> set[str]:
         """The ids of the metrics whose examples the states hold (none while they are empty)."""
@@ -648,12 +650,15 @@ def _cat(x: Tensor | list[Tensor]) -> Tensor:
     return dim_zero_cat(x)
 
 
-def _locked(lock: threading.RLock, method: Callable[..., Any]) -> Callable[..., Any]:
-    """``method`` run while holding ``lock``."""
+def _locked(lock: threading.RLock, method: Callable[..., Any],
+            measures: bool = False) -> Callable[..., Any]:
+    """``method`` run while holding ``lock``; one that ``measures`` (runs the model) holds the
+    measurements' lock before it (:func:`senslab._exclusive.exclusive`), as every measurement
+    does, so no two threads wait for each other in a circle."""
 
     @functools.wraps(method)
     def locked(*args: Any, **kwargs: Any) -> Any:
-        with lock:
+        with exclusive() if measures else nullcontext(), lock:
             return method(*args, **kwargs)
 
     return locked

@@ -105,11 +105,12 @@ class ActivationMeter:
             torch.cuda.reset_peak_memory_stats(self.device)
             self._base = torch.cuda.memory_allocated(self.device)
         elif self.model is not None:
-            self._own = OwnForwards(self.model).__enter__()  # not another thread's forwards
+            self._own = OwnForwards(self.model)  # not the forwards of a thread running the model
             self.external = storages(self.model)
-            self._handles.append(self.model.register_forward_pre_hook(self._pre_hook))
+            self._handles.append(self.model.register_forward_pre_hook(
+                self._own.hook(self._pre_hook)))
             for module in self.model.modules():
-                self._handles.append(module.register_forward_hook(self._hook))
+                self._handles.append(module.register_forward_hook(self._own.hook(self._hook)))
         if (self.device.type == "cpu" and TorchDispatchMode is not None
                 and not _compiled(self.model)):
             self._mode = _Temporaries(self)
@@ -127,7 +128,7 @@ class ActivationMeter:
             self._mode.__exit__(*exc)
             self._mode = None
         self._temps.clear()
-        self._own.__exit__(*exc)
+        self._own.close()
         for h in self._handles:
             h.remove()
         self._handles.clear()
@@ -136,15 +137,11 @@ class ActivationMeter:
             self.seen_peak = torch.cuda.max_memory_allocated(self.device) - self._base
 
     def _pre_hook(self, module: Any, args: Any) -> None:
-        if not self._own():
-            return
         for t in tree_leaves(args):
             if isinstance(t, Tensor):
                 self._track(t)
 
     def _hook(self, module: Any, args: Any, out: Any) -> None:
-        if not self._own():
-            return
         for t in tree_leaves(out):
             if isinstance(t, Tensor):
                 self._track(t)

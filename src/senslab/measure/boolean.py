@@ -534,7 +534,7 @@ def _changes(v0: Tensor, nb: Tensor, rule: str, threshold: float) -> Tensor:
     return (v0.unsqueeze(1) != nb).double()
 
 
-@one_at_a_time  # one thread's measurement of a module at a time (see senslab._exclusive)
+@one_at_a_time  # one measurement at a time (see senslab._exclusive)
 def truth_table(
     f: Callable[[Tensor], Tensor] | nn.Module,
     n: int,

@@ -65,7 +65,12 @@ from torch import Tensor, nn
 from ..tokens.base import DtypeClash, Inputs, Tokenization, check_device, model_dtype
 from ._noise import NoiseStream
 from ._stats import SensitivityResult, State, accumulate, merged, result
-from .tokenwise import TokenSensitivity, _lock, _one_thread_at_a_time
+from .tokenwise import (
+    TokenSensitivity,
+    _lock,
+    _one_measurement_at_a_time,
+    _one_thread_at_a_time,
+)
 
 __all__ = ["CompareSensitivity", "ComparisonResult", "Difference", "compare_sensitivity"]
 
@@ -282,7 +287,7 @@ class CompareSensitivity:
                 self.paired[pair] = merged(self.paired[pair], other.paired[pair], self.align)
         return self
 
-    @_one_thread_at_a_time
+    @_one_measurement_at_a_time
     def update(self, inputs: Inputs, mask: Tensor | None = None) -> None:
         """Measure one batch with every model on the same perturbed copies. Nothing is added
         (and the random stream does not move) unless every model measured the batch.

@@ -541,7 +541,7 @@ def _perturbable(
 
 
 # ----------------------------------------------------------------------------------- sharpness
-@one_at_a_time  # one thread's measurement of a model at a time (see senslab._exclusive)
+@one_at_a_time  # one measurement at a time (see senslab._exclusive)
 def output_sharpness(
     model: nn.Module,
     inputs: Inputs,
@@ -839,8 +839,6 @@ def layernorm_factors(
             None if batch_first is None else not batch_first)
 
         def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
-            if not own():
-                return  # another thread's forward of the model (see senslab._exclusive)
             h = args[0]
             positions = h.dim() >= ndim + 2
             if (first is None and mixed and positions and h.shape[0] == b
@@ -876,16 +874,17 @@ def layernorm_factors(
 
     modes = [(m, m.training) for m in model.modules()]
     handles = [
-        m.register_forward_pre_hook(hook_for(n, m.eps, len(m.normalized_shape)))
+        m.register_forward_pre_hook(own.hook(hook_for(n, m.eps, len(m.normalized_shape))))
         for n, m in norms
     ]
     try:
         model.eval()
-        with torch.no_grad(), own:
+        with torch.no_grad():
             forward(model, inputs)  # the LayerNorms' inputs are read, not the output
     finally:
         for handle in handles:
             handle.remove()
+        own.close()
         for m, was in modes:
             m.training = was
     if not calls:

@@ -306,17 +306,19 @@ def _refuse_own_autocast(model: Any, device: torch.device) -> Iterator[None]:
     own = OwnForwards(model)
 
     def look(module: nn.Module, args: Any) -> None:
-        if autocast_on(device.type) and own():
+        if autocast_on(device.type):
             probe.seen = True
 
-    handles = ([m.register_forward_pre_hook(look) for m in model.modules() if m is not model]
+    handles = ([m.register_forward_pre_hook(own.hook(look)) for m in model.modules()
+                if m is not model]
                if isinstance(model, nn.Module) else [])
     try:
-        with probe, own:
+        with probe:
             yield
     finally:
         for h in handles:
             h.remove()
+        own.close()
     if probe.seen:
         name = (type(model).__name__ if isinstance(model, nn.Module)
                 else getattr(model, "__name__", type(model).__name__))
@@ -382,6 +384,21 @@ def _one_thread_at_a_time(method: Callable[..., Any]) -> Callable[..., Any]:
     def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
         with _lock(self):
             return method(self, *args, **kwargs)
+
+    return guarded
+
+
+def _one_measurement_at_a_time(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` (one that runs the model) under the measurements' lock
+    (:func:`senslab._exclusive.exclusive`), then the metric's: always in that order, so a
+    caller holding ``exclusive(model)`` and another thread updating the same metric never wait
+    for each other in a circle."""
+    metric_locked = _one_thread_at_a_time(method)
+
+    @functools.wraps(method)
+    def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with exclusive():
+            return metric_locked(self, *args, **kwargs)
 
     return guarded
 
@@ -797,7 +814,7 @@ class TokenSensitivity:
             )
 
     # -- measuring -----------------------------------------------------------------------------
-    @_one_thread_at_a_time
+    @_one_measurement_at_a_time
     @torch.inference_mode()
     def update(self, inputs: Inputs, mask: Tensor | None = None) -> None:
         """Measure one batch of examples and add it to the state.
@@ -809,7 +826,8 @@ class TokenSensitivity:
         is the token axis. Any other mapping (a tokenizer's ``BatchEncoding``) is read as the
         dict of its items.
 
-        Calls from several threads run one at a time (a lock per metric): the counts stay
+        Calls from several threads run one at a time (the measurements' lock, see
+        docs/measuring.md#one-model-several-threads, and one per metric): the counts stay
         right, but which batch draws which noise then follows the threads' scheduling, so the
         numbers are not reproducible. For reproducible numbers use one metric per thread, each
         with its own ``generator``, and :meth:`merge` them.
@@ -829,11 +847,10 @@ class TokenSensitivity:
             _warn_reduced_float32(self.model, device)
         if self._local is not None:  # after all_reduce: add to this process's own state
             self.state, self._local = self._local, None
-        with exclusive(self.model):  # one thread's measurement at a time (senslab._exclusive)
-            self._update_model(inputs, mask, device)
+        self._update_model(inputs, mask, device)
 
     def _update_model(self, inputs: Inputs, mask: Tensor | None, device: torch.device) -> None:
-        """:meth:`update` with the model this thread's alone: checks, mode, buffers, forwards."""
+        """:meth:`update`'s work on the model: checks, mode, buffers, forwards."""
         module = isinstance(self.model, nn.Module)
         if module:
             _refuse_batch_statistics(self.model, self.eval_mode)

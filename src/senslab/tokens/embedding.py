@@ -332,13 +332,14 @@ class Embedding(Tokenization):
         bound.reuse = (self.reuse_prefix and not model.training
                        and getattr(model, "prefix_module", None) == name
                        and hasattr(model, "forward_suffix"))
-        handle = target.register_forward_hook(bound.hook)
+        own = OwnForwards(model)  # the forwards of a thread running the model itself pass
+        handle = target.register_forward_hook(own.hook(bound.hook))
         try:
-            with bound.own:
-                bound.run_clean(mask)
-                yield bound
+            bound.run_clean(mask)
+            yield bound
         finally:
             handle.remove()
+            own.close()
 
 
 class _BoundEmbedding(BoundTokens):
@@ -352,7 +353,6 @@ class _BoundEmbedding(BoundTokens):
         self._cache: Any = None
         self._width: int | None = None  # tokens of the copies in the current forward
         self.position: Position = "last"  # where a per-position output is read (see Embedding)
-        self.own = OwnForwards(model)  # which forwards are this measurement's
         self.ends: Tensor | None = None  # (B,) each example's last real position
         #: noise landing on bf16/fp16 token vectors is checked against the noise drawn
         self._check_rounding = GridCheck(f"token vectors of {name!r}", (
@@ -361,8 +361,6 @@ class _BoundEmbedding(BoundTokens):
             "float32), or use a larger sigma, well above {spacing}"))
 
     def hook(self, module: nn.Module, args: Any, out: Any) -> Any:
-        if not self.own():
-            return None  # another thread's forward of the model (see senslab._exclusive)
         if isinstance(out, Tensor) and out.dim() == 4:
             raise ValueError(
                 f"submodule {self.name!r} returned {tuple(out.shape)}: a 4-D image embedding "
@@ -424,7 +422,9 @@ class _BoundEmbedding(BoundTokens):
                 f"submodule {self.name!r} ran {self._calls} times in one forward pass (a module "
                 "shared by several places, e.g. one LayerNorm applied twice); noise on it would be "
                 "added at every call. Hook a module that runs once per forward, e.g. the token "
-                "embedding"
+                "embedding. (Or another thread ran it meanwhile without entering the measured "
+                "model's forward — a part of it, or a container's model: measure a copy, or "
+                "hold senslab.measure.exclusive(model) in that thread)"
             )
         return out
 

@@ -161,8 +161,6 @@ def _embedding_branches(model: nn.Module, inputs: Inputs, tokens: Embedding, sig
     own = OwnForwards(model)  # another thread's forwards of the model pass through
 
     def hook(module: nn.Module, args: Any, out: Any) -> Any:
-        if not own():
-            return None
         if not isinstance(out, Tensor) or out.dim() != 3 or not out.is_floating_point():
             got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
             raise ValueError(
@@ -181,9 +179,8 @@ def _embedding_branches(model: nn.Module, inputs: Inputs, tokens: Embedding, sig
                 "embedding or the LayerNorm after it")
         return out
 
-    handle = target.register_forward_hook(hook)
+    handle = target.register_forward_hook(own.hook(hook))
     try:
-        own.__enter__()
         clean = run()
         b, t, d = seen[0].shape
         valid = _real_tokens(inputs, mask, b, t, seen[0].device, model)
@@ -194,8 +191,8 @@ def _embedding_branches(model: nn.Module, inputs: Inputs, tokens: Embedding, sig
         delta.append(torch.zeros_like(seen[0]).index_put((rows, tok), noise))
         noisy = run()
     finally:
-        own.__exit__()
         handle.remove()
+        own.close()
     return clean, noisy
 
 
