@@ -533,10 +533,10 @@ def _perturbable(
             finally:
                 noise.reset()
     finally:
-        for m, kind, name, t in slots:  # a parameter the forward reassigned: back again
+        for m, kind, name, t in slots:  # a parameter the forward reassigned: the old one back
             if getattr(m, kind).get(name) is not t:
                 getattr(m, kind)[name] = t
-        for m, was in modes:  # per module: mixed train/eval submodules come back as they were
+        for m, was in modes:  # per module, so mixed train/eval submodules come back as they were
             m.training = was
 
 
