@@ -17,30 +17,120 @@ taken after it.
 A thread that runs the model without measuring it (a training loop while another thread
 measures) takes no lock unless it asks for one (``with exclusive(model): ...``). A measurement's
 hooks (:class:`OwnForwards`) leave its forwards alone: those of a thread, other than the
-measuring one, whose call stack holds the measured model's top-level forward (or that of the
-model inside a ``torch.compile``/DDP/DataParallel wrapper). The model's own worker threads (a
-forward that runs a submodule in a thread pool) and ``nn.DataParallel``'s replicas (copies of
-the modules, run in threads of their own) are not inside that forward, so what they run stays
-the measurement's. The hooks are objects that a copy of the model (``copy.deepcopy``, a
-pickle) receives as hooks that do nothing.
+measuring one, whose call stack holds the measured model's top-level forward (called as
+``model(x)`` or ``model.forward(x)``, or that of the model inside a ``torch.compile``/DDP/
+DataParallel wrapper), and those of a thread running a backward pass (activation checkpointing
+recomputes a segment's forward there, outside the model's forward). The model's own worker
+threads (a forward that runs a submodule in a thread pool) and ``nn.DataParallel``'s replicas
+(copies of the modules, run in threads of their own) are not inside that forward, so what they
+run stays the measurement's. The hooks are objects that a copy of the model
+(``copy.deepcopy``, a pickle) receives as hooks that do nothing.
+
+Waiting for a turn is patient: a thread that has waited a minute is told by a warning which
+thread measures, since one case never ends — a measurement called from a thread that the
+measured model's forward started and waits for. In a process forked while another thread
+measured, measurements refuse with an error (that thread is not in the child, and what it
+changed stays half done there) instead of waiting forever; the same for a metric that another
+thread was updating.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import threading
+import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import torch
 from torch import nn
 
-_LOCK = threading.RLock()
+#: seconds a thread waits for its turn to measure before a warning says which thread measures
+_PATIENCE = 60.0
+
+
+class TurnLock:
+    """A re-entrant lock that knows its holder. ``patient``: a thread that has waited
+    ``_PATIENCE`` seconds for it is warned (and goes on waiting). In a forked child, one that
+    another thread held at the fork (a measurement or a metric's update half done, whose thread
+    is not in the child) raises a clear error instead of never being free; ``what`` names
+    what it guards in that error."""
+
+    def __init__(self, what: str, patient: bool = False) -> None:
+        self.what, self.patient = what, patient
+        self._lock = threading.RLock()
+        self._holder: threading.Thread | None = None
+        self._depth = 0  # read and written by the holder only
+        self._orphaned: str | None = None  # in a forked child: the thread that held it
+        _TURN_LOCKS.add(self)
+
+    def __enter__(self) -> TurnLock:
+        if self._orphaned is not None:
+            raise RuntimeError(
+                f"this process was forked while {self._orphaned} held {self.what} (a "
+                "measurement or a metric's update under way); that thread is not in this "
+                "process, so what it changed stays half done here (a model in eval mode with "
+                "the measurement's hooks, sharpness's perturbed weights, a half-added metric "
+                "state). Fork before or after measuring (`with senslab.measure.exclusive(): "
+                "...` around the fork waits for the turn), or start processes with 'spawn'")
+        if not self._lock.acquire(timeout=_PATIENCE if self.patient else -1):
+            holder = self._holder
+            name = "another thread" if holder is None else f"thread {holder.name!r}"
+            warnings.warn(
+                f"thread {threading.current_thread().name!r} has waited {_PATIENCE:g} s for "
+                f"its turn to measure while {name} measures (one measurement at a time in a "
+                "process: senslab.measure.exclusive). If that thread waits for this one — a "
+                "measurement called from a thread that the measured model's forward started "
+                "and waits for — neither ever goes on: measure in the model's own thread, or "
+                "after the measured forward returns", RuntimeWarning, stacklevel=3)
+            self._lock.acquire()
+        if self._depth == 0:
+            self._holder = threading.current_thread()
+        self._depth += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self._holder = None
+        self._lock.release()
+
+    def _after_fork(self) -> None:
+        """In a forked child: free unless another thread held it at the fork."""
+        if self._lock.acquire(blocking=False):  # free, or the forking thread's own
+            self._lock.release()
+            return
+        holder = self._holder
+        self._orphaned = "another thread" if holder is None else f"thread {holder.name!r}"
+
+
+_TURN_LOCKS: weakref.WeakSet[TurnLock] = weakref.WeakSet()
+_LOCK = TurnLock("the measurements' turn", patient=True)
+
+
+def _after_fork_in_child() -> None:
+    for lock in list(_TURN_LOCKS):
+        lock._after_fork()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 #: the code of ``nn.Module.__call__``'s frames, in whose ``self`` a forward's module is read
 _CALL_CODES = frozenset(
     f.__code__ for f in (getattr(nn.Module, "_call_impl", None),
                          getattr(nn.Module, "_wrapped_call_impl", None)) if f is not None)
+
+
+def _in_backward() -> bool:
+    """Whether this thread runs a backward pass now."""
+    task = getattr(torch._C, "_current_graph_task_id", None)
+    return task is not None and task() != -1
 
 
 def held_modules(f: object) -> list[nn.Module]:
@@ -103,7 +193,8 @@ class OwnForwards:
     """Tells a measurement's hooks whether a call is the measurement's own (see the module
     docstring): ``own()`` is False in a thread other than the one that made this object whose
     stack holds the top-level forward of ``model`` (of the modules a callable holds, and of the
-    model inside a wrapper), and always False once the measurement ended (``close``).
+    model inside a wrapper) or that runs a backward pass, and always False once the measurement
+    ended (``close``).
     :meth:`hook` wraps a hook so that it runs on the measurement's own calls only, and so that
     a copy of the model receives a hook that does nothing."""
 
@@ -123,6 +214,17 @@ class OwnForwards:
                 m = inner
         self._tops = frozenset(id(t) for t in tops)
         self._keep = tops  # the ids stay theirs while this object lives
+        #: the codes of frames that run a top's forward (``model.forward(x)`` called directly)
+        codes = set(_CALL_CODES)
+        for t in tops:
+            f = getattr(type(t), "forward", None)
+            for _ in range(8):  # through decorators (functools.wraps keeps __wrapped__)
+                if getattr(f, "__code__", None) is not None:
+                    codes.add(f.__code__)
+                f = getattr(f, "__wrapped__", None)
+                if f is None:
+                    break
+        self._codes = frozenset(codes)
 
     def close(self) -> None:
         self.live = False
@@ -132,9 +234,11 @@ class OwnForwards:
             return False
         if threading.get_ident() == self.thread:
             return True
+        if _in_backward():  # a recomputation (activation checkpointing) of a training step
+            return False
         frame = sys._getframe(1)
         while frame is not None:
-            if frame.f_code in _CALL_CODES and id(frame.f_locals.get("self")) in self._tops:
+            if frame.f_code in self._codes and id(frame.f_locals.get("self")) in self._tops:
                 return False  # this thread runs the model itself: a training loop, say
             frame = frame.f_back
         return True

@@ -363,3 +363,182 @@ def test_a_models_own_worker_threads_are_the_measurements():
         got = token_sensitivity(model, x, Embedding("emb"), **OPTS)
         want = token_sensitivity(inline, x, Embedding("emb"), **OPTS)
     assert torch.equal(got.per_sample, want.per_sample)
+
+
+@pytest.mark.parametrize("name", ["token_sensitivity", "layernorm_blowup",
+                                  "sensitivity_penalty"])
+def test_another_thread_calling_forward_directly_is_left_alone(name):
+    """``model.forward(x)`` in another thread while the model is measured: that thread gets
+    the model's own outputs and the measurement its own numbers (before: the hooks took it for
+    the measurement's forward — noise in its outputs, or a false "ran 2 times")."""
+    measure, at = MEASURES[name]
+    model, x = Waiting(at).eval(), ids()
+    with torch.no_grad():
+        clean = model.logits(x)
+    alone = measure(Words().eval(), x)
+    got: list = []
+    out: list = []
+
+    def other() -> None:
+        try:
+            with torch.no_grad():
+                got.append(model.forward(x))
+        finally:
+            model.sync.other_done.set()
+
+    def measuring() -> None:
+        assert model.sync.inside.wait(10.0)
+        out.append(measure(model, x))
+
+    assert run_threads(other, measuring, names=("other", "measuring")) == []
+    assert torch.equal(got[0], clean)
+    assert torch.equal(out[0], alone)
+
+
+class Recomputed(Words):
+    """Embedding and LayerNorm in one activation checkpoint (non-reentrant: the backward
+    recomputes them); the measurement's forward number ``at`` waits for the other thread's
+    backward (events in ``sync``)."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.sync, self.at, self.calls = Events(), at, 0
+
+    def logits(self, ids: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        h = checkpoint(lambda i: self.norm(self.emb(i)), ids, use_reentrant=False)
+        return self.head(self.body(h).mean(1))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if threading.current_thread().name != "other" and not self.sync.measuring.is_set():
+            self.calls += 1
+            if self.calls == self.at:
+                self.sync.measuring.set()
+                assert self.sync.other_done.wait(10.0), "the other thread never finished"
+        return self.logits(ids)
+
+
+@pytest.mark.parametrize("name", ["token_sensitivity", "layernorm_blowup"])
+def test_another_threads_backward_recomputation_is_left_alone(name):
+    """A training step in another thread whose backward recomputes a checkpointed segment
+    (torch.utils.checkpoint) while the model is measured: its gradients are the model's own
+    and the measurement's numbers its own (before: the recomputation ran outside the model's
+    forward and took the measurement's noise, or added LayerNorm factors to the blow-up)."""
+    measure, at = MEASURES[name]
+    model, x = Recomputed(at).eval(), ids()
+    model.logits(x).square().sum().backward()
+    want = {k: p.grad.clone() for k, p in model.named_parameters()}
+    model.zero_grad()
+    alone = measure(Words().eval(), x)
+    out: list = []
+
+    def other() -> None:
+        try:
+            loss = model(x).square().sum()
+            model.sync.inside.set()
+            assert model.sync.measuring.wait(10.0)
+            loss.backward()
+        finally:
+            model.sync.other_done.set()
+
+    def measuring() -> None:
+        assert model.sync.inside.wait(10.0)  # the forward before, its backward during
+        out.append(measure(model, x))
+
+    assert run_threads(other, measuring, names=("other", "measuring")) == []
+    assert all(torch.equal(p.grad, want[k]) for k, p in model.named_parameters())
+    assert torch.equal(out[0], alone)
+
+
+def test_a_long_wait_for_a_turn_says_which_thread_measures(monkeypatch):
+    """A thread that has waited long for its turn is told which thread measures (the one case
+    that never ends — a measurement called from a thread that the measured forward waits for —
+    hung without a word), and then measures as usual."""
+    from senslab import _exclusive
+
+    monkeypatch.setattr(_exclusive, "_PATIENCE", 0.2)
+    model, x = Words().eval(), ids()
+    alone = flips(model, x)
+    held, release = threading.Event(), threading.Event()
+
+    def holding() -> None:
+        with exclusive(model):
+            held.set()
+            release.wait(10.0)
+
+    t = threading.Thread(target=holding, name="measuring", daemon=True)
+    t.start()
+    assert held.wait(10.0)
+    timer = threading.Timer(1.0, release.set)
+    timer.start()
+    with pytest.warns(RuntimeWarning, match="waited 0.2 s .*while thread 'measuring' measures"):
+        got = flips(model, x)
+    t.join(10.0)
+    timer.cancel()
+    assert torch.equal(got, alone)
+
+
+FORK = """
+import os, signal, threading, torch
+from torch import nn
+from senslab.measure import TokenSensitivity, exclusive, token_sensitivity
+from senslab.measure.tokenwise import _lock
+from senslab.tokens import Embedding
+torch.manual_seed(0)
+model = nn.Sequential(nn.Embedding(50, 16), nn.Linear(16, 3)).eval()
+x = torch.randint(0, 50, (4, 6), generator=torch.Generator().manual_seed(3))
+opts = {"sigma": 1.0, "repeats": 2, "generator": 1, "precision": "float32"}
+metric = TokenSensitivity(model, Embedding("0"), **opts)
+metric.update(x)
+
+def in_child(job):
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(20)  # a child waiting forever fails
+        try:
+            code = job()
+        except RuntimeError as err:
+            code = 10 if "forked while thread 'measuring' held" in str(err) else 11
+        os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+def measures():
+    return 0 if token_sensitivity(model, x, Embedding("0"), **opts).num_examples == 4 else 12
+
+def holding(lock, held, release):
+    with lock:
+        held.set()
+        release.wait(60)
+
+codes = [in_child(measures)]
+with exclusive():  # the forking thread's own turn: the child measures inside it
+    codes.append(in_child(measures))
+for lock, job in ((exclusive(), measures), (_lock(metric), lambda: metric.compute() and 0)):
+    held, release = threading.Event(), threading.Event()
+    t = threading.Thread(target=holding, args=(lock, held, release), name="measuring")
+    t.start()
+    held.wait(60)
+    codes.append(in_child(job))
+    release.set()
+    t.join()
+codes.append(in_child(measures))
+print(*codes)
+"""
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork on this platform")
+def test_a_process_forked_during_a_measurement_refuses_instead_of_waiting():
+    """A child forked while another thread held the measurements' turn (or a metric's lock)
+    refuses to measure with an error that says so (before: it waited forever for a thread
+    that is not in it, while the model stays in that measurement's state); forked before,
+    after, or by the measuring thread itself, it measures."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", FORK], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["0", "0", "10", "10", "0"]

@@ -139,6 +139,45 @@ def test_huggingface_bert_from_config():
     torch.testing.assert_close(parts["task"], regression(clean, y))
 
 
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_noise_inside_an_activation_checkpoint_is_refused(reentrant):
+    """A Hugging Face BERT with gradient checkpointing: noise after the embeddings (outside the
+    checkpointed layers) gives the penalty and gradients of the model without checkpointing;
+    noise inside a checkpointed layer is refused — the backward recomputes the layer without
+    the noise, and the gradient was wrong without a word (unless no gradient is taken)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2,
+                                  num_attention_heads=2, intermediate_size=32,
+                                  max_position_embeddings=16, num_labels=3,
+                                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)  # the HF init reads the global RNG; the noise does not
+    model = transformers.BertForSequenceClassification(cfg).train()
+    ids, mask = _text_batch()
+    inputs = {"input_ids": ids, "attention_mask": mask.long()}
+    outside = Embedding("bert.embeddings.LayerNorm")
+    inside = Embedding("bert.encoder.layer.1.attention.output.LayerNorm")
+
+    def grads(tokens: Embedding) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        model.zero_grad()
+        penalty, _ = sensitivity_penalty(model, inputs, tokens=tokens, generator=_gen(3))
+        penalty.backward()
+        return penalty.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                                  if p.grad is not None}
+
+    plain, plain_grads = grads(outside)
+    enable = getattr(model, "activation_checkpointing_enable", None)  # the newer name
+    (enable or model.gradient_checkpointing_enable)({"use_reentrant": reentrant})
+    got, got_grads = grads(outside)
+    torch.testing.assert_close(got, plain)
+    assert got_grads.keys() == plain_grads.keys()
+    for name, g in got_grads.items():
+        torch.testing.assert_close(g, plain_grads[name], msg=name)
+    with pytest.raises(ValueError, match="inside an activation checkpoint"):
+        sensitivity_penalty(model, inputs, tokens=inside, generator=_gen(3))
+    with torch.no_grad():  # no backward, nothing recomputed
+        sensitivity_penalty(model, inputs, tokens=inside, generator=_gen(3))
+
+
 def test_penalty_with_an_own_loss_and_image_numbers_unchanged():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 16), nn.Tanh(), nn.Linear(16, 5))

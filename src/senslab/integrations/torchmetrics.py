@@ -100,7 +100,6 @@ import hashlib
 import json
 import math
 import re
-import threading
 import uuid
 import warnings
 from collections.abc import Callable
@@ -120,7 +119,7 @@ except ImportError as err:  # pragma: no cover - depends on the environment
         "senslab.integrations.torchmetrics needs torchmetrics: pip install 'senslab[lightning]'"
     ) from err
 
-from .._exclusive import exclusive
+from .._exclusive import TurnLock, exclusive
 from ..measure import SensitivityResult, TokenSensitivity
 from ..measure._noise import NoiseStream
 from ..measure._options import _identity
@@ -214,7 +213,7 @@ class TokenSensitivityMetric(Metric):
         #: examples the states hold (its own included): ``merge_state`` refuses a repeat
         self._id = uuid.uuid4().hex
         self._ids = {self._id}
-        self._lock = threading.RLock()
+        self._lock = TurnLock("this metric")
         self._serialize()
         self._engine: TokenSensitivity | None = None
         self._seen: set[int] = set()
@@ -484,7 +483,7 @@ class TokenSensitivityMetric(Metric):
         held = self._held_ids() if "_ids" in state else set()
         self._id = uuid.uuid4().hex
         self._ids = held | {self._id}
-        self._lock = threading.RLock()
+        self._lock = TurnLock("this metric")
         self._serialize()
 
     # -- helpers -------------------------------------------------------------------------------
@@ -650,7 +649,7 @@ def _cat(x: Tensor | list[Tensor]) -> Tensor:
     return dim_zero_cat(x)
 
 
-def _locked(lock: threading.RLock, method: Callable[..., Any],
+def _locked(lock: TurnLock, method: Callable[..., Any],
             measures: bool = False) -> Callable[..., Any]:
     """``method`` run while holding ``lock``; one that ``measures`` (runs the model) holds the
     measurements' lock before it (:func:`senslab._exclusive.exclusive`), as every measurement

@@ -157,6 +157,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 import threading
 import uuid
 import warnings
@@ -170,7 +171,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from .._autocast import autocast_on
-from .._exclusive import OwnForwards, exclusive
+from .._exclusive import OwnForwards, TurnLock, exclusive
 from .._onednn import missing_kernel
 from ..tokens.base import (
     Inputs,
@@ -361,11 +362,21 @@ def _refuse_batch_statistics(model: nn.Module, eval_mode: bool = False) -> None:
 
 #: one lock per :class:`TokenSensitivity` (and :class:`.compare.CompareSensitivity`), kept
 #: outside the object (which stays copyable and picklable); see :func:`_lock`
-_LOCKS: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
+_LOCKS: weakref.WeakKeyDictionary[Any, TurnLock] = weakref.WeakKeyDictionary()
 _LOCKS_GUARD = threading.Lock()
 
 
-def _lock(metric: Any) -> threading.RLock:
+def _fresh_guard() -> None:
+    """A forked child's guard of ``_LOCKS``: free (the metrics' locks tell their own state)."""
+    global _LOCKS_GUARD
+    _LOCKS_GUARD = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
+    os.register_at_fork(after_in_child=_fresh_guard)
+
+
+def _lock(metric: Any) -> TurnLock:
     """The lock that serializes ``metric``'s ``update``, ``merge``, ``compute`` and ``reset``:
     two threads updating one metric at once took the same noise rows (``NoiseStream.take``
     reads, then assigns) and added to one state unguarded, and a ``compute`` during an
@@ -373,7 +384,7 @@ def _lock(metric: Any) -> threading.RLock:
     with _LOCKS_GUARD:
         lock = _LOCKS.get(metric)
         if lock is None:
-            lock = _LOCKS[metric] = threading.RLock()
+            lock = _LOCKS[metric] = TurnLock("this metric")
         return lock
 
 

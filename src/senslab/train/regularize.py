@@ -36,6 +36,7 @@ refused because re-seeding every step would add the *same* noise at every step.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -144,6 +145,18 @@ def _real_tokens(inputs: Inputs, mask: Tensor | None, b: int, t: int,
     return valid
 
 
+def _checkpointed() -> bool:
+    """Whether the caller runs inside ``torch.utils.checkpoint`` (a frame of its code is on
+    this thread's stack): its forward is run again, without this module's hooks, in the
+    backward pass."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals.get("__name__") == "torch.utils.checkpoint":
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _pick_tokens(valid: Tensor, generator: torch.Generator) -> Tensor:
     """One position per row of ``valid`` (B, T), uniform over its true entries."""
     weights = valid.to(device=generator.device, dtype=torch.float32)
@@ -160,7 +173,18 @@ def _embedding_branches(model: nn.Module, inputs: Inputs, tokens: Embedding, sig
     delta: list[Tensor] = []  # empty: the clean pass
     own = OwnForwards(model)  # another thread's forwards of the model pass through
 
+    training = torch.is_grad_enabled()
+
     def hook(module: nn.Module, args: Any, out: Any) -> Any:
+        if training and _checkpointed():
+            raise ValueError(
+                f"Embedding({tokens.module!r}) runs inside an activation checkpoint "
+                "(torch.utils.checkpoint; a Hugging Face model's activation_checkpointing_"
+                "enable() or gradient_checkpointing_enable()): the backward pass would "
+                "recompute it without the regularizer's noise, so "
+                "the penalty's gradient would be wrong. Name a module outside the checkpointed "
+                "blocks (a model's token embedding, or the LayerNorm after it, usually is), or "
+                "turn checkpointing off for the regularized steps")
         if not isinstance(out, Tensor) or out.dim() != 3 or not out.is_floating_point():
             got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
             raise ValueError(
