@@ -80,13 +80,17 @@ class TurnLock:
         if not self._lock.acquire(timeout=_PATIENCE if self.patient else -1):
             holder = self._holder
             name = "another thread" if holder is None else f"thread {holder.name!r}"
-            warnings.warn(
-                f"thread {threading.current_thread().name!r} has waited {_PATIENCE:g} s for "
-                f"its turn to measure while {name} measures (one measurement at a time in a "
-                "process: senslab.measure.exclusive). If that thread waits for this one — a "
-                "measurement called from a thread that the measured model's forward started "
-                "and waits for — neither ever goes on: measure in the model's own thread, or "
-                "after the measured forward returns", RuntimeWarning, stacklevel=3)
+            try:
+                warnings.warn(
+                    f"thread {threading.current_thread().name!r} has waited {_PATIENCE:g} s "
+                    f"for its turn to measure while {name} measures (one measurement at a "
+                    "time in a process: senslab.measure.exclusive). If that thread waits for "
+                    "this one — a measurement called from a thread that the measured model's "
+                    "forward started and waits for — neither ever goes on: measure in the "
+                    "model's own thread, or after the measured forward returns",
+                    RuntimeWarning, stacklevel=3)
+            except Warning:  # warnings made errors (-W error): a notice, not a reason to stop
+                pass
             self._lock.acquire()
         if self._depth == 0:
             self._holder = threading.current_thread()

@@ -8,6 +8,7 @@ forward that switches autocast on by itself)."""
 from __future__ import annotations
 
 import threading
+import warnings
 
 import pytest
 import torch
@@ -473,6 +474,20 @@ def test_a_long_wait_for_a_turn_says_which_thread_measures(monkeypatch):
     timer = threading.Timer(1.0, release.set)
     timer.start()
     with pytest.warns(RuntimeWarning, match="waited 0.2 s .*while thread 'measuring' measures"):
+        got = flips(model, x)
+    t.join(10.0)
+    timer.cancel()
+    assert torch.equal(got, alone)
+    # warnings made errors (-W error, pytest's filterwarnings=error): the wait goes on
+    held.clear()
+    release.clear()
+    t = threading.Thread(target=holding, name="measuring", daemon=True)
+    t.start()
+    assert held.wait(10.0)
+    timer = threading.Timer(1.0, release.set)
+    timer.start()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         got = flips(model, x)
     t.join(10.0)
     timer.cancel()

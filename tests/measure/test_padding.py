@@ -143,10 +143,18 @@ def test_left_padding_is_refused_with_the_fix():
     left = {k: v.flip(1) for k, v in batch.items()}  # the same sentences, padded on the left
     with pytest.raises(ValueError, match=r"left-padded \(example 0 .*padding_side = 'right'"):
         token_sensitivity(hf_gpt2(), left, Embedding("transformer.wte"), sigma=0.3)
-    # what the message offers: evaluate the padding too
+    # what the message offers: the left-padded inputs as they are, with the positions the
+    # unpadded sentences have (GPT-2's are absolute), gives the right-padded flips
+    width = batch["attention_mask"].sum(1)
+    left = {k: torch.stack([v[i].roll(int(v.shape[1] - width[i])) for i in range(len(v))])
+            for k, v in batch.items()}  # the same sentences, padded on the left
+    left["position_ids"] = (left["attention_mask"].long().cumsum(-1) - 1).clamp(min=0)
     r = token_sensitivity(hf_gpt2(), left, Embedding("transformer.wte"), sigma=0.3,
-                          trim_padding=False)
-    assert 0.0 <= r.estimate <= 1.0
+                          trim_padding=False, generator=5)
+    right = token_sensitivity(hf_gpt2(), batch, Embedding("transformer.wte"), sigma=0.3,
+                              generator=5)
+    assert torch.equal(r.per_sample, right.per_sample)
+    assert 0.0 < r.estimate < 1.0
 
 
 # -- trimming saves work, and never costs correctness ------------------------------------------
@@ -224,6 +232,36 @@ def test_mask_that_is_not_the_models_padding_runs_at_full_width():
     plain = token_sensitivity(model, ids, tokens, mask=mask, sigma=3.0, repeats=2,
                               trim_padding=False)
     assert torch.equal(metric.compute().per_sample, plain.per_sample)
+
+
+@pytest.mark.parametrize("pad_id", [PAD, None])
+def test_a_mask_that_leaves_out_a_causal_lms_last_tokens_is_refused(pad_id):
+    """A causal LM's logits are read at each example's last real token, which — with token ids
+    alone — ``mask=`` says. A mask that leaves out an end token (ids other than the pad id;
+    without a pad id, ids that differ) is refused: the logits were read at the token before it
+    without a word (0.61 against 0.21 on an example). The attention mask beside it, in a dict,
+    says where examples end, and mask= then only limits the noise; a mask= that marks the
+    padding (trailing pad ids) is measured as before."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2,
+                                     n_positions=32, pad_token_id=pad_id)
+    torch.manual_seed(0)  # test-only: HF initialises from the global RNG
+    model = transformers.GPT2LMHeadModel(config).double().eval()
+    batch = right_padded()
+    ids, real = batch["input_ids"], batch["attention_mask"]
+    but_last = real & (torch.arange(ids.shape[1])[None] < real.sum(1, keepdim=True) - 1)
+    keep = but_last.any(1)  # examples of one token have nothing left to perturb
+    ids, real, but_last = ids[keep], real[keep], but_last[keep]
+    tokens, opts = Embedding("transformer.wte"), {"sigma": 0.5, "repeats": 2}
+    with pytest.raises(ValueError, match=r"mask= leaves out the last token\(s\) of example"):
+        token_sensitivity(model, ids, tokens, mask=but_last, **opts)
+    subset = token_sensitivity(model, {"input_ids": ids, "attention_mask": real}, tokens,
+                               mask=but_last, **opts)
+    assert subset.per_sample.shape == (len(ids),)
+    alone = token_sensitivity(model, ids, tokens, mask=real, **opts)
+    with_mask = token_sensitivity(model, {"input_ids": ids, "attention_mask": real}, tokens,
+                                  **opts)
+    assert torch.equal(alone.per_sample, with_mask.per_sample)
 
 
 class MeanOfAll(nn.Module):

@@ -178,6 +178,73 @@ def test_noise_inside_an_activation_checkpoint_is_refused(reentrant):
         sensitivity_penalty(model, inputs, tokens=inside, generator=_gen(3))
 
 
+class _Recompute(torch.autograd.Function):
+    """Hand-written activation checkpointing (the pattern of DeepSpeed, fairscale, Megatron):
+    the forward without a graph, the backward recomputes it."""
+
+    @staticmethod
+    def forward(ctx, block, h):  # noqa: ANN001, ANN205
+        ctx.block = block
+        ctx.save_for_backward(h)
+        with torch.no_grad():
+            return block(h)
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001, ANN205
+        (h,) = ctx.saved_tensors
+        with torch.enable_grad():
+            h = h.detach().requires_grad_()
+            out = ctx.block(h)
+        return None, torch.autograd.grad(out, h, grad)[0]
+
+
+class _Blocks(nn.Module):
+    """Token ids → embedding → two (LayerNorm, Linear) blocks → mean → 3 logits; the blocks
+    run through ``how``: plainly, checkpointed, or by a hand-written recomputing Function."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        torch.manual_seed(0)  # test-only: init
+        self.emb = nn.Embedding(40, 8)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8), nn.Tanh())
+                                    for _ in range(2))
+        self.head, self.how = nn.Linear(8, 3), how
+        if how == "composable":
+            from torch.distributed._composable import checkpoint as composable
+
+            for block in self.blocks:
+                composable(block)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.emb(ids)
+        for block in self.blocks:
+            h = _Recompute.apply(block, h) if self.how == "function" else block(h)
+        return self.head(h.mean(1))
+
+
+@pytest.mark.parametrize("how", ["composable", "function"])
+def test_noise_inside_other_activation_checkpoints_is_refused(how):
+    """The composable ``checkpoint(module)`` and a hand-written recomputing Function (the
+    DeepSpeed/fairscale/Megatron pattern) are refused too (the gradient was wrong: the
+    backward recomputed the block without the noise); noise on the embedding before them, and
+    saved tensors offloaded to the CPU (``save_on_cpu``: nothing recomputed), are measured."""
+    import warnings
+
+    ids, _ = _text_batch()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the composable API is marked experimental
+        model = _Blocks(how).train()
+    with pytest.raises(ValueError, match="inside (an activation checkpoint|a custom autograd)"):
+        sensitivity_penalty(model, ids, tokens=Embedding("blocks.1.0"), generator=_gen(3))
+    penalty, _ = sensitivity_penalty(model, ids, tokens=Embedding("emb"), generator=_gen(3))
+    plain, _ = sensitivity_penalty(_Blocks("plain").train(), ids, tokens=Embedding("emb"),
+                                   generator=_gen(3))
+    torch.testing.assert_close(penalty, plain)
+    with torch.autograd.graph.save_on_cpu():
+        sensitivity_penalty(_Blocks("plain").train(), ids, tokens=Embedding("blocks.1.0"),
+                            generator=_gen(3))[0].backward()
+
+
 def test_penalty_with_an_own_loss_and_image_numbers_unchanged():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 16), nn.Tanh(), nn.Linear(16, 5))

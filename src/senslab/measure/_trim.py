@@ -54,7 +54,10 @@ def left_padded_message(row: int, key: str) -> str:
         "padding-aware batching cuts the padding after the last real token, which is exact "
         "only for right padding. Pad on the right instead (Hugging Face: "
         "tokenizer.padding_side = 'right'; a GPT-2 classifier finds the last real token "
-        "through config.pad_token_id), or pass trim_padding=False to evaluate the padding too"
+        "through config.pad_token_id), or pass trim_padding=False to measure the left-padded "
+        "inputs as they are — a model with absolute positions (GPT-2, BERT) then reads the "
+        "real tokens at shifted positions unless the inputs carry position_ids "
+        "(attention_mask.cumsum(-1) - 1, clamped at 0), as Hugging Face's generate() passes"
     )
 
 

@@ -107,6 +107,42 @@ def _refuse_unmasked_padding(model: Any, inputs: Inputs, b: int, t: int) -> None
         )
 
 
+def _refuse_real_tokens_after_the_mask(model: Any, inputs: Inputs, valid: Tensor) -> None:
+    """Without an attention mask, ``mask=`` also says where each example ends: a per-position
+    output (a causal LM's logits) is read at its last true position, and the copies are cut
+    after it. Refuse a ``mask=`` after whose last true position an example goes on with real
+    tokens — ids other than the model's pad id, or, where the model declares none, ids that
+    differ (padding repeats one id) — such as an end token left unperturbed: the output would
+    be read, unnoticed, at the token before it (a rate of 0.61 where the last token's
+    prediction flips at 0.21)."""
+    ids = _token_ids(inputs)
+    if not isinstance(ids, Tensor) or ids.shape != valid.shape or ids.is_floating_point():
+        return
+    ids = ids.to(valid.device)
+    after = torch.arange(valid.shape[1], device=valid.device)[None, :] > last_real(valid)[:, None]
+    config = getattr(unwrapped(model), "config", None)
+    attr = next((a for a in ("pad_id", "pad_token_id")
+                 if isinstance(getattr(config, a, None), int)), None)
+    if attr is not None:
+        pad = getattr(config, attr)
+        what = f"ids other than {type(model).__name__}'s pad id {pad} (config.{attr})"
+        rows = (after & (ids != pad)).any(dim=1).nonzero().flatten()
+    elif len(ids[after].unique()) > 1:
+        what = "different ids (padding repeats one id)"
+        rows = after.any(dim=1).nonzero().flatten()
+    else:
+        return
+    if len(rows):
+        raise ValueError(
+            f"mask= leaves out the last token(s) of example(s) {rows[:5].tolist()}, which hold "
+            f"{what}: real tokens. With no attention mask, mask= also says where each example "
+            "ends, so the per-position output would be read at the last token mask= marks, not "
+            "at the example's last. Pass the attention mask too ({'input_ids': ids, "
+            "'attention_mask': attention_mask}: mask= then only limits which tokens get "
+            "noise), or mark those tokens real in mask="
+        )
+
+
 def _token_ids(inputs: Inputs) -> Any:
     """The token ids of ``inputs``: its ``input_ids``, the tensor itself, or a tuple's first."""
     if isinstance(inputs, dict):
@@ -472,6 +508,9 @@ class _BoundEmbedding(BoundTokens):
         self.ends = last_real(real)
         if self.output is None:  # an output= the user chose is read as they chose
             _refuse_per_token_head(self.model, raw, t, self.position)
+        if self.padding is None and self.position is not None and raw.dim() == 3 \
+                and raw.shape[1] == t:
+            _refuse_real_tokens_after_the_mask(self.model, self.inputs, self.valid)
         self.clean_output = read_position(raw, self.ends, self.position, t)
 
     def tokens(self, src: Tensor, tok: Tensor) -> Tensor:

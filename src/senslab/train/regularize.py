@@ -145,16 +145,30 @@ def _real_tokens(inputs: Inputs, mask: Tensor | None, b: int, t: int,
     return valid
 
 
-def _checkpointed() -> bool:
-    """Whether the caller runs inside ``torch.utils.checkpoint`` (a frame of its code is on
-    this thread's stack): its forward is run again, without this module's hooks, in the
-    backward pass."""
+#: the code of ``torch.autograd.Function.apply``: a module run under it runs in a custom
+#: Function's forward, whose backward cannot see the regularizer's hook (recomputing it)
+_APPLY_CODE = getattr(getattr(torch.autograd.Function.apply, "__func__", None), "__code__", None)
+
+
+def _recomputed() -> str | None:
+    """What recomputes the caller's forward in the backward pass without this module's hooks,
+    or None: ``torch.utils.checkpoint`` (its frames on this thread's stack, or its saved-tensor
+    hooks active: the composable ``checkpoint(module)`` too), or a custom autograd Function
+    whose forward runs the module (the activation checkpointing of DeepSpeed, fairscale,
+    Megatron: recomputed in its backward)."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    hooks = top(False) if top is not None else None
+    if hooks is not None and str(getattr(hooks[0], "__module__", "")).startswith(
+            "torch.utils.checkpoint"):
+        return "an activation checkpoint (torch.utils.checkpoint)"
     frame = sys._getframe(1)
     while frame is not None:
         if frame.f_globals.get("__name__") == "torch.utils.checkpoint":
-            return True
+            return "an activation checkpoint (torch.utils.checkpoint)"
+        if frame.f_code is _APPLY_CODE:
+            return "a custom autograd Function's forward (activation checkpointing recomputes it)"
         frame = frame.f_back
-    return False
+    return None
 
 
 def _pick_tokens(valid: Tensor, generator: torch.Generator) -> Tensor:
@@ -176,12 +190,12 @@ def _embedding_branches(model: nn.Module, inputs: Inputs, tokens: Embedding, sig
     training = torch.is_grad_enabled()
 
     def hook(module: nn.Module, args: Any, out: Any) -> Any:
-        if training and _checkpointed():
+        where = _recomputed() if training else None
+        if where is not None:
             raise ValueError(
-                f"Embedding({tokens.module!r}) runs inside an activation checkpoint "
-                "(torch.utils.checkpoint; a Hugging Face model's activation_checkpointing_"
-                "enable() or gradient_checkpointing_enable()): the backward pass would "
-                "recompute it without the regularizer's noise, so "
+                f"Embedding({tokens.module!r}) runs inside {where}; a Hugging Face model's "
+                "activation_checkpointing_enable() or gradient_checkpointing_enable() makes "
+                "one: the backward pass would recompute it without the regularizer's noise, so "
                 "the penalty's gradient would be wrong. Name a module outside the checkpointed "
                 "blocks (a model's token embedding, or the LayerNorm after it, usually is), or "
                 "turn checkpointing off for the regularized steps")
