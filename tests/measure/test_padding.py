@@ -264,6 +264,32 @@ def test_a_mask_that_leaves_out_a_causal_lms_last_tokens_is_refused(pad_id):
     assert torch.equal(alone.per_sample, with_mask.per_sample)
 
 
+def test_a_bf16_models_copies_are_compared_with_its_output_at_their_width():
+    """A bf16 model (its own weights, no autocast) rounds differently at another width: each
+    trimmed copy is compared with its example's clean output at the width it runs at, so the
+    padded batch gives the unpadded batch's flips (before: a near-tie read at full width made
+    one example's copies flip at 0.30 more than without the padding)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(1)  # test-only: ids and HF init; this seed has a bf16 near-tie
+    b, t, width = 32, 10, 16
+    ids = torch.randint(5, 2000, (b, t))
+    config = transformers.LlamaConfig(
+        vocab_size=2000, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        initializer_range=0.4, pad_token_id=0)
+    model = transformers.LlamaForCausalLM(config).eval().to(torch.bfloat16)
+    pad = torch.zeros(b, width - t, dtype=torch.long)
+    padded = {"input_ids": torch.cat([ids, pad], 1),
+              "attention_mask": torch.cat([torch.ones_like(ids), pad], 1)}
+    plain = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    tokens, opts = Embedding("model.embed_tokens"), {"sigma": 0.02, "repeats": 2, "generator": 0}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # bf16 token vectors: the noise's rounding is noted
+        trimmed = token_sensitivity(model, padded, tokens, **opts)
+        alone = token_sensitivity(model, plain, tokens, **opts)
+    assert torch.equal(trimmed.per_sample, alone.per_sample)
+
+
 class MeanOfAll(nn.Module):
     """Averages every position, padding included: it ignores its attention mask."""
 

@@ -935,10 +935,12 @@ class TokenSensitivity:
             whole = self.mode == "whole"
             stream = self._rng(device, t * bound.dim if whole else bound.dim)
             extent = self._extent(bound, clean)
-            if extent is not None and self.autocast is not None:
-                # the reference at each example's own width, in the copies' precision: bf16's
-                # rounding moves with the width, and a copy must differ from its reference by
-                # its noise alone
+            if extent is not None and (self.autocast is not None
+                                       or clean.dtype in (torch.bfloat16, torch.float16)):
+                # the reference at each example's own width, in the copies' precision (an
+                # autocast, or a bf16/fp16 model's own): bf16's rounding moves with the width,
+                # and a copy must differ from its reference by its noise alone (a near-tie
+                # read at full width made 78% of one example's copies flip, 27% alone)
                 clean = _trim.clean_cut(bound, extent, clean)
                 check_finite(clean, "clean examples", self.compare)
             if self.compare == "class":
