@@ -233,6 +233,31 @@ def test_a_per_token_head_that_cannot_generate_is_not_read_at_the_last_token(mak
     assert token_sensitivity(lm, batch, auto_tokens(lm), sigma=2.0, **EXACT).num_examples == 4
 
 
+def test_an_encoder_decoder_lms_decoder_positions_are_not_read_at_the_inputs_last_token():
+    """BART with input ids alone: its per-position logits are the decoder's, fed the inputs
+    shifted right, and were read at the inputs' last real token without a word (a
+    teacher-forced prediction of the last input token). Refused naming position=; an explicit
+    position or output= measures what it names; the sequence classifier is measured as is."""
+    config = transformers.BartConfig(
+        vocab_size=60, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+        max_position_embeddings=32)
+    ids = torch.randint(4, 60, (3, 7), generator=torch.Generator().manual_seed(0))
+    ids[:, -1] = config.eos_token_id  # BART's classifier reads the eos token
+    lm = seeded(lambda: transformers.BartForConditionalGeneration(config))
+    tokens = Embedding("model.encoder.embed_tokens")
+    with pytest.raises(ValueError, match="encoder-decoder model.*decoder's positions.*position=k"):
+        token_sensitivity(lm, {"input_ids": ids}, tokens, sigma=1.0, **EXACT)
+    last = token_sensitivity(lm, {"input_ids": ids}, Embedding(tokens.module, position=-1),
+                             sigma=1.0, **EXACT)
+    chosen = token_sensitivity(lm, {"input_ids": ids}, tokens, sigma=1.0,
+                               output=lambda out: out.logits[:, -1], **EXACT)
+    assert torch.equal(last.per_sample, chosen.per_sample)
+    classifier = seeded(lambda: transformers.BartForSequenceClassification(config))
+    assert token_sensitivity(classifier, {"input_ids": ids}, tokens, sigma=1.0,
+                             **EXACT).num_examples == 3
+
+
 # --------------------------------------------------------------------------- image models
 def test_vit_auto_patches_equal_explicit():
     model, x = vit(), images()

@@ -168,6 +168,16 @@ def _refuse_per_token_head(model: Any, raw: Tensor, t: int, position: Position) 
         causal = bool(can_generate())
     except Exception:  # noqa: BLE001 -- an old or custom class: keep the documented default
         return
+    if causal and getattr(model.config, "is_encoder_decoder", False) is True:
+        raise ValueError(
+            f"{type(model).__name__} is an encoder-decoder model: its {t} per-position outputs "
+            "belong to the decoder's positions, and the last real token of the inputs names an "
+            "encoder position (without decoder_input_ids the decoder reads the inputs shifted "
+            "right, so the last one is the teacher-forced prediction of the last input token). "
+            "Say which decoder position is measured with position=k on Embedding or "
+            "auto_tokens (k ≥ 0: from the start; negative: from the end), or select the output "
+            "with output= (a function of the model's output)"
+        )
     if not causal:
         raise ValueError(
             f"{type(model).__name__} returns a prediction for every token ({raw.shape[2]} "
