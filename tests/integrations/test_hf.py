@@ -64,7 +64,7 @@ class Texts(torch.utils.data.Dataset):
 
 def arguments(out: Path, **extra) -> TrainingArguments:
     return TrainingArguments(
-        output_dir=str(out), max_steps=4, per_device_train_batch_size=8,
+        output_dir=str(out), max_steps=extra.pop("max_steps", 4), per_device_train_batch_size=8,
         per_device_eval_batch_size=8, eval_strategy="steps", eval_steps=2, logging_steps=2,
         learning_rate=1e-2, save_strategy=extra.pop("save_strategy", "no"),
         report_to=extra.pop("report_to", "tensorboard"),
@@ -134,6 +134,28 @@ def test_best_model_by_sensitivity_warns_where_the_most_sensitive_would_be_kept(
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         SensitivityCallback(val.batch(4), Embedding(TOKENS), sigma=2.0).attach(trainer)
+
+
+def test_early_stopping_on_sensitivity_sees_it(tmp_path: Path):
+    """attach() puts the callback first, so an EarlyStoppingCallback on eval_sensitivity given
+    to the Trainer reads the value in the same evaluation (before: it came first, found no
+    eval_sensitivity, disabled itself, and training ran on). With a threshold no change can
+    meet, training stops at the second evaluation."""
+    from transformers import EarlyStoppingCallback
+
+    val = Texts(8, 2)
+    args = arguments(tmp_path, max_steps=8, metric_for_best_model="eval_sensitivity",
+                     greater_is_better=False, save_strategy="steps", save_steps=2,
+                     load_best_model_at_end=True, report_to="none")
+    stop = EarlyStoppingCallback(early_stopping_patience=1, early_stopping_threshold=2.0)
+    trainer = Trainer(model=tiny_bert(), args=args, train_dataset=Texts(32, 1),
+                      eval_dataset=val, callbacks=[stop])
+    callback = SensitivityCallback(val.batch(4), Embedding(TOKENS), sigma=2.0, repeats=1)
+    callback.attach(trainer)
+    assert trainer.callback_handler.callbacks[0] is callback
+    trainer.train()
+    assert [step for step, _ in callback.results] == [2, 4]
+    assert trainer.state.global_step == 4
 
 
 def test_a_left_padded_subset_is_refused_when_the_callback_is_made():

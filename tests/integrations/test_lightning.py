@@ -97,6 +97,25 @@ def test_every_n_epochs_and_same_noise_each_time(tmp_path: Path):
         SensitivityCallback(subset, Patches(4), sigma=0.7, every_n_epochs=0)
 
 
+def test_a_true_bf16_module_gets_its_subset_in_bf16(tmp_path: Path):
+    """precision="bf16-true" casts the module to bf16; the callback's subset is converted as
+    Lightning converts a batch, and the logged value is the bf16 module's on bf16 images
+    (before: the float32 subset stopped fit with a dtype clash after the first epoch)."""
+    loader, subset = data()
+    module = Module()
+    callback = SensitivityCallback(subset, Patches(4), sigma=0.7, repeats=2, generator=5)
+    trainer = lightning.Trainer(
+        max_epochs=1, accelerator="cpu", devices=1, callbacks=[callback], precision="bf16-true",
+        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(module, loader)
+    assert next(module.parameters()).dtype == torch.bfloat16
+    ref = token_sensitivity(module, subset.bfloat16(), Patches(4), sigma=0.7, repeats=2,
+                            generator=5)
+    (_, logged), = callback.results
+    assert logged.estimate == ref.estimate and logged.num_examples == 10
+
+
 def test_docs_snippet_runs(snippet, tmp_path: Path):
     loader, subset = data()
     module = Module()

@@ -143,6 +143,14 @@ def test_load_state_dict_refuses_another_configuration_and_warns_without_one():
     with pytest.warns(UserWarning, match="holds no configuration"):
         fresh.load_state_dict(old)
     assert fresh.result().num_examples == 16
+    # states of no example (a checkpoint saved after a reset, before an update) mix nothing
+    # in: a resume with other options loads them (before: refused for the sigma)
+    saved.reset()
+    other = TokenSensitivityMetric(Patches(2), **OPTS)
+    other.persistent(True)
+    other.load_state_dict(saved.state_dict())
+    other.update(model, x[0])
+    assert other.result().num_examples == 16
 
 
 def test_a_metric_merged_into_itself_is_refused():

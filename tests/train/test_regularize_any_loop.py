@@ -245,6 +245,20 @@ def test_noise_inside_other_activation_checkpoints_is_refused(how):
                             generator=_gen(3))[0].backward()
 
 
+def test_a_wrapped_models_modules_keep_their_names():
+    """A model in nn.DataParallel (or DDP, or torch.compile) is hooked by the names its
+    measurements take — "emb", not "module.emb" (before: refused, naming "module." names)."""
+    ids, _ = _text_batch()
+    model = _Blocks("plain").train()
+    want, _ = sensitivity_penalty(model, ids, tokens=Embedding("emb"), generator=_gen(3))
+    wrapped = nn.DataParallel(model)
+    got, _ = sensitivity_penalty(wrapped, ids, tokens=Embedding("emb"), generator=_gen(3))
+    torch.testing.assert_close(got, want)
+    prefixed, _ = sensitivity_penalty(wrapped, ids, tokens=Embedding("module.emb"),
+                                      generator=_gen(3))
+    torch.testing.assert_close(prefixed, want)
+
+
 def test_penalty_with_an_own_loss_and_image_numbers_unchanged():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 16), nn.Tanh(), nn.Linear(16, 5))

@@ -17,7 +17,9 @@ and keeps the Trainer to log through::
     SensitivityCallback(subset, Embedding("bert.embeddings.LayerNorm"), sigma=0.1).attach(trainer)
 
 Passed as ``Trainer(callbacks=[callback])`` instead, the values still reach ``log_history`` and
-``evaluate()``'s dict, but not the reporters (a warning says so).
+``evaluate()``'s dict, but not the reporters (a warning says so), and only the callbacks listed
+after it see them (``attach`` puts it first: an ``EarlyStoppingCallback`` on
+``eval_sensitivity`` reads the metrics in its own ``on_evaluate``).
 """
 
 from __future__ import annotations
@@ -84,9 +86,14 @@ class SensitivityCallback(TrainerCallback):
         self._warned = self._warned_best = False
 
     def attach(self, trainer: Any) -> SensitivityCallback:
-        """Add this callback to ``trainer`` and log through ``trainer.log``; returns itself."""
-        if self not in trainer.callback_handler.callbacks:
-            trainer.add_callback(self)
+        """Add this callback to ``trainer``, first in its list, and log through
+        ``trainer.log``; returns itself. First, so that the callbacks after it read the
+        sensitivity in the evaluation's metrics: an ``EarlyStoppingCallback`` on
+        ``eval_sensitivity`` listed before it found none and disabled itself."""
+        callbacks = trainer.callback_handler.callbacks
+        if self in callbacks:
+            callbacks.remove(self)
+        callbacks.insert(0, self)
         self.trainer = trainer
         self._check_best(trainer.args)
         return self

@@ -6,7 +6,8 @@ Trainer has (CSV, TensorBoard, W&B, …) records them and ``trainer.callback_met
 (usable by ``ModelCheckpoint(monitor=...)``). Each measurement starts the noise from the same
 seed (common random numbers: changes between epochs are the model's), so the logged value
 equals ``token_sensitivity(model, subset, tokens, generator=seed, ...)`` on the model of that
-epoch.
+epoch (to float32, as Lightning logs; ``results`` holds the full value). Under the Trainer's
+precision the subset is converted as Lightning converts a batch (``"bf16-true"``: bf16 images).
 
 Example:
     >>> import torch
@@ -78,8 +79,13 @@ class SensitivityCallback(Callback):
         self.results: list[tuple[int, SensitivityResult]] = []
 
     def measure(self, pl_module: LightningModule) -> SensitivityResult:
-        """The subset's sensitivity on the module as it is now (nothing logged)."""
-        return measure_subset(pl_module, self.inputs, self.tokens, mask=self.mask,
+        """The subset's sensitivity on the module as it is now (nothing logged); under the
+        Trainer's precision, the subset converted as Lightning converts a batch (a
+        ``"bf16-true"`` module gets bf16 images; integer ids stay as they are)."""
+        trainer = getattr(pl_module, "_trainer", None)  # .trainer raises when none is attached
+        plugin = getattr(trainer, "precision_plugin", None)
+        inputs = self.inputs if plugin is None else plugin.convert_input(self.inputs)
+        return measure_subset(pl_module, inputs, self.tokens, mask=self.mask,
                               batch=self.batch_size, seed=self.seed, options=self.options)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -435,7 +435,8 @@ class TokenSensitivityMetric(Metric):
         torchmetrics keeps the state dict's own lists, which later updates appended to.
 
         States of another configuration (``config``: another sigma, compare rule,
-        tokenization, …) are refused with a ValueError naming the first difference; a state
+        tokenization, …) are refused with a ValueError naming the first difference, unless they
+        hold no example (a checkpoint saved before the first update after a reset); a state
         dict with states but no ``config`` (saved by an older senslab) is loaded unchecked, with
         a warning. Loaded states replace this metric's, and with them the ids of the metrics
         whose examples they hold (``merged_ids``; none in an older state dict); the metric
@@ -446,7 +447,8 @@ class TokenSensitivityMetric(Metric):
             ids = state_dict.pop(prefix + "merged_ids", None)
             loaded = prefix + "sample_index" in state_dict
             counts = prefix + "n" in state_dict
-            if config is not None or prefix + "n" in state_dict:
+            empty = counts and float(state_dict[prefix + "n"]) == 0  # no example to mix in
+            if (config is not None or counts) and not empty:
                 self._check_config(_stored(config), "cannot load the state dict",
                                    "load_state_dict")
             super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)

@@ -47,7 +47,7 @@ from torch import Tensor, nn
 from .._exclusive import OwnForwards
 from ..tokens import Embedding, Patches, Sequence, Tokenization, find_module
 from ..tokens.base import Inputs, OutputSelector, call_model, valid_mask
-from ..tokens.embedding import input_mask
+from ..tokens.embedding import input_mask, unwrapped
 
 
 def _check_generator(generator: object) -> torch.Generator:
@@ -124,8 +124,16 @@ def random_patch_noise(x: Tensor, patch: int, sigma: float, generator: torch.Gen
 
 
 def _embedding_target(model: nn.Module, tokens: Embedding) -> nn.Module:
+    """The hooked module: ``tokens.module`` itself, or the submodule it names — in ``model``, or
+    in the model a DDP/DataParallel/``torch.compile`` wrapper holds (names as measurements
+    take them: ``"bert.embeddings.LayerNorm"``, not ``"module.bert…"``)."""
     module: Any = tokens.module
-    return module if isinstance(module, nn.Module) else find_module(model, module)
+    if isinstance(module, nn.Module):
+        return module
+    inner = unwrapped(model)
+    if inner is not model and module not in dict(model.named_modules()):
+        return find_module(inner, module)
+    return find_module(model, module)
 
 
 def _real_tokens(inputs: Inputs, mask: Tensor | None, b: int, t: int,
