@@ -258,6 +258,19 @@ def test_an_encoder_decoder_lms_decoder_positions_are_not_read_at_the_inputs_las
                              **EXACT).num_examples == 3
 
 
+def test_a_tuple_whose_mask_would_go_to_the_cache_is_refused():
+    """GPT-2's forward takes the cache of earlier positions second: (ids, mask) sent the mask
+    there and transformers failed with "'Tensor' object has no attribute 'get_seq_length'".
+    Refused, naming the dict to pass; a tuple of the ids alone is measured."""
+    lm = gpt2_lm()
+    batch = text_batch()
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    with pytest.raises(ValueError, match=r"goes to '\w*(past|cache)\w*'.*Pass a dict"):
+        token_sensitivity(lm, (ids, mask), auto_tokens(lm), sigma=1.0, **EXACT)
+    as_dict = token_sensitivity(lm, batch, auto_tokens(lm), sigma=1.0, **EXACT)
+    assert as_dict.num_examples == len(ids)
+
+
 # --------------------------------------------------------------------------- image models
 def test_vit_auto_patches_equal_explicit():
     model, x = vit(), images()

@@ -81,6 +81,29 @@ def input_mask(inputs: Inputs, b: int, t: int, given: bool,
     return None, None
 
 
+def _refuse_a_tensor_as_cache(model: Any, inputs: Inputs) -> None:
+    """Refuse a tuple input whose (batch, tokens) tensor binds to the forward's cache of
+    earlier positions (GPT-2's second parameter is ``past_key_values``: ``(ids, mask)`` sent
+    the mask there, and transformers failed with "'Tensor' object has no attribute
+    'get_seq_length'")."""
+    if not isinstance(inputs, (tuple, list)):
+        return
+    named = _positional(model, inputs) or {}
+    cache = next((k for k, v in named.items() if ("past" in k or "cache" in k)
+                  and isinstance(v, Tensor) and v.dim() == 2), None)
+    if cache is not None:
+        inner = unwrapped(model)
+        forward = inner.forward if isinstance(inner, nn.Module) else inner
+        order = list(inspect.signature(forward).parameters)[:3]
+        raise ValueError(
+            f"the input is a tuple, read as the positional arguments of "
+            f"{type(inner).__name__}'s forward ({', '.join(order)}, …), so a "
+            f"(batch, tokens) tensor of it goes to {cache!r}, a cache of earlier positions (an "
+            "attention mask, most likely). Pass a dict ({'input_ids': ids, 'attention_mask': "
+            "mask})"
+        )
+
+
 def _refuse_unmasked_padding(model: Any, inputs: Inputs, b: int, t: int) -> None:
     """Without any mask, refuse token ids that end (or start) with the pad id the model declares
     (senslab's zoo: ``config.pad_id``; Hugging Face: ``config.pad_token_id``): such a model
@@ -475,6 +498,7 @@ class _BoundEmbedding(BoundTokens):
         return out
 
     def run_clean(self, mask: Tensor | None) -> None:
+        _refuse_a_tensor_as_cache(self.model, self.inputs)
         inputs = _cloned(self.inputs)  # the model may edit its inputs in place
         raw = self._count(lambda: call_model(self.model, inputs, self.output))
         if self._shape is None:
