@@ -85,6 +85,30 @@ def test_hf_vit_directory(vit_dir: Path, capsys: pytest.CaptureFixture[str], pix
     assert int(rows[0][-2].replace(",", "")) == 8 * 16 + 8
 
 
+def test_a_processor_that_does_not_normalise_gets_pixels(
+        vit_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """A saved processor with do_normalize=False feeds the model [0, 1] pixels, and pixel σ is
+    the input σ there (before: normalised with its unused default mean/std, the noise divided
+    by that std)."""
+    import shutil
+
+    path = tmp_path / "plain"
+    shutil.copytree(vit_dir, path)
+    transformers.ViTImageProcessor(do_normalize=False,
+                                   size={"height": 16, "width": 16}).save_pretrained(path)
+    code, err, rows = run(capsys, "--hf", str(path), "--num-examples", "8", "--sigma", "0.5",
+                          "--sigma-space", "pixel")
+    assert code == 0, err
+    assert "do_normalize is off" in note(err) and "noise ÷ std 1)" in note(err)
+    model = transformers.ViTForImageClassification.from_pretrained(path).eval()
+    data = create_dataset("digits", "train", normalize="none")
+    x, _ = data.first(8, generator=torch.Generator().manual_seed(1)).batch(slice(0, 8))
+    x = torch.nn.functional.interpolate(x.expand(-1, 3, -1, -1), size=(16, 16),
+                                        mode="bilinear", align_corners=False)
+    want = token_sensitivity(model, x, Patches(4), sigma=0.5, generator=0).estimate
+    assert float(rows[0][1]) == pytest.approx(want, abs=5e-5)
+
+
 def test_precision_flag(vit_dir: Path, capsys: pytest.CaptureFixture[str]):
     """--precision bf16-checked runs the copies in bf16 and keeps float32's decisions: the
     estimate equals --precision float32's, the note says so, and the table gives the share of

@@ -491,6 +491,26 @@ def test_pixel_sigma_from_hf_image_processor():
     same(a, b)
 
 
+def test_pixel_sigma_from_a_processor_that_does_not_normalise_or_has_one_std():
+    """A processor with do_normalize=False feeds [0, 1] pixels: its image_std (a default it
+    never applies) no longer divides the noise (before: σ doubled, 0.42 against 0.33); a single
+    number as image_std is one per channel (before: a TypeError); a processor that rescales by
+    another factor than 1/255 is refused (its inputs are no [0, 1] pixels)."""
+    model, x = vit(), images()
+    plain = transformers.ViTImageProcessor(do_normalize=False)
+    assert plain.image_std is not None  # the default it does not apply
+    tokens = auto_tokens(model, sigma_space="pixel", image_processor=plain)
+    a = token_sensitivity(model, x, tokens, sigma=0.3, **EXACT)
+    b = token_sensitivity(model, x, Patches(2), sigma=0.3, **EXACT)
+    same(a, b)
+    one = transformers.ViTImageProcessor(image_mean=0.5, image_std=0.25)
+    tokens = auto_tokens(model, sigma_space="pixel", image_processor=one)
+    assert tokens == Patches(2, sigma_space="pixel", std=(0.25,), mean=(0.5,))
+    odd = transformers.ViTImageProcessor(rescale_factor=1 / 127.5)
+    with pytest.raises(ValueError, match="rescales pixels by .* not 1/255"):
+        auto_tokens(model, sigma_space="pixel", image_processor=odd)
+
+
 def test_pixel_sigma_with_control_variate_and_local_reuse():
     """The control variate's gradients and a CNN's local reuse see the rescaled noise too."""
     from senslab.models import create_model

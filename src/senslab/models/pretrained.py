@@ -139,7 +139,7 @@ def image_prep(model: Any, processor: Any, x: Any) -> tuple[Callable[[Any], Any]
     import torch
     import torch.nn.functional as F
 
-    from ..tokens.patches import model_normalization
+    from ..tokens.patches import model_normalization, processor_normalization
 
     c, h, w = x.shape[1:]
     config = getattr(model, "config", None)
@@ -156,8 +156,10 @@ def image_prep(model: Any, processor: Any, x: Any) -> tuple[Callable[[Any], Any]
         (int(size), int(size)) if isinstance(size, int) else tuple(int(v) for v in size))
     channels = channels or c
     norm = None
-    if processor is not None and getattr(processor, "image_std", None) is not None:
-        norm = (tuple(processor.image_mean or (0.0,)), tuple(processor.image_std))
+    if processor is not None and (getattr(processor, "image_std", None) is not None
+                                  or getattr(processor, "do_normalize", None) is False):
+        norm = processor_normalization(processor)  # None: a processor that does not normalise
+        norm = None if norm == ((0.0,), (1.0,)) else norm
     elif model_normalization(model) is not None:
         norm = model_normalization(model)
     if c != channels and c != 1:
@@ -175,6 +177,8 @@ def image_prep(model: Any, processor: Any, x: Any) -> tuple[Callable[[Any], Any]
     words = (f"[0, 1] pixels{' → ' + str(channels) + ' channels' if c != channels else ''}"
              f"{f', resized {h}×{w} → {size[0]}×{size[1]}' if (h, w) != size else ''}, "
              + ("normalised with the model's mean/std" if norm else
+                "no normalisation (the processor's do_normalize is off: the model gets [0, 1] "
+                "pixels)" if getattr(processor, "do_normalize", None) is False else
                 "no normalisation found (the model gets [0, 1] pixels)"))
     return prepare, words, norm
 

@@ -66,7 +66,7 @@ from torch import nn
 
 from .base import Position, Tokenization, check_position
 from .embedding import Embedding
-from .patches import Patches, model_normalization
+from .patches import Patches, model_normalization, processor_normalization
 
 __all__ = ["DEFAULT_CNN_PATCH", "auto_tokens", "default_tokens", "headless_reason"]
 
@@ -255,16 +255,12 @@ def _no_pixel(tokens: Tokenization | None, sigma_space: str) -> Tokenization:
 
 
 def _processor_norm(processor: Any) -> dict[str, Any] | None:
-    """``std``/``mean`` from a Hugging Face image processor (None without one)."""
+    """``std``/``mean`` from a Hugging Face image processor (None without one; std 1 where it
+    does not normalise): :func:`~senslab.tokens.patches.processor_normalization`."""
     if processor is None:
         return None
-    std = getattr(processor, "image_std", None)
-    if std is None:
-        raise ValueError(
-            f"image_processor {type(processor).__name__} has no image_std; pass std= (the "
-            "per-channel std the model's inputs were normalised with)"
-        )
-    return {"std": tuple(std), "mean": tuple(getattr(processor, "image_mean", None) or (0.0,))}
+    mean, std = processor_normalization(processor)
+    return {"std": std, "mean": mean}
 
 
 def _is_image(model: nn.Module) -> bool:

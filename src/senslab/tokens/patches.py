@@ -42,6 +42,32 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def processor_normalization(processor: Any) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(mean, std) that a Hugging Face image processor normalises [0, 1] pixels with: its
+    ``image_mean``/``image_std`` (numbers or per-channel sequences), or (0,), (1,) where it does
+    not normalise (``do_normalize=False``: its ``image_std`` is a default it never applies). A
+    processor that rescales by another factor than 1/255 is refused: its inputs are no [0, 1]
+    pixels."""
+    name = type(processor).__name__
+    if getattr(processor, "do_rescale", False) is True:
+        factor = getattr(processor, "rescale_factor", 1 / 255)
+        if not isinstance(factor, (int, float)) or not math.isclose(factor, 1 / 255,
+                                                                    rel_tol=1e-6):
+            raise ValueError(
+                f"image_processor {name} rescales pixels by {factor!r}, not 1/255, so its "
+                "inputs are no [0, 1] pixels and σ in pixel space has no fixed scale: pass "
+                "std= (and mean=) of the model's input per unit of the pixels you mean")
+    if getattr(processor, "do_normalize", True) is False:
+        return (0.0,), (1.0,)
+    std = _channels(getattr(processor, "image_std", None), "image_std")
+    if std is None:
+        raise ValueError(
+            f"image_processor {name} has no image_std; pass std= (the per-channel std the "
+            "model's inputs were normalised with)")
+    mean = _channels(getattr(processor, "image_mean", None), "image_mean") or (0.0,)
+    return mean, std
+
+
 def _channels(value: Any, what: str) -> tuple[float, ...] | None:
     """A per-channel constant (a number or a sequence of numbers) as a tuple of floats."""
     if value is None:
