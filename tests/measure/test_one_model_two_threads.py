@@ -242,7 +242,7 @@ def test_a_copy_taken_while_measuring_carries_no_live_hook(name):
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in snapshot.modules())
 
 
-DEADLOCK = """
+SETUP = """
 import threading, torch
 from torch import nn
 from senslab.measure import TokenSensitivity, exclusive, token_sensitivity
@@ -252,6 +252,9 @@ model = nn.Sequential(nn.Embedding(50, 16), nn.Linear(16, 3)).eval()
 x = torch.randint(0, 50, (4, 6), generator=torch.Generator().manual_seed(3))
 opts = {"sigma": 1.0, "repeats": 2, "generator": 1, "precision": "float32"}
 metric = TokenSensitivity(model, Embedding("0"), **opts)
+"""
+
+DEADLOCK = SETUP + """
 
 def holding(part):
     for _ in range(5):
@@ -468,43 +471,32 @@ def test_a_long_wait_for_a_turn_says_which_thread_measures(monkeypatch):
             held.set()
             release.wait(10.0)
 
-    t = threading.Thread(target=holding, name="measuring", daemon=True)
-    t.start()
-    assert held.wait(10.0)
-    timer = threading.Timer(1.0, release.set)
-    timer.start()
+    def waited(errors: bool) -> torch.Tensor:
+        held.clear()
+        release.clear()
+        t = threading.Thread(target=holding, name="measuring", daemon=True)
+        t.start()
+        assert held.wait(10.0)
+        timer = threading.Timer(1.0, release.set)
+        timer.start()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error" if errors else "default")
+                return flips(model, x)
+        finally:
+            t.join(10.0)
+            timer.cancel()
+
     with pytest.warns(RuntimeWarning, match="waited 0.2 s .*while thread 'measuring' measures"):
-        got = flips(model, x)
-    t.join(10.0)
-    timer.cancel()
+        got = waited(errors=False)
     assert torch.equal(got, alone)
     # warnings made errors (-W error, pytest's filterwarnings=error): the wait goes on
-    held.clear()
-    release.clear()
-    t = threading.Thread(target=holding, name="measuring", daemon=True)
-    t.start()
-    assert held.wait(10.0)
-    timer = threading.Timer(1.0, release.set)
-    timer.start()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        got = flips(model, x)
-    t.join(10.0)
-    timer.cancel()
-    assert torch.equal(got, alone)
+    assert torch.equal(waited(errors=True), alone)
 
 
-FORK = """
-import os, signal, threading, torch
-from torch import nn
-from senslab.measure import TokenSensitivity, exclusive, token_sensitivity
+FORK = SETUP + """
+import os, signal
 from senslab.measure.tokenwise import _lock
-from senslab.tokens import Embedding
-torch.manual_seed(0)
-model = nn.Sequential(nn.Embedding(50, 16), nn.Linear(16, 3)).eval()
-x = torch.randint(0, 50, (4, 6), generator=torch.Generator().manual_seed(3))
-opts = {"sigma": 1.0, "repeats": 2, "generator": 1, "precision": "float32"}
-metric = TokenSensitivity(model, Embedding("0"), **opts)
 metric.update(x)
 
 def in_child(job):

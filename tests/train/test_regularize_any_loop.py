@@ -108,14 +108,19 @@ def test_text_noise_lands_on_one_real_position_per_example():
     assert changed[:, 0].all() and changed.sum() == len(ids)
 
 
-def test_huggingface_bert_from_config():
+def _hf_bert(layers: int, labels: int) -> nn.Module:
+    """A tiny Hugging Face BERT classifier without dropout, in train mode."""
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
+    cfg = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=layers,
                                   num_attention_heads=2, intermediate_size=32,
-                                  max_position_embeddings=16, num_labels=1,
+                                  max_position_embeddings=16, num_labels=labels,
                                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     torch.manual_seed(0)  # the HF init reads the global RNG; the noise does not
-    model = transformers.BertForSequenceClassification(cfg).train()
+    return transformers.BertForSequenceClassification(cfg).train()
+
+
+def test_huggingface_bert_from_config():
+    model = _hf_bert(layers=1, labels=1)
     ids, mask = _text_batch()
     inputs = {"input_ids": ids, "attention_mask": mask.long()}
     y = torch.tensor([0.5, -1.0, 2.0, 0.0])
@@ -145,13 +150,7 @@ def test_noise_inside_an_activation_checkpoint_is_refused(reentrant):
     checkpointed layers) gives the penalty and gradients of the model without checkpointing;
     noise inside a checkpointed layer is refused — the backward recomputes the layer without
     the noise, and the gradient was wrong without a word (unless no gradient is taken)."""
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2,
-                                  num_attention_heads=2, intermediate_size=32,
-                                  max_position_embeddings=16, num_labels=3,
-                                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    torch.manual_seed(0)  # the HF init reads the global RNG; the noise does not
-    model = transformers.BertForSequenceClassification(cfg).train()
+    model = _hf_bert(layers=2, labels=3)
     ids, mask = _text_batch()
     inputs = {"input_ids": ids, "attention_mask": mask.long()}
     outside = Embedding("bert.embeddings.LayerNorm")
