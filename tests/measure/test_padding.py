@@ -239,7 +239,7 @@ def test_a_mask_that_leaves_out_a_causal_lms_last_tokens_is_refused(pad_id):
     """A causal LM's logits are read at each example's last real token, which — with token ids
     alone — ``mask=`` says. A mask that leaves out an end token (ids other than the pad id;
     without a pad id, ids that differ) is refused: the logits were read at the token before it
-    without a word (0.61 against 0.21 on an example). The attention mask beside it, in a dict,
+    without a word (0.61 against 0.07 on an example). The attention mask beside it, in a dict,
     says where examples end, and mask= then only limits the noise; a mask= that marks the
     padding (trailing pad ids) is measured as before."""
     transformers = pytest.importorskip("transformers")
