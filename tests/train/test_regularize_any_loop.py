@@ -197,6 +197,20 @@ class _Recompute(torch.autograd.Function):
         return None, torch.autograd.grad(out, h, grad)[0]
 
 
+class _RecomputeSetUp(_Recompute):
+    """The same, its context set up apart (``setup_context``): a forward without ``ctx``."""
+
+    @staticmethod
+    def forward(block, h):  # noqa: ANN001, ANN205
+        with torch.no_grad():
+            return block(h)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):  # noqa: ANN001, ANN205
+        ctx.block = inputs[0]
+        ctx.save_for_backward(inputs[1])
+
+
 class _Blocks(nn.Module):
     """Token ids → embedding → two (LayerNorm, Linear) blocks → mean → 3 logits; the blocks
     run through ``how``: plainly, checkpointed, or by a hand-written recomputing Function."""
@@ -217,11 +231,14 @@ class _Blocks(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         h = self.emb(ids)
         for block in self.blocks:
-            h = _Recompute.apply(block, h) if self.how == "function" else block(h)
+            if self.how in ("function", "set-up"):
+                h = (_Recompute if self.how == "function" else _RecomputeSetUp).apply(block, h)
+            else:
+                h = block(h)
         return self.head(h.mean(1))
 
 
-@pytest.mark.parametrize("how", ["composable", "function"])
+@pytest.mark.parametrize("how", ["composable", "function", "set-up"])
 def test_noise_inside_other_activation_checkpoints_is_refused(how):
     """The composable ``checkpoint(module)`` and a hand-written recomputing Function (the
     DeepSpeed/fairscale/Megatron pattern) are refused too (the gradient was wrong: the

@@ -153,9 +153,25 @@ def _real_tokens(inputs: Inputs, mask: Tensor | None, b: int, t: int,
     return valid
 
 
-#: the code of ``torch.autograd.Function.apply``: a module run under it runs in a custom
-#: Function's forward, whose backward cannot see the regularizer's hook (recomputing it)
+#: the code of ``torch.autograd.Function.apply`` where it is Python (a C function in newer
+#: torch, whose frames then show only the Function's own ``forward``)
 _APPLY_CODE = getattr(getattr(torch.autograd.Function.apply, "__func__", None), "__code__", None)
+
+
+def _function_forward(frame: Any) -> bool:
+    """Whether ``frame`` runs a custom autograd Function's ``forward``: its first argument is
+    the Function's context, or its qualified name names a subclass of ``autograd.Function``."""
+    code = frame.f_code
+    if code.co_name != "forward":
+        return False
+    if code.co_argcount and isinstance(frame.f_locals.get(code.co_varnames[0]),
+                                       torch.autograd.function.FunctionCtx):
+        return True
+    path = getattr(code, "co_qualname", "").split(".")[:-1]  # the class, outside functions
+    owner: Any = frame.f_globals.get(path[0]) if path and "<locals>" not in path else None
+    for name in path[1:]:
+        owner = getattr(owner, name, None)
+    return isinstance(owner, type) and issubclass(owner, torch.autograd.Function)
 
 
 def _recomputed() -> str | None:
@@ -163,17 +179,18 @@ def _recomputed() -> str | None:
     or None: ``torch.utils.checkpoint`` (its frames on this thread's stack, or its saved-tensor
     hooks active: the composable ``checkpoint(module)`` too), or a custom autograd Function
     whose forward runs the module (the activation checkpointing of DeepSpeed, fairscale,
-    Megatron: recomputed in its backward)."""
+    Megatron: recomputed in its backward; such a forward runs with gradients off)."""
     top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
     hooks = top(False) if top is not None else None
     if hooks is not None and str(getattr(hooks[0], "__module__", "")).startswith(
             "torch.utils.checkpoint"):
         return "an activation checkpoint (torch.utils.checkpoint)"
+    custom = not torch.is_grad_enabled()
     frame = sys._getframe(1)
     while frame is not None:
         if frame.f_globals.get("__name__") == "torch.utils.checkpoint":
             return "an activation checkpoint (torch.utils.checkpoint)"
-        if frame.f_code is _APPLY_CODE:
+        if frame.f_code is _APPLY_CODE or (custom and _function_forward(frame)):
             return "a custom autograd Function's forward (activation checkpointing recomputes it)"
         frame = frame.f_back
     return None
