@@ -175,16 +175,19 @@ MEASURES = {"token_sensitivity": (flips, 2), "layernorm_blowup": (layernorm_blow
             "sensitivity_penalty": (penalty, 2)}
 
 
-@pytest.mark.parametrize("name,under_autocast", [
-    ("token_sensitivity", False), ("token_sensitivity", True), ("layernorm_blowup", False),
-    ("sensitivity_penalty", False)])
-def test_another_threads_forward_is_left_alone(name, under_autocast):
+@pytest.mark.parametrize("name,under_autocast,direct", [
+    ("token_sensitivity", False, False), ("token_sensitivity", True, False),
+    ("layernorm_blowup", False, False), ("sensitivity_penalty", False, False),
+    ("token_sensitivity", False, True), ("layernorm_blowup", False, True),
+    ("sensitivity_penalty", False, True)])
+def test_another_threads_forward_is_left_alone(name, under_autocast, direct):
     """A thread that runs the model while another measures it (a training loop, say; here
     already inside the model's forward when the measurement starts) gets the model's own
     outputs, and the measurement its own numbers: the hooks (the noise, the LayerNorm
     blow-up's, the regularizer's) pass that thread's forwards through; a bf16 autocast there is
     not the model's own (before: refused with "ran 2 times in one forward pass", or a blow-up
-    of other numbers, without a word)."""
+    of other numbers, without a word). Also where that thread calls ``model.forward(x)``
+    (``direct``: before, the hooks took it for the measurement's forward)."""
     measure, at = MEASURES[name]
     model, x = Waiting(at).eval(), ids()
     with torch.no_grad():
@@ -197,7 +200,7 @@ def test_another_threads_forward_is_left_alone(name, under_autocast):
         try:
             with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16,
                                                  enabled=under_autocast):
-                got.append(model(x).float())
+                got.append((model.forward(x) if direct else model(x)).float())
         finally:
             model.sync.other_done.set()
 
@@ -367,36 +370,6 @@ def test_a_models_own_worker_threads_are_the_measurements():
         got = token_sensitivity(model, x, Embedding("emb"), **OPTS)
         want = token_sensitivity(inline, x, Embedding("emb"), **OPTS)
     assert torch.equal(got.per_sample, want.per_sample)
-
-
-@pytest.mark.parametrize("name", ["token_sensitivity", "layernorm_blowup",
-                                  "sensitivity_penalty"])
-def test_another_thread_calling_forward_directly_is_left_alone(name):
-    """``model.forward(x)`` in another thread while the model is measured: that thread gets
-    the model's own outputs and the measurement its own numbers (before: the hooks took it for
-    the measurement's forward — noise in its outputs, or a false "ran 2 times")."""
-    measure, at = MEASURES[name]
-    model, x = Waiting(at).eval(), ids()
-    with torch.no_grad():
-        clean = model.logits(x)
-    alone = measure(Words().eval(), x)
-    got: list = []
-    out: list = []
-
-    def other() -> None:
-        try:
-            with torch.no_grad():
-                got.append(model.forward(x))
-        finally:
-            model.sync.other_done.set()
-
-    def measuring() -> None:
-        assert model.sync.inside.wait(10.0)
-        out.append(measure(model, x))
-
-    assert run_threads(other, measuring, names=("other", "measuring")) == []
-    assert torch.equal(got[0], clean)
-    assert torch.equal(out[0], alone)
 
 
 class Recomputed(Words):

@@ -104,18 +104,25 @@ def _refuse_a_tensor_as_cache(model: Any, inputs: Inputs) -> None:
         )
 
 
+def _pad_id(model: Any) -> tuple[str, int] | None:
+    """(config attribute, id) of the pad id the model declares — senslab's zoo:
+    ``config.pad_id``; Hugging Face: ``config.pad_token_id`` — or None."""
+    config = getattr(unwrapped(model), "config", None)
+    attr = next((a for a in ("pad_id", "pad_token_id")
+                 if isinstance(getattr(config, a, None), int)), None)
+    return None if attr is None else (attr, getattr(config, attr))
+
+
 def _refuse_unmasked_padding(model: Any, inputs: Inputs, b: int, t: int) -> None:
     """Without any mask, refuse token ids that end (or start) with the pad id the model declares
     (senslab's zoo: ``config.pad_id``; Hugging Face: ``config.pad_token_id``): such a model
     finds its padding by that id itself, so every position would be measured as a token and
     the padding, which never flips, would dilute each example's rate (a GPT-2 measured
     0.081 instead of 0.159)."""
-    config = getattr(unwrapped(model), "config", None)
-    attr = next((a for a in ("pad_id", "pad_token_id")
-                 if isinstance(getattr(config, a, None), int)), None)
-    if attr is None:
+    declared = _pad_id(model)
+    if declared is None:
         return
-    pad = getattr(config, attr)
+    attr, pad = declared
     ids = _token_ids(inputs)
     if not (isinstance(ids, Tensor) and tuple(ids.shape) == (b, t)) or ids.is_floating_point():
         return
@@ -143,11 +150,9 @@ def _refuse_real_tokens_after_the_mask(model: Any, inputs: Inputs, valid: Tensor
         return
     ids = ids.to(valid.device)
     after = torch.arange(valid.shape[1], device=valid.device)[None, :] > last_real(valid)[:, None]
-    config = getattr(unwrapped(model), "config", None)
-    attr = next((a for a in ("pad_id", "pad_token_id")
-                 if isinstance(getattr(config, a, None), int)), None)
-    if attr is not None:
-        pad = getattr(config, attr)
+    declared = _pad_id(model)
+    if declared is not None:
+        attr, pad = declared
         what = f"ids other than {type(model).__name__}'s pad id {pad} (config.{attr})"
         rows = (after & (ids != pad)).any(dim=1).nonzero().flatten()
     elif len(ids[after].unique()) > 1:
