@@ -399,6 +399,7 @@ def test_vit_fused_attention_in_tiles_of_copies_changes_nothing(monkeypatch, til
         full = perturbed_full(model, x, rows, top, left, noisy)
         t, heads = 17, 2  # 16 patches and CLS; two heads
         monkeypatch.setattr(vit_module, "ATTENTION_TILE_BYTES", tile * t * heads * t * 4)
+        monkeypatch.setattr(vit_module, "ATTENTION_TILE_ROWS", 1)
         cache = model.local_cache(x, 4)
         tiled = model.forward_local(cache, rows, top, left, noisy)
     torch.testing.assert_close(tiled, whole, rtol=1e-5, atol=1e-6)
@@ -410,13 +411,15 @@ def test_vit_fused_attention_in_tiles_of_copies_changes_nothing(monkeypatch, til
     assert kept["out"].numel() == len(rows) * t * 16
 
 
-@pytest.mark.parametrize("autocast", [False, True])
-def test_vit_fused_attention_runs_in_tiles_without_kept_memory(monkeypatch, autocast):
+@pytest.mark.parametrize("autocast,by_rows", [(False, False), (True, False), (False, True)])
+def test_vit_fused_attention_runs_in_tiles_without_kept_memory(monkeypatch, autocast, by_rows):
     """Under bf16 autocast (no kept memory: its buffers are float32) the host still runs the
     fused attention a tile of copies at a time, tiles counted in the products' bytes (bf16: 2);
     a whole chunk's logits, fresh each call, were mapped and faulted in again on every call
     (18.7M page faults against 12k in a ViT-small run). The outputs: the untiled path's, and
-    the full forwards' under the same autocast."""
+    the full forwards' under the same autocast. ``by_rows``: a tile of fewer query rows than
+    ``ATTENTION_TILE_ROWS`` by its bytes grows to that many rows (MKL's product of fewer rows
+    ran at 0.7× its rate on two threads)."""
     from senslab.models import vit as vit_module
 
     model = vit(dim_head=16)
@@ -436,7 +439,12 @@ def test_vit_fused_attention_runs_in_tiles_without_kept_memory(monkeypatch, auto
         whole = model.forward_local(model.local_cache(x, 4), rows, top, left, noisy)
         full = perturbed_full(model, x, rows, top, left, noisy)
         size = 2 if autocast else 4
-        monkeypatch.setattr(vit_module, "ATTENTION_TILE_BYTES", tile * t * heads * t * size)
+        if by_rows:  # bytes for one copy, rows for three (the CLS row alone: 3 · 17 copies)
+            monkeypatch.setattr(vit_module, "ATTENTION_TILE_BYTES", t * heads * t * size)
+            monkeypatch.setattr(vit_module, "ATTENTION_TILE_ROWS", tile * t - 1)
+        else:
+            monkeypatch.setattr(vit_module, "ATTENTION_TILE_BYTES", tile * t * heads * t * size)
+            monkeypatch.setattr(vit_module, "ATTENTION_TILE_ROWS", 1)
         monkeypatch.setattr(vit_module.Attention, "_attend_fused", counted)
         tiled = model.forward_local(model.local_cache(x, 4), rows, top, left, noisy)
     # depth 3: the first block updates its clean rows under kept memory (no tiles there) and

@@ -25,6 +25,11 @@ from .vision import ImageClassifier, ImageConfig, patchify, seeded
 #: bytes of logits per tile of copies in the fused attention on the host
 #: (:meth:`Attention.forward_fused`): a tile's queries, logits and weights stay in cache
 ATTENTION_TILE_BYTES = 8 << 20
+#: the fewest query rows (copies × query tokens) in a tile: with 2 threads, MKL's float32
+#: product of fewer rows by the 64-wide fused query weights ran at 0.68–0.73× its rate from
+#: 1,024 rows on (AVX2 EPYC, 2026-12-03; one thread showed no step), and ViT-small's tiles of
+#: 15 copies (975 rows) made local reuse 1.17× slower than tiles of 16 (docs/benchmarks.md)
+ATTENTION_TILE_ROWS = 1024
 
 #: local reuse's first block (:meth:`Attention._forward_reached`) recomputes in full a query's
 #: row whose clean weight on the keys a patch reached exceeds this share (the update would
@@ -192,7 +197,8 @@ class Attention(nn.Module):
         # whole chunk's (tens of MB, fresh at every call) could have its pages faulted in again
         # at every call (docs/benchmarks.md, ViT-small's attention in tiles)
         tile = b if not self._host_inference(x) else max(
-            1, ATTENTION_TILE_BYTES // (tq * self.heads * t * _product_size(x)))
+            1, ATTENTION_TILE_BYTES // (tq * self.heads * t * _product_size(x)),
+            -(-ATTENTION_TILE_ROWS // tq))
         bias = self.out[0].bias
         out = kept("out", (b * tq, vo.shape[0]))
         parts = []  # without kept memory: each tile's projection a fresh tensor
