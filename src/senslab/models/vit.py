@@ -25,10 +25,10 @@ from .vision import ImageClassifier, ImageConfig, patchify, seeded
 #: bytes of logits per tile of copies in the fused attention on the host
 #: (:meth:`Attention.forward_fused`): a tile's queries, logits and weights stay in cache
 ATTENTION_TILE_BYTES = 8 << 20
-#: the fewest query rows (copies × query tokens) in a tile: with 2 threads, MKL's float32
-#: product of fewer rows by the 64-wide fused query weights ran at 0.68–0.73× its rate from
-#: 1,024 rows on (AVX2 EPYC, 2026-12-03; one thread showed no step), and ViT-small's tiles of
-#: 15 copies (975 rows) made local reuse 1.17× slower than tiles of 16 (docs/benchmarks.md)
+#: the fewest query rows (copies × query tokens) in a tile: on two threads MKL's float32 product
+#: of fewer rows by the 64-wide fused query weights ran at well under its rate from 1,024 rows on,
+#: and ViT-small's tiles of 15 copies (975 rows) were slower than tiles of 16
+#: (docs/benchmarks.md, *ViT-small's attention tiles of 1,024 rows*)
 ATTENTION_TILE_ROWS = 1024
 
 #: local reuse's first block (:meth:`Attention._forward_reached`) recomputes in full a query's
