@@ -560,3 +560,30 @@ def test_the_expected_unchanged_share_matches_simulation_at_a_power_of_two():
         noise = torch.randn(20000, generator=_gen(3)) * 0.0046
         simulated = ((p.float() + noise).bfloat16() == p).double().mean().item()
         assert abs(_expected_unchanged(p, 0.0046) - simulated) < 0.02, value
+
+
+class _Tiled(nn.Module):
+    """A small linear map whose outputs are repeated ``copies`` times (a wide head)."""
+
+    def __init__(self, copies: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 4)
+        self.copies = copies
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x).repeat(1, self.copies)
+
+
+def test_shop_of_a_wide_fp16_output_is_summed_beyond_fp16s_range():
+    """Each output and each difference is finite in fp16, yet an example's sum of distances over
+    400,000 outputs passes fp16's largest number (65,504): ShOp was inf. The same weights and
+    noise with the outputs not repeated give exactly 1/100,000 of it."""
+    x = torch.randn(4, 8, generator=_gen(3)).half()
+    narrow, wide = _Tiled(1), _Tiled(100_000)
+    wide.load_state_dict(narrow.state_dict())
+    narrow, wide = narrow.half(), wide.half()
+    small = output_sharpness(narrow, x, sigma_w=0.3, repeats=3, generator=0).shop.estimate
+    large = output_sharpness(wide, x, sigma_w=0.3, repeats=3, generator=0).shop.estimate
+    assert large > 65_504
+    assert math.isfinite(large)
+    assert large == pytest.approx(small * 100_000, rel=1e-9)

@@ -640,7 +640,9 @@ def output_sharpness(
                                  f"{sigma_w:g})")
             _check_finite(out, f"the output with the weights perturbed (draw {r + 1} of "
                           f"{repeats}, sigma_w={sigma_w:g})", "use a smaller sigma_w")
-            l1[r] = (out - clean).reshape(b, -1).abs().sum(1).double()
+            # in float64: an fp16 model's outputs can each be finite while an example's sum
+            # of distances passes fp16's largest number (a 50,000-class head: inf before)
+            l1[r] = (out.double() - clean.double()).reshape(b, -1).abs().sum(1)
             if clean_pred is not None:
                 flips[r] = (predictions(out, kind, threshold) != clean_pred).double()
     shop = _summary("ShOp", l1.mean(1), sigma_w, 1.0, per_sample=l1.mean(0).cpu())
