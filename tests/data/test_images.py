@@ -469,3 +469,67 @@ def test_a_damaged_cifar_batch_or_a_float_cifar10c_file_is_refused(tmp_path: Pat
     np.save(c / "CIFAR-10-C" / "fog.npy", images.astype(np.float32) / 255)
     with pytest.raises(DataUnavailableError, match="float32 pixels; CIFAR-10-C's are uint8"):
         create_dataset("cifar10c", root=c, corruption="fog", severity=1)
+
+
+def _rewrite_batch(root: Path, name: str, **fields) -> None:
+    """Replace fields of an extracted CIFAR-10 batch (the folder gets no md5 check)."""
+    path = root / "cifar-10-batches-py" / name
+    batch = pickle.loads(path.read_bytes(), encoding="bytes")
+    batch.update({k.encode(): v for k, v in fields.items()})
+    path.write_bytes(pickle.dumps(batch, protocol=2))
+
+
+@pytest.mark.parametrize("case", ["float pixels", "wide pixels", "fractional labels"])
+def test_a_cifar_batch_of_other_numbers_is_refused(tmp_path: Path, cifar_tarball, case) -> None:
+    """Pixels already in [0, 1] were cast to bytes (all black), values past 255 wrapped around,
+    labels 2.7 were cut to 2 — each loaded without a word."""
+    batches = cifar_tarball(tmp_path, 4)
+    create_dataset("cifar10", split="test", root=tmp_path)  # extracted
+    raw = batches["test_batch"][b"data"]
+    if case == "float pixels":
+        _rewrite_batch(tmp_path, "test_batch", data=raw.astype(np.float32) / 255)
+        match = "float32 pixels where the format stores bytes"
+    elif case == "wide pixels":
+        _rewrite_batch(tmp_path, "test_batch", data=raw.astype(np.int64) + 200)
+        match = r"pixels range over 200\.\.\d+, not the bytes 0\.\.255"
+    else:
+        _rewrite_batch(tmp_path, "test_batch", labels=[2.7, 6.7, 9.7, 9.7])
+        match = r"labels must be whole numbers in 0\.\.9.*2\.7"
+    with pytest.raises((ValueError, DataUnavailableError), match=match):
+        create_dataset("cifar10", split="test", root=tmp_path)
+    # whole numbers of a wider integer type and whole float labels load as the bytes would
+    _rewrite_batch(tmp_path, "test_batch", data=raw.astype(np.int64), labels=[1.0, 2.0, 3, 4])
+    ds = create_dataset("cifar10", split="test", root=tmp_path, normalize="none")
+    assert torch.equal(ds.inputs.flatten(1) * 255, torch.from_numpy(raw).float())
+    assert ds.targets.tolist() == [1, 2, 3, 4] and ds.targets.dtype == torch.int64
+
+
+def test_svhn_of_other_numbers_or_not_a_mat_file_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With verify=False (for re-encoded copies) float pixels were divided by 255 again and
+    labels 1.5 cut to 1; a file that is not a .mat raised scipy's bare IndexError."""
+    from scipy.io import savemat
+
+    x = pixels((32, 32, 3, 4))
+    y = np.array([[10], [1], [9], [3]], dtype=np.uint8)
+    path = tmp_path / "test_32x32.mat"
+    savemat(path, {"X": x.astype(np.float64) / 255, "y": y})
+    with pytest.raises(DataUnavailableError, match="float64 pixels where the format stores"):
+        create_dataset("svhn", split="test", root=tmp_path, verify=False)
+    savemat(path, {"X": x, "y": np.array([[10], [1.5], [9], [3]])})
+    with pytest.raises(ValueError, match=r"labels must be whole numbers in 0\.\.9.*1\.5"):
+        create_dataset("svhn", split="test", root=tmp_path, verify=False)
+    path.write_bytes(b"not a mat file at all" * 20)
+    with pytest.raises(DataUnavailableError, match="truncated or not an SVHN .mat file"):
+        create_dataset("svhn", split="test", root=tmp_path, verify=False)
+
+
+def test_cifar10c_labels_as_a_column_are_refused(tmp_path: Path) -> None:
+    """labels.npy of shape (N, 1) gave targets (n, 1): an accuracy against (n,) predictions
+    broadcast to (n, n), and a perfect model scored 0.1."""
+    write_cifar10c(tmp_path, "fog", 4)
+    labels = tmp_path / "CIFAR-10-C" / "labels.npy"
+    np.save(labels, np.load(labels).reshape(-1, 1))
+    with pytest.warns(UserWarning, match="partial or rebuilt"), \
+            pytest.raises(ValueError, match=r"one number per image, shape \(N,\), got \(4, 1\)"):
+        create_dataset("cifar10c", root=tmp_path, corruption="fog", severity=2)

@@ -149,16 +149,36 @@ def denormalize(x: Tensor, meta: dict[str, Any]) -> Tensor:
     return x * std + mean
 
 
+def _byte_pixels(pixels: np.ndarray, source: str, fix: str) -> np.ndarray:
+    """``pixels`` as uint8: a file whose format stores bytes (CIFAR-10's batches, SVHN's .mat)
+    must hold whole numbers in 0..255. A float copy (pixels already in [0, 1]) was cast to
+    bytes (all black) or divided by 255 again, values out of range wrapped around, NaN became
+    0 — each without a word."""
+    if pixels.dtype == np.uint8:
+        return pixels
+    if not np.issubdtype(pixels.dtype, np.integer):
+        raise DataUnavailableError(f"{source} holds {pixels.dtype} pixels where the format "
+                                   f"stores bytes (uint8, 0–255): {fix}")
+    if pixels.size and (pixels.min() < 0 or pixels.max() > 255):
+        raise DataUnavailableError(
+            f"{source}: pixels range over {int(pixels.min())}..{int(pixels.max())}, not the bytes "
+            f"0..255 the format stores: {fix}")
+    return pixels.astype(np.uint8)
+
+
 def _package(name: str, pixels: np.ndarray, labels: np.ndarray, classes: list[str], split: str,
              normalize: str, stats: Stats, source: str, pair: tuple[int, int] | None = None,
              scale: float = 255.0) -> ArrayDataset:
     """uint8 (or small-integer) pixels (N, C, H, W) / ``scale`` → normalised float32 dataset.
     Labels must be whole numbers in ``0 .. len(classes) − 1``, one per image: a file with others
     is damaged or another dataset's, and would train and measure silently wrong."""
+    lab = np.asarray(labels)
+    if lab.ndim != 1:  # an (N, 1) column compared with (N,) predictions broadcasts to (N, N)
+        raise ValueError(f"{source}: labels must be one number per image, shape (N,), got "
+                         f"{lab.shape}; the file is damaged or another copy's")
     if len(labels) != len(pixels):
         raise ValueError(f"{source}: {len(pixels)} images but {len(labels)} labels; the files "
                          "are damaged or do not belong together")
-    lab = np.asarray(labels)
     whole = np.issubdtype(lab.dtype, np.integer) or bool(np.all(np.mod(lab, 1) == 0))
     if len(lab) and (not whole or lab.min() < 0 or lab.max() >= len(classes)):
         odd = (lab < 0) | (lab >= len(classes)) | (np.mod(lab, 1) != 0)
@@ -437,16 +457,19 @@ def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         with open(path, "rb") as f:  # pickles: trusted only because the tarball's md5 was checked
             batch = pickle.load(f, encoding="bytes")
-        data, labels = np.asarray(batch[b"data"], dtype=np.uint8), np.asarray(batch[b"labels"])
+        data, labels = np.asarray(batch[b"data"]), np.asarray(batch[b"labels"])
     except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError) as err:
         raise DataUnavailableError(
             f"{path} is not a CIFAR-10 batch ({type(err).__name__}: {err}): truncated, damaged "
             f"or another set's (CIFAR-100 has no b'labels'); delete {path.parent} so that it is "
             "extracted again from cifar-10-python.tar.gz") from err
-    if data.ndim != 2 or data.shape[1] != 3072 or len(data) != len(labels):
+    if data.ndim != 2 or data.shape[1] != 3072 or labels.ndim != 1 or len(data) != len(labels):
         raise DataUnavailableError(f"{path}: expected data (n, 3072) and n labels, got "
-                                   f"{data.shape} and {len(labels)}")
-    return data.reshape(-1, 3, 32, 32), labels.astype(np.int64)
+                                   f"{data.shape} and {labels.shape}")
+    data = _byte_pixels(data, str(path), f"delete {path.parent} so that it is extracted again "
+                        "from cifar-10-python.tar.gz")
+    # the labels as stored: _package refuses any that are not whole numbers of the classes
+    return data.reshape(-1, 3, 32, 32), labels
 
 
 @register_dataset("cifar10")
@@ -485,14 +508,15 @@ def svhn(split: str = "train", root: Any = None, download: bool = False,
     file = _get(path, f"{split}_32x32.mat", SVHN_FILES, (SVHN_URL,), download, verify)
     try:
         mat = loadmat(file, variable_names=["X", "y"])
-        x, y = np.asarray(mat["X"]), np.asarray(mat["y"]).reshape(-1).astype(np.int64)
-    except (ValueError, KeyError, OSError, TypeError) as err:
+        x, y = np.asarray(mat["X"]), np.asarray(mat["y"]).reshape(-1)
+    except (ValueError, KeyError, OSError, TypeError, IndexError) as err:
         raise DataUnavailableError(f"{file} is truncated or not an SVHN .mat file ({err}); "
                                    "delete it and download it again") from err
     if x.ndim != 4 or x.shape[:3] != (32, 32, 3) or x.shape[3] != len(y):
         raise DataUnavailableError(f"{file}: expected X (32, 32, 3, N) and N labels, "
                                    f"got {x.shape} and {len(y)}")
-    y[y == 10] = 0
+    x = _byte_pixels(x, str(file), "delete it and download it again (SVHN's X is uint8)")
+    y = np.where(y == 10, 0, y)  # as stored otherwise: _package refuses labels not whole
     return _package("svhn", x.transpose(3, 2, 0, 1), y, DIGIT_CLASSES, split, normalize,
                     PIXEL_STATS["svhn"], str(file))
 
