@@ -170,6 +170,38 @@ def test_real_rule_fourier_identity() -> None:
     assert torch.allclose(influence_fourier(table), res.influence, atol=1e-12)
 
 
+def test_a_float_zero_one_table_is_read_as_boolean_as_boolean_sensitivity_reads_it() -> None:
+    """``majority`` returns float 0/1: its table was read as numbers, and the spectral
+    functions gave a quarter of its flips (0.469 against 1.875 for n = 5) where
+    ``boolean_sensitivity`` counts them. ``output="real"`` keeps the numbers' reading."""
+    table = majority(all_inputs(5))
+    assert table.is_floating_point() and set(table.unique().tolist()) == {0.0, 1.0}
+    direct = boolean_sensitivity(table)
+    assert direct.average == pytest.approx(1.875)
+    assert average_sensitivity_fourier(table) == pytest.approx(1.875, abs=1e-12)
+    assert torch.allclose(influence_fourier(table), direct.influence, atol=1e-12)
+    signs = table * 2 - 1
+    assert torch.equal(fourier_coefficients(table), fourier_coefficients(signs))
+    assert torch.equal(fourier_coefficients(table), fourier_coefficients(table.long()))
+    assert degree(table) == degree(signs) == 5
+    # P[f(x) ≠ f(y)] = (1 − Stab_ρ)/2 for ±1 functions, by enumeration at ρ = 1/2
+    x = all_inputs(5)
+    keep = torch.tensor([(1 + 0.5) / 2, (1 - 0.5) / 2], dtype=torch.float64)
+    flips = ((x[:, None, :] != x[None, :, :]).long())  # (x, y, bit)
+    p_pair = keep[flips].prod(-1) / len(x)
+    disagree = float((p_pair * (table[:, None] != table[None, :])).sum())
+    assert (1 - noise_stability(table, 0.5)) / 2 == pytest.approx(disagree, abs=1e-12)
+    real = boolean_sensitivity(table, output="real")
+    assert average_sensitivity_fourier(table, output="real") == pytest.approx(real.average)
+    assert real.average == pytest.approx(1.875 / 4)
+    assert spectral_weights(table, output="real").sum() == pytest.approx(float(table.mean()))
+    with pytest.raises(ValueError, match="output must be 'auto', 'sign' or 'real'"):
+        fourier_coefficients(table, output="labels")
+    with pytest.raises(ValueError, match=r"output='sign'.*table > threshold"):
+        fourier_coefficients(torch.rand(32, generator=gen(0), dtype=torch.float64),
+                             output="sign")
+
+
 def test_random_function_expected_sensitivity() -> None:
     n = 8
     values = [boolean_sensitivity(random_function(n, gen(s))).average for s in range(20)]
