@@ -117,8 +117,12 @@ def test_idx_header_is_checked(tmp_path: Path) -> None:
         im.read_idx(bad_magic, 2051)
     short = tmp_path / "b.gz"
     short.write_bytes(gzip.compress(struct.pack(">IIII", 2051, 5, 28, 28) + bytes(28 * 28)))
-    with pytest.raises(DataUnavailableError, match="header promises"):
+    with pytest.raises(DataUnavailableError, match="header promises.*the file is truncated"):
         im.read_idx(short, 2051)
+    long = tmp_path / "long.gz"  # more data than the header promises: not "truncated"
+    long.write_bytes(gzip.compress(struct.pack(">IIII", 2051, 1, 28, 28) + bytes(2 * 28 * 28)))
+    with pytest.raises(DataUnavailableError, match=r"header promises.*damaged \(data past"):
+        im.read_idx(long, 2051)
     labels = im.read_idx(write_idx_gz(tmp_path / "c.gz", np.arange(6, dtype=np.uint8), 2049),
                          2049)
     assert labels.tolist() == [0, 1, 2, 3, 4, 5]

@@ -249,7 +249,9 @@ def read_idx(path: Path, magic: int) -> np.ndarray:
     data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
     if data.size != int(np.prod(dims)):
         raise DataUnavailableError(f"{path} holds {data.size} bytes of data, its header promises "
-                                   f"{int(np.prod(dims))} ({dims}); the file is truncated")
+                                   f"{int(np.prod(dims))} ({dims}); the file is "
+                                   + ("truncated" if data.size < int(np.prod(dims)) else
+                                      "damaged (data past its end)"))
     return data.reshape(dims)
 
 
