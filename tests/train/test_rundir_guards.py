@@ -321,6 +321,15 @@ def test_sigma_sweep_and_load_final_refuse_a_damaged_final_checkpoint(
     (run / "checkpoints" / "step-00000030.safetensors").write_bytes(
         (finished / "checkpoints" / "step-00000030.safetensors").read_bytes())
     assert sigma_sweep(run, (0.1, 0.5)) == intact
+    # nor one of the same step made under another config.json (a directory re-run with other
+    # settings after its checkpoints were deleted), nor one written before the key was kept
+    cached = json.loads((run / "sigma_sweep.json").read_text())
+    assert cached["config_sha256"] == RunDir(run).config_digest()
+    for stale in ({**cached, "config_sha256": "0" * 64},
+                  {k: v for k, v in cached.items() if k != "config_sha256"}):
+        stale["results"] = {"0.1": {"estimate": 9.0}}
+        (run / "sigma_sweep.json").write_text(json.dumps(stale))
+        assert sigma_sweep(run, (0.1, 0.5)) == intact
 
 
 class _Counting:
@@ -351,20 +360,27 @@ def test_final_measure_is_keyed_by_the_checkpoint_step(finished: Path, tmp_path:
     summary = json.loads((run / "summary.json").read_text())
     first = exp.after_run(spec, run, summary, None, lambda _: None)["final_measure"]
     cache = json.loads((run / "final_measure.json").read_text())
-    assert cache == {"settings": {"n": 1}, "step": 30, "values": first} and exp.calls == 1
+    digest = RunDir(run).config_digest()
+    assert cache == {"settings": {"n": 1}, "step": 30, "config_sha256": digest,
+                     "values": first} and exp.calls == 1
     assert exp.after_run(spec, run, summary, None, lambda _: None)["final_measure"] == first
     assert exp.calls == 1  # reused
+    # a result of another config.json (a directory re-run with other settings after its
+    # checkpoints were deleted reaches the same step) was served for the new model
+    (run / "final_measure.json").write_text(json.dumps({**cache, "config_sha256": "0" * 64}))
+    assert exp.after_run(spec, run, summary, None, lambda _: None)["final_measure"] == first
+    assert exp.calls == 2
     # a result without the step (written before it was recorded) may be of an earlier model
     (run / "final_measure.json").write_text(json.dumps(
         {"settings": {"n": 1}, "values": {"weight": -1.0}}))
     assert exp.after_run(spec, run, summary, None, lambda _: None)["final_measure"] == first
-    assert exp.calls == 2
+    assert exp.calls == 3
     # a damaged final checkpoint: refused, and the cache is neither used nor rewritten
     stamp = (run / "final_measure.json").read_text()
     _flip(run / "checkpoints" / "step-00000030.safetensors")
     with pytest.raises(RunDirError, match="final checkpoint"):
         exp.after_run(spec, run, summary, None, lambda _: None)
-    assert (run / "final_measure.json").read_text() == stamp and exp.calls == 2
+    assert (run / "final_measure.json").read_text() == stamp and exp.calls == 3
 
 
 def _mrpc_fixture(root: Path) -> None:
@@ -534,13 +550,47 @@ def test_a_checkpoint_of_another_model_is_named_with_the_fix(
                  "--threads", "1"])
     err = capsys.readouterr().err
     assert code == 2 and "unexpected" not in err and "probably a bug" not in err
-    assert f"{ckpt} holds a model that does not match" in err
-    assert "size mismatch for" in err and f"delete {run}" in err
-    # the resume of `train` (here fit, which it calls)
+    # the checkpoint records its run's config.json: another one is named before any load
+    assert f"{ckpt} was written beside another config.json than {run / 'config.json'}" in err
+    # the resume of `train` (here fit, which it calls): refused, no fall-back, nothing moved
     (run / "summary.json").unlink()
+    with pytest.raises(RunDirError, match=r"step-00000030.safetensors was written beside "
+                                          r"another config.json"):
+        fit(apply_overrides(RunConfig.from_dict(config), []), run, progress=False)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        "step-00000015.safetensors", "step-00000030.safetensors"]
+    # a checkpoint that records no config (written before they did) still gets the model check
+    from senslab.train.checkpoint import decode, encode
+    from senslab.train.rundir import CONFIG_DIGEST
+
+    for path in (run / "checkpoints").iterdir():
+        state = decode(path.read_bytes(), path)
+        state.pop(CONFIG_DIGEST)
+        path.write_bytes(encode(state))
     with pytest.raises(RunDirError, match=r"step-00000030.safetensors holds a model that does "
                                           r"not match.*size mismatch for"):
         fit(apply_overrides(RunConfig.from_dict(config), []), run, progress=False)
+
+
+def test_a_checkpoint_copied_in_from_another_run_is_refused(
+        finished: Path, tmp_path: Path) -> None:
+    """A checkpoint of a run with another seed, copied into a run's directory, was resumed
+    without a word: the run's summary said seed 0 and held numbers of neither seed."""
+    cfg = tiny()
+    other = tmp_path / "other"
+    fit(tiny(1, ["seed=1"]), other, progress=False)
+    run = _copy(finished, tmp_path / "run")
+    (run / "summary.json").unlink()
+    foreign = run / "checkpoints" / "step-00000030.safetensors"
+    foreign.write_bytes((other / "checkpoints" / "step-00000015.safetensors").read_bytes())
+    with pytest.raises(RunDirError, match=r"step-00000030.safetensors was written beside "
+                                          r"another config.json.*move it back"):
+        fit(cfg, run, progress=False)
+    with pytest.raises(RunDirError, match="was written beside another config.json"):
+        RunDir(run).load_latest(resume=True)
+    # its own run reads it as before
+    (other / "checkpoints" / "step-00000015.safetensors").write_bytes(foreign.read_bytes())
+    assert RunDir(other).load_latest(resume=True)[1]["position"]["step"] == 15
 
 
 def test_a_damaged_verdict_is_kept_as_damaged_not_as_other_settings(tmp_path: Path) -> None:

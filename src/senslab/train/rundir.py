@@ -19,6 +19,7 @@ Three guarantees, so that nothing is lost and nothing is silently wrong:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -53,6 +54,10 @@ LEGACY_MARKERS = {"run": "config.json", "experiment": "experiment.json"}
 class RunDirError(ValueError):
     """A run or experiment directory that cannot be used as asked (the message says why and
     what to do)."""
+
+
+class ForeignCheckpointError(CheckpointError):
+    """A checkpoint written beside another config.json than its directory's (another run's)."""
 
 
 class RunDirInUse(RunDirError):
@@ -556,6 +561,14 @@ class RunDir:
         kept = [r for r in self.metrics() if r.get("step", 0) <= step]
         atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
 
+    def config_digest(self) -> str | None:
+        """SHA-256 of the run's config.json as written (None without one): what a checkpoint
+        and a cached measurement record of the run that made them (:meth:`save_checkpoint`)."""
+        try:
+            return hashlib.sha256((self.path / "config.json").read_bytes()).hexdigest()
+        except FileNotFoundError:
+            return None
+
     # -- checkpoints ---------------------------------------------------------------------------
     def save_checkpoint(self, state: dict[str, Any], step: int, keep: int = 2) -> Path | None:
         """Write ``state`` as ``checkpoints/step-<step>.safetensors`` and keep the newest
@@ -572,7 +585,9 @@ class RunDir:
             with open(self.metrics_path, "rb") as f:
                 os.fsync(f.fileno())
             records = len(self.metrics())
-        atomic_write_bytes(path, encode({**state, METRIC_RECORDS: records}))
+        digest = self.config_digest()
+        atomic_write_bytes(path, encode({**state, METRIC_RECORDS: records,
+                                         **({CONFIG_DIGEST: digest} if digest else {})}))
         for old in self.checkpoints()[:-keep] if keep > 0 else []:
             if old == path:  # a later one left by another sitting never outlives this sitting's
                 continue
@@ -607,6 +622,16 @@ class RunDir:
             raise CheckpointError(f"{path} cannot be read ({err.strerror or err})") from None
         state = decode(data, path, allow_unverified)
         records = state.pop(METRIC_RECORDS, None)
+        written = state.pop(CONFIG_DIGEST, None)
+        if written is not None:
+            here = RunDir(path.parent.parent, readonly=True).config_digest()
+            if here is not None and here != written:
+                raise ForeignCheckpointError(
+                    f"{path} was written beside another config.json than "
+                    f"{path.parent.parent / 'config.json'} (copied in from another run, or "
+                    "config.json replaced): its weights belong to that run, and resuming or "
+                    "measuring them here would mix two runs; move it back to the run directory "
+                    "that wrote it, or delete it")
         return state, None if records is None else int(records)
 
     def load_latest(self, allow_unverified: bool = False, resume: bool = False
@@ -644,6 +669,8 @@ class RunDir:
         for path in reversed(listed):
             try:
                 state, records = self._load(path, allow_unverified)
+            except ForeignCheckpointError as err:
+                raise RunDirError(str(err)) from None  # never a fall-back past another run's
             except CheckpointError as err:
                 if not path.exists():
                     if not last:
@@ -788,6 +815,9 @@ def load_model_state(model: torch.nn.Module, state: dict[str, Any], path: Path) 
 
 #: the key a checkpoint records the metric log's length under (:meth:`RunDir.save_checkpoint`)
 METRIC_RECORDS = "_metric_records"
+#: the key a checkpoint records its run's :meth:`RunDir.config_digest` under: one copied into
+#: another run's directory was resumed without a word (a seed-1 checkpoint in a seed-0 run)
+CONFIG_DIGEST = "_config_sha256"
 #: how often :meth:`RunDir.load_latest` reads the list again when a checkpoint vanished
 VANISHED_RETRIES = 5
 

@@ -108,9 +108,13 @@ def sigma_sweep(run_dir: Path, sigmas: tuple[float, ...]) -> dict[str, dict[str,
     path, state = found
     step = checkpoint_step(path)
     cache = run_dir / "sigma_sweep.json"
+    # keyed by the run's config.json too: a directory re-run with another configuration after
+    # its checkpoints were deleted reached the same step and was served the old sweep
+    config = rd.config_digest()
     if cache.exists():
         old = json.loads(cache.read_text())
-        if old.get("step") == step and old.get("sigmas") == list(sigmas):
+        if old.get("step") == step and old.get("sigmas") == list(sigmas) \
+                and old.get("config_sha256") == config:
             return old["results"]
     cfg = RunConfig.from_dict(rd.read_json("config.json"))
     train, _ = load_data(cfg)
@@ -128,7 +132,8 @@ def sigma_sweep(run_dir: Path, sigmas: tuple[float, ...]) -> dict[str, dict[str,
             metric.update(x.to(device))
         r = metric.compute()
         results[f"{sigma:g}"] = {"estimate": r.estimate, "stderr": r.stderr}
-    rd.write_json("sigma_sweep.json", {"step": step, "sigmas": list(sigmas), "results": results})
+    rd.write_json("sigma_sweep.json", {"step": step, "sigmas": list(sigmas),
+                                       "config_sha256": config, "results": results})
     return results
 
 

@@ -100,12 +100,16 @@ class FinalMeasureExperiment(Experiment):
         rd = RunDir(path)
         step, state = final_state(path)
         stored = rd.read_json(FINAL_FILE) if (path / FINAL_FILE).exists() else None
-        # a result without the step (older senslab) may be of an earlier checkpoint: redone
-        if stored is not None and stored.get("settings") == measure and stored.get("step") == step:
+        config = rd.config_digest()
+        # a result without the step (older senslab) may be of an earlier checkpoint, one of
+        # another config.json of a directory re-run with other settings: redone
+        if stored is not None and stored.get("settings") == measure and stored.get("step") == step \
+                and stored.get("config_sha256") == config:
             values = stored["values"]
         else:
             log(f"    measuring the final model of {run.name}")
             model, train, test = load_final(run.config, path, state)
             values = self.measure_final(run.config, model, train, test, settings)
-            rd.write_json(FINAL_FILE, {"settings": measure, "step": step, "values": values})
+            rd.write_json(FINAL_FILE, {"settings": measure, "step": step,
+                                       "config_sha256": config, "values": values})
         return {**summary, "final_measure": values}
