@@ -226,3 +226,20 @@ def test_a_rung_without_effects_shows_why_in_its_effect_column() -> None:
     row = next(line for line in render_ladders({"x": {"rungs": [rung]}})
                if line.startswith("| wide"))
     assert "| 3 | — |" in row
+
+
+def test_an_extra_override_of_a_key_a_rung_sets_is_refused(tmp_path) -> None:
+    """`--scale ladder --rungs cpu,longer --set steps=300` trained both rungs at 300 steps while
+    the ladder's record named "longer" 10,000 steps (and read "no clear change" between them)."""
+    with pytest.raises(ValueError, match=r"--set steps=300: the ladder's rungs set steps "
+                                         r"themselves \(rung\(s\) longer\)"):
+        run_ladder("ib_joint", tmp_path / "ladder", rungs=["cpu", "longer"],
+                   extra=["steps=300"], log=lambda _: None)
+    assert not (tmp_path / "ladder").exists()  # refused before anything trained
+    # a key no chosen rung sets is still passed on to every rung: checked, then refused by the
+    # experiment itself if it is not one of its settings
+    from senslab.train.config import UnknownKey
+
+    with pytest.raises(UnknownKey, match="unknown config key 'stepz'"):
+        run_ladder("ib_joint", tmp_path / "ladder", rungs=["cpu"], extra=["stepz=3"],
+                   log=lambda _: None)

@@ -65,6 +65,7 @@ def run_ladder(name: str, out_dir: str | Path, rungs: Sequence[str] | None = Non
     own. Every rung's overrides are checked before anything trains."""
     exp = get_experiment(name)
     chosen = select_rungs(exp, rungs)
+    _refuse_rung_keys(chosen, extra)
     for rung in chosen:  # a bad rung fails before any training
         exp.check(rung.scale, [*rung.overrides, *extra])
     out = Path(out_dir)
@@ -73,6 +74,23 @@ def run_ladder(name: str, out_dir: str | Path, rungs: Sequence[str] | None = Non
         run_experiment(name, out / rung.name, scale=rung.scale,
                        overrides=[*rung.overrides, *extra], progress=progress, log=log)
     return summarize_ladder(name, out)
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].strip()
+
+
+def _refuse_rung_keys(chosen: Sequence[Rung], extra: Sequence[str]) -> None:
+    """Refuse an extra override of a key a rung sets itself: it followed the rung's and won, so
+    every rung ran with it while the ladder's record still named the rung's own value (two
+    rungs trained alike, read as "no clear change")."""
+    for override in extra:
+        setters = [r.name for r in chosen if any(_key(o) == _key(override) for o in r.overrides)]
+        if setters:
+            raise ValueError(
+                f"--set {override}: the ladder's rungs set {_key(override)} themselves (rung(s) "
+                f"{', '.join(setters)}), and a rung's settings are its protocol; drop it, or run "
+                "the experiment at one scale (--scale) with that --set")
 
 
 def _rung_verdict(out: Path, rung: Rung) -> tuple[dict[str, Any] | None, str]:
