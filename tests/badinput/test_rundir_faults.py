@@ -36,7 +36,7 @@ from senslab.experiments import run_experiment
 from senslab.train.config import RunConfig, apply_overrides, valid_keys
 from senslab.train.loop import fit
 from senslab.train.looprun import LoopRun
-from senslab.train.rundir import RunDir
+from senslab.train.rundir import RunDir, RunDirError
 from senslab.train.trainers import get_trainer, list_trainers, train_run
 
 # the CLI runs in the child as it would for a user; PYTHONPATH is inherited (record_before.py
@@ -893,3 +893,21 @@ def test_a_frame_inside_a_finalizer_or_del_is_told_apart() -> None:
     weakref.finalize(other, lambda: seen.append(_in_finalizer(sys._getframe())))
     del other
     assert seen == [True, True] and not _in_finalizer(sys._getframe())
+
+
+def test_a_damaged_experiment_json_is_refused_not_read_as_no_experiment(tmp_path: Path) -> None:
+    """experiment.json names the experiment whose runs a directory holds: damaged, it was read
+    as "none", and another experiment trained into the directory beside the first one's runs
+    (moving their verdict aside)."""
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    whole = json.dumps({"name": "demo", "runs": ["vit-s0"]})
+    (exp / "experiment.json").write_text(whole[:20])
+    (exp / "verdict.json").write_text(json.dumps({"verdict": "supported"}))
+    before = {p.name: p.read_bytes() for p in exp.iterdir()}
+    with pytest.raises(RunDirError, match=r"experiment\.json cannot be read \(JSONDecodeError"
+                                          r".*restore it, or choose another --out"):
+        run_experiment("ib_joint", exp, overrides=["steps=20", "seeds=1"], log=lambda _: None)
+    after = {p.name: p.read_bytes() for p in exp.iterdir()}
+    assert {k: after.get(k) for k in before} == before  # nothing moved or rewritten
+    assert set(after) - set(before) <= {".senslab.lock", "senslab.json"}  # no run trained

@@ -330,6 +330,11 @@ def test_sigma_sweep_and_load_final_refuse_a_damaged_final_checkpoint(
         stale["results"] = {"0.1": {"estimate": 9.0}}
         (run / "sigma_sweep.json").write_text(json.dumps(stale))
         assert sigma_sweep(run, (0.1, 0.5)) == intact
+    # a damaged cache (it raised json's bare error, the file unnamed) is measured again
+    (run / "sigma_sweep.json").write_text(json.dumps(cached)[:30])
+    with pytest.warns(UserWarning, match=r"sigma_sweep\.json.*measuring the σ sweep again"):
+        assert sigma_sweep(run, (0.1, 0.5)) == intact
+    assert json.loads((run / "sigma_sweep.json").read_text()) == cached
 
 
 class _Counting:

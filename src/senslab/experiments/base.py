@@ -475,8 +475,14 @@ def _run_locked(exp: Experiment, out: Path, scale: str, overrides: list[str],
                 prepared: tuple[Any, list[Run]] | None = None) -> dict[str, Any]:
     try:
         held = json.loads((out / "experiment.json").read_text()).get("name")
-    except (OSError, ValueError, AttributeError):
+    except FileNotFoundError:
         held = None
+    except (OSError, ValueError, AttributeError) as err:
+        # it names the experiment whose runs the directory holds: unread, another experiment
+        # trained into the directory beside them (and set their verdict aside)
+        raise RunDirError(f"{out}/experiment.json cannot be read ({type(err).__name__}: {err}), "
+                          "so which experiment's runs the directory holds is unknown; restore "
+                          "it, or choose another --out") from None
     if held is not None and held != exp.name:
         raise RunDirError(f"{out} holds the runs of experiment {held!r}, not {exp.name!r}; "
                           f"choose another --out for {exp.name}")

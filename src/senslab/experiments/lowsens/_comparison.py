@@ -8,8 +8,8 @@ the same seeds (3 by default) and the models are compared seed by seed
 
 from __future__ import annotations
 
-import json
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,7 +99,7 @@ def sigma_sweep(run_dir: Path, sigmas: tuple[float, ...]) -> dict[str, dict[str,
     """
     from ...measure import TokenSensitivity
     from ...train.loop import build_model, load_data, resolve_device
-    from ...train.rundir import RunDir, checkpoint_step
+    from ...train.rundir import RunDir, RunDirError, checkpoint_step
 
     rd = RunDir(run_dir)
     found = rd.final_checkpoint()
@@ -112,7 +112,11 @@ def sigma_sweep(run_dir: Path, sigmas: tuple[float, ...]) -> dict[str, dict[str,
     # its checkpoints were deleted reached the same step and was served the old sweep
     config = rd.config_digest()
     if cache.exists():
-        old = json.loads(cache.read_text())
+        try:
+            old = rd.read_json("sigma_sweep.json")
+        except RunDirError as err:  # a cache: measured again from the checkpoint
+            warnings.warn(f"{err}; measuring the σ sweep again", stacklevel=2)
+            old = {}
         if old.get("step") == step and old.get("sigmas") == list(sigmas) \
                 and old.get("config_sha256") == config:
             return old["results"]
