@@ -639,3 +639,17 @@ def test_report_says_a_damaged_last_line_of_a_finished_run_is_no_crash(
     (run / "summary.json").unlink()
     with pytest.warns(UserWarning, match="probably killed while writing it"):
         load_run(run)
+
+
+def test_a_finished_run_without_its_metric_log_is_refused(finished: Path, tmp_path: Path) -> None:
+    """summary.json's final numbers come from metrics.jsonl, which experiments read after the
+    run too: with the log gone, a finished run was judged "froze before 3 logged steps"."""
+    run = _copy(finished, tmp_path / "run")
+    (run / "metrics.jsonl").unlink()
+    match = r"summary\.json gives the run's final numbers, but .*metrics\.jsonl.* is missing"
+    with pytest.raises(RunDirError, match=match):
+        RunDir(run).read_json("summary.json")
+    with pytest.raises(RunDirError, match=match):
+        fit(tiny(), run, progress=False)
+    with pytest.raises(RunDirError, match=match):
+        RunDir(run).final_checkpoint()

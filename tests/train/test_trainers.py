@@ -156,6 +156,7 @@ def test_a_field_added_later_at_its_default_keeps_the_run(tmp_path: Path, name: 
     run.acquire()
     run.write_json("config.json", old)
     run.write_json("summary.json", {"final": {"marker": 1}})
+    run.log({"step": 1, "marker": 1})  # the record the summary's final numbers come from
     run.release()
     assert train_run(name, cfg, tmp_path, progress=False, log=_quiet) == {"final": {"marker": 1}}
     # the field at a value other than its default: another run

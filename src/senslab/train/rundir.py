@@ -267,6 +267,13 @@ class RunDir:
         text reads back; NaN equals NaN). A log without records, or whose last line is torn,
         is not checked here (:meth:`metrics` treats a torn last line as a crash's)."""
         final = summary.get("final") if isinstance(summary, dict) else None
+        if isinstance(final, dict) and final and not self.metrics_path.exists():
+            # the records the experiments' after-run steps read too: without them one was
+            # judged "froze before 3 logged steps" instead of naming the lost file
+            raise RunDirError(
+                f"{self.path / 'summary.json'} gives the run's final numbers, but "
+                f"{self.metrics_path}, the records they come from, is missing: restore it, or "
+                f"delete {self.path} and train the run again")
         last = self._last_record()
         if not isinstance(final, dict) or last is None:
             return
