@@ -58,6 +58,14 @@ def record_ladder(ladder_dir: str | Path, records: str | Path = "reproduction") 
         raise FileNotFoundError(f"{ladder_dir} is no ladder directory (no ladder.json, and no "
                                 "rung directory of an experiment's ladder)")
     summary = summarize_ladder(name, ladder_dir)
+    # every rung's verdict checked against its runs, as a single experiment's record is: a
+    # rung whose runs were removed or edited was recorded under the verdict they no longer give
+    for row in summary["rungs"]:
+        if row.get("status") == "done":
+            rung_dir = ladder_dir / row["rung"]
+            listed = json.loads((rung_dir / "experiment.json").read_text()).get("runs", [])
+            check_verdict(rung_dir, name, row["scale"], [str(r) for r in listed],
+                          json.loads((rung_dir / "verdict.json").read_text()))
     out = Path(records) / "ladders" / f"{summary['name']}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     for row in summary["rungs"]:  # the command as a user types it, not this machine's path

@@ -147,6 +147,14 @@ def test_a_ladder_runs_its_cpu_rungs_and_records_effect_against_scale(
     with pytest.raises(FileNotFoundError, match="no experiment.json"):
         record(tmp_path / "rec2", tmp_path / "rec3")  # neither an experiment nor a ladder
 
+    # a rung whose runs no longer give its verdict is refused, as an experiment directory is
+    # (the ladder was recorded under the verdict of runs that were gone)
+    next((out / "large").glob("*/summary.json")).unlink()
+    with pytest.raises(FileNotFoundError, match=r"large: 1 of the \d+ runs its experiment\.json "
+                                                r"lists have no summary\.json"):
+        record(out, tmp_path / "rec4")
+    assert not (tmp_path / "rec4" / "ladders").exists()
+
 
 def test_a_gpu_rung_runs_only_when_named_and_rungs_need_the_ladder_scale(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
