@@ -70,8 +70,11 @@ def test_robustness_then_sharpness_end_to_end(tmp_path: Path) -> None:
         assert {p["seeds"] for p in v["effects"].values()} == {2} and len(v["effects"]) == 5
     cached = json.loads((tmp_path / "robustness" / "cnn" / "final_measure.json").read_text())
     steps = json.loads((tmp_path / "robustness" / "cnn" / "summary.json").read_text())["steps"]
+    from senslab.train.rundir import RunDir
+
     assert cached == {"settings": {"test_images": 30, "sens_examples": 200, "sens_repeats": 2},
-                      "step": steps, "values": summaries[-2]["final_measure"]}
+                      "step": steps, "values": summaries[-2]["final_measure"],
+                      "config_sha256": RunDir(tmp_path / "robustness" / "cnn").config_digest()}
 
     logs: list[str] = []
     out = tmp_path / "sharpness"
