@@ -247,11 +247,11 @@ def read_idx(path: Path, magic: int) -> np.ndarray:
     ndim = magic & 0xFF
     dims = struct.unpack(f">{ndim}I", raw[4:4 + 4 * ndim])
     data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
-    if data.size != int(np.prod(dims)):
+    want = int(np.prod(dims))
+    if data.size != want:
+        what = "truncated" if data.size < want else "damaged (data past its end)"
         raise DataUnavailableError(f"{path} holds {data.size} bytes of data, its header promises "
-                                   f"{int(np.prod(dims))} ({dims}); the file is "
-                                   + ("truncated" if data.size < int(np.prod(dims)) else
-                                      "damaged (data past its end)"))
+                                   f"{want} ({dims}); the file is {what}")
     return data.reshape(dims)
 
 
