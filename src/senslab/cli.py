@@ -133,7 +133,7 @@ def _config(args: argparse.Namespace) -> Any:
     model, data = args.model or DEFAULT_MODEL, args.data or DEFAULT_DATA
     cfg = RunConfig(name=args.name or f"{model}-{data}-s{args.seed}", seed=args.seed)
     cfg.model.name, cfg.data.name = model, data
-    if args.data_root:
+    if args.data_root is not None:  # (an empty one is refused by _check_args)
         cfg.data.root = args.data_root
     cfg = apply_overrides(cfg, args.set or [])
     chosen = {item.split("=", 1)[0].strip() for item in args.set or []}
@@ -144,14 +144,95 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def _check_fits(cfg: Any) -> None:
-    """An image model on a text set, or a text model on an image set: a UsageError naming the
-    mismatch and what would fit, before any data is loaded or any file written."""
+    """A model on data it cannot take — an image model on a text set or back, or any pair with
+    a generated set or a small research model (``mlp`` on ``boolean``, ``sparse_attention`` on
+    ``digits``) — or a small model built for another size than the generated set's: a
+    UsageError naming the mismatch and what would fit, before any data is loaded or any file
+    written. Models and sets of no known kind (registered elsewhere) are not checked."""
+    from .data.synthetic import input_size
+    from .models import model_config
     from .train.loop import check_model_fits_data
 
     try:
         check_model_fits_data(cfg)
     except ValueError as err:
         raise UsageError(str(err)) from None
+    model, data = cfg.model.name, cfg.data.name
+    takes, holds = _takes(model), _holds(data)
+    if takes is None or holds is None:
+        return
+    if holds not in takes:
+        from .data import list_datasets
+        from .models import list_models
+
+        sets = ", ".join(n for n in list_datasets() if _holds(n) in takes)
+        models = ", ".join(n for n in list_models() if holds in (_takes(n) or ()))
+        raise UsageError(f"{model} takes {' or '.join(_INPUT_WORDS[k] for k in takes)} and "
+                         f"{data} holds {_INPUT_WORDS[holds]}: use {model} on {sets}, or on "
+                         f"{data} a model that takes {_INPUT_WORDS[holds]} ({models})")
+    small, want = _small_model(model), input_size(data, cfg.data.options)
+    if small is None or want is None:
+        return
+    _, key, at_least = small
+    have = cfg.model.overrides.get(key, getattr(model_config(model), key))
+    if not isinstance(have, int) or (have >= want if at_least else have == want):
+        return
+    size = {"n_bits": f"{'at most ' if at_least else ''}{{}} bits",
+            "p": "(a + b) mod {}", "dim": "token vectors of length {}"}[key]
+    raise UsageError(f"{model} is built for {size.format(have)} (model.overrides.{key}) and "
+                     f"{data} holds {size.replace('at most ', '').format(want)}: add --set "
+                     f"model.overrides.{key}={want}")
+
+
+#: what the inputs of a kind are, in words: the image and text sets (:func:`train.loop.data_kind`)
+#: and the generated sets' kinds (:data:`data.synthetic.INPUTS`)
+_INPUT_WORDS = {"image": "images", "text": "text", "bits": "±1 bit strings",
+                "ids": "token ids `a b =`", "vectors": "sequences of float token vectors"}
+
+
+def _holds(data: str) -> str | None:
+    """The kind of inputs registered dataset ``data`` holds (:data:`_INPUT_WORDS`), or None."""
+    from .data.synthetic import INPUTS
+    from .train.loop import data_kind
+
+    return data_kind(data) or INPUTS.get(data)
+
+
+def _small_model(model: str) -> tuple[str, str, bool] | None:
+    """For a small research model (by the class of its config): the kind of inputs it takes,
+    its config field that must fit the generated set's size
+    (:func:`data.synthetic.input_size`), and whether the field is a bound (≥ the size) or must
+    equal it; None for any other model."""
+    from .models import model_config
+    from .models.small import (
+        AttentionModelConfig,
+        BooleanConfig,
+        ModAddConfig,
+        ParityConfig,
+        SparseAttentionConfig,
+    )
+
+    try:
+        config = model_config(model)
+    except Exception:  # noqa: BLE001  (unknown, or not buildable with its defaults: not ours)
+        return None
+    small = {SparseAttentionConfig: ("vectors", "dim", False),
+             AttentionModelConfig: ("vectors", "dim", False),
+             ModAddConfig: ("ids", "p", False),
+             ParityConfig: ("bits", "n_bits", True), BooleanConfig: ("bits", "n_bits", True)}
+    return next((spec for cls, spec in small.items() if isinstance(config, cls)), None)
+
+
+def _takes(model: str) -> tuple[str, ...] | None:
+    """The kinds of inputs (:data:`_INPUT_WORDS`) registered model ``model`` takes, or None for
+    a model of no known kind. A text model takes any token ids, so ``modular_addition`` too."""
+    from .train.loop import model_kind
+
+    kind = model_kind(model)
+    if kind is not None:
+        return ("text", "ids") if kind == "text" else (kind,)
+    small = _small_model(model)
+    return None if small is None else (small[0],)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -238,7 +319,7 @@ def _checkpoint(args: argparse.Namespace) -> tuple[Any, dict[str, Any], Path]:
             raise UsageError(f"{option} {given} but the checkpoint's run trained "
                              f"{'on ' if option == '--data' else ''}{trained}; drop {option} "
                              "(--checkpoint measures the model and data it was trained with)")
-    if args.data_root:  # the same data, found in another place: safe
+    if args.data_root is not None:  # the same data, found in another place: safe
         cfg.data.root = args.data_root
     apply_overrides(cfg, args.set or [])
     _check_measure_set(args.set or [], cfg, str(path))
@@ -425,6 +506,25 @@ def _cut_words(data: Any) -> str:
 
 # -- pretrained models (``--hf``, ``--timm``) ---------------------------------------------------
 
+
+def _check_label_count(model: Any, classes: int, what: str, data_name: str) -> None:
+    """Warn where the model's head has another number of labels (a Hugging Face config's
+    ``num_labels``, a timm model's ``num_classes``) than the data has classes: the measurement
+    is still well defined (flips among the model's own labels), but the model's labels are not
+    the data's classes, so no accuracy can be read from the run."""
+    labels, field = getattr(getattr(model, "config", None), "num_labels", None), "num_labels"
+    if labels is None:
+        labels, field = getattr(model, "num_classes", None), "num_classes"
+    if not isinstance(labels, int) or labels == classes:
+        return
+    warnings.warn(f"{what} has {labels} output label{'' if labels == 1 else 's'} ({field}="
+                  f"{labels}) but {data_name} has {classes} classes: the sensitivity counts "
+                  f"flips of the model's own {labels}-way decision, whose labels are not "
+                  f"{data_name}'s (no accuracy can be read from this run); to measure a "
+                  f"{data_name} classifier, give a model with a {classes}-label head",
+                  stacklevel=2)
+
+
 _TEXT_DEFAULT, _IMAGE_DEFAULT = "rotten_tomatoes", "digits"
 
 
@@ -471,6 +571,7 @@ def _measure_pretrained(args: argparse.Namespace) -> int:
                                                        max(train.num_classes, 2))
     else:
         model, weights = pretrained.load_timm(name)
+    _check_label_count(model, train.num_classes, f"{option} {name}", cfg.data.name)
     model = model.to(device)
     g = torch.Generator().manual_seed(args.seed + 1)
     subset = data.first(min(args.num_examples, len(data)), generator=g)
@@ -686,10 +787,30 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+#: options that name something (a model, a folder, a run): an empty value, as an unset shell
+#: variable gives (``--data-root "$DATA"``), was taken for the option left out — its default, or
+#: for --checkpoint an untrained model — without a word
+_NOT_EMPTY = ("model", "data", "data_root", "name", "checkpoint", "hf", "timm", "out", "rungs",
+              "runs", "records")
+
+
+def _empty_option(dest: str) -> str:
+    option = "--" + dest.replace("_", "-")
+    if dest == "data_root":
+        return (f"{option} is empty (an unset shell variable?): an empty path would mean the "
+                f"working directory; give the folder that holds the data set's files, or drop "
+                f"{option} to use SENSLAB_DATA or the data home")
+    return f"{option} is empty (an unset shell variable?): give a value, or drop {option}"
+
+
 def _check_args(args: argparse.Namespace) -> None:
     """Option values argparse's types let through but no command can use."""
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"--threads must be ≥ 1, got {args.threads}")
+    for dest in _NOT_EMPTY:
+        value = getattr(args, dest, None)
+        if isinstance(value, str) and not value.strip():
+            raise UsageError(_empty_option(dest))
     if args.command != "measure":
         return
     if args.num_examples < 1:

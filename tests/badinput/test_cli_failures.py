@@ -175,6 +175,22 @@ CASES = [
     Case("digits-root-is-ignored", ("measure", "--data", "digits", "--data-root", "{tmp}",
                                     "--num-examples", "8"),
          ("digits", "drop --data-root")),
+    # --- empty options (an unset shell variable): not taken for the option left out ------------
+    Case("measure-data-root-empty", ("measure", "--data-root", "", "--num-examples", "8"),
+         ("--data-root is empty", "drop --data-root", "SENSLAB_DATA")),
+    Case("train-data-root-empty", ("train", *TINY, "--data-root", "", "--out", "{tmp}/o"),
+         ("--data-root is empty", "drop --data-root", "SENSLAB_DATA")),
+    Case("measure-checkpoint-empty", ("measure", "--checkpoint", "", "--num-examples", "8"),
+         ("--checkpoint is empty", "drop --checkpoint")),
+    # --- a model on a generated set it cannot take, or built for another size -----------------
+    Case("measure-image-model-on-bits", ("measure", "--model", "mlp", "--data", "boolean",
+                                         "--num-examples", "8"),
+         ("mlp takes images", "boolean holds ±1 bit strings", "digits", "boolean_transformer")),
+    Case("measure-token-vectors-of-another-length",
+         ("measure", "--model", "sparse_attention", "--data", "sparse_frequent",
+          "--num-examples", "8"),
+         ("length 32", "length 40", "--set model.overrides.dim=40"),
+         absent=("one_hot",)),
 ]
 
 

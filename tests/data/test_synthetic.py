@@ -247,3 +247,31 @@ def test_a_subset_cuts_its_per_example_metadata_alike(name, options, keys):
         assert len(part.meta[key]) == 7
         assert torch.equal(torch.as_tensor(part.meta[key]), torch.as_tensor(full.meta[key])[order])
     assert torch.equal(part.targets, full.targets[order])
+
+
+@pytest.mark.parametrize(("name", "options"), [
+    ("boolean", {}), ("boolean", {"n_bits": 7, "sampling": "cube"}), ("sparse_parity", {}),
+    ("sparse_parity", {"n_bits": 9, "k": 2}), ("modular_addition", {}),
+    ("modular_addition", {"p": 11}), ("sparse_frequent", {}),
+    ("sparse_frequent", {"case": 1, "setting": 2}), ("sparse_frequent", {"vocab_size": 50}),
+    ("maxmargin_attention", {}), ("maxmargin_attention", {"dim": 5}),
+])
+def test_input_size_is_the_generated_inputs_size(name: str, options: dict) -> None:
+    """What ``senslab measure``/``train`` match a model's size to before generating anything:
+    the bits per string, p, or the token vector length, as the generated data has them."""
+    from senslab.data.synthetic import INPUTS, input_size
+
+    d = create_dataset(name, split="train", **options)
+    kind = INPUTS[name]
+    held = {"bits": d.inputs.shape[1], "ids": d.meta.get("p"), "vectors": d.inputs.shape[-1]}
+    assert input_size(name, options) == held[kind]
+    assert (d.inputs.dim(), d.inputs.is_floating_point()) == {
+        "bits": (2, True), "ids": (2, False), "vectors": (3, True)}[kind]
+
+
+def test_input_size_leaves_options_the_loader_refuses_to_it() -> None:
+    from senslab.data.synthetic import input_size
+
+    assert input_size("sparse_frequent", {"case": 3}) is None  # the loader names valid cases
+    assert input_size("boolean", {"n_bits": "ten"}) is None
+    assert input_size("digits", {}) is None

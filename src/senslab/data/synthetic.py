@@ -17,8 +17,9 @@ the ±1 labels are in ``meta["y_pm"]``.
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -514,3 +515,36 @@ def maxmargin_attention(
         meta={"v": v, "u": u, "opt": opt, "gamma": gamma, "y_pm": y,
               "per_example": ("opt", "gamma", "y_pm")},
     )
+
+
+# --------------------------------------------------------------------------- what the sets hold
+
+#: what each generated set's inputs are, so that a model can be matched to them before anything
+#: is generated: "bits" (N, n) float ±1; "ids" the (N, 3) long token ids ``a b =``; "vectors"
+#: (N, L, d) float token vectors (one-hot for sparse_frequent)
+INPUTS = {"boolean": "bits", "sparse_parity": "bits", "modular_addition": "ids",
+          "sparse_frequent": "vectors", "maxmargin_attention": "vectors"}
+
+
+def input_size(name: str, options: Mapping[str, Any]) -> int | None:
+    """The size of generated set ``name``'s inputs with loader ``options``, without generating
+    it: the number of bits n (boolean, sparse_parity), p (modular_addition: a, b < p and ``=`` is
+    id p), the length d of a token vector (sparse_frequent: its vocab_size; maxmargin_attention:
+    dim). None for another name, or options the loader refuses itself."""
+    loaders: dict[str, Callable[..., ArrayDataset]] = {
+        "boolean": boolean, "sparse_parity": sparse_parity, "modular_addition": modular_addition,
+        "sparse_frequent": sparse_frequent, "maxmargin_attention": maxmargin_attention}
+    if name not in loaders:
+        return None
+    defaults = {k: p.default for k, p in inspect.signature(loaders[name]).parameters.items()}
+    given = {**defaults, **options}
+    try:
+        if name == "sparse_frequent":
+            size = given.get("vocab_size",
+                             SPARSE_FREQUENT_SETTINGS[given["case"], given["setting"]].vocab_size)
+        else:
+            size = given[{"modular_addition": "p", "maxmargin_attention": "dim"}.get(name,
+                                                                                     "n_bits")]
+    except (KeyError, TypeError):  # an unknown case/setting, an unhashable value
+        return None
+    return size if isinstance(size, int) and not isinstance(size, bool) else None

