@@ -4,6 +4,9 @@ checkpoints and finishes; when a directory is reused, resumed, started over or r
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -18,9 +21,12 @@ from senslab.train.looprun import (
 from senslab.train.rundir import RunDir
 
 
-def _train(path: Path, config: dict, stop_after: int | None = None) -> dict | None:
+def _train(path: Path, config: dict, stop_after: int | None = None,
+           ctrl_c_after: int | None = None, epochs: bool = False) -> dict | None:
     """A toy loop: 6 steps of a random walk from a generator, a record and a checkpoint every 2
-    steps; ``stop_after`` leaves the block after that many steps, as a killed process would."""
+    steps; ``stop_after`` leaves the block after that many steps, as a killed process would;
+    ``ctrl_c_after`` sends this process a real SIGINT after that many steps. ``epochs``: the
+    loop tells :meth:`LoopRun.at` its position once per "epoch" of 2 steps only."""
     with LoopRun(path, config) as run:
         if run.summary is not None:
             return run.summary
@@ -33,8 +39,14 @@ def _train(path: Path, config: dict, stop_after: int | None = None) -> dict | No
         while step < 6:
             if stop_after is not None and step == stop_after:
                 return None
+            if epochs and step % 2 == 0:
+                run.at(step, epoch=step // 2 + 1)
             value = value + torch.randn(3, generator=gen)
             step += 1
+            if not epochs:
+                run.at(step)
+            if step == ctrl_c_after:
+                os.kill(os.getpid(), signal.SIGINT)  # KeyboardInterrupt raised right here
             if step % 2 == 0:
                 run.log({"step": step, "value": value.tolist()})
                 run.checkpoint(step, {"value": value, "gens": generator_states(gen=gen)})
@@ -240,3 +252,86 @@ def test_a_runs_seconds_never_read_below_its_last_logged_time(tmp_path, monkeypa
         now[0] = 100.0316
         summary = run.finish({"name": "run"})
     assert summary["seconds"] >= logged == 0.031
+
+
+def _ctrl_c(path: Path, after: int, epochs: bool = False) -> BaseException:
+    """The exception that ends :func:`_train` on a real SIGINT after ``after`` steps."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals are delivered to the main thread only")
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt) as err:
+            _train(path, {"seed": 3}, ctrl_c_after=after, epochs=epochs)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return err.value
+
+
+def test_ctrl_c_says_at_which_step_and_the_rerun_resumes_there(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """A loop of its own (every trainer but ``fit``) ended a Ctrl-C with a bare
+    KeyboardInterrupt, and ``senslab`` said "interrupted" alone: now the step, and the
+    checkpoint a re-run resumes from, as fit says them."""
+    from senslab.train.loop import TrainingInterrupted
+
+    whole = _train(tmp_path / "whole", {"seed": 3})
+    cut = tmp_path / "cut"
+    err = _ctrl_c(cut, after=5)
+    assert isinstance(err, TrainingInterrupted)
+    assert (err.step, err.checkpoint) == (5, 4)
+    assert str(err) == ("interrupted at step 5; re-run the same command to resume (it resumes "
+                        "from the checkpoint at step 4)")
+    assert not (cut / ".senslab.owner").exists()  # the lock is released
+    capfd.readouterr()
+    resumed = _train(cut, {"seed": 3})
+    assert f"resuming {cut} from step 4 (checkpoint step-00000004" in capfd.readouterr().err
+    assert _untimed(cut) == _untimed(tmp_path / "whole")
+    assert resumed["final"] == whole["final"]
+    # before the first checkpoint: a re-run starts over, and the message says so
+    early = _ctrl_c(tmp_path / "early", after=1)
+    assert str(early) == ("interrupted at step 1; re-run the same command to resume (it starts "
+                          "over: no checkpoint was written yet)")
+
+
+def test_ctrl_c_in_a_loop_that_reports_once_per_epoch_claims_no_exact_step(
+        tmp_path: Path) -> None:
+    """The epoch trainers (grokking, sparse_parity, sparse_frequent) know their position at the
+    start of each epoch: the message names the epoch and the steps done before it."""
+    err = _ctrl_c(tmp_path / "cut", after=5, epochs=True)
+    assert str(err) == ("interrupted in epoch 3, after step 4; re-run the same command to "
+                        "resume (it resumes from the checkpoint at step 4)")
+    assert (err.step, err.epoch, err.checkpoint) == (4, 3, 4)
+
+
+def _newer(path: Path) -> None:
+    """Rewrite the checkpoint ``path`` as a newer senslab writes one: the same tensors and
+    checksum, its metadata's format version above this senslab's."""
+    from safetensors.torch import load, save
+
+    data = path.read_bytes()
+    meta = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])["__metadata__"]
+    path.write_bytes(save(load(data), metadata={**meta, "version": "2"}))
+
+
+@pytest.mark.parametrize("which", ["newest", "all"])
+def test_a_checkpoint_of_a_newer_senslab_is_refused_not_skipped(tmp_path: Path,
+                                                                which: str) -> None:
+    """A resume skipped a newer senslab's checkpoint as if damaged: it fell back to the one
+    before and trained over the newer one (``newest``), or set them all aside and started over
+    (``all``). The run is refused, naming the file and the fix, and nothing is touched."""
+    cut = tmp_path / "cut"
+    assert _train(cut, {"seed": 3}, stop_after=5) is None  # checkpoints at 2 and 4
+    found = RunDir(cut).checkpoints()
+    for path in found[-1:] if which == "newest" else found:
+        _newer(path)
+    files = {p: p.read_bytes() for p in cut.rglob("*") if p.is_file()}
+    with pytest.raises(ValueError) as err:
+        _train(cut, {"seed": 3})
+    assert str(err.value).startswith(
+        f"{found[-1]} was written by a newer senslab (checkpoint format 2; this one reads "
+        "checkpoint format 1 and older)")
+    assert "Upgrade senslab to use it, or choose another run directory (--out)" in str(err.value)
+    assert {p: p.read_bytes() for p in cut.rglob("*") if p.is_file()} == files
+    # readers refuse it as well, rather than measure an earlier checkpoint in its place
+    with pytest.raises(ValueError, match="was written by a newer senslab"):
+        RunDir(cut).load_latest()

@@ -653,3 +653,38 @@ def test_a_finished_run_without_its_metric_log_is_refused(finished: Path, tmp_pa
         fit(tiny(), run, progress=False)
     with pytest.raises(RunDirError, match=match):
         RunDir(run).final_checkpoint()
+
+
+def _newer(path: Path) -> None:
+    """Rewrite the checkpoint ``path`` as a newer senslab writes one: the same tensors and
+    checksum, its metadata's format version above this senslab's."""
+    from safetensors.torch import load, save
+
+    data = path.read_bytes()
+    meta = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])["__metadata__"]
+    path.write_bytes(save(load(data), metadata={**meta, "version": "2"}))
+
+
+def test_fit_refuses_to_resume_past_a_checkpoint_of_a_newer_senslab(
+        finished: Path, tmp_path: Path) -> None:
+    """The run's last checkpoint written by a newer senslab (it resumed the run there): fit
+    took it for a damaged one, fell back to step 15 and retrained over it. Refused, the file
+    named with the fix, every file left as it was; a damaged one still falls back."""
+    run = _copy(finished, tmp_path / "run")
+    (run / "summary.json").unlink()
+    newest = run / "checkpoints" / "step-00000030.safetensors"
+    _newer(newest)
+    files = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    with pytest.raises(RunDirError) as err:
+        fit(tiny(), run, progress=False)
+    msg = str(err.value)
+    assert msg.startswith(f"{newest} was written by a newer senslab (checkpoint format 2")
+    assert "Upgrade senslab to use it, or choose another run directory (--out)" in msg
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == files
+    assert not (run / "checkpoints" / "unusable").exists()
+    # the final model of a finished run: refused with the same fix, not "delete it and re-run"
+    (run / "summary.json").write_bytes((finished / "summary.json").read_bytes())
+    with pytest.raises(RunDirError) as final:
+        RunDir(run).final_checkpoint()
+    assert "written by a newer senslab" in str(final.value)
+    assert "delete" not in str(final.value)

@@ -55,7 +55,16 @@ from ..train.config import (
     validate,
 )
 from ..train.looprun import single_thread
-from ..train.rundir import RunDir, RunDirError, commit_relation, git_commit
+from ..train.rundir import (
+    LOCK_FILE,
+    MARKER,
+    OWNER_FILE,
+    RunDir,
+    RunDirError,
+    atomic_write_bytes,
+    commit_relation,
+    git_commit,
+)
 from ..train.trainers import get_trainer
 from ..verdicts import plain
 
@@ -398,6 +407,17 @@ class Experiment:
         self.before_training(settings)
         return settings, runs
 
+    def check_run_dirs(self, out: Path, runs: list[Run]) -> None:
+        """Every run's trainer ``check_dir`` (:class:`~senslab.train.trainers.Trainer`) on its
+        directory below ``out``: what the runs refuse before they train — a run of other
+        settings that trained under the same name (``--set epochs=20`` over a finished
+        experiment), a checkpoint of a newer senslab, … — refused before anything is written or
+        set aside (:func:`run_experiment`). Reads only."""
+        for run in runs:
+            check = get_trainer(run.trainer).check_dir
+            if check is not None:
+                check(run.config, out / run.name)
+
     def execute(self, out: Path, scale: str, overrides: list[str],
                 progress: bool | None, log: Callable[[str], None],
                 prepared: tuple[Any, list[Run]] | None = None) -> list[dict[str, Any]]:
@@ -461,7 +481,10 @@ def run_experiment(name: str, out_dir: str | Path, scale: str = "cpu",
     ``scale`` is one of :data:`SCALES`; ``overrides`` (``["key=value", ...]``) are checked before
     anything is written (:meth:`Experiment.check`). The experiment directory is locked for the
     whole call: a second ``senslab run`` on it fails at once (see
-    :meth:`senslab.train.rundir.RunDir.writing`)."""
+    :meth:`senslab.train.rundir.RunDir.writing`). What the runs would refuse in their
+    directories (:meth:`Experiment.check_run_dirs`) is refused before a verdict of other settings
+    is set aside, and when the call fails before any run trained, the verdict and
+    experiment.json are put back: a refused invocation leaves a finished directory finished."""
     check_scale(scale)
     exp = get_experiment(name)
     prepared = exp.prepare(scale, list(overrides or []))  # refusals before any directory exists
@@ -473,6 +496,8 @@ def run_experiment(name: str, out_dir: str | Path, scale: str = "cpu",
 def _run_locked(exp: Experiment, out: Path, scale: str, overrides: list[str],
                 progress: bool | None, log: Callable[[str], None],
                 prepared: tuple[Any, list[Run]] | None = None) -> dict[str, Any]:
+    if prepared is None:
+        prepared = exp.prepare(scale, overrides)
     try:
         held = json.loads((out / "experiment.json").read_text()).get("name")
     except FileNotFoundError:
@@ -486,8 +511,14 @@ def _run_locked(exp: Experiment, out: Path, scale: str, overrides: list[str],
     if held is not None and held != exp.name:
         raise RunDirError(f"{out} holds the runs of experiment {held!r}, not {exp.name!r}; "
                           f"choose another --out for {exp.name}")
+    # the runs' own refusals (a run of other settings under the same name), while the directory
+    # is as it was: refused after the verdict below was set aside, the directory read as
+    # unfinished until re-run with its old settings
+    exp.check_run_dirs(out, prepared[1])
     previous = _previous_verdict(out, scale, overrides)
     damaged = _damaged_verdict(out)
+    #: how to put a verdict of other settings back (:func:`_put_back`)
+    undo: tuple[str, bytes, dict[str, tuple[int, int]]] | None = None
     if damaged is not None:
         # unreadable, so of unknown settings: kept for inspection, never taken for a verdict
         kept = _set_verdict_aside(out, DAMAGED)
@@ -497,12 +528,26 @@ def _run_locked(exp: Experiment, out: Path, scale: str, overrides: list[str],
     elif previous is None and (out / "verdict.json").is_file():
         # the verdict of other settings (scale, overrides) no longer describes this directory
         # once experiment.json names the new runs: kept aside, not shown as this run's verdict
+        listing = _read_bytes(out / "experiment.json")
+        untouched = _run_files(out)
         kept = _set_verdict_aside(out, SUPERSEDED)
         log(f"{out}/verdict.json was written for other settings: moved to {kept}")
+        if listing is not None:
+            undo = (kept, listing, untouched)
     before = _finished_runs(out)
     trained_before = _seconds_so_far(out)
     start = time.perf_counter()
-    summaries = exp.execute(out, scale, overrides, progress, log, prepared)
+    try:
+        summaries = exp.execute(out, scale, overrides, progress, log, prepared)
+    except BaseException:
+        # a refusal no check could make before training (a checkpoint of another model, say),
+        # or a Ctrl-C, before any run wrote a thing: the verdict set aside still describes the
+        # runs, all as they were
+        if undo is not None and _run_files(out) == undo[2]:
+            _put_back(out, undo[0], undo[1])
+            log(f"{out}: no run was trained, so verdict.json (set aside as {undo[0]}) and "
+                "experiment.json are put back as they were")
+        raise
     seeds = exp.settings(scale, overrides).seeds
     if seeds > 1 and not exp.seed_aware:
         verdict = {"verdict": "not comparable", "evidence": {},
@@ -640,6 +685,40 @@ def _set_verdict_aside(out: Path, name: str) -> str:
         n += 1
     os.replace(out / "verdict.json", out / kept)
     return kept
+
+
+def _read_bytes(path: Path) -> bytes | None:
+    """``path``'s bytes; None when it cannot be read."""
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+#: files a run's writer leaves in its directory without training (the lock, its owner, the
+#: format marker): they tell nothing about whether a run trained
+_NOT_TRAINING = (LOCK_FILE, OWNER_FILE, MARKER)
+
+
+def _run_files(out: Path) -> dict[str, tuple[int, int]]:
+    """(size, modification time) of every file in ``out``'s subdirectories (its runs), but
+    :data:`_NOT_TRAINING`: unchanged over an invocation, no run wrote anything."""
+    found: dict[str, tuple[int, int]] = {}
+    for path in out.glob("*/**/*"):
+        try:
+            stat = path.stat()
+        except OSError:  # removed while listed
+            continue
+        if path.is_file() and path.name not in _NOT_TRAINING:
+            found[str(path.relative_to(out))] = (stat.st_size, stat.st_mtime_ns)
+    return found
+
+
+def _put_back(out: Path, kept: str, listing: bytes) -> None:
+    """Undo :func:`_set_verdict_aside` (verdict.json set aside as ``kept``) and the
+    experiment.json an invocation wrote over ``listing``."""
+    atomic_write_bytes(out / "experiment.json", listing)
+    os.replace(out / kept, out / "verdict.json")
 
 
 def _damaged_verdict(out: Path) -> str | None:

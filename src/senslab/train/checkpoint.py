@@ -37,12 +37,21 @@ from torch import Tensor
 
 FORMAT = "senslab-checkpoint"
 VERSION = 1
+#: the largest header :func:`newer_format` reads (safetensors' own limit is 100 MB)
+MAX_HEADER = 100_000_000
 SUFFIX = ".safetensors"
 LEGACY_SUFFIX = ".pt"
 
 
 class CheckpointError(ValueError, RuntimeError):
     """A checkpoint that cannot be used: damaged, unverifiable, or not a senslab checkpoint."""
+
+
+class NewerCheckpointError(CheckpointError):
+    """A checkpoint in a format newer than this senslab reads (:data:`VERSION`). It is not
+    damaged: the run went on under a newer senslab, so a resume never falls back past it to an
+    earlier checkpoint, nor sets it aside and starts over (:meth:`senslab.train.rundir.RunDir.
+    load_latest` refuses the run instead)."""
 
 
 def damaged(where: str | Path, detail: str = "") -> CheckpointError:
@@ -153,6 +162,30 @@ def _header(data: bytes) -> dict[str, Any]:
     return header
 
 
+def _newer(meta: dict[str, Any]) -> bool:
+    """Whether a checkpoint's metadata says it is in a format newer than :data:`VERSION`."""
+    version = str(meta.get("version", "0"))
+    return version.isdigit() and int(version) > VERSION
+
+
+def newer_format(path: Path) -> str | None:
+    """The format version of the checkpoint file ``path`` when it is newer than this senslab
+    reads, from its header alone (the tensors are not read); None otherwise — also for a file
+    whose header cannot be read, which :func:`decode` reports as damaged."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            size = int.from_bytes(head, "little")
+            if size > MAX_HEADER:
+                return None
+            meta = _header(head + f.read(size)).get("__metadata__")
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or not _newer(meta):
+        return None
+    return str(meta.get("version"))
+
+
 def decode(data: bytes, where: str | Path, allow_unverified: bool = False) -> dict[str, Any]:
     """The state stored in checkpoint bytes ``data`` (read from ``where``), after checking its
     digest; :class:`CheckpointError` if it does not match or (unless ``allow_unverified``) if
@@ -165,9 +198,12 @@ def decode(data: bytes, where: str | Path, allow_unverified: bool = False) -> di
         raise damaged(where, f"unreadable header: {err}") from None
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{where} is not a senslab checkpoint (no {FORMAT!r} metadata)")
-    if int(meta.get("version", "0")) > VERSION:
-        raise CheckpointError(f"{where} was written by a newer senslab (checkpoint format "
-                              f"{meta['version']}); upgrade senslab to read it")
+    if not str(meta.get("version", "0")).isdigit():
+        raise damaged(where, f"unknown checkpoint format {meta['version']!r}")
+    if _newer(meta):
+        raise NewerCheckpointError(f"{where} was written by a newer senslab (checkpoint format "
+                                   f"{meta['version']}; this one reads up to {VERSION}); "
+                                   "upgrade senslab to read it")
     if "sha256" not in meta and not allow_unverified:
         raise CheckpointError(f"{where} carries no checksum, so it cannot be verified; load it "
                               "with allow_unverified=True only if you trust the file")

@@ -51,10 +51,10 @@ from .track import Tracker
 # The step pieces (forward, loss, decision rule, evaluation) live in :mod:`.steps`, shared with
 # the tracker; they stay importable from here.
 __all__ = [
-    "TrainingInterrupted", "build_model", "build_optimizer", "build_scheduler",
-    "check_model_fits_data", "correct", "distributed", "epoch_order", "evaluate", "fit",
-    "forward", "load_data", "loss_function", "output_rule", "rank_device", "resolve_device",
-    "to_device", "weight_norm",
+    "TrainingInterrupted", "build_model", "build_optimizer", "build_scheduler", "check_config",
+    "check_dir", "check_model_fits_data", "correct", "distributed", "epoch_order", "evaluate",
+    "fit", "forward", "load_data", "loss_function", "output_rule", "rank_device",
+    "resolve_device", "to_device", "weight_norm",
 ]
 
 # -- building blocks ---------------------------------------------------------------------------
@@ -270,14 +270,18 @@ def _interrupts(pos: _Position) -> SigintWatch:
 
 class TrainingInterrupted(KeyboardInterrupt):
     """Training stopped by Ctrl-C (SIGINT); ``step`` is where, ``checkpoint`` the step a re-run
-    resumes from (None: it starts over). The run directory's lock is released."""
+    resumes from (None: it starts over). The run directory's lock is released. Every trainer's
+    run directory resumes (``fit``'s and :class:`~senslab.train.looprun.LoopRun`'s), so every
+    trainer raises it. ``epoch``: for a loop that knows its position once per epoch only
+    (:func:`senslab.train.loops._common.run_epochs`), the epoch in progress — ``step`` is then
+    the steps done before it, and the message says so rather than claim an exact step."""
 
-    def __init__(self, step: int, checkpoint: int | None) -> None:
+    def __init__(self, step: int, checkpoint: int | None, epoch: int | None = None) -> None:
         where = (f"resumes from the checkpoint at step {checkpoint}" if checkpoint is not None
                  else "starts over: no checkpoint was written yet")
-        super().__init__(f"interrupted at step {step}; re-run the same command to resume (it "
-                         f"{where})")
-        self.step, self.checkpoint = step, checkpoint
+        at = f"at step {step}" if epoch is None else f"in epoch {epoch}, after step {step}"
+        super().__init__(f"interrupted {at}; re-run the same command to resume (it {where})")
+        self.step, self.checkpoint, self.epoch = step, checkpoint, epoch
 
 
 def fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None = None) -> dict[str, Any]:
@@ -291,14 +295,8 @@ def fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None = None) -> di
     """
     import torch.distributed as dist
 
-    validate(cfg)
-    check_model_fits_data(cfg)  # an image model on text (or back): before anything is written
-    check_reporters(cfg.track.report_to)  # a missing package, before anything is written
-    # the run's own copy, label resolved and the data folder found (config.json holds them
-    # filled in, so a resume on another copy of the data is refused); the caller's is kept
-    cfg = dataclasses.replace(cfg, label=cfg.label or cfg.model.name,
-                              data=dataclasses.replace(cfg.data))
-    locate_data(cfg)
+    check_config(cfg)
+    cfg = _own_copy(cfg)
 
     owns_group = dist.is_available() and not dist.is_initialized()
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
@@ -376,6 +374,54 @@ def _fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None) -> dict[str
         raise TrainingInterrupted(pos.step, checkpoint_step(saved[-1]) if saved else None) from None
 
 
+def check_config(cfg: RunConfig) -> None:
+    """What :func:`fit` refuses before anything is written or loaded: an invalid value, an image
+    model on text (or back), a reporter whose package is missing."""
+    validate(cfg)
+    check_model_fits_data(cfg)
+    check_reporters(cfg.track.report_to)
+
+
+def _own_copy(cfg: RunConfig) -> RunConfig:
+    """The run's own copy of ``cfg``, label resolved and the data folder found (config.json
+    holds them filled in, so a resume on another copy of the data is refused); the caller's is
+    kept."""
+    cfg = dataclasses.replace(cfg, label=cfg.label or cfg.model.name,
+                              data=dataclasses.replace(cfg.data))
+    locate_data(cfg)
+    return cfg
+
+
+def check_dir(cfg: RunConfig, run_dir: str | Path) -> None:
+    """Refuse, taking no lock and writing nothing, what :func:`fit` of ``cfg`` into ``run_dir``
+    refuses before it trains (the trainer's ``check_dir``, which an experiment calls for every
+    run before it sets an earlier verdict aside): a directory it cannot write
+    (:meth:`~senslab.train.rundir.RunDir.check_target`), a run of another configuration that
+    trained there, a finished run whose summary its metric log contradicts, a checkpoint of a
+    newer senslab. (A checkpoint's contents are checked when the run loads it.)"""
+    cfg = _own_copy(cfg)
+    rd = RunDir(run_dir)
+    rd.check_target()
+    if not rd.exists() or _other_run(rd, cfg):
+        return  # a fresh start, or over a run that stopped before its first checkpoint
+    if (rd.path / "summary.json").exists():
+        rd.read_json("summary.json")  # reused: refused when its metric log disagrees
+    else:
+        rd.check_formats()  # resumed
+
+
+def _other_run(rd: RunDir, cfg: RunConfig) -> list[str]:
+    """The keys in which the run in ``rd`` (which has a config.json) differs from ``cfg``
+    (:func:`config_changes`); a ValueError when they differ and that run trained (a checkpoint,
+    or finished): it is kept, never replaced."""
+    changed = config_changes(rd.read_json("config.json"), cfg)
+    if changed and (rd.checkpoints() or (rd.path / "summary.json").exists()):
+        raise ValueError(
+            f"{rd.path} holds a run with a different configuration (differs in "
+            f"{', '.join(changed)}); use another --out directory, or delete it to start over")
+    return changed
+
+
 def config_changes(old: dict[str, Any], cfg: RunConfig) -> list[str]:
     """The keys in which a run directory's config.json ``old`` differs from ``cfg``; ``[]``: it
     holds this run. A field added since ``old`` was written counts only when ``cfg`` sets it off
@@ -387,14 +433,7 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
            progress: bool | None, pos: _Position, reporters: Reporters) -> dict[str, Any]:
     report_to = cfg.track.report_to if rank == 0 else []
     if rd.exists():
-        changed = config_changes(rd.read_json("config.json"), cfg)
-        if changed:
-            if rd.checkpoints() or (rd.path / "summary.json").exists():
-                raise ValueError(
-                    f"{rd.path} holds a run with a different configuration (differs in "
-                    f"{', '.join(changed)}); use another --out directory, or delete it to start "
-                    "over"
-                )
+        if _other_run(rd, cfg):
             if rank == 0:  # nothing was trained yet: the start failed, or was cut short
                 notice(f"{rd.path} holds a run that stopped before its first checkpoint; "
                        "starting it over with the new configuration")

@@ -10,6 +10,7 @@ Usage inside a trainer (see :mod:`senslab.train.trainers`)::
         ...                                 # build model, optimizer, generators; load state
         for step in ...:
             ...
+            run.at(step)                    # where a Ctrl-C would stop it
             run.log(record)                 # one metrics.jsonl line ("time" added)
             run.checkpoint(step, {...})     # everything the loop needs to go on
         return run.finish(summary)
@@ -26,6 +27,11 @@ Usage inside a trainer (see :mod:`senslab.train.trainers`)::
   numbers bit for bit as a run that was never interrupted: a checkpoint holds the model,
   the optimizer, every generator and the loop's counters.
 * The directory is locked while the block runs (another writer fails at once).
+* Ctrl-C inside the block raises :class:`~senslab.train.loop.TrainingInterrupted`, as ``fit``
+  does: the step the loop reached (:meth:`LoopRun.at`) and the checkpoint a re-run resumes
+  from, which ``senslab`` prints ("interrupted at step N; re-run the same command to resume").
+* :meth:`LoopRun.check` (and :func:`check_dir`, a trainer's ``check_dir``) refuses what the
+  block would refuse, before anything is written and without the lock.
 
 :func:`single_thread` runs a block on one intra-op torch thread (models of a few kilobytes on a
 shared machine).
@@ -45,7 +51,8 @@ import torch
 
 from ._provenance import check_reused, write_env
 from .config import config_differences, defaults_of, json_form
-from .rundir import RunDir, environment, notice
+from .loop import TrainingInterrupted
+from .rundir import RunDir, checkpoint_step, environment, notice
 
 
 class LoopRun:
@@ -68,6 +75,9 @@ class LoopRun:
         self.keep = keep
         #: the summary of a run that finished earlier with this configuration
         self.summary: dict[str, Any] | None = None
+        #: where the loop is (:meth:`at`; None before :meth:`restore`), for an interruption
+        self.step: int | None = None
+        self.epoch: int | None = None
         self._t0 = time.perf_counter()
         self._took_lock = False
 
@@ -86,6 +96,13 @@ class LoopRun:
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
                  tb: TracebackType | None) -> None:
         self._release()
+        if isinstance(err, KeyboardInterrupt) and not isinstance(err, TrainingInterrupted):
+            # a bare KeyboardInterrupt told the user only "interrupted": where, and that a
+            # re-run resumes, as fit says it (the lock is released already)
+            saved = self.dir.checkpoints()
+            resumes = checkpoint_step(saved[-1]) if saved else None
+            step = self.step if self.step is not None else resumes or 0
+            raise TrainingInterrupted(step, resumes, self.epoch) from None
 
     def _release(self) -> None:
         if self._took_lock:
@@ -96,20 +113,40 @@ class LoopRun:
         rd = self.dir
         if not rd.exists():
             return
-        old = rd.read_json("config.json")
-        finished = (self.path / "summary.json").exists()
-        changed = config_differences(old, self.config, self.defaults, self.logging_only)
-        if changed:
-            if finished or rd.checkpoints():
-                raise ValueError(
-                    f"{self.path} holds a run with a different configuration (differs in "
-                    f"{', '.join(changed)}); use another --out directory, or delete that run "
-                    "directory to train it again")
+        if self._changes():
             rd.reset()  # stopped before its first checkpoint: nothing worth keeping
             return
-        if finished:
+        if (self.path / "summary.json").exists():
             check_reused(self.path)
             self.summary = rd.read_json("summary.json")
+
+    def _changes(self) -> list[str]:
+        """The keys in which the run directory's config.json (there is one) differs from this
+        run's configuration; a ValueError when they differ and that run trained (finished, or a
+        checkpoint): it is kept, never replaced."""
+        old = self.dir.read_json("config.json")
+        changed = config_differences(old, self.config, self.defaults, self.logging_only)
+        if changed and ((self.path / "summary.json").exists() or self.dir.checkpoints()):
+            raise ValueError(
+                f"{self.path} holds a run with a different configuration (differs in "
+                f"{', '.join(changed)}); use another --out directory, or delete that run "
+                "directory to train it again")
+        return changed
+
+    def check(self) -> None:
+        """Refuse, taking no lock and writing nothing, what the block refuses before the loop
+        trains: a directory it cannot write (:meth:`~senslab.train.rundir.RunDir.
+        check_target`), a run of another configuration that trained there, a finished run
+        whose summary its metric log contradicts, a checkpoint of a newer senslab. (A
+        checkpoint's contents are checked when :meth:`restore` loads it.)"""
+        rd = self.dir
+        rd.check_target()
+        if not rd.exists() or self._changes():
+            return  # a fresh start, or over a run that stopped before its first checkpoint
+        if (self.path / "summary.json").exists():
+            rd.read_json("summary.json")  # reused: refused when its metric log disagrees
+        else:
+            rd.check_formats()  # resumed
 
     # -- the run -------------------------------------------------------------------------------
     def restore(self) -> dict[str, Any] | None:
@@ -122,12 +159,21 @@ class LoopRun:
             rd.write_json("config.json", self.config)
             rd.metrics_path.unlink(missing_ok=True)
             self._t0 = time.perf_counter()
+            self.step = 0
             return None
         path, state = found
         rd.truncate_metrics(int(state["step"]))
+        self.step = int(state["step"])
         self._t0 = time.perf_counter() - float(state.get("elapsed", 0.0))
         notice(f"resuming {self.path} from step {state['step']} (checkpoint {path.name})")
         return state
+
+    def at(self, step: int, epoch: int | None = None) -> None:
+        """The loop has done ``step`` steps: what a Ctrl-C reports (:class:`~senslab.train.
+        loop.TrainingInterrupted`). ``epoch``: a loop that calls this once per epoch gives the
+        epoch it starts, and an interruption says "in epoch E, after step N" rather than claim
+        a step it may have passed. :meth:`log` and :meth:`checkpoint` set it too."""
+        self.step, self.epoch = step, epoch
 
     @property
     def elapsed(self) -> float:
@@ -139,6 +185,8 @@ class LoopRun:
         line as written (a summary's ``final`` is the last one, as in ``fit``)."""
         line = {**record, "time": round(self.elapsed, 3)}
         self.dir.log(line)
+        if isinstance(record.get("step"), int):
+            self.at(record["step"])
         return line
 
     def checkpoint(self, step: int, state: dict[str, Any]) -> None:
@@ -146,12 +194,19 @@ class LoopRun:
         ``step``; :meth:`restore` returns it with ``"step"`` and ``"elapsed"`` added."""
         self.dir.save_checkpoint({**state, "step": step, "elapsed": self.elapsed}, step,
                                  keep=self.keep)
+        self.at(step)
 
     def finish(self, summary: dict[str, Any]) -> dict[str, Any]:
         """Write summary.json (``"seconds"`` added unless given) and return it."""
         summary = {"seconds": round(self.elapsed, 3), **summary}
         self.dir.write_json("summary.json", summary)
         return summary
+
+
+def check_dir(config: Any, path: Path) -> None:
+    """A trainer's ``check_dir`` (:class:`~senslab.train.trainers.Trainer`) for a loop that
+    writes ``config`` (a dataclass) through :class:`LoopRun`: :meth:`LoopRun.check`."""
+    LoopRun(path, config).check()
 
 
 def generator_states(**gens: torch.Generator) -> dict[str, torch.Tensor]:

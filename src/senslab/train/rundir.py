@@ -11,7 +11,8 @@ Three guarantees, so that nothing is lost and nothing is silently wrong:
 * **verified checkpoints** — written atomically (temporary file, fsync, rename) in the format of
   :mod:`senslab.train.checkpoint`; a damaged one is detected, and a resume uses the previous good
   one, while the final model (:meth:`RunDir.final_checkpoint`) is never replaced by an earlier
-  one.
+  one. A checkpoint of a newer senslab is no damaged one: the run is refused, and the file left
+  as it is (:meth:`RunDir.check_formats`).
 * **a schema version** — ``senslab.json`` says what a directory is and which format it follows;
   a directory of an older format is migrated when it is opened for writing, one of a newer
   format is refused.
@@ -37,7 +38,17 @@ from typing import Any
 
 import torch
 
-from .checkpoint import LEGACY_SUFFIX, SUFFIX, CheckpointError, decode, encode, load_legacy
+from .checkpoint import (
+    LEGACY_SUFFIX,
+    SUFFIX,
+    VERSION,
+    CheckpointError,
+    NewerCheckpointError,
+    decode,
+    encode,
+    load_legacy,
+    newer_format,
+)
 
 __all__ = ["CheckpointError", "RunDir", "RunDirError", "RunDirInUse", "SCHEMA",
            "commit_relation", "load_model_state"]
@@ -342,6 +353,13 @@ class RunDir:
     def _a_kind(self) -> str:
         return f"{'an' if self.kind[0] in 'aeiou' else 'a'} {self.kind} directory"
 
+    def check_target(self) -> None:
+        """Refuse, taking no lock and writing nothing, a directory :meth:`acquire` would refuse:
+        not a directory, another kind of senslab directory, a newer format, a foreign non-empty
+        directory, or a run's checkpoints or summary without its config.json."""
+        self._check_target()
+        self._check_config_present()
+
     def _check_target(self) -> None:
         """Before anything is written: the directory is new, empty, or a senslab directory of
         this kind in a format this code can write."""
@@ -414,8 +432,7 @@ class RunDir:
                         "need directories of their own)")
                 held[1] += 1
                 return
-            self._check_target()
-            self._check_config_present()
+            self.check_target()
             lock = self._lock_file()
             _HELD[key] = [lock, 1, me]
         try:
@@ -654,6 +671,7 @@ class RunDir:
         in the directory (readers may read a run while it trains): the list is read again,
         not the file reported as damaged."""
         self.check_readable()
+        self.check_formats()
         for attempt in range(VANISHED_RETRIES + 1):
             listed = self.checkpoints()
             found, problems, vanished = self._newest_usable(listed, allow_unverified, resume,
@@ -678,6 +696,9 @@ class RunDir:
                 state, records = self._load(path, allow_unverified)
             except ForeignCheckpointError as err:
                 raise RunDirError(str(err)) from None  # never a fall-back past another run's
+            except NewerCheckpointError:
+                # not damaged: never a fall-back past it (the resumed run would overwrite it)
+                raise self._newer(path, newer_format(path)) from None
             except CheckpointError as err:
                 if not path.exists():
                     if not last:
@@ -702,6 +723,26 @@ class RunDir:
                     continue
             return (path, state), problems, False
         return None, problems, False
+
+    def check_formats(self) -> None:
+        """Refuse a run directory holding a checkpoint written by a newer senslab (its header's
+        format version above :data:`~senslab.train.checkpoint.VERSION`; only the headers are
+        read). Such a checkpoint is not damaged: the run went on under that version. Skipped as
+        a damaged one is, a resume would fall back to an earlier checkpoint (or set them all
+        aside and start over) and train again, over the newer senslab's files, what it trained."""
+        for path in reversed(self.checkpoints()):  # the newest such one is named
+            if path.suffix == SUFFIX and (version := newer_format(path)) is not None:
+                raise self._newer(path, version)
+
+    def _newer(self, path: Path, version: str | None) -> RunDirError:
+        """The refusal of the checkpoint ``path`` of a newer senslab (format ``version``)."""
+        form = f"checkpoint format {version}; " if version is not None else ""
+        return RunDirError(
+            f"{path} was written by a newer senslab ({form}this one reads checkpoint format "
+            f"{VERSION} and older): the run in {self.path} went on under that version, and "
+            "this one can neither resume it nor read its checkpoints. Upgrade senslab to use "
+            "it, or choose another run directory (--out) to train the run anew; its checkpoints "
+            "are left as they are")
 
     def _set_aside(self) -> None:
         """Move every checkpoint into a new ``checkpoints/unusable[-N]/`` folder (a run that
@@ -778,6 +819,8 @@ class RunDir:
                 + fix())
         try:
             state, _ = self._load(newest, allow_unverified)
+        except NewerCheckpointError:
+            raise self._newer(newest, newer_format(newest)) from None
         except CheckpointError as err:
             raise RunDirError(
                 f"{err}: it is the final checkpoint of {self.path}{at}, so the final model "

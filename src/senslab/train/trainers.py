@@ -45,6 +45,14 @@ class Trainer:
     missing dataset stops an experiment before its first run); ``config_type`` is the
     dataclass its runs are configured by; ``example()`` returns a small configuration that
     trains in a few seconds on a CPU with several checkpoints (the tests kill and resume it).
+
+    ``check_dir(config, path)`` refuses, taking no lock and writing nothing, what ``train``
+    would refuse in the run directory ``path`` before it trains (a run of another configuration
+    that trained there, a checkpoint of a newer senslab, …). An experiment calls it for every
+    run before it sets an earlier verdict aside (:func:`senslab.experiments.base.
+    run_experiment`): refused by ``train`` only, settings the runs refuse left a finished
+    directory reading as unfinished. None: no such check (the refusal then comes from ``train``,
+    after the verdict was set aside, which is put back only when no run trained).
     """
 
     name: str
@@ -52,6 +60,7 @@ class Trainer:
     train: Callable[..., dict[str, Any]]
     check: Callable[[Any], None] | None = None
     example: Callable[[], Any] | None = None
+    check_dir: Callable[[Any, Path], None] | None = None
 
 
 TRAINERS: Registry[Trainer] = Registry("trainer")  # type: ignore[type-var]
@@ -59,12 +68,13 @@ TRAINERS: Registry[Trainer] = Registry("trainer")  # type: ignore[type-var]
 def register_trainer(name: str, config_type: type,
                      check: Callable[[Any], None] | None = None,
                      example: Callable[[], Any] | None = None,
+                     check_dir: Callable[[Any, Path], None] | None = None,
                      ) -> Callable[[Callable[..., dict[str, Any]]], Callable[..., dict[str, Any]]]:
     """Decorator: register ``fn(config, path, *, progress, log) -> summary`` as trainer
     ``name`` for configurations of type ``config_type`` (see :class:`Trainer`)."""
 
     def deco(fn: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
-        trainer = Trainer(name, config_type, fn, check, example)
+        trainer = Trainer(name, config_type, fn, check, example, check_dir)
         TRAINERS.register(name)(trainer)  # type: ignore[arg-type]
         return fn
 

@@ -125,6 +125,7 @@ def _train(run: LoopRun, loop: EpochLoop, epochs: int, eval_every: int) -> list[
     loop.model.train()
     while epoch < end:
         epoch += 1
+        run.at(steps, epoch=epoch)  # a Ctrl-C in the epoch: "in epoch E, after step N"
         steps += loop.train_epoch()
         if epoch % eval_every == 0 or epoch == end:
             history.append({"step": steps, "epoch": epoch, **loop.evaluate()})

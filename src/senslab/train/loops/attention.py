@@ -47,7 +47,7 @@ from ...optim import (
     max_margin_direction,
 )
 from ..config import one_of, ranged, set_option, validate
-from ..looprun import LoopRun, generator_states, set_generator_states
+from ..looprun import LoopRun, check_dir, generator_states, set_generator_states
 from ..trainers import register_trainer
 
 
@@ -245,7 +245,7 @@ def example() -> AttentionConfig:
                            per_decade=10)
 
 
-@register_trainer("attention", AttentionConfig, example=example)
+@register_trainer("attention", AttentionConfig, example=example, check_dir=check_dir)
 def train_attention(cfg: AttentionConfig, path: Path, *, progress: bool | None = None,
                     log: Callable[[str], None] = print) -> dict[str, Any]:
     """Train ``cfg`` into run directory ``path`` (module docstring); returns the summary:
@@ -296,6 +296,7 @@ def train_attention(cfg: AttentionConfig, path: Path, *, progress: bool | None =
             else:
                 closure()
                 opt.step()
+            run.at(step + 1)
             if not all(torch.isfinite(p).all() for p in model.parameters()):
                 raise FloatingPointError(f"{cfg.name}: {cfg.optimizer}'s parameters became "
                                          f"non-finite at step {step + 1}; lower its step size")

@@ -55,7 +55,7 @@ from ...measure.sharpness import layernorm_blowup, loss_sharpness, parameter_nor
 from ...models import create_model
 from ..config import matching, one_of, ranged
 from ..loop import resolve_device
-from ..looprun import LoopRun, generator_states, set_generator_states
+from ..looprun import LoopRun, check_dir, generator_states, set_generator_states
 from ..trainers import register_trainer
 
 SIGMA = 0.02  # weight-noise std of the sharpness (docs/definitions.md#loss-sharpness)
@@ -238,7 +238,8 @@ def example() -> BooleanRunConfig:
                             device="cpu")
 
 
-@register_trainer("boolean", BooleanRunConfig, check=check_config, example=example)
+@register_trainer("boolean", BooleanRunConfig, check=check_config, example=example,
+                  check_dir=check_dir)
 def train_boolean(cfg: BooleanRunConfig, path: Path, *, progress: bool | None = None,
                   log: Callable[[str], None] = print) -> dict[str, Any]:
     """Train one run (see the module docstring) into ``path`` and return its summary."""
@@ -289,6 +290,7 @@ def train_boolean(cfg: BooleanRunConfig, path: Path, *, progress: bool | None = 
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            run.at(step)
             losses.append(loss.item())
             if first_below is None and losses[-1] < 0.01:
                 first_below = step

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import RunConfig, apply_overrides
-from ..loop import fit, locate_data
+from ..loop import check_config, check_dir, fit, locate_data
 from ..trainers import register_trainer
 
 
@@ -20,7 +20,15 @@ def example() -> RunConfig:
         "train.checkpoint_every=7", "device=cpu"])
 
 
-@register_trainer("fit", RunConfig, check=locate_data, example=example)
+def check(cfg: RunConfig) -> None:
+    """What :func:`~senslab.train.loop.fit` refuses before it writes anything (an invalid value,
+    an image model on text, a reporter whose package is missing), and the data found
+    (:func:`~senslab.train.loop.locate_data`)."""
+    check_config(cfg)
+    locate_data(cfg)
+
+
+@register_trainer("fit", RunConfig, check=check, example=example, check_dir=check_dir)
 def train_fit(cfg: RunConfig, path: Path, *, progress: bool | None = None,
               log: Any = None) -> dict[str, Any]:
     """:func:`senslab.train.loop.fit` (it logs through its progress bar, not ``log``)."""

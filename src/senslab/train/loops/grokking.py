@@ -30,6 +30,7 @@ from ...measure import token_sensitivity
 from ...models import create_model
 from ...tokens import Embedding
 from ..config import one_of, ranged
+from ..looprun import check_dir
 from ..trainers import register_trainer
 from ._common import EpochLoop, classification_record, run_epochs, sgd_step
 
@@ -131,7 +132,7 @@ def example() -> GrokkingRun:
                        eval_every=20, sens_examples=50)
 
 
-@register_trainer("grokking", GrokkingRun, example=example)
+@register_trainer("grokking", GrokkingRun, example=example, check_dir=check_dir)
 def train_grokking(cfg: GrokkingRun, path: Path, *, progress: bool | None = None,
                    log: Any = print) -> dict[str, Any]:
     def build() -> EpochLoop:

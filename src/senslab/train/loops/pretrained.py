@@ -188,12 +188,24 @@ def _example() -> PretrainedConfig:
     return PretrainedConfig(model="vit_tiny_patch16_224", num_tokens=2, **common)
 
 
-@register_trainer("pretrained", PretrainedConfig, check=check, example=_example)
+def _loop_run(cfg: PretrainedConfig, path: Path, files: list[Path]) -> LoopRun:
+    """The run directory ``path`` of ``cfg``: its config.json also lists the images measured."""
+    return LoopRun(path, {**asdict(cfg), "images": [str(f) for f in files]},
+                   defaults=defaults_of(type(cfg)))
+
+
+def check_dir(cfg: PretrainedConfig, path: Path) -> None:
+    """The trainer's ``check_dir``: :meth:`~senslab.train.looprun.LoopRun.check` of the run
+    directory :func:`train_pretrained` writes."""
+    _loop_run(cfg, path, image_files(cfg)[0]).check()
+
+
+@register_trainer("pretrained", PretrainedConfig, check=check, example=_example,
+                  check_dir=check_dir)
 def train_pretrained(cfg: PretrainedConfig, path: Path, *, progress: bool | None = None,
                      log: Any = print) -> dict[str, Any]:
     files, folders = image_files(cfg)
-    with LoopRun(path, {**asdict(cfg), "images": [str(f) for f in files]},
-                 defaults=defaults_of(type(cfg))) as run:
+    with _loop_run(cfg, path, files) as run:
         if run.summary is not None:
             return run.summary
         state = run.restore() or {"step": 0, "logits": None}

@@ -33,6 +33,7 @@ from ...models import create_model
 from ...models.small import SparseAttention
 from ...tokens import Sequence
 from ..config import ranged
+from ..looprun import check_dir
 from ..trainers import register_trainer
 from ._common import EpochLoop, minibatch_epoch, run_epochs
 
@@ -97,7 +98,7 @@ def example() -> SparseFrequentRun:
                              eval_every=1, sens_examples=32)
 
 
-@register_trainer("sparse_frequent", SparseFrequentRun, example=example)
+@register_trainer("sparse_frequent", SparseFrequentRun, example=example, check_dir=check_dir)
 def train_sparse_frequent(cfg: SparseFrequentRun, path: Path, *, progress: bool | None = None,
                           log: Any = print) -> dict[str, Any]:
     def build() -> EpochLoop:

@@ -27,6 +27,7 @@ from ...data import create_dataset
 from ...measure import boolean_sensitivity
 from ...models import create_model
 from ..config import ranged
+from ..looprun import check_dir
 from ..trainers import register_trainer
 from ._common import EpochLoop, classification_record, minibatch_epoch, run_epochs
 
@@ -86,7 +87,7 @@ def example() -> SparseParityRun:
                            bool_samples=64, train_size=512, batch_size=16, width=16)
 
 
-@register_trainer("sparse_parity", SparseParityRun, example=example)
+@register_trainer("sparse_parity", SparseParityRun, example=example, check_dir=check_dir)
 def train_sparse_parity(cfg: SparseParityRun, path: Path, *, progress: bool | None = None,
                         log: Any = print) -> dict[str, Any]:
     def build() -> EpochLoop:
