@@ -811,7 +811,10 @@ class PrecisionCheck:
             return
         share = (m <= band) | ~torch.isfinite(m)
         self.predicted_recheck = float(share.float().mean()) if len(m) else 0.0
-        self._set_idle(not self._pays(),
+        if self._pays():
+            self._set_idle(False, "")
+            return
+        self._set_idle(True,
                        f"\"auto\"'s timed calibration found no gain: {self.low} would re-check "
                        f"{self.predicted_recheck:.0%} of the copies in float32, and a checked copy "
                        f"would cost {self._checked_cost():.2f} of a float32 one")
@@ -964,7 +967,10 @@ class PrecisionCheck:
         time changes."""
         if not self.judge or self.idle or self._timed[1] < CALIBRATION_COPIES:
             return
-        self._set_idle(not self._pays(),
+        if self._pays():  # the reason (another _checked_cost) only where checking stops
+            self._set_idle(False, "")
+            return
+        self._set_idle(True,
                        f"\"auto\" measured no gain over {self._timed[1]} checked copies: "
                        f"{self.low} re-checked {self._timed[3] / self._timed[1]:.0%} of them in "
                        f"float32, and a checked copy cost {self._checked_cost():.2f} of a "

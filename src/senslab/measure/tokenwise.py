@@ -181,6 +181,7 @@ from ..tokens.base import (
     check_device,
     check_selector,
 )
+from ..tokens.embedding import unwrapped
 from . import _alloc, _precision, _trim
 from ._compiled import CompiledModel
 from ._control import LinearControl
@@ -358,6 +359,49 @@ def _refuse_batch_statistics(model: nn.Module, eval_mode: bool = False) -> None:
         f"train mode, or no running statistics): {why}. Measure with eval_mode=True (the "
         "default: eval() for the measurement, the model's mode restored after it), or put the "
         "BatchNorm layers in eval() and keep the rest of the model's mode")
+
+
+#: what Hugging Face's decoder classifiers (``GPT2ForSequenceClassification``, Llama's, …) say
+#: when given several examples and no ``config.pad_token_id``
+NO_PAD_TOKEN = "no padding token is defined"
+
+
+def _no_pad_id_message(model: Any) -> str:
+    name = type(unwrapped(model)).__name__
+    return (
+        f"{name} has no pad token id (config.pad_token_id is None), and its classifier needs "
+        "one: it reads each example's logits at the last token that is not padding, which it "
+        "finds through config.pad_token_id. Without it Hugging Face refuses batches of several "
+        "examples, and reads a single example at its last position, padding in a padded "
+        "example. Set the id the inputs are padded with, model.config.pad_token_id = "
+        "tokenizer.pad_token_id (a GPT-2 tokenizer has none: tokenizer.pad_token = "
+        "tokenizer.eos_token first, so that the padding is the eos id), and pass the "
+        "attention mask. Unpadded inputs do not lift this: senslab evaluates many perturbed "
+        "copies of an example in one forward, a batch the model refuses without the id"
+    )
+
+
+def _refuse_padding_without_pad_id(model: Any, bound: Any, real: Tensor,
+                                   device: torch.device) -> None:
+    """Refuse a single padded example (``real``: (1, T), false on padding) for a Hugging Face
+    classifier that pools at the last non-pad token and declares no pad id: its clean forward
+    ran (one example is the batch it accepts) but read the logits at the padding. Asked of the
+    model by evaluating the example twice, once, and only where the config has no pad id; a
+    batch of several examples fails in the clean forward already (:func:`_no_pad_id_message`
+    either way)."""
+    if real.shape[0] != 1 or bool(real[0, -1]):
+        return
+    config = getattr(unwrapped(model), "config", None)
+    if config is None or not hasattr(config, "pad_token_id") or config.pad_token_id is not None:
+        return
+    twice = torch.zeros(2, dtype=torch.long, device=device)
+    try:
+        bound.forward_perturbed(twice, None,
+                                torch.zeros(2, real.shape[1], bound.dim, device=device))
+    except ValueError as err:
+        if NO_PAD_TOKEN not in str(err):
+            raise
+        raise ValueError(_no_pad_id_message(model)) from err
 
 
 #: one lock per :class:`TokenSensitivity` (and :class:`.compare.CompareSensitivity`), kept
@@ -668,6 +712,8 @@ class TokenSensitivity:
             self._seed, self.generator = None, generator
         self._stream: NoiseStream | None = None
         self.shard = None if shard is None else (int(shard[0]), int(shard[1]))
+        #: the causes this metric has warned of once (:meth:`_warn_stopping_bias`), kept by reset
+        self._said: set[str] = set()
         self.reset()
 
     # -- state ---------------------------------------------------------------------------------
@@ -705,12 +751,16 @@ class TokenSensitivity:
     def _warn_stopping_bias(self) -> None:
         """Adaptive stopping stops each ``update`` batch on that batch's own standard error, with
         a small low bias of order 1/n per batch (module docstring). Over many batches the bias
-        stays while the standard error of the whole shrinks like 1/√batches: say so once."""
+        stays while the standard error of the whole shrinks like 1/√batches: say so once per
+        metric, not again after each :meth:`reset` (a training loop's evaluations would repeat
+        it in every one, whatever the warning filter; other warnings are said as before)."""
         if self.target_stderr is None:
             return
         self._stopped = getattr(self, "_stopped", 0) + 1
-        if self._stopped != STOPPING_WARN_BATCHES:
+        said = self.__dict__.setdefault("_said", set())  # kept by reset(); an older pickle: none
+        if self._stopped != STOPPING_WARN_BATCHES or "stopping bias" in said:
             return
+        said.add("stopping bias")
         warnings.warn(
             f"target_stderr stops each update() batch on its own standard error, {self._stopped} "
             "batches so far: each stop leaves a small low bias (a share of that batch's standard "
@@ -908,9 +958,14 @@ class TokenSensitivity:
     def _update(self, inputs: Inputs, mask: Tensor | None, device: torch.device,
                 probe: AbstractContextManager[Any]) -> None:
         with ExitStack() as stack:
-            with probe:  # around the clean forward alone, which bind runs
-                bound = stack.enter_context(
-                    self.tokens.bind(self.model, inputs, mask, output=self.output))
+            try:
+                with probe:  # around the clean forward alone, which bind runs
+                    bound = stack.enter_context(
+                        self.tokens.bind(self.model, inputs, mask, output=self.output))
+            except ValueError as err:
+                if NO_PAD_TOKEN not in str(err):
+                    raise
+                raise ValueError(_no_pad_id_message(self.model)) from err
             clean = bound.clean_output
             valid = bound.valid
             # the real tokens, for the right-aligned profile: mask= may perturb fewer of them
@@ -918,9 +973,22 @@ class TokenSensitivity:
             b, t = valid.shape
             check_rows(clean, b, "examples")
             check_finite(clean, "clean examples", self.compare)
+            _refuse_padding_without_pad_id(self.model, bound, real, device)
+            # every refusal of the clean outputs before the padding-aware batching's check,
+            # whose warning would otherwise come first (an output of no class: a seq2seq model's
+            # decoder logits)
             if self.compare == "class":
                 self.kind = resolve_kind(clean, self.output_kind, self.threshold)
                 self.kind_from_zero_one = inferred_from_zero_one(clean, self.output_kind)
+                predictions(clean, self.kind, self.threshold)
+            if (self.control_variate or self.allocation == "linear") \
+                    and not clean.is_floating_point():
+                option = ("control_variate=" + repr(self.control_variate)
+                          if self.control_variate else "allocation='linear'")
+                raise ValueError(
+                    f"{option} follows the model's logits along their tangent, but the model "
+                    f"returns class labels ({clean.dtype}): return the logits, or drop "
+                    f"{option}")
             if self.replace_with is not None and self.replace_with.shape[1] != bound.dim:
                 raise ValueError(
                     f"replace_with rows have {self.replace_with.shape[1]} entries but a token has "
@@ -950,13 +1018,6 @@ class TokenSensitivity:
             control = None
             if self.control_variate or self.allocation == "linear":
                 assert self.sigma is not None
-                if not clean.is_floating_point():
-                    option = ("control_variate=" + repr(self.control_variate)
-                              if self.control_variate else "allocation='linear'")
-                    raise ValueError(
-                        f"{option} follows the model's logits along their tangent, but the model "
-                        f"returns class labels ({clean.dtype}): return the logits, or drop "
-                        f"{option}")
                 control = LinearControl(bound, ref, self.sigma, 32, self.kind, self.threshold,
                                         extent)
             shape = (_shapes(inputs), whole, self.autocast, extent is not None)

@@ -75,7 +75,8 @@ class ResNet(ImageClassifier):
     #: Winograd's F(4×4, 3×3) where :func:`senslab.models._winograd.applies` (float32 on the CPU,
     #: maps of at most 8×8 with 256+ channels: ResNet-18's last two stages on 32×32 images); set
     #: ``model.winograd = False`` for oneDNN's direct convolutions. The transformed filters are
-    #: kept on the model (36/9 of those layers' weights) and remade when a weight changes.
+    #: kept on the model (36/9 of those layers' weights) and remade when a weight changes, as
+    #: are the convolutions with their BatchNorm folded in (:meth:`_fold`).
     winograd: bool = True
 
     def __init__(self, config: ResNetConfig | None = None) -> None:
@@ -137,11 +138,43 @@ class ResNet(ImageClassifier):
             h = block(h)
             maps.append(h)
         # each map's channels-last copies (models.windows.Window.store), made by the first chunk;
-        # every convolution with its BatchNorm folded in (models.windows.fold)
+        # every convolution with its BatchNorm folded in (models.windows.fold), kept across calls
         stores = {"maps": [{} for _ in maps], "inner": [{} for _ in inner]}
-        folded = {m: f for m in self.features.modules() if (f := fold(m)) is not None}
+        folded = {m: f for m in self.features.modules() if (f := self._fold(m)) is not None}
         return {"maps": maps, "inner": inner, "blocks": blocks, "stores": stores,
                 "folded": folded}
+
+    def _fold(self, layer: nn.Module) -> tuple[Tensor, Tensor] | None:
+        """:func:`~senslab.models.windows.fold` of ``layer``, kept across calls (every chunk's
+        cache) while none of its parameters and buffers has changed: the same data pointers
+        and version counters (an optimizer step, ``load_state_dict``, an in-place edit and a
+        train-mode forward, through ``num_batches_tracked``, each move one), the BatchNorm's
+        mode and ``eps``, and the same values of its (small) affine and running statistics,
+        which also catches an edit through ``.data`` or an update without a version. An edit
+        of the convolution's weight through ``.data`` is the one change it cannot see
+        (PyTorch counts no version there). A fold made in inference mode is reused in
+        inference mode only (autograd cannot save it)."""
+        if not (isinstance(layer, nn.Sequential) and len(layer) == 2
+                and isinstance(layer[1], nn.modules.batchnorm._BatchNorm)):
+            return fold(layer)
+        norm = layer[1]
+        try:
+            key = (*((t.data_ptr(), t._version)
+                     for t in (*layer.parameters(), *layer.buffers())),
+                   norm.training, norm.eps)
+        except RuntimeError:  # inference tensors have no version counter: nothing kept
+            return fold(layer)
+        stats = [t for t in (norm.weight, norm.bias, norm.running_mean, norm.running_var)
+                 if t is not None]
+        kept = self.__dict__.setdefault("_folds", {})
+        entry = kept.get(layer)
+        if entry is not None and entry[0] == key and all(
+                torch.equal(a, b) for a, b in zip(entry[1], stats, strict=True)) and (
+                entry[2] is None or not entry[2][0].is_inference()
+                or torch.is_inference_mode_enabled()):
+            return entry[2]
+        entry = kept[layer] = (key, [t.detach().clone() for t in stats], fold(layer))
+        return entry[2]
 
     def _folded(self, layer: nn.Module, x: Tensor, folded: dict[nn.Module, Any]) -> Tensor:
         """``layer`` (a convolution and its BatchNorm) on full maps, folded when it can be (and
@@ -156,16 +189,13 @@ class ResNet(ImageClassifier):
 
     def _winograd_filter(self, layer: nn.Module, weight: Tensor) -> Tensor:
         """The Winograd transform of ``layer``'s folded filter ``weight``, kept across calls
-        while none of the layer's parameters and buffers has changed (their version counters)."""
-        try:
-            key = tuple((t.data_ptr(), t._version)
-                        for t in (*layer.parameters(), *layer.buffers()))
-        except RuntimeError:  # inference tensors have no version counter: nothing kept
-            return _winograd.transform_weight(weight)
+        while the fold is the same tensor (:meth:`_fold` makes a new one whenever the layer
+        changed, or where it keeps none)."""
         kept = self.__dict__.setdefault("_winograd_filters", {})
         entry = kept.get(layer)
-        if entry is None or entry[0] != key:
-            entry = kept[layer] = (key, _winograd.transform_weight(weight))
+        if entry is None or entry[0] is not weight or (
+                entry[1].is_inference() and not torch.is_inference_mode_enabled()):
+            entry = kept[layer] = (weight, _winograd.transform_weight(weight))
         return entry[1]
 
     def _block(self, block: BasicBlock, x: Tensor, folded: dict[nn.Module, Any]) -> Tensor:
