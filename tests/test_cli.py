@@ -237,10 +237,12 @@ def test_measure_refuses_a_model_on_inputs_of_another_kind_naming_what_fits(
 
 
 @pytest.mark.parametrize(("model", "data", "options", "says"), [
-    ("sparse_attention", "sparse_frequent", (), "sparse_attention is built for token vectors of "
+    ("sparse_attention", "sparse_frequent", ("model.overrides.dim=32",),
+     "sparse_attention is built for token vectors of "
      "length 32 (model.overrides.dim) and sparse_frequent holds token vectors of length 40: add "
      "--set model.overrides.dim=40"),
-    ("attention_model", "sparse_frequent", ("data.options.case=1", "data.options.setting=2"),
+    ("attention_model", "sparse_frequent", ("data.options.case=1", "data.options.setting=2",
+                                            "model.overrides.dim=16"),
      "length 16 (model.overrides.dim) and sparse_frequent holds token vectors of length 60: add "
      "--set model.overrides.dim=60"),
     ("parity_transformer", "sparse_parity", ("data.options.n_bits=30",), "parity_transformer is "
@@ -254,7 +256,9 @@ def test_a_small_model_built_for_another_size_is_refused_naming_the_fix(
         capsys: pytest.CaptureFixture[str], model: str, data: str, options: tuple[str, ...],
         says: str) -> None:
     """The pairs that fit by kind but not by size failed inside the measurement, the token-vector
-    models with the advice to one-hot encode the ids (the data was one-hot already)."""
+    models with the advice to one-hot encode the ids (the data was one-hot already). A
+    token-vector model left to its default takes ``dim`` from the data; one set explicitly to
+    another length is refused."""
     sets = [a for o in options for a in ("--set", o)]
     common = ["measure", "--model", model, "--data", data, *sets, "--num-examples", "4",
               "--precision", "float32", "--threads", "1"]

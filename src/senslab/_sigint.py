@@ -37,19 +37,25 @@ class SigintWatch:
     for an interrupt that was swallowed, and so does leaving the block without an exception.
 
     Installed only from the main thread (the only one Python delivers signals to) and only over
-    Python's own handler: a handler the user installed, or an enclosing watch, is left alone
-    (the enclosing one then records the interrupt)."""
+    Python's own handler: a handler the user installed, or an enclosing watch, is left alone.
+    The enclosing watch then records the interrupt, and :meth:`check` reads it there: a
+    measurement inside a training loop's watch stops at its next chunk all the same."""
 
     def __init__(self, mark: Callable[[], None] | None = None) -> None:
         self.seen = False
         self._mark = mark
         self._installed = False
+        #: the enclosing watch that records this block's Ctrl-C, where one does
+        self._outer: SigintWatch | None = None
 
     def __enter__(self) -> SigintWatch:
-        if (threading.current_thread() is threading.main_thread()
-                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
-            signal.signal(signal.SIGINT, self._handle)
-            self._installed = True
+        if threading.current_thread() is threading.main_thread():
+            handler = signal.getsignal(signal.SIGINT)
+            if handler is signal.default_int_handler:
+                signal.signal(signal.SIGINT, self._handle)
+                self._installed = True
+            elif isinstance(outer := getattr(handler, "__self__", None), SigintWatch):
+                self._outer = outer
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
@@ -63,11 +69,13 @@ class SigintWatch:
         raise KeyboardInterrupt
 
     def check(self) -> None:
-        """Raise the KeyboardInterrupt of a Ctrl-C that was swallowed where it landed."""
-        if self.seen:
+        """Raise the KeyboardInterrupt of a Ctrl-C that was swallowed where it landed (recorded
+        here, or by the enclosing watch)."""
+        if self.seen or (self._outer is not None and self._outer.seen):
             raise KeyboardInterrupt
 
     def __exit__(self, exc_type: Any, *exc: object) -> None:
+        self._outer = None
         if self._installed:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             self._installed = False

@@ -188,7 +188,7 @@ CASES = [
          ("mlp takes images", "boolean holds ±1 bit strings", "digits", "boolean_transformer")),
     Case("measure-token-vectors-of-another-length",
          ("measure", "--model", "sparse_attention", "--data", "sparse_frequent",
-          "--num-examples", "8"),
+          "--set", "model.overrides.dim=32", "--num-examples", "8"),
          ("length 32", "length 40", "--set model.overrides.dim=40"),
          absent=("one_hot",)),
 ]

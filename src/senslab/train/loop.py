@@ -126,6 +126,29 @@ def _data_fields(data: ArrayDataset) -> dict[str, Any]:
     return out
 
 
+def _token_vector_fields(cfg: RunConfig, defaults: Any, data: ArrayDataset) -> dict[str, Any]:
+    """``{"dim": d}`` for a token-vector model (``sparse_attention``, ``attention_model``: their
+    ``dim`` is the length of a token vector) on data of float token vectors (N, L, d), else
+    ``{}``. Filled like the other data-determined fields, so it is not recorded in config.json.
+    ``model.overrides.dim`` set to another length: a ValueError naming both lengths and the fix
+    (the model would fail on its first input)."""
+    from ..models.small import AttentionModelConfig, SparseAttentionConfig
+
+    x = data.inputs
+    if (not isinstance(defaults, (SparseAttentionConfig, AttentionModelConfig))
+            or not isinstance(x, Tensor) or x.dim() != 3 or not x.is_floating_point()):
+        return {}
+    length = x.shape[-1]
+    given = cfg.model.overrides.get("dim", length)
+    if given != length:
+        name = getattr(data, "name", None) or cfg.data.name
+        raise ValueError(
+            f"{cfg.model.name} is built for token vectors of length {given} "
+            f"(model.overrides.dim) and {name} holds token vectors of length {length}: set "
+            f"model.overrides.dim={length}, or leave it unset (it is read from the data)")
+    return {"dim": length}
+
+
 # -- which models take which data ---------------------------------------------------------------
 
 #: the input kinds a model or dataset is told apart by (a model's by the base class of its config,
@@ -209,6 +232,7 @@ def build_model(cfg: RunConfig, data: ArrayDataset) -> nn.Module:
     auto = {k: v for k, v in _data_fields(data).items() if k in names}
     if "num_classes" in auto and data.num_classes == 2 and defaults.num_classes == 1:
         auto.pop("num_classes")  # a scalar-logit model stays scalar on binary data
+    auto.update(_token_vector_fields(cfg, defaults, data))
     if "seed" in names:
         auto["seed"] = cfg.seed
     with torch.random.fork_rng(devices=[]):

@@ -30,6 +30,11 @@ Usage inside a trainer (see :mod:`senslab.train.trainers`)::
 * Ctrl-C inside the block raises :class:`~senslab.train.loop.TrainingInterrupted`, as ``fit``
   does: the step the loop reached (:meth:`LoopRun.at`) and the checkpoint a re-run resumes
   from, which ``senslab`` prints ("interrupted at step N; re-run the same command to resume").
+  A Ctrl-C whose KeyboardInterrupt is swallowed where it lands (a weakref finalizer or
+  ``__del__``, a library's ``except BaseException``) is recorded all the same
+  (:class:`senslab._sigint.SigintWatch`, in the main thread): the loop stops at its next
+  :meth:`LoopRun.at` or :meth:`LoopRun.checkpoint` (after that checkpoint is written), or when
+  the block ends.
 * :meth:`LoopRun.check` (and :func:`check_dir`, a trainer's ``check_dir``) refuses what the
   block would refuse, before anything is written and without the lock.
 
@@ -49,6 +54,7 @@ from typing import Any
 
 import torch
 
+from .._sigint import SigintWatch
 from ._provenance import check_reused, write_env
 from .config import config_differences, defaults_of, json_form
 from .loop import TrainingInterrupted
@@ -80,6 +86,8 @@ class LoopRun:
         self.epoch: int | None = None
         self._t0 = time.perf_counter()
         self._took_lock = False
+        #: this block's SIGINT watch (:meth:`_watch_sigint`)
+        self._sigint: SigintWatch | None = None
 
     # -- the block -----------------------------------------------------------------------------
     def __enter__(self) -> LoopRun:
@@ -91,11 +99,28 @@ class LoopRun:
         except BaseException:
             self._release()
             raise
+        self._watch_sigint()
         return self
+
+    def _watch_sigint(self) -> None:
+        """Record a Ctrl-C while the block runs, also one whose KeyboardInterrupt is swallowed
+        (:class:`~senslab._sigint.SigintWatch`: from the main thread only, where signals are
+        delivered; inside an enclosing watch, an enclosing LoopRun's or ``fit``'s, that one
+        records it and :meth:`at` reads it there; under a handler the user installed, nothing
+        is read)."""
+        self._sigint = SigintWatch()
+        self._sigint.__enter__()
 
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self._release()
+        watch, self._sigint = self._sigint, None
+        try:
+            if watch is not None:
+                watch.__exit__(kind)  # the block ended, a Ctrl-C was swallowed: raises it
+        except KeyboardInterrupt as late:
+            err = late
+        finally:
+            self._release()
         if isinstance(err, KeyboardInterrupt) and not isinstance(err, TrainingInterrupted):
             # a bare KeyboardInterrupt told the user only "interrupted": where, and that a
             # re-run resumes, as fit says it (the lock is released already)
@@ -172,8 +197,17 @@ class LoopRun:
         """The loop has done ``step`` steps: what a Ctrl-C reports (:class:`~senslab.train.
         loop.TrainingInterrupted`). ``epoch``: a loop that calls this once per epoch gives the
         epoch it starts, and an interruption says "in epoch E, after step N" rather than claim
-        a step it may have passed. :meth:`log` and :meth:`checkpoint` set it too."""
+        a step it may have passed. :meth:`log` and :meth:`checkpoint` set it too.
+
+        A Ctrl-C seen since the block began whose KeyboardInterrupt was swallowed stops the
+        loop here, "at step N" (exactly: this is a step boundary)."""
         self.step, self.epoch = step, epoch
+        if self._sigint is not None:
+            try:
+                self._sigint.check()
+            except KeyboardInterrupt:
+                self.epoch = None
+                raise  # TrainingInterrupted when the block ends (__exit__)
 
     @property
     def elapsed(self) -> float:
@@ -186,12 +220,15 @@ class LoopRun:
         line = {**record, "time": round(self.elapsed, 3)}
         self.dir.log(line)
         if isinstance(record.get("step"), int):
-            self.at(record["step"])
+            # where the loop is, without stopping: a swallowed Ctrl-C stops it at the checkpoint
+            # that follows, so the record's work is kept
+            self.step, self.epoch = record["step"], None
         return line
 
     def checkpoint(self, step: int, state: dict[str, Any]) -> None:
         """Save ``state`` (tensors, plain values, generator states) as the checkpoint of
-        ``step``; :meth:`restore` returns it with ``"step"`` and ``"elapsed"`` added."""
+        ``step``; :meth:`restore` returns it with ``"step"`` and ``"elapsed"`` added. A
+        swallowed Ctrl-C stops the loop once it is saved (:meth:`at`)."""
         self.dir.save_checkpoint({**state, "step": step, "elapsed": self.elapsed}, step,
                                  keep=self.keep)
         self.at(step)
