@@ -171,6 +171,42 @@ def _refuse_real_tokens_after_the_mask(model: Any, inputs: Inputs, valid: Tensor
         )
 
 
+#: largest relative change of an example's clean output that float rounding explains, for the
+#: two forwards of :meth:`_BoundEmbedding._refuse_padding_of_another_id` (one example each, at
+#: two widths); a model that reads its logits at another position changes them by far more
+AGREE_RTOL = {torch.float64: 1e-6, torch.float32: 1e-3}
+LOW_PRECISION_AGREE_RTOL = 5e-2
+
+
+def read_by_pad_id(ids: Tensor, pad: int) -> Tensor:
+    """(B,) where Hugging Face's decoder classifiers read each row of (B, T) token ids: at the
+    rightmost id that is not ``pad`` (0 where all are), whatever the attention mask says —
+    ``GPT2ForSequenceClassification``, ``GenericForSequenceClassification`` (Llama, Mistral,
+    Qwen…), OPT's, Bloom's, GPT-NeoX's… compute ``(arange(T) * (ids != pad)).argmax(-1)``."""
+    positions = torch.arange(ids.shape[1], device=ids.device)
+    return (positions * (ids != pad)).argmax(-1)
+
+
+def _agree(a: Tensor, b: Tensor) -> bool:
+    """Whether two outputs of one example agree up to float rounding (labels: exactly)."""
+    if a.shape != b.shape:
+        return False
+    if not (a.is_floating_point() and b.is_floating_point()):
+        return torch.equal(a, b)
+    rtol = AGREE_RTOL.get(a.dtype, LOW_PRECISION_AGREE_RTOL)
+    scale = max(float(a.float().abs().max()), float(b.float().abs().max()), 1e-30)
+    return float((a.float() - b.float()).abs().max()) <= rtol * scale
+
+
+def _with_token_ids(inputs: Inputs, ids: Tensor) -> Inputs:
+    """``inputs`` with their token ids (:func:`_token_ids`) replaced by ``ids``."""
+    if isinstance(inputs, dict):
+        return {**inputs, "input_ids": ids}
+    if isinstance(inputs, (tuple, list)):
+        return type(inputs)((ids, *inputs[1:]))
+    return ids
+
+
 def _token_ids(inputs: Inputs) -> Any:
     """The token ids of ``inputs``: its ``input_ids``, the tensor itself, or a tuple's first."""
     if isinstance(inputs, dict):
@@ -343,7 +379,9 @@ class Embedding(Tokenization):
     Real tokens are given by the ``mask`` argument of the measurement, else by the
     ``attention_mask`` (or ``mask``) entry of a dict input, else all positions are real. A
     ``padding_mask``/``key_padding_mask`` entry is never guessed (True marks padding in PyTorch
-    and fairseq, real tokens elsewhere): without ``mask=`` such an input is refused.
+    and fairseq, real tokens elsewhere): without ``mask=`` such an input is refused. A Hugging
+    Face classifier that finds each example's last real token by ``config.pad_token_id``
+    (GPT-2's, Llama's…) is refused where the padding holds another id and it reads there.
     Padding is never perturbed, and by default never evaluated either: perturbed copies are cut
     after their last real token (padding-aware batching, ``trim_padding`` of
     :class:`~senslab.measure.TokenSensitivity`; every input tensor whose second axis is the token
@@ -365,12 +403,13 @@ class Embedding(Tokenization):
     Hugging Face text models.
 
     Per-position outputs (a causal language model's (B, T, V) logits: any 3-D output whose
-    second axis is the inputs' token axis) are read at one position per example before the
-    outputs are compared: ``position="last"`` (default) at each example's last real token (the
-    last true position of the attention mask or ``mask``, so right padding is skipped); an int
-    ``k ≥ 0`` at position ``k``; a negative int counted back from the last real token (−1 is the
-    last real one, −2 the one before); ``None`` keeps the whole output. Other outputs are used as
-    they are.
+    second axis is the inputs' token axis at full width; a seq2seq model's decoder logits are
+    none, also on copies cut to the decoder's length) are read at one position per example
+    before the outputs are compared: ``position="last"`` (default) at each example's last real
+    token (the last true position of the attention mask or ``mask``, so right padding is
+    skipped); an int ``k ≥ 0`` at position ``k``; a negative int counted back from the last
+    real token (−1 is the last real one, −2 the one before); ``None`` keeps the whole output.
+    Other outputs are used as they are.
     """
 
     module: str | nn.Module
@@ -428,6 +467,7 @@ class _BoundEmbedding(BoundTokens):
         self._width: int | None = None  # tokens of the copies in the current forward
         self.position: Position = "last"  # where a per-position output is read (see Embedding)
         self.ends: Tensor | None = None  # (B,) each example's last real position
+        self._per_position = False  # whether the output is per position (set by run_clean)
         #: noise landing on bf16/fp16 token vectors is checked against the noise drawn
         self._check_rounding = GridCheck(f"token vectors of {name!r}", (
             "Measure a float32 copy of the model — copy.deepcopy(model).float() — with "
@@ -547,10 +587,83 @@ class _BoundEmbedding(BoundTokens):
         self.ends = last_real(real)
         if self.output is None:  # an output= the user chose is read as they chose
             _refuse_per_token_head(self.model, raw, t, self.position)
-        if self.padding is None and self.position is not None and raw.dim() == 3 \
-                and raw.shape[1] == t:
+        # a per-position output has the inputs' token count at full width: one whose second
+        # axis has another length (a seq2seq model's decoder positions) is never read at a
+        # position, also where a cut width happens to equal that length (:meth:`_read`)
+        self._per_position = raw.dim() == 3 and raw.shape[1] == t
+        if self.padding is None and self.position is not None and self._per_position:
             _refuse_real_tokens_after_the_mask(self.model, self.inputs, self.valid)
         self.clean_output = read_position(raw, self.ends, self.position, t)
+        self._refuse_padding_of_another_id()
+
+    def _refuse_padding_of_another_id(self) -> None:
+        """Refuse right padding whose ids are not the pad id the model declares, where the
+        model finds each example's last real token by that id (:func:`read_by_pad_id`: Hugging
+        Face's decoder classifiers, whatever the attention mask says). Its clean output is then
+        read at the padding, and so is a copy at full width (a copy cut after its last real
+        token would be read at that token): the padding-aware batching's check saw the cut
+        change the clean outputs and fell back to full width with a warning that advised
+        trim_padding=False, and with it measured the padding's outputs without a word (a
+        GPT-2 classifier with pad id 0 fed padding of id 1 measured 0 on 10 examples that
+        measure 0.25 unpadded, one of them 0.75).
+
+        Only where it changes the position read: some example's rightmost id that is not the
+        pad id lies after its last real token (the attention mask's) — never for padding of the
+        pad id, nor for left padding. And only where the model is seen to read that way: the
+        first such example, its padding set to the pad id, gives another output than the clean
+        one, and the one of the example cut after its last real token (the fix works); an
+        encoder that reads [CLS] gives the same output (two single-example forwards, only for
+        inputs padded with another id)."""
+        # Hugging Face's pad id only: senslab's zoo (config.pad_id) reads the attention mask
+        config = getattr(unwrapped(self.model), "config", None)
+        pad = getattr(config, "pad_token_id", None)
+        vocab = getattr(config, "vocab_size", None)
+        ids = _token_ids(self.inputs)
+        if not isinstance(pad, int) or isinstance(pad, bool) or self.padding is None \
+                or not isinstance(ids, Tensor) or ids.shape != self.padding.shape \
+                or ids.is_floating_point():
+            return
+        if pad < 0 or (isinstance(vocab, int) and pad >= vocab):
+            return  # no token it could be fed (on a GPU the lookup would poison the context)
+        if self._per_position and self.position is not None:
+            return  # senslab reads the output itself, at the attention mask's last real token
+        ends = last_real(self.padding)
+        read = read_by_pad_id(ids.to(ends.device), pad)
+        rows = ((read > ends) & (ends >= 0)).nonzero().flatten()
+        if not len(rows):
+            return
+        t = ids.shape[1]
+        row = rows[:1]
+        end = int(ends[row])
+        after = torch.arange(t, device=ids.device) > end
+        fixed = _with_token_ids(select(self.inputs, row),
+                                ids.index_select(0, row.to(ids.device)).masked_fill(after, pad))
+        dev = self._clean.device
+        try:
+            on_pad = self._read(self._evaluate(fixed, None, torch.zeros(1, t, self.dim,
+                                                                        device=dev), t), row, t)
+            alone = self.forward_perturbed(row, None, torch.zeros(1, end + 1, self.dim,
+                                                                  device=dev), width=end + 1)
+        except (RuntimeError, ValueError, TypeError, IndexError):
+            return  # the model takes no such inputs: not judged (the trimming's check still is)
+        if _agree(on_pad, self.clean_output[row]) or not _agree(on_pad, alone):
+            return
+        padded = ids[self.padding.to(ids.device).logical_not()
+                     & (ids != pad)].unique()[:3].tolist()
+        name = type(unwrapped(self.model)).__name__
+        listed = rows[:5].tolist()
+        raise ValueError(
+            f"{name} reads each example's output at its last token whose id is not its pad id "
+            f"{pad} (config.pad_token_id), whatever the attention mask says, but the padding of "
+            f"the inputs (where {self.padding_key!r} is 0) holds id"
+            f"{'s' if len(padded) > 1 else ''} {', '.join(map(str, padded))}: the model reads "
+            f"example(s) {listed}{' …' if len(rows) > 5 else ''} at their padding (example "
+            f"{listed[0]} at position {int(read[row])}, after its last real token at {end}), "
+            "and senslab would measure the padding's output, with trim_padding=False too. "
+            "Set model.config.pad_token_id to the id the inputs are padded with, the tokenizer's "
+            f"(model.config.pad_token_id = tokenizer.pad_token_id; here {padded[0]}), or pad the "
+            f"inputs with {pad}"
+        )
 
     def tokens(self, src: Tensor, tok: Tensor) -> Tensor:
         return self._clean[src, tok]
@@ -586,6 +699,12 @@ class _BoundEmbedding(BoundTokens):
             valid = self.valid.index_select(0, src)[:, :width]
             noise = noise * valid.unsqueeze(-1).to(noise.dtype)
         inputs = cut_tokens(select(self.inputs, src), t, width)
+        return self._read(self._evaluate(inputs, tok, noise, width), src, width)
+
+    def _evaluate(self, inputs: Inputs, tok: Tensor | None, noise: Tensor,
+                  width: int) -> Tensor:
+        """The model's output on ``inputs`` (``width`` tokens) with ``noise`` added at ``tok``
+        (every position where None) by the hook, not yet read at a position."""
         self._delta = (tok, noise)
         self._width = width
         try:
@@ -600,15 +719,20 @@ class _BoundEmbedding(BoundTokens):
                 "so it runs one example at a time, but senslab evaluates an example's perturbed "
                 "copies together. Set it, e.g. model.config.pad_token_id = "
                 "tokenizer.eos_token_id (what its pooling then reads past), or pass "
-                f"chunk_size=1 (one copy per forward: slow). ({err})"
+                "chunk_size=1 with precision='float32' (one copy per forward: slow; the "
+                "default precision='auto' still checks copies together, and so do "
+                f"control_variate and allocation='linear'). ({err})"
             ) from err
         finally:
             self._delta = None
             self._width = None
-        return self._read(out, src, width)
+        return out
 
     def _read(self, out: Tensor, src: Tensor, width: int) -> Tensor:
-        """A per-position output of copies of examples ``src`` read at ``position``."""
+        """A per-position output of copies of examples ``src`` read at ``position``; an output
+        that was no per-position one at full width (:meth:`run_clean`) as it is."""
         assert self.ends is not None  # set by run_clean
+        if not self._per_position:
+            return out
         return read_position(out, self.ends.index_select(0, src.to(self.ends.device)),
                              self.position, width)
