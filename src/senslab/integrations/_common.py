@@ -114,12 +114,18 @@ def measure_subset(
     batch: int | None,
     seed: Seed,
     options: dict[str, Any],
+    said: set[str] | None = None,
 ) -> SensitivityResult:
     """Token sensitivity of ``model`` on a fixed subset, from the seed's starting point, in
-    batches of ``batch`` examples (None: one batch — then it equals ``token_sensitivity``)."""
+    batches of ``batch`` examples (None: one batch — then it equals ``token_sensitivity``).
+    ``said``: the causes a callback's earlier evaluations warned of, shared with this one's
+    metric (a metric says a cause once; a new metric per evaluation would say it again in
+    every one)."""
     device = model_device(model) or torch.device("cpu")
     inputs = to_device(inputs, device)
     metric = TokenSensitivity(model, tokens, generator=seed.fresh(), **options)
+    if said is not None:
+        metric._said = said
     n = batch_size(inputs)
     step = batch or n
     for start in range(0, n, step):

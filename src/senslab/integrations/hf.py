@@ -81,6 +81,8 @@ class SensitivityCallback(TrainerCallback):
         self.inputs, self.tokens, self.mask, self.options = inputs, tokens, mask, options
         self.batch_size = None if batch_size is None else check_every("batch_size", batch_size)
         self.name, self.seed = name, Seed(generator)
+        #: the causes this callback's measurements warned of: said once over its evaluations
+        self._said: set[str] = set()
         self.trainer: Any = None
         self.results: list[tuple[int, SensitivityResult]] = []
         self._warned = self._warned_best = False
@@ -119,7 +121,8 @@ class SensitivityCallback(TrainerCallback):
     def measure(self, model: Any) -> SensitivityResult:
         """The subset's sensitivity on ``model`` as it is now (nothing logged)."""
         return measure_subset(model, self.inputs, self.tokens, mask=self.mask,
-                              batch=self.batch_size, seed=self.seed, options=self.options)
+                              batch=self.batch_size, seed=self.seed, options=self.options,
+                              said=self._said)
 
     def on_evaluate(  # type: ignore[override]
         self, args: Any, state: Any, control: Any, model: Any = None,

@@ -76,6 +76,8 @@ class SensitivityCallback(Callback):
         self.every_n_epochs = check_every("every_n_epochs", every_n_epochs)
         self.batch_size = None if batch_size is None else check_every("batch_size", batch_size)
         self.name, self.seed = name, Seed(generator)
+        #: the causes this callback's measurements warned of: said once over its evaluations
+        self._said: set[str] = set()
         self.results: list[tuple[int, SensitivityResult]] = []
 
     def measure(self, pl_module: LightningModule) -> SensitivityResult:
@@ -86,7 +88,8 @@ class SensitivityCallback(Callback):
         plugin = getattr(trainer, "precision_plugin", None)
         inputs = self.inputs if plugin is None else plugin.convert_input(self.inputs)
         return measure_subset(pl_module, inputs, self.tokens, mask=self.mask,
-                              batch=self.batch_size, seed=self.seed, options=self.options)
+                              batch=self.batch_size, seed=self.seed, options=self.options,
+                              said=self._said)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         epoch = trainer.current_epoch + 1

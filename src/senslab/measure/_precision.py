@@ -336,11 +336,14 @@ def checked(metric: Any, device: torch.device, clean: Tensor) -> tuple[str, bool
     if metric.precision == "auto":
         return auto_precision(device) if dtype == torch.float32 else None
     if dtype not in (None, torch.float32):
-        warnings.warn(
-            f"precision={metric.precision!r} checks a lower precision against float32, but the "
-            f"model's weights are {dtype}: its forwards, and its decisions, run in {dtype} as "
-            "they are (pass precision='float32' to say so, or convert the model with "
-            "model.float() for float32's decisions)", RuntimeWarning, stacklevel=4)
+        # asked at every batch: said once per metric and dtype (``metric._once``)
+        if metric._once(f"precision with {dtype} weights"):
+            warnings.warn(
+                f"precision={metric.precision!r} checks a lower precision against float32, but "
+                f"the model's weights are {dtype}: its forwards, and its decisions, run in "
+                f"{dtype} as they are (pass precision='float32' to say so, or convert the model "
+                "with model.float() for float32's decisions)",
+                RuntimeWarning, stacklevel=_trim._user_level())
         return None
     if metric.precision == "int8-checked":
         if device.type != "cpu":
@@ -579,6 +582,10 @@ class PrecisionCheck:
     of a convolutional model)."""
 
     def __init__(self) -> None:
+        #: the low precisions whose spot checks found errors beyond the calibration, said once
+        #: (:meth:`_widen`); kept by :meth:`reset`, which a metric's reset and every
+        #: recalibration (a training step changed the weights) call
+        self.said: set[str] = set()
         self.reset()
 
     def reset(self) -> None:
@@ -620,10 +627,8 @@ class PrecisionCheck:
         self._timed = [0.0, 0, 0.0, 0]
         #: the bound as calibrated, before any spot check widened it (None: calibrating)
         self.calibrated: float | None = None
-        #: how many times a spot check widened the bound (:meth:`_checked`), and whether one
-        #: found a change beyond the band (said once)
+        #: how many times a spot check widened the bound (:meth:`_checked`)
         self.widened = 0
-        self.warned = False
         #: the spot checks' own generator: which copies are verified never moves the noise
         self._spots = torch.Generator().manual_seed(SPOT_SEED)
 
@@ -996,7 +1001,11 @@ class PrecisionCheck:
         change (per unit of widening); returns whether it widened. A change within the band
         (the safety factor absorbed it) widens silently: the calibration goes on. A change
         beyond it, or a changed class, means copies outside the band could have taken the low
-        precision's class: that is said once (a ``RuntimeWarning``)."""
+        precision's class: that is said once per metric and low precision (a
+        ``RuntimeWarning``), not again after a reset or a recalibration — a training loop's
+        evaluations calibrate on each one's first batch, and one unlike the rest (data sorted
+        by class) would repeat it in every evaluation; the bound and the re-checks still widen
+        (``check_bound``, ``recheck_fraction``), and the decisions stay float32's."""
         assert self.bound is not None
         if not len(low):
             return False
@@ -1008,9 +1017,10 @@ class PrecisionCheck:
         worst = int(need.argmax())
         old, self.bound = self.bound, max(self.bound, float(need[worst]))
         self.widened += 1
-        if (bool(flipped.any()) or float(need[worst]) > SAFETY * old) and not self.warned:
-            self.warned = True
-            name = "bf16" if self.low == "bf16" else "int8"
+        name = "bf16" if self.low == "bf16" else "int8"
+        said = self.__dict__.setdefault("said", set())  # kept by reset(); an older pickle: none
+        if (bool(flipped.any()) or float(need[worst]) > SAFETY * old) and name not in said:
+            said.add(name)
             warnings.warn(
                 f"precision='{name}-checked': a float32 spot check found {name} changing a "
                 f"copy's margin by {float(delta[worst]):.3g}, more than its band "
@@ -1021,7 +1031,8 @@ class PrecisionCheck:
                 f"{self.bound:.3g} (check_bound) and the copies inside it re-checked in float32, "
                 "so the decisions stay float32's; more copies are re-checked from here on "
                 "(recheck_fraction). A first batch unlike the later ones (data sorted by class) "
-                "causes this: shuffled data calibrates on typical copies",
+                "causes this: shuffled data calibrates on typical copies. Said once per "
+                "metric: later widenings show in check_bound and recheck_fraction",
                 RuntimeWarning, stacklevel=_trim._user_level())
         return True
 

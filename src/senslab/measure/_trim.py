@@ -22,8 +22,10 @@ clean examples are evaluated once at their own extents (not counted in ``num_for
 changes the clean outputs beyond float rounding — the model reads the positions the mask calls
 padding, or another input has its token axis elsewhere — trimming is switched off for the batch
 and the copies are evaluated at full width: with a warning when the extents came from the
-model's attention mask, quietly when they came from a ``mask`` alone (which may leave real
-tokens unperturbed, such as an end token).
+model's attention mask (once per metric and kind of change, :func:`check`: a model that reads
+its padding does so at every batch, and a training loop's evaluations would repeat it in each),
+quietly when they came from a ``mask`` alone (which may leave real tokens unperturbed, such as
+an end token).
 """
 
 from __future__ import annotations
@@ -93,21 +95,24 @@ def groups(ext: Tensor) -> list[Tensor]:
     return [(inverse == i).nonzero().flatten() for i in range(len(values) - 1, -1, -1)]
 
 
-def check(bound: BoundTokens, ext: Tensor, clean: Tensor) -> str | None:
+def check(bound: BoundTokens, ext: Tensor, clean: Tensor) -> tuple[str, str] | None:
     """Evaluate every clean example at its own extent; None if the outputs equal the full-width
     clean outputs up to rounding (of ``clean``'s dtype: the caller runs both in float32 where
-    the copies run under autocast), else why not (trimming is then switched off)."""
+    the copies run under autocast), else the kind of change — ``"failed"``, ``"shape"`` or
+    ``"changed"``, the cause a metric says once — and why, in words, for this batch (trimming
+    is then switched off)."""
     rtol = RTOL.get(clean.dtype, LOW_PRECISION_RTOL)
     for idx in groups(ext):
         width = int(ext[idx[0]])
         try:
             out = _cut(bound, idx, width, clean.device)
         except (RuntimeError, ValueError, TypeError, IndexError) as err:
-            return f"the model failed on inputs cut to {width} tokens ({err})"
+            return "failed", f"the model failed on inputs cut to {width} tokens ({err})"
         ref = clean[idx]
         if out.shape != ref.shape:
-            return (f"the output has shape {tuple(out.shape[1:])} per example on inputs cut to "
-                    f"{width} tokens but {tuple(ref.shape[1:])} on the padded inputs")
+            return "shape", (f"the output has shape {tuple(out.shape[1:])} per example on "
+                             f"inputs cut to {width} tokens but {tuple(ref.shape[1:])} on the "
+                             "padded inputs")
         err = (out.float() - ref.float()).reshape(len(idx), -1).abs().amax(dim=1)
         scale = ref.float().reshape(len(idx), -1).abs().amax(dim=1)
         floor = float(clean.float().abs().max()) * 1e-3 + 1e-30
@@ -115,8 +120,8 @@ def check(bound: BoundTokens, ext: Tensor, clean: Tensor) -> str | None:
         if bool(bad.any()):
             row = int(idx[bad.nonzero()[0, 0]])
             worst = float(err.max())
-            return (f"cutting example {row} after its last real token changed its clean output "
-                    f"by {worst:.3g}")
+            return "changed", (f"cutting example {row} after its last real token changed its "
+                               f"clean output by {worst:.3g}")
     return None
 
 
@@ -140,7 +145,8 @@ def warn_untrimmed(reason: str) -> None:
         f"padding-aware batching is off for this batch: {reason}. The model seems to read "
         "positions that the mask marks as padding (does it receive the attention mask?), so the "
         "copies are evaluated at full width. Pass the model's own padding mask, or "
-        "trim_padding=False to silence this warning",
+        "trim_padding=False to silence this warning. Said once per metric: later batches "
+        "that run at full width are counted in its untrimmed_batches",
         RuntimeWarning, stacklevel=_user_level(),
     )
 

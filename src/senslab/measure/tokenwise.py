@@ -138,7 +138,9 @@ copy receives is keyed by its place in the example-major plan, not by its chunk,
 and GPT-2). Left padding in the attention mask is refused (pad on the right, or pass
 ``trim_padding=False``); if cutting changes a clean example's output — the model reads positions
 the mask calls padding — the batch runs at full width (with a warning when the padding came from
-the model's own attention mask; a ``mask`` may leave out real tokens, e.g. an end token).
+the model's own attention mask, said once per metric and kind of change, and
+:attr:`~TokenSensitivity.untrimmed_batches` counting every batch; a ``mask`` may leave out real
+tokens, e.g. an end token).
 Patches and :class:`~senslab.tokens.Sequence` inputs are never cut (the model cannot tell
 padding vectors from tokens).
 
@@ -686,6 +688,10 @@ class TokenSensitivity:
         self.trim_padding = _check_flag("trim_padding", trim_padding)
         #: whether the last ``update`` cut the padding (False: nothing to cut, or switched off)
         self.last_trimmed = False
+        #: ``update`` batches since the last :meth:`reset` whose copies ran at full width
+        #: because cutting changed the clean outputs (:meth:`_extent`): the warning says the
+        #: cause once per metric, this counts every batch it cost
+        self.untrimmed_batches = 0
         self.compile = _check_flag("compile", compile)
         self._compiled: Any = None
         #: copies per forward pass in the last ``update`` (the automatic size, once probed)
@@ -712,7 +718,7 @@ class TokenSensitivity:
             self._seed, self.generator = None, generator
         self._stream: NoiseStream | None = None
         self.shard = None if shard is None else (int(shard[0]), int(shard[1]))
-        #: the causes this metric has warned of once (:meth:`_warn_stopping_bias`), kept by reset
+        #: the causes this metric has warned of once (:meth:`_once`), kept by reset
         self._said: set[str] = set()
         self.reset()
 
@@ -730,6 +736,7 @@ class TokenSensitivity:
         self._id = uuid.uuid4().hex
         self._ids = {self._id}
         self._stopped = 0  # update() calls stopped by target_stderr (_warn_stopping_bias)
+        self.untrimmed_batches = 0
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """A copy (``copy.deepcopy``, a pickle) gets an id of its own, its updates being other
@@ -737,6 +744,9 @@ class TokenSensitivity:
         original held none), so a copy made after measuring is refused where the original's
         examples are already, and copies of an empty metric merge freely."""
         self.__dict__.update(state)
+        # an older pickle: no causes said yet, no batch counted at full width
+        self.__dict__.setdefault("_said", set())
+        self.__dict__.setdefault("untrimmed_batches", 0)
         held = self._held_ids() if "_ids" in state else set()  # an older pickle: no ids
         self._id = uuid.uuid4().hex
         self._ids = held | {self._id}
@@ -748,6 +758,18 @@ class TokenSensitivity:
         """The ids of the metrics whose examples the state holds (none while it is empty)."""
         return set(self._ids) if self._holds_examples() else set()
 
+    def _once(self, cause: str) -> bool:
+        """Whether this metric has not yet warned of ``cause`` (from now on it has). A warning
+        whose cause stays with the metric (its options, its model, its data) would otherwise be
+        said at every ``update`` batch and again in every evaluation after a :meth:`reset` — a
+        training loop's callback floods its logs, whatever the warning filter, as logging
+        frameworks and pytest record with ``"always"`` — so such a cause is said once per
+        metric; another cause, or a new metric object, is said again."""
+        if cause in self._said:  # kept by reset(); an older pickle gets it in __setstate__
+            return False
+        self._said.add(cause)
+        return True
+
     def _warn_stopping_bias(self) -> None:
         """Adaptive stopping stops each ``update`` batch on that batch's own standard error, with
         a small low bias of order 1/n per batch (module docstring). Over many batches the bias
@@ -757,10 +779,8 @@ class TokenSensitivity:
         if self.target_stderr is None:
             return
         self._stopped = getattr(self, "_stopped", 0) + 1
-        said = self.__dict__.setdefault("_said", set())  # kept by reset(); an older pickle: none
-        if self._stopped != STOPPING_WARN_BATCHES or "stopping bias" in said:
+        if self._stopped != STOPPING_WARN_BATCHES or not self._once("stopping bias"):
             return
-        said.add("stopping bias")
         warnings.warn(
             f"target_stderr stops each update() batch on its own standard error, {self._stopped} "
             "batches so far: each stop leaves a small low bias (a share of that batch's standard "
@@ -1113,13 +1133,15 @@ class TokenSensitivity:
         plan.run(evaluate, self.target_stderr, cap - b, ROUNDS_AT_ZERO)
         pairs = int((plan.cnt >= 2).sum())
         if self.target_stderr is None and self.estimand == "subset" and not plan.full \
-                and pairs < _alloc.MIN_PAIRS:
-            # one text for every batch, so that the warning filter shows it once
+                and pairs < _alloc.MIN_PAIRS and self._once("uniform pairs"):
+            # the cause (batches too small for the budget, without a target) is the metric's:
+            # said once, not at every batch and every evaluation (:meth:`_once`)
             warnings.warn(
                 f"allocation='uniform' drew fewer than {_alloc.MIN_PAIRS} tokens of a batch "
                 "twice: its (subset) standard error rests on them, and with few it is often far "
                 "too small, even 0 with flips seen. Pass target_stderr= (rounds until enough "
-                "pairs), measure more examples per update, or use repeats= without allocation",
+                "pairs), measure more examples per update, or use repeats= without allocation "
+                "(said once per metric: later batches like it are not said again)",
                 RuntimeWarning, stacklevel=_trim._user_level())
         self._add_tokens(*plan.values(), valid, b + plan.copies, check, real)
 
@@ -1206,7 +1228,9 @@ class TokenSensitivity:
 
     def _extent(self, bound: Any, clean: Tensor) -> Tensor | None:
         """Per-example widths for padding-aware batching (:mod:`._trim`), or None: switched
-        off, nothing to cut, or cutting changed the clean outputs (then with a warning)."""
+        off, nothing to cut, or cutting changed the clean outputs (counted in
+        :attr:`untrimmed_batches`; with a warning, once per metric and kind of change: whether
+        the model reads its padding is the model's, the same at every batch)."""
         self.last_trimmed = False
         if not self.trim_padding:
             return None
@@ -1224,9 +1248,12 @@ class TokenSensitivity:
                 clean = bound.forward_perturbed(
                     torch.arange(b, device=clean.device), None,
                     torch.zeros(b, t, bound.dim, device=clean.device))
-            reason = _trim.check(bound, extent, clean)
-        if reason is not None:
-            if bound.padding is not None:  # the model's own padding mask: it should not matter
+            found = _trim.check(bound, extent, clean)
+        if found is not None:
+            self.untrimmed_batches += 1
+            kind, reason = found
+            # the model's own padding mask: it should not matter
+            if bound.padding is not None and self._once(f"untrimmed: {kind}"):
                 _trim.warn_untrimmed(reason)
             # a ``mask`` alone may leave out real tokens (an end token, `=`): full width, quietly
             return None
