@@ -24,6 +24,7 @@ import threading
 import time
 import typing
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -852,7 +853,8 @@ def test_an_experiment_directory_keeps_no_verdict_of_other_runs(tmp_path: Path) 
     """Another experiment into a finished experiment's directory is refused before anything is
     written; the same experiment with other settings, stopped before its verdict, leaves no
     verdict.json of the old settings (which `senslab report`/`reproduction` would take for the
-    new runs'): it is moved to verdict.superseded.json."""
+    new runs'): it is moved to verdict.superseded.json. Stopped before any new run wrote a
+    file, the directory is as the verdict describes it: the verdict is put back."""
     from senslab.experiments.base import SUPERSEDED
 
     exp = tmp_path / "exp"
@@ -863,13 +865,20 @@ def test_an_experiment_directory_keeps_no_verdict_of_other_runs(tmp_path: Path) 
         run_experiment("ib_joint", exp, overrides=["steps=20", "seeds=1"], log=lambda _: None)
     assert {p.name: p.read_bytes() for p in exp.iterdir() if p.is_file()} == before
 
-    def stop(line: str) -> None:
-        if line.startswith("[2/"):
-            raise KeyboardInterrupt
+    def stop_at(start: str) -> Callable[[str], None]:
+        def stop(line: str) -> None:
+            if line.startswith(start):
+                raise KeyboardInterrupt
+        return stop
 
+    # runs 1-3 are the finished seed-0 runs, reused; run 4 is the first new one
     with pytest.raises(KeyboardInterrupt):
-        run_experiment("demo", exp, overrides=[*FAST_DEMO, "seeds=2"], log=stop)
-    assert not (exp / "verdict.json").exists()
+        run_experiment("demo", exp, overrides=[*FAST_DEMO, "seeds=2"], log=stop_at("[2/"))
+    assert json.loads((exp / "verdict.json").read_text()) == first  # nothing trained
+    assert not (exp / SUPERSEDED).exists()
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment("demo", exp, overrides=[*FAST_DEMO, "seeds=2"], log=stop_at("[5/"))
+    assert not (exp / "verdict.json").exists()  # run 4 trained: the old verdict is set aside
     assert json.loads((exp / SUPERSEDED).read_text()) == first
     again = run_experiment("demo", exp, overrides=[*FAST_DEMO, "seeds=2"], log=lambda _: None)
     assert json.loads((exp / "verdict.json").read_text()) == again
