@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load, save
+from newer_checkpoint import rewrite_as_newer
 
 from senslab.experiments import run_experiment
 from senslab.experiments.base import SUPERSEDED
@@ -63,14 +63,6 @@ def test_settings_the_runs_refuse_leave_the_verdict_in_place(finished: Path,
         k: old[k] for k in ("verdict", "evidence", "runtime_s")}
 
 
-def _newer(path: Path) -> None:
-    """Rewrite the checkpoint ``path`` as a newer senslab writes one: the same tensors and
-    checksum, its metadata's format version above this senslab's."""
-    data = path.read_bytes()
-    meta = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])["__metadata__"]
-    path.write_bytes(save(load(data), metadata={**meta, "version": "2"}))
-
-
 def test_a_newer_checkpoint_is_refused_before_the_verdict_is_set_aside(
         finished: Path, tmp_path: Path) -> None:
     """The run, unfinished, holds a checkpoint of a newer senslab; the settings are the same
@@ -78,7 +70,7 @@ def test_a_newer_checkpoint_is_refused_before_the_verdict_is_set_aside(
     out = _copy(finished, tmp_path)
     (out / RUN / "summary.json").unlink()
     newest = RunDir(out / RUN).checkpoints()[-1]
-    _newer(newest)
+    rewrite_as_newer(newest)
     before, kept = _top(out), newest.read_bytes()
     lines: list[str] = []
     with pytest.raises(RunDirError, match=rf"{newest.name} was written by a newer senslab"):

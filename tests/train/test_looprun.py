@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from newer_checkpoint import rewrite_as_newer
 
 from senslab.train.looprun import (
     LoopRun,
@@ -303,16 +304,6 @@ def test_ctrl_c_in_a_loop_that_reports_once_per_epoch_claims_no_exact_step(
     assert (err.step, err.epoch, err.checkpoint) == (4, 3, 4)
 
 
-def _newer(path: Path) -> None:
-    """Rewrite the checkpoint ``path`` as a newer senslab writes one: the same tensors and
-    checksum, its metadata's format version above this senslab's."""
-    from safetensors.torch import load, save
-
-    data = path.read_bytes()
-    meta = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])["__metadata__"]
-    path.write_bytes(save(load(data), metadata={**meta, "version": "2"}))
-
-
 @pytest.mark.parametrize("which", ["newest", "all"])
 def test_a_checkpoint_of_a_newer_senslab_is_refused_not_skipped(tmp_path: Path,
                                                                 which: str) -> None:
@@ -323,7 +314,7 @@ def test_a_checkpoint_of_a_newer_senslab_is_refused_not_skipped(tmp_path: Path,
     assert _train(cut, {"seed": 3}, stop_after=5) is None  # checkpoints at 2 and 4
     found = RunDir(cut).checkpoints()
     for path in found[-1:] if which == "newest" else found:
-        _newer(path)
+        rewrite_as_newer(path)
     files = {p: p.read_bytes() for p in cut.rglob("*") if p.is_file()}
     with pytest.raises(ValueError) as err:
         _train(cut, {"seed": 3})

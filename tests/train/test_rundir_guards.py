@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import torch
+from newer_checkpoint import rewrite_as_newer
 
 from senslab.train import loop, rundir
 from senslab.train.config import RunConfig, apply_overrides
@@ -655,16 +656,6 @@ def test_a_finished_run_without_its_metric_log_is_refused(finished: Path, tmp_pa
         RunDir(run).final_checkpoint()
 
 
-def _newer(path: Path) -> None:
-    """Rewrite the checkpoint ``path`` as a newer senslab writes one: the same tensors and
-    checksum, its metadata's format version above this senslab's."""
-    from safetensors.torch import load, save
-
-    data = path.read_bytes()
-    meta = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])["__metadata__"]
-    path.write_bytes(save(load(data), metadata={**meta, "version": "2"}))
-
-
 def test_fit_refuses_to_resume_past_a_checkpoint_of_a_newer_senslab(
         finished: Path, tmp_path: Path) -> None:
     """The run's last checkpoint written by a newer senslab (it resumed the run there): fit
@@ -673,7 +664,7 @@ def test_fit_refuses_to_resume_past_a_checkpoint_of_a_newer_senslab(
     run = _copy(finished, tmp_path / "run")
     (run / "summary.json").unlink()
     newest = run / "checkpoints" / "step-00000030.safetensors"
-    _newer(newest)
+    rewrite_as_newer(newest)
     files = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
     with pytest.raises(RunDirError) as err:
         fit(tiny(), run, progress=False)
