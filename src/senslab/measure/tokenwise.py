@@ -183,7 +183,7 @@ from ..tokens.base import (
     check_device,
     check_selector,
 )
-from ..tokens.embedding import unwrapped
+from ..tokens.embedding import NO_PAD_TOKEN, unwrapped
 from . import _alloc, _precision, _trim
 from ._compiled import CompiledModel
 from ._control import LinearControl
@@ -361,11 +361,6 @@ def _refuse_batch_statistics(model: nn.Module, eval_mode: bool = False) -> None:
         f"train mode, or no running statistics): {why}. Measure with eval_mode=True (the "
         "default: eval() for the measurement, the model's mode restored after it), or put the "
         "BatchNorm layers in eval() and keep the rest of the model's mode")
-
-
-#: what Hugging Face's decoder classifiers (``GPT2ForSequenceClassification``, Llama's, …) say
-#: when given several examples and no ``config.pad_token_id``
-NO_PAD_TOKEN = "no padding token is defined"
 
 
 def _no_pad_id_message(model: Any) -> str:

@@ -178,6 +178,11 @@ AGREE_RTOL = {torch.float64: 1e-6, torch.float32: 1e-3}
 LOW_PRECISION_AGREE_RTOL = 5e-2
 
 
+#: what Hugging Face's decoder classifiers (``GPT2ForSequenceClassification``, Llama's, …) say
+#: when given several examples and no ``config.pad_token_id``
+NO_PAD_TOKEN = "no padding token is defined"
+
+
 def read_by_pad_id(ids: Tensor, pad: int) -> Tensor:
     """(B,) where Hugging Face's decoder classifiers read each row of (B, T) token ids: at the
     rightmost id that is not ``pad`` (0 where all are), whatever the attention mask says —
@@ -710,7 +715,7 @@ class _BoundEmbedding(BoundTokens):
         try:
             out = self._count(lambda: call_model(self.model, inputs, self.output))
         except ValueError as err:
-            if "no padding token is defined" not in str(err):
+            if NO_PAD_TOKEN not in str(err):
                 raise
             # Hugging Face's decoder classifiers (GPT-2…) pool at the last non-pad token and
             # refuse batches without a pad id: the copies of one example are such a batch
