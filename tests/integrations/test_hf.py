@@ -236,3 +236,35 @@ def test_a_bf16_trainer_leaves_the_measurement_in_float32(tmp_path: Path):
     again = token_sensitivity(model, batch, Embedding(TOKENS), generator=0, **opts)
     assert torch.equal(again.per_sample, ref.per_sample)
     assert "forward" in vars(model)  # the patch is put back
+
+
+def test_several_evaluation_sets_share_one_measurement_and_say_so(tmp_path: Path):
+    """eval_dataset as a dict: the Trainer evaluates each set under its own prefix (eval_a,
+    eval_b) and calls on_evaluate for each. The callback measured its one fixed subset again
+    for every set and logged it as eval_a_sensitivity, eval_b_sensitivity without a word, as if
+    each were a sensitivity of that set: it now measures once per evaluation, logs that value
+    under each prefix, and warns (once) that it is the same measurement. A model whose weights
+    change at the same step is measured again."""
+    train, subset = Texts(16, 1), Texts(8, 2).batch(6)
+    model = tiny_bert()
+    trainer = Trainer(model=model, args=arguments(tmp_path, report_to="none"),
+                      train_dataset=train, eval_dataset={"a": Texts(8, 3), "b": Texts(8, 4)})
+    callback = SensitivityCallback(subset, Embedding(TOKENS), sigma=2.0, repeats=2,
+                                   generator=3).attach(trainer)
+    with pytest.warns(UserWarning, match="eval_a_sensitivity, eval_b_sensitivity are the same "
+                                         "measurement") as said:
+        trainer.train()
+    assert sum("same measurement" in str(w.message) for w in said) == 1
+    assert [step for step, _ in callback.results] == [2, 4]  # one measurement per evaluation
+    history = trainer.state.log_history
+    for name in ("eval_a_sensitivity", "eval_b_sensitivity"):
+        assert [e[name] for e in history if name in e] == [r.estimate for _, r in callback.results]
+
+    with torch.no_grad():  # other weights at the same global step: measured again
+        model.classifier.weight.mul_(-1)
+    inputs = {k: v for k, v in subset.items() if k != "labels"}
+    ref = token_sensitivity(model, inputs, Embedding(TOKENS), sigma=2.0, repeats=2, generator=3)
+    metrics = trainer.evaluate()
+    assert len(callback.results) == 3 and callback.results[-1][1].estimate == ref.estimate
+    assert ref.estimate != callback.results[1][1].estimate  # not the old weights' value
+    assert metrics["eval_a_sensitivity"] == metrics["eval_b_sensitivity"] == ref.estimate

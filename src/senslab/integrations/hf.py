@@ -66,7 +66,10 @@ class SensitivityCallback(TrainerCallback):
         generator: the int seed (default 0) or ``torch.Generator`` every measurement starts from.
         **options: :class:`~senslab.measure.TokenSensitivity`'s options (``sigma``, …).
 
-    ``results`` holds ``(global_step, SensitivityResult)`` for every measurement.
+    ``results`` holds ``(global_step, SensitivityResult)`` for every measurement. A Trainer
+    with several evaluation sets (``eval_dataset`` a dict) evaluates each under its own prefix
+    (``eval_a``, ``eval_b``); the callback measures its subset once for them all and logs that
+    one value under each prefix, with a warning that it is not a sensitivity of each set.
     """
 
     def __init__(
@@ -85,7 +88,10 @@ class SensitivityCallback(TrainerCallback):
         self._said: set[str] = set()
         self.trainer: Any = None
         self.results: list[tuple[int, SensitivityResult]] = []
-        self._warned = self._warned_best = False
+        self._warned = self._warned_best = self._warned_sets = False
+        #: (global step and weights, result, prefixes logged): the last measurement, logged
+        #: again, not measured again, for each evaluation set of the same evaluation
+        self._last: tuple[Any, SensitivityResult, list[str]] | None = None
 
     def attach(self, trainer: Any) -> SensitivityCallback:
         """Add this callback to ``trainer``, first in its list, and log through
@@ -130,9 +136,16 @@ class SensitivityCallback(TrainerCallback):
     ) -> None:
         if model is None:
             raise RuntimeError("SensitivityCallback.on_evaluate was called without the model")
-        r = self.measure(model)
-        self.results.append((state.global_step, r))
         prefix = _prefix(metrics)
+        if self._last is not None and self._last[0] == (state.global_step, _weights(model)):
+            r = self._last[1]  # the same model: another evaluation set of the same evaluation
+            if prefix not in self._last[2]:
+                self._last[2].append(prefix)
+                self._say_sets(self._last[2])
+        else:
+            r = self.measure(model)
+            self.results.append((state.global_step, r))
+            self._last = ((state.global_step, _weights(model)), r, [prefix])
         logs = {f"{prefix}_{self.name}": r.estimate, f"{prefix}_{self.name}_stderr": r.stderr}
         if metrics is not None:
             metrics.update(logs)  # what evaluate() returns (best-model selection reads it)
@@ -148,6 +161,26 @@ class SensitivityCallback(TrainerCallback):
                 "use SensitivityCallback(...).attach(trainer)",
                 stacklevel=2,
             )
+
+    def _say_sets(self, prefixes: list[str]) -> None:
+        if self._warned_sets:
+            return
+        self._warned_sets = True
+        names = ", ".join(f"{p}_{self.name}" for p in prefixes)
+        warnings.warn(
+            f"the Trainer evaluates several datasets, but SensitivityCallback measures its own "
+            f"fixed subset, once per evaluation: {names} are the same measurement, logged under "
+            "each evaluation set's prefix, not a sensitivity of each set",
+            stacklevel=3,
+        )
+
+
+def _weights(model: Any) -> tuple[tuple[int, int], ...]:
+    """Where each parameter and buffer of ``model`` lives and its in-place version counter:
+    equal only while the weights are the ones measured (an optimizer step or a
+    ``load_state_dict`` moves a counter)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return tuple((t.data_ptr(), t._version) for t in tensors)
 
 
 def _prefix(metrics: Mapping[str, Any] | None) -> str:
