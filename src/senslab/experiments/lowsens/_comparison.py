@@ -9,7 +9,6 @@ the same seeds (3 by default) and the models are compared seed by seed
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,12 +20,15 @@ from ...train.config import RunConfig, ranged
 from ...verdicts import judge, paired_by_seed
 from .._verdicts import by_label, lowest_sensitivity_verdict
 from ..base import Experiment, Run, Settings
+from ._cache import read_cache, write_cache
 
 #: noise std of the main number: the paper code's 0.1 on pixels normalised to [−1, 1]
 #: (docs/definitions.md#noise-level-and-pixel-scale)
 SIGMA = 0.1
 #: larger σ measured once on the final models (A.3, "effect of the variance")
 SWEEP = (0.25, 0.5, 1.0)
+#: the cache of :func:`sigma_sweep` in each run directory
+SWEEP_FILE = "sigma_sweep.json"
 
 
 @dataclass
@@ -94,32 +96,28 @@ def sigma_sweep(run_dir: Path, sigmas: tuple[float, ...]) -> dict[str, dict[str,
     per-epoch numbers), so the sweep and the tracked curve describe the same data. The model is
     the run's final checkpoint (:meth:`~senslab.train.rundir.RunDir.final_checkpoint`): a
     damaged or missing one is an error naming the fix, never replaced by an earlier checkpoint.
-    Cached in ``sigma_sweep.json``, keyed by the checkpoint step, so a resumed experiment does
-    not redo it and a sweep of another checkpoint is not reused.
+    Cached in ``sigma_sweep.json``, keyed by the checkpoint step, the σ and the run's
+    config.json (:func:`~._cache.read_cache`), so a resumed experiment does not redo it and a
+    sweep of another checkpoint or configuration is not reused; a damaged cache is set aside
+    with a warning and the sweep measured again.
     """
     from ...measure import TokenSensitivity
     from ...train.loop import build_model, load_data, resolve_device
-    from ...train.rundir import RunDir, RunDirError, checkpoint_step
+    from ...train.rundir import RunDir, checkpoint_step
 
     rd = RunDir(run_dir)
     found = rd.final_checkpoint()
     if found is None:
         raise FileNotFoundError(f"{run_dir} has no checkpoint to measure; delete it and rerun")
     path, state = found
-    step = checkpoint_step(path)
-    cache = run_dir / "sigma_sweep.json"
     # keyed by the run's config.json too: a directory re-run with another configuration after
     # its checkpoints were deleted reached the same step and was served the old sweep
-    config = rd.config_digest()
-    if cache.exists():
-        try:
-            old = rd.read_json("sigma_sweep.json")
-        except RunDirError as err:  # a cache: measured again from the checkpoint
-            warnings.warn(f"{err}; measuring the σ sweep again", stacklevel=2)
-            old = {}
-        if old.get("step") == step and old.get("sigmas") == list(sigmas) \
-                and old.get("config_sha256") == config:
-            return old["results"]
+    key = {"step": checkpoint_step(path), "sigmas": list(sigmas),
+           "config_sha256": rd.config_digest()}
+    cached = read_cache(rd, SWEEP_FILE, key, "results", "the σ sweep",
+                        valid=lambda results: _is_sweep(results, sigmas))
+    if cached is not None:
+        return cached
     cfg = RunConfig.from_dict(rd.read_json("config.json"))
     train, _ = load_data(cfg)
     device = resolve_device(cfg.device)
@@ -136,9 +134,20 @@ def sigma_sweep(run_dir: Path, sigmas: tuple[float, ...]) -> dict[str, dict[str,
             metric.update(x.to(device))
         r = metric.compute()
         results[f"{sigma:g}"] = {"estimate": r.estimate, "stderr": r.stderr}
-    rd.write_json("sigma_sweep.json", {"step": step, "sigmas": list(sigmas),
-                                       "config_sha256": config, "results": results})
+    write_cache(rd, SWEEP_FILE, key, "results", results)
     return results
+
+
+def _is_sweep(results: Any, sigmas: tuple[float, ...]) -> bool:
+    """Whether ``results`` has :func:`sigma_sweep`'s shape: a number ``estimate`` and ``stderr``
+    at each σ of ``sigmas``, keyed as ``f"{σ:g}"``."""
+
+    def number(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+    return isinstance(results, dict) and set(results) == {f"{s:g}" for s in sigmas} and all(
+        isinstance(r, dict) and number(r.get("estimate")) and number(r.get("stderr"))
+        for r in results.values())
 
 
 def comparison_verdict(summaries: list[dict[str, Any]], winner: str,

@@ -7,7 +7,9 @@ train with the standard loop (``"fit"``) as usual; :class:`FinalMeasureExperimen
 measure_final` on the restored model. The result is written to ``<run>/final_measure.json``
 together with the settings that produced it and the step of the checkpoint measured, reused when
 both match (so re-running an experiment only redoes what changed) and attached to the run's
-summary under ``"final_measure"`` for the verdict.
+summary under ``"final_measure"`` for the verdict. A result stored under another key, or in a
+file that cannot be read as one, is measured again (a damaged file is set aside with a warning:
+:func:`~._cache.read_cache`).
 
 The final model is the run's final checkpoint (:meth:`~senslab.train.rundir.RunDir.
 final_checkpoint`), the one summary.json's numbers describe: when it is damaged or missing the
@@ -31,6 +33,7 @@ from ...train.loop import build_model, load_data, resolve_device
 from ...train.rundir import RunDir, checkpoint_step
 from ...train.track import Tracker
 from ..base import Experiment, Run
+from ._cache import read_cache, write_cache
 
 FINAL_FILE = "final_measure.json"
 
@@ -99,17 +102,13 @@ class FinalMeasureExperiment(Experiment):
         measure = self.final_settings(settings)
         rd = RunDir(path)
         step, state = final_state(path)
-        stored = rd.read_json(FINAL_FILE) if (path / FINAL_FILE).exists() else None
-        config = rd.config_digest()
         # a result without the step (older senslab) may be of an earlier checkpoint, one of
         # another config.json of a directory re-run with other settings: redone
-        if stored is not None and stored.get("settings") == measure and stored.get("step") == step \
-                and stored.get("config_sha256") == config:
-            values = stored["values"]
-        else:
+        key = {"settings": measure, "step": step, "config_sha256": rd.config_digest()}
+        values = read_cache(rd, FINAL_FILE, key, "values", "the final model")
+        if values is None:
             log(f"    measuring the final model of {run.name}")
             model, train, test = load_final(run.config, path, state)
             values = self.measure_final(run.config, model, train, test, settings)
-            rd.write_json(FINAL_FILE, {"settings": measure, "step": step,
-                                       "config_sha256": config, "values": values})
+            write_cache(rd, FINAL_FILE, key, "values", values)
         return {**summary, "final_measure": values}
