@@ -48,7 +48,10 @@ How a change is counted (``output``)
       Sampled, it sees only
       the sampled values: a callable whose sampled values were all in {0, 1} gets ``"sign"``
       with a warning (a value in between elsewhere would have made it ``"real"``), unless it
-      declares ``boolean_output = "sign"`` as MAJORITY does. A ``threshold`` with a rule that
+      declares ``boolean_output = "sign"`` as MAJORITY does. Real values that all lie within
+      ``NEAR_BOOLEAN`` (1e-2) of 0 and 1 (or −1 and 1) but not on them — a saturated
+      sigmoid's 0.9999999 — get ``"real"``, a quarter of the class changes for 0/1, with a
+      warning (a model gets the one above). A ``threshold`` with a rule that
       has none (``"real"``, given or chosen by ``"auto"``) is refused, and so is one on class
       labels (integer outputs, or (N, C) logits), which are compared as they are.
     - A model that declares ``output_kind`` (``"logits"`` or ``"probabilities"``, as
@@ -108,6 +111,8 @@ from ._runner import _tolerance
 # Fourier analysis and the reference functions live in their own files; re-exported here so
 # ``from senslab.measure.boolean import parity, fourier_coefficients`` keeps working.
 from .fourier import (
+    NEAR_BOOLEAN,
+    _near_two_valued,
     average_sensitivity_fourier,
     degree,
     fourier_coefficients,
@@ -525,6 +530,40 @@ def _warn_real_column(f: object, output: Output, rule: str) -> None:
     )
 
 
+def _held_modules_of(f: object) -> list[nn.Module]:
+    return [] if isinstance(f, Tensor) else _held_modules(f)
+
+
+def _warn_near_boolean(values: Tensor, output: Output, rule: str, counted: bool = True) -> None:
+    """Say so when ``output="auto"`` chose ``"real"`` for values that all lie within
+    :data:`~senslab.measure.fourier.NEAR_BOOLEAN` of 0 and 1 (or of −1 and 1), each taken: a
+    Boolean function up to rounding (a saturated sigmoid's 0.9999999) gets the "real" count,
+    a quarter of its flips for 0/1 values (0.469 for MAJORITY on 5 bits, not 1.875), while
+    exact 0/1 values would be counted by class. ``counted``: the caller counts changes
+    (boolean_sensitivity), else it returns the table (truth_table). The number is unchanged."""
+    if output != "auto" or rule != "real" or not values.is_floating_point():
+        return
+    pair = _near_two_valued(values.unique())
+    if pair is not None:
+        low, high = pair
+        boolean = f"output='sign' with threshold={(low + high) / 2:g}"
+        if counted:
+            what = ("counts the squared change / 4 (output='real')", "class changes "
+                    + ("are about 4 times this count" if low == 0.0 else "this nearly is"),
+                    f"Pass {boolean} to count class changes")
+        else:
+            what = ("returns the values as they are (output='real')",
+                    "±1 table the Fourier functions would analyse",
+                    f"Pass {boolean} for the ±1 table")
+        warnings.warn(
+            f"output='auto' {what[0]} for real values that all lie within {NEAR_BOOLEAN:g} "
+            f"of {low:g} or {high:g}: a Boolean function up to rounding (a saturated "
+            f"sigmoid's 0.9999999?), whose {what[1]}. {what[2]}, or output='real' to keep "
+            "these values without this warning",
+            UserWarning, stacklevel=4,
+        )
+
+
 def _changes(v0: Tensor, nb: Tensor, rule: str, threshold: float) -> Tensor:
     """(m, n) change per point and flipped bit: indicator ("sign") or squared change / 4."""
     if rule == "real":
@@ -552,7 +591,10 @@ def truth_table(
     probability column, else 0 —, label 1, or argmax 1 of two logits), so Fourier analysis
     applies directly; more than two integer classes stay long labels. With "real" the table
     holds the float64 outputs. f is called on at most ``chunk_size`` rows at a time. The
-    ``threshold`` and the refusals are those of :func:`boolean_sensitivity`.
+    ``threshold`` and the refusals are those of :func:`boolean_sensitivity`; in addition,
+    ``output="auto"`` refuses an f that returns 0 for every string (the zero function, or the
+    constant False of a logit or Boolean f: pass ``output="real"`` or ``output="sign"``), and
+    warns when it returns values near 0/1 or ±1 as they are.
     """
     _check_threshold_type(threshold)
     output, kind = _declared(f, output)
@@ -561,8 +603,18 @@ def truth_table(
     rule = _resolve(values, output)
     _check_threshold(rule, output, threshold, values)
     _check_unit_interval(rule, values, kind, threshold)
+    if output == "auto" and rule == "sign" and threshold is None and values.is_floating_point() \
+            and not bool(values.ne(0).any()):
+        raise ValueError(
+            "f returned 0 for every string: a real-valued f that is the zero function (a "
+            "table of zeros) or a logit or Boolean f that is the constant False (a table of "
+            "−1)? output='auto' cannot tell. Pass output='real' for the zeros or output='sign' "
+            "for the −1 table")
+    _warn_near_boolean(values, output, rule, counted=False)
     if rule == "real":
-        if low is not None and degree(values.double()) != degree(values.double(), rtol=1e-2):
+        table = values.double()  # read as it is: a table of zeros, or of 0/1, is real here
+        if low is not None and degree(table, output="real") != degree(table, rtol=1e-2,
+                                                                      output="real"):
             warnings.warn(
                 f"the truth table holds {_dtype_name(low)} outputs "
                 f"({8 if low == torch.bfloat16 else 11} significant bits), returned as "
@@ -690,6 +742,8 @@ def boolean_sensitivity(
         _check_threshold(rule, output, threshold, table)
         _check_unit_interval(rule, table, kind, threshold)
         _warn_real_column(f, output, rule)
+        if rule == "real" and not _held_modules_of(f):  # a model: _warn_real_column's
+            _warn_near_boolean(table, output, rule)
         boundary = _boundary(table, kind, threshold)
         stats = _Stats(n)
         masks = 1 << torch.arange(n)
@@ -735,6 +789,8 @@ def boolean_sensitivity(
     _check_threshold(rule, output, threshold, v0)
     _check_unit_interval(rule, torch.cat([v0, nb.reshape(-1)]), kind, threshold)
     _warn_real_column(f, output, rule)
+    if rule == "real" and not _held_modules_of(f):
+        _warn_near_boolean(torch.cat([v0, nb.reshape(-1)]), output, rule)
     stats = _Stats(n)
     stats.add(_changes(v0, nb, rule, _boundary(v0, kind, threshold)))
     evaluations = 0 if is_table else num_samples * (n + 1)

@@ -11,6 +11,8 @@ encoding of :mod:`senslab.measure.boolean` (subset S = bitmask, ``coefficients[S
 from __future__ import annotations
 
 import math
+import sys
+import warnings
 from numbers import Real
 
 import torch
@@ -19,17 +21,69 @@ from torch import Tensor
 from ._cube import check_n, table_n
 
 
-def _spectrum(table: Tensor, coefficients: bool, output: str = "auto") -> Tensor:
+def _spectrum(table: Tensor, coefficients: bool, output: str = "auto",
+              constant_free: bool = False) -> Tensor:
+    """f̂ of a table (or the coefficients given). ``constant_free``: the caller's number
+    ignores f̂(∅) (degree, influences, as(f)), so a float table of zeros, which ``"auto"``
+    refuses as ambiguous, is read as the zero function: both readings give the same number."""
     table_n(table)
     if table.dim() == 2:
         table = table[:, 0]
-    return table.double() if coefficients else fourier_coefficients(table, output=output)
+    if not coefficients:
+        if constant_free and output == "auto" and table.is_floating_point() \
+                and not bool(table.ne(0).any()):
+            output = "real"
+        return fourier_coefficients(table, output=output)
+    _check_finite(table, "coefficients")
+    return table.double()
+
+
+def _check_finite(table: Tensor, what: str = "table") -> None:
+    """Refuse NaN or infinite entries: one NaN makes every coefficient NaN, which compares
+    False with every cut, so degree() read a table with one NaN as degree 0."""
+    if table.is_floating_point() and not bool(torch.isfinite(table).all()):
+        bad = table[~torch.isfinite(table)]
+        fix = ("recompute them with fourier_coefficients(table)" if what == "coefficients"
+               else "evaluate f again where it failed: a truth table needs all 2ⁿ values")
+        raise ValueError(
+            f"the {what} {'hold' if what == 'coefficients' else 'holds'} {bad.numel()} NaN or "
+            f"infinite entries ({bad[:3].tolist()}…), "
+            f"so every Fourier quantity would be NaN or wrong: {fix}")
+
+
+_PAIRS = ((0.0, 1.0), (-1.0, 1.0))
+
+#: a float table whose values all lie within this of 0/1 (or of ±1), each of the two taken,
+#: is a Boolean function up to rounding (a saturated sigmoid's 0.9999999) to ``output="auto"``
+NEAR_BOOLEAN = 1e-2
 
 
 def _two_valued(values: Tensor) -> bool:
-    """Whether every value is 0 or 1, or every value is −1 or 1."""
-    return bool(torch.isin(values, torch.tensor([0, 1], dtype=values.dtype)).all()
-                or torch.isin(values, torch.tensor([-1, 1], dtype=values.dtype)).all())
+    """Whether every value is 0 or 1, or every value is −1 or 1 (compared as float64: a uint8
+    −1 would wrap to 255, so labels {1, 255} read as the constant +1)."""
+    values = values.double()
+    return any(bool(torch.isin(values, values.new_tensor(pair)).all()) for pair in _PAIRS)
+
+
+def _near_two_valued(values: Tensor) -> tuple[float, float] | None:
+    """The pair (0/1 or ±1) that every value lies within :data:`NEAR_BOOLEAN` of, each of the
+    two taken by some value, if any; None otherwise."""
+    values = values.double()
+    for low, high in _PAIRS:
+        near_low = (values - low).abs() <= NEAR_BOOLEAN
+        near_high = (values - high).abs() <= NEAR_BOOLEAN
+        if bool((near_low | near_high).all() and near_low.any() and near_high.any()):
+            return low, high
+    return None
+
+
+def _caller_level() -> int:
+    """warnings.warn's stacklevel of the first frame outside this file (the user's call), for
+    a warning raised in the function that calls this."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _real_values(table: Tensor, output: str = "auto") -> Tensor:
@@ -41,15 +95,44 @@ def _real_values(table: Tensor, output: str = "auto") -> Tensor:
     would give a quarter of the flip count. ``"real"`` takes the numbers as they are (bool as
     0/1). ``"auto"`` reads bool and integer tables, and float tables whose values are all 0 or 1
     (or all ±1), as Boolean — the float 0/1 table of ``majority`` was read as numbers, a quarter
-    of its flips — and other float tables as real. Multi-class labels are refused."""
+    of its flips — and other float tables as real. Multi-class labels are refused, and so are
+    NaN or infinite entries.
+
+    Under ``"auto"`` a float table holding only 0 is refused: it is the zero function (f̂ = 0,
+    Stab_ρ = 0) as much as the constant False (f̂(∅) = −1, Stab_ρ = 1), and the error names
+    both ``output="real"`` and ``output="sign"``. A float table read as real whose values all
+    lie within :data:`NEAR_BOOLEAN` of 0 and 1 (or of −1 and 1), each taken, is a Boolean
+    function up to rounding (a saturated sigmoid): read as numbers, a 0/1 one gives about a
+    quarter of its flip count, so ``"auto"`` warns; ``output="real"`` keeps the numbers
+    without the warning, ``table > 0.5`` (``table > 0`` for ±1) gives the Boolean function."""
     if output not in ("auto", "sign", "real"):
         raise ValueError(f"output must be 'auto', 'sign' or 'real', got {output!r}")
+    _check_finite(table)
     if output == "real":
         return table.double()
     values = table.unique()
+    if output == "auto" and table.is_floating_point() and not bool(values.ne(0).any()):
+        raise ValueError(
+            f"this float table holds only 0 ({table.numel()} values): the zero function "
+            "(every f̂(S) = 0, noise stability 0) or the Boolean constant False (f̂(∅) = −1, "
+            "noise stability 1)? Pass output='real' for the zero function or output='sign' "
+            "for the constant False (or a bool table)")
     if table.dtype == torch.bool or _two_valued(values):
         return (table > 0).double() * 2 - 1  # 1 → +1; 0 or −1 → −1
     if table.is_floating_point() and output == "auto":
+        pair = _near_two_valued(values)
+        if pair is not None:
+            low, high = pair
+            cut = (low + high) / 2
+            warnings.warn(
+                f"output='auto' reads this float table as real numbers, but every value lies "
+                f"within {NEAR_BOOLEAN:g} of {low:g} or {high:g}: a Boolean function up to "
+                f"rounding (a saturated sigmoid's 0.9999999?) would read as its ±1 function"
+                + (", with about 4 times the spectral weight off ∅ (as(f), influences)"
+                   if low == 0.0 else "") +
+                f". Pass table > {cut:g} for the Boolean function, or output='real' to keep "
+                "the numbers without this warning",
+                UserWarning, stacklevel=_caller_level())
         return table.double()
     if table.is_floating_point():
         raise ValueError(
@@ -66,7 +149,11 @@ def fourier_coefficients(table: Tensor, *, output: str = "auto") -> Tensor:
     """All 2ⁿ Fourier coefficients f̂(S) = 2⁻ⁿ Σ_x f(x) χ_S(x), indexed by the bitmask S. A
     Boolean table (bool, or labels 0/1 or ±1 of any dtype, float included) is read as its ±1
     function (+1 on True / label 1, as :func:`~senslab.measure.boolean.truth_table`);
-    ``output="real"`` takes a table's numbers as they are (:func:`_real_values`).
+    ``output="real"`` takes a table's numbers as they are (:func:`_real_values`). Under
+    ``output="auto"`` a float table of zeros is refused — the zero function (f̂ = 0) or the
+    constant False (f̂(∅) = −1)? pass ``output="real"`` or ``output="sign"`` — and a float
+    table within :data:`NEAR_BOOLEAN` of 0/1 or ±1 but not on them (a saturated sigmoid) is
+    read as real with a warning. NaN or infinite entries are refused.
 
     Fast Walsh–Hadamard transform: for each bit j, every pair of entries (a, b) whose indices
     differ only in bit j becomes (a + b, a − b); n such butterfly passes of O(2ⁿ) tensor work
@@ -99,7 +186,10 @@ def spectral_weights(table: Tensor, *, coefficients: bool = False,
     Pass ``coefficients=True`` when ``table`` already holds f̂ (from fourier_coefficients);
     ``output``: how a table is read, as in :func:`fourier_coefficients`.
     """
-    c = _spectrum(table, coefficients, output)
+    return _weights(_spectrum(table, coefficients, output))
+
+
+def _weights(c: Tensor) -> Tensor:
     n = table_n(c)
     return torch.zeros(n + 1, dtype=torch.float64).index_add_(0, subset_sizes(n), c.pow(2))
 
@@ -111,7 +201,9 @@ DEGREE_RTOL = 1e-6
 
 def degree(table: Tensor, tol: float | None = None, *, rtol: float | None = None,
            coefficients: bool = False, output: str = "auto") -> int:
-    """deg(f) = max |S| with |f̂(S)| > cut (0 for a constant, including the zero function).
+    """deg(f) = max |S| with |f̂(S)| > cut (0 for a constant, including the zero function: a
+    float table of zeros, which :func:`fourier_coefficients` refuses as ambiguous, has degree 0
+    in either reading, as do its influences and :func:`average_sensitivity_fourier`).
 
     The cut is relative to the table's scale ‖f‖₂ = (Σ_S f̂(S)²)^½ = E[f²]^½ (Parseval):
     ``rtol``·‖f‖₂. The default ``rtol`` is ``min(DEGREE_RTOL, 2⁻ⁿ)``: 1e-6 ignores the
@@ -131,7 +223,7 @@ def degree(table: Tensor, tol: float | None = None, *, rtol: float | None = None
         if value is not None and (isinstance(value, bool) or not isinstance(value, Real)
                                   or not math.isfinite(value) or value < 0):
             raise ValueError(f"{name} must be a finite number ≥ 0, got {value!r}")
-    c = _spectrum(table, coefficients, output)
+    c = _spectrum(table, coefficients, output, constant_free=True)
     n = table_n(c)
     if tol is not None:
         cut = float(tol)
@@ -162,7 +254,7 @@ def average_sensitivity_fourier(table: Tensor, *, coefficients: bool = False,
                                 output: str = "auto") -> float:
     """Σ_S |S| f̂(S)²: as(f) for ±1-valued f, the "real" sensitivity Σᵢ E[(D_i f)²] otherwise
     (``output``: how a table is read, as in :func:`fourier_coefficients`)."""
-    weights = spectral_weights(table, coefficients=coefficients, output=output)
+    weights = _weights(_spectrum(table, coefficients, output, constant_free=True))
     return float((weights * torch.arange(len(weights), dtype=torch.float64)).sum())
 
 
@@ -170,7 +262,7 @@ def influence_fourier(table: Tensor, *, coefficients: bool = False,
                       output: str = "auto") -> Tensor:
     """Inf_i(f) = Σ_{S∋i} f̂(S)² for every bit i, a float64 tensor (n,) (``output``: how a
     table is read, as in :func:`fourier_coefficients`)."""
-    c = _spectrum(table, coefficients, output)
+    c = _spectrum(table, coefficients, output, constant_free=True)
     n = table_n(c)
     w = c.pow(2)
     # S ∋ i ⇔ bit i of S is set: the second half of every (−1, 2, 2ⁱ) block.
