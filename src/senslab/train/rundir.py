@@ -586,12 +586,37 @@ class RunDir:
         atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
 
     def config_digest(self) -> str | None:
-        """SHA-256 of the run's config.json as written (None without one): what a checkpoint
-        and a cached measurement record of the run that made them (:meth:`save_checkpoint`)."""
+        """SHA-256 of the run's config.json as written (None without one): the raw digest of
+        :meth:`config_digests`."""
+        return self.config_digests().get(RAW_DIGEST)
+
+    def config_digests(self) -> dict[str, str]:
+        """What a checkpoint (:meth:`save_checkpoint`) and a cached measurement record of the
+        config.json of the run that made them, for :meth:`config_matches`: ``config_sha256``,
+        the SHA-256 of the file as written, and ``config_canonical_sha256``, that of its parsed
+        JSON in one fixed form (keys sorted, no spaces), which a config.json re-indented or with
+        its keys reordered by hand keeps. The canonical one is left out when the file is not
+        valid JSON; ``{}`` without a config.json."""
         try:
-            return hashlib.sha256((self.path / "config.json").read_bytes()).hexdigest()
+            data = (self.path / "config.json").read_bytes()
         except FileNotFoundError:
-            return None
+            return {}
+        out = {RAW_DIGEST: hashlib.sha256(data).hexdigest()}
+        try:
+            parsed = json.loads(data)
+        except (ValueError, RecursionError):  # damaged: the raw digest alone
+            return out
+        canonical = json.dumps(parsed, sort_keys=True, separators=(",", ":"))
+        out[CANONICAL_DIGEST] = hashlib.sha256(canonical.encode()).hexdigest()
+        return out
+
+    def config_matches(self, recorded: dict[str, Any]) -> bool:
+        """Whether ``recorded`` (:meth:`config_digests` as a checkpoint or a cached measurement
+        recorded them) describes the run's config.json now: its raw digest is the file's, or
+        its canonical one (when recorded: a record of an older senslab holds the raw one only)
+        is that of the file's parsed JSON. False without a config.json, and for a record holding
+        neither digest."""
+        return _digests_match(recorded, self.config_digests())
 
     # -- checkpoints ---------------------------------------------------------------------------
     def save_checkpoint(self, state: dict[str, Any], step: int, keep: int = 2) -> Path | None:
@@ -609,9 +634,8 @@ class RunDir:
             with open(self.metrics_path, "rb") as f:
                 os.fsync(f.fileno())
             records = len(self.metrics())
-        digest = self.config_digest()
-        atomic_write_bytes(path, encode({**state, METRIC_RECORDS: records,
-                                         **({CONFIG_DIGEST: digest} if digest else {})}))
+        digests = {STATE_KEYS[k]: v for k, v in self.config_digests().items()}
+        atomic_write_bytes(path, encode({**state, METRIC_RECORDS: records, **digests}))
         for old in self.checkpoints()[:-keep] if keep > 0 else []:
             if old == path:  # a later one left by another sitting never outlives this sitting's
                 continue
@@ -646,16 +670,23 @@ class RunDir:
             raise CheckpointError(f"{path} cannot be read ({err.strerror or err})") from None
         state = decode(data, path, allow_unverified)
         records = state.pop(METRIC_RECORDS, None)
-        written = state.pop(CONFIG_DIGEST, None)
-        if written is not None:
-            here = RunDir(path.parent.parent, readonly=True).config_digest()
-            if here is not None and here != written:
-                raise ForeignCheckpointError(
-                    f"{path} was written beside another config.json than "
-                    f"{path.parent.parent / 'config.json'} (copied in from another run, or "
-                    "config.json replaced): its weights belong to that run, and resuming or "
-                    "measuring them here would mix two runs; move it back to the run directory "
-                    "that wrote it, or delete it")
+        written = {k: v for k, key in STATE_KEYS.items() if (v := state.pop(key, None)) is not None}
+        # one without the raw digest was written before checkpoints recorded their config.json
+        here = (RunDir(path.parent.parent, readonly=True).config_digests()
+                if RAW_DIGEST in written else {})
+        if here and not _digests_match(written, here):
+            # one of an older senslab records the file's bytes only: a config.json re-indented
+            # by hand, same settings, is another to it
+            raw_only = ("; it records config.json byte for byte (an older senslab wrote it), so "
+                        "if config.json was only re-indented or its keys reordered, put back the "
+                        "file as senslab wrote it instead"
+                        if CANONICAL_DIGEST not in written else "")
+            raise ForeignCheckpointError(
+                f"{path} was written beside another config.json than "
+                f"{path.parent.parent / 'config.json'} (copied in from another run, or "
+                "config.json replaced): its weights belong to that run, and resuming or "
+                "measuring them here would mix two runs; move it back to the run directory "
+                f"that wrote it, or delete it{raw_only}")
         return state, None if records is None else int(records)
 
     def load_latest(self, allow_unverified: bool = False, resume: bool = False
@@ -819,6 +850,8 @@ class RunDir:
                 + fix())
         try:
             state, _ = self._load(newest, allow_unverified)
+        except ForeignCheckpointError as err:  # not damaged: deleting it would lose that run's
+            raise RunDirError(str(err)) from None
         except NewerCheckpointError:
             raise self._newer(newest, newer_format(newest)) from None
         except CheckpointError as err:
@@ -865,11 +898,22 @@ def load_model_state(model: torch.nn.Module, state: dict[str, Any], path: Path) 
 
 #: the key a checkpoint records the metric log's length under (:meth:`RunDir.save_checkpoint`)
 METRIC_RECORDS = "_metric_records"
-#: the key a checkpoint records its run's :meth:`RunDir.config_digest` under: one copied into
-#: another run's directory was resumed without a word (a seed-1 checkpoint in a seed-0 run)
-CONFIG_DIGEST = "_config_sha256"
+#: the names of :meth:`RunDir.config_digests`: of config.json as written, and of its parsed JSON
+RAW_DIGEST, CANONICAL_DIGEST = "config_sha256", "config_canonical_sha256"
+#: the keys a checkpoint records its run's :meth:`RunDir.config_digests` under: one copied into
+#: another run's directory was resumed without a word (a seed-1 checkpoint in a seed-0 run).
+#: A checkpoint written before the canonical one was recorded holds the raw one only.
+CONFIG_DIGEST = "_" + RAW_DIGEST
+STATE_KEYS = {RAW_DIGEST: CONFIG_DIGEST, CANONICAL_DIGEST: "_" + CANONICAL_DIGEST}
 #: how often :meth:`RunDir.load_latest` reads the list again when a checkpoint vanished
 VANISHED_RETRIES = 5
+
+
+def _digests_match(recorded: dict[str, Any], now: dict[str, str]) -> bool:
+    """Whether the config.json digests ``recorded`` are of the config.json whose digests are
+    ``now`` (:meth:`RunDir.config_matches`)."""
+    return any(key in now and recorded.get(key) == now[key]
+               for key in (RAW_DIGEST, CANONICAL_DIGEST))
 
 
 def _own_file(name: str) -> bool:
