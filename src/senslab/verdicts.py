@@ -10,16 +10,19 @@ its reference distribution. :func:`judge` decides every part with a two-sided te
 * **supported** — the interval lies above zero (the claimed side);
 * **contradicted** — it lies below zero (the other side);
 * **inconclusive** — it contains zero. The part then states the smallest effect it could have
-  detected with power :data:`POWER`,
-  :math:`(t_{1-\alpha_i/2,\nu} + t_{\text{power},\nu})\,\mathrm{se}`.
+  detected with power :data:`POWER` (:meth:`Effect.detectable`: on the normal
+  :math:`(z_{1-\alpha_i/2} + z_{\text{power}})\,\mathrm{se}`, on Student's t the effect at which
+  the noncentral t crosses :math:`\pm t_{1-\alpha_i/2,\nu}` with that probability).
 
 A claim with :math:`m > 1` parts is decided with Holm's step-down correction: the parts sorted by
 their two-sided p-values :math:`p_{(1)} \le \dots \le p_{(m)}` are tested at
 :math:`\alpha_i = \alpha/(m - i + 1)` until the first that is not significant; that part and
 every later one are tested at that part's level (so none of them is significant). Each part's
 interval is at its own level :math:`1 - \alpha_i`, so a part is decided exactly when its interval
-excludes zero. The claim is supported if every part is, contradicted if any part is, and
-inconclusive otherwise. "Not comparable" is not decided here: it is for runs that failed the
+excludes zero; "significant" in the step-down means just that (a p-value within rounding of
+:math:`\alpha_i` cannot step on past a part whose interval contains zero, nor stop at a part
+whose interval excludes it). The claim is supported if every part is, contradicted if any part
+is, and inconclusive otherwise. "Not comparable" is not decided here: it is for runs that failed the
 claim's precondition (unequal train accuracy, a run that never converged), and the experiment
 returns it before any effect is judged.
 
@@ -40,10 +43,18 @@ Where an effect comes from:
   seed without a measurement error (an exact quantity, or one whose error is not given) has no
   standard error, and the part says that seed-to-seed variation needs at least 2 seeds (before
   2026-11-30 it, too, read "measurement noise only", although there was no measurement noise).
+  A measurement error of exactly 0 is no measurement error: one such seed has no standard error
+  either (before 2026-12-03 it read "+0.5 [+0.5, +0.5] supported, p = 0").
   Seeds that all tie, without a (non-zero) measurement error, give no standard error at all:
   the spread of a few seeds that happen to agree is chance, not precision, so the part is
   inconclusive and says that the seeds tied and more are needed (before 2026-11-30 it read
   "+0.5 [+0.5, +0.5] supported, p = 0").
+  The spread is summed with scaling (:func:`math.hypot`), so that values below about
+  :math:`10^{-154}` or above :math:`10^{154}` neither underflow to a standard error of 0 nor
+  overflow (before 2026-12-03 three seeds of order :math:`10^{-200}` read "supported, p = 0").
+* :func:`paired_by_seed` — ``high − low`` per seed over the seeds both sides have, by seed id; a
+  seed that only one side has is left out, and the part says which ("seeds without a pair, left
+  out: ...") in its ``method`` and in its words.
 * :func:`measured` — one estimate with a measurement standard error (normal reference).
 * :func:`bootstrap` — a statistic of a set of runs: the standard error is the standard
   deviation of the statistic over runs resampled with replacement (a fixed generator), with
@@ -62,15 +73,15 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from scipy import optimize, stats
 
 __all__ = [
     "ALPHA", "CONTRADICTED", "INCONCLUSIVE", "NOT_COMPARABLE", "NO_SE", "POWER", "RHO_CLIP",
-    "SUPPORTED", "WORDS", "Effect", "bootstrap", "describe", "fisher_z", "judge", "measured",
-    "not_comparable", "over_seeds", "paired_by_seed", "plain", "verdict",
+    "SUPPORTED", "UNPAIRED", "WORDS", "Effect", "bootstrap", "describe", "fisher_z", "judge",
+    "measured", "not_comparable", "over_seeds", "paired_by_seed", "plain", "verdict",
 ]
 
 SUPPORTED = "supported"
@@ -87,6 +98,9 @@ POWER = 0.8
 BOOTSTRAP = 2000
 #: what an Effect's ``method`` says, followed by the reason, when it has no standard error
 NO_SE = "no standard error: "
+#: what an Effect's ``method`` says, followed by the seeds, when :func:`paired_by_seed` left
+#: out seeds that only one side has
+UNPAIRED = "seeds without a pair, left out: "
 #: values of seeds closer than this, relative to their size, are tied (:func:`over_seeds`)
 TIE_TOLERANCE = 1e-12
 #: |ρ| is clipped to this before Fisher's z, so that a perfect rank order stays finite
@@ -122,6 +136,11 @@ class Effect:
     method: str = "measurement"
     #: what one of the ``seeds`` independent units is, in words ("seed", "run", "setting")
     unit: str = "seed"
+
+    def __post_init__(self) -> None:
+        if self.se < 0:  # NaN (unknown) passes
+            raise ValueError(f"Effect {self.what!r}: standard error {self.se} < 0 (a standard "
+                             "error is a square root; pass its absolute value, or NaN if unknown)")
 
     def quantile(self, q: float) -> float:
         """The ``q`` quantile of the reference distribution (t with ``df``, or normal)."""
@@ -185,16 +204,18 @@ def over_seeds(values: Sequence[float], measure_ses: Sequence[float] | None = No
     if not vals:
         raise ValueError("over_seeds: no values (no seed produced this quantity)")
     n = len(vals)
-    se_m = (math.sqrt(sum(float(s) ** 2 for s in measure_ses)) / n
+    # hypot: a sum of squares that neither underflows (tiny values) nor overflows (huge ones)
+    se_m = (math.hypot(*(float(s) for s in measure_ses)) / n
             if measure_ses is not None else None)
-    if n == 1:
-        return Effect(vals[0], math.nan if se_m is None else se_m, math.inf, 1, se_m, None, what,
+    if n == 1:  # a measurement error of 0 is none: no standard error, not an exact value
+        return Effect(vals[0], se_m if se_m else math.nan, math.inf, 1, se_m, None, what,
                       f"measurement (one {unit})", unit)
     mean = sum(vals) / n
-    sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1))
+    sd = math.hypot(*(v - mean for v in vals)) / math.sqrt(n - 1)
     se = sd / math.sqrt(n)
     method = f"mean over {n} {unit}s (t)"
-    tied = max(vals) - min(vals) <= TIE_TOLERANCE * max(abs(v) for v in vals)
+    tied = (all(math.isfinite(v) for v in vals)
+            and max(vals) - min(vals) <= TIE_TOLERANCE * max(abs(v) for v in vals))
     if se_m is not None and (se < se_m or (tied and se_m > 0)):
         # a small spread cannot undo a known measurement error
         se, method = se_m, f"mean over {n} {unit}s (t; s.e. floored at the measurement error)"
@@ -209,14 +230,23 @@ def over_seeds(values: Sequence[float], measure_ses: Sequence[float] | None = No
 def paired_by_seed(low: Mapping[Any, tuple[float, float]], high: Mapping[Any, tuple[float, float]],
                    what: str = "") -> Effect:
     """``high − low`` paired by seed: ``{seed: (value, measurement se)}`` of each side; the seeds
-    both sides have. The measurement standard error of one difference is taken as
+    both sides have (by seed id, not by position). A seed that only one side has is left out,
+    and the part's ``method`` says which, after :data:`UNPAIRED` (:func:`describe` repeats it).
+    The measurement standard error of one difference is taken as
     :math:`\\sqrt{\\mathrm{se}_\\text{low}^2 + \\mathrm{se}_\\text{high}^2}` (an upper bound
     when both were measured on the same draws)."""
     seeds = sorted(set(low) & set(high), key=str)
     if not seeds:
         raise ValueError(f"paired_by_seed ({what}): no seed has both sides")
-    return over_seeds([high[s][0] - low[s][0] for s in seeds],
-                      [math.hypot(high[s][1], low[s][1]) for s in seeds], what)
+    e = over_seeds([high[s][0] - low[s][0] for s in seeds],
+                   [math.hypot(high[s][1], low[s][1]) for s in seeds], what)
+    alone = [f"{', '.join(map(str, sorted(set(side) - set(seeds), key=str)))} ({name} only)"
+             for name, side in (("low", low), ("high", high)) if set(side) - set(seeds)]
+    if alone:  # before the reason for no standard error, which describe() quotes to the end
+        head, no_se, why = e.method.partition(NO_SE)
+        e = replace(e, method=f"{head.rstrip('; ')}; {UNPAIRED}{'; '.join(alone)}"
+                              + (f"; {no_se}{why}" if no_se else ""))
+    return e
 
 
 def bootstrap(units: Sequence[Any], statistic: Callable[[list[Any]], float], what: str = "",
@@ -272,10 +302,10 @@ def judge(parts: Mapping[str, Effect], alpha: float = ALPHA,
     stopped: float | None = None
     for i, name in enumerate(order):
         level = alpha / (m - i)
-        if stopped is None:
-            p = parts[name].p_value()
-            if not (p < level):
-                stopped = level
+        # significant: decided at this level, the interval's test (p < level can disagree with it
+        # when |t| is within rounding of the critical value)
+        if stopped is None and _decide(parts[name], level) == INCONCLUSIVE:
+            stopped = level
         levels[name] = level if stopped is None else stopped
     out: dict[str, dict[str, Any]] = {}
     for name, e in parts.items():
@@ -344,6 +374,9 @@ def describe(name: str, part: Mapping[str, Any]) -> str:
             why = method.split(NO_SE, 1)[1] if NO_SE in method else ""
             text += (f", could detect ≥ {abs(det):.3g}" if det is not None
                      else ", no uncertainty estimate" + (f" ({why})" if why else ""))
+    method = part.get("method") or ""
+    if UNPAIRED in method:
+        text += f" ({UNPAIRED}{method.split(UNPAIRED, 1)[1].split(NO_SE, 1)[0].rstrip('; ')})"
     if seeds == 1 and part.get("method", "").startswith("measurement"):
         se_m = part.get("se_measure")
         if isinstance(se_m, int | float) and math.isfinite(se_m) and se_m > 0:
