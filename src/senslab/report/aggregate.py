@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -56,17 +56,23 @@ def is_number(value: Any) -> bool:
 @dataclass(frozen=True)
 class Stat:
     """A number with its spread: ``mean ± spread`` where ``kind`` says what the spread is
-    (``"std"`` over ``n`` ≥ 2 runs, ``"se"`` a single run's standard error, ``""`` none)."""
+    (``"std"`` over ``n`` ≥ 2 runs, ``"se"`` a single run's standard error, ``""`` none).
+
+    ``of`` is how many runs the number's row holds, where only ``n`` of them have the metric:
+    the text then says so (``0.2 ± 0.14 (2 of 3 runs)``)."""
 
     mean: float
     spread: float | None = None
     n: int = 1
     kind: str = ""
+    of: int | None = None
 
     def __str__(self) -> str:
         text = format_number(self.mean)
         if self.spread is not None:
             text += f" ± {self.spread:.2g}"
+        if self.of is not None and self.n < self.of:
+            text += f" ({self.n} of {self.of} runs)"
         return text
 
 
@@ -108,9 +114,11 @@ def final_table(
     Each row has ``label``, ``runs`` (how many runs it aggregates), ``seeds`` and, per metric key,
     a :class:`Stat` (mean ± std over the label's runs that logged it, ``n`` of them; a single
     value shows its own run's ``<key>_se`` when logged). A metric a run never logged is left out
-    of that run's mean; a label where no run logged it has no entry for it. Per-run rows have
-    ``label``, ``run`` (its name) and ``seed``. An unfinished run (no ``summary.json``) is left
-    out of its label's row and has a row of its own, labelled ``<label> (unfinished, step N)``.
+    of that run's mean, and the Stat's text says over how many of the row's runs it is
+    (``0.2 ± 0.14 (2 of 3 runs)``); a label where no run logged it has no entry for it. Per-run
+    rows have ``label``, ``run`` (its name) and ``seed``. An unfinished run (no ``summary.json``)
+    is left out of its label's row and has a row of its own, labelled
+    ``<label> (unfinished, step N)``.
     """
     keys = list(keys) if keys is not None else metric_keys(runs)
     groups = [[r] for r in runs] if per_run else list(group_by_label(runs).values())
@@ -129,7 +137,9 @@ def final_table(
                 continue
             # a single value's standard error is that run's, not the label's first run's
             se = supplied[0].get(f"{key}_se") if len(values) == 1 else None
-            row[key] = summarize(values, se if is_number(se) else None)
+            stat = summarize(values, se if is_number(se) else None)
+            # a run that lacks the metric is left out: the row's run count is not this one's
+            row[key] = replace(stat, of=len(group)) if len(values) < len(group) else stat
         rows.append(row)
     return rows
 

@@ -31,10 +31,7 @@ from senslab.report.runs import (
     Run,
     RunFormatError,
     as_paths,
-    is_experiment_dir,
-    load_experiment,
-    load_run,
-    warn_unfinished,
+    load_all,
 )
 
 # Which final metric the bar chart shows: the first one any run has.
@@ -80,19 +77,6 @@ def _value_text(value: Any) -> str:
     return str(value)
 
 
-def _collect(paths: Sequence[Path]) -> tuple[list[Experiment], list[Run]]:
-    experiments, runs = [], []
-    for p in paths:
-        if is_experiment_dir(p):
-            exp = load_experiment(p)
-            experiments.append(exp)
-            runs.extend(exp.runs)
-        else:
-            runs.append(load_run(p))
-    warn_unfinished(runs)
-    return experiments, runs
-
-
 def make_report(
     paths: PathLike | Iterable[PathLike],
     out_dir: PathLike | None = None,
@@ -112,7 +96,8 @@ def make_report(
     :func:`~senslab.report.plots.plot_curves`. Returns the path of ``report.html``.
     """
     path_list = as_paths(paths)
-    experiments, runs = _collect(path_list)
+    # read as load_runs reads them: runs of other settings apart, a run given twice refused
+    experiments, runs = load_all(path_list)
     if not runs:
         raise RunFormatError(
             f"no runs found in {', '.join(map(str, path_list))}; run the experiment first "
@@ -192,7 +177,9 @@ def render_html(
     parts.append(_table_html(final_table(runs)))
     parts.append(
         '<p class="note">± is the standard deviation over a label\'s seeds; for a '
-        "label with a single run, the standard error of its estimate (where logged).</p>"
+        "label with a single run, the standard error of its estimate (where logged). "
+        "“(k of R runs)”: only k of the label's R runs have that metric, and the number is "
+        "over those k.</p>"
     )
     parts.append("<details><summary>Per run</summary>")
     parts.append(_table_html(_with_status(final_table(runs, per_run=True), runs)))

@@ -10,13 +10,20 @@ a report because colours are assigned from the sorted label list.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from senslab.report.aggregate import aggregate_curve, final_table, is_number, metric_keys
+from senslab.report.aggregate import (
+    aggregate_curve,
+    final_table,
+    format_number,
+    is_number,
+    metric_keys,
+)
 from senslab.report.runs import PathLike, Run, group_by_label
 
 if TYPE_CHECKING:
@@ -126,12 +133,18 @@ def plot_curves(
     those runs (a single run shows its 95% CI when it logged ``<key>_ci`` or ``<key>_se``).
     Train/val/test of a metric share a panel, told apart by line style. ``x`` is ``"epoch"`` or
     ``"step"``; ``logy`` is ``True`` for every panel or a set of metric keys whose panels get a
-    log y-axis; ``logx`` masks x = 0.
+    log y-axis; ``logx`` masks x = 0. Where a run logs records without an epoch (a pretrained
+    model's measurement), every curve is drawn against the step instead, and the axis says so.
+    A point whose mean is NaN or inf (a run logged one) is not drawn, with a warning naming it.
     """
     import matplotlib
 
     if x not in ("epoch", "step"):
         raise ValueError(f"x must be 'epoch' or 'step', got {x!r}")
+    xlabel = "epoch" if x == "epoch" else "optimizer step"
+    if x == "epoch" and any("epoch" not in row for run in runs for row in run.metrics):
+        # against the epoch, such a run's curves would have no x and draw nothing
+        x, xlabel = "step", "step (some runs log no epoch)"
     if isinstance(logy, str):  # one key, not a collection of its characters
         logy = {logy}
     panels = curve_panels(runs, keys)
@@ -142,6 +155,7 @@ def plot_curves(
     ncols = min(3, len(panels))
     nrows = math.ceil(len(panels) / ncols)
     splits_used: set[str] = set()
+    not_finite: list[str] = []
     with matplotlib.rc_context(STYLE):
         fig = _figure(3.8 * ncols + 1.6, 2.9 * nrows + 0.4)
         axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
@@ -151,6 +165,11 @@ def plot_curves(
                     curve = aggregate_curve(group, key)
                     if curve is None:
                         continue
+                    bad = ~np.isfinite(curve.mean)
+                    if bad.any():
+                        not_finite.append(f"{key} of {label!r} at {int(bad.sum())} step(s) (first: "
+                                          f"step {curve.steps[bad][0]}, "
+                                          f"{format_number(float(curve.mean[bad][0]))})")
                     xs = curve.x(x)
                     style = SPLIT_STYLES.get(_split(key), "-")
                     if len(pkeys) > 1:
@@ -162,7 +181,7 @@ def plot_curves(
                             xs, curve.low, curve.high, color=colors[label], alpha=0.18, lw=0
                         )
             ax.set_title(ptitle)
-            ax.set_xlabel("epoch" if x == "epoch" else "optimizer step")
+            ax.set_xlabel(xlabel)
             ax.set_ylabel(ylabel)
             if logx:
                 ax.set_xscale("log", nonpositive="mask")
@@ -181,6 +200,10 @@ def plot_curves(
             ]
         fig.legend(handles=handles, loc="outside right upper", title="label")
         fig.suptitle(title or "Training curves (mean ± std over seeds)")
+        if not_finite:
+            warnings.warn(f"{out}: curves not drawn where their mean is NaN or inf (a run logged "
+                          f"such a value): {'; '.join(not_finite)}; the runs' metrics.jsonl say "
+                          "which", stacklevel=2)
         return _save(fig, out)
 
 
@@ -209,13 +232,30 @@ def plot_final_bars(
         r[key].spread * (1.96 if r[key].kind == "se" else 1.0) if r[key].spread else 0.0
         for r in rows
     ]
+    # a NaN or inf mean draws no bar, which reads as 0: its value is written in its place
+    bad = [i for i, m in enumerate(means) if not math.isfinite(m)]
+    if bad:
+        warnings.warn(f"{out}: the final {key} of "
+                      + ", ".join(f"{rows[i]['label']!r} is {format_number(means[i])}"
+                                  for i in bad)
+                      + " (a run has NaN or inf): no bar is drawn, the value is written in its "
+                      "place; the per-run numbers say which run", stacklevel=2)
+        for i in bad:
+            means[i], errs[i] = math.nan, 0.0
+    # a label's bar over fewer of its runs than the row holds says so under its name
+    names = [r["label"] + (f"\n({r[key].n} of {r[key].of} runs)"
+                           if r[key].of is not None and r[key].n < r[key].of else "")
+             for r in rows]
     with matplotlib.rc_context(STYLE):
         fig = _figure(max(4.5, 1.0 + 0.9 * len(rows)), 3.8)
         ax = fig.subplots()
         pos = np.arange(len(rows))
         ax.bar(pos, means, yerr=errs, capsize=4, color=[colors[r["label"]] for r in rows])
+        for i in bad:
+            ax.annotate(format_number(rows[i][key].mean), (pos[i], 0), xytext=(0, 3),
+                        textcoords="offset points", ha="center", va="bottom", color="#c62828")
         for p, m, e, row in zip(pos, means, errs, rows, strict=True):
-            if acc_key in row:
+            if acc_key in row and math.isfinite(m):
                 acc = row[acc_key].mean
                 text = f"{acc:.1%}" if 0 <= acc <= 1 else f"{acc:.3g}"
                 ax.annotate(
@@ -227,7 +267,7 @@ def plot_final_bars(
                     va="bottom",
                     fontsize=7,
                 )
-        ax.set_xticks(pos, [r["label"] for r in rows], rotation=30 if len(rows) > 4 else 0)
+        ax.set_xticks(pos, names, rotation=30 if len(rows) > 4 else 0)
         ax.set_ylabel(f"final {key}" + (f"\n{YLABELS[key]}" if key in YLABELS else ""))
         ax.margins(y=0.2)  # head room for the annotations
         ax.grid(axis="x", visible=False)

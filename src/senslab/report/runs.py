@@ -5,7 +5,9 @@ A *run directory* holds ``config.json``, ``env.json``, ``metrics.jsonl`` and, on
 ``verdict.json``) next to one run subdirectory per (model, seed). Everything here only reads;
 nothing retrains or rewrites a run, and no lock is taken (a run may be read while it trains).
 A directory written by a newer senslab (a higher schema in ``senslab.json``) is refused, and so
-is a metric log with a step logged twice or out of order: its numbers cannot be trusted.
+are a metric log with a step logged twice or out of order and a summary.json whose final numbers
+are not those of the log's last record (one of the two was edited or damaged): their numbers
+cannot be trusted.
 
 A run without ``summary.json`` has not finished (it was stopped, or is still training): its
 numbers are the last values it logged. It is shown apart, as ``<label> (unfinished, step N)``
@@ -260,12 +262,18 @@ def load_run(path: PathLike, experiment: Path | None = None) -> Run:
     check_schema(p, "run")
     metrics_file = p / "metrics.jsonl"
     summary = _read_json_dict(p / "summary.json")
+    metrics = (read_metrics(metrics_file, finished=summary is not None)
+               if metrics_file.is_file() else [])
+    if summary is not None and metrics:
+        try:  # the check every trainer makes before it reuses a finished run
+            RunDir(p, kind="run").check_summary(summary)
+        except RunDirError as err:
+            raise RunFormatError(str(err)) from None
     return Run(
         path=p,
         config=_read_json_dict(p / "config.json") or {},
         env=_read_json_dict(p / "env.json") or {},
-        metrics=(read_metrics(metrics_file, finished=summary is not None)
-                 if metrics_file.is_file() else []),
+        metrics=metrics,
         summary=summary,
         experiment=experiment,
     )
@@ -301,10 +309,19 @@ def load_runs(paths: PathLike | Iterable[PathLike]) -> list[Run]:
     that share a label are aggregated as seeds only where they differ in nothing but the seed
     (and :data:`NOT_SETTINGS`); otherwise each gets a label that names its differing settings
     (``mlp (optim.lr=0.5)``), with a warning where they come from different directories."""
+    return load_all(paths)[1]
+
+
+def load_all(paths: PathLike | Iterable[PathLike]) -> tuple[list[Experiment], list[Run]]:
+    """The experiments among ``paths`` and every run, read and checked as :func:`load_runs`
+    reads them (what ``report.html`` shows and ``senslab report`` prints come from the same
+    runs, labelled the same way)."""
+    experiments: list[Experiment] = []
     runs: list[Run] = []
     for p in as_paths(paths):
         if is_experiment_dir(p):
-            runs.extend(load_experiment(p).runs)
+            experiments.append(load_experiment(p))
+            runs.extend(experiments[-1].runs)
         else:
             runs.append(load_run(p))
     seen: dict[Path, Path] = {}
@@ -317,11 +334,22 @@ def load_runs(paths: PathLike | Iterable[PathLike]) -> list[Run]:
         seen[key] = run.path
     _separate_settings(runs)
     warn_unfinished(runs)
-    return runs
+    return experiments, runs
 
 
 #: (run directory, status) of the unfinished runs already warned about in this process
 _WARNED: set[tuple[Path, str]] = set()
+#: (warning text, run directories) of the settings warnings already given in this process
+_SAID: set[tuple[str, frozenset[Path]]] = set()
+
+
+def _warn_once(text: str, runs: Iterable[Run]) -> None:
+    """Warn ``text`` about ``runs`` once per process (``senslab report`` reads its runs twice:
+    report.html, then the table)."""
+    key = (text, frozenset(r.path.resolve() for r in runs))
+    if key not in _SAID:
+        _SAID.add(key)
+        warnings.warn(text, stacklevel=5)
 
 
 def warn_unfinished(runs: Sequence[Run]) -> None:
@@ -342,7 +370,7 @@ def warn_unfinished(runs: Sequence[Run]) -> None:
     warnings.warn(f"{len(unfinished)} run(s) have not finished (no summary.json): {shown}; "
                   "their numbers are the last values they logged, shown apart as '<label> "
                   "(unfinished, step N)' and not averaged with finished runs; re-run the "
-                  "command that trained them to finish them", stacklevel=3)
+                  "command that trained them to finish them", stacklevel=4)
 
 
 #: config keys that say where and how a run ran, not what it is: runs that differ only in these
@@ -382,18 +410,17 @@ def _separate_settings(runs: Sequence[Run]) -> None:
                 named = ", ".join(f"{k}={f.get(k, '-')}" for k in keys)
                 run.relabel = f"{label} ({named})"
             if len({r.experiment or r.path for r in group}) > 1:
-                warnings.warn(f"runs labelled {label!r} differ in {', '.join(keys)}: shown apart "
-                              "as labels that name those settings, not averaged as seeds",
-                              stacklevel=3)
+                _warn_once(f"runs labelled {label!r} differ in {', '.join(keys)}: shown apart "
+                           "as labels that name those settings, not averaged as seeds", group)
         seeds: dict[tuple[str, str, Any], Run] = {}
         for run, f in zip(group, flat, strict=True):
             # runs shown apart (one unfinished) are not counted together: no warning
             twin = seeds.setdefault((run.group_label, json.dumps(f, sort_keys=True), run.seed),
                                     run)
             if twin is not run:
-                warnings.warn(f"runs {twin.path} and {run.path} have the same settings and seed "
-                              f"{run.seed}: they are counted as two runs of {run.label!r}, but "
-                              "their spread is not seed-to-seed variation", stacklevel=3)
+                _warn_once(f"runs {twin.path} and {run.path} have the same settings and seed "
+                           f"{run.seed}: they are counted as two runs of {run.label!r}, but "
+                           "their spread is not seed-to-seed variation", (twin, run))
 
 
 def as_paths(paths: PathLike | Iterable[PathLike]) -> list[Path]:
