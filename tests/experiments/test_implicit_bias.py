@@ -230,6 +230,17 @@ def test_fixed_v_verdict_outcomes() -> None:
     assert v["verdict"] == NOT_COMPARABLE and "polyak-s2" in v["reason"]
 
 
+def test_fixed_v_verdict_names_a_seed_some_optimiser_lacks() -> None:
+    """The paired parts (steps to alignment and sparsity) take the seeds every optimiser has: a
+    fourth GD seed was left out of them without a word; the note and evidence now name it."""
+    runs = [*_fixed_v(), _fv("gd", 3, 0.8, 0.95, math.inf)]
+    v = fixed_v_verdict(runs)
+    assert v["effects"]["ngd aligns faster"]["seeds"] == 3
+    assert v["evidence"]["unpaired_seeds"] == {"gd": [3]}
+    assert "for want of a run of every optimiser: gd seed 3" in v["reason"]
+    assert "unpaired_seeds" not in fixed_v_verdict(_fixed_v())["evidence"]
+
+
 def _joint(label: str, seed: int, loss: float, align: float) -> dict[str, Any]:
     return {"label": label, "seed": seed,
             "final": {"train/loss": loss, "attn/alignment": align, "attn/v_alignment": align,

@@ -318,6 +318,10 @@ def test_verdict_not_comparable() -> None:
     assert v["verdict"] == NOT_COMPARABLE and "differ by 0.270" in v["reason"]
     assert v["evidence"]["acc_gap_by_seed"] == {0: 0.0, 1: pytest.approx(0.27), 2: 0.0}
     assert v["evidence"]["claims"]["roberta_below_lstm"]["verdict"] == SUPPORTED
+    for r in runs[4:8]:  # seed 1 at 0.75 and 0.70: 0.75 − 0.70 is 0.05000000000000004
+        r["final"]["train/acc"] = 0.75
+    runs[4]["final"]["train/acc"] = 0.70
+    assert language_verdict(runs)["verdict"] != NOT_COMPARABLE
     quiet = [_summary(s["label"], 0.0, init=0.0, se=0.0, seed=s["seed"]) for s in paper_like()]
     assert language_verdict(quiet)["verdict"] == NOT_COMPARABLE
     assert "insensitive" in language_verdict(quiet)["reason"]

@@ -240,6 +240,14 @@ def fixed_v_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
             "where a contender got there steps_gd − steps_o is a lower bound (GD's lag "
             "understated)"
             for key, never in gd_never.items())
+    # a seed some optimiser lacks is left out of the paired parts: said, not dropped silently
+    unpaired = {o: sorted(set(seed[o]) - set(common), key=str) for o in OPTIMIZERS
+                if set(seed[o]) - set(common)}
+    if unpaired:
+        note += ". Left out of the paired parts (steps to alignment and sparsity), for want of a " \
+                "run of every optimiser: " + "; ".join(f"{o} {_seeds(k)}" for o, k in
+                                                        unpaired.items())
+        evidence["unpaired_seeds"] = unpaired
     if censored:
         evidence["censored"] = censored
     return verdict(parts, evidence={**evidence, "checks": checks},

@@ -34,6 +34,7 @@ from ...verdicts import (
     paired_by_seed,
     verdict,
 )
+from .._verdicts import GAP_ROUNDING
 
 #: final train accuracies (of the models of one seed) further apart than this make the
 #: comparison "not comparable"
@@ -317,7 +318,7 @@ def language_verdict(summaries: list[dict[str, Any]],
     head = judged["roberta_below_lstm"]
     if head["verdict"] == NOT_COMPARABLE:
         return not_comparable(f"{head['detail']}: {numbers_text}", evidence)
-    if not gap <= max_acc_gap:
+    if not (gap <= max_acc_gap or math.isclose(gap, max_acc_gap, rel_tol=GAP_ROUNDING)):
         return not_comparable(f"train accuracies differ by {gap:.3f} (> {max_acc_gap}): "
                               + numbers_text, evidence)
     if all(_get(f, MAIN)[0] < INSENSITIVE for per in runs.values() for f in per.values()):
