@@ -25,7 +25,9 @@ and the copies are evaluated at full width: with a warning when the extents came
 model's attention mask (once per metric and kind of change, :func:`check`: a model that reads
 its padding does so at every batch, and a training loop's evaluations would repeat it in each),
 quietly when they came from a ``mask`` alone (which may leave real tokens unperturbed, such as
-an end token).
+an end token). A Hugging Face decoder classifier that reads its padding because the padding holds
+another id than its pad id is refused before this check, by :class:`~senslab.tokens.Embedding`'s
+clean forward (with a ``mask`` alone: where it reads every such example at one id).
 """
 
 from __future__ import annotations

@@ -183,7 +183,7 @@ from ..tokens.base import (
     check_device,
     check_selector,
 )
-from ..tokens.embedding import NO_PAD_TOKEN, unwrapped
+from ..tokens.embedding import NO_PAD_TOKEN, hf_pad_token_config, no_pad_id_message
 from . import _alloc, _precision, _trim
 from ._compiled import CompiledModel
 from ._control import LinearControl
@@ -363,42 +363,23 @@ def _refuse_batch_statistics(model: nn.Module, eval_mode: bool = False) -> None:
         "BatchNorm layers in eval() and keep the rest of the model's mode")
 
 
-def _no_pad_id_message(model: Any) -> str:
-    name = type(unwrapped(model)).__name__
-    return (
-        f"{name} has no pad token id (config.pad_token_id is None), and its classifier needs "
-        "one: it reads each example's logits at the last token that is not padding, which it "
-        "finds through config.pad_token_id. Without it Hugging Face refuses batches of several "
-        "examples, and reads a single example at its last position, padding in a padded "
-        "example. Set the id the inputs are padded with, model.config.pad_token_id = "
-        "tokenizer.pad_token_id (a GPT-2 tokenizer has none: tokenizer.pad_token = "
-        "tokenizer.eos_token first, so that the padding is the eos id), and pass the "
-        "attention mask. Unpadded inputs do not lift this: senslab evaluates many perturbed "
-        "copies of an example in one forward, a batch the model refuses without the id"
-    )
-
-
 def _refuse_padding_without_pad_id(model: Any, bound: Any, real: Tensor,
                                    device: torch.device) -> None:
     """Refuse a single padded example (``real``: (1, T), false on padding) for a Hugging Face
-    classifier that pools at the last non-pad token and declares no pad id: its clean forward
-    ran (one example is the batch it accepts) but read the logits at the padding. Asked of the
-    model by evaluating the example twice, once, and only where the config has no pad id; a
-    batch of several examples fails in the clean forward already (:func:`_no_pad_id_message`
-    either way)."""
+    classifier that pools at the last non-pad token and declares no pad id (in its config, or
+    in the text part of a composite one: :func:`~senslab.tokens.embedding.hf_pad_token_config`):
+    its clean forward ran (one example is the batch it accepts) but read the logits at the
+    padding. Asked of the model by evaluating the example twice, once, and only where the
+    config has no pad id: the copies' forward refuses the pair
+    (:func:`~senslab.tokens.embedding.no_pad_id_message`, as for a batch of several examples in
+    the clean forward)."""
     if real.shape[0] != 1 or bool(real[0, -1]):
         return
-    config = getattr(unwrapped(model), "config", None)
-    if config is None or not hasattr(config, "pad_token_id") or config.pad_token_id is not None:
+    found = hf_pad_token_config(model)
+    if found is None or getattr(found[0], "pad_token_id", None) is not None:
         return
     twice = torch.zeros(2, dtype=torch.long, device=device)
-    try:
-        bound.forward_perturbed(twice, None,
-                                torch.zeros(2, real.shape[1], bound.dim, device=device))
-    except ValueError as err:
-        if NO_PAD_TOKEN not in str(err):
-            raise
-        raise ValueError(_no_pad_id_message(model)) from err
+    bound.forward_perturbed(twice, None, torch.zeros(2, real.shape[1], bound.dim, device=device))
 
 
 #: one lock per :class:`TokenSensitivity` (and :class:`.compare.CompareSensitivity`), kept
@@ -980,7 +961,7 @@ class TokenSensitivity:
             except ValueError as err:
                 if NO_PAD_TOKEN not in str(err):
                     raise
-                raise ValueError(_no_pad_id_message(self.model)) from err
+                raise ValueError(no_pad_id_message(self.model)) from err
             clean = bound.clean_output
             valid = bound.valid
             # the real tokens, for the right-aligned profile: mask= may perturb fewer of them

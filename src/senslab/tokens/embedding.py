@@ -182,6 +182,57 @@ LOW_PRECISION_AGREE_RTOL = 5e-2
 #: when given several examples and no ``config.pad_token_id``
 NO_PAD_TOKEN = "no padding token is defined"
 
+#: attributes under which a composite Hugging Face config keeps its text part (those that
+#: transformers' ``PretrainedConfig.get_text_config`` looks for)
+_TEXT_CONFIGS = ("text_config", "text_encoder", "decoder", "generator")
+
+
+def hf_pad_token_config(model: Any) -> tuple[Any, str] | None:
+    """The Hugging Face config that holds the pad token id ``model``'s classifier reads, and
+    its path from the model: ``(config, "config")``, or for a composite config (Gemma 3's, a
+    vision-language model's) whose ``get_text_config()`` is a sub-config with the id
+    (``GenericForSequenceClassification`` reads it there), ``(config.text_config,
+    "config.text_config")``. None where the config has no ``pad_token_id`` (senslab's zoo)."""
+    config = getattr(unwrapped(model), "config", None)
+    if config is None:
+        return None
+    get_text_config = getattr(config, "get_text_config", None)
+    text = None
+    if callable(get_text_config):
+        try:
+            text = get_text_config()
+        except (ValueError, TypeError, AttributeError):  # several text parts: ambiguous
+            text = None
+    if text is not None and text is not config and hasattr(text, "pad_token_id"):
+        name = next((n for n in _TEXT_CONFIGS if getattr(config, n, None) is text), None)
+        return text, ("config.get_text_config()" if name is None else f"config.{name}")
+    if hasattr(config, "pad_token_id"):
+        return config, "config"
+    return None
+
+
+def no_pad_id_message(model: Any) -> str:
+    """The refusal of a Hugging Face decoder classifier without a pad token id, whichever
+    forward it refused (the clean one of several examples, a single padded example, or the
+    perturbed copies of one unpadded example): the same advice, each part of which runs."""
+    found = hf_pad_token_config(model)
+    where = f"{found[1] if found else 'config'}.pad_token_id"
+    return (
+        f"{type(unwrapped(model)).__name__} has no pad token id ({where} is None), and its "
+        "classifier needs one: it reads each example's logits at the last token that is not "
+        f"padding, which it finds through {where}. Without it Hugging Face refuses a batch "
+        "of several examples — senslab evaluates an example's perturbed copies together, so "
+        "one unpadded example is refused too — and reads a single example at its last "
+        "position, padding in a padded example. Set the id the inputs are padded with, "
+        f"model.{where} = tokenizer.pad_token_id (a GPT-2 tokenizer has none: "
+        f"tokenizer.pad_token = tokenizer.eos_token, then model.{where} = "
+        "tokenizer.eos_token_id), and pass the attention mask. Without a pad id, only "
+        "unpadded examples measure: one per call (one TokenSensitivity.update each), and "
+        "chunk_size=1 with precision='float32' (one copy per forward: slow; the default "
+        "precision='auto' still checks copies together, and so do control_variate and "
+        "allocation='linear')"
+    )
+
 
 def read_by_pad_id(ids: Tensor, pad: int) -> Tensor:
     """(B,) where Hugging Face's decoder classifiers read each row of (B, T) token ids: at the
@@ -386,7 +437,9 @@ class Embedding(Tokenization):
     ``padding_mask``/``key_padding_mask`` entry is never guessed (True marks padding in PyTorch
     and fairseq, real tokens elsewhere): without ``mask=`` such an input is refused. A Hugging
     Face classifier that finds each example's last real token by ``config.pad_token_id``
-    (GPT-2's, Llama's…) is refused where the padding holds another id and it reads there.
+    (GPT-2's, Llama's…; a composite config's ``get_text_config().pad_token_id``) is refused
+    where the padding holds another id and it reads there: the padding the attention mask says,
+    else ``mask=`` (where it reads after ``mask=``'s last true position at one id).
     Padding is never perturbed, and by default never evaluated either: perturbed copies are cut
     after their last real token (padding-aware batching, ``trim_padding`` of
     :class:`~senslab.measure.TokenSensitivity`; every input tensor whose second axis is the token
@@ -612,31 +665,48 @@ class _BoundEmbedding(BoundTokens):
         GPT-2 classifier with pad id 0 fed padding of id 1 measured 0 on 10 examples that
         measure 0.25 unpadded, one of them 0.75).
 
+        Each example's last real token is the attention mask's, else the last one ``mask=``
+        marks: with token ids and ``mask=`` alone the same padding measured 0 on the same
+        examples, also by default (the check falls back quietly where ``mask=`` alone says
+        which tokens are real: it may leave out an end token). Where the model reads examples
+        after ``mask=``'s last true position at ids that differ, those are real tokens
+        ``mask=`` leaves out (padding repeats one id), and the model's reading is measured as
+        before; at one id, they are padding or a common end token: refused, with the fix of
+        each. The pad id is the one the classifier reads, of the
+        text part of a composite config too (:func:`hf_pad_token_config`).
+
         Only where it changes the position read: some example's rightmost id that is not the
-        pad id lies after its last real token (the attention mask's) — never for padding of the
-        pad id, nor for left padding. And only where the model is seen to read that way: the
-        first such example, its padding set to the pad id, gives another output than the clean
-        one, and the one of the example cut after its last real token (the fix works); an
-        encoder that reads [CLS] gives the same output (two single-example forwards, only for
-        inputs padded with another id)."""
-        # Hugging Face's pad id only: senslab's zoo (config.pad_id) reads the attention mask
-        config = getattr(unwrapped(self.model), "config", None)
+        pad id lies after its last real token — never for padding of the pad id, nor for left
+        padding. And only where the model is seen to read that way: the first such example,
+        its padding set to the pad id, gives another output than the clean one, and the one of
+        the example cut after its last real token (the fix works); an encoder that reads [CLS]
+        gives the same output (two single-example forwards, only for inputs whose ids after
+        the last real token are not all the pad id)."""
+        found = hf_pad_token_config(self.model)
+        if found is None:  # senslab's zoo (config.pad_id) reads the attention mask
+            return
+        config, path = found
         pad = getattr(config, "pad_token_id", None)
         vocab = getattr(config, "vocab_size", None)
+        # no mask at all: every position is real, and nothing lies after the last
+        real = self.padding if self.padding is not None else self.valid
         ids = _token_ids(self.inputs)
-        if not isinstance(pad, int) or isinstance(pad, bool) or self.padding is None \
-                or not isinstance(ids, Tensor) or ids.shape != self.padding.shape \
+        if not isinstance(pad, int) or isinstance(pad, bool) \
+                or not isinstance(ids, Tensor) or ids.shape != real.shape \
                 or ids.is_floating_point():
             return
         if pad < 0 or (isinstance(vocab, int) and pad >= vocab):
             return  # no token it could be fed (on a GPU the lookup would poison the context)
         if self._per_position and self.position is not None:
-            return  # senslab reads the output itself, at the attention mask's last real token
-        ends = last_real(self.padding)
+            return  # senslab reads the output itself, at the last real token
+        ends = last_real(real)
         read = read_by_pad_id(ids.to(ends.device), pad)
         rows = ((read > ends) & (ends >= 0)).nonzero().flatten()
         if not len(rows):
             return
+        at_read = ids.gather(1, read.to(ids.device)[:, None])[:, 0]  # the id each row is read at
+        if self.padding is None and len(at_read[rows.to(ids.device)].unique()) > 1:
+            return  # mask= alone, read at different ids: real tokens (padding repeats one id)
         t = ids.shape[1]
         row = rows[:1]
         end = int(ends[row])
@@ -653,21 +723,37 @@ class _BoundEmbedding(BoundTokens):
             return  # the model takes no such inputs: not judged (the trimming's check still is)
         if _agree(on_pad, self.clean_output[row]) or not _agree(on_pad, alone):
             return
-        padded = ids[self.padding.to(ids.device).logical_not()
-                     & (ids != pad)].unique()[:3].tolist()
+        tail = torch.arange(t, device=ids.device)[None, :] > ends.to(ids.device)[:, None]
+        padded = ids[tail & (ids != pad)].unique()[:3].tolist()
+        if self.padding is None:  # the id read at (the tokens mask= leaves out may be more)
+            padded = [int(at_read[int(row)])]
+        ids_said = f"id{'s' if len(padded) > 1 else ''} {', '.join(map(str, padded))}"
         name = type(unwrapped(self.model)).__name__
         listed = rows[:5].tolist()
+        which = f"{listed}{' …' if len(rows) > 5 else ''}"
+        at = f"example {listed[0]} at position {int(read[row])}"
+        where = f"{path}.pad_token_id"
+        fix = (f"model.{where} to the id the inputs are padded with, the tokenizer's "
+               f"(model.{where} = tokenizer.pad_token_id; here {padded[0]}), or pad the "
+               f"inputs with {pad}")
+        if self.padding is not None:
+            raise ValueError(
+                f"{name} reads each example's output at its last token whose id is not its "
+                f"pad id {pad} ({where}), whatever the attention mask says, but the padding of "
+                f"the inputs (where {self.padding_key!r} is 0) holds {ids_said}: the model "
+                f"reads example(s) {which} at their padding ({at}, after its last real token "
+                f"at {end}), and senslab would measure the padding's output, with "
+                f"trim_padding=False too. Set {fix}"
+            )
         raise ValueError(
             f"{name} reads each example's output at its last token whose id is not its pad id "
-            f"{pad} (config.pad_token_id), whatever the attention mask says, but the padding of "
-            f"the inputs (where {self.padding_key!r} is 0) holds id"
-            f"{'s' if len(padded) > 1 else ''} {', '.join(map(str, padded))}: the model reads "
-            f"example(s) {listed}{' …' if len(rows) > 5 else ''} at their padding (example "
-            f"{listed[0]} at position {int(read[row])}, after its last real token at {end}), "
-            "and senslab would measure the padding's output, with trim_padding=False too. "
-            "Set model.config.pad_token_id to the id the inputs are padded with, the tokenizer's "
-            f"(model.config.pad_token_id = tokenizer.pad_token_id; here {padded[0]}), or pad the "
-            f"inputs with {pad}"
+            f"{pad} ({where}), but mask= ends some examples before such a token, of "
+            f"{ids_said}: the model reads example(s) {which} there ({at}, after the last token "
+            f"mask= marks real, at {end}), and senslab would measure that position's output, with "
+            f"trim_padding=False too. If those tokens are padding, set {fix}. If they are real "
+            "tokens mask= leaves unperturbed (an end token), pass the attention mask too "
+            "({'input_ids': ids, 'attention_mask': attention_mask}): it then says where each "
+            "example ends, and mask= only which tokens get noise"
         )
 
     def tokens(self, src: Tensor, tok: Tensor) -> Tensor:
@@ -719,15 +805,7 @@ class _BoundEmbedding(BoundTokens):
                 raise
             # Hugging Face's decoder classifiers (GPT-2…) pool at the last non-pad token and
             # refuse batches without a pad id: the copies of one example are such a batch
-            raise ValueError(
-                f"{type(self.model).__name__} has no pad token (config.pad_token_id is None), "
-                "so it runs one example at a time, but senslab evaluates an example's perturbed "
-                "copies together. Set it, e.g. model.config.pad_token_id = "
-                "tokenizer.eos_token_id (what its pooling then reads past), or pass "
-                "chunk_size=1 with precision='float32' (one copy per forward: slow; the "
-                "default precision='auto' still checks copies together, and so do "
-                f"control_variate and allocation='linear'). ({err})"
-            ) from err
+            raise ValueError(no_pad_id_message(self.model)) from err
         finally:
             self._delta = None
             self._width = None
