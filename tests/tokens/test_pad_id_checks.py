@@ -252,3 +252,14 @@ def test_an_encoder_and_left_padding_under_mask_alone_measure_as_before():
     wrong = measure(gpt2(pad_token_id=CONFIG_PAD), left_ids, mask=left_real)
     right = measure(gpt2(pad_token_id=PAD), left_ids, mask=left_real)
     assert torch.equal(wrong.per_sample, right.per_sample)
+
+
+def test_unmasked_padding_of_a_composite_configs_pad_id_is_refused():
+    """Token ids alone (no mask) ending in Gemma 3's pad id, kept in ``config.text_config``:
+    the padding would be perturbed as tokens that never flip. Refused naming where the id is,
+    as for a config that keeps it at the top level."""
+    batch = right_padded()
+    ids = batch["input_ids"].masked_fill(~batch["attention_mask"], CONFIG_PAD)
+    message = refusal(gemma3(CONFIG_PAD), ids, GEMMA3_TOKENS)
+    assert f"pad id {CONFIG_PAD} (config.text_config.pad_token_id)" in message
+    assert "pass the attention mask" in message

@@ -106,11 +106,18 @@ def _refuse_a_tensor_as_cache(model: Any, inputs: Inputs) -> None:
 
 def _pad_id(model: Any) -> tuple[str, int] | None:
     """(config attribute, id) of the pad id the model declares — senslab's zoo:
-    ``config.pad_id``; Hugging Face: ``config.pad_token_id`` — or None."""
+    ``config.pad_id``; Hugging Face: ``config.pad_token_id``, or a composite config's
+    (:func:`hf_pad_token_config`: ``text_config.pad_token_id``) — or None."""
     config = getattr(unwrapped(model), "config", None)
     attr = next((a for a in ("pad_id", "pad_token_id")
                  if isinstance(getattr(config, a, None), int)), None)
-    return None if attr is None else (attr, getattr(config, attr))
+    if attr is not None:
+        return attr, getattr(config, attr)
+    found = hf_pad_token_config(model)
+    if found is not None and found[0] is not config \
+            and isinstance(getattr(found[0], "pad_token_id", None), int):
+        return f"{found[1].removeprefix('config.')}.pad_token_id", found[0].pad_token_id
+    return None
 
 
 def _refuse_unmasked_padding(model: Any, inputs: Inputs, b: int, t: int) -> None:
