@@ -19,9 +19,9 @@ Two ways to push a model towards low sensitivity:
   - images (``tokens=None`` or :class:`~senslab.tokens.Patches`): one contiguous
     :math:`p\times p` patch (all channels; :func:`random_patch_noise`) on the grid that
     :class:`~senslab.tokens.Patches` uses;
-  - text (:class:`~senslab.tokens.Embedding`): one real (non-padding) position of the output of
-    the named submodule, e.g. the LayerNorm after the token embedding — the noise lands on the
-    model's embeddings, never on integer token ids;
+  - text (:class:`~senslab.tokens.Embedding`): one real (non-padding) position of the
+    batch-first (B, T, D) output of the named submodule, e.g. the LayerNorm after the token
+    embedding — the noise lands on the model's embeddings, never on integer token ids;
   - vector sequences (:class:`~senslab.tokens.Sequence`): one (B, T, D) input vector.
 
   :func:`sensitivity_penalty` is the MSE term alone with the clean output, for a training step
@@ -46,8 +46,14 @@ from torch import Tensor, nn
 
 from .._exclusive import OwnForwards
 from ..tokens import Embedding, Patches, Sequence, Tokenization, find_module
-from ..tokens.base import Inputs, OutputSelector, call_model, valid_mask
-from ..tokens.embedding import input_mask, unwrapped
+from ..tokens._grid import LOW_PRECISION, GridCheck
+from ..tokens.base import Inputs, OutputSelector, batch_size, call_model, valid_mask
+from ..tokens.embedding import (
+    _refuse_added_positions,
+    _refuse_unmasked_padding,
+    input_mask,
+    unwrapped,
+)
 
 
 def _check_generator(generator: object) -> torch.Generator:
@@ -73,6 +79,29 @@ def _check_float(x: Tensor, what: str) -> None:
         )
 
 
+#: what to do where the noise is too small for the low-precision tokens it lands on
+_ROUNDING_FIX = ("Use a larger sigma, well above {spacing}, or float32 %s (a float32 model, "
+                 "under torch.autocast(..., dtype=torch.{dtype}) for {dtype} arithmetic)")
+#: noise added to bf16/fp16 tokens is checked against the noise drawn (tokens._grid), pooled
+#: over calls: the images or inputs, the vector sequences, and each hooked embedding stage
+_ROUNDING = {"images": GridCheck("images", _ROUNDING_FIX % "images"),
+             "inputs": GridCheck("inputs", _ROUNDING_FIX % "inputs"),
+             "vectors": GridCheck("token vectors", _ROUNDING_FIX % "token vectors")}
+
+
+def _check_rounding(kind: str, clean: Tensor, noise: Tensor) -> None:
+    """Refuse noise that ``clean``'s low-precision grid rounds into another noise (above 10%
+    of its root mean square moved, or over half the entries unchanged; a warning from 3%);
+    float32 and float64 tokens pass unlooked at. ``kind``: a key of :data:`_ROUNDING`, or an
+    embedding stage's name."""
+    if clean.dtype not in LOW_PRECISION:
+        return
+    if kind not in _ROUNDING:
+        fix = _ROUNDING_FIX % f"token vectors at {kind!r}"
+        _ROUNDING[kind] = GridCheck(f"token vectors of {kind!r}", fix)
+    _ROUNDING[kind](clean, noise)
+
+
 def _randn_like(x: Tensor, shape: tuple[int, ...], generator: torch.Generator) -> Tensor:
     """Standard normals drawn on the generator's device, returned on x's device and dtype."""
     noise = torch.randn(shape, generator=generator, device=generator.device, dtype=torch.float32)
@@ -86,7 +115,9 @@ def gaussian_noise_augment(x: Tensor, sigma: float, generator: torch.Generator) 
     _check_float(x, "x")
     _check_sigma(sigma)
     gen = _check_generator(generator)
-    return x + sigma * _randn_like(x, tuple(x.shape), gen)
+    noise = sigma * _randn_like(x, tuple(x.shape), gen)
+    _check_rounding("inputs", x, noise)
+    return x + noise
 
 
 def random_patch_noise(x: Tensor, patch: int, sigma: float, generator: torch.Generator,
@@ -119,6 +150,8 @@ def random_patch_noise(x: Tensor, patch: int, sigma: float, generator: torch.Gen
     grid = out.view(b, c, gh, patch, gw, patch)
     rows = torch.arange(b, device=x.device)
     # advanced indices (rows, tok // gw, tok % gw) select a (B, C, p, p) block, one per example
+    if x.dtype in LOW_PRECISION:
+        _check_rounding("images", grid[rows, :, tok // gw, :, tok % gw, :], noise)
     grid[rows, :, tok // gw, :, tok % gw, :] += noise
     return out
 
@@ -137,14 +170,20 @@ def _embedding_target(model: nn.Module, tokens: Embedding) -> nn.Module:
 
 
 def _real_tokens(inputs: Inputs, mask: Tensor | None, b: int, t: int,
-                 device: torch.device, model: Any = None) -> Tensor:
+                 device: torch.device, model: Any = None, name: str = "") -> Tensor:
     """(B, T) bool: the positions that may get the noise — ``mask``, else the input's
     attention mask (the keys :class:`~senslab.tokens.Embedding` reads; of a tuple input, the
-    argument of ``model``'s forward it binds to), else all."""
+    argument of ``model``'s forward it binds to), else all. Without either, ``model``'s token
+    ids (the stage ``name`` puts out T positions) are refused, as a measurement refuses them,
+    where they end with the pad id ``model`` declares or count other than T positions: the
+    noise would land on padding."""
     if mask is None:
         _, found = input_mask(inputs, b, t, False, model)
         if isinstance(found, Tensor):  # of another shape it is refused, as the measurement does
             mask = found
+        elif model is not None:
+            _refuse_unmasked_padding(model, inputs, b, t)
+            _refuse_added_positions(inputs, b, t, name)
     valid = valid_mask(mask, b, t, device)
     empty = (~valid.any(dim=1)).nonzero().flatten()
     if len(empty):
@@ -210,6 +249,8 @@ def _embedding_branches(model: nn.Module, inputs: Inputs, tokens: Embedding, sig
     target = _embedding_target(model, tokens)
     seen: list[Tensor] = []
     delta: list[Tensor] = []  # empty: the clean pass
+    landing: list[Tensor] = []  # (rows, tok, noise) of the noisy pass
+    name = tokens.module if isinstance(tokens.module, str) else type(tokens.module).__name__
     own = OwnForwards(model)  # another thread's forwards of the model pass through
 
     training = torch.is_grad_enabled()
@@ -230,7 +271,12 @@ def _embedding_branches(model: nn.Module, inputs: Inputs, tokens: Embedding, sig
                 f"Embedding({tokens.module!r}) returned {got}; the regularizer needs a floating "
                 "(batch, tokens, dim) output — name the embedding or the LayerNorm after it")
         seen.append(out)
-        return out + delta[0].to(out.dtype) if delta else None
+        if not delta:
+            return None
+        if out.dtype in LOW_PRECISION:
+            rows, tok, noise = landing
+            _check_rounding(name, out[rows, tok], noise)
+        return out + delta[0].to(out.dtype)
 
     def run() -> Tensor:
         seen.clear()
@@ -246,10 +292,26 @@ def _embedding_branches(model: nn.Module, inputs: Inputs, tokens: Embedding, sig
     try:
         clean = run()
         b, t, d = seen[0].shape
-        valid = _real_tokens(inputs, mask, b, t, seen[0].device, model)
+        if b != batch_size(inputs):
+            raise ValueError(
+                f"Embedding({tokens.module!r}) returned {tuple(seen[0].shape)} for a batch of "
+                f"{batch_size(inputs)} examples: not batch-first, so the noise would go to one "
+                f"position of each of {b} rows, not to one token of each example. Name a stage "
+                "whose output is (batch, tokens, dim), e.g. the token embedding or the "
+                "LayerNorm after it, before the model transposes to (tokens, batch, dim)")
+        if isinstance(tokens.position, int) and clean.dim() == 3 and clean.shape[1] == t:
+            k = tokens.position
+            raise ValueError(
+                f"Embedding(position={k}) reads a measurement's per-position output "
+                f"{tuple(clean.shape)} at position {k}; the regularizer compares the whole "
+                "output it is given, so it would compare every position. Select the position "
+                f"with output=lambda out: out[:, {k}] (a Hugging Face model's: "
+                f"lambda out: out.logits[:, {k}]), or position=None to compare all positions")
+        valid = _real_tokens(inputs, mask, b, t, seen[0].device, model, name)
         tok = _pick_tokens(valid, generator)
         noise = sigma * _randn_like(seen[0], (b, d), generator)
         rows = torch.arange(b, device=noise.device)
+        landing.extend((rows, tok, noise))
         # out of place: the noise enters as a constant, the gradient reaches every parameter
         delta.append(torch.zeros_like(seen[0]).index_put((rows, tok), noise))
         noisy = run()
@@ -287,6 +349,7 @@ def _branches(model: nn.Module, x: Inputs, tokens: Tokenization, sigma: float,
         tok = _pick_tokens(_real_tokens(x, mask, b, t, x.device), generator)
         noise = sigma * _randn_like(x, (b, d), generator)
         rows = torch.arange(b, device=x.device)
+        _check_rounding("vectors", x[rows, tok], noise)
         x_noisy = x.index_put((rows, tok), noise, accumulate=True)
         return call_model(model, x, output), call_model(model, x_noisy, output)
     raise TypeError(f"tokens must be Patches, Embedding or Sequence, got {type(tokens).__name__}")
@@ -297,7 +360,7 @@ def sensitivity_penalty(
     x: Inputs,
     *,
     tokens: Tokenization | None = None,
-    patch: int = 4,
+    patch: int | None = None,
     sigma: float = 1.0,
     generator: torch.Generator,
     mask: Tensor | None = None,
@@ -314,14 +377,23 @@ def sensitivity_penalty(
     arguments (``input_ids``, ``attention_mask``...) or a tuple of positional ones; ``output``
     selects the logits of a model that returns more (:func:`~senslab.tokens.base.select_output`:
     a Hugging Face ``ModelOutput``'s ``.logits`` is found by itself). ``tokens`` says where the
-    noise goes (module docstring; None: ``Patches(patch)``); ``mask`` (B, T) marks the real text
-    positions (default: a dict input's ``attention_mask``, else every position). The MSE is the
-    mean over all output entries of the batch; gradients flow through both branches (the clean
-    output is pulled towards the noisy one as well as the reverse), as in the paper code.
+    noise goes (module docstring; None: ``Patches(patch)``, ``patch`` 4 unless given; beside
+    ``tokens`` a ``patch`` is refused, not ignored); ``mask`` (B, T) marks the real text
+    positions (default: a dict input's ``attention_mask``, else every position; token ids that
+    end with the model's declared pad id are then refused, as a measurement refuses them). The
+    MSE is the mean over all output entries of the batch; gradients flow through both branches
+    (the clean output is pulled towards the noisy one as well as the reverse), as in the paper
+    code. Noise that the grid of bf16/fp16 tokens would round into another noise is refused.
     """
     _check_sigma(sigma)
     gen = _check_generator(generator)
-    tokens = Patches(patch) if tokens is None else tokens
+    if tokens is None:
+        tokens = Patches(4 if patch is None else patch)
+    elif patch is not None and not (isinstance(tokens, Patches) and tokens.size == patch):
+        raise ValueError(
+            f"patch={patch} sets the patch size where tokens is None, but tokens={tokens!r} "
+            "already says where the noise goes, so it would be ignored; drop patch= (or "
+            "give the size to Patches)")
     clean, noisy = _branches(model, x, tokens, sigma, gen, mask, output)
     if clean.numel() == 0:
         # the mean over no entries is NaN: a NaN loss would reach the optimizer and the logs
@@ -338,7 +410,7 @@ def sensitivity_regularized_loss(
     y: Tensor,
     *,
     alpha: float = 0.5,
-    patch: int = 4,
+    patch: int | None = None,
     sigma: float = 1.0,
     generator: torch.Generator,
     tokens: Tokenization | None = None,
@@ -352,7 +424,7 @@ def sensitivity_regularized_loss(
     ``loss_fn(logits, y)`` is the task loss :math:`\ell` (default ``F.cross_entropy``; e.g.
     ``F.binary_cross_entropy_with_logits`` or ``F.mse_loss``). ``tokens`` says where the noise
     goes: None or :class:`~senslab.tokens.Patches` for images (``patch`` is the patch size when
-    ``tokens`` is None), :class:`~senslab.tokens.Embedding` for text,
+    ``tokens`` is None, default 4), :class:`~senslab.tokens.Embedding` for text,
     :class:`~senslab.tokens.Sequence` for vector sequences; ``x``, ``mask`` and ``output`` as in
     :func:`sensitivity_penalty`.
 
