@@ -42,6 +42,12 @@ that differ (beyond float rounding) mean dropout that ``eval()`` does not switch
 forward that keeps state from call to call: that randomness would be reported as weight
 sensitivity (MC dropout at σ = 0: ShOp 0.54 where the truth is 0).
 
+**Also refused:** a call inside ``torch.autocast`` on the model's device (autocast caches each
+weight's low-precision copy on the first forward, and every perturbed forward reused the clean
+one: ShOp 0); a perturbed parameter that is not real floating point (integer noise is rounded
+away); an excluded parameter on the same memory as a perturbed one (the noise reaches it); and,
+for loss sharpness, a loss whose precision cannot carry the result (:func:`loss_sharpness`).
+
 The other two measures of Hahn & Rofin (docs/definitions.md#layernorm-blow-up,
 docs/definitions.md#parameter-norm):
 
@@ -65,6 +71,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .._autocast import autocast_dtype, autocast_on
 from .._exclusive import OwnForwards, one_at_a_time
 from ..tokens.base import (
     Inputs,
@@ -168,6 +175,17 @@ def _check_draws(draws: int, name: str) -> None:
         raise ValueError(f"{name} is the number of weight draws and must be >= 1, got {draws!r}")
 
 
+def _check_scale(scale: float) -> None:
+    """A finite number > 0: NaN or inf made every value NaN, a negative one flipped the sign,
+    and ``True`` passed for 1."""
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) \
+            or not (math.isfinite(scale) and scale > 0):
+        raise ValueError(
+            f"scale multiplies every reported value and must be a finite number > 0 (e.g. "
+            f"scale=4 for Hahn & Rofin's ±1 scale), got {type(scale).__name__} {scale!r}"
+        )
+
+
 #: the default ``exclude``: the model's positional embeddings, found by :func:`positional`
 POSITIONAL = "positional"
 
@@ -197,10 +215,24 @@ def _exclude_tuple(exclude: Sequence[str] | str) -> tuple[str, ...]:
 def _check_exclude(model: nn.Module, names: list[str], exclude: Sequence[str]) -> None:
     """Refuse an ``exclude`` substring that is in no parameter name: a typo would silently
     measure the unexcluded model. :data:`POSITIONAL` may match nothing (a model without
-    positional embeddings)."""
+    positional embeddings). An entry found only in the second name of a tied weight
+    (``head.weight`` = ``embed.weight``; ``named_parameters()`` lists it once, under its
+    first name) is refused with both names: the tied tensor is perturbed or left alone as
+    one."""
     for s in exclude:
         if s == POSITIONAL or any(s in n for n in names):
             continue
+        first: dict[int, str] = {}
+        for n, p in model.named_parameters(remove_duplicate=False):
+            first.setdefault(id(p), n)
+            if s in n and first[id(p)] != n:
+                raise ValueError(
+                    f"exclude entry {s!r} is only in {n!r}, which is tied to {first[id(p)]!r}"
+                    f" (one parameter under two names; named_parameters() lists it as "
+                    f"{first[id(p)]!r}): a tied weight is perturbed or left alone as one "
+                    f"tensor, under both names. To leave it alone, exclude {first[id(p)]!r}; "
+                    "to perturb it, drop the entry"
+                )
         prefixes = {".".join(n.split(".")[:k]) for n in names for k in range(1, n.count(".") + 2)}
         parts = sorted(prefixes | {c for n in names for c in n.split(".")})
         close = difflib.get_close_matches(s, parts, n=3, cutoff=0.5) or names[:3]
@@ -503,6 +535,68 @@ def _slots(model: nn.Module) -> list[_Slot]:
             for name, t in m._parameters.items()]
 
 
+def _check_no_autocast(device: torch.device) -> None:
+    """Refuse a call inside an enabled ``torch.autocast`` on the model's device: autocast
+    caches the low-precision copy of each weight on the first (clean) forward and every
+    perturbed forward reused it (ShOp exactly 0), and the noise it casts is never checked
+    against the low-precision grid (:class:`_WeightNoise`)."""
+    try:
+        on = autocast_on(device.type)
+    except RuntimeError:  # a device type autocast does not know: it cannot be on
+        return
+    if on:
+        dtype = str(autocast_dtype(device.type)).removeprefix("torch.")
+        raise ValueError(
+            f"sharpness was called inside torch.autocast ({device.type}, {dtype}): autocast "
+            f"caches the {dtype} copy of each weight on the first forward, so every perturbed "
+            "forward would reuse the clean weights (sharpness 0), and the noise would be "
+            f"rounded to {dtype} unchecked. Call it outside the autocast block (measures the "
+            f"float32 model), or on a {dtype} copy of the model (copy.deepcopy(model)."
+            f"to(torch.{dtype}), inputs cast to match), whose noise is checked"
+        )
+
+
+def _check_floating(params: list[nn.Parameter], names: list[str]) -> None:
+    """Refuse a parameter to perturb that is not real floating point: Gaussian noise copied
+    into an integer parameter was truncated (3 + 0.3ε became 2 or 3), into a complex one it
+    reached the real part only."""
+    bad = [(n, p.dtype) for n, p in zip(names, params, strict=True) if not p.is_floating_point()]
+    if bad:
+        shown = ", ".join(f"{n!r} ({str(d).removeprefix('torch.')})" for n, d in bad[:3])
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        raise ValueError(
+            f"parameter(s) {shown}{more} are not real floating point, so the Gaussian weight "
+            "noise cannot be added to them (an integer parameter would round it away). "
+            f"Exclude them: exclude={[n for n, _ in bad]!r}"
+        )
+
+
+def _extent(t: Tensor) -> tuple[torch.device, int, int]:
+    """(device, first byte, one past the last byte) of the memory ``t`` reads."""
+    if t.numel() == 0:
+        return t.device, 0, 0
+    span = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
+    return t.device, t.data_ptr(), t.data_ptr() + span * t.element_size()
+
+
+def _check_apart(named: list[tuple[str, nn.Parameter]], exclude: Sequence[str]) -> None:
+    """Refuse an excluded parameter whose memory overlaps a perturbed one's (two Parameter
+    objects on one tensor: ``self.b = nn.Parameter(self.a.data)``): the noise written into
+    the perturbed one reached the excluded one, which was measured perturbed without a word.
+    Disjoint views of one flat buffer are fine."""
+    kept = [(n, _extent(p)) for n, p in named if _excluded(n, exclude) and p.numel()]
+    if not kept:
+        return
+    for name, (dev, lo, hi) in ((n, _extent(p)) for n, p in named if not _excluded(n, exclude)):
+        for other, (dev2, lo2, hi2) in kept:
+            if dev == dev2 and lo < hi2 and lo2 < hi:
+                raise ValueError(
+                    f"the excluded parameter {other!r} shares its memory with {name!r}, which "
+                    f"is perturbed, so the noise would reach {other!r} too. Exclude both, or "
+                    "neither (they are one tensor)"
+                )
+
+
 @contextmanager
 def _perturbable(
     model: nn.Module, exclude: Sequence[str], generator: Seed, device: torch.device
@@ -520,8 +614,11 @@ def _perturbable(
             f"of {type(model).__name__} (parameters: {names}); pass a narrower exclude"
         )
     _check_exclude(model, [n for n, _ in named], exclude)
-    gen = _generator(generator, device)
+    _check_no_autocast(device)
     chosen_names = [n for n, _ in named if not _excluded(n, exclude)]
+    _check_floating(chosen, chosen_names)
+    _check_apart(named, exclude)
+    gen = _generator(generator, device)
     slots = _slots(model)
     modes = [(m, m.training) for m in model.modules()]
     noise = _WeightNoise(chosen, gen, chosen_names, aliased=_aliased(model, chosen))
@@ -582,7 +679,9 @@ def output_sharpness(
     Args:
         model: the network; evaluated in eval mode, left exactly as it was (a loss the
             caller computed before still backpropagates). A forward that is random in eval
-            mode (MC dropout, sampling) is refused: its two clean forwards differ.
+            mode (MC dropout, sampling) is refused: its two clean forwards differ. So is a
+            call inside ``torch.autocast`` (measure outside it, or a bf16/fp16 copy of the
+            model), and a parameter that is not real floating point (exclude it).
         inputs: a tensor (positional argument), a tuple (``*args``) or a dict (``**kwargs``).
         sigma_w: standard deviation of the per-coordinate weight noise.
         repeats: number of weight draws R (the sampling unit of the standard error).
@@ -684,7 +783,19 @@ def loss_sharpness(
 
     Refused (``ValueError``): a clean loss that differs between two evaluations (a random
     forward or ``loss_fn``), a NaN or infinite loss — clean or perturbed, the error says which
-    — and an ``exclude`` entry in no parameter name.
+    — an ``exclude`` entry in no parameter name, and a ``scale`` that is not a finite number
+    > 0.
+
+    **Precision of the loss.** Every draw is :math:`L(\theta+\Delta) - L(\theta)` with the
+    same clean :math:`L(\theta)`, so its rounding to the loss's dtype (half the spacing there:
+    ±0.002–0.004 for a bf16 MSE near 1, ±6e-8 in float32) plus the difference between its two
+    evaluations shifts every draw alike, a bias the standard error does not include. A result
+    is refused when that bound exceeds a quarter of the standard error (a tenth of the estimate
+    when the draws do not spread), naming the dtype to compute the loss in: a bf16 MSE gave
+    -0.00008 ± 0.0005 where the same model's float32 loss gives 0.0020 ± 0.0005. A loss that
+    no draw changed is an exact 0 if no output moved either, or in float32/float64 (a
+    piecewise-constant loss such as an error rate); in bf16/fp16 with outputs that moved it is
+    refused (the change was rounded away).
 
     Example:
         >>> import torch
@@ -696,6 +807,7 @@ def loss_sharpness(
     """
     _check_sigma(sigma, "sigma")
     _check_draws(draws, "draws")
+    _check_scale(scale)
     device = check_device(model, inputs)
     exclude = _exclude_tuple(exclude)
 
@@ -716,18 +828,84 @@ def loss_sharpness(
         _check_repeatable(clean, again, "loss sharpness")
         fix = "check the model, loss_fn, inputs and targets (a log of 0, a NaN input)"
         first = loss(clean, "the loss of the clean model", fix)
-        _check_repeatable(first, loss(again, "the loss of the clean model", fix),
-                          "loss sharpness", loss=True)  # a random loss_fn
+        second = loss(again, "the loss of the clean model", fix)
+        _check_repeatable(first, second, "loss sharpness", loss=True)  # a random loss_fn
         base = first.double().item()
+        # how far off the clean loss may be: its rounding, and two evaluations' difference
+        slack = _resolution(first) + abs(second.double().item() - base)
+        clean = clean.detach().clone() if isinstance(clean, Tensor) else None  # no weight alias
+        moved = clean is None  # whether a draw changed the model's output
         per_draw = torch.empty(draws, dtype=torch.float64)
         for r in range(draws):
             noise.draw(sigma, "sigma")
-            value = loss(call_model(model, inputs, output), f"the loss with the weights perturbed "
+            out = call_model(model, inputs, output)
+            moved = moved or not (isinstance(out, Tensor) and torch.equal(out, clean))
+            value = loss(out, f"the loss with the weights perturbed "
                          f"(draw {r + 1} of {draws}, sigma={sigma:g}; clean loss {base:.4g})",
                          "use a smaller sigma, or a loss that stays finite (cross_entropy on "
                          "logits rather than a log of probabilities)")
             per_draw[r] = value.double().item() - base
-    return _summary("loss sharpness", per_draw, sigma, scale, reference=base * scale)
+    res = _summary("loss sharpness", per_draw, sigma, scale, reference=base * scale)
+    _check_resolution(res, first, slack * scale, moved and sigma > 0)
+    return res
+
+
+#: a loss held less precisely than this share of the standard error is refused
+LOSS_SLACK_SE = 0.25
+#: … and, without a standard error (one draw, or all draws equal), this share of the estimate
+LOSS_SLACK_ESTIMATE = 0.1
+
+
+def _resolution(value: Tensor) -> float:
+    """Half the spacing of ``value``'s dtype at ``value`` (0 for a non-float): how far its
+    rounding can have moved it."""
+    if not value.is_floating_point():
+        return 0.0
+    return float(_spacing(value.detach().reshape(1))) / 2
+
+
+def _check_resolution(res: SharpnessResult, clean: Tensor, slack: float, moved: bool) -> None:
+    """Refuse a loss sharpness the loss's own precision cannot carry. The clean loss is known
+    to ``slack`` (scaled): its rounding to its dtype's grid — a bf16 MSE near 1 to ±0.002–0.004 —
+    plus the difference between its two evaluations. That error shifts every draw alike, a
+    bias the standard error does not include: refused when it exceeds
+    :data:`LOSS_SLACK_SE` of the standard error (the 95% interval then still covers about
+    94%), or, with no spread over draws, :data:`LOSS_SLACK_ESTIMATE` of the estimate. A loss
+    that no draw changed is an exact 0 when no draw changed the model's output either (hard
+    decisions), and in float32/float64 (a piecewise-constant loss such as the error rate; a
+    change below their ~1e-7 of the loss is negligible); in bf16/fp16, whose spacing is
+    0.05–0.8% of the loss, with outputs that moved (``moved``), the change was rounded
+    away."""
+    se = res.stderr
+    tol = (LOSS_SLACK_SE * se if math.isfinite(se) and se > 0
+           else LOSS_SLACK_ESTIMATE * abs(res.estimate))
+    never = not bool(res.per_draw.ne(0).any())
+    if never and (not moved or clean.dtype in (torch.float32, torch.float64)):
+        return
+    if slack <= tol or slack == 0:
+        return
+    dtype = str(clean.dtype).removeprefix("torch.")
+    if never:
+        what = "no draw changed the loss although the outputs moved"
+    elif math.isfinite(se) and se > 0:
+        what = (f"that bias is not small next to the standard error {se:.2g} (sharpness "
+                f"{res.estimate:.4g})")
+    else:
+        what = f"that bias is not small next to the sharpness {res.estimate:.4g}"
+    if clean.dtype == torch.float64:
+        fix = "Use a larger sigma"
+    else:
+        to = "float64" if clean.dtype == torch.float32 else "float32"
+        cast = "double" if to == "float64" else "float"
+        fix = (f"Compute the loss in {to} (e.g. loss_fn=lambda out, y: F.mse_loss(out.{cast}(), "
+               f"y.{cast}())), or use a larger sigma")
+    scaled = f" (×{res.scale:g}: scale)" if res.scale != 1 else ""
+    raise ValueError(
+        f"the loss ({dtype}) is too coarse for this sharpness: near the clean loss "
+        f"{float(clean):.6g} its values are {2 * _resolution(clean):.2g} apart (its spacing), "
+        f"so the clean loss is known to ±{slack:.2g}{scaled} only, which shifts every draw "
+        f"alike, and {what}. {fix}"
+    )
 
 
 # ----------------------------------------------------------------------------------- blow-up
