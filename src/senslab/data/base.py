@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,7 +68,18 @@ class ArrayDataset(Dataset):
                             dict(self.meta))
 
     def first(self, n: int, generator: torch.Generator | None = None) -> ArrayDataset:
-        """``n`` examples: the first ``n``, or a random ``n`` drawn with ``generator``."""
+        """``n`` examples: the first ``n``, or a random ``n`` drawn with ``generator``. ``n``
+        must be in ``0 .. len(self)``: a larger ``n`` gave fewer examples than asked for and a
+        negative one all but the last ``-n``, each without a word."""
+        try:
+            k = None if isinstance(n, bool) else operator.index(n)
+        except TypeError:
+            k = None
+        if k is None or not 0 <= k <= len(self):
+            raise ValueError(f"{self.name or 'dataset'}: asked for n={n!r} examples of "
+                             f"{len(self):,}; pass a whole number in 0..{len(self):,}, e.g. "
+                             f"min(n, len(data))")
+        n = k
         if generator is None:
             return self.subset(slice(0, n))
         return self.subset(torch.randperm(len(self), generator=generator)[:n])

@@ -86,6 +86,16 @@ FASHION_MNIST_FILES = {
 }
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 CIFAR10_FILES = {"cifar-10-python.tar.gz": "c58f30108f718f92721af3b95e74349a"}
+#: the batches inside it (the values torchvision checks): the extracted folder is read again on
+#: every load, and a batch changed since (damaged, cut to a subset, rebuilt) warns
+CIFAR10_BATCH_MD5S = {
+    "data_batch_1": "c99cafc152244af753f735de768cd75f",
+    "data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
+    "data_batch_3": "54ebc095f3ab1f0389bbae665268c751",
+    "data_batch_4": "634d18415352ddfa80567beed471001a",
+    "data_batch_5": "482c414d41f54cd18b22e5b47cb7c3cb",
+    "test_batch": "40351d587109b95175f43aff81a1287e",
+}
 SVHN_URL = "http://ufldl.stanford.edu/housenumbers/"
 SVHN_FILES = {
     "train_32x32.mat": "e26dedcc434d2e4c54c9b2d4a06d8373",
@@ -245,6 +255,10 @@ def read_idx(path: Path, magic: int) -> np.ndarray:
     if got != magic:
         raise DataUnavailableError(f"{path} is not an idx file with magic {magic} (got {got})")
     ndim = magic & 0xFF
+    if len(raw) < 4 + 4 * ndim:
+        raise DataUnavailableError(f"{path} ends inside its header ({len(raw)} bytes, the header "
+                                   f"alone has {4 + 4 * ndim}): the file is truncated; delete "
+                                   "it and download it again")
     dims = struct.unpack(f">{ndim}I", raw[4:4 + 4 * ndim])
     data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
     want = int(np.prod(dims))
@@ -310,13 +324,18 @@ def digits(split: str = "train", root: Any = None, download: bool = False,
 
     Split "train"/"test" is stratified: in each class, a permutation drawn from
     ``torch.Generator().manual_seed(seed)`` sends round(test_fraction·n_class) images to "test"
-    (359 of 1,797 with the defaults); "all" is everything. Images stay 8×8, so patch sizes
-    1, 2, 4, 8 divide them. The data ships with scikit-learn: ``download`` is accepted for a
-    uniform call and unused, and a ``root`` is an error (no files would be read from it).
+    (359 of 1,797 with the defaults; ``test_fraction`` in (0, 1)); "all" is everything. Images
+    stay 8×8, so patch sizes 1, 2, 4, 8 divide them. The data ships with scikit-learn:
+    ``download`` is accepted for a uniform call and unused, and a ``root`` is an error (no files
+    would be read from it).
     "standard" stats are computed from the training split.
     """
     locate("digits", root)  # refuses a root: the data ships with scikit-learn
     _check_split(split, ("train", "test", "all"), "digits")
+    if isinstance(test_fraction, bool) or not 0.0 < test_fraction < 1.0:
+        # a negative fraction cut ``perm[:-k]``: most of each class went to "test", unsaid
+        raise ValueError(f"digits: test_fraction must be in (0, 1), e.g. 0.2 (359 test images), "
+                         f"got {test_fraction!r}")
     pixels, labels = _digits_arrays()
     g = torch.Generator().manual_seed(seed)
     is_test = np.zeros(len(labels), dtype=bool)
@@ -480,7 +499,8 @@ def cifar10(split: str = "train", root: Any = None, download: bool = False,
     """CIFAR-10: "train" (data_batch_1..5, 50,000) / "test" (test_batch, 10,000), 3×32×32.
 
     The official python tarball is extracted once, atomically, into ``root/cifar-10-batches-py``;
-    after that the tarball is no longer needed.
+    after that the tarball is no longer needed. With ``verify`` a batch read that does not have
+    its reference md5 (:data:`CIFAR10_BATCH_MD5S`) warns: the folder is not checked otherwise.
     """
     _check_split(split, ("train", "test"), "cifar10")
     path = find_root("cifar10", root, download=download)
@@ -492,6 +512,14 @@ def cifar10(split: str = "train", root: Any = None, download: bool = False,
     names = [f"data_batch_{i}" for i in range(1, 6)] if split == "train" else ["test_batch"]
     parts = [_read_cifar_batch(folder / n) for n in names]
     x, y = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    off = [n for n in names if verify and md5sum(folder / n) != CIFAR10_BATCH_MD5S[n]]
+    if off:
+        warnings.warn(
+            f"{folder}: {', '.join(off)} {'does' if len(off) == 1 else 'do'} not have CIFAR-10's "
+            f"reference md5 ({len(y):,} {split} images read, CIFAR-10 has "
+            f"{50_000 if split == 'train' else 10_000:,}): a damaged, partial or rebuilt copy. "
+            f"Delete {folder} so that it is extracted again from cifar-10-python.tar.gz; "
+            "verify=False reads a copy of your own without this check", stacklevel=2)
     return _package("cifar10", x, y, CIFAR10_CLASSES, split, normalize, PIXEL_STATS["cifar10"],
                     str(folder))
 

@@ -242,16 +242,28 @@ def _tsv(path: Path, fmt: _Format) -> tuple[list[tuple[int, list[str]]], bool]:
     whether the file ends with a line end. Quotes are ordinary characters in these corpora,
     hence QUOTE_NONE; the BOM some GLUE files start with is dropped by utf-8-sig. A file whose
     first line is not ``fmt``'s header (a file without its header, whose first example would be
-    dropped, or an unlabelled GLUE test file) and a row that cannot be split (a bare carriage
-    return inside a field) are refused, naming the file and the fix."""
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        text = f.read()
+    dropped, or an unlabelled GLUE test file), a row that cannot be split (a bare carriage
+    return inside a field), a file whose lines end in bare carriage returns and a file that is
+    not UTF-8 text (the GLUE files are) are refused, naming the file and the fix."""
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as f:
+            text = f.read()
+    except UnicodeDecodeError as err:
+        raise DataUnavailableError(
+            f"{path} is not UTF-8 text (byte {err.start}: {err.reason}), which {fmt.task}'s "
+            f"{path.name} is: save it as UTF-8 (it may be UTF-16 or Latin-1), or copy the "
+            "original file again") from err
     reader = csv.reader(io.StringIO(text), delimiter="\t", quoting=csv.QUOTE_NONE)
     rows: list[tuple[int, list[str]]] = []
     try:
         for row in reader:
             rows.append((reader.line_num, row))
     except csv.Error as err:
+        if "new-line" in str(err) and "\n" not in text:  # the advice below would merge rows
+            raise DataUnavailableError(
+                f"{path}: its lines end in bare carriage returns (\\r, classic Mac line ends), "
+                "where GLUE's files end them with \\n: convert the line ends to \\n (e.g. tr "
+                "'\\r' '\\n'), or copy the original file again") from err
         what = ("holds a bare carriage return (\\r) inside a field, which no GLUE file has: "
                 "replace it with a space, or copy the original file again"
                 if "new-line" in str(err) else
