@@ -23,6 +23,7 @@ from senslab.measure import (
     compare_sensitivity,
     token_sensitivity,
 )
+from senslab.measure._stats import interval_quantile
 from senslab.tokens import Embedding, Sequence
 
 Z95 = 1.96
@@ -70,13 +71,15 @@ def _coverage(est, se, truth, k: float) -> float:
     return ((est - truth).abs() <= Z95 * k * se).double().mean().item()
 
 
-def _check_promise(out: dict[str, torch.Tensor], truth, what: str) -> dict[str, float]:
+def _check_promise(out: dict[str, torch.Tensor], truth, what: str,
+                   n: int = 0) -> dict[str, float]:
     est, se = out["est"], out["se"]
     assert torch.isfinite(se).all() and (se > 0).all(), f"{what}: s.e. not positive everywhere"
     # independent replicates (the stream continues across reset), not one repeated measurement
     assert se.unique().numel() > 50, f"{what}: the replicates are not independent"
     assert torch.allclose(out["est"], out["ab"], rtol=0, atol=1e-12)
-    assert torch.allclose(out["lo"], est - Z95 * se, rtol=0, atol=1e-12)  # not clipped
+    q = interval_quantile(what, n) if what == "data" else Z95  # Student's t for "data"
+    assert torch.allclose(out["lo"], est - q * se, rtol=0, atol=1e-12)  # not clipped
     cov = {k: _coverage(est, se, truth, k) for k in (1.0, 0.9)}
     ratio = (se.mean() / out["unpaired"].mean()).item()
     info = f"{what}: coverage {cov}, paired/unpaired s.e. {ratio:.3f}"
@@ -124,7 +127,7 @@ def test_paired_data_interval_covers_the_population_difference(linear):
         generator=5, chunk_size=1024,
     )
     out = _replicates(metric, data)
-    _check_promise(out, truth, "data")
+    _check_promise(out, truth, "data", n)
     flat = data.view(-1, T, D)
     fixed = (linear.flip_probs(flat, wa, BIAS_A, SIGMA)
              - linear.flip_probs(flat, wb, BIAS_B, SIGMA)).view(REPLICATES, -1)

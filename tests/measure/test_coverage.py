@@ -31,6 +31,7 @@ import torch
 
 from senslab.measure import TokenSensitivity, token_sensitivity
 from senslab.measure._runner import VERIFY_BATCH, VERIFY_ROWS
+from senslab.measure._stats import interval_quantile
 from senslab.tokens import Patches, Sequence
 
 Z95 = 1.96
@@ -97,10 +98,11 @@ def check_promise(est, se, truth, what: str) -> dict[float, float]:
     return cov
 
 
-def check_ci95(out: dict[str, torch.Tensor]) -> None:
-    """ci95 is estimate ± 1.96·stderr, clipped to [0, 1] (flip rates are probabilities)."""
-    lo = (out["est"] - Z95 * out["se"]).clamp(min=0.0)
-    hi = (out["est"] + Z95 * out["se"]).clamp(max=1.0)
+def check_ci95(out: dict[str, torch.Tensor], q: float = Z95) -> None:
+    """ci95 is estimate ± q·stderr, clipped to [0, 1] (flip rates are probabilities): q = 1.96
+    for "subset", Student's t quantile with n − 1 degrees of freedom for "data"."""
+    lo = (out["est"] - q * out["se"]).clamp(min=0.0)
+    hi = (out["est"] + q * out["se"]).clamp(max=1.0)
     assert torch.allclose(out["lo"], lo, rtol=0, atol=1e-12)
     assert torch.allclose(out["hi"], hi, rtol=0, atol=1e-12)
 
@@ -159,7 +161,8 @@ def test_data_interval_covers_the_population_truth(linear):
         chunk_size=1024,
     )
     out = replicates(metric, data)
-    check_ci95(out)
+    check_ci95(out, interval_quantile("data", n))
+    assert interval_quantile("data", n) > Z95
     check_promise(out["est"], out["se"], truth, "data")
     fixed_set_truth = flip_probs(data.view(-1, T, D), w, linear).view(REPLICATES, -1).mean(1)
     check_promise(out["est"], out["se_subset"], fixed_set_truth, "subset s.e. of data replicates")

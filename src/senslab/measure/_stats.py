@@ -29,10 +29,19 @@ token share its flip rate, so counting them as independent draws of a random tok
 between-token part of the variance by the number of draws, and the standard error comes out too
 small (tests/measure/test_coverage.py). Tokens drawn without replacement within a round make the
 i.i.d. formula conservative (by the finite-population factor).
+
+**95% interval.** ``estimate ± q·stderr``. For ``"data"`` the standard error is that of a mean
+of :math:`n` per-example rates, estimated from their spread, so :math:`q` is the 0.975 quantile
+of Student's t with :math:`n - 1` degrees of freedom (:func:`interval_quantile`); with the
+normal's 1.96 the interval covered the population rate in 85% of replicates at 4 examples
+(tests/measure/test_stderr_calibration.py; 94% with t). Skewed per-example rates (most near 0)
+still leave it short at a few examples (a small MLP at 5 examples: 84% with 1.96, 90% with t).
+For ``"subset"`` :math:`q` = 1.96 (normal approximation).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +55,9 @@ class SensitivityResult:
     """What a sensitivity measurement returns.
 
     ``estimate`` is the mean flip rate (or output distance); ``stderr`` and ``ci95`` belong to
-    ``estimand`` (see the module docstring); ``stderr_subset`` is always the fixed-subset one.
+    ``estimand`` (see the module docstring; ``ci95`` is ``estimate ± q·stderr``, q Student's t
+    quantile with ``num_examples − 1`` degrees of freedom for ``"data"``, 1.96 for ``"subset"``,
+    clipped to [0, 1] for class flips); ``stderr_subset`` is always the fixed-subset one.
     ``per_sample`` holds one rate per example (in input order); ``per_position`` the mean per
     token position, at positions ``positions`` (right-aligned: −1 is the last real token), with
     ``position_counts`` perturbed copies behind each (with ``num_tokens`` each weighted by its
@@ -272,7 +283,8 @@ def result(
     se_data = math.sqrt(max(var_data, 0.0) / st.n) if st.n > 1 else float("nan")
     se_subset = math.sqrt(max(st.within, 0.0)) / st.n if math.isfinite(st.within) else math.nan
     se = se_data if estimand == "data" else se_subset
-    lo, hi = est - 1.96 * se, est + 1.96 * se
+    half = interval_quantile(estimand, st.n) * se
+    lo, hi = est - half, est + half
     if bounded:
         # clipped to [0, 1]; an estimate outside it (a control variate's can fall below 0)
         # leaves the interval at that end's bound, never inverted
@@ -288,6 +300,20 @@ def result(
         sigma=sigma, num_forward_fp32=st.forward_fp32,
         recheck_fraction=st.forward_fp32 / st.checked if st.checked else None,
     )
+
+
+@functools.lru_cache(maxsize=256)
+def interval_quantile(estimand: str, n: int) -> float:
+    """The multiple of the standard error on either side of the 95% interval: for ``"data"``
+    the 0.975 quantile of Student's t with ``n - 1`` degrees of freedom (NaN for one example,
+    whose standard error is NaN too), for ``"subset"`` 1.96 (normal approximation)."""
+    if estimand != "data":
+        return 1.96
+    if n < 2:
+        return math.nan
+    from scipy.stats import t as student_t  # imported lazily: scipy's import is slow
+
+    return float(student_t.ppf(0.975, n - 1))
 
 
 def reduce_device(backend: str) -> torch.device:

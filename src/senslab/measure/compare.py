@@ -41,8 +41,10 @@ Because :math:`\operatorname{Var}(v_a - v_b) = \operatorname{Var} v_a + \operato
 - 2\operatorname{Cov}(v_a, v_b)`, the paired standard error is smaller than the unpaired
 :math:`\sqrt{\operatorname{se}_a^2 + \operatorname{se}_b^2}` (also reported, ``stderr_unpaired``)
 whenever the two models' flips are positively correlated — similar models, the usual case. The
-95% interval is :math:`\hat\Delta \pm 1.96\,\operatorname{se}` (not clipped: a difference lies
-in [−1, 1]).
+95% interval is :math:`\hat\Delta \pm q\,\operatorname{se}` (not clipped: a difference lies
+in [−1, 1]), :math:`q` the 0.975 quantile of Student's t with :math:`n - 1` degrees of freedom
+for ``"data"`` (the :math:`d_e` are :math:`n` i.i.d. values whose spread estimates the
+variance), 1.96 for ``"subset"``, as for one model (:func:`._stats.interval_quantile`).
 
 Models must share the token layout (same tokens per example, same token size, same device),
 otherwise the copies could not be the same; a model with another layout is refused. Adaptive
@@ -64,7 +66,14 @@ from torch import Tensor, nn
 
 from ..tokens.base import DtypeClash, Inputs, Tokenization, check_device, model_dtype
 from ._noise import NoiseStream
-from ._stats import SensitivityResult, State, accumulate, merged, result
+from ._stats import (
+    SensitivityResult,
+    State,
+    accumulate,
+    interval_quantile,
+    merged,
+    result,
+)
 from .tokenwise import (
     TokenSensitivity,
     _lock,
@@ -370,8 +379,9 @@ class CompareSensitivity:
             ra, rb = results[a], results[b]
             est = ra.estimate - rb.estimate
             se = r.stderr
+            half = interval_quantile(self.estimand, r.num_examples) * se
             diffs[a, b] = Difference(
-                a=a, b=b, estimate=est, stderr=se, ci95=(est - 1.96 * se, est + 1.96 * se),
+                a=a, b=b, estimate=est, stderr=se, ci95=(est - half, est + half),
                 estimand=self.estimand, stderr_subset=r.stderr_subset,
                 stderr_unpaired=math.sqrt(ra.stderr**2 + rb.stderr**2), per_sample=r.per_sample,
             )
