@@ -305,6 +305,22 @@ def test_momentum_or_weight_decay_with_a_normalised_or_polyak_step_is_refused(na
     validate(apply_overrides(RunConfig(), [f"optim.name={name}"]))
 
 
+def test_a_regularizer_setting_the_chosen_regularizer_ignores_is_refused():
+    """train.reg_alpha/reg_sigma/reg_patch were accepted with a regularizer that never reads
+    them (none; noise reads reg_sigma only): recorded in config.json, never applied."""
+    from senslab.train.config import validate
+
+    for reg, key in (("none", "train.reg_sigma=0.3"), ("none", "train.reg_alpha=0.2"),
+                     ("noise", "train.reg_patch=2"), ("noise", "train.reg_alpha=0.2")):
+        cfg = apply_overrides(RunConfig(), [f"train.regularizer={reg}", key])
+        with pytest.raises(ValueError, match=rf"{key}: train.regularizer={reg} does not read"):
+            validate(cfg)
+    for ok in (["train.regularizer=noise", "train.reg_sigma=0.3"],
+               ["train.regularizer=patch_mse", "train.reg_alpha=0.2", "train.reg_patch=2"],
+               ["train.regularizer=none"]):
+        validate(apply_overrides(RunConfig(), ok))
+
+
 MLP_DIGITS = ["model.name=mlp", "data.name=digits", "train.batch_size=50",
               "track.num_examples=16", "track.eval_examples=100"]
 

@@ -133,6 +133,12 @@ class TrainConfig:
     eval_batch_size: int = ranged(500, ge=1)
 
 
+#: the ``train.reg_*`` settings each ``train.regularizer`` reads (:func:`validate` refuses a
+#: non-default one that the chosen regularizer would ignore)
+REGULARIZER_READS = {"none": (), "noise": ("reg_sigma",),
+                     "patch_mse": ("reg_alpha", "reg_sigma", "reg_patch")}
+
+
 @dataclass
 class TrackConfig:
     # evaluate every `every` epochs (unit=epoch) or steps (unit=step)
@@ -388,6 +394,17 @@ def validate(cfg: C) -> C:
             raise ValueError(f"{', '.join(unused)}: optim.name={o.name} has no momentum or weight "
                              "decay (its step is the normalised or Polyak one alone); set them to "
                              f"0, or use optim.name=sgd/adamw for them")
+        t, default = cfg.train, TrainConfig()
+        reads = REGULARIZER_READS.get(t.regularizer, ())
+        ignored = [f"train.{k}={getattr(t, k)}" for k in ("reg_alpha", "reg_sigma", "reg_patch")
+                   if k not in reads and getattr(t, k) != getattr(default, k)]
+        if ignored:
+            used = ", ".join(f"train.{k}" for k in reads) or "none of them"
+            raise ValueError(f"{', '.join(ignored)}: train.regularizer={t.regularizer} does not "
+                             f"read {'it' if len(ignored) == 1 else 'them'} ({used}), so the run "
+                             "would train without the setting; choose the regularizer that uses "
+                             "it (noise: reg_sigma; patch_mse: reg_alpha, reg_sigma, reg_patch), "
+                             "or drop it")
         if o.name == "sps" and o.schedule != "constant":
             raise ValueError(f"optim.schedule={o.schedule} scales a learning rate, but "
                              "optim.name=sps sets its own step size; use optim.schedule=constant "
