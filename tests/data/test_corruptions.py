@@ -221,6 +221,21 @@ def test_corrupted_dataset_wraps_a_base_loader() -> None:
     assert pair.num_classes == 2 and set(pair.targets.tolist()) == {0, 1}
 
 
+def test_corrupted_digits_take_the_split_seed_of_the_training_run() -> None:
+    """``seed`` is the corruption's, so digits' own split seed could not be passed: a model
+    trained on digits(seed=3) was measured on corrupted images of the seed-0 test split, some
+    of them its own training images. ``base_seed`` gives it."""
+    clean = create_dataset("digits", split="test", normalize="none", seed=3)
+    train = create_dataset("digits", split="train", normalize="none", seed=3)
+    ds = create_dataset("corrupted", split="test", base="digits", corruption="contrast",
+                        severity=1, seed=7, base_seed=3, normalize="none")
+    assert torch.equal(ds.targets, clean.targets)
+    expected = corrupt(clean.inputs, "contrast", 1, torch.Generator().manual_seed(7))
+    assert torch.equal(ds.inputs, expected)
+    seen = {tuple(x.flatten().tolist()) for x in train.inputs}
+    assert not any(tuple(x.flatten().tolist()) in seen for x in clean.inputs[:50])
+
+
 def test_corrupted_dataset_errors() -> None:
     with pytest.raises(ValueError, match="base="):
         create_dataset("corrupted", corruption="contrast", severity=1)

@@ -317,13 +317,18 @@ def jpeg_compression(x: Tensor, quality: int, g: torch.Generator) -> Tensor:
 @register_dataset("corrupted")
 def corrupted(split: str = "train", base: str | None = None, corruption: str | None = None,
               severity: int | None = None, seed: int = 0, normalize: str = "minus_one_one",
-              **base_options: Any) -> ArrayDataset:
+              base_seed: int | None = None, **base_options: Any) -> ArrayDataset:
     """Dataset ``base`` (e.g. "mnist", "digits", "fashion_mnist") with a corruption applied.
 
     The base split is loaded in [0, 1], corrupted as one batch with
     ``torch.Generator().manual_seed(seed)`` and normalised by ``normalize`` with the base dataset's
     statistics. Other keywords (``root``, ``download``, ``digits``…) go to the base loader.
+    ``seed`` is the corruption's; a base whose split is drawn with a seed of its own (digits)
+    takes that one as ``base_seed`` — the seed the model's training split was drawn with, or its
+    test images are not the ones it never saw (default: the base loader's own default).
     """
+    if base_seed is not None:
+        base_options = dict(base_options, seed=base_seed)
     if base is None or base in ("corrupted", "cifar10c"):
         raise ValueError(f"pass base=<image dataset>, e.g. base='mnist' (got {base!r}); "
                          "CIFAR-10 has the official release: create_dataset('cifar10c', ...)")
