@@ -18,7 +18,10 @@ With ``eta_max`` the step size on the *raw* gradient is capped:
 
 i.e. a normalised step of length η while ‖∇L‖ ≥ η/η_max, and a plain gradient step with learning
 rate η_max once the gradient is small (docs/definitions.md#normalized-gradient-descent; the same
-cap as SPS_max). A zero gradient gives no step (and no division by zero).
+cap as SPS_max). A zero gradient gives no step (and no division by zero); a gradient with nan or
+inf entries is refused (``FloatingPointError``), as is a param group with an option NGD does not
+have (``weight_decay``, ``momentum``, …: nothing would apply it). Parameters of different float
+types share a norm taken in the widest of them; complex parameters are stepped like real ones.
 
 Every updated parameter's state records ``step`` (number of steps taken), ``step_size`` (the
 multiplier on the raw gradient, η/‖∇L‖ or the cap; 0 for a zero gradient) and ``grad_norm`` (the
@@ -28,6 +31,7 @@ logging.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -52,18 +56,20 @@ def _params_with_grad(group: dict[str, Any]) -> list[Tensor]:
 def _scaled_norm(x: Tensor, dtype: torch.dtype) -> Tensor:
     """‖x‖ computed as m·‖x/m‖ with m = max |x|: the squares of tiny entries (below ≈1e-162 in
     float64, 1e-23 in float32) underflow to 0, which made a nonzero gradient's norm 0 and
-    stopped the step; a huge one's overflow. ``dtype``: the precision it is taken in."""
+    stopped the step; a huge one's overflow. ``dtype``: the precision it is taken in. A nan or
+    inf entry gives a nan norm (it gave 0)."""
     x = x.to(dtype)
-    m = x.abs().amax() if x.numel() else torch.zeros((), dtype=dtype, device=x.device)
+    m = x.abs().amax() if x.numel() else torch.zeros((), dtype=x.abs().dtype, device=x.device)
     safe = torch.where(m > 0, m, torch.ones_like(m))
-    return torch.where(m > 0, safe * torch.linalg.vector_norm(x / safe), torch.zeros_like(m))
+    return torch.where(m != 0, safe * torch.linalg.vector_norm(x / safe), torch.zeros_like(m))
 
 
 def global_grad_norm(params: Iterable[Tensor]) -> Tensor | None:
     """‖∇L‖ = sqrt(Σ_p ‖∇_p L‖²) over the parameters that have a gradient, as a 0-dim tensor on
     the first such parameter's device (``None`` when none has one). Norms are taken in at least
-    float32 so half-precision gradients do not overflow, and rescaled by the largest entry so
-    tiny gradients do not underflow to a norm of 0."""
+    float32 so half-precision gradients do not overflow, the total in the widest of them (a
+    float64 gradient is not rounded to float32 because a float32 one came first), and rescaled
+    by the largest entry so tiny gradients do not underflow to a norm of 0."""
     norms = [
         _scaled_norm(p.grad, torch.promote_types(p.grad.dtype, torch.float32))
         for p in params
@@ -72,15 +78,57 @@ def global_grad_norm(params: Iterable[Tensor]) -> Tensor | None:
     if not norms:
         return None
     device = norms[0].device
-    return _scaled_norm(torch.stack([n.to(device) for n in norms]), norms[0].dtype)
+    dtype = functools.reduce(torch.promote_types, (n.dtype for n in norms))
+    return _scaled_norm(torch.stack([n.to(device, dtype) for n in norms]), dtype)
+
+
+def _check_finite_norms(name: str, norms: list[Tensor]) -> None:
+    """A gradient with a nan or inf entry has no defined step: refuse it (it gave size 0 and a
+    recorded ‖∇L‖ of 0 while the nan spread into the parameters)."""
+    if norms and not bool(torch.isfinite(torch.stack([n.to(norms[0]) for n in norms])).all()):
+        raise FloatingPointError(
+            f"{name}: a gradient holds nan or inf entries, so its norm and the step are not "
+            "defined; lower the step size (lr / eta_max), or check the loss and the data for "
+            "overflow"
+        )
+
+
+def _apply(p: Tensor, size: Tensor) -> None:
+    """p ← p − size·∇p, the product in the wider of the gradient's and the multiplier's types:
+    a float64 gradient is not rounded to a float32 multiplier's precision, a complex one keeps
+    its imaginary part, and η/‖g‖ above 65504 does not overflow in float16."""
+    dtype = torch.promote_types(p.grad.dtype, size.dtype)
+    p.sub_((p.grad.to(dtype) * size.to(dtype)).to(p.dtype))
 
 
 def _check_positive(name: str, value: float | None, optional: bool = False) -> None:
     if value is None and optional:
         return
-    if value is None or not value > 0:
+    if value is None or isinstance(value, bool) or not value > 0:
         hint = " (or None for no cap)" if optional else ""
         raise ValueError(f"{name} must be a positive number{hint}, got {value!r}")
+
+
+#: keys a param group may carry besides its optimiser's options: torch's own bookkeeping
+_BOOKKEEPING = {"params", "param_names", "initial_lr"}
+
+
+def _check_group_keys(opt: Optimizer, group: dict[str, Any]) -> None:
+    """Refuse what the step would silently ignore: an option this optimiser does not have
+    (``weight_decay``, ``momentum``, ``maximize``, an ``lr`` given to SPS, …) and a parameter
+    listed twice (stepped twice, its gradient counted twice in ‖∇L‖)."""
+    name = type(opt).__name__
+    unknown = sorted(set(group) - set(opt.defaults) - _BOOKKEEPING)
+    if unknown:
+        raise ValueError(
+            f"{name} has no option {', '.join(map(repr, unknown))} (its options: "
+            f"{', '.join(sorted(opt.defaults))}; the step is the normalised or Polyak one "
+            "alone); remove it from the param group, or use torch.optim.SGD / AdamW for momentum "
+            "or weight decay"
+        )
+    if len({id(p) for p in group["params"]}) != len(group["params"]):
+        raise ValueError(f"{name}: a param group lists a parameter twice (it would be stepped "
+                         "twice); pass each parameter once")
 
 
 class _StepSizeLog:
@@ -145,6 +193,22 @@ class NGD(_StepSizeLog, Optimizer):
         _check_positive("eta_max", eta_max, optional=True)
         super().__init__(params, {"lr": lr, "eta_max": eta_max, "per_param": per_param})
 
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """``torch.optim.Optimizer.add_param_group``, with the group's own ``lr``, ``eta_max``
+        and ``per_param`` checked like the constructor's (a negative ``lr`` stepped uphill) and
+        options NGD does not have refused (they were ignored without a word)."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        try:
+            _check_group_keys(self, group)
+            _check_positive("lr", group["lr"])
+            _check_positive("eta_max", group["eta_max"], optional=True)
+            if not isinstance(group["per_param"], bool):
+                raise ValueError(f"per_param must be True or False, got {group['per_param']!r}")
+        except ValueError:
+            self.param_groups.pop()
+            raise
+
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:  # type: ignore[override]
         loss = None
@@ -153,17 +217,21 @@ class NGD(_StepSizeLog, Optimizer):
                 loss = closure()
         groups = [(g, _params_with_grad(g)) for g in self.param_groups]
         shared = global_grad_norm(p for g, ps in groups if not g["per_param"] for p in ps)
-        for group, params in groups:
-            for p in params:
-                norm = global_grad_norm([p]) if group["per_param"] else shared
+        norms = [
+            [global_grad_norm([p]) if group["per_param"] else shared for p in params]
+            for group, params in groups
+        ]
+        unique = {id(n): n for ns in norms for n in ns}  # the shared norm once, not per tensor
+        _check_finite_norms(type(self).__name__, list(unique.values()))
+        for (group, params), group_norms in zip(groups, norms, strict=True):
+            for p, norm in zip(params, group_norms, strict=True):
                 assert norm is not None  # p has a gradient, so some norm exists
                 norm = norm.to(p.device)
                 # η/‖g‖ is inf for g = 0; the where() turns that into "no step".
                 size = torch.where(norm > 0, group["lr"] / norm, torch.zeros_like(norm))
                 if group["eta_max"] is not None:
                     size = size.clamp(max=group["eta_max"])
-                # in the multiplier's precision: η/‖g‖ above 65504 is inf in float16
-                p.sub_((p.grad.to(size.dtype) * size).to(p.dtype))
+                _apply(p, size)
                 _record(self.state[p], size, norm)
         return loss
 

@@ -13,7 +13,10 @@ f* = L* = 0 (the infimum of the logistic loss on separable data):
 ‖∇L‖ is the global norm over every parameter of the optimiser, as in ``NGD``. Two edge cases are
 ours: a loss below f* would make η_t negative (an ascent step), so η_t is clamped at 0; and a zero
 gradient, or a quotient that overflows (loss and gradient both underflowed towards the float
-type's smallest numbers: the step is no longer defined), gives no step.
+type's smallest numbers: the step is no longer defined), gives no step. A nan or inf loss or
+gradient is refused (``FloatingPointError``), as are a non-finite f* and options SPS does not have
+in a param group (``lr``, ``weight_decay``, …). A loss returned as a Python float is read in
+float64.
 
 The step size needs the loss, so both are closure-based like ``torch.optim.LBFGS``::
 
@@ -32,15 +35,34 @@ The state of every updated parameter records ``step``, ``step_size`` (η_t) and 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from numbers import Real
+from typing import Any
 
 import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from .normalized import Params, _check_positive, _params_with_grad, _record, _StepSizeLog
+from .normalized import (
+    Params,
+    _apply,
+    _check_finite_norms,
+    _check_group_keys,
+    _check_positive,
+    _params_with_grad,
+    _record,
+    _StepSizeLog,
+)
 from .normalized import global_grad_norm as _global_grad_norm
+
+
+def _check_f_star(f_star: Any) -> None:
+    if not isinstance(f_star, Real) or isinstance(f_star, bool):
+        raise TypeError(f"f_star must be a number (a lower bound on the loss), got {f_star!r}")
+    if not math.isfinite(f_star):
+        raise ValueError(f"f_star must be a finite lower bound on the loss (0 for the logistic "
+                         f"or cross-entropy loss), got {f_star!r}: with it no step is defined")
 
 
 class SPS(_StepSizeLog, Optimizer):
@@ -66,9 +88,25 @@ class SPS(_StepSizeLog, Optimizer):
     ) -> None:
         _check_positive("c", c)
         _check_positive("eta_max", eta_max, optional=True)
-        if not isinstance(f_star, Real):
-            raise TypeError(f"f_star must be a number (a lower bound on the loss), got {f_star!r}")
+        _check_f_star(f_star)
         super().__init__(params, {"c": c, "f_star": float(f_star), "eta_max": eta_max})
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """``torch.optim.Optimizer.add_param_group``, with the group's own ``c``, ``f_star`` and
+        ``eta_max`` checked like the constructor's (a negative c or a nan f* gave no step at all)
+        and options SPS does not have (``lr``, ``weight_decay``, …) refused: they were ignored
+        without a word."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        try:
+            _check_group_keys(self, group)
+            _check_positive("c", group["c"])
+            _check_positive("eta_max", group["eta_max"], optional=True)
+            _check_f_star(group["f_star"])
+        except (TypeError, ValueError):
+            self.param_groups.pop()
+            raise
+        group["f_star"] = float(group["f_star"])
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor:  # type: ignore[override]
@@ -80,21 +118,35 @@ class SPS(_StepSizeLog, Optimizer):
             )
         with torch.enable_grad():
             loss = closure()
-        value = torch.as_tensor(loss).detach()
+        # a Python float (as torch.optim.LBFGS accepts) stays float64: torch.as_tensor would
+        # round it to float32, far coarser than L − f* near the optimum
+        value = (torch.as_tensor(loss, dtype=torch.float64)
+                 if isinstance(loss, Real) and not isinstance(loss, bool)
+                 else torch.as_tensor(loss).detach())
         if value.numel() != 1 or not value.is_floating_point():
             raise ValueError(
                 "the closure must return the scalar float loss it called backward() on; got "
                 f"{type(loss).__name__} of shape {tuple(value.shape)}, dtype {value.dtype}"
             )
+        if not bool(torch.isfinite(value).all()):
+            raise FloatingPointError(
+                f"{type(self).__name__}: the closure returned the loss {float(value)}, so the "
+                "step size (L − f*)/(c‖∇L‖²) is not defined; "
+                "lower eta_max, or check the loss and the data for overflow"
+            )
         groups = [(g, _params_with_grad(g)) for g in self.param_groups]
         norm = _global_grad_norm(p for _, ps in groups for p in ps)
         if norm is None:  # nothing has a gradient: nothing to do
             return loss
-        value = value.reshape(()).to(device=norm.device, dtype=norm.dtype)
+        _check_finite_norms(type(self).__name__, [norm])
+        # L − f* in the wider of the loss's and the norm's types, then in the norm's: a float64
+        # loss near f* would lose its excess if rounded to a float32 norm's type first
+        value = value.reshape(()).to(torch.promote_types(value.dtype, norm.dtype))
         safe = torch.where(norm > 0, norm, torch.ones_like(norm))
         for group, params in groups:
             # (L − f*)/(c‖g‖²) as ((L − f*)/‖g‖)/(c‖g‖): ‖g‖² of a tiny gradient underflows to 0
-            size = ((value - group["f_star"]) / safe / (group["c"] * safe)).clamp(min=0)
+            excess = (value - group["f_star"]).to(device=norm.device, dtype=norm.dtype)
+            size = (excess / safe / (group["c"] * safe)).clamp(min=0)
             if group["eta_max"] is not None:
                 size = size.clamp(max=group["eta_max"])
             # 0/0 or x/0 for a zero gradient: no step instead of NaN/inf; likewise where the
@@ -103,7 +155,7 @@ class SPS(_StepSizeLog, Optimizer):
             size = torch.where((norm > 0) & torch.isfinite(size), size, torch.zeros_like(size))
             for p in params:
                 s = size.to(p.device)
-                p.sub_((p.grad.to(s.dtype) * s).to(p.dtype))
+                _apply(p, s)
                 _record(self.state[p], s, norm.to(p.device))
         return loss
 
