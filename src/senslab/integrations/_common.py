@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from numbers import Integral
 from typing import Any
 
@@ -87,6 +88,24 @@ class Seed:
         return g
 
 
+@contextmanager
+def float32_default() -> Iterator[None]:
+    """A float16 or bfloat16 default dtype set to float32 while the block runs (put back
+    after). Lightning's ``precision="bf16-true"`` and ``"16-true"`` set the default dtype to
+    the module's around every step; a measurement there drew its noise and its random token
+    choices in that dtype — other numbers than the same measurement anywhere else, from
+    coarser draws. Any other default (float32, float64) is left as it is."""
+    previous = torch.get_default_dtype()
+    if previous not in (torch.float16, torch.bfloat16):
+        yield
+        return
+    torch.set_default_dtype(torch.float32)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
 def to_device(inputs: Any, device: torch.device) -> Inputs:
     """``inputs`` (a tensor, tuple/list or mapping — a ``BatchEncoding`` too) on ``device``;
     mappings become plain dicts."""
@@ -117,10 +136,11 @@ def measure_subset(
     said: set[str] | None = None,
 ) -> SensitivityResult:
     """Token sensitivity of ``model`` on a fixed subset, from the seed's starting point, in
-    batches of ``batch`` examples (None: one batch — then it equals ``token_sensitivity``).
-    ``said``: the causes a callback's earlier evaluations warned of, shared with this one's
-    metric (a metric says a cause once; a new metric per evaluation would say it again in
-    every one)."""
+    batches of ``batch`` examples (None: one batch — then it equals ``token_sensitivity``),
+    with the noise drawn in float32 also inside a step of a ``"bf16-true"`` Trainer
+    (:func:`float32_default`). ``said``: the causes a callback's earlier evaluations warned
+    of, shared with this one's metric (a metric says a cause once; a new metric per evaluation
+    would say it again in every one)."""
     device = model_device(model) or torch.device("cpu")
     inputs = to_device(inputs, device)
     metric = TokenSensitivity(model, tokens, generator=seed.fresh(), **options)
@@ -128,13 +148,14 @@ def measure_subset(
         metric._said = said
     n = batch_size(inputs)
     step = batch or n
-    for start in range(0, n, step):
-        if step >= n:
-            metric.update(inputs, None if mask is None else mask.to(device))
-            break
-        rows = torch.arange(start, min(n, start + step), device=device)
-        part_mask = None if mask is None else mask.to(device)[rows]
-        metric.update(select(inputs, rows), part_mask)
+    with float32_default():
+        for start in range(0, n, step):
+            if step >= n:
+                metric.update(inputs, None if mask is None else mask.to(device))
+                break
+            rows = torch.arange(start, min(n, start + step), device=device)
+            part_mask = None if mask is None else mask.to(device)[rows]
+            metric.update(select(inputs, rows), part_mask)
     return metric.compute()
 
 

@@ -126,7 +126,7 @@ from ..measure._options import _identity
 from ..measure._stats import State, result
 from ..tokens import Sequence, Tokenization
 from ..tokens.base import Inputs, batch_size, select
-from ._common import Seed, _placeholder, check_options
+from ._common import Seed, _placeholder, check_options, float32_default
 
 __all__ = ["TokenSensitivityMetric", "rank_seed"]
 
@@ -220,6 +220,9 @@ class TokenSensitivityMetric(Metric):
         #: a copy's stream position, until its first ``update`` builds an engine from it
         self._resume: _Position | None = None
         self._batch: tuple[float, int] = (0.0, 0)  # the last update's sum of rates, examples
+        #: the causes this metric's measurements warned of: said once, not again after a reset
+        #: (each reset builds a new engine, which shares this set)
+        self._said: set[str] = set()
         self._last: SensitivityResult | None = None
         #: the estimate of the last batch ``forward`` measured (all processes' with
         #: ``dist_sync_on_step=True``)
@@ -235,15 +238,20 @@ class TokenSensitivityMetric(Metric):
         ``inputs`` and ``mask`` as for :meth:`TokenSensitivity.update`; ``index``: the global
         indices of the batch's examples (one per example) — repeats, within this process or
         across processes, are then measured once (module docstring, *Padding of the sampler*).
+        An update that raises adds nothing and leaves its examples unmeasured: called again
+        with them, it measures them. The noise is drawn in float32 also inside a step of a
+        ``"bf16-true"`` or ``"16-true"`` Trainer (which sets the default dtype to the module's).
         """
         self.batch_estimate, self._batch = None, (0.0, 0)
         b = batch_size(inputs)
+        own: set[int] = getattr(self, "_own", set())  # the indices this process measured itself
+        taken: set[int] = set()  # this batch's indices marked as measured (undone on failure)
         if index is not None:
-            own = getattr(self, "_own", set())  # the indices this process measured itself
             again = all(i in own for i in torch.as_tensor(index).flatten().tolist())
             keep = self._first_seen(index, b)
             idx = torch.as_tensor(index).flatten().long().cpu()[keep]
-            self._own = own | set(idx.tolist())
+            taken = set(idx.tolist())
+            self._own = own | taken
             if not keep.all():
                 if not keep.any():
                     if again:  # not a sampler's padding (another process measured those)
@@ -252,9 +260,17 @@ class TokenSensitivityMetric(Metric):
                 rows = keep.nonzero().flatten()
                 inputs = select(inputs, rows)
                 mask = None if mask is None else mask[rows.to(mask.device)]
-        engine = self._engine_for(model)
-        engine.state = State()  # this batch alone; the engine keeps its stream and calibration
-        engine.update(inputs, mask)
+        try:
+            engine = self._engine_for(model)
+            engine.state = State()  # this batch alone; the engine keeps its stream and calibration
+            with float32_default():
+                engine.update(inputs, mask)
+        except BaseException:
+            # nothing was added: a retry of these examples must measure them, not skip them as
+            # measured before (this process's own; other processes' marks stay as gathered)
+            self._seen -= taken
+            self._own = own
+            raise
         st = engine.state
         dev = self.n.device
         for name, field in _SUMS.items():
@@ -408,7 +424,28 @@ class TokenSensitivityMetric(Metric):
             moved = fn(t)
             return moved if moved.dtype == t.dtype else t.to(moved.device)
 
-        return super()._apply(same_dtype, *args, **kwargs)
+        out = super()._apply(same_dtype, *args, **kwargs)
+        # torchmetrics sets ``dtype`` from a default-dtype tensor at every move (.to(device),
+        # as Lightning moves every module): float32, and a process that had measured nothing
+        # then synced float32 empties against the others' float64 states (gloo aborted with
+        # a collective mismatch). The states are float64; so is ``dtype``.
+        out._dtype = torch.float64
+        return out
+
+    def set_dtype(self, dst_type: str | torch.dtype) -> TokenSensitivityMetric:
+        """Keep the states in float64 whatever ``dst_type`` says, with a warning where it says
+        another dtype: ``set_dtype(torch.float16)`` (or a ``MetricCollection``'s) had cast the
+        counts and sums, and in float16 the example count is exact only up to 2048 (2101
+        examples were counted as 2108, and the estimate moved with it, without a word)."""
+        target = torch.zeros(0).type(dst_type).dtype
+        if target != torch.float64:
+            warnings.warn(
+                f"TokenSensitivityMetric keeps its counts and sums in float64: set_dtype("
+                f"{dst_type}) leaves them as they are (in {target} the counts and sums of a "
+                "measurement round off, and the estimate with them)",
+                UserWarning, stacklevel=2,
+            )
+        return super().set_dtype(torch.float64)
 
     def state_dict(  # type: ignore[override]
         self, destination: dict[str, Any] | None = None, prefix: str = "",
@@ -482,6 +519,7 @@ class TokenSensitivityMetric(Metric):
         super().__setstate__(state)
         if "_config" not in state:  # pickled by an older senslab
             self._config = _config(self.tokens, self.options)
+        self.__dict__.setdefault("_said", set())  # pickled by an older senslab
         held = self._held_ids() if "_ids" in state else set()
         self._id = uuid.uuid4().hex
         self._ids = held | {self._id}
@@ -563,6 +601,7 @@ class TokenSensitivityMetric(Metric):
         else:  # the seed; a copy sent to another process: that process's seed, not a repeat
             generator = self.seed.fresh() if rank == 0 else rank_seed(self.seed.initial, rank)
         self._engine = TokenSensitivity(model, self.tokens, generator=generator, **self.options)
+        self._engine._said = self._said  # a cause said before a reset is not said again
         if stream is not None:
             self._engine._stream = stream
         self._resume = None
