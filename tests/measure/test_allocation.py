@@ -407,7 +407,8 @@ def test_paired_comparisons_refuse_allocation():
 @pytest.mark.parametrize("options", [{"repeats": 2}, {"allocation": "linear", "budget": 0.5}])
 def test_adaptive_stopping_does_not_stop_on_a_zero_standard_error_after_one_round(options):
     """A model that never flips gives a variance estimate of exactly 0 after one round; that
-    is no evidence of precision, so a second round runs (and then it may stop)."""
+    is no evidence of precision, so a second round runs (and then it may stop, reporting the
+    rule of three's standard error, no more than the target)."""
     model, x, _ = linear_case()
 
     def never(inp: torch.Tensor) -> torch.Tensor:
@@ -416,7 +417,7 @@ def test_adaptive_stopping_does_not_stop_on_a_zero_standard_error_after_one_roun
     one = token_sensitivity(never, x, Sequence(), sigma=SIGMA, generator=0, **options)
     ada = token_sensitivity(never, x, Sequence(), sigma=SIGMA, generator=0, target_stderr=0.01,
                             **options)
-    assert ada.estimate == 0.0 and ada.stderr_subset == 0.0
+    assert ada.estimate == 0.0 and 0.0 < ada.stderr_subset <= 0.01
     assert ada.num_forward - 16 > one.num_forward - 16 > 0  # more than one round of copies
 
 

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -208,7 +209,8 @@ def test_cli_train_then_measure_checkpoint(tmp_path, capsys):
 
 @pytest.mark.parametrize("regularizer", ["noise", "patch_mse"])
 def test_regularized_training_with_sharpness_tracking(tmp_path, regularizer):
-    cfg = tiny(epochs=1, extra=[f"train.regularizer={regularizer}", "train.reg_patch=2",
+    patch = ["train.reg_patch=2"] if regularizer == "patch_mse" else []  # noise reads no patch
+    cfg = tiny(epochs=1, extra=[f"train.regularizer={regularizer}", *patch,
                                 "track.sharpness=true", "track.loss_sharpness=true"])
     summary = fit(cfg, tmp_path, progress=False)
     final = summary["final"]
@@ -405,3 +407,29 @@ def test_measure_checkpoint_reproduces_the_tracked_numbers(tmp_path: Path,
         row = capsys.readouterr().out.strip().splitlines()[-1].split()
         assert float(row[1]) == pytest.approx(last[key], abs=5e-5), (split, row, last[key])
     assert last["sens/val"] != last["sens/train"]  # two subsets, told apart
+
+
+def test_a_train_subset_larger_than_the_split_says_it_trains_on_all():
+    """data.train_subset=5000 on digits' 1,438 training images trained on all of them while
+    config.json said 5000, without a word."""
+    from senslab.train.loop import load_data
+
+    cfg = apply_overrides(RunConfig(), ["data.name=digits", "data.train_subset=5000"])
+    with pytest.warns(UserWarning, match=r"train_subset=5000, but the train split of digits "
+                                         r"has 1,438 examples: the run trains on all 1,438"):
+        train, _ = load_data(cfg)
+    assert len(train) == 1438
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(load_data(apply_overrides(cfg, ["data.train_subset=1438"]))[0]) == 1438
+
+
+def test_a_run_says_its_measurements_few_flips_once(tmp_path: Path):
+    """The tracker builds a metric at every evaluation, so a cause a measurement warns of (a
+    standard error resting on few flips) was said at every epoch; once per run now."""
+    cfg = tiny(epochs=3, extra=["track.sigma=0.0001"])  # σ far too small to flip anything
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        summary = fit(cfg, tmp_path, progress=False)
+    assert summary["final"]["sens/train"] == 0.0
+    assert sum("the standard error rests on" in str(w.message) for w in said) == 1

@@ -107,6 +107,8 @@ class State:
     forward: int = 0
     forward_fp32: int = 0  # float32 re-evaluations of checked bf16 copies
     checked: int = 0  # copies evaluated in checked bf16
+    copies: int = 0  # perturbed copies measured
+    events: int = 0  # copies the standard error learns from (:func:`accumulate`)
     pos_sum: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.float64))
     pos_cnt: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.float64))
     samples: list[Tensor] = field(default_factory=list)
@@ -170,9 +172,9 @@ def within_variance(
 def accumulate(
     st: State, vals: Tensor, src: Tensor, tok: Tensor, valid: Tensor, *, group: int,
     per_cell: int | None, positions: str | None, num_tokens: int | None = None,
-    real: Tensor | None = None, rounds: int = 1,
+    real: Tensor | None = None, rounds: int = 1, events: int | None = None, floor: float = 0.0,
 ) -> None:
-    """Add one batch's copies to ``st``. ``group``: copies per unit (:func:`units`);
+    r"""Add one batch's copies to ``st``. ``group``: copies per unit (:func:`units`);
     ``per_cell``: units per real cell when every real token was evaluated equally often
     (stratified design), else None. ``positions``: alignment of the per-position profile
     ("left"/"right"), None to skip it (whole-input noise). ``num_tokens``: each round drew
@@ -182,12 +184,19 @@ def accumulate(
     profile (None: ``valid``). ``rounds``: the rounds of draws the batch ran (adaptive
     stopping); its copies weigh 1/``rounds`` in the profile, so that a batch that ran more
     rounds — which depends on its flips — does not weigh more (its examples' flips near 1/2
-    had pulled the profile 10–23% up)."""
+    had pulled the profile 10–23% up). ``events``: the copies whose value the standard error
+    learns from (default: the nonzero values; with the control variate, the copies whose flip
+    differs from the tangent's), counted with the copies for the warning of few flips
+    (:meth:`.tokenwise.TokenSensitivity._warn_few_events`). ``floor``: the least
+    :math:`\sum_b \widehat{\operatorname{Var}}(\hat m_b)` the batch reports
+    (:func:`._alloc.zero_floor`)."""
     b = valid.shape[0]
     u, usrc, utok = units(vals, src, tok, group)
     cnt = _counts(usrc, b, u)
     mean = torch.zeros_like(cnt).index_add_(0, usrc, u) / cnt
-    _add_examples(st, mean, within_variance(u, usrc, utok, valid, per_cell))
+    st.copies += len(vals)
+    st.events += int((vals != 0).sum()) if events is None else events
+    _add_examples(st, mean, within_variance(u, usrc, utok, valid, per_cell), floor)
     if positions is not None:
         # with num_tokens a copy stands for its example's real tokens over those each round
         # draws (1/π: the profile would otherwise lean towards short examples, all of whose
@@ -204,27 +213,32 @@ def accumulate(
                               positions, weight)
 
 
-def _add_examples(st: State, mean: Tensor, within: Tensor) -> None:
-    """Add examples with rates ``mean`` (B,) and their variance estimates ``within`` (B,)."""
+def _add_examples(st: State, mean: Tensor, within: Tensor, floor: float = 0.0) -> None:
+    """Add examples with rates ``mean`` (B,) and their variance estimates ``within`` (B,),
+    whose sum is raised to ``floor`` where it is below it (a NaN sum stays NaN)."""
     # one copy to the host per update (on a GPU: one wait for the device, not four)
     host = torch.cat([mean.double(), within.double().sum().reshape(1)]).cpu()
     rates = host[:-1]
     st.n += len(rates)
     st.s1 += rates.sum().item()
     st.s2 += (rates * rates).sum().item()
-    st.within += host[-1].item()
+    total = host[-1].item()
+    st.within += floor if total < floor else total
     st.samples.append(rates.float())
 
 
 def accumulate_tokens(
     st: State, y: Tensor, var: Tensor, valid: Tensor, *, positions: str | None,
-    real: Tensor | None = None,
+    real: Tensor | None = None, copies: int = 0, events: int = 0, floor: float = 0.0,
 ) -> None:
     """Add one batch measured token by token (``allocation``, :mod:`._alloc`) to ``st``:
-    ``y`` (B, T) each real token's unbiased value, ``var`` (B, T) its variance estimate."""
+    ``y`` (B, T) each real token's unbiased value, ``var`` (B, T) its variance estimate;
+    ``copies`` made, ``events`` of them nonzero; ``floor`` as for :func:`accumulate`."""
     v = valid.to(y.device)
     k = v.sum(1).double()
-    _add_examples(st, (y.double() * v).sum(1) / k, (var.double() * v).sum(1) / k**2)
+    st.copies += copies
+    st.events += events
+    _add_examples(st, (y.double() * v).sum(1) / k, (var.double() * v).sum(1) / k**2, floor)
     if positions is not None:
         cells = v.nonzero()
         _accumulate_positions(st, y.double()[v], cells[:, 0], cells[:, 1],
@@ -265,7 +279,7 @@ def merged(a: State, b: State, align: str) -> State:
     return State(
         n=a.n + b.n, s1=a.s1 + b.s1, s2=a.s2 + b.s2, within=a.within + b.within,
         forward=a.forward + b.forward, forward_fp32=a.forward_fp32 + b.forward_fp32,
-        checked=a.checked + b.checked,
+        checked=a.checked + b.checked, copies=a.copies + b.copies, events=a.events + b.events,
         pos_sum=pad_to(a.pos_sum, n, left) + pad_to(b.pos_sum, n, left),
         pos_cnt=pad_to(a.pos_cnt, n, left) + pad_to(b.pos_cnt, n, left),
         samples=a.samples + b.samples,
@@ -335,8 +349,8 @@ def all_reduced(st: State, align: str, group: Any = None) -> State:
     dist.all_gather_object(sizes, len(st.pos_sum), group=group)
     p = max(sizes)
     left = align == "right"
-    scal = torch.tensor([st.n, st.s1, st.s2, st.within, st.forward, st.forward_fp32, st.checked],
-                        dtype=torch.float64)
+    scal = torch.tensor([st.n, st.s1, st.s2, st.within, st.forward, st.forward_fp32, st.checked,
+                         st.copies, st.events], dtype=torch.float64)
     vec = torch.cat([scal, pad_to(st.pos_sum, p, left), pad_to(st.pos_cnt, p, left)])
     vec = vec.to(reduce_device(str(dist.get_backend(group))))
     dist.all_reduce(vec, group=group)
@@ -346,6 +360,7 @@ def all_reduced(st: State, align: str, group: Any = None) -> State:
     return State(
         n=int(vec[0]), s1=float(vec[1]), s2=float(vec[2]), within=float(vec[3]),
         forward=int(vec[4]), forward_fp32=int(vec[5]), checked=int(vec[6]),
-        pos_sum=vec[7 : 7 + p].clone(), pos_cnt=vec[7 + p :].clone(),
+        copies=int(vec[7]), events=int(vec[8]),
+        pos_sum=vec[9 : 9 + p].clone(), pos_cnt=vec[9 + p :].clone(),
         samples=[interleave(samples)],
     )

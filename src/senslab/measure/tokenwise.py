@@ -64,7 +64,9 @@ rates :math:`p_{bt}` no longer costs forward passes.
   fewer than :data:`._alloc.MIN_FLIPS` flips (nonzero values; with ``allocation="linear"``,
   :data:`._alloc.ALLOC_MIN_FLIPS`) never does: it moves with the flips seen (a few-flips toy
   covered 72% of its 95% intervals without the guard, 92% with it;
-  tests/measure/test_allocation.py). The
+  tests/measure/test_allocation.py); a batch that stops without a single flip reports (as its
+  subset standard error) the rule of three's, never the 0 or the tangent's spread it estimated
+  (:func:`._alloc.zero_floor`). The
   stopping rule looks at the whole batch, never at single cells, so the estimate's bias is
   :math:`O(1/n)` and low (fewer flips, a smaller standard error, an earlier stop): a small
   share of the standard error (a slow test in tests/measure/test_allocation.py bounds it at a
@@ -105,6 +107,12 @@ rates :math:`p_{bt}` no longer costs forward passes.
   counts. With all tokens and at least two units per token it uses the stratified variance
   :math:`\operatorname{Var}(\hat m_b) = K_b^{-2}\sum_t s^2_{bt}/r` (:mod:`._stats`); otherwise
   the units of an example are treated as i.i.d. draws (conservative under stratification).
+
+Both are estimated from the flips seen (with the control variate, the copies whose flip differs
+from the tangent's): from a few they move with those seen, and from none they are 0. So
+``compute`` warns, once per metric, where fewer than :data:`._alloc.MIN_FLIPS` copies flipped,
+and gives the rule of three's bound 3/N where none of N did (the counts are merged and
+all-reduced with the state).
 
 **Speed and memory.** ``chunk_size="auto"`` (the default) evaluates a small probe chunk while
 counting the bytes its forward pass allocates, then sizes the chunks to ``memory_budget`` bytes
@@ -476,7 +484,8 @@ class TokenSensitivity:
             the module docstring).
         antithetic: draw noise in pairs (ε, −ε); ``repeats`` must be even.
         target_stderr: adaptive stopping — add rounds of ``repeats`` draws per token until the
-            fixed-subset standard error of each batch's mean is at most this.
+            fixed-subset standard error of each batch's mean is at most this (a batch that
+            stops without a flip reports the rule of three's standard error).
         max_forward: forward passes one ``update`` may spend with ``target_stderr`` (at least
             one round always runs; default 64 rounds).
         allocation: ``"linear"``: draws where the linearised flip probability says flips happen,
@@ -496,7 +505,12 @@ class TokenSensitivity:
         control_variate: ``"linear"`` subtracts the flip indicator of the model's tangent
             hyperplane and adds its closed-form mean (:mod:`._control`): unbiased for any
             model, exact for a linear one; costs one forward and backward per example (counted
-            as one more forward pass).
+            as one more forward pass). Its standard error rests on the copies whose flip
+            differs from the tangent's: where none did it is the spread of the tangent's
+            probabilities between tokens (one draw per token) or 0 (more), no evidence, and
+            ``compute`` warns, as it does below 10 of them. On a small MLP at one draw per
+            token 90% of the 95% intervals covered: none of the 6% of runs without such a copy,
+            96% of the others; more draws alone did not help (4: 92%).
         autocast: a dtype (``torch.bfloat16``/``torch.float16``) to run forwards under autocast,
             keeping that precision's own decisions. Without it the forwards run in the model's
             own dtype, also when ``update`` is called inside an autocast region (a bf16-mixed
@@ -1061,8 +1075,13 @@ class TokenSensitivity:
             if runner.per_copy is not None:
                 self._per_copy[key] = runner.per_copy  # later batches of this shape: no probe
         vals, src, tok, own = (torch.cat(x) for x in zip(*parts, strict=True))
+        changed = _events(vals, src, tok, control)
+        floor = 0.0
+        if self.target_stderr is not None and not bool(changed.any()):  # never with shard
+            floor = _alloc.zero_floor(*self._draws(src, tok, valid))
         if self.shard is not None:
             keep = own.nonzero().flatten()
+            changed = changed[keep]
             mine = self._owned(torch.arange(b, device=device))
             src, tok, vals = src[keep], tok[keep], vals[keep]
             b = int(mine.sum())
@@ -1070,7 +1089,8 @@ class TokenSensitivity:
             valid, real, src = valid[mine], real[mine], remap[src]
         forward = b * (2 if self.control_variate else 1) + len(src)
         checked = (0, 0) if check is None else check.take_counts()
-        self._add(vals, src, tok, valid, self._per_cell(rounds), forward, checked, real, rounds)
+        self._add(vals, src, tok, valid, self._per_cell(rounds), forward, checked, real, rounds,
+                  int(changed.sum()), floor)
 
     def _allocated(self, runner: ChunkRunner, control: LinearControl, valid: Tensor,
                    stream: NoiseStream, extent: Tensor | None,
@@ -1081,15 +1101,25 @@ class TokenSensitivity:
         per_unit = 2 if self.antithetic else 1
         per_round = self.budget * int(valid.sum()) * per_unit
         cap = self.max_forward or 2 * b + DEFAULT_MAX_ROUNDS * per_round
+        counts = torch.zeros(valid.shape, dtype=torch.float64, device=valid.device)
+        events = 0
 
         def evaluate(src: Tensor, tok: Tensor) -> Tensor:
-            return runner.run(src, tok, torch.ones_like(src, dtype=torch.bool), extent)
+            nonlocal events
+            vals = runner.run(src, tok, torch.ones_like(src, dtype=torch.bool), extent)
+            counts.index_put_((src.to(counts.device), tok.to(counts.device)),
+                              torch.ones(len(src), dtype=torch.float64, device=counts.device),
+                              accumulate=True)
+            events += int((vals != 0).sum())
+            return vals
 
         y, var, copies, kappa = _alloc.linear_rounds(
             control.x, valid, self.budget, stream.gen, evaluate, per_unit=per_unit,
             target=self.target_stderr, max_copies=cap - 2 * b, rounds_at_zero=ROUNDS_AT_ZERO)
         self.last_tangent_scale = kappa
-        self._add_tokens(y, var, valid, 2 * b + copies, check, real)
+        floor = (_alloc.zero_floor(counts, valid)
+                 if self.target_stderr is not None and events == 0 else 0.0)
+        self._add_tokens(y, var, valid, 2 * b + copies, check, real, copies, events, floor)
 
     def _sampled(self, runner: ChunkRunner, valid: Tensor, stream: NoiseStream,
                  extent: Tensor | None, check: PrecisionCheck | None, real: Tensor) -> None:
@@ -1119,14 +1149,20 @@ class TokenSensitivity:
                 "pairs), measure more examples per update, or use repeats= without allocation "
                 "(said once per metric: later batches like it are not said again)",
                 RuntimeWarning, stacklevel=_trim._user_level())
-        self._add_tokens(*plan.values(), valid, b + plan.copies, check, real)
+        floor = (_alloc.zero_floor(plan.cnt, valid)
+                 if self.target_stderr is not None and plan.events == 0 else 0.0)
+        self._add_tokens(*plan.values(), valid, b + plan.copies, check, real, plan.copies,
+                         plan.events, floor)
 
     def _add_tokens(self, y: Tensor, var: Tensor, valid: Tensor, forward: int,
-                    check: PrecisionCheck | None, real: Tensor | None = None) -> None:
+                    check: PrecisionCheck | None, real: Tensor | None = None, copies: int = 0,
+                    events: int = 0, floor: float = 0.0) -> None:
         """Add one batch measured token by token (an allocation) to the state: each real
-        token's unbiased value ``y`` and variance share ``var`` (B, T), ``forward`` passes."""
+        token's unbiased value ``y`` and variance share ``var`` (B, T), ``forward`` passes;
+        ``copies``, ``events`` and ``floor``: :func:`._stats.accumulate_tokens`'s."""
         checked = (0, 0) if check is None else check.take_counts()
-        accumulate_tokens(self.state, y, var, valid, positions=self.align, real=real)
+        accumulate_tokens(self.state, y, var, valid, positions=self.align, real=real,
+                          copies=copies, events=events, floor=floor)
         self.state.forward += forward
         self.state.checked += checked[0]
         self.state.forward_fp32 += checked[1]
@@ -1239,16 +1275,16 @@ class TokenSensitivity:
     def _add(
         self, vals: Tensor, src: Tensor, tok: Tensor, valid: Tensor, per_cell: int | None,
         forward: int, checked: tuple[int, int] = (0, 0), real: Tensor | None = None,
-        rounds: int = 1,
+        rounds: int = 1, events: int | None = None, floor: float = 0.0,
     ) -> None:
         """Add one batch's copies to the state (:mod:`.compare` defers this until every model
         has measured the batch); ``checked``: copies run in checked bf16 and their float32
-        re-evaluations."""
+        re-evaluations; ``events`` and ``floor``: :func:`._stats.accumulate`'s."""
         accumulate(
             self.state, vals, src, tok, valid, group=self.group, per_cell=per_cell,
             positions=None if self.mode == "whole" else self.align,
             num_tokens=self.num_tokens if self.mode == "token" else None, real=real,
-            rounds=rounds,
+            rounds=rounds, events=events, floor=floor,
         )
         self.state.forward += forward
         self.state.checked += checked[0]
@@ -1288,16 +1324,21 @@ class TokenSensitivity:
         se = math.sqrt(max(within, 0.0)) / b if math.isfinite(within) else math.inf
         # a standard error estimated from a handful of flips is too noisy to stop on, and one
         # of no flip at all ends the rounds only once the rule of three allows it
-        events = vals if control is None else vals - control.q[src, tok].to(vals)
-        flips = int((events != 0).sum())
-        counts = None
-        if flips == 0:  # draws per token: copies, not units
-            counts = torch.zeros(valid.shape, dtype=torch.float64, device=src.device)
-            counts.index_put_((src, tok), torch.ones_like(src, dtype=torch.float64),
-                              accumulate=True)
+        flips = int(_events(vals, src, tok, control).sum())
+        counts, cells = self._draws(src, tok, valid) if flips == 0 else (None, valid)
         return se > self.target_stderr or (se == 0.0 and rounds < ROUNDS_AT_ZERO) \
-            or not _alloc.enough_flips(flips, counts=counts, valid=valid,
+            or not _alloc.enough_flips(flips, counts=counts, valid=cells,
                                        target=self.target_stderr)
+
+    def _draws(self, src: Tensor, tok: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+        """Draws (copies, not units) per real token of the copies (src, tok), and the real
+        tokens, as :func:`._alloc.zero_bound` takes them; with ``mode="whole"`` an example is
+        one token (its noise lands on all of them at once)."""
+        if self.mode == "whole":
+            valid = torch.ones(valid.shape[0], 1, dtype=torch.bool, device=valid.device)
+        counts = torch.zeros(valid.shape, dtype=torch.float64, device=src.device)
+        counts.index_put_((src, tok), torch.ones_like(src, dtype=torch.float64), accumulate=True)
+        return counts, valid
 
     def _plan(self, valid: Tensor, stream: NoiseStream) -> tuple[Tensor, Tensor]:
         """Which example (src) and token (tok) each perturbed copy has, sample-major."""
@@ -1341,8 +1382,76 @@ class TokenSensitivity:
     @_one_thread_at_a_time
     def compute(self) -> SensitivityResult:
         """The estimate over everything accumulated since the last :meth:`reset` (waits for an
-        ``update`` another thread runs: the state is read whole, never half-added)."""
-        return result(self.state, self.estimand, self.align, self.compare == "class", self.sigma)
+        ``update`` another thread runs: the state is read whole, never half-added). Warns, once
+        per metric, where the standard error rests on fewer than :data:`._alloc.MIN_FLIPS`
+        flips (:meth:`_warn_few_events`)."""
+        r = result(self.state, self.estimand, self.align, self.compare == "class", self.sigma)
+        self._warn_few_events(r)
+        return r
+
+    def _warn_few_events(self, r: SensitivityResult) -> None:
+        """Say, once per metric (:meth:`_once`; no flip and a few flips are two causes), that
+        the result's standard error rests on fewer than :data:`._alloc.MIN_FLIPS` events:
+        flips (nonzero values), or with the control variate copies whose flip differs from the
+        tangent's. Estimated from a few it moves with those seen, and from none it is 0 (with
+        the control variate and one draw per token, the spread of the tangent's probabilities
+        between tokens; with ``target_stderr``, the rule of three's: :func:`._alloc.zero_floor`).
+        On six examples of a small MLP at a flip rate of 0.008 (36 tokens, repeats=2) 55% of
+        the runs read ``0.0000 ± 0.0000``, and none of them covered the rate. The counts are
+        the state's (merged and all-reduced with it). Nothing is said where no copy was counted
+        (a state from an older pickle)."""
+        st = self.state
+        if not st.copies or st.events >= _alloc.MIN_FLIPS:
+            return
+        n, cv = st.copies, self.control_variate is not None
+        if cv:
+            what = "flipped otherwise than the model's tangent (control_variate)"
+        elif self.compare == "class":
+            what = "flipped the prediction"
+        else:
+            what = f"moved the output (a nonzero {self.compare} distance)"
+        lo, hi = r.ci95
+        shown = (f"sensitivity {r.estimate:.4g} ± {r.stderr:.2g} (95% CI {lo:.4g}–{hi:.4g}, "
+                 f"{r.estimand})")
+        how = ("measure with more draws (repeats=, more examples) or with target_stderr=, whose "
+               f"rounds stop only on {_alloc.MIN_FLIPS} flips or on the rule of three (said "
+               "once per metric)")
+        if st.events == 0:
+            if not self._once("no flips"):
+                return
+            rate = ("the rate at which a copy's flip differs from its tangent's" if cv
+                    else "the copies' mean flip rate" if self.compare == "class"
+                    else "the share of copies that move the output")
+            after = (" The estimate is the tangent's mean flip probability, off by at most "
+                     "that rate." if cv else "")
+            # with a target each batch reported the rule of three's standard error (subset)
+            floored = self.target_stderr is not None and self.estimand == "subset"
+            worth = ("takes its standard error from the rule of three (target_stderr)"
+                     if floored else "cannot be trusted as a 95% interval")
+            warnings.warn(
+                f"the standard error rests on no flip: none of the {n:,} perturbed copies "
+                f"measured {what}, so {shown} {worth}; by the rule of three, {rate} "
+                f"is below 3/{n:,} = {3 / n:.2g} with 95% confidence.{after} For a standard "
+                f"error, {how}",
+                RuntimeWarning, stacklevel=_trim._user_level())
+        elif self._once("few flips"):
+            warnings.warn(
+                f"the standard error rests on few flips: only {st.events} of the {n:,} "
+                f"perturbed copies measured {what}, fewer than {_alloc.MIN_FLIPS}; a standard "
+                "error estimated from so few moves with them, and the 95% interval of "
+                f"{shown} can cover the rate far less often (on a small MLP, of the runs with "
+                "1–4 such copies, 63% with the control variate at 4 draws per token, 87% with "
+                f"num_tokens=2). For a firmer one, {how}",
+                RuntimeWarning, stacklevel=_trim._user_level())
+
+
+def _events(vals: Tensor, src: Tensor, tok: Tensor, control: Any) -> Tensor:
+    """Which copies the standard error learns from (bool, one per copy): the nonzero values, or
+    with the control variate the copies whose flip differs from the tangent's (an adjusted
+    value v − c + q is nonzero on nearly every copy)."""
+    if control is None:
+        return vals != 0
+    return (vals - control.q[src, tok].to(vals)) != 0
 
 
 #: option names from other libraries (and senslab's own older habits), and what to pass instead

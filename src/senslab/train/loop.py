@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,11 @@ def load_data(cfg: RunConfig) -> tuple[ArrayDataset, ArrayDataset]:
     if d.train_subset is not None and d.train_subset < len(train):
         g = torch.Generator().manual_seed(cfg.seed + 12345)
         train = train.first(d.train_subset, generator=g)
+    elif d.train_subset is not None and d.train_subset > len(train):
+        warnings.warn(f"data.train_subset={d.train_subset}, but the {d.train_split} split of "
+                      f"{d.name} has {len(train):,} examples: the run trains on all "
+                      f"{len(train):,} (set data.train_subset={len(train)} or none to say so)",
+                      stacklevel=2)
     return train, test
 
 

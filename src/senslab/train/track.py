@@ -22,6 +22,9 @@ class Tracker:
                  shard: tuple[int, int] | None = None) -> None:
         self.cfg, self.model, self.device, self.shard = cfg, model, device, shard
         self._rule: tuple[str, float | None] | None = None
+        #: the causes the run's measurements warned of (few flips, …): said once per run, not
+        #: at every evaluation, as the integrations' callbacks do
+        self._said: set[str] = set()
         t = cfg.track
         g = torch.Generator().manual_seed(cfg.seed + 1)
         self.sens_train = train.first(min(t.num_examples, len(train)), generator=g)
@@ -58,6 +61,7 @@ class Tracker:
             self.model, sigma=t.sigma, repeats=t.repeats, generator=self.cfg.seed,
             chunk_size=t.chunk_size, shard=self.shard, output_kind=kind, threshold=threshold,
         )
+        metric._said = self._said
         for lo in range(0, len(data), 256):
             x, _ = data.batch(slice(lo, lo + 256))
             metric.update(_to(x, self.device))

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ...data import create_dataset
-from ...measure import token_sensitivity
+from ...measure import TokenSensitivity
 from ...models import create_model
 from ...tokens import Embedding
 from ..config import one_of, ranged
@@ -146,9 +146,14 @@ def train_grokking(cfg: GrokkingRun, path: Path, *, progress: bool | None = None
         sens_mask = model.number_mask(sens_x)
         x, y = train.inputs, train.targets
 
+        said: set[str] = set()  # a cause the measurements warn of: said once per run
+
         def measure() -> dict[str, Any]:
-            sens = token_sensitivity(model, sens_x, Embedding("embed"), mask=sens_mask,
-                                     sigma=cfg.sigma, mode=cfg.sens_mode, generator=cfg.seed)
+            metric = TokenSensitivity(model, Embedding("embed"), sigma=cfg.sigma,
+                                      mode=cfg.sens_mode, generator=cfg.seed)
+            metric._said = said
+            metric.update(sens_x, sens_mask)
+            sens = metric.compute()
             return {"sens/train": sens.estimate, "sens/train_se": sens.stderr,
                     "weight_norm": weight_norm(model)}
 

@@ -28,7 +28,7 @@ from torch import Tensor
 from ...data import create_dataset
 from ...data.base import ArrayDataset
 from ...data.synthetic import SPARSE_FREQUENT_SETTINGS, TOKEN_TYPES, feature_sensitivities
-from ...measure import token_sensitivity
+from ...measure import TokenSensitivity
 from ...models import create_model
 from ...models.small import SparseAttention
 from ...tokens import Sequence
@@ -118,14 +118,19 @@ def train_sparse_frequent(cfg: SparseFrequentRun, path: Path, *, progress: bool 
         opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
         x, y = train.inputs, train.targets.float()
 
+        said: set[str] = set()
+
         def evaluate() -> dict[str, Any]:
             with torch.no_grad():
                 loss = F.binary_cross_entropy_with_logits(model(x), y).item()
                 v = model.v.detach()
                 align = {f"align/{k}": F.cosine_similarity(v, u, dim=0).item()
                          for k, u in directions.items()}
-            sens = token_sensitivity(model, sens_x, Sequence(), replace_with=torch.eye(vocab),
-                                     generator=cfg.seed)
+            metric = TokenSensitivity(model, Sequence(), replace_with=torch.eye(vocab),
+                                      generator=cfg.seed)
+            metric._said = said  # a cause the measurements warn of: said once per run
+            metric.update(sens_x)
+            sens = metric.compute()
             return {"train/loss": loss, "train/acc": accuracy(model, train),
                     "test/acc": accuracy(model, test), "ood/acc": accuracy(model, ood), **align,
                     **{f"attn/{k}": m for k, m in attention_by_type(model, train).items()},
