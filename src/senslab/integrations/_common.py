@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from numbers import Integral
 from typing import Any
 
@@ -14,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from ..measure import SensitivityResult, TokenSensitivity
+from ..measure._options import float32_default
 from ..tokens import Sequence, Tokenization
 from ..tokens.base import Inputs, batch_size, model_device, select
 
@@ -88,22 +88,6 @@ class Seed:
         return g
 
 
-@contextmanager
-def float32_default() -> Iterator[None]:
-    """A float16 or bfloat16 default dtype set to float32 while the block runs (put back
-    after). Lightning's ``precision="bf16-true"`` and ``"16-true"`` set the default dtype to
-    the module's around every step; a measurement there drew its noise and its random token
-    choices in that dtype — other numbers than the same measurement anywhere else, from
-    coarser draws. Any other default (float32, float64) is left as it is."""
-    previous = torch.get_default_dtype()
-    if previous not in (torch.float16, torch.bfloat16):
-        yield
-        return
-    torch.set_default_dtype(torch.float32)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 def to_device(inputs: Any, device: torch.device) -> Inputs:

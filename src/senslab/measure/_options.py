@@ -262,3 +262,23 @@ def _identity(one: Any, other: Any) -> list[tuple[str, Any, Any]]:
     if one.compare != "class":
         pairs = [p for p in pairs if p[0] not in ("output_kind", "threshold")]
     return pairs
+
+
+@contextmanager
+def float32_default() -> Iterator[None]:
+    """A float16 or bfloat16 default dtype set to float32 while the block runs (put back
+    after). Lightning's ``precision="bf16-true"`` and ``"16-true"`` set the default dtype to
+    the module's around every step; a measurement there drew its noise and its random token
+    choices in that dtype — other numbers than the same measurement anywhere else, from
+    coarser draws (and ``allocation="linear"`` failed). Any other default (float32, float64) is
+    left as it is. :meth:`.tokenwise.TokenSensitivity.update` and
+    :meth:`.compare.CompareSensitivity.update` run under it."""
+    previous = torch.get_default_dtype()
+    if previous not in (torch.float16, torch.bfloat16):
+        yield
+        return
+    torch.set_default_dtype(torch.float32)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)

@@ -207,6 +207,7 @@ from ._options import (
     _kept_buffers,
     _resolve_sigma,
     _shapes,
+    float32_default,
 )
 from ._precision import Precision, PrecisionCheck
 from ._runner import ChunkRunner, verify_copies, verify_deterministic
@@ -918,7 +919,8 @@ class TokenSensitivity:
             _warn_reduced_float32(self.model, device)
         if self._local is not None:  # after all_reduce: add to this process's own state
             self.state, self._local = self._local, None
-        self._update_model(inputs, mask, device)
+        with float32_default():  # a bf16 default (a Lightning bf16-true step): float32 draws
+            self._update_model(inputs, mask, device)
 
     def _update_model(self, inputs: Inputs, mask: Tensor | None, device: torch.device) -> None:
         """:meth:`update`'s work on the model: checks, mode, buffers, forwards."""
