@@ -74,7 +74,7 @@ def test_robustness_then_sharpness_end_to_end(tmp_path: Path) -> None:
 
     assert cached == {"settings": {"test_images": 30, "sens_examples": 200, "sens_repeats": 2},
                       "step": steps, "values": summaries[-2]["final_measure"],
-                      "config_sha256": RunDir(tmp_path / "robustness" / "cnn").config_digest()}
+                      **RunDir(tmp_path / "robustness" / "cnn").config_digests()}
 
     logs: list[str] = []
     out = tmp_path / "sharpness"

@@ -2,8 +2,10 @@
 (:func:`~senslab.experiments.lowsens._comparison.sigma_sweep`) and ``final_measure.json``
 (:meth:`~senslab.experiments.lowsens._posthoc.FinalMeasureExperiment.after_run`):
 
-* reused when the checkpoint step, the settings and the run's config.json digest all match,
-  measured again when any one differs or is missing;
+* reused when the checkpoint step, the settings and the run's config.json digests all match,
+  measured again when any one differs or is missing; a config.json re-indented by hand keeps its
+  caches (its parsed JSON's digest matches), one with a setting changed does not; a cache of an
+  older senslab, holding the raw digest only, is still read;
 * a damaged file (not valid JSON) is warned about, set aside as ``<name>.damaged`` (``-2``, …:
   never over an earlier one) with its bytes kept, and the measurement taken again;
 * valid JSON of the wrong shape (keys missing, a list where an object belongs) is measured again,
@@ -91,6 +93,18 @@ DAMAGE = {"truncated": b'{"config_sha256": "ab', "binary": b"\xff\xfe\x00{\x81",
           "nested": b"[" * 100_000}
 
 
+#: the digests of config.json a cache records
+DIGESTS = ("config_sha256", "config_canonical_sha256")
+#: a cache of another config.json; one whose digests are missing (None: removed)
+OTHER_CONFIG = dict.fromkeys(DIGESTS, "0" * 64)
+NO_DIGESTS = dict.fromkeys(DIGESTS)
+
+
+def _stale(cache: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:
+    """``cache`` with ``change`` applied, entries changed to None removed."""
+    return {k: v for k, v in {**cache, **change}.items() if v is not None}
+
+
 def _aside(run: Path, name: str) -> list[Path]:
     return sorted(run.glob(f"{name}.damaged*"))
 
@@ -101,21 +115,46 @@ def _aside(run: Path, name: str) -> list[Path]:
 def test_sigma_sweep_reuses_a_matching_cache(run: Path, intact: dict[str, Any]) -> None:
     cache = intact["cache"]
     assert cache["step"] == STEP and cache["sigmas"] == list(SIGMAS)
-    assert cache["config_sha256"] == RunDir(run).config_digest()
+    assert {k: cache[k] for k in DIGESTS} == RunDir(run).config_digests()
     (run / "sigma_sweep.json").write_text(json.dumps({**cache, "results": MARKER}))
     assert sigma_sweep(run, SIGMAS) == MARKER  # served from the file, not measured
 
 
+def _reindent(run: Path) -> None:
+    """Write the run's config.json again with other indentation and its keys reversed: the
+    same settings, other bytes."""
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps(dict(reversed(config.items())), indent=4))
+
+
+def test_a_sigma_sweep_cache_survives_a_reindented_config(run: Path,
+                                                         intact: dict[str, Any]) -> None:
+    """Keyed on the raw bytes' digest alone, a config.json re-indented by hand (the same
+    settings) had the whole σ sweep measured again."""
+    (run / "sigma_sweep.json").write_text(json.dumps({**intact["cache"], "results": MARKER}))
+    before = RunDir(run).config_digests()
+    _reindent(run)
+    assert RunDir(run).config_digests()["config_sha256"] != before["config_sha256"]
+    assert sigma_sweep(run, SIGMAS) == MARKER
+
+
+def test_a_sigma_sweep_cache_of_an_older_senslab_is_read(run: Path,
+                                                        intact: dict[str, Any]) -> None:
+    """Before the canonical digest, a cache held ``config_sha256`` alone."""
+    old = {k: v for k, v in intact["cache"].items() if k != "config_canonical_sha256"}
+    (run / "sigma_sweep.json").write_text(json.dumps({**old, "results": MARKER}))
+    assert sigma_sweep(run, SIGMAS) == MARKER
+
+
 @pytest.mark.parametrize("change", [
-    {"step": STEP - 1}, {"sigmas": [0.1, 0.25]}, {"config_sha256": "0" * 64},
+    {"step": STEP - 1}, {"sigmas": [0.1, 0.25]}, OTHER_CONFIG,
     {"step": float(STEP)},  # not the step as written: 15.0, not 15
-    {"config_sha256": None},  # stands for a key missing (written by an older senslab)
+    NO_DIGESTS,
 ])
 def test_sigma_sweep_measures_again_when_a_key_differs(
         run: Path, intact: dict[str, Any], change: dict[str, Any]) -> None:
-    stale = {**intact["cache"], **change, "results": MARKER}
-    if change == {"config_sha256": None}:
-        del stale["config_sha256"]
+    stale = _stale(intact["cache"], change)
+    stale["results"] = MARKER
     (run / "sigma_sweep.json").write_text(json.dumps(stale))
     assert sigma_sweep(run, SIGMAS) == intact["results"]
     assert json.loads((run / "sigma_sweep.json").read_text()) == intact["cache"]
@@ -173,12 +212,19 @@ def test_final_measure_reuses_a_matching_cache(run: Path) -> None:
     exp = Counting()
     first = _measure(exp, run)
     cache = json.loads((run / "final_measure.json").read_text())
-    assert cache == {"settings": {"n": 1}, "step": STEP,
-                     "config_sha256": RunDir(run).config_digest(), "values": first}
+    assert cache == {"settings": {"n": 1}, "step": STEP, **RunDir(run).config_digests(),
+                     "values": first}
     assert exp.calls == 1
     assert _measure(exp, run) == first and exp.calls == 1  # reused
     (run / "final_measure.json").write_text(json.dumps({**cache, "values": {"weight": 9.0}}))
     assert _measure(exp, run) == {"weight": 9.0} and exp.calls == 1  # served from the file
+
+
+def test_final_measure_survives_a_reindented_config(run: Path) -> None:
+    exp = Counting()
+    first = _measure(exp, run)
+    _reindent(run)
+    assert _measure(exp, run) == first and exp.calls == 1
 
 
 def test_final_measure_settings_with_a_tuple_match_the_list_stored(run: Path) -> None:
@@ -192,16 +238,14 @@ def test_final_measure_settings_with_a_tuple_match_the_list_stored(run: Path) ->
 
 @pytest.mark.parametrize("change", [
     {"step": STEP - 1}, {"settings": {"n": 2}}, {"settings": {"n": True}},
-    {"config_sha256": "0" * 64}, {"config_sha256": None},
+    OTHER_CONFIG, NO_DIGESTS,
 ])
 def test_final_measure_measures_again_when_a_key_differs(run: Path, change: dict[str, Any]
                                                          ) -> None:
     exp = Counting()
     first = _measure(exp, run)
     cache = json.loads((run / "final_measure.json").read_text())
-    stale = {**cache, **change, "values": {"weight": 9.0}}
-    if change == {"config_sha256": None}:
-        del stale["config_sha256"]
+    stale = {**_stale(cache, change), "values": {"weight": 9.0}}
     (run / "final_measure.json").write_text(json.dumps(stale))
     assert _measure(exp, run) == first and exp.calls == 2
     assert json.loads((run / "final_measure.json").read_text()) == cache

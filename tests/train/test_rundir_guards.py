@@ -325,9 +325,10 @@ def test_sigma_sweep_and_load_final_refuse_a_damaged_final_checkpoint(
     # nor one of the same step made under another config.json (a directory re-run with other
     # settings after its checkpoints were deleted), nor one written before the key was kept
     cached = json.loads((run / "sigma_sweep.json").read_text())
-    assert cached["config_sha256"] == RunDir(run).config_digest()
-    for stale in ({**cached, "config_sha256": "0" * 64},
-                  {k: v for k, v in cached.items() if k != "config_sha256"}):
+    digests = RunDir(run).config_digests()
+    assert {k: cached[k] for k in digests} == digests
+    for stale in ({**cached, **dict.fromkeys(digests, "0" * 64)},
+                  {k: v for k, v in cached.items() if k not in digests}):
         stale["results"] = {"0.1": {"estimate": 9.0}}
         (run / "sigma_sweep.json").write_text(json.dumps(stale))
         assert sigma_sweep(run, (0.1, 0.5)) == intact
@@ -366,14 +367,15 @@ def test_final_measure_is_keyed_by_the_checkpoint_step(finished: Path, tmp_path:
     summary = json.loads((run / "summary.json").read_text())
     first = exp.after_run(spec, run, summary, None, lambda _: None)["final_measure"]
     cache = json.loads((run / "final_measure.json").read_text())
-    digest = RunDir(run).config_digest()
-    assert cache == {"settings": {"n": 1}, "step": 30, "config_sha256": digest,
+    digests = RunDir(run).config_digests()
+    assert cache == {"settings": {"n": 1}, "step": 30, **digests,
                      "values": first} and exp.calls == 1
     assert exp.after_run(spec, run, summary, None, lambda _: None)["final_measure"] == first
     assert exp.calls == 1  # reused
     # a result of another config.json (a directory re-run with other settings after its
     # checkpoints were deleted reaches the same step) was served for the new model
-    (run / "final_measure.json").write_text(json.dumps({**cache, "config_sha256": "0" * 64}))
+    (run / "final_measure.json").write_text(json.dumps(
+        {**cache, **dict.fromkeys(digests, "0" * 64)}))
     assert exp.after_run(spec, run, summary, None, lambda _: None)["final_measure"] == first
     assert exp.calls == 2
     # a result without the step (written before it was recorded) may be of an earlier model

@@ -2,11 +2,15 @@
 of the vision comparisons, ``final_measure.json`` of :class:`~._posthoc.FinalMeasureExperiment`).
 
 A cache file is one JSON object: the key the measurement was taken under (the checkpoint step,
-the settings, the run's ``config_sha256``) and the stored result under one field. The result is
-reused only when every entry of the key is stored exactly as it would be written now; anything
-else — no file yet, another key, a file of an older senslab without some key, entries of the
-wrong type, a damaged file — is measured again, since a cache only saves recomputation. A
-damaged file (not valid JSON) is set aside with a warning rather than written over.
+the settings), the digests of the run's config.json
+(:meth:`~senslab.train.rundir.RunDir.config_digests`) and the stored result under one field.
+The result is reused only when every entry of the key is stored exactly as it would be written
+now and the digests describe the run's config.json now
+(:meth:`~senslab.train.rundir.RunDir.config_matches`: a config.json re-indented or with its
+keys reordered keeps its caches, one with any setting changed does not); anything else — no
+file yet, another key, a file of an older senslab without some key, entries of the wrong type,
+a damaged file — is measured again, since a cache only saves recomputation. A damaged file (not
+valid JSON) is set aside with a warning rather than written over.
 """
 
 from __future__ import annotations
@@ -30,10 +34,11 @@ def read_cache(rd: RunDir, name: str, key: dict[str, Any], field: str, what: str
 
     ``key`` matches when each of its entries is in the file with the same value and the same
     JSON types as :meth:`~senslab.train.rundir.RunDir.write_json` would write it now (a step
-    stored as ``30.0`` or ``true`` is not step 30); ``valid`` then checks the stored value's
-    shape (default: a JSON object). A file that is not valid JSON is moved to
-    ``<name>.damaged`` (``<name>.damaged-2``, … when that name is taken), with a warning naming
-    both files and saying that ``what`` is measured again.
+    stored as ``30.0`` or ``true`` is not step 30) and the file's config.json digests match
+    ``rd``'s config.json (:meth:`~senslab.train.rundir.RunDir.config_matches`); ``valid`` then
+    checks the stored value's shape (default: a JSON object). A file that is not valid JSON is
+    moved to ``<name>.damaged`` (``<name>.damaged-2``, … when that name is taken), with a
+    warning naming both files and saying that ``what`` is measured again.
     """
     path = rd.path / name
     try:
@@ -55,13 +60,15 @@ def read_cache(rd: RunDir, name: str, key: dict[str, Any], field: str, what: str
         return None
     if not all(k in stored and _same(stored[k], v) for k, v in want.items()):
         return None
+    if not rd.config_matches(stored):
+        return None
     return stored[field] if valid(stored[field]) else None
 
 
 def write_cache(rd: RunDir, name: str, key: dict[str, Any], field: str, value: Any) -> None:
     """Store ``value`` as the cache ``name`` of ``rd`` under ``key`` (what :func:`read_cache`
-    reads back)."""
-    rd.write_json(name, {**key, field: value})
+    reads back), with the digests of the run's config.json."""
+    rd.write_json(name, {**key, **rd.config_digests(), field: value})
 
 
 def set_aside(path: Path) -> Path:

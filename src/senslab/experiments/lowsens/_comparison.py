@@ -110,10 +110,10 @@ def sigma_sweep(run_dir: Path, sigmas: tuple[float, ...]) -> dict[str, dict[str,
     if found is None:
         raise FileNotFoundError(f"{run_dir} has no checkpoint to measure; delete it and rerun")
     path, state = found
-    # keyed by the run's config.json too: a directory re-run with another configuration after
-    # its checkpoints were deleted reached the same step and was served the old sweep
-    key = {"step": checkpoint_step(path), "sigmas": list(sigmas),
-           "config_sha256": rd.config_digest()}
+    # read_cache checks the run's config.json too: a directory re-run with another
+    # configuration after its checkpoints were deleted reached the same step and was served
+    # the old sweep
+    key = {"step": checkpoint_step(path), "sigmas": list(sigmas)}
     cached = read_cache(rd, SWEEP_FILE, key, "results", "the σ sweep",
                         valid=lambda results: _is_sweep(results, sigmas))
     if cached is not None:

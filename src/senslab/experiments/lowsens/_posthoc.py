@@ -104,7 +104,7 @@ class FinalMeasureExperiment(Experiment):
         step, state = final_state(path)
         # a result without the step (older senslab) may be of an earlier checkpoint, one of
         # another config.json of a directory re-run with other settings: redone
-        key = {"settings": measure, "step": step, "config_sha256": rd.config_digest()}
+        key = {"settings": measure, "step": step}
         values = read_cache(rd, FINAL_FILE, key, "values", "the final model")
         if values is None:
             log(f"    measuring the final model of {run.name}")
