@@ -1,17 +1,19 @@
 """Shared pieces of the Hahn & Rofin experiments (docs/definitions.md#hahn-and-rofin-setup): the
 settings every one of them has, the run configuration of the ``boolean`` trainer built from them
-(:mod:`senslab.train.loops.boolean`: training loop and measures) and least-squares fits."""
+(:mod:`senslab.train.loops.boolean`: training loop and measures), the ``--set`` refusals they
+share (:class:`BooleanExperiment`) and least-squares fits."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from ...train.loops.boolean import BooleanRunConfig, BooleanSetup
-from ..base import Run, Settings
+from ..base import Experiment, Run, Settings
 
 
 @dataclass
@@ -27,6 +29,62 @@ def boolean_run(name: str, s: BooleanSetup, info: dict[str, Any] | None = None,
     setup = {f.name: getattr(s, f.name) for f in dataclasses.fields(BooleanSetup)}
     return Run(name, BooleanRunConfig(**{**setup, "name": name, **run}), trainer="boolean",
                info=info or {})
+
+
+#: why fresh-sampling runs (``train_size`` None) take no ``--set`` of the subset-training fields
+SUBSET_ONLY = ("only subset training (train_size) uses it, and these runs train on fresh strings "
+               "every step: it would be recorded but change no run")
+#: ``BooleanExperiment.fixed`` of an experiment that trains on fresh strings
+FRESH: dict[str, str] = {
+    "train_size": ("these runs train on fresh strings every step (train_size None), as the claim "
+                   "states: a subset of the cube would train every run on other data than its "
+                   "name and the claim say; subset training is hr_random_functions, or one run "
+                   "of your own with `senslab train`"),
+    "function_seed": SUBSET_ONLY, "completion": SUBSET_ONLY}
+#: ``BooleanExperiment.unused`` of an experiment that trains on fresh strings
+FRESH_UNUSED: dict[str, str] = {
+    "subset_batch": ("only subset training (train_size) draws its batches with it; these runs "
+                     "train on `batch` fresh strings per step: set batch")}
+
+
+class BooleanExperiment(Experiment):
+    """An experiment of ``boolean`` trainer runs: :meth:`resolve` also catches two kinds of
+    ``--set`` the base class lets through, each recorded in every run's config though it trains
+    something else than the runs' names, labels and the claim say, or nothing else at all.
+
+    * ``fixed``: run-configuration fields that say what each run trains on (the target, its
+      length, the data) and that :meth:`runs` sets to one value for all runs or per run from
+      settings (``function`` = parity in hr_parity_dynamics, ``train_size`` of a single k): a
+      run-configuration override that changes one of them is refused with the reason given.
+      (A field whose value differs between the runs is refused by the base class already.)
+    * ``unused``: settings fields these runs do not use (``batch`` in subset training): a
+      ``--set`` of one changes no number, so it is warned (a ``UserWarning`` with the reason
+      given), not refused: one list of ``--set`` for several experiments stays usable."""
+
+    fixed: ClassVar[dict[str, str]] = {}
+    unused: ClassVar[dict[str, str]] = {}
+
+    def resolve(self, scale: str, overrides: list[str] | tuple[str, ...] = ()
+                ) -> tuple[Any, list[Run]]:
+        settings, runs = super().resolve(scale, overrides)
+        names = {f.name for f in dataclasses.fields(settings)}
+        built = self.runs(settings)  # with the settings overrides, before the run ones
+        for item in overrides:
+            key = item.split("=", 1)[0].strip()
+            if key.split(".", 1)[0] in names:
+                if key in self.unused:
+                    warnings.warn(f"--set {item}: {self.name} does not use {key}: "
+                                  f"{self.unused[key]}; the runs record it in their config, "
+                                  "but it changes no number", UserWarning, stacklevel=2)
+            elif key in self.fixed:
+                was = [getattr(b.config, key) for b in built]
+                if any(getattr(r.config, key) != w for r, w in zip(runs, was, strict=True)):
+                    shown = ", ".join(sorted({repr(w) for w in was}))
+                    raise ValueError(
+                        f"--set {item}: {self.name} sets {key} itself ({shown} in its runs); "
+                        f"{self.fixed[key]} ({self.name}'s settings: "
+                        f"{', '.join(f.name for f in dataclasses.fields(settings))})")
+        return settings, runs
 
 
 def linear_fit(xs: list[float], ys: list[float]) -> tuple[float, float, float]:

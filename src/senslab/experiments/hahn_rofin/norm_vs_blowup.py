@@ -81,8 +81,8 @@ from ...train.config import ranged
 from ...verdicts import NO_SE, Effect, bootstrap, describe, judge, not_comparable
 from ...verdicts import RHO_CLIP as RHO_CLIP  # re-exported: it moved to senslab.verdicts
 from ...verdicts import fisher_z as fisher_z  # re-exported
-from ..base import Experiment, Run, Rung, register_experiment, seeded_name
-from ._common import Setup, boolean_run
+from ..base import Run, Rung, register_experiment, seeded_name
+from ._common import FRESH, FRESH_UNUSED, BooleanExperiment, Setup, boolean_run
 
 SWEEP_FUNCTIONS = ("parity", "majority", "first")
 
@@ -133,7 +133,7 @@ def sweep(s: SweepSettings) -> list[dict[str, Any]]:
 
 
 @register_experiment("hr_norm_vs_blowup")
-class NormVsBlowup(Experiment):
+class NormVsBlowup(BooleanExperiment):
     paper = "Hahn & Rofin, Why are Sensitive Functions Hard for Transformers? (2024), Fig. 3"
     claim = ("Over a random sweep of (n, weight decay, lr), transformers that represent more "
              "sensitive functions need a larger parameter norm or LayerNorm blow-up.")
@@ -147,6 +147,11 @@ class NormVsBlowup(Experiment):
 
     scales = SCALES
     seed_aware = True  # the verdict judges every run, seed replicates included
+    fixed = {**FRESH, "function": "set it through functions (cycled over the sweep points)",
+             "n": "set it through n_values (drawn per sweep point)"}
+    unused = {**FRESH_UNUSED,
+              "lr": "each run's lr is drawn from lr_range: set lr_range",
+              "weight_decay": "each run's weight_decay is drawn from wd_range: set wd_range"}
     ladder = (
         Rung("cpu", "cpu", size=12, note="12 sweep runs of 1,200 steps, d = 32"),
         Rung("sweep", "cpu", ("runs=96",), size=96,

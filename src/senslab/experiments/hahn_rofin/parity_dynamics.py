@@ -52,8 +52,8 @@ from typing import Any
 from ...train.config import one_of, ranged
 from ...train.rundir import RunDir
 from ...verdicts import not_comparable, over_seeds, verdict
-from ..base import Experiment, Run, Rung, register_experiment
-from ._common import Setup, boolean_run
+from ..base import Run, Rung, register_experiment
+from ._common import FRESH, FRESH_UNUSED, BooleanExperiment, Setup, boolean_run
 
 
 @dataclass
@@ -73,7 +73,7 @@ SCALES = {
 
 
 @register_experiment("hr_parity_dynamics")
-class ParityDynamics(Experiment):
+class ParityDynamics(BooleanExperiment):
     paper = "Hahn & Rofin, Why are Sensitive Functions Hard for Transformers? (2024), Fig. 4"
     claim = ("Aligned at the first step with training loss < 0.01, PARITY's sharpness and "
              "LayerNorm blow-up peak near that transition.")
@@ -84,6 +84,10 @@ class ParityDynamics(Experiment):
 
     scales = SCALES
     seed_aware = True  # the verdict judges every run, seed replicates included
+    fixed = {**FRESH, "function": ("the claim is about PARITY's training dynamics, and its runs "
+                                   "are named and labelled parity; the dynamics of another "
+                                   "function are a run of your own with `senslab train`")}
+    unused = FRESH_UNUSED
     ladder = (
         Rung("cpu", "cpu", size=13_121, note="d = 32 (13,121 parameters), n = 8, 3,000 steps"),
         Rung("longer", "cpu", ("steps=9000",), size=13_121,

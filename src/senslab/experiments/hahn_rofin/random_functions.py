@@ -24,7 +24,11 @@ strings (on 2 cores a full-batch step on all 1,024 strings of n = 10 is too slow
 table), a narrower model d = 64 (FF 64, 2 layers, 2 heads, post-LN), AdamW lr 3e-3 (wd 0.1), at
 most 2,000 full-batch steps, stopping at the first evaluation with training loss < 0.01, 2 seeds
 per k, 20 weight draws, fitted = training accuracy > 0.99.
-A random completion of n = 8 has as ≈ n/2 = 4.
+A random completion of n = 8 has as ≈ n/2 = 4. Subset training uses neither ``batch`` nor
+``eval_size``: a ``--set`` of either is warned (it would be recorded in every run's config
+and change nothing); ``function``, ``train_size``, ``function_seed`` and ``completion`` are
+set per run from the settings, and a ``--set`` that changes them is refused
+(:class:`~senslab.experiments.hahn_rofin._common.BooleanExperiment`).
 
 Verdict (:mod:`senslab.verdicts`), over the (k, seed) pairs whose two models both fit their
 training labels (the trainer's ``converged``, docs/definitions.md#hahn-and-rofin-setup): two
@@ -59,8 +63,8 @@ from ...measure import boolean_sensitivity
 from ...train.config import ranged
 from ...train.loops.boolean import CONVERGED_ACC, subset_data
 from ...verdicts import not_comparable, over_seeds, verdict
-from ..base import Experiment, Run, register_experiment
-from ._common import Setup, boolean_run
+from ..base import Run, register_experiment
+from ._common import BooleanExperiment, Setup, boolean_run
 
 N_BITS = 10
 
@@ -82,7 +86,7 @@ SCALES = {
 
 
 @register_experiment("hr_random_functions")
-class RandomFunctions(Experiment):
+class RandomFunctions(BooleanExperiment):
     paper = "Hahn & Rofin, Why are Sensitive Functions Hard for Transformers? (2024), §5"
     claim = ("Trained on part of a random function on n = 10, a transformer completes it with "
              "lower average sensitivity and lower sharpness than a random completion of the "
@@ -94,6 +98,19 @@ class RandomFunctions(Experiment):
 
     scales = SCALES
     seed_aware = True  # the verdict judges every run, seed replicates included
+    fixed = {
+        "function": ("the claim is about uniformly random functions (function=random), and the "
+                     "verdict compares with a random completion of their labels; subset "
+                     "training of another function is a run of your own with `senslab train`"),
+        "train_size": "set it through train_sizes (the runs are named by it: -k…)",
+        "function_seed": ("each seed's hidden table and training subset is function_seed = "
+                          "seed: set it through seeds"),
+        "completion": "each (k, seed) pair has one run of each completion"}
+    unused = {
+        "batch": ("subset training fits the k strings full batch (or subset_batch strings drawn "
+                  "from them per step): set subset_batch"),
+        "eval_size": ("loss, sharpness and blow-up are measured on the k training strings, "
+                      "held-out accuracy on all the others: no eval_size is drawn")}
 
     def runs(self, s: RandomSettings) -> list[Run]:
         return [boolean_run(f"{kind}-k{k}-s{seed}", s, info={"train_size": k},

@@ -49,8 +49,8 @@ from typing import Any
 
 from ...train.config import ranged
 from ...verdicts import CONTRADICTED, NO_SE, Effect, describe, judge, not_comparable, verdict
-from ..base import Experiment, Run, register_experiment
-from ._common import Setup, boolean_run, linear_fit
+from ..base import Run, register_experiment
+from ._common import FRESH, FRESH_UNUSED, BooleanExperiment, Setup, boolean_run, linear_fit
 
 FUNCTIONS = ("parity", "majority", "first", "mean")
 
@@ -71,7 +71,7 @@ SCALES = {
 
 
 @register_experiment("hr_sharpness_vs_length")
-class SharpnessVsLength(Experiment):
+class SharpnessVsLength(BooleanExperiment):
     paper = "Hahn & Rofin, Why are Sensitive Functions Hard for Transformers? (2024), Fig. 2"
     claim = ("The sharpness of trained transformers grows with the input length n for PARITY "
              "(clearly positive slope), but not for MAJORITY, FIRST or MEAN (slope ≈ 0).")
@@ -82,6 +82,8 @@ class SharpnessVsLength(Experiment):
 
     scales = SCALES
     seed_aware = True  # the verdict judges every run, seed replicates included
+    fixed = {**FRESH, "function": "set it through functions", "n": "set it through n_values"}
+    unused = FRESH_UNUSED
 
     def runs(self, s: LengthSettings) -> list[Run]:
         unknown = [f for f in s.functions if f not in FUNCTIONS]

@@ -138,6 +138,38 @@ def _mean(values: list[Any]) -> Any:
     return sum(values) / len(values)
 
 
+#: the step-size fields of :class:`AttentionConfig` each optimiser reads (every run reads the rest)
+READS = {"sgd": ("lr",), "ngd": ("lr", "eta_max"), "polyak": (), "sps": ("sps_c", "eta_max"),
+         "adam": ("lr",)}
+
+
+def check_run_overrides(name: str, runs: list[Run], built: list[Run],
+                        pinned: dict[str, tuple[Any, str]]) -> None:
+    """Refuse run-configuration overrides (``--set head=joint``) that would test another claim or
+    change nothing: ``runs`` as resolved, ``built`` as :meth:`~senslab.experiments.base.
+    Experiment.runs` built them from the same settings. ``pinned``: field → (the value the claim
+    needs, why); a step-size field (:data:`READS`) that an override changed while none of the
+    runs' optimisers reads it would be recorded but train nothing differently."""
+    for field_name, (value, why) in pinned.items():
+        got = {getattr(r.config, field_name) for r in runs}
+        if got != {value}:
+            shown = ", ".join(sorted(map(str, got)))
+            raise ValueError(f"--set {field_name}={shown}: {name} {why}, so its runs keep "
+                             f"{field_name}={value}; train a run of your own with another "
+                             f"{field_name} through senslab.train.loops.attention."
+                             "train_attention")
+    optimisers = sorted({r.config.optimizer for r in runs})
+    for field_name in sorted({f for fs in READS.values() for f in fs}):
+        changed = [r for r, b in zip(runs, built, strict=True)
+                   if getattr(r.config, field_name) != getattr(b.config, field_name)]
+        if changed and not any(field_name in READS[r.config.optimizer] for r in changed):
+            raise ValueError(
+                f"--set {field_name}={getattr(changed[0].config, field_name)}: no run of {name} "
+                f"reads {field_name} (its optimisers: {', '.join(optimisers)}; {field_name} is "
+                f"read by {', '.join(o for o, fs in READS.items() if field_name in fs)}), so the "
+                "setting would be recorded but change no run")
+
+
 def attention_runs(s: Any, optimizers: dict[str, dict[str, Any]],
                    **common: Any) -> list[Run]:
     """``s.seeds`` × ``optimizers`` runs of the ``"attention"`` trainer, named ``<label>-s<seed>``

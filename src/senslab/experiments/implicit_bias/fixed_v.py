@@ -64,7 +64,7 @@ from ...train.config import ranged
 from ...train.rundir import RunDir
 from ...verdicts import NO_SE, Effect, not_comparable, over_seeds, verdict
 from ..base import Experiment, Run, Settings, register_experiment
-from ._common import attention_runs
+from ._common import attention_runs, check_run_overrides
 
 OPTIMIZERS = ("gd", "ngd", "polyak")
 LEVEL = 0.99  # alignment / optimal-token mass a run must reach to count as converged
@@ -81,7 +81,8 @@ class FixedVSettings(Settings):
     ngd_lr: float = ranged(0.1, gt=0)
     per_decade: int = ranged(20, ge=1)
     #: fit ‖W_t‖ from this step on: the claim is about growth after the first, transient phase
-    fit_from: int = ranged(100, ge=0)
+    #: (≥ 1: the log t fit has no point at step 0)
+    fit_from: int = ranged(100, ge=1)
     data: dict[str, Any] = field(default_factory=dict)
 
 
@@ -97,8 +98,12 @@ def growth_fits(steps: list[float], norms: list[float]) -> dict[str, float]:
     """Least-squares fits ‖W‖ ≈ a + b·t and ‖W‖ ≈ a + b·log t; slopes and R² of each.
 
     R²_lin > R²_log says the norm grows linearly in t, the reverse that it grows like log t.
+    Every step must be ≥ 1 (log t is not defined at 0).
     """
     t = np.asarray(steps, dtype=float)
+    if not (t >= 1).all():
+        raise ValueError(f"growth_fits needs steps ≥ 1 (the log t fit), got {min(steps)}; "
+                         "fit from step 1 or later (fit_from ≥ 1)")
     w = np.asarray(norms, dtype=float)
     out: dict[str, float] = {"fit_points": float(len(t))}
     for name, x in (("lin", t), ("log", np.log(t))):
@@ -112,7 +117,8 @@ def growth_fits(steps: list[float], norms: list[float]) -> dict[str, float]:
 
 
 def norm_growth(records: list[dict[str, Any]], fit_from: int) -> dict[str, float]:
-    """Fits of ‖W_t‖ against t and log t over the logged steps t ≥ ``fit_from`` while W moves.
+    """Fits of ‖W_t‖ against t and log t over the logged steps t ≥ ``fit_from`` (≥ 1) while W
+    moves.
 
     The window ends at the first logged step where ‖W‖ has stopped changing (the softmax has
     saturated to one-hot in float64, so the gradient is exactly 0 and the run is frozen).
@@ -157,6 +163,17 @@ class IBFixedV(Experiment):
                                   "ngd": {"optimizer": "ngd", "lr": s.ngd_lr},
                                   "polyak": {"optimizer": "polyak"}},
                               head="fixed", init_scale=0.0)
+
+    def resolve(self, scale: str, overrides: list[str] | tuple[str, ...] = ()
+                ) -> tuple[FixedVSettings, list[Run]]:
+        """As :meth:`Experiment.resolve`, refusing ``--set head=…`` and ``--set batch_size=…``
+        (the claim is about full-batch steps with v fixed) and a step-size field no run reads
+        (``sps_c``: no SPS run here)."""
+        settings, runs = super().resolve(scale, overrides)
+        check_run_overrides(self.name, runs, self.runs(settings), {
+            "head": ("fixed", "tests a claim about a fixed decoder v"),
+            "batch_size": (None, "tests a claim about full-batch GD, NGD and Polyak steps")})
+        return settings, runs
 
     def after_run(self, run: Run, path: Path, summary: dict[str, Any], settings: FixedVSettings,
                   log: Callable[[str], None]) -> dict[str, Any]:

@@ -23,8 +23,9 @@ per-seed difference (seed k's four runs share its data, initialisation and batch
 Student's t. For o ∈ {SNGD, SPS}, against SGD: ``loss_sgd − loss_o`` and ``o − sgd`` of the final
 W alignment, v alignment and optimal-token mass (positive = o ahead of SGD); against Adam:
 ``o − (adam − CLOSE)`` of the final W alignment and token mass (positive = o within ``CLOSE`` of
-Adam, or above). "not comparable" when an optimiser has no runs, no seed has all four, or a
-final metric is not finite.
+Adam, or above). The means in the note are over the same paired seeds; a seed some optimiser
+lacks is left out and named. "not comparable" when an optimiser has no runs, no seed has all
+four, or a final metric is missing or not finite.
 
 CPU scale: 3 seeds × 4 optimisers, 3,000 steps of batch 8 (the paper's synthetic sizes and
 learning rates are not given; ours are in ``JointSettings``; "paper" scale: 5 seeds, 20,000
@@ -53,7 +54,7 @@ from typing import Any, ClassVar
 from ...train.config import ranged
 from ...verdicts import not_comparable, over_seeds, verdict
 from ..base import Experiment, Run, Rung, Settings, register_experiment
-from ._common import attention_runs
+from ._common import attention_runs, check_run_overrides
 
 OPTIMIZERS = ("sgd", "sngd", "sps", "adam")
 CLOSE = 0.1  # "close to Adam": W alignment and token mass at most this far below Adam's
@@ -116,6 +117,22 @@ class IBJoint(Experiment):
                                   "adam": {"optimizer": "adam", "lr": s.adam_lr}},
                               head="joint", batch_size=s.batch_size)
 
+    def resolve(self, scale: str, overrides: list[str] | tuple[str, ...] = ()
+                ) -> tuple[JointSettings, list[Run]]:
+        """As :meth:`Experiment.resolve`, refusing ``--set head=fixed`` (the claim and the
+        verdict are about v trained with W), a step-size field no run reads, and minibatches as
+        large as the training set (full-batch steps)."""
+        settings, runs = super().resolve(scale, overrides)
+        check_run_overrides(self.name, runs, self.runs(settings), {
+            "head": ("joint", "tests a claim about W and v trained jointly")})
+        n = runs[0].config.data.num_samples if runs else 0
+        if runs and settings.batch_size >= n:
+            raise ValueError(f"batch_size={settings.batch_size} with {n} training sequences: "
+                             "every step would take the whole set, so SGD, SNGD and SPS would "
+                             f"run full-batch, not on minibatches as the claim says; use a "
+                             f"batch_size below {n} (or more data.num_samples)")
+        return settings, runs
+
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return joint_verdict(summaries)
 
@@ -129,13 +146,21 @@ def joint_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
         by.setdefault(s["label"], {})[s.get("seed", 0)] = s["final"]
     if set(by) != set(OPTIMIZERS):
         return not_comparable(f"need runs of {', '.join(OPTIMIZERS)}; got {', '.join(sorted(by))}")
-    mean = {o: {k: sum(f[k] for f in fs.values()) / len(fs) for k in keys}
-            for o, fs in by.items()}
+    lacking = sorted(f"{o} (seed {k}): {', '.join(m for m in keys if m not in f)}"
+                     for o, fs in by.items() for k, f in fs.items()
+                     if any(m not in f for m in keys))
+    if lacking:  # e.g. a run whose v was not trained logs no attn/v_alignment
+        return not_comparable(f"final metrics missing: {'; '.join(lacking)} (every run must "
+                              "train W and v jointly)")
+    seeds = sorted(set.intersection(*(set(fs) for fs in by.values())))
+    # the means over the paired seeds, the ones the parts are computed on
+    mean = {o: {k: sum(fs[s][k] for s in seeds) / len(seeds) if seeds else math.nan
+                for k in keys} for o, fs in by.items()}
+    if not seeds:
+        return not_comparable("no seed has runs of every optimiser")
     if any(not math.isfinite(v) for m in mean.values() for v in m.values()):
         return not_comparable("a final metric is not finite", mean)
-    seeds = sorted(set.intersection(*(set(fs) for fs in by.values())))
-    if not seeds:
-        return not_comparable("no seed has runs of every optimiser", mean)
+    unpaired = {o: sorted(set(fs) - set(seeds)) for o, fs in by.items() if set(fs) - set(seeds)}
     checks: dict[str, bool] = {}  # the former rule, on the means over seeds
     parts = {}
     for o in ("sngd", "sps"):
@@ -157,6 +182,12 @@ def joint_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
         f"{o}: loss {m['train/loss']:.3g}, cos(W,W_mm) {m['attn/alignment']:.3f}, "
         f"cos(v,v_mm) {m['attn/v_alignment']:.3f}, opt mass {m['attn/sparsity']:.3f}"
         for o, m in mean.items())
-    return verdict(parts, evidence={**mean, "checks": checks},
-                   claim="SNGD and SPS end ahead of SGD and close to Adam",
-                   note=f"Means over {len(seeds)} seeds: {detail}")
+    note = f"Means over {len(seeds)} seeds: {detail}"
+    evidence: dict[str, Any] = {**mean, "checks": checks}
+    if unpaired:  # left out of the parts and the means: said, not dropped silently
+        note += ". Left out, for want of a run of every optimiser: " + "; ".join(
+            f"{o} seed{'s' if len(k) > 1 else ''} {', '.join(map(str, k))}"
+            for o, k in unpaired.items())
+        evidence["unpaired_seeds"] = unpaired
+    return verdict(parts, evidence=evidence,
+                   claim="SNGD and SPS end ahead of SGD and close to Adam", note=note)

@@ -111,5 +111,19 @@ class IBViTMNIST(Experiment):
                        "track.unit=step", "track.every=20", "track.eval_examples=1000"]
         return fit_runs(OPTIMIZERS, common, s.seeds)
 
+    def resolve(self, scale: str, overrides: list[str] | tuple[str, ...] = ()
+                ) -> tuple[ViTSettings, list[Run]]:
+        """As :meth:`Experiment.resolve`, refusing ``--set epochs=E`` together with a
+        ``train.epochs`` that overrides it in every run (the setting recorded, not trained)."""
+        settings, runs = super().resolve(scale, overrides)
+        keys = {o.split("=", 1)[0].strip() for o in overrides}
+        trained = sorted({r.config.train.epochs for r in runs})
+        if "epochs" in keys and trained != [settings.epochs]:
+            raise ValueError(f"--set epochs={settings.epochs} and train.epochs="
+                             f"{', '.join(map(str, trained))}: the runs would train "
+                             f"{', '.join(map(str, trained))} epochs while the settings record "
+                             f"{settings.epochs}; set one of them (epochs)")
+        return settings, runs
+
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return loss_race_verdict(summaries)
