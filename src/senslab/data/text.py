@@ -21,7 +21,9 @@ Every loader returns an :class:`ArrayDataset` with ``inputs = {"input_ids": (N, 
 "attention_mask": (N, L) bool}`` (L = ``max_len``, fixed so that any batch stacks), binary
 ``targets`` and ``meta`` with ``vocab_size``, ``pad_id``, ``special_ids``, ``tokenizer``,
 ``skipped_rows`` (malformed rows left out) and ``truncated_rows``/``truncated_tokens`` (rows cut
-to ``max_len`` and the tokens that removed, over the whole split).
+to ``max_len`` and the tokens that removed, over the whole split), and ``truncated_per_row``
+((N,) long, the tokens each example lost; listed in ``per_example``, so a subset keeps its own
+rows' counts).
 
 The GLUE files are checked as they are read: a file whose first line is not its format's header
 (a file without its header, an unlabelled GLUE ``test.tsv``), with more than a handful of rows
@@ -679,7 +681,7 @@ def _truncate_pair(la: int, lb: int, budget: int) -> tuple[int, int]:
 
 def encode(tokenizer: TextTokenizer, first: list[str], second: list[str] | None = None,
            max_len: int = 128, own_pairs: bool = False,
-           stats: dict[str, int] | None = None) -> dict[str, torch.Tensor]:
+           stats: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
     """``{"input_ids": (N, max_len) long, "attention_mask": (N, max_len) bool}`` in the layout of
     the module docstring (right padding; the mask is true exactly on non-pad positions).
 
@@ -695,7 +697,8 @@ def encode(tokenizer: TextTokenizer, first: list[str], second: list[str] | None 
     which a language model's next-token prediction was read.
 
     ``stats``, a dict, receives what the cut to ``max_len`` removed: ``truncated_rows`` (rows
-    that lost tokens) and ``truncated_tokens`` (tokens removed in all)."""
+    that lost tokens), ``truncated_tokens`` (tokens removed in all) and ``truncated_per_row``
+    ((N,) long tensor: the tokens each row lost)."""
     if tokenizer.hf is not None and (second is None or own_pairs):
         return _encode_own(tokenizer, first, second, max_len, stats)
     specials = 2 if second is None else 4
@@ -727,15 +730,16 @@ def encode(tokenizer: TextTokenizer, first: list[str], second: list[str] | None 
     return {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
 
 
-def _count_cut(stats: dict[str, int], full: Sequence[int], kept: np.ndarray) -> None:
-    """``stats`` gains the rows cut and the tokens removed: each row's uncut length ``full``
-    against its encoded length ``kept``."""
+def _count_cut(stats: dict[str, Any], full: Sequence[int], kept: np.ndarray) -> None:
+    """``stats`` gains the rows cut, the tokens removed and each row's tokens removed: each
+    row's uncut length ``full`` against its encoded length ``kept``."""
     cut = np.maximum(np.asarray(full, dtype=np.int64).reshape(-1) - kept, 0)
-    stats.update(truncated_rows=int((cut > 0).sum()), truncated_tokens=int(cut.sum()))
+    stats.update(truncated_rows=int((cut > 0).sum()), truncated_tokens=int(cut.sum()),
+                 truncated_per_row=torch.from_numpy(cut))
 
 
 def _encode_own(tokenizer: TextTokenizer, first: list[str], second: list[str] | None,
-                max_len: int, stats: dict[str, int] | None = None) -> dict[str, torch.Tensor]:
+                max_len: int, stats: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
     """Sentences, or pairs (longest-first), in the Hugging Face tokenizer's own template."""
     hf = tokenizer.hf
     pair = second is not None
@@ -803,7 +807,7 @@ def _dataset(name: str, split: str, rows: Callable[[str], TextRows], root: Path,
         train = data if split == "train" else rows("train")
         texts = train.first + (train.second or [])
         tok = cached_bpe(name, texts, vocab_size, min_frequency)
-    cut: dict[str, int] = {}
+    cut: dict[str, Any] = {}
     inputs = encode(tok, data.first, data.second, max_len, own_pairs=own, stats=cut)
     return ArrayDataset(
         inputs, torch.tensor(data.labels, dtype=torch.long), num_classes=num_classes, name=name,
@@ -813,6 +817,9 @@ def _dataset(name: str, split: str, rows: Callable[[str], TextRows], root: Path,
               # of the whole split, however it is subset later
               "truncated_rows": cut["truncated_rows"],
               "truncated_tokens": cut["truncated_tokens"],
+              # each example's own count, cut with it by subset() (train_subset, tracking)
+              "truncated_per_row": cut["truncated_per_row"],
+              "per_example": ("truncated_per_row",),
               "pair_encoding": pair_encoding if data.second is not None else None,
               **(extra or {})},
     )

@@ -6,7 +6,8 @@ against the field's type and its valid range or choices, declared once on the fi
 closest valid key. :func:`validate` checks a whole config the same way (``fit`` calls it first,
 so a config built in code is checked before anything is written).
 ``model.overrides`` and ``data.options`` are free-form dicts passed on to the model factory and
-the dataset loader (which check their own keys).
+the dataset loader (which check their own keys); ``data.options`` may not hold ``root``,
+``download`` or ``split``, which ``data.root``, ``data.download`` and the splits set.
 
 :func:`set_option`, :func:`apply_overrides` and :func:`validate` work on any dataclass, not only
 :class:`RunConfig`: every experiment's settings (``senslab run NAME --set steps=200``) go through
@@ -405,6 +406,13 @@ def validate(cfg: C) -> C:
                              "would train without the setting; choose the regularizer that uses "
                              "it (noise: reg_sigma; patch_mse: reg_alpha, reg_sigma, reg_patch), "
                              "or drop it")
+        for key, own in (("root", "data.root"), ("download", "data.download"),
+                         ("split", "data.train_split and data.test_split")):
+            if key in cfg.data.options:
+                raise ValueError(
+                    f"data.options.{key}={cfg.data.options[key]!r}: the loader's {key} is set "
+                    f"by {own}, so this entry would be ignored or clash with it; set {own} "
+                    f"instead (and drop data.options.{key})")
         if o.name == "sps" and o.schedule != "constant":
             raise ValueError(f"optim.schedule={o.schedule} scales a learning rate, but "
                              "optim.name=sps sets its own step size; use optim.schedule=constant "

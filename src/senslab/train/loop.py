@@ -117,6 +117,75 @@ def _check_labels(data: ArrayDataset, name: str, split: str) -> None:
             "senslab.token_sensitivity and a decision rule of your own (output_kind/threshold)")
 
 
+def _check_regularizer(cfg: RunConfig, name: str, inputs: Any) -> None:
+    """Refuse a ``train.regularizer`` that cannot put its noise on these inputs (``inputs``: the
+    training inputs, or ``"text"`` for a registered text set known by name), naming why and what
+    to do: token ids (a text set's dict of ``input_ids``, an integer tensor) take no Gaussian
+    noise (``.float()`` makes numbers that name no token), and ``patch_mse`` perturbs a patch of
+    an image (batch, channels, height, width), which other inputs do not have."""
+    reg = cfg.train.regularizer
+    if reg == "none":
+        return
+    ids = (isinstance(inputs, (str, dict))
+           or (isinstance(inputs, Tensor) and not inputs.is_floating_point()))
+    if ids:
+        raise ValueError(
+            f"train.regularizer={reg} adds Gaussian noise to the model's inputs, but {name} "
+            "holds token ids (integers): noise on an id names no token, and converting the ids "
+            "to float would not change that, so no step could be taken. Train it with "
+            "train.regularizer=none (dropping train.reg_*); to lower a text model's sensitivity, "
+            "put the noise on its embeddings in a training loop of your own: "
+            "senslab.train.regularize.sensitivity_regularized_loss(model, batch, labels, "
+            "tokens=Embedding(name), generator=...), naming the token embedding or the "
+            "LayerNorm after it (docs/integrations.md#regularize-in-your-own-loop)")
+    if reg == "patch_mse" and isinstance(inputs, Tensor) and inputs.dim() != 4:
+        p = cfg.train.reg_patch
+        raise ValueError(
+            f"train.regularizer=patch_mse adds noise to one {p}x{p} patch of each image "
+            f"(batch, channels, height, width), but {name} holds inputs of shape "
+            f"{tuple(inputs.shape)}, which have no patches: use train.regularizer=noise (noise "
+            "on every entry; it reads train.reg_sigma only, so drop train.reg_alpha and "
+            "train.reg_patch) or none; in a loop of your own, "
+            "senslab.train.regularize.sensitivity_regularized_loss(..., tokens=Sequence()) "
+            "puts the noise on one vector of (batch, tokens, dim) sequences")
+
+
+def _truncation(cfg: RunConfig, train: ArrayDataset, test: ArrayDataset,
+                warn: bool = True) -> dict[str, Any] | None:
+    """What the cut of a text set to its maximum length took from the examples this run trains
+    on (after ``data.train_subset``) and is tested on, for summary.json: ``{"max_len": L,
+    "train": {"examples", "truncated_rows", "truncated_tokens", "longest"}, "test": {...}}``
+    (``longest``: the longest example's length before the cut); None for data that does not
+    count it (meta ``truncated_per_row``, the text sets'). With ``warn``, a cut that removed
+    anything is a warning that says how much and how to keep the examples whole."""
+    out: dict[str, Any] = {}
+    max_len = train.meta.get("max_len")
+    for split, data in (("train", train), ("test", test)):
+        lost = data.meta.get("truncated_per_row")
+        if not isinstance(lost, Tensor) or len(lost) != len(data) or max_len is None:
+            continue
+        rows = int((lost > 0).sum())
+        out[split] = {"examples": len(data), "truncated_rows": rows,
+                      "truncated_tokens": int(lost.sum()),
+                      "longest": int(max_len + lost.max()) if rows else None}
+    if not out:
+        return None
+    cut = {s: r for s, r in out.items() if r["truncated_rows"]}
+    if warn and cut:
+        name = cfg.data.name
+        said = " and ".join(
+            f"{r['truncated_rows']:,} of the {r['examples']:,} "
+            f"{'training' if s == 'train' else 'test'} examples lost tokens "
+            f"({r['truncated_tokens']:,} in all)" for s, r in cut.items())
+        longest = max(r["longest"] for r in cut.values())
+        warnings.warn(
+            f"{name} is cut to max_len={max_len} tokens: {said}, so the model trains and is "
+            f"measured on the cut text. Set data.options.max_len={longest} to keep every "
+            "example whole (the longest has that many tokens), if the model's positions allow "
+            "it; summary.json records the counts (truncated)", UserWarning, stacklevel=3)
+    return {"max_len": max_len, **out}
+
+
 def _data_fields(data: ArrayDataset) -> dict[str, Any]:
     """Model config fields that the data determines (only those the model has are used)."""
     out: dict[str, Any] = {"num_classes": max(data.num_classes, 2)}
@@ -406,9 +475,12 @@ def _fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None) -> dict[str
 
 def check_config(cfg: RunConfig) -> None:
     """What :func:`fit` refuses before anything is written or loaded: an invalid value, an image
-    model on text (or back), a reporter whose package is missing."""
+    model on text (or back), a noise regularizer on a text set, a reporter whose package is
+    missing."""
     validate(cfg)
     check_model_fits_data(cfg)
+    if data_kind(cfg.data.name) == "text":  # by name: refused before anything is written
+        _check_regularizer(cfg, cfg.data.name, "text")
     check_reporters(cfg.track.report_to)
 
 
@@ -480,6 +552,8 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
     train, test = load_data(cfg)
     for split, data in ((cfg.data.train_split, train), (cfg.data.test_split, test)):
         _check_labels(data, cfg.data.name, split)  # what the loop scores (measuring does not)
+    _check_regularizer(cfg, getattr(train, "name", None) or cfg.data.name, train.inputs)
+    truncated = _truncation(cfg, train, test, warn=rank == 0)
     model = build_model(cfg, train).to(device)
     net: nn.Module = model
     if world > 1:  # gradients averaged across ranks; `model` stays the plain module
@@ -618,6 +692,7 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
         "epochs": pos.epoch,
         "seconds": round(time.perf_counter() - clock, 3),
         "stopped": "target_train_acc" if _reached(cfg, last) else "budget",
+        **({"truncated": truncated} if truncated is not None else {}),
     }
     rd.write_json("summary.json", summary)
     return summary

@@ -71,12 +71,30 @@ def _check_sigma(sigma: float) -> None:
         raise ValueError(f"sigma is a noise standard deviation and must be >= 0, got {sigma!r}")
 
 
-def _check_float(x: Tensor, what: str) -> None:
-    if not isinstance(x, Tensor) or not x.is_floating_point():
-        kind = x.dtype if isinstance(x, Tensor) else type(x).__name__
+#: where the noise goes for text, in the errors that refuse token ids
+_TEXT_FIX = ("for text, put the noise on the model's embeddings: sensitivity_regularized_loss"
+             "(..., tokens=Embedding(name)), name the token embedding or the LayerNorm after it")
+
+
+def _check_float(x: Any, what: str) -> None:
+    """Refuse inputs the noise cannot be added to. Token ids (an integer tensor, a dict of model
+    inputs) are named as such: ``.float()`` would turn ids into numbers whose noisy values name
+    no token, so the error points to ``tokens=Embedding(...)`` instead."""
+    if isinstance(x, Tensor) and x.is_floating_point():
+        return
+    if isinstance(x, Tensor) and not x.is_complex() and x.dtype != torch.bool:
         raise TypeError(
-            f"{what} must be a floating-point tensor, got {kind}; convert with .float()"
-        )
+            f"{what} holds {x.dtype} values (token ids or class indices): Gaussian noise "
+            f"added to an id names no token, and .float() would not change that; {_TEXT_FIX}; "
+            "for real-valued data held as integers (e.g. uint8 pixels), convert to float "
+            "(and scale) first")
+    if isinstance(x, (dict, tuple, list)):
+        raise TypeError(
+            f"{what} is a {type(x).__name__} of model inputs (e.g. input_ids and "
+            f"attention_mask), not one floating-point tensor the noise could be added to; "
+            f"{_TEXT_FIX}")
+    kind = x.dtype if isinstance(x, Tensor) else type(x).__name__
+    raise TypeError(f"{what} must be a floating-point tensor, got {kind}; convert with .float()")
 
 
 #: what to do where the noise is too small for the low-precision tokens it lands on
@@ -136,7 +154,10 @@ def random_patch_noise(x: Tensor, patch: int, sigma: float, generator: torch.Gen
     if x.dim() != 4:
         raise ValueError(
             f"random_patch_noise expects images of shape (batch, channels, height, width), got "
-            f"{tuple(x.shape)}; add a channel axis with x.unsqueeze(1) for grayscale images"
+            f"{tuple(x.shape)}; add a channel axis with x.unsqueeze(1) for grayscale images "
+            "(batch, height, width). Inputs that are no images take their noise elsewhere: "
+            "tokens=Sequence() on one vector of (batch, tokens, dim) sequences, "
+            "tokens=Embedding(name) on a text model's embeddings"
         )
     _check_sigma(sigma)
     gen = _check_generator(generator)
@@ -331,7 +352,8 @@ def _branches(model: nn.Module, x: Inputs, tokens: Tokenization, sigma: float,
         return _embedding_branches(model, x, tokens, sigma, generator, mask, output)
     if isinstance(tokens, Patches):
         if not isinstance(x, Tensor):
-            raise TypeError(f"Patches tokens need an image tensor, got {type(x).__name__}")
+            raise TypeError(f"Patches tokens need an image tensor, got {type(x).__name__} (model "
+                            f"inputs such as input_ids and attention_mask); {_TEXT_FIX}")
         if mask is not None:
             raise ValueError("mask= marks real text tokens; every patch of an image is real")
         norm = tokens.normalization(model, x.shape[1]) if hasattr(tokens, "normalization") \
