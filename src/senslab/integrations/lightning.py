@@ -19,10 +19,17 @@ Example:
 
 Under DDP every process measures the whole subset (the same numbers: same seed, same weights;
 keep the subset small) and the values are logged with ``sync_dist=True``.
+
+The callback's ``results`` (and the warnings it has said) go into the Trainer's checkpoints
+(under a key holding ``name``), so a fit resumed from one continues them. Two callbacks of one
+Trainer must have different names: Lightning averages the values logged under one key in one
+hook, and neither measurement would be logged.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from typing import Any
 
 import torch
@@ -61,7 +68,9 @@ class SensitivityCallback(Callback):
         **options: :class:`~senslab.measure.TokenSensitivity`'s options (``sigma``,
             ``repeats``, ``estimand``, …).
 
-    ``results`` holds ``(epoch, SensitivityResult)`` for every measurement.
+    ``results`` holds ``(epoch, SensitivityResult)`` for every measurement; the checkpoints
+    hold it, and loading one replaces it (what it held is kept in ``set_aside``, with a
+    warning).
     """
 
     def __init__(
@@ -79,6 +88,58 @@ class SensitivityCallback(Callback):
         #: the causes this callback's measurements warned of: said once over its evaluations
         self._said: set[str] = set()
         self.results: list[tuple[int, SensitivityResult]] = []
+        #: results replaced by a checkpoint's (:meth:`load_state_dict`)
+        self.set_aside: list[tuple[int, SensitivityResult]] = []
+
+    @property
+    def state_key(self) -> str:
+        """The callback's key in a checkpoint: by its ``name``, so two callbacks (which must
+        have different names, :meth:`setup`) keep their own results."""
+        return self._generate_state_key(name=self.name)
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """Refuse a second callback of the Trainer that logs under one of this one's keys:
+        Lightning merges two values logged under one key in one hook into their mean
+        weighted by batch size (the subsets' sizes), and the mean was logged — and monitored —
+        as either's value, without a word."""
+        mine = {self.name, f"{self.name}_stderr"}
+        for other in trainer.callbacks:
+            if other is self or not isinstance(other, SensitivityCallback):
+                continue
+            both = mine & {other.name, f"{other.name}_stderr"}
+            if both:
+                raise ValueError(
+                    f"two SensitivityCallbacks of this Trainer log under {sorted(both)[0]!r}: "
+                    "Lightning would log the mean of their values under it, neither "
+                    "measurement; give each its own name=, e.g. name='sensitivity_subset2'"
+                )
+
+    def state_dict(self) -> dict[str, Any]:
+        """``results`` and the causes said, as plain values (a checkpoint loaded with
+        ``torch.load(weights_only=True)`` holds them)."""
+        return {
+            "results": [(epoch, {f.name: getattr(r, f.name) for f in dataclasses.fields(r)})
+                        for epoch, r in self.results],
+            "said": sorted(self._said),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Take a checkpoint's ``results`` (a resumed fit continues them; before, the epochs
+        up to the checkpoint were missing from ``results``). Results this callback held are
+        not dropped: they go to ``set_aside``, with a warning."""
+        loaded = [(int(epoch), SensitivityResult(**fields))
+                  for epoch, fields in state_dict.get("results", [])]
+        if self.results:
+            self.set_aside.extend(self.results)
+            warnings.warn(
+                f"SensitivityCallback({self.name!r}): the checkpoint's results (epochs "
+                f"{[e for e, _ in loaded]}) replace the {len(self.results)} this callback held "
+                f"(epochs {[e for e, _ in self.results]}), which are kept in "
+                "callback.set_aside",
+                UserWarning, stacklevel=2,
+            )
+        self.results = loaded
+        self._said.update(state_dict.get("said", []))
 
     def measure(self, pl_module: LightningModule) -> SensitivityResult:
         """The subset's sensitivity on the module as it is now (nothing logged); under the

@@ -121,6 +121,7 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 
 from .._exclusive import TurnLock, exclusive
 from ..measure import SensitivityResult, TokenSensitivity
+from ..measure._alloc import MIN_FLIPS
 from ..measure._noise import NoiseStream
 from ..measure._options import _identity
 from ..measure._stats import State, result
@@ -138,7 +139,11 @@ _METRIC_KWARGS = {
 #: sum states and the fields of :class:`~senslab.measure._stats.State` they hold (``forward`` is
 #: the Module's method, so the counts get longer names)
 _SUMS = {"n": "n", "s1": "s1", "s2": "s2", "within": "within", "num_forward": "forward",
-         "num_forward_fp32": "forward_fp32", "num_checked": "checked"}
+         "num_forward_fp32": "forward_fp32", "num_checked": "checked", "num_copies": "copies",
+         "num_events": "events"}
+#: the counts behind the warning of few flips (``TokenSensitivity._warn_few_events``): NaN
+#: where states without them (an older senslab's) hold examples — unknown, nothing said
+_FLIPS = ("num_copies", "num_events")
 _CATS = ("sample_rate", "sample_index", "pos_id", "pos_sum", "pos_cnt")
 #: configuration fields the model decides where the options leave them open (None)
 _MODEL_DECIDES = ("tokens", "align", "output_kind")
@@ -307,8 +312,13 @@ class TokenSensitivityMetric(Metric):
 
     def compute(self) -> Tensor:
         """The estimate over everything accumulated (synced across processes by torchmetrics),
-        a float64 tensor; :meth:`result` returns the full result of the same call."""
+        a float64 tensor; :meth:`result` returns the full result of the same call. Warns, once
+        per metric (not again after a reset), where the standard error rests on fewer than
+        ``MIN_FLIPS`` flips, as :meth:`TokenSensitivity.compute
+        <senslab.measure.TokenSensitivity.compute>` does; the counts are states, summed over
+        processes and merges like the others."""
         self._last = self._result()
+        self._warn_few_events(self._last)
         return torch.tensor(self._last.estimate, dtype=torch.float64, device=self.n.device)
 
     def result(self) -> SensitivityResult:
@@ -347,7 +357,8 @@ class TokenSensitivityMetric(Metric):
                 other = incoming_state._engine
                 ids, named = incoming_state._held_ids(), _named_tokens(incoming_state)
         elif isinstance(incoming_state, dict):
-            states, config, other = incoming_state, _stored(incoming_state.get("config")), None
+            config, other = _stored(incoming_state.get("config")), None
+            states = _with_flip_counts(incoming_state)
             if incoming_state.get("seen_index") is not None:
                 seen = _indices(incoming_state["seen_index"])
             if _count(incoming_state):  # an empty state holds nobody's examples
@@ -381,6 +392,27 @@ class TokenSensitivityMetric(Metric):
             self._computed, self._last = None, None
             self._seen |= seen
             self._ids |= ids
+
+    def _warn_few_events(self, r: SensitivityResult) -> None:
+        """:meth:`TokenSensitivity._warn_few_events` on the accumulated (synced, merged) counts,
+        with this metric's causes said: the engine's, or where no update ran here (states
+        loaded, merged or synced only) one built from the options, with no model."""
+        copies, events = _known(self.num_copies), _known(self.num_events)
+        if not copies or events >= MIN_FLIPS:
+            return
+        engine = self._engine
+        if engine is None:
+            with warnings.catch_warnings():  # the options' own warnings were said at __init__
+                warnings.simplefilter("ignore")
+                engine = TokenSensitivity(_placeholder, self.tokens or Sequence(),
+                                          **self.options)
+            engine._said = self._said
+        held = engine.state
+        engine.state = State(n=int(self.n.item()), copies=copies, events=events)
+        try:
+            engine._warn_few_events(r)
+        finally:
+            engine.state = held
 
     def _warn_all_seen(self, b: int) -> None:
         """A whole batch this process measured before is skipped (each example counts once; a
@@ -488,6 +520,8 @@ class TokenSensitivityMetric(Metric):
             if (config is not None or counts) and not empty:
                 self._check_config(_stored(config), "cannot load the state dict",
                                    "load_state_dict")
+            for k, v in _with_flip_counts(state_dict, prefix).items():
+                state_dict.setdefault(k, v)  # an older senslab's: the counts unknown
             super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
             for name in _CATS:
                 if isinstance(getattr(self, name), list):
@@ -520,6 +554,12 @@ class TokenSensitivityMetric(Metric):
         if "_config" not in state:  # pickled by an older senslab
             self._config = _config(self.tokens, self.options)
         self.__dict__.setdefault("_said", set())  # pickled by an older senslab
+        missing = [k for k in _FLIPS if k not in self._defaults]  # an older senslab's pickle:
+        fill = math.nan if missing and float(self.n) else 0.0  # the counts unknown (_FLIPS)
+        for k in missing:
+            self.add_state(k, torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum",
+                           persistent=self._persistent.get("n", False))
+            setattr(self, k, torch.tensor(fill, dtype=torch.float64, device=self.n.device))
         held = self._held_ids() if "_ids" in state else set()
         self._id = uuid.uuid4().hex
         self._ids = held | {self._id}
@@ -673,12 +713,33 @@ class TokenSensitivityMetric(Metric):
             n=n, s1=float(self.s1), s2=float(self.s2), within=float(self.within),
             forward=int(self.num_forward.item()), forward_fp32=int(self.num_forward_fp32.item()),
             checked=int(self.num_checked.item()), pos_sum=pos_sum, pos_cnt=pos_cnt,
-            samples=[rates.float().cpu()],
+            samples=[rates.float().cpu()], copies=_known(self.num_copies),
+            events=_known(self.num_events),
         )
         compare = self.options.get("compare", "class")
         sigma = self._engine.sigma if self._engine is not None else _sigma(self.options)
         return result(state, self.options.get("estimand", "data"), align, compare == "class",
                       sigma)
+
+
+def _known(count: Tensor) -> int:
+    """A count state as an int; 0 where it is unknown (NaN: :data:`_FLIPS`)."""
+    value = float(count)
+    return int(value) if math.isfinite(value) else 0
+
+
+def _with_flip_counts(states: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``states`` with the flip counts (:data:`_FLIPS`) where they lack them (saved by an older
+    senslab): 0 for states of no example, NaN (unknown) otherwise — a 0 had made the examples'
+    flips look missing, and torchmetrics' merge refused the dict for the missing keys."""
+    if prefix + "n" not in states or all(prefix + k in states for k in _FLIPS):
+        return states
+    n = torch.as_tensor(states[prefix + "n"])
+    fill = math.nan if float(n.sum()) else 0.0
+    out = dict(states)
+    for k in _FLIPS:
+        out.setdefault(prefix + k, torch.tensor(fill, dtype=torch.float64, device=n.device))
+    return out
 
 
 def _cat(x: Tensor | list[Tensor]) -> Tensor:
