@@ -30,6 +30,15 @@ class CompiledModel:
         self._paths = {name: torch.compile(getattr(model, name)) for name in REUSE_PATHS
                        if callable(getattr(model, name, None))}
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The model alone: a copy (``copy.deepcopy``, a pickle, as of a metric that has
+        measured) compiles its own model again (lazily: nothing is compiled before its first
+        call), so it never runs the original's compiled code, which reads the original model."""
+        return {"_model": self._model}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["_model"])  # type: ignore[misc]
+
     @property
     def compiled_paths(self) -> tuple[str, ...]:
         """The reuse paths compiled besides the call."""
@@ -43,4 +52,6 @@ class CompiledModel:
         paths = self.__dict__.get("_paths", {})
         if name in paths:
             return paths[name]
+        if "_model" not in self.__dict__:  # being copied or unpickled: no model yet
+            raise AttributeError(name)
         return getattr(self.__dict__["_model"], name)

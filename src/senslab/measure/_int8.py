@@ -176,7 +176,11 @@ def extents(x: Tensor) -> list[float]:
     quantisation stretches the input's range to include 0, and its step is this range over
     the levels), and the largest absolute value and root mean square of ``x`` (the weight's
     rounding error is multiplied by the input: one value's, and the sum of many). Inputs
-    shifted by a constant widen all three, though not ``x.max() - x.min()``."""
+    shifted by a constant widen all three, though not ``x.max() - x.min()``. An empty ``x``
+    (an expert of a mixture that no row was routed to) has no error: three zeros, so the
+    calls keep their places in the call order."""
+    if not x.numel():
+        return [0.0, 0.0, 0.0]
     lo, hi = torch.aminmax(x)
     zero = lo.new_zeros(())
     rms = torch.linalg.vector_norm(x) / math.sqrt(x.numel())
@@ -225,10 +229,13 @@ class StaticInt8:
     @staticmethod
     def applies(model: Any) -> bool:
         """Whether ``model`` is a module with a 2-D convolution that FX can trace (no control
-        flow on tensor values), and this torch has the x86 static kernels."""
+        flow on tensor values), and no forward hooks (:func:`forward_hooks`: the traced copy
+        would run without them, another function than the model's), and this torch has the
+        x86 static kernels."""
         if not (isinstance(model, nn.Module) and available()
                 and hasattr(torch.ops.quantized, "conv2d_prepack")
-                and any(isinstance(m, nn.Conv2d) for m in model.modules())):
+                and any(isinstance(m, nn.Conv2d) for m in model.modules())
+                and not forward_hooks(model)):
             return False
         try:
             torch.fx.symbolic_trace(model)
@@ -289,15 +296,33 @@ def weights_state(model: Any) -> list[tuple[Any, ...]] | None:
 
 def attributes_state(model: Any) -> list[tuple[str, str, str]] | None:
     """(module, attribute, repr) of every plain Python value (bool, int, float, str, None) that
-    a module of ``model`` holds as an attribute, ``training`` included (None for a plain
-    callable). A static int8 copy is a traced graph that bakes such values in as constants (a
-    logit shift, a temperature, a flag a forward branches on): one changed between batches
-    would leave the copy computing the old model, so it is part of what makes a new copy."""
+    a module of ``model`` holds as an attribute, ``training`` included, and the forward hooks
+    (:func:`forward_hooks`) last (None for a plain callable). A static int8 copy is a traced
+    graph that bakes such values in as constants (a logit shift, a temperature, a flag a
+    forward branches on) and runs without hooks: a value changed or a hook registered between
+    batches would leave the copy computing another function than the model, so it is part of
+    what makes a new copy (and a hooked model gets none)."""
     if not isinstance(model, nn.Module):
         return None
     return [(name, key, repr(value)) for name, module in model.named_modules()
             for key, value in sorted(vars(module).items())
-            if isinstance(value, (bool, int, float, str, type(None)))]
+            if isinstance(value, (bool, int, float, str, type(None)))] + [
+        ("", "forward hooks", repr(forward_hooks(model)))]
+
+
+def forward_hooks(model: nn.Module) -> list[tuple[str, int]]:
+    """(module, handle id) of every forward hook and forward pre-hook registered on a module of
+    ``model`` or for all modules (``register_module_forward_hook``; module ``"*"``). FX traces
+    a module's ``forward``, not its call, so a static int8 copy would run without them: a hook
+    that normalises the input, masks classes or edits a layer's output would be missing from
+    the copy."""
+    from torch.nn.modules import module as torch_module
+
+    found = [("*", i) for d in ("_global_forward_pre_hooks", "_global_forward_hooks")
+             for i in getattr(torch_module, d, {})]
+    return found + [(name, i) for name, m in model.named_modules()
+                    for i in (*getattr(m, "_forward_pre_hooks", {}),
+                              *getattr(m, "_forward_hooks", {}))]
 
 
 def _channels_last(x: Tensor) -> Tensor:
