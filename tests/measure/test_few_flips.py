@@ -29,7 +29,8 @@ def never(inp: torch.Tensor) -> torch.Tensor:
 
 def first_entry(inp: torch.Tensor) -> torch.Tensor:
     """The logit is token 0's first entry: a copy of an example where it is 0 flips when its
-    noise there is positive (probability 1/2); where it is 100, never; other tokens never."""
+    noise there is positive (probability 1/2); where it is 100.5, never (not a whole number:
+    a column of whole numbers, some ≥ 2, reads as class labels); other tokens never."""
     return inp[:, 0, 0]
 
 
@@ -109,7 +110,7 @@ def test_an_allocation_stop_without_a_flip_reports_a_standard_error(options):
 # -- compute warns where the standard error rests on few flips ----------------------------------
 
 def test_no_flip_warns_once_with_the_rule_of_three():
-    x = inputs(6, offset=100.0)
+    x = inputs(6, offset=100.5)
     metric = TokenSensitivity(first_entry, Sequence(), sigma=1.0, repeats=2, generator=0)
     metric.update(x)
     with warnings.catch_warnings(record=True) as caught:
@@ -172,7 +173,7 @@ def test_the_counts_merge_and_reset():
         warnings.simplefilter("error")
         assert flips(merged.compute(), 4, 4) == ka + kb
     merged.reset()
-    merged.update(inputs(4, offset=100.0))
+    merged.update(inputs(4, offset=100.5))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         merged.compute()

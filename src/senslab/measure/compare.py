@@ -74,6 +74,7 @@ from ._stats import (
     merged,
     result,
 )
+from .outputs import OUTPUT_KINDS, declared_kind
 from .tokenwise import (
     TokenSensitivity,
     _lock,
@@ -201,6 +202,9 @@ class CompareSensitivity:
         **options: every option of :class:`~senslab.measure.TokenSensitivity` except
             ``target_stderr``/``max_forward`` and ``shard``; the same for all models. A
             ``torch.Generator`` is cloned per model (the first model advances the one given).
+            Models read in different ways declare it each (an attribute ``output_kind``); an
+            ``output_kind=`` option other than a model's own is refused. A model's refusal
+            names the model.
 
     Example:
         >>> import torch
@@ -251,6 +255,7 @@ class CompareSensitivity:
             )
         if options.get("shard") is not None:
             raise ValueError("shard is not available in a paired comparison; measure all examples")
+        _refuse_overridden_kinds(models, options.get("output_kind"))
         generator = options.pop("generator", None)
         self.metrics: dict[str, _Paired] = {}
         for i, (name, model) in enumerate(models.items()):
@@ -258,7 +263,10 @@ class CompareSensitivity:
             if isinstance(generator, torch.Generator) and i > 0:
                 gen = torch.Generator(device=generator.device)
                 gen.set_state(generator.get_state())
-            self.metrics[name] = _Paired(model, tokens, generator=gen, **options)
+            try:
+                self.metrics[name] = _Paired(model, tokens, generator=gen, **options)
+            except (ValueError, TypeError) as err:
+                raise _named(err, name) from err
         first = next(iter(self.metrics.values()))
         self.estimand, self.align = first.estimand, first.align
         self.pairs = list(combinations(self.metrics, 2))
@@ -327,6 +335,8 @@ class CompareSensitivity:
                         f"wrapper that converts its inputs, e.g. lambda z: model(z.to("
                         f"{model_dtype(m.model)})) (the noise is then added in the inputs' "
                         "dtype)") from err
+                except (ValueError, TypeError, FloatingPointError) as err:
+                    raise _named(err, name) from err
                 self._check_layout(metrics[0], (name, m))
         except BaseException:
             for name, m in metrics:
@@ -386,6 +396,41 @@ class CompareSensitivity:
                 stderr_unpaired=math.sqrt(ra.stderr**2 + rb.stderr**2), per_sample=r.per_sample,
             )
         return ComparisonResult(results=results, differences=diffs, estimand=self.estimand)
+
+
+def _named(err: Exception, name: str) -> Exception:
+    """``err`` with the name of the model it came from (and, for a decision-rule refusal, how
+    to give this model its own rule); ``err`` itself for an exception class of its own."""
+    if type(err) not in (ValueError, TypeError, FloatingPointError):
+        return err
+    msg = f"model {name!r}: {err}"
+    if "output_kind" in str(err):
+        msg += (". The options of a comparison apply to every model; to read this model "
+                "alone another way, declare it on the model (model.output_kind = "
+                "'probabilities' or 'logits'; a function or lambda takes the attribute too) "
+                "and drop output_kind=")
+    return type(err)(msg)
+
+
+def _refuse_overridden_kinds(models: Mapping[str, Any], kind: str | None) -> None:
+    """Refuse an ``output_kind`` option that overrides a model's own declared one: the option
+    applies to every model of a comparison, so a model declaring another reading would be
+    read the option's way (a sigmoid head read as logits never flips: a false 0)."""
+    if kind not in OUTPUT_KINDS:  # None, or refused with its own message per model
+        return
+    for name, model in models.items():
+        try:
+            own = declared_kind(model, None)
+        except ValueError as err:
+            raise _named(err, name) from err
+        if own is not None and own != kind:
+            raise ValueError(
+                f"output_kind={kind!r} applies to every model of a comparison, but model "
+                f"{name!r} declares output_kind={own!r} and would be read as {kind!r}. Drop "
+                "output_kind= and let each model declare its own reading (an attribute "
+                "model.output_kind = 'logits' or 'probabilities'; a function or lambda takes "
+                "it too)"
+            )
 
 
 @contextmanager

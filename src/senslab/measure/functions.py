@@ -22,6 +22,11 @@ def _bits(x: Tensor) -> Tensor:
     """``x`` as a float (N, n) batch, refused unless every entry is ±1 (one pass over x)."""
     if x.dim() != 2:
         raise ValueError(f"expected a (N, n) batch of ±1 strings, got shape {tuple(x.shape)}")
+    if x.dtype == torch.bool:
+        raise ValueError(
+            "expected ±1 strings, got a bool tensor: read as 0/1 bits these functions compute "
+            "other functions. Pass 1 − 2·x.float() (True ↦ −1), or x.float() * 2 − 1 (True ↦ +1)"
+        )
     bad = x.abs() != 1
     if bool(bad.any()):
         got = x[bad].unique()[:4].tolist()

@@ -30,7 +30,10 @@ was given (neither the option nor a model attribute ``output_kind``) such an out
 of exact 0s and 1s (hard decisions, or a sigmoid saturated at 1.0 on every example: float32
 rounds a logit above about 17 to 1.0, bf16 one above about 5.5) cannot tell, so it is read as
 logits *provisionally* (:func:`inferred_from_zero_one`): perturbed outputs in [0, 1] with a
-value strictly inside raise the same error (:func:`check_perturbed_kind`).
+value strictly inside raise the same error (:func:`check_perturbed_kind`). A float32/float64
+column of whole numbers, none negative and some ≥ 2, is class labels as floats (read as logits,
+labels 1, 2, ... would be one class) and is refused the same way, on the clean outputs or,
+after a clean column of exact 0s and 1s, on the perturbed ones.
 """
 
 from __future__ import annotations
@@ -111,11 +114,16 @@ def check_head(model: Any, compare: str, kind: str | None, output: Any = None) -
     sign never changes around a positive mean, so it read as a binary logit that never
     flips), also one with one output and no ``problem_type`` (which Hugging Face trains as a
     regression), or a multi-label one (independent sigmoids: the argmax is not its
-    prediction). ``output_kind=`` or ``output=`` given says how to read it, and is taken as
-    is."""
-    if compare != "class" or kind is not None or output is not None:
+    prediction). ``output=`` given says how to read it, and is taken as is; so is
+    ``output_kind=``, except on a multi-label or regression head of several outputs
+    (``config.num_labels`` ≥ 2): ``output_kind`` reads one column, and several are read by
+    their argmax whatever the kind."""
+    if compare != "class" or output is not None:
         return
     model = unwrapped(model)  # DDP, DataParallel, torch.compile: the wrapped model's head
+    if kind is not None:
+        _check_columns_of_head(model, kind)
+        return
     reason = headless_reason(model)  # a timm/HF classifier built without its classifier
     if reason is not None:
         raise ValueError(reason)
@@ -147,6 +155,28 @@ def check_head(model: Any, compare: str, kind: str | None, output: Any = None) -
             "labels is not its prediction. Measure one label at a time with output=<a "
             "function picking its column> and output_kind='logits', or compare='l1'/'l2'"
         )
+
+
+def _check_columns_of_head(model: Any, kind: str) -> None:
+    """Refuse ``output_kind=kind`` on a Hugging Face multi-label or regression head with
+    several outputs: the kind reads one column only, so its argmax would be measured."""
+    config = getattr(model, "config", None)
+    problem = getattr(config, "problem_type", None)
+    labels = getattr(config, "num_labels", None)
+    if problem not in ("multi_label_classification", "regression") \
+            or not isinstance(labels, int) or labels < 2:
+        return
+    what = ("a multi-label head: each label is its own sigmoid" if problem.startswith("multi")
+            else "a regression head: each output is a value")
+    route = ("output_kind='logits'" if problem.startswith("multi")
+             else "output_kind='scores', threshold=t")
+    raise ValueError(
+        f"{type(model).__name__} is {what} (config.problem_type={problem!r}, "
+        f"config.num_labels={labels}), but output_kind={kind!r} reads a one-column output only: "
+        f"its {labels} columns would be read by their argmax, which is not its prediction. "
+        f"Measure one output at a time, output=lambda o: o.logits[:, k] with {route}, or how "
+        "far the outputs move with compare='l1'/'l2'"
+    )
 
 
 def threshold_of(kind: str, threshold: float | None = None) -> float:
@@ -197,6 +227,25 @@ def _ambiguous(lo: float, hi: float, what: str) -> ValueError:
     )
 
 
+def _labels(out: Tensor, lo: float, hi: float) -> bool:
+    """Whether a floating column ranging over [lo, hi] holds class labels 0, 1, 2, ... as floats
+    (whole numbers, none negative, some ≥ 2): one more host sync, only when lo ≥ 0 and hi ≥ 2.
+    A float32 logit is a whole number by chance once in millions."""
+    if lo < 0.0 or hi < 2.0:
+        return False
+    flat = out.reshape(-1)
+    return bool((flat == flat.round()).all())
+
+
+def _float_labels(lo: float, hi: float, what: str) -> ValueError:
+    return ValueError(
+        f"{what} one column of whole numbers from {lo:g} to {hi:g}: class labels as floats? "
+        "Read as logits (class 1 iff > 0) labels 1, 2, ... would be one class and a change "
+        "among them never counted. Return integer labels (.long()), which are compared as they "
+        "are, or the logits; if these are logits, say so with output_kind='logits'"
+    )
+
+
 def resolve_kind(out: Tensor, kind: str | None, threshold: float | None = None) -> str:
     """The kind to read ``out`` (clean outputs of a batch) with; refuses the ambiguous case.
 
@@ -205,7 +254,9 @@ def resolve_kind(out: Tensor, kind: str | None, threshold: float | None = None) 
     confident examples round to exactly 0 or 1 in float32. A column of exact 0s and 1s (hard
     decisions, or a sigmoid saturated on every example) is read as logits provisionally: pass
     :func:`inferred_from_zero_one` to :func:`check_perturbed_kind` on the perturbed outputs.
-    ``"probabilities"`` on one column outside [0, 1] is an error too.
+    ``kind`` None on a float32/float64 column of whole numbers, none negative and some ≥ 2
+    (class labels as floats), and ``"probabilities"`` on one column outside [0, 1] are errors
+    too.
     """
     check_kind(kind, threshold)
     scalar = is_scalar(out)
@@ -226,6 +277,8 @@ def resolve_kind(out: Tensor, kind: str | None, threshold: float | None = None) 
     lo, hi, inside = seen
     if kind is None and 0.0 <= lo and hi <= 1.0 and inside:
         raise _ambiguous(lo, hi, "the model returns")
+    if kind is None and out.dtype in (torch.float32, torch.float64) and _labels(out, lo, hi):
+        raise _float_labels(lo, hi, "the model returns")
     if kind == "probabilities" and (lo < 0.0 or hi > 1.0):
         raise ValueError(
             f"output_kind='probabilities' but the model's one column ranges over [{lo:.3g}, "
@@ -259,7 +312,8 @@ def check_perturbed_kind(out: Tensor, inferred_from_clean: bool,
     lying in [0, 1] with some value strictly inside, the model is a saturated sigmoid read as
     logits — class = p > 0, which no perturbation ever changes: a false 0. That raises the
     "probabilities or logits?" ValueError of :func:`resolve_kind`, naming ``output_kind``.
-    Hard decisions (exact 0s and 1s in ``out`` too) and logits (values outside [0, 1]) pass.
+    Whole numbers with some ≥ 2 (class labels as floats) raise too. Hard decisions (exact 0s
+    and 1s in ``out`` too) and logits (values outside [0, 1], not all whole) pass.
     Nothing is computed when ``inferred_from_clean`` is False; else one host sync per call.
     ``when`` says what was perturbed, for the message (output sharpness perturbs weights).
     """
@@ -273,6 +327,10 @@ def check_perturbed_kind(out: Tensor, inferred_from_clean: bool,
         raise _ambiguous(
             lo, hi, "the model's clean outputs are one column of exact 0s and 1s (each exactly "
             f"0 or 1: a saturated sigmoid?), read as logits, but {when} it returns")
+    if _labels(out, lo, hi):
+        raise _float_labels(
+            lo, hi, "the model's clean outputs are one column of exact 0s and 1s, read as "
+            f"logits, but {when} it returns")
 
 
 def predictions(out: Tensor, kind: str = "logits", threshold: float | None = None) -> Tensor:
@@ -317,18 +375,23 @@ def margins(out: Tensor, ref: Tensor, kind: str = "logits",
 
 
 def check_rows(out: Tensor, rows: int, what: str) -> None:
-    """An error unless ``out`` has one row per example (``rows``)."""
+    """An error unless ``out`` has one row per example (``rows``); for a batch of one it
+    names ``.squeeze()``, which drops the batch axis of a batch of one alone (a model that
+    measured larger batches fails on a last chunk of one copy)."""
+    squeezed = (" A .squeeze() drops the batch axis of a batch of one: squeeze only the class "
+                "axis (.squeeze(-1)) or keep it" if rows == 1 else "")
     if out.dim() == 0:
         raise ValueError(
             f"the model returned a single number for {rows} {what}; sensitivity needs one "
             f"output row per example, shape ({rows},) or ({rows}, classes) — does the model "
-            "reduce over the batch (a mean loss, a .sum())? Return per-example outputs"
+            f"reduce over the batch (a mean loss, a .sum())? Return per-example outputs.{squeezed}"
         )
     if out.shape[0] != rows:
         raise ValueError(
             f"the model returned {out.shape[0]} rows (output shape {tuple(out.shape)}) for "
             f"{rows} {what}; sensitivity needs one output row per example — does the model "
             "reduce or reshape over the batch axis, or does output= select the wrong element?"
+            f"{squeezed}"
         )
 
 
