@@ -44,7 +44,12 @@ and :math:`b = ` :data:`SAFETY` :math:`\times \max_i \delta_i`, with
 margin of either precision's class. The calibration copies are decided in float32 (their bf16
 values only serve the calibration), so nothing is decided before :math:`b` is known; a batch
 with fewer copies continues the calibration into the next ``update``, and a model whose
-parameters or buffers changed since the last batch (a training step) calibrates afresh. The
+parameters or buffers changed since the last batch (a training step) calibrates afresh. A copy
+whose low-precision output holds a NaN or an infinity is always re-checked and left out of
+:math:`\max_i \delta_i`. A calibration in which the low precision ran (a bf16 product, an int8
+layer) yet changed no margin at all bounds nothing: the outputs are constant, discrete (a step
+``(z > 0).float()``, a one-hot argmax) or saturated, where the error is invisible or a jump, so
+the copies run in float32 from then on, said once (:meth:`PrecisionCheck._unchanged`). The
 bound is empirical — a safety factor over the worst error seen, not a proof — and the tests
 check it where it matters: the flips equal float32's, copy by copy, on the zoo and on trained
 Hugging Face models where plain bf16 changes some.
@@ -400,6 +405,10 @@ class _Ranges(TorchFunctionMode):
         super().__init__()
         self.kind = kind
         self.ranges: list[Tensor] = []
+        #: whether a recorded call ran in the low precision (bf16: a product under bf16
+        #: autocast, not one a model ran with autocast switched off; static: any), reset with
+        #: :attr:`ranges`
+        self.lowered = False
         self._enabled = True
         self._cast: OrderedDict[Any, tuple[Any, ...]] = OrderedDict()
 
@@ -434,6 +443,7 @@ class _Ranges(TorchFunctionMode):
             return None
         w16, b16, w_sizes = self._weights(weight, bias)
         x16 = x.to(torch.bfloat16)  # what the product reads: its sizes cost half the bytes
+        self.lowered = True
         self.ranges.extend(torch.maximum(_extents(x16.detach()), w_sizes).unbind())
         return F.linear(x16, w16, b16)
 
@@ -454,6 +464,10 @@ class _Ranges(TorchFunctionMode):
                 if found:
                     sizes = torch.stack([_extents(a) for a in found]).amax(dim=0)
                     self.ranges.extend(sizes.unbind())
+                    self.lowered = self.lowered or any(
+                        a.dtype in (torch.float32, torch.bfloat16)
+                        and autocast_on(a.device.type)
+                        and autocast_dtype(a.device.type) == torch.bfloat16 for a in found)
             elif self.kind == "static" and func is torch.quantize_per_tensor:
                 x = (args[0] if args else kwargs["input"]).detach()
                 if x.is_floating_point() and x.numel():
@@ -463,6 +477,7 @@ class _Ranges(TorchFunctionMode):
                     # clamped although its largest |x| is within the high end
                     lo, hi = torch.aminmax(rows, dim=1)
                     self.ranges.extend([hi.clamp(min=0).float(), (-lo).clamp(min=0).float()])
+                    self.lowered = True
         return func(*args, **kwargs)
 
     def read(self) -> list[float]:
@@ -608,6 +623,8 @@ class PrecisionCheck:
         #: the largest of each recorded input size (:meth:`_recorded`, in call order) in the
         #: calibration: int8's linear layers, bf16's products, a static int8 copy's quantisations
         self._ranges: list[float] = []
+        #: whether a calibration forward ran a call in the low precision (:meth:`_unchanged`)
+        self._lowered_seen = False
         self._rec: _Ranges | None = None
         #: the copies run in float32 from the next batch on: int8 found no layer to run (no
         #: eligible ``F.linear``), the static int8 copy failed, or ``"auto"``'s calibration
@@ -714,7 +731,7 @@ class PrecisionCheck:
             self._int8.ranges = []
             return self._int8
         rec = self._recorder()
-        rec.ranges = []
+        rec.ranges, rec.lowered = [], False
         if self.low == "int8":
             return _both(_active(self._static), rec)  # type: ignore[arg-type]
         return _both(torch.autocast(device_type=device.type, dtype=torch.bfloat16), rec)
@@ -728,9 +745,14 @@ class PrecisionCheck:
         return self._recorder().read()
 
     def _calibrated_ranges(self) -> None:
-        """Calibration: keep each recorded value's largest (the last low forward's)."""
+        """Calibration: keep each recorded value's largest (the last low forward's), and
+        whether any call ran in the low precision (:attr:`_lowered_seen`)."""
+        recorded = self._recorded()
         self._ranges = [max(a, b) for a, b in
-                        zip_longest(self._ranges, self._recorded(), fillvalue=0.0)]
+                        zip_longest(self._ranges, recorded, fillvalue=0.0)]
+        dynamic = self.low == "int8" and self._static is None
+        self._lowered_seen = self.__dict__.get("_lowered_seen", False) or (
+            bool(recorded) if dynamic else self._recorder().lowered)
 
     def _widening(self, rows: int) -> float | Tensor:
         """How much wider the band is for the ``rows`` copies of the last low forward, whose
@@ -790,9 +812,16 @@ class PrecisionCheck:
     def _observe(self, low: Tensor, full: Tensor, kind: str,
                  threshold: float | None) -> tuple[Tensor, Tensor]:
         """Record the margin changes of ``low`` against ``full``; returns the low outputs'
-        margins of their own class and their largest absolute outputs."""
-        delta = _changes(low, full, kind, threshold)
-        self._deltas.append(float(delta.max()) if len(delta) else 0.0)
+        margins of their own class and their largest absolute outputs. Rows whose low output
+        holds a NaN or an infinity (bf16's cancellation in a hand-written variance, say) are
+        left out of the changes: every such copy is re-checked whatever the bound (its margin
+        or its size is not finite), and one of them would otherwise make the bound infinite
+        and re-check every later copy. A calibration of such rows alone records no change:
+        its bound is infinite (:meth:`_judge`)."""
+        finite = torch.isfinite(low.reshape(len(low), -1)).all(dim=1)
+        seen = (low, full) if bool(finite.all()) else (low[finite], full[finite])
+        if len(seen[0]):
+            self._deltas.append(float(_changes(*seen, kind, threshold).max()))
         self.scale = max(self.scale, float(full.reshape(len(full), -1).abs().max()))
         own = margins(low, predictions(low, kind, threshold), kind, threshold)
         return own, low.reshape(len(low), -1).abs().amax(dim=1)
@@ -804,11 +833,14 @@ class PrecisionCheck:
         :data:`JUDGE_AFTER` copies on, the share under the bound so far, with no widening for
         large outputs, is at most the final share (the bound only grows, and the widening
         never narrows it), so a loss predicted early is a loss at the end."""
-        bound = SAFETY * max(self._deltas)
+        bound = SAFETY * max(self._deltas, default=math.inf)  # none: non-finite rows alone
         m, size = (torch.cat(t) for t in zip(*self._cal, strict=True))
         if final:
             self.bound = self.calibrated = bound
             self._cal = []
+            if self._deltas and max(self._deltas) == 0 and self.__dict__.get("_lowered_seen"):
+                self._unchanged()
+                return
             band = self._band(size)
         elif self.judge and self._copies >= JUDGE_AFTER:
             band = torch.full_like(size, bound)
@@ -823,6 +855,32 @@ class PrecisionCheck:
                        f"\"auto\"'s timed calibration found no gain: {self.low} would re-check "
                        f"{self.predicted_recheck:.0%} of the copies in float32, and a checked copy "
                        f"would cost {self._checked_cost():.2f} of a float32 one")
+
+    def _unchanged(self) -> None:
+        """The calibration ends without a single change although the model ran in the low
+        precision (bf16 autocast ran a product, or int8 a layer): not one calibration output's
+        margin changed, so the bound would be 0. A model whose outputs the low precision's
+        rounding reaches changes some; these are discrete (a step ``(z > 0).float()``, a
+        rounding, a one-hot argmax) or saturated (a sigmoid at exactly 1.0) there, so its
+        error is either invisible or a jump of any size, and no band bounds it: a band of 0
+        re-checks only the margins of 0, and a copy the low precision moves across a step
+        keeps its class. The copies run in float32 from here on (:attr:`idle`), said once per
+        metric (a ``RuntimeWarning``)."""
+        name = "bf16" if self.low == "bf16" else "int8"
+        why = (f"{name} changed no output's margin on the {self._copies} calibration copies "
+               "although the model's products ran in it: the outputs are constant, discrete (a "
+               "step, a rounding, a one-hot argmax) or saturated, where no calibrated bound "
+               "holds")
+        self._set_idle(True, why)
+        said = self.__dict__.setdefault("said", set())
+        if f"{name} unchanged" not in said:
+            said.add(f"{name} unchanged")
+            warnings.warn(
+                f"precision='{name}-checked': {why}. A copy {name} moves across such a step "
+                "would keep its class unchecked, so the copies run in float32 "
+                "(checked_precision == 'float32', float32_reason). Measure such a model with "
+                "precision='float32', or return the scores its decision is read from",
+                RuntimeWarning, stacklevel=_trim._user_level())
 
     def _set_idle(self, idle: bool, why: str) -> None:
         self.idle = idle
