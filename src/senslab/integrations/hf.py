@@ -20,10 +20,17 @@ Passed as ``Trainer(callbacks=[callback])`` instead, the values still reach ``lo
 ``evaluate()``'s dict, but not the reporters (a warning says so), and only the callbacks listed
 after it see them (``attach`` puts it first: an ``EarlyStoppingCallback`` on
 ``eval_sensitivity`` reads the metrics in its own ``on_evaluate``).
+
+The callback's ``results`` (and the warnings it has said) go into the Trainer's checkpoints
+(``trainer_state.json``, under ``state.stateful_callbacks`` with a key holding ``name``), so
+``trainer.train(resume_from_checkpoint=...)`` continues them. Two callbacks of one Trainer
+must have different names, and ``compute_metrics`` must not return ``name``: two values under
+one key leave ``evaluate()``'s dict (and so ``metric_for_best_model``) with only the last.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -66,7 +73,9 @@ class SensitivityCallback(TrainerCallback):
         generator: the int seed (default 0) or ``torch.Generator`` every measurement starts from.
         **options: :class:`~senslab.measure.TokenSensitivity`'s options (``sigma``, …).
 
-    ``results`` holds ``(global_step, SensitivityResult)`` for every measurement. A Trainer
+    ``results`` holds ``(global_step, SensitivityResult)`` for every measurement; the
+    checkpoints hold it, and resuming from one replaces it (what it held is kept in
+    ``set_aside``, with a warning). A Trainer
     with several evaluation sets (``eval_dataset`` a dict) evaluates each under its own prefix
     (``eval_a``, ``eval_b``); the callback measures its subset once for them all and logs that
     one value under each prefix, with a warning that it is not a sensitivity of each set.
@@ -88,6 +97,10 @@ class SensitivityCallback(TrainerCallback):
         self._said: set[str] = set()
         self.trainer: Any = None
         self.results: list[tuple[int, SensitivityResult]] = []
+        #: results replaced by a checkpoint's when training resumed from it (:meth:`on_train_begin`)
+        self.set_aside: list[tuple[int, SensitivityResult]] = []
+        #: what this callback last put into the Trainer's state (told apart from a checkpoint's)
+        self._exported: dict[str, Any] | None = None
         self._warned = self._warned_best = self._warned_sets = False
         #: (global step and weights, result, prefixes logged): the last measurement, logged
         #: again, not measured again, for each evaluation set of the same evaluation
@@ -99,6 +112,16 @@ class SensitivityCallback(TrainerCallback):
         sensitivity in the evaluation's metrics: an ``EarlyStoppingCallback`` on
         ``eval_sensitivity`` listed before it found none and disabled itself."""
         callbacks = trainer.callback_handler.callbacks
+        for other in callbacks:
+            both = self._keys() & other._keys() if isinstance(other, SensitivityCallback) else ()
+            if other is not self and both:
+                raise ValueError(
+                    f"two SensitivityCallbacks of this Trainer log under "
+                    f"'eval_{sorted(both)[0]}': evaluate()'s metrics (what metric_for_best_model "
+                    "and EarlyStoppingCallback read) would hold only the last one's value, and "
+                    "log_history two values under one key, neither marked as which subset's; "
+                    "give each its own name=, e.g. name='sensitivity_subset2'"
+                )
         if self in callbacks:
             callbacks.remove(self)
         callbacks.insert(0, self)
@@ -106,8 +129,67 @@ class SensitivityCallback(TrainerCallback):
         self._check_best(trainer.args)
         return self
 
+    def _keys(self) -> set[str]:
+        return {self.name, f"{self.name}_stderr"}
+
+    @property
+    def state_key(self) -> str:
+        """The callback's key in ``TrainerState.stateful_callbacks`` (so in a checkpoint's
+        ``trainer_state.json``): by its ``name``, so two callbacks (which must have different
+        names) keep their own results. Not a class name, so the Trainer does not try to
+        rebuild the callback from it."""
+        return f"senslab.SensitivityCallback[{self.name}]"
+
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Take a resumed checkpoint's ``results`` (the Trainer starts a fresh state for every
+        ``train()``, so an entry under :attr:`state_key` came from the checkpoint); before,
+        the measurements up to the checkpoint were missing from ``results``."""
         self._check_best(args)
+        saved = (getattr(state, "stateful_callbacks", None) or {}).get(self.state_key)
+        if saved is not None and saved is not self._exported:
+            self._load(saved)
+
+    def _export(self) -> dict[str, Any]:
+        """``results`` and the causes said as JSON values (``trainer_state.json``): tensors as
+        nested lists with their dtype, floats exactly (Python writes the shortest repr that
+        reads back the same float; NaN as NaN)."""
+        def plain(value: Any) -> Any:
+            if isinstance(value, Tensor):
+                t = value.detach().cpu()
+                return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
+                        "data": t.tolist()}
+            return list(value) if isinstance(value, tuple) else value
+
+        return {
+            "results": [[step, {f.name: plain(getattr(r, f.name))
+                                for f in dataclasses.fields(r)}]
+                        for step, r in self.results],
+            "said": sorted(self._said),
+        }
+
+    def _load(self, saved: Mapping[str, Any]) -> None:
+        def value(v: Any) -> Any:
+            if isinstance(v, Mapping) and "dtype" in v:
+                return torch.tensor(v["data"], dtype=getattr(torch, v["dtype"])).reshape(
+                    v["shape"])
+            return v
+
+        loaded = []
+        for step, fields in saved.get("results", []):
+            kw = {k: value(v) for k, v in fields.items()}
+            kw["ci95"] = tuple(kw["ci95"])
+            loaded.append((int(step), SensitivityResult(**kw)))
+        if self.results:
+            self.set_aside.extend(self.results)
+            warnings.warn(
+                f"SensitivityCallback({self.name!r}): the resumed checkpoint's results (steps "
+                f"{[s for s, _ in loaded]}) replace the {len(self.results)} this callback held "
+                f"(steps {[s for s, _ in self.results]}), which are kept in callback.set_aside",
+                UserWarning, stacklevel=3,
+            )
+        self.results = loaded
+        self._said.update(saved.get("said", []))
+        self._last = None
 
     def _check_best(self, args: Any) -> None:
         """Warn (once) where the Trainer would keep the *most* sensitive checkpoint: transformers
@@ -137,6 +219,16 @@ class SensitivityCallback(TrainerCallback):
         if model is None:
             raise RuntimeError("SensitivityCallback.on_evaluate was called without the model")
         prefix = _prefix(metrics)
+        taken = sorted(k for k in (f"{prefix}_{key}" for key in self._keys())
+                       if k in (metrics or {}))
+        if taken:
+            raise ValueError(
+                f"the evaluation's metrics already hold {taken[0]!r} (from compute_metrics or "
+                "another callback): SensitivityCallback would overwrite it in evaluate()'s "
+                "metrics (what metric_for_best_model and EarlyStoppingCallback read) and log a "
+                "second value under the same key; give the callback its own name=, e.g. "
+                "name='sensitivity_subset2'"
+            )
         if self._last is not None and self._last[0] == (state.global_step, _weights(model)):
             r = self._last[1]  # the same model: another evaluation set of the same evaluation
             if prefix not in self._last[2]:
@@ -146,6 +238,10 @@ class SensitivityCallback(TrainerCallback):
             r = self.measure(model)
             self.results.append((state.global_step, r))
             self._last = ((state.global_step, _weights(model)), r, [prefix])
+            # into the Trainer's state, which its checkpoints save after this evaluation
+            if isinstance(getattr(state, "stateful_callbacks", None), dict):
+                self._exported = self._export()
+                state.stateful_callbacks[self.state_key] = self._exported
         logs = {f"{prefix}_{self.name}": r.estimate, f"{prefix}_{self.name}_stderr": r.stderr}
         if metrics is not None:
             metrics.update(logs)  # what evaluate() returns (best-model selection reads it)
