@@ -77,10 +77,31 @@ class Stat:
 
 
 def format_number(value: Any) -> str:
-    """Compact text for a table cell: ints as is, floats to 4 significant digits."""
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+    """Compact text for a table cell: ints as is, floats to 4 significant digits.
+
+    A float that is not exactly ±1 never reads as ``1``: 4 digits would round an accuracy
+    of 0.99996 to ``1``, a perfect score it is not, so it gets the digits it needs
+    (``0.99996``)."""
+    if not isinstance(value, float):
+        return str(value)
+    text = f"{value:.4g}"
+    digits = 4
+    while text in ("1", "-1") and abs(value) != 1.0 and digits < 17:
+        digits += 1
+        text = f"{value:.{digits}g}"
+    return text
+
+
+def format_percent(value: float) -> str:
+    """A fraction as a percentage to one decimal, where rounding never claims a bound: a value
+    just under 1 reads ``>99.9%``, not ``100.0%``, and one just above 0 reads ``<0.1%``, not
+    ``0.0%`` (perfect accuracy, and none at all, are exact claims)."""
+    text = f"{value:.1%}"
+    if text == "100.0%" and value < 1:
+        return ">99.9%"
+    if text == "0.0%" and value > 0:
+        return "<0.1%"
+    return text
 
 
 def summarize(values: Sequence[float], se: float | None = None) -> Stat:
@@ -206,7 +227,10 @@ def aggregate_curve(runs: Sequence[Run], key: str) -> Curve | None:
     ``step`` and average ``key``; ``None`` if none logged it.
 
     Runs with the same config log the same steps, so aligning on the step is exact; a seed that
-    stopped early simply contributes to fewer steps (``count`` says how many runs each point has).
+    stopped early contributes to fewer steps (``count`` says how many runs each point has).
+    Where ``count`` is below its maximum the mean is over the remaining runs alone, not the
+    label's (after a seed stops, the curve would jump to the longer seeds' values):
+    :func:`~senslab.report.plots.plot_curves` draws those steps faded and warns.
     """
     per_step: dict[int, list[tuple[float, float, float, float]]] = {}
     for run in runs:

@@ -116,7 +116,8 @@ def make_report(
             (
                 png,
                 "Metrics over training: mean over seeds, band ± std (a single run: "
-                "95% interval of its sensitivity estimate).",
+                "95% interval of its sensitivity estimate). A faded stretch is the mean of "
+                "only some of a label's runs (the others stopped earlier).",
             )
         )
     bar_key = next((k for k in BAR_KEYS if any(is_number(r.final.get(k)) for r in runs)), None)

@@ -4,13 +4,16 @@ Every function takes loaded :class:`~senslab.report.runs.Run` objects and an out
 one PNG and returns its path. matplotlib is imported inside the functions (``import senslab``
 stays light) and only through its object-oriented API (``Figure`` + Agg), never ``pyplot``: no
 global figure state, no GUI backend, nothing ever shown. A label keeps its colour in every plot of
-a report because colours are assigned from the sorted label list.
+a report, and mostly across reports, because its colour follows from its own text
+(:func:`label_colors`; only two labels that want one colour push one of them to another), and
+every figure takes its colours from all the runs it is given, not only from those it draws.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
+import zlib
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +24,7 @@ from senslab.report.aggregate import (
     aggregate_curve,
     final_table,
     format_number,
+    format_percent,
     is_number,
     metric_keys,
 )
@@ -41,6 +45,8 @@ PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("Sharpness (loss)", "E L(θ+Δ) − L(θ)", ("sharpness/loss",)),
 )
 SPLIT_STYLES = {"train": "-", "val": "--", "test": ":"}
+#: opacity of a curve where it is the mean of only some of its label's runs
+FEWER_ALPHA = 0.4
 YLABELS = {k: ylabel for _, ylabel, keys in PANELS for k in keys}
 # House style, applied through rc_context so the caller's matplotlib settings are left alone.
 STYLE = {
@@ -56,12 +62,46 @@ STYLE = {
 
 
 def label_colors(labels: Collection[str]) -> dict[str, Any]:
-    """A fixed colour per label (sorted, so the same labels get the same colours everywhere)."""
+    """A colour per label that depends on the label's own text, not on which other labels are
+    drawn, so a label has the same colour in every figure of a report and in the reports of
+    other run sets.
+
+    Assigning colours by rank in the label list (as before) shifted every colour when a label
+    was added or missing: the bar chart, which leaves out labels without the metric, drew ``b``
+    in ``a``'s colour of the curves next to it. Each label now prefers the tab10 colour its
+    CRC-32 picks (stable across processes, unlike ``hash``; tab10's grey is left out); two
+    labels that prefer the same colour must still be told apart, so the later in sorted order
+    takes the next free one, after tab10's nine the lighter shades of tab20. More than 18
+    labels cannot all have distinct palette colours: they are spread evenly over a continuous
+    colour map instead (distinct, but then a label's colour depends on how many there are).
+    """
     import matplotlib
 
     names = sorted(set(labels))
-    cmap = matplotlib.colormaps["tab10" if len(names) <= 10 else "tab20"]
-    return {name: cmap(i % cmap.N) for i, name in enumerate(names)}
+    strong = matplotlib.colormaps["tab10"]
+    light = matplotlib.colormaps["tab20"]
+    # tab10's grey (7) is left out: grey is the legend's colour for line styles and faded tails
+    hues = [i for i in range(10) if i != 7]
+    palette = [strong(i) for i in hues] + [light(2 * i + 1) for i in hues]
+    n = len(hues)
+    if len(names) > len(palette):
+        spread = matplotlib.colormaps["turbo"]
+        return {name: spread(i / (len(names) - 1)) for i, name in enumerate(names)}
+    taken: set[int] = set()
+    out = {}
+    for name in names:
+        first = zlib.crc32(name.encode("utf-8")) % n
+        order = [(first + k) % n for k in range(n)]
+        slot = next(s for s in order + [n + s for s in order] if s not in taken)
+        taken.add(slot)
+        out[name] = palette[slot]
+    return out
+
+
+def _run_colors(runs: Sequence[Run]) -> dict[str, Any]:
+    """The colours of all of ``runs``' labels, also those a figure leaves out (no such metric):
+    two labels that prefer one colour are resolved the same way in every figure of a report."""
+    return label_colors({run.group_label for run in runs})
 
 
 def _split(key: str) -> str:
@@ -136,6 +176,9 @@ def plot_curves(
     log y-axis; ``logx`` masks x = 0. Where a run logs records without an epoch (a pretrained
     model's measurement), every curve is drawn against the step instead, and the axis says so.
     A point whose mean is NaN or inf (a run logged one) is not drawn, with a warning naming it.
+    Where only some of a label's runs logged a step (the others stopped earlier, e.g. on
+    reaching ``train.target_train_acc``) the mean there is over those runs alone, not the
+    label's: the line goes on faded, without a band, and a warning names the steps.
     """
     import matplotlib
 
@@ -151,11 +194,12 @@ def plot_curves(
     if not panels:
         raise ValueError("no metric to plot: the runs logged nothing besides step/epoch/time")
     groups = group_by_label(runs)
-    colors = label_colors(groups)
+    colors = _run_colors(runs)
     ncols = min(3, len(panels))
     nrows = math.ceil(len(panels) / ncols)
     splits_used: set[str] = set()
     not_finite: list[str] = []
+    fewer: list[str] = []
     with matplotlib.rc_context(STYLE):
         fig = _figure(3.8 * ncols + 1.6, 2.9 * nrows + 0.4)
         axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
@@ -174,12 +218,26 @@ def plot_curves(
                     style = SPLIT_STYLES.get(_split(key), "-")
                     if len(pkeys) > 1:
                         splits_used.add(_split(key))
-                    marker = "o" if len(xs) < 3 else None  # a lone point needs a marker to show
-                    ax.plot(xs, curve.mean, color=colors[label], ls=style, lw=1.6, marker=marker)
-                    if np.isfinite(curve.low).any():
-                        ax.fill_between(
-                            xs, curve.low, curve.high, color=colors[label], alpha=0.18, lw=0
-                        )
+                    # where some of the label's runs have no point (they stopped earlier, e.g.
+                    # at train.target_train_acc) the mean is over the others alone: a tail that
+                    # jumps to the longest seed's values, not the label's. Those steps are drawn
+                    # faded under the full mean (which stops there), without a band.
+                    full = curve.count == curve.count.max()
+                    if not full.all():
+                        fewer.append(f"{key} of {label!r} at {int((~full).sum())} step(s) "
+                                     f"(first: step {curve.steps[~full][0]}, "
+                                     f"{int(curve.count[~full][0])} of {int(curve.count.max())} "
+                                     "runs)")
+                        ax.plot(xs, curve.mean, color=colors[label], ls=style, lw=1.0,
+                                alpha=FEWER_ALPHA, marker="o" if len(xs) < 3 else None)
+                    # a lone point needs a marker to show
+                    marker = "o" if int(full.sum()) < 3 else None
+                    ax.plot(xs, np.where(full, curve.mean, np.nan), color=colors[label],
+                            ls=style, lw=1.6, marker=marker)
+                    if np.isfinite(curve.low[full]).any():
+                        ax.fill_between(xs, np.where(full, curve.low, np.nan),
+                                        np.where(full, curve.high, np.nan),
+                                        color=colors[label], alpha=0.18, lw=0)
             ax.set_title(ptitle)
             ax.set_xlabel(xlabel)
             ax.set_ylabel(ylabel)
@@ -198,8 +256,17 @@ def plot_curves(
                 for s in SPLIT_STYLES
                 if s in splits_used
             ]
+        if fewer:
+            from matplotlib.lines import Line2D
+
+            handles.append(Line2D([], [], color="0.3", lw=1.0, alpha=FEWER_ALPHA,
+                                  label="faded: not all\nof a label's runs"))
         fig.legend(handles=handles, loc="outside right upper", title="label")
         fig.suptitle(title or "Training curves (mean ± std over seeds)")
+        if fewer:
+            warnings.warn(f"{out}: curves drawn faded, without a band, where only some of a "
+                          f"label's runs logged a point (the others stopped earlier), as their "
+                          f"mean there is not the label's: {'; '.join(fewer)}", stacklevel=2)
         if not_finite:
             warnings.warn(f"{out}: curves not drawn where their mean is NaN or inf (a run logged "
                           f"such a value): {'; '.join(not_finite)}; the runs' metrics.jsonl say "
@@ -226,7 +293,7 @@ def plot_final_bars(
     rows = [r for r in final_table(runs, keys=[key, acc_key]) if key in r]
     if not rows:
         raise ValueError(f"no run has a final {key!r}; choose a metric the runs logged")
-    colors = label_colors(r["label"] for r in rows)
+    colors = _run_colors(runs)
     means = [r[key].mean for r in rows]
     errs = [
         r[key].spread * (1.96 if r[key].kind == "se" else 1.0) if r[key].spread else 0.0
@@ -257,7 +324,7 @@ def plot_final_bars(
         for p, m, e, row in zip(pos, means, errs, rows, strict=True):
             if acc_key in row and math.isfinite(m):
                 acc = row[acc_key].mean
-                text = f"{acc:.1%}" if 0 <= acc <= 1 else f"{acc:.3g}"
+                text = format_percent(acc) if 0 <= acc <= 1 else format_number(acc)
                 ax.annotate(
                     f"{_split(acc_key) or acc_key} acc\n{text}" if "acc" in acc_key else text,
                     (p, m + e),
@@ -328,7 +395,7 @@ def plot_position_profiles(
             f"no run logged {key}_positions / {key}_per_position; per-position profiles need "
             "sequence models tracked with per-position sensitivity"
         )
-    colors = label_colors(profiles)
+    colors = _run_colors(runs)
     with matplotlib.rc_context(STYLE):
         fig = _figure(6.4, 3.6)
         ax = fig.subplots()
@@ -415,21 +482,32 @@ def plot_scatter(
     """One point per run: final ``x_key`` against final ``y_key``, coloured by label.
 
     Keys are final metrics, or ``config.<dotted.path>`` for a configuration value (e.g.
-    ``config.data.n``). Runs lacking either key are left out; it is an error if all are.
+    ``config.data.n``). Runs lacking either key are left out; it is an error if all are. A run
+    whose point cannot be drawn (a NaN or inf value, or one ≤ 0 on a log axis) is named in a
+    warning: a missing point would otherwise read as a run that was never there.
     """
     import matplotlib
 
     points: dict[str, list[tuple[float, float]]] = {}
+    undrawn: list[str] = []
     for run in runs:
         try:
             xv, yv = run.lookup(x_key), run.lookup(y_key)
         except KeyError:
             continue
         if is_number(xv) and is_number(yv):
-            points.setdefault(run.group_label, []).append((float(xv), float(yv)))
+            xf, yf = float(xv), float(yv)
+            points.setdefault(run.group_label, []).append((xf, yf))
+            if not (math.isfinite(xf) and math.isfinite(yf)) or (logx and xf <= 0) or (
+                    logy and yf <= 0):
+                undrawn.append(f"{run.name} ({format_number(xf)}, {format_number(yf)})")
     if not points:
         raise ValueError(f"no run has numeric values for both {x_key!r} and {y_key!r}")
-    colors = label_colors(points)
+    if undrawn:
+        warnings.warn(f"{out}: {len(undrawn)} run(s) have no point in the scatter of {y_key} "
+                      f"against {x_key}, as their value is NaN, inf or ≤ 0 on a log axis: "
+                      f"{', '.join(undrawn)}", stacklevel=2)
+    colors = _run_colors(runs)
     with matplotlib.rc_context(STYLE):
         fig = _figure(6.0, 4.2)
         ax = fig.subplots()
