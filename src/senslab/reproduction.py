@@ -30,6 +30,7 @@ import json
 import math
 import os
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -71,9 +72,7 @@ def record_ladder(ladder_dir: str | Path, records: str | Path = "reproduction") 
     for row in summary["rungs"]:  # the command as a user types it, not this machine's path
         row["command"] = row["command"].replace(str(ladder_dir), f"runs/ladder/{name}")
     rec = {"schema": RECORD_SCHEMA, **summary}
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, out)
+    _write_whole(out, json.dumps(rec, indent=2, sort_keys=True) + "\n")
     if (ladder_dir / "ladder.png").is_file():
         shutil.copyfile(ladder_dir / "ladder.png", out.with_suffix(".png"))
     return out
@@ -196,10 +195,23 @@ def record(exp_dir: str | Path, records: str | Path = "reproduction") -> Path:
     rec.update({k: verdict[k] for k in RECORD_KEYS if k in verdict})
     out = Path(records) / (f"{name}.json" if scale == "cpu" else f"{name}.{scale}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, out)
+    _write_whole(out, json.dumps(rec, indent=2, sort_keys=True) + "\n")
     return out
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole: into a temporary file of this writer's own, then
+    renamed over ``path``. One shared temporary name (``<name>.json.tmp``) let two writers at
+    once (two ``senslab reproduction`` runs, or a record and a render) truncate each other's
+    file and rename it away: the later writer failed with a bare FileNotFoundError, and a reader
+    could find the record half written."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "x") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # left behind only by a failed write or rename
 
 
 def check_verdict(exp_dir: Path, name: str, scale: str, runs: list[str],
@@ -470,7 +482,5 @@ def reproduction(exp_dirs: list[str | Path] | None = None, records: str | Path =
     for d in exp_dirs:
         log(f"recorded {record(d, records)}")
     path = Path(out)
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text(render(load_records(records), load_ladders(records)))
-    os.replace(tmp, path)
+    _write_whole(path, render(load_records(records), load_ladders(records)))
     return path

@@ -52,6 +52,9 @@ Where an effect comes from:
   The spread is summed with scaling (:func:`math.hypot`), so that values below about
   :math:`10^{-154}` or above :math:`10^{154}` neither underflow to a standard error of 0 nor
   overflow (before 2026-12-03 three seeds of order :math:`10^{-200}` read "supported, p = 0").
+  A seed whose measurement error is unknown (NaN) leaves the floor at the errors of the seeds
+  that have one, and ``se_measure`` unknown (before 2026-12-04 it dropped the floor of them all:
+  three close seeds read "supported" on their spread alone); a negative error is refused.
 * :func:`paired_by_seed` — ``high − low`` per seed over the seeds both sides have, by seed id; a
   seed that only one side has is left out, and the part says which ("seeds without a pair, left
   out: ...") in its ``method`` and in its words.
@@ -65,7 +68,10 @@ Where an effect comes from:
 
 A part whose standard error is unknown says why in its ``method``, after :data:`NO_SE`
 (":func:`describe`" repeats it: "no uncertainty estimate (the 3 seeds tied, more seeds are
-needed)").
+needed)"). :func:`judge` treats a standard error of exactly 0 the same way, whatever gave it —
+runs exactly on a line, a bootstrap whose every resample gave the same value, a measurement
+error of 0: it claims an exact value, which no handful of runs can show (before 2026-12-04 such
+a part read "+0.1 [+0.1, +0.1] supported", with p = 0 putting it first in Holm's order).
 """
 
 from __future__ import annotations
@@ -141,6 +147,12 @@ class Effect:
         if self.se < 0:  # NaN (unknown) passes
             raise ValueError(f"Effect {self.what!r}: standard error {self.se} < 0 (a standard "
                              "error is a square root; pass its absolute value, or NaN if unknown)")
+        if self.se > 0 and math.isfinite(self.se) and not self.df > 0:  # NaN df fails too
+            # Student's t has no quantiles below 1 degree of freedom: judge() failed deep in
+            # scipy ("the function value at x=0.0 is NaN") instead of naming the input
+            raise ValueError(f"Effect {self.what!r}: {self.df} degrees of freedom with a standard "
+                             f"error of {self.se} (Student's t needs df > 0); pass df = math.inf "
+                             "for a normal reference, or a NaN standard error if there is none")
 
     def quantile(self, q: float) -> float:
         """The ``q`` quantile of the reference distribution (t with ``df``, or normal)."""
@@ -204,9 +216,19 @@ def over_seeds(values: Sequence[float], measure_ses: Sequence[float] | None = No
     if not vals:
         raise ValueError("over_seeds: no values (no seed produced this quantity)")
     n = len(vals)
-    # hypot: a sum of squares that neither underflows (tiny values) nor overflows (huge ones)
-    se_m = (math.hypot(*(float(s) for s in measure_ses)) / n
-            if measure_ses is not None else None)
+    ses = None if measure_ses is None else [float(s) for s in measure_ses]
+    if ses is not None and any(s < 0 for s in ses):
+        raise ValueError(f"over_seeds ({what}): a negative measurement standard error among "
+                         f"{ses} (a standard error is a square root: a negative one is a "
+                         "difference or an estimate passed in its place); pass NaN where a "
+                         "seed's error is unknown")
+    # hypot: a sum of squares that neither underflows (tiny values) nor overflows (huge ones).
+    # A seed whose error is unknown (NaN) made the whole floor NaN, and the comparison with NaN
+    # then dropped it without a word: seeds that agreed closely were judged on their spread
+    # alone. The seeds that have an error still bound it from below.
+    unknown = 0 if ses is None else sum(1 for s in ses if math.isnan(s))
+    floor = None if ses is None else math.hypot(*(s for s in ses if not math.isnan(s))) / n
+    se_m = math.nan if unknown else floor
     if n == 1:  # a measurement error of 0 is none: no standard error, not an exact value
         return Effect(vals[0], se_m if se_m else math.nan, math.inf, 1, se_m, None, what,
                       f"measurement (one {unit})", unit)
@@ -214,15 +236,20 @@ def over_seeds(values: Sequence[float], measure_ses: Sequence[float] | None = No
     sd = math.hypot(*(v - mean for v in vals)) / math.sqrt(n - 1)
     se = sd / math.sqrt(n)
     method = f"mean over {n} {unit}s (t)"
+    partly = (f"the measurement error of the {n - unknown} {unit}s that have one; {unknown} "
+              f"without" if unknown else "the measurement error")
     tied = (all(math.isfinite(v) for v in vals)
             and max(vals) - min(vals) <= TIE_TOLERANCE * max(abs(v) for v in vals))
-    if se_m is not None and (se < se_m or (tied and se_m > 0)):
+    if floor is not None and (se < floor or (tied and floor > 0)):
         # a small spread cannot undo a known measurement error
-        se, method = se_m, f"mean over {n} {unit}s (t; s.e. floored at the measurement error)"
+        se, method = floor, f"mean over {n} {unit}s (t; s.e. floored at {partly})"
     elif tied:  # no spread and no measurement error: nothing to estimate the s.e. from
         se = math.nan
         method = (f"mean over {n} {unit}s (t); {NO_SE}the {n} {unit}s tied, more {unit}s are "
                   "needed")
+    elif unknown:
+        method = (f"mean over {n} {unit}s (t; measurement error unknown for {unknown} of them, "
+                  "the spread is above the rest's)")
     se_seed = None if se_m is None else math.sqrt(max(se * se - se_m * se_m, 0.0))
     return Effect(mean, se, n - 1, n, se_m, se_seed, what, method, unit)
 
@@ -254,7 +281,13 @@ def bootstrap(units: Sequence[Any], statistic: Callable[[list[Any]], float], wha
     """``statistic(units)`` with the bootstrap standard error over ``units`` (runs) resampled
     with replacement, ``resamples`` times from a generator seeded with ``seed``; Student's t on
     ``len(units) − 1`` degrees of freedom. Resamples on which the statistic is undefined (NaN,
-    e.g. a slope over one value of n) are left out; fewer than half defined: NaN."""
+    e.g. a slope over one value of n) are left out; fewer than half defined: NaN. Resamples
+    that all give the same value (up to rounding: every resample of two or three runs in a
+    perfect order has the same rank correlation) have a standard error of exactly 0, which
+    :func:`judge` does not decide on."""
+    if resamples < 2:  # one resample has no spread; none divided by zero
+        raise ValueError(f"bootstrap ({what}): {resamples} resamples; a standard deviation needs "
+                         f"at least 2 (the default is {BOOTSTRAP})")
     units = list(units)
     value = float(statistic(units))
     n = len(units)
@@ -269,10 +302,34 @@ def bootstrap(units: Sequence[Any], statistic: Callable[[list[Any]], float], wha
             reps.append(r)
     if len(reps) < resamples / 2:
         se = math.nan
+    elif max(reps) - min(reps) <= TIE_TOLERANCE * max(abs(r) for r in reps):
+        # no spread at all: the rounding of the mean (1.6e-13 on three runs in perfect order)
+        # read as a standard error, "supported" with a zero-width interval
+        se = 0.0
     else:
         m = sum(reps) / len(reps)
         se = math.sqrt(sum((r - m) ** 2 for r in reps) / (len(reps) - 1))
     return Effect(value, se, n - 1, n, None, None, what, f"bootstrap over {n} runs", "run")
+
+
+def _without_zero_se(e: Effect) -> Effect:
+    """``e``, or — when its standard error is exactly 0 — ``e`` without one (NaN), its
+    ``method`` saying why. A standard error of 0 claims an exact value: a zero-width interval,
+    p = 0 and "supported" for any non-zero effect (three runs exactly on a line, a bootstrap
+    whose every resample gave the same value, a measurement error of 0). Runs that agree
+    exactly are chance, not precision, as tied seeds are in :func:`over_seeds`."""
+    if e.se != 0:
+        return e
+    if NO_SE in e.method:
+        return replace(e, se=math.nan)
+    units = f"{e.seeds} {e.unit}{'s' if e.seeds != 1 else ''}"
+    if e.method.startswith("bootstrap"):
+        why = (f"every resample of the {units} gave the same value: a bootstrap over so few "
+               f"has no spread to draw on, more {e.unit}s are needed")
+    else:
+        why = (f"a standard error of exactly 0 claims an exact value, which {units} cannot "
+               f"show, more {e.unit}s are needed")
+    return replace(e, se=math.nan, method=f"{e.method}; {NO_SE}{why}")
 
 
 def _decide(effect: Effect, alpha: float) -> str:
@@ -296,6 +353,8 @@ def judge(parts: Mapping[str, Effect], alpha: float = ALPHA,
     """
     if not parts:
         raise ValueError("judge: a claim needs at least one part")
+    # before the Holm order: an s.e. of 0 gave p = 0, the first place and the full level
+    parts = {name: _without_zero_se(e) for name, e in parts.items()}
     m = len(parts)
     order = sorted(parts, key=lambda k: (math.isnan(parts[k].p_value()), parts[k].p_value()))
     levels: dict[str, float] = {}
