@@ -44,9 +44,18 @@ sensitivity (MC dropout at σ = 0: ShOp 0.54 where the truth is 0).
 
 **Also refused:** a call inside ``torch.autocast`` on the model's device (autocast caches each
 weight's low-precision copy on the first forward, and every perturbed forward reused the clean
-one: ShOp 0); a perturbed parameter that is not real floating point (integer noise is rounded
-away); an excluded parameter on the same memory as a perturbed one (the noise reaches it); and,
-for loss sharpness, a loss whose precision cannot carry the result (:func:`loss_sharpness`).
+one: ShOp 0), or inside ``torch.nn.utils.parametrize.cached()`` on a parametrized model (the
+cached clean weight served every draw); a perturbed parameter that is not real floating point
+(integer noise is rounded away); an excluded parameter on the same memory as a perturbed one
+(the noise reaches it); a forward that changes its own weights, also through ``.data`` (seen by
+their content, not only their version counters); a σ that the forward's *own* autocast rounds
+away, checked on the grid it casts the float32 weights to, as for bf16/fp16 weights; and, for
+loss sharpness, a loss whose precision cannot carry the result (:func:`loss_sharpness`).
+
+**Parametrized weights** (``weight_norm``, ``spectral_norm``, any
+``torch.nn.utils.parametrize``) are perturbed through their parametrization's own parameters
+(weight_norm's g and v), so the result is the sharpness in that parametrization, not that of
+the weight the layer uses: said in a warning naming them, with how to measure the other.
 
 The other two measures of Hahn & Rofin (docs/definitions.md#layernorm-blow-up,
 docs/definitions.md#parameter-norm):
@@ -70,6 +79,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
 
 from .._autocast import autocast_dtype, autocast_on
 from .._exclusive import OwnForwards, one_at_a_time
@@ -340,16 +351,21 @@ def _expected_unchanged(p: Tensor, sigma: float) -> float:
 _CHECK_SLICE = 1 << 22
 
 
-def _applied_stats(p: Tensor, p0: Tensor) -> tuple[Tensor, Tensor]:
+def _applied_stats(p: Tensor, p0: Tensor, grid: torch.dtype | None = None
+                   ) -> tuple[Tensor, Tensor]:
     """(Σ applied², # unchanged) of the noise a low-precision parameter ``p`` took on over its
     clean value ``p0``, in float32 (which holds a difference of two bf16/fp16 weights) slices
     of :data:`_CHECK_SLICE` elements: a whole float64 copy doubled a large model's peak
-    memory."""
+    memory. ``grid``: the dtype a float32 ``p`` is cast to before use (by the forward's own
+    autocast), both cast to it slice by slice."""
     flat, flat0 = p.reshape(-1), p0.reshape(-1)
     sq = torch.zeros((), dtype=torch.float64, device=p.device)
     same = torch.zeros((), dtype=torch.float64, device=p.device)
     for lo in range(0, flat.numel(), _CHECK_SLICE):
-        a = flat[lo:lo + _CHECK_SLICE].float().sub_(flat0[lo:lo + _CHECK_SLICE])
+        part, part0 = flat[lo:lo + _CHECK_SLICE], flat0[lo:lo + _CHECK_SLICE]
+        if grid is not None:
+            part, part0 = part.to(grid), part0.to(grid)
+        a = part.float().sub_(part0)
         same += (a == 0).sum()
         sq += torch.linalg.vector_norm(a).double().square()
     return sq, same
@@ -366,13 +382,15 @@ class _WeightNoise:
     coordinates together, and refuses (a ``ValueError``) when the root mean square of the applied
     noise differs from that of the drawn noise by more than :data:`ROUNDING_RTOL` (10%), or when
     more than :data:`ROUNDING_MAX_UNCHANGED` (half) of the coordinates kept their clean value.
-    float32 and float64 parameters are not checked.
+    float32 and float64 parameters are not checked, except float32 ones that the forward's own
+    autocast casts to bf16/fp16 (:meth:`watch`): those are checked on that grid.
 
     The perturbed weights are written into tensors of their own (one per parameter, same dtype
     and strides), swapped in as the parameters' ``.data`` on the first draw; :meth:`reset` swaps
     the clean tensors back. The clean values are never written and no version counter moves, so
     an autograd graph the caller built on the parameters (a pending ``loss.backward()``) stays
-    valid. A forward that writes into its own parameters is refused on the first draw.
+    valid. A forward that writes into its own parameters (by their version counters, or by
+    their content for a write through ``.data``) is refused on the first draw.
     """
 
     def __init__(
@@ -387,21 +405,50 @@ class _WeightNoise:
         self.aliased = aliased
         self.saved = [p.detach().clone() if aliased else p.detach() for p in params]
         self.versions = [_version(p) for p in params]
+        #: their content too: a write through ``.data`` (``self.weight.data.clamp_(…)`` in
+        #: the forward) moves no version counter
+        self.prints = _fingerprints(params)
         self.work: list[Tensor] | None = None  # the perturbed weights, allocated on first draw
         self.names = names if names is not None else [f"#{i}" for i in range(len(params))]
         self.checked = False
+        #: index → dtype: float32 parameters that the forward's own autocast casts to a low
+        #: precision before use (:meth:`watch`), checked on that grid like bf16/fp16 ones
+        self.cast: dict[int, torch.dtype] = {}
+
+    @contextmanager
+    def watch(self, device_type: str) -> Iterator[None]:
+        """Around a clean forward: note the float32 parameters that an autocast the forward
+        switches on itself casts to bf16/fp16 (:class:`_CastProbe`). The noise added to them in
+        float32 reaches the forward rounded to that grid: at a σ near the grid's spacing
+        mostly rounded away while the outputs' own rounding is counted as sensitivity (σ =
+        0.0003 on an MLP under bf16 autocast: ShOp 0.0052, 95% CI 0.0048–0.0056, where the
+        float32 model gives 0.0042), unchecked where bf16 weights are refused."""
+        probe = _CastProbe(device_type, self.params)
+        with probe:
+            yield
+        self.cast = probe.cast
+
+    def _grid(self, i: int) -> Tensor:
+        """Parameter ``i``'s clean value on the grid the forward uses it on."""
+        cast = self.cast.get(i)
+        return self.saved[i] if cast is None else self.saved[i].to(cast)
 
     @torch.no_grad()
     def draw(self, sigma: float, name: str = "sigma") -> None:
         """Perturb; ``name`` is the caller's argument for σ (for the rounding refusal)."""
         if self.work is None:
-            written = [n for n, p, v in zip(self.names, self.params, self.versions, strict=True)
-                       if _version(p) != v]
+            now = _fingerprints(self.params)
+            written = [n for n, p, v, a, b in zip(self.names, self.params, self.versions,
+                                                  self.prints, now, strict=True)
+                       if _version(p) != v or not torch.equal(a.isnan(), b.isnan())
+                       or bool((a != b)[~a.isnan()].any())]
             if written:
                 raise ValueError(
                     f"the forward writes into the parameter(s) {', '.join(map(repr, written[:3]))}"
-                    " in place, so the clean weights change from call to call and no draw "
-                    "perturbs the weights measured; make the forward leave its parameters alone"
+                    " in place (also through .data, e.g. a clamp_ of the weights), so the clean "
+                    "weights change from call to call and no draw perturbs the weights measured"
+                    " (the clean forwards have already changed them, as any forward of the model"
+                    " would); make the forward leave its parameters alone"
                 )
             if self.aliased:
                 self.work = [p.data for p in self.params]
@@ -418,9 +465,11 @@ class _WeightNoise:
             eps = torch.randn(p.shape, generator=self.gen, device=self.gen.device, dtype=dtype)
             delta = sigma * eps.to(p.device)
             p.copy_(p0 + delta)
-            if check and p.is_floating_point() and p.dtype not in (torch.float32, torch.float64):
+            cast = self.cast.get(i)
+            if check and p.is_floating_point() and (
+                    cast is not None or p.dtype not in (torch.float32, torch.float64)):
                 drawn = torch.linalg.vector_norm(delta).double().square()
-                stats = torch.stack([drawn, *_applied_stats(p, p0)])
+                stats = torch.stack([drawn, *_applied_stats(p, p0, cast)])
                 sums.append(stats.to(sums[0].device) if sums else stats)  # no sync yet
                 low.append(i)
         self.checked = self.checked or sigma > 0
@@ -448,7 +497,7 @@ class _WeightNoise:
         seen = [i for i, u in zip(low, unchanged, strict=True)
                 if self.saved[i].numel() and u / self.saved[i].numel() > ROUNDING_MAX_UNCHANGED]
         kept = [(self.names[i], share) for i in seen
-                if (share := _expected_unchanged(self.saved[i], sigma)) > ROUNDING_MAX_UNCHANGED]
+                if (share := _expected_unchanged(self._grid(i), sigma)) > ROUNDING_MAX_UNCHANGED]
         if not kept:
             return
         shown = ", ".join(f"{n!r} (about {share:.0%} unchanged)" for n, share in kept[:3])
@@ -458,16 +507,30 @@ class _WeightNoise:
             f"low-precision parameter(s) — {shown}{more} — so the result hardly perturbs "
             "them. "
             "Exclude them to say so (exclude=[...]), use a larger "
-            f"{name}, or measure a float32 copy (copy.deepcopy(model).float())",
+            f"{name}, or measure a float32 copy (copy.deepcopy(model).float())"
+            + (", with the forward's own autocast switched off" if self.cast else ""),
             UserWarning, stacklevel=4,
         )
 
     def _refuse(self, sigma: float, name: str, ratio: float, share: float, low: list[int],
                 worst: int) -> None:
-        saved = [self.saved[i] for i in low]
+        saved = [self._grid(i) for i in low]
         dtypes = "/".join(sorted({str(p0.dtype).removeprefix("torch.") for p0 in saved}))
         spacing = math.sqrt(sum(_spacing(p0).square().sum().item() for p0 in saved)
                             / sum(p0.numel() for p0 in saved))
+        if any(i in self.cast for i in low):
+            raise ValueError(
+                f"{name}={sigma:g} is too small for the weights that the model's forward casts "
+                f"to {dtypes} under its own torch.autocast: rounded to that grid (root-mean-"
+                f"square spacing {spacing:.2g}), the noise the forward sees has {ratio:.2f}x the"
+                f" root mean square of the noise drawn and leaves {share:.0%} of those weights "
+                f"unchanged (most in {self.names[worst]!r}), so the result would describe "
+                f"another noise, and the outputs' own {dtypes} rounding would count as "
+                f"sensitivity (accepted: within {ROUNDING_RTOL:.0%}, at most "
+                f"{ROUNDING_MAX_UNCHANGED:.0%} unchanged). Use a larger {name}, well above "
+                f"{spacing:.2g}, or measure the model with the autocast in its forward switched "
+                "off (float32 arithmetic)"
+            )
         raise ValueError(
             f"{name}={sigma:g} is too small for the {dtypes} weights: rounded to their grid "
             f"(root-mean-square spacing {spacing:.2g}), the noise applied has {ratio:.2f}x the "
@@ -489,6 +552,59 @@ class _WeightNoise:
                 else:
                     p.data = p0
             self.work = None
+
+
+def _address(t: Tensor) -> int | None:
+    """The address of ``t``'s storage (None for a tensor without one)."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+class _CastProbe(TorchFunctionMode):
+    """Sees every torch call of one forward: where autocast is on for ``device_type`` and a
+    call returns a tensor in autocast's dtype, the float32 parameters among ``params`` that it
+    read (the parameter itself or any view of its storage) were cast to that dtype; ``cast``
+    maps their index to it. A torch function mode sees functional calls on a module's own
+    parameters too, which forward hooks do not."""
+
+    def __init__(self, device_type: str, params: list[nn.Parameter]) -> None:
+        super().__init__()
+        self.device_type = device_type
+        self.where: dict[int, list[int]] = {}
+        for i, p in enumerate(params):
+            if p.dtype == torch.float32 and p.numel() and (a := _address(p)) is not None:
+                self.where.setdefault(a, []).append(i)
+        self.cast: dict[int, torch.dtype] = {}
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.where and autocast_on(self.device_type):
+            dtype = autocast_dtype(self.device_type)
+            if any(isinstance(t, Tensor) and t.dtype == dtype for t in tree_leaves(out)):
+                for t in tree_leaves((args, kwargs)):
+                    if isinstance(t, Tensor) and t.dtype == torch.float32:
+                        for i in self.where.get(_address(t) or -1, ()):
+                            self.cast.setdefault(i, dtype)
+        return out
+
+
+def _fingerprints(params: list[nn.Parameter]) -> list[Tensor]:
+    """Per parameter, (Σθ, Σθ²) in float64 (on the host: one sync), sliced by
+    :data:`_CHECK_SLICE` elements: any in-place change of values that moves no version counter
+    (a clamp, a rescale, a write through ``.data``) changes them, bar a coincidence."""
+    out = []
+    for p in params:
+        flat = p.detach().reshape(-1)
+        acc = torch.zeros(2, dtype=torch.float64, device=p.device)
+        for lo in range(0, flat.numel(), _CHECK_SLICE):
+            part = flat[lo:lo + _CHECK_SLICE].double()
+            acc += torch.stack([part.sum(), part.square().sum()])
+        out.append(acc)
+    return list(torch.stack([a.to(out[0].device) for a in out]).cpu().unbind()) if out else []
 
 
 def _aliased(model: nn.Module, params: list[nn.Parameter]) -> bool:
@@ -556,6 +672,72 @@ def _check_no_autocast(device: torch.device) -> None:
         )
 
 
+def _parametrized(model: nn.Module) -> list[tuple[str, list[str], str]]:
+    """(the weight a layer uses, the parameters it is computed from, how) for every
+    parametrized tensor of ``model``: ``torch.nn.utils.parametrize`` (``parametrizations.
+    weight_norm`` / ``spectral_norm`` / ``orthogonal`` / one's own) and the older hook-based
+    ``torch.nn.utils.weight_norm`` / ``spectral_norm``."""
+    from torch.nn.utils import parametrize
+
+    found: list[tuple[str, list[str], str]] = []
+    for mn, m in model.named_modules():
+        pre = f"{mn}." if mn else ""
+        if parametrize.is_parametrized(m):
+            for tname, plist in m.parametrizations.items():
+                how = "/".join(type(f).__name__.lstrip("_") for f in plist)
+                found.append((pre + tname, [f"{pre}parametrizations.{tname}.{n}"
+                                            for n, _ in plist.named_parameters(recurse=False)],
+                              how))
+        for hook in m._forward_pre_hooks.values():
+            kind, tname = type(hook).__name__, getattr(hook, "name", None)
+            if kind == "WeightNorm" and isinstance(tname, str):
+                found.append((pre + tname, [f"{pre}{tname}_g", f"{pre}{tname}_v"], kind))
+            elif kind == "SpectralNorm" and isinstance(tname, str):
+                found.append((pre + tname, [f"{pre}{tname}_orig"], kind))
+    return found
+
+
+def _check_parametrized(model: nn.Module, chosen_names: list[str]) -> None:
+    """Refuse a parametrized model inside ``torch.nn.utils.parametrize.cached()``: the cache
+    keeps the weight computed on the first (clean) forward, so every perturbed forward reused
+    it (a weight-normed MLP: ShOp 0.19, the biases' share only, where it is 0.65). Warn,
+    once per call, that the noise perturbs a parametrized weight's own parameters (weight_norm's
+    g and v, spectral_norm's unnormalised weight), not the weight the layer uses: the result
+    is the sharpness in that parametrization, a different number from that of the same layer
+    with a plain weight (weight_norm on an MLP: ShOp 0.65 against 0.74)."""
+    from torch.nn.utils import parametrize
+
+    found = _parametrized(model)
+    if not found:
+        return
+    if getattr(parametrize, "_cache_enabled", 0):
+        raise ValueError(
+            f"sharpness was called inside torch.nn.utils.parametrize.cached() on a model with "
+            f"parametrized weights ({', '.join(repr(w) for w, _, _ in found[:3])}): the cache "
+            "keeps each weight computed on the first, clean forward, so every perturbed "
+            "forward would reuse the clean weight (their share of the sharpness 0). Call it "
+            "outside the cached() block"
+        )
+    chosen = set(chosen_names)
+    hit = [(w, [n for n in orig if n in chosen], how) for w, orig, how in found]
+    hit = [(w, orig, how) for w, orig, how in hit if orig]
+    if not hit:
+        return
+    shown = "; ".join(f"{w!r} ({how}) through {', '.join(map(repr, orig))}"
+                      for w, orig, how in hit[:3])
+    more = f"; and {len(hit) - 3} more" if len(hit) > 3 else ""
+    warnings.warn(
+        f"{len(hit)} weight(s) of {type(model).__name__} are parametrized — {shown}{more} — "
+        "so the noise perturbs the parametrization's own parameters, not the weight the layer "
+        "uses, and the result is the sharpness in that parametrization: not the same number "
+        "as for the same weights held plainly. To measure the weights the layers use, "
+        "measure a copy with the parametrization removed (m = copy.deepcopy(model); "
+        "torch.nn.utils.parametrize.remove_parametrizations(layer, 'weight') for each layer, "
+        "or torch.nn.utils.remove_weight_norm / remove_spectral_norm for the hook-based ones)",
+        UserWarning, stacklevel=6,
+    )
+
+
 def _check_floating(params: list[nn.Parameter], names: list[str]) -> None:
     """Refuse a parameter to perturb that is not real floating point: Gaussian noise copied
     into an integer parameter was truncated (3 + 0.3ε became 2 or 3), into a complex one it
@@ -618,6 +800,7 @@ def _perturbable(
     chosen_names = [n for n, _ in named if not _excluded(n, exclude)]
     _check_floating(chosen, chosen_names)
     _check_apart(named, exclude)
+    _check_parametrized(model, chosen_names)
     gen = _generator(generator, device)
     slots = _slots(model)
     modes = [(m, m.training) for m in model.modules()]
@@ -709,7 +892,9 @@ def output_sharpness(
     exclude = _exclude_tuple(exclude)
     with _perturbable(model, exclude, generator, device) as noise, torch.no_grad():
         clean = call_model(model, inputs, output)
-        _check_repeatable(clean, call_model(model, inputs, output), "ShOp and ShPred")
+        with noise.watch(device.type):  # an autocast of the forward's own: its grid is checked
+            again = call_model(model, inputs, output)
+        _check_repeatable(clean, again, "ShOp and ShPred")
         clean = clean.detach().clone()  # not an alias of a weight the draws swap out
         check_rows(clean, batch_size(inputs), "examples")
         _check_finite(clean, "the clean model's output", "fix the model or its inputs")
@@ -824,7 +1009,8 @@ def loss_sharpness(
 
     with _perturbable(model, exclude, generator, device) as noise, torch.no_grad():
         clean = call_model(model, inputs, output)
-        again = call_model(model, inputs, output)
+        with noise.watch(device.type):  # an autocast of the forward's own: its grid is checked
+            again = call_model(model, inputs, output)
         _check_repeatable(clean, again, "loss sharpness")
         fix = "check the model, loss_fn, inputs and targets (a log of 0, a NaN input)"
         first = loss(clean, "the loss of the clean model", fix)
