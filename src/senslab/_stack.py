@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -16,3 +19,21 @@ def user_level() -> int:
     while frame is not None and frame.f_code.co_filename.startswith(inside):
         frame, level = frame.f_back, level + 1
     return level
+
+
+@contextmanager
+def said_once(said: set[str]) -> Iterator[None]:
+    """Warnings raised inside are said (re-raised on leaving) only the first time their cause —
+    the text before the first ``:`` — comes up in ``said``, which remembers it. A training loop
+    that measures at every evaluation passes one set per run: a cause such as "the standard
+    error rests on no change" is said once, not once per evaluation with other numbers (a
+    message with other numbers is another message to Python's once-per-location filter)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    for w in caught:
+        cause = str(w.message).split(":", 1)[0]
+        if cause not in said:
+            said.add(cause)
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno,
+                                   source=w.source)

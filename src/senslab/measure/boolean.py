@@ -102,11 +102,14 @@ from torch import Tensor, nn
 
 from .._exclusive import held_modules as _held_modules
 from .._exclusive import one_at_a_time
+from .._stack import user_level as _user_level
 from ..tokens.base import _describe, select_output
+from ._alloc import MIN_FLIPS
 from ._cube import MAX_EXACT_N, all_inputs, check_n, index_to_inputs, inputs_to_index, table_n
 from ._options import _check_generator
 from ._options import _kept_buffers as _kept_model_buffers
 from ._runner import _tolerance
+from ._stats import interval_quantile
 
 # Fourier analysis and the reference functions live in their own files; re-exported here so
 # ``from senslab.measure.boolean import parity, fourier_coefficients`` keeps working.
@@ -148,7 +151,10 @@ class BooleanSensitivity:
     ``normalized`` = average / n, ``influence[i]`` the mean change when bit i flips,
     ``max`` the largest s(f, x) over the evaluated points (s_max(f) when exact, a lower bound when
     sampled), ``stderr`` the standard error of ``average`` across sampled points (0 when exact),
-    ``ci95`` the normal 95% interval, ``num_evaluations`` the rows f was evaluated on (0 for a
+    ``ci95`` the 95% interval ``average`` ± t·``stderr`` with t the 0.975 quantile of
+    Student's t with ``num_points`` − 1 degrees of freedom (1.96 for many points, 4.30 for 3),
+    cut to the range s(f, x) can take ([0, n] for "sign", [0, ∞) for "real"),
+    ``num_evaluations`` the rows f was evaluated on (0 for a
     truth table; the checks' evaluations of at most 2·``REPEAT_ROWS`` strings are not
     counted), ``output`` the counting rule actually used ("sign" or "real").
     """
@@ -206,7 +212,7 @@ def _module_placement(f: object) -> tuple[torch.device | None, torch.dtype | Non
             warnings.warn(
                 "the module is in training mode (dropout makes f random); call model.eval() "
                 "before measuring its Boolean sensitivity",
-                stacklevel=4,
+                stacklevel=_user_level(),
             )
         for p in list(f.parameters()) + list(f.buffers()):
             if p.is_floating_point():
@@ -526,7 +532,7 @@ def _warn_real_column(f: object, output: Output, rule: str) -> None:
         "output='sign' to count class changes (threshold=0.5 for a probability), or "
         "output='real' to keep this number without this warning; or give the model an "
         "attribute output_kind='logits' (or 'probabilities')",
-        UserWarning, stacklevel=3,
+        UserWarning, stacklevel=_user_level(),
     )
 
 
@@ -560,7 +566,7 @@ def _warn_near_boolean(values: Tensor, output: Output, rule: str, counted: bool 
             f"of {low:g} or {high:g}: a Boolean function up to rounding (a saturated "
             f"sigmoid's 0.9999999?), whose {what[1]}. {what[2]}, or output='real' to keep "
             "these values without this warning",
-            UserWarning, stacklevel=4,
+            UserWarning, stacklevel=_user_level(),
         )
 
 
@@ -623,7 +629,7 @@ def truth_table(
                 "high-degree function (a bf16 linear model: degree 10 for 1). Pass "
                 "degree(table, rtol=1e-2), or evaluate a float32 copy of the model "
                 "(copy.deepcopy(model).float())",
-                UserWarning, stacklevel=2,
+                UserWarning, stacklevel=_user_level(),
             )
         return values.double()
     if values.is_floating_point():
@@ -702,7 +708,11 @@ def boolean_sensitivity(
     - ``method="sample"`` draws ``num_samples`` uniform strings from ``generator`` (a
       ``torch.Generator`` or an int seed; seed 0 when None) and evaluates each together with its
       n flips, ``chunk_size // (n+1)`` points per call.
-      ``stderr`` = std over points of s(f, x) / √num_samples; ``ci95`` = average ± 1.96·stderr.
+      ``stderr`` = std over points of s(f, x) / √num_samples; ``ci95`` = average ± t·stderr,
+      t the 0.975 quantile of Student's t with num_samples − 1 degrees of freedom (2.78 for 5
+      samples, 1.96 for many), cut to [0, n] ([0, ∞) for "real"). A standard error that
+      rests on fewer than 10 sampled strings with a change, not all of them (none: ``0 ± 0``),
+      comes with a RuntimeWarning that gives the rule of three's bound.
     - ``method="auto"``: exact for truth tables and whenever 2ⁿ ≤ (n+1)·num_samples (enumeration
       costs no more evaluations than sampling), sampled otherwise.
     """
@@ -784,7 +794,7 @@ def boolean_sensitivity(
                 "make the exact rule 'real' (squared change / 4, a quarter of this for a 0/1 "
                 "change). Pass output='sign' or output='real' to fix the rule (or give the "
                 "callable an attribute boolean_output='sign')",
-                UserWarning, stacklevel=2,
+                UserWarning, stacklevel=_user_level(),
             )
     _check_threshold(rule, output, threshold, v0)
     _check_unit_interval(rule, torch.cat([v0, nb.reshape(-1)]), kind, threshold)
@@ -794,7 +804,41 @@ def boolean_sensitivity(
     stats = _Stats(n)
     stats.add(_changes(v0, nb, rule, _boundary(v0, kind, threshold)))
     evaluations = 0 if is_table else num_samples * (n + 1)
-    return stats.result("sample", rule, evaluations, exact=False)
+    result = stats.result("sample", rule, evaluations, exact=False)
+    _warn_few_events(result, stats.events)
+    return result
+
+
+def _warn_few_events(r: BooleanSensitivity, events: int) -> None:
+    """Say so when a sampled result's standard error rests on fewer than
+    :data:`~senslab.measure._alloc.MIN_FLIPS` points where some flip changed f, as the
+    token-wise estimator says of few flips. From none it is 0 and the interval (0, 0): AND on
+    12 bits (as(f) = 0.0059) sampled at 200 points read ``0 ± 0`` in about half the seeds, an
+    interval that excludes the truth; from a handful it moves with the few points seen. The
+    number is unchanged. Where every point changed, the spread is the points' own, which the
+    Student's t interval is for: nothing is said."""
+    if events >= MIN_FLIPS or events == r.num_points:
+        return
+    what = "changed the class" if r.output == "sign" else "changed the value"
+    how = (f"sample more strings (num_samples, now {r.num_points:,})"
+           + (" or enumerate them (method='exact')" if r.n <= MAX_EXACT_N else ""))
+    shown = f"as(f) = {r.average:.4g} ± {r.stderr:.2g} (95% CI {r.ci95[0]:.4g}–{r.ci95[1]:.4g})"
+    if events == 0:
+        bound = 3 / r.num_points
+        cap = (f", so as(f) ≤ n·{bound:.2g} = {r.n * bound:.3g}" if r.output == "sign" else "")
+        message = (
+            f"the standard error rests on no change: no flip of any bit of the {r.num_points:,} "
+            f"sampled strings {what}, so {shown} cannot be trusted as a 95% interval; by the "
+            f"rule of three, the share of strings where some flip {what} is below "
+            f"3/{r.num_points:,} = {bound:.2g} with 95% confidence{cap}. For a standard error, "
+            f"{how}")
+    else:
+        message = (
+            f"the standard error rests on few changes: only {events} of the "
+            f"{r.num_points:,} sampled strings had a flip that {what}, fewer than {MIN_FLIPS}; "
+            f"a standard error estimated from so few moves with them, and the 95% interval of "
+            f"{shown} can cover as(f) far less often than 95%. For a firmer one, {how}")
+    warnings.warn(message, RuntimeWarning, stacklevel=_user_level())
 
 
 class _Stats:
@@ -803,10 +847,12 @@ class _Stats:
     def __init__(self, n: int) -> None:
         self.n, self.count, self.s1, self.s2, self.max = n, 0, 0.0, 0.0, -math.inf
         self.influence = torch.zeros(n, dtype=torch.float64)
+        self.events = 0  # points where some flip changed f: what the standard error learns from
 
     def add(self, changes: Tensor) -> None:
         s = changes.sum(1)
         self.count += len(s)
+        self.events += int(s.ne(0).sum())
         self.s1 += s.sum().item()
         self.s2 += s.pow(2).sum().item()
         self.max = max(self.max, s.max().item())
@@ -816,13 +862,21 @@ class _Stats:
         mean = self.s1 / self.count
         var = max(self.s2 - self.count * mean**2, 0.0) / (self.count - 1)
         se = 0.0 if exact else math.sqrt(var / self.count)
+        # Student's t with count − 1 degrees of freedom, as the token-wise data estimand: the
+        # standard error is itself estimated from the points, and ±1.96·se from 3 points of a
+        # real-valued f covered as(f) in 80% of seeds, not 95% (t: 93%).
+        half = 0.0 if exact else interval_quantile("data", self.count) * se
+        # s(f, x) lies in [0, n] ("sign") or [0, ∞) ("real"): no interval reaches outside
+        lo, hi = max(mean - half, 0.0), mean + half
+        if rule == "sign":
+            hi = min(hi, float(self.n))
         return BooleanSensitivity(
             average=mean,
             normalized=mean / self.n,
             influence=self.influence / self.count,
             max=self.max,
             stderr=se,
-            ci95=(mean - 1.96 * se, mean + 1.96 * se),
+            ci95=(lo, hi),
             num_points=self.count,
             num_evaluations=evaluations,
             method=method,

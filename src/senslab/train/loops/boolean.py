@@ -48,6 +48,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from ..._stack import said_once
 from ...data import create_dataset
 from ...data.synthetic import BOOLEAN_FUNCTIONS, boolean_cube
 from ...measure import boolean_sensitivity
@@ -276,6 +277,7 @@ def train_boolean(cfg: BooleanRunConfig, path: Path, *, progress: bool | None = 
             first_below, record = state["first_below"], state["record"]
             start, done = state["step"] + 1, state["done"]
         losses: list[float] = []
+        said: set[str] = set()
         for step in range(start, cfg.steps + 1):
             if done:
                 break
@@ -296,7 +298,9 @@ def train_boolean(cfg: BooleanRunConfig, path: Path, *, progress: bool | None = 
                 first_below = step
             if step % cfg.eval_every and step != cfg.steps:
                 continue
-            record = evaluate(model, cfg, eval_x, eval_y, subset, losses, measure_gen, device)
+            with said_once(said):  # a measurement's warning: once per run, not per evaluation
+                record = evaluate(model, cfg, eval_x, eval_y, subset, losses, measure_gen,
+                                  device)
             record = run.log({"step": step, "epoch": float(step), **record})
             losses = []
             done = cfg.stop_below is not None and record["train/loss"] < cfg.stop_below

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..._stack import said_once
 from ...data import create_dataset
 from ...measure import boolean_sensitivity
 from ...models import create_model
@@ -102,10 +103,13 @@ def train_sparse_parity(cfg: SparseParityRun, path: Path, *, progress: bool | No
         opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
         gen = torch.Generator().manual_seed(cfg.seed)
 
+        said: set[str] = set()  # a cause the measurements warn of: said once per run
+
         def measure() -> dict[str, Any]:
-            bs = boolean_sensitivity(model, cfg.n_bits, method="sample", output="sign",
-                                     num_samples=cfg.bool_samples,
-                                     generator=torch.Generator().manual_seed(cfg.seed))
+            with said_once(said):
+                bs = boolean_sensitivity(model, cfg.n_bits, method="sample", output="sign",
+                                         num_samples=cfg.bool_samples,
+                                         generator=torch.Generator().manual_seed(cfg.seed))
             return {"bool_sens": bs.average, "bool_sens_se": bs.stderr,
                     "bool_sens/relevant": bs.influence[subset].sum().item()}
 
