@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import fields, replace
 from typing import Any, TypeVar
 
+from torch import nn
+
 from ..tokens import Patches
 
 C = TypeVar("C")
@@ -80,3 +82,33 @@ def check_one_of(name: str, value: Any, choices: tuple[str, ...]) -> None:
 def check_choice(cfg: Any, name: str, choices: tuple[str, ...]) -> None:
     """:func:`check_one_of` for the config field ``name``."""
     check_one_of(f"{type(cfg).__name__}.{name}", getattr(cfg, name), choices)
+
+
+def check_eval(model: nn.Module, reuse: str, option: str) -> None:
+    """Error unless ``model`` and every one of its submodules are in eval mode, before a reuse
+    path (``reuse``: "local" or "prefix") builds its clean cache.
+
+    The reuse paths compute a copy as an eval-mode forward would (no dropout, BatchNorm's
+    running statistics), so a single submodule left in train mode inside an eval model (a
+    Dropout or BatchNorm switched on by hand) makes them return the numbers of another model
+    than the one ``forward`` runs; ``model.training`` alone does not show it. ``option``: the
+    tokenization's switch that turns the reuse off (named in the error)."""
+    where = "" if model.training else next(
+        (name for name, m in model.named_modules() if m.training), None)
+    if where is None:
+        return
+    which = "the model" if not where else f"its submodule {where!r}"
+    raise RuntimeError(
+        f"{reuse} reuse needs eval mode, but {which} is in train mode: the reused copies skip "
+        f"dropout and batch statistics that a full forward would apply, so their outputs would "
+        f"differ from the model's own. Call model.eval() first, or measure with {option} to "
+        f"run full forwards")
+
+
+#: the error of a reuse path (``forward_local``, ``forward_suffix``) called on a model in train
+#: mode: its cache was built in eval mode, and it has no dropout or batch statistics to apply
+TRAIN_MODE_REUSE = (
+    "the model is in train mode, but its reuse path (forward_local / forward_suffix) computes "
+    "a copy as an eval-mode forward would (no dropout, BatchNorm's running statistics), so its "
+    "outputs would differ from the model's own forward. Call model.eval() and build the cache "
+    "again, or call the model itself")

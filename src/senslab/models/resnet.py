@@ -18,7 +18,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import _winograd
-from ._config import check_divides, check_positive, make_config
+from ._config import (
+    TRAIN_MODE_REUSE,
+    check_divides,
+    check_eval,
+    check_positive,
+    make_config,
+)
 from ._registry import register_model
 from .vision import ImageClassifier, ImageConfig, seeded
 from .windows import Window, fold, local, out_size, read
@@ -127,9 +133,7 @@ class ResNet(ImageClassifier):
     def local_cache(self, x: Tensor, patch: int) -> dict[str, Any]:
         """Clean maps of images ``x`` that perturbed copies with ``patch``×``patch`` noise read:
         the input, the stem's output and, per windowed block, its first activation and output."""
-        if self.training:
-            raise RuntimeError("local reuse needs eval mode (BatchNorm's batch statistics and "
-                               "dropout would make a window differ from a full forward)")
+        check_eval(self, "local", "Patches(p, reuse_local=False)")
         blocks = self._window_plan(patch, *x.shape[2:])
         h = self.features[1](self.features[0](x))
         maps, inner = [x, h], []
@@ -149,11 +153,13 @@ class ResNet(ImageClassifier):
         cache) while none of its parameters and buffers has changed: the same data pointers
         and version counters (an optimizer step, ``load_state_dict``, an in-place edit and a
         train-mode forward, through ``num_batches_tracked``, each move one), the BatchNorm's
-        mode and ``eps``, and the same values of its (small) affine and running statistics,
-        which also catches an edit through ``.data`` or an update without a version. An edit
-        of the convolution's weight through ``.data`` is the one change it cannot see
-        (PyTorch counts no version there). A fold made in inference mode is reused in
-        inference mode only (autograd cannot save it)."""
+        mode and ``eps``, and the same values of the convolution's weights and the BatchNorm's
+        affine and running statistics. The values are compared because some changes move no
+        version counter: an edit through ``.data`` (PyTorch counts no version there; a fold
+        kept past one gave every later measurement the old weights' flips) and a new tensor
+        that happens to reuse a freed one's memory. Comparing them reads the layer's weights
+        once per chunk, a small fraction of building the chunk's clean maps. A fold made in
+        inference mode is reused in inference mode only (autograd cannot save it)."""
         if not (isinstance(layer, nn.Sequential) and len(layer) == 2
                 and isinstance(layer[1], nn.modules.batchnorm._BatchNorm)):
             return fold(layer)
@@ -164,12 +170,13 @@ class ResNet(ImageClassifier):
                    norm.training, norm.eps)
         except RuntimeError:  # inference tensors have no version counter: nothing kept
             return fold(layer)
-        stats = [t for t in (norm.weight, norm.bias, norm.running_mean, norm.running_var)
-                 if t is not None]
+        stats = [t for t in (*layer[0].parameters(), norm.weight, norm.bias,
+                             norm.running_mean, norm.running_var) if t is not None]
         kept = self.__dict__.setdefault("_folds", {})
         entry = kept.get(layer)
         if entry is not None and entry[0] == key and all(
-                torch.equal(a, b) for a, b in zip(entry[1], stats, strict=True)) and (
+                a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)
+                for a, b in zip(entry[1], stats, strict=True)) and (
                 entry[2] is None or not entry[2][0].is_inference()
                 or torch.is_inference_mode_enabled()):
             return entry[2]
@@ -210,6 +217,8 @@ class ResNet(ImageClassifier):
                       patch: Tensor) -> Tensor:
         """Logits of copies of the cached images ``rows`` whose pixels at ``top``/``left``
         (a patch) are replaced by ``patch`` (n, C, p, p)."""
+        if self.training:  # the cache's folds hold running statistics; train mode uses batch ones
+            raise RuntimeError(TRAIN_MODE_REUSE)
         maps, inner, blocks = cache["maps"], cache["inner"], cache["blocks"]
         stores, inner_stores = cache["stores"]["maps"], cache["stores"]["inner"]
         folded = cache["folded"]

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from .._onednn import missing_kernel
 from ..tokens import Embedding
-from ._config import check_one_of, override_config
+from ._config import TRAIN_MODE_REUSE, check_eval, check_one_of, override_config
 from ._registry import register_model
 
 # --------------------------------------------------------------------------- shared helpers
@@ -301,8 +301,7 @@ class LSTMClassifier(nn.Module):
         product, then the LSTM cell stepped in tensor ops (nn.LSTM returns the cell state of the
         last position only). Eval mode only: dropout would make a suffix differ from a full
         forward."""
-        if self.training:
-            raise RuntimeError("prefix reuse needs eval mode")
+        check_eval(self, "prefix", "Embedding(..., reuse_prefix=False)")
         ids = inputs["input_ids"] if isinstance(inputs, dict) else inputs
         mask = inputs.get("attention_mask") if isinstance(inputs, dict) else None
         last = _real_tokens(ids, mask, self.config).sum(dim=1) - 1
@@ -331,6 +330,8 @@ class LSTMClassifier(nn.Module):
         ``noise`` added at the ``embed_ln`` output: the LSTM resumes at ``tok`` from the clean
         states and reads up to each example's last real token, in buckets of similar suffix
         length (unpacked, so nn.LSTM's fused kernel runs; a packed call steps time by time)."""
+        if self.training:  # the suffix skips the embedding's dropout a train-mode forward applies
+            raise RuntimeError(TRAIN_MODE_REUSE)
         lengths = cache["last"][src] - tok + 1
         return _per_bucket(lengths, self.SUFFIX_BUCKETS, lambda part: self._suffix(
             cache, src[part], tok[part], noise[part], lengths[part]))
@@ -436,8 +437,7 @@ class GPT2Classifier(_TextTransformer):
     def prefix_cache(self, tokens: Tensor, inputs: Any) -> dict[str, Any]:
         """The clean residual stream entering the first block (``tokens`` — the ``embed_ln``
         output — plus positions) and every block's keys and values, (B, heads, T, d_head)."""
-        if self.training:
-            raise RuntimeError("prefix reuse needs eval mode")
+        check_eval(self, "prefix", "Embedding(..., reuse_prefix=False)")
         ids = inputs["input_ids"] if isinstance(inputs, dict) else inputs
         mask = _real_tokens(ids, inputs.get("attention_mask") if isinstance(inputs, dict)
                             else None, self.config)
@@ -455,6 +455,8 @@ class GPT2Classifier(_TextTransformer):
                        noise: Tensor) -> Tensor:
         """Logits of copies of examples ``src`` with ``noise`` added to token ``tok`` (a real
         token) at the ``embed_ln`` output."""
+        if self.training:  # the suffix applies none of the dropout a train-mode forward would
+            raise RuntimeError(TRAIN_MODE_REUSE)
         h0 = cache["h"]
         lengths = cache["last"][src] - tok + 1  # each copy's suffix: tokens tok..last
         n, dim = len(src), h0.shape[2]

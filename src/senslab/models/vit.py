@@ -18,7 +18,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._autocast import autocast_dtype, autocast_on
-from ._config import check_choice, check_divides, check_positive, make_config
+from ._config import (
+    TRAIN_MODE_REUSE,
+    check_choice,
+    check_divides,
+    check_eval,
+    check_positive,
+    make_config,
+)
 from ._registry import register_model
 from .vision import ImageClassifier, ImageConfig, patchify, seeded
 
@@ -562,9 +569,7 @@ class ViTSmall(ImageClassifier):
     @torch.no_grad()
     def local_cache(self, x: Tensor, patch: int) -> dict[str, Any]:
         """Clean tokens of images ``x`` and their first block's ``qkv`` rows."""
-        if self.training:
-            raise RuntimeError("local reuse needs eval mode (dropout would make a copy differ "
-                               "from a full forward)")
+        check_eval(self, "local", "Patches(p, reuse_local=False)")
         self.check_input(x)
         t = self._embed(x)
         first = self.blocks[0]
@@ -610,6 +615,8 @@ class ViTSmall(ImageClassifier):
                       patch: Tensor) -> Tensor:
         """Logits of copies of the cached images ``rows`` whose pixels at ``top``/``left``
         (a patch) are replaced by ``patch`` (n, C, p, p)."""
+        if self.training:  # the reuse applies no dropout, which a train-mode forward would
+            raise RuntimeError(TRAIN_MODE_REUSE)
         x = cache["x"].index_select(0, rows)
         n, c, h, w = x.shape
         p = patch.shape[-1]
