@@ -17,8 +17,9 @@ and how to fix it>``, and no traceback; the exit status says what kind:
          run directory, a damaged config.json or checkpoint (senslab's ValueError, TypeError,
          KeyError, FileNotFoundError, ImportError and their subclasses)
     1    the work failed: the training loss became NaN (FloatingPointError), a file could not be
-         written (OSError: the message names the path), or a RuntimeError raised by senslab's
-         own code (its message is written for the user)
+         written (OSError: the message names the path), a RuntimeError raised by senslab's
+         own code (its message is written for the user), or a warning that the warnings
+         filter (``-W error``, PYTHONWARNINGS) made an error (its message, said to be one)
     130  interrupted by Ctrl-C; an interrupted training run says at which step, and that
          re-running the same command resumes it
     141  stdout was closed early (``senslab list experiments | head -1``): nothing is printed,
@@ -137,6 +138,10 @@ def _config(args: argparse.Namespace) -> Any:
         cfg.data.root = args.data_root
     cfg = apply_overrides(cfg, args.set or [])
     chosen = {item.split("=", 1)[0].strip() for item in args.set or []}
+    if args.name is None and "name" not in chosen:
+        # named after what trains, --set included: from the options alone, `--set seed=3`
+        # trained seed 3 into runs/mlp-digits-s0, and `--set seed=4` was then refused there
+        cfg.name = f"{cfg.model.name}-{cfg.data.name}-s{cfg.seed}"
     if ("data.test_split" not in chosen and cfg.data.test_split == "test"
             and takes(cfg.data.name, "tokenizer")):
         cfg.data.test_split = "validation"  # the text sets' held-out split (no labelled test)
@@ -396,12 +401,27 @@ def _table(model: Any, tokens: Any, batches: Any, args: argparse.Namespace,
         r = metric.compute()
         # the share of bf16 copies re-evaluated in float32 ("-": no copy ran in checked bf16)
         recheck = "-" if r.recheck_fraction is None else f"{r.recheck_fraction:.1%}"
-        print(f"{sigma:>8g} {r.estimate:>12.4f} {r.stderr:>8.4f} "
-              f"{r.ci95[0]:>8.4f}–{r.ci95[1]:<8.4f} {r.num_forward:>9,} {recheck:>10}")
+        print(f"{sigma:>8g} {_fixed(r.estimate):>12} {_fixed(r.stderr):>8} "
+              f"{_fixed(r.ci95[0]):>8}–{_fixed(r.ci95[1]):<8} {r.num_forward:>9,} {recheck:>10}")
         if metric.checked_precision == "float32":
             share = ("" if r.recheck_fraction is None else "; the re-checked share is the "
                      "calibration's, whose copies were decided in float32")
             _note(f"sigma {sigma:g}: the copies ran in float32 — {metric.float32_reason}{share}")
+
+
+def _fixed(value: float, decimals: int = 4) -> str:
+    """``value`` with ``decimals`` decimals, or with more where those would misstate it: a
+    nonzero value keeps two significant digits (one flip in 23,008 copies, a rate of 4.3e-05,
+    printed as 0.0000 with a standard error of 0.0000: no flip at all, known exactly), and a
+    value short of 1 is never printed as 1 (every copy flipped)."""
+    if not math.isfinite(value) or value == 0:
+        return f"{value:.{decimals}f}"
+    places = max(decimals, 1 - math.floor(math.log10(abs(value))))
+    text = f"{value:.{places}f}"
+    while abs(float(text)) == 1 and abs(value) != 1 and places < 17:
+        places += 1
+        text = f"{value:.{places}f}"
+    return text
 
 
 class _Batches:
@@ -545,6 +565,17 @@ def _measure_pretrained(args: argparse.Namespace) -> int:
     for other, given in (("--model", args.model), ("--checkpoint", args.checkpoint)):
         if given:
             raise UsageError(f"{option} measures a pretrained model: drop {other}")
+    for item in args.set or []:
+        # the model is loaded as saved and seeded from --seed: these keys were accepted and
+        # changed nothing, the numbers those of the model and seed without them
+        key = item.split("=", 1)[0].strip()
+        if key.startswith("model."):
+            raise UsageError(f"--set {key} configures senslab's own models and has no effect on "
+                             f"{option} {name}, which is measured as saved; drop --set {key}")
+        if key == "seed":
+            raise UsageError(f"--set seed has no effect on {option} {name}: --seed seeds its "
+                             "newly initialised head (if any), the examples and the noise "
+                             "draws; use --seed instead")
     processor, config = None, None
     if args.hf:
         config = pretrained.hf_config(name)
@@ -626,9 +657,12 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError("--rungs chooses rungs of a scale ladder; add --scale ladder")
     out = Path(args.out or Path("runs") / args.experiment)
     _check_out(out)
+    exp = get_experiment(args.experiment)
+    exp.check(args.scale, list(args.set or []))  # a refused --set before the warning below
+    _warn_threads(args, exp, [args.scale])
     start = time.perf_counter()
     verdict = run_experiment(args.experiment, out, scale=args.scale, overrides=args.set)
-    options = getattr(get_experiment(args.experiment), "report_options", {})
+    options = getattr(exp, "report_options", {})
     report = make_report([out], **options)
     print()
     print(format_table(final_table(load_runs([out]))))
@@ -637,13 +671,28 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _warn_threads(args: argparse.Namespace, exp: Any, scales: list[str]) -> None:
+    """Say so where ``--threads`` would be overruled: an experiment trains the runs of the
+    scales in its ``one_thread_at`` on one thread, whatever the command asked for."""
+    one = sorted({s for s in scales if s in getattr(exp, "one_thread_at", ())})
+    if args.threads is None or args.threads == 1 or not one:
+        return
+    warnings.warn(f"--threads {args.threads} is overruled: {exp.name} trains and measures its "
+                  f"{' and '.join(one)}-scale runs on one thread, as verdict.json records "
+                  "(models this small run slower on more, and one thread keeps their numbers "
+                  "the same on every machine); drop --threads", stacklevel=2)
+
+
 def _run_ladder(args: argparse.Namespace) -> int:
-    from .experiments.ladder import run_ladder
+    from .experiments import get_experiment
+    from .experiments.ladder import run_ladder, select_rungs
     from .report import make_report
 
     out = Path(args.out or Path("runs") / "ladder" / args.experiment)
     _check_out(out)
     rungs = [r.strip() for r in args.rungs.split(",") if r.strip()] if args.rungs else None
+    exp = get_experiment(args.experiment)
+    _warn_threads(args, exp, [r.scale for r in select_rungs(exp, rungs)])
     start = time.perf_counter()
     summary = run_ladder(args.experiment, out, rungs=rungs, extra=args.set or [])
     print()
@@ -663,6 +712,8 @@ def _run_ladder(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from .report import final_table, format_table, load_runs, make_report
 
+    if args.out is not None:  # a file there failed late, as "file exists" with status 1
+        _check_out(Path(args.out))
     path = make_report(args.paths, out_dir=args.out)
     print(format_table(final_table(load_runs(args.paths))))
     print(f"report: {path}")
@@ -670,10 +721,24 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _reproduction(args: argparse.Namespace) -> int:
+    from .experiments import list_experiments
     from .reproduction import reproduction
 
+    runs = Path(args.runs or "runs")
+    if args.runs is not None and args.dirs:
+        raise UsageError(f"--runs {args.runs} says where the default directories are, and "
+                         "directories are given: it would have no effect; drop --runs, or the "
+                         "directories")
+    if args.runs is not None and not runs.is_dir():
+        # a mistyped --runs recorded nothing and rewrote REPRODUCTION.md, exit status 0
+        raise UsageError(f"--runs {runs}: no such directory; give the directory that holds "
+                         "the experiment directories (`senslab run NAME --out RUNS/NAME`)")
+    if not args.dirs and not any((runs / n / "verdict.json").is_file()
+                                 for n in list_experiments()):
+        _note(f"no finished experiment in {runs} (no {runs}/<experiment>/verdict.json): nothing "
+              f"new is recorded; {args.out} is written from the records in {args.records}")
     path = reproduction(args.dirs or None, records=args.records, out=args.out,
-                        runs_root=args.runs)
+                        runs_root=runs)
     print(f"wrote {path}")
     return 0
 
@@ -776,7 +841,7 @@ def parser() -> argparse.ArgumentParser:
                        help="record finished experiment directories and write REPRODUCTION.md")
     s.add_argument("dirs", nargs="*",
                    help="experiment directories (default: RUNS/<name> for every experiment)")
-    s.add_argument("--runs", default="runs", help="where the default directories are")
+    s.add_argument("--runs", help="where the default directories are (default: runs)")
     s.add_argument("--records", default="reproduction", help="where the JSON records are kept")
     s.add_argument("--out", default="REPRODUCTION.md")
     s.set_defaults(fn=_reproduction)
@@ -805,6 +870,18 @@ def _empty_option(dest: str) -> str:
     return f"{option} is empty (an unset shell variable?): give a value, or drop {option}"
 
 
+#: options and arguments that are paths: a leading ``~`` is the home directory, as the shell
+#: has it; a shell leaves ``--out=~/runs/x`` as it is, and ``~`` was a folder in the working
+#: directory (the run trained into ./~/runs/x, --checkpoint and --data-root were not found)
+_PATHS = ("out", "checkpoint", "data_root", "runs", "records", "paths", "dirs")
+
+
+def _home(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_home(v) for v in value]
+    return os.path.expanduser(value) if isinstance(value, str) and value[:1] == "~" else value
+
+
 def _check_args(args: argparse.Namespace) -> None:
     """Option values argparse's types let through but no command can use."""
     if args.threads is not None and args.threads < 1:
@@ -813,8 +890,14 @@ def _check_args(args: argparse.Namespace) -> None:
         value = getattr(args, dest, None)
         if isinstance(value, str) and not value.strip():
             raise UsageError(_empty_option(dest))
+    for dest in _PATHS:
+        if hasattr(args, dest):
+            setattr(args, dest, _home(getattr(args, dest)))
     if args.command != "measure":
         return
+    if args.name is not None:
+        raise UsageError(f"--name {args.name} names the run directory of `senslab train`; "
+                         "`senslab measure` writes none, so it would have no effect; drop --name")
     if args.num_examples < 1:
         raise UsageError(f"--num-examples must be ≥ 1, got {args.num_examples} (the number of "
                          "examples measured, e.g. --num-examples 512)")
@@ -873,6 +956,11 @@ def _os_message(err: OSError) -> str:
 def explain(err: Exception) -> tuple[int, str]:
     """(exit status, one-line message) for an exception that ended a command (see the module
     docstring for the classes)."""
+    if isinstance(err, Warning):
+        # raised only because the warnings filter says so (-W error, PYTHONWARNINGS=error):
+        # the message is senslab's or a library's warning, not a bug
+        return 1, (f"{err} ({type(err).__name__}, made an error by the warnings filter: "
+                   "-W error or PYTHONWARNINGS; the command stopped there)")
     if isinstance(err, json.JSONDecodeError):
         return 2, (f"a JSON file is truncated or damaged ({err.msg}, line {err.lineno}); run "
                    "with SENSLAB_DEBUG=1 to see which, then restore or delete it")
