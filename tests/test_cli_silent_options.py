@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from senslab.cli import _fixed, main
+from senslab.cli import main
+from senslab.measure._stats import fixed as _fixed
 
 QUICK_TRAIN = ["--set", "train.epochs=1", "--set", "train.max_steps=1", "--threads", "1"]
 

@@ -388,6 +388,7 @@ def _table(model: Any, tokens: Any, batches: Any, args: argparse.Namespace,
     import torch
 
     from .measure import TokenSensitivity
+    from .measure._stats import fixed as _fixed
 
     fast = {"autocast": getattr(torch, AUTOCAST[args.autocast]) if args.autocast else None,
             "compile": args.compile, "precision": args.precision}
@@ -407,21 +408,6 @@ def _table(model: Any, tokens: Any, batches: Any, args: argparse.Namespace,
             share = ("" if r.recheck_fraction is None else "; the re-checked share is the "
                      "calibration's, whose copies were decided in float32")
             _note(f"sigma {sigma:g}: the copies ran in float32 — {metric.float32_reason}{share}")
-
-
-def _fixed(value: float, decimals: int = 4) -> str:
-    """``value`` with ``decimals`` decimals, or with more where those would misstate it: a
-    nonzero value keeps two significant digits (one flip in 23,008 copies, a rate of 4.3e-05,
-    printed as 0.0000 with a standard error of 0.0000: no flip at all, known exactly), and a
-    value short of 1 is never printed as 1 (every copy flipped)."""
-    if not math.isfinite(value) or value == 0:
-        return f"{value:.{decimals}f}"
-    places = max(decimals, 1 - math.floor(math.log10(abs(value))))
-    text = f"{value:.{places}f}"
-    while abs(float(text)) == 1 and abs(value) != 1 and places < 17:
-        places += 1
-        text = f"{value:.{places}f}"
-    return text
 
 
 class _Batches:

@@ -6,6 +6,7 @@ The counts behind the warning travel with the state: merge, all_reduce, reset.""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from pathlib import Path
@@ -198,3 +199,13 @@ def test_the_counts_survive_all_reduce(tmp_path: Path):
         assert len(said(caught, FEW)) == 1
     finally:
         dist.destroy_process_group()
+
+
+def test_a_rare_rate_prints_its_digits():
+    """``str`` of a result printed four decimals: a rate of 4.3e-05 (one flip in 23,008 copies)
+    read ``sensitivity 0.0000 ± 0.0000``, no flip at all and known exactly."""
+    r = token_sensitivity(first_entry, inputs(2), Sequence(), sigma=1.0, repeats=2, generator=0)
+    rare = dataclasses.replace(r, estimate=4.3e-5, stderr=4.3e-5, ci95=(0.0, 1.3e-4))
+    assert str(rare).startswith("sensitivity 0.000043 ± 0.000043 (95% CI 0.0000–0.00013,")
+    near = dataclasses.replace(r, estimate=0.99996, stderr=0.25, ci95=(0.5, 1.0))
+    assert str(near).startswith("sensitivity 0.99996 ± 0.2500 (95% CI 0.5000–1.0000,")

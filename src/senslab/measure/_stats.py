@@ -87,8 +87,8 @@ class SensitivityResult:
     def __str__(self) -> str:
         lo, hi = self.ci95
         return (
-            f"sensitivity {self.estimate:.4f} ± {self.stderr:.4f} "
-            f"(95% CI {lo:.4f}–{hi:.4f}, {self.estimand}; {self.num_examples:,} examples, "
+            f"sensitivity {fixed(self.estimate)} ± {fixed(self.stderr)} "
+            f"(95% CI {fixed(lo)}–{fixed(hi)}, {self.estimand}; {self.num_examples:,} examples, "
             f"{self.num_forward:,} forward passes)"
         )
 
@@ -364,3 +364,18 @@ def all_reduced(st: State, align: str, group: Any = None) -> State:
         pos_sum=vec[9 : 9 + p].clone(), pos_cnt=vec[9 + p :].clone(),
         samples=[interleave(samples)],
     )
+
+
+def fixed(value: float, decimals: int = 4) -> str:
+    """``value`` with ``decimals`` decimals, or with more where those would misstate it: a
+    nonzero value keeps two significant digits (one flip in 23,008 copies, a rate of 4.3e-05,
+    printed as 0.0000 with a standard error of 0.0000: no flip at all, known exactly), and a
+    value short of 1 is never printed as 1 (every copy flipped)."""
+    if not math.isfinite(value) or value == 0:
+        return f"{value:.{decimals}f}"
+    places = max(decimals, 1 - math.floor(math.log10(abs(value))))
+    text = f"{value:.{places}f}"
+    while abs(float(text)) == 1 and abs(value) != 1 and places < 17:
+        places += 1
+        text = f"{value:.{places}f}"
+    return text
