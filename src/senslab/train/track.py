@@ -5,6 +5,7 @@ sharpness."""
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import torch
@@ -26,16 +27,32 @@ class Tracker:
         #: at every evaluation, as the integrations' callbacks do
         self._said: set[str] = set()
         t = cfg.track
+        # a count larger than its split is cut to the split, as `senslab measure --checkpoint`
+        # cuts it (so it draws these same examples), and said: the run's config.json keeps the
+        # count asked for, and a reader of sens/val beside sens/train (or of test/acc) would take
+        # them for measurements on that many examples. Said by one process, not by every rank.
+        say = shard is None or shard[0] == 0
+        name = getattr(train, "name", None) or cfg.data.name
+        splits = (f"{cfg.data.train_split} split of {name}", f"{cfg.data.test_split} split of "
+                  f"{getattr(test, 'name', None) or cfg.data.name}")
+        if cfg.data.train_subset == len(train):  # the training set is that subset
+            splits = (f"{splits[0]} (data.train_subset={cfg.data.train_subset})", splits[1])
         g = torch.Generator().manual_seed(cfg.seed + 1)
-        self.sens_train = train.first(min(t.num_examples, len(train)), generator=g)
+        self.sens_train = train.first(_count(t.num_examples, train, "track.num_examples",
+                                             splits[0], "sens/train", say), generator=g)
         # the validation subset has its own generator, so turning track.val on leaves every
         # other subset (and so train/* and test/*) as it was
-        self.sens_val = (test.first(min(t.num_examples, len(test)),
+        self.sens_val = (test.first(_count(t.num_examples, test, "track.num_examples", splits[1],
+                                           "sens/val", say),
                                     generator=torch.Generator().manual_seed(cfg.seed + 2))
                          if t.val else None)
         if t.eval_examples is not None:
-            self.eval_train = train.first(min(t.eval_examples, len(train)), generator=g)
-            self.eval_test = test.first(min(t.eval_examples, len(test)), generator=g)
+            self.eval_train = train.first(_count(t.eval_examples, train, "track.eval_examples",
+                                                 splits[0], "train/loss and train/acc", say),
+                                          generator=g)
+            self.eval_test = test.first(_count(t.eval_examples, test, "track.eval_examples",
+                                               splits[1], "test/loss and test/acc", say),
+                                        generator=g)
         else:
             self.eval_train, self.eval_test = train, test
 
@@ -118,3 +135,16 @@ def _to(x: Any, device: torch.device) -> Any:
     if isinstance(x, dict):
         return {k: v.to(device) for k, v in x.items()}
     return x.to(device)
+
+
+def _count(asked: int, data: ArrayDataset, key: str, split: str, what: str, say: bool) -> int:
+    """How many of ``data``'s examples the tracker draws for ``what``: ``asked`` (the setting
+    ``key``), or all of them when the split holds fewer, with a warning (``say``) that names
+    the count the numbers rest on and the setting that says so."""
+    have = len(data)
+    if asked > have and say:
+        warnings.warn(f"{key}={asked}, but the {split} has {have:,} examples: {what} "
+                      f"{'are' if ' and ' in what else 'is'} measured on all {have:,} at every "
+                      f"evaluation, not on {asked:,} (set {key}={have} or less to say so)",
+                      stacklevel=3)
+    return min(asked, have)
