@@ -96,3 +96,21 @@ def test_measuring_leaves_the_model_and_the_training_rng_alone(model: list[str])
     assert t.model.training
     assert all(torch.equal(before[k], v) for k, v in t.model.state_dict().items())
     assert torch.equal(rng, torch.get_rng_state())
+
+
+def test_experiment_trainers_warn_of_fewer_sensitivity_examples(tmp_path) -> None:
+    """grokking and sparse_frequent cut ``sens_examples`` to the training set without a word
+    while config.json kept the count asked for."""
+    import dataclasses
+
+    from senslab.train.loops.grokking import example as grokking_example
+    from senslab.train.loops.grokking import train_grokking
+    from senslab.train.loops.sparse_frequent import example as frequent_example
+    from senslab.train.loops.sparse_frequent import train_sparse_frequent
+
+    for example, train in ((grokking_example, train_grokking),
+                           (frequent_example, train_sparse_frequent)):
+        cfg = dataclasses.replace(example(), epochs=1, eval_every=1, sens_examples=100_000)
+        with pytest.warns(UserWarning, match=r"sens_examples=100000, but the training set has "
+                                             r"[\d,]+ examples: sens/train is measured on all"):
+            train(cfg, tmp_path / train.__name__, progress=False)

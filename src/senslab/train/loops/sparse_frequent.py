@@ -17,6 +17,7 @@ adds the sensitivity of the ideal sparse and frequent classifiers (``solution/sp
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,11 @@ def train_sparse_frequent(cfg: SparseFrequentRun, path: Path, *, progress: bool 
         solutions = feature_sensitivities(data_cfg, seed=cfg.seed)
         directions = feature_directions(train)
         sens_x = train.inputs[: cfg.sens_examples]
+        if len(sens_x) < cfg.sens_examples:  # config.json keeps the count asked for
+            warnings.warn(f"sens_examples={cfg.sens_examples}, but the training set has "
+                          f"{len(sens_x):,} examples: sens/train is measured on all "
+                          f"{len(sens_x):,} at every evaluation (set sens_examples="
+                          f"{len(sens_x)} or less to say so)", UserWarning, stacklevel=2)
         gen = torch.Generator().manual_seed(cfg.seed)
         opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
         x, y = train.inputs, train.targets.float()
