@@ -152,6 +152,18 @@ def auto_tokens(
             "(config.patch_size or timm's patch_embed.patch_size) and no CNN (no Conv2d); "
             + _HOW
         )
+    if isinstance(word, nn.modules.conv._ConvNd):
+        # an audio model (Whisper's encoder.conv1): its "input embedding" is a convolution over
+        # frames whose output is (batch, channels, length), and the model adds its positions
+        # after it; no module of the text rules puts out (batch, tokens, dim) vectors
+        raise TypeError(
+            f"{type(model).__name__}'s input embedding ({_name(model, word)}) is a "
+            f"{type(word).__name__} over its {getattr(model, 'main_input_name', 'inputs')!r}, "
+            "not a token embedding: its output is (batch, channels, length), so auto_tokens "
+            "cannot pick its tokens. Pass tokens explicitly: Embedding('<module name>') on a "
+            "module whose output is (batch, tokens, dim), such as the first layer's input "
+            "LayerNorm"
+        )
     return Embedding(_text_module(model, word, embedding), position=position)
 
 

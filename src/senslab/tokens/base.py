@@ -240,7 +240,15 @@ def last_real(real: Tensor) -> Tensor:
     return torch.where(real, idx, torch.full_like(idx, -1)).max(dim=1).values
 
 
-def read_position(out: Tensor, ends: Tensor, position: Position, width: int) -> Tensor:
+def first_real(real: Tensor) -> Tensor:
+    """(B,) index of each row's first true entry of a (B, T) bool mask (T for an empty row)."""
+    t = real.shape[1]
+    idx = torch.arange(t, device=real.device)
+    return torch.where(real, idx, torch.full_like(idx, t)).min(dim=1).values
+
+
+def read_position(out: Tensor, ends: Tensor, position: Position, width: int,
+                  starts: Tensor | None = None) -> Tensor:
     """A per-position output read at one position per row.
 
     ``out`` of shape (N, L, V) with ``L == width`` (the token count of the forward that made it)
@@ -248,7 +256,9 @@ def read_position(out: Tensor, ends: Tensor, position: Position, width: int) -> 
     read at ``ends[n]`` (its last real token) for ``position="last"``, at ``k`` for an int
     ``k ≥ 0``, at ``ends[n] + 1 + k`` for a negative ``k`` (−1 = the last real token). Any
     other output, and every output with ``position=None``, is returned as it is. A position
-    that is padding (after the last real token) or before the start is refused.
+    that is padding (after the last real token) or before the start is refused; with
+    ``starts`` (each row's first real token), so is one before it: left padding, whose output
+    never changes with the real tokens' noise in a model that masks it.
     """
     if position is None or out.dim() != 3 or out.shape[1] != width:
         return out
@@ -258,10 +268,22 @@ def read_position(out: Tensor, ends: Tensor, position: Position, width: int) -> 
     else:
         k = int(position)
         at = torch.full_like(ends, k) if k >= 0 else ends + 1 + k
-        bad = ((at > ends) | (at < 0)) & (ends >= 0)
+        first = torch.zeros_like(ends) if starts is None else starts.to(out.device)
+        bad = ((at > ends) | (at < first)) & (ends >= 0)
         if bool(bad.any()):
             rows = bad.nonzero().flatten()[:5].tolist()
             last = ends[bad][:5].tolist()
+            left = ((at < first) & (first > 0) & (ends >= 0))
+            if starts is not None and bool(left.any()):
+                rows = left.nonzero().flatten()[:5].tolist()
+                raise ValueError(
+                    f"position={k} is left padding in examples {rows} (their first real token "
+                    f"is at {first[left][:5].tolist()}): the output there is the padding's, "
+                    "which the noise on the real tokens does not reach, so those examples "
+                    "would measure about 0. Pad on the right (Hugging Face: "
+                    "tokenizer.padding_side = 'right'), or choose a position every example "
+                    "has: position='last' or a small negative one (−1 = the last real token)"
+                )
             raise ValueError(
                 f"position={k} is outside the real tokens of examples {rows} (their last real "
                 f"token is at {last}); choose a position every example has, e.g. "
@@ -403,8 +425,29 @@ class Tokenization(abc.ABC):
         logits in the model's raw output (:func:`select_output`)."""
 
 
+def real_tokens(mask: Tensor, what: str = "mask=") -> Tensor:
+    """A mask of real tokens as bool: a bool mask as it is; a numeric one (float or int) only
+    where every entry is 0 or 1. Other values are refused: an additive attention mask (0 on real
+    tokens, −1e9 or −inf on padding) read as "nonzero is real" marks the padding as the tokens,
+    so the noise would land on the padding alone and the real tokens would measure 0."""
+    if mask.dtype == torch.bool:
+        return mask
+    odd = (mask != 0) & (mask != 1)
+    if bool(odd.any()):
+        values = mask[odd].unique()[:3].tolist()
+        raise ValueError(
+            f"{what} holds values other than 0 and 1 ({', '.join(map(str, values))}), so which "
+            "tokens are real cannot be read: an additive attention mask (0 on real tokens, a "
+            "large negative number on padding), read as 'nonzero is real', would put the noise "
+            "on the padding alone and measure about 0. Pass a bool mask that is True on real "
+            "tokens: mask == 0 for an additive mask, mask > 0.5 for a soft one"
+        )
+    return mask.to(torch.bool)
+
+
 def valid_mask(mask: Tensor | None, b: int, t: int, device: torch.device) -> Tensor:
-    """Check a user-given (B, T) mask of real tokens, or build an all-true one."""
+    """Check a user-given (B, T) mask of real tokens (bool, or numeric 0/1:
+    :func:`real_tokens`), or build an all-true one."""
     if mask is None:
         return torch.ones(b, t, dtype=torch.bool, device=device)
     if mask.shape != (b, t):
@@ -412,5 +455,4 @@ def valid_mask(mask: Tensor | None, b: int, t: int, device: torch.device) -> Ten
             f"mask has shape {tuple(mask.shape)} but the batch has {b} examples of {t} tokens; "
             f"pass a (batch, tokens) = ({b}, {t}) mask that is true on real tokens"
         )
-    mask = mask.to(device=device, dtype=torch.bool)
-    return mask
+    return real_tokens(mask).to(device=device)

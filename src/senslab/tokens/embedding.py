@@ -26,9 +26,11 @@ from .base import (
     call_model,
     check_position,
     cut_tokens,
+    first_real,
     has_token_axis,
     last_real,
     read_position,
+    real_tokens,
     select,
     select_output,
     valid_mask,
@@ -440,7 +442,9 @@ class Embedding(Tokenization):
     """Tokens are the (B, T, D) output of submodule ``module`` (batch first).
 
     Real tokens are given by the ``mask`` argument of the measurement, else by the
-    ``attention_mask`` (or ``mask``) entry of a dict input, else all positions are real. A
+    ``attention_mask`` (or ``mask``) entry of a dict input, else all positions are real; a mask
+    that is not bool must hold only 0 and 1 (an additive mask, −1e9 on padding, is refused:
+    read as "nonzero is real" it would perturb the padding alone). A
     ``padding_mask``/``key_padding_mask`` entry is never guessed (True marks padding in PyTorch
     and fairseq, real tokens elsewhere): without ``mask=`` such an input is refused. A Hugging
     Face classifier that finds each example's last real token by ``config.pad_token_id``
@@ -474,6 +478,8 @@ class Embedding(Tokenization):
     token (the last true position of the attention mask or ``mask``, so right padding is
     skipped); an int ``k ≥ 0`` at position ``k``; a negative int counted back from the last
     real token (−1 is the last real one, −2 the one before); ``None`` keeps the whole output.
+    A position that is padding in some example — after its last real token, or before its
+    first (left padding, by the attention mask) — is refused.
     Other outputs are used as they are.
     """
 
@@ -540,6 +546,16 @@ class _BoundEmbedding(BoundTokens):
             "float32), or use a larger sigma, well above {spacing}"))
 
     def hook(self, module: nn.Module, args: Any, out: Any) -> Any:
+        if isinstance(module, (nn.Conv1d, nn.ConvTranspose1d)) and isinstance(out, Tensor):
+            raise ValueError(
+                f"submodule {self.name!r} is a {type(module).__name__}, whose output "
+                f"{tuple(out.shape)} is (batch, channels, length): its second axis holds "
+                "channels, not tokens, so a 'token' would be one channel across every position "
+                "(an audio model's input convolution, Whisper's encoder.conv1, is such a "
+                "module). Hook a module whose output is (batch, tokens, dim), e.g. the first "
+                "layer's input LayerNorm, or measure the convolution's input with Sequence() "
+                "on (batch, length, channels) inputs"
+            )
         if isinstance(out, Tensor) and out.dim() == 4:
             raise ValueError(
                 f"submodule {self.name!r} returned {tuple(out.shape)}: a 4-D image embedding "
@@ -572,12 +588,17 @@ class _BoundEmbedding(BoundTokens):
         if self._width is not None and out.shape[1] != self._width:
             raise RuntimeError(
                 f"submodule {self.name!r} returned {out.shape[1]} tokens on inputs cut to "
-                f"{self._width}: its token axis is not the inputs' second axis"
+                f"{self._width}: its token axis is not the inputs' second axis (a sequence-first "
+                "model, e.g. nn.LSTM or nn.Transformer with batch_first=False, transposes its "
+                "inputs: hook a module whose output is (batch, tokens, dim), or measure a "
+                "wrapper that transposes back)"
             )
         if out.shape[0] != noise.shape[0]:
             raise RuntimeError(
                 f"submodule {self.name!r} ran on {out.shape[0]} rows, expected {noise.shape[0]}: "
-                "Embedding tokens need a batch-first module called once per forward"
+                "Embedding tokens need a batch-first module called once per forward (a "
+                "sequence-first model, e.g. nn.LSTM or nn.Transformer with batch_first=False, "
+                "puts its positions first)"
             )
         low = out.dtype in LOW_PRECISION
         if tok is None:
@@ -596,6 +617,16 @@ class _BoundEmbedding(BoundTokens):
         """Run ``forward()`` counting the hook's calls: noise must land exactly once."""
         self._calls = 0
         out = forward()
+        if self._calls == 0 and self._delta is not None:
+            raise RuntimeError(
+                f"submodule {self.name!r} was not called during a forward pass of perturbed "
+                "copies (it was during the clean one), so their noise was never added and "
+                "every copy would count as unchanged: a sensitivity of 0. The forward takes "
+                "another path for the copies — one that depends on the batch size or the "
+                "input length (padding-aware batching cuts copies after their last real "
+                "token: try trim_padding=False), or reuses an earlier output of the module. "
+                "Hook a module that every forward runs"
+            )
         if self._calls > 1:
             raise ValueError(
                 f"submodule {self.name!r} ran {self._calls} times in one forward pass (a module "
@@ -623,13 +654,24 @@ class _BoundEmbedding(BoundTokens):
         b, t, d = self._shape
         if b != batch_size(self.inputs):
             raise ValueError(
-                f"submodule {self.name!r} output is not batch-first: shape {self._shape}"
+                f"submodule {self.name!r} output is not batch-first: shape {self._shape} for "
+                f"{batch_size(self.inputs)} examples (a sequence-first model, e.g. nn.LSTM or "
+                "nn.Transformer with batch_first=False, puts its positions first); hook a module "
+                "whose output is (batch, tokens, dim)"
             )
         self.dim = d
         key, padding = input_mask(self.inputs, b, t, mask is not None, self.model)
         if isinstance(padding, Tensor) and tuple(padding.shape) == (b, t):
-            self.padding = padding.to(device=raw.device, dtype=torch.bool)
-            self.padding_key = key
+            try:
+                # an additive mask (0 real, −1e9 padding) read as bool would be the padding
+                padding = real_tokens(padding, f"the input's {key!r} entry")
+            except ValueError:
+                if mask is None:
+                    raise
+                padding = None  # mask= says which tokens are real; this entry is not read
+            if padding is not None:
+                self.padding = padding.to(device=raw.device)
+                self.padding_key = key
         if mask is None and key is not None:
             if isinstance(padding, Tensor) and tuple(padding.shape) != (b, t):
                 shape = tuple(padding.shape)
@@ -658,7 +700,10 @@ class _BoundEmbedding(BoundTokens):
         self._per_position = raw.dim() == 3 and raw.shape[1] == t
         if self.padding is None and self.position is not None and self._per_position:
             _refuse_real_tokens_after_the_mask(self.model, self.inputs, self.valid)
-        self.clean_output = read_position(raw, self.ends, self.position, t)
+        # with an attention mask, a position before each example's first real token is left
+        # padding (mask= alone may leave out a [CLS] at 0 that is a real token: not judged)
+        starts = None if self.padding is None else first_real(real)
+        self.clean_output = read_position(raw, self.ends, self.position, t, starts)
         self._refuse_padding_of_another_id()
 
     def _refuse_padding_of_another_id(self) -> None:
