@@ -346,19 +346,21 @@ def _verify_batch(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor
     )
 
 
+def _reduced(model: Any) -> bool:
+    """Whether ``model`` holds a bf16 or fp16 parameter or buffer (a module; else False)."""
+    if not isinstance(model, nn.Module):
+        return False
+    reduced = (torch.bfloat16, torch.float16)
+    return any(t.dtype in reduced for t in (*model.parameters(), *model.buffers()))
+
+
 def _exact_labels(bound: BoundTokens, clean: Tensor, low_precision: bool) -> bool:
     """Whether class labels are compared exactly in the batch check: the forwards run in
     float32 at full precision (no autocast or TF32) and the model, where it is a module, holds
     no bf16/fp16 parameter or buffer (a function wrapping one cannot be told)."""
     if _tolerance(clean.float(), low_precision) > 1e-3:
         return False
-    model = getattr(bound, "model", None)
-    if isinstance(model, nn.Module):
-        reduced = (torch.bfloat16, torch.float16)
-        for t in (*model.parameters(), *model.buffers()):
-            if t.dtype in reduced:
-                return False
-    return True
+    return not _reduced(getattr(bound, "model", None))
 
 
 def _batch_cause(bound: BoundTokens) -> str:
@@ -473,6 +475,13 @@ class ChunkRunner:
         self.input_bytes = 0
         #: bytes one copy costs: from an earlier probe on inputs of the same shape, or measured
         self.per_copy = per_copy
+        #: whether a trimmed chunk holds copies of one width only: the copies run in reduced
+        #: precision (autocast, a bf16/fp16 model), whose rounding moves with the width, and
+        #: each is compared with its example's clean output at the example's own width
+        #: (tokenwise cuts the reference then). None: not yet known (a model whose weights do
+        #: not tell), decided by the dtype of the first chunk's outputs (:meth:`_evaluate`)
+        self.one_width: bool | None = True if (metric.autocast is not None
+                                               or _reduced(metric.model)) else None
         #: Ctrl-C is never lost (a finalizer of the probe's bookkeeping may swallow it): checked
         #: after every chunk, and when the ``with`` block ends
         self._sigint = SigintWatch()
@@ -560,7 +569,11 @@ class ChunkRunner:
                 piece, size = size, size * (1 if probe else self._gather())  # the probe: alone
                 # a chunk holds one group of lengths: it ends where the padding it would add to
                 # a copy exceeds a fraction _trim.SLACK of the chunk's width
-                end = bisect.bisect_right(negated, -w * (1 - _trim.SLACK) + 1e-9, pos)
+                # — except in reduced precision (:attr:`one_width`), where a copy must run at
+                # the width its reference was computed at: a near-tie read at a wider chunk's
+                # width flipped otherwise, so the number changed with chunk_size
+                slack = 0.0 if self.one_width is not False else _trim.SLACK
+                end = bisect.bisect_right(negated, -w * (1 - slack) + 1e-9, pos)
                 sl = order[pos:min(pos + size, max(end, pos + 1))]
                 at = sl + lo
                 vals[at] = self._evaluate(src[at], tok[at], own[at], rand[sl], w, piece)
@@ -693,6 +706,8 @@ class ChunkRunner:
                 out = self._forward(src, tok, noise, width, piece)
         else:
             out = self._forward(src, tok, noise, width, piece)
+        if self.one_width is None:  # the clean outputs have the copies' dtype (no autocast)
+            self.one_width = out.dtype in (torch.bfloat16, torch.float16)
         vals = self._compare(out, src)
         if self.control is not None:
             vals = self.control.adjust(vals, src, tok, noise)
