@@ -182,6 +182,17 @@ def test_cli_list_and_errors(capsys):
     assert "unknown model 'mpl'" in capsys.readouterr().err
 
 
+def test_an_unknown_model_or_dataset_leaves_no_run_directory(tmp_path, monkeypatch, capsys):
+    """The unknown name was refused after runs/<name> was made (a lock file and senslab.json
+    left in the working directory)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--model", "mpl"]) == 2
+    assert main(["train", "--model", "mlp", "--data", "digitz"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown model 'mpl'" in err and "unknown dataset 'digitz'" in err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_cli_train_then_measure_checkpoint(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", "--model", "mlp", "--data", "digits", "--out", str(out),

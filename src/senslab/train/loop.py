@@ -476,8 +476,14 @@ def _fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None) -> dict[str
 def check_config(cfg: RunConfig) -> None:
     """What :func:`fit` refuses before anything is written or loaded: an invalid value, an image
     model on text (or back), a noise regularizer on a text set, a reporter whose package is
-    missing."""
+    missing, a model or dataset name that is not registered (its error named the name only after
+    the run directory was made, which a corrected command then found holding a failed start)."""
+    from ..data._registry import DATASETS
+    from ..models._registry import MODELS
+
     validate(cfg)
+    MODELS.get(cfg.model.name)  # the registry's KeyError, with the closest names
+    DATASETS.get(cfg.data.name)
     check_model_fits_data(cfg)
     if data_kind(cfg.data.name) == "text":  # by name: refused before anything is written
         _check_regularizer(cfg, cfg.data.name, "text")
