@@ -31,6 +31,21 @@ class ArrayDataset(Dataset):
         for k, v in self._input_items():
             if v.shape[0] != n:
                 raise ValueError(f"{self.name}: input {k!r} has {v.shape[0]} rows, targets {n}")
+        # subset() cuts these with the examples: a missing key or a row count of its own would
+        # fail there, or pair each example with another one's metadata without a word
+        for key in self.meta.get("per_example", ()):
+            if key not in self.meta:
+                raise ValueError(f"{self.name}: meta['per_example'] lists {key!r}, which meta "
+                                 "lacks; add it (one row per example) or drop it from the list")
+            value = self.meta[key]
+            try:
+                rows = value.shape[0] if hasattr(value, "shape") else len(value)
+            except (TypeError, IndexError):  # a scalar: no rows at all
+                rows = None
+            if rows != n:
+                raise ValueError(f"{self.name}: meta[{key!r}] is listed in meta['per_example'] "
+                                 f"but has {rows} rows for {n} examples; give it one row per "
+                                 "example or drop it from the list")
 
     def _input_items(self) -> list[tuple[str, Tensor]]:
         if isinstance(self.inputs, Tensor):
@@ -57,7 +72,12 @@ class ArrayDataset(Dataset):
         x, y = self.batch(index)
         meta = dict(self.meta)
         for key in meta.get("per_example", ()):
-            meta[key] = meta[key][index]
+            value = meta[key]
+            if isinstance(value, (list, tuple)):  # a tensor index, or a mask, cannot cut a list
+                rows = torch.arange(len(value))[index].tolist()
+                meta[key] = type(value)(value[i] for i in rows)
+            else:
+                meta[key] = value[index]
         return ArrayDataset(x, y, self.num_classes, self.name, meta)
 
     def to(self, device: torch.device | str) -> ArrayDataset:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -31,8 +32,9 @@ from ._registry import register_dataset
 from ._roots import locate, reads_no_files
 from .base import ArrayDataset
 
-#: stream numbers: 0 is shared by all splits; "ood" reuses the "test" stream on purpose (see below)
-_STREAM = {"shared": 0, "train": 1, "test": 2, "ood": 2, "validation": 3}
+#: stream numbers: 0 is shared by all splits; "ood" reuses the "test" stream on purpose (see below);
+#: "redraw" replaces test strings that the training split holds too (:func:`_held_out`)
+_STREAM = {"shared": 0, "train": 1, "test": 2, "ood": 2, "validation": 3, "redraw": 4}
 
 for _name in ("sparse_frequent", "modular_addition", "sparse_parity", "boolean",
               "maxmargin_attention"):
@@ -103,10 +105,11 @@ class SparseFrequentConfig:
             )
         if self.num_major > f:
             raise ValueError(f"lam={self.lam} must be ≤ 1")
-        if self.num_irrelevant_ids < 1 and s + f < L:
+        if self.num_irrelevant_ids < 0 or (self.num_irrelevant_ids < 1 and s + f < L):
             raise ValueError(
-                f"vocab_size={self.vocab_size} leaves no irrelevant tokens; need at least "
-                f"{2 * (self.sparse_set_size + self.frequent_set_size) + 1}"
+                f"vocab_size={self.vocab_size} is too small for the 2·(sparse_set_size + "
+                f"frequent_set_size) feature tokens and the irrelevant ones; need at least "
+                f"{2 * (self.sparse_set_size + self.frequent_set_size) + (s + f < L)}"
             )
 
     @property
@@ -286,9 +289,17 @@ def modular_addition(
         raise ValueError(f"p must be ≥ 2, got {p}")
     if not 0.0 < train_fraction < 1.0:
         raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}")
+    n_train = round(train_fraction * p * p)
+    if not 0 < n_train < p * p:
+        # an empty split has no accuracy: a run would train on nothing or never "generalise"
+        raise ValueError(
+            f"train_fraction={train_fraction} of the {p * p:,} pairs of p={p} rounds to "
+            f"{n_train:,} training pairs, which leaves the "
+            f"{'train' if n_train == 0 else 'test'} split empty; use a train_fraction between "
+            f"1/{p * p} and {p * p - 1}/{p * p}, or a larger p"
+        )
     a, b = torch.cartesian_prod(torch.arange(p), torch.arange(p)).unbind(1)
     perm = torch.randperm(p * p, generator=_generator(seed, "shared"))
-    n_train = round(train_fraction * p * p)
     index = perm[:n_train] if split == "train" else perm[n_train:]
     a, b = a[index], b[index]
     tokens = torch.stack([a, b, torch.full_like(a, p)], dim=1)
@@ -320,6 +331,63 @@ def _cube_index(x: Tensor) -> Tensor:
     return ((x > 0).long() << torch.arange(x.shape[1])).sum(dim=1)
 
 
+#: up to this many bits the strings a training split lacks are listed (2ⁿ flags)
+_ENUMERABLE_BITS = 24
+
+
+def _in_rows(x: Tensor, rows: Tensor) -> Tensor:
+    """(N,) bool: which ±1 strings of ``x`` are also rows of ``rows``."""
+    n_bits = x.shape[1]
+    if n_bits <= 62:  # a cube index fits in a long
+        return torch.isin(_cube_index(x), _cube_index(rows))
+
+    def keys(t: Tensor) -> list[tuple[int, ...]]:
+        chunks = [_cube_index(t[:, i:i + 62]) for i in range(0, n_bits, 62)]
+        return list(map(tuple, torch.stack(chunks, dim=1).tolist()))
+
+    seen = set(keys(rows))
+    return torch.tensor([k in seen for k in keys(x)], dtype=torch.bool)
+
+
+def _held_out(name: str, x: Tensor, train: Tensor, seed: int, size_option: str
+              ) -> tuple[Tensor, Tensor]:
+    """The test strings ``x`` with every string that the training split ``train`` holds too
+    replaced by one drawn uniformly from the strings it lacks, and a per-row flag of the rows
+    still in ``train`` (all False unless ``train`` holds every string, when a warning says so).
+
+    Independent uniform draws repeat training strings as soon as 2ⁿ is not much larger than the
+    training set (n = 10 bits and 2,000 training strings: 86% of the test rows), and the test
+    accuracy then counts memorised strings as generalisation. Only clashing rows are redrawn,
+    from a stream of their own, so a test split that held no training string is unchanged.
+    """
+    clash = _in_rows(x, train)
+    if not clash.any():
+        return x, clash
+    n_bits, g, x = x.shape[1], _generator(seed, "redraw"), x.clone()
+    if n_bits <= _ENUMERABLE_BITS:
+        seen = torch.zeros(2**n_bits, dtype=torch.bool)
+        seen[_cube_index(train)] = True
+        unseen = (~seen).nonzero().squeeze(1)
+        if len(unseen) == 0:
+            warnings.warn(
+                f"{name}: the {len(train):,} training strings hold all {2**n_bits:,} strings of "
+                f"{n_bits} bits, so no test string can be held out: {int(clash.sum()):,} test "
+                f"rows repeat training strings and the test accuracy is a training accuracy "
+                f"(meta['in_train']); use more bits or a smaller {size_option}",
+                UserWarning, stacklevel=4)
+            return x, clash
+        pick = unseen[torch.randint(0, len(unseen), (int(clash.sum()),), generator=g)]
+        x[clash] = ((pick.unsqueeze(1) >> torch.arange(n_bits)) & 1).float() * 2 - 1
+        return x, torch.zeros_like(clash)
+    for _ in range(1000):  # above 24 bits a redraw clashes with probability < len(train) / 2²⁵
+        x[clash] = _uniform_pm(int(clash.sum()), n_bits, g)
+        clash = _in_rows(x, train)
+        if not clash.any():
+            return x, clash
+    raise RuntimeError(f"{name}: 1,000 redraws of {n_bits}-bit test strings still hit the "
+                       f"{len(train):,} training strings; use a smaller {size_option}")
+
+
 @register_dataset("sparse_parity")
 def sparse_parity(
     split: str = "train",
@@ -337,6 +405,12 @@ def sparse_parity(
     S is ``subset`` if given, else k distinct indices drawn from ``seed`` (shared by the splits).
     Defaults (n=20, k=3, 1,000 / 1,000) are ours. Inputs (N, n) float ±1; targets long {0, 1}
     (1 ⇔ y = +1); ``meta["subset"]`` is S (sorted), ``meta["y_pm"]`` the ±1 labels.
+
+    "test" holds out the training strings: a test string that the "train" split of the same
+    options holds too is replaced by one drawn uniformly from the strings "train" lacks, so the
+    test accuracy measures generalisation, not memory (with few bits independent draws repeat
+    most training strings). ``meta["in_train"]`` flags test rows still in "train": none, unless
+    "train" holds all 2ⁿ strings (then with a warning).
     """
     del download  # generated, nothing to fetch
     locate("sparse_parity", root)  # refuses a root
@@ -354,11 +428,14 @@ def sparse_parity(
     s = s.sort().values
     n = train_size if split == "train" else test_size
     x = _uniform_pm(n, n_bits, _generator(seed, split))
+    meta: dict[str, Any] = {"subset": s.tolist(), "n_bits": n_bits, "per_example": ("y_pm",)}
+    if split == "test":
+        train_x = _uniform_pm(train_size, n_bits, _generator(seed, "train"))
+        x, meta["in_train"] = _held_out("sparse_parity", x, train_x, seed, "train_size")
+        meta["per_example"] = ("y_pm", "in_train")
     y = x[:, s].prod(dim=1)
-    return ArrayDataset(
-        x, _pm_to_target(y), num_classes=2, name="sparse_parity",
-        meta={"subset": s.tolist(), "n_bits": n_bits, "y_pm": y, "per_example": ("y_pm",)},
-    )
+    meta["y_pm"] = y
+    return ArrayDataset(x, _pm_to_target(y), num_classes=2, name="sparse_parity", meta=meta)
 
 
 def _parity(x: Tensor) -> Tensor:
@@ -404,14 +481,20 @@ def boolean(
 
     ``function``: "parity", "majority", "first", "mean" or "random" (a uniformly random table
     drawn from ``function_seed``, default ``seed``). Targets are float: {0, 1} for the Boolean
-    functions (MSE to {0, 1}, as in Hahn & Rofin; 1 ⇔ f = +1 on the ±1 scale), the fraction of +1
-    bits for "mean" (num_classes = 1 then, a scalar regression).
+    functions (MSE to {0, 1}, as in Hahn & Rofin), the fraction of +1 bits for "mean"
+    (num_classes = 1 then, a scalar regression). PARITY is 1 iff the number of +1 bits is odd: for
+    even n that is ∏xᵢ = −1, the opposite of :func:`sparse_parity`'s target with S = all bits.
+    MAJORITY is 1 iff strictly more bits are +1 (ties → 0), so for even n fewer than half the
+    strings are 1 (37.7% at n = 10) and a constant 0 already scores 62% accuracy.
 
-    ``sampling``: "fresh" — ``size`` uniform strings, a new stream per split; "cube" — all 2ⁿ
-    points (any split); "subset" — a seeded ``train_size`` points of the cube are "train", the
-    other 2ⁿ − train_size are "test" (experiment (4): 128/256/512 of 1,024 for n = 10).
-    ``meta["index"]`` is each row's cube index (:func:`boolean_cube` order) and, where the cube is
-    enumerable, ``meta["table"]`` the targets of all 2ⁿ points.
+    ``sampling``: "fresh" — ``size`` uniform strings, a new stream per split, the "test" strings
+    that "train" holds too redrawn from the strings it lacks (``meta["in_train"]`` flags any
+    left, which happens only when "train" holds all 2ⁿ, with a warning); "cube" — all 2ⁿ points
+    (any split); "subset" — a seeded ``train_size`` points of the cube are "train", the other
+    2ⁿ − train_size are "test" (experiment (4): 128/256/512 of 1,024 for n = 10).
+    ``meta["index"]`` is each row's cube index (:func:`boolean_cube` order; absent above 62 bits,
+    where it does not fit a long) and, where the cube is enumerable, ``meta["table"]`` the
+    targets of all 2ⁿ points.
     """
     del download  # generated, nothing to fetch
     locate("boolean", root)  # refuses a root
@@ -431,9 +514,14 @@ def boolean(
         else:
             table = BOOLEAN_FUNCTIONS[function](cube)
 
+    held: dict[str, Any] = {}
     if sampling == "fresh":
         x = _uniform_pm(size, n_bits, _generator(seed, split))
-        index = _cube_index(x) if n_bits <= 62 else torch.zeros(size, dtype=torch.long)
+        if split == "test":
+            train_x = _uniform_pm(size, n_bits, _generator(seed, "train"))
+            x, held["in_train"] = _held_out("boolean", x, train_x, seed, "size")
+        # no index above 62 bits rather than a wrong one (it was 0 for every row)
+        index = _cube_index(x) if n_bits <= 62 else None
     elif sampling == "cube":
         x, index = cube, torch.arange(2**n_bits)
     else:
@@ -444,8 +532,11 @@ def boolean(
         index = index.sort().values
         x = cube[index]
     y = table[index] if table is not None else BOOLEAN_FUNCTIONS[function](x)
-    meta: dict[str, Any] = {"function": function, "n_bits": n_bits, "sampling": sampling,
-                            "index": index, "per_example": ("index",)}
+    meta: dict[str, Any] = {"function": function, "n_bits": n_bits, "sampling": sampling}
+    if index is not None:
+        meta["index"] = index
+    meta.update(held)
+    meta["per_example"] = tuple(k for k in ("index", "in_train") if k in meta)
     if table is not None:
         meta["table"] = table
     return ArrayDataset(x, y, num_classes=1 if function == "mean" else 2, name="boolean",
