@@ -211,11 +211,17 @@ class Cifar10DepthHeads(_Cifar):
         """One part per ViT variant, ResNet-18 − variant paired by seed, and the part "spread":
         per seed, half the gap (ResNet-18 − mean of the variants) minus the variants' spread
         (max − min), over seeds (no measurement error: one seed is inconclusive); all judged
-        together (Holm)."""
+        together (Holm). Not comparable with fewer than two ViT variants: the spread of one is 0
+        by construction, so "spread under half the gap" held whenever the ViT was below ResNet-18,
+        with no depth or head count compared."""
         groups = by_label(summaries)
         vits = [k for k in groups if k.startswith("vit_small")]
         evidence = sensitivity_evidence(groups)
         why = precondition(groups, [*vits, "resnet18"], MAX_ACC_GAP)
+        if why is None and len(vits) < 2:
+            why = (f"{len(vits)} ViT-small variant{'s' if len(vits) != 1 else ''} "
+                   f"({', '.join(vits) or 'none'}): the spread over depths and head counts needs "
+                   "at least two; give depths and heads more than one shape between them")
         if why is not None:
             return not_comparable(why, evidence)
         parts = lower_parts(groups, vits, ["resnet18"])
@@ -300,12 +306,17 @@ class Cifar10Sigma(_Cifar, FinalMeasureExperiment):
                                   vits, others) for seed in seeds}
         evidence["gaps"] = [mean(gaps[seed][i][0] for seed in seeds) for i in range(len(sigmas))]
         evidence["gaps_per_seed"] = {str(seed): [g for g, _ in gaps[seed]] for seed in seeds}
-        lo, hi = f"σ={sigmas[0]:g}", f"σ={sigmas[-1]:g}"
+        # the smallest and the largest σ by value, not the sweep's first and last: the sweep
+        # keeps the order of the ``sigmas`` setting, and a descending one (--set sigmas=[1.0,
+        # 0.1]) judged "lowest" at the smallest σ and "grows" with its sign reversed
+        i_lo = min(range(len(sigmas)), key=sigmas.__getitem__)
+        i_hi = max(range(len(sigmas)), key=sigmas.__getitem__)
+        lo, hi = f"σ={sigmas[i_lo]:g}", f"σ={sigmas[i_hi]:g}"
         parts = {
-            "lowest": over_seeds([gaps[k][-1][0] for k in seeds], [gaps[k][-1][1] for k in seeds],
-                                 f"gap at {hi}"),
-            "grows": over_seeds([gaps[k][-1][0] - gaps[k][0][0] for k in seeds],
-                                [math.hypot(gaps[k][-1][1], gaps[k][0][1]) for k in seeds],
+            "lowest": over_seeds([gaps[k][i_hi][0] for k in seeds],
+                                 [gaps[k][i_hi][1] for k in seeds], f"gap at {hi}"),
+            "grows": over_seeds([gaps[k][i_hi][0] - gaps[k][i_lo][0] for k in seeds],
+                                [math.hypot(gaps[k][i_hi][1], gaps[k][i_lo][1]) for k in seeds],
                                 f"gap at {hi} − gap at {lo}"),
         }
         detail = ", ".join(f"σ={s:g}: {g:+.4f}" for s, g in zip(sigmas, evidence["gaps"],

@@ -91,7 +91,11 @@ class ParitySettings(Settings, SparseParityTraining):
     :class:`~senslab.train.loops.sparse_parity.SparseParityTraining`). ``only``: comma-separated
     run indices (e.g. ``"0,3"``); empty = all. ``train_size`` > 0 replaces every setting's
     training-set size (quick checks). Replicate k of ``seeds`` adds k to every setting's seed
-    (its run name says the seed used)."""
+    (its run name says the seed used). A run identical to one listed before it is listed once:
+    setting 1 is setting 0 at seed 1, so replicate k of setting 0 is replicate k − 1 of setting
+    1, and with ``train_size`` set setting 2 (its own training-set size) is setting 0; the
+    verdict counts every run as an independent one, so a run trained twice under two names
+    would have entered it twice, with a standard error too small."""
 
     only: str = ""
     train_size: int = ranged(0, ge=0)
@@ -142,11 +146,15 @@ class SparseParity(Experiment):
 
     def runs(self, st: ParitySettings) -> list[Run]:
         out = []
+        listed: set[ParitySetting] = set()
         for k in range(st.seeds):
             for i in chosen(st):
                 s = SETTINGS[i]._replace(seed=SETTINGS[i].seed + k)
                 if st.train_size > 0:
                     s = s._replace(train_size=st.train_size)
+                if s in listed:  # the same training as a run listed already (ParitySettings)
+                    continue
+                listed.add(s)
                 cfg = config_from(SparseParityRun, st, name=run_name(i, s), **s._asdict())
                 out.append(Run(cfg.name, cfg, trainer="sparse_parity"))
         return out
