@@ -196,7 +196,9 @@ class CompareSensitivity:
     module docstring for the formulas.
 
     Args:
-        models: a dict ``{name: model}`` of at least two models that read the same tokens.
+        models: a dict ``{name: model}`` of at least two models that read the same tokens,
+            each a different object (one object under two names would be compared with itself:
+            a difference of exactly 0 ± 0; refused).
         tokens: the tokenization (as for :class:`~senslab.measure.TokenSensitivity`; default:
             each model's ``default_tokens()``).
         **options: every option of :class:`~senslab.measure.TokenSensitivity` except
@@ -255,6 +257,7 @@ class CompareSensitivity:
             )
         if options.get("shard") is not None:
             raise ValueError("shard is not available in a paired comparison; measure all examples")
+        _refuse_one_model_twice(models)  # after the options' refusals, which say more
         _refuse_overridden_kinds(models, options.get("output_kind"))
         generator = options.pop("generator", None)
         self.metrics: dict[str, _Paired] = {}
@@ -280,7 +283,8 @@ class CompareSensitivity:
         self.paired = {pair: State() for pair in self.pairs}
 
     def merge(self, other: CompareSensitivity) -> CompareSensitivity:
-        """Add ``other``'s accumulated state (same model names and options) to this one.
+        """Add ``other``'s accumulated state (same model names, in the same order, and
+        options) to this one; a model object that has another name there is refused.
 
         Refused, before anything is added, where a model's metric would be
         (:meth:`TokenSensitivity.merge <senslab.measure.TokenSensitivity.merge>`): other
@@ -289,10 +293,29 @@ class CompareSensitivity:
         if not isinstance(other, CompareSensitivity):
             raise TypeError(f"can only merge a CompareSensitivity, got {type(other).__name__}")
         if list(other.metrics) != list(self.metrics):
+            if set(other.metrics) == set(self.metrics):
+                raise ValueError(
+                    f"cannot merge: the comparisons name the same models in another order, "
+                    f"{list(self.metrics)} vs {list(other.metrics)}, and their differences "
+                    "are kept as first − second of that order; build both with the models in "
+                    "one order"
+                )
             raise ValueError(
                 f"cannot merge comparisons of different models: {list(self.metrics)} vs "
                 f"{list(other.metrics)}"
             )
+        # one model object under two names (names swapped between the comparisons): the
+        # merged results and differences would mix both models, a − b added to b − a
+        mine = {id(m.model): name for name, m in self.metrics.items()}
+        for name, m in other.metrics.items():
+            here = mine.get(id(m.model), name)
+            if here != name:
+                raise ValueError(
+                    f"cannot merge: the model named {name!r} in the other comparison is the "
+                    f"one named {here!r} in this one, so the merged {name!r} would mix two "
+                    "models and their difference would add a − b to b − a; give every model "
+                    "the same name in both comparisons"
+                )
         with _both(self, other):  # neither changes while the models' states are merged
             for name, m in self.metrics.items():  # every refusal before anything is added
                 theirs = other.metrics[name]
@@ -335,8 +358,11 @@ class CompareSensitivity:
                         f"wrapper that converts its inputs, e.g. lambda z: model(z.to("
                         f"{model_dtype(m.model)})) (the noise is then added in the inputs' "
                         "dtype)") from err
-                except (ValueError, TypeError, FloatingPointError) as err:
-                    raise _named(err, name) from err
+                except (ValueError, TypeError, FloatingPointError, RuntimeError) as err:
+                    named = _named(err, name)
+                    if named is err:  # a class of its own (out of memory, say): kept as it is
+                        raise
+                    raise named from err
                 self._check_layout(metrics[0], (name, m))
         except BaseException:
             for name, m in metrics:
@@ -400,8 +426,13 @@ class CompareSensitivity:
 
 def _named(err: Exception, name: str) -> Exception:
     """``err`` with the name of the model it came from (and, for a decision-rule refusal, how
-    to give this model its own rule); ``err`` itself for an exception class of its own."""
-    if type(err) not in (ValueError, TypeError, FloatingPointError):
+    to give this model its own rule); ``err`` itself for an exception class of its own, with
+    the name as a note where Python takes notes (3.11+). A runtime error is named too: the
+    models of a comparison often share a class, and a refusal such as "the model's output
+    changed between two evaluations" would not say which of them it means."""
+    if type(err) not in (ValueError, TypeError, FloatingPointError, RuntimeError):
+        if hasattr(err, "add_note"):
+            err.add_note(f"(raised while measuring model {name!r} of the comparison)")
         return err
     msg = f"model {name!r}: {err}"
     if "output_kind" in str(err):
@@ -410,6 +441,25 @@ def _named(err: Exception, name: str) -> Exception:
                 "'probabilities' or 'logits'; a function or lambda takes the attribute too) "
                 "and drop output_kind=")
     return type(err)(msg)
+
+
+def _refuse_one_model_twice(models: Mapping[str, Any]) -> None:
+    """Refuse one model object under two names: it sees the same copies twice, so every
+    difference of it with itself is exactly 0 with a standard error of 0 — "no difference,
+    known exactly" — whatever the two names were meant to hold (a second checkpoint loaded into
+    the same object, a name bound twice)."""
+    seen: dict[int, str] = {}
+    for name, model in models.items():
+        first = seen.setdefault(id(model), name)
+        if first != name:
+            raise ValueError(
+                f"models {first!r} and {name!r} are the same object: a paired comparison of a "
+                "model with itself reports a difference of exactly 0 with a standard error of 0 "
+                "(every copy gives both the same value), which reads as 'no difference, known "
+                "exactly'. Pass the two models meant (load the second checkpoint into a new "
+                "model object); for a deliberate check of a model against itself, pass "
+                "copy.deepcopy(model) as the second"
+            )
 
 
 def _refuse_overridden_kinds(models: Mapping[str, Any], kind: str | None) -> None:
