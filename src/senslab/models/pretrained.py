@@ -8,12 +8,14 @@ only when a function needs them.
 * :func:`hf_config`, :func:`load_hf`: the model with its own head when it has one of
   :data:`HF_HEADS`, else a sequence/image classification head, new and seeded (a sentence
   encoder such as MiniLM ships none); the words say which weights are pretrained and which new.
+  Weights are loaded as float32 whatever dtype they are stored in (``--precision`` chooses the
+  forwards' precision).
 * :func:`load_timm`: ``timm.create_model(name, pretrained=True)``.
 * :func:`image_prep`: channels repeated (grayscale → RGB), size interpolated to the model's, the
   model's own normalisation (HF image processor, else timm's ``pretrained_cfg``) applied.
 * :func:`text_prep`: a text set's inputs as the model takes them; a model whose config has no pad
-  token (GPT-2) is given the data's (the tokenizer pads with its end token, see
-  :func:`senslab.data.text.pretrained_tokenizer`).
+  token (GPT-2), or another than the data is padded with, is given the data's (the tokenizer
+  pads with its end token, see :func:`senslab.data.text.pretrained_tokenizer`).
 
 Errors are ``ValueError``s (``ImportError`` for a missing library) whose message names the
 option, what was wrong and the fix, in the command's terms (``option=`` is that name).
@@ -79,27 +81,53 @@ def is_image_config(config: Any) -> bool:
     return hasattr(config, "num_channels")
 
 
-def load_hf(name: str, config: Any, seed: int, num_labels: int) -> tuple[Any, Any, str]:
+def load_hf(name: str, config: Any, seed: int, num_labels: int,
+            option: str = "--hf") -> tuple[Any, Any, str]:
     """(model in eval mode, image processor or None, words on its weights) of ``name``.
 
-    A head the checkpoint lacks is initialised from ``seed`` (the global RNG is restored)."""
+    A head the checkpoint lacks is initialised from ``seed`` (the global RNG is restored). The
+    weights are loaded as float32 whatever dtype the checkpoint stores: transformers 5 loads a
+    config's ``dtype`` (bfloat16, float16) as it is where 4.x loaded float32, so the same
+    command measured the same folder in another precision by the library's version, and
+    ``--precision float32`` could not undo it. Float32 holds every bfloat16/float16 value
+    exactly; the precision of the forwards is ``--precision``'s (the words name the stored
+    dtype where it is not float32)."""
     import torch
     import transformers
 
     image = is_image_config(config)
     arch = next((a for a in config.architectures or [] if a.endswith(HF_HEADS)), None)
     cls = getattr(transformers, arch, None) if arch else None
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {_dtype_keyword(transformers): torch.float32}
     if cls is None:
         cls = (transformers.AutoModelForImageClassification if image
                else transformers.AutoModelForSequenceClassification)
         kwargs["num_labels"] = num_labels
     transformers.utils.logging.disable_progress_bar()  # stderr: senslab's own lines only
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model, info = cls.from_pretrained(name, output_loading_info=True, **kwargs)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model, info = cls.from_pretrained(name, output_loading_info=True, **kwargs)
+    except RuntimeError as err:
+        # transformers refuses a checkpoint tensor of another shape than the new head's (a
+        # token-classification or other head with another label count): its own message only
+        # points at a report above, and the command called it a bug
+        if "mismatch" not in str(err).lower() or "num_labels" not in kwargs:
+            raise
+        named = ", ".join(config.architectures or []) or "no architecture"
+        raise ValueError(
+            f"{option} {name}: its config names {named}, none of which senslab reads with its "
+            f"own head ({', '.join('*' + h for h in HF_HEADS)}), so a new {num_labels}-label "
+            f"{'image' if image else 'sequence'} classification head was built, but the "
+            "checkpoint holds head weights of another shape there (transformers: "
+            f"{str(err).strip().splitlines()[0]}). Measure a model saved with a "
+            "classification head, or a bare encoder (no head) to measure with a new one"
+        ) from None
     new = sorted(info.get("missing_keys") or [])
     weights = f"pretrained weights from {name}"
+    stored = _stored_dtype(config)
+    if stored not in (None, "float32"):
+        weights += f" (stored as {stored}, loaded as float32, exactly)"
     if new:
         shown = ", ".join(new[:4]) + (f" and {len(new) - 4} more" if len(new) > 4 else "")
         weights += f" except {shown}, newly initialised (seed {seed})"
@@ -110,6 +138,21 @@ def load_hf(name: str, config: Any, seed: int, num_labels: int) -> tuple[Any, An
         except (OSError, ValueError):
             processor = None
     return model.eval(), processor, weights
+
+
+def _dtype_keyword(transformers: Any) -> str:
+    """``from_pretrained``'s dtype keyword: ``dtype`` from transformers 4.56 (5 warns on the
+    older name), ``torch_dtype`` before."""
+    major, minor = (int(v) for v in transformers.__version__.split(".")[:2])
+    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+
+
+def _stored_dtype(config: Any) -> str | None:
+    """The dtype a config says its weights are stored in (``"bfloat16"``), or None."""
+    # ``dtype`` first: transformers 5 warns on reading the older ``torch_dtype``
+    dtype = getattr(config, "dtype", None) if hasattr(config, "dtype") else getattr(
+        config, "torch_dtype", None)
+    return None if dtype is None else str(dtype).removeprefix("torch.")
 
 
 def load_timm(name: str, option: str = "--timm") -> tuple[Any, str]:
@@ -135,13 +178,24 @@ def load_timm(name: str, option: str = "--timm") -> tuple[Any, str]:
 def image_prep(model: Any, processor: Any, x: Any) -> tuple[Callable[[Any], Any], str, Any]:
     """How [0, 1] images shaped like ``x`` become the model's inputs: (prepare function, words,
     (mean, std) or None). Channels are repeated (grayscale → RGB), the size interpolated to the
-    model's, and the model's normalisation applied."""
+    model's, and the model's normalisation applied. Images outside [0, 1] (data normalised
+    already) are refused: they would be normalised twice."""
     import torch
     import torch.nn.functional as F
 
     from ..tokens.patches import model_normalization, processor_normalization
 
     c, h, w = x.shape[1:]
+    lo, hi = float(x.min()), float(x.max())
+    if lo < -1e-6 or hi > 1 + 1e-6:
+        # the model's own normalisation is applied below: on data normalised already it is
+        # applied twice, the model sees inputs unlike its training, and pixel σ is off by the
+        # data's std, while the words say [0, 1] pixels
+        raise ValueError(
+            f"the images range over {lo:.3g} to {hi:.3g}, not the [0, 1] pixels a pretrained "
+            "model's own normalisation is applied to: the data was normalised already, and it "
+            "would be normalised twice; drop --set data.options.normalize (the command loads "
+            "pixels and normalises them as the model does)")
     config = getattr(model, "config", None)
     size: Any = getattr(config, "image_size", None)
     channels = getattr(config, "num_channels", None)
@@ -188,13 +242,21 @@ def text_prep(model: Any, pad_id: int | None) -> tuple[Callable[[Any], Any], str
     (and ``token_type_ids`` where the set has them).
 
     A model whose config has no ``pad_token_id`` (GPT-2: its sequence-classification head reads
-    the last non-pad token and refuses batches without one) is given the data's ``pad_id``; the
-    words say so (empty otherwise)."""
+    the last non-pad token and refuses batches without one), or another one than the data's
+    ``pad_id``, is given the data's ``pad_id``; the words say so (empty otherwise)."""
     config = getattr(model, "config", None)
     words = ""
-    if config is not None and getattr(config, "pad_token_id", 0) is None and pad_id is not None:
+    own = getattr(config, "pad_token_id", 0) if config is not None else 0
+    if pad_id is not None and own is None:
         config.pad_token_id = int(pad_id)
         words = f"; the model's pad_token_id set to the tokenizer's ({pad_id})"
+    elif pad_id is not None and hasattr(config, "pad_token_id") and own != pad_id:
+        # a decoder's classification head (GPT-2, Llama, ...) reads the last token that is not
+        # its config's pad_token_id: on rows the data pads with another id it read the last
+        # pad's position instead of the last real token, a prediction the model never makes
+        config.pad_token_id = int(pad_id)
+        words = (f"; the model's pad_token_id {own} set to the tokenizer's ({pad_id}), the id "
+                 "the data is padded with")
 
     def prepare(x: dict[str, Any]) -> dict[str, Any]:
         out = {"input_ids": x["input_ids"], "attention_mask": x["attention_mask"].long()}
