@@ -81,12 +81,26 @@ def _check_flag(name: str, value: Any) -> bool:
     return bool(value)
 
 
+#: int seeds run from 0 to this, exclusive: ``torch.Generator.manual_seed`` takes 64 bits
+SEED_END = 1 << 64
+
+
 def _check_generator(generator: Any, name: str = "generator") -> None:
-    """None, an int seed or a ``torch.Generator``; anything else (a str, a float, a bool) is a
-    TypeError that shows both valid forms."""
+    """None, an int seed in [0, 2**64) or a ``torch.Generator``; anything else (a str, a float,
+    a bool) is a TypeError that shows both valid forms. A negative seed is a ValueError: torch
+    wrapped it round 2**64 without a word (a ``-1`` meant as "a random seed" gave the same
+    numbers every run), and a seed of 2**64 or more failed only at the first ``update``, after
+    the clean forward, with "Overflow when unpacking long long"."""
     if generator is None or isinstance(generator, torch.Generator):
         return
     if isinstance(generator, Integral) and not isinstance(generator, bool):
+        if not 0 <= int(generator) < SEED_END:
+            raise ValueError(
+                f"{name} seed must be an int from 0 to 2**64 - 1, got {int(generator)}: torch "
+                "takes 64 bits, and a negative seed would stand for another one (no random "
+                f"seed: the same numbers every run); e.g. {name}=0, or for a fresh seed each "
+                f"run {name}=secrets.randbits(63) (and keep it to reproduce the run)"
+            )
         return
     raise TypeError(
         f"{name} must be a torch.Generator or an int seed, got {generator!r} "
@@ -271,7 +285,8 @@ def float32_default() -> Iterator[None]:
     the module's around every step; a measurement there drew its noise and its random token
     choices in that dtype — other numbers than the same measurement anywhere else, from
     coarser draws (and ``allocation="linear"`` failed). Any other default (float32, float64) is
-    left as it is. :meth:`.tokenwise.TokenSensitivity.update` and
+    left as it is, for the model's own forward; the noise is drawn in float32 whatever the
+    default (:data:`._noise.DRAW_DTYPE`). :meth:`.tokenwise.TokenSensitivity.update` and
     :meth:`.compare.CompareSensitivity.update` run under it."""
     previous = torch.get_default_dtype()
     if previous not in (torch.float16, torch.bfloat16):
