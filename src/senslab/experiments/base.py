@@ -516,6 +516,13 @@ def _run_locked(exp: Experiment, out: Path, scale: str, overrides: list[str],
     # unfinished until re-run with its old settings
     exp.check_run_dirs(out, prepared[1])
     previous = _previous_verdict(out, scale, overrides)
+    now_listed = [r.name for r in prepared[1]]
+    other_runs = previous is not None and listed_runs(out) != now_listed
+    if other_runs:
+        # the same scale and overrides, but other runs (a newer senslab changed the experiment's
+        # runs or a default such as its seeds): kept in place, that verdict stayed beside an
+        # experiment.json listing runs it never judged when this invocation stopped early
+        previous = None
     damaged = _damaged_verdict(out)
     #: how to put a verdict of other settings back (:func:`_put_back`)
     undo: tuple[str, bytes, dict[str, tuple[int, int]]] | None = None
@@ -531,7 +538,10 @@ def _run_locked(exp: Experiment, out: Path, scale: str, overrides: list[str],
         listing = _read_bytes(out / "experiment.json")
         untouched = _run_files(out)
         kept = _set_verdict_aside(out, SUPERSEDED)
-        log(f"{out}/verdict.json was written for other settings: moved to {kept}")
+        what = (f"the same settings but other runs than they now give ({len(now_listed)} "
+                "runs, a list that differs from experiment.json's)" if other_runs
+                else "other settings")
+        log(f"{out}/verdict.json was written for {what}: moved to {kept}")
         if listing is not None:
             undo = (kept, listing, untouched)
     before = _finished_runs(out)

@@ -11,7 +11,9 @@ trained on another machine can be copied in), then :func:`summarize_ladder` read
 
 * ``OUT/ladder.json`` — per rung: its verdict, seeds, runtime, device and every effect with its
   interval; per effect: the verdict at each rung and the *trend*, the change of the effect from
-  the lowest to the highest rung that measured it, with its own interval;
+  the lowest to the highest rung that measured it, with its own interval (a trend whose two
+  rungs differ in more than their own settings — extra overrides, seeds — or rest on one
+  seed's measurement noise says so in its ``note`` and in the summary sentence);
 * ``OUT/ladder.png`` — each effect with its interval against the rungs (:func:`plot_ladder`).
 
 A rung that needs a GPU (``cpu=False``) is not run by default; ``ladder.json`` lists its command.
@@ -65,7 +67,7 @@ def run_ladder(name: str, out_dir: str | Path, rungs: Sequence[str] | None = Non
     own. Every rung's overrides are checked before anything trains."""
     exp = get_experiment(name)
     chosen = select_rungs(exp, rungs)
-    _refuse_rung_keys(chosen, extra)
+    _refuse_rung_keys(chosen, extra, exp.ladder)
     for rung in chosen:  # a bad rung fails before any training
         exp.check(rung.scale, [*rung.overrides, *extra])
     out = Path(out_dir)
@@ -80,12 +82,20 @@ def _key(override: str) -> str:
     return override.split("=", 1)[0].strip()
 
 
-def _refuse_rung_keys(chosen: Sequence[Rung], extra: Sequence[str]) -> None:
+def _setters(rungs: Sequence[Rung], override: str) -> list[str]:
+    """The names of the rungs among ``rungs`` whose own overrides set ``override``'s key."""
+    return [r.name for r in rungs if any(_key(o) == _key(override) for o in r.overrides)]
+
+
+def _refuse_rung_keys(chosen: Sequence[Rung], extra: Sequence[str],
+                      ladder: Sequence[Rung] = ()) -> None:
     """Refuse an extra override of a key a rung sets itself: it followed the rung's and won, so
     every rung ran with it while the ladder's record still named the rung's own value (two
-    rungs trained alike, read as "no clear change")."""
+    rungs trained alike, read as "no clear change"). A key that only a rung of ``ladder`` not
+    chosen sets is refused too: ``--rungs cpu --set steps=N`` trained rung cpu with the factor
+    that rung ``longer`` changes, and the ladder read it as rung cpu."""
     for override in extra:
-        setters = [r.name for r in chosen if any(_key(o) == _key(override) for o in r.overrides)]
+        setters = _setters(chosen, override) or _setters(ladder, override)
         if setters:
             raise ValueError(
                 f"--set {override}: the ladder's rungs set {_key(override)} themselves (rung(s) "
@@ -93,20 +103,52 @@ def _refuse_rung_keys(chosen: Sequence[Rung], extra: Sequence[str]) -> None:
                 "the experiment at one scale (--scale) with that --set")
 
 
-def _rung_verdict(out: Path, rung: Rung) -> tuple[dict[str, Any] | None, str]:
-    """The rung's verdict.json and "" — or None and why it cannot be used."""
+def _rung_verdict(out: Path, rung: Rung, name: str = "", ladder: Sequence[Rung] = ()
+                  ) -> tuple[dict[str, Any] | None, str]:
+    """The rung's verdict.json and "" — or None and why it cannot be used: not there, not
+    readable, of another experiment (``name``), of another scale or other rung overrides, or
+    run with an extra override of a key that a rung of ``ladder`` sets (the ladder's factor
+    changed: another rung's protocol, or none, read as this rung's)."""
     path = out / rung.name / "verdict.json"
     if not path.is_file():
         if (out / rung.name / "experiment.json").is_file():
             return None, "started, not finished (the same command resumes it)"
         return None, "not run" if rung.cpu else "needs a GPU: not run here"
-    v = json.loads(path.read_text())
-    done = list(v.get("overrides") or [])
+    try:
+        v = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        # a truncated copy failed the whole summary with a bare JSONDecodeError naming no file
+        return None, (f"{path} cannot be read ({type(err).__name__}: {err}): left out; the "
+                      "rung's command sets it aside and writes it again (finished runs are "
+                      "reused)")
+    if not isinstance(v, dict):
+        return None, (f"{path} is a JSON {type(v).__name__}, not a verdict: left out; the "
+                      "rung's command sets it aside and writes it again")
+    held = _experiment_of(out / rung.name)
+    if name and held is not None and held != name:
+        return None, (f"{out / rung.name} holds the runs of experiment {held!r}, not {name!r}: "
+                      "left out (its verdict is another claim's)")
+    done = [str(o) for o in v.get("overrides") or []]
     if v.get("scale") != rung.scale or done[:len(rung.overrides)] != list(rung.overrides):
         return None, (f"{path} was run with scale {v.get('scale')!r} and overrides "
                       f"{done}, not the rung's {rung.scale!r} and {list(rung.overrides)}: "
                       "left out")
+    clash = {o: _setters(ladder, o) for o in done[len(rung.overrides):] if _setters(ladder, o)}
+    if clash:
+        said = "; ".join(f"{o} (set by rung(s) {', '.join(by)})" for o, by in clash.items())
+        return None, (f"{path} was run with extra overrides of keys the ladder's rungs set "
+                      f"themselves: {said}; a rung's settings are its protocol, so these runs "
+                      f"are not rung {rung.name}'s: left out (train the rung without them)")
     return v, ""
+
+
+def _experiment_of(exp_dir: Path) -> str | None:
+    """The experiment name ``exp_dir``'s experiment.json gives; None when it names none."""
+    try:
+        held = json.loads((exp_dir / "experiment.json").read_text()).get("name")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return held if isinstance(held, str) else None
 
 
 def _on_fisher_z(e: dict[str, Any]) -> bool:
@@ -177,7 +219,7 @@ def summarize_ladder(name: str, out_dir: str | Path) -> dict[str, Any]:
     out = Path(out_dir)
     rows, effects = [], {}
     for rung in exp.ladder:
-        v, why = _rung_verdict(out, rung)
+        v, why = _rung_verdict(out, rung, name, exp.ladder)
         row: dict[str, Any] = {"rung": rung.name, "scale": rung.scale, "size": rung.size,
                                "note": rung.note, "overrides": list(rung.overrides),
                                "cpu": rung.cpu,
@@ -202,7 +244,12 @@ def summarize_ladder(name: str, out_dir: str | Path) -> dict[str, Any]:
                and r["effects"][part].get("effect") is not None]
         entry: dict[str, Any] = {"at": {rung: e.get("verdict") for rung, e in pts}}
         if len(pts) >= 2:
-            entry["trend"] = {"from": pts[0][0], "to": pts[-1][0], **trend(pts[0][1], pts[-1][1])}
+            t = trend(pts[0][1], pts[-1][1])
+            by_rung = {r["rung"]: r for r in rows}
+            unlike = _unlike(by_rung[pts[0][0]], by_rung[pts[-1][0]], pts[0][1], pts[-1][1])
+            if unlike:
+                t["note"] = "; ".join([t["note"], unlike] if t.get("note") else [unlike])
+            entry["trend"] = {"from": pts[0][0], "to": pts[-1][0], **t}
         per_effect[part] = entry
     summary = {"name": name, "claim": exp.claim, "rungs": rows, "effects": per_effect,
                "summary": ladder_sentence(rows, per_effect)}
@@ -211,6 +258,32 @@ def summarize_ladder(name: str, out_dir: str | Path) -> dict[str, Any]:
     rd.write_json("ladder.json", summary)
     plot_ladder(summary, out / "ladder.png")
     return summary
+
+
+def _unlike(low: dict[str, Any], high: dict[str, Any], e_low: dict[str, Any],
+            e_high: dict[str, Any]) -> str:
+    """What the trend from rung row ``low`` to rung row ``high`` (effects ``e_low``,
+    ``e_high``) does not hold equal besides the rungs' own settings, in words; "" when nothing.
+
+    Rungs trained in separate invocations may carry different extra overrides (``--set
+    seeds=3`` at one only, a quick ``train.epochs=1`` left in a directory): the change then
+    mixes that difference into the scale's. One seed at a rung gives an interval of
+    measurement noise alone, without the seed-to-seed variation the other rung's may hold."""
+    said = []
+    a, b = low.get("extra_overrides") or [], high.get("extra_overrides") or []
+    if a != b:
+        said.append(f"{low['rung']} ran with extra overrides {a} and {high['rung']} with {b}, "
+                    "so the change is not the rungs' alone")
+    if low.get("seeds") != high.get("seeds"):
+        said.append(f"{low['rung']} has {low.get('seeds')} seed(s) and {high['rung']} "
+                    f"{high.get('seeds')}")
+    for row, e in ((low, e_low), (high, e_high)):
+        if (e.get("seeds") == 1 and str(e.get("method") or "").startswith("measurement")
+                and e.get("se") is not None):
+            unit = e.get("unit") or "seed"
+            said.append(f"{row['rung']} has one {unit}: its part of the interval is measurement "
+                        f"noise only, no {unit}-to-{unit} variation")
+    return "; ".join(said)
 
 
 def ladder_sentence(rows: list[dict[str, Any]], per_effect: dict[str, Any]) -> str:
@@ -228,8 +301,9 @@ def ladder_sentence(rows: list[dict[str, Any]], per_effect: dict[str, Any]) -> s
         if t and t.get("interval"):
             lo, hi = t["interval"]
             on = " in atanh ρ" if t.get("scale") == "fisher_z" else ""
+            note = f"; {t['note']}" if t.get("note") else ""
             trends.append(f"{part} {t['word']} from {t['from']} to {t['to']} "
-                          f"({t['change']:+.3g} [{lo:+.3g}, {hi:+.3g}]{on})")
+                          f"({t['change']:+.3g} [{lo:+.3g}, {hi:+.3g}]{on}{note})")
     if trends:
         text += ". As scale grows: " + "; ".join(trends)
     started = [r["rung"] for r in rows if r.get("status", "").startswith("started")]
