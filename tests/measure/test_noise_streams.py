@@ -14,6 +14,8 @@ copies are chunked, of the global default dtype; seeds that torch cannot take ar
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -214,3 +216,35 @@ def test_accepted_option_values_give_the_documented_numbers():
     for kw in (dict(sigma=torch.tensor(1.0)), dict(generator=np.random.default_rng(0))):
         with pytest.raises(TypeError):
             run(**kw)
+
+
+def test_token_subsets_do_not_depend_on_the_default_dtype() -> None:
+    """``num_tokens`` and ``allocation="uniform"`` drew their token subsets in the default dtype:
+    a float64 default gave other subsets from one seed (0.2361 for 0.1806)."""
+    from senslab.measure import token_sensitivity
+    from senslab.tokens import Sequence
+
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(6, 4, generator=g)
+    x = torch.randn(16, 6, 4, generator=g)
+
+    def model(inp: torch.Tensor) -> torch.Tensor:
+        return (inp.float() * w).sum((1, 2))
+
+    def both(**opts: object) -> tuple[torch.Tensor, torch.Tensor]:
+        out = []
+        for dtype in (torch.float32, torch.float64):
+            before = torch.get_default_dtype()
+            torch.set_default_dtype(dtype)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    r = token_sensitivity(model, x, Sequence(), sigma=1.0, generator=0, **opts)
+            finally:
+                torch.set_default_dtype(before)
+            out.append(r.per_sample)
+        return out[0], out[1]
+
+    for opts in ({"num_tokens": 2, "repeats": 2}, {"allocation": "uniform", "budget": 0.5}):
+        a, b = both(**opts)
+        assert torch.equal(a, b), opts

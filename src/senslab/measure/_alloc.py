@@ -463,7 +463,9 @@ class Sampled:
         self.valid = valid
         b, t = valid.shape
         self.k_all = valid.sum(1)
-        scores = torch.rand(b, t, generator=gen, device=gen.device).to(valid.device)
+        # float32 whatever the default dtype: a float64 default drew other subsets from one seed
+        scores = torch.rand(b, t, generator=gen, device=gen.device,
+                            dtype=torch.float32).to(valid.device)
         scores = scores.masked_fill(~valid, float("inf"))
         self.rank = scores.argsort(dim=1).argsort(dim=1)
         pair = torch.rand(b, t, generator=gen, device=gen.device, dtype=torch.float64)

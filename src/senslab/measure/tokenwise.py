@@ -898,6 +898,10 @@ class TokenSensitivity:
         is the token axis. Any other mapping (a tokenizer's ``BatchEncoding``) is read as the
         dict of its items.
 
+        An update that raises (a refused batch, a warning raised as an error, an interrupt)
+        adds nothing: the state (after :meth:`all_reduce`, the total) and
+        :attr:`untrimmed_batches` stay as they were; the random stream may have moved on.
+
         Calls from several threads run one at a time (the measurements' lock, see
         docs/measuring.md#one-model-several-threads, and one per metric): the counts stay
         right, but which batch draws which noise then follows the threads' scheduling, so the
@@ -917,10 +921,22 @@ class TokenSensitivity:
         if self.autocast is None and not self._float32_checked:
             self._float32_checked = True
             _warn_reduced_float32(self.model, device)
-        if self._local is not None:  # after all_reduce: add to this process's own state
-            self.state, self._local = self._local, None
-        with float32_default():  # a bf16 default (a Lightning bf16-true step): float32 draws
-            self._update_model(inputs, mask, device)
+        # An update that raises adds nothing and leaves the metric as it was: the batch is added
+        # to a copy (after all_reduce: of this process's own state), and an exception puts the
+        # state before it back. A refusal after all_reduce had left the process's own state in
+        # place of the total (2 ranks: compute() then read 7 of 13 examples), and an exception
+        # after the batch was added (a warning raised as an error, an interrupt) had kept a
+        # batch whose update the caller saw fail, counted again on a retry.
+        before = (self.state, self._local, self.untrimmed_batches)
+        own = self._local if self._local is not None else self.state  # after all_reduce: own
+        try:
+            # the profile's tensors are replaced, never changed in place: a shallow copy will do
+            self.state, self._local = dataclasses.replace(own, samples=list(own.samples)), None
+            with float32_default():  # a bf16 default (a Lightning bf16-true step): float32 draws
+                self._update_model(inputs, mask, device)
+        except BaseException:
+            self.state, self._local, self.untrimmed_batches = before
+            raise
 
     def _update_model(self, inputs: Inputs, mask: Tensor | None, device: torch.device) -> None:
         """:meth:`update`'s work on the model: checks, mode, buffers, forwards."""
@@ -1062,22 +1078,24 @@ class TokenSensitivity:
                     if runner.per_copy is not None:
                         self._per_copy[key] = runner.per_copy
                 return
-            parts: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
+            # per round: values, examples, tokens, owned, and which copies are events
+            # (:func:`_events`, elementwise: found once per round, not again over all rounds)
+            parts: list[tuple[Tensor, Tensor, Tensor, Tensor, Tensor]] = []
             rounds = 0
             with ChunkRunner(self, bound, stream, ref, whole, device, control,
                              self._per_copy.get(key), check) as runner:  # restores bound.model
                 while True:
                     src, tok = self._plan(valid, stream)
                     own = self._owned(src)
-                    parts.append((runner.run(src, tok, own, extent), src, tok, own))
+                    vals = runner.run(src, tok, own, extent)
+                    parts.append((vals, src, tok, own, _events(vals, src, tok, control)))
                     rounds += 1
-                    if not self._more(parts, valid, rounds, control):
+                    if not self._more(parts, valid, rounds):
                         break
             self.last_chunk_size = runner.chunk
             if runner.per_copy is not None:
                 self._per_copy[key] = runner.per_copy  # later batches of this shape: no probe
-        vals, src, tok, own = (torch.cat(x) for x in zip(*parts, strict=True))
-        changed = _events(vals, src, tok, control)
+        vals, src, tok, own, changed = (torch.cat(x) for x in zip(*parts, strict=True))
         floor = 0.0
         if self.target_stderr is not None and not bool(changed.any()):  # never with shard
             floor = _alloc.zero_floor(*self._draws(src, tok, valid))
@@ -1306,12 +1324,13 @@ class TokenSensitivity:
             return None
         return rounds * self.repeats // (2 if self.antithetic else 1)
 
-    def _more(self, parts: list[tuple[Tensor, ...]], valid: Tensor, rounds: int,
-              control: Any = None) -> bool:
+    def _more(self, parts: list[tuple[Tensor, ...]], valid: Tensor, rounds: int) -> bool:
         """Adaptive stopping: another round while the batch's subset s.e. exceeds the target.
-        The flips counted for the :data:`._alloc.MIN_FLIPS` guard are the values that vary:
-        with the control variate, the copies whose flip differs from the tangent's (an
-        adjusted value v − c + q is nonzero on nearly every copy, and the guard never held)."""
+        ``parts``: the rounds so far, each (values, examples, tokens, owned, events). The flips
+        counted for the :data:`._alloc.MIN_FLIPS` guard are the events (:func:`_events`), the
+        values that vary: with the control variate, the copies whose flip differs from the
+        tangent's (an adjusted value v − c + q is nonzero on nearly every copy, and the guard
+        never held)."""
         if self.target_stderr is None:
             return False
         b = valid.shape[0]
@@ -1326,7 +1345,7 @@ class TokenSensitivity:
         se = math.sqrt(max(within, 0.0)) / b if math.isfinite(within) else math.inf
         # a standard error estimated from a handful of flips is too noisy to stop on, and one
         # of no flip at all ends the rounds only once the rule of three allows it
-        flips = int(_events(vals, src, tok, control).sum())
+        flips = int(torch.cat([p[4] for p in parts]).sum())
         counts, cells = self._draws(src, tok, valid) if flips == 0 else (None, valid)
         return se > self.target_stderr or (se == 0.0 and rounds < ROUNDS_AT_ZERO) \
             or not _alloc.enough_flips(flips, counts=counts, valid=cells,
@@ -1350,7 +1369,9 @@ class TokenSensitivity:
             return src, torch.zeros_like(src)
         chosen = valid
         if self.num_tokens is not None and self.num_tokens < t:
-            scores = torch.rand(b, t, generator=stream.gen, device=stream.gen.device)
+            # float32 whatever the default dtype: a float64 default drew other token subsets
+            scores = torch.rand(b, t, generator=stream.gen, device=stream.gen.device,
+                                dtype=torch.float32)
             scores = scores.to(valid.device).masked_fill(~valid, float("inf"))
             rank = scores.argsort(dim=1).argsort(dim=1)
             chosen = valid & (rank < self.num_tokens)
