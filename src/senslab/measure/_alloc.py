@@ -33,22 +33,10 @@ tangent's :math:`q` tends to be off by much the same factor everywhere: its flip
 steeper or flatter tangent. The first round, of ``budget`` units per token, is allocated by the
 tangent as it is; after each round the scale :math:`\kappa` in :math:`q_{bt}(\kappa) =
 \Phi(-m_b/(\kappa\sigma\lVert g_{bt}\rVert))` is fitted by maximum likelihood to every copy's
-flip so far (:func:`fit_scale`), and the next round is allocated by :math:`q(\kappa^+)`,
-:math:`\kappa^+` the upper end of :math:`\kappa`'s likelihood-ratio 95% interval, and sized,
-at least ``budget`` (a top-up after that round at least :data:`TOPUP` × ``budget``), by
-what the refitted tangent :math:`q(\hat\kappa)` predicts that round will report
-(:func:`next_size`): the variance so far and the prediction together reach the target. The
-allocation hedges against a :math:`\hat\kappa` that a handful of flips pulled low: at it a
-token that flips rarely but not never (a few per cent) falls to the floor, is drawn with a
-small :math:`\pi` and weighted :math:`1/\pi`, and a run that missed its flips reads a low
-estimate with a small standard error and stops. On 8 low-rate examples (rate 0.016, exact
-tangent, budget 0.25, target 0.005, 300 seeds) :math:`\hat\kappa`'s 5% quantile was 0.40,
-84% of the 95% intervals covered the rate and the estimate sat 0.11 of its standard error
-low; allocated by :math:`\kappa^+`, 94% and +0.01, at 1.5× the copies (the
-:data:`ALLOC_MIN_FLIPS` guard waits longer for flips spread over more tokens); on 16
-examples, 94–95% both ways with an exact tangent and 92% → 95% with one three times too
-steep, at 1.08× the copies. With many flips the interval is narrow and :math:`\kappa^+ \to
-\hat\kappa`. Rounds of sizes :math:`b_r` are combined by
+flip so far (:func:`fit_scale`), and the next round is allocated by :math:`q(\hat\kappa)` and
+sized, at least ``budget`` (a top-up after that round at least :data:`TOPUP` × ``budget``), by
+what the refitted tangent predicts that round will report (:func:`next_size`): the variance so
+far and the prediction together reach the target. Rounds of sizes :math:`b_r` are combined by
 their sizes, :math:`\sum_r b_r Y_r / \sum_r b_r`. A small pilot and one round sized for the
 target replace the many equal rounds that went before:
 small rounds draw most tokens with a probability below one, which costs
@@ -214,20 +202,13 @@ def expected_units(q: Tensor, valid: Tensor, budget: float,
 
 #: the scales :func:`fit_scale` chooses among: κ from 1/20 to 20, 2.5% apart
 SCALE_GRID = torch.linspace(-3.0, 3.0, 241, dtype=torch.float64).exp()
-#: half the 0.95 quantile of χ² with one degree of freedom: the log-likelihood drop that bounds
-#: the likelihood-ratio 95% interval of κ (:func:`fit_scale` with ``upper``)
-SCALE_LR = 1.92
 
 
-def fit_scale(x: Tensor, hits: Tensor, counts: Tensor, upper: bool = False) -> float:
+def fit_scale(x: Tensor, hits: Tensor, counts: Tensor) -> float:
     r"""The maximum-likelihood :math:`\kappa` of flips ``hits`` in ``counts`` copies per token
     (any shape) whose flip probability is :math:`\Phi(-x/\kappa)`, ``x`` = :math:`m/(\sigma
     \lVert g\rVert)` (``inf`` where the tangent is flat), among :data:`SCALE_GRID`. 1 where
-    the copies so far hold no flip, or nothing but flips: the likelihood has no maximum there.
-    ``upper``: instead the largest :math:`\kappa` of the grid whose log-likelihood is within
-    :data:`SCALE_LR` of the maximum (the upper end of the likelihood-ratio 95% interval; at
-    least 1 where the likelihood has no maximum), the scale the rounds allocate by
-    (:func:`linear_rounds`)."""
+    the copies so far hold no flip, or nothing but flips: the likelihood has no maximum there."""
     seen = counts > 0
     h, n = hits[seen].double(), counts[seen].double()
     if h.sum() <= 0 or (n - h).sum() <= 0:  # also: no copy yet
@@ -236,9 +217,6 @@ def fit_scale(x: Tensor, hits: Tensor, counts: Tensor, upper: bool = False) -> f
     logq = torch.special.log_ndtr(z).clamp(min=-690.0)
     log1q = torch.special.log_ndtr(-z).clamp(min=-690.0)
     ll = (h * logq + (n - h) * log1q).sum(1)
-    if upper:
-        inside = (ll >= ll.max() - SCALE_LR).nonzero().flatten()
-        return float(SCALE_GRID[int(inside.max())])
     return float(SCALE_GRID[int(ll.argmax())])
 
 
@@ -311,19 +289,17 @@ def reported_variance(q: Tensor, e: Tensor, weight2: Tensor, per_unit: int = 1) 
 
 def next_size(q: Tensor, valid: Tensor, scale: Tensor, weight2: Tensor, spent: float,
               variance: float, target: float, least: float, most: float,
-              per_unit: int = 1, alloc: Tensor | None = None) -> float:
+              per_unit: int = 1) -> float:
     r"""The units per token of the next round that bring the rounds' combined standard error to
     ``target``: rounds of sizes :math:`b_r` are combined by their sizes, so with :math:`B` =
     ``spent`` and the current combined ``variance`` :math:`V`, a round of size :math:`b` whose
     report is :math:`R(b)` (:func:`reported_variance` at the tangent's :math:`q`, units of
     ``per_unit`` copies) leaves
     :math:`(B^2V + b^2R(b))/(B+b)^2`. The smallest :math:`b` in [``least``, ``most``] that
-    reaches ``target``² (``most`` where none does; bisection in :math:`\log b`). ``alloc``:
-    the probabilities the round is allocated by, where they are not ``q`` (the rates it is
-    predicted at)."""
+    reaches ``target``² (``most`` where none does; bisection in :math:`\log b`)."""
 
     def combined(size: float) -> float:
-        e = expected_units(q if alloc is None else alloc, valid, size, scale)
+        e = expected_units(q, valid, size, scale)
         r = reported_variance(q, e, weight2, per_unit)
         return (spent**2 * variance + size**2 * r) / (spent + size) ** 2
 
@@ -349,8 +325,7 @@ def linear_rounds(x: Tensor, valid: Tensor, budget: float, gen: torch.Generator,
     r"""The rounds of ``allocation="linear"`` on one batch (module docstring): each spends its
     size in units per real token by Neyman's rule with weights and cost on the tangent's
     :math:`\Phi(-x/\kappa)` (``x`` (B, T): :attr:`LinearControl.x`), the first ``budget`` at
-    :math:`\kappa = 1`, each later one at the upper end of the likelihood-ratio interval of the
-    :math:`\kappa` fitted to every flip so far (:func:`fit_scale` with ``upper``) and of
+    :math:`\kappa = 1`, each later one at the :math:`\kappa` fitted to every flip so far and of
     the size that the fitted tangent predicts for the ``target`` (:func:`next_size`, at least
     ``budget``, a top-up after it at least :data:`TOPUP` × ``budget``); with a ``target``
     standard error, rounds until the estimate's (subset) standard error reaches it (not at zero
@@ -359,8 +334,7 @@ def linear_rounds(x: Tensor, valid: Tensor, budget: float, gen: torch.Generator,
     ``evaluate(src, tok)``: the flip (or output) value of one copy of token ``tok`` of example
     ``src`` each, units of ``per_unit`` adjacent copies (antithetic pairs). Returns the rounds'
     token values (B, T) combined by their sizes, their variance share (the rounds' variance
-    estimates weighted by their sizes squared), the copies made and the last fitted
-    :math:`\hat\kappa` (the maximum-likelihood one, not the upper end)."""
+    estimates weighted by their sizes squared), the copies made and the last :math:`\kappa`."""
     b, t = valid.shape
     # Neyman with weights and cost: a token weighs 1/K_b, and a copy costs in proportion to its
     # example's extent, up to its last real token (what padding-aware batching evaluates; taken
@@ -376,9 +350,9 @@ def linear_rounds(x: Tensor, valid: Tensor, budget: float, gen: torch.Generator,
     sizes: list[float] = []
     hits = torch.zeros(b * t, dtype=torch.float64, device=valid.device)
     counts = torch.zeros_like(hits)
-    copies, kappa, spread, size, events = 0, 1.0, 1.0, budget, 0
+    copies, kappa, size, events = 0, 1.0, budget, 0
     while True:
-        e = expected_units(torch.special.ndtr(-x / spread), valid, size, scale)
+        e = expected_units(torch.special.ndtr(-x / kappa), valid, size, scale)
         n = draw_units(e, gen)
         src, tok = plan(n, per_unit)
         vals = evaluate(src, tok) if len(src) else torch.zeros(0, device=valid.device)
@@ -406,12 +380,10 @@ def linear_rounds(x: Tensor, valid: Tensor, budget: float, gen: torch.Generator,
         # the next round by the tangent recalibrated on every flip so far, of the size it
         # predicts for the target
         kappa = fit_scale(x.flatten(), hits, counts)
-        spread = fit_scale(x.flatten(), hits, counts, upper=True)
         q = torch.special.ndtr(-x / kappa)
         least = budget if len(ys) == 1 else TOPUP * budget
         size = next_size(q, valid, scale, weight2.to(q.device, torch.float64), spent, variance,
-                         target, least, min(left, MAX_GROWTH * budget), per_unit,
-                         alloc=torch.special.ndtr(-x / spread))
+                         target, least, min(left, MAX_GROWTH * budget), per_unit)
     # rounds combined by their sizes: a round's size depends on the flips before it only
     # through the fitted scale and the variance so far, both sums over the whole batch, so the
     # estimate's bias stays a small share of its standard error (module docstring)
