@@ -38,19 +38,19 @@ class Tracker:
         if cfg.data.train_subset == len(train):  # the training set is that subset
             splits = (f"{splits[0]} (data.train_subset={cfg.data.train_subset})", splits[1])
         g = torch.Generator().manual_seed(cfg.seed + 1)
-        self.sens_train = train.first(_count(t.num_examples, train, "track.num_examples",
+        self.sens_train = train.first(capped(t.num_examples, train, "track.num_examples",
                                              splits[0], "sens/train", say), generator=g)
         # the validation subset has its own generator, so turning track.val on leaves every
         # other subset (and so train/* and test/*) as it was
-        self.sens_val = (test.first(_count(t.num_examples, test, "track.num_examples", splits[1],
+        self.sens_val = (test.first(capped(t.num_examples, test, "track.num_examples", splits[1],
                                            "sens/val", say),
                                     generator=torch.Generator().manual_seed(cfg.seed + 2))
                          if t.val else None)
         if t.eval_examples is not None:
-            self.eval_train = train.first(_count(t.eval_examples, train, "track.eval_examples",
+            self.eval_train = train.first(capped(t.eval_examples, train, "track.eval_examples",
                                                  splits[0], "train/loss and train/acc", say),
                                           generator=g)
-            self.eval_test = test.first(_count(t.eval_examples, test, "track.eval_examples",
+            self.eval_test = test.first(capped(t.eval_examples, test, "track.eval_examples",
                                                splits[1], "test/loss and test/acc", say),
                                         generator=g)
         else:
@@ -137,8 +137,9 @@ def _to(x: Any, device: torch.device) -> Any:
     return x.to(device)
 
 
-def _count(asked: int, data: ArrayDataset, key: str, split: str, what: str, say: bool) -> int:
-    """How many of ``data``'s examples the tracker draws for ``what``: ``asked`` (the setting
+def capped(asked: int, data: ArrayDataset, key: str, split: str, what: str,
+           say: bool = True) -> int:
+    """How many of ``data``'s examples a measurement draws for ``what``: ``asked`` (the setting
     ``key``), or all of them when the split holds fewer, with a warning (``say``) that names
     the count the numbers rest on and the setting that says so."""
     have = len(data)

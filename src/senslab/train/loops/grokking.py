@@ -18,7 +18,6 @@ training pairs, with the same noise seed at every evaluation. The summary holds 
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from ...models import create_model
 from ...tokens import Embedding
 from ..config import one_of, ranged
 from ..looprun import check_dir
+from ..track import capped
 from ..trainers import register_trainer
 from ._common import EpochLoop, classification_record, run_epochs, sgd_step
 
@@ -143,12 +143,9 @@ def train_grokking(cfg: GrokkingRun, path: Path, *, progress: bool | None = None
         model = grokking_model(cfg)
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
                                 betas=(cfg.beta1, cfg.beta2))
-        sens_x = train.inputs[: cfg.sens_examples]
-        if len(sens_x) < cfg.sens_examples:  # config.json keeps the count asked for
-            warnings.warn(f"sens_examples={cfg.sens_examples}, but the training set has "
-                          f"{len(sens_x):,} examples: sens/train is measured on all "
-                          f"{len(sens_x):,} at every evaluation (set sens_examples="
-                          f"{len(sens_x)} or less to say so)", UserWarning, stacklevel=2)
+        # config.json keeps the count asked for: a smaller training set is said
+        sens_x = train.inputs[: capped(cfg.sens_examples, train, "sens_examples",
+                                       "training set", "sens/train")]
         sens_mask = model.number_mask(sens_x)
         x, y = train.inputs, train.targets
 

@@ -17,7 +17,6 @@ adds the sensitivity of the ideal sparse and frequent classifiers (``solution/sp
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from ...models.small import SparseAttention
 from ...tokens import Sequence
 from ..config import ranged
 from ..looprun import check_dir
+from ..track import capped
 from ..trainers import register_trainer
 from ._common import EpochLoop, minibatch_epoch, run_epochs
 
@@ -114,12 +114,9 @@ def train_sparse_frequent(cfg: SparseFrequentRun, path: Path, *, progress: bool 
         assert isinstance(model, SparseAttention)
         solutions = feature_sensitivities(data_cfg, seed=cfg.seed)
         directions = feature_directions(train)
-        sens_x = train.inputs[: cfg.sens_examples]
-        if len(sens_x) < cfg.sens_examples:  # config.json keeps the count asked for
-            warnings.warn(f"sens_examples={cfg.sens_examples}, but the training set has "
-                          f"{len(sens_x):,} examples: sens/train is measured on all "
-                          f"{len(sens_x):,} at every evaluation (set sens_examples="
-                          f"{len(sens_x)} or less to say so)", UserWarning, stacklevel=2)
+        # config.json keeps the count asked for: a smaller training set is said
+        sens_x = train.inputs[: capped(cfg.sens_examples, train, "sens_examples",
+                                       "training set", "sens/train")]
         gen = torch.Generator().manual_seed(cfg.seed)
         opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
         x, y = train.inputs, train.targets.float()
