@@ -132,7 +132,7 @@ OUT_OF_RANGE = [
     ("track.eval_examples=0", "≥ 1"), ("data.train_subset=0", "≥ 1"),
     ("optim.lr=0", "> 0"), ("optim.lr=1e999", "> 0"), ("optim.momentum=1", "in [0, 1)"),
     ("optim.weight_decay=-0.1", "≥ 0"), ("optim.eta_max=0", "> 0"),
-    ("optim.step_epochs=0", "≥ 1"), ("optim.gamma=0", "> 0"), ("seed=-1", "≥ 0"),
+    ("optim.step_epochs=0", "≥ 1"), ("optim.gamma=0", "> 0"), ("seed=-1", "in [0, 4294967296)"),
     ("optim.name=sgdd", "one of sgd, adam, adamw, ngd, sngd, sps"),
     ("optim.schedule=linear", "one of constant, step, cosine"),
     ("train.loss=hinge", "one of auto, ce, bce, mse"),

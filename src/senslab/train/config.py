@@ -38,6 +38,21 @@ def ranged(default: Any, *, ge: float | None = None, gt: float | None = None,
     return field(default=default, metadata={"range": (ge, gt, le, lt)})
 
 
+#: seeds run from 0 to this, exclusive: torch's CPU generator keeps only a seed's low 32 bits
+SEED_END = 1 << 32
+
+
+def seeded(default: int = 0) -> Any:
+    """A seed field: an int in [0, 2**32). torch's CPU generator (Mersenne Twister) keeps only a
+    seed's low 32 bits, so seed 2**32 + s would draw, and train, exactly as seed s: two runs read
+    as independent seeds would be one run twice."""
+    return field(default=default, metadata={
+        "range": (0, None, None, SEED_END),
+        "why": "torch's CPU generator keeps only a seed's low 32 bits, so a seed of 2**32 + s "
+               "would give exactly seed s's run; use a seed below 2**32 = 4294967296",
+    })
+
+
 def one_of(default: str, *choices: str) -> Any:
     """A string field with a fixed set of valid values."""
     return field(default=default, metadata={"choices": (default, *choices)})
@@ -49,7 +64,7 @@ def matching(default: str, pattern: str, hint: str) -> Any:
 
 
 def _fmt(x: float) -> str:
-    return f"{x:g}"
+    return str(x) if isinstance(x, int) else f"{x:g}"
 
 
 def _describe(rule: tuple[Any, ...]) -> str:
@@ -78,7 +93,9 @@ def check_value(key: str, value: Any, meta: Any) -> None:
               and (ge is None or value >= ge) and (gt is None or value > gt)
               and (le is None or value <= le) and (lt is None or value < lt))
         if not ok:
-            raise ValueError(f"{key} must be {_describe(meta['range'])}, got {value!r}")
+            high = (lt is not None and value >= lt) or (le is not None and value > le)
+            why = f"; {meta['why']}" if high and "why" in meta else ""
+            raise ValueError(f"{key} must be {_describe(meta['range'])}, got {value!r}{why}")
     if "choices" in meta and value not in meta["choices"]:
         raise ValueError(f"{key} must be one of {', '.join(meta['choices'])}, got {value!r}")
     if "pattern" in meta and not re.fullmatch(meta["pattern"], str(value)):
@@ -168,7 +185,7 @@ class TrackConfig:
 class RunConfig:
     name: str = "run"
     label: str = ""  # curve/bar this run belongs to in reports (default: the model name)
-    seed: int = ranged(0, ge=0)
+    seed: int = seeded()
     device: str = matching("auto", r"auto|cpu|mps|cuda(:\d+)?", "auto, cpu, cuda, cuda:N or mps")
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)

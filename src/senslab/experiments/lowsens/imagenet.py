@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from ...train.config import ranged
+from ...train.config import ranged, seeded
 from ...train.loops.pretrained import PretrainedConfig
 from ...verdicts import not_comparable, over_seeds, verdict
 from .._verdicts import by_label, final, mean, precondition
@@ -68,7 +68,7 @@ class ImageNetSettings(Settings):
     convnext: str = "convnextv2_tiny.fcmae_ft_in1k"
     pretrained: bool = True
     batch_size: int = ranged(16, ge=1)
-    seed: int = ranged(0, ge=0)
+    seed: int = seeded()
 
 
 @register_experiment("imagenet")

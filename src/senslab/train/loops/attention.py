@@ -46,7 +46,7 @@ from ...optim import (
     max_margin_attention,
     max_margin_direction,
 )
-from ..config import one_of, ranged, set_option, validate
+from ..config import one_of, ranged, seeded, set_option, validate
 from ..looprun import LoopRun, check_dir, generator_states, set_generator_states
 from ..trainers import register_trainer
 
@@ -63,7 +63,7 @@ class AttentionData:
     opt_score: float = ranged(1.0, gt=0)
     other_score_frac: float = ranged(0.5, ge=0, lt=1)
     query_signal: float = ranged(0.0, ge=0)
-    seed: int = ranged(0, ge=0)
+    seed: int = seeded()
 
     @classmethod
     def of(cls, options: dict[str, Any]) -> AttentionData:
@@ -90,7 +90,7 @@ class AttentionConfig:
     data: AttentionData = field(default_factory=AttentionData)
     head: str = one_of("joint", "fixed")
     init_scale: float = ranged(0.01, ge=0)
-    seed: int = ranged(0, ge=0)
+    seed: int = seeded()
     optimizer: str = one_of("sgd", "ngd", "polyak", "sps", "adam")
     lr: float = ranged(0.1, gt=0)
     eta_max: float | None = ranged(None, gt=0)

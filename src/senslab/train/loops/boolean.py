@@ -54,7 +54,7 @@ from ...data.synthetic import BOOLEAN_FUNCTIONS, boolean_cube
 from ...measure import boolean_sensitivity
 from ...measure.sharpness import layernorm_blowup, loss_sharpness, parameter_norm
 from ...models import create_model
-from ..config import matching, one_of, ranged
+from ..config import matching, one_of, ranged, seeded
 from ..loop import resolve_device
 from ..looprun import LoopRun, check_dir, generator_states, set_generator_states
 from ..trainers import register_trainer
@@ -115,10 +115,10 @@ class BooleanRunConfig(BooleanSetup):
     label: str = ""
     function: str = one_of("parity", *FUNCTIONS[1:])
     n: int = ranged(8, ge=1)
-    seed: int = ranged(0, ge=0)
+    seed: int = seeded()
     stop_below: float | None = ranged(None, ge=0)
     train_size: int | None = ranged(None, ge=1)
-    function_seed: int = ranged(0, ge=0)
+    function_seed: int = seeded()
     completion: str = one_of("learned", "random")
 
 

@@ -29,7 +29,7 @@ from ...data import create_dataset
 from ...measure import TokenSensitivity
 from ...models import create_model
 from ...tokens import Embedding
-from ..config import one_of, ranged
+from ..config import one_of, ranged, seeded
 from ..looprun import check_dir
 from ..track import capped
 from ..trainers import register_trainer
@@ -70,7 +70,7 @@ class GrokkingTraining:
     sigma: float = ranged(0.1, ge=0)
     sens_mode: str = one_of("token", "whole")
     sens_examples: int = ranged(1000, ge=1)
-    seed: int = ranged(0, ge=0)
+    seed: int = seeded()
 
 
 @dataclass

@@ -32,7 +32,7 @@ from torch import nn
 from ...data import DataUnavailableError, data_home
 from ...measure import token_sensitivity
 from ...tokens import Patches
-from ..config import defaults_of, one_of, ranged
+from ..config import defaults_of, one_of, ranged, seeded
 from ..looprun import LoopRun
 from ..trainers import register_trainer
 
@@ -57,7 +57,7 @@ class PretrainedConfig:
     sigma: float = ranged(0.5, ge=0)
     repeats: int = ranged(1, ge=1)
     batch_size: int = ranged(16, ge=1)
-    seed: int = ranged(0, ge=0)
+    seed: int = seeded()
 
 
 def image_files(cfg: PretrainedConfig) -> tuple[list[Path], list[str]]:

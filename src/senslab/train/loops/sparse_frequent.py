@@ -32,7 +32,7 @@ from ...measure import TokenSensitivity
 from ...models import create_model
 from ...models.small import SparseAttention
 from ...tokens import Sequence
-from ..config import ranged
+from ..config import ranged, seeded
 from ..looprun import check_dir
 from ..track import capped
 from ..trainers import register_trainer
@@ -51,7 +51,7 @@ class SparseFrequentTraining:
     init_scale: float = ranged(0.01, ge=0)
     eval_every: int = ranged(5, ge=1)
     sens_examples: int = ranged(256, ge=1)
-    seed: int = ranged(0, ge=0)
+    seed: int = seeded()
 
 
 @dataclass

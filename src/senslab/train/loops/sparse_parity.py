@@ -27,7 +27,7 @@ from ..._stack import said_once
 from ...data import create_dataset
 from ...measure import boolean_sensitivity
 from ...models import create_model
-from ..config import ranged
+from ..config import ranged, seeded
 from ..looprun import check_dir
 from ..trainers import register_trainer
 from ._common import EpochLoop, classification_record, minibatch_epoch, run_epochs
@@ -61,7 +61,7 @@ class SparseParityRun(SparseParityTraining):
     width: int = ranged(32, ge=1)
     mlp_dim: int | None = ranged(None, ge=1)
     lr: float = ranged(1e-3, gt=0)
-    seed: int = ranged(0, ge=0)
+    seed: int = seeded()
 
 
 def parity_progress(history: list[dict[str, Any]]) -> dict[str, Any]:
