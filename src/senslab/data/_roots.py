@@ -103,10 +103,12 @@ def reads_no_files(name: str, why: str) -> None:
 
 
 def data_home() -> Path:
-    """``$SENSLAB_DATA`` when set, else ``~/.cache/senslab/data``; dataset ``name`` lives in
+    """``$SENSLAB_DATA`` when set (a leading ``~`` is the home folder, as a shell would read it:
+    a quoted ``SENSLAB_DATA="~/data"`` meant ``$HOME/data``, not a folder named ``~`` in the
+    working directory), else ``~/.cache/senslab/data``; dataset ``name`` lives in
     ``data_home() / name``."""
     env = os.environ.get("SENSLAB_DATA")
-    return Path(env) if env else Path.home() / ".cache" / "senslab" / "data"
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "senslab" / "data"
 
 
 def reject_root(name: str, root: object, why: str) -> None:
@@ -167,7 +169,9 @@ def locate(name: str, root: str | os.PathLike[str] | None = None,
             "SENSLAB_DATA or the data home"
         )
     if root is not None:
-        folder = Path(root)
+        # ``--set data.root=~/x`` reaches here unexpanded (no shell reads inside an option's
+        # value): without this, ./~/x was looked in, or downloaded into
+        folder = Path(root).expanduser()
         if can_download or _holds(folder, groups):
             return Location(folder, "root")
         raise DataUnavailableError(_explicit_error(name, folder, groups, spec, pkg, hint))

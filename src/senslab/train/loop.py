@@ -780,6 +780,8 @@ def locate_data(cfg: RunConfig) -> None:
     from ..data import locate
 
     d = cfg.data
+    if d.root:  # config.json records the folder read (``--set data.root=~/x`` is not expanded)
+        d.root = str(Path(d.root).expanduser())
     found = locate(d.name, d.root, download=d.download)
     if found is not None and found.step == "data home":
         d.root = str(found.path.resolve())
