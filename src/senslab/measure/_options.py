@@ -84,13 +84,19 @@ def _check_flag(name: str, value: Any) -> bool:
 #: int seeds run from 0 to this, exclusive: ``torch.Generator.manual_seed`` takes 64 bits
 SEED_END = 1 << 64
 
+#: a seed that becomes a CPU generator runs from 0 to this, exclusive: torch's CPU generator (a
+#: Mersenne Twister) keeps only a seed's low 32 bits, so its seed 2**32 + s draws exactly the
+#: numbers of seed s (CUDA's Philox generator uses all 64 bits)
+CPU_SEED_END = 1 << 32
+
 
 def _check_generator(generator: Any, name: str = "generator") -> None:
     """None, an int seed in [0, 2**64) or a ``torch.Generator``; anything else (a str, a float,
     a bool) is a TypeError that shows both valid forms. A negative seed is a ValueError: torch
     wrapped it round 2**64 without a word (a ``-1`` meant as "a random seed" gave the same
     numbers every run), and a seed of 2**64 or more failed only at the first ``update``, after
-    the clean forward, with "Overflow when unpacking long long"."""
+    the clean forward, with "Overflow when unpacking long long". Where the seed becomes a CPU
+    generator, :func:`_seeded` also refuses seeds from 2**32 on."""
     if generator is None or isinstance(generator, torch.Generator):
         return
     if isinstance(generator, Integral) and not isinstance(generator, bool):
@@ -99,13 +105,41 @@ def _check_generator(generator: Any, name: str = "generator") -> None:
                 f"{name} seed must be an int from 0 to 2**64 - 1, got {int(generator)}: torch "
                 "takes 64 bits, and a negative seed would stand for another one (no random "
                 f"seed: the same numbers every run); e.g. {name}=0, or for a fresh seed each "
-                f"run {name}=secrets.randbits(63) (and keep it to reproduce the run)"
+                f"run {name}=secrets.randbits(32) (and keep it to reproduce the run; 32 bits, "
+                "as torch's CPU generator uses no more of a seed)"
             )
         return
     raise TypeError(
         f"{name} must be a torch.Generator or an int seed, got {generator!r} "
         f"({type(generator).__name__}); e.g. {name}=0 or {name}=torch.Generator().manual_seed(0)"
     )
+
+
+def _seeded(generator: Any, device: torch.device | str = "cpu",
+            name: str = "generator") -> torch.Generator:
+    """The generator a measurement draws from: ``generator`` itself when it is a
+    ``torch.Generator`` (used as given, its state advancing), else
+    ``torch.Generator(device).manual_seed(seed)`` for the int seed (0 for None) — the numbers a
+    seed has always given. The seed is checked as :func:`_check_generator` checks it, and on a
+    CPU a seed of 2**32 or more is a ValueError: torch's CPU generator keeps only a seed's low
+    32 bits, so seed 2**32 + 1 drew exactly the numbers of seed 1, and two 64-bit seeds meant as
+    independent repeats (hashes, say) gave one estimate twice, read as two that agree."""
+    _check_generator(generator, name)
+    if isinstance(generator, torch.Generator):
+        return generator
+    seed = 0 if generator is None else int(generator)
+    device = torch.device(device)
+    if device.type == "cpu" and seed >= CPU_SEED_END:
+        raise ValueError(
+            f"{name}={seed} is 2**32 or more, and torch's CPU generator keeps only a seed's low "
+            f"32 bits: it would draw exactly the numbers of {name}={seed % CPU_SEED_END}, so "
+            "another seed with the same low 32 bits (two 64-bit hashes meant as independent "
+            "repeats, say) would give the same estimate twice. Pass a seed below 2**32 = "
+            f"4294967296: {name}={seed % CPU_SEED_END} (that is, seed % 2**32) gives the numbers "
+            "this seed gave so far; for new seeds take 32 bits (secrets.randbits(32), or a "
+            "hash's & 0xFFFFFFFF, checking that the seeds still differ)"
+        )
+    return torch.Generator(device=device).manual_seed(seed)
 
 
 def _takes_hooks(model: nn.Module) -> bool:

@@ -106,7 +106,7 @@ from .._stack import user_level as _user_level
 from ..tokens.base import _describe, select_output
 from ._alloc import MIN_FLIPS
 from ._cube import MAX_EXACT_N, all_inputs, check_n, index_to_inputs, inputs_to_index, table_n
-from ._options import _check_generator
+from ._options import _check_generator, _seeded
 from ._options import _kept_buffers as _kept_model_buffers
 from ._runner import _tolerance
 from ._stats import interval_quantile
@@ -707,7 +707,9 @@ def boolean_sensitivity(
       Functions need n ≤ MAX_EXACT_N; a truth table of any size can be enumerated.
     - ``method="sample"`` draws ``num_samples`` uniform strings from ``generator`` (a
       ``torch.Generator`` or an int seed; seed 0 when None) and evaluates each together with its
-      n flips, ``chunk_size // (n+1)`` points per call.
+      n flips, ``chunk_size // (n+1)`` points per call. An int seed ``s`` draws from
+      ``torch.Generator().manual_seed(s)``, a CPU generator, which keeps only a seed's low 32
+      bits: seeds from 2**32 on are refused (seed 2**32 + 1 would repeat seed 1's points).
       ``stderr`` = std over points of s(f, x) / √num_samples; ``ci95`` = average ± t·stderr,
       t the 0.975 quantile of Student's t with num_samples − 1 degrees of freedom (2.78 for 5
       samples, 1.96 for many), cut to [0, n] ([0, ∞) for "real"). A standard error that
@@ -765,10 +767,10 @@ def boolean_sensitivity(
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 2:
         raise ValueError(f"num_samples must be an integer ≥ 2, got {num_samples!r}")
     _check_chunk(chunk_size, n + 1)
-    if isinstance(generator, torch.Generator):
-        gen = generator
-    else:  # an int seed, or the default seed 0: the same call gives the same numbers
-        gen = torch.Generator().manual_seed(0 if generator is None else int(generator))
+    # an int seed (the default seed 0 for None) becomes a CPU generator: the same call gives
+    # the same numbers, and a seed of 2**32 or more, which it would read as seed % 2**32, is
+    # refused
+    gen = _seeded(generator)
     evaluate = _evaluator(f, n, output, device, dtype)
     flip = 1 - 2 * torch.eye(n)  # row i multiplies bit i by −1
     base, neighbours = [], []

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ._cube import MAX_EXACT_N, check_n, inputs_to_index, table_n
-from ._options import _check_generator
+from ._options import _check_generator, _seeded
 
 
 def _bits(x: Tensor) -> Tensor:
@@ -88,15 +88,15 @@ def random_function(n: int, generator: torch.Generator | int | None) -> Tensor:
 
     ``generator`` is a ``torch.Generator`` or an int seed (None: seed 0), as for
     :func:`~senslab.measure.boolean.boolean_sensitivity`; a seed ``s`` gives the table of
-    ``torch.Generator().manual_seed(s)``. Use it with :func:`table_function` for a callable, or
-    pass the table directly.
+    ``torch.Generator().manual_seed(s)``, so it must be below 2**32: that CPU generator keeps
+    only a seed's low 32 bits (seed 2**32 + 1 would give seed 1's table), and a larger seed is
+    refused. Use it with :func:`table_function` for a callable, or pass the table directly.
     """
     check_n(n)
     _check_generator(generator)
     if n > MAX_EXACT_N:
         raise ValueError(f"a random truth table for n={n} has 2^{n} entries; n ≤ {MAX_EXACT_N}")
-    if not isinstance(generator, torch.Generator):
-        generator = torch.Generator().manual_seed(0 if generator is None else int(generator))
+    generator = _seeded(generator)
     bits = torch.randint(0, 2, (1 << n,), generator=generator, device=generator.device)
     return (1 - 2 * bits).double().cpu()
 

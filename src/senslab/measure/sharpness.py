@@ -92,7 +92,7 @@ from ..tokens.base import (
     check_device,
     forward,
 )
-from ._options import _kept_buffers
+from ._options import _kept_buffers, _seeded
 from .outputs import (
     check_head,
     check_kind,
@@ -163,14 +163,11 @@ class OutputSharpness:
 
 # ----------------------------------------------------------------------------------- helpers
 def _generator(generator: Seed, device: torch.device) -> torch.Generator:
-    """An explicit generator: given, or seeded (default 0) on the model's device."""
-    if isinstance(generator, torch.Generator):
-        return generator
-    if generator is not None and (not isinstance(generator, int) or isinstance(generator, bool)):
-        raise TypeError(
-            f"generator must be a torch.Generator or an int seed, got {type(generator).__name__}"
-        )
-    return torch.Generator(device=device).manual_seed(0 if generator is None else generator)
+    """An explicit generator: given, or seeded (default 0) on the model's device. The seed is
+    checked as the token-wise estimator checks it (a numpy int is an int; a negative seed, which
+    torch wrapped round 2**64 without a word, is refused), and on a CPU model a seed of 2**32 or
+    more, which torch's CPU generator would read as seed % 2**32, is refused (:func:`_seeded`)."""
+    return _seeded(generator, device)
 
 
 def _check_sigma(sigma: float, name: str) -> None:
@@ -869,6 +866,9 @@ def output_sharpness(
         sigma_w: standard deviation of the per-coordinate weight noise.
         repeats: number of weight draws R (the sampling unit of the standard error).
         generator: a ``torch.Generator`` or an int seed (default seed 0 on the model's device).
+            On a CPU model the seed must be below 2**32: torch's CPU generator keeps only a
+            seed's low 32 bits (seed 2**32 + 1 would draw seed 1's weights), so larger seeds
+            are refused; a CUDA generator takes all 64 bits.
         exclude: parameters whose name contains any of these substrings are not perturbed;
             an entry in no parameter name is refused (with the closest names).
         output_kind, threshold: the one-column decision rule of ShPred (see
@@ -963,8 +963,9 @@ def loss_sharpness(
     ``scale=4``. ``reference`` is :math:`L(\theta)` times ``scale``.
 
     ``output`` selects the part of a structured model output that ``loss_fn`` receives, as in
-    :func:`output_sharpness`. On bf16/fp16 weights a ``sigma`` near or below the weights'
-    spacing is refused (see :class:`_WeightNoise`).
+    :func:`output_sharpness`, and ``generator`` seeds the draws as there (an int seed below
+    2**32 on a CPU model). On bf16/fp16 weights a ``sigma`` near or below the weights' spacing
+    is refused (see :class:`_WeightNoise`).
 
     Refused (``ValueError``): a clean loss that differs between two evaluations (a random
     forward or ``loss_fn``), a NaN or infinite loss — clean or perturbed, the error says which
