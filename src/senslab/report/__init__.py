@@ -20,6 +20,7 @@ from senslab.report.aggregate import (
 )
 from senslab.report.html import make_report, render_html
 from senslab.report.plots import (
+    aggregate_positions,
     has_positions,
     label_colors,
     plot_curves,
@@ -49,6 +50,7 @@ __all__ = [
     "RunFormatError",
     "Stat",
     "aggregate_curve",
+    "aggregate_positions",
     "final_table",
     "format_table",
     "group_by_label",

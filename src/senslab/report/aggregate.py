@@ -207,6 +207,10 @@ class Curve:
 
     ``low``/``high`` bound the shaded band: mean ± std where ≥ 2 runs logged the step, else the
     single run's 95% interval (``<key>_ci``, or value ± 1.96·``<key>_se``), NaN where unknown.
+
+    ``count`` is how many runs each point holds, ``runs`` how many of the label's runs logged
+    ``key`` at all and ``of`` how many runs the label holds (as :class:`Stat`'s ``n`` and
+    ``of``): a point is the mean of all of them only where ``count == runs == of``.
     """
 
     label: str
@@ -217,6 +221,18 @@ class Curve:
     low: np.ndarray
     high: np.ndarray
     count: np.ndarray
+    runs: int | None = None
+    of: int | None = None
+
+    @property
+    def full(self) -> np.ndarray:
+        """Where the point is the mean of every run that logged ``key`` (``count == runs``).
+
+        Elsewhere it is the mean of fewer: the others stopped earlier, or logged ``key`` at
+        other steps (interleaved steps would otherwise zigzag between single runs' values,
+        drawn as a mean over seeds)."""
+        n = self.runs if self.runs is not None else int(self.count.max())
+        return self.count == n
 
     def x(self, axis: str) -> np.ndarray:
         return self.epochs if axis == "epoch" else self.steps.astype(float)
@@ -230,11 +246,15 @@ def aggregate_curve(runs: Sequence[Run], key: str) -> Curve | None:
     stopped early contributes to fewer steps (``count`` says how many runs each point has).
     Where ``count`` is below its maximum the mean is over the remaining runs alone, not the
     label's (after a seed stops, the curve would jump to the longer seeds' values):
-    :func:`~senslab.report.plots.plot_curves` draws those steps faded and warns.
+    :func:`~senslab.report.plots.plot_curves` draws those steps faded and warns. A label's run
+    that never logged ``key`` is in no point: ``runs`` < ``of`` then says the whole curve is
+    over only some of the label's runs.
     """
     per_step: dict[int, list[tuple[float, float, float, float]]] = {}
+    logged = 0
     for run in runs:
         steps, epochs, values = run.series(key)
+        logged += any(is_number(v) for v in values)
         ci_steps, _, cis = run.series(f"{key}_ci")
         se_steps, _, ses = run.series(f"{key}_se")
         ci_at = dict(zip(ci_steps, cis, strict=True))
@@ -270,6 +290,8 @@ def aggregate_curve(runs: Sequence[Run], key: str) -> Curve | None:
         np.array(low),
         np.array(high),
         np.array(count),
+        runs=logged,
+        of=len(runs),
     )
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from senslab.report.aggregate import (
+    Curve,
     aggregate_curve,
     final_table,
     format_number,
@@ -177,8 +178,12 @@ def plot_curves(
     model's measurement), every curve is drawn against the step instead, and the axis says so.
     A point whose mean is NaN or inf (a run logged one) is not drawn, with a warning naming it.
     Where only some of a label's runs logged a step (the others stopped earlier, e.g. on
-    reaching ``train.target_train_acc``) the mean there is over those runs alone, not the
-    label's: the line goes on faded, without a band, and a warning names the steps.
+    reaching ``train.target_train_acc``, or logged at other steps) the mean there is over those
+    runs alone, not the label's: the line goes on faded, without a band, and a warning names the
+    steps. A metric that some of a label's runs never logged is the mean of the others over the
+    whole curve: the legend says so under the label (``sens/train: 2 of 3 runs``), as the final
+    table does, and a warning names it. A point ≤ 0 on a log y-axis cannot be drawn: a warning
+    names it.
     """
     import matplotlib
 
@@ -200,10 +205,15 @@ def plot_curves(
     splits_used: set[str] = set()
     not_finite: list[str] = []
     fewer: list[str] = []
+    nonpositive: list[str] = []
+    # label -> (key, k, R) for metrics only k of the label's R runs logged
+    partial: dict[str, list[tuple[str, int, int]]] = {}
     with matplotlib.rc_context(STYLE):
         fig = _figure(3.8 * ncols + 1.6, 2.9 * nrows + 0.4)
         axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
         for ax, (ptitle, ylabel, pkeys) in zip(axes, panels, strict=False):
+            panel_log = logy is True or (not isinstance(logy, bool)
+                                         and bool(set(pkeys) & set(logy)))
             for label, group in groups.items():
                 for key in pkeys:
                     curve = aggregate_curve(group, key)
@@ -214,6 +224,14 @@ def plot_curves(
                         not_finite.append(f"{key} of {label!r} at {int(bad.sum())} step(s) (first: "
                                           f"step {curve.steps[bad][0]}, "
                                           f"{format_number(float(curve.mean[bad][0]))})")
+                    if curve.runs is not None and curve.of is not None and curve.runs < curve.of:
+                        # the table says "(k of R runs)"; a curve drawn as the label's would not
+                        partial.setdefault(label, []).append((key, curve.runs, curve.of))
+                    masked = panel_log & np.isfinite(curve.mean) & (curve.mean <= 0)
+                    if masked.any():
+                        nonpositive.append(f"{key} of {label!r} at {int(masked.sum())} step(s) "
+                                           f"(first: step {curve.steps[masked][0]}, "
+                                           f"{format_number(float(curve.mean[masked][0]))})")
                     xs = curve.x(x)
                     style = SPLIT_STYLES.get(_split(key), "-")
                     if len(pkeys) > 1:
@@ -222,12 +240,11 @@ def plot_curves(
                     # at train.target_train_acc) the mean is over the others alone: a tail that
                     # jumps to the longest seed's values, not the label's. Those steps are drawn
                     # faded under the full mean (which stops there), without a band.
-                    full = curve.count == curve.count.max()
+                    full = curve.full
                     if not full.all():
                         fewer.append(f"{key} of {label!r} at {int((~full).sum())} step(s) "
                                      f"(first: step {curve.steps[~full][0]}, "
-                                     f"{int(curve.count[~full][0])} of {int(curve.count.max())} "
-                                     "runs)")
+                                     f"{int(curve.count[~full][0])} of {curve.runs} runs)")
                         ax.plot(xs, curve.mean, color=colors[label], ls=style, lw=1.0,
                                 alpha=FEWER_ALPHA, marker="o" if len(xs) < 3 else None)
                     # a lone point needs a marker to show
@@ -243,11 +260,16 @@ def plot_curves(
             ax.set_ylabel(ylabel)
             if logx:
                 ax.set_xscale("log", nonpositive="mask")
-            if logy is True or (not isinstance(logy, bool) and set(pkeys) & set(logy)):
+            if panel_log:
                 ax.set_yscale("log", nonpositive="mask")
         for ax in axes[len(panels) :]:
             fig.delaxes(ax)
         handles = _label_handles(colors, list(groups))
+        for handle in handles:
+            notes = partial.get(handle.get_label())
+            if notes:
+                handle.set_label(handle.get_label() + "\n("
+                                 + "; ".join(f"{k}: {n} of {r} runs" for k, n, r in notes) + ")")
         if len(splits_used) > 1:
             from matplotlib.lines import Line2D
 
@@ -265,8 +287,20 @@ def plot_curves(
         fig.suptitle(title or "Training curves (mean ± std over seeds)")
         if fewer:
             warnings.warn(f"{out}: curves drawn faded, without a band, where only some of a "
-                          f"label's runs logged a point (the others stopped earlier), as their "
-                          f"mean there is not the label's: {'; '.join(fewer)}", stacklevel=2)
+                          f"label's runs logged a point (the others stopped earlier, or logged "
+                          f"at other steps), as their mean there is not the label's: "
+                          f"{'; '.join(fewer)}", stacklevel=2)
+        if partial:
+            warnings.warn(f"{out}: some curves are the mean of only some of their label's runs, "
+                          "as the others never logged the metric (the legend says so under the "
+                          "label): " + "; ".join(f"{k} of {lb!r}: {n} of {r} runs"
+                                                 for lb, notes in partial.items()
+                                                 for k, n, r in notes)
+                          + "; the runs' metrics.jsonl say which", stacklevel=2)
+        if nonpositive:
+            warnings.warn(f"{out}: curve points not drawn as their mean is ≤ 0 on a log y-axis: "
+                          f"{'; '.join(nonpositive)}; draw that panel without logy to see them",
+                          stacklevel=2)
         if not_finite:
             warnings.warn(f"{out}: curves not drawn where their mean is NaN or inf (a run logged "
                           f"such a value): {'; '.join(not_finite)}; the runs' metrics.jsonl say "
@@ -366,51 +400,108 @@ def has_positions(runs: Sequence[Run], key: str = "sens/train") -> bool:
     return any(position_profile(r, key) is not None for r in runs)
 
 
+def aggregate_positions(runs: Sequence[Run], key: str = "sens/train") -> Curve | None:
+    """The per-position profile of one label (one group of
+    :func:`~senslab.report.runs.group_by_label`), as a :class:`Curve` over positions
+    (``steps`` holds the positions); ``None`` if none of ``runs`` logged one.
+
+    At each position: the mean over the runs that reached it, ``count`` of them, and the band
+    mean ± std over those runs where there are two or more. Where only one run reached a
+    position its band is NaN (unknown), not a zero-width band: a single value says nothing
+    about how much seeds differ, while a band of width 0 reads as "the seeds agree exactly".
+    ``runs`` counts the runs that logged a profile, ``of`` the label's runs."""
+    per_pos: dict[int, list[float]] = {}
+    logged = 0
+    for run in runs:
+        prof = position_profile(run, key)
+        if prof is None:
+            continue
+        logged += 1
+        for p, v in zip(*prof, strict=True):
+            if not math.isnan(v):  # no example reached this position in this run
+                per_pos.setdefault(p, []).append(v)
+    if not per_pos:
+        return None
+    xs = sorted(per_pos)
+    mean = np.array([np.mean(per_pos[p]) for p in xs])
+    sd = np.array([np.std(per_pos[p], ddof=1) if len(per_pos[p]) > 1 else math.nan for p in xs])
+    return Curve(runs[0].group_label, key, np.array(xs), np.array(xs, dtype=float), mean,
+                 mean - sd, mean + sd, np.array([len(per_pos[p]) for p in xs]),
+                 runs=logged, of=len(runs))
+
+
 def plot_position_profiles(
     runs: Sequence[Run], out: PathLike, *, key: str = "sens/train", title: str | None = None
 ) -> Path:
-    """Final sensitivity per token position, one line per label (mean ± std over its runs).
+    """Final sensitivity per token position, one line per label (mean ± std over its runs;
+    :func:`aggregate_positions`).
 
     Positions are right-aligned (−1 = last real token), so sequences of different lengths line
-    up at their end, where recency effects (e.g. an LSTM's) show.
+    up at their end, where recency effects (e.g. an LSTM's) show. A position that only some of
+    a label's runs reached (their longest sequences differ) is the mean of those runs alone:
+    as in :func:`plot_curves`, the line goes on faded there, without a band, and a warning names
+    the positions. A label whose runs did not all log a profile says so in the legend.
     """
     import matplotlib
     from matplotlib.ticker import MaxNLocator
 
-    groups = group_by_label(runs)
     profiles = {}
-    for label, group in groups.items():
-        per_pos: dict[int, list[float]] = {}
-        for run in group:
-            prof = position_profile(run, key)
-            if prof is None:
-                continue
-            for p, v in zip(*prof, strict=True):
-                if not math.isnan(v):  # no example reached this position in this run
-                    per_pos.setdefault(p, []).append(v)
-        if per_pos:
-            profiles[label] = per_pos
+    for label, group in group_by_label(runs).items():
+        curve = aggregate_positions(group, key)
+        if curve is not None:
+            profiles[label] = curve
     if not profiles:
         raise ValueError(
             f"no run logged {key}_positions / {key}_per_position; per-position profiles need "
             "sequence models tracked with per-position sensitivity"
         )
     colors = _run_colors(runs)
+    fewer: list[str] = []
     with matplotlib.rc_context(STYLE):
         fig = _figure(6.4, 3.6)
         ax = fig.subplots()
-        for label, per_pos in profiles.items():
-            xs = sorted(per_pos)
-            mean = np.array([np.mean(per_pos[p]) for p in xs])
-            sd = np.array([np.std(per_pos[p], ddof=1) if len(per_pos[p]) > 1 else 0 for p in xs])
-            ax.plot(xs, mean, color=colors[label], lw=1.6, marker="." if len(xs) < 40 else None)
-            if max(len(v) for v in per_pos.values()) > 1:  # a band needs two or more runs
-                ax.fill_between(xs, mean - sd, mean + sd, color=colors[label], alpha=0.18, lw=0)
+        for label, curve in profiles.items():
+            xs = curve.x("step")
+            full = curve.full
+            if not full.all():
+                fewer.append(f"{label!r} at {int((~full).sum())} position(s) (first: "
+                             f"{curve.steps[~full][0]}, {int(curve.count[~full][0])} of "
+                             f"{curve.runs} runs)")
+                ax.plot(xs, curve.mean, color=colors[label], lw=1.0, alpha=FEWER_ALPHA,
+                        marker="." if len(xs) < 40 else None)
+            ax.plot(xs, np.where(full, curve.mean, np.nan), color=colors[label], lw=1.6,
+                    marker="." if len(xs) < 40 else None)
+            if np.isfinite(curve.low[full]).any():  # a band needs two or more runs
+                ax.fill_between(xs, np.where(full, curve.low, np.nan),
+                                np.where(full, curve.high, np.nan),
+                                color=colors[label], alpha=0.18, lw=0)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # positions are whole tokens
         ax.set_xlabel("token position (right-aligned, −1 = last token)")
         ax.set_ylabel(YLABELS.get(key, key))
-        fig.legend(handles=_label_handles(colors, list(profiles)), loc="outside right upper")
+        handles = _label_handles(colors, list(profiles))
+        # the label's runs that logged no profile are in no point of it
+        partial = [c for c in profiles.values() if c.runs is not None and c.of is not None
+                   and c.runs < c.of]
+        for handle, curve in zip(handles, profiles.values(), strict=True):
+            if curve.runs is not None and curve.of is not None and curve.runs < curve.of:
+                handle.set_label(f"{curve.label}\n({curve.runs} of {curve.of} runs)")
+        if fewer:
+            from matplotlib.lines import Line2D
+
+            handles.append(Line2D([], [], color="0.3", lw=1.0, alpha=FEWER_ALPHA,
+                                  label="faded: not all\nof a label's runs"))
+        fig.legend(handles=handles, loc="outside right upper")
         ax.set_title(title or f"Per-position {key} (mean ± std over seeds)")
+        if fewer:
+            warnings.warn(f"{out}: per-position {key} drawn faded, without a band, where only "
+                          "some of a label's runs reached a position, as their mean there is "
+                          f"not the label's: {'; '.join(fewer)}", stacklevel=2)
+        if partial:
+            warnings.warn(f"{out}: the per-position {key} of "
+                          + ", ".join(f"{c.label!r} is the mean of {c.runs} of {c.of} runs"
+                                      for c in partial)
+                          + f", as the others logged no {key}_per_position (the legend says "
+                          "so under the label)", stacklevel=2)
         return _save(fig, out)
 
 
