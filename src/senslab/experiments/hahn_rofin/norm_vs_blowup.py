@@ -27,8 +27,10 @@ Verdict (:mod:`senslab.verdicts`), on converged runs (the rule of the scale, abo
 c = log10 ‖θ‖ + mean log10 blow-up (the log of the product the theory bounds), one part: the
 Spearman correlation of c with the learned function's average sensitivity as(f̂) (positive =
 more sensitive functions sit further out); "not comparable" with fewer than 5 converged runs or a
-single sensitivity level. The test runs on Fisher's z = atanh ρ (ρ clipped to ±0.999 first, so
-that a perfect rank order stays finite), with Student's t on runs − 1 degrees of freedom, and the
+single sensitivity level. A converged run without a finite c or as(f̂) (a NaN blow-up, a norm of
+0) is left out, and the reason names it (until 2026-12-04 a NaN c was ranked as the largest).
+The test runs on Fisher's z = atanh ρ (ρ clipped to ±0.999 first, so that a perfect rank order
+stays finite), with Student's t on runs − 1 degrees of freedom, and the
 interval and the smallest detectable effect transformed back with tanh, so that both are possible
 correlations (inside [−1, 1]; tanh is increasing with tanh 0 = 0, so the interval excludes zero
 exactly when the z interval does); the interval always contains the reported ρ. The standard
@@ -196,15 +198,34 @@ def norm_blowup_verdict(summaries: list[dict[str, Any]], min_runs: int = 5) -> d
     """Spearman ρ(as(f̂), c) over the converged runs, bootstrapped over them."""
     from scipy.stats import spearmanr  # lazily: scipy is only needed for the verdict
 
-    done = [s for s in summaries if s["converged"]]
+    done, unusable = [], []
+    for s in summaries:
+        if not s["converged"]:
+            continue
+        f = s["final"]
+        norm, blow, sens = (float(f[k]) for k in ("param_norm", "blowup/log10", "bool_sens"))
+        # a NaN c ranked as the largest value (argsort puts NaN last) and a zero norm failed in
+        # math.log10: the correlation is over the runs whose c and as(f̂) are numbers
+        if norm > 0 and math.isfinite(norm) and math.isfinite(blow) and math.isfinite(sens):
+            done.append(s)
+        else:
+            unusable.append(f"{s['name']} (param_norm {norm:g}, log10 blow-up {blow:g}, "
+                            f"as {sens:g})")
     points = [{"name": s["name"], "as": s["final"]["bool_sens"],
                "param_norm": s["final"]["param_norm"], "log10_blowup": s["final"]["blowup/log10"],
                "c": math.log10(s["final"]["param_norm"]) + s["final"]["blowup/log10"]}
               for s in done]
-    evidence: dict[str, Any] = {"converged": len(done), "runs": len(summaries), "points": points}
+    evidence: dict[str, Any] = {"converged": len(done) + len(unusable), "runs": len(summaries),
+                                "points": points}
+    left_out = ""
+    if unusable:
+        evidence["not_finite"] = unusable
+        left_out = (f"; left out, converged but without a finite log10 norm, log10 blow-up "
+                    f"or as(f̂): {', '.join(unusable)}")
     if len(done) < min_runs or len({round(p["as"], 6) for p in points}) < 2:
-        return not_comparable(f"{len(done)} of {len(summaries)} runs converged (need {min_runs}, "
-                              "with at least two sensitivity levels)", evidence)
+        return not_comparable(f"{len(done)} of {len(summaries)} runs converged with finite "
+                              f"measures (need {min_runs}, with at least two sensitivity "
+                              f"levels){left_out}", evidence)
     rho, p_value = spearmanr([p["as"] for p in points], [p["c"] for p in points])
     evidence.update({"spearman_rho": float(rho), "p_value": float(p_value)})
     if all(s.get("config", {}).get("weight_decay", 0) > 0 for s in done):  # log(wd) below
@@ -214,7 +235,7 @@ def norm_blowup_verdict(summaries: list[dict[str, Any]], min_runs: int = 5) -> d
         "Spearman ρ(as(f̂), log10 norm + log10 blow-up)", evidence,
         claim=f"over {len(done)} converged runs, more sensitive functions need a larger norm × "
               "blow-up",
-        note=f"Spearman's own p = {float(p_value):.2g}",
+        note=f"Spearman's own p = {float(p_value):.2g}{left_out}",
         pairs=([p["as"] for p in points], [p["c"] for p in points]))
 
 

@@ -24,7 +24,9 @@ maximum is the last evaluation (a maximum there is no peak: the measure may stil
 Two parts, Holm-corrected: the mean nearness of sharpness and of the mean log10 blow-up over the
 runs (one per seed, Student's t) that reached t₀ (and, where the scale sets ``converged_loss``,
 converged, as the authors' figures keep only those); "not comparable" when fewer than two such
-runs.
+runs. A run whose sharpness or blow-up is NaN at some evaluation (it diverged) has no known peak:
+it is left out, and the reason names it (until 2026-12-04 a NaN at the first evaluation was
+taken for the peak, and a later one was skipped without a word).
 
 Scale ladder (``senslab run hr_parity_dynamics --scale ladder``;
 docs/definitions.md#scale-ladders), 3 seeds on every CPU rung, the same verdict rule on every
@@ -44,6 +46,7 @@ rung; ``size`` is the model's parameter count:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,12 +130,22 @@ def peaks(records: list[dict[str, Any]], t0: int | None, window: float,
     tol = max(window * t0, 2 * eval_every)
     out["tolerance"] = tol
     for key, name in (("sharpness/loss", "sharpness"), ("blowup/log10", "blowup")):
-        best = max(records, key=lambda r: r[key])
+        # max() compares nothing above a NaN: a NaN first evaluation was taken for the peak, a
+        # later one skipped without a word. The maximum is over the numbers (NaN steps named).
+        bad = [r["step"] for r in records if math.isnan(r[key])]
+        finite = [r for r in records if not math.isnan(r[key])]
+        if not finite:
+            out[name] = {"peak_step": None, "peak": None, "offset": None, "start": None,
+                         "end": None, "at_end": False, "near": False, "nan_steps": bad}
+            continue
+        best = max(finite, key=lambda r: r[key])
         # a maximum at the last evaluation may still be rising: that is no peak (yet)
         at_end = best["step"] == records[-1]["step"]
         out[name] = {"peak_step": best["step"], "peak": best[key], "offset": best["step"] - t0,
                      "start": records[0][key], "end": records[-1][key], "at_end": at_end,
                      "near": abs(best["step"] - t0) <= tol and not at_end}
+        if bad:
+            out[name]["nan_steps"] = bad
     return out
 
 
@@ -147,9 +160,16 @@ def dynamics_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     reached = [s for s in summaries if s.get("peaks", {}).get("t0") is not None
                and (s.get("config", {}).get("converged_loss") is None or s["converged"])]
     evidence = {s["name"]: s.get("peaks", {}) for s in summaries}
+    # a measure that is NaN at some evaluation (a diverged run) has no known maximum: such a
+    # run is left out, and named
+    unknown = [s["name"] for s in reached
+               if any(s["peaks"][k].get("nan_steps") for k in ("sharpness", "blowup"))]
+    reached = [s for s in reached if s["name"] not in unknown]
+    left_out = (f"; left out, a measure NaN at some evaluation (no known peak): "
+                f"{', '.join(unknown)}" if unknown else "")
     if len(reached) < 2:
-        return not_comparable(f"only {len(reached)} of {len(summaries)} runs reached loss < 0.01",
-                              evidence)
+        return not_comparable(f"only {len(reached)} of {len(summaries)} runs reached loss < 0.01"
+                              f"{left_out}", evidence)
     parts = {}
     for key, words in (("sharpness", "sharpness"), ("blowup", "blow-up")):
         values = []
@@ -167,4 +187,4 @@ def dynamics_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
         f"{s['name']}: t0={s['peaks']['t0']}, sharpness peak {where(s['peaks']['sharpness'])}, "
         f"blow-up peak {where(s['peaks']['blowup'])}" for s in reached)
     return verdict(parts, claim="sharpness and blow-up peak near t0", evidence=evidence,
-                   note=f"Peaks relative to t0: {offsets}")
+                   note=f"Peaks relative to t0: {offsets}{left_out}")

@@ -43,7 +43,8 @@ longer) — unless that upper bound is already below 0: the truth is lower still
 judged as it stands (never supported). (Correction of 2026-11-30: a censored contender first
 counted its last step too, which could support "o gets there faster" from runs where o never
 got there.) "not comparable" when an optimiser has no runs or a run froze before three logged
-steps of the fit window.
+steps of the fit window, or a run's ‖W_t‖ became NaN or infinite (it diverged: until
+2026-12-04 both of its R² read 0, a difference of exactly 0 in the mean over seeds).
 
 CPU scale: 3 seeds (data and initialisation), 20,000 steps per optimiser (the paper's exact
 synthetic sizes are not given; "paper" scale: 5 seeds, 100,000 steps).
@@ -98,13 +99,19 @@ def growth_fits(steps: list[float], norms: list[float]) -> dict[str, float]:
     """Least-squares fits ‖W‖ ≈ a + b·t and ‖W‖ ≈ a + b·log t; slopes and R² of each.
 
     R²_lin > R²_log says the norm grows linearly in t, the reverse that it grows like log t.
-    Every step must be ≥ 1 (log t is not defined at 0).
+    Every step must be ≥ 1 (log t is not defined at 0), and every norm finite.
     """
     t = np.asarray(steps, dtype=float)
     if not (t >= 1).all():
         raise ValueError(f"growth_fits needs steps ≥ 1 (the log t fit), got {min(steps)}; "
                          "fit from step 1 or later (fit_from ≥ 1)")
     w = np.asarray(norms, dtype=float)
+    if not np.isfinite(w).all():
+        # a NaN or inf norm made both R² exactly 0 (the NaN total failed ``total > 0``), so a
+        # diverged run read as "no difference between linear and log growth"
+        raise ValueError(f"growth_fits needs finite norms, got {norms}: a run whose ‖W‖ is not "
+                         "finite diverged and its growth cannot be fitted; fit the steps before "
+                         "it diverged, or lower its step size")
     out: dict[str, float] = {"fit_points": float(len(t))}
     for name, x in (("lin", t), ("log", np.log(t))):
         A = np.stack([np.ones_like(x), x], axis=1)
@@ -121,12 +128,16 @@ def norm_growth(records: list[dict[str, Any]], fit_from: int) -> dict[str, float
     moves.
 
     The window ends at the first logged step where ‖W‖ has stopped changing (the softmax has
-    saturated to one-hot in float64, so the gradient is exactly 0 and the run is frozen).
+    saturated to one-hot in float64, so the gradient is exactly 0 and the run is frozen). A run
+    whose ‖W‖ is not finite at a logged step (it diverged) has no fits: ``diverged_at`` names
+    that step, and :func:`fixed_v_verdict` refuses the run.
     """
     points: list[tuple[float, float]] = []
     prev = None
     for r in records:
         w = r["attn/W_norm"]
+        if not math.isfinite(w):
+            return {"fit_points": float(len(points)), "diverged_at": float(r["step"])}
         if prev is not None and w == prev:
             break
         prev = w
@@ -199,6 +210,12 @@ def fixed_v_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
         by.setdefault(s["label"], []).append(s)
     if set(by) != set(OPTIMIZERS):
         return not_comparable(f"need runs of {', '.join(OPTIMIZERS)}; got {', '.join(sorted(by))}")
+    diverged = sorted(f"{s['name']} (step {s['fit']['diverged_at']:g})" for s in summaries
+                      if "diverged_at" in s["fit"])
+    if diverged:
+        return not_comparable(f"‖W‖ became NaN or infinite in {', '.join(diverged)}: the run "
+                              "diverged, so its growth cannot be fitted nor its steps to "
+                              f"{LEVEL} compared (lower that optimiser's step size)")
     unfitted = sorted(s["name"] for s in summaries if "r2_lin" not in s["fit"])
     if unfitted:
         return not_comparable(f"{', '.join(unfitted)} froze before 3 logged steps in the fit "
