@@ -10,8 +10,8 @@ calls it) syncs them across processes; per-example rates and the per-position pr
 
 **Distributed rule.** Under a ``DistributedSampler`` every process measures other examples.
 Rank 0 draws exactly the noise one process would (the seed's own stream, so a one-process run is
-unchanged); rank :math:`r > 0` draws from a seed derived from ``(seed, r)``
-(``numpy.random.SeedSequence``). The synced result therefore
+unchanged); rank :math:`r > 0` draws from a 32-bit seed derived from ``(seed, r)``
+(``numpy.random.SeedSequence``, :func:`rank_seed`). The synced result therefore
 
 * is **exactly reproducible at a fixed world size** (same seed, sampler and batches: the same
   numbers, bit for bit), and
@@ -172,10 +172,13 @@ class _Position(NamedTuple):
 
 def rank_seed(seed: int, rank: int) -> int:
     """The seed of process ``rank``: ``seed`` itself on rank 0 (one process draws the usual
-    stream), a ``SeedSequence((seed, rank))`` draw on the others."""
+    stream), a 32-bit ``SeedSequence((seed, rank))`` draw on the others — 32 bits, as torch's
+    CPU generator keeps no more of a seed (the token-wise estimator refuses a larger one there).
+    It is the low half of the 64-bit draw this function gave before 2026-12-04, which a CPU
+    generator read the same way: the same numbers on a CPU."""
     if rank == 0:
         return seed
-    return int(np.random.SeedSequence([seed % 2**64, rank]).generate_state(1, np.uint64)[0])
+    return int(np.random.SeedSequence([seed % 2**64, rank]).generate_state(1, np.uint32)[0])
 
 
 class TokenSensitivityMetric(Metric):
