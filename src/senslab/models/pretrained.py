@@ -8,8 +8,13 @@ only when a function needs them.
 * :func:`hf_config`, :func:`load_hf`: the model with its own head when it has one of
   :data:`HF_HEADS`, else a sequence/image classification head, new and seeded (a sentence
   encoder such as MiniLM ships none); the words say which weights are pretrained and which new.
-  Weights are loaded as float32 whatever dtype they are stored in (``--precision`` chooses the
-  forwards' precision).
+  A checkpoint of another head (a token classifier) whose weights would fill the new head is
+  refused, and so is a head whose config.json disagrees with its weights. A causal LM's
+  prediction is its next token at the last real token (the words say so). Weights are loaded
+  as float32 whatever dtype they are stored in (``--precision`` chooses the forwards'
+  precision); a config's ``return_dict=False`` is turned on (the same logits, not a tuple).
+  An image processor the checkpoint holds but that fails to load is an error, not "no
+  normalisation".
 * :func:`load_timm`: ``timm.create_model(name, pretrained=True)``.
 * :func:`image_prep`: channels repeated (grayscale → RGB), size interpolated to the model's, the
   model's own normalisation (HF image processor, else timm's ``pretrained_cfg``) applied.
@@ -112,9 +117,19 @@ def load_hf(name: str, config: Any, seed: int, num_labels: int,
         # transformers refuses a checkpoint tensor of another shape than the new head's (a
         # token-classification or other head with another label count): its own message only
         # points at a report above, and the command called it a bug
-        if "mismatch" not in str(err).lower() or "num_labels" not in kwargs:
+        if "mismatch" not in str(err).lower():
             raise
         named = ", ".join(config.architectures or []) or "no architecture"
+        if "num_labels" not in kwargs:
+            # the model's own head, built from config.json, has another shape than the weights:
+            # an id2label/label2id edited (or num_labels set) without the weights
+            raise ValueError(
+                f"{option} {name}: config.json gives {arch} {config.num_labels} labels "
+                "(num_labels is the length of its id2label), but the checkpoint's head weights "
+                "have another number of rows (transformers: "
+                f"{str(err).strip().splitlines()[0]}): the config and the weights disagree, "
+                "and the head cannot be loaded as saved. Make id2label/label2id in config.json "
+                "list as many labels as the weights' head has rows") from None
         raise ValueError(
             f"{option} {name}: its config names {named}, none of which senslab reads with its "
             f"own head ({', '.join('*' + h for h in HF_HEADS)}), so a new {num_labels}-label "
@@ -124,6 +139,13 @@ def load_hf(name: str, config: Any, seed: int, num_labels: int,
             "classification head, or a bare encoder (no head) to measure with a new one"
         ) from None
     new = sorted(info.get("missing_keys") or [])
+    if "num_labels" in kwargs:
+        _refuse_other_head(name, config, model, new, num_labels, image, option)
+    if getattr(model.config, "return_dict", True) is False:
+        # a config saved with return_dict=False makes the model return a tuple, which is
+        # refused (or needs output=, which the command has not) where it holds more than the
+        # logits (output_hidden_states, a causal LM's cache): the same logits, in a ModelOutput
+        model.config.return_dict = True
     weights = f"pretrained weights from {name}"
     stored = _stored_dtype(config)
     if stored not in (None, "float32"):
@@ -131,13 +153,85 @@ def load_hf(name: str, config: Any, seed: int, num_labels: int,
     if new:
         shown = ", ".join(new[:4]) + (f" and {len(new) - 4} more" if len(new) > 4 else "")
         weights += f" except {shown}, newly initialised (seed {seed})"
+    if arch is not None and arch.endswith("ForCausalLM"):
+        vocab = getattr(model.get_output_embeddings(), "out_features", None) or getattr(
+            config, "vocab_size", None)
+        size = f"{vocab:,}-token " if isinstance(vocab, int) else ""
+        # its config's num_labels (2 by default) says nothing about what it predicts
+        weights += (f"; its own language-model head: the prediction measured is the next token "
+                    f"(argmax over its {size}vocabulary) at each example's last real token, "
+                    "not a class of the data")
     processor = None
     if image:
         try:
             processor = transformers.AutoImageProcessor.from_pretrained(name)
-        except (OSError, ValueError):
-            processor = None
+        except (OSError, ValueError) as err:
+            # no processor file: the model is measured on [0, 1] pixels and the words say so.
+            # A processor that exists and fails to load is no such case: its normalisation and
+            # size are unknown, and [0, 1] pixels are inputs unlike the model's training
+            found = _processor_file(transformers, name)
+            if found is not None:
+                raise ValueError(
+                    f"{option} {name}: its image processor ({found}) failed to load "
+                    f"(transformers: {type(err).__name__}: "
+                    f"{(str(err).strip().splitlines() or [''])[0]}); without it the model's "
+                    "normalisation is unknown and it would be measured on [0, 1] pixels, "
+                    "unlike its training inputs. Repair the file (or save the processor the "
+                    "model was trained with), or delete it to measure on [0, 1] pixels") from None
     return model.eval(), processor, weights
+
+
+def _processor_file(transformers: Any, name: str) -> str | None:
+    """The image processor file ``name`` holds (``preprocessor_config.json``, or a
+    ``processor_config.json`` with an image processor in it, or one that cannot be read), or
+    None where it has none."""
+    import json
+
+    for filename in ("preprocessor_config.json", "processor_config.json"):
+        try:
+            path = transformers.utils.cached_file(
+                name, filename, _raise_exceptions_for_missing_entries=False,
+                _raise_exceptions_for_connection_errors=False)
+        except Exception:  # noqa: BLE001  (cannot tell: take it as present, and say the error)
+            return filename
+        if path is None:
+            continue
+        if filename == "preprocessor_config.json":
+            return str(path)
+        try:  # a processor_config.json of a text processor holds no image processor
+            if "image_processor" in json.loads(Path(path).read_text()):
+                return str(path)
+        except (OSError, ValueError):
+            return str(path)
+    return None
+
+
+def _refuse_other_head(name: str, config: Any, model: Any, new: list[str], num_labels: int,
+                       image: bool, option: str) -> None:
+    """Refuse a checkpoint of a head of another kind (a token classifier, say) whose head
+    weights fit the new classification head built for it by name and shape: they were loaded
+    into it, and applied to an output they were not trained on (the pooled [CLS] instead of
+    each token's), while the words said "pretrained weights"."""
+    kinds = config.architectures or []
+    if not kinds or any(a.endswith(("ForSequenceClassification", "ForImageClassification"))
+                        for a in kinds):
+        return  # no architecture named (cannot tell), or a classifier of this kind after all
+    prefix = getattr(model, "base_model_prefix", "")
+    missing = set(new)
+    loaded = sorted(k for k in model.state_dict()
+                    if not (prefix and k.startswith(prefix + ".")) and k not in missing)
+    if not loaded:
+        return
+    kind = "image" if image else "sequence"
+    raise ValueError(
+        f"{option} {name}: its config names {', '.join(kinds)}, whose head is of another kind "
+        f"than the new {num_labels}-label {kind} classification head senslab builds for it, "
+        f"but its weights {', '.join(loaded[:4])}{' ...' if len(loaded) > 4 else ''} have "
+        "the new head's names and shapes: they would be loaded into it and applied to an "
+        "output they were not trained on, so another model than the checkpoint's would be "
+        "measured as 'pretrained'. Measure a model saved with a "
+        f"{kind} classification head, or save its encoder alone "
+        "(model.base_model.save_pretrained(DIR)) to measure it with a new, seeded head")
 
 
 def _dtype_keyword(transformers: Any) -> str:
