@@ -520,6 +520,18 @@ def _check_label_count(model: Any, classes: int, what: str, data_name: str) -> N
     ``num_labels``, a timm model's ``num_classes``) than the data has classes: the measurement
     is still well defined (flips among the model's own labels), but the model's labels are not
     the data's classes, so no accuracy can be read from the run."""
+    if type(model).__name__.endswith("ForCausalLM"):
+        # its own language-model head: config.num_labels (2 by default) is not what it decides
+        vocab = getattr(getattr(model, "get_output_embeddings", lambda: None)(), "out_features",
+                        None)
+        if isinstance(vocab, int):
+            warnings.warn(f"{what} is a causal language model: the sensitivity counts flips of "
+                          f"its next token (a {vocab:,}-way decision over its vocabulary) at "
+                          f"each example's last real token, not of {data_name}'s {classes} "
+                          f"classes (no accuracy can be read from this run); to measure a "
+                          f"{data_name} classifier, give a model with a {classes}-label "
+                          "classification head", stacklevel=2)
+        return
     labels, field = getattr(getattr(model, "config", None), "num_labels", None), "num_labels"
     if labels is None:
         labels, field = getattr(model, "num_classes", None), "num_classes"
