@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,17 +115,91 @@ class State:
     samples: list[Tensor] = field(default_factory=list)
 
 
-def interleave(per_rank: list[Any]) -> Tensor:
+def interleave(per_rank: list[Any], slots: list[int] | None = None) -> Tensor:
     """Per-sample rates of all ranks back in one-process order (example b lives on rank
-    b % world; each rank's list holds one entry per update)."""
+    b % world; each rank's list holds one entry per update). ``slots``: the place of each
+    rank's examples in a batch (its shard's rank; default: its place in ``per_rank``)."""
     world, out = len(per_rank), []
+    slots = list(range(world)) if slots is None else slots
     for batches in zip(*per_rank, strict=True):
         n = sum(len(x) for x in batches)
         merged = [0.0] * n
-        for r, rates in enumerate(batches):
+        for r, rates in zip(slots, batches, strict=True):
             merged[r::world] = rates
         out += merged
     return torch.tensor(out, dtype=torch.float32)
+
+
+def _fits(sizes: list[int], slots: list[int]) -> bool:
+    """Whether one update's per-rank example counts ``sizes`` are the shares of one batch
+    (rank at slot r holding examples r, r + world, …), so that :func:`interleave` applies."""
+    n, world = sum(sizes), len(sizes)
+    return all(size == len(range(r, n, world)) for r, size in zip(slots, sizes, strict=True))
+
+
+def gathered_order(infos: list[dict[str, Any]]) -> list[int] | None:
+    """How the per-sample rates of the ranks' gathered ``infos`` (one dict a rank: ``samples``,
+    one list of rates per update; ``identity``, ``shard``) go back in order: the slot of each
+    rank in every batch (:func:`interleave`), or None for rank by rank. Raises ValueError where
+    the ranks' states do not add up to one measurement — every rank sees the same ``infos``,
+    so every rank raises alike and none waits on a collective the others never join."""
+    world = len(infos)
+    base = infos[0].get("identity") or []
+    for r, info in enumerate(infos[1:], 1):
+        for (name, a), (_, b) in zip(base, info.get("identity") or [], strict=False):
+            if a != b:
+                raise ValueError(
+                    f"cannot all_reduce: rank 0 measures {name} {a} but rank {r} {name} {b} — "
+                    "the ranks measure different quantities, and their sum would be neither; "
+                    "build every rank's metric with the same options"
+                )
+    shards = [info.get("shard") for info in infos]
+    counts = [len(info["samples"]) for info in infos]
+    if all(s is None for s in shards):
+        # ranks that measured their own data: interleaved where each update's examples are the
+        # shares of one batch (a DistributedSampler's), else rank by rank (the sums are the
+        # same either way; a batch of 2 on rank 0 and 3 on rank 1 had failed with Python's
+        # "attempt to assign sequence of size 2 to extended slice of size 3")
+        slots = list(range(world))
+        if len(set(counts)) == 1 and all(
+            _fits([len(info["samples"][i]) for info in infos], slots) for i in range(counts[0])
+        ):
+            return slots
+        return None
+    if any(s is None for s in shards):
+        raise ValueError(
+            f"cannot all_reduce: some ranks measure with shard= and others without (shard per "
+            f"rank: {shards}); a sharded rank holds its share of every batch, an unsharded one "
+            "whole batches, so the total would count some examples twice and leave others "
+            "out; give every rank shard=(rank, world_size), or none"
+        )
+    if sorted(s[0] for s in shards) != list(range(world)) or any(s[1] != world for s in shards):
+        raise ValueError(
+            f"cannot all_reduce: the ranks' shards {shards} are not one each of "
+            f"(0, {world}) … ({world - 1}, {world}) for the {world} processes of the group, so "
+            "the total would count some examples twice (two ranks with one shard) or leave "
+            "some out (a shard no rank measures); pass shard=(dist.get_rank(), "
+            "dist.get_world_size())"
+        )
+    slots = [s[0] for s in shards]
+    if len(set(counts)) > 1:
+        made = ", ".join(f"rank {r}: {c}" for r, c in enumerate(counts))
+        raise ValueError(
+            f"cannot all_reduce: the ranks made different numbers of update() calls ({made}); "
+            "with shard= each rank measures its share of every batch, so a rank that skipped "
+            "a batch leaves its share out and the total is not the one-process result. Call "
+            "update() on every rank with the same batches (or reset() every rank and measure "
+            "again)"
+        )
+    for i in range(counts[0]):
+        sizes = [len(info["samples"][i]) for info in infos]
+        if not _fits(sizes, slots):
+            raise ValueError(
+                f"cannot all_reduce: update {i + 1} measured {sizes} examples on the ranks, not "
+                "the shares of one batch; with shard= every rank must call update() with the "
+                "same batches, in the same order"
+            )
+    return slots
 
 
 def pad_to(t: Tensor, n: int, left: bool) -> Tensor:
@@ -272,10 +347,15 @@ def _accumulate_positions(
     st.pos_cnt = pad_to(st.pos_cnt, n, left) + pad_to(pc, n, left)
 
 
-def merged(a: State, b: State, align: str) -> State:
-    """The state of ``a`` and ``b`` together."""
+def merged(a: State, b: State, align: str, scale: float = 1.0) -> State:
+    """The state of ``a`` and ``b`` together, ``b``'s per-position sums and counts times
+    ``scale`` (to ``a``'s unit of copies per token: :meth:`.tokenwise.TokenSensitivity.merge`)."""
     n = max(len(a.pos_sum), len(b.pos_sum))
     left = align == "right"
+    if scale != 1.0:
+        b = State(pos_sum=b.pos_sum * scale, pos_cnt=b.pos_cnt * scale, **{
+            f: getattr(b, f) for f in ("n", "s1", "s2", "within", "forward", "forward_fp32",
+                                       "checked", "copies", "events", "samples")})
     return State(
         n=a.n + b.n, s1=a.s1 + b.s1, s2=a.s2 + b.s2, within=a.within + b.within,
         forward=a.forward + b.forward, forward_fp32=a.forward_fp32 + b.forward_fp32,
@@ -339,30 +419,72 @@ def reduce_device(backend: str) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def all_reduced(st: State, align: str, group: Any = None) -> State:
+def repeated_ranks(infos: list[dict[str, Any]]) -> str | None:
+    """A warning where two unsharded ranks hold the same per-sample rates, every one of them
+    (at least two examples, one of them neither 0 nor 1): most likely both measured the same
+    examples with the same seed, and the total counts each of them twice. None otherwise."""
+    seen: dict[tuple[float, ...], int] = {}
+    for r, info in enumerate(infos):
+        rates = tuple(x for batch in info["samples"] for x in batch)
+        if info.get("shard") is not None or len(rates) < 2 or all(x in (0, 1) for x in rates):
+            continue
+        if rates in seen:
+            return (
+                f"ranks {seen[rates]} and {r} hold the same per-example rates, all {len(rates)} "
+                "of them: most likely both measured the same examples with the same seed, and "
+                "the total counts each of them twice (the standard error too small by about "
+                "sqrt(2)). Give each rank its own examples (a DistributedSampler) or its share "
+                "of every batch (shard=(rank, world_size))"
+            )
+        seen[rates] = r
+    return None
+
+
+def all_reduced(st: State, align: str, group: Any = None,
+                about: dict[str, Any] | None = None,
+                say: Callable[[str], None] | None = None) -> State:
     """``st`` summed over all processes of ``torch.distributed`` (per-sample rates gathered in
-    the one-process order; the sums reduced on the device the backend reduces on)."""
+    the one-process order, :func:`gathered_order`; the sums reduced on the device the backend
+    reduces on). ``about``: what :func:`gathered_order` checks across the ranks (``identity``,
+    ``shard``) and ``unit``, the copies per token the state's per-position profile counts in:
+    every rank's profile is summed in rank 0's unit. ``say``: called with the warning of
+    :func:`repeated_ranks`, if any."""
     import torch.distributed as dist
 
     world = dist.get_world_size(group)
-    sizes: list[Any] = [None] * world
-    dist.all_gather_object(sizes, len(st.pos_sum), group=group)
-    p = max(sizes)
+    mine = {**(about or {}), "p": len(st.pos_sum), "samples": [s.tolist() for s in st.samples]}
+    infos: list[Any] = [None] * world
+    dist.all_gather_object(infos, mine, group=group)
+    slots = gathered_order(infos)  # raises before the reduction, on every rank alike
+    twins = repeated_ranks(infos)
+    if twins is not None and say is not None:
+        say(twins)
+    p = max(info["p"] for info in infos)
     left = align == "right"
+    # a rank that draws more copies per token (repeats) weighs each in rank 0's unit: counted as
+    # they come, its examples' tokens had weighed more in the profile than the others'
+    scale = infos[0].get("unit", 1.0) / mine.get("unit", 1.0)
+    pos_sum, pos_cnt = pad_to(st.pos_sum, p, left), pad_to(st.pos_cnt, p, left)
+    if scale != 1.0:
+        pos_sum, pos_cnt = pos_sum * scale, pos_cnt * scale
     scal = torch.tensor([st.n, st.s1, st.s2, st.within, st.forward, st.forward_fp32, st.checked,
                          st.copies, st.events], dtype=torch.float64)
-    vec = torch.cat([scal, pad_to(st.pos_sum, p, left), pad_to(st.pos_cnt, p, left)])
+    vec = torch.cat([scal, pos_sum, pos_cnt])
     vec = vec.to(reduce_device(str(dist.get_backend(group))))
     dist.all_reduce(vec, group=group)
     vec = vec.cpu()
-    samples: list[Any] = [None] * world
-    dist.all_gather_object(samples, [s.tolist() for s in st.samples], group=group)
+    per_rank = [info["samples"] for info in infos]
+    if slots is not None:
+        samples = interleave(per_rank, slots)
+    else:  # rank by rank: rank 0's examples, then rank 1's, …
+        samples = torch.tensor([x for rates in per_rank for batch in rates for x in batch],
+                               dtype=torch.float32)
     return State(
         n=int(vec[0]), s1=float(vec[1]), s2=float(vec[2]), within=float(vec[3]),
         forward=int(vec[4]), forward_fp32=int(vec[5]), checked=int(vec[6]),
         copies=int(vec[7]), events=int(vec[8]),
         pos_sum=vec[9 : 9 + p].clone(), pos_cnt=vec[9 + p :].clone(),
-        samples=[interleave(samples)],
+        samples=[samples],
     )
 
 

@@ -826,7 +826,10 @@ class TokenSensitivity:
         tokenization, ``replace_with`` vocabulary, decision rule (``output_kind``/``threshold``,
         output selector) and per-position alignment; otherwise a ValueError names the first
         difference. Precision options (repeats, antithetic, control variate, token subsets)
-        may differ: every one of them is unbiased for the same per-example rates. An
+        may differ: every one of them is unbiased for the same per-example rates, and the
+        per-position profile weighs every token of every example alike whatever draws it had
+        (``position_counts`` in this metric's copies per token: ``repeats``, or one with an
+        ``allocation``). An
         ``Embedding`` module given as the object and one given by its dotted name are the same
         tokens when the name is the object's in the model.
 
@@ -846,9 +849,20 @@ class TokenSensitivity:
             their_ids = other._held_ids()
         with _lock(self):
             self._refuse_repeat(their_total, their_ids)
-            self.state = merged(self.state, theirs, self.align)
+            self.state = merged(self.state, theirs, self.align,
+                                self._profile_unit / other._profile_unit)
             self._ids |= their_ids
         return self
+
+    @property
+    def _profile_unit(self) -> float:
+        """The weight of one real token of one example in this metric's per-position profile
+        (``position_counts``): ``repeats`` copies each (per round, with ``num_tokens`` in
+        expectation), one with an ``allocation`` (it counts tokens). :meth:`merge` and
+        :meth:`all_reduce` count another metric's profile in this unit: counted as they come,
+        the tokens of a metric with 8 repeats had weighed 8 times those of one with 1 (two
+        halves flipping at rates 1 and 0 read 0.11 at every position, for an estimate of 0.5)."""
+        return 1.0 if self.allocation else float(self.repeats)
 
     def _refuse_other(self, other: Any) -> None:
         """Raise where ``other`` is not a metric of the same quantity (or is this one)."""
@@ -1396,11 +1410,32 @@ class TokenSensitivity:
         total; per-sample rates are gathered in the one-process order). Each rank keeps its own
         state beside the total: a later ``update`` adds to its own state, and another
         ``all_reduce`` (an interim value, then the final one) sums the ranks' own states again,
-        never a total twice."""
+        never a total twice.
+
+        Refused with a ValueError (on every rank alike, before anything is summed) where the
+        ranks measure different quantities (the options :meth:`merge` requires equal), or where
+        sharded ranks do not add up to one measurement: shards that are not one each of
+        ``(0, world) … (world − 1, world)`` for the group's ``world`` processes, some ranks
+        sharded and others not, or different numbers of ``update`` calls (a rank that skipped
+        a batch leaves its share out of the one-process result). Ranks without ``shard`` that
+        measured their own data may differ in batches: ``per_sample`` then lists rank 0's
+        examples, then rank 1's, … (interleaved where every update's examples are the shares of
+        one batch, as a ``DistributedSampler`` deals them); two of them that hold the same
+        per-example rates, every one (the same examples under the same seed, counted twice),
+        are warned of. The per-position profile counts in rank 0's copies per token, as
+        :meth:`merge` counts in its metric's."""
         local = self._local if self._local is not None else self.state
-        self.state = all_reduced(local, self.align, group)
+        about = {"identity": [(name, repr(a)) for name, a, _ in _identity(self, self)],
+                 "shard": self.shard, "unit": self._profile_unit}
+        self.state = all_reduced(local, self.align, group, about, self._say_repeated)
         self._local = local
         return self
+
+    def _say_repeated(self, message: str) -> None:
+        """Warn (once per metric: a loop's evaluations would repeat it) that two ranks hold
+        the same examples (:func:`._stats.repeated_ranks`)."""
+        if self._once("ranks repeated"):
+            warnings.warn(message, RuntimeWarning, stacklevel=_trim._user_level())
 
     @_one_thread_at_a_time
     def compute(self) -> SensitivityResult:
