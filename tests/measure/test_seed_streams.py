@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -119,3 +121,23 @@ def test_a_cuda_model_takes_a_64_bit_seed_in_full() -> None:
     model = linear().cuda()
     assert shop(BIG, model) == shop(torch.Generator("cuda").manual_seed(BIG), model)
     assert shop(BIG, model) != shop(1, model)
+
+
+def test_the_token_wise_estimator_refuses_a_cpu_seed_another_seed_would_repeat():
+    """TokenSensitivity (and the metrics built on it) made its CPU generator from any seed below
+    2**64: seed 2**32 + 1 drew seed 1's noise, two 'independent' repeats gave one number."""
+    warnings.simplefilter("ignore", RuntimeWarning)  # few flips on a tiny model
+    from senslab import token_sensitivity
+    from senslab.tokens import Sequence
+
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
+    x = torch.randn(4, 4, 3, generator=torch.Generator().manual_seed(0))
+    base = token_sensitivity(model, x, Sequence(), sigma=1.0, repeats=2, generator=1,
+                             precision="float32").per_sample
+    with pytest.raises(ValueError, match=r"generator=4294967297 is 2\*\*32 or more.*"
+                                         r"generator=1 \(that is, seed % 2\*\*32\) gives"):
+        token_sensitivity(model, x, Sequence(), sigma=1.0, repeats=2, generator=2**32 + 1,
+                          precision="float32")
+    again = token_sensitivity(model, x, Sequence(), sigma=1.0, repeats=2,
+                              generator=torch.Generator().manual_seed(1), precision="float32")
+    assert torch.equal(base, again.per_sample)

@@ -206,6 +206,7 @@ from ._options import (
     _identity,
     _kept_buffers,
     _resolve_sigma,
+    _seeded,
     _shapes,
     float32_default,
 )
@@ -478,7 +479,9 @@ class TokenSensitivity:
             longer tuples are refused (:func:`~senslab.tokens.base.select_output`).
         estimand: ``"data"`` or ``"subset"``, which standard error ``compute`` reports.
         generator: a ``torch.Generator`` or an int seed; all randomness comes from it
-            (default seed 0: same call, same numbers).
+            (default seed 0: same call, same numbers). An int seed makes a generator on the
+            model's device; on a CPU it must be below 2**32, as torch's CPU generator keeps
+            only a seed's low 32 bits (seed 2**32 + 1 would draw seed 1's noise).
         chunk_size: perturbed copies per forward pass, or ``"auto"``/None (default): sized from
             a probe forward's allocations and ``memory_budget``.
         memory_budget: bytes one chunk may allocate with ``chunk_size="auto"`` (default: see
@@ -992,7 +995,9 @@ class TokenSensitivity:
 
     def _rng(self, device: torch.device, row: int) -> NoiseStream:
         if self.generator is None:
-            self.generator = torch.Generator(device=device).manual_seed(self._seed or 0)
+            # an int seed on the model's device; on a CPU one of 2**32 or more is refused, as
+            # the CPU generator would read it as seed % 2**32 (another seed's numbers)
+            self.generator = _seeded(self._seed, device)
         if self._stream is None or self._stream.row != row:
             self._stream = NoiseStream(self.generator, row, device)
         return self._stream
