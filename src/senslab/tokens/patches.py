@@ -105,6 +105,20 @@ def _main_input_name(model: Any) -> str | None:
     return None
 
 
+#: a last axis of at most this many entries looks like the channels of a channels-last image
+#: (gray, gray + alpha, RGB, RGBA)
+FEW_CHANNELS = 4
+
+
+def _looks_channels_last(shape: Seq[int]) -> bool:
+    """A (B, ·, ·, ·) shape that reads far better as channels-last (B, H, W, C) than as
+    (B, C, H, W): a last axis of at most :data:`FEW_CHANNELS` entries, where the second and third
+    axes both exceed it — (8, 32, 32, 3) is a 32×32 RGB batch, not 32 channels of 32×3 pixels.
+    A 3-channel 3×3 image (·, 3, 3, 3), a 4-channel image 4 pixels wide (·, 4, H, 4) and a
+    feature map of many channels at 4×4 (·, 256, 4, 4) are not flagged."""
+    return shape[-1] <= FEW_CHANNELS < min(shape[1], shape[2])
+
+
 def _shape(v: Any) -> str:
     return str(tuple(v.shape)) if isinstance(v, Tensor) else type(v).__name__
 
@@ -183,6 +197,14 @@ class Patches(Tokenization):
     model's ``pretrained_cfg``; :func:`~senslab.tokens.auto_tokens` also reads a Hugging Face
     image processor's ``image_std``. ``mean`` matters only for ``replace_with`` (whose rows are
     then pixel values; default 0). ``sigma_space="input"`` (default) adds σ to ``x`` as it is.
+
+    **Layout.** ``channels_last=True`` takes channels-last images (B, H, W, C), for a model that
+    takes them so (it permutes inside): the tokens are the same patches of all C channels, and
+    the model is called with (B, H, W, C) copies. ``None`` (default) reads (B, C, H, W) but
+    refuses a shape that reads far better as channels-last — a last axis of at most 4 entries
+    after two larger ones, e.g. (8, 32, 32, 3) — since read as (B, C, H, W) its "patches" would
+    cut across rows and channels and measure another number; ``channels_last=False`` states
+    (B, C, H, W) and measures such a shape as it is. Local reuse needs (B, C, H, W).
     """
 
     size: int
@@ -191,10 +213,17 @@ class Patches(Tokenization):
     sigma_space: Literal["input", "pixel"] = "input"
     std: float | tuple[float, ...] | None = None
     mean: float | tuple[float, ...] | None = None
+    channels_last: bool | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 1:
             raise ValueError(f"patch size must be a positive integer, got {self.size!r}")
+        if self.channels_last not in (None, True, False):
+            raise ValueError(
+                f"channels_last must be True ((batch, height, width, channels) images), False "
+                f"((batch, channels, height, width)) or None (the latter, refusing a shape that "
+                f"looks channels-last), got {self.channels_last!r}"
+            )
         if self.sigma_space not in ("input", "pixel"):
             raise ValueError(
                 f"sigma_space must be 'input' (σ on the model's inputs as they are) or 'pixel' "
@@ -274,11 +303,26 @@ class Patches(Tokenization):
             inputs, "the images", "images.float() (σ is then in pixel units, e.g. 0–255) or "
             "images.float() / 255 (σ in units of the [0, 1] range)"
         )
-        norm = self.normalization(model, inputs.shape[1])
+        if self.channels_last is None and _looks_channels_last(inputs.shape):
+            b, h, w, c = inputs.shape
+            where = "" if key is None else f" under {key!r}"
+            raise ValueError(
+                f"Patches got images of shape {_shape(inputs)}{where}, read as (batch, channels, "
+                f"height, width): {h} channels of {w}x{c} pixels. A last axis of {c} looks like "
+                f"the channels of channels-last (batch, height, width, channels) images, which "
+                f"read that way would be cut into patches across rows and channels: a wrong "
+                f"number. For channels-last images pass Patches({self.size}, "
+                f"channels_last=True) (the model is still called with (batch, height, width, "
+                f"channels) copies); if the second axis does hold the channels, pass "
+                f"Patches({self.size}, channels_last=False)"
+            )
+        last = bool(self.channels_last)
+        norm = self.normalization(model, inputs.shape[-1] if last else inputs.shape[1])
         bound = _BoundPatches(self, model, inputs, mask, output, norm, key=key, rest=rest)
-        # forward_local takes the images alone: not with a dict's other entries
+        # forward_local takes the images alone (not with a dict's other entries), in
+        # (B, C, H, W)
         bound.reuse = (self.reuse_local and isinstance(model, nn.Module) and not model.training
-                       and hasattr(model, "forward_local") and not rest)
+                       and hasattr(model, "forward_local") and not rest and not last)
         yield bound
 
 
@@ -287,6 +331,11 @@ class _BoundPatches(BoundTokens):
                  output: OutputSelector = None,
                  norm: tuple[Tensor, Tensor] | None = None, *, key: str | None = None,
                  rest: dict[str, Any] | None = None) -> None:
+        #: channels-last images: ``x`` is their (B, C, H, W) view, and the model gets copies
+        #: in the user's (B, H, W, C) layout (``_call``)
+        self.last = bool(spec.channels_last)
+        if self.last:
+            x = x.permute(0, 3, 1, 2)
         b, c, h, w = x.shape
         #: a dict input: the images' key, and the other entries (keyword arguments, their
         #: batch-shaped tensors picked per copy)
@@ -299,7 +348,16 @@ class _BoundPatches(BoundTokens):
             "model — or use a larger sigma, well above {spacing}"))
         #: (mean, std) per channel for σ in pixel space (None: noise added as it is)
         self.norm = None if norm is None else (norm[0].to(x.device), norm[1].to(x.device))
-        self.gh, self.gw = spec.grid(h, w)
+        try:
+            self.gh, self.gw = spec.grid(h, w)
+        except ValueError as err:
+            if spec.channels_last is not None or w > FEW_CHANNELS:
+                raise
+            raise ValueError(
+                f"{err}. (If the images are channels-last, (batch, height, width, channels) with "
+                f"{w} channels, pass Patches(p, channels_last=True): read as (batch, channels, "
+                "height, width) their patches would cut across rows and channels)"
+            ) from None
         self.p = spec.size
         self.model, self.x, self.output = model, x, output
         self.dim = c * self.p * self.p
@@ -314,7 +372,8 @@ class _BoundPatches(BoundTokens):
     def _clean(self, x: Tensor) -> Tensor:
         """The clean output (:func:`~.base.clean_forward`; a dict input with its entries)."""
         if self.key is None:
-            return clean_forward(self.model, x, self.output)
+            return clean_forward(self.model, x.permute(0, 2, 3, 1) if self.last else x,
+                                 self.output)
         try:
             return self._call(x, None)
         except RuntimeError as err:
@@ -330,7 +389,9 @@ class _BoundPatches(BoundTokens):
     def _call(self, images: Tensor, src: Tensor | None) -> Tensor:
         """The model's logits on ``images``: copies of examples ``src`` (None: the batch); a
         dict input's other entries go along as keyword arguments, rows ``src`` of those with
-        the batch's leading size."""
+        the batch's leading size. Channels-last images go in their own layout."""
+        if self.last:
+            images = images.permute(0, 2, 3, 1)
         if self.key is None:
             return call_model(self.model, images, self.output)
         b = self.x.shape[0]
@@ -402,7 +463,10 @@ class _BoundPatches(BoundTokens):
             cache, rows = self._local(src)
             return select_output(self.model.forward_local(
                 cache, rows, tok // self.gw * self.p, tok % self.gw * self.p, patch), self.output)
-        copies = self.x.index_select(0, src)
+        if self.last:  # copied in (B, H, W, C) memory order: the model gets them contiguous
+            copies = self.x.permute(0, 2, 3, 1).index_select(0, src).permute(0, 3, 1, 2)
+        else:
+            copies = self.x.index_select(0, src)
         n, c = copies.shape[:2]
         v = self._view(copies)
         if tok is None:  # whole input: noise (N, T, D) → image layout, padding tokens zeroed
@@ -433,6 +497,17 @@ class Sequence(Tokenization):
         self, model: nn.Module | Any, inputs: Inputs, mask: Tensor | None = None,
         output: OutputSelector = None,
     ) -> Iterator[BoundTokens]:
+        if isinstance(inputs, Mapping):
+            keys = ", ".join(f"{k!r}: {_shape(v)}" for k, v in inputs.items())
+            raise ValueError(
+                f"Sequence takes one (batch, tokens, dim) tensor, passed to the model "
+                f"positionally, but got a dict {{{keys}}}. For a model called with keyword "
+                "arguments (a Hugging Face model's inputs_embeds and attention_mask), measure "
+                "the dict with Embedding('<module>') on the module whose output enters the "
+                "first block (auto_tokens(model) names it): it reads the attention mask, "
+                "which Sequence would not. Or pass the tensor to a wrapper whose "
+                "forward(x) calls the model with it"
+            )
         if not isinstance(inputs, Tensor) or inputs.dim() != 3:
             shape = tuple(inputs.shape) if isinstance(inputs, Tensor) else type(inputs).__name__
             raise ValueError(
@@ -455,6 +530,8 @@ class _BoundSequence(BoundTokens):
         # on a copy: a forward that edits its input in place must not change the caller's
         # tensor, nor the base of the perturbed copies
         self.clean_output = clean_forward(model, x.clone(), output)
+        if self.clean_output.dim() and self.clean_output.shape[0] == x.shape[1] != x.shape[0]:
+            self._refuse_rows(self.clean_output, x.shape[0], "examples")
         self.low = x.dtype in LOW_PRECISION
         self._check_rounding = GridCheck("token vectors", (
             "Pass float32 token vectors — x.float(), with model.float() on a copy for a {dtype} "
@@ -477,4 +554,24 @@ class _BoundSequence(BoundTokens):
             if self.low:
                 self._check_rounding(copies[rows, tok], noise)
             copies[rows, tok] += noise.to(copies.dtype)
-        return call_model(self.model, copies, self.output)
+        out = call_model(self.model, copies, self.output)
+        if out.dim() and out.shape[0] != len(src):
+            self._refuse_rows(out, len(src), "copies")
+        return out
+
+    def _refuse_rows(self, out: Tensor, n: int, what: str) -> None:
+        """Refuse an output whose rows are not the inputs' first axis: a sequence-first model
+        (its batch on the second axis) fed as (batch, tokens, dim). Where the two axes have
+        one size, its copies would otherwise fail deep in the runner, and its examples would
+        be read as token positions."""
+        raise ValueError(
+            f"the model returned {out.shape[0]} rows (output shape {tuple(out.shape)}) for {n} "
+            f"{what if n != 1 else what.replace('ies', 'y').rstrip('s')} of inputs of shape "
+            f"{tuple(self.x.shape)}: Sequence reads (batch, tokens, dim) and "
+            "feeds the copies batch-first, but the model's batch axis is another. A "
+            "sequence-first model (nn.GRU, nn.LSTM or nn.Transformer with batch_first=False) "
+            "takes (tokens, batch, dim), and its examples would be read as token positions "
+            "(or the model reduces over the batch: return one row per example). "
+            "Pass the inputs batch-first, x.transpose(0, 1), to a wrapper whose forward "
+            "transposes them back: model(x.transpose(0, 1))"
+        )

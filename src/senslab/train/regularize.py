@@ -54,6 +54,7 @@ from ..tokens.embedding import (
     input_mask,
     unwrapped,
 )
+from ..tokens.patches import _looks_channels_last
 
 
 def _check_generator(generator: object) -> torch.Generator:
@@ -356,11 +357,32 @@ def _branches(model: nn.Module, x: Inputs, tokens: Tokenization, sigma: float,
                             f"inputs such as input_ids and attention_mask); {_TEXT_FIX}")
         if mask is not None:
             raise ValueError("mask= marks real text tokens; every patch of an image is real")
-        norm = tokens.normalization(model, x.shape[1]) if hasattr(tokens, "normalization") \
+        # channels-last images (Patches(p, channels_last=True)) get their noise in their
+        # (B, C, H, W) view and go to the model in their own layout; read as they are, the
+        # patch would cut across rows and channels
+        last = getattr(tokens, "channels_last", None) is True
+        if (getattr(tokens, "channels_last", False) is None and x.dim() == 4
+                and _looks_channels_last(x.shape)):
+            b, h, w, c = x.shape
+            raise ValueError(
+                f"the regularizer got images of shape {tuple(x.shape)}, read as (batch, "
+                f"channels, height, width): {h} channels of {w}x{c} pixels. A last axis of {c} "
+                "looks like the channels of channels-last (batch, height, width, channels) "
+                "images, whose noise would then cut across rows and channels. Pass "
+                f"tokens=Patches({tokens.size}, channels_last=True) for channels-last images "
+                f"(the model still gets them in that layout), or Patches({tokens.size}, "
+                "channels_last=False) if the second axis does hold the channels")
+        if last and x.dim() != 4:
+            raise ValueError(f"Patches(channels_last=True) expects images of shape (batch, "
+                             f"height, width, channels), got {tuple(x.shape)}")
+        view = x.permute(0, 3, 1, 2) if last else x
+        norm = tokens.normalization(model, view.shape[1]) if hasattr(tokens, "normalization") \
             else None
         scale = None if norm is None else 1.0 / norm[1]  # σ on pixels: noise / std per channel
         # drawn before the forwards, as the paper code does (keeps the recorded numbers)
-        x_noisy = random_patch_noise(x, tokens.size, sigma, generator, channel_scale=scale)
+        x_noisy = random_patch_noise(view, tokens.size, sigma, generator, channel_scale=scale)
+        if last:
+            x_noisy = x_noisy.permute(0, 2, 3, 1)
         return call_model(model, x, output), call_model(model, x_noisy, output)
     if isinstance(tokens, Sequence):
         if not isinstance(x, Tensor) or x.dim() != 3:
