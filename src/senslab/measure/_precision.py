@@ -1001,7 +1001,12 @@ class PrecisionCheck:
         while True:
             assert self.bound is not None
             band = self.bound * wide
-            inside = ((m <= band) | ~torch.isfinite(m)) & ~done
+            # a call never calibrated widens by inf, and with a bound of 0 (a calibration that
+            # ran nothing in the low precision: a model whose later batches take another
+            # branch) 0 × inf is NaN, which no margin is <=: such copies took the low
+            # precision's class unchecked. ``not m > band`` re-checks them, as an infinite
+            # widening means
+            inside = (~(m > band) | ~torch.isfinite(m)) & ~done
             spot = self._spot(~inside & ~done)
             again = (inside | spot).nonzero().flatten()
             if not len(again):
