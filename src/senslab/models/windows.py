@@ -76,21 +76,55 @@ def read(win: Window, top: Tensor, left: Tensor, h: int, w: int, pad: int = 0) -
     return out[:-1].view(n, h, w, channels).permute(0, 3, 1, 2)
 
 
+def _square(v: int | tuple[int, ...]) -> int | None:
+    """A per-axis setting (an int or an (h, w) pair) as one int, None if the axes differ."""
+    if isinstance(v, int):
+        return v
+    return int(v[0]) if len(v) == 2 and v[0] == v[1] else None
+
+
 def _parts(layer: nn.Module) -> tuple[nn.Module, nn.Module | None, int, int, int]:
     """(operation, BatchNorm or None, kernel, stride, padding) of a square-kernel ``nn.Conv2d``,
-    a Sequential of one and a BatchNorm, or an unpadded ``nn.MaxPool2d``/``nn.AvgPool2d``."""
+    a Sequential of one and a BatchNorm, or an unpadded ``nn.MaxPool2d``/``nn.AvgPool2d``.
+
+    Anything else is refused rather than windowed as one of these: a window of it would hold
+    another layer's values (a third layer of a Sequential, or a norm over the whole map, simply
+    skipped or computed over the window alone; a non-zero padding mode read as zeros; one axis
+    of a non-square pooling used for both)."""
     norm = None
     if isinstance(layer, nn.Sequential):
+        if len(layer) != 2 or not isinstance(layer[1], nn.BatchNorm2d):
+            raise ValueError(
+                f"local reuse windows a Sequential only as (nn.Conv2d, nn.BatchNorm2d), got "
+                f"{layer}; any other layer in it would be skipped or computed on the window "
+                f"alone. Window the convolution by itself with local(seq[0], win) and apply the "
+                f"pointwise layers that follow (activations, an eval-mode BatchNorm2d) to the "
+                f"window it returns")
         layer, norm = layer[0], layer[1]
     if isinstance(layer, nn.Conv2d):
-        if (layer.kernel_size[0] != layer.kernel_size[1] or layer.stride[0] != layer.stride[1]
-                or layer.padding[0] != layer.padding[1] or layer.dilation != (1, 1)):
-            raise ValueError(f"local reuse needs square, undilated convolutions, got {layer}")
-        return layer, norm, layer.kernel_size[0], layer.stride[0], int(layer.padding[0])
+        k, s, p = (_square(v) if not isinstance(v, str) else None
+                   for v in (layer.kernel_size, layer.stride, layer.padding))
+        if k is None or s is None or p is None or _square(layer.dilation) != 1:
+            raise ValueError(f"local reuse needs square, undilated convolutions with numeric "
+                             f"padding, got {layer}")
+        if p and layer.padding_mode != "zeros":
+            raise ValueError(
+                f"local reuse reads a convolution's padding as zeros, but {layer} pads with "
+                f"padding_mode={layer.padding_mode!r}: its border outputs would be wrong. "
+                f"Measure with Patches(p, reuse_local=False)")
+        if type(layer).forward is not nn.Conv2d.forward:
+            raise ValueError(
+                f"local reuse runs a convolution as F.conv2d with its weight, but "
+                f"{type(layer).__name__} has a forward of its own (a weight standardisation, "
+                f"say) that the window would skip. Measure with Patches(p, reuse_local=False)")
+        return layer, norm, k, s, p
     if isinstance(layer, (nn.MaxPool2d, nn.AvgPool2d)):
-        k, s, p = (v if isinstance(v, int) else v[0]
-                   for v in (layer.kernel_size, layer.stride or layer.kernel_size, layer.padding))
-        if p or layer.ceil_mode or getattr(layer, "dilation", 1) != 1:
+        k, s, p = (_square(v) for v in (layer.kernel_size, layer.stride or layer.kernel_size,
+                                        layer.padding))
+        if k is None or s is None or p is None:
+            raise ValueError(f"local reuse needs square pooling (the same kernel, stride and "
+                             f"padding on both axes), got {layer}")
+        if p or layer.ceil_mode or _square(getattr(layer, "dilation", 1)) != 1:
             raise ValueError(f"local reuse needs unpadded pooling without ceil_mode, got {layer}")
         return layer, norm, k, s, 0
     raise TypeError(f"local reuse cannot window a {type(layer).__name__}")
@@ -153,6 +187,15 @@ def local(layer: nn.Module, win: Window,
     crop = read(win, top * s - p, left * s - p, (ho - 1) * s + k, (wo - 1) * s + k, p)
     if folded is not None:
         return F.conv2d(crop, folded[0], folded[1], s, 0, 1, op.groups), top, left
+    if norm is not None and (norm.training or norm.running_mean is None
+                             or norm.running_var is None):
+        # a BatchNorm that normalises by batch statistics would take them over the windows,
+        # not the whole maps of the batch: another layer's numbers
+        raise ValueError(
+            f"local reuse needs a BatchNorm2d that normalises by running statistics (eval "
+            f"mode, track_running_stats=True), got {norm} in {'train' if norm.training else 'eval'}"
+            f" mode: a window's batch statistics are not the full map's. Call model.eval(), or "
+            f"measure with Patches(p, reuse_local=False)")
     if isinstance(op, nn.Conv2d):
         y = F.conv2d(crop, op.weight, op.bias, s, 0, 1, op.groups)
     else:  # the crop holds whole pooling cells, so pooling it is pooling the map
