@@ -84,7 +84,7 @@ from ...verdicts import NO_SE, Effect, bootstrap, describe, judge, not_comparabl
 from ...verdicts import RHO_CLIP as RHO_CLIP  # re-exported: it moved to senslab.verdicts
 from ...verdicts import fisher_z as fisher_z  # re-exported
 from ..base import Run, Rung, register_experiment, seeded_name
-from ._common import FRESH, FRESH_UNUSED, BooleanExperiment, Setup, boolean_run
+from ._common import FRESH, FRESH_UNUSED, BooleanExperiment, Setup, boolean_run, listed
 
 SWEEP_FUNCTIONS = ("parity", "majority", "first")
 
@@ -198,9 +198,10 @@ def norm_blowup_verdict(summaries: list[dict[str, Any]], min_runs: int = 5) -> d
     """Spearman ρ(as(f̂), c) over the converged runs, bootstrapped over them."""
     from scipy.stats import spearmanr  # lazily: scipy is only needed for the verdict
 
-    done, unusable = [], []
+    done, unusable, unconverged = [], [], []
     for s in summaries:
         if not s["converged"]:
+            unconverged.append(s["name"])
             continue
         f = s["final"]
         norm, blow, sens = (float(f[k]) for k in ("param_norm", "blowup/log10", "bool_sens"))
@@ -233,9 +234,10 @@ def norm_blowup_verdict(summaries: list[dict[str, Any]], min_runs: int = 5) -> d
     return correlation_verdict(
         points, lambda pts: rank_correlation([p["as"] for p in pts], [p["c"] for p in pts]),
         "Spearman ρ(as(f̂), log10 norm + log10 blow-up)", evidence,
-        claim=f"over {len(done)} converged runs, more sensitive functions need a larger norm × "
-              "blow-up",
-        note=f"Spearman's own p = {float(p_value):.2g}{left_out}",
+        claim=f"over {len(done)} converged runs (of {len(summaries)}), more sensitive functions "
+              "need a larger norm × blow-up",
+        note=f"Spearman's own p = {float(p_value):.2g}{left_out}" + (
+            f"; left out, not converged: {listed(unconverged)}" if unconverged else ""),
         pairs=([p["as"] for p in points], [p["c"] for p in points]))
 
 

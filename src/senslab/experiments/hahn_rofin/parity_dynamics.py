@@ -25,7 +25,8 @@ Two parts, Holm-corrected: the mean nearness of sharpness and of the mean log10 
 runs (one per seed, Student's t) that reached t₀ (and, where the scale sets ``converged_loss``,
 converged, as the authors' figures keep only those); "not comparable" when fewer than two such
 runs. A run whose sharpness or blow-up is NaN at some evaluation (it diverged) has no known peak:
-it is left out, and the reason names it (until 2026-12-04 a NaN at the first evaluation was
+it is left out, and the reason names it, as it names the runs that never reached t₀ or did not
+converge (until 2026-12-04 a NaN at the first evaluation was
 taken for the peak, and a later one was skipped without a word).
 
 Scale ladder (``senslab run hr_parity_dynamics --scale ladder``;
@@ -56,7 +57,7 @@ from ...train.config import one_of, ranged
 from ...train.rundir import RunDir
 from ...verdicts import not_comparable, over_seeds, verdict
 from ..base import Run, Rung, register_experiment
-from ._common import FRESH, FRESH_UNUSED, BooleanExperiment, Setup, boolean_run
+from ._common import FRESH, FRESH_UNUSED, BooleanExperiment, Setup, boolean_run, listed
 
 
 @dataclass
@@ -164,9 +165,15 @@ def dynamics_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     # run is left out, and named
     unknown = [s["name"] for s in reached
                if any(s["peaks"][k].get("nan_steps") for k in ("sharpness", "blowup"))]
+    # the runs that never reached t0 (or did not converge where the scale asks it) are left
+    # out too: the parts' "N seeds" would otherwise not say that the settings asked for more
+    chosen = {s["name"] for s in reached}
+    no_t0 = [s["name"] for s in summaries if s.get("peaks", {}).get("t0") is None]
+    unconverged = [s["name"] for s in summaries
+                   if s["name"] not in chosen and s["name"] not in no_t0]
     reached = [s for s in reached if s["name"] not in unknown]
     left_out = (f"; left out, a measure NaN at some evaluation (no known peak): "
-                f"{', '.join(unknown)}" if unknown else "")
+                f"{listed(unknown)}" if unknown else "")
     if len(reached) < 2:
         return not_comparable(f"only {len(reached)} of {len(summaries)} runs reached loss < 0.01"
                               f"{left_out}", evidence)
@@ -186,5 +193,11 @@ def dynamics_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     offsets = "; ".join(
         f"{s['name']}: t0={s['peaks']['t0']}, sharpness peak {where(s['peaks']['sharpness'])}, "
         f"blow-up peak {where(s['peaks']['blowup'])}" for s in reached)
-    return verdict(parts, claim="sharpness and blow-up peak near t0", evidence=evidence,
+    if no_t0:
+        left_out += f"; left out, never reached loss < 0.01 (no t0): {listed(no_t0)}"
+    if unconverged:
+        left_out += (f"; left out, not converged (final held-out loss not below the scale's "
+                     f"converged_loss): {listed(unconverged)}")
+    return verdict(parts, claim=f"over {len(reached)} of {len(summaries)} runs, sharpness and "
+                                "blow-up peak near t0", evidence=evidence,
                    note=f"Peaks relative to t0: {offsets}{left_out}")

@@ -36,7 +36,9 @@ parts, Holm-corrected: ``random_as − learned_as`` (the random completion's exa
 learned completion's; positive = the transformer's completion is less sensitive) and
 ``random_sharpness − learned_sharpness`` (on the k shared strings, with the sharpness estimates'
 standard errors as the measurement part; positive = the learned model is flatter). "not
-comparable" when no pair fitted.
+comparable" when no pair fitted. The reason names the pairs left out (not fitted, or lacking a
+run) and every value that is not finite, by run, measure and step (a NaN makes its part "cannot
+be judged").
 
 The unit of replication is the **seed**, not the (k, seed) pair: the runs of one seed share the
 hidden random table (``function_seed = seed``), the model initialisation, nested training
@@ -64,7 +66,7 @@ from ...train.config import ranged
 from ...train.loops.boolean import CONVERGED_ACC, subset_data
 from ...verdicts import not_comparable, over_seeds, verdict
 from ..base import Run, register_experiment
-from ._common import BooleanExperiment, Setup, boolean_run
+from ._common import BooleanExperiment, Setup, boolean_run, listed
 
 N_BITS = 10
 
@@ -143,10 +145,15 @@ def completion_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
         kind = s["name"].split("-", 1)[0]
         by_pair.setdefault((s["train_size"], s["seed"]), {})[kind] = s
     rows = []
+    left_out: list[str] = []  # the pairs the parts do not rest on, and why
     for (k, seed), pair in sorted(by_pair.items()):
-        if {"learned", "random"} - set(pair):
+        lacking = sorted({"learned", "random"} - set(pair))
+        if lacking:
+            left_out.append(f"k={k} seed {seed} (no {' or '.join(lacking)} run)")
             continue
-        if not all(_fitted(pair[kind]) for kind in ("learned", "random")):
+        unfit = [pair[kind]["name"] for kind in ("learned", "random") if not _fitted(pair[kind])]
+        if unfit:
+            left_out.append(f"k={k} seed {seed} ({' and '.join(unfit)} did not fit)")
             continue
         lf, rf = pair["learned"]["final"], pair["random"]["final"]
         rows.append({"k": k, "seed": seed, "learned_as": lf["bool_sens"],
@@ -157,20 +164,61 @@ def completion_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
                      "learned_sharpness_se": lf.get("sharpness/loss_se"),
                      "random_sharpness_se": rf.get("sharpness/loss_se")})
     evidence: dict[str, Any] = {"pairs": rows, "total_pairs": len(by_pair)}
+    if left_out:
+        evidence["left_out"] = left_out
     if not rows:
         return not_comparable("no (k, seed) pair where both models fit their training labels "
                               "(the trainer's converged: training accuracy > 0.99, and the loss "
                               "bound where the scale sets one)", evidence)
-    return judge_pairs(rows, evidence)
+    steps = {s["name"]: s["final"].get("step") for s in summaries if "name" in s}
+    return judge_pairs(rows, evidence, steps=steps, left_out=left_out)
 
 
-def judge_pairs(rows: list[dict[str, Any]], evidence: dict[str, Any] | None = None
+#: the run and final measure behind each value of a fitted pair (``None``: the learned run's
+#: record of its random completion, exact, no evaluation step), and the part it enters
+SOURCES = {"learned_as": ("learned", "bool_sens", "as"),
+           "random_as": ("learned", "random_completion_sens", "as"),
+           "learned_sharpness": ("learned", "sharpness/loss", "sharpness"),
+           "random_sharpness": ("random", "sharpness/loss", "sharpness"),
+           "learned_sharpness_se": ("learned", "sharpness/loss_se", "sharpness"),
+           "random_sharpness_se": ("random", "sharpness/loss_se", "sharpness")}
+
+
+def _not_finite(rows: list[dict[str, Any]], steps: dict[str, Any],
+                with_se: bool) -> dict[str, list[str]]:
+    """``{"value" | "se": ["<run> (<measure> = nan at its final evaluation, step s; part p)"]}``:
+    the values of the fitted pairs that are not finite, named by run, measure and step;
+    ``with_se``: the sharpness part uses the measurement errors (every pair has them)."""
+    out: dict[str, list[str]] = {}
+    for r in rows:
+        for field, (kind, key, part) in SOURCES.items():
+            if field.endswith("_se") and not with_se:
+                continue
+            v = r.get(field)
+            if v is None or math.isfinite(float(v)):
+                continue  # None: no measurement error given (the part says so itself)
+            run = f"{kind}-k{r['k']}-s{r['seed']}"
+            step = steps.get(run)
+            where = ("" if key == "random_completion_sens"
+                     else f" at its final evaluation{f', step {step}' if step is not None else ''}")
+            out.setdefault("se" if field.endswith("_se") else "value", []).append(
+                f"{run} ({key} = {v}{where}; part {part})")
+    return out
+
+
+def judge_pairs(rows: list[dict[str, Any]], evidence: dict[str, Any] | None = None,
+                steps: dict[str, Any] | None = None, left_out: list[str] | None = None
                 ) -> dict[str, Any]:
     """The verdict from the fitted pairs (``k``, ``seed``, ``learned_as``, ``random_as``,
     ``learned_sharpness``, ``random_sharpness`` and optionally the sharpness standard errors
     ``learned_sharpness_se``/``random_sharpness_se``): each difference averaged over the k values
     of a seed first, then Student's t over the seeds (the seed is the unit of replication: its
-    pairs share the table, the initialisation and nested training subsets)."""
+    pairs share the table, the initialisation and nested training subsets).
+
+    The words name the pairs ``left_out`` (not fitted, or lacking a run) and every value that is
+    not finite, by run (``learned-k…-s…``/``random-k…-s…``), measure and the step of its final
+    evaluation (``steps``: run name → step): a NaN value makes its part "cannot be judged (the
+    value is not finite)", which alone does not say where it came from."""
     evidence = dict(evidence or {})
     lower_as = sum(r["learned_as"] < r["random_as"] for r in rows)
     flatter = sum(r["learned_sharpness"] < r["random_sharpness"] for r in rows)
@@ -204,10 +252,22 @@ def judge_pairs(rows: list[dict[str, Any]], evidence: dict[str, Any] | None = No
     detail = "; ".join(
         f"k={r['k']} s{r['seed']}: as {r['learned_as']:.2f} vs {r['random_as']:.2f}, sharpness "
         f"{r['learned_sharpness']:.3g} vs {r['random_sharpness']:.3g}" for r in rows)
+    note = (f"Learned completion lower as in {lower_as}/{len(rows)} pairs, flatter in "
+            f"{flatter}/{len(rows)}: {detail}")
+    bad = _not_finite(rows, steps or {}, has_se)
+    if bad.get("value"):
+        note += ". Not finite, so the part it enters cannot be judged: " + listed(bad["value"])
+    if bad.get("se"):
+        note += (". A measurement error not finite (NaN: unknown, the part's standard error "
+                 "rests on the spread and the other errors; inf: no standard error): "
+                 + listed(bad["se"]))
+    if bad:
+        evidence["not_finite"] = bad
+    if left_out:
+        note += f". Left out, not fitted: {listed(left_out)}"
     return verdict(parts, evidence=evidence,
                    claim=f"over {len(seeds)} seed{'s' if len(seeds) != 1 else ''} ({len(rows)} "
                          "fitted (k, seed) pairs; each seed's differences averaged over its k "
                          "first, as its pairs share one table and initialisation), the learned "
                          "completion is less sensitive and flatter than a random one",
-                   note=f"Learned completion lower as in {lower_as}/{len(rows)} pairs, flatter in "
-                        f"{flatter}/{len(rows)}: {detail}")
+                   note=note)

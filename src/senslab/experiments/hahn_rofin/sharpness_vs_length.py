@@ -23,7 +23,9 @@ freedom (positive = sharpness grows with n). Each other function f's part is
 quarter of PARITY's), with standard error √(ratio²·s.e.²_PARITY + s.e.²_f) and Welch–
 Satterthwaite degrees of freedom from the two fits' m − 2. A fit through two runs has no
 standard error (the line passes through both): its parts are inconclusive, and say so. "not
-comparable" when fewer than two n values of a function converged.
+comparable" when fewer than two n values of a function converged. The reason names the runs
+left out as not converged, and a converged run whose final sharpness is not finite (NaN: its
+function's fit and every part using it "cannot be judged"), with the step of its evaluation.
 
 A ``--set functions=...`` that leaves out some of PARITY, MAJORITY, FIRST, MEAN judges only part
 of the claim: the verdict is *partial* (``"partial"`` in verdict.json names the parts judged and
@@ -50,7 +52,16 @@ from typing import Any
 from ...train.config import ranged
 from ...verdicts import CONTRADICTED, NO_SE, Effect, describe, judge, not_comparable, verdict
 from ..base import Run, register_experiment
-from ._common import FRESH, FRESH_UNUSED, BooleanExperiment, Setup, boolean_run, linear_fit
+from ._common import (
+    FRESH,
+    FRESH_UNUSED,
+    BooleanExperiment,
+    Setup,
+    boolean_run,
+    final_value,
+    linear_fit,
+    listed,
+)
 
 FUNCTIONS = ("parity", "majority", "first", "mean")
 
@@ -107,11 +118,17 @@ def slope_verdict(summaries: list[dict[str, Any]], sensitive: str = "parity",
     claim is about the functions that have runs."""
     points: dict[str, list[tuple[int, float]]] = {}
     dropped: dict[str, int] = {}
+    unconverged: list[str] = []
+    bad: dict[str, list[str]] = {}  # function → its converged runs without a finite sharpness
     for s in summaries:
+        f = s["function"]
         if s["converged"]:
-            points.setdefault(s["function"], []).append((s["n"], s["final"]["sharpness/loss"]))
+            points.setdefault(f, []).append((s["n"], s["final"]["sharpness/loss"]))
+            if not _finite(s["final"]["sharpness/loss"]):
+                bad.setdefault(f, []).append(final_value(s, "sharpness/loss", _name(s)))
         else:
-            dropped[s["function"]] = dropped.get(s["function"], 0) + 1
+            dropped[f] = dropped.get(f, 0) + 1
+            unconverged.append(_name(s))
     evidence: dict[str, Any] = {"not_converged": dropped}
     fits: dict[str, Effect] = {}
     for f in sorted({s["function"] for s in summaries}):
@@ -135,6 +152,18 @@ def slope_verdict(summaries: list[dict[str, Any]], sensitive: str = "parity",
     detail = "; ".join(f"{f} {v.value:+.4g} ± {v.se:.2g}" for f, v in fits.items())
     claim = f"{sensitive}'s sharpness grows with n, the others' is flat"
     note = f"Sharpness per unit n (least squares ± s.e.): {detail}"
+    # a NaN sharpness makes its function's slope NaN and every part using it "cannot be judged
+    # (the value is not finite)": the words name the runs, not only the evidence
+    for f, runs in bad.items():
+        uses = list(parts) if f == sensitive else [f"{f} flat"]
+        note += (f". Not finite, so {f}'s fit and the part{'s' if len(uses) > 1 else ''} "
+                 f"{', '.join(uses)} cannot be judged: {listed(runs)}")
+    if bad:
+        evidence["not_finite"] = bad
+    if unconverged:  # the parts' run counts are below the runs asked for: say which and why
+        note += (f". Left out of the fits, not converged ({len(unconverged)} of "
+                 f"{len(summaries)} runs): {listed(unconverged)}")
+        evidence["not_converged_runs"] = unconverged
     missing = [f for f in claimed or () if f not in fits and f != sensitive]
     if missing:
         return _partial(parts, [f"{f} flat" for f in missing], missing, claim, note, evidence)
@@ -201,3 +230,18 @@ def flatness_effect(sensitive: Effect, other: Effect, ratio: float, what: str = 
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):  # None or text: no number at all
+        return False
+
+
+def _name(summary: dict[str, Any]) -> str:
+    """The run's name (its summary's; for a summary without one, function, n and seed)."""
+    if "name" in summary:
+        return str(summary["name"])
+    return f"{summary['function']} n={summary['n']}" + (
+        f" seed {summary['seed']}" if "seed" in summary else "")

@@ -32,7 +32,8 @@ def loss_race_verdict(summaries: list[dict[str, Any]],
     parts, ``loss_sgd − loss_o`` and ``|loss_o − loss_sgd| − |loss_o − loss_adam|`` of each seed
     (the four runs of a seed share its data subset, order and initialisation), their means over
     seeds with Student's t, Holm over the four. "not comparable" when a seed lacks a run, the
-    runs stopped after different numbers of steps, or a loss is not finite.
+    runs stopped after different numbers of steps, or a loss is not finite (the reason names
+    the run and its step).
 
     The initial plateau (loss ≥ 95% of the chance loss, ln 10 for MNIST): where SGD and a
     contender o both still sit on it in some seed, the race between them has not started, and
@@ -74,9 +75,15 @@ def loss_race_verdict(summaries: list[dict[str, Any]],
     if len(set(steps.values())) != 1:
         return not_comparable(f"runs stopped after different numbers of steps: {steps}",
                               evidence)
-    if not all(isinstance(v, (int, float)) and math.isfinite(v)
-               for per in loss.values() for v in per.values()):
-        return not_comparable("a run has no finite final train/loss", evidence)
+    bad = [f"{seeds[k][o].get('name', f'{o} (seed {k})')} (train/loss = {v}"
+           + (f" at step {seeds[k][o]['steps']})" if seeds[k][o].get("steps") is not None
+              else ")")
+           for k, per in loss.items() for o, v in per.items()
+           if not (isinstance(v, (int, float)) and math.isfinite(v))]
+    if bad:  # named: "a run" left the researcher to search the run directories
+        evidence["not_finite"] = bad
+        return not_comparable(f"a run has no finite final train/loss: {'; '.join(bad)}",
+                              evidence)
     mean = {o: evidence[o]["train_loss"] for o in RACE}
     detail = ", ".join(f"{o} {v:.4f}" for o, v in mean.items())
     if len(seeds) > 1:

@@ -39,12 +39,14 @@ is censored at its last step. GD censored alone leaves a lower bound (GD's lag i
 against the claim), and the note says so. A censored contender would leave an *upper* bound
 (biased toward the claim; with both censored the difference reads 0 whatever the truth), so that
 part has no standard error: it is inconclusive, and says which seeds never got there (train
-longer) — unless that upper bound is already below 0: the truth is lower still, and the part is
-judged as it stands (never supported). (Correction of 2026-11-30: a censored contender first
-counted its last step too, which could support "o gets there faster" from runs where o never
-got there.) "not comparable" when an optimiser has no runs or a run froze before three logged
-steps of the fit window, or a run's ‖W_t‖ became NaN or infinite (it diverged: until
-2026-12-04 both of its R² read 0, a difference of exactly 0 in the mean over seeds).
+longer; but a seed whose run froze below the level never moves again, and the part says that
+no run length gets it there) — unless that upper bound is already below 0: the truth is lower
+still, and the part is judged as it stands (never supported). (Correction of 2026-11-30: a
+censored contender first counted its last step too, which could support "o gets there faster"
+from runs where o never got there.) "not comparable" when an optimiser has no runs or a run
+froze (lower fit_from) or ended (train longer) before three logged steps of the fit window, or
+a run's ‖W_t‖ became NaN or infinite (it diverged: until 2026-12-04 both of its R² read 0, a
+difference of exactly 0 in the mean over seeds).
 
 CPU scale: 3 seeds (data and initialisation), 20,000 steps per optimiser (the paper's exact
 synthetic sizes are not given; "paper" scale: 5 seeds, 100,000 steps).
@@ -128,25 +130,29 @@ def norm_growth(records: list[dict[str, Any]], fit_from: int) -> dict[str, float
     moves.
 
     The window ends at the first logged step where ‖W‖ has stopped changing (the softmax has
-    saturated to one-hot in float64, so the gradient is exactly 0 and the run is frozen). A run
-    whose ‖W‖ is not finite at a logged step (it diverged) has no fits: ``diverged_at`` names
-    that step, and :func:`fixed_v_verdict` refuses the run.
+    saturated to one-hot in float64, so the gradient is exactly 0 and the run is frozen):
+    ``froze_at`` is that step (absent if the run never froze). A frozen run never moves again,
+    so no longer run adds a point to its window, nor gets it to a level it has not reached.
+    A run whose ‖W‖ is not finite at a logged step (it diverged) has no fits: ``diverged_at``
+    names that step, and :func:`fixed_v_verdict` refuses the run.
     """
     points: list[tuple[float, float]] = []
     prev = None
+    frozen: dict[str, float] = {}
     for r in records:
         w = r["attn/W_norm"]
         if not math.isfinite(w):
             return {"fit_points": float(len(points)), "diverged_at": float(r["step"])}
         if prev is not None and w == prev:
+            frozen["froze_at"] = float(r["step"])
             break
         prev = w
         if r["step"] >= fit_from:
             points.append((float(r["step"]), w))
     if len(points) < 3:
-        return {"fit_points": float(len(points))}
+        return {"fit_points": float(len(points)), **frozen}
     steps, norms = zip(*points, strict=True)
-    return growth_fits(list(steps), list(norms))
+    return {**growth_fits(list(steps), list(norms)), **frozen}
 
 
 @register_experiment("ib_fixed_v")
@@ -216,10 +222,23 @@ def fixed_v_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return not_comparable(f"‖W‖ became NaN or infinite in {', '.join(diverged)}: the run "
                               "diverged, so its growth cannot be fitted nor its steps to "
                               f"{LEVEL} compared (lower that optimiser's step size)")
-    unfitted = sorted(s["name"] for s in summaries if "r2_lin" not in s["fit"])
+    unfitted = [s for s in summaries if "r2_lin" not in s["fit"]]
     if unfitted:
-        return not_comparable(f"{', '.join(unfitted)} froze before 3 logged steps in the fit "
-                              "window: too few points to fit ‖W‖ (run longer or lower fit_from)")
+        # "run longer" cannot help a run that froze: its window ends where it froze, whatever
+        # the number of steps; only a run that ran out of steps gains points from more of them
+        froze = sorted(f"{s['name']} (‖W‖ unchanged at step {s['fit']['froze_at']:g})"
+                       for s in unfitted if "froze_at" in s["fit"])
+        short = sorted(s["name"] for s in unfitted if "froze_at" not in s["fit"])
+        why = []
+        if froze:
+            why.append(f"froze before 3 logged steps in the fit window: {', '.join(froze)}; "
+                       "the softmax saturated to one-hot in float64, so the gradient is exactly "
+                       "0 and a frozen run never moves again: training longer adds no point, "
+                       "lower fit_from")
+        if short:
+            why.append(f"ended before 3 logged steps in the fit window: {', '.join(short)}; "
+                       "run longer (more steps) or lower fit_from")
+        return not_comparable("too few points to fit ‖W‖: " + "; ".join(why))
     evidence: dict[str, Any] = {}
     for o, runs in by.items():
         evidence[o] = {
@@ -312,10 +331,26 @@ def _censored(part: Effect, o: str, key: str, never: list[int],
             f"{part.method}; {o} never reached {LEVEL} {key} in {_seeds(never)} within its "
             f"{' or '.join(map(str, last))} steps: the true difference is lower still"))
     method = part.method.split(NO_SE, 1)[0].rstrip("; ")  # censoring is the reason (ties too)
+    # "train longer" is no advice for a seed that froze below the level: it never moves again
+    frozen = [k for k in never if "froze_at" in runs[k].get("fit", {})]
+    cut = [k for k in never if k not in frozen]
+    why = []
+    if cut:
+        last = sorted({int(runs[k]["steps"]) for k in cut})
+        why.append(f"{o} never reached {LEVEL} {key} in {_seeds(cut)} within its "
+                   f"{' or '.join(map(str, last))} steps, so steps_gd − steps_{o} is only an "
+                   "upper bound there: train longer")
+    if frozen:
+        at = ", ".join(f"{runs[k]['fit']['froze_at']:g}" for k in frozen)
+        why.append(f"{o} froze below {LEVEL} {key} in {_seeds(frozen)} (‖W‖ stopped changing "
+                   f"by step {at}: the softmax saturated to one-hot in float64, so the gradient "
+                   "is exactly 0 and W never moves again): training longer cannot get it there, "
+                   f"and its last step stands in for a step that never comes, so steps_gd − "
+                   f"steps_{o} is an upper bound there that no longer run can tighten: {o} does "
+                   f"not reach {LEVEL} {key} on this data in float64 (final_{key} in the "
+                   "evidence: where it stopped)")
     return Effect(part.value, math.nan, part.df, part.seeds, part.se_measure, None, part.what,
-                  f"{method}; {NO_SE}{o} never reached {LEVEL} {key} in {_seeds(never)} "
-                  f"within its {' or '.join(map(str, last))} steps, so steps_gd − steps_{o} is "
-                  "only an upper bound there: train longer", part.unit)
+                  f"{method}; {NO_SE}{'; '.join(why)}", part.unit)
 
 
 def _reached(run: dict[str, Any], key: str) -> float:

@@ -25,7 +25,8 @@ W alignment, v alignment and optimal-token mass (positive = o ahead of SGD); aga
 ``o − (adam − CLOSE)`` of the final W alignment and token mass (positive = o within ``CLOSE`` of
 Adam, or above). The means in the note are over the same paired seeds; a seed some optimiser
 lacks is left out and named. "not comparable" when an optimiser has no runs, no seed has all
-four, or a final metric is missing or not finite.
+four, or a final metric is missing or not finite (the reason names the run, the metric and
+the step of its final evaluation).
 
 CPU scale: 3 seeds × 4 optimisers, 3,000 steps of batch 8 (the paper's synthetic sizes and
 learning rates are not given; ours are in ``JointSettings``; "paper" scale: 5 seeds, 20,000
@@ -142,8 +143,10 @@ def joint_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     seed (the module docstring)."""
     keys = ("train/loss", *HIGHER)
     by: dict[str, dict[int, dict[str, float]]] = {}
+    names: dict[tuple[str, int], str] = {}  # (optimiser, seed) → run name, for the words
     for s in summaries:
         by.setdefault(s["label"], {})[s.get("seed", 0)] = s["final"]
+        names[s["label"], s.get("seed", 0)] = s.get("name", f"{s['label']}-s{s.get('seed', 0)}")
     if set(by) != set(OPTIMIZERS):
         return not_comparable(f"need runs of {', '.join(OPTIMIZERS)}; got {', '.join(sorted(by))}")
     lacking = sorted(f"{o} (seed {k}): {', '.join(m for m in keys if m not in f)}"
@@ -159,7 +162,15 @@ def joint_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     if not seeds:
         return not_comparable("no seed has runs of every optimiser")
     if any(not math.isfinite(v) for m in mean.values() for v in m.values()):
-        return not_comparable("a final metric is not finite", mean)
+        # "a final metric is not finite" left the researcher to search the run directories
+        bad = [f"{names[o, k]} ({m} = {by[o][k][m]} at its final evaluation"
+               + (f", step {by[o][k]['step']})" if "step" in by[o][k] else ")")
+               for o in by for k in seeds for m in keys if not math.isfinite(by[o][k][m])]
+        if not bad:  # every value finite, their sum is not (values near the float maximum)
+            bad = [f"the mean over seeds of {o}'s {m} ({[by[o][k][m] for k in seeds]}) overflows"
+                   for o, mo in mean.items() for m, v in mo.items() if not math.isfinite(v)]
+        return not_comparable(f"a final metric is not finite: {'; '.join(bad)}",
+                              {**mean, "not_finite": bad})
     unpaired = {o: sorted(set(fs) - set(seeds)) for o, fs in by.items() if set(fs) - set(seeds)}
     checks: dict[str, bool] = {}  # the former rule, on the means over seeds
     parts = {}
