@@ -585,7 +585,10 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
         reg_gen.set_state(per_rank[rank] if world > 1 and per_rank is not None
                           and len(per_rank) == world else state["reg_rng"])
         for key, value in state["position"].items():
-            setattr(pos, key, value)
+            # a Ctrl-C belongs to the sitting that saw it: restored from a checkpoint that
+            # stored it (saved after a swallowed one), it stopped every resume after one step
+            if key != "interrupted":
+                setattr(pos, key, value)
         start_time = state["time"]
         rd.truncate_metrics(pos.step)
         if rank == 0:
@@ -627,7 +630,9 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
                 "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
                 "reg_rng": reg_gen.get_state(),
                 **({"reg_rngs": regs} if regs is not None else {}),
-                "position": dataclasses.asdict(pos),
+                # where the loop is; not whether this sitting was interrupted (see the resume)
+                "position": {k: v for k, v in dataclasses.asdict(pos).items()
+                             if k != "interrupted"},
                 "time": time.perf_counter() - clock,
             },
             pos.step,
