@@ -10,6 +10,7 @@ logged after the checkpoint resumed from (a resume must redo them, not keep them
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -178,3 +179,30 @@ def test_a_checkpoint_that_recorded_a_ctrl_c_resumes(tmp_path: Path) -> None:
     rd.save_checkpoint(state, 12, keep=0)
     resume_to_the_end(run)
     assert_same(ref, run)
+
+
+def test_a_resume_on_another_thread_count_says_its_numbers_may_differ(tmp_path: Path) -> None:
+    """Same seed, same numbers holds on one setup: a sitting on another thread count rounds
+    its reductions otherwise, and training amplifies it. The resume says so; on the same
+    setup it says nothing (and stays exact)."""
+    ref = tmp_path / "ref"
+    train(config([]), ref)
+    at = checkpoint_step(RunDir(ref).checkpoints()[0])
+    for other in (False, True):
+        run = tmp_path / f"other-{other}"
+        crash_after(ref, run, at)
+        if other:  # the earlier sitting, as recorded, ran on one more thread than this one
+            env = json.loads((run / "env.json").read_text())
+            env["threads"] = torch.get_num_threads() + 1
+            (run / "env.json").write_text(json.dumps(env))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fit(config([]), run, progress=False)
+        said = [str(w.message) for w in caught if "another setup" in str(w.message)]
+        if other:
+            assert len(said) == 1, said
+            assert (f"at step {at} on another setup than the sitting before (threads "
+                    f"{torch.get_num_threads() + 1} → {torch.get_num_threads()})") in said[0]
+        else:
+            assert said == []
+            assert_same(ref, run)

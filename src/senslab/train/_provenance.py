@@ -69,7 +69,21 @@ def write_env(rd: RunDir, env: dict[str, Any], step: int | None, warn: bool = Tr
     """Write env.json for a sitting that starts at ``step`` (None: a fresh run), keeping the
     earlier sittings of a resumed run, and warn (``warn``: one rank of several says it) when
     they were trained by other code."""
-    earlier = _sittings(_read_env(rd.path)) if step is not None else []
+    old = _read_env(rd.path) if step is not None else None
+    earlier = _sittings(old)
+    if old is not None and warn:
+        # the same seed gives the same numbers only on the same torch, device and thread count:
+        # float32 reductions split across other threads round differently, and training
+        # amplifies the last bits, so the metrics after the resume are not the uninterrupted run's
+        moved = [f"{key} {old[key]} → {env.get(key)}" for key in ("torch", "device", "threads")
+                 if key in old and old[key] != env.get(key)]
+        if moved:
+            warnings.warn(
+                f"resuming {rd.path} at step {step} on another setup than the sitting before "
+                f"({', '.join(moved)}): its numbers from step {step} on may differ from an "
+                "uninterrupted run's (reductions round differently, and training amplifies "
+                "it). Resume with the earlier setup (e.g. the same --threads) to keep them",
+                UserWarning, stacklevel=3)
     commits = [s["git_commit"] for s in earlier if isinstance(s.get("git_commit"), str)]
     other = _other(commits, env.get("git_commit"))
     if other and warn:
