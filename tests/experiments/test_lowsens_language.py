@@ -132,6 +132,8 @@ def test_tiny_end_to_end_on_mrpc_fixture(tmp_path: Path) -> None:
         meta = create_dataset("mrpc", name, root=data, max_len=28, vocab_size=300).meta
         cut[split] = {k: meta[k] for k in ("truncated_rows", "truncated_tokens")}
     assert cut["train"]["truncated_rows"] > 0  # the fixture's pairs exceed 28 tokens
+    labels = torch.bincount(create_dataset("mrpc", "train", root=data, max_len=28,
+                                           vocab_size=300).targets, minlength=2).tolist()
     for name in MODELS:
         rows = [json.loads(x) for x in (out / name / "metrics.jsonl").read_text().splitlines()]
         assert rows[0]["step"] == 0 and len(rows) == 2  # init + one epoch
@@ -144,6 +146,9 @@ def test_tiny_end_to_end_on_mrpc_fixture(tmp_path: Path) -> None:
         assert 0.0 <= f["sens_end/val"] <= 1.0 and 0.0 <= f["sens_init/train"] <= 1.0
         assert summary["language"]["end_examples"] == 20  # capped by the fixture's 20 pairs
         assert summary["language"]["truncated"] == cut  # what max_len 28 took, per split
+        # train/acc is measured on the whole training split here (no track.eval_examples): its
+        # labels' counts, for the verdict's majority-class note
+        assert summary["language"]["label_counts"]["train"] == labels
         assert summary["language"]["init"]["sens/train"] == rows[0]["sens/train"]
         assert summary["language"]["profile_train"]["per_position"] == last[
             "sens/train_per_position"]

@@ -180,3 +180,32 @@ def lowest_sensitivity_verdict(summaries: list[dict[str, Any]], winner: str,
     return verdict(lower_parts(groups, [winner], others),
                    claim=f"{winner} has the lowest sensitivity", evidence=evidence,
                    note=values_note(evidence, groups))
+
+
+def budget_stops(summaries: list[dict[str, Any]]) -> tuple[str, dict[str, dict[str, Any]]]:
+    """The runs that stopped on their epoch budget (``stopped`` is ``"budget"``), not at a
+    train-accuracy target: words for the end of the reason (``""`` when none did) and, by run
+    name, their final train accuracy and epochs for the evidence.
+
+    An accuracy-gap precondition compares seed means only: models that all ran out of epochs
+    far from the target (near chance, say) pass it, and a barely trained model is trivially
+    insensitive; robustness's part (a) has no train-accuracy precondition at all (a CNN that
+    ran out of epochs near chance loses on every corruption). The rules stay as they are; the
+    reason names such runs with their train accuracy. When no run stopped at a target the words
+    cannot tell a target that no run reached from no target at all (the paper scale sets none),
+    and say so."""
+    # without a run name, label and seed: the label alone would merge the seeds into one entry
+    short = {s.get("name") or f"{s['label']}/seed {s.get('seed', 0)}": {
+        "train_acc": s.get("final", {}).get("train/acc"), "epochs": s.get("epochs")}
+        for s in summaries if s.get("stopped") == "budget"}
+    if not short:
+        return "", {}
+
+    def acc(v: Any) -> str:
+        return f"{v:.3f}" if isinstance(v, int | float) else "not recorded"
+
+    runs = ", ".join(f"{name} (train acc {acc(r['train_acc'])})" for name, r in short.items())
+    if any(s.get("stopped") == "target_train_acc" for s in summaries):
+        return f" (did not reach the train-accuracy target within the epoch budget: {runs})", short
+    return (f" (stopped on the epoch budget, and no run at a train-accuracy target: none was "
+            f"set, or none reached it: {runs})"), short

@@ -5,7 +5,10 @@ A summary is what ``language.finish_run`` writes: ``final`` has ``sens_end/train
 ``sens_end/val`` (σ² = 15, end of training), ``sens_alt/*`` (σ² = 4), ``sens_init/train``
 (untrained weights), ``recency/*`` and ``sens_first/*``, all with standard errors over examples,
 and ``train/acc``; :func:`numbers` falls back to the tracked ``sens/*`` and the step-0 record for
-summaries without them. ``seed`` (from the run's info) pairs the models: seed k of every model
+summaries without them. ``language.label_counts.train`` (each label's count among the
+examples ``train/acc`` is measured on), where a run records it, gives its majority-class rate,
+and a run whose train accuracy is at that rate is named in the reason (:func:`at_majority`).
+``seed`` (from the run's info) pairs the models: seed k of every model
 was trained on the same data subset and measured on the same examples with the same noise seed.
 The at-init claim (``below_lstm_at_init``) is "not comparable" when replicates of a model share
 untrained inits (:func:`shared_inits`: runs measured before 2026-11-30, whose seeds k and k + 1
@@ -44,6 +47,9 @@ MAX_ACC_GAP = 0.05
 RISE_RATIO = 1.5
 #: below this every model counts as insensitive (no flips to compare)
 INSENSITIVE = 1e-3
+#: a run whose train accuracy is within this of its training set's majority-class rate is named
+#: in the reason (words only: the rule does not change)
+MAJORITY_MARGIN = 0.01
 ENCODERS = ("roberta", "roberta_relu")
 #: the main claim's number: the end-of-training measurement on the larger train subset
 MAIN = "sens_end/train"
@@ -244,6 +250,52 @@ def claims(runs: Runs, init_overlap: str | None = None) -> dict[str, dict[str, A
     return out
 
 
+# --------------------------------------------------------------------------- majority class
+
+
+def majority_rate(summary: dict[str, Any]) -> float | None:
+    """The share of the most frequent label among the examples ``train/acc`` is measured on,
+    from ``summary["language"]["label_counts"]["train"]`` (the count of each label), or None
+    when the run does not record it (``language.finish_run`` writes the counts since
+    2026-12-04; an older run gives None, and is not named by :func:`at_majority`)."""
+    counts = summary.get("language", {}).get("label_counts", {}).get("train")
+    if not isinstance(counts, list | tuple) or not counts or not all(
+            isinstance(c, int | float) and math.isfinite(c) and c >= 0 for c in counts):
+        return None
+    total = sum(counts)
+    return max(counts) / total if total > 0 else None
+
+
+def at_majority(summaries: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """The runs whose train accuracy is within :data:`MAJORITY_MARGIN` of their majority-class
+    rate (:func:`majority_rate`): words for the end of the reason (``""`` when none) and the
+    evidence (each run's rate, None where not recorded, and the runs named).
+
+    An encoder that learned nothing but the majority class predicts it whatever the noise, so
+    its sensitivity is 0 and it is "below the LSTM" without having learned the task. The
+    accuracy-gap precondition does not catch it when every model stalls there alike, nor does
+    the "every model is insensitive" one when the LSTM still flips; the verdict goes ahead as
+    before, and the reason names these runs."""
+    rates: dict[str, dict[int, float | None]] = {}
+    named = []
+    for s in summaries:
+        seed = int(s.get("seed", 0))
+        rate = rates.setdefault(s["label"], {})[seed] = majority_rate(s)
+        acc = s.get("final", {}).get("train/acc")
+        # within the margin up to rounding: 0.68 − 0.67 is 0.010000000000000009
+        if rate is not None and isinstance(acc, int | float) and (
+                abs(acc - rate) <= MAJORITY_MARGIN
+                or math.isclose(abs(acc - rate), MAJORITY_MARGIN, rel_tol=GAP_ROUNDING)):
+            named.append(f"{s['label']}/seed {seed} (train acc {acc:.3f}, majority class "
+                         f"{rate:.3f})")
+    evidence = {"rate": rates, "at_majority": named, "margin": MAJORITY_MARGIN}
+    if not named:
+        return "", evidence
+    return (f" (train accuracy within {MAJORITY_MARGIN} of the share of the majority class, the "
+            f"accuracy of a model that predicts that class for every input and so has "
+            f"sensitivity 0 whatever it learned: {', '.join(named)})"), evidence
+
+
 # --------------------------------------------------------------------------- evidence
 
 
@@ -273,7 +325,9 @@ def language_verdict(summaries: list[dict[str, Any]],
                      max_acc_gap: float = MAX_ACC_GAP) -> dict[str, Any]:
     """The verdict on the main claim (both RoBERTas below the LSTM at the end of training, train
     subset, σ² = 15: parts ``lstm − roberta`` and ``lstm − roberta_relu``, paired by seed,
-    Holm) with every claim judged on its own in ``evidence["claims"]``."""
+    Holm) with every claim judged on its own in ``evidence["claims"]``. Runs whose train
+    accuracy is at their majority-class rate, where recorded, are named in the reason after the
+    train accuracies (:func:`at_majority`)."""
     runs: Runs = {}
     for s in summaries:
         seed = int(s.get("seed", 0))
@@ -294,6 +348,7 @@ def language_verdict(summaries: list[dict[str, Any]],
         prof = lang.get("sens_end_profile_train") or lang.get("profile_train")
         if prof and int(s.get("seed", 0)) == min(runs[s["label"]]):
             evidence[s["label"]]["profile"] = prof
+    majority, evidence["majority_class"] = at_majority(summaries)
     judged = claims(runs, shared_inits(summaries))
     evidence["claims"] = judged
     seeds = sorted({s for per in runs.values() for s in per})
@@ -313,7 +368,8 @@ def language_verdict(summaries: list[dict[str, Any]],
     subs = "; ".join(f"{k}: {v['verdict']}" for k, v in judged.items()
                      if k != "roberta_below_lstm")
     numbers_text = (f"end-of-training train-subset sensitivity (σ² = 15) {main}; at init {init}; "
-                    f"train acc {acc} ({len(seeds)} seed{'s' if len(seeds) != 1 else ''}). "
+                    f"train acc {acc} ({len(seeds)} seed{'s' if len(seeds) != 1 else ''})"
+                    f"{majority}. "
                     f"Sub-claims — {subs}")
     head = judged["roberta_below_lstm"]
     if head["verdict"] == NOT_COMPARABLE:

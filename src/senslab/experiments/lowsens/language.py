@@ -267,6 +267,11 @@ def finish_run(cfg: RunConfig, run_dir: Path, summary: dict[str, Any]) -> dict[s
     extra: dict[str, Any] = {**summary.get("language", {}), "variance": VARIANCE,
                              "alt_variance": ALT_VARIANCE}
     n_end = len(subsets.sens_train)
+    # each label's count among the examples train/acc was measured on (the run's own tracker
+    # draws them): the verdict names a run whose accuracy is its majority class's share
+    measured = Tracker(cfg, model, train, test, device).eval_train.targets
+    extra["label_counts"] = {"train": torch.bincount(
+        measured.long(), minlength=train.num_classes).tolist()}
     # how much the cut to the maximum length took from each split (the loaders count it)
     extra["truncated"] = {split: {k: d.meta.get(k) for k in ("truncated_rows", "truncated_tokens")}
                           for split, d in (("train", train), ("test", test))}

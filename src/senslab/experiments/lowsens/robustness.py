@@ -78,7 +78,7 @@ from ...measure import token_sensitivity
 from ...tokens.base import model_device
 from ...train.config import RunConfig, ranged
 from ...verdicts import not_comparable, over_seeds, verdict
-from .._verdicts import accuracy_se, by_label, mean, precondition
+from .._verdicts import accuracy_se, budget_stops, by_label, mean, precondition
 from ..base import Run, register_experiment
 from ._posthoc import FinalMeasureExperiment
 from ._vision import (
@@ -209,7 +209,10 @@ class Robustness(FinalMeasureExperiment):
         for each regularized model, vanilla − regularized sensitivity and regularized − vanilla
         noise/blur accuracy (:func:`regularized_parts`). Not comparable when a model has no runs
         or other seeds, or a regularized model's seed-mean train accuracy is more than
-        :data:`MAX_ACC_GAP` from vanilla's."""
+        :data:`MAX_ACC_GAP` from vanilla's. Runs that stopped on the epoch budget, not at the
+        train-accuracy target, are named with their train accuracy at the end of the reason and
+        in ``evidence["stopped_on_budget"]`` (:func:`budget_stops`): part (a) does not check
+        train accuracy."""
         groups = by_label(summaries)
         seeds = sorted(next(iter(groups.values())))
         fm = {k: {seed: s["final_measure"] for seed, s in runs.items()}
@@ -244,8 +247,9 @@ class Robustness(FinalMeasureExperiment):
             if far:
                 why = (f"seed-mean train accuracies differ by > {MAX_ACC_GAP}: "
                        + "; ".join(far))
+        stops, evidence["stopped_on_budget"] = budget_stops(summaries)
         if why is not None:
-            return not_comparable(why, evidence)
+            return not_comparable(why + stops, evidence)
         parts = {f"a: {pair}": over_seeds([won / n - 0.5 for won, n in per.values()],
                                           [accuracy_se(won / n, n) for won, n in per.values()],
                                           what=f"{pair}: share of corruptions won − ½")
@@ -256,7 +260,9 @@ class Robustness(FinalMeasureExperiment):
                         for pair, per in wins.items())
         return verdict(parts, claim="ViTs more robust than CNNs; regularized ViT-small less "
                        "sensitive and more accurate on noise/blur than vanilla", evidence=evidence,
-                       note=f"{won} (seeds {', '.join(map(str, seeds))})")
+                       note=f"{won} (seeds {', '.join(map(str, seeds))}){stops}")
+
+
 
 
 def paired(a: list[float], b: list[float]) -> tuple[float, float]:
