@@ -199,28 +199,71 @@ class RobertaConfig(TextConfig):
 
 
 def _real_tokens(input_ids: Tensor, attention_mask: Tensor | None, cfg: TextConfig) -> Tensor:
-    """Validated (B, L) bool mask of real tokens (from ``attention_mask``, else ``!= pad_id``)."""
-    if input_ids.dim() != 2 or input_ids.is_floating_point():
+    """Validated (B, L) bool mask of real tokens (from ``attention_mask``, else ``!= pad_id``).
+
+    Refused: token ids the embedding does not have (torch's bare "index out of range", on a GPU
+    a device-side assert that ends the process), a mask holding values other than 0 and 1 (an
+    additive or soft mask, whose non-zero entries would read as real tokens), zero-length
+    sequences, and rows that are not real tokens followed only by padding."""
+    if (input_ids.dim() != 2 or input_ids.is_floating_point() or input_ids.is_complex()
+            or input_ids.dtype == torch.bool):
         raise ValueError(
             f"input_ids must be a (batch, length) tensor of token ids, got dtype "
             f"{input_ids.dtype} and shape {tuple(input_ids.shape)}"
+        )
+    if input_ids.shape[1] == 0:
+        raise ValueError(
+            f"input_ids has shape {tuple(input_ids.shape)}: sequences of length 0 have no real "
+            "token to read; every sequence needs at least one"
         )
     if input_ids.shape[1] > cfg.max_len:
         raise ValueError(
             f"sequence length {input_ids.shape[1]} exceeds max_len {cfg.max_len}; truncate the "
             f"inputs or build the model with max_len={input_ids.shape[1]}"
         )
-    mask = input_ids != cfg.pad_id if attention_mask is None else attention_mask.to(torch.bool)
-    if mask.shape != input_ids.shape:
+    if attention_mask is None:
+        mask = input_ids != cfg.pad_id
+        binary = torch.ones((), dtype=torch.bool, device=input_ids.device)
+    else:
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}, "
+                             f"input_ids {tuple(input_ids.shape)}")
+        binary = ((attention_mask == 0) | (attention_mask == 1)).all()
+        mask = attention_mask.to(torch.bool)
+    # one host sync for all checks: ids in the vocabulary, a 0/1 mask, a real first token, and
+    # no real token after a pad
+    outside, not_binary, first_pad, gap = torch.stack([
+        ((input_ids < 0) | (input_ids >= cfg.vocab_size)).any(), ~binary,
+        (~mask[:, 0]).any(), (mask[:, 1:] & ~mask[:, :-1]).any(),
+    ]).tolist()
+    if outside:
         raise ValueError(
-            f"attention_mask has shape {tuple(mask.shape)}, input_ids {tuple(input_ids.shape)}"
+            f"input_ids holds token ids from {int(input_ids.min())} to {int(input_ids.max())}, "
+            f"but the model embeds only ids 0 to {cfg.vocab_size - 1} (vocab_size "
+            f"{cfg.vocab_size}); build the model with the tokenizer's vocab_size"
         )
-    # one host sync for both checks: a real first token, and no real token after a pad
-    bad = (~mask[:, 0]).any() | (mask[:, 1:] & ~mask[:, :-1]).any()
-    if bad:
+    if not_binary:
+        odd = attention_mask[(attention_mask != 0) & (attention_mask != 1)].flatten()[0]
         raise ValueError(
-            "every sequence needs real tokens followed only by padding (right padding, a real "
-            "first token); left-padded or empty rows are not supported"
+            f"attention_mask must be 1 (True) on real tokens and 0 (False) on padding, but it "
+            f"holds {odd.item()!r}: every non-zero value would read as a real token. For an "
+            "additive mask (0 on real tokens, a large negative number on padding) pass "
+            "attention_mask=(mask == 0)"
+        )
+    if first_pad or gap:
+        if first_pad:
+            row = int((~mask[:, 0]).nonzero()[0, 0])
+            what = f"row {row} starts with padding (an all-padding row, or left padding)"
+        else:
+            row, pos = (int(i) for i in (mask[:, 1:] & ~mask[:, :-1]).nonzero()[0])
+            what = f"row {row} has a real token at position {pos + 1} after padding"
+        why = ("" if attention_mask is not None else
+               f". No attention_mask was given, so padding is wherever input_ids equals pad_id "
+               f"{cfg.pad_id}: if that id is also a real token (an end token that doubles as "
+               f"padding), pass the attention_mask")
+        raise ValueError(
+            f"every sequence needs real tokens followed only by padding (right padding, a real "
+            f"first token), but {what}; left-padded or empty rows are not supported{why}"
         )
     return mask
 
