@@ -7,12 +7,15 @@ directory (:class:`~senslab.train.looprun.LoopRun`), an evaluation at epoch 0, e
 A run's evaluation records (one ``metrics.jsonl`` line each, ``step`` = optimiser steps so far,
 ``epoch``) are what the summary is computed from; a resumed run reads the records up to its
 checkpoint back from ``metrics.jsonl`` (JSON keeps every float bit for bit), so a checkpoint
-stays small however long the run: model, optimiser, generators and counters.
+stays small however long the run: model, optimiser, generators and counters. A NaN or infinite
+training loss (:func:`sgd_step`) stops the run at once with a :class:`FloatingPointError` naming
+the epoch and the learning rate.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +41,16 @@ def config_from(config_type: type[C], source: Any, **given: Any) -> C:
 
 
 def sgd_step(opt: torch.optim.Optimizer, loss: Tensor) -> None:
-    """One optimiser step on ``loss``."""
+    """One optimiser step on ``loss``; a NaN or infinite loss is refused before the step
+    (:class:`FloatingPointError`, naming the learning rate), as :func:`senslab.train.loop.fit`
+    refuses it: a step on it would turn the weights NaN, and the run would train on until its
+    next evaluation and fail there inside a measurement, with a message about the model's
+    outputs instead of the diverged training."""
+    value = loss.item()
+    if not math.isfinite(value):
+        lr = opt.param_groups[0]["lr"]
+        raise FloatingPointError(f"training loss became {value}; lower lr (now {lr}) or check "
+                                 "the data")
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
@@ -126,7 +138,11 @@ def _train(run: LoopRun, loop: EpochLoop, epochs: int, eval_every: int) -> list[
     while epoch < end:
         epoch += 1
         run.at(steps, epoch=epoch)  # a Ctrl-C in the epoch: "in epoch E, after step N"
-        steps += loop.train_epoch()
+        try:
+            steps += loop.train_epoch()
+        except FloatingPointError as err:  # a diverged step (sgd_step): say where
+            raise FloatingPointError(
+                f"{err} (in epoch {epoch}, which began after step {steps})") from None
         if epoch % eval_every == 0 or epoch == end:
             history.append({"step": steps, "epoch": epoch, **loop.evaluate()})
             run.log(history[-1])

@@ -33,12 +33,14 @@ the correct fraction, |ŷ − y| < 1/(2n)). A run *converged* when its final ``t
 training: ``train/acc``) is > 0.99; ``converged_loss`` adds a bound on the matching loss.
 ``stop_below`` ends training at the first evaluation whose training loss is below it. The
 summary holds ``first_below_001``, the first step whose training batch loss was < 0.01 (None if
-never). A checkpoint is written at every evaluation.
+never). A checkpoint is written at every evaluation. A NaN or infinite training loss stops the
+run at once with a :class:`FloatingPointError` naming the step and the learning rate.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -289,11 +291,16 @@ def train_boolean(cfg: BooleanRunConfig, path: Path, *, progress: bool | None = 
                 pick = torch.randint(len(subset.train[0]), (cfg.subset_batch,), generator=data_gen)
                 x, y = subset.train[0][pick], subset.train[1][pick]
             loss = F.mse_loss(model(x.to(device)), y.to(device))
+            losses.append(loss.item())
+            if not math.isfinite(losses[-1]):
+                # a step on it would turn the weights NaN, and the next evaluation would fail
+                # inside the sharpness, blaming a "loss_fn" the user never gave
+                raise FloatingPointError(
+                    f"training loss became {losses[-1]} at step {step}; lower lr (now {cfg.lr})")
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             run.at(step)
-            losses.append(loss.item())
             if first_below is None and losses[-1] < 0.01:
                 first_below = step
             if step % cfg.eval_every and step != cfg.steps:

@@ -98,8 +98,9 @@ def grokking_phases(history: list[dict[str, Any]]) -> dict[str, Any]:
     ``memorisation_epoch``: first train acc ≥ 0.99; ``generalisation_epoch``: first test acc ≥
     0.95 (after memorisation); ``sens_peak``/``peak_epoch``: the largest sensitivity from
     memorisation up to generalisation; ``sens_at_generalisation``; ``sens_before_jump``: the
-    sensitivity at the last evaluation before test acc first reaches 0.5. None where a phase
-    never happened.
+    sensitivity at the last evaluation before test acc first reaches 0.5 (``jump_epoch``, from
+    memorisation on), None when test acc is ≥ 0.5 at memorisation already (no evaluation lies
+    between the two). None where a phase never happened.
     """
     def first(pred: Any, start: int = 0) -> int | None:
         return next((i for i in range(start, len(history)) if pred(history[i])), None)
@@ -119,11 +120,12 @@ def grokking_phases(history: list[dict[str, Any]]) -> dict[str, Any]:
         return out
     peak = max(range(mem, gen + 1), key=lambda i: history[i]["sens/train"])
     jump = first(lambda r: r["test/acc"] >= JUMP, mem)
-    before = max(mem, (jump if jump is not None else gen) - 1)
+    assert jump is not None  # generalised: test acc ≥ 0.95 ≥ 0.5 from memorisation on
+    # jump == mem: clamping "before" to mem gave the value *at* the jump, not before it
     out.update(sens_peak=history[peak]["sens/train"], peak_epoch=history[peak]["epoch"],
                sens_at_generalisation=history[gen]["sens/train"],
-               sens_before_jump=history[before]["sens/train"],
-               jump_epoch=None if jump is None else history[jump]["epoch"])
+               sens_before_jump=history[jump - 1]["sens/train"] if jump > mem else None,
+               jump_epoch=history[jump]["epoch"])
     return out
 
 
