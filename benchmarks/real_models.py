@@ -104,6 +104,7 @@ import datetime
 import json
 import math
 import os
+import platform
 import socket
 import statistics
 import sys
@@ -574,23 +575,36 @@ def clean_seconds(case: RealCase, per_example: bool) -> float:
         return now(case.device) - start
 
 
+#: what a row's ``work_per_example`` counts in (:func:`copies_per_example`); a record without
+#: it counted a row that kept its padding as whole forwards of the padded width
+WORK_UNIT = "forwards at the example's real length"
+
+
 @contextmanager
-def copies_per_example(case: RealCase) -> Iterator[Tensor]:
+def copies_per_example(case: RealCase, trimmed: bool = True,
+                       first: list[int] | None = None) -> Iterator[Tensor]:
     """Tally, per example, the perturbed text copies a senslab row evaluates and the work they
     cost: a (2, n) float64 tensor, row 0 the copies, row 1 their work in forwards at the
-    example's real length (1 for a whole copy; for a copy resumed from its clean prefix, prefix
-    reuse, its counted FLOPs over a forward's, :func:`suffix_shares`: the suffix it recomputes,
-    and in the last block only the row the head reads). Row 1 is complete when the context
-    exits (the resumed copies are tallied per token during the run and weighed after it, so
-    the counting is not timed). The control's gradient pass, whose noise requires a gradient,
-    and the checks of the copies' code path (noiseless, and the few noisy copies that check
-    reuse against full forwards) are not copies. Instrumentation only: an allocation's draws
-    favour some examples, and prefix reuse recomputes suffixes, so FLOPs are counted where the
-    copies went, not as if every copy were a whole forward of mean length."""
+    example's real length (:data:`WORK_UNIT`; 1 for a whole copy, or the padded width's forward
+    over the real length's where the row keeps its padding, ``trimmed=False``; for a copy
+    resumed from its clean prefix, prefix reuse, its counted FLOPs over a forward's,
+    :func:`suffix_shares`: the suffix it recomputes, up to the last real token whether or not
+    the padding is kept, and in the last block only the row the head reads). Row 1 is complete
+    when the context exits (the copies are tallied per token during the run and weighed after
+    it, so the counting is not timed). ``first``: a one-element list holding the index of the
+    first example of the batch being measured (a row that calls ``update`` once per example
+    sets it before each call), so that every copy is tallied to its own example. The control's
+    gradient pass, whose noise requires a gradient, and the checks of the copies' code path
+    (noiseless, and the few noisy copies that check reuse against full forwards) are not
+    copies. Instrumentation only: an allocation's draws favour some examples, and prefix reuse
+    recomputes suffixes, so FLOPs are counted where the copies went, not as if every copy were
+    a whole forward of mean length."""
     from senslab.tokens.embedding import _BoundEmbedding
 
     n = case.n
+    first = first if first is not None else [0]
     tally = torch.zeros(2, n, dtype=torch.float64)
+    whole = torch.zeros(n, dtype=torch.float64)  # copies evaluated as whole forwards
     resumed = torch.zeros(n, case.width, dtype=torch.float64)  # copies per (example, token)
     original = _BoundEmbedding.forward_perturbed
 
@@ -598,13 +612,13 @@ def copies_per_example(case: RealCase) -> Iterator[Tensor]:
                 **kw: Any) -> Tensor:
         if tok is not None and not noise.requires_grad and bool(noise.any()) \
                 and not getattr(bound, "verifying", False):
-            s = src.cpu()
+            s = src.cpu() + first[0]
             tally[0].add_(torch.bincount(s, minlength=n).double()[:n])
             if bound.reuse:
                 resumed.index_put_((s, tok.cpu()), torch.ones(len(s), dtype=torch.float64),
                                    accumulate=True)
             else:
-                tally[1].add_(torch.bincount(s, minlength=n).double()[:n])
+                whole.add_(torch.bincount(s, minlength=n).double()[:n])
         return original(bound, src, tok, noise, **kw)
 
     _BoundEmbedding.forward_perturbed = tallied  # type: ignore[method-assign]
@@ -612,9 +626,16 @@ def copies_per_example(case: RealCase) -> Iterator[Tensor]:
         yield tally
     finally:
         _BoundEmbedding.forward_perturbed = original  # type: ignore[method-assign]
+    lengths = case.lengths.tolist()
+    if trimmed:
+        tally[1].add_(whole)
+    elif whole.any():  # a whole copy that keeps its padding runs at the padded width
+        fl = flops_by_length(case)
+        tally[1].add_(whole * torch.tensor([fl[case.width] / fl[k] for k in lengths],
+                                           dtype=torch.float64))
     if resumed.any():
         shares = suffix_shares(case)
-        for b, k in enumerate(case.lengths.tolist()):
+        for b, k in enumerate(lengths):
             tally[1, b] += float(resumed[b, :k] @ torch.tensor(shares[k], dtype=torch.float64))
 
 
@@ -660,13 +681,15 @@ def senslab_row(case: RealCase, method: str, options: dict[str, Any], t_clean: f
     tokens = options.pop("tokens", case.tokens)  # a row that changes the tokens' own options
     switches = options.pop("model", {})  # a row that sets the model's own switches
     common = {"sigma": case.sigma, "estimand": "subset", "generator": SEED, **options}
-    tally = (copies_per_example(case) if case.kind == "text" and not per_example
-             else nullcontext(None))
+    first = [0]  # the example a per-example call measures, for the tally
+    tally = (copies_per_example(case, options.get("trim_padding", True), first)
+             if case.kind == "text" else nullcontext(None))
     with tally as counts, model_switches(case.model, switches):
         start = now(case.device)
         metric = TokenSensitivity(case.model, tokens, **common)
         if per_example:
             for b in range(case.n):
+                first[0] = b
                 metric.update(select(case.inputs, torch.tensor([b])))
         else:
             metric.update(case.inputs)  # what token_sensitivity does
@@ -690,7 +713,8 @@ def senslab_row(case: RealCase, method: str, options: dict[str, Any], t_clean: f
             "control_variate": _gradient_pass(options),
             "per_sample": res.per_sample.double().cpu(), "per_position": _cpu(res.per_position),
             **({} if counts is None else {"copies_per_example": counts[0].tolist(),
-                                          "work_per_example": counts[1].tolist()})}
+                                          "work_per_example": counts[1].tolist(),
+                                          "work_unit": WORK_UNIT})}
 
 
 @contextmanager
@@ -944,7 +968,11 @@ def flop_parts(case: RealCase, row: dict[str, Any], fl: dict[int, float],
         per_copy = local
     tally = row.get("copies_per_example")
     work = row.get("work_per_example") or tally  # records before prefix reuse was tallied
-    if trimmed and tally is not None and sum(tally) > 0:
+    # a row that kept its padding is counted from its tally only where the tally says it
+    # weighed the padded width (WORK_UNIT); earlier records counted its copies whole, at full
+    # width, even those resumed from their clean prefix
+    counted = trimmed or row.get("work_unit") == WORK_UNIT
+    if counted and tally is not None and sum(tally) > 0:
         # where the copies went (an allocation favours short sentences), each at its length
         # and for the share of it recomputed (prefix reuse)
         per_copy = sum(w * fl[k] for w, k in zip(work, lengths, strict=True)) / sum(tally)
@@ -1530,6 +1558,36 @@ def make_case(name: str, n: int) -> RealCase:
     return image_case(name, n, SIGMA[name])
 
 
+#: CPU flags a record keeps: the vector and matrix extensions that set the bf16 and int8 rates
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile",
+             "amx_bf16", "amx_int8")
+
+
+def machine() -> dict[str, Any]:
+    """What a record ran on and with how many threads: the CPU's model name and which of
+    :data:`CPU_FLAGS` it has (from ``/proc/cpuinfo`` where the system has one; else the
+    platform's processor name and no flags), torch's CPU kernel level, the cores the system
+    shows, and torch's intra-op and inter-op threads read back after they were set. The host
+    name alone (a VM's is often ``vm``) cannot tell an AVX-512 Xeon from an AMX one or an EPYC,
+    whose bf16 and int8 rates, and so the ratios, differ several-fold."""
+    model: str | None = None
+    flags: list[str] | None = None
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        info = ""
+    for line in info.splitlines():  # the first processor's lines (every core is alike)
+        key, _, value = (part.strip() for part in line.partition(":"))
+        if key == "model name" and model is None:
+            model = value
+        elif key == "flags" and flags is None:
+            flags = [f for f in CPU_FLAGS if f in set(value.split())]
+    return {"cpu": model or platform.processor() or platform.machine(), "cpu_flags": flags,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
+            "interop_threads": torch.get_num_interop_threads()}
+
+
 def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in row.items() if not isinstance(v, Tensor) and k != "flips"}
     out["per_sample"] = row["per_sample"].tolist()
@@ -1599,7 +1657,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "host": socket.gethostname(),
         "device": torch.cuda.get_device_name(device) if gpu else "cpu",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "torch": torch.__version__, "threads": args.threads,
+        "torch": torch.__version__, **machine(),  # the threads as set, read back
         "mode": mode, "examples": args.examples, "gemm_n": gemm_n,
         "reps": args.reps, "methods": args.methods, "loadavg_start": os.getloadavg(), "cases": [],
     }
