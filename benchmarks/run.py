@@ -50,6 +50,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _machine import machine  # noqa: E402
 from cases import Case, flops_per_forward, make_cases, reference  # noqa: E402
 from precision import TECHNIQUES, digits_savings, savings  # noqa: E402
 
@@ -452,6 +453,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "mode": mode, "reps": reps, "copies": args.copies, "gemm_n": gemm_n,
         "device": torch.cuda.get_device_name(device) if gpu else "cpu",
         "loadavg_start": loadavg(), "cases": [],
+        # the CPU and the threads as set, read back: the host name alone (a VM's is often
+        # "vm") cannot tell machines whose float32, bf16 and int8 rates differ several-fold
+        "machine": machine(),
     }
     print(f"torch {torch.__version__}, {args.threads} threads, mode {mode}, load "
           f"{result['loadavg_start']}", flush=True)

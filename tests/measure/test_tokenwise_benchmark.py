@@ -45,6 +45,8 @@ def test_benchmark_tiny_run_writes_json_and_table(bench, tmp_path, capsys):
     assert all(r["same_numbers"] and r["speedup"] > 0 for r in saved["reuse"].values())
     assert "| boolean_transformer | 20 × 3 |" in capsys.readouterr().out
     assert result["markdown"] == saved["markdown"]
+    # the record names the CPU and the threads as set, not only the host name
+    assert saved["machine"]["threads"] == 1 and saved["machine"]["cpu"]
 
 
 def test_gpu_benchmark_says_it_needs_a_gpu(tmp_path):
