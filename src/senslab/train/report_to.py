@@ -26,6 +26,7 @@ from __future__ import annotations
 import numbers
 import os
 import shutil
+import time
 from collections.abc import Iterable
 from types import TracebackType
 from typing import Any, Protocol
@@ -45,36 +46,58 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
             if k != "step" and isinstance(v, numbers.Real) and not isinstance(v, bool)}
 
 
+def _seconds(record: dict[str, Any]) -> float | None:
+    """A record's ``time`` (seconds since the run started, resumes included), if it has one."""
+    t = record.get("time")
+    return float(t) if isinstance(t, numbers.Real) and not isinstance(t, bool) else None
+
+
 class Reporter(Protocol):
     def log(self, record: dict[str, Any]) -> None: ...
     def close(self, failed: bool = False) -> None: ...
 
 
-#: reporter → (the package it needs, how to install it)
+#: reporter → (the package it needs, how to install it, the module it imports)
 _INSTALL = {
-    "tensorboard": ("tensorboard", "pip install 'senslab[tensorboard]'"),
-    "wandb": ("wandb", "pip install 'senslab[wandb]'"),
+    "tensorboard": ("tensorboard", "pip install 'senslab[tensorboard]'",
+                    "torch.utils.tensorboard"),
+    "wandb": ("wandb", "pip install 'senslab[wandb]'", "wandb"),
 }
 
 
 def check(names: Iterable[str]) -> None:
-    """An error naming the install command when a reporter in ``names`` lacks its package
-    (``fit`` asks before it writes anything)."""
+    """An error naming the install command when a reporter in ``names`` lacks its package, or
+    its package cannot be imported (``fit`` asks before it writes anything: a broken install,
+    such as a protobuf that the package's generated code does not match, failed only once the
+    run directory was written and the data loaded, with the package's own error)."""
+    import importlib
     import importlib.util
 
     for n in names:
         if n not in _INSTALL:
             raise ValueError(f"unknown reporter {n!r} in track.report_to; use "
                              f"{' or '.join(REPORTERS)}")
-        package, how = _INSTALL[n]
+        package, how, module = _INSTALL[n]
         if importlib.util.find_spec(package) is None:
             raise ImportError(f"track.report_to names {n}, but the {package} package is not "
                               f"installed; install it with {how}, or drop {n} from "
                               "track.report_to")
+        try:
+            importlib.import_module(module)
+        except Exception as err:
+            raise ImportError(f"track.report_to names {n}, but {module} cannot be imported "
+                              f"({type(err).__name__}: {err}): the {package} install is broken "
+                              f"or clashes with another package; reinstall it with {how}, or "
+                              f"drop {n} from track.report_to") from err
 
 
 class TensorBoard:
-    """Event files in ``RUN/tensorboard/``, rebuilt from ``records`` (the run's metrics.jsonl)."""
+    """Event files in ``RUN/tensorboard/``, rebuilt from ``records`` (the run's metrics.jsonl).
+
+    Each point's wall time is the record's ``time`` (seconds of training) after a base fixed
+    when the files are built, so that TensorBoard's "Relative" axis is the run's training time,
+    also across a resume: with the time of writing, every point rebuilt from metrics.jsonl sat
+    at the instant of the rebuild, hours of training shown as 0 s."""
 
     def __init__(self, rd: RunDir, records: list[dict[str, Any]]) -> None:
         check(["tensorboard"])
@@ -82,14 +105,19 @@ class TensorBoard:
         path = rd.path / TENSORBOARD_DIR
         shutil.rmtree(path, ignore_errors=True)  # metrics.jsonl is the record; rebuild from it
         self.writer = SummaryWriter(log_dir=str(path))
+        # the last record kept lands at about now; the records logged next follow at their time
+        last = _seconds(records[-1]) if records else None
+        self.base = time.time() - (last or 0.0)
         for record in records:
             self._write(record)
         self.writer.flush()
 
     def _write(self, record: dict[str, Any]) -> None:
         step = int(record["step"])
+        seconds = _seconds(record)
+        wall = None if seconds is None else self.base + seconds  # None: the time of writing
         for key, value in scalars(record).items():
-            self.writer.add_scalar(key, value, step)
+            self.writer.add_scalar(key, value, step, walltime=wall)
 
     def log(self, record: dict[str, Any]) -> None:
         self._write(record)
@@ -100,7 +128,12 @@ class TensorBoard:
 
 
 class Wandb:
-    """One W&B run per run directory (see module); started at the first record it has to send."""
+    """One W&B run per run directory (see module). On a run that is about to train (no
+    summary.json yet) it starts when it opens, so that W&B settings it cannot start with are
+    an error before training: started at the first record to send, a resumed run met them only
+    at its first new evaluation, often an epoch later, and lost that epoch on every retry. On a
+    finished run it starts at the first record it has to send, and with none no W&B run is
+    touched."""
 
     def __init__(self, rd: RunDir, config: dict[str, Any], name: str,
                  records: list[dict[str, Any]]) -> None:
@@ -114,16 +147,28 @@ class Wandb:
         self.sent: int = state.get("step", -1)
         for record in records:
             self.log(record)
+        if self.run is None and not (rd.path / "summary.json").exists():
+            self._start()
+
+    def _start(self) -> None:
+        try:
+            self.run = self.wandb.init(
+                dir=str(self.rd.path), project=os.environ.get("WANDB_PROJECT", "senslab"),
+                name=self.name, id=self.id, resume="allow", config=self.config)
+        except Exception as err:
+            raise RuntimeError(
+                f"track.report_to names wandb, but W&B could not start the run of "
+                f"{self.rd.path} ({type(err).__name__}: {err}); metrics.jsonl is unaffected. "
+                "Fix W&B's settings (wandb login; WANDB_MODE=offline to log without a network, "
+                "then wandb sync), or drop wandb from track.report_to") from err
+        self.id = self.run.id
 
     def log(self, record: dict[str, Any]) -> None:
         step = int(record["step"])
         if step <= self.sent:  # sent before an interruption; W&B's history cannot be rewound
             return
         if self.run is None:
-            self.run = self.wandb.init(
-                dir=str(self.rd.path), project=os.environ.get("WANDB_PROJECT", "senslab"),
-                name=self.name, id=self.id, resume="allow", config=self.config)
-            self.id = self.run.id
+            self._start()
         self.run.log(scalars(record), step=step)
         self.sent = step
         self.rd.write_json(WANDB_STATE, {"id": self.id, "step": step})
