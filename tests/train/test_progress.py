@@ -46,3 +46,16 @@ def test_a_resumed_run_starts_at_its_step():
     bar.close()
     assert stream.getvalue().split("\r")[1].split("|")[2].strip().startswith("6/10")
     assert "10/10" in stream.getvalue()
+
+
+def test_a_small_sensitivity_or_a_near_perfect_accuracy_keeps_its_digits():
+    """Three decimals showed a sensitivity of 0.0004 as 0.000 (read: no flips) and an
+    accuracy of 0.9996 as 1.000 (read: perfect)."""
+    stream = _Terminal()
+    bar = Progress(10, desc="tiny", stream=stream)
+    bar.update(10, loss=0.00003)
+    bar.set_postfix({"train/acc": 0.9996, "test/acc": 1.0, "sens/train": 0.0004})
+    bar.close()
+    last = stream.getvalue().rstrip("\n").split("\r")[-1]
+    for shown in ("loss=3e-05", "train acc=0.9996", "test acc=1.000", "sens train=0.0004"):
+        assert shown in last, (shown, last)

@@ -39,9 +39,25 @@ class Progress:
     def _postfix(self, refresh: bool) -> None:
         if not self.enabled:
             return
-        shown = {} if self.loss is None else {"loss": f"{self.loss:.3f}"}
-        shown |= {k.replace("/", " "): f"{v:.3f}" for k, v in self.post.items()}
+        shown = {} if self.loss is None else {"loss": _short(self.loss)}
+        shown |= {k.replace("/", " "): _short(v) for k, v in self.post.items()}
         self.bar.set_postfix(shown, refresh=refresh)
 
     def close(self) -> None:
         self.bar.close()
+
+
+def _short(value: Any) -> str:
+    """Three decimals, but never a claim the value does not make: a small sensitivity (0.0004)
+    keeps two significant digits instead of reading ``0.000`` (no flips), and a value just
+    under 1 (an accuracy of 0.9996) keeps the digits that show it is not ``1.000``."""
+    if not isinstance(value, int | float):
+        return str(value)
+    text = f"{value:.3f}"
+    if value != 0 and float(text) == 0:
+        return f"{value:.2g}"
+    digits = 3
+    while abs(float(text)) == 1 and abs(value) != 1 and digits < 17:
+        digits += 1
+        text = f"{value:.{digits}f}".rstrip("0")
+    return text
