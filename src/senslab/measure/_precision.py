@@ -371,8 +371,17 @@ _PRODUCTS = frozenset({
     F.linear, F.bilinear, F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d, F.conv_transpose2d,
     F.conv_transpose3d, F.scaled_dot_product_attention, torch.matmul, torch.mm, torch.bmm,
     torch.addmm, torch.baddbmm, torch.addbmm, torch.einsum, Tensor.matmul, Tensor.__matmul__,
-    Tensor.__rmatmul__, Tensor.mm, Tensor.bmm,
+    Tensor.__rmatmul__, Tensor.mm, Tensor.bmm, Tensor.addmm, Tensor.baddbmm, Tensor.addbmm,
 })
+#: products of the form ``input + a @ b``: the factors are the second and third arguments (the
+#: first, the added term, is not multiplied: BLOOM's ``alibi.baddbmm(query, key)``)
+_ADDED = {torch.addmm: ("mat1", "mat2"), Tensor.addmm: ("mat1", "mat2"),
+          torch.baddbmm: ("batch1", "batch2"), Tensor.baddbmm: ("batch1", "batch2"),
+          torch.addbmm: ("batch1", "batch2"), Tensor.addbmm: ("batch1", "batch2")}
+#: runs a function overridable in Python (``F.multi_head_attention_forward``) past its own
+#: check for a mode, so that a mode re-entered around it sees the products inside (torch 2.5
+#: on; None: older torch, where such a call is sized from its arguments, :func:`_factors`)
+_REDISPATCH: Callable[..., Any] | None = getattr(torch._C, "_skip_one_hop_torch_function", None)
 
 
 class _Ranges(TorchFunctionMode):
@@ -381,11 +390,16 @@ class _Ranges(TorchFunctionMode):
     (:meth:`PrecisionCheck._widening`):
 
     * ``"bf16"``: each product of :data:`_PRODUCTS`, three values (:func:`_extents`, the
-      larger of its first two floating arguments'): the largest absolute value, the root mean
+      largest over its factors, :func:`_factors`): the largest absolute value, the root mean
       square and the range (max − min). bf16 rounds each value to a step proportional to its
       size, so its error grows with the values' magnitude (inputs shifted by a constant, which
       a model can cancel, widen the first two though not the range), and a normalisation
-      layer after it can hide a larger input from the output the band is scaled by.
+      layer after it can hide a larger input from the output the band is scaled by. And in
+      :attr:`products`, per group of factors multiplied together, the product of their three
+      values: a product's error grows with both factors' sizes, so an input smaller than the
+      weight it meets (whose largest is the weight's) grows unseen in the larger of the two.
+      ``nn.MultiheadAttention``'s function is entered with the recording on, so the products
+      inside it are recorded too.
     * ``"static"``: each ``torch.quantize_per_tensor`` of a static int8 copy (where a float layer
       hands over to int8), per copy (row), how far its values reach above 0 and below 0 (two
       values a call): its quantisation range is fixed and affine (its two ends need not be
@@ -405,6 +419,9 @@ class _Ranges(TorchFunctionMode):
         super().__init__()
         self.kind = kind
         self.ranges: list[Tensor] = []
+        #: bf16: per group of factors multiplied together (:func:`_factors`), the product of
+        #: their sizes (three values, as :attr:`ranges`'), reset with it
+        self.products: list[Tensor] = []
         #: whether a recorded call ran in the low precision (bf16: a product under bf16
         #: autocast, not one a model ran with autocast switched off; static: any), reset with
         #: :attr:`ranges`
@@ -444,7 +461,9 @@ class _Ranges(TorchFunctionMode):
         w16, b16, w_sizes = self._weights(weight, bias)
         x16 = x.to(torch.bfloat16)  # what the product reads: its sizes cost half the bytes
         self.lowered = True
-        self.ranges.extend(torch.maximum(_extents(x16.detach()), w_sizes).unbind())
+        x_sizes = _extents(x16.detach())
+        self.ranges.extend(torch.maximum(x_sizes, w_sizes).unbind())
+        self.products.append(x_sizes * w_sizes)
         return F.linear(x16, w16, b16)
 
     def off(self) -> AbstractContextManager[None]:
@@ -458,16 +477,14 @@ class _Ranges(TorchFunctionMode):
                 out = self._linear(args, kwargs)
                 if out is not None:
                     return out
-            if self.kind == "bf16" and func in _PRODUCTS:
-                found = [a.detach() for a in _tensors(func, args, kwargs)[:2]
-                         if a.is_floating_point() and a.numel()]
-                if found:
-                    sizes = torch.stack([_extents(a) for a in found]).amax(dim=0)
-                    self.ranges.extend(sizes.unbind())
-                    self.lowered = self.lowered or any(
-                        a.dtype in (torch.float32, torch.bfloat16)
-                        and autocast_on(a.device.type)
-                        and autocast_dtype(a.device.type) == torch.bfloat16 for a in found)
+            if self.kind == "bf16" and func is F.multi_head_attention_forward and _REDISPATCH:
+                # a Python function that hands itself to the mode first: called as it is, the
+                # products inside it would run with the mode off, unrecorded
+                with self:
+                    return _REDISPATCH(func, types, args, kwargs)
+            if self.kind == "bf16" and (func in _PRODUCTS
+                                        or func is F.multi_head_attention_forward):
+                self._product(func, args, kwargs)
             elif self.kind == "static" and func is torch.quantize_per_tensor:
                 x = (args[0] if args else kwargs["input"]).detach()
                 if x.is_floating_point() and x.numel():
@@ -480,11 +497,65 @@ class _Ranges(TorchFunctionMode):
                     self.lowered = True
         return func(*args, **kwargs)
 
+    def _product(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Record a product's sizes: the largest over its factors in :attr:`ranges`, and per
+        group of factors multiplied together the product of theirs in :attr:`products`."""
+        groups = [[a for a in group if isinstance(a, Tensor) and a.is_floating_point()
+                   and a.numel()] for group in _factors(func, args, kwargs)]
+        found = {id(a): a for group in groups for a in group}
+        if not found:
+            return
+        # each tensor once (a self-attention's query is its key)
+        sizes = {k: _extents(a.detach()) for k, a in found.items()}
+        each = list(sizes.values())
+        largest = each[0] if len(each) == 1 else torch.stack(each).amax(dim=0)
+        self.ranges.extend(largest.unbind())
+        self.products.extend(functools.reduce(torch.mul, [sizes[id(a)] for a in group])
+                             for group in groups if group)
+        self.lowered = self.lowered or any(
+            a.dtype in (torch.float32, torch.bfloat16) and autocast_on(a.device.type)
+            and autocast_dtype(a.device.type) == torch.bfloat16 for a in found.values())
+
     def read(self) -> list[float]:
         """Each recorded value (``"static"``: the largest over its rows), one host sync."""
+        return self.read_all()[0]
+
+    def read_all(self) -> tuple[list[float], list[float]]:
+        """:meth:`read`'s values, and :attr:`products`' (three a group), one host sync."""
         if not self.ranges:
-            return []
-        return torch.stack([r.amax() for r in self.ranges]).tolist()
+            return [], []
+        values = torch.stack([r if r.dim() == 0 else r.amax() for r in self.ranges])
+        if not self.products:
+            return values.tolist(), []
+        both = torch.cat([values, torch.stack(self.products).flatten()]).tolist()
+        return both[:len(values)], both[len(values):]
+
+
+def _factors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[list[Any]]:
+    """A product's factors (not an added term or a bias), grouped by the products they are
+    multiplied together in: ``input + a @ b`` (:data:`_ADDED`), ``[a, b]``; attention,
+    ``[query, key]`` (its scores); ``F.bilinear`` and ``einsum``, all their factors; every other
+    product its first two tensor arguments (input and weight). ``F.multi_head_attention_forward``
+    (where the products inside cannot be recorded, :data:`_REDISPATCH`): its projections of
+    query, key and value, its scores and its output projection, each group from the arguments
+    that size it."""
+    if func in _ADDED:
+        return [[args[i] if len(args) > i else kwargs.get(name)
+                 for i, name in zip((1, 2), _ADDED[func], strict=True)]]
+    if func is F.scaled_dot_product_attention or func is F.multi_head_attention_forward:
+        q, k, v = (args[i] if len(args) > i else kwargs.get(name)
+                   for i, name in enumerate(("query", "key", "value")))
+        if func is F.scaled_dot_product_attention:
+            # the values are weighted by the softmax (at most 1): what that product makes is
+            # sized as the next product's input (an output projection's)
+            return [[q, k]]
+        w = (args[5] if len(args) > 5 else kwargs.get("in_proj_weight"),
+             args[11] if len(args) > 11 else kwargs.get("out_proj_weight"))
+        if not isinstance(w[0], Tensor):  # separate projection weights: sized by the input
+            w = (None, w[1])
+        return [[q, w[0]], [k, w[0]], [v, w[0]], [q, k], [v, w[1]]]
+    found = _tensors(func, args, kwargs)
+    return [found[:3] if func is F.bilinear else found if func is torch.einsum else found[:2]]
 
 
 def _tensors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Tensor]:
@@ -623,6 +694,9 @@ class PrecisionCheck:
         #: the largest of each recorded input size (:meth:`_recorded`, in call order) in the
         #: calibration: int8's linear layers, bf16's products, a static int8 copy's quantisations
         self._ranges: list[float] = []
+        #: bf16: the largest of each product of a group of factors' sizes
+        #: (:attr:`_Ranges.products`, in call order) in the calibration
+        self._products: list[float] = []
         #: whether a calibration forward ran a call in the low precision (:meth:`_unchanged`)
         self._lowered_seen = False
         self._rec: _Ranges | None = None
@@ -731,7 +805,7 @@ class PrecisionCheck:
             self._int8.ranges = []
             return self._int8
         rec = self._recorder()
-        rec.ranges, rec.lowered = [], False
+        rec.ranges, rec.products, rec.lowered = [], [], False
         if self.low == "int8":
             return _both(_active(self._static), rec)  # type: ignore[arg-type]
         return _both(torch.autocast(device_type=device.type, dtype=torch.bfloat16), rec)
@@ -740,16 +814,23 @@ class PrecisionCheck:
         """The last low forward's input sizes of each recorded call, in call order (dynamic
         int8: :func:`._int8.extents`; bf16: :func:`_extents`, three values a call; static int8:
         how far its rows reach above 0 and below 0, the largest over the rows, two a call)."""
+        return self._recorded_all()[0]
+
+    def _recorded_all(self) -> tuple[list[float], list[float]]:
+        """:meth:`_recorded`, and bf16's products of its factors' sizes
+        (:attr:`_Ranges.products`; none for int8)."""
         if self.low == "int8" and self._static is None:
-            return list(self._int8.ranges or [])
-        return self._recorder().read()
+            return list(self._int8.ranges or []), []
+        return self._recorder().read_all()
 
     def _calibrated_ranges(self) -> None:
         """Calibration: keep each recorded value's largest (the last low forward's), and
         whether any call ran in the low precision (:attr:`_lowered_seen`)."""
-        recorded = self._recorded()
+        recorded, products = self._recorded_all()
         self._ranges = [max(a, b) for a, b in
                         zip_longest(self._ranges, recorded, fillvalue=0.0)]
+        self._products = [max(a, b) for a, b in
+                          zip_longest(self.__dict__.get("_products", []), products, fillvalue=0.0)]
         dynamic = self.low == "int8" and self._static is None
         self._lowered_seen = self.__dict__.get("_lowered_seen", False) or (
             bool(recorded) if dynamic else self._recorder().lowered)
@@ -778,10 +859,13 @@ class PrecisionCheck:
                 worst = torch.maximum(worst, ratio if len(ratio) == rows else ratio.max())
             return worst
         worst = 1.0
-        for i, r in enumerate(self._recorded()):
-            cal = self._ranges[i] if i < len(self._ranges) else 0.0
-            if r > cal:
-                worst = max(worst, r / cal if cal > 0 else math.inf)
+        recorded, products = self._recorded_all()
+        for now, calibrated in ((recorded, self._ranges),
+                                (products, self.__dict__.get("_products", []))):
+            for i, r in enumerate(now):
+                cal = calibrated[i] if i < len(calibrated) else 0.0
+                if r > cal:
+                    worst = max(worst, r / cal if cal > 0 else math.inf)
         return worst
 
     @property
