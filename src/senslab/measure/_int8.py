@@ -102,9 +102,13 @@ def _key(t: Tensor | None) -> tuple[Any, ...] | None:
 def cached(cache: OrderedDict[Any, Any], weight: Tensor, bias: Tensor | None,
            make: Callable[[], Any]) -> Any:
     """``make()`` for this weight and bias, kept in ``cache`` (least recently used out past
-    :data:`MAX_PACKED`) by storage address, version, shape and strides; the entry holds the
-    tensors themselves, so an address is never reused by another tensor while it lives, and an
-    in-place update bumps the version and makes it again."""
+    :data:`MAX_PACKED`) by storage address, version, shape and strides; the entry holds
+    detached views of the tensors, which keep their storage alive, so an address is never
+    reused by another tensor while the entry lives (holding the parameter itself would not:
+    ``p.data = new`` frees the old storage while ``p`` lives, and a later tensor of the same
+    shape could be allocated there with the same version), and an in-place update bumps the
+    version and makes it again. A write through ``.data`` or a NumPy view bumps no version:
+    the owner verifies the content (:meth:`Int8Linears.changed`)."""
     if weight.is_inference() or (bias is not None and bias.is_inference()):
         # made inside the forward under inference mode (timm's EVA and BEiT concatenate
         # their query/key/value bias there): no version counter to key a cache on, and a
@@ -113,11 +117,48 @@ def cached(cache: OrderedDict[Any, Any], weight: Tensor, bias: Tensor | None,
     key = (_key(weight), _key(bias))
     hit = cache.get(key)
     if hit is None:
-        hit = cache[key] = (make(), weight, bias)
+        hit = cache[key] = (make(), weight.detach(), None if bias is None else bias.detach())
         while len(cache) > MAX_PACKED:
             cache.popitem(last=False)
     cache.move_to_end(key)
     return hit[0]
+
+
+#: block length of :func:`position_print`'s fixed pseudo-random weights
+PRINT_BLOCK = 4096
+_PRINT_SEED = 0x1D8
+
+
+@functools.lru_cache(maxsize=256)
+def _probe(n: int, device: torch.device, seed: int) -> Tensor:
+    """``n`` fixed pseudo-random weights on ``device`` (never written to)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, generator=g).to(device)
+
+
+def position_print(t: Tensor) -> Tensor:
+    """A float64 scalar that depends on where each value of ``t`` lies, not only on which
+    values it holds: the dot product of its values (flattened in element order) with fixed
+    pseudo-random weights, one read of ``t``. A sum and a norm stay exactly the same when a
+    weight's rows or columns are permuted (through ``.data``, which bumps no version), and a
+    cache keyed on them kept the old weights' int8 copy; this changes with any such permutation
+    (a swap of two values changes it by their difference times the difference of their
+    weights). The weights are one block of :data:`PRINT_BLOCK` (the same for every tensor)
+    times a per-block weight, so a large embedding needs no probe of its size."""
+    d = t.detach()
+    if d.is_complex():
+        d = torch.view_as_real(d)
+    flat = d.reshape(-1)
+    if flat.dtype != torch.float32:
+        flat = flat.float()
+    r = _probe(PRINT_BLOCK, flat.device, _PRINT_SEED)
+    k = flat.numel() // PRINT_BLOCK
+    tail = flat[k * PRINT_BLOCK:]
+    out = torch.dot(tail, r[:len(tail)]).double()
+    if k:
+        blocks = flat[:k * PRINT_BLOCK].view(k, PRINT_BLOCK).mv(r).double()
+        out = out + torch.dot(blocks, _probe(k, flat.device, _PRINT_SEED + 1).double())
+    return out
 
 
 @contextmanager
@@ -142,17 +183,57 @@ class Int8Linears(TorchFunctionMode):
     def __init__(self) -> None:
         super().__init__()
         self.packs: OrderedDict[Any, Any] = OrderedDict()
+        self._used: set[Any] = set()  # keys of the packs looked up since changed() dropped
         self._enabled = True
         self.calls = 0  #: linear calls run in int8 (for tests and reports)
         #: when a list: each int8 call appends its input's :func:`extents` (three values), in
         #: call order
         self.ranges: list[float] | None = None
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.__dict__.setdefault("_used", set())
+        if any(not isinstance(made, tuple) for made, _, _ in self.packs.values()):
+            self.packs.clear()  # an older pickle's entries, without their fingerprints
+
     def off(self) -> AbstractContextManager[None]:
         return suspended(self)
 
     def _packed(self, weight: Tensor, bias: Tensor | None) -> Any:
-        return cached(self.packs, weight, bias, lambda: pack(weight, bias))
+        if not (weight.is_inference() or (bias is not None and bias.is_inference())):
+            self._used.add((_key(weight), _key(bias)))
+        return cached(self.packs, weight, bias,
+                      lambda: (pack(weight, bias), _contents(weight, bias)))[0]
+
+    def changed(self, drop: bool = True) -> list[str]:
+        """The packed weights whose float32 tensors changed since they were packed without
+        PyTorch counting a version — a write through ``.data`` or a NumPy view (a permutation
+        keeps any sum or norm: :func:`position_print`) — as ``"weight (64, 128)"``, dropped
+        (``drop``) so that the next call packs them again. A lookup would otherwise return the
+        old weights' int8 copy: a plain callable's model, or a tensor that is not a parameter or
+        buffer, has no other check (:func:`weights_state`). One read of every packed weight.
+
+        With ``drop`` (once per batch) the entries no call used since the last such call go
+        too: an entry keeps its tensors' storage alive, and a weight replaced through
+        ``p.data = new`` at every batch would otherwise pile up old storages and their int8
+        copies until :data:`MAX_PACKED`."""
+        entries = list(self.packs.items())
+        found = []
+        if entries:
+            now = torch.stack([_contents(w, b) for _, (_, w, b) in entries])
+            then = torch.stack([made[1] for _, (made, _, _) in entries])
+            for (key, (_, w, b)), same in zip(entries, (now == then).all(dim=1).tolist(),
+                                              strict=True):
+                if not same:
+                    found.append(f"{'weight' if b is None else 'weight and bias'} "
+                                 f"{tuple(w.shape)}")
+                    if drop:
+                        del self.packs[key]
+        if drop:
+            for key in [k for k in self.packs if k not in self._used]:
+                del self.packs[key]
+            self._used.clear()
+        return found
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
@@ -168,6 +249,13 @@ class Int8Linears(TorchFunctionMode):
                 return torch.ops.quantized.linear_dynamic(x, self._packed(weight, bias),
                                                           reduce_range())
         return func(*args, **kwargs)
+
+
+def _contents(weight: Tensor, bias: Tensor | None) -> Tensor:
+    """:func:`position_print` of ``weight`` and of ``bias`` (0 without one)."""
+    return torch.stack([position_print(weight),
+                        position_print(bias) if bias is not None
+                        else torch.zeros((), dtype=torch.float64, device=weight.device)])
 
 
 def extents(x: Tensor) -> list[float]:
@@ -272,11 +360,14 @@ class StaticInt8:
 
 
 def weights_state(model: Any) -> list[tuple[Any, ...]] | None:
-    """Storage address, version counter and a content fingerprint (the float64 sum and norm) of
-    every parameter and buffer of ``model`` (None for a plain callable): an in-place update
-    bumps the version, a replaced tensor changes the address, and a write through ``.data``
-    (``p.data.add_(-lr * p.grad)``, which bumps no version) changes the content, so a training
-    step or a loaded state changes it. One pass over the weights, one host sync."""
+    """Storage address, version counter and a content fingerprint (the float64 sum and norm,
+    and :func:`position_print`) of every parameter and buffer of ``model`` (None for a plain
+    callable): an in-place update bumps the version, a replaced tensor changes the address,
+    and a write through ``.data`` or a NumPy view (``p.data.add_(-lr * p.grad)``, a permutation
+    of a weight's rows), which bumps no version, changes the content, so a training step, a
+    loaded state or a permuted weight changes it. The sum and norm alone missed a permutation
+    (and an index buffer's reordering): the old weights' int8 copy and bound were kept. Three
+    reads of the weights, one host sync."""
     if not isinstance(model, nn.Module):
         return None
     tensors = [t for t in (*model.parameters(), *model.buffers()) if t.numel()]
@@ -289,25 +380,32 @@ def weights_state(model: Any) -> list[tuple[Any, ...]] | None:
             d = torch.view_as_real(d) if d.is_complex() else d.to(torch.uint8)
         norm = (torch.linalg.vector_norm(d, dtype=torch.float64) if d.is_floating_point()
                 else d.double().abs().sum())
-        sums.append(torch.stack([d.sum(dtype=torch.float64), norm]))
+        sums.append(torch.stack([d.sum(dtype=torch.float64), norm, position_print(d)]))
     prints = torch.stack([v.to(sums[0].device) for v in sums]).tolist()
     return [(t.data_ptr(), t._version, *f) for t, f in zip(tensors, prints, strict=True)]
 
 
 def attributes_state(model: Any) -> list[tuple[str, str, str]] | None:
-    """(module, attribute, repr) of every plain Python value (bool, int, float, str, None) that
-    a module of ``model`` holds as an attribute, ``training`` included, and the forward hooks
-    (:func:`forward_hooks`) last (None for a plain callable). A static int8 copy is a traced
-    graph that bakes such values in as constants (a logit shift, a temperature, a flag a
-    forward branches on) and runs without hooks: a value changed or a hook registered between
-    batches would leave the copy computing another function than the model, so it is part of
-    what makes a new copy (and a hooked model gets none)."""
+    """(module, attribute, repr) of every module's class and every plain Python value (bool,
+    int, float, str, None) that a module of ``model`` holds as an attribute, ``training``
+    included, and the forward hooks (:func:`forward_hooks`) last (None for a plain callable).
+    A static int8 copy is a traced graph that bakes such values in as constants (a logit
+    shift, a temperature, a flag a forward branches on, which module runs) and runs without
+    hooks: a value changed, a module swapped or a hook registered between batches would leave
+    the copy computing another function than the model, so it is part of what makes a new
+    copy (and a hooked model gets none)."""
     if not isinstance(model, nn.Module):
         return None
+    # the class of each module too: a parameterless module swapped for another of the same
+    # plain attributes (``nn.Tanh`` for ``nn.Sigmoid``) left the copy running the old one
     return [(name, key, repr(value)) for name, module in model.named_modules()
-            for key, value in sorted(vars(module).items())
+            for key, value in [("class", _class(module)), *sorted(vars(module).items())]
             if isinstance(value, (bool, int, float, str, type(None)))] + [
         ("", "forward hooks", repr(forward_hooks(model)))]
+
+
+def _class(module: nn.Module) -> str:
+    return f"{type(module).__module__}.{type(module).__qualname__}"
 
 
 def forward_hooks(model: nn.Module) -> list[tuple[str, int]]:

@@ -743,8 +743,12 @@ class PrecisionCheck:
         attrs = _int8.attributes_state(model) if low == "int8" else None
         baked = (self._static is not None and attrs is not None and self._attrs is not None
                  and attrs != self._attrs)
-        if baked or low != self.low or (weights is not None and self._weights is not None
-                                        and weights != self._weights):
+        changed = baked or low != self.low or (weights is not None and self._weights is not None
+                                               and weights != self._weights)
+        # int8's packed weights verified too: a plain callable's model, or a weight that is no
+        # parameter or buffer, has no other check, and one written through .data would run as
+        # its old int8 copy (and the bound as the old model's)
+        if changed or self._int8.changed():
             # a new precision, or weights changed since the calibration (a training step): the
             # bound, and a static int8 copy, were the old model's
             self.reset()
@@ -1140,6 +1144,23 @@ class PrecisionCheck:
             chosen[where[pick.to(where.device)]] = True
         return chosen
 
+    def _stale_int8(self) -> str:
+        """What of the model changed since int8 copied it (empty: nothing, or not int8): a
+        packed weight (:meth:`._int8.Int8Linears.changed`, kept for the next batch's
+        :meth:`use` to see), or, for a static int8 copy, the model's parameters, buffers or
+        Python attributes. One read of the weights; asked only where a spot check widens."""
+        if self.low != "int8":
+            return ""
+        if self._static is None:
+            found = self._int8.changed(drop=False)
+            layers = "a linear layer" if len(found) == 1 else "linear layers"
+            return f"the float32 {', '.join(found)} of {layers}" if found else ""
+        model = self._static_for
+        if (_int8.weights_state(model) != self._weights
+                or _int8.attributes_state(model) != self._attrs):
+            return "the model's parameters, buffers or attributes"
+        return ""
+
     def _widen(self, low: Tensor, full: Tensor, wide: Tensor, kind: str,
                threshold: float | None) -> bool:
         """Verify the bound on spot-checked copies (their ``low`` and float32 ``full``
@@ -1166,6 +1187,26 @@ class PrecisionCheck:
         self.widened += 1
         name = "bf16" if self.low == "bf16" else "int8"
         said = self.__dict__.setdefault("said", set())  # kept by reset(); an older pickle: none
+        stale = self._stale_int8()
+        if stale:
+            # not int8's rounding: its copy of the weights is out of date, an error of any size
+            # that no widened bound bounds, so every later copy is re-checked
+            self.bound = math.inf
+            if "int8 stale" not in said:
+                said.add("int8 stale")
+                warnings.warn(
+                    f"precision='int8-checked': a float32 spot check found int8 changing a "
+                    f"copy's margin by {float(delta[worst]):.3g}, more than its band "
+                    f"({old * float(wide[worst]):.3g}), and the cause is not int8's rounding: "
+                    f"{stale} changed during the measurement without PyTorch counting a "
+                    "version (written through .data or a NumPy view, by the model's forward "
+                    "or a hook), so int8 ran the old weights' copy. Every later copy of this "
+                    "batch is re-checked in float32 (check_bound is inf) and the next batch "
+                    "calibrates afresh; copies decided before this check may have taken the "
+                    "old copy's class. Measure a model that edits its own weights as it runs "
+                    "with precision='float32'",
+                    RuntimeWarning, stacklevel=_trim._user_level())
+            return True
         if (bool(flipped.any()) or float(need[worst]) > SAFETY * old) and name not in said:
             said.add(name)
             warnings.warn(
