@@ -51,6 +51,7 @@ within the CPU budget). The run stops ``post_epochs`` after it generalises.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,8 +147,12 @@ def phases_before_jump(history: list[dict[str, Any]]) -> dict[str, Any]:
     acc ≥ 0.99), the jump (first test acc ≥ 0.5 from memorisation on), generalisation (first
     test acc ≥ 0.95 from memorisation on), the last evaluation before the jump (``before``), and
     the peak: the largest sensitivity from memorisation up to ``before`` (the first of equal
-    values). ``plateau`` is False when test acc is already ≥ 0.5 at memorisation; epochs and
-    sensitivities are None where a phase never happened."""
+    values; only finite values are ranked). ``plateau`` is False when test acc is already ≥ 0.5
+    at memorisation; epochs and sensitivities are None where a phase never happened.
+    ``sens_not_finite_epochs`` (where there is a plateau): the epochs from memorisation up to
+    ``before``, and the generalisation epoch, whose sensitivity is not a finite number, which
+    the verdict refuses to judge (a NaN first value used to become the peak, a later one to be
+    skipped without a word)."""
     def first(pred: Any, start: int = 0) -> int | None:
         return next((i for i in range(start, len(history)) if pred(history[i])), None)
 
@@ -170,11 +175,24 @@ def phases_before_jump(history: list[dict[str, Any]]) -> dict[str, Any]:
     if jump == mem:
         return out
     before = jump - 1
-    peak = max(range(mem, before + 1), key=lambda i: (history[i]["sens/train"], -i))
+    # the peak of the finite values: Python's max keeps a NaN first element (nothing compares
+    # greater) and skips later ones, so a failed measurement became the peak or vanished; the
+    # evaluations the rule reads with no finite sensitivity are listed for the verdict instead
+    window = [*range(mem, before + 1), *([gen] if gen is not None else [])]
+    out["sens_not_finite_epochs"] = [history[i]["epoch"] for i in window
+                                     if not _finite(history[i]["sens/train"])]
+    finite = [i for i in range(mem, before + 1) if _finite(history[i]["sens/train"])]
+    peak = max(finite, key=lambda i: (history[i]["sens/train"], -i)) if finite else None
     out.update(before_jump_epoch=history[before]["epoch"],
                sens_before_jump=history[before]["sens/train"],
-               peak_epoch=history[peak]["epoch"], sens_peak=history[peak]["sens/train"])
+               peak_epoch=None if peak is None else history[peak]["epoch"],
+               sens_peak=None if peak is None else history[peak]["sens/train"])
     return out
+
+
+def _finite(x: Any) -> bool:
+    """Whether ``x`` is a finite number (not None, NaN or ±inf)."""
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def claim_phases(summary: dict[str, Any]) -> dict[str, Any] | None:
@@ -201,8 +219,10 @@ def grokking_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     before test acc reaches 50% / peak``, the peak being the largest sensitivity from
     memorisation up to the last evaluation before the jump (:func:`claim_phases`). "not
     comparable" if a run never generalised within its epoch budget, had no plateau (test acc ≥
-    0.5 at memorisation), its peak is not positive, or its summary lacks the curve's phases
-    (a summary from before 2026-11-30 whose stored peak lies after the jump)."""
+    0.5 at memorisation), its sensitivity is not a finite number at an evaluation the rule reads
+    (from memorisation to the jump, and at generalisation: the run and epochs are named), its
+    peak is not positive, or its summary lacks the curve's phases (a summary from before
+    2026-11-30 whose stored peak lies after the jump)."""
     evidence = {s["name"]: s.get("claim_phases", s["phases"]) for s in summaries}
     missing = [f"{s['name']} (stopped at epoch {s['epochs']}, final test acc "
                f"{s['final']['test/acc']:.3f})" for s in summaries
@@ -221,6 +241,23 @@ def grokking_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     if no_plateau:
         return not_comparable(f"test accuracy already ≥ {JUMP} at memorisation in {no_plateau}: "
                               "no plateau to fall on", evidence)
+    # before the peak's sign: a NaN peak read "no sensitivity after memorisation (peak 0)", and a
+    # NaN just before the jump or at generalisation made a part "not finite" without naming it
+    broken = []
+    for n, ph in phases.items():
+        what = [k for k in ("sens_peak", "sens_before_jump", "sens_at_generalisation")
+                if not _finite(ph[k])]
+        epochs = ph.get("sens_not_finite_epochs") or []
+        said = ([f"{', '.join(what)} not finite"] if what else []) + (
+            [f"sens/train not finite at epoch(s) {epochs}"] if epochs else [])
+        if said:
+            broken.append(f"{n} ({'; '.join(said)})")
+    if broken:
+        return not_comparable("sensitivity not a finite number where the rule reads it (from "
+                              "memorisation to the jump, and at generalisation) in "
+                              + "; ".join(broken) + ": a failed measurement or a diverged run "
+                              "cannot be ranked as a peak or a fall; check the run's "
+                              "metrics.jsonl and rerun it", evidence)
     flat = [n for n, ph in phases.items() if not ph["sens_peak"] > 0]
     if flat:
         return not_comparable(f"no sensitivity after memorisation (peak 0) in {flat}", evidence)

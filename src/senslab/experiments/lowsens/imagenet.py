@@ -103,8 +103,10 @@ class ImageNet(Experiment):
 def imagenet_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     """One part, ConvNeXt − ViT flip rate over seeds: per seed (one image sample), the mean of
     the per-image differences with their paired standard error as the measurement error. Not
-    comparable when a model has no runs or other seeds, or the seed-mean accuracies (where
-    known) differ by more than :data:`MAX_ACC_GAP`."""
+    comparable when a model has no runs or other seeds, a run's per-image flip rates or
+    accuracy are not finite numbers, the two models of a seed were measured on different
+    numbers of images (:func:`_unpaired`), or the seed-mean accuracies (where known) differ by
+    more than :data:`MAX_ACC_GAP`."""
     groups = by_label(summaries)
     evidence: dict[str, Any] = {k: {
         "sensitivity": mean(final(runs, "sens/train").values()),
@@ -114,6 +116,9 @@ def imagenet_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
                               "accuracy": s["final"].get("train/acc")}
                   for seed, s in sorted(runs.items())}} for k, runs in groups.items()}
     why = precondition(groups, ["vit", "convnext"], None, keys=("sens/train",))
+    if why is not None:
+        return not_comparable(why, evidence)
+    why = _unpaired(groups)
     if why is not None:
         return not_comparable(why, evidence)
     accs = [evidence[k]["accuracy"] for k in ("vit", "convnext")]
@@ -134,6 +139,40 @@ def imagenet_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
                    claim="ViT-L/16 less sensitive than ConvNeXtV2-T",
                    evidence=evidence, note=f"paired over {images} images in {len(seeds)} "
                    f"sample{'s' if len(seeds) != 1 else ''}{acc_note}")
+
+
+def _unpaired(groups: dict[str, dict[int, dict[str, Any]]]) -> str | None:
+    """Why the per-image flip rates cannot be paired, or None: a run whose ``per_sample`` is not
+    a non-empty list of finite numbers, or whose accuracy is a number that is not finite, or the
+    two models of a seed with different numbers of images. Without this, a list of one image
+    was broadcast against the other model's every image (torch subtraction), a mean
+    difference and "supported" from one image counted as many, and a NaN flip rate made the
+    part "not finite" without naming the run; a NaN accuracy read "differ by nan"."""
+    bad, sizes = [], {}
+    for label in ("vit", "convnext"):
+        for seed, s in sorted(groups[label].items()):
+            ps, acc = s.get("per_sample"), s["final"].get("train/acc")
+            name = s.get("name", f"{label}/seed {seed}")
+            if not (isinstance(ps, list) and ps and all(_finite(v) for v in ps)):
+                bad.append(f"{name}: per_sample is not a non-empty list of finite flip rates")
+            elif acc is not None and not _finite(acc):
+                bad.append(f"{name}: train/acc {acc} is not a finite number")
+            else:
+                sizes.setdefault(seed, {})[label] = len(ps)
+    if bad:
+        return "; ".join(bad) + ": rerun these runs (delete their directories)"
+    uneven = [f"seed {seed}: vit {n['vit']}, convnext {n['convnext']} images"
+              for seed, n in sorted(sizes.items()) if n["vit"] != n["convnext"]]
+    if uneven:
+        return ("the two models were not measured on the same images (" + "; ".join(uneven)
+                + "), so their flip rates cannot be paired image by image: rerun both with the "
+                "same settings")
+    return None
+
+
+def _finite(x: Any) -> bool:
+    """Whether ``x`` is a finite number (not None, NaN or ±inf)."""
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _mean_acc(runs: dict[int, dict[str, Any]]) -> float | None:

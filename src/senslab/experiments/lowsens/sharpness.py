@@ -52,7 +52,7 @@ from ...train.config import RunConfig
 from ...verdicts import Effect, not_comparable, over_seeds, verdict
 from .._verdicts import by_label, mean, precondition
 from ..base import Run, register_experiment
-from ._posthoc import FinalMeasureExperiment, reuse_finished, tracking_subset
+from ._posthoc import FINAL_FILE, FinalMeasureExperiment, reuse_finished, tracking_subset
 from ._vision import CPU_FASHION, PAPER, REGULARIZED_LADDER, RegularizedSettings, vit_runs
 
 SIGMA_W = 0.05
@@ -181,8 +181,12 @@ def _per_seed(reg: dict[int, dict[str, Any]], base: dict[int, dict[str, Any]], k
     weight draws for both: common random numbers) and its standard error over draws."""
     out = {}
     for seed in sorted(reg):
-        d = (torch.tensor(reg[seed]["final_measure"][f"{key}_per_draw"], dtype=torch.float64)
-             - torch.tensor(base[seed]["final_measure"][f"{key}_per_draw"], dtype=torch.float64))
+        r, b = (runs[seed]["final_measure"].get(f"{key}_per_draw") for runs in (reg, base))
+        if not (isinstance(r, list) and isinstance(b, list) and len(r) == len(b)):
+            # not paired draw by draw: refused, with the runs named, by flatter (_draws_problem)
+            out[seed] = (math.nan, math.nan)
+            continue
+        d = (torch.tensor(r, dtype=torch.float64) - torch.tensor(b, dtype=torch.float64))
         out[seed] = (float(d.mean()), float(d.std() / math.sqrt(len(d))) if len(d) > 1
                      else math.nan)
     return out
@@ -228,14 +232,52 @@ def flatness_evidence(reg: dict[int, dict[str, Any]], base: dict[int, dict[str, 
     return evidence
 
 
+def _draws_problem(reg: dict[int, dict[str, Any]], base: dict[int, dict[str, Any]]
+                   ) -> str | None:
+    """Why ``reg`` and ``base`` cannot be compared draw by draw, or None: a run whose per-draw
+    ShOp or ShPred is not a non-empty list of finite numbers, or the two runs of a seed with
+    different numbers of weight draws. Without this, a NaN draw made the part "not finite"
+    without naming the run, and a run of one draw was broadcast against the other's every
+    draw (torch subtraction), its difference counted as that many paired draws."""
+    bad = []
+    for key in ("shop", "shpred"):
+        for seed in sorted(reg):
+            draws = {}
+            for runs in (reg, base):
+                s = runs[seed]
+                v = s["final_measure"].get(f"{key}_per_draw")
+                name = s.get("name", f"{s['label']}/seed {seed}")
+                if not (isinstance(v, list) and v and all(_finite(x) for x in v)):
+                    bad.append(f"{name}: {key}_per_draw is not a non-empty list of finite "
+                               "numbers")
+                else:
+                    draws[name] = len(v)
+            if len(draws) == 2 and len(set(draws.values())) == 2:
+                bad.append(f"seed {seed}: {key} over " + " vs ".join(
+                    f"{n} draws ({name})" for name, n in draws.items()))
+    if not bad:
+        return None
+    return ("per-draw sharpness cannot be paired: " + "; ".join(bad) + "; delete these runs' "
+            f"{FINAL_FILE} to measure them again (a diverged model has no sharpness)")
+
+
+def _finite(x: Any) -> bool:
+    """Whether ``x`` is a finite number (not None, NaN or ±inf)."""
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def flatter(reg: dict[int, dict[str, Any]], base: dict[int, dict[str, Any]],
             evidence: dict[str, Any] | None = None) -> dict[str, Any]:
     """"``reg`` is flatter than ``base`` on ShOp and ShPred" (both ``{seed: summary}``): the two
-    parts of :func:`flatter_parts` judged together (Holm); not comparable when the seed-mean
-    train accuracies differ by more than :data:`MAX_ACC_GAP`. ``evidence``: the verdict's
-    (default: :func:`flatness_evidence`)."""
+    parts of :func:`flatter_parts` judged together (Holm); not comparable when a run's per-draw
+    values are not finite or not paired draw by draw (:func:`_draws_problem`, naming the runs)
+    or the seed-mean train accuracies differ by more than :data:`MAX_ACC_GAP`. ``evidence``: the
+    verdict's (default: :func:`flatness_evidence`)."""
+    why = _draws_problem(reg, base)
     if evidence is None:
         evidence = flatness_evidence(reg, base)
+    if why is not None:
+        return not_comparable(why, evidence)
     acc = train_accs(reg, base)
     gap = abs(acc[0] - acc[1])
     if not gap <= MAX_ACC_GAP:

@@ -208,15 +208,29 @@ def final_se(summary: dict[str, Any]) -> float:
     return math.hypot(curve["sens_final_se"], summary["n_bits"] / curve["bool_samples"])
 
 
+def _finite(x: Any) -> bool:
+    """Whether ``x`` is a finite number (not None, NaN or ±inf)."""
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def parity_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     """Judged on runs that learned the parity (final test acc ≥ 0.95) after a plateau of at
     least two evaluations. Two parts, each the mean over those runs (settings and seed
     replicates) with Student's t over runs (floored at the measurement s.e.), Holm over the two:
     the rise on the plateau, ``later plateau mean − start`` (:func:`plateau_rise`), and the
-    convergence to k, ``0.15·k − |final − k|`` (module docstring). "not comparable" if fewer than
-    half the runs learned, or a judged run's summary has no plateau curve (one from before
-    2026-11-30)."""
+    convergence to k, ``0.15·k − |final − k|`` (module docstring). "not comparable" if a run's
+    final test accuracy is not a finite number, fewer than half the runs learned, a judged run's
+    summary has no plateau curve (one from before 2026-11-30), or a judged run's sensitivity or
+    its standard error is not a finite number at an evaluation of its plateau or at the end
+    (the run, measure and epochs are named)."""
     evidence = {s["name"]: s["progress"] for s in summaries}
+    # a NaN final test accuracy failed "≥ 0.95" and the run was counted, unnamed, among those
+    # that did not learn: whether it learned is unknown, not "no"
+    unknown = [s["name"] for s in summaries if not _finite(s["progress"]["test_acc_final"])]
+    if unknown:
+        return not_comparable(f"final test accuracy not a finite number in {unknown}: whether "
+                              "they learned the parity is unknown; check their metrics.jsonl "
+                              "and rerun them", evidence)
     judged = [s for s in summaries if s["progress"]["test_acc_final"] >= LEARNED_ACC
               and s["progress"]["plateau_evals"] >= 2]
     if not summaries or 2 * len(judged) < len(summaries):
@@ -228,6 +242,25 @@ def parity_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return not_comparable(f"no plateau curve in the summaries of {old} (written before "
                               "2026-11-30): run the experiment again on its directory (finished "
                               "runs are reused) to add it", evidence)
+    # every evaluation of the curve, also those the rise does not average (the first half of
+    # the plateau after its start): a NaN there is a failed measurement, skipped without a word
+    broken = []
+    for s in judged:
+        curve = s["plateau"]
+        said = [f"{key} at epoch(s) {bad}" for key, values in (("bool_sens", curve["sens"]),
+                                                               ("bool_sens_se", curve["se"]))
+                if (bad := [e for e, v in zip(curve["epochs"], values, strict=True)
+                            if not _finite(v)])]
+        said += [key for key, v in (("final bool_sens", s["progress"]["sens_final"]),
+                                    ("final bool_sens_se", curve["sens_final_se"]))
+                 if not _finite(v)]
+        if said:
+            broken.append(f"{s['name']} ({'; '.join(said)})")
+    if broken:
+        return not_comparable("sensitivity or its standard error not a finite number in "
+                              + ", ".join(broken) + ": a failed measurement cannot be averaged "
+                              "or skipped; check the runs' metrics.jsonl and rerun them",
+                              evidence)
     rise, rise_se, close, close_se, detail = [], [], [], [], []
     for s in judged:
         pr, k = s["progress"], s["k"]
@@ -245,9 +278,9 @@ def parity_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
            if not (math.isfinite(r) and math.isfinite(c) and math.isfinite(e))]
     if bad:
         return not_comparable(f"sensitivity not finite in {bad}", evidence)
-    skipped = len(summaries) - len(judged)
-    note = (f"{skipped} run(s) without a plateau-then-learning curve not judged. " if skipped
-            else "")
+    skipped = [s["name"] for s in summaries if not any(s is j for j in judged)]
+    note = (f"{len(skipped)} run(s) without a plateau-then-learning curve not judged "
+            f"({', '.join(skipped)}). " if skipped else "")
     # one run per task setting (n, k), not seeds of one setting: the verdict's words say so
     parts = {"rises on the plateau": over_seeds(rise, rise_se, "later plateau mean − start",
                                                 unit="setting"),

@@ -78,6 +78,9 @@ OOD_COLLAPSED = 0.5
 #: OOD accuracy at least this high means the sparse tokens are ignored
 OOD_KEPT = 0.9
 MIN_TRAIN_ACC = 0.95
+#: the final numbers the verdict reads: a run with any of them not finite is not judged
+FINITE = ("train/acc", "ood/acc", "align/sparse", "align/frequent", "solution/sparse",
+          "solution/frequent")
 
 
 def run_names(settings: SyntheticSettings) -> list[str]:
@@ -130,13 +133,19 @@ class SyntheticSparseFrequent(Experiment):
         return sparse_frequent_verdict(summaries)
 
 
+def _finite(x: Any) -> bool:
+    """Whether ``x`` is a finite number (not None, NaN or ±inf)."""
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def sparse_frequent_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     """Four parts, each the mean over the case's runs (its settings and seed replicates) with
     Student's t over runs, positive when the run follows its low-sensitivity feature, Holm over
     the four: case 1 ``0.5 − OOD acc`` and ``align sparse − align frequent``; case 2 ``OOD acc −
-    0.9`` and ``align frequent − align sparse``. "not comparable" if a run did not train
-    (train acc < 0.95), a setting's designed feature is not the less sensitive one, or a case
-    has no runs."""
+    0.9`` and ``align frequent − align sparse``. "not comparable" if a run has a final number
+    the verdict reads (:data:`FINITE`) that is not finite (named), an OOD accuracy outside
+    [0, 1], did not train (train acc < 0.95), a setting's designed feature is not the less
+    sensitive one, or a case has no runs."""
     evidence: dict[str, Any] = {}
     problems = []
     for s in summaries:
@@ -151,13 +160,19 @@ def sparse_frequent_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
             "sens_frequent_solution": f["solution/frequent"], "low_sensitivity_feature": low,
             "relies_on": relies,
         }
-        if f["train/acc"] < MIN_TRAIN_ACC:
+        # first: a NaN train accuracy passed the "did not train" check (NaN < 0.95 is False),
+        # and a NaN solution sensitivity made "frequent" the less sensitive feature (NaN < x is
+        # False), so a case-2 run passed its design check and a case-1 run was misdescribed
+        bad = [k for k in FINITE if not _finite(f[k])]
+        if bad:
+            problems.append(f"{s['name']}: {', '.join(bad)} not a finite number")
+        elif not 0 <= f["ood/acc"] <= 1:  # its measurement s.e. √(p(1 − p) + 1/n) needs it
+            problems.append(f"{s['name']}: OOD accuracy {f['ood/acc']} is not in [0, 1]")
+        elif f["train/acc"] < MIN_TRAIN_ACC:
             problems.append(f"{s['name']} reached train acc {f['train/acc']:.3f} only")
         elif low != EXPECTED_FEATURE[case]:
             problems.append(f"{s['name']}: the {low} solution is the less sensitive one, not "
                             f"the {EXPECTED_FEATURE[case]} one the case is built for")
-        elif not all(math.isfinite(f[k]) for k in ("ood/acc", "align/sparse", "align/frequent")):
-            problems.append(f"{s['name']}: OOD accuracy or alignment not finite")
     old = [s["name"] for s in summaries if not isinstance(s.get("ood_size"), int)]
     if old:
         problems.append(f"no OOD set size in the summaries of {old} (written before 2026-11-30): "
