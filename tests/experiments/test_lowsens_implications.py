@@ -66,7 +66,8 @@ def test_robustness_then_sharpness_end_to_end(tmp_path: Path) -> None:
     v = robust.verdict(summaries)
     assert v["verdict"] in WORDS
     if v["verdict"] != NOT_COMPARABLE:
-        assert set(v["evidence"]) == {"a", "vit_small-noise", "vit_small-patch_mse"}
+        assert set(v["evidence"]) == {"a", "vit_small-noise", "vit_small-patch_mse",
+                                      "stopped_on_budget"}
         assert {p["seeds"] for p in v["effects"].values()} == {2} and len(v["effects"]) == 5
     cached = json.loads((tmp_path / "robustness" / "cnn" / "final_measure.json").read_text())
     steps = json.loads((tmp_path / "robustness" / "cnn" / "summary.json").read_text())["steps"]
