@@ -16,7 +16,7 @@ finite final numbers, and seed-mean train accuracies within a gap); one part per
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..verdicts import Effect, not_comparable, over_seeds, paired_by_seed, verdict
@@ -209,3 +209,23 @@ def budget_stops(summaries: list[dict[str, Any]]) -> tuple[str, dict[str, dict[s
         return f" (did not reach the train-accuracy target within the epoch budget: {runs})", short
     return (f" (stopped on the epoch budget, and no run at a train-accuracy target: none was "
             f"set, or none reached it: {runs})"), short
+
+
+#: at most this many run names in a verdict's words (all of them are in its evidence)
+SHOWN = 10
+
+
+def listed(names: Sequence[str], limit: int = SHOWN) -> str:
+    """``names`` joined by commas, the first ``limit`` of them and "… and k more" after (the
+    paper scales have hundreds of runs; the evidence lists every one)."""
+    shown = ", ".join(names[:limit])
+    return shown + (f" … and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def final_value(summary: dict[str, Any], key: str, name: str | None = None) -> str:
+    """``"<run> (<key> = nan at its final evaluation, step 1500)"``: a run's final ``key`` in
+    words, for a verdict that names the run whose value it cannot judge."""
+    step = summary.get("final", {}).get("step")
+    where = f", step {step}" if step is not None else ""
+    return (f"{name or summary.get('name', '?')} ({key} = {summary['final'][key]} at its final "
+            f"evaluation{where})")

@@ -113,22 +113,3 @@ def slope(points: Sequence[tuple[float, float]]) -> float:
     return linear_fit(xs, [float(y) for _, y in points])[0]
 
 
-#: at most this many run names in a verdict's words (all of them are in its evidence)
-SHOWN = 10
-
-
-def listed(names: Sequence[str], limit: int = SHOWN) -> str:
-    """``names`` joined by commas, the first ``limit`` of them and "… and k more" after (the
-    paper scales have hundreds of runs; the evidence lists every one)."""
-    shown = ", ".join(names[:limit])
-    return shown + (f" … and {len(names) - limit} more" if len(names) > limit else "")
-
-
-def final_value(summary: dict[str, Any], key: str, name: str | None = None) -> str:
-    """``"<run> (<key> = nan at its final evaluation, step 1500)"``: a run's final ``key`` in
-    words, for a verdict that names the run whose value it cannot judge."""
-    step = summary.get("final", {}).get("step")
-    where = f", step {step}" if step is not None else ""
-    return (f"{name or summary.get('name', '?')} ({key} = {summary['final'][key]} at its final "
-            f"evaluation{where})")
-

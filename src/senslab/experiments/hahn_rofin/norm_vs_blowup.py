@@ -83,8 +83,9 @@ from ...train.config import ranged
 from ...verdicts import NO_SE, Effect, bootstrap, describe, judge, not_comparable
 from ...verdicts import RHO_CLIP as RHO_CLIP  # re-exported: it moved to senslab.verdicts
 from ...verdicts import fisher_z as fisher_z  # re-exported
+from .._verdicts import listed
 from ..base import Run, Rung, register_experiment, seeded_name
-from ._common import FRESH, FRESH_UNUSED, BooleanExperiment, Setup, boolean_run, listed
+from ._common import FRESH, FRESH_UNUSED, BooleanExperiment, Setup, boolean_run
 
 SWEEP_FUNCTIONS = ("parity", "majority", "first")
 

@@ -56,8 +56,9 @@ from typing import Any
 from ...train.config import one_of, ranged
 from ...train.rundir import RunDir
 from ...verdicts import not_comparable, over_seeds, verdict
+from .._verdicts import listed
 from ..base import Run, Rung, register_experiment
-from ._common import FRESH, FRESH_UNUSED, BooleanExperiment, Setup, boolean_run, listed
+from ._common import FRESH, FRESH_UNUSED, BooleanExperiment, Setup, boolean_run
 
 
 @dataclass

@@ -65,8 +65,9 @@ from ...measure import boolean_sensitivity
 from ...train.config import ranged
 from ...train.loops.boolean import CONVERGED_ACC, subset_data
 from ...verdicts import not_comparable, over_seeds, verdict
+from .._verdicts import listed
 from ..base import Run, register_experiment
-from ._common import BooleanExperiment, Setup, boolean_run, listed
+from ._common import BooleanExperiment, Setup, boolean_run
 
 N_BITS = 10
 

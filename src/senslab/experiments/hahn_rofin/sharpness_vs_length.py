@@ -51,6 +51,7 @@ from typing import Any
 
 from ...train.config import ranged
 from ...verdicts import CONTRADICTED, NO_SE, Effect, describe, judge, not_comparable, verdict
+from .._verdicts import final_value, listed
 from ..base import Run, register_experiment
 from ._common import (
     FRESH,
@@ -58,9 +59,7 @@ from ._common import (
     BooleanExperiment,
     Setup,
     boolean_run,
-    final_value,
     linear_fit,
-    listed,
 )
 
 FUNCTIONS = ("parity", "majority", "first", "mean")

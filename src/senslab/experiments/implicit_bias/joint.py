@@ -54,6 +54,7 @@ from typing import Any, ClassVar
 
 from ...train.config import ranged
 from ...verdicts import not_comparable, over_seeds, verdict
+from .._verdicts import final_value
 from ..base import Experiment, Run, Rung, Settings, register_experiment
 from ._common import attention_runs, check_run_overrides
 
@@ -163,8 +164,7 @@ def joint_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return not_comparable("no seed has runs of every optimiser")
     if any(not math.isfinite(v) for m in mean.values() for v in m.values()):
         # "a final metric is not finite" left the researcher to search the run directories
-        bad = [f"{names[o, k]} ({m} = {by[o][k][m]} at its final evaluation"
-               + (f", step {by[o][k]['step']})" if "step" in by[o][k] else ")")
+        bad = [final_value({"final": by[o][k]}, m, names[o, k])
                for o in by for k in seeds for m in keys if not math.isfinite(by[o][k][m])]
         if not bad:  # every value finite, their sum is not (values near the float maximum)
             bad = [f"the mean over seeds of {o}'s {m} ({[by[o][k][m] for k in seeds]}) overflows"
