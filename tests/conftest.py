@@ -1,6 +1,7 @@
 """Test-wide isolation: derived files (trained tokenizers) go to a per-session temporary cache,
 never to the user's ~/.cache; the suite runs on a pinned torch thread count (``TEST_THREADS``),
-restored after every test. Shared fixture writers: ``cifar_tarball``, ``idx_dataset``."""
+restored after every test; SIGINT reaches the tests as in a terminal, wherever the suite was
+started. Shared fixture writers: ``cifar_tarball``, ``idx_dataset``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import gzip
 import io
 import os
 import pickle
+import signal
 import struct
 import sys
 import tarfile
@@ -27,6 +29,19 @@ TEST_THREADS = int(os.environ.get("SENSLAB_TEST_THREADS", "1"))
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ["OMP_NUM_THREADS"] = str(TEST_THREADS)  # read by the subprocesses tests start
 torch.set_num_threads(TEST_THREADS)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _ctrl_c_as_in_a_terminal() -> Iterator[None]:
+    """Python's own SIGINT handler for the whole session. A process started in the background
+    by a non-interactive shell (``nohup make test &``, some CI runners) inherits SIGINT
+    ignored, and Python then keeps it ignored: the tests that send this process a real SIGINT
+    would see nothing happen and fail. Put back after."""
+    before = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    if before is not None:  # None: a handler installed outside Python, left as it was
+        signal.signal(signal.SIGINT, before)
 
 
 @pytest.fixture(autouse=True, scope="session")
