@@ -133,7 +133,7 @@ from .functions import (
     sparse_parity,
     table_function,
 )
-from .outputs import declared_kind, is_scalar
+from .outputs import _labels, declared_kind, is_scalar
 
 BoolFn = Callable[[Tensor], Tensor] | nn.Module | Tensor
 Output = Literal["auto", "sign", "real"]
@@ -262,6 +262,17 @@ def _canonical(raw: object, rows: int, output: Output) -> Tensor:
             f"f returned shape {tuple(out.shape)} for {rows} inputs; expected ({rows},), "
             f"({rows}, 1) or ({rows}, C) — check that f takes a (N, n) batch of ±1 strings"
         )
+    if out.is_complex():
+        raise ValueError(
+            f"f returned complex outputs ({_dtype_name(out.dtype)}): read as labels their "
+            "imaginary part would be dropped and the real part cut to an integer without a word "
+            "(0.3 and 0.7 both label 0). Return real values, e.g. out.real or out.abs()"
+        )
+    if out.dim() == 2 and out.shape[1] == 0:
+        raise ValueError(
+            f"f returned shape {tuple(out.shape)}: no output column per input, so no class or "
+            "value to change; f must return (N,), (N, 1) or (N, C) outputs with C ≥ 2"
+        )
     if out.is_floating_point() and not torch.isfinite(out).all():
         raise ValueError("f returned NaN or infinite outputs; sensitivity is undefined for them")
     if out.dim() == 2:
@@ -374,6 +385,7 @@ def _evaluator(
         return lookup
     if not callable(f):
         raise TypeError(f"f must be a callable, an nn.Module or a truth table, not {type(f)}")
+    _check_input_dtype(dtype)
     dev, own_dtype = _module_placement(f)
     dev = torch.device(device) if device is not None else (dev or torch.device("cpu"))
     dtype = dtype or own_dtype or torch.float32
@@ -402,6 +414,28 @@ def _evaluator(
 
     call.low_precision = None  # type: ignore[attr-defined]
     return call
+
+
+def _check_input_dtype(dtype: object) -> None:
+    """Refuse an input ``dtype`` that cannot hold the ±1 strings: bool turned both −1 and +1
+    into True (every f constant: as(f) = 0 for PARITY), an unsigned type wrapped −1 round to
+    255 (FIRST on uint8 read 16129), a complex one is no bit. Signed integers and floats hold
+    ±1 exactly."""
+    if dtype is None:
+        return
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype (e.g. torch.float64), got {dtype!r}")
+    if dtype == torch.bool or dtype.is_complex or not dtype.is_signed:
+        raise ValueError(
+            f"dtype={dtype} cannot hold the ±1 strings f is evaluated on"
+            + (" (−1 and +1 are both True, so every f would be constant)"
+               if dtype == torch.bool else
+               " (−1 would wrap round to the type's largest value)" if not dtype.is_complex
+               else "") +
+            ": pass a float dtype or a signed integer one (torch.long), or, for a model that "
+            "takes 0/1 or bool bits, wrap it: lambda x: model(x < 0) (bit 1 ↦ −1, the encoding "
+            "of truth tables here) or lambda x: model(x > 0) (True ↦ +1)"
+        )
 
 
 def _resolve(values: Tensor, output: Output) -> str:
@@ -474,11 +508,15 @@ def _check_threshold(rule: str, output: Output, threshold: float | None,
 
 
 def _check_unit_interval(rule: str, values: Tensor, kind: str | None,
-                         threshold: float | None) -> None:
+                         threshold: float | None, low: torch.dtype | None = None) -> None:
     """The ambiguous column of :func:`senslab.measure.outputs.resolve_kind`: with the "sign"
     rule, no declared kind and no threshold, real values all in [0, 1] with some strictly
     inside are probabilities (a sigmoid head) as likely as logits, and read as logits
-    (class = value > 0) nothing ever flips — a false 0. Refused; the error names the fix."""
+    (class = value > 0) nothing ever flips — a false 0. Refused; the error names the fix.
+    So are, as there, float whole numbers, none negative and some ≥ 2 (class labels as
+    floats), unless they came in bf16 or fp16 (``low``), where large values are all whole:
+    read with boundary 0, labels 1, 2, … are one class (float labels 1/2 read as(f) = 0, and
+    0/1/2 half their class changes)."""
     if rule != "sign" or not values.is_floating_point() or values.numel() == 0:
         return
     if kind == "probabilities" and threshold is not None and is_scalar(values) \
@@ -501,6 +539,15 @@ def _check_unit_interval(rule: str, values: Tensor, kind: str | None,
     if kind is not None or threshold is not None:
         return
     lo, hi = float(values.min()), float(values.max())
+    if low is None and is_scalar(values) and _labels(values, lo, hi):
+        raise ValueError(
+            f"f returns one real value per input, every one a whole number from {lo:g} to "
+            f"{hi:g}: class labels as floats? output='sign' reads the class as value > 0 "
+            "(threshold 0), so labels 1, 2, … would be one class and a change among them "
+            "never counted. Return integer labels (.long()), which are compared as they are; "
+            "or, if these are scores, say where the boundary is: threshold=t (or an attribute "
+            "output_kind='logits' on f for class = sign)"
+        )
     if 0.0 <= lo and hi <= 1.0 and bool(((values > 0) & (values < 1)).any()):
         raise ValueError(
             f"f returns one real value per input, every one in [0, 1] (min {lo:.3g}, max "
@@ -608,7 +655,7 @@ def truth_table(
         values, low = _raw_table(f, n, output, chunk_size, device, dtype)
     rule = _resolve(values, output)
     _check_threshold(rule, output, threshold, values)
-    _check_unit_interval(rule, values, kind, threshold)
+    _check_unit_interval(rule, values, kind, threshold, low)
     if output == "auto" and rule == "sign" and threshold is None and values.is_floating_point() \
             and not bool(values.ne(0).any()):
         raise ValueError(
@@ -638,6 +685,11 @@ def truth_table(
     if torch.isin(labels, _ZERO_ONE).all() or torch.isin(labels, _PM_ONE).all():
         return (values > 0).double() * 2 - 1
     return values
+
+
+def _low(dtype: torch.dtype) -> torch.dtype | None:
+    """``dtype`` if it is a reduced float type (bf16, fp16), else None."""
+    return dtype if dtype in (torch.bfloat16, torch.float16) else None
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -745,14 +797,14 @@ def boolean_sensitivity(
         method = "exact" if is_table or (1 << n) <= (n + 1) * num_samples else "sample"
     if method == "exact":
         if is_table:
-            table, evaluations = _canonical(f, f.shape[0], output), 0
+            table, evaluations, low = _canonical(f, f.shape[0], output), 0, _low(f.dtype)
         else:
             with _kept_buffers(f):
-                table, _ = _raw_table(f, n, output, chunk_size, device, dtype)
+                table, low = _raw_table(f, n, output, chunk_size, device, dtype)
             evaluations = 1 << n
         rule = _resolve(table, output)
         _check_threshold(rule, output, threshold, table)
-        _check_unit_interval(rule, table, kind, threshold)
+        _check_unit_interval(rule, table, kind, threshold, low)
         _warn_real_column(f, output, rule)
         if rule == "real" and not _held_modules_of(f):  # a model: _warn_real_column's
             _warn_near_boolean(table, output, rule)
@@ -799,7 +851,8 @@ def boolean_sensitivity(
                 UserWarning, stacklevel=_user_level(),
             )
     _check_threshold(rule, output, threshold, v0)
-    _check_unit_interval(rule, torch.cat([v0, nb.reshape(-1)]), kind, threshold)
+    low = _low(f.dtype) if is_table else evaluate.low_precision  # type: ignore[attr-defined]
+    _check_unit_interval(rule, torch.cat([v0, nb.reshape(-1)]), kind, threshold, low)
     _warn_real_column(f, output, rule)
     if rule == "real" and not _held_modules_of(f):
         _warn_near_boolean(torch.cat([v0, nb.reshape(-1)]), output, rule)
