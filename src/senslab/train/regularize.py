@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._autocast import autocast_dtype, autocast_on
 from .._exclusive import OwnForwards
 from ..tokens import Embedding, Patches, Sequence, Tokenization, find_module
 from ..tokens._grid import LOW_PRECISION, GridCheck
@@ -99,8 +100,9 @@ def _check_float(x: Any, what: str) -> None:
 
 
 #: what to do where the noise is too small for the low-precision tokens it lands on
-_ROUNDING_FIX = ("Use a larger sigma, well above {spacing}, or float32 %s (a float32 model, "
-                 "under torch.autocast(..., dtype=torch.{dtype}) for {dtype} arithmetic)")
+_ROUNDING_FIX = ("Use a larger sigma, well above {spacing}, or float32 %s and a float32 model "
+                 "(outside torch.autocast, whose first matrix product would round them to "
+                 "{dtype} again)")
 #: noise added to bf16/fp16 tokens is checked against the noise drawn (tokens._grid), pooled
 #: over calls: the images or inputs, the vector sequences, and each hooked embedding stage
 _ROUNDING = {"images": GridCheck("images", _ROUNDING_FIX % "images"),
@@ -108,12 +110,45 @@ _ROUNDING = {"images": GridCheck("images", _ROUNDING_FIX % "images"),
              "vectors": GridCheck("token vectors", _ROUNDING_FIX % "token vectors")}
 
 
+#: … and where float32 tokens meet a matrix product under torch.autocast, which rounds them
+#: to autocast's dtype before the model computes with them (the noise lands on that grid)
+_AUTOCAST_FIX = ("Use a larger sigma, well above {spacing}, or compute the regularizer's two "
+                 "forwards outside torch.autocast (in float32): under autocast the model's first "
+                 "matrix product rounds the float32 %s, noise included, to {dtype}")
+
+
+def _grid_dtype(clean: Tensor) -> torch.dtype | None:
+    """The low-precision grid the noisy tokens land on before the model computes with them:
+    their own dtype (bf16/fp16), or autocast's where it is on for their device and they are
+    float32 (its convolutions and linear layers cast their inputs); None: no such grid."""
+    if clean.dtype in LOW_PRECISION:
+        return clean.dtype
+    if clean.dtype == torch.float32 and autocast_on(clean.device.type):
+        dtype = autocast_dtype(clean.device.type)
+        if dtype in LOW_PRECISION:
+            return dtype
+    return None
+
+
 def _check_rounding(kind: str, clean: Tensor, noise: Tensor) -> None:
     """Refuse noise that ``clean``'s low-precision grid rounds into another noise (above 10%
-    of its root mean square moved, or over half the entries unchanged; a warning from 3%);
-    float32 and float64 tokens pass unlooked at. ``kind``: a key of :data:`_ROUNDING`, or an
-    embedding stage's name."""
-    if clean.dtype not in LOW_PRECISION:
+    of its root mean square moved, or over half the entries unchanged; a warning from 3%):
+    bf16/fp16 tokens, and float32 tokens under a bf16/fp16 ``torch.autocast`` (whose first
+    matrix product rounds them; a σ = 0.001 penalty on images near 3 came out 180× the float32
+    one, the rounding's own change, without a word); float32 and float64 tokens outside
+    autocast pass unlooked at. ``kind``: a key of :data:`_ROUNDING`, or an embedding stage's
+    name."""
+    dtype = _grid_dtype(clean)
+    if dtype is None:
+        return
+    if dtype != clean.dtype:  # autocast's grid: checked apart, its own advice
+        what = {"images": "images", "inputs": "inputs", "vectors": "token vectors"}.get(
+            kind, f"token vectors of {kind!r}")
+        key = f"autocast:{kind}"
+        if key not in _ROUNDING:
+            _ROUNDING[key] = GridCheck(f"{what} (as torch.autocast rounds them)",
+                                       _AUTOCAST_FIX % what)
+        _ROUNDING[key](clean.to(dtype), noise)
         return
     if kind not in _ROUNDING:
         fix = _ROUNDING_FIX % f"token vectors at {kind!r}"
@@ -172,7 +207,7 @@ def random_patch_noise(x: Tensor, patch: int, sigma: float, generator: torch.Gen
     grid = out.view(b, c, gh, patch, gw, patch)
     rows = torch.arange(b, device=x.device)
     # advanced indices (rows, tok // gw, tok % gw) select a (B, C, p, p) block, one per example
-    if x.dtype in LOW_PRECISION:
+    if _grid_dtype(x) is not None:
         _check_rounding("images", grid[rows, :, tok // gw, :, tok % gw, :], noise)
     grid[rows, :, tok // gw, :, tok % gw, :] += noise
     return out
@@ -295,7 +330,7 @@ def _embedding_branches(model: nn.Module, inputs: Inputs, tokens: Embedding, sig
         seen.append(out)
         if not delta:
             return None
-        if out.dtype in LOW_PRECISION:
+        if _grid_dtype(out) is not None:
             rows, tok, noise = landing
             _check_rounding(name, out[rows, tok], noise)
         return out + delta[0].to(out.dtype)
@@ -427,7 +462,8 @@ def sensitivity_penalty(
     end with the model's declared pad id are then refused, as a measurement refuses them). The
     MSE is the mean over all output entries of the batch; gradients flow through both branches
     (the clean output is pulled towards the noisy one as well as the reverse), as in the paper
-    code. Noise that the grid of bf16/fp16 tokens would round into another noise is refused.
+    code. Noise that the grid of bf16/fp16 tokens would round into another noise is refused,
+    as is noise on float32 tokens that a bf16/fp16 ``torch.autocast`` rounds so.
     """
     _check_sigma(sigma)
     gen = _check_generator(generator)
