@@ -250,10 +250,17 @@ def max_margin_attention(X: Tensor, opt: Tensor, *, tol: float = 1e-6) -> Tensor
         try:
             check_max_margin(X64, opt64, W, tol=tol)
         except ValueError as err:
+            # the advice named unequal token scales only; a nearly infeasible problem (‖W_mm‖
+            # ≳ 1e5 at unit scale, two near-contradictory samples) fails here too
+            unit_norm = float(W.norm()) * sa * sq
             raise ValueError(
                 f"max_margin_attention found no solution passing its own check at tol={tol} "
-                f"({err}); the tokens' scales differ too much across sequences for float64: "
-                "rescale the sequences to similar norms, or pass a larger tol"
+                f"({err}); the problem is too ill-conditioned for float64: the candidate has "
+                f"‖W‖ = {unit_norm:.3g} at unit token scale (≳ 1e5: the constraints nearly "
+                "contradict each other, e.g. two samples with almost the same query and tokens "
+                "but opposite optimal tokens), or the tokens' scales differ too much across "
+                "sequences. Check the optimal tokens, rescale the sequences to similar norms, "
+                "or pass a larger tol"
             ) from err
     return W.to(device=X.device, dtype=X.dtype)
 

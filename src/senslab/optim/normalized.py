@@ -20,18 +20,23 @@ i.e. a normalised step of length η while ‖∇L‖ ≥ η/η_max, and a plain 
 rate η_max once the gradient is small (docs/definitions.md#normalized-gradient-descent; the same
 cap as SPS_max). A zero gradient gives no step (and no division by zero); a gradient with nan or
 inf entries is refused (``FloatingPointError``), as is a param group with an option NGD does not
-have (``weight_decay``, ``momentum``, …: nothing would apply it). Parameters of different float
-types share a norm taken in the widest of them; complex parameters are stepped like real ones.
+have (``weight_decay``, ``momentum``, …: nothing would apply it), at construction and in a
+checkpoint given to ``load_state_dict``. The options' values are checked again at every step (an
+LR scheduler or a hand edit may change them): a negative or non-finite lr is refused, an lr of 0
+(where a schedule may end) is no step. Parameters of different float types share a norm taken in
+the widest of them; complex parameters are stepped like real ones. A nonzero gradient so small
+that η/‖∇L‖ overflows (a subnormal ‖∇L‖) is still stepped by exactly η, as (∇L/‖∇L‖)·η.
 
 Every updated parameter's state records ``step`` (number of steps taken), ``step_size`` (the
-multiplier on the raw gradient, η/‖∇L‖ or the cap; 0 for a zero gradient) and ``grad_norm`` (the
-norm it was divided by), so they survive ``state_dict()``; ``last_step_size`` reads them back for
-logging.
+multiplier on the raw gradient, η/‖∇L‖ or the cap; 0 for a zero gradient, inf where η/‖∇L‖
+overflowed) and ``grad_norm`` (the norm it was divided by), so they survive ``state_dict()``, in
+the precision they were computed in; ``last_step_size`` reads them back for logging.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -85,7 +90,13 @@ def global_grad_norm(params: Iterable[Tensor]) -> Tensor | None:
 def _check_finite_norms(name: str, norms: list[Tensor]) -> None:
     """A gradient with a nan or inf entry has no defined step: refuse it (it gave size 0 and a
     recorded ‖∇L‖ of 0 while the nan spread into the parameters)."""
-    if norms and not bool(torch.isfinite(torch.stack([n.to(norms[0]) for n in norms])).all()):
+    if not norms:
+        return
+    # in the widest type: a float64 norm above 3.4e38 was cast to a float32 first norm's type,
+    # overflowed, and refused a finite gradient
+    dtype = functools.reduce(torch.promote_types, (n.dtype for n in norms))
+    stacked = torch.stack([n.to(norms[0].device, dtype) for n in norms])
+    if not bool(torch.isfinite(stacked).all()):
         raise FloatingPointError(
             f"{name}: a gradient holds nan or inf entries, so its norm and the step are not "
             "defined; lower the step size (lr / eta_max), or check the loss and the data for "
@@ -93,24 +104,40 @@ def _check_finite_norms(name: str, norms: list[Tensor]) -> None:
         )
 
 
-def _apply(p: Tensor, size: Tensor) -> None:
-    """p ← p − size·∇p, the product in the wider of the gradient's and the multiplier's types:
-    a float64 gradient is not rounded to a float32 multiplier's precision, a complex one keeps
-    its imaginary part, and η/‖g‖ above 65504 does not overflow in float16."""
+def _apply(p: Tensor, size: Tensor, divisor: Tensor | None = None) -> None:
+    """p ← p − size·(∇p / divisor) (divisor 1 when None), the product in the wider of the
+    gradient's and the multiplier's types: a float64 gradient is not rounded to a float32
+    multiplier's precision, a complex one keeps its imaginary part, and η/‖g‖ above 65504 does
+    not overflow in float16. ``divisor`` serves a multiplier that would overflow (NGD.step)."""
     dtype = torch.promote_types(p.grad.dtype, size.dtype)
-    p.sub_((p.grad.to(dtype) * size.to(dtype)).to(p.dtype))
+    grad = p.grad.to(dtype)
+    if divisor is not None:
+        grad = grad / divisor.to(dtype)  # exact where divisor is 1
+    p.sub_((grad * size.to(dtype)).to(p.dtype))
 
 
-def _check_positive(name: str, value: float | None, optional: bool = False) -> None:
+def _check_positive(
+    name: str, value: float | None, optional: bool = False, *, finite: bool = False,
+    zero_ok: bool = False,
+) -> None:
+    """``value`` > 0 (≥ 0 with ``zero_ok``, finite with ``finite``; None allowed if
+    ``optional``). An infinite lr or c passed before and gave inf / nan parameters or no step."""
     if value is None and optional:
         return
-    if value is None or isinstance(value, bool) or not value > 0:
-        hint = " (or None for no cap)" if optional else ""
+    ok = value is not None and not isinstance(value, bool) and (
+        value >= 0 if zero_ok else value > 0)
+    if ok and finite:
+        ok = math.isfinite(float(value))  # type: ignore[arg-type]
+    if not ok:
+        hint = (" (or None for no cap)" if optional else
+                " (finite; or 0 for no step, as an LR schedule may set it)" if zero_ok else
+                " (finite)" if finite else "")
         raise ValueError(f"{name} must be a positive number{hint}, got {value!r}")
 
 
-#: keys a param group may carry besides its optimiser's options: torch's own bookkeeping
-_BOOKKEEPING = {"params", "param_names", "initial_lr"}
+#: keys a param group may carry besides its optimiser's options: torch's own bookkeeping and
+#: what torch's LR schedulers write into the groups (OneCycleLR: max_lr, min_lr)
+_BOOKKEEPING = {"params", "param_names", "initial_lr", "max_lr", "min_lr"}
 
 
 def _check_group_keys(opt: Optimizer, group: dict[str, Any]) -> None:
@@ -132,10 +159,48 @@ def _check_group_keys(opt: Optimizer, group: dict[str, Any]) -> None:
 
 
 class _StepSizeLog:
-    """Reads back the ``step_size`` the last step wrote into the optimiser state (for logging)."""
+    """Reads back the ``step_size`` the last step wrote into the optimiser state (for logging),
+    and checks the param groups a ``load_state_dict`` brings in."""
 
     state: Any
     param_groups: list[dict[str, Any]]
+
+    def _check_options(self, group: dict[str, Any], *, at_step: bool) -> None:
+        """Raise ``ValueError`` for a group option the step cannot use (subclasses)."""
+        raise NotImplementedError
+
+    def _check_groups_at_step(self) -> None:
+        """The options as the step reads them: an LR scheduler, a hand edit or a checkpoint may
+        have changed them since the constructor checked them (a negative lr stepped uphill, a
+        nan one made every parameter nan)."""
+        for k, group in enumerate(self.param_groups):
+            try:
+                self._check_options(group, at_step=True)
+            except ValueError as err:
+                raise ValueError(f"{type(self).__name__} param group {k}: {err}") from None
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """``torch.optim.Optimizer.load_state_dict``, refusing a checkpoint whose param groups
+        carry options this optimiser does not have (e.g. an SGD checkpoint's ``momentum`` and
+        ``weight_decay``, which the step would ignore without a word) or values it cannot step
+        with, before anything is loaded; and keeping the logged ``step_size`` / ``grad_norm`` in
+        the precision they were computed in (torch casts them to a bfloat16 / float16
+        parameter's type, so ``last_step_size`` changed on resume)."""
+        groups = state_dict["param_groups"]
+        for k, group in enumerate(groups):
+            try:
+                _check_group_keys(self, group)  # type: ignore[arg-type]
+                self._check_options(group, at_step=True)
+            except (TypeError, ValueError) as err:
+                raise type(err)(f"{type(self).__name__}.load_state_dict: saved param group {k}: "
+                                f"{err}; load a checkpoint of this optimiser") from None
+        super().load_state_dict(state_dict)  # type: ignore[misc]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for index, p in zip((i for g in groups for i in g["params"]), params, strict=False):
+            saved = state_dict["state"].get(index, {})
+            for key in ("step_size", "grad_norm"):
+                if isinstance(saved.get(key), Tensor):
+                    self.state[p][key] = saved[key].detach().clone().to(p.device)
 
     @property
     def last_step_size(self) -> float | None:
@@ -189,7 +254,7 @@ class NGD(_StepSizeLog, Optimizer):
     def __init__(
         self, params: Params, lr: float, eta_max: float | None = None, per_param: bool = False
     ) -> None:
-        _check_positive("lr", lr)
+        _check_positive("lr", lr, finite=True)
         _check_positive("eta_max", eta_max, optional=True)
         super().__init__(params, {"lr": lr, "eta_max": eta_max, "per_param": per_param})
 
@@ -201,16 +266,22 @@ class NGD(_StepSizeLog, Optimizer):
         group = self.param_groups[-1]
         try:
             _check_group_keys(self, group)
-            _check_positive("lr", group["lr"])
-            _check_positive("eta_max", group["eta_max"], optional=True)
-            if not isinstance(group["per_param"], bool):
-                raise ValueError(f"per_param must be True or False, got {group['per_param']!r}")
+            self._check_options(group, at_step=False)
         except ValueError:
             self.param_groups.pop()
             raise
 
+    def _check_options(self, group: dict[str, Any], *, at_step: bool) -> None:
+        """lr > 0 and finite (at step time also 0: where an LR schedule may end), eta_max > 0
+        or None, per_param a bool."""
+        _check_positive("lr", group["lr"], finite=True, zero_ok=at_step)
+        _check_positive("eta_max", group["eta_max"], optional=True)
+        if not isinstance(group["per_param"], bool):
+            raise ValueError(f"per_param must be True or False, got {group['per_param']!r}")
+
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:  # type: ignore[override]
+        self._check_groups_at_step()
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -231,7 +302,14 @@ class NGD(_StepSizeLog, Optimizer):
                 size = torch.where(norm > 0, group["lr"] / norm, torch.zeros_like(norm))
                 if group["eta_max"] is not None:
                     size = size.clamp(max=group["eta_max"])
-                _apply(p, size)
+                # η/‖g‖ overflows for a subnormal ‖g‖ (a float32 logistic loss far into a
+                # separable run), and inf·g made the parameters −inf: then step as (g/‖g‖)·η
+                # instead, the same step of length η (the divisor is 1 otherwise: bit for bit
+                # the product above). The recorded step size stays inf: it is beyond the type.
+                over = (norm > 0) & torch.isinf(size)
+                divisor = torch.where(over, norm, torch.ones_like(norm))
+                lr = torch.as_tensor(group["lr"], dtype=norm.dtype, device=norm.device)
+                _apply(p, torch.where(over, lr, size), divisor)
                 _record(self.state[p], size, norm)
         return loss
 

@@ -14,8 +14,9 @@ f* = L* = 0 (the infimum of the logistic loss on separable data):
 ours: a loss below f* would make η_t negative (an ascent step), so η_t is clamped at 0; and a zero
 gradient, or a quotient that overflows (loss and gradient both underflowed towards the float
 type's smallest numbers: the step is no longer defined), gives no step. A nan or inf loss or
-gradient is refused (``FloatingPointError``), as are a non-finite f* and options SPS does not have
-in a param group (``lr``, ``weight_decay``, …). A loss returned as a Python float is read in
+gradient is refused (``FloatingPointError``), as are a non-finite c or f* and options SPS does not
+have in a param group (``lr``, ``weight_decay``, …), at construction, in a checkpoint given to
+``load_state_dict`` and (values) at every step. A loss returned as a Python float is read in
 float64.
 
 The step size needs the loss, so both are closure-based like ``torch.optim.LBFGS``::
@@ -86,7 +87,7 @@ class SPS(_StepSizeLog, Optimizer):
         f_star: float = 0.0,
         eta_max: float | None = None,
     ) -> None:
-        _check_positive("c", c)
+        _check_positive("c", c, finite=True)
         _check_positive("eta_max", eta_max, optional=True)
         _check_f_star(f_star)
         super().__init__(params, {"c": c, "f_star": float(f_star), "eta_max": eta_max})
@@ -100,13 +101,18 @@ class SPS(_StepSizeLog, Optimizer):
         group = self.param_groups[-1]
         try:
             _check_group_keys(self, group)
-            _check_positive("c", group["c"])
-            _check_positive("eta_max", group["eta_max"], optional=True)
-            _check_f_star(group["f_star"])
+            self._check_options(group, at_step=False)
         except (TypeError, ValueError):
             self.param_groups.pop()
             raise
         group["f_star"] = float(group["f_star"])
+
+    def _check_options(self, group: dict[str, Any], *, at_step: bool) -> None:
+        """c > 0 and finite (an infinite c gave η_t = 0: no step, ever), eta_max > 0 or None,
+        f* a finite number."""
+        _check_positive("c", group["c"], finite=True)
+        _check_positive("eta_max", group["eta_max"], optional=True)
+        _check_f_star(group["f_star"])
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor:  # type: ignore[override]
@@ -116,6 +122,7 @@ class SPS(_StepSizeLog, Optimizer):
                 "optimizer.step(closure) with a closure that zeroes the gradients, computes the "
                 "loss, calls loss.backward() and returns the loss (as for torch.optim.LBFGS)"
             )
+        self._check_groups_at_step()
         with torch.enable_grad():
             loss = closure()
         # a Python float (as torch.optim.LBFGS accepts) stays float64: torch.as_tensor would
