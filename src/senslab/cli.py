@@ -118,7 +118,12 @@ def _runtime_note(record: dict[str, Any] | None, exp: Any) -> str:
 
     if record is not None:
         seconds = record.get("runtime_s")
-        return f" [{format_runtime(seconds)} on CPU, recorded]" if seconds is not None else ""
+        # a record of a run with --set overrides (steps=50: a smoke test) timed those settings,
+        # not the experiment's CPU scale: "[2 s on CPU, recorded]" for a 41 s experiment
+        given = "".join(f" --set {o}" for o in record.get("overrides") or [])
+        with_set = f" with{given}" if given else ""
+        return (f" [{format_runtime(seconds)} on CPU{with_set}, recorded]"
+                if seconds is not None else "")
     return f" [{exp.runtime_estimate} on CPU]" if exp.runtime_estimate else ""
 
 
@@ -317,6 +322,16 @@ def _checkpoint(args: argparse.Namespace) -> tuple[Any, dict[str, Any], Path]:
     try:
         cfg = RunConfig.from_dict(raw)
     except (KeyError, TypeError, ValueError, AttributeError) as err:
+        other = _other_trainer(raw)
+        if other is not None:
+            # a valid run of another trainer (`senslab run ib_joint`'s runs): "does not hold a
+            # run configuration … Did you mean 'train.batch_size'?" read as a damaged file
+            raise UsageError(f"--checkpoint {path} is a run of the {other!r} trainer"
+                             f"{_experiment_of(path)}, not of `senslab train` (trainer 'fit'): "
+                             "measure --checkpoint rebuilds only the models that `senslab "
+                             "train` (and the experiments that train with it) trains; this "
+                             f"run's numbers are in its metrics.jsonl (`senslab report {path}`)"
+                             ) from None
         msg = err.args[0] if isinstance(err, KeyError) and err.args else err
         raise UsageError(f"{config} does not hold a run configuration this senslab can read "
                          f"({msg})") from None
@@ -338,6 +353,41 @@ def _checkpoint(args: argparse.Namespace) -> tuple[Any, dict[str, Any], Path]:
                          "command resumes it) and measure again")
     ckpt, state = found
     return cfg, state, ckpt
+
+
+def _other_trainer(raw: Any) -> str | None:
+    """The registered trainer other than ``fit`` whose configuration has every top-level key of
+    the config.json ``raw`` (of several, the one with the fewest fields ``raw`` lacks), or
+    None."""
+    import dataclasses
+
+    from .train.trainers import get_trainer, list_trainers
+
+    if not isinstance(raw, dict) or not raw:
+        return None
+    keys, best, lacking = set(raw), None, 0
+    if keys <= {f.name for f in dataclasses.fields(get_trainer("fit").config_type)}:
+        return None  # `senslab train`'s own, with a value it refuses: that error says which
+    for name in list_trainers():
+        config_type = get_trainer(name).config_type
+        if name == "fit" or not dataclasses.is_dataclass(config_type):
+            continue
+        fields = {f.name for f in dataclasses.fields(config_type)}
+        if keys <= fields and (best is None or len(fields - keys) < lacking):
+            best, lacking = name, len(fields - keys)
+    return best
+
+
+def _experiment_of(run: Path) -> str:
+    """`` (of experiment NAME, in DIR)`` when ``run``'s parent is an experiment directory
+    that lists it, else ``""``."""
+    try:
+        info = json.loads((run.parent / "experiment.json").read_text())
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(info, dict) or run.name not in (info.get("runs") or []):
+        return ""
+    return f" (of experiment {info.get('name')}, in {run.parent})"
 
 
 def _describe_tokens(tokens: Any, x: Any) -> str:
@@ -727,6 +777,16 @@ def _reproduction(args: argparse.Namespace) -> int:
         raise UsageError(f"--runs {args.runs} says where the default directories are, and "
                          "directories are given: it would have no effect; drop --runs, or the "
                          "directories")
+    # before anything is recorded: a REPRODUCTION.md that cannot be written failed after the
+    # records, naming a temporary file ("nodir/.REPRODUCTION.md.<pid>.<hex>.tmp: no such file")
+    out, records = Path(args.out), Path(args.records)
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a directory; give the file to write (e.g. "
+                         f"{out / 'REPRODUCTION.md'})")
+    if not out.parent.is_dir():
+        raise UsageError(f"--out {out} cannot be written: {out.parent} is not a directory; "
+                         "create it first, or choose another --out")
+    _check_out(records, "--records")
     if args.runs is not None and not runs.is_dir():
         # a mistyped --runs recorded nothing and rewrote REPRODUCTION.md, exit status 0
         raise UsageError(f"--runs {runs}: no such directory; give the directory that holds "
