@@ -113,8 +113,9 @@ def check_head(model: Any, compare: str, kind: str | None, output: Any = None) -
     regression head (``config.problem_type == "regression"``: one column of values, whose
     sign never changes around a positive mean, so it read as a binary logit that never
     flips), also one with one output and no ``problem_type`` (which Hugging Face trains as a
-    regression), or a multi-label one (independent sigmoids: the argmax is not its
-    prediction). ``output=`` given says how to read it, and is taken as is; so is
+    regression), or a multi-label one of several labels (independent sigmoids: the argmax is
+    not its prediction; one label's sigmoid is a binary classifier, read by the sign of its
+    logit as any one column). ``output=`` given says how to read it, and is taken as is; so is
     ``output_kind=``, except on a multi-label or regression head of several outputs
     (``config.num_labels`` ≥ 2): ``output_kind`` reads one column, and several are read by
     their argmax whatever the kind."""
@@ -148,7 +149,9 @@ def check_head(model: Any, compare: str, kind: str | None, output: Any = None) -
             "output_kind='scores', threshold=t for a decision at t, or compare='l1'/'l2' for "
             "how far it moves"
         )
-    if problem == "multi_label_classification":
+    # one label: its one sigmoid is a binary classifier, and the default reading of one column
+    # (class 1 iff logit > 0, i.e. sigmoid > 1/2) is its prediction
+    if problem == "multi_label_classification" and labels != 1:
         raise ValueError(
             f"{type(model).__name__} is a multi-label head (config.problem_type="
             "'multi_label_classification'): each label is its own sigmoid, so the argmax over "

@@ -450,7 +450,9 @@ class Embedding(Tokenization):
     Face classifier that finds each example's last real token by ``config.pad_token_id``
     (GPT-2's, Llama's…; a composite config's ``get_text_config().pad_token_id``) is refused
     where the padding holds another id and it reads there: the padding the attention mask says,
-    else ``mask=`` (where it reads after ``mask=``'s last true position at one id).
+    else ``mask=`` (where it reads after ``mask=``'s last true position at one id); so is such a
+    classifier given tokens of its pad id to perturb after the position it reads (an all-ones
+    attention mask over padding, an end token whose id is the pad id): they never flip.
     Padding is never perturbed, and by default never evaluated either: perturbed copies are cut
     after their last real token (padding-aware batching, ``trim_padding`` of
     :class:`~senslab.measure.TokenSensitivity`; every input tensor whose second axis is the token
@@ -705,6 +707,7 @@ class _BoundEmbedding(BoundTokens):
         starts = None if self.padding is None else first_real(real)
         self.clean_output = read_position(raw, self.ends, self.position, t, starts)
         self._refuse_padding_of_another_id()
+        self._refuse_unread_tokens()
 
     def _refuse_padding_of_another_id(self) -> None:
         """Refuse right padding whose ids are not the pad id the model declares, where the
@@ -806,6 +809,75 @@ class _BoundEmbedding(BoundTokens):
             "tokens mask= leaves unperturbed (an end token), pass the attention mask too "
             "({'input_ids': ids, 'attention_mask': attention_mask}): it then says where each "
             "example ends, and mask= only which tokens get noise"
+        )
+
+    def _refuse_unread_tokens(self) -> None:
+        """Refuse tokens that get noise after the position a Hugging Face decoder classifier
+        reads: it reads each example at its rightmost id that is not its pad id
+        (:func:`read_by_pad_id`), so tokens of the pad id that the attention mask (or ``mask=``)
+        marks real after that position — padding under an all-ones attention mask, or an end
+        token whose id is the pad id (pad = eos) — cannot change its output, and would be
+        measured as tokens that never flip (a GPT-2 classifier measured 0.086 where its
+        right-padded examples measure 0.165).
+
+        Only where such tokens get noise, and only where the model is seen to read there: the
+        first such example, cut after the position read, gives its clean output (an encoder
+        that attends to those tokens gives another), and cut before it another one (an output
+        read earlier, a causal LM's ``logits[:, 0]``, gives the same): two single-example
+        forwards, only for inputs with such tokens."""
+        found = hf_pad_token_config(self.model)
+        if found is None or self.valid is None:
+            return
+        config, path = found
+        pad = getattr(config, "pad_token_id", None)
+        ids = _token_ids(self.inputs)
+        if not isinstance(pad, int) or isinstance(pad, bool) or not isinstance(ids, Tensor) \
+                or ids.shape != self.valid.shape or ids.is_floating_point():
+            return
+        if self._per_position and self.position is not None:
+            return  # senslab reads the output itself, at the last real token
+        ids = ids.to(self.valid.device)
+        read = read_by_pad_id(ids, pad)
+        t = ids.shape[1]
+        after = torch.arange(t, device=ids.device)[None, :] > read[:, None]
+        at_read = ids.gather(1, read[:, None])[:, 0]
+        rows = ((after & self.valid).any(dim=1) & (at_read != pad)).nonzero().flatten()
+        judged = rows[read[rows] > 0]  # one token before the position read, to cut it off
+        if not len(judged):
+            return
+        row = judged[:1]
+        width = int(read[row]) + 1
+
+        def cut(w: int) -> Tensor:
+            zero = torch.zeros(1, w, self.dim, device=self._clean.device)
+            return self.forward_perturbed(row, None, zero, width=w)
+
+        try:
+            kept, short = cut(width), cut(width - 1)
+        except (RuntimeError, ValueError, TypeError, IndexError):
+            return  # the model takes no such inputs: not judged
+        if not _agree(kept, self.clean_output[row]) or _agree(short, self.clean_output[row]):
+            # the tokens after the position change the output (they are read), or the token
+            # at it does not (the output is read before it: a causal LM's logits[:, 0])
+            return
+        name = type(unwrapped(self.model)).__name__
+        where = f"{path}.pad_token_id"
+        listed = rows[:5].tolist()
+        which = f"{listed}{' …' if len(rows) > 5 else ''}"
+        unread = int((after & self.valid)[row].sum())
+        by_entry = self.padding is not None and torch.equal(self.padding, self.valid)
+        said = f"the input's {self.padding_key!r} entry" if by_entry else "mask="
+        raise ValueError(
+            f"{name} reads each example's output at its last token whose id is not its pad id "
+            f"{pad} ({where}), but {said} marks tokens of id {pad} after that position as real "
+            f"tokens to perturb: example(s) {which} are read before them (example {int(row)} "
+            f"at position {width - 1}, and {unread} token(s) after it get noise), so those "
+            "tokens can never change the output and would be measured as tokens that never "
+            "flip, diluting the rate. If they are padding, mark them as padding (attention_mask "
+            "0 there, as tokenizer(..., padding=True) returns it; or mask= False there). If "
+            f"they are real tokens whose id is the pad id (an end token, pad = eos), the model "
+            f"never reads them: leave them out of the inputs, or pad with another id and set "
+            f"model.{where} to it"
         )
 
     def tokens(self, src: Tensor, tok: Tensor) -> Tensor:
