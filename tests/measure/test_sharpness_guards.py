@@ -524,7 +524,7 @@ def test_a_group_whose_noise_rounds_away_is_named_when_the_whole_passes():
     with pytest.warns(UserWarning, match=r"rounded away on most coordinates(?s:.*)'1.weight'"):
         output_sharpness(model, x, sigma_w=0.002, generator=0)
     with warnings.catch_warnings():  # excluded, as the warning suggests: nothing to say
-        warnings.simplefilter("error")
+        warnings.simplefilter("error", UserWarning)  # the rounding warnings; few flips warn apart
         output_sharpness(model, x, sigma_w=0.002, generator=0, exclude=["1.weight"])
 
 
@@ -545,7 +545,7 @@ def test_a_scalar_parameter_is_not_named_by_the_chance_of_one_draw():
     model = Scaled().to(torch.bfloat16).eval()
     x = torch.randn(8, 16, generator=_gen(2)).bfloat16()
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        warnings.simplefilter("error", UserWarning)
         for seed in range(40):
             output_sharpness(model, x, sigma_w=0.05, generator=seed)
 

@@ -26,6 +26,9 @@ while the examples of one draw share their :math:`\Delta` and are *not* independ
 error is therefore the standard deviation of the per-draw means over :math:`\sqrt{R}` (R draws),
 and the 95% interval uses Student's t with R − 1 degrees of freedom (R is small: 5 in the paper
 code). It describes the noise over :math:`\Delta` for *this* batch, not sampling of the data.
+A ShPred whose standard error rests on no flipped prediction or on few is said in a warning
+(with no flip: ShPred is below :math:`1 - 0.05^{1/R}` with 95% confidence, the bound of R draws;
+:func:`_warn_few_flips`).
 
 **Side effects: none.** The model is evaluated in eval mode — the paper code left BatchNorm and
 dropout in train mode, so its numbers depended on batch composition and dropout noise — and every
@@ -84,6 +87,7 @@ from torch.utils._pytree import tree_leaves
 
 from .._autocast import autocast_dtype, autocast_on
 from .._exclusive import OwnForwards, one_at_a_time
+from .._stack import user_level
 from ..tokens.base import (
     Inputs,
     OutputSelector,
@@ -92,6 +96,7 @@ from ..tokens.base import (
     check_device,
     forward,
 )
+from ._alloc import MIN_FLIPS
 from ._options import _kept_buffers, _seeded
 from .outputs import (
     check_head,
@@ -860,6 +865,11 @@ def output_sharpness(
     On bf16/fp16 weights a ``sigma_w`` near or below the weights' spacing is refused: the noise
     rounded onto their grid is not the noise drawn (see :class:`_WeightNoise`).
 
+    A ShPred whose standard error rests on no flipped prediction (``0 ± 0``) or on few comes
+    with a RuntimeWarning (:func:`_warn_few_flips`); with none, it gives the 95% bound of R
+    draws, :math:`1 - 0.05^{1/R}` (0.45 for 5 draws; about the rule of three's 3/R for many):
+    the draws are the sampling unit, not the R·B predictions.
+
     Args:
         model: the network; evaluated in eval mode, left exactly as it was (a loss the
             caller computed before still backpropagates). A forward that is random in eval
@@ -939,7 +949,69 @@ def output_sharpness(
     if clean_pred is not None:
         shpred = _summary("ShPred", flips.mean(1), sigma_w, 1.0, (0.0, 1.0),
                           per_sample=flips.mean(0).cpu())
+        _warn_few_flips(shpred, flips, b)
     return OutputSharpness(shop, shpred, b, reason)
+
+
+def _no_flip_bound(draws: int) -> float:
+    """The one-sided 95% upper bound on ShPred when none of ``draws`` weight draws flipped a
+    prediction: :math:`1 - 0.05^{1/R}` (Clopper–Pearson for 0 of R; the rule of three's 3/R is
+    its approximation for many draws, and above it: 0.45 against 0.6 at R = 5). The draws are
+    the sampling unit — the B examples of one draw share its Δ, and a draw may flip all of
+    them or none — so the bound is on the probability that a draw flips *some* prediction,
+    which bounds ShPred (each draw's flipped share is at most 1); 3/(R·B), as if the R·B
+    (draw, example) pairs were independent, would claim a confidence the draws do not
+    give."""
+    return 1.0 - 0.05 ** (1.0 / draws)
+
+
+def _warn_few_flips(res: SharpnessResult, flips: Tensor, b: int) -> None:
+    """Say so when ShPred's standard error rests on no flipped prediction or on few, as
+    the token-wise and Boolean estimators say of few flips; the number is unchanged.
+
+    The standard error is the spread of the R per-draw flipped shares, so what it learns from
+    is the draws that flipped something. **No flip** (no draw flipped any of the B
+    predictions): ShPred reads ``0 ± 0 (95% CI 0–0)``, an interval that excludes any rate
+    above 0; the warning gives the bound :func:`_no_flip_bound` (R draws, not R·B pairs). On
+    64 examples flipping independently at a rate of 0.001 per example, 5 draws read ``0 ± 0``
+    in 73% of seeds. **Few flips**: some draw flipped nothing while fewer than
+    :data:`~senslab.measure._alloc.MIN_FLIPS` draws flipped something, or fewer than
+    ``MIN_FLIPS`` predictions flipped in all. The per-draw shares are then a few steps of 1/B
+    and exact zeros, and the t interval moves with the few seen (64 examples at 0.01, 5 draws:
+    where all 5 draws flipped but fewer than 10 predictions in all, it covered the rate in 17%
+    of seeds; 20 draws at 0.02 with fewer than 10 draws flipping, in 46%). Where every draw
+    flipped something and ``MIN_FLIPS`` predictions or more flipped, the spread is the draws'
+    own, which the Student's t interval is for: nothing is said; nor at ``sigma_w=0``, whose
+    0 is exact. Each message's cause (the
+    text before its first ``:``) is the same from call to call, so a training loop that
+    measures at every evaluation says it once per run (:func:`senslab._stack.said_once`)."""
+    r = len(flips)
+    per_draw = flips.sum(1)
+    events = int(per_draw.gt(0).sum())  # draws that flipped some prediction
+    total = int(per_draw.sum())  # flipped (draw, example) predictions
+    if (events == r and total >= MIN_FLIPS) or res.sigma == 0:
+        return  # at sigma_w = 0 nothing can flip: the 0 is exact
+    lo, hi = res.ci95
+    shown = (f"ShPred {res.estimate:.4g} ± {res.stderr:.2g} (95% CI {lo:.4g}–{hi:.4g}; "
+             f"{r} weight draws of std {res.sigma:g})")
+    how = f"measure with more weight draws (repeats=, now {r})"
+    if total == 0:
+        bound = _no_flip_bound(r)
+        message = (
+            f"ShPred's standard error rests on no flip: none of the {r} weight draws flipped a "
+            f"prediction of the {b:,} examples, so {shown} cannot be trusted as a 95% "
+            f"interval. The draws are the sampling unit (the examples of one draw share it), so "
+            f"with 95% confidence a draw flips some prediction with probability below "
+            f"1 - 0.05^(1/{r}) = {bound:.2g} (the rule of three's 3/{r} for many draws), and "
+            f"ShPred is below that bound too. For a standard error, {how}")
+    else:
+        message = (
+            f"ShPred's standard error rests on few flips: {events} of the {r} weight draws "
+            f"flipped a prediction, {total} of the {r * b:,} predictions in all (the standard "
+            f"error needs every draw to flip one and {MIN_FLIPS} flips or more); a standard "
+            f"error estimated from so few moves with them, and the 95% interval of {shown} can "
+            f"cover ShPred less often than 95%. For a firmer one, {how}")
+    warnings.warn(message, RuntimeWarning, stacklevel=user_level())
 
 
 @one_at_a_time

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._stack import said_once
 from ..data import ArrayDataset
 from ..measure import TokenSensitivity
 from .config import RunConfig
@@ -115,9 +116,12 @@ class Tracker:
             x, y = _to(x, self.device), y.to(self.device)
         if t.sharpness:  # docs/definitions.md#shop-and-shpred: eval mode, weights restored exactly
             kind, threshold = self.rule(self.sens_train)
-            s = sharpness.output_sharpness(
-                self.model, x, sigma_w=t.sharpness_sigma, generator=self.cfg.seed,
-                output_kind=kind, threshold=threshold)
+            # ShPred from no or few flipped predictions warns (with the bound of its draws):
+            # once per run, not at every evaluation with other numbers
+            with said_once(self._said):
+                s = sharpness.output_sharpness(
+                    self.model, x, sigma_w=t.sharpness_sigma, generator=self.cfg.seed,
+                    output_kind=kind, threshold=threshold)
             rec["sharpness/shop"] = s.shop.estimate
             if s.shpred is not None:
                 rec["sharpness/shpred"] = s.shpred.estimate

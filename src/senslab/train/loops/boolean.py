@@ -35,6 +35,18 @@ training: ``train/acc``) is > 0.99; ``converged_loss`` adds a bound on the match
 summary holds ``first_below_001``, the first step whose training batch loss was < 0.01 (None if
 never). A checkpoint is written at every evaluation. A NaN or infinite training loss stops the
 run at once with a :class:`FloatingPointError` naming the step and the learning rate.
+
+**The decision rule travels with the run.** The model regresses onto {0, 1}, so its class is
+output > 1/2, but ``boolean_transformer`` declares ``output_kind = "logits"`` (class = sign): a
+model rebuilt from a checkpoint (``create_model("boolean_transformer", ...)`` and
+``load_state_dict(state["model"])``) and measured without a rule counts class changes at 0 — on
+a trained MAJORITY of 5 bits as(f̂) read 1.44 instead of the run's 1.875, ShPred 0.17 instead of
+0.06. Every checkpoint and the summary therefore hold ``decision`` (:func:`decision`):
+``{"output_kind": "scores", "threshold": 0.5}`` — pass ``threshold=0.5`` to
+``boolean_sensitivity`` and ``output_kind="scores", threshold=0.5`` to ``output_sharpness`` and
+``token_sensitivity`` — or, for MEAN, ``{"output": "real", "transform": "2 * out - 1"}`` (the
+"real" rule on the ±1 scale, as ``bool_sens``). ``senslab measure --checkpoint`` does not
+rebuild this trainer's runs (it refuses them, naming the trainer).
 """
 
 from __future__ import annotations
@@ -149,6 +161,15 @@ def accuracy(out: Tensor, y: Tensor, function: str, n: int) -> float:
     if function == "mean":
         return ((out - y).abs() < 0.5 / n).float().mean().item()
     return ((out > 0.5) == (y > 0.5)).float().mean().item()
+
+
+def decision(function: str) -> dict[str, Any]:
+    """How the run reads its model's output, saved with every checkpoint and in the summary
+    (see the module docstring): class = output > 1/2 (``output_kind="scores"``,
+    ``threshold=0.5``), or for MEAN the "real" rule on the ±1 scale, 2·output − 1."""
+    if function == "mean":
+        return {"output": "real", "transform": "2 * out - 1"}
+    return {"output_kind": "scores", "threshold": 0.5}
 
 
 def learned_sensitivity(model: nn.Module, n: int, function: str, gen: torch.Generator) -> float:
@@ -314,11 +335,12 @@ def train_boolean(cfg: BooleanRunConfig, path: Path, *, progress: bool | None = 
             run.checkpoint(step, {
                 "model": model.state_dict(), "optimizer": opt.state_dict(),
                 "generators": generator_states(data=data_gen, measure=measure_gen),
-                "first_below": first_below, "record": record, "done": done})
+                "first_below": first_below, "record": record, "done": done,
+                "decision": decision(function)})  # not a stock boolean_transformer's rule
         return run.finish({
             "label": cfg.label, "name": cfg.name, "final": record, "function": function,
             "n": n, "seed": seed, "converged": converged(record, cfg),
-            "first_below_001": first_below, "config": config,
+            "first_below_001": first_below, "config": config, "decision": decision(function),
         })
 
 
