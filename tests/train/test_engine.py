@@ -278,6 +278,7 @@ def test_the_data_folder_read_is_recorded_and_a_resume_on_another_is_refused(
         (tmp_path / home / "sst2").mkdir(parents=True)
         for split in ("train.tsv", "dev.tsv"):
             extra = "" if home == "a" else "another film\t1\n"
+            extra += "a held out film\t0\n" if split == "dev.tsv" else ""  # not a train copy
             (tmp_path / home / "sst2" / split).write_text("sentence\tlabel\n" + rows + extra)
     monkeypatch.setenv("SENSLAB_DATA", str(tmp_path / "a"))
     monkeypatch.setenv("SENSLAB_CACHE", str(tmp_path / "cache"))

@@ -204,10 +204,43 @@ def _fixes(spec: DataFiles, hint: str) -> list[str]:
     return out
 
 
+def _near_misses(name: str, folder: Path, groups: Groups, limit: int = 200) -> list[str]:
+    """Fixes for a ``folder`` that lacks the files but is close: the folder is itself one of
+    them (``data.root=.../cifar-10-batches-py``), a sub-folder up to two levels down holds them
+    (torchvision's ``FashionMNIST/raw``), or a wanted ``.gz`` file is there uncompressed. At
+    most ``limit`` sub-folders are looked at."""
+    out: list[str] = []
+    names = {f for g in groups for f in g}
+    if folder.name in names and _holds(folder.parent, groups):
+        out.append(f"{folder} is itself one of the files: pass the folder above it "
+                   f"(--set data.root={folder.parent})")
+    try:
+        subs = [d for d in sorted(folder.iterdir())[:limit] if d.is_dir()]
+        subs += [e for d in subs for e in sorted(d.iterdir())[:limit] if e.is_dir()]
+    except OSError:
+        subs = []
+    hits = [d for d in subs[:limit] if _holds(d, groups)]
+    if len(hits) == 1:
+        out.append(f"they are in {hits[0]}: pass that folder (--set data.root={hits[0]})")
+    elif hits:  # GLUE's folder holds a train.tsv + dev.tsv per task: which one is not ours to say
+        out.append(f"files of those names are in {', '.join(map(str, hits[:5]))}"
+                   f"{', …' if len(hits) > 5 else ''}: pass the one that holds {name}'s")
+    raw = sorted(f[:-3] for f in names if f.endswith(".gz") and (folder / f[:-3]).is_file()
+                 and not (folder / f).exists())
+    if raw:
+        out.append(f"{', '.join(raw)} {'is' if len(raw) == 1 else 'are'} there uncompressed, "
+                   "where the official .gz files are read: put those there, or gzip -k "
+                   f"{'it' if len(raw) == 1 else 'them'} and load with verify=False (--set "
+                   "data.options.verify=false: a gzip of your own is not the official file's "
+                   "bytes)")
+    return out
+
+
 def _explicit_error(name: str, folder: Path, groups: Groups, spec: DataFiles,
                     pkg: Package | None, hint: str) -> str:
-    fixes = ["put them there, or pass the folder that holds them (--set data.root=DIR, "
-             "root=DIR in Python)"]
+    fixes = _near_misses(name, folder, groups)
+    fixes.append("put them there, or pass the folder that holds them (--set data.root=DIR, "
+                 "root=DIR in Python)")
     elsewhere = []
     if _holds(data_home() / name, groups):
         elsewhere.append(str(data_home() / name))

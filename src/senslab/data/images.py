@@ -231,10 +231,29 @@ def _get(root: Path, filename: str, table: dict[str, str], base_urls: tuple[str,
     for i, base in enumerate(base_urls):
         try:
             return fetch(base + filename, root / filename, md5, download)
-        except DataUnavailableError:
+        except DataUnavailableError as err:
+            if md5 is not None and (root / filename).exists():
+                _name_other_file(root / filename, table, err)
             if not download or (root / filename).exists() or i == len(base_urls) - 1:
                 raise
     raise AssertionError("unreachable")
+
+
+def _name_other_file(path: Path, table: dict[str, str], err: DataUnavailableError) -> None:
+    """Raise a clear error where ``path``, refused for its md5, is another dataset's official
+    file (MNIST's and Fashion-MNIST's share their file names): the generic advice, to delete it
+    and download it again, would have deleted a good copy of the other dataset."""
+    got = md5sum(path)
+    for name, other in (("mnist", MNIST_FILES), ("fashion_mnist", FASHION_MNIST_FILES)):
+        if other is table:
+            continue
+        match = next((f for f, md5 in other.items() if md5 == got), None)
+        if match is not None:
+            this = "fashion_mnist" if table is FASHION_MNIST_FILES else "mnist"
+            raise DataUnavailableError(
+                f"{path} is {name}'s {match} (it has that file's md5), not {this}'s "
+                f"{path.name}: keep it, and point data.root (root= in Python) at a folder "
+                f"holding {this}'s files, or use dataset {name}") from err
 
 
 # ---------------------------------------------------------------- file formats
@@ -286,7 +305,15 @@ def _extract_tar(archive: Path, dest: Path, member_dir: str) -> Path:
 
     Extraction goes to a temporary folder first, so an interrupted run leaves no half folder.
     """
-    tmp = Path(tempfile.mkdtemp(prefix=".extract-", dir=dest.parent))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=".extract-", dir=dest.parent))
+    except OSError as err:  # a shared, read-only data folder: a bare PermissionError on a
+        # temporary name said neither what was being done nor how to get on
+        raise DataUnavailableError(
+            f"cannot extract {archive.name} in {dest.parent} ({err.strerror or err}): the "
+            f"folder is not writable. Extract it there once by hand (tar -xf {archive} -C "
+            f"{dest.parent}, giving {dest.name}/), or copy {archive.name} to a writable folder "
+            "and point data.root (or SENSLAB_DATA) at it") from err
     try:
         with tarfile.open(archive) as tar:
             if hasattr(tarfile, "data_filter"):  # refuses absolute paths, "..", links out
@@ -449,6 +476,15 @@ def mnist(split: str = "train", root: Any = None, download: bool = False,
     else:
         x, y, src = _idx_split(path, MNIST_FILES, MNIST_MIRRORS, prefix, download, verify)
         part = {"train50k": slice(0, 50_000), "val10k": slice(50_000, None)}.get(split)
+        if part is not None and len(y) != 60_000:
+            # a slice of another length gave "val10k" every image past the 50,000th (none at
+            # all for a smaller copy) and "train50k" all of them, each without a word
+            which = "first 50,000" if split == "train50k" else "last 10,000"
+            raise DataUnavailableError(
+                f"mnist split {split!r} is the {which} of the official 60,000 training "
+                f"images, but the training idx files in {src} hold {len(y):,}: a partial or "
+                "rebuilt copy (read with verify=False?). Use split='train' for all of them, or "
+                "put the official idx files there")
         x, y = (x[part], y[part]) if part is not None else (x, y)
     return _package("mnist", x, y, DIGIT_CLASSES, split, normalize, PIXEL_STATS["mnist"], src,
                     digits)

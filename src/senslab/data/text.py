@@ -29,9 +29,10 @@ The GLUE files are checked as they are read: a file whose first line is not its 
 (a file without its header, an unlabelled GLUE ``test.tsv``), with more than a handful of rows
 that are not examples (more than 3 and more than 1%), that ends without a line end where its last
 row may be cut, or that is another known file (train and dev swapped, a test file: by reference
-md5) is refused, naming the file and the fix; a few malformed rows are skipped with a warning,
-and a file named like a reference file with another row count than the reference's (e.g. SST-2
-67,349 / 872, QQP 363,846 / 40,430) warns that it may be truncated.
+md5), or a held-out file that is a copy of the training file beside it, is refused, naming
+the file and the fix; a few malformed rows are skipped with a warning, and a file named like
+a reference file with another row count than the reference's (e.g. SST-2 67,349 / 872, QQP
+363,846 / 40,430) warns that it may be truncated.
 
 Layout (RoBERTa): a sentence is ``<s> A </s>``, a pair ``<s> A </s></s> B </s>``, then ``<pad>``
 to ``max_len`` on the right. Too long inputs are cut at the end of their content, for pairs
@@ -138,13 +139,26 @@ def _check_identity(path: Path, task: str) -> Path:
     file's — train and dev swapped, another task's file, or GLUE's unlabelled test file: a
     reference md5 names them exactly. A file that is no reference file (a local rebuild, a
     fixture) passes here; :func:`_read` checks its format and its row count."""
-    other = _known_files().get(md5sum(path))
+    digest = md5sum(path)
+    other = _known_files().get(digest)
     if other is not None and other != (task, path.name):
         what = " — GLUE's unlabelled test file" if other[1] == "test.tsv" else ""
         raise DataUnavailableError(
             f"{path} is {other[0]}'s {other[1]}{what} (it has that file's reference md5), not "
             f"{task}'s {path.name}: put {task}'s {path.name} there")
+    train = path.with_name(_TRAIN_OF[path.name]) if path.name in _TRAIN_OF else None
+    if train is not None and train.is_file() and train.stat().st_size == path.stat().st_size \
+            and md5sum(train) == digest:
+        # a held-out file of one's own that is a copy of the training file: every held-out
+        # number (accuracy, sensitivity) was measured on the training examples, unsaid
+        raise DataUnavailableError(
+            f"{path} is a byte-for-byte copy of {train.name} next to it, so the held-out split "
+            f"would be the training examples: put {task}'s held-out {path.name} there")
     return path
+
+
+#: held-out file → the training file beside it, which it must not be a copy of
+_TRAIN_OF = {"dev.tsv": "train.tsv", "msr_paraphrase_test.txt": "msr_paraphrase_train.txt"}
 
 
 @dataclass
