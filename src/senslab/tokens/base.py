@@ -319,8 +319,35 @@ def model_device(model: nn.Module | Any) -> torch.device | None:
     return None
 
 
+def _refuse_meta(model: nn.Module | Any, inputs: Inputs) -> None:
+    """Refuse a model with parameters on the ``meta`` device, or inputs there: meta tensors
+    have shapes but no values, so no output can be computed. Without this the user was told to
+    move the images to ``meta`` (a model whose first parameter is there) or got a PyTorch error
+    from deep inside the forward (one layer on meta). A model with Hugging Face accelerate's
+    hooks (``_hf_hook``: offloaded weights, moved in at each forward) keeps its parameters on
+    meta by design and is left to them; a buffer on meta (an unused placeholder) is allowed."""
+    if isinstance(model, nn.Module):
+        meta = [n for n, t in model.named_parameters() if t.is_meta]
+        if meta and not any(hasattr(m, "_hf_hook") for m in model.modules()):
+            shown = ", ".join(map(repr, meta[:3])) + (f" and {len(meta) - 3} more"
+                                                      if len(meta) > 3 else "")
+            raise ValueError(
+                f"the model's parameters {shown} are on the 'meta' device: they have shapes "
+                "but no values (a model built under torch.device('meta') or init_empty_weights, "
+                "or weights never loaded), so it cannot compute an output. Give it real weights "
+                "first — model.to_empty(device='cpu') and then model.load_state_dict(weights), "
+                "or load it from a checkpoint — and measure that")
+    if any(t.is_meta for t in _tensors(inputs)):
+        raise ValueError(
+            "the inputs are on the 'meta' device: they have shapes but no values, so no "
+            "sensitivity can be measured on them; pass the real images (or tokens) on the "
+            "model's device")
+
+
 def check_device(model: nn.Module | Any, inputs: Inputs) -> torch.device:
-    """The device to compute on; an error if the inputs live elsewhere than the model."""
+    """The device to compute on; an error if the inputs live elsewhere than the model, or the
+    model or the inputs are on the ``meta`` device (:func:`_refuse_meta`)."""
+    _refuse_meta(model, inputs)
     dev = model_device(model)
     for t in _tensors(inputs):
         if dev is None:
