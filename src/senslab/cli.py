@@ -758,12 +758,23 @@ def _run_ladder(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from .report import final_table, format_table, load_runs, make_report
+    from .report import final_table, format_table, load_all, make_report
 
     if args.out is not None:  # a file there failed late, as "file exists" with status 1
         _check_out(Path(args.out))
     path = make_report(args.paths, out_dir=args.out)
-    print(format_table(final_table(load_runs(args.paths))))
+    experiments, runs = load_all(args.paths)
+    print(format_table(final_table(runs)))
+    for exp in experiments:  # each experiment's verdict, as `senslab run` prints it
+        of = "" if len(experiments) == 1 else f" of {exp.path}"
+        if exp.verdict is None:
+            print(f"\nverdict{of}: not judged yet (no verdict.json)")
+            continue
+        caveat = exp.verdict_caveat()  # verdict.json rests on runs that are not all here
+        print(f"\nverdict{of}{' (of runs not all here)' if caveat else ''}: "
+              f"{exp.verdict.get('verdict', 'unknown')} — {exp.verdict.get('reason', '')}")
+        if caveat:
+            print(f"  {caveat[0].upper()}{caveat[1:]}.")
     print(f"report: {path}")
     return 0
 

@@ -212,8 +212,13 @@ def _experiment_html(exp: Experiment) -> str:
         )
         return "\n".join(out)
     word = str(v.get("verdict", "unknown"))
-    css = VERDICT_CLASSES.get(word, "na")
-    out.append(f'<div class="verdict {css}"><span class="word">Verdict: {_e(word)}</span>')
+    caveat = exp.verdict_caveat()
+    if caveat is not None:  # verdict.json rests on runs this report does not have
+        out.append('<div class="verdict na"><span class="word">Verdict not backed by the runs '
+                   f"shown</span><p>{_e(caveat[0].upper() + caveat[1:])}.</p></div>")
+    css = "na" if caveat is not None else VERDICT_CLASSES.get(word, "na")
+    head = "Verdict (of runs not all here)" if caveat is not None else "Verdict"
+    out.append(f'<div class="verdict {css}"><span class="word">{head}: {_e(word)}</span>')
     if v.get("reason"):
         out.append(f"<p>{_e(v['reason'])}</p>")
     effects = v.get("effects") or {}

@@ -154,6 +154,8 @@ class Experiment:
     info: dict[str, Any]
     verdict: dict[str, Any] | None
     runs: list[Run] = field(default_factory=list)
+    #: runs ``experiment.json`` lists that are not in the directory (skipped with a warning)
+    missing: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -162,6 +164,30 @@ class Experiment:
     @property
     def claim(self) -> str | None:
         return self.info.get("claim")
+
+    def verdict_caveat(self) -> str | None:
+        """Why ``verdict.json`` cannot be read as the verdict of the runs shown, or None: it was
+        computed from every run ``experiment.json`` lists, finished, and some of them are missing
+        here or have no ``summary.json`` (unfinished, or their summary was removed). As
+        ``senslab reproduction``, which refuses to record such a verdict."""
+        if self.verdict is None:
+            return None
+        unfinished = [r.path.name for r in self.runs if not r.finished]
+        if not self.missing and not unfinished:
+            return None
+        listed = len(self.info.get("runs") or []) or len(self.runs) + len(self.missing)
+        n, m = len(self.missing), len(unfinished)
+        parts = ([f"{n} {'is' if n == 1 else 'are'} missing ({', '.join(self.missing)})"]
+                 if n else []) + ([f"{m} {'has' if m == 1 else 'have'} no summary.json "
+                                   f"(unfinished: {', '.join(unfinished)})"] if m else [])
+        scale = self.verdict.get("scale", self.info.get("scale", "cpu"))
+        again = (f"senslab run {self.name}" + (f" --scale {scale}" if scale != "cpu" else "")
+                 + "".join(f" --set {o}" for o in self.verdict.get("overrides") or [])
+                 + f" --out {self.path}")
+        return (f"this verdict was computed from the {listed} finished runs experiment.json "
+                f"lists, of which {' and '.join(parts)}: it is not the verdict of the runs "
+                "shown, and cannot be checked against them; restore those runs, or re-run "
+                f"`{again}` (finished runs are reused)")
 
 
 def _read_json(path: Path) -> Any:
@@ -209,8 +235,9 @@ def read_metrics(path: PathLike, finished: bool = False) -> list[dict[str, Any]]
                        f"the run finished, so no crash cut it: the file was damaged or edited "
                        f"since ({err.msg}), and the run's last logged point is missing from "
                        "the curves; restore the file, or train the run again")
-                warnings.warn(f"{path}: skipping truncated last line {lineno} ({why})",
-                              stacklevel=3)
+                # once per process: ``senslab report`` reads its runs twice
+                _warn_once_at(f"{path}: skipping truncated last line {lineno} ({why})",
+                              [path], stacklevel=4)
                 break
             raise RunFormatError(
                 f"{path}: line {lineno} is not valid JSON ({err.msg}); the metrics file is "
@@ -290,16 +317,20 @@ def load_experiment(path: PathLike) -> Experiment:
     check_schema(p, "experiment")
     info = _read_json_dict(p / EXPERIMENT_MARKER, optional=False) or {}
     verdict = _read_json_dict(p / "verdict.json")
+    missing: list[str] = []
     if "runs" in info:
         subdirs = []
         for sub in info["runs"]:
             if is_run_dir(p / sub):
                 subdirs.append(p / sub)
             else:
-                warnings.warn(f"{p}: listed run {sub!r} is missing, skipping it", stacklevel=2)
+                missing.append(str(sub))
+                # once per process: ``senslab report`` reads its runs twice
+                _warn_once_at(f"{p}: listed run {sub!r} is missing, skipping it", [p / sub],
+                              stacklevel=3)
     else:
         subdirs = sorted(d for d in p.iterdir() if is_run_dir(d))
-    return Experiment(p, info, verdict, [load_run(d, experiment=p) for d in subdirs])
+    return Experiment(p, info, verdict, [load_run(d, experiment=p) for d in subdirs], missing)
 
 
 def load_runs(paths: PathLike | Iterable[PathLike]) -> list[Run]:
@@ -346,10 +377,15 @@ _SAID: set[tuple[str, frozenset[Path]]] = set()
 def _warn_once(text: str, runs: Iterable[Run]) -> None:
     """Warn ``text`` about ``runs`` once per process (``senslab report`` reads its runs twice:
     report.html, then the table)."""
-    key = (text, frozenset(r.path.resolve() for r in runs))
+    _warn_once_at(text, [r.path for r in runs], stacklevel=6)
+
+
+def _warn_once_at(text: str, paths: Iterable[Path], stacklevel: int) -> None:
+    """Warn ``text`` about the files or directories ``paths`` once per process."""
+    key = (text, frozenset(Path(p).resolve() for p in paths))
     if key not in _SAID:
         _SAID.add(key)
-        warnings.warn(text, stacklevel=5)
+        warnings.warn(text, stacklevel=stacklevel)
 
 
 def warn_unfinished(runs: Sequence[Run]) -> None:
@@ -380,6 +416,29 @@ NOT_SETTINGS = frozenset({"seed", "name", "label", "device", "data.root", "data.
                           "train.eval_batch_size", "track.chunk_size"})
 
 
+def _is_seed_key(key: str) -> bool:
+    """Whether the config key ``key`` names a seed by its name (``data.seed``,
+    ``function_seed``): the seed fields of the trainers' configurations (``seeded()``)."""
+    last = key.rsplit(".", 1)[-1]
+    return last == "seed" or last.endswith("_seed")
+
+
+def seed_like_keys(runs: Sequence[Run]) -> set[str]:
+    """The config keys other than ``seed`` that are seeds of the replicates ``runs``: a seed
+    field (:func:`_is_seed_key`) whose value is the run's own ``seed`` in every run. An
+    experiment that draws each seed replicate's data or target function from its seed
+    (ib_joint's ``data.seed = seed``, hr_random_functions' ``function_seed = seed``) varies
+    them with the seed alone; runs that differ in them otherwise (two data seeds under one
+    model seed) differ in a setting."""
+    if not runs or any(r.seed is None for r in runs):
+        return set()
+    flats = [_flat(r.config) for r in runs]
+    keys = {k for f in flats for k in f if k != "seed" and _is_seed_key(k)}
+    return {k for k in keys
+            if all(k in f and f[k] == r.seed and type(f[k]) is type(r.seed)
+                   for r, f in zip(runs, flats, strict=True))}
+
+
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in d.items():
@@ -393,7 +452,8 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def _separate_settings(runs: Sequence[Run]) -> None:
     """Give runs of one label that differ in a setting the label plus those settings (a sweep
     within an experiment, such as one function's runs over several input lengths, or runs from
-    different directories), so that a label's spread is over seeds alone; warn where runs from
+    different directories), so that a label's spread is over seeds alone (a seed field that
+    equals each run's seed is a seed too: :func:`seed_like_keys`); warn where runs from
     different directories were split, and where two have the same setting and seed (copies of
     one run, not two seeds)."""
     by_label: dict[str, list[Run]] = {}
@@ -402,8 +462,9 @@ def _separate_settings(runs: Sequence[Run]) -> None:
     for label, group in by_label.items():
         if len(group) < 2:
             continue
+        skip = NOT_SETTINGS | seed_like_keys(group)  # data.seed = seed: a seed, not a setting
         flat = [{k: json.dumps(v, sort_keys=True) for k, v in _flat(r.config).items()
-                 if k not in NOT_SETTINGS} for r in group]
+                 if k not in skip} for r in group]
         keys = sorted({k for f in flat for k in f if len({g.get(k) for g in flat}) > 1})
         if keys:
             for run, f in zip(group, flat, strict=True):
