@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack, nullcontext
 from numbers import Integral
 from typing import Any
 
@@ -141,6 +142,134 @@ def measure_subset(
             part_mask = None if mask is None else mask.to(device)[rows]
             metric.update(select(inputs, rows), part_mask)
     return metric.compute()
+
+
+#: examples of the subset that :func:`check_before_training` runs through the model (one
+#: forward, no gradient)
+CHECKED_EXAMPLES = 8
+
+
+def check_before_training(
+    model: nn.Module | Any,
+    inputs: Inputs,
+    tokens: Tokenization | None,
+    *,
+    mask: Tensor | None,
+    batch: int | None,
+    options: dict[str, Any],
+    where: str,
+    any_failed: Callable[[bool], bool] | None = None,
+) -> None:
+    """Refuse before training what the first measurement would refuse at its start, after
+    ``eval_steps`` or an epoch of training (lost where the run crashes): the measurement's checks
+    of the model (its tokens, its head) and of one clean forward of the subset's first
+    :data:`CHECKED_EXAMPLES` examples (at most the first measuring batch) — which output is the
+    prediction (``output=``), one row per example, finite values, a kind it can be read as — in
+    the measurement's mode (``eval()`` unless ``eval_mode=False``; the model's modes, its buffers
+    and the global random state restored after it), without gradients, nothing counted. Under
+    several processes every process checks, and all stop if one fails (``any_failed``: whether
+    any process failed, default :func:`any_process`), so none waits for the others at its next
+    collective. What depends on the trained weights (an output that becomes NaN) is still found
+    by the measurement."""
+    failure: Exception | None = None
+    try:
+        _first_forward(model, inputs, tokens, mask=mask, batch=batch, options=options)
+    except Exception as err:  # noqa: BLE001 - raised again below, after the processes agree
+        failure = err
+    failed = (any_failed or any_process)(failure is not None)
+    if failure is not None:
+        if hasattr(failure, "add_note"):
+            failure.add_note(
+                f"({where}: found before training, in one forward of the subset's first "
+                "examples; the measurement at every evaluation makes this check, and would "
+                "stop the training there)")
+        raise failure
+    if failed:
+        raise RuntimeError(
+            f"{where}: the check before training failed on another process (its error says "
+            "why); this process stops too, before training, rather than wait for it"
+        )
+
+
+def any_process(failed: bool) -> bool:
+    """Whether ``failed`` is true on any process of the default ``torch.distributed`` group
+    (one ``all_reduce``; without a group, ``failed`` itself)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return failed
+    backend = str(dist.get_backend())
+    if "gloo" in backend or not torch.cuda.is_available():
+        device = torch.device("cpu")
+    else:  # NCCL takes tensors on the process's own GPU
+        device = torch.device("cuda", torch.cuda.current_device())
+    flag = torch.tensor([int(failed)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def _first_forward(
+    model: nn.Module | Any, inputs: Inputs, tokens: Tokenization | None, *,
+    mask: Tensor | None, batch: int | None, options: dict[str, Any],
+) -> None:
+    """:func:`check_before_training`'s checks, in the order the measurement makes them
+    (``TokenSensitivity.update`` up to the reading of the clean outputs)."""
+    from ..measure._options import _eval, _kept_buffers
+    from ..measure.outputs import check_finite, check_rows, predictions, resolve_kind
+    from ..measure.tokenwise import (
+        _own_forward,
+        _refuse_batch_statistics,
+        _refuse_own_autocast,
+        _refuse_padding_without_pad_id,
+    )
+    from ..tokens.base import check_device
+    from ..tokens.embedding import NO_PAD_TOKEN, no_pad_id_message
+
+    device = model_device(model) or torch.device("cpu")
+    inputs = to_device(inputs, device)
+    n = batch_size(inputs)
+    k = min(n, batch or n, CHECKED_EXAMPLES)
+    if k < n:
+        inputs = select(inputs, torch.arange(k, device=device))
+    part_mask = None if mask is None else mask[:k].to(device)
+    # its own checks of the model (tokens=None: the model's default tokens; its head)
+    metric = TokenSensitivity(model, tokens, **options)
+    device = check_device(model, inputs)
+    module = isinstance(model, nn.Module)
+    if module and metric.eval_mode:  # eval_mode=False: the mode at the evaluation may differ
+        _refuse_batch_statistics(model, True)
+    with ExitStack() as stack:
+        # a forward that draws (dropout with eval_mode=False) must not move the training's
+        # random streams: the run would train differently with the callback than without
+        cuda = [device.index if device.index is not None else torch.cuda.current_device()] \
+            if device.type == "cuda" else []
+        stack.enter_context(torch.random.fork_rng(devices=cuda))
+        stack.enter_context(torch.no_grad())
+        stack.enter_context(float32_default())
+        if module and metric.eval_mode:
+            stack.enter_context(_eval(model))
+        if module:
+            stack.enter_context(_kept_buffers(model))
+        stack.enter_context(_own_forward(model))
+        stack.enter_context(metric._autocast(device))
+        probe = (_refuse_own_autocast(model, device) if metric.autocast is None
+                 else nullcontext())
+        try:
+            with probe:
+                bound = stack.enter_context(
+                    metric.tokens.bind(model, inputs, part_mask, output=metric.output))
+        except ValueError as err:
+            if NO_PAD_TOKEN not in str(err):
+                raise
+            raise ValueError(no_pad_id_message(model)) from err
+        clean = bound.clean_output
+        check_rows(clean, k, "examples")
+        check_finite(clean, "clean examples", metric.compare)
+        real = bound.valid if bound.padding is None else bound.padding | bound.valid
+        _refuse_padding_without_pad_id(model, bound, real, device)
+        if metric.compare == "class":
+            predictions(clean, resolve_kind(clean, metric.output_kind, metric.threshold),
+                        metric.threshold)
 
 
 def check_every(name: str, value: Any) -> int:

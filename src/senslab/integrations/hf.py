@@ -48,11 +48,19 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 from ..measure import SensitivityResult
 from ..tokens import Tokenization
 from ..tokens.base import Inputs
-from ._common import Seed, check_every, check_options, check_subset, measure_subset
+from ._common import (
+    Seed,
+    check_before_training,
+    check_every,
+    check_options,
+    check_subset,
+    measure_subset,
+)
 
 __all__ = ["SensitivityCallback"]
 
-#: keys of a collated batch that are targets, not model inputs (sensitivity compares outputs)
+#: keys of a collated batch that are targets, not model inputs (sensitivity compares outputs);
+#: the Trainer's ``label_names`` are dropped too (:meth:`SensitivityCallback._drop_labels`)
 _TARGETS = ("labels", "label", "label_ids")
 
 
@@ -61,8 +69,9 @@ class SensitivityCallback(TrainerCallback):
 
     Args:
         inputs: the subset — a dict of tensors as the model takes them (a tokenizer's
-            ``BatchEncoding`` works; ``labels`` are dropped), or a tensor/tuple; moved to the
-            model's device when measured.
+            ``BatchEncoding`` works; ``labels``, ``label``, ``label_ids`` and the Trainer's
+            ``label_names`` are dropped: with them the model computes a loss on every perturbed
+            copy), or a tensor/tuple; moved to the model's device when measured.
         tokens: a :class:`~senslab.tokens.Tokenization`, e.g.
             ``Embedding("bert.embeddings.LayerNorm")``; default (None): the model's
             :func:`~senslab.tokens.auto_tokens` (``default_tokens()`` for senslab's zoo).
@@ -72,6 +81,11 @@ class SensitivityCallback(TrainerCallback):
         batch_size: examples per measuring batch (default: the whole subset in one batch).
         generator: the int seed (default 0) or ``torch.Generator`` every measurement starts from.
         **options: :class:`~senslab.measure.TokenSensitivity`'s options (``sigma``, …).
+
+    Before training (:meth:`on_train_begin`) one forward of the subset's first examples checks
+    what the first measurement would refuse — which output is the prediction (``output=``),
+    its shape and kind, the tokens — so that a refusal costs no training
+    (:func:`~senslab.integrations._common.check_before_training`).
 
     ``results`` holds ``(global_step, SensitivityResult)`` for every measurement; the
     checkpoints hold it, and resuming from one replaces it (what it held is kept in
@@ -127,7 +141,30 @@ class SensitivityCallback(TrainerCallback):
         callbacks.insert(0, self)
         self.trainer = trainer
         self._check_best(trainer.args)
+        self._drop_labels(trainer.args, getattr(trainer, "model", None))
         return self
+
+    def _drop_labels(self, args: Any, model: Any) -> None:
+        """Drop the Trainer's label columns from a dict subset: ``args.label_names`` (e.g.
+        ``["targets"]``), else the Trainer's own (``trainer.label_names``: those of the model's
+        forward, ``start_positions``/``end_positions`` for question answering). Kept, they went
+        into every perturbed copy, and the model computed a loss on each — and returned it
+        beside its scores (a ``ModelOutput(loss=..., scores=...)``)."""
+        if not isinstance(self.inputs, dict):
+            return
+        names = getattr(args, "label_names", None)
+        if names is None:
+            names = getattr(self.trainer, "label_names", None)
+        if names is None and model is not None:
+            try:
+                from transformers.utils import find_labels
+
+                names = find_labels(type(model))
+            except (ImportError, TypeError, ValueError):  # a model whose forward has no signature
+                names = None
+        drop = set(names or ())
+        if drop & set(self.inputs):
+            self.inputs = {k: v for k, v in self.inputs.items() if k not in drop}
 
     def _keys(self) -> set[str]:
         return {self.name, f"{self.name}_stderr"}
@@ -143,11 +180,21 @@ class SensitivityCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Take a resumed checkpoint's ``results`` (the Trainer starts a fresh state for every
         ``train()``, so an entry under :attr:`state_key` came from the checkpoint); before,
-        the measurements up to the checkpoint were missing from ``results``."""
+        the measurements up to the checkpoint were missing from ``results``. Then check, in one
+        forward of the subset's first examples, what the first measurement would refuse (an
+        output it cannot read, say): it refused it only at the first evaluation, after
+        ``eval_steps`` of training that a crash then lost. Every process checks, and all stop
+        if one fails."""
         self._check_best(args)
         saved = (getattr(state, "stateful_callbacks", None) or {}).get(self.state_key)
         if saved is not None and saved is not self._exported:
             self._load(saved)
+        model = kwargs.get("model")
+        self._drop_labels(args, model)
+        if model is not None:
+            check_before_training(model, self.inputs, self.tokens, mask=self.mask,
+                                  batch=self.batch_size, options=self.options,
+                                  where=type(self).__name__)
 
     def _export(self) -> dict[str, Any]:
         """``results`` and the causes said as JSON values (``trainer_state.json``): tensors as
@@ -218,6 +265,7 @@ class SensitivityCallback(TrainerCallback):
     ) -> None:
         if model is None:
             raise RuntimeError("SensitivityCallback.on_evaluate was called without the model")
+        self._drop_labels(args, model)  # evaluate() without train() nor attach()
         prefix = _prefix(metrics)
         taken = sorted(k for k in (f"{prefix}_{key}" for key in self._keys())
                        if k in (metrics or {}))

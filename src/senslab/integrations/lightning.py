@@ -45,7 +45,14 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 from ..measure import SensitivityResult
 from ..tokens import Tokenization
 from ..tokens.base import Inputs
-from ._common import Seed, check_every, check_options, check_subset, measure_subset
+from ._common import (
+    Seed,
+    check_before_training,
+    check_every,
+    check_options,
+    check_subset,
+    measure_subset,
+)
 
 __all__ = ["SensitivityCallback"]
 
@@ -67,6 +74,11 @@ class SensitivityCallback(Callback):
         generator: the int seed (default 0) or ``torch.Generator`` every measurement starts from.
         **options: :class:`~senslab.measure.TokenSensitivity`'s options (``sigma``,
             ``repeats``, ``estimand``, …).
+
+    Before training (:meth:`on_fit_start`) one forward of the subset's first examples checks
+    what the first measurement would refuse — which output is the prediction (``output=``),
+    its shape and kind, the tokens — so that a refusal costs no epoch of training
+    (:func:`~senslab.integrations._common.check_before_training`).
 
     ``results`` holds ``(epoch, SensitivityResult)`` for every measurement; the checkpoints
     hold it, and loading one replaces it (what it held is kept in ``set_aside``, with a
@@ -141,16 +153,30 @@ class SensitivityCallback(Callback):
         self.results = loaded
         self._said.update(state_dict.get("said", []))
 
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Check, in one forward of the subset's first examples (the module on its device,
+        under the Trainer's precision), what the first measurement would refuse (an output it
+        cannot read, say): it refused it only at the end of the first measured epoch, whose
+        training the crash lost. Every process checks, and all stop if one fails."""
+        check_before_training(
+            pl_module, self._converted(pl_module), self.tokens, mask=self.mask,
+            batch=self.batch_size, options=self.options, where=type(self).__name__,
+            any_failed=lambda failed: bool(
+                trainer.strategy.reduce_boolean_decision(failed, all=False)))
+
+    def _converted(self, pl_module: LightningModule) -> Inputs:
+        """The subset converted as Lightning converts a batch under the Trainer's precision."""
+        trainer = getattr(pl_module, "_trainer", None)  # .trainer raises when none is attached
+        plugin = getattr(trainer, "precision_plugin", None)
+        return self.inputs if plugin is None else plugin.convert_input(self.inputs)
+
     def measure(self, pl_module: LightningModule) -> SensitivityResult:
         """The subset's sensitivity on the module as it is now (nothing logged); under the
         Trainer's precision, the subset converted as Lightning converts a batch (a
         ``"bf16-true"`` module gets bf16 images; integer ids stay as they are)."""
-        trainer = getattr(pl_module, "_trainer", None)  # .trainer raises when none is attached
-        plugin = getattr(trainer, "precision_plugin", None)
-        inputs = self.inputs if plugin is None else plugin.convert_input(self.inputs)
-        return measure_subset(pl_module, inputs, self.tokens, mask=self.mask,
-                              batch=self.batch_size, seed=self.seed, options=self.options,
-                              said=self._said)
+        return measure_subset(pl_module, self._converted(pl_module), self.tokens,
+                              mask=self.mask, batch=self.batch_size, seed=self.seed,
+                              options=self.options, said=self._said)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         epoch = trainer.current_epoch + 1
