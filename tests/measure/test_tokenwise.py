@@ -421,8 +421,10 @@ def test_nan_output_is_an_error(images):
 
 
 def test_inputs_on_other_device_than_model(images):
+    """The only other device on a CPU machine is 'meta', whose parameters have no values: named
+    as such (a model on a GPU with CPU inputs is in test_gpu.py)."""
     model = nn.Linear(64, 3, device="meta")
-    with pytest.raises(ValueError, match="inputs are on cpu but the model is on meta"):
+    with pytest.raises(ValueError, match="'1.weight', '1.bias' are on the 'meta' device"):
         token_sensitivity(nn.Sequential(nn.Flatten(), model), images, Patches(4), sigma=0.1)
 
 
