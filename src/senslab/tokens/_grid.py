@@ -18,6 +18,7 @@ import warnings
 import torch
 from torch import Tensor
 
+from .._autocast import autocast_dtype, autocast_on
 from .._stack import user_level
 
 #: the noise applied (rounded to the tokens' grid) may differ from the noise drawn by this share
@@ -54,14 +55,18 @@ class GridCheck:
     σ: the first chunk of σ-noise decides. Nothing is drawn (the stream is untouched).
 
     ``what`` names the tokens in the messages ("images"); ``fix`` is the advice, formatted with
-    ``dtype`` and ``spacing``."""
+    ``dtype`` and ``spacing``. ``cast``: float32 tokens that autocast rounds to this dtype before
+    the model computes with them (:func:`autocast_grid`); ``clean`` is then the float32 tokens,
+    judged on ``cast``'s grid."""
 
-    def __init__(self, what: str, fix: str) -> None:
-        self.what, self.fix = what, fix
+    def __init__(self, what: str, fix: str, cast: torch.dtype | None = None) -> None:
+        self.what, self.fix, self.cast = what, fix, cast
         self._pool = [0.0, 0.0, 0.0, 0.0]  # Σ drawn², Σ (applied − drawn)², # unchanged, # moved
         self._warned = False
 
     def __call__(self, clean: Tensor, noise: Tensor) -> None:
+        if self.cast is not None:
+            clean = clean.to(self.cast)
         drawn = noise.float()
         moved = drawn != 0
         landed = clean + noise.to(clean.dtype)
@@ -88,7 +93,13 @@ class GridCheck:
         size = math.sqrt(pool[0] / pool[3])
         dtype = str(clean.dtype).removeprefix("torch.")
         fix = self.fix.format(dtype=dtype, spacing=f"{rms:.2g}")
-        where = (f"added to the {dtype} {self.what} and rounded to their grid (root-mean-square "
+        if self.cast is None:
+            on, grid = f"{dtype} {self.what}", "their grid"
+        else:  # float32 tokens, rounded by autocast's first convolution or linear layer
+            on = f"float32 {self.what} under autocast=torch.{dtype}"
+            grid = (f"the {dtype} grid by the model's first convolution or linear layer, which "
+                    "autocast runs in that precision")
+        where = (f"added to the {on} and rounded to {grid} (root-mean-square "
                  f"spacing {rms:.2g} where it lands), noise of root mean square {size:.2g} is "
                  f"moved by {error:.1%} of that and leaves {share:.0%} of the perturbed entries "
                  f"unchanged")
@@ -102,8 +113,26 @@ class GridCheck:
                     UserWarning, stacklevel=user_level())
             return
         raise ValueError(
-            f"the noise is too small for the {dtype} {self.what}: {where}, so the result would "
+            f"the noise is too small for the {on}: {where}, so the result would "
             f"describe another noise (accepted: moved by at most {ROUNDING_RTOL:.0%}, at most "
             f"{ROUNDING_MAX_UNCHANGED:.0%} unchanged: a decision that hinges on one value has its "
             f"threshold moved by up to half the spacing). {fix}"
         )
+
+
+#: the advice where autocast= rounds float32 tokens (``%`` the tokens' name)
+AUTOCAST_FIX = ("Measure without autocast= (float32 arithmetic; precision='bf16-checked' keeps "
+                "float32's class decisions at bf16's speed), or use a larger sigma, well above "
+                "{spacing}: under autocast=torch.{dtype} the model's first convolution or linear "
+                "layer rounds the float32 %s, noise included, to {dtype}")
+
+
+def autocast_grid(x: Tensor) -> torch.dtype | None:
+    """The bf16/fp16 grid that autocast rounds float32 tokens ``x`` to before the model computes
+    with them — where autocast is on for ``x``'s device and casts to a low precision: its
+    convolutions and linear layers cast their inputs, noise included — else None (float64 is
+    not cast)."""
+    if x.dtype != torch.float32 or not autocast_on(x.device.type):
+        return None
+    dtype = autocast_dtype(x.device.type)
+    return dtype if dtype in LOW_PRECISION else None

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten
 
 from .._exclusive import OwnForwards
-from ._grid import LOW_PRECISION, GridCheck
+from ._grid import AUTOCAST_FIX, LOW_PRECISION, GridCheck, autocast_grid
 from .base import (
     BoundTokens,
     Inputs,
@@ -543,9 +543,14 @@ class _BoundEmbedding(BoundTokens):
         self._per_position = False  # whether the output is per position (set by run_clean)
         #: noise landing on bf16/fp16 token vectors is checked against the noise drawn
         self._check_rounding = GridCheck(f"token vectors of {name!r}", (
-            "Measure a float32 copy of the model — copy.deepcopy(model).float() — with "
-            "autocast=torch.{dtype} to keep {dtype} arithmetic (the noise then lands in "
-            "float32), or use a larger sigma, well above {spacing}"))
+            "Measure a float32 copy of the model — copy.deepcopy(model).float() — without "
+            "autocast= (whose first linear layer would round the token vectors to {dtype} "
+            "again; precision='bf16-checked' keeps float32's class decisions at bf16's speed), "
+            "or use a larger sigma, well above {spacing}"))
+        #: … and float32 token vectors under autocast=, rounded to its grid by the model's
+        #: first linear layer (set by :meth:`run_clean`, whose forward runs under the
+        #: measurement's autocast alone)
+        self._check_cast: GridCheck | None = None
 
     def hook(self, module: nn.Module, args: Any, out: Any) -> Any:
         if isinstance(module, (nn.Conv1d, nn.ConvTranspose1d)) and isinstance(out, Tensor):
@@ -602,18 +607,23 @@ class _BoundEmbedding(BoundTokens):
                 "sequence-first model, e.g. nn.LSTM or nn.Transformer with batch_first=False, "
                 "puts its positions first)"
             )
-        low = out.dtype in LOW_PRECISION
         if tok is None:
-            if low:
-                self._check_rounding(out, noise)
+            self._rounding(out, noise)
             return out + noise.to(out.dtype)
         rows = torch.arange(out.shape[0], device=out.device)
-        if low:
-            self._check_rounding(out[rows, tok], noise)
+        self._rounding(out[rows, tok], noise)
         noise = noise.to(out.dtype)
         out = out.clone()
         out[rows, tok] += noise
         return out
+
+    def _rounding(self, clean: Tensor, noise: Tensor) -> None:
+        """Check the noise where it lands on a low-precision grid: bf16/fp16 token vectors, or
+        float32 ones that autocast= rounds (:class:`~senslab.tokens._grid.GridCheck`)."""
+        if clean.dtype in LOW_PRECISION:
+            self._check_rounding(clean, noise)
+        elif self._check_cast is not None and clean.dtype == torch.float32:
+            self._check_cast(clean, noise)
 
     def _count(self, forward: Any) -> Tensor:
         """Run ``forward()`` counting the hook's calls: noise must land exactly once."""
@@ -662,6 +672,10 @@ class _BoundEmbedding(BoundTokens):
                 "whose output is (batch, tokens, dim)"
             )
         self.dim = d
+        cast = autocast_grid(self._clean)
+        if cast is not None:  # float32 token vectors, rounded by autocast='s first layer
+            what = f"token vectors of {self.name!r}"
+            self._check_cast = GridCheck(what, AUTOCAST_FIX % what, cast)
         key, padding = input_mask(self.inputs, b, t, mask is not None, self.model)
         if isinstance(padding, Tensor) and tuple(padding.shape) == (b, t):
             try:
@@ -902,8 +916,7 @@ class _BoundEmbedding(BoundTokens):
     def forward_perturbed(self, src: Tensor, tok: Tensor | None, noise: Tensor,
                           width: int | None = None) -> Tensor:
         if self.reuse and tok is not None:  # already reads each copy up to its last real token
-            if self._clean.dtype in LOW_PRECISION:  # the model adds the noise to its own cache
-                self._check_rounding(self._clean[src, tok], noise)
+            self._rounding(self._clean[src, tok], noise)  # the model adds it to its own cache
             self.prepare()
             out = select_output(self.model.forward_suffix(self._cache, src, tok, noise),
                                 self.output)

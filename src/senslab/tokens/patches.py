@@ -12,7 +12,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from ._grid import LOW_PRECISION, GridCheck
+from ._grid import AUTOCAST_FIX, LOW_PRECISION, GridCheck, autocast_grid
 from .base import (
     BoundTokens,
     DtypeClash,
@@ -341,11 +341,16 @@ class _BoundPatches(BoundTokens):
         #: batch-shaped tensors picked per copy)
         self.key, self.rest = key, rest or {}
         #: low-precision images: the rounding of the noise is checked (:class:`GridCheck`)
-        self.low = x.is_floating_point() and x.dtype not in (torch.float32, torch.float64)
-        self._check_rounding = GridCheck("images", (
+        #: … and float32 images under autocast=, which the model's first convolution or linear
+        #: layer rounds to autocast's grid, noise included
+        cast = autocast_grid(x)
+        self.low = cast is not None or (
+            x.is_floating_point() and x.dtype not in (torch.float32, torch.float64))
+        self._check_rounding = GridCheck("images", AUTOCAST_FIX % "images" if cast else (
             "Measure on float32 images — images.float(), with model.float() on a copy for a "
-            "{dtype} model, and autocast=torch.{dtype} to keep {dtype} arithmetic inside the "
-            "model — or use a larger sigma, well above {spacing}"))
+            "{dtype} model — without autocast= (whose first convolution or linear layer would "
+            "round them to {dtype} again; precision='bf16-checked' keeps float32's class "
+            "decisions at bf16's speed), or use a larger sigma, well above {spacing}"), cast)
         #: (mean, std) per channel for σ in pixel space (None: noise added as it is)
         self.norm = None if norm is None else (norm[0].to(x.device), norm[1].to(x.device))
         try:
@@ -532,11 +537,13 @@ class _BoundSequence(BoundTokens):
         self.clean_output = clean_forward(model, x.clone(), output)
         if self.clean_output.dim() and self.clean_output.shape[0] == x.shape[1] != x.shape[0]:
             self._refuse_rows(self.clean_output, x.shape[0], "examples")
-        self.low = x.dtype in LOW_PRECISION
-        self._check_rounding = GridCheck("token vectors", (
-            "Pass float32 token vectors — x.float(), with model.float() on a copy for a {dtype} "
-            "model, and autocast=torch.{dtype} to keep {dtype} arithmetic inside the model — or "
-            "use a larger sigma, well above {spacing}"))
+        cast = autocast_grid(x)  # float32 vectors under autocast=: rounded by its first layer
+        self.low = cast is not None or x.dtype in LOW_PRECISION
+        self._check_rounding = GridCheck(
+            "token vectors", AUTOCAST_FIX % "token vectors" if cast else (
+                "Pass float32 token vectors — x.float(), with model.float() on a copy for a "
+                "{dtype} model — without autocast= (whose first linear layer would round them "
+                "to {dtype} again), or use a larger sigma, well above {spacing}"), cast)
 
     def tokens(self, src: Tensor, tok: Tensor) -> Tensor:
         return self.x[src, tok]

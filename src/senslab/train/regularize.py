@@ -44,10 +44,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._autocast import autocast_dtype, autocast_on
 from .._exclusive import OwnForwards
 from ..tokens import Embedding, Patches, Sequence, Tokenization, find_module
-from ..tokens._grid import LOW_PRECISION, GridCheck
+from ..tokens._grid import LOW_PRECISION, GridCheck, autocast_grid
 from ..tokens.base import Inputs, OutputSelector, batch_size, call_model, valid_mask
 from ..tokens.embedding import (
     _refuse_added_positions,
@@ -121,13 +120,7 @@ def _grid_dtype(clean: Tensor) -> torch.dtype | None:
     """The low-precision grid the noisy tokens land on before the model computes with them:
     their own dtype (bf16/fp16), or autocast's where it is on for their device and they are
     float32 (its convolutions and linear layers cast their inputs); None: no such grid."""
-    if clean.dtype in LOW_PRECISION:
-        return clean.dtype
-    if clean.dtype == torch.float32 and autocast_on(clean.device.type):
-        dtype = autocast_dtype(clean.device.type)
-        if dtype in LOW_PRECISION:
-            return dtype
-    return None
+    return clean.dtype if clean.dtype in LOW_PRECISION else autocast_grid(clean)
 
 
 def _check_rounding(kind: str, clean: Tensor, noise: Tensor) -> None:
