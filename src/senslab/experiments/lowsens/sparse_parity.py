@@ -11,7 +11,8 @@ Setup: dataset ``sparse_parity`` (x uniform on {±1}ⁿ, a fixed training set, a
 model ``parity_transformer`` (two pre-LN layers, 4 heads, mean pooling, 2-class head),
 cross-entropy, Adam, minibatches (trainer ``sparse_parity``,
 :mod:`senslab.train.loops.sparse_parity`). Six settings of (train size, batch, width, lr, seed)
-as in the paper (their values were lost from our copy; ours are in :data:`SETTINGS`). Tracked every
+as in the paper (their values were lost from our copy; ours are in :data:`SETTINGS`); every run
+is labelled by its setting without the seed (:func:`setting_label`). Tracked every
 ``eval_every`` epochs: train/test loss and accuracy and ``bool_sens`` = the sampled average
 sensitivity E_x Σᵢ 1[ŷ(x) ≠ ŷ(x^⊕i)] of the predicted class
 (``boolean_sensitivity(model, n, method="sample", output="sign")``, the same ``bool_samples``
@@ -119,6 +120,13 @@ def run_name(i: int, s: ParitySetting) -> str:
     return f"r{i}-n{s.train_size}-b{s.batch_size}-w{s.width}-lr{s.lr:g}-s{s.seed}"
 
 
+def setting_label(s: ParitySetting) -> str:
+    """The label of every run of setting ``s`` whatever its seed (its run name without the
+    index and the seed): settings 0 and 1, one setting at two seeds, and the seed replicates of
+    each share it, so ``senslab report`` shows one row per setting over its seeds."""
+    return f"n{s.train_size}-b{s.batch_size}-w{s.width}-lr{s.lr:g}"
+
+
 def chosen(settings: ParitySettings) -> list[int]:
     if not settings.only:
         return list(range(len(SETTINGS)))
@@ -156,7 +164,10 @@ class SparseParity(Experiment):
                     continue
                 listed.add(s)
                 cfg = config_from(SparseParityRun, st, name=run_name(i, s), **s._asdict())
-                out.append(Run(cfg.name, cfg, trainer="sparse_parity"))
+                # the label in the summary only (the trainer's is the run's own name), not in
+                # config.json: finished runs of earlier versions are reused, and relabelled
+                out.append(Run(cfg.name, cfg, trainer="sparse_parity",
+                               info={"label": setting_label(s)}))
         return out
 
     def after_run(self, run: Run, path: Path, summary: dict[str, Any], settings: Any,

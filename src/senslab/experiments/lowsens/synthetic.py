@@ -13,7 +13,8 @@ Setup: dataset ``sparse_frequent`` (three settings of each case, the table
 ``SPARSE_FREQUENT_SETTINGS`` in :mod:`senslab.data.synthetic`; the paper's exact parameters were
 lost from our copy, so ours are designed to make both cases clean), model ``sparse_attention``
 (f(X) = mean_i Σ_j softmax_j(x_jᵀ W x_i) vᵀx_j, small random init), logistic loss, plain SGD
-(trainer ``sparse_frequent``, :mod:`senslab.train.loops.sparse_frequent`; one run per setting).
+(trainer ``sparse_frequent``, :mod:`senslab.train.loops.sparse_frequent`; one run per setting
+and seed replicate, every replicate labelled by its setting's run name, e.g. ``case1-s0``).
 Tracked every ``eval_every`` epochs: train/test/OOD accuracy; ``align/<type>`` = cos(v, u) with
 u_sparse = mean(e_S₊) − mean(e_S₋), u_frequent = mean(e_F₊) − mean(e_F₋) (label-signed, ours)
 and u_irrelevant = mean(e_R); ``attn/<type>`` = softmax attention mass received by each token
@@ -115,7 +116,11 @@ class SyntheticSparseFrequent(Experiment):
                 case, setting = keys[name]
                 cfg = config_from(SparseFrequentRun, s, name=seeded_name(name, k), case=case,
                                   setting=setting, seed=s.seed + k)
-                out.append(Run(cfg.name, cfg, trainer="sparse_frequent"))
+                # the setting's name as the label of each of its seed replicates (the trainer's
+                # summary labels a run by its own name): `senslab report` shows one row per
+                # setting over its seeds. In the summary only, not in config.json, so finished
+                # runs of earlier versions are reused (and relabelled) as they are
+                out.append(Run(cfg.name, cfg, trainer="sparse_frequent", info={"label": name}))
         return out
 
     def after_run(self, run: Run, path: Path, summary: dict[str, Any], settings: Any,
