@@ -432,9 +432,10 @@ def _precision_note(model: Any, device: Any, args: argparse.Namespace) -> str:
 
 
 def _table(model: Any, tokens: Any, batches: Any, args: argparse.Namespace,
-           device: Any) -> None:
+           device: Any, rule: tuple[str, float | None] | None = None) -> None:
     """Measure every ``--sigma`` on ``batches`` (a function of (lo, hi) giving a batch on
-    ``device``) and print one table row each."""
+    ``device``) and print one table row each; ``rule``: the decision rule (``output_kind``,
+    ``threshold``) to read the outputs with, else the model's own."""
     import torch
 
     from .measure import TokenSensitivity
@@ -442,6 +443,8 @@ def _table(model: Any, tokens: Any, batches: Any, args: argparse.Namespace,
 
     fast = {"autocast": getattr(torch, AUTOCAST[args.autocast]) if args.autocast else None,
             "compile": args.compile, "precision": args.precision}
+    if rule is not None:
+        fast.update(output_kind=rule[0], threshold=rule[1])
     print(f"{'sigma':>8} {'sensitivity':>12} {'s.e.':>8} {'95% CI':>17} {'forwards':>9}"
           f" {'re-checked':>10}")
     for sigma in args.sigma:
@@ -488,6 +491,17 @@ def _summary(model_words: str, data_words: str, tokens_words: str, args: argpars
           f"{threads} thread{'s' if threads != 1 else ''}")
 
 
+def _rule_words(rule: tuple[str, float | None], loss: str) -> str:
+    """How a run's decision rule (:func:`senslab.train.track.decision_rule`) reads outputs."""
+    kind, threshold = rule
+    if threshold is not None:
+        read = f"class = output > {threshold:g}; output_kind={kind}, threshold={threshold:g}"
+    else:
+        one = "> 0.5" if kind == "probabilities" else "its sign"
+        read = f"class = argmax, one column: {one}; output_kind={kind}"
+    return f"decisions as its training tracked sens/*, train.loss={loss}: {read}"
+
+
 def _measure(args: argparse.Namespace) -> int:
     import torch
 
@@ -495,6 +509,7 @@ def _measure(args: argparse.Namespace) -> int:
     from .train.config import validate
     from .train.loop import build_model, load_data, resolve_device
     from .train.rundir import checkpoint_step, load_model_state
+    from .train.track import decision_rule
 
     if args.hf or args.timm:
         return _measure_pretrained(args)
@@ -527,11 +542,20 @@ def _measure(args: argparse.Namespace) -> int:
     tokens = auto_tokens(model, **pixel) if hasattr(model, "default_tokens") else None
     what = _describe_tokens(tokens, subset.batch(slice(0, 1))[0]) if tokens else "?"
     split = cfg.data.train_split if args.split == "train" else cfg.data.test_split
+    rule, rule_words = None, ""
+    if state is not None:
+        # the run's own rule, as its tracker worked it out: train.loss=mse on one column reads
+        # class = output > 0.5 where the model declares logits (class = sign), and measured by
+        # the model's rule the number disagreed with the run's sens/* for the same weights
+        rule = decision_rule(cfg, model, subset, device)
+        rule_words = _rule_words(rule, cfg.train.loss)
     _summary(f"{cfg.model.name}, {weights}",
              f"{cfg.data.name} ({split} split, {len(subset)} examples{_cut_words(data)})", what,
              args,
              _precision_note(model, device, args), device)
-    _table(model, tokens, _Batches(subset, device), args, device)
+    if rule_words:
+        _note(rule_words)
+    _table(model, tokens, _Batches(subset, device), args, device, rule)
     return 0
 
 

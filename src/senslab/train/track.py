@@ -58,18 +58,11 @@ class Tracker:
             self.eval_train, self.eval_test = train, test
 
     def rule(self, data: ArrayDataset) -> tuple[str, float | None]:
-        """The decision rule the loop trains with (:func:`~senslab.train.steps.output_rule`), so
-        a small-init model whose outputs all lie in (0, 1) is read as trained, never refused."""
+        """The decision rule the loop trains with (:func:`decision_rule`, worked out once per
+        run), so a small-init model whose outputs all lie in (0, 1) is read as trained, never
+        refused."""
         if self._rule is None:
-            x, _ = data.batch(slice(0, 1))
-            was_training = self.model.training
-            self.model.eval()
-            try:
-                with torch.no_grad():
-                    out = forward(self.model, _to(x, self.device))
-            finally:
-                self.model.train(was_training)
-            self._rule = output_rule(self.cfg.train.loss, self.model, out)
+            self._rule = decision_rule(self.cfg, self.model, data, self.device)
         return self._rule
 
     def sensitivity(self, data: ArrayDataset) -> Any:
@@ -133,6 +126,25 @@ class Tracker:
                                           sigma=t.loss_sharpness_sigma, generator=self.cfg.seed)
             rec["sharpness/loss"] = ls.estimate
         return rec
+
+
+def decision_rule(cfg: RunConfig, model: nn.Module, data: ArrayDataset,
+                  device: torch.device) -> tuple[str, float | None]:
+    """The decision rule (``output_kind``, ``threshold``) a run of ``cfg`` reads ``model``'s
+    outputs with: :func:`~senslab.train.steps.output_rule` of ``train.loss`` and the model's
+    output for ``data``'s first example (in eval mode, mode restored). The tracker measures
+    ``sens/*`` and sharpness with it, and ``senslab measure --checkpoint`` measures a run's
+    checkpoint with it, so that the two read the same weights alike (``train.loss=mse`` on one
+    column: class = output > 0.5, where the model declares logits, class = sign)."""
+    x, _ = data.batch(slice(0, 1))
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = forward(model, _to(x, device))
+    finally:
+        model.train(was_training)
+    return output_rule(cfg.train.loss, model, out)
 
 
 def _to(x: Any, device: torch.device) -> Any:
