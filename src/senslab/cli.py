@@ -265,6 +265,101 @@ def _train(args: argparse.Namespace) -> int:
 #: ``senslab measure --autocast`` names → dtypes
 AUTOCAST = {"bf16": "bfloat16", "fp16": "float16"}
 
+#: ``senslab measure``'s own defaults of the options that a run's tracker sets too. Their
+#: argparse default is None, so that ``--checkpoint`` can tell an option given from one left
+#: out and take the run's value for it (:func:`_measure_options`): with measure's own, a plain
+#: ``measure --checkpoint RUN`` drew other examples and noise than the run's logged sens/*
+MEASURE_DEFAULTS: dict[str, Any] = {"seed": 0, "num_examples": 512, "sigma": [0.1], "repeats": 1}
+#: those options → where a run keeps its value (what its tracker measures sens/* with)
+_RUN_SETTING = {"seed": "seed", "num_examples": "track.num_examples", "sigma": "track.sigma",
+                "repeats": "track.repeats"}
+
+
+def _option_words(dest: str, value: Any) -> str:
+    if dest == "seed":
+        return f"seed {value}"
+    if dest == "num_examples":
+        return f"{value} example{'s' if value != 1 else ''}"
+    if dest == "sigma":
+        return "sigma " + ", ".join(f"{v:g}" for v in value)
+    return f"{value} draw{'s' if value != 1 else ''} per token"
+
+
+def _measure_options(args: argparse.Namespace, cfg: Any = None) -> dict[str, str]:
+    """Set the options of :data:`MEASURE_DEFAULTS` that were left out (None): to measure's own
+    defaults, or with ``cfg`` (a checkpoint's run configuration) to the values the run's tracker
+    measured ``sens/*`` with (:meth:`senslab.train.track.Tracker.sensitivity`: the run's seed for
+    the examples and the noise, ``track.num_examples``, ``track.sigma``, ``track.repeats``;
+    ``track.chunk_size`` changes only how many copies go through the model at once). Returns
+    where each value came from: ``"given"``, ``"run"`` or ``"default"`` (measure's own: without
+    ``cfg``, or for ``sigma`` where the run tracked none, ``track.sigma=0``)."""
+    source = {}
+    for dest, default in MEASURE_DEFAULTS.items():
+        if getattr(args, dest) is not None:
+            source[dest] = "given"
+            continue
+        value = None if cfg is None else _run_value(cfg, dest)
+        if dest == "sigma" and value == [0]:
+            value = None  # the run measured no sensitivity: nothing of its to reproduce
+        source[dest] = "default" if value is None else "run"
+        if value is None:
+            value = list(default) if isinstance(default, list) else default
+        setattr(args, dest, value)
+    return source
+
+
+def _run_value(cfg: Any, dest: str) -> Any:
+    if dest == "seed":
+        return cfg.seed
+    value = getattr(cfg.track, dest)
+    return [value] if dest == "sigma" else value
+
+
+def _run_settings_words(args: argparse.Namespace, cfg: Any, source: dict[str, str],
+                        split: str, available: int) -> str:
+    """Which of a checkpoint measurement's seed, example count, sigma and draws are the run's
+    (``source``: :func:`_measure_options`), and whether the numbers are then the run's logged
+    ``sens/train`` (``split`` "train") or ``sens/val`` (``available``: the split's size, to
+    which both example counts are cut)."""
+    key = "sens/train" if split == "train" else "sens/val"
+    said = []
+    taken = [d for d in MEASURE_DEFAULTS if source[d] == "run"]
+    if taken:
+        said.append(f"{', '.join(_option_words(d, getattr(args, d)) for d in taken)}: the run's "
+                    f"track settings (config.json {', '.join(_RUN_SETTING[d] for d in taken)})")
+    unlike = []
+    for dest in MEASURE_DEFAULTS:
+        given, run = getattr(args, dest), _run_value(cfg, dest)
+        if source[dest] != "given":
+            continue
+        if dest == "num_examples":
+            same = min(given, available) == min(run, available)
+        elif dest == "sigma":
+            same = run[0] in given
+        else:
+            same = given == run
+        if not same:
+            option = "--" + dest.replace("_", "-")
+            shown = " ".join(f"{v:g}" for v in given) if dest == "sigma" else given
+            unlike.append(f"{option} {shown} (the run's: {_option_words(dest, run)})")
+    if args.sigma_space != "input":
+        unlike.append(f"--sigma-space {args.sigma_space} (the run's tracker: input)")
+    if args.autocast:
+        unlike.append(f"--autocast {args.autocast} (the run's tracker: float32's decisions)")
+    if source["sigma"] == "default":
+        said.append(f"sigma {args.sigma[0]:g} is measure's default: the run tracked no "
+                    f"sensitivity (track.sigma=0)")
+    elif unlike:
+        said.append(f"given unlike the run's tracker: {', '.join(unlike)}, so these are not "
+                    f"the run's logged {key}")
+    elif split == "test" and not cfg.track.val:
+        said.append("the examples and noise of the run's sens/val, had it tracked one (it "
+                    "tracked none: track.val=false)")
+    else:
+        sigma = f" (the row at sigma {cfg.track.sigma:g})" if len(args.sigma) > 1 else ""
+        said.append(f"the examples and noise of the run's logged {key}{sigma}")
+    return "; ".join(said)
+
 
 #: ``--set`` keys that configure training only, and the ``measure`` options that do their job
 _TRAINING_ONLY = ("name", "label", "optim.", "train.", "track.")
@@ -512,12 +607,17 @@ def _measure(args: argparse.Namespace) -> int:
     from .train.track import decision_rule
 
     if args.hf or args.timm:
+        _measure_options(args)
         return _measure_pretrained(args)
     state: dict[str, Any] | None = None
+    source: dict[str, str] = {}
     if args.checkpoint:
         cfg, state, ckpt = _checkpoint(args)
+        # left out: the values the run tracked sens/* with, not measure's own
+        source = _measure_options(args, cfg)
         weights = f"checkpoint step {checkpoint_step(ckpt)} of {args.checkpoint}"
     else:
+        _measure_options(args)
         cfg = _config(args)
         _check_measure_set(args.set or [], cfg, None)
         weights = f"untrained (seed {cfg.seed})"
@@ -555,6 +655,8 @@ def _measure(args: argparse.Namespace) -> int:
              _precision_note(model, device, args), device)
     if rule_words:
         _note(rule_words)
+    if state is not None:
+        _note(_run_settings_words(args, cfg, source, args.split, len(data)))
     _table(model, tokens, _Batches(subset, device), args, device, rule)
     return 0
 
@@ -856,13 +958,15 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("pattern", nargs="?", default="*")
     s.set_defaults(fn=_list)
 
-    def common(s: argparse.ArgumentParser) -> None:
+    def common(s: argparse.ArgumentParser, seed_help: str | None = None) -> None:
         s.add_argument("--model", help=f"registered model name (default: {DEFAULT_MODEL}; "
                                         "measure --checkpoint: the run's)")
         s.add_argument("--data", help=f"registered dataset name (default: {DEFAULT_DATA}; "
                                       "measure --checkpoint: the run's)")
         s.add_argument("--data-root", help="directory holding the dataset's files")
-        s.add_argument("--seed", type=int, default=0)
+        # measure: None, so that --checkpoint can tell a seed given from one left out
+        s.add_argument("--seed", type=int, default=0 if seed_help is None else None,
+                       help=seed_help)
         s.add_argument("--name")
         s.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="config override, e.g. optim.lr=0.05 (repeatable)")
@@ -874,17 +978,33 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=_train)
 
     s = sub.add_parser("measure", parents=[shared],
-                       help="sensitivity of a model (or a run's checkpoint) on data")
-    common(s)
+                       help="sensitivity of a model (or a run's checkpoint) on data",
+                       description="Token-wise sensitivity of a model on data. With --checkpoint, "
+                                   "--seed, --num-examples, --sigma and --repeats left out are "
+                                   "the run's (its seed and track.* settings), so the command "
+                                   "measures the examples the run tracked with the same noise "
+                                   "and prints its sens/train (--split test: sens/val) as "
+                                   "logged at the checkpoint's step; "
+                                   "an option given wins, and stderr says which values are the "
+                                   "run's.")
+    common(s, seed_help=f"seed of the examples drawn (--split train: seed + 1, test: seed + 2) "
+                        f"and of the noise draws, and an untrained model's weights (default: "
+                        f"{MEASURE_DEFAULTS['seed']}; --checkpoint: the run's seed)")
     s.add_argument("--checkpoint", metavar="RUN_DIR",
                    help="a run directory: measure its last checkpoint with its config (--set may "
-                        "change only device, data.root and data.download)")
+                        "change only device, data.root and data.download) and, for the options "
+                        "left out, its seed and track.* settings")
     s.add_argument("--split", choices=["train", "test"], default="train")
-    s.add_argument("--sigma", type=float, nargs="+", default=[0.1],
-                   help="noise standard deviation(s)")
-    s.add_argument("--repeats", type=int, default=1, help="noise draws per token")
-    s.add_argument("--num-examples", type=int, default=512,
-                   help="examples measured (a seeded random subset of the split)")
+    s.add_argument("--sigma", type=float, nargs="+",
+                   help=f"noise standard deviation(s) (default: {MEASURE_DEFAULTS['sigma'][0]:g}; "
+                        "--checkpoint: the run's track.sigma)")
+    s.add_argument("--repeats", type=int,
+                   help=f"noise draws per token (default: {MEASURE_DEFAULTS['repeats']}; "
+                        "--checkpoint: the run's track.repeats)")
+    s.add_argument("--num-examples", type=int,
+                   help=f"examples measured, a seeded random subset of the split (default: "
+                        f"{MEASURE_DEFAULTS['num_examples']}; --checkpoint: the run's "
+                        "track.num_examples)")
     s.add_argument("--autocast", choices=sorted(AUTOCAST),
                    help="run the perturbed forwards under bf16/fp16 autocast (GPU: 2-6× faster, "
                         "within the float32 interval; see the README's GPU benchmark)")
@@ -991,12 +1111,13 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.name is not None:
         raise UsageError(f"--name {args.name} names the run directory of `senslab train`; "
                          "`senslab measure` writes none, so it would have no effect; drop --name")
-    if args.num_examples < 1:
+    # (None: left out, measure's default or with --checkpoint the run's: _measure_options)
+    if args.num_examples is not None and args.num_examples < 1:
         raise UsageError(f"--num-examples must be ≥ 1, got {args.num_examples} (the number of "
                          "examples measured, e.g. --num-examples 512)")
-    if args.repeats < 1:
+    if args.repeats is not None and args.repeats < 1:
         raise UsageError(f"--repeats must be ≥ 1, got {args.repeats} (noise draws per token)")
-    for sigma in args.sigma:
+    for sigma in args.sigma or []:
         if not (math.isfinite(sigma) and sigma > 0):
             raise UsageError(f"--sigma must be positive and finite, got {sigma:g} (the noise "
                              "standard deviation, e.g. --sigma 0.1)")
