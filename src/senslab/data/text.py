@@ -32,7 +32,12 @@ row may be cut, or that is another known file (train and dev swapped, a test fil
 md5), or a held-out file that is a copy of the training file beside it, is refused, naming
 the file and the fix; a few malformed rows are skipped with a warning, and a file named like
 a reference file with another row count than the reference's (e.g. SST-2 67,349 / 872, QQP
-363,846 / 40,430) warns that it may be truncated.
+363,846 / 40,430) warns that it may be truncated. A held-out file with more than 10 examples and
+more than a tenth of its examples (the sentence, or the pair in either order, whitespace aside)
+also in the training file beside it warns, naming the share: a split of one's own that measures
+training examples as held-out ones (a few shared examples are no error). A GLUE zip (SST-2,
+QQP) that cannot be read or lacks its ``train.tsv``/``dev.tsv``, and a folder it cannot be
+extracted into (read-only), are refused, naming the archive and the fix.
 
 Layout (RoBERTa): a sentence is ``<s> A </s>``, a pair ``<s> A </s></s> B </s>``, then ``<pad>``
 to ``max_len`` on the right. Too long inputs are cut at the end of their content, for pairs
@@ -62,11 +67,13 @@ from __future__ import annotations
 
 import bz2
 import csv
+import errno
 import hashlib
 import io
 import os
 import warnings
 import zipfile
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,11 +161,60 @@ def _check_identity(path: Path, task: str) -> Path:
         raise DataUnavailableError(
             f"{path} is a byte-for-byte copy of {train.name} next to it, so the held-out split "
             f"would be the training examples: put {task}'s held-out {path.name} there")
+    if train is not None and train.is_file():
+        _check_overlap(path, train, task)
     return path
 
 
 #: held-out file → the training file beside it, which it must not be a copy of
 _TRAIN_OF = {"dev.tsv": "train.tsv", "msr_paraphrase_test.txt": "msr_paraphrase_train.txt"}
+#: examples of a held-out file that may also be in the training file beside it before a warning:
+#: up to this many, or up to this share of the file. The official held-out files share few if any
+#: examples with their training files, and a corpus may repeat a short sentence or two; a split
+#: far above that measures training examples as held-out ones
+_OVERLAP_ALLOWED, _OVERLAP_SHARE = 10, 0.1
+
+
+def _example_keys(path: Path, fmt: _Format) -> list[tuple[str, ...]]:
+    """One key per example row of ``path`` in ``fmt``: its sentence, or its two sentences in
+    either order, whitespace collapsed (a copy re-saved with other spacing is the same example).
+    Rows that are not examples are left out (:func:`_read` counts and refuses those); a file
+    that is not UTF-8 gives no keys (:func:`_read` refuses it)."""
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (UnicodeDecodeError, OSError):
+        return []
+    keys = []
+    for line in text.split("\n")[1:]:
+        row = line.rstrip("\r").split("\t")
+        if fmt.valid(row):
+            sent = sorted(" ".join(row[i].split()) for i in fmt.text)
+            keys.append(tuple(sent))
+    return keys
+
+
+def _check_overlap(path: Path, train: Path, task: str) -> None:
+    """Warn where more than :data:`_OVERLAP_ALLOWED` and more than :data:`_OVERLAP_SHARE` of the
+    examples of the held-out file ``path`` are also examples of ``train`` (a split of one's own
+    drawn with replacement, dev rows added to train): that share of its held-out numbers
+    (accuracy, sensitivity) would be measured on training examples. An exact byte copy is
+    refused before (:func:`_check_identity`); a few shared examples are no error — a corpus may
+    repeat a short sentence."""
+    fmt = {"mrpc": MRPC_FORMAT, "qqp": QQP_FORMAT, "sst2": SST2_FORMAT}[task]
+    held = _example_keys(path, fmt)
+    if not held:
+        return
+    seen = set(_example_keys(train, fmt))
+    shared = sum(k in seen for k in held)
+    if shared > max(_OVERLAP_ALLOWED, _OVERLAP_SHARE * len(held)):
+        what = "sentence" if len(fmt.text) == 1 else "sentence pair (in either order)"
+        warnings.warn(
+            f"{path}: {shared:,} of its {len(held):,} examples ({shared / len(held):.0%}) are "
+            f"also in {train.name} next to it (the same {what}, whitespace aside), so that share "
+            f"of the held-out numbers (accuracy, sensitivity) is measured on training examples. "
+            f"Put a held-out {path.name} that shares (almost) no examples with {train.name} "
+            f"there (the official one), or remove the shared examples from one of the two files",
+            stacklevel=4)
 
 
 @dataclass
@@ -455,15 +511,63 @@ def _glue_zip_file(name: str, root: Path, split: str, download: bool) -> Path:
             f"{name} file {path.name} is missing from {root}. Put GLUE's train.tsv and dev.tsv "
             f"there, or, when online, let senslab fetch {url} ({DOWNLOAD_HINT}). ({err})"
         ) from err
-    with zipfile.ZipFile(zpath) as z:
-        for member in ("train.tsv", "dev.tsv"):
-            if (root / member).exists():  # a file already there is the user's: never replaced
-                continue
-            _write_atomic(root / member, z.read(f"{folder}/{member}"))
-            if md5sum(root / member) != md5s[member]:
-                warnings.warn(f"{root / member} does not have the reference md5 {md5s[member]}",
-                              stacklevel=3)
-    return path
+    _extract_glue_zip(zpath, root, folder, md5s, url)
+    return _check_identity(path, name)  # as for a file found there: the zip may be one's own
+
+
+def _extract_glue_zip(zpath: Path, root: Path, folder: str, md5s: dict[str, str],
+                      url: str) -> None:
+    """Write ``folder/train.tsv`` and ``folder/dev.tsv`` of the GLUE zip ``zpath`` into ``root``
+    (a file already there is the user's and is never replaced). A zip that cannot be read (cut
+    short by an interrupted download, an error page saved under the zip's name, a damaged
+    member), one without those members (another task's zip, one re-zipped without its folder)
+    and a folder that cannot be written to (a shared, read-only data folder) are refused, naming
+    the archive, what is wrong and the fix; zipfile's own errors (``BadZipFile``, ``KeyError``,
+    a bare ``PermissionError``) named neither."""
+    members = [f"{folder}/{m}" for m in ("train.tsv", "dev.tsv")]
+    again = (f"delete {zpath} and download it again ({url}; {DOWNLOAD_HINT}), or put GLUE's "
+             f"train.tsv and dev.tsv in {root} by hand")
+    try:
+        with zipfile.ZipFile(zpath) as z:
+            names = z.namelist()
+            missing = [m for m in members if m not in names]
+            if missing:
+                held = ", ".join(names[:4]) + (", …" if len(names) > 4 else "") or "nothing"
+                raise DataUnavailableError(
+                    f"{zpath} has no {' and no '.join(missing)} (it holds {held}): it is not "
+                    f"GLUE's {zpath.name}, or was zipped again without its {folder}/ folder. "
+                    f"Put GLUE's {zpath.name} there, or GLUE's train.tsv and dev.tsv (in its "
+                    f"{folder}/ folder) in {root} by hand")
+            for member in members:
+                dest = root / member.rsplit("/", 1)[1]
+                if dest.exists():  # a file already there is the user's: never replaced
+                    continue
+                data = z.read(member)  # checks the member's CRC
+                try:
+                    _write_atomic(dest, data)
+                except OSError as err:
+                    why = "the disk is full" if err.errno == errno.ENOSPC else \
+                        "the folder is not writable"
+                    raise DataUnavailableError(
+                        f"cannot extract {member} from {zpath.name} into {root} "
+                        f"({err.strerror or err}): {why}. Extract them there once by hand "
+                        f"(unzip -j {zpath} {' '.join(members)} -d {root}), or copy "
+                        f"{zpath.name} into a writable folder and point data.root (root= in "
+                        f"Python) at it, or SENSLAB_DATA at a folder that holds it as "
+                        f"{root.name}/{zpath.name}") from err
+                if md5sum(dest) != md5s[dest.name]:
+                    warnings.warn(f"{dest} does not have the reference md5 {md5s[dest.name]}",
+                                  stacklevel=4)
+    except DataUnavailableError:
+        raise
+    except (zipfile.BadZipFile, zlib.error, EOFError) as err:
+        raise DataUnavailableError(
+            f"{zpath} is not a readable zip archive ({err}): it is truncated (an interrupted "
+            f"download) or damaged, or is not a zip at all (an error page saved under its "
+            f"name): {again}") from err
+    except OSError as err:
+        raise DataUnavailableError(f"{zpath} cannot be read ({err.strerror or err}): {again}"
+                                   ) from err
 
 
 def _qqp_rows(root: Path, split: str, download: bool) -> TextRows:
