@@ -7,15 +7,14 @@ another number than the run's logged ``sens/train`` for the same weights, withou
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import pytest
+from runrecords import tracked_record
 
 from senslab.cli import MEASURE_DEFAULTS, main
 from senslab.measure._stats import fixed
-from senslab.train.rundir import RunDir, checkpoint_step
 
 SEED = 3
 #: a tiny binary run tracked with settings that all differ from measure's own defaults
@@ -37,16 +36,6 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _train(tmp_path_factory.mktemp("defaults") / "run")
 
 
-def _tracked(run: Path) -> dict[str, float]:
-    """The run's logged record at its newest checkpoint's step."""
-    found = RunDir(run).load_latest()
-    assert found is not None
-    step = checkpoint_step(found[0])
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    (record,) = [r for r in records if r["step"] == step]
-    return record
-
-
 def _measure(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[list[str], str]:
     """The command's printed sensitivities (one per sigma) and its stderr."""
     capsys.readouterr()
@@ -59,7 +48,7 @@ def _measure(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[list[str],
 
 def test_plain_measure_checkpoint_prints_the_runs_logged_sensitivity(
         run: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    record = _tracked(run)
+    record = tracked_record(run)
     for split, key in (("train", "sens/train"), ("test", "sens/val")):
         assert record[key] > 0  # some copies flipped: another draw could give another number
         (estimate,), err = _measure(capsys, "--checkpoint", str(run), "--split", split)
@@ -81,7 +70,7 @@ def test_plain_measure_checkpoint_prints_the_runs_logged_sensitivity(
 
 def test_an_option_given_wins_over_the_runs_and_is_said(
         run: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    record = _tracked(run)
+    record = tracked_record(run)
     (estimate,), err = _measure(capsys, "--checkpoint", str(run), "--seed", "5")
     assert "32 examples, sigma 1, 4 draws per token: the run's track settings" in err, err
     assert "--seed 5 (the run's: seed 3), so these are not the run's logged sens/train" in err
@@ -110,7 +99,7 @@ def test_without_checkpoint_the_defaults_are_measures_own(
 def test_a_run_that_tracked_no_sensitivity_gets_measures_sigma_and_says_so(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = _train(tmp_path / "run", **{"track.sigma": "0", "track.val": "false"})
-    assert "sens/train" not in _tracked(run)
+    assert "sens/train" not in tracked_record(run)
     _, err = _measure(capsys, "--checkpoint", str(run))
     assert ("seed 3, 32 examples, 4 draws per token: the run's track settings (config.json "
             "seed, track.num_examples, track.repeats)") in err, err
@@ -121,7 +110,7 @@ def test_a_run_that_tracked_no_sensitivity_gets_measures_sigma_and_says_so(
 def test_split_test_of_a_run_without_val_says_it_tracked_none(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = _train(tmp_path / "run", **{"track.val": "false"})
-    assert "sens/val" not in _tracked(run)
+    assert "sens/val" not in tracked_record(run)
     _, err = _measure(capsys, "--checkpoint", str(run), "--split", "test")
     assert "had it tracked one (it tracked none: track.val=false)" in err, err
 

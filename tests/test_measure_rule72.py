@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from runrecords import tracked_record
 
 from senslab.cli import main
 from senslab.measure._stats import fixed
 from senslab.train.config import RunConfig
-from senslab.train.rundir import RunDir, checkpoint_step
+from senslab.train.rundir import RunDir
 
 SEED = 3
 #: a tiny binary run (digits 3 and 8), tracked with noise large enough to flip some decisions
@@ -44,16 +45,6 @@ def _train(tmp_path: Path, loss: str) -> Path:
     return out
 
 
-def _tracked(run: Path) -> dict[str, object]:
-    """The run's logged record at its newest checkpoint's step."""
-    found = RunDir(run).load_latest()
-    assert found is not None
-    step = checkpoint_step(found[0])
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    (record,) = [r for r in records if r["step"] == step]
-    return record
-
-
 def _measured(run: Path, split: str, capsys: pytest.CaptureFixture[str]) -> tuple[str, str]:
     """The command's sensitivity (as printed) and its notes."""
     capsys.readouterr()
@@ -71,7 +62,7 @@ def test_measure_checkpoint_reproduces_the_runs_tracked_sensitivity(
     from senslab.train.track import decision_rule
 
     run = _train(tmp_path, loss)
-    record = _tracked(run)
+    record = tracked_record(run)
     for split, key in (("train", "sens/train"), ("test", "sens/val")):
         estimate, notes = _measured(run, split, capsys)
         assert record[key] > 0  # some copies flipped: the two numbers could disagree
@@ -97,7 +88,7 @@ def test_the_mse_run_is_one_where_the_models_own_rule_disagrees(
     from senslab.train.rundir import load_model_state
 
     run = _train(tmp_path, "mse")
-    record = _tracked(run)
+    record = tracked_record(run)
     cfg = RunConfig.from_dict(json.loads((run / "config.json").read_text()))
     train, _ = load_data(cfg)
     model = build_model(cfg, train)

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from unprivileged import as_ordinary_user
 
 from senslab.data import DataUnavailableError, create_dataset
 
@@ -134,10 +135,7 @@ def test_a_tarball_in_a_read_only_folder_is_a_clear_error(cifar_tarball) -> None
         cifar_tarball(top / "ro", 2)
         os.chmod(top / "ro", 0o555)
         cmd = [sys.executable, "-c", _LOAD, str(top / "ro")]
-        if os.geteuid() == 0:  # root writes anywhere: load as an ordinary user
-            if shutil.which("setpriv") is None:
-                pytest.skip("running as root without setpriv: no folder is read-only")
-            cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
+        cmd = as_ordinary_user(cmd)  # root writes anywhere
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
                              env={**os.environ, "SENSLAB_CACHE": str(top / "cache")})
         assert out.stdout.startswith("DataUnavailableError cannot extract"), out

@@ -84,21 +84,21 @@ def test_a_class_threshold_under_autocast_is_refused_where_the_grid_moves_it() -
     assert abs(r.estimate - exact) < 4 * r.stderr_subset
 
 
-class Tiny(nn.Module):
-    """Embedding, LayerNorm, then a linear layer on every token (which autocast runs in bf16)."""
+def _per_token() -> nn.Module:
+    """Embedding, LayerNorm, then a linear layer on every token (which autocast runs in bf16),
+    averaged over the tokens."""
+    torch.manual_seed(0)  # test-only: the model's init
+    layers = nn.Sequential(nn.Embedding(50, 32), nn.LayerNorm(32), nn.Linear(32, 3))
 
-    def __init__(self) -> None:
-        super().__init__()
-        g = torch.Generator().manual_seed(0)
-        self.embed = nn.Embedding(50, 32)
-        self.ln = nn.LayerNorm(32)
-        self.head = nn.Linear(32, 3)
-        with torch.no_grad():
-            for p in self.parameters():
-                p.copy_(torch.randn(p.shape, generator=g) * (1 if p.dim() < 2 else 0.5))
+    class PerToken(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = layers
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.head(self.ln(self.embed(ids))).mean(1)
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.layers(ids).mean(1)
+
+    return PerToken().eval()
 
 
 IDS = torch.randint(2, 50, (16, 12), generator=torch.Generator().manual_seed(0))
@@ -106,12 +106,12 @@ IDS = torch.randint(2, 50, (16, 12), generator=torch.Generator().manual_seed(0))
 
 @pytest.mark.parametrize("mode", ["token", "whole"])
 def test_hooked_float32_token_vectors_under_autocast_are_checked(mode: str) -> None:
-    with pytest.raises(ValueError, match="float32 token vectors of 'ln' under autocast=torch"):
-        token_sensitivity(Tiny().eval(), IDS, Embedding("ln"), sigma=0.001, repeats=4,
+    with pytest.raises(ValueError, match="float32 token vectors of 'layers.1' under autocast="):
+        token_sensitivity(_per_token(), IDS, Embedding("layers.1"), sigma=0.001, repeats=4,
                           mode=mode, autocast=torch.bfloat16)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
-        r = token_sensitivity(Tiny().eval(), IDS, Embedding("ln"), sigma=0.5, repeats=4,
+        r = token_sensitivity(_per_token(), IDS, Embedding("layers.1"), sigma=0.5, repeats=4,
                               mode=mode, autocast=torch.bfloat16, generator=0)
     assert 0 <= r.estimate <= 1
 
