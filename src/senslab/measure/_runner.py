@@ -103,6 +103,52 @@ def _quantized_cause(names: list[str]) -> str:
     )
 
 
+def _reuse_names(bound: BoundTokens) -> tuple[str, str, str]:
+    """(the model's reuse methods, the kind of reuse, the tokens that turn it off)."""
+    if isinstance(bound, _BoundEmbedding):
+        return ("prefix_cache/forward_suffix", "prefix reuse",
+                "Embedding(..., reuse_prefix=False)")
+    size = getattr(bound, "p", None)
+    return ("local_cache/forward_local", "local reuse",
+            f"Patches({size if isinstance(size, int) else 'p'}, reuse_local=False)")
+
+
+def _full_forwards(bound: BoundTokens, run: Any) -> Any:
+    """``run()`` with the model's reuse path off, every copy a full forward (the reuse is back
+    on after it); None where the full forwards raise, which then tells nothing."""
+    bound.reuse = False  # type: ignore[attr-defined]
+    try:
+        return run()
+    except Exception:  # noqa: BLE001  # a diagnosis only: the reuse path's fault stays open
+        return None
+    finally:
+        bound.reuse = True  # type: ignore[attr-defined]
+
+
+def _reuse_at_fault(bound: BoundTokens, what: str, passed: str, why: str) -> str:
+    """The error where copies through the model's reuse path fail a check that the same copies
+    as full forwards pass: ``what`` the copies through it did, ``passed`` what the full
+    forwards did instead, ``why`` it matters."""
+    method, kind, option = _reuse_names(bound)
+    model = type(getattr(bound, "model", None)).__name__
+    return (
+        f"evaluated through {model}'s {method} ({kind}, which senslab takes by default in "
+        f"eval mode), {what}, while full forwards of the same copies {passed}: the reuse path "
+        f"is at fault, not the model's forward, and {why}. Measure with full forwards — pass "
+        f"{option} as the tokens — or repair {model}'s {method} (a copy must give what a full "
+        "forward of it gives, the same at every call)"
+    )
+
+
+def _reuse_first(bound: BoundTokens) -> str:
+    """The note, where the full forwards could not be run to tell, that the reuse path is the
+    likely cause."""
+    method, kind, option = _reuse_names(bound)
+    return (f"The copies were evaluated through the model's {method} ({kind}); the likely "
+            f"cause is that path, not the model's forward: measure with {option} to tell. "
+            "Otherwise: ")
+
+
 def verify_deterministic(bound: BoundTokens, clean: Tensor, whole: bool,
                          extent: Tensor | None, low_precision: bool, alone: bool = False) -> None:
     """``eval_mode=False``: refuse a forward that is random in the model's own mode (dropout in
@@ -124,16 +170,31 @@ def verify_deterministic(bound: BoundTokens, clean: Tensor, whole: bool,
     else:
         tok = last_real(bound.valid)[src]
         zero = torch.zeros(len(src), bound.dim, device=clean.device)
-    runs = [bound.forward_perturbed(src, tok, zero, **cut).float().reshape(len(src), -1)
-            for _ in range(2)]
+
+    def twice() -> list[Tensor]:
+        return [bound.forward_perturbed(src, tok, zero, **cut).float().reshape(len(src), -1)
+                for _ in range(2)]
+
+    runs = twice()
     if runs[0].shape != runs[1].shape:
         return
     rtol = _tolerance(clean, low_precision)
     ref = clean[:rows].float().reshape(rows, -1)
     floor = float(_size(ref).max()) * 1e-3 + 1e-30
-    scale = _size(runs[0]).amax(dim=1, keepdim=True).clamp(min=floor)
-    if bool((_gap(runs[0], runs[1]) > rtol * scale).any()):
+
+    def moved(runs: list[Tensor]) -> bool:
+        scale = _size(runs[0]).amax(dim=1, keepdim=True).clamp(min=floor)
+        return bool((_gap(runs[0], runs[1]) > rtol * scale).any())
+
+    if moved(runs):
         worst = float(_gap(runs[0], runs[1]).max())
+        if getattr(bound, "reuse", False) and not whole:
+            full = _full_forwards(bound, twice)
+            if full is not None and full[0].shape == full[1].shape and not moved(full):
+                raise RuntimeError(_reuse_at_fault(
+                    bound, f"a copy with zero noise gave another output at each of two "
+                    f"evaluations (by up to {worst:.3g})", "agree with each other",
+                    "the measured flips would count that randomness"))
         raise RuntimeError(
             f"with eval_mode=False the model's output changed between two evaluations of the "
             f"same input (by up to {worst:.3g}, outputs of size up to "
@@ -165,7 +226,11 @@ def verify_copies(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor
     copy gets a forward of its own, ``chunk_size=1`` in float32). With the model's own prefix
     or local reuse on, :data:`VERIFY_NOISY` noisy copies are evaluated through it and by full
     forwards too (:func:`_verify_noisy`): a reuse path that mishandles the noise agrees with
-    zero noise. These copies are not counted in ``num_forward`` and their noise has a generator
+    zero noise. Where copies through a reuse path fail a check, the same copies are evaluated
+    again by full forwards: if those pass, the error names the reuse path as the cause and the
+    tokens that turn it off (a wrong ``forward_local`` had been reported as a random or
+    batch-dependent model, the reuse named last); if they fail too, the model's own cause is
+    reported. These copies are not counted in ``num_forward`` and their noise has a generator
     of its own. The metric calls it on the first batch of each input shape (the path of the
     copies depends on the shape, not on the values).
     """
@@ -175,33 +240,64 @@ def verify_copies(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor
     floor = float(_size(ref).max()) * 1e-3 + 1e-30
     model = getattr(bound, "model", None)
     versions = _buffer_versions(model)
-    runs: list[Tensor] = []
-    for _ in range(2):
-        outs = []
-        for r in range(rows):
-            src = torch.tensor([r], device=bound.valid.device)
-            width = bound.valid.shape[1] if extent is None else int(extent[r])
-            cut = {} if extent is None else {"width": width}
-            if whole:
-                tok = None
-                zero = torch.zeros(1, width, bound.dim, device=clean.device)
-            else:
-                tok = bound.valid[r].nonzero()[-1:].flatten()
-                zero = torch.zeros(1, bound.dim, device=clean.device)
-            out = bound.forward_perturbed(src, tok, zero, **cut)
-            if out.shape[1:] != clean.shape[1:]:
-                return  # reported with the copies' own shape check
-            outs.append(out.float().reshape(1, -1))
-        runs.append(torch.cat(outs))
+
+    def twice() -> list[Tensor] | None:
+        """Two runs of the zero-noise copies (None: an output of another shape)."""
+        runs: list[Tensor] = []
+        for _ in range(2):
+            outs = []
+            for r in range(rows):
+                src = torch.tensor([r], device=bound.valid.device)
+                width = bound.valid.shape[1] if extent is None else int(extent[r])
+                cut = {} if extent is None else {"width": width}
+                if whole:
+                    tok = None
+                    zero = torch.zeros(1, width, bound.dim, device=clean.device)
+                else:
+                    tok = bound.valid[r].nonzero()[-1:].flatten()
+                    zero = torch.zeros(1, bound.dim, device=clean.device)
+                out = bound.forward_perturbed(src, tok, zero, **cut)
+                if out.shape[1:] != clean.shape[1:]:
+                    return None
+                outs.append(out.float().reshape(1, -1))
+            runs.append(torch.cat(outs))
+        return runs
+
+    found = twice()
+    if found is None:
+        return  # reported with the copies' own shape check
+    runs = found
     updated = _updated(model, versions)
     state = (f"its forward updates the buffer(s) {', '.join(map(repr, updated[:3]))} in place, "
              "even in eval() mode (a running mean, a counter), so each forward sees another state"
              if updated else "")
     scale = _size(ref).amax(dim=1, keepdim=True).clamp(min=floor)
     random = _gap(runs[0], runs[1]) > rtol * scale
+    diff = _gap(runs[0], ref)
+    reused = bool(getattr(bound, "reuse", False)) and not whole
+    full: list[Tensor] | None = None
+    if reused and bool(random.any() or (diff > rtol * scale).any()):
+        # the same copies by full forwards: where they pass, the reuse path is at fault (its
+        # error had blamed the model's randomness or its batch)
+        full = _full_forwards(bound, twice)
+        if full is not None and not bool((_gap(full[0], full[1]) > rtol * scale).any()
+                                         or (_gap(full[0], ref) > rtol * scale).any()):
+            size = f"outputs of size up to {float(_size(ref).max()):.3g}"
+            if bool(random.any()):
+                raise RuntimeError(_reuse_at_fault(
+                    bound, f"a copy with zero noise gave another output at each of two "
+                    f"evaluations (by up to {float(_gap(runs[0], runs[1]).max()):.3g}, {size})",
+                    "agree with each other and with the clean forward",
+                    "the measured flips would count that randomness"))
+            raise RuntimeError(_reuse_at_fault(
+                bound, f"a copy with zero noise gives another output than its clean forward "
+                f"(by up to {float(diff.max()):.3g}, {size})", "reproduce the clean output",
+                "every perturbed copy would be compared with the wrong reference"))
+    # full forwards fail too (the model's own fault), or could not be run (reuse first: likely)
+    first = _reuse_first(bound) if reused and full is None else ""
     if bool(random.any()):
         worst = float(_gap(runs[0], runs[1]).max())
-        raise RuntimeError(
+        raise RuntimeError(first +
             f"the model's output changed between two evaluations of the same input (by up to "
             f"{worst:.3g}, outputs of size up to {float(_size(ref).max()):.3g}): "
             + (state or "its forward is random or keeps state from call to call")
@@ -211,10 +307,9 @@ def verify_copies(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor
             "(a running mean), a call counter. Make the forward deterministic and stateless "
             "while measuring (with eval_mode=False, put the model in eval() yourself)"
         )
-    diff = _gap(runs[0], ref)
     if bool((diff > rtol * scale).any()):
         row = int((diff > rtol * scale).any(dim=1).nonzero()[0, 0])
-        head = (
+        head = first + (
             f"a copy of example {row} with zero noise gives another output than its clean "
             f"forward (by up to {float(diff.max()):.3g}, outputs of size up to "
             f"{float(_size(ref).max()):.3g}), so every perturbed copy would be compared with the "
@@ -228,14 +323,6 @@ def verify_copies(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor
                 head + state[0].upper() + state[1:] + ": make the forward stateless while "
                 "measuring (freeze what it updates), or measure a copy of the model whose "
                 "state does not change")
-        reuse = ""
-        if getattr(bound, "reuse", False) and not whole:
-            option = ("Embedding(..., reuse_prefix=False)" if isinstance(bound, _BoundEmbedding)
-                      else "Patches(p, reuse_local=False)")
-            method = ("prefix_cache/forward_suffix" if isinstance(bound, _BoundEmbedding)
-                      else "local_cache/forward_local")
-            reuse = (f" Or the model's {method} disagrees with its forward: pass {option} to "
-                     "tell.")
         raise RuntimeError(
             head + "An example's output depends on the other examples in its batch (batch "
             "statistics: a batch max or mean, BatchNorm in train mode, F.batch_norm(..., "
@@ -243,7 +330,7 @@ def verify_copies(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor
             "updated in eval mode). Measure a model whose output for one example does not "
             "depend on the others or on earlier calls (eval() mode, no batch-level "
             "statistics), or, where one example at a time is exact, feed one example per "
-            "update() with chunk_size=1 and precision='float32'." + reuse
+            "update() with chunk_size=1 and precision='float32'."
         )
     if not alone:
         _verify_batch(bound, clean, whole, extent, rtol, floor,
@@ -300,17 +387,42 @@ def _verify_batch(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor
         return bound.forward_perturbed(src[part], None if tok is None else tok[part], eps[part],
                                        **cut)
 
-    bound.verifying = True  # type: ignore[attr-defined]  # copies of a check, not measured
-    try:
-        together = run(slice(0, k))
-        halves = [run(slice(0, k // 2)), run(slice(k // 2, k))]
-    finally:
-        bound.verifying = False  # type: ignore[attr-defined]
-    if together.shape[1:] != clean.shape[1:] or any(h.shape[1:] != together.shape[1:]
-                                                   for h in halves):
+    def both() -> tuple[Tensor, Tensor] | None:
+        """The copies evaluated together and in two halves (None: outputs of another shape)."""
+        bound.verifying = True  # type: ignore[attr-defined]  # copies of a check, not measured
+        try:
+            together = run(slice(0, k))
+            halves = [run(slice(0, k // 2)), run(slice(k // 2, k))]
+        finally:
+            bound.verifying = False  # type: ignore[attr-defined]
+        if together.shape[1:] != clean.shape[1:] or any(h.shape[1:] != together.shape[1:]
+                                                       for h in halves):
+            return None
+        return together.float().reshape(k, -1), torch.cat(halves).float().reshape(k, -1)
+
+    found = both()
+    if found is None:
         return  # reported with the copies' own shape check
-    a = together.float().reshape(k, -1)
-    b = torch.cat(halves).float().reshape(k, -1)
+    a, b = found
+    ref = clean[src].float().reshape(k, -1)
+
+    def bad(a: Tensor, b: Tensor) -> Tensor:
+        """Where ``a`` and ``b`` differ beyond float rounding (labels: whole rows)."""
+        if not clean.is_floating_point():
+            return (a != b).any(dim=1, keepdim=True)
+        scale = torch.stack([_size(a).amax(dim=1),
+                             _size(ref).amax(dim=1)]).amax(dim=0).clamp(min=floor).unsqueeze(1)
+        return (_gap(a, b) > rtol * scale) | (torch.isfinite(a) != torch.isfinite(b))
+
+    if bool(bad(a, b).any()) and getattr(bound, "reuse", False) and not whole:
+        full = _full_forwards(bound, both)
+        if full is not None and not bool(bad(*full).any()):
+            moved = bad(a, b).any(dim=1)
+            raise RuntimeError(_reuse_at_fault(
+                bound, f"{int(moved.sum())} of {k} noisy copies gave other outputs evaluated "
+                f"together than in two halves", "agree",
+                "every flip would depend on which copies share a chunk, and the number on "
+                "chunk_size"))
     if not clean.is_floating_point():
         moved = (a != b).any(dim=1)
         if bool(moved.any()):
@@ -324,7 +436,6 @@ def _verify_batch(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor
                 "number on chunk_size. " + _batch_cause(bound))
         return
     finite = torch.isfinite(a)
-    ref = clean[src].float().reshape(k, -1)
     scale = torch.stack([_size(a).amax(dim=1),
                          _size(ref).amax(dim=1)]).amax(dim=0).clamp(min=floor).unsqueeze(1)
     diff = _gap(a, b)
@@ -393,9 +504,7 @@ def _verify_noisy(bound: BoundTokens, clean: Tensor, extent: Tensor | None, rtol
     rounding crosses)."""
     if not getattr(bound, "reuse", False) or not clean.is_floating_point():
         return
-    prefix = isinstance(bound, _BoundEmbedding)
-    method = "prefix_cache/forward_suffix" if prefix else "local_cache/forward_local"
-    option = "Embedding(..., reuse_prefix=False)" if prefix else "Patches(p, reuse_local=False)"
+    method, _, option = _reuse_names(bound)
     real = bound.valid[0].nonzero().flatten()
     if not len(real):
         return

@@ -192,6 +192,7 @@ from ..tokens.base import (
     check_selector,
 )
 from ..tokens.embedding import NO_PAD_TOKEN, hf_pad_token_config, no_pad_id_message
+from ..tokens.patches import _BoundPatches
 from . import _alloc, _precision, _trim
 from ._compiled import CompiledModel
 from ._control import LinearControl
@@ -250,6 +251,39 @@ ROUNDS_AT_ZERO = 2
 STOPPING_WARN_BATCHES = 10
 #: whole perturbed copies checked int8 calibrates a static int8 model on (``_static_inputs``)
 STATIC_COPIES = 256
+
+
+#: a patch grid: patches per column and per row, and the patch size
+Grid = tuple[int, int, int]
+
+
+def _grid(bound: Any) -> Grid | None:
+    """The grid of patches a bound :class:`~senslab.tokens.Patches` batch numbers its tokens
+    on (row-major); None for other tokens, whose position is a token's place along one axis
+    and means the same at every length."""
+    if isinstance(bound, _BoundPatches):
+        return int(bound.gh), int(bound.gw), int(bound.p)
+    return None
+
+
+def _grid_text(grid: Grid) -> str:
+    rows, cols, p = grid
+    return (f"a {rows}×{cols} grid of {p}×{p} patches ({rows * p}×{cols * p} images, "
+            f"{rows * cols} tokens)")
+
+
+def _grid_mismatch(held: Grid, new: Grid, other: str) -> str:
+    """The refusal to mix this metric's per-position profile over ``held`` with ``other``'s
+    over ``new``: position k is another patch of the image on each grid."""
+    rows, cols, p = held
+    return (
+        f"this metric's per-position profile (per_position) is over {_grid_text(held)}, but "
+        f"{other} is over {_grid_text(new)}: "
+        "position k, counted row-major over the grid, is another patch of the image on each "
+        "grid, so the profile would add up unrelated patches. Measure each image size with a "
+        f"metric of its own (and compare their profiles side by side), or resize the images to "
+        f"{rows * p}×{cols * p} first; mode='whole' records no profile and takes any size"
+    )
 
 
 def _warn_reduced_float32(model: Any, device: torch.device) -> None:
@@ -731,6 +765,10 @@ class TokenSensitivity:
         self._ids = {self._id}
         self._stopped = 0  # update() calls stopped by target_stderr (_warn_stopping_bias)
         self.untrimmed_batches = 0
+        #: the patch grid the per-position profile is over (None: no patches recorded yet);
+        #: ``_batch_grid``: the grid of the batch being measured, recorded when it is added
+        self._grid: Grid | None = None
+        self._batch_grid: Grid | None = None
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """A copy (``copy.deepcopy``, a pickle) gets an id of its own, its updates being other
@@ -741,6 +779,8 @@ class TokenSensitivity:
         # an older pickle: no causes said yet, no batch counted at full width
         self.__dict__.setdefault("_said", set())
         self.__dict__.setdefault("untrimmed_batches", 0)
+        self.__dict__.setdefault("_grid", None)  # an older pickle: no grid recorded
+        self.__dict__.setdefault("_batch_grid", None)
         held = self._held_ids() if "_ids" in state else set()  # an older pickle: no ids
         self._id = uuid.uuid4().hex
         self._ids = held | {self._id}
@@ -828,8 +868,10 @@ class TokenSensitivity:
         Both must measure the same quantity: the same noise level, ``compare`` rule, ``mode``,
         tokenization, ``replace_with`` vocabulary, decision rule (``output_kind``/``threshold``,
         output selector) and per-position alignment; otherwise a ValueError names the first
-        difference. Precision options (repeats, antithetic, control variate, token subsets)
-        may differ: every one of them is unbiased for the same per-example rates, and the
+        difference. Profiles over patches must be over one grid (one image size): position k
+        is another patch on another grid, so a merge of two is refused, naming both.
+        Precision options (repeats, antithetic, control variate, token subsets) may differ:
+        every one of them is unbiased for the same per-example rates, and the
         per-position profile weighs every token of every example alike whatever draws it had
         (``position_counts`` in this metric's copies per token: ``repeats``, or one with an
         ``allocation``). An
@@ -850,8 +892,13 @@ class TokenSensitivity:
                 pos_cnt=other.state.pos_cnt.clone(), samples=list(other.state.samples))
             their_total = other._local is not None
             their_ids = other._held_ids()
+            their_grid = other._grid
         with _lock(self):
             self._refuse_repeat(their_total, their_ids)
+            if self._grid is not None and their_grid is not None and self._grid != their_grid:
+                raise ValueError("cannot merge: " + _grid_mismatch(self._grid, their_grid,
+                                                                   "the other metric's"))
+            self._grid = self._grid or their_grid
             self.state = merged(self.state, theirs, self.align,
                                 self._profile_unit / other._profile_unit)
             self._ids |= their_ids
@@ -915,6 +962,11 @@ class TokenSensitivity:
         is the token axis. Any other mapping (a tokenizer's ``BatchEncoding``) is read as the
         dict of its items.
 
+        With :class:`~senslab.tokens.Patches`, every batch must make the grid of patches the
+        per-position profile is over (the first batch's; images of one size): a batch of
+        another image size is refused, naming both grids (measure it with a metric of its own,
+        or resize it); ``mode="whole"`` records no profile and takes any size.
+
         An update that raises (a refused batch, a warning raised as an error, an interrupt)
         adds nothing: the state (after :meth:`all_reduce`, the total) and
         :attr:`untrimmed_batches` stay as they were; the random stream may have moved on.
@@ -944,7 +996,7 @@ class TokenSensitivity:
         # place of the total (2 ranks: compute() then read 7 of 13 examples), and an exception
         # after the batch was added (a warning raised as an error, an interrupt) had kept a
         # batch whose update the caller saw fail, counted again on a retry.
-        before = (self.state, self._local, self.untrimmed_batches)
+        before = (self.state, self._local, self.untrimmed_batches, self._grid)
         own = self._local if self._local is not None else self.state  # after all_reduce: own
         try:
             # the profile's tensors are replaced, never changed in place: a shallow copy will do
@@ -952,7 +1004,7 @@ class TokenSensitivity:
             with float32_default():  # a bf16 default (a Lightning bf16-true step): float32 draws
                 self._update_model(inputs, mask, device)
         except BaseException:
-            self.state, self._local, self.untrimmed_batches = before
+            self.state, self._local, self.untrimmed_batches, self._grid = before
             raise
 
     def _update_model(self, inputs: Inputs, mask: Tensor | None, device: torch.device) -> None:
@@ -1013,6 +1065,9 @@ class TokenSensitivity:
                 if NO_PAD_TOKEN not in str(err):
                     raise
                 raise ValueError(no_pad_id_message(self.model)) from err
+            self._batch_grid = None if self.mode == "whole" else _grid(bound)
+            if self._grid is not None and self._batch_grid not in (None, self._grid):
+                raise ValueError(_grid_mismatch(self._grid, self._batch_grid, "this batch"))
             clean = bound.clean_output
             valid = bound.valid
             # the real tokens, for the right-aligned profile: mask= may perturb fewer of them
@@ -1205,6 +1260,8 @@ class TokenSensitivity:
         self.state.forward += forward
         self.state.checked += checked[0]
         self.state.forward_fp32 += checked[1]
+        if self._batch_grid is not None:
+            self._grid = self._batch_grid
 
     def _checked(self, bound: Any, clean: Tensor, device: torch.device) -> PrecisionCheck | None:
         """The checked-bf16 state if this batch runs in it (:mod:`._precision`), after
@@ -1328,6 +1385,8 @@ class TokenSensitivity:
         self.state.forward += forward
         self.state.checked += checked[0]
         self.state.forward_fp32 += checked[1]
+        if self._batch_grid is not None:
+            self._grid = self._batch_grid
 
     @property
     def group(self) -> int:
@@ -1422,7 +1481,8 @@ class TokenSensitivity:
         sharded ranks do not add up to one measurement: shards that are not one each of
         ``(0, world) … (world − 1, world)`` for the group's ``world`` processes, some ranks
         sharded and others not, or different numbers of ``update`` calls (a rank that skipped
-        a batch leaves its share out of the one-process result). Ranks without ``shard`` that
+        a batch leaves its share out of the one-process result), or where two ranks' profiles
+        are over two grids of patches (images of another size). Ranks without ``shard`` that
         measured their own data may differ in batches: ``per_sample`` then lists rank 0's
         examples, then rank 1's, … (interleaved where every update's examples are the shares of
         one batch, as a ``DistributedSampler`` deals them); two of them that hold the same
@@ -1430,8 +1490,11 @@ class TokenSensitivity:
         are warned of. The per-position profile counts in rank 0's copies per token, as
         :meth:`merge` counts in its metric's."""
         local = self._local if self._local is not None else self.state
-        about = {"identity": [(name, repr(a)) for name, a, _ in _identity(self, self)],
-                 "shard": self.shard, "unit": self._profile_unit}
+        identity = [(name, repr(a)) for name, a, _ in _identity(self, self)]
+        if self._grid is not None:  # last: a rank that measured no patches compares without it
+            identity.append(("per-position profile (one image size on every rank) over",
+                             _grid_text(self._grid)))
+        about = {"identity": identity, "shard": self.shard, "unit": self._profile_unit}
         self.state = all_reduced(local, self.align, group, about, self._say_repeated)
         self._local = local
         return self
