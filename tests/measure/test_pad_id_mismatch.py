@@ -87,6 +87,8 @@ def test_only_a_position_the_pad_id_moves_is_refused():
     with pytest.raises(ValueError, match=MISMATCH):
         measure(gpt2(pad_token_id=CONFIG_PAD), batch)
     left = left_padded(batch)
+    # positions counted from each example's first real token: GPT-2 reads left padding so
+    left["position_ids"] = (left["attention_mask"].long().cumsum(-1) - 1).clamp(min=0)
     assert bool(left["attention_mask"][:, -1].all())
     wrong = measure(gpt2(pad_token_id=CONFIG_PAD), left, trim_padding=False)
     right = measure(gpt2(pad_token_id=PAD), left, trim_padding=False)

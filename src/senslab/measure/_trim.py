@@ -65,7 +65,10 @@ def left_padded_message(row: int, key: str) -> str:
         "through config.pad_token_id), or pass trim_padding=False to measure the left-padded "
         "inputs as they are — a model with absolute positions (GPT-2, BERT) then reads the "
         "real tokens at shifted positions unless the inputs carry position_ids "
-        "(attention_mask.cumsum(-1) - 1, clamped at 0), as Hugging Face's generate() passes"
+        "(attention_mask.cumsum(-1) - 1, clamped at 0), as Hugging Face's generate() passes, "
+        "and an encoder classifier that pools its first token (BERT's, DistilBERT's, "
+        "RoBERTa's [CLS]) reads padding there whatever its positions: pad such a model on the "
+        "right"
     )
 
 
@@ -172,12 +175,19 @@ def _cut(bound: BoundTokens, idx: Tensor, width: int, device: torch.device) -> T
 
 
 def warn_untrimmed(reason: str) -> None:
+    """Say that trimming is off for a batch, and why (:func:`check`'s reason). A model that
+    failed on the cut inputs is not said to read its padding: it may only refuse them
+    (Longformer pads inside its forward, so the cut inputs come back longer)."""
+    if reason.startswith("the model failed on inputs cut"):
+        why = ("The model does not take inputs cut after their last real token, so the copies "
+               "are evaluated at full width. Pass trim_padding=False to silence this warning")
+    else:
+        why = ("The model seems to read positions that the mask marks as padding (does it "
+               "receive the attention mask?), so the copies are evaluated at full width. Pass "
+               "the model's own padding mask, or trim_padding=False to silence this warning")
     warnings.warn(
-        f"padding-aware batching is off for this batch: {reason}. The model seems to read "
-        "positions that the mask marks as padding (does it receive the attention mask?), so the "
-        "copies are evaluated at full width. Pass the model's own padding mask, or "
-        "trim_padding=False to silence this warning. Said once per metric: later batches "
-        "that run at full width are counted in its untrimmed_batches",
+        f"padding-aware batching is off for this batch: {reason}. {why}. Said once per "
+        "metric: later batches that run at full width are counted in its untrimmed_batches",
         RuntimeWarning, stacklevel=_user_level(),
     )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten
 
 from .._exclusive import OwnForwards
+from .._stack import user_level
 from ._grid import AUTOCAST_FIX, LOW_PRECISION, GridCheck, autocast_grid
 from .base import (
     BoundTokens,
@@ -592,6 +594,16 @@ class _BoundEmbedding(BoundTokens):
             self._clean = out.detach().clone()
             return None
         tok, noise = self._delta
+        if self._width is not None and out.shape[1] > self._width \
+                and out.shape[0] == noise.shape[0]:
+            # batch first, more positions than the inputs: the model pads inside its forward
+            raise RuntimeError(
+                f"submodule {self.name!r} returned {out.shape[1]} tokens on inputs cut to "
+                f"{self._width}: the model pads or adds positions inside its forward "
+                "(Longformer pads to a multiple of its attention window), so inputs cut after "
+                "their last real token do not keep their positions: run at full width "
+                "(trim_padding=False)"
+            )
         if self._width is not None and out.shape[1] != self._width:
             raise RuntimeError(
                 f"submodule {self.name!r} returned {out.shape[1]} tokens on inputs cut to "
@@ -722,6 +734,7 @@ class _BoundEmbedding(BoundTokens):
         self.clean_output = read_position(raw, self.ends, self.position, t, starts)
         self._refuse_padding_of_another_id()
         self._refuse_unread_tokens()
+        self._warn_left_padding_read()
 
     def _refuse_padding_of_another_id(self) -> None:
         """Refuse right padding whose ids are not the pad id the model declares, where the
@@ -892,6 +905,70 @@ class _BoundEmbedding(BoundTokens):
             f"they are real tokens whose id is the pad id (an end token, pad = eos), the model "
             f"never reads them: leave them out of the inputs, or pad with another id and set "
             f"model.{where} to it"
+        )
+
+    def _warn_left_padding_read(self) -> None:
+        """Warn where left-padded inputs give the model another output than the same example
+        padded on the right: the model reads its padding (an encoder classifier pools its first
+        token, [CLS], which is padding there) or its absolute positions shift with the padding.
+        ``trim_padding=False`` measures such inputs as they are, and said nothing: a DistilBERT
+        classifier fed left-padded batches was measured at a padding position, its [CLS] slot,
+        with no word. A model with relative positions that finds its last real token itself
+        (Llama's, Qwen2's classifiers) gives the same output both ways: no warning.
+
+        One forward, of the first left-padded example with its real tokens moved to the front
+        (every input tensor with a token axis rolled alike, position ids too); only for the
+        attention mask's left padding and outputs that are not read per position."""
+        if self.padding is None or (self._per_position and self.position is not None):
+            return
+        real = self.padding
+        t = real.shape[1]
+        starts = first_real(real)
+        left = ((starts > 0) & (starts < t)).nonzero().flatten()
+        if not len(left):
+            return
+        row = left[:1]
+        shift = int(starts[row])
+
+        def roll(v: Any) -> Any:
+            if isinstance(v, Tensor) and v.dim() >= 2 and v.shape[1] == t:
+                return torch.roll(v, -shift, dims=1)
+            return v
+
+        one = select(self.inputs, row)
+        if isinstance(one, dict):
+            moved: Inputs = {k: roll(v) for k, v in one.items()}
+        elif isinstance(one, (tuple, list)):
+            moved = type(one)(roll(v) for v in one)
+        else:
+            return
+        found = hf_pad_token_config(self.model)
+        pad = getattr(found[0], "pad_token_id", None) if found is not None else None
+        ids = _token_ids(moved)
+        if isinstance(pad, int) and not isinstance(pad, bool) and isinstance(ids, Tensor) \
+                and ids.shape == (1, t) and not ids.is_floating_point():
+            # the padding moved to the right holds the pad id the model finds it by (a decoder
+            # classifier reads its last token of another id): what padding on the right gives
+            tail = torch.arange(t, device=ids.device)[None, :] >= t - shift
+            moved = _with_token_ids(moved, ids.masked_fill(tail, pad))
+        zero = torch.zeros(1, t, self.dim, device=self._clean.device)
+        try:
+            right = self._evaluate(moved, None, zero, t)
+        except (RuntimeError, ValueError, TypeError, IndexError):
+            return  # the model takes no such inputs: not judged
+        if _agree(right, self.clean_output[row].to(right.device)):
+            return
+        # one text for every batch and example: said once where warnings say a text once
+        warnings.warn(
+            "the inputs are left-padded (the attention mask's padding comes first), and "
+            f"{type(unwrapped(self.model)).__name__} gives a left-padded example another output "
+            "than the same example padded on the right: it reads its padding (an encoder "
+            "classifier pools its first token, which is padding there) or its absolute "
+            "positions shift with the padding. The measurement is that of the left-padded "
+            "inputs as they are, not of the texts as the model reads them unpadded. Pad on the "
+            "right (Hugging Face: tokenizer.padding_side = 'right'), or, for a model with "
+            "absolute positions, pass position_ids (attention_mask.cumsum(-1) - 1, clamped at 0)",
+            RuntimeWarning, stacklevel=user_level(),
         )
 
     def tokens(self, src: Tensor, tok: Tensor) -> Tensor:
