@@ -13,6 +13,10 @@ into p×p patches that stay the tokens        kernel = stride = p and no padding
 timm hybrid ViT (a CNN ``backbone`` in       ``Patches(img_size // grid_size)``: a token's size
 ``patch_embed``: ``vit_small_r26_s32``)      in pixels (32), not ``patch_size`` (1, a patch of
                                              the backbone's feature map)
+timm ViT with a convolutional patch          ``Patches(p)``, p = ``patch_embed.patch_size``:
+embedding (XCiT: stride-2 convolutions       the cell of the image each token stands for
+in ``patch_embed`` that together stride p,
+then attention and no further stride)
 an isotropic patch network (ConvMixer: a    ``Patches(p)``: the model's own patch grid
 p×p stride-p stem, no later stride)
 any other model with a ``Conv2d`` (CNN),     ``Patches(DEFAULT_CNN_PATCH)`` = 16: the grid of
@@ -54,7 +58,13 @@ each example's last real token (``position=``, see :class:`~senslab.tokens.Embed
 **Images: σ in pixel space.** ``sigma_space="pixel"`` gives σ on [0, 1] pixels, converted
 through the model's own normalisation (:class:`~senslab.tokens.Patches`): ``std=`` if given,
 else a Hugging Face ``image_processor``'s ``image_std``, else a timm model's
-``pretrained_cfg["std"]``.
+``pretrained_cfg["std"]``. The default, ``"input"``, adds σ to the images as they are passed:
+for a timm or Hugging Face model fed normalised images, σ in its normalised units, which are
+not the same from model to model (timm's ImageNet std is about 0.226 per channel, its
+``augreg`` ViTs' 0.5, its CLIP models' about 0.27), so one σ is another pixel noise for each;
+compare models with ``sigma_space="pixel"``. A model that takes [0, 1] pixels and normalises
+them itself (a wrapper with the normalisation inside) needs no conversion: its input units are
+pixels already.
 """
 
 from __future__ import annotations
@@ -300,12 +310,15 @@ def _patch_size(model: nn.Module) -> int:
     """The image patch of the model's tokens (module docstring): a timm hybrid's token size in
     pixels (:func:`_hybrid_patch`); else the declared patch size (timm
     ``patch_embed.patch_size``, HF ``config.patch_size``) where it is an image patch
-    (:func:`_declared_patch`); else the patch of an isotropic patch network
+    (:func:`_declared_patch`) or the cell of a convolutional patch embedding's tokens
+    (:func:`_conv_patch_embed`); else the patch of an isotropic patch network
     (:func:`_patch_stem`); else the CNN default."""
     embed = getattr(model, "patch_embed", None)
     if isinstance(getattr(embed, "backbone", None), nn.Module):
         return _hybrid_patch(embed)
     if embed is not None and getattr(embed, "patch_size", None) is not None:
+        if _conv_patch_embed(model, embed, _pair(embed.patch_size)):
+            return _square(embed.patch_size, "patch_embed.patch_size")
         return _declared_patch(model, embed.patch_size, "patch_embed.patch_size")
     config = getattr(model, "config", None)
     size = getattr(config, "patch_size", None)
@@ -323,6 +336,29 @@ def _hybrid_patch(embed: nn.Module) -> int:
         return DEFAULT_CNN_PATCH
     return _square(tuple(int(i) // int(g) for i, g in zip(_pair(img), _pair(grid), strict=True)),
                    "the hybrid's token in pixels (patch_embed.img_size // grid_size)")
+
+
+def _conv_patch_embed(model: nn.Module, embed: nn.Module, size: tuple[int, ...]) -> bool:
+    """A convolutional patch embedding (timm XCiT's ``ConvPatchEmbed``: 3×3 stride-2
+    convolutions) whose strides together make the declared patch size, in a model that attends
+    over its output and never strides after it: each token is a ``size`` cell of the image
+    (its receptive field overlapping the next), as a hybrid's token is. Its first convolution
+    cuts no patches, so without this rule an XCiT-p8 was measured on 16×16 patches of four
+    tokens each."""
+    inside = [m for m in embed.modules() if isinstance(m, nn.Conv2d)]
+    if not inside or not _attends(model):
+        return False
+    first = next(m for m in model.modules() if isinstance(m, nn.Conv2d))
+    if first is not inside[0]:
+        return False  # a convolution before the patch embedding: not the image it embeds
+    mine = {id(m) for m in inside}
+    if any(tuple(m.stride) != (1, 1) for m in model.modules()
+           if isinstance(m, nn.Conv2d) and id(m) not in mine):
+        return False  # a pyramid that strides again (PiT): its tokens change size
+    total = [1, 1]
+    for m in inside:
+        total = [t * int(s) for t, s in zip(total, m.stride, strict=True)]
+    return tuple(total) == size
 
 
 def _declared_patch(model: nn.Module, size: Any, where: str) -> int:

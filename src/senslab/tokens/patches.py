@@ -247,6 +247,7 @@ class Patches(Tokenization):
         if self.sigma_space == "input":
             return None
         std, mean = self.std, self.mean
+        given = {"std": std is not None, "mean": mean is not None}
         if std is None:
             found = model_normalization(model)
             if found is None:
@@ -255,13 +256,26 @@ class Patches(Tokenization):
                     "has no timm pretrained_cfg; pass Patches(..., std=...) (e.g. ImageNet's "
                     "(0.229, 0.224, 0.225)), or auto_tokens(model, sigma_space='pixel', "
                     "image_processor=AutoImageProcessor.from_pretrained(name)) for a Hugging "
-                    "Face model"
+                    "Face model. A model that takes [0, 1] pixels and normalises them itself "
+                    "needs no conversion (its inputs are the pixels): drop sigma_space"
                 )
             mean, std = (mean or found[0]), found[1]
         out = []
         for what, vals in (("mean", mean or (0.0,)), ("std", std)):
             assert vals is not None
             if len(vals) not in (1, channels):
+                if not given[what]:  # read from the model's pretrained_cfg, not passed
+                    per = "one value" if channels == 1 else f"one value or {channels}"
+                    raise ValueError(
+                        f"{type(model).__name__}'s timm pretrained_cfg normalises "
+                        f"{len(vals)} channels ({what} {tuple(vals)}) but the images have "
+                        f"{channels} channel{'s' if channels != 1 else ''} (a model built "
+                        f"with in_chans={channels} keeps the cfg of its {len(vals)}-channel "
+                        "weights), so the pixel units of σ are not known; pass the "
+                        f"normalisation the images were given: Patches({self.size}, "
+                        f"sigma_space='pixel', std=..., mean=...), {per} each (mean matters "
+                        "only for replace_with)"
+                    )
                 raise ValueError(
                     f"{what} has {len(vals)} values but the images have {channels} channels; "
                     f"give one value or one per channel"
