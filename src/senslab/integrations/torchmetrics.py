@@ -80,6 +80,14 @@ pickle) and a metric after ``reset`` get an id of their own, and a copy made bef
 measured merges freely. A state dict without ``merged_ids`` (an older senslab) loads and merges
 as before, unchecked for repeats.
 
+With :class:`~senslab.tokens.Patches` the states hold the grid of patches the per-position
+profile is over (``pos_grid``, a ``"cat"`` state: synced, merged and saved with the profile). A
+batch of another image size than the states' (merged or loaded ones included, for any model),
+``merge_state`` of states over another grid, and torchmetrics' sync of processes over two grids
+(every process raises, before anything is synced) are refused, naming both grids, as
+:class:`~senslab.measure.TokenSensitivity` refuses them; after ``reset`` any size is measured.
+A state dict without ``pos_grid`` (an older senslab) loads and merges with its grid unknown.
+
 Example:
     >>> import torch
     >>> from senslab.integrations.torchmetrics import TokenSensitivityMetric
@@ -125,6 +133,7 @@ from ..measure._alloc import MIN_FLIPS
 from ..measure._noise import NoiseStream
 from ..measure._options import _identity
 from ..measure._stats import State, result
+from ..measure.tokenwise import Grid, _grid_mismatch, _ranks_grid_mismatch
 from ..tokens import Sequence, Tokenization
 from ..tokens.base import Inputs, batch_size, select
 from ._common import Seed, _placeholder, check_options, float32_default
@@ -144,7 +153,10 @@ _SUMS = {"n": "n", "s1": "s1", "s2": "s2", "within": "within", "num_forward": "f
 #: the counts behind the warning of few flips (``TokenSensitivity._warn_few_events``): NaN
 #: where states without them (an older senslab's) hold examples — unknown, nothing said
 _FLIPS = ("num_copies", "num_events")
-_CATS = ("sample_rate", "sample_index", "pos_id", "pos_sum", "pos_cnt")
+#: ``pos_grid``: the grid of patches the per-position profile is over, one (rows, columns,
+#: patch size) a metric (a state, so it is synced, merged and saved with the profile; none for
+#: other tokens and for ``mode="whole"``)
+_CATS = ("sample_rate", "sample_index", "pos_id", "pos_sum", "pos_cnt", "pos_grid")
 #: configuration fields the model decides where the options leave them open (None)
 _MODEL_DECIDES = ("tokens", "align", "output_kind")
 
@@ -271,6 +283,10 @@ class TokenSensitivityMetric(Metric):
         try:
             engine = self._engine_for(model)
             engine.state = State()  # this batch alone; the engine keeps its stream and calibration
+            # the grid of the states' profile (after a merge, a load, for a new model's engine):
+            # the engine refuses a batch of another image size with its own message
+            held = _one_grid(self.pos_grid, "this metric's")
+            engine._grid = held
             with float32_default():
                 engine.update(inputs, mask)
         except BaseException:
@@ -287,6 +303,8 @@ class TokenSensitivityMetric(Metric):
         self.sample_rate.append(rates.to(dev))
         keys = idx.double() if index is not None else torch.full((st.n,), math.nan)
         self.sample_index.append(keys.to(dev, torch.float64))
+        if held is None and engine._grid is not None:  # the first batch of patches
+            self.pos_grid.append(torch.tensor(engine._grid, dtype=torch.float64, device=dev))
         p = len(st.pos_sum)
         if p:
             ids = torch.arange(-p, 0) if engine.align == "right" else torch.arange(p)
@@ -342,7 +360,8 @@ class TokenSensitivityMetric(Metric):
         warning); states holding an example index (``index=``) this metric has measured
         already, or the examples of a metric merged here before (the same metric or state dict
         merged twice, a metric holding one merged before, a copy of this metric made after it
-        measured: module docstring) — they would count twice."""
+        measured: module docstring) — they would count twice; a per-position profile over
+        another grid of patches (another image size), naming both grids."""
         if incoming_state is self:
             raise ValueError(
                 "cannot merge a metric into itself: its examples would count twice (a smaller "
@@ -352,6 +371,7 @@ class TokenSensitivityMetric(Metric):
         seen: set[int] = set()
         ids: set[str] = set()
         named = None  # the incoming tokens with a module by its name (once it has measured)
+        whose = "the other metric's"
         if isinstance(incoming_state, TokenSensitivityMetric):
             with incoming_state._lock:  # a snapshot: another thread may be updating it
                 config: dict[str, Any] | None = incoming_state._config
@@ -361,7 +381,8 @@ class TokenSensitivityMetric(Metric):
                 ids, named = incoming_state._held_ids(), _named_tokens(incoming_state)
         elif isinstance(incoming_state, dict):
             config, other = _stored(incoming_state.get("config")), None
-            states = _with_flip_counts(incoming_state)
+            states = _with_grid(_with_flip_counts(incoming_state))
+            whose = "the state dict's"
             if incoming_state.get("seen_index") is not None:
                 seen = _indices(incoming_state["seen_index"])
             if _count(incoming_state):  # an empty state holds nobody's examples
@@ -378,6 +399,11 @@ class TokenSensitivityMetric(Metric):
                                                              f"{b!r}"))
                 if "sample_index" in states:
                     self._refuse_overlap(states["sample_index"])
+                mine = _one_grid(self.pos_grid, "this metric's")
+                # a dict without states at all: torchmetrics' merge names what is missing
+                theirs = _one_grid(states.get("pos_grid", []), whose)
+                if mine is not None and theirs is not None and mine != theirs:
+                    raise ValueError("cannot merge: " + _grid_mismatch(mine, theirs, whose))
                 if self._ids & ids:
                     raise ValueError(
                         "cannot merge: this metric already holds the examples of the incoming "
@@ -482,6 +508,23 @@ class TokenSensitivityMetric(Metric):
             )
         return super().set_dtype(torch.float64)
 
+    def _sync_dist(self, dist_sync_fn: Callable = gather_all_tensors,
+                   process_group: Any | None = None) -> None:
+        """torchmetrics' sync of the states across processes, refused (a ValueError, on every
+        process alike, before any state is synced) where two processes' per-position profiles
+        are over two grids of patches: gathered, position k of one and of the other, another
+        patch each, had been added up. Processes that measured no patches agree with any."""
+        group = process_group or self.process_group
+        # each process's entries as they are, read after the gather: a process whose own are
+        # damaged raises with the others, never before a gather they wait in
+        mine = _cat(self.pos_grid).to(self.n.device, torch.float64)
+        gathered = dist_sync_fn(mine, group=group)
+        grids = [_one_grid(t, f"process {r}'s") for r, t in enumerate(gathered)]
+        said = _ranks_grid_mismatch(grids)
+        if said is not None:
+            raise ValueError("cannot sync the metric's states across processes: " + said)
+        super()._sync_dist(dist_sync_fn, process_group=process_group)
+
     def state_dict(  # type: ignore[override]
         self, destination: dict[str, Any] | None = None, prefix: str = "",
         keep_vars: bool = False,
@@ -523,8 +566,11 @@ class TokenSensitivityMetric(Metric):
             if (config is not None or counts) and not empty:
                 self._check_config(_stored(config), "cannot load the state dict",
                                    "load_state_dict")
-            for k, v in _with_flip_counts(state_dict, prefix).items():
-                state_dict.setdefault(k, v)  # an older senslab's: the counts unknown
+            _one_grid(state_dict.get(prefix + "pos_grid", []), "the state dict's")
+            # an older senslab's: the flip counts unknown, and the grid (no check against it;
+            # this metric's own grid is not kept for the loaded states' profile)
+            for k, v in _with_grid(_with_flip_counts(state_dict, prefix), prefix).items():
+                state_dict.setdefault(k, v)
             super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
             for name in _CATS:
                 if isinstance(getattr(self, name), list):
@@ -563,6 +609,9 @@ class TokenSensitivityMetric(Metric):
             self.add_state(k, torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum",
                            persistent=self._persistent.get("n", False))
             setattr(self, k, torch.tensor(fill, dtype=torch.float64, device=self.n.device))
+        if "pos_grid" not in self._defaults:  # an older senslab's pickle: its grid unknown
+            self.add_state("pos_grid", [], dist_reduce_fx="cat",
+                           persistent=self._persistent.get("n", False))
         held = self._held_ids() if "_ids" in state else set()
         self._id = uuid.uuid4().hex
         self._ids = held | {self._id}
@@ -706,6 +755,7 @@ class TokenSensitivityMetric(Metric):
         keys = _cat(self.sample_index)
         if len(keys) and not torch.isnan(keys).any():
             rates = rates[torch.argsort(keys.cpu(), stable=True).to(rates.device)]
+        _one_grid(self.pos_grid, "this metric's")  # one grid, or positions of two had been added
         ids = _cat(self.pos_id).cpu().long()
         align = "right" if len(ids) and int(ids.min()) < 0 else "left"
         p = (-int(ids.min()) if align == "right" else int(ids.max()) + 1) if len(ids) else 0
@@ -743,6 +793,31 @@ def _with_flip_counts(states: dict[str, Any], prefix: str = "") -> dict[str, Any
     for k in _FLIPS:
         out.setdefault(prefix + k, torch.tensor(fill, dtype=torch.float64, device=n.device))
     return out
+
+
+def _with_grid(states: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``states`` with an empty grid (``pos_grid``: not known) where they hold counts but no
+    grid (saved by an older senslab): torchmetrics' merge refused the dict for the missing key,
+    and a load had kept this metric's own grid beside the loaded profile."""
+    if prefix + "n" not in states or prefix + "pos_grid" in states:
+        return states
+    return {**states, prefix + "pos_grid": []}
+
+
+def _one_grid(value: Tensor | list[Tensor], whose: str) -> Grid | None:
+    """The grid of patches a ``pos_grid`` state holds (None: none recorded). Raises where it
+    holds two (states built or edited by hand: merges and syncs refuse them) or is no list of
+    (rows, columns, patch size) triples (damaged)."""
+    flat = _cat(value).cpu().double()
+    if len(flat) % 3 or not torch.equal(flat, flat.round()) or (len(flat) and flat.min() < 1):
+        raise ValueError(
+            f"{whose} 'pos_grid' state ({flat.tolist()}) is not a list of (rows, columns, patch "
+            "size) grids: it is damaged; use states saved by TokenSensitivityMetric"
+        )
+    grids = list(dict.fromkeys((int(r), int(c), int(p)) for r, c, p in flat.view(-1, 3).tolist()))
+    if len(grids) > 1:
+        raise ValueError(_grid_mismatch(grids[0], grids[1], "part of it", mine=whose))
+    return grids[0] if grids else None
 
 
 def _cat(x: Tensor | list[Tensor]) -> Tensor:

@@ -442,13 +442,17 @@ def repeated_ranks(infos: list[dict[str, Any]]) -> str | None:
 
 def all_reduced(st: State, align: str, group: Any = None,
                 about: dict[str, Any] | None = None,
-                say: Callable[[str], None] | None = None) -> State:
+                say: Callable[[str], None] | None = None,
+                check: Callable[[list[dict[str, Any]]], None] | None = None) -> State:
     """``st`` summed over all processes of ``torch.distributed`` (per-sample rates gathered in
     the one-process order, :func:`gathered_order`; the sums reduced on the device the backend
     reduces on). ``about``: what :func:`gathered_order` checks across the ranks (``identity``,
     ``shard``) and ``unit``, the copies per token the state's per-position profile counts in:
-    every rank's profile is summed in rank 0's unit. ``say``: called with the warning of
-    :func:`repeated_ranks`, if any."""
+    every rank's profile is summed in rank 0's unit; anything else ``check`` reads. ``say``:
+    called with the warning of :func:`repeated_ranks`, if any. ``check``: called with every
+    rank's ``about`` (in rank order) after :func:`gathered_order`'s checks, before anything is
+    summed; it raises where the ranks' states do not add up (every rank sees the same list, so
+    every rank raises alike and none waits on the reduction)."""
     import torch.distributed as dist
 
     world = dist.get_world_size(group)
@@ -456,6 +460,8 @@ def all_reduced(st: State, align: str, group: Any = None,
     infos: list[Any] = [None] * world
     dist.all_gather_object(infos, mine, group=group)
     slots = gathered_order(infos)  # raises before the reduction, on every rank alike
+    if check is not None:
+        check(infos)  # so does this
     twins = repeated_ranks(infos)
     if twins is not None and say is not None:
         say(twins)

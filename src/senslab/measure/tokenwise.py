@@ -272,18 +272,40 @@ def _grid_text(grid: Grid) -> str:
             f"{rows * cols} tokens)")
 
 
-def _grid_mismatch(held: Grid, new: Grid, other: str) -> str:
-    """The refusal to mix this metric's per-position profile over ``held`` with ``other``'s
-    over ``new``: position k is another patch of the image on each grid."""
+def _grid_mismatch(held: Grid, new: Grid, other: str, mine: str = "this metric's") -> str:
+    """The refusal to mix ``mine`` per-position profile over ``held`` (this metric's, or a
+    rank's) with ``other``'s over ``new``: position k is another patch of the image on each
+    grid."""
     rows, cols, p = held
     return (
-        f"this metric's per-position profile (per_position) is over {_grid_text(held)}, but "
+        f"{mine} per-position profile (per_position) is over {_grid_text(held)}, but "
         f"{other} is over {_grid_text(new)}: "
         "position k, counted row-major over the grid, is another patch of the image on each "
         "grid, so the profile would add up unrelated patches. Measure each image size with a "
         f"metric of its own (and compare their profiles side by side), or resize the images to "
         f"{rows * p}×{cols * p} first; mode='whole' records no profile and takes any size"
     )
+
+
+def _ranks_grid_mismatch(grids: list[Grid | None]) -> str | None:
+    """The refusal of the processes' profiles, one grid (or None: no patches measured) a rank
+    in rank order, where two ranks' grids differ: the first rank with a grid and the first
+    with another are named (the same text on every rank, which all see the same grids); None
+    where every rank with a grid has the same one."""
+    held = [(rank, grid) for rank, grid in enumerate(grids) if grid is not None]
+    for rank, grid in held[1:]:
+        if grid != held[0][1]:
+            return _grid_mismatch(held[0][1], grid, f"rank {rank}'s", mine=f"rank {held[0][0]}'s")
+    return None
+
+
+def _refuse_ranks_grids(infos: list[dict[str, Any]]) -> None:
+    """:meth:`TokenSensitivity.all_reduce`'s check of the gathered ``infos``: every rank's
+    grid (``grid``; ranks that measured no patches have none) is compared with every other's,
+    not only with rank 0's, which may have none."""
+    said = _ranks_grid_mismatch([info.get("grid") for info in infos])
+    if said is not None:
+        raise ValueError("cannot all_reduce: " + said)
 
 
 def _warn_reduced_float32(model: Any, device: torch.device) -> None:
@@ -1482,20 +1504,19 @@ class TokenSensitivity:
         ``(0, world) … (world − 1, world)`` for the group's ``world`` processes, some ranks
         sharded and others not, or different numbers of ``update`` calls (a rank that skipped
         a batch leaves its share out of the one-process result), or where two ranks' profiles
-        are over two grids of patches (images of another size). Ranks without ``shard`` that
-        measured their own data may differ in batches: ``per_sample`` then lists rank 0's
-        examples, then rank 1's, … (interleaved where every update's examples are the shares of
-        one batch, as a ``DistributedSampler`` deals them); two of them that hold the same
+        are over two grids of patches (images of another size; every rank's grid is compared
+        with every other's, and a rank that measured no patches agrees with any). Ranks without
+        ``shard`` that measured their own data may differ in batches: ``per_sample`` then lists
+        rank 0's examples, then rank 1's, … (interleaved where every update's examples are the
+        shares of one batch, as a ``DistributedSampler`` deals them); two of them that hold the same
         per-example rates, every one (the same examples under the same seed, counted twice),
         are warned of. The per-position profile counts in rank 0's copies per token, as
         :meth:`merge` counts in its metric's."""
         local = self._local if self._local is not None else self.state
-        identity = [(name, repr(a)) for name, a, _ in _identity(self, self)]
-        if self._grid is not None:  # last: a rank that measured no patches compares without it
-            identity.append(("per-position profile (one image size on every rank) over",
-                             _grid_text(self._grid)))
-        about = {"identity": identity, "shard": self.shard, "unit": self._profile_unit}
-        self.state = all_reduced(local, self.align, group, about, self._say_repeated)
+        about = {"identity": [(name, repr(a)) for name, a, _ in _identity(self, self)],
+                 "shard": self.shard, "unit": self._profile_unit, "grid": self._grid}
+        self.state = all_reduced(local, self.align, group, about, self._say_repeated,
+                                 _refuse_ranks_grids)
         self._local = local
         return self
 
