@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
+from torchrun import torchrun
 
 pytest.importorskip("torchmetrics")
 
@@ -259,14 +257,8 @@ os._exit(0)
 def three_ranks(tmp_path_factory) -> list[dict]:
     """Three gloo processes (``torch.distributed.run``), each one's results as JSON."""
     tmp = tmp_path_factory.mktemp("ranks")
-    script = tmp / "ranks.py"
-    script.write_text(_RANKS)
     out = tmp / "got"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=3",
-           str(script), str(out)]
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    torchrun(_RANKS, tmp, 3, str(out))
     return [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(3)]
 
 

@@ -18,14 +18,12 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
+from torchrun import torchrun
 
 from senslab.measure import TokenSensitivity
 from senslab.models import create_model
@@ -156,14 +154,8 @@ os._exit(0)
 def test_all_reduce_refuses_ranks_whose_profiles_are_over_other_grids(tmp_path: Path):
     """Two gloo processes, one on 28×28 images and one on 35×35: every rank refuses alike,
     naming both grids, and keeps its own state."""
-    script = tmp_path / "ranks.py"
-    script.write_text(_RANKS)
     out = tmp_path / "said"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(script), str(out)]
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    torchrun(_RANKS, tmp_path, 2, str(out), timeout=240)
     for rank in (0, 1):
         got = json.loads(Path(f"{out}.{rank}").read_text())
         assert got["n"] == 2
