@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._download import DataUnavailableError, fetch, md5sum
+from ._download import DataUnavailableError, DataWriteError, fetch, md5sum
 from ._registry import register_dataset
 from ._roots import Package, declare, find_root, locate, reads_no_files
 from .base import ArrayDataset
@@ -238,9 +238,11 @@ def _get(root: Path, filename: str, table: dict[str, str], base_urls: tuple[str,
         try:
             return fetch(base + filename, root / filename, md5, download)
         except DataUnavailableError as err:
-            if md5 is not None and (root / filename).exists():
+            if md5 is not None and (root / filename).is_file():
                 _name_other_file(root / filename, table, err)
-            if not download or (root / filename).exists() or i == len(base_urls) - 1:
+            # a file that cannot be saved here fails the same way from every mirror
+            if (not download or (root / filename).exists() or isinstance(err, DataWriteError)
+                    or i == len(base_urls) - 1):
                 raise
     raise AssertionError("unreachable")
 

@@ -83,7 +83,14 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from ._download import DOWNLOAD_HINT, DataUnavailableError, cache_dir, fetch, md5sum
+from ._download import (
+    DOWNLOAD_HINT,
+    DataUnavailableError,
+    DataWriteError,
+    cache_dir,
+    fetch,
+    md5sum,
+)
 from ._registry import register_dataset
 from ._roots import Package, declare, find_root
 from .base import ArrayDataset
@@ -485,6 +492,8 @@ def _mrpc_rows(root: Path, split: str, download: bool, variant: str) -> TextRows
     if not path.exists():
         try:
             build_mrpc_glue(root, download)
+        except DataWriteError:  # complete as it is: downloading was on, saving failed
+            raise
         except DataUnavailableError as err:
             raise DataUnavailableError(
                 f"MRPC file {path.name} is missing from {root}. Put GLUE's train.tsv and dev.tsv "
@@ -506,6 +515,8 @@ def _glue_zip_file(name: str, root: Path, split: str, download: bool) -> Path:
     zpath = root / url.rsplit("/", 1)[1]
     try:
         fetch(url, zpath, None, download)
+    except DataWriteError:  # complete as it is: downloading was on, saving failed
+        raise
     except DataUnavailableError as err:
         raise DataUnavailableError(
             f"{name} file {path.name} is missing from {root}. Put GLUE's train.tsv and dev.tsv "
