@@ -174,14 +174,19 @@ def test_a_convolution_over_the_padding_switches_trimming_off():
 
 
 def test_left_padding_of_a_rotary_decoder_is_refused_then_measured_as_right_padding():
-    """Left padding is refused by default, naming padding_side and trim_padding=False; with
-    trim_padding=False a Llama classifier (rotary positions, read at its last non-pad token)
-    measures the left-padded texts as the right-padded ones, without a warning."""
+    """Left padding is refused by default, naming padding_side and trim_padding=False, with no
+    warning first; the refusal says this model reads the first left-padded example as padded
+    on the right. With trim_padding=False a Llama classifier (rotary positions, read at its
+    last non-pad token) measures the left-padded texts as the right-padded ones, without a
+    warning."""
     model, pad, _ = build("llama")
     left = texts(pad, left=True)
-    with pytest.raises(ValueError, match=r"left-padded.*padding_side = 'right'.*"
-                                         r"trim_padding=False"):
-        token_sensitivity(model, left, auto_tokens(model), **OPTIONS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=r"left-padded.*padding_side = 'right'.*"
+                                             r"trim_padding=False.*same output padded on "
+                                             r"either side"):
+            token_sensitivity(model, left, auto_tokens(model), **OPTIONS)
     as_left, _, said = measured(model, left, trim_padding=False)
     as_right, _, _ = measured(model, texts(pad), trim_padding=False)
     assert said == []
@@ -189,14 +194,18 @@ def test_left_padding_of_a_rotary_decoder_is_refused_then_measured_as_right_padd
 
 
 def test_left_padding_an_encoder_that_pools_its_first_token_is_said():
-    """DistilBERT pools its first token, [CLS]: left-padded, that is padding. The refusal says
-    so, and trim_padding=False, which measures the left-padded inputs as they are, warns that
-    the model reads them otherwise than the same texts padded on the right (it said nothing);
-    position_ids do not help an encoder that reads its padding: still said."""
+    """DistilBERT pools its first token, [CLS]: left-padded, that is padding. The default's
+    refusal says so, and that this model reads them otherwise, with no warning before it;
+    trim_padding=False, which measures the left-padded inputs as they are, warns that the model
+    reads them otherwise than the same texts padded on the right (it said nothing)."""
     model, pad, _ = build("distilbert")
     left = texts(pad, left=True)
-    with pytest.raises(ValueError, match=r"left-padded.*pools its first token.*\[CLS\]"):
-        token_sensitivity(model, left, auto_tokens(model), **OPTIONS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=r"left-padded.*pools its first token.*\[CLS\].*"
+                                             r"DistilBertForSequenceClassification gives example "
+                                             rf"\d+ {LEFT_READ}"):
+            token_sensitivity(model, left, auto_tokens(model), **OPTIONS)
     _, _, said = measured(model, left, trim_padding=False)
     found = [s for s in said if LEFT_READ in s]
     assert len(found) == 1, said
@@ -213,6 +222,11 @@ def test_left_padding_with_position_ids_is_measured_without_a_word():
                n_positions=32, num_labels=2, pad_token_id=0)
     model = seeded(make)
     left = texts(0, left=True)
+    with warnings.catch_warnings():  # refused by default, with no warning first
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=f"left-padded.*GPT2ForSequenceClassification "
+                                             rf"gives example \d+ {LEFT_READ}"):
+            token_sensitivity(model, left, auto_tokens(model), **OPTIONS)
     _, _, said = measured(model, left, trim_padding=False)
     assert any(LEFT_READ in s for s in said), said
     positions = (left["attention_mask"].cumsum(-1) - 1).clamp(min=0)
@@ -244,7 +258,9 @@ def test_a_sequence_first_embedding_is_refused_not_measured_transposed():
     if make is None:
         pytest.skip("this transformers has no XLNet")
     model = seeded(make)
-    tokens = auto_tokens(model)
+    with pytest.raises(TypeError, match="XLNet"):  # auto_tokens refuses it, naming a wrapper
+        auto_tokens(model)
+    tokens = Embedding("transformer.word_embedding")  # named by hand: refused at the measure
     ids = torch.randint(5, 100, (6, 10), generator=torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="not batch-first"):
         token_sensitivity(model, {"input_ids": ids}, tokens, **OPTIONS)
@@ -305,8 +321,10 @@ def test_pretrained_minilm_tokenized_right_and_left():
     assert torch.equal(trimmed.per_sample, full.per_sample)
     tokenizer.padding_side = "left"
     left = dict(tokenizer(sentences, padding=True, return_tensors="pt"))
-    with pytest.raises(ValueError, match="left-padded"):
-        token_sensitivity(model, left, auto_tokens(model), **OPTIONS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=f"left-padded.*{LEFT_READ}"):
+            token_sensitivity(model, left, auto_tokens(model), **OPTIONS)
     _, _, said = measured(model, left, trim_padding=False, **options)
     assert any(LEFT_READ in s for s in said), said
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_flatten
 
 #: the methods a tokenization's reuse path calls once per chunk of copies
 REUSE_PATHS = ("forward_local", "forward_suffix")
@@ -22,7 +23,9 @@ REUSE_PATHS = ("forward_local", "forward_suffix")
 
 class CompiledModel:
     """Stands in for ``model`` while the copies are evaluated: calls go through
-    ``torch.compile(model)``, :data:`REUSE_PATHS` through their own compiled functions."""
+    ``torch.compile(model)``, :data:`REUSE_PATHS` through their own compiled functions, each
+    compiled with the first axis of its tensor arguments of any size (:func:`_rows_dynamic`),
+    so chunks of other sizes run the same compiled code."""
 
     def __init__(self, model: Any) -> None:
         self._model = model
@@ -45,13 +48,43 @@ class CompiledModel:
         return tuple(self._paths)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        _rows_dynamic(args, kwargs)
         return self._call(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         # only reached for names not set in __init__; the model's own for all but the paths
         paths = self.__dict__.get("_paths", {})
         if name in paths:
-            return paths[name]
+            return _with_rows_dynamic(paths[name])
         if "_model" not in self.__dict__:  # being copied or unpickled: no model yet
             raise AttributeError(name)
         return getattr(self.__dict__["_model"], name)
+
+
+
+def _rows_dynamic(args: Any, kwargs: Any) -> None:
+    """Mark the first axis of every tensor in a call's arguments as of any size: the copies'
+    axis (and the cache's examples), whose size changes with each chunk — the last chunk of a
+    round is shorter, and a batch's last examples are fewer. Left static, the first call's
+    sizes were compiled in, the first other size compiled the function again (as of torch's
+    automatic dynamic shapes, which then makes that axis dynamic), and a batch of another
+    example count (the cache's first axis) once more. A hint only (``maybe_mark_dynamic``):
+    where the code fixes a size, Dynamo keeps it, with no error."""
+    from torch import _dynamo
+
+    mark = getattr(_dynamo, "maybe_mark_dynamic", None)
+    if mark is None:  # a torch without the hint: its automatic dynamic shapes alone
+        return
+    for leaf in tree_flatten((args, kwargs))[0]:
+        if isinstance(leaf, torch.Tensor) and leaf.dim() >= 1:
+            mark(leaf, 0)
+
+
+def _with_rows_dynamic(fn: Any) -> Any:
+    """``fn`` (a compiled reuse path) with :func:`_rows_dynamic` before each call."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        _rows_dynamic(args, kwargs)
+        return fn(*args, **kwargs)
+
+    return call

@@ -56,7 +56,10 @@ RTOL = {torch.float64: 1e-9, torch.float32: 1e-4}
 LOW_PRECISION_RTOL = 5e-2
 
 
-def left_padded_message(row: int, key: str) -> str:
+def left_padded_message(row: int, key: str, found: str | None = None) -> str:
+    """The refusal of left padding; ``found``: what the tokens found of this model's reading
+    of left-padded inputs (``left_padding_read`` of :class:`~senslab.tokens.Embedding`'s bound
+    tokens), appended in words."""
     return (
         f"the inputs are left-padded (example {row} starts with padding in {key!r}): "
         "padding-aware batching cuts the padding after the last real token, which is exact "
@@ -68,7 +71,7 @@ def left_padded_message(row: int, key: str) -> str:
         "(attention_mask.cumsum(-1) - 1, clamped at 0), as Hugging Face's generate() passes, "
         "and an encoder classifier that pools its first token (BERT's, DistilBERT's, "
         "RoBERTa's [CLS]) reads padding there whatever its positions: pad such a model on the "
-        "right"
+        "right" + (f". Checked on this model: {found}" if found else "")
     )
 
 
@@ -90,7 +93,12 @@ def extents(bound: BoundTokens) -> Tensor | None:
     if bound.padding is not None:
         row = left_padded_row(bound.padding)
         if row is not None:
-            raise ValueError(left_padded_message(row, bound.padding_key or "attention_mask"))
+            # the model's reading of left padding, judged by the tokens (one forward, once per
+            # bind), where they judge it: no warning before this refusal says it
+            read = getattr(bound, "left_padding_read", None)
+            found = read() if callable(read) else None
+            raise ValueError(left_padded_message(row, bound.padding_key or "attention_mask",
+                                                 found))
     t = real.shape[1]
     ext = t - real.flip(1).int().argmax(dim=1)
     if bool((ext == t).all()):

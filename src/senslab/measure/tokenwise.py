@@ -191,7 +191,12 @@ from ..tokens.base import (
     check_device,
     check_selector,
 )
-from ..tokens.embedding import NO_PAD_TOKEN, hf_pad_token_config, no_pad_id_message
+from ..tokens.embedding import (
+    NO_PAD_TOKEN,
+    hf_pad_token_config,
+    left_padding_judged,
+    no_pad_id_message,
+)
 from ..tokens.patches import _BoundPatches
 from . import _alloc, _precision, _trim
 from ._compiled import CompiledModel
@@ -1080,7 +1085,9 @@ class TokenSensitivity:
                 probe: AbstractContextManager[Any]) -> None:
         with ExitStack() as stack:
             try:
-                with probe:  # around the clean forward alone, which bind runs
+                # left padding is judged here: refused by padding-aware batching (:meth:`_extent`),
+                # else said after it, where the measurement goes on with the left-padded inputs
+                with probe, left_padding_judged():  # probe: around the clean forward alone
                     bound = stack.enter_context(
                         self.tokens.bind(self.model, inputs, mask, output=self.output))
             except ValueError as err:
@@ -1127,6 +1134,9 @@ class TokenSensitivity:
             whole = self.mode == "whole"
             stream = self._rng(device, t * bound.dim if whole else bound.dim)
             extent = self._extent(bound, clean)
+            said = getattr(bound, "warn_left_padding_read", None)
+            if callable(said):  # not refused: left-padded inputs the model misreads are said
+                said()
             if extent is not None and (self.autocast is not None
                                        or clean.dtype in (torch.bfloat16, torch.float16)):
                 # the reference at each example's own width, in the copies' precision (an

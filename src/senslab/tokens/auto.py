@@ -10,6 +10,10 @@ HF image model (``main_input_name`` is       ``Patches(p)``, p = ``config.patch_
 p whose first convolution cuts the image     convolution takes the image's channels with
 into p×p patches that stay the tokens        kernel = stride = p and no padding, and the model
 (ViT, DeiT, BEiT, DINOv2, Swin, EVA…)        attends over those patches or never strides again
+a pyramid ViT whose first stage's patch      ``Patches(p)``, p = that embedding's
+embedding, named otherwise (timm Twins'      ``patch_size`` (4), under the same conditions:
+``patch_embeds.0``, CoaT's                   the first stage attends over its 4×4 patches,
+``patch_embed1``, HF PVT), declares p        as Swin's does
 timm hybrid ViT (a CNN ``backbone`` in       ``Patches(img_size // grid_size)``: a token's size
 ``patch_embed``: ``vit_small_r26_s32``)      in pixels (32), not ``patch_size`` (1, a patch of
                                              the backbone's feature map)
@@ -27,6 +31,10 @@ strided convolutions (timm/HF ConvNeXt,
 FocalNet; HF ResNet)
 HF text model (``get_input_embeddings()``)   ``Embedding`` on the output of the embeddings
                                              block (below)
+HF text model that runs sequence-first       refused (``TypeError``): no module inside puts
+(XLNet: it transposes the token ids before   out batch-first vectors; the message gives a
+its word embedding)                          wrapper that embeds batch-first and its
+                                             ``Embedding``
 ==========================================  ================================================
 
 **Text: which module.** As in the paper, noise goes on the token vectors that enter the first
@@ -174,7 +182,41 @@ def auto_tokens(
             "module whose output is (batch, tokens, dim), such as the first layer's input "
             "LayerNorm"
         )
+    _refuse_sequence_first(model, word)
     return Embedding(_text_module(model, word, embedding), position=position)
+
+
+#: Hugging Face ``model_type`` of text models that transpose their token ids to (tokens, batch)
+#: before the word embedding, so that every module inside runs sequence-first
+SEQUENCE_FIRST_TEXT = ("xlnet",)
+
+
+def _refuse_sequence_first(model: nn.Module, word: nn.Module) -> None:
+    """Refuse a text model whose embedding path runs sequence-first (:data:`SEQUENCE_FIRST_TEXT`:
+    XLNet). Its word embedding puts out (tokens, batch, dim), and so does every module after
+    it, so there is no batch-first module for :class:`~senslab.tokens.Embedding` to hook; the
+    module the text rules name was refused at every measurement ("not batch-first"). The
+    message gives the wrapper that embeds batch-first, and the ``Embedding`` on it."""
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) not in SEQUENCE_FIRST_TEXT:
+        return
+    name = _name(model, word)
+    raise TypeError(
+        f"{type(model).__name__} runs sequence-first: it transposes the token ids to (tokens, "
+        f"batch) before its word embedding ({name}), so that module and every one after it put "
+        "out (tokens, batch, dim), and no module inside the model gives the batch-first "
+        "(batch, tokens, dim) vectors that Embedding tokens need. Measure a wrapper that "
+        "embeds batch-first and passes the vectors in: an nn.Module holding the model as "
+        "self.model, whose forward(input_ids, attention_mask=None) returns "
+        "self.model(inputs_embeds=self.model.get_input_embeddings()(input_ids), "
+        "attention_mask=attention_mask).logits, with tokens=Embedding("
+        f"'model.{name}') (the word vectors are what enters its first layer: its positions "
+        "are relative and it has no embedding LayerNorm)" + (
+            ". Its classifier reads the last position (config.summary_type='last'), so pad on "
+            "the left, as its tokenizer does, and pass trim_padding=False"
+            if getattr(config, "summary_type", None) == "last"
+            and hasattr(model, "sequence_summary") else "")
+    )
 
 
 def default_tokens(model: nn.Module | Any) -> Tokenization:
@@ -309,7 +351,8 @@ def _square(size: Any, where: str) -> int:
 def _patch_size(model: nn.Module) -> int:
     """The image patch of the model's tokens (module docstring): a timm hybrid's token size in
     pixels (:func:`_hybrid_patch`); else the declared patch size (timm
-    ``patch_embed.patch_size``, HF ``config.patch_size``) where it is an image patch
+    ``patch_embed.patch_size``, HF ``config.patch_size``, or that of the patch embedding holding
+    the first convolution, :func:`_stage_patch_embed`) where it is an image patch
     (:func:`_declared_patch`) or the cell of a convolutional patch embedding's tokens
     (:func:`_conv_patch_embed`); else the patch of an isotropic patch network
     (:func:`_patch_stem`); else the CNN default."""
@@ -324,7 +367,33 @@ def _patch_size(model: nn.Module) -> int:
     size = getattr(config, "patch_size", None)
     if size is not None:
         return _declared_patch(model, size, "config.patch_size")
+    stage = _stage_patch_embed(model)
+    if stage is not None:
+        name, size = stage
+        return _declared_patch(model, size, f"{name}.patch_size")
     return _patch_stem(model) or DEFAULT_CNN_PATCH
+
+
+def _stage_patch_embed(model: nn.Module) -> tuple[str, Any] | None:
+    """(name, declared patch size) of the patch embedding that holds the model's first
+    convolution, where that embedding declares a ``patch_size`` but is not the model's
+    ``patch_embed``: a pyramid ViT with one patch embedding per stage (timm Twins'
+    ``patch_embeds.0``, CoaT's ``patch_embed1``). None without one. Its first stage attends
+    over the 4×4 patches that embedding cuts, as Swin's first stage does, so
+    :func:`_declared_patch` gives both the same size (before, Twins and CoaT-Lite got the CNN
+    default, 16, because their embeddings are named otherwise). A model with several patch
+    embeddings on the image itself (timm CrossViT: two branches, 12×12 and 16×16 patches) has
+    no one patch size, and keeps the CNN default."""
+    convs = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Conv2d)]
+    if not convs or "." not in convs[0][0]:
+        return None
+    name = convs[0][0].rpartition(".")[0]
+    size = getattr(model.get_submodule(name), "patch_size", None)
+    channels = convs[0][1].in_channels
+    on_image = {n.rpartition(".")[0] for n, m in convs if m.in_channels == channels
+                and getattr(model.get_submodule(n.rpartition(".")[0]), "patch_size", None)
+                is not None}
+    return None if size is None or len(on_image) > 1 else (name, size)
 
 
 def _hybrid_patch(embed: nn.Module) -> int:
@@ -401,10 +470,12 @@ def _pair(size: Any) -> tuple[int, ...]:
 
 
 def _attends(model: nn.Module) -> bool:
-    """The model has an attention layer (timm ``Attention``/``WindowAttention``, HF
-    ``*SelfAttention``, ``nn.MultiheadAttention``): its patches are tokens it attends over."""
+    """The model has an attention layer (timm ``Attention``/``WindowAttention`` and its
+    ``*Attn`` classes: Twins' ``LocallyGroupedAttn``, CoaT's ``FactorAttnConvRelPosEnc``,
+    CaiT's ``ClassAttn``; HF ``*SelfAttention``; ``nn.MultiheadAttention``): its patches are
+    tokens it attends over."""
     return any(isinstance(m, nn.MultiheadAttention) or "Attention" in type(m).__name__
-               for m in model.modules())
+               or "Attn" in type(m).__name__ for m in model.modules())
 
 
 def _patch_stem(model: nn.Module) -> int | None:

@@ -10,6 +10,8 @@ built with tensor ops on the model's device and evaluated in one forward pass.
 from __future__ import annotations
 
 import abc
+import inspect
+import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Literal
@@ -384,13 +386,96 @@ class DtypeClash(TypeError):
     """The inputs' dtype is not the model's weights', and the model failed on them."""
 
 
+#: the size checks of timm's patch embeddings (``timm.layers.PatchEmbed``, TNT's own):
+#: "Input height (32) doesn't match model (224).", "Input image size (32*32) doesn't match
+#: model (224*224).", "Input width (56) should be divisible by patch size (16)."
+_TIMM_SIZE = re.compile(r"Input (height|width|image size) \((\d+)(?:\*(\d+))?\) "
+                        r"(doesn't match model|should be divisible by patch size) \((\d+)")
+
+
+def _timm_size_error(model: Any, x: Tensor, err: BaseException) -> ValueError | None:
+    """The error to raise instead of ``err`` where ``err`` is a timm patch embedding's refusal
+    of the images' size (:data:`_TIMM_SIZE`, raised from timm's code): it names the size the
+    model was built for and the fixes. None for any other error, which is raised as it is."""
+    found = _TIMM_SIZE.search(str(err))
+    if found is None:
+        return None
+    tb, embed = err.__traceback__, None
+    while tb is not None:  # the innermost timm module in the traceback: the patch embedding
+        frame = tb.tb_frame
+        own = frame.f_locals.get("self")
+        if str(frame.f_globals.get("__name__", "")).startswith("timm.") \
+                and isinstance(own, nn.Module):
+            embed = own
+        tb = tb.tb_next
+    if embed is None:  # not raised from timm's code
+        return None
+    axis, first, second, check, number = found.groups()
+    four = x.dim() == 4 if isinstance(x, Tensor) else False
+    if axis == "image size":
+        got = (int(first), int(second))
+    elif axis == "height":
+        got = (int(first), int(x.shape[-1]) if four and x.shape[-2] == int(first) else int(first))
+    else:
+        got = (int(x.shape[-2]) if four and x.shape[-1] == int(first) else int(first), int(first))
+    timm_model = next((m for m in (model.modules() if isinstance(model, nn.Module) else ())
+                       if isinstance(getattr(m, "pretrained_cfg", None), dict)), None)
+    cfg = timm_model.pretrained_cfg if timm_model is not None else {}
+    arch = cfg.get("architecture") or "<model name>"
+    params = (inspect.signature(type(timm_model).__init__).parameters
+              if timm_model is not None else {})
+    shape = f"of shape {tuple(x.shape)} " if isinstance(x, Tensor) else ""
+    said = str(err).splitlines()[0] if str(err) else type(err).__name__
+    if check.startswith("should"):
+        patch = int(number)
+        fits = tuple(max(patch, g // patch * patch) for g in got)
+        return ValueError(
+            f"the images {shape}are {got[0]}×{got[1]} pixels, which the model's patch "
+            f"embedding ({type(embed).__name__}) cannot cut into {patch}×{patch} patches: "
+            f"timm refused them ({said}). Resize or crop the images to a multiple of {patch} "
+            f"(e.g. {fits[0]}×{fits[1]}: torch.nn.functional.interpolate(images, "
+            f"size={fits}, mode='bilinear'))" + (
+                f", or build the model with dynamic_img_pad=True (timm.create_model('{arch}', "
+                "dynamic_img_pad=True, ...)), which pads them" if "dynamic_img_pad" in params
+                else ""))
+    built = getattr(embed, "img_size", None)
+    if isinstance(built, (tuple, list)) and len(built) == 2:
+        size, where = (int(built[0]), int(built[1])), f"{type(embed).__name__}.img_size"
+    elif isinstance(cfg.get("input_size"), (tuple, list)) and len(cfg["input_size"]) == 3:
+        size, where = tuple(int(s) for s in cfg["input_size"][1:]), "pretrained_cfg input_size"
+    else:
+        n = int(number)
+        size, where = (n, n), "timm's message"
+    fixes = [f"resize the images to {size[0]}×{size[1]} (torch.nn.functional.interpolate("
+             f"images, size={size}, mode='bilinear'))",
+             f"build the model for them: timm.create_model('{arch}', img_size={got}, ...)"]
+    if hasattr(timm_model, "set_input_size"):
+        fixes.append(f"model.set_input_size(img_size={got}) on this model (it resamples the "
+                     "position embedding)")
+    if "dynamic_img_size" in params:
+        fixes.append(f"timm.create_model('{arch}', dynamic_img_size=True, ...), which takes "
+                     "any size its patches divide")
+    return ValueError(
+        f"the images {shape}are {got[0]}×{got[1]} pixels, but the model was built for "
+        f"{size[0]}×{size[1]} ({where}), and timm's patch embedding refused them ({said}). "
+        "Either " + "; or ".join(fixes))
+
+
 def clean_forward(model: nn.Module | Any, x: Tensor, output: Any) -> Tensor:
     """``call_model`` on the clean inputs; a dtype clash between inputs and weights (float64
     images into a float32 model) becomes an error that says how to convert. A model that
-    converts its inputs itself is measured as it is (the noise is added in the inputs' dtype)."""
+    converts its inputs itself is measured as it is (the noise is added in the inputs' dtype).
+    A timm ViT or Swin given images of another size than it was built for (timm's bare
+    ``AssertionError`` from its patch embedding) gets an error that names that size and the
+    fixes (:func:`_timm_size_error`); any other error is raised as it is."""
     try:
         return call_model(model, x, output)
-    except RuntimeError as err:
+    except (AssertionError, RuntimeError) as err:
+        size = _timm_size_error(model, x, err)
+        if size is not None:
+            raise size from err
+        if not isinstance(err, RuntimeError):
+            raise
         own = model_dtype(model)
         if own is None or own == x.dtype:
             raise

@@ -8,6 +8,7 @@ import inspect
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -530,6 +531,26 @@ class Embedding(Tokenization):
             own.close()
 
 
+#: true while a caller that judges left padding itself binds (:func:`left_padding_judged`)
+_LEFT_PADDING_JUDGED: ContextVar[bool] = ContextVar("senslab_left_padding_judged",
+                                                    default=False)
+
+
+@contextmanager
+def left_padding_judged() -> Iterator[None]:
+    """Bind :class:`Embedding` tokens in here without the clean forward's warning on left-padded
+    inputs that the model reads otherwise than right-padded ones: the caller judges them
+    itself. ``TokenSensitivity`` refuses left padding under ``trim_padding=True`` (the refusal
+    then says what the bound's ``left_padding_read`` finds), and calls
+    ``warn_left_padding_read`` where the measurement goes on with such inputs. A warning at the
+    bind was followed at once by the refusal, which said the same thing."""
+    token = _LEFT_PADDING_JUDGED.set(True)
+    try:
+        yield
+    finally:
+        _LEFT_PADDING_JUDGED.reset(token)
+
+
 class _BoundEmbedding(BoundTokens):
     def __init__(self, name: str, model: nn.Module, inputs: Inputs,
                  output: OutputSelector = None) -> None:
@@ -553,6 +574,9 @@ class _BoundEmbedding(BoundTokens):
         #: first linear layer (set by :meth:`run_clean`, whose forward runs under the
         #: measurement's autocast alone)
         self._check_cast: GridCheck | None = None
+        #: :meth:`_judge_left_padding`'s finding, once judged (``_left_judged``)
+        self._left_read: tuple[bool, int] | None = None
+        self._left_judged = False
 
     def hook(self, module: nn.Module, args: Any, out: Any) -> Any:
         if isinstance(module, (nn.Conv1d, nn.ConvTranspose1d)) and isinstance(out, Tensor):
@@ -734,7 +758,8 @@ class _BoundEmbedding(BoundTokens):
         self.clean_output = read_position(raw, self.ends, self.position, t, starts)
         self._refuse_padding_of_another_id()
         self._refuse_unread_tokens()
-        self._warn_left_padding_read()
+        if not _LEFT_PADDING_JUDGED.get():  # else the caller says it, or refuses the inputs
+            self.warn_left_padding_read()
 
     def _refuse_padding_of_another_id(self) -> None:
         """Refuse right padding whose ids are not the pad id the model declares, where the
@@ -907,26 +932,74 @@ class _BoundEmbedding(BoundTokens):
             f"model.{where} to it"
         )
 
-    def _warn_left_padding_read(self) -> None:
+    def warn_left_padding_read(self) -> None:
         """Warn where left-padded inputs give the model another output than the same example
-        padded on the right: the model reads its padding (an encoder classifier pools its first
-        token, [CLS], which is padding there) or its absolute positions shift with the padding.
-        ``trim_padding=False`` measures such inputs as they are, and said nothing: a DistilBERT
-        classifier fed left-padded batches was measured at a padding position, its [CLS] slot,
-        with no word. A model with relative positions that finds its last real token itself
-        (Llama's, Qwen2's classifiers) gives the same output both ways: no warning.
+        padded on the right (:meth:`_judge_left_padding`): the model reads its padding (an
+        encoder classifier pools its first token, [CLS], which is padding there) or its
+        absolute positions shift with the padding. ``trim_padding=False`` measures such inputs
+        as they are, and said nothing: a DistilBERT classifier fed left-padded batches was
+        measured at a padding position, its [CLS] slot, with no word. A model with relative
+        positions that finds its last real token itself (Llama's, Qwen2's classifiers) gives
+        the same output both ways: no warning.
 
-        One forward, of the first left-padded example with its real tokens moved to the front
-        (every input tensor with a token axis rolled alike, position ids too); only for the
-        attention mask's left padding and outputs that are not read per position."""
-        if self.padding is None or (self._per_position and self.position is not None):
+        Called by the clean forward, or — inside :func:`left_padding_judged` — by the caller,
+        only where the measurement goes on with the left-padded inputs (``TokenSensitivity``
+        refuses them under ``trim_padding=True``, so the warning is not followed by a
+        refusal that says the same)."""
+        found = self._judge_left_padding()
+        if found is None or not found[0]:
             return
+        # one text for every batch and example: said once where warnings say a text once
+        warnings.warn(
+            "the inputs are left-padded (the attention mask's padding comes first), and "
+            f"{type(unwrapped(self.model)).__name__} gives a left-padded example another output "
+            "than the same example padded on the right: it reads its padding (an encoder "
+            "classifier pools its first token, which is padding there) or its absolute "
+            "positions shift with the padding. The measurement is that of the left-padded "
+            "inputs as they are, not of the texts as the model reads them unpadded. Pad on the "
+            "right (Hugging Face: tokenizer.padding_side = 'right'), or, for a model with "
+            "absolute positions, pass position_ids (attention_mask.cumsum(-1) - 1, clamped at 0)",
+            RuntimeWarning, stacklevel=user_level(),
+        )
+
+    def left_padding_read(self) -> str | None:
+        """What :meth:`_judge_left_padding` finds, in words for a refusal of left padding (the
+        first left-padded example, padded on the right, gives the model the same output or
+        another), or None where it is not judged."""
+        found = self._judge_left_padding()
+        if found is None:
+            return None
+        differs, row = found
+        name = type(unwrapped(self.model)).__name__
+        if differs:
+            return (f"{name} gives example {row} another output than the same example padded "
+                    "on the right, so trim_padding=False would measure these inputs as the "
+                    "model misreads them: pad on the right")
+        return (f"{name} gives example {row} the same output padded on either side (the first "
+                "left-padded example, the one checked), so trim_padding=False measures these "
+                "inputs as the texts padded on the right")
+
+    def _judge_left_padding(self) -> tuple[bool, int] | None:
+        """(whether the first left-padded example gives another output than the same example
+        padded on the right, its index), or None: no left padding in the attention mask, an
+        output read per position, or a model that takes no such inputs. Judged once per bind,
+        in one forward of that example with its real tokens moved to the front (every input
+        tensor with a token axis rolled alike, position ids too); later calls read the
+        finding."""
+        if not self._left_judged:
+            self._left_read = self._left_padding_forward()
+            self._left_judged = True
+        return self._left_read
+
+    def _left_padding_forward(self) -> tuple[bool, int] | None:
+        if self.padding is None or (self._per_position and self.position is not None):
+            return None
         real = self.padding
         t = real.shape[1]
         starts = first_real(real)
         left = ((starts > 0) & (starts < t)).nonzero().flatten()
         if not len(left):
-            return
+            return None
         row = left[:1]
         shift = int(starts[row])
 
@@ -941,7 +1014,7 @@ class _BoundEmbedding(BoundTokens):
         elif isinstance(one, (tuple, list)):
             moved = type(one)(roll(v) for v in one)
         else:
-            return
+            return None
         found = hf_pad_token_config(self.model)
         pad = getattr(found[0], "pad_token_id", None) if found is not None else None
         ids = _token_ids(moved)
@@ -955,21 +1028,8 @@ class _BoundEmbedding(BoundTokens):
         try:
             right = self._evaluate(moved, None, zero, t)
         except (RuntimeError, ValueError, TypeError, IndexError):
-            return  # the model takes no such inputs: not judged
-        if _agree(right, self.clean_output[row].to(right.device)):
-            return
-        # one text for every batch and example: said once where warnings say a text once
-        warnings.warn(
-            "the inputs are left-padded (the attention mask's padding comes first), and "
-            f"{type(unwrapped(self.model)).__name__} gives a left-padded example another output "
-            "than the same example padded on the right: it reads its padding (an encoder "
-            "classifier pools its first token, which is padding there) or its absolute "
-            "positions shift with the padding. The measurement is that of the left-padded "
-            "inputs as they are, not of the texts as the model reads them unpadded. Pad on the "
-            "right (Hugging Face: tokenizer.padding_side = 'right'), or, for a model with "
-            "absolute positions, pass position_ids (attention_mask.cumsum(-1) - 1, clamped at 0)",
-            RuntimeWarning, stacklevel=user_level(),
-        )
+            return None  # the model takes no such inputs: not judged
+        return not _agree(right, self.clean_output[row].to(right.device)), int(row)
 
     def tokens(self, src: Tensor, tok: Tensor) -> Tensor:
         return self._clean[src, tok]
