@@ -39,8 +39,23 @@ def test_output_distances_under_autocast_at_a_small_sigma_are_refused(mode: str)
     assert "too small for the float32 images under autocast=torch.bfloat16" in text
     assert "Measure without autocast=" in text and "larger sigma" in text
     full = token_sensitivity(_conv(), IMAGES, Patches(4), sigma=0.003, repeats=2, compare="l2",
-                             mode=mode)
+                             mode=mode, generator=0)
     assert full.estimate > 0
+
+
+def test_what_the_refusal_keeps_from_being_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the check lifted, the case above is the wrong number it guards against: the l2
+    distance under bf16 autocast at σ = 0.003 is over three times float32's (same draws); at
+    σ = 0.3 the two agree (the test below)."""
+    from senslab.tokens import _grid
+    monkeypatch.setattr(_grid, "ROUNDING_RTOL", math.inf)
+    monkeypatch.setattr(_grid, "ROUNDING_WARN", math.inf)
+    monkeypatch.setattr(_grid, "ROUNDING_MAX_UNCHANGED", 1.0)
+    low = token_sensitivity(_conv(), IMAGES, Patches(4), sigma=0.003, repeats=2, compare="l2",
+                            autocast=torch.bfloat16, generator=0)
+    full = token_sensitivity(_conv(), IMAGES, Patches(4), sigma=0.003, repeats=2, compare="l2",
+                             generator=0)
+    assert low.estimate > 3 * full.estimate
 
 
 def test_an_ordinary_sigma_under_autocast_is_measured_silently_and_agrees() -> None:

@@ -30,8 +30,8 @@ class CompiledModel:
     def __init__(self, model: Any) -> None:
         self._model = model
         self._call = torch.compile(model)
-        self._paths = {name: torch.compile(getattr(model, name)) for name in REUSE_PATHS
-                       if callable(getattr(model, name, None))}
+        self._paths = {name: _with_rows_dynamic(torch.compile(getattr(model, name)))
+                       for name in REUSE_PATHS if callable(getattr(model, name, None))}
 
     def __getstate__(self) -> dict[str, Any]:
         """The model alone: a copy (``copy.deepcopy``, a pickle, as of a metric that has
@@ -55,11 +55,10 @@ class CompiledModel:
         # only reached for names not set in __init__; the model's own for all but the paths
         paths = self.__dict__.get("_paths", {})
         if name in paths:
-            return _with_rows_dynamic(paths[name])
+            return paths[name]
         if "_model" not in self.__dict__:  # being copied or unpickled: no model yet
             raise AttributeError(name)
         return getattr(self.__dict__["_model"], name)
-
 
 
 def _rows_dynamic(args: Any, kwargs: Any) -> None:
