@@ -27,7 +27,8 @@ MD5 = hashlib.md5(BODY).hexdigest()
 
 
 class _Server(http.server.ThreadingHTTPServer):
-    mode = "whole"  # "whole", "cut" (closes half-way), "cut-chunked" (the same, chunked)
+    # "whole", "cut" (closes half-way), "cut-chunked" (the same, chunked), "status-N" (HTTP N)
+    mode = "whole"
     requests: list[tuple[str, str | None]]  # (path, Range header) of every GET
 
 
@@ -40,6 +41,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         spec = self.headers.get("Range")
         self.server.requests.append((self.path, spec))
+        if self.server.mode.startswith("status-"):  # the server answers with an error
+            self.send_error(int(self.server.mode.removeprefix("status-")))
+            return
         start = int(spec.split("=")[1].rstrip("-")) if spec else 0
         if start >= len(BODY):
             self.send_response(416)
@@ -274,3 +278,22 @@ def test_a_network_failure_still_says_offline(tmp_path: Path) -> None:
     assert msg.startswith(f"could not download {url}") and "Offline?" in msg, msg
     assert f"Place the file at {tmp_path / 'file.bin'} by hand" in msg
     assert not (tmp_path / "file.bin").exists()
+
+
+@pytest.mark.parametrize(("code", "said"), [
+    (404, "not at that address"), (403, "refuses this request"), (503, "run again later")])
+def test_an_http_error_reply_is_not_called_offline(tmp_path: Path, server: _Server, code: int,
+                                                     said: str) -> None:
+    """A 404 or a 403 said "Offline?" although the server had answered: the user checked the
+    network instead of the address. The message now gives the reply and whether a retry helps."""
+    server.mode = f"status-{code}"
+    try:
+        dest, url = tmp_path / "file.bin", _base(server) + "file.bin"
+        with pytest.raises(DataUnavailableError) as info:
+            fetch(url, dest, MD5, True)
+    finally:
+        server.mode = "whole"
+    msg = str(info.value)
+    assert msg.startswith(f"could not download {url}: the server answered HTTP {code}"), msg
+    assert said in msg and "Offline" not in msg and f"place it at {dest}" in msg, msg
+    assert not dest.exists() and _leftovers(tmp_path) == []

@@ -26,7 +26,7 @@ SEQ2SEQ = dict(vocab_size=100, d_model=32, encoder_layers=1, decoder_layers=1,
                init_std=0.5, num_labels=2)
 OPTIONS = dict(sigma=2.0, repeats=3, generator=0, precision="float32")
 UNTRIMMED = "padding-aware batching is off"
-LEFT_READ = "another output than the same example padded on the right"
+LEFT_READ = "another output than the same text alone, unpadded"
 
 
 def seeded(make: Callable[[], torch.nn.Module]) -> torch.nn.Module:
@@ -175,17 +175,17 @@ def test_a_convolution_over_the_padding_switches_trimming_off():
 
 def test_left_padding_of_a_rotary_decoder_is_refused_then_measured_as_right_padding():
     """Left padding is refused by default, naming padding_side and trim_padding=False, with no
-    warning first; the refusal says this model reads the first left-padded example as padded
-    on the right. With trim_padding=False a Llama classifier (rotary positions, read at its
+    warning first; the refusal says this model reads the first left-padded example as its text
+    alone. With trim_padding=False a Llama classifier (rotary positions, read at its
     last non-pad token) measures the left-padded texts as the right-padded ones, without a
     warning."""
     model, pad, _ = build("llama")
     left = texts(pad, left=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with pytest.raises(ValueError, match=r"left-padded.*padding_side = 'right'.*"
-                                             r"trim_padding=False.*same output padded on "
-                                             r"either side"):
+        with pytest.raises(ValueError, match=r"left-padded.*same output left-padded as its "
+                                             r"text alone.*trim_padding=False.*"
+                                             r"padding_side = 'right'"):
             token_sensitivity(model, left, auto_tokens(model), **OPTIONS)
     as_left, _, said = measured(model, left, trim_padding=False)
     as_right, _, _ = measured(model, texts(pad), trim_padding=False)

@@ -15,7 +15,7 @@ from senslab import Embedding, Patches, TokenSensitivity, auto_tokens, token_sen
 transformers = pytest.importorskip("transformers")
 
 OPTIONS = dict(sigma=2.0, repeats=3, generator=0, precision="float32")
-LEFT_READ = "another output than the same example padded on the right"
+LEFT_READ = "another output than the same text alone, unpadded"
 FEW_FLIPS = "the standard error rests on"
 
 
@@ -98,7 +98,7 @@ def test_a_model_that_reads_left_padding_as_right_padding_is_silent():
         warnings.simplefilter("error")
         with pytest.raises(ValueError, match=r"left-padded.*Checked on this model: "
                                              r"LlamaForSequenceClassification gives example 0 the "
-                                             r"same output padded on either side"):
+                                             r"same output left-padded as its text alone"):
             token_sensitivity(model, left_padded(), auto_tokens(model), **OPTIONS)
 
 
@@ -113,12 +113,22 @@ class Forwards:
         self.n += 1
 
 
-def test_the_refusal_judges_in_one_forward_besides_the_clean_one():
+def test_the_refusal_judges_in_two_forwards_besides_the_clean_one():
     model = distilbert()
     forwards = Forwards(model)
     with pytest.raises(ValueError, match=LEFT_READ):
         token_sensitivity(model, left_padded(), auto_tokens(model), **OPTIONS)
-    assert forwards.n == 2  # the clean batch, and the first left-padded example padded right
+    # the clean batch, the first left-padded example's text alone, and (as it differs) the
+    # same example padded on the right, for the advice
+    assert forwards.n == 3
+
+
+def test_a_model_that_reads_left_padding_as_the_text_judges_in_one_forward():
+    model = llama()
+    forwards = Forwards(model)
+    with pytest.raises(ValueError, match="same output left-padded as its text alone"):
+        token_sensitivity(model, left_padded(), auto_tokens(model), **OPTIONS)
+    assert forwards.n == 2  # the clean batch and the text alone: no right padding needed
 
 
 def test_a_caller_that_binds_the_tokens_itself_is_warned_at_the_bind_in_one_forward():
@@ -131,10 +141,10 @@ def test_a_caller_that_binds_the_tokens_itself_is_warned_at_the_bind_in_one_forw
     with warnings.catch_warnings(record=True) as said, torch.no_grad():
         warnings.simplefilter("always")
         with tokens.bind(model, left_padded()) as bound:
-            assert forwards.n == 2
+            assert forwards.n == 3
             assert LEFT_READ in (bound.left_padding_read() or "")
             bound.warn_left_padding_read()
-            assert forwards.n == 2  # read from the finding, no forward again
+            assert forwards.n == 3  # read from the finding, no forward again
     texts = [str(w.message) for w in said if LEFT_READ in str(w.message)]
     assert len(texts) == 2 and "DistilBertForSequenceClassification" in texts[0]
 

@@ -111,8 +111,18 @@ def test_the_named_wrapper_measures_xlnet():
     assert torch.equal(trimmed.per_sample, full.per_sample)
     assert trimmed.num_forward == full.num_forward
     left = texts(left=True)
-    result, _ = measured(wrapper, left, tokens, trim_padding=False)
+    result, said = measured(wrapper, left, tokens, trim_padding=False)
     assert 0 < result.estimate <= 1
+    # XLNet reads left padding as its text alone: no warning that advises right padding, and
+    # the default's refusal says what was found (it advised padding on the right, which XLNet
+    # misreads)
+    assert not [s for s in said if "left-padded" in s], said
+    with pytest.raises(ValueError, match=r"left-padded.*BatchFirst gives "
+                                         r"example \d+ the same output left-padded as its text "
+                                         r"alone.*trim_padding=False measures") as err:
+        measured(wrapper, left, tokens)
+    assert "Pad on the right instead" not in str(err.value)  # the generic advice, first before
+    assert "Pass trim_padding=False" in str(err.value)
     lengths = left["attention_mask"].sum(1)
     with torch.no_grad():
         alone = torch.cat([model(input_ids=left["input_ids"][i:i + 1, -n:]).logits

@@ -77,9 +77,7 @@ def fetch(url: str, dest: Path, md5: str | None, download: bool) -> Path:
         resp = urllib.request.urlopen(req, timeout=60)
     except urllib.error.HTTPError as err:
         if err.code != 416 or not start:
-            raise DataUnavailableError(
-                f"could not download {url} ({err}). Offline? Place the file at {dest} by hand"
-            ) from err
+            raise DataUnavailableError(_http_refusal(err, url, dest, part)) from err
         # 416: nothing after byte `start` — the .part is already whole (a run stopped between
         # the last byte and the rename) or longer than the file: checked below, or restarted
         if md5 is None or md5sum(part) != md5:
@@ -105,6 +103,24 @@ def fetch(url: str, dest: Path, md5: str | None, download: bool) -> Path:
         _discard(part, dest, url)
         raise _write_error(err, dest, part, url, None) from err
     return dest
+
+
+def _http_refusal(err: urllib.error.HTTPError, url: str, dest: Path, part: Path) -> str:
+    """What an HTTP error reply means: the server was reached (so not "offline"), and whether
+    trying again could help."""
+    said = f"the server answered HTTP {err.code} {err.reason}".rstrip()
+    if err.code in (404, 410):
+        why = "the file is not at that address (moved or removed), so running again will not help"
+    elif err.code in (401, 403, 407, 451):
+        why = ("the server refuses this request (it may need a login, a licence accepted in a "
+               "browser, or another network), so running again will not help")
+    elif err.code == 429 or err.code >= 500:
+        why = "the server is busy or failing: run again later"
+    else:
+        why = "the request was not accepted"
+    kept = f" (the partial download {part} is kept and resumed)" if part.exists() else ""
+    return (f"could not download {url}: {said}; {why}. Download it another way and place it at "
+            f"{dest}{kept}")
 
 
 def _save(resp: Any, part: Path, dest: Path, url: str, start: int) -> None:

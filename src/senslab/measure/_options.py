@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .._seeds import CPU_SEED_END
 from ..tokens.base import Inputs, Tokenization, model_dtype
 
 
@@ -84,10 +85,6 @@ def _check_flag(name: str, value: Any) -> bool:
 #: int seeds run from 0 to this, exclusive: ``torch.Generator.manual_seed`` takes 64 bits
 SEED_END = 1 << 64
 
-#: a seed that becomes a CPU generator runs from 0 to this, exclusive: torch's CPU generator (a
-#: Mersenne Twister) keeps only a seed's low 32 bits, so its seed 2**32 + s draws exactly the
-#: numbers of seed s (CUDA's Philox generator uses all 64 bits)
-CPU_SEED_END = 1 << 32
 
 
 def _check_generator(generator: Any, name: str = "generator") -> None:

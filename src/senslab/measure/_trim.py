@@ -43,6 +43,7 @@ from torch import Tensor
 
 from .._stack import user_level as _user_level
 from ..tokens.base import BoundTokens
+from ..tokens.embedding import READ_AS_TEXT
 
 #: a chunk ends before a copy whose example is shorter than (1 − SLACK) × the chunk's width:
 #: at most this fraction of a chunk's positions is padding, in few chunks per length group
@@ -59,7 +60,16 @@ LOW_PRECISION_RTOL = 5e-2
 def left_padded_message(row: int, key: str, found: str | None = None) -> str:
     """The refusal of left padding; ``found``: what the tokens found of this model's reading
     of left-padded inputs (``left_padding_read`` of :class:`~senslab.tokens.Embedding`'s bound
-    tokens), appended in words."""
+    tokens), appended in words — first, where the model reads them as the texts alone
+    (XLNet, whose own padding is on the left and which misreads right padding)."""
+    if found and READ_AS_TEXT in found:
+        return (f"the inputs are left-padded (example {row} starts with padding in {key!r}): "
+                "padding-aware batching cuts the padding after the last real token, which is "
+                f"exact only for right padding. Checked on this model: {found}. Pass "
+                "trim_padding=False, or pad on the right (Hugging Face: tokenizer.padding_side "
+                "= 'right'), which lets padding-aware batching cut the padding, where the model "
+                "reads right padding as its texts too (most do; XLNet, which reads its last "
+                "position, does not)")
     return (
         f"the inputs are left-padded (example {row} starts with padding in {key!r}): "
         "padding-aware batching cuts the padding after the last real token, which is exact "

@@ -255,6 +255,12 @@ def read_by_pad_id(ids: Tensor, pad: int) -> Tensor:
     return (positions * (ids != pad)).argmax(-1)
 
 
+#: how a left-padded example's output that is not its text's own is described
+LEFT_READ = "another output than the same text alone, unpadded"
+#: … and one that is
+READ_AS_TEXT = "the same output left-padded as its text alone"
+
+
 def _agree(a: Tensor, b: Tensor) -> bool:
     """Whether two outputs of one example agree up to float rounding (labels: exactly)."""
     if a.shape != b.shape:
@@ -575,7 +581,7 @@ class _BoundEmbedding(BoundTokens):
         #: measurement's autocast alone)
         self._check_cast: GridCheck | None = None
         #: :meth:`_judge_left_padding`'s finding, once judged (``_left_judged``)
-        self._left_read: tuple[bool, int] | None = None
+        self._left_read: tuple[bool, int, bool | None] | None = None
         self._left_judged = False
 
     def hook(self, module: nn.Module, args: Any, out: Any) -> Any:
@@ -933,14 +939,16 @@ class _BoundEmbedding(BoundTokens):
         )
 
     def warn_left_padding_read(self) -> None:
-        """Warn where left-padded inputs give the model another output than the same example
-        padded on the right (:meth:`_judge_left_padding`): the model reads its padding (an
-        encoder classifier pools its first token, [CLS], which is padding there) or its
-        absolute positions shift with the padding. ``trim_padding=False`` measures such inputs
-        as they are, and said nothing: a DistilBERT classifier fed left-padded batches was
-        measured at a padding position, its [CLS] slot, with no word. A model with relative
-        positions that finds its last real token itself (Llama's, Qwen2's classifiers) gives
-        the same output both ways: no warning.
+        """Warn where left-padded inputs give the model another output than the same text
+        alone, unpadded (:meth:`_judge_left_padding`): the model reads its padding (an encoder
+        classifier pools its first token, [CLS], which is padding there) or its absolute
+        positions shift with the padding. ``trim_padding=False`` measures such inputs as they
+        are, and said nothing: a DistilBERT classifier fed left-padded batches was measured at
+        a padding position, its [CLS] slot, with no word. A model with relative positions that
+        finds its last real token itself (Llama's, Qwen2's classifiers), or one that reads left
+        padding as its own (XLNet, which reads its last position), gives the text's own output:
+        no warning. The advice names right padding only where it was found to give the text's
+        own output (XLNet's last position is padding there).
 
         Called by the clean forward, or — inside :func:`left_padding_judged` — by the caller,
         only where the measurement goes on with the left-padded inputs (``TokenSensitivity``
@@ -949,49 +957,56 @@ class _BoundEmbedding(BoundTokens):
         found = self._judge_left_padding()
         if found is None or not found[0]:
             return
+        if found[2] is False:
+            fix = ("Padded on the right it gives another output than the text alone too: batch "
+                   "texts of one length (no padding), or measure them one at a time")
+        else:
+            fix = ("Pad on the right (Hugging Face: tokenizer.padding_side = 'right'), or, for a "
+                   "model with absolute positions, pass position_ids (attention_mask.cumsum(-1) "
+                   "- 1, clamped at 0)")
         # one text for every batch and example: said once where warnings say a text once
         warnings.warn(
             "the inputs are left-padded (the attention mask's padding comes first), and "
-            f"{type(unwrapped(self.model)).__name__} gives a left-padded example another output "
-            "than the same example padded on the right: it reads its padding (an encoder "
-            "classifier pools its first token, which is padding there) or its absolute "
-            "positions shift with the padding. The measurement is that of the left-padded "
-            "inputs as they are, not of the texts as the model reads them unpadded. Pad on the "
-            "right (Hugging Face: tokenizer.padding_side = 'right'), or, for a model with "
-            "absolute positions, pass position_ids (attention_mask.cumsum(-1) - 1, clamped at 0)",
+            f"{type(unwrapped(self.model)).__name__} gives a left-padded example {LEFT_READ}: "
+            "it reads its padding (an encoder classifier pools its first token, which is "
+            "padding there) or its absolute positions shift with the padding. The measurement "
+            "is that of the left-padded inputs as they are, not of the texts as the model "
+            f"reads them unpadded. {fix}",
             RuntimeWarning, stacklevel=user_level(),
         )
 
     def left_padding_read(self) -> str | None:
         """What :meth:`_judge_left_padding` finds, in words for a refusal of left padding (the
-        first left-padded example, padded on the right, gives the model the same output or
-        another), or None where it is not judged."""
+        first left-padded example gives the model the same output as its text alone, unpadded,
+        or another), or None where it is not judged."""
         found = self._judge_left_padding()
         if found is None:
             return None
-        differs, row = found
+        differs, row, right = found
         name = type(unwrapped(self.model)).__name__
         if differs:
-            return (f"{name} gives example {row} another output than the same example padded "
-                    "on the right, so trim_padding=False would measure these inputs as the "
-                    "model misreads them: pad on the right")
-        return (f"{name} gives example {row} the same output padded on either side (the first "
-                "left-padded example, the one checked), so trim_padding=False measures these "
-                "inputs as the texts padded on the right")
+            fix = ("pad on the right" if right is not False else
+                   "right padding gives another output too, so batch texts of one length")
+            return (f"{name} gives example {row} {LEFT_READ}, so trim_padding=False would "
+                    f"measure these inputs as the model misreads them: {fix}")
+        return (f"{name} gives example {row} {READ_AS_TEXT} "
+                "(the first left-padded example, the one checked), so trim_padding=False "
+                "measures these inputs as the texts unpadded")
 
-    def _judge_left_padding(self) -> tuple[bool, int] | None:
-        """(whether the first left-padded example gives another output than the same example
-        padded on the right, its index), or None: no left padding in the attention mask, an
+    def _judge_left_padding(self) -> tuple[bool, int, bool | None] | None:
+        """(whether the first left-padded example gives another output than its text alone,
+        unpadded; its index; whether the same example padded on the right gives the text's own
+        output, None where not judged), or None: no left padding in the attention mask, an
         output read per position, or a model that takes no such inputs. Judged once per bind,
-        in one forward of that example with its real tokens moved to the front (every input
-        tensor with a token axis rolled alike, position ids too); later calls read the
-        finding."""
+        in one forward of the example cut to its real tokens (every input tensor with a token
+        axis cut alike, position ids too) and, where the left-padded output differs from it,
+        one more with the real tokens moved to the front; later calls read the finding."""
         if not self._left_judged:
             self._left_read = self._left_padding_forward()
             self._left_judged = True
         return self._left_read
 
-    def _left_padding_forward(self) -> tuple[bool, int] | None:
+    def _left_padding_forward(self) -> tuple[bool, int, bool | None] | None:
         if self.padding is None or (self._per_position and self.position is not None):
             return None
         real = self.padding
@@ -1002,17 +1017,25 @@ class _BoundEmbedding(BoundTokens):
             return None
         row = left[:1]
         shift = int(starts[row])
+        n = t - shift
 
         def roll(v: Any) -> Any:
             if isinstance(v, Tensor) and v.dim() >= 2 and v.shape[1] == t:
                 return torch.roll(v, -shift, dims=1)
             return v
 
+        def cut(v: Any) -> Any:
+            if isinstance(v, Tensor) and v.dim() >= 2 and v.shape[1] == t:
+                return v[:, shift:]
+            return v
+
         one = select(self.inputs, row)
         if isinstance(one, dict):
             moved: Inputs = {k: roll(v) for k, v in one.items()}
+            alone: Inputs = {k: cut(v) for k, v in one.items()}
         elif isinstance(one, (tuple, list)):
             moved = type(one)(roll(v) for v in one)
+            alone = type(one)(cut(v) for v in one)
         else:
             return None
         found = hf_pad_token_config(self.model)
@@ -1024,12 +1047,24 @@ class _BoundEmbedding(BoundTokens):
             # classifier reads its last token of another id): what padding on the right gives
             tail = torch.arange(t, device=ids.device)[None, :] >= t - shift
             moved = _with_token_ids(moved, ids.masked_fill(tail, pad))
-        zero = torch.zeros(1, t, self.dim, device=self._clean.device)
-        try:
-            right = self._evaluate(moved, None, zero, t)
+        left_out = self.clean_output[row]
+        try:  # the text alone: what the model gives it unpadded
+            own = self._evaluate(alone, None, torch.zeros(1, n, self.dim,
+                                                          device=self._clean.device), n)
         except (RuntimeError, ValueError, TypeError, IndexError):
-            return None  # the model takes no such inputs: not judged
-        return not _agree(right, self.clean_output[row].to(right.device)), int(row)
+            own = None  # a model that takes no shorter inputs: judged against right padding
+        if own is not None and _agree(own, left_out.to(own.device)):
+            return False, int(row), None
+        try:
+            right = self._evaluate(moved, None, torch.zeros(1, t, self.dim,
+                                                            device=self._clean.device), t)
+        except (RuntimeError, ValueError, TypeError, IndexError):
+            if own is None:
+                return None  # the model takes no such inputs: not judged
+            return True, int(row), None
+        if own is None:
+            return not _agree(right, left_out.to(right.device)), int(row), None
+        return True, int(row), _agree(own, right)
 
     def tokens(self, src: Tensor, tok: Tensor) -> Tensor:
         return self._clean[src, tok]

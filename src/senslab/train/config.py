@@ -28,6 +28,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from .._seeds import CPU_SEED_END
+
 C = TypeVar("C")
 
 
@@ -39,7 +41,7 @@ def ranged(default: Any, *, ge: float | None = None, gt: float | None = None,
 
 
 #: seeds run from 0 to this, exclusive: torch's CPU generator keeps only a seed's low 32 bits
-SEED_END = 1 << 32
+SEED_END = CPU_SEED_END
 
 
 def seeded(default: int = 0) -> Any:
