@@ -102,6 +102,30 @@ def test_a_model_that_reads_left_padding_as_right_padding_is_silent():
             token_sensitivity(model, left_padded(), auto_tokens(model), **OPTIONS)
 
 
+class FixedLength(torch.nn.Module):
+    """Mean of its real token vectors, through a head; it takes inputs of 10 tokens only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)  # test-only: the layers initialise from the global RNG
+        self.embed = torch.nn.Embedding(100, 8)
+        self.ln = torch.nn.LayerNorm(8)
+        self.head = torch.nn.Linear(8, 2)
+
+    def forward(self, input_ids, attention_mask):
+        if input_ids.shape[1] != 10:
+            raise ValueError("this model takes 10 tokens")
+        h = self.ln(self.embed(input_ids)) * attention_mask[..., None]
+        return self.head(h.sum(1) / attention_mask.sum(1, keepdim=True))
+
+
+def test_a_model_that_takes_no_shorter_input_is_judged_against_right_padding_and_says_so():
+    """The text alone cannot be run: the finding compares with right padding, in those words."""
+    with pytest.raises(ValueError, match=r"left-padded.*FixedLength gives example 0 the same "
+                                         r"output padded on either side.*took no input cut"):
+        token_sensitivity(FixedLength().eval(), left_padded(), Embedding("ln"), **OPTIONS)
+
+
 class Forwards:
     """Counts the model's forwards."""
 

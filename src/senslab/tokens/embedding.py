@@ -989,6 +989,11 @@ class _BoundEmbedding(BoundTokens):
                    "right padding gives another output too, so batch texts of one length")
             return (f"{name} gives example {row} {LEFT_READ}, so trim_padding=False would "
                     f"measure these inputs as the model misreads them: {fix}")
+        if right:  # the text alone could not be run: compared with right padding only
+            return (f"{name} gives example {row} the same output padded on either side (the "
+                    "first left-padded example, the one checked; the model took no input cut "
+                    "to its real tokens), so trim_padding=False measures these inputs as the "
+                    "texts padded on the right")
         return (f"{name} gives example {row} {READ_AS_TEXT} "
                 "(the first left-padded example, the one checked), so trim_padding=False "
                 "measures these inputs as the texts unpadded")
@@ -996,11 +1001,13 @@ class _BoundEmbedding(BoundTokens):
     def _judge_left_padding(self) -> tuple[bool, int, bool | None] | None:
         """(whether the first left-padded example gives another output than its text alone,
         unpadded; its index; whether the same example padded on the right gives the text's own
-        output, None where not judged), or None: no left padding in the attention mask, an
-        output read per position, or a model that takes no such inputs. Judged once per bind,
-        in one forward of the example cut to its real tokens (every input tensor with a token
-        axis cut alike, position ids too) and, where the left-padded output differs from it,
-        one more with the real tokens moved to the front; later calls read the finding."""
+        output, None where not judged — True with the first False where the text alone could
+        not be run and the left-padded output equals the right-padded one), or None: no left
+        padding in the attention mask, an output read per position, or a model that takes no
+        such inputs. Judged once per bind, in one forward of the example cut to its real
+        tokens (every input tensor with a token axis cut alike, position ids too) and, where
+        the left-padded output differs from it, one more with the real tokens moved to the
+        front; later calls read the finding."""
         if not self._left_judged:
             self._left_read = self._left_padding_forward()
             self._left_judged = True
@@ -1062,8 +1069,9 @@ class _BoundEmbedding(BoundTokens):
             if own is None:
                 return None  # the model takes no such inputs: not judged
             return True, int(row), None
-        if own is None:
-            return not _agree(right, left_out.to(right.device)), int(row), None
+        if own is None:  # judged against right padding alone (the finding says so)
+            same = _agree(right, left_out.to(right.device))
+            return not same, int(row), (True if same else None)
         return True, int(row), _agree(own, right)
 
     def tokens(self, src: Tensor, tok: Tensor) -> Tensor:
