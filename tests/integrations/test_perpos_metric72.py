@@ -302,3 +302,33 @@ def test_torchmetrics_sync_of_processes_on_one_grid_adds_up(three_ranks):
 def test_torchmetrics_sync_of_whole_input_noise_takes_any_sizes(three_ranks):
     for got in three_ranks:
         assert got["sync whole"] == {"error": None, "n": 4}
+
+
+def test_a_compute_stopped_part_way_leaves_the_metric_unsynced():
+    """torchmetrics restored a process's own states after ``compute`` only where it returned: a
+    Ctrl-C (or any error) inside it left the metric synced, and the next ``compute`` failed with
+    "already been synced". Here in a real process group of one (gloo)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        metric = _metric()
+        metric.update(_any_size(), _images(1, 28, 28))
+        own = {k: [t.clone() for t in v] if isinstance(v, list) else v.clone()
+               for k, v in metric.metric_state.items()}
+        value = float(metric.compute())
+        metric._computed = None  # compute again (torchmetrics caches the value)
+
+        def interrupted() -> None:
+            raise KeyboardInterrupt
+
+        metric._result = interrupted  # a Ctrl-C half-way through compute
+        with pytest.raises(KeyboardInterrupt):
+            metric.compute()
+        del metric._result
+        assert not metric._is_synced
+        for k, v in metric.metric_state.items():  # this process's own, not the gathered
+            torch.testing.assert_close(v, own[k], rtol=0, atol=0, equal_nan=True, msg=k)
+        assert float(metric.compute()) == value
+    finally:
+        dist.destroy_process_group()

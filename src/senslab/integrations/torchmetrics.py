@@ -110,8 +110,8 @@ import math
 import re
 import uuid
 import warnings
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -507,6 +507,22 @@ class TokenSensitivityMetric(Metric):
                 UserWarning, stacklevel=2,
             )
         return super().set_dtype(torch.float64)
+
+    @contextmanager
+    def sync_context(self, dist_sync_fn: Callable | None = None,
+                     process_group: Any | None = None, should_sync: bool = True,
+                     should_unsync: bool = True,
+                     distributed_available: Callable | None = None) -> Iterator[None]:
+        """torchmetrics' context, with this process's own states restored however the body
+        ends: an error or a Ctrl-C inside ``compute`` left the metric synced (every process's
+        states in this one's), so a later ``update`` added to the sum of all processes and the
+        next ``compute`` failed with "already been synced"."""
+        self.sync(dist_sync_fn=dist_sync_fn, process_group=process_group,
+                  should_sync=should_sync, distributed_available=distributed_available)
+        try:
+            yield
+        finally:
+            self.unsync(should_unsync=self._is_synced and should_unsync)
 
     def _sync_dist(self, dist_sync_fn: Callable = gather_all_tensors,
                    process_group: Any | None = None) -> None:
