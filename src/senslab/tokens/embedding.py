@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -259,6 +259,17 @@ def read_by_pad_id(ids: Tensor, pad: int) -> Tensor:
 LEFT_READ = "another output than the same text alone, unpadded"
 #: … and one that is
 READ_AS_TEXT = "the same output left-padded as its text alone"
+
+
+class LeftPadding(NamedTuple):
+    """What the first left-padded example's output was found to be
+    (:meth:`_BoundEmbedding._judge_left_padding`)."""
+
+    misread: bool  #: another output than the text's own (the reference's)
+    row: int  #: the example checked
+    alone_ran: bool  #: the reference is the text alone (False: the model took no shorter
+    #: input, and the reference is the example padded on the right)
+    right_reads: bool | None  #: right padding gives the text's own output (None: not run)
 
 
 def _agree(a: Tensor, b: Tensor) -> bool:
@@ -581,7 +592,7 @@ class _BoundEmbedding(BoundTokens):
         #: measurement's autocast alone)
         self._check_cast: GridCheck | None = None
         #: :meth:`_judge_left_padding`'s finding, once judged (``_left_judged``)
-        self._left_read: tuple[bool, int, bool | None] | None = None
+        self._left_read: LeftPadding | None = None
         self._left_judged = False
 
     def hook(self, module: nn.Module, args: Any, out: Any) -> Any:
@@ -955,9 +966,9 @@ class _BoundEmbedding(BoundTokens):
         refuses them under ``trim_padding=True``, so the warning is not followed by a
         refusal that says the same)."""
         found = self._judge_left_padding()
-        if found is None or not found[0]:
+        if found is None or not found.misread:
             return
-        if found[2] is False:
+        if found.right_reads is False:
             fix = ("Padded on the right it gives another output than the text alone too: batch "
                    "texts of one length (no padding), or measure them one at a time")
         else:
@@ -982,14 +993,14 @@ class _BoundEmbedding(BoundTokens):
         found = self._judge_left_padding()
         if found is None:
             return None
-        differs, row, right = found
+        row = found.row
         name = type(unwrapped(self.model)).__name__
-        if differs:
-            fix = ("pad on the right" if right is not False else
+        if found.misread:
+            fix = ("pad on the right" if found.right_reads is not False else
                    "right padding gives another output too, so batch texts of one length")
             return (f"{name} gives example {row} {LEFT_READ}, so trim_padding=False would "
                     f"measure these inputs as the model misreads them: {fix}")
-        if right:  # the text alone could not be run: compared with right padding only
+        if not found.alone_ran:  # compared with right padding only
             return (f"{name} gives example {row} the same output padded on either side (the "
                     "first left-padded example, the one checked; the model took no input cut "
                     "to its real tokens), so trim_padding=False measures these inputs as the "
@@ -998,22 +1009,19 @@ class _BoundEmbedding(BoundTokens):
                 "(the first left-padded example, the one checked), so trim_padding=False "
                 "measures these inputs as the texts unpadded")
 
-    def _judge_left_padding(self) -> tuple[bool, int, bool | None] | None:
-        """(whether the first left-padded example gives another output than its text alone,
-        unpadded; its index; whether the same example padded on the right gives the text's own
-        output, None where not judged — True with the first False where the text alone could
-        not be run and the left-padded output equals the right-padded one), or None: no left
-        padding in the attention mask, an output read per position, or a model that takes no
-        such inputs. Judged once per bind, in one forward of the example cut to its real
-        tokens (every input tensor with a token axis cut alike, position ids too) and, where
-        the left-padded output differs from it, one more with the real tokens moved to the
-        front; later calls read the finding."""
+    def _judge_left_padding(self) -> LeftPadding | None:
+        """Whether the first left-padded example gives another output than its text alone,
+        unpadded (:class:`LeftPadding`), or None: no left padding in the attention mask, an
+        output read per position, or a model that takes no such inputs. Judged once per bind,
+        in one forward of the example cut to its real tokens (every input tensor with a token
+        axis cut alike, position ids too) and, where the left-padded output differs from it,
+        one more with the real tokens moved to the front; later calls read the finding."""
         if not self._left_judged:
             self._left_read = self._left_padding_forward()
             self._left_judged = True
         return self._left_read
 
-    def _left_padding_forward(self) -> tuple[bool, int, bool | None] | None:
+    def _left_padding_forward(self) -> LeftPadding | None:
         if self.padding is None or (self._per_position and self.position is not None):
             return None
         real = self.padding
@@ -1026,25 +1034,21 @@ class _BoundEmbedding(BoundTokens):
         shift = int(starts[row])
         n = t - shift
 
-        def roll(v: Any) -> Any:
-            if isinstance(v, Tensor) and v.dim() >= 2 and v.shape[1] == t:
-                return torch.roll(v, -shift, dims=1)
-            return v
-
-        def cut(v: Any) -> Any:
-            if isinstance(v, Tensor) and v.dim() >= 2 and v.shape[1] == t:
-                return v[:, shift:]
-            return v
-
         one = select(self.inputs, row)
-        if isinstance(one, dict):
-            moved: Inputs = {k: roll(v) for k, v in one.items()}
-            alone: Inputs = {k: cut(v) for k, v in one.items()}
-        elif isinstance(one, (tuple, list)):
-            moved = type(one)(roll(v) for v in one)
-            alone = type(one)(cut(v) for v in one)
-        else:
+        if not isinstance(one, (dict, tuple, list)):
             return None
+
+        def along_tokens(edit: Any) -> Inputs:
+            """``one`` with ``edit`` applied to every tensor with a token axis."""
+            def each(v: Any) -> Any:
+                is_tokens = isinstance(v, Tensor) and v.dim() >= 2 and v.shape[1] == t
+                return edit(v) if is_tokens else v
+            if isinstance(one, dict):
+                return {k: each(v) for k, v in one.items()}
+            return type(one)(each(v) for v in one)
+
+        moved = along_tokens(lambda v: torch.roll(v, -shift, dims=1))
+        alone = along_tokens(lambda v: v[:, shift:])
         found = hf_pad_token_config(self.model)
         pad = getattr(found[0], "pad_token_id", None) if found is not None else None
         ids = _token_ids(moved)
@@ -1061,18 +1065,18 @@ class _BoundEmbedding(BoundTokens):
         except (RuntimeError, ValueError, TypeError, IndexError):
             own = None  # a model that takes no shorter inputs: judged against right padding
         if own is not None and _agree(own, left_out.to(own.device)):
-            return False, int(row), None
+            return LeftPadding(False, int(row), True, None)
         try:
             right = self._evaluate(moved, None, torch.zeros(1, t, self.dim,
                                                             device=self._clean.device), t)
         except (RuntimeError, ValueError, TypeError, IndexError):
             if own is None:
                 return None  # the model takes no such inputs: not judged
-            return True, int(row), None
+            return LeftPadding(True, int(row), True, None)
         if own is None:  # judged against right padding alone (the finding says so)
-            same = _agree(right, left_out.to(right.device))
-            return not same, int(row), (True if same else None)
-        return True, int(row), _agree(own, right)
+            return LeftPadding(not _agree(right, left_out.to(right.device)), int(row), False,
+                               None)
+        return LeftPadding(True, int(row), True, _agree(own, right))
 
     def tokens(self, src: Tensor, tok: Tensor) -> Tensor:
         return self._clean[src, tok]
