@@ -279,3 +279,26 @@ class _Inert:
 
     def __call__(self, *args: Any) -> None:
         return None
+
+
+def forward_hooks(model: nn.Module, *, foreign: bool = False) -> list[tuple[str, int]]:
+    """(module, handle id) of every forward hook and forward pre-hook registered on a module of
+    ``model`` or for all modules (``register_module_forward_hook``; module ``"*"``).
+    ``foreign``: only those that are not a measurement's own (:meth:`OwnForwards.hook`, or what
+    such a hook becomes in a copy of the model) — the user's, a library's.
+
+    A path that runs the model by other means than its call skips them: FX traces a module's
+    ``forward``, so a static int8 copy runs without them; a zoo model's ``forward_suffix`` and
+    ``forward_local`` (reuse of the clean computation) run its layers without its call, so a
+    hook on the model that normalises the input, masks classes or edits an output is missing
+    from the copies (those paths are not taken where a model holds such hooks)."""
+    from torch.nn.modules import module as torch_module
+
+    def counted(hook: Any) -> bool:
+        return not (foreign and isinstance(hook, (_OwnHook, _Inert)))
+
+    found = [("*", i) for d in ("_global_forward_pre_hooks", "_global_forward_hooks")
+             for i, hook in getattr(torch_module, d, {}).items() if counted(hook)]
+    return found + [(name, i) for name, m in model.named_modules()
+                    for d in ("_forward_pre_hooks", "_forward_hooks")
+                    for i, hook in getattr(m, d, {}).items() if counted(hook)]

@@ -159,6 +159,9 @@ _FLIPS = ("num_copies", "num_events")
 _CATS = ("sample_rate", "sample_index", "pos_id", "pos_sum", "pos_cnt", "pos_grid")
 #: configuration fields the model decides where the options leave them open (None)
 _MODEL_DECIDES = ("tokens", "align", "output_kind")
+#: configuration fields an older senslab did not record: a state dict without them is checked
+#: on the others
+_RECORDED_LATER = ("autocast", "eval_mode")
 
 
 class _Position(NamedTuple):
@@ -664,6 +667,8 @@ class TokenSensitivityMetric(Metric):
             a, b = self._config.get(name), config.get(name)
             if name in _MODEL_DECIDES and (a is None or b is None):
                 continue  # left to the model on one side: only the models can tell
+            if name in _RECORDED_LATER and name not in config:
+                continue  # saved before senslab recorded it: not known
             if name == "tokens" and a != b:
                 a, b = _named_tokens(self) or a, named or b
                 if a == b:

@@ -42,6 +42,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
+from .._exclusive import forward_hooks
+
 #: layers narrower than this (in or out) keep float32
 MIN_FEATURES = 64
 #: packed weights kept per metric (least recently used dropped first)
@@ -406,21 +408,6 @@ def attributes_state(model: Any) -> list[tuple[str, str, str]] | None:
 
 def _class(module: nn.Module) -> str:
     return f"{type(module).__module__}.{type(module).__qualname__}"
-
-
-def forward_hooks(model: nn.Module) -> list[tuple[str, int]]:
-    """(module, handle id) of every forward hook and forward pre-hook registered on a module of
-    ``model`` or for all modules (``register_module_forward_hook``; module ``"*"``). FX traces
-    a module's ``forward``, not its call, so a static int8 copy would run without them: a hook
-    that normalises the input, masks classes or edits a layer's output would be missing from
-    the copy."""
-    from torch.nn.modules import module as torch_module
-
-    found = [("*", i) for d in ("_global_forward_pre_hooks", "_global_forward_hooks")
-             for i in getattr(torch_module, d, {})]
-    return found + [(name, i) for name, m in model.named_modules()
-                    for i in (*getattr(m, "_forward_pre_hooks", {}),
-                              *getattr(m, "_forward_hooks", {}))]
 
 
 def _channels_last(x: Tensor) -> Tensor:

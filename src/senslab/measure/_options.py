@@ -298,6 +298,11 @@ def _identity(one: Any, other: Any) -> list[tuple[str, Any, Any]]:
         ("threshold", one.threshold, other.threshold),
         ("output", selector(one), selector(other)),
         ("align", one.align, other.align),
+        # bf16's own decisions (autocast) and a model measured in training mode (dropout on)
+        # are other quantities than float32's decisions in eval mode; checked precisions decide
+        # as float32 does, so ``precision`` may differ
+        ("autocast", _dtype_name(one.autocast), _dtype_name(other.autocast)),
+        ("eval_mode", one.eval_mode, other.eval_mode),
     ]
     a, b = one.replace_with, other.replace_with
     if a is not None and b is not None and a.shape == b.shape and not torch.equal(
@@ -307,6 +312,11 @@ def _identity(one: Any, other: Any) -> list[tuple[str, Any, Any]]:
     if one.compare != "class":
         pairs = [p for p in pairs if p[0] not in ("output_kind", "threshold")]
     return pairs
+
+
+def _dtype_name(dtype: torch.dtype | None) -> str | None:
+    """``torch.bfloat16`` as ``"torch.bfloat16"`` (a JSON value); None as None."""
+    return None if dtype is None else str(dtype)
 
 
 @contextmanager

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten
 
-from .._exclusive import OwnForwards
+from .._exclusive import OwnForwards, forward_hooks
 from .._stack import user_level
 from ._grid import AUTOCAST_FIX, LOW_PRECISION, GridCheck, autocast_grid
 from .base import (
@@ -486,7 +486,8 @@ class Embedding(Tokenization):
     ``forward_suffix(cache, src, tok, noise)``; then, in eval mode, a copy perturbed at token
     ``t`` is evaluated from the clean state at ``t − 1`` instead of by a full forward
     (:class:`senslab.models.text.LSTMClassifier` and ``GPT2Classifier`` do; same predictions up
-    to float rounding).
+    to float rounding). A model that holds forward hooks or pre-hooks of the user's (on any of
+    its modules, or for all modules) runs full forwards: ``forward_suffix`` would skip them.
     ``reuse_prefix=False`` always runs full forwards.
 
     ``module`` is a dotted name (``"bert.embeddings.LayerNorm"``) or the submodule itself
@@ -535,9 +536,12 @@ class Embedding(Tokenization):
         target = model.get_submodule(name)
         bound = _BoundEmbedding(name, model, inputs, output)
         bound.position = self.position
+        # forward_suffix runs the model's layers without its call: not where a hook of the
+        # user's would be skipped (full forwards run them)
         bound.reuse = (self.reuse_prefix and not model.training
                        and getattr(model, "prefix_module", None) == name
-                       and hasattr(model, "forward_suffix"))
+                       and hasattr(model, "forward_suffix")
+                       and not forward_hooks(model, foreign=True))
         own = OwnForwards(model)  # the forwards of a thread running the model itself pass
         handle = target.register_forward_hook(own.hook(bound.hook))
         try:

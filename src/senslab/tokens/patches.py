@@ -12,6 +12,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from .._exclusive import forward_hooks
 from ._grid import AUTOCAST_FIX, LOW_PRECISION, GridCheck, autocast_grid
 from .base import (
     BoundTokens,
@@ -184,7 +185,9 @@ class Patches(Tokenization):
     next ones, up to :data:`LOCAL_AHEAD` examples, made in the same call); a cache
     dict's ``"scratch"`` entry (memory the model's ``forward_local`` keeps from call to call)
     passes on to the next chunk's cache, and a model's ``local_copy_bytes(cache)`` reports that
-    memory per copy, which the automatic chunk size counts (``vit_small`` does both).
+    memory per copy, which the automatic chunk size counts (``vit_small`` does both). A model
+    that holds forward hooks or pre-hooks of the user's (on any of its modules, or for all
+    modules) runs full forwards: ``forward_local`` would skip them.
     ``reuse_local=False`` always runs full forwards.
 
     **σ in pixel space.** A pretrained model sees normalised inputs, ``x = (p − mean) / std``
@@ -335,8 +338,11 @@ class Patches(Tokenization):
         bound = _BoundPatches(self, model, inputs, mask, output, norm, key=key, rest=rest)
         # forward_local takes the images alone (not with a dict's other entries), in
         # (B, C, H, W)
+        # (and forward_local runs the model's layers without its call: not where a hook of the
+        # user's would be skipped)
         bound.reuse = (self.reuse_local and isinstance(model, nn.Module) and not model.training
-                       and hasattr(model, "forward_local") and not rest and not last)
+                       and hasattr(model, "forward_local") and not rest and not last
+                       and not forward_hooks(model, foreign=True))
         yield bound
 
 

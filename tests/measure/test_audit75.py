@@ -1,0 +1,149 @@
+"""Audit of session 75: a forward hook of the user's on a model that reuses its clean
+computation (the zoo's lstm, gpt2, cnn) was skipped by ``forward_suffix``/``forward_local`` —
+a hook that moved some perturbed copies' logits read 0.0203 with reuse against 0.0552 with full
+forwards, without a word; now such a model runs full forwards. ``TokenSensitivity.merge``
+accepted a metric of bf16's own decisions (``autocast``) or one measured in training mode
+(``eval_mode=False``) beside a float32 one in eval mode: now refused, naming the option."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from senslab import token_sensitivity
+from senslab.measure import TokenSensitivity
+from senslab.models import create_model
+from senslab.tokens import Embedding, Patches
+
+OPTS = {"sigma": 1.0, "repeats": 4, "precision": "float32", "generator": 0}
+
+
+def text_batch() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(2, 60, (8, 8), generator=g)
+    mask = torch.ones(8, 8, dtype=torch.long)
+    mask[4:, 6:] = 0
+    ids[mask == 0] = 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def lstm() -> nn.Module:
+    torch.manual_seed(0)  # test-only: init
+    return create_model("lstm", vocab_size=60, dim=16, layers=1, num_classes=3, max_len=16).eval()
+
+
+def shifted_above(threshold: float):
+    """A forward hook that raises class 2's logit by 5 where class 0's passes ``threshold``:
+    it changes some perturbed copies' predictions and no clean one's."""
+    def hook(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
+        return out + 5.0 * (out[:, :1] > threshold).float() * torch.tensor([0.0, 0.0, 1.0])
+    return hook
+
+
+def counted_copies(model: nn.Module, tokens, inputs, **options) -> tuple[int, float]:
+    """(forwards of the model the measurement made, its estimate)."""
+    calls = []
+    handle = model.register_forward_hook(lambda m, a, o: calls.append(len(o)))
+    try:
+        r = token_sensitivity(model, inputs, tokens, **options)
+    finally:
+        handle.remove()
+    return sum(calls), r.estimate
+
+
+def test_a_users_hook_on_a_prefix_reusing_model_runs_on_every_copy():
+    model, batch = lstm(), text_batch()
+    with torch.no_grad():
+        clean = model(**batch)
+    threshold = clean[:, 0].max().item() + 0.02
+    reference = {}
+    for reuse in (False, True):
+        handle = model.register_forward_hook(shifted_above(threshold))
+        try:
+            r = token_sensitivity(model, batch, Embedding("embed_ln", reuse_prefix=reuse),
+                                  **OPTS)
+        finally:
+            handle.remove()
+        reference[reuse] = r
+    assert torch.equal(reference[True].per_sample, reference[False].per_sample)
+    # the hook does change the measurement: without it, other numbers
+    plain = token_sensitivity(model, batch, Embedding("embed_ln"), **OPTS)
+    assert not torch.equal(plain.per_sample, reference[False].per_sample)
+    # every perturbed copy ran through the model's call (real tokens × repeats of them)
+    rows, _ = counted_copies(model, Embedding("embed_ln"), batch, **OPTS)
+    assert rows >= int(batch["attention_mask"].sum()) * OPTS["repeats"]
+
+
+def test_without_hooks_prefix_reuse_still_runs():
+    """No hook of the user's: copies resume from the prefix (the model's call runs only for the
+    clean forwards, far fewer rows than the copies)."""
+    model, batch = lstm(), text_batch()
+    seen = []
+    original = type(model).forward_suffix
+
+    def suffix(self, *args, **kwargs):
+        seen.append(1)
+        return original(self, *args, **kwargs)
+
+    type(model).forward_suffix = suffix
+    try:
+        token_sensitivity(model, batch, Embedding("embed_ln"), **OPTS)
+    finally:
+        type(model).forward_suffix = original
+    assert seen
+
+
+def test_a_global_hook_also_turns_reuse_off():
+    model, batch = lstm(), text_batch()
+    seen = []
+    handle = nn.modules.module.register_module_forward_hook(
+        lambda m, a, o: seen.append(m) if m is model else None)
+    try:
+        token_sensitivity(model, batch, Embedding("embed_ln"), **OPTS)
+    finally:
+        handle.remove()
+    assert len(seen) > 2  # the copies ran through the model's call, not only the clean forwards
+
+
+def test_a_users_hook_on_a_local_reusing_model_runs_on_every_copy():
+    torch.manual_seed(0)  # test-only: init
+    model = create_model("cnn", num_classes=3, in_channels=1, image_size=8).eval()
+    x = torch.randn(6, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        clean = model(x)
+    threshold = clean[:, 0].max().item() + 0.01
+    results = {}
+    for reuse in (False, True):
+        handle = model.register_forward_hook(shifted_above(threshold))
+        try:
+            results[reuse] = token_sensitivity(model, x, Patches(4, reuse_local=reuse),
+                                               **OPTS)
+        finally:
+            handle.remove()
+    assert torch.equal(results[True].per_sample, results[False].per_sample)
+    plain = token_sensitivity(model, x, Patches(4), **OPTS)
+    assert not torch.equal(plain.per_sample, results[False].per_sample)
+
+
+@pytest.mark.parametrize("option, theirs", [
+    ("autocast", {"autocast": torch.bfloat16, "precision": "auto"}),
+    ("eval_mode", {"eval_mode": False}),
+])
+def test_merge_refuses_other_decisions_or_training_mode(option, theirs):
+    torch.manual_seed(0)  # test-only: init
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 3))
+    x = torch.randn(2, 8, 1, 4, 4, generator=torch.Generator().manual_seed(1))
+    mine = TokenSensitivity(model, Patches(2), sigma=0.5, precision="float32", generator=0)
+    mine.update(x[0])
+    other = TokenSensitivity(model, Patches(2), sigma=0.5,
+                             **{"precision": "float32", **theirs}, generator=1)
+    other.update(x[1])
+    with pytest.raises(ValueError, match=f"cannot merge: {option} "):
+        mine.merge(other)
+    assert mine.compute().num_examples == 8  # nothing merged
+    # checked precisions decide as float32 does: they merge
+    checked = TokenSensitivity(model, Patches(2), sigma=0.5, precision="bf16-checked",
+                               generator=2)
+    checked.update(x[1])
+    assert mine.merge(checked).compute().num_examples == 16
