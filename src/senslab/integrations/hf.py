@@ -277,7 +277,8 @@ class SensitivityCallback(TrainerCallback):
                 "second value under the same key; give the callback its own name=, e.g. "
                 "name='sensitivity_subset2'"
             )
-        if self._last is not None and self._last[0] == (state.global_step, _weights(model)):
+        now = (state.global_step, _weights(model))
+        if self._last is not None and self._last[0] == now:
             r = self._last[1]  # the same model: another evaluation set of the same evaluation
             if prefix not in self._last[2]:
                 self._last[2].append(prefix)
@@ -285,7 +286,7 @@ class SensitivityCallback(TrainerCallback):
         else:
             r = self.measure(model)
             self.results.append((state.global_step, r))
-            self._last = ((state.global_step, _weights(model)), r, [prefix])
+            self._last = (now, r, [prefix])
             # into the Trainer's state, which its checkpoints save after this evaluation
             if isinstance(getattr(state, "stateful_callbacks", None), dict):
                 self._exported = self._export()
@@ -319,18 +320,39 @@ class SensitivityCallback(TrainerCallback):
         )
 
 
-def _weights(model: Any) -> tuple[tuple[int, int], ...]:
-    """Where each parameter and buffer of ``model`` lives and its in-place version counter:
-    equal only while the weights are the ones measured (an optimizer step or a
-    ``load_state_dict`` moves a counter)."""
+def _weights(model: Any) -> tuple[tuple[int, int, Any], ...]:
+    """Where each parameter and buffer of ``model`` lives, its in-place version counter and a
+    digest of its values: equal only while the weights are the ones measured (an optimizer step
+    or a ``load_state_dict`` moves a counter; a write through ``.data`` — an EMA's ``copy_to``,
+    pruning by hand — moves none, but changes the digest)."""
     tensors = [*model.parameters(), *model.buffers()]
-    return tuple((t.data_ptr(), t._version) for t in tensors)
+    with torch.no_grad():
+        return tuple((t.data_ptr(), t._version, _digest(t)) for t in tensors)
+
+
+def _digest(t: Tensor) -> Any:
+    """A digest of ``t``'s values: ``torch.hash_tensor`` (the bits' XOR) where this torch has it,
+    with the float64 sum beside it (an XOR cancels in pairs); the sum alone on an older torch."""
+    total = float(t.detach().double().sum()) if t.numel() else 0.0
+    hashed = getattr(torch, "hash_tensor", None)
+    if hashed is None or not t.numel():
+        return total
+    return (hashed(t.detach()).view(torch.int64).item(), total)
+
+
+#: the keys of timings every evaluation of the Trainer reports, after its metric key prefix
+_TIMINGS = ("runtime", "samples_per_second", "steps_per_second")
 
 
 def _prefix(metrics: Mapping[str, Any] | None) -> str:
     """The evaluation's metric key prefix (``eval`` unless ``evaluate(metric_key_prefix=...)``),
-    read off the ``{prefix}_runtime`` key every evaluation reports."""
-    for key in metrics or {}:
-        if key.endswith("_runtime"):
-            return key[: -len("_runtime")]
-    return "eval"
+    read off the timing keys every evaluation reports together (``{prefix}_runtime``,
+    ``{prefix}_samples_per_second``, ``{prefix}_steps_per_second``): a key of
+    ``compute_metrics`` that ends in ``_runtime`` alone (``forward_runtime``) is not taken for
+    it."""
+    keys = list(metrics or {})
+    found = [key[: -len("_runtime")] for key in keys if key.endswith("_runtime")]
+    for prefix in found:
+        if all(f"{prefix}_{t}" in keys for t in _TIMINGS):
+            return prefix
+    return found[0] if found else "eval"
