@@ -3,7 +3,9 @@ computation (the zoo's lstm, gpt2, cnn) was skipped by ``forward_suffix``/``forw
 a hook that moved some perturbed copies' logits read 0.0203 with reuse against 0.0552 with full
 forwards, without a word; now such a model runs full forwards. ``TokenSensitivity.merge``
 accepted a metric of bf16's own decisions (``autocast``) or one measured in training mode
-(``eval_mode=False``) beside a float32 one in eval mode: now refused, naming the option."""
+(``eval_mode=False``) beside a float32 one in eval mode: now refused, naming the option. A
+tensor a module caches as a plain attribute, built during a measurement, was an inference tensor
+that failed the next training step: now put back as it was."""
 
 from __future__ import annotations
 
@@ -147,3 +149,57 @@ def test_merge_refuses_other_decisions_or_training_mode(option, theirs):
                                generator=2)
     checked.update(x[1])
     assert mine.merge(checked).compute().num_examples == 16
+
+
+class LazyTable(nn.Module):
+    """Multiplies by a position table it builds for the longest input seen, kept as a plain
+    attribute (as rotary or sinusoidal embeddings often are), not as a buffer."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dim, self.table = dim, None
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if self.table is None or self.table.shape[0] < h.shape[1]:
+            pos = torch.arange(h.shape[1], dtype=torch.float32)[:, None]
+            self.table = torch.cos(pos / (1 + torch.arange(self.dim)))
+        return h * self.table[: h.shape[1]]
+
+
+class Rotary(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)  # test-only: init
+        self.emb, self.ln, self.rot = nn.Embedding(50, 8), nn.LayerNorm(8), LazyTable(8)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.rot(self.ln(self.emb(input_ids))).mean(1))
+
+
+def test_a_lazily_built_table_does_not_break_the_next_training_step():
+    """Measuring under inference mode built the table for a longer input as an inference
+    tensor; the next training step's backward failed ("Inference tensors cannot be saved for
+    backward"). The attribute is put back as it was; the module builds it again."""
+    model = Rotary()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(0)
+
+    def step() -> None:
+        x, y = torch.randint(1, 50, (4, 6), generator=g), torch.randint(0, 2, (4,), generator=g)
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    step()
+    before = model.rot.table
+    TokenSensitivity(model, Embedding("ln"), sigma=1.0, generator=0).update(
+        {"input_ids": torch.randint(1, 50, (4, 12), generator=g)})
+    assert model.rot.table is before  # put back
+    step()  # raised before
+    assert not model.rot.table.is_inference()
+    fresh = Rotary()  # no table before: none after
+    token_sensitivity(fresh, {"input_ids": torch.randint(1, 50, (2, 5), generator=g)},
+                      Embedding("ln"), sigma=1.0)
+    assert fresh.rot.table is None

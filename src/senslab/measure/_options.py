@@ -230,10 +230,16 @@ def _kept_buffers(*tops: nn.Module) -> Iterator[None]:
     change the model. Buffers are kept by module and name, so one the forward replaced by
     another tensor (``self.buf = self.buf + 1``) is put back. Only a buffer that changed is
     written back: a write bumps its version, and a buffer the caller's pending backward saved
-    (a loss computed before measuring) must keep it. Inference tensors are written too."""
-    saved, seen = [], set()
+    (a loss computed before measuring) must keep it. Inference tensors are written too.
+
+    A plain tensor attribute (not a buffer) that the block set to an inference tensor — a
+    rotary or sinusoidal table a module builds lazily for a longer input than it has seen — is
+    put back as it was (removed where there was none): kept, it failed the next training step's
+    backward ("Inference tensors cannot be saved for backward"); the module builds it again."""
+    saved, seen, attributes = [], set(), []
     for top in tops:
         for owner in top.modules():
+            attributes.append((owner, dict(vars(owner))))
             for name, b in owner._buffers.items():
                 if b is not None and (id(owner), name) not in seen:
                     seen.add((id(owner), name))
@@ -248,6 +254,24 @@ def _kept_buffers(*tops: nn.Module) -> Iterator[None]:
                     owner._buffers[name] = b
                 if v is not None and not _same(b, v):
                     b.copy_(v)
+        for owner, before in attributes:
+            _put_back_inference_attributes(owner, before)
+
+
+def _put_back_inference_attributes(owner: nn.Module, before: dict[str, Any]) -> None:
+    """Put back each attribute of ``owner`` (in its ``__dict__``) that is now an inference tensor
+    other than the one it held in ``before`` (see :func:`_kept_buffers`)."""
+    now = vars(owner)
+    for name, value in list(now.items()):
+        if (isinstance(value, Tensor) and value.is_inference()
+                and before.get(name, _ABSENT) is not value):
+            if name in before:
+                now[name] = before[name]
+            else:
+                del now[name]
+
+
+_ABSENT = object()
 
 
 def _same(a: Tensor, b: Tensor) -> bool:
