@@ -159,6 +159,7 @@ def check_before_training(
     options: dict[str, Any],
     where: str,
     any_failed: Callable[[bool], bool] | None = None,
+    modes_known: bool = False,
 ) -> None:
     """Refuse before training what the first measurement would refuse at its start, after
     ``eval_steps`` or an epoch of training (lost where the run crashes): the measurement's checks
@@ -170,10 +171,17 @@ def check_before_training(
     several processes every process checks, and all stop if one fails (``any_failed``: whether
     any process failed, default :func:`any_process`), so none waits for the others at its next
     collective. What depends on the trained weights (an output that becomes NaN) is still found
-    by the measurement."""
+    by the measurement.
+
+    ``modes_known``: the model's modes now are those the measurements will find (Lightning
+    measures at the end of a training epoch, in the modes the fit trains in); with
+    ``eval_mode=False`` the check then refuses what the measurement would in them (BatchNorm on
+    batch statistics, a forward that dropout makes random). Otherwise such a refusal waits for
+    the measurement, whose mode may differ."""
     failure: Exception | None = None
     try:
-        _first_forward(model, inputs, tokens, mask=mask, batch=batch, options=options)
+        _first_forward(model, inputs, tokens, mask=mask, batch=batch, options=options,
+                       modes_known=modes_known)
     except Exception as err:  # noqa: BLE001 - raised again below, after the processes agree
         failure = err
     failed = (any_failed or any_process)(failure is not None)
@@ -211,10 +219,12 @@ def any_process(failed: bool) -> bool:
 def _first_forward(
     model: nn.Module | Any, inputs: Inputs, tokens: Tokenization | None, *,
     mask: Tensor | None, batch: int | None, options: dict[str, Any],
+    modes_known: bool = False,
 ) -> None:
     """:func:`check_before_training`'s checks, in the order the measurement makes them
     (``TokenSensitivity.update`` up to the reading of the clean outputs)."""
     from ..measure._options import _eval, _kept_buffers
+    from ..measure._runner import verify_deterministic
     from ..measure.outputs import check_finite, check_rows, predictions, resolve_kind
     from ..measure.tokenwise import (
         _own_forward,
@@ -236,8 +246,10 @@ def _first_forward(
     metric = TokenSensitivity(model, tokens, **options)
     device = check_device(model, inputs)
     module = isinstance(model, nn.Module)
-    if module and metric.eval_mode:  # eval_mode=False: the mode at the evaluation may differ
-        _refuse_batch_statistics(model, True)
+    # eval_mode=False: the mode at the evaluation may differ, unless the caller knows it
+    known = module and not metric.eval_mode and modes_known
+    if module and (metric.eval_mode or known):
+        _refuse_batch_statistics(model, metric.eval_mode)
     with ExitStack() as stack:
         # a forward that draws (dropout with eval_mode=False) must not move the training's
         # random streams: the run would train differently with the callback than without
@@ -270,6 +282,9 @@ def _first_forward(
         if metric.compare == "class":
             predictions(clean, resolve_kind(clean, metric.output_kind, metric.threshold),
                         metric.threshold)
+        if known:  # the measurement's check of a forward random in that mode
+            verify_deterministic(bound, clean, metric.mode == "whole", None,
+                                 metric.autocast is not None, alone=True)
 
 
 def check_every(name: str, value: Any) -> int:

@@ -157,12 +157,25 @@ class SensitivityCallback(Callback):
         """Check, in one forward of the subset's first examples (the module on its device,
         under the Trainer's precision), what the first measurement would refuse (an output it
         cannot read, say): it refused it only at the end of the first measured epoch, whose
-        training the crash lost. Every process checks, and all stop if one fails."""
+        training the crash lost. Every process checks, and all stop if one fails. With
+        ``eval_mode=False`` the forward runs in the modes the fit trains in, those of the
+        measurement at an epoch's end (dropout or BatchNorm on batch statistics refused here,
+        not after the epochs before the first measurement).
+
+        A ``ModelCheckpoint`` or ``EarlyStopping`` that monitors this callback's keys must judge
+        at the end of a training epoch this callback measures, after it: one that judges after
+        validation (``check_val_every_n_epoch`` > 1, ``val_check_interval`` < 1), within an
+        epoch (``every_n_train_steps``), at epochs this one does not measure, or (EarlyStopping)
+        before it in ``callbacks`` read the previous measurement as this epoch's, or found none
+        (Lightning's error then asked whether ``log`` was called). Refused here, with the
+        fix."""
+        _refuse_stale_monitors(self, trainer)
         check_before_training(
             pl_module, self._converted(pl_module), self.tokens, mask=self.mask,
             batch=self.batch_size, options=self.options, where=type(self).__name__,
             any_failed=lambda failed: bool(
-                trainer.strategy.reduce_boolean_decision(failed, all=False)))
+                trainer.strategy.reduce_boolean_decision(failed, all=False)),
+            modes_known=True)
 
     def _converted(self, pl_module: LightningModule) -> Inputs:
         """The subset converted as Lightning converts a batch under the Trainer's precision."""
@@ -189,3 +202,81 @@ class SensitivityCallback(Callback):
                       batch_size=n)
         pl_module.log(f"{self.name}_stderr", r.stderr, on_step=False, on_epoch=True,
                       sync_dist=True, batch_size=n)
+
+
+def _refuse_stale_monitors(callback: SensitivityCallback, trainer: Trainer) -> None:
+    """Raise where a ``ModelCheckpoint`` or ``EarlyStopping`` of ``trainer`` monitors one of
+    ``callback``'s keys but would not judge right after a measurement of it (see
+    :meth:`SensitivityCallback.on_fit_start`)."""
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+    keys = (callback.name, f"{callback.name}_stderr")
+    n = callback.every_n_epochs
+    after = False  # whether ``callback`` came before, in the order the Trainer calls them
+    for other in trainer.callbacks:
+        if other is callback:
+            after = True
+            continue
+        monitor = getattr(other, "monitor", None)
+        if monitor not in keys:
+            continue
+        what = f"{type(other).__name__}(monitor={monitor!r})"
+        stale = (f"SensitivityCallback({callback.name!r}) measures at the end of "
+                 f"{_epochs(n)} (every_n_epochs={n}), so {what} would judge the weights by an "
+                 "earlier measurement, or find none")
+        if isinstance(other, ModelCheckpoint):
+            steps = getattr(other, "_every_n_train_steps", 0) or 0
+            timed = getattr(other, "_train_time_interval", None)
+            if steps >= 1 or timed is not None:
+                within = (f"every_n_train_steps={steps}" if steps >= 1
+                          else "train_time_interval")
+                raise ValueError(
+                    f"{what} saves within an epoch ({within}): "
+                    f"{stale}; save by epochs: ModelCheckpoint(monitor={monitor!r}, "
+                    f"every_n_epochs={n})")
+            if not _saves_on_train_epoch_end(other, trainer):
+                raise ValueError(
+                    f"{what} saves after validation ({_validation(trainer)}), which runs "
+                    f"before the epoch's measurement: {stale}; pass "
+                    f"ModelCheckpoint(..., save_on_train_epoch_end=True)")
+            every = getattr(other, "_every_n_epochs", 1) or 0
+            if every >= 1 and every % n:
+                raise ValueError(
+                    f"{what} saves every {every} epoch(s), at epochs this callback does not "
+                    f"measure: {stale}; pass ModelCheckpoint(..., every_n_epochs={n}) (or a "
+                    f"multiple of {n})")
+        elif isinstance(other, EarlyStopping):
+            if not getattr(other, "_check_on_train_epoch_end", True):
+                raise ValueError(
+                    f"{what} checks after validation ({_validation(trainer)}), which runs "
+                    f"before the epoch's measurement: {stale}; pass "
+                    f"EarlyStopping(..., check_on_train_epoch_end=True)")
+            if n != 1:
+                raise ValueError(
+                    f"{what} checks at every epoch's end: {stale}; measure every epoch "
+                    f"(every_n_epochs=1)")
+            if not after:
+                raise ValueError(
+                    f"{what} comes before SensitivityCallback({callback.name!r}) in the "
+                    "Trainer's callbacks, so it checks before the epoch's measurement: "
+                    f"{stale}; list the SensitivityCallback first")
+
+
+def _epochs(n: int) -> str:
+    return "every training epoch" if n == 1 else f"training epochs {n}, {2 * n}, …"
+
+
+def _saves_on_train_epoch_end(checkpoint: Any, trainer: Trainer) -> bool:
+    """Whether ``checkpoint`` (a ``ModelCheckpoint``) saves at a training epoch's end, as
+    Lightning decides it, before the validation data is known (validation counted as run)."""
+    chosen = getattr(checkpoint, "_save_on_train_epoch_end", None)
+    if chosen is not None:
+        return bool(chosen)
+    if getattr(trainer, "_val_check_time_interval", None) is not None:
+        return False
+    return trainer.check_val_every_n_epoch == 1 and trainer.val_check_interval == 1.0
+
+
+def _validation(trainer: Trainer) -> str:
+    return (f"check_val_every_n_epoch={trainer.check_val_every_n_epoch}, "
+            f"val_check_interval={trainer.val_check_interval}")
