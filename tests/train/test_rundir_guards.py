@@ -625,19 +625,29 @@ def test_a_damaged_verdict_is_kept_as_damaged_not_as_other_settings(tmp_path: Pa
 def test_report_says_a_damaged_last_line_of_a_finished_run_is_no_crash(
         finished: Path, tmp_path: Path) -> None:
     """A finished run's last metrics line cannot be torn by a crash (summary.json comes after
-    it): the warning names the file and line and says so, instead of "probably killed"."""
-    from senslab.report import load_run
+    it): the warning names the file and line and says so, instead of "probably killed", and
+    the run is refused (records are missing from its log: cut at 30% of its bytes, 41 of 58
+    records had gone with only the warning, and an experiment rewrote its verdict from the
+    rest)."""
+    from senslab.report import RunFormatError, load_run
 
     run = _copy(finished, tmp_path / "run")
     metrics = run / "metrics.jsonl"
     lines = metrics.read_text().splitlines(keepends=True)
     metrics.write_text("".join(lines[:-1]) + lines[-1][:20])
-    with pytest.warns(UserWarning) as caught:
-        loaded = load_run(run)
+    with pytest.warns(UserWarning) as caught, pytest.raises(
+            RunFormatError, match=r"metrics\.jsonl, the records they come from, ends in a torn "
+                                  r"line: it was damaged after the run ended"):
+        load_run(run)
     text = " ".join(str(w.message) for w in caught)
     assert f"{metrics}: skipping truncated last line {len(lines)}" in text
     assert "the run finished, so no crash cut it" in text and "probably killed" not in text
-    assert len(loaded.metrics) == len(lines) - 1
+    # emptied: refused too (before, read as a run that logged nothing)
+    metrics.write_text("")
+    with pytest.raises(RunFormatError, match=r"metrics\.jsonl, the records they come from, is "
+                                             r"empty"):
+        load_run(run)
+    metrics.write_text("".join(lines[:-1]) + lines[-1][:20])
     # an unfinished run: still the crash it most likely was
     (run / "summary.json").unlink()
     with pytest.warns(UserWarning, match="probably killed while writing it"):

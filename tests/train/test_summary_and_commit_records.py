@@ -93,11 +93,21 @@ def test_a_consistent_summary_is_reused_with_measurements_added(
     rd.check_summary({"final": {**summary["final"], "extra": float("nan")}})
 
 
-def test_a_torn_last_line_is_left_to_the_metric_log_checks(
+def test_a_torn_or_emptied_log_of_a_finished_run_is_refused(
         finished: tuple[RunConfig, Path], tmp_path: Path) -> None:
+    """A finished run's log ends with the record its summary came from: a torn last line or an
+    emptied file was damaged after the run ended (an experiment reusing the run read the rest,
+    or nothing, and wrote a verdict of lost data without a word)."""
     run = Path(shutil.copytree(src := finished[1], tmp_path / "run"))
     rd = RunDir(run)
-    rd.metrics_path.write_text(rd.metrics_path.read_text() + '{"step": 9, "train/lo')
+    whole = rd.metrics_path.read_text()
+    rd.metrics_path.write_text(whole + '{"step": 9, "train/lo')
+    with pytest.raises(RunDirError, match="ends in a torn line: it was damaged after the run"):
+        rd.read_json("summary.json")
+    rd.metrics_path.write_text("")
+    with pytest.raises(RunDirError, match="is empty: it was damaged after the run ended"):
+        rd.read_json("summary.json")
+    rd.metrics_path.write_text(whole)
     assert rd.read_json("summary.json") == json.loads((src / "summary.json").read_text())
 
 

@@ -6,8 +6,8 @@ A *run directory* holds ``config.json``, ``env.json``, ``metrics.jsonl`` and, on
 nothing retrains or rewrites a run, and no lock is taken (a run may be read while it trains).
 A directory written by a newer senslab (a higher schema in ``senslab.json``) is refused, and so
 are a metric log with a step logged twice or out of order and a summary.json whose final numbers
-are not those of the log's last record (one of the two was edited or damaged): their numbers
-cannot be trusted.
+are not those of the log's last record, or whose log is empty or ends in a torn line (one of the
+two was edited or damaged): their numbers cannot be trusted.
 
 A run without ``summary.json`` has not finished (it was stopped, or is still training): its
 numbers are the last values it logged. It is shown apart, as ``<label> (unfinished, step N)``
@@ -291,7 +291,7 @@ def load_run(path: PathLike, experiment: Path | None = None) -> Run:
     summary = _read_json_dict(p / "summary.json")
     metrics = (read_metrics(metrics_file, finished=summary is not None)
                if metrics_file.is_file() else [])
-    if summary is not None and metrics:
+    if summary is not None and metrics_file.is_file():
         try:  # the check every trainer makes before it reuses a finished run
             RunDir(p, kind="run").check_summary(summary)
         except RunDirError as err:

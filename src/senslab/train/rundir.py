@@ -275,8 +275,11 @@ class RunDir:
         the log lacks), and a finished run is reused without training; a hand-edited or damaged
         summary.json would change the run's result, and the verdict resting on it, without a
         word. Cheap: the log's last line only, and the numbers both hold (equal as their JSON
-        text reads back; NaN equals NaN). A log without records, or whose last line is torn,
-        is not checked here (:meth:`metrics` treats a torn last line as a crash's)."""
+        text reads back; NaN equals NaN). A finished run's log ends with the record its
+        summary was written from, so a log that is empty, or whose last line is torn, beside a
+        summary with final numbers was damaged after the run ended: refused too (a crash tears
+        a line only before the summary exists, and :meth:`metrics` reads such a line as a
+        crash's)."""
         final = summary.get("final") if isinstance(summary, dict) else None
         if isinstance(final, dict) and final and not self.metrics_path.exists():
             # the records the experiments' after-run steps read too: without them one was
@@ -286,6 +289,13 @@ class RunDir:
                 f"{self.metrics_path}, the records they come from, is missing: restore it, or "
                 f"delete {self.path} and train the run again")
         last = self._last_record()
+        if isinstance(final, dict) and final and last is None:
+            raise RunDirError(
+                f"{self.path / 'summary.json'} gives the run's final numbers, but "
+                f"{self.metrics_path}, the records they come from, "
+                f"{'is empty' if self._log_empty() else 'ends in a torn line'}: it was damaged "
+                f"after the run ended (records are missing from it), so what is read from it "
+                f"cannot be trusted; restore it, or delete {self.path} and train the run again")
         if not isinstance(final, dict) or last is None:
             return
         differ = [k for k in final if k in last and _numbers_differ(final[k], last[k])]
@@ -301,6 +311,14 @@ class RunDir:
             f"be trusted. If summary.json is the damaged one, delete {summary_path} and re-run "
             "the run's command: it resumes from the last checkpoint and writes the summary "
             f"again, keeping the training; otherwise delete {self.path} and train it again")
+
+    def _log_empty(self) -> bool:
+        """Whether metrics.jsonl holds nothing but white space."""
+        try:
+            with open(self.metrics_path, "rb") as fh:
+                return not fh.read(1 << 16).strip()
+        except OSError:
+            return True
 
     def _last_record(self) -> dict[str, Any] | None:
         """The last line of metrics.jsonl as a record; None when the log is missing or empty,
