@@ -252,6 +252,12 @@ class Experiment:
     ladder: ClassVar[tuple[Rung, ...]] = ()
     #: the effect (a key of the verdict's ``effects``) the ladder follows; None: every part
     ladder_effects: ClassVar[tuple[str, ...] | None] = None
+    #: the run-configuration fields through which alone the seed replicates of a label differ,
+    #: and why (empty: the model seed differs them too); overrides that give such a field one
+    #: value for every replicate are refused, since the verdict would count identical runs as
+    #: independent seeds
+    replicated_by: ClassVar[tuple[str, ...]] = ()
+    replicated_why: ClassVar[str] = ""
 
     # -- the spec ------------------------------------------------------------------------------
     def runs(self, settings: Any) -> list[Run]:
@@ -309,7 +315,35 @@ class Experiment:
             self._refuse_per_run(item, settings, runs, built)
         for item in own:
             self._refuse_ignored(item, scale, own, settings, runs, built)
+        self._refuse_identical_replicates(overrides, runs)
         return settings, runs
+
+    def _refuse_identical_replicates(self, overrides: list[str] | tuple[str, ...],
+                                     runs: list[Run]) -> None:
+        """Refuse overrides under which two seed replicates of a label agree on every field of
+        :attr:`replicated_by`: they would train the same run twice."""
+        if not self.replicated_by:
+            return
+        by_label: dict[str, list[dict[str, Any]]] = {}
+        for run in runs:
+            by_label.setdefault(run.config.label, []).append(_run_fields(run.config))
+        for label, fields in by_label.items():
+            if len(fields) < 2:
+                continue
+            values = {repr([f.get(k, _ABSENT) for k in self.replicated_by]) for f in fields}
+            if len(values) > 1:
+                continue
+            keys = ", ".join(self.replicated_by)
+            named = [o for o in overrides if "=" in o and any(
+                k == (key := o.split("=", 1)[0].strip()) or k.startswith(key + ".")
+                for k in self.replicated_by)]
+            said = f"--set {named[0]}" if named else "the overrides"
+            raise ValueError(
+                f"{said}: {self.name}'s seed replicates differ only in {keys} "
+                f"({self.replicated_why}), and {said.removeprefix('--set ')} gives every "
+                f"replicate of {label!r} the same one: its {len(fields)} seeds would train the "
+                "same run while the verdict counts them as independent seeds. Leave "
+                f"{keys} to the seeds (seed k uses k), or run seeds=1")
 
     def _refuse_ignored(self, item: str, scale: str, own: list[str], settings: Any,
                         runs: list[Run], built: list[dict[str, Any]]) -> None:

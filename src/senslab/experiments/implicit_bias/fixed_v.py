@@ -174,6 +174,8 @@ class IBFixedV(Experiment):
     scales = SCALES
     seed_aware = True  # the verdict judges every run, seed replicates included
     one_thread_at = ("cpu", "paper")  # a model of a few kilobytes at every scale
+    replicated_by = ("data.seed",)
+    replicated_why = "every run starts from W₀ = 0 and takes full-batch steps"
 
     def runs(self, s: FixedVSettings) -> list[Run]:
         return attention_runs(s, {"gd": {"optimizer": "sgd", "lr": s.gd_lr},
