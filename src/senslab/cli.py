@@ -397,6 +397,7 @@ def _checkpoint(args: argparse.Namespace) -> tuple[Any, dict[str, Any], Path]:
     verified checkpoint and that checkpoint's file."""
     from .train.config import RunConfig, apply_overrides
     from .train.rundir import RunDir
+    from .train.trainers import experiment_of, trainer_of
 
     path = Path(args.checkpoint)
     made_by = "pass the directory that `senslab train --out DIR` wrote"
@@ -417,12 +418,12 @@ def _checkpoint(args: argparse.Namespace) -> tuple[Any, dict[str, Any], Path]:
     try:
         cfg = RunConfig.from_dict(raw)
     except (KeyError, TypeError, ValueError, AttributeError) as err:
-        other = _other_trainer(raw)
+        other = trainer_of(raw, "fit")
         if other is not None:
             # a valid run of another trainer (`senslab run ib_joint`'s runs): "does not hold a
             # run configuration … Did you mean 'train.batch_size'?" read as a damaged file
             raise UsageError(f"--checkpoint {path} is a run of the {other!r} trainer"
-                             f"{_experiment_of(path)}, not of `senslab train` (trainer 'fit'): "
+                             f"{experiment_of(path)}, not of `senslab train` (trainer 'fit'): "
                              "measure --checkpoint rebuilds only the models that `senslab "
                              "train` (and the experiments that train with it) trains; this "
                              f"run's numbers are in its metrics.jsonl (`senslab report {path}`)"
@@ -448,41 +449,6 @@ def _checkpoint(args: argparse.Namespace) -> tuple[Any, dict[str, Any], Path]:
                          "command resumes it) and measure again")
     ckpt, state = found
     return cfg, state, ckpt
-
-
-def _other_trainer(raw: Any) -> str | None:
-    """The registered trainer other than ``fit`` whose configuration has every top-level key of
-    the config.json ``raw`` (of several, the one with the fewest fields ``raw`` lacks), or
-    None."""
-    import dataclasses
-
-    from .train.trainers import get_trainer, list_trainers
-
-    if not isinstance(raw, dict) or not raw:
-        return None
-    keys, best, lacking = set(raw), None, 0
-    if keys <= {f.name for f in dataclasses.fields(get_trainer("fit").config_type)}:
-        return None  # `senslab train`'s own, with a value it refuses: that error says which
-    for name in list_trainers():
-        config_type = get_trainer(name).config_type
-        if name == "fit" or not dataclasses.is_dataclass(config_type):
-            continue
-        fields = {f.name for f in dataclasses.fields(config_type)}
-        if keys <= fields and (best is None or len(fields - keys) < lacking):
-            best, lacking = name, len(fields - keys)
-    return best
-
-
-def _experiment_of(run: Path) -> str:
-    """`` (of experiment NAME, in DIR)`` when ``run``'s parent is an experiment directory
-    that lists it, else ``""``."""
-    try:
-        info = json.loads((run.parent / "experiment.json").read_text())
-    except (OSError, ValueError):
-        return ""
-    if not isinstance(info, dict) or run.name not in (info.get("runs") or []):
-        return ""
-    return f" (of experiment {info.get('name')}, in {run.parent})"
 
 
 def _describe_tokens(tokens: Any, x: Any) -> str:

@@ -522,11 +522,18 @@ def _other_run(rd: RunDir, cfg: RunConfig) -> list[str]:
     """The keys in which the run in ``rd`` (which has a config.json) differs from ``cfg``
     (:func:`config_changes`); a ValueError when they differ and that run trained (a checkpoint,
     or finished): it is kept, never replaced."""
-    changed = config_changes(rd.read_json("config.json"), cfg)
+    old = rd.read_json("config.json")
+    changed = config_changes(old, cfg)
     if changed and (rd.checkpoints() or (rd.path / "summary.json").exists()):
+        from .trainers import experiment_of, trainer_of
+
+        other = trainer_of(old, "fit")
+        what = ("a run with a different configuration" if other is None else
+                f"a run of the {other!r} trainer{experiment_of(rd.path)}, not of `senslab "
+                "train` (trainer 'fit'), so its configuration differs")
         raise ValueError(
-            f"{rd.path} holds a run with a different configuration (differs in "
-            f"{', '.join(changed)}); use another --out directory, or delete it to start over")
+            f"{rd.path} holds {what} (differs in {', '.join(changed)}); use another --out "
+            "directory, or delete it to start over")
     return changed
 
 

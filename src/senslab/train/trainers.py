@@ -99,6 +99,42 @@ def list_trainers() -> list[str]:
     return TRAINERS.names()
 
 
+def trainer_of(raw: Any, besides: str | None = None) -> str | None:
+    """The registered trainer other than ``besides`` whose configuration has every top-level key
+    of the config.json ``raw`` (of several, the one with the fewest fields ``raw`` lacks), or
+    None — also where every key is one of ``besides``'s own (a run of that trainer)."""
+    import dataclasses
+
+    if not isinstance(raw, dict) or not raw:
+        return None
+    keys, best, lacking = set(raw), None, 0
+    if besides is not None and keys <= {
+            f.name for f in dataclasses.fields(get_trainer(besides).config_type)}:
+        return None
+    for name in list_trainers():
+        config_type = get_trainer(name).config_type
+        if name == besides or not dataclasses.is_dataclass(config_type):
+            continue
+        fields = {f.name for f in dataclasses.fields(config_type)}
+        if keys <= fields and (best is None or len(fields - keys) < lacking):
+            best, lacking = name, len(fields - keys)
+    return best
+
+
+def experiment_of(run: Path) -> str:
+    """`` (of experiment NAME, in DIR)`` when ``run``'s parent is an experiment directory
+    that lists it, else ``""``."""
+    import json
+
+    try:
+        info = json.loads((Path(run).parent / "experiment.json").read_text())
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(info, dict) or Path(run).name not in (info.get("runs") or []):
+        return ""
+    return f" (of experiment {info.get('name')}, in {Path(run).parent})"
+
+
 def train_run(trainer: str, config: Any, path: str | Path, *, progress: bool | None = None,
               log: Callable[[str], None] = print) -> dict[str, Any]:
     """Train ``config`` with the trainer named ``trainer`` into ``path``; returns the summary."""
