@@ -57,3 +57,17 @@ def test_a_metric_ending_in_runtime_is_not_taken_for_the_prefix(tmp_path: Path):
     assert "eval_sensitivity" in metrics and "eval_forward_sensitivity" not in metrics
     named = trainer.evaluate(metric_key_prefix="test")
     assert "test_sensitivity" in named
+
+
+def test_a_trainer_that_never_evaluates_is_warned_of(tmp_path: Path):
+    subset = Texts(8, 2).batch(6)
+    from transformers import TrainingArguments
+
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=8,
+                             report_to="none", use_cpu=True, disable_tqdm=True, seed=0)
+    trainer = Trainer(model=tiny_bert(), args=args, train_dataset=Texts(8, 3))
+    callback = SensitivityCallback(subset, Embedding(TOKENS), **OPTS).attach(trainer)
+    with pytest.warns(UserWarning, match=r"this Trainer never evaluates during training "
+                                         r"\(eval_strategy='no'"):
+        trainer.train()
+    assert not callback.results

@@ -157,3 +157,11 @@ def test_eval_mode_false_on_a_deterministic_module_measures(tmp_path):
     callback = sensitivity(eval_mode=False)
     fit(tmp_path, [callback], epochs=2)
     assert [epoch for epoch, _ in callback.results] == [1, 2]
+
+
+def test_a_fit_shorter_than_every_n_epochs_is_warned_of(tmp_path):
+    callback = sensitivity(every=5)
+    with pytest.warns(UserWarning, match=r"this fit ends after 2 epoch\(s\) \(max_epochs=2\): "
+                                         r"nothing will be measured"):
+        fit(tmp_path, [callback], epochs=2)
+    assert not callback.results

@@ -184,8 +184,17 @@ class SensitivityCallback(TrainerCallback):
         forward of the subset's first examples, what the first measurement would refuse (an
         output it cannot read, say): it refused it only at the first evaluation, after
         ``eval_steps`` of training that a crash then lost. Every process checks, and all stop
-        if one fails."""
+        if one fails. A Trainer that never evaluates (``eval_strategy="no"``, the default) is
+        warned of: the callback measures at evaluations only."""
         self._check_best(args)
+        strategy = getattr(args, "eval_strategy", getattr(args, "evaluation_strategy", None))
+        if str(getattr(strategy, "value", strategy)) == "no":
+            warnings.warn(
+                "SensitivityCallback measures at every evaluation, and this Trainer never "
+                "evaluates during training (eval_strategy='no', the default): nothing will be "
+                "measured unless you call trainer.evaluate(); set "
+                "TrainingArguments(eval_strategy='steps', eval_steps=...) or 'epoch'",
+                UserWarning, stacklevel=2)
         saved = (getattr(state, "stateful_callbacks", None) or {}).get(self.state_key)
         if saved is not None and saved is not self._exported:
             self._load(saved)

@@ -170,6 +170,14 @@ class SensitivityCallback(Callback):
         (Lightning's error then asked whether ``log`` was called). Refused here, with the
         fix."""
         _refuse_stale_monitors(self, trainer)
+        last = getattr(trainer, "max_epochs", None)
+        if last is not None and 0 <= last < self.every_n_epochs:
+            warnings.warn(
+                f"SensitivityCallback({self.name!r}) measures after epochs "
+                f"{self.every_n_epochs}, {2 * self.every_n_epochs}, …, and this fit ends after "
+                f"{last} epoch(s) (max_epochs={last}): nothing will be measured; lower "
+                f"every_n_epochs to at most {last}, or call callback.measure(module)",
+                UserWarning, stacklevel=2)
         check_before_training(
             pl_module, self._converted(pl_module), self.tokens, mask=self.mask,
             batch=self.batch_size, options=self.options, where=type(self).__name__,
