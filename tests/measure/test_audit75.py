@@ -203,3 +203,73 @@ def test_a_lazily_built_table_does_not_break_the_next_training_step():
     token_sensitivity(fresh, {"input_ids": torch.randint(1, 50, (2, 5), generator=g)},
                       Embedding("ln"), sigma=1.0)
     assert fresh.rot.table is None
+
+
+class ChannelsFirstNorm(nn.LayerNorm):
+    """A LayerNorm over the channels of (B, C, H, W) maps, as ConvNeXt's or timm's
+    LayerNorm2d: it permutes to channels-last, normalises, permutes back."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class ConvNormNet(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        torch.manual_seed(0)  # test-only: init
+        self.conv = nn.Conv2d(1, channels, 3, padding=1)
+        self.norm = ChannelsFirstNorm(channels)
+        self.head = nn.Linear(channels, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.conv(x)).mean((2, 3)))
+
+
+@pytest.mark.parametrize("channels, width", [(4, 5), (5, 5)])
+def test_a_channels_first_layernorm_is_refused_by_the_blowup(channels, width):
+    """The hook read the variance over the last axis (W) of a LayerNorm that normalises C:
+    6.106 against 8.065 by the definition on a toy (2, 4, 5, 5) input. Refused, also where C
+    equals W (the shapes alone cannot tell)."""
+    from senslab.measure.sharpness import layernorm_blowup
+
+    x = torch.randn(2, 1, width, width, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"'norm' \(ChannelsFirstNorm\) does not normalise the "
+                                         r"last axes"):
+        layernorm_blowup(ConvNormNet(channels), x)
+
+
+def test_a_layernorm_subclass_that_normalises_the_last_axes_is_read():
+    from senslab.measure.sharpness import layernorm_factors
+
+    class Scaled(nn.LayerNorm):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(x) * 1.0
+
+    def net(norm: type) -> nn.Module:
+        torch.manual_seed(0)  # test-only: init
+        return nn.Sequential(nn.Linear(6, 8), norm(8), nn.Linear(8, 2))
+
+    x = torch.randn(4, 3, 6, generator=torch.Generator().manual_seed(0))
+    plain, sub = layernorm_factors(net(nn.LayerNorm), x), layernorm_factors(net(Scaled), x)
+    assert plain.keys() == sub.keys()
+    for key in plain:
+        assert torch.equal(plain[key], sub[key])
+
+
+def test_auto_samples_above_the_enumeration_limit():
+    """n = 23 with many samples chose enumeration (2²³ ≤ 24·400,000) and refused it, naming
+    method='auto' — the method passed — as the fix."""
+    from senslab.measure import boolean_sensitivity
+
+    r = boolean_sensitivity(lambda x: x.prod(dim=1), 23, num_samples=400_000, generator=0)
+    assert r.method == "sample" and r.average == pytest.approx(23.0)
+
+
+def test_parameter_norm_refuses_an_exclude_entry_that_matches_nothing():
+    from senslab.measure.sharpness import parameter_norm
+
+    torch.manual_seed(0)  # test-only: init
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 1))
+    with pytest.raises(ValueError, match=r"exclude entry '2.weight' is in no parameter name"):
+        parameter_norm(model, exclude=("2.weight",))
+    assert parameter_norm(model, exclude=("1.weight",)) < parameter_norm(model, exclude=())

@@ -767,8 +767,9 @@ def boolean_sensitivity(
       samples, 1.96 for many), cut to [0, n] ([0, ∞) for "real"). A standard error that
       rests on fewer than 10 sampled strings with a change, not all of them (none: ``0 ± 0``),
       comes with a RuntimeWarning that gives the rule of three's bound.
-    - ``method="auto"``: exact for truth tables and whenever 2ⁿ ≤ (n+1)·num_samples (enumeration
-      costs no more evaluations than sampling), sampled otherwise.
+    - ``method="auto"``: exact for truth tables and, for n ≤ MAX_EXACT_N, whenever
+      2ⁿ ≤ (n+1)·num_samples (enumeration costs no more evaluations than sampling), sampled
+      otherwise.
     """
     if isinstance(f, (list, tuple)):
         raise TypeError(
@@ -794,7 +795,8 @@ def boolean_sensitivity(
         _check_threshold("real", output, threshold)
     is_table = isinstance(f, Tensor)
     if method == "auto":
-        method = "exact" if is_table or (1 << n) <= (n + 1) * num_samples else "sample"
+        method = "exact" if is_table or (n <= MAX_EXACT_N
+                                         and (1 << n) <= (n + 1) * num_samples) else "sample"
     if method == "exact":
         if is_table:
             table, evaluations, low = _canonical(f, f.shape[0], output), 0, _low(f.dtype)

@@ -72,6 +72,7 @@ docs/definitions.md#parameter-norm):
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import re
 import warnings
@@ -81,6 +82,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
@@ -1197,6 +1199,43 @@ def _layout_flag(module: nn.Module | None) -> bool | None:
 
 
 @one_at_a_time
+def _check_normalised_axes(name: str, module: nn.Module, h: Tensor) -> None:
+    """Refuse a LayerNorm input whose last axes are not the layer's ``normalized_shape``: the
+    layer normalises other axes (a channels-first LayerNorm, (B, C, H, W) over C), and the
+    factor read over the last ones would be another number."""
+    shape = tuple(module.normalized_shape)
+    if h.dim() < len(shape) or tuple(h.shape[h.dim() - len(shape):]) != shape:
+        raise ValueError(_other_axes_message(name, module, tuple(h.shape)))
+
+
+def _check_own_forward(name: str, module: nn.Module, args: tuple[Any, ...], out: Any) -> None:
+    """Refuse an ``nn.LayerNorm`` subclass whose forward does not normalise its input over the
+    last axes (``F.layer_norm`` of the input is not its output): one that permutes
+    (B, C, H, W) to normalise C, with C equal to W, passes :func:`_check_normalised_axes`."""
+    x = args[0] if args else None
+    if not isinstance(x, Tensor) or not isinstance(out, Tensor) or out.shape != x.shape:
+        raise ValueError(_other_axes_message(name, module, tuple(getattr(x, "shape", ()))))
+    ref = F.layer_norm(x, tuple(module.normalized_shape), module.weight, module.bias,
+                       module.eps)
+    low = x.dtype in (torch.bfloat16, torch.float16)
+    scale = float(ref.detach().abs().max()) if ref.numel() else 0.0
+    tol = (5e-2 if low else 1e-4) * max(scale, 1.0)
+    if not torch.allclose(out.detach().float(), ref.detach().float(), rtol=0.0, atol=tol):
+        raise ValueError(_other_axes_message(name, module, tuple(x.shape)))
+
+
+def _other_axes_message(name: str, module: nn.Module, shape: tuple[int, ...]) -> str:
+    return (
+        f"LayerNorm {name!r} ({type(module).__name__}) does not normalise the last axes of its "
+        f"input {shape} (normalized_shape {tuple(module.normalized_shape)}): a channels-first "
+        "LayerNorm (ConvNeXt's, timm's LayerNorm2d) normalises the channel axis of "
+        "(B, C, H, W), and the factor read over the last axes would be another number without "
+        "a word. layernorm_blowup and layernorm_factors read LayerNorms that normalise their "
+        "last axes (nn.LayerNorm's own forward); measure a model whose LayerNorms do, or one "
+        "that applies nn.LayerNorm to channels-last (B, H, W, C) maps"
+    )
+
+
 def layernorm_factors(
     model: nn.Module,
     inputs: Inputs,
@@ -1285,6 +1324,7 @@ def layernorm_factors(
 
         def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
             h = args[0]
+            _check_normalised_axes(name, module, h)
             positions = h.dim() >= ndim + 2
             if (first is None and mixed and positions and h.shape[0] == b
                     and h.shape[1] == b):
@@ -1321,6 +1361,9 @@ def layernorm_factors(
     handles = [
         m.register_forward_pre_hook(own.hook(hook_for(n, m.eps, len(m.normalized_shape))))
         for n, m in norms
+    ] + [  # a subclass with a forward of its own: does it normalise its input's last axes?
+        m.register_forward_hook(own.hook(functools.partial(_check_own_forward, n)))
+        for n, m in norms if type(m).forward is not nn.LayerNorm.forward
     ]
     try:
         model.eval()
@@ -1386,8 +1429,10 @@ def layernorm_blowup(
 def parameter_norm(model: nn.Module, exclude: Sequence[str] | str = (POSITIONAL,)) -> float:
     r""":math:`\lVert\theta\rVert_2 = \sqrt{\sum_i \theta_i^2}` over every parameter whose name
     contains none of ``exclude`` (default: positional embeddings, as Hahn & Rofin), in float64.
-    Shared (tied) parameters count once."""
+    Shared (tied) parameters count once. An entry in no parameter name (a typo) is refused,
+    naming the closest, as for the sharpness measures."""
     exclude = _exclude_tuple(exclude)
+    _check_exclude(model, [n for n, _ in model.named_parameters()], exclude)
     total = torch.zeros((), dtype=torch.float64)
     for name, p in model.named_parameters():
         if not _excluded(name, exclude):
