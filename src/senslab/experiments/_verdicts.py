@@ -41,6 +41,8 @@ def accuracy_se(p: float, n: int) -> float:
     at the ends and the binomial s.e. inside.)"""
     if not n >= 1:
         raise ValueError(f"accuracy_se: need at least one item, got n = {n}")
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"accuracy_se: p = {p} is no share of items (it must lie in [0, 1])")
     return math.sqrt((p * (1 - p) + 1 / n) / n)
 
 

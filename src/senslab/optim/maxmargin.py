@@ -28,6 +28,8 @@ length, and failing that the call says so. ``max_margin_direction`` is verified 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from scipy.optimize import nnls
@@ -119,12 +121,20 @@ def alignment(W: Tensor, W_mm: Tensor) -> float:
     """⟨W, W_mm⟩_F / (‖W‖_F ‖W_mm‖_F) ∈ [−1, 1]: cosine of the angle between W and W_mm.
 
     Works for any two tensors of the same shape (e.g. v and its max-margin direction). A zero
-    tensor has no direction; we return 0 for it (rather than NaN) so logs stay valid JSON.
+    tensor has no direction; we return 0 for it (rather than NaN) so logs stay valid JSON. A
+    tensor with a NaN or infinite entry has none either: NaN (it read 0 for NaN). Each tensor
+    is scaled by its largest entry first, so tiny and huge ones (1e-170, 1e160) keep their
+    direction instead of underflowing to 0.
     """
     if W.shape != W_mm.shape:
         raise ValueError(f"alignment needs tensors of one shape; got {tuple(W.shape)} and "
                          f"{tuple(W_mm.shape)}")
     a, b = W.detach().double().flatten(), W_mm.detach().to(W.device).double().flatten()
+    if not a.numel():
+        return 0.0
+    if not (bool(a.isfinite().all()) and bool(b.isfinite().all())):
+        return math.nan
+    a, b = a / a.abs().max().clamp(min=1e-300), b / b.abs().max().clamp(min=1e-300)
     denom = a.norm() * b.norm()
     return float(a @ b / denom) if denom > 0 else 0.0
 

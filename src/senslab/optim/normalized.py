@@ -137,7 +137,7 @@ def _check_positive(
 
 #: keys a param group may carry besides its optimiser's options: torch's own bookkeeping and
 #: what torch's LR schedulers write into the groups (OneCycleLR: max_lr, min_lr)
-_BOOKKEEPING = {"params", "param_names", "initial_lr", "max_lr", "min_lr"}
+_BOOKKEEPING = {"params", "param_names", "initial_lr", "max_lr", "min_lr", "swa_lr"}
 
 
 def _check_group_keys(opt: Optimizer, group: dict[str, Any]) -> None:

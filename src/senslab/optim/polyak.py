@@ -175,3 +175,14 @@ class Polyak(SPS):
 
     def __init__(self, params: Params, f_star: float = 0.0) -> None:
         super().__init__(params, c=1.0, f_star=f_star, eta_max=None)
+
+    def _check_options(self, group: dict[str, Any], *, at_step: bool) -> None:
+        """SPS's checks, and c = 1 with no cap: a group given another c or an ``eta_max``, or
+        an SPS checkpoint loaded (the same option names), stepped as SPS_max without a word."""
+        super()._check_options(group, at_step=at_step)
+        if group["c"] != 1.0 or group["eta_max"] is not None:
+            raise ValueError(
+                f"Polyak is the step with c = 1 and no cap, but a parameter group has "
+                f"c={group['c']!r}, eta_max={group['eta_max']!r} (given to the group, or from "
+                "a loaded SPS checkpoint): for those use SPS(params, c=..., eta_max=...); for "
+                "Polyak leave c and eta_max out")
