@@ -1198,7 +1198,6 @@ def _layout_flag(module: nn.Module | None) -> bool | None:
     return next((f for f in flags if isinstance(f, bool)), None)
 
 
-@one_at_a_time
 def _check_normalised_axes(name: str, module: nn.Module, h: Tensor) -> None:
     """Refuse a LayerNorm input whose last axes are not the layer's ``normalized_shape``: the
     layer normalises other axes (a channels-first LayerNorm, (B, C, H, W) over C), and the
@@ -1236,6 +1235,7 @@ def _other_axes_message(name: str, module: nn.Module, shape: tuple[int, ...]) ->
     )
 
 
+@one_at_a_time
 def layernorm_factors(
     model: nn.Module,
     inputs: Inputs,
