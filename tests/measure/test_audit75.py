@@ -273,3 +273,36 @@ def test_parameter_norm_refuses_an_exclude_entry_that_matches_nothing():
     with pytest.raises(ValueError, match=r"exclude entry '2.weight' is in no parameter name"):
         parameter_norm(model, exclude=("2.weight",))
     assert parameter_norm(model, exclude=("1.weight",)) < parameter_norm(model, exclude=())
+
+
+def test_a_mask_that_also_marks_padding_is_said():
+    """mask = ids != BOS (to keep BOS out of the noise) is also true on the right padding:
+    mask= says which tokens are real, so the padding got noise and a causal LM was read at it
+    (0.191 against 0.304 with mask & attention_mask on this model), without a word. Now said,
+    with the fix; mask & attention_mask reads each example at its last real token."""
+    tf = pytest.importorskip("transformers")
+    torch.manual_seed(0)  # test-only: init
+    config = tf.LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            max_position_embeddings=40, bos_token_id=1, eos_token_id=2,
+                            pad_token_id=None)
+    model = tf.LlamaForCausalLM(config).eval()
+    g = torch.Generator().manual_seed(3)
+    lengths = [7, 3, 10, 5]
+    ids = torch.full((4, 10), 2)
+    attention = torch.zeros(4, 10, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        ids[i, 0] = 1
+        ids[i, 1:n] = torch.randint(3, 50, (n - 1,), generator=g)
+        attention[i, :n] = 1
+    batch = {"input_ids": ids, "attention_mask": attention}
+    tokens = Embedding("model.embed_tokens")
+    options = {"sigma": 1.0, "repeats": 4, "precision": "float32", "generator": 0}
+    with pytest.warns(UserWarning, match=r"mask= marks 15 positions real that the input's "
+                                         r"'attention_mask' entry marks as padding \(examples "
+                                         r"\[0, 1, 3\]\).*pass mask & attention_mask"):
+        token_sensitivity(model, batch, tokens, mask=ids != 1, **options)
+    both = (ids != 1) & attention.bool()
+    with tokens.bind(model, batch, mask=both) as bound:
+        assert bound.ends.tolist() == [n - 1 for n in lengths]
+        assert bound.valid.sum(1).tolist() == [n - 1 for n in lengths]

@@ -149,6 +149,24 @@ def _refuse_unmasked_padding(model: Any, inputs: Inputs, b: int, t: int) -> None
         )
 
 
+def _say_mask_over_padding(valid: Tensor, padding: Tensor, key: str | None) -> None:
+    """Warn where ``mask=`` marks real positions that the input's attention mask marks as
+    padding. mask= says which tokens are real, so they get noise and an output read at each
+    example's last real token is read after them — what a mask meant to pick among the real
+    tokens (``ids != bos_id``, true on the padding too) did without a word: 0.191 against
+    0.304 on a small Llama."""
+    over = valid & ~padding
+    if not bool(over.any()):
+        return
+    rows = over.any(dim=1).nonzero().flatten().tolist()
+    warnings.warn(
+        f"mask= marks {int(over.sum())} positions real that the input's {key!r} entry marks "
+        f"as padding (examples {rows[:5]}{' …' if len(rows) > 5 else ''}): mask= says which "
+        "tokens are real, so they get noise, and an output read at each example's last real "
+        "token is read after them. If mask= is to pick among the real tokens (leave out a "
+        f"[BOS], say), pass mask & {key}", UserWarning, stacklevel=user_level())
+
+
 def _refuse_real_tokens_after_the_mask(model: Any, inputs: Inputs, valid: Tensor) -> None:
     """Without an attention mask, ``mask=`` also says where each example ends: a per-position
     output (a causal LM's logits) is read at its last true position, and the copies are cut
@@ -762,6 +780,8 @@ class _BoundEmbedding(BoundTokens):
             _refuse_unmasked_padding(self.model, self.inputs, b, t)
             _refuse_added_positions(self.inputs, b, t, self.name)
         self.valid = valid_mask(mask, b, t, raw.device)
+        if self.padding is not None:
+            _say_mask_over_padding(self.valid, self.padding, self.padding_key)
         self.trimmable = has_token_axis(self.inputs, t)
         real = self.valid if self.padding is None else self.padding | self.valid
         self.ends = last_real(real)
