@@ -295,10 +295,21 @@ def forward_hooks(model: nn.Module, *, foreign: bool = False) -> list[tuple[str,
     from torch.nn.modules import module as torch_module
 
     def counted(hook: Any) -> bool:
-        return not (foreign and isinstance(hook, (_OwnHook, _Inert)))
+        return not (foreign and (isinstance(hook, (_OwnHook, _Inert)) or _tracker(hook)))
 
     found = [("*", i) for d in ("_global_forward_pre_hooks", "_global_forward_hooks")
              for i, hook in getattr(torch_module, d, {}).items() if counted(hook)]
     return found + [(name, i) for name, m in model.named_modules()
                     for d in ("_forward_pre_hooks", "_forward_hooks")
                     for i, hook in getattr(m, d, {}).items() if counted(hook)]
+
+
+def _tracker(hook: Any) -> bool:
+    """Whether ``hook`` is a method of torch's ``ModuleTracker`` (which ``FlopCounterMode`` and
+    torch's memory trackers register for all modules): it only follows which module runs,
+    returns nothing and changes no output, so skipping it changes no number."""
+    try:
+        from torch.utils.module_tracker import ModuleTracker
+    except ImportError:  # pragma: no cover - an older torch
+        return False
+    return isinstance(getattr(hook, "__self__", None), ModuleTracker)
