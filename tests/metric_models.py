@@ -49,3 +49,14 @@ class Meter:
         finally:
             with self.guard:
                 self.inside -= 1
+
+
+def patch_net() -> nn.Module:
+    """A linear classifier of 1×4×4 images into 3 classes (seeded)."""
+    torch.manual_seed(0)  # test-only: init
+    return nn.Sequential(nn.Flatten(), nn.Linear(16, 3))
+
+
+def patch_batches(n: int) -> torch.Tensor:
+    """``n`` batches of 16 random 1×4×4 images, (n, 16, 1, 4, 4)."""
+    return torch.randn(n, 16, 1, 4, 4, generator=torch.Generator().manual_seed(1))

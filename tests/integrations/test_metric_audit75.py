@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 import torch
-from torch import nn
+from metric_models import patch_batches, patch_net
 
 pytest.importorskip("torchmetrics")
 
@@ -21,22 +21,13 @@ from senslab.tokens import Patches  # noqa: E402
 OPTS = {"sigma": 0.5, "precision": "float32"}
 
 
-def net() -> nn.Module:
-    torch.manual_seed(0)  # test-only: init
-    return nn.Sequential(nn.Flatten(), nn.Linear(16, 3))
-
-
-def batches(n: int = 2) -> torch.Tensor:
-    return torch.randn(n, 16, 1, 4, 4, generator=torch.Generator().manual_seed(1))
-
-
 @pytest.mark.filterwarnings("ignore:the standard error rests on")
 @pytest.mark.parametrize("option, theirs", [
     ("autocast", {"autocast": torch.bfloat16, "precision": "auto"}),
     ("eval_mode", {"eval_mode": False}),
 ])
 def test_states_of_other_decisions_are_refused(option, theirs):
-    model, x = net(), batches()
+    model, x = patch_net(), patch_batches(2)
     other = TokenSensitivityMetric(Patches(2), **{**OPTS, **theirs})
     other.persistent(True)
     other.update(model, x[1])
@@ -55,7 +46,7 @@ def test_states_of_other_decisions_are_refused(option, theirs):
 @pytest.mark.filterwarnings("ignore:the standard error rests on")
 @pytest.mark.filterwarnings("ignore:The ``compute`` method")  # torchmetrics: loaded, not updated
 def test_a_state_dict_from_before_the_two_options_were_recorded_loads():
-    model, x = net(), batches()
+    model, x = patch_net(), patch_batches(2)
     saved = TokenSensitivityMetric(Patches(2), **OPTS)
     saved.persistent(True)
     saved.update(model, x[1])

@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 import torch
-from metric_models import Text
+from metric_models import Text, patch_batches, patch_net
 from torch import nn
 
 pytest.importorskip("torchmetrics")
@@ -21,15 +21,6 @@ from senslab.integrations.torchmetrics import TokenSensitivityMetric  # noqa: E4
 from senslab.tokens import Embedding, Patches  # noqa: E402
 
 OPTS = {"sigma": 0.5, "precision": "float32"}
-
-
-def net() -> nn.Module:
-    torch.manual_seed(0)  # test-only: init
-    return nn.Sequential(nn.Flatten(), nn.Linear(16, 3))
-
-
-def batches(n: int = 3) -> torch.Tensor:
-    return torch.randn(n, 16, 1, 4, 4, generator=torch.Generator().manual_seed(1))
 
 
 def measured(model: nn.Module, x: torch.Tensor, seed: int) -> TokenSensitivityMetric:
@@ -43,7 +34,7 @@ def test_the_same_metric_merged_twice_is_refused():
     """merge_state(b) twice, or b's state dict after b, counted b's examples again (n 32 -> 48
     -> 64, stderr 0.0332 -> 0.0275 -> 0.0240): refused, nothing added; so is a metric (or a
     loaded state dict) holding b's examples."""
-    model, x = net(), batches()
+    model, x = patch_net(), patch_batches(3)
     a, b = measured(model, x[0], 0), measured(model, x[1], 1)
     a.merge_state(b)
     once = a.result()
@@ -68,7 +59,7 @@ def test_copies_merge_once():
     """clone() of a metric that has measured nothing: the copies merge freely; a copy made
     after measuring (clone, deepcopy, pickle) holds the original's examples and merging it back
     is refused; after reset() it merges."""
-    model, x = net(), batches()
+    model, x = patch_net(), patch_batches(3)
     template = TokenSensitivityMetric(Patches(2), generator=0, **OPTS)
     workers = [template.clone() for _ in range(2)]
     for w, batch in zip(workers, x, strict=False):
@@ -92,7 +83,7 @@ def test_copies_merge_once():
 def test_an_older_state_dict_loads_and_merges():
     """A state dict without ``merged_ids`` (senslab before it) loads and merges without a
     word; one without ``config`` either (an older one still) loads with the warning."""
-    model, x = net(), batches()
+    model, x = patch_net(), patch_batches(3)
     b = measured(model, x[1], 1)
     without_ids = {k: v for k, v in b.state_dict().items() if k != "merged_ids"}
     fresh = TokenSensitivityMetric(Patches(2), **OPTS)
@@ -148,7 +139,7 @@ def test_a_second_epoch_without_reset_says_that_its_batches_are_skipped():
     """A plain loop over two epochs with index= and no reset(): the second epoch's batches were
     all measured before, skipped without a word, and compute() kept the first epoch's value
     for the new weights. The first whole batch skipped warns, once until reset()."""
-    model, x = net(), batches()[0].reshape(16, 1, 4, 4)[:8]
+    model, x = patch_net(), patch_batches(3)[0].reshape(16, 1, 4, 4)[:8]
     metric = TokenSensitivityMetric(Patches(2), generator=0, **OPTS)
     for lo in (0, 4):
         metric.update(model, x[lo:lo + 4], index=torch.arange(lo, lo + 4))
@@ -167,7 +158,7 @@ def test_a_resumed_metric_says_that_a_batch_of_its_loaded_examples_is_skipped():
     its examples' indices were taken for another process's (the loaded ones were not this
     process's own), so every batch was skipped without a word. Now it warns as the metric
     that measured them would; a fresh metric measuring new indices still does not."""
-    model, x = net(), batches()[0].reshape(16, 1, 4, 4)[:8]
+    model, x = patch_net(), patch_batches(3)[0].reshape(16, 1, 4, 4)[:8]
     first = TokenSensitivityMetric(Patches(2), generator=0, **OPTS)
     first.persistent(True)
     first.update(model, x[:4], index=torch.arange(4))
@@ -188,7 +179,7 @@ def test_a_batch_another_process_measured_is_skipped_without_a_word():
     """A DistributedSampler's padding: a rank's last batch may hold only examples another rank
     measured. They are skipped, as always, but that is no second epoch: no warning. (Here the
     other process's examples come in through merge_state, as a sync would bring them.)"""
-    model, x = net(), batches()[0].reshape(16, 1, 4, 4)[:8]
+    model, x = patch_net(), patch_batches(3)[0].reshape(16, 1, 4, 4)[:8]
     other = TokenSensitivityMetric(Patches(2), generator=1, **OPTS)
     other.update(model, x[:2], index=torch.arange(2))
     metric = TokenSensitivityMetric(Patches(2), generator=0, **OPTS)

@@ -525,12 +525,10 @@ def _other_run(rd: RunDir, cfg: RunConfig) -> list[str]:
     old = rd.read_json("config.json")
     changed = config_changes(old, cfg)
     if changed and (rd.checkpoints() or (rd.path / "summary.json").exists()):
-        from .trainers import experiment_of, trainer_of
+        from .trainers import held_run
 
-        other = trainer_of(old, "fit")
-        what = ("a run with a different configuration" if other is None else
-                f"a run of the {other!r} trainer{experiment_of(rd.path)}, not of `senslab "
-                "train` (trainer 'fit'), so its configuration differs")
+        what = held_run(rd.path, old, set(cfg.to_dict()),
+                        ", not of `senslab train` (trainer 'fit')")
         raise ValueError(
             f"{rd.path} holds {what} (differs in {', '.join(changed)}); use another --out "
             "directory, or delete it to start over")

@@ -152,14 +152,10 @@ class LoopRun:
         old = self.dir.read_json("config.json")
         changed = config_differences(old, self.config, self.defaults, self.logging_only)
         if changed and ((self.path / "summary.json").exists() or self.dir.checkpoints()):
-            from .trainers import experiment_of, trainer_of
+            from .trainers import held_run
 
-            mine = set(self.config) if isinstance(self.config, dict) else set()
-            other = (trainer_of(old) if isinstance(old, dict) and set(old) - mine
-                     else None)  # keys this run's configuration lacks: another trainer's
-            what = ("a run with a different configuration" if other is None else
-                    f"a run of the {other!r} trainer{experiment_of(self.path)}, so its "
-                    "configuration differs")
+            what = held_run(self.path, old, set(self.config)
+                            if isinstance(self.config, dict) else set())
             raise ValueError(
                 f"{self.path} holds {what} (differs in {', '.join(changed)}); use another "
                 "--out directory, or delete that run directory to train it again")

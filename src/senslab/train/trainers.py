@@ -135,6 +135,18 @@ def experiment_of(run: Path) -> str:
     return f" (of experiment {info.get('name')}, in {Path(run).parent})"
 
 
+def held_run(path: Path, old: Any, own: set[str], ours: str = "") -> str:
+    """What the run directory ``path``, whose config.json is ``old``, holds in words, for a
+    trainer whose configuration has the top-level keys ``own``: a run of the trainer whose
+    keys ``old`` has (``ours`` said after its name), where ``own`` lacks some of them, else a
+    run with a different configuration."""
+    other = trainer_of(old) if isinstance(old, dict) and set(old) - own else None
+    if other is None:
+        return "a run with a different configuration"
+    return (f"a run of the {other!r} trainer{experiment_of(path)}{ours}, so its configuration "
+            "differs")
+
+
 def train_run(trainer: str, config: Any, path: str | Path, *, progress: bool | None = None,
               log: Callable[[str], None] = print) -> dict[str, Any]:
     """Train ``config`` with the trainer named ``trainer`` into ``path``; returns the summary."""
