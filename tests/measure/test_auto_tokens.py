@@ -236,7 +236,7 @@ def test_a_per_token_head_that_cannot_generate_is_not_read_at_the_last_token(mak
 def test_an_encoder_decoder_lms_decoder_positions_are_not_read_at_the_inputs_last_token():
     """BART with input ids alone: its per-position logits are the decoder's, fed the inputs
     shifted right, and were read at the inputs' last real token without a word (a
-    teacher-forced prediction of the last input token). Refused naming position=; an explicit
+    teacher-forced prediction of the last input token). Refused naming output=; an explicit
     position or output= measures what it names; the sequence classifier is measured as is."""
     config = transformers.BartConfig(
         vocab_size=60, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
@@ -246,7 +246,7 @@ def test_an_encoder_decoder_lms_decoder_positions_are_not_read_at_the_inputs_las
     ids[:, -1] = config.eos_token_id  # BART's classifier reads the eos token
     lm = seeded(lambda: transformers.BartForConditionalGeneration(config))
     tokens = Embedding("model.encoder.embed_tokens")
-    with pytest.raises(ValueError, match="encoder-decoder model.*decoder's positions.*position=k"):
+    with pytest.raises(ValueError, match="encoder-decoder model.*decoder.s positions.*output=lambda"):
         token_sensitivity(lm, {"input_ids": ids}, tokens, sigma=1.0, **EXACT)
     last = token_sensitivity(lm, {"input_ids": ids}, Embedding(tokens.module, position=-1),
                              sigma=1.0, **EXACT)

@@ -68,11 +68,18 @@ def select(inputs: Inputs, index: Tensor) -> Inputs:
     return type(inputs)(pick(v) for v in inputs)
 
 
+#: dict entries of an encoder-decoder model's decoder side (``decoder_input_ids``,
+#: ``decoder_attention_mask``…): their positions are the decoder's, never the inputs' tokens
+DECODER_PREFIX = "decoder_"
+
+
 def cut_tokens(inputs: Inputs, t: int, width: int) -> Inputs:
     """``inputs`` cut to their first ``width`` tokens: every tensor with at least two axes whose
     second axis has the token count ``t`` (``input_ids``, ``attention_mask``,
     ``token_type_ids``, ``position_ids``, a (B, T, D) ``inputs_embeds``…) keeps
-    ``[:, :width]``; other values pass unchanged."""
+    ``[:, :width]``; other values pass unchanged, and so do a dict's ``decoder_…`` entries,
+    whose second axis counts decoder positions even where it has the inputs' length (cut, a
+    teacher-forced decoder lost its later positions without a word)."""
     if width >= t:
         return inputs
 
@@ -84,13 +91,16 @@ def cut_tokens(inputs: Inputs, t: int, width: int) -> Inputs:
     if isinstance(inputs, Tensor):
         return cut(inputs)
     if isinstance(inputs, dict):
-        return {k: cut(v) for k, v in inputs.items()}
+        return {k: v if str(k).startswith(DECODER_PREFIX) else cut(v)
+                for k, v in inputs.items()}
     return type(inputs)(cut(v) for v in inputs)
 
 
 def has_token_axis(inputs: Inputs, t: int) -> bool:
     """Whether some input tensor has ``t`` entries on its second axis (what :func:`cut_tokens`
     cuts)."""
+    if isinstance(inputs, dict):
+        inputs = {k: v for k, v in inputs.items() if not str(k).startswith(DECODER_PREFIX)}
     return any(v.dim() >= 2 and v.shape[1] == t for v in _tensors(inputs))
 
 
@@ -247,6 +257,26 @@ def first_real(real: Tensor) -> Tensor:
     t = real.shape[1]
     idx = torch.arange(t, device=real.device)
     return torch.where(real, idx, torch.full_like(idx, t)).min(dim=1).values
+
+
+def real_rows(out: Tensor, ends: Tensor, width: int, full: int) -> Tensor:
+    """A per-position output kept whole (``position=None``) on its real rows only.
+
+    ``out`` of shape (N, L, V) with ``L == width`` (the token count of the forward that made
+    it, ``full`` uncut) becomes (N, full, V): each row ``n``'s positions after ``ends[n]``, its
+    last real token, are zero, as are those a cut copy lacks. A distance between such outputs
+    then counts the real positions only: the padding's own outputs, which move with the real
+    tokens' noise where a padding query attends to them (a causal LM's), would otherwise enter
+    it, by an amount that depends on how much padding the batch has. Any other output is
+    returned as it is."""
+    if out.dim() != 3 or out.shape[1] != width:
+        return out
+    pos = torch.arange(width, device=out.device)
+    keep = pos[None, :] <= ends.to(out.device)[:, None]
+    out = out * keep[:, :, None].to(out.dtype)
+    if width < full:
+        out = torch.cat([out, out.new_zeros(out.shape[0], full - width, *out.shape[2:])], 1)
+    return out
 
 
 def read_position(out: Tensor, ends: Tensor, position: Position, width: int,

@@ -33,6 +33,7 @@ from .base import (
     has_token_axis,
     last_real,
     read_position,
+    real_rows,
     real_tokens,
     select,
     select_output,
@@ -319,6 +320,35 @@ def _token_ids(inputs: Inputs) -> Any:
     return inputs
 
 
+#: how to measure a decoder position of an encoder-decoder model
+DECODER_FIX = (
+    "Select the decoder position measured with output= (output=lambda o: o.logits[:, k]; "
+    "k = -1 for the last), or compare the whole decoder output with position=None and "
+    "compare='l1' or 'l2'"
+)
+
+
+def encoder_decoder(model: Any) -> bool:
+    """Whether ``model`` is a Hugging Face encoder-decoder model (T5, BART…): its outputs run
+    over the decoder's positions, not the inputs' tokens."""
+    config = getattr(unwrapped(model), "config", None)
+    return getattr(config, "is_encoder_decoder", False) is True
+
+
+def _refuse_decoder_position(model: Any, position: Position) -> None:
+    """Refuse ``position=k`` on an encoder-decoder model fed decoder inputs of its own: ``k``
+    counts the inputs' tokens, and its outputs run over the decoder's positions (with
+    ``decoder_input_ids`` of the inputs' length, ``position=-1`` read each example at the
+    decoder position of its encoder's last real token without a word)."""
+    if position is None or position == "last":
+        return
+    raise ValueError(
+        f"position={position} reads a per-position output at a position of the inputs' "
+        f"tokens, but {type(unwrapped(model)).__name__} is an encoder-decoder model whose "
+        f"outputs run over the decoder's positions. {DECODER_FIX}"
+    )
+
+
 def _refuse_per_token_head(model: Any, raw: Tensor, t: int, position: Position) -> None:
     """Refuse reading a per-position output at the last real token (the default, meant for a
     causal language model's next-token logits) where the model is a Hugging Face model that
@@ -341,9 +371,7 @@ def _refuse_per_token_head(model: Any, raw: Tensor, t: int, position: Position) 
             "belong to the decoder's positions, and the last real token of the inputs names an "
             "encoder position (without decoder_input_ids the decoder reads the inputs shifted "
             "right, so the last one is the teacher-forced prediction of the last input token). "
-            "Say which decoder position is measured with position=k on Embedding or "
-            "auto_tokens (k ≥ 0: from the start; negative: from the end), or select the output "
-            "with output= (a function of the model's output)"
+            f"{DECODER_FIX}"
         )
     if not causal:
         raise ValueError(
@@ -783,6 +811,10 @@ class _BoundEmbedding(BoundTokens):
         if self.padding is not None:
             _say_mask_over_padding(self.valid, self.padding, self.padding_key)
         self.trimmable = has_token_axis(self.inputs, t)
+        # a decoder fed its own inputs has positions of its own; one that reads the inputs
+        # shifted right (BART without decoder_input_ids) has theirs
+        seq2seq = encoder_decoder(self.model) and isinstance(self.inputs, dict) and any(
+            str(k).startswith("decoder_input") for k in self.inputs)
         real = self.valid if self.padding is None else self.padding | self.valid
         self.ends = last_real(real)
         if self.output is None:  # an output= the user chose is read as they chose
@@ -790,13 +822,19 @@ class _BoundEmbedding(BoundTokens):
         # a per-position output has the inputs' token count at full width: one whose second
         # axis has another length (a seq2seq model's decoder positions) is never read at a
         # position, also where a cut width happens to equal that length (:meth:`_read`)
-        self._per_position = raw.dim() == 3 and raw.shape[1] == t
+        if raw.dim() == 3 and seq2seq:
+            _refuse_decoder_position(self.model, self.position)
+        self._per_position = raw.dim() == 3 and raw.shape[1] == t and not seq2seq
         if self.padding is None and self.position is not None and self._per_position:
             _refuse_real_tokens_after_the_mask(self.model, self.inputs, self.valid)
         # with an attention mask, a position before each example's first real token is left
         # padding (mask= alone may leave out a [CLS] at 0 that is a real token: not judged)
         starts = None if self.padding is None else first_real(real)
-        self.clean_output = read_position(raw, self.ends, self.position, t, starts)
+        if self.position is None and self.padding is not None and self._per_position:
+            # the whole output, on the real rows: the padding's outputs are no example's
+            self.clean_output = real_rows(raw, self.ends, t, t)
+        else:
+            self.clean_output = read_position(raw, self.ends, self.position, t, starts)
         self._refuse_padding_of_another_id()
         self._refuse_unread_tokens()
         if not _LEFT_PADDING_JUDGED.get():  # else the caller says it, or refuses the inputs
@@ -1162,5 +1200,7 @@ class _BoundEmbedding(BoundTokens):
         assert self.ends is not None  # set by run_clean
         if not self._per_position:
             return out
-        return read_position(out, self.ends.index_select(0, src.to(self.ends.device)),
-                             self.position, width)
+        ends = self.ends.index_select(0, src.to(self.ends.device))
+        if self.position is None and self.padding is not None:
+            return real_rows(out, ends, width, self.valid.shape[1])
+        return read_position(out, ends, self.position, width)
