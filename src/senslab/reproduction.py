@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .experiments import get_experiment, list_experiments
-from .verdicts import WORDS
+from .verdicts import WORDS, Effect, describe, judge, plain
 
 RECORD_KEYS = ("verdict", "reason", "runtime_s", "overrides", "finished", "commit",
                "run_commits", "threads", "effects", "correction", "seeds", "device")
@@ -153,7 +153,7 @@ def render_ladders(ladders: dict[str, dict[str, Any]]) -> list[str]:
                 f"| {row['rung']} | {size} | {_cell(row.get('note', ''))} | "
                 f"{row.get('seeds') or '—'} | {_cell(effect_cell(row, why=True))} | "
                 f"{rung_runtime(row)} | {_cell(device)} | "
-                f"**{row['verdict']}** |")
+                f"**{row['verdict']}**{rejudged(row)} |")
         lines += ["", f"![{name}: effect vs scale](reproduction/ladders/{name}.png)"]
     return lines
 
@@ -332,6 +332,64 @@ def load_records(records: str | Path = "reproduction") -> dict[str, dict[str, An
     return out
 
 
+def refloor(entry: dict[str, Any]) -> str:
+    """Judge a record's (or a ladder rung's) parts again where a stored standard error is below
+    the part's own measurement error, which the rule of :func:`senslab.verdicts.over_seeds`
+    now never allows (seeds that agree more closely than their measurement error can are
+    chance, not precision: verdicts written before the rule kept such intervals). Those parts
+    get the measurement error as their standard error, every part is judged again
+    (:func:`senslab.verdicts.judge`, Holm over the claim's parts), and the verdict, effects and
+    the reason's sentence of each part are replaced. Returns what changed, in words ("" when
+    no part lies below its floor); ``entry`` is changed in place.
+
+    Refused where judging the stored parts as they are does not give the stored verdict (the
+    experiment decided with more than its parts), or where the reason does not hold the parts'
+    sentences: the record cannot be re-derived from its numbers."""
+    effects = entry.get("effects") or {}
+    below = [k for k, e in effects.items()
+             if isinstance(e.get("se"), (int, float)) and isinstance(e.get("se_measure"),
+                                                                     (int, float))
+             and math.isfinite(e["se_measure"]) and e["se"] < e["se_measure"] * (1 - 1e-9)]
+    if not below:
+        return ""
+
+    def part(e: dict[str, Any], floored: bool) -> Effect:
+        se, se_seed, method = e["se"], e.get("se_seed"), e.get("method") or ""
+        unit = e.get("unit") or "seed"
+        if floored:
+            if not method.startswith("mean over"):
+                raise ValueError(f"refloor: part {e.get('what')!r} is no mean over seeds "
+                                 f"({method!r}): its floor is not the seeds' rule")
+            se, se_seed = e["se_measure"], 0.0
+            method = f"mean over {e['seeds']} {unit}s (t; s.e. floored at the measurement error)"
+        return Effect(float(e["effect"]), math.nan if se is None else float(se),
+                      math.inf if e.get("df") is None else float(e["df"]), int(e["seeds"]),
+                      e.get("se_measure"), se_seed, e.get("what") or "", method, unit)
+
+    as_stored = judge({k: part(e, False) for k, e in effects.items()})
+    if as_stored["verdict"] != entry.get("verdict"):
+        raise ValueError(f"refloor: the stored parts judge {as_stored['verdict']!r}, the record "
+                         f"says {entry.get('verdict')!r}: not re-derivable from its parts")
+    reason = entry.get("reason") or ""
+    old = {k: describe(k, p) for k, p in effects.items()}
+    if any(reason.count(text) != 1 for text in old.values()):
+        raise ValueError("refloor: the reason does not hold each part's sentence once")
+    fresh = judge({k: part(e, k in below) for k, e in effects.items()})
+    before = entry["verdict"]
+    for k, p in fresh["parts"].items():
+        reason = reason.replace(old[k], describe(k, p))
+    entry["reason"] = reason
+    entry["effects"] = plain(fresh["parts"])
+    entry["verdict"] = fresh["verdict"]
+    if "correction" in entry:
+        entry["correction"] = fresh["correction"]
+    said = ", ".join(f"{k} (s.e. {effects[k]['se']:.3g} → {effects[k]['se_measure']:.3g})"
+                     for k in below)
+    return (f"s.e. floored at the measurement error, as the rule now requires: {said}; "
+            f"judged again (Holm over {len(effects)} part{'s' if len(effects) != 1 else ''}): "
+            f"{before} → {fresh['verdict']}")
+
+
 def format_runtime(seconds: float | None) -> str:
     """A record's ``runtime_s`` as REPRODUCTION.md shows it ("84 s", "6.9 min"; "—" for a
     record written before runtimes were recorded)."""
@@ -375,6 +433,16 @@ def _interval(p: dict[str, Any]) -> str:
     if parts and p.get("se") is not None:
         text += f" (s.e. {p['se']:.2g}: {', '.join(parts)})"
     return text
+
+
+def rejudged(rec: dict[str, Any]) -> str:
+    """After a verdict that was judged again from the record's numbers under a later rule and
+    changed: " (re-judged DATE: was WORD)", the latest such change; "" otherwise."""
+    moved = [r for r in rec.get("rejudged") or []
+             if isinstance(r, dict) and r.get("verdict_before") not in (None, rec.get("verdict"))]
+    if not moved:
+        return ""
+    return f" (re-judged {moved[-1].get('date')}: was {moved[-1]['verdict_before']})"
 
 
 def short_reason(reason: str) -> str:
@@ -466,7 +534,7 @@ def render(records: dict[str, dict[str, Any]],
                     f"| {label} | {_cell(exp.claim)} | {scale} | {_cell(result)} | "
                     f"{seeds if seeds else '—'} | {_cell(effect_cell(rec))} | "
                     f"{format_runtime(rec.get('runtime_s'))} | {_cell(device)} | "
-                    f"**{rec['verdict']}** |")
+                    f"**{rec['verdict']}**{rejudged(rec)} |")
     lines += render_ladders(ladders or {})
     return "\n".join(lines) + "\n"
 

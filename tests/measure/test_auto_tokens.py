@@ -246,7 +246,8 @@ def test_an_encoder_decoder_lms_decoder_positions_are_not_read_at_the_inputs_las
     ids[:, -1] = config.eos_token_id  # BART's classifier reads the eos token
     lm = seeded(lambda: transformers.BartForConditionalGeneration(config))
     tokens = Embedding("model.encoder.embed_tokens")
-    with pytest.raises(ValueError, match="encoder-decoder model.*decoder.s positions.*output=lambda"):
+    with pytest.raises(ValueError,
+                       match="encoder-decoder model.*decoder.s positions.*output=lambda"):
         token_sensitivity(lm, {"input_ids": ids}, tokens, sigma=1.0, **EXACT)
     last = token_sensitivity(lm, {"input_ids": ids}, Embedding(tokens.module, position=-1),
                              sigma=1.0, **EXACT)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -237,8 +237,21 @@ def summarize_ladder(name: str, out_dir: str | Path) -> dict[str, Any]:
                 if exp.ladder_effects is None or part in exp.ladder_effects:
                     effects.setdefault(part, [])
         rows.append(row)
+    per_effect = ladder_effects(rows, effects)
+    summary = {"name": name, "claim": exp.claim, "rungs": rows, "effects": per_effect,
+               "summary": ladder_sentence(rows, per_effect)}
+    summary = plain(summary)
+    rd = RunDir(out, kind="experiment")
+    rd.write_json("ladder.json", summary)
+    plot_ladder(summary, out / "ladder.png")
+    return summary
+
+
+def ladder_effects(rows: list[dict[str, Any]], parts: Iterable[str]) -> dict[str, Any]:
+    """Each part's verdict at every rung row that judged it, and its trend from the lowest such
+    rung to the highest (:func:`trend`, with what the two rungs do not hold equal)."""
     per_effect = {}
-    for part in effects:
+    for part in parts:
         pts = [(r["rung"], r["effects"][part]) for r in rows
                if r.get("status") == "done" and part in r.get("effects", {})
                and r["effects"][part].get("effect") is not None]
@@ -251,13 +264,7 @@ def summarize_ladder(name: str, out_dir: str | Path) -> dict[str, Any]:
                 t["note"] = "; ".join([t["note"], unlike] if t.get("note") else [unlike])
             entry["trend"] = {"from": pts[0][0], "to": pts[-1][0], **t}
         per_effect[part] = entry
-    summary = {"name": name, "claim": exp.claim, "rungs": rows, "effects": per_effect,
-               "summary": ladder_sentence(rows, per_effect)}
-    summary = plain(summary)
-    rd = RunDir(out, kind="experiment")
-    rd.write_json("ladder.json", summary)
-    plot_ladder(summary, out / "ladder.png")
-    return summary
+    return per_effect
 
 
 def _unlike(low: dict[str, Any], high: dict[str, Any], e_low: dict[str, Any],
