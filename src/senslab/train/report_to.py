@@ -12,10 +12,14 @@ reports.
 * ``"wandb"``: one W&B run, ``wandb.init(dir=RUN, name=<config name>, config=<config.json>)``;
   project, entity and mode come from W&B's own settings (``WANDB_PROJECT``, ``WANDB_ENTITY``,
   ``WANDB_MODE=offline``...), the project defaulting to ``senslab``. Its id is kept in
-  ``RUN/wandb.json`` with the last step sent, so a resumed run continues the same W&B run
-  (``resume="allow"``). W&B's history cannot be rewound: the records a resumed run redoes up to
-  that step are not sent again (a resume at the same thread count redoes them bit for bit, so
-  W&B still holds metrics.jsonl's values). A fresh start begins a new W&B run.
+  ``RUN/wandb.json`` with the last step W&B holds for sure, so a resumed run continues the same
+  W&B run (``resume="allow"``). W&B's history cannot be rewound: the records a resumed run redoes
+  up to that step are not sent again (a resume at the same thread count redoes them bit for bit,
+  so W&B still holds metrics.jsonl's values). That step moves only when a sitting's W&B run has
+  finished (``run.finish()`` flushes it): a row W&B was handed is buffered, in its own process
+  too, so a sitting killed (SIGKILL, out of memory) may leave none of it, and the next sitting
+  sends again every record after the last finished sitting's (W&B drops a step it already has).
+  A fresh start begins a new W&B run.
 
 A run that is re-run after it finished sends what its reporters have not received yet (its
 TensorBoard files are rebuilt), without retraining.
@@ -144,7 +148,9 @@ class Wandb:
         state = rd.read_json(WANDB_STATE) if (rd.path / WANDB_STATE).exists() and records else {}
         # no records yet: a fresh start, which is a new W&B run
         self.id: str | None = state.get("id")
-        self.sent: int = state.get("step", -1)
+        #: the last step a finished sitting's W&B run holds; the last step handed to W&B
+        self.held: int = state.get("step", -1)
+        self.sent: int = self.held
         for record in records:
             self.log(record)
         if self.run is None and not (rd.path / "summary.json").exists():
@@ -162,6 +168,9 @@ class Wandb:
                 "Fix W&B's settings (wandb login; WANDB_MODE=offline to log without a network, "
                 "then wandb sync), or drop wandb from track.report_to") from err
         self.id = self.run.id
+        # the id at once, the step W&B holds as before: a sitting killed before it finishes
+        # continues the same W&B run and sends again what this one was handing over
+        self.rd.write_json(WANDB_STATE, {"id": self.id, "step": self.held})
 
     def log(self, record: dict[str, Any]) -> None:
         step = int(record["step"])
@@ -171,12 +180,16 @@ class Wandb:
             self._start()
         self.run.log(scalars(record), step=step)
         self.sent = step
-        self.rd.write_json(WANDB_STATE, {"id": self.id, "step": step})
 
     def close(self, failed: bool = False) -> None:
         if self.run is not None:
             self.run.finish(exit_code=1 if failed else 0)
             self.run = None
+            # finished: W&B holds every row handed to it (marked sent when handed over, a
+            # killed sitting's rows, still buffered, were lost from W&B for good: steps 0–40
+            # of a run killed at 40, with no warning)
+            self.held = self.sent
+            self.rd.write_json(WANDB_STATE, {"id": self.id, "step": self.held})
 
 
 class Reporters:
