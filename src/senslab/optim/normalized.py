@@ -178,6 +178,16 @@ class _StepSizeLog:
                 self._check_options(group, at_step=True)
             except ValueError as err:
                 raise ValueError(f"{type(self).__name__} param group {k}: {err}") from None
+        # every step counts, one that moves nothing too (see :meth:`step_sizes`)
+        self._stamp = self._latest_stamp() + 1
+
+    def _latest_stamp(self) -> int:
+        """The number of the optimiser's most recent step: counted by this object, else (just
+        built or loaded) the latest one a parameter's state records."""
+        known = getattr(self, "_stamp", None)
+        if known is not None:
+            return known
+        return max((int(st.get("stamp", 0)) for st in self.state.values()), default=0)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """``torch.optim.Optimizer.load_state_dict``, refusing a checkpoint whose param groups
@@ -195,6 +205,7 @@ class _StepSizeLog:
                 raise type(err)(f"{type(self).__name__}.load_state_dict: saved param group {k}: "
                                 f"{err}; load a checkpoint of this optimiser") from None
         super().load_state_dict(state_dict)  # type: ignore[misc]
+        self._stamp = None  # the loaded states say which step came last
         params = [p for g in self.param_groups for p in g["params"]]
         for index, p in zip((i for g in groups for i in g["params"]), params, strict=False):
             saved = state_dict["state"].get(index, {})
@@ -205,27 +216,36 @@ class _StepSizeLog:
     @property
     def last_step_size(self) -> float | None:
         """Multiplier applied to the raw gradient in the most recent step, read from the first
-        parameter (in param-group order) that has been updated; ``None`` before any step.
-        With several groups or ``per_param=True`` the groups can differ: see ``step_sizes()``."""
+        parameter (in param-group order) that step updated; ``None`` before any step and after
+        a step that updated no parameter. With several groups or ``per_param=True`` the groups
+        can differ: see ``step_sizes()``."""
         sizes = [s for s in self.step_sizes() if s is not None]
         return sizes[0] if sizes else None
 
     def step_sizes(self) -> list[float | None]:
-        """The last step size of each param group (first updated parameter of the group)."""
+        """The step size of each param group in the most recent step (its first parameter that
+        step updated), ``None`` for a group it did not update: read from the first parameter
+        ever updated, a group reported the size of an earlier step (1/2 where the last step,
+        moving only another parameter, applied 1/4). States saved before steps were numbered
+        carry no number: there, each group's first updated parameter, as before."""
+        latest = self._latest_stamp()
+        numbered = any("stamp" in st for st in self.state.values())
         out: list[float | None] = []
         for group in self.param_groups:
             size = next(
                 (float(self.state[p]["step_size"]) for p in group["params"]
-                 if "step_size" in self.state.get(p, {})),
+                 if "step_size" in self.state.get(p, {})
+                 and (not numbered or self.state[p].get("stamp") == latest)),
                 None,
             )
             out.append(size)
         return out
 
 
-def _record(state: dict[str, Any], step_size: Tensor, grad_norm: Tensor) -> None:
+def _record(state: dict[str, Any], step_size: Tensor, grad_norm: Tensor, stamp: int) -> None:
     # Stored as detached tensors: no host sync per step; float() only when someone logs them.
     state["step"] = state.get("step", 0) + 1
+    state["stamp"] = stamp  # the optimiser's step that wrote them
     state["step_size"] = step_size.detach().clone()
     state["grad_norm"] = grad_norm.detach().clone()
 
@@ -310,7 +330,7 @@ class NGD(_StepSizeLog, Optimizer):
                 divisor = torch.where(over, norm, torch.ones_like(norm))
                 lr = torch.as_tensor(group["lr"], dtype=norm.dtype, device=norm.device)
                 _apply(p, torch.where(over, lr, size), divisor)
-                _record(self.state[p], size, norm)
+                _record(self.state[p], size, norm, self._latest_stamp())
         return loss
 
 

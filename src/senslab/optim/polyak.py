@@ -163,7 +163,7 @@ class SPS(_StepSizeLog, Optimizer):
             for p in params:
                 s = size.to(p.device)
                 _apply(p, s)
-                _record(self.state[p], s, norm.to(p.device))
+                _record(self.state[p], s, norm.to(p.device), self._latest_stamp())
         return loss
 
 
