@@ -229,6 +229,10 @@ def valid_keys(cfg: Any, prefix: str = "", entries: bool = False) -> list[str]:
     return keys
 
 
+#: a number written with some nonzero digit (so not 0 whatever it rounds to)
+_NONZERO_NUMBER = re.compile(r"[+-]?(?=[\d.]*[1-9])(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
 def parse_value(text: str) -> Any:
     """``"0.1"`` → 0.1, ``"[1, 2]"`` → [1, 2], ``"none"``/``"null"`` → None, else the string."""
     low = text.strip().lower()
@@ -327,6 +331,11 @@ def set_option(cfg: Any, key: str, value: Any, parse: bool = True) -> None:
     raw = value
     if parse and isinstance(value, str):
         value = parse_value(value)
+        if isinstance(value, float) and (value == 0 or math.isinf(value)) \
+                and _NONZERO_NUMBER.fullmatch(raw.strip()):
+            # 1e-400 read as 0.0 turned sensitivity tracking off (σ = 0: not measured)
+            raise ValueError(f"{key}={raw.strip()} is outside a float's range: it reads as "
+                             f"{value}; write a number between 1e-308 and 1e308 in size")
     parts = key.split(".")
     obj: Any = cfg
     for i, part in enumerate(parts):
