@@ -141,9 +141,10 @@ def test_make_report_for_an_experiment(tmp_path: Path) -> None:
     assert "vit_small" in html
     assert 'class="verdict holds"' in html and "Verdict: supported" in html
     assert "below the CNN" in html and "0.2727" in html  # reason and evidence numbers
-    # the claim's parts as a table: effect, interval, seeds, both parts of the s.e.
+    # the claim's parts as a table: effect, interval, replicates in the part's unit, both
+    # parts of the s.e.
     assert ("<th>resnet18 − vit_small</th><td class=\"num\">+0.04</td>"
-            "<td class=\"num\">[+0.021, +0.059] (95%)</td><td class=\"num\">3</td>"
+            "<td class=\"num\">[+0.021, +0.059] (95%)</td><td class=\"num\">3 seeds</td>"
             "<td class=\"num\">0.0044 (0.003 / 0.0032)</td><td>supported</td>") in html
     assert "<details><summary>Evidence" in html
     assert "<td>2 (seeds 0, 1)</td>" in html  # the seeds column: how many, then which

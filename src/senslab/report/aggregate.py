@@ -58,6 +58,9 @@ class Stat:
     """A number with its spread: ``mean ± spread`` where ``kind`` says what the spread is
     (``"std"`` over ``n`` ≥ 2 runs, ``"se"`` a single run's standard error, ``""`` none).
 
+    A single run's standard error is marked in the text (``0.1 ± 0.01 (se)``): it is the
+    error of one measurement, not the seed-to-seed spread a std over runs is, and a table
+    holding both would otherwise print them alike (before 2026-12-06 ``senslab report`` did).
     ``of`` is how many runs the number's row holds, where only ``n`` of them have the metric:
     the text then says so (``0.2 ± 0.14 (2 of 3 runs)``)."""
 
@@ -70,7 +73,7 @@ class Stat:
     def __str__(self) -> str:
         text = format_number(self.mean)
         if self.spread is not None:
-            text += f" ± {self.spread:.2g}"
+            text += f" ± {self.spread:.2g}" + (" (se)" if self.kind == "se" else "")
         if self.of is not None and self.n < self.of:
             text += f" ({self.n} of {self.of} runs)"
         return text

@@ -178,7 +178,8 @@ def render_html(
     parts.append(_table_html(final_table(runs)))
     parts.append(
         '<p class="note">± is the standard deviation over a label\'s seeds; for a '
-        "label with a single run, the standard error of its estimate (where logged). "
+        "label with a single run, the standard error of its estimate (where logged), marked "
+        "“(se)”. "
         "“(k of R runs)”: only k of the label's R runs have that metric, and the number is "
         "over those k.</p>"
     )
@@ -236,11 +237,21 @@ def _experiment_html(exp: Experiment) -> str:
     return "\n".join(out)
 
 
+def _unit(part: dict[str, Any]) -> str:
+    """What one replicate of ``part`` is ("seed", "run", "setting"), by the rule of
+    :func:`senslab.verdicts.describe`: its ``unit``, else "run" for a bootstrap over runs (a
+    record written before parts had a unit) and "seed" otherwise."""
+    return str(part.get("unit") or ("run" if str(part.get("method") or "").startswith("bootstrap")
+                                    else "seed"))
+
+
 def _effects_html(effects: dict[str, Any], correction: str | None) -> str:
     """The claim's parts: each effect (positive = the claimed direction) with its interval, the
-    seeds behind it, both parts of its uncertainty and its verdict."""
-    head = ("<tr><th>part</th><th>effect</th><th>interval</th><th>seeds</th>"
-            "<th>s.e. (measurement / seeds)</th><th>verdict</th></tr>")
+    replicates behind it in the part's own unit (``3 seeds``, ``18 runs``, ``4 settings``, as
+    the reason's words say; before 2026-12-06 a column "seeds" counted runs and settings too),
+    both parts of its uncertainty and its verdict."""
+    head = ("<tr><th>part</th><th>effect</th><th>interval</th><th>replicates</th>"
+            "<th>s.e. (measurement / between replicates)</th><th>verdict</th></tr>")
     rows = []
 
     def num(x: Any, fmt: str) -> str:  # None: not known (a NaN before the JSON)
@@ -255,9 +266,11 @@ def _effects_html(effects: dict[str, Any], correction: str | None) -> str:
         word = str(p.get("verdict", ""))
         if word == "inconclusive" and p.get("detectable") is not None:
             word += f" (could detect ≥ {abs(p['detectable']):.3g})"
+        n = p.get("seeds", 1)
+        replicates = f"{n} {_unit(p)}{'s' if n != 1 else ''}"
         rows.append(f"<tr><th>{_e(p.get('what') or name)}</th>"
                     f'<td class="num">{num(p.get("effect"), "+.3g")}</td>'
-                    f'<td class="num">{_e(interval)}</td><td class="num">{p.get("seeds", 1)}</td>'
+                    f'<td class="num">{_e(interval)}</td><td class="num">{_e(replicates)}</td>'
                     f'<td class="num">{num(p.get("se"), ".2g")} ({_e(se_parts)})</td>'
                     f"<td>{_e(word)}</td></tr>")
     note = (f'<p class="note">Positive effects are the claimed direction. Multiple parts: '

@@ -15,8 +15,11 @@ accuracy, so the comparison is at comparable fit; the final model is then evalua
 test images and on every corruption × severity 1–5. Every run is trained with the same 3 seeds
 (both scales) and the verdict pairs the runs by seed; its parts, all over seeds and judged
 together (Holm): (a) for every ViT and CNN, the share of corruptions on which the ViT is more
-accurate (accuracy averaged over severities) minus ½, its s.e. floored at that of a share of n
-corruptions, √((p(1 − p) + 1/n)/n) (:func:`~senslab.experiments._verdicts.accuracy_se`; *before
+accurate (accuracy averaged over severities) minus ½, a corruption on which the two are equally
+accurate counting as half a win (the sign test's convention; *before 2026-12-06 a tie counted as
+the CNN's win, so two equally accurate models read "contradicted", −0.5 [−0.726, −0.274] on 11
+tied corruptions*), its s.e. floored at that of a share of n corruptions,
+√((p(1 − p) + 1/n)/n) (:func:`~senslab.experiments._verdicts.accuracy_se`; *before
 2026-11-30 seeds that tied, e.g. 6/11 each, gave an s.e. of 0 and certified a one-corruption
 margin, a bug in the rule*); (b) for each regularized model, vanilla −
 regularized final-model sensitivity and regularized − vanilla accuracy on the noise + blur
@@ -98,6 +101,11 @@ SENS_REPEATS = 2
 MAX_ACC_GAP = 0.03
 #: the CPU scale's CNN: the small 3-layer CNN, lr 0.05 (paper: 0.005, too slow for the budget)
 CPU_CNN = ["optim.lr=0.05", "model.overrides.channels=[16, 32]", "model.overrides.hidden=64"]
+#: (a): two severity-averaged accuracies closer than this, relative, are a tie. Each accuracy is
+#: a float32 mean, rounded by up to ≈ 6e-8 (relative), so the same number of correct images
+#: spread otherwise over the severities differs by that much (in 2 of 3 such pairs), while one
+#: image more of 10,000 × 5 severities moves the average by 2e-5.
+ACC_TIE = 1e-6
 
 
 @dataclass
@@ -205,7 +213,8 @@ class Robustness(FinalMeasureExperiment):
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         """Every part over seeds, all judged together (Holm): (a) for each ViT and CNN, the share
-        of corruptions on which the ViT is more accurate (averaged over severities) minus ½; (b)
+        of corruptions on which the ViT is more accurate (averaged over severities) minus ½, a
+        tie counting as half a win (:func:`wins_ties`) and named in the reason; (b)
         for each regularized model, vanilla − regularized sensitivity and regularized − vanilla
         noise/blur accuracy (:func:`regularized_parts`). Not comparable when a model has no runs
         or other seeds, or a regularized model's seed-mean train accuracy is more than
@@ -222,10 +231,12 @@ class Robustness(FinalMeasureExperiment):
         vits = [k for k in groups if k in ("vit_small", "vit_simple")]
         cnns = [k for k in groups if not k.startswith("vit")]
         regs = [k for k in groups if k.startswith("vit_small-")]
-        wins = {f"{v} vs {c}": {seed: (sum(mean_acc[v][seed][k] > mean_acc[c][seed][k]
-                                           for k in mean_acc[v][seed]), len(mean_acc[v][seed]))
-                                for seed in sorted(mean_acc[v]) if seed in mean_acc[c]}
-                for v in vits for c in cnns}
+        # per pair and seed: (corruptions the ViT won, corruptions tied, corruptions)
+        tally = {f"{v} vs {c}": {seed: wins_ties(mean_acc[v][seed], mean_acc[c][seed])
+                                 for seed in sorted(mean_acc[v]) if seed in mean_acc[c]}
+                 for v in vits for c in cnns}
+        wins = {pair: {seed: (w, n) for seed, (w, _, n) in per.items()}
+                for pair, per in tally.items()}
         evidence: dict[str, Any] = {"a": {
             "mean_acc_over_severities": {k: {c: mean(runs[seed][c] for seed in runs)
                                              for c in next(iter(runs.values()))}
@@ -233,7 +244,9 @@ class Robustness(FinalMeasureExperiment):
             "clean_acc": {k: mean(m["clean_acc"] for m in runs.values())
                           for k, runs in fm.items()},
             "wins": {pair: {str(seed): list(w) for seed, w in per.items()}
-                     for pair, per in wins.items()}}}
+                     for pair, per in wins.items()},
+            "ties": {pair: {str(seed): t for seed, (_, t, _) in per.items()}
+                     for pair, per in tally.items()}}}
         why = precondition(groups, list(groups), None, keys=())
         if why is None and not (vits and cnns and "vit_small" in groups):
             why = f"need vit_small, a CNN and the regularized runs; got {', '.join(groups)}"
@@ -250,19 +263,41 @@ class Robustness(FinalMeasureExperiment):
         stops, evidence["stopped_on_budget"] = budget_stops(summaries)
         if why is not None:
             return not_comparable(why + stops, evidence)
-        parts = {f"a: {pair}": over_seeds([won / n - 0.5 for won, n in per.values()],
-                                          [accuracy_se(won / n, n) for won, n in per.values()],
+        # a tie is half a win: the share is (wins + ties/2)/n, so equally accurate models sit at
+        # ½ (effect 0); accuracy_se's p(1 − p) bounds the variance of a 0/½/1 score from above
+        parts = {f"a: {pair}": over_seeds([(w + t / 2) / n - 0.5 for w, t, n in per.values()],
+                                          [accuracy_se((w + t / 2) / n, n)
+                                           for w, t, n in per.values()],
                                           what=f"{pair}: share of corruptions won − ½")
-                 for pair, per in wins.items()}
+                 for pair, per in tally.items()}
         for reg in regs:
             parts.update(regularized_parts(groups[reg], groups["vit_small"]))
-        won = ", ".join(f"{pair}: ViT better on " + ", ".join(f"{w}/{n}" for w, n in per.values())
-                        for pair, per in wins.items())
+        won = ", ".join(f"{pair}: ViT better on " + ", ".join(
+            f"{w}/{n}" + (f" ({t} tie{'s' if t != 1 else ''})" if t else "")
+            for w, t, n in per.values()) for pair, per in tally.items())
+        ties = ("; a tie counts as half a win"
+                if any(t for per in tally.values() for _, t, _ in per.values()) else "")
         return verdict(parts, claim="ViTs more robust than CNNs; regularized ViT-small less "
                        "sensitive and more accurate on noise/blur than vanilla", evidence=evidence,
-                       note=f"{won} (seeds {', '.join(map(str, seeds))}){stops}")
+                       note=f"{won} (seeds {', '.join(map(str, seeds))}){ties}{stops}")
 
 
+def wins_ties(vit: dict[str, float], cnn: dict[str, float]) -> tuple[int, int, int]:
+    """``(won, tied, n)`` over the corruptions of ``vit`` (``{corruption: accuracy averaged over
+    severities}``, ``cnn`` the same): how many the ViT is more accurate on, how many the two are
+    equally accurate on, and how many there are. Equal means equal up to the float32 rounding
+    of the accuracies (:data:`ACC_TIE`, relative): the same number of correct images spread
+    differently over the severities is a tie, not a win decided by rounding. A tie is neither
+    side's win; counting it as the CNN's (a strict ``>``) read two equally accurate models as
+    "the ViT less robust"."""
+    won = tied = 0
+    for k, a in vit.items():
+        b = cnn[k]
+        if abs(a - b) <= ACC_TIE * max(abs(a), abs(b)):
+            tied += 1
+        elif a > b:
+            won += 1
+    return won, tied, len(vit)
 
 
 def paired(a: list[float], b: list[float]) -> tuple[float, float]:
