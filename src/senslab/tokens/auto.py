@@ -4,7 +4,8 @@ Face or timm model (or any CNN) from the model itself.
 ==========================================  ================================================
 model                                       tokens
 ==========================================  ================================================
-has ``default_tokens()`` (senslab's zoo)     that
+has ``default_tokens()`` (senslab's zoo)     that, with the options applied where they fit
+                                             and refused where not (**Options**, below)
 HF image model (``main_input_name`` is       ``Patches(p)``, p = ``config.patch_size`` or
 ``pixel_values``), timm ViT: a patch size    ``patch_embed.patch_size``, where the first
 p whose first convolution cuts the image     convolution takes the image's channels with
@@ -63,6 +64,16 @@ transformer block, after the embedding LayerNorm (``embedding="block"``, default
 and LayerNorm. A causal language model's (batch, positions, vocabulary) logits are compared at
 each example's last real token (``position=``, see :class:`~senslab.tokens.Embedding`).
 
+**Options.** An option given is applied or refused (``ValueError`` naming it, the model and
+the fix), never dropped. ``patch_size=`` applies to a model measured on image patches (for a
+zoo model, a size that divides its ``config.image_size``); ``embedding=`` and ``position=`` to
+one measured through an ``Embedding``; ``sigma_space="pixel"``, ``std=``, ``mean=`` to images
+only. A zoo text model's ``embedding="word"`` is its lookup ``embed`` (its default tokens are
+the LayerNorm ``embed_ln`` after it); a zoo model whose default tokens already are its lookup
+(``modadd_transformer``, ``parity_transformer``, ``boolean_transformer``) keeps them; a model
+fed vectors (``Sequence()``: ``sparse_attention``, ``attention_model``) has no lookup and no
+position to read. With no option given, a zoo model's tokens are its ``default_tokens()``.
+
 **Images: σ in pixel space.** ``sigma_space="pixel"`` gives σ on [0, 1] pixels, converted
 through the model's own normalisation (:class:`~senslab.tokens.Patches`): ``std=`` if given,
 else a Hugging Face ``image_processor``'s ``image_std``, else a timm model's
@@ -84,7 +95,7 @@ from torch import nn
 
 from .base import Position, Tokenization, check_position
 from .embedding import Embedding
-from .patches import Patches, model_normalization, processor_normalization
+from .patches import Patches, Sequence, model_normalization, processor_normalization
 
 __all__ = ["DEFAULT_CNN_PATCH", "auto_tokens", "default_tokens", "headless_reason"]
 
@@ -114,15 +125,20 @@ def auto_tokens(
             ``default_tokens()``, or a wrapper holding exactly one Hugging Face or timm model
             (that model's tokens, an ``Embedding`` named from the wrapper).
         embedding: text models: ``"block"`` (the embeddings block's output after its LayerNorm,
-            as in the paper) or ``"word"`` (the word-embedding lookup).
+            as in the paper; a zoo model's ``default_tokens()``) or ``"word"`` (the
+            word-embedding lookup). ``"word"`` is refused for a model measured on images or
+            input vectors.
         patch_size: images: overrides the model's patch size (or the CNN default, 16).
+            Refused for a model measured on token vectors.
         sigma_space: images: ``"input"`` (σ on the model's inputs) or ``"pixel"`` (σ on [0, 1]
             pixels through the model's normalisation).
         std, mean: images, pixel space: the per-channel normalisation (default: from
             ``image_processor`` or the timm ``pretrained_cfg``).
-        image_processor: a Hugging Face image processor (its ``image_std``/``image_mean``).
+        image_processor: a Hugging Face image processor (its ``image_std``/``image_mean``),
+            with ``sigma_space="pixel"`` (refused without it).
         position: text models: where a per-position output is read (default: the last real
-            token; :class:`~senslab.tokens.Embedding`).
+            token; :class:`~senslab.tokens.Embedding`). Any other value is refused for a model
+            measured on images or input vectors.
 
     Example:
         >>> from transformers import BertConfig, BertForSequenceClassification
@@ -135,14 +151,18 @@ def auto_tokens(
         raise ValueError(f"embedding must be 'block' (the embeddings block's output, after its "
                          f"LayerNorm) or 'word' (the word-embedding lookup), got {embedding!r}")
     check_position(position)
+    if image_processor is not None and sigma_space != "pixel":
+        raise ValueError(
+            "auto_tokens: image_processor= gives the normalisation that converts σ from [0, 1] "
+            "pixels (sigma_space='pixel'); with sigma_space='input' σ is added to the inputs as "
+            "they are and it would be dropped: pass sigma_space='pixel', or drop image_processor"
+        )
     pixel = dict(sigma_space=sigma_space, std=std, mean=mean)
     if sigma_space == "pixel" and std is None:
         pixel.update(_processor_norm(image_processor) or {})
     if hasattr(model, "default_tokens"):
-        tokens = model.default_tokens()
-        if isinstance(tokens, Patches) and (patch_size is not None or sigma_space != "input"):
-            return dataclasses.replace(tokens, size=patch_size or tokens.size, **pixel)
-        return _no_pixel(tokens, sigma_space)
+        return _declared(model, model.default_tokens(), embedding=embedding,
+                         patch_size=patch_size, position=position, pixel=pixel)
     if not isinstance(model, nn.Module):
         raise TypeError(f"auto_tokens needs an nn.Module, got {type(model).__name__}; {_HOW}")
     inner = [] if _pretrained(model) else _pretrained_children(model)
@@ -155,13 +175,14 @@ def auto_tokens(
             return dataclasses.replace(tokens, module=f"{name}.{tokens.module}")
         return tokens
     if _is_image(model):
-        tokens = Patches(patch_size or _patch_size(model), **pixel)
+        _refuse_text_options(model, "image patches", embedding, position)
+        tokens = Patches(_patch_size(model) if patch_size is None else patch_size, **pixel)
         if patch_size is None:  # a grid refusal says where the size came from (not the user)
             object.__setattr__(tokens, "_chosen", (
                 f"auto_tokens chose it: the model's own patch size, or {DEFAULT_CNN_PATCH} for a "
                 "CNN"))
         return tokens
-    _no_pixel(None, sigma_space)
+    _no_pixel(None, sigma_space, std, mean)
     word = _input_embeddings(model)
     if word is None:
         raise TypeError(
@@ -182,6 +203,11 @@ def auto_tokens(
             "module whose output is (batch, tokens, dim), such as the first layer's input "
             "LayerNorm"
         )
+    if patch_size is not None:
+        raise ValueError(_inapplicable(
+            model, f"patch_size={patch_size!r}", "token vectors (its word embedding "
+            f"{_name(model, word)} and the modules after it)", "patch_size cuts images into "
+            "patches; drop patch_size (embedding= picks the module the noise goes on)"))
     _refuse_sequence_first(model, word)
     return Embedding(_text_module(model, word, embedding), position=position)
 
@@ -309,13 +335,144 @@ def _pretrained_children(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return found
 
 
-def _no_pixel(tokens: Tokenization | None, sigma_space: str) -> Tokenization:
+def _no_pixel(tokens: Tokenization | None, sigma_space: str, std: Any = None,
+              mean: Any = None) -> Tokenization:
     if sigma_space != "input":
         raise ValueError(
             "sigma_space='pixel' converts σ through an image model's normalisation; this model is "
             "measured on token vectors, not images: drop sigma_space"
         )
+    if std is not None or mean is not None:
+        raise ValueError(
+            "std=/mean= convert σ from [0, 1] pixels through an image model's normalisation; "
+            "this model is measured on token vectors, not images: drop them"
+        )
     return tokens  # type: ignore[return-value]
+
+
+def _describe(tokens: Tokenization) -> str:
+    """A short spelling of ``tokens`` for messages: ``Patches(4)``, ``Embedding('embed_ln')``."""
+    if isinstance(tokens, Patches):
+        return f"Patches({tokens.size})"
+    if isinstance(tokens, Embedding):
+        module = (repr(tokens.module) if isinstance(tokens.module, str)
+                  else f"<{type(tokens.module).__name__} module>")
+        return f"Embedding({module})"
+    if isinstance(tokens, Sequence):
+        return "Sequence()"
+    return repr(tokens)
+
+
+def _inapplicable(model: Any, option: str, what: str, fix: str) -> str:
+    """The refusal of an option that does not apply to ``model``'s tokens: it names the option,
+    the model, what the model is measured on, and the fix."""
+    return (f"auto_tokens: {option} does not apply to {type(model).__name__}, which is measured "
+            f"on {what}: {fix}")
+
+
+def _refuse_text_options(model: Any, what: str, embedding: str, position: Position) -> None:
+    """Refuse ``embedding="word"`` and ``position`` (other than their defaults) for a model
+    measured on ``what`` (image patches, input vectors): they name a text model's word
+    embedding and the position its per-position output is read at; such a model has neither,
+    and the options were dropped without a word."""
+    if embedding != "block":
+        raise ValueError(_inapplicable(
+            model, f"embedding={embedding!r}", what, "it has no word-embedding lookup to put "
+            "the noise on; drop embedding, or pass tokens explicitly (Embedding('<module "
+            "name>') hooks any module whose output is (batch, tokens, dim))"))
+    if position != "last":
+        raise ValueError(_inapplicable(
+            model, f"position={position!r}", what, "position= reads a text model's per-position "
+            "output (a causal language model's logits) at one position; these tokens have no "
+            "position to read: drop position"))
+
+
+def _declared(model: Any, tokens: Tokenization, *, embedding: str, patch_size: int | None,
+              position: Position, pixel: dict[str, Any]) -> Tokenization:
+    """A model's ``default_tokens()`` (senslab's zoo) with the options passed to
+    :func:`auto_tokens` applied where they fit, refused where they do not. With every option at
+    its default, ``tokens`` as declared. (Before, every option but ``patch_size`` and the pixel
+    options on ``Patches`` was dropped: ``embedding="word"`` on the zoo's RoBERTa measured the
+    LayerNorm after the lookup, ``position=0`` read the last token.)
+
+    * ``Patches`` (image models): ``patch_size`` (a size that divides the model's
+      ``config.image_size``) and the pixel options; ``embedding="word"`` and ``position``
+      refused.
+    * ``Embedding`` (text models): ``embedding="word"`` moves the noise to the model's word
+      lookup (:func:`_declared_word`); ``position`` is the tokens' ``position``;
+      ``patch_size`` and the pixel options refused.
+    * ``Sequence`` (models fed vectors) and any other tokens: every option but the defaults
+      refused.
+    """
+    sigma_space, std, mean = pixel["sigma_space"], pixel["std"], pixel["mean"]
+    what = f"{_describe(tokens)}, its default_tokens()"
+    vectors = "input vectors" if isinstance(tokens, Sequence) else "token vectors"
+    if isinstance(tokens, Patches):
+        _refuse_text_options(model, f"image patches ({what})", embedding, position)
+        if patch_size is not None:
+            _check_zoo_patch(model, patch_size)
+        if patch_size is not None or sigma_space != "input" or std is not None \
+                or mean is not None:
+            return dataclasses.replace(
+                tokens, size=tokens.size if patch_size is None else patch_size, **pixel)
+        return tokens
+    if patch_size is not None:
+        raise ValueError(_inapplicable(
+            model, f"patch_size={patch_size!r}", f"{vectors} ({what}), not images",
+            "patch_size cuts images into patches; drop patch_size"))
+    _no_pixel(tokens, sigma_space, std, mean)
+    if isinstance(tokens, Embedding):
+        if embedding == "word":
+            tokens = _declared_word(model, tokens)
+        if position != "last":
+            tokens = dataclasses.replace(tokens, position=position)
+        return tokens
+    kind = vectors if isinstance(tokens, Sequence) else "tokens of its own"
+    _refuse_text_options(model, f"{kind} ({what})", embedding, position)
+    return tokens
+
+
+def _check_zoo_patch(model: Any, size: Any) -> None:
+    """Refuse a ``patch_size`` that cannot cut the images of a model built for one image size
+    (``config.image_size``, senslab's zoo) into whole patches; it would only be refused at the
+    measurement."""
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise ValueError(f"patch_size must be a positive integer, got {size!r}")
+    image = getattr(getattr(model, "config", None), "image_size", None)
+    if isinstance(image, int) and image % size:
+        ok = ", ".join(str(q) for q in range(1, image + 1) if image % q == 0)
+        raise ValueError(
+            f"auto_tokens: patch_size={size} does not divide the {image}x{image} images "
+            f"{type(model).__name__} takes (config.image_size={image}), so no whole patches "
+            f"can be cut; pass patch_size= one of {ok}")
+
+
+def _declared_word(model: Any, tokens: Embedding) -> Embedding:
+    """``embedding="word"`` on a model with ``default_tokens()``: the tokens on its word lookup.
+    Already there when the declared module is an ``nn.Embedding`` (the zoo's modular-addition,
+    parity and Boolean transformers); else the module ``get_input_embeddings()`` returns, else
+    the model's one ``nn.Embedding`` that is no position table (the zoo's text models: the
+    lookup ``embed`` before the declared ``embed_ln``). Refused where there is no such one."""
+    declared = tokens.module
+    if isinstance(declared, str):
+        try:
+            declared = model.get_submodule(declared)
+        except AttributeError:
+            declared = None
+    if isinstance(declared, nn.Embedding):
+        return tokens
+    word = _called_or_none(model, "get_input_embeddings")
+    if word is not None and any(m is word for m in model.modules()):
+        return dataclasses.replace(tokens, module=_name(model, word))
+    lookups = [n for n, m in model.named_modules() if isinstance(m, nn.Embedding)
+               and "pos" not in n.rpartition(".")[2].lower()]
+    if len(lookups) == 1:
+        return dataclasses.replace(tokens, module=lookups[0])
+    found = f" (it has {', '.join(lookups)})" if lookups else ""
+    raise ValueError(_inapplicable(
+        model, "embedding='word'", f"{_describe(tokens)}, its default_tokens()",
+        f"auto_tokens cannot tell which module is its word lookup{found}; pass tokens "
+        "explicitly, Embedding('<name of the word-embedding module>')"))
 
 
 def _processor_norm(processor: Any) -> dict[str, Any] | None:
