@@ -10,7 +10,10 @@ otherwise a ``DataUnavailableError`` names the files, every place looked in and 
 ``digits``, which reads no files, refuses a ``root``. ``verify=False`` skips the md5 check, for
 copies that hold the same data in different bytes (e.g. Debian's Fashion-MNIST ``.gz`` files,
 whose gzip header lacks the file name); MNIST and Fashion-MNIST files read so are still refused
-where their images are not 28×28, their labels are not one per image or not 0..9.
+where their images are not 28×28, their labels are not one per image or not 0..9. With or without
+it, a held-out file that holds the training files' data (t10k images equal to the train images
+beside them, a CIFAR-10 ``test_batch`` or an SVHN test file that is a byte copy of a training
+file) is refused, naming both files and the fix.
 
 Normalisation (``normalize=``), applied per channel after scaling bytes to [0, 1] (x = byte/255):
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import numbers
 import os
 import pickle
 import shutil
@@ -340,7 +344,63 @@ def _idx_split(root: Path, table: dict[str, str], urls: tuple[str, ...], prefix:
             f"({int((labels > 9).sum()):,} of {len(labels):,}), where {name}'s are 0..9: the "
             "file is damaged or another dataset's. Put the official file there, or write "
             "yours with labels 0..9")
+    if prefix == "t10k":
+        _refuse_train_copy(name, img_path, images)
     return images[:, None], labels, str(img_path.parent)
+
+
+def _idx_dims(path: Path) -> tuple[int, ...] | None:
+    """The dimensions in the header of the idx(-gz) file ``path``, read without the data (a few
+    bytes); None where the header cannot be read."""
+    try:
+        with (gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")) as f:
+            magic = f.read(4)
+            if len(magic) < 4:
+                return None
+            ndim = magic[3]
+            head = f.read(4 * ndim)
+    except (EOFError, OSError, zlib.error):
+        return None
+    return struct.unpack(f">{ndim}I", head) if len(head) == 4 * ndim else None
+
+
+def _refuse_train_copy(name: str, img_path: Path, images: np.ndarray) -> None:
+    """Refuse test images ``images`` (read from ``img_path``) that are the training images of the
+    idx file beside them: a copy of one's own read with ``verify=False`` (nothing else ties the
+    files to the official ones) made every held-out number a training number, unsaid. Cheap: the
+    training file is decoded only where its header has the test file's dimensions (never for the
+    official files, 60,000 against 10,000), and compared by its pixels, so that a copy gzipped
+    again (other header bytes) is found too."""
+    train = img_path.with_name(_TRAIN_IDX[0])
+    if not train.is_file() or _idx_dims(train) != images.shape:
+        return
+    try:
+        same = np.array_equal(read_idx(train, _IDX_IMAGES), images)
+    except DataUnavailableError:  # a damaged training file is refused where it is loaded
+        return
+    if same:
+        raise DataUnavailableError(
+            f"{img_path} holds the same {len(images):,} images as {train.name} next to it (a "
+            f"copy of the training files), so {name}'s test split would be its training "
+            f"examples: put {name}'s held-out t10k files there (the official ones), or write a "
+            "test set of your own, held out of your training images, under the t10k names")
+
+
+def _same_file(a: Path, b: Path, chunk: int = 1 << 20) -> bool:
+    """Whether ``a`` and ``b`` hold the same bytes: their sizes first, then chunk by chunk up to
+    the first difference (the official CIFAR-10 batches differ in their first bytes)."""
+    try:
+        if a.stat().st_size != b.stat().st_size:
+            return False
+        with open(a, "rb") as fa, open(b, "rb") as fb:
+            while True:
+                x, y = fa.read(chunk), fb.read(chunk)
+                if x != y:
+                    return False
+                if not x:
+                    return True
+    except OSError:
+        return False
 
 
 def _extract_tar(archive: Path, dest: Path, member_dir: str) -> Path:
@@ -394,10 +454,11 @@ def digits(split: str = "train", root: Any = None, download: bool = False,
 
     Split "train"/"test" is stratified: in each class, a permutation drawn from
     ``torch.Generator().manual_seed(seed)`` sends round(test_fraction·n_class) images to "test"
-    (359 of 1,797 with the defaults; ``test_fraction`` in (0, 1)); "all" is everything. Images
-    stay 8×8, so patch sizes 1, 2, 4, 8 divide them. The data ships with scikit-learn:
-    ``download`` is accepted for a uniform call and unused, and a ``root`` is an error (no files
-    would be read from it).
+    (359 of 1,797 with the defaults); a ``test_fraction`` that sends none or all of a class's
+    images there is refused (any in [1/174, 173/174] passes: the smallest class has 174 images);
+    "all" is everything. Images stay 8×8, so patch sizes 1, 2, 4, 8 divide them. The data ships
+    with scikit-learn: ``download`` is accepted for a uniform call and unused, and a ``root`` is
+    an error (no files would be read from it).
     "standard" stats are computed from the training split.
     """
     locate("digits", root)  # refuses a root: the data ships with scikit-learn
@@ -407,6 +468,7 @@ def digits(split: str = "train", root: Any = None, download: bool = False,
         raise ValueError(f"digits: test_fraction must be in (0, 1), e.g. 0.2 (359 test images), "
                          f"got {test_fraction!r}")
     pixels, labels = _digits_arrays()
+    _check_test_fraction(test_fraction, np.bincount(labels, minlength=10))
     g = torch.Generator().manual_seed(seed)
     is_test = np.zeros(len(labels), dtype=bool)
     for c in range(10):
@@ -418,6 +480,26 @@ def digits(split: str = "train", root: Any = None, download: bool = False,
     keep = {"train": ~is_test, "test": is_test, "all": np.ones_like(is_test)}[split]
     return _package("digits", pixels[keep], labels[keep], DIGIT_CLASSES, split, normalize, stats,
                     "sklearn.datasets.load_digits", digits, scale=16.0)
+
+
+def _check_test_fraction(test_fraction: float, counts: np.ndarray) -> None:
+    """Refuse a ``test_fraction`` of :func:`digits` that sends none or all of a class's
+    ``counts[c]`` images to "test" (``round(test_fraction·n)``): 0.001 gave an empty test split
+    and 0.999 an empty training split, whose mean and std of no pixels made every "standard"
+    image NaN, each without a word. Any fraction in [1/m, (m − 1)/m], m the smallest class, keeps
+    at least one image of every class on both sides."""
+    k = np.array([round(test_fraction * int(n)) for n in counts])
+    bad = np.flatnonzero((k == 0) | (k == counts))
+    if not len(bad):
+        return
+    c, m = int(bad[0]), int(counts.min())
+    side = "test" if k[c] == 0 else "train"
+    raise ValueError(
+        f"digits: test_fraction={test_fraction!r} sends {k[c]} of the {counts[c]} images of "
+        f"class {c} to the test split, which leaves the {side} split without class {c}"
+        f"{f' and {len(bad) - 1} other classes' if len(bad) > 1 else ''}; use a "
+        f"test_fraction between 1/{m} ({1 / m:.4f}) and {m - 1}/{m} ({(m - 1) / m:.4f}), the "
+        f"range for {int(counts.sum()):,} images whose smallest class has {m}, e.g. 0.2")
 
 
 @functools.cache
@@ -486,11 +568,21 @@ def _read_mnist_pickle_cached(path: str, size: int, mtime_ns: int, inode: int
                 "mnist.pkl.gz there, or resize your images to 28×28 and save them so")
         if b.min() < 0 or b.max() > 255:
             raise DataUnavailableError(f"{path}: pixels are not bytes/256 in [0, 1)")
-        pair = (b.astype(np.uint8).reshape(-1, 1, 28, 28), np.array(y, dtype=np.int64))
+        pair = (b.astype(np.uint8).reshape(-1, 1, 28, 28), _pickle_labels(y))
         for a in pair:
             a.setflags(write=False)
         out.append(pair)
     return out
+
+
+def _pickle_labels(y: Any) -> np.ndarray:
+    """The labels of one part of mnist.pkl.gz as int64, but float labels that are not whole
+    numbers kept as they are, for :func:`_package` to refuse, naming the file, as the idx, CIFAR
+    and SVHN paths do: an int64 cast cut 2.7 to 2 without a word."""
+    labels = np.asarray(y)
+    if labels.dtype.kind == "f" and not np.all(np.mod(labels, 1) == 0):
+        return labels
+    return np.array(y, dtype=np.int64)
 
 
 @register_dataset("mnist")
@@ -601,6 +693,17 @@ def cifar10(split: str = "train", root: Any = None, download: bool = False,
         _extract_tar(archive, folder, "cifar-10-batches-py")
     names = [f"data_batch_{i}" for i in range(1, 6)] if split == "train" else ["test_batch"]
     parts = [_read_cifar_batch(folder / n) for n in names]
+    if split == "test":
+        # a test_batch that is a training batch's copy: held-out numbers measured on training
+        # images, unsaid (with verify=False nothing else compares the batches)
+        copy = next((f"data_batch_{i}" for i in range(1, 6)
+                     if _same_file(folder / "test_batch", folder / f"data_batch_{i}")), None)
+        if copy is not None:
+            raise DataUnavailableError(
+                f"{folder / 'test_batch'} is a byte-for-byte copy of {copy} next to it, so the "
+                f"test split would be training images: put CIFAR-10's test_batch there (delete "
+                f"{folder} so that it is extracted again from cifar-10-python.tar.gz), or a "
+                "held-out batch of your own")
     x, y = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
     off = [n for n in names if verify and md5sum(folder / n) != CIFAR10_BATCH_MD5S[n]]
     if off:
@@ -626,9 +729,23 @@ def svhn(split: str = "train", root: Any = None, download: bool = False,
     _check_split(split, ("train", "test", "extra"), "svhn")
     path = find_root("svhn", root, [f"{split}_32x32.mat"], download=download)
     file = _get(path, f"{split}_32x32.mat", SVHN_FILES, (SVHN_URL,), download, verify)
+    if split != "train":
+        copy = next((o for o in ("train_32x32.mat", "extra_32x32.mat")
+                     if o != file.name and _same_file(file, path / o)), None)
+        if copy is not None:
+            raise DataUnavailableError(
+                f"{file} is a byte-for-byte copy of {copy} next to it, so the {split} split would "
+                f"be training images: put SVHN's {file.name} there (download=True fetches it), "
+                "or a held-out file of your own")
     try:
         mat = loadmat(file, variable_names=["X", "y"])
         x, y = np.asarray(mat["X"]), np.asarray(mat["y"]).reshape(-1)
+    except NotImplementedError as err:  # scipy's "Please use HDF reader" named no file or fix
+        raise DataUnavailableError(
+            f"{file} is a MATLAB v7.3 (HDF5) .mat file, which scipy.io.loadmat cannot read: "
+            "re-save it as v7 (MATLAB: save(file, 'X', 'y', '-v7'); or read it with h5py and "
+            f"write it with scipy.io.savemat), or put SVHN's official {file.name} there "
+            "(download=True fetches it)") from err
     except (ValueError, KeyError, OSError, TypeError, IndexError) as err:
         raise DataUnavailableError(f"{file} is truncated or not an SVHN .mat file ({err}); "
                                    "delete it and download it again") from err
@@ -656,8 +773,12 @@ def cifar10c(split: str = "test", root: Any = None, download: bool = False,
     if corruption not in CIFAR10C_CORRUPTIONS:
         raise ValueError(f"unknown CIFAR-10-C corruption={corruption!r}; use one of "
                          f"{', '.join(CIFAR10C_CORRUPTIONS)}")
-    if severity not in (1, 2, 3, 4, 5):
-        raise ValueError(f"severity must be one of 1, 2, 3, 4, 5; got {severity!r}")
+    if (isinstance(severity, bool) or not isinstance(severity, numbers.Integral)
+            or severity not in (1, 2, 3, 4, 5)):
+        # True passed as severity 1 (recorded as True) and 2.0 failed as a bare slice TypeError
+        raise ValueError(f"cifar10c: severity must be one of 1, 2, 3, 4, 5, an int (CIFAR-10-C's "
+                         f"five blocks of images); got {severity!r}")
+    severity = int(severity)
     npy_name = f"CIFAR-10-C/{corruption}.npy"
     path = find_root("cifar10c", root, [(npy_name, "CIFAR-10-C/labels.npy"), ("CIFAR-10-C.tar",)],
                      download=download,

