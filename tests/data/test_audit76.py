@@ -299,3 +299,14 @@ def test_generated_sets_refuse_options_they_would_ignore() -> None:
     base = create_dataset("modular_addition", p=7, seed=3).inputs
     for seed in (np.int64(3), torch.tensor(3), 3.0):
         assert torch.equal(create_dataset("modular_addition", p=7, seed=seed).inputs, base)
+
+
+def test_boolean_function_seed_is_refused_without_a_random_table():
+    """function_seed seeds the random table only: with parity it changed nothing."""
+    from senslab.data.synthetic import boolean
+
+    with pytest.raises(ValueError, match="function_seed seeds a random table"):
+        boolean(function="parity", n_bits=4, sampling="cube", function_seed=3)
+    a = boolean(function="random", n_bits=4, sampling="cube", function_seed=3)
+    b = boolean(function="random", n_bits=4, sampling="cube", function_seed=4)
+    assert not torch.equal(a.targets, b.targets)

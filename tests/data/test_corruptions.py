@@ -189,7 +189,7 @@ def test_bad_arguments_give_clear_errors() -> None:
     g = torch.Generator()
     with pytest.raises(ValueError, match="unknown corruption 'fog'.*gaussian_noise"):
         corrupt(GREY, "fog", 1, g)
-    for bad in (0, 6, 2.5, True):
+    for bad in (0, 6, 2.5, 2.0, True):  # 2.0 failed as a bare slice-index TypeError
         with pytest.raises(ValueError, match="severity must be one of 1, 2, 3, 4, 5"):
             corrupt(GREY, "contrast", bad, g)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"pixels in \[0, 1\].*denormalize"):

@@ -538,7 +538,8 @@ def boolean(
     (float ±1).
 
     ``function``: "parity", "majority", "first", "mean" or "random" (a uniformly random table
-    drawn from ``function_seed``, default ``seed``). Targets are float: {0, 1} for the Boolean
+    drawn from ``function_seed``, default ``seed``; refused with the other functions). Targets
+    are float: {0, 1} for the Boolean
     functions (MSE to {0, 1}, as in Hahn & Rofin), the fraction of +1 bits for "mean"
     (num_classes = 1 then, a scalar regression). PARITY is 1 iff the number of +1 bits is odd: for
     even n that is ∏xᵢ = −1, the opposite of :func:`sparse_parity`'s target with S = all bits.
@@ -567,6 +568,10 @@ def boolean(
     seed = _check_seed(seed, name="boolean")
     if function_seed is not None:
         function_seed = _check_seed(function_seed, "function_seed", "boolean")
+        if function != "random":
+            raise ValueError(f"boolean: function_seed seeds a random table, and "
+                             f"function={function!r} has none (it changed nothing); remove it, "
+                             "or use function='random'")
     _check_sampling_options(sampling, size, train_size)
     size = 1024 if size is None else size
     train_size = 256 if train_size is None else train_size
