@@ -331,11 +331,11 @@ def set_option(cfg: Any, key: str, value: Any, parse: bool = True) -> None:
     raw = value
     if parse and isinstance(value, str):
         value = parse_value(value)
-        if isinstance(value, float) and (value == 0 or math.isinf(value)) \
-                and _NONZERO_NUMBER.fullmatch(raw.strip()):
-            # 1e-400 read as 0.0 turned sensitivity tracking off (σ = 0: not measured)
-            raise ValueError(f"{key}={raw.strip()} is outside a float's range: it reads as "
-                             f"{value}; write a number between 1e-308 and 1e308 in size")
+        if isinstance(value, float) and value == 0 and _NONZERO_NUMBER.fullmatch(raw.strip()):
+            # 1e-400 read as 0.0 turned sensitivity tracking off (σ = 0: not measured); one
+            # too large reads as inf, which every field's range refuses
+            raise ValueError(f"{key}={raw.strip()} is below a float's range: it reads as "
+                             f"{value}; write 0, or a number of size 1e-308 or more")
     parts = key.split(".")
     obj: Any = cfg
     for i, part in enumerate(parts):
