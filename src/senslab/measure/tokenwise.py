@@ -68,10 +68,13 @@ rates :math:`p_{bt}` no longer costs forward passes.
   subset standard error) the rule of three's, never the 0 or the tangent's spread it estimated
   (:func:`._alloc.zero_floor`). The
   stopping rule looks at the whole batch, never at single cells, so the estimate's bias is
-  :math:`O(1/n)` and low (fewer flips, a smaller standard error, an earlier stop): a small
-  share of the standard error (a slow test in tests/measure/test_allocation.py bounds it at a
-  fifth). The target bounds the noise part of the uncertainty (``"subset"``); the data part
-  shrinks only with more examples.
+  :math:`O(1/n)`, of either sign: low where the rounds stop on a small standard error (fewer
+  flips, a smaller standard error, an earlier stop; a slow test in
+  tests/measure/test_allocation.py bounds it at a fifth of the standard error), high where they
+  stop on the flips guard — a rule of "draw until 10 flips" overestimates a rate (+8.5%
+  relative, a quarter of the standard error, on one batch of 8 examples flipping at 0.03 with
+  ``target_stderr=0.05``). The target bounds the noise part of the uncertainty (``"subset"``);
+  the data part shrinks only with more examples.
 * ``allocation="linear"`` puts the draws where flips happen: from one forward and backward pass
   per example it computes every token's linearised flip probability :math:`q_{bt}` and gives
   each token an expected ``budget``-scaled share of units in proportion to
@@ -833,8 +836,8 @@ class TokenSensitivity:
 
     def _warn_stopping_bias(self) -> None:
         """Adaptive stopping stops each ``update`` batch on that batch's own standard error, with
-        a small low bias of order 1/n per batch (module docstring). Over many batches the bias
-        stays while the standard error of the whole shrinks like 1/√batches: say so once per
+        a small bias of order 1/n per batch, low or high (module docstring). Over many batches the
+        bias stays while the standard error of the whole shrinks like 1/√batches: say so once per
         metric, not again after each :meth:`reset` (a training loop's evaluations would repeat
         it in every one, whatever the warning filter; other warnings are said as before)."""
         if self.target_stderr is None:
@@ -844,8 +847,9 @@ class TokenSensitivity:
             return
         warnings.warn(
             f"target_stderr stops each update() batch on its own standard error, {self._stopped} "
-            "batches so far: each stop leaves a small low bias (a share of that batch's standard "
-            "error), which stays as the batches add up while the standard error of the whole "
+            "batches so far: each stop leaves a small bias (a share of that batch's standard "
+            "error: low where it stops on a small standard error, high where it stops on its "
+            "10th flip), which stays as the batches add up while the standard error of the whole "
             "shrinks like 1/sqrt(batches), so over many batches the bias becomes a larger share "
             "of the reported standard error. For many batches, measure with fixed repeats (no "
             "target_stderr), or pass fewer, larger batches",
@@ -1203,8 +1207,8 @@ class TokenSensitivity:
                 self._per_copy[key] = runner.per_copy  # later batches of this shape: no probe
         vals, src, tok, own, changed = (torch.cat(x) for x in zip(*parts, strict=True))
         floor = 0.0
-        if self.target_stderr is not None and not bool(changed.any()):  # never with shard
-            floor = _alloc.zero_floor(*self._draws(src, tok, valid))
+        if self.target_stderr is not None and self._flips(parts, valid, rounds) == 0:
+            floor = _alloc.zero_floor(*self._draws(src, tok, valid))  # never with shard
         if self.shard is not None:
             keep = own.nonzero().flatten()
             changed = changed[keep]
@@ -1215,8 +1219,10 @@ class TokenSensitivity:
             valid, real, src = valid[mine], real[mine], remap[src]
         forward = b * (2 if self.control_variate else 1) + len(src)
         checked = (0, 0) if check is None else check.take_counts()
+        events = (_varying_pairs(vals, src, tok, valid, self._per_cell(rounds), self.group)
+                  if self._pairs_vary() else int(changed.sum()))
         self._add(vals, src, tok, valid, self._per_cell(rounds), forward, checked, real, rounds,
-                  int(changed.sum()), floor)
+                  events, floor)
 
     def _allocated(self, runner: ChunkRunner, control: LinearControl, valid: Tensor,
                    stream: NoiseStream, extent: Tensor | None,
@@ -1455,11 +1461,24 @@ class TokenSensitivity:
         se = math.sqrt(max(within, 0.0)) / b if math.isfinite(within) else math.inf
         # a standard error estimated from a handful of flips is too noisy to stop on, and one
         # of no flip at all ends the rounds only once the rule of three allows it
-        flips = int(torch.cat([p[4] for p in parts]).sum())
+        flips = self._flips(parts, valid, rounds)
         counts, cells = self._draws(src, tok, valid) if flips == 0 else (None, valid)
         return se > self.target_stderr or (se == 0.0 and rounds < ROUNDS_AT_ZERO) \
             or not _alloc.enough_flips(flips, counts=counts, valid=cells,
                                        target=self.target_stderr)
+
+    def _pairs_vary(self) -> bool:
+        """Whether the events are antithetic pairs that vary (:func:`_varying_pairs`): flips
+        compared with antithetic draws and no control variate (which has its own events)."""
+        return self.antithetic and self.control_variate is None and self.compare == "class"
+
+    def _flips(self, parts: list[tuple[Tensor, ...]], valid: Tensor, rounds: int) -> int:
+        """The events of the rounds so far (``parts`` as for :meth:`_more`): the standard error
+        learns from them, and a few of them are too few to trust it."""
+        if self._pairs_vary():
+            vals, src, tok = (torch.cat([p[i] for p in parts]) for i in range(3))
+            return _varying_pairs(vals, src, tok, valid, self._per_cell(rounds), self.group)
+        return int(torch.cat([p[4] for p in parts]).sum())
 
     def _draws(self, src: Tensor, tok: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
         """Draws (copies, not units) per real token of the copies (src, tok), and the real
@@ -1579,8 +1598,13 @@ class TokenSensitivity:
             rate = ("the rate at which a copy's flip differs from its tangent's" if cv
                     else "the copies' mean flip rate" if self.compare == "class"
                     else "the share of copies that move the output")
-            after = (" The estimate is the tangent's mean flip probability, off by at most "
-                     "that rate." if cv else "")
+            # with num_tokens the tangent's mean is over the sampled tokens: their sampling
+            # error comes on top (it exceeded 3/N in 13 of 40 runs of a linear model)
+            sampled = (" over the tokens drawn, off from its mean over every token by their "
+                       "sampling error and by at most that rate" if self.num_tokens is not None
+                       else ", off by at most that rate")
+            after = (f" The estimate is the tangent's mean flip probability{sampled}." if cv
+                     else "")
             # with a target each batch reported the rule of three's standard error (subset)
             floored = self.target_stderr is not None and self.estimand == "subset"
             worth = ("takes its standard error from the rule of three (target_stderr)"
@@ -1600,6 +1624,30 @@ class TokenSensitivity:
                 "1–4 such copies, 63% with the control variate at 4 draws per token, 87% with "
                 f"num_tokens=2). For a firmer one, {how}",
                 RuntimeWarning, stacklevel=_trim._user_level())
+
+
+def _varying_pairs(vals: Tensor, src: Tensor, tok: Tensor, valid: Tensor,
+                   per_cell: int | None, group: int = 2) -> int:
+    """The antithetic units (pairs; with ``num_tokens`` all ``group`` draws of a sampled token)
+    the standard error learns from: those whose mean flip (0, ½ or 1 for a pair) differs from
+    the most common one of their cell — of their example where a cell holds one unit, the units
+    the variance is then estimated over. A pair of one flip is no event where
+    every pair of its cell has one: an example on the decision boundary flips once in each pair
+    (±ε, one on each side), its variance is 0, and those flips had counted towards the few-flips
+    guard, so the rounds stopped and the warning was silent while the other examples, which
+    the standard error rests on, had shown no flip (their 95% intervals, often ± 0, covered the
+    rate in 48–80% of runs)."""
+    if not len(vals):
+        return 0
+    u, usrc, utok = _units(vals, src, tok, group)
+    if per_cell is not None and per_cell >= 2:
+        key = usrc.long() * valid.shape[1] + utok.long()
+    else:
+        key = usrc.long()
+    code = torch.round(u * group).long().clamp(0, group).to(key.device)
+    counts = torch.bincount(key * (group + 1) + code,
+                            minlength=(group + 1) * (int(key.max()) + 1)).view(-1, group + 1)
+    return int((counts.sum(1) - counts.max(1).values).sum())
 
 
 def _events(vals: Tensor, src: Tensor, tok: Tensor, control: Any) -> Tensor:
