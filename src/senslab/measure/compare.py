@@ -155,6 +155,7 @@ class _Paired(TokenSensitivity):
     layout: tuple[int, torch.device] | None = None
 
     def _add(self, *batch: Any) -> None:
+        self._judge_rounding()  # while its bound is held: the deferred add comes after
         self.pending = batch
 
     def _rng(self, device: torch.device, row: int) -> NoiseStream:

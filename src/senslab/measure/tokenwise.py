@@ -1049,8 +1049,11 @@ class TokenSensitivity:
         probe = (_refuse_own_autocast(self.model, device)
                  if self.autocast is None and not self._own_autocast_checked else nullcontext())
         try:
-            with mode, kept, _own_forward(self.model), self._autocast(device):
-                self._update(inputs, mask, device, probe)
+            try:
+                with mode, kept, _own_forward(self.model), self._autocast(device):
+                    self._update(inputs, mask, device, probe)
+            finally:
+                self._rounding = None  # the batch's bound: never kept past its update
             self._own_autocast_checked = True
             self._warn_stopping_bias()
         except RuntimeError as err:
@@ -1098,6 +1101,9 @@ class TokenSensitivity:
                 if NO_PAD_TOKEN not in str(err):
                     raise
                 raise ValueError(no_pad_id_message(self.model)) from err
+            # judged before the batch's result is added (:meth:`_judge_rounding`), after the
+            # bound's context has closed: held until then (:meth:`_update_model` lets it go)
+            self._rounding = bound
             self._batch_grid = None if self.mode == "whole" else _grid(bound)
             if self._grid is not None and self._batch_grid not in (None, self._grid):
                 raise ValueError(_grid_mismatch(self._grid, self._batch_grid, "this batch"))
@@ -1292,6 +1298,7 @@ class TokenSensitivity:
         """Add one batch measured token by token (an allocation) to the state: each real
         token's unbiased value ``y`` and variance share ``var`` (B, T), ``forward`` passes;
         ``copies``, ``events`` and ``floor``: :func:`._stats.accumulate_tokens`'s."""
+        self._judge_rounding()
         checked = (0, 0) if check is None else check.take_counts()
         accumulate_tokens(self.state, y, var, valid, positions=self.align, real=real,
                           copies=copies, events=events, floor=floor)
@@ -1414,6 +1421,7 @@ class TokenSensitivity:
         """Add one batch's copies to the state (:mod:`.compare` defers this until every model
         has measured the batch); ``checked``: copies run in checked bf16 and their float32
         re-evaluations; ``events`` and ``floor``: :func:`._stats.accumulate`'s."""
+        self._judge_rounding()
         accumulate(
             self.state, vals, src, tok, valid, group=self.group, per_cell=per_cell,
             positions=None if self.mode == "whole" else self.align,
@@ -1425,6 +1433,14 @@ class TokenSensitivity:
         self.state.forward_fp32 += checked[1]
         if self._batch_grid is not None:
             self._grid = self._batch_grid
+
+    def _judge_rounding(self) -> None:
+        """Before a batch's result is added: the low-precision rounding of its noise judged on
+        every copy, however few (:meth:`~senslab.tokens.base.BoundTokens.judge_rounding`)."""
+        bound = getattr(self, "_rounding", None)
+        if bound is not None:
+            self._rounding = None  # once per batch (compare adds it later, judged already)
+            bound.judge_rounding()
 
     @property
     def group(self) -> int:

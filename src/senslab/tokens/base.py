@@ -535,6 +535,16 @@ class BoundTokens(abc.ABC):
     def num_tokens(self) -> int:
         return self.valid.shape[1]
 
+    def judge_rounding(self) -> None:
+        """Judge the low-precision rounding of the noise of every copy not judged yet (the
+        bound's ``_check_rounding``/``_check_cast`` grid checks pool calls until enough entries
+        are perturbed): the measurement calls this before it adds its result, so a small one is
+        refused as a large one is."""
+        for name in ("_check_rounding", "_check_cast"):
+            check = getattr(self, name, None)
+            if check is not None:
+                check.finish()
+
     @abc.abstractmethod
     def tokens(self, src: Tensor, tok: Tensor) -> Tensor:
         """Clean vectors (N, D) of token ``tok[n]`` of example ``src[n]``."""
