@@ -41,6 +41,8 @@ from .rundir import RunDir
 REPORTERS = ("tensorboard", "wandb")
 TENSORBOARD_DIR = "tensorboard"
 WANDB_STATE = "wandb.json"
+#: seconds a resumed run waits for W&B to let go of the run of a killed sitting
+WANDB_IN_USE_WAIT = 60.0
 
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:
@@ -158,9 +160,7 @@ class Wandb:
 
     def _start(self) -> None:
         try:
-            self.run = self.wandb.init(
-                dir=str(self.rd.path), project=os.environ.get("WANDB_PROJECT", "senslab"),
-                name=self.name, id=self.id, resume="allow", config=self.config)
+            self.run = self._init()
         except Exception as err:
             raise RuntimeError(
                 f"track.report_to names wandb, but W&B could not start the run of "
@@ -171,6 +171,22 @@ class Wandb:
         # the id at once, the step W&B holds as before: a sitting killed before it finishes
         # continues the same W&B run and sends again what this one was handing over
         self.rd.write_json(WANDB_STATE, {"id": self.id, "step": self.held})
+
+    def _init(self) -> Any:
+        """``wandb.init`` of this run, waiting up to :data:`WANDB_IN_USE_WAIT` seconds while W&B
+        says its id is in use: a sitting killed (SIGKILL, out of memory) leaves W&B's service
+        process holding the run until it sees that its process died, and a resume started at
+        once was refused ("run ID … is in use")."""
+        deadline = time.monotonic() + WANDB_IN_USE_WAIT
+        while True:
+            try:
+                return self.wandb.init(
+                    dir=str(self.rd.path), project=os.environ.get("WANDB_PROJECT", "senslab"),
+                    name=self.name, id=self.id, resume="allow", config=self.config)
+            except Exception as err:
+                if "is in use" not in str(err) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(1.0)
 
     def log(self, record: dict[str, Any]) -> None:
         step = int(record["step"])
