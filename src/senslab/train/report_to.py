@@ -41,8 +41,10 @@ from .rundir import RunDir
 REPORTERS = ("tensorboard", "wandb")
 TENSORBOARD_DIR = "tensorboard"
 WANDB_STATE = "wandb.json"
-#: seconds a resumed run waits for W&B to let go of the run of a killed sitting
-WANDB_IN_USE_WAIT = 60.0
+
+
+class _InUse(RuntimeError):
+    """W&B holds the run's id (:meth:`Wandb._init`)."""
 
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:
@@ -161,6 +163,8 @@ class Wandb:
     def _start(self) -> None:
         try:
             self.run = self._init()
+        except _InUse:
+            raise
         except Exception as err:
             raise RuntimeError(
                 f"track.report_to names wandb, but W&B could not start the run of "
@@ -173,20 +177,27 @@ class Wandb:
         self.rd.write_json(WANDB_STATE, {"id": self.id, "step": self.held})
 
     def _init(self) -> Any:
-        """``wandb.init`` of this run, waiting up to :data:`WANDB_IN_USE_WAIT` seconds while W&B
-        says its id is in use: a sitting killed (SIGKILL, out of memory) leaves W&B's service
-        process holding the run until it sees that its process died, and a resume started at
-        once was refused ("run ID … is in use")."""
-        deadline = time.monotonic() + WANDB_IN_USE_WAIT
-        while True:
-            try:
-                return self.wandb.init(
-                    dir=str(self.rd.path), project=os.environ.get("WANDB_PROJECT", "senslab"),
-                    name=self.name, id=self.id, resume="allow", config=self.config)
-            except Exception as err:
-                if "is in use" not in str(err) or time.monotonic() >= deadline:
-                    raise
-                time.sleep(1.0)
+        """``wandb.init`` of this run; where W&B says its id is in use, an error that says why
+        and what to do. A sitting killed (SIGKILL, out of memory) inside a process tree whose W&B
+        service outlives it — started by a parent that had run W&B itself, which leaves
+        ``WANDB_SERVICE`` in the environment its children inherit — leaves that service holding
+        the run, and the resume was refused with advice about W&B's settings."""
+        try:
+            return self.wandb.init(
+                dir=str(self.rd.path), project=os.environ.get("WANDB_PROJECT", "senslab"),
+                name=self.name, id=self.id, resume="allow", config=self.config)
+        except Exception as err:
+            if "is in use" not in str(err):
+                raise
+            shared = ("; WANDB_SERVICE in this process's environment names a W&B service "
+                      "started by a parent process, which holds it until that process ends"
+                      if os.environ.get("WANDB_SERVICE") else "")
+            raise _InUse(
+                f"W&B still holds the run {self.id} of {self.rd.path}: a sitting of it was "
+                f"stopped without finishing its W&B run{shared}. Resume once the process that "
+                "started it has ended, or start this run without WANDB_SERVICE in its "
+                "environment (env -u WANDB_SERVICE …); metrics.jsonl is unaffected, and the "
+                "steps W&B lacks are sent on the resume") from err
 
     def log(self, record: dict[str, Any]) -> None:
         step = int(record["step"])
