@@ -95,11 +95,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"ladder {lad['name']} rung {rung['rung']}: {what}")
         if not changed:
             continue
-        parts = {k: None for r in lad["rungs"] if r.get("status") == "done"
-                 for k in r.get("effects", {})
-                 if get_experiment(lad["name"]).ladder_effects is None
-                 or k in get_experiment(lad["name"]).ladder_effects}
-        lad["effects"] = ladder_effects(lad["rungs"], parts)
+        lad["effects"] = ladder_effects(lad["rungs"], get_experiment(lad["name"]).ladder_effects)
         lad["summary"] = ladder_sentence(lad["rungs"], lad["effects"])
         _write(path, lad)
         plot_ladder(lad, path.with_suffix(".png"))

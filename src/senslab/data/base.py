@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import operator
 from dataclasses import dataclass, field
 from typing import Any
@@ -9,6 +10,18 @@ from typing import Any
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset
+
+
+def check_severity(severity: Any, what: str = "", why: str = "") -> int:
+    """``severity`` as an int 1..5 (a corruption's, CIFAR-10-C's): a bool and a float are
+    refused, as any other value (True passed as severity 1, and 2.0 failed later as a bare
+    slice-index TypeError). ``what`` prefixes the message (the loader); ``why`` follows the
+    values (what the five are)."""
+    if isinstance(severity, bool) or not isinstance(severity, numbers.Integral) \
+            or severity not in (1, 2, 3, 4, 5):
+        raise ValueError(f"{what}severity must be one of 1, 2, 3, 4, 5, an int{why}; got "
+                         f"{severity!r}")
+    return int(severity)
 
 
 @dataclass

@@ -43,7 +43,6 @@ the radius barely matters beyond 3σ, which made their severities 3 and 4 the sa
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -53,7 +52,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ._registry import create_dataset, register_dataset
-from .base import ArrayDataset
+from .base import ArrayDataset, check_severity
 from .images import normalize_images
 
 CorruptFn = Callable[[Tensor, Any, torch.Generator], Tensor]
@@ -94,11 +93,7 @@ def corrupt(images: Tensor, name: str, severity: int, generator: torch.Generator
     """
     if name not in _CORRUPTIONS:
         raise ValueError(f"unknown corruption {name!r}; use one of {', '.join(_CORRUPTIONS)}")
-    # 2.0 == 2 passed the membership test and failed later as a bare slice-index TypeError
-    if isinstance(severity, bool) or not isinstance(severity, numbers.Integral) \
-            or severity not in (1, 2, 3, 4, 5):
-        raise ValueError(f"severity must be one of 1, 2, 3, 4, 5 (an int); got {severity!r}")
-    severity = int(severity)
+    severity = check_severity(severity)
     if not isinstance(generator, torch.Generator):
         raise TypeError("pass generator=torch.Generator().manual_seed(seed): corruptions never "
                         "use the global random state")

@@ -29,9 +29,9 @@ Normalisation (``normalize=``), applied per channel after scaling bytes to [0, 1
 
 from __future__ import annotations
 
+import filecmp
 import functools
 import gzip
-import numbers
 import os
 import pickle
 import shutil
@@ -50,7 +50,7 @@ from torch import Tensor
 from ._download import DataUnavailableError, DataWriteError, fetch, md5sum
 from ._registry import register_dataset
 from ._roots import Package, declare, find_root, locate, reads_no_files
-from .base import ArrayDataset
+from .base import ArrayDataset, check_severity
 
 NORMALIZE_MODES = ("minus_one_one", "standard", "none")
 Stats = tuple[tuple[float, ...], tuple[float, ...]]
@@ -386,19 +386,11 @@ def _refuse_train_copy(name: str, img_path: Path, images: np.ndarray) -> None:
             "test set of your own, held out of your training images, under the t10k names")
 
 
-def _same_file(a: Path, b: Path, chunk: int = 1 << 20) -> bool:
-    """Whether ``a`` and ``b`` hold the same bytes: their sizes first, then chunk by chunk up to
-    the first difference (the official CIFAR-10 batches differ in their first bytes)."""
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` hold the same bytes (sizes first, then contents); False where
+    either cannot be read."""
     try:
-        if a.stat().st_size != b.stat().st_size:
-            return False
-        with open(a, "rb") as fa, open(b, "rb") as fb:
-            while True:
-                x, y = fa.read(chunk), fb.read(chunk)
-                if x != y:
-                    return False
-                if not x:
-                    return True
+        return filecmp.cmp(a, b, shallow=False)
     except OSError:
         return False
 
@@ -773,12 +765,7 @@ def cifar10c(split: str = "test", root: Any = None, download: bool = False,
     if corruption not in CIFAR10C_CORRUPTIONS:
         raise ValueError(f"unknown CIFAR-10-C corruption={corruption!r}; use one of "
                          f"{', '.join(CIFAR10C_CORRUPTIONS)}")
-    if (isinstance(severity, bool) or not isinstance(severity, numbers.Integral)
-            or severity not in (1, 2, 3, 4, 5)):
-        # True passed as severity 1 (recorded as True) and 2.0 failed as a bare slice TypeError
-        raise ValueError(f"cifar10c: severity must be one of 1, 2, 3, 4, 5, an int (CIFAR-10-C's "
-                         f"five blocks of images); got {severity!r}")
-    severity = int(severity)
+    severity = check_severity(severity, "cifar10c: ", " (CIFAR-10-C's five blocks of images)")
     npy_name = f"CIFAR-10-C/{corruption}.npy"
     path = find_root("cifar10c", root, [(npy_name, "CIFAR-10-C/labels.npy"), ("CIFAR-10-C.tar",)],
                      download=download,

@@ -217,7 +217,7 @@ def summarize_ladder(name: str, out_dir: str | Path) -> dict[str, Any]:
     if not exp.ladder:
         select_rungs(exp)  # the error naming experiments with a ladder
     out = Path(out_dir)
-    rows, effects = [], {}
+    rows = []
     for rung in exp.ladder:
         v, why = _rung_verdict(out, rung, name, exp.ladder)
         row: dict[str, Any] = {"rung": rung.name, "scale": rung.scale, "size": rung.size,
@@ -233,11 +233,8 @@ def summarize_ladder(name: str, out_dir: str | Path) -> dict[str, Any]:
                        run_seconds=runs_seconds(out / rung.name),
                        device=v.get("device"), threads=v.get("threads"),
                        effects=v.get("effects") or {})
-            for part in row["effects"]:
-                if exp.ladder_effects is None or part in exp.ladder_effects:
-                    effects.setdefault(part, [])
         rows.append(row)
-    per_effect = ladder_effects(rows, effects)
+    per_effect = ladder_effects(rows, exp.ladder_effects)
     summary = {"name": name, "claim": exp.claim, "rungs": rows, "effects": per_effect,
                "summary": ladder_sentence(rows, per_effect)}
     summary = plain(summary)
@@ -247,9 +244,15 @@ def summarize_ladder(name: str, out_dir: str | Path) -> dict[str, Any]:
     return summary
 
 
-def ladder_effects(rows: list[dict[str, Any]], parts: Iterable[str]) -> dict[str, Any]:
-    """Each part's verdict at every rung row that judged it, and its trend from the lowest such
-    rung to the highest (:func:`trend`, with what the two rungs do not hold equal)."""
+def ladder_effects(rows: list[dict[str, Any]], only: Iterable[str] | None = None
+                   ) -> dict[str, Any]:
+    """Each part of the rung rows that ran (those in ``only``, where given: the experiment's
+    ``ladder_effects``), in the order the rungs first judge them: its verdict at every rung row
+    that judged it, and its trend from the lowest such rung to the highest (:func:`trend`, with
+    what the two rungs do not hold equal)."""
+    keep = None if only is None else set(only)
+    parts = dict.fromkeys(part for r in rows if r.get("status") == "done"
+                          for part in r.get("effects") or {} if keep is None or part in keep)
     per_effect = {}
     for part in parts:
         pts = [(r["rung"], r["effects"][part]) for r in rows

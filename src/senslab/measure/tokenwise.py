@@ -1212,9 +1212,6 @@ class TokenSensitivity:
             if runner.per_copy is not None:
                 self._per_copy[key] = runner.per_copy  # later batches of this shape: no probe
         vals, src, tok, own, changed = (torch.cat(x) for x in zip(*parts, strict=True))
-        floor = 0.0
-        if self.target_stderr is not None and self._flips(parts, valid, rounds) == 0:
-            floor = _alloc.zero_floor(*self._draws(src, tok, valid))  # never with shard
         if self.shard is not None:
             keep = own.nonzero().flatten()
             changed = changed[keep]
@@ -1227,6 +1224,9 @@ class TokenSensitivity:
         checked = (0, 0) if check is None else check.take_counts()
         events = (_varying_pairs(vals, src, tok, valid, self._per_cell(rounds), self.group)
                   if self._pairs_vary() else int(changed.sum()))
+        floor = 0.0
+        if self.target_stderr is not None and events == 0:  # never with shard: all copies here
+            floor = _alloc.zero_floor(*self._draws(src, tok, valid))
         self._add(vals, src, tok, valid, self._per_cell(rounds), forward, checked, real, rounds,
                   events, floor)
 

@@ -461,7 +461,7 @@ def _declared_word(model: Any, tokens: Embedding) -> Embedding:
             declared = None
     if isinstance(declared, nn.Embedding):
         return tokens
-    word = _called_or_none(model, "get_input_embeddings")
+    word = _input_embeddings(model)
     if word is not None and any(m is word for m in model.modules()):
         return dataclasses.replace(tokens, module=_name(model, word))
     lookups = [n for n, m in model.named_modules() if isinstance(m, nn.Embedding)
