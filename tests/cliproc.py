@@ -58,14 +58,16 @@ class _Server:
             raise
         assert self.proc.stdout is not None
         if self.proc.stdout.readline().strip() != "ready":
-            self.proc.kill()
-            self.proc.wait()
-            raise RuntimeError(f"the senslab fork server did not start:\n{Path(log).read_text()}")
+            said = Path(log).read_text()
+            self.close()
+            raise RuntimeError(f"the senslab fork server did not start:\n{said}")
 
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
-            self.proc.wait()
+        self.proc.wait()
+        if self.proc.stdout is not None:  # left to the garbage collector, it warns in a later test
+            self.proc.stdout.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -77,6 +79,8 @@ def _server(env: dict[str, str]) -> _Server:
     key = tuple(sorted(env.items()))
     with _lock:
         if key not in _servers or _servers[key].proc.poll() is not None:
+            if key in _servers:
+                _servers[key].close()
             _servers[key] = _Server(env)
         return _servers[key]
 

@@ -280,6 +280,7 @@ def test_closed_pipe_is_quiet(tmp_path: Path) -> None:
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()
     err = proc.stderr.read()
+    proc.stderr.close()
     assert proc.wait(timeout=120) in (0, 141), err
     assert err == "", err  # no traceback, no "Exception ignored ... BrokenPipeError"
     # as typed in a shell

@@ -398,7 +398,7 @@ def holder(tmp_path_factory: pytest.TempPathFactory) -> Any:
         pytest.fail(f"the lock holder did not start: {proc.communicate()}")
     yield proc, dirs
     proc.kill()
-    proc.wait()
+    proc.communicate()  # closes the pipes: left to the garbage collector, they warn in a later test
 
 
 @pytest.mark.parametrize("writer", list(LOCKED_WRITERS))

@@ -310,3 +310,13 @@ def test_boolean_function_seed_is_refused_without_a_random_table():
     a = boolean(function="random", n_bits=4, sampling="cube", function_seed=3)
     b = boolean(function="random", n_bits=4, sampling="cube", function_seed=4)
     assert not torch.equal(a.targets, b.targets)
+
+
+@pytest.mark.parametrize("loader,options", [
+    ("boolean", {"size": 0}), ("sparse_parity", {"test_size": 0}),
+    ("sparse_parity", {"train_size": True}), ("sparse_frequent", {"num_samples": 0}),
+])
+def test_a_generated_set_of_no_examples_is_refused(loader, options):
+    """A size of 0 gave an empty split without a word (no accuracy, no sensitivity)."""
+    with pytest.raises(ValueError, match=r"must be an int ≥ 1 \(a number of examples\)"):
+        create_dataset(loader, split="test", **options)

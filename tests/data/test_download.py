@@ -41,6 +41,7 @@ def url() -> Iterator[str]:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}/file.bin"
     server.shutdown()
+    server.server_close()  # the listening socket: left open, it warns in a later test
 
 
 @pytest.mark.parametrize("kept", [7_000, len(BODY), len(BODY) + 10],

@@ -70,7 +70,8 @@ def test_fixed_v_tiny_run_and_resume(tmp_path: Path, finished_runs) -> None:
     assert set(verdict["evidence"]["gd"]) >= {"r2_lin", "r2_log", "steps_to_alignment"}
     # Any optimiser lowers the excess loss from W = 0, and it stays ≥ 0 (it is L − L*).
     for s in summaries:
-        records = [json.loads(x) for x in (out / s["name"] / "metrics.jsonl").open()]
+        lines = (out / s["name"] / "metrics.jsonl").read_text().splitlines()
+        records = [json.loads(x) for x in lines]
         assert records[-1]["train/excess"] < records[0]["train/excess"]
         assert min(r["train/excess"] for r in records) >= 0
     # NGD with lr 0.1 from W = 0 has ‖W_t‖ ≤ 0.1·t (every step has length exactly 0.1).

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 import operator
 import warnings
 from collections.abc import Callable, Mapping
@@ -48,6 +49,15 @@ def _generator(seed: int, stream: str) -> torch.Generator:
     of neighbouring seeds apart (seed s, stream 1 is not seed s+1, stream 0)."""
     seed = _check_seed(seed)
     return torch.Generator().manual_seed((seed * 1_000_003 + _STREAM[stream]) % (2**63 - 1))
+
+
+def _check_count(value: object, option: str, name: str) -> int:
+    """``value`` as a count of examples, refused unless it is an int ≥ 1: a size of 0 gave an
+    empty split (no accuracy, no sensitivity) without a word, and a bool read as 1 or 0."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name}: {option} must be an int ≥ 1 (a number of examples), got "
+                         f"{value!r}")
+    return int(value)
 
 
 def _check_seed(seed: object, option: str = "seed", name: str = "") -> int:
@@ -269,7 +279,8 @@ def sparse_frequent(
     if unknown:
         raise TypeError(f"unknown sparse_frequent option(s) {unknown}; valid: {sorted(fields)}")
     config = replace(SPARSE_FREQUENT_SETTINGS[case, setting], **overrides)
-    n = 1000 if num_samples is None else num_samples
+    n = 1000 if num_samples is None else _check_count(num_samples, "num_samples",
+                                                       "sparse_frequent")
     ids, types, y = sparse_frequent_ids(config, n, _generator(seed, split), ood=split == "ood")
     return ArrayDataset(
         inputs=F.one_hot(ids, config.vocab_size).float(),
@@ -461,6 +472,8 @@ def sparse_parity(
                 f"sparse_parity: k={k!r} and subset={list(subset)} ({s.numel()} bits) disagree: "
                 f"S is the subset given, so k is not used; drop k, or pass k={s.numel()}")
     s = s.sort().values
+    train_size = _check_count(train_size, "train_size", "sparse_parity")
+    test_size = _check_count(test_size, "test_size", "sparse_parity")
     n = train_size if split == "train" else test_size
     x = _uniform_pm(n, n_bits, _generator(seed, split))
     meta: dict[str, Any] = {"subset": s.tolist(), "n_bits": n_bits, "per_example": ("y_pm",)}
@@ -573,7 +586,7 @@ def boolean(
                              f"function={function!r} has none (it changed nothing); remove it, "
                              "or use function='random'")
     _check_sampling_options(sampling, size, train_size)
-    size = 1024 if size is None else size
+    size = 1024 if size is None else _check_count(size, "size", "boolean")
     train_size = 256 if train_size is None else train_size
 
     table = None
