@@ -111,7 +111,9 @@ def load_hf(name: str, config: Any, seed: int, num_labels: int,
     transformers.utils.logging.disable_progress_bar()  # stderr: senslab's own lines only
     try:
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+            # the CPU generator alone: torch.manual_seed also seeds (or, before CUDA starts,
+            # queues a seeding of) CUDA's, which fork_rng(devices=[]) does not restore
+            torch.default_generator.manual_seed(seed)
             model, info = cls.from_pretrained(name, output_loading_info=True, **kwargs)
     except RuntimeError as err:
         # transformers refuses a checkpoint tensor of another shape than the new head's (a

@@ -292,6 +292,18 @@ class DenseNetConfig(ImageConfig):
                 f"DenseNetConfig.compression must be in (0, 1], got {self.compression}"
             )
         check_divides(self.sens_patch, self.image_size, "sens_patch")
+        # a transition that keeps int(c · compression) = 0 channels builds (torch only warns),
+        # but its first forward fails in a convolution with a weight-shape message
+        c = self.stem_channels or 2 * self.growth_rate
+        for i, n in enumerate(self.blocks[:-1]):
+            c += n * self.growth_rate
+            if int(c * self.compression) < 1:
+                raise ValueError(
+                    f"DenseNetConfig.compression {self.compression} leaves transition {i + 1} "
+                    f"int({c} * {self.compression}) = 0 of its {c} channels; use a compression "
+                    f"of at least 1/{c}, or a larger growth_rate or stem_channels"
+                )
+            c = int(c * self.compression)
         need = 2 ** (len(self.blocks) - 1)
         if self.image_size < need:
             raise ValueError(

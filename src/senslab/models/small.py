@@ -47,14 +47,29 @@ def _check_vectors(x: Tensor, dim: int) -> None:
             f"and shape {tuple(x.shape)}; one-hot encode token ids with "
             f"torch.nn.functional.one_hot(ids, {dim}).float()"
         )
+    if x.shape[1] == 0:
+        # attention over no tokens: a mean-pooled output would be NaN and a summed one 0, a
+        # logit at the decision boundary, for an input that holds nothing to classify
+        raise ValueError(
+            f"got token vectors of shape {tuple(x.shape)}: sequences of length 0 have no token "
+            "to attend to; every sequence needs at least one"
+        )
 
 
 def _bit_ids(x: Tensor, max_bits: int) -> Tensor:
     """(B, n) bits as {±1} floats or {0, 1} integers → long ids, 1 ↔ +1."""
     if x.dim() != 2 or not 1 <= x.shape[1] <= max_bits:
+        # the fix depends on what is wrong: only a string too long is cured by a larger table
+        if x.dim() != 2:
+            fix = ("pass a 2-D batch of bit strings, one string per row (a single string: "
+                   "bits.unsqueeze(0))")
+        elif x.shape[1] == 0:
+            fix = "strings of 0 bits have nothing to read; every string needs at least one bit"
+        else:
+            fix = f"for longer strings build the model with n_bits={x.shape[1]}"
         raise ValueError(
-            f"expected bits of shape (batch, n) with 1 <= n <= {max_bits}, got {tuple(x.shape)}; "
-            f"for longer strings build the model with n_bits={x.shape[-1]}"
+            f"expected bits of shape (batch, n) with 1 <= n <= {max_bits}, got "
+            f"{tuple(x.shape)}; {fix}"
         )
     if x.is_floating_point():
         if not ((x == 1) | (x == -1)).all():

@@ -47,9 +47,13 @@ def seeded(cls: type[M], config: Any) -> M:
     """``cls(config)`` with the weights drawn from ``config.seed``: torch's CPU generator is
     reseeded inside ``torch.random.fork_rng``, so the global RNG is neither read nor advanced.
     (The training loop seeds the global RNG with the run's seed before building a model and
-    passes the same seed here, so its runs draw exactly the weights they drew before.)"""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(config.seed)
+    passes the same seed here, so its runs draw exactly the weights they drew before.) Only the
+    CPU generator: ``torch.manual_seed`` also seeds CUDA's, which ``fork_rng(devices=[])`` does
+    not restore, and before CUDA starts it queues that seeding for when it does, so building a
+    model set the caller's CUDA stream to the model's seed. The model is built on the CPU (under
+    ``torch.set_default_device("cuda")`` too), so the seed decides its weights everywhere."""
+    with torch.random.fork_rng(devices=[]), torch.device("cpu"):
+        torch.default_generator.manual_seed(config.seed)
         return cls(config)
 
 

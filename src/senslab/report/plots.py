@@ -190,8 +190,9 @@ def plot_curves(
     if x not in ("epoch", "step"):
         raise ValueError(f"x must be 'epoch' or 'step', got {x!r}")
     xlabel = "epoch" if x == "epoch" else "optimizer step"
-    if x == "epoch" and any("epoch" not in row for run in runs for row in run.metrics):
-        # against the epoch, such a run's curves would have no x and draw nothing
+    if x == "epoch" and any(row.get("epoch") is None for run in runs for row in run.metrics):
+        # against the epoch, such a run's curves would have no x and draw nothing (an epoch
+        # logged as null is no epoch either: it failed as a TypeError)
         x, xlabel = "step", "step (some runs log no epoch)"
     if isinstance(logy, str):  # one key, not a collection of its characters
         logy = {logy}
@@ -528,7 +529,9 @@ def plot_position_heatmaps(
     runs: Sequence[Run], out: PathLike, *, key: str = "sens/train", title: str | None = None
 ) -> Path:
     """Final sensitivity per image patch, one heatmap over the patch grid per label (mean over
-    its runs; one colour scale for all labels, so the panels compare)."""
+    its runs; one colour scale for all labels, so the panels compare). A label whose runs did not
+    all log a profile is the mean of those that did: its panel's title says over how many, and
+    a warning names it (as :func:`plot_position_profiles` does)."""
     import matplotlib
 
     grid = patch_grid(runs, key)
@@ -536,6 +539,9 @@ def plot_position_heatmaps(
         raise ValueError(f"the runs' {key} profiles are not one square patch grid; use "
                          "plot_position_profiles for sequences")
     maps: dict[str, np.ndarray] = {}
+    #: the panel title of each label: its name, and over how many of its runs, where not all
+    names: dict[str, str] = {}
+    partial: list[str] = []
     for label, group in group_by_label(runs).items():
         stack = []
         for run in group:
@@ -546,13 +552,20 @@ def plot_position_heatmaps(
                 stack.append(m.reshape(grid))
         if stack:
             maps[label] = np.nanmean(np.stack(stack), axis=0)
+            names[label] = label
+            if len(stack) < len(group):  # as plot_position_profiles' legend says it
+                names[label] += f"\n({len(stack)} of {len(group)} runs)"
+                partial.append(f"{label!r} is the mean of {len(stack)} of {len(group)} runs")
+    if partial:
+        warnings.warn(f"{out}: the per-patch {key} of {', '.join(partial)}, as the others "
+                      f"logged no {key}_per_position (the panel's title says so)", stacklevel=2)
     top = max(float(np.nanmax(m)) for m in maps.values()) or 1.0
     with matplotlib.rc_context(STYLE):
         fig = _figure(2.6 * len(maps) + 1.2, 3.0)
         axes = np.atleast_1d(fig.subplots(1, len(maps)))
         for ax, (label, m) in zip(axes, maps.items(), strict=True):
             im = ax.imshow(m, cmap="viridis", vmin=0, vmax=top)
-            ax.set_title(label, fontsize=9)
+            ax.set_title(names[label], fontsize=9)
             ax.set_xticks([])
             ax.set_yticks([])
         fig.colorbar(im, ax=list(axes), shrink=0.85, label=YLABELS.get(key, key))
@@ -573,27 +586,36 @@ def plot_scatter(
     """One point per run: final ``x_key`` against final ``y_key``, coloured by label.
 
     Keys are final metrics, or ``config.<dotted.path>`` for a configuration value (e.g.
-    ``config.data.n``). Runs lacking either key are left out; it is an error if all are. A run
-    whose point cannot be drawn (a NaN or inf value, or one ≤ 0 on a log axis) is named in a
-    warning: a missing point would otherwise read as a run that was never there.
+    ``config.data.n``). Runs lacking either key (or with a value that is not a number) are
+    left out, named in a warning; it is an error if all are. A run whose point cannot be drawn
+    (a NaN or inf value, or one ≤ 0 on a log axis) is named in a warning too: a missing point
+    would otherwise read as a run that was never there.
     """
     import matplotlib
 
     points: dict[str, list[tuple[float, float]]] = {}
     undrawn: list[str] = []
+    lacking: list[str] = []  # runs without a number for either key: no point either
     for run in runs:
         try:
             xv, yv = run.lookup(x_key), run.lookup(y_key)
         except KeyError:
+            lacking.append(run.name)
             continue
-        if is_number(xv) and is_number(yv):
-            xf, yf = float(xv), float(yv)
-            points.setdefault(run.group_label, []).append((xf, yf))
-            if not (math.isfinite(xf) and math.isfinite(yf)) or (logx and xf <= 0) or (
-                    logy and yf <= 0):
-                undrawn.append(f"{run.name} ({format_number(xf)}, {format_number(yf)})")
+        if not (is_number(xv) and is_number(yv)):
+            lacking.append(run.name)
+            continue
+        xf, yf = float(xv), float(yv)
+        points.setdefault(run.group_label, []).append((xf, yf))
+        if not (math.isfinite(xf) and math.isfinite(yf)) or (logx and xf <= 0) or (
+                logy and yf <= 0):
+            undrawn.append(f"{run.name} ({format_number(xf)}, {format_number(yf)})")
     if not points:
         raise ValueError(f"no run has numeric values for both {x_key!r} and {y_key!r}")
+    if lacking:
+        warnings.warn(f"{out}: {len(lacking)} of {len(runs)} run(s) have no point in the scatter "
+                      f"of {y_key} against {x_key}, as they have no number for one of them (never "
+                      f"logged, or not a number): {', '.join(lacking)}", stacklevel=2)
     if undrawn:
         warnings.warn(f"{out}: {len(undrawn)} run(s) have no point in the scatter of {y_key} "
                       f"against {x_key}, as their value is NaN, inf or ≤ 0 on a log axis: "

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -120,12 +121,15 @@ class Run:
     def series(self, key: str) -> tuple[list[int], list[float], list[Any]]:
         """``(steps, epochs, values)`` of ``key`` over training, sorted by step.
 
-        Lines without the key are skipped.
+        Lines without the key are skipped. A line without an epoch, or with ``"epoch": null``
+        (not known), has NaN as its epoch.
         """
         by_step: dict[int, tuple[float, Any]] = {}
         for row in self.metrics:
             if key in row and row[key] is not None:
-                by_step[int(row["step"])] = (float(row.get("epoch", math.nan)), row[key])
+                epoch = row.get("epoch")
+                by_step[int(row["step"])] = (math.nan if epoch is None else float(epoch),
+                                             row[key])
         steps = sorted(by_step)
         return steps, [by_step[s][0] for s in steps], [by_step[s][1] for s in steps]
 
@@ -218,7 +222,8 @@ def read_metrics(path: PathLike, finished: bool = False) -> list[dict[str, Any]]
     run: it is skipped with a warning. In a ``finished`` run (one with summary.json, written
     after its last record) no crash can cut it, so the warning says the file was damaged since;
     the line is still skipped. A bad line anywhere else means the file is corrupt and is
-    an error that names the line number. Every object must carry ``step``, and steps must
+    an error that names the line number. Every object must carry ``step``, a whole number (a
+    step that is null, text or fractional is an error naming the line), and steps must
     increase strictly: a repeated or earlier step (two writers, or a log pieced together) is an
     error naming the line and the step.
     """
@@ -247,11 +252,27 @@ def read_metrics(path: PathLike, finished: bool = False) -> list[dict[str, Any]]
             raise RunFormatError(
                 f"{path}: line {lineno} must be a JSON object with a 'step' key, got {line[:80]!r}"
             )
+        if not _is_whole_number(row["step"]):
+            # read as int(step) below: 1.5 and 1.7 were one point (the first lost without a
+            # word), null failed later as a TypeError, and "10" went past the order check
+            raise RunFormatError(
+                f"{path}: line {lineno} has step {row['step']!r}, but a step is a whole number "
+                "(the optimizer steps so far); the metrics file was written by a trainer that "
+                "logs its steps otherwise, or edited: fix that line's step"
+            )
         rows.append((lineno, row))
     problem = metric_order_problem(path, rows)
     if problem:
         raise RunFormatError(problem)
     return [row for _, row in rows]
+
+
+def _is_whole_number(value: Any) -> bool:
+    """Whether ``value`` is a whole number: an int (not a bool), or a float such as ``5.0``
+    (a step written through ``json.dumps(..., default=float)`` from a NumPy integer)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return isinstance(value, int) or (math.isfinite(value) and value.is_integer())
 
 
 def check_schema(path: Path, kind: str) -> None:
@@ -311,7 +332,8 @@ def load_experiment(path: PathLike) -> Experiment:
 
     The runs are the subdirectories listed in ``experiment.json``'s ``runs`` (in that order);
     listed runs that are not there yet are skipped with a warning (an experiment still in
-    progress). Without a ``runs`` list every run subdirectory is taken, sorted by name.
+    progress). Without a ``runs`` list every run subdirectory is taken, sorted by name with
+    its numbers read as numbers (``s2`` before ``s10``, as seeds are numbered).
     """
     p = Path(path)
     check_schema(p, "experiment")
@@ -329,8 +351,14 @@ def load_experiment(path: PathLike) -> Experiment:
                 _warn_once_at(f"{p}: listed run {sub!r} is missing, skipping it", [p / sub],
                               stacklevel=3)
     else:
-        subdirs = sorted(d for d in p.iterdir() if is_run_dir(d))
+        subdirs = sorted((d for d in p.iterdir() if is_run_dir(d)), key=_natural_key)
     return Experiment(p, info, verdict, [load_run(d, experiment=p) for d in subdirs], missing)
+
+
+def _natural_key(path: Path) -> list[str | int]:
+    """``path``'s name split into text and numbers: ``mlp-s2`` before ``mlp-s10``, where a
+    plain sort put seed 10 between seeds 1 and 2 in the tables."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path.name)]
 
 
 def load_runs(paths: PathLike | Iterable[PathLike]) -> list[Run]:
