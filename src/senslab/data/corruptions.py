@@ -81,7 +81,13 @@ def _corruption(family: str, *params: Any) -> Callable[[CorruptFn], CorruptFn]:
 
 
 def list_corruptions(family: str | None = None) -> list[str]:
-    """Names of the corruptions, in table order; ``family`` is "noise", "blur" or "digital"."""
+    """Names of the corruptions, in table order; ``family`` is "noise", "blur" or "digital"
+    (another is refused: a misspelt family listed nothing, and a loop over it measured
+    nothing without a word)."""
+    families = list(dict.fromkeys(c.family for c in _CORRUPTIONS.values()))
+    if family is not None and family not in families:
+        raise ValueError(f"unknown corruption family {family!r}; use one of "
+                         f"{', '.join(map(repr, families))}, or None for all")
     return [c.name for c in _CORRUPTIONS.values() if family is None or c.family == family]
 
 
@@ -97,10 +103,17 @@ def corrupt(images: Tensor, name: str, severity: int, generator: torch.Generator
     if not isinstance(generator, torch.Generator):
         raise TypeError("pass generator=torch.Generator().manual_seed(seed): corruptions never "
                         "use the global random state")
-    if not isinstance(images, Tensor) or images.dim() != 4 or not images.is_floating_point():
+    if not isinstance(images, Tensor) or images.dim() != 4:
         shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
         raise ValueError(f"corrupt expects a float tensor (N, C, H, W), got {shape}; add a "
                          "channel axis with x.unsqueeze(1) for grayscale images")
+    if not images.is_floating_point():  # the shape is right: the channel hint would mislead
+        raise ValueError(f"corrupt expects float pixels in [0, 1], got {images.dtype} images; "
+                         "convert 8-bit pixels with images.float() / 255")
+    if images.numel() and bool(images.isnan().any()):  # NaN passes the range check below
+        raise ValueError("corrupt got images with NaN pixels, which every corruption would "
+                         "spread (over a whole channel for contrast); replace or drop them "
+                         "first, e.g. images.nan_to_num(0.0)")
     if images.numel() and (images.min() < -1e-6 or images.max() > 1 + 1e-6):
         raise ValueError("corrupt expects pixels in [0, 1]; load with normalize='none' or map "
                          "normalised images back with images.denormalize(x, dataset.meta)")
@@ -218,7 +231,10 @@ def brightness(x: Tensor, b: float, g: torch.Generator) -> Tensor:
     # to it, so raising v to min(v + b, 1) scales the pixel by that ratio (black becomes grey b).
     v = x.amax(dim=1, keepdim=True)
     v_new = (v + b).clamp(max=1.0)
-    return torch.where(v > 0, x * (v_new / v.clamp(min=1e-12)), v_new.expand_as(x))
+    # x / v (in [0, 1]) first: v_new / v overflowed float16 below v ≈ 5e-6 (a dark pixel came
+    # out white, its zero channels NaN), and a clamp of v at 1e-12 darkened smaller values
+    ratio = x / torch.where(v > 0, v, torch.ones_like(v))
+    return torch.where(v > 0, ratio * v_new, v_new.expand_as(x))
 
 
 def _box_matrix(n_in: int, n_out: int) -> Tensor:
@@ -334,6 +350,7 @@ def corrupted(split: str = "train", base: str | None = None, corruption: str | N
     if corruption not in _CORRUPTIONS:  # checked before the (slow) load
         raise ValueError(f"unknown corruption {corruption!r}; use one of "
                          f"{', '.join(_CORRUPTIONS)}")
+    check_severity(severity)  # as the name: before a load (or a download) it would waste
     ds = create_dataset(base, split=split, normalize="none", **base_options)
     if not isinstance(ds.inputs, Tensor) or ds.inputs.dim() != 4:
         raise ValueError(f"base {base!r} is not an image dataset (N, C, H, W)")

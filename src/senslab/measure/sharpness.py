@@ -79,6 +79,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from numbers import Integral, Real
 from typing import Any
 
 import torch
@@ -93,6 +94,7 @@ from .._stack import user_level
 from ..tokens.base import (
     Inputs,
     OutputSelector,
+    _tensors,
     batch_size,
     call_model,
     check_device,
@@ -178,17 +180,23 @@ def _generator(generator: Seed, device: torch.device) -> torch.Generator:
     return _seeded(generator, device)
 
 
-def _check_sigma(sigma: float, name: str) -> None:
-    if isinstance(sigma, bool) or not isinstance(sigma, (int, float)):
+def _check_sigma(sigma: float, name: str) -> float:
+    """``sigma`` as a float: any real number ≥ 0 (a numpy float too), not a bool."""
+    if isinstance(sigma, bool) or not isinstance(sigma, Real):
         raise ValueError(f"{name} is a noise standard deviation: pass a number ≥ 0 (a float), "
                          f"got {type(sigma).__name__} {sigma!r}")
     if not (math.isfinite(sigma) and sigma >= 0):
         raise ValueError(f"{name} is a noise standard deviation and must be >= 0, got {sigma!r}")
+    return float(sigma)
 
 
-def _check_draws(draws: int, name: str) -> None:
-    if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
-        raise ValueError(f"{name} is the number of weight draws and must be >= 1, got {draws!r}")
+def _check_draws(draws: int, name: str) -> int:
+    """``draws`` as an int ≥ 1: a numpy int (read from an array or a config) is one; it was
+    refused as "must be >= 1, got np.int64(5)"."""
+    if isinstance(draws, bool) or not isinstance(draws, Integral) or draws < 1:
+        raise ValueError(f"{name} is the number of weight draws and must be an integer >= 1, "
+                         f"got {draws!r} ({type(draws).__name__})")
+    return int(draws)
 
 
 def _check_scale(scale: float) -> None:
@@ -199,6 +207,18 @@ def _check_scale(scale: float) -> None:
         raise ValueError(
             f"scale multiplies every reported value and must be a finite number > 0 (e.g. "
             f"scale=4 for Hahn & Rofin's ±1 scale), got {type(scale).__name__} {scale!r}"
+        )
+
+
+def _check_examples(inputs: Inputs, what: str) -> None:
+    """Refuse a batch of no examples: a loss summed over none is 0 at every draw, reported
+    as a sharpness of ``0 ± 0``; a mean is NaN, blamed on the model; ShOp and the blow-up
+    failed inside a reshape. Inputs without a batch-shaped tensor are left to the model."""
+    first = next(_tensors(inputs), None)
+    if first is not None and first.dim() > 0 and first.shape[0] == 0:
+        raise ValueError(
+            f"inputs hold no example (batch size 0), so {what} has nothing to be measured on; "
+            "pass a batch of at least one example (an empty split, or a filter that kept none?)"
         )
 
 
@@ -234,7 +254,8 @@ def _check_exclude(model: nn.Module, names: list[str], exclude: Sequence[str]) -
     positional embeddings). An entry found only in the second name of a tied weight
     (``head.weight`` = ``embed.weight``; ``named_parameters()`` lists it once, under its
     first name) is refused with both names: the tied tensor is perturbed or left alone as
-    one."""
+    one. So is an entry that matches such a second name and also other parameters, while
+    the first name is matched by none (the tied weight was perturbed without a word)."""
     for s in exclude:
         if s == POSITIONAL or any(s in n for n in names):
             continue
@@ -258,6 +279,20 @@ def _check_exclude(model: nn.Module, names: list[str], exclude: Sequence[str]) -
             f"of the names in model.named_parameters() (or {POSITIONAL!r} for the positional "
             "embeddings); fix or drop it"
         )
+    # an entry that also matches another parameter passes the check above, while a tied
+    # weight it matches only by its second name is judged by its first: exclude=("head",)
+    # left head.bias alone but perturbed (and counted in the norm) head.weight = embed.weight
+    first_name: dict[int, str] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        f = first_name.setdefault(id(p), n)
+        if f != n and _excluded(n, exclude) and not _excluded(f, exclude):
+            raise ValueError(
+                f"exclude={tuple(exclude)!r} matches {n!r} but not {f!r}, and they are one "
+                f"tied parameter (named_parameters() lists it once, as {f!r}), so it would be "
+                f"perturbed under both names: a tied weight is perturbed or left alone as one "
+                f"tensor. To leave it alone, also exclude {f!r}; to perturb it, narrow the "
+                f"entry that matches {n!r}"
+            )
 
 
 def _summary(
@@ -901,10 +936,11 @@ def output_sharpness(
         >>> res.shop.draws, res.shop.estimate > 0
         (5, True)
     """
-    _check_sigma(sigma_w, "sigma_w")
-    _check_draws(repeats, "repeats")
+    sigma_w = _check_sigma(sigma_w, "sigma_w")
+    repeats = _check_draws(repeats, "repeats")
     check_kind(output_kind, threshold)
     device = check_device(model, inputs)
+    _check_examples(inputs, "output sharpness")
     exclude = _exclude_tuple(exclude)
     with _perturbable(model, exclude, generator, device) as noise, torch.no_grad():
         clean = call_model(model, inputs, output)
@@ -1071,10 +1107,11 @@ def loss_sharpness(
         >>> res.draws, res.ci95[0] <= res.estimate <= res.ci95[1]
         (20, True)
     """
-    _check_sigma(sigma, "sigma")
-    _check_draws(draws, "draws")
+    sigma = _check_sigma(sigma, "sigma")
+    draws = _check_draws(draws, "draws")
     _check_scale(scale)
     device = check_device(model, inputs)
+    _check_examples(inputs, "loss sharpness")
     exclude = _exclude_tuple(exclude)
 
     def loss(out: Any, where: str, fix: str) -> Tensor:
@@ -1269,10 +1306,13 @@ def layernorm_factors(
     model defines one, as senslab's ``BooleanTransformer`` does), the LayerNorms of the *last
     layer* count only at that position of their (B, T, D) input, since no other position of the
     last layer reaches the output. The last layer is ``readout_modules`` when given (module names),
-    otherwise the LayerNorms that share the parent module of the last LayerNorm to run (for a
-    stack ``blocks.0 … blocks.L-1`` of post-LN blocks: ``blocks.L-1.ln1`` and
-    ``blocks.L-1.ln2``). Pass ``readout_modules=()`` to take the maximum over all positions
-    everywhere.
+    otherwise the trailing run of LayerNorm calls that share the parent module of the last
+    LayerNorm to run (for a stack ``blocks.0 … blocks.L-1`` of post-LN blocks:
+    ``blocks.L-1.ln1`` and ``blocks.L-1.ln2``; for a pre-LN stack with a final ``norm``: that
+    ``norm`` alone, not an embedding LayerNorm that runs first under the same parent). Pass
+    ``readout_modules=()`` to take the maximum over all positions everywhere; other
+    ``readout_modules`` need a ``readout_position`` (refused without one: they would be
+    ignored).
 
     Evaluated in eval mode without gradients; the hooks exist only inside the call.
     """
@@ -1290,6 +1330,16 @@ def layernorm_factors(
         )
     if readout_position is None:
         readout_position = getattr(model, "readout_position", None)
+    if readout_position is not None and (isinstance(readout_position, bool)
+                                         or not isinstance(readout_position, Integral)):
+        # True indexed a new axis (a (B, 1, T) factor), a float failed inside torch's indexing
+        raise TypeError(
+            f"readout_position is the index of the position the output is read from (an int, "
+            f"e.g. -1 for the last), got {readout_position!r} "
+            f"({type(readout_position).__name__})"
+        )
+    if isinstance(readout_modules, str):  # one module name, not its characters
+        readout_modules = (readout_modules,)
     if readout_modules is not None:
         known = {n for n, _ in norms}
         unknown = [n for n in readout_modules if n not in known]
@@ -1298,7 +1348,16 @@ def layernorm_factors(
                 f"readout_modules {unknown} are not LayerNorms of {type(model).__name__}; "
                 f"its LayerNorms are: {', '.join(sorted(known))}"
             )
+    if readout_modules and readout_position is None:
+        raise ValueError(
+            f"readout_modules={list(readout_modules)!r} name the last layer's LayerNorms, read "
+            f"at the read-out position only, but no readout_position is given and "
+            f"{type(model).__name__} defines none, so they would be ignored (the maximum over "
+            "all positions taken everywhere). Pass readout_position= (e.g. -1 for the last "
+            "position), or drop readout_modules"
+        )
     check_device(model, inputs)
+    _check_examples(inputs, "the LayerNorm blow-up")
     b = batch_size(inputs)
     calls: list[tuple[str, Tensor]] = []  # (module name, (B, positions) inverse std)
     own = OwnForwards(model)
@@ -1378,19 +1437,30 @@ def layernorm_factors(
     if not calls:
         raise RuntimeError(f"no LayerNorm of {type(model).__name__} ran during the forward pass")
 
+    # which calls are the last layer's: by name when readout_modules is given, else the
+    # trailing run of calls whose module shares the parent of the last one to run. By parent
+    # alone a top-level embedding LayerNorm beside a top-level final norm (GPT2Classifier's
+    # embed_ln and norm, BLOOM's word_embeddings_layernorm and ln_f) counted as the last layer
+    # and was read at the read-out position only (its factor 58 where the maximum is 75),
+    # although every position of it reaches the output
     if readout_position is None:
         last: set[str] = set()
+        start = len(calls)
     elif readout_modules is not None:
         last = set(readout_modules)
+        start = len(calls)
     else:
+        last = set()
         parent = _parent(calls[-1][0])
-        last = {n for n, _ in norms if _parent(n) == parent}
+        start = len(calls)
+        while start > 0 and _parent(calls[start - 1][0]) == parent:
+            start -= 1
     factors: dict[str, Tensor] = {}
     counts: dict[str, int] = {}
-    for name, inv in calls:
+    for i, (name, inv) in enumerate(calls):
         k = counts.get(name, 0)
         counts[name] = k + 1
-        if name in last:
+        if name in last or i >= start:
             t = inv.shape[1]
             if not -t <= readout_position < t:
                 raise ValueError(

@@ -124,12 +124,16 @@ def _shape(v: Any) -> str:
     return str(tuple(v.shape)) if isinstance(v, Tensor) else type(v).__name__
 
 
-def _image_hint(v: Any, where: str) -> str:
-    """Why ``v`` is no (B, C, H, W) image batch, and the fix (the grayscale hint only for a
-    3-D tensor, where a channel axis is what is missing)."""
-    got = f"Patches expects images of shape (batch, channels, height, width){where}, got "
+def _image_hint(v: Any, where: str, last: bool = False) -> str:
+    """Why ``v`` is no (B, C, H, W) image batch — (B, H, W, C) for ``channels_last=True`` — and
+    the fix (the grayscale hint only for a 3-D tensor, where a channel axis is what is missing;
+    at the end for channels-last, where x.unsqueeze(1) made (B, 1, H, W) read as H×… images of
+    W channels: rows measured as tokens, without a word)."""
+    layout = "(batch, height, width, channels)" if last else "(batch, channels, height, width)"
+    got = f"Patches expects images of shape {layout}{where}, got "
     if isinstance(v, Tensor) and v.dim() == 3:
-        return got + f"{_shape(v)}; add a channel axis with x.unsqueeze(1) for grayscale images"
+        axis = "x.unsqueeze(-1)" if last else "x.unsqueeze(1)"
+        return got + f"{_shape(v)}; add a channel axis with {axis} for grayscale images"
     if isinstance(v, Tensor):
         return got + f"{_shape(v)}"
     return got + (f"a {type(v).__name__}; pass the image tensor itself, or a dict "
@@ -315,7 +319,8 @@ class Patches(Tokenization):
             rest = {k: v for k, v in inputs.items() if k != key and k not in TARGETS}
             inputs = inputs[key]
         if not isinstance(inputs, Tensor) or inputs.dim() != 4:
-            raise ValueError(_image_hint(inputs, "" if key is None else f" under {key!r}"))
+            raise ValueError(_image_hint(inputs, "" if key is None else f" under {key!r}",
+                                         bool(self.channels_last)))
         check_floating(
             inputs, "the images", "images.float() (σ is then in pixel units, e.g. 0–255) or "
             "images.float() / 255 (σ in units of the [0, 1] range)"
