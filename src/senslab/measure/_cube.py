@@ -9,6 +9,8 @@ module sits below the three: they import it, never each other's internals.
 
 from __future__ import annotations
 
+from numbers import Integral
+
 import torch
 from torch import Tensor
 
@@ -38,15 +40,18 @@ def inputs_to_index(x: Tensor) -> Tensor:
 
 def all_inputs(n: int, dtype: torch.dtype = torch.float32) -> Tensor:
     """All 2ⁿ strings of {±1}ⁿ as a (2ⁿ, n) matrix, row i = the string with index i."""
-    check_n(n)
+    n = check_n(n)
     if n > MAX_EXACT_N:
         raise ValueError(f"all_inputs({n}) would hold 2^{n} rows; n ≤ {MAX_EXACT_N} is supported")
     return index_to_inputs(torch.arange(1 << n), n, dtype)
 
 
-def check_n(n: int) -> None:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+def check_n(n: int) -> int:
+    """``n`` as an int ≥ 1: any integer type (a NumPy ``int64`` from a config or an array was
+    refused as "not a positive integer"), not a bool."""
+    if isinstance(n, bool) or not isinstance(n, Integral) or n < 1:
         raise ValueError(f"n must be a positive integer number of bits, got {n!r}")
+    return int(n)
 
 
 def table_n(table: Tensor) -> int:

@@ -94,7 +94,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
-from numbers import Real
+from numbers import Integral, Real
 from typing import Any, Literal
 
 import torch
@@ -104,6 +104,7 @@ from .._exclusive import held_modules as _held_modules
 from .._exclusive import one_at_a_time
 from .._stack import user_level as _user_level
 from ..tokens.base import _describe, select_output
+from ..tokens.embedding import unwrapped
 from ._alloc import MIN_FLIPS
 from ._cube import MAX_EXACT_N, all_inputs, check_n, index_to_inputs, inputs_to_index, table_n
 from ._options import _check_generator, _seeded
@@ -457,10 +458,35 @@ def _declared(f: object, output: Output) -> tuple[Output, str | None]:
     class changes."""
     if isinstance(f, Tensor):
         return output, None
-    kind = declared_kind(f, None)
+    kind = _declared_kind(f)
     if kind is not None and output == "auto":
         output = "sign"
     return output, kind
+
+
+def _declared_kind(f: object, wrapped: bool = False) -> str | None:
+    """``f``'s ``output_kind`` as :func:`~senslab.measure.outputs.declared_kind` reads it, a
+    declared ``"scores"`` refused in this module's terms: its error advised passing
+    ``output_kind="scores", threshold=t`` to the measurement, an option these functions do
+    not take (a TypeError), so the paper-2 rule a checkpoint saves (``{"output_kind":
+    "scores", "threshold": 0.5}``) could not be followed. A scores column is counted with
+    ``output="sign", threshold=t``; ``wrapped``: f is a module a callable holds, which is then
+    named as ``"scores"`` instead."""
+    try:
+        return declared_kind(f, None)
+    except ValueError:
+        declared = getattr(f, "output_kind", None) or getattr(unwrapped(f), "output_kind", None)
+        if declared != "scores":
+            raise
+        if wrapped:
+            return "scores"
+        raise ValueError(
+            f"{type(f).__name__}.output_kind is 'scores' (one column, class 1 iff score > a "
+            "threshold), and boolean_sensitivity and truth_table take no output_kind=: count "
+            "its class changes with output='sign', threshold=t on a callable that hides the "
+            "attribute, e.g. boolean_sensitivity(lambda x: model(x), n, output='sign', "
+            "threshold=0.5)"
+        ) from None
 
 
 def _boundary(values: Tensor, kind: str | None, threshold: float | None) -> float:
@@ -568,9 +594,11 @@ def _warn_real_column(f: object, output: Output, rule: str) -> None:
     held = [] if isinstance(f, Tensor) else _held_modules(f)
     if output != "auto" or rule != "real" or not held:
         return
-    kinds = [k for k in (declared_kind(m, None) for m in held) if k is not None]
-    wrapped = (f"; f wraps a model that declares output_kind={kinds[0]!r}, which the wrapper "
-               "hides (the model passed itself is counted by class)" if kinds else "")
+    kinds = [k for k in (_declared_kind(m, wrapped=True) for m in held) if k is not None]
+    wrapped = ("; f wraps a model that declares output_kind='scores' (class 1 iff score > t): "
+               "output='sign', threshold=t counts its class changes" if kinds[:1] == ["scores"]
+               else f"; f wraps a model that declares output_kind={kinds[0]!r}, which the "
+               "wrapper hides (the model passed itself is counted by class)" if kinds else "")
     warnings.warn(
         "output='auto' measured the model's one real output per string as a real-valued "
         "function (output='real': the squared change / 4 when a bit flips), not as a "
@@ -706,13 +734,13 @@ def _raw_table(
 ) -> tuple[Tensor, torch.dtype | None]:
     """Canonical values of f on all 2ⁿ strings, f called on ``chunk_size`` rows at a time, and
     the reduced float type (bf16, fp16) f's outputs came in, if any."""
-    check_n(n)
+    n = check_n(n)
     if n > MAX_EXACT_N:
         raise ValueError(
             f"n={n} is too large for exact enumeration (2^{n} evaluations, limit n ≤ "
             f"{MAX_EXACT_N}); use method='sample' (or 'auto') with num_samples"
         )
-    _check_chunk(chunk_size, 1)
+    chunk_size = _check_chunk(chunk_size, 1)
     evaluate = _evaluator(f, n, output, device, dtype)
     values = torch.cat(
         [evaluate(index_to_inputs(c, n)) for c in torch.arange(1 << n).split(chunk_size)]
@@ -720,12 +748,21 @@ def _raw_table(
     return values, evaluate.low_precision
 
 
-def _check_chunk(chunk_size: int, row_cost: int) -> None:
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < row_cost:
+def _check_chunk(chunk_size: int, row_cost: int) -> int:
+    """``chunk_size`` as an int, refused unless it is a whole number of at least ``row_cost``
+    rows. Any integer type is taken (a NumPy ``int64`` from a config or an array was refused as
+    "too small", 4096 ≥ 21 included); a float or a bool is named as not an integer."""
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, Integral):
+        raise ValueError(
+            f"chunk_size must be an integer number of rows, got {chunk_size!r} "
+            f"({type(chunk_size).__name__}); e.g. chunk_size={DEFAULT_CHUNK}"
+        )
+    if chunk_size < row_cost:
         raise ValueError(
             f"chunk_size={chunk_size!r} is too small: one evaluation needs {row_cost} rows "
             f"(a sampled point comes with its n flips); pass chunk_size ≥ {row_cost}"
         )
+    return int(chunk_size)
 
 
 # ----------------------------------------------------------------------------- sensitivity
@@ -785,7 +822,7 @@ def boolean_sensitivity(
         n = m
     elif n is None:
         raise ValueError("n (the number of input bits) is required unless f is a truth table")
-    check_n(n)
+    n = check_n(n)
     if method not in ("auto", "exact", "sample"):
         raise ValueError(f"method must be 'auto', 'exact' or 'sample', got {method!r}")
     if output not in ("auto", "sign", "real"):
@@ -798,6 +835,7 @@ def boolean_sensitivity(
         method = "exact" if is_table or (n <= MAX_EXACT_N
                                          and (1 << n) <= (n + 1) * num_samples) else "sample"
     if method == "exact":
+        chunk_size = _check_chunk(chunk_size, 1)  # also a table's: it bounds the flips read
         if is_table:
             table, evaluations, low = _canonical(f, f.shape[0], output), 0, _low(f.dtype)
         else:
@@ -818,9 +856,11 @@ def boolean_sensitivity(
             stats.add(_changes(table[idx], table[idx.unsqueeze(1) ^ masks], rule, boundary))
         return stats.result("exact", rule, evaluations, exact=True)
 
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 2:
+    # any integer type (a NumPy int64 was refused as "not an integer ≥ 2", 500 included)
+    if isinstance(num_samples, bool) or not isinstance(num_samples, Integral) or num_samples < 2:
         raise ValueError(f"num_samples must be an integer ≥ 2, got {num_samples!r}")
-    _check_chunk(chunk_size, n + 1)
+    num_samples = int(num_samples)
+    chunk_size = _check_chunk(chunk_size, n + 1)
     # an int seed (the default seed 0 for None) becomes a CPU generator: the same call gives
     # the same numbers, and a seed of 2**32 or more, which it would read as seed % 2**32, is
     # refused
@@ -838,11 +878,17 @@ def boolean_sensitivity(
             base.append(v[: len(x)])
             neighbours.append(v[len(x) :].reshape(len(x), n))
     v0, nb = torch.cat(base), torch.cat(neighbours)
-    rule = _resolve(torch.cat([v0, nb.reshape(-1)]), output)
+    # The values the rule and the checks read: a truth table is known in full, so its rule is
+    # that of all its entries, as method="exact" reads it. Read from the sampled entries only,
+    # a 0/1 table with one entry of 0.999 was counted by class (3.29) where the exact rule is
+    # "real" (0.786): the two methods measured one table by two rules.
+    values = (_canonical(f, f.shape[0], output) if is_table
+              else torch.cat([v0, nb.reshape(-1)]))
+    rule = _resolve(values, output)
     declared = getattr(f, "boolean_output", None) == "sign"  # senslab's Boolean functions
     if output == "auto" and rule == "sign" and v0.is_floating_point() and v0.dim() == 1 \
-            and not declared:
-        seen = torch.cat([v0, nb.reshape(-1)]).unique()
+            and not declared and not is_table:
+        seen = values.unique()
         if not bool(torch.isin(seen, _PM_ONE.to(seen)).all()):
             warnings.warn(
                 "output='auto' took the sampled values, all in {0, 1}, for a Boolean function "
@@ -854,10 +900,10 @@ def boolean_sensitivity(
             )
     _check_threshold(rule, output, threshold, v0)
     low = _low(f.dtype) if is_table else evaluate.low_precision  # type: ignore[attr-defined]
-    _check_unit_interval(rule, torch.cat([v0, nb.reshape(-1)]), kind, threshold, low)
+    _check_unit_interval(rule, values, kind, threshold, low)
     _warn_real_column(f, output, rule)
     if rule == "real" and not _held_modules_of(f):
-        _warn_near_boolean(torch.cat([v0, nb.reshape(-1)]), output, rule)
+        _warn_near_boolean(values, output, rule)
     stats = _Stats(n)
     stats.add(_changes(v0, nb, rule, _boundary(v0, kind, threshold)))
     evaluations = 0 if is_table else num_samples * (n + 1)

@@ -172,7 +172,7 @@ def fourier_coefficients(table: Tensor, *, output: str = "auto") -> Tensor:
 
 def subset_sizes(n: int) -> Tensor:
     """|S| for every bitmask S < 2ⁿ (popcount), built by doubling: |S + 2ʲ| = |S| + 1."""
-    check_n(n)
+    n = check_n(n)
     sizes = torch.zeros(1, dtype=torch.long)
     for _ in range(n):
         sizes = torch.cat([sizes, sizes + 1])

@@ -92,7 +92,7 @@ def random_function(n: int, generator: torch.Generator | int | None) -> Tensor:
     only a seed's low 32 bits (seed 2**32 + 1 would give seed 1's table), and a larger seed is
     refused. Use it with :func:`table_function` for a callable, or pass the table directly.
     """
-    check_n(n)
+    n = check_n(n)
     _check_generator(generator)
     if n > MAX_EXACT_N:
         raise ValueError(f"a random truth table for n={n} has 2^{n} entries; n ≤ {MAX_EXACT_N}")
