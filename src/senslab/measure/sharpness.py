@@ -408,7 +408,7 @@ def _applied_stats(p: Tensor, p0: Tensor, grid: torch.dtype | None = None
         part, part0 = flat[lo:lo + _CHECK_SLICE], flat0[lo:lo + _CHECK_SLICE]
         if grid is not None:
             part, part0 = part.to(grid), part0.to(grid)
-        a = part.float().sub_(part0)
+        a = part.float() - part0  # not in place: a float32 part's .float() is itself
         same += (a == 0).sum()
         sq += torch.linalg.vector_norm(a).double().square()
     return sq, same
@@ -425,8 +425,9 @@ class _WeightNoise:
     coordinates together, and refuses (a ``ValueError``) when the root mean square of the applied
     noise differs from that of the drawn noise by more than :data:`ROUNDING_RTOL` (10%), or when
     more than :data:`ROUNDING_MAX_UNCHANGED` (half) of the coordinates kept their clean value.
-    float32 and float64 parameters are not checked, except float32 ones that the forward's own
-    autocast casts to bf16/fp16 (:meth:`watch`): those are checked on that grid.
+    float32 parameters are checked too, on their own grid (spacing about 1.2e-7 · |θ|: σ = 1e-7
+    on weights of 1 gave ShOp exactly 0 without a word), or on the bf16/fp16 grid that the
+    forward's own autocast casts them to (:meth:`watch`); float64 ones are not.
 
     The perturbed weights are written into tensors of their own (one per parameter, same dtype
     and strides), swapped in as the parameters' ``.data`` on the first draw; :meth:`reset` swaps
@@ -500,7 +501,7 @@ class _WeightNoise:
                 for p, w in zip(self.params, self.work, strict=True):
                     p.data = w
         check = not self.checked and sigma > 0
-        low: list[int] = []  # indices of the low-precision parameters
+        low: list[int] = []  # indices of the parameters checked (all but float64 ones)
         sums: list[Tensor] = []  # per such parameter: Σ drawn², Σ applied², # unchanged
         for i, (p, p0) in enumerate(zip(self.work, self.saved, strict=True)):
             # sample in at least float32 so half-precision weights get well-formed noise
@@ -509,8 +510,8 @@ class _WeightNoise:
             delta = sigma * eps.to(p.device)
             p.copy_(p0 + delta)
             cast = self.cast.get(i)
-            if check and p.is_floating_point() and (
-                    cast is not None or p.dtype not in (torch.float32, torch.float64)):
+            if check and p.is_floating_point() and (cast is not None
+                                                    or p.dtype != torch.float64):
                 drawn = torch.linalg.vector_norm(delta).double().square()
                 stats = torch.stack([drawn, *_applied_stats(p, p0, cast)])
                 sums.append(stats.to(sums[0].device) if sums else stats)  # no sync yet
@@ -539,18 +540,21 @@ class _WeightNoise:
         coordinates (a scalar is unchanged or not)."""
         seen = [i for i, u in zip(low, unchanged, strict=True)
                 if self.saved[i].numel() and u / self.saved[i].numel() > ROUNDING_MAX_UNCHANGED]
-        kept = [(self.names[i], share) for i in seen
+        kept = [(i, share) for i in seen
                 if (share := _expected_unchanged(self._grid(i), sigma)) > ROUNDING_MAX_UNCHANGED]
         if not kept:
             return
+        copy = ("float64 copy (copy.deepcopy(model).double())"
+                if all(self._grid(i).dtype == torch.float32 for i, _ in kept)
+                else "float32 copy (copy.deepcopy(model).float())")
+        kept = [(self.names[i], share) for i, share in kept]
         shown = ", ".join(f"{n!r} (about {share:.0%} unchanged)" for n, share in kept[:3])
         more = f" and {len(kept) - 3} more" if len(kept) > 3 else ""
         warnings.warn(
             f"{name}={sigma:g} is rounded away on most coordinates of {len(kept)} "
-            f"low-precision parameter(s) — {shown}{more} — so the result hardly perturbs "
-            "them. "
+            f"parameter(s) — {shown}{more} — so the result hardly perturbs them. "
             "Exclude them to say so (exclude=[...]), use a larger "
-            f"{name}, or measure a float32 copy (copy.deepcopy(model).float())"
+            f"{name}, or measure a {copy}"
             + (", with the forward's own autocast switched off" if self.cast else ""),
             UserWarning, stacklevel=4,
         )
@@ -573,6 +577,17 @@ class _WeightNoise:
                 f"{ROUNDING_MAX_UNCHANGED:.0%} unchanged). Use a larger {name}, well above "
                 f"{spacing:.2g}, or measure the model with the autocast in its forward switched "
                 "off (float32 arithmetic)"
+            )
+        if dtypes == "float32":
+            raise ValueError(
+                f"{name}={sigma:g} is too small for the float32 weights: rounded to their grid "
+                f"(root-mean-square spacing {spacing:.2g}), the noise applied has {ratio:.2f}x "
+                f"the root mean square of the noise drawn and leaves {share:.0%} of those "
+                f"weights unchanged (most in {self.names[worst]!r}), so the result would "
+                f"describe another noise (accepted: within {ROUNDING_RTOL:.0%}, at most "
+                f"{ROUNDING_MAX_UNCHANGED:.0%} unchanged). Use a larger {name}, well above "
+                f"{spacing:.2g}, or measure in float64: copy.deepcopy(model).double(), inputs "
+                "cast to float64"
             )
         raise ValueError(
             f"{name}={sigma:g} is too small for the {dtypes} weights: rounded to their grid "
@@ -981,6 +996,18 @@ def output_sharpness(
             l1[r] = (out.double() - clean.double()).reshape(b, -1).abs().sum(1)
             if clean_pred is not None:
                 flips[r] = (predictions(out, kind, threshold) != clean_pred).double()
+    if sigma_w > 0 and clean.is_floating_point() and not bool(l1.ne(0).any()):
+        # an exact 0 from a model whose outputs move with its weights means the change was
+        # below the outputs' own rounding (σ = 1e-7 on a float32 Linear(64, 1) of weights 1:
+        # each output moves by about 6e-7, its spacing at 64 is 7.6e-6)
+        spacing = 2 * max(_resolution(v) for v in clean.detach().reshape(-1)[:64])
+        warnings.warn(
+            f"no draw changed any output (ShOp exactly 0 at sigma_w={sigma_w:g}): either the "
+            f"outputs do not depend on the weights perturbed, or the change is below the "
+            f"outputs' own {str(clean.dtype).removeprefix('torch.')} rounding (spacing up to "
+            f"{spacing:.2g} at the clean outputs), and ShOp is then no measurement. Use a "
+            "larger sigma_w, or measure in float64 (copy.deepcopy(model).double(), inputs cast "
+            "to float64)", UserWarning, stacklevel=2)
     shop = _summary("ShOp", l1.mean(1), sigma_w, 1.0, (0.0, math.inf),
                     per_sample=l1.mean(0).cpu())
     shpred = None
