@@ -88,9 +88,14 @@ def _check_tol(tol: float) -> None:
 
 # --------------------------------------------------------------------------- public helpers
 def optimal_tokens(X: Tensor, y: Tensor, v: Tensor) -> Tensor:
-    """opt_i = argmax_t γ_it with γ_it = y_i vᵀ x_it, shape (N,) long (ties go to the first).
+    """opt_i = argmax_t γ_it with γ_it = y_i vᵀ x_it, shape (N,) long.
 
     ``y`` holds ±1 labels (convert {0, 1} targets with ``2 * t - 1``); ``v`` is the (d,) decoder.
+    Raises ``ValueError`` when a score is nan or infinite (a nan was taken as the maximum, so a
+    nan v returned position 0 for every sequence) or when two tokens of a sequence tie for the
+    top score: the theory assumes a unique optimal token, and W_mm built on the first of a tie
+    is not the direction GD takes (the softmax keeps both), so the alignment with it would be
+    misread. (Ties first went to the first position, without a word.)
     """
     _check_tokens(X)
     y = torch.as_tensor(y).to(X)
@@ -100,6 +105,22 @@ def optimal_tokens(X: Tensor, y: Tensor, v: Tensor) -> Tensor:
     if v.shape != X.shape[-1:]:
         raise ValueError(f"v must be a ({X.shape[-1]},) vector; got shape {tuple(v.shape)}")
     gamma = y.unsqueeze(1) * (X @ v.to(X))
+    finite = torch.isfinite(gamma)
+    if not bool(finite.all()):
+        i = int((~finite).any(dim=1).nonzero()[0])
+        raise ValueError(f"token scores γ_it = y_i vᵀ x_it of sample {i} are nan or infinite "
+                         f"(v holds nan or inf entries, or vᵀx overflows {X.dtype}): no optimal "
+                         "token is defined; pass a finite v (or X in float64)")
+    top = gamma == gamma.max(dim=1, keepdim=True).values
+    tied = top.sum(dim=1) > 1
+    if bool(tied.any()):
+        i = int(tied.nonzero()[0])
+        positions = top[i].nonzero().flatten().tolist()
+        raise ValueError(f"sample {i} has no unique optimal token: positions {positions} tie "
+                         f"for the top score γ = {float(gamma[i].max()):.6g} "
+                         f"({int(tied.sum())} sample(s) tie); W_mm assumes one optimal token "
+                         "per sequence. Perturb the tokens or v, remove those samples, or pass "
+                         "the positions you mean to max_margin_attention yourself")
     return gamma.argmax(dim=1)
 
 
@@ -142,9 +163,27 @@ def alignment(W: Tensor, W_mm: Tensor) -> float:
 def attention_sparsity(weights: Tensor, opt: Tensor) -> float:
     """Mean softmax weight on the optimal token, (1/N) Σ_i a_{i,opt_i} ∈ [0, 1]; tends to 1 as
     attention concentrates on opt. ``weights``: (N, T) attention rows (e.g.
-    ``AttentionModel.attention_weights(X)``)."""
+    ``AttentionModel.attention_weights(X)``). Raises ``ValueError`` for rows that are not
+    attention weights (an entry outside [0, 1], nan, or a row not summing to 1: scores or logits
+    passed by mistake gave a "mass" of 2.5) and for no rows at all (the mean of none read nan).
+    """
     if weights.dim() != 2:
         raise ValueError(f"weights must be (N, T) attention rows; got shape {tuple(weights.shape)}")
+    if not len(weights):
+        raise ValueError("weights hold no attention row (N = 0): the mean weight on the optimal "
+                         "token of no sequence is not defined")
+    w = weights.detach().double()
+    # a row of T rounded weights sums to 1 within about T·eps of their dtype (float16: 1e-3)
+    eps = torch.finfo(weights.dtype).eps if weights.is_floating_point() else 0.0
+    slack = max(1e-6, weights.shape[1] * eps)
+    row_sum = w.sum(dim=1)
+    if not (bool(((w >= 0) & (w <= 1)).all()) and bool(((row_sum - 1).abs() <= slack).all())):
+        i = int((((w < 0) | (w > 1) | w.isnan()).any(dim=1)
+                 | ~((row_sum - 1).abs() <= slack)).nonzero()[0])
+        raise ValueError(f"weights row {i} is not a softmax row (entries in [0, 1] summing to 1; "
+                         f"it sums to {float(row_sum[i]):.6g}, entries {float(w[i].min()):.3g}"
+                         f"..{float(w[i].max()):.3g}): pass the attention weights "
+                         "(model.attention_weights(X)), not its scores or logits")
     opt = _check_opt(weights.unsqueeze(-1), opt)
     rows = torch.arange(weights.shape[0], device=weights.device)
     return float(weights.detach()[rows, opt].double().mean())
@@ -230,7 +269,8 @@ def max_margin_attention(X: Tensor, opt: Tensor, *, tol: float = 1e-6) -> Tensor
     Returns:
         W_mm as a (d, d) tensor with X's dtype and device, verified by ``check_max_margin``.
         Raises ``ValueError`` when no W is feasible (e.g. a token equal to the optimal one), or
-        when no solution passing the check was found (then it says so).
+        when no solution passing the check was found (then it says so), or when W_mm does not
+        fit X's dtype (a float16 / bfloat16 cast that overflows or loses its precision).
 
     Example::
 
@@ -272,7 +312,17 @@ def max_margin_attention(X: Tensor, opt: Tensor, *, tol: float = 1e-6) -> Tensor
                 "sequences. Check the optimal tokens, rescale the sequences to similar norms, "
                 "or pass a larger tol"
             ) from err
-    return W.to(device=X.device, dtype=X.dtype)
+    out = W.to(device=X.device, dtype=X.dtype)
+    # W_mm scales as 1/‖x‖², so at small or large token scales a float16/bfloat16 cast
+    # overflowed to inf or fell to subnormal (2.5% off) without a word, after the float64 check
+    lost = float((out.detach().to("cpu", torch.float64) - W).norm() / W.norm())
+    if not math.isfinite(lost) or lost > 4 * torch.finfo(X.dtype).eps:
+        raise ValueError(
+            f"W_mm does not fit X's dtype {X.dtype}: its entries reach "
+            f"{float(W.abs().max()):.3g} (W_mm scales as 1/‖x‖²), and cast to {X.dtype} it is "
+            f"{'not finite' if not math.isfinite(lost) else f'{lost:.2g} off (relative)'}; "
+            "pass X in float32 or float64 (X.double())")
+    return out
 
 
 def _ldp(F: np.ndarray, h: np.ndarray) -> np.ndarray | None:
