@@ -227,14 +227,29 @@ def build_model(cfg: AttentionConfig, task: AttentionTask) -> torch.nn.Module:
 def evaluate(cfg: AttentionConfig, model: torch.nn.Module, task: AttentionTask,
              step: int) -> dict[str, Any]:
     """The record of ``step``: losses, accuracy and attention geometry on the whole set."""
-    n = len(task.X)
-    rec: dict[str, Any] = {"step": step, "epoch": step * (cfg.batch_size or n) / n}
+    # passes over the data, as fit counts them: an epoch is n // batch_size steps (the ragged
+    # end is dropped), not n / batch_size
+    per_epoch = len(task.X) // cfg.batch_size if cfg.batch_size is not None else 1
+    rec: dict[str, Any] = {"step": step, "epoch": step / per_epoch}
     if cfg.head == "fixed":
         with torch.no_grad():
             rec["train/excess"] = float(excess_loss(model, task))
     rec.update(logistic_metrics(model, task))
     rec.update(attention_metrics(model, task))
     return rec
+
+
+def check_config(cfg: AttentionConfig) -> None:
+    """The combinations of fields :func:`~senslab.train.config.validate` cannot see: minibatches
+    larger than the training set (each step would take the whole set, full batch, while the
+    configuration and the records' ``epoch`` say minibatches)."""
+    n = cfg.data.num_samples
+    if cfg.batch_size is not None and cfg.batch_size > n:
+        raise ValueError(
+            f"batch_size={cfg.batch_size} is larger than the training set "
+            f"(data.num_samples={n}): every step would take all {n} sequences; use "
+            f"batch_size=None for full-batch steps, a batch_size of at most {n}, or more "
+            "data.num_samples")
 
 
 def example() -> AttentionConfig:
@@ -245,13 +260,15 @@ def example() -> AttentionConfig:
                            per_decade=10)
 
 
-@register_trainer("attention", AttentionConfig, example=example, check_dir=check_dir)
+@register_trainer("attention", AttentionConfig, check=check_config, example=example,
+                  check_dir=check_dir)
 def train_attention(cfg: AttentionConfig, path: Path, *, progress: bool | None = None,
                     log: Callable[[str], None] = print) -> dict[str, Any]:
     """Train ``cfg`` into run directory ``path`` (module docstring); returns the summary:
     label, name, ``final`` (the last record) and ``steps``."""
     del progress, log  # a run of seconds to minutes: no progress bar
     validate(cfg)
+    check_config(cfg)
     with LoopRun(path, cfg) as run:
         if run.summary is not None:
             return run.summary

@@ -142,6 +142,12 @@ def check_config(cfg: BooleanRunConfig) -> None:
         if cfg.function == "random":
             raise ValueError("function=random is a table on the cube: give train_size (subset "
                              "training)")
+        if cfg.completion != "learned":
+            # fresh sampling has no unseen strings to complete: the run would train the learned
+            # completion while its config says otherwise
+            raise ValueError(f"completion={cfg.completion} completes a training subset of the "
+                             "cube: give train_size (subset training), or leave completion="
+                             "learned for fresh strings every step")
     elif not cfg.train_size < 2**cfg.n:
         raise ValueError(
             f"train_size={cfg.train_size} leaves no held-out strings: the cube of n={cfg.n} has "

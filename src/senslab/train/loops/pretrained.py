@@ -22,6 +22,7 @@ senslab model (``model`` names it, random weights) on the images resized to 32×
 from __future__ import annotations
 
 import tempfile
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -93,13 +94,20 @@ def _pil() -> Any:
     return Image
 
 
+def check_source(cfg: PretrainedConfig) -> None:
+    """Refuse ``pretrained=True`` with the senslab stand-in: it has no published weights, and
+    measuring its random initialisation would report a random model's numbers under a
+    configuration that says "pretrained"."""
+    if cfg.source == "senslab" and cfg.pretrained:
+        raise ValueError("the senslab stand-in has no pretrained weights: set pretrained=false")
+
+
 def check(cfg: PretrainedConfig) -> None:
     """Before anything is written: the images (the error says where to put them), then timm."""
     image_files(cfg)
     if cfg.source == "timm":
         import_timm()
-    elif cfg.pretrained:
-        raise ValueError("the senslab stand-in has no pretrained weights: set pretrained=false")
+    check_source(cfg)
 
 
 def create_pretrained(timm: Any, name: str, pretrained: bool) -> nn.Module:
@@ -204,7 +212,14 @@ def check_dir(cfg: PretrainedConfig, path: Path) -> None:
                   check_dir=check_dir)
 def train_pretrained(cfg: PretrainedConfig, path: Path, *, progress: bool | None = None,
                      log: Any = print) -> dict[str, Any]:
+    check_source(cfg)  # train_run does not call check(); the stand-in has no weights to load
     files, folders = image_files(cfg)
+    if len(files) < cfg.num_images:  # as fit warns of a data.train_subset above the split's size
+        root = cfg.root or data_home() / "imagenet" / "train"
+        warnings.warn(f"num_images={cfg.num_images}, but {root} holds only {len(files):,} "
+                      f"images: measuring all {len(files):,} (set "
+                      f"num_images={len(files)} to say so, or add images)", UserWarning,
+                      stacklevel=2)
     with _loop_run(cfg, path, files) as run:
         if run.summary is not None:
             return run.summary
