@@ -151,6 +151,7 @@ def normalize_images(x: Tensor, mode: str, stats: Stats) -> tuple[Tensor, Stats]
     """
     if mode not in NORMALIZE_MODES:
         raise ValueError(f"unknown normalize={mode!r}; use one of {', '.join(NORMALIZE_MODES)}")
+    _check_float_images(x, "normalize_images", "scale bytes to [0, 1] first: x.float() / 255")
     c = x.shape[1]
     if mode == "none":
         return x, ((0.0,) * c, (1.0,) * c)
@@ -163,10 +164,18 @@ def normalize_images(x: Tensor, mode: str, stats: Stats) -> tuple[Tensor, Stats]
 
 def denormalize(x: Tensor, meta: dict[str, Any]) -> Tensor:
     """Map images of a dataset with ``meta`` back to [0, 1] pixels: x·std + mean (a new tensor)."""
+    _check_float_images(x, "denormalize", "pass the float images the dataset holds")
     c = x.shape[-3]
     mean = torch.tensor(meta["mean"], dtype=x.dtype, device=x.device).view(c, 1, 1)
     std = torch.tensor(meta["std"], dtype=x.dtype, device=x.device).view(c, 1, 1)
     return x * std + mean
+
+
+def _check_float_images(x: Tensor, what: str, fix: str) -> None:
+    """Refuse integer images: ``denormalize`` cast the mean and std to their dtype (0.5 → 0),
+    so (N, C, H, W) int64 images came back all zeros without a word."""
+    if not x.is_floating_point():
+        raise TypeError(f"{what} takes floating-point images, got {x.dtype}: {fix}")
 
 
 def _byte_pixels(pixels: np.ndarray, source: str, fix: str) -> np.ndarray:
@@ -221,8 +230,14 @@ def _select_pair(pixels: np.ndarray, labels: np.ndarray, classes: list[str],
                  pair: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Keep classes ``pair = (a, b)`` only, relabelled a → 0, b → 1 (the binary MNIST of
     docs/definitions.md#mnist_binary)."""
-    if len(pair) != 2 or pair[0] == pair[1] or not all(0 <= int(d) < len(classes) for d in pair):
-        raise ValueError(f"digits must be two different classes in 0..{len(classes) - 1}, "
+    # whole numbers only: int() cut digits=(3.7, 8) to the 3-vs-8 task and read True as 1,
+    # each without a word
+    cut = [d for d in pair if isinstance(d, (bool, np.bool_))
+           or isinstance(d, (float, np.floating)) and not float(d).is_integer()]
+    if (len(pair) != 2 or cut or pair[0] == pair[1]
+            or not all(0 <= int(d) < len(classes) for d in pair)):
+        raise ValueError(f"digits must be two different classes, whole numbers in "
+                         f"0..{len(classes) - 1}, "
                          f"e.g. digits=(3, 8); got {pair!r}")
     a, b = int(pair[0]), int(pair[1])
     keep = (labels == a) | (labels == b)
@@ -558,8 +573,14 @@ def _read_mnist_pickle_cached(path: str, size: int, mtime_ns: int, inode: int
                 f"mnist.pkl.gz holds one row of {_IDX_HW[0]}×{_IDX_HW[1]} = "
                 f"{_IDX_HW[0] * _IDX_HW[1]} pixels per image (N, 784): put Nielsen's "
                 "mnist.pkl.gz there, or resize your images to 28×28 and save them so")
-        if b.min() < 0 or b.max() > 255:
-            raise DataUnavailableError(f"{path}: pixels are not bytes/256 in [0, 1)")
+        # NaN passed the range test (every comparison with it is False) and was cast to byte 0,
+        # a black pixel, with only numpy's "invalid value encountered in cast"
+        if b.size and (not np.isfinite(b).all() or b.min() < 0 or b.max() > 255):
+            bad = int((~np.isfinite(b)).sum())
+            raise DataUnavailableError(
+                f"{path}: its {name} pixels are not bytes/256 in [0, 1)"
+                f"{f' ({bad:,} are NaN or infinite)' if bad else ''}: put Nielsen's "
+                "mnist.pkl.gz there, or save yours as byte / 256 in float32")
         pair = (b.astype(np.uint8).reshape(-1, 1, 28, 28), _pickle_labels(y))
         for a in pair:
             a.setflags(write=False)

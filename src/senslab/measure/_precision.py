@@ -372,12 +372,24 @@ _PRODUCTS = frozenset({
     F.conv_transpose3d, F.scaled_dot_product_attention, torch.matmul, torch.mm, torch.bmm,
     torch.addmm, torch.baddbmm, torch.addbmm, torch.einsum, Tensor.matmul, Tensor.__matmul__,
     Tensor.__rmatmul__, Tensor.mm, Tensor.bmm, Tensor.addmm, Tensor.baddbmm, Tensor.addbmm,
+    # the rest of autocast's bf16 list (CPU: prelu, conv_tbc, linalg_vecdot, and linalg.matmul
+    # and the composites tensordot, inner and multi_dot, whose products inside this mode cannot
+    # see; CUDA also mv, addmv, addr, chain_matmul): unsized, a later chunk with larger inputs
+    # to one of them kept the calibration's band (a tensordot's shifted example took bf16's
+    # class on 16 copies)
+    torch.linalg.matmul, torch.tensordot, torch.inner, Tensor.inner, torch.linalg.vecdot,
+    torch.linalg.multi_dot, torch.chain_matmul, F.prelu, Tensor.prelu, F.conv_tbc, torch.mv,
+    Tensor.mv, torch.addmv, Tensor.addmv, torch.addr, Tensor.addr,
 })
+#: products whose every tensor argument is a factor (an operand list, not input and weight)
+_ALL_FACTORS = frozenset({torch.einsum, torch.linalg.multi_dot, torch.chain_matmul})
 #: products of the form ``input + a @ b``: the factors are the second and third arguments (the
 #: first, the added term, is not multiplied: BLOOM's ``alibi.baddbmm(query, key)``)
 _ADDED = {torch.addmm: ("mat1", "mat2"), Tensor.addmm: ("mat1", "mat2"),
           torch.baddbmm: ("batch1", "batch2"), Tensor.baddbmm: ("batch1", "batch2"),
-          torch.addbmm: ("batch1", "batch2"), Tensor.addbmm: ("batch1", "batch2")}
+          torch.addbmm: ("batch1", "batch2"), Tensor.addbmm: ("batch1", "batch2"),
+          torch.addmv: ("mat", "vec"), Tensor.addmv: ("mat", "vec"),
+          torch.addr: ("vec1", "vec2"), Tensor.addr: ("vec1", "vec2")}
 #: runs a function overridable in Python (``F.multi_head_attention_forward``) past its own
 #: check for a mode, so that a mode re-entered around it sees the products inside (torch 2.5
 #: on; None: older torch, where such a call is sized from its arguments, :func:`_factors`)
@@ -534,8 +546,9 @@ class _Ranges(TorchFunctionMode):
 def _factors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[list[Any]]:
     """A product's factors (not an added term or a bias), grouped by the products they are
     multiplied together in: ``input + a @ b`` (:data:`_ADDED`), ``[a, b]``; attention,
-    ``[query, key]`` (its scores); ``F.bilinear`` and ``einsum``, all their factors; every other
-    product its first two tensor arguments (input and weight). ``F.multi_head_attention_forward``
+    ``[query, key]`` (its scores); ``F.bilinear``, ``einsum``, ``multi_dot`` and
+    ``chain_matmul``, all their factors; every other product its first two tensor arguments
+    (input and weight). ``F.multi_head_attention_forward``
     (where the products inside cannot be recorded, :data:`_REDISPATCH`): its projections of
     query, key and value, its scores and its output projection, each group from the arguments
     that size it."""
@@ -555,14 +568,16 @@ def _factors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[l
             w = (None, w[1])
         return [[q, w[0]], [k, w[0]], [v, w[0]], [q, k], [v, w[1]]]
     found = _tensors(func, args, kwargs)
-    return [found[:3] if func is F.bilinear else found if func is torch.einsum else found[:2]]
+    return [found[:3] if func is F.bilinear else found if func in _ALL_FACTORS else found[:2]]
 
 
 def _tensors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Tensor]:
     """The tensor arguments of a product, in order (``einsum``'s operands after its equation,
-    given as one list or one by one)."""
-    if func is torch.einsum:
-        ops = args[1:]
+    given as one list or one by one; ``multi_dot``'s list)."""
+    if func in _ALL_FACTORS:
+        ops = args[1:] if func is torch.einsum else args
+        if not ops and func is torch.linalg.multi_dot:
+            ops = (kwargs.get("tensors"),)
         if len(ops) == 1 and isinstance(ops[0], (list, tuple)):
             ops = tuple(ops[0])
         return [a for a in ops if isinstance(a, Tensor)]

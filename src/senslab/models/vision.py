@@ -14,12 +14,13 @@ Defaults marked *(paper code)* follow the implementations the paper used (locusl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
 
+from .._autocast import autocast_on
 from ..tokens import Patches
 from ._config import check_choice, check_divides, check_positive, make_config
 from ._registry import register_model
@@ -38,6 +39,15 @@ class ImageConfig:
 
     def __post_init__(self) -> None:
         check_positive(self, "image_size", "in_channels", "num_classes")
+        # every family's dropout rates (ViTSmallConfig's dropout, emb_dropout), checked here as
+        # the text and boolean configs check theirs: 1.0 zeroed every activation in train mode,
+        # so each image gave the same logits and training learnt nothing, unsaid; NaN passed
+        for f in fields(self):
+            rate = getattr(self, f.name)
+            if f.name.endswith("dropout") and not 0.0 <= rate < 1.0:
+                raise ValueError(f"{type(self).__name__}.{f.name} must be a probability in "
+                                 f"[0, 1) (1.0 drops every activation in training), got "
+                                 f"{rate!r}; e.g. use {f.name}=0.1, or 0.0 for none")
 
 
 M = TypeVar("M", bound=nn.Module)
@@ -83,6 +93,30 @@ class ImageClassifier(nn.Module):
                 f"{tuple(x.shape)}; build the model for your data, e.g. "
                 f"create_model(name, in_channels=..., image_size=...)"
             )
+        self._check_dtype(x)
+
+    def _check_dtype(self, x: Tensor) -> None:
+        """Refuse images whose dtype the weights cannot take: integer images (raw bytes) and
+        floats of another dtype than the weights' outside autocast reached torch's own errors
+        ("mixed dtype (CPU)", "expected scalar type Byte but found Float"), which name neither
+        the images nor the fix. Images in the weights' dtype (a model built or moved to bf16 or
+        float64 included) pass, and under autocast any dtype it casts (not float64)."""
+        w = next((p.dtype for p in self.parameters() if p.is_floating_point()), None)
+        if w is None or x.dtype == w:
+            return
+        name = type(self).__name__
+        if not x.is_floating_point():
+            raise TypeError(
+                f"{name} expects floating-point images ({w}, the dtype of its weights), got "
+                f"{x.dtype}: convert them with images.float() (bytes 0..255: images.float() / "
+                f"255, then normalise as the model's data was) or use a dataset of senslab.data, "
+                f"whose images are float32 already")
+        if autocast_on(x.device.type) and x.dtype != torch.float64:
+            return
+        raise TypeError(
+            f"{name} has {w} weights but got {x.dtype} images: convert the images with "
+            f"images.to({w}), or the model with model.to({x.dtype}) (or run it under "
+            f"torch.autocast for mixed precision)")
 
 
 def patchify(x: Tensor, p: int) -> Tensor:
