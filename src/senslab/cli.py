@@ -85,14 +85,30 @@ def _list(args: argparse.Namespace) -> int:
     else:
         from .experiments import get_experiment, list_experiments
 
+        names = list_experiments(args.pattern)
+        if not names:
+            return _no_match(args)
         records = _records_here()
-        for name in list_experiments(args.pattern):
+        for name in names:
             exp = get_experiment(name)
             rungs = (" [ladder: " + " → ".join(r.name + ("" if r.cpu else " (GPU)")
                                                for r in exp.ladder) + "]") if exp.ladder else ""
             print(f"{name:<24} {exp.claim}{_runtime_note(records.get(name), exp)}{rungs}")
         return 0
+    if not names:
+        return _no_match(args)
     print("\n".join(names))
+    return 0
+
+
+def _no_match(args: argparse.Namespace) -> int:
+    """A pattern that matches no registered name: said on stderr (models and datasets printed
+    an empty line, experiments nothing, and no word that the glob, exact and case-sensitive,
+    matched nothing: ``senslab list models vit`` read as "no ViT models")."""
+    pattern = args.pattern
+    hint = "" if any(c in pattern for c in "*?[") else f": '*{pattern}*' for names containing it"
+    _note(f"no registered {args.what[:-1]} matches {pattern!r} (a case-sensitive glob pattern "
+          f"matching whole names{hint}); `senslab list {args.what}` lists them all")
     return 0
 
 
@@ -252,6 +268,7 @@ def _train(args: argparse.Namespace) -> int:
     from .train.loop import fit
 
     cfg = _config(args)
+    _check_run_name(cfg.name, args)
     _check_fits(cfg)  # (fit checks too) before the note, and before --out is looked at
     out = Path(args.out or Path("runs") / cfg.name)
     _check_out(out)
@@ -260,6 +277,22 @@ def _train(args: argparse.Namespace) -> int:
     print(format_table(final_table(load_runs([out]))))
     print(f"run directory: {out} ({summary['seconds']} s)")
     return 0
+
+
+def _check_run_name(name: str, args: argparse.Namespace) -> None:
+    """Refuse a run name that names no directory of its own below ``runs/``: an empty one
+    (``--set name=``, which ``--name`` refuses as empty) trained into ``runs/`` itself, among
+    the other runs' directories, and ``.``/``..`` into ``runs/`` or the working directory."""
+    given = any(item.split("=", 1)[0].strip() == "name" for item in args.set or [])
+    option = "--set name" if given else "--name"
+    if not name.strip():
+        where = "" if args.out else ": the run would be trained into runs/ itself, among other runs"
+        raise UsageError(f"{option} is empty (an unset shell variable?){where}; give a name, "
+                         f"or drop {option}")
+    if args.out is None and name.strip() in (".", ".."):
+        shown = f"{option}={name.strip()}" if given else f"{option} {name.strip()}"
+        raise UsageError(f"{shown} names no run directory of its own (runs/{name.strip()}); "
+                         "give a name, or choose the directory with --out")
 
 
 #: ``senslab measure --autocast`` names → dtypes
@@ -801,7 +834,11 @@ def _run(args: argparse.Namespace) -> int:
     exp.check(args.scale, list(args.set or []))  # a refused --set before the warning below
     _warn_threads(args, exp, [args.scale])
     start = time.perf_counter()
-    verdict = run_experiment(args.experiment, out, scale=args.scale, overrides=args.set)
+    # its progress ("[1/9] vit_small (fit)") and notices (a damaged verdict.json set aside)
+    # are lines about what the command does: stderr, as the module docstring says (they were
+    # printed on stdout, mixed into the result a script reads)
+    verdict = run_experiment(args.experiment, out, scale=args.scale, overrides=args.set,
+                             log=_note)
     options = getattr(exp, "report_options", {})
     report = make_report([out], **options)
     print()
@@ -831,10 +868,13 @@ def _run_ladder(args: argparse.Namespace) -> int:
     out = Path(args.out or Path("runs") / "ladder" / args.experiment)
     _check_out(out)
     rungs = [r.strip() for r in args.rungs.split(",") if r.strip()] if args.rungs else None
+    if rungs == []:  # `--rungs ,` (`--rungs "$A,$B"` unset): ran no rung, status 0
+        raise UsageError(f"--rungs {args.rungs!r} names no rung; give rung names separated by "
+                         f"commas (e.g. --rungs cpu), or drop --rungs for every CPU rung")
     exp = get_experiment(args.experiment)
     _warn_threads(args, exp, [r.scale for r in select_rungs(exp, rungs)])
     start = time.perf_counter()
-    summary = run_ladder(args.experiment, out, rungs=rungs, extra=args.set or [])
+    summary = run_ladder(args.experiment, out, rungs=rungs, extra=args.set or [], log=_note)
     print()
     for row in summary["rungs"]:
         if row.get("status") == "done":
@@ -953,8 +993,10 @@ def parser() -> argparse.ArgumentParser:
                                    "logged at the checkpoint's step; "
                                    "an option given wins, and stderr says which values are the "
                                    "run's.")
-    common(s, seed_help=f"seed of the examples drawn (--split train: seed + 1, test: seed + 2) "
-                        f"and of the noise draws, and an untrained model's weights (default: "
+    # (--hf/--timm draw either split's examples with seed + 1, as their numbers always were)
+    common(s, seed_help=f"seed of the examples drawn (--split train: seed + 1, test: seed + 2; "
+                        f"--hf, --timm: seed + 1 for either split) and of the noise draws, and "
+                        f"an untrained model's weights (default: "
                         f"{MEASURE_DEFAULTS['seed']}; --checkpoint: the run's seed)")
     s.add_argument("--checkpoint", metavar="RUN_DIR",
                    help="a run directory: measure its last checkpoint with its config (--set may "
