@@ -115,6 +115,14 @@ SCALES = {
 
 def sweep(s: SweepSettings) -> list[dict[str, Any]]:
     """The sampled run settings: function (cycled), n, lr and wd (log-uniform or uniform), seed."""
+    # an empty list failed below as an integer modulo by zero (functions) or in torch.randint
+    # ("expects 'from' to be less than 'to'", n_values), naming neither setting
+    empty = [name for name in ("functions", "n_values") if not getattr(s, name)]
+    if empty:
+        raise ValueError(f"{' and '.join(empty)} {'is' if len(empty) == 1 else 'are'} empty: the "
+                         "sweep cycles through functions and draws n from n_values; give at "
+                         "least one of each, e.g. --set functions=[parity,majority] "
+                         "--set n_values=[4,6,8]")
     if s.log_uniform and min(*s.lr_range, *s.wd_range) <= 0:
         raise ValueError(f"log-uniform sampling needs positive ranges, got lr_range={s.lr_range}, "
                          f"wd_range={s.wd_range}; raise the lower bound or set log_uniform=false")

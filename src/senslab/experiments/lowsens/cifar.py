@@ -279,6 +279,13 @@ class Cifar10Sigma(_Cifar, FinalMeasureExperiment):
               "paper": SigmaSettings()}
 
     def runs(self, s: SigmaSettings) -> list[Run]:
+        # refused before training: with no σ the verdict failed after every run had trained
+        # ("min() arg is an empty sequence"), and with one its part "grows" was that σ's gap
+        # minus itself, 0 by construction
+        if len(set(s.sigmas)) < 2:
+            raise ValueError(f"sigmas={list(s.sigmas)}: the claim compares the gap at the "
+                             "smallest and the largest σ of the sweep, which needs at least two "
+                             "different σ values; e.g. --set sigmas=[0.1,1.0]")
         return vision_runs(same_name(s.models), s)
 
     def final_settings(self, s: SigmaSettings) -> dict[str, Any]:
@@ -308,6 +315,9 @@ class Cifar10Sigma(_Cifar, FinalMeasureExperiment):
             return not_comparable(why, evidence)
         seeds = sorted(groups[vits[0]])
         sigmas = [p["sigma"] for p in groups[vits[0]][seeds[0]]["final_measure"]["sweep"]]
+        if len(set(sigmas)) < 2:  # "grows" compares two σ (runs() refuses fewer)
+            return not_comparable(f"the sweep has σ {sigmas}: the gap's growth needs at least "
+                                  "two different σ values", evidence)
         gaps = {seed: closest_gap({k: groups[k][seed]["final_measure"]["sweep"] for k in groups},
                                   vits, others) for seed in seeds}
         evidence["gaps"] = [mean(gaps[seed][i][0] for seed in seeds) for i in range(len(sigmas))]
