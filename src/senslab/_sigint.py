@@ -77,7 +77,10 @@ class SigintWatch:
     def __exit__(self, exc_type: Any, *exc: object) -> None:
         self._outer = None
         if self._installed:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            # Python's handler back in place of this watch's only: a handler set inside the
+            # block (by the user, a library) stays, as it would have without the watch
+            if signal.getsignal(signal.SIGINT) == self._handle:
+                signal.signal(signal.SIGINT, signal.default_int_handler)
             self._installed = False
         if self.seen and exc_type is None:
             raise KeyboardInterrupt

@@ -27,13 +27,31 @@ def said_once(said: set[str]) -> Iterator[None]:
     the text before the first ``:`` — comes up in ``said``, which remembers it. A training loop
     that measures at every evaluation passes one set per run: a cause such as "the standard
     error rests on no change" is said once, not once per evaluation with other numbers (a
-    message with other numbers is another message to Python's once-per-location filter)."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        yield
+    message with other numbers is another message to Python's once-per-location filter).
+
+    Warnings raised before an exception are said too, before it goes on: they may be what
+    explains it (a warning that raises, under ``-W error``, then gives way to the exception)."""
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
+    except BaseException:
+        _say(caught, said, quiet=True)
+        raise
+    _say(caught, said)
+
+
+def _say(caught: list[warnings.WarningMessage], said: set[str], quiet: bool = False) -> None:
+    """Re-raise the warnings of ``caught`` whose cause is not in ``said`` (see
+    :func:`said_once`); ``quiet``: one that the filters make an error is not raised."""
     for w in caught:
         cause = str(w.message).split(":", 1)[0]
         if cause not in said:
             said.add(cause)
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno,
-                                   source=w.source)
+            try:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno,
+                                       source=w.source)
+            except Warning:
+                if not quiet:
+                    raise

@@ -24,6 +24,7 @@ the sidecar verifies.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -67,6 +68,14 @@ def _encode(obj: Any, path: str, tensors: dict[str, Tensor]) -> Any:
         if obj.layout != torch.strided or obj.is_quantized:
             raise TypeError(f"cannot store the {obj.layout} tensor at {path or '/'} in a "
                             "checkpoint")
+        if not _storable(obj.dtype):
+            # safetensors' own refusal was a bare ``KeyError: torch.complex128`` from its
+            # insides, at the first checkpoint of a run, naming neither the tensor nor a fix
+            raise TypeError(
+                f"cannot store the {obj.dtype} tensor at {path or '/'} in a checkpoint: "
+                f"safetensors has no {str(obj.dtype).removeprefix('torch.')} type. Keep it in "
+                "the state as a dtype safetensors stores (a complex128 one as "
+                "torch.view_as_real(t), float64; a complex32 one as complex64)")
         name = path or "tensor"
         k = 1
         while name in tensors:  # path components may themselves contain "/"
@@ -96,6 +105,18 @@ def _encode(obj: Any, path: str, tensors: dict[str, Tensor]) -> Any:
         f"cannot store a {type(obj).__name__} at {path or '/'} in a checkpoint: only tensors, "
         "dicts, lists, tuples, str, int, float, bool and None"
     )
+
+
+@functools.cache
+def _storable(dtype: torch.dtype) -> bool:
+    """Whether the installed safetensors stores and reads back tensors of ``dtype`` (its set
+    grows with its versions: asked of it, on an empty tensor, once per dtype)."""
+    from safetensors.torch import load, save
+
+    try:
+        return load(save({"t": torch.empty(0, dtype=dtype)}))["t"].dtype == dtype
+    except Exception:  # safetensors refuses an unknown dtype with a KeyError of its insides
+        return False
 
 
 def _decode(node: Any, tensors: dict[str, Tensor]) -> Any:
