@@ -468,15 +468,44 @@ class Sampled:
             reps = max(1, int(to or 1))
             return cells[:, 0].repeat_interleave(reps), cells[:, 1].repeat_interleave(reps)
         self.rounds += 1
-        self.reached = min(1.0, max(self.reached + self.share, to or 0.0))
-        k_all = self.k_all.double()
-        want = torch.ceil(self.reached * k_all - 1e-9)
-        k = torch.minimum(torch.maximum(want, torch.full_like(want, 2.0)), k_all).long()
-        new = (self.rank >= self.k[:, None]) & (self.rank < k[:, None]) & self.valid
-        self.k = k
+        self.reached, self.k, new = self._sample(to)
         cells = new.nonzero()
         reps = 1 + self.pair[cells[:, 0], cells[:, 1]].long()
         return cells[:, 0].repeat_interleave(reps), cells[:, 1].repeat_interleave(reps)
+
+    def _sample(self, to: float | None) -> tuple[float, Tensor, Tensor]:
+        """Before every token is in: the share a round at ``to`` reaches (:meth:`next_plan`),
+        the tokens measured per example after it (B,) and the tokens it adds (B, T), drawing
+        nothing."""
+        reached = min(1.0, max(self.reached + self.share, to or 0.0))
+        k_all = self.k_all.double()
+        want = torch.ceil(reached * k_all - 1e-9)
+        k = torch.minimum(torch.maximum(want, torch.full_like(want, 2.0)), k_all).long()
+        new = (self.rank >= self.k[:, None]) & (self.rank < k[:, None]) & self.valid
+        return reached, k, new
+
+    def _round_copies(self, to: float | None) -> int:
+        """The copies a round at ``to`` would make before every token is in (a paired token
+        two)."""
+        new = self._sample(to)[2]
+        return int(new.sum() + (new & self.pair).sum())
+
+    def _fitting(self, to: float, room: int) -> float:
+        """The largest share up to ``to`` whose round keeps the copies within ``room``: the
+        share the variance predicts can be far past it (unchecked, such a round had taken a
+        batch to 493 copies in a room of 100). Bisection, the round's copies growing with the
+        share; 0, the least round (``share`` more), fits wherever :meth:`run` goes on."""
+        left = room - self.copies
+        if self._round_copies(to) <= left:
+            return to
+        lo, hi = 0.0, to
+        for _ in range(40):
+            mid = (lo + hi) / 2
+            if self._round_copies(mid) <= left:
+                lo = mid
+            else:
+                hi = mid
+        return lo
 
     def add(self, vals: Tensor, src: Tensor, tok: Tensor) -> None:
         """Add one round's flip indicators (or distances) of the copies (src, tok)."""
@@ -557,12 +586,15 @@ class Sampled:
         only after ``rounds_at_zero`` rounds, and one reached before every token has two draws
         only once :data:`MIN_PAIRS` tokens have."""
         tokens = int(self.valid.sum())
-        step = max(1, math.ceil(self.share * tokens))
         to: float | None = None
         while True:
             src, tok = self.next_plan(to)
             self.add(evaluate(src, tok), src, tok)
-            if target is None or self.copies + (tokens if self.covered else step) > room:
+            # the least next round: every token once more, or ``share`` more of the tokens
+            # with their pairs (counted exactly: ⌈share·K⌉ per example, at least two, and the
+            # second draws had taken the copies past the room)
+            least = tokens if self.covered else self._round_copies(None)
+            if target is None or self.copies + least > room:
                 return
             se = self.stderr()
             # short of two draws for every token, stop only on enough paired tokens
@@ -581,4 +613,4 @@ class Sampled:
                 to = math.ceil(per_token * ((se / target) ** 2 - 1)) if se > 0 else 1
                 to = max(1, min(to, (room - self.copies) // tokens))
             else:
-                to = self.share_for(target)
+                to = self._fitting(self.share_for(target), room)

@@ -385,8 +385,12 @@ def result(
         lo, hi = min(max(lo, 0.0), 1.0), max(min(hi, 1.0), 0.0)
     p = len(st.pos_sum)
     positions = torch.arange(-p, 0) if align == "right" else torch.arange(p)
-    per_pos = st.pos_sum / st.pos_cnt.clamp(min=1)
-    per_pos[st.pos_cnt == 0] = float("nan")
+    # the counts are weights (1/rounds with target_stderr, K/k with num_tokens): a position
+    # whose copies weigh less than 1 in all is still their weighted mean (divided by at least
+    # 1 it had read an always-flipping token at 0.67 or 0.4)
+    cnt = st.pos_cnt
+    per_pos = st.pos_sum / torch.where(cnt > 0, cnt, torch.ones_like(cnt))
+    per_pos[cnt == 0] = float("nan")
     return SensitivityResult(
         estimate=est, stderr=se, ci95=(lo, hi), estimand=estimand, stderr_subset=se_subset,
         num_examples=st.n, num_forward=st.forward, per_sample=torch.cat(st.samples),
