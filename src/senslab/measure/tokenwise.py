@@ -1225,8 +1225,12 @@ class TokenSensitivity:
         events = (_varying_pairs(vals, src, tok, valid, self._per_cell(rounds), self.group)
                   if self._pairs_vary() else int(changed.sum()))
         floor = 0.0
-        if self.target_stderr is not None and events == 0:  # never with shard: all copies here
-            floor = _alloc.zero_floor(*self._draws(src, tok, valid))
+        # no flip, or (its mirror) every copy flipped: a standard error of 0 from either is no
+        # evidence, so the rule of three's floor, symmetric in p and 1 − p (1.0 ± 0 stopped
+        # 18.5% of runs at a rate of 0.9, its intervals covering 79.5%)
+        if self.target_stderr is not None and (events == 0 or (
+                self._mirrored() and int(changed.sum()) == len(changed))):
+            floor = _alloc.zero_floor(*self._draws(src, tok, valid))  # never with shard
         self._add(vals, src, tok, valid, self._per_cell(rounds), forward, checked, real, rounds,
                   events, floor)
 
@@ -1478,6 +1482,8 @@ class TokenSensitivity:
         # a standard error estimated from a handful of flips is too noisy to stop on, and one
         # of no flip at all ends the rounds only once the rule of three allows it
         flips = self._flips(parts, valid, rounds)
+        if self._mirrored():  # as few copies that kept the class are as little to learn from
+            flips = min(flips, int((vals == 0).sum()))
         counts, cells = self._draws(src, tok, valid) if flips == 0 else (None, valid)
         return se > self.target_stderr or (se == 0.0 and rounds < ROUNDS_AT_ZERO) \
             or not _alloc.enough_flips(flips, counts=counts, valid=cells,
@@ -1487,6 +1493,13 @@ class TokenSensitivity:
         """Whether the events are antithetic pairs that vary (:func:`_varying_pairs`): flips
         compared with antithetic draws and no control variate (which has its own events)."""
         return self.antithetic and self.control_variate is None and self.compare == "class"
+
+    def _mirrored(self) -> bool:
+        """Whether the events are the flips themselves (class decisions, no control variate, no
+        antithetic pairs), so that every copy flipped is the mirror of none: a standard error
+        rests on the copies of the rarer outcome, kept classes as much as flips."""
+        return self.compare == "class" and self.control_variate is None \
+            and not self._pairs_vary()
 
     def _flips(self, parts: list[tuple[Tensor, ...]], valid: Tensor, rounds: int) -> int:
         """The events of the rounds so far (``parts`` as for :meth:`_more`): the standard error
@@ -1593,7 +1606,28 @@ class TokenSensitivity:
         the state's (merged and all-reduced with it). Nothing is said where no copy was counted
         (a state from an older pickle)."""
         st = self.state
-        if not st.copies or st.events >= _alloc.MIN_FLIPS:
+        if not st.copies:
+            return
+        if st.events >= _alloc.MIN_FLIPS:
+            kept = st.copies - st.events
+            if self._mirrored() and kept < _alloc.MIN_FLIPS and self._once("few kept"):
+                lo, hi = r.ci95
+                rule = (f" by the rule of three, the copies' mean rate of keeping the class is "
+                        f"below 3/{st.copies:,} = {3 / st.copies:.2g} with 95% confidence."
+                        if kept == 0 else "")
+                # with a target each batch that kept no class reported the rule of three's
+                floored = kept == 0 and self.target_stderr is not None \
+                    and self.estimand == "subset"
+                worth = ("takes its standard error from the rule of three (target_stderr)"
+                         if floored else "can cover the rate far less often, as with few flips")
+                warnings.warn(
+                    f"the standard error rests on {'no' if kept == 0 else 'few'} copies that "
+                    f"kept the prediction: {kept} of the {st.copies:,} perturbed copies, fewer "
+                    f"than {_alloc.MIN_FLIPS} (every other one flipped it), so sensitivity "
+                    f"{r.estimate:.4g} ± {r.stderr:.2g} (95% CI {lo:.4g}–{hi:.4g}, "
+                    f"{r.estimand}) {worth};{rule} For a firmer one, measure with more draws "
+                    "(repeats=, more examples) or with target_stderr=, or a smaller sigma "
+                    "(said once per metric)", RuntimeWarning, stacklevel=_trim._user_level())
             return
         n, cv = st.copies, self.control_variate is not None
         if cv:
