@@ -31,7 +31,16 @@ from typing import Any
 
 from ..train.rundir import RunDir
 from ..verdicts import CONTRADICTED, INCONCLUSIVE, SUPPORTED, Effect, fisher_z, plain
-from .base import Experiment, Rung, get_experiment, listed_runs, run_experiment, run_seconds
+from .base import (
+    _ABSENT,
+    Experiment,
+    Rung,
+    _run_fields,
+    get_experiment,
+    listed_runs,
+    run_experiment,
+    run_seconds,
+)
 
 #: the level of a trend's interval (one comparison per effect: no correction)
 TREND_LEVEL = 0.95
@@ -67,7 +76,7 @@ def run_ladder(name: str, out_dir: str | Path, rungs: Sequence[str] | None = Non
     own. Every rung's overrides are checked before anything trains."""
     exp = get_experiment(name)
     chosen = select_rungs(exp, rungs)
-    _refuse_rung_keys(chosen, extra, exp.ladder)
+    _refuse_rung_keys(chosen, extra, exp.ladder, exp)
     for rung in chosen:  # a bad rung fails before any training
         exp.check(rung.scale, [*rung.overrides, *extra])
     out = Path(out_dir)
@@ -82,18 +91,50 @@ def _key(override: str) -> str:
     return override.split("=", 1)[0].strip()
 
 
-def _setters(rungs: Sequence[Rung], override: str) -> list[str]:
-    """The names of the rungs among ``rungs`` whose own overrides set ``override``'s key."""
-    return [r.name for r in rungs if any(_key(o) == _key(override) for o in r.overrides)]
+def _changed_fields(exp: Experiment, scale: str, before: Sequence[str], after: Sequence[str]
+                    ) -> set[str]:
+    """The run-configuration fields (dotted) in which the runs at ``scale`` with overrides
+    ``after`` differ from those with ``before``, run by run (by name); empty when either does
+    not resolve (the caller's own check names the problem)."""
+    try:
+        _, old = exp.resolve(scale, list(before))
+        _, new = exp.resolve(scale, list(after))
+    except (KeyError, TypeError, ValueError):
+        return set()
+    was = {r.name: _run_fields(r.config) for r in old}
+    out: set[str] = set()
+    for run in new:
+        b = was.get(run.name)
+        if b is not None:
+            a = _run_fields(run.config)
+            out |= {k for k in set(a) | set(b) if a.get(k, _ABSENT) != b.get(k, _ABSENT)}
+    return out
+
+
+def _setters(rungs: Sequence[Rung], override: str, exp: Experiment | None = None,
+             on: Sequence[Rung] = ()) -> list[str]:
+    """The names of the rungs among ``rungs`` whose own overrides set ``override``'s key or —
+    given ``exp`` — change a run-configuration field that ``override`` changes in the rungs
+    ``on`` (those it is applied to, on top of their own overrides): the same factor under
+    another key (``train.epochs=20`` where a rung sets ``epochs=20``) trained the rungs alike
+    while the key test let it pass."""
+    changed: set[str] = set()
+    if exp is not None:
+        for r in on:
+            changed |= _changed_fields(exp, r.scale, r.overrides, [*r.overrides, override])
+    return [r.name for r in rungs if any(_key(o) == _key(override) for o in r.overrides)
+            or (changed and changed & _changed_fields(exp, r.scale, (), r.overrides))]
 
 
 def _refuse_rung_keys(chosen: Sequence[Rung], extra: Sequence[str],
-                      ladder: Sequence[Rung] = ()) -> None:
+                      ladder: Sequence[Rung] = (), exp: Experiment | None = None) -> None:
     """Refuse an extra override of a key a rung sets itself: it followed the rung's and won, so
     every rung ran with it while the ladder's record still named the rung's own value (two
     rungs trained alike, read as "no clear change"). A key that only a rung of ``ladder`` not
     chosen sets is refused too: ``--rungs cpu --set steps=N`` trained rung cpu with the factor
-    that rung ``longer`` changes, and the ladder read it as rung cpu."""
+    that rung ``longer`` changes, and the ladder read it as rung cpu. Given ``exp``, so is an
+    override that changes, in a chosen rung, a run-configuration field that a rung changes,
+    under another key (``--set train.epochs=20`` where rung ``longer`` sets ``epochs=20``)."""
     for override in extra:
         setters = _setters(chosen, override) or _setters(ladder, override)
         if setters:
@@ -101,6 +142,15 @@ def _refuse_rung_keys(chosen: Sequence[Rung], extra: Sequence[str],
                 f"--set {override}: the ladder's rungs set {_key(override)} themselves (rung(s) "
                 f"{', '.join(setters)}), and a rung's settings are its protocol; drop it, or run "
                 "the experiment at one scale (--scale) with that --set")
+        aliases = _setters(ladder, override, exp, chosen)
+        if aliases:
+            own = "; ".join(f"{r.name}: {' '.join(r.overrides)}" for r in ladder
+                            if r.name in aliases)
+            raise ValueError(
+                f"--set {override}: it changes in the runs what the ladder's rungs set "
+                f"themselves under another key (rung(s) {own}), so the rungs would train "
+                "alike; a rung's settings are its protocol; drop it, or run the experiment at "
+                "one scale (--scale) with that --set")
 
 
 def _rung_verdict(out: Path, rung: Rung, name: str = "", ladder: Sequence[Rung] = ()
@@ -124,6 +174,10 @@ def _rung_verdict(out: Path, rung: Rung, name: str = "", ladder: Sequence[Rung] 
     if not isinstance(v, dict):
         return None, (f"{path} is a JSON {type(v).__name__}, not a verdict: left out; the "
                       "rung's command sets it aside and writes it again")
+    if not isinstance(v.get("verdict"), str):
+        # a JSON object without a verdict failed the whole summary with a bare KeyError
+        return None, (f"{path} holds no verdict (no \"verdict\" word in it): left out; the "
+                      "rung's command writes it again (finished runs are reused)")
     held = _experiment_of(out / rung.name)
     if name and held is not None and held != name:
         return None, (f"{out / rung.name} holds the runs of experiment {held!r}, not {name!r}: "
@@ -133,7 +187,10 @@ def _rung_verdict(out: Path, rung: Rung, name: str = "", ladder: Sequence[Rung] 
         return None, (f"{path} was run with scale {v.get('scale')!r} and overrides "
                       f"{done}, not the rung's {rung.scale!r} and {list(rung.overrides)}: "
                       "left out")
-    clash = {o: _setters(ladder, o) for o in done[len(rung.overrides):] if _setters(ladder, o)}
+    # by key, and by the run fields an override changes (the same factor under another key)
+    exp = get_experiment(name) if name else None
+    clash = {o: by for o in done[len(rung.overrides):]
+             if (by := _setters(ladder, o) or _setters(ladder, o, exp, [rung]))}
     if clash:
         said = "; ".join(f"{o} (set by rung(s) {', '.join(by)})" for o, by in clash.items())
         return None, (f"{path} was run with extra overrides of keys the ladder's rungs set "
@@ -194,6 +251,12 @@ def trend(low: dict[str, Any], high: dict[str, Any], level: float = TREND_LEVEL
                        "scale")
         return out
     if not (math.isfinite(diff) and math.isfinite(se) and df >= 1):
+        return out
+    if se == 0:
+        # verdicts written before 2026-12-04 could hold an s.e. of 0 at both rungs: a
+        # zero-width interval read any change, 1e-7 included, as "grows"
+        out["note"] = ("neither rung's effect has a standard error above 0 (an exact value, "
+                       "which no handful of runs can show): no interval")
         return out
     lo, hi = Effect(diff, se, df).interval(1 - level)
     out.update(interval=[lo, hi], word=GROWS if lo > 0 else SHRINKS if hi < 0 else NO_CLEAR_CHANGE)
