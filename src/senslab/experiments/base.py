@@ -308,11 +308,12 @@ class Experiment:
                 apply_overrides(run.config, rest)
             except UnknownKey as err:  # in neither: name the closest key of both
                 raise unknown_key(err.key, settings, run.config) from None
-            validate(run.config)
         if rest and not runs:
             raise unknown_key(rest[0].split("=", 1)[0].strip(), settings)
         for item in rest:
             self._refuse_per_run(item, settings, runs, built)
+        for run in runs:  # after the per-run refusal, which names the settings field to use
+            validate(run.config)
         for item in own:
             self._refuse_ignored(item, scale, own, settings, runs, built)
         self._refuse_identical_replicates(overrides, runs)

@@ -63,6 +63,13 @@ class Seed:
     (changes between epochs are the model's, not the noise's)."""
 
     def __init__(self, generator: torch.Generator | int | None) -> None:
+        from ..measure._options import _check_generator
+
+        if isinstance(generator, Integral) and not isinstance(generator, bool):
+            # the measurement's own range check, here: a negative seed (or one of 2**64 or
+            # more) was taken, and refused only by the first measurement, after an epoch
+            # (eval_steps) of training that the crash lost
+            _check_generator(int(generator))
         if isinstance(generator, torch.Generator):
             self.seed: int | None = None
             self.device = generator.device
@@ -160,6 +167,7 @@ def check_before_training(
     where: str,
     any_failed: Callable[[bool], bool] | None = None,
     modes_known: bool = False,
+    seed: Seed | None = None,
 ) -> None:
     """Refuse before training what the first measurement would refuse at its start, after
     ``eval_steps`` or an epoch of training (lost where the run crashes): the measurement's checks
@@ -177,11 +185,14 @@ def check_before_training(
     measures at the end of a training epoch, in the modes the fit trains in); with
     ``eval_mode=False`` the check then refuses what the measurement would in them (BatchNorm on
     batch statistics, a forward that dropout makes random). Otherwise such a refusal waits for
-    the measurement, whose mode may differ."""
+    the measurement, whose mode may differ.
+
+    ``seed``: the callback's :class:`Seed`, made into the generator the measurement draws
+    from, on the model's device (a CPU refuses a seed of 2**32 or more, :func:`._seeded`)."""
     failure: Exception | None = None
     try:
         _first_forward(model, inputs, tokens, mask=mask, batch=batch, options=options,
-                       modes_known=modes_known)
+                       modes_known=modes_known, seed=seed)
     except Exception as err:  # noqa: BLE001 - raised again below, after the processes agree
         failure = err
     failed = (any_failed or any_process)(failure is not None)
@@ -219,11 +230,11 @@ def any_process(failed: bool) -> bool:
 def _first_forward(
     model: nn.Module | Any, inputs: Inputs, tokens: Tokenization | None, *,
     mask: Tensor | None, batch: int | None, options: dict[str, Any],
-    modes_known: bool = False,
+    modes_known: bool = False, seed: Seed | None = None,
 ) -> None:
     """:func:`check_before_training`'s checks, in the order the measurement makes them
     (``TokenSensitivity.update`` up to the reading of the clean outputs)."""
-    from ..measure._options import _eval, _kept_buffers
+    from ..measure._options import _eval, _kept_buffers, _seeded
     from ..measure._runner import verify_deterministic
     from ..measure.outputs import check_finite, check_rows, predictions, resolve_kind
     from ..measure.tokenwise import (
@@ -238,6 +249,18 @@ def _first_forward(
     device = model_device(model) or torch.device("cpu")
     inputs = to_device(inputs, device)
     n = batch_size(inputs)
+    if seed is not None:  # the generator the measurement makes, on the model's device
+        _seeded(seed.fresh(), device)
+    # the whole mask, not only the rows checked below: one of other rows than the subset's
+    # examples passed this check and was refused by the first measurement, after training
+    if mask is not None and (not isinstance(mask, Tensor) or mask.dim() != 2
+                             or mask.shape[0] != n):
+        shape = (f"has shape {tuple(mask.shape)}" if isinstance(mask, Tensor)
+                 else f"is a {type(mask).__name__}")
+        raise ValueError(
+            f"mask {shape} but the subset has {n} examples; pass a (examples, "
+            f"tokens) bool mask with one row per example of the subset ({n} rows), true on "
+            "real tokens")
     k = min(n, batch or n, CHECKED_EXAMPLES)
     if k < n:
         inputs = select(inputs, torch.arange(k, device=device))

@@ -203,7 +203,7 @@ class SensitivityCallback(TrainerCallback):
         if model is not None:
             check_before_training(model, self.inputs, self.tokens, mask=self.mask,
                                   batch=self.batch_size, options=self.options,
-                                  where=type(self).__name__)
+                                  where=type(self).__name__, seed=self.seed)
 
     def _export(self) -> dict[str, Any]:
         """``results`` and the causes said as JSON values (``trainer_state.json``): tensors as

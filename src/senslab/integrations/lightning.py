@@ -29,6 +29,7 @@ hook, and neither measurement would be logged.
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from typing import Any
 
@@ -100,6 +101,8 @@ class SensitivityCallback(Callback):
         #: the causes this callback's measurements warned of: said once over its evaluations
         self._said: set[str] = set()
         self.results: list[tuple[int, SensitivityResult]] = []
+        #: (epoch, estimate, stderr) last logged, until :meth:`_check_logged` has read them back
+        self._logged: tuple[int, float, float] | None = None
         #: results replaced by a checkpoint's (:meth:`load_state_dict`)
         self.set_aside: list[tuple[int, SensitivityResult]] = []
 
@@ -183,7 +186,7 @@ class SensitivityCallback(Callback):
             batch=self.batch_size, options=self.options, where=type(self).__name__,
             any_failed=lambda failed: bool(
                 trainer.strategy.reduce_boolean_decision(failed, all=False)),
-            modes_known=True)
+            modes_known=True, seed=self.seed)
 
     def _converted(self, pl_module: LightningModule) -> Inputs:
         """The subset converted as Lightning converts a batch under the Trainer's precision."""
@@ -205,11 +208,70 @@ class SensitivityCallback(Callback):
             return
         r = self.measure(pl_module)
         self.results.append((epoch, r))
+        _refuse_keys_logged_elsewhere(self, trainer)
         n = r.num_examples
         pl_module.log(self.name, r.estimate, on_step=False, on_epoch=True, sync_dist=True,
                       batch_size=n)
         pl_module.log(f"{self.name}_stderr", r.stderr, on_step=False, on_epoch=True,
                       sync_dist=True, batch_size=n)
+        self._logged = (epoch, r.estimate, r.stderr)
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._check_logged(trainer)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._check_logged(trainer)
+
+    def _check_logged(self, trainer: Trainer) -> None:
+        """Raise where the values Lightning logged for this callback's last measurement are
+        not its own: the module logged under one of its keys in its own ``on_train_epoch_end``
+        (called after this callback's), and Lightning logged — and a ``ModelCheckpoint`` or
+        ``EarlyStopping`` judged by — the mean of both values, weighted by batch size, without a
+        word (``callback.results`` holds the measurement itself)."""
+        if self._logged is None:
+            return
+        epoch, estimate, stderr = self._logged
+        self._logged = None
+        metrics = trainer.callback_metrics
+        for key, value in ((self.name, estimate), (f"{self.name}_stderr", stderr)):
+            got = metrics.get(key)
+            if got is None or not isinstance(got, (Tensor, float, int)):
+                continue
+            got = float(got)
+            if not math.isclose(got, value, rel_tol=1e-5, abs_tol=1e-7) \
+                    and not (math.isnan(got) and math.isnan(value)):
+                raise ValueError(
+                    f"SensitivityCallback({self.name!r}) logged {key}={value:.6g} at epoch "
+                    f"{epoch}, but Lightning holds {key}={got:.6g}: something else (the "
+                    "module's on_train_epoch_end, say) logged under the same key in the same "
+                    "hook, and Lightning logged the mean of both values, weighted by batch "
+                    "size; callback.results holds the measurement. Give the callback its own "
+                    "name=, e.g. name='sensitivity_subset', or log the module's value under "
+                    "another key")
+
+
+def _refuse_keys_logged_elsewhere(callback: SensitivityCallback, trainer: Trainer) -> None:
+    """Raise where another hook of this fit (the module's ``training_step`` or
+    ``validation_step``, say) logged under one of ``callback``'s keys: Lightning keeps one value
+    per key, and the callback's replaced the other in ``callback_metrics`` and the loggers
+    without a word (or both went to the loggers under one key at one step)."""
+    mine = {callback.name, f"{callback.name}_stderr"}
+    epoch_loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+    for loop in (epoch_loop, getattr(epoch_loop, "val_loop", None)):
+        results = getattr(loop, "_results", None)
+        if not isinstance(results, dict):
+            continue
+        for result in results.values():
+            meta = getattr(result, "meta", None)
+            fx = str(getattr(meta, "fx", ""))
+            if getattr(meta, "name", None) in mine and fx != "on_train_epoch_end":
+                raise ValueError(
+                    f"SensitivityCallback({callback.name!r}) logs {meta.name!r}, and this fit "
+                    f"also logged {meta.name!r} in {fx}: Lightning would keep one value under "
+                    "the key, and one of them would be lost, or read as the other (by a "
+                    "ModelCheckpoint or EarlyStopping monitoring it); give the callback its own "
+                    "name=, e.g. name='sensitivity_subset', or log the other value under "
+                    "another key")
 
 
 def _refuse_stale_monitors(callback: SensitivityCallback, trainer: Trainer) -> None:

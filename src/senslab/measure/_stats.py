@@ -89,7 +89,8 @@ class SensitivityResult:
         lo, hi = self.ci95
         return (
             f"sensitivity {fixed(self.estimate)} ± {fixed(self.stderr)} "
-            f"(95% CI {fixed(lo)}–{fixed(hi)}, {self.estimand}; {self.num_examples:,} examples, "
+            f"(95% CI {fixed(lo)}–{fixed(hi)}, {self.estimand}; {self.num_examples:,} "
+            f"example{'' if self.num_examples == 1 else 's'}, "
             f"{self.num_forward:,} forward passes)"
         )
 

@@ -23,7 +23,11 @@ Left padding (padding before the real tokens in the attention mask, as decoders 
 is refused: cutting it would move the real tokens to other positions. Before the first chunk the
 clean examples are evaluated once at their own extents (not counted in ``num_forward``); if that
 changes the clean outputs beyond float rounding — the model reads the positions the mask calls
-padding, or another input has its token axis elsewhere — trimming is switched off for the batch
+padding, or another input has its token axis elsewhere — or if noise on the padding of the most
+padded examples changes their outputs at full width (a max over every position, padding
+included, whose clean outputs a cut leaves as they are: :func:`_padding_read`; a convolution that
+reads a padding embedding of zeros, which a cut replaces by its own zero padding, is run at full
+width too, slower but the same number), trimming is switched off for the batch
 and the copies are evaluated at full width: with a warning when the extents came from the
 model's attention mask (once per metric and kind of change, :func:`check`: a model that reads
 its padding does so at every batch, and a training loop's evaluations would repeat it in each),
@@ -55,6 +59,12 @@ WINDOW_BYTES = 1 << 27
 #: largest relative change of a clean output that trimming may cause (float rounding only)
 RTOL = {torch.float64: 1e-9, torch.float32: 1e-4}
 LOW_PRECISION_RTOL = 5e-2
+
+#: seed of the padding-noise check's own generator (:func:`_padding_read`): the measurement's
+#: random stream is never drawn from
+PADDING_SEED = 20240611
+#: examples (the most padded of those a cut shortens) whose padding gets noise in that check
+PADDING_ROWS = 2
 
 
 def left_padded_message(row: int, key: str, found: str | None = None) -> str:
@@ -123,13 +133,14 @@ def groups(ext: Tensor) -> list[Tensor]:
 
 
 def check(bound: BoundTokens, ext: Tensor, clean: Tensor) -> tuple[str, str] | None:
-    """Evaluate every clean example at its own extent; None if the outputs equal the full-width
+    """Evaluate every clean example at its own extent, then the most padded ones at full width
+    with noise on their padding (:func:`_padding_read`); None if the outputs equal the full-width
     clean outputs up to rounding (of ``clean``'s dtype: the caller runs both in float32 where
-    the copies run under autocast), else the kind of change — ``"failed"``, ``"shape"`` or
-    ``"changed"``, the cause a metric says once — and why, in words, for this batch (trimming
-    is then switched off). Entries that are ``-inf`` in both (masked classes) agree; class
-    labels (outputs that are no floats) must be equal; any exception on the cut inputs (an
-    ``assert`` on the input length, too) means they failed."""
+    the copies run under autocast), else the kind of change — ``"failed"``, ``"shape"``,
+    ``"changed"`` or ``"padding"``, the cause a metric says once — and why, in words, for this
+    batch (trimming is then switched off). Entries that are ``-inf`` in both (masked classes)
+    agree; class labels (outputs that are no floats) must be equal; any exception on the cut
+    inputs (an ``assert`` on the input length, too) means they failed."""
     rtol = RTOL.get(clean.dtype, LOW_PRECISION_RTOL)
     for idx in groups(ext):
         width = int(ext[idx[0]])
@@ -145,30 +156,91 @@ def check(bound: BoundTokens, ext: Tensor, clean: Tensor) -> tuple[str, str] | N
             return "shape", (f"the output has shape {tuple(out.shape[1:])} per example on "
                              f"inputs cut to {width} tokens but {tuple(ref.shape[1:])} on the "
                              "padded inputs")
-        a, b = out.float().reshape(len(idx), -1), ref.float().reshape(len(idx), -1)
-        # the same -inf in both (a class masked out) is no change, -inf on one side only is an
-        # infinite one; sizes are those of the finite entries: a -inf logit made the floor
-        # infinite and its NaN difference hid every other entry, so a model that reads its
-        # padding kept trimming on without a word (0.52 measured for 0.34)
-        gap = (a - b).abs()
-        gap = torch.where(a == b, torch.zeros_like(gap),
-                          torch.where(torch.isfinite(gap), gap, torch.full_like(gap, math.inf)))
-        err = gap.amax(dim=1)
-        scale = _finite_size(b).amax(dim=1)
-        floor = float(_finite_size(clean).max()) * 1e-3 + 1e-30
-        if clean.is_floating_point():
-            bad = err > rtol * scale.clamp(min=floor)
-        else:
-            # class labels (a predict returning argmax) are equal or not: a tolerance relative
-            # to the label's value let class 905 become 907 unseen, so a model that reads its
-            # padding kept trimming on (0.31 measured where the padded inputs give 0.10)
-            bad = err > 0
+        bad, err = _moved(out, ref, clean, rtol)
         if bool(bad.any()):
             row = int(idx[bad.nonzero()[0, 0]])
             worst = float(err.max())
             return "changed", (f"cutting example {row} after its last real token changed its "
                                f"clean output by {worst:.3g}")
-    return None
+    return _padding_read(bound, ext, clean, rtol)
+
+
+def _moved(out: Tensor, ref: Tensor, clean: Tensor, rtol: float) -> tuple[Tensor, Tensor]:
+    """(rows of ``out`` that differ from ``ref`` beyond rounding, each row's largest gap); the
+    floor of the tolerance is set by the whole ``clean`` batch."""
+    a, b = out.float().reshape(len(out), -1), ref.float().reshape(len(ref), -1)
+    # the same -inf in both (a class masked out) is no change, -inf on one side only is an
+    # infinite one; sizes are those of the finite entries: a -inf logit made the floor
+    # infinite and its NaN difference hid every other entry, so a model that reads its
+    # padding kept trimming on without a word (0.52 measured for 0.34)
+    gap = (a - b).abs()
+    gap = torch.where(a == b, torch.zeros_like(gap),
+                      torch.where(torch.isfinite(gap), gap, torch.full_like(gap, math.inf)))
+    err = gap.amax(dim=1)
+    scale = _finite_size(b).amax(dim=1)
+    floor = float(_finite_size(clean).max()) * 1e-3 + 1e-30
+    if clean.is_floating_point():
+        return err > rtol * scale.clamp(min=floor), err
+    # class labels (a predict returning argmax) are equal or not: a tolerance relative to the
+    # label's value let class 905 become 907 unseen, so a model that reads its padding kept
+    # trimming on (0.31 measured where the padded inputs give 0.10)
+    return err > 0, err
+
+
+def _padding_read(bound: BoundTokens, ext: Tensor, clean: Tensor,
+                  rtol: float) -> tuple[str, str] | None:
+    """Whether the model reads the *content* of the positions a cut removes: the most padded
+    examples are evaluated once at full width with noise (of the size of their real token
+    vectors, from a generator of its own: the measurement's stream is untouched) on those
+    positions alone, and must give their clean outputs. The cut check above sees a model that
+    reads its padding only where the padding moves a clean output; one that takes a max over
+    every position, padding included (a text CNN pooled without its mask), keeps its clean
+    outputs when the padding's values lose to the real ones, but a noisy copy whose real values
+    drop below them reads the padding at full width and not when cut: trimming then measured
+    0.191 where the padded inputs give 0.193 (compare='l2'), without a word. ``("padding",
+    reason)`` where it reads them (trimming is switched off), else None. One forward of
+    :data:`PADDING_ROWS` examples at full width, not counted in ``num_forward``."""
+    t = bound.valid.shape[1]
+    cut = (ext < t).nonzero().flatten()
+    if not len(cut):
+        return None
+    # the most padded examples: a model that reads its padding's content reads it in every
+    # example, and two rows keep the check's cost at a few positions per batch
+    rows = cut[torch.sort(ext[cut], stable=True).indices[:PADDING_ROWS]]
+    dev = bound.valid.device
+    pos = torch.arange(t, device=dev)
+    removed = pos[None, :] >= ext[rows].to(dev)[:, None]  # (n, T): what a cut takes away
+    src, tok = (~removed & bound.valid[rows]).nonzero(as_tuple=True)
+    size = float(bound.tokens(rows[src], tok).float().pow(2).mean().sqrt()) if len(src) else 1.0
+    if not 0 < size < math.inf:
+        size = 1.0
+    gen = torch.Generator().manual_seed(PADDING_SEED)
+    noise = torch.randn(len(rows), t, bound.dim, generator=gen) * size
+    noise = (noise.to(dev) * removed.unsqueeze(-1)).to(clean.device)
+    # forward_perturbed adds whole-input noise where ``valid`` is true: the removed positions
+    # are marked so for this one forward, and only they carry noise
+    valid = bound.valid
+    bound.valid = valid.clone()
+    bound.valid[rows] |= removed
+    try:
+        out = bound.forward_perturbed(rows, None, noise)
+    except Exception as err:  # noqa: BLE001  # as a failure on the cut inputs: run at full width
+        return "failed", (f"the model failed with noise on its padding ({type(err).__name__}: "
+                          f"{err})")
+    finally:
+        bound.valid = valid
+    ref = clean[rows.to(clean.device)]
+    if out.shape != ref.shape:
+        return "shape", (f"the output has shape {tuple(out.shape[1:])} per example with noise "
+                         f"on the padding but {tuple(ref.shape[1:])} on the clean inputs")
+    bad, err = _moved(out, ref, clean, rtol)
+    if not bool(bad.any()):
+        return None
+    row = int(rows[bad.nonzero()[0, 0]])
+    return "padding", (f"noise on the padding after example {row}'s last real token changed "
+                       f"its output by {float(err.max()):.3g} (the clean inputs hide it: a max "
+                       "over every position, padding included, picks a real value there, a "
+                       "noisy copy's may lose to the padding's)")
 
 
 def _finite_size(t: Tensor) -> Tensor:

@@ -46,6 +46,12 @@ in [−1, 1]), :math:`q` the 0.975 quantile of Student's t with :math:`n - 1` de
 for ``"data"`` (the :math:`d_e` are :math:`n` i.i.d. values whose spread estimates the
 variance), 1.96 for ``"subset"``, as for one model (:func:`._stats.interval_quantile`).
 
+Both paired standard errors are estimated from the copies on which the two models differ. Where
+they differ on none, every difference is 0 and so is the standard error: ``compute`` then warns
+(once per pair and comparison) that the ``± 0`` says no disagreement was seen, not that the
+difference is known exactly, and gives the rule of three's bound on their disagreement (not with
+the control variate, whose adjusted values differ on nearly every copy).
+
 Models must share the token layout (same tokens per example, same token size, same device),
 otherwise the copies could not be the same; a model with another layout is refused. Adaptive
 stopping (``target_stderr``) and ``shard`` are refused: each model would stop after its own
@@ -55,6 +61,7 @@ number of rounds, and sharded states are not paired.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -64,6 +71,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .._stack import user_level
 from ..tokens.base import DtypeClash, Inputs, Tokenization, check_device, model_dtype
 from ._noise import NoiseStream
 from ._stats import (
@@ -274,6 +282,8 @@ class CompareSensitivity:
         first = next(iter(self.metrics.values()))
         self.estimand, self.align = first.estimand, first.align
         self.pairs = list(combinations(self.metrics, 2))
+        #: the pairs this comparison has warned of (:meth:`_warn_no_disagreement`), kept by reset
+        self._said: set[tuple[str, str]] = set()
         self.reset()
 
     @_one_thread_at_a_time
@@ -346,6 +356,9 @@ class CompareSensitivity:
         start = _snapshot(metrics[0][1])
         verified = {name: (set(m._verified), set(m._batch_checked))  # checked before
                     for name, m in metrics}
+        # a model that measured the batch before another failed counted it (a run at full
+        # width) in its own update, which succeeded: put back, as its own failed update would
+        untrimmed = {name: m.untrimmed_batches for name, m in metrics}
         try:
             for name, m in metrics:
                 _restore(m, start)
@@ -371,6 +384,7 @@ class CompareSensitivity:
                 m.pending = None
                 # the next update checks as a fresh one would
                 m._verified, m._batch_checked = verified[name]
+                m.untrimmed_batches = untrimmed[name]
             raise
         batches = {name: m.pending for name, m in metrics}
         for _, m in metrics:
@@ -409,7 +423,7 @@ class CompareSensitivity:
     @_one_thread_at_a_time
     def compute(self) -> ComparisonResult:
         """Each model's estimate and every pairwise paired difference since :meth:`reset`."""
-        results = {name: m.compute() for name, m in self.metrics.items()}
+        results = {name: self._named_compute(name, m) for name, m in self.metrics.items()}
         diffs = {}
         for a, b in self.pairs:
             r = result(self.paired[a, b], self.estimand, self.align, False, None)
@@ -422,7 +436,49 @@ class CompareSensitivity:
                 estimand=self.estimand, stderr_subset=r.stderr_subset,
                 stderr_unpaired=math.sqrt(ra.stderr**2 + rb.stderr**2), per_sample=r.per_sample,
             )
+            self._warn_no_disagreement(diffs[a, b])
         return ComparisonResult(results=results, differences=diffs, estimand=self.estimand)
+
+    @staticmethod
+    def _named_compute(name: str, m: _Paired) -> SensitivityResult:
+        """``m.compute()``, its warnings said with the model's name: a comparison computes
+        several models, often of one class, and "the standard error rests on no flip: none of
+        the 128 perturbed copies…" said nothing of which model it meant."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")  # the metric says each cause once itself
+            r = m.compute()
+        for w in caught:
+            warnings.warn(f"model {name!r}: {w.message}", w.category, stacklevel=user_level())
+        return r
+
+    def _warn_no_disagreement(self, d: Difference) -> None:
+        """Warn, once per pair, where the two models measured the same value on every copy:
+        their differences are all 0, so the paired standard error is 0 and the 95% interval
+        [0, 0], which reads "no difference, known exactly" where only no disagreement was seen.
+        Two linear classifiers whose biases differ by 0.02 (about 0.2% of the copies disagree)
+        gave ``+0.0000 ± 0.0000`` in 76% of 400 runs of 8 examples, each model with 12 flips
+        and no warning, and those intervals covered the true difference in none of them. Not
+        with the control variate: its adjusted values differ on nearly every copy."""
+        st = self.paired[d.a, d.b]
+        first = next(iter(self.metrics.values()))
+        if not st.copies or st.events or first.control_variate is not None:
+            return
+        said = self.__dict__.setdefault("_said", set())  # a comparison pickled without it
+        if (d.a, d.b) in said:
+            return
+        said.add((d.a, d.b))
+        n = st.copies
+        lo, hi = d.ci95
+        warnings.warn(
+            f"the paired standard error of {d.a!r} − {d.b!r} rests on no copy on which the two "
+            f"models differ: they measured the same value on all {n:,} perturbed copies, so "
+            f"{d.a} − {d.b} = {d.estimate:+.4f} ± {d.stderr:.4f} (95% CI {lo:+.4f}–{hi:+.4f}, "
+            f"{d.estimand}) says only that no disagreement was seen, not that the difference "
+            f"is known exactly; by the rule of three, the share of copies on which they differ "
+            f"is below 3/{n:,} = {3 / n:.2g} with 95% confidence. If both names hold one model "
+            "(a wrapper around the same module), pass the two models meant; otherwise measure "
+            "with more draws (repeats=, more examples) (said once per pair)",
+            RuntimeWarning, stacklevel=user_level())
 
 
 def _named(err: Exception, name: str) -> Exception:

@@ -312,10 +312,36 @@ def unknown_key(key: str, *cfgs: Any) -> UnknownKey:
     """The error for ``key`` naming no field of any of ``cfgs``: the closest valid key and every
     valid key."""
     keys = list(dict.fromkeys(k for cfg in cfgs for k in valid_keys(cfg)))
-    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.5)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
+    hint = _closest(key, keys, cfgs)
+    hint = f" Did you mean {hint!r}?" if hint else ""
     listed = ", ".join(dict.fromkeys(k for cfg in cfgs for k in valid_keys(cfg, entries=True)))
     return UnknownKey(f"unknown config key {key!r}.{hint} Valid keys: {listed}", key)
+
+
+def _closest(key: str, keys: list[str], cfgs: tuple[Any, ...]) -> str | None:
+    """The valid key ``key`` most likely meant. Spelling alone (difflib on the dotted key) named
+    ``train.loss`` for ``train.lr``, nothing for ``lr`` and ``model.name`` for ``model.depth``;
+    so, in order: a key of the same field name in another section (``lr`` → ``optim.lr``), a
+    near spelling, an entry of the section's free-form dict (``model.depth`` →
+    ``model.overrides.depth``), a looser spelling."""
+    *section, name = key.split(".")
+    same = [k for k in keys if k.rsplit(".", 1)[-1] == name]
+    if same:
+        return difflib.get_close_matches(key, same, n=1, cutoff=0)[0]
+    near = difflib.get_close_matches(key, keys, n=1, cutoff=0.75)
+    if near:
+        return near[0]
+    for cfg in cfgs if section else ():
+        obj = cfg
+        for part in section:
+            obj = getattr(obj, part, None) if dataclasses.is_dataclass(obj) else None
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            entries = [f.name for f in dataclasses.fields(obj)
+                       if isinstance(getattr(obj, f.name), dict)]
+            if entries:
+                return ".".join([*section, entries[0], name])
+    loose = difflib.get_close_matches(key, keys, n=1, cutoff=0.5)
+    return loose[0] if loose else None
 
 
 def set_option(cfg: Any, key: str, value: Any, parse: bool = True) -> None:
@@ -423,6 +449,28 @@ def validate(cfg: C) -> C:
             raise ValueError(f"{', '.join(unused)}: optim.name={o.name} has no momentum or weight "
                              "decay (its step is the normalised or Polyak one alone); set them to "
                              f"0, or use optim.name=sgd/adamw for them")
+        # the other settings an optimizer or schedule never reads: recorded in config.json (and
+        # set apart in reports) while the run trained exactly as without them
+        od = OptimConfig()
+        unread = [(k, why) for k, why, ignored in (
+            ("momentum", f"optim.name={o.name} has no SGD momentum (Adam's first moment, β1, "
+                         "is fixed at 0.9); use optim.name=sgd for momentum",
+             o.name in ("adam", "adamw")),
+            ("eta_max", f"optim.name={o.name} has no step-size cap (optim.eta_max caps ngd, "
+                        "sngd and sps only)", o.name in ("sgd", "adam", "adamw")),
+            ("lr", "optim.name=sps sets its own step size (the Polyak step, capped by "
+                   "optim.eta_max)", o.name == "sps"),
+            ("step_epochs", f"optim.schedule={o.schedule} has no steps (optim.step_epochs "
+                            "and optim.gamma belong to optim.schedule=step)",
+             o.schedule != "step"),
+            ("gamma", f"optim.schedule={o.schedule} has no steps (optim.step_epochs and "
+                      "optim.gamma belong to optim.schedule=step)", o.schedule != "step"),
+        ) if ignored and getattr(o, k) != getattr(od, k)]
+        if unread:
+            key, why = unread[0]
+            raise ValueError(f"optim.{key}={getattr(o, key)}: {why}, so the run would train "
+                             f"without it; drop optim.{key}, or choose the optimizer or "
+                             "schedule that reads it")
         t, default = cfg.train, TrainConfig()
         reads = REGULARIZER_READS.get(t.regularizer, ())
         ignored = [f"train.{k}={getattr(t, k)}" for k in ("reg_alpha", "reg_sigma", "reg_patch")

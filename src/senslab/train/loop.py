@@ -616,6 +616,9 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
     total_steps = cfg.train.epochs * n_batches
     if cfg.train.max_steps is not None:
         total_steps = min(total_steps, cfg.train.max_steps)
+    said = _schedule_cut(cfg, n_batches, total_steps) if rank == 0 else None
+    if said is not None:
+        warnings.warn(said, UserWarning, stacklevel=4)
     bar = Progress(total_steps, enabled=progress if rank == 0 else False, desc=cfg.name,
                    initial=pos.step)
 
@@ -712,6 +715,39 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
     }
     rd.write_json("summary.json", summary)
     return summary
+
+
+def _schedule_cut(cfg: RunConfig, n_batches: int, total_steps: int) -> str | None:
+    """The warning for a learning-rate schedule this run does not train as its config says, else
+    None. The schedules change the rate once per epoch (cosine over ``train.epochs``), so a run
+    that never reaches a second epoch (``train.epochs=1``), or the epoch of a step's first
+    decay, trains at a constant rate, and one that ``train.max_steps`` stops before its last
+    epoch ends a cosine far from 0 — each recorded as the schedule asked for, without a word."""
+    o, epochs = cfg.optim, cfg.train.epochs
+    last = (total_steps - 1) // n_batches  # the last epoch trained (0-based)
+    cosine = o.schedule == "cosine" and last < max(epochs - 1, 1)
+    if not (cosine or o.schedule == "step" and last < o.step_epochs):
+        return None
+    cut = total_steps < epochs * n_batches
+    if cosine:
+        what = f"anneals the learning rate once per epoch over train.epochs={epochs}"
+    else:
+        what = (f"multiplies the learning rate by optim.gamma={o.gamma:g} every "
+                f"optim.step_epochs={o.step_epochs} epochs")
+    if last == 0 or not cosine:
+        ends = f"it stays at optim.lr={o.lr:g} throughout, as with optim.schedule=constant"
+        fix = (f"optim.step_epochs={last} or less" if last else
+               "train.epochs=2 or more" + (f" and train.max_steps above {n_batches}"
+                                           if cut else ""))
+    else:
+        rate = o.lr * (1 + math.cos(math.pi * last / epochs)) / 2
+        ends = f"its last epoch trains at {rate:.3g}, not near 0"
+        fix = f"train.epochs={last + 1} (the epochs it trains)"
+    steps = (f"{total_steps} steps (train.max_steps={cfg.train.max_steps})" if cut
+             else f"{total_steps} steps")
+    return (f"optim.schedule={o.schedule} {what}, but this run trains {steps} of {n_batches} "
+            f"per epoch, in {last + 1} epoch{'s' if last else ''}: {ends}. Set {fix} for the "
+            "schedule to act, or optim.schedule=constant to say that the rate is constant")
 
 
 def _reached(cfg: RunConfig, record: dict[str, Any]) -> bool:
