@@ -106,9 +106,17 @@ def data_home() -> Path:
     """``$SENSLAB_DATA`` when set (a leading ``~`` is the home folder, as a shell would read it:
     a quoted ``SENSLAB_DATA="~/data"`` meant ``$HOME/data``, not a folder named ``~`` in the
     working directory), else ``~/.cache/senslab/data``; dataset ``name`` lives in
-    ``data_home() / name``."""
-    env = os.environ.get("SENSLAB_DATA")
+    ``data_home() / name``. A blank value (empty, or only spaces) is "not set", as an empty
+    one is in a shell: ``Path("  ")`` was a folder named by spaces in the working directory,
+    where downloads went and where nothing else would look."""
+    env = _senslab_data()
     return Path(env).expanduser() if env else Path.home() / ".cache" / "senslab" / "data"
+
+
+def _senslab_data() -> str | None:
+    """``$SENSLAB_DATA``, or ``None`` when it is unset or blank (see :func:`data_home`)."""
+    env = os.environ.get("SENSLAB_DATA")
+    return env if env and env.strip() else None
 
 
 def reject_root(name: str, root: object, why: str) -> None:
@@ -138,7 +146,7 @@ def _wanted(groups: Groups) -> str:
 
 
 def _home_label(name: str) -> str:
-    if os.environ.get("SENSLAB_DATA"):
+    if _senslab_data():
         return f"{data_home() / name} ($SENSLAB_DATA/{name})"
     return f"{data_home() / name} (the default data folder; SENSLAB_DATA is not set)"
 

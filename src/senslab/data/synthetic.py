@@ -66,21 +66,39 @@ def _check_seed(seed: object, option: str = "seed", name: str = "") -> int:
     reads exactly passes as before (numpy's and torch's integers, 2.0, "3"). ``option`` and
     ``name`` (the loader) are named in the error."""
     where = f"{name}: " if name else ""
-    if not isinstance(seed, bool):
-        try:
-            return operator.index(seed)  # type: ignore[arg-type]  (ints of any size, exactly)
-        except TypeError:
-            pass
-        try:
-            value = int(seed)  # type: ignore[call-overload]
-            whole = float(seed) == value  # type: ignore[arg-type]
-        except (TypeError, ValueError, OverflowError):
-            whole = False
-        if whole:
-            return value
+    value = _whole(seed)
+    if value is not None:
+        return value
     raise ValueError(f"{where}{option}={seed!r} is not an int: a seed is a whole number (a "
                      f"float was cut to one, a bool read as 0 or 1, giving another seed's data "
                      f"without a word); pass an int, e.g. {option}=0")
+
+
+def _whole(value: object) -> int | None:
+    """``value`` as an int when it is exactly one (an int of any size, numpy's and torch's
+    integers, 2.0, "3"), else ``None`` (a bool, 1.7, a string that is not a number)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]  (ints of any size, exactly)
+    except TypeError:
+        pass
+    try:
+        out = int(value)  # type: ignore[call-overload]
+        whole = float(value) == out  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return out if whole else None
+
+
+def _check_bits(n_bits: object, name: str) -> int:
+    """``n_bits`` as a number of input bits, refused unless it is an int ≥ 1: 0 bits gave
+    1,024 empty strings with constant (PARITY) or NaN (MEAN) targets, and True read as 1 bit,
+    each without a word."""
+    if isinstance(n_bits, bool) or not isinstance(n_bits, numbers.Integral) or n_bits < 1:
+        raise ValueError(f"{name}: n_bits must be an int ≥ 1 (the length of the ±1 strings), "
+                         f"got {n_bits!r}")
+    return int(n_bits)
 
 
 def _check_split(name: str, split: str, allowed: tuple[str, ...]) -> str:
@@ -456,13 +474,21 @@ def sparse_parity(
     locate("sparse_parity", root)  # refuses a root
     seed = _check_seed(seed, name="sparse_parity")
     _check_split("sparse_parity", split, ("train", "test"))
+    n_bits = _check_bits(n_bits, "sparse_parity")
     if subset is None:
         k = 3 if k is None else k
         if not 1 <= k <= n_bits:
             raise ValueError(f"k must be in [1, n_bits={n_bits}], got {k}")
         s = torch.randperm(n_bits, generator=_generator(seed, "shared"))[:k]
     else:
-        s = torch.as_tensor(list(subset), dtype=torch.long)
+        entries = list(subset) if not isinstance(subset, (str, bytes)) else [subset]
+        picked = [_whole(i) for i in entries]
+        if any(i is None for i in picked) or isinstance(subset, (str, bytes)):
+            # the long conversion cut 1.7 to 1 and read True as 1: the parity of other bits
+            raise ValueError(
+                f"sparse_parity: subset must be whole bit indices in [0, {n_bits}), got "
+                f"{entries}; pass ints, e.g. subset=[0, 1, 3]")
+        s = torch.tensor(picked, dtype=torch.long)
         if s.numel() == 0 or s.unique().numel() != s.numel() or s.min() < 0 or s.max() >= n_bits:
             raise ValueError(
                 f"subset must be distinct indices in [0, {n_bits}), got {list(subset)}"
@@ -578,6 +604,7 @@ def boolean(
     if sampling not in ("fresh", "cube", "subset"):
         raise ValueError(f"sampling must be 'fresh', 'cube' or 'subset', got {sampling!r}")
     _check_split("boolean", split, ("train", "test"))
+    n_bits = _check_bits(n_bits, "boolean")
     seed = _check_seed(seed, name="boolean")
     if function_seed is not None:
         function_seed = _check_seed(function_seed, "function_seed", "boolean")
@@ -587,7 +614,7 @@ def boolean(
                              "or use function='random'")
     _check_sampling_options(sampling, size, train_size)
     size = 1024 if size is None else _check_count(size, "size", "boolean")
-    train_size = 256 if train_size is None else train_size
+    train_size = 256 if train_size is None else _check_count(train_size, "train_size", "boolean")
 
     table = None
     if function == "random" or sampling != "fresh":
@@ -677,7 +704,7 @@ def maxmargin_attention(
     u = u / u.norm()
 
     g = _generator(seed, split)
-    n, T = num_samples, seq_len
+    n, T = _check_count(num_samples, "num_samples", "maxmargin_attention"), seq_len
     y = (torch.randint(0, 2, (n,), generator=g) * 2 - 1).float()
     x = torch.randn(n, T, dim, generator=g) / math.sqrt(dim)
     opt = torch.randint(1, T, (n,), generator=g)
