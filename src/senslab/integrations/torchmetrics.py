@@ -236,6 +236,9 @@ class TokenSensitivityMetric(Metric):
         #: examples the states hold (its own included): ``merge_state`` refuses a repeat
         self._id = uuid.uuid4().hex
         self._ids = {self._id}
+        #: the examples the states held when this metric last wrote them (update, merge, load,
+        #: reset): other examples there were put by someone else (:meth:`_foreign_states`)
+        self._own_n: float | None = 0.0
         self._lock = TurnLock("this metric")
         self._serialize()
         self._engine: TokenSensitivity | None = None
@@ -315,6 +318,7 @@ class TokenSensitivityMetric(Metric):
             self.pos_sum.append(st.pos_sum.to(dev, torch.float64))
             self.pos_cnt.append(st.pos_cnt.to(dev, torch.float64))
         self.batch_estimate, self._batch = st.s1 / st.n, (st.s1, st.n)
+        self._own_n = float(self.n)
 
     def forward(self, *args: Any, **kwargs: Any) -> Tensor:  # type: ignore[override]
         """``update`` and the batch's own estimate (the accumulated states keep growing; the
@@ -424,6 +428,7 @@ class TokenSensitivityMetric(Metric):
             self._computed, self._last = None, None
             self._seen |= seen
             self._ids |= ids
+            self._own_n = float(self.n)
 
     def _warn_few_events(self, r: SensitivityResult) -> None:
         """:meth:`TokenSensitivity._warn_few_events` on the accumulated (synced, merged) counts,
@@ -474,6 +479,7 @@ class TokenSensitivityMetric(Metric):
             self._warned_seen, self._own = False, set()
             self._id = uuid.uuid4().hex
             self._ids = {self._id}
+            self._own_n = 0.0
 
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Move the states with the module, never change their dtype: a ``.to(torch.bfloat16)``
@@ -519,9 +525,13 @@ class TokenSensitivityMetric(Metric):
         """torchmetrics' context, with this process's own states restored however the body
         ends: an error or a Ctrl-C inside ``compute`` left the metric synced (every process's
         states in this one's), so a later ``update`` added to the sum of all processes and the
-        next ``compute`` failed with "already been synced"."""
+        next ``compute`` failed with "already been synced". States this metric did not write
+        are refused (:meth:`_foreign_states`; on every process alike where they sync)."""
+        said = None if self._is_synced else self._foreign_states()
         self.sync(dist_sync_fn=dist_sync_fn, process_group=process_group,
                   should_sync=should_sync, distributed_available=distributed_available)
+        if said is not None:  # not synced (one process; _sync_dist refuses on every one)
+            raise RuntimeError(said)
         try:
             yield
         finally:
@@ -532,8 +542,20 @@ class TokenSensitivityMetric(Metric):
         """torchmetrics' sync of the states across processes, refused (a ValueError, on every
         process alike, before any state is synced) where two processes' per-position profiles
         are over two grids of patches: gathered, position k of one and of the other, another
-        patch each, had been added up. Processes that measured no patches agree with any."""
+        patch each, had been added up. Processes that measured no patches agree with any. Also
+        refused, on every process, where one's states are not its own (:meth:`_foreign_states`).
+        """
         group = process_group or self.process_group
+        flag = float(self._foreign_states() is not None)  # this process's own states still
+        flags = dist_sync_fn(torch.tensor([flag], dtype=torch.float64, device=self.n.device),
+                             group=group)
+        foreign = [r for r, f in enumerate(flags) if float(f.sum())]
+        if foreign:
+            raise RuntimeError(
+                f"cannot sync the metric's states across processes: on process(es) {foreign} "
+                "they hold other examples than the metric measured, merged or loaded there: "
+                + _FOREIGN_FIX
+            )
         # each process's entries as they are, read after the gather: a process whose own are
         # damaged raises with the others, never before a gather they wait in
         mine = _cat(self.pos_grid).to(self.n.device, torch.float64)
@@ -606,6 +628,7 @@ class TokenSensitivityMetric(Metric):
             if counts:  # the states were replaced: so are the examples' ids
                 self._id = uuid.uuid4().hex
                 self._ids = {self._id} | (_ids_read(ids) if float(self.n) else set())
+            self._own_n = float(self.n)
 
     def __getstate__(self) -> dict[str, Any]:
         with self._lock:
@@ -638,6 +661,21 @@ class TokenSensitivityMetric(Metric):
         self._serialize()
 
     # -- helpers -------------------------------------------------------------------------------
+    def _foreign_states(self) -> str | None:
+        """Why the states are refused where they hold other examples than this metric's updates,
+        merges and loads put there (None: they are its own). torchmetrics' ``MetricCollection``
+        (``compute_groups=True``, its default) makes metrics whose states are equal after the
+        first ``update`` share the first one's states and then updates only that one; for this
+        metric equal states do not mean equal measurements (two sigmas, seeds or options agree
+        on a batch without flips, with ``index=``), and the other metrics had returned the
+        first one's estimate as their own (sigma=2.0 reported sigma=0.1's 0.0 for 0.1875),
+        without a word."""
+        own = getattr(self, "_own_n", None)  # None: not known (an older senslab's pickle)
+        if own is None or float(self.n) == own:
+            return None
+        return (f"this metric's states hold {float(self.n):g} examples, but it measured, "
+                f"merged or loaded {own:g}: " + _FOREIGN_FIX)
+
     def _serialize(self) -> None:
         """``update`` and ``compute`` — torchmetrics' wrappers included, which count updates and
         cache the computed value — under the metric's lock: ``update`` measures a batch on the
@@ -794,6 +832,15 @@ class TokenSensitivityMetric(Metric):
         sigma = self._engine.sigma if self._engine is not None else _sigma(self.options)
         return result(state, self.options.get("estimand", "data"), align, compare == "class",
                       sigma)
+
+
+#: what states another metric put in a metric's place come from, and the fix
+_FOREIGN_FIX = (
+    "another metric's states were put in its place, as a torchmetrics MetricCollection with "
+    "compute groups does to metrics whose first update gave equal states (then only one of "
+    "them measures, and the others would return its estimate as theirs). Build the collection "
+    "with MetricCollection(..., compute_groups=False)"
+)
 
 
 def _known(count: Tensor) -> int:

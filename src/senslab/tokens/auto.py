@@ -44,18 +44,24 @@ transformer block, after the embedding LayerNorm (``embedding="block"``, default
 * an embeddings block with a LayerNorm (BERT, RoBERTa, MiniLM, DistilBERT, ELECTRA…):
   that LayerNorm, e.g. ``bert.embeddings.LayerNorm``. In these models it follows the sum of the
   word, position and token-type embeddings, so a token vector already holds its position (the
-  zoo's own text models put their LayerNorm before the positions are added).
+  zoo's own text models put their LayerNorm before the positions are added). Where the block
+  maps the LayerNorm's output on (FNet's ``projection``), the block's own output instead.
 * a linear map from the embedding size to the hidden size after that LayerNorm (ALBERT's
   ``albert.encoder.embedding_hidden_mapping_in``; ELECTRA-small's and ConvBERT's
   ``embeddings_project``): that map, whose output is what enters the first block; noise on the
   LayerNorm's narrower output would reach the block mapped, in other units than σ.
 * GPT-2 style, learned positions ``wpe`` and no embedding LayerNorm: the dropout after the sum
-  of token and position embeddings (``transformer.drop``), i.e. exactly that sum in eval mode.
+  of token and position embeddings (``transformer.drop``), i.e. exactly that sum in eval mode;
+  likewise CTRL's ``transformer.dropout`` after its scaled word vectors plus ``pos_encoding``.
 * an embedding LayerNorm beside the word embedding (BART's ``layernorm_embedding``, applied after
   the positions are added; BLOOM's ``word_embeddings_layernorm``): that LayerNorm.
 * positions added inside the forward after the word embedding (``embed_positions``: OPT, Marian,
   Pegasus): no module's output is the vector entering the first block, so ``"block"`` is
   refused, naming ``embedding="word"`` (noise before the positions).
+* a word embedding whose output the model multiplies inside its forward
+  (``embedding_multiplier``: Granite, Falcon-H1): no module's output is the vector entering the
+  first block, so ``"block"`` is refused, naming ``embedding="word"`` with σ divided by that
+  factor.
 * otherwise (Llama-style models with rotary positions): the word-embedding output, which is
   then itself what enters the first block.
 
@@ -91,6 +97,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
+import torch
 from torch import nn
 
 from .base import Position, Tokenization, check_position
@@ -714,13 +721,19 @@ def _text_module(model: nn.Module, word: nn.Module, embedding: str) -> str:
             return projection
         norms = [n for n, m in parent.named_children()
                  if isinstance(m, nn.LayerNorm) or "norm" in type(m).__name__.lower()]
-        if len(norms) == 1:
+        if len(norms) == 1 and not _maps_after_norm(parent, parent.get_submodule(norms[0])):
             return f"{parent_name}.{norms[0]}"
-        return parent_name  # no (or no single) LayerNorm: the block's own output
-    drop = getattr(parent, "drop", None)
+        # no (or no single) LayerNorm, or a linear map inside the block after it (FNet's
+        # projection): the block's own output, which is what enters the first block
+        return parent_name
     prefix = f"{parent_name}." if parent_name else ""
-    if hasattr(parent, "wpe") and isinstance(drop, nn.Dropout):  # GPT-2 style
-        return f"{prefix}drop"
+    drop = next((n for n in ("drop", "dropout") if isinstance(getattr(parent, n, None),
+                                                               nn.Dropout)), None)
+    # GPT-2 style: learned positions wpe, or CTRL's sinusoidal pos_encoding added (after its
+    # word vectors are scaled by sqrt(d_model)) inside the forward; the dropout after the sum
+    # is the one module whose output is what enters the first block
+    if drop is not None and (hasattr(parent, "wpe") or hasattr(parent, "pos_encoding")):
+        return f"{prefix}{drop}"
     # an embedding LayerNorm beside the word embedding (BART's layernorm_embedding, after the
     # positions are added; BLOOM's word_embeddings_layernorm): its output enters the block
     norms = [n for n, m in parent.named_children() if m is not word and "emb" in n.lower()
@@ -737,4 +750,50 @@ def _text_module(model: nn.Module, word: nn.Module, embedding: str) -> str:
             f"({name}) comes before the positions. Pass that explicitly: "
             "auto_tokens(model, embedding='word')"
         )
+    scale = _inline_scale(parent)
+    if scale is not None:
+        attr, value = scale
+        raise TypeError(
+            f"{type(model).__name__} multiplies its word embedding's output ({name}) by "
+            f"{attr}={value:g} inside {type(parent).__name__}.forward, so no module's output is "
+            "the vector that enters its first block, and noise on the word embedding reaches "
+            f"that block multiplied by {value:g} (σ there is {value:g}·σ). Pass "
+            f"auto_tokens(model, embedding='word') with σ divided by {value:g} to put σ on the "
+            "vectors entering the first block"
+        )
     return name
+
+
+#: attributes holding a factor by which a model multiplies its word embedding's output inside its
+#: own forward, after the embedding module (Granite, Falcon-H1, HyperCLOVA X:
+#: ``embedding_multiplier``; HRM: ``embedding_scale``)
+INLINE_EMBEDDING_SCALES = ("embedding_multiplier", "embedding_scale", "embed_scale")
+
+
+def _inline_scale(parent: nn.Module) -> tuple[str, float] | None:
+    """(attribute, factor) where the module holding the word embedding scales its output in its
+    forward by a factor other than 1 (:data:`INLINE_EMBEDDING_SCALES`); None otherwise. Noise on
+    the word embedding's output is then scaled too: Granite's ``embedding_multiplier=12`` made
+    σ on ``embed_tokens`` a noise of 12σ on the vectors entering the first block, reported as
+    σ."""
+    for attr in INLINE_EMBEDDING_SCALES:
+        value = getattr(parent, attr, None)
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = float(value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value != 1:
+            return attr, float(value)
+    return None
+
+
+def _maps_after_norm(block: nn.Module, norm: nn.Module) -> bool:
+    """The embeddings block has a linear map that takes its LayerNorm's output (an
+    ``nn.Linear`` child whose input width is the LayerNorm's: FNet's ``projection``), so the
+    LayerNorm's output is not what the block puts out. (MobileBERT's ``embedding_transformation``
+    maps the concatenated trigram embeddings before the LayerNorm: another input width.)"""
+    shape = getattr(norm, "normalized_shape", None)
+    width = shape[-1] if isinstance(shape, (tuple, list)) and shape else None
+    if width is None:
+        weight = getattr(norm, "weight", None)
+        width = weight.shape[-1] if isinstance(weight, torch.Tensor) and weight.dim() else None
+    return width is not None and any(isinstance(m, nn.Linear) and m.in_features == width
+                                     for m in block.children())

@@ -453,6 +453,17 @@ def _positional(model: Any, inputs: tuple[Any, ...] | list[Any]) -> dict[str, An
     return named if named or not variadic & bound.keys() else None
 
 
+def _named_inputs(model: Any, inputs: Inputs) -> Inputs | None:
+    """``inputs`` as ``prefix_cache`` reads them: a tensor or dict as it is, a tuple or list as
+    the named parameters of the forward it is passed to (``(ids, mask)`` →
+    ``{'input_ids': ids, 'attention_mask': mask}``: the zoo's ``prefix_cache`` takes a
+    non-dict as the token ids, and a tuple failed with "'tuple' object has no attribute
+    'dim'"); None where a tuple's entries have no names (prefix reuse is then not taken)."""
+    if isinstance(inputs, (tuple, list)):
+        return _positional(model, inputs)
+    return inputs
+
+
 def unwrapped(model: Any) -> Any:
     """The model inside DistributedDataParallel / DataParallel (``.module``) and
     ``torch.compile`` (``._orig_mod``), whose forward takes ``*args, **kwargs``; else
@@ -471,7 +482,9 @@ def unwrapped(model: Any) -> Any:
 def find_module(model: nn.Module, name: str) -> nn.Module:
     """``model.get_submodule(name)`` with an error that lists the valid names."""
     names = [n for n, _ in model.named_modules() if n]
-    if name not in names:
+    # every path a submodule has (a module held under two names, ``shared`` and
+    # ``encoder.embed_tokens``, is listed once by named_modules): both name it
+    if name not in {n for n, _ in model.named_modules(remove_duplicate=False)}:
         close = difflib.get_close_matches(name, names, n=3)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
         raise ValueError(
@@ -528,7 +541,8 @@ class Embedding(Tokenization):
     once per forward pass (a LayerNorm shared by two places would get noise at both: refused).
 
     Prefix reuse: a model that reads its tokens left to right may declare ``prefix_module``
-    (the hooked submodule's name) and implement ``prefix_cache(tokens, inputs)`` and
+    (the hooked submodule's name) and implement ``prefix_cache(tokens, inputs)`` (a tuple
+    input reaches it as a dict of the forward's parameters it binds to) and
     ``forward_suffix(cache, src, tok, noise)``; then, in eval mode, a copy perturbed at token
     ``t`` is evaluated from the clean state at ``t − 1`` instead of by a full forward
     (:class:`senslab.models.text.LSTMClassifier` and ``GPT2Classifier`` do; same predictions up
@@ -587,7 +601,8 @@ class Embedding(Tokenization):
         bound.reuse = (self.reuse_prefix and not model.training
                        and getattr(model, "prefix_module", None) == name
                        and hasattr(model, "forward_suffix")
-                       and not forward_hooks(model, foreign=True))
+                       and not forward_hooks(model, foreign=True)
+                       and _named_inputs(model, inputs) is not None)
         own = OwnForwards(model)  # the forwards of a thread running the model itself pass
         handle = target.register_forward_hook(own.hook(bound.hook))
         try:
@@ -1148,7 +1163,8 @@ class _BoundEmbedding(BoundTokens):
         size then meters what one copy costs, not this cache, which every chunk shares (on a
         batch of 64 sentences it made the probe size chunks of 7 copies)."""
         if self.reuse and self._cache is None:
-            self._cache = self.model.prefix_cache(self._clean, self.inputs)
+            self._cache = self.model.prefix_cache(self._clean,
+                                                  _named_inputs(self.model, self.inputs))
 
     def copy_bytes(self) -> int:
         """Bytes of the cache one copy reads (its example's rows, which prefix reuse gathers per
