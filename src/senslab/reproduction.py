@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .experiments import get_experiment, list_experiments
-from .verdicts import WORDS, Effect, describe, judge, plain
+from .verdicts import UNPAIRED, WORDS, Effect, describe, judge, plain
 
 RECORD_KEYS = ("verdict", "reason", "runtime_s", "overrides", "finished", "commit",
                "run_commits", "threads", "effects", "correction", "seeds", "device")
@@ -217,8 +217,8 @@ def _write_whole(path: Path, text: str) -> None:
 def check_verdict(exp_dir: Path, name: str, scale: str, runs: list[str],
                   verdict: dict[str, Any]) -> None:
     """Refuse to record ``verdict`` (verdict.json of ``exp_dir``) unless every run experiment.json
-    lists has finished and the runs' summaries still give that verdict: its word and effects are
-    recomputed as ``senslab run`` computes them (each run's ``info`` and :meth:`~senslab.
+    lists has finished and the runs' summaries still give that verdict: its word, effects and
+    reason are recomputed as ``senslab run`` computes them (each run's ``info`` and :meth:`~senslab.
     experiments.base.Experiment.after_run` measurements, cached in its run directory, then the
     experiment's own verdict). A record rests on those runs; a removed, unfinished or edited run
     would otherwise be recorded under the verdict of runs that are gone."""
@@ -267,6 +267,16 @@ def check_verdict(exp_dir: Path, name: str, scale: str, runs: list[str],
             diffs.append(f"{part!r}: recorded {a}, its runs give {b}")
         else:
             diffs.extend(_differences(mine[part], theirs[part], repr(part)))
+    # the reason is REPRODUCTION.md's result column: with only the word and effects compared,
+    # its numbers beyond the effects (the evidence, a failed precondition's measurements) were
+    # recorded as some earlier runs gave them, not as these runs do
+    said, given = str(verdict.get("reason")), fresh.get("reason")
+    if isinstance(given, str) and given != said:
+        i = next((i for i, (a, b) in enumerate(zip(said, given, strict=False)) if a != b),
+                 min(len(said), len(given)))
+        lo = max(0, i - 30)
+        diffs.append(f"reason: recorded '…{said[lo:i + 30]}…', its runs give "
+                     f"'…{given[lo:i + 30]}…'")
     if diffs:
         raise ValueError(f"verdict.json is stale: {exp_dir}'s runs no longer give it ("
                          f"{'; '.join(diffs[:4])}{'; …' if len(diffs) > 4 else ''}); re-run "
@@ -355,13 +365,19 @@ def refloor(entry: dict[str, Any]) -> str:
 
     def part(e: dict[str, Any], floored: bool) -> Effect:
         se, se_seed, method = e["se"], e.get("se_seed"), e.get("method") or ""
-        unit = e.get("unit") or "seed"
+        # as describe() reads a part stored before ``unit`` was: a bootstrap's units are runs
+        # (a plain "seed" turned "12 runs" into "12 seeds" in the reason)
+        unit = e.get("unit") or ("run" if method.startswith("bootstrap") else "seed")
         if floored:
             if not method.startswith("mean over"):
                 raise ValueError(f"refloor: part {e.get('what')!r} is no mean over seeds "
                                  f"({method!r}): its floor is not the seeds' rule")
             se, se_seed = e["se_measure"], 0.0
-            method = f"mean over {e['seeds']} {unit}s (t; s.e. floored at the measurement error)"
+            # the seeds paired_by_seed left out stay said (describe() repeats them): the new
+            # method dropped them, and the reason then read as a mean over every seed run
+            unpaired = method.partition(UNPAIRED)[2]
+            method = (f"mean over {e['seeds']} {unit}s (t; s.e. floored at the measurement "
+                      "error)" + (f"; {UNPAIRED}{unpaired}" if unpaired else ""))
         return Effect(float(e["effect"]), math.nan if se is None else float(se),
                       math.inf if e.get("df") is None else float(e["df"]), int(e["seeds"]),
                       e.get("se_measure"), se_seed, e.get("what") or "", method, unit)
@@ -473,6 +489,23 @@ def render(records: dict[str, dict[str, Any]],
     for name in list_experiments():
         paper, section = _paper_and_section(get_experiment(name).paper)
         by_paper.setdefault(paper, []).append((name, section))
+    # the summary counts the records, the rows look them up by file stem: a record no row shows
+    # (of an experiment no longer registered, or a copy under another stem) was counted in the
+    # summary's verdicts without a row, or marked its experiment as run while the row said
+    # "not run here"
+    for key, rec in records.items():
+        name, scale = rec.get("name"), rec.get("scale", "cpu")
+        if name not in list_experiments():
+            raise ValueError(f"record {key}.json is of experiment {name!r}, which is not "
+                             "registered (renamed or removed?): REPRODUCTION.md has no row for "
+                             "it; delete the record, or re-record the experiment under its "
+                             "current name")
+        stem = name if scale == "cpu" else f"{name}.{scale}"
+        if key != stem:
+            raise ValueError(f"record {key}.json holds experiment {name!r} at scale {scale!r}, "
+                             f"whose record is {stem}.json: REPRODUCTION.md would show it in "
+                             "another row, or none; rename it, or delete it if it is a stray "
+                             "copy")
     counts: dict[str, dict[str, int]] = {}
     for rec in records.values():
         by_word = counts.setdefault(rec.get("scale", "cpu"), {})

@@ -21,8 +21,9 @@ With several columns the margin is the clean class's column minus the largest ot
 Integer or bool outputs of shape (B,) are class labels and are compared as they are (unless
 the kind is ``"scores"``, whose threshold is then applied).
 
-**The ambiguous case is refused.** A single floating column that lies entirely in [0, 1], some
-values strictly inside, is what a ``sigmoid`` head returns (its confident examples round to
+**The ambiguous case is refused.** A single floating column that lies entirely in [0, 1] (up to
+a few units of rounding: a sum of probabilities gives 1.0000001), some values strictly inside, is
+what a ``sigmoid`` head returns (its confident examples round to
 exactly 0 or 1 in float32); read as logits every value is at least 0, (almost) every prediction
 is class 1 and no noise flips it — a sensitivity of (about) 0 that says nothing. When no kind
 was given (neither the option nor a model attribute ``output_kind``) such an output raises a
@@ -205,7 +206,14 @@ def _boundary(dtype: torch.dtype, t: float) -> tuple[float, bool]:
 def _above(flat: Tensor, t: float) -> Tensor:
     """``flat > t`` for the real number ``t``, exact in ``flat``'s own dtype."""
     if not flat.is_floating_point():
-        return flat > math.floor(t)  # an integer above t is above its floor
+        floor = math.floor(t)  # an integer above t is above its floor
+        # a floor outside the dtype's range is cast into it (wrapped) by the comparison:
+        # uint8 labels against a threshold of -0.5 compared with 255, none above it
+        lo, hi = (0, 1) if flat.dtype == torch.bool else (torch.iinfo(flat.dtype).min,
+                                                         torch.iinfo(flat.dtype).max)
+        if floor < lo or floor >= hi:
+            return torch.full_like(flat, floor < lo, dtype=torch.bool)
+        return flat > floor
     r, inclusive = _boundary(flat.dtype, t)
     return flat >= r if inclusive else flat > r
 
@@ -219,6 +227,15 @@ def _column_range(out: Tensor) -> tuple[float, float, bool] | None:
     lo, hi, inside = torch.stack(
         [flat.min(), flat.max(), ((flat > 0) & (flat < 1)).any().to(flat.dtype)]).tolist()
     return lo, hi, inside > 0
+
+
+def _in_unit(dtype: torch.dtype, lo: float, hi: float) -> bool:
+    """Whether a floating column ranging over [lo, hi] lies in [0, 1] up to rounding: a few
+    units in the last place of 1 in ``dtype`` either side. Probabilities summed in floating
+    point leave [0, 1] by that much (an ensemble's weights 0.1 × 10 give 1.0000001 in
+    float32), and a column read as logits then had every example in class 1: a false 0."""
+    slack = 4 * torch.finfo(dtype).eps
+    return -slack <= lo and hi <= 1.0 + slack
 
 
 def _ambiguous(lo: float, hi: float, what: str) -> ValueError:
@@ -278,14 +295,14 @@ def resolve_kind(out: Tensor, kind: str | None, threshold: float | None = None) 
     if seen is None:
         return kind or "logits"
     lo, hi, inside = seen
-    if kind is None and 0.0 <= lo and hi <= 1.0 and inside:
+    if kind is None and _in_unit(out.dtype, lo, hi) and inside:
         raise _ambiguous(lo, hi, "the model returns")
     if kind is None and out.dtype in (torch.float32, torch.float64) and _labels(out, lo, hi):
         raise _float_labels(lo, hi, "the model returns")
-    if kind == "probabilities" and (lo < 0.0 or hi > 1.0):
+    if kind == "probabilities" and not _in_unit(out.dtype, lo, hi):
         raise ValueError(
-            f"output_kind='probabilities' but the model's one column ranges over [{lo:.3g}, "
-            f"{hi:.3g}], outside [0, 1]: these are not probabilities — use output_kind='logits' "
+            f"output_kind='probabilities' but the model's one column ranges over [{lo:.8g}, "
+            f"{hi:.8g}], outside [0, 1]: these are not probabilities — use output_kind='logits' "
             "(class = sign) or output_kind='scores', threshold=t"
         )
     return kind or "logits"
@@ -303,7 +320,9 @@ def inferred_from_zero_one(clean: Tensor, kind: str | None) -> bool:
     # some value exactly 1: a sigmoid reaches 1.0 in float32 past a logit of about 17, but 0.0
     # only past about −103, so a column of exact 0s alone is a logit head (a zero-initialised
     # one, say) and is read as logits without a check
-    return seen is not None and seen[0] >= 0.0 and seen[1] == 1.0 and not seen[2]
+    # (1 up to rounding: a weighted sum of saturated sigmoids gives 1.0000001)
+    return seen is not None and not seen[2] and seen[1] >= 1.0 \
+        and _in_unit(clean.dtype, seen[0], seen[1])
 
 
 def check_perturbed_kind(out: Tensor, inferred_from_clean: bool,
@@ -326,7 +345,7 @@ def check_perturbed_kind(out: Tensor, inferred_from_clean: bool,
     if seen is None:
         return
     lo, hi, inside = seen
-    if 0.0 <= lo and hi <= 1.0 and inside:
+    if _in_unit(out.dtype, lo, hi) and inside:
         raise _ambiguous(
             lo, hi, "the model's clean outputs are one column of exact 0s and 1s (each exactly "
             f"0 or 1: a saturated sigmoid?), read as logits, but {when} it returns")

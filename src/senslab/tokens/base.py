@@ -23,9 +23,15 @@ Inputs = Tensor | tuple | list | dict
 
 
 def batch_size(inputs: Inputs) -> int:
-    """Number of examples in ``inputs`` (the first dimension of its first tensor)."""
+    """Number of examples in ``inputs`` (the first dimension of its first tensor that has
+    one: a 0-dim tensor, a dict's ``temperature=torch.tensor(2.0)`` say, is no batch and was
+    read as one, an IndexError)."""
     for t in _tensors(inputs):
-        return t.shape[0]
+        if t.dim() > 0:
+            return t.shape[0]
+    if any(True for _ in _tensors(inputs)):
+        raise ValueError(f"inputs hold no tensor with a batch axis, only 0-dim ones "
+                         f"({_kinds(inputs)}): pass the examples as (batch, ...) tensors")
     raise TypeError(f"inputs hold no tensor ({_kinds(inputs)}): pass a Tensor, a tuple of "
                     "Tensors or a dict of Tensors. Tokenizer output needs return_tensors='pt'; "
                     "a model whose forward takes one dict (features) is measured through a "

@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import Any, Protocol
 
-from .rundir import RunDir
+from .rundir import RunDir, _json_number
 
 #: the reporters ``track.report_to`` can name
 REPORTERS = ("tensorboard", "wandb")
@@ -49,9 +49,19 @@ class _InUse(RuntimeError):
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:
     """The numeric scalars of a metrics.jsonl record under their keys; ``step`` is the x axis,
-    not a scalar, and lists, strings and None are left out."""
-    return {k: float(v) for k, v in record.items()
-            if k != "step" and isinstance(v, numbers.Real) and not isinstance(v, bool)}
+    not a scalar, and lists, strings and None are left out. A NumPy or torch scalar
+    (``torch.tensor(0.5)``, ``np.array(0.5)``) counts as the number it holds, as in
+    metrics.jsonl (:meth:`RunDir.log` writes it as one): left out of the live record, it
+    reached TensorBoard only when the event files were rebuilt on a resume."""
+    out = {}
+    for k, v in record.items():
+        if k == "step":
+            continue
+        if not isinstance(v, numbers.Real) and getattr(v, "shape", None) == ():
+            v = _json_number(v)  # a 0-d tensor or array (one element: never a list)
+        if isinstance(v, numbers.Real) and not isinstance(v, bool):
+            out[k] = float(v)
+    return out
 
 
 def _seconds(record: dict[str, Any]) -> float | None:

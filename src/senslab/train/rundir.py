@@ -131,6 +131,36 @@ def read_json_file(path: Path) -> Any:
         ) from None
 
 
+def _json_number(obj: Any) -> Any:
+    """A one-element NumPy or torch value (``np.float32(0.5)``, ``torch.tensor(0.5)``,
+    ``np.int64(7)``, ``np.bool_(True)``) as the Python number it holds, for ``json.dumps``; None
+    for anything else. Such values are what a loop's record easily holds (a loss not
+    ``.item()``-ed): written with ``default=str`` they became the strings ``"0.25"`` and
+    ``"tensor(0.7500)"`` in summary.json, which its check against metrics.jsonl let through,
+    and with ``default=float`` an integer step became ``1.0``."""
+    item = getattr(obj, "item", None)
+    if callable(item) and getattr(obj, "shape", None) is not None:
+        try:
+            return item()
+        except (ValueError, RuntimeError):  # more than one element: not a scalar
+            return None
+    return None
+
+
+def _json_default_str(obj: Any) -> Any:
+    """``json.dumps`` default of :meth:`RunDir.write_json`: a NumPy/torch scalar as its number
+    (:func:`_json_number`), anything else (a path) as its text."""
+    number = _json_number(obj)
+    return str(obj) if number is None else number
+
+
+def _json_default_float(obj: Any) -> Any:
+    """``json.dumps`` default of :meth:`RunDir.log`: a NumPy/torch scalar as its number (ints
+    stay ints, bools bools), anything else through ``float``."""
+    number = _json_number(obj)
+    return float(obj) if number is None else number
+
+
 def _numbers_differ(a: Any, b: Any) -> bool:
     """Whether ``a`` and ``b`` are two numbers (not bools) that differ; NaN equals NaN."""
     if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (a, b)):
@@ -257,7 +287,8 @@ class RunDir:
         if self.readonly:
             return
         self.path.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.path / name, json.dumps(obj, indent=2, sort_keys=True, default=str))
+        atomic_write_text(self.path / name, json.dumps(obj, indent=2, sort_keys=True,
+                                                         default=_json_default_str))
 
     def read_json(self, name: str) -> Any:
         """``name``'s JSON; summary.json is checked against the metric log first
@@ -571,11 +602,41 @@ class RunDir:
 
     # -- metrics -------------------------------------------------------------------------------
     def log(self, record: dict[str, Any]) -> None:
+        """Append ``record`` to metrics.jsonl as one line. A log whose last line a crash tore
+        (no newline) is mended first (:meth:`_end_torn_line`): appended to it, the record was
+        glued onto the torn text, and :meth:`metrics` dropped the glued line as a crash's,
+        losing the new record without a word."""
         if self.readonly:
             return
-        with open(self.metrics_path, "a") as f:
-            f.write(json.dumps(record, default=float) + "\n")
+        line = json.dumps(record, default=_json_default_float) + "\n"
+        with open(self.metrics_path, "a+b") as f:
+            self._end_torn_line(f)
+            f.write(line.encode())
             f.flush()
+
+    def _end_torn_line(self, f: Any) -> None:
+        """Make metrics.jsonl (``f``, opened ``a+b``) end in a newline: a last line that is a
+        whole record (only its newline missing) is kept; a torn one — not a record, which
+        :meth:`metrics` drops as a crash's and a resume cuts away — is removed, with a notice."""
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return
+        f.seek(0)
+        tail = f.read().rpartition(b"\n")[2]
+        try:
+            whole = isinstance(json.loads(tail), dict)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            whole = False
+        if whole:
+            f.write(b"\n")
+            return
+        f.truncate(size - len(tail))
+        notice(f"{self.metrics_path}: removed its torn last line (a run stopped while writing "
+               f"it), {tail[:60]!r}{'…' if len(tail) > 60 else ''}; appending after the "
+               "last whole record")
 
     def metrics(self) -> list[dict[str, Any]]:
         """The logged records; an error if a step is logged twice or out of order."""
