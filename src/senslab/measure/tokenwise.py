@@ -569,7 +569,8 @@ class TokenSensitivity:
             pilot (0.25) leaves most draws to a round the tangent has been fitted for
             (docs/benchmarks.md, *Sized rounds*); with ``"uniform"``, the share of every
             example's tokens each round adds (in (0, 1], default 1). ``repeats`` stays at 1
-            (2 with ``antithetic``).
+            (2 with ``antithetic``, its default there). Refused without an allocation, which
+            ignored it.
         control_variate: ``"linear"`` subtracts the flip indicator of the model's tangent
             hyperplane and adds its closed-form mean (:mod:`._control`): unbiased for any
             model, exact for a linear one; costs one forward and backward per example (counted
@@ -650,7 +651,7 @@ class TokenSensitivity:
         max_forward: int | None = None,
         control_variate: Literal["linear"] | None = None,
         allocation: Literal["linear", "uniform"] | None = None,
-        budget: float = 1.0,
+        budget: float | None = None,
         autocast: torch.dtype | None = None,
         compile: bool = False,
         align: Literal["left", "right"] | None = None,
@@ -691,6 +692,12 @@ class TokenSensitivity:
             _check_positive("num_tokens", num_tokens)
         if mode not in ("token", "whole"):
             raise ValueError(f"mode must be 'token' or 'whole', got {mode!r}")
+        if num_tokens is not None and mode == "whole":
+            # mode='whole' perturbs every token of a copy at once: num_tokens was ignored, and
+            # the noise landed on every token, not on the ones asked for
+            raise ValueError(f"num_tokens={num_tokens} samples tokens to perturb one at a time, "
+                             "but mode='whole' perturbs every token of a copy at once; drop "
+                             "num_tokens, or use mode='token'")
         if compare not in ("class", "l1", "l2"):
             raise ValueError(f"compare must be 'class', 'l1' or 'l2', got {compare!r}")
         check_head(model, compare, output_kind, output)
@@ -706,10 +713,15 @@ class TokenSensitivity:
             _check_positive("memory_budget", memory_budget, "2**26 (bytes)")
         self.memory_budget = memory_budget
         self.antithetic = _check_flag("antithetic", antithetic)
+        if self.antithetic and allocation is not None and repeats == 1:
+            # with an allocation budget= sets the draws, and repeats is one antithetic pair (the
+            # default of 1 was refused as "needs an even number of repeats", which no option
+            # of the allocation's fixes)
+            repeats = self.repeats = 2
         if self.antithetic:
             if replace_with is not None:
                 raise ValueError("antithetic pairs (ε, −ε) need Gaussian noise, not replace_with")
-            if repeats % 2:
+            if repeats % 2 and allocation is None:
                 raise ValueError(
                     f"antithetic=True needs an even number of repeats (pairs ε, −ε), got {repeats}"
                 )
@@ -721,6 +733,12 @@ class TokenSensitivity:
             raise ValueError(f"target_stderr must be a positive number, got {target_stderr!r}")
         if max_forward is not None:
             _check_positive("max_forward", max_forward)
+            if target_stderr is None and allocation is None:
+                # a fixed design spends exactly repeats draws per token: the cap was ignored
+                raise ValueError(
+                    f"max_forward={max_forward} caps the rounds of target_stderr= or of an "
+                    "allocation=, and neither is given: the draws are repeats= per token, all "
+                    "spent; drop max_forward, set fewer repeats, or pass target_stderr=")
         if target_stderr is not None and shard is not None:
             raise ValueError("target_stderr (adaptive stopping) cannot be combined with shard")
         self.target_stderr, self.max_forward = target_stderr, max_forward
@@ -1745,7 +1763,13 @@ def _check_allocation(allocation: Any, budget: Any, *, mode: str, compare: str,
                       replace_with: Any, num_tokens: Any, shard: Any, repeats: int,
                       antithetic: bool, control_variate: Any) -> tuple[str | None, float]:
     if allocation is None:
+        if budget is not None:  # ignored without an allocation (the same forwards as without)
+            raise ValueError(
+                f"budget={budget!r} applies with allocation='linear' or 'uniform' (the draws "
+                "the allocation spreads), and none is given: without one, repeats= sets the "
+                "draws per token; drop budget, or pass allocation=")
         return None, 1.0
+    budget = 1.0 if budget is None else budget
     if allocation not in ("linear", "uniform"):
         raise ValueError(f"allocation must be None, 'linear' or 'uniform', got {allocation!r}")
     name = f"allocation={allocation!r}"
