@@ -687,9 +687,10 @@ class TokenSensitivity:
         self.replace_with = replace_with
         if replace_with is not None and mode != "token":
             raise ValueError("replace_with works one token at a time: use mode='token'")
-        _check_positive("repeats", repeats)
+        # as Python ints: a NumPy int64 stayed one in the metric's options (JSON fails on it)
+        repeats = _check_positive("repeats", repeats)
         if num_tokens is not None:
-            _check_positive("num_tokens", num_tokens)
+            num_tokens = _check_positive("num_tokens", num_tokens)
         if mode not in ("token", "whole"):
             raise ValueError(f"mode must be 'token' or 'whole', got {mode!r}")
         if num_tokens is not None and mode == "whole":
@@ -732,7 +733,7 @@ class TokenSensitivity:
         if target_stderr is not None and not (target_stderr > 0 and math.isfinite(target_stderr)):
             raise ValueError(f"target_stderr must be a positive number, got {target_stderr!r}")
         if max_forward is not None:
-            _check_positive("max_forward", max_forward)
+            max_forward = _check_positive("max_forward", max_forward)
             if target_stderr is None and allocation is None:
                 # a fixed design spends exactly repeats draws per token: the cap was ignored
                 raise ValueError(

@@ -573,6 +573,8 @@ class Embedding(Tokenization):
 
     def __post_init__(self) -> None:
         check_position(self.position)
+        if self.reuse_prefix not in (True, False):  # "no" and the like were read as True
+            raise TypeError(f"reuse_prefix must be True or False, got {self.reuse_prefix!r}")
         if not isinstance(self.module, (str, nn.Module)):
             raise TypeError(
                 f"Embedding's module must be a dotted submodule name or an nn.Module, got "

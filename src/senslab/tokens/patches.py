@@ -225,6 +225,8 @@ class Patches(Tokenization):
     def __post_init__(self) -> None:
         if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 1:
             raise ValueError(f"patch size must be a positive integer, got {self.size!r}")
+        if self.reuse_local not in (True, False):  # "no" and the like were read as True
+            raise TypeError(f"reuse_local must be True or False, got {self.reuse_local!r}")
         if self.channels_last not in (None, True, False):
             raise ValueError(
                 f"channels_last must be True ((batch, height, width, channels) images), False "
