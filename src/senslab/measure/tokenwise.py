@@ -1248,7 +1248,7 @@ class TokenSensitivity:
         # evidence, so the rule of three's floor, symmetric in p and 1 − p (1.0 ± 0 stopped
         # 18.5% of runs at a rate of 0.9, its intervals covering 79.5%)
         if self.target_stderr is not None and (events == 0 or (
-                self._mirrored() and int(changed.sum()) == len(changed))):
+                self._mirrored() and events == len(changed))):  # events: the flips there
             floor = _alloc.zero_floor(*self._draws(src, tok, valid))  # never with shard
         self._add(vals, src, tok, valid, self._per_cell(rounds), forward, checked, real, rounds,
                   events, floor)
