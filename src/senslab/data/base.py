@@ -7,6 +7,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset
@@ -22,6 +23,24 @@ def check_severity(severity: Any, what: str = "", why: str = "") -> int:
         raise ValueError(f"{what}severity must be one of 1, 2, 3, 4, 5, an int{why}; got "
                          f"{severity!r}")
     return int(severity)
+
+
+def whole_number(value: object) -> int | None:
+    """``value`` as an int when it is exactly one (an int of any size, NumPy's and torch's
+    integers, 2.0, "3"), else ``None`` (a bool, NumPy's included, 1.7, a string that is not a
+    number): ``int()`` cut 1.7 to 1 and read True as 1, each without a word."""
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]  (ints of any size, exactly)
+    except TypeError:
+        pass
+    try:
+        out = int(value)  # type: ignore[call-overload]
+        whole = float(value) == out  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return out if whole else None
 
 
 @dataclass

@@ -50,7 +50,7 @@ from torch import Tensor
 from ._download import DataUnavailableError, DataWriteError, fetch, md5sum
 from ._registry import register_dataset
 from ._roots import Package, declare, find_root, locate, reads_no_files
-from .base import ArrayDataset, check_severity
+from .base import ArrayDataset, check_severity, whole_number
 
 NORMALIZE_MODES = ("minus_one_one", "standard", "none")
 Stats = tuple[tuple[float, ...], tuple[float, ...]]
@@ -230,16 +230,15 @@ def _select_pair(pixels: np.ndarray, labels: np.ndarray, classes: list[str],
                  pair: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Keep classes ``pair = (a, b)`` only, relabelled a → 0, b → 1 (the binary MNIST of
     docs/definitions.md#mnist_binary)."""
-    # whole numbers only: int() cut digits=(3.7, 8) to the 3-vs-8 task and read True as 1,
-    # each without a word
-    cut = [d for d in pair if isinstance(d, (bool, np.bool_))
-           or isinstance(d, (float, np.floating)) and not float(d).is_integer()]
-    if (len(pair) != 2 or cut or pair[0] == pair[1]
-            or not all(0 <= int(d) < len(classes) for d in pair)):
+    # whole numbers only (whole_number): int() cut digits=(3.7, 8) to the 3-vs-8 task and read
+    # True as 1, each without a word
+    digits = [whole_number(d) for d in pair] if not isinstance(pair, (str, bytes)) else [None]
+    if (len(digits) != 2 or None in digits or digits[0] == digits[1]
+            or not all(0 <= d < len(classes) for d in digits)):  # type: ignore[operator]
         raise ValueError(f"digits must be two different classes, whole numbers in "
                          f"0..{len(classes) - 1}, "
                          f"e.g. digits=(3, 8); got {pair!r}")
-    a, b = int(pair[0]), int(pair[1])
+    a, b = digits
     keep = (labels == a) | (labels == b)
     return pixels[keep], (labels[keep] == b).astype(np.int64), [classes[a], classes[b]]
 

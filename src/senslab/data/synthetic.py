@@ -21,7 +21,6 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
-import operator
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
@@ -33,7 +32,7 @@ from torch import Tensor
 
 from ._registry import register_dataset
 from ._roots import locate, reads_no_files
-from .base import ArrayDataset
+from .base import ArrayDataset, whole_number
 
 #: stream numbers: 0 is shared by all splits; "ood" reuses the "test" stream on purpose (see below);
 #: "redraw" replaces test strings that the training split holds too (:func:`_held_out`)
@@ -66,29 +65,12 @@ def _check_seed(seed: object, option: str = "seed", name: str = "") -> int:
     reads exactly passes as before (numpy's and torch's integers, 2.0, "3"). ``option`` and
     ``name`` (the loader) are named in the error."""
     where = f"{name}: " if name else ""
-    value = _whole(seed)
+    value = whole_number(seed)
     if value is not None:
         return value
     raise ValueError(f"{where}{option}={seed!r} is not an int: a seed is a whole number (a "
                      f"float was cut to one, a bool read as 0 or 1, giving another seed's data "
                      f"without a word); pass an int, e.g. {option}=0")
-
-
-def _whole(value: object) -> int | None:
-    """``value`` as an int when it is exactly one (an int of any size, numpy's and torch's
-    integers, 2.0, "3"), else ``None`` (a bool, 1.7, a string that is not a number)."""
-    if isinstance(value, bool):
-        return None
-    try:
-        return operator.index(value)  # type: ignore[arg-type]  (ints of any size, exactly)
-    except TypeError:
-        pass
-    try:
-        out = int(value)  # type: ignore[call-overload]
-        whole = float(value) == out  # type: ignore[arg-type]
-    except (TypeError, ValueError, OverflowError):
-        return None
-    return out if whole else None
 
 
 def _check_bits(n_bits: object, name: str) -> int:
@@ -482,7 +464,7 @@ def sparse_parity(
         s = torch.randperm(n_bits, generator=_generator(seed, "shared"))[:k]
     else:
         entries = list(subset) if not isinstance(subset, (str, bytes)) else [subset]
-        picked = [_whole(i) for i in entries]
+        picked = [whole_number(i) for i in entries]
         if any(i is None for i in picked) or isinstance(subset, (str, bytes)):
             # the long conversion cut 1.7 to 1 and read True as 1: the parity of other bits
             raise ValueError(
