@@ -11,51 +11,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
 pytest.importorskip("lightning")
 
 import lightning  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from lightning_toys import Module, data  # noqa: E402
 
 from senslab.integrations.lightning import SensitivityCallback  # noqa: E402
 from senslab.tokens import Patches  # noqa: E402
 
 logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-
-
-class Module(lightning.LightningModule):
-    """A tiny classifier that may log under the callback's key itself (``logs_in``)."""
-
-    def __init__(self, logs_in: str | None = None) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.Tanh(), nn.Linear(16, 3))
-        self.logs_in = logs_in
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], _: int) -> torch.Tensor:
-        x, y = batch
-        loss = nn.functional.cross_entropy(self(x), y)
-        if self.logs_in == "training_step":
-            self.log("sensitivity", 123.0, on_step=False, on_epoch=True)
-        return loss
-
-    def on_train_epoch_end(self) -> None:
-        if self.logs_in == "on_train_epoch_end":
-            self.log("sensitivity", 7.0)
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.5)
-
-
-def data() -> tuple[DataLoader, torch.Tensor]:
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(32, 1, 8, 8, generator=g)
-    y = torch.randint(0, 3, (32,), generator=g)
-    return DataLoader(TensorDataset(x, y), batch_size=8), x[:10]
 
 
 def trainer(tmp_path: Path, callback: SensitivityCallback, epochs: int = 2) -> lightning.Trainer:

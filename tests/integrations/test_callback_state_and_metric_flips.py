@@ -11,13 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
 pytest.importorskip("lightning")
 
 import lightning  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from lightning_toys import Module, data  # noqa: E402
 
 from senslab.integrations.lightning import SensitivityCallback  # noqa: E402
 from senslab.integrations.torchmetrics import TokenSensitivityMetric  # noqa: E402
@@ -121,30 +120,6 @@ def test_the_flip_counts_merge_load_and_reset():
 
 
 # -- the Lightning callback -------------------------------------------------------------------
-
-class Module(lightning.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)  # test-only: init
-        self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.Tanh(), nn.Linear(16, 3))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], _: int) -> torch.Tensor:
-        x, y = batch
-        return nn.functional.cross_entropy(self(x), y)
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.5)
-
-
-def data() -> tuple[DataLoader, torch.Tensor]:
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(32, 1, 8, 8, generator=g)
-    y = torch.randint(0, 3, (32,), generator=g)
-    return DataLoader(TensorDataset(x, y), batch_size=8), x[:10]
-
 
 def trainer(tmp_path: Path, callbacks: list, epochs: int) -> lightning.Trainer:
     return lightning.Trainer(
