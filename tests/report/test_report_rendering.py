@@ -17,12 +17,12 @@ Run directories are written by hand in the format of docs/run-directory.md.
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
+from runrecords import write_run
 
 from senslab.report import (
     final_table,
@@ -34,18 +34,6 @@ from senslab.report import (
     plot_scatter,
 )
 from senslab.report.aggregate import format_number, format_percent
-
-
-def write_run(path: Path, label: str, seed: int, rows: list[dict]) -> Path:
-    """A finished run of ``label`` whose metrics.jsonl is ``rows`` and whose summary.json's
-    final numbers are the last record's."""
-    path.mkdir(parents=True)
-    (path / "config.json").write_text(json.dumps({"name": path.name, "label": label,
-                                                  "seed": seed}))
-    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    final = {k: v for k, v in rows[-1].items() if k not in ("step", "epoch")}
-    (path / "summary.json").write_text(json.dumps({"label": label, "final": final}))
-    return path
 
 
 def colour_pixels(png: Path, colour: tuple[float, ...]) -> int:
