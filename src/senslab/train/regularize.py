@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._exclusive import OwnForwards
+from .._stack import user_level
 from ..tokens import Embedding, Patches, Sequence, Tokenization, find_module
 from ..tokens._grid import LOW_PRECISION, GridCheck, autocast_grid
 from ..tokens.base import (
@@ -173,6 +175,59 @@ def _check_rounding(kind: str, clean: Tensor, noise: Tensor) -> None:
         _ROUNDING[kind] = GridCheck(f"token vectors of {kind!r}", fix)
     _ROUNDING[kind](clean, noise)
     _ROUNDING[kind].finish()
+
+
+#: where more than this share of the penalty (of Σ (f(x̃) − f(x))²) comes from bf16/fp16 output
+#: entries moved by at most one step of their grid, the penalty is mostly the outputs' rounding:
+#: a bf16 MLP whose logits sit near 3 gave at share 0.31 a penalty 13% above the float32 one, at
+#: 1.0 twice to 180 times it (logits near 3 to 100, σ = 0.1 on [−1, 1] images)
+_OUTPUT_GRID_SHARE = 0.25
+#: the output dtypes and cases (coarse, zero) already warned of: said once per process
+_OUTPUT_GRID_SAID: set[str] = set()
+
+
+def _check_output_grid(clean: Tensor, noisy: Tensor, sigma: float) -> None:
+    """Warn where bf16/fp16 outputs (a bf16 model's, or a linear head's under autocast) are
+    too coarse for the change the noise makes: the difference of two outputs on the grid
+    moves in whole steps of it (about ``eps · |f(x)|``), so a change below a step is rounded
+    to none or to a whole step, and the penalty — and its gradient — measure that rounding.
+    Computing the MSE in float32 would not help: the outputs are rounded already. Judged on
+    this call's outputs: the share of the penalty that comes from entries moved by one step or
+    less (entries the noise leaves alone, as in a causal model's earlier positions, do not
+    count), or a penalty of exactly 0 at σ > 0. Float32/float64 outputs pass unlooked at;
+    each case is said once per dtype."""
+    if clean.dtype not in LOW_PRECISION or sigma == 0 or noisy.shape != clean.shape:
+        return
+    with torch.no_grad():
+        c, n = clean.detach().float(), noisy.detach().float()
+        diff = (n - c).abs()
+        _, exponent = torch.frexp(torch.maximum(c.abs(), n.abs()))
+        step = torch.finfo(clean.dtype).eps * torch.exp2(exponent.float() - 1)
+        square = diff.square()
+        total, coarse = torch.stack([square.sum(), (square * (diff <= step)).sum()]).tolist()
+        spacing = math.sqrt(float(step.square().mean()))
+    dtype = str(clean.dtype).removeprefix("torch.")
+    if total == 0:
+        case, what = "zero", (
+            f"the penalty is exactly 0 at sigma={sigma}: no entry of the {dtype} outputs "
+            "changed, so this step is not regularized. Either the model ignores the noised "
+            f"token, or its change is below the outputs' grid (root-mean-square spacing "
+            f"{spacing:.2g})")
+    elif coarse > _OUTPUT_GRID_SHARE * total:
+        case, what = "coarse", (
+            f"{coarse / total:.0%} of the penalty comes from {dtype} output entries moved by "
+            f"one step of their grid or less (root-mean-square spacing {spacing:.2g}): the "
+            "noise's change of the outputs is below their precision, so the penalty and its "
+            "gradient measure the rounding")
+    else:
+        return
+    if f"{dtype}:{case}" in _OUTPUT_GRID_SAID:
+        return
+    _OUTPUT_GRID_SAID.add(f"{dtype}:{case}")
+    warnings.warn(
+        f"sensitivity_penalty: {what}. Compute the outputs in float32 (a float32 model, or "
+        "its last layer in float32 outside torch.autocast), or use a larger sigma; said once",
+        UserWarning, stacklevel=user_level())
 
 
 def _randn_like(x: Tensor, shape: tuple[int, ...], generator: torch.Generator) -> Tensor:
@@ -493,7 +548,9 @@ def sensitivity_penalty(
     MSE is the mean over all output entries of the batch; gradients flow through both branches
     (the clean output is pulled towards the noisy one as well as the reverse), as in the paper
     code. Noise that the grid of bf16/fp16 tokens would round into another noise is refused,
-    as is noise on float32 tokens that a bf16/fp16 ``torch.autocast`` rounds so.
+    as is noise on float32 tokens that a bf16/fp16 ``torch.autocast`` rounds so; bf16/fp16
+    outputs whose change is mostly below their own grid, or a penalty of exactly 0 there, are
+    warned about (the penalty would measure the outputs' rounding).
     """
     _check_sigma(sigma)
     gen = _check_generator(generator)
@@ -511,6 +568,7 @@ def sensitivity_penalty(
             f"empty batch: the model's output has shape {tuple(clean.shape)}, so the penalty "
             "would be the mean over no examples (NaN); skip empty batches (e.g. "
             "DataLoader(drop_last=True), or `if len(x): ...` before the step)")
+    _check_output_grid(clean, noisy, sigma)
     return F.mse_loss(noisy, clean), clean
 
 
@@ -532,11 +590,12 @@ def sensitivity_regularized_loss(
     \mathrm{MSE}(f(\tilde x), f(x))` (module docstring), a plain function for any training step.
 
     ``loss_fn(logits, y)`` is the task loss :math:`\ell` (default ``F.cross_entropy``; e.g.
-    ``F.binary_cross_entropy_with_logits`` or ``F.mse_loss``). ``tokens`` says where the noise
-    goes: None or :class:`~senslab.tokens.Patches` for images (``patch`` is the patch size when
-    ``tokens`` is None, default 4), :class:`~senslab.tokens.Embedding` for text,
-    :class:`~senslab.tokens.Sequence` for vector sequences; ``x``, ``mask`` and ``output`` as in
-    :func:`sensitivity_penalty`.
+    ``F.binary_cross_entropy_with_logits`` or ``F.mse_loss``); a 3-axis output needs one, since
+    the default would read per-token (B, T, C) logits as (B, C, T) (refused). ``tokens`` says
+    where the noise goes: None or :class:`~senslab.tokens.Patches` for images (``patch`` is the
+    patch size when ``tokens`` is None, default 4), :class:`~senslab.tokens.Embedding` for
+    text, :class:`~senslab.tokens.Sequence` for vector sequences; ``x``, ``mask`` and ``output``
+    as in :func:`sensitivity_penalty`.
 
     Gradients flow through **both** branches, :math:`f(\tilde x)` and :math:`f(x)`, as in the
     paper code (the MSE pulls the clean output towards the noisy one as well as the reverse).
@@ -569,6 +628,18 @@ def sensitivity_regularized_loss(
                          f"[0, 1], got {alpha}")
     mse, clean = sensitivity_penalty(model, x, tokens=tokens, patch=patch, sigma=sigma,
                                      generator=generator, mask=mask, output=output)
+    if loss_fn is None and clean.dim() == 3:
+        # F.cross_entropy reads the classes on axis 1: per-token (B, T, C) logits were read as
+        # (B, C, T), a wrong loss without an error wherever T == C
+        raise ValueError(
+            f"the model's output has shape {tuple(clean.shape)}, and the default task loss "
+            f"F.cross_entropy reads its classes on axis 1 ({clean.shape[1]}), so per-token "
+            "logits (batch, tokens, classes) would be read as (batch, classes, tokens) — a "
+            "wrong loss, without an error where tokens == classes. Pass loss_fn: for "
+            "(batch, tokens, classes) logits "
+            "loss_fn=lambda out, y: F.cross_entropy(out.transpose(1, 2), y), for (batch, "
+            "classes, length) outputs loss_fn=F.cross_entropy; or select per-example logits "
+            "with output=")
     task = (F.cross_entropy if loss_fn is None else loss_fn)(clean, y)
     loss = (1.0 - alpha) * task + alpha * mse
     parts = {"loss": loss.detach(), "task": task.detach(), "mse": mse.detach()}
