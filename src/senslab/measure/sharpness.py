@@ -915,7 +915,10 @@ def output_sharpness(
     ``output_kind``.
 
     On bf16/fp16 weights a ``sigma_w`` near or below the weights' spacing is refused: the noise
-    rounded onto their grid is not the noise drawn (see :class:`_WeightNoise`).
+    rounded onto their grid is not the noise drawn (see :class:`_WeightNoise`). On float32
+    outputs a ``sigma_w`` so small that the forward's own rounding makes up a share of ShOp
+    (output changes within 1000 of the outputs' spacings that do not double with the noise)
+    comes with a UserWarning naming a ``sigma_w`` that is safe (:func:`_check_output_rounding`).
 
     A ShPred whose standard error rests on no flipped prediction (``0 ± 0``) or on few comes
     with a RuntimeWarning (:func:`_warn_few_flips`); with none, it gives the 95% bound of R
@@ -984,6 +987,7 @@ def output_sharpness(
         )
         l1 = torch.empty(repeats, b, dtype=torch.float64, device=clean.device)
         flips = torch.empty_like(l1)
+        first_draw = noise.gen.get_state()  # to redraw the first draw's noise, doubled
         for r in range(repeats):
             noise.draw(sigma_w, "sigma_w")
             out = call_model(model, inputs, output)
@@ -996,6 +1000,9 @@ def output_sharpness(
             l1[r] = (out.double() - clean.double()).reshape(b, -1).abs().sum(1)
             if clean_pred is not None:
                 flips[r] = (predictions(out, kind, threshold) != clean_pred).double()
+        if sigma_w > 0:
+            _check_output_rounding(model, inputs, output, noise, first_draw, clean, l1[0],
+                                   sigma_w)
     if sigma_w > 0 and clean.is_floating_point() and not bool(l1.ne(0).any()):
         # an exact 0 from a model whose outputs move with its weights means the change was
         # below the outputs' own rounding (σ = 1e-7 on a float32 Linear(64, 1) of weights 1:
@@ -1016,6 +1023,70 @@ def output_sharpness(
                           per_sample=flips.mean(0).cpu())
         _warn_few_flips(shpred, flips, b)
     return OutputSharpness(shop, shpred, b, reason)
+
+
+#: output changes within this many spacings of the clean outputs (ShOp over the sum of the
+#: outputs' spacings, float32/float64 outputs) are checked for rounding (below: 1.2e-4 of the
+#: outputs' size in float32, where a smooth model's output change is linear in the noise)
+ROUNDING_OUTPUT_SPACINGS = 1000
+#: … and warned of when doubling the first draw's noise moves the outputs' L1 change by a
+#: factor off 2 by more than this share (ShOp about as much or up to twice as much too high)
+ROUNDING_SCALING_TOL = 0.005
+
+
+def _check_output_rounding(model: nn.Module, inputs: Inputs, output: OutputSelector,
+                           noise: _WeightNoise, first_draw: Tensor, clean: Tensor,
+                           first_l1: Tensor, sigma_w: float) -> None:
+    """Warn when the float rounding of the forward, not the weight noise, makes up a share of
+    ShOp. A float32 forward's outputs carry rounding errors of a few of their spacings (more
+    in deep or large-weight models, whose outputs are differences of larger values), different
+    for every perturbed forward; they add to each output change |f(θ+Δ) − f(θ)|, and the L1
+    of the sum is larger than that of the change (σ_w = 3e-8 on an MLP: ShOp 6% above the
+    float64 value of the same draws). Where the changes are large next to the spacings
+    (ShOp at least :data:`ROUNDING_OUTPUT_SPACINGS` times the sum of the clean outputs'
+    spacings, as at every ordinary σ_w) nothing is done. Below, where a smooth model's output
+    change is linear in the noise, the first draw's noise is applied again doubled (one more
+    forward; the generator's state restored after, so the draws and results are unchanged):
+    its L1 change must be twice the first's, while rounding, whose size does not grow with
+    the noise, adds less than twice as much. A factor off 2 by more than
+    :data:`ROUNDING_SCALING_TOL` is warned of, with the σ_w at which rounding's share would be
+    under 0.1% (it shrinks at least as 1/σ_w). Noise that the weights' grid rounds (large
+    weights near σ_w) breaks the doubling too and is warned of alike. bf16/fp16 outputs are left
+    to the weights' own check (:class:`_WeightNoise`): within 1000 of their spacings the output
+    change is not small enough to be linear."""
+    if clean.dtype not in (torch.float32, torch.float64):
+        return
+    b = clean.shape[0]
+    spacings = _spacing(clean).sum().item() / b  # per example, summed over its outputs
+    first = first_l1.sum().item() / b  # the first draw's ShOp: the doubling is compared on it
+    if first == 0 or spacings == 0 or first >= ROUNDING_OUTPUT_SPACINGS * spacings:
+        return
+    after = noise.gen.get_state()
+    noise.gen.set_state(first_draw)
+    try:
+        noise.draw(2 * sigma_w, "sigma_w")
+        doubled = call_model(model, inputs, output)
+    finally:
+        noise.gen.set_state(after)  # the caller's generator advances by the draws alone
+    if not (isinstance(doubled, Tensor) and doubled.shape == clean.shape):
+        return
+    twice = (doubled.double() - clean.double()).abs().sum().item() / b
+    if not (math.isfinite(twice) and twice > 0):
+        return
+    off = 2 * first / twice - 1
+    if abs(off) <= ROUNDING_SCALING_TOL:
+        return
+    dtype = str(clean.dtype).removeprefix("torch.")
+    safe = sigma_w * abs(off) / 0.001
+    warnings.warn(
+        f"ShOp at sigma_w={sigma_w:g} is within the float rounding of the forward: its output "
+        f"changes are only {first / spacings:.0f} times the {dtype} outputs' own spacing "
+        f"(summed over an example's outputs), and doubling the first draw's noise multiplied "
+        f"them by {2 / (1 + off):.3f} instead of 2, so rounding errors of the forward (or of "
+        f"the perturbed weights on their grid) make up about {abs(off):.1%} to "
+        f"{2 * abs(off):.1%} of ShOp and bias it. Use sigma_w of at least {safe:.2g} (where "
+        "that share is below 0.1%), or measure in float64 (copy.deepcopy(model).double(), "
+        "inputs cast to float64)", UserWarning, stacklevel=user_level())
 
 
 def _no_flip_bound(draws: int) -> float:

@@ -2,8 +2,9 @@
 of the vision comparisons, ``final_measure.json`` of :class:`~._posthoc.FinalMeasureExperiment`).
 
 A cache file is one JSON object: the key the measurement was taken under (the checkpoint step,
-the settings), the digests of the run's config.json
-(:meth:`~senslab.train.rundir.RunDir.config_digests`) and the stored result under one field.
+the settings: JSON values only, compared exactly, :func:`key_json`), the digests of the run's
+config.json (:meth:`~senslab.train.rundir.RunDir.config_digests`) and the stored result under
+one field.
 The result is reused only when every entry of the key is stored exactly as it would be written
 now and the digests describe the run's config.json now
 (:meth:`~senslab.train.rundir.RunDir.config_matches`: a config.json re-indented or with its
@@ -16,6 +17,8 @@ valid JSON) is set aside with a warning rather than written over.
 from __future__ import annotations
 
 import json
+import math
+import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -38,8 +41,10 @@ def read_cache(rd: RunDir, name: str, key: dict[str, Any], field: str, what: str
     ``rd``'s config.json (:meth:`~senslab.train.rundir.RunDir.config_matches`); ``valid`` then
     checks the stored value's shape (default: a JSON object). A file that is not valid JSON is
     moved to ``<name>.damaged`` (``<name>.damaged-2``, … when that name is taken), with a
-    warning naming both files and saying that ``what`` is measured again.
+    warning naming both files and saying that ``what`` is measured again. A key entry without
+    an exact JSON form is refused (:func:`key_json`).
     """
+    want = key_json(key)
     path = rd.path / name
     try:
         data = path.read_bytes()
@@ -55,7 +60,6 @@ def read_cache(rd: RunDir, name: str, key: dict[str, Any], field: str, what: str
         warnings.warn(f"{path} is not valid JSON ({why}): the cache is truncated or "
                       f"damaged{kept}; measuring {what} again", stacklevel=3)
         return None
-    want = json.loads(json.dumps(key, sort_keys=True, default=str))  # as write_json stores it
     if not isinstance(stored, dict) or field not in stored:
         return None
     if not all(k in stored and _same(stored[k], v) for k, v in want.items()):
@@ -67,8 +71,50 @@ def read_cache(rd: RunDir, name: str, key: dict[str, Any], field: str, what: str
 
 def write_cache(rd: RunDir, name: str, key: dict[str, Any], field: str, value: Any) -> None:
     """Store ``value`` as the cache ``name`` of ``rd`` under ``key`` (what :func:`read_cache`
-    reads back), with the digests of the run's config.json."""
-    rd.write_json(name, {**key, **rd.config_digests(), field: value})
+    reads back), with the digests of the run's config.json. A key entry without an exact JSON
+    form is refused (:func:`key_json`)."""
+    rd.write_json(name, {**key_json(key), **rd.config_digests(), field: value})
+
+
+def key_json(key: dict[str, Any]) -> dict[str, Any]:
+    """``key`` as the JSON it is stored as, entry for entry: strings, numbers, bools, None,
+    lists (a tuple is one) and objects with string keys; a NumPy or torch scalar (zero
+    dimensions) as the number it holds, a path as its text. Anything else is refused with a
+    ``TypeError`` naming the entry: stored as its ``str()``, a tensor or array of
+    more than a thousand values was abbreviated with "...", so two masks differing inside read
+    as one key and one's measurement was served for the other, and an object whose text holds
+    its memory address matched another object that happened to get that address. A numeric
+    dict key is refused too (stored as its text, ``{1: …}`` was ``{"1": …}``)."""
+    def exact(value: Any, where: str) -> Any:
+        if value is None or isinstance(value, (str, bool, int, float)):
+            return value
+        if isinstance(value, (list, tuple)):
+            return [exact(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        if isinstance(value, dict):
+            bad = [k for k in value if not isinstance(k, str)]
+            if bad:
+                raise TypeError(
+                    f"cache key entry {where} has the non-string key {bad[0]!r} "
+                    f"({type(bad[0]).__name__}), which JSON would store as the string "
+                    f"{str(bad[0])!r}, the same as that string key; use string keys")
+            return {k: exact(v, f"{where}[{k!r}]") for k, v in value.items()}
+        if isinstance(value, os.PathLike):
+            return os.fspath(value)
+        shape = getattr(value, "shape", None)
+        if shape is not None and tuple(shape) == () and callable(getattr(value, "item", None)):
+            return exact(value.item(), where)  # np.int64(7), torch.tensor(0.5)
+        what = (f"a {type(value).__name__} of shape {tuple(shape)}" if shape is not None
+                else f"a {type(value).__name__} object")
+        raise TypeError(
+            f"cache key entry {where} is {what}, which has no exact JSON form: stored as its "
+            "str() it could match another value with the same text (a long tensor's is "
+            "abbreviated with '...', an object's holds its memory address). Pass plain values "
+            "(numbers, strings, lists, dicts), e.g. a tensor's or array's .tolist(), or a "
+            "digest of its contents (hashlib.sha256(t.numpy().tobytes()).hexdigest())")
+
+    if not isinstance(key, dict):
+        raise TypeError(f"a cache key is a dict of its entries, got {type(key).__name__}")
+    return json.loads(json.dumps(exact(key, "key"), sort_keys=True))  # as write_json writes it
 
 
 def set_aside(path: Path) -> Path:
@@ -90,4 +136,6 @@ def _same(a: Any, b: Any) -> bool:
         return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, list):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and math.isnan(a) and math.isnan(b):
+        return True  # a NaN setting is the setting it was stored as
     return bool(a == b)
