@@ -37,6 +37,9 @@ from pathlib import Path
 from typing import IO, Any
 
 PIPE = subprocess.PIPE
+#: the shortest ``senslab train``, for tests of what the command does around training: one step
+#: of one epoch, on one thread
+QUICK_TRAIN = ("--set", "train.epochs=1", "--set", "train.max_steps=1", "--threads", "1")
 #: imported by the server before it forks: the command, then what nearly every command loads
 #: (the digits need scikit-learn) where it can be imported
 PRELOAD = ("senslab.cli",)

@@ -8,21 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from cliproc import QUICK_TRAIN
 
 from senslab.cli import main
 from senslab.experiments import run_experiment
 
-QUICK_TRAIN = ["--set", "train.epochs=1", "--set", "train.max_steps=1", "--threads", "1"]
 #: ``ib_fixed_v`` at its smallest: three runs of a few steps of the ``attention`` trainer
 TINY_IB = ["steps=6", "seeds=1", "fit_from=3", "data.num_samples=8", "data.seq_len=4",
            "data.dim=8"]
-
-
-@pytest.fixture(autouse=True)
-def _keep_threads():
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -11,18 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from cliproc import QUICK_TRAIN
 
 from senslab.cli import main
 from senslab.measure._stats import fixed as _fixed
-
-QUICK_TRAIN = ["--set", "train.epochs=1", "--set", "train.max_steps=1", "--threads", "1"]
-
-
-@pytest.fixture(autouse=True)
-def _keep_threads():
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -1097,6 +1097,25 @@ def _empty_option(dest: str) -> str:
 _PATHS = ("out", "checkpoint", "data_root", "runs", "records", "paths", "dirs")
 
 
+def _warn_repeated_sets(items: list[str]) -> None:
+    """Say so when one ``--set`` key is given two different values. The overrides apply in
+    order and the last one is used — on purpose: an error's fix "add --set
+    model.overrides.dim=40" is added after the ``dim=32`` it corrects — but a key set twice by
+    mistake (``--set optim.lr=0.1`` from a script, then ``--set optim.lr=0.01`` typed after it)
+    trained at the second value without a word. The same value twice says one thing: no
+    warning. An item without ``=`` is left to the override's own check."""
+    seen: dict[str, str] = {}
+    for item in items:
+        if "=" not in item:
+            continue
+        key, value = (part.strip() for part in item.split("=", 1))
+        if key in seen and seen[key] != value:
+            warnings.warn(f"--set {key} is given twice, as {key}={seen[key]} and then "
+                          f"{key}={value}: the last is used ({key}={value}); drop the other "
+                          "--set if that is not what you meant", stacklevel=2)
+        seen[key] = value
+
+
 def _home(value: Any) -> Any:
     if isinstance(value, list):
         return [_home(v) for v in value]
@@ -1114,6 +1133,7 @@ def _check_args(args: argparse.Namespace) -> None:
     for dest in _PATHS:
         if hasattr(args, dest):
             setattr(args, dest, _home(getattr(args, dest)))
+    _warn_repeated_sets(getattr(args, "set", None) or [])
     if args.command != "measure":
         return
     if args.name is not None:

@@ -33,8 +33,9 @@ import dataclasses
 import json
 import os
 import platform
+import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -114,10 +115,13 @@ class Rung:
     paper_arch: bool = False
     differs: tuple[tuple[str, str], ...] = ()
 
-    def command(self, experiment: str, out: str) -> str:
-        """The ``senslab run`` command line that trains this rung alone into ``out``."""
-        sets = "".join(f" --set {o}" for o in self.overrides)
-        return f"senslab run {experiment} --scale {self.scale}{sets} --out {out}"
+    def command(self, experiment: str, out: str, extra: Sequence[str] = ()) -> str:
+        """The ``senslab run`` command line that trains this rung alone into ``out``: its own
+        overrides, then ``extra`` (those its runs were made with besides, e.g.
+        ``data.root=DIR``, so that the command makes the same runs), each quoted for a POSIX
+        shell where it needs to be."""
+        sets = "".join(f" --set {shlex.quote(o)}" for o in (*self.overrides, *extra))
+        return f"senslab run {experiment} --scale {self.scale}{sets} --out {shlex.quote(out)}"
 
 
 @dataclass

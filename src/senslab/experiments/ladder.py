@@ -10,10 +10,12 @@ trained on another machine can be copied in), then :func:`summarize_ladder` read
 ``verdict.json`` and writes
 
 * ``OUT/ladder.json`` — per rung: its verdict, seeds, runtime, device and every effect with its
-  interval; per effect: the verdict at each rung and the *trend*, the change of the effect from
-  the lowest to the highest rung that measured it, with its own interval (a trend whose two
-  rungs differ in more than their own settings — extra overrides, seeds — or rest on one
-  seed's measurement noise says so in its ``note`` and in the summary sentence);
+  interval, and the command that trains it (with the extra overrides its runs were made
+  with); per effect: the verdict at each rung (``no_estimate``: the rungs that judged it without
+  a value) and the *trend*, the change of the effect from the lowest to the highest rung that
+  measured it, with its own interval (a trend whose two rungs differ in more than their own
+  settings — extra overrides, seeds — or rest on one seed's measurement noise says so in its
+  ``note`` and in the summary sentence);
 * ``OUT/ladder.png`` — each effect with its interval against the rungs (:func:`plot_ladder`).
 
 A rung that needs a GPU (``cpu=False``) is not run by default; ``ladder.json`` lists its command.
@@ -251,6 +253,11 @@ def trend(low: dict[str, Any], high: dict[str, Any], level: float = TREND_LEVEL
                        "scale")
         return out
     if not (math.isfinite(diff) and math.isfinite(se) and df >= 1):
+        if not math.isfinite(diff):
+            out["note"] = "a rung has no value for the effect (not estimable)"
+        elif not math.isfinite(se):
+            out["note"] = ("a rung's effect has no standard error: one seed without a "
+                           "measurement error, or one that could not be estimated")
         return out
     if se == 0:
         # verdicts written before 2026-12-04 could hold an s.e. of 0 at both rungs: a
@@ -283,15 +290,18 @@ def summarize_ladder(name: str, out_dir: str | Path) -> dict[str, Any]:
     rows = []
     for rung in exp.ladder:
         v, why = _rung_verdict(out, rung, name, exp.ladder)
+        # a finished rung's command is the one that made its runs, extra overrides included
+        extra = [] if v is None else [str(o) for o in v.get("overrides") or []][
+            len(rung.overrides):]
         row: dict[str, Any] = {"rung": rung.name, "scale": rung.scale, "size": rung.size,
                                "note": rung.note, "overrides": list(rung.overrides),
                                "cpu": rung.cpu,
-                               "command": rung.command(name, str(out / rung.name))}
+                               "command": rung.command(name, str(out / rung.name), extra)}
         if v is None:
             row["status"] = why
         else:
             row.update(status="done", verdict=v["verdict"], reason=v.get("reason", ""),
-                       extra_overrides=list(v.get("overrides") or [])[len(rung.overrides):],
+                       extra_overrides=extra,
                        seeds=v.get("seeds"), runtime_s=v.get("runtime_s"),
                        run_seconds=runs_seconds(out / rung.name),
                        device=v.get("device"), threads=v.get("threads"),
@@ -311,17 +321,25 @@ def ladder_effects(rows: list[dict[str, Any]], only: Iterable[str] | None = None
                    ) -> dict[str, Any]:
     """Each part of the rung rows that ran (those in ``only``, where given: the experiment's
     ``ladder_effects``), in the order the rungs first judge them: its verdict at every rung row
-    that judged it, and its trend from the lowest such rung to the highest (:func:`trend`, with
-    what the two rungs do not hold equal)."""
+    that judged it, and its trend from the lowest such rung with a value to the highest
+    (:func:`trend`, with what the two rungs do not hold equal).
+
+    A rung that judged the part without a finite value (NaN, JSON null: it could not be
+    estimated) cannot be an end of the trend; it keeps its verdict in ``at`` and is listed in
+    ``no_estimate`` (left out without a word, a trend "from cpu to plateau" read as the whole
+    ladder's when the highest rung had no value)."""
     keep = None if only is None else set(only)
     parts = dict.fromkeys(part for r in rows if r.get("status") == "done"
                           for part in r.get("effects") or {} if keep is None or part in keep)
     per_effect = {}
     for part in parts:
-        pts = [(r["rung"], r["effects"][part]) for r in rows
-               if r.get("status") == "done" and part in r.get("effects", {})
-               and r["effects"][part].get("effect") is not None]
-        entry: dict[str, Any] = {"at": {rung: e.get("verdict") for rung, e in pts}}
+        judged = [(r["rung"], r["effects"][part]) for r in rows
+                  if r.get("status") == "done" and part in (r.get("effects") or {})]
+        pts = [(rung, e) for rung, e in judged if _finite(e.get("effect"))]
+        blank = [rung for rung, e in judged if not _finite(e.get("effect"))]
+        entry: dict[str, Any] = {"at": {rung: e.get("verdict") for rung, e in judged}}
+        if blank:
+            entry["no_estimate"] = blank
         if len(pts) >= 2:
             t = trend(pts[0][1], pts[-1][1])
             by_rung = {r["rung"]: r for r in rows}
@@ -331,6 +349,11 @@ def ladder_effects(rows: list[dict[str, Any]], only: Iterable[str] | None = None
             entry["trend"] = {"from": pts[0][0], "to": pts[-1][0], **t}
         per_effect[part] = entry
     return per_effect
+
+
+def _finite(x: Any) -> bool:
+    """Whether ``x`` is a finite number (a verdict's JSON holds NaN and ±∞ as null)."""
+    return isinstance(x, int | float) and math.isfinite(x)
 
 
 def _unlike(low: dict[str, Any], high: dict[str, Any], e_low: dict[str, Any],
@@ -360,7 +383,9 @@ def _unlike(low: dict[str, Any], high: dict[str, Any], e_low: dict[str, Any],
 
 
 def ladder_sentence(rows: list[dict[str, Any]], per_effect: dict[str, Any]) -> str:
-    """One sentence per ladder: the verdict at each rung that ran, then each effect's trend."""
+    """One sentence per ladder: the verdict at each rung that ran, then each effect's trend
+    (one without an interval too, with why), the rungs that judged a part without a value, and
+    the rungs not finished or not run."""
     done = [r for r in rows if r.get("status") == "done"]
     if not done:
         return "no rung has run yet"
@@ -368,17 +393,27 @@ def ladder_sentence(rows: list[dict[str, Any]], per_effect: dict[str, Any]) -> s
     for r in done:
         by_word.setdefault(r["verdict"], []).append(r["rung"])
     text = "; ".join(f"{w} at {', '.join(rs)}" for w, rs in by_word.items())
-    trends = []
+    trends, blank = [], []
     for part, e in per_effect.items():
         t = e.get("trend")
+        on = " in atanh ρ" if t and t.get("scale") == "fisher_z" else ""
+        note = f"; {t['note']}" if t and t.get("note") else ""
         if t and t.get("interval"):
             lo, hi = t["interval"]
-            on = " in atanh ρ" if t.get("scale") == "fisher_z" else ""
-            note = f"; {t['note']}" if t.get("note") else ""
             trends.append(f"{part} {t['word']} from {t['from']} to {t['to']} "
                           f"({t['change']:+.3g} [{lo:+.3g}, {hi:+.3g}]{on}{note})")
+        elif t:  # said too: a trend left out read as a ladder that did not measure the part
+            change = t.get("change")
+            value = f"{change:+.3g}{on}, " if _finite(change) else ""
+            why = (t.get("note") or "").removesuffix(": no interval")
+            trends.append(f"{part} from {t['from']} to {t['to']}: {value}no interval"
+                          + (f" ({why})" if why else ""))
+        if e.get("no_estimate"):
+            blank.append(f"{part} at {', '.join(e['no_estimate'])}")
     if trends:
         text += ". As scale grows: " + "; ".join(trends)
+    if blank:
+        text += f". No value (not estimable): {'; '.join(blank)}"
     started = [r["rung"] for r in rows if r.get("status", "").startswith("started")]
     missing = [r["rung"] for r in rows
                if r.get("status") != "done" and r["rung"] not in started]
