@@ -134,6 +134,16 @@ def enough_flips(events: int, least: int | None = None, *, counts: Tensor | None
     return events >= (MIN_FLIPS if least is None else least)
 
 
+def rarer(events: int, copies: int, mirrored: bool) -> int:
+    """The values :func:`enough_flips` counts among ``copies`` of which ``events`` are nonzero:
+    the events, or where they are the flips themselves (``mirrored``: class decisions, single
+    copies, no control variate) the rarer of flips and kept classes. Every copy flipped is the
+    mirror of none: the standard error then rests on the few copies that kept the class, and
+    none at all stops only on the rule of three (:func:`zero_bound` is symmetric in
+    :math:`p` and :math:`1 - p`)."""
+    return min(events, copies - events) if mirrored else events
+
+
 def zero_bound(counts: Tensor, valid: Tensor) -> float:
     r"""The (subset) standard error a batch that has seen no flip could still have: that of
     every real token flipping at :math:`p = 3/N`, the rule-of-three 95% bound of a common rate
@@ -318,10 +328,38 @@ def next_size(q: Tensor, valid: Tensor, scale: Tensor, weight2: Tensor, spent: f
     return math.exp(hi)
 
 
+def most_copies(e: Tensor, per_unit: int = 1) -> int:
+    r"""The most copies a round of expected units ``e`` (B, T) can draw: :func:`draw_units`
+    gives a token :math:`\lceil e \rceil` units at most."""
+    return int(e.ceil().sum()) * per_unit
+
+
+def fitting_size(q: Tensor, valid: Tensor, scale: Tensor, size: float, room: float,
+                 per_unit: int = 1) -> float:
+    """The largest round size up to ``size`` (units per real token) whose draws can never
+    take more than ``room`` copies (:func:`most_copies`), 0 where none can (every real token
+    can draw a unit at any size). A round is sized by the copies it can draw, not by their
+    expectation: the units drawn exceed their expectation about half the time, so a round cut
+    to the expected copies left overran ``max_copies`` (by up to 5%). Bisection, the most
+    copies growing with the size; the size never depends on the round's own draws, so the
+    round stays unbiased."""
+    if most_copies(expected_units(q, valid, size, scale), per_unit) <= room:
+        return size
+    lo, hi = 0.0, size
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if most_copies(expected_units(q, valid, mid, scale), per_unit) <= room:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 def linear_rounds(x: Tensor, valid: Tensor, budget: float, gen: torch.Generator,
                   evaluate: Callable[[Tensor, Tensor], Tensor], *, per_unit: int = 1,
                   target: float | None = None, max_copies: float = math.inf,
-                  rounds_at_zero: int = 2) -> tuple[Tensor, Tensor, int, float]:
+                  rounds_at_zero: int = 2,
+                  mirrored: bool = False) -> tuple[Tensor, Tensor, int, float]:
     r"""The rounds of ``allocation="linear"`` on one batch (module docstring): each spends its
     size in units per real token by Neyman's rule with weights and cost on the tangent's
     :math:`\Phi(-x/\kappa)` (``x`` (B, T): :attr:`LinearControl.x`), the first ``budget`` at
@@ -330,11 +368,15 @@ def linear_rounds(x: Tensor, valid: Tensor, budget: float, gen: torch.Generator,
     ``budget``, a top-up after it at least :data:`TOPUP` × ``budget``); with a ``target``
     standard error, rounds until the estimate's (subset) standard error reaches it (not at zero
     before ``rounds_at_zero`` rounds) or another round of ``budget`` would pass ``max_copies``
-    (a later round is cut to what is left).
+    in expectation. A later round is cut to the size whose draws can never pass ``max_copies``
+    (:func:`fitting_size`), so the copies made stay within it whenever the first round's do
+    (that round always runs); where no round fits, the rounds stop.
     ``evaluate(src, tok)``: the flip (or output) value of one copy of token ``tok`` of example
-    ``src`` each, units of ``per_unit`` adjacent copies (antithetic pairs). Returns the rounds'
-    token values (B, T) combined by their sizes, their variance share (the rounds' variance
-    estimates weighted by their sizes squared), the copies made and the last :math:`\kappa`."""
+    ``src`` each, units of ``per_unit`` adjacent copies (antithetic pairs). ``mirrored``: the
+    values are flips whose mirror, kept classes, the flips guard counts too (:func:`rarer`).
+    Returns the rounds' token values (B, T) combined by their sizes, their variance share (the
+    rounds' variance estimates weighted by their sizes squared), the copies made and the last
+    :math:`\kappa`."""
     b, t = valid.shape
     # Neyman with weights and cost: a token weighs 1/K_b, and a copy costs in proportion to its
     # example's extent, up to its last real token (what padding-aware batching evaluates; taken
@@ -374,7 +416,8 @@ def linear_rounds(x: Tensor, valid: Tensor, budget: float, gen: torch.Generator,
         hits.index_add_(0, cell, vals.double().to(hits.device))
         counts.index_add_(0, cell, torch.ones_like(cell, dtype=torch.float64))
         if se <= target and (se > 0.0 or len(ys) >= rounds_at_zero) and \
-                enough_flips(events, min(ALLOC_MIN_FLIPS, MIN_FLIPS * b),
+                enough_flips(rarer(events, copies, mirrored),
+                             min(ALLOC_MIN_FLIPS, MIN_FLIPS * b),
                              counts=counts.view(b, t), valid=valid, target=target):
             break
         # the next round by the tangent recalibrated on every flip so far, of the size it
@@ -384,6 +427,10 @@ def linear_rounds(x: Tensor, valid: Tensor, budget: float, gen: torch.Generator,
         least = budget if len(ys) == 1 else TOPUP * budget
         size = next_size(q, valid, scale, weight2.to(q.device, torch.float64), spent, variance,
                          target, least, min(left, MAX_GROWTH * budget), per_unit)
+        # a hard ceiling: the units drawn can exceed their expectation
+        size = fitting_size(q, valid, scale, size, max_copies - copies, per_unit)
+        if size <= 0:
+            break
     # rounds combined by their sizes: a round's size depends on the flips before it only
     # through the fitted scale and the variance so far, both sums over the whole batch, so the
     # estimate's bias stays a small share of its standard error (module docstring)
@@ -577,14 +624,14 @@ class Sampled:
         return math.sqrt(max(v, 0.0)) / self.valid.shape[0]
 
     def run(self, evaluate: Callable[[Tensor, Tensor], Tensor], target: float | None,
-            room: int, rounds_at_zero: int = 2) -> None:
+            room: int, rounds_at_zero: int = 2, mirrored: bool = False) -> None:
         """Rounds of copies, ``evaluate(src, tok)`` giving their values, until the standard
         error is at most ``target`` (one round without a target): a pilot of ``share``, then
         each round up to the share :meth:`share_for` predicts, and once every token is in, the
         draws per token the variance predicts (at least one) for every token. Stops before a
         round that would take the copies past ``room``; a standard error of exactly 0 ends it
         only after ``rounds_at_zero`` rounds, and one reached before every token has two draws
-        only once :data:`MIN_PAIRS` tokens have."""
+        only once :data:`MIN_PAIRS` tokens have. ``mirrored``: as for :func:`linear_rounds`."""
         tokens = int(self.valid.sum())
         to: float | None = None
         while True:
@@ -600,7 +647,8 @@ class Sampled:
             # short of two draws for every token, stop only on enough paired tokens
             trusted = self.full > 0 or int((self.cnt >= 2).sum()) >= MIN_PAIRS
             if se <= target and trusted \
-                    and enough_flips(self.events, counts=self.cnt, valid=self.valid,
+                    and enough_flips(rarer(self.events, self.copies, mirrored),
+                                     counts=self.cnt, valid=self.valid,
                                      target=target) \
                     and (se > 0.0 or self.rounds + self.full >= rounds_at_zero):
                 return

@@ -132,16 +132,20 @@ def groups(ext: Tensor) -> list[Tensor]:
     return [(inverse == i).nonzero().flatten() for i in range(len(values) - 1, -1, -1)]
 
 
-def check(bound: BoundTokens, ext: Tensor, clean: Tensor) -> tuple[str, str] | None:
+def check(bound: BoundTokens, ext: Tensor, clean: Tensor,
+          low_precision: bool = False) -> tuple[str, str] | None:
     """Evaluate every clean example at its own extent, then the most padded ones at full width
     with noise on their padding (:func:`_padding_read`); None if the outputs equal the full-width
     clean outputs up to rounding (of ``clean``'s dtype: the caller runs both in float32 where
-    the copies run under autocast), else the kind of change — ``"failed"``, ``"shape"``,
-    ``"changed"`` or ``"padding"``, the cause a metric says once — and why, in words, for this
-    batch (trimming is then switched off). Entries that are ``-inf`` in both (masked classes)
-    agree; class labels (outputs that are no floats) must be equal; any exception on the cut
-    inputs (an ``assert`` on the input length, too) means they failed."""
-    rtol = RTOL.get(clean.dtype, LOW_PRECISION_RTOL)
+    the copies run under autocast; bf16's where ``low_precision``, a bf16 or fp16 model whose
+    outputs are cast to float32: its rounding moves with the width as much, and float32's
+    tolerance took it for a model that reads its padding), else the kind of change —
+    ``"failed"``, ``"shape"``, ``"changed"`` or ``"padding"``, the cause a metric says once —
+    and why, in words, for this batch (trimming is then switched off). Entries that are
+    ``-inf`` in both (masked classes) agree; class labels (outputs that are no floats) must be
+    equal; any exception on the cut inputs (an ``assert`` on the input length, too) means they
+    failed."""
+    rtol = LOW_PRECISION_RTOL if low_precision else RTOL.get(clean.dtype, LOW_PRECISION_RTOL)
     for idx in groups(ext):
         width = int(ext[idx[0]])
         try:

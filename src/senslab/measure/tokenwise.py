@@ -220,7 +220,7 @@ from ._options import (
     float32_default,
 )
 from ._precision import Precision, PrecisionCheck
-from ._runner import ChunkRunner, verify_copies, verify_deterministic
+from ._runner import ChunkRunner, _reduced, verify_copies, verify_deterministic
 from ._stats import (
     SensitivityResult,
     State,
@@ -555,7 +555,9 @@ class TokenSensitivity:
             fixed-subset standard error of each batch's mean is at most this (a batch that
             stops without a flip reports the rule of three's standard error).
         max_forward: forward passes one ``update`` may spend with ``target_stderr`` (at least
-            one round always runs; default 64 rounds).
+            one round always runs; default 64 rounds). The rounds after the first never pass
+            it: with ``allocation="linear"`` each is sized by the most copies its random draws
+            can make, not by their expectation.
         allocation: ``"linear"``: draws where the linearised flip probability says flips happen,
             weighted back so the estimate stays unbiased (module docstring; :mod:`._alloc`);
             costs one forward and backward per example (counted as one forward pass).
@@ -1166,12 +1168,14 @@ class TokenSensitivity:
             said = getattr(bound, "warn_left_padding_read", None)
             if callable(said):  # not refused: left-padded inputs the model misreads are said
                 said()
-            if extent is not None and (self.autocast is not None
+            if extent is not None and (self.autocast is not None or _reduced(self.model)
                                        or clean.dtype in (torch.bfloat16, torch.float16)):
                 # the reference at each example's own width, in the copies' precision (an
-                # autocast, or a bf16/fp16 model's own): bf16's rounding moves with the width,
-                # and a copy must differ from its reference by its noise alone (a near-tie
-                # read at full width made 78% of one example's copies flip, 27% alone)
+                # autocast, or a bf16/fp16 model's own, also where it returns float32 outputs;
+                # the chunks then hold one width, :class:`ChunkRunner`): bf16's rounding
+                # moves with the width, and a copy must differ from its reference by its noise
+                # alone (a near-tie read at full width made 78% of one example's copies flip,
+                # 27% alone)
                 clean = _trim.clean_cut(bound, extent, clean)
                 check_finite(clean, "clean examples", self.compare)
             if self.compare == "class":
@@ -1244,11 +1248,7 @@ class TokenSensitivity:
         events = (_varying_pairs(vals, src, tok, valid, self._per_cell(rounds), self.group)
                   if self._pairs_vary() else int(changed.sum()))
         floor = 0.0
-        # no flip, or (its mirror) every copy flipped: a standard error of 0 from either is no
-        # evidence, so the rule of three's floor, symmetric in p and 1 − p (1.0 ± 0 stopped
-        # 18.5% of runs at a rate of 0.9, its intervals covering 79.5%)
-        if self.target_stderr is not None and (events == 0 or (
-                self._mirrored() and events == len(changed))):  # events: the flips there
+        if self._floored(events, len(changed)):  # events: the flips where mirrored
             floor = _alloc.zero_floor(*self._draws(src, tok, valid))  # never with shard
         self._add(vals, src, tok, valid, self._per_cell(rounds), forward, checked, real, rounds,
                   events, floor)
@@ -1276,10 +1276,10 @@ class TokenSensitivity:
 
         y, var, copies, kappa = _alloc.linear_rounds(
             control.x, valid, self.budget, stream.gen, evaluate, per_unit=per_unit,
-            target=self.target_stderr, max_copies=cap - 2 * b, rounds_at_zero=ROUNDS_AT_ZERO)
+            target=self.target_stderr, max_copies=cap - 2 * b, rounds_at_zero=ROUNDS_AT_ZERO,
+            mirrored=self._mirrored())
         self.last_tangent_scale = kappa
-        floor = (_alloc.zero_floor(counts, valid)
-                 if self.target_stderr is not None and events == 0 else 0.0)
+        floor = _alloc.zero_floor(counts, valid) if self._floored(events, copies) else 0.0
         self._add_tokens(y, var, valid, 2 * b + copies, check, real, copies, events, floor)
 
     def _sampled(self, runner: ChunkRunner, valid: Tensor, stream: NoiseStream,
@@ -1297,7 +1297,7 @@ class TokenSensitivity:
         def evaluate(src: Tensor, tok: Tensor) -> Tensor:
             return runner.run(src, tok, torch.ones_like(src, dtype=torch.bool), extent)
 
-        plan.run(evaluate, self.target_stderr, cap - b, ROUNDS_AT_ZERO)
+        plan.run(evaluate, self.target_stderr, cap - b, ROUNDS_AT_ZERO, self._mirrored())
         pairs = int((plan.cnt >= 2).sum())
         if self.target_stderr is None and self.estimand == "subset" and not plan.full \
                 and pairs < _alloc.MIN_PAIRS and self._once("uniform pairs"):
@@ -1311,7 +1311,7 @@ class TokenSensitivity:
                 "(said once per metric: later batches like it are not said again)",
                 RuntimeWarning, stacklevel=_trim._user_level())
         floor = (_alloc.zero_floor(plan.cnt, valid)
-                 if self.target_stderr is not None and plan.events == 0 else 0.0)
+                 if self._floored(plan.events, plan.copies) else 0.0)
         self._add_tokens(*plan.values(), valid, b + plan.copies, check, real, plan.copies,
                          plan.events, floor)
 
@@ -1424,7 +1424,8 @@ class TokenSensitivity:
                 clean = bound.forward_perturbed(
                     torch.arange(b, device=clean.device), None,
                     torch.zeros(b, t, bound.dim, device=clean.device))
-            found = _trim.check(bound, extent, clean)
+            # a bf16/fp16 model computes in its precision whatever its outputs' dtype
+            found = _trim.check(bound, extent, clean, low_precision=_reduced(self.model))
         if found is not None:
             self.untrimmed_batches += 1
             kind, reason = found
@@ -1519,6 +1520,15 @@ class TokenSensitivity:
         rests on the copies of the rarer outcome, kept classes as much as flips."""
         return self.compare == "class" and self.control_variate is None \
             and not self._pairs_vary()
+
+    def _floored(self, events: int, copies: int) -> bool:
+        """Whether a batch of ``copies`` with ``events`` events reports the rule of three's
+        standard error (:func:`._alloc.zero_floor`): with a target, where it saw no event or
+        (its mirror, :meth:`_mirrored`) every copy flipped. A standard error of 0 from either
+        is no evidence, and the floor is symmetric in p and 1 − p (1.0 ± 0 stopped 18.5% of
+        runs at a rate of 0.9, its intervals covering 79.5%)."""
+        return self.target_stderr is not None and (
+            events == 0 or (self._mirrored() and events == copies))
 
     def _flips(self, parts: list[tuple[Tensor, ...]], valid: Tensor, rounds: int) -> int:
         """The events of the rounds so far (``parts`` as for :meth:`_more`): the standard error
@@ -1616,10 +1626,12 @@ class TokenSensitivity:
     def _warn_few_events(self, r: SensitivityResult) -> None:
         """Say, once per metric (:meth:`_once`; no flip and a few flips are two causes), that
         the result's standard error rests on fewer than :data:`._alloc.MIN_FLIPS` events:
-        flips (nonzero values), or with the control variate copies whose flip differs from the
-        tangent's. Estimated from a few it moves with those seen, and from none it is 0 (with
-        the control variate and one draw per token, the spread of the tangent's probabilities
-        between tokens; with ``target_stderr``, the rule of three's: :func:`._alloc.zero_floor`).
+        flips (nonzero values), with the control variate copies whose flip differs from the
+        tangent's, or with antithetic draws the pairs that vary (:func:`_varying_pairs`, counted
+        among the pairs, not the copies). Estimated from a few it moves with those seen, and
+        from none it is 0 (with the control variate and one draw per token, the spread of the
+        tangent's probabilities between tokens; with ``target_stderr``, the rule of three's:
+        :func:`._alloc.zero_floor`).
         On six examples of a small MLP at a flip rate of 0.008 (36 tokens, repeats=2) 55% of
         the runs read ``0.0000 ± 0.0000``, and none of them covered the rate. The counts are
         the state's (merged and all-reduced with it). Nothing is said where no copy was counted
@@ -1649,8 +1661,18 @@ class TokenSensitivity:
                     "(said once per metric)", RuntimeWarning, stacklevel=_trim._user_level())
             return
         n, cv = st.copies, self.control_variate is not None
+        # with antithetic draws the events are the units (pairs) that varied
+        # (:func:`_varying_pairs`), not copies: they are counted among the units
+        pairs = self._pairs_vary() and not self.allocation
+        units = n // self.group if pairs else n
+        unit = "pair" if self.group == 2 else "unit"
+        of = (f"the {units:,} antithetic {unit}s ({n:,} perturbed copies"
+              + ("" if self.group == 2 else f", {self.group} draws of a sampled token each")
+              + ")" if pairs else f"the {n:,} perturbed copies measured")
         if cv:
             what = "flipped otherwise than the model's tangent (control_variate)"
+        elif pairs:
+            what = f"held other flips than most {unit}s of their example or token"
         elif self.compare == "class":
             what = "flipped the prediction"
         else:
@@ -1678,16 +1700,22 @@ class TokenSensitivity:
             floored = self.target_stderr is not None and self.estimand == "subset"
             worth = ("takes its standard error from the rule of three (target_stderr)"
                      if floored else "cannot be trusted as a 95% interval")
+            # a unit without a flip bounds the flip rate of its copies, which may flip together
+            # (3/copies would not); units that all flipped alike (one copy of each pair on a
+            # decision boundary) bound nothing
+            rule = (f"by the rule of three, {rate} is below 3/{units:,} = {3 / units:.2g} with "
+                    "95% confidence" if not pairs or r.estimate == 0 else
+                    f"every {unit} flipped as the others of its example or token, and their "
+                    "spread of 0 says nothing of the estimate's error")
             warnings.warn(
-                f"the standard error rests on no flip: none of the {n:,} perturbed copies "
-                f"measured {what}, so {shown} {worth}; by the rule of three, {rate} "
-                f"is below 3/{n:,} = {3 / n:.2g} with 95% confidence.{after} For a standard "
+                f"the standard error rests on no {f'varying {unit}' if pairs else 'flip'}: "
+                f"none of {of} {what}, so {shown} {worth}; {rule}.{after} For a standard "
                 f"error, {how}",
                 RuntimeWarning, stacklevel=_trim._user_level())
         elif self._once("few flips"):
             warnings.warn(
-                f"the standard error rests on few flips: only {st.events} of the {n:,} "
-                f"perturbed copies measured {what}, fewer than {_alloc.MIN_FLIPS}; a standard "
+                f"the standard error rests on few {f'varying {unit}s' if pairs else 'flips'}: "
+                f"only {st.events} of {of} {what}, fewer than {_alloc.MIN_FLIPS}; a standard "
                 "error estimated from so few moves with them, and the 95% interval of "
                 f"{shown} can cover the rate far less often (on a small MLP, of the runs with "
                 "1–4 such copies, 63% with the control variate at 4 draws per token, 87% with "
