@@ -143,9 +143,10 @@ def _runtime_note(record: dict[str, Any] | None, exp: Any) -> str:
     return f" [{exp.runtime_estimate} on CPU]" if exp.runtime_estimate else ""
 
 
-#: defaults of ``--model``/``--data`` (their argparse default is None, so that ``measure
-#: --checkpoint`` can tell an option given from one left out)
-DEFAULT_MODEL, DEFAULT_DATA = "mlp", "digits"
+#: defaults of ``--model``/``--data``/``--seed`` (their argparse default is None, so that
+#: ``measure --checkpoint`` and :func:`_check_option_sets` can tell an option given from one
+#: left out)
+DEFAULT_MODEL, DEFAULT_DATA, DEFAULT_SEED = "mlp", "digits", 0
 
 
 def _config(args: argparse.Namespace) -> Any:
@@ -153,7 +154,8 @@ def _config(args: argparse.Namespace) -> Any:
     from .train.config import RunConfig, apply_overrides
 
     model, data = args.model or DEFAULT_MODEL, args.data or DEFAULT_DATA
-    cfg = RunConfig(name=args.name or f"{model}-{data}-s{args.seed}", seed=args.seed)
+    seed = DEFAULT_SEED if args.seed is None else args.seed
+    cfg = RunConfig(name=args.name or f"{model}-{data}-s{seed}", seed=seed)
     cfg.model.name, cfg.data.name = model, data
     if args.data_root is not None:  # (an empty one is refused by _check_args)
         cfg.data.root = args.data_root
@@ -970,9 +972,9 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--data", help=f"registered dataset name (default: {DEFAULT_DATA}; "
                                       "measure --checkpoint: the run's)")
         s.add_argument("--data-root", help="directory holding the dataset's files")
-        # measure: None, so that --checkpoint can tell a seed given from one left out
-        s.add_argument("--seed", type=int, default=0 if seed_help is None else None,
-                       help=seed_help)
+        # None, so that a seed given can be told from one left out (measure --checkpoint takes
+        # the run's; a --set seed= that contradicts it is refused: _check_option_sets)
+        s.add_argument("--seed", type=int, help=seed_help or f"seed (default: {DEFAULT_SEED})")
         s.add_argument("--name")
         s.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="config override, e.g. optim.lr=0.05 (repeatable)")
@@ -1116,6 +1118,55 @@ def _warn_repeated_sets(items: list[str]) -> None:
         seen[key] = value
 
 
+#: options that set a config key themselves, and the key
+_OPTION_KEYS = {"model": "model.name", "data": "data.name", "data_root": "data.root",
+                "seed": "seed", "name": "name"}
+
+
+def _check_option_sets(args: argparse.Namespace) -> None:
+    """Refuse an option and a ``--set`` that give its config key two values (``--seed 3 --set
+    seed=4``): the ``--set`` applies after the option, so its value won without a word (with
+    ``measure``, a seed for the untrained weights other than that of the examples and noise).
+    The same value twice (a data root as ``~/x`` and as the path it expands to) says one thing
+    and passes. Left to the later checks, whose messages name the fix: with ``--checkpoint``
+    every key but ``data.root`` (the run fixes its model, data and seed), with ``--hf``/
+    ``--timm`` the model and seed (``--set model.*``/``seed`` has no effect there), and a value
+    the key cannot take."""
+    if getattr(args, "checkpoint", None):
+        dests: tuple[str, ...] = ("data_root",)
+    elif getattr(args, "hf", None) or getattr(args, "timm", None):
+        dests = ("data", "data_root")
+    else:
+        dests = tuple(_OPTION_KEYS)
+    given = {_OPTION_KEYS[d]: d for d in dests if getattr(args, d, None) is not None}
+    items = [item for item in getattr(args, "set", None) or []
+             if "=" in item and item.split("=", 1)[0].strip() in given]
+    if not items:
+        return
+    from .train.config import RunConfig, set_option
+
+    for item in items:
+        key, value = item.split("=", 1)
+        key = key.strip()
+        scratch = RunConfig()
+        try:
+            set_option(scratch, key, value)  # the value as the config would hold it
+        except (KeyError, TypeError, ValueError):
+            continue
+        set_to, option = scratch, getattr(args, given[key])
+        for part in key.split("."):
+            set_to = getattr(set_to, part)
+        if key == "data.root":
+            same = isinstance(set_to, str) and (Path(os.path.expanduser(set_to))
+                                                == Path(os.path.expanduser(option)))
+        else:
+            same = set_to == option
+        if not same:
+            flag = "--" + given[key].replace("_", "-")
+            raise UsageError(f"{flag} {option} and --set {key}={value.strip()} give {key} two "
+                             "values; pass one of them")
+
+
 def _home(value: Any) -> Any:
     if isinstance(value, list):
         return [_home(v) for v in value]
@@ -1135,6 +1186,7 @@ def _check_args(args: argparse.Namespace) -> None:
             setattr(args, dest, _home(getattr(args, dest)))
     _warn_repeated_sets(getattr(args, "set", None) or [])
     if args.command != "measure":
+        _check_option_sets(args)
         return
     if args.name is not None:
         raise UsageError(f"--name {args.name} names the run directory of `senslab train`; "
@@ -1152,6 +1204,7 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.autocast and args.precision != "auto":
         raise UsageError(f"--autocast {args.autocast} keeps the low precision's own decisions; "
                          f"--precision {args.precision} contradicts it: pass one of them")
+    _check_option_sets(args)  # after --name, which measure refuses whatever --set says
 
 
 #: frames that pass every torch call on (senslab's torch-function and dispatch modes): an error

@@ -16,7 +16,8 @@ trained on another machine can be copied in), then :func:`summarize_ladder` read
   measured it, with its own interval (a trend whose two rungs differ in more than their own
   settings — extra overrides, seeds — or rest on one seed's measurement noise says so in its
   ``note`` and in the summary sentence);
-* ``OUT/ladder.png`` — each effect with its interval against the rungs (:func:`plot_ladder`).
+* ``OUT/ladder.png`` — each effect with its interval against the rungs, "no value" where a rung
+  judged it without one (:func:`plot_ladder`).
 
 A rung that needs a GPU (``cpu=False``) is not run by default; ``ladder.json`` lists its command.
 
@@ -29,7 +30,7 @@ import json
 import math
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..train.rundir import RunDir
 from ..verdicts import CONTRADICTED, INCONCLUSIVE, SUPPORTED, Effect, fisher_z, plain
@@ -43,6 +44,9 @@ from .base import (
     run_experiment,
     run_seconds,
 )
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 #: the level of a trend's interval (one comparison per effect: no correction)
 TREND_LEVEL = 0.95
@@ -438,13 +442,25 @@ _COLORS = {SUPPORTED: "#1a7f37", CONTRADICTED: "#cf222e", INCONCLUSIVE: "#9a6700
 
 
 def plot_ladder(summary: dict[str, Any], out: str | Path) -> Path:
+    """Write :func:`ladder_figure` of ``summary`` to the PNG file ``out``; returns ``out``."""
+    import matplotlib
+
+    from ..report.plots import STYLE, _save
+
+    with matplotlib.rc_context(STYLE):
+        return _save(ladder_figure(summary), out)
+
+
+def ladder_figure(summary: dict[str, Any]) -> Figure:
     """Each effect of ``summary`` (a :func:`summarize_ladder` result) with its interval at
     every rung that measured it, rungs in ladder order on the x axis; the marker's colour is
-    that rung's verdict on the part (green supported, red contradicted, amber inconclusive)."""
+    that rung's verdict on the part (green supported, red contradicted, amber inconclusive). A
+    rung that judged a part without a value (``no_estimate``) is marked "no value" where its
+    point would be: left blank, it read as a rung that was not run."""
     import matplotlib
     from matplotlib.lines import Line2D
 
-    from ..report.plots import STYLE, _figure, _save
+    from ..report.plots import STYLE, _figure
 
     rows = summary["rungs"]
     xs = {r["rung"]: i for i, r in enumerate(rows)}
@@ -454,12 +470,16 @@ def plot_ladder(summary: dict[str, Any], out: str | Path) -> Path:
         ax = fig.subplots()
         ax.axhline(0, color="0.4", lw=0.8)
         width = 0.5 / max(1, len(parts))
+        blank: list[tuple[float, str]] = []  # (x, part) of a part judged without a value
         for k, part in enumerate(parts):
             offset = (k - (len(parts) - 1) / 2) * width
             px, py, lo, hi, cols = [], [], [], [], []
             for r in rows:
                 e = (r.get("effects") or {}).get(part)
-                if r.get("status") != "done" or not e or e.get("effect") is None:
+                if r.get("status") != "done" or not e:
+                    continue
+                if not _finite(e.get("effect")):
+                    blank.append((xs[r["rung"]] + offset, part))
                     continue
                 iv = e.get("interval") or [None, None]
                 if None in iv:  # one seed: no interval over seeds (drawn without a bar)
@@ -476,6 +496,10 @@ def plot_ladder(summary: dict[str, Any], out: str | Path) -> Path:
                         capsize=3, zorder=2)
             ax.scatter(px, py, c=cols, marker=_MARKERS[k % len(_MARKERS)], s=36, zorder=3,
                        label=part, edgecolors="0.2", linewidths=0.5)
+        for x, part in blank:  # x in data, y in axes units: at the foot, whatever the scale
+            ax.text(x, 0.03, f"{part}: no value" if len(parts) > 1 else "no value",
+                    transform=ax.get_xaxis_transform(), rotation=90, ha="center",
+                    va="bottom", fontsize=7, color="0.3")
         labels = [r["rung"] + (f"\n{_human(r['size'])}" if r.get("size") else "")
                   + (f"\n({r['verdict']})" if r.get("status") == "done" else "\n(not run)")
                   for r in rows]
@@ -489,4 +513,4 @@ def plot_ladder(summary: dict[str, Any], out: str | Path) -> Path:
         fig.legend(handles=handles, loc="outside right upper", fontsize=7)
         ax.set_title(f"{summary['name']}: effect vs scale\n95% intervals (with several parts, "
                      "wider by Holm)", fontsize=9)
-        return _save(fig, out)
+        return fig

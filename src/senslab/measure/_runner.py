@@ -157,7 +157,8 @@ def verify_deterministic(bound: BoundTokens, clean: Tensor, whole: bool,
     agree. Unlike :func:`verify_copies` they are not compared with the clean forward: in train
     mode batch statistics make an example's output depend on its batch. The batch check of
     :func:`_verify_batch` follows (unless ``alone``): a forward whose copies depend on each
-    other makes the number depend on ``chunk_size`` in any mode."""
+    other makes the number depend on ``chunk_size`` in any mode. Rounding is judged as in
+    :func:`verify_copies` (a bf16/fp16 model by bf16's, whatever its outputs' dtype)."""
     rows = min(VERIFY_ROWS, len(clean))
     src = torch.arange(rows, device=bound.valid.device)
     if rows == 1:
@@ -178,6 +179,7 @@ def verify_deterministic(bound: BoundTokens, clean: Tensor, whole: bool,
     runs = twice()
     if runs[0].shape != runs[1].shape:
         return
+    low_precision = low_precision or _reduced(getattr(bound, "model", None))
     rtol = _tolerance(clean, low_precision)
     ref = clean[:rows].float().reshape(rows, -1)
     floor = float(_size(ref).max()) * 1e-3 + 1e-30
@@ -232,13 +234,19 @@ def verify_copies(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor
     batch-dependent model, the reuse named last); if they fail too, the model's own cause is
     reported. These copies are not counted in ``num_forward`` and their noise has a generator
     of its own. The metric calls it on the first batch of each input shape (the path of the
-    copies depends on the shape, not on the values).
+    copies depends on the shape, not on the values). Differences are judged with the rounding
+    of the precision the copies compute in (:func:`_tolerance`): bf16's under autocast
+    (``low_precision``) and for a model holding bf16/fp16 weights, also where its outputs are
+    cast to float32 (float32's tolerance took a correct ``forward_suffix`` for a wrong one).
     """
     rows = min(VERIFY_ROWS, len(clean))
+    model = getattr(bound, "model", None)
+    # a bf16/fp16 model rounds as such also where its outputs are cast to float32: float32's
+    # tolerance took that rounding for a prefix_cache/forward_suffix that disagrees
+    low_precision = low_precision or _reduced(model)
     rtol = _tolerance(clean, low_precision)
     ref = clean[:rows].float().reshape(rows, -1)
     floor = float(_size(ref).max()) * 1e-3 + 1e-30
-    model = getattr(bound, "model", None)
     versions = _buffer_versions(model)
 
     def twice() -> list[Tensor] | None:

@@ -101,6 +101,7 @@ from ..tokens.base import (
     forward,
 )
 from ._alloc import MIN_FLIPS
+from ._noise import DRAW_DTYPE
 from ._options import _kept_buffers, _seeded
 from .outputs import (
     check_head,
@@ -417,6 +418,13 @@ def _applied_stats(p: Tensor, p0: Tensor, grid: torch.dtype | None = None
 class _WeightNoise:
     """Sets the chosen parameters to θ + σ·ε with ε ~ N(0, I) drawn from ``generator``.
 
+    ε is drawn in float32 (:data:`._noise.DRAW_DTYPE`) whatever the parameters' dtype (a
+    float64 parameter takes it cast to float64), so the draws are a function of the generator
+    alone: drawn in the parameter's dtype, a float64 copy of a float32 model
+    (``copy.deepcopy(model).double()``, the check that the messages below advise) drew other
+    numbers from the same seed, and its ShOp differed from the float32 one by the sample (×0.97
+    at every σ on an MLP), not by the precision.
+
     A bf16/fp16 parameter holds θ + σ·ε rounded to its own grid (spacing about
     ``torch.finfo(dtype).eps · |θ|``). For σ near or below that spacing the noise actually applied
     is not the one drawn: mostly zero (σ = 0.001 on bf16 weights of size 1: a third of σ, ShOp
@@ -504,10 +512,12 @@ class _WeightNoise:
         low: list[int] = []  # indices of the parameters checked (all but float64 ones)
         sums: list[Tensor] = []  # per such parameter: Σ drawn², Σ applied², # unchanged
         for i, (p, p0) in enumerate(zip(self.work, self.saved, strict=True)):
-            # sample in at least float32 so half-precision weights get well-formed noise
-            dtype = p.dtype if p.dtype in (torch.float32, torch.float64) else torch.float32
-            eps = torch.randn(p.shape, generator=self.gen, device=self.gen.device, dtype=dtype)
-            delta = sigma * eps.to(p.device)
+            # drawn in DRAW_DTYPE whatever the weights' dtype (see the class docstring), added
+            # in at least float32 so half-precision weights round θ + σ·ε once
+            eps = torch.randn(p.shape, generator=self.gen, device=self.gen.device,
+                              dtype=DRAW_DTYPE)
+            wide = torch.float64 if p.dtype == torch.float64 else DRAW_DTYPE
+            delta = sigma * eps.to(p.device, wide)
             p.copy_(p0 + delta)
             cast = self.cast.get(i)
             if check and p.is_floating_point() and (cast is not None

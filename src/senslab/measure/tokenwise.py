@@ -557,7 +557,9 @@ class TokenSensitivity:
         max_forward: forward passes one ``update`` may spend with ``target_stderr`` (at least
             one round always runs; default 64 rounds). The rounds after the first never pass
             it: with ``allocation="linear"`` each is sized by the most copies its random draws
-            can make, not by their expectation.
+            can make, not by their expectation. Refused without ``target_stderr``, with or
+            without an allocation: there is then one round, which always runs, so the cap
+            would be ignored (set ``repeats`` or ``budget`` instead).
         allocation: ``"linear"``: draws where the linearised flip probability says flips happen,
             weighted back so the estimate stays unbiased (module docstring; :mod:`._alloc`);
             costs one forward and backward per example (counted as one forward pass).
@@ -736,12 +738,17 @@ class TokenSensitivity:
             raise ValueError(f"target_stderr must be a positive number, got {target_stderr!r}")
         if max_forward is not None:
             max_forward = _check_positive("max_forward", max_forward)
-            if target_stderr is None and allocation is None:
-                # a fixed design spends exactly repeats draws per token: the cap was ignored
+            if target_stderr is None:
+                # without a target every design runs one round, all of it: repeats= draws per
+                # token, or an allocation='s budget= (95 forwards under max_forward=20), so the
+                # cap was ignored
+                spent, fewer = (("the allocation's budget=", "a smaller budget=")
+                                if allocation is not None
+                                else ("repeats= draws per token", "fewer repeats"))
                 raise ValueError(
-                    f"max_forward={max_forward} caps the rounds of target_stderr= or of an "
-                    "allocation=, and neither is given: the draws are repeats= per token, all "
-                    "spent; drop max_forward, set fewer repeats, or pass target_stderr=")
+                    f"max_forward={max_forward} caps the rounds of target_stderr=, which is not "
+                    f"given: without it one round runs, all of it ({spent}); drop max_forward, "
+                    f"set {fewer}, or pass target_stderr=")
         if target_stderr is not None and shard is not None:
             raise ValueError("target_stderr (adaptive stopping) cannot be combined with shard")
         self.target_stderr, self.max_forward = target_stderr, max_forward
