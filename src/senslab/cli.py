@@ -618,9 +618,13 @@ def _measure(args: argparse.Namespace) -> int:
         source = _measure_options(args, cfg)
         weights = f"checkpoint step {checkpoint_step(ckpt)} of {args.checkpoint}"
     else:
-        _measure_options(args)
+        seeded = _measure_options(args)["seed"] == "given"
         cfg = _config(args)
         _check_measure_set(args.set or [], cfg, None)
+        if not seeded:
+            # `--set seed=N` alone seeds the examples and the noise too, as `--seed N` does (it
+            # seeded the untrained weights only: "seed 4" printed over seed 0's draws)
+            args.seed = cfg.seed
         weights = f"untrained (seed {cfg.seed})"
     validate(cfg)
     _check_fits(cfg)
