@@ -8,16 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from textfiles import MRPC_HEADER
+from textfiles import sentence as _sentence
 
 from senslab.data import DataUnavailableError, create_dataset
-
-WORDS = ("the market said shares rose fell percent company quarter profit analysts "
-         "expected government officials reported on tuesday while investors sold").split()
-MRPC_HEADER = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"
-
-
-def _sentence(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
 def _bert_tokenizer(path: Path) -> None:

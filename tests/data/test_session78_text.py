@@ -4,25 +4,17 @@ in the exact formats, written in tmp_path; tokenizers built locally (no network)
 
 from __future__ import annotations
 
-import bz2
-import csv
 import random
 import warnings
 from pathlib import Path
 
 import pytest
+from textfiles import BOM, MRPC_HEADER
+from textfiles import sentence as _sentence
+from textfiles import write_rotten as _write_rotten
 
 from senslab.data import DataUnavailableError, create_dataset
 from senslab.data.text import RT_FILE, _rotten_rows, build_mrpc_glue, train_bpe
-
-BOM = "\ufeff"
-MRPC_HEADER = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"
-WORDS = ("the market said shares rose fell percent company quarter profit analysts "
-         "expected government officials reported on tuesday while investors sold").split()
-
-
-def _sentence(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
 def _pair_rows(n: int, seed: int) -> list[tuple[str, str, str, str, str]]:
@@ -91,14 +83,6 @@ def test_a_vocab_size_the_tokenizer_does_not_have_warns_that_it_is_not_used(
 
 
 # ------------------------------------------------------------------ empty Rotten Tomatoes texts
-
-
-def _write_rotten(path: Path, rows: list[tuple[str, str]]) -> None:
-    with bz2.open(path, "wt", encoding="utf-8", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["category", "text", "movie_name"])
-        for cat, text in rows:
-            w.writerow([cat, text, "m"])
 
 
 def test_empty_rotten_tomatoes_texts_are_left_out_and_counted(tmp_path: Path) -> None:

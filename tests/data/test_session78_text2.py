@@ -4,27 +4,21 @@ formats, written in tmp_path; tokenizers trained locally (no network)."""
 
 from __future__ import annotations
 
-import bz2
-import csv
 import random
 import warnings
 from pathlib import Path
 
 import pytest
+from textfiles import BOM
+from textfiles import sentence as _sentence
+from textfiles import write_rotten as _write_rotten
 
 from senslab.data import DataUnavailableError, create_dataset
 from senslab.data.text import RT_FILE, _rotten_rows, rotten_tomatoes_file
 
-BOM = "\ufeff"
 HEADERS = {"mrpc": BOM + "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String",
            "qqp": "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate",
            "sst2": "sentence\tlabel"}
-WORDS = ("the market said shares rose fell percent company quarter profit analysts "
-         "expected government officials reported on tuesday while investors sold").split()
-
-
-def _sentence(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
 def _row(name: str, i: int, a: str, b: str) -> str:
@@ -120,14 +114,6 @@ def test_more_than_a_handful_of_empty_sentences_refuse_the_file(tmp_path: Path) 
 
 
 # -------------------------------------------------------- unknown Rotten Tomatoes categories
-
-
-def _write_rotten(path: Path, rows: list[tuple[str, str]]) -> None:
-    with bz2.open(path, "wt", encoding="utf-8", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["category", "text", "movie_name"])
-        for cat, text in rows:
-            w.writerow([cat, text, "m"])
 
 
 def test_rotten_tomatoes_rows_of_an_unknown_category_warn_naming_it(tmp_path: Path) -> None:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from textfiles import BOM, MRPC_HEADER
+from textfiles import sentence as _sentence
 
 from senslab.data import DataUnavailableError, create_dataset
 from senslab.data.text import (
@@ -19,15 +21,6 @@ from senslab.data.text import (
     build_mrpc_glue,
     train_bpe,
 )
-
-BOM = "\ufeff"
-MRPC_HEADER = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"
-WORDS = ("the market said shares rose fell percent company quarter profit analysts "
-         "expected government officials reported on tuesday while investors sold").split()
-
-
-def _sentence(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
 def _pair_rows(n: int, seed: int, long: bool = False) -> list[tuple[str, str, str, str, str]]:
