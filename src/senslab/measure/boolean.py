@@ -109,7 +109,7 @@ from ._alloc import MIN_FLIPS
 from ._cube import MAX_EXACT_N, all_inputs, check_n, index_to_inputs, inputs_to_index, table_n
 from ._options import _check_generator, _seeded
 from ._options import _kept_buffers as _kept_model_buffers
-from ._runner import _tolerance
+from ._runner import _reduced, _tolerance
 from ._stats import interval_quantile
 
 # Fourier analysis and the reference functions live in their own files; re-exported here so
@@ -306,12 +306,14 @@ def _difference(first: Tensor, second: Tensor, rtol: float) -> float | None:
     return float((first.double() - second.double()).abs().max())
 
 
-def _check_repeatable(first: Tensor, second: Tensor, rows: int) -> None:
+def _check_repeatable(first: Tensor, second: Tensor, rows: int, low: bool = False) -> None:
     """Refuse an f whose two evaluations of the same ``rows`` inputs differ: a random f (a
     model in training mode with dropout, called directly or inside a wrapper) has no truth
     table, and its sensitivity would count the randomness. Float rounding is allowed for:
-    relative 1e-3 of the largest output (5e-2 below float32)."""
-    rtol = 1e-3 if first.dtype in (torch.float32, torch.float64) else 5e-2
+    relative 1e-3 of the largest output (5e-2 below float32, or where ``low``: f runs a
+    bf16/fp16 model, whatever its outputs' dtype)."""
+    full = first.dtype in (torch.float32, torch.float64) and not low
+    rtol = 1e-3 if full else 5e-2
     worst = _difference(first, second, rtol)
     if worst is not None:
         raise ValueError(
@@ -323,7 +325,8 @@ def _check_repeatable(first: Tensor, second: Tensor, rows: int) -> None:
         )
 
 
-def _check_batch_independent(f: Callable[[Tensor], object], probe: Tensor) -> None:
+def _check_batch_independent(f: Callable[[Tensor], object], probe: Tensor,
+                              low: bool = False) -> None:
     """Refuse a random f, or one whose output for a string depends on the other strings of its
     forward (batch statistics: BatchNorm in training mode, a batch mean or max). ``probe`` is
     evaluated in one forward and again in two halves; outputs that differ beyond float rounding
@@ -332,23 +335,27 @@ def _check_batch_independent(f: Callable[[Tensor], object], probe: Tensor) -> No
     tells randomness (:func:`_check_repeatable`) from batch dependence. Class labels (integer
     or bool outputs) and a one-row probe are only evaluated twice in one forward: a label may
     move at a decision boundary when rounding changes with the batch. Two forwards of
-    ``len(probe)`` rows in all for an f that passes."""
+    ``len(probe)`` rows in all for an f that passes. ``low``: f runs a bf16/fp16 model
+    (:func:`_reduced_dtype`), judged by bf16's rounding also where its outputs are cast to
+    float32, as :func:`~senslab.measure._runner.verify_copies` judges one (float32's
+    tolerance refused a bf16 MLP whose products sum in another order for a smaller batch,
+    1 bf16 step of its output, while the same outputs left in bf16 passed)."""
     rows = len(probe)
     whole = _as_tensor(f(probe))
     half = rows // 2
     if rows < 2 or not whole.is_floating_point() or whole.dim() == 0 or len(whole) != rows:
-        _check_repeatable(whole, _as_tensor(f(probe)), rows)
+        _check_repeatable(whole, _as_tensor(f(probe)), rows, low)
         return
     parts = [_as_tensor(f(probe[:half])), _as_tensor(f(probe[half:]))]
     if any(p.dim() == 0 or p.shape[1:] != whole.shape[1:] for p in parts):
-        _check_repeatable(whole, _as_tensor(f(probe)), rows)  # shapes: refused by _canonical
+        _check_repeatable(whole, _as_tensor(f(probe)), rows, low)  # shapes: by _canonical
         return
-    low = whole.dtype not in (torch.float32, torch.float64)
+    low = low or whole.dtype not in (torch.float32, torch.float64)
     rtol = _tolerance(whole, low)
     worst = _difference(whole, torch.cat(parts), rtol)
     if worst is None:
         return
-    _check_repeatable(whole, _as_tensor(f(probe)), rows)
+    _check_repeatable(whole, _as_tensor(f(probe)), rows, low)
     size = float(whole.double().abs().max())
     raise ValueError(
         f"f's output for a string depends on the other strings in its forward: {rows} strings "
@@ -375,7 +382,10 @@ def _evaluator(
 ) -> Callable[[Tensor], Tensor]:
     """A function index-or-string → canonical values, for a truth table or a callable. The
     first call also evaluates (up to :data:`REPEAT_ROWS` of) its inputs in one forward and in
-    two halves, and refuses a random or batch-dependent f (:func:`_check_batch_independent`)."""
+    two halves, and refuses a random or batch-dependent f (:func:`_check_batch_independent`).
+    Its ``low_precision`` is the reduced float type (bf16, fp16) f's values were rounded in:
+    that of its outputs, else of the model f is or holds (:func:`_reduced_dtype`), whose
+    outputs cast to float32 keep bf16's rounding."""
     if isinstance(f, Tensor):
         table = f[:, 0] if f.dim() == 2 else f
         table = _canonical(table, table.shape[0], output)
@@ -390,6 +400,7 @@ def _evaluator(
     dev, own_dtype = _module_placement(f)
     dev = torch.device(device) if device is not None else (dev or torch.device("cpu"))
     dtype = dtype or own_dtype or torch.float32
+    reduced = _reduced_dtype(f)
     checked = False
 
     def call(x: Tensor) -> Tensor:
@@ -398,7 +409,7 @@ def _evaluator(
             x = x.to(device=dev, dtype=dtype)
             if not checked:
                 try:
-                    _check_batch_independent(f, x[:REPEAT_ROWS])
+                    _check_batch_independent(f, x[:REPEAT_ROWS], reduced is not None)
                 except RuntimeError as err:
                     if "shape" not in str(err) and "size" not in str(err):
                         raise
@@ -413,8 +424,21 @@ def _evaluator(
                 call.low_precision = out.dtype  # type: ignore[attr-defined]
             return _canonical(out, x.shape[0], output)
 
-    call.low_precision = None  # type: ignore[attr-defined]
+    call.low_precision = reduced  # type: ignore[attr-defined]
     return call
+
+
+def _reduced_dtype(f: object) -> torch.dtype | None:
+    """The reduced float type (bf16, else fp16) of the first module ``f`` is or holds
+    (:func:`._exclusive.held_modules`) with such a parameter or buffer
+    (:func:`~senslab.measure._runner._reduced`), else None. Its outputs are rounded as such
+    also where f casts them to float32 (``.float()``): read by float32's rules, a bf16
+    linear model's truth table went without the warning that its degree reads 10, not 1."""
+    for m in _held_modules_of(f):
+        if _reduced(m):
+            dtypes = {t.dtype for t in (*m.parameters(), *m.buffers())}
+            return torch.bfloat16 if torch.bfloat16 in dtypes else torch.float16
+    return None
 
 
 def _check_input_dtype(dtype: object) -> None:
@@ -540,9 +564,11 @@ def _check_unit_interval(rule: str, values: Tensor, kind: str | None,
     inside are probabilities (a sigmoid head) as likely as logits, and read as logits
     (class = value > 0) nothing ever flips — a false 0. Refused; the error names the fix.
     So are, as there, float whole numbers, none negative and some ≥ 2 (class labels as
-    floats), unless they came in bf16 or fp16 (``low``), where large values are all whole:
-    read with boundary 0, labels 1, 2, … are one class (float labels 1/2 read as(f) = 0, and
-    0/1/2 half their class changes)."""
+    floats): read with boundary 0, labels 1, 2, … are one class (float labels 1/2 read
+    as(f) = 0, and 0/1/2 half their class changes). Rounded in bf16 or fp16 (``low``: the
+    outputs' type or the model's) every value from 1/eps on (128 in bf16, 1024 in fp16) is
+    whole, so such a column passes; below it whole numbers are labels in any type (a bf16
+    model's labels 0/1/2 read 0.39 for its 1.95 class changes, in bf16 or cast to float32)."""
     if rule != "sign" or not values.is_floating_point() or values.numel() == 0:
         return
     if kind == "probabilities" and threshold is not None and is_scalar(values) \
@@ -565,7 +591,8 @@ def _check_unit_interval(rule: str, values: Tensor, kind: str | None,
     if kind is not None or threshold is not None:
         return
     lo, hi = float(values.min()), float(values.max())
-    if low is None and is_scalar(values) and _labels(values, lo, hi):
+    rounded = low is not None and hi * torch.finfo(low).eps >= 1.0  # all whole from there
+    if not rounded and is_scalar(values) and _labels(values, lo, hi):
         raise ValueError(
             f"f returns one real value per input, every one a whole number from {lo:g} to "
             f"{hi:g}: class labels as floats? output='sign' reads the class as value > 0 "
@@ -698,8 +725,9 @@ def truth_table(
                                                                       output="real"):
             warnings.warn(
                 f"the truth table holds {_dtype_name(low)} outputs "
-                f"({8 if low == torch.bfloat16 else 11} significant bits), returned as "
-                "float64: their rounding leaves Fourier coefficients at every degree, so "
+                f"({8 if low == torch.bfloat16 else 11} significant bits, also where f casts "
+                "a reduced-precision model's outputs to float32), returned as float64: their "
+                "rounding leaves Fourier coefficients at every degree, so "
                 "degree() and spectral quantities read it with the default rtol as a "
                 "high-degree function (a bf16 linear model: degree 10 for 1). Pass "
                 "degree(table, rtol=1e-2), or evaluate a float32 copy of the model "
@@ -857,8 +885,15 @@ def boolean_sensitivity(
         return stats.result("exact", rule, evaluations, exact=True)
 
     # any integer type (a NumPy int64 was refused as "not an integer ≥ 2", 500 included)
-    if isinstance(num_samples, bool) or not isinstance(num_samples, Integral) or num_samples < 2:
+    if isinstance(num_samples, bool) or not isinstance(num_samples, Integral) or num_samples < 1:
         raise ValueError(f"num_samples must be an integer ≥ 2, got {num_samples!r}")
+    if num_samples < 2:  # as the token-wise data standard error, which is nan from one example
+        exact = (" or enumerate all strings (method='exact'), which has no sampling error"
+                 if n <= MAX_EXACT_N else "")
+        raise ValueError(
+            "num_samples=1: the standard error of a sampled average needs at least two "
+            "sampled strings (from one, the spread across strings is undefined: nan, and so is "
+            f"the 95% interval). Pass num_samples ≥ 2 for a finite one{exact}")
     num_samples = int(num_samples)
     chunk_size = _check_chunk(chunk_size, n + 1)
     # an int seed (the default seed 0 for None) becomes a CPU generator: the same call gives
