@@ -45,7 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._exclusive import OwnForwards
+from .._autocast import autocast_dtype, autocast_on
+from .._exclusive import OwnForwards, exclusive
 from .._stack import user_level
 from ..tokens import Embedding, Patches, Sequence, Tokenization, find_module
 from ..tokens._grid import LOW_PRECISION, GridCheck, autocast_grid
@@ -186,7 +187,34 @@ _OUTPUT_GRID_SHARE = 0.25
 _OUTPUT_GRID_SAID: set[str] = set()
 
 
-def _check_output_grid(clean: Tensor, noisy: Tensor, sigma: float) -> None:
+def _low_precision_params(model: Any) -> torch.dtype | None:
+    """The bf16/fp16 dtype of ``model``'s first such parameter, or None (no host sync)."""
+    if isinstance(model, nn.Module):
+        for p in model.parameters():
+            if p.dtype in LOW_PRECISION:
+                return p.dtype
+    return None
+
+
+def _output_grid(clean: Tensor, noisy: Tensor, model: Any) -> torch.dtype | None:
+    """The low-precision grid the outputs lie on: their own dtype (bf16/fp16), or — for float32
+    outputs of a model that holds bf16/fp16 parameters — that dtype where every clean and noisy
+    entry lies on its grid (the model's logits cast with ``.float()`` at the end: still rounded
+    to bf16, though their dtype says float32); None: no such grid."""
+    if clean.dtype in LOW_PRECISION:
+        return clean.dtype
+    if clean.dtype != torch.float32:
+        return None
+    low = _low_precision_params(model)
+    if low is None:
+        return None
+    with torch.no_grad():
+        both = torch.stack([clean.detach(), noisy.detach()])
+        on = bool((both.to(low).float() == both).all())
+    return low if on else None
+
+
+def _check_output_grid(clean: Tensor, noisy: Tensor, sigma: float, model: Any = None) -> bool:
     """Warn where bf16/fp16 outputs (a bf16 model's, or a linear head's under autocast) are
     too coarse for the change the noise makes: the difference of two outputs on the grid
     moves in whole steps of it (about ``eps · |f(x)|``), so a change below a step is rounded
@@ -194,39 +222,129 @@ def _check_output_grid(clean: Tensor, noisy: Tensor, sigma: float) -> None:
     Computing the MSE in float32 would not help: the outputs are rounded already. Judged on
     this call's outputs: the share of the penalty that comes from entries moved by one step or
     less (entries the noise leaves alone, as in a causal model's earlier positions, do not
-    count), or a penalty of exactly 0 at σ > 0. Float32/float64 outputs pass unlooked at;
-    each case is said once per dtype."""
-    if clean.dtype not in LOW_PRECISION or sigma == 0 or noisy.shape != clean.shape:
-        return
+    count), or a penalty of exactly 0 at σ > 0. Float32 outputs of a bf16/fp16 ``model`` that
+    lie on its grid (``.float()`` on its logits) are judged on that grid: their dtype hid a
+    penalty 15× the float32 model's. Other float32 and float64 outputs pass unlooked at here
+    (under autocast, :func:`_check_autocast_outputs` looks); each case is said once per dtype.
+    Returns whether this call's outputs are too coarse (said now or before)."""
+    if sigma == 0 or noisy.shape != clean.shape:
+        return False
+    grid = _output_grid(clean, noisy, model)
+    if grid is None:
+        return False
     with torch.no_grad():
         c, n = clean.detach().float(), noisy.detach().float()
         diff = (n - c).abs()
         _, exponent = torch.frexp(torch.maximum(c.abs(), n.abs()))
-        step = torch.finfo(clean.dtype).eps * torch.exp2(exponent.float() - 1)
+        step = torch.finfo(grid).eps * torch.exp2(exponent.float() - 1)
         square = diff.square()
         total, coarse = torch.stack([square.sum(), (square * (diff <= step)).sum()]).tolist()
         spacing = math.sqrt(float(step.square().mean()))
-    dtype = str(clean.dtype).removeprefix("torch.")
+    dtype = str(grid).removeprefix("torch.")
+    outputs = (f"{dtype} outputs" if grid == clean.dtype else
+               f"float32 outputs (on the {dtype} grid: the {dtype} model's outputs cast to "
+               "float32, rounded all the same)")
     if total == 0:
         case, what = "zero", (
-            f"the penalty is exactly 0 at sigma={sigma}: no entry of the {dtype} outputs "
+            f"the penalty is exactly 0 at sigma={sigma}: no entry of the {outputs} "
             "changed, so this step is not regularized. Either the model ignores the noised "
             f"token, or its change is below the outputs' grid (root-mean-square spacing "
             f"{spacing:.2g})")
     elif coarse > _OUTPUT_GRID_SHARE * total:
         case, what = "coarse", (
-            f"{coarse / total:.0%} of the penalty comes from {dtype} output entries moved by "
+            f"{coarse / total:.0%} of the penalty comes from entries of the {outputs} moved by "
             f"one step of their grid or less (root-mean-square spacing {spacing:.2g}): the "
             "noise's change of the outputs is below their precision, so the penalty and its "
             "gradient measure the rounding")
     else:
-        return
+        return False
     if f"{dtype}:{case}" in _OUTPUT_GRID_SAID:
-        return
+        return True
     _OUTPUT_GRID_SAID.add(f"{dtype}:{case}")
     warnings.warn(
         f"sensitivity_penalty: {what}. Compute the outputs in float32 (a float32 model, or "
         "its last layer in float32 outside torch.autocast), or use a larger sigma; said once",
+        UserWarning, stacklevel=user_level())
+    return True
+
+
+#: under a bf16/fp16 torch.autocast, the outputs can be float32 (a last LayerNorm or softmax that
+#: autocast keeps in float32, ``.float()`` on the logits, a float32 head outside autocast) or
+#: bf16 far from the grid that rounded them (a last LayerNorm rescales bf16 steps upstream), and
+#: still carry the bf16 rounding of every matrix product before: no look at the outputs alone
+#: sees it. So the noise's change of the outputs is computed again without autocast (float32)
+#: and compared, on the first such call and every ``_AUTOCAST_EVERY``-th after (4 forwards
+#: without gradients each; none outside autocast). Above this root-mean-square share of the
+#: float32 change, the rounding's change is warned about: at 0.75 (logits near 100, σ = 1) the
+#: penalty came out 1.6× the float32 one, at 3.7 (σ = 0.1) 15×, its gradient at cosine 0.48
+_AUTOCAST_SHARE = 0.25
+_AUTOCAST_EVERY = 100
+#: calls under a low-precision autocast so far (every rank of a distributed run counts alike,
+#: so all of them run the check's forwards at the same steps, warned or not)
+_AUTOCAST_CALLS = [0]
+
+
+def _check_autocast_outputs(model: Any, rerun: Callable[[bool], Tensor], clean: Tensor,
+                            noisy: Tensor, sigma: float, said: bool = False) -> None:
+    """Warn where, under a bf16/fp16 ``torch.autocast`` on the outputs' device, the noise's
+    change of the outputs differs from the float32 model's by more than
+    :data:`_AUTOCAST_SHARE` of the latter (root mean square): the penalty and its gradient
+    then measure autocast's rounding, whatever the outputs' dtype. ``rerun(noisy)`` runs the
+    clean or noisy forward again on the same inputs and noise. Both pairs of forwards run in
+    eval mode (every module's flag put back after): dropout would make the two pairs differ
+    by its masks, and a train-mode BatchNorm would update its running statistics again. A
+    model that holds bf16/fp16 parameters has no float32 to compare with (not looked at here:
+    :func:`_check_output_grid` judges its outputs). ``said``: that check warned of this call
+    already (its forwards run all the same, so that every rank runs them at the same steps)."""
+    device = clean.device.type
+    if sigma == 0 or noisy.shape != clean.shape or not autocast_on(device):
+        return
+    dtype = autocast_dtype(device)
+    if dtype not in LOW_PRECISION:
+        return
+    calls = _AUTOCAST_CALLS[0]
+    _AUTOCAST_CALLS[0] += 1
+    if calls % _AUTOCAST_EVERY or _low_precision_params(model) is not None:
+        return
+    modules = list(model.modules()) if isinstance(model, nn.Module) else []
+    # a thread measuring the model switches its modes too: the two take turns
+    with exclusive(model), torch.no_grad():
+        modes = [m.training for m in modules]
+        try:
+            if any(modes):
+                model.eval()
+                low = rerun(False), rerun(True)
+            else:  # already in eval mode: this call's own outputs
+                low = clean.detach(), noisy.detach()
+            with torch.autocast(device, enabled=False):
+                exact = rerun(False), rerun(True)
+        except NotImplementedError:  # torch.export's module: "Calling eval() is not supported"
+            return
+        finally:
+            for m, training in zip(modules, modes, strict=True):
+                m.training = training
+        change = exact[1].float() - exact[0].float()
+        moved = low[1].float() - low[0].float()
+        ref, err, pen = torch.stack([change.square().mean(), (moved - change).square().mean(),
+                                     moved.square().mean()]).tolist()
+    if (said or not (math.isfinite(ref) and math.isfinite(err))
+            or err <= _AUTOCAST_SHARE**2 * ref):
+        return
+    name = str(dtype).removeprefix("torch.")
+    if f"autocast:{name}" in _OUTPUT_GRID_SAID:
+        return
+    _OUTPUT_GRID_SAID.add(f"autocast:{name}")
+    share = "all" if ref == 0 else f"{math.sqrt(err / ref):.0%}"
+    warnings.warn(
+        f"sensitivity_penalty: under torch.autocast(dtype=torch.{name}) the noise's change of "
+        f"the outputs differs from the float32 model's by {share} of the latter (root mean "
+        f"square; penalty {pen:.3g} against {ref:.3g} in float32, both in eval mode): the "
+        f"change is below the "
+        f"precision of the {name} matrix products before the outputs, so the penalty and "
+        "its gradient measure their rounding — whatever the outputs' dtype (a float32 "
+        "LayerNorm, softmax or .float() at the end does not undo it). Compute the "
+        "regularizer's two forwards outside torch.autocast (in float32), or use a larger "
+        "sigma; said once",
         UserWarning, stacklevel=user_level())
 
 
@@ -384,9 +502,13 @@ def _pick_tokens(valid: Tensor, generator: torch.Generator) -> Tensor:
 
 def _embedding_branches(model: nn.Module, inputs: Inputs, tokens: Embedding, sigma: float,
                         generator: torch.Generator, mask: Tensor | None,
-                        output: OutputSelector) -> tuple[Tensor, Tensor]:
+                        output: OutputSelector,
+                        replay: list[Callable[[bool], Tensor]] | None = None,
+                        ) -> tuple[Tensor, Tensor]:
     """(clean, noisy) outputs, the noisy forward with N(0, σ²I) added to one real position of
-    the ``tokens.module`` output per example (a forward hook that exists only here)."""
+    the ``tokens.module`` output per example (a forward hook that exists only here).
+    ``replay``, where given, receives a function that runs the clean (False) or noisy (True)
+    forward again with the same noise."""
     target = _embedding_target(model, tokens)
     seen: list[Tensor] = []
     delta: list[Tensor] = []  # empty: the clean pass
@@ -459,17 +581,40 @@ def _embedding_branches(model: nn.Module, inputs: Inputs, tokens: Embedding, sig
     finally:
         handle.remove()
         own.close()
+    if replay is not None:
+        replay.append(lambda noisy: _rerun_embedding(model, inputs, output, target, delta[0],
+                                                     noisy))
     return clean, noisy
+
+
+def _rerun_embedding(model: nn.Module, inputs: Inputs, output: OutputSelector,
+                     target: nn.Module, delta: Tensor, noisy: bool) -> Tensor:
+    """The model's output on ``inputs`` again, with ``delta`` (the noise an earlier call drew)
+    added to ``target``'s output where ``noisy``: the same clean and noisy inputs, for the
+    autocast check's re-evaluation (:func:`_check_autocast_outputs`)."""
+    if not noisy:
+        return call_model(model, inputs, output)
+    own = OwnForwards(model)
+    handle = target.register_forward_hook(own.hook(
+        lambda module, args, out: out + delta.to(out.dtype)))
+    try:
+        return call_model(model, inputs, output)
+    finally:
+        handle.remove()
+        own.close()
 
 
 def _branches(model: nn.Module, x: Inputs, tokens: Tokenization, sigma: float,
               generator: torch.Generator, mask: Tensor | None,
-              output: OutputSelector) -> tuple[Tensor, Tensor]:
-    """(f(x), f(x̃)), both attached to the graph; x̃ has noise on one token per example."""
+              output: OutputSelector,
+              replay: list[Callable[[bool], Tensor]] | None = None) -> tuple[Tensor, Tensor]:
+    """(f(x), f(x̃)), both attached to the graph; x̃ has noise on one token per example.
+    ``replay``, where given, receives a function that runs the clean (False) or noisy (True)
+    forward again on the same inputs, noise included (nothing drawn)."""
     if isinstance(tokens, Embedding):
         if not isinstance(model, nn.Module):
             raise TypeError("Embedding tokens need an nn.Module to hook into")
-        return _embedding_branches(model, x, tokens, sigma, generator, mask, output)
+        return _embedding_branches(model, x, tokens, sigma, generator, mask, output, replay)
     if isinstance(tokens, Patches):
         if not isinstance(x, Tensor):
             raise TypeError(f"Patches tokens need an image tensor, got {type(x).__name__} (model "
@@ -502,6 +647,8 @@ def _branches(model: nn.Module, x: Inputs, tokens: Tokenization, sigma: float,
         x_noisy = random_patch_noise(view, tokens.size, sigma, generator, channel_scale=scale)
         if last:
             x_noisy = x_noisy.permute(0, 2, 3, 1)
+        if replay is not None:
+            replay.append(lambda noisy: call_model(model, x_noisy if noisy else x, output))
         return call_model(model, x, output), call_model(model, x_noisy, output)
     if isinstance(tokens, Sequence):
         if not isinstance(x, Tensor) or x.dim() != 3:
@@ -514,6 +661,8 @@ def _branches(model: nn.Module, x: Inputs, tokens: Tokenization, sigma: float,
         rows = torch.arange(b, device=x.device)
         _check_rounding("vectors", x[rows, tok], noise)
         x_noisy = x.index_put((rows, tok), noise, accumulate=True)
+        if replay is not None:
+            replay.append(lambda noisy: call_model(model, x_noisy if noisy else x, output))
         return call_model(model, x, output), call_model(model, x_noisy, output)
     raise TypeError(f"tokens must be Patches, Embedding or Sequence, got {type(tokens).__name__}")
 
@@ -550,7 +699,10 @@ def sensitivity_penalty(
     code. Noise that the grid of bf16/fp16 tokens would round into another noise is refused,
     as is noise on float32 tokens that a bf16/fp16 ``torch.autocast`` rounds so; bf16/fp16
     outputs whose change is mostly below their own grid, or a penalty of exactly 0 there, are
-    warned about (the penalty would measure the outputs' rounding).
+    warned about (the penalty would measure the outputs' rounding), as are — under a bf16/fp16
+    ``torch.autocast``, whatever the outputs' dtype — changes more than 25% off the float32
+    model's (checked on the first such call and every 100th, four forwards without gradients
+    in eval mode; :func:`_check_autocast_outputs`).
     """
     _check_sigma(sigma)
     gen = _check_generator(generator)
@@ -561,14 +713,16 @@ def sensitivity_penalty(
             f"patch={patch} sets the patch size where tokens is None, but tokens={tokens!r} "
             "already says where the noise goes, so it would be ignored; drop patch= (or "
             "give the size to Patches)")
-    clean, noisy = _branches(model, x, tokens, sigma, gen, mask, output)
+    replay: list[Callable[[bool], Tensor]] = []
+    clean, noisy = _branches(model, x, tokens, sigma, gen, mask, output, replay)
     if clean.numel() == 0:
         # the mean over no entries is NaN: a NaN loss would reach the optimizer and the logs
         raise ValueError(
             f"empty batch: the model's output has shape {tuple(clean.shape)}, so the penalty "
             "would be the mean over no examples (NaN); skip empty batches (e.g. "
             "DataLoader(drop_last=True), or `if len(x): ...` before the step)")
-    _check_output_grid(clean, noisy, sigma)
+    said = _check_output_grid(clean, noisy, sigma, model)
+    _check_autocast_outputs(model, replay[0], clean, noisy, sigma, said)
     return F.mse_loss(noisy, clean), clean
 
 
