@@ -49,11 +49,17 @@ sensitivity (MC dropout at σ = 0: ShOp 0.54 where the truth is 0).
 weight's low-precision copy on the first forward, and every perturbed forward reused the clean
 one: ShOp 0), or inside ``torch.nn.utils.parametrize.cached()`` on a parametrized model (the
 cached clean weight served every draw); a perturbed parameter that is not real floating point
-(integer noise is rounded away); an excluded parameter on the same memory as a perturbed one
-(the noise reaches it); a forward that changes its own weights, also through ``.data`` (seen by
-their content, not only their version counters); a σ that the forward's *own* autocast rounds
-away, checked on the grid it casts the float32 weights to, as for bf16/fp16 weights; and, for
-loss sharpness, a loss whose precision cannot carry the result (:func:`loss_sharpness`).
+(integer noise is rounded away) or is float8/float4 (torch has no arithmetic for it: exclude it,
+or cast a copy to bf16/float32); a complex output (its real part alone was measured); an
+excluded parameter on the same memory as a perturbed one (the noise reaches it); a forward
+that changes its own weights, also through ``.data`` (seen by their content, not only their
+version counters); a σ that the forward's *own* autocast rounds away, checked on the grid it
+casts the float32 weights to, as for bf16/fp16 weights; and, for loss sharpness, a loss whose
+precision cannot carry the result (:func:`loss_sharpness`).
+
+**Ties.** An example whose clean class is a tie (two equal columns, or closer than the output
+dtype's spacing) flips about half the time at any σ_w > 0, however small: ShPred counts it, and
+says so in a warning naming the tied examples (:func:`_warn_ties`).
 
 **Parametrized weights** (``weight_norm``, ``spectral_norm``, any
 ``torch.nn.utils.parametrize``) are perturbed through their parametrization's own parameters
@@ -110,6 +116,8 @@ from .outputs import (
     check_rows,
     declared_kind,
     inferred_from_zero_one,
+    is_scalar,
+    margins,
     predictions,
     resolve_kind,
 )
@@ -350,6 +358,20 @@ def _check_repeatable(first: Any, second: Any, what: str, loss: bool = False) ->
             "state from call to call (a call counter, a buffer updated in eval mode), so "
             f"{what} would count that randomness as weight sensitivity. Make it deterministic "
             "while measuring (e.g. F.dropout(..., training=self.training))"
+        )
+
+
+def _check_real(out: Tensor) -> None:
+    """Refuse a complex output: its distances were taken of the real part alone (torch casts
+    complex to float64 by dropping the imaginary part, with a warning of its own that names
+    no measure: ShOp 0.29 where the outputs' L1 change is 0.66), and ShPred was said n/a as
+    for "an integer tensor"."""
+    if out.is_complex():
+        raise ValueError(
+            f"the model's output is complex ({str(out.dtype).removeprefix('torch.')}, shape "
+            f"{tuple(out.shape)}): ShOp would read its real part alone and ShPred has no class "
+            "to read. Select a real output with output=, e.g. output=torch.view_as_real (both "
+            "parts, each counted in the L1 distance) or output=lambda o: o.abs()"
         )
 
 
@@ -806,10 +828,18 @@ def _check_parametrized(model: nn.Module, chosen_names: list[str]) -> None:
     )
 
 
+#: the floating dtypes weight noise is added in; the others (float8_e4m3fn, float8_e5m2, their
+#: fnuz variants, float8_e8m0fnu, float4_e2m1fn_x2) have no arithmetic of their own in torch
+_NOISE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 def _check_floating(params: list[nn.Parameter], names: list[str]) -> None:
     """Refuse a parameter to perturb that is not real floating point: Gaussian noise copied
     into an integer parameter was truncated (3 + 0.3ε became 2 or 3), into a complex one it
-    reached the real part only."""
+    reached the real part only. Refuse a float8 (or float4) one too: torch neither adds to
+    nor promotes those dtypes, so the first draw failed inside torch ("Promotion for Float8
+    Types is not supported"), naming neither the parameter nor the fix; and their grid
+    (spacing up to an eighth of the value in e4m3, a quarter in e5m2) would round a usual σ away."""
     bad = [(n, p.dtype) for n, p in zip(names, params, strict=True) if not p.is_floating_point()]
     if bad:
         shown = ", ".join(f"{n!r} ({str(d).removeprefix('torch.')})" for n, d in bad[:3])
@@ -818,6 +848,20 @@ def _check_floating(params: list[nn.Parameter], names: list[str]) -> None:
             f"parameter(s) {shown}{more} are not real floating point, so the Gaussian weight "
             "noise cannot be added to them (an integer parameter would round it away). "
             f"Exclude them: exclude={[n for n, _ in bad]!r}"
+        )
+    low = [(n, p.dtype) for n, p in zip(names, params, strict=True)
+           if p.dtype not in _NOISE_DTYPES]
+    if low:
+        shown = ", ".join(f"{n!r} ({str(d).removeprefix('torch.')})" for n, d in low[:3])
+        more = f" and {len(low) - 3} more" if len(low) > 3 else ""
+        raise ValueError(
+            f"parameter(s) {shown}{more} are stored in a float8/float4 dtype, which torch "
+            "cannot add weight noise to (it has no arithmetic or type promotion for them), and "
+            "whose grid (spacing up to 1/8 of the value in float8_e4m3fn, 1/4 in "
+            "float8_e5m2) would round a usual sigma away. Leave them unperturbed, exclude="
+            f"{[n for n, _ in low]!r}, or measure a copy with them cast to bfloat16 or "
+            "float32 (m = copy.deepcopy(model); for each name: p = m.get_parameter(name); "
+            "p.data = p.data.float()), if its forward accepts that"
         )
 
 
@@ -977,6 +1021,7 @@ def output_sharpness(
         _check_repeatable(clean, again, "ShOp and ShPred")
         clean = clean.detach().clone()  # not an alias of a weight the draws swap out
         check_rows(clean, batch_size(inputs), "examples")
+        _check_real(clean)
         _check_finite(clean, "the clean model's output", "fix the model or its inputs")
         b = clean.shape[0]
         declared = kind = declared_kind(model, output_kind)
@@ -997,6 +1042,12 @@ def output_sharpness(
         )
         l1 = torch.empty(repeats, b, dtype=torch.float64, device=clean.device)
         flips = torch.empty_like(l1)
+        # examples whose clean class is a tie; per draw, the squared change of each example's
+        # margin and whether it sat exactly on the tie again (:func:`_warn_ties`)
+        tied = None if clean_pred is None else _tied(clean, clean_pred, kind, threshold)
+        moves, stuck = torch.zeros_like(l1), torch.zeros_like(l1)
+        margin = (margins(clean, clean_pred, kind, threshold).double()
+                  if tied is not None and bool(tied.any()) else None)
         first_draw = noise.gen.get_state()  # to redraw the first draw's noise, doubled
         for r in range(repeats):
             noise.draw(sigma_w, "sigma_w")
@@ -1010,6 +1061,9 @@ def output_sharpness(
             l1[r] = (out.double() - clean.double()).reshape(b, -1).abs().sum(1)
             if clean_pred is not None:
                 flips[r] = (predictions(out, kind, threshold) != clean_pred).double()
+                if margin is not None:
+                    now = margins(out, clean_pred, kind, threshold).double()
+                    moves[r], stuck[r] = (now - margin).square(), (now == 0).double()
         if sigma_w > 0:
             _check_output_rounding(model, inputs, output, noise, first_draw, clean, l1[0],
                                    sigma_w)
@@ -1032,6 +1086,7 @@ def output_sharpness(
         shpred = _summary("ShPred", flips.mean(1), sigma_w, 1.0, (0.0, 1.0),
                           per_sample=flips.mean(0).cpu())
         _warn_few_flips(shpred, flips, b)
+        _warn_ties(clean, clean_pred, tied, flips, moves, stuck, sigma_w)
     return OutputSharpness(shop, shpred, b, reason)
 
 
@@ -1160,6 +1215,105 @@ def _warn_few_flips(res: SharpnessResult, flips: Tensor, b: int) -> None:
     warnings.warn(message, RuntimeWarning, stacklevel=user_level())
 
 
+#: output dtypes whose rounding can tie two classes that a float32 forward tells apart
+_LOW_OUTPUTS = (torch.bfloat16, torch.float16)
+#: a bf16/fp16 tied example's flips are decided by rounding when the noise moves its margin
+#: by at most this many spacings (of the output dtype at the clean class's value), root mean
+#: square over the draws
+TIE_SPACINGS = 2
+
+
+def _top(clean: Tensor, clean_pred: Tensor) -> Tensor:
+    """(B,) the clean class's value: the column itself, or the predicted class's column."""
+    return clean.reshape(-1) if is_scalar(clean) else clean.gather(1, clean_pred[:, None])[:, 0]
+
+
+def _tied(clean: Tensor, clean_pred: Tensor, kind: str, threshold: float | None) -> Tensor:
+    """(B,) bool: the examples whose clean class is a tie — its margin
+    (:func:`~senslab.measure.outputs.margins`: the top column minus the next, or a column's
+    distance from its class boundary) is exactly 0, or below the spacing of the output dtype
+    at the clean class's value (closer than the outputs can tell apart). Class labels
+    (integer outputs) tie nowhere, nor do hard decisions: a column of exact 0s and 1s, some 1
+    (a step's 0 is class 0 and flips only when the step does, not at any sigma_w)."""
+    if not clean.is_floating_point() or inferred_from_zero_one(clean, None):
+        return torch.zeros(clean.shape[0], dtype=torch.bool, device=clean.device)
+    m = margins(clean, clean_pred, kind, threshold).double()
+    return (m == 0) | (m < _spacing(_top(clean, clean_pred)))
+
+
+def _warn_ties(clean: Tensor, clean_pred: Tensor | None, tied: Tensor | None, flips: Tensor,
+               moves: Tensor, stuck: Tensor, sigma_w: float) -> None:
+    """Say so when ShPred counts flips of examples whose clean class is a tie (:func:`_tied`).
+
+    **float32/float64 outputs.** Two columns equal to the last bit (or a column exactly on its
+    class boundary) are a tie of the model's own — zero or equal head rows, a dead class, a
+    saturated output — and its clean class is the tie-break (argmax takes the first of equal
+    columns; a column on its boundary reads as the lower class). Any ``sigma_w`` > 0, however
+    small, breaks the tie and flips it about half the time, so ShPred does not go to 0 with
+    ``sigma_w`` (a 3-class head with two zero rows, 31 of 64 examples tied: ShPred 0.26 ±
+    0.03 at sigma_w 0.001 and 0.01, all its flips from the tied examples, where the others
+    flip none). Said of the tied examples that flipped and that no draw left exactly on their
+    tie: a clamped output (a ReLU'd logit of 0 whose pre-activation is negative) sits on its
+    boundary again in every draw that does not flip it, and flips only where the noise
+    overcomes the pre-activation — a flip of the noise's size, not a tie-break.
+
+    **bf16/fp16 outputs.** Two classes closer than the spacing (0.03 at a logit of 5 in bf16)
+    round to a tie that a float32 forward tells apart. Where the noise moves their margin by
+    several spacings, a tied example flips about as often as its float32 twin, whose margin
+    is below one spacing (a bf16 MLP of 200 classes, 5 of 256 examples tied, margins moved by
+    4–7 spacings at sigma_w=0.003: ShPred 0.092 against the float32 copy's 0.090): nothing is
+    said. A tied example that flipped while the noise moved its margin by at most
+    :data:`TIE_SPACINGS` spacings (root mean square over the draws; 1.4–2.4 at
+    sigma_w=0.001 there) is said: its flips are decided by rounding, not by the noise.
+
+    The number is left as it is: it is the rate at which the prediction changes, and the
+    token-wise estimator, too, counts a flip of an example tied on the clean input. The
+    warning names how many examples tie and which, how many flips are theirs, and ShPred
+    over the other examples."""
+    if tied is None or not bool(tied.any()):
+        return
+    tied = tied.to(flips.device)
+    low = clean.dtype in _LOW_OUTPUTS
+    flipped = flips.gt(0).any(0)
+    if low and clean_pred is not None:  # tied, flipped, and moved within the rounding
+        spacing = _spacing(_top(clean, clean_pred)).to(flips.device)
+        said = tied & flipped & (moves.mean(0).sqrt() <= TIE_SPACINGS * spacing)
+    else:  # tied, flipped, and never on the tie again (not clamped there)
+        said = tied & flipped & ~stuck.gt(0).any(0)
+    n = int(said.sum())
+    if n == 0:
+        return
+    b, r = flips.shape[1], flips.shape[0]
+    theirs, total = int(flips[:, said].sum()), int(flips.sum())
+    which = said.nonzero()[:, 0].tolist()
+    shown = ", ".join(map(str, which[:5])) + (", ..." if n > 5 else "")
+    rest = (f"ShPred over the other {b - n:,} examples is {float(flips[:, ~said].mean()):.4g}"
+            if n < b else "no other example is left")
+    dtype = str(clean.dtype).removeprefix("torch.")
+    if low:
+        what = (f"have two classes closer than the {dtype} outputs' spacing (one column: on "
+                "the class boundary), so their clean class is decided by rounding, and they "
+                f"flipped while the noise moved their margin by at most {TIE_SPACINGS} "
+                "spacings (root mean square over the draws): flips decided by the outputs' "
+                f"rounding, not by the noise. They made {theirs:,} of the {total:,} flipped "
+                "predictions")
+        fix = ("measure a float32 copy (copy.deepcopy(model).float(), inputs cast to float32), "
+               "whose outputs tell the tied classes apart")
+    else:
+        what = ("have two classes with equal clean outputs (one column: exactly on the class "
+                "boundary), so their clean class is the tie-break (argmax takes the first), and "
+                "any sigma_w > 0, however small, flips it about half the time: ShPred does not "
+                f"go to 0 with sigma_w. They made {theirs:,} of the {total:,} flipped "
+                "predictions")
+        fix = ("drop the tied examples from the batch if their tie-break is not a prediction "
+               "you mean to measure (a zero or duplicated head row ties its classes)")
+    warnings.warn(
+        f"ShPred counts flips of examples whose clean class is a tie: {n:,} of the {b:,} "
+        f"examples (index {shown}) {what} ({r} draws at sigma_w={sigma_w:g}); {rest}. The "
+        f"result counts them as changed predictions; {fix}. per_sample gives each example's "
+        "flip rate", UserWarning, stacklevel=user_level())
+
+
 @one_at_a_time
 def loss_sharpness(
     model: nn.Module,
@@ -1229,6 +1383,11 @@ def loss_sharpness(
             raise ValueError(
                 f"loss_fn must return a scalar tensor, got {shape}; reduce it, e.g. "
                 "reduction='mean'"
+            )
+        if value.is_complex():  # .double() would drop the imaginary part with a torch warning
+            raise ValueError(
+                f"loss_fn returned a complex loss ({value.dtype}); loss sharpness reads a real "
+                "one: return a real scalar (e.g. the loss of the outputs' .abs() or .real)"
             )
         _check_finite(value, where, fix)
         return value.reshape(())
