@@ -4,10 +4,11 @@ the model and measuring it."""
 from __future__ import annotations
 
 import difflib
+import hashlib
 import inspect
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack, nullcontext
-from numbers import Integral
+from numbers import Integral, Real
 from typing import Any
 
 import torch
@@ -95,7 +96,108 @@ class Seed:
         g.set_state(self.state)
         return g
 
+    def describe(self) -> str:
+        """The starting point in words, equal for two seeds that draw the same noise."""
+        if self.state is None:
+            return f"seed {self.seed}"
+        return (f"a torch.Generator on {self.device} (initial seed {self.initial}, state "
+                f"{_digest(self.state)})")
 
+
+def configuration(inputs: Any, tokens: Tokenization | None, mask: Tensor | None, seed: Seed,
+                  options: dict[str, Any], batch: int | None) -> dict[str, str]:
+    """What decides the number a callback logs on given weights — the subset (its tensors'
+    values), the mask, the tokens, the options, the seed, the measuring batch — as plain strings
+    (a checkpoint holds them: ``trainer_state.json``, ``torch.load(weights_only=True)``). A
+    resumed run compares the checkpoint's with its own (:func:`config_difference`): results of
+    another configuration are no earlier points of this callback's series."""
+    return {
+        "subset": _described(inputs),
+        "mask": "none" if mask is None else _described(mask),
+        "tokens": "default" if tokens is None else repr(tokens),
+        "options": ", ".join(f"{k}={_plain(v)}" for k, v in sorted(options.items())) or "none",
+        "generator": seed.describe(),
+        "batch_size": "whole subset" if batch is None else str(batch),
+    }
+
+
+def config_difference(saved: Any, mine: dict[str, str]) -> str | None:
+    """The fields in which a checkpoint's configuration (``saved``) differs from ``mine``, in
+    words; None where they agree, or where the checkpoint holds none (saved by an older senslab:
+    not known)."""
+    if not isinstance(saved, Mapping):
+        return None
+    differ = [f"{key}: {saved.get(key, 'not recorded')!r} there, {value!r} here"
+              for key, value in mine.items() if saved.get(key, value) != value]
+    return "; ".join(differ) or None
+
+
+def _digest(t: Tensor) -> str:
+    """A short sha256 of a tensor's dtype, shape and bytes."""
+    t = t.detach().cpu().contiguous().reshape(-1)
+    h = hashlib.sha256(f"{t.dtype}".encode())
+    h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return f"sha256 {h.hexdigest()[:16]}"
+
+
+def _described(value: Any) -> str:
+    """A subset (tensor, tuple/list or mapping of tensors) or mask: each tensor's shape and
+    dtype (a difference a person can read) and one digest of all their values."""
+    if isinstance(value, Tensor):
+        return f"{tuple(value.shape)} {str(value.dtype).removeprefix('torch.')} {_digest(value)}"
+    if isinstance(value, Mapping):
+        items = [(str(k), v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))]
+    elif isinstance(value, (tuple, list)):
+        items = [(str(i), v) for i, v in enumerate(value)]
+    else:
+        return _plain(value)
+    return "{" + ", ".join(f"{k}: {_described(v)}" for k, v in items) + "}"
+
+
+def _plain(value: Any) -> str:
+    """An option's value as a string equal for equal values: a number by its value (``sigma=2``
+    and ``sigma=2.0`` are one noise), a tensor by its digest, a function by its name (its repr
+    holds an address that differs in every process)."""
+    if isinstance(value, bool) or value is None:
+        return repr(value)
+    if isinstance(value, Real):
+        number = float(value)
+        return str(int(number)) if number.is_integer() else repr(number)
+    if isinstance(value, Tensor):
+        return _described(value)
+    if isinstance(value, (tuple, list)):
+        return "(" + ", ".join(_plain(v) for v in value) + ")"
+    if callable(value) and hasattr(value, "__qualname__"):
+        return f"{getattr(value, '__module__', '')}.{value.__qualname__}"
+    return repr(value)
+
+
+def refuse_mixed_series(callback: Any, saved: Mapping[str, Any], loaded: list[Any],
+                        what: str, unit: str) -> bool:
+    """Whether a checkpoint's results (``loaded``) were measured with another configuration than
+    ``callback``'s (its ``config()``): then they, and the results the callback held, go to
+    ``callback.set_aside``, ``results`` starts empty, and a warning names the difference. A
+    resumed run with another sigma, subset or seed had continued the checkpoint's series with
+    its own values, and the jump between them read as the training's (sigma=8 on 8 examples,
+    0.064 at step 4, then sigma=2 on 4 examples, 0.016 at step 6)."""
+    said = config_difference(saved.get("config"), callback.config())
+    if said is None:
+        return False
+    import warnings
+
+    callback.set_aside.extend(callback.results)
+    callback.set_aside.extend(loaded)
+    callback.results = []
+    warnings.warn(
+        f"SensitivityCallback({callback.name!r}): {what} results ({unit} "
+        f"{[s for s, _ in loaded]}) were measured with another configuration than this "
+        f"callback's ({said}), so they are not continued: this callback's results start anew, "
+        "and the checkpoint's are kept in callback.set_aside (the logged series holds both; "
+        "compare only points of one configuration). To continue the series, resume with the "
+        "callback built as before",
+        UserWarning, stacklevel=4,
+    )
+    return True
 
 
 def to_device(inputs: Any, device: torch.device) -> Inputs:

@@ -23,7 +23,9 @@ after it see them (``attach`` puts it first: an ``EarlyStoppingCallback`` on
 
 The callback's ``results`` (and the warnings it has said) go into the Trainer's checkpoints
 (``trainer_state.json``, under ``state.stateful_callbacks`` with a key holding ``name``), so
-``trainer.train(resume_from_checkpoint=...)`` continues them. Two callbacks of one Trainer
+``trainer.train(resume_from_checkpoint=...)`` continues them — with the configuration
+(subset, options, seed) saved beside them: a callback built otherwise starts its results anew,
+with a warning, rather than continue another quantity's series. Two callbacks of one Trainer
 must have different names, and ``compute_metrics`` must not return ``name``: two values under
 one key leave ``evaluate()``'s dict (and so ``metric_for_best_model``) with only the last.
 """
@@ -54,7 +56,9 @@ from ._common import (
     check_every,
     check_options,
     check_subset,
+    configuration,
     measure_subset,
+    refuse_mixed_series,
 )
 
 __all__ = ["SensitivityCallback"]
@@ -101,7 +105,10 @@ class SensitivityCallback(TrainerCallback):
         generator: torch.Generator | int | None = 0, **options: Any,
     ) -> None:
         check_options(tokens, options, type(self).__name__)
+        #: the label columns dropped from the subset (named where the model needs one)
+        self._dropped: set[str] = set()
         if isinstance(inputs, Mapping):
+            self._dropped = {str(k) for k in inputs if k in _TARGETS}
             inputs = {k: v for k, v in inputs.items() if k not in _TARGETS}
         check_subset(inputs, options, type(self).__name__)
         self.inputs, self.tokens, self.mask, self.options = inputs, tokens, mask, options
@@ -164,6 +171,7 @@ class SensitivityCallback(TrainerCallback):
                 names = None
         drop = set(names or ())
         if drop & set(self.inputs):
+            self._dropped |= {str(k) for k in drop if k in self.inputs}
             self.inputs = {k: v for k, v in self.inputs.items() if k not in drop}
 
     def _keys(self) -> set[str]:
@@ -195,15 +203,31 @@ class SensitivityCallback(TrainerCallback):
                 "measured unless you call trainer.evaluate(); set "
                 "TrainingArguments(eval_strategy='steps', eval_steps=...) or 'epoch'",
                 UserWarning, stacklevel=2)
+        model = kwargs.get("model")
+        self._drop_labels(args, model)  # first: the configuration compared is of the subset
         saved = (getattr(state, "stateful_callbacks", None) or {}).get(self.state_key)
         if saved is not None and saved is not self._exported:
             self._load(saved)
-        model = kwargs.get("model")
-        self._drop_labels(args, model)
         if model is not None:
-            check_before_training(model, self.inputs, self.tokens, mask=self.mask,
-                                  batch=self.batch_size, options=self.options,
-                                  where=type(self).__name__, seed=self.seed)
+            try:
+                check_before_training(model, self.inputs, self.tokens, mask=self.mask,
+                                      batch=self.batch_size, options=self.options,
+                                      where=type(self).__name__, seed=self.seed)
+            except TypeError as err:
+                self._name_dropped(err)
+                raise
+
+    def _name_dropped(self, err: TypeError) -> None:
+        """Say, on a model's error that names a label column this callback dropped (a forward
+        that requires ``labels``), why it is missing and the fix: the error alone read as a
+        subset built wrong."""
+        named = sorted(k for k in self._dropped if f"'{k}'" in str(err))
+        if named and hasattr(err, "add_note"):
+            err.add_note(
+                f"(SensitivityCallback drops the label column(s) {named} from its subset: with "
+                "labels the model computes a loss on every perturbed copy, and sensitivity "
+                "compares predictions. Give the model a forward that runs without them, e.g. "
+                f"{named[0]}=None, returning the logits then)")
 
     def _export(self) -> dict[str, Any]:
         """``results`` and the causes said as JSON values (``trainer_state.json``): tensors as
@@ -221,7 +245,15 @@ class SensitivityCallback(TrainerCallback):
                                 for f in dataclasses.fields(r)}]
                         for step, r in self.results],
             "said": sorted(self._said),
+            "config": self.config(),
         }
+
+    def config(self) -> dict[str, str]:
+        """What decides the logged number on given weights (the subset, mask, tokens, options,
+        seed, measuring batch), as the checkpoints hold it: a resumed run whose callback differs
+        does not continue the checkpoint's results (:meth:`_load`)."""
+        return configuration(self.inputs, self.tokens, self.mask, self.seed, self.options,
+                             self.batch_size)
 
     def _load(self, saved: Mapping[str, Any]) -> None:
         def value(v: Any) -> Any:
@@ -235,6 +267,10 @@ class SensitivityCallback(TrainerCallback):
             kw = {k: value(v) for k, v in fields.items()}
             kw["ci95"] = tuple(kw["ci95"])
             loaded.append((int(step), SensitivityResult(**kw)))
+        self._said.update(saved.get("said", []))
+        self._last = None
+        if refuse_mixed_series(self, saved, loaded, "the resumed checkpoint's", "steps"):
+            return
         if self.results:
             self.set_aside.extend(self.results)
             warnings.warn(
@@ -244,8 +280,6 @@ class SensitivityCallback(TrainerCallback):
                 UserWarning, stacklevel=3,
             )
         self.results = loaded
-        self._said.update(saved.get("said", []))
-        self._last = None
 
     def _check_best(self, args: Any) -> None:
         """Warn (once) where the Trainer would keep the *most* sensitive checkpoint: transformers
@@ -264,9 +298,13 @@ class SensitivityCallback(TrainerCallback):
 
     def measure(self, model: Any) -> SensitivityResult:
         """The subset's sensitivity on ``model`` as it is now (nothing logged)."""
-        return measure_subset(model, self.inputs, self.tokens, mask=self.mask,
-                              batch=self.batch_size, seed=self.seed, options=self.options,
-                              said=self._said)
+        try:
+            return measure_subset(model, self.inputs, self.tokens, mask=self.mask,
+                                  batch=self.batch_size, seed=self.seed, options=self.options,
+                                  said=self._said)
+        except TypeError as err:
+            self._name_dropped(err)
+            raise
 
     def on_evaluate(  # type: ignore[override]
         self, args: Any, state: Any, control: Any, model: Any = None,

@@ -21,7 +21,9 @@ Under DDP every process measures the whole subset (the same numbers: same seed, 
 keep the subset small) and the values are logged with ``sync_dist=True``.
 
 The callback's ``results`` (and the warnings it has said) go into the Trainer's checkpoints
-(under a key holding ``name``), so a fit resumed from one continues them. Two callbacks of one
+(under a key holding ``name``), so a fit resumed from one continues them — with the
+configuration (subset, options, seed) saved beside them: a callback built otherwise starts its
+results anew, with a warning, rather than continue another quantity's series. Two callbacks of one
 Trainer must have different names: Lightning averages the values logged under one key in one
 hook, and neither measurement would be logged.
 """
@@ -52,7 +54,9 @@ from ._common import (
     check_every,
     check_options,
     check_subset,
+    configuration,
     measure_subset,
+    refuse_mixed_series,
 )
 
 __all__ = ["SensitivityCallback"]
@@ -136,14 +140,28 @@ class SensitivityCallback(Callback):
             "results": [(epoch, {f.name: getattr(r, f.name) for f in dataclasses.fields(r)})
                         for epoch, r in self.results],
             "said": sorted(self._said),
+            "config": self.config(),
         }
+
+    def config(self) -> dict[str, str]:
+        """What decides the logged number on given weights (the subset, mask, tokens, options,
+        seed, measuring batch), as the checkpoints hold it: a resumed fit whose callback differs
+        does not continue the checkpoint's results (:meth:`load_state_dict`)."""
+        return configuration(self.inputs, self.tokens, self.mask, self.seed, self.options,
+                             self.batch_size)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Take a checkpoint's ``results`` (a resumed fit continues them; before, the epochs
         up to the checkpoint were missing from ``results``). Results this callback held are
-        not dropped: they go to ``set_aside``, with a warning."""
+        not dropped: they go to ``set_aside``, with a warning. Results of another configuration
+        than this callback's (:meth:`config`; a checkpoint of an older senslab holds none, and
+        is continued) are not continued: they go to ``set_aside`` too, and ``results`` starts
+        anew (:func:`~senslab.integrations._common.refuse_mixed_series`)."""
         loaded = [(int(epoch), SensitivityResult(**fields))
                   for epoch, fields in state_dict.get("results", [])]
+        self._said.update(state_dict.get("said", []))
+        if refuse_mixed_series(self, state_dict, loaded, "the checkpoint's", "epochs"):
+            return
         if self.results:
             self.set_aside.extend(self.results)
             warnings.warn(
@@ -154,7 +172,6 @@ class SensitivityCallback(Callback):
                 UserWarning, stacklevel=2,
             )
         self.results = loaded
-        self._said.update(state_dict.get("said", []))
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Check, in one forward of the subset's first examples (the module on its device,
