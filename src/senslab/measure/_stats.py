@@ -37,6 +37,11 @@ normal's 1.96 the interval covered the population rate in 85% of replicates at 4
 (tests/measure/test_stderr_calibration.py; 94% with t). Skewed per-example rates (most near 0)
 still leave it short at a few examples (a small MLP at 5 examples: 84% with 1.96, 90% with t).
 For ``"subset"`` :math:`q` = 1.96 (normal approximation).
+
+**One example.** The data standard error is the spread of the per-example rates, and one example
+has none: it is NaN, and so is its interval (never a number made up for it). ``compute`` says so
+(:func:`one_example_warning`) and names the fixed-subset standard error of that example, which
+the result carries as ``stderr_subset`` whatever the estimand.
 """
 
 from __future__ import annotations
@@ -58,7 +63,9 @@ class SensitivityResult:
     ``estimate`` is the mean flip rate (or output distance); ``stderr`` and ``ci95`` belong to
     ``estimand`` (see the module docstring; ``ci95`` is ``estimate ± q·stderr``, q Student's t
     quantile with ``num_examples − 1`` degrees of freedom for ``"data"``, 1.96 for ``"subset"``,
-    clipped to [0, 1] for class flips); ``stderr_subset`` is always the fixed-subset one.
+    clipped to [0, 1] for class flips); ``stderr_subset`` is always the fixed-subset one. For
+    ``"data"`` on one example ``stderr`` and ``ci95`` are NaN (no spread of examples to estimate
+    them from; ``compute`` warns and names ``stderr_subset``).
     ``per_sample`` holds one rate per example (in input order); ``per_position`` the mean per
     token position, at positions ``positions`` (right-aligned: −1 is the last real token), with
     ``position_counts`` perturbed copies behind each (with ``num_tokens`` each weighted by its
@@ -378,12 +385,7 @@ def result(
     se_data = math.sqrt(max(var_data, 0.0) / st.n) if st.n > 1 else float("nan")
     se_subset = math.sqrt(max(st.within, 0.0)) / st.n if math.isfinite(st.within) else math.nan
     se = se_data if estimand == "data" else se_subset
-    half = interval_quantile(estimand, st.n) * se
-    lo, hi = est - half, est + half
-    if bounded:
-        # clipped to [0, 1]; an estimate outside it (a control variate's can fall below 0)
-        # leaves the interval at that end's bound, never inverted
-        lo, hi = min(max(lo, 0.0), 1.0), max(min(hi, 1.0), 0.0)
+    lo, hi = interval(est, se, estimand, st.n, bounded)
     p = len(st.pos_sum)
     positions = torch.arange(-p, 0) if align == "right" else torch.arange(p)
     # the counts are weights (1/rounds with target_stderr, K/k with num_tokens): a position
@@ -398,6 +400,58 @@ def result(
         per_position=per_pos, positions=positions, position_counts=st.pos_cnt.clone(),
         sigma=sigma, num_forward_fp32=st.forward_fp32,
         recheck_fraction=st.forward_fp32 / st.checked if st.checked else None,
+    )
+
+
+def interval(
+    est: float, se: float, estimand: str, n: int, bounded: bool
+) -> tuple[float, float]:
+    """The 95% interval ``est ± q·se`` of ``n`` examples (q: :func:`interval_quantile`),
+    clipped to [0, 1] where ``bounded`` (class flips)."""
+    half = interval_quantile(estimand, n) * se
+    lo, hi = est - half, est + half
+    if bounded:
+        # clipped to [0, 1]; an estimate outside it (a control variate's can fall below 0)
+        # leaves the interval at that end's bound, never inverted
+        lo, hi = min(max(lo, 0.0), 1.0), max(min(hi, 1.0), 0.0)
+    return lo, hi
+
+
+def no_data_stderr(estimand: str, n: int) -> bool:
+    """Whether the standard error asked for is the data one of a single example: NaN, since
+    one rate has no spread (:func:`result`)."""
+    return estimand == "data" and n < 2
+
+
+def one_example_warning(
+    what: str, subset: str | None, target: bool = False, rates: str = "per-example rates",
+    subject: str = "the standard error",
+) -> str:
+    """Why the data standard error of ``what`` (a sensitivity, a difference, printed with its
+    ``± nan``) on one example is NaN, and the fixes: more examples, or ``estimand="subset"``,
+    whose standard error and interval for this example ``subset`` gives (None where it is NaN
+    too: a single unit of the example's noise draws has no spread either). ``target``: the
+    rounds of ``target_stderr`` stopped on that subset standard error, as they always do.
+    ``rates``: what the data standard error is the spread of (a difference's: per-example
+    differences). It begins as the other warnings of what a standard error rests on (few flips,
+    no flip) do, with ``subject``, so that a filter of those takes this one alike. Without it
+    the result read ``± nan (95% CI nan–nan)`` and the only word was of few flips, which was
+    not the reason."""
+    if subset is not None:
+        fix = ("pass estimand='subset' for the standard error of the noise alone, for this one "
+               f"example (the fixed subset, not the data it was drawn from): here {subset}, "
+               "also in stderr_subset" + (", the one target_stderr= stopped on" if target
+                                          else ""))
+    else:
+        fix = ("draw its noise more often (a larger repeats=) and pass estimand='subset' for "
+               "the standard error of the noise alone, for this one example (its stderr_subset "
+               "is NaN too: a single unit of draws, one copy or one antithetic pair, has no "
+               "spread either)")
+    return (
+        f"{subject} rests on one example, and the data standard error (estimand='data', the "
+        f"default) needs at least two examples: it is the spread of the {rates} over sqrt(n), "
+        f"and one example has none, so {what} (95% CI nan–nan). Measure two or more examples "
+        f"(another update() adds them), or {fix}"
     )
 
 

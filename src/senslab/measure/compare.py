@@ -52,6 +52,10 @@ they differ on none, every difference is 0 and so is the standard error: ``compu
 difference is known exactly, and gives the rule of three's bound on their disagreement (not with
 the control variate, whose adjusted values differ on nearly every copy).
 
+On one example the ``"data"`` standard errors are NaN, the differences' as much as each model's
+(one :math:`d_e` has no spread): ``compute`` says so, once per comparison, and gives the paired
+``"subset"`` ones of that example (``stderr_subset``).
+
 Models must share the token layout (same tokens per example, same token size, same device),
 otherwise the copies could not be the same; a model with another layout is refused. Adaptive
 stopping (``target_stderr``) and ``shard`` are refused: each model would stop after its own
@@ -78,8 +82,11 @@ from ._stats import (
     SensitivityResult,
     State,
     accumulate,
+    interval,
     interval_quantile,
     merged,
+    no_data_stderr,
+    one_example_warning,
     result,
 )
 from .outputs import OUTPUT_KINDS, declared_kind
@@ -284,6 +291,9 @@ class CompareSensitivity:
         self.pairs = list(combinations(self.metrics, 2))
         #: the pairs this comparison has warned of (:meth:`_warn_no_disagreement`), kept by reset
         self._said: set[tuple[str, str]] = set()
+        #: whether this comparison has said that its differences' data standard errors are NaN
+        #: for one example (:meth:`_warn_one_example`), kept by reset
+        self._said_one_example = False
         self.reset()
 
     @_one_thread_at_a_time
@@ -436,7 +446,9 @@ class CompareSensitivity:
                 estimand=self.estimand, stderr_subset=r.stderr_subset,
                 stderr_unpaired=math.sqrt(ra.stderr**2 + rb.stderr**2), per_sample=r.per_sample,
             )
-            self._warn_no_disagreement(diffs[a, b])
+        self._warn_one_example(list(diffs.values()))
+        for d in diffs.values():
+            self._warn_no_disagreement(d)
         return ComparisonResult(results=results, differences=diffs, estimand=self.estimand)
 
     @staticmethod
@@ -450,6 +462,32 @@ class CompareSensitivity:
         for w in caught:
             warnings.warn(f"model {name!r}: {w.message}", w.category, stacklevel=user_level())
         return r
+
+    def _warn_one_example(self, diffs: list[Difference]) -> None:
+        """Say, once per comparison, why the paired data standard errors of one example are
+        NaN, and give the paired fixed-subset ones of that example
+        (:func:`._stats.one_example_warning`); each model's own is said by its metric. Without
+        it ``a − b: -0.0625 ± nan paired (95% CI +nan–+nan; unpaired ± nan, data)`` came with
+        no word of the reason."""
+        if not diffs or not no_data_stderr(self.estimand, self.paired[diffs[0].a,
+                                                                        diffs[0].b].n):
+            return
+        if getattr(self, "_said_one_example", False):  # a comparison pickled without it
+            return
+        self._said_one_example = True
+        what = ", ".join(f"{d.a} − {d.b} = {d.estimate:+.4f}" for d in diffs)
+        what = (f"the paired difference {what} is" if len(diffs) == 1
+                else f"the paired differences {what} are") + " reported ± nan"
+        subset = None
+        if all(math.isfinite(d.stderr_subset) for d in diffs):
+            subset = ", ".join(
+                f"{d.a} − {d.b} ± {d.stderr_subset:.2g} (95% CI {lo:+.4g}–{hi:+.4g})"
+                for d in diffs
+                for lo, hi in [interval(d.estimate, d.stderr_subset, "subset", 1, False)])
+        warnings.warn(
+            one_example_warning(what, subset, rates="per-example differences",
+                                subject="the paired standard error")
+            + " (said once per comparison)", RuntimeWarning, stacklevel=user_level())
 
     def _warn_no_disagreement(self, d: Difference) -> None:
         """Warn, once per pair, where the two models measured the same value on every copy:
@@ -468,12 +506,15 @@ class CompareSensitivity:
             return
         said.add((d.a, d.b))
         n = st.copies
-        lo, hi = d.ci95
+        se, (lo, hi), estimand = d.stderr, d.ci95, d.estimand
+        if no_data_stderr(d.estimand, st.n):  # NaN: said the subset one, as it is
+            se, estimand = d.stderr_subset, "subset; the data one needs two examples"
+            lo, hi = interval(d.estimate, se, "subset", st.n, False)
         warnings.warn(
             f"the paired standard error of {d.a!r} − {d.b!r} rests on no copy on which the two "
             f"models differ: they measured the same value on all {n:,} perturbed copies, so "
-            f"{d.a} − {d.b} = {d.estimate:+.4f} ± {d.stderr:.4f} (95% CI {lo:+.4f}–{hi:+.4f}, "
-            f"{d.estimand}) says only that no disagreement was seen, not that the difference "
+            f"{d.a} − {d.b} = {d.estimate:+.4f} ± {se:.4f} (95% CI {lo:+.4f}–{hi:+.4f}, "
+            f"{estimand}) says only that no disagreement was seen, not that the difference "
             f"is known exactly; by the rule of three, the share of copies on which they differ "
             f"is below 3/{n:,} = {3 / n:.2g} with 95% confidence. If both names hold one model "
             "(a wrapper around the same module), pass the two models meant; otherwise measure "

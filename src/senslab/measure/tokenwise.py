@@ -115,7 +115,9 @@ Both are estimated from the flips seen (with the control variate, the copies who
 from the tangent's): from a few they move with those seen, and from none they are 0. So
 ``compute`` warns, once per metric, where fewer than :data:`._alloc.MIN_FLIPS` copies flipped,
 and gives the rule of three's bound 3/N where none of N did (the counts are merged and
-all-reduced with the state).
+all-reduced with the state). With ``"data"`` on one example the standard error and its interval
+are NaN (one rate has no spread): ``compute`` says so, once per metric, and gives the
+``"subset"`` one of that example (``stderr_subset``).
 
 **Speed and memory.** ``chunk_size="auto"`` (the default) evaluates a small probe chunk while
 counting the bytes its forward pass allocates, then sizes the chunks to ``memory_budget`` bytes
@@ -227,7 +229,10 @@ from ._stats import (
     accumulate,
     accumulate_tokens,
     all_reduced,
+    interval,
     merged,
+    no_data_stderr,
+    one_example_warning,
     result,
 )
 from ._stats import units as _units
@@ -1624,11 +1629,42 @@ class TokenSensitivity:
     def compute(self) -> SensitivityResult:
         """The estimate over everything accumulated since the last :meth:`reset` (waits for an
         ``update`` another thread runs: the state is read whole, never half-added). Warns, once
-        per metric, where the standard error rests on fewer than :data:`._alloc.MIN_FLIPS`
-        flips (:meth:`_warn_few_events`)."""
+        per metric, where the data standard error is NaN for one example
+        (:meth:`_warn_one_example`) and where the standard error rests on fewer than
+        :data:`._alloc.MIN_FLIPS` flips (:meth:`_warn_few_events`)."""
         r = result(self.state, self.estimand, self.align, self.compare == "class", self.sigma)
+        self._warn_one_example(r)
         self._warn_few_events(r)
         return r
+
+    def _subset_shown(self, r: SensitivityResult) -> tuple[float, tuple[float, float], str]:
+        """The standard error, 95% interval and estimand a warning shows for ``r``: its own,
+        or where the data one is NaN for one example the fixed-subset one, named so (a warning
+        that the NaN interval "can cover the rate far less often" said nothing true)."""
+        if not no_data_stderr(r.estimand, r.num_examples):
+            return r.stderr, r.ci95, r.estimand
+        ci = interval(r.estimate, r.stderr_subset, "subset", r.num_examples,
+                      self.compare == "class")
+        return r.stderr_subset, ci, "subset; the data one needs two examples"
+
+    def _warn_one_example(self, r: SensitivityResult) -> None:
+        """Say, once per metric (:meth:`_once`), why the data standard error of one example is
+        NaN, and give the fixed-subset one of that example (:func:`._stats.one_example_warning`).
+        Without it ``0.9375 ± nan (95% CI nan–nan, data)`` came with no word of the reason, or
+        only with the warning of few kept copies, which is not it."""
+        if not no_data_stderr(r.estimand, r.num_examples) or not self._once("one example"):
+            return
+        se = r.stderr_subset
+        subset = None
+        if math.isfinite(se):
+            lo, hi = interval(r.estimate, se, "subset", r.num_examples, self.compare == "class")
+            subset = f"± {se:.2g} (95% CI {lo:.4g}–{hi:.4g})"
+            if se == 0:  # the warning of no flip follows: a 0 that no variation gave bounds nothing
+                subset += ", a 0 from copies that all agree, no evidence of precision"
+        what = f"sensitivity {r.estimate:.4g} is reported ± nan"
+        warnings.warn(
+            one_example_warning(what, subset, self.target_stderr is not None)
+            + " (said once per metric)", RuntimeWarning, stacklevel=_trim._user_level())
 
     def _warn_few_events(self, r: SensitivityResult) -> None:
         """Say, once per metric (:meth:`_once`; no flip and a few flips are two causes), that
@@ -1649,21 +1685,21 @@ class TokenSensitivity:
         if st.events >= _alloc.MIN_FLIPS:
             kept = st.copies - st.events
             if self._mirrored() and kept < _alloc.MIN_FLIPS and self._once("few kept"):
-                lo, hi = r.ci95
+                se, (lo, hi), estimand = self._subset_shown(r)
                 rule = (f" by the rule of three, the copies' mean rate of keeping the class is "
                         f"below 3/{st.copies:,} = {3 / st.copies:.2g} with 95% confidence."
                         if kept == 0 else "")
                 # with a target each batch that kept no class reported the rule of three's
                 floored = kept == 0 and self.target_stderr is not None \
-                    and self.estimand == "subset"
+                    and estimand.startswith("subset")
                 worth = ("takes its standard error from the rule of three (target_stderr)"
                          if floored else "can cover the rate far less often, as with few flips")
                 warnings.warn(
                     f"the standard error rests on {'no' if kept == 0 else 'few'} copies that "
                     f"kept the prediction: {kept} of the {st.copies:,} perturbed copies, fewer "
                     f"than {_alloc.MIN_FLIPS} (every other one flipped it), so sensitivity "
-                    f"{r.estimate:.4g} ± {r.stderr:.2g} (95% CI {lo:.4g}–{hi:.4g}, "
-                    f"{r.estimand}) {worth};{rule} For a firmer one, measure with more draws "
+                    f"{r.estimate:.4g} ± {se:.2g} (95% CI {lo:.4g}–{hi:.4g}, "
+                    f"{estimand}) {worth};{rule} For a firmer one, measure with more draws "
                     "(repeats=, more examples) or with target_stderr=, or a smaller sigma "
                     "(said once per metric)", RuntimeWarning, stacklevel=_trim._user_level())
             return
@@ -1684,9 +1720,9 @@ class TokenSensitivity:
             what = "flipped the prediction"
         else:
             what = f"moved the output (a nonzero {self.compare} distance)"
-        lo, hi = r.ci95
-        shown = (f"sensitivity {r.estimate:.4g} ± {r.stderr:.2g} (95% CI {lo:.4g}–{hi:.4g}, "
-                 f"{r.estimand})")
+        se, (lo, hi), estimand = self._subset_shown(r)
+        shown = (f"sensitivity {r.estimate:.4g} ± {se:.2g} (95% CI {lo:.4g}–{hi:.4g}, "
+                 f"{estimand})")
         how = ("measure with more draws (repeats=, more examples) or with target_stderr=, whose "
                f"rounds stop only on {_alloc.MIN_FLIPS} flips or on the rule of three (said "
                "once per metric)")
@@ -1704,7 +1740,7 @@ class TokenSensitivity:
             after = (f" The estimate is the tangent's mean flip probability{sampled}." if cv
                      else "")
             # with a target each batch reported the rule of three's standard error (subset)
-            floored = self.target_stderr is not None and self.estimand == "subset"
+            floored = self.target_stderr is not None and estimand.startswith("subset")
             worth = ("takes its standard error from the rule of three (target_stderr)"
                      if floored else "cannot be trusted as a 95% interval")
             # a unit without a flip bounds the flip rate of its copies, which may flip together
