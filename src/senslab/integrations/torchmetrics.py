@@ -346,6 +346,7 @@ class TokenSensitivityMetric(Metric):
         <senslab.measure.TokenSensitivity.compute>` does; the counts are states, summed over
         processes and merges like the others."""
         self._last = self._result()
+        self._warn_one_example(self._last)
         self._warn_few_events(self._last)
         return torch.tensor(self._last.estimate, dtype=torch.float64, device=self.n.device)
 
@@ -437,6 +438,18 @@ class TokenSensitivityMetric(Metric):
         copies, events = _known(self.num_copies), _known(self.num_events)
         if not copies or events >= MIN_FLIPS:
             return
+        engine = self._warner()
+        held = engine.state
+        engine.state = State(n=int(self.n.item()), copies=copies, events=events)
+        try:
+            engine._warn_few_events(r)
+        finally:
+            engine.state = held
+
+    def _warner(self) -> TokenSensitivity:
+        """The engine that words this metric's warnings, with this metric's causes said: the
+        engine, or where no update ran here (states loaded, merged or synced only) one built
+        from the options, with no model."""
         engine = self._engine
         if engine is None:
             with warnings.catch_warnings():  # the options' own warnings were said at __init__
@@ -444,12 +457,13 @@ class TokenSensitivityMetric(Metric):
                 engine = TokenSensitivity(_placeholder, self.tokens or Sequence(),
                                           **self.options)
             engine._said = self._said
-        held = engine.state
-        engine.state = State(n=int(self.n.item()), copies=copies, events=events)
-        try:
-            engine._warn_few_events(r)
-        finally:
-            engine.state = held
+        return engine
+
+    def _warn_one_example(self, r: SensitivityResult) -> None:
+        """:meth:`TokenSensitivity._warn_one_example` on the accumulated (synced, merged)
+        result: with ``estimand="data"`` one example's standard error is NaN, said once per
+        metric with the example's fixed-subset one (it was reported ``± nan`` without a word)."""
+        self._warner()._warn_one_example(r)
 
     def _warn_all_seen(self, b: int) -> None:
         """A whole batch this process measured before is skipped (each example counts once; a

@@ -1,0 +1,59 @@
+"""The torchmetrics metric says, as ``TokenSensitivity.compute`` does, why one example's data
+standard error is NaN, and gives its fixed-subset one (it was reported ``± nan`` without a
+word); once per metric, also after a reset."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("torchmetrics")
+
+from senslab.integrations.torchmetrics import TokenSensitivityMetric  # noqa: E402
+from senslab.tokens import Patches  # noqa: E402
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+def _one_example_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in caught if "needs at least two examples" in str(w.message)]
+
+
+def test_one_example_is_said_once_with_its_subset_standard_error() -> None:
+    model = _model()
+    x = torch.randn(1, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    metric = TokenSensitivityMetric(Patches(2), sigma=2.0, repeats=4, generator=0)
+    metric.update(model, x)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        r = metric.result()
+        metric.compute()
+    said = _one_example_warnings(caught)
+    assert math.isnan(r.stderr) and math.isfinite(r.stderr_subset)
+    assert len(said) == 1
+    assert f"{r.stderr_subset:.2g}" in said[0]
+    metric.reset()
+    metric.update(model, x)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        metric.compute()
+    assert not _one_example_warnings(caught)  # said once per metric
+
+
+def test_two_examples_are_not_warned_about() -> None:
+    model = _model()
+    x = torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    metric = TokenSensitivityMetric(Patches(2), sigma=2.0, repeats=4, generator=0)
+    metric.update(model, x)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        r = metric.result()
+    assert math.isfinite(r.stderr)
+    assert not _one_example_warnings(caught)
