@@ -200,6 +200,34 @@ def refuse_mixed_series(callback: Any, saved: Mapping[str, Any], loaded: list[An
     return True
 
 
+def set_aside_earlier_run(callback: Any, start: int, unit: str, how: str) -> bool:
+    """Whether ``callback`` holds results of another run than the one starting now at ``start``
+    (a step or epoch): a result beyond it was not measured on this run's way there (a second
+    ``trainer.train()`` of one Trainer, a trial of ``hyperparameter_search``, the callback given
+    to a second Trainer). Then they go to ``callback.set_aside``, ``results`` starts empty, and a
+    warning says so. Kept, the two runs made one series whose steps started over (2, 4, 2, 4),
+    and this run's checkpoints held the other run's values as its own. Results at or before
+    ``start`` (an evaluation at step 0 before the first ``train()``) are this run's way there,
+    and stay; so do a resumed checkpoint's (none beyond the step it resumes at). ``how``: how to
+    continue a run instead."""
+    held = [s for s, _ in callback.results]
+    if not any(s > start for s in held):
+        return False
+    import warnings
+
+    callback.set_aside.extend(callback.results)
+    callback.results = []
+    warnings.warn(
+        f"SensitivityCallback({callback.name!r}): a new run starts at {unit[:-1]} {start}, and "
+        f"this callback holds results of an earlier run ({unit} {held}): they are kept in "
+        "callback.set_aside, and results start anew with this run's (one series per run: "
+        f"{unit} that start over read as one series, and this run's checkpoints would hold the "
+        f"earlier run's values). {how}",
+        UserWarning, stacklevel=4,
+    )
+    return True
+
+
 def to_device(inputs: Any, device: torch.device) -> Inputs:
     """``inputs`` (a tensor, tuple/list or mapping — a ``BatchEncoding`` too) on ``device``;
     mappings become plain dicts."""
@@ -270,6 +298,7 @@ def check_before_training(
     any_failed: Callable[[bool], bool] | None = None,
     modes_known: bool = False,
     seed: Seed | None = None,
+    look: Callable[[Tensor, set[nn.Module]], None] | None = None,
 ) -> None:
     """Refuse before training what the first measurement would refuse at its start, after
     ``eval_steps`` or an epoch of training (lost where the run crashes): the measurement's checks
@@ -290,11 +319,15 @@ def check_before_training(
     the measurement, whose mode may differ.
 
     ``seed``: the callback's :class:`Seed`, made into the generator the measurement draws
-    from, on the model's device (a CPU refuses a seed of 2**32 or more, :func:`._seeded`)."""
+    from, on the model's device (a CPU refuses a seed of 2**32 or more, :func:`._seeded`).
+
+    ``look``: called with the clean output that would be read as class scores and the
+    submodules that ran in that forward — where ``compare="class"`` and no ``output=`` was
+    given — to say what the output suggests (a head left out of ``forward``), not to refuse."""
     failure: Exception | None = None
     try:
         _first_forward(model, inputs, tokens, mask=mask, batch=batch, options=options,
-                       modes_known=modes_known, seed=seed)
+                       modes_known=modes_known, seed=seed, look=look)
     except Exception as err:  # noqa: BLE001 - raised again below, after the processes agree
         failure = err
     failed = (any_failed or any_process)(failure is not None)
@@ -333,6 +366,7 @@ def _first_forward(
     model: nn.Module | Any, inputs: Inputs, tokens: Tokenization | None, *,
     mask: Tensor | None, batch: int | None, options: dict[str, Any],
     modes_known: bool = False, seed: Seed | None = None,
+    look: Callable[[Tensor, set[nn.Module]], None] | None = None,
 ) -> None:
     """:func:`check_before_training`'s checks, in the order the measurement makes them
     (``TokenSensitivity.update`` up to the reading of the clean outputs)."""
@@ -387,6 +421,14 @@ def _first_forward(
             stack.enter_context(_eval(model))
         if module:
             stack.enter_context(_kept_buffers(model))
+        ran: set[nn.Module] = set()
+        if module and look is not None:  # which submodules the forward runs
+            try:
+                for sub in model.modules():
+                    handle = sub.register_forward_pre_hook(lambda m, _args: ran.add(m))
+                    stack.callback(handle.remove)
+            except (RuntimeError, TypeError, AttributeError):  # a scripted submodule, say:
+                look = None  # not seen which ran, so nothing said
         stack.enter_context(_own_forward(model))
         stack.enter_context(metric._autocast(device))
         probe = (_refuse_own_autocast(model, device) if metric.autocast is None
@@ -407,6 +449,8 @@ def _first_forward(
         if metric.compare == "class":
             predictions(clean, resolve_kind(clean, metric.output_kind, metric.threshold),
                         metric.threshold)
+            if look is not None and module and metric.output is None:
+                look(clean, ran)
         if known:  # the measurement's check of a forward random in that mode
             verify_deterministic(bound, clean, metric.mode == "whole", None,
                                  metric.autocast is not None, alone=True)

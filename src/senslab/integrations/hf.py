@@ -25,9 +25,11 @@ The callback's ``results`` (and the warnings it has said) go into the Trainer's 
 (``trainer_state.json``, under ``state.stateful_callbacks`` with a key holding ``name``), so
 ``trainer.train(resume_from_checkpoint=...)`` continues them — with the configuration
 (subset, options, seed) saved beside them: a callback built otherwise starts its results anew,
-with a warning, rather than continue another quantity's series. Two callbacks of one Trainer
-must have different names, and ``compute_metrics`` must not return ``name``: two values under
-one key leave ``evaluate()``'s dict (and so ``metric_for_best_model``) with only the last.
+with a warning, rather than continue another quantity's series. A new run that does not resume
+(``train()`` again, a trial of ``hyperparameter_search``) sets the earlier run's results aside
+(``callback.set_aside``, with a warning): ``results`` is one run's series. Two callbacks of one
+Trainer must have different names, and ``compute_metrics`` must not return ``name``: two values
+under one key leave ``evaluate()``'s dict (and so ``metric_for_best_model``) with only the last.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from ._common import (
     configuration,
     measure_subset,
     refuse_mixed_series,
+    set_aside_earlier_run,
 )
 
 __all__ = ["SensitivityCallback"]
@@ -91,9 +94,10 @@ class SensitivityCallback(TrainerCallback):
     its shape and kind, the tokens — so that a refusal costs no training
     (:func:`~senslab.integrations._common.check_before_training`).
 
-    ``results`` holds ``(global_step, SensitivityResult)`` for every measurement; the
-    checkpoints hold it, and resuming from one replaces it (what it held is kept in
-    ``set_aside``, with a warning). A Trainer
+    ``results`` holds ``(global_step, SensitivityResult)`` for every measurement of the current
+    run; the checkpoints hold it, and resuming from one replaces it (what it held is kept in
+    ``set_aside``, with a warning). A new run (``train()`` again without resuming, each trial of
+    ``hyperparameter_search``) sets the earlier run's results aside too, with a warning. A Trainer
     with several evaluation sets (``eval_dataset`` a dict) evaluates each under its own prefix
     (``eval_a``, ``eval_b``); the callback measures its subset once for them all and logs that
     one value under each prefix, with a warning that it is not a sensitivity of each set.
@@ -188,7 +192,12 @@ class SensitivityCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Take a resumed checkpoint's ``results`` (the Trainer starts a fresh state for every
         ``train()``, so an entry under :attr:`state_key` came from the checkpoint); before,
-        the measurements up to the checkpoint were missing from ``results``. Then check, in one
+        the measurements up to the checkpoint were missing from ``results``. A new run —
+        another ``train()`` of this Trainer without resuming, a trial of
+        ``hyperparameter_search`` — sets the results of the run before aside (into ``set_aside``,
+        with a warning): they went on in one list, steps starting over (2, 4, 2, 4), and this
+        run's checkpoints held them (:func:`~senslab.integrations._common.set_aside_earlier_run`;
+        an evaluation at step 0 before the first ``train()`` stays). Then check, in one
         forward of the subset's first examples, what the first measurement would refuse (an
         output it cannot read, say): it refused it only at the first evaluation, after
         ``eval_steps`` of training that a crash then lost. Every process checks, and all stop
@@ -208,6 +217,11 @@ class SensitivityCallback(TrainerCallback):
         saved = (getattr(state, "stateful_callbacks", None) or {}).get(self.state_key)
         if saved is not None and saved is not self._exported:
             self._load(saved)
+        self._last = None  # a measurement of another run is not this run's to log again
+        set_aside_earlier_run(
+            self, int(getattr(state, "global_step", 0) or 0), "steps",
+            "To continue a run, pass trainer.train(resume_from_checkpoint=...); to keep each "
+            "run's results apart, give each run its own callback")
         if model is not None:
             try:
                 check_before_training(model, self.inputs, self.tokens, mask=self.mask,

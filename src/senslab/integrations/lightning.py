@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -57,6 +58,7 @@ from ._common import (
     configuration,
     measure_subset,
     refuse_mixed_series,
+    set_aside_earlier_run,
 )
 
 __all__ = ["SensitivityCallback"]
@@ -85,9 +87,20 @@ class SensitivityCallback(Callback):
     its shape and kind, the tokens — so that a refusal costs no epoch of training
     (:func:`~senslab.integrations._common.check_before_training`).
 
-    ``results`` holds ``(epoch, SensitivityResult)`` for every measurement; the checkpoints
-    hold it, and loading one replaces it (what it held is kept in ``set_aside``, with a
-    warning).
+    ``results`` holds ``(epoch, SensitivityResult)`` for every measurement of the current fit;
+    the checkpoints hold it, and a fit resumed from one replaces it (what it held is kept in
+    ``set_aside``, with a warning). A new fit that does not resume (the callback given to
+    another Trainer) sets the earlier fit's results aside too, with a warning.
+    ``trainer.validate()``/``test()`` measure nothing (a warning says so) and leave ``results``
+    as it is, also with ``ckpt_path=``.
+
+    The callback measures the LightningModule's ``forward``, as the class scores: a module
+    whose ``forward`` returns features and whose ``validation_step`` applies a head
+    (``self.head(self(x))``) is measured on the features. Before training, an ``nn.Linear`` of
+    the module that the forward did not run and that takes the forward's output width (or an
+    ``hparams`` ``num_classes``/``num_labels`` other than that width) is warned of; point the
+    callback at the classifier with ``output=module.head`` (a function of the forward's output),
+    or give the module a ``forward`` that returns the logits.
     """
 
     def __init__(
@@ -107,8 +120,12 @@ class SensitivityCallback(Callback):
         self.results: list[tuple[int, SensitivityResult]] = []
         #: (epoch, estimate, stderr) last logged, until :meth:`_check_logged` has read them back
         self._logged: tuple[int, float, float] | None = None
-        #: results replaced by a checkpoint's (:meth:`load_state_dict`)
+        #: results replaced by a checkpoint's (:meth:`load_state_dict`), or of an earlier fit
+        #: (:meth:`on_train_start`)
         self.set_aside: list[tuple[int, SensitivityResult]] = []
+        #: whether the checkpoint being loaded is loaded by validate/test/predict (not a fit's)
+        self._loading_outside_fit = False
+        self._warned_stage = False
 
     @property
     def state_key(self) -> str:
@@ -120,7 +137,22 @@ class SensitivityCallback(Callback):
         """Refuse a second callback of the Trainer that logs under one of this one's keys:
         Lightning merges two values logged under one key in one hook into their mean
         weighted by batch size (the subsets' sizes), and the mean was logged — and monitored —
-        as either's value, without a word."""
+        as either's value, without a word. Under ``trainer.validate()`` or ``test()`` say (once)
+        that the callback measures nothing there: it measures at training epochs' ends, and
+        its silence read as a run without the callback, or one whose value had gone missing.
+        It does not measure there: a value logged by ``validate(ckpt_path="best")`` would go to
+        the loggers at the fit's last step, as a point of the fit's series, measured on other
+        weights."""
+        stage = str(getattr(stage, "value", stage))  # a TrainerFn, or its string
+        if stage in ("validate", "test") and not self._warned_stage:
+            self._warned_stage = True
+            warnings.warn(
+                f"SensitivityCallback({self.name!r}) measures at the end of training epochs, in "
+                f"fit() only: trainer.{stage}() logs no sensitivity, and callback.results gains "
+                "nothing. To measure the module as it is (e.g. after loading a checkpoint), call "
+                "callback.measure(module) — the same subset, seed and options — or "
+                "senslab.token_sensitivity(module, subset, tokens, ...)",
+                UserWarning, stacklevel=2)
         mine = {self.name, f"{self.name}_stderr"}
         for other in trainer.callbacks:
             if other is self or not isinstance(other, SensitivityCallback):
@@ -157,6 +189,9 @@ class SensitivityCallback(Callback):
         than this callback's (:meth:`config`; a checkpoint of an older senslab holds none, and
         is continued) are not continued: they go to ``set_aside`` too, and ``results`` starts
         anew (:func:`~senslab.integrations._common.refuse_mixed_series`)."""
+        if self._loading_outside_fit:  # validate/test/predict(ckpt_path=...): not resumed
+            self._loading_outside_fit = False
+            return
         loaded = [(int(epoch), SensitivityResult(**fields))
                   for epoch, fields in state_dict.get("results", [])]
         self._said.update(state_dict.get("said", []))
@@ -172,6 +207,31 @@ class SensitivityCallback(Callback):
                 UserWarning, stacklevel=2,
             )
         self.results = loaded
+
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        """Note whether the checkpoint is loaded by a fit (resumed: :meth:`load_state_dict`
+        takes its results) or by ``validate``/``test``/``predict(ckpt_path=...)``, which only
+        load weights to evaluate: there the checkpoint's results had replaced the fit's
+        (``test(ckpt_path="best")`` after a 3-epoch fit left ``results`` with the best
+        epoch's series and moved the fit's to ``set_aside``)."""
+        fn = getattr(getattr(trainer, "state", None), "fn", None)
+        self._loading_outside_fit = str(getattr(fn, "value", fn)) != "fit"
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._loading_outside_fit = False  # a load_state_dict called by hand loads
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Set the results of an earlier fit aside (into ``set_aside``, with a warning): the
+        callback given to a second Trainer, whose epochs start over, went on in one list (epochs
+        1, 2, 1, 2) and the new fit's checkpoints held the earlier fit's values. Here, after a
+        checkpoint's loops are restored: a resumed fit starts at the checkpoint's epoch, beyond
+        every result the checkpoint holds (:func:`~senslab.integrations._common.
+        set_aside_earlier_run`)."""
+        set_aside_earlier_run(
+            self, int(trainer.current_epoch), "epochs",
+            "To continue a fit, pass fit(..., ckpt_path=...); to keep each fit's results apart, "
+            "give each fit its own callback")
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Check, in one forward of the subset's first examples (the module on its device,
@@ -203,7 +263,8 @@ class SensitivityCallback(Callback):
             batch=self.batch_size, options=self.options, where=type(self).__name__,
             any_failed=lambda failed: bool(
                 trainer.strategy.reduce_boolean_decision(failed, all=False)),
-            modes_known=True, seed=self.seed)
+            modes_known=True, seed=self.seed,
+            look=lambda clean, ran: _say_unused_head(self, pl_module, clean, ran))
 
     def _converted(self, pl_module: LightningModule) -> Inputs:
         """The subset converted as Lightning converts a batch under the Trainer's precision."""
@@ -265,6 +326,62 @@ class SensitivityCallback(Callback):
                     "size; callback.results holds the measurement. Give the callback its own "
                     "name=, e.g. name='sensitivity_subset', or log the module's value under "
                     "another key")
+
+
+#: the hyperparameters (``save_hyperparameters``) a module declares its class count under
+_CLASS_COUNTS = ("num_classes", "n_classes", "num_labels")
+
+
+def _say_unused_head(callback: SensitivityCallback, pl_module: LightningModule, clean: Tensor,
+                     ran: set[Any]) -> None:
+    """Warn where the forward's output, about to be read as class scores, looks like features:
+    a linear layer of the module that the forward did not run takes exactly the output's width
+    (a head that ``validation_step`` applies: ``self.head(self(x))``), or the module's
+    hyperparameters declare another class count. Measured as it is, the argmax over the
+    features was taken for the predicted class, without a word. A heuristic — a head applied
+    through a function, or an unused layer of another width, is not seen; the docs say the
+    callback measures ``forward`` — hence a warning, not a refusal."""
+    if not isinstance(clean, Tensor) or clean.dim() != 2:
+        return
+    width = int(clean.shape[-1])
+    unused = None
+    for name, module in pl_module.named_modules():
+        fan_in = getattr(module, "in_features", None)
+        fan_out = getattr(module, "out_features", None)
+        if name and module not in ran and isinstance(fan_in, int) \
+                and isinstance(fan_out, int) and fan_in == width != fan_out:
+            parts = name.split(".")
+            head = next(p for p in (".".join(parts[:i]) for i in range(1, len(parts) + 1))
+                        if pl_module.get_submodule(p) not in ran)
+            unused = (name, fan_in, fan_out, head)
+            break
+    declared = None
+    hparams = getattr(pl_module, "hparams", None)
+    for key in _CLASS_COUNTS if isinstance(hparams, Mapping) else ():
+        n = hparams.get(key)
+        if isinstance(n, int) and not isinstance(n, bool) and n >= 2 and width != n \
+                and not (n == 2 and width == 1):
+            declared = (key, n)
+            break
+    if unused is None and declared is None:
+        return
+    reasons = []
+    if unused is not None:
+        name, fan_in, fan_out, head = unused
+        reasons.append(f"module.{name} (Linear {fan_in} -> {fan_out}) takes {width} features "
+                       "and did not run in forward")
+    if declared is not None:
+        reasons.append(f"the module's hparams declare {declared[0]}={declared[1]}")
+    point = (f"output=module.{unused[3]} (applied to forward's output)" if unused is not None
+             else "output= a function that applies the classifier to forward's output")
+    warnings.warn(
+        f"SensitivityCallback({callback.name!r}) measures the LightningModule's forward and "
+        f"reads its output, {tuple(clean.shape)}, as {width} class scores; but "
+        f"{' and '.join(reasons)}. If forward returns features and the classifier is applied "
+        f"elsewhere (validation_step: self.head(self(x))), the measured 'classes' are feature "
+        f"columns: pass {point}, or give the module a forward that returns the logits. If "
+        "forward's output is the class scores, pass output=lambda scores: scores to say so",
+        UserWarning, stacklevel=2)
 
 
 def _refuse_keys_logged_elsewhere(callback: SensitivityCallback, trainer: Trainer) -> None:
