@@ -411,6 +411,8 @@ def _evaluator(
                 try:
                     _check_batch_independent(f, x[:REPEAT_ROWS], reduced is not None)
                 except RuntimeError as err:
+                    if "dtype" in str(err) or "scalar type" in str(err):
+                        _explain_dtype(err, f, dtype)
                     if "shape" not in str(err) and "size" not in str(err):
                         raise
                     raise RuntimeError(
@@ -426,6 +428,22 @@ def _evaluator(
 
     call.low_precision = reduced  # type: ignore[attr-defined]
     return call
+
+
+def _explain_dtype(err: RuntimeError, f: object, dtype: torch.dtype) -> None:
+    """Raise ``err`` again with the fix where f holds a module of another float type than the
+    strings were given in (a function wrapping a bf16 model gets float32 strings unless told:
+    torch's "mat1 and mat2 must have the same dtype" named neither f nor ``dtype=``)."""
+    held = {t.dtype for m in _held_modules_of(f) for t in (*m.parameters(), *m.buffers())
+            if t.is_floating_point()} - {dtype}
+    if len(held) != 1:
+        return
+    (own,) = held
+    raise RuntimeError(
+        f"f failed on {_dtype_name(dtype)} strings: {err}. The model f holds computes in "
+        f"{_dtype_name(own)}, and a function wrapping a model gets {_dtype_name(dtype)} "
+        f"strings unless told: pass dtype=torch.{_dtype_name(own)} (or give f the model "
+        "itself)") from err
 
 
 def _reduced_dtype(f: object) -> torch.dtype | None:
