@@ -118,6 +118,13 @@ class State:
     checked: int = 0  # copies evaluated in checked bf16
     copies: int = 0  # perturbed copies measured
     events: int = 0  # copies the standard error learns from (:func:`accumulate`)
+    single: int = 0  # examples whose fixed-subset variance is NaN: a single unit of draws
+    # flips of examples whose clean class is a tie (outputs.tie_breaks): those examples, the
+    # sum of their rates, their flipped copies, and the flipped copies of every example
+    ties: int = 0
+    tie_rates: float = 0.0
+    tie_flips: int = 0
+    flips: int = 0
     pos_sum: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.float64))
     pos_cnt: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.float64))
     samples: list[Tensor] = field(default_factory=list)
@@ -256,6 +263,7 @@ def accumulate(
     st: State, vals: Tensor, src: Tensor, tok: Tensor, valid: Tensor, *, group: int,
     per_cell: int | None, positions: str | None, num_tokens: int | None = None,
     real: Tensor | None = None, rounds: int = 1, events: int | None = None, floor: float = 0.0,
+    ties: Tensor | None = None,
 ) -> None:
     r"""Add one batch's copies to ``st``. ``group``: copies per unit (:func:`units`);
     ``per_cell``: units per real cell when every real token was evaluated equally often
@@ -272,14 +280,14 @@ def accumulate(
     differs from the tangent's), counted with the copies for the warning of few flips
     (:meth:`.tokenwise.TokenSensitivity._warn_few_events`). ``floor``: the least
     :math:`\sum_b \widehat{\operatorname{Var}}(\hat m_b)` the batch reports
-    (:func:`._alloc.zero_floor`)."""
+    (:func:`._alloc.zero_floor`). ``ties``: :func:`_add_examples`'s."""
     b = valid.shape[0]
     u, usrc, utok = units(vals, src, tok, group)
     cnt = _counts(usrc, b, u)
     mean = torch.zeros_like(cnt).index_add_(0, usrc, u) / cnt
     st.copies += len(vals)
     st.events += int((vals != 0).sum()) if events is None else events
-    _add_examples(st, mean, within_variance(u, usrc, utok, valid, per_cell), floor)
+    _add_examples(st, mean, within_variance(u, usrc, utok, valid, per_cell), floor, ties)
     if positions is not None:
         # with num_tokens a copy stands for its example's real tokens over those each round
         # draws (1/π: the profile would otherwise lean towards short examples, all of whose
@@ -296,16 +304,28 @@ def accumulate(
                               positions, weight)
 
 
-def _add_examples(st: State, mean: Tensor, within: Tensor, floor: float = 0.0) -> None:
+def _add_examples(st: State, mean: Tensor, within: Tensor, floor: float = 0.0,
+                  ties: Tensor | None = None) -> None:
     """Add examples with rates ``mean`` (B,) and their variance estimates ``within`` (B,),
-    whose sum is raised to ``floor`` where it is below it (a NaN sum stays NaN)."""
+    whose sum is raised to ``floor`` where it is below it (a NaN sum stays NaN). The examples
+    whose estimate is NaN (a single unit of draws) are counted (``single``): the fixed-subset
+    standard error is NaN with one of them, and ``compute`` says why
+    (:func:`one_unit_warning`). ``ties`` (B,) bool, on the host: the examples whose flips are
+    tie-breaks (:func:`.outputs.tie_breaks`), whose rates are summed in ``tie_rates`` as
+    ``s1`` sums them (float64: their difference is the others' sum, not a rounding of it)."""
     # one copy to the host per update (on a GPU: one wait for the device, not four)
-    host = torch.cat([mean.double(), within.double().sum().reshape(1)]).cpu()
-    rates = host[:-1]
+    w = within.double()
+    host = torch.cat([mean.double(), w.sum().reshape(1), w.isnan().sum().double().reshape(1)])
+    host = host.cpu()
+    rates = host[:-2]
     st.n += len(rates)
     st.s1 += rates.sum().item()
     st.s2 += (rates * rates).sum().item()
-    total = host[-1].item()
+    st.single += int(host[-1].item())
+    if ties is not None:
+        st.ties += int(ties.sum())
+        st.tie_rates += rates[ties].sum().item()
+    total = host[-2].item()
     st.within += floor if total < floor else total
     st.samples.append(rates.float())
 
@@ -313,15 +333,18 @@ def _add_examples(st: State, mean: Tensor, within: Tensor, floor: float = 0.0) -
 def accumulate_tokens(
     st: State, y: Tensor, var: Tensor, valid: Tensor, *, positions: str | None,
     real: Tensor | None = None, copies: int = 0, events: int = 0, floor: float = 0.0,
+    ties: Tensor | None = None,
 ) -> None:
     """Add one batch measured token by token (``allocation``, :mod:`._alloc`) to ``st``:
     ``y`` (B, T) each real token's unbiased value, ``var`` (B, T) its variance estimate;
-    ``copies`` made, ``events`` of them nonzero; ``floor`` as for :func:`accumulate`."""
+    ``copies`` made, ``events`` of them nonzero; ``floor`` and ``ties`` as for
+    :func:`accumulate`."""
     v = valid.to(y.device)
     k = v.sum(1).double()
     st.copies += copies
     st.events += events
-    _add_examples(st, (y.double() * v).sum(1) / k, (var.double() * v).sum(1) / k**2, floor)
+    _add_examples(st, (y.double() * v).sum(1) / k, (var.double() * v).sum(1) / k**2, floor,
+                  ties)
     if positions is not None:
         cells = v.nonzero()
         _accumulate_positions(st, y.double()[v], cells[:, 0], cells[:, 1],
@@ -355,6 +378,11 @@ def _accumulate_positions(
     st.pos_cnt = pad_to(st.pos_cnt, n, left) + pad_to(pc, n, left)
 
 
+#: the state's sums beside n, s1, s2 and within (merged and all-reduced by adding them)
+_COUNTS = ("forward", "forward_fp32", "checked", "copies", "events", "single", "ties",
+           "tie_rates", "tie_flips", "flips")
+
+
 def merged(a: State, b: State, align: str, scale: float = 1.0) -> State:
     """The state of ``a`` and ``b`` together, ``b``'s per-position sums and counts times
     ``scale`` (to ``a``'s unit of copies per token: :meth:`.tokenwise.TokenSensitivity.merge`)."""
@@ -362,12 +390,10 @@ def merged(a: State, b: State, align: str, scale: float = 1.0) -> State:
     left = align == "right"
     if scale != 1.0:
         b = State(pos_sum=b.pos_sum * scale, pos_cnt=b.pos_cnt * scale, **{
-            f: getattr(b, f) for f in ("n", "s1", "s2", "within", "forward", "forward_fp32",
-                                       "checked", "copies", "events", "samples")})
+            f: getattr(b, f) for f in ("n", "s1", "s2", "within", "samples", *_COUNTS)})
     return State(
         n=a.n + b.n, s1=a.s1 + b.s1, s2=a.s2 + b.s2, within=a.within + b.within,
-        forward=a.forward + b.forward, forward_fp32=a.forward_fp32 + b.forward_fp32,
-        checked=a.checked + b.checked, copies=a.copies + b.copies, events=a.events + b.events,
+        **{f: getattr(a, f) + getattr(b, f) for f in _COUNTS},
         pos_sum=pad_to(a.pos_sum, n, left) + pad_to(b.pos_sum, n, left),
         pos_cnt=pad_to(a.pos_cnt, n, left) + pad_to(b.pos_cnt, n, left),
         samples=a.samples + b.samples,
@@ -455,6 +481,30 @@ def one_example_warning(
     )
 
 
+def one_unit_warning(what: str, single: int, n: int, unit: str, fix: str) -> str:
+    """Why the fixed-subset standard error (``estimand="subset"``) of ``what`` (a
+    sensitivity, printed with its ``± nan``) is NaN: ``single`` of the ``n`` examples had a
+    single ``unit`` of noise draws (one copy, one antithetic pair, or with ``num_tokens`` all
+    draws of one sampled token), and the variance of an example's estimate is estimated from
+    the spread of its units, which one unit does not have; ``fix``: the draws that give every
+    example two units. It begins as :func:`one_example_warning` does (the data estimand's
+    NaN of one example), so that a filter of those takes this one alike. Without it
+    ``0.1562 ± nan (95% CI nan–nan, subset)`` came with no word, or with the warning of few
+    flips, which was not the reason (``mode="whole", repeats=1``; or one example of a single
+    real token among many with ``repeats=1``: the whole batch's standard error was NaN)."""
+    ones = (f"{single:,} of the {n:,} examples had one" if single
+            else "an example had one")  # a state without the count: an older pickle's
+    data = ("the spread of the per-example rates, once two or more examples are measured"
+            if n < 2 else "the spread of the per-example rates, finite here")
+    return (
+        "the standard error rests on a single unit of noise draws for some examples, and the "
+        "fixed-subset standard error (estimand='subset') needs two or more units of every "
+        "example: it is the spread of an example's units over sqrt(units), and one unit has "
+        f"none, so {what} (95% CI nan–nan); {ones} ({unit}). For a finite one, draw more: "
+        f"{fix}; or pass estimand='data' ({data})"
+    )
+
+
 @functools.lru_cache(maxsize=256)
 def interval_quantile(estimand: str, n: int) -> float:
     """The multiple of the standard error on either side of the 95% interval: for ``"data"``
@@ -532,8 +582,8 @@ def all_reduced(st: State, align: str, group: Any = None,
     pos_sum, pos_cnt = pad_to(st.pos_sum, p, left), pad_to(st.pos_cnt, p, left)
     if scale != 1.0:
         pos_sum, pos_cnt = pos_sum * scale, pos_cnt * scale
-    scal = torch.tensor([st.n, st.s1, st.s2, st.within, st.forward, st.forward_fp32, st.checked,
-                         st.copies, st.events], dtype=torch.float64)
+    scal = torch.tensor([st.n, st.s1, st.s2, st.within, *(getattr(st, f) for f in _COUNTS)],
+                        dtype=torch.float64)
     vec = torch.cat([scal, pos_sum, pos_cnt])
     vec = vec.to(reduce_device(str(dist.get_backend(group))))
     dist.all_reduce(vec, group=group)
@@ -544,11 +594,11 @@ def all_reduced(st: State, align: str, group: Any = None,
     else:  # rank by rank: rank 0's examples, then rank 1's, …
         samples = torch.tensor([x for rates in per_rank for batch in rates for x in batch],
                                dtype=torch.float32)
+    k = 4 + len(_COUNTS)  # the scalars' length: the profile's sums and counts follow
+    counts = {f: (float if f == "tie_rates" else int)(vec[4 + i]) for i, f in enumerate(_COUNTS)}
     return State(
-        n=int(vec[0]), s1=float(vec[1]), s2=float(vec[2]), within=float(vec[3]),
-        forward=int(vec[4]), forward_fp32=int(vec[5]), checked=int(vec[6]),
-        copies=int(vec[7]), events=int(vec[8]),
-        pos_sum=vec[9 : 9 + p].clone(), pos_cnt=vec[9 + p :].clone(),
+        n=int(vec[0]), s1=float(vec[1]), s2=float(vec[2]), within=float(vec[3]), **counts,
+        pos_sum=vec[k : k + p].clone(), pos_cnt=vec[k + p :].clone(),
         samples=[samples],
     )
 

@@ -54,8 +54,8 @@ OUTPUT_KINDS: tuple[str, ...] = ("logits", "probabilities", "scores")
 
 __all__ = [
     "OUTPUT_KINDS", "OutputKind", "check_finite", "check_kind", "check_perturbed_kind",
-    "check_rows", "declared_kind", "inferred_from_zero_one", "is_scalar", "margins", "predictions",
-    "resolve_kind", "threshold_of",
+    "check_rows", "clean_value", "declared_kind", "inferred_from_zero_one", "is_scalar", "margins",
+    "predictions", "resolve_kind", "spacing", "threshold_of", "tie_breaks", "tie_warning", "tied",
 ]
 
 
@@ -394,6 +394,108 @@ def margins(out: Tensor, ref: Tensor, kind: str = "logits",
     top = out.gather(1, ref[:, None]).squeeze(1)
     others = out.scatter(1, ref[:, None], float("-inf"))
     return top - others.max(dim=1).values
+
+
+#: output dtypes whose rounding can tie two classes that a float32 forward tells apart
+LOW_OUTPUTS = (torch.bfloat16, torch.float16)
+#: a bf16/fp16 tied example's flips are decided by rounding when the noise moves its margin
+#: by at most this many spacings (of the output dtype at the clean class's value), root mean
+#: square over the draws
+TIE_SPACINGS = 2
+
+
+def spacing(p: Tensor) -> Tensor:
+    """Float64 distance from each entry of ``p`` to the next larger value of its dtype."""
+    _, exponent = torch.frexp(p.double())  # |p| = m·2^e, m in [0.5, 1)
+    step = torch.finfo(p.dtype).eps * torch.exp2(exponent.double() - 1)
+    return torch.where(p == 0, 0.0, step)
+
+
+def clean_value(clean: Tensor, ref: Tensor) -> Tensor:
+    """(B,) the clean class's value: the column itself, or the predicted class's column."""
+    return clean.reshape(-1) if is_scalar(clean) else clean.gather(1, ref[:, None])[:, 0]
+
+
+def tied(clean: Tensor, ref: Tensor, kind: str, threshold: float | None) -> Tensor:
+    """(B,) bool: the examples whose clean class ``ref`` is a tie — its margin
+    (:func:`margins`: the top column minus the next, or a column's distance from its class
+    boundary) is exactly 0, or below the spacing of the output dtype at the clean class's
+    value (closer than the outputs can tell apart). Class labels (integer outputs) tie
+    nowhere, nor do hard decisions: a column of exact 0s and 1s, some 1 (a step's 0 is class
+    0 and flips only when the step does, not at any noise level). Output sharpness and the
+    token-wise estimator both say where they count such examples' flips (:func:`tie_breaks`)."""
+    if not clean.is_floating_point() or inferred_from_zero_one(clean, None):
+        return torch.zeros(clean.shape[0], dtype=torch.bool, device=clean.device)
+    m = margins(clean, ref, kind, threshold).double()
+    return (m == 0) | (m < spacing(clean_value(clean, ref)))
+
+
+def tie_breaks(clean: Tensor, ref: Tensor, ties: Tensor, flipped: Tensor, stuck: Tensor,
+               away: Tensor, rms_move: Tensor) -> Tensor:
+    """(B,) bool: the tied examples (``ties``, :func:`tied`) whose flips are the tie's, not
+    the noise's. ``flipped``: some perturbed copy of the example flipped; ``stuck``: some copy
+    sat exactly on the tie again (margin 0); ``away``: some copy moved off it to the clean
+    class's side (margin > 0); ``rms_move``: the root mean square over its copies of the
+    change of its margin (read only for bf16/fp16 outputs).
+
+    **float32/float64 outputs.** Two columns equal to the last bit (or a column exactly on its
+    class boundary) are a tie of the model's own — zero or equal head rows, a dead class, a
+    saturated output, a blank input under a head without bias — and its clean class is the
+    tie-break (argmax takes the first of equal columns; a column on its boundary reads as the
+    lower class). Noise of any size that breaks the tie flips it about half the time, so the
+    flip rate does not go to 0 with the noise. Said of the tied examples that flipped, unless
+    they are clamped on their tie: a clamped output (a ReLU'd logit of 0 whose pre-activation
+    is negative) sits on its boundary again in every copy that does not flip it, never on the
+    clean class's side, and flips only where the noise overcomes the pre-activation — a flip
+    of the noise's size, not a tie-break. So a tied example with a copy back on the tie is
+    said only where another copy moved to the clean class's side: noise too small to move
+    the outputs of some copies (1e-4 on one token of a small transformer left 1 copy of 16
+    exactly on the tie, 8 on the clean class's side, 7 flipped) does not hide a tie.
+
+    **bf16/fp16 outputs.** Two classes closer than the spacing (0.03 at a logit of 5 in bf16)
+    round to a tie that a float32 forward tells apart. Where the noise moves their margin by
+    several spacings, a tied example flips about as often as its float32 twin, and nothing is
+    said; a tied example that flipped while the noise moved its margin by at most
+    :data:`TIE_SPACINGS` spacings is said: its flips are decided by rounding, not by the
+    noise."""
+    if clean.dtype in LOW_OUTPUTS:  # tied, flipped, and moved within the rounding
+        step = spacing(clean_value(clean, ref)).to(ties.device)
+        return ties & flipped & (rms_move <= TIE_SPACINGS * step)
+    # tied, flipped, and not clamped: never on the tie again, or moved to either side of it
+    return ties & flipped & (~stuck | away)
+
+
+def tie_warning(subject: str, noise: str | None, n: int, b: int, theirs: int, total: int,
+                flipped: str, draws: str, rest: str, dtype: torch.dtype, fix: str,
+                index: str = "") -> str:
+    """The warning that ``subject`` (``"ShPred"``, ``"the sensitivity"``) counts the flips of
+    ``n`` of ``b`` examples whose clean class is a tie (:func:`tie_breaks`), ``theirs`` of the
+    ``total`` ``flipped`` (``"flipped predictions"``, ``"flipped copies"``), with ``draws``
+    (what was drawn, at which ``noise`` level; None: a perturbation of no noise level, a
+    replaced token), ``rest`` (the measure over the other examples,
+    worded by the caller), ``fix`` (what to do with a float32 tie; a bf16/fp16 one's fix is
+    a float32 copy) and ``index`` (" (index 0, 3)": which examples, where known). The cause,
+    before the first ':', does not change with the numbers (``senslab._stack.said_once``)."""
+    name = str(dtype).removeprefix("torch.")
+    if dtype in LOW_OUTPUTS:
+        what = (f"have two classes closer than the {name} outputs' spacing (one column: on "
+                "the class boundary), so their clean class is decided by rounding, and they "
+                f"flipped while the noise moved their margin by at most {TIE_SPACINGS} "
+                "spacings (root mean square over the draws): flips decided by the outputs' "
+                f"rounding, not by the noise. They made {theirs:,} of the {total:,} {flipped}")
+        fix = ("measure a float32 copy (copy.deepcopy(model).float(), inputs cast to float32), "
+               "whose outputs tell the tied classes apart")
+    else:
+        breaks = (f"any {noise} > 0, however small, flips it about half the time: {subject} "
+                  f"does not go to 0 with {noise}" if noise is not None else
+                  "any perturbation that breaks the tie flips it about half the time")
+        what = ("have two classes with equal clean outputs (one column: exactly on the class "
+                "boundary), so their clean class is the tie-break (argmax takes the first), and "
+                f"{breaks}. They made {theirs:,} of the {total:,} {flipped}")
+    return (
+        f"{subject} counts flips of examples whose clean class is a tie: {n:,} of the {b:,} "
+        f"examples{index} {what} ({draws}); {rest}. The result counts them as changed "
+        f"predictions; {fix}. per_sample gives each example's flip rate")
 
 
 def check_rows(out: Tensor, rows: int, what: str) -> None:

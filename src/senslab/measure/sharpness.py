@@ -116,11 +116,14 @@ from .outputs import (
     check_rows,
     declared_kind,
     inferred_from_zero_one,
-    is_scalar,
     margins,
     predictions,
     resolve_kind,
+    tie_breaks,
+    tie_warning,
+    tied,
 )
+from .outputs import spacing as _spacing
 
 Seed = torch.Generator | int | None
 
@@ -387,13 +390,6 @@ def _check_finite(value: Tensor, where: str, fix: str) -> None:
 ROUNDING_RTOL = 0.1
 #: … and at most this share of their coordinates may round back to the clean weight
 ROUNDING_MAX_UNCHANGED = 0.5
-
-
-def _spacing(p: Tensor) -> Tensor:
-    """Float64 distance from each entry of ``p`` to the next larger value of its dtype."""
-    _, exponent = torch.frexp(p.double())  # |p| = m·2^e, m in [0.5, 1)
-    spacing = torch.finfo(p.dtype).eps * torch.exp2(exponent.double() - 1)
-    return torch.where(p == 0, 0.0, spacing)
 
 
 def _expected_unchanged(p: Tensor, sigma: float) -> float:
@@ -1043,11 +1039,12 @@ def output_sharpness(
         l1 = torch.empty(repeats, b, dtype=torch.float64, device=clean.device)
         flips = torch.empty_like(l1)
         # examples whose clean class is a tie; per draw, the squared change of each example's
-        # margin and whether it sat exactly on the tie again (:func:`_warn_ties`)
-        tied = None if clean_pred is None else _tied(clean, clean_pred, kind, threshold)
-        moves, stuck = torch.zeros_like(l1), torch.zeros_like(l1)
+        # margin, whether it sat exactly on the tie again and whether it moved to the clean
+        # class's side (:func:`_warn_ties`)
+        ties = None if clean_pred is None else tied(clean, clean_pred, kind, threshold)
+        moves, stuck, away = (torch.zeros_like(l1) for _ in range(3))
         margin = (margins(clean, clean_pred, kind, threshold).double()
-                  if tied is not None and bool(tied.any()) else None)
+                  if ties is not None and bool(ties.any()) else None)
         first_draw = noise.gen.get_state()  # to redraw the first draw's noise, doubled
         for r in range(repeats):
             noise.draw(sigma_w, "sigma_w")
@@ -1064,6 +1061,7 @@ def output_sharpness(
                 if margin is not None:
                     now = margins(out, clean_pred, kind, threshold).double()
                     moves[r], stuck[r] = (now - margin).square(), (now == 0).double()
+                    away[r] = (now > 0).double()
         if sigma_w > 0:
             _check_output_rounding(model, inputs, output, noise, first_draw, clean, l1[0],
                                    sigma_w)
@@ -1086,7 +1084,7 @@ def output_sharpness(
         shpred = _summary("ShPred", flips.mean(1), sigma_w, 1.0, (0.0, 1.0),
                           per_sample=flips.mean(0).cpu())
         _warn_few_flips(shpred, flips, b)
-        _warn_ties(clean, clean_pred, tied, flips, moves, stuck, sigma_w)
+        _warn_ties(clean, clean_pred, ties, flips, moves, stuck, away, sigma_w)
     return OutputSharpness(shop, shpred, b, reason)
 
 
@@ -1215,71 +1213,35 @@ def _warn_few_flips(res: SharpnessResult, flips: Tensor, b: int) -> None:
     warnings.warn(message, RuntimeWarning, stacklevel=user_level())
 
 
-#: output dtypes whose rounding can tie two classes that a float32 forward tells apart
-_LOW_OUTPUTS = (torch.bfloat16, torch.float16)
-#: a bf16/fp16 tied example's flips are decided by rounding when the noise moves its margin
-#: by at most this many spacings (of the output dtype at the clean class's value), root mean
-#: square over the draws
-TIE_SPACINGS = 2
+def _warn_ties(clean: Tensor, clean_pred: Tensor | None, ties: Tensor | None, flips: Tensor,
+               moves: Tensor, stuck: Tensor, away: Tensor, sigma_w: float) -> None:
+    """Say so when ShPred counts flips of examples whose clean class is a tie
+    (:func:`~senslab.measure.outputs.tied`), by the rule the token-wise estimator says them
+    with too (:func:`~senslab.measure.outputs.tie_breaks`).
 
+    **float32/float64 outputs.** A tie of the model's own — zero or equal head rows, a dead
+    class — breaks under any ``sigma_w`` > 0, however small, and flips about half the time, so
+    ShPred does not go to 0 with ``sigma_w`` (a 3-class head with two zero rows, 31 of 64
+    examples tied: ShPred 0.26 ± 0.03 at sigma_w 0.001 and 0.01, all its flips from the tied
+    examples, where the others flip none). Said of the tied examples that flipped, unless clamped on
+    their tie: back on it in some draw and never on the clean class's side (a ReLU'd logit of
+    0 with a negative pre-activation).
 
-def _top(clean: Tensor, clean_pred: Tensor) -> Tensor:
-    """(B,) the clean class's value: the column itself, or the predicted class's column."""
-    return clean.reshape(-1) if is_scalar(clean) else clean.gather(1, clean_pred[:, None])[:, 0]
-
-
-def _tied(clean: Tensor, clean_pred: Tensor, kind: str, threshold: float | None) -> Tensor:
-    """(B,) bool: the examples whose clean class is a tie — its margin
-    (:func:`~senslab.measure.outputs.margins`: the top column minus the next, or a column's
-    distance from its class boundary) is exactly 0, or below the spacing of the output dtype
-    at the clean class's value (closer than the outputs can tell apart). Class labels
-    (integer outputs) tie nowhere, nor do hard decisions: a column of exact 0s and 1s, some 1
-    (a step's 0 is class 0 and flips only when the step does, not at any sigma_w)."""
-    if not clean.is_floating_point() or inferred_from_zero_one(clean, None):
-        return torch.zeros(clean.shape[0], dtype=torch.bool, device=clean.device)
-    m = margins(clean, clean_pred, kind, threshold).double()
-    return (m == 0) | (m < _spacing(_top(clean, clean_pred)))
-
-
-def _warn_ties(clean: Tensor, clean_pred: Tensor | None, tied: Tensor | None, flips: Tensor,
-               moves: Tensor, stuck: Tensor, sigma_w: float) -> None:
-    """Say so when ShPred counts flips of examples whose clean class is a tie (:func:`_tied`).
-
-    **float32/float64 outputs.** Two columns equal to the last bit (or a column exactly on its
-    class boundary) are a tie of the model's own — zero or equal head rows, a dead class, a
-    saturated output — and its clean class is the tie-break (argmax takes the first of equal
-    columns; a column on its boundary reads as the lower class). Any ``sigma_w`` > 0, however
-    small, breaks the tie and flips it about half the time, so ShPred does not go to 0 with
-    ``sigma_w`` (a 3-class head with two zero rows, 31 of 64 examples tied: ShPred 0.26 ±
-    0.03 at sigma_w 0.001 and 0.01, all its flips from the tied examples, where the others
-    flip none). Said of the tied examples that flipped and that no draw left exactly on their
-    tie: a clamped output (a ReLU'd logit of 0 whose pre-activation is negative) sits on its
-    boundary again in every draw that does not flip it, and flips only where the noise
-    overcomes the pre-activation — a flip of the noise's size, not a tie-break.
-
-    **bf16/fp16 outputs.** Two classes closer than the spacing (0.03 at a logit of 5 in bf16)
-    round to a tie that a float32 forward tells apart. Where the noise moves their margin by
-    several spacings, a tied example flips about as often as its float32 twin, whose margin
-    is below one spacing (a bf16 MLP of 200 classes, 5 of 256 examples tied, margins moved by
-    4–7 spacings at sigma_w=0.003: ShPred 0.092 against the float32 copy's 0.090): nothing is
-    said. A tied example that flipped while the noise moved its margin by at most
-    :data:`TIE_SPACINGS` spacings (root mean square over the draws; 1.4–2.4 at
-    sigma_w=0.001 there) is said: its flips are decided by rounding, not by the noise.
+    **bf16/fp16 outputs.** Said of a tied example that flipped while the noise moved its
+    margin by at most :data:`~senslab.measure.outputs.TIE_SPACINGS` spacings (root mean
+    square over the draws): in a bf16 MLP of 200 classes, 5 of 256 examples tied, margins
+    moved by 1.4–2.4 spacings at sigma_w=0.001 (said) and by 4–7 at 0.003, where ShPred
+    (0.092) is its float32 copy's (0.090) and nothing is said.
 
     The number is left as it is: it is the rate at which the prediction changes, and the
-    token-wise estimator, too, counts a flip of an example tied on the clean input. The
-    warning names how many examples tie and which, how many flips are theirs, and ShPred
-    over the other examples."""
-    if tied is None or not bool(tied.any()):
+    token-wise estimator, too, counts a flip of an example tied on the clean input (and says
+    so). The warning names how many examples tie and which, how many flips are theirs, and
+    ShPred over the other examples."""
+    if ties is None or clean_pred is None or not bool(ties.any()):
         return
-    tied = tied.to(flips.device)
-    low = clean.dtype in _LOW_OUTPUTS
-    flipped = flips.gt(0).any(0)
-    if low and clean_pred is not None:  # tied, flipped, and moved within the rounding
-        spacing = _spacing(_top(clean, clean_pred)).to(flips.device)
-        said = tied & flipped & (moves.mean(0).sqrt() <= TIE_SPACINGS * spacing)
-    else:  # tied, flipped, and never on the tie again (not clamped there)
-        said = tied & flipped & ~stuck.gt(0).any(0)
+    ties = ties.to(flips.device)
+    said = tie_breaks(clean, clean_pred.to(flips.device), ties, flips.gt(0).any(0),
+                      stuck.gt(0).any(0), away.gt(0).any(0), moves.mean(0).sqrt())
     n = int(said.sum())
     if n == 0:
         return
@@ -1289,29 +1251,13 @@ def _warn_ties(clean: Tensor, clean_pred: Tensor | None, tied: Tensor | None, fl
     shown = ", ".join(map(str, which[:5])) + (", ..." if n > 5 else "")
     rest = (f"ShPred over the other {b - n:,} examples is {float(flips[:, ~said].mean()):.4g}"
             if n < b else "no other example is left")
-    dtype = str(clean.dtype).removeprefix("torch.")
-    if low:
-        what = (f"have two classes closer than the {dtype} outputs' spacing (one column: on "
-                "the class boundary), so their clean class is decided by rounding, and they "
-                f"flipped while the noise moved their margin by at most {TIE_SPACINGS} "
-                "spacings (root mean square over the draws): flips decided by the outputs' "
-                f"rounding, not by the noise. They made {theirs:,} of the {total:,} flipped "
-                "predictions")
-        fix = ("measure a float32 copy (copy.deepcopy(model).float(), inputs cast to float32), "
-               "whose outputs tell the tied classes apart")
-    else:
-        what = ("have two classes with equal clean outputs (one column: exactly on the class "
-                "boundary), so their clean class is the tie-break (argmax takes the first), and "
-                "any sigma_w > 0, however small, flips it about half the time: ShPred does not "
-                f"go to 0 with sigma_w. They made {theirs:,} of the {total:,} flipped "
-                "predictions")
-        fix = ("drop the tied examples from the batch if their tie-break is not a prediction "
-               "you mean to measure (a zero or duplicated head row ties its classes)")
+    fix = ("drop the tied examples from the batch if their tie-break is not a prediction "
+           "you mean to measure (a zero or duplicated head row ties its classes)")
     warnings.warn(
-        f"ShPred counts flips of examples whose clean class is a tie: {n:,} of the {b:,} "
-        f"examples (index {shown}) {what} ({r} draws at sigma_w={sigma_w:g}); {rest}. The "
-        f"result counts them as changed predictions; {fix}. per_sample gives each example's "
-        "flip rate", UserWarning, stacklevel=user_level())
+        tie_warning("ShPred", "sigma_w", n, b, theirs, total, "flipped predictions",
+                    f"{r} draws at sigma_w={sigma_w:g}", rest, clean.dtype, fix,
+                    index=f" (index {shown})"),
+        UserWarning, stacklevel=user_level())
 
 
 @one_at_a_time

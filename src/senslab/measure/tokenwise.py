@@ -23,6 +23,11 @@ logits — except that a single column lying entirely in [0, 1] (some values str
 what a ``sigmoid`` head returns, is refused as ambiguous: read as logits it would never flip.
 A clean column of exact 0s and 1s (a sigmoid saturated on every example) is refused the same
 way as soon as a perturbed copy's output lies in [0, 1] with a value strictly inside.
+An example whose clean class is a tie (two equal top columns, one column exactly on its boundary:
+a blank input under a head without bias; in bf16/fp16 outputs, closer than their spacing) has the
+tie-break as its clean class and flips about half the time at any σ, however small: its flips are
+counted, and ``compute`` says so, once per metric, naming how many examples tie, their flipped
+copies and the sensitivity over the others (:meth:`TokenSensitivity._warn_ties`).
 
 **What the model returns.** ``output=`` says where the logits are in the raw output: an int
 index into a tuple/list, a str key (or attribute), or a function of the raw output. Without it a
@@ -117,7 +122,9 @@ from the tangent's): from a few they move with those seen, and from none they ar
 and gives the rule of three's bound 3/N where none of N did (the counts are merged and
 all-reduced with the state). With ``"data"`` on one example the standard error and its interval
 are NaN (one rate has no spread): ``compute`` says so, once per metric, and gives the
-``"subset"`` one of that example (``stderr_subset``).
+``"subset"`` one of that example (``stderr_subset``). With ``"subset"`` an example of a single unit
+of draws (``mode="whole", repeats=1``; ``num_tokens=1``; one draw per token of a single real
+token) makes the standard error NaN, and ``compute`` says why and which draws give a finite one.
 
 **Speed and memory.** ``chunk_size="auto"`` (the default) evaluates a small probe chunk while
 counting the bytes its forward pass allocates, then sizes the chunks to ``memory_budget`` bytes
@@ -233,6 +240,7 @@ from ._stats import (
     merged,
     no_data_stderr,
     one_example_warning,
+    one_unit_warning,
     result,
 )
 from ._stats import units as _units
@@ -245,8 +253,12 @@ from .outputs import (
     check_rows,
     declared_kind,
     inferred_from_zero_one,
+    margins,
     predictions,
     resolve_kind,
+    tie_breaks,
+    tie_warning,
+    tied,
 )
 
 Compare = Literal["class", "l1", "l2"]
@@ -513,6 +525,87 @@ def _one_measurement_at_a_time(method: Callable[..., Any]) -> Callable[..., Any]
             return metric_locked(self, *args, **kwargs)
 
     return guarded
+
+
+@dataclasses.dataclass(frozen=True)
+class _TieCounts:
+    """One batch's flips of examples whose clean class is a tie (:class:`_Ties`): ``said``
+    (B,) bool on the host, the examples (this process's, in the order their rates are added)
+    whose flips are tie-breaks; ``theirs``, their flipped copies; ``flips``, every example's."""
+
+    said: Tensor | None
+    theirs: int
+    flips: int
+
+
+class _Ties:
+    """Watches the copies of one batch for the flips of examples whose clean class is a tie
+    (:func:`~senslab.measure.outputs.tied`: equal top columns, one column exactly on its
+    boundary; in bf16/fp16 outputs, closer than their spacing), as output sharpness does
+    (:func:`~senslab.measure.outputs.tie_breaks`). It reads the outputs the copies are
+    decided on, where they are compared with the clean class (:class:`_Runner`): no forward of
+    its own, and the same copies whatever the chunking, the padding-aware batching, the reuse
+    path or the checked precision (whose copies near a boundary, a tie's, are float32's),
+    and the raw flips, before a control variate adjusts them. Per example it counts the
+    flipped copies and, where the batch has a tied example, the copies that sat exactly on the
+    tie again or moved to the clean class's side (a clamped output never does: not a tie) and
+    the squared change of the margin (bf16/fp16 outputs: a tie that rounding decides); one
+    host sync at the end of the batch."""
+
+    def __init__(self, clean: Tensor, ref: Tensor, kind: str, threshold: float | None) -> None:
+        self.clean, self.ref, self.kind, self.threshold = clean, ref, kind, threshold
+        self.ties = tied(clean, ref, kind, threshold)
+        self.any = bool(self.ties.any())  # one host sync per batch
+        self.total = torch.zeros((), dtype=torch.float64, device=ref.device)
+        if self.any:
+            b = len(ref)
+            self.margin = margins(clean, ref, kind, threshold).double()
+            self.flipped, self.stuck, self.away, self.moves, self.draws = (
+                torch.zeros(b, dtype=torch.float64, device=ref.device) for _ in range(5))
+
+    def see(self, out: Tensor, src: Tensor, flips: Tensor) -> None:
+        """Count the copies ``src`` (their examples) with outputs ``out`` and ``flips``."""
+        flips = flips.to(self.total.device, torch.float64)
+        self.total += flips.sum()
+        if not self.any:
+            return
+        src = src.to(self.ref.device)
+        now = margins(out, self.ref[src], self.kind, self.threshold).double()
+        # the margin's change where the example ties (elsewhere an -inf column may make it NaN)
+        move = torch.where(self.ties[src], now - self.margin[src], torch.zeros_like(now))
+        self.flipped.index_add_(0, src, flips)
+        self.stuck.index_add_(0, src, (now == 0).double())
+        self.away.index_add_(0, src, (now > 0).double())
+        self.moves.index_add_(0, src, move.square())
+        self.draws.index_add_(0, src, torch.ones_like(now))
+
+    def counts(self, mine: Tensor | None = None) -> _TieCounts:
+        """The batch's counts; ``mine``: this process's examples (``shard``), whose rows the
+        state holds (the other examples' copies were never seen here)."""
+        total = int(self.total.item())
+        if not self.any:
+            return _TieCounts(None, 0, total)
+        said = tie_breaks(self.clean, self.ref, self.ties, self.flipped > 0, self.stuck > 0,
+                          self.away > 0, (self.moves / self.draws.clamp(min=1)).sqrt())
+        theirs = int(self.flipped[said].sum())
+        if mine is not None:
+            said = said[mine.to(said.device)]
+        return _TieCounts(said.cpu(), theirs, total)
+
+
+class _Runner(ChunkRunner):
+    """:class:`~._runner.ChunkRunner` that shows every chunk's outputs and flips to the
+    batch's :class:`_Ties` (None: not compared by class)."""
+
+    def __init__(self, *args: Any, ties: _Ties | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ties = ties
+
+    def _compare(self, out: Tensor, src: Tensor) -> Tensor:
+        vals = super()._compare(out, src)
+        if self.ties is not None:
+            self.ties.see(out, src, vals)
+        return vals
 
 
 class TokenSensitivity:
@@ -811,6 +904,8 @@ class TokenSensitivity:
         self.shard = None if shard is None else (int(shard[0]), int(shard[1]))
         #: the causes this metric has warned of once (:meth:`_once`), kept by reset
         self._said: set[str] = set()
+        #: the dtype of the clean outputs the classes were read from (:meth:`_warn_ties`)
+        self._out_dtype: torch.dtype | None = None
         self.reset()
 
     # -- state ---------------------------------------------------------------------------------
@@ -844,6 +939,7 @@ class TokenSensitivity:
         self.__dict__.setdefault("untrimmed_batches", 0)
         self.__dict__.setdefault("_grid", None)  # an older pickle: no grid recorded
         self.__dict__.setdefault("_batch_grid", None)
+        self.__dict__.setdefault("_out_dtype", None)
         held = self._held_ids() if "_ids" in state else set()  # an older pickle: no ids
         self._id = uuid.uuid4().hex
         self._ids = held | {self._id}
@@ -957,12 +1053,14 @@ class TokenSensitivity:
             their_total = other._local is not None
             their_ids = other._held_ids()
             their_grid = other._grid
+            their_dtype = getattr(other, "_out_dtype", None)
         with _lock(self):
             self._refuse_repeat(their_total, their_ids)
             if self._grid is not None and their_grid is not None and self._grid != their_grid:
                 raise ValueError("cannot merge: " + _grid_mismatch(self._grid, their_grid,
                                                                    "the other metric's"))
             self._grid = self._grid or their_grid
+            self._out_dtype = self._out_dtype or their_dtype
             self.state = merged(self.state, theirs, self.align,
                                 self._profile_unit / other._profile_unit)
             self._ids |= their_ids
@@ -1190,8 +1288,13 @@ class TokenSensitivity:
                 # 27% alone)
                 clean = _trim.clean_cut(bound, extent, clean)
                 check_finite(clean, "clean examples", self.compare)
+            ties = None
             if self.compare == "class":
                 ref = predictions(clean, self.kind, self.threshold)
+                # the clean classes that are ties, from the outputs the copies are compared
+                # with (at each example's width, in the copies' precision, where cut above)
+                ties = _Ties(clean, ref, self.kind, self.threshold)
+                self._out_dtype = clean.dtype
             else:  # a float64 model's distances are taken in float64: tiny ones are differences
                 ref = clean.double() if clean.dtype == torch.float64 else clean.float()
             control = None
@@ -1219,12 +1322,13 @@ class TokenSensitivity:
             check = self._checked(bound, clean, device)
             key = (*shape, check is None)
             if self.allocation:
-                with ChunkRunner(self, bound, stream, ref, whole, device, None,
-                                 self._per_copy.get(key), check) as runner:
+                with _Runner(self, bound, stream, ref, whole, device, None,
+                             self._per_copy.get(key), check, ties=ties) as runner:
                     if control is None:
-                        self._sampled(runner, valid, stream, extent, check, real)
+                        self._sampled(runner, valid, stream, extent, check, real, ties)
                     else:
-                        self._allocated(runner, control, valid, stream, extent, check, real)
+                        self._allocated(runner, control, valid, stream, extent, check, real,
+                                        ties)
                     self.last_chunk_size = runner.chunk
                     if runner.per_copy is not None:
                         self._per_copy[key] = runner.per_copy
@@ -1233,8 +1337,8 @@ class TokenSensitivity:
             # (:func:`_events`, elementwise: found once per round, not again over all rounds)
             parts: list[tuple[Tensor, Tensor, Tensor, Tensor, Tensor]] = []
             rounds = 0
-            with ChunkRunner(self, bound, stream, ref, whole, device, control,
-                             self._per_copy.get(key), check) as runner:  # restores bound.model
+            with _Runner(self, bound, stream, ref, whole, device, control,
+                         self._per_copy.get(key), check, ties=ties) as runner:  # restores model
                 while True:
                     src, tok = self._plan(valid, stream)
                     own = self._owned(src)
@@ -1247,6 +1351,7 @@ class TokenSensitivity:
             if runner.per_copy is not None:
                 self._per_copy[key] = runner.per_copy  # later batches of this shape: no probe
         vals, src, tok, own, changed = (torch.cat(x) for x in zip(*parts, strict=True))
+        mine = None
         if self.shard is not None:
             keep = own.nonzero().flatten()
             changed = changed[keep]
@@ -1262,12 +1367,14 @@ class TokenSensitivity:
         floor = 0.0
         if self._floored(events, len(changed)):  # events: the flips where mirrored
             floor = _alloc.zero_floor(*self._draws(src, tok, valid))  # never with shard
+        tie_counts = None if ties is None else ties.counts(mine)
         self._add(vals, src, tok, valid, self._per_cell(rounds), forward, checked, real, rounds,
-                  events, floor)
+                  events, floor, tie_counts)
 
     def _allocated(self, runner: ChunkRunner, control: LinearControl, valid: Tensor,
                    stream: NoiseStream, extent: Tensor | None,
-                   check: PrecisionCheck | None, real: Tensor) -> None:
+                   check: PrecisionCheck | None, real: Tensor,
+                   ties: _Ties | None = None) -> None:
         """One batch with ``allocation="linear"`` (:mod:`._alloc`): rounds of draws spread by
         the linearised flip probabilities, Horvitz–Thompson weighted per token."""
         b = valid.shape[0]
@@ -1292,10 +1399,12 @@ class TokenSensitivity:
             mirrored=self._mirrored())
         self.last_tangent_scale = kappa
         floor = _alloc.zero_floor(counts, valid) if self._floored(events, copies) else 0.0
-        self._add_tokens(y, var, valid, 2 * b + copies, check, real, copies, events, floor)
+        self._add_tokens(y, var, valid, 2 * b + copies, check, real, copies, events, floor,
+                         None if ties is None else ties.counts())
 
     def _sampled(self, runner: ChunkRunner, valid: Tensor, stream: NoiseStream,
-                 extent: Tensor | None, check: PrecisionCheck | None, real: Tensor) -> None:
+                 extent: Tensor | None, check: PrecisionCheck | None, real: Tensor,
+                 ties: _Ties | None = None) -> None:
         """One batch with ``allocation="uniform"`` (:class:`._alloc.Sampled`): a ``budget``
         share of every example's tokens, one draw each (a quarter of them two); with a target,
         rounds up to the share the variance so far predicts for it (at least ``budget`` more
@@ -1325,18 +1434,22 @@ class TokenSensitivity:
         floor = (_alloc.zero_floor(plan.cnt, valid)
                  if self._floored(plan.events, plan.copies) else 0.0)
         self._add_tokens(*plan.values(), valid, b + plan.copies, check, real, plan.copies,
-                         plan.events, floor)
+                         plan.events, floor, None if ties is None else ties.counts())
 
     def _add_tokens(self, y: Tensor, var: Tensor, valid: Tensor, forward: int,
                     check: PrecisionCheck | None, real: Tensor | None = None, copies: int = 0,
-                    events: int = 0, floor: float = 0.0) -> None:
+                    events: int = 0, floor: float = 0.0,
+                    ties: _TieCounts | None = None) -> None:
         """Add one batch measured token by token (an allocation) to the state: each real
         token's unbiased value ``y`` and variance share ``var`` (B, T), ``forward`` passes;
-        ``copies``, ``events`` and ``floor``: :func:`._stats.accumulate_tokens`'s."""
+        ``copies``, ``events`` and ``floor``: :func:`._stats.accumulate_tokens`'s; ``ties``:
+        :meth:`_add_ties`'s."""
         self._judge_rounding()
         checked = (0, 0) if check is None else check.take_counts()
         accumulate_tokens(self.state, y, var, valid, positions=self.align, real=real,
-                          copies=copies, events=events, floor=floor)
+                          copies=copies, events=events, floor=floor,
+                          ties=None if ties is None else ties.said)
+        self._add_ties(ties)
         self.state.forward += forward
         self.state.checked += checked[0]
         self.state.forward_fp32 += checked[1]
@@ -1453,22 +1566,34 @@ class TokenSensitivity:
         self, vals: Tensor, src: Tensor, tok: Tensor, valid: Tensor, per_cell: int | None,
         forward: int, checked: tuple[int, int] = (0, 0), real: Tensor | None = None,
         rounds: int = 1, events: int | None = None, floor: float = 0.0,
+        ties: _TieCounts | None = None,
     ) -> None:
         """Add one batch's copies to the state (:mod:`.compare` defers this until every model
         has measured the batch); ``checked``: copies run in checked bf16 and their float32
-        re-evaluations; ``events`` and ``floor``: :func:`._stats.accumulate`'s."""
+        re-evaluations; ``events`` and ``floor``: :func:`._stats.accumulate`'s; ``ties``:
+        :meth:`_add_ties`'s."""
         self._judge_rounding()
         accumulate(
             self.state, vals, src, tok, valid, group=self.group, per_cell=per_cell,
             positions=None if self.mode == "whole" else self.align,
             num_tokens=self.num_tokens if self.mode == "token" else None, real=real,
-            rounds=rounds, events=events, floor=floor,
+            rounds=rounds, events=events, floor=floor, ties=None if ties is None else ties.said,
         )
+        self._add_ties(ties)
         self.state.forward += forward
         self.state.checked += checked[0]
         self.state.forward_fp32 += checked[1]
         if self._batch_grid is not None:
             self._grid = self._batch_grid
+
+    def _add_ties(self, ties: _TieCounts | None) -> None:
+        """Add a batch's flipped copies to the state, those of examples whose clean class is a
+        tie (:class:`_Ties`) and every example's; how many such examples, and the sum of their
+        rates, are added with the rates (:func:`._stats.accumulate`). They are sums, so they
+        merge and all-reduce with the state (:meth:`_warn_ties` reads them)."""
+        if ties is not None:
+            self.state.flips += ties.flips
+            self.state.tie_flips += ties.theirs
 
     def _judge_rounding(self) -> None:
         """Before a batch's result is added: the low-precision rounding of its noise judged on
@@ -1630,12 +1755,86 @@ class TokenSensitivity:
         """The estimate over everything accumulated since the last :meth:`reset` (waits for an
         ``update`` another thread runs: the state is read whole, never half-added). Warns, once
         per metric, where the data standard error is NaN for one example
-        (:meth:`_warn_one_example`) and where the standard error rests on fewer than
+        (:meth:`_warn_one_example`), where the fixed-subset one is NaN for a single unit of
+        draws (:meth:`_warn_one_unit`), where flips of examples whose clean class is a tie are
+        counted (:meth:`_warn_ties`), and where the standard error rests on fewer than
         :data:`._alloc.MIN_FLIPS` flips (:meth:`_warn_few_events`)."""
         r = result(self.state, self.estimand, self.align, self.compare == "class", self.sigma)
         self._warn_one_example(r)
+        self._warn_one_unit(r)
+        self._warn_ties(r)
         self._warn_few_events(r)
         return r
+
+    def _warn_ties(self, r: SensitivityResult) -> None:
+        """Say, once per metric (:meth:`_once`), that the result counts flips of examples whose
+        clean class is a tie (:class:`_Ties`; :func:`~senslab.measure.outputs.tie_breaks`, the
+        rule output sharpness says ShPred's by): two classes with equal clean outputs (one
+        column exactly on its boundary: a blank input under a head without bias), whose clean
+        class is the tie-break, flip about half the time at any sigma, however small, so the
+        sensitivity does not go to 0 with sigma (5 blank examples of 16 under a linear head
+        without bias: 0.16 at sigma 1e-4 and 1e-2, every flip theirs). In bf16/fp16 outputs,
+        the ties that rounding decides. The number is left as it is (the rate at which the
+        prediction changes, as ShPred counts it); the warning names how many examples tie,
+        their flipped copies out of all, and the sensitivity over the other examples. The
+        counts are the state's (merged and all-reduced with it); the dtype the wording
+        follows is this process's clean outputs'."""
+        st = self.state
+        if not st.ties or not self._once("ties"):
+            return
+        n, b = st.ties, st.n
+        others = st.s1 - st.tie_rates  # both float64 sums of the same rates
+        if abs(others) <= 1e-12 * abs(st.s1):  # no other example flipped: their rates are 0
+            others = 0.0
+        rest = (f"the sensitivity over the other {b - n:,} examples is "
+                f"{others / (b - n):.4g}" if n < b else "no other example is left")
+        noise = None if self.sigma is None else "sigma"
+        draws = (f"{st.copies:,} perturbed copies"
+                 + ("" if self.sigma is None else f" at sigma={self.sigma:g}"))
+        fix = ("drop the tied examples if their tie-break is not a prediction you mean to "
+               "measure (their clean outputs show them: the top two columns equal, or one "
+               "column exactly on its boundary; a blank input under a head without bias sits "
+               "there)")
+        message = tie_warning("the sensitivity", noise, n, b, st.tie_flips, st.flips,
+                              "flipped copies", draws, rest, self._out_dtype or torch.float32,
+                              fix)
+        warnings.warn(message + " (said once per metric)", UserWarning,
+                      stacklevel=_trim._user_level())
+
+    def _warn_one_unit(self, r: SensitivityResult) -> None:
+        """Say, once per metric (:meth:`_once`), why the fixed-subset standard error asked for
+        (``estimand="subset"``) is NaN: an example had a single unit of noise draws
+        (:func:`._stats.one_unit_warning`), whose spread there is none to estimate the noise's
+        variance from — ``mode="whole"`` with ``repeats=1`` (or one antithetic pair), one
+        sampled token (``num_tokens=1``), or with one draw per token an example of a single
+        real token, which made the whole batch's standard error NaN. Without it
+        ``0.1562 ± nan (95% CI nan–nan, subset)`` came with no word, or with the warning of few
+        flips only. The fix named is the design's: the draws that give every example two
+        units."""
+        if r.estimand != "subset" or not math.isnan(r.stderr) or not self._once("one unit"):
+            return
+        pair = "one antithetic pair" if self.antithetic else "one copy"
+        more = f"repeats={4 if self.antithetic else 2} or more"
+        if self.allocation:
+            unit = "a token drawn once"
+            fix = "target_stderr= (rounds add draws until the standard error is known)"
+        elif self.mode == "whole":
+            unit = f"{pair}, noise on every token at once"
+            fix = (f"{more} (mode='whole' draws that many copies of each example"
+                   + (", a unit being a pair)" if self.antithetic else ")"))
+        elif self.num_tokens is not None:
+            unit = "all draws of one sampled token"
+            fix = ("num_tokens=2 or more (a unit is a sampled token, whatever its repeats); an "
+                   "example of a single real token has one unit at any num_tokens: measure it "
+                   f"without num_tokens, with {more}")
+        else:
+            unit = f"{pair}, of its single real token"
+            fix = (f"{more}: every token then has two units, and the stratified variance "
+                   "applies to examples of any length")
+        what = f"sensitivity {r.estimate:.4g} is reported ± nan"
+        warnings.warn(
+            one_unit_warning(what, self.state.single, r.num_examples, unit, fix)
+            + " (said once per metric)", RuntimeWarning, stacklevel=_trim._user_level())
 
     def _subset_shown(self, r: SensitivityResult) -> tuple[float, tuple[float, float], str]:
         """The standard error, 95% interval and estimand a warning shows for ``r``: its own,
