@@ -57,3 +57,31 @@ def test_two_examples_are_not_warned_about() -> None:
         r = metric.result()
     assert math.isfinite(r.stderr)
     assert not _one_example_warnings(caught)
+
+
+def _first_entry(inp: torch.Tensor) -> torch.Tensor:
+    """The logit is token 0's first entry: 0 (on the boundary, a tie) for a blank example."""
+    return inp[:, 0, 0]
+
+
+def test_the_metric_says_what_the_engine_says_of_ties_and_single_units() -> None:
+    """The metric's states carry the counts behind the engine's warnings of tied clean classes
+    and of a single unit of draws (it copied only its own list of sums, and said neither)."""
+    from senslab.tokens import Sequence
+
+    x = torch.zeros(6, 3, 2)
+    x[3:, 0, 0] = torch.tensor([0.5, -0.7, 0.9])  # three blank examples tie, three do not
+    metric = TokenSensitivityMetric(Sequence(), sigma=1e-3, repeats=1, mode="whole",
+                                    estimand="subset", generator=0)
+    metric.update(_first_entry, x)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        r = metric.result()
+    said = [str(w.message) for w in caught]
+    assert math.isnan(r.stderr)
+    # the blank examples that flipped are said (a tie that no copy broke is not seen)
+    broke = int((r.per_sample[:3] > 0).sum())
+    assert broke >= 1 and r.per_sample[3:].sum() == 0
+    assert any(f"clean class is a tie: {broke} of the 6 examples" in m for m in said), said
+    assert any("single unit of noise draws" in m for m in said), said
+    assert int(metric.num_ties) == broke

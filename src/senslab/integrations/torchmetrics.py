@@ -149,10 +149,13 @@ _METRIC_KWARGS = {
 #: the Module's method, so the counts get longer names)
 _SUMS = {"n": "n", "s1": "s1", "s2": "s2", "within": "within", "num_forward": "forward",
          "num_forward_fp32": "forward_fp32", "num_checked": "checked", "num_copies": "copies",
-         "num_events": "events"}
-#: the counts behind the warning of few flips (``TokenSensitivity._warn_few_events``): NaN
+         "num_events": "events", "num_single": "single", "num_ties": "ties",
+         "tie_rates": "tie_rates", "num_tie_flips": "tie_flips", "num_flips": "flips"}
+#: the counts behind the warnings of few flips, of a single unit of draws and of tied clean
+#: classes (``TokenSensitivity._warn_few_events``, ``_warn_one_unit``, ``_warn_ties``): NaN
 #: where states without them (an older senslab's) hold examples — unknown, nothing said
-_FLIPS = ("num_copies", "num_events")
+_FLIPS = ("num_copies", "num_events", "num_single", "num_ties", "tie_rates", "num_tie_flips",
+          "num_flips")
 #: ``pos_grid``: the grid of patches the per-position profile is over, one (rows, columns,
 #: patch size) a metric (a state, so it is synced, merged and saved with the profile; none for
 #: other tokens and for ``mode="whole"``)
@@ -250,6 +253,8 @@ class TokenSensitivityMetric(Metric):
         #: (each reset builds a new engine, which shares this set)
         self._said: set[str] = set()
         self._last: SensitivityResult | None = None
+        #: the counts of the last :meth:`_result` (its warnings read them: :meth:`_warn_counted`)
+        self._counts: State | None = None
         #: the estimate of the last batch ``forward`` measured (all processes' with
         #: ``dist_sync_on_step=True``)
         self.batch_estimate: float | None = None
@@ -347,6 +352,7 @@ class TokenSensitivityMetric(Metric):
         processes and merges like the others."""
         self._last = self._result()
         self._warn_one_example(self._last)
+        self._warn_counted(self._last)
         self._warn_few_events(self._last)
         return torch.tensor(self._last.estimate, dtype=torch.float64, device=self.n.device)
 
@@ -464,6 +470,19 @@ class TokenSensitivityMetric(Metric):
         result: with ``estimand="data"`` one example's standard error is NaN, said once per
         metric with the example's fixed-subset one (it was reported ``± nan`` without a word)."""
         self._warner()._warn_one_example(r)
+
+    def _warn_counted(self, r: SensitivityResult) -> None:
+        """:meth:`TokenSensitivity._warn_one_unit` and :meth:`TokenSensitivity._warn_ties` on
+        the accumulated (synced, merged) counts of :meth:`_result` (unknown in an older
+        senslab's states: 0, nothing said)."""
+        engine = self._warner()
+        held = engine.state
+        engine.state = self._counts
+        try:
+            engine._warn_one_unit(r)
+            engine._warn_ties(r)
+        finally:
+            engine.state = held
 
     def _warn_all_seen(self, b: int) -> None:
         """A whole batch this process measured before is skipped (each example counts once; a
@@ -840,8 +859,11 @@ class TokenSensitivityMetric(Metric):
             forward=int(self.num_forward.item()), forward_fp32=int(self.num_forward_fp32.item()),
             checked=int(self.num_checked.item()), pos_sum=pos_sum, pos_cnt=pos_cnt,
             samples=[rates.float().cpu()], copies=_known(self.num_copies),
-            events=_known(self.num_events),
+            events=_known(self.num_events), single=_known(self.num_single),
+            ties=_known(self.num_ties), tie_rates=_known(self.tie_rates, float),
+            tie_flips=_known(self.num_tie_flips), flips=_known(self.num_flips),
         )
+        self._counts = state
         compare = self.options.get("compare", "class")
         sigma = self._engine.sigma if self._engine is not None else _sigma(self.options)
         return result(state, self.options.get("estimand", "data"), align, compare == "class",
@@ -857,10 +879,10 @@ _FOREIGN_FIX = (
 )
 
 
-def _known(count: Tensor) -> int:
-    """A count state as an int; 0 where it is unknown (NaN: :data:`_FLIPS`)."""
+def _known(count: Tensor, kind: type = int) -> Any:
+    """A count state as an int (``kind``); 0 where it is unknown (NaN: :data:`_FLIPS`)."""
     value = float(count)
-    return int(value) if math.isfinite(value) else 0
+    return kind(value) if math.isfinite(value) else kind(0)
 
 
 def _with_flip_counts(states: dict[str, Any], prefix: str = "") -> dict[str, Any]:
