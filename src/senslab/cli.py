@@ -177,10 +177,18 @@ def _check_fits(cfg: Any) -> None:
     ``digits``) — or a small model built for another size than the generated set's: a
     UsageError naming the mismatch and what would fit, before any data is loaded or any file
     written. Models and sets of no known kind (registered elsewhere) are not checked."""
+    from .data._registry import DATASETS
     from .data.synthetic import input_size
     from .models import model_config
+    from .models._registry import MODELS
     from .train.loop import check_model_fits_data
 
+    # an unknown name (--model vit): refused here, before `train` says it is training
+    for registry, name in ((MODELS, cfg.model.name), (DATASETS, cfg.data.name)):
+        try:
+            registry.get(name)
+        except KeyError as err:
+            raise UsageError(str(err.args[0])) from None
     try:
         check_model_fits_data(cfg)
     except ValueError as err:
