@@ -557,13 +557,17 @@ def _table(model: Any, tokens: Any, batches: Any, args: argparse.Namespace,
         for lo in range(0, batches.count, batches.size):
             metric.update(batches(lo, lo + batches.size))
         r = metric.compute()
-        # the share of bf16 copies re-evaluated in float32 ("-": no copy ran in checked bf16)
-        recheck = "-" if r.recheck_fraction is None else f"{r.recheck_fraction:.1%}"
+        # the share of bf16 copies re-evaluated in float32 ("-": no copy ran in checked bf16,
+        # or only the calibration's, all of which ran in both precisions: its 100% beside
+        # "bf16 would re-check 5%" read as a contradiction)
+        idle = metric.checked_precision == "float32"
+        recheck = ("-" if r.recheck_fraction is None or idle
+                   else f"{r.recheck_fraction:.1%}")
         print(f"{sigma:>8g} {_fixed(r.estimate):>12} {_fixed(r.stderr):>8} "
               f"{_fixed(r.ci95[0]):>8}–{_fixed(r.ci95[1]):<8} {r.num_forward:>9,} {recheck:>10}")
-        if metric.checked_precision == "float32":
-            share = ("" if r.recheck_fraction is None else "; the re-checked share is the "
-                     "calibration's, whose copies were decided in float32")
+        if idle:
+            share = ("" if not r.num_forward_fp32 else f"; its calibration evaluated "
+                     f"{r.num_forward_fp32:,} copies in both precisions, all decided in float32")
             _note(f"sigma {sigma:g}: the copies ran in float32 — {metric.float32_reason}{share}")
 
 
