@@ -481,7 +481,10 @@ def one_example_warning(
     )
 
 
-def one_unit_warning(what: str, single: int, n: int, unit: str, fix: str) -> str:
+def one_unit_warning(
+    what: str, single: int, n: int, unit: str, fix: str, rates: str = "per-example rates",
+    subject: str = "the standard error",
+) -> str:
     """Why the fixed-subset standard error (``estimand="subset"``) of ``what`` (a
     sensitivity, printed with its ``± nan``) is NaN: ``single`` of the ``n`` examples had a
     single ``unit`` of noise draws (one copy, one antithetic pair, or with ``num_tokens`` all
@@ -491,13 +494,14 @@ def one_unit_warning(what: str, single: int, n: int, unit: str, fix: str) -> str
     NaN of one example), so that a filter of those takes this one alike. Without it
     ``0.1562 ± nan (95% CI nan–nan, subset)`` came with no word, or with the warning of few
     flips, which was not the reason (``mode="whole", repeats=1``; or one example of a single
-    real token among many with ``repeats=1``: the whole batch's standard error was NaN)."""
+    real token among many with ``repeats=1``: the whole batch's standard error was NaN).
+    ``rates`` and ``subject`` as for :func:`one_example_warning` (a paired difference's)."""
     ones = (f"{single:,} of the {n:,} examples had one" if single
             else "an example had one")  # a state without the count: an older pickle's
-    data = ("the spread of the per-example rates, once two or more examples are measured"
-            if n < 2 else "the spread of the per-example rates, finite here")
+    data = (f"the spread of the {rates}, once two or more examples are measured"
+            if n < 2 else f"the spread of the {rates}, finite here")
     return (
-        "the standard error rests on a single unit of noise draws for some examples, and the "
+        f"{subject} rests on a single unit of noise draws for some examples, and the "
         "fixed-subset standard error (estimand='subset') needs two or more units of every "
         "example: it is the spread of an example's units over sqrt(units), and one unit has "
         f"none, so {what} (95% CI nan–nan); {ones} ({unit}). For a finite one, draw more: "

@@ -54,7 +54,12 @@ the control variate, whose adjusted values differ on nearly every copy).
 
 On one example the ``"data"`` standard errors are NaN, the differences' as much as each model's
 (one :math:`d_e` has no spread): ``compute`` says so, once per comparison, and gives the paired
-``"subset"`` ones of that example (``stderr_subset``).
+``"subset"`` ones of that example (``stderr_subset``). With ``estimand="subset"`` an example
+of a single unit of draws (``mode="whole", repeats=1``, one antithetic pair, ``num_tokens=1``,
+an example of one real token at one draw per token) leaves the paired standard errors NaN as
+each model's: ``compute`` says that too, once per comparison. Where the two models of a pair
+count flips of a different number of examples whose clean class is a tie (flipped about half
+the time at any sigma), it says, once per pair, that the difference carries those tie-breaks.
 
 Models must share the token layout (same tokens per example, same token size, same device),
 otherwise the copies could not be the same; a model with another layout is refused. Adaptive
@@ -87,6 +92,7 @@ from ._stats import (
     merged,
     no_data_stderr,
     one_example_warning,
+    one_unit_warning,
     result,
 )
 from .outputs import OUTPUT_KINDS, declared_kind
@@ -294,6 +300,11 @@ class CompareSensitivity:
         #: whether this comparison has said that its differences' data standard errors are NaN
         #: for one example (:meth:`_warn_one_example`), kept by reset
         self._said_one_example = False
+        #: whether this comparison has said that its differences' fixed-subset standard
+        #: errors are NaN for a single unit of draws (:meth:`_warn_one_unit`), kept by reset
+        self._said_one_unit = False
+        #: the pairs this comparison has said tie-breaks of (:meth:`_warn_ties`), kept by reset
+        self._said_ties: set[tuple[str, str]] = set()
         self.reset()
 
     @_one_thread_at_a_time
@@ -447,7 +458,9 @@ class CompareSensitivity:
                 stderr_unpaired=math.sqrt(ra.stderr**2 + rb.stderr**2), per_sample=r.per_sample,
             )
         self._warn_one_example(list(diffs.values()))
+        self._warn_one_unit(list(diffs.values()))
         for d in diffs.values():
+            self._warn_ties(d)
             self._warn_no_disagreement(d)
         return ComparisonResult(results=results, differences=diffs, estimand=self.estimand)
 
@@ -489,6 +502,73 @@ class CompareSensitivity:
                                 subject="the paired standard error")
             + " (said once per comparison)", RuntimeWarning, stacklevel=user_level())
 
+    def _warn_one_unit(self, diffs: list[Difference]) -> None:
+        """Say, once per comparison, why the paired fixed-subset standard errors asked for
+        (``estimand="subset"``) are NaN: an example had a single unit of noise draws
+        (:func:`._stats.one_unit_warning`, the wording each model's metric says its own NaN
+        with). Each model's warning names the unit and the draws that give two (the models are
+        measured on the same copies, so the same draws make every standard error finite);
+        this one says it of the differences. Without it ``a − b: +0.0312 ± nan paired (95% CI
+        +nan–+nan; unpaired ± nan, subset)`` (``mode="whole", repeats=1``; one antithetic
+        pair; ``num_tokens=1``; an example of one real token) came with no word of its own."""
+        nan = [d for d in diffs if d.estimand == "subset" and math.isnan(d.stderr)]
+        if not nan or getattr(self, "_said_one_unit", False):  # a comparison pickled without it
+            return
+        self._said_one_unit = True
+        what = ", ".join(f"{d.a} − {d.b} = {d.estimate:+.4f}" for d in nan)
+        what = (f"the paired difference {what} is" if len(nan) == 1
+                else f"the paired differences {what} are") + " reported ± nan"
+        st = self.paired[nan[0].a, nan[0].b]  # one plan: every pair's units are the same
+        names = ", ".join(repr(name) for name in self.metrics)
+        warnings.warn(
+            one_unit_warning(
+                what, st.single, st.n,
+                unit="a unit of the copies every model was measured on, named in each model's "
+                f"warning ({names})",
+                fix="the draws each model's warning of a single unit names, which make every "
+                "model's standard error and every paired one finite (the models see the same "
+                "copies)",
+                rates="per-example differences", subject="the paired standard error")
+            + " (said once per comparison)", RuntimeWarning, stacklevel=user_level())
+
+    def _warn_ties(self, d: Difference) -> None:
+        """Say, once per pair, that the difference ``a − b`` carries tie-breaks where the two
+        models count flips of a different number of tied examples (clean class a tie: two
+        equal top outputs, one column exactly on its boundary), whose flips come at any sigma,
+        however small, about half the time. Each model's metric says its own ties
+        (:meth:`TokenSensitivity._warn_ties <senslab.measure.TokenSensitivity._warn_ties>`,
+        named by the comparison), but not what they make of a difference: a bias-free head
+        on 5 blank examples of 32 against a model with a bias read ``a − b: +0.1224 ± 0.0513
+        paired (95% CI +0.0178–+0.2270)``, every flip of it the tied examples' — a
+        "significant" difference that is the tie-break's, not the models'. The share each
+        model's tied examples make of its sensitivity is their summed rates over all examples
+        (the state's ``tie_rates``, merged and all-reduced with it)."""
+        sa, sb = self.metrics[d.a].state, self.metrics[d.b].state
+        if sa.ties == sb.ties or not sa.n:
+            return
+        said = self.__dict__.setdefault("_said_ties", set())  # a comparison pickled without it
+        if (d.a, d.b) in said:
+            return
+        said.add((d.a, d.b))
+        n = sa.n
+
+        def share(name: str, st: State) -> str:
+            if not st.ties:
+                return f"of {name!r} (none tie)"
+            return (f"of {name!r} ({st.ties:,} of the {n:,} examples tie; their flips make "
+                    f"{st.tie_rates / n:.4f} of its sensitivity)")
+
+        warnings.warn(
+            f"the paired difference counts flips of examples whose clean class is a tie in one "
+            f"model and not in the other: {d.a} − {d.b} = {d.estimate:+.4f} "
+            f"({d.estimand}) carries the tie-breaks {share(d.a, sa)} and "
+            f"{share(d.b, sb)}; each model's warning says its own. A tied example flips "
+            "about half the time at any sigma, however small, so the part of the difference "
+            "they make is the tie-break's, not a difference in the models' sensitivity to the "
+            "noise. Drop the examples that tie in either model (their clean outputs show them: "
+            "the top two columns equal, or one column exactly on its boundary) and compare "
+            "again (said once per pair)", UserWarning, stacklevel=user_level())
+
     def _warn_no_disagreement(self, d: Difference) -> None:
         """Warn, once per pair, where the two models measured the same value on every copy:
         their differences are all 0, so the paired standard error is 0 and the 95% interval
@@ -510,11 +590,16 @@ class CompareSensitivity:
         if no_data_stderr(d.estimand, st.n):  # NaN: said the subset one, as it is
             se, estimand = d.stderr_subset, "subset; the data one needs two examples"
             lo, hi = interval(d.estimate, se, "subset", st.n, False)
+        if math.isnan(se):  # a single unit of draws (said apart): no ± 0 to explain
+            shown = (f"{d.a} − {d.b} = {d.estimate:+.4f} (± nan, {estimand}: a single unit of "
+                     "draws, said apart)")
+        else:
+            shown = (f"{d.a} − {d.b} = {d.estimate:+.4f} ± {se:.4f} (95% CI "
+                     f"{lo:+.4f}–{hi:+.4f}, {estimand})")
         warnings.warn(
             f"the paired standard error of {d.a!r} − {d.b!r} rests on no copy on which the two "
             f"models differ: they measured the same value on all {n:,} perturbed copies, so "
-            f"{d.a} − {d.b} = {d.estimate:+.4f} ± {se:.4f} (95% CI {lo:+.4f}–{hi:+.4f}, "
-            f"{estimand}) says only that no disagreement was seen, not that the difference "
+            f"{shown} says only that no disagreement was seen, not that the difference "
             f"is known exactly; by the rule of three, the share of copies on which they differ "
             f"is below 3/{n:,} = {3 / n:.2g} with 95% confidence. If both names hold one model "
             "(a wrapper around the same module), pass the two models meant; otherwise measure "
