@@ -293,3 +293,24 @@ def test_the_new_counts_survive_an_all_reduce(tmp_path) -> None:
     assert total.single == 16 and torch.equal(total.pos_cnt, local.pos_cnt)
     _, said = _said(metric.compute)
     assert len(_ties(said)) == 1 and len([m for m in said if UNIT in m]) == 1
+
+
+def test_the_few_flips_warning_names_a_single_units_nan_for_what_it_is() -> None:
+    """With a single unit of draws the few-flips warning showed ``± nan (95% CI nan–nan,
+    subset)`` as an interval that "can cover the rate far less often"; it now says the NaN is
+    the single unit's, which its own warning explains."""
+    import warnings as _warnings
+
+    from senslab.measure import token_sensitivity as _ts
+    from senslab.tokens import Patches as _Patches
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(48, 10))
+    x = torch.randn(8, 3, 4, 4, generator=torch.Generator().manual_seed(0))
+    with _warnings.catch_warnings(record=True) as caught:
+        _warnings.simplefilter("always")
+        _ts(model, x, _Patches(2), sigma=3.0, repeats=1, mode="whole", estimand="subset",
+            generator=0)
+    few = [str(w.message) for w in caught if "rests on few flips" in str(w.message)]
+    assert len(few) == 1 and "NaN for a single unit of draws, said apart" in few[0], [
+        str(w.message)[:120] for w in caught]

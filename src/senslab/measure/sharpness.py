@@ -92,7 +92,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_leaves
 
 from .._autocast import autocast_dtype, autocast_on
 from .._exclusive import OwnForwards, one_at_a_time
@@ -107,6 +106,7 @@ from ..tokens.base import (
     forward,
 )
 from ._alloc import MIN_FLIPS
+from ._chunks import tree_leaves  # guarded there for older torch (docs/compatibility.md)
 from ._noise import DRAW_DTYPE
 from ._options import _kept_buffers, _seeded
 from .outputs import (

@@ -1841,6 +1841,8 @@ class TokenSensitivity:
         or where the data one is NaN for one example the fixed-subset one, named so (a warning
         that the NaN interval "can cover the rate far less often" said nothing true)."""
         if not no_data_stderr(r.estimand, r.num_examples):
+            if r.estimand == "subset" and math.isnan(r.stderr):  # a single unit of draws
+                return r.stderr, r.ci95, "subset; NaN for a single unit of draws, said apart"
             return r.stderr, r.ci95, r.estimand
         ci = interval(r.estimate, r.stderr_subset, "subset", r.num_examples,
                       self.compare == "class")
