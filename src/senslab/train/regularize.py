@@ -279,12 +279,89 @@ def _check_output_grid(clean: Tensor, noisy: Tensor, sigma: float, model: Any = 
 #: penalty came out 1.6× the float32 one, at 3.7 (σ = 0.1) 15×, its gradient at cosine 0.48
 _AUTOCAST_SHARE = 0.25
 _AUTOCAST_EVERY = 100
-#: calls under a low-precision autocast so far (every rank of a distributed run counts alike,
-#: so all of them run the check's forwards at the same steps, warned or not)
+#: calls under a low-precision autocast or with a model holding bf16/fp16 parameters so far
+#: (every rank of a distributed run counts alike, so all of them run the checks' forwards at
+#: the same steps, warned or not)
 _AUTOCAST_CALLS = [0]
+#: a model holding bf16/fp16 parameters has no float32 model to compare with (a float32 copy
+#: would double its memory), so the noise is replayed at −½, ½ (and 0, 1) of its size: the
+#: third difference f(x+ε) − 3 f(x+ε/2) + 3 f(x) − f(x−ε/2) is 0 for a change that is linear
+#: or quadratic in the noise, and holds the forwards' rounding (rounding errors independent
+#: across the four, it has 10 times the mean square of the rounding in f(x̃) − f(x)). Above
+#: this estimated share of the penalty, the rounding is warned about. Bf16 models (σ = 0.1–1,
+#: [−1, 1] images) with a last LayerNorm, softmax or log_softmax after logits near 100, whose
+#: penalty came out 1.5 to 15 times the float32 model's: 0.28–0.41; logits near 0, a
+#: Conv+BatchNorm+Dropout CNN and a tanh/GELU MLP (penalty within 1% of float32's): ≤ 0.06
+#: at σ ≤ 1, ≤ 0.15 at σ = 3 (there the change's cubic part, not rounding)
+_SCALING_SHARE = 0.2
+_SCALES = (-0.5, 0.5)
 
 
-def _check_autocast_outputs(model: Any, rerun: Callable[[bool], Tensor], clean: Tensor,
+def _eval_reruns(model: Any, rerun: Callable[[float], Tensor], scales: tuple[float, ...],
+                 clean: Tensor, noisy: Tensor,
+                 exact: tuple[float, ...] = ()) -> list[Tensor] | None:
+    """``rerun(s)`` for each of ``scales`` (0: the clean forward, 1: the noisy one, else the
+    same noise times s), then for each of ``exact`` with autocast off, without gradients, in
+    eval mode (every module's flag put back after): dropout would draw other masks for each,
+    and a train-mode BatchNorm would update its running statistics again. A model already in
+    eval mode reuses this call's ``clean`` and ``noisy`` for 0 and 1 of ``scales`` (the
+    forwards ran as these would). None where the model refuses ``eval()`` (torch.export's
+    module)."""
+    modules = list(model.modules()) if isinstance(model, nn.Module) else []
+    # a thread measuring the model switches its modes too: the two take turns
+    with exclusive(model), torch.no_grad():
+        modes = [m.training for m in modules]
+        try:
+            mine = {} if any(modes) else {0: clean.detach(), 1: noisy.detach()}
+            if any(modes):
+                model.eval()
+            runs = [mine[s] if s in mine else rerun(s) for s in scales]
+            if exact:
+                with torch.autocast(clean.device.type, enabled=False):
+                    runs += [rerun(s) for s in exact]
+            return runs
+        except NotImplementedError:  # torch.export's module: "Calling eval() is not supported"
+            return None
+        finally:
+            for m, training in zip(modules, modes, strict=True):
+                m.training = training
+
+
+def _check_output_scaling(model: Any, rerun: Callable[[float], Tensor], clean: Tensor,
+                          noisy: Tensor, sigma: float, said: bool, low: torch.dtype) -> None:
+    """Warn where the forwards of a model holding bf16/fp16 parameters round the noise's change
+    of the outputs more than :data:`_SCALING_SHARE` of the penalty, estimated from the noise
+    replayed scaled (:data:`_SCALES`; 2 forwards without gradients, 4 for a model in train
+    mode): a last LayerNorm or softmax spreads the rounding of the bf16 logits before it over
+    many steps of the outputs' own grid (a penalty 11.7× the float32 model's at σ = 0.1, which
+    :func:`_check_output_grid` cannot see), and there is no float32 model to compare with."""
+    runs = _eval_reruns(model, rerun, (0, 1, *_SCALES), clean, noisy)
+    if runs is None or any(r.shape != clean.shape for r in runs):
+        return
+    c, n, minus, half = (r.float() for r in runs)
+    third = n - 3 * half + 3 * c - minus
+    pen, err = torch.stack([(n - c).square().mean(), third.square().mean() / 10]).tolist()
+    if said or not (math.isfinite(pen) and math.isfinite(err) and pen > 0):
+        return
+    if err <= _SCALING_SHARE * pen:
+        return
+    name = str(low).removeprefix("torch.")
+    if f"scaling:{name}" in _OUTPUT_GRID_SAID:
+        return
+    _OUTPUT_GRID_SAID.add(f"scaling:{name}")
+    warnings.warn(
+        f"sensitivity_penalty: about {err / pen:.0%} or more of the penalty ({pen:.3g} in eval "
+        f"mode) is the rounding of the {name} model's forwards, not the noise's change: "
+        "replayed at -1/2 and 1/2 of its size, the noise's change of the outputs is not the "
+        f"smooth function of it a float model gives (sigma={sigma}). The {name} products "
+        "before the outputs round that change, and a last LayerNorm or softmax spreads the "
+        "rounding over many steps of the outputs' own grid, so the penalty and its gradient "
+        "measure it. Train with float32 parameters (bf16 under torch.autocast if needed), "
+        "compute the outputs' last layers in float32, or use a larger sigma; said once",
+        UserWarning, stacklevel=user_level())
+
+
+def _check_autocast_outputs(model: Any, rerun: Callable[[float], Tensor], clean: Tensor,
                             noisy: Tensor, sigma: float, said: bool = False) -> None:
     """Warn where, under a bf16/fp16 ``torch.autocast`` on the outputs' device, the noise's
     change of the outputs differs from the float32 model's by more than
@@ -293,38 +370,31 @@ def _check_autocast_outputs(model: Any, rerun: Callable[[bool], Tensor], clean: 
     clean or noisy forward again on the same inputs and noise. Both pairs of forwards run in
     eval mode (every module's flag put back after): dropout would make the two pairs differ
     by its masks, and a train-mode BatchNorm would update its running statistics again. A
-    model that holds bf16/fp16 parameters has no float32 to compare with (not looked at here:
-    :func:`_check_output_grid` judges its outputs). ``said``: that check warned of this call
-    already (its forwards run all the same, so that every rank runs them at the same steps)."""
+    model that holds bf16/fp16 parameters (under autocast or not) has no float32 to compare
+    with: it gets :func:`_check_output_scaling` instead, on the same schedule; float32 and
+    float64 models outside autocast get no extra forwards. ``said``: :func:`_check_output_grid`
+    warned of this call already (the forwards run all the same, so that every rank runs them
+    at the same steps)."""
     device = clean.device.type
-    if sigma == 0 or noisy.shape != clean.shape or not autocast_on(device):
+    if sigma == 0 or noisy.shape != clean.shape:
         return
-    dtype = autocast_dtype(device)
-    if dtype not in LOW_PRECISION:
+    dtype = autocast_dtype(device) if autocast_on(device) else None
+    params = _low_precision_params(model)
+    if params is None and dtype not in LOW_PRECISION:
         return
     calls = _AUTOCAST_CALLS[0]
     _AUTOCAST_CALLS[0] += 1
-    if calls % _AUTOCAST_EVERY or _low_precision_params(model) is not None:
+    if calls % _AUTOCAST_EVERY:
         return
-    modules = list(model.modules()) if isinstance(model, nn.Module) else []
-    # a thread measuring the model switches its modes too: the two take turns
-    with exclusive(model), torch.no_grad():
-        modes = [m.training for m in modules]
-        try:
-            if any(modes):
-                model.eval()
-                low = rerun(False), rerun(True)
-            else:  # already in eval mode: this call's own outputs
-                low = clean.detach(), noisy.detach()
-            with torch.autocast(device, enabled=False):
-                exact = rerun(False), rerun(True)
-        except NotImplementedError:  # torch.export's module: "Calling eval() is not supported"
-            return
-        finally:
-            for m, training in zip(modules, modes, strict=True):
-                m.training = training
-        change = exact[1].float() - exact[0].float()
-        moved = low[1].float() - low[0].float()
+    if params is not None:
+        _check_output_scaling(model, rerun, clean, noisy, sigma, said, params)
+        return
+    runs = _eval_reruns(model, rerun, (0, 1), clean, noisy, exact=(0, 1))
+    if runs is None:
+        return
+    with torch.no_grad():
+        change = runs[3].float() - runs[2].float()
+        moved = runs[1].float() - runs[0].float()
         ref, err, pen = torch.stack([change.square().mean(), (moved - change).square().mean(),
                                      moved.square().mean()]).tolist()
     if (said or not (math.isfinite(ref) and math.isfinite(err))
@@ -503,12 +573,12 @@ def _pick_tokens(valid: Tensor, generator: torch.Generator) -> Tensor:
 def _embedding_branches(model: nn.Module, inputs: Inputs, tokens: Embedding, sigma: float,
                         generator: torch.Generator, mask: Tensor | None,
                         output: OutputSelector,
-                        replay: list[Callable[[bool], Tensor]] | None = None,
+                        replay: list[Callable[[float], Tensor]] | None = None,
                         ) -> tuple[Tensor, Tensor]:
     """(clean, noisy) outputs, the noisy forward with N(0, σ²I) added to one real position of
     the ``tokens.module`` output per example (a forward hook that exists only here).
-    ``replay``, where given, receives a function that runs the clean (False) or noisy (True)
-    forward again with the same noise."""
+    ``replay``, where given, receives a function that runs the forward again with the same
+    noise times a scale (0: clean, 1: noisy)."""
     target = _embedding_target(model, tokens)
     seen: list[Tensor] = []
     delta: list[Tensor] = []  # empty: the clean pass
@@ -582,21 +652,21 @@ def _embedding_branches(model: nn.Module, inputs: Inputs, tokens: Embedding, sig
         handle.remove()
         own.close()
     if replay is not None:
-        replay.append(lambda noisy: _rerun_embedding(model, inputs, output, target, delta[0],
-                                                     noisy))
+        replay.append(lambda scale: _rerun_embedding(model, inputs, output, target, delta[0],
+                                                     scale))
     return clean, noisy
 
 
 def _rerun_embedding(model: nn.Module, inputs: Inputs, output: OutputSelector,
-                     target: nn.Module, delta: Tensor, noisy: bool) -> Tensor:
+                     target: nn.Module, delta: Tensor, scale: float) -> Tensor:
     """The model's output on ``inputs`` again, with ``delta`` (the noise an earlier call drew)
-    added to ``target``'s output where ``noisy``: the same clean and noisy inputs, for the
-    autocast check's re-evaluation (:func:`_check_autocast_outputs`)."""
-    if not noisy:
+    times ``scale`` added to ``target``'s output (0: the clean forward, 1: the noisy one), for
+    the checks' re-evaluations (:func:`_check_autocast_outputs`)."""
+    if scale == 0:
         return call_model(model, inputs, output)
     own = OwnForwards(model)
     handle = target.register_forward_hook(own.hook(
-        lambda module, args, out: out + delta.to(out.dtype)))
+        lambda module, args, out: out + (delta if scale == 1 else delta * scale).to(out.dtype)))
     try:
         return call_model(model, inputs, output)
     finally:
@@ -604,13 +674,24 @@ def _rerun_embedding(model: nn.Module, inputs: Inputs, output: OutputSelector,
         own.close()
 
 
+def _scaled(x: Tensor, x_noisy: Tensor, scale: float) -> Tensor:
+    """``x`` with ``scale`` times the noise that ``x_noisy`` holds (0: ``x``, 1: ``x_noisy``),
+    computed in float32 at least and rounded to ``x``'s dtype."""
+    if scale == 0:
+        return x
+    if scale == 1:
+        return x_noisy
+    wide = torch.promote_types(x.dtype, torch.float32)
+    return (x.to(wide) + scale * (x_noisy.to(wide) - x.to(wide))).to(x.dtype)
+
+
 def _branches(model: nn.Module, x: Inputs, tokens: Tokenization, sigma: float,
               generator: torch.Generator, mask: Tensor | None,
               output: OutputSelector,
-              replay: list[Callable[[bool], Tensor]] | None = None) -> tuple[Tensor, Tensor]:
+              replay: list[Callable[[float], Tensor]] | None = None) -> tuple[Tensor, Tensor]:
     """(f(x), f(x̃)), both attached to the graph; x̃ has noise on one token per example.
-    ``replay``, where given, receives a function that runs the clean (False) or noisy (True)
-    forward again on the same inputs, noise included (nothing drawn)."""
+    ``replay``, where given, receives a function that runs the forward again on the same
+    inputs with the same noise times a scale (0: clean, 1: noisy; nothing drawn)."""
     if isinstance(tokens, Embedding):
         if not isinstance(model, nn.Module):
             raise TypeError("Embedding tokens need an nn.Module to hook into")
@@ -648,7 +729,7 @@ def _branches(model: nn.Module, x: Inputs, tokens: Tokenization, sigma: float,
         if last:
             x_noisy = x_noisy.permute(0, 2, 3, 1)
         if replay is not None:
-            replay.append(lambda noisy: call_model(model, x_noisy if noisy else x, output))
+            replay.append(lambda scale: call_model(model, _scaled(x, x_noisy, scale), output))
         return call_model(model, x, output), call_model(model, x_noisy, output)
     if isinstance(tokens, Sequence):
         if not isinstance(x, Tensor) or x.dim() != 3:
@@ -662,7 +743,7 @@ def _branches(model: nn.Module, x: Inputs, tokens: Tokenization, sigma: float,
         _check_rounding("vectors", x[rows, tok], noise)
         x_noisy = x.index_put((rows, tok), noise, accumulate=True)
         if replay is not None:
-            replay.append(lambda noisy: call_model(model, x_noisy if noisy else x, output))
+            replay.append(lambda scale: call_model(model, _scaled(x, x_noisy, scale), output))
         return call_model(model, x, output), call_model(model, x_noisy, output)
     raise TypeError(f"tokens must be Patches, Embedding or Sequence, got {type(tokens).__name__}")
 
@@ -702,7 +783,10 @@ def sensitivity_penalty(
     warned about (the penalty would measure the outputs' rounding), as are — under a bf16/fp16
     ``torch.autocast``, whatever the outputs' dtype — changes more than 25% off the float32
     model's (checked on the first such call and every 100th, four forwards without gradients
-    in eval mode; :func:`_check_autocast_outputs`).
+    in eval mode; :func:`_check_autocast_outputs`). A model holding bf16/fp16 parameters has
+    no float32 model to compare with: on the same schedule its noise is replayed at −½ and ½
+    of its size (two to four forwards), and a change that is not the smooth function of the
+    noise a float model gives is warned about (:func:`_check_output_scaling`).
     """
     _check_sigma(sigma)
     gen = _check_generator(generator)
@@ -713,7 +797,7 @@ def sensitivity_penalty(
             f"patch={patch} sets the patch size where tokens is None, but tokens={tokens!r} "
             "already says where the noise goes, so it would be ignored; drop patch= (or "
             "give the size to Patches)")
-    replay: list[Callable[[bool], Tensor]] = []
+    replay: list[Callable[[float], Tensor]] = []
     clean, noisy = _branches(model, x, tokens, sigma, gen, mask, output, replay)
     if clean.numel() == 0:
         # the mean over no entries is NaN: a NaN loss would reach the optimizer and the logs
