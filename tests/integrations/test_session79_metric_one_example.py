@@ -26,11 +26,17 @@ def _one_example_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
     return [str(w.message) for w in caught if "needs at least two examples" in str(w.message)]
 
 
-def test_one_example_is_said_once_with_its_subset_standard_error() -> None:
+def _measured(examples: int) -> tuple[nn.Module, torch.Tensor, TokenSensitivityMetric]:
+    """The model, its ``examples`` images and a metric updated with them."""
     model = _model()
-    x = torch.randn(1, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(examples, 1, 8, 8, generator=torch.Generator().manual_seed(1))
     metric = TokenSensitivityMetric(Patches(2), sigma=2.0, repeats=4, generator=0)
     metric.update(model, x)
+    return model, x, metric
+
+
+def test_one_example_is_said_once_with_its_subset_standard_error() -> None:
+    model, x, metric = _measured(1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         r = metric.result()
@@ -48,10 +54,7 @@ def test_one_example_is_said_once_with_its_subset_standard_error() -> None:
 
 
 def test_two_examples_are_not_warned_about() -> None:
-    model = _model()
-    x = torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(1))
-    metric = TokenSensitivityMetric(Patches(2), sigma=2.0, repeats=4, generator=0)
-    metric.update(model, x)
+    _, _, metric = _measured(2)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         r = metric.result()

@@ -465,12 +465,18 @@ def _verify_batch(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor
     )
 
 
+def _reduced_dtype(model: Any) -> torch.dtype | None:
+    """The reduced float type ``model`` holds a parameter or buffer in: bf16 where it holds
+    one, else fp16 where it does, else None (also for a non-module)."""
+    if not isinstance(model, nn.Module):
+        return None
+    dtypes = {t.dtype for t in (*model.parameters(), *model.buffers())}
+    return next((d for d in (torch.bfloat16, torch.float16) if d in dtypes), None)
+
+
 def _reduced(model: Any) -> bool:
     """Whether ``model`` holds a bf16 or fp16 parameter or buffer (a module; else False)."""
-    if not isinstance(model, nn.Module):
-        return False
-    reduced = (torch.bfloat16, torch.float16)
-    return any(t.dtype in reduced for t in (*model.parameters(), *model.buffers()))
+    return _reduced_dtype(model) is not None
 
 
 def _exact_labels(bound: BoundTokens, clean: Tensor, low_precision: bool) -> bool:

@@ -109,7 +109,8 @@ from ._alloc import MIN_FLIPS
 from ._cube import MAX_EXACT_N, all_inputs, check_n, index_to_inputs, inputs_to_index, table_n
 from ._options import _check_generator, _seeded
 from ._options import _kept_buffers as _kept_model_buffers
-from ._runner import _reduced, _tolerance
+from ._runner import _reduced_dtype as _reduced_dtype_of
+from ._runner import _tolerance
 from ._stats import interval_quantile
 
 # Fourier analysis and the reference functions live in their own files; re-exported here so
@@ -449,14 +450,11 @@ def _explain_dtype(err: RuntimeError, f: object, dtype: torch.dtype) -> None:
 def _reduced_dtype(f: object) -> torch.dtype | None:
     """The reduced float type (bf16, else fp16) of the first module ``f`` is or holds
     (:func:`._exclusive.held_modules`) with such a parameter or buffer
-    (:func:`~senslab.measure._runner._reduced`), else None. Its outputs are rounded as such
-    also where f casts them to float32 (``.float()``): read by float32's rules, a bf16
+    (:func:`~senslab.measure._runner._reduced_dtype`), else None. Its outputs are rounded as
+    such also where f casts them to float32 (``.float()``): read by float32's rules, a bf16
     linear model's truth table went without the warning that its degree reads 10, not 1."""
-    for m in _held_modules_of(f):
-        if _reduced(m):
-            dtypes = {t.dtype for t in (*m.parameters(), *m.buffers())}
-            return torch.bfloat16 if torch.bfloat16 in dtypes else torch.float16
-    return None
+    return next((d for d in map(_reduced_dtype_of, _held_modules_of(f)) if d is not None),
+                None)
 
 
 def _check_input_dtype(dtype: object) -> None:

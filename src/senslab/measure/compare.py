@@ -213,6 +213,13 @@ def _restore(m: _Paired, snap: tuple[Any, ...]) -> None:
         m._stream.buf = buf.clone()
 
 
+def _reported_nan(diffs: list[Difference]) -> str:
+    """``diffs`` named with their estimates, as reported ``± nan`` (a warning's subject)."""
+    what = ", ".join(f"{d.a} − {d.b} = {d.estimate:+.4f}" for d in diffs)
+    return (f"the paired difference {what} is" if len(diffs) == 1
+            else f"the paired differences {what} are") + " reported ± nan"
+
+
 class CompareSensitivity:
     """Accumulating paired comparison (``update``/``compute``/``reset``/``merge``); see the
     module docstring for the formulas.
@@ -488,9 +495,7 @@ class CompareSensitivity:
         if getattr(self, "_said_one_example", False):  # a comparison pickled without it
             return
         self._said_one_example = True
-        what = ", ".join(f"{d.a} − {d.b} = {d.estimate:+.4f}" for d in diffs)
-        what = (f"the paired difference {what} is" if len(diffs) == 1
-                else f"the paired differences {what} are") + " reported ± nan"
+        what = _reported_nan(diffs)
         subset = None
         if all(math.isfinite(d.stderr_subset) for d in diffs):
             subset = ", ".join(
@@ -515,9 +520,7 @@ class CompareSensitivity:
         if not nan or getattr(self, "_said_one_unit", False):  # a comparison pickled without it
             return
         self._said_one_unit = True
-        what = ", ".join(f"{d.a} − {d.b} = {d.estimate:+.4f}" for d in nan)
-        what = (f"the paired difference {what} is" if len(nan) == 1
-                else f"the paired differences {what} are") + " reported ± nan"
+        what = _reported_nan(nan)
         st = self.paired[nan[0].a, nan[0].b]  # one plan: every pair's units are the same
         names = ", ".join(repr(name) for name in self.metrics)
         warnings.warn(

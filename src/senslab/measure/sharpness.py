@@ -829,6 +829,12 @@ def _check_parametrized(model: nn.Module, chosen_names: list[str]) -> None:
 _NOISE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+def _listed(named: list[tuple[str, torch.dtype]]) -> str:
+    """The first three (name, dtype) pairs in words, and how many more."""
+    shown = ", ".join(f"{n!r} ({str(d).removeprefix('torch.')})" for n, d in named[:3])
+    return shown + (f" and {len(named) - 3} more" if len(named) > 3 else "")
+
+
 def _check_floating(params: list[nn.Parameter], names: list[str]) -> None:
     """Refuse a parameter to perturb that is not real floating point: Gaussian noise copied
     into an integer parameter was truncated (3 + 0.3ε became 2 or 3), into a complex one it
@@ -838,20 +844,16 @@ def _check_floating(params: list[nn.Parameter], names: list[str]) -> None:
     (spacing up to an eighth of the value in e4m3, a quarter in e5m2) would round a usual σ away."""
     bad = [(n, p.dtype) for n, p in zip(names, params, strict=True) if not p.is_floating_point()]
     if bad:
-        shown = ", ".join(f"{n!r} ({str(d).removeprefix('torch.')})" for n, d in bad[:3])
-        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
         raise ValueError(
-            f"parameter(s) {shown}{more} are not real floating point, so the Gaussian weight "
+            f"parameter(s) {_listed(bad)} are not real floating point, so the Gaussian weight "
             "noise cannot be added to them (an integer parameter would round it away). "
             f"Exclude them: exclude={[n for n, _ in bad]!r}"
         )
     low = [(n, p.dtype) for n, p in zip(names, params, strict=True)
            if p.dtype not in _NOISE_DTYPES]
     if low:
-        shown = ", ".join(f"{n!r} ({str(d).removeprefix('torch.')})" for n, d in low[:3])
-        more = f" and {len(low) - 3} more" if len(low) > 3 else ""
         raise ValueError(
-            f"parameter(s) {shown}{more} are stored in a float8/float4 dtype, which torch "
+            f"parameter(s) {_listed(low)} are stored in a float8/float4 dtype, which torch "
             "cannot add weight noise to (it has no arithmetic or type promotion for them), and "
             "whose grid (spacing up to 1/8 of the value in float8_e4m3fn, 1/4 in "
             "float8_e5m2) would round a usual sigma away. Leave them unperturbed, exclude="
