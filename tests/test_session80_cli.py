@@ -1,0 +1,50 @@
+"""``senslab measure``'s table where ``precision="auto"`` chose checking but its timed
+calibration sent the copies back to float32: the re-checked column says "-" (not the
+calibration's 100%, which read as a contradiction beside the note's predicted share)."""
+
+import argparse
+
+import pytest
+import torch
+
+from senslab import cli
+from senslab.measure._precision import auto_precision
+from senslab.tokens import Sequence
+
+
+class _Steps(torch.nn.Module):
+    """Outputs that are steps of a linear map: bf16's rounding moves a copy across a step or
+    not at all, so the calibrated band re-checks every copy and checking cannot pay."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.lin(x.mean(1)) > 0).float() * torch.tensor([1.0, 2.0, 4.0])
+
+
+class _Batches:
+    def __init__(self, x: torch.Tensor, size: int) -> None:
+        self.x, self.count, self.size = x, len(x), size
+
+    def __call__(self, lo: int, hi: int) -> torch.Tensor:
+        return self.x[lo:hi]
+
+
+def test_auto_back_to_float32_shows_no_recheck_share(capsys: pytest.CaptureFixture) -> None:
+    low = auto_precision(torch.device("cpu"))
+    if low is None or low[0] != "bf16":
+        pytest.skip("this CPU's timed bf16 product does not beat float32: 'auto' picks no "
+                    "checked bf16 here")
+    torch.manual_seed(0)
+    model = _Steps()
+    x = torch.randn(512, 6, 8, generator=torch.Generator().manual_seed(1))
+    args = argparse.Namespace(autocast=None, compile=False, precision="auto", sigma=[0.5],
+                              repeats=2, seed=0)
+    cli._table(model, Sequence(), _Batches(x, 256), args, "cpu")
+    out, err = capsys.readouterr()
+    row = out.splitlines()[-1].split()
+    assert row[0] == "0.5" and row[-1] == "-", out
+    assert "the copies ran in float32 — \"auto\"'s timed calibration found no gain" in err
+    assert "all decided in float32" in err
