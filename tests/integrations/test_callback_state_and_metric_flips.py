@@ -147,7 +147,7 @@ def test_a_resumed_fit_continues_the_results(tmp_path: Path):
         assert torch.equal(got.per_sample, want.per_sample)
     with pytest.warns(UserWarning, match=r"kept in callback.set_aside"):
         trainer(tmp_path, [first], 2).fit(Module(), loader, ckpt_path=str(path))
-    assert [e for e, _ in first.set_aside] == [1, 2]
+    assert [[e for e, _ in series] for series in first.set_aside] == [[1, 2]]
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # few flips on this small subset

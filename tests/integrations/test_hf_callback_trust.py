@@ -86,8 +86,8 @@ def test_the_same_callback_resumed_says_what_it_sets_aside(tmp_path: Path):
     with pytest.warns(UserWarning, match=r"results \(steps \[2\]\) replace the 3 this callback "
                                          r"held.*callback.set_aside"):
         trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
-    assert len(callback.set_aside) == 3  # the very objects, none dropped
-    assert all(a is b for (_, a), b in zip(callback.set_aside, held, strict=True))
+    assert len(callback.set_aside) == 1 and len(callback.set_aside[0]) == 3  # none dropped
+    assert all(a is b for (_, a), b in zip(callback.set_aside[0], held, strict=True))  # the same
     assert [step for step, _ in callback.results] == [2, 4, 6]
 
 

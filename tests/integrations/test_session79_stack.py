@@ -90,8 +90,8 @@ def test_hf_resumed_with_another_sigma_and_subset_starts_anew(tmp_path: Path):
         other.train(resume_from_checkpoint=checkpoint)
     assert [s for s, _ in callback.results] == [6]
     assert {r.sigma for _, r in callback.results} == {2.0}
-    assert [(s, r.sigma, r.num_examples) for s, r in callback.set_aside] == [(2, 8.0, 8),
-                                                                             (4, 8.0, 8)]
+    assert [[(s, r.sigma, r.num_examples) for s, r in series]
+            for series in callback.set_aside] == [[(2, 8.0, 8), (4, 8.0, 8)]]
 
 
 class _NeedsLabels(torch.nn.Module):
@@ -161,4 +161,5 @@ def test_lightning_resumed_with_another_subset_starts_anew(tmp_path: Path):
                                          r"configuration.*subset: '\(10, 1, 8, 8\)"):
         _fit(tmp_path, other, 3, checkpoint)
     assert [(e, r.num_examples) for e, r in other.results] == [(3, 5)]
-    assert [(e, r.num_examples) for e, r in other.set_aside] == [(1, 10), (2, 10)]
+    assert [[(e, r.num_examples) for e, r in series]
+            for series in other.set_aside] == [[(1, 10), (2, 10)]]

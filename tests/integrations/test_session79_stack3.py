@@ -69,7 +69,8 @@ def test_hf_a_second_train_sets_the_first_runs_results_aside(tmp_path: Path):
                                          r"resume_from_checkpoint"):
         trainer.train()
     assert [s for s, _ in callback.results] == [2, 4]  # before: [0, 2, 4, 2, 4]
-    assert [r for _, r in callback.set_aside] == [r for _, r in first]  # the very objects
+    assert len(callback.set_aside) == 1  # one series set aside
+    assert [r for _, r in callback.set_aside[0]] == [r for _, r in first]  # the very objects
     # the second run's checkpoint holds its own series only (before: steps [0, 2, 4, 2])
     state = json.loads((tmp_path / "checkpoint-2" / "trainer_state.json").read_text())
     assert [s for s, _ in state["stateful_callbacks"][callback.state_key]["results"]] == [2]
@@ -103,7 +104,13 @@ def test_lightning_a_second_fit_sets_the_first_fits_results_aside(tmp_path: Path
                                          r"\[1, 2\]\).*ckpt_path"):
         _trainer(tmp_path, callback, 2).fit(Module(), loader)
     assert [e for e, _ in callback.results] == [1, 2]  # before: [1, 2, 1, 2]
-    assert callback.set_aside == first
+    assert callback.set_aside == [first]
+    second = list(callback.results)
+    with pytest.warns(UserWarning, match=r"new run starts at epoch 0"):
+        _trainer(tmp_path, callback, 1).fit(Module(), loader)
+    # each earlier fit is a series of its own (a flat list had read epochs 1, 2, 1, 2)
+    assert callback.set_aside == [first, second]
+    assert [e for e, _ in callback.results] == [1]
 
 
 def test_lightning_test_warns_and_a_checkpoint_it_loads_leaves_the_results(tmp_path: Path):

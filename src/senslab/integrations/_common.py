@@ -172,6 +172,15 @@ def _plain(value: Any) -> str:
     return repr(value)
 
 
+def keep_aside(callback: Any, series: list[Any]) -> None:
+    """Append ``series`` (a run's ``(step or epoch, result)`` pairs) to ``callback.set_aside``
+    as one entry of its own: the earlier series stay apart (kept as one flat list, the trials of
+    a ``hyperparameter_search`` read as steps 2, 4, 2, 4 with nothing to tell them apart). An
+    empty series is not kept."""
+    if series:
+        callback.set_aside.append(list(series))
+
+
 def refuse_mixed_series(callback: Any, saved: Mapping[str, Any], loaded: list[Any],
                         what: str, unit: str) -> bool:
     """Whether a checkpoint's results (``loaded``) were measured with another configuration than
@@ -185,8 +194,8 @@ def refuse_mixed_series(callback: Any, saved: Mapping[str, Any], loaded: list[An
         return False
     import warnings
 
-    callback.set_aside.extend(callback.results)
-    callback.set_aside.extend(loaded)
+    keep_aside(callback, callback.results)
+    keep_aside(callback, loaded)
     callback.results = []
     warnings.warn(
         f"SensitivityCallback({callback.name!r}): {what} results ({unit} "
@@ -215,7 +224,7 @@ def set_aside_earlier_run(callback: Any, start: int, unit: str, how: str) -> boo
         return False
     import warnings
 
-    callback.set_aside.extend(callback.results)
+    keep_aside(callback, callback.results)
     callback.results = []
     warnings.warn(
         f"SensitivityCallback({callback.name!r}): a new run starts at {unit[:-1]} {start}, and "

@@ -59,6 +59,7 @@ from ._common import (
     check_options,
     check_subset,
     configuration,
+    keep_aside,
     measure_subset,
     refuse_mixed_series,
     set_aside_earlier_run,
@@ -96,7 +97,8 @@ class SensitivityCallback(TrainerCallback):
 
     ``results`` holds ``(global_step, SensitivityResult)`` for every measurement of the current
     run; the checkpoints hold it, and resuming from one replaces it (what it held is kept in
-    ``set_aside``, with a warning). A new run (``train()`` again without resuming, each trial of
+    ``set_aside``, with a warning: a list of series, one ``[(global_step, result), ...]`` per
+    series set aside, in order). A new run (``train()`` again without resuming, each trial of
     ``hyperparameter_search``) sets the earlier run's results aside too, with a warning. A Trainer
     with several evaluation sets (``eval_dataset`` a dict) evaluates each under its own prefix
     (``eval_a``, ``eval_b``); the callback measures its subset once for them all and logs that
@@ -123,7 +125,7 @@ class SensitivityCallback(TrainerCallback):
         self.trainer: Any = None
         self.results: list[tuple[int, SensitivityResult]] = []
         #: results replaced by a checkpoint's when training resumed from it (:meth:`on_train_begin`)
-        self.set_aside: list[tuple[int, SensitivityResult]] = []
+        self.set_aside: list[list[tuple[int, SensitivityResult]]] = []
         #: what this callback last put into the Trainer's state (told apart from a checkpoint's)
         self._exported: dict[str, Any] | None = None
         self._warned = self._warned_best = self._warned_sets = False
@@ -286,7 +288,7 @@ class SensitivityCallback(TrainerCallback):
         if refuse_mixed_series(self, saved, loaded, "the resumed checkpoint's", "steps"):
             return
         if self.results:
-            self.set_aside.extend(self.results)
+            keep_aside(self, self.results)
             warnings.warn(
                 f"SensitivityCallback({self.name!r}): the resumed checkpoint's results (steps "
                 f"{[s for s, _ in loaded]}) replace the {len(self.results)} this callback held "

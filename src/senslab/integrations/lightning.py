@@ -56,6 +56,7 @@ from ._common import (
     check_options,
     check_subset,
     configuration,
+    keep_aside,
     measure_subset,
     refuse_mixed_series,
     set_aside_earlier_run,
@@ -89,7 +90,8 @@ class SensitivityCallback(Callback):
 
     ``results`` holds ``(epoch, SensitivityResult)`` for every measurement of the current fit;
     the checkpoints hold it, and a fit resumed from one replaces it (what it held is kept in
-    ``set_aside``, with a warning). A new fit that does not resume (the callback given to
+    ``set_aside``, with a warning: a list of series, one ``[(epoch, result), ...]`` per
+    series set aside, in order). A new fit that does not resume (the callback given to
     another Trainer) sets the earlier fit's results aside too, with a warning.
     ``trainer.validate()``/``test()`` measure nothing (a warning says so) and leave ``results``
     as it is, also with ``ckpt_path=``.
@@ -122,7 +124,7 @@ class SensitivityCallback(Callback):
         self._logged: tuple[int, float, float] | None = None
         #: results replaced by a checkpoint's (:meth:`load_state_dict`), or of an earlier fit
         #: (:meth:`on_train_start`)
-        self.set_aside: list[tuple[int, SensitivityResult]] = []
+        self.set_aside: list[list[tuple[int, SensitivityResult]]] = []
         #: whether the checkpoint being loaded is loaded by validate/test/predict (not a fit's)
         self._loading_outside_fit = False
         self._warned_stage = False
@@ -198,7 +200,7 @@ class SensitivityCallback(Callback):
         if refuse_mixed_series(self, state_dict, loaded, "the checkpoint's", "epochs"):
             return
         if self.results:
-            self.set_aside.extend(self.results)
+            keep_aside(self, self.results)
             warnings.warn(
                 f"SensitivityCallback({self.name!r}): the checkpoint's results (epochs "
                 f"{[e for e, _ in loaded]}) replace the {len(self.results)} this callback held "
