@@ -17,6 +17,9 @@ from torch import Tensor
 #: Largest n for which a *function* is enumerated (2²² ≈ 4.2M evaluations); beyond, sample.
 MAX_EXACT_N = 22
 
+#: Largest n whose strings have an int64 index (bits 0..62; bit 63 is the sign bit).
+MAX_INDEX_BITS = 63
+
 
 def index_to_inputs(index: Tensor, n: int, dtype: torch.dtype = torch.float32) -> Tensor:
     """The ±1 strings (len(index), n) of integer indices: x_j = 1 − 2·bit_j(index)."""
@@ -28,6 +31,18 @@ def inputs_to_index(x: Tensor) -> Tensor:
     """Inverse of :func:`index_to_inputs`: the integer index of each ±1 row of ``x`` (N, n)."""
     if x.dim() != 2:
         raise ValueError(f"expected a (N, n) batch of ±1 strings, got shape {tuple(x.shape)}")
+    if x.dtype == torch.bool:
+        raise ValueError(
+            "expected ±1 strings, got a bool tensor: read as 0/1 bits it names other strings. "
+            "Pass 1 − 2·x.float() (True ↦ −1), or x.float() * 2 − 1 (True ↦ +1)"
+        )
+    if x.shape[1] > MAX_INDEX_BITS:
+        raise ValueError(
+            f"strings of n={x.shape[1]} bits have no int64 index: bit {MAX_INDEX_BITS} and "
+            f"above would wrap round or drop out, giving distinct strings one index. Index "
+            f"strings of at most {MAX_INDEX_BITS} bits (a truth table needs far fewer), or "
+            "compare the strings themselves (torch.unique(x, dim=0))"
+        )
     if bool((x.abs() != 1).any()):
         bad = x[(x.abs() != 1)].unique()[:4].tolist()
         raise ValueError(

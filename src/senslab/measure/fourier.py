@@ -181,7 +181,8 @@ def subset_sizes(n: int) -> Tensor:
 
 def spectral_weights(table: Tensor, *, coefficients: bool = False,
                      output: str = "auto") -> Tensor:
-    """W_k = Σ_{|S|=k} f̂(S)² for k = 0..n, a float64 tensor (n+1,); Σ_k W_k = E[f²] (Parseval).
+    """W_k = Σ_{|S|=k} f̂(S)² for k = 0..n, a float64 tensor (n+1,) on the table's device;
+    Σ_k W_k = E[f²] (Parseval).
 
     Pass ``coefficients=True`` when ``table`` already holds f̂ (from fourier_coefficients);
     ``output``: how a table is read, as in :func:`fourier_coefficients`.
@@ -190,8 +191,10 @@ def spectral_weights(table: Tensor, *, coefficients: bool = False,
 
 
 def _weights(c: Tensor) -> Tensor:
+    # on c's device: a CUDA table met CPU sizes here, a device error from index_add_
     n = table_n(c)
-    return torch.zeros(n + 1, dtype=torch.float64).index_add_(0, subset_sizes(n), c.pow(2))
+    return torch.zeros(n + 1, dtype=torch.float64, device=c.device).index_add_(
+        0, subset_sizes(n).to(c.device), c.pow(2))
 
 
 #: default relative tolerance of :func:`degree`, a multiple of ‖f‖₂: float32 rounding of the
@@ -211,9 +214,10 @@ def degree(table: Tensor, tol: float | None = None, *, rtol: float | None = None
     1e-9 for outputs of size 1, which an absolute 1e-9 counted: a linear model read as degree
     5 to 10), and 2⁻ⁿ stays below 2¹⁻ⁿ, the smallest nonzero coefficient of a ±1 function, so
     Boolean tables keep their exact degree. A table computed in bf16 or fp16 needs more, e.g.
-    ``rtol=1e-2``. ``tol`` is an absolute cut instead (|f̂(S)| > tol), for a known noise
-    level; pass one of the two. ``output``: how a table is read, as in
-    :func:`fourier_coefficients`.
+    ``rtol=1e-2``; a table passed in bf16 or fp16 and read as real numbers warns when that
+    changes its degree (the default leaves it as it is). ``tol`` is an absolute cut instead
+    (|f̂(S)| > tol), for a known noise level; pass one of the two. ``output``: how a table is
+    read, as in :func:`fourier_coefficients`.
     """
     if tol is not None and rtol is not None:
         raise ValueError(
@@ -230,8 +234,42 @@ def degree(table: Tensor, tol: float | None = None, *, rtol: float | None = None
     else:
         scale = float(c.pow(2).sum().sqrt())
         cut = scale * (min(DEGREE_RTOL, 2.0**-n) if rtol is None else float(rtol))
-    sizes = subset_sizes(n)[c.abs() > cut]
+    found = _degree_above(c, cut)
+    if tol is None and rtol is None and not coefficients and _reduced_real(table, output):
+        # truth_table warns of its bf16/fp16 outputs; a table passed in that dtype is seen here
+        rounded = _degree_above(c, scale * REDUCED_RTOL)
+        if rounded != found:
+            name = str(table.dtype).removeprefix("torch.")
+            warnings.warn(
+                f"degree() reads this {name} table as real numbers with the default rtol "
+                f"({min(DEGREE_RTOL, 2.0**-n):.3g}, for float32 rounding): its {name} rounding "
+                f"({8 if table.dtype == torch.bfloat16 else 11} significant bits) leaves "
+                f"Fourier coefficients at every degree, so it gives degree {found}, where "
+                f"rtol={REDUCED_RTOL:g} gives {rounded}. "
+                f"Pass degree(table, rtol={REDUCED_RTOL:g}), or evaluate the function in "
+                "float32",
+                UserWarning, stacklevel=_caller_level())
+    return found
+
+
+#: the rtol that :func:`degree` names for a bf16 or fp16 table read as real numbers
+REDUCED_RTOL = 1e-2
+
+
+def _degree_above(c: Tensor, cut: float) -> int:
+    sizes = subset_sizes(table_n(c)).to(c.device)[c.abs() > cut]
     return int(sizes.max()) if len(sizes) else 0
+
+
+def _reduced_real(table: Tensor, output: str) -> bool:
+    """Whether ``table`` holds bf16 or fp16 values that :func:`_real_values` reads as numbers
+    (a two-valued one is read as its ±1 function, exactly)."""
+    if table.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    if output == "real":
+        return True
+    values = (table[:, 0] if table.dim() == 2 else table).unique()
+    return output == "auto" and bool(values.ne(0).any()) and not _two_valued(values)
 
 
 def noise_stability(table: Tensor, rho: float, *, coefficients: bool = False,
@@ -247,7 +285,8 @@ def noise_stability(table: Tensor, rho: float, *, coefficients: bool = False,
     if not -1.0 <= rho <= 1.0:
         raise ValueError(f"rho is a correlation and must lie in [-1, 1], got {rho}")
     weights = spectral_weights(table, coefficients=coefficients, output=output)
-    return float((weights * rho ** torch.arange(len(weights), dtype=torch.float64)).sum())
+    k = torch.arange(len(weights), dtype=torch.float64, device=weights.device)
+    return float((weights * rho ** k).sum())
 
 
 def average_sensitivity_fourier(table: Tensor, *, coefficients: bool = False,
@@ -255,7 +294,8 @@ def average_sensitivity_fourier(table: Tensor, *, coefficients: bool = False,
     """Σ_S |S| f̂(S)²: as(f) for ±1-valued f, the "real" sensitivity Σᵢ E[(D_i f)²] otherwise
     (``output``: how a table is read, as in :func:`fourier_coefficients`)."""
     weights = _weights(_spectrum(table, coefficients, output, constant_free=True))
-    return float((weights * torch.arange(len(weights), dtype=torch.float64)).sum())
+    k = torch.arange(len(weights), dtype=torch.float64, device=weights.device)
+    return float((weights * k).sum())
 
 
 def influence_fourier(table: Tensor, *, coefficients: bool = False,
