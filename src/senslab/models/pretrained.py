@@ -9,11 +9,13 @@ only when a function needs them.
   :data:`HF_HEADS`, else a sequence/image classification head, new and seeded (a sentence
   encoder such as MiniLM ships none); the words say which weights are pretrained and which new.
   A checkpoint of another head (a token classifier) whose weights would fill the new head is
-  refused, and so is a head whose config.json disagrees with its weights. A causal LM's
-  prediction is its next token at the last real token (the words say so). Weights are loaded
-  as float32 whatever dtype they are stored in (``--precision`` chooses the forwards'
-  precision); a config's ``return_dict=False`` is turned on (the same logits, not a tuple).
-  An image processor the checkpoint holds but that fails to load is an error, not "no
+  refused, and so is a head whose config.json disagrees with its weights, and a checkpoint
+  most of whose base-model weights are not found (keys under a wrapper's prefix: a mostly
+  random model); base-model weights the config has no place for are named in the words. A
+  causal LM's prediction is its next token at the last real token (the words say so). Weights
+  are loaded as float32 whatever dtype they are stored in (``--precision`` chooses the
+  forwards' precision); a config's ``return_dict=False`` is turned on (the same logits, not a
+  tuple). An image processor the checkpoint holds but that fails to load is an error, not "no
   normalisation".
 * :func:`load_timm`: ``timm.create_model(name, pretrained=True)``.
 * :func:`image_prep`: channels repeated (grayscale → RGB), size interpolated to the model's, the
@@ -141,6 +143,8 @@ def load_hf(name: str, config: Any, seed: int, num_labels: int,
             "classification head, or a bare encoder (no head) to measure with a new one"
         ) from None
     new = sorted(info.get("missing_keys") or [])
+    unused = _body_keys(model, info.get("unexpected_keys") or [])
+    _refuse_unloaded_body(name, model, new, sorted(info.get("unexpected_keys") or []), option)
     if "num_labels" in kwargs:
         _refuse_other_head(name, config, model, new, num_labels, image, option)
     if getattr(model.config, "return_dict", True) is False:
@@ -155,6 +159,13 @@ def load_hf(name: str, config: Any, seed: int, num_labels: int,
     if new:
         shown = ", ".join(new[:4]) + (f" and {len(new) - 4} more" if len(new) > 4 else "")
         weights += f" except {shown}, newly initialised (seed {seed})"
+    if unused:
+        # the checkpoint's own encoder holds weights the model built from config.json has no
+        # place for (more layers than num_hidden_layers, say): a smaller model is measured
+        shown = ", ".join(unused[:4]) + (f" and {len(unused) - 4} more" if len(unused) > 4 else "")
+        weights += (f"; the checkpoint's {shown} have no place in the model its config.json "
+                    "describes and were left out: a model other than the one saved is measured "
+                    "(check num_hidden_layers and the sizes in config.json)")
     if arch is not None and arch.endswith("ForCausalLM"):
         vocab = getattr(model.get_output_embeddings(), "out_features", None) or getattr(
             config, "vocab_size", None)
@@ -206,6 +217,34 @@ def _processor_file(transformers: Any, name: str) -> str | None:
         except (OSError, ValueError):
             return str(path)
     return None
+
+
+def _body_keys(model: Any, keys: Any) -> list[str]:
+    """The names among ``keys`` inside ``model``'s base model (``base_model_prefix``), sorted."""
+    prefix = getattr(model, "base_model_prefix", "")
+    return sorted(k for k in keys if prefix and k.startswith(prefix + "."))
+
+
+def _refuse_unloaded_body(name: str, model: Any, new: list[str], unexpected: list[str],
+                          option: str) -> None:
+    """Refuse a checkpoint most of whose base-model weights were not found (saved under other
+    names: a wrapper's prefix, another architecture): transformers initialises them at random,
+    and the model measured as "pretrained" was mostly random (every weight of a BERT whose
+    keys carried a wrapper's prefix, with the words "pretrained weights ... except" them)."""
+    body = _body_keys(model, model.state_dict())
+    missing = _body_keys(model, new)
+    if not body or 2 * len(missing) <= len(body):
+        return
+    others = (f"; the checkpoint's weights have other names, e.g. {', '.join(unexpected[:3])}"
+              if unexpected else "")
+    raise ValueError(
+        f"{option} {name}: {len(missing)} of the {len(body)} weights of its base model "
+        f"{model.base_model_prefix!r} ({type(model).__name__}; e.g. {', '.join(missing[:3])}) "
+        f"are not in the checkpoint"
+        f"{others}. transformers would initialise them at random, and a mostly random model "
+        "would be measured as pretrained. Save the model with save_pretrained from the "
+        "transformers class its config.json names (without a wrapper's prefix on the keys), "
+        "or pass the directory of the checkpoint that matches its config")
 
 
 def _refuse_other_head(name: str, config: Any, model: Any, new: list[str], num_labels: int,
