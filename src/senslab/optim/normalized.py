@@ -69,14 +69,22 @@ def _scaled_norm(x: Tensor, dtype: torch.dtype) -> Tensor:
     return torch.where(m != 0, safe * torch.linalg.vector_norm(x / safe), torch.zeros_like(m))
 
 
+def _dense_values(grad: Tensor) -> Tensor:
+    """The entries whose norm is the gradient's: a sparse COO gradient's coalesced values (an
+    index listed twice summed first, as the dense gradient would hold it)."""
+    return grad.coalesce().values() if grad.is_sparse else grad
+
+
 def global_grad_norm(params: Iterable[Tensor]) -> Tensor | None:
     """‖∇L‖ = sqrt(Σ_p ‖∇_p L‖²) over the parameters that have a gradient, as a 0-dim tensor on
     the first such parameter's device (``None`` when none has one). Norms are taken in at least
     float32 so half-precision gradients do not overflow, the total in the widest of them (a
     float64 gradient is not rounded to float32 because a float32 one came first), and rescaled
-    by the largest entry so tiny gradients do not underflow to a norm of 0."""
+    by the largest entry so tiny gradients do not underflow to a norm of 0. A sparse gradient
+    (``nn.Embedding(sparse=True)``) counts by its coalesced values (it raised torch's
+    NotImplementedError for ``amax``)."""
     norms = [
-        _scaled_norm(p.grad, torch.promote_types(p.grad.dtype, torch.float32))
+        _scaled_norm(_dense_values(p.grad), torch.promote_types(p.grad.dtype, torch.float32))
         for p in params
         if p.grad is not None
     ]

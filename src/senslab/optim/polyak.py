@@ -13,9 +13,11 @@ f* = L* = 0 (the infimum of the logistic loss on separable data):
 ‖∇L‖ is the global norm over every parameter of the optimiser, as in ``NGD``. Two edge cases are
 ours: a loss below f* would make η_t negative (an ascent step), so η_t is clamped at 0; and a zero
 gradient, or a quotient that overflows (loss and gradient both underflowed towards the float
-type's smallest numbers: the step is no longer defined), gives no step. A nan or inf loss or
-gradient is refused (``FloatingPointError``), as are a non-finite c or f* and options SPS does not
-have in a param group (``lr``, ``weight_decay``, …), at construction, in a checkpoint given to
+type's smallest numbers: the step is no longer defined), gives no step. A loss below f* (beyond
+rounding) is said once per optimiser in a ``RuntimeWarning``: f* is then no lower bound, and the
+parameters would stay where they are without a word. A nan or inf loss or gradient is refused
+(``FloatingPointError``), as are a non-finite c or f* and options SPS does not have in a param
+group (``lr``, ``weight_decay``, …), at construction, in a checkpoint given to
 ``load_state_dict`` and (values) at every step. A loss returned as a Python float is read in
 float64.
 
@@ -37,6 +39,7 @@ The state of every updated parameter records ``step``, ``step_size`` (η_t) and 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from numbers import Real
 from typing import Any
@@ -114,6 +117,28 @@ class SPS(_StepSizeLog, Optimizer):
         _check_positive("eta_max", group["eta_max"], optional=True)
         _check_f_star(group["f_star"])
 
+    def _warn_below_f_star(self, loss: float, eps: float) -> None:
+        """Say, once per optimiser, that a loss below a group's f* stops the steps: η_t is
+        clamped at 0, so a loss that can go negative (a Gaussian NLL, a loss with a subtracted
+        term) under the default f* = 0 left the parameters where they were, step after step,
+        without a word. A loss below f* by rounding alone (within a few ulps of f*, at the
+        optimum) is not reported."""
+        if getattr(self, "_said_below_f_star", False):
+            return
+        for k, group in enumerate(self.param_groups):
+            f_star = group["f_star"]
+            if f_star - loss > 4 * eps * abs(f_star):
+                self._said_below_f_star = True
+                warnings.warn(
+                    f"{type(self).__name__}: the loss {loss:.6g} is below f_star = {f_star:.6g} "
+                    f"(param group {k}), so the step size (L − f*)/(c‖∇L‖²) is negative and is "
+                    "clamped to 0: no step is taken while the loss stays below f_star. f_star "
+                    "must be a lower bound on the loss: pass a smaller f_star (the loss's "
+                    "infimum; 0 only for a loss that cannot go negative, such as cross-entropy). "
+                    "Said once per optimiser", RuntimeWarning,
+                    stacklevel=5)  # the caller of step(), past torch's two wrappers
+                return
+
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor:  # type: ignore[override]
         if closure is None:
@@ -148,7 +173,9 @@ class SPS(_StepSizeLog, Optimizer):
         _check_finite_norms(type(self).__name__, [norm])
         # L − f* in the wider of the loss's and the norm's types, then in the norm's: a float64
         # loss near f* would lose its excess if rounded to a float32 norm's type first
+        loss_eps = torch.finfo(value.dtype).eps
         value = value.reshape(()).to(torch.promote_types(value.dtype, norm.dtype))
+        self._warn_below_f_star(float(value), loss_eps)
         safe = torch.where(norm > 0, norm, torch.ones_like(norm))
         for group, params in groups:
             # (L − f*)/(c‖g‖²) as ((L − f*)/‖g‖)/(c‖g‖): ‖g‖² of a tiny gradient underflows to 0
