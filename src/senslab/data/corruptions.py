@@ -94,8 +94,10 @@ def list_corruptions(family: str | None = None) -> list[str]:
 def corrupt(images: Tensor, name: str, severity: int, generator: torch.Generator) -> Tensor:
     """Corrupt [0, 1] images (N, C, H, W) with corruption ``name`` at ``severity`` ∈ {1..5}.
 
-    Returns a new tensor of the same shape in [0, 1]. Random draws (noise, blur angles) come from
-    ``generator`` only, which must live on the images' device; the same seed gives the same output.
+    Returns a new tensor of the same shape and dtype in [0, 1] (float16 and bfloat16 images are
+    corrupted in float32, so the same seed gives them float32's output, rounded). Random draws
+    (noise, blur angles) come from ``generator`` only, which must live on the images' device; the
+    same seed gives the same output.
     """
     if name not in _CORRUPTIONS:
         raise ValueError(f"unknown corruption {name!r}; use one of {', '.join(_CORRUPTIONS)}")
@@ -105,20 +107,37 @@ def corrupt(images: Tensor, name: str, severity: int, generator: torch.Generator
                         "use the global random state")
     if not isinstance(images, Tensor) or images.dim() != 4:
         shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
+        # x.unsqueeze(1) alone made one RGB image (3, H, W) three grey ones: brightness and
+        # JPEG then treated its channels apart, and each channel drew its own blur angle
         raise ValueError(f"corrupt expects a float tensor (N, C, H, W), got {shape}; add a "
-                         "channel axis with x.unsqueeze(1) for grayscale images")
+                         "channel axis with x.unsqueeze(1) for a batch of grayscale images "
+                         "(N, H, W), or a batch axis with x.unsqueeze(0) for one image (C, H, W)")
+    if images.shape[1] not in (1, 3, 4) and images.shape[-1] in (1, 3, 4):
+        # (N, H, W, C), as CIFAR-10-C's .npy files, PIL and NumPy hold images, ran without a
+        # word: rows were read as channels, so blurs mixed colours and brightness took the
+        # brightest row
+        raise ValueError(f"corrupt expects images (N, C, H, W), got {tuple(images.shape)}, "
+                         "which is channels-last (N, H, W, C); pass images.permute(0, 3, 1, 2)")
     if not images.is_floating_point():  # the shape is right: the channel hint would mislead
+        bool_hint = (" (bool images: images.float() alone, as / 255 would make them nearly "
+                     "black)" if images.dtype == torch.bool else "")
         raise ValueError(f"corrupt expects float pixels in [0, 1], got {images.dtype} images; "
-                         "convert 8-bit pixels with images.float() / 255")
+                         f"convert 8-bit pixels with images.float() / 255{bool_hint}")
     if images.numel() and bool(images.isnan().any()):  # NaN passes the range check below
         raise ValueError("corrupt got images with NaN pixels, which every corruption would "
                          "spread (over a whole channel for contrast); replace or drop them "
                          "first, e.g. images.nan_to_num(0.0)")
     if images.numel() and (images.min() < -1e-6 or images.max() > 1 + 1e-6):
         raise ValueError("corrupt expects pixels in [0, 1]; load with normalize='none' or map "
-                         "normalised images back with images.denormalize(x, dataset.meta)")
+                         "normalised images back with senslab.data.images.denormalize(x, "
+                         "dataset.meta)")
     c = _CORRUPTIONS[name]
-    return c.fn(images.clamp(0, 1), c.params[severity - 1], generator).clamp_(0, 1)
+    x = images.clamp(0, 1)
+    if x.dtype in (torch.float16, torch.bfloat16):
+        # computed in float32, returned in the images' dtype: bfloat16's rand() comes in steps
+        # of 2⁻⁸, so impulse noise hit 1.23% of the values at severity 1 instead of 1%
+        x = x.float()
+    return c.fn(x, c.params[severity - 1], generator).clamp_(0, 1).to(images.dtype)
 
 
 def _randn(x: Tensor, g: torch.Generator) -> Tensor:
