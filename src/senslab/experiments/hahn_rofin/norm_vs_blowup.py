@@ -79,6 +79,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...data.synthetic import BOOLEAN_FUNCTIONS
 from ...train.config import ranged
 from ...verdicts import NO_SE, Effect, bootstrap, describe, judge, not_comparable
 from ...verdicts import RHO_CLIP as RHO_CLIP  # re-exported: it moved to senslab.verdicts
@@ -121,8 +122,15 @@ def sweep(s: SweepSettings) -> list[dict[str, Any]]:
     if empty:
         raise ValueError(f"{' and '.join(empty)} {'is' if len(empty) == 1 else 'are'} empty: the "
                          "sweep cycles through functions and draws n from n_values; give at "
-                         "least one of each, e.g. --set functions=[parity,majority] "
+                         "least one of each, e.g. --set functions=parity,majority "
                          "--set n_values=[4,6,8]")
+    # "random" was refused by the trainer with "give train_size (subset training)", a setting
+    # these fresh-string runs refuse
+    unknown = sorted({f for f in s.functions if f not in BOOLEAN_FUNCTIONS})
+    if unknown:
+        raise ValueError(f"unknown functions {unknown}: the sweep trains on fresh strings, so its "
+                         f"functions are some of {', '.join(BOOLEAN_FUNCTIONS)} (a random table "
+                         "is hr_random_functions)")
     if s.log_uniform and min(*s.lr_range, *s.wd_range) <= 0:
         raise ValueError(f"log-uniform sampling needs positive ranges, got lr_range={s.lr_range}, "
                          f"wd_range={s.wd_range}; raise the lower bound or set log_uniform=false")

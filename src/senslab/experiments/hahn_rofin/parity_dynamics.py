@@ -175,8 +175,17 @@ def dynamics_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     reached = [s for s in reached if s["name"] not in unknown]
     left_out = (f"; left out, a measure NaN at some evaluation (no known peak): "
                 f"{listed(unknown)}" if unknown else "")
+    if no_t0:
+        left_out += f"; left out, never reached loss < 0.01 (no t0): {listed(no_t0)}"
+    if unconverged:
+        left_out += (f"; left out, not converged (final held-out loss not below the scale's "
+                     f"converged_loss): {listed(unconverged)}")
     if len(reached) < 2:
-        return not_comparable(f"only {len(reached)} of {len(summaries)} runs reached loss < 0.01"
+        # "only 1 of 3 runs reached loss < 0.01" was said of three runs that all reached it,
+        # two of them left out as not converged (or with a NaN measure)
+        return not_comparable(f"{len(reached)} of {len(summaries)} runs can be judged (reached "
+                              "loss < 0.01, converged where the scale asks it, no NaN measure); "
+                              f"the mean nearness over seeds needs at least 2 (seeds ≥ 2)"
                               f"{left_out}", evidence)
     parts = {}
     for key, words in (("sharpness", "sharpness"), ("blowup", "blow-up")):
@@ -194,11 +203,6 @@ def dynamics_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     offsets = "; ".join(
         f"{s['name']}: t0={s['peaks']['t0']}, sharpness peak {where(s['peaks']['sharpness'])}, "
         f"blow-up peak {where(s['peaks']['blowup'])}" for s in reached)
-    if no_t0:
-        left_out += f"; left out, never reached loss < 0.01 (no t0): {listed(no_t0)}"
-    if unconverged:
-        left_out += (f"; left out, not converged (final held-out loss not below the scale's "
-                     f"converged_loss): {listed(unconverged)}")
     return verdict(parts, claim=f"over {len(reached)} of {len(summaries)} runs, sharpness and "
                                 "blow-up peak near t0", evidence=evidence,
                    note=f"Peaks relative to t0: {offsets}{left_out}")

@@ -116,6 +116,10 @@ class RandomFunctions(BooleanExperiment):
                       "held-out accuracy on all the others: no eval_size is drawn")}
 
     def runs(self, s: RandomSettings) -> list[Run]:
+        if not s.train_sizes:  # trained nothing, recorded as "no (k, seed) pair ... fit"
+            raise ValueError("train_sizes is empty: the runs are one pair per training-set size "
+                             "k and seed; give at least one k below 2^n, e.g. --set "
+                             "train_sizes=[32,64,128]")
         return [boolean_run(f"{kind}-k{k}-s{seed}", s, info={"train_size": k},
                             label=f"{kind} k={k}", function="random", n=s.n, seed=seed,
                             stop_below=s.stop_loss, train_size=k, function_seed=seed,
@@ -167,10 +171,10 @@ def completion_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     evidence: dict[str, Any] = {"pairs": rows, "total_pairs": len(by_pair)}
     if left_out:
         evidence["left_out"] = left_out
-    if not rows:
+    if not rows:  # the pairs named, as the module docstring says (they were in evidence only)
         return not_comparable("no (k, seed) pair where both models fit their training labels "
                               "(the trainer's converged: training accuracy > 0.99, and the loss "
-                              "bound where the scale sets one)", evidence)
+                              f"bound where the scale sets one): {listed(left_out)}", evidence)
     steps = {s["name"]: s["final"].get("step") for s in summaries if "name" in s}
     return judge_pairs(rows, evidence, steps=steps, left_out=left_out)
 

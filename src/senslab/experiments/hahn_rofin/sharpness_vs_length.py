@@ -99,6 +99,13 @@ class SharpnessVsLength(BooleanExperiment):
         unknown = [f for f in s.functions if f not in FUNCTIONS]
         if unknown:
             raise ValueError(f"unknown functions {unknown}; use some of {', '.join(FUNCTIONS)}")
+        # an empty list trained nothing and was recorded as "no parity runs to compare with"
+        empty = [name for name in ("functions", "n_values") if not getattr(s, name)]
+        if empty:
+            raise ValueError(f"{' and '.join(empty)} {'is' if len(empty) == 1 else 'are'} "
+                             "empty: the runs are every function at every n; give at least one "
+                             "of each, e.g. --set functions=parity,majority --set "
+                             "n_values=[4,6,8]")
         return [boolean_run(f"{f}-n{n}-s{seed}", s, label=f, function=f, n=n, seed=seed)
                 for f in s.functions for n in s.n_values for seed in range(s.seeds)]
 
@@ -133,8 +140,19 @@ def slope_verdict(summaries: list[dict[str, Any]], sensitive: str = "parity",
     for f in sorted({s["function"] for s in summaries}):
         pts = points.get(f, [])
         if len({n for n, _ in pts}) < 2:
-            return not_comparable(f"{f}: fewer than two n values converged (acc > 0.99)",
-                                  evidence)
+            # "fewer than two n values converged (acc > 0.99)" was said of runs at a single n
+            # too, and of runs left out by the loss bound of a scale that sets converged_loss
+            ran = sorted({s["n"] for s in summaries if s["function"] == f})
+            if len(ran) < 2:
+                return not_comparable(f"{f}: runs at n = {ran[0]} only, and a slope on n needs "
+                                      "at least two lengths: give n_values two or more",
+                                      evidence)
+            mine = [_name(s) for s in summaries if s["function"] == f and not s["converged"]]
+            return not_comparable(
+                f"{f}: fewer than two of its n values ({', '.join(map(str, ran))}) have a "
+                "converged run (the trainer's converged: held-out accuracy > 0.99, and the loss "
+                f"below converged_loss where the scale sets one); not converged: {listed(mine)}",
+                evidence)
         fits[f] = slope_effect(pts, f"slope of {f}'s sharpness on n")
         _, _, intercept = linear_fit([float(n) for n, _ in pts], [v for _, v in pts])
         evidence[f] = {"slope": fits[f].value, "slope_se": fits[f].se, "intercept": intercept,
