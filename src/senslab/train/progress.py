@@ -33,7 +33,7 @@ class Progress:
         self.bar.update(k)
 
     def set_postfix(self, record: dict[str, Any]) -> None:
-        self.post = {k: record[k] for k in _SHOWN if k in record}
+        self.post = {k: record[k] for k in _SHOWN if record.get(k) is not None}
         self._postfix(refresh=True)
 
     def _postfix(self, refresh: bool) -> None:

@@ -33,6 +33,8 @@ class Tracker:
         # count asked for, and a reader of sens/val beside sens/train (or of test/acc) would take
         # them for measurements on that many examples. Said by one process, not by every rank.
         say = shard is None or shard[0] == 0
+        if say:
+            unread(cfg)
         name = getattr(train, "name", None) or cfg.data.name
         splits = (f"{cfg.data.train_split} split of {name}", f"{cfg.data.test_split} split of "
                   f"{getattr(test, 'name', None) or cfg.data.name}")
@@ -89,17 +91,19 @@ class Tracker:
         rec["test/loss"], rec["test/acc"] = evaluate(
             self.model, self.eval_test, loss_kind, self.device, bs, self.shard
         )
+        diverged(self.cfg, rec)
         for split, data in (("train", self.sens_train), ("val", self.sens_val)):
             if data is None or t.sigma <= 0:
                 continue
             r = self.sensitivity(data)
-            rec[f"sens/{split}"] = r.estimate
-            rec[f"sens/{split}_se"] = r.stderr
-            rec[f"sens/{split}_ci"] = list(r.ci95)
+            # NaN (a standard error from one example, which the measurement warned of) as None:
+            # written as a bare NaN, the record is not JSON to a strict reader (jq, JavaScript,
+            # serde_json, DuckDB), which refused the whole metrics.jsonl line
+            rec[f"sens/{split}"] = known(r.estimate)
+            rec[f"sens/{split}_se"] = known(r.stderr)
+            rec[f"sens/{split}_ci"] = [known(v) for v in r.ci95]
             rec[f"sens/{split}_positions"] = r.positions.tolist()
-            rec[f"sens/{split}_per_position"] = [
-                None if math.isnan(v) else v for v in r.per_position.tolist()
-            ]
+            rec[f"sens/{split}_per_position"] = [known(v) for v in r.per_position.tolist()]
         if t.weight_norm:
             rec["weight_norm"] = weight_norm(self.model)
         if t.sharpness or t.loss_sharpness:
@@ -115,17 +119,75 @@ class Tracker:
                 s = sharpness.output_sharpness(
                     self.model, x, sigma_w=t.sharpness_sigma, generator=self.cfg.seed,
                     output_kind=kind, threshold=threshold)
-            rec["sharpness/shop"] = s.shop.estimate
+            rec["sharpness/shop"] = known(s.shop.estimate)
             if s.shpred is not None:
-                rec["sharpness/shpred"] = s.shpred.estimate
+                rec["sharpness/shpred"] = known(s.shpred.estimate)
         if t.loss_sharpness:  # docs/definitions.md#loss-sharpness: E_Δ L(θ+Δ) − L(θ)
             def loss_fn(out: Any, target: Any) -> Any:
                 return loss_function(loss_kind, out)(out, target)
 
             ls = sharpness.loss_sharpness(self.model, loss_fn, x, y,
                                           sigma=t.loss_sharpness_sigma, generator=self.cfg.seed)
-            rec["sharpness/loss"] = ls.estimate
+            rec["sharpness/loss"] = known(ls.estimate)
         return rec
+
+
+def known(value: float) -> float | None:
+    """``value``, or None where it is not a finite number (metrics.jsonl's "not known", as a
+    strict JSON reader reads it; ``json.dumps`` writes NaN and inf as bare ``NaN`` and
+    ``Infinity``, which are not JSON)."""
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def diverged(cfg: RunConfig, record: dict[str, Any]) -> None:
+    """A FloatingPointError, as the loop's for a training loss, when an evaluation's loss
+    (``train/loss``, ``test/loss`` of ``record``) is not finite, nor then are the model's
+    outputs. The loop checks each batch's loss before its step, so a step that made the outputs
+    overflow (the run's last, whose loss no later step reads) finished the run with
+    ``train/loss`` NaN and an accuracy read from NaN outputs (every argmax the first class:
+    0.0987 on digits, its share of class 0), in metrics.jsonl and summary.json without a
+    word."""
+    bad = [f"{k}={record[k]}" for k in ("train/loss", "test/loss") if not math.isfinite(record[k])]
+    if not bad:
+        return
+    o = cfg.optim
+    rate = (f"optim.eta_max (now {o.eta_max}; sps sets its own step size)" if o.name == "sps"
+            else f"optim.lr (now {o.lr})")
+    raise FloatingPointError(
+        f"evaluation loss became {bad[0].partition('=')[2]} ({', '.join(bad)}): the model's "
+        f"outputs are no longer finite, so no accuracy or sensitivity can be read from them; "
+        f"lower {rate} or check the data")
+
+
+#: the tracking settings read only with another one, and what to set for them to be read (the
+#: run's track.num_examples and track.repeats are read with track.sigma=0 too: by `senslab measure
+#: --checkpoint`, as its defaults)
+_READ_WITH = (
+    ("val", lambda t: t.sigma > 0, "track.sigma=0 measures no sensitivity (no sens/val)",
+     "set track.sigma above 0"),
+    ("sharpness_sigma", lambda t: t.sharpness, "track.sharpness=false measures no ShOp/ShPred",
+     "set track.sharpness=true"),
+    ("loss_sharpness_sigma", lambda t: t.loss_sharpness,
+     "track.loss_sharpness=false measures no sharpness/loss", "set track.loss_sharpness=true"),
+)
+
+
+def unread(cfg: RunConfig) -> None:
+    """A warning for each ``track.*`` setting that ``cfg`` sets off its default but whose
+    measurement is off (``track.val=true`` with ``track.sigma=0``, a ``track.sharpness_sigma``
+    without ``track.sharpness``...): the run recorded exactly what it records without it,
+    while config.json (and the reports, which set runs apart by it) said it was measured."""
+    from .config import TrackConfig
+
+    t, default = cfg.track, TrackConfig()
+    for key, read, why, fix in _READ_WITH:
+        value = getattr(t, key)
+        if value != getattr(default, key) and not read(t):
+            value = str(value).lower() if isinstance(value, bool) else value
+            warnings.warn(f"track.{key}={value} is not read: {why}, so the run records what it "
+                          f"records without it (config.json keeps it); {fix} for it to be "
+                          f"measured, or drop track.{key}", stacklevel=3)
 
 
 def decision_rule(cfg: RunConfig, model: nn.Module, data: ArrayDataset,
