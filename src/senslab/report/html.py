@@ -24,6 +24,7 @@ from senslab.report.plots import (
     plot_position_heatmaps,
     plot_position_profiles,
     plot_scatter,
+    written_png,
 )
 from senslab.report.runs import (
     Experiment,
@@ -33,6 +34,7 @@ from senslab.report.runs import (
     as_paths,
     load_all,
 )
+from senslab.train.rundir import atomic_write_text
 
 # Which final metric the bar chart shows: the first one any run has.
 BAR_KEYS = ("sens/train", "sens/val", "bool_sens")
@@ -109,7 +111,10 @@ def make_report(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
-    figures: list[tuple[Path, str]] = []  # (png, caption), in page order
+    # (png, caption, its bytes), in page order: each figure as this call drew it, as a report
+    # writing into the same folder at the same time replaces the files (report.html showed
+    # its curves beside this one's table)
+    figures: list[tuple[Path, str, bytes]] = []
     if curve_panels(runs):
         png = plot_curves(runs, out / "curves.png", x=x, logx=logx, logy=logy)
         figures.append(
@@ -118,35 +123,38 @@ def make_report(
                 "Metrics over training: mean over seeds, band ± std (a single run: "
                 "95% interval of its sensitivity estimate). A faded stretch is the mean of "
                 "only some of a label's runs (the others stopped earlier).",
+                written_png(png),
             )
         )
     bar_key = next((k for k in BAR_KEYS if any(is_number(r.final.get(k)) for r in runs)), None)
     if bar_key is not None:
         png = plot_final_bars(runs, out / "final_sensitivity.png", key=bar_key)
-        figures.append((png, f"Final {bar_key} per label, annotated with train accuracy."))
+        figures.append((png, f"Final {bar_key} per label, annotated with train accuracy.",
+                        written_png(png)))
     if has_positions(runs):
         grid = patch_grid(runs)
         if grid is not None:
             png = plot_position_heatmaps(runs, out / "positions.png")
             figures.append((png, f"Sensitivity per image patch on the {grid[0]}×{grid[1]} "
-                                 "patch grid, one panel per model (mean over seeds)."))
+                                 "patch grid, one panel per model (mean over seeds).",
+                            written_png(png)))
         else:
             png = plot_position_profiles(runs, out / "positions.png")
             figures.append((png, "Sensitivity per token position, right-aligned (−1 = last "
-                                 "token)."))
+                                 "token).", written_png(png)))
     for i, (xk, yk) in enumerate(scatter):
         png = plot_scatter(runs, xk, yk, out / f"scatter_{i}.png")
-        figures.append((png, f"{yk} against {xk}, one point per run."))
+        figures.append((png, f"{yk} against {xk}, one point per run.", written_png(png)))
 
     if title is None:
         title = (
             experiments[0].name if len(experiments) == 1 else f"senslab report: {len(runs)} run(s)"
         )
-    page = render_html(title, experiments, runs, figures)
+    page = _render(title, experiments, runs, figures)
     report = out / "report.html"
-    tmp = report.with_name(report.name + ".tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(report)  # atomic: a reader never sees half a report
+    # atomic, through a temporary file of this process and thread: a reader never sees half a
+    # report, and two reports written at once never share one
+    atomic_write_text(report, page)
     return report
 
 
@@ -157,6 +165,17 @@ def render_html(
     figures: Sequence[tuple[Path, str]],
 ) -> str:
     """The report page as a string (see :func:`make_report`)."""
+    return _render(title, experiments, runs,
+                   [(path, caption, path.read_bytes()) for path, caption in figures])
+
+
+def _render(
+    title: str,
+    experiments: Sequence[Experiment],
+    runs: Sequence[Run],
+    figures: Sequence[tuple[Path, str, bytes]],
+) -> str:
+    """:func:`render_html`, with each figure's PNG given as ``(path, caption, bytes)``."""
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -188,8 +207,8 @@ def render_html(
     parts.append("</details>")
     if figures:
         parts.append("<h2>Plots</h2>")
-    for path, caption in figures:
-        data = base64.b64encode(path.read_bytes()).decode("ascii")
+    for path, caption, png in figures:
+        data = base64.b64encode(png).decode("ascii")
         parts.append(
             f'<figure><img src="data:image/png;base64,{data}" alt="{_e(path.stem)}">'
             f"<figcaption>{_e(caption)}</figcaption></figure>"

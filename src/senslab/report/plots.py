@@ -11,7 +11,9 @@ every figure takes its colours from all the runs it is given, not only from thos
 
 from __future__ import annotations
 
+import io
 import math
+import threading
 import warnings
 import zlib
 from collections.abc import Collection, Sequence
@@ -30,6 +32,7 @@ from senslab.report.aggregate import (
     metric_keys,
 )
 from senslab.report.runs import PathLike, Run, group_by_label
+from senslab.train.rundir import atomic_write_bytes
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -117,11 +120,31 @@ def _figure(width: float, height: float) -> Figure:
     return Figure(figsize=(width, height), layout="constrained")
 
 
+#: the PNG this thread wrote last: (path, bytes) (:func:`written_png`)
+_WRITTEN = threading.local()
+
+
 def _save(fig: Figure, out: PathLike) -> Path:
+    """Write ``fig`` as the PNG file ``out`` atomically (a reader never sees part of it), and
+    keep its bytes for :func:`written_png`."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    _WRITTEN.last = (out, buf.getvalue())
+    atomic_write_bytes(out, _WRITTEN.last[1])
     return out
+
+
+def written_png(path: Path) -> bytes:
+    """The PNG this thread has just written to ``path`` (its last plot), as written: another
+    report writing into the same folder at the same time may have replaced the file since, and
+    report.html embedded its figures, or half of one, beside its own table."""
+    last = getattr(_WRITTEN, "last", None)
+    if last is None or last[0] != path:
+        raise RuntimeError(f"{path} is not the PNG this thread wrote last")
+    del _WRITTEN.last
+    return last[1]
 
 
 def _label_handles(
@@ -344,6 +367,15 @@ def plot_final_bars(
                       "place; the per-run numbers say which run", stacklevel=2)
         for i in bad:
             means[i], errs[i] = math.nan, 0.0
+    # a NaN or inf spread (a single run's s.e. from one example) draws no error bar, which
+    # reads as a bar known exactly, or with no s.e. logged: it is written above the bar
+    unbounded = [i for i, e in enumerate(errs) if not math.isfinite(e)]
+    if unbounded:
+        warnings.warn(f"{out}: the final {key} of "
+                      + ", ".join(f"{rows[i]['label']!r} is {rows[i][key]}" for i in unbounded)
+                      + ": a NaN or inf spread draws no error bar, so it is written above the "
+                      "bar; the per-run numbers say which run (a standard error over a single "
+                      "example is NaN: track more examples)", stacklevel=2)
     # a label's bar over fewer of its runs than the row holds says so under its name
     names = [r["label"] + (f"\n({r[key].n} of {r[key].of} runs)"
                            if r[key].of is not None and r[key].n < r[key].of else "")
@@ -356,13 +388,21 @@ def plot_final_bars(
         for i in bad:
             ax.annotate(format_number(rows[i][key].mean), (pos[i], 0), xytext=(0, 3),
                         textcoords="offset points", ha="center", va="bottom", color="#c62828")
-        for p, m, e, row in zip(pos, means, errs, rows, strict=True):
+        for i, (p, m, e, row) in enumerate(zip(pos, means, errs, rows, strict=True)):
+            lines = []
+            if i in unbounded:
+                stat = row[key]
+                lines.append(f"± {format_number(stat.spread)}"
+                             + (" (se)" if stat.kind == "se" else ""))
             if acc_key in row and math.isfinite(m):
                 acc = row[acc_key].mean
                 text = format_percent(acc) if 0 <= acc <= 1 else format_number(acc)
+                lines.append(f"{_split(acc_key) or acc_key} acc\n{text}" if "acc" in acc_key
+                             else text)
+            if lines:
                 ax.annotate(
-                    f"{_split(acc_key) or acc_key} acc\n{text}" if "acc" in acc_key else text,
-                    (p, m + e),
+                    "\n".join(lines),
+                    (p, m + e if math.isfinite(e) else m),
                     xytext=(0, 3),
                     textcoords="offset points",
                     ha="center",

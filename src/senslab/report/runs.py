@@ -196,7 +196,14 @@ class Experiment:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
+        # UTF-8 whatever the locale: senslab writes it; a file saved in another encoding (a
+        # label edited by hand as latin-1) failed as a bare UnicodeDecodeError naming no file
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise RunFormatError(
+            f"{path} is not UTF-8 text (byte {err.start}: {err.reason}); the file was damaged, "
+            "or saved by an editor in another encoding: save it as UTF-8, or restore it"
+        ) from err
     except json.JSONDecodeError as err:
         raise RunFormatError(
             f"{path} is not valid JSON ({err.msg} at line {err.lineno}); the file is corrupted, "
@@ -228,29 +235,34 @@ def read_metrics(path: PathLike, finished: bool = False) -> list[dict[str, Any]]
     error naming the line and the step.
     """
     path = Path(path)
-    lines = path.read_text().splitlines()
+    # bytes, decoded line by line: a line that is not UTF-8 (damaged, or edited in another
+    # encoding) is a bad line like any other, where decoding the whole file failed as a bare
+    # UnicodeDecodeError naming neither the file nor the line
+    lines = path.read_bytes().splitlines()
     numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
     rows: list[tuple[int, dict[str, Any]]] = []
     for pos, (lineno, line) in enumerate(numbered):
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
+            row = json.loads(line.decode("utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            msg = err.msg if isinstance(err, json.JSONDecodeError) else "not UTF-8 text"
             if pos == len(numbered) - 1:
                 why = ("the run was probably killed while writing it" if not finished else
                        f"the run finished, so no crash cut it: the file was damaged or edited "
-                       f"since ({err.msg}), and the run's last logged point is missing from "
+                       f"since ({msg}), and the run's last logged point is missing from "
                        "the curves; restore the file, or train the run again")
                 # once per process: ``senslab report`` reads its runs twice
                 _warn_once_at(f"{path}: skipping truncated last line {lineno} ({why})",
                               [path], stacklevel=4)
                 break
             raise RunFormatError(
-                f"{path}: line {lineno} is not valid JSON ({err.msg}); the metrics file is "
+                f"{path}: line {lineno} is not valid JSON ({msg}); the metrics file is "
                 "corrupt, fix or delete that line"
             ) from err
         if not isinstance(row, dict) or "step" not in row:
             raise RunFormatError(
-                f"{path}: line {lineno} must be a JSON object with a 'step' key, got {line[:80]!r}"
+                f"{path}: line {lineno} must be a JSON object with a 'step' key, got "
+                f"{line.decode('utf-8')[:80]!r}"
             )
         if not _is_whole_number(row["step"]):
             # read as int(step) below: 1.5 and 1.7 were one point (the first lost without a
