@@ -48,3 +48,23 @@ def test_auto_back_to_float32_shows_no_recheck_share(capsys: pytest.CaptureFixtu
     assert row[0] == "0.5" and row[-1] == "-", out
     assert "the copies ran in float32 — \"auto\"'s timed calibration found no gain" in err
     assert "all decided in float32" in err
+
+
+def test_report_again_keeps_the_experiments_own_plots(tmp_path, capsys) -> None:
+    """`senslab report runs/EXP` rewrote the report.html `senslab run` wrote without the
+    experiment's own plots: hr_norm_vs_blowup's two scatters were gone (4 figures became 2)."""
+    from senslab.experiments import run_experiment
+
+    out = tmp_path / "sweep"
+    run_experiment("hr_norm_vs_blowup", out, log=lambda _: None,
+                   overrides=["dim=8", "steps=6", "eval_every=3", "batch=32", "eval_size=32",
+                              "sharp_draws=2", "runs=2", "n_values=[3]"])
+    assert cli.main(["report", str(out)]) == 0
+    page = (out / "report.html").read_text()
+    assert page.count("<figure>") == 4, page.count("<figure>")
+    assert "blowup against param_norm, one point per run" in page
+    assert "param_norm against bool_sens, one point per run" in page
+    # a plain directory of runs (no experiment) keeps the defaults: no scatter
+    assert cli.main(["report", str(out / next(p.name for p in out.iterdir() if p.is_dir())),
+                     "--out", str(tmp_path / "one")]) == 0
+    assert (tmp_path / "one" / "report.html").read_text().count("<figure>") < 4

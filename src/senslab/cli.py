@@ -881,7 +881,7 @@ def _warn_threads(args: argparse.Namespace, exp: Any, scales: list[str]) -> None
 def _run_ladder(args: argparse.Namespace) -> int:
     from .experiments import get_experiment
     from .experiments.ladder import run_ladder, select_rungs
-    from .report import make_report
+    from .report import load_all, make_report
 
     out = Path(args.out or Path("runs") / "ladder" / args.experiment)
     _check_out(out)
@@ -895,8 +895,9 @@ def _run_ladder(args: argparse.Namespace) -> int:
     summary = run_ladder(args.experiment, out, rungs=rungs, extra=args.set or [], log=_note)
     print()
     for row in summary["rungs"]:
-        if row.get("status") == "done":
-            make_report([out / row["rung"]])
+        if row.get("status") == "done":  # with the experiment's own plots, as `run` draws
+            make_report([out / row["rung"]], **_report_options(
+                args.experiment, load_all([out / row["rung"]])[1]))
             print(f"{row['rung']:>12}: {row['verdict']} ({row.get('seeds')} seeds) — "
                   f"{row.get('reason', '')}")
         else:
@@ -907,13 +908,49 @@ def _run_ladder(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report_options(name: str, runs: list[Any]) -> dict[str, Any]:
+    """The plot options (``report_options``) of registered experiment ``name`` for a report of
+    its ``runs``, as ``senslab run`` draws them: `senslab report runs/EXP` and each rung of a
+    ladder rewrote report.html without them (hr_norm_vs_blowup's two scatters gone, ib_fixed_v's
+    log-step axes linear). A scatter no run can draw yet (none finished) is left out with a
+    notice; an unregistered name (a directory of another version) gets the defaults."""
+    from .experiments import get_experiment
+
+    try:
+        options = dict(getattr(get_experiment(name), "report_options", {}))
+    except KeyError:
+        return {}
+    pairs = []
+    for pair in options.get("scatter", ()):
+        if any(_drawable(run, pair[0]) and _drawable(run, pair[1]) for run in runs):
+            pairs.append(pair)
+        else:
+            _note(f"the scatter of {pair[1]} against {pair[0]} is left out: no run has both "
+                  "yet (finish the experiment's runs for it)")
+    if "scatter" in options:
+        options["scatter"] = pairs
+    return options
+
+
+def _drawable(run: Any, key: str) -> bool:
+    """Whether ``run`` has a number for ``key`` (a final metric or ``config.<path>``)."""
+    from .report.aggregate import is_number
+
+    try:
+        return is_number(run.lookup(key))
+    except KeyError:
+        return False
+
+
 def _report(args: argparse.Namespace) -> int:
     from .report import final_table, format_table, load_all, make_report
 
     if args.out is not None:  # a file there failed late, as "file exists" with status 1
         _check_out(Path(args.out))
-    path = make_report(args.paths, out_dir=args.out)
     experiments, runs = load_all(args.paths)
+    own = (_report_options(experiments[0].name, runs)
+           if len(args.paths) == 1 and len(experiments) == 1 else {})
+    path = make_report(args.paths, out_dir=args.out, **own)
     print(format_table(final_table(runs)))
     for exp in experiments:  # each experiment's verdict, as `senslab run` prints it
         of = "" if len(experiments) == 1 else f" of {exp.path}"
