@@ -779,7 +779,9 @@ def cifar10c(split: str = "test", root: Any = None, download: bool = False,
     Files ``root/CIFAR-10-C/<corruption>.npy`` (50,000 × 32 × 32 × 3 uint8: severities 1..5 in
     blocks of 10,000) and ``labels.npy``; only the chosen block is read (memory-mapped). The
     release has only the test images, so ``split`` must be "test" ("train", the registry's
-    default, is read as "test" too). Normalisation uses CIFAR-10's training statistics.
+    default, is read as "test" too, with a warning: a run that trains on split "train" and tests
+    on "test" would be tested on its training images). Normalisation uses CIFAR-10's training
+    statistics.
     """
     _check_split(split, ("test", "train"), "cifar10c")
     if corruption not in CIFAR10C_CORRUPTIONS:
@@ -830,4 +832,14 @@ def cifar10c(split: str = "test", root: Any = None, download: bool = False,
     ds = _package("cifar10c", x, np.asarray(labels[block]), CIFAR10_CLASSES, "test", normalize,
                   PIXEL_STATS["cifar10"], str(npy))
     ds.meta.update(corruption=corruption, severity=severity)
+    if split == "train":
+        # a run with data.name=cifar10c (train_split "train", test_split "test") trained on these
+        # images and reported its test accuracy on the very same ones, unsaid
+        warnings.warn(
+            f"cifar10c has no training images: split='train' reads the same {len(ds):,} "
+            f"corrupted CIFAR-10 test images as split='test' ({corruption}, severity "
+            f"{severity}), so a model trained on this split and tested on split='test' is "
+            "tested on its own training images. Train on cifar10 and measure on cifar10c "
+            "(split='test'); pass split='test' to load the images without this warning",
+            stacklevel=2)
     return ds

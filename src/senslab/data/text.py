@@ -37,9 +37,11 @@ than the reference's (e.g. SST-2 67,349 / 872, QQP 363,846 / 40,430) warns that 
 truncated. A held-out file with more than 10 examples and more than a tenth of its examples (the
 sentence, or the pair in either order, whitespace aside) also in the training file beside it warns,
 naming the share: a split of one's own that measures training examples as held-out ones (a few
-shared examples are no error). A GLUE zip (SST-2, QQP) that cannot be read or lacks its
-``train.tsv``/``dev.tsv``, and a folder it cannot be extracted into (read-only), are refused, naming
-the archive and the fix.
+shared examples are no error). A file written with CSV quoting (pandas' ``to_csv``: a
+sentence that holds a quote wrapped in quotes, its own doubled), whose sentences would be
+read with those quotes, is refused (a handful of such rows warn). A GLUE zip (SST-2, QQP)
+that cannot be read or lacks its ``train.tsv``/``dev.tsv``, and a folder it cannot be extracted
+into (read-only), are refused, naming the archive and the fix.
 
 Layout (RoBERTa): a sentence is ``<s> A </s>``, a pair ``<s> A </s></s> B </s>``, then ``<pad>``
 to ``max_len`` on the right. Too long inputs are cut at the end of their content, for pairs
@@ -407,11 +409,14 @@ def _read(path: Path, fmt: _Format) -> TextRows:
     :data:`_SKIP_SHARE` of them) refuse the file: it is not in ``fmt``'s format. Refused too: a
     file without its final line end whose last row may be cut (one whose last column is the
     label and valid was complete). A file named like a reference file with another row count
-    than :data:`REFERENCE_ROWS` warns (it may be truncated at a line end)."""
+    than :data:`REFERENCE_ROWS` warns (it may be truncated at a line end). A file written with
+    CSV quoting (:func:`_csv_quoted`: pandas' ``to_csv``, ``csv.writer``), whose sentences would
+    be read with the quotes it added, is refused, or warned about for a handful of such rows."""
     rows, ended = _tsv(path, fmt)
     out = TextRows(second=[] if len(fmt.text) == 2 else None)
     bad: list[int] = []
     empty: list[int] = []  # valid rows without text in a sentence column
+    quoted: list[tuple[int, str]] = []  # (line, sentence) of rows written with CSV quoting
     for line, row in rows:
         if not row:  # a blank line
             continue
@@ -425,6 +430,9 @@ def _read(path: Path, fmt: _Format) -> TextRows:
         if out.second is not None:
             out.second.append(row[fmt.text[1]])
         out.labels.append(int(row[fmt.label]))
+        csv_field = next((row[i] for i in fmt.text if _csv_quoted(row[i])), None)
+        if csv_field is not None:
+            quoted.append((line, csv_field))
     last = next((r for _, r in reversed(rows) if r), None)
     if not ended and last is not None \
             and not (fmt.valid(last) and fmt.label == len(fmt.columns) - 1):
@@ -449,6 +457,8 @@ def _read(path: Path, fmt: _Format) -> TextRows:
             f"{lines(skipped)}{some}); {fmt.task}'s {path.name} has {fmt.describe()}. The file is "
             f"in another format (an unlabelled test file, another task's file?): put "
             f"{fmt.task}'s {path.name} there")
+    if quoted:
+        _check_csv_quoting(path, fmt, quoted, n)
     if bad:
         warnings.warn(f"{path}: {len(bad)} malformed row(s) skipped (line {lines(bad)}), as not "
                       f"{fmt.describe()}", stacklevel=2)
@@ -467,6 +477,43 @@ def _read(path: Path, fmt: _Format) -> TextRows:
             "truncated (an interrupted copy or download). Copy or download it again; a subset or "
             "rebuild of your own loads as it is", stacklevel=2)
     return out
+
+
+def _csv_quoted(field: str) -> bool:
+    """Whether ``field`` is a whole CSV-quoted field: wrapped in double quotes, with the quotes of
+    its own text doubled (``"he said "" hi "" ."``), as a CSV writer (pandas' ``to_csv``,
+    ``csv.writer``) writes a field that holds a quote. GLUE's files are not quoted: their quotes
+    are text and never doubled (MRPC's sentence ``" The result … . "`` is one of its own)."""
+    if len(field) < 4 or field[0] != '"' or field[-1] != '"':
+        return False
+    inner = field[1:-1]
+    return '""' in inner and '"' not in inner.replace('""', "")
+
+
+def _check_csv_quoting(path: Path, fmt: _Format, quoted: list[tuple[int, str]], n: int) -> None:
+    """Refuse ``path`` where more than a handful of its ``n`` rows (:data:`_SKIP_ALLOWED`, or
+    :data:`_SKIP_SHARE` of them) have a sentence written with CSV quoting (:func:`_csv_quoted`;
+    ``quoted``: their line numbers and sentences), and warn about a handful: read as the GLUE
+    files are (quotes are text), each such sentence carries the quotes the writer added — MRPC's
+    train.tsv saved by pandas changed 769 of its 3,668 pairs so, without a word. A reference file
+    (by md5) is GLUE's own and passes as it is."""
+    if md5sum(path) in _known_files():
+        return
+    line, field = quoted[0]
+    where = ", ".join(str(k) for k, _ in quoted[:5]) + (", …" if len(quoted) > 5 else "")
+    what = (f"{len(quoted):,} of its {n:,} rows have a {fmt.sentences()} written with CSV "
+            f"quoting, wrapped in double quotes with its own quotes doubled (line {where}; line "
+            f"{line}: {field[:80]!r}{'…' if len(field) > 80 else ''}), where {fmt.task}'s "
+            f"{path.name} is not quoted (its quotes are text)")
+    fix = ("The file was written by a CSV writer (pandas' to_csv, csv.writer): write it again "
+           "without quoting, each row its fields joined by tabs (csv.writer(f, delimiter='\\t', "
+           "quoting=csv.QUOTE_NONE, quotechar=None)), or copy the original file again")
+    if len(quoted) > max(_SKIP_ALLOWED, _SKIP_SHARE * n):
+        raise DataUnavailableError(
+            f"{path}: {what}, so those sentences would be read with the quotes the writer added. "
+            f"{fix}")
+    warnings.warn(f"{path}: {what}; they are read as they are, with the quotes the writer "
+                  f"added. {fix}", stacklevel=3)
 
 
 # --------------------------------------------------------------------------- sources
@@ -496,8 +543,8 @@ def build_mrpc_glue(root: Path, download: bool = False) -> list[str]:
     src = {n: _need(root, n, *MRPC_FILES[n], download) for n in _MSR_BUILD}
     # utf-8-sig: a BOM left in the first id would keep that dev pair in train
     dev_ids = {tuple(line.strip().split("\t")) for line in
-               src["dev_ids.tsv"].read_text(encoding="utf-8-sig").split("\n") if line.strip()}
-    lines = src["msr_paraphrase_train.txt"].read_text(encoding="utf-8").split("\n")
+               _utf8(src["dev_ids.tsv"], "utf-8-sig").split("\n") if line.strip()}
+    lines = _utf8(src["msr_paraphrase_train.txt"], "utf-8").split("\n")
     rows: dict[str, list[str]] = {n: [lines[0].rstrip("\r") + "\n"] for n in _GLUE_FILE.values()}
     pairs: dict[str, set[tuple[str, str]]] = {n: set() for n in _GLUE_FILE.values()}
     short: list[tuple[int, int]] = []  # (line number, fields) of rows without their 5 fields
@@ -539,6 +586,21 @@ def build_mrpc_glue(root: Path, download: bool = False) -> list[str]:
     _check_build(root, src, len(dev_ids - pairs["dev.tsv"]),
                  {n: b for n, b in built.items() if n not in kept})
     return missing
+
+
+def _utf8(path: Path, encoding: str) -> str:
+    """The text of a source of :func:`build_mrpc_glue`, refused, naming the file and the fix,
+    where it is not UTF-8 (a copy re-saved by a spreadsheet as Windows-1252, say): a bare
+    UnicodeDecodeError named neither, where the same file read as ``variant="msr"`` is refused
+    by :func:`_tsv` with both."""
+    try:
+        return path.read_text(encoding=encoding)
+    except UnicodeDecodeError as err:
+        raise DataUnavailableError(
+            f"{path} is not UTF-8 text (byte {err.start}: {err.reason}), which MRPC's "
+            f"{path.name} is, so GLUE's train.tsv and dev.tsv cannot be built from it: save it "
+            "as UTF-8 (it may be Windows-1252, Latin-1 or UTF-16), or copy the original file "
+            "again; nothing was written") from err
 
 
 def _holds_bytes(path: Path, data: bytes) -> bool:
