@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .._seeds import CPU_SEED_END
 from ._registry import register_dataset
 from ._roots import locate, reads_no_files
 from .base import ArrayDataset, whole_number
@@ -50,22 +51,42 @@ def _generator(seed: int, stream: str) -> torch.Generator:
     return torch.Generator().manual_seed((seed * 1_000_003 + _STREAM[stream]) % (2**63 - 1))
 
 
-def _check_count(value: object, option: str, name: str) -> int:
-    """``value`` as a count of examples, refused unless it is an int ≥ 1: a size of 0 gave an
-    empty split (no accuracy, no sensitivity) without a word, and a bool read as 1 or 0."""
+def _check_count(value: object, option: str, name: str, what: str = "a number of examples"
+                 ) -> int:
+    """``value`` as a count (``what`` it counts, for the error), refused unless it is an int ≥ 1:
+    a size of 0 gave an empty split (no accuracy, no sensitivity) without a word, and a bool read
+    as 1 or 0."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name}: {option} must be an int ≥ 1 (a number of examples), got "
-                         f"{value!r}")
+        raise ValueError(f"{name}: {option} must be an int ≥ 1 ({what}), got {value!r}")
     return int(value)
+
+
+def _check_finite(value: object, option: str, name: str) -> float:
+    """``value`` as a finite real number: a NaN or infinite one went into the data and made it
+    NaN without a word, and a bool read as 0 or 1."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+            or not math.isfinite(value):
+        raise ValueError(f"{name}: {option} must be a finite number (not a bool), got "
+                         f"{value!r}")
+    return float(value)
 
 
 def _check_seed(seed: object, option: str = "seed", name: str = "") -> int:
     """``seed`` as an int, refused where it is a bool or a number that is not whole: ``int()``
     cut 1.7 to 1 (seed 1's data) and read True as 1, each without a word. Whatever ``int()``
-    reads exactly passes as before (numpy's and torch's integers, 2.0, "3"). ``option`` and
-    ``name`` (the loader) are named in the error."""
+    reads exactly passes as before (numpy's and torch's integers, 2.0, "3"). A seed outside
+    [0, 2**32) is refused too: torch's CPU generator keeps only the low 32 bits of the stream
+    seed, so seed 2**32 + 1 gave exactly seed 1's data, and a negative seed another seed's.
+    ``option`` and ``name`` (the loader) are named in the error."""
     where = f"{name}: " if name else ""
     value = whole_number(seed)
+    if value is not None and not 0 <= value < CPU_SEED_END:
+        raise ValueError(
+            f"{where}{option}={value} is outside [0, 2**32 = {CPU_SEED_END}): torch's CPU "
+            f"generator keeps only a seed's low 32 bits, so it would give exactly the data of "
+            f"another seed in that range (seed 2**32 + 1 gave seed 1's), and two seeds meant as "
+            f"independent repeats the same data; pass a seed in [0, {CPU_SEED_END}), e.g. "
+            f"{option}={value % CPU_SEED_END} (seed % 2**32)")
     if value is not None:
         return value
     raise ValueError(f"{where}{option}={seed!r} is not an int: a seed is a whole number (a "
@@ -128,6 +149,14 @@ class SparseFrequentConfig:
     frequent_set_size: int = 4
 
     def __post_init__(self) -> None:
+        for option in ("vocab_size", "seq_len", "num_sparse", "num_frequent", "sparse_set_size",
+                       "frequent_set_size"):
+            # a float (2.0) failed deep in torch with a raw TypeError, a bool read as 0 or 1
+            value = getattr(self, option)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ValueError(f"sparse_frequent: {option} must be an int, got {value!r}")
+        # NaN failed in round() with "cannot convert float NaN to integer"; True read as lam=1
+        _check_finite(self.lam, "lam", "sparse_frequent")
         s, f, L = self.num_sparse, self.num_frequent, self.seq_len
         if min(s, f, self.sparse_set_size, self.frequent_set_size) < 1:
             raise ValueError(f"counts and set sizes must be ≥ 1: {self}")
@@ -236,6 +265,9 @@ def feature_sensitivities(
     over the vocabulary), the paper's replacement distribution for this task. A tie (h = 0) counts
     as a change. This is what makes a case "case 1" (sparse lower) or "case 2" (frequent lower).
     """
+    # 0 samples gave NaN for both classifiers without a word
+    num_samples = _check_count(num_samples, "num_samples", "feature_sensitivities",
+                               "a number of sequences")
     g = _generator(seed, "validation")
     ids, _, _ = sparse_frequent_ids(config, num_samples, g)
     pos = torch.randint(0, config.seq_len, (num_samples,), generator=g)
@@ -324,8 +356,10 @@ def modular_addition(
     locate("modular_addition", root)  # refuses a root
     seed = _check_seed(seed, name="modular_addition")
     _check_split("modular_addition", split, ("train", "test"))
-    if p < 2:
-        raise ValueError(f"p must be ≥ 2, got {p}")
+    # a float p (113.0) failed in torch.randperm with a raw TypeError
+    if isinstance(p, bool) or not isinstance(p, numbers.Integral) or p < 2:
+        raise ValueError(f"modular_addition: p must be an int ≥ 2 (the modulus), got {p!r}")
+    p = int(p)
     if not 0.0 < train_fraction < 1.0:
         raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}")
     n_train = round(train_fraction * p * p)
@@ -458,7 +492,8 @@ def sparse_parity(
     _check_split("sparse_parity", split, ("train", "test"))
     n_bits = _check_bits(n_bits, "sparse_parity")
     if subset is None:
-        k = 3 if k is None else k
+        # True read as k = 1 (the parity of one bit) and 2.0 failed in a slice with a TypeError
+        k = 3 if k is None else _check_count(k, "k", "sparse_parity", "the number of bits in S")
         if not 1 <= k <= n_bits:
             raise ValueError(f"k must be in [1, n_bits={n_bits}], got {k}")
         s = torch.randperm(n_bits, generator=_generator(seed, "shared"))[:k]
@@ -672,6 +707,12 @@ def maxmargin_attention(
     locate("maxmargin_attention", root)  # refuses a root
     seed = _check_seed(seed, name="maxmargin_attention")
     _check_split("maxmargin_attention", split, ("train", "test"))
+    for option, value in (("seq_len", seq_len), ("dim", dim)):
+        _check_count(value, option, "maxmargin_attention", "a size")
+    # a NaN or infinite score made every token (a query signal: every query) NaN without a word
+    for option, value in (("opt_score", opt_score), ("other_score_frac", other_score_frac),
+                          ("query_signal", query_signal)):
+        _check_finite(value, option, "maxmargin_attention")
     if seq_len < 2 or dim < 2:
         raise ValueError(
             f"need seq_len ≥ 2 (a query and a token) and dim ≥ 2; got {seq_len}, {dim}"

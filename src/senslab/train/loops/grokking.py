@@ -52,7 +52,7 @@ class GrokkingTraining:
     """
 
     p: int = ranged(113, ge=2)
-    train_fraction: float = ranged(0.3, gt=0, le=1)
+    train_fraction: float = ranged(0.3, gt=0, lt=1)  # 1 leaves no test pair
     dim: int = ranged(128, ge=1)
     heads: int = ranged(4, ge=1)
     mlp_dim: int = ranged(512, ge=1)
@@ -67,7 +67,7 @@ class GrokkingTraining:
     epochs: int = ranged(20000, ge=1)
     post_epochs: int = ranged(1000, ge=0)
     eval_every: int = ranged(1, ge=1)
-    sigma: float = ranged(0.1, ge=0)
+    sigma: float = ranged(0.1, gt=0)  # 0 is no noise, refused by the measurement
     sens_mode: str = one_of("token", "whole")
     sens_examples: int = ranged(1000, ge=1)
     seed: int = seeded()
