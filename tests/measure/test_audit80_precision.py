@@ -1,0 +1,89 @@
+"""Audit of checked precision (senslab.measure._precision): low-precision work the check did not
+size, so a later batch whose inputs to it were larger than the calibration's kept the
+calibration's band and took the low precision's decisions without a word — bf16's recurrent
+layers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from checked_flips import Recorder
+from torch import nn
+
+from senslab.measure import _precision
+from senslab.tokens import Sequence
+
+CPU = torch.device("cpu")
+
+
+class CentredRNN(nn.Module):
+    """A recurrent classifier whose input weight rows sum to 0: a constant added to every input
+    feature leaves float32's outputs as they were, while bf16's rounding of the input grows with
+    the shift."""
+
+    output_kind = "logits"
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        torch.manual_seed(0)  # test-only: the layers initialise from the global RNG
+        self.rnn = getattr(nn, kind)(8, 64, batch_first=True)
+        self.head = nn.Linear(64, 3)
+        with torch.no_grad():
+            self.rnn.weight_ih_l0 -= self.rnn.weight_ih_l0.mean(1, keepdim=True)
+            self.rnn.weight_ih_l0.mul_(3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.rnn(x)[0][:, -1])
+
+
+CELLS = {"LSTMCell": lambda c, x: c(x)[0], "GRUCell": lambda c, x: c(x),
+         "RNNCell": lambda c, x: c(x)}
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN", *CELLS])
+def test_recurrent_layers_inputs_are_sized(kind):
+    """nn.LSTM, nn.GRU, nn.RNN and their cells run their products in bf16 under CPU autocast
+    inside one call; an input shifted by 64 widens the band, and the layer counts as run in
+    bf16."""
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)  # test-only: the layer initialises from the global RNG
+    layer = getattr(nn, kind)(8, 16, **({} if kind in CELLS else {"batch_first": True}))
+    x = torch.randn(4, 8, generator=g) if kind in CELLS else torch.randn(4, 3, 8, generator=g)
+    call = CELLS.get(kind, lambda c, x: c(x)[0])
+    packed = nn.utils.rnn.pack_padded_sequence if kind not in CELLS else None
+    check = _precision.PrecisionCheck()
+    check.use("bf16")
+    with torch.inference_mode():
+        with check._lowered(CPU):
+            call(layer, x)
+        check._calibrated_ranges()
+        assert check._recorder().lowered
+        with check._lowered(CPU):
+            call(layer, x + 64.0)
+        assert float(check._widening(len(x))) > 10
+        if packed is not None:  # a packed sequence: (data, batch_sizes, hx, params, ...)
+            with check._lowered(CPU):
+                layer(packed(x + 64.0, torch.tensor([3, 3, 2, 1]), batch_first=True))
+            assert float(check._widening(len(x))) > 10
+
+
+def test_a_shifted_example_before_a_gru_keeps_float32_flips():
+    """Calibrated on N(0, 1) inputs, then a batch in which one example is shifted by 64 before a
+    GRU: its bf16 error grows with the shift. Unsized, the band stayed the calibration's, the
+    spot checks missed the example, and 8 of 2,048 copies took bf16's class without a word."""
+    g = torch.Generator().manual_seed(3)
+    model = CentredRNN("GRU").eval()
+    first, second = torch.randn(32, 8, 8, generator=g), torch.randn(32, 8, 8, generator=g)
+    second[3] += 64.0
+    runs = {}
+    for precision in ("float32", "bf16-checked"):
+        m = Recorder(model, Sequence(), sigma=0.3, repeats=8, generator=5, precision=precision)
+        m.update(first)
+        m.update(second)
+        runs[precision] = m
+    full, checked = runs["float32"], runs["bf16-checked"]
+    assert checked.checked_precision == "bf16"
+    assert int((checked.copies != full.copies).sum()) == 0
+    a, b = checked.compute(), full.compute()
+    assert a.estimate == b.estimate and 0 < b.estimate < 1
+    assert a.recheck_fraction < 1
