@@ -57,11 +57,17 @@ transformer block, after the embedding LayerNorm (``embedding="block"``, default
   the positions are added; BLOOM's ``word_embeddings_layernorm``): that LayerNorm.
 * positions added inside the forward after the word embedding (``embed_positions``: OPT, Marian,
   Pegasus): no module's output is the vector entering the first block, so ``"block"`` is
-  refused, naming ``embedding="word"`` (noise before the positions).
+  refused, naming ``embedding="word"`` (noise before the positions), with σ divided by the
+  factor where the forward scales the word vectors first (Marian's, Pegasus' ``embed_scale``),
+  or ``Embedding("….project_in")`` where it maps them into the hidden size (OPT-350m).
 * a word embedding whose output the model multiplies inside its forward
-  (``embedding_multiplier``: Granite, Falcon-H1): no module's output is the vector entering the
-  first block, so ``"block"`` is refused, naming ``embedding="word"`` with σ divided by that
-  factor.
+  (``embedding_multiplier``: Granite, Falcon-H1; RecurrentGemma's ``normalizer``, and Gemma's
+  √hidden_size on transformers 4.x): no module's output is the vector entering the first
+  block, so ``"block"`` is refused, naming ``embedding="word"`` with σ divided by that factor.
+* an encoder–decoder model whose encoder and decoder share one word-embedding module (T5 on
+  transformers 4.x; T5 and BART after ``resize_token_embeddings``): tokens on that module are
+  refused (the decoder would get the noise too), naming how to give the encoder its own module
+  with the same weights; BART's encoder ``layernorm_embedding`` is still picked.
 * otherwise (Llama-style models with rotary positions): the word-embedding output, which is
   then itself what enters the first block.
 
@@ -216,7 +222,9 @@ def auto_tokens(
             f"{_name(model, word)} and the modules after it)", "patch_size cuts images into "
             "patches; drop patch_size (embedding= picks the module the noise goes on)"))
     _refuse_sequence_first(model, word)
-    return Embedding(_text_module(model, word, embedding), position=position)
+    module = _text_module(model, word, embedding)
+    _refuse_shared_with_decoder(model, module)
+    return Embedding(module, position=position)
 
 
 #: Hugging Face ``model_type`` of text models that transpose their token ids to (tokens, batch)
@@ -661,12 +669,13 @@ def _input_embeddings(model: nn.Module) -> nn.Module | None:
     """The word embedding the forward calls: ``get_input_embeddings()``, except in a model with
     an encoder (T5, BART) whose input embedding is a tied copy of it (``shared``, which the
     forward never calls): the encoder's own. For an encoder–decoder model the tokens are then
-    the encoder's inputs; the decoder's copy of them is not perturbed."""
+    the encoder's inputs; the decoder's copy of them is not perturbed. (A model without
+    ``get_encoder``, T5's classifier on transformers 4.x: its ``base_model``'s.)"""
     word = _called_or_none(model, "get_input_embeddings")
     get_encoder = getattr(model, "get_encoder", None)
-    if word is not None and callable(get_encoder):
+    if word is not None and (callable(get_encoder) or _stack(model, "encoder") is not None):
         try:
-            encoder = get_encoder()
+            encoder = get_encoder() if callable(get_encoder) else _stack(model, "encoder")
         except (NotImplementedError, AttributeError, TypeError):
             encoder = None
         own = _called_or_none(encoder, "get_input_embeddings") if encoder is not model else None
@@ -676,6 +685,65 @@ def _input_embeddings(model: nn.Module) -> nn.Module | None:
                 and any(m is own for m in model.modules()):
             return own
     return word
+
+
+def _stack(model: nn.Module, which: str) -> nn.Module | None:
+    """The encoder or decoder (``which``) of a Hugging Face encoder–decoder model
+    (``config.is_encoder_decoder``): ``get_encoder()``/``get_decoder()`` of the model or of its
+    ``base_model`` (a T5 classifier's ``transformer``); None for any other model (a decoder-only
+    model's ``get_decoder()`` is the whole stack its tokens enter)."""
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False) is not True:
+        return None
+    for owner in (model, getattr(model, "base_model", None)):
+        found = _called_or_none(owner, f"get_{which}")
+        if found is not None and found is not model and any(m is found for m in model.modules()):
+            return found
+    return None
+
+
+def _word_name(model: nn.Module, word: nn.Module) -> str:
+    """The dotted name of the word embedding ``word``: in an encoder–decoder model whose encoder
+    holds the very module ``get_input_embeddings()`` returns (T5 on transformers 4.x; T5 and BART
+    after ``resize_token_embeddings``, which gives encoder, decoder and ``shared`` one module),
+    its name inside the encoder. ``named_modules`` names it once, by its first path
+    (``model.shared``, whose parent is the whole model), and the rules then missed the
+    encoder's own block: BART's ``layernorm_embedding``."""
+    encoder = _stack(model, "encoder")
+    if encoder is not None:
+        prefix = f"{_name(model, encoder)}."
+        for name, m in model.named_modules(remove_duplicate=False):
+            if m is word and name.startswith(prefix):
+                return name
+    return _name(model, word)
+
+
+def _refuse_shared_with_decoder(model: nn.Module, name: str) -> None:
+    """Refuse tokens on a module that the decoder of an encoder–decoder model calls too: the
+    word embedding that encoder and decoder share (T5 on transformers 4.x, where T5 picked
+    ``shared``; T5 and BART after ``resize_token_embeddings``). It runs twice per forward, on
+    the inputs and on the decoder's inputs, so the measurement refused it, advising the token
+    embedding, which it is, and no module's output is the encoder's tokens alone. The
+    message gives the fix: an embedding of the encoder's own, holding the same weights (as
+    transformers 5 builds T5)."""
+    decoder = _stack(model, "decoder")
+    if decoder is None:
+        return
+    module = model.get_submodule(name)
+    if not any(m is module for m in decoder.modules()):
+        return
+    paths = [n for n, m in model.named_modules(remove_duplicate=False) if m is module]
+    parent, _, attr = name.rpartition(".")
+    owner = f"model.get_submodule({parent!r})" if parent else "model"
+    raise TypeError(
+        f"{type(model).__name__}'s encoder and decoder share one word-embedding module "
+        f"({', '.join(paths)}), as transformers 4.x builds T5 and resize_token_embeddings or "
+        "set_input_embeddings leave T5 and BART: the decoder calls it on its own inputs too, "
+        "so noise on it would be added to both (a module run twice per forward is refused), "
+        "and no other module puts out the encoder's token vectors alone. Give the encoder its "
+        "own embedding module holding the same weights, then call auto_tokens(model) again: "
+        f"import copy; shared = model.get_submodule({name!r}); embed = copy.deepcopy(shared); "
+        f"embed.weight = shared.weight; {owner}.{attr} = embed"
+    )
 
 
 def _called_or_none(owner: Any, method: str) -> nn.Module | None:
@@ -710,7 +778,7 @@ def _embedding_projection(model: nn.Module) -> str | None:
 
 def _text_module(model: nn.Module, word: nn.Module, embedding: str) -> str:
     """The dotted name of the module whose output the text tokens are (module docstring)."""
-    name = _name(model, word)
+    name = _word_name(model, word)
     if embedding == "word":
         return name
     parent_name = name.rpartition(".")[0]
@@ -740,17 +808,33 @@ def _text_module(model: nn.Module, word: nn.Module, embedding: str) -> str:
              and ("norm" in n.lower() or isinstance(m, nn.LayerNorm))]
     if len(norms) == 1:
         return f"{prefix}{norms[0]}"
+    scale = _inline_scale(parent, word, getattr(model, "config", None))
     if hasattr(parent, "embed_positions"):
         # positions added inline after the word embedding (OPT, Marian, Pegasus): no module's
-        # output is what enters the first block
+        # output is what enters the first block. The noise reaches it as it is where only the
+        # positions are added; the fix named says where more happens in between: OPT-350m maps
+        # the word vectors into the hidden size (project_in), Marian and Pegasus multiply them
+        # by embed_scale (√d_model)
+        project = getattr(parent, "project_in", None)
+        if isinstance(project, nn.Linear):
+            fix = (f"Embedding('{prefix}project_in'), its map of the word vectors into the "
+                   "hidden size, to which the positions are added (noise on the word embedding "
+                   f"itself, embedding='word', reaches that block through {prefix}project_in, "
+                   "in other units than σ)")
+        elif scale is not None:
+            attr, value = scale
+            fix = (f"auto_tokens(model, embedding='word') with σ divided by {value:g}: the "
+                   f"forward multiplies the word embedding's output by {attr}={value:g} before "
+                   f"adding the positions, so noise on it reaches that block multiplied by "
+                   f"{value:g}")
+        else:
+            fix = "auto_tokens(model, embedding='word')"
         raise TypeError(
             f"{type(model).__name__} adds its positions ({prefix}embed_positions) to the word "
             f"embedding inside {type(parent).__name__}.forward, so no module's output is the "
             "vector that enters its first block; noise on the word embedding "
-            f"({name}) comes before the positions. Pass that explicitly: "
-            "auto_tokens(model, embedding='word')"
+            f"({name}) comes before the positions. Pass that explicitly: {fix}"
         )
-    scale = _inline_scale(parent)
     if scale is not None:
         attr, value = scale
         raise TypeError(
@@ -766,22 +850,37 @@ def _text_module(model: nn.Module, word: nn.Module, embedding: str) -> str:
 
 #: attributes holding a factor by which a model multiplies its word embedding's output inside its
 #: own forward, after the embedding module (Granite, Falcon-H1, HyperCLOVA X:
-#: ``embedding_multiplier``; HRM: ``embedding_scale``)
-INLINE_EMBEDDING_SCALES = ("embedding_multiplier", "embedding_scale", "embed_scale")
+#: ``embedding_multiplier``; HRM: ``embedding_scale``; RecurrentGemma: ``normalizer``,
+#: √hidden_size)
+INLINE_EMBEDDING_SCALES = ("embedding_multiplier", "embedding_scale", "embed_scale",
+                           "normalizer")
+
+#: Hugging Face ``model_type``s whose forward multiplies the word embedding's output by
+#: √``config.hidden_size`` where the embedding does not (transformers 4.x: Gemma's and Gemma 2's
+#: ``hidden_states * normalizer``, a local variable; transformers 5 moved the factor into the
+#: embedding, whose ``embed_scale`` holds it)
+SQRT_HIDDEN_SCALED = ("gemma", "gemma2")
 
 
-def _inline_scale(parent: nn.Module) -> tuple[str, float] | None:
+def _inline_scale(parent: nn.Module, word: nn.Module,
+                  config: Any = None) -> tuple[str, float] | None:
     """(attribute, factor) where the module holding the word embedding scales its output in its
-    forward by a factor other than 1 (:data:`INLINE_EMBEDDING_SCALES`); None otherwise. Noise on
+    forward by a factor other than 1 (:data:`INLINE_EMBEDDING_SCALES`, or √hidden_size for
+    :data:`SQRT_HIDDEN_SCALED` whose embedding has no ``embed_scale``); None otherwise. Noise on
     the word embedding's output is then scaled too: Granite's ``embedding_multiplier=12`` made
     σ on ``embed_tokens`` a noise of 12σ on the vectors entering the first block, reported as
-    σ."""
+    σ; RecurrentGemma's ``normalizer`` (and Gemma's on transformers 4.x) √hidden_size·σ, 45σ
+    at a width of 2048."""
     for attr in INLINE_EMBEDDING_SCALES:
         value = getattr(parent, attr, None)
         if isinstance(value, torch.Tensor) and value.numel() == 1:
             value = float(value)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value != 1:
             return attr, float(value)
+    hidden = getattr(config, "hidden_size", None)
+    if getattr(config, "model_type", None) in SQRT_HIDDEN_SCALED and isinstance(hidden, int) \
+            and getattr(word, "embed_scale", None) is None and hidden != 1:
+        return "sqrt(config.hidden_size)", float(hidden) ** 0.5
     return None
 
 

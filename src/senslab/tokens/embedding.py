@@ -111,18 +111,21 @@ def _refuse_a_tensor_as_cache(model: Any, inputs: Inputs) -> None:
 
 
 def _pad_id(model: Any) -> tuple[str, int] | None:
-    """(config attribute, id) of the pad id the model declares — senslab's zoo:
+    """(its path from the model, id) of the pad id the model declares — senslab's zoo:
     ``config.pad_id``; Hugging Face: ``config.pad_token_id``, or a composite config's
-    (:func:`hf_pad_token_config`: ``text_config.pad_token_id``) — or None."""
-    config = getattr(unwrapped(model), "config", None)
+    (:func:`hf_pad_token_config`: ``config.text_config.pad_token_id``), or that of the one
+    Hugging Face model a wrapper holds (:func:`config_owner`: ``model.config.pad_token_id``)
+    — or None."""
+    owner, prefix = config_owner(model)
+    config = getattr(owner, "config", None)
     attr = next((a for a in ("pad_id", "pad_token_id")
                  if isinstance(getattr(config, a, None), int)), None)
     if attr is not None:
-        return attr, getattr(config, attr)
+        return f"{prefix}config.{attr}", getattr(config, attr)
     found = hf_pad_token_config(model)
     if found is not None and found[0] is not config \
             and isinstance(getattr(found[0], "pad_token_id", None), int):
-        return f"{found[1].removeprefix('config.')}.pad_token_id", found[0].pad_token_id
+        return f"{found[1]}.pad_token_id", found[0].pad_token_id
     return None
 
 
@@ -135,14 +138,14 @@ def _refuse_unmasked_padding(model: Any, inputs: Inputs, b: int, t: int) -> None
     declared = _pad_id(model)
     if declared is None:
         return
-    attr, pad = declared
+    where, pad = declared
     ids = _token_ids(inputs)
     if not (isinstance(ids, Tensor) and tuple(ids.shape) == (b, t)) or ids.is_floating_point():
         return
     ends = torch.cat([ids[:, -1:], ids[:, :1]], dim=1) == pad
     if bool(ends.any()):
         raise ValueError(
-            f"the token ids hold {type(model).__name__}'s pad id {pad} (config.{attr}) at the "
+            f"the token ids hold {type(model).__name__}'s pad id {pad} ({where}) at the "
             "ends of some rows, and no mask says which tokens are real, so the padding would "
             "be perturbed as tokens: pass the attention mask ({'input_ids': ids, "
             "'attention_mask': mask}) or mask= (True on real tokens); if those ids are real "
@@ -183,8 +186,8 @@ def _refuse_real_tokens_after_the_mask(model: Any, inputs: Inputs, valid: Tensor
     after = torch.arange(valid.shape[1], device=valid.device)[None, :] > last_real(valid)[:, None]
     declared = _pad_id(model)
     if declared is not None:
-        attr, pad = declared
-        what = f"ids other than {type(model).__name__}'s pad id {pad} (config.{attr})"
+        where, pad = declared
+        what = f"ids other than {type(model).__name__}'s pad id {pad} ({where})"
         rows = (after & (ids != pad)).any(dim=1).nonzero().flatten()
     elif len(ids[after].unique()) > 1:
         what = "different ids (padding repeats one id)"
@@ -218,13 +221,35 @@ NO_PAD_TOKEN = "no padding token is defined"
 _TEXT_CONFIGS = ("text_config", "text_encoder", "decoder", "generator")
 
 
+def config_owner(model: Any) -> tuple[Any, str]:
+    """The model whose config says how it reads padding, and its path from ``model`` with a
+    trailing dot (``""`` for the model itself): the model (inside DDP, DataParallel or
+    ``torch.compile``: the wrapped one), or, where it has no ``config``, the one Hugging Face
+    model it holds (a LightningModule's ``self.model``: ``"model."``), as
+    :func:`~senslab.tokens.auto_tokens` finds it. The pad-id checks read only the model's own
+    config before, and a GPT-2 classifier in such a wrapper was measured on its padding
+    without a word (0.072 where it measures 0.143; 0.0 where it is refused unwrapped)."""
+    inner = unwrapped(model)
+    if not isinstance(inner, nn.Module) or getattr(inner, "config", None) is not None:
+        return inner, ""
+    found: list[tuple[str, nn.Module]] = []
+    for name, sub in inner.named_modules():
+        if name and not any(name.startswith(f"{n}.") for n, _ in found) \
+                and any(c.__name__ == "PreTrainedModel" for c in type(sub).__mro__):
+            found.append((name, sub))
+    return (found[0][1], f"{found[0][0]}.") if len(found) == 1 else (inner, "")
+
+
 def hf_pad_token_config(model: Any) -> tuple[Any, str] | None:
     """The Hugging Face config that holds the pad token id ``model``'s classifier reads, and
     its path from the model: ``(config, "config")``, or for a composite config (Gemma 3's, a
     vision-language model's) whose ``get_text_config()`` is a sub-config with the id
     (``GenericForSequenceClassification`` reads it there), ``(config.text_config,
-    "config.text_config")``. None where the config has no ``pad_token_id`` (senslab's zoo)."""
-    config = getattr(unwrapped(model), "config", None)
+    "config.text_config")``; for a wrapper of one Hugging Face model (:func:`config_owner`),
+    that model's, its path prefixed (``"model.config"``). None where the config has no
+    ``pad_token_id`` (senslab's zoo)."""
+    owner, prefix = config_owner(model)
+    config = getattr(owner, "config", None)
     if config is None:
         return None
     get_text_config = getattr(config, "get_text_config", None)
@@ -236,9 +261,10 @@ def hf_pad_token_config(model: Any) -> tuple[Any, str] | None:
             text = None
     if text is not None and text is not config and hasattr(text, "pad_token_id"):
         name = next((n for n in _TEXT_CONFIGS if getattr(config, n, None) is text), None)
-        return text, ("config.get_text_config()" if name is None else f"config.{name}")
+        return text, (f"{prefix}config.get_text_config()" if name is None
+                      else f"{prefix}config.{name}")
     if hasattr(config, "pad_token_id"):
-        return config, "config"
+        return config, f"{prefix}config"
     return None
 
 
@@ -746,9 +772,18 @@ class _BoundEmbedding(BoundTokens):
             self._check_cast(clean, noise)
 
     def _count(self, forward: Any) -> Tensor:
-        """Run ``forward()`` counting the hook's calls: noise must land exactly once."""
+        """Run ``forward()`` counting the hook's calls: noise must land exactly once. The
+        refusal of a decoder classifier without a pad id is raised as a ``ValueError``, which
+        the callers turn into :func:`no_pad_id_message`: transformers 4.x's GPT-2 (and its
+        kin) asserted it, and the ``AssertionError`` came through raw — also for one example,
+        whose perturbed copies are the batch of several it refused."""
         self._calls = 0
-        out = forward()
+        try:
+            out = forward()
+        except AssertionError as err:
+            if NO_PAD_TOKEN not in str(err):
+                raise
+            raise ValueError(str(err)) from err
         if self._calls == 0 and self._delta is not None:
             raise RuntimeError(
                 f"submodule {self.name!r} was not called during a forward pass of perturbed "
