@@ -88,8 +88,12 @@ def recency(f: dict[str, Any]) -> tuple[float, float, float, float]:
 
 
 def ratio(f: dict[str, Any]) -> float:
-    """The late/early flip-rate ratio (1 when neither window flips, inf when only late does)."""
+    """The late/early flip-rate ratio (1 when neither window flips, inf when only late does,
+    NaN when either rate is not a number: a NaN early rate had read as "no flips" and an
+    encoder measured as NaN as flat)."""
     late, early, _, _ = recency(f)
+    if not (math.isfinite(late) and math.isfinite(early)):
+        return math.nan
     if early > 0:
         return late / early
     return math.inf if late > 0 else 1.0
@@ -159,6 +163,13 @@ def _recency_claims(runs: Runs) -> dict[str, dict[str, Any]]:
     models = tuple(runs)
     if any("recency/late" not in f for m in models for f in runs[m].values()):
         return {"lstm_recency": _unjudged("recency contrast not measured")}
+    # the rates and their difference must be numbers (its s.e. may be NaN: one example)
+    bad = [f"{m}/seed {s}" for m in models for s, f in sorted(runs[m].items())
+           if not all(math.isfinite(x) for x in recency(f)[:3])]
+    if bad:
+        why = f"recency contrast not measured (or not finite) in {', '.join(bad)}"
+        return {"lstm_recency": _unjudged(why), **({"gpt2_recency": _unjudged(why)}
+                                                   if "gpt2" in runs else {})}
     ratios = {m: _per_seed(runs, m, ratio) for m in models}
     undefined = [f"{m}/seed {s}" for m in models for s, r in sorted(ratios[m].items())
                  if not math.isfinite(r)]
@@ -226,7 +237,8 @@ def shared_inits(summaries: list[dict[str, Any]]) -> str | None:
         return None
     return ("the replicates' untrained models overlap (" + "; ".join(shared[:3])
             + ("; …" if len(shared) > 3 else "") + "): their values are correlated, so Student's "
-            "t over seeds does not apply; re-measure (finish_run) with disjoint inits")
+            "t over seeds does not apply; run the experiment again with the same --out: it "
+            "measures the untrained models again with disjoint inits, and keeps the rest")
 
 
 def claims(runs: Runs, init_overlap: str | None = None) -> dict[str, dict[str, Any]]:

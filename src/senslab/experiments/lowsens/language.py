@@ -40,6 +40,9 @@ run's own and 4 that no other replicate uses, :func:`init_seeds`); a
 recency contrast at σ² = 15 — per example, the flip rate on the last quarter of its real tokens
 minus the rate on its first half, s.e. across examples (``recency/*``) — and the flip rate at
 ``<s>`` (``sens_first/train``). These go into ``summary.json`` (``final`` and ``language``).
+Their decision rule is the run's (:func:`senslab.train.track.decision_rule`), as for ``sens/*``;
+a ``--set track.sigma`` other than √15 is refused (:func:`check_sigma`): these numbers would not
+follow it.
 
 Verdict (``_language_verdict.py``): the main claim, "both RoBERTas below the LSTM" at the end of
 training on training examples at σ² = 15, has two parts, ``lstm − roberta`` and ``lstm −
@@ -122,6 +125,31 @@ def init_seeds(seed: int) -> list[int]:
     """The seeds of the ``INIT_SEEDS`` untrained models of replicate ``seed``: its own init
     first, then ones no other replicate uses (:data:`INIT_SEED_BASE`)."""
     return [seed] + [INIT_SEED_BASE + seed * (INIT_SEEDS - 1) + j for j in range(INIT_SEEDS - 1)]
+
+
+def check_sigma(cfg: RunConfig, who: str) -> None:
+    """Refuse a run whose ``track.sigma`` is not √:data:`VARIANCE`: the end-of-training numbers
+    the verdict judges are measured at σ² = 15 (and 4) whatever it says, so the tracked
+    ``sens/*`` curves beside them would be at another noise, and the override, recorded in
+    config.json, would change no number judged."""
+    sigma = cfg.track.sigma
+    if not math.isclose(sigma * sigma, VARIANCE, rel_tol=1e-9):
+        raise ValueError(
+            f"{who} measures the numbers its verdict judges (sens_end/*, sens_init/train, "
+            f"recency/*) at σ² = {VARIANCE:g} (track.sigma = √{VARIANCE:g} ≈ "
+            f"{math.sqrt(VARIANCE):.4f}, the paper code's text default) and A.4's "
+            f"σ² = {ALT_VARIANCE:g} (sens_alt/*), whatever track.sigma says, so track.sigma="
+            f"{sigma:g} would only move the tracked sens/* curves away from the numbers judged "
+            "beside them. Leave track.sigma as the experiment sets it; to see another noise "
+            "level, measure the finished runs with `senslab measure --checkpoint RUN --sigma S`")
+
+
+#: the settings fields that :meth:`LanguageExperiment.runs` writes into a dict of each run's
+#: configuration: (field, the run's dict, its key)
+IN_DICTS = (("max_len", "data.options", "max_len"), ("layers", "model.overrides", "layers"),
+            ("dim", "model.overrides", "dim"), ("heads", "model.overrides", "heads"))
+_MISSING = object()
+
 #: paper-scale epochs per dataset (ours: the paper states none)
 PAPER_EPOCHS = {"mrpc": 30, "rotten_tomatoes": 30, "qqp": 3, "sst2": 10}
 PAPER = "Transformers Learn Low Sensitivity Functions (ICLR 2025), §6 / A.4"
@@ -192,11 +220,47 @@ class LanguageExperiment(Experiment):
                  "'dropout': 0.1}"]
         return fit_runs(dict.fromkeys(MODELS, model), common, s.seeds)
 
+    def resolve(self, scale: str, overrides: list[str] | tuple[str, ...] = ()
+                ) -> tuple[LanguageSettings, list[Run]]:
+        """As :meth:`Experiment.resolve`, refusing what the runs or the verdict would not
+        follow: a ``track.sigma`` other than √15 (:func:`check_sigma`), and a whole
+        ``data.options={...}`` or ``model.overrides={...}`` that drops a key a settings field
+        (``max_len``, ``layers``, ``dim``, ``heads``) put there, or that contradicts that field
+        set with ``--set`` (the runs would train one value, the settings record another)."""
+        settings, runs = super().resolve(scale, overrides)
+        for run in runs:
+            check_sigma(run.config, f"--set track.sigma={run.config.track.sigma:g}: {self.name}")
+        given = {o.split("=", 1)[0].strip(): o for o in overrides if "=" in o}
+        for name, where, key in IN_DICTS:
+            want = getattr(settings, name)
+            section, field = where.split(".")
+            got = [getattr(getattr(r.config, section), field).get(key, _MISSING) for r in runs]
+            if all(g == want for g in got):
+                continue
+            if any(g is _MISSING for g in got):
+                item = given.get(where, where + "={...}")
+                raise ValueError(
+                    f"--set {item}: a whole {where} dict replaces the one {self.name} builds, "
+                    f"and it has no {key!r}, so the settings' {name}={want} would reach no run "
+                    f"(they would train the default {key} while experiment.json records "
+                    f"{want}). Give it inside the dict ({where}={{'{key}': {want}, ...}}) or "
+                    f"set single entries ({where}.KEY=VALUE)")
+            if name in given:
+                shown = ", ".join(sorted({repr(g) for g in got}))
+                raise ValueError(
+                    f"--set {given[name]} and {where} with {key} {shown}: the runs would train "
+                    f"{key} {shown} while the settings record {want}; set one of them "
+                    f"({name})")
+        return settings, runs
+
     def after_run(self, run: Run, path: Path, summary: dict[str, Any], settings: Any,
                   log: Callable[[str], None]) -> dict[str, Any]:
         """Add the end-of-training measurements to the run's ``summary.json`` (once: a summary
-        that has them is returned as is)."""
-        if "init_seeds" in summary.get("language", {}):
+        that has them, its untrained models those of :func:`init_seeds`, is returned as is; one
+        measured with other inits — seeds seed … seed + 4, before 2026-11-30 — is measured
+        again, :func:`finish_run` redoing only the untrained models)."""
+        done = summary.get("language", {}).get("init_seeds", {})
+        if isinstance(done, dict) and done.get("seeds") == init_seeds(run.config.seed):
             return summary
         log(f"    end-of-training measurements of {run.name}")
         stored = RunDir(path).read_json("summary.json")
@@ -224,11 +288,16 @@ def recency_masks(mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 def _measure(model: torch.nn.Module, data: ArrayDataset, cfg: RunConfig, sigma: float,
              device: torch.device, window: int | None = None) -> Any:
-    """Sensitivity on ``data`` as the Tracker measures it (same seed, repeats, batches of 256);
-    ``window`` 0/1/2 restricts the perturbed tokens to :func:`recency_masks`' late/early/first."""
+    """Sensitivity on ``data`` as the Tracker measures it (same seed, repeats, batches of 256,
+    and the decision rule the run trains with: ``train.loss=mse`` on one output column reads
+    class = output > 0.5, as train/acc does, not its sign); ``window`` 0/1/2 restricts the
+    perturbed tokens to :func:`recency_masks`' late/early/first."""
+    from ...train.track import decision_rule
+
     t = cfg.track
+    kind, threshold = decision_rule(cfg, model, data, device)
     metric = TokenSensitivity(model, sigma=sigma, repeats=t.repeats, generator=cfg.seed,
-                              chunk_size=t.chunk_size)
+                              chunk_size=t.chunk_size, output_kind=kind, threshold=threshold)
     for lo in range(0, len(data), 256):
         x, _ = data.batch(slice(lo, lo + 256))
         x = {k: v.to(device) for k, v in x.items()}
@@ -254,6 +323,7 @@ def finish_run(cfg: RunConfig, run_dir: Path, summary: dict[str, Any]) -> dict[s
     from ...train.loop import build_model, load_data, resolve_device
     from ...train.track import Tracker
 
+    check_sigma(cfg, f"track.sigma={cfg.track.sigma:g} in {run_dir}: the language experiment")
     rd = RunDir(run_dir)
     device = resolve_device(cfg.device)
     train, test = load_data(cfg)
