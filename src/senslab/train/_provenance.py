@@ -65,18 +65,52 @@ def _unknown_note(commits: list[str], now: str | None) -> str:
             "started (+unknown), so whether src/ was edited in between cannot be determined")
 
 
+#: what a sitting's numbers depend on beyond the seed and the code (:func:`_setup`)
+SETUP = ("torch", "device", "threads", "cuda")
+
+
+def _setup(env: dict[str, Any]) -> dict[str, Any]:
+    """The setup ``env`` records: torch version, device, thread count and, on a GPU, its model
+    (``cuda``: on another GPU model the kernels round differently; on the CPU it names a GPU
+    the run did not use, so it is left out)."""
+    out = {k: env[k] for k in SETUP[:3] if k in env}
+    if str(env.get("device", "")).startswith("cuda") and "cuda" in env:
+        out["cuda"] = env["cuda"]
+    return out
+
+
+def _writer(earlier: list[dict[str, Any]], step: int) -> dict[str, Any] | None:
+    """The sitting that wrote the checkpoint of ``step``: the last to start before it (a sitting
+    that stopped before its first checkpoint, or whose checkpoints a resume fell back past,
+    trained nothing the run keeps)."""
+    for s in reversed(earlier):
+        start = s.get("from_step")
+        if not isinstance(start, int) or isinstance(start, bool) or start < step:
+            return s
+    return None
+
+
 def write_env(rd: RunDir, env: dict[str, Any], step: int | None, warn: bool = True) -> None:
     """Write env.json for a sitting that starts at ``step`` (None: a fresh run), keeping the
-    earlier sittings of a resumed run, and warn (``warn``: one rank of several says it) when
-    they were trained by other code."""
+    earlier sittings of a resumed run (each with its setup), and warn (``warn``: one rank of
+    several says it) when the checkpoint resumed from was trained on another setup, or the run
+    by other code."""
     old = _read_env(rd.path) if step is not None else None
     earlier = _sittings(old)
     if old is not None and warn:
-        # the same seed gives the same numbers only on the same torch, device and thread count:
-        # float32 reductions split across other threads round differently, and training
-        # amplifies the last bits, so the metrics after the resume are not the uninterrupted run's
-        moved = [f"{key} {old[key]} → {env.get(key)}" for key in ("torch", "device", "threads")
-                 if key in old and old[key] != env.get(key)]
+        # the same seed gives the same numbers only on the same torch, device, thread count and
+        # GPU model: float32 reductions split across other threads round differently, and
+        # training amplifies the last bits, so the metrics after the resume are not the
+        # uninterrupted run's. Compared with the sitting that wrote the checkpoint: env.json's
+        # top level is the last sitting's, which may have stopped (and been warned) before it
+        # wrote one; an earlier writer's setup is the one its sitting recorded
+        writer = _writer(earlier, step) if step is not None else None
+        kept = (writer or {}).get("setup")
+        before = (kept if isinstance(kept, dict) and writer is not earlier[-1]
+                  else _setup(old))
+        now = _setup(env)
+        moved = [f"{key} {before[key]} → {now.get(key)}" for key in SETUP
+                 if key in before and key in now and before[key] != now[key]]
         if moved:
             warnings.warn(
                 f"resuming {rd.path} at step {step} on another setup than the sitting before "
@@ -95,7 +129,7 @@ def write_env(rd: RunDir, env: dict[str, Any], step: int | None, warn: bool = Tr
     elif (note := _unknown_note(commits, env.get("git_commit"))) and warn:
         warnings.warn(f"resuming {rd.path} at step {step}: {note}", UserWarning, stacklevel=3)
     sitting = {"git_commit": env.get("git_commit"), "senslab": env.get("senslab"),
-               "started": env.get("started"), "from_step": step}
+               "started": env.get("started"), "from_step": step, "setup": _setup(env)}
     rd.write_json("env.json", {**env, "sittings": [*earlier, sitting]})
 
 

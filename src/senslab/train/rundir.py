@@ -20,6 +20,7 @@ Three guarantees, so that nothing is lost and nothing is silently wrong:
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -91,10 +92,24 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            raise write_error(err, path, "it was not written; the file there before, if "
+                                         "any, is kept as it was") from None
         raise
     _fsync_dir(path.parent)
+
+
+def write_error(err: OSError, path: Path, kept: str) -> OSError:
+    """``err``, raised while writing ``path``, as an OSError that names ``path`` and says what
+    is ``kept``. A full disk or the file-size limit fails the write itself, whose error names no
+    file (``[Errno 27] File too large``, the whole message of a run that stopped at a
+    checkpoint); an error opening the temporary file named that file, not the one written."""
+    reason = err.strerror or str(err)
+    if err.errno == errno.EFBIG:
+        reason += ": over this process's file-size limit (ulimit -f); raise the limit"
+    return OSError(err.errno, f"{reason} ({kept})", str(path))
 
 
 def _fsync_dir(path: Path) -> None:
@@ -186,6 +201,15 @@ def metric_order_problem(path: Path, numbered: Iterable[tuple[int, dict[str, Any
     return None
 
 
+#: the variables by which git finds a repository other than the one at ``-C``'s path: a git hook
+#: exports them (GIT_DIR, GIT_INDEX_FILE, …) for the repository that runs it, so a run started
+#: from a hook of the user's project recorded that project's HEAD as senslab's commit
+GIT_REPO_VARS = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY",
+                 "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_COMMON_DIR", "GIT_IMPLICIT_WORK_TREE",
+                 "GIT_GRAFT_FILE", "GIT_NO_REPLACE_OBJECTS", "GIT_REPLACE_REF_BASE",
+                 "GIT_SHALLOW_FILE", "GIT_PREFIX", "GIT_NAMESPACE")
+
+
 def git_commit() -> str | None:
     """The commit of the senslab checkout in use, with ``+dirty`` appended when tracked files
     under its ``src/`` differ from that commit (the code that ran is then not the commit's), and
@@ -197,10 +221,11 @@ def git_commit() -> str | None:
     root = here.parents[3]
     if here.parents[2].name != "src" or not (root / "pyproject.toml").is_file():
         return None  # not src/senslab/… of a checkout: an installed copy
+    env = {k: v for k, v in os.environ.items() if k not in GIT_REPO_VARS}
     try:
         out = subprocess.run(
             ["git", "-C", str(root), "rev-parse", "--show-toplevel", "HEAD"],
-            capture_output=True, text=True, timeout=5,
+            capture_output=True, text=True, timeout=5, env=env,
         ).stdout.split()
     except (OSError, subprocess.SubprocessError):
         return None
@@ -209,7 +234,7 @@ def git_commit() -> str | None:
     try:
         status = subprocess.run(
             ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--",
-             "src"], capture_output=True, text=True, timeout=5,
+             "src"], capture_output=True, text=True, timeout=5, env=env,
         )
     except (OSError, subprocess.SubprocessError):
         status = None
@@ -235,6 +260,14 @@ def commit_relation(recorded: str, now: str) -> str:
 def environment(device: torch.device | str) -> dict[str, Any]:
     """Versions, git commit, device and command line, for env.json."""
     commit = git_commit()
+    gpu = None
+    if torch.cuda.is_available():
+        # the GPU trained on (cuda:1's, not the current device's), else the machine's first
+        try:
+            on: torch.device | None = torch.device(device)
+        except (RuntimeError, TypeError):  # a name torch does not know ("auto")
+            on = None
+        gpu = torch.cuda.get_device_name(on if on is not None and on.type == "cuda" else None)
     import numpy
 
     import senslab
@@ -248,7 +281,7 @@ def environment(device: torch.device | str) -> dict[str, Any]:
         "hostname": socket.gethostname(),
         "git_commit": commit,
         "device": str(device),
-        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "cuda": gpu,
         "threads": torch.get_num_threads(),
         "command": sys.argv,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -609,21 +642,28 @@ class RunDir:
         if self.readonly:
             return
         line = json.dumps(record, default=_json_default_float) + "\n"
-        with open(self.metrics_path, "a+b") as f:
-            self._end_torn_line(f)
-            f.write(line.encode())
-            f.flush()
+        try:
+            with open(self.metrics_path, "a+b") as f:
+                mended = self._end_torn_line(f)
+                f.write(line.encode())
+                f.flush()
+        except OSError as err:
+            raise write_error(err, self.metrics_path, "the records logged before are kept; "
+                              "re-running the command resumes from the last checkpoint") from None
+        if mended:
+            notice(mended)
 
-    def _end_torn_line(self, f: Any) -> None:
+    def _end_torn_line(self, f: Any) -> str | None:
         """Make metrics.jsonl (``f``, opened ``a+b``) end in a newline: a last line that is a
         whole record (only its newline missing) is kept; a torn one — not a record, which
-        :meth:`metrics` drops as a crash's and a resume cuts away — is removed, with a notice."""
+        :meth:`metrics` drops as a crash's and a resume cuts away — is removed. Returns the
+        notice saying so (None: nothing removed)."""
         size = f.seek(0, os.SEEK_END)
         if size == 0:
-            return
+            return None
         f.seek(size - 1)
         if f.read(1) == b"\n":
-            return
+            return None
         f.seek(0)
         tail = f.read().rpartition(b"\n")[2]
         try:
@@ -632,11 +672,11 @@ class RunDir:
             whole = False
         if whole:
             f.write(b"\n")
-            return
+            return None
         f.truncate(size - len(tail))
-        notice(f"{self.metrics_path}: removed its torn last line (a run stopped while writing "
-               f"it), {tail[:60]!r}{'…' if len(tail) > 60 else ''}; appending after the "
-               "last whole record")
+        return (f"{self.metrics_path}: removed its torn last line (a run stopped while writing "
+                f"it), {tail[:60]!r}{'…' if len(tail) > 60 else ''}; appending after the "
+                "last whole record")
 
     def metrics(self) -> list[dict[str, Any]]:
         """The logged records; an error if a step is logged twice or out of order."""
