@@ -93,7 +93,10 @@ def sigma_sweep(run_dir: Path, sigmas: tuple[float, ...]) -> dict[str, dict[str,
     """Sensitivity of a finished run's final model at each σ in ``sigmas``.
 
     Measured on the run's own tracking subset (same examples, repeats and noise seed as the
-    per-epoch numbers), so the sweep and the tracked curve describe the same data. The model is
+    per-epoch numbers) and read with the run's own decision rule
+    (:func:`~senslab.train.track.decision_rule`: a one-column ``train.loss=mse`` output by its
+    0.5 boundary, not by its sign), so the sweep and the tracked curve describe the same data
+    and the same predictions. The model is
     the run's final checkpoint (:meth:`~senslab.train.rundir.RunDir.final_checkpoint`): a
     damaged or missing one is an error naming the fix, never replaced by an earlier checkpoint.
     Cached in ``sigma_sweep.json``, keyed by the checkpoint step, the σ and the run's
@@ -104,31 +107,38 @@ def sigma_sweep(run_dir: Path, sigmas: tuple[float, ...]) -> dict[str, dict[str,
     from ...measure import TokenSensitivity
     from ...train.loop import build_model, load_data, resolve_device
     from ...train.rundir import RunDir, checkpoint_step
+    from ...train.track import decision_rule
 
     rd = RunDir(run_dir)
     found = rd.final_checkpoint()
     if found is None:
         raise FileNotFoundError(f"{run_dir} has no checkpoint to measure; delete it and rerun")
     path, state = found
+    cfg = RunConfig.from_dict(rd.read_json("config.json"))
     # read_cache checks the run's config.json too: a directory re-run with another
     # configuration after its checkpoints were deleted reached the same step and was served
     # the old sweep
-    key = {"step": checkpoint_step(path), "sigmas": list(sigmas)}
+    key: dict[str, Any] = {"step": checkpoint_step(path), "sigmas": list(sigmas)}
+    if cfg.train.loss == "mse":
+        # the only loss whose decision rule is not the model's own (a one-column output's 0.5
+        # boundary): a sweep cached before the rule was read here took the sign instead
+        key["decision_rule"] = "train.loss"
     cached = read_cache(rd, SWEEP_FILE, key, "results", "the σ sweep",
                         valid=lambda results: _is_sweep(results, sigmas))
     if cached is not None:
         return cached
-    cfg = RunConfig.from_dict(rd.read_json("config.json"))
     train, _ = load_data(cfg)
     device = resolve_device(cfg.device)
     model = build_model(cfg, train).to(device)
     model.load_state_dict(state["model"])
     g = torch.Generator().manual_seed(cfg.seed + 1)  # the Tracker's subset
     subset = train.first(min(cfg.track.num_examples, len(train)), generator=g)
+    kind, threshold = decision_rule(cfg, model, subset, device)  # the Tracker's
     results = {}
     for sigma in sigmas:
         metric = TokenSensitivity(model, sigma=sigma, repeats=cfg.track.repeats,
-                                  generator=cfg.seed, chunk_size=cfg.track.chunk_size)
+                                  generator=cfg.seed, chunk_size=cfg.track.chunk_size,
+                                  output_kind=kind, threshold=threshold)
         for lo in range(0, len(subset), 256):
             x, _ = subset.batch(slice(lo, lo + 256))
             metric.update(x.to(device))

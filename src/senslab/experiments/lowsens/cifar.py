@@ -52,11 +52,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from ...data import ArrayDataset
 from ...measure import token_sensitivity
+from ...models import list_models
+from ...tokens.base import model_device
 from ...train.config import RunConfig
+from ...train.track import decision_rule
 from ...verdicts import not_comparable, over_seeds, verdict
 from .._verdicts import (
     acc_gap,
@@ -118,6 +122,17 @@ class _Cifar(Experiment):
     runtime_estimate = "~30 min, 3 seeds (estimate: CIFAR-10 is not available here)"
     scales = {"cpu": VisionSettings(**CPU), "paper": VisionSettings()}
 
+    def measured(self, s: VisionSettings) -> VisionSettings:
+        """``s``, refused before training when its ``sigma`` is 0: the verdict reads the
+        sensitivity at that σ, which σ = 0 does not measure (every run trained, then the verdict
+        was "not comparable", or the final measurement failed after the first run)."""
+        if not s.sigma > 0:
+            raise ValueError(f"sigma={s.sigma:g}: {self.name} compares the models' sensitivity at "
+                             "σ, and σ = 0 measures none (every run would train for a verdict "
+                             "that cannot be judged); give a noise level above 0, e.g. --set "
+                             "sigma=0.5 (the CPU scale's)")
+        return s
+
 
 @register_experiment("cifar10")
 class Cifar10(_Cifar):
@@ -127,7 +142,7 @@ class Cifar10(_Cifar):
     models = ("vit_small", "vit_simple", "resnet18", "densenet121", "convmixer")
 
     def runs(self, s: VisionSettings) -> list[Run]:
-        return vision_runs(same_name(self.models), s)
+        return vision_runs(same_name(self.models), self.measured(s))
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         labels = list(by_label(summaries))
@@ -145,7 +160,7 @@ class Svhn(_Cifar):
 
     def runs(self, s: VisionSettings) -> list[Run]:
         # the paper gives ResNet-18 its own SVHN learning rate (value lost): CIFAR-10's is used
-        return vision_runs(same_name(("vit_small", "resnet18")), s, data="svhn")
+        return vision_runs(same_name(("vit_small", "resnet18")), self.measured(s), data="svhn")
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return below_verdict(summaries, ["vit_small"], ["resnet18"])
@@ -163,14 +178,17 @@ class Cifar10Optim(_Cifar):
 
     def runs(self, s: VisionSettings) -> list[Run]:
         return vision_runs({f"{m}-{o}": (m, ADAM if o == "adam" else [])
-                            for o in ("sgd", "adam") for m in ("vit_small", "resnet18")}, s)
+                            for o in ("sgd", "adam") for m in ("vit_small", "resnet18")},
+                           self.measured(s))
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         """One part per optimizer, ResNet-18 − ViT-small paired by seed, judged together (Holm);
         not comparable if either optimizer's pair fails the precondition (train accuracies
-        within 0.03 within each optimizer)."""
+        within 0.03 within each optimizer). Runs that stopped on the epoch budget are named
+        (:func:`budget_stops`)."""
         groups = by_label(summaries)
         evidence = sensitivity_evidence(groups)
+        stops, evidence["stopped_on_budget"] = budget_stops(summaries)
         evidence["train_acc_gap"] = {o: acc_gap(groups, [f"vit_small-{o}", f"resnet18-{o}"])
                                      for o in ("sgd", "adam")
                                      if {f"vit_small-{o}", f"resnet18-{o}"} <= set(groups)}
@@ -179,10 +197,10 @@ class Cifar10Optim(_Cifar):
             vit, cnn = f"vit_small-{o}", f"resnet18-{o}"
             why = precondition(groups, [vit, cnn], MAX_ACC_GAP)
             if why is not None:
-                return not_comparable(f"{o}: {why}", evidence)
+                return not_comparable(f"{o}: {why}{stops}", evidence)
             parts.update(lower_parts(groups, [vit], [cnn]))
         return verdict(parts, claim="vit_small below resnet18 with SGD and with Adam",
-                       evidence=evidence, note=values_note(evidence, groups))
+                       evidence=evidence, note=values_note(evidence, groups) + stops)
 
 
 @dataclass
@@ -211,7 +229,7 @@ class Cifar10DepthHeads(_Cifar):
         vits = {f"vit_small-d{d}-h{h}": (
             "vit_small", [f"model.overrides.depth={d}", f"model.overrides.heads={h}"])
             for d, h in shapes}
-        return vision_runs({**vits, **same_name(("resnet18",))}, s)
+        return vision_runs({**vits, **same_name(("resnet18",))}, self.measured(s))
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         """One part per ViT variant, ResNet-18 − variant paired by seed, and the part "spread":
@@ -219,17 +237,19 @@ class Cifar10DepthHeads(_Cifar):
         (max − min), over seeds (no measurement error: one seed is inconclusive); all judged
         together (Holm). Not comparable with fewer than two ViT variants: the spread of one is 0
         by construction, so "spread under half the gap" held whenever the ViT was below ResNet-18,
-        with no depth or head count compared."""
+        with no depth or head count compared. Runs that stopped on the epoch budget are named
+        (:func:`budget_stops`)."""
         groups = by_label(summaries)
         vits = [k for k in groups if k.startswith("vit_small")]
         evidence = sensitivity_evidence(groups)
+        stops, evidence["stopped_on_budget"] = budget_stops(summaries)
         why = precondition(groups, [*vits, "resnet18"], MAX_ACC_GAP)
         if why is None and len(vits) < 2:
             why = (f"{len(vits)} ViT-small variant{'s' if len(vits) != 1 else ''} "
                    f"({', '.join(vits) or 'none'}): the spread over depths and head counts needs "
                    "at least two; give depths and heads more than one shape between them")
         if why is not None:
-            return not_comparable(why, evidence)
+            return not_comparable(why + stops, evidence)
         parts = lower_parts(groups, vits, ["resnet18"])
         ref = final(groups["resnet18"], "sens/train")
         per_seed = {}
@@ -245,19 +265,32 @@ class Cifar10DepthHeads(_Cifar):
         return verdict(parts, claim="every ViT-small variant below resnet18, spread under half "
                        "the gap", evidence=evidence,
                        note=f"ViT spread {spread:.4f} vs half the gap to ResNet-18 {gap / 2:.4f} "
-                       "(means over seeds)")
+                       f"(means over seeds){stops}")
 
 
 def sweep(model: nn.Module, data: ArrayDataset, sigmas: list[float], seed: int,
-          mode: str = "token", repeats: int = 1) -> list[dict[str, float]]:
+          mode: str = "token", repeats: int = 1,
+          rule: tuple[str | None, float | None] = (None, None)) -> list[dict[str, float]]:
     """Sensitivity of ``model`` on ``data`` at each σ (same noise seed for every σ and model:
-    common random numbers make the differences less noisy than the values)."""
+    common random numbers make the differences less noisy than the values), its outputs read
+    with the decision rule ``rule`` (``output_kind``, ``threshold`` of
+    :func:`~senslab.measure.token_sensitivity`; a run's is :func:`run_rule`, the one the Tracker
+    reads them with; default: the measurement's own)."""
     out = []
     for s in sigmas:
         r = token_sensitivity(model, data.inputs, sigma=s, mode=mode, repeats=repeats,
-                              generator=seed, chunk_size=256)
+                              generator=seed, chunk_size=256, output_kind=rule[0],
+                              threshold=rule[1])
         out.append({"sigma": s, "sensitivity": r.estimate, "stderr": r.stderr})
     return out
+
+
+def run_rule(cfg: RunConfig, model: nn.Module, data: ArrayDataset) -> tuple[str, float | None]:
+    """The decision rule the run of ``cfg`` trained and was tracked with
+    (:func:`~senslab.train.track.decision_rule`): a final-model measurement read with another
+    (a one-column ``train.loss=mse`` output by its sign, not its 0.5 boundary) counted other
+    flips than the tracked numbers beside it."""
+    return decision_rule(cfg, model, data, model_device(model) or torch.device("cpu"))
 
 
 @dataclass
@@ -286,6 +319,20 @@ class Cifar10Sigma(_Cifar, FinalMeasureExperiment):
             raise ValueError(f"sigmas={list(s.sigmas)}: the claim compares the gap at the "
                              "smallest and the largest σ of the sweep, which needs at least two "
                              "different σ values; e.g. --set sigmas=[0.1,1.0]")
+        # refused before training too: a σ of 0 failed the final measurement after the first
+        # run had trained, and models without a ViT, or with nothing else, trained every run
+        # for a verdict of "not comparable"
+        if not all(x > 0 for x in s.sigmas):
+            raise ValueError(f"sigmas={list(s.sigmas)}: every σ of the sweep must be above 0 (σ = "
+                             "0 adds no noise and measures nothing); e.g. --set "
+                             "sigmas=[0.1,1.0]")
+        vits = [m for m in s.models if m in VITS]
+        # a name that is no model is left to the trainer's check, which names the closest
+        known = set(s.models) <= set(list_models())
+        if known and (not vits or len(vits) == len(set(s.models))):
+            raise ValueError(f"models={list(s.models)}: the claim compares the ViTs "
+                             f"({', '.join(VITS)}) with the other models, which needs at least "
+                             "one of each; e.g. --set models=vit_small,resnet18")
         return vision_runs(same_name(s.models), s)
 
     def final_settings(self, s: SigmaSettings) -> dict[str, Any]:
@@ -294,25 +341,26 @@ class Cifar10Sigma(_Cifar, FinalMeasureExperiment):
     def measure_final(self, cfg: RunConfig, model: nn.Module, train: ArrayDataset,
                       test: ArrayDataset, s: SigmaSettings) -> dict[str, Any]:
         data = tracking_subset(cfg, model, train, test)
-        return {"sweep": sweep(model, data, list(s.sigmas), cfg.seed,
-                               repeats=cfg.track.repeats)}
+        return {"sweep": sweep(model, data, list(s.sigmas), cfg.seed, repeats=cfg.track.repeats,
+                               rule=run_rule(cfg, model, data))}
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         """Per seed, the gap at each σ between the least sensitive non-ViT and the most
         sensitive ViT (:func:`closest_gap`). Two parts over seeds, judged together (Holm):
         "lowest", the gap at the largest σ; "grows", the gap at the largest σ minus the gap at the
-        smallest."""
+        smallest. Runs that stopped on the epoch budget are named (:func:`budget_stops`)."""
         groups = by_label(summaries)
         vits = [k for k in groups if k in VITS]
         others = [k for k in groups if k not in VITS]
         curves = {k: {str(seed): s["final_measure"]["sweep"] for seed, s in sorted(runs.items())}
                   for k, runs in groups.items()}
         evidence: dict[str, Any] = {"curves": curves}
+        stops, evidence["stopped_on_budget"] = budget_stops(summaries)
         why = precondition(groups, vits + others, MAX_ACC_GAP, keys=("train/acc",)) \
             if vits and others else \
             f"need a ViT and another model; got {', '.join(groups)}"
         if why is not None:
-            return not_comparable(why, evidence)
+            return not_comparable(why + stops, evidence)
         seeds = sorted(groups[vits[0]])
         sigmas = [p["sigma"] for p in groups[vits[0]][seeds[0]]["final_measure"]["sweep"]]
         if len(set(sigmas)) < 2:  # "grows" compares two σ (runs() refuses fewer)
@@ -352,7 +400,7 @@ class Cifar10Sigma(_Cifar, FinalMeasureExperiment):
                        "first ViT or first other model compared")
         return verdict(parts, claim="the ViTs lowest at the largest σ, by a gap that grows with σ",
                        evidence=evidence, note=f"gap (least sensitive non-ViT − most sensitive "
-                       f"ViT, mean over {len(seeds)} seeds) {detail}")
+                       f"ViT, mean over {len(seeds)} seeds) {detail}{stops}")
 
 
 def closest_gap(curves: dict[str, list[dict[str, float]]], vits: list[str], others: list[str]
@@ -379,7 +427,7 @@ class Cifar10WholeInput(_Cifar, FinalMeasureExperiment):
     fractions = [1 / 16, 1 / 8, 1 / 4, 1 / 2]
 
     def runs(self, s: VisionSettings) -> list[Run]:
-        return vision_runs(same_name(("vit_small", "resnet18")), s)
+        return vision_runs(same_name(("vit_small", "resnet18")), self.measured(s))
 
     def final_settings(self, s: VisionSettings) -> dict[str, Any]:
         return {"fractions": self.fractions}
@@ -387,23 +435,26 @@ class Cifar10WholeInput(_Cifar, FinalMeasureExperiment):
     def measure_final(self, cfg: RunConfig, model: nn.Module, train: ArrayDataset,
                       test: ArrayDataset, s: VisionSettings) -> dict[str, Any]:
         data = tracking_subset(cfg, model, train, test)
-        sigma = cfg.track.sigma
-        return {"token": sweep(model, data, [sigma], cfg.seed, repeats=cfg.track.repeats)[0],
+        sigma, rule = cfg.track.sigma, run_rule(cfg, model, data)
+        return {"token": sweep(model, data, [sigma], cfg.seed, repeats=cfg.track.repeats,
+                               rule=rule)[0],
                 "whole": sweep(model, data, [sigma * f for f in self.fractions], cfg.seed,
-                               mode="whole", repeats=cfg.track.repeats)}
+                               mode="whole", repeats=cfg.track.repeats, rule=rule)}
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         """One part over seeds: (ResNet-18 − ViT-small) token-wise minus (ResNet-18 − ViT-small)
         whole-input, at the whole-input σ where the seed-mean ViT's whole-input sensitivity is
-        closest to its token-wise one (the paper's calibration, one σ for every seed)."""
+        closest to its token-wise one (the paper's calibration, one σ for every seed). Runs that
+        stopped on the epoch budget are named (:func:`budget_stops`)."""
         groups = by_label(summaries)
         m = {k: {seed: s["final_measure"] for seed, s in sorted(runs.items())}
              for k, runs in groups.items()}
         evidence: dict[str, Any] = {"measures": {k: {str(seed): v for seed, v in runs.items()}
                                                  for k, runs in m.items()}}
+        stops, evidence["stopped_on_budget"] = budget_stops(summaries)
         why = precondition(groups, ["vit_small", "resnet18"], MAX_ACC_GAP, keys=("train/acc",))
         if why is not None:
-            return not_comparable(why, evidence)
+            return not_comparable(why + stops, evidence)
         vit, cnn = m["vit_small"], m["resnet18"]
         seeds = sorted(vit)
 
@@ -433,4 +484,4 @@ class Cifar10WholeInput(_Cifar, FinalMeasureExperiment):
                        claim="token-wise noise separates the models more than whole-input noise",
                        evidence=evidence,
                        note=f"ResNet-18 − ViT-small (means over {len(seeds)} seeds): token-wise "
-                       f"{tok:+.4f}, whole-input {whl:+.4f} at σ = {sigma:.4g}")
+                       f"{tok:+.4f}, whole-input {whl:+.4f} at σ = {sigma:.4g}{stops}")

@@ -25,7 +25,8 @@ standard error as the measurement error), and is not comparable when the seed-me
 differ by more than 0.05. Scales: ``paper`` — 1,000 images *(ours)*,
 every patch, 1 draw; ``cpu`` — 32 images, 16 random patches per image (ViT-L/16 is ~60 GFLOPs a
 forward pass). ``pretrained=false`` builds random-weight models, initialised from ``seed``
-(for tests, or to check the pipeline offline).
+(for tests, or to check the pipeline offline); the verdict is then judged as usual, and its
+reason says that the weights were random, which the claim is not about.
 
 Each model is one run of the registered trainer ``"pretrained"``
 (:mod:`senslab.train.loops.pretrained`: the image sample, the transform, the measurement, the
@@ -35,7 +36,9 @@ run directory); this module holds the settings, the two runs and the verdict.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,7 +46,7 @@ import torch
 from ...train.config import ranged, seeded
 from ...train.loops.pretrained import PretrainedConfig
 from ...verdicts import not_comparable, over_seeds, verdict
-from .._verdicts import GAP_ROUNDING, by_label, final, mean, precondition
+from .._verdicts import GAP_ROUNDING, by_label, final, listed, mean, precondition
 from ..base import Experiment, Run, Settings, register_experiment, seeded_name
 
 MAX_ACC_GAP = 0.05
@@ -96,6 +99,13 @@ class ImageNet(Experiment):
                 out.append(Run(cfg.name, cfg, trainer="pretrained", info={"seed": cfg.seed}))
         return out
 
+    def after_run(self, run: Run, path: Path, summary: dict[str, Any], settings: Any,
+                  log: Callable[[str], None]) -> dict[str, Any]:
+        # whether the weights were the published ones, for the verdict's words: summary.json
+        # does not say, and a random-weight pipeline check was judged under the claim about
+        # the pretrained models without a word
+        return {**summary, "pretrained": run.config.pretrained}
+
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return imagenet_verdict(summaries)
 
@@ -106,7 +116,9 @@ def imagenet_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     comparable when a model has no runs or other seeds, a run's per-image flip rates or
     accuracy are not finite numbers, the two models of a seed were measured on different
     numbers of images (:func:`_unpaired`), or the seed-mean accuracies (where known) differ by
-    more than :data:`MAX_ACC_GAP`."""
+    more than :data:`MAX_ACC_GAP`. Runs whose summary has ``pretrained`` false (random weights,
+    :meth:`ImageNet.after_run`) are named at the end of the reason and in
+    ``evidence["random_weights"]``: the claim is about the published weights."""
     groups = by_label(summaries)
     evidence: dict[str, Any] = {k: {
         "sensitivity": mean(final(runs, "sens/train").values()),
@@ -115,19 +127,25 @@ def imagenet_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
                               "stderr": s["final"].get("sens/train_se"),
                               "accuracy": s["final"].get("train/acc")}
                   for seed, s in sorted(runs.items())}} for k, runs in groups.items()}
+    random = [s.get("name") or f"{s['label']}/seed {s.get('seed', 0)}" for s in summaries
+              if s.get("pretrained") is False]
+    evidence["random_weights"] = random
+    untrained = (f" (random weights, pretrained=false: {listed(random)}; the claim is about the "
+                 "published weights, which these runs did not measure: a check of the pipeline "
+                 "only)") if random else ""
     why = precondition(groups, ["vit", "convnext"], None, keys=("sens/train",))
     if why is not None:
-        return not_comparable(why, evidence)
+        return not_comparable(why + untrained, evidence)
     why = _unpaired(groups)
     if why is not None:
-        return not_comparable(why, evidence)
+        return not_comparable(why + untrained, evidence)
     accs = [evidence[k]["accuracy"] for k in ("vit", "convnext")]
     # a gap at the limit up to the rounding of seed means (0.80 − 0.75 is 0.05000000000000004)
     # is within it, as in every other accuracy precondition (:data:`~.._verdicts.GAP_ROUNDING`)
     if None not in accs and not (abs(accs[0] - accs[1]) <= MAX_ACC_GAP or math.isclose(
             abs(accs[0] - accs[1]), MAX_ACC_GAP, rel_tol=GAP_ROUNDING)):
         return not_comparable(f"seed-mean accuracies differ by {abs(accs[0] - accs[1]):.3f} "
-                              f"(> {MAX_ACC_GAP})", evidence)
+                              f"(> {MAX_ACC_GAP}){untrained}", evidence)
     seeds = sorted(groups["vit"])
     diffs, ses, images = [], [], 0
     for seed in seeds:
@@ -141,7 +159,7 @@ def imagenet_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     return verdict({"convnext − vit": part},
                    claim="ViT-L/16 less sensitive than ConvNeXtV2-T",
                    evidence=evidence, note=f"paired over {images} images in {len(seeds)} "
-                   f"sample{'s' if len(seeds) != 1 else ''}{acc_note}")
+                   f"sample{'s' if len(seeds) != 1 else ''}{acc_note}{untrained}")
 
 
 def _unpaired(groups: dict[str, dict[int, dict[str, Any]]]) -> str | None:
