@@ -382,7 +382,7 @@ def set_option(cfg: Any, key: str, value: Any, parse: bool = True) -> None:
                     value = raw
                 elif _str_sequence(hint) is not None:  # report_to=tensorboard,wandb
                     seq = _str_sequence(hint)
-                    value = seq(v.strip() for v in raw.split(",") if v.strip())
+                    value = seq(_names(raw))
                 else:
                     raise
             check_value(key, value, _field(obj, part).metadata)
@@ -402,6 +402,19 @@ def _allows(hint: Any, kind: type) -> bool:
     origin = typing.get_origin(hint)
     options = typing.get_args(hint) if origin in (typing.Union, types.UnionType) else (hint,)
     return kind in options
+
+
+def _names(raw: str) -> list[str]:
+    """The names of a comma-separated list written on the command line: ``a,b``, or with the
+    brackets of a list around it and its names unquoted, ``[a,b]`` (read as the names
+    ``'[a'`` and ``'b]'`` before, which the field then refused as unknown, naming no
+    syntax), quotes around a name dropped (``[a,'b']``)."""
+    text = raw.strip()
+    if len(text) >= 2 and text[0] + text[-1] in ("[]", "()"):
+        text = text[1:-1]
+    names = (v.strip() for v in text.split(","))
+    return [v[1:-1] if len(v) >= 2 and v[0] == v[-1] and v[0] in "'\"" else v
+            for v in names if v]
 
 
 def _str_sequence(hint: Any) -> type | None:
