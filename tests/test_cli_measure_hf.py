@@ -188,7 +188,9 @@ def test_zoo_pixel_sigma_is_input_sigma_over_std(capsys: pytest.CaptureFixture[s
     assert "noise ÷ std 0.5" in note(err) and "untrained (seed 0)" in note(err)
     code, err, plain = run(capsys, "--num-examples", "16", "--sigma", "0.1")
     assert code == 0, err
-    assert pixel[0][1:] == plain[0][1:]
+    # the same numbers; the re-checked column is left out: "auto"'s timed calibration may
+    # find checking pays in one run and not in the other ("-"), a timing, not a number
+    assert pixel[0][1:-1] == plain[0][1:-1]
 
 
 def test_usage_errors(vit_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]):
