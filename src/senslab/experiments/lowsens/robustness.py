@@ -68,6 +68,7 @@ with these (``runs/ladder/sharpness/<rung>`` reuses ``runs/ladder/robustness/<ru
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -196,6 +197,7 @@ class Robustness(FinalMeasureExperiment):
     def measure_final(self, cfg: RunConfig, model: nn.Module, train: ArrayDataset,
                       test: ArrayDataset, s: RobustnessSettings) -> dict[str, Any]:
         n = s.test_images
+        _say_capped(n, len(test), "test_images", "test split", "clean and corrupted accuracies")
         x, y = test.batch(slice(0, n))
         acc: dict[str, list[float]] = {}
         per_image = torch.zeros(len(y), dtype=torch.float64)
@@ -209,6 +211,8 @@ class Robustness(FinalMeasureExperiment):
         # same images (the Tracker's generator, so its subset comes first) and the same noise
         # seed for every model: the verdict compares per-image flip rates in pairs
         g = torch.Generator().manual_seed(cfg.seed + 1)
+        _say_capped(s.sens_examples, len(train), "sens_examples", "training set",
+                    "the final-model sensitivity")
         data = train.first(min(s.sens_examples, len(train)), generator=g)
         data = data.to(model_device(model) or "cpu")
         r = token_sensitivity(model, data.inputs, sigma=cfg.track.sigma, repeats=SENS_REPEATS,
@@ -289,6 +293,17 @@ class Robustness(FinalMeasureExperiment):
         return verdict(parts, claim="ViTs more robust than CNNs; regularized ViT-small less "
                        "sensitive and more accurate on noise/blur than vanilla", evidence=evidence,
                        note=f"{won} (seeds {', '.join(map(str, seeds))}){ties}{stops}")
+
+
+def _say_capped(asked: int | None, have: int, key: str, split: str, what: str) -> None:
+    """Warn when the setting ``key`` asks for more images than the ``split`` holds: the numbers
+    of ``what`` rest on all ``have`` of them, while final_measure.json records ``asked`` (a
+    count cut to the split without a word read as a measurement on ``asked`` images)."""
+    if asked is not None and asked > have:
+        warnings.warn(f"robustness: {key}={asked}, but the {split} has {have:,} images: {what} "
+                      f"{'are' if ' and ' in what else 'is'} measured on all {have:,}, not on "
+                      f"{asked:,}, while final_measure.json records {key}={asked} (set "
+                      f"{key}={have} or less to record the count measured)", stacklevel=3)
 
 
 def _within(gap: float, limit: float) -> bool:
