@@ -147,7 +147,8 @@ _METRIC_KWARGS = {
 }
 #: sum states and the fields of :class:`~senslab.measure._stats.State` they hold (``forward`` is
 #: the Module's method, so the counts get longer names)
-_SUMS = {"n": "n", "s1": "s1", "s2": "s2", "within": "within", "num_forward": "forward",
+_SUMS = {"n": "n", "s1": "s1", "s2": "s2", "within": "within", "within_q": "within_q",
+         "num_forward": "forward",
          "num_forward_fp32": "forward_fp32", "num_checked": "checked", "num_copies": "copies",
          "num_events": "events", "num_single": "single", "num_ties": "ties",
          "tie_rates": "tie_rates", "num_tie_flips": "tie_flips", "num_flips": "flips"}
@@ -684,6 +685,9 @@ class TokenSensitivityMetric(Metric):
             self.add_state(k, torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum",
                            persistent=self._persistent.get("n", False))
             setattr(self, k, torch.tensor(fill, dtype=torch.float64, device=self.n.device))
+        if "within_q" not in self._defaults:  # an older senslab's pickle: 0, not known
+            self.add_state("within_q", torch.tensor(0.0, dtype=torch.float64),
+                           dist_reduce_fx="sum", persistent=self._persistent.get("n", False))
         if "pos_grid" not in self._defaults:  # an older senslab's pickle: its grid unknown
             self.add_state("pos_grid", [], dist_reduce_fx="cat",
                            persistent=self._persistent.get("n", False))
@@ -856,6 +860,7 @@ class TokenSensitivityMetric(Metric):
         pos_cnt = torch.zeros(p, dtype=torch.float64).index_add_(0, slot, _cat(self.pos_cnt).cpu())
         state = State(
             n=n, s1=float(self.s1), s2=float(self.s2), within=float(self.within),
+            within_q=float(self.within_q),
             forward=int(self.num_forward.item()), forward_fp32=int(self.num_forward_fp32.item()),
             checked=int(self.num_checked.item()), pos_sum=pos_sum, pos_cnt=pos_cnt,
             samples=[rates.float().cpu()], copies=_known(self.num_copies),
@@ -888,14 +893,17 @@ def _known(count: Tensor, kind: type = int) -> Any:
 def _with_flip_counts(states: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """``states`` with the flip counts (:data:`_FLIPS`) where they lack them (saved by an older
     senslab): 0 for states of no example, NaN (unknown) otherwise — a 0 had made the examples'
-    flips look missing, and torchmetrics' merge refused the dict for the missing keys."""
-    if prefix + "n" not in states or all(prefix + k in states for k in _FLIPS):
+    flips look missing, and torchmetrics' merge refused the dict for the missing keys. And with
+    ``within_q`` (the Satterthwaite sum of distances' subset interval) 0 where they lack it:
+    unknown, read as many degrees of freedom (the normal's 1.96, as they were computed)."""
+    if prefix + "n" not in states or all(prefix + k in states for k in (*_FLIPS, "within_q")):
         return states
     n = torch.as_tensor(states[prefix + "n"])
     fill = math.nan if float(n.sum()) else 0.0
     out = dict(states)
     for k in _FLIPS:
         out.setdefault(prefix + k, torch.tensor(fill, dtype=torch.float64, device=n.device))
+    out.setdefault(prefix + "within_q", torch.zeros((), dtype=torch.float64, device=n.device))
     return out
 
 

@@ -44,7 +44,8 @@ whenever the two models' flips are positively correlated — similar models, the
 95% interval is :math:`\hat\Delta \pm q\,\operatorname{se}` (not clipped: a difference lies
 in [−1, 1]), :math:`q` the 0.975 quantile of Student's t with :math:`n - 1` degrees of freedom
 for ``"data"`` (the :math:`d_e` are :math:`n` i.i.d. values whose spread estimates the
-variance), 1.96 for ``"subset"``, as for one model (:func:`._stats.interval_quantile`).
+variance), 1.96 for ``"subset"`` (for distances Student's t on the Satterthwaite degrees of
+freedom), as for one model (:func:`._stats.interval_quantile`, :func:`._stats.subset_dof`).
 
 Both paired standard errors are estimated from the copies on which the two models differ. Where
 they differ on none, every difference is 0 and so is the standard error: ``compute`` then warns
@@ -88,12 +89,12 @@ from ._stats import (
     State,
     accumulate,
     interval,
-    interval_quantile,
     merged,
     no_data_stderr,
     one_example_warning,
     one_unit_warning,
     result,
+    subset_dof,
 )
 from .outputs import OUTPUT_KINDS, declared_kind
 from .tokenwise import (
@@ -448,6 +449,13 @@ class CompareSensitivity:
                 "(same tokenization, token size and padding)"
             )
 
+    def _dof(self, st: State) -> float:
+        """The degrees of freedom of a paired difference's subset interval: Student's t on the
+        Satterthwaite ones for distances (:func:`._stats.subset_dof`), whose 1.96 covered short
+        of 95% on few draws; the normal's (inf) for class flips, as for one model."""
+        first = next(iter(self.metrics.values()))
+        return math.inf if first.compare == "class" else subset_dof(st)
+
     @_one_thread_at_a_time
     def compute(self) -> ComparisonResult:
         """Each model's estimate and every pairwise paired difference since :meth:`reset`."""
@@ -458,9 +466,10 @@ class CompareSensitivity:
             ra, rb = results[a], results[b]
             est = ra.estimate - rb.estimate
             se = r.stderr
-            half = interval_quantile(self.estimand, r.num_examples) * se
+            lo, hi = interval(est, se, self.estimand, r.num_examples, False,
+                              self._dof(self.paired[a, b]))
             diffs[a, b] = Difference(
-                a=a, b=b, estimate=est, stderr=se, ci95=(est - half, est + half),
+                a=a, b=b, estimate=est, stderr=se, ci95=(lo, hi),
                 estimand=self.estimand, stderr_subset=r.stderr_subset,
                 stderr_unpaired=math.sqrt(ra.stderr**2 + rb.stderr**2), per_sample=r.per_sample,
             )
@@ -501,7 +510,8 @@ class CompareSensitivity:
             subset = ", ".join(
                 f"{d.a} − {d.b} ± {d.stderr_subset:.2g} (95% CI {lo:+.4g}–{hi:+.4g})"
                 for d in diffs
-                for lo, hi in [interval(d.estimate, d.stderr_subset, "subset", 1, False)])
+                for lo, hi in [interval(d.estimate, d.stderr_subset, "subset", 1, False,
+                                        self._dof(self.paired[d.a, d.b]))])
         warnings.warn(
             one_example_warning(what, subset, rates="per-example differences",
                                 subject="the paired standard error")

@@ -242,6 +242,7 @@ from ._stats import (
     one_example_warning,
     one_unit_warning,
     result,
+    subset_dof,
 )
 from ._stats import units as _units
 from ._stats import within_variance as _within_variance
@@ -1845,8 +1846,13 @@ class TokenSensitivity:
                 return r.stderr, r.ci95, "subset; NaN for a single unit of draws, said apart"
             return r.stderr, r.ci95, r.estimand
         ci = interval(r.estimate, r.stderr_subset, "subset", r.num_examples,
-                      self.compare == "class")
+                      self.compare == "class", self._subset_dof())
         return r.stderr_subset, ci, "subset; the data one needs two examples"
+
+    def _subset_dof(self) -> float:
+        """The degrees of freedom of the subset interval, as :func:`._stats.result` takes them:
+        Student's t on the Satterthwaite ones for distances, the normal's for class flips."""
+        return math.inf if self.compare == "class" else subset_dof(self.state)
 
     def _warn_one_example(self, r: SensitivityResult) -> None:
         """Say, once per metric (:meth:`_once`), why the data standard error of one example is
@@ -1858,7 +1864,8 @@ class TokenSensitivity:
         se = r.stderr_subset
         subset = None
         if math.isfinite(se):
-            lo, hi = interval(r.estimate, se, "subset", r.num_examples, self.compare == "class")
+            lo, hi = interval(r.estimate, se, "subset", r.num_examples, self.compare == "class",
+                              self._subset_dof())
             subset = f"± {se:.2g} (95% CI {lo:.4g}–{hi:.4g})"
             if se == 0:  # the warning of no flip follows: a 0 that no variation gave bounds nothing
                 subset += ", a 0 from copies that all agree, no evidence of precision"
