@@ -87,6 +87,17 @@ class BooleanExperiment(Experiment):
         return settings, runs
 
 
+def refuse_empty(s: Any, names: Sequence[str], runs: str) -> None:
+    """Refuse settings ``s`` where any of the lists ``names`` is empty, saying what the ``runs``
+    are made of: an empty list trained nothing (or failed deep in the sweep, naming no setting)
+    and was recorded as "not comparable"."""
+    empty = [name for name in names if not getattr(s, name)]
+    if empty:
+        raise ValueError(f"{' and '.join(empty)} {'is' if len(empty) == 1 else 'are'} empty: "
+                         f"{runs}; give at least one of each, e.g. --set "
+                         "functions=parity,majority --set n_values=[4,6,8]")
+
+
 def linear_fit(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
     """Least-squares slope, its standard error and the intercept of y on x.
 

@@ -86,7 +86,14 @@ from ...verdicts import RHO_CLIP as RHO_CLIP  # re-exported: it moved to senslab
 from ...verdicts import fisher_z as fisher_z  # re-exported
 from .._verdicts import listed
 from ..base import Run, Rung, register_experiment, seeded_name
-from ._common import FRESH, FRESH_UNUSED, BooleanExperiment, Setup, boolean_run
+from ._common import (
+    FRESH,
+    FRESH_UNUSED,
+    BooleanExperiment,
+    Setup,
+    boolean_run,
+    refuse_empty,
+)
 
 SWEEP_FUNCTIONS = ("parity", "majority", "first")
 
@@ -118,12 +125,8 @@ def sweep(s: SweepSettings) -> list[dict[str, Any]]:
     """The sampled run settings: function (cycled), n, lr and wd (log-uniform or uniform), seed."""
     # an empty list failed below as an integer modulo by zero (functions) or in torch.randint
     # ("expects 'from' to be less than 'to'", n_values), naming neither setting
-    empty = [name for name in ("functions", "n_values") if not getattr(s, name)]
-    if empty:
-        raise ValueError(f"{' and '.join(empty)} {'is' if len(empty) == 1 else 'are'} empty: the "
-                         "sweep cycles through functions and draws n from n_values; give at "
-                         "least one of each, e.g. --set functions=parity,majority "
-                         "--set n_values=[4,6,8]")
+    refuse_empty(s, ("functions", "n_values"),
+                 "the sweep cycles through functions and draws n from n_values")
     # "random" was refused by the trainer with "give train_size (subset training)", a setting
     # these fresh-string runs refuse
     unknown = sorted({f for f in s.functions if f not in BOOLEAN_FUNCTIONS})

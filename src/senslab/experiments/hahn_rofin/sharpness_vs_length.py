@@ -60,6 +60,7 @@ from ._common import (
     Setup,
     boolean_run,
     linear_fit,
+    refuse_empty,
 )
 
 FUNCTIONS = ("parity", "majority", "first", "mean")
@@ -100,12 +101,7 @@ class SharpnessVsLength(BooleanExperiment):
         if unknown:
             raise ValueError(f"unknown functions {unknown}; use some of {', '.join(FUNCTIONS)}")
         # an empty list trained nothing and was recorded as "no parity runs to compare with"
-        empty = [name for name in ("functions", "n_values") if not getattr(s, name)]
-        if empty:
-            raise ValueError(f"{' and '.join(empty)} {'is' if len(empty) == 1 else 'are'} "
-                             "empty: the runs are every function at every n; give at least one "
-                             "of each, e.g. --set functions=parity,majority --set "
-                             "n_values=[4,6,8]")
+        refuse_empty(s, ("functions", "n_values"), "the runs are every function at every n")
         return [boolean_run(f"{f}-n{n}-s{seed}", s, label=f, function=f, n=n, seed=seed)
                 for f in s.functions for n in s.n_values for seed in range(s.seeds)]
 
