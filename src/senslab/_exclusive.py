@@ -176,7 +176,14 @@ def exclusive(*models: Any) -> Iterator[None]:
     with a thread measuring it can take turns too::
 
         with exclusive(model):
+            model.train()             # the mode is the model's, shared with the measurement
+            loss_fn(model(x), y).backward()
             optimizer.step()          # never half-applied under a measurement
+
+    ``model.train()`` belongs inside: called while another thread measures, it switches that
+    measurement's remaining forwards to training mode (dropout on), and its number comes out
+    wrong without a word; a forward run during a measurement runs in the measurement's mode
+    (eval: no dropout, BatchNorm's running statistics).
     """
     with _LOCK:
         yield

@@ -40,7 +40,9 @@ import errno
 import json
 import math
 import os
+import signal
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -1386,6 +1388,11 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         _error(_interrupted(err))
+        # a second Ctrl-C while the interpreter shuts down printed a traceback from an atexit
+        # finalizer after the line above: from here on it ends the process quietly (the
+        # command's process only: main([...]) called from Python keeps its caller's handler)
+        if argv is None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
         return 130
     except Exception as err:
         if debug:

@@ -215,8 +215,25 @@ def _eval(model: nn.Module) -> Iterator[None]:
             "torch.export keeps the mode it was exported in. Export the model in eval mode "
             "(model.eval() before torch.export.export) and pass eval_mode=False"
         ) from err
+    # a module whose train() keeps it training whatever eval() asks (MC dropout, say) is its
+    # author's choice, not a switch
+    kept = {m for m in modes if m.training}
     try:
         yield
+        # the mode is the model's, shared: another thread's model.train() (a training loop
+        # beside the measuring thread) put dropout back into the copies' forwards, and the
+        # measurement read 0.55 for 0.20 without a word
+        switched = [name or type(model).__name__ for name, m in model.named_modules()
+                    if m.training and m not in kept]
+        if switched:
+            shown = ", ".join(switched[:3]) + (f" and {len(switched) - 3} more"
+                                               if len(switched) > 3 else "")
+            raise RuntimeError(
+                f"the model was switched to train mode while it was measured in eval mode "
+                f"({shown}): another thread's model.train(), or the forward's own, ran its "
+                "copies with dropout and batch statistics, so this batch is not counted. Hold "
+                "senslab.measure.exclusive(model) around the training step, model.train() "
+                "included, or measure a copy of the model (copy.deepcopy)")
     finally:
         for m, training in modes.items():
             m.train(training)
