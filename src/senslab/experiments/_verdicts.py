@@ -156,11 +156,13 @@ def sensitivity_evidence(groups: Mapping[str, Runs]) -> dict[str, Any]:
 
 
 def values_note(evidence: Mapping[str, Any], labels: Iterable[str]) -> str:
-    """"Sensitivity (mean over 3 seeds): vit_small 0.0100 ± 0.0031 (train acc 0.816), ..."."""
+    """"Sensitivity (mean over 3 seeds): vit_small 0.01 ± 0.0031 (train acc 0.816), ...": three
+    significant digits, two for the standard error (four decimals wrote a fully trained model's
+    3e-05 ± 2e-06 as "0.0000 ± 0.0000", next to a part whose effect was 5e-05)."""
     labels = list(labels)
     n = len(evidence[labels[0]]["seeds"])
     return f"Sensitivity (mean over {n} seed{'s' if n != 1 else ''}): " + ", ".join(
-        f"{k} {evidence[k]['sensitivity']:.4f} ± {evidence[k]['stderr']:.4f} (train acc "
+        f"{k} {evidence[k]['sensitivity']:.3g} ± {evidence[k]['stderr']:.2g} (train acc "
         f"{evidence[k]['train_acc']:.3f})" for k in labels)
 
 
