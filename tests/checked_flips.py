@@ -47,6 +47,31 @@ def assert_float32_flips(model, inputs, tokens, low: str = "bf16", **options) ->
     return checked
 
 
+def assert_shifted_example_keeps_float32_flips(model, seed: int, repeats: int) -> None:
+    """Calibrated on N(0, 1) sequences (32 × 8 × 8), then a batch in which one example is
+    shifted by 64: the low precision's error grows with the shift, so the band must widen for
+    it. Checked bf16's flips must equal float32's, the model's estimate strictly inside (0, 1),
+    and not every copy re-checked."""
+    from senslab.tokens import Sequence
+
+    g = torch.Generator().manual_seed(seed)
+    first, second = torch.randn(32, 8, 8, generator=g), torch.randn(32, 8, 8, generator=g)
+    second[3] += 64.0
+    runs = {}
+    for precision in ("float32", "bf16-checked"):
+        m = Recorder(model, Sequence(), sigma=0.3, repeats=repeats, generator=5,
+                     precision=precision)
+        m.update(first)
+        m.update(second)
+        runs[precision] = m
+    full, checked = runs["float32"], runs["bf16-checked"]
+    assert checked.checked_precision == "bf16"
+    assert int((checked.copies != full.copies).sum()) == 0
+    a, b = checked.compute(), full.compute()
+    assert a.estimate == b.estimate and 0 < b.estimate < 1
+    assert a.recheck_fraction < 1
+
+
 def right_padded(b: int, t: int, seed: int = 0, vocab: int = 50) -> dict[str, torch.Tensor]:
     """Random token ids, right padded with ``PAD`` to ``t``, and their attention mask."""
     g = torch.Generator().manual_seed(seed)

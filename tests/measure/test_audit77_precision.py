@@ -7,11 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from checked_flips import Recorder
+from checked_flips import assert_shifted_example_keeps_float32_flips
 from torch import nn
 
 from senslab.measure import _precision
-from senslab.tokens import Sequence
 
 CPU = torch.device("cpu")
 
@@ -51,22 +50,7 @@ def test_a_shifted_example_through_a_tensordot_keeps_float32_flips():
     product's bf16 error grows with the shift. Unsized, the band stayed the calibration's, the
     spot checks (1/64 of the copies) missed the example, and 16 of 2,048 copies took bf16's
     class without a word (sensitivity 0.0522 against float32's 0.0444)."""
-    g = torch.Generator().manual_seed(0)
-    model = Centred(64, "tensordot").eval()
-    first, second = torch.randn(32, 8, 8, generator=g), torch.randn(32, 8, 8, generator=g)
-    second[3] += 64.0
-    runs = {}
-    for precision in ("float32", "bf16-checked"):
-        m = Recorder(model, Sequence(), sigma=0.3, repeats=4, generator=5, precision=precision)
-        m.update(first)
-        m.update(second)
-        runs[precision] = m
-    full, checked = runs["float32"], runs["bf16-checked"]
-    assert checked.checked_precision == "bf16"
-    assert int((checked.copies != full.copies).sum()) == 0
-    a, b = checked.compute(), full.compute()
-    assert a.estimate == b.estimate and 0 < b.estimate < 1
-    assert a.recheck_fraction < 1
+    assert_shifted_example_keeps_float32_flips(Centred(64, "tensordot").eval(), seed=0, repeats=4)
 
 
 @pytest.mark.parametrize("how", list(PRODUCTS))
