@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from .._sigint import SigintWatch
 from ..data import ArrayDataset, create_dataset
+from ..measure.outputs import is_scalar
 from ..models import create_model, list_models, model_config
 from ._provenance import check_reused, write_env
 from .config import LOGGING_ONLY, RunConfig, config_differences, defaults_of, validate
@@ -55,7 +56,7 @@ __all__ = [
     "TrainingInterrupted", "build_model", "build_optimizer", "build_scheduler", "check_config",
     "check_dir", "check_model_fits_data", "correct", "distributed", "epoch_order", "evaluate",
     "fit", "forward", "load_data", "loss_function", "output_rule", "rank_device",
-    "resolve_device", "to_device", "weight_norm",
+    "rank_rows", "resolve_device", "to_device", "weight_norm",
 ]
 
 # -- building blocks ---------------------------------------------------------------------------
@@ -115,6 +116,56 @@ def _check_labels(data: ArrayDataset, name: str, split: str) -> None:
             "with its real-valued sensitivity, by the Hahn-Rofin experiments' loop (senslab "
             "run hr_sharpness_vs_length); for another regression, measure the model with "
             "senslab.token_sensitivity and a decision rule of your own (output_kind/threshold)")
+
+
+def _check_outputs(cfg: RunConfig, model: nn.Module, train: ArrayDataset, test: ArrayDataset,
+                   device: torch.device) -> None:
+    """Refuse a model whose outputs cannot score the labels of ``train`` and ``test``, read on
+    the first training example (eval mode, mode restored): one column (BCE's or MSE's 0/1
+    label) against labels outside {0, 1} — a 1-column MLP on digits trained BCE against labels
+    up to 9 to a train/loss of -1.86 and a train/acc of 0.10, without a word —, cross-entropy
+    on one column, fewer columns than classes (torch's IndexError, a device-side assert on
+    CUDA), or labels below 0."""
+    x, _ = train.batch(slice(0, 1))
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = forward(model, to_device(x, device))
+    finally:
+        model.train(was_training)
+    ys = [d.targets for d in (train, test) if isinstance(d.targets, Tensor) and d.targets.numel()]
+    if not ys or not (out.dim() == 1 or out.dim() == 2):
+        return  # other outputs: the loss says what it cannot read
+    low, high = min(int(y.min()) for y in ys), max(int(y.max()) for y in ys)
+    kind = cfg.train.loss
+    if kind == "auto":
+        kind = "bce" if is_scalar(out) else "ce"
+    loss_function(kind, out)  # bce or mse on several columns: refused, naming the fix
+    name, data = cfg.model.name, cfg.data.name
+    if low < 0:
+        raise ValueError(
+            f"{data} has labels down to {low}, but the loop scores class indices 0, 1, … (a "
+            f"column per class; one column: a 0/1 label): map the labels to 0..{high - low} "
+            "(±1 labels: (y + 1) / 2)")
+    if is_scalar(out):
+        if kind == "ce":
+            raise ValueError(
+                f"train.loss=ce reads a score per class, but {name} returns one output column: "
+                "use train.loss=auto (BCE-with-logits on one column, for 0/1 labels), or a "
+                "model with a column per class")
+        if high > 1:
+            raise ValueError(
+                f"{name} returns one output column (a binary score, trained by "
+                f"train.loss={kind} against a 0/1 label), but {data} has {high + 1} classes "
+                f"(labels 0 to {high}): its loss and accuracy would read labels it cannot "
+                f"output. Use a model with a column per class (model.overrides.num_classes="
+                f"{high + 1}, or drop model.overrides.num_classes: it is read from the data)")
+    elif high >= out.shape[1]:
+        raise ValueError(
+            f"{name} returns {out.shape[1]} output columns (a score per class), but {data} has "
+            f"labels up to {high} ({high + 1} classes): set model.overrides.num_classes="
+            f"{high + 1}, or drop it (it is read from the data)")
 
 
 def _check_regularizer(cfg: RunConfig, name: str, inputs: Any) -> None:
@@ -450,6 +501,19 @@ def rank_device(device: torch.device, world: int) -> torch.device:
     return torch.device("cuda", local)
 
 
+def _same_buffers(model: nn.Module, world: int) -> None:
+    """Give every rank rank 0's buffers (BatchNorm's running statistics). DDP broadcasts them
+    at the start of each training forward, so after the last one each rank holds statistics
+    updated on its own rows: the ranks' shards of an evaluation read different models, none
+    of them the one rank 0 checkpoints (ResNet-18 on digits, 2 ranks: train/loss 7.843 logged
+    for a checkpoint whose train/loss is 7.625)."""
+    if world > 1:
+        import torch.distributed as dist
+
+        for buffer in model.buffers():
+            dist.broadcast(buffer, 0)
+
+
 def _barrier(world: int) -> None:
     if world > 1:
         import torch.distributed as dist
@@ -566,6 +630,7 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
     _check_regularizer(cfg, getattr(train, "name", None) or cfg.data.name, train.inputs)
     truncated = _truncation(cfg, train, test, warn=rank == 0)
     model = build_model(cfg, train).to(device)
+    _check_outputs(cfg, model, train, test, device)
     net: nn.Module = model
     if world > 1:  # gradients averaged across ranks; `model` stays the plain module
         net = nn.parallel.DistributedDataParallel(model)
@@ -648,6 +713,7 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
         )
 
     def log_eval() -> dict[str, Any]:
+        _same_buffers(model, world)  # every rank measures the model rank 0 checkpoints
         record = {"step": pos.step, "epoch": pos.epoch + pos.batch / n_batches}
         record.update(tracker.measure(loss_kind))
         record["time"] = round(time.perf_counter() - clock, 3)
@@ -666,13 +732,9 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
         order = epoch_order(cfg.seed, pos.epoch, n)
         while pos.batch < n_batches:
             whole = order[pos.batch * bs : (pos.batch + 1) * bs]
-            idx = whole[rank::world]
+            idx, share = rank_rows(whole, rank, world)
             x, y = train.batch(idx)
             x, y = to_device(x, device), y.to(device)
-            # DDP averages the ranks' gradients with equal weights: a rank's mean loss weighs
-            # its share of the batch, so uneven shares (15 on 2 ranks, a short last batch) give
-            # the batch-mean gradient, as one process does
-            share = len(idx) * world / len(whole)
             loss = _train_step(cfg, net, opt, x, y, loss_kind, reg_gen, share)
             pos.batch += 1
             pos.step += 1
@@ -753,6 +815,22 @@ def _schedule_cut(cfg: RunConfig, n_batches: int, total_steps: int) -> str | Non
 def _reached(cfg: RunConfig, record: dict[str, Any]) -> bool:
     target = cfg.train.target_train_acc
     return target is not None and record.get("train/acc", 0.0) >= target
+
+
+def rank_rows(whole: Tensor, rank: int, world: int) -> tuple[Tensor, float]:
+    """The rows of the batch ``whole`` (indices) that rank ``rank`` of ``world`` trains on, and
+    its share: rows rank, rank + world, … (disjoint, covering the batch), weighted by their
+    number × world / the batch's. DDP averages the ranks' gradients with equal weights, so a
+    rank's mean loss weighs its share of the batch, and uneven shares (15 on 2 ranks, a short
+    last batch) give the batch-mean gradient, as one process does. A rank left without a row (a
+    batch smaller than the world: 1,001 examples in batches of 100 on 2 ranks end with a batch
+    of 1) takes the batch's first row with share 0, so that it joins DDP's gradient average
+    adding nothing; its mean loss over no rows was NaN, which stopped the run as diverged
+    ("lower optim.lr")."""
+    idx = whole[rank::world]
+    if len(idx):
+        return idx, len(idx) * world / len(whole)
+    return whole[:1], 0.0
 
 
 #: the regularizer's seed offset between ranks (rank r: seed + 777 + r × this)
