@@ -6,9 +6,6 @@ that rank 0 checkpoints (BatchNorm's running statistics)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -16,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torchrun import assert_ddp_equals_one_process, torchrun_fit
 
 from senslab.train.config import RunConfig, apply_overrides
 from senslab.train.loop import build_model, evaluate, fit, load_data, rank_rows
@@ -104,27 +102,6 @@ def test_rank_rows_cover_the_batch_and_give_its_mean_gradient(size: int, world: 
 
 
 # -- under torchrun --------------------------------------------------------------------------------
-WORKER = """
-import os, sys
-from senslab.train.config import RunConfig, apply_overrides
-from senslab.train.loop import fit
-fit(apply_overrides(RunConfig(name="ddp"), sys.argv[2:]), sys.argv[1], progress=False)
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(0)
-"""
-
-
-def torchrun(tmp_path: Path, out: Path, args: list[str]) -> None:
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(script), str(out), *args]
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-
-
 @pytest.mark.heavy
 def test_a_last_batch_smaller_than_the_world_trains_as_one_process(tmp_path: Path) -> None:
     """1,001 examples in batches of 100 on 2 ranks: the last batch of 1 left rank 1 with none,
@@ -133,14 +110,8 @@ def test_a_last_batch_smaller_than_the_world_trains_as_one_process(tmp_path: Pat
             "model.overrides.image_size=8", "model.overrides.sens_patch=2", "device=cpu",
             "train.epochs=2", "data.train_subset=1001", "train.batch_size=100",
             "track.sigma=0"]
-    torchrun(tmp_path, tmp_path / "ddp", args)
-    torch.set_num_threads(1)
-    fit(apply_overrides(RunConfig(name="ddp"), list(args)), tmp_path / "single", progress=False)
-    ddp, single = RunDir(tmp_path / "ddp"), RunDir(tmp_path / "single")
-    assert ddp.read_json("summary.json")["steps"] == 22
-    a = RunDir.load_checkpoint(ddp.checkpoints()[-1])["model"]
-    b = RunDir.load_checkpoint(single.checkpoints()[-1])["model"]
-    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+    assert_ddp_equals_one_process(tmp_path, args)
+    assert RunDir(tmp_path / "ddp").read_json("summary.json")["steps"] == 22
 
 
 @pytest.mark.heavy
@@ -151,7 +122,7 @@ def test_the_ranks_evaluate_the_model_rank_0_checkpoints(tmp_path: Path) -> None
     args = ["model.name=resnet18", "data.name=digits", "device=cpu", "train.epochs=1",
             "train.max_steps=6", "train.batch_size=64", "train.eval_batch_size=100",
             "track.sigma=0"]
-    torchrun(tmp_path, tmp_path / "ddp", args)
+    torchrun_fit(tmp_path, tmp_path / "ddp", args)
     rd = RunDir(tmp_path / "ddp")
     cfg = RunConfig.from_dict(rd.read_json("config.json"))
     train, test = load_data(cfg)

@@ -3,13 +3,11 @@ process."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from torchrun import assert_ddp_equals_one_process, torchrun_fit
 
 from senslab.train.config import RunConfig, apply_overrides
 from senslab.train.loop import fit, rank_device
@@ -19,41 +17,6 @@ ARGS = ["model.name=mlp", "data.name=digits", "model.overrides.widths=[32]",
         "model.overrides.sens_patch=2", "train.epochs=2", "train.batch_size=16", "optim.lr=0.1",
         "optim.momentum=0.9", "track.num_examples=64", "device=cpu", "train.max_steps=20"]
 
-# The worker leaves without the interpreter's teardown: there, after fit has returned, its
-# process group is destroyed and every output is written, torch's gloo backend now and then
-# aborts a rank in C++ ("terminate called without an active exception", no Python frame; 4 of
-# 120 runs of this worker beside a busy process, scratch). The outputs are what this test
-# checks, below.
-WORKER = """
-import os, sys
-from senslab.train.config import RunConfig, apply_overrides
-from senslab.train.loop import fit, rank_device
-fit(apply_overrides(RunConfig(name="ddp"), sys.argv[2:]), sys.argv[1], progress=False)
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(0)
-"""
-
-
-def _torchrun(tmp_path: Path, out: Path, args: list[str]) -> None:
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(script), str(out), *args]
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-
-
-def _assert_ddp_equals_one_process(tmp_path: Path, args: list[str]) -> None:
-    """Two ranks under torchrun and one process, trained on ``args``: the same final weights."""
-    _torchrun(tmp_path, tmp_path / "ddp", args)
-    torch.set_num_threads(1)
-    fit(apply_overrides(RunConfig(name="ddp"), list(args)), tmp_path / "single", progress=False)
-    a = RunDir.load_checkpoint(RunDir(tmp_path / "ddp").checkpoints()[-1])["model"]
-    b = RunDir.load_checkpoint(RunDir(tmp_path / "single").checkpoints()[-1])["model"]
-    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
-
 
 @pytest.mark.heavy
 def test_uneven_shares_of_a_batch_weigh_as_in_one_process(tmp_path: Path):
@@ -61,7 +24,7 @@ def test_uneven_shares_of_a_batch_weigh_as_in_one_process(tmp_path: Path):
     mean losses once weighed the 7 more than the 8 (2e-3 off one process); each rank's loss is
     now scaled by its share, and the weights agree as for even batches."""
     args = [a for a in ARGS if not a.startswith("train.batch_size")] + ["train.batch_size=15"]
-    _assert_ddp_equals_one_process(tmp_path, args)
+    assert_ddp_equals_one_process(tmp_path, args)
 
 
 @pytest.mark.heavy
@@ -70,7 +33,7 @@ def test_each_rank_draws_its_own_regularizer_noise(tmp_path: Path):
     every rank's row i the same patch and noise), rank 0's is the single process's, and the
     checkpoint keeps every rank's so that a resume continues each."""
     args = [*ARGS, "train.regularizer=patch_mse", "train.max_steps=4"]
-    _torchrun(tmp_path, tmp_path / "ddp", [a for a in args if a != "train.max_steps=20"])
+    torchrun_fit(tmp_path, tmp_path / "ddp", [a for a in args if a != "train.max_steps=20"])
     state = RunDir.load_checkpoint(RunDir(tmp_path / "ddp").checkpoints()[-1])
     regs = state["reg_rngs"]
     assert len(regs) == 2 and not torch.equal(regs[0], regs[1])
@@ -79,17 +42,11 @@ def test_each_rank_draws_its_own_regularizer_noise(tmp_path: Path):
 
 @pytest.mark.heavy
 def test_two_process_ddp_training_matches_one_process(tmp_path: Path):
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(script), str(tmp_path / "ddp"), *ARGS]
     # one thread on every side (torchrun's default for its workers). Two half-batch gradients
     # averaged differ from one full-batch gradient by float rounding, which momentum SGD
     # amplifies step by step (past 1e-5 within 2 epochs on some CPUs): 20 steps keep that far
     # below the tolerance, while a wrong reduction (a sum, one rank's gradient) is far above it
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    torchrun_fit(tmp_path, tmp_path / "ddp", list(ARGS))
 
     torch.set_num_threads(1)  # restored after the test (conftest)
     fit(apply_overrides(RunConfig(name="ddp"), list(ARGS)), tmp_path / "single", progress=False)
@@ -122,4 +79,4 @@ def test_sps_under_ddp_steps_on_the_batch_loss_as_one_process(tmp_path: Path):
     args = [a for a in ARGS if not a.startswith(("optim.momentum", "optim.lr"))]
     args += ["optim.name=sps", "optim.eta_max=2", "train.max_steps=8"]
     args = [a for a in args if a != "train.max_steps=20"]
-    _assert_ddp_equals_one_process(tmp_path, args)
+    assert_ddp_equals_one_process(tmp_path, args)

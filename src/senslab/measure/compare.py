@@ -559,10 +559,8 @@ class CompareSensitivity:
         sa, sb = self.metrics[d.a].state, self.metrics[d.b].state
         if sa.ties == sb.ties or not sa.n:
             return
-        said = self.__dict__.setdefault("_said_ties", set())  # a comparison pickled without it
-        if (d.a, d.b) in said:
+        if not self._first_for_pair("_said_ties", d):
             return
-        said.add((d.a, d.b))
         n = sa.n
 
         def share(name: str, st: State) -> str:
@@ -582,6 +580,16 @@ class CompareSensitivity:
             "the top two columns equal, or one column exactly on its boundary) and compare "
             "again (said once per pair)", UserWarning, stacklevel=user_level())
 
+    def _first_for_pair(self, kind: str, d: Difference) -> bool:
+        """Whether the warning ``kind`` (the attribute holding the pairs it was said of) is
+        said of ``d``'s pair for the first time, recording it (a comparison pickled without
+        the attribute starts it)."""
+        said = self.__dict__.setdefault(kind, set())
+        if (d.a, d.b) in said:
+            return False
+        said.add((d.a, d.b))
+        return True
+
     def _warn_no_disagreement(self, d: Difference) -> None:
         """Warn, once per pair, where the two models measured the same value on every copy:
         their differences are all 0, so the paired standard error is 0 and the 95% interval
@@ -594,10 +602,8 @@ class CompareSensitivity:
         first = next(iter(self.metrics.values()))
         if not st.copies or st.events or first.control_variate is not None:
             return
-        said = self.__dict__.setdefault("_said", set())  # a comparison pickled without it
-        if (d.a, d.b) in said:
+        if not self._first_for_pair("_said", d):
             return
-        said.add((d.a, d.b))
         n = st.copies
         se, (lo, hi), estimand = d.stderr, d.ci95, d.estimand
         if no_data_stderr(d.estimand, st.n):  # NaN: said the subset one, as it is

@@ -42,6 +42,7 @@ from .rundir import RunDir, checkpoint_step, environment, load_model_state, noti
 from .steps import (
     correct,
     evaluate,
+    first_output,
     forward,
     loss_function,
     output_rule,
@@ -126,14 +127,7 @@ def _check_outputs(cfg: RunConfig, model: nn.Module, train: ArrayDataset, test: 
     up to 9 to a train/loss of -1.86 and a train/acc of 0.10, without a word —, cross-entropy
     on one column, fewer columns than classes (torch's IndexError, a device-side assert on
     CUDA), or labels below 0."""
-    x, _ = train.batch(slice(0, 1))
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            out = forward(model, to_device(x, device))
-    finally:
-        model.train(was_training)
+    out = first_output(model, train, device)
     ys = [d.targets for d in (train, test) if isinstance(d.targets, Tensor) and d.targets.numel()]
     if not ys or not (out.dim() == 1 or out.dim() == 2):
         return  # other outputs: the loss says what it cannot read

@@ -63,6 +63,19 @@ def forward(model: nn.Module, x: Any) -> Tensor:
     return model(**x) if isinstance(x, dict) else model(x)
 
 
+def first_output(model: nn.Module, data: Any, device: torch.device) -> Tensor:
+    """``model``'s output for ``data``'s first example, in eval mode (the mode restored): what
+    a run's decision rule and its output checks read."""
+    x, _ = data.batch(slice(0, 1))
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return forward(model, to_device(x, device))
+    finally:
+        model.train(was_training)
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, data: ArrayDataset, loss_kind: str, device: torch.device,
              batch_size: int = 500, shard: tuple[int, int] | None = None) -> tuple[float, float]:

@@ -15,7 +15,7 @@ from .._stack import said_once
 from ..data import ArrayDataset
 from ..measure import TokenSensitivity
 from .config import RunConfig
-from .steps import evaluate, forward, loss_function, output_rule, weight_norm
+from .steps import evaluate, first_output, loss_function, output_rule, weight_norm
 
 
 class Tracker:
@@ -198,15 +198,7 @@ def decision_rule(cfg: RunConfig, model: nn.Module, data: ArrayDataset,
     ``sens/*`` and sharpness with it, and ``senslab measure --checkpoint`` measures a run's
     checkpoint with it, so that the two read the same weights alike (``train.loss=mse`` on one
     column: class = output > 0.5, where the model declares logits, class = sign)."""
-    x, _ = data.batch(slice(0, 1))
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            out = forward(model, _to(x, device))
-    finally:
-        model.train(was_training)
-    return output_rule(cfg.train.loss, model, out)
+    return output_rule(cfg.train.loss, model, first_output(model, data, device))
 
 
 def _to(x: Any, device: torch.device) -> Any:
