@@ -27,8 +27,15 @@ from torch import Tensor, nn
 
 from .._onednn import missing_kernel
 from ..tokens import Embedding
-from ._config import TRAIN_MODE_REUSE, check_eval, check_one_of, override_config
+from ._config import (
+    TRAIN_MODE_REUSE,
+    check_eval,
+    check_one_of,
+    check_positive,
+    override_config,
+)
 from ._registry import register_model
+from .vision import seeded
 
 # --------------------------------------------------------------------------- shared helpers
 
@@ -41,7 +48,9 @@ def init_weights(
     embed_std: float = 0.02,
 ) -> None:
     """Re-initialise every Linear, Embedding, LayerNorm and LSTM in ``module`` from ``generator``
-    (the global RNG is never read, so a config's ``seed`` fixes the weights on its own).
+    (so a config's ``seed`` fixes the weights on its own; the registered factories build inside
+    :func:`~senslab.models.vision.seeded`, so the layers' own default init, which these draws
+    replace, neither moves the global RNG nor runs off the CPU under a default device).
 
     ``linear_std=None`` reproduces PyTorch's default Linear init, U(±1/√fan_in) on weight and
     bias; a number gives N(0, std²) weights and zero biases (GPT-2 / nanoGPT). Embeddings are
@@ -172,9 +181,9 @@ class TextConfig:
     seed: int = 0  #: seeds the weight initialisation (an explicit generator, never global RNG)
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "max_len", "dim", "layers", "heads", "num_classes"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        # integers, not just positive: a float ``heads`` (8.0) built and failed only at the first
+        # forward, inside a reshape; a bool ``layers`` (True) built one layer
+        check_positive(self, "vocab_size", "max_len", "dim", "layers", "heads", "num_classes")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if not 0 <= self.pad_id < self.vocab_size:
@@ -210,6 +219,13 @@ def _real_tokens(input_ids: Tensor, attention_mask: Tensor | None, cfg: TextConf
         raise ValueError(
             f"input_ids must be a (batch, length) tensor of token ids, got dtype "
             f"{input_ids.dtype} and shape {tuple(input_ids.shape)}"
+        )
+    if input_ids.dtype not in (torch.int64, torch.int32):
+        # the embedding takes int64 or int32 ids only; uint16 (token files written by numpy)
+        # failed in a comparison torch has no kernel for, int16 and uint8 deep in the embedding
+        raise ValueError(
+            f"input_ids has dtype {input_ids.dtype}, but the embedding takes token ids as int64 "
+            f"or int32; pass input_ids.long()"
         )
     if input_ids.shape[1] == 0:
         raise ValueError(
@@ -577,25 +593,25 @@ class _SuffixGroup:
 def lstm(**overrides: Any) -> LSTMClassifier:
     """LSTM baseline: embedding 256 → LayerNorm → 4-layer LSTM 256 → linear
     (docs/definitions.md#text-models)."""
-    return LSTMClassifier(override_config(TextConfig(), overrides))
+    return seeded(LSTMClassifier, override_config(TextConfig(), overrides))
 
 
 @register_model("roberta", config=RobertaConfig())
 def roberta(**overrides: Any) -> RobertaClassifier:
     """RoBERTa-like encoder, 4 layers, 256 wide, 8 heads, softmax attention
     (docs/definitions.md#text-models)."""
-    return RobertaClassifier(override_config(RobertaConfig(), overrides))
+    return seeded(RobertaClassifier, override_config(RobertaConfig(), overrides))
 
 
 @register_model("roberta_relu", config=RobertaConfig(attention="relu"))
 def roberta_relu(**overrides: Any) -> RobertaClassifier:
     """``roberta`` with unnormalised ReLU attention relu(QKᵀ/√d)
     (docs/definitions.md#text-models)."""
-    return RobertaClassifier(override_config(RobertaConfig(attention="relu"), overrides))
+    return seeded(RobertaClassifier, override_config(RobertaConfig(attention="relu"), overrides))
 
 
 @register_model("gpt2", config=TextConfig())
 def gpt2(**overrides: Any) -> GPT2Classifier:
     """GPT-2-like causal decoder, 4 layers, 256 wide, 8 heads (main paper A.4;
     docs/definitions.md#text-models)."""
-    return GPT2Classifier(override_config(TextConfig(), overrides))
+    return seeded(GPT2Classifier, override_config(TextConfig(), overrides))
