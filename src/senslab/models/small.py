@@ -22,6 +22,7 @@ bit 1 means +1, i.e. x = 2·bit − 1.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,17 @@ def _positive(config: Any, *names: str) -> None:
     for name in names:
         if getattr(config, name) < 1:
             raise ValueError(f"{name} must be positive, got {getattr(config, name)}")
+
+
+def _check_init_scale(config: Any) -> None:
+    """Error unless ``config.init_scale`` (the std of the initial weights) is finite and >= 0:
+    NaN passed ``init_scale < 0`` and, like infinity, built a model whose every output was NaN,
+    unsaid."""
+    scale = config.init_scale
+    if not (math.isfinite(scale) and scale >= 0):
+        raise ValueError(f"{type(config).__name__}.init_scale must be a finite number >= 0 (the "
+                         f"std of the initial weights), got {scale!r}; e.g. init_scale=0.01, or "
+                         f"0 to start from zero weights")
 
 
 def _check_vectors(x: Tensor, dim: int) -> None:
@@ -95,8 +107,7 @@ class SparseAttentionConfig:
     def __post_init__(self) -> None:
         _positive(self, "dim")
         check_one_of("pool", self.pool, ("mean", "sum"))
-        if self.init_scale < 0:
-            raise ValueError(f"init_scale must be >= 0, got {self.init_scale}")
+        _check_init_scale(self)
 
 
 class SparseAttention(nn.Module):
@@ -395,8 +406,7 @@ class AttentionModelConfig:
 
     def __post_init__(self) -> None:
         _positive(self, "dim")
-        if self.init_scale < 0:
-            raise ValueError(f"init_scale must be >= 0, got {self.init_scale}")
+        _check_init_scale(self)
 
 
 class AttentionModel(nn.Module):
