@@ -58,5 +58,5 @@ def test_an_init_scale_that_is_not_finite_is_refused(name: str, scale: float) ->
 def test_a_resnet_width_that_is_not_finite_is_refused_by_name(width: float) -> None:
     # NaN passed the positivity check and both failed in round() ("cannot convert float NaN to
     # integer", an OverflowError for infinity), naming neither the field nor a fix
-    with pytest.raises(ValueError, match=r"ResNetConfig\.width must be a finite positive number"):
+    with pytest.raises(ValueError, match=r"ResNetConfig\.width must be a positive finite number"):
         create_model("resnet18", width=width)

@@ -8,6 +8,7 @@ unknown key is an error naming the closest valid field, and a value of the wrong
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Mapping
 from dataclasses import fields, replace
 from typing import Any, TypeVar
@@ -61,15 +62,16 @@ def check_divides(patch: int, image_size: int, name: str) -> None:
 
 
 def check_positive(cfg: Any, *names: str, integer: bool = True) -> None:
-    """Error unless each named field (or every entry of a tuple field) is a positive number,
-    an ``int`` when ``integer``."""
+    """Error unless each named field (or every entry of a tuple field) is a finite positive
+    number, an ``int`` when ``integer`` (NaN passed ``x <= 0``, and infinity is no size)."""
     kinds = (int,) if integer else (int, float)
     for n in names:
         v = getattr(cfg, n)
         values = v if isinstance(v, tuple) else (v,)
-        bad = [x for x in values if isinstance(x, bool) or not isinstance(x, kinds) or x <= 0]
+        bad = [x for x in values if isinstance(x, bool) or not isinstance(x, kinds)
+               or (isinstance(x, float) and not math.isfinite(x)) or x <= 0]
         if not values or bad:
-            kind = "integer" if integer else "number"
+            kind = "integer" if integer else "finite number"
             raise ValueError(f"{type(cfg).__name__}.{n} must be a positive {kind}, got {v!r}")
 
 

@@ -10,7 +10,6 @@ PyTorch_CIFAR10, the implementations the paper used.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,9 +54,6 @@ class ResNetConfig(ImageConfig):
         super().__post_init__()
         check_positive(self, "blocks", "sens_patch")
         check_positive(self, "width", integer=False)
-        if not math.isfinite(self.width):  # NaN passed the check above; both failed in round()
-            raise ValueError(f"ResNetConfig.width must be a finite positive number, got "
-                             f"{self.width!r}; e.g. width=1.0 (ResNet-18) or 0.25 (16-32-64-128)")
         check_divides(self.sens_patch, self.image_size, "sens_patch")
 
     @property
