@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import warnings
 from collections.abc import Iterable, Sequence
 from html import escape
 from pathlib import Path
@@ -24,6 +25,7 @@ from senslab.report.plots import (
     plot_position_heatmaps,
     plot_position_profiles,
     plot_scatter,
+    position_profile,
     written_png,
 )
 from senslab.report.runs import (
@@ -142,6 +144,12 @@ def make_report(
             png = plot_position_profiles(runs, out / "positions.png")
             figures.append((png, "Sensitivity per token position, right-aligned (−1 = last "
                                  "token).", written_png(png)))
+    elif any(position_profile(r) is not None for r in runs):
+        # every profile null at every position: nothing to draw, but a report without the
+        # figure reads as runs that never measured per position
+        warnings.warn(f"{out / 'report.html'}: no per-position figure, as every run's "
+                      "sens/train_per_position is null at every position (no example reached "
+                      "one); track more examples to measure per position", stacklevel=2)
     for i, (xk, yk) in enumerate(scatter):
         png = plot_scatter(runs, xk, yk, out / f"scatter_{i}.png")
         figures.append((png, f"{yk} against {xk}, one point per run.", written_png(png)))

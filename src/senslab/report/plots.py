@@ -147,6 +147,15 @@ def written_png(path: Path) -> bytes:
     return last[1]
 
 
+def _plain(text: str) -> str:
+    """``text`` (a label or metric key: user text) as matplotlib is to draw it, letter for
+    letter: matplotlib reads what stands between two ``$`` as mathtext, so that the label
+    ``$5 vs $1e-3`` was drawn as ``5 vs 1e-3`` in italics, and ``a $_$ b`` failed the whole
+    report with a bare ``ValueError`` from the mathtext parser. An escaped ``\\$`` is drawn
+    as ``$``."""
+    return text.replace("$", r"\$")
+
+
 def _label_handles(
     colors: dict[str, Any], labels: Sequence[str], points: bool = False
 ) -> list[Any]:
@@ -154,7 +163,7 @@ def _label_handles(
     from matplotlib.lines import Line2D
 
     style = {"marker": "o", "ls": ""} if points else {"lw": 2}
-    return [Line2D([], [], color=colors[lb], label=lb, **style) for lb in labels]
+    return [Line2D([], [], color=colors[lb], label=_plain(lb), **style) for lb in labels]
 
 
 def curve_panels(
@@ -279,9 +288,9 @@ def plot_curves(
                         ax.fill_between(xs, np.where(full, curve.low, np.nan),
                                         np.where(full, curve.high, np.nan),
                                         color=colors[label], alpha=0.18, lw=0)
-            ax.set_title(ptitle)
+            ax.set_title(_plain(ptitle))
             ax.set_xlabel(xlabel)
-            ax.set_ylabel(ylabel)
+            ax.set_ylabel(_plain(ylabel))
             if logx:
                 ax.set_xscale("log", nonpositive="mask")
             if panel_log:
@@ -289,11 +298,11 @@ def plot_curves(
         for ax in axes[len(panels) :]:
             fig.delaxes(ax)
         handles = _label_handles(colors, list(groups))
-        for handle in handles:
-            notes = partial.get(handle.get_label())
+        for handle, label in zip(handles, groups, strict=True):
+            notes = partial.get(label)
             if notes:
-                handle.set_label(handle.get_label() + "\n("
-                                 + "; ".join(f"{k}: {n} of {r} runs" for k, n, r in notes) + ")")
+                handle.set_label(handle.get_label() + "\n(" + "; ".join(
+                    f"{_plain(k)}: {n} of {r} runs" for k, n, r in notes) + ")")
         if len(splits_used) > 1:
             from matplotlib.lines import Line2D
 
@@ -344,7 +353,9 @@ def plot_final_bars(
     """Final ``key`` per label as bars, annotated with the label's final ``acc_key``.
 
     Error bars: ± std over the label's seeds; a label with one run shows ± 1.96 s.e. (its
-    ``<key>_se``), i.e. a 95% interval for that run's estimate; none if neither is known.
+    ``<key>_se``), i.e. a 95% interval for that run's estimate; none if neither is known. A
+    bar that cannot be drawn — NaN or inf, or ≤ 0 on a log y-axis (``logy``) — has its value
+    written in its place, with a warning.
     """
     import matplotlib
 
@@ -367,6 +378,18 @@ def plot_final_bars(
                       "place; the per-run numbers say which run", stacklevel=2)
         for i in bad:
             means[i], errs[i] = math.nan, 0.0
+    # a bar ≤ 0 cannot be drawn on a log y-axis, and a tick without a bar reads as a value too
+    # small to see (a negative sharpness/loss is one to see): it is written in its place too
+    nonpositive = [i for i, m in enumerate(means) if logy and m <= 0]
+    if nonpositive:
+        warnings.warn(f"{out}: the final {key} of "
+                      + ", ".join(f"{rows[i]['label']!r} is {format_number(means[i])}"
+                                  for i in nonpositive)
+                      + ", ≤ 0, which a log y-axis cannot draw: no bar is drawn, the value is "
+                      "written in its place; draw the bars without logy to see it",
+                      stacklevel=2)
+        for i in nonpositive:
+            means[i], errs[i] = math.nan, 0.0
     # a NaN or inf spread (a single run's s.e. from one example) draws no error bar, which
     # reads as a bar known exactly, or with no s.e. logged: it is written above the bar
     unbounded = [i for i, e in enumerate(errs) if not math.isfinite(e)]
@@ -377,16 +400,18 @@ def plot_final_bars(
                       "bar; the per-run numbers say which run (a standard error over a single "
                       "example is NaN: track more examples)", stacklevel=2)
     # a label's bar over fewer of its runs than the row holds says so under its name
-    names = [r["label"] + (f"\n({r[key].n} of {r[key].of} runs)"
-                           if r[key].of is not None and r[key].n < r[key].of else "")
+    names = [_plain(r["label"]) + (f"\n({r[key].n} of {r[key].of} runs)"
+                                   if r[key].of is not None and r[key].n < r[key].of else "")
              for r in rows]
     with matplotlib.rc_context(STYLE):
         fig = _figure(max(4.5, 1.0 + 0.9 * len(rows)), 3.8)
         ax = fig.subplots()
         pos = np.arange(len(rows))
         ax.bar(pos, means, yerr=errs, capsize=4, color=[colors[r["label"]] for r in rows])
-        for i in bad:
+        for i in bad + nonpositive:
+            # at the axis' foot: a log axis has no 0
             ax.annotate(format_number(rows[i][key].mean), (pos[i], 0), xytext=(0, 3),
+                        xycoords=ax.get_xaxis_transform() if logy else "data",
                         textcoords="offset points", ha="center", va="bottom", color="#c62828")
         for i, (p, m, e, row) in enumerate(zip(pos, means, errs, rows, strict=True)):
             lines = []
@@ -410,13 +435,14 @@ def plot_final_bars(
                     fontsize=7,
                 )
         ax.set_xticks(pos, names, rotation=30 if len(rows) > 4 else 0)
-        ax.set_ylabel(f"final {key}" + (f"\n{YLABELS[key]}" if key in YLABELS else ""))
+        ax.set_ylabel(f"final {_plain(key)}" + (f"\n{YLABELS[key]}" if key in YLABELS else ""))
         ax.margins(y=0.2)  # head room for the annotations
         ax.grid(axis="x", visible=False)
-        if logy:
-            ax.set_yscale("log", nonpositive="mask")
+        if logy and any(math.isfinite(m) for m in means):  # no bar left: a log axis of
+            # nothing fails to place its ticks (the values are written in place)
+            ax.set_yscale("log", nonpositive="clip")  # "mask" hid every bar (from 0)
         ax.set_title(
-            title or f"Final {key} per label\n(± std over seeds; a single run ± 1.96 s.e.)"
+            title or f"Final {_plain(key)} per label\n(± std over seeds; a single run ± 1.96 s.e.)"
         )
         return _save(fig, out)
 
@@ -438,7 +464,17 @@ def position_profile(run: Run, key: str = "sens/train") -> tuple[list[int], list
 
 
 def has_positions(runs: Sequence[Run], key: str = "sens/train") -> bool:
-    return any(position_profile(r, key) is not None for r in runs)
+    """Whether a run's final per-position profile of ``key`` has a value at some position (one
+    whose every position is null, none reached, has nothing to draw)."""
+    return any(prof is not None and not all(math.isnan(v) for v in prof[1])
+               for prof in (position_profile(r, key) for r in runs))
+
+
+def _no_value(label: str, key: str) -> str:
+    """``label``, and why its per-position ``key`` has no line or colour: its profiles are null
+    at every position."""
+    return (f"{label!r}, whose runs' {key}_per_position are null at every position (no example "
+            "reached one)")
 
 
 def aggregate_positions(runs: Sequence[Run], key: str = "sens/train") -> Curve | None:
@@ -487,10 +523,16 @@ def plot_position_profiles(
     from matplotlib.ticker import MaxNLocator
 
     profiles = {}
+    empty: list[str] = []  # labels whose profiles are null at every position
     for label, group in group_by_label(runs).items():
         curve = aggregate_positions(group, key)
         if curve is not None:
             profiles[label] = curve
+        elif any(position_profile(r, key) is not None for r in group):
+            empty.append(_no_value(label, key))
+    if not profiles and empty:
+        raise ValueError(f"no per-position {key} to draw: {'; '.join(empty)}; the per-run "
+                         f"numbers say which runs, and track more examples to reach positions")
     if not profiles:
         raise ValueError(
             f"no run logged {key}_positions / {key}_per_position; per-position profiles need "
@@ -518,21 +560,21 @@ def plot_position_profiles(
                                 color=colors[label], alpha=0.18, lw=0)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # positions are whole tokens
         ax.set_xlabel("token position (right-aligned, −1 = last token)")
-        ax.set_ylabel(YLABELS.get(key, key))
+        ax.set_ylabel(YLABELS.get(key, _plain(key)))
         handles = _label_handles(colors, list(profiles))
         # the label's runs that logged no profile are in no point of it
         partial = [c for c in profiles.values() if c.runs is not None and c.of is not None
                    and c.runs < c.of]
         for handle, curve in zip(handles, profiles.values(), strict=True):
             if curve.runs is not None and curve.of is not None and curve.runs < curve.of:
-                handle.set_label(f"{curve.label}\n({curve.runs} of {curve.of} runs)")
+                handle.set_label(f"{_plain(curve.label)}\n({curve.runs} of {curve.of} runs)")
         if fewer:
             from matplotlib.lines import Line2D
 
             handles.append(Line2D([], [], color="0.3", lw=1.0, alpha=FEWER_ALPHA,
                                   label="faded: not all\nof a label's runs"))
         fig.legend(handles=handles, loc="outside right upper")
-        ax.set_title(title or f"Per-position {key} (mean ± std over seeds)")
+        ax.set_title(title or f"Per-position {_plain(key)} (mean ± std over seeds)")
         if fewer:
             warnings.warn(f"{out}: per-position {key} drawn faded, without a band, where only "
                           "some of a label's runs reached a position, as their mean there is "
@@ -543,6 +585,8 @@ def plot_position_profiles(
                                       for c in partial)
                           + f", as the others logged no {key}_per_position (the legend says "
                           "so under the label)", stacklevel=2)
+        if empty:  # a label missing from the legend would read as one never measured
+            warnings.warn(f"{out}: no line for {'; '.join(empty)}", stacklevel=2)
         return _save(fig, out)
 
 
@@ -591,15 +635,24 @@ def plot_position_heatmaps(
                 m[np.array(prof[0])] = prof[1]
                 stack.append(m.reshape(grid))
         if stack:
-            maps[label] = np.nanmean(np.stack(stack), axis=0)
-            names[label] = label
+            with warnings.catch_warnings():  # a patch no run reached is NaN: said below
+                warnings.simplefilter("ignore", RuntimeWarning)
+                maps[label] = np.nanmean(np.stack(stack), axis=0)
+            names[label] = _plain(label)
             if len(stack) < len(group):  # as plot_position_profiles' legend says it
                 names[label] += f"\n({len(stack)} of {len(group)} runs)"
                 partial.append(f"{label!r} is the mean of {len(stack)} of {len(group)} runs")
     if partial:
         warnings.warn(f"{out}: the per-patch {key} of {', '.join(partial)}, as the others "
                       f"logged no {key}_per_position (the panel's title says so)", stacklevel=2)
-    top = max(float(np.nanmax(m)) for m in maps.values()) or 1.0
+    empty = [_no_value(label, key) for label, m in maps.items() if np.isnan(m).all()]
+    if empty:
+        warnings.warn(f"{out}: blank panel for {'; '.join(empty)}", stacklevel=2)
+    # one scale for all panels, from the finite values alone: max() over the panels' maxima
+    # depended on their order where one is NaN (a panel of no value first made the top NaN
+    # and drew every other panel in one colour, on a scale of −0.1 to 0.1)
+    finite = np.concatenate([m[np.isfinite(m)] for m in maps.values()])
+    top = (float(finite.max()) if finite.size else 0.0) or 1.0
     with matplotlib.rc_context(STYLE):
         fig = _figure(2.6 * len(maps) + 1.2, 3.0)
         axes = np.atleast_1d(fig.subplots(1, len(maps)))
@@ -608,8 +661,9 @@ def plot_position_heatmaps(
             ax.set_title(names[label], fontsize=9)
             ax.set_xticks([])
             ax.set_yticks([])
-        fig.colorbar(im, ax=list(axes), shrink=0.85, label=YLABELS.get(key, key))
-        fig.suptitle(title or f"Per-patch {key} ({grid[0]}×{grid[1]} grid, mean over seeds)")
+        fig.colorbar(im, ax=list(axes), shrink=0.85, label=YLABELS.get(key, _plain(key)))
+        fig.suptitle(title or f"Per-patch {_plain(key)} ({grid[0]}×{grid[1]} grid, mean over "
+                     "seeds)")
         return _save(fig, out)
 
 
@@ -667,13 +721,13 @@ def plot_scatter(
         for label, pts in points.items():
             arr = np.array(pts)
             ax.scatter(arr[:, 0], arr[:, 1], color=colors[label], s=22, alpha=0.85)
-        ax.set_xlabel(x_key)
-        ax.set_ylabel(y_key)
+        ax.set_xlabel(_plain(x_key))
+        ax.set_ylabel(_plain(y_key))
         if logx:
             ax.set_xscale("log", nonpositive="mask")
         if logy:
             ax.set_yscale("log", nonpositive="mask")
         handles = _label_handles(colors, list(points), points=True)
         fig.legend(handles=handles, loc="outside right upper")
-        ax.set_title(title or f"{y_key} vs {x_key} (one point per run)")
+        ax.set_title(title or f"{_plain(y_key)} vs {_plain(x_key)} (one point per run)")
         return _save(fig, out)
