@@ -6,10 +6,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
-from ...train.loops.attention import AttentionConfig, AttentionData
+from ...train.loops.attention import AttentionConfig, AttentionData, load_task
 from ...verdicts import CONTRADICTED, Effect, describe, judge, not_comparable, over_seeds, verdict
 from ..base import Run
 
@@ -191,3 +192,28 @@ def attention_runs(s: Any, optimizers: dict[str, dict[str, Any]],
                                   steps=s.steps, per_decade=s.per_decade, **common, **opt)
             runs.append(Run(cfg.name, cfg, trainer="attention", info={"seed": seed}))
     return runs
+
+
+def check_tasks(name: str, runs: list[Run]) -> None:
+    """Build every distinct training set of ``runs`` with its max-margin targets W_mm and v_mm
+    (what the ``"attention"`` trainer builds first, in its run directory) and refuse one that has
+    none, before anything is written: the trainer found out only after the earlier seeds had
+    trained, e.g. ``data.dim=7`` with 32 sequences, whose seed 1 has no W_mm, trained all of
+    seed 0's runs and left seed 1's first run directory half-written (a few ms per seed)."""
+    seen: set[tuple[Any, ...]] = set()
+    for run in runs:
+        data = run.config.data
+        key = tuple(sorted(dataclasses.asdict(data).items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            load_task(**dataclasses.asdict(data))
+        except ValueError as err:
+            raise ValueError(
+                f"{name}: the training set of {run.name} (data.seed={data.seed}, "
+                f"data.num_samples={data.num_samples}, data.dim={data.dim}, "
+                f"data.seq_len={data.seq_len}, data.query_signal={data.query_signal}) has no "
+                f"max-margin target: {err}. Nothing is trained; use a data.dim of at least "
+                f"data.num_samples (random queries are then separable), fewer "
+                f"data.num_samples, or a data.query_signal > 0") from None

@@ -46,7 +46,9 @@ censored contender first counted its last step too, which could support "o gets 
 from runs where o never got there.) "not comparable" when an optimiser has no runs or a run
 froze (lower fit_from) or ended (train longer) before three logged steps of the fit window, or
 a run's ‖W_t‖ became NaN or infinite (it diverged: until 2026-12-04 both of its R² read 0, a
-difference of exactly 0 in the mean over seeds).
+difference of exactly 0 in the mean over seeds). Settings whose runs would log fewer than three
+steps ≥ ``fit_from`` are refused before anything trains (:func:`check_fit_window`), and so is data
+without a max-margin W_mm (``_common.check_tasks``).
 
 CPU scale: 3 seeds (data and initialisation), 20,000 steps per optimiser (the paper's exact
 synthetic sizes are not given; "paper" scale: 5 seeds, 100,000 steps).
@@ -64,10 +66,11 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ...train.config import ranged
+from ...train.loops.attention import log_schedule
 from ...train.rundir import RunDir
 from ...verdicts import NO_SE, Effect, not_comparable, over_seeds, verdict
 from ..base import Experiment, Run, Settings, register_experiment
-from ._common import attention_runs, check_run_overrides
+from ._common import attention_runs, check_run_overrides, check_tasks
 
 OPTIMIZERS = ("gd", "ngd", "polyak")
 LEVEL = 0.99  # alignment / optimal-token mass a run must reach to count as converged
@@ -123,6 +126,27 @@ def growth_fits(steps: list[float], norms: list[float]) -> dict[str, float]:
         out[f"slope_{name}"] = float(coef[1])
         out[f"r2_{name}"] = 1.0 - float((resid**2).sum()) / total if total > 0 else 0.0
     return out
+
+
+def check_fit_window(steps: int, per_decade: int, fit_from: int) -> None:
+    """Refuse settings whose runs log fewer than 3 steps ≥ ``fit_from`` (the ‖W‖ fits need 3):
+    every run would train to the end, and the verdict could only be "not comparable" (until
+    2026-12-06 ``steps=50``, below the default ``fit_from=100``, trained every run first)."""
+    logged = log_schedule(steps, per_decade)
+    window = [t for t in logged if t >= fit_from]
+    if len(window) >= 3:
+        return
+    # the least steps that log 3 points from fit_from on: two scheduled steps ≥ fit_from, then
+    # one more step (the last step is always logged); [fit_from, 100·fit_from) holds two
+    scheduled = [t for t in log_schedule(100 * fit_from, per_decade)[:-1] if t >= fit_from]
+    fits_from = [t for t in logged if t >= 1][-3:]
+    lower = (f" or fit_from ≤ {fits_from[0]}" if len(fits_from) == 3 else "")
+    raise ValueError(
+        f"steps={steps} with fit_from={fit_from} (per_decade={per_decade}): the ‖W‖ growth fits "
+        f"use the logged steps ≥ fit_from, and these runs log {len(window)} of them "
+        f"({', '.join(map(str, window)) or 'none'}) where the fits need 3, so every run would "
+        f"train and the verdict could only be 'not comparable'; use steps ≥ "
+        f"{scheduled[1] + 1}{lower}")
 
 
 def norm_growth(records: list[dict[str, Any]], fit_from: int) -> dict[str, float]:
@@ -193,6 +217,13 @@ class IBFixedV(Experiment):
             "head": ("fixed", "tests a claim about a fixed decoder v"),
             "batch_size": (None, "tests a claim about full-batch GD, NGD and Polyak steps")})
         return settings, runs
+
+    def before_training(self, settings: FixedVSettings) -> None:
+        """Before anything is written: 3 logged steps in the fit window
+        (:func:`check_fit_window`), and every seed's data has its max-margin W_mm
+        (:func:`~._common.check_tasks`)."""
+        check_fit_window(settings.steps, settings.per_decade, settings.fit_from)
+        check_tasks(self.name, self.runs(settings))
 
     def after_run(self, run: Run, path: Path, summary: dict[str, Any], settings: FixedVSettings,
                   log: Callable[[str], None]) -> dict[str, Any]:

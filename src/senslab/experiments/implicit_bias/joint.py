@@ -56,7 +56,7 @@ from ...train.config import ranged
 from ...verdicts import not_comparable, over_seeds, verdict
 from .._verdicts import final_value
 from ..base import Experiment, Run, Rung, Settings, register_experiment
-from ._common import attention_runs, check_run_overrides
+from ._common import attention_runs, check_run_overrides, check_tasks
 
 OPTIMIZERS = ("sgd", "sngd", "sps", "adam")
 CLOSE = 0.1  # "close to Adam": W alignment and token mass at most this far below Adam's
@@ -134,6 +134,10 @@ class IBJoint(Experiment):
                              f"run full-batch, not on minibatches as the claim says; use a "
                              f"batch_size below {n} (or more data.num_samples)")
         return settings, runs
+
+    def before_training(self, settings: JointSettings) -> None:
+        """Every seed's data has its max-margin W_mm and v_mm (:func:`~._common.check_tasks`)."""
+        check_tasks(self.name, self.runs(settings))
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return joint_verdict(summaries)
