@@ -29,12 +29,15 @@ is class 1 and no noise flips it — a sensitivity of (about) 0 that says nothin
 was given (neither the option nor a model attribute ``output_kind``) such an output raises a
 ``ValueError`` that names ``output_kind``; any other output is read as logits. A clean column
 of exact 0s and 1s (hard decisions, or a sigmoid saturated at 1.0 on every example: float32
-rounds a logit above about 17 to 1.0, bf16 one above about 5.5) cannot tell, so it is read as
-logits *provisionally* (:func:`inferred_from_zero_one`): perturbed outputs in [0, 1] with a
-value strictly inside raise the same error (:func:`check_perturbed_kind`). A float32/float64
+rounds a logit above about 17 to 1.0, bf16 one above about 5.5), and a float16 column of
+exact 0s (float16 rounds a sigmoid to 0.0 below a logit of about −17), cannot tell, so it is
+read as logits *provisionally* (:func:`inferred_from_zero_one`): perturbed outputs in [0, 1]
+with a value strictly inside raise the same error (:func:`check_perturbed_kind`). A float32/float64
 column of whole numbers, none negative and some ≥ 2, is class labels as floats (read as logits,
 labels 1, 2, ... would be one class) and is refused the same way, on the clean outputs or,
-after a clean column of exact 0s and 1s, on the perturbed ones.
+after a clean column of exact 0s and 1s, on the perturbed ones. A bf16/fp16 clean column is
+refused only where logits of its sizes would all be whole by a chance below 2**-20 (bf16:
+three or four labels ≥ 1; every bf16 number from 128 on is whole, so such values say nothing).
 """
 
 from __future__ import annotations
@@ -257,6 +260,21 @@ def _labels(out: Tensor, lo: float, hi: float) -> bool:
     return bool((flat == flat.round()).all())
 
 
+#: a bf16/fp16 column of whole numbers is taken for class labels only where logits of its
+#: sizes would all be whole by a chance below 2**-LABEL_BITS (float32: one in millions)
+LABEL_BITS = 20
+
+
+def _whole_by_chance(out: Tensor) -> float:
+    """log2 of the chance that logits in ``out``'s dtype, of the sizes of its entries (whole
+    numbers, none negative), all round to whole numbers: at a value in [2ᵏ, 2ᵏ⁺¹) one
+    representable number in 1/spacing is whole (bf16: 1 in 64 in [2, 4), every one from 128
+    on); a 0 says nothing (a ReLU'd logit)."""
+    flat = out.reshape(-1)
+    step = spacing(flat[flat >= 1])
+    return float(torch.log2(step).clamp(max=0).sum())
+
+
 def _float_labels(lo: float, hi: float, what: str) -> ValueError:
     return ValueError(
         f"{what} one column of whole numbers from {lo:g} to {hi:g}: class labels as floats? "
@@ -275,7 +293,8 @@ def resolve_kind(out: Tensor, kind: str | None, threshold: float | None = None) 
     decisions, or a sigmoid saturated on every example) is read as logits provisionally: pass
     :func:`inferred_from_zero_one` to :func:`check_perturbed_kind` on the perturbed outputs.
     ``kind`` None on a float32/float64 column of whole numbers, none negative and some ≥ 2
-    (class labels as floats), and ``"probabilities"`` on one column outside [0, 1] are errors
+    (class labels as floats; in bf16/fp16, where so many whole numbers are logits by a chance
+    below 2**-:data:`LABEL_BITS`), and ``"probabilities"`` on one column outside [0, 1] are errors
     too.
     """
     check_kind(kind, threshold)
@@ -297,7 +316,11 @@ def resolve_kind(out: Tensor, kind: str | None, threshold: float | None = None) 
     lo, hi, inside = seen
     if kind is None and _in_unit(out.dtype, lo, hi) and inside:
         raise _ambiguous(lo, hi, "the model returns")
-    if kind is None and out.dtype in (torch.float32, torch.float64) and _labels(out, lo, hi):
+    # bf16/fp16 logits are whole numbers far more often (bf16: every one from 128 on, one in
+    # 64 in [2, 4)), so their column must be too whole for chance; labels 0..3 of 8 examples
+    # as bf16 were read as logits, labels 1..3 one class: 0.031 measured for 0.094
+    if kind is None and _labels(out, lo, hi) and (
+            out.dtype in (torch.float32, torch.float64) or _whole_by_chance(out) <= -LABEL_BITS):
         raise _float_labels(lo, hi, "the model returns")
     if kind == "probabilities" and not _in_unit(out.dtype, lo, hi):
         raise ValueError(
@@ -308,21 +331,31 @@ def resolve_kind(out: Tensor, kind: str | None, threshold: float | None = None) 
     return kind or "logits"
 
 
+def _hard(clean: Tensor) -> tuple[bool, bool]:
+    """(one floating column of exact 0s and 1s with at least one 1, one of exact 0s alone),
+    with one host sync."""
+    seen = _column_range(clean)
+    if seen is None or seen[2] or not _in_unit(clean.dtype, seen[0], seen[1]):
+        return False, False
+    # 1 up to rounding: a weighted sum of saturated sigmoids gives 1.0000001
+    return seen[1] >= 1.0, seen[0] == seen[1] == 0.0
+
+
 def inferred_from_zero_one(clean: Tensor, kind: str | None) -> bool:
     """True when no kind was given and the clean outputs ``clean`` are one floating column of
     exact 0s and 1s with at least one 1: :func:`resolve_kind` read them as logits, but a
     sigmoid saturated at 1.0 looks the same, so only the perturbed outputs can tell
     (:func:`check_perturbed_kind`). A column of exact 0s alone is a logit head (float32's
-    sigmoid reaches 0.0 only past a logit of about −103). One host sync, once per batch."""
+    sigmoid reaches 0.0 only past a logit of about −103, bf16's past about −92), except in
+    float16, whose sigmoid is 0.0 past a logit of about −17 (its smallest number is 6e-8): a
+    float16 batch of confident negatives is checked too. One host sync, once per batch."""
     if kind is not None:
         return False
-    seen = _column_range(clean)
-    # some value exactly 1: a sigmoid reaches 1.0 in float32 past a logit of about 17, but 0.0
-    # only past about −103, so a column of exact 0s alone is a logit head (a zero-initialised
-    # one, say) and is read as logits without a check
-    # (1 up to rounding: a weighted sum of saturated sigmoids gives 1.0000001)
-    return seen is not None and not seen[2] and seen[1] >= 1.0 \
-        and _in_unit(clean.dtype, seen[0], seen[1])
+    some_one, zeros = _hard(clean)
+    # a column of exact 0s alone in float32/bf16 is a logit head (a zero-initialised one, say)
+    # and is read as logits without a check; in float16, it was read as logits, and a copy's
+    # sigmoid of 1e-6 (class 1 iff > 0) counted as a flip
+    return some_one or (zeros and clean.dtype == torch.float16)
 
 
 def check_perturbed_kind(out: Tensor, inferred_from_clean: bool,
@@ -424,7 +457,7 @@ def tied(clean: Tensor, ref: Tensor, kind: str, threshold: float | None) -> Tens
     nowhere, nor do hard decisions: a column of exact 0s and 1s, some 1 (a step's 0 is class
     0 and flips only when the step does, not at any noise level). Output sharpness and the
     token-wise estimator both say where they count such examples' flips (:func:`tie_breaks`)."""
-    if not clean.is_floating_point() or inferred_from_zero_one(clean, None):
+    if not clean.is_floating_point() or _hard(clean)[0]:
         return torch.zeros(clean.shape[0], dtype=torch.bool, device=clean.device)
     m = margins(clean, ref, kind, threshold).double()
     return (m == 0) | (m < spacing(clean_value(clean, ref)))
@@ -499,9 +532,9 @@ def tie_warning(subject: str, noise: str | None, n: int, b: int, theirs: int, to
 
 
 def check_rows(out: Tensor, rows: int, what: str) -> None:
-    """An error unless ``out`` has one row per example (``rows``); for a batch of one it
-    names ``.squeeze()``, which drops the batch axis of a batch of one alone (a model that
-    measured larger batches fails on a last chunk of one copy)."""
+    """An error unless ``out`` has one row per example (``rows``), each with some value; for a
+    batch of one it names ``.squeeze()``, which drops the batch axis of a batch of one alone (a
+    model that measured larger batches fails on a last chunk of one copy)."""
     squeezed = (" A .squeeze() drops the batch axis of a batch of one: squeeze only the class "
                 "axis (.squeeze(-1)) or keep it" if rows == 1 else "")
     if out.dim() == 0:
@@ -516,6 +549,13 @@ def check_rows(out: Tensor, rows: int, what: str) -> None:
             f"{rows} {what}; sensitivity needs one output row per example — does the model "
             "reduce or reshape over the batch axis, or does output= select the wrong element?"
             f"{squeezed}"
+        )
+    if 0 in out.shape[1:]:  # argmax and max over no entries raised from inside torch
+        raise ValueError(
+            f"the model returned no value per example (output shape {tuple(out.shape)}): "
+            "there is nothing to compare — does output= slice past the last column (o[:, 1:] "
+            "of a one-column output), or was the head built with no outputs? Select the logits "
+            "with output=, or give the head its classes"
         )
 
 
