@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from .._autocast import autocast_dtype, autocast_on
+from .._exclusive import OwnForwards, held_modules
 from .._stack import user_level
 
 #: the noise applied (rounded to the tokens' grid) may differ from the noise drawn by this share
@@ -58,10 +62,14 @@ class GridCheck:
     ``what`` names the tokens in the messages ("images"); ``fix`` is the advice, formatted with
     ``dtype`` and ``spacing``. ``cast``: float32 tokens that autocast rounds to this dtype before
     the model computes with them (:func:`autocast_grid`); ``clean`` is then the float32 tokens,
-    judged on ``cast``'s grid."""
+    judged on ``cast``'s grid. ``by``: what else rounds them to ``cast`` (the model itself, whose
+    first layer gets them in its weights' dtype: :func:`first_layer_grid`), said in the messages
+    instead of autocast."""
 
-    def __init__(self, what: str, fix: str, cast: torch.dtype | None = None) -> None:
-        self.what, self.fix, self.cast = what, fix, cast
+    def __init__(self, what: str, fix: str, cast: torch.dtype | None = None,
+                 by: str | None = None) -> None:
+        self.what, self.fix, self.cast, self.by = what, fix, cast, by
+        self._source: torch.dtype | None = None  # the tokens' own dtype (before ``cast``)
         self._pool = [0.0, 0.0, 0.0, 0.0]  # Σ drawn², Σ (applied − drawn)², # unchanged, # moved
         #: the last call's noisy entries where they landed, and their dtype (for the message)
         self._last: tuple[Tensor, torch.dtype] | None = None
@@ -69,6 +77,7 @@ class GridCheck:
 
     def __call__(self, clean: Tensor, noise: Tensor) -> None:
         if self.cast is not None:
+            self._source = clean.dtype
             clean = clean.to(self.cast)
         drawn = noise.float()
         moved = drawn != 0
@@ -110,6 +119,9 @@ class GridCheck:
         fix = self.fix.format(dtype=dtype, spacing=f"{rms:.2g}")
         if self.cast is None:
             on, grid = f"{dtype} {self.what}", "their grid"
+        elif self.by is not None:  # rounded by the model itself (:func:`first_layer_grid`)
+            on = f"{str(self._source).removeprefix('torch.')} {self.what}"
+            grid = f"the {dtype} grid {self.by}"
         else:  # float32 tokens, rounded by autocast's first convolution or linear layer
             on = f"float32 {self.what} under autocast=torch.{dtype}"
             grid = (f"the {dtype} grid by the model's first convolution or linear layer, which "
@@ -151,3 +163,68 @@ def autocast_grid(x: Tensor) -> torch.dtype | None:
         return None
     dtype = autocast_dtype(x.device.type)
     return dtype if dtype in LOW_PRECISION else None
+
+
+#: the advice where the model itself rounds float32 tokens to its weights' dtype (``%`` the
+#: tokens' name; :func:`first_layer_grid`)
+MODEL_CAST_FIX = ("Measure a float32 copy of the model — model.float(), on which "
+                  "precision='bf16-checked' keeps float32's class decisions at bf16's speed — or "
+                  "use a larger sigma, well above {spacing}: the model converts the %s, noise "
+                  "included, to {dtype} before its first layer")
+
+
+@contextmanager
+def first_layer_grid(model: Any) -> Iterator[list[tuple[str, torch.dtype]]]:
+    """Around the clean forward: yields a list that then holds ``(name, dtype)`` of the first
+    layer with floating weights of its own (a module without children: a convolution, a linear
+    layer) that the forward ran on a floating tensor, and that tensor's dtype — ``[]`` where none
+    ran (a parameter-free callable, a ScriptModule, which takes no hooks). A model with bf16 or
+    fp16 weights that converts float32 (or float64) inputs to its weights' dtype itself (Hugging
+    Face's ViT and CLIP do, as does a forward that calls ``x.to(self.weight.dtype)``) rounds them,
+    noise included, to that grid before its first layer: its noise is checked there as
+    autocast's is (:class:`GridCheck` with ``cast``). Without this a σ below the grid's spacing
+    was rounded away without a word (a one-pixel flip rate of 0.0148 for the exact 0.0530)."""
+    seen: list[tuple[str, torch.dtype]] = []
+    own = OwnForwards(model)
+    handles = []
+
+    def watch(name: str) -> Any:
+        def look(module: Any, args: tuple, kwargs: dict) -> None:
+            if seen:
+                return
+            for a in (*args, *kwargs.values()):
+                if isinstance(a, Tensor) and a.is_floating_point():
+                    seen.append((name, a.dtype))
+                    return
+        return look
+
+    for top in held_modules(model):
+        for name, m in top.named_modules():
+            if next(m.children(), None) is not None or not any(
+                    p.is_floating_point() for p in m.parameters(recurse=False)):
+                continue
+            try:
+                handles.append(m.register_forward_pre_hook(own.hook(watch(name or
+                                                                          type(m).__name__)),
+                                                           with_kwargs=True))
+            except RuntimeError:  # a ScriptModule takes no hooks
+                continue
+    try:
+        yield seen
+    finally:
+        for h in handles:
+            h.remove()
+        own.close()
+
+
+def model_grid(seen: list[tuple[str, torch.dtype]], x: Tensor) -> tuple[torch.dtype, str] | None:
+    """The bf16/fp16 grid that the model itself rounds float32/float64 tokens ``x`` to (what
+    :func:`first_layer_grid` saw), and the words for it; None where it does not."""
+    if not seen or x.dtype not in (torch.float32, torch.float64):
+        return None
+    name, dtype = seen[0]
+    if dtype not in LOW_PRECISION:
+        return None
+    dtype_name = str(dtype).removeprefix("torch.")
+    return dtype, (f"by the model itself: its first layer with weights, {name!r}, gets its input "
+                   f"as {dtype_name} (the model converts its inputs to that dtype before it)")

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import sys
+import warnings
 from collections.abc import Iterator, Mapping
 from collections.abc import Sequence as Seq
 from contextlib import contextmanager
@@ -13,7 +17,15 @@ import torch
 from torch import Tensor, nn
 
 from .._exclusive import forward_hooks
-from ._grid import AUTOCAST_FIX, LOW_PRECISION, GridCheck, autocast_grid
+from ._grid import (
+    AUTOCAST_FIX,
+    LOW_PRECISION,
+    MODEL_CAST_FIX,
+    GridCheck,
+    autocast_grid,
+    first_layer_grid,
+    model_grid,
+)
 from .base import (
     BoundTokens,
     DtypeClash,
@@ -104,6 +116,60 @@ def _main_input_name(model: Any) -> str | None:
         if isinstance(name, str):
             return name
     return None
+
+
+#: ``sigma_space="pixel"``: normalised [0, 1] pixels, ``x = (p − mean) / std``, span at most
+#: ``1 / std`` per channel; images whose span times ``std`` is above this (a quarter to a half
+#: over, for a resize's overshoot) are no such pixels — raw 0–255 ones span about 255 / std
+PIXEL_SPAN_MAX = 1.5
+
+
+def _check_pixels(x: Tensor, std: Tensor) -> None:
+    """Judge ``sigma_space="pixel"`` images ``x`` (B, C, H, W): [0, 1] pixels normalised by
+    ``std`` span at most ``1 / std`` per channel. A channel that spans more than
+    :data:`PIXEL_SPAN_MAX` / std and holds no negative value is raw pixels (0–255: a model that
+    normalises them itself), which got the noise ε/std in their own units, 255·std times too
+    small in pixels, without a word (0.0006 for 0.0371): refused. Any other channel that spans
+    more is normalised by another std than ``std`` (or holds no pixels): σ is then σ/std in the
+    inputs' units, not on [0, 1] pixels, which a warning says."""
+    lo, hi = x.detach().amin(dim=(0, 2, 3)).double(), x.detach().amax(dim=(0, 2, 3)).double()
+    span = (hi - lo) * std.to(device=lo.device, dtype=torch.float64)
+    wide = span > PIXEL_SPAN_MAX  # NaN pixels: not judged here
+    if not bool(wide.any()):
+        return
+    raw = wide & (lo >= 0)
+    c = int((raw if bool(raw.any()) else wide).nonzero()[0])
+    said = (f"channel {c} of the images holds values from {float(lo[c]):.4g} to "
+            f"{float(hi[c]):.4g}: at std {float(std[c]):.4g} a span of {float(span[c]):.3g} "
+            "in pixels, where [0, 1] pixels span at most 1")
+    if bool(raw.any()):
+        raise ValueError(
+            f"sigma_space='pixel' reads σ on [0, 1] pixels behind the normalisation x = "
+            f"(pixels − mean) / std, but {said}, and none is negative: these look like raw "
+            "(0–255) pixels, not normalised ones, and σ converted by std would be far too small "
+            "in pixels. Pass the images normalised as the model takes them, (images / 255 − "
+            "mean) / std; for a model that takes raw pixels and normalises them itself, drop "
+            "sigma_space (σ is then in the images' own units: σ = 2.55 on 0–255 pixels is 0.01 "
+            "of the [0, 1] range)")
+    warnings.warn(
+        f"sigma_space='pixel': the images cannot be [0, 1] pixels normalised by std "
+        f"{tuple(round(float(v), 4) for v in std.tolist())}: {said}. σ is measured as σ/std "
+        "in the images' units, which is σ on [0, 1] pixels only for images normalised by that "
+        "std. Pass the std the images were normalised with, in [0, 1] pixel units: a std of "
+        "0–255 pixels divided by 255 (ImageNet's 58.4 is 0.229)", UserWarning,
+        stacklevel=_bind_level())
+
+
+def _bind_level() -> int:
+    """``stacklevel`` of the user's call for a warning of the function that calls this, raised
+    while a bind is entered (:func:`~senslab._stack.user_level`, past contextlib's frames too:
+    senslab enters a bind through an ``ExitStack``)."""
+    inside = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(torch.__file__),
+              contextlib.__file__)
+    frame, level = sys._getframe(2), 2
+    while frame is not None and frame.f_code.co_filename.startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 #: a last axis of at most this many entries looks like the channels of a channels-last image
@@ -204,6 +270,10 @@ class Patches(Tokenization):
     model's ``pretrained_cfg``; :func:`~senslab.tokens.auto_tokens` also reads a Hugging Face
     image processor's ``image_std``. ``mean`` matters only for ``replace_with`` (whose rows are
     then pixel values; default 0). ``sigma_space="input"`` (default) adds σ to ``x`` as it is.
+    Images that cannot be [0, 1] pixels behind ``std`` (a channel spanning more than
+    :data:`PIXEL_SPAN_MAX` / std) are refused where they look like raw 0–255 pixels (none
+    negative: a model that normalises them itself takes σ in their own units, without
+    ``sigma_space``), and said in a warning otherwise.
 
     **Layout.** ``channels_last=True`` takes channels-last images (B, H, W, C), for a model that
     takes them so (it permutes inside): the tokens are the same patches of all C channels, and
@@ -358,6 +428,10 @@ class _BoundPatches(BoundTokens):
                  output: OutputSelector = None,
                  norm: tuple[Tensor, Tensor] | None = None, *, key: str | None = None,
                  rest: dict[str, Any] | None = None) -> None:
+        # no gradient flows to the images, nor to a dict's other entries (the control
+        # variate's is the noise's): images that require one (a generator's output) failed its
+        # backward with a raw "Inference tensors cannot be saved for backward"
+        x = x.detach()
         #: channels-last images: ``x`` is their (B, C, H, W) view, and the model gets copies
         #: in the user's (B, H, W, C) layout (``_call``)
         self.last = bool(spec.channels_last)
@@ -366,7 +440,8 @@ class _BoundPatches(BoundTokens):
         b, c, h, w = x.shape
         #: a dict input: the images' key, and the other entries (keyword arguments, their
         #: batch-shaped tensors picked per copy)
-        self.key, self.rest = key, rest or {}
+        self.key = key
+        self.rest = {k: v.detach() if isinstance(v, Tensor) else v for k, v in (rest or {}).items()}
         #: low-precision images: the rounding of the noise is checked (:class:`GridCheck`)
         #: … and float32 images under autocast=, which the model's first convolution or linear
         #: layer rounds to autocast's grid, noise included
@@ -380,6 +455,8 @@ class _BoundPatches(BoundTokens):
             "decisions at bf16's speed), or use a larger sigma, well above {spacing}"), cast)
         #: (mean, std) per channel for σ in pixel space (None: noise added as it is)
         self.norm = None if norm is None else (norm[0].to(x.device), norm[1].to(x.device))
+        if self.norm is not None:
+            _check_pixels(x, self.norm[1])
         try:
             self.gh, self.gw = spec.grid(h, w)
         except ValueError as err:
@@ -396,7 +473,12 @@ class _BoundPatches(BoundTokens):
         self.valid = valid_mask(mask, b, self.gh * self.gw, x.device)
         # on a copy: a model that edits its input in place (an in-place ReLU or clamp_ first)
         # would change the caller's images and the base of every perturbed copy
-        self.clean_output = self._clean(x.clone())
+        with first_layer_grid(model) as seen:
+            self.clean_output = self._clean(x.clone())
+        rounds = None if self.low else model_grid(seen, x)
+        if rounds is not None:  # float32 images that a bf16/fp16 model rounds itself
+            self.low = True
+            self._check_rounding = GridCheck("images", MODEL_CAST_FIX % "images", *rounds)
         self.reuse = False  # local reuse (see Patches)
         self._cached: Tensor | None = None  # the examples whose clean maps are cached
         self._cache: Any = None
@@ -556,12 +638,14 @@ class Sequence(Tokenization):
 class _BoundSequence(BoundTokens):
     def __init__(self, model: Any, x: Tensor, mask: Tensor | None,
                  output: OutputSelector = None) -> None:
+        x = x.detach()  # as images (_BoundPatches): the control variate's gradient is the noise's
         self.model, self.x, self.output = model, x, output
         self.dim = x.shape[2]
         self.valid = valid_mask(mask, x.shape[0], x.shape[1], x.device)
         # on a copy: a forward that edits its input in place must not change the caller's
         # tensor, nor the base of the perturbed copies
-        self.clean_output = clean_forward(model, x.clone(), output)
+        with first_layer_grid(model) as seen:
+            self.clean_output = clean_forward(model, x.clone(), output)
         if self.clean_output.dim() and self.clean_output.shape[0] == x.shape[1] != x.shape[0]:
             self._refuse_rows(self.clean_output, x.shape[0], "examples")
         cast = autocast_grid(x)  # float32 vectors under autocast=: rounded by its first layer
@@ -571,6 +655,11 @@ class _BoundSequence(BoundTokens):
                 "Pass float32 token vectors — x.float(), with model.float() on a copy for a "
                 "{dtype} model — without autocast= (whose first linear layer would round them "
                 "to {dtype} again), or use a larger sigma, well above {spacing}"), cast)
+        rounds = None if self.low else model_grid(seen, x)
+        if rounds is not None:  # float32 vectors that a bf16/fp16 model rounds itself
+            self.low = True
+            self._check_rounding = GridCheck("token vectors", MODEL_CAST_FIX % "token vectors",
+                                             *rounds)
 
     def tokens(self, src: Tensor, tok: Tensor) -> Tensor:
         return self.x[src, tok]
