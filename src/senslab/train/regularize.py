@@ -38,7 +38,8 @@ from __future__ import annotations
 import math
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
@@ -475,6 +476,46 @@ def random_patch_noise(x: Tensor, patch: int, sigma: float, generator: torch.Gen
     return out
 
 
+@contextmanager
+def _untraced(model: Any) -> Iterator[None]:
+    """A forward that leaves no trace in the training: without gradients, and with the model's
+    buffers (a train-mode BatchNorm's running statistics and batch count) and the global random
+    streams (a train-mode dropout's masks) put back after it. The noisy forward at
+    ``alpha=0`` runs so, for the MSE it logs: run as at ``alpha > 0``, it updated the
+    running statistics with the noisy batch (``num_batches_tracked`` twice per step) and
+    advanced the dropout stream, so that training at ``alpha=0`` left the unregularized one
+    (last-layer weights 0.046 apart after 3 SGD steps)."""
+    modules = list(model.modules()) if isinstance(model, nn.Module) else []
+    saved = [(m, k, b, b.detach().clone()) for m in modules for k, b in m._buffers.items()
+             if b is not None]
+    kinds: dict[str, set[int]] = {}
+    for m in modules:
+        for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]:
+            if t.device.type not in ("cpu", "meta"):
+                kinds.setdefault(t.device.type, set()).add(t.device.index or 0)
+    with ExitStack() as stack, torch.no_grad():
+        stack.enter_context(torch.random.fork_rng(devices=[]))  # the CPU stream
+        for kind, indices in kinds.items():
+            stack.enter_context(torch.random.fork_rng(devices=sorted(indices), device_type=kind))
+        try:
+            yield
+        finally:
+            for m, k, b, copy in saved:
+                # the values the clean forward's graph saw; through .data, since a version
+                # bump made the backward of a BatchNorm (which saves its running statistics)
+                # refuse the step
+                b.data.copy_(copy)
+                m._buffers[k] = b  # a buffer the forward replaced
+
+
+def _second(model: Any, untraced: bool, forward: Callable[[], Tensor]) -> Tensor:
+    """``forward()`` (the noisy forward), inside :func:`_untraced` where ``untraced``."""
+    if not untraced:
+        return forward()
+    with _untraced(model):
+        return forward()
+
+
 def _embedding_target(model: nn.Module, tokens: Embedding) -> nn.Module:
     """The hooked module: ``tokens.module`` itself, or the submodule it names — in ``model``, or
     in the model a DDP/DataParallel/``torch.compile`` wrapper holds (names as measurements
@@ -574,11 +615,12 @@ def _embedding_branches(model: nn.Module, inputs: Inputs, tokens: Embedding, sig
                         generator: torch.Generator, mask: Tensor | None,
                         output: OutputSelector,
                         replay: list[Callable[[float], Tensor]] | None = None,
-                        ) -> tuple[Tensor, Tensor]:
+                        untraced: bool = False) -> tuple[Tensor, Tensor]:
     """(clean, noisy) outputs, the noisy forward with N(0, σ²I) added to one real position of
     the ``tokens.module`` output per example (a forward hook that exists only here).
     ``replay``, where given, receives a function that runs the forward again with the same
-    noise times a scale (0: clean, 1: noisy)."""
+    noise times a scale (0: clean, 1: noisy); ``untraced``: the noisy forward leaves no trace
+    (:func:`_untraced`)."""
     target = _embedding_target(model, tokens)
     seen: list[Tensor] = []
     delta: list[Tensor] = []  # empty: the clean pass
@@ -647,7 +689,7 @@ def _embedding_branches(model: nn.Module, inputs: Inputs, tokens: Embedding, sig
         landing.extend((rows, tok, noise))
         # out of place: the noise enters as a constant, the gradient reaches every parameter
         delta.append(torch.zeros_like(seen[0]).index_put((rows, tok), noise))
-        noisy = run()
+        noisy = _second(model, untraced, run)
     finally:
         handle.remove()
         own.close()
@@ -688,14 +730,17 @@ def _scaled(x: Tensor, x_noisy: Tensor, scale: float) -> Tensor:
 def _branches(model: nn.Module, x: Inputs, tokens: Tokenization, sigma: float,
               generator: torch.Generator, mask: Tensor | None,
               output: OutputSelector,
-              replay: list[Callable[[float], Tensor]] | None = None) -> tuple[Tensor, Tensor]:
+              replay: list[Callable[[float], Tensor]] | None = None,
+              untraced: bool = False) -> tuple[Tensor, Tensor]:
     """(f(x), f(x̃)), both attached to the graph; x̃ has noise on one token per example.
     ``replay``, where given, receives a function that runs the forward again on the same
-    inputs with the same noise times a scale (0: clean, 1: noisy; nothing drawn)."""
+    inputs with the same noise times a scale (0: clean, 1: noisy; nothing drawn).
+    ``untraced``: f(x̃) is computed without gradients and leaves no trace (:func:`_untraced`)."""
     if isinstance(tokens, Embedding):
         if not isinstance(model, nn.Module):
             raise TypeError("Embedding tokens need an nn.Module to hook into")
-        return _embedding_branches(model, x, tokens, sigma, generator, mask, output, replay)
+        return _embedding_branches(model, x, tokens, sigma, generator, mask, output, replay,
+                                   untraced)
     if isinstance(tokens, Patches):
         if not isinstance(x, Tensor):
             raise TypeError(f"Patches tokens need an image tensor, got {type(x).__name__} (model "
@@ -730,7 +775,8 @@ def _branches(model: nn.Module, x: Inputs, tokens: Tokenization, sigma: float,
             x_noisy = x_noisy.permute(0, 2, 3, 1)
         if replay is not None:
             replay.append(lambda scale: call_model(model, _scaled(x, x_noisy, scale), output))
-        return call_model(model, x, output), call_model(model, x_noisy, output)
+        clean = call_model(model, x, output)
+        return clean, _second(model, untraced, lambda: call_model(model, x_noisy, output))
     if isinstance(tokens, Sequence):
         if not isinstance(x, Tensor) or x.dim() != 3:
             got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
@@ -744,7 +790,8 @@ def _branches(model: nn.Module, x: Inputs, tokens: Tokenization, sigma: float,
         x_noisy = x.index_put((rows, tok), noise, accumulate=True)
         if replay is not None:
             replay.append(lambda scale: call_model(model, _scaled(x, x_noisy, scale), output))
-        return call_model(model, x, output), call_model(model, x_noisy, output)
+        clean = call_model(model, x, output)
+        return clean, _second(model, untraced, lambda: call_model(model, x_noisy, output))
     raise TypeError(f"tokens must be Patches, Embedding or Sequence, got {type(tokens).__name__}")
 
 
@@ -788,6 +835,15 @@ def sensitivity_penalty(
     of its size (two to four forwards), and a change that is not the smooth function of the
     noise a float model gives is warned about (:func:`_check_output_scaling`).
     """
+    return _penalty(model, x, tokens, patch, sigma, generator, mask, output)
+
+
+def _penalty(model: nn.Module, x: Inputs, tokens: Tokenization | None, patch: int | None,
+             sigma: float, generator: torch.Generator, mask: Tensor | None,
+             output: OutputSelector, untraced: bool = False) -> tuple[Tensor, Tensor]:
+    """:func:`sensitivity_penalty`; ``untraced``: the noisy forward runs without gradients and
+    leaves the model's buffers and the random streams as they were (:func:`_untraced`), the
+    penalty then a number to log (``alpha=0``)."""
     _check_sigma(sigma)
     gen = _check_generator(generator)
     if tokens is None:
@@ -798,7 +854,7 @@ def sensitivity_penalty(
             "already says where the noise goes, so it would be ignored; drop patch= (or "
             "give the size to Patches)")
     replay: list[Callable[[float], Tensor]] = []
-    clean, noisy = _branches(model, x, tokens, sigma, gen, mask, output, replay)
+    clean, noisy = _branches(model, x, tokens, sigma, gen, mask, output, replay, untraced)
     if clean.numel() == 0:
         # the mean over no entries is NaN: a NaN loss would reach the optimizer and the logs
         raise ValueError(
@@ -846,6 +902,12 @@ def sensitivity_regularized_loss(
     so the term shrinks with the batch's share of padding — select per-example logits with
     ``output=`` (or pool over real tokens in the model) to keep α's weight fixed.
 
+    At ``alpha=0`` the loss is the task loss and the training exactly the unregularized one:
+    the noisy forward, run only for ``parts["mse"]``, runs without gradients and leaves the
+    model's buffers (BatchNorm running statistics) and the global random streams (dropout)
+    as it found them. ``loss_fn`` returns the batch's loss as one number; a per-example loss
+    (``reduction="none"``) is refused.
+
     Returns:
         ``(loss, parts)``: the scalar loss to back-propagate and, for logging, detached scalars
         ``parts = {"loss", "task", "mse"}`` (tensors, so logging needs no device sync until
@@ -864,8 +926,11 @@ def sensitivity_regularized_loss(
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha weighs the task loss against the MSE term and must be in "
                          f"[0, 1], got {alpha}")
-    mse, clean = sensitivity_penalty(model, x, tokens=tokens, patch=patch, sigma=sigma,
-                                     generator=generator, mask=mask, output=output)
+    # at alpha = 0 the noisy forward only logs the MSE: run as a training forward it fed the
+    # noisy batch to a BatchNorm's running statistics and drew dropout masks, so the training
+    # left the unregularized one
+    mse, clean = _penalty(model, x, tokens, patch, sigma, generator, mask, output,
+                          untraced=alpha == 0)
     if loss_fn is None and clean.dim() == 3:
         # F.cross_entropy reads the classes on axis 1: per-token (B, T, C) logits were read as
         # (B, C, T), a wrong loss without an error wherever T == C
@@ -879,7 +944,23 @@ def sensitivity_regularized_loss(
             "classes, length) outputs loss_fn=F.cross_entropy; or select per-example logits "
             "with output=")
     task = (F.cross_entropy if loss_fn is None else loss_fn)(clean, y)
-    loss = (1.0 - alpha) * task + alpha * mse
+    if not isinstance(task, Tensor):
+        raise TypeError(
+            f"loss_fn returned a {type(task).__name__}, not a tensor: no gradient would reach "
+            "the model through it (.item() or float() cuts the graph); return the loss tensor")
+    if task.numel() != 1:
+        raise ValueError(
+            f"loss_fn returned a loss of shape {tuple(task.shape)}, not one number: with a "
+            "per-example loss "
+            "(reduction='none') the loss would be one per example, each with the whole "
+            "batch's MSE term added (its .sum() weighs that term once per example against "
+            "the summed task loss), and parts['task'] no number to log. Return the batch's "
+            "loss as one tensor number: reduction='mean' (weigh examples inside loss_fn, e.g. "
+            "lambda out, y: (F.cross_entropy(out, y, reduction='none') * w).mean())")
+    # a term of weight 0 is left out, not multiplied by 0: 0 × an inf or NaN term (an MSE
+    # of overflowed noisy outputs at alpha = 0) made the loss and every gradient NaN
+    loss = (task if alpha == 0 else mse if alpha == 1
+            else (1.0 - alpha) * task + alpha * mse)
     parts = {"loss": loss.detach(), "task": task.detach(), "mse": mse.detach()}
     if loss_fn is None:
         parts["ce"] = parts["task"]
