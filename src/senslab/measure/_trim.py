@@ -27,7 +27,10 @@ padding, or another input has its token axis elsewhere — or if noise on the pa
 padded examples changes their outputs at full width (a max over every position, padding
 included, whose clean outputs a cut leaves as they are: :func:`_padding_read`; a convolution that
 reads a padding embedding of zeros, which a cut replaces by its own zero padding, is run at full
-width too, slower but the same number), trimming is switched off for the batch
+width too, slower but the same number), or if noise on their last real token changes their
+outputs at full width and not when cut (a model that carries its real tokens into the padding
+and reads them there, as a text CNN that zeroes its padding embeddings and takes a max over
+every position: :func:`_carried`), trimming is switched off for the batch
 and the copies are evaluated at full width: with a warning when the extents came from the
 model's attention mask (once per metric and kind of change, :func:`check`: a model that reads
 its padding does so at every batch, and a training loop's evaluations would repeat it in each),
@@ -65,6 +68,13 @@ LOW_PRECISION_RTOL = 5e-2
 PADDING_SEED = 20240611
 #: examples (the most padded of those a cut shortens) whose padding gets noise in that check
 PADDING_ROWS = 2
+#: noisy copies of each of those examples evaluated at full width and cut (:func:`_carried`),
+#: and the size of their noise on the last real token, in sizes of the real token vectors: of
+#: 60 text CNNs (4 channels) whose first padding position can win their max, the checks before
+#: found 30, these 4 copies 29 of the other 30 (8 copies: all 30; noise of 1× exposes it in
+#: about a quarter of the copies, 8× in most)
+CARRIED_DRAWS = 2
+CARRIED_SCALE = 8.0
 
 
 def left_padded_message(row: int, key: str, found: str | None = None) -> str:
@@ -97,7 +107,14 @@ def left_padded_message(row: int, key: str, found: str | None = None) -> str:
 
 def left_padded_row(mask: Tensor) -> int | None:
     """The first example whose (B, T) attention ``mask`` (true on real tokens) starts with
-    padding and has a real token later, or None: left padding, which trimming cannot cut."""
+    padding and has a real token later, or None: left padding, which trimming cannot cut. None
+    too for a mask of other values than 0 and 1, which says no real tokens (the measurement
+    refuses it, or reads ``mask=`` instead): an additive mask (0 real, −1e9 padding), read as
+    "nonzero is real", made right padding look left-padded, and a callback's subset was refused
+    at construction, asked to pad on the right, where it was padded on the right and came with
+    ``mask=``."""
+    if mask.dtype != torch.bool and bool(((mask != 0) & (mask != 1)).any()):
+        return None
     real = mask.bool()
     starts = ~real[:, 0] & real.any(dim=1)
     return int(starts.nonzero()[0, 0]) if bool(starts.any()) else None
@@ -166,7 +183,7 @@ def check(bound: BoundTokens, ext: Tensor, clean: Tensor,
             worst = float(err.max())
             return "changed", (f"cutting example {row} after its last real token changed its "
                                f"clean output by {worst:.3g}")
-    return _padding_read(bound, ext, clean, rtol)
+    return _padding_read(bound, ext, clean, rtol) or _carried(bound, ext, clean, rtol)
 
 
 def _moved(out: Tensor, ref: Tensor, clean: Tensor, rtol: float) -> tuple[Tensor, Tensor]:
@@ -247,6 +264,78 @@ def _padding_read(bound: BoundTokens, ext: Tensor, clean: Tensor,
                        "noisy copy's may lose to the padding's)")
 
 
+def _carried(bound: BoundTokens, ext: Tensor, clean: Tensor,
+             rtol: float) -> tuple[str, str] | None:
+    """Whether the model carries its real tokens into the padding and reads them there: the
+    most padded examples are evaluated with noise (:data:`CARRIED_SCALE` times the size of their
+    real token vectors, from a generator of its own) on their last perturbable token, each
+    :data:`CARRIED_DRAWS` times, at full width and cut after their last real token, and must
+    give the same outputs. Both checks above miss a model that zeroes its padding embeddings
+    (``embeddings * attention_mask``) before a convolution and then takes a max over every
+    position (the common text CNN): the padding's noise is zeroed, the clean maxima are at real
+    positions, but the first padding position's convolution reads the last real token, and a
+    copy with noise there can win the max at full width only — trimming measured 0.2160 where
+    the padded inputs give 0.2211, without a word. ``("carried", reason)`` where the outputs
+    differ (trimming is switched off), else None. Two forwards or three (full width, and one
+    per width of the cut rows), of at most :data:`PADDING_ROWS` × :data:`CARRIED_DRAWS` copies,
+    not counted in ``num_forward``."""
+    t = bound.valid.shape[1]
+    cut = (ext < t).nonzero().flatten()
+    if not len(cut):
+        return None
+    rows = cut[torch.sort(ext[cut], stable=True).indices[:PADDING_ROWS]]
+    dev = bound.valid.device
+    valid = bound.valid[rows.to(dev)]
+    some = valid.any(dim=1)
+    rows, valid = rows[some.to(rows.device)], valid[some]
+    if not len(rows):
+        return None
+    # each row's last perturbable token (the measurement's noise goes there too): nearest the
+    # cut, so a local operation (a convolution, a recurrence) carries it into the padding
+    last = t - 1 - valid.flip(1).int().argmax(dim=1)
+    size = float(bound.tokens(rows.to(dev), last).float().pow(2).mean().sqrt())
+    if not 0 < size < math.inf:
+        size = 1.0
+    rep = rows.repeat_interleave(CARRIED_DRAWS)
+    at = last.repeat_interleave(CARRIED_DRAWS)
+    gen = torch.Generator().manual_seed(PADDING_SEED + 1)
+    noise = torch.zeros(len(rep), t, bound.dim)
+    noise[torch.arange(len(rep)), at.cpu()] = (
+        torch.randn(len(rep), bound.dim, generator=gen) * size * CARRIED_SCALE)
+    noise = noise.to(clean.device)
+    try:
+        full = bound.forward_perturbed(rep.to(dev), None, noise)
+    except Exception as err:  # noqa: BLE001  # the measurement would fail alike: not trimmed
+        return "failed", (f"the model failed with noise on the last real token of example "
+                          f"{int(rows[0])} ({type(err).__name__}: {err})")
+    for width in ext[rep].unique().tolist():
+        pick = (ext[rep] == width).nonzero().flatten()
+        try:
+            out = bound.forward_perturbed(  # type: ignore[call-arg]
+                rep[pick].to(dev), None, noise[pick.to(noise.device), :width], width=width)
+        except Exception as err:  # noqa: BLE001  # as on the clean cut inputs: full width
+            return "failed", (f"the model failed on inputs cut to {width} tokens "
+                              f"({type(err).__name__}: {err})")
+        ref = full[pick.to(full.device)]
+        if out.shape != ref.shape:
+            return "shape", (f"the output has shape {tuple(out.shape[1:])} per example on noisy "
+                             f"inputs cut to {width} tokens but {tuple(ref.shape[1:])} on the "
+                             "padded ones")
+        if out.is_floating_point():  # the same NaN in both (from large noise) is no change
+            both = out.isnan() & ref.isnan()
+            out, ref = out.masked_fill(both, 0), ref.masked_fill(both, 0)
+        bad, err = _moved(out, ref, clean, rtol)
+        if bool(bad.any()):
+            row = int(rep[pick[bad.nonzero()[0, 0]]])
+            return "carried", (
+                f"with noise on example {row}'s last real token, its outputs at full width and "
+                f"on the inputs cut after that token differ by {float(err.max()):.3g} (the "
+                "model carries the real tokens into the padding and reads them there — a "
+                "convolution or recurrence over the padding pooled with a max over every "
+                "position, say; the clean inputs hide it)")
+    return None
+
+
 def _finite_size(t: Tensor) -> Tensor:
     """``|t|`` where finite, 0 elsewhere (as float32)."""
     t = t.float()
@@ -275,6 +364,12 @@ def warn_untrimmed(reason: str) -> None:
     if reason.startswith("the model failed on inputs cut"):
         why = ("The model does not take inputs cut after their last real token, so the copies "
                "are evaluated at full width. Pass trim_padding=False to silence this warning")
+    elif "carries the real tokens into the padding" in reason:
+        why = ("The model reads positions that the mask marks as padding, where its real tokens "
+               "reach them, so the copies are evaluated at full width (the padded inputs' "
+               "number). Mask the padding before pooling (its positions set to -inf before a max "
+               "over positions) to let padding-aware batching cut it, or pass "
+               "trim_padding=False to silence this warning")
     else:
         why = ("The model seems to read positions that the mask marks as padding (does it "
                "receive the attention mask?), so the copies are evaluated at full width. Pass "
