@@ -12,6 +12,7 @@ are the model's own.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -49,7 +50,8 @@ class CompiledModel:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         _rows_dynamic(args, kwargs)
-        return self._call(*args, **kwargs)
+        with _hooks_guarded():
+            return self._call(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         # only reached for names not set in __init__; the model's own for all but the paths
@@ -84,6 +86,22 @@ def _with_rows_dynamic(fn: Any) -> Any:
 
     def call(*args: Any, **kwargs: Any) -> Any:
         _rows_dynamic(args, kwargs)
-        return fn(*args, **kwargs)
+        with _hooks_guarded():
+            return fn(*args, **kwargs)
 
     return call
+
+
+def _hooks_guarded() -> Any:
+    """The setting a compiled call runs under: Dynamo guards on the modules' hooks. By default
+    (``torch._dynamo.config.skip_nnmodule_hook_guards``) it does not, and a hook added or
+    removed after the first call went unseen: the copies ran the hooks as compiled while the
+    clean forward, eager, ran them as they are (a hook negating the logits, added between two
+    measurements of one metric, measured 0.88 for a sensitivity of 0.12). With the guard such
+    a change compiles again. Hooks registered for every module at once
+    (``torch.nn.modules.module.register_module_forward_hook``) Dynamo does not guard on."""
+    from torch._dynamo import config
+
+    if not hasattr(config, "skip_nnmodule_hook_guards"):  # a torch without the option
+        return nullcontext()
+    return config.patch(skip_nnmodule_hook_guards=False)

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from ..tokens.base import BoundTokens
+from ._noise import DRAW_DTYPE
 from .outputs import margins
 
 
@@ -63,16 +64,21 @@ class LinearControl:
                     src = order[lo:lo + chunk]
                     width = t if extent is None else int(extent[src].max())
                     cut = {} if extent is None else {"width": width}
-                    zero = torch.zeros(len(src), width, bound.dim, device=device,
-                                       requires_grad=True)
+                    # float32 as the copies' noise (:data:`._noise.DRAW_DTYPE`), whatever
+                    # the default dtype
+                    zero = torch.zeros(len(src), width, bound.dim, dtype=DRAW_DTYPE,
+                                       device=device, requires_grad=True)
                     out = bound.forward_perturbed(src, None, zero, **cut)
                     m = margins(out.float(), ref[src].clone(), kind, threshold)
                     (g,) = torch.autograd.grad(m.sum(), zero)
                     parts.append((src, width, m.detach().float(), g.float()))
         finally:
             bound.valid = valid
-        self.m = torch.zeros(b, device=device)
-        self.g = torch.zeros(b, t, bound.dim, device=device)
+        # float32 whatever the default dtype: under a float64 default (a float64 model's usual
+        # setting) these were float64 and the float32 margins could not be put in (a raw
+        # "Index put requires the source and destination dtypes match")
+        self.m = torch.zeros(b, dtype=torch.float32, device=device)
+        self.g = torch.zeros(b, t, bound.dim, dtype=torch.float32, device=device)
         for src, width, m, g in parts:
             self.m[src] = m
             self.g[src, :width] = g
