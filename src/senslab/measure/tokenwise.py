@@ -131,7 +131,13 @@ counting the bytes its forward pass allocates, then sizes the chunks to ``memory
 (default: half the free GPU memory, or a quarter of the free RAM but at most 64 MiB on CPU,
 where cache-near chunks run fastest: ViT-small on one core ran 43 copies/s at 5–20 copies per
 pass and 23/s at 80).
-The noise is drawn in fixed blocks, so chunking never changes the numbers. ``autocast`` runs the
+The noise is drawn in fixed blocks, so chunking never changes the numbers; nor does the split of
+the examples into ``update`` calls (12 examples in one call or in 12 read the same numbers: each
+copy takes the next rows of one stream, example-major), except where a batch draws more than
+noise — ``num_tokens``' token subsets, the rounds of ``target_stderr`` (each batch stops on its
+own standard error) and an ``allocation``'s draws are per batch, and ``mode="whole"`` draws
+afresh at a new width — so that another split gives other draws, as unbiased, with standard
+errors as right. ``autocast`` runs the
 forwards in bf16/fp16 (and keeps their decisions) and ``compile=True`` through ``torch.compile``.
 ``precision="bf16-checked"`` — chosen by the default ``"auto"`` where the hardware multiplies
 bf16 matrices natively and faster — evaluates the copies in bf16 but re-evaluates in float32
@@ -193,7 +199,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from .._autocast import autocast_on
-from .._exclusive import OwnForwards, TurnLock, exclusive
+from .._exclusive import OwnForwards, TurnLock, exclusive, held_modules
 from .._onednn import missing_kernel
 from ..tokens.base import (
     Inputs,
@@ -369,6 +375,15 @@ def _own_forward(model: Any) -> Iterator[None]:
         yield
     finally:
         model.forward = wrapped
+
+
+def _modes(model: Any) -> tuple[bool, ...]:
+    """Whether each module of ``model`` is in training mode, in ``modules()`` order; for a
+    callable, of the modules it holds (:func:`~senslab._exclusive.held_modules`:
+    ``lambda x: net(x)`` holds ``net``, which ``eval_mode`` does not switch). A forward checked
+    in one mode says nothing of another (dropout in train mode), so
+    :meth:`TokenSensitivity._update` checks each mode it meets."""
+    return tuple(m.training for top in held_modules(model) for m in top.modules())
 
 
 class _AutocastProbe(TorchFunctionMode):
@@ -1044,7 +1059,10 @@ class TokenSensitivity:
         refused: a metric merged into itself, the same metric merged twice, a metric that holds
         one merged before, or a copy (``copy.deepcopy``, a pickle) of a metric made after it
         measured merged back into it. A copy of a metric that held no examples yet gets an id
-        of its own and merges freely; so does a metric after :meth:`reset`.
+        of its own and merges freely; so does a metric after :meth:`reset`. Two metrics that
+        hold the same per-example rates, every one of them (the same examples measured under
+        the same seed, or the same ``shard``, by two processes), are merged with a warning, as
+        :meth:`all_reduce` warns of two such ranks.
         """
         self._refuse_other(other)
         with _lock(other):  # a snapshot: another thread may be adding a batch to ``other``
@@ -1062,9 +1080,19 @@ class TokenSensitivity:
                                                                    "the other metric's"))
             self._grid = self._grid or their_grid
             self._out_dtype = self._out_dtype or their_dtype
+            twins = _same_rates(self.state.samples, theirs.samples)
             self.state = merged(self.state, theirs, self.align,
                                 self._profile_unit / other._profile_unit)
             self._ids |= their_ids
+        if twins and self._once("merged repeated"):
+            warnings.warn(
+                f"the merged metric holds the same per-example rates as this one, all {twins} "
+                "of them: most likely both measured the same examples with the same seed (or "
+                "the same shard=), and the merged state counts each of them twice (the standard "
+                "error too small by about sqrt(2)). Merge metrics of other examples: give each "
+                "its own examples, or its own share of every batch (shard=(rank, world_size), "
+                "one rank each) (said once per metric)",
+                RuntimeWarning, stacklevel=_trim._user_level())
         return self
 
     @property
@@ -1222,6 +1250,12 @@ class TokenSensitivity:
 
     def _update(self, inputs: Inputs, mask: Tensor | None, device: torch.device,
                 probe: AbstractContextManager[Any]) -> None:
+        # the modes the model's modules are measured in (the caller's, or eval()'s) belong to
+        # the checked path: with eval_mode=False a model checked in eval() and measured after
+        # model.train() (a training step between two updates) counted its dropout as flips,
+        # 0.48 for 0.016, unchecked. Read before the clean forward: a switch during the
+        # measurement is :func:`._options._eval`'s to refuse
+        modes = _modes(self.model)
         with ExitStack() as stack:
             try:
                 # left padding is judged here: refused by padding-aware batching (:meth:`_extent`),
@@ -1303,12 +1337,12 @@ class TokenSensitivity:
                 assert self.sigma is not None
                 control = LinearControl(bound, ref, self.sigma, 32, self.kind, self.threshold,
                                         extent)
-            shape = (_shapes(inputs), whole, self.autocast, extent is not None)
-            if shape not in self._verified:  # once per input shape
+            shape = (_shapes(inputs), whole, self.autocast, extent is not None, modes)
+            if shape not in self._verified:  # once per input shape and mode
                 # every copy in a forward of its own (chunk_size=1, no checked precision
                 # gathering re-checks, no tangent of the batch): nothing shares a forward, so
                 # the batch check is moot (the zero-noise copies still face the clean batch)
-                path = (whole, self.autocast, extent is not None)
+                path = (whole, self.autocast, extent is not None, modes)
                 alone = (self.chunk_size == 1 and self.precision == "float32"
                          and not self.control_variate and not self.allocation) \
                     or path in self._batch_checked
@@ -1972,6 +2006,20 @@ class TokenSensitivity:
                 "1–4 such copies, 63% with the control variate at 4 draws per token, 87% with "
                 f"num_tokens=2). For a firmer one, {how}",
                 RuntimeWarning, stacklevel=_trim._user_level())
+
+
+def _same_rates(mine: list[Tensor], theirs: list[Tensor]) -> int:
+    """How many per-example rates two states hold where they hold the same ones, all of them
+    (at least two, one of them neither 0 nor 1: rates of 0 and 1 agree by chance), else 0 — as
+    :func:`._stats.repeated_ranks` tells two ranks that measured the same examples with the same
+    seed. :meth:`TokenSensitivity.merge` merged such twins without a word (24 examples from 12,
+    a standard error of 0.026 for 0.038), where :meth:`~TokenSensitivity.all_reduce` warned."""
+    if not mine or not theirs:
+        return 0
+    a, b = (torch.cat([r.detach().flatten().cpu() for r in rates]) for rates in (mine, theirs))
+    if len(a) < 2 or a.shape != b.shape or not bool(((a != 0) & (a != 1)).any()):
+        return 0
+    return len(a) if torch.equal(a, b.to(a.dtype)) else 0
 
 
 def _varying_pairs(vals: Tensor, src: Tensor, tok: Tensor, valid: Tensor,
