@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import shutil
 import uuid
 from pathlib import Path
@@ -180,8 +181,13 @@ def record(exp_dir: str | Path, records: str | Path = "reproduction") -> Path:
     from .train.rundir import RunDir
 
     RunDir(exp_dir, kind="experiment").check_readable()  # a newer format is refused, as report does
-    exp, verdict = json.loads(exp_file.read_text()), json.loads(verdict_file.read_text())
-    name = exp["name"]
+    exp = _read_object(exp_file, "restore it (it names the experiment and lists the runs its "
+                                 "verdict rests on), or re-run the experiment into a new --out")
+    name = exp.get("name")
+    verdict = _read_object(verdict_file, f"re-run `senslab run {name or 'NAME'} --out "
+                                         f"{exp_dir}` with the settings it ran with (a damaged "
+                                         "verdict.json is set aside and the verdict computed "
+                                         "again from the finished runs), then record")
     if name not in list_experiments():
         raise KeyError(f"{exp_dir}: experiment {name!r} is not registered "
                        f"(known: {', '.join(list_experiments())})")
@@ -197,6 +203,23 @@ def record(exp_dir: str | Path, records: str | Path = "reproduction") -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     _write_whole(out, json.dumps(rec, indent=2, sort_keys=True) + "\n")
     return out
+
+
+def _read_object(path: Path, fix: str) -> dict[str, Any]:
+    """The JSON object in ``path`` (an experiment directory's experiment.json or verdict.json);
+    a damaged file (not JSON, or not an object: cut short by a full disk, edited by hand) is a
+    ValueError that names it and ``fix``, where it was a JSONDecodeError naming no file or an
+    AttributeError."""
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        why = (f"not valid JSON ({err.msg}, line {err.lineno})"
+               if isinstance(err, json.JSONDecodeError) else f"not UTF-8 text ({err.reason})")
+        raise ValueError(f"{path} is {why}: it cannot be recorded; {fix}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is a JSON {type(data).__name__}, not an object: it cannot be "
+                         f"recorded; {fix}")
+    return data
 
 
 def _write_whole(path: Path, text: str) -> None:
@@ -282,6 +305,37 @@ def check_verdict(exp_dir: Path, name: str, scale: str, runs: list[str],
                          f"{'; '.join(diffs[:4])}{'; …' if len(diffs) > 4 else ''}); re-run "
                          f"`{again}` (finished runs are reused) to write their verdict, then "
                          "record")
+    _check_run_configs(exp_dir, name, scale, overrides, runs, by_name)
+
+
+def _check_run_configs(exp_dir: Path, name: str, scale: str, overrides: list[str],
+                       runs: list[str], by_name: dict[str, Any]) -> None:
+    """Refuse runs that ``senslab run`` would not reuse as the runs of these settings: each run's
+    trainer ``check_dir`` (a run of another configuration under the same name, a summary its
+    metric log contradicts). The experiment's spec changed since they trained (a scale's default,
+    a run's field): their verdict is the earlier spec's, and the record would show it in the row
+    of the current one. A run without config.json (made by hand) or whose dataset this machine
+    lacks (the configuration cannot be completed to compare) is not compared."""
+    from .data import DataUnavailableError
+    from .train.trainers import get_trainer
+
+    for r in runs:
+        check = get_trainer(by_name[r].trainer).check_dir
+        if check is None or not (exp_dir / r / "config.json").is_file():
+            continue
+        try:
+            check(by_name[r].config, exp_dir / r)
+        except DataUnavailableError:
+            continue
+        except ValueError as err:
+            fresh = (f"senslab run {name}" + (f" --scale {scale}" if scale != "cpu" else "")
+                     + "".join(f" --set {shlex.quote(o)}" for o in overrides)
+                     + " --out NEW_DIR")
+            raise ValueError(
+                f"verdict.json is stale: `senslab run` would not reuse its run {r} as the run "
+                f"{name} trains at its settings (scale {scale}, overrides {overrides}) now, so "
+                f"the verdict is not the current experiment's: {err}. Train the runs again "
+                f"(`{fresh}`), then record") from None
 
 
 def _differences(recorded: Any, fresh: Any, where: str) -> list[str]:

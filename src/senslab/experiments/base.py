@@ -149,6 +149,15 @@ def _flat(obj: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _split(settings: Any, overrides: list[str] | tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """``overrides`` as (those of the settings ``settings``: a key whose first part names one of
+    its fields, or no key at all; every other, for the run configurations), each in order."""
+    names = {f.name for f in dataclasses.fields(settings)}
+    own = [o for o in overrides if "=" not in o or o.split("=", 1)[0].strip()
+           .split(".", 1)[0] in names]
+    return own, [o for o in overrides if o not in own]
+
+
 def ladder_differences(exp: Experiment, rung: Rung) -> dict[str, tuple[Any, Any]]:
     """``{field: (rung value, paper-scale value)}`` for every run-configuration field in which
     ``rung``'s runs differ from the same-named runs at the paper scale (``runs`` when the two
@@ -296,10 +305,7 @@ class Experiment:
         if check_scale(scale) not in self.scales:
             raise ValueError(f"{self.name} has no settings for scale {scale!r}")
         settings = copy.deepcopy(self.scales[scale])
-        names = {f.name for f in dataclasses.fields(settings)}
-        own = [o for o in overrides if "=" not in o or o.split("=", 1)[0].strip()
-               .split(".", 1)[0] in names]
-        rest = [o for o in overrides if o not in own]
+        own, rest = _split(settings, overrides)
         validate(apply_overrides(settings, own))
         runs = self.runs(settings)
         built = [_run_fields(run.config) for run in runs]  # before the overrides: as runs() set
@@ -426,8 +432,48 @@ class Experiment:
 
     def check(self, scale: str, overrides: list[str]) -> None:
         """Resolve ``overrides`` at ``scale`` without writing anything: an unknown key, a value
-        of the wrong type or out of range fails here, before any directory exists."""
-        self.resolve(scale, overrides)
+        of the wrong type or out of range, a setting a run-configuration override undoes
+        (:meth:`_refuse_overwritten`) fails here, before any directory exists."""
+        self._refuse_overwritten(scale, overrides, self.resolve(scale, overrides)[1])
+
+    def _refuse_overwritten(self, scale: str, overrides: list[str] | tuple[str, ...],
+                            runs: list[Run]) -> None:
+        """Refuse a settings override when a run-configuration override (applied after the
+        settings built the runs) sets a run field that the setting set to another value:
+        ``--set epochs=10 --set train.epochs=3`` trained 3 epochs while experiment.json, the
+        verdict and the record said ``epochs=10`` too, and ``--set sigma=0.3 --set
+        track.sigma=2`` measured at σ = 2 under settings of σ = 0.3. Called after
+        :meth:`resolve` (an experiment's own, more specific refusals of such a pair first)."""
+        own, rest = _split(self.scales[scale], overrides)
+        if not own or not rest:
+            return
+        settings = apply_overrides(copy.deepcopy(self.scales[scale]), own)
+        built = [_run_fields(r.config) for r in self.runs(settings)]  # before ``rest``
+        if len(built) != len(runs):
+            return
+        for i, item in enumerate(own):
+            without = copy.deepcopy(self.scales[scale])
+            apply_overrides(without, [o for j, o in enumerate(own) if j != i])
+            before = self.runs(without)
+            if [r.name for r in before] != [r.name for r in runs]:
+                continue  # it changes which runs there are
+            for run, b, old in zip(runs, built, before, strict=True):
+                prior, final = _run_fields(old.config), _run_fields(run.config)
+                undone = [f for f in sorted(set(b) | set(prior))
+                          if b.get(f, _ABSENT) != prior.get(f, _ABSENT)
+                          and final.get(f, _ABSENT) != b.get(f, _ABSENT)]
+                if not undone:
+                    continue
+                f = undone[0]
+                by = [o for o in rest
+                      if f == (k := o.split("=", 1)[0].strip()) or f.startswith(k + ".")]
+                said = f"--set {by[-1]}" if by else "a run-configuration override"
+                raise ValueError(
+                    f"--set {item}: it sets {f} of {self.name}'s run {run.name} to "
+                    f"{b.get(f, _ABSENT)!r}, but {said} sets it to {final.get(f, _ABSENT)!r} "
+                    f"after it (run-configuration overrides apply to the runs the settings "
+                    f"built): the runs would have {f} = {final.get(f, _ABSENT)!r} while the "
+                    f"verdict and the record say {item}. Give one of the two")
 
     # -- running -------------------------------------------------------------------------------
     def prepare(self, scale: str, overrides: list[str]) -> tuple[Any, list[Run]]:
@@ -435,6 +481,7 @@ class Experiment:
         the combinations of fields it refuses) and :meth:`before_training` passed: everything
         that can refuse the runs, done before anything is written."""
         settings, runs = self.resolve(scale, overrides)
+        self._refuse_overwritten(scale, overrides, runs)
         for run in runs:  # before any training: a missing dataset stops the experiment here
             trainer = get_trainer(run.trainer)
             if not isinstance(run.config, trainer.config_type):

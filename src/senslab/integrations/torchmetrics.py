@@ -395,6 +395,23 @@ class TokenSensitivityMetric(Metric):
                 other = incoming_state._engine
                 ids, named = incoming_state._held_ids(), _named_tokens(incoming_state)
         elif isinstance(incoming_state, dict):
+            if not any(k in incoming_state for k in self._defaults):
+                # torchmetrics' default (persistent=False) leaves the states out of state_dict():
+                # its own error ("Expected state variable n …"), after a warning of an older
+                # senslab's dict, named neither cause nor fix
+                keys = sorted(map(str, incoming_state))
+                prefixed = sorted({k[: -len(".n")] for k in keys if k.endswith(".n")})
+                if prefixed:  # a module's state dict, the metric's entries under its name
+                    why = (f"its keys carry a module's prefix ({prefixed[0]!r}…); pass the "
+                           f"metric's own entries, without the prefix '{prefixed[0]}.'")
+                else:
+                    why = ((f"it holds only {keys}" if keys else "it is empty")
+                           + ": a metric's state_dict() holds its states only after "
+                           "metric.persistent(True), as torchmetrics leaves them out by default. "
+                           "Call other.persistent(True) before other.state_dict(), or merge the "
+                           "metric itself: metric.merge_state(other)")
+                raise ValueError(f"cannot merge: the state dict holds none of the metric's "
+                                 f"states; {why}")
             config, other = _stored(incoming_state.get("config")), None
             states = _with_grid(_with_flip_counts(incoming_state))
             whose = "the state dict's"
