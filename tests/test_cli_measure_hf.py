@@ -17,6 +17,7 @@ import torch
 from senslab import token_sensitivity
 from senslab.cli import main
 from senslab.data import create_dataset
+from senslab.measure import noise_seed
 from senslab.tokens import Patches
 
 transformers = pytest.importorskip("transformers")
@@ -65,7 +66,7 @@ def expected_vit(path: Path, sigma: float, pixel: bool) -> float:
                                         mode="bilinear", align_corners=False)
     x = (x - 0.5) / torch.tensor(STD).view(-1, 1, 1)
     tokens = Patches(4, sigma_space="pixel", std=STD) if pixel else Patches(4)
-    return token_sensitivity(model, x, tokens, sigma=sigma, generator=0).estimate
+    return token_sensitivity(model, x, tokens, sigma=sigma, generator=noise_seed(0)).estimate
 
 
 @pytest.mark.parametrize("pixel", [False, True], ids=["input-sigma", "pixel-sigma"])
@@ -106,7 +107,7 @@ def test_a_processor_that_does_not_normalise_gets_pixels(
     x, _ = data.first(8, generator=torch.Generator().manual_seed(1)).batch(slice(0, 8))
     x = torch.nn.functional.interpolate(x.expand(-1, 3, -1, -1), size=(16, 16),
                                         mode="bilinear", align_corners=False)
-    want = token_sensitivity(model, x, Patches(4), sigma=0.5, generator=0).estimate
+    want = token_sensitivity(model, x, Patches(4), sigma=0.5, generator=noise_seed(0)).estimate
     assert float(rows[0][1]) == pytest.approx(want, abs=5e-5)
 
 
@@ -270,7 +271,7 @@ def test_hf_gpt2_text_model(tmp_path: Path, capsys: pytest.CaptureFixture[str],
     model = transformers.GPT2ForSequenceClassification.from_pretrained(tmp_path).eval()
     model.config.pad_token_id = 0
     batch = {"input_ids": x["input_ids"], "attention_mask": x["attention_mask"].long()}
-    ref = token_sensitivity(model, batch, sigma=3.0, generator=0)  # tokens: auto
+    ref = token_sensitivity(model, batch, sigma=3.0, generator=noise_seed(0))  # tokens: auto
     assert float(rows[0][1]) == pytest.approx(ref.estimate, abs=5e-5)
     assert int(rows[0][-2].replace(",", "")) == ref.num_forward == int(batch[
         "attention_mask"].sum()) + 6
@@ -338,7 +339,8 @@ def test_sentence_pairs_in_the_tokenizers_own_encoding(
     model = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "model").eval()
     inputs = {"input_ids": x["input_ids"], "attention_mask": x["attention_mask"].long(),
               "token_type_ids": x["token_type_ids"]}
-    expected = token_sensitivity(model, inputs, auto_tokens(model), sigma=2.0, generator=0)
+    expected = token_sensitivity(model, inputs, auto_tokens(model), sigma=2.0,
+                                 generator=noise_seed(0))
     assert float(rows[0][1]) == pytest.approx(expected.estimate, abs=5e-5)
 
     code, err, theirs = run(capsys, *common, "--set", "data.options.pair_encoding=senslab")

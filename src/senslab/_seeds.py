@@ -5,3 +5,17 @@ importing torch) and measurement."""
 #: Mersenne Twister) keeps only a seed's low 32 bits, so its seed 2**32 + s draws exactly the
 #: numbers of seed s (CUDA's Philox generator uses all 64 bits)
 CPU_SEED_END = 1 << 32
+
+
+def noise_seed(seed: int) -> int:
+    """The seed of the measurement noise in a run of seed ``seed`` (its tracked sensitivity and
+    sharpness, an experiment's final measurements, ``senslab measure --seed``): a stream of its
+    own, never the model's. The models draw their initial weights from ``seed``, the first
+    parameter first, so noise drawn from ``seed`` itself was that parameter: the text models'
+    first standard-normal noise rows were their initial embedding table row for row (8,000 rows
+    of 256), a vision model's first ones those of its patch projection (cosine −0.34), and
+    sharpness's first weight perturbation the first parameter's initial values — directions a
+    trained model reads (a memorised modular-addition model flipped on 10.0% of such copies and
+    on 4.6% of copies with fresh noise). An odd multiplier and an odd offset keep it off
+    ``seed`` for every seed, modulo the 2**32 a CPU generator keeps."""
+    return (seed * 1_000_003 + 0x5E45) % CPU_SEED_END

@@ -544,6 +544,7 @@ def _table(model: Any, tokens: Any, batches: Any, args: argparse.Namespace,
     ``threshold``) to read the outputs with, else the model's own."""
     import torch
 
+    from ._seeds import noise_seed
     from .measure import TokenSensitivity
     from .measure._stats import fixed as _fixed
 
@@ -555,7 +556,7 @@ def _table(model: Any, tokens: Any, batches: Any, args: argparse.Namespace,
           f" {'re-checked':>10}")
     for sigma in args.sigma:
         metric = TokenSensitivity(model, tokens, sigma=sigma, repeats=args.repeats,
-                                  generator=args.seed, **fast)
+                                  generator=noise_seed(args.seed), **fast)
         for lo in range(0, batches.count, batches.size):
             metric.update(batches(lo, lo + batches.size))
         r = metric.compute()
@@ -1052,8 +1053,9 @@ def parser() -> argparse.ArgumentParser:
                                    "run's.")
     # (--hf/--timm draw either split's examples with seed + 1, as their numbers always were)
     common(s, seed_help=f"seed of the examples drawn (--split train: seed + 1, test: seed + 2; "
-                        f"--hf, --timm: seed + 1 for either split) and of the noise draws, and "
-                        f"an untrained model's weights (default: "
+                        f"--hf, --timm: seed + 1 for either split), of the noise draws (through "
+                        f"senslab.measure.noise_seed(seed): a stream apart from the weights), "
+                        f"and of an untrained model's weights or a new head (default: "
                         f"{MEASURE_DEFAULTS['seed']}; --checkpoint: the run's seed)")
     s.add_argument("--checkpoint", metavar="RUN_DIR",
                    help="a run directory: measure its last checkpoint with its config (--set may "

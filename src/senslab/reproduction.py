@@ -535,6 +535,39 @@ def effect_cell(rec: dict[str, Any], why: bool = False) -> str:
     return "; ".join(shown) + (f"; … and {more} more" if more > 0 else "")
 
 
+#: the first day on which runs measured with noise of a stream of their own
+#: (:func:`senslab._seeds.noise_seed`), not the one their models' weights were drawn from
+OWN_NOISE_FROM = "2026-12-06"
+
+
+def _measured_on_run_seed(name: Any) -> bool:
+    """Whether experiment ``name`` measured its runs with noise of the run's own seed before
+    :data:`OWN_NOISE_FROM`: those of the first paper and the demo (tracked sensitivity, final
+    measurements, sharpness); the implicit-bias experiments measure no sensitivity, and Hahn
+    & Rofin's share one draw of one parameter's sharpness (not counted)."""
+    if name not in list_experiments():
+        return False
+    module = type(get_experiment(name)).__module__
+    return ".lowsens." in module or module.endswith(".demo")
+
+
+def _shared_seed_note(records: dict[str, dict[str, Any]]) -> list[str]:
+    """A paragraph on the records finished before :data:`OWN_NOISE_FROM` (none: no lines)."""
+    early = sorted({r.get("name", "?") for r in records.values()
+                    if str(r.get("finished") or "")[:10] < OWN_NOISE_FROM
+                    and _measured_on_run_seed(r.get("name"))})
+    if not early:
+        return []
+    return [f"The records of {len(early)} experiments ({', '.join(early)}) were finished "
+            f"before {OWN_NOISE_FROM}, when a run's sensitivity and sharpness were measured "
+            "with noise drawn from the run's own seed, the stream its model's initial weights "
+            "came from (the text models' first noise rows were their initial embedding table; "
+            "a memorised grokking model flipped on 10.0% of such copies and on 4.6% with fresh "
+            "noise): their numbers may be biased, by an amount not measured "
+            "([docs/definitions.md](docs/definitions.md#tracked-sensitivity)); the same "
+            "`senslab run` command now measures with noise of its own.", ""]
+
+
 def render(records: dict[str, dict[str, Any]],
            ladders: dict[str, dict[str, Any]] | None = None) -> str:
     """The markdown of REPRODUCTION.md: one section per paper, one row per experiment and
@@ -587,6 +620,7 @@ def render(records: dict[str, dict[str, Any]],
         "and use Student's t over the training seeds. How each paper-scale setting compares "
         "with the authors' own code: [docs/fidelity.md](docs/fidelity.md).",
         "",
+        *_shared_seed_note(records),
         "Summary, CPU scale: " + (summary("cpu") or "nothing recorded")
         + f", {sum(1 for n in list_experiments() if n not in cpu_recorded)} not run here."
         + (f" Paper scale: {summary('paper')}." if counts.get("paper") else ""),

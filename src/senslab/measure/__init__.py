@@ -6,6 +6,7 @@ paired comparison of several models on the same perturbed copies (:mod:`.compare
 """
 
 from .._exclusive import exclusive
+from .._seeds import noise_seed
 from .boolean import (
     BooleanSensitivity,
     all_inputs,
@@ -51,6 +52,7 @@ __all__ = [
     "influence_fourier",
     "majority",
     "mean",
+    "noise_seed",
     "noise_stability",
     "parity",
     "random_function",

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._seeds import noise_seed
 from .._stack import said_once
 from ..data import ArrayDataset
 from ..measure import TokenSensitivity
@@ -71,7 +72,7 @@ class Tracker:
         t = self.cfg.track
         kind, threshold = self.rule(data)
         metric = TokenSensitivity(
-            self.model, sigma=t.sigma, repeats=t.repeats, generator=self.cfg.seed,
+            self.model, sigma=t.sigma, repeats=t.repeats, generator=noise_seed(self.cfg.seed),
             chunk_size=t.chunk_size, shard=self.shard, output_kind=kind, threshold=threshold,
         )
         metric._said = self._said
@@ -117,7 +118,7 @@ class Tracker:
             # once per run, not at every evaluation with other numbers
             with said_once(self._said):
                 s = sharpness.output_sharpness(
-                    self.model, x, sigma_w=t.sharpness_sigma, generator=self.cfg.seed,
+                    self.model, x, sigma_w=t.sharpness_sigma, generator=noise_seed(self.cfg.seed),
                     output_kind=kind, threshold=threshold)
             rec["sharpness/shop"] = known(s.shop.estimate)
             if s.shpred is not None:
@@ -127,7 +128,8 @@ class Tracker:
                 return loss_function(loss_kind, out)(out, target)
 
             ls = sharpness.loss_sharpness(self.model, loss_fn, x, y,
-                                          sigma=t.loss_sharpness_sigma, generator=self.cfg.seed)
+                                          sigma=t.loss_sharpness_sigma,
+                                          generator=noise_seed(self.cfg.seed))
             rec["sharpness/loss"] = known(ls.estimate)
         return rec
 

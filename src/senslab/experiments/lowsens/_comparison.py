@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..._seeds import noise_seed
 from ...train.config import RunConfig, ranged
 from ...verdicts import judge, paired_by_seed
 from .._verdicts import by_label, lowest_sensitivity_verdict
@@ -137,7 +138,7 @@ def sigma_sweep(run_dir: Path, sigmas: tuple[float, ...]) -> dict[str, dict[str,
     results = {}
     for sigma in sigmas:
         metric = TokenSensitivity(model, sigma=sigma, repeats=cfg.track.repeats,
-                                  generator=cfg.seed, chunk_size=cfg.track.chunk_size,
+                                  generator=noise_seed(cfg.seed), chunk_size=cfg.track.chunk_size,
                                   output_kind=kind, threshold=threshold)
         for lo in range(0, len(subset), 256):
             x, _ = subset.batch(slice(lo, lo + 256))

@@ -55,6 +55,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..._seeds import noise_seed
 from ...data import ArrayDataset
 from ...measure import token_sensitivity
 from ...models import list_models
@@ -279,7 +280,7 @@ def sweep(model: nn.Module, data: ArrayDataset, sigmas: list[float], seed: int,
     out = []
     for s in sigmas:
         r = token_sensitivity(model, data.inputs, sigma=s, mode=mode, repeats=repeats,
-                              generator=seed, chunk_size=256, output_kind=rule[0],
+                              generator=noise_seed(seed), chunk_size=256, output_kind=rule[0],
                               threshold=rule[1])
         out.append({"sigma": s, "sensitivity": r.estimate, "stderr": r.stderr})
     return out

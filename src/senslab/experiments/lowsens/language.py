@@ -98,6 +98,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..._seeds import noise_seed
 from ...data import ArrayDataset
 from ...measure import TokenSensitivity
 from ...train.config import RunConfig, ranged
@@ -296,7 +297,7 @@ def _measure(model: torch.nn.Module, data: ArrayDataset, cfg: RunConfig, sigma: 
 
     t = cfg.track
     kind, threshold = decision_rule(cfg, model, data, device)
-    metric = TokenSensitivity(model, sigma=sigma, repeats=t.repeats, generator=cfg.seed,
+    metric = TokenSensitivity(model, sigma=sigma, repeats=t.repeats, generator=noise_seed(cfg.seed),
                               chunk_size=t.chunk_size, output_kind=kind, threshold=threshold)
     for lo in range(0, len(data), 256):
         x, _ = data.batch(slice(lo, lo + 256))

@@ -75,6 +75,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..._seeds import noise_seed
 from ...data import ArrayDataset, create_dataset, locate
 from ...data.corruptions import corrupt, list_corruptions
 from ...data.images import CIFAR10C_CORRUPTIONS, denormalize
@@ -216,7 +217,7 @@ class Robustness(FinalMeasureExperiment):
         data = train.first(min(s.sens_examples, len(train)), generator=g)
         data = data.to(model_device(model) or "cpu")
         r = token_sensitivity(model, data.inputs, sigma=cfg.track.sigma, repeats=SENS_REPEATS,
-                              generator=cfg.seed, chunk_size=256)
+                              generator=noise_seed(cfg.seed), chunk_size=256)
         return {"clean_acc": float(correct(model, x, y).float().mean()), "corrupted_acc": acc,
                 "noise_blur_per_image": (per_image / max(count, 1)).tolist(),
                 "sensitivity": {"estimate": r.estimate, "stderr": r.stderr,

@@ -46,6 +46,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..._seeds import noise_seed
 from ...data import ArrayDataset
 from ...measure.sharpness import output_sharpness
 from ...train.config import RunConfig
@@ -98,9 +99,10 @@ class Sharpness(FinalMeasureExperiment):
                       test: ArrayDataset, s: RegularizedSettings) -> dict[str, Any]:
         x = tracking_subset(cfg, model, train, test).inputs
         out = _values(output_sharpness(model, x, sigma_w=SIGMA_W, repeats=REPEATS,
-                                       generator=cfg.seed))
+                                       generator=noise_seed(cfg.seed)))
         out["supplement"] = _values(output_sharpness(
-            model, x, sigma_w=SIGMA_W, repeats=SUPPLEMENT_REPEATS, generator=cfg.seed + 1))
+            model, x, sigma_w=SIGMA_W, repeats=SUPPLEMENT_REPEATS,
+            generator=noise_seed(cfg.seed + 1)))
         return out
 
     def verdict(self, summaries: list[dict[str, Any]]) -> dict[str, Any]:

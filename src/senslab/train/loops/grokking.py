@@ -11,8 +11,9 @@ first evaluation with test acc ≥ 0.95. Every ``eval_every`` epochs
 parameters) and ``sens/train``, the probability that the predicted class changes when
 N(0, ``sigma``²) noise is added to one of the two number embeddings, or to both at once with
 ``sens_mode="whole"`` (never the ``=`` token), in eval mode, on the first ``sens_examples``
-training pairs, with the same noise seed at every evaluation. The summary holds the phases
-(:func:`grokking_phases`) and the epochs trained.
+training pairs, with the same noise seed at every evaluation (:func:`~senslab._seeds.noise_seed`: a
+stream of its own, not the model's). The summary holds the phases (:func:`grokking_phases`) and the
+epochs trained.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..._seeds import noise_seed
 from ...data import create_dataset
 from ...measure import TokenSensitivity
 from ...models import create_model
@@ -155,7 +157,7 @@ def train_grokking(cfg: GrokkingRun, path: Path, *, progress: bool | None = None
 
         def measure() -> dict[str, Any]:
             metric = TokenSensitivity(model, Embedding("embed"), sigma=cfg.sigma,
-                                      mode=cfg.sens_mode, generator=cfg.seed)
+                                      mode=cfg.sens_mode, generator=noise_seed(cfg.seed))
             metric._said = said
             metric.update(sens_x, sens_mask)
             sens = metric.compute()

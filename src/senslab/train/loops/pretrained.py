@@ -12,8 +12,9 @@ them at once: ``Patches(patch)`` on the normalised input, N(0, σ²) with σ = `
 ``repeats`` draws per token, ``num_tokens`` random tokens per image (0: every token), noise seed
 ``seed``, ``batch_size`` perturbed copies per forward pass. Accuracy (``train/acc``) is reported
 when the class folders are WordNet IDs (``n01440764``…) that timm's ImageNet metadata maps to
-class indices. The summary holds ``final`` (``sens/train``, ``sens/train_se``, ``train/acc``),
-the per-image flip rates (``per_sample``) and ``num_images``.
+the model's own class indices (those of its head's label set: 1k, 12k, 21k, 22k…). The summary
+holds ``final`` (``sens/train``, ``sens/train_se``, ``train/acc``), the per-image flip rates
+(``per_sample``) and ``num_images``.
 
 ``source="senslab"`` is a stand-in for machines without timm (the trainer's example there): a
 senslab model (``model`` names it, random weights) on the images resized to 32×32 in [−1, 1].
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..._seeds import noise_seed
 from ...data import DataUnavailableError, data_home
 from ...measure import token_sensitivity
 from ...tokens import Patches
@@ -135,12 +137,26 @@ def load_images(timm: Any, model: nn.Module, files: list[Path]) -> torch.Tensor:
     return torch.stack(out)
 
 
-def class_indices(timm: Any, folders: list[str]) -> torch.Tensor | None:
-    """ImageNet-1k class index of each WordNet-ID folder, or None when they are not all known."""
+def class_indices(timm: Any, model: nn.Module, folders: list[str]) -> torch.Tensor | None:
+    """Each WordNet-ID folder's index among ``model``'s own classes, or None when they are not
+    all known: the ImageNet label set (1k, 12k, 21k, 22k, …) that timm infers from the model's
+    number of classes, None for a head of another size (or none). The 1k indices served every
+    model: an ImageNet-21k head right on every image (n01440764 is its class 359, not 0)
+    scored 0.0."""
     info = getattr(timm.data, "ImageNetInfo", None)
     if info is None:
         return None
-    synsets = list(info().label_names())
+    num_classes = getattr(model, "num_classes", None)
+    infer = getattr(timm.data, "infer_imagenet_subset", None)
+    if infer is not None:  # from the head's width alone, not the pretrained tag's
+        subset = infer({"num_classes": num_classes})
+    else:  # an older timm knows the 1k label set only
+        subset = "imagenet-1k" if num_classes == 1000 else None
+    if subset is None:
+        return None
+    synsets = list(info(subset).label_names())
+    if len(synsets) != num_classes:
+        return None
     index = {s: i for i, s in enumerate(synsets)}
     if not all(f in index for f in folders):
         return None
@@ -172,7 +188,7 @@ def model_and_images(cfg: PretrainedConfig, files: list[Path], folders: list[str
             return model, _stand_in_images(files), None
         timm = import_timm()
         model = create_pretrained(timm, cfg.model, cfg.pretrained)
-    return model, load_images(timm, model, files), class_indices(timm, folders)
+    return model, load_images(timm, model, files), class_indices(timm, model, folders)
 
 
 def _example() -> PretrainedConfig:
@@ -238,7 +254,7 @@ def train_pretrained(cfg: PretrainedConfig, path: Path, *, progress: bool | None
             acc = None if targets is None else float((clean.argmax(1) == targets).float().mean())
             r = token_sensitivity(model, x, Patches(cfg.patch), sigma=cfg.sigma,
                                   repeats=cfg.repeats, num_tokens=cfg.num_tokens or None,
-                                  generator=cfg.seed, chunk_size=cfg.batch_size)
+                                  generator=noise_seed(cfg.seed), chunk_size=cfg.batch_size)
             final = {"sens/train": r.estimate, "sens/train_se": r.stderr, "train/acc": acc}
             state = {"logits": clean, "final": final, "per_sample": r.per_sample}
             run.log({"step": len(starts) + 1, "images": len(x), **final})

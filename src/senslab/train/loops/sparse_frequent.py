@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..._seeds import noise_seed
 from ...data import create_dataset
 from ...data.base import ArrayDataset
 from ...data.synthetic import SPARSE_FREQUENT_SETTINGS, TOKEN_TYPES, feature_sensitivities
@@ -130,7 +131,7 @@ def train_sparse_frequent(cfg: SparseFrequentRun, path: Path, *, progress: bool 
                 align = {f"align/{k}": F.cosine_similarity(v, u, dim=0).item()
                          for k, u in directions.items()}
             metric = TokenSensitivity(model, Sequence(), replace_with=torch.eye(vocab),
-                                      generator=cfg.seed)
+                                      generator=noise_seed(cfg.seed))
             metric._said = said  # a cause the measurements warn of: said once per run
             metric.update(sens_x)
             sens = metric.compute()

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..._seeds import noise_seed
 from ..._stack import said_once
 from ...data import create_dataset
 from ...measure import boolean_sensitivity
@@ -110,7 +111,8 @@ def train_sparse_parity(cfg: SparseParityRun, path: Path, *, progress: bool | No
             with said_once(said):
                 bs = boolean_sensitivity(model, cfg.n_bits, method="sample", output="sign",
                                          num_samples=cfg.bool_samples,
-                                         generator=torch.Generator().manual_seed(cfg.seed))
+                                         generator=torch.Generator().manual_seed(
+                                             noise_seed(cfg.seed)))
             return {"bool_sens": bs.average, "bool_sens_se": bs.stderr,
                     "bool_sens/relevant": bs.influence[subset].sum().item()}
 
