@@ -133,9 +133,12 @@ _PRINT_SEED = 0x1D8
 
 @functools.lru_cache(maxsize=256)
 def _probe(n: int, device: torch.device, seed: int) -> Tensor:
-    """``n`` fixed pseudo-random weights on ``device`` (never written to)."""
+    """``n`` fixed pseudo-random float32 weights on ``device`` (never written to), drawn in
+    float32 whatever the default dtype: under ``torch.set_default_dtype(torch.float64)`` they
+    were float64, and every fingerprint of a float32 weight failed ("dot : expected both vectors
+    to have same dtype") — cached, so also later, under the float32 default, in that process."""
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, generator=g).to(device)
+    return torch.randn(n, generator=g, dtype=torch.float32).to(device)
 
 
 def position_print(t: Tensor) -> Tensor:

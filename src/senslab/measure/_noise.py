@@ -31,6 +31,10 @@ class NoiseStream:
     carry from one model or process to the next."""
 
     def __init__(self, generator: torch.Generator, row: int, device: torch.device) -> None:
+        if row < 1:  # the metrics refuse such tokens first, by name (a bare ZeroDivisionError)
+            raise ValueError(
+                f"noise rows of {row} numbers: a token of no entries has no noise to draw; "
+                "tokens need at least one feature")
         self.gen, self.row, self.device = generator, row, device
         self.rows_per_block = max(1, NOISE_BLOCK // row)
         self.buf = torch.empty(0, row, dtype=DRAW_DTYPE, device=device)

@@ -470,6 +470,25 @@ def _refuse_batch_statistics(model: nn.Module, eval_mode: bool = False) -> None:
         "BatchNorm layers in eval() and keep the rest of the model's mode")
 
 
+def _refuse_empty_tokens(tokens: Any, t: int, dim: int, inputs: Any) -> None:
+    """Refuse inputs of no token, or of tokens of no entries: the first read "examples [0, 1,
+    2, 3] have no real token (the mask is all padding)" of a mask nobody passed, the second
+    failed with a bare ZeroDivisionError in the noise's drawing."""
+    shapes = ", ".join(str(s) for s in _shapes(inputs))  # an example's, without the batch axis
+    if t == 0:
+        raise ValueError(
+            f"{type(tokens).__name__} finds no token in these inputs (an example of shape "
+            f"{shapes}: a token axis of size 0, or images smaller than one patch), so there is "
+            "nothing to perturb; pass inputs of at least one token (Sequence: (batch, tokens, "
+            "features); Patches: images at least one patch high and wide)")
+    if dim == 0:
+        raise ValueError(
+            f"the tokens that {type(tokens).__name__} finds in these inputs (an example of shape "
+            f"{shapes}) have no entries (a feature axis of size 0, or images of no channel), so "
+            "noise on them changes nothing; pass tokens of at least one feature (Sequence: "
+            "(batch, tokens, features), features >= 1)")
+
+
 def _refuse_padding_without_pad_id(model: Any, bound: Any, real: Tensor,
                                    device: torch.device) -> None:
     """Refuse a single padded example (``real``: (1, T), false on padding) for a Hugging Face
@@ -795,6 +814,9 @@ class TokenSensitivity:
         self.model, self.tokens, self.output = model, tokens, output
         #: the decision rule for one-column outputs: the option, else the model's attribute
         self.output_kind = declared_kind(model, output_kind)
+        self._output_kind_option = output_kind  # read again for a model assigned later
+        #: the model the per-model checks and caches below are of (:meth:`_follow_model`)
+        self._caches_for: Any = model
         self.threshold = threshold
         #: the kind the last batch was read with (``output_kind`` or, if None, logits)
         self.kind: str = self.output_kind or "logits"
@@ -938,6 +960,9 @@ class TokenSensitivity:
         self._id = uuid.uuid4().hex
         self._ids = {self._id}
         self._stopped = 0  # update() calls stopped by target_stderr (_warn_stopping_bias)
+        #: whether the state holds batches of an older pickle, which counted no copies
+        #: (:meth:`_warn_few_events`)
+        self._copies_uncounted = False
         self.untrimmed_batches = 0
         #: the patch grid the per-position profile is over (None: no patches recorded yet);
         #: ``_batch_grid``: the grid of the batch being measured, recorded when it is added
@@ -956,6 +981,11 @@ class TokenSensitivity:
         self.__dict__.setdefault("_grid", None)  # an older pickle: no grid recorded
         self.__dict__.setdefault("_batch_grid", None)
         self.__dict__.setdefault("_out_dtype", None)
+        # an older pickle: its caches are its model's, and its output_kind taken as given
+        self.__dict__.setdefault("_caches_for", self.model)
+        self.__dict__.setdefault("_output_kind_option", self.output_kind)
+        # an older pickle's state counted no copies (State.copies read 0): not "none drawn"
+        self.__dict__.setdefault("_copies_uncounted", "copies" not in vars(self.state))
         held = self._held_ids() if "_ids" in state else set()  # an older pickle: no ids
         self._id = uuid.uuid4().hex
         self._ids = held | {self._id}
@@ -1084,6 +1114,8 @@ class TokenSensitivity:
             self.state = merged(self.state, theirs, self.align,
                                 self._profile_unit / other._profile_unit)
             self._ids |= their_ids
+            self._copies_uncounted = self._copies_uncounted or getattr(
+                other, "_copies_uncounted", False)
         if twins and self._once("merged repeated"):
             warnings.warn(
                 f"the merged metric holds the same per-example rates as this one, all {twins} "
@@ -1177,6 +1209,7 @@ class TokenSensitivity:
                 f"mask must be a (batch, tokens) bool tensor, got {type(mask).__name__}; "
                 "e.g. mask=torch.tensor(...) or inputs['attention_mask'].bool()"
             )
+        self._follow_model()
         device = check_device(self.model, inputs)
         if self.autocast is None and not self._float32_checked:
             self._float32_checked = True
@@ -1197,6 +1230,28 @@ class TokenSensitivity:
         except BaseException:
             self.state, self._local, self.untrimmed_batches, self._grid = before
             raise
+
+    def _follow_model(self) -> None:
+        """Forget what the metric learnt of a model it no longer measures (``metric.model =
+        other``, an EMA or a reloaded model swapped in between two updates): the compiled
+        copies (``compile=True`` ran the perturbed copies through the old model's compiled
+        graph, 0.39 for a sensitivity of 0.078 measured with the clean outputs of the new
+        one), the input shapes whose forwards were checked for randomness and batch
+        independence (a swapped-in model with dropout in train mode had its dropout counted as
+        flips, 0.375, where a metric of its own refuses it), the chunk sizes, the checked
+        precision's calibration, and the decision rule the old model declared
+        (``output_kind``, unless given as an option). The new model is checked as the first
+        one was."""
+        if self._caches_for is self.model:
+            return
+        _check_call_options(self.model, self.tokens, self.autocast, self.shard)
+        kind = declared_kind(self.model, self._output_kind_option)
+        check_head(self.model, self.compare, self._output_kind_option, self.output)
+        self.output_kind, self._caches_for = kind, self.model
+        self._compiled = None
+        self._verified, self._batch_checked, self._per_copy = set(), set(), {}
+        self._float32_checked = self._own_autocast_checked = False
+        self._check.reset()
 
     def _update_model(self, inputs: Inputs, mask: Tensor | None, device: torch.device) -> None:
         """:meth:`update`'s work on the model: checks, mode, buffers, forwards."""
@@ -1278,6 +1333,7 @@ class TokenSensitivity:
             # the real tokens, for the right-aligned profile: mask= may perturb fewer of them
             real = valid if bound.padding is None else bound.padding | valid
             b, t = valid.shape
+            _refuse_empty_tokens(self.tokens, t, bound.dim, inputs)
             check_rows(clean, b, "examples")
             check_finite(clean, "clean examples", self.compare)
             _refuse_padding_without_pad_id(self.model, bound, real, device)
@@ -1745,7 +1801,8 @@ class TokenSensitivity:
         return src % world == rank
 
     def _compiled_model(self) -> Any:
-        if self._compiled is None:
+        # compiled from the model measured now (:meth:`_follow_model`), never an earlier one
+        if self._compiled is None or self._compiled._model is not self.model:
             self._compiled = CompiledModel(self.model)
         return self._compiled
 
@@ -1908,6 +1965,30 @@ class TokenSensitivity:
             one_example_warning(what, subset, self.target_stderr is not None)
             + " (said once per metric)", RuntimeWarning, stacklevel=_trim._user_level())
 
+    def _warn_no_copies(self, r: SensitivityResult) -> None:
+        """:meth:`_warn_few_events`'s case of no perturbed copy at all."""
+        se, (lo, hi), estimand = self._subset_shown(r)
+        if self.allocation:
+            spent = (f"allocation={self.allocation!r} with budget={self.budget:g} draws "
+                     f"{self.budget:g} {'antithetic pairs' if self.antithetic else 'copies'} "
+                     "per real token on average, and the draws gave none")
+            fix = ("pass a larger budget= (a round draws about budget × the batch's real "
+                   "tokens: 10 or more want budget >= 10 / tokens per batch), or target_stderr= "
+                   "with max_forward= (the rounds until the standard error reaches the target "
+                   f"are held to {DEFAULT_MAX_ROUNDS} rounds of budget otherwise, which a budget "
+                   "this small may spend on nothing)")
+        else:
+            spent = "nothing drew one"
+            fix = "measure with repeats= or target_stderr="
+        tangents = (" and their tangents" if self.allocation == "linear" or self.control_variate
+                    else "")
+        warnings.warn(
+            f"no perturbed copy was drawn: {spent}, so sensitivity {r.estimate:.4g} ± {se:.2g} "
+            f"(95% CI {lo:.4g}–{hi:.4g}, {estimand}) rests on no evidence at all (its "
+            f"{r.num_forward:,} forward passes ran the clean examples{tangents}). For an "
+            f"estimate, {fix} (said once per metric)",
+            RuntimeWarning, stacklevel=_trim._user_level())
+
     def _warn_few_events(self, r: SensitivityResult) -> None:
         """Say, once per metric (:meth:`_once`; no flip and a few flips are two causes), that
         the result's standard error rests on fewer than :data:`._alloc.MIN_FLIPS` events:
@@ -1919,10 +2000,18 @@ class TokenSensitivity:
         :func:`._alloc.zero_floor`).
         On six examples of a small MLP at a flip rate of 0.008 (36 tokens, repeats=2) 55% of
         the runs read ``0.0000 ± 0.0000``, and none of them covered the rate. The counts are
-        the state's (merged and all-reduced with it). Nothing is said where no copy was counted
-        (a state from an older pickle)."""
+        the state's (merged and all-reduced with it).
+
+        Where no perturbed copy was drawn at all (``allocation="linear"`` with a budget of a
+        fraction of a copy per batch: 0.01 on 16 tokens drew none in 5 of 6 seeds, and read
+        ``0.0000 ± 0.0000`` for a rate of about 0.13, without a word), that is said: the
+        estimate rests on no evidence. Nothing is said where no copy was counted because the
+        state comes from an older pickle, which counted none."""
         st = self.state
         if not st.copies:
+            if st.n and not getattr(self, "_copies_uncounted", False) \
+                    and self._once("no copies"):
+                self._warn_no_copies(r)
             return
         if st.events >= _alloc.MIN_FLIPS:
             kept = st.copies - st.events
