@@ -62,6 +62,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from ..._seeds import noise_seed
 from ..._stack import said_once
 from ...data import create_dataset
 from ...data.synthetic import BOOLEAN_FUNCTIONS, boolean_cube
@@ -287,7 +288,9 @@ def train_boolean(cfg: BooleanRunConfig, path: Path, *, progress: bool | None = 
                              seed=seed).to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         data_gen = torch.Generator().manual_seed(1_000_003 * seed + 17)
-        measure_gen = torch.Generator().manual_seed(seed)
+        # a stream apart from the model's weights: from ``seed`` itself, the first sharpness
+        # draw on bit_embed was its initial values (cosine 1.0)
+        measure_gen = torch.Generator().manual_seed(noise_seed(seed))
         subset = subset_data(cfg) if cfg.train_size is not None else None
         if subset is None:
             eval_x, eval_y = fresh_strings(function, n, cfg.eval_size,
