@@ -51,6 +51,7 @@ within the CPU budget). The run stops ``post_epochs`` after it generalises.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -130,11 +131,14 @@ class Grokking(Experiment):
     def after_run(self, run: Run, path: Path, summary: dict[str, Any], settings: Any,
                   log: Callable[[str], None]) -> dict[str, Any]:
         """Add :func:`phases_before_jump` (from ``metrics.jsonl``) to the run's ``summary.json``
-        as ``claim_phases`` (once: a summary that has them is returned as is)."""
-        if "claim_phases" in summary:
-            return summary
+        as ``claim_phases``. Computed again from the curve at every call and written only when it
+        differs from the stored one: ``claim_phases`` stored by an older rule (before 2026-12-04
+        it had no ``sens_not_finite_epochs``, and a NaN sensitivity on the plateau was skipped
+        without a word) was returned as is, and the verdict judged it."""
         rd = RunDir(path)
         ph = phases_before_jump(rd.metrics())
+        if _json_equal(summary.get("claim_phases"), ph):
+            return summary
         rd.write_json("summary.json", {**rd.read_json("summary.json"), "claim_phases": ph})
         return {**summary, "claim_phases": ph}
 
@@ -188,6 +192,12 @@ def phases_before_jump(history: list[dict[str, Any]]) -> dict[str, Any]:
                peak_epoch=None if peak is None else history[peak]["epoch"],
                sens_peak=None if peak is None else history[peak]["sens/train"])
     return out
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` are the same as JSON text (a NaN, never ``==`` to itself, equals a
+    NaN)."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
 def _finite(x: Any) -> bool:

@@ -65,7 +65,9 @@ class ImageNetSettings(Settings):
     root: str = ""
     num_images: int = ranged(1000, ge=1)
     num_tokens: int = ranged(0, ge=0)
-    sigma: float = ranged(0.5, ge=0)
+    # 0 adds no noise, which the measurement refuses: accepted here, it failed only after the
+    # first model's clean pass over every image
+    sigma: float = ranged(0.5, gt=0)
     repeats: int = ranged(1, ge=1)
     vit: str = "vit_large_patch16_224.augreg_in21k_ft_in1k"
     convnext: str = "convnextv2_tiny.fcmae_ft_in1k"
@@ -116,7 +118,8 @@ def imagenet_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     comparable when a model has no runs or other seeds, a run's per-image flip rates or
     accuracy are not finite numbers, the two models of a seed were measured on different
     numbers of images (:func:`_unpaired`), or the seed-mean accuracies (where known) differ by
-    more than :data:`MAX_ACC_GAP`. Runs whose summary has ``pretrained`` false (random weights,
+    more than :data:`MAX_ACC_GAP` (where a model's accuracy is unknown the reason says that this
+    was not checked). Runs whose summary has ``pretrained`` false (random weights,
     :meth:`ImageNet.after_run`) are named at the end of the reason and in
     ``evidence["random_weights"]``: the claim is about the published weights."""
     groups = by_label(summaries)
@@ -155,7 +158,14 @@ def imagenet_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
         ses.append(float(d.std() / math.sqrt(len(d))) if len(d) > 1 else math.nan)
         images += len(d)
     part = over_seeds(diffs, ses, "convnext − vit")
-    acc_note = "" if None in accs else f" at accuracies {accs[0]:.3f} vs {accs[1]:.3f}"
+    # an accuracy that is unknown skipped the claim's "comparable accuracy" check, and the reason
+    # said nothing of it: a verdict read as one at comparable accuracies
+    unknown = [k for k, acc in zip(("vit", "convnext"), accs, strict=True) if acc is None]
+    acc_note = (f" at accuracies {accs[0]:.3f} vs {accs[1]:.3f}" if not unknown else
+                f"; accuracy unknown for {' and '.join(unknown)} (the class folders are not "
+                "WordNet IDs that timm maps to the model's classes), so whether the two are at "
+                "comparable accuracy was not checked: name the class folders by WordNet ID "
+                "(n01440764, ...) to check it")
     return verdict({"convnext − vit": part},
                    claim="ViT-L/16 less sensitive than ConvNeXtV2-T",
                    evidence=evidence, note=f"paired over {images} images in {len(seeds)} "
