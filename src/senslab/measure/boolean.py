@@ -411,7 +411,10 @@ def _evaluator(
             if not checked:
                 try:
                     _check_batch_independent(f, x[:REPEAT_ROWS], reduced is not None)
-                except RuntimeError as err:
+                except (RuntimeError, IndexError) as err:
+                    _explain_indices(err, dtype)
+                    if isinstance(err, IndexError):
+                        raise
                     if "dtype" in str(err) or "scalar type" in str(err):
                         _explain_dtype(err, f, dtype)
                     if "shape" not in str(err) and "size" not in str(err):
@@ -429,6 +432,23 @@ def _evaluator(
 
     call.low_precision = reduced  # type: ignore[attr-defined]
     return call
+
+
+def _explain_indices(err: Exception, dtype: torch.dtype) -> None:
+    """Raise ``err`` again with the fix where f looked the ±1 strings up as indices (an
+    ``nn.Embedding`` over 0/1 bits): float strings failed with torch's "Expected tensor for
+    argument #1 'indices' to have one of the following scalar types", integer ones with
+    "index out of range in self" (bit −1), neither naming the encoding or the wrapper."""
+    text = str(err)
+    if not ("'indices'" in text if isinstance(err, RuntimeError)
+            else "index out of range in self" in text):
+        return
+    raise (IndexError if isinstance(err, IndexError) else RuntimeError)(
+        f"f failed on {_dtype_name(dtype)} strings of −1/+1 bits, used as indices: {err}. "
+        "boolean_sensitivity and truth_table evaluate f on ±1 strings; a model that looks "
+        "0/1 bits up (an nn.Embedding over bits) needs a wrapper that gives it those: "
+        "lambda x: model((x < 0).long()) (bit 1 ↦ −1, the encoding of truth tables here) or "
+        "lambda x: model((x > 0).long()) (+1 ↦ 1)") from err
 
 
 def _explain_dtype(err: RuntimeError, f: object, dtype: torch.dtype) -> None:
@@ -721,6 +741,14 @@ def truth_table(
     warns when it returns values near 0/1 or ±1 as they are.
     """
     _check_threshold_type(threshold)
+    n = check_n(n)
+    if n > MAX_EXACT_N:  # _raw_table's error named method=, which truth_table does not take
+        raise ValueError(
+            f"n={n} is too large for a truth table: it holds f on all 2^{n} strings (limit "
+            f"n ≤ {MAX_EXACT_N}), and the Fourier quantities read every entry. For the "
+            f"sensitivity, sample strings instead: boolean_sensitivity(f, {n}, "
+            "method='sample', num_samples=...)"
+        )
     output, kind = _declared(f, output)
     with _kept_buffers(f):
         values, low = _raw_table(f, n, output, chunk_size, device, dtype)
