@@ -51,7 +51,10 @@ Both paired standard errors are estimated from the copies on which the two model
 they differ on none, every difference is 0 and so is the standard error: ``compute`` then warns
 (once per pair and comparison) that the ``± 0`` says no disagreement was seen, not that the
 difference is known exactly, and gives the rule of three's bound on their disagreement (not with
-the control variate, whose adjusted values differ on nearly every copy).
+the control variate, whose adjusted values differ on nearly every copy). Where they differ on some
+copies but every per-example difference is the same (``"data"``), or the paired draws of every
+example differ alike (``"subset"``), the standard error is 0 as well, and the interval a point:
+``compute`` says so too, once per pair.
 
 On one example the ``"data"`` standard errors are NaN, the differences' as much as each model's
 (one :math:`d_e` has no spread): ``compute`` says so, once per comparison, and gives the paired
@@ -236,7 +239,7 @@ class CompareSensitivity:
             ``torch.Generator`` is cloned per model (the first model advances the one given).
             Models read in different ways declare it each (an attribute ``output_kind``); an
             ``output_kind=`` option other than a model's own is refused. A model's refusal
-            names the model.
+            names the model, and so do its warnings (of ``update`` as of ``compute``).
 
     Example:
         >>> import torch
@@ -313,6 +316,9 @@ class CompareSensitivity:
         self._said_one_unit = False
         #: the pairs this comparison has said tie-breaks of (:meth:`_warn_ties`), kept by reset
         self._said_ties: set[tuple[str, str]] = set()
+        #: the pairs this comparison has said a standard error of no spread of
+        #: (:meth:`_warn_no_spread`), kept by reset
+        self._said_no_spread: set[tuple[str, str]] = set()
         self.reset()
 
     @_one_thread_at_a_time
@@ -383,7 +389,12 @@ class CompareSensitivity:
                 "the same noise for each, which needs one device; move them to one"
             )
         start = _snapshot(metrics[0][1])
-        verified = {name: (set(m._verified), set(m._batch_checked))  # checked before
+        # checked before, and the model they were checked on: a model swapped in since
+        # (``metric.metrics[name].model = other``) has them cleared by its update, and a failed
+        # one must not hand it the old model's back (its retry skipped the check that had just
+        # refused it: an MC-dropout model read 0.375 for 0.109); with the old model put back as
+        # the one they belong to, the next update checks the new one as a fresh metric would
+        verified = {name: (set(m._verified), set(m._batch_checked), m._caches_for)
                     for name, m in metrics}
         # a model that measured the batch before another failed counted it (a run at full
         # width) in its own update, which succeeded: put back, as its own failed update would
@@ -393,7 +404,8 @@ class CompareSensitivity:
                 _restore(m, start)
                 m.pending = m.layout = None
                 try:
-                    m.update(inputs, mask)
+                    with _NamedWarnings(name):
+                        m.update(inputs, mask)
                 except DtypeClash as err:
                     raise DtypeClash(
                         f"model {name!r}: {err}. The models of a comparison share one input "
@@ -412,7 +424,7 @@ class CompareSensitivity:
                 _restore(m, start)
                 m.pending = None
                 # the next update checks as a fresh one would
-                m._verified, m._batch_checked = verified[name]
+                m._verified, m._batch_checked, m._caches_for = verified[name]
                 m.untrimmed_batches = untrimmed[name]
             raise
         batches = {name: m.pending for name, m in metrics}
@@ -600,7 +612,10 @@ class CompareSensitivity:
         with the control variate: its adjusted values differ on nearly every copy."""
         st = self.paired[d.a, d.b]
         first = next(iter(self.metrics.values()))
-        if not st.copies or st.events or first.control_variate is not None:
+        if not st.copies or first.control_variate is not None:
+            return
+        if st.events:
+            self._warn_no_spread(d)
             return
         if not self._first_for_pair("_said", d):
             return
@@ -625,6 +640,44 @@ class CompareSensitivity:
             "with more draws (repeats=, more examples) (said once per pair)",
             RuntimeWarning, stacklevel=user_level())
 
+    def _warn_no_spread(self, d: Difference) -> None:
+        """Warn, once per pair, where the two models differ on some copies but the paired
+        standard error is 0 all the same: every per-example difference is the same
+        (``"data"``), or the paired draws differ alike within every example and token
+        (``"subset"``), so the interval is a point, "the difference known exactly", from a
+        spread that was not seen. Two linear classifiers (biases 0 and 0.15, 2 examples,
+        repeats=4) differed on 4 of 32 copies, 2 in each example, and read ``a − b: -0.1250 ±
+        0.0000 paired (95% CI -0.1250–-0.1250)`` without a word (13 of 600 such runs read a
+        point), the unpaired error ± 0.22; neither model had few flips to warn of. Not with the
+        control variate (its adjusted values of a linear model are exact, spread or none)."""
+        st = self.paired[d.a, d.b]
+        se, (lo, hi), estimand = d.stderr, d.ci95, d.estimand
+        if no_data_stderr(d.estimand, st.n):  # NaN: said the subset one, as it is
+            se, estimand = d.stderr_subset, "subset; the data one needs two examples"
+            lo, hi = interval(d.estimate, se, "subset", st.n, False, self._dof(st))
+        # 0, or rounding's remainder of a sum of squares of equal values (1/12: 7.6e-10)
+        if not (math.isfinite(se) and se <= 1e-6 * abs(d.estimate)):
+            return
+        if not self._first_for_pair("_said_no_spread", d):
+            return
+        if estimand == "data":
+            why = (f"every one of the {st.n:,} per-example differences is the same "
+                   f"({d.per_sample[0].item():+.4g}), and the data standard error is their "
+                   "spread")
+            fix = "more examples (another update() adds them)"
+        else:
+            why = ("the paired draws of every example (and token) differ alike (the subset "
+                   "standard error is the spread of the paired differences of an example's "
+                   "draws)")
+            fix = "more draws (repeats=)"
+        warnings.warn(
+            f"the paired standard error of {d.a!r} − {d.b!r} rests on no spread: the two models "
+            f"differ on {st.events:,} of the {st.copies:,} perturbed copies, but {why}, so "
+            f"{d.a} − {d.b} = {d.estimate:+.4f} ± {se:.4f} (95% CI {lo:+.4f}–{hi:+.4f}, "
+            f"{estimand}) says only that no spread was seen, not that the difference is known "
+            f"exactly. Measure with {fix} (said once per pair)",
+            RuntimeWarning, stacklevel=user_level())
+
 
 def _named(err: Exception, name: str) -> Exception:
     """``err`` with the name of the model it came from (and, for a decision-rule refusal, how
@@ -643,6 +696,35 @@ def _named(err: Exception, name: str) -> Exception:
                 "'probabilities' or 'logits'; a function or lambda takes the attribute too) "
                 "and drop output_kind=")
     return type(err)(msg)
+
+
+class _NamedWarnings:
+    """The warnings raised inside said with the name of the model they came from, as
+    :meth:`CompareSensitivity._named_compute` says those of ``compute``: an update's own
+    ("padding-aware batching is off for this batch: … The model seems to read positions that
+    the mask marks as padding") had said nothing of which of the models it meant. Warnings
+    raised before an exception are said too, before it goes on (one that the filters make an
+    error then gives way to the exception, as in :func:`senslab._stack.said_once`). A class,
+    not a generator's context: its exit is senslab's frame, so the warnings point at the
+    user's call (:func:`~senslab._stack.user_level`), not at contextlib."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> None:
+        self._catch = warnings.catch_warnings(record=True)
+        self._caught = self._catch.__enter__()
+        warnings.simplefilter("always")  # the metric says each cause once itself
+
+    def __exit__(self, kind: Any, err: Any, tb: Any) -> None:
+        self._catch.__exit__(kind, err, tb)
+        for w in self._caught or []:
+            try:
+                warnings.warn(f"model {self.name!r}: {w.message}", w.category,
+                              stacklevel=user_level())
+            except Warning:
+                if kind is None:  # else an exception is on its way: it goes on
+                    raise
 
 
 def _refuse_one_model_twice(models: Mapping[str, Any]) -> None:
