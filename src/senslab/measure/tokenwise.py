@@ -1856,6 +1856,7 @@ class TokenSensitivity:
         self._warn_one_unit(r)
         self._warn_ties(r)
         self._warn_few_events(r)
+        self._warn_no_spread(r)
         return r
 
     def _warn_ties(self, r: SensitivityResult) -> None:
@@ -1892,6 +1893,28 @@ class TokenSensitivity:
                               fix)
         warnings.warn(message + " (said once per metric)", UserWarning,
                       stacklevel=_trim._user_level())
+
+    def _warn_no_spread(self, r: SensitivityResult) -> None:
+        """Say, once per metric, that a data standard error of exactly 0 from several examples
+        whose copies did flip (their fixed-subset one above 0) rests on per-example rates that
+        all came out alike: ``0.5000 ± 0.0000 (95% CI 0.5000–0.5000, data)`` of two examples
+        at 4 of 8 flips each said nothing, while such rates are whole multiples of one over the
+        draws and fall alike by chance among few examples. Class flips only (distances alike
+        to the last digit are no chance), and only where the warning of few flips did not
+        speak."""
+        if (r.estimand != "data" or self.compare != "class" or r.stderr != 0
+                or r.num_examples < 2 or not r.stderr_subset > 0
+                or self.state.events < _alloc.MIN_FLIPS or not self._once("no spread")):
+            return
+        warnings.warn(
+            f"the standard error is 0 because the per-example flip rates of all "
+            f"{r.num_examples} examples came out alike ({r.estimate:.4g}): with so few examples "
+            "and draws, rates are whole multiples of one over the draws and can coincide by "
+            "chance, so the 95% interval of width 0 says only that no spread between examples "
+            "was seen, not that there is none. The noise alone gives stderr_subset "
+            f"{r.stderr_subset:.2g}. Measure more examples (or more draws: repeats=) for a "
+            "standard error (said once per metric)", RuntimeWarning,
+            stacklevel=_trim._user_level())
 
     def _warn_one_unit(self, r: SensitivityResult) -> None:
         """Say, once per metric (:meth:`_once`), why the fixed-subset standard error asked for
