@@ -12,6 +12,7 @@ from cliproc import QUICK_TRAIN
 
 from senslab.cli import main
 from senslab.experiments import run_experiment
+from senslab.measure import noise_seed
 
 #: ``ib_fixed_v`` at its smallest: three runs of a few steps of the ``attention`` trainer
 TINY_IB = ["steps=6", "seeds=1", "fit_from=3", "data.num_samples=8", "data.seq_len=4",
@@ -105,7 +106,8 @@ def test_measure_seed_help_says_how_hf_draws_the_test_split(
     model = transformers.ViTForImageClassification.from_pretrained(tmp_path).eval()
     data = create_dataset("digits", "test", normalize="none")
     x, _ = data.first(8, generator=torch.Generator().manual_seed(0 + 1)).batch(slice(0, 8))
-    want = token_sensitivity(model, x, Patches(4), sigma=2.0, generator=0).estimate
+    want = token_sensitivity(model, x, Patches(4), sigma=2.0,
+                             generator=noise_seed(0)).estimate
     assert float(out.splitlines()[1].split()[1]) == pytest.approx(want, abs=5e-5)
     with pytest.raises(SystemExit):
         main(["measure", "--help"])

@@ -46,7 +46,9 @@ def test_auto_back_to_float32_shows_no_recheck_share(capsys: pytest.CaptureFixtu
     out, err = capsys.readouterr()
     row = out.splitlines()[-1].split()
     assert row[0] == "0.5" and row[-1] == "-", out
-    assert "the copies ran in float32 — \"auto\"'s timed calibration found no gain" in err
+    # either reason "auto" goes back to float32 for (which one depends on the noise drawn)
+    assert ("the copies ran in float32 — \"auto\"'s timed calibration found no gain" in err
+            or "the copies ran in float32 — bf16 changed no output's margin" in err), err
     assert "all decided in float32" in err
 
 
