@@ -54,16 +54,23 @@ transformer block, after the embedding LayerNorm (``embedding="block"``, default
   of token and position embeddings (``transformer.drop``), i.e. exactly that sum in eval mode;
   likewise CTRL's ``transformer.dropout`` after its scaled word vectors plus ``pos_encoding``.
 * an embedding LayerNorm beside the word embedding (BART's ``layernorm_embedding``, applied after
-  the positions are added; BLOOM's ``word_embeddings_layernorm``): that LayerNorm.
+  the positions are added; BLOOM's ``word_embeddings_layernorm``): that LayerNorm, where the
+  forward calls it before its layers. A final norm so named (LFM2's ``embedding_norm``,
+  BigBird-Pegasus' ``layernorm_embedding``, called after the last layer) is no such LayerNorm:
+  the rules below apply.
 * positions added inside the forward after the word embedding (``embed_positions``: OPT, Marian,
   Pegasus): no module's output is the vector entering the first block, so ``"block"`` is
   refused, naming ``embedding="word"`` (noise before the positions), with σ divided by the
   factor where the forward scales the word vectors first (Marian's, Pegasus' ``embed_scale``),
   or ``Embedding("….project_in")`` where it maps them into the hidden size (OPT-350m).
 * a word embedding whose output the model multiplies inside its forward
-  (``embedding_multiplier``: Granite, Falcon-H1; RecurrentGemma's ``normalizer``, and Gemma's
-  √hidden_size on transformers 4.x): no module's output is the vector entering the first
-  block, so ``"block"`` is refused, naming ``embedding="word"`` with σ divided by that factor.
+  (``embedding_multiplier``: Granite, Falcon-H1; RecurrentGemma's ``normalizer``, Gemma's
+  √hidden_size on transformers 4.x, T5Gemma's encoder's on 5): no module's output is the vector
+  entering the first block, so ``"block"`` is refused, naming ``embedding="word"`` with σ
+  divided by that factor.
+* a norm the forward runs on the word vectors before the first block and again after the last
+  layer (NanoChat's ``norm``): it cannot take noise once, and the word embedding's noise
+  reaches the block rescaled by it, so ``"block"`` is refused, naming ``embedding="word"``.
 * an encoder–decoder model whose encoder and decoder share one word-embedding module (T5 on
   transformers 4.x; T5 and BART after ``resize_token_embeddings``): tokens on that module are
   refused (the decoder would get the noise too), naming how to give the encoder its own module
@@ -101,6 +108,8 @@ pixels already.
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import re
 from typing import Any, Literal
 
 import torch
@@ -803,11 +812,16 @@ def _text_module(model: nn.Module, word: nn.Module, embedding: str) -> str:
     if drop is not None and (hasattr(parent, "wpe") or hasattr(parent, "pos_encoding")):
         return f"{prefix}{drop}"
     # an embedding LayerNorm beside the word embedding (BART's layernorm_embedding, after the
-    # positions are added; BLOOM's word_embeddings_layernorm): its output enters the block
+    # positions are added; BLOOM's word_embeddings_layernorm): its output enters the block.
+    # Not one the forward calls after its layers, whatever its name: LFM2's embedding_norm and
+    # BigBird-Pegasus' layernorm_embedding are their final norms (picked, the noise went on
+    # the last hidden states, none of it reaching the first block)
     norms = [n for n, m in parent.named_children() if m is not word and "emb" in n.lower()
-             and ("norm" in n.lower() or isinstance(m, nn.LayerNorm))]
+             and ("norm" in n.lower() or isinstance(m, nn.LayerNorm))
+             and _around_layers(parent, n) != (False, True)]
     if len(norms) == 1:
         return f"{prefix}{norms[0]}"
+    _refuse_norm_run_twice(model, parent, word, prefix, name)
     scale = _inline_scale(parent, word, getattr(model, "config", None))
     if hasattr(parent, "embed_positions"):
         # positions added inline after the word embedding (OPT, Marian, Pegasus): no module's
@@ -848,6 +862,49 @@ def _text_module(model: nn.Module, word: nn.Module, embedding: str) -> str:
     return name
 
 
+def _around_layers(parent: nn.Module, child: str) -> tuple[bool, bool] | None:
+    """Where ``type(parent).forward`` calls ``self.<child>(``: (before its loop over its layers,
+    after it), the layers being a ``ModuleList`` child of ``parent`` that a ``for`` runs over;
+    None where the source cannot be read or shows no such loop (the rules then go by names
+    alone)."""
+    lists = [n for n, m in parent.named_children() if isinstance(m, nn.ModuleList)]
+    if not lists:
+        return None
+    try:
+        source = inspect.getsource(type(parent).forward)
+    except (OSError, TypeError):
+        return None
+    loop = re.search(r"\n[ \t]*for\b[^\n]*\bself\.(" + "|".join(map(re.escape, lists))
+                     + r")\b", source)
+    if loop is None:
+        return None
+    calls = [c.start() for c in re.finditer(rf"\bself\.{re.escape(child)}\(", source)]
+    return (any(c < loop.start() for c in calls), any(c > loop.start() for c in calls))
+
+
+def _refuse_norm_run_twice(model: nn.Module, parent: nn.Module, word: nn.Module, prefix: str,
+                           name: str) -> None:
+    """Refuse the block tokens of a model whose forward runs a norm on the word vectors before
+    its first block and runs the same module again after its last layer (NanoChat's ``norm``):
+    the first block's input is that norm's output, but noise on it would be added at both calls
+    (a module run twice per forward is refused), and noise on the word embedding reaches the
+    block rescaled by the norm (3.1 times its size on a small NanoChat), in other units than
+    σ."""
+    for n, m in parent.named_children():
+        if m is word or not (isinstance(m, nn.LayerNorm) or "norm" in type(m).__name__.lower()):
+            continue
+        if _around_layers(parent, n) == (True, True):
+            raise TypeError(
+                f"{type(model).__name__} normalizes its word vectors with {prefix}{n} before its "
+                f"first block, inside {type(parent).__name__}.forward, and runs that module "
+                "again after its last layer, so no module's output is the vector that enters "
+                "its first block alone (noise on it would be added at both calls), and noise on "
+                f"the word embedding ({name}) reaches that block rescaled by the norm. Pass "
+                "auto_tokens(model, embedding='word') to put σ on the word vectors before that "
+                "norm, in their units"
+            )
+
+
 #: attributes holding a factor by which a model multiplies its word embedding's output inside its
 #: own forward, after the embedding module (Granite, Falcon-H1, HyperCLOVA X:
 #: ``embedding_multiplier``; HRM: ``embedding_scale``; RecurrentGemma: ``normalizer``,
@@ -858,8 +915,9 @@ INLINE_EMBEDDING_SCALES = ("embedding_multiplier", "embedding_scale", "embed_sca
 #: Hugging Face ``model_type``s whose forward multiplies the word embedding's output by
 #: √``config.hidden_size`` where the embedding does not (transformers 4.x: Gemma's and Gemma 2's
 #: ``hidden_states * normalizer``, a local variable; transformers 5 moved the factor into the
-#: embedding, whose ``embed_scale`` holds it)
-SQRT_HIDDEN_SCALED = ("gemma", "gemma2")
+#: embedding, whose ``embed_scale`` holds it; T5Gemma's encoder, whose config is a
+#: ``t5_gemma_module``, still has it on transformers 5)
+SQRT_HIDDEN_SCALED = ("gemma", "gemma2", "t5_gemma_module")
 
 
 def _inline_scale(parent: nn.Module, word: nn.Module,
@@ -877,10 +935,14 @@ def _inline_scale(parent: nn.Module, word: nn.Module,
             value = float(value)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value != 1:
             return attr, float(value)
-    hidden = getattr(config, "hidden_size", None)
-    if getattr(config, "model_type", None) in SQRT_HIDDEN_SCALED and isinstance(hidden, int) \
-            and getattr(word, "embed_scale", None) is None and hidden != 1:
-        return "sqrt(config.hidden_size)", float(hidden) ** 0.5
+    # the config of the module that scales (T5Gemma's encoder has its own: the model's has no
+    # hidden_size), else the model's
+    for owner in (getattr(parent, "config", None), config):
+        hidden = getattr(owner, "hidden_size", None)
+        if getattr(owner, "model_type", None) in SQRT_HIDDEN_SCALED \
+                and isinstance(hidden, int) and not isinstance(hidden, bool) \
+                and getattr(word, "embed_scale", None) is None and hidden != 1:
+            return "sqrt(config.hidden_size)", float(hidden) ** 0.5
     return None
 
 
