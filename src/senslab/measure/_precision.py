@@ -1034,8 +1034,21 @@ class PrecisionCheck:
         if self.bound is not None or self._copies or self._static is not None:
             return  # a static int8 copy is calibrated on perturbed copies (build) instead
         calls = self._int8.calls
-        with self._lowered(device):
-            low = forward()
+        try:
+            with self._lowered(device):
+                low = forward()
+        except RuntimeError as err:
+            # a model that cannot run in the low precision (DeBERTa v1 fills its attention mask
+            # with float32's smallest number, which bf16 cannot hold) failed the measurement with
+            # torch's raw error under the default "auto"
+            name = "bf16 (autocast)" if self.low == "bf16" else "int8"
+            if not self.judge:
+                raise RuntimeError(
+                    f"the model fails in {name}, the checked precision asked for ({err}); "
+                    "measure with precision='float32'") from err
+            self._set_idle(True, f"the model fails in {name} ({type(err).__name__}: "
+                                 f"{str(err).splitlines()[0] if str(err) else ''})")
+            return
         self._set_idle(self.low == "int8" and self._int8.calls == calls,
                        f"int8 found no linear layer with {_int8.MIN_FEATURES} or more input "
                        "and output features to run")
