@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -27,10 +28,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from senslab.data import create_dataset
-from senslab.measure import TokenSensitivity
-from senslab.models import create_model
-from senslab.tokens import Patches
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _machine import machine  # noqa: E402
+
+from senslab.data import create_dataset  # noqa: E402
+from senslab.measure import TokenSensitivity  # noqa: E402
+from senslab.models import create_model  # noqa: E402
+from senslab.tokens import Patches  # noqa: E402
 
 #: name: (hidden widths, Adam steps)
 CASES: dict[str, tuple[tuple[int, ...], int]] = {
@@ -102,7 +107,9 @@ def run_case(name: str, widths: tuple[int, ...], steps: int, examples: int, sigm
 
 
 def markdown(result: dict[str, Any]) -> str:
-    lines = [f"{result['threads']} threads, torch {result['torch']}", "",
+    cpu = result.get("machine", {}).get("cpu")
+    lines = [f"{result['threads']} threads, torch {result['torch']}"
+             + (f", {cpu} ({', '.join(result['machine']['cpu_flags'] or [])})" if cpu else ""), "",
              "| case | precision | ran | seconds | vs float32 | re-checked | same flips |",
              "|---|---|---|---|---|---|---|"]
     for c in result["cases"]:
@@ -125,7 +132,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    result: dict[str, Any] = {"threads": args.threads, "torch": torch.__version__, "cases": []}
+    # the command and the machine: int8's and bf16's speed-ups over float32 differ several-fold
+    # between CPUs (VNNI, AVX-512 BF16, AMX), so a record without them cannot be read
+    result: dict[str, Any] = {"threads": args.threads, "torch": torch.__version__,
+                              "argv": sys.argv[1:] if argv is None else list(argv),
+                              "machine": machine(), "cases": []}
     for name in args.cases:
         widths, steps = CASES[name]
         result["cases"].append(run_case(name, widths, steps, args.examples, args.sigma,
@@ -133,8 +144,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(markdown(result))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
-        args.out.with_suffix(".md").write_text(markdown(result) + "\n")
+        for path, text in ((args.out, json.dumps(result, indent=1) + "\n"),
+                           (args.out.with_suffix(".md"), markdown(result) + "\n")):
+            tmp = path.with_name(path.name + ".tmp")  # whole, then renamed into place
+            tmp.write_text(text)
+            tmp.replace(path)
         print(f"wrote {args.out}")
     return result
 

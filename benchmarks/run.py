@@ -21,8 +21,11 @@ the CIFAR-10 CPU-scale configs, beside the bare training step of the same models
     python benchmarks/run.py --no-timing --no-precision --no-training   # reuse table only
     python benchmarks/run.py --device cuda   # on a GPU: larger senslab workloads, GEMM there
 
-Results go to ``benchmarks/results/<host>-<date>-<mode>.json`` (or ``--out``) and a markdown
-table is printed.
+Results go to ``benchmarks/results/<host>-<date>-<mode>.json`` (or ``--out``), with the command
+line and the machine, written after every case and section (a run stopped later keeps them), and
+a markdown table is printed. senslab runs with its defaults, ``precision="auto"`` included: where
+checked bf16 or int8 pays it runs its copies there (float32's decisions), and each row says what
+ran (``senslab_precision``, per repetition).
 
 On cores shared with other processes, pass ``--threads 1``: with 2 OpenMP threads every small
 sequential operator ends in a barrier that waits for a descheduled peer (measured here under a
@@ -106,12 +109,27 @@ def sizes(case: Case, mode: str) -> tuple[int, int, int, int]:
     return SIZES[mode][key]
 
 
-def senslab_run(case: Case, n: int, k: int, seed: int) -> tuple[int, int | None]:
-    """Forward passes made and the (automatic) chunk size."""
+def senslab_run(case: Case, n: int, k: int, seed: int) -> tuple[int, int | None, str]:
+    """Forward passes made, the (automatic) chunk size and what the copies ran in
+    (:func:`ran_in`)."""
     metric = TokenSensitivity(case.model, case.tokens, sigma=case.sigma, repeats=case.repeats,
                               num_tokens=None if k >= case.length else k, generator=seed)
     metric.update(case.subset(n))
-    return metric.compute().num_forward, metric.last_chunk_size
+    res = metric.compute()
+    return res.num_forward, metric.last_chunk_size, ran_in(metric.checked_precision,
+                                                           res.recheck_fraction)
+
+
+def ran_in(low: str | None, recheck: float | None) -> str:
+    """What a run's copies ran in: ``precision="auto"`` (the default) runs checked bf16 or int8
+    where the machine's products pay, and its timed judgement can differ between runs on a
+    loaded machine; the fraction of the float32 GEMM then compares bf16 or int8 work with a
+    float32 rate, so every row says what ran."""
+    if low is None:
+        return "float32"
+    if low == "float32":
+        return "float32 (auto judged checking not to pay)"
+    return f"{low}-checked ({100 * (recheck or 0.0):.0f}% re-checked)"
 
 
 def time_case(case: Case, mode: str, reps: int, gemm_n: int) -> dict[str, Any]:
@@ -131,6 +149,7 @@ def time_case(case: Case, mode: str, reps: int, gemm_n: int) -> dict[str, Any]:
     samples: dict[str, list[float]] = {"reference": [], "senslab": [], "gemm": [],
                                        "gemm_bf16": []}
     chunk = None
+    ran: list[str] = []
     for rep in range(reps):
         order = ["reference", "senslab", "gemm"]
         order = order[rep % 3:] + order[: rep % 3]
@@ -140,7 +159,8 @@ def time_case(case: Case, mode: str, reps: int, gemm_n: int) -> dict[str, Any]:
             if what == "reference":
                 fwd = reference(case, n_ref, k_ref, g)
             elif what == "senslab":
-                fwd, chunk = senslab_run(case, n_ours, k_ours, rep)
+                fwd, chunk, precision = senslab_run(case, n_ours, k_ours, rep)
+                ran.append(precision)
             else:
                 samples["gemm"].append(gemm_flops(gemm_n, a, b))
                 samples["gemm_bf16"].append(gemm_flops(gemm_n, a16, b16))
@@ -160,6 +180,8 @@ def time_case(case: Case, mode: str, reps: int, gemm_n: int) -> dict[str, Any]:
     row = {
         "case": case.name, "kind": case.kind, "tokens": case.length, "draws": case.repeats,
         "chunk": chunk, "gflop_per_forward": flops / 1e9,
+        # what senslab's copies ran in, per repetition ("auto" may judge each differently)
+        "senslab_precision": ran,
         "reference_fwd_per_s": statistics.median(samples["reference"]),
         "senslab_fwd_per_s": statistics.median(samples["senslab"]),
         "ratio": statistics.median(ratios), "ratios": ratios,
@@ -306,6 +328,12 @@ def training_throughput(steps: int, cifar: bool = True) -> dict[str, Any]:
     return out
 
 
+def _ran(row: dict[str, Any]) -> str:
+    """`` (what ran)`` after senslab's rate where its copies did not all run in float32."""
+    ran = [r for r in row.get("senslab_precision", []) if r != "float32"]
+    return f" ({'; '.join(dict.fromkeys(row['senslab_precision']))})" if ran else ""
+
+
 def markdown(result: dict[str, Any]) -> str:
     lines = [
         "| case | tokens × draws | chunk | reference fwd/s | senslab fwd/s | ratio (target) "
@@ -319,7 +347,7 @@ def markdown(result: dict[str, Any]) -> str:
             gf += f" ({'✓' if r['gemm_fraction'] >= r['target_gemm_fraction'] else '✗'} ≥ 50%)"
         lines.append(
             f"| {r['case']} | {r['tokens']} × {r['draws']} | {r['chunk']} | "
-            f"{r['reference_fwd_per_s']:.1f} | {r['senslab_fwd_per_s']:.1f} | "
+            f"{r['reference_fwd_per_s']:.1f} | {r['senslab_fwd_per_s']:.1f}{_ran(r)} | "
             f"{r['ratio']:.1f}× ({ok} ≥ {r['target_ratio']:.0f}×) | "
             f"{r['ratio_ceiling']:.1f}× | {r['gflop_per_forward']:.3f} | {gf} |"
         )
@@ -450,6 +478,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {
         "host": socket.gethostname(), "date": datetime.datetime.now(datetime.timezone.utc)
         .isoformat(timespec="seconds"), "torch": torch.__version__, "threads": args.threads,
+        "argv": sys.argv[1:] if argv is None else list(argv),  # the command that wrote it
         "mode": mode, "reps": reps, "copies": args.copies, "gemm_n": gemm_n,
         "device": torch.cuda.get_device_name(device) if gpu else "cpu",
         "loadavg_start": loadavg(), "cases": [],
@@ -462,6 +491,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.manual_seed(0)  # zoo models seed their own init; this covers anything else
     g = torch.Generator().manual_seed(0)
     n_max = max(s[0] for s in SIZES[mode].values())
+    stem = f"{socket.gethostname()}-{result['date'][:10]}-{mode}"
     for name in [] if args.no_timing else args.cases:
         (case,) = make_cases([name], n_max, g, TINY_MODELS.get(name) if args.tiny else None,
                              device)
@@ -472,29 +502,43 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         row["seconds"] = time.perf_counter() - start
         result["cases"].append(row)
         print(f"{name}: reference {row['reference_fwd_per_s']:.1f}/s, senslab "
-              f"{row['senslab_fwd_per_s']:.1f}/s, ratio {row['ratio']:.1f}x, "
+              f"{row['senslab_fwd_per_s']:.1f}/s{_ran(row)}, ratio {row['ratio']:.1f}x, "
               f"{100 * row['gemm_fraction']:.0f}% of GEMM ({row['seconds']:.0f} s)", flush=True)
+        save(result, args.out, stem)  # after every case: a later one may fail or be stopped
     if not args.no_reuse:
         result["reuse"] = reuse(mode, device, reps)
+        save(result, args.out, stem)
     if gpu:
         args.no_precision = args.no_training = True  # CPU measurements; run them without --device
     if not args.no_precision:
         result["precision"] = precision_suite(args.cases, mode, g)
+        save(result, args.out, stem)
     if not args.no_training:
         steps = {"full": 30, "quick": 10, "tiny": 2}[mode]
         result["training"] = training_throughput(steps, cifar=mode != "tiny")
     result["loadavg_end"] = loadavg()
     result["markdown"] = markdown(result)
-    return write_results(result, args.out, f"{socket.gethostname()}-{result['date'][:10]}-{mode}")
+    return write_results(result, args.out, stem)
+
+
+def save(result: dict[str, Any], out: Path | None, stem: str) -> Path:
+    """Write ``result`` as JSON to ``out`` (default ``benchmarks/results/<stem>.json``), whole
+    and then renamed into place, so that a run stopped or failing later keeps what it measured
+    and a run killed while writing never leaves half a file. A record written before the end
+    has no ``loadavg_end``."""
+    out = out or Path(__file__).resolve().parent / "results" / f"{stem}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1, default=float))
+    tmp.replace(out)
+    return out
 
 
 def write_results(result: dict[str, Any], out: Path | None, stem: str) -> dict[str, Any]:
     """Print the result's markdown table and write it as JSON to ``out`` (default
-    ``benchmarks/results/<stem>.json``)."""
+    ``benchmarks/results/<stem>.json``; :func:`save`)."""
     print("\n" + result["markdown"])
-    out = out or Path(__file__).resolve().parent / "results" / f"{stem}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, default=float))
+    out = save(result, out, stem)
     print(f"\nwrote {out}")
     return result
 
