@@ -60,3 +60,15 @@ def patch_net() -> nn.Module:
 def patch_batches(n: int) -> torch.Tensor:
     """``n`` batches of 16 random 1×4×4 images, (n, 16, 1, 4, 4)."""
     return torch.randn(n, 16, 1, 4, 4, generator=torch.Generator().manual_seed(1))
+
+
+class Logit:
+    """One logit z = Σ_t w_t·x_t + b per example (class 1 iff z > 0)."""
+
+    output_kind = "logits"
+
+    def __init__(self, w: torch.Tensor, bias: float) -> None:
+        self.w, self.bias = w, bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * self.w).sum((1, 2)) + self.bias

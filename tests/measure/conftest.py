@@ -8,11 +8,14 @@ A linear logit :math:`z = \\sum_t w_t \\cdot x_t + b` on ``Sequence`` tokens fli
 
 from __future__ import annotations
 
+import functools
 import math
 from types import SimpleNamespace
 
 import pytest
 import torch
+
+from senslab.measure import _compiled
 
 PHI = torch.special.ndtr
 
@@ -42,3 +45,11 @@ def linear() -> SimpleNamespace:
     """``linear.flip_probs(x, w, bias, sigma)`` and ``linear.population_truth(w, bias, sigma,
     mu)``: the closed forms of this module."""
     return SimpleNamespace(flip_probs=flip_probs, population_truth=population_truth)
+
+
+@pytest.fixture
+def eager_compile(monkeypatch):
+    """torch.compile with the eager backend: Dynamo traces and guards for real, nothing is built
+    by a C++ compiler (which takes minutes on 2 CPU cores)."""
+    monkeypatch.setattr(_compiled.torch, "compile",
+                        functools.partial(torch.compile, backend="eager"))

@@ -4,14 +4,13 @@ added to a model after its copies were compiled."""
 
 from __future__ import annotations
 
-import functools
 import math
 
 import pytest
 import torch
 from torch import nn
 
-from senslab.measure import TokenSensitivity, _alloc, _compiled, token_sensitivity
+from senslab.measure import TokenSensitivity, _alloc, token_sensitivity
 from senslab.tokens import Patches, Sequence
 
 
@@ -105,14 +104,6 @@ def test_the_tangent_under_a_float64_default_dtype(options, model_dtype, default
 
 
 # -- compile=True: a hook added after the first compile ------------------------------------------
-
-
-@pytest.fixture
-def eager_compile(monkeypatch):
-    """torch.compile with the eager backend: Dynamo traces and guards for real, nothing is built
-    by a C++ compiler (which takes minutes on 2 CPU cores)."""
-    monkeypatch.setattr(_compiled.torch, "compile",
-                        functools.partial(torch.compile, backend="eager"))
 
 
 @pytest.mark.filterwarnings("ignore:the standard error rests on")

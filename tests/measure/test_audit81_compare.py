@@ -17,24 +17,13 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from metric_models import Logit
 from torch import nn
 
 from senslab.measure import CompareSensitivity, TokenSensitivity, compare_sensitivity
 from senslab.tokens import Embedding, Sequence
 
 T, D = 4, 2
-
-
-class Logit:
-    """One logit z = Σ_t w_t·x_t + b per example (class 1 iff z > 0)."""
-
-    output_kind = "logits"
-
-    def __init__(self, w: torch.Tensor, bias: float) -> None:
-        self.w, self.bias = w, bias
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return (x * self.w).sum((1, 2)) + self.bias
 
 
 def _w() -> torch.Tensor:

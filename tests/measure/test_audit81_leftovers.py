@@ -3,7 +3,6 @@ probe under a float64 default, a linear allocation that drew no copy, and tokens
 
 from __future__ import annotations
 
-import functools
 import pickle
 import warnings
 
@@ -11,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from senslab.measure import TokenSensitivity, _compiled, _int8, token_sensitivity
+from senslab.measure import TokenSensitivity, _int8, token_sensitivity
 from senslab.tokens import Patches, Sequence
 
 
@@ -26,14 +25,6 @@ def _x(n: int) -> torch.Tensor:
 
 
 # -- A: metric.model = other ---------------------------------------------------------------------
-
-
-@pytest.fixture
-def eager_compile(monkeypatch):
-    """torch.compile with the eager backend: Dynamo traces and guards for real, nothing is built
-    by a C++ compiler (which takes minutes on 2 CPU cores)."""
-    monkeypatch.setattr(_compiled.torch, "compile",
-                        functools.partial(torch.compile, backend="eager"))
 
 
 @pytest.mark.filterwarnings("ignore:the standard error rests on")

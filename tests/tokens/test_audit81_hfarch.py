@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 import torch
-from torch import nn
+from hf_blocks import block_noise
 
 transformers = pytest.importorskip("transformers")
 
@@ -36,38 +36,6 @@ def ids(b: int = 2, t: int = 6) -> torch.Tensor:
     x = torch.randint(5, 100, (b, t), generator=torch.Generator().manual_seed(0))
     x[:, -1] = 2  # an eos, where a seq2seq classifier reads
     return x
-
-
-def block_noise(model: nn.Module, module: str, first_layer: nn.Module, batch: dict) -> float:
-    """Norm of the change of the hidden states entering ``first_layer`` when noise of norm 1 is
-    added to ``module``'s output (1 where the noise lands there as it is, 0 where it never
-    reaches it)."""
-    seen: list[torch.Tensor] = []
-
-    def pre(m, args, kwargs):
-        seen.append(kwargs.get("hidden_states", args[0] if args else None).clone())
-
-    noise: dict[str, torch.Tensor] = {}
-
-    def add(m, a, out):
-        if "n" not in noise:
-            n = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
-            noise["n"] = n / n.norm()
-            return out + noise["n"]
-        return None
-
-    h = first_layer.register_forward_pre_hook(pre, with_kwargs=True)
-    try:
-        with torch.no_grad():
-            model(**batch)
-            g = model.get_submodule(module).register_forward_hook(add)
-            try:
-                model(**batch)
-            finally:
-                g.remove()
-    finally:
-        h.remove()
-    return float((seen[1] - seen[0]).norm())
 
 
 # -- a final norm named like an embedding norm ------------------------------------------------

@@ -5,28 +5,18 @@ model's own head."""
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+from one_thread import _one_thread_quiet  # noqa: F401  (autouse)
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 from senslab.models.text import Block
 from senslab.train.loops.grokking import grokking_model
 from senslab.train.trainers import get_trainer, train_run
-
-
-@pytest.fixture(autouse=True)
-def _one_thread_quiet() -> Any:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the measurements' few-flips warnings at tiny scale
-        yield
-    torch.set_num_threads(before)
 
 
 # -- grokking: the noise is not the model's initial embedding table --------------------------------

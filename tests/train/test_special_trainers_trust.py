@@ -11,12 +11,12 @@ import dataclasses
 import itertools
 import os
 import signal
-import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from one_thread import _one_thread_quiet  # noqa: F401  (autouse)
 
 from senslab.data import create_dataset
 from senslab.models import create_model
@@ -25,16 +25,6 @@ from senslab.train.loops._common import sgd_step
 from senslab.train.loops.grokking import grokking_phases
 from senslab.train.rundir import RunDir
 from senslab.train.trainers import get_trainer, train_run
-
-
-@pytest.fixture(autouse=True)
-def _one_thread_quiet() -> Any:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the measurements' few-flips warnings at tiny scale
-        yield
-    torch.set_num_threads(before)
 
 
 def _train(name: str, cfg: Any, path: Path) -> dict[str, Any]:

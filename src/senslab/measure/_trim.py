@@ -208,6 +208,16 @@ def _moved(out: Tensor, ref: Tensor, clean: Tensor, rtol: float) -> tuple[Tensor
     return err > 0, err
 
 
+def _most_padded(ext: Tensor, t: int) -> Tensor | None:
+    """The :data:`PADDING_ROWS` examples a cut after their last real token (``ext``) shortens
+    most, of width ``t``; None where a cut shortens none. A model that reads its padding reads
+    it in every example, and two rows keep the checks' cost at a few positions per batch."""
+    cut = (ext < t).nonzero().flatten()
+    if not len(cut):
+        return None
+    return cut[torch.sort(ext[cut], stable=True).indices[:PADDING_ROWS]]
+
+
 def _padding_read(bound: BoundTokens, ext: Tensor, clean: Tensor,
                   rtol: float) -> tuple[str, str] | None:
     """Whether the model reads the *content* of the positions a cut removes: the most padded
@@ -222,12 +232,9 @@ def _padding_read(bound: BoundTokens, ext: Tensor, clean: Tensor,
     reason)`` where it reads them (trimming is switched off), else None. One forward of
     :data:`PADDING_ROWS` examples at full width, not counted in ``num_forward``."""
     t = bound.valid.shape[1]
-    cut = (ext < t).nonzero().flatten()
-    if not len(cut):
+    rows = _most_padded(ext, t)
+    if rows is None:
         return None
-    # the most padded examples: a model that reads its padding's content reads it in every
-    # example, and two rows keep the check's cost at a few positions per batch
-    rows = cut[torch.sort(ext[cut], stable=True).indices[:PADDING_ROWS]]
     dev = bound.valid.device
     pos = torch.arange(t, device=dev)
     removed = pos[None, :] >= ext[rows].to(dev)[:, None]  # (n, T): what a cut takes away
@@ -280,10 +287,9 @@ def _carried(bound: BoundTokens, ext: Tensor, clean: Tensor,
     per width of the cut rows), of at most :data:`PADDING_ROWS` × :data:`CARRIED_DRAWS` copies,
     not counted in ``num_forward``."""
     t = bound.valid.shape[1]
-    cut = (ext < t).nonzero().flatten()
-    if not len(cut):
+    rows = _most_padded(ext, t)
+    if rows is None:
         return None
-    rows = cut[torch.sort(ext[cut], stable=True).indices[:PADDING_ROWS]]
     dev = bound.valid.device
     valid = bound.valid[rows.to(dev)]
     some = valid.any(dim=1)
