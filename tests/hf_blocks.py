@@ -1,10 +1,27 @@
-"""How noise on a module's output reaches a model's first block: a probe shared by the
-auto_tokens tests."""
+"""Shared by the auto_tokens tests on Hugging Face architectures: tiny models built from the
+seeded global RNG, a skip for classes this transformers lacks, and a probe of how noise on a
+module's output reaches the model's first block."""
 
 from __future__ import annotations
 
+import warnings
+
+import pytest
 import torch
 from torch import nn
+
+
+def seeded(make):
+    torch.manual_seed(0)  # test-only: Hugging Face initialises from the global RNG
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return make().eval()
+
+
+def has(*names: str) -> None:
+    missing = [n for n in names if not hasattr(pytest.importorskip("transformers"), n)]
+    if missing:
+        pytest.skip(f"this transformers has no {', '.join(missing)}")
 
 
 def block_noise(model: nn.Module, module: str, first_layer: nn.Module, batch: dict) -> float:

@@ -14,7 +14,7 @@ import warnings
 
 import pytest
 import torch
-from hf_blocks import block_noise
+from hf_blocks import block_noise, has, seeded
 from torch import nn
 
 transformers = pytest.importorskip("transformers")
@@ -31,19 +31,6 @@ SEQ2SEQ = dict(vocab_size=100, d_model=64, encoder_layers=1, decoder_layers=1,
 T5 = dict(vocab_size=100, d_model=32, d_kv=16, d_ff=64, num_layers=1, num_decoder_layers=1,
           num_heads=2, decoder_start_token_id=0, eos_token_id=1)
 EXACT = dict(generator=0, precision="float32")
-
-
-def seeded(make):
-    torch.manual_seed(0)  # test-only: Hugging Face initialises from the global RNG
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return make().eval()
-
-
-def has(*names: str) -> None:
-    missing = [n for n in names if not hasattr(transformers, n)]
-    if missing:
-        pytest.skip(f"this transformers has no {', '.join(missing)}")
 
 
 def ids(b: int = 2, t: int = 6) -> torch.Tensor:

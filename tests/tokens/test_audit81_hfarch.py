@@ -8,28 +8,13 @@ models from small configs (offline)."""
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
-from hf_blocks import block_noise
+from hf_blocks import block_noise, has, seeded
 
 transformers = pytest.importorskip("transformers")
 
 from senslab import auto_tokens  # noqa: E402
-
-
-def seeded(make):
-    torch.manual_seed(0)  # test-only: Hugging Face initialises from the global RNG
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return make().eval()
-
-
-def has(*names: str) -> None:
-    missing = [n for n in names if not hasattr(transformers, n)]
-    if missing:
-        pytest.skip(f"this transformers has no {', '.join(missing)}")
 
 
 def ids(b: int = 2, t: int = 6) -> torch.Tensor:
