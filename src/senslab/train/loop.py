@@ -12,8 +12,8 @@ interrupted by Ctrl-C raises :class:`TrainingInterrupted`, which says how to res
 
 Under ``torchrun`` (DDP) rank r trains on rows r, r + world, … of every batch; its loss is
 scaled by its share of the batch so that DDP's equal-weight gradient average is the batch-mean
-gradient of one process, uneven shares included. Each rank draws its own regularizer noise
-(rank 0 the single process's stream), and checkpoints keep every rank's stream.
+gradient of one process, uneven shares included. Each rank draws its own regularizer noise and
+dropout masks (rank 0 the single process's streams), and checkpoints keep every rank's streams.
 """
 
 from __future__ import annotations
@@ -446,7 +446,7 @@ def fit(cfg: RunConfig, run_dir: str | Path, progress: bool | None = None) -> di
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     try:
         with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(cfg.seed + 1_000_003)
+            torch.manual_seed(cfg.seed + DROPOUT_SEED_OFFSET)  # ranks > 0: offset in _train
             summary = _fit(cfg, run_dir, progress)
     except BaseException:
         if owns_group and dist.is_initialized():
@@ -633,6 +633,10 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
     # each rank draws its own regularizer noise (rank 0 the single process's stream): one seed
     # for all ranks gave every rank's row i the same patch and the same noise
     reg_gen = torch.Generator().manual_seed(cfg.seed + 777 + REG_RANK_STRIDE * rank)
+    if rank:  # and its own dropout masks: fit seeds every rank's global RNG alike, so rank 1's
+        # rows got rank 0's masks (ViT on 2 ranks: the first masks identical); rank 0 keeps
+        # the single process's stream
+        torch.manual_seed(cfg.seed + DROPOUT_SEED_OFFSET + REG_RANK_STRIDE * rank)
     start_time = 0.0
 
     found = rd.load_latest(resume=True) if rd.exists() else None
@@ -642,9 +646,7 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
         opt.load_state_dict(state["optimizer"])
         if sched is not None:
             sched.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["torch_rng"])
-        if state.get("cuda_rng") is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        _restore_global_rng(state, rank, world)
         per_rank = state.get("reg_rngs")
         reg_gen.set_state(per_rank[rank] if world > 1 and per_rank is not None
                           and len(per_rank) == world else state["reg_rng"])
@@ -682,12 +684,13 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
                    initial=pos.step)
 
     def checkpoint() -> None:
-        regs = None
-        if world > 1:  # every rank's noise stream, so that a resume continues each
-            regs = [None] * world
+        regs = globals_ = None
+        if world > 1:  # every rank's noise and dropout streams, so that a resume continues each
             import torch.distributed as dist
 
+            regs, globals_ = [None] * world, [None] * world
             dist.all_gather_object(regs, reg_gen.get_state())
+            dist.all_gather_object(globals_, _global_rng())
         rd.save_checkpoint(
             {
                 "model": model.state_dict(),
@@ -697,6 +700,8 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
                 "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
                 "reg_rng": reg_gen.get_state(),
                 **({"reg_rngs": regs} if regs is not None else {}),
+                **({"torch_rngs": [g[0] for g in globals_], "cuda_rngs": [g[1] for g in globals_]}
+                   if globals_ is not None else {}),
                 # where the loop is; not whether this sitting was interrupted (see the resume)
                 "position": {k: v for k, v in dataclasses.asdict(pos).items()
                              if k != "interrupted"},
@@ -827,8 +832,44 @@ def rank_rows(whole: Tensor, rank: int, world: int) -> tuple[Tensor, float]:
     return whole[:1], 0.0
 
 
-#: the regularizer's seed offset between ranks (rank r: seed + 777 + r × this)
+#: the regularizer's seed offset between ranks (rank r: seed + 777 + r × this); the global RNG's
+#: (dropout) likewise: rank r draws from seed + DROPOUT_SEED_OFFSET + r × this
 REG_RANK_STRIDE = 1_000_003
+#: the global RNG (dropout) of a run of seed s is seeded with s + this (rank 0; see above)
+DROPOUT_SEED_OFFSET = 1_000_003
+
+
+def _global_rng() -> tuple[Tensor, list[Tensor] | None]:
+    """This process's global RNG states: the CPU stream and every visible GPU's (or None)."""
+    return (torch.get_rng_state(),
+            torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+
+
+def _restore_global_rng(state: dict[str, Any], rank: int, world: int) -> None:
+    """Set the global RNG (dropout) from checkpoint ``state``: under torchrun each rank its own
+    stream (``torch_rngs``); rank 0's for every rank made their masks the same after a resume. A
+    checkpoint without one per rank (written by an older senslab, or by another number of
+    ranks) gives rank 0 its stream and leaves the others on the fresh ones seeded for them,
+    with a warning that the resume is not the uninterrupted run's."""
+    cpu, gpu = state["torch_rng"], state.get("cuda_rng")
+    per_rank = state.get("torch_rngs")
+    if world > 1:
+        if per_rank is not None and len(per_rank) == world:
+            cpu, gpu = per_rank[rank], state.get("cuda_rngs", [None] * world)[rank]
+        else:
+            if rank == 0:
+                warnings.warn(
+                    f"this checkpoint holds {len(per_rank) if per_rank else 1} dropout stream(s) "
+                    f"for the {world} ranks now running (written by an older senslab, or by "
+                    f"another number of ranks): ranks > 0 continue on fresh streams of their "
+                    f"own, so the resumed run's dropout masks are not the uninterrupted run's; "
+                    f"start over in a new run directory for an exact run",
+                    UserWarning, stacklevel=4)
+            if rank:
+                return
+    torch.set_rng_state(cpu)
+    if gpu is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(gpu)
 
 
 def _train_step(cfg: RunConfig, model: nn.Module, opt: torch.optim.Optimizer, x: Any, y: Tensor,
