@@ -6,7 +6,7 @@
                     [--set device=cuda --autocast bf16 --compile]
     senslab run demo [--scale cpu|paper] [--out runs/demo]
     senslab run mnist_binary --scale ladder [--rungs cpu,plateau] [--out runs/ladder/NAME]
-    senslab report runs/demo [more run or experiment dirs]
+    senslab report runs/demo [more run or experiment dirs --out DIR]
     senslab demo            # = senslab run demo, then the report
     senslab reproduction    # record runs/<name> results, regenerate REPRODUCTION.md
 
@@ -755,6 +755,9 @@ def _measure_pretrained(args: argparse.Namespace) -> int:
     from .train.config import validate
     from .train.loop import load_data, resolve_device
 
+    if args.hf and args.timm:  # --timm was dropped without a word: the --hf model measured
+        raise UsageError(f"--hf {args.hf} and --timm {args.timm} name two models; measure one "
+                         "at a time: drop --hf or --timm")
     option, name = ("--hf", args.hf) if args.hf else ("--timm", args.timm)
     for other, given in (("--model", args.model), ("--checkpoint", args.checkpoint)):
         if given:
@@ -950,6 +953,13 @@ def _report(args: argparse.Namespace) -> int:
 
     if args.out is not None:  # a file there failed late, as "file exists" with status 1
         _check_out(Path(args.out))
+    elif len(args.paths) > 1:
+        # the combined report went into the first run's directory (make_report's default),
+        # replacing the report.html and plots that `senslab report` of that run alone wrote
+        raise UsageError(f"{len(args.paths)} directories are reported together, and without "
+                         f"--out the report would be written into the first run's directory, "
+                         f"replacing {args.paths[0]}'s own report.html; give --out DIR (e.g. "
+                         "--out runs/report)")
     experiments, runs = load_all(args.paths)
     own = (_report_options(experiments[0].name, runs)
            if len(args.paths) == 1 and len(experiments) == 1 else {})
@@ -1114,7 +1124,8 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("report", parents=[shared],
                        help="plots and report.html from run/experiment directories")
     s.add_argument("paths", nargs="+")
-    s.add_argument("--out")
+    s.add_argument("--out", help="where report.html and its plots go (default: the one "
+                                 "directory given; needed for several)")
     s.set_defaults(fn=_report)
 
     s = sub.add_parser("reproduction", parents=[shared],
