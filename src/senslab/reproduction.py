@@ -553,12 +553,16 @@ def _measured_on_run_seed(name: Any) -> bool:
 
 def _shared_seed_note(records: dict[str, dict[str, Any]]) -> list[str]:
     """A paragraph on the records finished before :data:`OWN_NOISE_FROM` (none: no lines)."""
-    early = sorted({r.get("name", "?") for r in records.values()
+    early = sorted({r.get("name", "?") + ("" if r.get("scale", "cpu") == "cpu"
+                                          else f" ({r.get('scale')} scale)")
+                    for r in records.values()
                     if str(r.get("finished") or "")[:10] < OWN_NOISE_FROM
                     and _measured_on_run_seed(r.get("name"))})
     if not early:
         return []
-    return [f"The records of {len(early)} experiments ({', '.join(early)}) were finished "
+    many = len(early) != 1
+    return [f"{len(early)} record{'s' if many else ''} ({', '.join(early)}) "
+            f"{'were' if many else 'was'} finished "
             f"before {OWN_NOISE_FROM}, when a run's sensitivity and sharpness were measured "
             "with noise drawn from the run's own seed, the stream its model's initial weights "
             "came from (the text models' first noise rows were their initial embedding table; "

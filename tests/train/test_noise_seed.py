@@ -54,3 +54,18 @@ def test_the_tracker_measures_with_the_runs_noise_seed() -> None:
                              generator=noise_seed(cfg.seed))
     assert tracked.estimate == mine.estimate and tracked.stderr == mine.stderr
     assert torch.equal(tracked.per_sample, mine.per_sample)  # example by example
+
+
+def test_reproduction_names_the_records_measured_with_the_shared_seed() -> None:
+    """REPRODUCTION.md says which records were finished while the noise came from the run's own
+    seed: those of experiments that measure sensitivity, before the day it changed."""
+    from senslab.reproduction import OWN_NOISE_FROM, _shared_seed_note
+
+    old = {"name": "grokking", "scale": "cpu", "finished": "2026-11-24T20:20:04+00:00"}
+    new = {**old, "finished": OWN_NOISE_FROM + "T01:00:00+00:00"}
+    paper = {**old, "scale": "paper"}
+    ib = {**old, "name": "ib_joint"}  # measures no sensitivity
+    note = _shared_seed_note({"a": old, "b": ib})
+    assert len(note) == 2 and note[0].startswith("1 record (grokking) was finished before")
+    assert _shared_seed_note({"a": new, "b": ib}) == []
+    assert "grokking (paper scale)" in _shared_seed_note({"a": new, "b": paper})[0]
