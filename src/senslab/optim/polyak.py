@@ -19,7 +19,9 @@ parameters would stay where they are without a word. A nan or inf loss or gradie
 (``FloatingPointError``), as are a non-finite c or f* and options SPS does not have in a param
 group (``lr``, ``weight_decay``, …), at construction, in a checkpoint given to
 ``load_state_dict`` and (values) at every step. A loss returned as a Python float is read in
-float64.
+float64. A closure that returns no loss (``None``: no ``return loss``), or a loss with a graph
+while no parameter of the optimiser has a gradient (it never called ``backward()``: every step
+was a no-op), is refused.
 
 The step size needs the loss, so both are closure-based like ``torch.optim.LBFGS``::
 
@@ -152,13 +154,19 @@ class SPS(_StepSizeLog, Optimizer):
             loss = closure()
         # a Python float (as torch.optim.LBFGS accepts) stays float64: torch.as_tensor would
         # round it to float32, far coarser than L − f* near the optimum
-        value = (torch.as_tensor(loss, dtype=torch.float64)
-                 if isinstance(loss, Real) and not isinstance(loss, bool)
-                 else torch.as_tensor(loss).detach())
-        if value.numel() != 1 or not value.is_floating_point():
+        try:
+            value = (torch.as_tensor(loss, dtype=torch.float64)
+                     if isinstance(loss, Real) and not isinstance(loss, bool)
+                     else torch.as_tensor(loss).detach())
+        except (TypeError, RuntimeError, ValueError):
+            # None (a closure without ``return loss``) raised torch's "Could not infer dtype"
+            value = None
+        if value is None or value.numel() != 1 or not value.is_floating_point():
+            got = (f"{type(loss).__name__}" if value is None else
+                   f"{type(loss).__name__} of shape {tuple(value.shape)}, dtype {value.dtype}")
             raise ValueError(
                 "the closure must return the scalar float loss it called backward() on; got "
-                f"{type(loss).__name__} of shape {tuple(value.shape)}, dtype {value.dtype}"
+                f"{got}" + (" (does the closure end with `return loss`?)" if loss is None else "")
             )
         if not bool(torch.isfinite(value).all()):
             raise FloatingPointError(
@@ -169,6 +177,15 @@ class SPS(_StepSizeLog, Optimizer):
         groups = [(g, _params_with_grad(g)) for g in self.param_groups]
         norm = _global_grad_norm(p for _, ps in groups for p in ps)
         if norm is None:  # nothing has a gradient: nothing to do
+            if isinstance(loss, Tensor) and loss.requires_grad:
+                # a closure that only computes the loss (``lambda: loss_fn(model(x), y)``) left
+                # every step a no-op, without a word
+                raise RuntimeError(
+                    f"{type(self).__name__}: the closure returned a loss that depends on "
+                    "parameters, but no parameter of this optimiser has a gradient, so nothing "
+                    "would move: the closure must zero the gradients, compute the loss, call "
+                    "loss.backward() and return the loss (and the loss must depend on the "
+                    "parameters given to the optimiser)")
             return loss
         _check_finite_norms(type(self).__name__, [norm])
         # L − f* in the wider of the loss's and the norm's types, then in the norm's: a float64
