@@ -15,7 +15,8 @@ fixed batch of 1,024 held-out strings; t₀ = the first such evaluation whose lo
 PARITY on n = 8 with a narrower model (d = 32, FF 32, 2 layers, 2 heads, post-LN), 256 fresh
 strings per step, AdamW lr 1e-3, wd 0.1, 3,000 steps, 3 seeds; sharpness (10 weight draws, 512
 held-out strings), blow-up and norm every 25 steps; t₀ = the first training
-step whose batch loss is < 0.01 (``t0_on="train"``).
+step whose batch loss is < 0.01 (``t0_on="train"``). An early stop (``--set stop_below``) is
+refused: it ends a run at about t₀, with no evaluations after it.
 
 Verdict (:mod:`senslab.verdicts`): a run's tolerance is ``max(0.25·t₀, 2 evaluations)``; its
 nearness of a measure is ``1 − |t_peak − t₀| / tolerance`` for the logged step t_peak of the
@@ -91,7 +92,12 @@ class ParityDynamics(BooleanExperiment):
     seed_aware = True  # the verdict judges every run, seed replicates included
     fixed = {**FRESH, "function": ("the claim is about PARITY's training dynamics, and its runs "
                                    "are named and labelled parity; the dynamics of another "
-                                   "function are a run of your own with `senslab train`")}
+                                   "function are a run of your own with `senslab train`"),
+             # stop_below=0.01 ended every run at about t0, and each peak there read as "the
+             # last step, still rising"
+             "stop_below": ("the peaks are judged over the evaluations around t0, and an early "
+                            "stop on the training loss ends a run at about t0 (loss < 0.01), "
+                            "leaving no evaluations after it; shorten the runs with steps")}
     unused = FRESH_UNUSED
     ladder = (
         Rung("cpu", "cpu", size=13_121, note="d = 32 (13,121 parameters), n = 8, 3,000 steps"),

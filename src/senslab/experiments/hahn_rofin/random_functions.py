@@ -28,7 +28,8 @@ A random completion of n = 8 has as ≈ n/2 = 4. Subset training uses neither ``
 ``eval_size``: a ``--set`` of either is warned (it would be recorded in every run's config
 and change nothing); ``function``, ``train_size``, ``function_seed`` and ``completion`` are
 set per run from the settings, and a ``--set`` that changes them is refused
-(:class:`~senslab.experiments.hahn_rofin._common.BooleanExperiment`).
+(:class:`~senslab.experiments.hahn_rofin._common.BooleanExperiment`). A ``stop_loss`` above
+``converged_loss`` is refused: runs stopped between the two would count as not fitted.
 
 Verdict (:mod:`senslab.verdicts`), over the (k, seed) pairs whose two models both fit their
 training labels (the trainer's ``converged``, docs/definitions.md#hahn-and-rofin-setup): two
@@ -120,6 +121,17 @@ class RandomFunctions(BooleanExperiment):
             raise ValueError("train_sizes is empty: the runs are one pair per training-set size "
                              "k and seed; give at least one k below 2^n, e.g. --set "
                              "train_sizes=[32,64,128]")
+        if s.stop_loss is not None and s.converged_loss is not None \
+                and s.stop_loss > s.converged_loss:
+            # the runs stopped between the two (training accuracy 1.0, loss 0.007) were left out
+            # as "did not fit", and with them every pair: "not comparable"
+            raise ValueError(
+                f"stop_loss={s.stop_loss:g} stops each run at the first evaluation with a "
+                f"training loss below {s.stop_loss:g}, but converged_loss={s.converged_loss:g} "
+                f"counts a run as fitted only with a final training loss below "
+                f"{s.converged_loss:g}: the runs stopped between the two would be left out as "
+                f"not fitted; give stop_loss at most converged_loss (e.g. --set "
+                f"stop_loss={s.converged_loss:g}) or stop_loss=none (train all steps)")
         return [boolean_run(f"{kind}-k{k}-s{seed}", s, info={"train_size": k},
                             label=f"{kind} k={k}", function="random", n=s.n, seed=seed,
                             stop_below=s.stop_loss, train_size=k, function_seed=seed,
