@@ -171,9 +171,36 @@ def _json_default_str(obj: Any) -> Any:
 
 def _json_default_float(obj: Any) -> Any:
     """``json.dumps`` default of :meth:`RunDir.log`: a NumPy/torch scalar as its number (ints
-    stay ints, bools bools), anything else through ``float``."""
+    stay ints, bools bools), anything else through ``float``; not finite, None (JSON has no
+    NaN: :func:`_known_values`)."""
     number = _json_number(obj)
-    return float(obj) if number is None else number
+    number = float(obj) if number is None else number
+    return None if isinstance(number, float) and not math.isfinite(number) else number
+
+
+def _known_values(value: Any, where: str, unknown: list[str]) -> Any:
+    """``value`` (an entry of a record, named ``where``) with every number in it that is not
+    finite — NaN, inf, a NumPy or torch scalar holding one — as None, metrics.jsonl's "not
+    known" (as the tracker writes it), each such place appended to ``unknown``. ``json.dumps``
+    wrote them as bare ``NaN`` and ``Infinity``, which are not JSON: a strict reader
+    (JavaScript, serde_json, DuckDB) refused the whole line."""
+    if isinstance(value, dict):
+        return {k: _known_values(v, f"{where}.{k}", unknown) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_known_values(v, f"{where}[{i}]", unknown) for i, v in enumerate(value)]
+    number = value if isinstance(value, float) else _json_number(value)
+    if isinstance(number, float) and not math.isfinite(number):
+        unknown.append(f"{where}={number}")
+        return None
+    return value
+
+
+def nan_for_null(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``records`` (of :meth:`RunDir.metrics`) with every null entry as NaN, for a reader of a
+    loop's own records (one that logs numbers, never None): :meth:`RunDir.log` writes a NaN or
+    inf as null, and a reader comparing numbers reads it as the NaN it logged (which compares
+    False) instead of failing on None (``None >= 0.9``: TypeError). Lists keep their nulls."""
+    return [{k: math.nan if v is None else v for k, v in r.items()} for r in records]
 
 
 def _numbers_differ(a: Any, b: Any) -> bool:
@@ -314,6 +341,8 @@ class RunDir:
         self.path = Path(path)
         self.ckpt_dir = self.path / "checkpoints"
         self.metrics_path = self.path / "metrics.jsonl"
+        #: the metrics :meth:`log` has warned of a value that is not finite
+        self._said_unknown: set[str] = set()
 
     # -- config / env / summary ----------------------------------------------------------------
     def write_json(self, name: str, obj: Any) -> None:
@@ -641,7 +670,21 @@ class RunDir:
         losing the new record without a word."""
         if self.readonly:
             return
-        line = json.dumps(record, default=_json_default_float) + "\n"
+        unknown: dict[str, list[str]] = {}
+        record = {k: _known_values(v, str(k), unknown.setdefault(str(k), []))
+                  for k, v in record.items()}
+        # once per metric: a loop logs the same metric at every evaluation
+        new = [place for key, places in unknown.items() if key not in self._said_unknown
+               for place in places]
+        if new:
+            self._said_unknown.update(k for k, places in unknown.items() if places)
+            warnings.warn(f"{self.metrics_path}: {', '.join(new)} at step "
+                          f"{record.get('step', '?')} written as null (not known), as JSON has "
+                          "no NaN or inf and a strict reader (JavaScript, serde_json, DuckDB) "
+                          "refuses a line holding one; the reports leave a null out of the "
+                          "metric's curve and mean. Log None where a value is not known, or "
+                          "check what made it non-finite", stacklevel=2)
+        line = json.dumps(record, default=_json_default_float, allow_nan=False) + "\n"
         try:
             with open(self.metrics_path, "a+b") as f:
                 mended = self._end_torn_line(f)

@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from ...train.config import one_of, ranged
-from ...train.rundir import RunDir
+from ...train.rundir import RunDir, nan_for_null
 from ...verdicts import not_comparable, over_seeds, verdict
 from .._verdicts import listed
 from ..base import Run, Rung, register_experiment
@@ -118,7 +118,8 @@ class ParityDynamics(BooleanExperiment):
     def after_run(self, run: Run, path: Path, summary: dict[str, Any], settings: DynamicsSettings,
                   log: Callable[[str], None]) -> dict[str, Any]:
         # the verdict needs the whole trajectory, not just the final record
-        records = RunDir(path).metrics()
+        # a NaN the loop logged is null in metrics.jsonl: read back as the NaN it was
+        records = nan_for_null(RunDir(path).metrics())
         t0 = summary["first_below_001"]
         if settings.t0_on == "eval":
             t0 = next((r["step"] for r in records if r["test/loss"] < 0.01), None)

@@ -67,7 +67,7 @@ import numpy as np
 
 from ...train.config import ranged
 from ...train.loops.attention import log_schedule
-from ...train.rundir import RunDir
+from ...train.rundir import RunDir, nan_for_null
 from ...verdicts import NO_SE, Effect, not_comparable, over_seeds, verdict
 from ..base import Experiment, Run, Settings, register_experiment
 from ._common import attention_runs, check_run_overrides, check_tasks
@@ -228,7 +228,8 @@ class IBFixedV(Experiment):
     def after_run(self, run: Run, path: Path, summary: dict[str, Any], settings: FixedVSettings,
                   log: Callable[[str], None]) -> dict[str, Any]:
         """The ‖W‖ growth fits and the steps to ``LEVEL``, from the run's metric log."""
-        records = RunDir(path).metrics()
+        # a NaN the loop logged is null in metrics.jsonl: read back as the NaN it was
+        records = nan_for_null(RunDir(path).metrics())
         return {**summary, "fit": norm_growth(records, settings.fit_from),
                 "reach": {k: first_step_reaching(records, f"attn/{k}", LEVEL)
                           for k in ("alignment", "sparsity")}}

@@ -66,7 +66,7 @@ from ...train.loops.grokking import (
     GrokkingRun,
     GrokkingTraining,
 )
-from ...train.rundir import RunDir
+from ...train.rundir import RunDir, nan_for_null
 from ...verdicts import not_comparable, over_seeds, verdict
 from ..base import Experiment, Run, Settings, register_experiment
 
@@ -136,7 +136,8 @@ class Grokking(Experiment):
         it had no ``sens_not_finite_epochs``, and a NaN sensitivity on the plateau was skipped
         without a word) was returned as is, and the verdict judged it."""
         rd = RunDir(path)
-        ph = phases_before_jump(rd.metrics())
+        # a NaN the loop logged is null in metrics.jsonl: read back as the NaN it was
+        ph = phases_before_jump(nan_for_null(rd.metrics()))
         if _json_equal(summary.get("claim_phases"), ph):
             return summary
         rd.write_json("summary.json", {**rd.read_json("summary.json"), "claim_phases": ph})

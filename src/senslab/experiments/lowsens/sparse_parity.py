@@ -59,7 +59,7 @@ from typing import Any, NamedTuple
 from ...train.config import ranged
 from ...train.loops._common import config_from
 from ...train.loops.sparse_parity import PLATEAU_ACC, SparseParityRun, SparseParityTraining
-from ...train.rundir import RunDir
+from ...train.rundir import RunDir, nan_for_null
 from ...verdicts import not_comparable, over_seeds, verdict
 from ..base import Experiment, Run, Settings, register_experiment
 
@@ -177,7 +177,8 @@ class SparseParity(Experiment):
         if "plateau" in summary:
             return summary
         rd = RunDir(path)
-        curve = plateau_curve(rd.metrics(), run.config.bool_samples)
+        # a NaN the loop logged is null in metrics.jsonl: read back as the NaN it was
+        curve = plateau_curve(nan_for_null(rd.metrics()), run.config.bool_samples)
         rd.write_json("summary.json", {**rd.read_json("summary.json"), "plateau": curve})
         return {**summary, "plateau": curve}
 

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..looprun import LoopRun, generator_states, set_generator_states
+from ..rundir import nan_for_null
 
 C = TypeVar("C")
 Record = dict[str, Any]
@@ -133,7 +134,9 @@ def _train(run: LoopRun, loop: EpochLoop, epochs: int, eval_every: int) -> list[
         loop.optimizer.load_state_dict(state["optimizer"])
         set_generator_states(state["generators"], **loop.generators)
         epoch, steps, end = state["epoch"], state["steps"], state["end"]
-        history = [{k: v for k, v in r.items() if k != "time"} for r in run.dir.metrics()]
+        # a NaN logged is null in metrics.jsonl: back as the NaN the uninterrupted run holds
+        history = [{k: v for k, v in r.items() if k != "time"}
+                   for r in nan_for_null(run.dir.metrics())]
     loop.model.train()
     while epoch < end:
         epoch += 1
