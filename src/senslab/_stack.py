@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import warnings
@@ -13,8 +14,10 @@ import torch
 
 def user_level() -> int:
     """``stacklevel`` of the first frame outside senslab and torch (the user's call), for a
-    ``warnings.warn`` in the function that calls this."""
-    inside = (os.path.dirname(__file__), os.path.dirname(torch.__file__))
+    ``warnings.warn`` in the function that calls this; contextlib's frames between senslab's are
+    passed over too (senslab enters some of its contexts through an ``ExitStack``)."""
+    inside = (os.path.dirname(__file__), os.path.dirname(torch.__file__),
+              contextlib.__file__)
     frame, level = sys._getframe(2), 2  # the caller of the warning function is level 2
     while frame is not None and frame.f_code.co_filename.startswith(inside):
         frame, level = frame.f_back, level + 1

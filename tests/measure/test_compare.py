@@ -16,6 +16,7 @@ import math
 
 import pytest
 import torch
+from metric_models import Logit
 
 from senslab.measure import (
     CompareSensitivity,
@@ -39,18 +40,6 @@ def _weights() -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     wa = torch.randn(T, D, generator=g)
     return wa, wa + 0.25 * torch.randn(T, D, generator=g)
-
-
-class Logit:
-    """One logit z = Σ_t w_t·x_t + b per example (class 1 iff z > 0)."""
-
-    output_kind = "logits"
-
-    def __init__(self, w: torch.Tensor, bias: float) -> None:
-        self.w, self.bias = w, bias
-
-    def __call__(self, seq: torch.Tensor) -> torch.Tensor:
-        return (seq * self.w).sum((1, 2)) + self.bias
 
 
 def _replicates(metric: CompareSensitivity, batches) -> dict[str, torch.Tensor]:

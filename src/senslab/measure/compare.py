@@ -497,12 +497,8 @@ class CompareSensitivity:
         """``m.compute()``, its warnings said with the model's name: a comparison computes
         several models, often of one class, and "the standard error rests on no flip: none of
         the 128 perturbed copies…" said nothing of which model it meant."""
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")  # the metric says each cause once itself
-            r = m.compute()
-        for w in caught:
-            warnings.warn(f"model {name!r}: {w.message}", w.category, stacklevel=user_level())
-        return r
+        with _NamedWarnings(name):
+            return m.compute()
 
     def _warn_one_example(self, diffs: list[Difference]) -> None:
         """Say, once per comparison, why the paired data standard errors of one example are
@@ -699,8 +695,8 @@ def _named(err: Exception, name: str) -> Exception:
 
 
 class _NamedWarnings:
-    """The warnings raised inside said with the name of the model they came from, as
-    :meth:`CompareSensitivity._named_compute` says those of ``compute``: an update's own
+    """The warnings raised inside said with the name of the model they came from (a model's
+    ``compute`` in :meth:`CompareSensitivity._named_compute`, its ``update``): an update's own
     ("padding-aware batching is off for this batch: … The model seems to read positions that
     the mask marks as padding") had said nothing of which of the models it meant. Warnings
     raised before an exception are said too, before it goes on (one that the filters make an

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import sys
 import warnings
 from collections.abc import Iterator, Mapping
 from collections.abc import Sequence as Seq
@@ -17,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from .._exclusive import forward_hooks
+from .._stack import user_level
 from ._grid import (
     AUTOCAST_FIX,
     LOW_PRECISION,
@@ -157,19 +155,7 @@ def _check_pixels(x: Tensor, std: Tensor) -> None:
         "in the images' units, which is σ on [0, 1] pixels only for images normalised by that "
         "std. Pass the std the images were normalised with, in [0, 1] pixel units: a std of "
         "0–255 pixels divided by 255 (ImageNet's 58.4 is 0.229)", UserWarning,
-        stacklevel=_bind_level())
-
-
-def _bind_level() -> int:
-    """``stacklevel`` of the user's call for a warning of the function that calls this, raised
-    while a bind is entered (:func:`~senslab._stack.user_level`, past contextlib's frames too:
-    senslab enters a bind through an ``ExitStack``)."""
-    inside = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(torch.__file__),
-              contextlib.__file__)
-    frame, level = sys._getframe(2), 2
-    while frame is not None and frame.f_code.co_filename.startswith(inside):
-        frame, level = frame.f_back, level + 1
-    return level
+        stacklevel=user_level())
 
 
 #: a last axis of at most this many entries looks like the channels of a channels-last image
