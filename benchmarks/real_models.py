@@ -20,7 +20,11 @@ senslab where the factor is above 1, in its favour where it is below — as in t
 records (ResNet-18 0.22 floored to 0.5 at R = 2, GPT-2 0.33 at R = 3, MiniLM 0.65, ViT-small
 0.94). On 64 MNIST images at R = 2 (ResNet-18, 2 threads, a loaded machine) a run at one draw
 per token took 1.22× the rule's time for senslab's defaults and 1.08× for the paper code. Each
-row keeps its factor (``ttp_factor``) and the table says where it was below 1. The factor is
+row keeps its factor (``ttp_factor``) and the table says where it was below 1. ``--direct``
+removes that bias: each row the rule scales down runs again at the whole draws below what the
+target needs (one draw per token where the floor binds) and its time to precision is read
+between the two runs (:func:`interpolated_seconds`), its one-time costs paid once, as they are;
+the rule's value stays in ``ttp_rule`` and the table prints their ratio. The factor is
 floored at one draw per token (:math:`1/R` for a run of R draws): below that the rule would
 extrapolate to fractional draws, which only token sampling could realise, at a higher variance.
 On 256 examples the floor binds often — 256 × 64 patches at R = 5 reach s ≤ √(¼ / 81,920) ≈
@@ -197,6 +201,8 @@ def stratified(flips: list[Tensor]) -> tuple[float, float, Tensor]:
     example's mean, with :math:`\\mathrm{Var}(\\hat m_b) = K_b^{-2} \\sum_t s^2_{bt}/R`
     (the formula senslab uses for the same design)."""
     per_sample = torch.stack([f.double().mean() for f in flips])
+    if min(f.shape[1] for f in flips) < 2:  # one draw (a ``--direct`` run): no such variance
+        return float(per_sample.mean()), math.nan, per_sample
     var = sum(float(f.double().var(dim=1).sum()) / (f.shape[1] * f.shape[0] ** 2) for f in flips)
     return float(per_sample.mean()), math.sqrt(var) / len(flips), per_sample
 
@@ -1018,25 +1024,56 @@ def count_row(case: RealCase, row: dict[str, Any], fl: dict[int, float], local: 
 # -- one case -------------------------------------------------------------------------------------
 
 
-def measure_case(case: RealCase, gemm_n: int, reps: int = 1, log: Any = print,
-                 target: float | None = None,
-                 methods: list[str] | None = None) -> dict[str, Any]:
-    """Every method on ``case`` (``reps`` rounds, order rotated, GEMMs of both dtypes between
-    methods; medians of times), then ratios, FLOP rates and the agreement checks. ``target``:
-    the standard error asked for (default :func:`target_for` the case's examples);
-    ``methods``: only these rows (by label) beside the float32 references."""
-    target = target or target_for(case.n)
-    runs: list[tuple[str, Any]] = [
+def case_runs(case: RealCase, target: float, t_batched: float,
+              t_single: float) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
+    """(label, run) of every method on ``case`` at its draws per token (``case.repeats``);
+    ``t_batched`` / ``t_single``: the clean forwards' seconds of senslab's batched and
+    per-example rows (:func:`clean_seconds`)."""
+    runs: list[tuple[str, Callable[[], dict[str, Any]]]] = [
         ("naive loop float32", lambda: naive_loop(case)),
         ("naive loop bf16", lambda: naive_loop(case, bf16=True)),
         ("paper code float32", lambda: paper_code(case)),
         ("paper code bf16", lambda: paper_code(case, bf16=True)),
         ("paper code float32 compiled", lambda: paper_code(case, compiled=True)),
     ]
-    t_batched, t_single = clean_seconds(case, False), clean_seconds(case, True)
     for label, opts, single in senslab_methods(case, target):
         runs.append((label, lambda o=opts, s=single, lab=label: senslab_row(
             case, lab, o, t_single if s else t_batched, s)))
+    return runs
+
+
+def direct_plan(repeats: int, factor: float) -> tuple[float, int] | None:
+    """(draws per token the target needs, the whole draws to time a run at) for a fixed-draw row
+    of ``repeats`` draws whose rule factor is ``factor``; ``None`` where the rule scales up
+    (factor ≥ 1: its one-time costs counted more often than they are paid, against senslab) or
+    there are no fewer whole draws to run."""
+    needed = repeats * factor
+    low = max(1, math.floor(needed + 1e-9))
+    if factor >= 1.0 or low >= repeats:
+        return None
+    return needed, low
+
+
+def interpolated_seconds(needed: float, low: int, t_low: float, repeats: int,
+                         t_repeats: float) -> float:
+    """Seconds at ``needed`` draws per token from whole runs at ``low`` and ``repeats`` draws
+    (straight between them: one-time costs are in both runs, so they are paid once)."""
+    return t_low + (needed - low) / (repeats - low) * (t_repeats - t_low)
+
+
+def measure_case(case: RealCase, gemm_n: int, reps: int = 1, log: Any = print,
+                 target: float | None = None,
+                 methods: list[str] | None = None, direct: bool = False) -> dict[str, Any]:
+    """Every method on ``case`` (``reps`` rounds, order rotated, GEMMs of both dtypes between
+    methods; medians of times), then ratios, FLOP rates and the agreement checks. ``target``:
+    the standard error asked for (default :func:`target_for` the case's examples);
+    ``methods``: only these rows (by label) beside the float32 references. ``direct``: every
+    fixed-draw row the rule scales down (:func:`direct_plan`) is run again at the whole draws
+    below what the target needs, and its time to precision is interpolated between the two runs
+    (:func:`interpolated_seconds`) instead of the rule's scaling of the whole perturbed time."""
+    target = target or target_for(case.n)
+    t_batched, t_single = clean_seconds(case, False), clean_seconds(case, True)
+    runs = case_runs(case, target, t_batched, t_single)
     if methods is not None:
         runs = keep_methods(runs, methods)
     else:
@@ -1074,7 +1111,7 @@ def measure_case(case: RealCase, gemm_n: int, reps: int = 1, log: Any = print,
     fl = flops_by_length(case)
     cuts = (vit_exact_cuts(case.model, case.inputs) if case.kind == "image"
             else encoder_exact_cuts(case, fl))
-    local, direct = local_copy_counts(case)
+    local, direct_flops = local_copy_counts(case)
     soft = local_copy_softmax(case)
     if soft is not None and local is not None:  # what the softmax alone bounds (:func:`targets`)
         soft["flops"] = local
@@ -1087,11 +1124,44 @@ def measure_case(case: RealCase, gemm_n: int, reps: int = 1, log: Any = print,
         row["ttp_factor"] = None if row["adaptive"] else max(
             (row["se"] / target) ** 2, 1.0 / row["draws"] if row["draws"] else 0.0)
         row["label"] = label
-        count_row(case, row, fl, local, peaks, direct)
         rows.append(row)
+    if direct:
+        time_directly(case, rows, target, t_batched, t_single, reps, log, failed)
+    for row in rows:
+        count_row(case, row, fl, local, peaks, direct_flops)
     result = finish_case(case, rows, peaks, fl, target, cuts, local, soft)
     return {**result, "failed": failed, "winograd": bool(getattr(case.model, "winograd", False)),
-            "gflop_per_local_copy_direct": None if direct is None else direct / 1e9}
+            "gflop_per_local_copy_direct": None if direct_flops is None else direct_flops / 1e9}
+
+
+def time_directly(case: RealCase, rows: list[dict[str, Any]], target: float, t_batched: float,
+                  t_single: float, reps: int, log: Any, failed: dict[str, str]) -> None:
+    """The ``direct`` timing of :func:`measure_case`: each row the rule scales down runs again
+    at fewer whole draws (``reps`` times, the median kept); its ``ttp`` becomes the interpolated
+    seconds, ``ttp_rule`` keeps the rule's, ``direct`` holds the run (draws needed, draws run,
+    their seconds). A row whose run at fewer draws fails keeps the rule's time, said in
+    ``failed``."""
+    plans = {}
+    for row in rows:
+        plan = None if row["adaptive"] else direct_plan(case.repeats, row["ttp_factor"])
+        if plan is not None:
+            plans.setdefault(plan[1], []).append((row, plan[0]))
+    for low, planned in sorted(plans.items()):
+        fewer = dict(case_runs(dataclasses.replace(case, repeats=low), target, t_batched,
+                               t_single))
+        for row, needed in planned:
+            label = row["label"]
+            try:
+                seconds = statistics.median(fewer[label]()["seconds"] for _ in range(reps))
+            except Exception as err:  # the row keeps the rule's time, and says why
+                failed[f"{label} at {low} draws"] = f"{type(err).__name__}: {err}"
+                log(f"  {case.name} {label} at {low} draws: FAILED {err}")
+                continue
+            row["ttp"] = interpolated_seconds(needed, low, seconds, case.repeats,
+                                              row["seconds"])
+            row["direct"] = {"draws_needed": needed, "draws": low, "seconds": seconds}
+            log(f"  {case.name} {label} at {low} draws: {seconds:.1f} s; at {needed:.2f}: "
+                f"{row['ttp']:.1f} s (the rule: {row['ttp_rule']:.1f} s)")
 
 
 def merge_reps(samples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -1457,7 +1527,17 @@ def markdown(result: dict[str, Any]) -> str:
                                                                  r["seconds_by_rep"],
                                                                  strict=True))
                   + "): the median mixes them" for r in c["rows"] if "precision_by_rep" in r]
-        down = [r["ttp_factor"] for r in c["rows"] if (r.get("ttp_factor") or 1.0) < 1.0]
+        down = [r["ttp_factor"] for r in c["rows"]
+                if (r.get("ttp_factor") or 1.0) < 1.0 and "direct" not in r]
+        timed = [r for r in c["rows"] if "direct" in r]
+        if timed:
+            lines.append("- timed at whole draws and interpolated (`--direct`), the rule's "
+                         "seconds over these: " + "; ".join(
+                             f"{r['label']} {r['ttp_rule'] / r['ttp']:.3f} ("
+                             f"{r['direct']['draws']} draw{'s' if r['direct']['draws'] > 1 else ''}"
+                             f" {r['direct']['seconds']:.1f} s, to "
+                             f"{r['direct']['draws_needed']:.2f}: {r['ttp']:.1f} s)"
+                             for r in timed))
         if down:
             lines.append(f"- fixed-draw rows extrapolated down to {min(down):.2f}–{max(down):.2f}"
                          " of their perturbed time: senslab's one-time costs in its run "
@@ -1616,6 +1696,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         "images 5); at least 2, for the within-token variance. Time to "
                         "precision is extrapolated the same way, so fewer draws only shorten "
                         "the run")
+    parser.add_argument("--direct", action="store_true",
+                        help="time every fixed-draw row the rule scales down again at the whole "
+                        "draws below what the target needs and interpolate (one-time costs paid "
+                        "once, not scaled); the rule's value stays in ttp_rule")
     parser.add_argument("--ceiling", type=int, default=None, metavar="R",
                         help="instead of the timed rows: the naive loop with R draws per token "
                         "and the fewest forwards any allocation of draws could reach the "
@@ -1682,7 +1766,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             out = _write(result, args.out, mode)
             continue
         res = measure_case(case, gemm_n, args.reps,
-                           log=lambda s: print(s, flush=True), methods=args.methods)
+                           log=lambda s: print(s, flush=True), methods=args.methods,
+                           direct=args.direct)
         res["seconds"] = time.perf_counter() - start
         result["cases"].append(res)
         out = _write(result, args.out, mode)  # after every case: a later case may not finish

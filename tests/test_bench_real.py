@@ -128,6 +128,44 @@ def test_time_to_precision_arithmetic(bench):
     assert not bench.agree(0.10, 0.001, 0.12, 0.001)[0]
 
 
+def test_direct_timing_plans_whole_draws_and_interpolates(bench):
+    # 5 draws whose rule factor is 0.5: 2.5 draws needed, timed at 2 and read between 2 and 5
+    assert bench.direct_plan(5, 0.5) == (2.5, 2)
+    assert bench.direct_plan(2, 0.5) == (1.0, 1)  # the floor: one draw per token
+    assert bench.direct_plan(5, 0.2) == pytest.approx((1.0, 1))
+    assert bench.direct_plan(5, 1.0) is None and bench.direct_plan(5, 3.0) is None
+    assert bench.direct_plan(5, 0.96) is None or bench.direct_plan(5, 0.96)[1] == 4
+    # 3 s at 2 draws, 6 s at 5: a second a draw, so 3.5 s at 2.5 draws; one-time costs not scaled
+    assert bench.interpolated_seconds(2.5, 2, 3.0, 5, 6.0) == pytest.approx(3.5)
+    assert bench.interpolated_seconds(1.0, 1, 2.0, 2, 3.0) == pytest.approx(2.0)
+    # a run with 10 s of one-time costs and 1 s a draw: the rule at factor 0.5 of 5 draws gives
+    # 7.5 s, the two runs give 12.5 s, its real time at 2.5 draws
+    rule = bench.seconds_to_precision(0.0, 15.0, 0.002 * math.sqrt(0.5), draws=5)
+    assert rule == pytest.approx(7.5)
+    assert bench.interpolated_seconds(2.5, 2, 12.0, 5, 15.0) == pytest.approx(12.5)
+
+
+def test_measure_case_times_scaled_down_rows_directly(bench):
+    case = tiny_image_case(bench)  # 5 draws; a loose target floors every factor at 1/5
+    res = bench.measure_case(case, gemm_n=64, log=lambda s: None, target=1.0,
+                             methods=["senslab defaults"], direct=True)
+    assert not res["failed"]
+    for r in res["rows"]:
+        assert r["ttp_factor"] == pytest.approx(0.2)
+        assert r["direct"]["draws"] == 1 and r["direct"]["draws_needed"] == pytest.approx(1.0)
+        assert r["ttp"] == pytest.approx(r["direct"]["seconds"])  # needed = whole draws run
+        assert r["ttp_rule"] == pytest.approx(bench.seconds_to_precision(
+            r["t_clean"], r["t_perturbed"], r["se"], 1.0, r["draws"]))
+    table = bench.markdown({"cases": [res], "gemm_n": 64})
+    assert "timed at whole draws and interpolated (`--direct`)" in table
+    assert "extrapolated down" not in table  # every scaled-down row was timed
+    # without it the rule stands, and the table says which way it leans
+    res = bench.measure_case(case, gemm_n=64, log=lambda s: None, target=1.0,
+                             methods=["senslab defaults"])
+    assert all("direct" not in r and r["ttp"] == r["ttp_rule"] for r in res["rows"])
+    assert "extrapolated down to 0.20–0.20" in bench.markdown({"cases": [res], "gemm_n": 64})
+
+
 def test_measure_case_keeps_the_references_and_the_named_rows(bench):
     case = tiny_image_case(bench)
     res = bench.measure_case(case, gemm_n=64, log=lambda s: None,
