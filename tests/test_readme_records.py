@@ -551,6 +551,24 @@ REAL_TABLES: dict[str, tuple[tuple[str, ...], list[Case]]] = {
           ("fastest, bf16's own decisions", "peak {}",
            meets("senslab autocast=bf16", BF16_PEAK))),
     ]),
+    "Zen 4 EPYC, timed directly": (
+        ("case", "naive loop fp32 / bf16", "paper code fp32 / bf16", "senslab defaults",
+         "`autocast=torch.bfloat16`", "target"), [
+        C(name, "real-images-256-2threads-zen4-direct.json", case,
+          ("naive loop fp32 / bf16", "^{} / ", seconds("naive loop float32")),
+          ("naive loop fp32 / bf16", "/ {} s", seconds("naive loop bf16")),
+          ("paper code fp32 / bf16", "^{} / ", seconds("paper code float32")),
+          ("paper code fp32 / bf16", "/ {} s", seconds("paper code bf16")),
+          ("senslab defaults", "^{} s (float32", seconds("senslab defaults")),
+          ("senslab defaults", "): {}×", vs(PAPER, "senslab defaults")),
+          ("senslab defaults", "({}× the fp32 row)",
+           times("paper code float32", "senslab defaults")),
+          ("`autocast=torch.bfloat16`", "^{} s:", seconds("senslab autocast=bf16")),
+          ("`autocast=torch.bfloat16`", autocast_shape, vs(PAPER, "senslab autocast=bf16")),
+          ("target", "code {}", target_ok(THREE_PAPER)))
+        for name, case, autocast_shape in [("ResNet-18", "resnet18", ": {}×"),
+                                           ("ViT-small", "vit_small", ": **{}×")]
+    ]),
     "H200": (
         ("case", "naive loop fp32 / bf16", "paper code fp32 / bf16", "senslab defaults",
          "bf16-checked (re-checked)", "float32", "vs naive", "vs paper code"), [
