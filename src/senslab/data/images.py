@@ -13,7 +13,10 @@ whose gzip header lacks the file name); MNIST and Fashion-MNIST files read so ar
 where their images are not 28×28, their labels are not one per image or not 0..9. With or without
 it, a held-out file that holds the training files' data (t10k images equal to the train images
 beside them, a CIFAR-10 ``test_batch`` or an SVHN test file that is a byte copy of a training
-file) is refused, naming both files and the fix.
+file) is refused, naming both files and the fix; without ``verify``, an MNIST, Fashion-MNIST or
+CIFAR-10 test file that shares more than 10 and more than a tenth of its images with the
+training images beside it warns, naming the share (CIFAR-10's is checked too where its
+``test_batch`` lacks the reference md5).
 
 Normalisation (``normalize=``), applied per channel after scaling bytes to [0, 1] (x = byte/255):
 
@@ -152,6 +155,17 @@ def normalize_images(x: Tensor, mode: str, stats: Stats) -> tuple[Tensor, Stats]
     if mode not in NORMALIZE_MODES:
         raise ValueError(f"unknown normalize={mode!r}; use one of {', '.join(NORMALIZE_MODES)}")
     _check_float_images(x, "normalize_images", "scale bytes to [0, 1] first: x.float() / 255")
+    if x.numel() and not (x.min() >= -1e-6 and x.max() <= 1 + 1e-6):  # NaN fails too
+        # images a loader had normalised already (its default minus_one_one) were normalised
+        # again: "standard" MNIST made [-1, 1] pixels [-3.67, 2.82], without a word
+        if bool(x.isnan().any()):
+            raise ValueError("normalize_images got images with NaN pixels; replace or drop them "
+                             "first, e.g. x.nan_to_num(0.0)")
+        raise ValueError(
+            f"normalize_images takes pixels in [0, 1], got values in [{float(x.min()):.4g}, "
+            f"{float(x.max()):.4g}]: already normalised images would be normalised twice. Load "
+            "the dataset with normalize='none', or map its images back to [0, 1] with "
+            "senslab.data.images.denormalize(x, dataset.meta) first")
     c = x.shape[1]
     if mode == "none":
         return x, ((0.0,) * c, (1.0,) * c)
@@ -290,10 +304,20 @@ def read_idx(path: Path, magic: int) -> np.ndarray:
 
     The magic's low byte is the number of dimensions and its third byte the type (0x08 = uint8).
     """
+    raw = b""
     try:
         raw = path.read_bytes()
         raw = gzip.decompress(raw) if path.name.endswith(".gz") else raw
     except (EOFError, OSError, zlib.error) as err:
+        head = struct.unpack(">I", raw[:4])[0] if len(raw) >= 4 else None
+        if head == magic:  # an uncompressed idx file under the .gz name: "delete it and
+            # download it again" threw away a copy of one's own that only needed compressing
+            raise DataUnavailableError(
+                f"{path} is not gzip-compressed: it is an uncompressed idx file (magic {magic}) "
+                f"under a .gz name, where the .gz files are read decompressed. Compress it "
+                f"(mv {path} {path.with_suffix('')} && gzip -k {path.with_suffix('')}) and load "
+                "with verify=False (--set data.options.verify=false: a gzip of your own is not "
+                "the official file's bytes), or put the official file there") from err
         raise DataUnavailableError(f"{path} is truncated or not a valid gzip file ({err}); "
                                    "delete it and download it again") from err
     got = struct.unpack(">I", raw[:4])[0] if len(raw) >= 4 else None
@@ -359,7 +383,7 @@ def _idx_split(root: Path, table: dict[str, str], urls: tuple[str, ...], prefix:
             "file is damaged or another dataset's. Put the official file there, or write "
             "yours with labels 0..9")
     if prefix == "t10k":
-        _refuse_train_copy(name, img_path, images)
+        _refuse_train_copy(name, img_path, images, verify)
     return images[:, None], labels, str(img_path.parent)
 
 
@@ -378,26 +402,59 @@ def _idx_dims(path: Path) -> tuple[int, ...] | None:
     return struct.unpack(f">{ndim}I", head) if len(head) == 4 * ndim else None
 
 
-def _refuse_train_copy(name: str, img_path: Path, images: np.ndarray) -> None:
+def _refuse_train_copy(name: str, img_path: Path, images: np.ndarray,
+                       verify: bool = True) -> None:
     """Refuse test images ``images`` (read from ``img_path``) that are the training images of the
     idx file beside them: a copy of one's own read with ``verify=False`` (nothing else ties the
     files to the official ones) made every held-out number a training number, unsaid. Cheap: the
     training file is decoded only where its header has the test file's dimensions (never for the
     official files, 60,000 against 10,000), and compared by its pixels, so that a copy gzipped
-    again (other header bytes) is found too."""
+    again (other header bytes) is found too. Without ``verify`` (no md5 ties the files to the
+    official ones) the training images are read in any case, and test images shared with them
+    warn (:func:`_warn_shared_images`)."""
     train = img_path.with_name(_TRAIN_IDX[0])
-    if not train.is_file() or _idx_dims(train) != images.shape:
+    dims = _idx_dims(train) if train.is_file() else None
+    if dims is None or (verify and dims != images.shape):
         return
     try:
-        same = np.array_equal(read_idx(train, _IDX_IMAGES), images)
+        seen = read_idx(train, _IDX_IMAGES)
     except DataUnavailableError:  # a damaged training file is refused where it is loaded
         return
+    same = np.array_equal(seen, images)
+    if not same and not verify:
+        _warn_shared_images(img_path, images, train.name, seen, name)
     if same:
         raise DataUnavailableError(
             f"{img_path} holds the same {len(images):,} images as {train.name} next to it (a "
             f"copy of the training files), so {name}'s test split would be its training "
             f"examples: put {name}'s held-out t10k files there (the official ones), or write a "
             "test set of your own, held out of your training images, under the t10k names")
+
+
+#: images of a held-out file that may also be in the training file(s) beside it before a
+#: warning: up to this many, or up to this share of the file (text's :mod:`.text` uses the same)
+_SHARED_ALLOWED, _SHARED_SHARE = 10, 0.1
+
+
+def _warn_shared_images(held_path: Path, held: np.ndarray, train_name: str, train: np.ndarray,
+                        name: str) -> None:
+    """Warn where more than :data:`_SHARED_ALLOWED` and more than :data:`_SHARED_SHARE` of the
+    images ``held`` (read from ``held_path``) are, pixel for pixel, images of ``train`` (the
+    training file(s) ``train_name`` beside it): a split of one's own drawn from the training
+    images, or with them added, measured that share of its held-out numbers on training images
+    without a word (only a whole copy of the training file was refused). A few shared images
+    are no error: a corpus may repeat one."""
+    if not len(held) or held.shape[1:] != train.shape[1:]:
+        return
+    seen = {r.tobytes() for r in train.reshape(len(train), -1)}
+    shared = sum(r.tobytes() in seen for r in held.reshape(len(held), -1))
+    if shared > max(_SHARED_ALLOWED, _SHARED_SHARE * len(held)):
+        warnings.warn(
+            f"{held_path}: {shared:,} of its {len(held):,} images ({shared / len(held):.0%}) are "
+            f"also in {train_name} next to it (the same pixels), so that share of {name}'s "
+            "held-out numbers (accuracy, sensitivity) is measured on training images. Put a "
+            "held-out file that shares (almost) no images with the training images there (the "
+            "official one), or remove the shared images from one of the two", stacklevel=4)
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -672,12 +729,19 @@ def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         with open(path, "rb") as f:  # pickles: trusted only because the tarball's md5 was checked
             batch = pickle.load(f, encoding="bytes")
-        data, labels = np.asarray(batch[b"data"]), np.asarray(batch[b"labels"])
-    except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError) as err:
+        # the official batches are Python 2 pickles, whose keys come back as bytes; a batch of
+        # one's own pickled by Python 3 has the same keys as str (torchvision reads both): it
+        # was refused as "damaged", with the advice to delete the folder that held it
+        batch = {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in batch.items()}
+        data, labels = np.asarray(batch["data"]), np.asarray(batch["labels"])
+    except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError,
+            AttributeError) as err:
         raise DataUnavailableError(
             f"{path} is not a CIFAR-10 batch ({type(err).__name__}: {err}): truncated, damaged "
-            f"or another set's (CIFAR-100 has no b'labels'); delete {path.parent} so that it is "
-            "extracted again from cifar-10-python.tar.gz") from err
+            f"or another set's (a CIFAR-10 batch is a dict with keys 'data', (n, 3072) bytes, "
+            f"and 'labels'; CIFAR-100's has 'fine_labels'); delete {path.parent} so that it is "
+            "extracted again from cifar-10-python.tar.gz, or, for a batch of your own, pickle "
+            "it in that layout") from err
     if data.ndim != 2 or data.shape[1] != 3072 or labels.ndim != 1 or len(data) != len(labels):
         raise DataUnavailableError(f"{path}: expected data (n, 3072) and n labels, got "
                                    f"{data.shape} and {labels.shape}")
@@ -718,6 +782,18 @@ def cifar10(split: str = "train", root: Any = None, download: bool = False,
                 "held-out batch of your own")
     x, y = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
     off = [n for n in names if verify and md5sum(folder / n) != CIFAR10_BATCH_MD5S[n]]
+    if split == "test" and (not verify or off):
+        # a test_batch of one's own (no reference md5): its images drawn from the training
+        # batches were measured as held-out ones, unsaid (only a byte copy was refused)
+        train = []
+        for i in range(1, 6):
+            try:
+                train.append(_read_cifar_batch(folder / f"data_batch_{i}")[0])
+            except DataUnavailableError:  # missing or damaged: refused where it is loaded
+                continue
+        if train:
+            _warn_shared_images(folder / "test_batch", x, "data_batch_1..5", np.concatenate(train),
+                                "cifar10")
     if off:
         warnings.warn(
             f"{folder}: {', '.join(off)} {'does' if len(off) == 1 else 'do'} not have CIFAR-10's "
