@@ -91,6 +91,7 @@ from ._stats import (
     SensitivityResult,
     State,
     accumulate,
+    all_reduced,
     interval,
     merged,
     no_data_stderr,
@@ -225,8 +226,15 @@ def _reported_nan(diffs: list[Difference]) -> str:
 
 
 class CompareSensitivity:
-    """Accumulating paired comparison (``update``/``compute``/``reset``/``merge``); see the
-    module docstring for the formulas.
+    """Accumulating paired comparison (``update``/``compute``/``reset``/``merge``/
+    ``all_reduce``); see the module docstring for the formulas.
+
+    Under ``torchrun`` each rank measures its own batches (with its own seed) and
+    :meth:`all_reduce` sums every model's state and every paired difference's: the estimates,
+    differences and paired standard errors of all ranks' examples, as one process that
+    measured them all. Reducing each model's metric alone (``metrics[name].all_reduce()``)
+    left the paired states one rank's (the standard error of its examples for a difference of
+    all of them); :meth:`compute` refuses that mix.
 
     Args:
         models: a dict ``{name: model}`` of at least two models that read the same tokens,
@@ -327,6 +335,9 @@ class CompareSensitivity:
         for m in self.metrics.values():
             m.reset()
         self.paired = {pair: State() for pair in self.pairs}
+        #: this process's own paired states beside the totals of :meth:`all_reduce` (None
+        #: before it): what a later ``update`` adds to and another ``all_reduce`` sums again
+        self._paired_local: dict[tuple[str, str], State] | None = None
 
     def merge(self, other: CompareSensitivity) -> CompareSensitivity:
         """Add ``other``'s accumulated state (same model names, in the same order, and
@@ -363,6 +374,13 @@ class CompareSensitivity:
                     "the same name in both comparisons"
                 )
         with _both(self, other):  # neither changes while the models' states are merged
+            for what, held in (("this comparison", self), ("the other comparison", other)):
+                if getattr(held, "_paired_local", None) is not None:
+                    raise ValueError(
+                        f"cannot merge: {what} holds the total of an all_reduce, which would "
+                        "be counted again; merge the processes' own comparisons, or "
+                        "all_reduce alone"
+                    )
             for name, m in self.metrics.items():  # every refusal before anything is added
                 theirs = other.metrics[name]
                 m._refuse_other(theirs)
@@ -371,6 +389,55 @@ class CompareSensitivity:
                 m.merge(other.metrics[name])
             for pair in self.pairs:
                 self.paired[pair] = merged(self.paired[pair], other.paired[pair], self.align)
+        return self
+
+    @_one_thread_at_a_time
+    def all_reduce(self, group: Any = None) -> CompareSensitivity:
+        """Sum every model's state and every paired difference's state over all processes of
+        ``torch.distributed`` (every rank then holds the total, as one process that measured
+        every rank's batches would: the estimates, the differences and their paired standard
+        errors). Each rank keeps its own states beside the totals: a later ``update`` adds to
+        its own, and another ``all_reduce`` (an interim value, then the final one) sums the
+        ranks' own states again, never a total twice; :meth:`merge` refuses a comparison that
+        holds a total.
+
+        Refused with a ValueError (on every rank alike, before anything is summed) where the
+        ranks compare other models (names, in order) or measure with other options, as
+        :meth:`TokenSensitivity.all_reduce <senslab.measure.TokenSensitivity.all_reduce>`
+        refuses. Reducing each model's metric alone (``metrics[name].all_reduce()``) leaves
+        the paired states this rank's, and :meth:`compute` refuses that mix."""
+        import torch.distributed as dist
+
+        names = list(self.metrics)
+        infos: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(infos, names, group=group)
+        for r, theirs in enumerate(infos):
+            if theirs != names:
+                raise ValueError(
+                    f"cannot all_reduce: rank {dist.get_rank(group)} compares the models "
+                    f"{names} but rank {r} {theirs}; their sum would mix other models' "
+                    "differences. Build every rank's comparison with the same names, in the "
+                    "same order"
+                )
+        before = {name: (m.state, m._local) for name, m in self.metrics.items()}
+        held = self.paired
+        local = getattr(self, "_paired_local", None)
+        local = held if local is None else local
+        try:
+            for name, m in self.metrics.items():
+                try:
+                    with _NamedWarnings(name):
+                        m.all_reduce(group)
+                except ValueError as err:
+                    raise _named(err, name) from err
+            self.paired = {pair: all_reduced(local[pair], self.align, group)
+                           for pair in self.pairs}
+        except BaseException:
+            for name, m in self.metrics.items():
+                m.state, m._local = before[name]
+            self.paired = held
+            raise
+        self._paired_local = local
         return self
 
     @_one_measurement_at_a_time
@@ -399,6 +466,9 @@ class CompareSensitivity:
         # a model that measured the batch before another failed counted it (a run at full
         # width) in its own update, which succeeded: put back, as its own failed update would
         untrimmed = {name: m.untrimmed_batches for name, m in metrics}
+        # after all_reduce, a model's update swaps its total for its own state: a model that
+        # measured the batch before another failed gets its total back
+        states = {name: (m.state, m._local) for name, m in metrics}
         try:
             for name, m in metrics:
                 _restore(m, start)
@@ -426,11 +496,15 @@ class CompareSensitivity:
                 # the next update checks as a fresh one would
                 m._verified, m._batch_checked, m._caches_for = verified[name]
                 m.untrimmed_batches = untrimmed[name]
+                m.state, m._local = states[name]
             raise
         batches = {name: m.pending for name, m in metrics}
         for _, m in metrics:
             m.commit()
         first = metrics[0][1]
+        own = getattr(self, "_paired_local", None)
+        if own is not None:  # after all_reduce: the batch adds to this process's own states
+            self.paired, self._paired_local = own, None
         for a, b in self.pairs:
             va, src, tok, valid, per_cell, *_ = batches[a]  # type: ignore[misc]
             vb = batches[b][0]  # type: ignore[index]
@@ -470,7 +544,12 @@ class CompareSensitivity:
 
     @_one_thread_at_a_time
     def compute(self) -> ComparisonResult:
-        """Each model's estimate and every pairwise paired difference since :meth:`reset`."""
+        """Each model's estimate and every pairwise paired difference since :meth:`reset`.
+
+        Refused where a model's metric holds other examples than the paired states (one
+        model's metric all-reduced or merged alone: the differences' standard errors would be
+        another set of examples' than their estimates)."""
+        self._refuse_unpaired()
         results = {name: self._named_compute(name, m) for name, m in self.metrics.items()}
         diffs = {}
         for a, b in self.pairs:
@@ -491,6 +570,23 @@ class CompareSensitivity:
             self._warn_ties(d)
             self._warn_no_disagreement(d)
         return ComparisonResult(results=results, differences=diffs, estimand=self.estimand)
+
+    def _refuse_unpaired(self) -> None:
+        """Raise where a model's metric counts other examples than the paired states: its
+        ``all_reduce`` (or ``merge``) called alone. Two ranks of 6 examples each, every
+        metric all-reduced by hand, read ``a − b`` as the 12 examples' difference with the
+        paired standard error of one rank's 6 (0.115 for the 12's 0.067)."""
+        paired = self.paired[self.pairs[0]].n
+        counts = {name: m.state.n for name, m in self.metrics.items()}
+        if any(n != paired for n in counts.values()):
+            held = ", ".join(f"{name!r}: {n:,}" for name, n in counts.items())
+            raise ValueError(
+                f"the models' metrics hold other examples ({held}) than the paired "
+                f"differences ({paired:,}): a model's metric was all-reduced or merged alone, "
+                "and the differences' standard errors would be another set of examples' than "
+                "their estimates. Call all_reduce() (or merge()) on the comparison, which "
+                "sums every model's state and every paired one"
+            )
 
     @staticmethod
     def _named_compute(name: str, m: _Paired) -> SensitivityResult:

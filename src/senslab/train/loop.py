@@ -646,10 +646,7 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
         opt.load_state_dict(state["optimizer"])
         if sched is not None:
             sched.load_state_dict(state["scheduler"])
-        _restore_global_rng(state, rank, world)
-        per_rank = state.get("reg_rngs")
-        reg_gen.set_state(per_rank[rank] if world > 1 and per_rank is not None
-                          and len(per_rank) == world else state["reg_rng"])
+        _restore_rngs(state, reg_gen, rank, world)
         for key, value in state["position"].items():
             # a Ctrl-C belongs to the sitting that saw it: restored from a checkpoint that
             # stored it (saved after a swallowed one), it stopped every resume after one step
@@ -845,29 +842,44 @@ def _global_rng() -> tuple[Tensor, list[Tensor] | None]:
             torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
 
 
-def _restore_global_rng(state: dict[str, Any], rank: int, world: int) -> None:
-    """Set the global RNG (dropout) from checkpoint ``state``: under torchrun each rank its own
-    stream (``torch_rngs``); rank 0's for every rank made their masks the same after a resume. A
-    checkpoint without one per rank (written by an older senslab, or by another number of
-    ranks) gives rank 0 its stream and leaves the others on the fresh ones seeded for them,
-    with a warning that the resume is not the uninterrupted run's."""
+def _restore_rngs(state: dict[str, Any], reg_gen: torch.Generator, rank: int,
+                  world: int) -> None:
+    """Set the global RNG (dropout) and the regularizer's noise generator ``reg_gen`` from
+    checkpoint ``state``: under torchrun each rank its own streams (``torch_rngs``,
+    ``reg_rngs``); rank 0's for every rank made their masks, and their regularizer's patches
+    and noise, the same after a resume. A checkpoint without one per rank (written by an older
+    senslab, or by another number of ranks) gives rank 0 its streams and leaves the others on
+    the fresh ones seeded for them, with one warning (rank 0's) that the resume is not the
+    uninterrupted run's."""
     cpu, gpu = state["torch_rng"], state.get("cuda_rng")
-    per_rank = state.get("torch_rngs")
+    reg = state["reg_rng"]
     if world > 1:
-        if per_rank is not None and len(per_rank) == world:
-            cpu, gpu = per_rank[rank], state.get("cuda_rngs", [None] * world)[rank]
-        else:
-            if rank == 0:
-                warnings.warn(
-                    f"this checkpoint holds {len(per_rank) if per_rank else 1} dropout stream(s) "
-                    f"for the {world} ranks now running (written by an older senslab, or by "
-                    f"another number of ranks): ranks > 0 continue on fresh streams of their "
-                    f"own, so the resumed run's dropout masks are not the uninterrupted run's; "
-                    f"start over in a new run directory for an exact run",
-                    UserWarning, stacklevel=4)
-            if rank:
-                return
-    torch.set_rng_state(cpu)
+        short = {what: len(streams) if streams else 1
+                 for what, streams in (("dropout", state.get("torch_rngs")),
+                                       ("regularizer noise", state.get("reg_rngs")))
+                 if streams is None or len(streams) != world}
+        if "dropout" not in short:
+            cpu, gpu = state["torch_rngs"][rank], state.get("cuda_rngs", [None] * world)[rank]
+        if "regularizer noise" not in short:
+            reg = state["reg_rngs"][rank]
+        if short and rank == 0:
+            held = " and ".join(f"{n} {what} stream(s)" for what, n in short.items())
+            warnings.warn(
+                f"this checkpoint holds {held} for the {world} ranks now running (written by "
+                f"an older senslab, or by another number of ranks): ranks > 0 continue on "
+                f"fresh streams of their own, so the resumed run's "
+                f"{' and '.join(short)} draws are not the uninterrupted run's; resume on the "
+                f"number of ranks that wrote the checkpoint, or start over in a new run "
+                f"directory, for an exact run",
+                UserWarning, stacklevel=4)
+        if rank and "dropout" in short:
+            cpu = gpu = None
+        if rank and "regularizer noise" in short:
+            reg = None
+    if reg is not None:
+        reg_gen.set_state(reg)
+    if cpu is not None:
+        torch.set_rng_state(cpu)
     if gpu is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(gpu)
 
