@@ -282,3 +282,30 @@ def test_a_resume_on_more_ranks_keeps_the_fresh_streams_of_ranks_above_0() -> No
                 assert torch.equal(own.get_state(), fresh) and said == []
     finally:
         torch.set_rng_state(saved)
+
+
+def test_one_process_resuming_a_checkpoint_of_two_ranks_says_so() -> None:
+    """A checkpoint written by 2 ranks (``torch_rngs``/``reg_rngs`` of 2) resumed in one process
+    continues on rank 0's streams — rank 1's rows then draw other masks and noise — with a
+    warning naming the ranks that wrote it; a one-process checkpoint resumes without a word."""
+    import warnings
+
+    from senslab.train.loop import _restore_rngs
+
+    saved = torch.get_rng_state()
+    try:
+        streams = [torch.Generator().manual_seed(s).get_state() for s in (1, 2, 3, 4)]
+        state = {"torch_rng": streams[0], "reg_rng": streams[2],
+                 "torch_rngs": streams[:2], "reg_rngs": streams[2:]}
+        for kept, expect in ((state, 1), ({"torch_rng": streams[0], "reg_rng": streams[2]}, 0)):
+            own = torch.Generator().manual_seed(100)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                _restore_rngs(kept, own, 0, 1)
+            said = [str(w.message) for w in caught]
+            assert torch.equal(own.get_state(), streams[2])  # rank 0's stream, as before
+            assert len(said) == expect
+            if expect:
+                assert "written by 2 ranks" in said[0] and "--nproc_per_node=2" in said[0]
+    finally:
+        torch.set_rng_state(saved)

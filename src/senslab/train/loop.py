@@ -850,7 +850,8 @@ def _restore_rngs(state: dict[str, Any], reg_gen: torch.Generator, rank: int,
     and noise, the same after a resume. A checkpoint without one per rank (written by an older
     senslab, or by another number of ranks) gives rank 0 its streams and leaves the others on
     the fresh ones seeded for them, with one warning (rank 0's) that the resume is not the
-    uninterrupted run's."""
+    uninterrupted run's; one process resuming a checkpoint of several ranks takes rank 0's
+    streams, with a warning too."""
     cpu, gpu = state["torch_rng"], state.get("cuda_rng")
     reg = state["reg_rng"]
     if world > 1:
@@ -876,6 +877,15 @@ def _restore_rngs(state: dict[str, Any], reg_gen: torch.Generator, rank: int,
             cpu = gpu = None
         if rank and "regularizer noise" in short:
             reg = None
+    else:
+        wrote = max(len(state.get("torch_rngs") or ()), len(state.get("reg_rngs") or ()))
+        if wrote > 1:  # the streams of ranks > 0 are dropped: their rows draw rank 0's now
+            warnings.warn(
+                f"this checkpoint was written by {wrote} ranks and is resumed in one process: "
+                f"it continues on rank 0's dropout and regularizer streams, so the rows ranks "
+                f"> 0 trained get other draws and the resumed run is not the uninterrupted "
+                f"run's; resume with torchrun --nproc_per_node={wrote}, or start over in a new "
+                f"run directory, for an exact run", UserWarning, stacklevel=4)
     if reg is not None:
         reg_gen.set_state(reg)
     if cpu is not None:
