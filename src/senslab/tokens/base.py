@@ -22,10 +22,22 @@ from torch import Tensor, nn
 Inputs = Tensor | tuple | list | dict
 
 
+#: dict entries that hold the examples themselves (Hugging Face's names): the batch is theirs
+MAIN_KEYS = ("input_ids", "inputs_embeds", "pixel_values", "input_values", "input_features")
+
+
 def batch_size(inputs: Inputs) -> int:
-    """Number of examples in ``inputs`` (the first dimension of its first tensor that has
-    one: a 0-dim tensor, a dict's ``temperature=torch.tensor(2.0)`` say, is no batch and was
-    read as one, an IndexError)."""
+    """Number of examples in ``inputs``: the first dimension of a dict's examples
+    (:data:`MAIN_KEYS`: ``input_ids``…), else of its first tensor that has one (a 0-dim tensor,
+    a dict's ``temperature=torch.tensor(2.0)`` say, is no batch and was read as one, an
+    IndexError). A dict's ``position_ids`` of shape (1, T), broadcast over the batch and placed
+    before ``input_ids``, was read as a batch of one, and the measurement refused the rest as
+    sequence-first outputs."""
+    if isinstance(inputs, dict):
+        main = next((inputs[k] for k in MAIN_KEYS
+                     if isinstance(inputs.get(k), Tensor) and inputs[k].dim() > 0), None)
+        if main is not None:
+            return main.shape[0]
     for t in _tensors(inputs):
         if t.dim() > 0:
             return t.shape[0]
@@ -58,6 +70,15 @@ def _tensors(inputs: Inputs) -> Iterator[Tensor]:
         yield from (v for v in inputs if isinstance(v, Tensor))
 
 
+def rebuilt(inputs: tuple | list, values: Iterator[Any] | list[Any]) -> tuple | list:
+    """A tuple or list of ``inputs``' own type holding ``values``: a named tuple (a
+    ``NamedTuple`` batch from a collate function) takes its fields as arguments, where
+    ``type(inputs)(values)`` failed with "missing required positional arguments"."""
+    if isinstance(inputs, tuple) and hasattr(inputs, "_fields"):
+        return type(inputs)(*values)
+    return type(inputs)(values)
+
+
 def select(inputs: Inputs, index: Tensor) -> Inputs:
     """Rows ``index`` of every batch-shaped tensor in ``inputs`` (other values pass through)."""
     b = batch_size(inputs)
@@ -71,7 +92,7 @@ def select(inputs: Inputs, index: Tensor) -> Inputs:
         return pick(inputs)
     if isinstance(inputs, dict):
         return {k: pick(v) for k, v in inputs.items()}
-    return type(inputs)(pick(v) for v in inputs)
+    return rebuilt(inputs, (pick(v) for v in inputs))
 
 
 #: dict entries of an encoder-decoder model's decoder side (``decoder_input_ids``,
@@ -99,7 +120,7 @@ def cut_tokens(inputs: Inputs, t: int, width: int) -> Inputs:
     if isinstance(inputs, dict):
         return {k: v if str(k).startswith(DECODER_PREFIX) else cut(v)
                 for k, v in inputs.items()}
-    return type(inputs)(cut(v) for v in inputs)
+    return rebuilt(inputs, (cut(v) for v in inputs))
 
 
 def has_token_axis(inputs: Inputs, t: int) -> bool:
@@ -265,20 +286,25 @@ def first_real(real: Tensor) -> Tensor:
     return torch.where(real, idx, torch.full_like(idx, t)).min(dim=1).values
 
 
-def real_rows(out: Tensor, ends: Tensor, width: int, full: int) -> Tensor:
+def real_rows(out: Tensor, ends: Tensor, width: int, full: int,
+              starts: Tensor | None = None) -> Tensor:
     """A per-position output kept whole (``position=None``) on its real rows only.
 
     ``out`` of shape (N, L, V) with ``L == width`` (the token count of the forward that made
     it, ``full`` uncut) becomes (N, full, V): each row ``n``'s positions after ``ends[n]``, its
-    last real token, are zero, as are those a cut copy lacks. A distance between such outputs
+    last real token, are zero, as are those a cut copy lacks, and with ``starts`` (each row's
+    first real token) those before ``starts[n]``, left padding. A distance between such outputs
     then counts the real positions only: the padding's own outputs, which move with the real
-    tokens' noise where a padding query attends to them (a causal LM's), would otherwise enter
-    it, by an amount that depends on how much padding the batch has. Any other output is
-    returned as it is."""
+    tokens' noise where a padding query attends to them (a causal LM's, an encoder's), would
+    otherwise enter it, by an amount that depends on how much padding the batch has (left
+    padding entered it, and the same texts measured otherwise left-padded than right-padded).
+    Any other output is returned as it is."""
     if out.dim() != 3 or out.shape[1] != width:
         return out
     pos = torch.arange(width, device=out.device)
     keep = pos[None, :] <= ends.to(out.device)[:, None]
+    if starts is not None:
+        keep &= pos[None, :] >= starts.to(out.device)[:, None]
     out = out * keep[:, :, None].to(out.dtype)
     if width < full:
         out = torch.cat([out, out.new_zeros(out.shape[0], full - width, *out.shape[2:])], 1)

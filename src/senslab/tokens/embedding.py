@@ -35,6 +35,7 @@ from .base import (
     read_position,
     real_rows,
     real_tokens,
+    rebuilt,
     select,
     select_output,
     valid_mask,
@@ -333,7 +334,7 @@ def _with_token_ids(inputs: Inputs, ids: Tensor) -> Inputs:
     if isinstance(inputs, dict):
         return {**inputs, "input_ids": ids}
     if isinstance(inputs, (tuple, list)):
-        return type(inputs)((ids, *inputs[1:]))
+        return rebuilt(inputs, (ids, *inputs[1:]))
     return ids
 
 
@@ -438,7 +439,7 @@ def _cloned(inputs: Inputs) -> Inputs:
     if isinstance(inputs, dict):
         return {k: v.clone() if isinstance(v, Tensor) else v for k, v in inputs.items()}
     if isinstance(inputs, (tuple, list)):
-        return type(inputs)(v.clone() if isinstance(v, Tensor) else v for v in inputs)
+        return rebuilt(inputs, (v.clone() if isinstance(v, Tensor) else v for v in inputs))
     return inputs
 
 
@@ -673,6 +674,8 @@ class _BoundEmbedding(BoundTokens):
         self._width: int | None = None  # tokens of the copies in the current forward
         self.position: Position = "last"  # where a per-position output is read (see Embedding)
         self.ends: Tensor | None = None  # (B,) each example's last real position
+        #: (B,) each example's first real position, where the attention mask says it
+        self.starts: Tensor | None = None
         self._per_position = False  # whether the output is per position (set by run_clean)
         #: noise landing on bf16/fp16 token vectors is checked against the noise drawn
         self._check_rounding = GridCheck(f"token vectors of {name!r}", (
@@ -810,6 +813,25 @@ class _BoundEmbedding(BoundTokens):
         inputs = _cloned(self.inputs)  # the model may edit its inputs in place
         raw = self._count(lambda: call_model(self.model, inputs, self.output))
         if self._shape is None:
+            named = _named_inputs(self.model, self.inputs)
+            if isinstance(named, dict) and isinstance(named.get("inputs_embeds"), Tensor):
+                # no module puts out inputs_embeds: "hook a module the forward runs" named none
+                # (BERT's embedding LayerNorm runs on them: it is named where it does)
+                called = _called_embeddings(self.model, self.inputs, self.output)
+                raise RuntimeError(
+                    f"submodule {self.name!r} was not called during the forward pass: the "
+                    "inputs hold 'inputs_embeds', which the model takes in place of its "
+                    "embedding's output, so the embedding never runs and no module of the model "
+                    "puts those vectors out. Pass the token ids instead ({'input_ids': ids, "
+                    f"...}}: the noise then lands on the output of {self.name!r}, the embedding "
+                    "that runs), or measure a wrapper that runs the vectors through a module of "
+                    "its own, with Embedding('embeds'): class Embeds(nn.Module) whose __init__ "
+                    "keeps the model and sets self.embeds = nn.Identity(), and whose "
+                    "forward(self, inputs_embeds, **kwargs) returns "
+                    "self.model(inputs_embeds=self.embeds(inputs_embeds), **kwargs)"
+                    + (f". (Modules the forward does run on them: {', '.join(map(repr, called))})"
+                       if called else "")
+                )
             called = _called_embeddings(self.model, self.inputs, self.output)
             raise RuntimeError(
                 f"submodule {self.name!r} was not called during the forward pass. A module that "
@@ -882,9 +904,10 @@ class _BoundEmbedding(BoundTokens):
         # with an attention mask, a position before each example's first real token is left
         # padding (mask= alone may leave out a [CLS] at 0 that is a real token: not judged)
         starts = None if self.padding is None else first_real(real)
+        self.starts = starts
         if self.position is None and self.padding is not None and self._per_position:
             # the whole output, on the real rows: the padding's outputs are no example's
-            self.clean_output = real_rows(raw, self.ends, t, t)
+            self.clean_output = real_rows(raw, self.ends, t, t, starts)
         else:
             self.clean_output = read_position(raw, self.ends, self.position, t, starts)
         self._refuse_padding_of_another_id()
@@ -1159,7 +1182,7 @@ class _BoundEmbedding(BoundTokens):
                 return edit(v) if is_tokens else v
             if isinstance(one, dict):
                 return {k: each(v) for k, v in one.items()}
-            return type(one)(each(v) for v in one)
+            return rebuilt(one, (each(v) for v in one))
 
         moved = along_tokens(lambda v: torch.roll(v, -shift, dims=1))
         alone = along_tokens(lambda v: v[:, shift:])
@@ -1172,7 +1195,16 @@ class _BoundEmbedding(BoundTokens):
             # classifier reads its last token of another id): what padding on the right gives
             tail = torch.arange(t, device=ids.device)[None, :] >= t - shift
             moved = _with_token_ids(moved, ids.masked_fill(tail, pad))
-        left_out = self.clean_output[row]
+        whole = self._per_position  # position=None: a per-position output kept whole
+
+        def real_part(out: Tensor, first: int) -> Tensor:
+            """The ``n`` rows of the text's own tokens of a per-position output kept whole
+            (the padding's rows are no example's, :func:`real_rows`); any other as it is:
+            compared whole, the left-padded and the unpadded outputs differed in shape, and
+            every model was said to misread left padding, right padding too."""
+            return out[:, first:first + n] if whole and out.dim() == 3 else out
+
+        left_out = real_part(self.clean_output[row], shift)
         try:  # the text alone: what the model gives it unpadded
             own = self._evaluate(alone, None, torch.zeros(1, n, self.dim,
                                                           device=self._clean.device), n)
@@ -1187,6 +1219,7 @@ class _BoundEmbedding(BoundTokens):
             if own is None:
                 return None  # the model takes no such inputs: not judged
             return LeftPadding(True, int(row), True, None)
+        right = real_part(right, 0)
         if own is None:  # judged against right padding alone (the finding says so)
             return LeftPadding(not _agree(right, left_out.to(right.device)), int(row), False,
                                None)
@@ -1255,5 +1288,7 @@ class _BoundEmbedding(BoundTokens):
             return out
         ends = self.ends.index_select(0, src.to(self.ends.device))
         if self.position is None and self.padding is not None:
-            return real_rows(out, ends, width, self.valid.shape[1])
+            starts = (None if self.starts is None
+                      else self.starts.index_select(0, src.to(self.starts.device)))
+            return real_rows(out, ends, width, self.valid.shape[1], starts)
         return read_position(out, ends, self.position, width)
