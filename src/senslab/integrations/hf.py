@@ -357,6 +357,7 @@ class SensitivityCallback(TrainerCallback):
         logs = {f"{prefix}_{self.name}": r.estimate, f"{prefix}_{self.name}_stderr": r.stderr}
         if metrics is not None:
             metrics.update(logs)  # what evaluate() returns (best-model selection reads it)
+        self._check_attached(state)
         if self.trainer is not None:
             self.trainer.log(dict(logs))
             return
@@ -369,6 +370,27 @@ class SensitivityCallback(TrainerCallback):
                 "use SensitivityCallback(...).attach(trainer)",
                 stacklevel=2,
             )
+
+    def _check_attached(self, state: Any) -> None:
+        """Stop logging through the attached Trainer where another Trainer calls this callback
+        (its ``state`` is not the attached one's: the callback attached to one Trainer and then
+        given to another, ``callbacks=[callback]`` or ``attach`` of another Trainer before):
+        ``trainer.log`` had written the other Trainer's values into the attached one's
+        ``log_history`` and reporters, each at the attached Trainer's last step (an evaluation
+        at step 2 of the second run read as one at step 4 of the first), and nothing into the
+        evaluating Trainer's. The values go to the evaluating Trainer's ``log_history`` instead,
+        with a warning naming the fix."""
+        attached = getattr(self.trainer, "state", None)
+        if self.trainer is None or attached is None or attached is state:
+            return
+        self.trainer, self._warned = None, True
+        warnings.warn(
+            f"SensitivityCallback({self.name!r}) was attached to another Trainer than the one "
+            "evaluating now: logged through that Trainer, its values would go into that Trainer's "
+            "log_history and report_to reporters at that Trainer's step, and none into this "
+            "one's. They go to this Trainer's state.log_history instead (not to its report_to "
+            "reporters); to log through this Trainer, call callback.attach(trainer) with it",
+            UserWarning, stacklevel=3)
 
     def _say_sets(self, prefixes: list[str]) -> None:
         if self._warned_sets:

@@ -46,12 +46,14 @@ small gather, so every process must call ``forward`` equally often), the same on
 **Random stream.** The noise stream continues over ``update`` calls and restarts from the seed
 at :meth:`reset` (which torchmetrics and Lightning call between epochs): each period draws the
 same noise, so changes between periods are the model's. A copy (``clone()``, ``copy.deepcopy``,
-a pickle) leaves the model behind but keeps where the stream stands — the generator's state and
-the noise drawn but not used yet — so its next ``update`` draws what the original's next
-``update`` with the same model would (a copy used by another process starts from that process's
-seed instead: two processes must not draw the same noise). The state dict does not hold the
-stream (a loaded metric starts from the seed). A copy calibrates checked precision
-(``precision="bf16-checked"``, …) anew, as the original does for a new model.
+a pickle) leaves the model behind (``clone()`` and ``deepcopy`` keep the modules the tokens and
+options hold as objects, ``output=model.head``, the model's own) but keeps where the stream
+stands — the generator's state and the noise drawn but not used yet — so its next ``update``
+draws what the original's next ``update`` with the same model would (a copy used by another
+process starts from that process's seed instead: two processes must not draw the same noise).
+The state dict does not hold the stream (a loaded metric starts from the seed). A copy
+calibrates checked precision (``precision="bf16-checked"``, …) anew, as the original does for a
+new model.
 
 **Threads.** ``update``, ``forward``, ``compute``, ``merge_state``, ``reset`` and the state dict
 of one metric run one thread at a time (a lock per metric), so a metric updated from several
@@ -103,6 +105,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import json
@@ -116,10 +119,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 try:
-    from torchmetrics import Metric
+    from torchmetrics import Metric, MetricCollection
     from torchmetrics.utilities import dim_zero_cat
     from torchmetrics.utilities.distributed import gather_all_tensors
 except ImportError as err:  # pragma: no cover - depends on the environment
@@ -714,6 +717,33 @@ class TokenSensitivityMetric(Metric):
         self._lock = TurnLock("this metric")
         self._serialize()
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> TokenSensitivityMetric:
+        """A copy (``clone()``, ``copy.deepcopy``, a ``MetricCollection``'s ``clone()``, each
+        period of a ``MetricTracker``) that leaves the model behind: the modules of the model
+        that the tokens and options name as objects — ``Embedding(model.bert.embeddings.
+        LayerNorm)``, ``output=model.head`` — stay the model's own, not copies. Copied, the
+        copy's ``output`` head kept the weights of the moment it was made while the model's
+        trained on (a validation clone gave 0.094 where the model's head gives 0.156, without a
+        word), and its ``Embedding`` module was no submodule of the model it was built for
+        (refused: "not a submodule"). Where the copy is part of a larger one (a
+        ``LightningModule`` deep-copied with its metrics, for an average of weights), the
+        modules are copied with it, as before."""
+        root = next(iter(memo.values()), self)  # the copy of what is being copied
+        pinned = []
+        if isinstance(root, (Metric, MetricCollection)):
+            for module in _model_parts(self.tokens, self.options):
+                if id(module) not in memo:
+                    memo[id(module)] = module
+                    pinned.append(id(module))
+        try:
+            copied = type(self).__new__(type(self))
+            memo[id(self)] = copied
+            copied.__setstate__(copy.deepcopy(self.__getstate__(), memo))
+        finally:
+            for key in pinned:  # copied anywhere else in the same copy, they are copied
+                del memo[key]
+        return copied
+
     # -- helpers -------------------------------------------------------------------------------
     def _foreign_states(self) -> str | None:
         """Why the states are refused where they hold other examples than this metric's updates,
@@ -899,6 +929,20 @@ _FOREIGN_FIX = (
     "them measures, and the others would return its estimate as theirs). Build the collection "
     "with MetricCollection(..., compute_groups=False)"
 )
+
+
+def _model_parts(tokens: Any, options: dict[str, Any]) -> list[nn.Module]:
+    """The modules of a model that ``tokens`` (an ``Embedding`` given the module itself) and
+    ``options`` (``output=model.head``, or a method of a module) hold as objects."""
+    values = [*vars(tokens).values()] if hasattr(tokens, "__dict__") else []
+    values += list(options.values())
+    found: list[nn.Module] = []
+    for value in values:
+        owner = getattr(value, "__self__", None)  # a bound method: its module
+        for module in (value, owner):
+            if isinstance(module, nn.Module) and all(module is not m for m in found):
+                found.append(module)
+    return found
 
 
 def _known(count: Tensor, kind: type = int) -> Any:
