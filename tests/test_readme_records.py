@@ -568,6 +568,28 @@ REAL_TABLES: dict[str, tuple[tuple[str, ...], list[Case]]] = {
           ("target", "code {}", target_ok(THREE_PAPER)))
         for name, case, autocast_shape in [("ResNet-18", "resnet18", ": {}×"),
                                            ("ViT-small", "vit_small", ": **{}×")]
+    ] + [
+        C(name, "real-text-2threads-zen4-direct.json", case,
+          ("naive loop fp32 / bf16", "^{} / ", seconds("naive loop float32")),
+          ("naive loop fp32 / bf16", "/ {} s", seconds("naive loop bf16")),
+          ("paper code fp32 / bf16", "^{} / — s", seconds("paper code float32")),
+          ("senslab defaults", "^{} s (", seconds("senslab defaults")),
+          ("senslab defaults", "): {}× the naive loop", vs(NAIVE, "senslab defaults")),
+          ("`autocast=torch.bfloat16`", "^{} s:", seconds("senslab autocast=bf16")),
+          ("`autocast=torch.bfloat16`", ": {}×;", vs(NAIVE, "senslab autocast=bf16")),
+          ("`autocast=torch.bfloat16`", "allocation: {} s",
+           seconds("senslab adaptive allocation autocast=bf16")),
+          ("`autocast=torch.bfloat16`", "s, {}×",
+           vs(NAIVE, "senslab adaptive allocation autocast=bf16")),
+          *cells)
+        for name, case, cells in [
+            ("MiniLM", "minilm", (
+                ("senslab defaults", "{}% re-checked", rechecked("senslab defaults")),
+                ("target", "loop {} (", target_ok(FOUR_NAIVE)),
+                ("target", "best {}×", vs(NAIVE, "senslab adaptive allocation bf16-checked")))),
+            ("GPT-2", "gpt2", (
+                ("target", "peak {} (", target_ok(BF16_PEAK)),
+                ("target", "autocast {}%)", percent("senslab autocast=bf16", "bf16"))))]
     ]),
     "H200": (
         ("case", "naive loop fp32 / bf16", "paper code fp32 / bf16", "senslab defaults",

@@ -157,3 +157,36 @@ def test_a_left_padded_per_position_output_kept_whole_measures_its_real_rows() -
     with pytest.warns(RuntimeWarning, match="left-padded"):
         token_sensitivity(model, {"input_ids": left_ids, "attention_mask": left}, tokens,
                           **options)
+
+
+class _InputMaskModel(nn.Module):
+    """Token ids and an ``input_mask`` (XLNet's name: 1 on padding there, on real tokens in TF
+    BERT ports), mean-pooled over the tokens the mask calls real (1 = real here)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(5)
+        self.emb = nn.Embedding(20, 8)
+        self.head = nn.Linear(8, 3)
+        with torch.no_grad():
+            self.emb.weight.copy_(torch.randn(20, 8, generator=g))
+            self.head.weight.copy_(torch.randn(3, 8, generator=g))
+
+    def forward(self, input_ids: torch.Tensor, input_mask: torch.Tensor) -> torch.Tensor:
+        m = input_mask[..., None].float()
+        return self.head((self.emb(input_ids) * m).sum(1) / m.sum(1))
+
+
+def test_an_input_mask_entry_is_not_guessed() -> None:
+    """A dict with ``input_mask`` and no attention mask: its convention varies between models,
+    and the measurement perturbed the padding as tokens (it never read the entry); refused,
+    naming mask=, which then measures the real tokens alone."""
+    model = _InputMaskModel().eval()
+    ids = torch.tensor([[3, 4, 5, 0, 0], [6, 7, 8, 9, 2]])
+    real = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    inputs = {"input_ids": ids, "input_mask": real}
+    with pytest.raises(ValueError, match="'input_mask' entry marks padding, or real tokens"):
+        token_sensitivity(model, inputs, Embedding("emb"), sigma=2.0, repeats=2, generator=0)
+    r = token_sensitivity(model, inputs, Embedding("emb"), sigma=2.0, repeats=2, generator=0,
+                          mask=real.bool())
+    assert r.num_forward == 2 + 8 * 2  # the real tokens alone: 8 of them, 2 draws each

@@ -43,9 +43,10 @@ from .base import (
 
 #: dict-input entries read as the mask of real tokens (True or 1 on a real token)
 _MASK_KEYS = ("attention_mask", "mask")
-#: entries whose convention varies (True marks *padding* in PyTorch's ``key_padding_mask`` and in
-#: fairseq's ``padding_mask``, real tokens elsewhere): never guessed
-_AMBIGUOUS_MASK_KEYS = ("padding_mask", "key_padding_mask", "src_key_padding_mask")
+#: entries whose convention varies (True marks *padding* in PyTorch's ``key_padding_mask``, in
+#: fairseq's ``padding_mask`` and in XLNet's ``input_mask``, real tokens elsewhere — TF BERT
+#: ports' ``input_mask``): never guessed
+_AMBIGUOUS_MASK_KEYS = ("padding_mask", "key_padding_mask", "src_key_padding_mask", "input_mask")
 
 
 def input_mask(inputs: Inputs, b: int, t: int, given: bool,
@@ -80,8 +81,9 @@ def input_mask(inputs: Inputs, b: int, t: int, given: bool,
     if odd is not None and not given and isinstance(inputs[odd], Tensor) \
             and tuple(inputs[odd].shape) == (b, t):
         raise ValueError(
-            f"the input's {odd!r} entry marks padding, or real tokens? (True means padding in "
-            f"PyTorch's key_padding_mask and fairseq's padding_mask.) Say which tokens are "
+            f"the input's {odd!r} entry marks padding, or real tokens? (True or 1 means padding "
+            f"in PyTorch's key_padding_mask, fairseq's padding_mask and XLNet's input_mask, a "
+            f"real token in TF BERT ports' input_mask.) Say which tokens are "
             f"real with mask=: mask=~inputs[{odd!r}] where True marks padding, "
             f"mask=inputs[{odd!r}] where it marks real tokens"
         )
