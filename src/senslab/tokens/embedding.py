@@ -816,10 +816,10 @@ class _BoundEmbedding(BoundTokens):
         raw = self._count(lambda: call_model(self.model, inputs, self.output))
         if self._shape is None:
             named = _named_inputs(self.model, self.inputs)
+            called = _called_embeddings(self.model, self.inputs, self.output)
             if isinstance(named, dict) and isinstance(named.get("inputs_embeds"), Tensor):
                 # no module puts out inputs_embeds: "hook a module the forward runs" named none
                 # (BERT's embedding LayerNorm runs on them: it is named where it does)
-                called = _called_embeddings(self.model, self.inputs, self.output)
                 raise RuntimeError(
                     f"submodule {self.name!r} was not called during the forward pass: the "
                     "inputs hold 'inputs_embeds', which the model takes in place of its "
@@ -834,7 +834,6 @@ class _BoundEmbedding(BoundTokens):
                     + (f". (Modules the forward does run on them: {', '.join(map(repr, called))})"
                        if called else "")
                 )
-            called = _called_embeddings(self.model, self.inputs, self.output)
             raise RuntimeError(
                 f"submodule {self.name!r} was not called during the forward pass. A module that "
                 "shares its weight with the one the forward calls is not on the path (T5's and "
