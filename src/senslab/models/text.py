@@ -290,6 +290,21 @@ def _last_real(h: Tensor, mask: Tensor) -> Tensor:
     return h[torch.arange(h.shape[0], device=h.device), last]
 
 
+def _after_last(last: Tensor, src: Tensor, tok: Tensor, noise: Tensor
+                ) -> tuple[Tensor, Tensor, Tensor]:
+    """Prefix reuse: ``(tok, noise, lengths)`` with a copy perturbed after its example's last
+    real token (``last``, per example: a position the model reads as padding, which a
+    measurement mask of ``True`` there still perturbs) moved to that last token with zero noise:
+    the model reads its output at the last real token, which a later position never reaches,
+    so the copy's logits are the clean ones — as a full forward gives. Its suffix length had
+    been ≤ 0, which failed with torch's "negative dimension" (GPT-2) or a range error (LSTM)."""
+    end = last[src]
+    after = tok > end
+    tok = torch.where(after, end, tok)
+    noise = noise.masked_fill(after[:, None], 0.0)
+    return tok, noise, end - tok + 1
+
+
 def _per_bucket(lengths: Tensor, buckets: int, run: Callable[[Tensor], Tensor]) -> Tensor:
     """Prefix reuse: the logits of copies with suffixes of ``lengths``, computed in ``buckets``
     groups of similar length (``run`` maps one group's indices to its logits), so padding each
@@ -391,7 +406,7 @@ class LSTMClassifier(nn.Module):
         length (unpacked, so nn.LSTM's fused kernel runs; a packed call steps time by time)."""
         if self.training:  # the suffix skips the embedding's dropout a train-mode forward applies
             raise RuntimeError(TRAIN_MODE_REUSE)
-        lengths = cache["last"][src] - tok + 1
+        tok, noise, lengths = _after_last(cache["last"], src, tok, noise)
         return _per_bucket(lengths, self.SUFFIX_BUCKETS, lambda part: self._suffix(
             cache, src[part], tok[part], noise[part], lengths[part]))
 
@@ -517,7 +532,8 @@ class GPT2Classifier(_TextTransformer):
         if self.training:  # the suffix applies none of the dropout a train-mode forward would
             raise RuntimeError(TRAIN_MODE_REUSE)
         h0 = cache["h"]
-        lengths = cache["last"][src] - tok + 1  # each copy's suffix: tokens tok..last
+        # each copy's suffix: tokens tok..last
+        tok, noise, lengths = _after_last(cache["last"], src, tok, noise)
         n, dim = len(src), h0.shape[2]
         starts = lengths.cumsum(0) - lengths  # copy i's rows: starts[i] .. starts[i] + lengths[i]
         total = int(lengths.sum())
