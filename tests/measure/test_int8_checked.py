@@ -439,7 +439,7 @@ def test_the_static_int8_copy_falls_back_to_float_if_it_cannot_run(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("no int8 kernel")
 
-    monkeypatch.setattr(torch.ao.quantization.quantize_fx, "convert_fx", broken)
+    monkeypatch.setattr("torch.ao.quantization.quantize_fx.convert_fx", broken)  # imports it
     full = run(model, x, Patches(4), precision="float32", sigma=1.5, repeats=2)
     m = run(model, x, Patches(4), precision="int8-checked", sigma=1.5, repeats=2)
     assert m._check._static.failed and m.checked_precision == "float32"

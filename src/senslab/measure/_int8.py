@@ -324,10 +324,14 @@ class StaticInt8:
         """Whether ``model`` is a module with a 2-D convolution that FX can trace (no control
         flow on tensor values), and no forward hooks (:func:`forward_hooks`: the traced copy
         would run without them, another function than the model's), and this torch has the
-        x86 static kernels."""
+        x86 static kernels. And every module in eval mode: the copy is made and traced in eval
+        mode (:meth:`build`), so a model measured in its own train mode (``eval_mode=False``)
+        would run another function there (a branch on ``self.training``): every copy was
+        re-checked in float32, and rare differences were left to the spot checks."""
         if not (isinstance(model, nn.Module) and available()
                 and hasattr(torch.ops.quantized, "conv2d_prepack")
                 and any(isinstance(m, nn.Conv2d) for m in model.modules())
+                and not any(m.training for m in model.modules())
                 and not forward_hooks(model)):
             return False
         try:
@@ -387,7 +391,17 @@ def weights_state(model: Any) -> list[tuple[Any, ...]] | None:
                 else d.double().abs().sum())
         sums.append(torch.stack([d.sum(dtype=torch.float64), norm, position_print(d)]))
     prints = torch.stack([v.to(sums[0].device) for v in sums]).tolist()
-    return [(t.data_ptr(), t._version, *f) for t, f in zip(tensors, prints, strict=True)]
+    return [(t.data_ptr(), _version(t), *f) for t, f in zip(tensors, prints, strict=True)]
+
+
+def _version(t: Tensor) -> int | None:
+    """``t``'s version counter; None for an inference tensor (a model built or loaded under
+    ``torch.inference_mode()``), which keeps none: reading it raised, and every checked
+    precision, ``"auto"`` included, failed with torch's raw error. Its content is still
+    compared (:func:`weights_state`)."""
+    if t.is_inference():
+        return None
+    return t._version
 
 
 def attributes_state(model: Any) -> list[tuple[str, str, str]] | None:
