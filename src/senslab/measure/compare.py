@@ -375,7 +375,7 @@ class CompareSensitivity:
                 )
         with _both(self, other):  # neither changes while the models' states are merged
             for what, held in (("this comparison", self), ("the other comparison", other)):
-                if getattr(held, "_paired_local", None) is not None:
+                if held._paired_local is not None:
                     raise ValueError(
                         f"cannot merge: {what} holds the total of an all_reduce, which would "
                         "be counted again; merge the processes' own comparisons, or "
@@ -421,8 +421,7 @@ class CompareSensitivity:
                 )
         before = {name: (m.state, m._local) for name, m in self.metrics.items()}
         held = self.paired
-        local = getattr(self, "_paired_local", None)
-        local = held if local is None else local
+        local = held if self._paired_local is None else self._paired_local
         try:
             for name, m in self.metrics.items():
                 try:
@@ -502,9 +501,8 @@ class CompareSensitivity:
         for _, m in metrics:
             m.commit()
         first = metrics[0][1]
-        own = getattr(self, "_paired_local", None)
-        if own is not None:  # after all_reduce: the batch adds to this process's own states
-            self.paired, self._paired_local = own, None
+        if self._paired_local is not None:  # after all_reduce: the batch adds to its own states
+            self.paired, self._paired_local = self._paired_local, None
         for a, b in self.pairs:
             va, src, tok, valid, per_cell, *_ = batches[a]  # type: ignore[misc]
             vb = batches[b][0]  # type: ignore[index]
