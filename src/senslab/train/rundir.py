@@ -346,11 +346,20 @@ class RunDir:
 
     # -- config / env / summary ----------------------------------------------------------------
     def write_json(self, name: str, obj: Any) -> None:
+        """Write ``obj`` as the record ``name``, every number in it that is not finite as None
+        (:func:`_known_values`), as :meth:`log` writes metrics.jsonl: ``json.dumps`` wrote a NaN
+        or inf (a diverged run's final loss, an undefined standard error) as bare ``NaN`` or
+        ``Infinity``, which is not JSON, so a strict reader (jq, JavaScript, serde_json, DuckDB)
+        refused the whole file. senslab's readers take a null for a value not known. No warning:
+        a record's NaN is a value not known by design (a metric's NaN was warned of by
+        :meth:`log`)."""
         if self.readonly:
             return
+        obj = _known_values(obj, "", [])
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.path / name, json.dumps(obj, indent=2, sort_keys=True,
-                                                         default=_json_default_str))
+                                                         default=_json_default_str,
+                                                         allow_nan=False))
 
     def read_json(self, name: str) -> Any:
         """``name``'s JSON; summary.json is checked against the metric log first
@@ -745,7 +754,9 @@ class RunDir:
         if self.readonly:
             return
         kept = [r for r in self.metrics() if r.get("step", 0) <= step]
-        atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
+        # a NaN an older senslab wrote bare is kept as null, not written back as bare NaN
+        atomic_write_text(self.metrics_path, "".join(
+            json.dumps(_known_values(r, "", []), allow_nan=False) + "\n" for r in kept))
 
     def config_digest(self) -> str | None:
         """SHA-256 of the run's config.json as written (None without one): the raw digest of

@@ -227,7 +227,9 @@ def norm_blowup_verdict(summaries: list[dict[str, Any]], min_runs: int = 5) -> d
             unconverged.append(s["name"])
             continue
         f = s["final"]
-        norm, blow, sens = (float(f[k]) for k in ("param_norm", "blowup/log10", "bool_sens"))
+        # null: a value not finite when the summary was written (RunDir.write_json), as NaN
+        norm, blow, sens = (math.nan if f[k] is None else float(f[k])
+                            for k in ("param_norm", "blowup/log10", "bool_sens"))
         # a NaN c ranked as the largest value (argsort puts NaN last) and a zero norm failed in
         # math.log10: the correlation is over the runs whose c and as(f̂) are numbers
         if norm > 0 and math.isfinite(norm) and math.isfinite(blow) and math.isfinite(sens):

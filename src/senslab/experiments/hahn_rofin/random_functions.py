@@ -150,10 +150,22 @@ class RandomFunctions(BooleanExperiment):
         return completion_verdict(summaries)
 
 
+#: what :func:`completion_verdict` reads for a summary without ``sharpness/loss_se``
+_NO_SE = object()
+
+
+def _nan_if_null(value: Any) -> Any:
+    """A final value as the verdict reads it: a null (a number not finite when summary.json was
+    written, :meth:`~senslab.train.rundir.RunDir.write_json`) as NaN, "cannot be judged" as a
+    fresh run's NaN, never a TypeError; :data:`_NO_SE` (no value) as None."""
+    return None if value is _NO_SE else math.nan if value is None else value
+
+
 def _fitted(summary: dict[str, Any]) -> bool:
     """Training accuracy > 0.99 and the trainer's ``converged`` (which adds the loss bound of a
     scale that sets ``converged_loss``)."""
-    return summary["final"]["train/acc"] > CONVERGED_ACC and summary.get("converged", True)
+    acc = summary["final"]["train/acc"]  # null: not finite when written, never fitted
+    return acc is not None and acc > CONVERGED_ACC and summary.get("converged", True)
 
 
 def completion_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -173,13 +185,14 @@ def completion_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
             left_out.append(f"k={k} seed {seed} ({' and '.join(unfit)} did not fit)")
             continue
         lf, rf = pair["learned"]["final"], pair["random"]["final"]
-        rows.append({"k": k, "seed": seed, "learned_as": lf["bool_sens"],
-                     "random_as": pair["learned"]["random_completion_sens"],
-                     "random_model_as": rf["bool_sens"],
-                     "learned_sharpness": lf["sharpness/loss"],
-                     "random_sharpness": rf["sharpness/loss"],
-                     "learned_sharpness_se": lf.get("sharpness/loss_se"),
-                     "random_sharpness_se": rf.get("sharpness/loss_se")})
+        rows.append({"k": k, "seed": seed, "learned_as": _nan_if_null(lf["bool_sens"]),
+                     "random_as": _nan_if_null(pair["learned"]["random_completion_sens"]),
+                     "random_model_as": _nan_if_null(rf["bool_sens"]),
+                     "learned_sharpness": _nan_if_null(lf["sharpness/loss"]),
+                     "random_sharpness": _nan_if_null(rf["sharpness/loss"]),
+                     # absent (an older run): no standard error; null: not finite
+                     "learned_sharpness_se": _nan_if_null(lf.get("sharpness/loss_se", _NO_SE)),
+                     "random_sharpness_se": _nan_if_null(rf.get("sharpness/loss_se", _NO_SE))})
     evidence: dict[str, Any] = {"pairs": rows, "total_pairs": len(by_pair)}
     if left_out:
         evidence["left_out"] = left_out

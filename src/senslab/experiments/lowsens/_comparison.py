@@ -126,8 +126,9 @@ def sigma_sweep(run_dir: Path, sigmas: tuple[float, ...]) -> dict[str, dict[str,
         key["decision_rule"] = "train.loss"
     cached = read_cache(rd, SWEEP_FILE, key, "results", "the σ sweep",
                         valid=lambda results: _is_sweep(results, sigmas))
-    if cached is not None:
-        return cached
+    if cached is not None:  # a null (not finite when written: RunDir.write_json) as NaN
+        return {sig: {k: math.nan if v is None else v for k, v in r.items()}
+                for sig, r in cached.items()}
     train, _ = load_data(cfg)
     device = resolve_device(cfg.device)
     model = build_model(cfg, train).to(device)
@@ -151,10 +152,10 @@ def sigma_sweep(run_dir: Path, sigmas: tuple[float, ...]) -> dict[str, dict[str,
 
 def _is_sweep(results: Any, sigmas: tuple[float, ...]) -> bool:
     """Whether ``results`` has :func:`sigma_sweep`'s shape: a number ``estimate`` and ``stderr``
-    at each σ of ``sigmas``, keyed as ``f"{σ:g}"``."""
+    at each σ of ``sigmas``, keyed as ``f"{σ:g}"`` (a null: a number not finite when written)."""
 
     def number(x: Any) -> bool:
-        return isinstance(x, (int, float)) and not isinstance(x, bool)
+        return x is None or isinstance(x, (int, float)) and not isinstance(x, bool)
 
     return isinstance(results, dict) and set(results) == {f"{s:g}" for s in sigmas} and all(
         isinstance(r, dict) and number(r.get("estimate")) and number(r.get("stderr"))
