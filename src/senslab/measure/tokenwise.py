@@ -1092,7 +1092,20 @@ class TokenSensitivity:
         of its own and merges freely; so does a metric after :meth:`reset`. Two metrics that
         hold the same per-example rates, every one of them (the same examples measured under
         the same seed, or the same ``shard``, by two processes), are merged with a warning, as
-        :meth:`all_reduce` warns of two such ranks.
+        :meth:`all_reduce` warns of two such ranks; so are two where every rate of the smaller
+        one recurs, in order, from the start of one of the larger one's updates (at least two
+        of them neither 0 nor 1, and too many to agree by chance: a run over the first 100
+        examples merged with a run over 190 under the same seed), the warning naming how many
+        repeat.
+
+        Shards that overlap by some examples measured under other draws (another seed, or
+        another place in the seed's stream: rank 0 on examples 0–99 and rank 1 on 90–189, a
+        ``DistributedSampler`` padding an uneven dataset with its first examples) are **not
+        detected**: the state holds one rate per example, and two measurements of one example
+        under other noise agree only by chance, as two examples' rates do. They are counted
+        twice, the standard error too small. Give every metric disjoint examples: its own
+        slice, ``shard=(rank, world_size)`` over the same batches, or a
+        ``DistributedSampler(drop_last=True)``.
         """
         self._refuse_other(other)
         with _lock(other):  # a snapshot: another thread may be adding a batch to ``other``
@@ -1116,14 +1129,18 @@ class TokenSensitivity:
             self._ids |= their_ids
             self._copies_uncounted = self._copies_uncounted or getattr(
                 other, "_copies_uncounted", False)
+        twins, every = twins
         if twins and self._once("merged repeated"):
+            held = (f"all {twins} of them" if every else
+                    f"{twins} of them (all of the smaller one's, in the same order)")
             warnings.warn(
-                f"the merged metric holds the same per-example rates as this one, all {twins} "
-                "of them: most likely both measured the same examples with the same seed (or "
-                "the same shard=), and the merged state counts each of them twice (the standard "
-                "error too small by about sqrt(2)). Merge metrics of other examples: give each "
-                "its own examples, or its own share of every batch (shard=(rank, world_size), "
-                "one rank each) (said once per metric)",
+                f"this metric and the merged one hold the same per-example rates, {held}: "
+                "most likely both measured the same examples with the same seed (or the same "
+                f"shard=), and the merged state counts those {twins} twice (the standard error "
+                "too small, by about sqrt(2) where every example repeats). Merge metrics of "
+                "other examples: give each its own examples, or its own share of every batch "
+                "(shard=(rank, world_size), one rank each), and keep one of two runs over the "
+                "same examples (said once per metric)",
                 RuntimeWarning, stacklevel=_trim._user_level())
         return self
 
@@ -1826,8 +1843,15 @@ class TokenSensitivity:
         rank 0's examples, then rank 1's, … (interleaved where every update's examples are the
         shares of one batch, as a ``DistributedSampler`` deals them); two of them that hold the same
         per-example rates, every one (the same examples under the same seed, counted twice),
-        are warned of. The per-position profile counts in rank 0's copies per token, as
-        :meth:`merge` counts in its metric's."""
+        are warned of. Ranks whose examples overlap only in part are **not detected** and the
+        overlap counts twice (see :meth:`merge`): among them a ``DistributedSampler`` with the
+        default ``drop_last=False``, which pads an uneven dataset by repeating its first
+        examples on the last ranks (7 examples on 2 processes: 8, one of them twice). Use
+        ``DistributedSampler(drop_last=True)`` (it drops up to world − 1 examples instead), or
+        give every rank the same batches with ``shard=(rank, world_size)``, which counts every
+        example once (or :class:`~senslab.integrations.torchmetrics.TokenSensitivityMetric`
+        with ``index=``, which skips repeats). The per-position profile counts in rank 0's
+        copies per token, as :meth:`merge` counts in its metric's."""
         local = self._local if self._local is not None else self.state
         about = {"identity": [(name, repr(a)) for name, a, _ in _identity(self, self)],
                  "shard": self.shard, "unit": self._profile_unit, "grid": self._grid}
@@ -2120,18 +2144,57 @@ class TokenSensitivity:
                 RuntimeWarning, stacklevel=_trim._user_level())
 
 
-def _same_rates(mine: list[Tensor], theirs: list[Tensor]) -> int:
-    """How many per-example rates two states hold where they hold the same ones, all of them
-    (at least two, one of them neither 0 nor 1: rates of 0 and 1 agree by chance), else 0 — as
-    :func:`._stats.repeated_ranks` tells two ranks that measured the same examples with the same
-    seed. :meth:`TokenSensitivity.merge` merged such twins without a word (24 examples from 12,
-    a standard error of 0.026 for 0.038), where :meth:`~TokenSensitivity.all_reduce` warned."""
+#: the chance below which :func:`_same_rates` reads rates of the smaller metric that recur in
+#: the larger one as the same examples measured twice (the product of each rate's share among
+#: both metrics' rates, times the places tried)
+_CHANCE = 1e-6
+
+
+def _same_rates(mine: list[Tensor], theirs: list[Tensor]) -> tuple[int, bool]:
+    """How many examples two states both hold with the same per-example rates, drawn in the same
+    order, and whether that is all of both (else 0, False). Two measurements of one example
+    agree exactly only where they drew the same noise: the same examples under the same seed,
+    as :func:`._stats.repeated_ranks` tells two ranks that measured them. That is all of both
+    states (every rate equal: at least two, one of them neither 0 nor 1, as rates of 0 and 1
+    agree by chance), or all of the smaller one recurring from the start of one of the larger
+    one's updates (a run over the first examples merged with a longer run under its seed, or
+    with a metric that merged such a run). Rates of other examples agree by chance too (1/8,
+    0, 1/8 of three other examples recurred at one of 57 places, updates of one example), so
+    there at least two rates neither 0 nor 1 must agree, and the product of every agreeing
+    rate's share among both metrics' rates, times the places tried, must be below
+    :data:`_CHANCE`.
+    :meth:`TokenSensitivity.merge` merged such twins without a word (24 examples from 12, a
+    standard error of 0.026 for 0.038; 160 from 100), where
+    :meth:`~TokenSensitivity.all_reduce` warned of equal ranks. Examples measured by both under
+    other draws (another seed, another place in the stream: shards that overlap by a few
+    examples) agree only by chance and are not told: the state holds one rate per example."""
     if not mine or not theirs:
-        return 0
-    a, b = (torch.cat([r.detach().flatten().cpu() for r in rates]) for rates in (mine, theirs))
-    if len(a) < 2 or a.shape != b.shape or not bool(((a != 0) & (a != 1)).any()):
-        return 0
-    return len(a) if torch.equal(a, b.to(a.dtype)) else 0
+        return 0, False
+    flat = [torch.cat([r.detach().flatten().cpu().float() for r in rates])
+            for rates in (mine, theirs)]
+    if len(flat[0]) == len(flat[1]):
+        a, b = flat
+        if len(a) < 2 or not bool(((a != 0) & (a != 1)).any()) or not torch.equal(a, b):
+            return 0, False
+        return len(a), True
+    (small, _), (large, parts) = sorted(zip(flat, (mine, theirs), strict=True),
+                                        key=lambda pair: len(pair[0]))
+    if int(((small != 0) & (small != 1)).sum()) < 2:
+        return 0, False
+    starts, start = [], 0
+    for part in parts:
+        if start + len(small) > len(large):
+            break
+        starts.append(start)
+        start += part.numel()
+    for start in starts:
+        if large[start] == small[0] and torch.equal(large[start : start + len(small)], small):
+            values, counts = torch.unique(torch.cat([small, large]), return_counts=True)
+            share = (counts.double() / (len(small) + len(large)))[
+                torch.searchsorted(values, small)]
+            if share.log().sum().item() + math.log(len(starts)) < math.log(_CHANCE):
+                return len(small), False
+    return 0, False
 
 
 def _varying_pairs(vals: Tensor, src: Tensor, tok: Tensor, valid: Tensor,
