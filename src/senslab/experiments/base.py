@@ -17,7 +17,9 @@ every experiment has one settings instance per scale, so a ladder of scales or a
 Overrides (``senslab run NAME --set key=value``) take one path for every experiment:
 :func:`senslab.train.config.apply_overrides` — first on the settings (a key naming one of its
 fields), then, for every other key, on each run's configuration (``train.epochs=3`` reaches every
-:class:`~senslab.train.config.RunConfig` of a comparison). A key that the experiment sets per run
+:class:`~senslab.train.config.RunConfig` of a comparison); one that sets what a single setting
+sets (``train.epochs=10`` where the setting ``epochs`` sets ``train.epochs``) is that setting, and
+the settings say its value. A key that the experiment sets per run
 (a field whose value differs between its runs as :meth:`Experiment.runs` built them — the
 optimizer or model the claim compares, a per-run learning rate, a seed — and the runs' ``name``,
 ``label`` and ``seed``) is refused, naming the settings fields that set it: one value for every
@@ -327,7 +329,61 @@ class Experiment:
         for item in own:
             self._refuse_ignored(item, scale, own, settings, runs, built)
         self._refuse_identical_replicates(overrides, runs)
+        as_built = copy.deepcopy(settings)  # the settings that built ``built``
+        for item in rest:
+            self._take_into_settings(item, own, as_built, settings, runs, built)
         return settings, runs
+
+    def _take_into_settings(self, item: str, own: list[str], as_built: Any, settings: Any,
+                            runs: list[Run], built: list[dict[str, Any]]) -> None:
+        """Give ``settings`` (``as_built``: as they built ``built``) the value of the
+        run-configuration override ``item`` when a settings field not given itself sets that
+        run field to its own value and, set to this one, builds the very runs that ``item``
+        made (``train.epochs=10`` is ``epochs=10``, ``stop_below=0.01`` is ``stop_loss=0.01``):
+        the settings then say what ran — what :meth:`after_run`, :meth:`before_training` and
+        the experiment's own checks read — and a value that the setting refuses (:meth:`runs`
+        raising) is refused under the run key too. The settings kept their own value: the runs
+        trained one thing while the settings said another, and a refused value passed."""
+        key, value = (s.strip() for s in item.split("=", 1))
+        final = [_run_fields(run.config) for run in runs]
+        under = sorted({f for b in (*built, *final) for f in b
+                        if f == key or f.startswith(key + ".")})
+        if len(under) != 1 or all(b.get(under[0], _ABSENT) == f.get(under[0], _ABSENT)
+                                  for b, f in zip(built, final, strict=True)):
+            return  # a whole dict, or no change: no one setting stands for it
+        field = under[0]
+        given = {o.split("=", 1)[0].strip().split(".", 1)[0] for o in own if "=" in o}
+        refused: ValueError | None = None
+        for f in dataclasses.fields(as_built):
+            if f.name in given or f.name in ("seeds", *IDENTITY_FIELDS):
+                continue
+            mine = json_form(getattr(as_built, f.name))
+            if any(b.get(field, _ABSENT) != mine for b in built):
+                continue  # the runs do not carry this setting's value in that field
+            trial = copy.deepcopy(as_built)
+            try:
+                validate(apply_overrides(trial, [f"{f.name}={value}"]))
+            except (KeyError, TypeError, ValueError):
+                continue  # not a value of this setting
+            try:
+                made = self.runs(trial)
+            except ValueError as err:  # refused, unless another setting gives these runs
+                refused = refused or ValueError(
+                    f"--set {item}: {self.name} sets {field} from its setting {f.name} "
+                    f"({f.name}={getattr(as_built, f.name)!r} here), so this is --set "
+                    f"{f.name}={value}, which is refused: {err}")
+                continue
+            # the runs as built, but for this override's field (other overrides aside)
+            want = [{**b, field: fin[field]} if field in fin else
+                    {k: v for k, v in b.items() if k != field}
+                    for b, fin in zip(built, final, strict=True)]
+            if [r.name for r in made] != [r.name for r in runs] or any(
+                    _run_fields(r.config) != w for r, w in zip(made, want, strict=True)):
+                continue  # this setting sets more, or other, fields than the override
+            setattr(settings, f.name, getattr(trial, f.name))
+            return
+        if refused is not None:
+            raise refused
 
     def _refuse_identical_replicates(self, overrides: list[str] | tuple[str, ...],
                                      runs: list[Run]) -> None:
@@ -454,14 +510,31 @@ class Experiment:
         for i, item in enumerate(own):
             without = copy.deepcopy(self.scales[scale])
             apply_overrides(without, [o for j, o in enumerate(own) if j != i])
-            before = self.runs(without)
+            mine: set[str] | None = None  # the fields it sets (None: those ``without`` lacks)
+            try:
+                before = self.runs(without)
+            except ValueError:
+                # the other settings alone are refused (``converged_loss=0.001`` without its
+                # ``stop_loss=none``): that refusal named a value never given. Its own effect is
+                # then the scale's runs against those with it alone
+                try:
+                    before = self.runs(copy.deepcopy(self.scales[scale]))
+                    alone = self.runs(apply_overrides(copy.deepcopy(self.scales[scale]), [item]))
+                except ValueError:
+                    continue
+                if [r.name for r in alone] != [r.name for r in before]:
+                    continue
+                mine = {f for a, o in zip(alone, before, strict=True)
+                        for f, v in _run_fields(a.config).items()
+                        if _run_fields(o.config).get(f, _ABSENT) != v}
             if [r.name for r in before] != [r.name for r in runs]:
                 continue  # it changes which runs there are
             for run, b, old in zip(runs, built, before, strict=True):
                 prior, final = _run_fields(old.config), _run_fields(run.config)
                 undone = [f for f in sorted(set(b) | set(prior))
                           if b.get(f, _ABSENT) != prior.get(f, _ABSENT)
-                          and final.get(f, _ABSENT) != b.get(f, _ABSENT)]
+                          and final.get(f, _ABSENT) != b.get(f, _ABSENT)
+                          and (mine is None or f in mine)]
                 if not undone:
                     continue
                 f = undone[0]
