@@ -773,10 +773,16 @@ class ChunkRunner:
         (``replace_with``) or noise rows scaled by σ."""
         m, stream = self.m, self.stream
         if m.replace_with is not None:
-            return stream.randint(len(m.replace_with), n)
-        if m.antithetic:
-            return stream.take_antithetic(n).mul_(m.sigma)
-        return stream.take(n).mul_(m.sigma)
+            out = stream.randint(len(m.replace_with), n)
+        elif m.antithetic:
+            out = stream.take_antithetic(n).mul_(m.sigma)
+        else:
+            out = stream.take(n).mul_(m.sigma)
+        if m._noise_mark is None and len(out):
+            # where this metric's noise starts (its first numbers since the reset): two metrics
+            # that start alike drew the same noise, copy for copy (TokenSensitivity.merge)
+            m._noise_mark = tuple(out.reshape(-1)[:8].tolist())
+        return out
 
     def _evaluate(self, src: Tensor, tok: Tensor, own: Tensor, rand: Tensor | None = None,
                   width: int | None = None, piece: int | None = None) -> Tensor:

@@ -609,6 +609,33 @@ def repeated_ranks(infos: list[dict[str, Any]]) -> str | None:
     return None
 
 
+#: the warning of metrics (or ranks) whose examples drew the same noise, copy for copy
+SHARED_NOISE = (
+    "{who} drew the same noise for their examples: the same seed from the same point of its "
+    "stream ({how}), so the k-th copy of each got the same noise and their flips are "
+    "correlated. The estimate is unbiased, but its standard error counts every example's "
+    "draws as independent and is too small, the more so the more metrics share it. Give each "
+    "its own "
+    "seed (under torchrun generator=seed + 1_000_003 * rank), or give every rank the same "
+    "batches with shard=(rank, world_size) (said once per metric)")
+
+
+def shared_noise_ranks(infos: list[dict[str, Any]]) -> str | None:
+    """A warning where two ranks' examples drew the same noise (their ``marks``, where each
+    rank's noise started: :meth:`~senslab.measure.TokenSensitivity._held_marks`; sharded
+    ranks have none, their copies sharing one stream by design). None otherwise."""
+    seen: dict[Any, int] = {}
+    for r, info in enumerate(infos):
+        for mark in info.get("marks") or ():
+            key = tuple(mark)
+            if key in seen and seen[key] != r:
+                return SHARED_NOISE.format(
+                    who=f"ranks {seen[key]} and {r}",
+                    how="one generator= seed on every rank, say")
+            seen.setdefault(key, r)
+    return None
+
+
 def all_reduced(st: State, align: str, group: Any = None,
                 about: dict[str, Any] | None = None,
                 say: Callable[[str], None] | None = None,
@@ -631,7 +658,7 @@ def all_reduced(st: State, align: str, group: Any = None,
     slots = gathered_order(infos)  # raises before the reduction, on every rank alike
     if check is not None:
         check(infos)  # so does this
-    twins = repeated_ranks(infos)
+    twins = repeated_ranks(infos) or shared_noise_ranks(infos)
     if twins is not None and say is not None:
         say(twins)
     p = max(info["p"] for info in infos)

@@ -237,6 +237,7 @@ from ._options import (
 from ._precision import Precision, PrecisionCheck
 from ._runner import ChunkRunner, _reduced, verify_copies, verify_deterministic
 from ._stats import (
+    SHARED_NOISE,
     SensitivityResult,
     State,
     accumulate,
@@ -959,6 +960,11 @@ class TokenSensitivity:
         #: examples the state holds (its own included): :meth:`merge` refuses a repeat
         self._id = uuid.uuid4().hex
         self._ids = {self._id}
+        #: the first numbers of the randomness this metric's own examples drew (None: none
+        #: drawn since the reset), and those of every metric whose examples the state holds
+        #: (:meth:`_held_marks`): two that start alike drew the same noise, copy for copy
+        self._noise_mark: tuple[Any, ...] | None = None
+        self._marks: set[tuple[Any, ...]] = set()
         self._stopped = 0  # update() calls stopped by target_stderr (_warn_stopping_bias)
         #: whether the state holds batches of an older pickle, which counted no copies
         #: (:meth:`_warn_few_events`)
@@ -989,6 +995,8 @@ class TokenSensitivity:
         held = self._held_ids() if "_ids" in state else set()  # an older pickle: no ids
         self._id = uuid.uuid4().hex
         self._ids = held | {self._id}
+        self.__dict__.setdefault("_noise_mark", None)  # an older pickle: no marks
+        self.__dict__.setdefault("_marks", set())
 
     def _holds_examples(self) -> bool:
         return bool(self.state.n or (self._local is not None and self._local.n))
@@ -996,6 +1004,15 @@ class TokenSensitivity:
     def _held_ids(self) -> set[str]:
         """The ids of the metrics whose examples the state holds (none while it is empty)."""
         return set(self._ids) if self._holds_examples() else set()
+
+    def _held_marks(self) -> set[tuple[Any, ...]]:
+        """Where the noise of the examples the state holds started (:attr:`_noise_mark`: its
+        own, and those merged in); none while it is empty, or sharded (a shard draws the whole
+        batch's stream, as every other shard does: their copies' noise is one draw)."""
+        if not self._holds_examples() or self.shard is not None:
+            return set()
+        own = {self._noise_mark} if self._noise_mark is not None else set()
+        return set(self._marks) | own
 
     def _once(self, cause: str) -> bool:
         """Whether this metric has not yet warned of ``cause`` (from now on it has). A warning
@@ -1106,6 +1123,14 @@ class TokenSensitivity:
         twice, the standard error too small. Give every metric disjoint examples: its own
         slice, ``shard=(rank, world_size)`` over the same batches, or a
         ``DistributedSampler(drop_last=True)``.
+
+        Metrics of other examples that drew the same noise — one seed from the same point of its
+        stream (``generator=0``, the default, in every job of an array, or copies of one metric
+        that had measured nothing) — are merged with a warning: the k-th copy of each got the
+        same noise, their flips are correlated, and the standard error, which takes every
+        example's draws as independent, is too small. Give each its own seed (or, over the
+        same batches, ``shard=``). Each metric knows where its noise started since its last
+        :meth:`reset` (its first numbers); sharded metrics share one stream by design.
         """
         self._refuse_other(other)
         with _lock(other):  # a snapshot: another thread may be adding a batch to ``other``
@@ -1114,6 +1139,7 @@ class TokenSensitivity:
                 pos_cnt=other.state.pos_cnt.clone(), samples=list(other.state.samples))
             their_total = other._local is not None
             their_ids = other._held_ids()
+            their_marks = other._held_marks()
             their_grid = other._grid
             their_dtype = getattr(other, "_out_dtype", None)
         with _lock(self):
@@ -1124,9 +1150,11 @@ class TokenSensitivity:
             self._grid = self._grid or their_grid
             self._out_dtype = self._out_dtype or their_dtype
             twins = _same_rates(self.state.samples, theirs.samples)
+            shared = bool(self._held_marks() & their_marks)
             self.state = merged(self.state, theirs, self.align,
                                 self._profile_unit / other._profile_unit)
             self._ids |= their_ids
+            self._marks |= their_marks
             self._copies_uncounted = self._copies_uncounted or getattr(
                 other, "_copies_uncounted", False)
         twins, every = twins
@@ -1142,6 +1170,10 @@ class TokenSensitivity:
                 "(shard=(rank, world_size), one rank each), and keep one of two runs over the "
                 "same examples (said once per metric)",
                 RuntimeWarning, stacklevel=_trim._user_level())
+        elif shared and self._once("shared noise"):
+            warnings.warn(SHARED_NOISE.format(who="this metric and the merged one",
+                                              how="generator=0, the default, on both, say"),
+                          RuntimeWarning, stacklevel=_trim._user_level())
         return self
 
     @property
@@ -1850,20 +1882,31 @@ class TokenSensitivity:
         ``DistributedSampler(drop_last=True)`` (it drops up to world − 1 examples instead), or
         give every rank the same batches with ``shard=(rank, world_size)``, which counts every
         example once (or :class:`~senslab.integrations.torchmetrics.TokenSensitivityMetric`
-        with ``index=``, which skips repeats). The per-position profile counts in rank 0's
+        with ``index=``, which skips repeats). Unsharded ranks whose noise started alike (one
+        ``generator=`` seed on every rank) are warned of, as :meth:`merge` warns: seed each
+        rank, ``generator=seed + 1_000_003 * rank``. The per-position profile counts in rank 0's
         copies per token, as :meth:`merge` counts in its metric's."""
         local = self._local if self._local is not None else self.state
         about = {"identity": [(name, repr(a)) for name, a, _ in _identity(self, self)],
-                 "shard": self.shard, "unit": self._profile_unit, "grid": self._grid}
+                 "shard": self.shard, "unit": self._profile_unit, "grid": self._grid,
+                 "marks": sorted(self._held_marks_local(local))}
         self.state = all_reduced(local, self.align, group, about, self._say_repeated,
                                  _refuse_ranks_grids)
         self._local = local
         return self
 
+    def _held_marks_local(self, local: State) -> set[tuple[Any, ...]]:
+        """:meth:`_held_marks` of this process's own state ``local``."""
+        if not local.n or self.shard is not None:
+            return set()
+        return set(self._marks) | ({self._noise_mark} if self._noise_mark is not None else set())
+
     def _say_repeated(self, message: str) -> None:
-        """Warn (once per metric: a loop's evaluations would repeat it) that two ranks hold
-        the same examples (:func:`._stats.repeated_ranks`)."""
-        if self._once("ranks repeated"):
+        """Warn (once per metric and cause: a loop's evaluations would repeat it) that two
+        ranks hold the same examples (:func:`._stats.repeated_ranks`), or drew the same noise
+        for theirs (:func:`._stats.shared_noise_ranks`)."""
+        if self._once("ranks shared noise" if message.startswith("ranks") and " drew the same "
+                      "noise" in message else "ranks repeated"):
             warnings.warn(message, RuntimeWarning, stacklevel=_trim._user_level())
 
     @_one_thread_at_a_time

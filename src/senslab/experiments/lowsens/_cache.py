@@ -79,13 +79,18 @@ def write_cache(rd: RunDir, name: str, key: dict[str, Any], field: str, value: A
 def key_json(key: dict[str, Any]) -> dict[str, Any]:
     """``key`` as the JSON it is stored as, entry for entry: strings, numbers, bools, None,
     lists (a tuple is one) and objects with string keys; a NumPy or torch scalar (zero
-    dimensions) as the number it holds, a path as its text. Anything else is refused with a
+    dimensions) as the number it holds, a path as its text, a NaN or inf as the text
+    ``"float nan"`` (JSON has none). Anything else is refused with a
     ``TypeError`` naming the entry: stored as its ``str()``, a tensor or array of
     more than a thousand values was abbreviated with "...", so two masks differing inside read
     as one key and one's measurement was served for the other, and an object whose text holds
     its memory address matched another object that happened to get that address. A numeric
     dict key is refused too (stored as its text, ``{1: …}`` was ``{"1": …}``)."""
     def exact(value: Any, where: str) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            # JSON has no NaN or inf (write_json writes them as null): as text, so that a NaN
+            # and an inf setting stay two keys
+            return f"float {value!r}"
         if value is None or isinstance(value, (str, bool, int, float)):
             return value
         if isinstance(value, (list, tuple)):
