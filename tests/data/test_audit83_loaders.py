@@ -147,3 +147,10 @@ def test_first_with_a_seed_for_its_generator_names_the_fix() -> None:
         data.first(3, generator=0)  # type: ignore[arg-type]
     got = data.first(3, generator=torch.Generator().manual_seed(0))
     assert len(got) == 3 and len(set(got.inputs.flatten().tolist())) == 3
+
+
+def test_corrupted_refuses_a_seed_that_is_not_whole():
+    from senslab.data.corruptions import corrupted
+
+    with pytest.raises(ValueError, match=r"corrupted: seed=1.5 is not an int"):
+        corrupted(base="digits", corruption="gaussian_noise", severity=1, seed=1.5)

@@ -54,6 +54,7 @@ from torch import Tensor
 from ._registry import create_dataset, register_dataset
 from .base import ArrayDataset, check_severity
 from .images import normalize_images
+from .synthetic import _check_seed
 
 CorruptFn = Callable[[Tensor, Any, torch.Generator], Tensor]
 
@@ -361,6 +362,8 @@ def corrupted(split: str = "train", base: str | None = None, corruption: str | N
     takes that one as ``base_seed`` — the seed the model's training split was drawn with, or its
     test images are not the ones it never saw (default: the base loader's own default).
     """
+    # torch's raw "manual_seed expected a long" named neither the option nor the fix
+    seed = _check_seed(seed, name="corrupted")
     if base_seed is not None:
         base_options = dict(base_options, seed=base_seed)
     if base is None or base in ("corrupted", "cifar10c"):
