@@ -79,8 +79,21 @@ def rebuilt(inputs: tuple | list, values: Iterator[Any] | list[Any]) -> tuple | 
     return type(inputs)(values)
 
 
+#: dict entries of Hugging Face models that are the model's, not the examples': a head mask of
+#: shape (heads,) or (layers, heads), whose first (or second) axis could have the batch's (or
+#: the tokens') length by chance — picked by rows (12 layers, a batch of 12) or cut, each layer
+#: got another one's mask without a word
+NOT_PER_EXAMPLE = frozenset({"head_mask", "decoder_head_mask", "cross_attn_head_mask"})
+
+
+def per_example(key: Any) -> bool:
+    """Whether a dict entry ``key`` may hold per-example values (not :data:`NOT_PER_EXAMPLE`)."""
+    return key not in NOT_PER_EXAMPLE
+
+
 def select(inputs: Inputs, index: Tensor) -> Inputs:
-    """Rows ``index`` of every batch-shaped tensor in ``inputs`` (other values pass through)."""
+    """Rows ``index`` of every batch-shaped tensor in ``inputs`` (other values pass through, and
+    so do a dict's :data:`NOT_PER_EXAMPLE` entries whatever their shape)."""
     b = batch_size(inputs)
 
     def pick(v: Any) -> Any:
@@ -91,7 +104,7 @@ def select(inputs: Inputs, index: Tensor) -> Inputs:
     if isinstance(inputs, Tensor):
         return pick(inputs)
     if isinstance(inputs, dict):
-        return {k: pick(v) for k, v in inputs.items()}
+        return {k: pick(v) if per_example(k) else v for k, v in inputs.items()}
     return rebuilt(inputs, (pick(v) for v in inputs))
 
 
@@ -118,7 +131,7 @@ def cut_tokens(inputs: Inputs, t: int, width: int) -> Inputs:
     if isinstance(inputs, Tensor):
         return cut(inputs)
     if isinstance(inputs, dict):
-        return {k: v if str(k).startswith(DECODER_PREFIX) else cut(v)
+        return {k: v if str(k).startswith(DECODER_PREFIX) or not per_example(k) else cut(v)
                 for k, v in inputs.items()}
     return rebuilt(inputs, (cut(v) for v in inputs))
 
@@ -127,7 +140,8 @@ def has_token_axis(inputs: Inputs, t: int) -> bool:
     """Whether some input tensor has ``t`` entries on its second axis (what :func:`cut_tokens`
     cuts)."""
     if isinstance(inputs, dict):
-        inputs = {k: v for k, v in inputs.items() if not str(k).startswith(DECODER_PREFIX)}
+        inputs = {k: v for k, v in inputs.items()
+                  if not str(k).startswith(DECODER_PREFIX) and per_example(k)}
     return any(v.dim() >= 2 and v.shape[1] == t for v in _tensors(inputs))
 
 

@@ -32,6 +32,7 @@ from .base import (
     first_real,
     has_token_axis,
     last_real,
+    per_example,
     read_position,
     real_rows,
     real_tokens,
@@ -1182,7 +1183,7 @@ class _BoundEmbedding(BoundTokens):
                 is_tokens = isinstance(v, Tensor) and v.dim() >= 2 and v.shape[1] == t
                 return edit(v) if is_tokens else v
             if isinstance(one, dict):
-                return {k: each(v) for k, v in one.items()}
+                return {k: each(v) if per_example(k) else v for k, v in one.items()}
             return rebuilt(one, (each(v) for v in one))
 
         moved = along_tokens(lambda v: torch.roll(v, -shift, dims=1))

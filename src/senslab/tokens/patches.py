@@ -34,6 +34,7 @@ from .base import (
     check_floating,
     clean_forward,
     model_dtype,
+    per_example,
     select_output,
     valid_mask,
 )
@@ -497,7 +498,7 @@ class _BoundPatches(BoundTokens):
         b = self.x.shape[0]
         kwargs = {k: v.index_select(0, src.to(v.device))
                   if src is not None and isinstance(v, Tensor) and v.dim() > 0
-                  and v.shape[0] == b else v for k, v in self.rest.items()}
+                  and v.shape[0] == b and per_example(k) else v for k, v in self.rest.items()}
         kwargs[self.key] = images
         return call_model(self.model, kwargs, self.output)
 
