@@ -75,14 +75,23 @@ def _dense_values(grad: Tensor) -> Tensor:
     return grad.coalesce().values() if grad.is_sparse else grad
 
 
-def global_grad_norm(params: Iterable[Tensor]) -> Tensor | None:
+def global_grad_norm(params: Tensor | Iterable[Tensor]) -> Tensor | None:
     """‖∇L‖ = sqrt(Σ_p ‖∇_p L‖²) over the parameters that have a gradient, as a 0-dim tensor on
     the first such parameter's device (``None`` when none has one). Norms are taken in at least
     float32 so half-precision gradients do not overflow, the total in the widest of them (a
     float64 gradient is not rounded to float32 because a float32 one came first), and rescaled
     by the largest entry so tiny gradients do not underflow to a norm of 0. A sparse gradient
     (``nn.Embedding(sparse=True)``) counts by its coalesced values (it raised torch's
-    NotImplementedError for ``amax``)."""
+    NotImplementedError for ``amax``). A single tensor is taken as one parameter, as
+    ``torch.nn.utils.clip_grad_norm_`` takes it (iterated, its rows have no gradient, and the
+    norm read ``None``)."""
+    params = [params] if isinstance(params, Tensor) else list(params)
+    for p in params:
+        if not isinstance(p, Tensor):
+            raise TypeError(
+                f"global_grad_norm takes parameters (tensors), got a {type(p).__name__} among "
+                "them; pass model.parameters(), or for an optimiser's param groups "
+                "(p for g in opt.param_groups for p in g['params'])")
     norms = [
         _scaled_norm(_dense_values(p.grad), torch.promote_types(p.grad.dtype, torch.float32))
         for p in params
@@ -270,7 +279,8 @@ class NGD(_StepSizeLog, Optimizer):
             (the global norm is then taken over the groups with ``per_param=False`` only).
 
     ``step(closure=None)``: the closure, if given, must zero the gradients, compute the loss,
-    call ``backward()`` and return the loss; ``step`` returns it.
+    call ``backward()`` and return the loss; ``step`` returns it. A closure whose loss has a
+    graph while no parameter got a gradient (it never called ``backward()``) is refused.
 
     Example::
 
@@ -315,6 +325,16 @@ class NGD(_StepSizeLog, Optimizer):
             with torch.enable_grad():
                 loss = closure()
         groups = [(g, _params_with_grad(g)) for g in self.param_groups]
+        if (isinstance(loss, Tensor) and loss.requires_grad
+                and not any(params for _, params in groups)):
+            # a closure that only computes the loss (``lambda: loss_fn(model(x), y)``) left every
+            # step a no-op, without a word (as SPS refuses it)
+            raise RuntimeError(
+                f"{type(self).__name__}: the closure returned a loss that depends on parameters, "
+                "but no parameter of this optimiser has a gradient, so nothing would move: the "
+                "closure must zero the gradients, compute the loss, call loss.backward() and "
+                "return the loss (and the loss must depend on the parameters given to the "
+                "optimiser)")
         shared = global_grad_norm(p for g, ps in groups if not g["per_param"] for p in ps)
         norms = [
             [global_grad_norm([p]) if group["per_param"] else shared for p in params]
