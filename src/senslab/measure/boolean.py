@@ -280,6 +280,16 @@ def _canonical(raw: object, rows: int, output: Output) -> Tensor:
     if out.dim() == 2:
         if output == "real":
             raise ValueError("output='real' needs scalar outputs; f returned (N, C) logits")
+        if out.dtype == torch.bool:  # argmax takes no bool: one-hot rows are classes
+            trues = out.sum(1)
+            if bool(trues.ne(1).any()):
+                raise ValueError(
+                    f"f returned {tuple(out.shape)} bool outputs with rows of "
+                    f"{sorted(set(trues.unique().tolist()) - {1})[:3]} True entries: not one "
+                    "class per string (one-hot), so no class to compare. Return the class "
+                    "index (logits.argmax(1)), the logits, or measure one label at a time "
+                    "(lambda x: f(x)[:, k])")
+            out = out.long()
         return out.argmax(1).long().cpu()
     if not out.is_floating_point():
         return out.long().cpu()
@@ -885,6 +895,14 @@ def boolean_sensitivity(
             f"a truth table must be a tensor, got a Python {type(f).__name__} of {len(f)} values; "
             "pass torch.tensor(table)"
         )
+    if not isinstance(f, Tensor) and not callable(f) and hasattr(f, "__array__"):
+        # a NumPy table was told "n is required unless f is a truth table", or, with n, that
+        # f must be "a callable, an nn.Module or a truth table"
+        raise TypeError(
+            f"a truth table must be a tensor, got a {type(f).__module__.split('.')[0]} "
+            f"{type(f).__name__} of shape {tuple(getattr(f, 'shape', ()))}; pass "
+            "torch.as_tensor(table)"
+        )
     _check_generator(generator)
     _check_threshold_type(threshold)
     if isinstance(f, Tensor):
@@ -903,6 +921,12 @@ def boolean_sensitivity(
     if output == "real":  # refused before anything is evaluated
         _check_threshold("real", output, threshold)
     is_table = isinstance(f, Tensor)
+    # any integer type (a NumPy int64 was refused as "not an integer ≥ 2", 500 included);
+    # checked before "auto" compares 2ⁿ with (n+1)·num_samples, where None or a str failed
+    # with a bare TypeError ("'<=' not supported between instances of 'int' and 'str'")
+    if method != "exact" and (isinstance(num_samples, bool)
+                              or not isinstance(num_samples, Integral) or num_samples < 1):
+        raise ValueError(f"num_samples must be an integer ≥ 2, got {num_samples!r}")
     if method == "auto":
         method = "exact" if is_table or (n <= MAX_EXACT_N
                                          and (1 << n) <= (n + 1) * num_samples) else "sample"
@@ -928,9 +952,6 @@ def boolean_sensitivity(
             stats.add(_changes(table[idx], table[idx.unsqueeze(1) ^ masks], rule, boundary))
         return stats.result("exact", rule, evaluations, exact=True)
 
-    # any integer type (a NumPy int64 was refused as "not an integer ≥ 2", 500 included)
-    if isinstance(num_samples, bool) or not isinstance(num_samples, Integral) or num_samples < 1:
-        raise ValueError(f"num_samples must be an integer ≥ 2, got {num_samples!r}")
     if num_samples < 2:  # as the token-wise data standard error, which is nan from one example
         exact = (" or enumerate all strings (method='exact'), which has no sampling error"
                  if n <= MAX_EXACT_N else "")
