@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -53,3 +55,16 @@ def test_bool_outputs_that_are_not_one_hot_are_refused():
         return torch.stack([x[:, 0] > 0, x[:, 1] > 0], 1)  # two labels, rows of 0, 1 or 2
     with pytest.raises(ValueError, match=r"not one\s+class per string \(one-hot\)"):
         boolean_sensitivity(multi, 4)
+
+
+def test_one_output_per_bit_is_warned_of_as_positions():
+    """A sequence model's per-position outputs, its [:, -1] forgotten, were read as n class
+    scores without a word."""
+    def per_position(x):  # one logit per position; the prediction is the last one's sign
+        return torch.cumsum(x, dim=1)
+
+    with pytest.warns(UserWarning, match=r"one column per bit, read as 5 class scores"):
+        boolean_sensitivity(per_position, n=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        boolean_sensitivity(lambda x: torch.cumsum(x, dim=1)[:, -1], n=5)

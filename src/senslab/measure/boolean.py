@@ -413,9 +413,10 @@ def _evaluator(
     dtype = dtype or own_dtype or torch.float32
     reduced = _reduced_dtype(f)
     checked = False
+    said = False
 
     def call(x: Tensor) -> Tensor:
-        nonlocal checked
+        nonlocal checked, said
         with torch.inference_mode():
             x = x.to(device=dev, dtype=dtype)
             if not checked:
@@ -438,10 +439,26 @@ def _evaluator(
             out = f(x)
             if isinstance(out, Tensor) and out.dtype in (torch.bfloat16, torch.float16):
                 call.low_precision = out.dtype  # type: ignore[attr-defined]
+            if not said and isinstance(out, Tensor) and n > 2 and out.shape == (x.shape[0], n):
+                said = True
+                _warn_per_position(out.shape)
             return _canonical(out, x.shape[0], output)
 
     call.low_precision = reduced  # type: ignore[attr-defined]
     return call
+
+
+def _warn_per_position(shape: torch.Size) -> None:
+    """Warn that outputs of one column per bit (a sequence model's output per position, its
+    ``[:, -1]`` forgotten) are read as that many class scores: the argmax over the positions
+    was taken for the class, without a word."""
+    warnings.warn(
+        f"f returned {tuple(shape)} outputs for strings of {shape[1]} bits: one column per bit, "
+        f"read as {shape[1]} class scores (the class is their argmax). If they are one output "
+        "per position (a sequence model's per-position logit), measure the position the "
+        "prediction is read from: lambda x: model(x)[:, -1] (or [:, 0] for a CLS token). If f "
+        f"has {shape[1]} classes, this warning can be ignored",
+        UserWarning, stacklevel=4)
 
 
 def _explain_indices(err: Exception, dtype: torch.dtype) -> None:
