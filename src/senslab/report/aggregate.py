@@ -62,20 +62,31 @@ class Stat:
     error of one measurement, not the seed-to-seed spread a std over runs is, and a table
     holding both would otherwise print them alike (before 2026-12-06 ``senslab report`` did).
     ``of`` is how many runs the number's row holds, where only ``n`` of them have the metric:
-    the text then says so (``0.2 ± 0.14 (2 of 3 runs)``)."""
+    the text then says so (``0.2 ± 0.14 (2 of 3 runs)``). ``null`` is how many of the others
+    logged the metric as null (not known: a NaN or inf, e.g. a run that diverged, is written
+    as null), said apart from runs that never logged it (``0.6 ± 0.14 (2 of 3 runs, 1 null)``):
+    the mean of the seeds that did not diverge is not the label's. A row whose runs all logged
+    null has ``n`` 0 and a NaN mean, and reads ``null``."""
 
     mean: float
     spread: float | None = None
     n: int = 1
     kind: str = ""
     of: int | None = None
+    null: int = 0
 
     def __str__(self) -> str:
+        if self.n == 0:  # no number at all: every run that logged the metric logged null
+            text = "null"
+            if self.of is not None and self.null < self.of:
+                text += f" ({self.null} of {self.of} runs)"
+            return text
         text = format_number(self.mean)
         if self.spread is not None:
             text += f" ± {self.spread:.2g}" + (" (se)" if self.kind == "se" else "")
         if self.of is not None and self.n < self.of:
-            text += f" ({self.n} of {self.of} runs)"
+            text += f" ({self.n} of {self.of} runs" + (f", {self.null} null)" if self.null
+                                                       else ")")
         return text
 
 
@@ -84,9 +95,13 @@ def format_number(value: Any) -> str:
 
     A float that is not exactly ±1 never reads as ``1``: 4 digits would round an accuracy
     of 0.99996 to ``1``, a perfect score it is not, so it gets the digits it needs
-    (``0.99996``)."""
+    (``0.99996``). A whole number is written whole, as an int is: a table's numbers are
+    floats (:func:`summarize`), and 4 digits wrote a run's epoch 12345 as ``1.234e+04``, and
+    99999 as ``1e+05``."""
     if not isinstance(value, float):
         return str(value)
+    if value.is_integer() and abs(value) < 1e15:  # exact below 2**53
+        return str(int(value))
     text = f"{value:.4g}"
     digits = 4
     while text in ("1", "-1") and abs(value) != 1.0 and digits < 17:
@@ -123,8 +138,16 @@ def metric_keys(runs: Sequence[Run]) -> list[str]:
     """Numeric scalar final metrics present in any run: known ones first, the rest sorted."""
     present: set[str] = set()
     for run in runs:
+        logged = None  # the keys this run logged a number for (read only where a final is null)
         for key, value in run.final.items():
-            if is_number(value) and key not in SKIP_KEYS and not key.endswith(SKIP_SUFFIXES):
+            if value is None and key not in SKIP_KEYS and not key.endswith(SKIP_SUFFIXES):
+                # null at the end, a number before (a metric that became NaN or inf, written as
+                # null): a column of its own, where every run diverged it was dropped unsaid
+                if logged is None:
+                    logged = {k for row in run.metrics for k, v in row.items() if is_number(v)}
+                if key in logged:
+                    present.add(key)
+            elif is_number(value) and key not in SKIP_KEYS and not key.endswith(SKIP_SUFFIXES):
                 present.add(key)
     known = [k for k in KNOWN_KEYS if k in present]
     return known + sorted(present - set(known))
@@ -137,9 +160,12 @@ def final_table(
 
     Each row has ``label``, ``runs`` (how many runs it aggregates), ``seeds`` and, per metric key,
     a :class:`Stat` (mean ± std over the label's runs that logged it, ``n`` of them; a single
-    value shows its own run's ``<key>_se`` when logged). A metric a run never logged is left out
-    of that run's mean, and the Stat's text says over how many of the row's runs it is
-    (``0.2 ± 0.14 (2 of 3 runs)``); a label where no run logged it has no entry for it. Per-run
+    value shows its own run's ``<key>_se`` when logged). A metric a run never logged, or logged
+    as null last (not known: a NaN or inf is written as null), is left out of that run's mean,
+    and the Stat's text says over how many of the row's runs it is, and how many of the others
+    are null (``0.2 ± 0.14 (2 of 3 runs, 1 null)``); a label whose runs are all null has a
+    Stat that reads ``null`` (NaN mean, ``n`` 0), and one where no run logged it has no entry
+    for it. Per-run
     rows have ``label``, ``run`` (its name) and ``seed``. An unfinished run (no ``summary.json``)
     is left out of its label's row and has a row of its own, labelled
     ``<label> (unfinished, step N)``.
@@ -157,13 +183,18 @@ def final_table(
         for key in keys:
             supplied = [f for f in finals if is_number(f.get(key))]
             values = [f[key] for f in supplied]
+            # null: the run logged the metric, but not a number (a NaN or inf, written as null)
+            null = sum(1 for f in finals if key in f and f[key] is None)
             if not values:
+                if null:  # a label whose every run diverged read "-", as if never measured
+                    row[key] = Stat(math.nan, n=0, of=len(group), null=null)
                 continue
             # a single value's standard error is that run's, not the label's first run's
             se = supplied[0].get(f"{key}_se") if len(values) == 1 else None
             stat = summarize(values, se if is_number(se) else None)
             # a run that lacks the metric is left out: the row's run count is not this one's
-            row[key] = replace(stat, of=len(group)) if len(values) < len(group) else stat
+            row[key] = (replace(stat, of=len(group), null=null) if len(values) < len(group)
+                        else stat)
         rows.append(row)
     return rows
 
@@ -214,6 +245,8 @@ class Curve:
     ``count`` is how many runs each point holds, ``runs`` how many of the label's runs logged
     ``key`` at all and ``of`` how many runs the label holds (as :class:`Stat`'s ``n`` and
     ``of``): a point is the mean of all of them only where ``count == runs == of``.
+    ``null`` holds the steps where a run logged ``key`` as null (not known: a NaN or inf is
+    written as null), which are in no point of that run.
     """
 
     label: str
@@ -226,6 +259,7 @@ class Curve:
     count: np.ndarray
     runs: int | None = None
     of: int | None = None
+    null: tuple[int, ...] = ()
 
     @property
     def full(self) -> np.ndarray:
@@ -255,7 +289,9 @@ def aggregate_curve(runs: Sequence[Run], key: str) -> Curve | None:
     """
     per_step: dict[int, list[tuple[float, float, float, float]]] = {}
     logged = 0
+    null: set[int] = set()
     for run in runs:
+        null.update(int(row["step"]) for row in run.metrics if key in row and row[key] is None)
         steps, epochs, values = run.series(key)
         logged += any(is_number(v) for v in values)
         ci_steps, _, cis = run.series(f"{key}_ci")
@@ -295,6 +331,7 @@ def aggregate_curve(runs: Sequence[Run], key: str) -> Curve | None:
         np.array(count),
         runs=logged,
         of=len(runs),
+        null=tuple(sorted(null)),
     )
 
 

@@ -208,7 +208,8 @@ def _render(
         "label with a single run, the standard error of its estimate (where logged), marked "
         "“(se)”. "
         "“(k of R runs)”: only k of the label's R runs have that metric, and the number is "
-        "over those k.</p>"
+        "over those k; “, m null”: m of the others logged it as null (not known: a NaN or "
+        "inf, such as a diverged run's loss, is written as null).</p>"
     )
     parts.append("<details><summary>Per run</summary>")
     parts.append(_table_html(_with_status(final_table(runs, per_run=True), runs)))

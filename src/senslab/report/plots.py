@@ -237,6 +237,7 @@ def plot_curves(
     nrows = math.ceil(len(panels) / ncols)
     splits_used: set[str] = set()
     not_finite: list[str] = []
+    null: list[str] = []  # points a run logged as null (a NaN or inf is written as null)
     fewer: list[str] = []
     nonpositive: list[str] = []
     # label -> (key, k, R) for metrics only k of the label's R runs logged
@@ -257,6 +258,9 @@ def plot_curves(
                         not_finite.append(f"{key} of {label!r} at {int(bad.sum())} step(s) (first: "
                                           f"step {curve.steps[bad][0]}, "
                                           f"{format_number(float(curve.mean[bad][0]))})")
+                    if curve.null:  # a diverged run's last points: the curve ended unsaid
+                        null.append(f"{key} of {label!r} at {len(curve.null)} step(s) (first: "
+                                    f"step {curve.null[0]})")
                     if curve.runs is not None and curve.of is not None and curve.runs < curve.of:
                         # the table says "(k of R runs)"; a curve drawn as the label's would not
                         partial.setdefault(label, []).append((key, curve.runs, curve.of))
@@ -334,6 +338,11 @@ def plot_curves(
             warnings.warn(f"{out}: curve points not drawn as their mean is ≤ 0 on a log y-axis: "
                           f"{'; '.join(nonpositive)}; draw that panel without logy to see them",
                           stacklevel=2)
+        if null:
+            warnings.warn(f"{out}: curve points missing where a run logged the metric as null "
+                          f"(not known: a NaN or inf, e.g. of a run that diverged, is written as "
+                          f"null): {'; '.join(null)}; the runs' metrics.jsonl say which",
+                          stacklevel=2)
         if not_finite:
             warnings.warn(f"{out}: curves not drawn where their mean is NaN or inf (a run logged "
                           f"such a value): {'; '.join(not_finite)}; the runs' metrics.jsonl say "
@@ -372,10 +381,11 @@ def plot_final_bars(
     bad = [i for i, m in enumerate(means) if not math.isfinite(m)]
     if bad:
         warnings.warn(f"{out}: the final {key} of "
-                      + ", ".join(f"{rows[i]['label']!r} is {format_number(means[i])}"
+                      + ", ".join(f"{rows[i]['label']!r} is {_bar_text(rows[i][key])}"
                                   for i in bad)
-                      + " (a run has NaN or inf): no bar is drawn, the value is written in its "
-                      "place; the per-run numbers say which run", stacklevel=2)
+                      + " (a run has NaN or inf, or logged null: not known): no bar is drawn, "
+                      "the value is written in its place; the per-run numbers say which run",
+                      stacklevel=2)
         for i in bad:
             means[i], errs[i] = math.nan, 0.0
     # a bar ≤ 0 cannot be drawn on a log y-axis, and a tick without a bar reads as a value too
@@ -410,7 +420,7 @@ def plot_final_bars(
         ax.bar(pos, means, yerr=errs, capsize=4, color=[colors[r["label"]] for r in rows])
         for i in bad + nonpositive:
             # at the axis' foot: a log axis has no 0
-            ax.annotate(format_number(rows[i][key].mean), (pos[i], 0), xytext=(0, 3),
+            ax.annotate(_bar_text(rows[i][key]), (pos[i], 0), xytext=(0, 3),
                         xycoords=ax.get_xaxis_transform() if logy else "data",
                         textcoords="offset points", ha="center", va="bottom", color="#c62828")
         for i, (p, m, e, row) in enumerate(zip(pos, means, errs, rows, strict=True)):
@@ -421,7 +431,8 @@ def plot_final_bars(
                              + (" (se)" if stat.kind == "se" else ""))
             if acc_key in row and math.isfinite(m):
                 acc = row[acc_key].mean
-                text = format_percent(acc) if 0 <= acc <= 1 else format_number(acc)
+                text = (_bar_text(row[acc_key]) if row[acc_key].n == 0 else format_percent(acc)
+                        if 0 <= acc <= 1 else format_number(acc))
                 lines.append(f"{_split(acc_key) or acc_key} acc\n{text}" if "acc" in acc_key
                              else text)
             if lines:
@@ -445,6 +456,12 @@ def plot_final_bars(
             title or f"Final {_plain(key)} per label\n(± std over seeds; a single run ± 1.96 s.e.)"
         )
         return _save(fig, out)
+
+
+def _bar_text(stat: Any) -> str:
+    """A bar's value as written in its place: ``null`` where its runs logged null (not known),
+    which a NaN mean would have read as a value computed to be NaN."""
+    return "null" if stat.n == 0 else format_number(stat.mean)
 
 
 def position_profile(run: Run, key: str = "sens/train") -> tuple[list[int], list[float]] | None:

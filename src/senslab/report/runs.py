@@ -311,9 +311,17 @@ def load_run(path: PathLike, experiment: Path | None = None) -> Run:
     if not p.is_dir():
         raise RunFormatError(f"{p} does not exist or is not a directory; pass a run directory")
     if not is_run_dir(p):
+        try:
+            held = [] if is_experiment_dir(p) else [d for d in sorted(p.iterdir()) if is_run_dir(d)]
+        except OSError:  # unreadable: said as before
+            held = []
         hint = (
             " It is an experiment directory: use load_runs or load_experiment."
             if is_experiment_dir(p)
+            # a folder of runs (runs/): the message said only what it is not
+            else f" It holds {len(held)} run directories ({', '.join(d.name for d in held[:3])}"
+            f"{', …' if len(held) > 3 else ''}): pass those (e.g. {p / '*'})."
+            if held
             else " Pass a directory written by `senslab train` or `senslab run`."
         )
         raise RunFormatError(
