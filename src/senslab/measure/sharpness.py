@@ -992,7 +992,9 @@ def output_sharpness(
     ``repeats`` weight draws :math:`\Delta \sim \mathcal N(0, \sigma_w^2 I)` (paper code:
     :math:`\sigma_w = 0.05`, 5 repeats), each evaluated with one forward pass on the whole batch.
     The model must return one output row per example (a model that reduces over the batch is
-    refused). The L1 distance sums over all output entries of an example. ShPred compares
+    refused). The L1 distance sums over all output entries of an example — of its real
+    positions only, for a per-position output (B, T, ...) of a dict input whose
+    ``attention_mask`` (B, T) of 0/1 marks padding (:func:`_real_entries`). ShPred compares
     predicted classes with the decision rule of :mod:`senslab.measure.outputs`, as
     :func:`token_sensitivity` does (argmax of (B, C) logits; one column by ``output_kind``,
     default the model's attribute, else its sign). Unless ``output_kind`` is given, ShPred is
@@ -1065,6 +1067,7 @@ def output_sharpness(
         _check_real(clean)
         _check_finite(clean, "the clean model's output", "fix the model or its inputs")
         b = clean.shape[0]
+        keep = _real_entries(inputs, clean)  # pad positions' outputs are no part of ShOp
         declared = kind = declared_kind(model, output_kind)
         reason: str | None = None
         try:
@@ -1100,7 +1103,7 @@ def output_sharpness(
                           f"{repeats}, sigma_w={sigma_w:g})", "use a smaller sigma_w")
             # in float64: an fp16 model's outputs can each be finite while an example's sum
             # of distances passes fp16's largest number (a 50,000-class head: inf before)
-            l1[r] = (out.double() - clean.double()).reshape(b, -1).abs().sum(1)
+            l1[r] = ((out.double() - clean.double()) * keep).reshape(b, -1).abs().sum(1)
             if clean_pred is not None:
                 flips[r] = (predictions(out, kind, threshold) != clean_pred).double()
                 if margin is not None:
@@ -1131,6 +1134,18 @@ def output_sharpness(
         _warn_few_flips(shpred, flips, b)
         _warn_ties(clean, clean_pred, ties, flips, moves, stuck, away, sigma_w)
     return OutputSharpness(shop, shpred, b, reason)
+
+
+def _real_entries(inputs: Inputs, out: Tensor) -> Tensor | float:
+    """1 at the output entries of an example's real positions, 0 at its padding: for a
+    per-position output (B, T, ...) of a dict input whose ``attention_mask`` (B, T) marks
+    padding (:func:`_real_positions`); else 1. A pad position's outputs are no part of the
+    example, and their L1 change counted in ShOp made it grow with the batch's padding (one
+    example's per-position logits: ShOp 1.11 alone, 2.35 padded by 6 pad tokens)."""
+    real = _real_positions(inputs, out.shape[0]) if out.dim() >= 3 else None
+    if real is None or real.shape[1] != out.shape[1]:
+        return 1.0
+    return real.to(out.device, torch.float64).reshape(*real.shape, *(1,) * (out.dim() - 2))
 
 
 #: output changes within this many spacings of the clean outputs (ShOp over the sum of the
@@ -1165,7 +1180,8 @@ def _check_output_rounding(model: nn.Module, inputs: Inputs, output: OutputSelec
     if clean.dtype not in (torch.float32, torch.float64):
         return
     b = clean.shape[0]
-    spacings = _spacing(clean).sum().item() / b  # per example, summed over its outputs
+    keep = _real_entries(inputs, clean)  # padding left out, as in ShOp
+    spacings = (_spacing(clean) * keep).sum().item() / b  # per example, over its outputs
     first = first_l1.sum().item() / b  # the first draw's ShOp: the doubling is compared on it
     if first == 0 or spacings == 0 or first >= ROUNDING_OUTPUT_SPACINGS * spacings:
         return
@@ -1178,7 +1194,7 @@ def _check_output_rounding(model: nn.Module, inputs: Inputs, output: OutputSelec
         noise.gen.set_state(after)  # the caller's generator advances by the draws alone
     if not (isinstance(doubled, Tensor) and doubled.shape == clean.shape):
         return
-    twice = (doubled.double() - clean.double()).abs().sum().item() / b
+    twice = ((doubled.double() - clean.double()) * keep).abs().sum().item() / b
     if not (math.isfinite(twice) and twice > 0):
         return
     off = 2 * first / twice - 1
@@ -1225,15 +1241,19 @@ def _warn_few_flips(res: SharpnessResult, flips: Tensor, b: int) -> None:
     where all 5 draws flipped but fewer than 10 predictions in all, it covered the rate in 17%
     of seeds; 20 draws at 0.02 with fewer than 10 draws flipping, in 46%). Where every draw
     flipped something and ``MIN_FLIPS`` predictions or more flipped, the spread is the draws'
-    own, which the Student's t interval is for: nothing is said; nor at ``sigma_w=0``, whose
-    0 is exact. Each message's cause (the
+    own, which the Student's t interval is for: nothing is said; nor where ``MIN_FLIPS`` draws
+    or more flipped something and ``MIN_FLIPS`` predictions or more flipped, though some draw
+    flipped none (with many draws that is the usual case: 2,000 draws, 1,754 flipping, were
+    told to take more draws, which only makes a draw without a flip likelier, while the t
+    interval of 20 draws at 0.02 over 64 examples covers in 95% of seeds there); nor at
+    ``sigma_w=0``, whose 0 is exact. Each message's cause (the
     text before its first ``:``) is the same from call to call, so a training loop that
     measures at every evaluation says it once per run (:func:`senslab._stack.said_once`)."""
     r = len(flips)
     per_draw = flips.sum(1)
     events = int(per_draw.gt(0).sum())  # draws that flipped some prediction
     total = int(per_draw.sum())  # flipped (draw, example) predictions
-    if (events == r and total >= MIN_FLIPS) or res.sigma == 0:
+    if (events >= min(r, MIN_FLIPS) and total >= MIN_FLIPS) or res.sigma == 0:
         return  # at sigma_w = 0 nothing can flip: the 0 is exact
     lo, hi = res.ci95
     shown = (f"ShPred {res.estimate:.4g} ± {res.stderr:.2g} (95% CI {lo:.4g}–{hi:.4g}; "
@@ -1252,9 +1272,9 @@ def _warn_few_flips(res: SharpnessResult, flips: Tensor, b: int) -> None:
         message = (
             f"ShPred's standard error rests on few flips: {events} of the {r} weight draws "
             f"flipped a prediction, {total} of the {r * b:,} predictions in all (the standard "
-            f"error needs every draw to flip one and {MIN_FLIPS} flips or more); a standard "
-            f"error estimated from so few moves with them, and the 95% interval of {shown} can "
-            f"cover ShPred less often than 95%. For a firmer one, {how}")
+            f"error needs {min(r, MIN_FLIPS)} draws that flip one and {MIN_FLIPS} flips or "
+            f"more); a standard error estimated from so few moves with them, and the 95% "
+            f"interval of {shown} can cover ShPred less often than 95%. For a firmer one, {how}")
     warnings.warn(message, RuntimeWarning, stacklevel=user_level())
 
 
@@ -1530,6 +1550,43 @@ def _other_axes_message(name: str, module: nn.Module, shape: tuple[int, ...]) ->
     )
 
 
+def _real_positions(inputs: Inputs, b: int) -> Tensor | None:
+    """(B, T) bool, the positions a dict input's 2-D 0/1 ``attention_mask`` marks as real,
+    where it marks some as padding; None otherwise (no mask, no padding, another form)."""
+    mask = inputs.get("attention_mask") if isinstance(inputs, dict) else None
+    if not (isinstance(mask, Tensor) and mask.dim() == 2 and mask.shape[0] == b):
+        return None
+    if not bool(((mask == 0) | (mask == 1)).all()) or bool((mask != 0).all()):
+        return None
+    return mask != 0
+
+
+def _max_over_real(name: str, inv: Tensor, real: Tensor | None) -> Tensor:
+    """Per example, the maximum of ``inv`` (B, positions) over its real positions: a padded
+    position's LayerNorm input (a pad token's embedding) is no part of the example, and read
+    with the others it made an example's blow-up depend on how far its batch was padded (a
+    BERT example alone: 39.2; padded by 10 pad tokens: 55.7, same output). A LayerNorm whose
+    positions are not the mask's (a decoder's, a pooled stage's) is refused in a padded
+    batch: which of its positions are padding is unknown."""
+    if real is None or inv.shape[1] == 1:
+        return inv.amax(dim=1)
+    if inv.shape[1] != real.shape[1]:
+        raise ValueError(
+            f"LayerNorm {name!r} sees {inv.shape[1]} positions per example, while the "
+            f"attention_mask ({real.shape[1]} positions) marks some of the inputs as padding, so "
+            "which of its positions are padding is unknown and the maximum over positions "
+            "would read them with the others. Measure batches without padding (examples of "
+            "equal length, or one example at a time)"
+        )
+    if not bool(real.any(dim=1).all()):
+        empty = (~real.any(dim=1)).nonzero()[:, 0].tolist()
+        raise ValueError(
+            f"the attention_mask marks every position of example(s) {empty[:5]} as padding, so "
+            "they have no position to read the LayerNorm blow-up at; drop them from the batch"
+        )
+    return inv.masked_fill(~real.to(inv.device), -math.inf).amax(dim=1)
+
+
 @one_at_a_time
 def layernorm_factors(
     model: nn.Module,
@@ -1571,6 +1628,12 @@ def layernorm_factors(
     ``readout_modules=()`` to take the maximum over all positions everywhere; other
     ``readout_modules`` need a ``readout_position`` (refused without one: they would be
     ignored).
+
+    **Padding.** With a dict input whose ``attention_mask`` (B, T) of 0/1 marks padding, the
+    maximum over positions is over each example's real positions only (pad tokens are no part
+    of it; read with the others, an example's blow-up depended on how far its batch was
+    padded). A read-out position that is padding in some example, or a LayerNorm with other
+    positions than the mask's, is refused in a padded batch.
 
     Evaluated in eval mode without gradients; the hooks exist only inside the call.
     """
@@ -1617,6 +1680,7 @@ def layernorm_factors(
     check_device(model, inputs)
     _check_examples(inputs, "the LayerNorm blow-up")
     b = batch_size(inputs)
+    real = _real_positions(inputs, b)  # padding is no part of an example's maximum
     calls: list[tuple[str, Tensor]] = []  # (module name, (B, positions) inverse std)
     own = OwnForwards(model)
 
@@ -1725,9 +1789,18 @@ def layernorm_factors(
                     f"readout_position {readout_position} is out of range for LayerNorm "
                     f"{name!r} with {t} positions"
                 )
+            if real is not None and t == real.shape[1] \
+                    and not bool(real[:, readout_position].all()):
+                pads = (~real[:, readout_position]).nonzero()[:, 0].tolist()  # a host sync
+                raise ValueError(
+                    f"readout_position {readout_position} is padding in example(s) {pads[:5]} "
+                    f"(their attention_mask is 0 there), so LayerNorm {name!r} would be read at "
+                    "a pad token, not at the position the output is read from. Pad on the "
+                    "other side (tokenizer padding_side), or measure without padding"
+                )
             value = inv[:, readout_position]
         else:
-            value = inv.amax(dim=1)
+            value = _max_over_real(name, inv, real)
         factors[name if k == 0 else f"{name}#{k}"] = value.cpu()
     return factors
 
