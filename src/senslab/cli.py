@@ -699,6 +699,32 @@ def _check_text_fits(model: Any, ids: Any, name: str, data_name: str) -> None:
                          f"{positions} positions: pass --set data.options.max_len={positions}")
 
 
+def _check_hf_dir(name: str) -> None:
+    """Refuse an ``--hf`` path that is no directory save_pretrained wrote: a file in one
+    (config.json: "unexpected Exception: expected `,`…", called a bug) or a directory without
+    config.json (transformers' "should have a `model_type` key in its config.json")."""
+    path = Path(name).expanduser()
+    made_by = "pass the directory that save_pretrained wrote (config.json beside the weights)"
+    if path.is_file():
+        raise UsageError(f"--hf {name} is a file; {made_by}, not a file in it")
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise UsageError(f"--hf {name} has no config.json, so no model was saved there; "
+                         f"{made_by}")
+
+
+def _check_tokenizer_vocabulary(meta: dict[str, Any], name: str, data_name: str) -> None:
+    """Refuse a tokenizer whose vocabulary is its special tokens alone: what transformers builds
+    for a model directory saved without its tokenizer (BERT's five), which read every word of
+    the text as the unknown token — and the table was printed as if the text had been read."""
+    vocab, special = meta.get("vocab_size"), meta.get("special_ids") or {}
+    if not isinstance(vocab, int) or not special or vocab > len(special):
+        return
+    raise UsageError(f"--hf {name}'s tokenizer holds only its {vocab} special tokens "
+                     f"({', '.join(special)}) and no vocabulary: every word of {data_name} "
+                     "would be read as the unknown token. Save the tokenizer beside the model "
+                     "(tokenizer.save_pretrained(DIR), which writes its vocabulary files)")
+
+
 def _cut_words(data: Any) -> str:
     """What the cut of a text set to its maximum length removed (``meta``), or ""."""
     cut = data.meta.get("truncated_rows") if isinstance(getattr(data, "meta", None), dict) else 0
@@ -775,6 +801,7 @@ def _measure_pretrained(args: argparse.Namespace) -> int:
                              "draws; use --seed instead")
     processor, config = None, None
     if args.hf:
+        _check_hf_dir(name)
         config = pretrained.hf_config(name)
         image = pretrained.is_image_config(config)
     else:
@@ -797,8 +824,15 @@ def _measure_pretrained(args: argparse.Namespace) -> int:
     data = train if args.split == "train" else test
     split = cfg.data.train_split if args.split == "train" else cfg.data.test_split
     if args.hf:
-        model, processor, weights = pretrained.load_hf(name, config, args.seed,
-                                                       max(train.num_classes, 2))
+        try:
+            model, processor, weights = pretrained.load_hf(name, config, args.seed,
+                                                           max(train.num_classes, 2))
+        except OSError as err:  # a saved config without weights: "the work failed", status 1
+            if not Path(name).expanduser().is_dir():
+                raise
+            said = str(err).strip().splitlines()[0].rstrip(".")
+            raise UsageError(f"--hf {name}: {said}; pass a directory that save_pretrained wrote "
+                             "(the weights beside config.json)") from None
     else:
         model, weights = pretrained.load_timm(name)
     _check_label_count(model, train.num_classes, f"{option} {name}", cfg.data.name)
@@ -823,6 +857,7 @@ def _measure_pretrained(args: argparse.Namespace) -> int:
                              "model; use rotten_tomatoes, sst2 or mrpc")
         if args.sigma_space == "pixel":
             raise UsageError("--sigma-space pixel applies to image models; drop it")
+        _check_tokenizer_vocabulary(data.meta, name, cfg.data.name)
         _check_text_fits(model, subset.batch(slice(0, len(subset)))[0]["input_ids"], name,
                          cfg.data.name)
         prepare, padded = pretrained.text_prep(model, data.meta.get("pad_id"))
@@ -1072,7 +1107,7 @@ def parser() -> argparse.ArgumentParser:
                         "change only device, data.root and data.download) and, for the options "
                         "left out, its seed and track.* settings")
     s.add_argument("--split", choices=["train", "test"], default="train")
-    s.add_argument("--sigma", type=float, nargs="+",
+    s.add_argument("--sigma", type=float, nargs="+", action="extend",
                    help=f"noise standard deviation(s) (default: {MEASURE_DEFAULTS['sigma'][0]:g}; "
                         "--checkpoint: the run's track.sigma)")
     s.add_argument("--repeats", type=int,
@@ -1163,8 +1198,10 @@ def _empty_option(dest: str) -> str:
 
 #: options and arguments that are paths: a leading ``~`` is the home directory, as the shell
 #: has it; a shell leaves ``--out=~/runs/x`` as it is, and ``~`` was a folder in the working
-#: directory (the run trained into ./~/runs/x, --checkpoint and --data-root were not found)
-_PATHS = ("out", "checkpoint", "data_root", "runs", "records", "paths", "dirs")
+#: directory (the run trained into ./~/runs/x, --checkpoint and --data-root were not found;
+#: ``--hf=~/bert`` was taken for a hub name, "Repo id must use alphanumeric chars": no hub name
+#: starts with ``~``)
+_PATHS = ("out", "checkpoint", "data_root", "runs", "records", "paths", "dirs", "hf")
 
 
 def _warn_repeated_sets(items: list[str]) -> None:
