@@ -189,6 +189,10 @@ VARIANCE_REDUCTION = {
     # is all the target needs
     "adaptive uniform sampling": {"repeats": 1, "allocation": "uniform",
                                   "budget": SAMPLING_SHARE},
+    # the same under bf16's own decisions, as the references' bf16 rows decide
+    "adaptive uniform sampling autocast=bf16": {"repeats": 1, "allocation": "uniform",
+                                                "budget": SAMPLING_SHARE,
+                                                "autocast": torch.bfloat16},
 }
 
 
