@@ -887,3 +887,19 @@ def test_readme_verdicts_match_the_records() -> None:
     assert not problems, "\n".join(problems)
     assert checked == set(records) - {"grokking.paper"}, (
         f"recorded experiments missing from README: {sorted(set(records) - checked)}")
+
+
+def test_resnet18_token_sampling_prose_equals_its_record() -> None:
+    """The README's paragraph on ResNet-18 with token sampling timed directly on a Zen 4 EPYC
+    quotes its record's seconds and ratios (recomputed from the raw times to precision)."""
+    rec = "real-resnet18-256-2threads-zen4-sampling.json"
+    text = README.read_text()
+    paper = "paper code"  # its faster row, the bf16 one
+    for label, shown in (("paper code bf16", "bf16 row ({s} s at one draw per patch)"),
+                         ("senslab autocast=bf16", "autocast=torch.bfloat16` {s} s ({r}×)"),
+                         ("senslab adaptive uniform sampling autocast=bf16",
+                          "under autocast {s} s\n(**{r}× ✗**)"),
+                         ("senslab adaptive uniform sampling", "{s} s\n({r}×)")):
+        s = f"{_ttp(rec, 'resnet18', label):.1f}"
+        r = f"{_vs(rec, 'resnet18', label, paper):.2f}"
+        assert shown.format(s=s, r=r) in text, (label, s, r)
