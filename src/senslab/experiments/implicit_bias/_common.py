@@ -18,6 +18,24 @@ from ..base import Run
 RACE = ("sgd", "sngd", "sps", "adam")
 
 
+def duplicate_runs(summaries: list[dict[str, Any]]) -> str | None:
+    """Why ``summaries`` cannot be paired by seed — two runs of one optimiser with the same seed
+    (a summary without ``seed`` is seed 0), of which the verdict would keep one and drop the
+    other without a word — or None."""
+    names: dict[tuple[Any, Any], list[str]] = {}
+    for s in summaries:
+        names.setdefault((s["label"], s.get("seed", 0)), []).append(
+            str(s.get("name", f"{s['label']} (seed {s.get('seed', 0)})")))
+    twice = [f"{label} seed {seed}: {', '.join(n)}" for (label, seed), n in names.items()
+             if len(n) > 1]
+    if not twice:
+        return None
+    return (f"more than one run of an optimiser with the same seed ({'; '.join(twice)}); the "
+            "verdict pairs one run of each optimiser per seed: give each summary its own "
+            "'seed' (load_summaries takes it from the run's config.json) or judge the runs of "
+            "one experiment directory at a time")
+
+
 def by_seed(summaries: list[dict[str, Any]]) -> dict[int, dict[str, dict[str, Any]]]:
     """``{seed: {label: summary}}`` (a summary without ``seed`` is seed 0)."""
     out: dict[int, dict[str, dict[str, Any]]] = {}
@@ -32,9 +50,9 @@ def loss_race_verdict(summaries: list[dict[str, Any]],
     the same number of steps, judged over seeds (:mod:`senslab.verdicts`): per contender o two
     parts, ``loss_sgd − loss_o`` and ``|loss_o − loss_sgd| − |loss_o − loss_adam|`` of each seed
     (the four runs of a seed share its data subset, order and initialisation), their means over
-    seeds with Student's t, Holm over the four. "not comparable" when a seed lacks a run, the
-    runs stopped after different numbers of steps, or a loss is not finite (the reason names
-    the run and its step).
+    seeds with Student's t, Holm over the four. "not comparable" when a seed lacks a run or has
+    two of one optimiser (:func:`duplicate_runs`), the runs stopped after different numbers of
+    steps, or a loss is not finite (the reason names the run and its step).
 
     The initial plateau (loss ≥ 95% of the chance loss, ln 10 for MNIST): where SGD and a
     contender o both still sit on it in some seed, the race between them has not started, and
@@ -52,6 +70,8 @@ def loss_race_verdict(summaries: list[dict[str, Any]],
     labels = {s["label"] for s in summaries}
     if labels != set(RACE):
         return not_comparable(f"need runs {', '.join(RACE)}; got {', '.join(sorted(labels))}")
+    if (twice := duplicate_runs(summaries)) is not None:  # by_seed kept the last, silently
+        return not_comparable(twice)
     seeds = by_seed(summaries)
     steps = {f"{o} (seed {k})": r.get("steps") for k, runs in seeds.items()
              for o, r in runs.items()}

@@ -70,7 +70,7 @@ from ...train.loops.attention import log_schedule
 from ...train.rundir import RunDir, nan_for_null
 from ...verdicts import NO_SE, Effect, not_comparable, over_seeds, verdict
 from ..base import Experiment, Run, Settings, register_experiment
-from ._common import attention_runs, check_run_overrides, check_tasks
+from ._common import attention_runs, check_run_overrides, check_tasks, duplicate_runs
 
 OPTIMIZERS = ("gd", "ngd", "polyak")
 LEVEL = 0.99  # alignment / optimal-token mass a run must reach to count as converged
@@ -238,8 +238,10 @@ class IBFixedV(Experiment):
         return fixed_v_verdict(summaries)
 
 
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
+def _mean(values: list[float | None]) -> float:
+    """The mean; NaN if a value is null (a final metric that was not finite is null in
+    summary.json: before 2026-12-07 it stopped the verdict with a TypeError)."""
+    return math.nan if any(v is None for v in values) else sum(values) / len(values)
 
 
 def fixed_v_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -250,6 +252,8 @@ def fixed_v_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
         by.setdefault(s["label"], []).append(s)
     if set(by) != set(OPTIMIZERS):
         return not_comparable(f"need runs of {', '.join(OPTIMIZERS)}; got {', '.join(sorted(by))}")
+    if (twice := duplicate_runs(summaries)) is not None:  # the paired parts kept the last
+        return not_comparable(twice)
     diverged = sorted(f"{s['name']} (step {s['fit']['diverged_at']:g})" for s in summaries
                       if "diverged_at" in s["fit"])
     if diverged:

@@ -25,8 +25,8 @@ W alignment, v alignment and optimal-token mass (positive = o ahead of SGD); aga
 ``o − (adam − CLOSE)`` of the final W alignment and token mass (positive = o within ``CLOSE`` of
 Adam, or above). The means in the note are over the same paired seeds; a seed some optimiser
 lacks is left out and named. "not comparable" when an optimiser has no runs, no seed has all
-four, or a final metric is missing or not finite (the reason names the run, the metric and
-the step of its final evaluation).
+four, a seed has two runs of one optimiser, or a final metric is missing or not finite (the
+reason names the run, the metric and the step of its final evaluation).
 
 CPU scale: 3 seeds × 4 optimisers, 3,000 steps of batch 8 (the paper's synthetic sizes and
 learning rates are not given; ours are in ``JointSettings``; "paper" scale: 5 seeds, 20,000
@@ -56,7 +56,7 @@ from ...train.config import ranged
 from ...verdicts import not_comparable, over_seeds, verdict
 from .._verdicts import final_value
 from ..base import Experiment, Run, Rung, Settings, register_experiment
-from ._common import attention_runs, check_run_overrides, check_tasks
+from ._common import attention_runs, check_run_overrides, check_tasks, duplicate_runs
 
 OPTIMIZERS = ("sgd", "sngd", "sps", "adam")
 CLOSE = 0.1  # "close to Adam": W alignment and token mass at most this far below Adam's
@@ -150,10 +150,15 @@ def joint_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     by: dict[str, dict[int, dict[str, float]]] = {}
     names: dict[tuple[str, int], str] = {}  # (optimiser, seed) → run name, for the words
     for s in summaries:
-        by.setdefault(s["label"], {})[s.get("seed", 0)] = s["final"]
+        # a final metric that was not finite is null in summary.json: read back as NaN (refused
+        # below, naming the run), not summed into a TypeError
+        by.setdefault(s["label"], {})[s.get("seed", 0)] = {
+            k: math.nan if v is None else v for k, v in s["final"].items()}
         names[s["label"], s.get("seed", 0)] = s.get("name", f"{s['label']}-s{s.get('seed', 0)}")
     if set(by) != set(OPTIMIZERS):
         return not_comparable(f"need runs of {', '.join(OPTIMIZERS)}; got {', '.join(sorted(by))}")
+    if (twice := duplicate_runs(summaries)) is not None:  # `by` kept the last, silently
+        return not_comparable(twice)
     lacking = sorted(f"{o} (seed {k}): {', '.join(m for m in keys if m not in f)}"
                      for o, fs in by.items() for k, f in fs.items()
                      if any(m not in f for m in keys))

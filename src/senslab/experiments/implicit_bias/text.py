@@ -151,8 +151,11 @@ def loss_curve(run_dir: Path) -> list[list[float]]:
 
 
 def steps_to(curve: list[list[float]], level: float) -> float:
-    """The first logged step with training loss ≤ ``level`` (inf: it never got there)."""
-    return next((float(step) for step, loss in curve if loss <= level), math.inf)
+    """The first logged step with training loss ≤ ``level`` (inf: it never got there). A loss
+    logged as null (metrics.jsonl writes a NaN or inf loss as null) is not at the level: before
+    2026-12-07 it stopped the verdict with a TypeError (``None <= 0.347``)."""
+    return next((float(step) for step, loss in curve
+                 if loss is not None and loss <= level), math.inf)
 
 
 def text_race_verdict(summaries: list[dict[str, Any]],
