@@ -63,7 +63,8 @@ Runs = dict[str, dict[int, dict[str, Any]]]  # label → seed → final numbers
 def numbers(summary: dict[str, Any]) -> dict[str, Any]:
     """The summary's final numbers, with the end-of-training measurements' fallbacks: a run
     without ``sens_end/*`` (larger end subset) uses the last tracked ``sens/*``, one without
-    ``sens_init/train`` the logged step-0 record."""
+    ``sens_init/train`` the logged step-0 record; a null (a number not finite when written) is
+    NaN."""
     f = dict(summary["final"])
     init = summary.get("language", {}).get("init", {})
     for split in ("train", "val"):
@@ -73,7 +74,10 @@ def numbers(summary: dict[str, Any]) -> dict[str, Any]:
     for suffix in ("", "_se"):
         if f"sens/train{suffix}" in init:
             f.setdefault(f"sens_init/train{suffix}", init[f"sens/train{suffix}"])
-    return f
+    # a null is a number not finite when summary.json was written (a one-example s.e.): as NaN,
+    # the value the verdict got on the first pass. A reused run's summary read back with it
+    # failed the whole verdict with a raw TypeError (float(None) in recency())
+    return {k: math.nan if v is None else v for k, v in f.items()}
 
 
 def _get(f: dict[str, Any], key: str) -> tuple[float, float]:

@@ -7,9 +7,10 @@ train with the standard loop (``"fit"``) as usual; :class:`FinalMeasureExperimen
 measure_final` on the restored model. The result is written to ``<run>/final_measure.json``
 together with the settings that produced it and the step of the checkpoint measured, reused when
 both match (so re-running an experiment only redoes what changed) and attached to the run's
-summary under ``"final_measure"`` for the verdict. A result stored under another key, or in a
-file that cannot be read as one, is measured again (a damaged file is set aside with a warning:
-:func:`~._cache.read_cache`).
+summary under ``"final_measure"`` for the verdict (a reused one with NaN where the file has
+null, as the first pass gave it: :func:`known_values`). A result stored under another key, or
+in a file that cannot be read as one, is measured again (a damaged file is set aside with a
+warning: :func:`~._cache.read_cache`).
 
 The final model is the run's final checkpoint (:meth:`~senslab.train.rundir.RunDir.
 final_checkpoint`), the one summary.json's numbers describe: when it is damaged or missing the
@@ -18,6 +19,7 @@ measurement is refused, naming the fix, rather than taken on an earlier checkpoi
 
 from __future__ import annotations
 
+import math
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -83,6 +85,22 @@ def reuse_finished(src: Path, dst: Path, cfg: RunConfig) -> bool:
     return True
 
 
+def known_values(value: Any) -> Any:
+    """``value`` read back from :data:`FINAL_FILE` with every null as NaN, in dicts and lists at
+    any depth: :meth:`~senslab.train.rundir.RunDir.write_json` writes a number that is not
+    finite (an undefined standard error, a diverged model's sensitivity) as null, so a reused
+    measurement gave the verdict None where the first pass gave NaN, and the verdicts, which
+    take NaN (naming the run, or judging it not finite), failed with a raw TypeError
+    (``math.hypot(None, ...)``, ``None < x``) on a resumed experiment."""
+    if value is None:
+        return math.nan
+    if isinstance(value, dict):
+        return {k: known_values(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [known_values(v) for v in value]
+    return value
+
+
 class FinalMeasureExperiment(Experiment):
     """Runs trained with ``fit``, each final model then measured once (see module docstring).
 
@@ -106,7 +124,9 @@ class FinalMeasureExperiment(Experiment):
         # another config.json of a directory re-run with other settings: redone
         key = {"settings": measure, "step": step}
         values = read_cache(rd, FINAL_FILE, key, "values", "the final model")
-        if values is None:
+        if values is not None:  # a null: a number not finite when written, as NaN (known_values)
+            values = known_values(values)
+        else:
             log(f"    measuring the final model of {run.name}")
             model, train, test = load_final(run.config, path, state)
             values = self.measure_final(run.config, model, train, test, settings)

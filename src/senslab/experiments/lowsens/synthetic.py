@@ -155,8 +155,12 @@ def sparse_frequent_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     problems = []
     for s in summaries:
         f, case = s["final"], s["case"]
-        low = "sparse" if f["solution/sparse"] < f["solution/frequent"] else "frequent"
-        relies = "sparse" if f["align/sparse"] > f["align/frequent"] else "frequent"
+        # None where a number is not finite: a null read back from a reused run's summary.json
+        # failed the comparison with a raw TypeError before the finiteness check below
+        low = (("sparse" if f["solution/sparse"] < f["solution/frequent"] else "frequent")
+               if _finite(f["solution/sparse"]) and _finite(f["solution/frequent"]) else None)
+        relies = (("sparse" if f["align/sparse"] > f["align/frequent"] else "frequent")
+                  if _finite(f["align/sparse"]) and _finite(f["align/frequent"]) else None)
         evidence[s["name"]] = {
             "train_acc": f["train/acc"], "ood_acc": f["ood/acc"],
             "align_sparse": f["align/sparse"], "align_frequent": f["align/frequent"],
