@@ -168,8 +168,11 @@ class SparseFrequentConfig:
                 "label's frequent tokens must be a strict majority; use lam > 1/2 "
                 f"(e.g. {(f // 2 + 1) / f:.3g})"
             )
-        if self.num_major > f:
-            raise ValueError(f"lam={self.lam} must be ≤ 1")
+        if self.lam > 1:
+            # lam=1.05 with f=9 rounded to 9 of 9 and passed: lam=1's data, config saying 1.05
+            raise ValueError(f"sparse_frequent: lam={self.lam} is the fraction of the frequent "
+                             f"tokens drawn from F_y, so it must be ≤ 1; use lam=1 for all "
+                             f"{f} from F_y")
         if self.num_irrelevant_ids < 0 or (self.num_irrelevant_ids < 1 and s + f < L):
             raise ValueError(
                 f"vocab_size={self.vocab_size} is too small for the 2·(sparse_set_size + "
@@ -360,8 +363,10 @@ def modular_addition(
     if isinstance(p, bool) or not isinstance(p, numbers.Integral) or p < 2:
         raise ValueError(f"modular_addition: p must be an int ≥ 2 (the modulus), got {p!r}")
     p = int(p)
-    if not 0.0 < train_fraction < 1.0:
-        raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}")
+    # a string ("0.3") failed in the comparison with a raw TypeError
+    if not 0.0 < _check_finite(train_fraction, "train_fraction", "modular_addition") < 1.0:
+        raise ValueError(f"modular_addition: train_fraction must be in (0, 1) (the share of "
+                         f"the p² pairs in 'train', e.g. 0.3), got {train_fraction}")
     n_train = round(train_fraction * p * p)
     if not 0 < n_train < p * p:
         # an empty split has no accuracy: a run would train on nothing or never "generalise"
@@ -498,13 +503,17 @@ def sparse_parity(
             raise ValueError(f"k must be in [1, n_bits={n_bits}], got {k}")
         s = torch.randperm(n_bits, generator=_generator(seed, "shared"))[:k]
     else:
-        entries = list(subset) if not isinstance(subset, (str, bytes)) else [subset]
+        # a bare index (subset=5) failed in list() with a raw "'int' object is not iterable"
+        iterable = not isinstance(subset, (str, bytes)) and hasattr(subset, "__iter__") \
+            and getattr(subset, "ndim", 1) != 0
+        entries = list(subset) if iterable else [subset]
         picked = [whole_number(i) for i in entries]
-        if any(i is None for i in picked) or isinstance(subset, (str, bytes)):
+        if any(i is None for i in picked) or not iterable:
             # the long conversion cut 1.7 to 1 and read True as 1: the parity of other bits
             raise ValueError(
-                f"sparse_parity: subset must be whole bit indices in [0, {n_bits}), got "
-                f"{entries}; pass ints, e.g. subset=[0, 1, 3]")
+                f"sparse_parity: subset must be a list of whole bit indices in [0, {n_bits}), "
+                f"got {subset!r}; pass a list of ints, e.g. subset=[0, 1, 3] (subset=[i] for "
+                f"the one bit i)")
         s = torch.tensor(picked, dtype=torch.long)
         if s.numel() == 0 or s.unique().numel() != s.numel() or s.min() < 0 or s.max() >= n_bits:
             raise ValueError(
@@ -635,6 +644,13 @@ def boolean(
 
     table = None
     if function == "random" or sampling != "fresh":
+        if n_bits > 24:  # boolean_cube's own refusal named neither the option nor a way out
+            needs = (f"sampling={sampling!r}" if sampling != "fresh"
+                     else "function='random' (a table of all 2ⁿ targets)")
+            raise ValueError(
+                f"boolean: {needs} enumerates all 2^{n_bits} strings of the cube, which is "
+                f"only done up to n_bits=24; use n_bits ≤ 24, or sampling='fresh' with "
+                f"function 'parity', 'majority', 'first' or 'mean' for more bits")
         cube = boolean_cube(n_bits)
         if function == "random":
             fs = seed if function_seed is None else function_seed
