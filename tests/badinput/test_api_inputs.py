@@ -440,7 +440,8 @@ def exact_merge_of_compatible_metrics() -> None:
     one = TokenSensitivity(linear(3), Patches(4), sigma=1.0, generator=1)
     one.update(x)
     a = TokenSensitivity(linear(3), Patches(4), sigma=1.0, generator=1)
-    b = TokenSensitivity(linear(3), Patches(4, reuse_local=False), sigma=1.0, generator=1)
+    # a seed of its own: two metrics of other examples under one seed are merged with a warning
+    b = TokenSensitivity(linear(3), Patches(4, reuse_local=False), sigma=1.0, generator=2)
     a.update(x[:4])
     b.update(x[4:])
     assert a.merge(b).compute().num_examples == 8
