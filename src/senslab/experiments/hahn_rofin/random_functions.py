@@ -172,7 +172,13 @@ def completion_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     by_pair: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
     for s in summaries:
         kind = s["name"].split("-", 1)[0]
-        by_pair.setdefault((s["train_size"], s["seed"]), {})[kind] = s
+        pair = by_pair.setdefault((s["train_size"], s["seed"]), {})
+        if kind in pair:  # the later run replaced the earlier one without a word
+            raise ValueError(f"two {kind} runs for k={s['train_size']} seed {s['seed']} "
+                             f"({pair[kind]['name']} and {s['name']}): each (k, seed) pair is "
+                             "one learned and one random run; judge one run directory per "
+                             "(k, seed) and completion (remove or rename the other)")
+        pair[kind] = s
     rows = []
     left_out: list[str] = []  # the pairs the parts do not rest on, and why
     for (k, seed), pair in sorted(by_pair.items()):

@@ -122,11 +122,23 @@ def slope_verdict(summaries: list[dict[str, Any]], sensitive: str = "parity",
     dropped: dict[str, int] = {}
     unconverged: list[str] = []
     bad: dict[str, list[str]] = {}  # function → its converged runs without a finite sharpness
+    seen: dict[tuple[Any, Any, Any], str] = {}
     for s in summaries:
         f = s["function"]
+        if "seed" in s:  # one run counted twice in a fit is a replicate that is not one
+            key = (f, s["n"], s["seed"])
+            if key in seen:
+                raise ValueError(f"two runs of {f} at n = {s['n']} have seed {s['seed']} "
+                                 f"({seen[key]} and {_name(s)}): each would enter the fit as "
+                                 "an independent run; judge one run directory per (function, "
+                                 "n, seed) (remove or rename the other)")
+            seen[key] = _name(s)
         if s["converged"]:
-            points.setdefault(f, []).append((s["n"], s["final"]["sharpness/loss"]))
-            if not _finite(s["final"]["sharpness/loss"]):
+            # null: a value not finite when summary.json was written (a resumed experiment
+            # reads it back so), NaN as a fresh run's: "cannot be judged", not a TypeError
+            sharp = s["final"]["sharpness/loss"]
+            points.setdefault(f, []).append((s["n"], math.nan if sharp is None else sharp))
+            if not _finite(sharp):
                 bad.setdefault(f, []).append(final_value(s, "sharpness/loss", _name(s)))
         else:
             dropped[f] = dropped.get(f, 0) + 1
