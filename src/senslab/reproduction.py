@@ -147,11 +147,17 @@ def render_ladders(ladders: dict[str, dict[str, Any]]) -> list[str]:
                 lines.append(f"| {row['rung']} | {size} | {_cell(row.get('note', ''))} | — | "
                              f"{_cell(how)} | — | — | not run |")
                 continue
+            # a rung's note is its protocol; extra overrides its runs were made with (a data
+            # root, fewer seeds, a smaller evaluation) changed it, which the row did not say
+            note = row.get("note", "")
+            if row.get("extra_overrides"):
+                note += " (run with " + " ".join(f"`--set {o}`"
+                                                 for o in row["extra_overrides"]) + ")"
             device = row.get("device") or "—"
             if row.get("threads"):
                 device += f", {row['threads']} thread{'s' if row['threads'] != 1 else ''}"
             lines.append(
-                f"| {row['rung']} | {size} | {_cell(row.get('note', ''))} | "
+                f"| {row['rung']} | {size} | {_cell(note)} | "
                 f"{row.get('seeds') or '—'} | {_cell(effect_cell(row, why=True))} | "
                 f"{rung_runtime(row)} | {_cell(device)} | "
                 f"**{row['verdict']}**{rejudged(row)} |")
@@ -250,7 +256,7 @@ def check_verdict(exp_dir: Path, name: str, scale: str, runs: list[str],
 
     overrides = [str(o) for o in verdict.get("overrides") or []]
     again = f"senslab run {name}" + (f" --scale {scale}" if scale != "cpu" else "") + "".join(
-        f" --set {o}" for o in overrides) + f" --out {exp_dir}"
+        f" --set {shlex.quote(o)}" for o in overrides) + f" --out {shlex.quote(str(exp_dir))}"
     missing = [r for r in runs if not (exp_dir / r / "summary.json").is_file()]
     if missing:
         raise FileNotFoundError(
@@ -645,11 +651,15 @@ def render(records: dict[str, dict[str, Any]],
                              f"| — | — | {_cell(exp.runtime_estimate) or '—'} | — | not run |")
             for scale, rec in recs:
                 result = rec.get("reason", "")
+                sets = " ".join(f"`--set {o}`" for o in rec.get("overrides") or [])
                 if scale == "cpu" and exp.cpu_scale_note:
-                    result += f" *CPU scale: {exp.cpu_scale_note}*"
-                if rec.get("overrides"):
-                    result += " (run with " + " ".join(f"`--set {o}`"
-                                                       for o in rec["overrides"]) + ")"
+                    # the note describes the scale as defined: next to "(run with --set
+                    # train.epochs=10)" its "4 epochs" read as what ran, or the two as a conflict
+                    result += (f" *CPU scale, before this run's overrides: {exp.cpu_scale_note}* "
+                               f"(run with {sets}, which replace those values where they "
+                               "differ)" if sets else f" *CPU scale: {exp.cpu_scale_note}*")
+                elif sets:
+                    result += f" (run with {sets})"
                 seeds = rec.get("seeds")
                 threads = rec.get("threads")
                 device = rec.get("device") or ("CPU" if scale == "cpu" else "—")
