@@ -50,7 +50,7 @@ import torch
 from torch import Tensor
 
 from ..tokens.auto import headless_reason
-from ..tokens.embedding import unwrapped
+from ..tokens.embedding import hf_model_inside, unwrapped
 
 OutputKind = Literal["logits", "probabilities", "scores"]
 OUTPUT_KINDS: tuple[str, ...] = ("logits", "probabilities", "scores")
@@ -132,6 +132,10 @@ def check_head(model: Any, compare: str, kind: str | None, output: Any = None) -
     reason = headless_reason(model)  # a timm/HF classifier built without its classifier
     if reason is not None:
         raise ValueError(reason)
+    inside = hf_model_inside(model)
+    if inside is not None:  # a user's wrapper returning a multi-label head's logits was
+        _check_wrapped_head(*inside)  # read by their argmax without a word
+        return
     problem = getattr(getattr(model, "config", None), "problem_type", None)
     if problem == "regression":
         raise ValueError(
@@ -162,6 +166,29 @@ def check_head(model: Any, compare: str, kind: str | None, output: Any = None) -
             "labels is not its prediction. Measure one label at a time with output=<a "
             "function picking its column> and output_kind='logits', or compare='l1'/'l2'"
         )
+
+
+def _check_wrapped_head(inner: Any, what: str) -> None:
+    """Refuse a user's wrapper of a Hugging Face multi-label or regression head with several
+    outputs, measured without ``output_kind``: a wrapper that returns its logits had them read
+    by their argmax. One that returns one column (one label's logit) says so with
+    ``output_kind='logits'``."""
+    config = getattr(inner, "config", None)
+    problem = getattr(config, "problem_type", None)
+    labels = getattr(config, "num_labels", None)
+    if problem not in ("multi_label_classification", "regression") \
+            or not isinstance(labels, int) or labels < 2:
+        return
+    head = ("a multi-label head: each label is its own sigmoid, so the argmax over labels is "
+            "not its prediction" if problem.startswith("multi")
+            else "a regression head: each output is a value, not a class score")
+    raise ValueError(
+        f"{what} is {head} (config.problem_type={problem!r}, config.num_labels={labels}), and a "
+        "wrapper returning its logits would be read by their argmax. Measure one output at a "
+        "time: a wrapper returning one column (logits[:, k]) with output_kind='logits' (or "
+        "output_kind='scores', threshold=t for a regression output), or output=lambda o: "
+        "o[:, k]; or how far the outputs move with compare='l1'/'l2'"
+    )
 
 
 def _check_columns_of_head(model: Any, kind: str) -> None:

@@ -388,6 +388,12 @@ def _refuse_per_token_head(model: Any, raw: Tensor, t: int, position: Position) 
     if position != "last" or raw.dim() != 3 or raw.shape[1] != t:
         return
     model = unwrapped(model)  # DDP, DataParallel, torch.compile: the wrapped model
+    what = type(model).__name__
+    inside = hf_model_inside(model)
+    if inside is not None:  # a user's wrapper returning a tagger's logits was read at [SEP]
+        if "For" not in type(inside[0]).__name__:
+            return  # a base model (GPT2Model) under a head of the user's: may be causal
+        model, what = inside
     can_generate = getattr(model, "can_generate", None)
     if not callable(can_generate) or getattr(model, "config", None) is None:
         return
@@ -397,7 +403,7 @@ def _refuse_per_token_head(model: Any, raw: Tensor, t: int, position: Position) 
         return
     if causal and getattr(model.config, "is_encoder_decoder", False) is True:
         raise ValueError(
-            f"{type(model).__name__} is an encoder-decoder model: its {t} per-position outputs "
+            f"{what} is an encoder-decoder model: its {t} per-position outputs "
             "belong to the decoder's positions, and the last real token of the inputs names an "
             "encoder position (without decoder_input_ids the decoder reads the inputs shifted "
             "right, so the last one is the teacher-forced prediction of the last input token). "
@@ -405,7 +411,7 @@ def _refuse_per_token_head(model: Any, raw: Tensor, t: int, position: Position) 
         )
     if not causal:
         raise ValueError(
-            f"{type(model).__name__} returns a prediction for every token ({raw.shape[2]} "
+            f"{what} returns a prediction for every token ({raw.shape[2]} "
             f"values at each of {t} positions) and is no causal language model (it cannot "
             "generate): a token classifier or masked LM, whose last real token carries no "
             "prediction of the example. Say which position is measured with position=k on "
@@ -414,6 +420,33 @@ def _refuse_per_token_head(model: Any, raw: Tensor, t: int, position: Position) 
             "class does not generate through transformers), or position=None with "
             "compare='l1' or 'l2' for the whole per-position output"
         )
+
+
+def _refuse_choices(name: str, shape: tuple[int, ...], inputs: Inputs) -> None:
+    """Refuse multiple-choice inputs, (batch, choices, tokens) ids that the model flattens into
+    batch × choices rows before its embedding (``BertForMultipleChoice``): refused as a
+    sequence-first module's output, whose fix (hook a batch-first module) does not apply."""
+    b, t = shape[0], shape[1]
+    ids = inputs.get("input_ids") if isinstance(inputs, dict) else None
+    if ids is None:
+        ids = next((v for v in (inputs.values() if isinstance(inputs, dict) else
+                                inputs if isinstance(inputs, (tuple, list)) else (inputs,))
+                    if isinstance(v, Tensor)), None)
+    if not isinstance(ids, Tensor) or ids.dim() != 3 or ids.shape[0] * ids.shape[1] != b \
+            or ids.shape[2] != t:
+        return
+    n, c = ids.shape[0], ids.shape[1]
+    raise ValueError(
+        f"the inputs are (batch, choices, tokens) = {tuple(ids.shape)}, multiple-choice inputs "
+        f"that the model flattens into {b} rows before {name!r} (shape {shape}): a row is one "
+        f"choice, not one of the {n} examples, and Embedding tokens perturb an example's row. "
+        "Measure a wrapper that embeds the choices itself and passes them through a module of "
+        "its own: forward(input_ids, attention_mask) computes e = embedding(input_ids) of shape "
+        f"({n}, {c}, {t}, dim), runs self.tokens = nn.Identity() on e.reshape({n}, {c * t}, dim) "
+        f"and calls the model with inputs_embeds=that.reshape({n}, {c}, {t}, dim); then "
+        f"Embedding('tokens'), whose {c * t} tokens are every choice's, with mask= of shape "
+        f"({n}, {c * t}) (attention_mask.reshape({n}, -1))"
+    )
 
 
 def _refuse_added_positions(inputs: Inputs, b: int, t: int, name: str) -> None:
@@ -507,6 +540,28 @@ def unwrapped(model: Any) -> Any:
             return model
         model = inner
     return model
+
+
+def hf_model_inside(model: Any) -> tuple[Any, str] | None:
+    """``(inner, "X (inside W)")`` for a user's wrapper ``W`` (no ``config`` of its own) holding
+    exactly one outermost Hugging Face model ``X`` (a module with a ``config`` and
+    ``can_generate``): the head whose outputs the wrapper most likely returns. None for a
+    Hugging Face model itself, a wrapper of none or of several (an ensemble: not guessed)."""
+    model = unwrapped(model)
+    if not isinstance(model, nn.Module) or getattr(model, "config", None) is not None:
+        return None
+    found: list[str] = []
+    inner = None
+    for name, module in model.named_modules():
+        if not name or any(name.startswith(f"{f}.") for f in found):
+            continue
+        if getattr(module, "config", None) is not None \
+                and callable(getattr(module, "can_generate", None)):
+            found.append(name)
+            inner = module
+    if len(found) != 1:
+        return None
+    return inner, f"{type(inner).__name__} (inside {type(model).__name__}, at {found[0]!r})"
 
 
 def find_module(model: nn.Module, name: str) -> nn.Module:
@@ -844,6 +899,7 @@ class _BoundEmbedding(BoundTokens):
             )
         b, t, d = self._shape
         if b != batch_size(self.inputs):
+            _refuse_choices(self.name, self._shape, self.inputs)
             raise ValueError(
                 f"submodule {self.name!r} output is not batch-first: shape {self._shape} for "
                 f"{batch_size(self.inputs)} examples (a sequence-first model, e.g. nn.LSTM or "
