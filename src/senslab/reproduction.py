@@ -158,7 +158,7 @@ def render_ladders(ladders: dict[str, dict[str, Any]]) -> list[str]:
                 device += f", {row['threads']} thread{'s' if row['threads'] != 1 else ''}"
             lines.append(
                 f"| {row['rung']} | {size} | {_cell(note)} | "
-                f"{row.get('seeds') or '—'} | {_cell(effect_cell(row, why=True))} | "
+                f"{seeds_cell(row)} | {_cell(effect_cell(row, why=True))} | "
                 f"{rung_runtime(row)} | {_cell(device)} | "
                 f"**{row['verdict']}**{rejudged(row)} |")
         lines += ["", f"![{name}: effect vs scale](reproduction/ladders/{name}.png)"]
@@ -511,6 +511,24 @@ def _interval(p: dict[str, Any]) -> str:
     return text
 
 
+def seeds_cell(rec: dict[str, Any]) -> str:
+    """The seeds column: the record's ``seeds`` setting, followed by "(N judged)" where the parts
+    that are means over seeds rest on another number of seeds (``"5 (3 judged)"``: runs left
+    out, unpaired or never reached the verdict's condition; ``"3–4"`` when the parts differ).
+    Until 2026-12-07 the column showed the setting alone, and a verdict resting on 3 of 5 seeds
+    read as resting on 5. Parts over runs or settings (a unit other than the seed: a fit or a
+    correlation over the runs) count no seeds and are not compared."""
+    setting = rec.get("seeds")
+    judged = sorted({e["seeds"] for e in (rec.get("effects") or {}).values()
+                     if isinstance(e, dict) and (e.get("unit") or "seed") == "seed"
+                     and isinstance(e.get("seeds"), int)})
+    text = str(setting) if setting else "—"
+    if judged and judged != [setting]:
+        rest = f"{judged[0]}" if len(judged) == 1 else f"{judged[0]}–{judged[-1]}"
+        text += f" ({rest} judged)"
+    return text
+
+
 def rejudged(rec: dict[str, Any]) -> str:
     """After a verdict that was judged again from the record's numbers under a later rule and
     changed: " (re-judged DATE: was WORD)", the latest such change; "" otherwise."""
@@ -660,14 +678,13 @@ def render(records: dict[str, dict[str, Any]],
                                "differ)" if sets else f" *CPU scale: {exp.cpu_scale_note}*")
                 elif sets:
                     result += f" (run with {sets})"
-                seeds = rec.get("seeds")
                 threads = rec.get("threads")
                 device = rec.get("device") or ("CPU" if scale == "cpu" else "—")
                 if threads:
                     device += f", {threads} thread{'s' if threads != 1 else ''}"
                 lines.append(
                     f"| {label} | {_cell(exp.claim)} | {scale} | {_cell(result)} | "
-                    f"{seeds if seeds else '—'} | {_cell(effect_cell(rec))} | "
+                    f"{seeds_cell(rec)} | {_cell(effect_cell(rec))} | "
                     f"{format_runtime(rec.get('runtime_s'))} | {_cell(device)} | "
                     f"**{rec['verdict']}**{rejudged(rec)} |")
     lines += render_ladders(ladders or {})

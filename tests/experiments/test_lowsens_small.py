@@ -279,8 +279,8 @@ def test_sparse_parity_verdict_outcomes() -> None:
     assert rise["effect"] == pytest.approx((2.3 + 1.0 + 1.9) / 3) and rise["df"] == 2
     assert rise["se_measure"] == pytest.approx(0.05 * 2**0.5 / 3**0.5)
     assert v["effects"]["converges to k"]["effect"] == pytest.approx(0.45 - 0.2 / 3)
-    # one run per task setting: the words count settings, not seeds
-    assert "3 settings" in v["reason"] and "seeds" not in v["reason"]
+    # one value per run, settings × seed replicates: the words count runs, not seeds
+    assert "3 runs" in v["reason"] and "seeds" not in v["reason"]
     # no rise on the plateau, or a final sensitivity far from k, in every run
     flat = [_sp("a", 0.5, 0.1, 3.0, 1.0), _sp("b", 0.6, 0.2, 3.1, 1.0),
             _sp("c", 0.55, 0.1, 2.9, 1.0)]

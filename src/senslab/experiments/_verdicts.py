@@ -231,5 +231,8 @@ def final_value(summary: dict[str, Any], key: str, name: str | None = None) -> s
     words, for a verdict that names the run whose value it cannot judge."""
     step = summary.get("final", {}).get("step")
     where = f", step {step}" if step is not None else ""
-    return (f"{name or summary.get('name', '?')} ({key} = {summary['final'][key]} at its final "
+    value = summary["final"][key]
+    # records hold NaN and inf as null: a summary read back gives None, shown as what it was
+    shown = "null (NaN or inf when recorded)" if value is None else value
+    return (f"{name or summary.get('name', '?')} ({key} = {shown} at its final "
             f"evaluation{where})")

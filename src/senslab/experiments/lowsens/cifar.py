@@ -386,9 +386,10 @@ class Cifar10Sigma(_Cifar, FinalMeasureExperiment):
         }
         detail = ", ".join(f"σ={s:g}: {g:+.4f}" for s, g in zip(sigmas, evidence["gaps"],
                                                                strict=True))
-        # closest_gap's max/min pass over a NaN sensitivity unless it is the first model
-        # compared: the gap at that σ is then taken over the other models as if the NaN one were
-        # absent, with nothing in the numbers to show it. The rule is kept; the reason names it
+        # a sensitivity that is not finite, of any model, makes that seed's gap at that σ NaN
+        # (closest_gap), and a part using it "cannot be judged": the reason names the runs.
+        # Before, a NaN of a model other than the first compared was passed over, and the gap
+        # (and the verdict) rested on the other models without a word
         bad = [f"{k}/seed {seed} at σ={p.get('sigma', math.nan):g}"
                for k in groups for seed in seeds
                for p in groups[k][seed]["final_measure"]["sweep"]
@@ -397,8 +398,10 @@ class Cifar10Sigma(_Cifar, FinalMeasureExperiment):
         evidence["not_finite"] = bad
         if bad:
             detail += (f". Sweep values not finite (sensitivity or its s.e.): {', '.join(bad)}; "
-                       "the gap at such a σ leaves that model out, or is NaN where it is the "
-                       "first ViT or first other model compared")
+                       "a sensitivity not finite makes that seed's gap at that σ NaN (which "
+                       "model is the least or most sensitive is unknown), and the parts using "
+                       "it cannot be judged: check those runs' final_measure.json and rerun them "
+                       "(a NaN s.e. only leaves the measurement error unknown)")
         return verdict(parts, claim="the ViTs lowest at the largest σ, by a gap that grows with σ",
                        evidence=evidence, note=f"gap (least sensitive non-ViT − most sensitive "
                        f"ViT, mean over {len(seeds)} seeds) {detail}{stops}")
@@ -407,11 +410,17 @@ class Cifar10Sigma(_Cifar, FinalMeasureExperiment):
 def closest_gap(curves: dict[str, list[dict[str, float]]], vits: list[str], others: list[str]
                 ) -> list[tuple[float, float]]:
     """At each σ of one seed's sweeps: (least sensitive other model − most sensitive ViT, the
-    measurement standard error of that difference). A NaN sensitivity is passed over by the
-    max/min unless it belongs to the first model of ``vits``/``others`` (then the gap is NaN);
-    :meth:`Cifar10Sigma.verdict` names every non-finite sweep value in its reason."""
+    measurement standard error of that difference). Where any model's sensitivity at that σ is
+    not a finite number (NaN, or null read back), the gap is NaN: which model is the least or
+    most sensitive is unknown. (Until 2026-12-07 max/min passed over a NaN of any model but the
+    first of ``vits``/``others``, and the gap was taken over the other models without a word;
+    :meth:`Cifar10Sigma.verdict` names every non-finite sweep value in its reason.)"""
     out = []
     for i in range(len(curves[vits[0]])):
+        sens = [curves[k][i]["sensitivity"] for k in (*vits, *others)]
+        if not all(isinstance(x, int | float) and math.isfinite(x) for x in sens):
+            out.append((math.nan, math.nan))
+            continue
         v = max(vits, key=lambda k: curves[k][i]["sensitivity"])
         o = min(others, key=lambda k: curves[k][i]["sensitivity"])
         cv, co = curves[v][i], curves[o][i]

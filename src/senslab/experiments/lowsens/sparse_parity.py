@@ -293,12 +293,13 @@ def parity_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     skipped = [s["name"] for s in summaries if not any(s is j for j in judged)]
     note = (f"{len(skipped)} run(s) without a plateau-then-learning curve not judged "
             f"({', '.join(skipped)}). " if skipped else "")
-    # one run per task setting (n, k), not seeds of one setting: the verdict's words say so
+    # one value per judged run, settings × seed replicates (settings 0 and 1 are one setting
+    # at two seeds): "N runs", not "N settings" (said until 2026-12-07, of seed replicates too)
     parts = {"rises on the plateau": over_seeds(rise, rise_se, "later plateau mean − start",
-                                                unit="setting"),
+                                                unit="run"),
              "converges to k": over_seeds(close, close_se,
                                           what=f"{K_TOLERANCE:g}·k − |final − k|",
-                                          unit="setting")}
+                                          unit="run")}
     return verdict(parts, claim=f"sensitivity rises on the plateau and ends near k, mean over "
                                 f"{len(judged)} runs",
                    evidence=evidence, note=note + "Runs: " + "; ".join(detail))

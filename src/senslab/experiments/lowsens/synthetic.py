@@ -143,6 +143,14 @@ def _finite(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def _lower(sparse: Any, frequent: Any) -> str | None:
+    """``"sparse"`` or ``"frequent"``, whichever value is lower, ``"tie"`` when they are equal,
+    None when either is not a finite number."""
+    if not (_finite(sparse) and _finite(frequent)):
+        return None
+    return "tie" if sparse == frequent else "sparse" if sparse < frequent else "frequent"
+
+
 def sparse_frequent_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     """Four parts, each the mean over the case's runs (its settings and seed replicates) with
     Student's t over runs, positive when the run follows its low-sensitivity feature, Holm over
@@ -150,17 +158,21 @@ def sparse_frequent_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     0.9`` and ``align frequent − align sparse``. "not comparable" if a run has a final number
     the verdict reads (:data:`FINITE`) that is not finite (named), an OOD accuracy outside
     [0, 1], did not train (train acc < 0.95), a setting's designed feature is not the less
-    sensitive one, or a case has no runs."""
+    sensitive one (equally sensitive solutions are a tie, neither feature: until 2026-12-07 a
+    tie counted as "frequent"), or a case has no runs. In the evidence, ``relies_on`` is the
+    feature v aligns with more (``"tie"`` when equally)."""
     evidence: dict[str, Any] = {}
     problems = []
     for s in summaries:
         f, case = s["final"], s["case"]
         # None where a number is not finite: a null read back from a reused run's summary.json
         # failed the comparison with a raw TypeError before the finiteness check below
-        low = (("sparse" if f["solution/sparse"] < f["solution/frequent"] else "frequent")
-               if _finite(f["solution/sparse"]) and _finite(f["solution/frequent"]) else None)
-        relies = (("sparse" if f["align/sparse"] > f["align/frequent"] else "frequent")
-                  if _finite(f["align/sparse"]) and _finite(f["align/frequent"]) else None)
+        # a tie is "tie", neither feature: "x < y else frequent" made the frequent solution the
+        # less sensitive one when the two were equally sensitive, so a case-2 run passed its
+        # design check on a setting that does not separate the features
+        low = _lower(f["solution/sparse"], f["solution/frequent"])
+        relies = _lower(-f["align/sparse"] if _finite(f["align/sparse"]) else None,
+                        -f["align/frequent"] if _finite(f["align/frequent"]) else None)
         evidence[s["name"]] = {
             "train_acc": f["train/acc"], "ood_acc": f["ood/acc"],
             "align_sparse": f["align/sparse"], "align_frequent": f["align/frequent"],
@@ -179,6 +191,11 @@ def sparse_frequent_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
             problems.append(f"{s['name']}: OOD accuracy {f['ood/acc']} is not in [0, 1]")
         elif f["train/acc"] < MIN_TRAIN_ACC:
             problems.append(f"{s['name']} reached train acc {f['train/acc']:.3f} only")
+        elif low == "tie":
+            problems.append(f"{s['name']}: the sparse and frequent solutions are equally "
+                            f"sensitive ({f['solution/sparse']:g}), so neither is the less "
+                            f"sensitive one the case is built for ({EXPECTED_FEATURE[case]}); "
+                            "check the setting's parameters (SPARSE_FREQUENT_SETTINGS)")
         elif low != EXPECTED_FEATURE[case]:
             problems.append(f"{s['name']}: the {low} solution is the less sensitive one, not "
                             f"the {EXPECTED_FEATURE[case]} one the case is built for")
