@@ -4,7 +4,12 @@ Two notions of sharpness are measured by perturbing *every* weight with isotropi
 :math:`\Delta \sim \mathcal N(0, \sigma^2 I)` (parameters whose name contains one of the
 ``exclude`` substrings are left alone; :data:`POSITIONAL`, the default, stands for the
 positional embeddings, matched on whole components of the name: ``pos``, ``pos_embed``,
-``position_embeddings``, ``embed_positions``, GPT-2's ``wpe`` — not ``post_attention_…``):
+``position_embeddings``, ``embed_positions``, GPT-2's ``wpe`` — not ``post_attention_…``).
+Frozen parameters (``requires_grad=False``: a frozen backbone, fixed sin-cos embeddings held as
+parameters) are perturbed like the others: θ is every weight of the function, and a measure
+that followed ``requires_grad`` would change with a fine-tuning setup, not with the model. To
+perturb the trainable ones alone, exclude the frozen ones by name (``exclude=("backbone.",)``;
+entries are substrings of the names). The two notions:
 
 * **Output sharpness** (main paper §7.2; docs/definitions.md#shop-and-shpred). On inputs
   :math:`x` of a batch,
@@ -45,7 +50,9 @@ that differ (beyond float rounding) mean dropout that ``eval()`` does not switch
 forward that keeps state from call to call: that randomness would be reported as weight
 sensitivity (MC dropout at σ = 0: ShOp 0.54 where the truth is 0).
 
-**Also refused:** a call inside ``torch.autocast`` on the model's device (autocast caches each
+**Also refused:** floating inputs of another dtype than the weights that the model fails on
+(:class:`~senslab.tokens.base.DtypeClash`, naming the conversion: they are not cast, as in the
+token-wise measures); a call inside ``torch.autocast`` on the model's device (autocast caches each
 weight's low-precision copy on the first forward, and every perturbed forward reused the clean
 one: ShOp 0), or inside ``torch.nn.utils.parametrize.cached()`` on a parametrized model (the
 cached clean weight served every draw); a perturbed parameter that is not real floating point
@@ -97,6 +104,7 @@ from .._autocast import autocast_dtype, autocast_on
 from .._exclusive import OwnForwards, one_at_a_time
 from .._stack import user_level
 from ..tokens.base import (
+    DtypeClash,
     Inputs,
     OutputSelector,
     _tensors,
@@ -104,6 +112,7 @@ from ..tokens.base import (
     call_model,
     check_device,
     forward,
+    model_dtype,
 )
 from ._alloc import MIN_FLIPS
 from ._chunks import tree_leaves  # guarded there for older torch (docs/compatibility.md)
@@ -233,6 +242,33 @@ def _check_examples(inputs: Inputs, what: str) -> None:
             "pass a batch of at least one example (an empty split, or a filter that kept none?)"
         )
 
+
+
+def _clean_call(model: nn.Module, inputs: Inputs, output: OutputSelector = None,
+                raw: bool = False) -> Any:
+    """The first clean forward (``call_model``; the raw output with ``raw``), as the token-wise
+    measures make it (:func:`~senslab.tokens.base.clean_forward`): a model that fails on
+    floating inputs of another dtype than its weights (float32 inputs into
+    ``model.double()``) raises :class:`~senslab.tokens.base.DtypeClash` naming both dtypes and
+    the conversion, where torch's "mat1 and mat2 must have the same dtype" came from deep
+    inside the forward. The inputs are not cast: a model that converts its inputs itself is
+    measured as it is."""
+    try:
+        return forward(model, inputs) if raw else call_model(model, inputs, output)
+    except RuntimeError as err:
+        own = model_dtype(model)
+        other = sorted({str(t.dtype).removeprefix("torch.") for t in _tensors(inputs)
+                        if t.is_floating_point() and t.dtype != own})
+        if own is None or not other:
+            raise
+        name = str(own).removeprefix("torch.")
+        said = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise DtypeClash(
+            f"the inputs are {'/'.join(other)} but the model's weights are {name}, and the "
+            f"model failed on them ({said}); "
+            f"convert the floating inputs with .to(torch.{name}) (or measure a copy of the "
+            f"model in theirs, copy.deepcopy(model).to(torch.{other[0]}))"
+        ) from err
 
 #: the default ``exclude``: the model's positional embeddings, found by :func:`positional`
 POSITIONAL = "positional"
@@ -1029,6 +1065,9 @@ def output_sharpness(
             call inside ``torch.autocast`` (measure outside it, or a bf16/fp16 copy of the
             model), and a parameter that is not real floating point (exclude it).
         inputs: a tensor (positional argument), a tuple (``*args``) or a dict (``**kwargs``).
+            They are passed as they are, not cast: floating inputs of another dtype than the
+            weights that the model fails on raise a ``DtypeClash`` (a ``TypeError``) naming
+            the conversion, as the token-wise measures do.
         sigma_w: standard deviation of the per-coordinate weight noise.
         repeats: number of weight draws R (the sampling unit of the standard error).
         generator: a ``torch.Generator`` or an int seed (default seed 0 on the model's device).
@@ -1036,7 +1075,8 @@ def output_sharpness(
             seed's low 32 bits (seed 2**32 + 1 would draw seed 1's weights), so larger seeds
             are refused; a CUDA generator takes all 64 bits.
         exclude: parameters whose name contains any of these substrings are not perturbed;
-            an entry in no parameter name is refused (with the closest names).
+            an entry in no parameter name is refused (with the closest names). Frozen
+            parameters (``requires_grad=False``) are perturbed unless excluded here.
         output_kind, threshold: the one-column decision rule of ShPred (see
             :class:`~senslab.measure.TokenSensitivity`).
         output: which part of the model's raw output holds the logits: an int index into a
@@ -1058,7 +1098,7 @@ def output_sharpness(
     _check_examples(inputs, "output sharpness")
     exclude = _exclude_tuple(exclude)
     with _perturbable(model, exclude, generator, device) as noise, torch.no_grad():
-        clean = call_model(model, inputs, output)
+        clean = _clean_call(model, inputs, output)  # a dtype clash named (DtypeClash)
         with noise.watch(device.type):  # an autocast of the forward's own: its grid is checked
             again = call_model(model, inputs, output)
         _check_repeatable(clean, again, "ShOp and ShPred")
@@ -1344,8 +1384,8 @@ def loss_sharpness(
     :math:`L(\theta)` = ``loss_fn(model(inputs), targets)`` (a scalar, e.g. the batch-mean MSE);
     :math:`\Delta \sim \mathcal N(0, \sigma^2)` per coordinate (paper: σ = 0.02) on every
     parameter whose name contains none of ``exclude`` (paper: positional embeddings excluded,
-    hence the default :data:`POSITIONAL`). ``draws`` (ours: 20) independent draws, one forward
-    pass each.
+    hence the default :data:`POSITIONAL`), frozen ones (``requires_grad=False``) included.
+    ``draws`` (ours: 20) independent draws, one forward pass each.
 
     ``scale`` multiplies every reported value: Hahn & Rofin train an MSE against {0, 1} targets and
     report sharpness ×4, the value on the ±1 scale (squared errors scale by 2² = 4) — pass
@@ -1404,7 +1444,7 @@ def loss_sharpness(
         return value.reshape(())
 
     with _perturbable(model, exclude, generator, device) as noise, torch.no_grad():
-        clean = call_model(model, inputs, output)
+        clean = _clean_call(model, inputs, output)  # a dtype clash named (DtypeClash)
         with noise.watch(device.type):  # an autocast of the forward's own: its grid is checked
             again = call_model(model, inputs, output)
         _check_repeatable(clean, again, "loss sharpness")
@@ -1749,7 +1789,7 @@ def layernorm_factors(
     try:
         model.eval()
         with torch.no_grad():
-            forward(model, inputs)  # the LayerNorms' inputs are read, not the output
+            _clean_call(model, inputs, raw=True)  # the LayerNorms' inputs are read
     finally:
         for handle in handles:
             handle.remove()
@@ -1828,14 +1868,113 @@ def layernorm_blowup(
 
 @one_at_a_time
 def parameter_norm(model: nn.Module, exclude: Sequence[str] | str = (POSITIONAL,)) -> float:
-    r""":math:`\lVert\theta\rVert_2 = \sqrt{\sum_i \theta_i^2}` over every parameter whose name
-    contains none of ``exclude`` (default: positional embeddings, as Hahn & Rofin), in float64.
-    Shared (tied) parameters count once. An entry in no parameter name (a typo) is refused,
-    naming the closest, as for the sharpness measures."""
+    r""":math:`\lVert\theta\rVert_2 = \sqrt{\sum_i \lvert\theta_i\rvert^2}` over every parameter
+    whose name contains none of ``exclude`` (default: positional embeddings, as Hahn & Rofin), in
+    float64: the same parameters the sharpness measures perturb with the same ``exclude``.
+
+    * Memory counts once: a tied parameter (one object under two names) and two parameter
+      objects on one memory (``self.b = nn.Parameter(self.a.data.t())``, which the sharpness
+      measures perturb as one tensor) were counted twice (2.83 for one 2×2 tensor of 1s).
+    * A complex parameter counts :math:`\lvert z\rvert^2` (its real part alone was read, with a
+      torch warning that named no measure: 3 for 3 + 4i).
+    * Frozen parameters (``requires_grad=False``) count, as the sharpness measures perturb
+      them: θ is every weight of the function, whatever an optimizer updates.
+    * A parametrized weight (``weight_norm``, ``spectral_norm``, any
+      ``torch.nn.utils.parametrize``) counts through its parametrization's own parameters
+      (weight_norm's g and v), those that ``named_parameters()`` lists and the sharpness
+      measures perturb, not the weight the layer computes from them: said in a warning
+      naming them, with how to measure the other (:func:`_warn_parametrized_norm`).
+
+    An entry in no parameter name (a typo) is refused, naming the closest, as for the sharpness
+    measures; so is a parameter on the ``meta`` device (no values)."""
     exclude = _exclude_tuple(exclude)
-    _check_exclude(model, [n for n, _ in model.named_parameters()], exclude)
+    named = list(model.named_parameters())  # one object under two names: listed once
+    _check_exclude(model, [n for n, _ in named], exclude)
+    kept = [(n, p) for n, p in named if not _excluded(n, exclude)]
+    meta = [n for n, p in kept if p.is_meta]
+    if meta:  # torch failed on them inside ("Cannot copy out of meta tensor")
+        raise ValueError(
+            f"parameter(s) {', '.join(map(repr, meta[:3]))}"
+            f"{f' and {len(meta) - 3} more' if len(meta) > 3 else ''} of "
+            f"{type(model).__name__} are on the 'meta' device: they have shapes but no values "
+            "(a model built under torch.device('meta') or init_empty_weights, weights "
+            "offloaded by accelerate, or never loaded), so they have no norm. Measure the model "
+            "with its weights loaded (model.to_empty(device='cpu') and then "
+            "model.load_state_dict(weights))"
+        )
+    _warn_parametrized_norm(model, [n for n, _ in kept])
     total = torch.zeros((), dtype=torch.float64)
-    for name, p in model.named_parameters():
-        if not _excluded(name, exclude):
-            total += p.detach().double().square().sum().cpu()
+    for group in _by_memory([p for _, p in kept]):
+        total += _squared_norm(group)
     return math.sqrt(total.item())
+
+
+def _by_memory(params: list[Tensor]) -> list[list[Tensor]]:
+    """``params`` in groups whose memory may overlap (same device, storage and dtype, and
+    byte ranges that meet); a parameter on memory of its own is a group alone."""
+    groups: dict[tuple[Any, ...], list[Tensor]] = {}
+    alone: list[list[Tensor]] = []
+    for p in params:
+        where = _address(p) if p.numel() else None
+        if where is None:
+            alone.append([p])
+        else:
+            groups.setdefault((p.device, where, p.dtype), []).append(p)
+    out = alone
+    for group in groups.values():
+        group.sort(key=lambda t: _extent(t)[1])
+        current, end = [group[0]], _extent(group[0])[2]
+        for p in group[1:]:
+            lo, hi = _extent(p)[1:]
+            if lo < end:
+                current.append(p)
+                end = max(end, hi)
+            else:
+                out.append(current)
+                current, end = [p], hi
+        out.append(current)
+    return out
+
+
+def _squared_norm(group: list[Tensor]) -> Tensor:
+    """Σ|θ|² in float64 on the host over the memory a group of :func:`_by_memory` covers, each
+    element once (a complex one as |z|²)."""
+    if len(group) == 1:
+        parts = [group[0].detach()]
+    else:  # overlapping: mark the elements they cover on the shared storage, read each once
+        p = group[0]
+        flat = torch.empty(0, dtype=p.dtype, device=p.device).set_(p.untyped_storage())
+        covered = torch.zeros(flat.numel(), dtype=torch.bool, device=p.device)
+        for t in group:
+            covered.as_strided(t.shape, t.stride(), t.storage_offset()).fill_(True)
+        parts = [flat.detach()[covered]]
+    total = torch.zeros((), dtype=torch.float64)
+    for t in parts:
+        t = torch.view_as_real(t) if t.is_complex() else t
+        flat = t.reshape(-1)
+        for lo in range(0, flat.numel(), _CHECK_SLICE):
+            total += flat[lo:lo + _CHECK_SLICE].double().square().sum().cpu()
+    return total
+
+
+def _warn_parametrized_norm(model: nn.Module, kept: list[str]) -> None:
+    """Say that the norm of a parametrized weight is that of its parametrization's own
+    parameters (weight_norm's g and v: 1.28 for a weight-normed Linear(3, 3), seed 0, whose weight
+    and bias have norm 0.92), as the sharpness measures say that they perturb those."""
+    chosen = set(kept)
+    hit = [(w, [n for n in orig if n in chosen], how) for w, orig, how in _parametrized(model)]
+    hit = [(w, orig, how) for w, orig, how in hit if orig]
+    if not hit:
+        return
+    shown = "; ".join(f"{w!r} ({how}) through {', '.join(map(repr, orig))}"
+                      for w, orig, how in hit[:3])
+    more = f"; and {len(hit) - 3} more" if len(hit) > 3 else ""
+    warnings.warn(
+        f"{len(hit)} weight(s) of {type(model).__name__} are parametrized — {shown}{more} — "
+        "so parameter_norm counts the parametrization's own parameters (those the sharpness "
+        "measures perturb), not the weight the layer computes from them: not the same number "
+        "as for the same weights held plainly. For the norm of the weights the layers use, "
+        "measure a copy with the parametrization removed (m = copy.deepcopy(model); "
+        "torch.nn.utils.parametrize.remove_parametrizations(layer, 'weight') for each layer, "
+        "or torch.nn.utils.remove_weight_norm / remove_spectral_norm for the hook-based ones)",
+        UserWarning, stacklevel=user_level())
