@@ -5,7 +5,6 @@ forward call, the loss, the decision rule, accuracy and loss over a dataset, the
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -102,4 +101,8 @@ def evaluate(model: nn.Module, data: ArrayDataset, loss_kind: str, device: torch
 
 
 def weight_norm(model: nn.Module) -> float:
-    return math.sqrt(sum(float(p.detach().double().pow(2).sum()) for p in model.parameters()))
+    """‖θ‖₂ over every parameter: :func:`senslab.measure.sharpness.parameter_norm` with nothing
+    excluded (complex parameters as |z|², memory shared by two parameters once, in float64)."""
+    from ..measure.sharpness import parameter_norm
+
+    return parameter_norm(model, exclude=())

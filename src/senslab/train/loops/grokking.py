@@ -18,7 +18,6 @@ epochs trained.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from ...models import create_model
 from ...tokens import Embedding
 from ..config import one_of, ranged, seeded
 from ..looprun import check_dir
+from ..steps import weight_norm
 from ..track import capped
 from ..trainers import register_trainer
 from ._common import EpochLoop, classification_record, run_epochs, sgd_step
@@ -88,10 +88,6 @@ def grokking_model(cfg: GrokkingTraining) -> torch.nn.Module:
     return create_model("modadd_transformer", p=cfg.p, dim=cfg.dim, heads=cfg.heads,
                         mlp_dim=cfg.mlp_dim, residual=cfg.residual, pos_init=cfg.pos_init,
                         attn_init=cfg.attn_init, eq_logit=cfg.eq_logit, seed=cfg.seed)
-
-
-def weight_norm(model: torch.nn.Module) -> float:
-    return math.sqrt(sum(p.detach().pow(2).sum().item() for p in model.parameters()))
 
 
 def grokking_phases(history: list[dict[str, Any]]) -> dict[str, Any]:
