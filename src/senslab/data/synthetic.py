@@ -13,7 +13,7 @@ all randomness from ``torch.Generator`` streams derived from it: one stream for 
 share (token sets, the parity subset, a random function's table, the vector v) and one per
 split, so that "train" and "test" never overlap in draws and a split is reproducible on its
 own. Binary targets are long {0, 1} with 1 ⇔ y = +1;
-the ±1 labels are in ``meta["y_pm"]``.
+the ±1 labels are in ``meta["y_pm"]``, float32 in every loader that has them.
 """
 
 from __future__ import annotations
@@ -215,7 +215,8 @@ TOKEN_TYPES = ("irrelevant", "sparse", "frequent")
 def sparse_frequent_ids(
     config: SparseFrequentConfig, num_samples: int, generator: torch.Generator, ood: bool = False
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Token ids (N, L), token types (N, L) (index into :data:`TOKEN_TYPES`) and ±1 labels (N,).
+    """Token ids (N, L), token types (N, L) (index into :data:`TOKEN_TYPES`) and ±1 labels (N,)
+    (float32, as every loader's ``meta["y_pm"]``).
 
     ``ood=True`` draws the sparse tokens from the opposite label's set S_{-y}. Every random draw is
     the same with and without ``ood``, so an OOD set is its in-distribution twin with exactly the
@@ -242,7 +243,9 @@ def sparse_frequent_ids(
     slot_type = torch.tensor([1] * c.num_sparse + [2] * c.num_frequent + [0] * n_rest)
     ids = torch.empty_like(slot_tok).scatter_(1, order, slot_tok)
     types = torch.empty_like(slot_tok).scatter_(1, order, slot_type.expand(n, L).contiguous())
-    return ids, types, y
+    # float32 as sparse_parity's and maxmargin_attention's y_pm: these were long, so
+    # meta["y_pm"].mean() failed here alone and a dtype check on y_pm depended on the task
+    return ids, types, y.float()
 
 
 def _feature_predictions(ids: Tensor, config: SparseFrequentConfig) -> dict[str, Tensor]:
@@ -281,6 +284,23 @@ def feature_sensitivities(
     return {k: (before[k] != after[k]).float().mean().item() for k in before}
 
 
+def _check_case(case: object, setting: object) -> tuple[int, int]:
+    """``(case, setting)`` as a key of :data:`SPARSE_FREQUENT_SETTINGS`, refused unless each is an
+    int of the table: ``case=[1]`` failed with a raw "unhashable type: 'list'", and ``case=True``
+    was read as case 1 (a bool is an int) and recorded as True in ``meta``, without a word."""
+    picked = []
+    for option, value, valid in (("case", case, (1, 2)), ("setting", setting, (0, 1, 2))):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) \
+                or int(value) not in valid:
+            raise ValueError(
+                f"sparse_frequent: {option} must be one of {', '.join(map(str, valid))} (an int), "
+                f"got {value!r}; case 1 (the sparse feature is the less sensitive one) or 2 (the "
+                f"frequent one), setting 0, 1 or 2 pick a row of SPARSE_FREQUENT_SETTINGS, e.g. "
+                f"case=1, setting=0")
+        picked.append(int(value))
+    return picked[0], picked[1]
+
+
 @register_dataset("sparse_frequent")
 def sparse_frequent(
     split: str = "train",
@@ -306,9 +326,7 @@ def sparse_frequent(
     locate("sparse_frequent", root)  # refuses a root
     seed = _check_seed(seed, name="sparse_frequent")
     _check_split("sparse_frequent", split, ("train", "test", "ood"))
-    if (case, setting) not in SPARSE_FREQUENT_SETTINGS:
-        raise ValueError(f"case must be 1 or 2 and setting 0, 1 or 2; got case={case}, "
-                         f"setting={setting}")
+    case, setting = _check_case(case, setting)
     fields = SparseFrequentConfig.__dataclass_fields__
     unknown = sorted(set(overrides) - set(fields))
     if unknown:
@@ -782,11 +800,11 @@ def input_size(name: str, options: Mapping[str, Any]) -> int | None:
     given = {**defaults, **options}
     try:
         if name == "sparse_frequent":
-            size = given.get("vocab_size",
-                             SPARSE_FREQUENT_SETTINGS[given["case"], given["setting"]].vocab_size)
+            size = given.get("vocab_size", SPARSE_FREQUENT_SETTINGS[
+                _check_case(given["case"], given["setting"])].vocab_size)
         else:
             size = given[{"modular_addition": "p", "maxmargin_attention": "dim"}.get(name,
                                                                                      "n_bits")]
-    except (KeyError, TypeError):  # an unknown case/setting, an unhashable value
+    except (KeyError, TypeError, ValueError):  # an unknown case/setting, an unhashable value
         return None
     return size if isinstance(size, int) and not isinstance(size, bool) else None

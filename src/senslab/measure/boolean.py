@@ -51,7 +51,10 @@ How a change is counted (``output``)
       declares ``boolean_output = "sign"`` as MAJORITY does. Real values that all lie within
       ``NEAR_BOOLEAN`` (1e-2) of 0 and 1 (or −1 and 1) but not on them — a saturated
       sigmoid's 0.9999999 — get ``"real"``, a quarter of the class changes for 0/1, with a
-      warning (a model gets the one above). A ``threshold`` with a rule that
+      warning (a model gets the one above), and so do two values other than 0/1 and ±1 (a
+      change between 1 and 2 counts 1/4) and float class labels (whole numbers, none
+      negative, some ≥ 2: labels 0/1/2 counted 3.05 for their 6.0 class changes). A
+      ``threshold`` with a rule that
       has none (``"real"``, given or chosen by ``"auto"``) is refused, and so is one on class
       labels (integer outputs, or (N, C) logits), which are compared as they are.
     - A model that declares ``output_kind`` (``"logits"`` or ``"probabilities"``, as
@@ -715,7 +718,9 @@ def _warn_near_boolean(values: Tensor, output: Output, rule: str, counted: bool 
     if output != "auto" or rule != "real" or not values.is_floating_point():
         return
     pair = _near_two_valued(values.unique())
-    if pair is not None:
+    if pair is None:
+        _warn_labels(values, counted)
+    else:
         low, high = pair
         boolean = f"output='sign' with threshold={(low + high) / 2:g}"
         if counted:
@@ -733,6 +738,38 @@ def _warn_near_boolean(values: Tensor, output: Output, rule: str, counted: bool 
             "these values without this warning",
             UserWarning, stacklevel=_user_level(),
         )
+
+
+def _warn_labels(values: Tensor, counted: bool) -> None:
+    """Say so when ``output="auto"`` chose ``"real"`` for values that look like a Boolean
+    function's or a classifier's labels in another encoding: two values other than 0/1 and
+    ±1, or whole numbers, none negative and some ≥ 2 (class labels as floats, as
+    :func:`_check_unit_interval` reads them for ``"sign"``). A plain function returning
+    the float labels 0/1/2 (the number of +1 bits mod 3 on 6 bits) got as = 3.05, not its 6.0
+    class changes, and labels 1/2 a quarter of each change, without a word. ``counted`` as in
+    :func:`_warn_near_boolean`; the number is unchanged."""
+    u = values.unique()
+    if u.numel() < 2 or not is_scalar(values):
+        return
+    lo, hi = float(u[0]), float(u[-1])
+    if u.numel() == 2:
+        per_change = ((hi - lo) / 2) ** 2
+        what = (f"two values, {lo:g} and {hi:g}: a Boolean function in another encoding? A "
+                f"change between them counts ({hi:g} − {lo:g})² / 4 = {per_change:.4g}, not 1")
+    elif _labels(u, lo, hi):  # whole, none negative, some ≥ 2: sums of ±1 bits pass
+        what = (f"{u.numel()} whole numbers from {lo:g} to {hi:g}: class labels as floats? A "
+                "change counts its squared size / 4 (1/4 between neighbouring labels), not 1")
+    else:
+        return
+    done = ("counts the squared change / 4 (output='real')" if counted
+            else "returns the values as they are (output='real')")
+    warnings.warn(
+        f"output='auto' {done} for real values that take {what}. A Boolean function returns "
+        "values in {0, 1} or {−1, 1}: map the values onto one of those, or return integer "
+        "labels (.long()), whose changes are counted by class; pass output='real' to keep "
+        "these values as a real-valued function without this warning",
+        UserWarning, stacklevel=_user_level(),
+    )
 
 
 def _changes(v0: Tensor, nb: Tensor, rule: str, threshold: float) -> Tensor:
