@@ -38,6 +38,16 @@ labels 1, 2, ... would be one class) and is refused the same way, on the clean o
 after a clean column of exact 0s and 1s, on the perturbed ones. A bf16/fp16 clean column is
 refused only where logits of its sizes would all be whole by a chance below 2**-20 (bf16:
 three or four labels ≥ 1; every bf16 number from 128 on is whole, so such values say nothing).
+
+Hugging Face heads (:func:`check_head`, ``compare="class"`` without ``output=``): a regression
+head, and a sequence or image classifier of one output and no ``problem_type``, are refused
+unless ``output_kind`` says how to read them, bare or inside a user's wrapper; so is a T5-like
+generating encoder-decoder (its logits are per decoder position, and it needs
+``decoder_input_ids``). A user's per-token head over a base model is read at the last real
+token where the base model is causal (``GPT2Model``) and refused where its attention modules all
+say they are not (``BertModel``: [SEP]; :mod:`senslab.tokens.embedding`); a base model without
+that flag is read at the last real token: say the position (``Embedding(..., position=0)`` for
+[CLS]) there.
 """
 
 from __future__ import annotations
@@ -126,6 +136,7 @@ def check_head(model: Any, compare: str, kind: str | None, output: Any = None) -
     if compare != "class" or output is not None:
         return
     model = unwrapped(model)  # DDP, DataParallel, torch.compile: the wrapped model's head
+    _check_generating_decoder(model)
     if kind is not None:
         _check_columns_of_head(model, kind)
         return
@@ -136,27 +147,9 @@ def check_head(model: Any, compare: str, kind: str | None, output: Any = None) -
     if inside is not None:  # a user's wrapper returning a multi-label head's logits was
         _check_wrapped_head(*inside)  # read by their argmax without a word
         return
+    _check_one_output(model, type(model).__name__)
     problem = getattr(getattr(model, "config", None), "problem_type", None)
-    if problem == "regression":
-        raise ValueError(
-            f"{type(model).__name__} is a regression head (config.problem_type='regression'): "
-            "its output is a value, not a class, and read as a binary logit it only flips "
-            "where the value changes sign. Measure how far it moves with compare='l1' or "
-            "'l2', or say where its decision lies with output_kind='scores', threshold=t"
-        )
     labels = getattr(getattr(model, "config", None), "num_labels", None)
-    # Hugging Face's sequence and image classifiers train one output without a problem_type as
-    # a regression (other heads, a language model's say, keep their own outputs)
-    if problem is None and labels == 1 and type(model).__name__.endswith(
-            ("ForSequenceClassification", "ForImageClassification")):
-        raise ValueError(
-            f"{type(model).__name__} has one output (config.num_labels=1) and no "
-            "config.problem_type, which Hugging Face reads as a regression head (its loss is "
-            "then MSE): its output is a value, not a binary logit. Say how to read it: "
-            "output_kind='logits' for a binary classifier trained on one logit, "
-            "output_kind='scores', threshold=t for a decision at t, or compare='l1'/'l2' for "
-            "how far it moves"
-        )
     # one label: its one sigmoid is a binary classifier, and the default reading of one column
     # (class 1 iff logit > 0, i.e. sigmoid > 1/2) is its prediction
     if problem == "multi_label_classification" and labels != 1:
@@ -168,6 +161,70 @@ def check_head(model: Any, compare: str, kind: str | None, output: Any = None) -
         )
 
 
+#: Hugging Face encoder-decoder families whose generating model makes no decoder inputs from
+#: ``input_ids`` (BART's shifts them right): without ``decoder_input_ids`` they fail
+T5_LIKE = ("t5", "mt5", "umt5", "longt5", "switch_transformers")
+
+
+def _check_generating_decoder(model: Any) -> None:
+    """Refuse ``compare="class"`` without ``output=`` on a T5-like generating encoder-decoder
+    model (``T5ForConditionalGeneration``; ``config.model_type`` in :data:`T5_LIKE`): its
+    logits are one prediction per decoder position (never read at an input position without
+    ``output=``, whatever the decoder inputs), and it builds no decoder inputs of its own
+    (called without ``decoder_input_ids`` it failed inside Hugging Face, "You must specify
+    exactly one of input_ids or inputs_embeds", though ``input_ids`` were given)."""
+    config = getattr(model, "config", None)
+    can_generate = getattr(model, "can_generate", None)
+    if getattr(config, "is_encoder_decoder", False) is not True or not callable(can_generate) \
+            or getattr(config, "model_type", None) not in T5_LIKE:
+        return  # BART shifts input_ids into its decoder: an explicit position=k reads it
+    try:
+        generates = bool(can_generate())
+    except Exception:  # noqa: BLE001 -- an old or custom class: read as before
+        return
+    if not generates:
+        return  # T5ForSequenceClassification and the like: one class score per example
+    raise ValueError(
+        f"{type(model).__name__} is an encoder-decoder model: its logits are (batch, decoder "
+        "positions, vocabulary), a prediction per decoder position, not one class per "
+        "example. Give the decoder its inputs, decoder_input_ids in the inputs (T5 makes none "
+        "from input_ids, and Hugging Face then fails with 'You must specify exactly one of "
+        "input_ids or inputs_embeds', about the decoder's; for its first output token, "
+        "torch.full((batch, 1), model.config.decoder_start_token_id)), and select the decoder "
+        "position measured with output=lambda o: o.logits[:, k] (k = -1 for the last), or "
+        "compare the whole decoder output with position=None and compare='l1' or 'l2'"
+    )
+
+
+def _check_one_output(head: Any, what: str) -> None:
+    """Refuse a Hugging Face regression head (``config.problem_type == "regression"``), and a
+    sequence or image classifier with one output and no ``problem_type`` (which Hugging Face
+    trains as a regression), measured with ``compare="class"`` and no ``output_kind``:
+    ``what`` names it (``"X (inside W)"`` for a user's wrapper, which returned its value to be
+    read as a binary logit without a word)."""
+    config = getattr(head, "config", None)
+    problem = getattr(config, "problem_type", None)
+    if problem == "regression":
+        raise ValueError(
+            f"{what} is a regression head (config.problem_type='regression'): "
+            "its output is a value, not a class, and read as a binary logit it only flips "
+            "where the value changes sign. Measure how far it moves with compare='l1' or "
+            "'l2', or say where its decision lies with output_kind='scores', threshold=t"
+        )
+    # Hugging Face's sequence and image classifiers train one output without a problem_type as
+    # a regression (other heads, a language model's say, keep their own outputs)
+    if problem is None and getattr(config, "num_labels", None) == 1 and type(
+            head).__name__.endswith(("ForSequenceClassification", "ForImageClassification")):
+        raise ValueError(
+            f"{what} has one output (config.num_labels=1) and no "
+            "config.problem_type, which Hugging Face reads as a regression head (its loss is "
+            "then MSE): its output is a value, not a binary logit. Say how to read it: "
+            "output_kind='logits' for a binary classifier trained on one logit, "
+            "output_kind='scores', threshold=t for a decision at t, or compare='l1'/'l2' for "
+            "how far it moves"
+        )
+
+
 def _check_wrapped_head(inner: Any, what: str) -> None:
     """Refuse a user's wrapper of a Hugging Face multi-label or regression head with several
     outputs, measured without ``output_kind``: a wrapper that returns its logits had them read
@@ -176,8 +233,10 @@ def _check_wrapped_head(inner: Any, what: str) -> None:
     config = getattr(inner, "config", None)
     problem = getattr(config, "problem_type", None)
     labels = getattr(config, "num_labels", None)
-    if problem not in ("multi_label_classification", "regression") \
-            or not isinstance(labels, int) or labels < 2:
+    if not isinstance(labels, int) or labels < 2:  # one output, read as a binary logit: a
+        _check_one_output(inner, what)  # regression head's value was, without a word
+        return
+    if problem not in ("multi_label_classification", "regression"):
         return
     head = ("a multi-label head: each label is its own sigmoid, so the argmax over labels is "
             "not its prediction" if problem.startswith("multi")

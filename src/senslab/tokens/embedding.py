@@ -392,7 +392,20 @@ def _refuse_per_token_head(model: Any, raw: Tensor, t: int, position: Position) 
     inside = hf_model_inside(model)
     if inside is not None:  # a user's wrapper returning a tagger's logits was read at [SEP]
         if "For" not in type(inside[0]).__name__:
-            return  # a base model (GPT2Model) under a head of the user's: may be causal
+            # a base model (GPT2Model, BertModel) under a head of the user's: causal ones are
+            # read at the last real token as meant; a bidirectional encoder's is [SEP]
+            if _bidirectional(inside[0]):
+                raise ValueError(
+                    f"{inside[1]} is a bidirectional encoder (its attention modules are not "
+                    f"causal) under a head of {what}'s that returns a prediction for every "
+                    f"token ({raw.shape[2]} values at each of {t} positions): its last real "
+                    "token ([SEP]) sees no more of the example than any other, and is no "
+                    "next-token prediction. Say which position is measured with position=k on "
+                    "Embedding or auto_tokens (0 for [CLS]), return one row per example from "
+                    f"{what}, or pass position=None with compare='l1' or 'l2' for the whole "
+                    "per-position output"
+                )
+            return
         model, what = inside
     can_generate = getattr(model, "can_generate", None)
     if not callable(can_generate) or getattr(model, "config", None) is None:
@@ -420,6 +433,16 @@ def _refuse_per_token_head(model: Any, raw: Tensor, t: int, position: Position) 
             "class does not generate through transformers), or position=None with "
             "compare='l1' or 'l2' for the whole per-position output"
         )
+
+
+def _bidirectional(model: Any) -> bool:
+    """Whether a Hugging Face base model's attention modules all say they are not causal
+    (``is_causal`` False: BERT's, RoBERTa's; GPT-2's and Llama's are True, and so is BERT's
+    with ``is_decoder``). False where no module carries the flag (older transformers, a class
+    of one's own): the documented default stays."""
+    flags = [m.is_causal for m in model.modules() if isinstance(getattr(m, "is_causal", None),
+                                                                   bool)]
+    return bool(flags) and not any(flags)
 
 
 def _refuse_choices(name: str, shape: tuple[int, ...], inputs: Inputs) -> None:
