@@ -61,7 +61,7 @@ def test_param_group_options_are_checked_like_the_constructors() -> None:
     bad_sps = [({"c": -1.0}, ValueError, "c must be a positive number"),
                ({"f_star": float("nan")}, ValueError, "f_star must be a finite"),
                ({"f_star": "0"}, TypeError, "f_star must be a number"),
-               ({"lr": 0.1}, ValueError, "no option 'lr'")]
+               ({"lr": -0.1}, ValueError, "lr must be a positive number")]
     for extra, kind, message in bad_sps:
         with pytest.raises(kind, match=message):
             SPS([{"params": [a]}, {"params": [b], **extra}])

@@ -8,9 +8,11 @@ size:
 
 The norm is *global*: one number over every parameter of every param group, so the whole
 parameter vector is treated as the W of the paper (a single matrix there, where global and
-per-tensor norms coincide). ``per_param=True`` instead divides each tensor's gradient by its own
-norm. SNGD is the same update on a minibatch gradient; the class cannot tell the difference, so
-``SNGD`` is simply another name for ``NGD``.
+per-tensor norms coincide; parameters sharded across ranks, FSDP's flat parameters and DTensors,
+are refused: the norm would be each rank's shard's, and DeepSpeed ZeRO's partitions, which carry
+no mark, cannot be told apart — use DistributedDataParallel). ``per_param=True`` instead
+divides each tensor's gradient by its own norm. SNGD is the same update on a minibatch
+gradient; the class cannot tell the difference, so ``SNGD`` is simply another name for ``NGD``.
 
 With ``eta_max`` the step size on the *raw* gradient is capped:
 
@@ -159,8 +161,8 @@ _BOOKKEEPING = {"params", "param_names", "initial_lr", "max_lr", "min_lr", "swa_
 
 def _check_group_keys(opt: Optimizer, group: dict[str, Any]) -> None:
     """Refuse what the step would silently ignore: an option this optimiser does not have
-    (``weight_decay``, ``momentum``, ``maximize``, an ``lr`` given to SPS, …) and a parameter
-    listed twice (stepped twice, its gradient counted twice in ‖∇L‖)."""
+    (``weight_decay``, ``momentum``, ``maximize``, …), a parameter listed twice (stepped twice,
+    its gradient counted twice in ‖∇L‖) and parameters sharded across ranks."""
     name = type(opt).__name__
     unknown = sorted(set(group) - set(opt.defaults) - _BOOKKEEPING)
     if unknown:
@@ -173,6 +175,34 @@ def _check_group_keys(opt: Optimizer, group: dict[str, Any]) -> None:
     if len({id(p) for p in group["params"]}) != len(group["params"]):
         raise ValueError(f"{name}: a param group lists a parameter twice (it would be stepped "
                          "twice); pass each parameter once")
+    _refuse_sharded(name, group["params"])
+
+
+def _refuse_sharded(name: str, params: Iterable[Any]) -> None:
+    """Refuse parameters sharded across ranks: FSDP's flat parameters (``FullyShardedDataParallel``,
+    ``use_orig_params`` or not) hold each rank's shard as a plain tensor, so ‖∇L‖ was each rank's
+    own shard's norm (0.43 and 1.62 on two ranks for a global 1.68) and every rank took a
+    different step without a word; DTensor parameters (FSDP2 ``fully_shard``) raised a raw error
+    in the norm. Sharding that leaves no mark on the tensors (DeepSpeed ZeRO's partitions) cannot
+    be seen here."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch built without distributed
+        DTensor = ()  # noqa: N806
+    for p in params:
+        if not isinstance(p, Tensor):
+            continue  # a saved group's parameter indices (load_state_dict)
+        if (isinstance(p, DTensor) or getattr(p, "_is_flat_param", False)
+                or getattr(p, "_fsdp_flattened", False)):
+            why = ("a DTensor (FSDP2 fully_shard, tensor parallel): the global gradient norm "
+                   "‖∇L‖ is not taken over DTensors (a rank's empty shard raised a torch error)"
+                   if isinstance(p, DTensor) else
+                   "an FSDP flat parameter (FullyShardedDataParallel), sharded across ranks: "
+                   "‖∇L‖ would be each rank's shard's norm, not the global one, and the ranks "
+                   "would take different steps")
+            raise ValueError(
+                f"{name}: a parameter is {why}; train with DistributedDataParallel "
+                "(every rank holds the whole parameters) or in one process")
 
 
 class _StepSizeLog:

@@ -10,14 +10,28 @@ f* = L* = 0 (the infimum of the logistic loss on separable data):
 
     η_t = (L(W_t) − L*) / ‖∇L(W_t)‖².
 
-‖∇L‖ is the global norm over every parameter of the optimiser, as in ``NGD``. Two edge cases are
+‖∇L‖ is the global norm over every parameter of the optimiser, as in ``NGD`` (parameters sharded
+across ranks, FSDP's, are refused: the norm would be each rank's shard's; DeepSpeed ZeRO's
+partitions carry no mark and cannot be told apart, so do not step them with SPS).
+
+With several ranks (``torch.distributed`` initialised, e.g. DistributedDataParallel) the closure
+must return the loss averaged over the ranks, detached (``dist.all_reduce`` of a detached copy):
+the gradient is averaged, and a rank's own minibatch loss gives each rank its own η_t (the replicas
+drift apart). A loss returned with its graph, or as a Python number, is said once per optimiser in a
+``RuntimeWarning`` (no collective is run to check it: ranks that do not step together would hang).
+
+``lr`` (default 1, today's step exactly) multiplies the whole step, cap included:
+W_{t+1} = W_t − lr·η_t ∇L_B (the same as c/lr and lr·η_max). It is there for torch's LR
+schedulers (StepLR, CosineAnnealingLR, LambdaLR, OneCycleLR with ``cycle_momentum=False``, …),
+which scale it: without it every scheduler failed with a raw ``KeyError: 'lr'``. An lr of 0 (where
+a schedule may end) is no step; a negative or non-finite one is refused. Two edge cases are
 ours: a loss below f* would make η_t negative (an ascent step), so η_t is clamped at 0; and a zero
 gradient, or a quotient that overflows (loss and gradient both underflowed towards the float
 type's smallest numbers: the step is no longer defined), gives no step. A loss below f* (beyond
 rounding) is said once per optimiser in a ``RuntimeWarning``: f* is then no lower bound, and the
 parameters would stay where they are without a word. A nan or inf loss or gradient is refused
 (``FloatingPointError``), as are a non-finite c or f* and options SPS does not have in a param
-group (``lr``, ``weight_decay``, …), at construction, in a checkpoint given to
+group (``weight_decay``, ``momentum``, …), at construction, in a checkpoint given to
 ``load_state_dict`` and (values) at every step. A loss returned as a Python float is read in
 float64. A closure that returns no loss (``None``: no ``return loss``), or a loss with a graph
 while no parameter of the optimiser has a gradient (it never called ``backward()``: every step
@@ -34,8 +48,8 @@ The step size needs the loss, so both are closure-based like ``torch.optim.LBFGS
     opt = SPS(model.parameters(), c=0.5, eta_max=0.01)
     loss = opt.step(closure)
 
-The state of every updated parameter records ``step``, ``step_size`` (η_t) and ``grad_norm``;
-``last_step_size`` reads η_t back for logging.
+The state of every updated parameter records ``step``, ``step_size`` (lr·η_t) and ``grad_norm``;
+``last_step_size`` reads lr·η_t back for logging.
 """
 
 from __future__ import annotations
@@ -72,14 +86,18 @@ def _check_f_star(f_star: Any) -> None:
 
 
 class SPS(_StepSizeLog, Optimizer):
-    """Stochastic Polyak step with cap: η_t = min{(L_B − f*)/(c‖∇L_B‖²), η_max} (module docstring).
+    """Stochastic Polyak step with cap: η_t = min{(L_B − f*)/(c‖∇L_B‖²), η_max}, stepped as
+    W ← W − lr·η_t ∇L_B (module docstring).
 
     Args:
-        params: parameters or param-group dicts; each group may override ``c``, ``f_star`` and
-            ``eta_max`` (the loss and the gradient norm are shared by all groups).
+        params: parameters or param-group dicts; each group may override ``c``, ``f_star``,
+            ``eta_max`` and ``lr`` (the loss and the gradient norm are shared by all groups).
         c: the constant c > 0 (0.5 in the paper's SPS_max).
         f_star: f*, a lower bound on the loss (0 for cross-entropy / logistic losses).
         eta_max: the cap η_max > 0, or None for no cap.
+        lr: a factor > 0 on the whole step, cap included (1: the paper's SPS_max). It is what
+            torch's LR schedulers scale: a schedule's factor multiplies every step, in the
+            Polyak and in the capped regime alike.
 
     ``step(closure)`` requires a closure that zeroes the gradients, computes the loss, calls
     ``backward()`` and returns the loss; ``step`` returns that loss.
@@ -91,20 +109,29 @@ class SPS(_StepSizeLog, Optimizer):
         c: float = 0.5,
         f_star: float = 0.0,
         eta_max: float | None = None,
+        lr: float = 1.0,
     ) -> None:
         _check_positive("c", c, finite=True)
         _check_positive("eta_max", eta_max, optional=True)
+        _check_positive("lr", lr, finite=True)
         _check_f_star(f_star)
-        super().__init__(params, {"c": c, "f_star": float(f_star), "eta_max": eta_max})
+        super().__init__(params, {"c": c, "f_star": float(f_star), "eta_max": eta_max, "lr": lr})
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # a checkpoint saved before SPS had ``lr`` steps as it did then: lr = 1
+        super().__setstate__(state)
+        for group in self.param_groups:
+            group.setdefault("lr", 1.0)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """``torch.optim.Optimizer.add_param_group``, with the group's own ``c``, ``f_star`` and
-        ``eta_max`` checked like the constructor's (a negative c or a nan f* gave no step at all)
-        and options SPS does not have (``lr``, ``weight_decay``, …) refused: they were ignored
-        without a word."""
+        ``eta_max`` and ``lr`` checked like the constructor's (a negative c or a nan f* gave no
+        step at all) and options SPS does not have (``weight_decay``, ``momentum``, …) refused:
+        they were ignored without a word."""
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         try:
+            _check_positive("lr", group["lr"], finite=True)
             _check_group_keys(self, group)
             self._check_options(group, at_step=False)
         except (TypeError, ValueError):
@@ -114,7 +141,8 @@ class SPS(_StepSizeLog, Optimizer):
 
     def _check_options(self, group: dict[str, Any], *, at_step: bool) -> None:
         """c > 0 and finite (an infinite c gave η_t = 0: no step, ever), eta_max > 0 or None,
-        f* a finite number."""
+        f* a finite number, lr ≥ 0 and finite (a checkpoint saved before SPS had ``lr``: 1)."""
+        _check_positive("lr", group.get("lr", 1.0), finite=True, zero_ok=True)
         _check_positive("c", group["c"], finite=True)
         _check_positive("eta_max", group["eta_max"], optional=True)
         _check_f_star(group["f_star"])
@@ -140,6 +168,32 @@ class SPS(_StepSizeLog, Optimizer):
                     "Said once per optimiser", RuntimeWarning,
                     stacklevel=5)  # the caller of step(), past torch's two wrappers
                 return
+
+    def _warn_distributed(self, loss: Any) -> None:
+        """Say, once per optimiser, that with several ranks the step size reads each rank's own
+        loss: under DistributedDataParallel the gradients are averaged over the ranks but the
+        loss the closure returns is the rank's own minibatch's, so each rank took a different
+        η_t and the replicas drifted apart without a word (0.89 apart after 3 steps on 2 ranks).
+        No collective is run here (ranks that do not step together would hang), so a loss
+        returned detached (as an all-reduced one is) is taken as averaged, and only a loss that
+        still has its graph, or a Python number, is said."""
+        if getattr(self, "_said_distributed", False):
+            return
+        if isinstance(loss, Tensor) and not loss.requires_grad:
+            return
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            self._said_distributed = True
+            warnings.warn(
+                f"{type(self).__name__}: torch.distributed runs {dist.get_world_size()} ranks, "
+                "and the step size (L − f*)/(c‖∇L‖²) uses the loss the closure returns: under "
+                "DistributedDataParallel that is each rank's own minibatch loss while the "
+                "gradient is averaged over the ranks, so the ranks step differently and the "
+                "replicas drift apart. Return the loss averaged over the ranks from the closure "
+                "(after backward: l = loss.detach().clone(); dist.all_reduce(l, "
+                "op=dist.ReduceOp.AVG); return l: a loss returned detached is taken as averaged). "
+                "Said once per optimiser", RuntimeWarning,
+                stacklevel=5)  # the caller of step(), past torch's two wrappers
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor:  # type: ignore[override]
@@ -174,6 +228,7 @@ class SPS(_StepSizeLog, Optimizer):
                 "step size (L − f*)/(c‖∇L‖²) is not defined; "
                 "lower eta_max, or check the loss and the data for overflow"
             )
+        self._warn_distributed(loss)
         groups = [(g, _params_with_grad(g)) for g in self.param_groups]
         norm = _global_grad_norm(p for _, ps in groups for p in ps)
         if norm is None:  # nothing has a gradient: nothing to do
@@ -200,6 +255,7 @@ class SPS(_StepSizeLog, Optimizer):
             size = (excess / safe / (group["c"] * safe)).clamp(min=0)
             if group["eta_max"] is not None:
                 size = size.clamp(max=group["eta_max"])
+            size = size * group["lr"]  # exact for the default lr = 1
             # 0/0 or x/0 for a zero gradient: no step instead of NaN/inf; likewise where the
             # quotient overflows (a loss and a gradient that have both underflowed towards
             # float's smallest numbers: converged as far as the float type resolves)
@@ -215,10 +271,12 @@ class Polyak(SPS):
     """Deterministic Polyak step η_t = (L(W_t) − L*)/‖∇L(W_t)‖²: ``SPS`` with c = 1, no cap.
 
     Meant for full-batch losses; L* = ``f_star`` (0 by default, the infimum of the logistic loss).
+    ``lr`` (default 1: the Polyak step itself) multiplies the step, W ← W − lr·η_t ∇L, as for
+    ``SPS``; torch's LR schedulers scale it.
     """
 
-    def __init__(self, params: Params, f_star: float = 0.0) -> None:
-        super().__init__(params, c=1.0, f_star=f_star, eta_max=None)
+    def __init__(self, params: Params, f_star: float = 0.0, lr: float = 1.0) -> None:
+        super().__init__(params, c=1.0, f_star=f_star, eta_max=None, lr=lr)
 
     def _check_options(self, group: dict[str, Any], *, at_step: bool) -> None:
         """SPS's checks, and c = 1 with no cap: a group given another c or an ``eta_max``, or
