@@ -195,6 +195,8 @@ def _check_fits(cfg: Any) -> None:
         check_model_fits_data(cfg)
     except ValueError as err:
         raise UsageError(str(err)) from None
+    _check_data_options(cfg.data.name, cfg.data.options)
+    _check_model_overrides(cfg.model.name, cfg.model.overrides)
     model, data = cfg.model.name, cfg.data.name
     takes, holds = _takes(model), _holds(data)
     if takes is None or holds is None:
@@ -222,6 +224,63 @@ def _check_fits(cfg: Any) -> None:
     raise UsageError(f"{model} is built for {size.format(have)} (model.overrides.{key}) and "
                      f"{data} holds {size.replace('at most ', '').format(want)}: add --set "
                      f"model.overrides.{key}={want}")
+
+
+def _check_data_options(data: str, options: dict[str, Any]) -> None:
+    """Refuse a ``data.options`` key that the loader of registered dataset ``data`` does not
+    take, naming the keys it does: the loader's own "digits() got an unexpected keyword
+    argument 'foo'" named no fix, and came after ``train`` said it was training. A loader
+    that takes any keyword (``**kwargs``) is left to check its own."""
+    import inspect
+
+    from .data._registry import DATASETS
+
+    try:
+        params = inspect.signature(DATASETS.get(data)).parameters
+    except (KeyError, TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    # root, download and split are set by data.root, data.download and the splits (validate
+    # refuses them as options, naming those keys)
+    own = {"split", "root", "download"}
+    unknown = [k for k in options if k not in params and k not in own]
+    if not unknown:
+        return
+    valid = [n for n, p in params.items() if n not in own and p.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    takes = (f"it takes {', '.join(f'data.options.{n}' for n in valid)}" if valid
+             else "it takes no data.options")
+    raise UsageError(f"data.options.{unknown[0]} is not an option of the {data} data set: "
+                     f"{takes}; drop --set data.options.{unknown[0]}, or fix its name")
+
+
+def _check_model_overrides(model: str, overrides: dict[str, Any]) -> None:
+    """Refuse a ``model.overrides`` key that registered model ``model``'s config has no field
+    for, naming the fields: the model builder's own error came after ``train`` said it was
+    training and had made the run directory (its lock and senslab.json left behind)."""
+    import dataclasses
+    import difflib
+
+    from .models import model_config
+
+    if not overrides:
+        return
+    try:
+        config = model_config(model)
+    except Exception:  # noqa: BLE001  (not buildable with its defaults: the builder says why)
+        return
+    if not dataclasses.is_dataclass(config):
+        return
+    valid = [f.name for f in dataclasses.fields(config)]
+    unknown = [k for k in overrides if k not in valid]
+    if not unknown:
+        return
+    close = difflib.get_close_matches(unknown[0], valid, n=1)
+    hint = f" (did you mean model.overrides.{close[0]}?)" if close else ""
+    raise UsageError(f"model.overrides.{unknown[0]} is not an option of {model}{hint}: its "
+                     f"options are {', '.join(valid)}; drop --set model.overrides."
+                     f"{unknown[0]}, or fix its name")
 
 
 #: what the inputs of a kind are, in words: the image and text sets (:func:`train.loop.data_kind`)
@@ -277,11 +336,14 @@ def _takes(model: str) -> tuple[str, ...] | None:
 
 def _train(args: argparse.Namespace) -> int:
     from .report import final_table, format_table, load_runs
-    from .train.loop import fit
+    from .train.loop import check_config, fit
 
     cfg = _config(args)
     _check_run_name(cfg.name, args)
     _check_fits(cfg)  # (fit checks too) before the note, and before --out is looked at
+    # what fit refuses before it writes (a config value out of range: --seed -1), refused
+    # before the note too: "training mlp on digits (seed -1)" was printed, then the error
+    check_config(cfg)
     out = Path(args.out or Path("runs") / cfg.name)
     _check_out(out)
     _note(f"training {cfg.model.name} on {cfg.data.name} (seed {cfg.seed}) into {out}")
@@ -809,6 +871,9 @@ def _measure_pretrained(args: argparse.Namespace) -> int:
     args.data = args.data or (_IMAGE_DEFAULT if image else _TEXT_DEFAULT)
     cfg = _config(args)
     _check_measure_set(args.set or [], cfg, None)
+    # (before the model's own options are added: a loader's TypeError below is taken for data
+    # that does not fit the model, "--data digits does not fit a image model; use digits")
+    _check_data_options(cfg.data.name, cfg.data.options)
     cfg.data.options.setdefault(*(("normalize", "none") if image else ("tokenizer", name)))
     if not image and takes(cfg.data.name, "pair_encoding"):  # pairs as the tokenizer encodes them
         cfg.data.options.setdefault("pair_encoding", "tokenizer")
@@ -1278,10 +1343,23 @@ def _home(value: Any) -> Any:
     return os.path.expanduser(value) if isinstance(value, str) and value[:1] == "~" else value
 
 
+#: ``--threads`` above this many per CPU (``os.cpu_count()``) is refused: more threads than CPUs
+#: only oversubscribe them, and torch's thread pool crashes the process at counts like 100000
+MAX_THREADS_PER_CPU = 4
+
+
 def _check_args(args: argparse.Namespace) -> None:
     """Option values argparse's types let through but no command can use."""
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"--threads must be ≥ 1, got {args.threads}")
+    cpus = os.cpu_count() or 1
+    if args.threads is not None and args.threads > MAX_THREADS_PER_CPU * cpus:
+        # torch's thread pool took any count: --threads 100000 ended the process with a
+        # segmentation fault (status 139), and thousands of threads only slow a run down
+        raise UsageError(f"--threads {args.threads} is far more than the {cpus} CPU"
+                         f"{'s' if cpus != 1 else ''} here (at most {MAX_THREADS_PER_CPU * cpus}"
+                         f", {MAX_THREADS_PER_CPU} per CPU, are taken): give --threads {cpus} "
+                         "or fewer, or drop --threads for torch's choice")
     for dest in _NOT_EMPTY:
         value = getattr(args, dest, None)
         if isinstance(value, str) and not value.strip():
@@ -1300,6 +1378,19 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.num_examples is not None and args.num_examples < 1:
         raise UsageError(f"--num-examples must be ≥ 1, got {args.num_examples} (the number of "
                          "examples measured, e.g. --num-examples 512)")
+    if args.seed is not None:
+        # with --checkpoint the seed reaches no config, whose check refused it: --seed 2**32
+        # measured seed 0's examples and noise without a word, --seed -1 passed and 2**64 was
+        # "Overflow when unpacking long long"
+        import dataclasses
+
+        from .train.config import RunConfig, check_value
+
+        meta = next(f.metadata for f in dataclasses.fields(RunConfig) if f.name == "seed")
+        try:
+            check_value("--seed", args.seed, meta)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
     if args.repeats is not None and args.repeats < 1:
         raise UsageError(f"--repeats must be ≥ 1, got {args.repeats} (noise draws per token)")
     for sigma in args.sigma or []:
