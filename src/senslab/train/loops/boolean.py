@@ -228,8 +228,14 @@ def measure(model: nn.Module, x: Tensor, y: Tensor, function: str, n: int, draws
 
 def random_completion(table: Tensor, train_index: Tensor, seed: int) -> Tensor:
     """The {0, 1} table that agrees with ``table`` on ``train_index`` and is uniformly random
-    elsewhere (its own generator, so it differs from the hidden function)."""
-    g = torch.Generator().manual_seed(7_919 * seed + 1)
+    elsewhere (its own generator, so it differs from the hidden function and the subset).
+
+    A CPU generator keeps a seed's low 32 bits, and 7,919·seed + 1 equals the boolean data
+    set's subset stream, 1,000,003·seed + 1, modulo 2**32 exactly where seed ≡ 0 (mod 2**30):
+    at seeds 0, 2**30, 2**31 and 3·2**30 the "random" labels at even positions were the
+    parities of the subset permutation's swaps (until 2026-12-07). Those four seeds move by
+    2**31, onto a stream no other stream of theirs uses; every other seed draws as before."""
+    g = torch.Generator().manual_seed(7_919 * seed + 1 + (2**31 if seed % 2**30 == 0 else 0))
     out = torch.randint(0, 2, table.shape, generator=g).to(table.dtype)
     out[train_index] = table[train_index]
     return out
