@@ -184,6 +184,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import math
 import os
 import threading
@@ -211,12 +212,15 @@ from ..tokens.base import (
 )
 from ..tokens.embedding import (
     NO_PAD_TOKEN,
+    hf_model_inside,
     hf_pad_token_config,
     left_padding_judged,
     no_pad_id_message,
+    unwrapped,
 )
 from ..tokens.patches import _BoundPatches
 from . import _alloc, _precision, _trim
+from ._chunks import free_memory
 from ._compiled import CompiledModel
 from ._control import LinearControl
 from ._noise import NOISE_BLOCK, NoiseStream
@@ -254,6 +258,7 @@ from ._stats import (
 from ._stats import units as _units
 from ._stats import within_variance as _within_variance
 from .outputs import (
+    T5_LIKE,
     OutputKind,
     check_finite,
     check_head,
@@ -282,6 +287,12 @@ ROUNDS_AT_ZERO = 2
 #: ``update`` calls with ``target_stderr`` after which a metric warns (once) that the batches'
 #: stopping biases add up while the standard error of their mean shrinks
 STOPPING_WARN_BATCHES = 10
+#: bytes a perturbed copy holds until its batch is added (:meth:`TokenSensitivity._plan`: its
+#: example and token, int64; its value, float64 at most; its owned and event flags), twice for
+#: the rounds joined
+PLAN_BYTES = 2 * (8 + 8 + 8 + 1 + 1)
+#: a plan this size or smaller is never refused, whatever the free memory reads
+PLAN_FLOOR = 16 << 30
 #: whole perturbed copies checked int8 calibrates a static int8 model on (``_static_inputs``)
 STATIC_COPIES = 256
 
@@ -441,6 +452,78 @@ def _refuse_own_autocast(model: Any, device: torch.device) -> Iterator[None]:
             "reduced precision's, not float32's as precision= says. Measure the model without "
             "it (the module inside the wrapper: fabric_module.module; a predict function "
             "without its autocast), or accept reduced precision with autocast=torch.bfloat16")
+
+
+def _generating_t5(model: Any) -> tuple[nn.Module, str] | None:
+    """``(model, its name)`` for a T5-like generating encoder-decoder (``config.model_type`` in
+    :data:`.outputs.T5_LIKE`, ``is_encoder_decoder``, ``can_generate()``:
+    ``T5ForConditionalGeneration``), bare or inside a user's wrapper; None for any other."""
+    found = hf_model_inside(model)
+    inner, what = found if found is not None else (unwrapped(model), None)
+    config = getattr(inner, "config", None)
+    can_generate = getattr(inner, "can_generate", None)
+    if not isinstance(inner, nn.Module) or not callable(can_generate) \
+            or getattr(config, "is_encoder_decoder", False) is not True \
+            or getattr(config, "model_type", None) not in T5_LIKE:
+        return None
+    try:
+        if not can_generate():
+            return None  # T5ForSequenceClassification: makes its decoder inputs itself
+    except Exception:  # noqa: BLE001 -- an old or custom class: read as before
+        return None
+    return inner, what or type(inner).__name__
+
+
+#: what a T5-like model reads its decoder's inputs from (one given: it builds the rest)
+_DECODER_INPUTS = ("decoder_input_ids", "decoder_inputs_embeds", "labels")
+
+
+@contextmanager
+def _refuse_no_decoder_inputs(model: Any) -> Iterator[None]:
+    """Refuse a T5-like generating encoder-decoder (:func:`_generating_t5`) called without
+    decoder inputs, at the clean forward (before it runs; bare, or inside a user's wrapper,
+    whose call to it is the one looked at): it builds none from ``input_ids``, and Hugging
+    Face failed with "You must specify exactly one of input_ids or inputs_embeds", about the
+    decoder's, though ``input_ids`` were given (with ``output=``, ``compare='l1'``/``'l2'``, or
+    a wrapper; ``compare='class'`` without ``output=`` is refused before,
+    :func:`.outputs.check_head`)."""
+    found = _generating_t5(model)
+    if found is None:
+        yield
+        return
+    inner, what = found
+    try:
+        signature: inspect.Signature | None = inspect.signature(inner.forward)
+    except (TypeError, ValueError):
+        signature = None
+
+    def look(module: nn.Module, args: Any, kwargs: Any) -> None:
+        if signature is None:
+            return
+        try:
+            given = signature.bind_partial(*args, **kwargs).arguments
+        except TypeError:
+            return  # a call the model refuses itself
+        if any(given.get(k) is not None for k in _DECODER_INPUTS):
+            return
+        where = ("in the inputs" if inner is unwrapped(model)
+                 else "in your wrapper's call to it (or in the inputs it passes on)")
+        raise ValueError(
+            f"{what} is a T5-like encoder-decoder model called without decoder inputs: it "
+            "makes none from input_ids (Hugging Face then fails with 'You must specify "
+            "exactly one of input_ids or inputs_embeds', about the decoder's, though "
+            f"input_ids were given). Give the decoder its inputs, decoder_input_ids {where}: "
+            "for its first output token, torch.full((batch, 1), "
+            "model.config.decoder_start_token_id)"
+        )
+
+    own = OwnForwards(model)
+    handle = inner.register_forward_pre_hook(own.hook(look), with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+        own.close()
 
 
 def _refuse_batch_statistics(model: nn.Module, eval_mode: bool = False) -> None:
@@ -1364,7 +1447,8 @@ class TokenSensitivity:
             try:
                 # left padding is judged here: refused by padding-aware batching (:meth:`_extent`),
                 # else said after it, where the measurement goes on with the left-padded inputs
-                with probe, left_padding_judged():  # probe: around the clean forward alone
+                with probe, left_padding_judged(), _refuse_no_decoder_inputs(self.model):
+                    # probe: around the clean forward alone
                     bound = stack.enter_context(
                         self.tokens.bind(self.model, inputs, mask, output=self.output))
             except ValueError as err:
@@ -1413,6 +1497,7 @@ class TokenSensitivity:
                     "drop them or fix the mask"
                 )
             whole = self.mode == "whole"
+            self._refuse_huge_plan(valid)
             stream = self._rng(device, t * bound.dim if whole else bound.dim)
             extent = self._extent(bound, clean)
             said = getattr(bound, "warn_left_padding_read", None)
@@ -1824,6 +1909,40 @@ class TokenSensitivity:
         counts = torch.zeros(valid.shape, dtype=torch.float64, device=src.device)
         counts.index_put_((src, tok), torch.ones_like(src, dtype=torch.float64), accumulate=True)
         return counts, valid
+
+    def _refuse_huge_plan(self, valid: Tensor) -> None:
+        """Refuse, before any perturbed forward, a round whose plan (:meth:`_plan`) and
+        per-copy results cannot fit in the free memory of ``valid``'s device: every copy holds
+        its example, token, value and flags (about :data:`PLAN_BYTES` bytes, twice where the
+        rounds are joined). ``repeats=10**14`` ended in torch's "can't allocate memory: you
+        tried to allocate 8000000000000000 bytes", from inside :meth:`_plan`."""
+        if self.allocation:
+            return  # budget= sizes those rounds as they go
+        b = valid.shape[0]
+        if self.mode == "whole":
+            cells = b
+        elif self.num_tokens is not None:
+            cells = int(valid.sum(dim=1).clamp(max=self.num_tokens).sum())
+        else:
+            cells = int(valid.sum())
+        copies = cells * self.repeats
+        need = copies * PLAN_BYTES
+        free = free_memory(valid.device)
+        # where the free memory cannot be read (no /proc/meminfo: 1 GiB is assumed) a plan of
+        # a few GiB may still fit: only what no such machine holds is refused there
+        if need <= max(free, PLAN_FLOOR):
+            return
+        fewer = max(free // max(cells * PLAN_BYTES, 1), 1)
+        raise ValueError(
+            f"repeats={self.repeats} makes {copies:,} perturbed copies of this batch "
+            f"({cells:,} {'examples' if self.mode == 'whole' else 'tokens'} x {self.repeats} "
+            f"draws), whose plan and results need about {need / 2**30:,.1f} GiB, more than "
+            f"the {free / 2**30:,.1f} GiB free on {valid.device}. Measure with fewer repeats "
+            f"(at most about {fewer:,} here; senslab measure: a smaller --repeats), fewer "
+            "tokens per example (num_tokens=), "
+            "fewer examples per update, or adaptive stopping (target_stderr= with a small "
+            "repeats: rounds of repeats draws until the standard error is reached)"
+        )
 
     def _plan(self, valid: Tensor, stream: NoiseStream) -> tuple[Tensor, Tensor]:
         """Which example (src) and token (tok) each perturbed copy has, sample-major."""
