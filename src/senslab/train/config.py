@@ -125,11 +125,12 @@ class DataConfig:
 @dataclass
 class OptimConfig:
     name: str = one_of("sgd", "adam", "adamw", "ngd", "sngd", "sps")
-    lr: float = ranged(0.1, gt=0)
+    lr: float = ranged(0.1, gt=0)  # unused by sps (its step is the Polyak one)
     momentum: float = ranged(0.0, ge=0, lt=1)
     weight_decay: float = ranged(0.0, ge=0)
     eta_max: float | None = ranged(None, gt=0)  # cap for ngd / sps
-    # constant | step (×gamma every step_epochs) | cosine
+    # constant | step (×gamma every step_epochs) | cosine; scales optim.lr, or for sps a factor
+    # on its whole step that starts at 1 (senslab.optim.SPS's lr)
     schedule: str = one_of("constant", "step", "cosine")
     step_epochs: int = ranged(8, ge=1)
     gamma: float = ranged(0.5, gt=0)
@@ -472,7 +473,8 @@ def validate(cfg: C) -> C:
             ("eta_max", f"optim.name={o.name} has no step-size cap (optim.eta_max caps ngd, "
                         "sngd and sps only)", o.name in ("sgd", "adam", "adamw")),
             ("lr", "optim.name=sps sets its own step size (the Polyak step, capped by "
-                   "optim.eta_max)", o.name == "sps"),
+                   "optim.eta_max; optim.schedule scales it by a factor that starts at 1)",
+             o.name == "sps"),
             ("step_epochs", f"optim.schedule={o.schedule} has no steps (optim.step_epochs "
                             "and optim.gamma belong to optim.schedule=step)",
              o.schedule != "step"),
@@ -502,11 +504,111 @@ def validate(cfg: C) -> C:
                     f"data.options.{key}={cfg.data.options[key]!r}: the loader's {key} is set "
                     f"by {own}, so this entry would be ignored or clash with it; set {own} "
                     f"instead (and drop data.options.{key})")
-        if o.name == "sps" and o.schedule != "constant":
-            raise ValueError(f"optim.schedule={o.schedule} scales a learning rate, but "
-                             "optim.name=sps sets its own step size; use optim.schedule=constant "
-                             "with sps")
+        _check_entry_types(cfg)
     return cfg
+
+
+#: the types an entry's declared type is made of that :func:`_check_type` checks exactly; an
+#: entry declared with any other (a Literal, a path, a class) is left to its loader or model
+_ENTRY_TYPES = (int, float, str, bool, type(None), tuple, list, dict)
+
+
+def _entry_hint(hint: Any) -> Any:
+    """``hint`` when :func:`_check_type` can check a value against every type it allows, else
+    None."""
+    try:
+        options = _options.__wrapped__(hint)
+    except TypeError:
+        return None
+    if all(base in _ENTRY_TYPES and all(a is Ellipsis or _entry_hint(a) is not None
+                                        for a in args) for _, base, args in options):
+        return hint
+    return None
+
+
+def _default_hint(default: Any) -> Any:
+    """The type a value must have to stand for ``default``, as the model configs check their
+    overrides (models/_config.py): an int or a float for a float, a list or a tuple for a tuple;
+    None (anything) for a default of None."""
+    if default is None:
+        return None
+    if isinstance(default, tuple):
+        return tuple | list
+    return type(default) if type(default) in _ENTRY_TYPES else None
+
+
+@functools.cache
+def _loader_signature(loader: Any) -> tuple[Any, dict[str, Any]]:
+    """The parameters of a data loader and their evaluated annotations (kept: an experiment
+    checks each of its runs)."""
+    import inspect
+
+    try:
+        params: Any = inspect.signature(loader).parameters
+    except (TypeError, ValueError):
+        params = {}
+    try:
+        hints = typing.get_type_hints(loader)
+    except Exception:  # noqa: BLE001  (an annotation that does not evaluate: use defaults)
+        hints = {}
+    return params, hints
+
+
+def _check_entry_types(cfg: RunConfig) -> None:
+    """Refuse a ``data.options`` or ``model.overrides`` entry whose value has the wrong type
+    for the loader's keyword (its annotation, else its default) or the model config's field
+    (its default's type): ``data.options.test_fraction=abc`` failed after training was
+    announced with "'<' not supported between instances of 'float' and 'str'", naming no key
+    and no fix. Unknown names, unknown keys and keys of types not checked here are left to the
+    loader and the model factory (and to the command line's own checks of the keys)."""
+    import inspect
+
+    from ..data._registry import DATASETS
+    from ..models import model_config
+    from ..models._registry import MODELS
+
+    d = cfg.data
+    if d.options and d.name in DATASETS.names("*"):
+        params, hints = _loader_signature(inspect.unwrap(DATASETS.get(d.name)))
+        for key, value in d.options.items():
+            p = params.get(key)
+            if p is None or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+                continue
+            default = None if p.default is p.empty else p.default
+            hint = _entry_hint(hints[key]) if key in hints else _default_hint(default)
+            _refuse_entry(f"data.options.{key}", value, hint, f"the {d.name} loader's {key}",
+                          default)
+    m = cfg.model
+    if m.overrides and m.name in MODELS.names("*"):
+        try:
+            config = model_config(m.name)
+        except Exception:  # noqa: BLE001  (not buildable with its defaults: the builder says why)
+            return
+        if not dataclasses.is_dataclass(config):
+            return
+        names = {f.name for f in dataclasses.fields(config)}
+        for key, value in m.overrides.items():
+            if key in names:
+                default = getattr(config, key)
+                _refuse_entry(f"model.overrides.{key}", value, _default_hint(default),
+                              f"{m.name}'s {key}", default)
+
+
+def _refuse_entry(key: str, value: Any, hint: Any, owner: str, default: Any) -> None:
+    """A ``TypeError`` naming ``key``, the type ``hint`` asks for and the fix, unless
+    ``value`` has that type (or ``hint`` is None: not checked)."""
+    if hint is None:
+        return
+    try:
+        _check_type(key, value, hint)
+    except TypeError:
+        names = ["None" if o is type(None) else _type_name(o)
+                 for o, _, _ in _options.__wrapped__(hint)]
+        # a number meant as text (a tokenizer named 123) is read as a number on the command line
+        text = " (quoted, for a number meant as text)" if names[0] == "str" else ""
+        raise TypeError(f"{key}={value!r}: {owner} takes {' or '.join(names)} (default "
+                        f"{default!r}), not {type(value).__name__}; give {key} a value of type "
+                        f"{names[0]}{text}, or drop it for the default") from None
 
 
 def apply_overrides(cfg: C, assignments: list[str]) -> C:

@@ -372,8 +372,8 @@ def build_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
     if o.name in ("ngd", "sngd", "sps"):
         from .. import optim as so
 
-        if o.name == "sps":
-            return so.SPS(params, eta_max=o.eta_max)
+        if o.name == "sps":  # optim.lr unused (validate); a schedule scales SPS's factor lr=1
+            return so.SPS(params, eta_max=o.eta_max, lr=1.0)
         return so.NGD(params, lr=o.lr, eta_max=o.eta_max)
     raise ValueError(f"unknown optimizer {o.name!r}; use sgd, adam, adamw, ngd, sngd or sps")
 
@@ -787,19 +787,23 @@ def _schedule_cut(cfg: RunConfig, n_batches: int, total_steps: int) -> str | Non
     if not (cosine or o.schedule == "step" and last < o.step_epochs):
         return None
     cut = total_steps < epochs * n_batches
+    # sps has no learning rate (optim.lr is unused): the schedule scales its step by a factor
+    # from 1
+    rate, base, start = (("the step-size factor", 1.0, "1") if o.name == "sps" else
+                         ("the learning rate", o.lr, f"optim.lr={o.lr:g}"))
     if cosine:
-        what = f"anneals the learning rate once per epoch over train.epochs={epochs}"
+        what = f"anneals {rate} once per epoch over train.epochs={epochs}"
     else:
-        what = (f"multiplies the learning rate by optim.gamma={o.gamma:g} every "
+        what = (f"multiplies {rate} by optim.gamma={o.gamma:g} every "
                 f"optim.step_epochs={o.step_epochs} epochs")
     if last == 0 or not cosine:
-        ends = f"it stays at optim.lr={o.lr:g} throughout, as with optim.schedule=constant"
+        ends = f"it stays at {start} throughout, as with optim.schedule=constant"
         fix = (f"optim.step_epochs={last} or less" if last else
                "train.epochs=2 or more" + (f" and train.max_steps above {n_batches}"
                                            if cut else ""))
     else:
-        rate = o.lr * (1 + math.cos(math.pi * last / epochs)) / 2
-        ends = f"its last epoch trains at {rate:.3g}, not near 0"
+        at = base * (1 + math.cos(math.pi * last / epochs)) / 2
+        ends = f"its last epoch trains at {at:.3g}, not near 0"
         fix = f"train.epochs={last + 1} (the epochs it trains)"
     steps = (f"{total_steps} steps (train.max_steps={cfg.train.max_steps})" if cut
              else f"{total_steps} steps")
