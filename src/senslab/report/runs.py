@@ -55,9 +55,18 @@ class Run:
     experiment: Path | None = None
     #: the label given by :func:`load_runs` where runs of one label differ in a setting
     relabel: str | None = None
+    #: the name given by :func:`load_runs` where runs read together share a name
+    rename: str | None = None
 
     @property
     def name(self) -> str:
+        """The run's own name (``config.name``), else its directory name; where runs read
+        together share it (``mlp-s0`` of two directories), the name with as much of its path
+        as tells them apart (``dirA/mlp-s0``, ``mlp (r0)``)."""
+        return self.rename if self.rename is not None else self.own_name
+
+    @property
+    def own_name(self) -> str:
         """The run's own name (``config.name``), else its directory name."""
         return str(self.config.get("name") or self.path.name)
 
@@ -95,7 +104,7 @@ class Run:
             return self.relabel
         if self.summary and self.summary.get("label") is not None:
             return str(self.summary["label"])
-        return str(self.config.get("label") or self.name)
+        return str(self.config.get("label") or self.own_name)
 
     @property
     def seed(self) -> Any:
@@ -411,9 +420,32 @@ def load_all(paths: PathLike | Iterable[PathLike]) -> tuple[list[Experiment], li
                                  "its experiment directory): pass each run once, or its runs "
                                  "would count as two seeds")
         seen[key] = run.path
+    _name_apart(runs)
     _separate_settings(runs)
     warn_unfinished(runs)
     return experiments, runs
+
+
+def _name_apart(runs: Sequence[Run]) -> None:
+    """Give runs that share a name (``mlp-s0`` of ``dirA`` and of ``dirB``) names that tell
+    them apart by the end of their paths (:attr:`Run.rename`): the per-run rows and the
+    warnings naming runs showed two identical names, and which numbers were whose could not be
+    told."""
+    by_name: dict[str, list[Run]] = {}
+    for run in runs:
+        by_name.setdefault(run.own_name, []).append(run)
+    for name, group in by_name.items():
+        if len(group) < 2:
+            continue
+        parts = [r.path.resolve().parts for r in group]
+        k = 1  # the fewest last path parts that differ between every two of them
+        while k < max(map(len, parts)) and len({p[-k:] for p in parts}) < len(parts):
+            k += 1
+        for run, p in zip(group, parts, strict=True):
+            if p[-1] == name:  # the directory's name is the run's: its parents tell it apart
+                run.rename = "/".join(p[-max(k, 2):])
+            else:
+                run.rename = f"{name} ({'/'.join(p[-k:])})"
 
 
 #: (run directory, status) of the unfinished runs already warned about in this process

@@ -59,6 +59,11 @@ SCHEMA = 2
 MARKER = "senslab.json"
 LOCK_FILE = ".senslab.lock"
 OWNER_FILE = ".senslab.owner"
+#: the fix of a damaged marker: without it a run or experiment directory is read as one of
+#: schema 1, and the marker is written again when the directory is next opened for writing
+MARKER_FIX = ("delete that file alone (the runs, their records and checkpoints are kept): it "
+              "only says the directory's kind and format, and is written again the next time "
+              "the directory is opened for writing")
 #: the file whose presence marks a schema-1 directory of each kind
 LEGACY_MARKERS = {"run": "config.json", "experiment": "experiment.json"}
 
@@ -139,6 +144,8 @@ def read_json_file(path: Path) -> Any:
         if path.name == "summary.json":  # the training is in the checkpoints: nothing to redo
             fix = ("delete this file and re-run the run's command: it resumes from the last "
                    "checkpoint and writes the summary again, keeping the training")
+        elif path.name == MARKER:  # deleting the directory lost a run for its format's marker
+            fix = MARKER_FIX
         else:
             fix = f"restore it, or delete {path.parent} to start over"
         raise RunDirError(
@@ -450,8 +457,8 @@ class RunDir:
         data = self.read_json(MARKER)
         if not (isinstance(data, dict) and isinstance(data.get("schema"), int)
                 and data.get("kind") in LEGACY_MARKERS):
-            raise RunDirError(f"{self.path / MARKER} is not a senslab directory marker; restore "
-                              f"it, or delete {self.path} to start over")
+            raise RunDirError(f"{self.path / MARKER} is not a senslab directory marker; "
+                              + MARKER_FIX)
         return data
 
     def schema(self) -> int | None:
@@ -731,23 +738,35 @@ class RunDir:
                 "last whole record")
 
     def metrics(self) -> list[dict[str, Any]]:
-        """The logged records; an error if a step is logged twice or out of order."""
+        """The logged records; an error if a step is logged twice or out of order.
+
+        Read as ``senslab report`` reads the log: blank lines are skipped (one left by an edit
+        made the resume refuse the run, whose report read it), and a line that is not UTF-8 or
+        not a JSON object is an error naming the line (it was a bare UnicodeDecodeError or
+        AttributeError), unless it is the last line, which a killed run leaves partial."""
         if not self.metrics_path.exists():
             return []
         out = []
-        lines = self.metrics_path.read_text().splitlines()
-        for i, line in enumerate(lines):
+        numbered = [(i + 1, line) for i, line in
+                    enumerate(self.metrics_path.read_bytes().splitlines()) if line.strip()]
+        for pos, (lineno, line) in enumerate(numbered):
             try:
-                out.append(json.loads(line))
+                record = json.loads(line.decode("utf-8"))
+                why = "is not a JSON object (a metric record)"
             except json.JSONDecodeError:
-                if i == len(lines) - 1:  # a run killed mid-write leaves a partial last line
+                record, why = None, "is not valid JSON"
+            except UnicodeDecodeError:
+                record, why = None, "is not valid JSON (not UTF-8 text)"
+            if not isinstance(record, dict):
+                if pos == len(numbered) - 1:  # a run killed mid-write leaves a partial last line
                     break
-                raise RunDirError(f"{self.metrics_path}:{i + 1} is not valid JSON; the metric "
-                                  f"log is damaged: delete {self.path} and train again") from None
-        problem = metric_order_problem(self.metrics_path, enumerate(out, 1))
+                raise RunDirError(f"{self.metrics_path}:{lineno} {why}; the metric log is "
+                                  f"damaged: restore it, or delete {self.path} and train again")
+            out.append((lineno, record))
+        problem = metric_order_problem(self.metrics_path, out)
         if problem:
             raise RunDirError(problem)
-        return out
+        return [record for _, record in out]
 
     def truncate_metrics(self, step: int) -> None:
         """Keep only records logged at or before ``step`` (drop what a resume will redo)."""
