@@ -33,11 +33,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
 
 try:
     from lightning.pytorch import Callback, LightningModule, Trainer
@@ -99,8 +102,10 @@ class SensitivityCallback(Callback):
     The callback measures the LightningModule's ``forward``, as the class scores: a module
     whose ``forward`` returns features and whose ``validation_step`` applies a head
     (``self.head(self(x))``) is measured on the features. Before training, an ``nn.Linear`` of
-    the module that the forward did not run and that takes the forward's output width (or an
-    ``hparams`` ``num_classes``/``num_labels`` other than that width) is warned of; point the
+    the module that the forward did not run and that takes the forward's output width, a 2-D
+    parameter of shape (classes, that width) that the forward did not take (a head applied as
+    ``F.linear(self(x), self.w, self.b)``), or an ``hparams`` ``num_classes``/``num_labels``
+    other than that width, is warned of; point the
     callback at the classifier with ``output=module.head`` (a function of the forward's output),
     or give the module a ``forward`` that returns the logits.
     """
@@ -260,13 +265,16 @@ class SensitivityCallback(Callback):
                 f"{last} epoch(s) (max_epochs={last}): nothing will be measured; lower "
                 f"every_n_epochs to at most {last}, or call callback.measure(module)",
                 UserWarning, stacklevel=2)
-        check_before_training(
-            pl_module, self._converted(pl_module), self.tokens, mask=self.mask,
-            batch=self.batch_size, options=self.options, where=type(self).__name__,
-            any_failed=lambda failed: bool(
-                trainer.strategy.reduce_boolean_decision(failed, all=False)),
-            modes_known=True, seed=self.seed,
-            look=lambda clean, ran: _say_unused_head(self, pl_module, clean, ran))
+        used: set[str] = set()  # the names of the parameters the forward took
+        with _parameters_used(pl_module, used) as seen:
+            check_before_training(
+                pl_module, self._converted(pl_module), self.tokens, mask=self.mask,
+                batch=self.batch_size, options=self.options, where=type(self).__name__,
+                any_failed=lambda failed: bool(
+                    trainer.strategy.reduce_boolean_decision(failed, all=False)),
+                modes_known=True, seed=self.seed,
+                look=lambda clean, ran: _say_unused_head(
+                    self, pl_module, clean, ran, used if seen() else None))
 
     def _converted(self, pl_module: LightningModule) -> Inputs:
         """The subset converted as Lightning converts a batch under the Trainer's precision."""
@@ -334,15 +342,72 @@ class SensitivityCallback(Callback):
 _CLASS_COUNTS = ("num_classes", "n_classes", "num_labels")
 
 
+class _Record(TorchFunctionMode):
+    """Notes the parameters passed to a torch function (``F.linear(h, self.w)``, ``self.w.T``)
+    while ``active()``."""
+
+    def __init__(self, active: Callable[[], dict[int, list[str]] | None],
+                 used: set[str]) -> None:
+        super().__init__()
+        self.active, self.used = active, used
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        names = self.active()
+        if names:
+            for leaf in tree_flatten((args, kwargs))[0]:
+                if isinstance(leaf, nn.Parameter) and id(leaf) in names:
+                    self.used.update(names[id(leaf)])  # each name of a shared one
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def _parameters_used(pl_module: LightningModule,
+                     used: set[str]) -> Iterator[Callable[[], bool]]:
+    """Collect into ``used`` the names of the parameters that ``pl_module``'s forwards (within
+    the block) pass to torch functions; yields whether a forward was seen taking any (a
+    compiled forward, or one of a C++ extension, may not be: then nothing is known)."""
+    state: dict[str, Any] = {"depth": 0, "names": None, "done": False}
+
+    def enter(module: nn.Module, _args: Any) -> None:
+        if not state["depth"]:  # the parameters as the forward finds them (FSDP: unsharded)
+            names: dict[int, list[str]] = {}
+            for n, p in module.named_parameters(remove_duplicate=False):
+                names.setdefault(id(p), []).append(n)
+            state["names"] = names
+        state["depth"] += 1
+
+    def leave(module: nn.Module, _args: Any, _out: Any) -> None:
+        state["depth"] -= 1
+        if not state["depth"]:
+            state["names"], state["done"] = None, True
+
+    try:
+        handles = [pl_module.register_forward_pre_hook(enter),
+                   pl_module.register_forward_hook(leave, always_call=True)]
+    except (RuntimeError, TypeError, AttributeError):  # hooks refused: nothing seen
+        yield lambda: False
+        return
+    try:
+        with _Record(lambda: state["names"], used):
+            yield lambda: bool(state["done"] and used)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def _say_unused_head(callback: SensitivityCallback, pl_module: LightningModule, clean: Tensor,
-                     ran: set[Any]) -> None:
+                     ran: set[Any], used: set[str] | None = None) -> None:
     """Warn where the forward's output, about to be read as class scores, looks like features:
     a linear layer of the module that the forward did not run takes exactly the output's width
-    (a head that ``validation_step`` applies: ``self.head(self(x))``), or the module's
+    (a head that ``validation_step`` applies: ``self.head(self(x))``), or a 2-D parameter of
+    shape (classes, width) that the forward did not take (``used``: the names of those it took;
+    None: not known) — a head applied as ``F.linear(self(x), self.w, self.b)`` — or the module's
     hyperparameters declare another class count. Measured as it is, the argmax over the
     features was taken for the predicted class, without a word. A heuristic — a head applied
-    through a function, or an unused layer of another width, is not seen; the docs say the
-    callback measures ``forward`` — hence a warning, not a refusal."""
+    through a function of no parameter of its own, or an unused layer of another width, is not
+    seen; the docs say the callback measures ``forward`` — hence a warning, not a refusal."""
     if not isinstance(clean, Tensor) or clean.dim() != 2:
         return
     width = int(clean.shape[-1])
@@ -357,6 +422,15 @@ def _say_unused_head(callback: SensitivityCallback, pl_module: LightningModule, 
                         if pl_module.get_submodule(p) not in ran)
             unused = (name, fan_in, fan_out, head)
             break
+    weight = None
+    if unused is None and used is not None:
+        for name, param in pl_module.named_parameters():
+            owner = pl_module.get_submodule(name.rpartition(".")[0])
+            if param.dim() == 2 and int(param.shape[1]) == width != int(param.shape[0]) \
+                    and name not in used and not isinstance(owner, nn.Embedding) \
+                    and not isinstance(getattr(owner, "in_features", None), int):
+                weight = (name, int(param.shape[0]))
+                break
     declared = None
     hparams = getattr(pl_module, "hparams", None)
     for key in _CLASS_COUNTS if isinstance(hparams, Mapping) else ():
@@ -365,17 +439,25 @@ def _say_unused_head(callback: SensitivityCallback, pl_module: LightningModule, 
                 and not (n == 2 and width == 1):
             declared = (key, n)
             break
-    if unused is None and declared is None:
+    if unused is None and weight is None and declared is None:
         return
     reasons = []
     if unused is not None:
         name, fan_in, fan_out, head = unused
         reasons.append(f"module.{name} (Linear {fan_in} -> {fan_out}) takes {width} features "
                        "and did not run in forward")
+    if weight is not None:
+        reasons.append(f"module.{weight[0]} (a parameter of shape ({weight[1]}, {width})) "
+                       f"takes {width} features and forward did not use it")
     if declared is not None:
         reasons.append(f"the module's hparams declare {declared[0]}={declared[1]}")
-    point = (f"output=module.{unused[3]} (applied to forward's output)" if unused is not None
-             else "output= a function that applies the classifier to forward's output")
+    if unused is not None:
+        point = f"output=module.{unused[3]} (applied to forward's output)"
+    elif weight is not None:
+        point = (f"output= a function that applies the classifier to forward's output (e.g. "
+                 f"lambda h: F.linear(h, module.{weight[0]}, ...))")
+    else:
+        point = "output= a function that applies the classifier to forward's output"
     warnings.warn(
         f"SensitivityCallback({callback.name!r}) measures the LightningModule's forward and "
         f"reads its output, {tuple(clean.shape)}, as {width} class scores; but "

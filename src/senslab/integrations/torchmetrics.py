@@ -80,7 +80,10 @@ the ids of the metrics whose examples its states hold, carried through merges, c
 state dict (``merged_ids``, a (k, 16) uint8 tensor); a copy (``clone()``, ``copy.deepcopy``, a
 pickle) and a metric after ``reset`` get an id of their own, and a copy made before the metric
 measured merges freely. A state dict without ``merged_ids`` (an older senslab) loads and merges
-as before, unchecked for repeats.
+as before, unchecked for repeats. The sync across processes refuses, on every process, states
+holding one metric's examples on two processes — one process's state dict loaded on every
+process (a Lightning checkpoint holds rank 0's metric states only): summed, they counted once
+per process, and the other processes' examples were missing.
 
 With :class:`~senslab.tokens.Patches` the states hold the grid of patches the per-position
 profile is over (``pos_grid``, a ``"cat"`` state: synced, merged and saved with the profile). A
@@ -110,6 +113,7 @@ import functools
 import hashlib
 import json
 import math
+import os
 import re
 import uuid
 import warnings
@@ -243,6 +247,10 @@ class TokenSensitivityMetric(Metric):
         #: examples the states hold (its own included): ``merge_state`` refuses a repeat
         self._id = uuid.uuid4().hex
         self._ids = {self._id}
+        #: the process the id was drawn in: a metric inherited by forked processes (Lightning's
+        #: ddp_fork, a fork-started pool) holds one id in each, and its first update there, on
+        #: empty states, draws its own (the sync would take the examples for one metric's)
+        self._id_pid = os.getpid()
         #: the examples the states held when this metric last wrote them (update, merge, load,
         #: reset): other examples there were put by someone else (:meth:`_foreign_states`)
         self._own_n: float | None = 0.0
@@ -278,6 +286,11 @@ class TokenSensitivityMetric(Metric):
         ``"bf16-true"`` or ``"16-true"`` Trainer (which sets the default dtype to the module's).
         """
         self.batch_estimate, self._batch = None, (0.0, 0)
+        if getattr(self, "_id_pid", None) != os.getpid():  # forked: an id of this process's own
+            if not float(self.n):
+                self._id = uuid.uuid4().hex
+                self._ids = {self._id}
+            self._id_pid = os.getpid()
         b = batch_size(inputs)
         own: set[int] = getattr(self, "_own", set())  # the indices this process measured itself
         taken: set[int] = set()  # this batch's indices marked as measured (undone on failure)
@@ -597,7 +610,9 @@ class TokenSensitivityMetric(Metric):
         process alike, before any state is synced) where two processes' per-position profiles
         are over two grids of patches: gathered, position k of one and of the other, another
         patch each, had been added up. Processes that measured no patches agree with any. Also
-        refused, on every process, where one's states are not its own (:meth:`_foreign_states`).
+        refused, on every process, where one's states are not its own (:meth:`_foreign_states`),
+        and where two processes hold the examples of one metric (its id in both: one process's
+        state dict loaded on every process).
         """
         group = process_group or self.process_group
         flag = float(self._foreign_states() is not None)  # this process's own states still
@@ -618,6 +633,26 @@ class TokenSensitivityMetric(Metric):
         said = _ranks_grid_mismatch(grids)
         if said is not None:
             raise ValueError("cannot sync the metric's states across processes: " + said)
+        # the ids of the metrics whose examples each process's states hold: one on two
+        # processes means the same examples on both (one process's checkpoint loaded on every
+        # process: 4 examples were synced as 8, and the others' were missing), and they would
+        # be summed twice, without a word
+        ids = sorted(self._held_ids())
+        mine = torch.tensor([b for i in ids for b in bytes.fromhex(i)], dtype=torch.float64,
+                            device=self.n.device)
+        held = [_ids_gathered(t) for t in dist_sync_fn(mine, group=group)]
+        for r, theirs in enumerate(held):
+            twice = next((q for q in range(r) if held[q] & theirs), None)
+            if twice is not None:
+                raise ValueError(
+                    f"cannot sync the metric's states across processes: processes {twice} and "
+                    f"{r} hold the same examples (the states of one metric: one process's "
+                    "checkpoint loaded on every process — Lightning saves rank 0's states "
+                    "only — or a copy of a metric that had measured), and the sync would count "
+                    "them once per process while the others' examples are missing. Load each "
+                    "process's own states (save metric.state_dict() on every process, to a "
+                    "file of its own), or reset() the metric after loading such a checkpoint"
+                )
         super()._sync_dist(dist_sync_fn, process_group=process_group)
 
     def state_dict(  # type: ignore[override]
@@ -1082,6 +1117,12 @@ def _ids_read(entry: Any) -> set[str]:
             "TokenSensitivityMetric.state_dict()"
         )
     return {bytes(row).hex() for row in t.cpu().tolist()}
+
+
+def _ids_gathered(t: Tensor) -> set[str]:
+    """Metric ids gathered from a process (their 16 bytes each, one flat float64 tensor)."""
+    flat = [int(v) for v in t.flatten().cpu().tolist()]
+    return {bytes(flat[i:i + 16]).hex() for i in range(0, len(flat) - len(flat) % 16, 16)}
 
 
 def _count(states: dict[str, Any]) -> float:
