@@ -836,11 +836,15 @@ class RunDir:
         return path
 
     def checkpoints(self) -> list[Path]:
-        """Checkpoint files, oldest first (schema-1 ``.pt`` files too, until migrated)."""
+        """Checkpoint files, oldest first (schema-1 ``.pt`` files too, until migrated): the
+        names senslab writes, ``step-00000100.safetensors``, alone. A file of another name put
+        in the folder (``step-00000030-backup.safetensors``) is no checkpoint of the run's: it
+        was listed as the oldest, so pruning deleted it and a resume could fall back to it."""
         if not self.ckpt_dir.exists():
             return []
-        found = [*self.ckpt_dir.glob(f"step-*{SUFFIX}"),
-                 *self.ckpt_dir.glob(f"step-*{LEGACY_SUFFIX}")]
+        found = [p for suffix in (SUFFIX, LEGACY_SUFFIX)
+                 for p in self.ckpt_dir.glob(f"step-*{suffix}")
+                 if p.name == f"step-{checkpoint_step(p):08d}{suffix}"]
         return sorted(found, key=lambda p: (checkpoint_step(p), p.suffix == SUFFIX))
 
     @staticmethod
