@@ -190,7 +190,10 @@ def _render(
         f"<title>{_e(title)}</title><style>{CSS}</style></head><body>",
         f"<h1>{_e(title)}</h1>",
     ]
-    parts += [_experiment_html(exp) for exp in experiments]
+    # two experiment directories of one name (dirA/fashion_mnist, dirB/fashion_mnist) had two
+    # identical headings: the directory tells their verdicts apart
+    names = [exp.name for exp in experiments]
+    parts += [_experiment_html(exp, names.count(exp.name) > 1) for exp in experiments]
     parts.append("<h2>Final numbers per label</h2>")
     unfinished = [r for r in runs if not r.finished]
     if unfinished:
@@ -227,8 +230,9 @@ def _render(
     return "\n".join(parts)
 
 
-def _experiment_html(exp: Experiment) -> str:
-    out = [f"<h2>Experiment: {_e(exp.name)}</h2>"]
+def _experiment_html(exp: Experiment, with_path: bool = False) -> str:
+    where = f" <small>({_e(str(exp.path))})</small>" if with_path else ""
+    out = [f"<h2>Experiment: {_e(exp.name)}{where}</h2>"]
     if exp.info.get("paper"):
         out.append(f"<p>Paper: {_e(exp.info['paper'])}</p>")
     if exp.claim:
