@@ -862,6 +862,22 @@ def _parametrized(model: nn.Module) -> list[tuple[str, list[str], str]]:
     return found
 
 
+def _parametrized_said(model: nn.Module, found: list[tuple[str, list[str], str]],
+                       chosen_names: list[str]) -> str | None:
+    """"N weight(s) of Model are parametrized — 'w' (kind) through 'w_orig', …": the weights of
+    ``found`` (:func:`_parametrized`) whose own parameters are among ``chosen_names``, in
+    words; None where there is none."""
+    chosen = set(chosen_names)
+    hit = [(w, [n for n in orig if n in chosen], how) for w, orig, how in found]
+    hit = [(w, orig, how) for w, orig, how in hit if orig]
+    if not hit:
+        return None
+    shown = "; ".join(f"{w!r} ({how}) through {', '.join(map(repr, orig))}"
+                      for w, orig, how in hit[:3])
+    more = f"; and {len(hit) - 3} more" if len(hit) > 3 else ""
+    return f"{len(hit)} weight(s) of {type(model).__name__} are parametrized — {shown}{more}"
+
+
 def _check_parametrized(model: nn.Module, chosen_names: list[str]) -> None:
     """Refuse a parametrized model inside ``torch.nn.utils.parametrize.cached()``: the cache
     keeps the weight computed on the first (clean) forward, so every perturbed forward reused
@@ -883,16 +899,11 @@ def _check_parametrized(model: nn.Module, chosen_names: list[str]) -> None:
             "forward would reuse the clean weight (their share of the sharpness 0). Call it "
             "outside the cached() block"
         )
-    chosen = set(chosen_names)
-    hit = [(w, [n for n in orig if n in chosen], how) for w, orig, how in found]
-    hit = [(w, orig, how) for w, orig, how in hit if orig]
-    if not hit:
+    said = _parametrized_said(model, found, chosen_names)
+    if said is None:
         return
-    shown = "; ".join(f"{w!r} ({how}) through {', '.join(map(repr, orig))}"
-                      for w, orig, how in hit[:3])
-    more = f"; and {len(hit) - 3} more" if len(hit) > 3 else ""
     warnings.warn(
-        f"{len(hit)} weight(s) of {type(model).__name__} are parametrized — {shown}{more} — "
+        f"{said} — "
         "so the noise perturbs the parametrization's own parameters, not the weight the layer "
         "uses, and the result is the sharpness in that parametrization: not the same number "
         "as for the same weights held plainly. To measure the weights the layers use, "
@@ -1961,16 +1972,11 @@ def _warn_parametrized_norm(model: nn.Module, kept: list[str]) -> None:
     """Say that the norm of a parametrized weight is that of its parametrization's own
     parameters (weight_norm's g and v: 1.28 for a weight-normed Linear(3, 3), seed 0, whose weight
     and bias have norm 0.92), as the sharpness measures say that they perturb those."""
-    chosen = set(kept)
-    hit = [(w, [n for n in orig if n in chosen], how) for w, orig, how in _parametrized(model)]
-    hit = [(w, orig, how) for w, orig, how in hit if orig]
-    if not hit:
+    said = _parametrized_said(model, _parametrized(model), kept)
+    if said is None:
         return
-    shown = "; ".join(f"{w!r} ({how}) through {', '.join(map(repr, orig))}"
-                      for w, orig, how in hit[:3])
-    more = f"; and {len(hit) - 3} more" if len(hit) > 3 else ""
     warnings.warn(
-        f"{len(hit)} weight(s) of {type(model).__name__} are parametrized — {shown}{more} — "
+        f"{said} — "
         "so parameter_norm counts the parametrization's own parameters (those the sharpness "
         "measures perturb), not the weight the layer computes from them: not the same number "
         "as for the same weights held plainly. For the norm of the weights the layers use, "
