@@ -98,6 +98,18 @@ def refuse_empty(s: Any, names: Sequence[str], runs: str) -> None:
                          "functions=parity,majority --set n_values=[4,6,8]")
 
 
+def refuse_repeated_names(summaries: Sequence[dict[str, Any]], into: str, unit: str) -> None:
+    """Refuse two summaries of one run name: the run would enter ``into`` ("the mean over
+    seeds", "the correlation") twice, as two independent ``unit``s."""
+    seen: set[str] = set()
+    for s in summaries:
+        if s["name"] in seen:
+            raise ValueError(f"two runs named {s['name']}: each would enter {into} as an "
+                             f"independent {unit}; judge one run directory per {unit} (remove "
+                             "or rename the other)")
+        seen.add(s["name"])
+
+
 def linear_fit(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
     """Least-squares slope, its standard error and the intercept of y on x.
 

@@ -96,6 +96,7 @@ from ._common import (
     Setup,
     boolean_run,
     refuse_empty,
+    refuse_repeated_names,
 )
 
 SWEEP_FUNCTIONS = ("parity", "majority", "first")
@@ -222,15 +223,10 @@ def norm_blowup_verdict(summaries: list[dict[str, Any]], min_runs: int = 5) -> d
     from scipy.stats import spearmanr  # lazily: scipy is only needed for the verdict
 
     done, unusable, unconverged = [], [], []
-    seen: set[str] = set()
+    # one run twice was two points of the rank correlation (a narrower interval, "over 7
+    # converged runs" of 6, and a tie counted where there was none)
+    refuse_repeated_names(summaries, "the correlation", "run")
     for s in summaries:
-        # one run twice was two points of the rank correlation (a narrower interval, "over 7
-        # converged runs" of 6, and a tie counted where there was none)
-        if s["name"] in seen:
-            raise ValueError(f"two runs named {s['name']}: each would enter the correlation as "
-                             "an independent run; judge one run directory per sweep point and "
-                             "seed (remove or rename the other)")
-        seen.add(s["name"])
         if not s["converged"]:
             unconverged.append(s["name"])
             continue

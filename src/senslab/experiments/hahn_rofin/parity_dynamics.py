@@ -59,7 +59,14 @@ from ...train.rundir import RunDir, nan_for_null
 from ...verdicts import not_comparable, over_seeds, verdict
 from .._verdicts import listed
 from ..base import Run, Rung, register_experiment
-from ._common import FRESH, FRESH_UNUSED, BooleanExperiment, Setup, boolean_run
+from ._common import (
+    FRESH,
+    FRESH_UNUSED,
+    BooleanExperiment,
+    Setup,
+    boolean_run,
+    refuse_repeated_names,
+)
 
 
 @dataclass
@@ -168,13 +175,7 @@ def nearness(peak: dict[str, Any], tolerance: float) -> float:
 def dynamics_verdict(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     # one run twice entered the mean over seeds as two independent seeds (a narrower interval
     # on the same data, "over 4 of 4 runs" of 3), and its evidence entry kept one of them
-    seen: set[str] = set()
-    for s in summaries:
-        if s["name"] in seen:
-            raise ValueError(f"two runs named {s['name']}: each would enter the mean over seeds "
-                             "as an independent seed; judge one run directory per seed (remove "
-                             "or rename the other)")
-        seen.add(s["name"])
+    refuse_repeated_names(summaries, "the mean over seeds", "seed")
     reached = [s for s in summaries if s.get("peaks", {}).get("t0") is not None
                and (s.get("config", {}).get("converged_loss") is None or s["converged"])]
     evidence = {s["name"]: s.get("peaks", {}) for s in summaries}
