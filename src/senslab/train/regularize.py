@@ -162,6 +162,11 @@ def _check_rounding(kind: str, clean: Tensor, noise: Tensor) -> None:
     dtype = _grid_dtype(clean)
     if dtype is None:
         return
+    # a NaN or inf token stays so with any noise: judged, it read as noise rounded away ("the
+    # noise is too small … use a larger sigma" for one NaN pixel at σ = 1), where float32
+    # tokens give a NaN penalty; its entries are left out (no noise: not counted), no host sync
+    finite = clean.isfinite()
+    clean, noise = torch.where(finite, clean, 0), torch.where(finite, noise, 0)
     if dtype != clean.dtype:  # autocast's grid: checked apart, its own advice
         what = {"images": "images", "inputs": "inputs", "vectors": "token vectors"}.get(
             kind, f"token vectors of {kind!r}")
@@ -742,6 +747,12 @@ def _branches(model: nn.Module, x: Inputs, tokens: Tokenization, sigma: float,
         return _embedding_branches(model, x, tokens, sigma, generator, mask, output, replay,
                                    untraced)
     if isinstance(tokens, Patches):
+        if isinstance(x, dict) and isinstance(x.get("pixel_values"), Tensor):
+            # an image model's own batch: the text advice below sent it to Embedding
+            raise TypeError(
+                f"Patches tokens need the image tensor itself, got a dict of model inputs "
+                f"(keys {sorted(x)}); pass its images: x=batch['pixel_values'] (a Hugging Face "
+                "image model takes them as its first argument)")
         if not isinstance(x, Tensor):
             raise TypeError(f"Patches tokens need an image tensor, got {type(x).__name__} (model "
                             f"inputs such as input_ids and attention_mask); {_TEXT_FIX}")
@@ -838,6 +849,56 @@ def sensitivity_penalty(
     return _penalty(model, x, tokens, patch, sigma, generator, mask, output)
 
 
+def _own_autocast(model: Any) -> tuple[nn.Module, torch.autocast] | None:
+    """``(module, autocast)`` where Hugging Face accelerate's mixed precision
+    (``Trainer(bf16=True)``, ``Accelerator(mixed_precision=...)``) replaced the forward of
+    ``model`` (or of the model a DDP or ``torch.compile`` wrapper holds) with one that enters
+    ``autocast`` and casts the outputs to float32: a new ``torch.autocast`` of the same
+    device and dtype, entered around the regularizer's forwards with the model's own forward
+    (:func:`_original_forward`), runs them as that forward does, where the checks see it
+    (without the weight cache, so that each forward casts the weights anew, as each patched
+    forward does: one cast shared by the two forwards summed their gradients in bf16).
+    Without, autocast was entered out of their sight: a σ = 0.001 penalty on images near 3 came
+    out 100× the float32 one without a word (refused under ``torch.autocast``). None: no such
+    forward, or none whose autocast is found (looked for in its wrappers and closures)."""
+    for module in dict.fromkeys((model, unwrapped(model))):
+        patched = vars(module).get("forward") if isinstance(module, nn.Module) else None
+        if patched is None or not callable(getattr(module, "_original_forward", None)):
+            continue
+        todo, seen = [patched], set()
+        while todo and len(seen) < 64:
+            f = todo.pop()
+            if id(f) in seen:
+                continue
+            seen.add(id(f))
+            if isinstance(f, torch.autocast):
+                if not getattr(f, "_enabled", False):
+                    return None
+                return module, torch.autocast(f.device, dtype=f.fast_dtype, cache_enabled=False)
+            todo += [getattr(f, k) for k in ("__func__", "__wrapped__", "model_forward")
+                     if getattr(f, k, None) is not None]
+            for cell in getattr(f, "__closure__", None) or ():
+                try:
+                    inner = cell.cell_contents
+                except ValueError:  # an empty cell
+                    continue
+                if callable(inner) or isinstance(inner, torch.autocast):
+                    todo.append(inner)
+    return None
+
+
+@contextmanager
+def _original_forward(module: nn.Module) -> Iterator[None]:
+    """``module`` runs its forward from before accelerate's patch (:func:`_own_autocast`) for
+    the block; the patch is put back after."""
+    patched = vars(module)["forward"]
+    module.forward = module._original_forward
+    try:
+        yield
+    finally:
+        module.forward = patched
+
+
 def _penalty(model: nn.Module, x: Inputs, tokens: Tokenization | None, patch: int | None,
              sigma: float, generator: torch.Generator, mask: Tensor | None,
              output: OutputSelector, untraced: bool = False) -> tuple[Tensor, Tensor]:
@@ -854,15 +915,23 @@ def _penalty(model: nn.Module, x: Inputs, tokens: Tokenization | None, patch: in
             "already says where the noise goes, so it would be ignored; drop patch= (or "
             "give the size to Patches)")
     replay: list[Callable[[float], Tensor]] = []
-    clean, noisy = _branches(model, x, tokens, sigma, gen, mask, output, replay, untraced)
-    if clean.numel() == 0:
-        # the mean over no entries is NaN: a NaN loss would reach the optimizer and the logs
-        raise ValueError(
-            f"empty batch: the model's output has shape {tuple(clean.shape)}, so the penalty "
-            "would be the mean over no examples (NaN); skip empty batches (e.g. "
-            "DataLoader(drop_last=True), or `if len(x): ...` before the step)")
-    said = _check_output_grid(clean, noisy, sigma, model)
-    _check_autocast_outputs(model, replay[0], clean, noisy, sigma, said)
+    own = _own_autocast(model)
+    with ExitStack() as stack:
+        if own is not None:  # the checks see the autocast the model's forward would enter
+            module, cast = own
+            stack.enter_context(_original_forward(module))
+            stack.enter_context(cast)
+        clean, noisy = _branches(model, x, tokens, sigma, gen, mask, output, replay, untraced)
+        if clean.numel() == 0:
+            # the mean over no entries is NaN: a NaN loss would reach the optimizer and the logs
+            raise ValueError(
+                f"empty batch: the model's output has shape {tuple(clean.shape)}, so the "
+                "penalty would be the mean over no examples (NaN); skip empty batches (e.g. "
+                "DataLoader(drop_last=True), or `if len(x): ...` before the step)")
+        said = _check_output_grid(clean, noisy, sigma, model)
+        _check_autocast_outputs(model, replay[0], clean, noisy, sigma, said)
+    if own is not None:  # as accelerate's forward returns them: bf16/fp16 outputs in float32
+        clean, noisy = (t.float() if t.dtype in LOW_PRECISION else t for t in (clean, noisy))
     return F.mse_loss(noisy, clean), clean
 
 
