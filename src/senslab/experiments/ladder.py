@@ -52,6 +52,9 @@ if TYPE_CHECKING:
 TREND_LEVEL = 0.95
 #: the words a trend is stated in
 GROWS, SHRINKS, NO_CLEAR_CHANGE = "grows", "shrinks", "no clear change"
+#: the statuses of a rung without a directory of runs (every other status but "done" and
+#: "started, …" is a rung that ran and was left out, its status saying why)
+NOT_RUN, NEEDS_GPU = "not run", "needs a GPU: not run here"
 
 
 def select_rungs(exp: Experiment, names: Sequence[str] | None = None) -> list[Rung]:
@@ -169,7 +172,7 @@ def _rung_verdict(out: Path, rung: Rung, name: str = "", ladder: Sequence[Rung] 
     if not path.is_file():
         if (out / rung.name / "experiment.json").is_file():
             return None, "started, not finished (the same command resumes it)"
-        return None, "not run" if rung.cpu else "needs a GPU: not run here"
+        return None, NOT_RUN if rung.cpu else NEEDS_GPU
     try:
         v = json.loads(path.read_text())
     except (OSError, ValueError) as err:
@@ -389,14 +392,16 @@ def _unlike(low: dict[str, Any], high: dict[str, Any], e_low: dict[str, Any],
 def ladder_sentence(rows: list[dict[str, Any]], per_effect: dict[str, Any]) -> str:
     """One sentence per ladder: the verdict at each rung that ran, then each effect's trend
     (one without an interval too, with why), the rungs that judged a part without a value, and
-    the rungs not finished or not run."""
+    the rungs not finished, left out (run, with a verdict that cannot be used) or not run."""
     done = [r for r in rows if r.get("status") == "done"]
-    if not done:
+    if all(_state(r) == "not run" for r in rows):
         return "no rung has run yet"
     by_word: dict[str, list[str]] = {}
     for r in done:
         by_word.setdefault(r["verdict"], []).append(r["rung"])
-    text = "; ".join(f"{w} at {', '.join(rs)}" for w, rs in by_word.items())
+    # rungs started or left out, none done: said as such, not "no rung has run yet"
+    text = "; ".join(f"{w} at {', '.join(rs)}" for w, rs in by_word.items()) \
+        or "no rung has a verdict yet"
     trends, blank = [], []
     for part, e in per_effect.items():
         t = e.get("trend")
@@ -418,14 +423,30 @@ def ladder_sentence(rows: list[dict[str, Any]], per_effect: dict[str, Any]) -> s
         text += ". As scale grows: " + "; ".join(trends)
     if blank:
         text += f". No value (not estimable): {'; '.join(blank)}"
-    started = [r["rung"] for r in rows if r.get("status", "").startswith("started")]
-    missing = [r["rung"] for r in rows
-               if r.get("status") != "done" and r["rung"] not in started]
+    started = [r["rung"] for r in rows if _state(r) == "not finished"]
+    missing = [r["rung"] for r in rows if _state(r) == "not run"]
+    # a rung whose verdict was left out (damaged, another experiment's, other settings) ran:
+    # "Not run" had said it of a rung whose runs sit in its directory
+    left = [r["rung"] for r in rows if _state(r) == "left out"]
     if started:
         text += f". Not finished: {', '.join(started)}"
+    if left:
+        text += f". Left out (run, but its verdict cannot be used; its status says why): " \
+                f"{', '.join(left)}"
     if missing:
         text += f". Not run: {', '.join(missing)}"
     return text
+
+
+def _state(row: dict[str, Any]) -> str:
+    """A rung row in a word: ``done``, ``not finished`` (started, no verdict yet), ``not run``
+    (no run directory, or a GPU rung) or ``left out`` (a verdict that cannot be used)."""
+    status = row.get("status", "")
+    if status == "done":
+        return "done"
+    if status.startswith("started"):
+        return "not finished"
+    return "not run" if status in (NOT_RUN, NEEDS_GPU) else "left out"
 
 
 def _human(x: float) -> str:
@@ -501,7 +522,7 @@ def ladder_figure(summary: dict[str, Any]) -> Figure:
                     transform=ax.get_xaxis_transform(), rotation=90, ha="center",
                     va="bottom", fontsize=7, color="0.3")
         labels = [r["rung"] + (f"\n{_human(r['size'])}" if r.get("size") else "")
-                  + (f"\n({r['verdict']})" if r.get("status") == "done" else "\n(not run)")
+                  + f"\n({r['verdict'] if r.get('status') == 'done' else _state(r)})"
                   for r in rows]
         ax.set_xticks(range(len(rows)), labels, fontsize=8)
         ax.set_xlim(-0.6, len(rows) - 0.4)

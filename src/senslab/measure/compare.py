@@ -50,11 +50,12 @@ freedom), as for one model (:func:`._stats.interval_quantile`, :func:`._stats.su
 Both paired standard errors are estimated from the copies on which the two models differ. Where
 they differ on none, every difference is 0 and so is the standard error: ``compute`` then warns
 (once per pair and comparison) that the ``± 0`` says no disagreement was seen, not that the
-difference is known exactly, and gives the rule of three's bound on their disagreement (not with
-the control variate, whose adjusted values differ on nearly every copy). Where they differ on some
-copies but every per-example difference is the same (``"data"``), or the paired draws of every
-example differ alike (``"subset"``), the standard error is 0 as well, and the interval a point:
-``compute`` says so too, once per pair.
+difference is known exactly, and gives the rule of three's bound on their disagreement (with the
+control variate too, where the adjusted values are the same on every copy). Where they differ on
+some copies but every per-example difference is the same (``"data"``), or the paired draws of
+every example differ alike (``"subset"``), the standard error is 0 as well, and the interval a
+point: ``compute`` says so too, once per pair (not with the control variate, whose adjusted
+values of a linear model are exact).
 
 On one example the ``"data"`` standard errors are NaN, the differences' as much as each model's
 (one :math:`d_e` has no spread): ``compute`` says so, once per comparison, and gives the paired
@@ -79,6 +80,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import combinations
+from types import FunctionType
 from typing import Any
 
 import torch
@@ -698,14 +700,17 @@ class CompareSensitivity:
         [0, 0], which reads "no difference, known exactly" where only no disagreement was seen.
         Two linear classifiers whose biases differ by 0.02 (about 0.2% of the copies disagree)
         gave ``+0.0000 ± 0.0000`` in 76% of 400 runs of 8 examples, each model with 12 flips
-        and no warning, and those intervals covered the true difference in none of them. Not
-        with the control variate: its adjusted values differ on nearly every copy."""
+        and no warning, and those intervals covered the true difference in none of them. With
+        the control variate too, where the adjusted values are the same on every copy (those
+        of two different models differ on nearly every copy): a model against its deepcopy
+        read ``+0.0000 ± 0.0000 paired (95% CI +0.0000–+0.0000)`` without a word."""
         st = self.paired[d.a, d.b]
         first = next(iter(self.metrics.values()))
-        if not st.copies or first.control_variate is not None:
+        if not st.copies:
             return
         if st.events:
-            self._warn_no_spread(d)
+            if first.control_variate is None:
+                self._warn_no_spread(d)
             return
         if not self._first_for_pair("_said", d):
             return
@@ -826,13 +831,17 @@ def _refuse_one_model_twice(models: Mapping[str, Any]) -> None:
     for name, model in models.items():
         first = seen.setdefault(id(model), name)
         if first != name:
+            # copy.deepcopy returns a function (a lambda, a def) itself: refused again
+            second = ("a second function that calls it (lambda x: model(x); copy.deepcopy "
+                      "returns a function itself)" if isinstance(model, FunctionType)
+                      else "copy.deepcopy(model)")
             raise ValueError(
                 f"models {first!r} and {name!r} are the same object: a paired comparison of a "
                 "model with itself reports a difference of exactly 0 with a standard error of 0 "
                 "(every copy gives both the same value), which reads as 'no difference, known "
                 "exactly'. Pass the two models meant (load the second checkpoint into a new "
                 "model object); for a deliberate check of a model against itself, pass "
-                "copy.deepcopy(model) as the second"
+                f"{second} as the second"
             )
 
 
