@@ -281,6 +281,87 @@ class _OwnHook:
         return _Inert, ()
 
 
+def _version(t: torch.Tensor) -> int | None:
+    """``t``'s version counter (None for an inference tensor, which has none)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
+
+
+class _ModeHook(_OwnHook):
+    """A hook of :func:`modes_kept`: it only reads a module's mode and changes no output, so
+    :func:`forward_hooks` never counts it (a traced int8 copy, which runs without hooks,
+    computes the same function)."""
+
+
+@contextmanager
+def modes_kept(model: Any, hooks: bool = True) -> Iterator[None]:
+    """Refuse the block (after it ends) where one of the measurement's own forwards ran a
+    module of ``model`` (of the modules a callable holds) in another mode than the one it was
+    in when the block began, or where a parameter was changed in place (another thread's
+    ``optimizer.step()``: copies measured against the clean outputs of other weights, 0.195
+    for 0.074, without a word). Another thread's ``model.train()`` and then ``model.eval()``
+    between two of the measurement's forwards left the mode as it was at the end, and the
+    copies in between ran with dropout, counted without a word. ``hooks``: a forward pre-hook
+    on each module reads its mode at each of its calls (the forwards of another thread running
+    the model itself pass, as :class:`OwnForwards` says); a module that takes no hooks (a
+    ``torch.jit`` script's) is not read. The parameters are compared by their version
+    counters, which every in-place write bumps."""
+    own = OwnForwards(model)
+    switched: dict[str, bool] = {}
+    handles: list[Any] = []
+    seen: set[int] = set()
+    params: list[tuple[str, torch.Tensor, int | None]] = []
+    for top in held_modules(model):
+        for name, m in top.named_modules():
+            if id(m) in seen:
+                continue
+            seen.add(id(m))
+            params += [(f"{name}.{k}" if name else k, p, _version(p))
+                       for k, p in m._parameters.items() if p is not None]
+            if not hooks:
+                continue
+
+            def look(module: nn.Module, args: Any, name: str = name or type(top).__name__,
+                     mode: bool = m.training) -> None:
+                if module.training != mode and name not in switched:
+                    switched[name] = module.training
+
+            try:
+                handles.append(m.register_forward_pre_hook(_ModeHook(look, own)))
+            except (RuntimeError, AttributeError):  # a ScriptModule's: no hooks
+                pass
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        own.close()
+    changed = [name for name, p, v in params if v is not None and _version(p) != v]
+    if changed:
+        shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more"
+                                          if len(changed) > 3 else "")
+        raise RuntimeError(
+            f"the model's parameters were changed while it was measured ({shown}): another "
+            "thread's optimizer.step(), or the forward's own in-place write, gave some copies "
+            "other weights than the clean forward's, so this batch is not counted. Hold "
+            "senslab.measure.exclusive(model) around the training step, optimizer.step() "
+            "included, or measure a copy of the model (copy.deepcopy)")
+    if switched:
+        now = "train" if next(iter(switched.values())) else "eval"
+        was = "eval" if now == "train" else "train"
+        shown = ", ".join(list(switched)[:3]) + (f" and {len(switched) - 3} more"
+                                                 if len(switched) > 3 else "")
+        raise RuntimeError(
+            f"the model was switched to {now} mode while it was measured in {was} mode "
+            f"({shown}): another thread's model.{now}(), or the forward's own, ran some of its "
+            f"copies in {now} mode (dropout, batch statistics), so this batch is not counted, "
+            "also where the mode was switched back before the batch ended. Hold "
+            "senslab.measure.exclusive(model) around the training step, model.train() and "
+            "model.eval() included, or measure a copy of the model (copy.deepcopy)")
+
+
 class _Inert:
     """What a measurement's hook becomes in a copy of the model: nothing."""
 
@@ -302,7 +383,8 @@ def forward_hooks(model: nn.Module, *, foreign: bool = False) -> list[tuple[str,
     from torch.nn.modules import module as torch_module
 
     def counted(hook: Any) -> bool:
-        return not (foreign and (isinstance(hook, (_OwnHook, _Inert)) or _tracker(hook)))
+        return not (isinstance(hook, _ModeHook)
+                    or foreign and (isinstance(hook, (_OwnHook, _Inert)) or _tracker(hook)))
 
     found = [("*", i) for d in ("_global_forward_pre_hooks", "_global_forward_hooks")
              for i, hook in getattr(torch_module, d, {}).items() if counted(hook)]

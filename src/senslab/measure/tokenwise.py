@@ -200,7 +200,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from .._autocast import autocast_on
-from .._exclusive import OwnForwards, TurnLock, exclusive, held_modules
+from .._exclusive import OwnForwards, TurnLock, exclusive, held_modules, modes_kept
 from .._onednn import missing_kernel
 from ..tokens.base import (
     Inputs,
@@ -1395,9 +1395,13 @@ class TokenSensitivity:
         kept = _kept_buffers(self.model) if module else nullcontext()
         probe = (_refuse_own_autocast(self.model, device)
                  if self.autocast is None and not self._own_autocast_checked else nullcontext())
+        # each forward's mode, read at each module's call (not under compile=True, whose graphs
+        # would break at every hook): a switch and a switch back (another thread's train(),
+        # then eval()) between two forwards left the end's mode as it was; and the weights
+        watched = modes_kept(self.model, hooks=not self.compile)
         try:
             try:
-                with mode, kept, _own_forward(self.model), self._autocast(device):
+                with mode, kept, _own_forward(self.model), self._autocast(device), watched:
                     self._update(inputs, mask, device, probe)
             finally:
                 self._rounding = None  # the batch's bound: never kept past its update
