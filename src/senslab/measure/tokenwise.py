@@ -1526,6 +1526,7 @@ class TokenSensitivity:
                 self._out_dtype = clean.dtype
             else:  # a float64 model's distances are taken in float64: tiny ones are differences
                 ref = clean.double() if clean.dtype == torch.float64 else clean.float()
+                self._warn_label_distance(clean)
             control = None
             if self.control_variate or self.allocation == "linear":
                 assert self.sigma is not None
@@ -1913,6 +1914,24 @@ class TokenSensitivity:
         counts = torch.zeros(valid.shape, dtype=torch.float64, device=src.device)
         counts.index_put_((src, tok), torch.ones_like(src, dtype=torch.float64), accumulate=True)
         return counts, valid
+
+    def _warn_label_distance(self, clean: Tensor) -> None:
+        """Say, once per metric, that integer outputs are measured by a distance: a model that
+        returns class labels (a ``predict``'s argmax) had its label changes counted by their
+        numbering (3 → 1 a distance of 2, 3 → 2 of 1) without a word. Counts or other
+        integer-valued quantities are measured as they are; bool outputs are not said (their
+        distance is the change itself)."""
+        if clean.is_floating_point() or clean.is_complex() or clean.dtype == torch.bool \
+                or getattr(self, "_said_label_distance", False):
+            return
+        self._said_label_distance = True
+        warnings.warn(
+            f"compare={self.compare!r} measures how far the outputs move, and the model returns "
+            f"integers ({str(clean.dtype).removeprefix('torch.')}): if they are class labels, "
+            "a change is counted by the labels' numbering (3 → 1 twice 3 → 2), not as one "
+            "change; use compare='class' to count label changes (or return the logits). "
+            "Integer-valued quantities (counts) are measured as they are. Said once per metric",
+            UserWarning, stacklevel=_trim._user_level())
 
     def _refuse_huge_plan(self, valid: Tensor) -> None:
         """Refuse, before any perturbed forward, a round whose plan (:meth:`_plan`) and
