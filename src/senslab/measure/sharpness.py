@@ -101,7 +101,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from .._autocast import autocast_dtype, autocast_on
-from .._exclusive import OwnForwards, one_at_a_time
+from .._exclusive import OwnForwards, one_at_a_time, perturbing
 from .._stack import user_level
 from ..tokens.base import (
     DtypeClash,
@@ -1007,7 +1007,8 @@ def _perturbable(
     noise = _WeightNoise(chosen, gen, chosen_names, aliased=_aliased(model, chosen))
     model.eval()
     try:
-        with _kept_buffers(model):  # after the weights: a buffer may view their storage
+        # a measurement started inside the forwards run here is refused (senslab._exclusive)
+        with perturbing(type(model).__name__), _kept_buffers(model):  # buffers after weights
             try:
                 yield noise
             finally:

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten
 
-from .._exclusive import OwnForwards, forward_hooks
+from .._exclusive import OwnForwards, entered, forward_hooks
 from .._stack import user_level
 from ._grid import AUTOCAST_FIX, LOW_PRECISION, GridCheck, autocast_grid
 from .base import (
@@ -862,6 +862,7 @@ class _BoundEmbedding(BoundTokens):
         kin) asserted it, and the ``AssertionError`` came through raw — also for one example,
         whose perturbed copies are the batch of several it refused."""
         self._calls = 0
+        began = entered()  # a measurement started inside this forward moves it
         try:
             out = forward()
         except AssertionError as err:
@@ -877,6 +878,15 @@ class _BoundEmbedding(BoundTokens):
                 "input length (padding-aware batching cuts copies after their last real "
                 "token: try trim_padding=False), or reuses an earlier output of the module. "
                 "Hook a module that every forward runs"
+            )
+        if self._calls > 1 and began is not None and entered() != began:
+            raise RuntimeError(
+                "a measurement was started inside this measurement's forward pass (from the "
+                "model's forward, a forward hook or the output= callable, in the same thread), "
+                f"and its forwards ran submodule {self.name!r} too ({self._calls} calls in one "
+                "forward pass): each measurement's noise reaches the other's forwards, so "
+                "neither number would be the model's. Measure one at a time: call the inner "
+                "measurement before or after this one, not from inside the forward it runs"
             )
         if self._calls > 1:
             raise ValueError(
