@@ -1118,7 +1118,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="senslab", description=__doc__.splitlines()[0])
+    # the module docstring's first line, less its reST markup (``senslab`` read literally)
+    p = argparse.ArgumentParser(prog="senslab",
+                                description=__doc__.splitlines()[0].replace("``", ""))
     sub = p.add_subparsers(dest="command", required=True)
     # every command takes --threads: small models on a shared CPU run many times faster with
     # fewer threads than cores (oversubscription), big ones want all cores

@@ -91,9 +91,34 @@ def run_ladder(name: str, out_dir: str | Path, rungs: Sequence[str] | None = Non
     out = Path(out_dir)
     for i, rung in enumerate(chosen, 1):
         log(f"== rung {i}/{len(chosen)}: {rung.name} ({rung.note or rung.scale})")
-        run_experiment(name, out / rung.name, scale=rung.scale,
-                       overrides=[*rung.overrides, *extra], progress=progress, log=log)
+        try:
+            run_experiment(name, out / rung.name, scale=rung.scale,
+                           overrides=[*rung.overrides, *extra], progress=progress, log=log)
+        except BaseException as err:
+            _record_stop(name, out, rung, err, log)
+            raise
     return summarize_ladder(name, out)
+
+
+def _record_stop(name: str, out: Path, rung: Rung, err: BaseException,
+                 log: Callable[[str], None]) -> None:
+    """After rung ``rung`` failed: ``ladder.json`` (and ``ladder.png``) written again from the
+    rungs as they are, with where and why the ladder stopped. An earlier invocation's had stayed,
+    read as current (a rung "done" whose verdict this one had set aside, or of other settings)
+    until a later run succeeded. Where it cannot be written, the stale one is removed."""
+    if not out.is_dir():  # refused before anything was written: no ladder.json to correct
+        return
+    said = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+    stopped = (f"rung {rung.name} failed ({said}); the rungs are as they stood then; the same "
+               "command resumes the ladder (finished runs are reused)")
+    try:
+        summarize_ladder(name, out, stopped=stopped)
+    except Exception as also:
+        (out / "ladder.json").unlink(missing_ok=True)
+        (out / "ladder.png").unlink(missing_ok=True)
+        log(f"{out}/ladder.json could not be written after rung {rung.name} failed "
+            f"({type(also).__name__}: {also}): removed, not left to be read as current; the "
+            "ladder's command writes it again")
 
 
 def _key(override: str) -> str:
@@ -287,9 +312,11 @@ def runs_seconds(exp_dir: str | Path) -> float | None:
     return round(sum(found.values()), 1) if found else None
 
 
-def summarize_ladder(name: str, out_dir: str | Path) -> dict[str, Any]:
+def summarize_ladder(name: str, out_dir: str | Path, stopped: str = "") -> dict[str, Any]:
     """Read every rung's verdict.json below ``out_dir``, write ``ladder.json`` and
-    ``ladder.png`` there, and return the summary (see the module docstring)."""
+    ``ladder.png`` there, and return the summary (see the module docstring). ``stopped``: why
+    :func:`run_ladder` stopped before its last rung (kept as ``stopped`` and said at the end of
+    the summary sentence)."""
     exp = get_experiment(name)
     if not exp.ladder:
         select_rungs(exp)  # the error naming experiments with a ladder
@@ -317,6 +344,8 @@ def summarize_ladder(name: str, out_dir: str | Path) -> dict[str, Any]:
     per_effect = ladder_effects(rows, exp.ladder_effects)
     summary = {"name": name, "claim": exp.claim, "rungs": rows, "effects": per_effect,
                "summary": ladder_sentence(rows, per_effect)}
+    if stopped:
+        summary.update(stopped=stopped, summary=f"{summary['summary']}. Stopped: {stopped}")
     summary = plain(summary)
     rd = RunDir(out, kind="experiment")
     rd.write_json("ladder.json", summary)

@@ -51,9 +51,10 @@ options hold as objects, ``output=model.head``, the model's own) but keeps where
 stands — the generator's state and the noise drawn but not used yet — so its next ``update``
 draws what the original's next ``update`` with the same model would (a copy used by another
 process starts from that process's seed instead: two processes must not draw the same noise).
-The state dict does not hold the stream (a loaded metric starts from the seed). A copy
-calibrates checked precision (``precision="bf16-checked"``, …) anew, as the original does for a
-new model.
+The state dict does not hold the stream: loading states restarts it from the seed, so a metric
+that had measured draws, after the load, what a fresh metric loaded with the same states would.
+A copy calibrates checked precision (``precision="bf16-checked"``, …) anew, as the original does
+for a new model.
 
 **Threads.** ``update``, ``forward``, ``compute``, ``merge_state``, ``reset`` and the state dict
 of one metric run one thread at a time (a lock per metric), so a metric updated from several
@@ -685,7 +686,8 @@ class TokenSensitivityMetric(Metric):
         dict with states but no ``config`` (saved by an older senslab) is loaded unchecked, with
         a warning. Loaded states replace this metric's, and with them the ids of the metrics
         whose examples they hold (``merged_ids``; none in an older state dict); the metric
-        gets a new id of its own."""
+        gets a new id of its own, and its noise stream restarts from the seed (the next
+        ``update`` draws what a fresh metric's loaded with these states would)."""
         with self._lock:
             seen = state_dict.pop(prefix + "seen_index", None)
             config = state_dict.pop(prefix + "config", None)
@@ -715,6 +717,9 @@ class TokenSensitivityMetric(Metric):
             if seen is not None or loaded:
                 self._computed, self._last = None, None  # no earlier compute's value
             if counts:  # the states were replaced: so are the examples' ids
+                # … and the noise stream starts from the seed, as a fresh metric's loaded with
+                # these states (one that had measured drew on from where it stood: other numbers)
+                self._engine, self._resume, self.batch_estimate = None, None, None
                 self._id = uuid.uuid4().hex
                 self._ids = {self._id} | (_ids_read(ids) if float(self.n) else set())
             self._own_n = float(self.n)
