@@ -51,7 +51,12 @@ Both paired standard errors are estimated from the copies on which the two model
 they differ on none, every difference is 0 and so is the standard error: ``compute`` then warns
 (once per pair and comparison) that the ``± 0`` says no disagreement was seen, not that the
 difference is known exactly, and gives the rule of three's bound on their disagreement (with the
-control variate too, where the adjusted values are the same on every copy). Where they differ on
+control variate too, where the adjusted values are the same on every copy). With the control
+variate the copies counted are those on which the two models' flips differ otherwise than their
+tangents' (an adjusted value :math:`v - c + q`, :math:`q \in [0, \tfrac12]`, has the floor
+:math:`v - c`): where there is none, the subset standard error is 0 while the estimate is the
+difference of the tangents' flip probabilities, and ``compute`` says so, with the rule of three's
+bound (also for ``"data"`` where its standard error is 0). Where they differ on
 some copies but every per-example difference is the same (``"data"``), or the paired draws of
 every example differ alike (``"subset"``), the standard error is 0 as well, and the interval a
 point: ``compute`` says so too, once per pair (not with the control variate, whose adjusted
@@ -509,7 +514,8 @@ class CompareSensitivity:
             va, src, tok, valid, per_cell, *_ = batches[a]  # type: ignore[misc]
             vb = batches[b][0]  # type: ignore[index]
             accumulate(self.paired[a, b], va - vb, src, tok, valid, group=first.group,
-                       per_cell=per_cell, positions=None)
+                       per_cell=per_cell, positions=None,
+                       events=None if first.control_variate is None else _misses_differ(va, vb))
 
     @staticmethod
     def _check_layout(one: tuple[str, _Paired], other: tuple[str, _Paired]) -> None:
@@ -701,30 +707,55 @@ class CompareSensitivity:
         Two linear classifiers whose biases differ by 0.02 (about 0.2% of the copies disagree)
         gave ``+0.0000 ± 0.0000`` in 76% of 400 runs of 8 examples, each model with 12 flips
         and no warning, and those intervals covered the true difference in none of them. With
-        the control variate too, where the adjusted values are the same on every copy (those
-        of two different models differ on nearly every copy): a model against its deepcopy
-        read ``+0.0000 ± 0.0000 paired (95% CI +0.0000–+0.0000)`` without a word."""
+        the control variate too, where the adjusted values are the same on every copy: a model
+        against its deepcopy read ``+0.0000 ± 0.0000 paired (95% CI +0.0000–+0.0000)`` without
+        a word. And with the control variate where the two models' flips differ otherwise than
+        their tangents' on no copy (:func:`_misses_differ`; their adjusted values differ by the
+        tangents' probabilities alone, the same on every draw of a token), whose subset
+        standard error is then 0: two 3-class linear heads whose biases differ by 0.02 (8
+        examples of 4 tokens, repeats=4) read ``+0.0020 ± 0.0000`` so in 319 of 400 runs, none
+        covering the exact difference (coverage 0.20 in all; the runs with 1–9 such copies
+        covered in 97.5%), with only each model's own warning. The data standard error, the
+        spread of the examples' differences, is left unsaid there unless it is 0 too."""
         st = self.paired[d.a, d.b]
         first = next(iter(self.metrics.values()))
         if not st.copies:
             return
+        cv = first.control_variate is not None
+        se, (lo, hi), estimand = d.stderr, d.ci95, d.estimand
+        if no_data_stderr(d.estimand, st.n):  # NaN: said the subset one, as it is
+            se, estimand = d.stderr_subset, "subset; the data one needs two examples"
+            lo, hi = interval(d.estimate, se, "subset", st.n, False)
+        # with the control variate the events are the copies whose flips differ otherwise
+        # than the tangents' (:func:`_misses_differ`): the subset standard error is their
+        # spread alone, the data one the examples' (their tangents' probabilities differ)
+        if cv and estimand == "data" and not (math.isfinite(se) and se == 0):
+            return
         if st.events:
-            if first.control_variate is None:
+            if not cv:
                 self._warn_no_spread(d)
             return
         if not self._first_for_pair("_said", d):
             return
         n = st.copies
-        se, (lo, hi), estimand = d.stderr, d.ci95, d.estimand
-        if no_data_stderr(d.estimand, st.n):  # NaN: said the subset one, as it is
-            se, estimand = d.stderr_subset, "subset; the data one needs two examples"
-            lo, hi = interval(d.estimate, se, "subset", st.n, False)
         if math.isnan(se):  # a single unit of draws (said apart): no ± 0 to explain
             shown = (f"{d.a} − {d.b} = {d.estimate:+.4f} (± nan, {estimand}: a single unit of "
                      "draws, said apart)")
         else:
             shown = (f"{d.a} − {d.b} = {d.estimate:+.4f} ± {se:.4f} (95% CI "
                      f"{lo:+.4f}–{hi:+.4f}, {estimand})")
+        if cv and d.per_sample.any():  # the tangents' probabilities differ, the misses not
+            warnings.warn(
+                f"the paired standard error of {d.a!r} − {d.b!r} rests on no copy on which the "
+                "two models' flips differ otherwise than their tangents' (control_variate): on "
+                f"all {n:,} perturbed copies each model missed its tangent alike, so {shown} "
+                "is the difference of the tangents' flip probabilities and says only that no "
+                "such disagreement was seen, not that the difference is known that closely; "
+                f"by the rule of three, the share of copies on which they differ so is below "
+                f"3/{n:,} = {3 / n:.2g} with 95% confidence, and the estimate is off by at most "
+                f"twice that share. Measure with more draws (repeats=, more examples) (said "
+                "once per pair)", RuntimeWarning, stacklevel=user_level())
+            return
         warnings.warn(
             f"the paired standard error of {d.a!r} − {d.b!r} rests on no copy on which the two "
             f"models differ: they measured the same value on all {n:,} perturbed copies, so "
@@ -772,6 +803,15 @@ class CompareSensitivity:
             f"{estimand}) says only that no spread was seen, not that the difference is known "
             f"exactly. Measure with {fix} (said once per pair)",
             RuntimeWarning, stacklevel=user_level())
+
+
+def _misses_differ(va: Tensor, vb: Tensor) -> int:
+    """With the control variate, the copies on which two models' flips differ otherwise than
+    their tangents' (the events a paired standard error learns from): an adjusted value is
+    v − c + q with q in [0, ½] (the clean margin is at least 0), so its floor is v − c, and
+    the difference's random part is nonzero where the floors differ. Counting the nonzero
+    differences v'_a − v'_b instead counted nearly every copy (their q differ)."""
+    return int((va.floor() != vb.floor()).sum())
 
 
 def _named(err: Exception, name: str) -> Exception:
