@@ -333,7 +333,7 @@ class _ModeHook(_OwnHook):
 
 
 @contextmanager
-def modes_kept(model: Any, hooks: bool = True) -> Iterator[None]:
+def modes_kept(model: Any, hooks: bool = True, unit: str = "batch") -> Iterator[None]:
     """Refuse the block (after it ends) where one of the measurement's own forwards ran a
     module of ``model`` (of the modules a callable holds) in another mode than the one it was
     in when the block began, or where a parameter was changed in place (another thread's
@@ -344,7 +344,10 @@ def modes_kept(model: Any, hooks: bool = True) -> Iterator[None]:
     on each module reads its mode at each of its calls (the forwards of another thread running
     the model itself pass, as :class:`OwnForwards` says); a module that takes no hooks (a
     ``torch.jit`` script's) is not read. The parameters are compared by their version
-    counters, which every in-place write bumps."""
+    counters, which every in-place write bumps (sharpness's own perturbation swaps tensors in
+    as ``.data`` and writes through those, which moves no parameter's counter). ``unit``: what
+    is refused, in the error (a token-wise ``"batch"``, whose forwards are its copies; else a
+    ``"measurement"``, such as a sharpness or Boolean-sensitivity call)."""
     own = OwnForwards(model)
     switched: dict[str, bool] = {}
     handles: list[Any] = []
@@ -375,14 +378,16 @@ def modes_kept(model: Any, hooks: bool = True) -> Iterator[None]:
         for h in handles:
             h.remove()
         own.close()
+    runs, others = (("copies", "the clean forward's") if unit == "batch"
+                    else ("forwards", "the others"))
     changed = [name for name, p, v in params if v is not None and _version(p) != v]
     if changed:
         shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more"
                                           if len(changed) > 3 else "")
         raise RuntimeError(
             f"the model's parameters were changed while it was measured ({shown}): another "
-            "thread's optimizer.step(), or the forward's own in-place write, gave some copies "
-            "other weights than the clean forward's, so this batch is not counted. Hold "
+            f"thread's optimizer.step(), or the forward's own in-place write, gave some {runs} "
+            f"other weights than {others}, so this {unit} is not counted. Hold "
             "senslab.measure.exclusive(model) around the training step, optimizer.step() "
             "included, or measure a copy of the model (copy.deepcopy)")
     if switched:
@@ -393,8 +398,8 @@ def modes_kept(model: Any, hooks: bool = True) -> Iterator[None]:
         raise RuntimeError(
             f"the model was switched to {now} mode while it was measured in {was} mode "
             f"({shown}): another thread's model.{now}(), or the forward's own, ran some of its "
-            f"copies in {now} mode (dropout, batch statistics), so this batch is not counted, "
-            "also where the mode was switched back before the batch ended. Hold "
+            f"{runs} in {now} mode (dropout, batch statistics), so this {unit} is not counted, "
+            f"also where the mode was switched back before the {unit} ended. Hold "
             "senslab.measure.exclusive(model) around the training step, model.train() and "
             "model.eval() included, or measure a copy of the model (copy.deepcopy)")
 

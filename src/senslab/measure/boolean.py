@@ -94,17 +94,17 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Mapping
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from numbers import Integral, Real
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
 from .._exclusive import held_modules as _held_modules
-from .._exclusive import one_at_a_time
+from .._exclusive import modes_kept, one_at_a_time
 from .._stack import user_level as _user_level
 from ..tokens.base import _describe, select_output
 from ..tokens.embedding import unwrapped
@@ -385,10 +385,22 @@ def _check_batch_independent(f: Callable[[Tensor], object], probe: Tensor,
     )
 
 
-def _kept_buffers(f: object) -> Any:
+@contextmanager
+def _kept_buffers(f: object) -> Iterator[None]:
     """Every buffer of the modules ``f`` is or holds (:func:`._exclusive.held_modules`) as it
-    was after the block (:func:`._options._kept_buffers`)."""
-    return nullcontext() if isinstance(f, Tensor) else _kept_model_buffers(*_held_modules(f))
+    was after the block (:func:`._options._kept_buffers`); and the block refused where another
+    thread switched one of those modules' mode and back, or changed a parameter in place (its
+    ``optimizer.step()``), while f was evaluated (:func:`._exclusive.modes_kept`): dropout in
+    some evaluations, or other weights in some, counted without a word (0.030 or 0.50 for a
+    sampled average sensitivity of 0.020). Not by hooks on a compiled model, whose graph they
+    would break at every module."""
+    if isinstance(f, Tensor):
+        yield
+        return
+    held = _held_modules(f)
+    compiled = any(hasattr(m, "_orig_mod") for top in held for m in top.modules())
+    with _kept_model_buffers(*held), modes_kept(f, hooks=not compiled, unit="measurement"):
+        yield
 
 
 def _evaluator(

@@ -101,7 +101,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from .._autocast import autocast_dtype, autocast_on
-from .._exclusive import OwnForwards, one_at_a_time, perturbing
+from .._exclusive import OwnForwards, modes_kept, one_at_a_time, perturbing
 from .._stack import user_level
 from ..tokens.base import (
     DtypeClash,
@@ -597,7 +597,9 @@ class _WeightNoise:
                     " in place (also through .data, e.g. a clamp_ of the weights), so the clean "
                     "weights change from call to call and no draw perturbs the weights measured"
                     " (the clean forwards have already changed them, as any forward of the model"
-                    " would); make the forward leave its parameters alone"
+                    " would); make the forward leave its parameters alone. If another thread"
+                    " trains the model (optimizer.step()), hold senslab.measure.exclusive(model)"
+                    " around its training step, or measure a copy of the model (copy.deepcopy)"
                 )
             if self.aliased:
                 self.work = [p.data for p in self.params]
@@ -1007,8 +1009,13 @@ def _perturbable(
     noise = _WeightNoise(chosen, gen, chosen_names, aliased=_aliased(model, chosen))
     model.eval()
     try:
-        # a measurement started inside the forwards run here is refused (senslab._exclusive)
-        with perturbing(type(model).__name__), _kept_buffers(model):  # buffers after weights
+        # a measurement started inside the forwards run here is refused (senslab._exclusive);
+        # so is one during which another thread switched a module's mode and back, or stepped
+        # its optimizer (modes_kept: dropout in some draws, or the clean outputs of other
+        # weights, ShOp 1.09 or 1.12 for 0.95 without a word). Not by hooks on a compiled
+        # model, whose graph they would break at every module
+        with perturbing(type(model).__name__), _kept_buffers(model), modes_kept(
+                model, hooks=not _compiled(model), unit="measurement"):
             try:
                 yield noise
             finally:
@@ -1019,6 +1026,11 @@ def _perturbable(
                 getattr(m, kind)[name] = t
         for m, was in modes:  # per module, so mixed train/eval submodules come back as they were
             m.training = was
+
+
+def _compiled(model: nn.Module) -> bool:
+    """Whether ``model`` is or holds a ``torch.compile`` wrapper (an ``_orig_mod`` inside)."""
+    return any(hasattr(m, "_orig_mod") for m in model.modules())
 
 
 # ----------------------------------------------------------------------------------- sharpness
@@ -1800,7 +1812,10 @@ def layernorm_factors(
     ]
     try:
         model.eval()
-        with torch.no_grad():
+        # another thread's model.train() (dropout before a LayerNorm) or optimizer.step()
+        # within the forward is refused, also where it was undone before the forward ended
+        with torch.no_grad(), modes_kept(model, hooks=not _compiled(model),
+                                         unit="measurement"):
             _clean_call(model, inputs, raw=True)  # the LayerNorms' inputs are read
     finally:
         for handle in handles:
