@@ -1362,6 +1362,14 @@ def _check_args(args: argparse.Namespace) -> None:
                          f"{'s' if cpus != 1 else ''} here (at most {MAX_THREADS_PER_CPU * cpus}"
                          f", {MAX_THREADS_PER_CPU} per CPU, are taken): give --threads {cpus} "
                          "or fewer, or drop --threads for torch's choice")
+    if args.threads is not None and args.threads > cpus:
+        # taken, as torch takes it, but said: --threads 512 on 2 CPUs ran without a word, its
+        # threads taking turns on the CPUs and waiting on each other at every barrier. Printed,
+        # not warnings.warn: once per command, whatever a warnings filter says
+        _error(f"--threads {args.threads} is more than the {cpus} CPU{'s' if cpus != 1 else ''} "
+               "here: the threads take turns on them and wait on each other, so the command "
+               f"runs slower than with --threads {cpus} or fewer; "
+               "on a shared machine give the cores no other job uses", kind="warning")
     for dest in _NOT_EMPTY:
         value = getattr(args, dest, None)
         if isinstance(value, str) and not value.strip():

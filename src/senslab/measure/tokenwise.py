@@ -1872,9 +1872,38 @@ class TokenSensitivity:
         if self._mirrored():  # as few copies that kept the class are as little to learn from
             flips = min(flips, int((vals == 0).sum()))
         counts, cells = self._draws(src, tok, valid) if flips == 0 else (None, valid)
-        return se > self.target_stderr or (se == 0.0 and rounds < ROUNDS_AT_ZERO) \
+        more = se > self.target_stderr or (se == 0.0 and rounds < ROUNDS_AT_ZERO) \
             or not _alloc.enough_flips(flips, counts=counts, valid=cells,
                                        target=self.target_stderr)
+        return more and self._room(rounds, per_round, spent, se, valid.device)
+
+    def _room(self, rounds: int, per_round: int, spent: int, se: float,
+              device: torch.device) -> bool:
+        """Whether another round of ``per_round`` copies fits in ``device``'s free memory: the
+        rounds' copies are kept until the batch is added (about :data:`PLAN_BYTES` bytes each,
+        :meth:`_refuse_huge_plan`), and a tiny ``target_stderr`` with a huge ``max_forward``
+        grew them round after round into torch's raw out-of-memory error. Where it does not fit,
+        the rounds end there as at ``max_forward``, said once per metric."""
+        kept = rounds * per_round
+        if (kept + per_round) * PLAN_BYTES <= PLAN_FLOOR:
+            return True
+        # the kept copies are in memory already: the next round, and all rounds joined
+        need = (kept + 2 * per_round) * (PLAN_BYTES // 2)
+        free = free_memory(device)
+        if need <= free:
+            return True
+        if self._once("rounds memory"):
+            warnings.warn(
+                f"target_stderr={self.target_stderr} was not reached: a batch's rounds ended "
+                f"after {rounds} ({kept:,} perturbed copies, {spent:,} forwards, standard error "
+                f"{se:.4g}), as another round's copies would need about {need / 2**30:,.1f} GiB, "
+                f"more than the {free / 2**30:,.1f} GiB free on {device}. The batch is measured "
+                "with the rounds done, as where max_forward ends them: its standard error is "
+                f"short of the target. Pass max_forward={spent} or less (the rounds "
+                "then end the same way without this warning), a larger target_stderr, or fewer "
+                "tokens (num_tokens=) or examples per update. Said once per metric",
+                RuntimeWarning, stacklevel=_trim._user_level())
+        return False
 
     def _pairs_vary(self) -> bool:
         """Whether the events are antithetic pairs that vary (:func:`_varying_pairs`): flips
