@@ -15,7 +15,7 @@ import pytest
 from senslab.cli import MAX_THREADS_PER_CPU, main
 
 ENV = {k: v for k, v in os.environ.items() if k != "SENSLAB_DEBUG"} | {"OMP_NUM_THREADS": "1"}
-CPUS = os.cpu_count() or 1
+CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _error(err: str) -> str:

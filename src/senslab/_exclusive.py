@@ -333,7 +333,8 @@ class _ModeHook(_OwnHook):
 
 
 @contextmanager
-def modes_kept(model: Any, hooks: bool = True, unit: str = "batch") -> Iterator[None]:
+def modes_kept(model: Any, hooks: bool = True, unit: str = "batch",
+               undone: str = "") -> Iterator[None]:
     """Refuse the block (after it ends) where one of the measurement's own forwards ran a
     module of ``model`` (of the modules a callable holds) in another mode than the one it was
     in when the block began, or where a parameter was changed in place (another thread's
@@ -347,7 +348,9 @@ def modes_kept(model: Any, hooks: bool = True, unit: str = "batch") -> Iterator[
     counters, which every in-place write bumps (sharpness's own perturbation swaps tensors in
     as ``.data`` and writes through those, which moves no parameter's counter). ``unit``: what
     is refused, in the error (a token-wise ``"batch"``, whose forwards are its copies; else a
-    ``"measurement"``, such as a sharpness or Boolean-sensitivity call)."""
+    ``"measurement"``, such as a sharpness or Boolean-sensitivity call). ``undone``: what
+    became of the other thread's change, said where the parameters changed (sharpness puts its
+    own weights back, and with them undoes a step taken on the perturbed ones)."""
     own = OwnForwards(model)
     switched: dict[str, bool] = {}
     handles: list[Any] = []
@@ -387,7 +390,7 @@ def modes_kept(model: Any, hooks: bool = True, unit: str = "batch") -> Iterator[
         raise RuntimeError(
             f"the model's parameters were changed while it was measured ({shown}): another "
             f"thread's optimizer.step(), or the forward's own in-place write, gave some {runs} "
-            f"other weights than {others}, so this {unit} is not counted. Hold "
+            f"other weights than {others}, so this {unit} is not counted{undone}. Hold "
             "senslab.measure.exclusive(model) around the training step, optimizer.step() "
             "included, or measure a copy of the model (copy.deepcopy)")
     if switched:

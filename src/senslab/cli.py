@@ -1345,21 +1345,32 @@ def _home(value: Any) -> Any:
     return os.path.expanduser(value) if isinstance(value, str) and value[:1] == "~" else value
 
 
-#: ``--threads`` above this many per CPU (``os.cpu_count()``) is refused: more threads than CPUs
-#: only oversubscribe them, and torch's thread pool crashes the process at counts like 100000
+#: ``--threads`` above this many per CPU (:func:`_usable_cpus`) is refused: more threads than
+#: CPUs only oversubscribe them, and torch's thread pool crashes the process at counts like 100000
 MAX_THREADS_PER_CPU = 4
+
+
+def _usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity (a batch job's cores, ``taskset``) where
+    the system says it, else ``os.cpu_count()`` (the machine's, which a job given 8 of 128
+    cores would have taken for its own)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # macOS, Windows: no affinity
+        return os.cpu_count() or 1
 
 
 def _check_args(args: argparse.Namespace) -> None:
     """Option values argparse's types let through but no command can use."""
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"--threads must be ≥ 1, got {args.threads}")
-    cpus = os.cpu_count() or 1
+    cpus = _usable_cpus()
     if args.threads is not None and args.threads > MAX_THREADS_PER_CPU * cpus:
         # torch's thread pool took any count: --threads 100000 ended the process with a
         # segmentation fault (status 139), and thousands of threads only slow a run down
         raise UsageError(f"--threads {args.threads} is far more than the {cpus} CPU"
-                         f"{'s' if cpus != 1 else ''} here (at most {MAX_THREADS_PER_CPU * cpus}"
+                         f"{'s' if cpus != 1 else ''} this process may use (at most "
+                         f"{MAX_THREADS_PER_CPU * cpus}"
                          f", {MAX_THREADS_PER_CPU} per CPU, are taken): give --threads {cpus} "
                          "or fewer, or drop --threads for torch's choice")
     if args.threads is not None and args.threads > cpus:
@@ -1367,8 +1378,8 @@ def _check_args(args: argparse.Namespace) -> None:
         # threads taking turns on the CPUs and waiting on each other at every barrier. Printed,
         # not warnings.warn: once per command, whatever a warnings filter says
         _error(f"--threads {args.threads} is more than the {cpus} CPU{'s' if cpus != 1 else ''} "
-               "here: the threads take turns on them and wait on each other, so the command "
-               f"runs slower than with --threads {cpus} or fewer; "
+               "this process may use: the threads take turns on them and wait on each other, so "
+               f"the command runs slower than with --threads {cpus} or fewer; "
                "on a shared machine give the cores no other job uses", kind="warning")
     for dest in _NOT_EMPTY:
         value = getattr(args, dest, None)

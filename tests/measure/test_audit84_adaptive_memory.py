@@ -73,7 +73,9 @@ def test_cli_threads_above_the_cpus_are_said_once(over: int,
 
     from senslab.cli import main
 
-    cpus, before = os.cpu_count() or 1, torch.get_num_threads()
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else (os.cpu_count() or 1)
+    before = torch.get_num_threads()
     try:
         assert main(["list", "datasets", "--threads", str(cpus + over)]) == 0
     finally:
@@ -82,8 +84,9 @@ def test_cli_threads_above_the_cpus_are_said_once(over: int,
             if line.startswith("senslab: warning: --threads")]
     if over:
         assert said == [f"senslab: warning: --threads {cpus + 1} is more than the {cpus} CPU"
-                        f"{'s' if cpus != 1 else ''} here: the threads take turns on them and "
-                        f"wait on each other, so the command runs slower than with --threads "
+                        f"{'s' if cpus != 1 else ''} this process may use: the threads take "
+                        f"turns on them and wait on each other, so the command runs slower than "
+                        f"with --threads "
                         f"{cpus} or fewer; on a shared machine give the cores no other job uses"]
     else:
         assert said == []

@@ -160,3 +160,17 @@ def test_sharpness_own_perturbation_and_another_threads_plain_forward_pass() -> 
     assert output_sharpness(aliased, x, sigma_w=0.05, repeats=4, generator=0).shop.estimate \
         == pytest.approx(alone)
     assert torch.equal(aliased[4].weight, kept)
+
+
+def test_a_step_refused_by_sharpness_is_said_to_be_undone() -> None:
+    """The other thread's step wrote into the perturbed weights, which sharpness put back: the
+    refusal says the step is undone, and it is (the weights are those from before it)."""
+    model, x = _model(), _x()
+    before = [p.detach().clone() for p in model.parameters()]
+    handle, _ = _beside(model, "step", x)
+    try:
+        with pytest.raises(RuntimeError, match=r"the step is undone"):
+            output_sharpness(model, x, sigma_w=0.05, repeats=8, generator=0)
+    finally:
+        handle.remove()
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))

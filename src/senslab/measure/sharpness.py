@@ -1015,7 +1015,10 @@ def _perturbable(
         # weights, ShOp 1.09 or 1.12 for 0.95 without a word). Not by hooks on a compiled
         # model, whose graph they would break at every module
         with perturbing(type(model).__name__), _kept_buffers(model), modes_kept(
-                model, hooks=not _compiled(model), unit="measurement"):
+                model, hooks=not _compiled(model), unit="measurement",
+                undone=("; and that step was taken on the perturbed weights, which sharpness "
+                        "then put back as they were before it: the step is undone, and the "
+                        "training it belongs to must take it again")):
             try:
                 yield noise
             finally:
