@@ -234,10 +234,13 @@ def _check_data_options(data: str, options: dict[str, Any]) -> None:
     import inspect
 
     from .data._registry import DATASETS
+    from .train.config import _loader_signature
 
     try:
-        params = inspect.signature(DATASETS.get(data)).parameters
-    except (KeyError, TypeError, ValueError):
+        params = _loader_signature(inspect.unwrap(DATASETS.get(data)))[0]
+    except KeyError:
+        return
+    if not params:  # no signature to read: the loader checks its own keywords
         return
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return

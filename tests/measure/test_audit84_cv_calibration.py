@@ -12,26 +12,14 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from linear_heads import TokenMeanHead
 from scipy import integrate
 from scipy.stats import norm
 
 from senslab.measure import CompareSensitivity, compare_sensitivity
 from senslab.tokens import Sequence
 
-
-class _Head(torch.nn.Module):
-    """A linear 3-class head on each token, averaged over the tokens: a token's noise moves
-    the logits by W ε / T."""
-
-    def __init__(self, w: torch.Tensor, b: torch.Tensor) -> None:
-        super().__init__()
-        self.lin = torch.nn.Linear(w.shape[1], w.shape[0])
-        with torch.no_grad():
-            self.lin.weight.copy_(w)
-            self.lin.bias.copy_(b)
-
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        return self.lin(z).mean(1)
+_Head = TokenMeanHead
 
 
 def _flip(w: np.ndarray, b: np.ndarray, x: np.ndarray, sigma: float, t: int) -> float:

@@ -166,6 +166,21 @@ def check_head(model: Any, compare: str, kind: str | None, output: Any = None) -
 T5_LIKE = ("t5", "mt5", "umt5", "longt5", "switch_transformers")
 
 
+def generating_t5(model: Any) -> bool:
+    """Whether ``model`` is a T5-like generating encoder-decoder (``config.model_type`` in
+    :data:`T5_LIKE`, ``is_encoder_decoder``, ``can_generate()``: ``T5ForConditionalGeneration``,
+    not ``T5ForSequenceClassification``, which makes its decoder inputs itself)."""
+    config = getattr(model, "config", None)
+    can_generate = getattr(model, "can_generate", None)
+    if getattr(config, "is_encoder_decoder", False) is not True or not callable(can_generate) \
+            or getattr(config, "model_type", None) not in T5_LIKE:
+        return False  # BART shifts input_ids into its decoder
+    try:
+        return bool(can_generate())
+    except Exception:  # noqa: BLE001 -- an old or custom class: read as before
+        return False
+
+
 def _check_generating_decoder(model: Any) -> None:
     """Refuse ``compare="class"`` without ``output=`` on a T5-like generating encoder-decoder
     model (``T5ForConditionalGeneration``; ``config.model_type`` in :data:`T5_LIKE`): its
@@ -173,17 +188,8 @@ def _check_generating_decoder(model: Any) -> None:
     ``output=``, whatever the decoder inputs), and it builds no decoder inputs of its own
     (called without ``decoder_input_ids`` it failed inside Hugging Face, "You must specify
     exactly one of input_ids or inputs_embeds", though ``input_ids`` were given)."""
-    config = getattr(model, "config", None)
-    can_generate = getattr(model, "can_generate", None)
-    if getattr(config, "is_encoder_decoder", False) is not True or not callable(can_generate) \
-            or getattr(config, "model_type", None) not in T5_LIKE:
-        return  # BART shifts input_ids into its decoder: an explicit position=k reads it
-    try:
-        generates = bool(can_generate())
-    except Exception:  # noqa: BLE001 -- an old or custom class: read as before
+    if not generating_t5(model):  # BART: an explicit position=k reads it
         return
-    if not generates:
-        return  # T5ForSequenceClassification and the like: one class score per example
     raise ValueError(
         f"{type(model).__name__} is an encoder-decoder model: its logits are (batch, decoder "
         "positions, vocabulary), a prediction per decoder position, not one class per "

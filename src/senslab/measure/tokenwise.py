@@ -258,13 +258,13 @@ from ._stats import (
 from ._stats import units as _units
 from ._stats import within_variance as _within_variance
 from .outputs import (
-    T5_LIKE,
     OutputKind,
     check_finite,
     check_head,
     check_kind,
     check_rows,
     declared_kind,
+    generating_t5,
     inferred_from_zero_one,
     margins,
     predictions,
@@ -460,16 +460,7 @@ def _generating_t5(model: Any) -> tuple[nn.Module, str] | None:
     ``T5ForConditionalGeneration``), bare or inside a user's wrapper; None for any other."""
     found = hf_model_inside(model)
     inner, what = found if found is not None else (unwrapped(model), None)
-    config = getattr(inner, "config", None)
-    can_generate = getattr(inner, "can_generate", None)
-    if not isinstance(inner, nn.Module) or not callable(can_generate) \
-            or getattr(config, "is_encoder_decoder", False) is not True \
-            or getattr(config, "model_type", None) not in T5_LIKE:
-        return None
-    try:
-        if not can_generate():
-            return None  # T5ForSequenceClassification: makes its decoder inputs itself
-    except Exception:  # noqa: BLE001 -- an old or custom class: read as before
+    if not isinstance(inner, nn.Module) or not generating_t5(inner):
         return None
     return inner, what or type(inner).__name__
 

@@ -50,6 +50,7 @@ from torch import Tensor, nn
 from .._autocast import autocast_dtype, autocast_on
 from .._exclusive import OwnForwards, exclusive
 from .._stack import user_level
+from ..measure.tokenwise import _own_forward
 from ..tokens import Embedding, Patches, Sequence, Tokenization, find_module
 from ..tokens._grid import LOW_PRECISION, GridCheck, autocast_grid
 from ..tokens.base import (
@@ -859,7 +860,7 @@ def _own_autocast(model: Any) -> tuple[nn.Module, torch.autocast] | None:
     ``model`` (or of the model a DDP or ``torch.compile`` wrapper holds) with one that enters
     ``autocast`` and casts the outputs to float32: a new ``torch.autocast`` of the same
     device and dtype, entered around the regularizer's forwards with the model's own forward
-    (:func:`_original_forward`), runs them as that forward does, where the checks see it
+    (``measure.tokenwise._own_forward``), runs them as that forward does, where the checks see it
     (without the weight cache, so that each forward casts the weights anew, as each patched
     forward does: one cast shared by the two forwards summed their gradients in bf16).
     Without, autocast was entered out of their sight: a σ = 0.001 penalty on images near 3 came
@@ -954,18 +955,6 @@ def _fabric_forward(model: nn.Module, device: str) -> Iterator[None]:
             vars(model)["forward"] = saved
 
 
-@contextmanager
-def _original_forward(module: nn.Module) -> Iterator[None]:
-    """``module`` runs its forward from before accelerate's patch (:func:`_own_autocast`) for
-    the block; the patch is put back after."""
-    patched = vars(module)["forward"]
-    module.forward = module._original_forward
-    try:
-        yield
-    finally:
-        module.forward = patched
-
-
 def _penalty(model: nn.Module, x: Inputs, tokens: Tokenization | None, patch: int | None,
              sigma: float, generator: torch.Generator, mask: Tensor | None,
              output: OutputSelector, untraced: bool = False) -> tuple[Tensor, Tensor]:
@@ -988,7 +977,7 @@ def _penalty(model: nn.Module, x: Inputs, tokens: Tokenization | None, patch: in
     with ExitStack() as stack:
         if own is not None:  # the checks see the autocast the model's forward would enter
             module, cast = own
-            stack.enter_context(_original_forward(module))
+            stack.enter_context(_own_forward(module))
             stack.enter_context(cast)
         if fabric is not None:  # … and so for Lightning Fabric's
             stack.enter_context(_fabric_forward(model, fabric.device))
