@@ -22,9 +22,49 @@ MAX_INDEX_BITS = 63
 
 
 def index_to_inputs(index: Tensor, n: int, dtype: torch.dtype = torch.float32) -> Tensor:
-    """The ±1 strings (len(index), n) of integer indices: x_j = 1 − 2·bit_j(index)."""
-    bits = (index.long().unsqueeze(1) >> torch.arange(n, device=index.device)) & 1
+    """The ±1 strings (len(index), n) of integer indices: x_j = 1 − 2·bit_j(index).
+
+    Indices must be integers in [0, 2ⁿ): bits above n dropped out, so index 2ⁿ + i gave the
+    string of i, −1 gave the all −1 string, and a float 2.7 was cut to 2. ``dtype`` must hold
+    −1 (a float or signed integer dtype): bool made every string all True and uint8 wrote −1
+    as 255."""
+    n = check_n(n)
+    check_string_dtype(dtype)
+    if not isinstance(index, Tensor) or index.is_floating_point() or index.is_complex() \
+            or index.dtype == torch.bool:
+        what = (f"a {str(index.dtype).removeprefix('torch.')} tensor"
+                if isinstance(index, Tensor) else type(index).__name__)
+        raise TypeError(
+            f"index must be an integer tensor of string indices, got {what}: a float index "
+            "would be cut to an integer without a word. Pass index.long() after rounding, "
+            "or torch.arange(2**n) for all strings")
+    index = index.long()
+    if index.numel():
+        low, high = int(index.min()), int(index.max())
+        if low < 0 or (n < MAX_INDEX_BITS and high >= 1 << n):
+            raise ValueError(
+                f"indices of strings of n={n} bits lie in [0, 2^{n}), got some in "
+                f"[{low}, {high}]: the bits above n would drop out (index 2^{n} + i reads as "
+                "i, −1 as the all −1 string). Pass n large enough for the indices, or "
+                f"index % 2**{n} for the wrap-round on purpose")
+    bits = (index.unsqueeze(1) >> torch.arange(n, device=index.device)) & 1
     return (1 - 2 * bits).to(dtype)
+
+
+def check_string_dtype(dtype: object) -> None:
+    """Refuse a ``dtype`` for ±1 strings that cannot hold −1: bool made both −1 and +1 True
+    (every string the same), an unsigned type wrapped −1 round to its largest value (255)."""
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype (e.g. torch.float32), got {dtype!r}")
+    if dtype == torch.bool or dtype.is_complex or not dtype.is_signed:
+        raise ValueError(
+            f"dtype={dtype} cannot hold the ±1 strings"
+            + (" (−1 and +1 are both True, so every string would be the same)"
+               if dtype == torch.bool else
+               " (−1 would wrap round to the type's largest value)" if not dtype.is_complex
+               else "") +
+            ": pass a float dtype (torch.float32) or a signed integer one (torch.long); for "
+            "0/1 bits take x < 0 of the ±1 strings (bit 1 ↦ −1, the encoding here)")
 
 
 def inputs_to_index(x: Tensor) -> Tensor:

@@ -1053,7 +1053,7 @@ class PrecisionCheck:
                        f"int8 found no linear layer with {_int8.MIN_FEATURES} or more input "
                        "and output features to run")
         self._calibrated_ranges()
-        self._observe(low.float(), clean.float(), kind, threshold)
+        self._observe(_wide(low), _wide(clean), kind, threshold)
 
     def evaluate(self, forward: Callable[[Tensor | None], Tensor], n: int, device: torch.device,
                  kind: str, threshold: float | None, piece: int | None = None) -> Tensor:
@@ -1066,7 +1066,7 @@ class PrecisionCheck:
         time (None: all at once) and float32 the re-checked copies of all of them together, in
         forwards of at most ``piece``."""
         if self.idle:
-            return forward(None).float()
+            return _wide(forward(None))
         if self.bound is not None:
             return self._checked(forward, None, n, device, kind, threshold, piece)
         start = min(n, CALIBRATION_COPIES - self._copies)  # calibration copies of this chunk
@@ -1078,10 +1078,10 @@ class PrecisionCheck:
                 forward(rows)
         clock = _clock(device)
         with self._lowered(device):
-            low = forward(rows).float()
+            low = _wide(forward(rows))
         between = _clock(device)
         self._calibrated_ranges()
-        full = forward(rows).float()
+        full = _wide(forward(rows))
         self._seconds[0] += between - clock
         self._seconds[1] += _clock(device) - between
         self.copies += start
@@ -1097,7 +1097,7 @@ class PrecisionCheck:
         out = full.new_empty((n, *full.shape[1:]))
         out[:start] = full
         if self.idle:  # no gain: the chunk's other copies in float32 alone
-            out[start:] = forward(rest).float()
+            out[start:] = _wide(forward(rest))
         else:
             out[start:] = self._checked(forward, rest, n - start, device, kind, threshold, piece)
         return out
@@ -1134,7 +1134,7 @@ class PrecisionCheck:
         lows, wides = [], []
         for part in parts:
             with self._lowered(device):
-                low = forward(part).float()
+                low = _wide(forward(part))
             size = low.reshape(len(low), -1).abs().amax(dim=1)
             lows.append(low)
             wides.append(self._output_widening(size) * _on(self._widening(len(low)), size))
@@ -1164,7 +1164,10 @@ class PrecisionCheck:
             # never overruns memory)
             clock = _clock(device)
             for part in again.tensor_split(-(-len(again) // (piece or len(again)))):
-                low[part] = forward(part if rows is None else rows[part]).float()
+                full = _wide(forward(part if rows is None else rows[part]))
+                if full.dtype != low.dtype:  # float64 outputs: a float32 copy would round them
+                    low = low.to(torch.promote_types(low.dtype, full.dtype))
+                low[part] = full
             self._timed[2] += _clock(device) - clock
             self._timed[3] += len(again)
             if not self._widen(before, low[spot], wide[spot], kind, threshold):
@@ -1281,6 +1284,15 @@ class PrecisionCheck:
                 "metric: later widenings show in check_bound and recheck_fraction",
                 RuntimeWarning, stacklevel=_trim._user_level())
         return True
+
+
+def _wide(out: Tensor) -> Tensor:
+    """Outputs in float32, or float64 where they are: a float32 model with a float64 head, or a
+    plain callable computing in float64, decides in float64 under ``precision="float32"``, and
+    its outputs rounded to float32 tied or crossed classes whose margins float32 cannot hold
+    (log-likelihoods near -1e5 apart by 1e-3: every copy read as the first class), even on
+    the copies re-checked "in float32"."""
+    return out if out.dtype == torch.float64 else out.float()
 
 
 def _changes(low: Tensor, full: Tensor, kind: str, threshold: float | None) -> Tensor:

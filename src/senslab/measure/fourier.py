@@ -156,18 +156,21 @@ def fourier_coefficients(table: Tensor, *, output: str = "auto") -> Tensor:
     read as real with a warning. NaN or infinite entries are refused.
 
     Fast Walsh–Hadamard transform: for each bit j, every pair of entries (a, b) whose indices
-    differ only in bit j becomes (a + b, a − b); n such butterfly passes of O(2ⁿ) tensor work
-    each (float64, on a copy). With bit j ↦ x_j = 1 − 2·bit, the pass for bit j multiplies by
-    x_j's two values, so after all n passes entry S holds Σ_x f(x) χ_S(x).
+    differ only in bit j becomes ((a + b)/2, (a − b)/2); n such butterfly passes of O(2ⁿ)
+    tensor work each (float64, on a copy). With bit j ↦ x_j = 1 − 2·bit, the pass for bit j
+    averages over x_j's two values, so after all n passes entry S holds 2⁻ⁿ Σ_x f(x) χ_S(x).
+    Halving in every pass (exact in binary floating point) keeps every partial sum within
+    max |f|: summed first and divided by 2ⁿ at the end, a float64 table near 1e308 overflowed
+    to ±inf coefficients; below that the numbers are the same to the last bit.
     """
     n = table_n(table)
     h = _real_values(table[:, 0] if table.dim() == 2 else table, output).clone()
     for j in range(n):
         pairs = h.view(-1, 2, 1 << j)  # middle axis = bit j of the index
-        a = pairs[:, 0].clone()
-        pairs[:, 0] += pairs[:, 1]
-        pairs[:, 1] = a - pairs[:, 1]
-    return h / (1 << n)
+        a, b = pairs[:, 0] * 0.5, pairs[:, 1] * 0.5
+        pairs[:, 0] = a + b
+        pairs[:, 1] = a - b
+    return h
 
 
 def subset_sizes(n: int) -> Tensor:
@@ -232,12 +235,11 @@ def degree(table: Tensor, tol: float | None = None, *, rtol: float | None = None
     if tol is not None:
         cut = float(tol)
     else:
-        scale = float(c.pow(2).sum().sqrt())
-        cut = scale * (min(DEGREE_RTOL, 2.0**-n) if rtol is None else float(rtol))
+        cut = _norm_cut(c, min(DEGREE_RTOL, 2.0**-n) if rtol is None else float(rtol))
     found = _degree_above(c, cut)
     if tol is None and rtol is None and not coefficients and _reduced_real(table, output):
         # truth_table warns of its bf16/fp16 outputs; a table passed in that dtype is seen here
-        rounded = _degree_above(c, scale * REDUCED_RTOL)
+        rounded = _degree_above(c, _norm_cut(c, REDUCED_RTOL))
         if rounded != found:
             name = str(table.dtype).removeprefix("torch.")
             warnings.warn(
@@ -254,6 +256,22 @@ def degree(table: Tensor, tol: float | None = None, *, rtol: float | None = None
 
 #: the rtol that :func:`degree` names for a bf16 or fp16 table read as real numbers
 REDUCED_RTOL = 1e-2
+
+
+def _norm_cut(c: Tensor, r: float) -> float:
+    """r·‖f‖₂ = r·(Σ_S f̂(S)²)^½, the norm taken of c scaled by a power of two (exact): squared
+    as they are, float64 coefficients above about 1e154 overflowed (an infinite cut: degree 0
+    for any such table) and ones below about 1e-162 underflowed (a cut of 0)."""
+    top = float(c.abs().max())
+    if top == 0.0:
+        return 0.0
+    e = math.frexp(top)[1]
+    half = -e // 2  # two factors: 2^±e alone can leave float64's range
+    unit = c * 2.0**half * 2.0**(-e - half)
+    try:
+        return math.ldexp(r * float(unit.pow(2).sum().sqrt()), e)
+    except OverflowError:  # r·‖f‖₂ beyond float64, so above every |f̂(S)| ≤ max |f|
+        return math.inf
 
 
 def _degree_above(c: Tensor, cut: float) -> int:

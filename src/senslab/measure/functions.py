@@ -9,7 +9,8 @@ other than ±1 are refused: on 0/1 bits PARITY would compute AND and MAJORITY OR
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import operator
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -22,6 +23,11 @@ def _bits(x: Tensor) -> Tensor:
     """``x`` as a float (N, n) batch, refused unless every entry is ±1 (one pass over x)."""
     if x.dim() != 2:
         raise ValueError(f"expected a (N, n) batch of ±1 strings, got shape {tuple(x.shape)}")
+    if x.shape[1] == 0:
+        # MEAN of no bits was NaN without a word, FIRST an IndexError
+        raise ValueError(
+            f"expected strings of n ≥ 1 bits, got shape {tuple(x.shape)} (no bits): a batch "
+            "of N strings of n bits has shape (N, n)")
     if x.dtype == torch.bool:
         raise ValueError(
             "expected ±1 strings, got a bool tensor: read as 0/1 bits these functions compute "
@@ -68,7 +74,11 @@ def mean(x: Tensor) -> Tensor:
 
 def sparse_parity(subset: Sequence[int]) -> Callable[[Tensor], Tensor]:
     """A function x ↦ Π_{i∈S} x_i (0-based bit positions); the empty subset is the constant 1."""
-    index = [int(i) for i in subset]
+    if isinstance(subset, (str, bytes)) or not isinstance(subset, Iterable):
+        raise TypeError(
+            f"subset is the bit positions of the parity, a sequence of ints, got {subset!r}: "
+            "e.g. sparse_parity([0, 2]) for x_0·x_2 (sparse_parity(range(k)) for the first k)")
+    index = [_position(i, subset) for i in subset]
     if any(i < 0 for i in index) or len(set(index)) != len(index):
         raise ValueError(f"subset must hold distinct non-negative bit positions, got {subset}")
     cols = torch.tensor(index, dtype=torch.long)
@@ -81,6 +91,19 @@ def sparse_parity(subset: Sequence[int]) -> Callable[[Tensor], Tensor]:
 
     chi.__name__ = f"sparse_parity_{'_'.join(map(str, index)) or 'empty'}"
     return chi
+
+
+def _position(i: object, subset: object) -> int:
+    """A bit position as an int: int() cut a float 0.5 to bit 0 and 2.7 to bit 2 without a
+    word; an integer of any kind (NumPy, a 0-d integer tensor) is taken, a bool is not."""
+    if not isinstance(i, bool) and not (isinstance(i, Tensor) and i.dtype == torch.bool):
+        try:
+            return operator.index(i)  # type: ignore[arg-type]
+        except TypeError:
+            pass
+    raise TypeError(
+        f"subset must hold integer bit positions, got {i!r} ({type(i).__name__}) in {subset!r}: "
+        "pass ints, e.g. sparse_parity([0, 2])")
 
 
 def random_function(n: int, generator: torch.Generator | int | None) -> Tensor:

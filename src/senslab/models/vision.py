@@ -101,10 +101,19 @@ class ImageClassifier(nn.Module):
             return
         c, s = self.config.in_channels, self.config.image_size
         if x.dim() != 4 or tuple(x.shape[1:]) != (c, s, s):
+            # images the model was built for, in another layout: rebuilding the model (the
+            # general advice) would not take them either
+            if tuple(x.shape) == (c, s, s):
+                fix = "a single image without its batch axis: pass images.unsqueeze(0)"
+            elif x.dim() == 4 and tuple(x.shape[1:]) == (s, s, c):
+                fix = ("channels-last (batch, height, width, channels) images: pass "
+                       "images.permute(0, 3, 1, 2)")
+            else:
+                fix = ("build the model for your data, e.g. create_model(name, "
+                       "in_channels=..., image_size=...)")
             raise ValueError(
                 f"{type(self).__name__} expects images of shape (batch, {c}, {s}, {s}), got "
-                f"{tuple(x.shape)}; build the model for your data, e.g. "
-                f"create_model(name, in_channels=..., image_size=...)"
+                f"{tuple(x.shape)}; {fix}"
             )
         self._check_dtype(x)
 
@@ -124,12 +133,15 @@ class ImageClassifier(nn.Module):
                 f"{x.dtype}: convert them with images.float() (bytes 0..255: images.float() / "
                 f"255, then normalise as the model's data was) or use a dataset of senslab.data, "
                 f"whose images are float32 already")
-        if autocast_on(x.device.type) and x.dtype != torch.float64:
+        on = autocast_on(x.device.type)
+        if on and x.dtype != torch.float64:
             return
+        # under autocast already, "run it under torch.autocast" was no fix: it leaves float64 be
+        also = ("; torch.autocast, which is on, casts no float64 tensors" if on else
+                " (or run it under torch.autocast for mixed precision)")
         raise TypeError(
             f"{name} has {w} weights but got {x.dtype} images: convert the images with "
-            f"images.to({w}), or the model with model.to({x.dtype}) (or run it under "
-            f"torch.autocast for mixed precision)")
+            f"images.to({w}), or the model with model.to({x.dtype}){also}")
 
 
 def patchify(x: Tensor, p: int) -> Tensor:

@@ -427,6 +427,21 @@ def max_margin_direction(Z: Tensor, *, tol: float = 1e-6) -> Tensor:
     return torch.from_numpy(v)
 
 
+def _rounding_slack(W: Tensor, A: np.ndarray, Q: np.ndarray) -> tuple[np.ndarray, float]:
+    """How far W's own rounding may move each margin a_kᵀ W q_k, and its relative Frobenius
+    norm: one unit in the last place of W's type per entry (a subnormal's spacing where the
+    entry is that small). Zero for float64 at this tolerance's scale, where W is W_mm only up to
+    float64 rounding anyway; an integer W is exact."""
+    if not W.is_floating_point() or W.dtype == torch.float64:
+        return np.zeros(len(A)), 0.0
+    info = torch.finfo(W.dtype)
+    Wd = W.detach().to("cpu", torch.float64).abs().numpy()
+    ulp = info.eps * Wd + info.eps * info.tiny  # the spacing of W's type at each entry
+    slack = np.einsum("ka,ab,kb->k", np.abs(A), ulp, np.abs(Q))
+    relative = float(np.linalg.norm(ulp) / max(np.linalg.norm(Wd), 1e-300))
+    return slack, relative
+
+
 def check_max_margin(X: Tensor, opt: Tensor, W: Tensor, *, tol: float = 1e-6) -> float:
     """Verify that W solves the max-margin QP; return its minimum margin (≈ 1 when it does).
 
@@ -434,8 +449,12 @@ def check_max_margin(X: Tensor, opt: Tensor, W: Tensor, *, tol: float = 1e-6) ->
     W is a non-negative combination Σ α_k z_k of the *active* constraints (margin ≤ 1 + tol)
     alone, found by NNLS, with residual ≤ tol·√(#active)·‖W‖ (this is stationarity + dual
     feasibility + complementary slackness; for a convex QP they prove optimality). The residual
-    is relative to ‖W‖ at every scale of the tokens (W_mm scales as 1/‖x‖²). Raises
-    ``ValueError`` naming the failed condition.
+    is relative to ‖W‖ at every scale of the tokens (W_mm scales as 1/‖x‖²). A W in a type
+    narrower than float64 (``max_margin_attention`` returns W_mm in X's type) is checked as
+    W_mm rounded to that type: each margin may also fall short by what one unit in the last
+    place of every entry of W moves it, and the residual by that unit relative to ‖W‖ (float32
+    W_mm of tokens of mean 3 had margins 0.999999 and failed; every float16 / bfloat16 one
+    did). Raises ``ValueError`` naming the failed condition.
     """
     _check_tokens(X)
     opt = _check_opt(X, opt)
@@ -446,12 +465,17 @@ def check_max_margin(X: Tensor, opt: Tensor, W: Tensor, *, tol: float = 1e-6) ->
         raise ValueError("W holds nan or inf entries: it solves no max-margin problem")
     margins = attention_margins(X.detach().to("cpu", torch.float64), opt.cpu(), Wd)
     smallest = float(margins.min())
-    if smallest < 1 - tol:
-        i, t = divmod(int(margins.argmin()), X.shape[1])
-        raise ValueError(f"W is infeasible: margin {smallest:.6g} < 1 at sample {i}, token {t}")
-    A, Q, _ = _constraints(X, opt)
+    A, Q, where = _constraints(X, opt)
     m = margins.numpy()[np.arange(X.shape[1])[None, :] != opt.cpu().numpy()[:, None]]
-    active = m <= 1 + tol
+    slack, rounding = _rounding_slack(W, A, Q)
+    short = 1 - tol - slack - m  # > 0: short of 1 beyond the tolerance and W's rounding
+    if short.max() > 0:
+        k = int(short.argmax())
+        i, t = where[k]
+        beyond = f" (beyond {W.dtype}'s rounding of W, {slack[k]:.2g})" if slack[k] else ""
+        raise ValueError(f"W is infeasible: margin {m[k]:.6g} < 1 at sample {i}, token {t}"
+                         f"{beyond}")
+    active = m <= 1 + tol + slack
     if not active.any():
         raise ValueError(f"W is not minimal: no constraint is active (smallest margin "
                          f"{smallest:.6g} > 1), so W / {smallest:.6g} is feasible and shorter")
@@ -460,7 +484,7 @@ def check_max_margin(X: Tensor, opt: Tensor, W: Tensor, *, tol: float = 1e-6) ->
     # before: an absolute residual ≤ tol·√k·max(1, ‖W‖), which let any W of norm ≪ tol·√k
     # (tokens of norm ≳ 30) pass, whatever its direction
     relative = _cone_residual(Z, w)
-    if relative > tol * np.sqrt(active.sum()):
+    if relative > tol * np.sqrt(active.sum()) + rounding:
         raise ValueError(
             f"W is feasible but not the minimum-norm solution: it is not a non-negative "
             f"combination of its {int(active.sum())} active constraints (KKT residual "

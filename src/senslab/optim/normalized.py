@@ -27,12 +27,15 @@ checkpoint given to ``load_state_dict``. The options' values are checked again a
 LR scheduler or a hand edit may change them): a negative or non-finite lr is refused, an lr of 0
 (where a schedule may end) is no step. Parameters of different float types share a norm taken in
 the widest of them; complex parameters are stepped like real ones. A nonzero gradient so small
-that η/‖∇L‖ overflows (a subnormal ‖∇L‖) is still stepped by exactly η, as (∇L/‖∇L‖)·η.
+that η/‖∇L‖ overflows (a subnormal ‖∇L‖), or so large that it underflows (below the type's
+normal range, where it kept a few digits or none), is still stepped by exactly η, as
+(∇L/‖∇L‖)·η.
 
 Every updated parameter's state records ``step`` (number of steps taken), ``step_size`` (the
 multiplier on the raw gradient, η/‖∇L‖ or the cap; 0 for a zero gradient, inf where η/‖∇L‖
-overflowed) and ``grad_norm`` (the norm it was divided by), so they survive ``state_dict()``, in
-the precision they were computed in; ``last_step_size`` reads them back for logging.
+overflowed, the rounded subnormal or 0 where it underflowed) and ``grad_norm`` (the norm it
+was divided by), so they survive ``state_dict()``, in the precision they were computed in;
+``last_step_size`` reads them back for logging.
 """
 
 from __future__ import annotations
@@ -377,16 +380,21 @@ class NGD(_StepSizeLog, Optimizer):
                 assert norm is not None  # p has a gradient, so some norm exists
                 norm = norm.to(p.device)
                 # η/‖g‖ is inf for g = 0; the where() turns that into "no step".
-                size = torch.where(norm > 0, group["lr"] / norm, torch.zeros_like(norm))
+                raw = torch.where(norm > 0, group["lr"] / norm, torch.zeros_like(norm))
+                size = raw
                 if group["eta_max"] is not None:
                     size = size.clamp(max=group["eta_max"])
                 # η/‖g‖ overflows for a subnormal ‖g‖ (a float32 logistic loss far into a
-                # separable run), and inf·g made the parameters −inf: then step as (g/‖g‖)·η
+                # separable run), and inf·g made the parameters −inf; for a huge ‖g‖ it falls
+                # under the type's normal range (float32 ‖g‖ ≳ η·1e38), where it kept only a few
+                # digits (a step of 1.19 η) or none (0: no step at all). Then step as (g/‖g‖)·η
                 # instead, the same step of length η (the divisor is 1 otherwise: bit for bit
-                # the product above). The recorded step size stays inf: it is beyond the type.
-                over = (norm > 0) & torch.isinf(size)
-                divisor = torch.where(over, norm, torch.ones_like(norm))
+                # the product above). The recorded step size stays as rounded (inf, subnormal or
+                # 0): it is beyond the type. A cap, which only lowers it, keeps its own product.
                 lr = torch.as_tensor(group["lr"], dtype=norm.dtype, device=norm.device)
+                under = (size < torch.finfo(size.dtype).tiny) & (size == raw) & (lr > 0)
+                over = (norm > 0) & (torch.isinf(size) | under)
+                divisor = torch.where(over, norm, torch.ones_like(norm))
                 _apply(p, torch.where(over, lr, size), divisor)
                 _record(self.state[p], size, norm, self._latest_stamp())
         return loss

@@ -25,6 +25,7 @@ from senslab.report.plots import (
     plot_position_heatmaps,
     plot_position_profiles,
     plot_scatter,
+    position_alignment,
     position_profile,
     written_png,
 )
@@ -142,8 +143,8 @@ def make_report(
                             written_png(png)))
         else:
             png = plot_position_profiles(runs, out / "positions.png")
-            figures.append((png, "Sensitivity per token position, right-aligned (−1 = last "
-                                 "token).", written_png(png)))
+            figures.append((png, f"Sensitivity per token position, {position_alignment(runs)}.",
+                            written_png(png)))
     elif any(position_profile(r) is not None for r in runs):
         # every profile null at every position: nothing to draw, but a report without the
         # figure reads as runs that never measured per position

@@ -166,6 +166,24 @@ def _label_handles(
     return [Line2D([], [], color=colors[lb], label=_plain(lb), **style) for lb in labels]
 
 
+def _draw_lone_points(ax: Any, xs: np.ndarray, curve: Curve, drawn: np.ndarray, color: Any,
+                     mark: bool) -> None:
+    """Draw the points of ``curve`` (where ``drawn``) that have no drawn neighbour: a line
+    between NaNs draws nothing of them, nor does a band, whose area there has no width. A curve
+    of one point (a model measured once, by two seeds) was drawn with no band, as if its seeds
+    agreed exactly: its band is drawn as an error bar, and ``mark`` adds the point's marker
+    (a curve of three or more points had none)."""
+    shown = drawn & np.isfinite(curve.mean)
+    alone = shown & ~np.r_[False, shown[:-1]] & ~np.r_[shown[1:], False]
+    if not alone.any():
+        return
+    if mark:
+        ax.plot(xs[alone], curve.mean[alone], color=color, ls="", marker="o", ms=4)
+    band = alone & np.isfinite(curve.low) & np.isfinite(curve.high)
+    if band.any():
+        ax.vlines(xs[band], curve.low[band], curve.high[band], color=color, lw=2.5, alpha=0.35)
+
+
 def curve_panels(
     runs: Sequence[Run], keys: Sequence[str] | None = None
 ) -> list[tuple[str, str, list[str]]]:
@@ -206,8 +224,9 @@ def plot_curves(
     those runs (a single run shows its 95% CI when it logged ``<key>_ci`` or ``<key>_se``).
     Train/val/test of a metric share a panel, told apart by line style. ``x`` is ``"epoch"`` or
     ``"step"``; ``logy`` is ``True`` for every panel or a set of metric keys whose panels get a
-    log y-axis; ``logx`` masks x = 0. Where a run logs records without an epoch (a pretrained
-    model's measurement), every curve is drawn against the step instead, and the axis says so.
+    log y-axis; ``logx`` masks x = 0 (the step-0 evaluation), with a warning naming any curve
+    left with no point. Where a run logs records without an epoch (a pretrained model's
+    measurement), every curve is drawn against the step instead, and the axis says so.
     A point whose mean is NaN or inf (a run logged one) is not drawn, with a warning naming it.
     Where only some of a label's runs logged a step (the others stopped earlier, e.g. on
     reaching ``train.target_train_acc``, or logged at other steps) the mean there is over those
@@ -240,6 +259,10 @@ def plot_curves(
     null: list[str] = []  # points a run logged as null (a NaN or inf is written as null)
     fewer: list[str] = []
     nonpositive: list[str] = []
+    # (key, label, x values) of the points at x ≤ 0, which a log x-axis cannot place, and
+    # the curves that have no other point (nothing of them is drawn)
+    off_axis: list[tuple[str, str, list[float]]] = []
+    unseen: list[str] = []
     # label -> (key, k, R) for metrics only k of the label's R runs logged
     partial: dict[str, list[tuple[str, int, int]]] = {}
     with matplotlib.rc_context(STYLE):
@@ -252,6 +275,13 @@ def plot_curves(
                 for key in pkeys:
                     curve = aggregate_curve(group, key)
                     if curve is None:
+                        # every point null (a sharpness inf at each measurement): no line at
+                        # all, where the table reads "null"; the panel is another label's
+                        at = sorted({int(row["step"]) for run in group for row in run.metrics
+                                     if key in row and row[key] is None})
+                        if at:
+                            null.append(f"{key} of {label!r} at {len(at)} step(s) (first: step "
+                                        f"{at[0]}; every point, so no line at all)")
                         continue
                     bad = ~np.isfinite(curve.mean)
                     if bad.any():
@@ -270,6 +300,16 @@ def plot_curves(
                                            f"(first: step {curve.steps[masked][0]}, "
                                            f"{format_number(float(curve.mean[masked][0]))})")
                     xs = curve.x(x)
+                    # a log x-axis has no 0: the step-0 (epoch-0) evaluation every loop logs
+                    # first, or a whole curve measured at step 0 alone, was left out unsaid
+                    drawable = np.isfinite(curve.mean)
+                    unplaced = logx & drawable & (xs <= 0)
+                    if unplaced.any():
+                        off_axis.append((key, label, [float(v) for v in xs[unplaced]]))
+                        if unplaced.sum() == drawable.sum():
+                            unseen.append(f"{key} of {label!r} (at {x} "
+                                          f"{format_number(float(xs[unplaced][0]))}: "
+                                          f"{format_number(float(curve.mean[unplaced][0]))})")
                     style = SPLIT_STYLES.get(_split(key), "-")
                     if len(pkeys) > 1:
                         splits_used.add(_split(key))
@@ -292,6 +332,9 @@ def plot_curves(
                         ax.fill_between(xs, np.where(full, curve.low, np.nan),
                                         np.where(full, curve.high, np.nan),
                                         color=colors[label], alpha=0.18, lw=0)
+                    # a point beside one a log x-axis masks (step 0) is alone there too
+                    _draw_lone_points(ax, xs, curve, full & ~unplaced, colors[label],
+                                      marker is None)
             ax.set_title(_plain(ptitle))
             ax.set_xlabel(xlabel)
             ax.set_ylabel(_plain(ylabel))
@@ -338,6 +381,15 @@ def plot_curves(
             warnings.warn(f"{out}: curve points not drawn as their mean is ≤ 0 on a log y-axis: "
                           f"{'; '.join(nonpositive)}; draw that panel without logy to see them",
                           stacklevel=2)
+        if unseen:
+            # the step-0 evaluation every loop logs first is left out of a log x-axis by design
+            # (logx's documented mask, in every curve of a log-spaced schedule): said only
+            # where a curve has no other point, so that nothing of it is drawn
+            at = sorted({v for _, _, vs in off_axis for v in vs})
+            warnings.warn(f"{out}: nothing is drawn of {'; '.join(unseen)}, as a log x-axis "
+                          f"has no {x} ≤ 0 ({x} {', '.join(format_number(v) for v in at)} "
+                          "left out) and the curve has no other point; draw the curves "
+                          "without logx to see them", stacklevel=2)
         if null:
             warnings.warn(f"{out}: curve points missing where a run logged the metric as null "
                           f"(not known: a NaN or inf, e.g. of a run that diverged, is written as "
@@ -364,13 +416,23 @@ def plot_final_bars(
     Error bars: ± std over the label's seeds; a label with one run shows ± 1.96 s.e. (its
     ``<key>_se``), i.e. a 95% interval for that run's estimate; none if neither is known. A
     bar that cannot be drawn — NaN or inf, or ≤ 0 on a log y-axis (``logy``) — has its value
-    written in its place, with a warning.
+    written in its place, with a warning. A label none of whose runs logged ``key`` has no bar,
+    and a warning names it.
     """
     import matplotlib
 
-    rows = [r for r in final_table(runs, keys=[key, acc_key]) if key in r]
+    table = final_table(runs, keys=[key, acc_key])
+    rows = [r for r in table if key in r]
     if not rows:
         raise ValueError(f"no run has a final {key!r}; choose a metric the runs logged")
+    # a label whose runs never logged the metric has no bar: a chart "per label" without it
+    # reads as the labels there are (a boolean model beside token-wise ones measured bool_sens)
+    absent = [r["label"] for r in table if key not in r]
+    if absent:
+        warnings.warn(f"{out}: no bar for {len(absent)} of {len(table)} label(s), as none of "
+                      f"their runs logged a final {key}: {', '.join(map(repr, absent))}; "
+                      "their final numbers are in the table (plot_final_bars' key= draws "
+                      "another metric)", stacklevel=2)
     colors = _run_colors(runs)
     means = [r[key].mean for r in rows]
     errs = [
@@ -480,6 +542,22 @@ def position_profile(run: Run, key: str = "sens/train") -> tuple[list[int], list
     return [int(p) for p in pos], [math.nan if v is None else float(v) for v in vals]
 
 
+def position_alignment(runs: Sequence[Run], key: str = "sens/train") -> str:
+    """How the positions of ``runs``' per-position profiles of ``key`` count, in words for an
+    axis or a caption: right-aligned from the end (negative: embedding tokens, −1 = the last
+    real token), left-aligned from the start (0 and up: the token's index, for sequence
+    vectors and image patches; docs/definitions.md#per-position-profile), or both. Every
+    profile was drawn as right-aligned, and the first token of a left-aligned one read as the
+    last but one."""
+    positions = {p for r in runs for prof in [position_profile(r, key)] if prof is not None
+                 for p in prof[0]}
+    if positions and min(positions) >= 0:
+        return "left-aligned, 0 = first token"
+    if positions and max(positions) >= 0:  # some runs of each
+        return "≥ 0 left-aligned (0 = first token), < 0 right-aligned (−1 = last token)"
+    return "right-aligned, −1 = last token"
+
+
 def has_positions(runs: Sequence[Run], key: str = "sens/train") -> bool:
     """Whether a run's final per-position profile of ``key`` has a value at some position (one
     whose every position is null, none reached, has nothing to draw)."""
@@ -530,8 +608,10 @@ def plot_position_profiles(
     """Final sensitivity per token position, one line per label (mean ± std over its runs;
     :func:`aggregate_positions`).
 
-    Positions are right-aligned (−1 = last real token), so sequences of different lengths line
-    up at their end, where recency effects (e.g. an LSTM's) show. A position that only some of
+    Embedding tokens' positions are right-aligned (−1 = last real token), so sequences of
+    different lengths line up at their end, where recency effects (e.g. an LSTM's) show; token
+    vectors' (``Sequence``) count from 0 = the first token, and the axis says which
+    (:func:`position_alignment`). A position that only some of
     a label's runs reached (their longest sequences differ) is the mean of those runs alone:
     as in :func:`plot_curves`, the line goes on faded there, without a band, and a warning names
     the positions. A label whose runs did not all log a profile says so in the legend.
@@ -576,7 +656,7 @@ def plot_position_profiles(
                                 np.where(full, curve.high, np.nan),
                                 color=colors[label], alpha=0.18, lw=0)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # positions are whole tokens
-        ax.set_xlabel("token position (right-aligned, −1 = last token)")
+        ax.set_xlabel(f"token position ({position_alignment(runs, key)})")
         ax.set_ylabel(YLABELS.get(key, _plain(key)))
         handles = _label_handles(colors, list(profiles))
         # the label's runs that logged no profile are in no point of it
