@@ -197,6 +197,7 @@ def auto_tokens(
             return dataclasses.replace(tokens, module=f"{name}.{tokens.module}")
         return tokens
     if _is_image(model):
+        _refuse_not_images(model)
         _refuse_text_options(model, "image patches", embedding, position)
         tokens = Patches(_patch_size(model) if patch_size is None else patch_size, **pixel)
         if patch_size is None:  # a grid refusal says where the size came from (not the user)
@@ -230,10 +231,77 @@ def auto_tokens(
             model, f"patch_size={patch_size!r}", "token vectors (its word embedding "
             f"{_name(model, word)} and the modules after it)", "patch_size cuts images into "
             "patches; drop patch_size (embedding= picks the module the noise goes on)"))
+    _refuse_decoder_embedding(model, word)
     _refuse_sequence_first(model, word)
     module = _text_module(model, word, embedding)
     _refuse_shared_with_decoder(model, module)
     return Embedding(module, position=position)
+
+
+#: ``main_input_name`` of Hugging Face models fed audio (a waveform or spectrogram features):
+#: a ``Conv2d`` (AST's patch embedding, Parakeet's subsampling) made them look like image models
+AUDIO_INPUTS = ("input_values", "input_features")
+
+
+def _refuse_not_images(model: nn.Module) -> None:
+    """Refuse a model that looks like an image model (a ``Conv2d``, ``pixel_values``) but is not
+    fed (batch, channels, height, width) images, the only input ``Patches`` cuts: a video model
+    (VideoMAE, TimeSformer, ViViT: ``config.num_frames`` or a ``Conv3d``; (batch, frames,
+    channels, height, width)), an audio model (AST, Parakeet: :data:`AUDIO_INPUTS`; a
+    (batch, time, frequency) spectrogram), or one fed images already cut into patches (SigLIP 2's
+    ``spatial_shapes``, Pix2Struct's ``flattened_patches``; (batch, patches, channels·p·p)).
+    ``Patches`` was returned and the measurement then refused the input, for a spectrogram with
+    the advice to add a channel axis, which the model cannot take."""
+    config = getattr(model, "config", None)
+    main = getattr(model, "main_input_name", None)
+    frames = getattr(config, "num_frames", None)
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        params = {}
+    # config.num_frames where pixel_values are the input: Perceiver's config has one for its
+    # multimodal models, while its image classifiers take (batch, channels, height, width)
+    if (main == "pixel_values" and isinstance(frames, int) and not isinstance(frames, bool)) \
+            or any(isinstance(m, nn.Conv3d) for m in model.modules()):
+        what = "videos, (batch, frames, channels, height, width)"
+    elif main in AUDIO_INPUTS:
+        what = (f"audio ({main!r}, a spectrogram or waveform such as (batch, time, "
+                "frequency))")
+    elif "spatial_shapes" in params or main == "flattened_patches":
+        what = "images already cut into patches, (batch, patches, channels·p·p)"
+    else:
+        return
+    block = next((n for n, m in model.named_modules() if type(m).__name__.endswith("Embeddings")
+                  and not type(m).__name__.endswith("PatchEmbeddings")), None)
+    example = f", here Embedding({block!r})" if block else ""
+    raise TypeError(
+        f"auto_tokens: {type(model).__name__} is fed {what}, not (batch, channels, height, "
+        "width) images, the only input Patches cuts into patches, so it has no image patches "
+        "to pick. Pass tokens explicitly: Embedding('<module name>') on the module whose output "
+        f"is its (batch, tokens, dim) token vectors{example} (σ is then in the units of those "
+        "vectors, not of the input)"
+    )
+
+
+def _refuse_decoder_embedding(model: nn.Module, word: nn.Module) -> None:
+    """Refuse an encoder–decoder model whose word embedding is its decoder's alone: its encoder
+    takes no token ids (Speech2Text, Canary, a ``SpeechEncoderDecoderModel``: audio features),
+    so ``get_input_embeddings()`` is the embedding of the ``decoder_input_ids``. Noise there
+    would measure the decoder's tokens, not the model's inputs; the refusals given before said
+    the encoder and decoder share it, with a fix (a copy for the encoder) that left it refused."""
+    encoder, decoder = _stack(model, "encoder"), _stack(model, "decoder")
+    if encoder is None or decoder is None or any(m is word for m in encoder.modules()) \
+            or not any(m is word for m in decoder.modules()):
+        return
+    main = getattr(model, "main_input_name", "inputs")
+    raise TypeError(
+        f"{type(model).__name__}'s input embedding ({_name(model, word)}) is its decoder's: "
+        f"its encoder ({_name(model, encoder)}) takes {main!r} and has no token embedding, so "
+        "noise on that module would measure the decoder's own tokens (decoder_input_ids), not "
+        "the model's inputs, and auto_tokens cannot pick its tokens. Pass tokens explicitly: "
+        "Embedding('<module name>') on a module of the encoder whose output is (batch, tokens, "
+        "dim), such as its first layer's input LayerNorm"
+    )
 
 
 #: Hugging Face ``model_type`` of text models that transpose their token ids to (tokens, batch)
