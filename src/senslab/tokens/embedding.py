@@ -272,6 +272,27 @@ def hf_pad_token_config(model: Any) -> tuple[Any, str] | None:
     return None
 
 
+#: ``config`` attributes (the model's, or its text config's) of Hugging Face multimodal models
+#: that name a placeholder token id whose positions the forward overwrites with an image, video
+#: or audio encoder's features
+PLACEHOLDER_KEYS = ("image_token_index", "image_token_id", "video_token_index",
+                    "video_token_id", "audio_token_index", "audio_token_id")
+
+
+def placeholder_ids(model: Any) -> dict[str, int]:
+    """``{config key: id}`` of ``model``'s multimodal placeholder tokens (:data:`PLACEHOLDER_KEYS`
+    of its config, of the Hugging Face model it wraps: :func:`config_owner`); empty for a model
+    without them."""
+    owner, _ = config_owner(model)
+    config = getattr(owner, "config", None)
+    found: dict[str, int] = {}
+    for key in PLACEHOLDER_KEYS:
+        value = getattr(config, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            found[key] = value
+    return found
+
+
 def no_pad_id_message(model: Any) -> str:
     """The refusal of a Hugging Face decoder classifier without a pad token id, whichever
     forward it refused (the clean one of several examples, a single padded example, or the
@@ -1003,6 +1024,7 @@ class _BoundEmbedding(BoundTokens):
             self.clean_output = read_position(raw, self.ends, self.position, t, starts)
         self._refuse_padding_of_another_id()
         self._refuse_unread_tokens()
+        self._refuse_overwritten_tokens()
         if not _LEFT_PADDING_JUDGED.get():  # else the caller says it, or refuses the inputs
             self.warn_left_padding_read()
 
@@ -1175,6 +1197,58 @@ class _BoundEmbedding(BoundTokens):
             f"they are real tokens whose id is the pad id (an end token, pad = eos), the model "
             f"never reads them: leave them out of the inputs, or pad with another id and set "
             f"model.{where} to it"
+        )
+
+    def _refuse_overwritten_tokens(self) -> None:
+        """Refuse noise on the placeholder tokens of a Hugging Face multimodal model (LLaVA,
+        Qwen2-VL, Gemma 3, Qwen2-Audio: :data:`PLACEHOLDER_KEYS` of its config) where the
+        forward overwrites them after the hooked module: it writes the image, video or audio
+        encoder's features over those positions of the word embedding's output, so their
+        noise is discarded and they would be measured as tokens that never flip (a LLaVA's 16
+        image positions of 22 read 0, diluting the mean). Seen, not assumed: one forward of the
+        first such example with noise on those positions alone; a module hooked after the
+        merge keeps the noise and passes."""
+        ids = _token_ids(self.inputs)
+        found = placeholder_ids(self.model)
+        if not found or self.valid is None or not isinstance(ids, Tensor) \
+                or ids.shape != self.valid.shape or ids.is_floating_point():
+            return
+        ids = ids.to(self.valid.device)
+        hit = torch.zeros_like(self.valid)
+        for pid in found.values():
+            hit |= ids == pid
+        hit &= self.valid
+        rows = hit.any(dim=1).nonzero().flatten()
+        if not len(rows):
+            return
+        row = rows[:1]
+        clean = self._clean[row]
+        # noise of the tokens' own size on the placeholders alone: a real change of any model
+        # that reads them
+        scale = float(clean.float().abs().amax()) or 1.0
+        noise = torch.zeros_like(clean)
+        noise[0, hit[row[0]]] = scale
+        try:
+            moved = self.forward_perturbed(row, None, noise)
+            still = self.forward_perturbed(row, None, torch.zeros_like(clean))
+        except (RuntimeError, ValueError, TypeError, IndexError):
+            return  # the model takes no such inputs: not judged
+        if not torch.equal(moved, still):
+            return
+        named: dict[int, str] = {}
+        for key, pid in found.items():  # LLaVA's image_token_index and image_token_id alias
+            named.setdefault(pid, key)
+        which = ", ".join(f"{key}={pid}" for pid, key in named.items())
+        per = hit.sum(dim=1)[rows]
+        raise ValueError(
+            f"{type(unwrapped(self.model)).__name__}'s forward writes its media encoder's "
+            f"features over the positions of its placeholder token(s) ({which}) after "
+            f"{self.name!r}: noise there is discarded (seen: example {int(row)}'s output did "
+            f"not move with noise on its {int(per[0])} placeholder position(s) alone), so they "
+            "would be measured as tokens that never flip, diluting the rate. Measure the text "
+            "tokens alone with mask= (e.g. mask=(input_ids != id) & attention_mask.bool() for "
+            "each placeholder id), or hook a module that runs after the merge (the language "
+            "model's first decoder layer, say) to perturb the media positions too"
         )
 
     def warn_left_padding_read(self) -> None:
