@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from collections.abc import Iterator, Mapping
 from collections.abc import Sequence as Seq
@@ -63,7 +64,8 @@ def processor_normalization(processor: Any) -> tuple[tuple[float, ...], tuple[fl
     name = type(processor).__name__
     if getattr(processor, "do_rescale", False) is True:
         factor = getattr(processor, "rescale_factor", 1 / 255)
-        if not isinstance(factor, (int, float)) or not math.isclose(factor, 1 / 255,
+        # numbers.Real: a NumPy float32 1/255 was said to be another factor than 1/255
+        if not isinstance(factor, numbers.Real) or not math.isclose(factor, 1 / 255,
                                                                     rel_tol=1e-6):
             raise ValueError(
                 f"image_processor {name} rescales pixels by {factor!r}, not 1/255, so its "
@@ -86,7 +88,11 @@ def _channels(value: Any, what: str) -> tuple[float, ...] | None:
         return None
     if isinstance(value, Tensor):
         value = value.flatten().tolist()
-    items = [value] if isinstance(value, (int, float)) else value
+    elif hasattr(value, "__array__") and hasattr(value, "reshape"):
+        # a NumPy array or scalar (np.std over a dataset's channels): not a Sequence, and
+        # refused as "no sequence of per-channel numbers"
+        value = value.reshape(-1).tolist()
+    items = [value] if isinstance(value, numbers.Real) else value
     if isinstance(items, (str, bytes)) or not isinstance(items, Seq) or not items:
         raise TypeError(f"{what} must be a number or a sequence of per-channel numbers, got "
                         f"{value!r}; e.g. {what}=(0.229, 0.224, 0.225)")
@@ -173,22 +179,63 @@ def _looks_channels_last(shape: Seq[int]) -> bool:
     return shape[-1] <= FEW_CHANNELS < min(shape[1], shape[2])
 
 
+#: Hugging Face's names of audio inputs (a spectrogram, a waveform's features)
+AUDIO_KEYS = ("input_values", "input_features")
+
+
 def _shape(v: Any) -> str:
     return str(tuple(v.shape)) if isinstance(v, Tensor) else type(v).__name__
 
 
-def _image_hint(v: Any, where: str, last: bool = False) -> str:
+def _image_hint(v: Any, where: str, last: bool = False, key: str | None = None) -> str:
     """Why ``v`` is no (B, C, H, W) image batch — (B, H, W, C) for ``channels_last=True`` — and
-    the fix (the grayscale hint only for a 3-D tensor, where a channel axis is what is missing;
-    at the end for channels-last, where x.unsqueeze(1) made (B, 1, H, W) read as H×… images of
-    W channels: rows measured as tokens, without a word)."""
+    the fix (for a 3-D tensor, where a channel axis is what is missing, the channel axis at the
+    end for channels-last, where x.unsqueeze(1) made (B, 1, H, W) read as H×… images of W
+    channels: rows measured as tokens, without a word). A 3-D tensor is also what a model that
+    takes it as it is gets (a spectrogram, grayscale images without a channel axis): the
+    channel axis alone, which the grayscale advice gave, made its forward fail (a Conv2d that
+    adds its own got 5-D input), so the hint names the wrapper that takes it off again, and
+    ``Sequence()`` or an ``Embedding`` for rows as tokens; and where the first axis looks like
+    the channels of one image (3, 32, 32), the batch axis it lacks. ``key``: the dict entry
+    that holds ``v``."""
     layout = "(batch, height, width, channels)" if last else "(batch, channels, height, width)"
     got = f"Patches expects images of shape {layout}{where}, got "
     if isinstance(v, Tensor) and v.dim() == 3:
-        axis = "x.unsqueeze(-1)" if last else "x.unsqueeze(1)"
-        return got + f"{_shape(v)}; add a channel axis with {axis} for grayscale images"
+        axis, dim = ("-1", "(batch, height, width, 1)") if last else ("1", "(batch, 1, height, "
+                                                                       "width)")
+        if key in AUDIO_KEYS:  # a spectrogram or frames: no grayscale image
+            hint = f"{_shape(v)}, audio features, not images"
+        else:
+            hint = (f"{_shape(v)}; add a channel axis with x.unsqueeze({axis}) for grayscale "
+                    f"images the model takes as {dim}")
+            first, end = v.shape[0], v.shape[-1]
+            if (end if last else first) in (3, 4) \
+                    and FEW_CHANNELS < min(v.shape[:2] if last else v.shape[1:]):
+                hint += (f"; if it is one image of {end if last else first} channels, add its "
+                         "batch axis instead: x.unsqueeze(0)")
+            elif not last and end in (3, 4) and FEW_CHANNELS < min(v.shape[:2]):
+                hint += (f"; if it is one (height, width, channels) image of {end} channels, "
+                         "x.permute(2, 0, 1).unsqueeze(0) makes it a batch of one")
+        if key is None:
+            return got + hint + (
+                f". A model that takes the 3-D tensor as it is (a spectrogram (batch, mels, "
+                f"frames), images without a channel axis) would fail on that: measure patches "
+                f"of x.unsqueeze({axis}) on a wrapper whose forward(x) calls "
+                f"model(x.squeeze({axis})); to perturb one row at a time (a spectrogram's "
+                f"frames, patches already cut), pass Sequence() instead")
+        return got + hint + (
+            f". A model that takes {key!r} as a 3-D tensor (a spectrogram, patches already "
+            f"cut) would fail on a channel axis: measure patches of {{'pixel_values': "
+            f"x.unsqueeze({axis}), …the other entries}} on a wrapper whose "
+            f"forward(pixel_values, **rest) calls model({key}=pixel_values.squeeze({axis}), "
+            "**rest), or its tokens with Embedding('<module>') on the module whose output "
+            "enters its first block")
     if isinstance(v, Tensor):
         return got + f"{_shape(v)}"
+    if key is not None:  # a dict was passed: what its entry needs is to be a tensor
+        return got + (f"a {type(v).__name__}, not a tensor; call the image processor with "
+                      "return_tensors='pt', or convert the entry with torch.as_tensor (a list "
+                      "of images: torch.stack)")
     return got + (f"a {type(v).__name__}; pass the image tensor itself, or a dict "
                   "{'pixel_values': images, …} whose other entries go to the model as keyword "
                   "arguments")
@@ -379,7 +426,7 @@ class Patches(Tokenization):
             inputs = inputs[key]
         if not isinstance(inputs, Tensor) or inputs.dim() != 4:
             raise ValueError(_image_hint(inputs, "" if key is None else f" under {key!r}",
-                                         bool(self.channels_last)))
+                                         bool(self.channels_last), key))
         check_floating(
             inputs, "the images", "images.float() (σ is then in pixel units, e.g. 0–255) or "
             "images.float() / 255 (σ in units of the [0, 1] range)"
