@@ -63,7 +63,8 @@ spells a special token (``"<pad>"``, ``"</s>"``) is encoded as text, here and wi
 text → same vocabulary) and the result is cached in ``$SENSLAB_CACHE/tokenizers/`` (default
 ``~/.cache/senslab/tokenizers/``; never in the data directory, which may be shared or read-only)
 under a name made of the dataset, the vocabulary size and a hash of the training text, written
-atomically and reused.
+atomically and reused (where that folder cannot be written, a warning says so and the tokenizer
+is trained again on each load: the same one).
 ``vocab_size`` sizes it (default :data:`BPE_VOCAB_SIZE`, 8,000; fewer where the text runs out of
 pairs, which warns, naming both sizes, where ``vocab_size`` was given).
 ``tokenizer="roberta-base"`` (a Hugging Face name; needs ``transformers`` and the network or its
@@ -105,7 +106,7 @@ from ._download import (
 )
 from ._registry import register_dataset
 from ._roots import Package, declare, find_root
-from .base import ArrayDataset
+from .base import ArrayDataset, whole_number
 from .synthetic import _check_seed
 
 SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
@@ -503,7 +504,10 @@ def _csv_split_rows(path: Path, fmt: _Format, rows: list[tuple[int, list[str]]]
     as the writer wrote it (its sentence wrapped in quotes, its own doubled, the line end inside)
     and counted as a CSV-quoted row (:func:`_check_csv_quoting`). A row is joined only where the
     lines, read with CSV quoting, make exactly one row of ``fmt`` that differs from the first
-    line; a reference file (by md5) is GLUE's own and is read as it is."""
+    line, and none of the lines after a valid first line (between an invalid first line and the
+    last) is a whole row of ``fmt`` itself: GLUE's rows, re-ordered, put a sentence that opens a
+    quote before one that ends with one, and are each their own example. A reference file (by
+    md5) is GLUE's own and is read as it is."""
     out: list[tuple[int, list[str]]] = []
     merged: dict[int, str] = {}
     k = 0
@@ -519,7 +523,14 @@ def _csv_split_rows(path: Path, fmt: _Format, rows: list[tuple[int, list[str]]]
                     if "unexpected end of data" in str(err):
                         continue  # a quoted field still open: it goes on on the next line
                     break
-                if len(found) == 1 and found[0] != row and fmt.valid(found[0]):
+                # a later line that is a whole example of its own is a row of the file, not the
+                # rest of a quoted sentence: GLUE's MRPC rows, re-ordered (a shuffled split of
+                # one's own), put a #2 String that opens a quote before one that ends with a
+                # quote, and the rows between were swallowed into one pair, said as CSV quoting.
+                # (The last line of an invalid first line may be valid: SST-2's `half ."\t1`.)
+                whole = [r for _, r in rows[k + 1:j + (1 if fmt.valid(row) else 0)]
+                         if fmt.valid(r)]
+                if len(found) == 1 and found[0] != row and fmt.valid(found[0]) and not whole:
                     span = j, [_requote(v) for v in found[0]]
                 break
         if span is None:
@@ -916,7 +927,9 @@ def _rotten_rows(split: str, labels: str, val_fraction: float, seed: int,
 def _rotten_csv(path: Path) -> list[tuple[str, str]]:
     """(text, category) of every row of the Rotten Tomatoes CSV ``path`` (:func:`_rotten_rows`),
     refused, naming the file, where it lacks :data:`RT_COLUMNS` or a row ends before them."""
-    with bz2.open(path, "rt", encoding="utf-8", newline="") as f:
+    # utf-8-sig: a CSV saved as Excel's "CSV UTF-8" starts with a BOM, which stuck to the first
+    # column's name, so the file was refused for lacking the column its header shows
+    with bz2.open(path, "rt", encoding="utf-8-sig", newline="") as f:
         reader = csv.DictReader(f)
         lacking = [c for c in RT_COLUMNS if c not in (reader.fieldnames or ())]
         if lacking:  # a bare KeyError: 'text' named neither the file nor the columns
@@ -1049,8 +1062,19 @@ def cached_bpe(name: str, texts: Sequence[str], vocab_size: int = BPE_VOCAB_SIZE
                           "again", UserWarning, stacklevel=2)
             path.unlink(missing_ok=True)
     tok = train_bpe(texts, vocab_size, min_frequency)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(path, tok.to_str().encode("utf-8"))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(path, tok.to_str().encode("utf-8"))
+    except OSError as err:
+        # the cache only saves training it again (same text, same tokenizer): a cache folder
+        # that cannot be written (a read-only home, a file in its place) failed the whole load
+        # with a bare OSError after the training, naming no fix
+        warnings.warn(
+            f"the trained tokenizer cannot be saved to {path} ({err.strerror or err}), so it "
+            "will be trained again on every load (the same text gives the same tokenizer, so "
+            "the encoding is the same): point SENSLAB_CACHE at a writable folder to keep it",
+            UserWarning, stacklevel=4)
+        return _from_tokenizers(tok, f"{path} (not saved)", trained=True)
     return _from_tokenizers(tok, str(path), trained=True)
 
 
@@ -1256,12 +1280,25 @@ def _dataset(name: str, split: str, rows: Callable[[str], TextRows], root: Path,
         raise ValueError(f"pair_encoding={pair_encoding!r}: use 'senslab' (<s> A </s></s> B </s>, "
                          "any tokenizer) or 'tokenizer' (a Hugging Face tokenizer's own pair "
                          "encoding, with its token_type_ids)")
+    # before any file is read or BPE trained: a float (a config's 128.0) failed at the end with
+    # numpy's bare "'float' object cannot be interpreted as an integer", naming no option
+    for option, value, example in (("max_len", max_len, 128), ("vocab_size", vocab_size, 8000)):
+        if value is not None and whole_number(value) is None:
+            raise ValueError(f"{name.split('-')[0]}: {option}={value!r} is not a whole number "
+                             f"(a number of tokens); pass an int, e.g. {option}={example}")
+    max_len = whole_number(max_len)  # type: ignore[assignment]  (checked just above)
+    vocab_size = None if vocab_size is None else whole_number(vocab_size)
     own = pair_encoding == "tokenizer"
     if own and (tokenizer is None or tokenizer.endswith(".json")):
         raise ValueError(f"pair_encoding='tokenizer' needs a Hugging Face tokenizer name "
                          f"(tokenizer={tokenizer!r} has no pair template of its own); set "
                          "tokenizer=<name> or use pair_encoding='senslab'")
     data = rows(split)
+    if not data.labels and not data.skipped:  # a header line alone is in the format: said so
+        raise DataUnavailableError(
+            f"{name} ({split}): the {split} file in {root} holds no example, only its header "
+            f"line (an empty split of one's own, or a file cut after its first line): put "
+            f"{name}'s {split} file there, with its examples")
     if not data.labels:
         raise DataUnavailableError(
             f"{name} ({split}): no example could be read from {root} ({data.skipped} rows "

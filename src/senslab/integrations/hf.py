@@ -51,7 +51,7 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 
 from ..measure import SensitivityResult
 from ..tokens import Tokenization
-from ..tokens.base import Inputs
+from ..tokens.base import Inputs, batch_size
 from ._common import (
     Seed,
     check_before_training,
@@ -117,6 +117,7 @@ class SensitivityCallback(TrainerCallback):
             self._dropped = {str(k) for k in inputs if k in _TARGETS}
             inputs = {k: v for k, v in inputs.items() if k not in _TARGETS}
         check_subset(inputs, options, type(self).__name__)
+        _refuse_empty(inputs)
         self.inputs, self.tokens, self.mask, self.options = inputs, tokens, mask, options
         self.batch_size = None if batch_size is None else check_every("batch_size", batch_size)
         self.name, self.seed = name, Seed(generator)
@@ -405,6 +406,21 @@ class SensitivityCallback(TrainerCallback):
         )
 
 
+def _refuse_empty(inputs: Any) -> None:
+    """Refuse a subset of no example when the callback is made: the check before training
+    stopped the run with the model's own error on an empty batch (BERT's "cannot reshape tensor
+    of 0 elements"), and ``measure`` with "range() arg 3 must not be zero"."""
+    try:
+        n = batch_size(inputs)
+    except (TypeError, ValueError):  # no tensor: refused, with its reason, before training
+        return
+    if n == 0:
+        raise ValueError(
+            "SensitivityCallback got a subset of 0 examples (its tensors' first dimension is "
+            "0): there is nothing to measure; pass at least one example, e.g. the first rows "
+            "of the evaluation set as a dict of (examples, tokens) tensors")
+
+
 def _weights(model: Any) -> tuple[tuple[int, int, Any], ...]:
     """Where each parameter and buffer of ``model`` lives, its in-place version counter and a
     digest of its values: equal only while the weights are the ones measured (an optimizer step
@@ -418,11 +434,14 @@ def _weights(model: Any) -> tuple[tuple[int, int, Any], ...]:
 def _digest(t: Tensor) -> Any:
     """A digest of ``t``'s values: ``torch.hash_tensor`` (the bits' XOR) where this torch has it,
     with the float64 sum beside it (an XOR cancels in pairs); the sum alone on an older torch."""
-    total = float(t.detach().double().sum()) if t.numel() else 0.0
+    t = t.detach()
+    if t.is_complex():  # both parts (a LLaMA-style rotary buffer, freqs_cis): a cast drops one
+        t = torch.view_as_real(t.resolve_conj())
+    total = float(t.double().sum()) if t.numel() else 0.0
     hashed = getattr(torch, "hash_tensor", None)
     if hashed is None or not t.numel():
         return total
-    return (hashed(t.detach()).view(torch.int64).item(), total)
+    return (hashed(t).view(torch.int64).item(), total)
 
 
 #: the keys of timings every evaluation of the Trainer reports, after its metric key prefix

@@ -649,8 +649,13 @@ def valid_mask(mask: Tensor | None, b: int, t: int, device: torch.device) -> Ten
     if mask is None:
         return torch.ones(b, t, dtype=torch.bool, device=device)
     if mask.shape != (b, t):
+        # a grid of patches (batch, rows, columns) holds the tokens in row-major order: the
+        # same mask, flattened (Patches' order, docs/definitions.md#per-position-profile)
+        grid = (mask.dim() == 3 and mask.shape[0] == b and mask.shape[1] * mask.shape[2] == t)
         raise ValueError(
             f"mask has shape {tuple(mask.shape)} but the batch has {b} examples of {t} tokens; "
             f"pass a (batch, tokens) = ({b}, {t}) mask that is true on real tokens"
+            + (f" (a grid of {mask.shape[1]}×{mask.shape[2]} patches: mask.flatten(1), the "
+               "patches row by row)" if grid else "")
         )
     return real_tokens(mask).to(device=device)
