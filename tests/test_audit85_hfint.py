@@ -81,3 +81,12 @@ def test_a_subset_of_no_example_is_refused_when_the_callback_is_made():
         SensitivityCallback(subset, Embedding(TOKENS), sigma=2.0)
     with pytest.raises(ValueError, match="subset of 0 examples"):
         SensitivityCallback(subset["input_ids"], Embedding(TOKENS), sigma=2.0)
+
+
+def test_lightnings_callback_refuses_a_subset_of_no_example_too():
+    pytest.importorskip("lightning")
+    from senslab.integrations.lightning import SensitivityCallback as LightningCallback
+    from senslab.tokens import Patches
+
+    with pytest.raises(ValueError, match="SensitivityCallback got a subset of 0 examples"):
+        LightningCallback(torch.zeros(0, 1, 8, 8), Patches(4), sigma=0.5)

@@ -44,11 +44,22 @@ def check_options(tokens: Tokenization | None, options: dict[str, Any], where: s
 
 
 def check_subset(inputs: Any, options: dict[str, Any], where: str) -> None:
-    """Refuse at construction a subset the first measurement would refuse — a left-padded
-    ``attention_mask`` with padding-aware batching on — rather than after an epoch of
-    training."""
+    """Refuse at construction a subset the first measurement would refuse — one of no example,
+    or a left-padded ``attention_mask`` with padding-aware batching on — rather than after an
+    epoch of training (an empty subset stopped the training with the model's own error on an
+    empty batch, BERT's "cannot reshape tensor of 0 elements")."""
     from ..measure._trim import left_padded_message, left_padded_row
+    from ..tokens.base import batch_size
 
+    try:
+        n = batch_size(inputs)
+    except (TypeError, ValueError):  # no tensor: refused, with its reason, before training
+        n = None
+    if n == 0:
+        raise ValueError(
+            f"{where} got a subset of 0 examples (its tensors' first dimension is 0): there is "
+            "nothing to measure; pass at least one example, e.g. the first rows of the "
+            "evaluation set")
     mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
     if options.get("trim_padding", True) is False or not isinstance(mask, Tensor) \
             or mask.dim() != 2:

@@ -51,7 +51,7 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 
 from ..measure import SensitivityResult
 from ..tokens import Tokenization
-from ..tokens.base import Inputs, batch_size
+from ..tokens.base import Inputs
 from ._common import (
     Seed,
     check_before_training,
@@ -117,7 +117,6 @@ class SensitivityCallback(TrainerCallback):
             self._dropped = {str(k) for k in inputs if k in _TARGETS}
             inputs = {k: v for k, v in inputs.items() if k not in _TARGETS}
         check_subset(inputs, options, type(self).__name__)
-        _refuse_empty(inputs)
         self.inputs, self.tokens, self.mask, self.options = inputs, tokens, mask, options
         self.batch_size = None if batch_size is None else check_every("batch_size", batch_size)
         self.name, self.seed = name, Seed(generator)
@@ -404,21 +403,6 @@ class SensitivityCallback(TrainerCallback):
             "each evaluation set's prefix, not a sensitivity of each set",
             stacklevel=3,
         )
-
-
-def _refuse_empty(inputs: Any) -> None:
-    """Refuse a subset of no example when the callback is made: the check before training
-    stopped the run with the model's own error on an empty batch (BERT's "cannot reshape tensor
-    of 0 elements"), and ``measure`` with "range() arg 3 must not be zero"."""
-    try:
-        n = batch_size(inputs)
-    except (TypeError, ValueError):  # no tensor: refused, with its reason, before training
-        return
-    if n == 0:
-        raise ValueError(
-            "SensitivityCallback got a subset of 0 examples (its tensors' first dimension is "
-            "0): there is nothing to measure; pass at least one example, e.g. the first rows "
-            "of the evaluation set as a dict of (examples, tokens) tensors")
 
 
 def _weights(model: Any) -> tuple[tuple[int, int, Any], ...]:
