@@ -150,7 +150,16 @@ def zero_bound(counts: Tensor, valid: Tensor) -> float:
     rate up to the rule-of-three 95% bound :math:`3/N` after :math:`N` draws without a flip,
     :math:`\sqrt{p(1-p)\sum_{bt} w_{bt}^2/\max(n_{bt},1)}` with :math:`w_{bt} = 1/(B K_b)` and
     :math:`n_{bt}` the token's draws (``counts`` (B, T); a token not yet drawn counts as one
-    draw). Zero flips end the rounds only once this meets the target: a standard error of 0
+    draw), or, where an example's drawn tokens alone give more, that of its :math:`k_b` drawn
+    tokens, :math:`w_{bt} = 1/(B k_b)` over them: a design that measures a share of the
+    tokens (``allocation="uniform"``, ``num_tokens``) estimates an example's rate from those,
+    and its variance at a common :math:`p` is theirs, about :math:`K_b/k_b` times the first
+    (for ``allocation="linear"`` near the Horvitz–Thompson :math:`p/\pi`). With the first
+    alone, 64 examples × 32 tokens at a rate of 0.004 (target 0.004) stopped without a flip in
+    7% (``budget=0.125``) and 12% (``num_tokens=4``) of runs at half the design's standard
+    error, none of those runs' intervals covering the rate (84.5% and 83.5% in all); with the
+    drawn tokens' bound every one of them covered it (91.5% and 96% in all). Zero flips end the
+    rounds only once this meets the target: a standard error of 0
     from a few draws without a flip is no evidence (one example of 8 tokens at rate 0.11
     stopped at 0 ± 0 after two rounds in 28% of calls, and streamed one example per update the
     estimate sat 1.7 of its standard error low). :math:`p` stops at 1/2: at :math:`p = 3/N`
@@ -163,8 +172,13 @@ def zero_bound(counts: Tensor, valid: Tensor) -> float:
         return math.inf
     p = min(0.5, 3.0 / n)
     b = v.shape[0]
-    w2 = (1.0 / (b * v.sum(1).double().clamp(min=1)) ** 2)[:, None]
-    return math.sqrt(p * (1 - p) * float((w2 * v / counts.double().clamp(min=1)).sum()))
+    c = counts.double()
+    drawn = v & (c > 0)
+    # per example: Σ_t 1/max(n_t, 1) over its K_b real tokens, and Σ 1/n_t over its k_b drawn
+    every = (v / c.clamp(min=1)).sum(1) / v.sum(1).double().clamp(min=1) ** 2
+    k = drawn.sum(1).double()
+    seen = torch.where(k > 0, (drawn / c.clamp(min=1)).sum(1) / k.clamp(min=1) ** 2, every)
+    return math.sqrt(p * (1 - p) * float(torch.maximum(every, seen).sum()) / b**2)
 
 
 def zero_floor(counts: Tensor, valid: Tensor) -> float:

@@ -162,6 +162,120 @@ def _check_outputs(cfg: RunConfig, model: nn.Module, train: ArrayDataset, test: 
             f"{high + 1}, or drop it (it is read from the data)")
 
 
+def _rank_batch(rows: int, world: int) -> int:
+    """The fewest rows a rank trains of a batch of ``rows`` (:func:`rank_rows`: a rank left
+    without a row takes one, with share 0)."""
+    return max(rows // world, 1)
+
+
+def _check_batch_of_one(cfg: RunConfig, model: nn.Module, train: ArrayDataset,
+                        device: torch.device, world: int) -> None:
+    """Refuse, before a step is taken, a run that would hand a BatchNorm layer one value per
+    channel in training mode: a batch of one example (``train.batch_size=1``, or the short
+    last batch of an epoch: 1,281 examples in batches of 128 end each epoch with one; under
+    torchrun a rank's share) where that layer sees one value per channel per example (ResNet-18
+    on 8×8 digits, whose last block is 1×1). torch stops the step with "Expected more than 1
+    value per channel when training", at the end of the first epoch, after that epoch's steps
+    were trained and then lost, and a resume stops there again. Which layers see one value per
+    example is read from one example's forward in eval mode (no statistics updated, no random
+    number drawn); a layer that sees more trains batches of one without trouble."""
+    n, bs = len(train), cfg.train.batch_size
+    n_batches = math.ceil(n / bs)
+    last = n - (n_batches - 1) * bs
+    total_steps = cfg.train.epochs * n_batches
+    if cfg.train.max_steps is not None:
+        total_steps = min(total_steps, cfg.train.max_steps)
+    sizes = {"full": _rank_batch(min(bs, n), world)}
+    if total_steps >= n_batches:  # the epoch's short last batch is trained
+        sizes["last"] = _rank_batch(last, world)
+    if min(sizes.values()) > 1:
+        return
+    norms = {name: m for name, m in model.named_modules()
+             if isinstance(m, nn.modules.batchnorm._BatchNorm)}
+    if not norms:
+        return
+    seen: dict[str, tuple[int, ...]] = {}
+
+    def hook(name: str) -> Any:
+        def record(module: nn.Module, args: tuple[Any, ...]) -> None:
+            if args and isinstance(args[0], Tensor):
+                seen.setdefault(name, tuple(args[0].shape))
+        return record
+
+    handles = [m.register_forward_pre_hook(hook(name)) for name, m in norms.items()]
+    try:
+        first_output(model, train, device)
+    finally:
+        for handle in handles:
+            handle.remove()
+    single = [(name, shape) for name, shape in seen.items()
+              if len(shape) >= 2 and shape[0] == 1 and math.prod(shape[2:]) == 1]
+    if not single:
+        return
+    name, shape = single[0]
+    per_rank = f" (a rank's share of it under torchrun's {world} processes)" if world > 1 else ""
+    if sizes["full"] == 1:
+        where = f"train.batch_size={bs}{per_rank}, from the first step"
+    else:
+        where = (f"the last batch of every epoch{per_rank}, as {n:,} training examples in "
+                 f"batches of {bs} leave {last} for it (step {n_batches}, after the first "
+                 "epoch's other steps)")
+    other = next((b for d in range(1, n + 1) for b in (bs - d, bs + d)
+                  if 2 <= b and _rank_batch(min(b, n), world) > 1
+                  and _rank_batch(n - (math.ceil(n / b) - 1) * b, world) > 1), None)
+    fix = (f"set train.batch_size={other} (no batch{' share' if world > 1 else ''} of one)"
+           if other is not None else "train on more examples")
+    raise ValueError(
+        f"{cfg.model.name}'s BatchNorm layer {name!r} sees one value per channel for each example "
+        f"(its input is {shape} for one), so in training mode it cannot normalise a batch of "
+        f"one example, and this run trains one: {where}. torch would stop that step with "
+        f"\"Expected more than 1 value per channel when training\", losing the steps since the "
+        f"last checkpoint, and a resume would stop there again: {fix}, or use a model without "
+        f"BatchNorm there")
+
+
+def _non_finite_rows(inputs: Any) -> Tensor:
+    """The rows (examples) of ``inputs`` (a tensor, or a dict of them) holding a NaN or ±inf
+    in a floating-point tensor, as indices."""
+    xs = inputs.values() if isinstance(inputs, dict) else [inputs]
+    bad: Tensor | None = None
+    for x in xs:
+        if isinstance(x, Tensor) and x.is_floating_point() and x.dim():
+            rows = ~torch.isfinite(x.detach()).reshape(len(x), -1).all(1).cpu()
+            bad = rows if bad is None else bad | rows
+    return bad.nonzero().flatten() if bad is not None else torch.zeros(0, dtype=torch.long)
+
+
+def _examples(rows: Tensor) -> str:
+    """``rows`` (indices) in words: the first few, and how many."""
+    shown = ", ".join(str(int(i)) for i in rows[:5])
+    if len(rows) == 1:
+        return f"example {shown}"
+    return f"examples {shown}, … ({len(rows):,} in all)" if len(rows) > 5 else f"examples {shown}"
+
+
+def _untrained_diverged(cfg: RunConfig, err: FloatingPointError, train: ArrayDataset,
+                        test: ArrayDataset) -> FloatingPointError:
+    """The error for the evaluation before the first step finding a loss that is not finite
+    (:func:`~senslab.train.track.diverged`): no step was taken, so the learning rate it advises
+    lowering is not the cause; the inputs that hold NaN or ±inf are named, else the initial
+    model."""
+    what = str(err).partition(": ")[0]  # "evaluation loss became nan (train/loss=nan, ...)"
+    name = cfg.data.name
+    held = [(split, rows) for split, data in ((cfg.data.train_split, train),
+                                              (cfg.data.test_split, test))
+            if len(rows := _non_finite_rows(data.inputs))]
+    if held:
+        said = " and ".join(f"{_examples(rows)} of the {split} split" for split, rows in held)
+        cause = (f"{name} holds NaN or ±inf inputs ({said}), so no learning rate can help: "
+                 "drop or repair those examples")
+    else:
+        cause = (f"{name}'s inputs are finite, so the untrained {cfg.model.name}'s outputs "
+                 "overflow: check its initialisation (model.overrides) and the scale of the "
+                 "inputs")
+    return FloatingPointError(f"{what} before any training step: {cause}")
+
+
 def _check_regularizer(cfg: RunConfig, name: str, inputs: Any) -> None:
     """Refuse a ``train.regularizer`` that cannot put its noise on these inputs (``inputs``: the
     training inputs, or ``"text"`` for a registered text set known by name), naming why and what
@@ -625,6 +739,7 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
     truncated = _truncation(cfg, train, test, warn=rank == 0)
     model = build_model(cfg, train).to(device)
     _check_outputs(cfg, model, train, test, device)
+    _check_batch_of_one(cfg, model, train, device, world)
     net: nn.Module = model
     if world > 1:  # gradients averaged across ranks; `model` stays the plain module
         net = nn.parallel.DistributedDataParallel(model)
@@ -674,6 +789,17 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
     total_steps = cfg.train.epochs * n_batches
     if cfg.train.max_steps is not None:
         total_steps = min(total_steps, cfg.train.max_steps)
+    if rank == 0 and cfg.train.max_steps is not None and total_steps < cfg.train.max_steps:
+        # train.max_steps caps train.epochs, it does not override it (as Hugging Face's
+        # max_steps does): said, since config.json keeps the steps asked for
+        need = math.ceil(cfg.train.max_steps / n_batches)
+        warnings.warn(
+            f"train.max_steps={cfg.train.max_steps}, but train.epochs={cfg.train.epochs} of "
+            f"{n_batches} steps each ({n:,} training examples in batches of {bs}) end the run "
+            f"at step {total_steps}: train.max_steps only stops a run early, it never trains "
+            "past train.epochs. "
+            f"Set train.epochs={need} for {cfg.train.max_steps} steps, or drop train.max_steps "
+            f"(or set it to {total_steps}) to say so", UserWarning, stacklevel=4)
     said = _schedule_cut(cfg, n_batches, total_steps) if rank == 0 else None
     if said is not None:
         warnings.warn(said, UserWarning, stacklevel=4)
@@ -719,7 +845,12 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
         return record
 
     if pos.step == 0 and pos.batch == 0 and pos.epoch == 0 and not rd.metrics():
-        last = log_eval()
+        try:
+            last = log_eval()
+        except FloatingPointError as err:  # not the learning rate's doing: nothing trained yet
+            if not str(err).startswith("evaluation loss became"):  # another measurement's
+                raise
+            raise _untrained_diverged(cfg, err, train, test) from None
     else:
         last = rd.metrics()[-1] if rd.metrics() else log_eval()
     done = _reached(cfg, last) or pos.step >= total_steps
@@ -731,7 +862,21 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
             idx, share = rank_rows(whole, rank, world)
             x, y = train.batch(idx)
             x, y = to_device(x, device), y.to(device)
-            loss = _train_step(cfg, net, opt, x, y, loss_kind, reg_gen, share)
+            try:
+                loss = _train_step(cfg, net, opt, x, y, loss_kind, reg_gen, share)
+            except FloatingPointError as err:
+                rows = _non_finite_rows(x)
+                if not len(rows):
+                    raise
+                cut = (f", counted in the {n:,} examples of data.train_subset"
+                       if cfg.data.train_subset is not None else "")
+                # the batch's own inputs: a lower learning rate, which the error advises, would
+                # stop at this step again
+                raise FloatingPointError(
+                    f"{str(err).partition(';')[0]} at step {pos.step + 1}: its batch holds NaN "
+                    f"or ±inf inputs ({_examples(idx[rows.to(idx.device)])} of the "
+                    f"{cfg.data.train_split} split of {cfg.data.name}{cut}), so no learning "
+                    "rate can help: drop or repair those examples") from None
             pos.batch += 1
             pos.step += 1
             if pos.interrupted:  # a Ctrl-C whose KeyboardInterrupt was swallowed
@@ -761,6 +906,11 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
         done = at_end or _reached(cfg, last)
         checkpoint()
     bar.close()
+    # a run stopped before its first step (the untrained model reached train.target_train_acc)
+    # saves its final model all the same: `senslab measure --checkpoint` found no checkpoint
+    # and sent the user to re-run a run that was finished
+    if pos.step == 0:
+        checkpoint()
     summary = {
         "label": cfg.label,
         "name": cfg.name,
