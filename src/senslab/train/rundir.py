@@ -195,6 +195,13 @@ def _known_values(value: Any, where: str, unknown: list[str]) -> Any:
         return {k: _known_values(v, f"{where}.{k}", unknown) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_known_values(v, f"{where}[{i}]", unknown) for i, v in enumerate(value)]
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist) and len(getattr(value, "shape", None) or ()) > 0:
+        # a NumPy array or torch tensor of several numbers (a per-position profile): its list,
+        # as a Python list is written. It made log() fail with torch's "only one element
+        # tensors can be converted", naming neither the metric nor the file, and write_json
+        # wrote its text ("[0.5  0.25]", "tensor([1, 2])") as a string in place of the numbers
+        return _known_values(tolist(), where, unknown)
     number = value if isinstance(value, float) else _json_number(value)
     if isinstance(number, float) and not math.isfinite(number):
         unknown.append(f"{where}={number}")
@@ -211,7 +218,10 @@ def nan_for_null(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _numbers_differ(a: Any, b: Any) -> bool:
-    """Whether ``a`` and ``b`` are two numbers (not bools) that differ; NaN equals NaN."""
+    """Whether ``a`` and ``b`` are two numbers (not bools) that differ; NaN equals NaN, and a
+    null (None, a NaN or inf as written) is NaN: a null against a number differs (it let a
+    summary.json whose final loss was set to null, or the log's, pass its check)."""
+    a, b = (math.nan if x is None else x for x in (a, b))
     if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (a, b)):
         return False
     return a != b and not (math.isnan(a) and math.isnan(b))
@@ -362,7 +372,20 @@ class RunDir:
         :meth:`log`)."""
         if self.readonly:
             return
-        obj = _known_values(obj, "", [])
+        unknown: list[str] = []
+        obj = _known_values(obj, "", unknown)
+        if name == "config.json" and unknown:
+            # a record's null is "not known"; a setting's would be another setting: read back,
+            # None is not the inf or NaN the run used, and every resume or reuse of the run was
+            # refused as "a different configuration" (differs in that key)
+            shown = ", ".join(u.lstrip(".") for u in unknown[:4]) + (", …" if len(unknown) > 4
+                                                                      else "")
+            raise RunDirError(
+                f"{self.path / name} cannot record the configuration's {shown}: JSON has no "
+                "NaN or infinity, so config.json would hold null there, not the value this run "
+                "uses, and every resume or reuse of the run would be refused as a different "
+                "configuration; give a finite number instead (or None where the setting can "
+                "be off)")
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.path / name, json.dumps(obj, indent=2, sort_keys=True,
                                                          default=_json_default_str,
@@ -435,8 +458,15 @@ class RunDir:
         try:
             with open(self.metrics_path, "rb") as fh:  # the tail only: logs grow long
                 size = fh.seek(0, os.SEEK_END)
-                fh.seek(max(0, size - (1 << 20)))
-                data = fh.read()
+                back = 1 << 20
+                while True:
+                    fh.seek(max(0, size - back))
+                    data = fh.read()
+                    # the whole last line: one longer than the tail read (a per-position list
+                    # of 100,000 numbers) was cut, and a finished run refused as torn
+                    if back >= size or b"\n" in data.rstrip():
+                        break
+                    back *= 2
         except OSError:
             return None
         line = data.rstrip().rpartition(b"\n")[2]
