@@ -31,11 +31,14 @@ chroma (bilinear up-sampling), 8×8 DCT, the standard Annex K tables scaled by q
 samples — without the entropy coding, which is lossless. It agrees with Pillow's JPEG up to about
 a tenth of the distortion (libjpeg computes in fixed point). Glass blur, zoom blur, weather and
 elastic corruptions are left out. Outputs are clipped to [0, 1] but not rounded to 8 bits (JPEG
-excepted).
+excepted). Brightness and JPEG take grey or RGB images only (an alpha channel is refused: set it
+aside and put it back); the other corruptions treat every channel alike.
 
 Distance from the clean image grows with severity for every corruption; pixelate only roughly:
 its severities differ by single pixels of resolution on small images (8×8 digits keep 7, 7, 6,
-6, 5 px; 28×28 keeps 26, 25, 23, 21, 18) and its nearest-neighbour up-sampling aliases.
+6, 5 px; 28×28 keeps 26, 25, 23, 21, 18) and its nearest-neighbour up-sampling aliases, so a
+lower severity can be the farther one (digits' test split: 0.126, 0.126, 0.195, 0.195, 0.178 RMS
+at severities 1..5; smooth 32×32 images: severity 2's 28 px nearer than severity 1's 30 px).
 *Motion blur severities 4 and 5 use σ = 2.5, 3 instead of H&D's 2, 2.5: with ImageMagick's kernel
 the radius barely matters beyond 3σ, which made their severities 3 and 4 the same blur.
 """
@@ -106,13 +109,28 @@ def corrupt(images: Tensor, name: str, severity: int, generator: torch.Generator
     if not isinstance(generator, torch.Generator):
         raise TypeError("pass generator=torch.Generator().manual_seed(seed): corruptions never "
                         "use the global random state")
-    if not isinstance(images, Tensor) or images.dim() != 4:
-        shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
-        # x.unsqueeze(1) alone made one RGB image (3, H, W) three grey ones: brightness and
-        # JPEG then treated its channels apart, and each channel drew its own blur angle
-        raise ValueError(f"corrupt expects a float tensor (N, C, H, W), got {shape}; add a "
-                         "channel axis with x.unsqueeze(1) for a batch of grayscale images "
-                         "(N, H, W), or a batch axis with x.unsqueeze(0) for one image (C, H, W)")
+    if not isinstance(images, Tensor):
+        # a NumPy array (CIFAR-10-C's .npy) was told to add axes with unsqueeze, which it lacks
+        shape = getattr(images, "shape", None)
+        raise TypeError(f"corrupt expects a torch tensor (N, C, H, W), got "
+                        f"{type(images).__module__}.{type(images).__name__}"
+                        f"{f' of shape {tuple(shape)}' if shape is not None else ''}; convert it "
+                        "with torch.as_tensor(x) (uint8 (N, H, W, C) arrays, as CIFAR-10-C's .npy "
+                        "files: torch.from_numpy(x).permute(0, 3, 1, 2).float() / 255)")
+    if images.dim() != 4:
+        shape, dim = tuple(images.shape), images.dim()
+        if dim == 2:
+            # the (N, H, W) hint below, followed twice, made one grey image (H, W) H one-row
+            # images (H, 1, 1, W), blurred and pixelated row by row without a word
+            hint = "one grayscale image (H, W) becomes a batch of one with x[None, None]"
+        elif dim > 4:
+            hint = "for frames (N, T, C, H, W) pass x.flatten(0, 1)"
+        else:
+            # x.unsqueeze(1) alone made one RGB image (3, H, W) three grey ones: brightness and
+            # JPEG then treated its channels apart, and each channel drew its own blur angle
+            hint = ("add a channel axis with x.unsqueeze(1) for a batch of grayscale images "
+                    "(N, H, W), or a batch axis with x.unsqueeze(0) for one image (C, H, W)")
+        raise ValueError(f"corrupt expects a float tensor (N, C, H, W), got {shape}; {hint}")
     if images.shape[1] not in (1, 3, 4) and images.shape[-1] in (1, 3, 4):
         # (N, H, W, C), as CIFAR-10-C's .npy files, PIL and NumPy hold images, ran without a
         # word: rows were read as channels, so blurs mixed colours and brightness took the
@@ -124,14 +142,26 @@ def corrupt(images: Tensor, name: str, severity: int, generator: torch.Generator
                      "black)" if images.dtype == torch.bool else "")
         raise ValueError(f"corrupt expects float pixels in [0, 1], got {images.dtype} images; "
                          f"convert 8-bit pixels with images.float() / 255{bool_hint}")
-    if images.numel() and bool(images.isnan().any()):  # NaN passes the range check below
-        raise ValueError("corrupt got images with NaN pixels, which every corruption would "
-                         "spread (over a whole channel for contrast); replace or drop them "
-                         "first, e.g. images.nan_to_num(0.0)")
+    if images.numel() and not bool(images.isfinite().all()):  # NaN passes the range check
+        # an inf pixel was told to load with normalize='none', as if the images were normalised
+        raise ValueError("corrupt got images with NaN or infinite pixels, which every "
+                         "corruption would spread (over a whole channel for contrast); replace "
+                         "or drop them first, e.g. images.nan_to_num(0.0, posinf=1.0, "
+                         "neginf=0.0)")
     if images.numel() and (images.min() < -1e-6 or images.max() > 1 + 1e-6):
-        raise ValueError("corrupt expects pixels in [0, 1]; load with normalize='none' or map "
-                         "normalised images back with senslab.data.images.denormalize(x, "
-                         "dataset.meta)")
+        lo, hi = float(images.min()), float(images.max())
+        if lo >= 0 and hi > 2:
+            # 0..255 floats (CIFAR-10-C's uint8 .npy after .float()) were told to load with
+            # normalize='none' or to denormalize: neither applies to them
+            hint = ("these look like integer pixel values held as floats: divide by the "
+                    "format's maximum, images / 255 for 8-bit pixels")
+        else:
+            # a bicubic or antialiased resize carries binary digits to about [-0.3, 1.35]
+            hint = ("normalised images: load with normalize='none' or map them back with "
+                    "senslab.data.images.denormalize(x, dataset.meta); values a bicubic or "
+                    "antialiased resize carried past 0 or 1: images.clamp(0, 1)")
+        raise ValueError(f"corrupt expects pixels in [0, 1], got values in [{lo:.4g}, "
+                         f"{hi:.4g}]; {hint}")
     c = _CORRUPTIONS[name]
     x = images.clamp(0, 1)
     if x.dtype in (torch.float16, torch.bfloat16):
@@ -139,6 +169,20 @@ def corrupt(images: Tensor, name: str, severity: int, generator: torch.Generator
         # of 2⁻⁸, so impulse noise hit 1.23% of the values at severity 1 instead of 1%
         x = x.float()
     return c.fn(x, c.params[severity - 1], generator).clamp_(0, 1).to(images.dtype)
+
+
+def _check_grey_or_rgb(x: Tensor, name: str, what: str) -> None:
+    """Refuse channels other than 1 (grey) or 3 (RGB), naming how to set an alpha channel aside."""
+    c = x.shape[1]
+    if c in (1, 3):
+        return
+    if c in (2, 4):
+        keep = "images[:, :1]" if c == 2 else "images[:, :3]"
+        fix = (f"for {'grey' if c == 2 else 'RGB'} + alpha images corrupt {keep} and put the "
+               f"alpha back, torch.cat([corrupted, images[:, {c - 1}:]], 1)")
+    else:
+        fix = "pass the grey or RGB channels only"
+    raise ValueError(f"{name} {what}, so it needs 1 (grey) or 3 (RGB) channels, got {c}; {fix}")
 
 
 def _randn(x: Tensor, g: torch.Generator) -> Tensor:
@@ -247,6 +291,9 @@ def contrast(x: Tensor, c: float, g: torch.Generator) -> Tensor:
 
 @_corruption("digital", 0.05, 0.10, 0.15, 0.20, 0.30)
 def brightness(x: Tensor, b: float, g: torch.Generator) -> Tensor:
+    # an alpha channel (RGBA, grey + alpha) is a channel too: an opaque one was the brightest,
+    # so v = 1 and no severity brightened anything, without a word
+    _check_grey_or_rgb(x, "brightness", "shifts HSV's value (the brightest of R, G and B)")
     # HSV value = max over channels; with hue and saturation fixed every channel is proportional
     # to it, so raising v to min(v + b, 1) scales the pixel by that ratio (black becomes grey b).
     v = x.amax(dim=1, keepdim=True)
@@ -321,8 +368,7 @@ def _jpeg_plane(p: Tensor, table: Tensor) -> Tensor:
 @_corruption("digital", 80, 65, 58, 50, 40)
 def jpeg_compression(x: Tensor, quality: int, g: torch.Generator) -> Tensor:
     c = x.shape[1]
-    if c not in (1, 3):
-        raise ValueError(f"jpeg_compression needs 1 (grey) or 3 (RGB) channels, got {c}")
+    _check_grey_or_rgb(x, "jpeg_compression", "codes grey or YCbCr planes")
     v = torch.round(x.double() * 255)  # JPEG encodes 8-bit samples
     luma_q, chroma_q = _quant_table(_LUMA, quality), _quant_table(_CHROMA, quality)
     if c == 1:
@@ -372,7 +418,9 @@ def corrupted(split: str = "train", base: str | None = None, corruption: str | N
     if corruption not in _CORRUPTIONS:  # checked before the (slow) load
         raise ValueError(f"unknown corruption {corruption!r}; use one of "
                          f"{', '.join(_CORRUPTIONS)}")
-    check_severity(severity)  # as the name: before a load (or a download) it would waste
+    # as the name: before a load (or a download) it would waste; recorded as an int, as
+    # cifar10c records it (NumPy's int64 went into meta, where json.dumps failed on it)
+    severity = check_severity(severity)
     ds = create_dataset(base, split=split, normalize="none", **base_options)
     if not isinstance(ds.inputs, Tensor) or ds.inputs.dim() != 4:
         raise ValueError(f"base {base!r} is not an image dataset (N, C, H, W)")
