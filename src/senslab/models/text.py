@@ -81,13 +81,32 @@ def init_weights(
                     nn.init.uniform_(p, -bound, bound, generator=generator)
 
 
+def _bool_key_mask(key_mask: Tensor) -> Tensor:
+    """``key_mask`` as a bool mask of the keys a query may read. A float mask went to
+    ``scaled_dot_product_attention`` as an *additive* one: a 0/1 mask (a Hugging Face
+    ``attention_mask.float()``) added 1 to real keys' scores and let the padding in, silently,
+    while ReLU attention read the same mask as allowed/not; an integer one failed inside torch.
+    Values other than 0 and 1 (an additive 0/−inf mask) are refused: read as "non-zero is
+    allowed" they would allow the padding alone."""
+    if key_mask.dtype == torch.bool:
+        return key_mask
+    odd = key_mask[(key_mask != 0) & (key_mask != 1)].flatten()
+    if odd.numel():
+        raise ValueError(
+            f"key_mask must be 1 (True) on the keys a query may read and 0 (False) elsewhere, "
+            f"but it holds {odd[0].item()!r}. For an additive mask (0 on allowed keys, a large "
+            "negative number elsewhere) pass key_mask=(mask == 0)")
+    return key_mask.to(torch.bool)
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention with weights w = φ(q·kᵀ/√d_head) over the allowed keys.
 
     ``attention="softmax"``: φ = softmax over keys (disallowed keys get weight 0).
     ``attention="relu"``: φ = relu, *unnormalised* (docs/definitions.md#text-models), disallowed
     keys multiplied by 0.
-    Allowed keys: those with ``key_mask`` true and, if ``causal``, at or before the query.
+    Allowed keys: those with ``key_mask`` (B, L) true (bool, or 0/1 of any dtype) and, if
+    ``causal``, at or before the query.
     """
 
     def __init__(
@@ -113,7 +132,7 @@ class SelfAttention(nn.Module):
         q, k, v = self.split_heads(x)
         allowed = None  # (B or 1, 1, L, L), true where query i may look at key j
         if key_mask is not None:
-            allowed = key_mask[:, None, None, :]
+            allowed = _bool_key_mask(key_mask)[:, None, None, :]
         if self.causal:
             tril = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
             allowed = tril[None, None] if allowed is None else allowed & tril
