@@ -81,7 +81,7 @@ class Stat:
             if self.of is not None and self.null < self.of:
                 text += f" ({self.null} of {self.of} runs)"
             return text
-        text = format_number(self.mean)
+        text = format_number(self.mean, digits=_digits_beside(self.mean, self.spread))
         if self.spread is not None:
             text += f" ± {self.spread:.2g}" + (" (se)" if self.kind == "se" else "")
         if self.of is not None and self.n < self.of:
@@ -90,8 +90,19 @@ class Stat:
         return text
 
 
-def format_number(value: Any) -> str:
-    """Compact text for a table cell: ints as is, floats to 4 significant digits.
+def _digits_beside(mean: float, spread: float | None) -> int:
+    """Significant digits for ``mean`` shown beside ``spread`` (written to 2): at least 4, and
+    enough to reach the spread's second digit. 4 alone wrote 1234.52 ± 0.014 as ``1235 ±
+    0.014``, 34 spreads away, and labels of 0.98764 and 0.98761 (± 1.4e-05 each) alike."""
+    if (spread is None or not math.isfinite(spread) or spread <= 0 or not math.isfinite(mean)
+            or mean == 0):
+        return 4
+    need = math.floor(math.log10(abs(mean))) - (math.floor(math.log10(spread)) - 1) + 1
+    return min(max(4, need), 17)
+
+
+def format_number(value: Any, digits: int = 4) -> str:
+    """Compact text for a table cell: ints as is, floats to ``digits`` (4) significant digits.
 
     A float that is not exactly ±1 never reads as ``1``: 4 digits would round an accuracy
     of 0.99996 to ``1``, a perfect score it is not, so it gets the digits it needs
@@ -102,8 +113,7 @@ def format_number(value: Any) -> str:
         return str(value)
     if value.is_integer() and abs(value) < 1e15:  # exact below 2**53
         return str(int(value))
-    text = f"{value:.4g}"
-    digits = 4
+    text = f"{value:.{digits}g}"
     while text in ("1", "-1") and abs(value) != 1.0 and digits < 17:
         digits += 1
         text = f"{value:.{digits}g}"
@@ -135,19 +145,16 @@ def summarize(values: Sequence[float], se: float | None = None) -> Stat:
 
 
 def metric_keys(runs: Sequence[Run]) -> list[str]:
-    """Numeric scalar final metrics present in any run: known ones first, the rest sorted."""
+    """Numeric scalar final metrics present in any run, a number or null (not known): known
+    ones first, the rest sorted."""
     present: set[str] = set()
     for run in runs:
-        logged = None  # the keys this run logged a number for (read only where a final is null)
         for key, value in run.final.items():
-            if value is None and key not in SKIP_KEYS and not key.endswith(SKIP_SUFFIXES):
-                # null at the end, a number before (a metric that became NaN or inf, written as
-                # null): a column of its own, where every run diverged it was dropped unsaid
-                if logged is None:
-                    logged = {k for row in run.metrics for k, v in row.items() if is_number(v)}
-                if key in logged:
-                    present.add(key)
-            elif is_number(value) and key not in SKIP_KEYS and not key.endswith(SKIP_SUFFIXES):
+            # null (a NaN or inf, written as null) is a column too: a metric null in every run
+            # (one that diverged before its first measurement, a sharpness of inf at each) was
+            # dropped unsaid, as if never measured
+            if ((value is None or is_number(value)) and key not in SKIP_KEYS
+                    and not key.endswith(SKIP_SUFFIXES)):
                 present.add(key)
     known = [k for k in KNOWN_KEYS if k in present]
     return known + sorted(present - set(known))

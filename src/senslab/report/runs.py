@@ -339,6 +339,13 @@ def load_run(path: PathLike, experiment: Path | None = None) -> Run:
     check_schema(p, "run")
     metrics_file = p / "metrics.jsonl"
     summary = _read_json_dict(p / "summary.json")
+    if summary is not None and not isinstance(summary.get("final") or {}, dict):
+        # read as a dict of final numbers: a list failed as a bare TypeError naming no file
+        raise RunFormatError(
+            f"{p / 'summary.json'}: 'final' must be a JSON object of the run's final numbers, "
+            f"found {type(summary['final']).__name__}; the file was damaged or edited: restore "
+            f"it, or delete it and re-run the run's command (it resumes from its last "
+            "checkpoint and writes the summary again)")
     metrics = (read_metrics(metrics_file, finished=summary is not None)
                if metrics_file.is_file() else [])
     if summary is not None and metrics_file.is_file():
