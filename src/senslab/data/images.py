@@ -10,7 +10,8 @@ otherwise a ``DataUnavailableError`` names the files, every place looked in and 
 ``digits``, which reads no files, refuses a ``root``. ``verify=False`` skips the md5 check, for
 copies that hold the same data in different bytes (e.g. Debian's Fashion-MNIST ``.gz`` files,
 whose gzip header lacks the file name); MNIST and Fashion-MNIST files read so are still refused
-where their images are not 28×28, their labels are not one per image or not 0..9. With or without
+where their images are not 28×28, their labels are not one per image or not 0..9, or they are
+the other set's official files (the two share their names). With or without
 it, a held-out file that holds the training files' data (t10k images equal to the train images
 beside them, a CIFAR-10 ``test_batch`` or an SVHN test file that is a byte copy of a training
 file) is refused, naming both files and the fix; without ``verify``, an MNIST, Fashion-MNIST,
@@ -158,6 +159,10 @@ def normalize_images(x: Tensor, mode: str, stats: Stats) -> tuple[Tensor, Stats]
     if mode not in NORMALIZE_MODES:
         raise ValueError(f"unknown normalize={mode!r}; use one of {', '.join(NORMALIZE_MODES)}")
     _check_float_images(x, "normalize_images", "scale bytes to [0, 1] first: x.float() / 255")
+    # the dataset's channel count tells channels-last images (the stats go unused but by
+    # "standard", so callers of the other modes may pass placeholders)
+    channels = len(stats[0]) if isinstance(stats[0], (tuple, list)) else None
+    _check_image_axes(x, channels, "normalize_images")
     if x.numel() and not (x.min() >= -1e-6 and x.max() <= 1 + 1e-6):  # NaN fails too
         # images a loader had normalised already (its default minus_one_one) were normalised
         # again: "standard" MNIST made [-1, 1] pixels [-3.67, 2.82], without a word
@@ -180,12 +185,45 @@ def normalize_images(x: Tensor, mode: str, stats: Stats) -> tuple[Tensor, Stats]
 
 
 def denormalize(x: Tensor, meta: dict[str, Any]) -> Tensor:
-    """Map images of a dataset with ``meta`` back to [0, 1] pixels: x·std + mean (a new tensor)."""
+    """Map images of a dataset with ``meta`` back to [0, 1] pixels: x·std + mean (a new tensor).
+
+    ``x`` is (N, C, H, W) or one (C, H, W) image, channels first; a one-channel ``meta`` applies
+    to every channel (grey images repeated to RGB)."""
     _check_float_images(x, "denormalize", "pass the float images the dataset holds")
-    c = x.shape[-3]
-    mean = torch.tensor(meta["mean"], dtype=x.dtype, device=x.device).view(c, 1, 1)
-    std = torch.tensor(meta["std"], dtype=x.dtype, device=x.device).view(c, 1, 1)
+    k = len(meta["mean"])
+    if x.dim() < 3 or x.shape[-3] != k:
+        # one channel's statistics apply to each channel of grey images repeated to RGB (a
+        # (k, 1, 1) view broadcasts); other counts met a bare "shape '[32, 1, 1]' is invalid"
+        if x.dim() < 3 or k != 1:
+            _check_image_axes(x, k, "denormalize")
+            raise ValueError(f"denormalize: the images have {x.shape[-3]} channels (shape "
+                             f"{tuple(x.shape)}), the dataset's meta {k}; pass images of the "
+                             "dataset the meta belongs to")
+    mean = torch.tensor(meta["mean"], dtype=x.dtype, device=x.device).view(k, 1, 1)
+    std = torch.tensor(meta["std"], dtype=x.dtype, device=x.device).view(k, 1, 1)
     return x * std + mean
+
+
+def _check_image_axes(x: Tensor, channels: int | None, what: str) -> None:
+    """Refuse images that are not (N, C, H, W) (``denormalize`` also takes one (C, H, W)), and
+    channels-last ones whose last axis holds the ``channels`` of the statistics: a single
+    (C, H, W) image was read as C images of H channels (normalize="none" returned 32 channels'
+    statistics for one CIFAR image, "minus_one_one" a bare broadcast error), (N, H, W, C) images
+    were read as W channels of H rows, and denormalize failed on either with a bare "shape
+    '[32, 1, 1]' is invalid"."""
+    one = what == "denormalize"
+    if x.dim() != 4 and not (one and x.dim() == 3):
+        raise ValueError(
+            f"{what} takes a batch of images (N, C, H, W){' or one (C, H, W)' if one else ''}, "
+            f"got shape {tuple(x.shape)}: add the batch axis to one image (x.unsqueeze(0)), a "
+            "channel axis to grey images (N, H, W) (x.unsqueeze(1)), or reshape flattened "
+            "images back to (N, C, H, W)")
+    if channels is not None and x.shape[-3] != channels and x.shape[-1] == channels:
+        perm = "x.permute(0, 3, 1, 2)" if x.dim() == 4 else "x.permute(2, 0, 1)"
+        raise ValueError(
+            f"{what} takes channels first (N, C, H, W), got shape {tuple(x.shape)}, whose last "
+            f"axis holds the {channels} channel(s) of the statistics (channels last, as PIL, "
+            f"NumPy and TensorFlow store images): pass {perm}")
 
 
 def _check_float_images(x: Tensor, what: str, fix: str) -> None:
@@ -234,8 +272,10 @@ def _package(name: str, pixels: np.ndarray, labels: np.ndarray, classes: list[st
                          "damaged or belongs to another dataset")
     if pair is not None:
         pixels, labels, classes = _select_pair(pixels, labels, classes, pair)
-    # astype copies into a fresh writable array (idx bytes come read-only from frombuffer)
-    x = torch.from_numpy(pixels.astype(np.float32)).div_(scale)
+    # astype copies into a fresh writable array (idx bytes come read-only from frombuffer), in
+    # C order: SVHN's and CIFAR-10-C's transposed arrays kept their strides, so their images
+    # were not contiguous (x.view(n, -1) failed, convolutions took other kernels)
+    x = torch.from_numpy(pixels.astype(np.float32, order="C")).div_(scale)
     x, (mean, std) = normalize_images(x, normalize, stats)
     meta = {"split": split, "normalize": normalize, "mean": mean, "std": std,
             "pixel_mean": stats[0], "pixel_std": stats[1], "classes": classes, "source": source}
@@ -282,10 +322,12 @@ def _get(root: Path, filename: str, table: dict[str, str], base_urls: tuple[str,
     raise AssertionError("unreachable")
 
 
-def _name_other_file(path: Path, table: dict[str, str], err: DataUnavailableError) -> None:
-    """Raise a clear error where ``path``, refused for its md5, is another dataset's official
-    file (MNIST's and Fashion-MNIST's share their file names): the generic advice, to delete it
-    and download it again, would have deleted a good copy of the other dataset."""
+def _name_other_file(path: Path, table: dict[str, str],
+                     err: DataUnavailableError | None = None) -> None:
+    """Raise a clear error where ``path`` is another dataset's official file (MNIST's and
+    Fashion-MNIST's share their file names): refused for its md5, the generic advice, to delete
+    it and download it again, would have deleted a good copy of the other dataset; read with
+    ``verify=False``, it was loaded as this dataset's."""
     got = md5sum(path)
     for name, other in (("mnist", MNIST_FILES), ("fashion_mnist", FASHION_MNIST_FILES)):
         if other is table:
@@ -365,6 +407,11 @@ def _idx_split(root: Path, table: dict[str, str], urls: tuple[str, ...], prefix:
     name = "fashion_mnist" if table is FASHION_MNIST_FILES else "mnist"
     img_path = _get(root, f"{prefix}-images-idx3-ubyte.gz", table, urls, download, verify)
     lab_path = _get(root, f"{prefix}-labels-idx1-ubyte.gz", table, urls, download, verify)
+    if not verify:
+        # the two sets share their file names: the other's official files (md5 unchecked) were
+        # read as this set's, e.g. MNIST's digits under Fashion-MNIST's class names, unsaid
+        for p in (img_path, lab_path):
+            _name_other_file(p, table)
     images, labels = read_idx(img_path, _IDX_IMAGES), read_idx(lab_path, _IDX_LABELS)
     if images.shape[1:] != _IDX_HW:
         raise DataUnavailableError(
@@ -754,8 +801,9 @@ def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
         # was refused as "damaged", with the advice to delete the folder that held it
         batch = {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in batch.items()}
         data, labels = np.asarray(batch["data"]), np.asarray(batch["labels"])
-    except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError,
-            AttributeError) as err:
+    except Exception as err:  # noqa: BLE001
+        # a damaged byte makes pickle fail in many ways (MemoryError or OverflowError for a
+        # length field, SystemError…), which escaped raw, naming no file and no fix
         raise DataUnavailableError(
             f"{path} is not a CIFAR-10 batch ({type(err).__name__}: {err}): truncated, damaged "
             f"or another set's (a CIFAR-10 batch is a dict with keys 'data', (n, 3072) bytes, "
@@ -839,9 +887,12 @@ def _read_svhn(file: Path) -> tuple[np.ndarray, np.ndarray]:
             "re-save it as v7 (MATLAB: save(file, 'X', 'y', '-v7'); or read it with h5py and "
             f"write it with scipy.io.savemat), or put SVHN's official {file.name} there "
             "(download=True fetches it)") from err
-    except (ValueError, KeyError, OSError, TypeError, IndexError) as err:
-        raise DataUnavailableError(f"{file} is truncated or not an SVHN .mat file ({err}); "
-                                   "delete it and download it again") from err
+    except Exception as err:  # noqa: BLE001
+        # scipy's MatReadError (an empty or cut header), zlib.error and others escaped raw,
+        # naming no file, and stopped the test split's load over a damaged training file
+        raise DataUnavailableError(f"{file} is truncated or not an SVHN .mat file "
+                                   f"({type(err).__name__}: {err}); delete it and download it "
+                                   "again") from err
     if x.ndim != 4 or x.shape[:3] != (32, 32, 3) or x.shape[3] != len(y):
         raise DataUnavailableError(f"{file}: expected X (32, 32, 3, N) and N labels, "
                                    f"got {x.shape} and {len(y)}")
