@@ -51,20 +51,22 @@ def index_to_inputs(index: Tensor, n: int, dtype: torch.dtype = torch.float32) -
     return (1 - 2 * bits).to(dtype)
 
 
-def check_string_dtype(dtype: object) -> None:
+def check_string_dtype(dtype: object, example: str = "torch.float32", what: str = "",
+                       same: str = "every string would be the same",
+                       fix: str = "for 0/1 bits take x < 0 of the ±1 strings (bit 1 ↦ −1, the "
+                                  "encoding here)") -> None:
     """Refuse a ``dtype`` for ±1 strings that cannot hold −1: bool made both −1 and +1 True
-    (every string the same), an unsigned type wrapped −1 round to its largest value (255)."""
+    (``same``), an unsigned type wrapped −1 round to its largest value (255); a complex one is
+    no bit. ``what`` follows "the ±1 strings" in the message, ``fix`` ends it."""
     if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"dtype must be a torch.dtype (e.g. torch.float32), got {dtype!r}")
+        raise TypeError(f"dtype must be a torch.dtype (e.g. {example}), got {dtype!r}")
     if dtype == torch.bool or dtype.is_complex or not dtype.is_signed:
         raise ValueError(
-            f"dtype={dtype} cannot hold the ±1 strings"
-            + (" (−1 and +1 are both True, so every string would be the same)"
-               if dtype == torch.bool else
+            f"dtype={dtype} cannot hold the ±1 strings{what}"
+            + (f" (−1 and +1 are both True, so {same})" if dtype == torch.bool else
                " (−1 would wrap round to the type's largest value)" if not dtype.is_complex
-               else "") +
-            ": pass a float dtype (torch.float32) or a signed integer one (torch.long); for "
-            "0/1 bits take x < 0 of the ±1 strings (bit 1 ↦ −1, the encoding here)")
+               else "")
+            + f": pass a float dtype ({example}) or a signed integer one (torch.long); {fix}")
 
 
 def inputs_to_index(x: Tensor) -> Tensor:

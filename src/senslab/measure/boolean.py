@@ -109,7 +109,15 @@ from .._stack import user_level as _user_level
 from ..tokens.base import _describe, select_output
 from ..tokens.embedding import unwrapped
 from ._alloc import MIN_FLIPS
-from ._cube import MAX_EXACT_N, all_inputs, check_n, index_to_inputs, inputs_to_index, table_n
+from ._cube import (
+    MAX_EXACT_N,
+    all_inputs,
+    check_n,
+    check_string_dtype,
+    index_to_inputs,
+    inputs_to_index,
+    table_n,
+)
 from ._options import _check_generator, _seeded
 from ._options import _kept_buffers as _kept_model_buffers
 from ._runner import _reduced_dtype as _reduced_dtype_of
@@ -526,19 +534,10 @@ def _check_input_dtype(dtype: object) -> None:
     ±1 exactly."""
     if dtype is None:
         return
-    if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"dtype must be a torch.dtype (e.g. torch.float64), got {dtype!r}")
-    if dtype == torch.bool or dtype.is_complex or not dtype.is_signed:
-        raise ValueError(
-            f"dtype={dtype} cannot hold the ±1 strings f is evaluated on"
-            + (" (−1 and +1 are both True, so every f would be constant)"
-               if dtype == torch.bool else
-               " (−1 would wrap round to the type's largest value)" if not dtype.is_complex
-               else "") +
-            ": pass a float dtype or a signed integer one (torch.long), or, for a model that "
-            "takes 0/1 or bool bits, wrap it: lambda x: model(x < 0) (bit 1 ↦ −1, the encoding "
-            "of truth tables here) or lambda x: model(x > 0) (True ↦ +1)"
-        )
+    check_string_dtype(
+        dtype, "torch.float64", " f is evaluated on", "every f would be constant",
+        "or, for a model that takes 0/1 or bool bits, wrap it: lambda x: model(x < 0) (bit 1 ↦ "
+        "−1, the encoding of truth tables here) or lambda x: model(x > 0) (True ↦ +1)")
 
 
 def _resolve(values: Tensor, output: Output) -> str:
