@@ -30,15 +30,14 @@ import torch
 from torch import Tensor, nn
 
 from ..tokens import Embedding, Sequence
-from ._config import check_one_of, override_config
+from ._config import check_one_of, check_positive, override_config
 from ._registry import register_model
 from .text import Block, init_weights
+from .vision import seeded
 
-
-def _positive(config: Any, *names: str) -> None:
-    for name in names:
-        if getattr(config, name) < 1:
-            raise ValueError(f"{name} must be positive, got {getattr(config, name)}")
+# Sizes go through check_positive: integers, not just >= 1 (a float ``heads`` of 4.0 built and
+# failed only at the first forward, inside a reshape; a float ``dim`` or ``n_bits`` failed
+# inside a torch constructor that named neither the field nor the fix).
 
 
 def _check_init_scale(config: Any) -> None:
@@ -105,7 +104,7 @@ class SparseAttentionConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _positive(self, "dim")
+        check_positive(self, "dim")
         check_one_of("pool", self.pool, ("mean", "sum"))
         _check_init_scale(self)
 
@@ -175,9 +174,9 @@ class ModAddConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _positive(self, "dim", "heads", "mlp_dim")
-        if self.p < 2:
-            raise ValueError(f"modulus p must be at least 2, got {self.p}")
+        check_positive(self, "dim", "heads", "mlp_dim")
+        if isinstance(self.p, bool) or not isinstance(self.p, int) or self.p < 2:
+            raise ValueError(f"modulus p must be an integer of at least 2, got {self.p!r}")
         check_one_of("pos_init", self.pos_init, ("normal", "zeros"))
         check_one_of("attn_init", self.attn_init, ("linear", "mha"))
         if self.layer_norm and not self.residual:
@@ -235,9 +234,15 @@ class ModAddTransformer(nn.Module):
 
     def forward(self, tokens: Tensor) -> Tensor:
         p = self.config.p
-        if tokens.dim() != 2 or tokens.shape[1] != 3 or tokens.is_floating_point():
+        if (tokens.dim() != 2 or tokens.shape[1] != 3 or tokens.is_floating_point()
+                or tokens.is_complex() or tokens.dtype == torch.bool):
             raise ValueError(f"expected token ids of shape (batch, 3) = `a b =`, got "
                              f"{tuple(tokens.shape)} ({tokens.dtype})")
+        if tokens.dtype not in (torch.int64, torch.int32):
+            # the embedding takes int64 or int32 ids only: uint16 failed in the range check
+            # ("lt_cpu" not implemented), uint8 and int16 deep inside the embedding
+            raise ValueError(f"token ids have dtype {tokens.dtype}, but the embedding takes "
+                             f"int64 or int32 ids; pass tokens.long()")
         if ((tokens[:, :2] < 0) | (tokens[:, :2] >= p)).any() or (tokens[:, 2] != p).any():
             raise ValueError(f"tokens must be `a b =` with a, b in [0, {p}) and `=` = {p}")
         h = self.embed(tokens) + self.pos_embedding
@@ -263,9 +268,11 @@ class ParityConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _positive(self, "n_bits", "dim", "heads", "layers", "mlp_dim")
-        if self.num_classes not in (1, 2):
-            raise ValueError(f"num_classes must be 1 (scalar logit) or 2, got {self.num_classes}")
+        check_positive(self, "n_bits", "dim", "heads", "layers", "mlp_dim")
+        # type() too: True and 2.0 compare equal to 1 and 2, and failed inside nn.Linear
+        if type(self.num_classes) is not int or self.num_classes not in (1, 2):
+            raise ValueError(f"num_classes must be 1 (scalar logit) or 2, got "
+                             f"{self.num_classes!r}")
 
 
 class ParityTransformer(nn.Module):
@@ -323,7 +330,7 @@ class BooleanConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _positive(self, "n_bits", "dim", "layers", "heads", "ff_dim")
+        check_positive(self, "n_bits", "dim", "layers", "heads", "ff_dim")
         check_one_of("init", self.init, ("independent", "torch_encoder"))
         if self.dim % 2:
             raise ValueError(f"dim must be even (bit and position halves), got {self.dim}")
@@ -405,7 +412,7 @@ class AttentionModelConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _positive(self, "dim")
+        check_positive(self, "dim")
         _check_init_scale(self)
 
 
@@ -441,37 +448,39 @@ class AttentionModel(nn.Module):
 
 
 # --------------------------------------------------------------------------- registry
+# built under seeded(): the layers' own default init (which init_weights replaces) neither
+# moves the caller's global random stream nor runs off the CPU under a default device
 @register_model("sparse_attention", config=SparseAttentionConfig())
 def sparse_attention(**overrides: Any) -> SparseAttention:
     """One-layer softmax self-attention + linear head for the sparse/frequent task
     (docs/definitions.md#sparse-frequent-task)."""
-    return SparseAttention(override_config(SparseAttentionConfig(), overrides))
+    return seeded(SparseAttention, override_config(SparseAttentionConfig(), overrides))
 
 
 @register_model("modadd_transformer", config=ModAddConfig())
 def modadd_transformer(**overrides: Any) -> ModAddTransformer:
     """One-layer transformer for (a + b) mod 113, the grokking experiment
     (docs/definitions.md#grokking)."""
-    return ModAddTransformer(override_config(ModAddConfig(), overrides))
+    return seeded(ModAddTransformer, override_config(ModAddConfig(), overrides))
 
 
 @register_model("parity_transformer", config=ParityConfig())
 def parity_transformer(**overrides: Any) -> ParityTransformer:
     """Two-layer transformer for sparse parity on n bits (main paper A.6;
     docs/definitions.md#sparse_parity)."""
-    return ParityTransformer(override_config(ParityConfig(), overrides))
+    return seeded(ParityTransformer, override_config(ParityConfig(), overrides))
 
 
 @register_model("boolean_transformer", config=BooleanConfig())
 def boolean_transformer(**overrides: Any) -> BooleanTransformer:
     """Hahn & Rofin's post-LN encoder for Boolean functions
     (docs/definitions.md#small-models)."""
-    return BooleanTransformer(override_config(BooleanConfig(), overrides))
+    return seeded(BooleanTransformer, override_config(BooleanConfig(), overrides))
 
 
 @register_model("attention_model", config=AttentionModelConfig())
 def attention_model(**overrides: Any) -> AttentionModel:
     """Vasudeva et al.'s Φ(X) = vᵀ Xᵀ softmax(X W x₁)
     (docs/definitions.md#attention-model)."""
-    return AttentionModel(override_config(AttentionModelConfig(), overrides))
+    return seeded(AttentionModel, override_config(AttentionModelConfig(), overrides))
 
