@@ -353,7 +353,9 @@ class CompareSensitivity:
         Refused, before anything is added, where a model's metric would be
         (:meth:`TokenSensitivity.merge <senslab.measure.TokenSensitivity.merge>`): other
         options, a comparison merged into itself or merged twice, a copy made after it
-        measured merged back."""
+        measured merged back. The models' warnings (two comparisons that drew the same noise)
+        name the model and are said once everything is merged, so a warning the filters make
+        an error leaves the comparison whole."""
         if not isinstance(other, CompareSensitivity):
             raise TypeError(f"can only merge a CompareSensitivity, got {type(other).__name__}")
         if list(other.metrics) != list(self.metrics):
@@ -380,7 +382,10 @@ class CompareSensitivity:
                     "models and their difference would add a − b to b − a; give every model "
                     "the same name in both comparisons"
                 )
-        with _both(self, other):  # neither changes while the models' states are merged
+        # the models' warnings (the shared noise of two default seeds) are said once every
+        # state is merged: one that the filters make an error, said after the first model's
+        # merge, had left the others unmerged, and compute() refused the comparison for good
+        with _both(self, other), _NamedWarnings(None):
             for what, held in (("this comparison", self), ("the other comparison", other)):
                 if held._paired_local is not None:
                     raise ValueError(
@@ -393,7 +398,8 @@ class CompareSensitivity:
                 m._refuse_other(theirs)
                 m._refuse_repeat(theirs._local is not None, theirs._held_ids())
             for name, m in self.metrics.items():
-                m.merge(other.metrics[name])
+                with _NamedWarnings(name):
+                    m.merge(other.metrics[name])
             for pair in self.pairs:
                 self.paired[pair] = merged(self.paired[pair], other.paired[pair], self.align)
         return self
@@ -843,8 +849,8 @@ class _NamedWarnings:
     not a generator's context: its exit is senslab's frame, so the warnings point at the
     user's call (:func:`~senslab._stack.user_level`), not at contextlib."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, name: str | None) -> None:
+        self.name = name  # None: said as they are, after the block (:meth:`merge`)
 
     def __enter__(self) -> None:
         self._catch = warnings.catch_warnings(record=True)
@@ -855,8 +861,8 @@ class _NamedWarnings:
         self._catch.__exit__(kind, err, tb)
         for w in self._caught or []:
             try:
-                warnings.warn(f"model {self.name!r}: {w.message}", w.category,
-                              stacklevel=user_level())
+                said = w.message if self.name is None else f"model {self.name!r}: {w.message}"
+                warnings.warn(str(said), w.category, stacklevel=user_level())
             except Warning:
                 if kind is None:  # else an exception is on its way: it goes on
                     raise
