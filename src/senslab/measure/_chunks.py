@@ -27,6 +27,10 @@ try:  # private module: without it the host's per-tensor cap is skipped (docs/co
     from torch.utils._python_dispatch import TorchDispatchMode
 except ImportError:  # pragma: no cover - every supported torch has it
     TorchDispatchMode = None  # type: ignore[assignment,misc]
+try:  # the same private module: without these, the meter's mode is switched off more broadly
+    from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_temporarily
+except ImportError:  # pragma: no cover - every supported torch has them
+    _get_current_dispatch_mode = _pop_mode_temporarily = None  # type: ignore[assignment]
 
 try:
     from torch.utils._pytree import tree_leaves
@@ -225,7 +229,12 @@ if TorchDispatchMode is not None:
         to the meter here: under inference mode PyTorch skips autocast's casts inside an
         operation a dispatch mode sees whole (``einsum`` of a float32 parameter and a bf16
         activation failed, a dtype mismatch), so the mode must not see operations autocast is
-        to cast. Temporaries inside such a call go unseen; its outputs are counted."""
+        to cast. Temporaries inside such a call go unseen; its outputs are counted.
+
+        Only the meter's own mode is set aside, not Python dispatch as a whole: that also
+        switched off the ``__torch_dispatch__`` of tensor subclasses (a wrapper-subclass weight,
+        as quantization libraries make), whose ops then read unallocated data, so the probe
+        chunk failed under autocast where a given ``chunk_size`` ran."""
 
         def __init__(self, meter: ActivationMeter) -> None:
             super().__init__()
@@ -236,7 +245,11 @@ if TorchDispatchMode is not None:
             kwargs = kwargs or {}
             if not autocast_on(self.meter.device.type):
                 return func(*args, **kwargs)
-            with torch._C._DisableTorchDispatch():
+            mode = self.meter._mode
+            if _pop_mode_temporarily is not None and _get_current_dispatch_mode() is mode:
+                with _pop_mode_temporarily():
+                    return _handed(self.meter, func(*args, **kwargs), args, kwargs)
+            with torch._C._DisableTorchDispatch():  # another mode above the meter's
                 return _handed(self.meter, func(*args, **kwargs), args, kwargs)
 
 
