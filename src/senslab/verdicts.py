@@ -188,6 +188,7 @@ class Effect:
         instead of 0.80 on 2 degrees of freedom). With a measurement error ``se_measure``, the
         floor of :func:`over_seeds`' s.e., the test is the one over that floored s.e.
         (:func:`_floored_detectable`, the seeds' spread taken as the plug-in s.e. as above)."""
+        _check_levels(f"Effect {self.what!r}: detectable", alpha, power)
         if not math.isfinite(self.se) or self.se == 0 or math.isinf(self.df):
             return (self.quantile(1 - alpha / 2) + self.quantile(power)) * self.se
         crit = self.quantile(1 - alpha / 2)
@@ -209,6 +210,16 @@ class Effect:
         while short(hi) < 0:
             hi *= 2
         return float(optimize.brentq(short, 0.0, hi, xtol=1e-10)) * self.se
+
+
+def _check_levels(who: str, alpha: float, power: float) -> None:
+    """Refuse a level or power outside (0, 1): alpha = 0 or a power of 1 (or 80, a percentage)
+    looped for ever in the search for the detectable effect, alpha = 5 failed deep in scipy, and
+    alpha = 1 "supported" an effect at a zero-width interval, "at 0%"."""
+    for name, x, usual in (("alpha", alpha, ALPHA), ("power", power, POWER)):
+        if not 0 < x < 1:  # NaN fails too
+            raise ValueError(f"{who}: {name} = {x} is not a probability strictly between 0 and "
+                             f"1; pass a share, not a percentage (the default is {usual})")
 
 
 def _floored_detectable(crit: float, df: float, ratio: float, power: float) -> float:
@@ -278,8 +289,16 @@ def over_seeds(values: Sequence[float], measure_ses: Sequence[float] | None = No
         return Effect(vals[0], se_m if se_m else math.nan, math.inf, 1, se_m, None, what,
                       f"measurement (one {unit})", unit)
     mean = sum(vals) / n
+    if not math.isfinite(mean) and all(math.isfinite(v) for v in vals):
+        # the sum overflowed (three seeds of 1e308): the mean itself is finite, and "cannot be
+        # judged (the value is not finite)" was said of finite seeds
+        mean = sum(v / n for v in vals)
     sd = math.hypot(*(v - mean for v in vals)) / math.sqrt(n - 1)
     se = sd / math.sqrt(n)
+    if math.isinf(se) and math.isfinite(mean) and all(math.isfinite(v) for v in vals):
+        # a deviation overflowed (seeds of ±1.7e308): halved, each is finite, and the s.e. is
+        # taken without passing through the spread (which may itself exceed the largest float)
+        se = math.hypot(*(v / 2 - mean / 2 for v in vals)) / math.sqrt(n * (n - 1)) * 2
     method = f"mean over {n} {unit}s (t)"
     partly = (f"the measurement error of the {n - unknown} {unit}s that have one; {unknown} "
               f"without" if unknown else "the measurement error")
@@ -328,26 +347,32 @@ def bootstrap(units: Sequence[Any], statistic: Callable[[list[Any]], float], wha
     :math:`\sqrt{n/(n-1)}` (the resamples' spread is the plug-in one: of a mean, exactly
     :math:`s\sqrt{(n-1)/n}/\sqrt n`); Student's t on ``len(units) − 1`` degrees of freedom.
     Resamples on which the statistic is undefined (NaN, e.g. a slope over one value of n) are
-    left out; fewer than half defined: NaN. Resamples that all give the same value (up to
-    rounding: every resample of two or three runs in a perfect order has the same rank
-    correlation) have a standard error of exactly 0, which :func:`judge` does not decide on."""
+    left out; fewer than half defined: NaN, and the ``method`` says so after :data:`NO_SE` (as
+    it does for fewer than 2 runs; before 2026-12-07 neither said why). Resamples that all give
+    the same value (up to rounding: every resample of two or three runs in a perfect order has
+    the same rank correlation) have a standard error of exactly 0, which :func:`judge` does not
+    decide on."""
     if resamples < 2:  # one resample has no spread; none divided by zero
         raise ValueError(f"bootstrap ({what}): {resamples} resamples; a standard deviation needs "
                          f"at least 2 (the default is {BOOTSTRAP})")
     units = list(units)
     value = float(statistic(units))
     n = len(units)
-    if n < 2:
-        return Effect(value, math.nan, math.inf, n, None, None, what, "bootstrap over runs",
-                      "run")
+    if n < 2:  # the reason after NO_SE, as every part without a standard error gives one
+        return Effect(value, math.nan, math.inf, n, None, None, what,
+                      f"bootstrap over runs; {NO_SE}{n} run{'s' if n != 1 else ''}: a bootstrap "
+                      "needs at least 2, more runs are needed", "run")
     rng = random.Random(seed)
     reps = []
     for _ in range(resamples):
         r = float(statistic([units[rng.randrange(n)] for _ in range(n)]))
         if math.isfinite(r):
             reps.append(r)
+    method = f"bootstrap over {n} runs"
     if len(reps) < resamples / 2:
         se = math.nan
+        method += (f"; {NO_SE}the statistic was undefined on {resamples - len(reps)} of the "
+                   f"{resamples} resamples, more than half: more runs are needed")
     elif max(reps) - min(reps) <= TIE_TOLERANCE * max(abs(r) for r in reps):
         # no spread at all: the rounding of the mean (1.6e-13 on three runs in perfect order)
         # read as a standard error, "supported" with a zero-width interval
@@ -358,7 +383,7 @@ def bootstrap(units: Sequence[Any], statistic: Callable[[list[Any]], float], wha
         # over √n), which Student's t on n − 1 df does not expect; without it a mean over 3–11
         # runs at a true 0 was decided in 6–7% of simulations at the 5% level
         se = math.sqrt(sum((r - m) ** 2 for r in reps) / (len(reps) - 1) * n / (n - 1))
-    return Effect(value, se, n - 1, n, None, None, what, f"bootstrap over {n} runs", "run")
+    return Effect(value, se, n - 1, n, None, None, what, method, "run")
 
 
 def _without_zero_se(e: Effect) -> Effect:
@@ -402,6 +427,7 @@ def judge(parts: Mapping[str, Effect], alpha: float = ALPHA,
     """
     if not parts:
         raise ValueError("judge: a claim needs at least one part")
+    _check_levels("judge", alpha, power)
     # before the Holm order: an s.e. of 0 gave p = 0, the first place and the full level
     parts = {name: _without_zero_se(e) for name, e in parts.items()}
     m = len(parts)
