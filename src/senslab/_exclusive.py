@@ -174,6 +174,13 @@ def _in_backward() -> bool:
     return task is not None and task() != -1
 
 
+def first_few(names: Any, limit: int = 3) -> str:
+    """``names`` for an error message: the first ``limit`` joined by commas, then "and k more"."""
+    names = list(names)
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more"
+                                       if len(names) > limit else "")
+
+
 def held_modules(f: object) -> list[nn.Module]:
     """The modules a call of ``f`` may run: f itself if it is one, else those f holds one
     level down — a bound method's object, a ``functools.partial``'s function and arguments,
@@ -385,8 +392,7 @@ def modes_kept(model: Any, hooks: bool = True, unit: str = "batch",
                     else ("forwards", "the others"))
     changed = [name for name, p, v in params if v is not None and _version(p) != v]
     if changed:
-        shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more"
-                                          if len(changed) > 3 else "")
+        shown = first_few(changed)
         raise RuntimeError(
             f"the model's parameters were changed while it was measured ({shown}): another "
             f"thread's optimizer.step(), or the forward's own in-place write, gave some {runs} "
@@ -396,8 +402,7 @@ def modes_kept(model: Any, hooks: bool = True, unit: str = "batch",
     if switched:
         now = "train" if next(iter(switched.values())) else "eval"
         was = "eval" if now == "train" else "train"
-        shown = ", ".join(list(switched)[:3]) + (f" and {len(switched) - 3} more"
-                                                 if len(switched) > 3 else "")
+        shown = first_few(switched)
         raise RuntimeError(
             f"the model was switched to {now} mode while it was measured in {was} mode "
             f"({shown}): another thread's model.{now}(), or the forward's own, ran some of its "

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .._exclusive import first_few
 from .._seeds import CPU_SEED_END
 from ..tokens.base import Inputs, Tokenization, model_dtype
 
@@ -226,8 +227,7 @@ def _eval(model: nn.Module) -> Iterator[None]:
         switched = [name or type(model).__name__ for name, m in model.named_modules()
                     if m.training and m not in kept]
         if switched:
-            shown = ", ".join(switched[:3]) + (f" and {len(switched) - 3} more"
-                                               if len(switched) > 3 else "")
+            shown = first_few(switched)
             raise RuntimeError(
                 f"the model was switched to train mode while it was measured in eval mode "
                 f"({shown}): another thread's model.train(), or the forward's own, ran its "

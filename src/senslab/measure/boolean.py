@@ -103,8 +103,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from .._exclusive import first_few, modes_kept, one_at_a_time
 from .._exclusive import held_modules as _held_modules
-from .._exclusive import modes_kept, one_at_a_time
 from .._stack import user_level as _user_level
 from ..tokens.base import _describe, select_output
 from ..tokens.embedding import unwrapped
@@ -207,7 +207,7 @@ def _refuse_batch_statistics(model: nn.Module) -> None:
              and (m.training or m.running_mean is None)]
     if not norms:
         return
-    shown = ", ".join(norms[:3]) + (f" and {len(norms) - 3} more" if len(norms) > 3 else "")
+    shown = first_few(norms)
     raise ValueError(
         f"f has BatchNorm layers that normalise by batch statistics ({shown}: training mode, "
         "or track_running_stats=False): each string would be normalised with the strings that "

@@ -200,7 +200,14 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from .._autocast import autocast_on
-from .._exclusive import OwnForwards, TurnLock, exclusive, held_modules, modes_kept
+from .._exclusive import (
+    OwnForwards,
+    TurnLock,
+    exclusive,
+    first_few,
+    held_modules,
+    modes_kept,
+)
 from .._onednn import missing_kernel
 from ..tokens.base import (
     Inputs,
@@ -529,7 +536,7 @@ def _refuse_batch_statistics(model: nn.Module, eval_mode: bool = False) -> None:
              and ((m.training and not eval_mode) or m.running_mean is None)]
     if not norms:
         return
-    shown = ", ".join(norms[:3]) + (f" and {len(norms) - 3} more" if len(norms) > 3 else "")
+    shown = first_few(norms)
     why = ("each perturbed copy would be normalised with the copies that share its chunk, so "
            "its flips, and the number, would depend on chunk_size")
     if eval_mode:

@@ -1209,9 +1209,11 @@ class _BoundEmbedding(BoundTokens):
         first such example with noise on those positions alone; a module hooked after the
         merge keeps the noise and passes."""
         ids = _token_ids(self.inputs)
-        found = placeholder_ids(self.model)
-        if not found or self.valid is None or not isinstance(ids, Tensor) \
+        if self.valid is None or not isinstance(ids, Tensor) \
                 or ids.shape != self.valid.shape or ids.is_floating_point():
+            return
+        found = placeholder_ids(self.model)  # read only for token ids: it may walk the modules
+        if not found:
             return
         ids = ids.to(self.valid.device)
         hit = torch.zeros_like(self.valid)
