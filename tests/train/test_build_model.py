@@ -82,3 +82,42 @@ def test_build_model_builds_one_model(monkeypatch):
     monkeypatch.setattr(loop, "create_model", counting)
     build_model(config("mlp", widths=(8,)), IMAGES)
     assert built == ["mlp"]
+
+
+@pytest.mark.parametrize("name, data, overrides", [
+    ("mlp", IMAGES, {"widths": (8,)}),
+    ("lstm", TEXT, {"dim": 16, "layers": 1}),
+])
+def test_build_model_leaves_the_cuda_generators_alone(monkeypatch, name, data, overrides):
+    # torch.manual_seed also seeds (or, before CUDA starts, queues a seeding of) every CUDA
+    # generator, which fork_rng(devices=[]) does not put back: building a model reset a GPU
+    # caller's CUDA stream to the run's seed. Seeding CUDA is spied on (no GPU here).
+    calls = []
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", lambda seed: calls.append(seed))
+    monkeypatch.setattr(torch.cuda, "manual_seed", lambda seed: calls.append(seed))
+    cfg = config(name, **overrides)
+    model = build_model(cfg, data)
+    assert calls == []
+    assert same_weights(model, reference(cfg, data))  # the weights drawn are the same
+
+
+def test_pretrained_stand_in_leaves_the_cuda_generators_alone(monkeypatch, tmp_path):
+    # the pretrained loop's random-weight stand-in was seeded with torch.manual_seed as well
+    pytest.importorskip("PIL")
+    from PIL import Image
+
+    from senslab.train.loops.pretrained import PretrainedConfig, model_and_images
+
+    files = []
+    for i in range(2):
+        path = tmp_path / f"n0144{i}764" / "a.png"
+        path.parent.mkdir()
+        Image.new("RGB", (40, 30), (30 * i, 90, 200)).save(path)
+        files.append(path)
+    calls = []
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", lambda seed: calls.append(seed))
+    cfg = PretrainedConfig(model="mlp", source="senslab", root=str(tmp_path), seed=5)
+    model, images, _ = model_and_images(cfg, files, ["n01440764", "n01441764"])
+    assert calls == [] and images.shape[0] == 2
+    again, _, _ = model_and_images(cfg, files, ["n01440764", "n01441764"])
+    assert same_weights(model, again)  # seeded by cfg.seed alone

@@ -469,8 +469,10 @@ def build_model(cfg: RunConfig, data: ArrayDataset) -> nn.Module:
     auto.update(_token_vector_fields(cfg, defaults, data))
     if "seed" in names:
         auto["seed"] = cfg.seed
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)
+    # the CPU generator alone, and the model built on the CPU (callers move it): torch.manual_seed
+    # also seeds CUDA's generators, which fork_rng(devices=[]) does not restore
+    with torch.random.fork_rng(devices=[]), torch.device("cpu"):
+        torch.default_generator.manual_seed(cfg.seed)
         return create_model(cfg.model.name, **{**auto, **cfg.model.overrides})
 
 

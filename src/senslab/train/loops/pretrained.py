@@ -179,7 +179,7 @@ def model_and_images(cfg: PretrainedConfig, files: list[Path], folders: list[str
     """The model in eval mode (a random initialisation is seeded by ``seed``), the preprocessed
     images and their class indices (None when unknown)."""
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)
+        torch.default_generator.manual_seed(cfg.seed)  # CPU's alone: not the caller's CUDA ones
         if cfg.source == "senslab":
             from ...models import create_model
 
