@@ -53,7 +53,9 @@ with a Hugging Face ``tokenizer``: pairs in that tokenizer's own template instea
 A [SEP] B [SEP]``), with its ``token_type_ids`` added to the inputs where it makes them — how a
 model fine-tuned with that tokenizer saw its pairs (``senslab measure --hf`` uses it). Single
 sentences of a Hugging Face tokenizer are always in its own template (the encoders': the layout
-above; GPT-2's: the sentence alone, no start or end token).
+above; GPT-2's: the sentence alone, no start or end token). Its own template is cut on the
+tokenizer's ``truncation_side``: at the end, unless the tokenizer was set to ``"left"`` (then the
+start of the text is removed, as the model saw it in training).
 
 Tokenizer (ours): a byte-level BPE trained with ``tokenizers`` on the *training split only*
 (never on validation text), special tokens ``<s>`` 0, ``<pad>`` 1, ``</s>`` 2, ``<unk>`` 3,
@@ -1176,7 +1178,7 @@ def encode(tokenizer: TextTokenizer, first: list[str], second: list[str] | None 
     them; padded on the right with ``pad_id``.
 
     Single sentences of a Hugging Face tokenizer are always in its own template (cut at the end
-    of their text): ``<s> A </s>`` or ``[CLS] A [SEP]`` for the encoders, as above, but GPT-2's
+    of their text, or at its start where the tokenizer's ``truncation_side`` is ``"left"``): ``<s> A </s>`` or ``[CLS] A [SEP]`` for the encoders, as above, but GPT-2's
     adds no token at all, where ``<bos> A <eos>`` appended an end token that a GPT-2 classifier
     padded with that token never reads (it was measured as a token that never flips) and after
     which a language model's next-token prediction was read.
