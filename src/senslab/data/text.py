@@ -1178,10 +1178,11 @@ def encode(tokenizer: TextTokenizer, first: list[str], second: list[str] | None 
     them; padded on the right with ``pad_id``.
 
     Single sentences of a Hugging Face tokenizer are always in its own template (cut at the end
-    of their text, or at its start where the tokenizer's ``truncation_side`` is ``"left"``): ``<s> A </s>`` or ``[CLS] A [SEP]`` for the encoders, as above, but GPT-2's
-    adds no token at all, where ``<bos> A <eos>`` appended an end token that a GPT-2 classifier
-    padded with that token never reads (it was measured as a token that never flips) and after
-    which a language model's next-token prediction was read.
+    of their text, or at its start where the tokenizer's ``truncation_side`` is ``"left"``):
+    ``<s> A </s>`` or ``[CLS] A [SEP]`` for the encoders, as above, but GPT-2's adds no token at
+    all, where ``<bos> A <eos>`` appended an end token that a GPT-2 classifier padded with that
+    token never reads (it was measured as a token that never flips) and after which a language
+    model's next-token prediction was read.
 
     ``stats``, a dict, receives what the cut to ``max_len`` removed: ``truncated_rows`` (rows
     that lost tokens), ``truncated_tokens`` (tokens removed in all) and ``truncated_per_row``
