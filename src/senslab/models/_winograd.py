@@ -70,11 +70,21 @@ def transform_weight(weight: Tensor) -> Tensor:
     return u.reshape(36, weight.shape[1], weight.shape[0]).to(weight.dtype).contiguous()
 
 
-def conv3x3(x: Tensor, u: Tensor, bias: Tensor | None = None) -> Tensor:
+def conv3x3(x: Tensor, u: Tensor, bias: Tensor | None = None,
+            weight: Tensor | None = None) -> Tensor:
     """``F.conv2d(x, w, bias, padding=1)`` for ``u = transform_weight(w)``, up to rounding.
 
     ``x``: (N, C, H, W) with H and W multiples of :data:`TILE`; the result is (N, K, H, W),
-    channels-last in memory."""
+    channels-last in memory.
+
+    Where the inputs are not finite or near float32's limit, the transforms (which add up to 36
+    inputs with factors up to 5/2) overflow where a direct convolution does not: an inf input
+    made its whole 4×4 output tile NaN in every channel (a direct convolution: ±inf on the 3×3
+    outputs it touches), and inputs of 1e38 gave NaN where a direct convolution's outputs were
+    finite. So with ``weight`` (the filter ``w``) a result that is not all finite is computed
+    again as ``F.conv2d(x, weight, bias, padding=1)``, the direct convolution's own numbers.
+    The check is one sum over the output (its NaN or inf shows any element's), about 0.5% of
+    the convolution's time; a finite sum that overflows only costs the direct convolution."""
     n, c, h, w = x.shape
     if u.shape[:2] != (36, c) or h % TILE or w % TILE:
         raise ValueError(f"conv3x3 needs (N, {u.shape[1]}, H, W) maps with H and W multiples of "
@@ -98,4 +108,7 @@ def conv3x3(x: Tensor, u: Tensor, bias: Tensor | None = None) -> Tensor:
             out.copy_(y)
         else:
             torch.add(y, bias, out=out)
-    return out.view(n, h, w, k).permute(0, 3, 1, 2)
+    out = out.view(n, h, w, k).permute(0, 3, 1, 2)
+    if weight is not None and not bool(out.detach().sum().isfinite()):
+        return F.conv2d(x, weight, bias, padding=1)
+    return out

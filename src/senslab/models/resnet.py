@@ -193,7 +193,8 @@ class ResNet(ImageClassifier):
             return layer(x)
         conv = layer[0]
         if self.winograd and _winograd.applies(conv, x):
-            return _winograd.conv3x3(x, self._winograd_filter(layer, f[0]), f[1])
+            # f[0]: the direct convolution's filter, run where the result is not finite
+            return _winograd.conv3x3(x, self._winograd_filter(layer, f[0]), f[1], f[0])
         return F.conv2d(x, f[0], f[1], conv.stride, conv.padding, conv.dilation, conv.groups)
 
     def _winograd_filter(self, layer: nn.Module, weight: Tensor) -> Tensor:

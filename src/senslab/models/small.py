@@ -29,11 +29,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .._autocast import autocast_on
 from ..tokens import Embedding, Sequence
 from ._config import check_one_of, check_positive, override_config
 from ._registry import register_model
 from .text import Block, init_weights
-from .vision import seeded
+from .vision import check_seed, seeded
 
 # Sizes go through check_positive: integers, not just >= 1 (a float ``heads`` of 4.0 built and
 # failed only at the first forward, inside a reshape; a float ``dim`` or ``n_bits`` failed
@@ -51,7 +52,7 @@ def _check_init_scale(config: Any) -> None:
                          f"0 to start from zero weights")
 
 
-def _check_vectors(x: Tensor, dim: int) -> None:
+def _check_vectors(x: Tensor, dim: int, weight: Tensor) -> None:
     if x.dim() != 3 or x.shape[-1] != dim or not x.is_floating_point():
         raise ValueError(
             f"expected float token vectors of shape (batch, length, {dim}), got dtype {x.dtype} "
@@ -65,6 +66,13 @@ def _check_vectors(x: Tensor, dim: int) -> None:
             f"got token vectors of shape {tuple(x.shape)}: sequences of length 0 have no token "
             "to attend to; every sequence needs at least one"
         )
+    # vectors of another float dtype than the weights' (outside autocast, which casts all but
+    # float64) reached torch's "expected scalar type Float but found Double", which named
+    # neither the vectors nor the fix
+    if x.dtype != weight.dtype and (x.dtype == torch.float64 or not autocast_on(x.device.type)):
+        raise TypeError(
+            f"got {x.dtype} token vectors for a model with {weight.dtype} weights: convert the "
+            f"vectors with x.to({weight.dtype}), or the model with model.to({x.dtype})")
 
 
 def _bit_ids(x: Tensor, max_bits: int) -> Tensor:
@@ -104,6 +112,7 @@ class SparseAttentionConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        check_seed(self)
         check_positive(self, "dim")
         check_one_of("pool", self.pool, ("mean", "sum"))
         _check_init_scale(self)
@@ -138,7 +147,7 @@ class SparseAttention(nn.Module):
 
     def attention_weights(self, x: Tensor) -> Tensor:
         """A (B, L_query, L_key); every row sums to 1."""
-        _check_vectors(x, self.config.dim)
+        _check_vectors(x, self.config.dim, self.W)
         scores = torch.einsum("bjd,de,bie->bij", x, self.W, x)  # [b, i, j] = x_jᵀ W x_i
         return scores.softmax(dim=-1)
 
@@ -174,6 +183,7 @@ class ModAddConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        check_seed(self)
         check_positive(self, "dim", "heads", "mlp_dim")
         if isinstance(self.p, bool) or not isinstance(self.p, int) or self.p < 2:
             raise ValueError(f"modulus p must be an integer of at least 2, got {self.p!r}")
@@ -268,6 +278,7 @@ class ParityConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        check_seed(self)
         check_positive(self, "n_bits", "dim", "heads", "layers", "mlp_dim")
         # type() too: True and 2.0 compare equal to 1 and 2, and failed inside nn.Linear
         if type(self.num_classes) is not int or self.num_classes not in (1, 2):
@@ -330,6 +341,7 @@ class BooleanConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        check_seed(self)
         check_positive(self, "n_bits", "dim", "layers", "heads", "ff_dim")
         check_one_of("init", self.init, ("independent", "torch_encoder"))
         if self.dim % 2:
@@ -412,6 +424,7 @@ class AttentionModelConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        check_seed(self)
         check_positive(self, "dim")
         _check_init_scale(self)
 
@@ -440,7 +453,7 @@ class AttentionModel(nn.Module):
 
     def attention_weights(self, x: Tensor) -> Tensor:
         """softmax(X W x₁), shape (B, T); every row sums to 1."""
-        _check_vectors(x, self.config.dim)
+        _check_vectors(x, self.config.dim, self.W)
         return (x @ (self.W @ x[:, 0].unsqueeze(-1))).squeeze(-1).softmax(dim=-1)
 
     def forward(self, x: Tensor) -> Tensor:

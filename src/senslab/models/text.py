@@ -35,7 +35,7 @@ from ._config import (
     override_config,
 )
 from ._registry import register_model
-from .vision import seeded
+from .vision import check_seed, seeded
 
 # --------------------------------------------------------------------------- shared helpers
 
@@ -203,6 +203,7 @@ class TextConfig:
         # integers, not just positive: a float ``heads`` (8.0) built and failed only at the first
         # forward, inside a reshape; a bool ``layers`` (True) built one layer
         check_positive(self, "vocab_size", "max_len", "dim", "layers", "heads", "num_classes")
+        check_seed(self)
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if not 0 <= self.pad_id < self.vocab_size:
