@@ -78,6 +78,15 @@ def inputs_to_index(x: Tensor) -> Tensor:
             "expected ±1 strings, got a bool tensor: read as 0/1 bits it names other strings. "
             "Pass 1 − 2·x.float() (True ↦ −1), or x.float() * 2 − 1 (True ↦ +1)"
         )
+    if x.is_complex():
+        # |1j| = 1 passed the ±1 check below, and the sign test then failed with torch's bare
+        # "lt_cpu not implemented for 'ComplexFloat'"
+        raise ValueError(
+            f"expected real ±1 strings, got a complex tensor "
+            f"({str(x.dtype).removeprefix('torch.')}): a string's bits are −1 or +1, and a "
+            "complex entry such as 1j has |x| = 1 without being either. Pass x.real where the "
+            "imaginary parts are 0"
+        )
     if x.shape[1] > MAX_INDEX_BITS:
         raise ValueError(
             f"strings of n={x.shape[1]} bits have no int64 index: bit {MAX_INDEX_BITS} and "

@@ -1110,25 +1110,36 @@ def _warn_few_events(r: BooleanSensitivity, events: int) -> None:
 
 
 class _Stats:
-    """Running sums of s(f, x), s(f, x)² and per-bit changes over chunks of points (float64)."""
+    """Running sums of s(f, x), its squared spread and per-bit changes over chunks of points
+    (float64)."""
 
     def __init__(self, n: int) -> None:
-        self.n, self.count, self.s1, self.s2, self.max = n, 0, 0.0, 0.0, -math.inf
+        self.n, self.count, self.s1, self.max = n, 0, 0.0, -math.inf
         self.influence = torch.zeros(n, dtype=torch.float64)
         self.events = 0  # points where some flip changed f: what the standard error learns from
+        # the spread is summed around the first point's s(f, x): Σs² − N·mean² lost it all to
+        # rounding where it is small beside the mean (s = 1e12 + O(1) gave stderr 0, not 0.008)
+        self.shift: float | None = None
+        self.d1, self.d2 = 0.0, 0.0
 
     def add(self, changes: Tensor) -> None:
         s = changes.sum(1)
+        if not len(s):
+            return
         self.count += len(s)
         self.events += int(s.ne(0).sum())
         self.s1 += s.sum().item()
-        self.s2 += s.pow(2).sum().item()
+        if self.shift is None:
+            self.shift = float(s[0])
+        d = s - self.shift
+        self.d1 += d.sum().item()
+        self.d2 += d.pow(2).sum().item()
         self.max = max(self.max, s.max().item())
         self.influence += changes.sum(0)
 
     def result(self, method: str, rule: str, evaluations: int, exact: bool) -> BooleanSensitivity:
         mean = self.s1 / self.count
-        var = max(self.s2 - self.count * mean**2, 0.0) / (self.count - 1)
+        var = max(self.d2 - self.d1**2 / self.count, 0.0) / (self.count - 1)
         se = 0.0 if exact else math.sqrt(var / self.count)
         # Student's t with count − 1 degrees of freedom, as the token-wise data estimand: the
         # standard error is itself estimated from the points, and ±1.96·se from 3 points of a

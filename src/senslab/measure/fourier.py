@@ -40,7 +40,18 @@ def _spectrum(table: Tensor, coefficients: bool, output: str = "auto",
 
 def _check_finite(table: Tensor, what: str = "table") -> None:
     """Refuse NaN or infinite entries: one NaN makes every coefficient NaN, which compares
-    False with every cut, so degree() read a table with one NaN as degree 0."""
+    False with every cut, so degree() read a table with one NaN as degree 0. Refuse complex
+    entries too: ``output="real"`` (and ``coefficients=True``) dropped the imaginary part with
+    no more than torch's one-time warning (1+1j read as 1), the other readings failed with
+    torch's bare "unique not implemented for 'ComplexFloat'"."""
+    if table.is_complex():
+        kind = str(table.dtype).removeprefix("torch.")
+        raise ValueError(
+            f"the {what} {'are' if what == 'coefficients' else 'is'} complex ({kind}): Fourier "
+            "analysis here is of real-valued functions on {±1}ⁿ, and read as real numbers the "
+            "imaginary parts would be dropped without a word. Pass table.real where the "
+            "imaginary parts are 0, or analyse table.real and table.imag apart (the transform "
+            "is linear)")
     if table.is_floating_point() and not bool(torch.isfinite(table).all()):
         bad = table[~torch.isfinite(table)]
         fix = ("recompute them with fourier_coefficients(table)" if what == "coefficients"
@@ -188,16 +199,84 @@ def spectral_weights(table: Tensor, *, coefficients: bool = False,
     Σ_k W_k = E[f²] (Parseval).
 
     Pass ``coefficients=True`` when ``table`` already holds f̂ (from fourier_coefficients);
-    ``output``: how a table is read, as in :func:`fourier_coefficients`.
+    ``output``: how a table is read, as in :func:`fourier_coefficients`. The squares are
+    summed scaled by powers of two, so coefficients beyond 1e154 do not overflow on the way;
+    a weight that is itself beyond float64 (above 1.8e308) is refused, not returned as inf.
     """
-    return _weights(_spectrum(table, coefficients, output))
+    c = _spectrum(table, coefficients, output)
+    return _unscale(*_weights(c), c, "the spectral weights W_k = Σ_{|S|=k} f̂(S)²")
 
 
-def _weights(c: Tensor) -> Tensor:
+#: the exponent that :func:`_squares` gives f̂(S) = 0 (below every float64 exponent)
+_NO_EXP = -(1 << 20)
+
+
+def _squares(c: Tensor) -> tuple[Tensor, Tensor]:
+    """(m², e) with f̂(S)² = m(S)²·2^e(S) exactly (m from torch.frexp, |m| in [1/2, 1);
+    e = :data:`_NO_EXP` where f̂(S) = 0). Squared as they are, coefficients above about
+    1.3e154 overflowed (spectral weights, influences and noise stability of inf, as(f) of nan,
+    the influences of bits that the large coefficient does not touch included) and ones below
+    about 1e-162 underflowed to 0."""
+    m, x = torch.frexp(c)
+    x = x.long()
+    return m * m, torch.where(c != 0, 2 * x, torch.full_like(x, _NO_EXP))
+
+
+def _in_range(c: Tensor) -> bool:
+    """Whether every nonzero f̂(S)² is a normal float64 as it is (then the sums are taken
+    unscaled, as fast as ever; :func:`_squares` otherwise)."""
+    a = c.abs()
+    if float(a.max()) >= 2.0**511:
+        return False
+    return float(torch.where(a > 0, a, torch.ones_like(a)).min()) >= 2.0**-510
+
+
+def _shift(values: Tensor, by: Tensor) -> Tensor:
+    """values·2^by for by ≤ 0 (exact, but where it leaves the normal range: terms 2¹⁰⁰⁰ times
+    below their sum's largest, which no float64 sum keeps)."""
+    return torch.ldexp(values, by.clamp(-4 * 1100, 0).to(values.dtype))
+
+
+def _weights(c: Tensor) -> tuple[Tensor, Tensor]:
+    """(U, E): W_k = U_k·2^E_k, each degree's squares summed scaled to its largest (a power
+    of two: in float64's range the sums are the same to the last bit)."""
     # on c's device: a CUDA table met CPU sizes here, a device error from index_add_
     n = table_n(c)
+    sizes = subset_sizes(n).to(c.device)
+    if _in_range(c):
+        return torch.zeros(n + 1, dtype=torch.float64, device=c.device).index_add_(
+            0, sizes, c.pow(2)), torch.zeros(n + 1, dtype=torch.long, device=c.device)
+    m2, e = _squares(c)
+    top = torch.full((n + 1,), _NO_EXP, dtype=torch.long, device=c.device).scatter_reduce(
+        0, sizes, e, "amax")
     return torch.zeros(n + 1, dtype=torch.float64, device=c.device).index_add_(
-        0, subset_sizes(n).to(c.device), c.pow(2))
+        0, sizes, _shift(m2, e - top[sizes])), top
+
+
+def _unscale(values: Tensor, exps: Tensor, c: Tensor, what: str) -> Tensor:
+    """values·2^exps (float64, on values' device), refused where it leaves float64's range."""
+    try:
+        out = [math.ldexp(v, k) for v, k in zip(values.tolist(), exps.tolist(), strict=True)]
+    except OverflowError:
+        top = float(c.abs().max())
+        raise ValueError(
+            f"{what} overflow float64 (above about 1.8e308): the Fourier coefficients reach "
+            f"|f̂(S)| = {top:.3g}, and their squares are beyond float64's range, so the number "
+            "would be inf or nan. These quantities scale with the square of the table: pass "
+            "table / s for a scale s (e.g. a power of two near the table's largest value) and "
+            "multiply the result by s² where it can be represented (in log space otherwise)"
+        ) from None
+    return torch.tensor(out, dtype=torch.float64, device=values.device)
+
+
+def _total(terms: Tensor, exps: Tensor, c: Tensor, what: str) -> float:
+    """Σ_k terms_k·2^exps_k as a float, summed scaled to the largest term's power of two."""
+    live = exps[terms != 0]
+    if not len(live):
+        return 0.0
+    top = live.max()
+    total = _shift(terms, exps - top).sum().reshape(1)
+    return float(_unscale(total, top.reshape(1), c, what)[0])
 
 
 #: default relative tolerance of :func:`degree`, a multiple of ‖f‖₂: float32 rounding of the
@@ -302,18 +381,20 @@ def noise_stability(table: Tensor, rho: float, *, coefficients: bool = False,
                         f"{type(rho).__name__} {rho!r}")
     if not -1.0 <= rho <= 1.0:
         raise ValueError(f"rho is a correlation and must lie in [-1, 1], got {rho}")
-    weights = spectral_weights(table, coefficients=coefficients, output=output)
+    c = _spectrum(table, coefficients, output)
+    weights, exps = _weights(c)  # scaled: a weight beyond float64 may still give Stab_ρ in it
     k = torch.arange(len(weights), dtype=torch.float64, device=weights.device)
-    return float((weights * rho ** k).sum())
+    return _total(weights * rho ** k, exps, c, "the noise stability Σ_S ρ^|S| f̂(S)² would")
 
 
 def average_sensitivity_fourier(table: Tensor, *, coefficients: bool = False,
                                 output: str = "auto") -> float:
     """Σ_S |S| f̂(S)²: as(f) for ±1-valued f, the "real" sensitivity Σᵢ E[(D_i f)²] otherwise
     (``output``: how a table is read, as in :func:`fourier_coefficients`)."""
-    weights = _weights(_spectrum(table, coefficients, output, constant_free=True))
+    c = _spectrum(table, coefficients, output, constant_free=True)
+    weights, exps = _weights(c)
     k = torch.arange(len(weights), dtype=torch.float64, device=weights.device)
-    return float((weights * k).sum())
+    return _total(weights * k, exps, c, "Σ_S |S| f̂(S)² would")
 
 
 def influence_fourier(table: Tensor, *, coefficients: bool = False,
@@ -322,6 +403,15 @@ def influence_fourier(table: Tensor, *, coefficients: bool = False,
     table is read, as in :func:`fourier_coefficients`)."""
     c = _spectrum(table, coefficients, output, constant_free=True)
     n = table_n(c)
-    w = c.pow(2)
-    # S ∋ i ⇔ bit i of S is set: the second half of every (−1, 2, 2ⁱ) block.
-    return torch.stack([w.view(-1, 2, 1 << i)[:, 1].sum() for i in range(n)])
+    if _in_range(c):
+        w = c.pow(2)
+        # S ∋ i ⇔ bit i of S is set: the second half of every (−1, 2, 2ⁱ) block.
+        return torch.stack([w.view(-1, 2, 1 << i)[:, 1].sum() for i in range(n)])
+    m2, e = _squares(c)
+    sums, exps = [], []
+    for i in range(n):
+        # S ∋ i ⇔ bit i of S is set: the second half of every (−1, 2, 2ⁱ) block.
+        exps.append(e.view(-1, 2, 1 << i)[:, 1].max())
+        # scaled to its largest square (summed in the same order as unscaled: same last bit)
+        sums.append(_shift(m2, e - exps[-1]).view(-1, 2, 1 << i)[:, 1].sum())
+    return _unscale(torch.stack(sums), torch.stack(exps), c, "the influences Σ_{S∋i} f̂(S)²")

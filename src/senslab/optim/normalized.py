@@ -21,7 +21,8 @@ With ``eta_max`` the step size on the *raw* gradient is capped:
 i.e. a normalised step of length η while ‖∇L‖ ≥ η/η_max, and a plain gradient step with learning
 rate η_max once the gradient is small (docs/definitions.md#normalized-gradient-descent; the same
 cap as SPS_max). A zero gradient gives no step (and no division by zero); a gradient with nan or
-inf entries is refused (``FloatingPointError``), as is a param group with an option NGD does not
+inf entries is refused (``FloatingPointError``), and so is one of finite entries whose norm
+is beyond its float type (saying so), as is a param group with an option NGD does not
 have (``weight_decay``, ``momentum``, …: nothing would apply it), at construction and in a
 checkpoint given to ``load_state_dict``. The options' values are checked again at every step (an
 LR scheduler or a hand edit may change them): a negative or non-finite lr is refused, an lr of 0
@@ -109,9 +110,12 @@ def global_grad_norm(params: Tensor | Iterable[Tensor]) -> Tensor | None:
     return _scaled_norm(torch.stack([n.to(device, dtype) for n in norms]), dtype)
 
 
-def _check_finite_norms(name: str, norms: list[Tensor]) -> None:
+def _check_finite_norms(name: str, norms: list[Tensor], params: Iterable[Tensor] = ()) -> None:
     """A gradient with a nan or inf entry has no defined step: refuse it (it gave size 0 and a
-    recorded ‖∇L‖ of 0 while the nan spread into the parameters)."""
+    recorded ‖∇L‖ of 0 while the nan spread into the parameters). ``params``: the parameters
+    whose gradients the norms are of; where all their entries are finite, the norm itself
+    overflowed (finite entries of 1e308 in float64, 3e38 in float32), and the error says so
+    (it said "nan or inf entries", which the gradient did not hold)."""
     if not norms:
         return
     # in the widest type: a float64 norm above 3.4e38 was cast to a float32 first norm's type,
@@ -119,6 +123,18 @@ def _check_finite_norms(name: str, norms: list[Tensor]) -> None:
     dtype = functools.reduce(torch.promote_types, (n.dtype for n in norms))
     stacked = torch.stack([n.to(norms[0].device, dtype) for n in norms])
     if not bool(torch.isfinite(stacked).all()):
+        grads = [_dense_values(p.grad) for p in params if p.grad is not None]
+        if grads and all(bool(torch.isfinite(g).all()) for g in grads):
+            largest = max(float(g.abs().max()) for g in grads if g.numel())
+            kind = str(dtype).removeprefix("torch.")
+            raise FloatingPointError(
+                f"{name}: every gradient entry is finite (the largest |entry| is "
+                f"{largest:.3g}), but the gradient's norm ‖∇L‖ is beyond the largest {kind} "
+                f"number ({torch.finfo(dtype).max:.3g}), so the step, which divides by ‖∇L‖, "
+                "is not defined; the loss or the parameters have blown up: lower the step size "
+                "(lr / eta_max), scale the loss down, or check the loss and the data"
+                + ("" if dtype == torch.float64 else
+                   ", or train in float64 (model.double()), where this norm is in range"))
         raise FloatingPointError(
             f"{name}: a gradient holds nan or inf entries, so its norm and the step are not "
             "defined; lower the step size (lr / eta_max), or check the loss and the data for "
@@ -374,7 +390,8 @@ class NGD(_StepSizeLog, Optimizer):
             for group, params in groups
         ]
         unique = {id(n): n for ns in norms for n in ns}  # the shared norm once, not per tensor
-        _check_finite_norms(type(self).__name__, list(unique.values()))
+        _check_finite_norms(type(self).__name__, list(unique.values()),
+                            [p for _, params in groups for p in params])
         for (group, params), group_norms in zip(groups, norms, strict=True):
             for p, norm in zip(params, group_norms, strict=True):
                 assert norm is not None  # p has a gradient, so some norm exists

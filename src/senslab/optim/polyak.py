@@ -242,7 +242,7 @@ class SPS(_StepSizeLog, Optimizer):
                     "loss.backward() and return the loss (and the loss must depend on the "
                     "parameters given to the optimiser)")
             return loss
-        _check_finite_norms(type(self).__name__, [norm])
+        _check_finite_norms(type(self).__name__, [norm], [p for _, ps in groups for p in ps])
         # L − f* in the wider of the loss's and the norm's types, then in the norm's: a float64
         # loss near f* would lose its excess if rounded to a float32 norm's type first
         loss_eps = torch.finfo(value.dtype).eps
