@@ -69,6 +69,15 @@ class ActivationMeter:
     are never counted. A model that is no ``nn.Module`` has nothing to hook: its peak reads 0 and
     the caller falls back to the size of its inputs.
 
+    That estimate sizes the chunks under the host's default budget, whose cap is set for speed
+    (:data:`CPU_CHUNK_BYTES`). A budget the user gave must hold: with ``exact=True`` the peak is
+    also at least :attr:`created_peak`, the most bytes that storages created by the forward's
+    operations held at once, each counted until its last tensor dies. It sees temporaries
+    inside modules and the forwards of a callable that is no ``nn.Module``, where the hooks
+    see nothing (an L×L attention score was missed, so chunks ran 8–30× over the budget); not
+    the temporaries inside one call run under autocast, nor a compiled model's (only its
+    outputs), where the hooks' estimate remains.
+
     On the host it also records :attr:`largest`: the bytes of the largest storage that an operation
     of the forward created and that died before the meter closed — a temporary, not a cache the
     forward keeps (such as a layout a model builds on its first call) nor the output. It is seen
@@ -76,8 +85,12 @@ class ActivationMeter:
     (``forward_local``, fused attention); 0 where the mode cannot run (a compiled model).
     """
 
-    def __init__(self, model: Any, device: torch.device, autocast: bool = False) -> None:
+    def __init__(self, model: Any, device: torch.device, autocast: bool = False,
+                 exact: bool = False) -> None:
         self.model = model if isinstance(model, torch.nn.Module) else None
+        #: on the host, :attr:`peak` also counts the storages the forward's operations create
+        #: (:attr:`created_peak`): a budget the user gave must hold (see the class docstring)
+        self.exact = exact
         #: the forwards may run under autocast: its operations are metered apart
         #: (:class:`_UnderAutocast`)
         self.autocast = autocast
@@ -91,6 +104,10 @@ class ActivationMeter:
         self._base = 0
         #: largest temporary storage of the forward, in bytes (host only; see the docstring)
         self.largest = 0
+        #: bytes of the storages the forward's operations created that are alive now, and their
+        #: peak (host only, where the dispatch mode runs; see the class docstring)
+        self.created = 0
+        self.created_peak = 0
         self._temps: dict[int, list[int]] = {}
         self._mode: Any = None
         self._autocast: Any = None
@@ -101,7 +118,8 @@ class ActivationMeter:
         """Peak bytes above the state at entry (see the class docstring)."""
         if self.cuda:
             return self.seen_peak
-        return int(self.seen_peak * UNSEEN_FACTOR)
+        estimate = int(self.seen_peak * UNSEEN_FACTOR)
+        return max(estimate, self.created_peak) if self.exact else estimate
 
     def __enter__(self) -> ActivationMeter:
         if self.cuda:
@@ -174,6 +192,8 @@ class ActivationMeter:
             if key in inputs:
                 return
             entry = self._temps[key] = [nbytes, 0]
+            self.created += nbytes
+            self.created_peak = max(self.created_peak, self.created)
         entry[1] += 1
         weakref.finalize(t, self._temp_died, key)
 
@@ -184,6 +204,7 @@ class ActivationMeter:
         entry[1] -= 1
         if entry[1] == 0:
             del self._temps[key]
+            self.created -= entry[0]
             self.largest = max(self.largest, entry[0])
 
     def _release(self, key: int) -> None:

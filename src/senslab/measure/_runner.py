@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import warnings
 from typing import Any
 
 import torch
@@ -647,7 +648,8 @@ class ChunkRunner:
             if self.chunk is None:  # probe: evaluate a few copies while metering allocations
                 sl = slice(pos, pos + _chunks.PROBE_COPIES)
                 self.meter = _chunks.ActivationMeter(self.m.model, self.ref.device,
-                                                    autocast=self._autocast())
+                                                    autocast=self._autocast(),
+                                                    exact=bool(self.m.memory_budget))
                 vals[sl] = self._evaluate(src[sl], tok[sl], own[sl])
                 evaluated = int(own[sl].sum())
                 if evaluated:
@@ -659,6 +661,8 @@ class ChunkRunner:
                     self.chunk = _chunks.chunk_from_probe(
                         self.per_copy, 1, self.budget, n, even=self.m.antithetic
                     )
+                    self._check_budget(
+                        max(self.meter.peak, floor) + evaluated * self._copy_bytes(), evaluated)
                 self.meter = None
             else:
                 sl = slice(pos, pos + self.chunk * self._gather())
@@ -687,7 +691,8 @@ class ChunkRunner:
                 probe = self.m.chunk_size is None and self.per_copy is None
                 if probe:
                     self.meter = _chunks.ActivationMeter(self.m.model, self.ref.device,
-                                                    autocast=self._autocast())
+                                                    autocast=self._autocast(),
+                                                    exact=bool(self.m.memory_budget))
                 size = _chunks.PROBE_COPIES if probe else self._size(w, full, count - pos)
                 piece, size = size, size * (1 if probe else self._gather())  # the probe: alone
                 # a chunk holds one group of lengths: it ends where the padding it would add to
@@ -742,7 +747,37 @@ class ChunkRunner:
             self.per_copy = self._capped(
                 max(self.meter.peak, floor) / evaluated * scale + self._copy_bytes(),
                 self.meter.largest / evaluated * scale)
+            self._check_budget(max(self.meter.peak, floor) + evaluated * self._copy_bytes(),
+                               evaluated)
         self.meter = None
+
+    def _check_budget(self, probed: float, copies: int) -> None:
+        """Warn where a ``memory_budget`` the user gave is exceeded: by every chunk, when one
+        copy (two for antithetic pairs) needs more than the budget, or by the probe alone, whose
+        :data:`._chunks.PROBE_COPIES` copies run before the size of a copy is known.
+        ``probed``: the bytes the probe's ``copies`` took."""
+        budget = self.m.memory_budget
+        if not budget or self.per_copy is None:
+            return
+        least = 2 if self.m.antithetic else 1
+        if self.per_copy * least > budget:
+            warnings.warn(
+                f"memory_budget={budget} bytes is too small for one chunk: one perturbed copy "
+                f"takes about {self.per_copy:.3g} bytes (the first chunk's {copies} copies took "
+                f"{probed:.3g}), so every chunk of {least} cop{'ies' if least > 1 else 'y'} "
+                f"exceeds the budget. Pass memory_budget={math.ceil(self.per_copy * least)} or "
+                "more (the numbers never change with the chunk size), or shorter inputs",
+                RuntimeWarning, stacklevel=2)
+        elif probed > budget:
+            chunk = _chunks.chunk_from_probe(self.per_copy, 1, budget, 1 << 30,
+                                             even=self.m.antithetic)
+            warnings.warn(
+                f"the first chunk, which measures the memory a perturbed copy takes, ran "
+                f"{copies} copies and took about {probed:.3g} bytes, over memory_budget="
+                f"{budget}; the later chunks hold up to {chunk} copies each, within it. Where "
+                f"the budget must never be exceeded, pass chunk_size={chunk} (the numbers "
+                "never change with the chunk size)",
+                RuntimeWarning, stacklevel=2)
 
     def _capped(self, per_copy: float, largest: float) -> float:
         """Bytes per copy to size chunks by, from the probe's ``per_copy`` (temporaries and the
