@@ -195,11 +195,18 @@ def _moved(out: Tensor, ref: Tensor, clean: Tensor, rtol: float) -> tuple[Tensor
     # infinite and its NaN difference hid every other entry, so a model that reads its
     # padding kept trimming on without a word (0.52 measured for 0.34)
     gap = (a - b).abs()
-    gap = torch.where(a == b, torch.zeros_like(gap),
+    same = a == b
+    gap = torch.where(same, torch.zeros_like(gap),
                       torch.where(torch.isfinite(gap), gap, torch.full_like(gap, math.inf)))
     err = gap.amax(dim=1)
-    scale = _finite_size(b).amax(dim=1)
-    floor = float(_finite_size(clean).max()) * 1e-3 + 1e-30
+    # a finite masking constant (a class masked with -1e9 or torch.finfo(dtype).min, as Hugging
+    # Face masks) sets no size either where it is the same in both: as the row's scale it made
+    # every tolerance astronomical (1e-4 × 3.4e38), so a model that reads its padding kept
+    # trimming on without a word (0.52 measured where the padded inputs give 0.34)
+    size = _finite_size(b)
+    scale = size.masked_fill(same & _masking(size), 0).amax(dim=1)
+    whole = _finite_size(clean.reshape(len(clean), -1))
+    floor = float(whole.masked_fill(_masking(whole), 0).max()) * 1e-3 + 1e-30
     if clean.is_floating_point():
         return err > rtol * scale.clamp(min=floor), err
     # class labels (a predict returning argmax) are equal or not: a tolerance relative to the
@@ -340,6 +347,19 @@ def _carried(bound: BoundTokens, ext: Tensor, clean: Tensor,
                 "convolution or recurrence over the padding pooled with a max over every "
                 "position, say; the clean inputs hide it)")
     return None
+
+
+#: an output entry at least this large, and this many times every entry of its row below it,
+#: is a masking constant (-1e4, -1e9, ``torch.finfo(dtype).min``), no measure of the row's size
+MASKING_SIZE = 1e3
+
+
+def _masking(size: Tensor) -> Tensor:
+    """The entries of ``size`` ((rows, n), finite sizes) that are masking constants: at least
+    :data:`MASKING_SIZE`, and at least :data:`MASKING_SIZE` times the largest entry of their row
+    below :data:`MASKING_SIZE` (a row with none such has none)."""
+    small = size.masked_fill(size >= MASKING_SIZE, -1).amax(dim=1, keepdim=True)
+    return (size >= MASKING_SIZE) & (small >= 0) & (size >= MASKING_SIZE * small)
 
 
 def _finite_size(t: Tensor) -> Tensor:
