@@ -372,7 +372,17 @@ class TokenSensitivityMetric(Metric):
         self._warn_one_example(self._last)
         self._warn_counted(self._last)
         self._warn_few_events(self._last)
+        self._warn_no_spread(self._last)
         return torch.tensor(self._last.estimate, dtype=torch.float64, device=self.n.device)
+
+    @property
+    def update_called(self) -> bool:
+        """Whether ``update`` (or ``forward``) ran since the last reset, or the states hold
+        examples merged or loaded into them: torchmetrics warns at ``compute`` where it is
+        false, and after ``merge_state`` of other metrics into a fresh one (the thread recipe of
+        the module docstring) or ``load_state_dict`` it warned that the states "have not yet
+        been updated" while they held every merged example."""
+        return self._update_count > 0 or bool(float(self.n))
 
     def result(self) -> SensitivityResult:
         """Estimate, standard errors, 95% interval, counts and profiles (synced)."""
@@ -463,14 +473,35 @@ class TokenSensitivityMetric(Metric):
                         "before it measures (or reset() the copy)"
                     )
             flag, self.dist_sync_on_step = self.dist_sync_on_step, False  # the states add up
+            self._merging = True  # torchmetrics' _reduce_states, called from here (checked)
             try:
                 super().merge_state(states)
             finally:
-                self.dist_sync_on_step = flag
+                self.dist_sync_on_step, self._merging = flag, False
             self._computed, self._last = None, None
             self._seen |= seen
             self._ids |= ids
             self._own_n = float(self.n)
+
+    def _reduce_states(self, incoming_state: dict[str, Any]) -> None:
+        """torchmetrics' addition of states, from :meth:`merge_state` only. torchmetrics'
+        ``Running`` wrapper calls it itself, on states it kept of every batch: it resets the
+        metric after each batch, which restarts the noise stream from the seed (every batch of
+        the window drew the same noise, and the standard error took them for independent), and
+        its addition skipped the checks of ``merge_state``; refused (it was refused at
+        ``compute`` as states of a ``MetricCollection``'s compute groups, a fix that did not
+        apply)."""
+        if not getattr(self, "_merging", False):
+            raise RuntimeError(
+                "TokenSensitivityMetric's states cannot be added up outside merge_state, as "
+                "torchmetrics' Running wrapper does: it resets the metric after every batch, "
+                "which restarts the noise from the seed, so every batch of its window draws the "
+                "same noise and the standard error would take them for independent. For a value "
+                "over the last batches, log the per-batch estimates that forward returns "
+                "(metric(model, inputs)), or call metric.reset() every few batches and compute() "
+                "before it"
+            )
+        super()._reduce_states(incoming_state)
 
     def _warn_few_events(self, r: SensitivityResult) -> None:
         """:meth:`TokenSensitivity._warn_few_events` on the accumulated (synced, merged) counts,
@@ -516,6 +547,19 @@ class TokenSensitivityMetric(Metric):
         try:
             engine._warn_one_unit(r)
             engine._warn_ties(r)
+        finally:
+            engine.state = held
+
+    def _warn_no_spread(self, r: SensitivityResult) -> None:
+        """:meth:`TokenSensitivity._warn_no_spread` on the accumulated (synced, merged) counts:
+        a data standard error of exactly 0 from several examples whose rates came out alike by
+        chance (two examples at 12 of 32 flips each gave ``0.375 ± 0`` without a word, where
+        :class:`~senslab.measure.TokenSensitivity` says why), once per metric."""
+        engine = self._warner()
+        held = engine.state
+        engine.state = State(n=int(self.n.item()), events=_known(self.num_events))
+        try:
+            engine._warn_no_spread(r)
         finally:
             engine.state = held
 
