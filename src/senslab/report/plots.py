@@ -190,13 +190,25 @@ def curve_panels(
     """The panels :func:`plot_curves` draws: known groups first, then one per other metric.
 
     By default only metrics logged over training (in some run's ``metrics.jsonl``) get a panel:
-    a number that exists only in ``summary.json`` has no curve to draw.
+    a number that exists only in ``summary.json`` has no curve to draw. A key of ``keys`` that
+    no run logged over training gets its (empty) panel with a warning naming the keys there
+    are: it was drawn without a word (a misspelt ``sens/trian``).
     """
+    logged = {k for run in runs for row in run.metrics for k in row}
     if keys is None:
-        logged = {k for run in runs for row in run.metrics for k in row}
         present = {k for k in metric_keys(runs) if k in logged}
     else:
+        if isinstance(keys, str):  # one key, not a collection of its characters
+            keys = [keys]
         present = set(keys)
+        unknown = [k for k in keys if k not in logged]
+        if unknown:
+            choices = [k for _, _, group in curve_panels(runs) for k in group]
+            warnings.warn(
+                f"no run logged {', '.join(map(repr, unknown))} over training (in its "
+                f"metrics.jsonl), so its panel is empty; the metrics logged over training "
+                f"are {', '.join(map(repr, choices)) or 'none'}: pass some of them as keys=, "
+                "or keys=None for all", stacklevel=3)
     present.discard("epoch")
     panels = []
     for title, ylabel, group in PANELS:
@@ -250,6 +262,15 @@ def plot_curves(
     panels = curve_panels(runs, keys)
     if not panels:
         raise ValueError("no metric to plot: the runs logged nothing besides step/epoch/time")
+    if not isinstance(logy, bool):
+        # a key of no panel gave no log axis anywhere, without a word (a misspelt key)
+        drawn = [k for _, _, pkeys in panels for k in pkeys]
+        stray = [k for k in logy if k not in drawn]
+        if stray:
+            warnings.warn(f"{out}: logy names {', '.join(map(repr, stray))}, which no panel "
+                          "of the figure draws, so no axis is made logarithmic for it; the "
+                          f"panels draw {', '.join(map(repr, drawn))} (logy=True makes every "
+                          "axis logarithmic)", stacklevel=2)
     groups = group_by_label(runs)
     colors = _run_colors(runs)
     ncols = min(3, len(panels))
@@ -687,13 +708,38 @@ def plot_position_profiles(
         return _save(fig, out)
 
 
+def _model_tokens(run: Run) -> str | None:
+    """What the tokens of ``run``'s model are, by the model its config.json names
+    (``model.name``): ``"patches"`` for a registered image classifier (its config an
+    ``ImageConfig``, whose default tokens are patches), ``"other"`` for another registered
+    model (token vectors, ``Sequence``, count from 0 too), ``"unknown"`` for a name not
+    registered in this process, None where the run names no model (a hand-written run)."""
+    model = run.config.get("model")
+    name = model.get("name") if isinstance(model, dict) else None
+    if not isinstance(name, str):
+        return None
+    from senslab.models import model_config
+    from senslab.models.vision import ImageConfig
+
+    try:
+        config = model_config(name)
+    except Exception:  # not registered, or a factory that cannot build with its defaults
+        return "unknown"
+    return "patches" if isinstance(config, ImageConfig) else "other"
+
+
 def patch_grid(runs: Sequence[Run], key: str = "sens/train") -> tuple[int, int] | None:
     """The patch grid of image runs' per-position profiles, or ``None`` for sequences.
 
     Image tokens are patches numbered row by row from 0; a profile whose positions are exactly
-    ``0 … g² − 1`` (g ≥ 2) is a g × g grid. Sequence positions are right-aligned (negative), so
-    they never qualify; every run with a profile must have the same grid."""
+    ``0 … g² − 1`` (g ≥ 2) is a g × g grid. Embedding positions are right-aligned (negative),
+    so they never qualify; token vectors (``Sequence``) count from 0 too, so a run whose
+    config names its model is a grid only where that model is an image classifier (a
+    16-token sequence model's profile was drawn as a 4 × 4 grid); a model not registered in
+    this process is not guessed at (its profile is drawn as a line, with a warning). Every run
+    with a profile must have the same grid."""
     grids = set()
+    unknown: set[str] = set()
     for run in runs:
         prof = position_profile(run, key)
         if prof is None:
@@ -702,7 +748,19 @@ def patch_grid(runs: Sequence[Run], key: str = "sens/train") -> tuple[int, int] 
         g = math.isqrt(len(pos))
         if g < 2 or g * g != len(pos) or sorted(pos) != list(range(len(pos))):
             return None
+        tokens = _model_tokens(run)
+        if tokens == "other":
+            return None
+        if tokens == "unknown":
+            unknown.add(str(run.config["model"]["name"]))
         grids.add((g, g))
+    if unknown and len(grids) == 1:
+        warnings.warn(f"the per-position {key} profiles are not drawn as a patch grid: the "
+                      f"runs' model {', '.join(map(repr, sorted(unknown)))} is not registered "
+                      "here, so whether its positions are image patches or a sequence's tokens "
+                      "is not known; import the module that registers it to draw image patches "
+                      "on their grid", stacklevel=2)
+        return None
     return grids.pop() if len(grids) == 1 else None
 
 
