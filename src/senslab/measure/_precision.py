@@ -19,10 +19,12 @@ i.e. whenever :math:`|m_{16} - m_{32}| < m_{16}`. The copy is re-evaluated in fl
 
     m_{16} \le b \cdot \max(1,\; s / S) \cdot w,
 
-:math:`s` the copy's largest absolute output, :math:`S` the largest seen during calibration
-(rounding errors grow with the size of the values, so copies with larger outputs than any
-calibrated one get a proportionally wider band), and :math:`w \ge 1` the widening for inputs
-larger than the calibration's (:meth:`PrecisionCheck._widening`): the calibration records, for
+:math:`s` the copy's largest absolute output, :math:`S` the largest finite one seen during
+calibration, over the copies :math:`b` is calibrated on (rounding errors grow with the size of
+the values, so copies with larger outputs than any calibrated one get a proportionally wider
+band; a class masked with ``-inf`` on some copies made :math:`S` infinite, and no band wider),
+and :math:`w \ge 1` the widening for inputs larger than the calibration's
+(:meth:`PrecisionCheck._widening`): the calibration records, for
 every call whose error grows with its inputs' size (:class:`_Ranges`: bf16's products, int8's
 linear layers, a static int8 copy's hand-overs to int8), the sizes that error grows with —
 the largest absolute value of its inputs (a static copy: per copy, that alone), their root
@@ -46,8 +48,13 @@ values only serve the calibration), so nothing is decided before :math:`b` is kn
 with fewer copies continues the calibration into the next ``update``, and a model whose
 parameters or buffers changed since the last batch (a training step) calibrates afresh. A copy
 whose low-precision output holds a NaN or an infinity is always re-checked and left out of
-:math:`\max_i \delta_i`. A calibration in which the low precision ran (a bf16 product, an int8
-layer) yet changed no margin at all bounds nothing: the outputs are constant, discrete (a step
+:math:`\max_i \delta_i`. The converse, a copy whose float32 output decides nothing (a NaN,
+which a float32 run refuses) while its low-precision one is finite and away from a boundary,
+shows only where the copy is evaluated in float32 (calibration, re-check, spot check): there
+it is refused as float32 refuses it, and a spot check that finds one re-checks every later copy
+in float32 (``check_bound`` inf, said once); copies never evaluated in float32 cannot show it.
+A calibration in which the low precision ran (a bf16 product, an int8 layer) yet changed no
+margin at all bounds nothing: the outputs are constant, discrete (a step
 ``(z > 0).float()``, a one-hot argmax) or saturated, where the error is invisible or a jump, so
 the copies run in float32 from then on, said once (:meth:`PrecisionCheck._unchanged`). The
 bound is empirical — a safety factor over the worst error seen, not a proof — and the tests
@@ -73,8 +80,13 @@ shift in the copies is caught in the first call whose spot checks draw a shifted
 
 **Cost.** ``num_forward`` counts every copy once (its bf16 forward); ``num_forward_fp32`` counts
 the float32 re-evaluations (calibration and spot checks included), and ``recheck_fraction`` is
-their share of the copies. Clean examples are evaluated in float32 (their prediction is the
-reference every flip is measured against). The models' clean caches of prefix and local reuse
+their share of the copies that ran checked, the calibration's among them (evaluated in both).
+Where the calibration sends every copy to float32 before any runs checked (no gain under
+``"auto"``, no margin changed, a failed static int8 copy), its copies are taken back from the
+checked ones: ``recheck_fraction`` is None, not the calibration's 100%, and
+``num_forward_fp32`` counts the calibration's float32 forwards.
+Clean examples are evaluated in float32 (their prediction is the reference every flip is
+measured against). The models' clean caches of prefix and local reuse
 are computed in float32, as in a float32 run, so a re-checked copy is computed as float32 would.
 
 **Automatic choice** (``precision="auto"``, the default). Checked bf16 runs where it pays: float32
@@ -727,6 +739,10 @@ class PrecisionCheck:
         self._deltas: list[float] = []
         self._copies = 0  # calibration copies so far
         self.copies = self.fp32 = 0  # per update: copies evaluated, float32 re-evaluations
+        #: calibration copies counted among the checked ones: handed out by :meth:`take_counts`,
+        #: and of the update under way (:meth:`use` drops a failed update's, whose counts the
+        #: metric discards); taken back where the calibration sends every copy to float32
+        self._cal_reported = self._cal_new = 0
         self._int8 = _int8.Int8Linears()
         #: int8 on a convolutional model that FX traces (explicit ``"int8-checked"``): its
         #: static int8 copy, and the model it was made for
@@ -782,6 +798,9 @@ class PrecisionCheck:
         starts a new calibration, and while a static int8 copy is in use so does one whose
         plain Python attributes changed (:func:`._int8.attributes_state`: the copy bakes them
         in)."""
+        # a failed update's calibration copies: its counts are discarded (no take_counts)
+        self._cal_new = 0
+        self._fresh = True  # no copy evaluated since: a take_counts now discards (tokenwise)
         weights = _int8.weights_state(model)
         # a static int8 copy bakes the model's plain Python attributes in (the dynamic int8
         # layers and bf16 read them at every call): compared only while such a copy exists
@@ -833,10 +852,25 @@ class PrecisionCheck:
         return (low + share * full) / full if full > 0 else math.nan
 
     def take_counts(self) -> tuple[int, int]:
-        """(copies, float32 re-evaluations) since the last call; called at each batch's start
-        and end, where the weights' bf16 copies are dropped (:meth:`_Ranges.forget`)."""
+        """(copies run checked, float32 re-evaluations) since the last call; called at each
+        batch's start and end, where the weights' bf16 copies are dropped
+        (:meth:`_Ranges.forget`)."""
         if self._rec is not None:
             self._rec.forget()
+        # the calibration copies count as checked ones (all re-evaluated) while checking is
+        # on; where the calibration sends every copy to float32 before any runs checked (no
+        # gain, no change, a failed static copy) they are taken back, so ``recheck_fraction``
+        # is None, not 1.0 for a check that re-checked nothing (``num_forward_fp32`` still
+        # counts their float32 forwards)
+        if not self.__dict__.get("_fresh", False):  # not a discard of a failed update's counts
+            self._cal_reported = (self.__dict__.get("_cal_reported", 0)
+                                  + self.__dict__.get("_cal_new", 0))
+            self._cal_new = 0
+            if self._timed[1]:  # copies ran checked: the calibration's count with them
+                self._cal_reported = 0
+            elif self.idle:
+                self.copies -= self._cal_reported
+                self._cal_reported = 0
         out = (self.copies, self.fp32)
         self.copies = self.fp32 = 0
         return out
@@ -955,7 +989,12 @@ class PrecisionCheck:
         seen = (low, full) if bool(finite.all()) else (low[finite], full[finite])
         if len(seen[0]):
             self._deltas.append(float(_changes(*seen, kind, threshold).max()))
-        self.scale = max(self.scale, float(full.reshape(len(full), -1).abs().max()))
+            # S of the rows b is calibrated on, their finite values: a float32 -inf (a class
+            # masked on some copies) made S infinite, and every later copy's band unwidened
+            # however large its outputs (max(1, s / inf) = 1)
+            values = seen[1].reshape(len(seen[1]), -1).abs()
+            values = torch.where(torch.isfinite(values), values, torch.zeros_like(values))
+            self.scale = max(self.scale, float(values.max()) if values.numel() else 0.0)
         own = margins(low, predictions(low, kind, threshold), kind, threshold)
         return own, low.reshape(len(low), -1).abs().amax(dim=1)
 
@@ -1065,6 +1104,7 @@ class PrecisionCheck:
         judgement went against checking. Checked, the low precision runs ``piece`` copies at a
         time (None: all at once) and float32 the re-checked copies of all of them together, in
         forwards of at most ``piece``."""
+        self._fresh = False
         if self.idle:
             return _wide(forward(None))
         if self.bound is not None:
@@ -1085,6 +1125,7 @@ class PrecisionCheck:
         self._seconds[0] += between - clock
         self._seconds[1] += _clock(device) - between
         self.copies += start
+        self._cal_new = self.__dict__.get("_cal_new", 0) + start
         self.fp32 += start
         self._cal.append(self._observe(low, full, kind, threshold))
         self._copies += start
@@ -1238,6 +1279,28 @@ class PrecisionCheck:
         assert self.bound is not None
         if not len(low):
             return False
+        if bool(_undecided(full).any()):
+            # float32 fails (NaN) where the low precision did not: no error of the low
+            # precision's, so no bound. A float32 run refuses such a copy; only a float32
+            # forward shows it, so every later copy gets one (this one is refused as it is)
+            name = "bf16" if self.low == "bf16" else "int8"
+            self.bound = math.inf
+            self.widened += 1
+            said = self.__dict__.setdefault("said", set())
+            if f"{name} float32 undecided" not in said:
+                said.add(f"{name} float32 undecided")
+                warnings.warn(
+                    f"precision='{name}-checked': a float32 spot check found the model's "
+                    f"float32 output NaN or infinite on a copy whose {name} output was finite and "
+                    f"away from a class boundary: the float32 forward fails where {name}'s does "
+                    f"not (a square root or logarithm of a value {name} rounded to the other side "
+                    "of 0, say), which no bound of rounding errors sees. Such a copy is refused, "
+                    "as a float32 run refuses it, and every later copy is re-checked in float32 "
+                    "(check_bound is inf); copies decided in the low precision before this "
+                    "check were not evaluated in float32 and may hide more. Measure this model "
+                    "with precision='float32'",
+                    RuntimeWarning, stacklevel=_trim._user_level())
+            return True
         delta = _changes(low, full, kind, threshold)
         flipped = predictions(low, kind, threshold) != predictions(full, kind, threshold)
         need = SAFETY * delta / wide
@@ -1305,3 +1368,12 @@ def _changes(low: Tensor, full: Tensor, kind: str, threshold: float | None) -> T
                           (margins(low, c32, kind, threshold)
                            - margins(full, c32, kind, threshold)).abs())
     return torch.where(torch.isfinite(delta), delta, torch.inf)  # overflow: all rows
+
+
+def _undecided(out: Tensor) -> Tensor:
+    """Per row of ``out``, whether it decides no class (:func:`.outputs.check_finite`'s rule for
+    ``compare="class"``, which refuses it): a NaN, or a largest entry that is not finite."""
+    flat = out.reshape(len(out), -1)
+    if not flat.shape[1]:
+        return torch.zeros(len(flat), dtype=torch.bool, device=flat.device)
+    return flat.isnan().any(dim=1) | ~torch.isfinite(flat.amax(dim=1))
