@@ -40,9 +40,9 @@ refused only where logits of its sizes would all be whole by a chance below 2**-
 three or four labels ≥ 1; every bf16 number from 128 on is whole, so such values say nothing).
 
 Hugging Face heads (:func:`check_head`, ``compare="class"`` without ``output=``): a regression
-head, and a sequence or image classifier of one output and no ``problem_type``, are refused
-unless ``output_kind`` says how to read them, bare or inside a user's wrapper; so is a T5-like
-generating encoder-decoder (its logits are per decoder position, and it needs
+head, and a sequence, image, audio or video classifier of one output and no ``problem_type``,
+are refused unless ``output_kind`` says how to read them, bare or inside a user's wrapper; so
+is a T5-like generating encoder-decoder (its logits are per decoder position, and it needs
 ``decoder_input_ids``). A user's per-token head over a base model is read at the last real
 token where the base model is causal (``GPT2Model``) and refused where its attention modules all
 say they are not (``BertModel``: [SEP]; :mod:`senslab.tokens.embedding`); a base model without
@@ -202,10 +202,17 @@ def _check_generating_decoder(model: Any) -> None:
     )
 
 
+#: endings of the Hugging Face head classes whose loss reads one output (``num_labels=1``)
+#: without a ``problem_type`` as a regression (transformers' ``LOSS_MAPPING``: each is a
+#: ``ForSequenceClassificationLoss``)
+REGRESSION_WHEN_ONE = ("ForSequenceClassification", "ForImageClassification",
+                       "ForAudioClassification", "ForVideoClassification")
+
+
 def _check_one_output(head: Any, what: str) -> None:
     """Refuse a Hugging Face regression head (``config.problem_type == "regression"``), and a
-    sequence or image classifier with one output and no ``problem_type`` (which Hugging Face
-    trains as a regression), measured with ``compare="class"`` and no ``output_kind``:
+    sequence, image, audio or video classifier with one output and no ``problem_type`` (which
+    Hugging Face trains as a regression), measured with ``compare="class"`` and no ``output_kind``:
     ``what`` names it (``"X (inside W)"`` for a user's wrapper, which returned its value to be
     read as a binary logit without a word)."""
     config = getattr(head, "config", None)
@@ -217,10 +224,11 @@ def _check_one_output(head: Any, what: str) -> None:
             "where the value changes sign. Measure how far it moves with compare='l1' or "
             "'l2', or say where its decision lies with output_kind='scores', threshold=t"
         )
-    # Hugging Face's sequence and image classifiers train one output without a problem_type as
-    # a regression (other heads, a language model's say, keep their own outputs)
+    # Hugging Face's sequence, image, audio and video classifiers train one output without a
+    # problem_type as a regression (other heads, a language model's say, keep their own
+    # outputs); an audio or video one (AST's, VideoMAE's) was read as a binary logit
     if problem is None and getattr(config, "num_labels", None) == 1 and type(
-            head).__name__.endswith(("ForSequenceClassification", "ForImageClassification")):
+            head).__name__.endswith(REGRESSION_WHEN_ONE):
         raise ValueError(
             f"{what} has one output (config.num_labels=1) and no "
             "config.problem_type, which Hugging Face reads as a regression head (its loss is "

@@ -456,6 +456,24 @@ def _refuse_per_token_head(model: Any, raw: Tensor, t: int, position: Position) 
         )
 
 
+def _refuse_other_positions(model: Any, name: str, position: int,
+                            shape: tuple[int, ...], t: int) -> None:
+    """Refuse ``position=k`` where the model's 3-D output has another number of positions than
+    the hooked module's tokens: the model adds (or drops) positions between the two — prompt
+    tuning's virtual tokens prepended to the word embeddings, a [CLS] of its own — so no
+    output position is known to be token ``k``'s. ``k`` was ignored, and the whole output
+    compared (with compare='l2' the same number as position=None, without a word)."""
+    raise ValueError(
+        f"position={position} reads a per-position output at one of the inputs' {t} tokens, "
+        f"but {type(unwrapped(model)).__name__} returns {shape}: {shape[1]} positions per "
+        f"example for the {t} tokens of {name!r}, so the model adds (or drops) positions after "
+        "that module (prompt tuning's virtual tokens, a token of its own), and which output "
+        "position is the inputs' token cannot be read. Select the position with output= "
+        "(output=lambda o: o.logits[:, k], counted in the output's positions; k = -1 for the "
+        "last), or compare the whole output with position=None and compare='l1' or 'l2'"
+    )
+
+
 def _bidirectional(model: Any) -> bool:
     """Whether a Hugging Face base model's attention modules all say they are not causal
     (``is_causal`` False: BERT's, RoBERTa's; GPT-2's and Llama's are True, and so is BERT's
@@ -692,7 +710,9 @@ class Embedding(Tokenization):
     real token (−1 is the last real one, −2 the one before); ``None`` keeps the whole output.
     A position that is padding in some example — after its last real token, or before its
     first (left padding, by the attention mask) — is refused.
-    Other outputs are used as they are.
+    Other outputs are used as they are; an int ``position`` is refused on a 3-D output whose
+    second axis is not the tokens' (a model that prepends prompt vectors; a seq2seq model's
+    decoder positions, whose inputs are ``decoder_input_ids`` or ``labels``).
     """
 
     module: str | nn.Module
@@ -998,9 +1018,12 @@ class _BoundEmbedding(BoundTokens):
             _say_mask_over_padding(self.valid, self.padding, self.padding_key)
         self.trimmable = has_token_axis(self.inputs, t)
         # a decoder fed its own inputs has positions of its own; one that reads the inputs
-        # shifted right (BART without decoder_input_ids) has theirs
+        # shifted right (BART without decoder_input_ids) has theirs; ``labels`` are decoder
+        # inputs too (Hugging Face's encoder-decoders feed the decoder labels shifted right):
+        # with labels of the inputs' length, position=-1 was read at a decoder position
+        # without a word
         seq2seq = encoder_decoder(self.model) and isinstance(self.inputs, dict) and any(
-            str(k).startswith("decoder_input") for k in self.inputs)
+            str(k).startswith("decoder_input") or k == "labels" for k in self.inputs)
         real = self.valid if self.padding is None else self.padding | self.valid
         self.ends = last_real(real)
         if self.output is None:  # an output= the user chose is read as they chose
@@ -1011,6 +1034,9 @@ class _BoundEmbedding(BoundTokens):
         if raw.dim() == 3 and seq2seq:
             _refuse_decoder_position(self.model, self.position)
         self._per_position = raw.dim() == 3 and raw.shape[1] == t and not seq2seq
+        if raw.dim() == 3 and not seq2seq and raw.shape[1] != t \
+                and isinstance(self.position, int):
+            _refuse_other_positions(self.model, self.name, self.position, tuple(raw.shape), t)
         if self.padding is None and self.position is not None and self._per_position:
             _refuse_real_tokens_after_the_mask(self.model, self.inputs, self.valid)
         # with an attention mask, a position before each example's first real token is left
@@ -1326,7 +1352,7 @@ class _BoundEmbedding(BoundTokens):
         return self._left_read
 
     def _left_padding_forward(self) -> LeftPadding | None:
-        if self.padding is None or (self._per_position and self.position is not None):
+        if self.padding is None:
             return None
         real = self.padding
         t = real.shape[1]
@@ -1362,19 +1388,34 @@ class _BoundEmbedding(BoundTokens):
             # classifier reads its last token of another id): what padding on the right gives
             tail = torch.arange(t, device=ids.device)[None, :] >= t - shift
             moved = _with_token_ids(moved, ids.masked_fill(tail, pad))
-        whole = self._per_position  # position=None: a per-position output kept whole
+        whole = self._per_position and self.position is None  # a per-position output kept whole
+        at = None  # a per-position output read at a position: that position in the text's own
+        if self._per_position and self.position is not None:  # (a causal LM's last token)
+            end, k = int(self.ends[row]), self.position
+            at = (end if k == "last" else k if k >= 0 else end + 1 + k) - shift
+            if not 0 <= at < n:
+                return None  # no position of the text (refused by the clean forward's reading)
 
         def real_part(out: Tensor, first: int) -> Tensor:
             """The ``n`` rows of the text's own tokens of a per-position output kept whole
-            (the padding's rows are no example's, :func:`real_rows`); any other as it is:
-            compared whole, the left-padded and the unpadded outputs differed in shape, and
-            every model was said to misread left padding, right padding too."""
-            return out[:, first:first + n] if whole and out.dim() == 3 else out
+            (the padding's rows are no example's, :func:`real_rows`), or, where the output is
+            read at a position, the text's row there (the clean output ``first`` is read
+            already); any other as it is: compared whole, the left-padded and the unpadded
+            outputs differed in shape, and every model was said to misread left padding, right
+            padding too. A causal LM's logits, read at the last real token, were not judged,
+            and GPT-2 fed left padding without position_ids was measured at shifted positions
+            without a word."""
+            if out.dim() != 3:
+                return out
+            if at is not None:
+                return out[:, at]
+            return out[:, first:first + n] if whole else out
 
         left_out = real_part(self.clean_output[row], shift)
         try:  # the text alone: what the model gives it unpadded
-            own = self._evaluate(alone, None, torch.zeros(1, n, self.dim,
-                                                          device=self._clean.device), n)
+            own = real_part(self._evaluate(alone, None, torch.zeros(1, n, self.dim,
+                                                                    device=self._clean.device),
+                                           n), 0)
         except (RuntimeError, ValueError, TypeError, IndexError):
             own = None  # a model that takes no shorter inputs: judged against right padding
         if own is not None and _agree(own, left_out.to(own.device)):
