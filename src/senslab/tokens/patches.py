@@ -36,6 +36,7 @@ from .base import (
     clean_forward,
     model_dtype,
     per_example,
+    real_tokens,
     select_output,
     valid_mask,
 )
@@ -43,6 +44,10 @@ from .base import (
 #: entries of a dict input that are targets, not model inputs: dropped (as the Hugging Face
 #: callback drops them from a Trainer batch); the outputs are compared, not a loss
 TARGETS = ("labels", "label", "label_ids")
+#: a dict input's mask of real pixels (DETR-style padding: images padded to one size, the
+#: entry (B, H, W) is 1 on the real pixels, 0 on the padding), which Hugging Face's detection
+#: and segmentation models take
+PIXEL_MASK = "pixel_mask"
 #: local reuse makes the clean maps of at least this many examples in one call: a chunk's own
 #: and, where it has fewer, the examples after its last (the copies come example-major, so the
 #: next chunks read them). One image's maps at a time ran at batch-1 speed and repeated the
@@ -279,6 +284,22 @@ class Patches(Tokenization):
     measured on the same tokens whatever their own patching. The images must be floating point
     (integer pixels would turn the noise into integers): convert uint8 images with
     ``images.float()`` (σ in pixel units) or ``images.float() / 255`` (σ in [0, 1] units).
+    The noise is added in the images' dtype: σ far below the spacing of their values (about
+    6e-8 of a value's size in float32) rounds away there, as it would in the model, and
+    values near float32's largest (3.4e38) plus noise overflow to infinity (refused where the
+    model's output turns non-finite); bf16/fp16 images are checked for the rounding of their
+    noise.
+
+    **Padding.** A dict input's ``pixel_mask`` entry ((B, H, W), 1 on real pixels: images
+    padded to one size, as DETR-style processors do) says which patches are real: a patch
+    without a real pixel is padding, not a token (never perturbed, never counted), and a patch
+    that holds both gets noise on its real pixels alone. ``mask=`` may narrow the real patches
+    further; one that marks a patch of padding alone is refused.
+
+    ``replace_with`` rows are token vectors: a patch's ``C·size²`` entries in (C, size, size)
+    order, for ``channels_last=True`` images too (a (size, size, C) patch ``q`` cut from them is
+    the row ``q.permute(2, 0, 1).reshape(-1)``); in pixel space (``sigma_space="pixel"``) their
+    values are pixels.
 
     Local reuse: a model may implement ``local_cache(images, size)`` and
     ``forward_local(cache, rows, top, left, patch)``; then, in eval mode, a copy with one noisy
@@ -311,11 +332,13 @@ class Patches(Tokenization):
 
     **Layout.** ``channels_last=True`` takes channels-last images (B, H, W, C), for a model that
     takes them so (it permutes inside): the tokens are the same patches of all C channels, and
-    the model is called with (B, H, W, C) copies. ``None`` (default) reads (B, C, H, W) but
-    refuses a shape that reads far better as channels-last — a last axis of at most 4 entries
-    after two larger ones, e.g. (8, 32, 32, 3) — since read as (B, C, H, W) its "patches" would
-    cut across rows and channels and measure another number; ``channels_last=False`` states
-    (B, C, H, W) and measures such a shape as it is. Local reuse needs (B, C, H, W).
+    the model is called with (B, H, W, C) copies (token vectors keep the (C, size, size) order,
+    and the same noise lands on the same pixel as for the images in (B, C, H, W)). ``None``
+    (default) reads (B, C, H, W) but refuses a shape that reads far better as channels-last — a
+    last axis of at most 4 entries after two larger ones, e.g. (8, 32, 32, 3) — since read as
+    (B, C, H, W) its "patches" would cut across rows and channels and measure another number;
+    ``channels_last=False`` states (B, C, H, W) and measures such a shape as it is. Local reuse
+    needs (B, C, H, W).
     """
 
     size: int
@@ -505,6 +528,10 @@ class _BoundPatches(BoundTokens):
         self.model, self.x, self.output = model, x, output
         self.dim = c * self.p * self.p
         self.valid = valid_mask(mask, b, self.gh * self.gw, x.device)
+        #: (B, 1, H, W) real pixels of a dict's ``pixel_mask`` where some patch holds both real
+        #: and padding pixels (the noise is kept off its padding), else None
+        self.pixels: Tensor | None = None
+        self._pixel_padding(mask is not None)
         # on a copy: a model that edits its input in place (an in-place ReLU or clamp_ first)
         # would change the caller's images and the base of every perturbed copy
         with first_layer_grid(model) as seen:
@@ -516,6 +543,49 @@ class _BoundPatches(BoundTokens):
         self.reuse = False  # local reuse (see Patches)
         self._cached: Tensor | None = None  # the examples whose clean maps are cached
         self._cache: Any = None
+
+    def _pixel_padding(self, given: bool) -> None:
+        """Read a dict input's ``pixel_mask`` (:data:`PIXEL_MASK`): patches without a real pixel
+        are padding, not tokens (as text padding is not), and the noise of a patch that holds
+        both stays on its real pixels. The entry was passed to the model and otherwise
+        ignored: the padding patches were measured as tokens that never flip (0.078 for 0.266
+        where three quarters of each image were padding). ``given``: the user's ``mask=``,
+        which says which patches are measured; one that marks a patch of padding alone is
+        refused (its noise would land on padding only)."""
+        pm = self.rest.get(PIXEL_MASK)
+        if pm is None:
+            return
+        b, _, h, w = self.x.shape
+        t = self.gh * self.gw
+        if not isinstance(pm, Tensor) or tuple(pm.shape) != (b, h, w):
+            if given:  # mask= says which patches are real
+                return
+            raise ValueError(
+                f"the input's {PIXEL_MASK!r} entry is {_shape(pm)}, but the images are {b} of "
+                f"{h}x{w} pixels: it is no (batch, height, width) mask of real pixels, so which "
+                f"patches are padding is not known. Pass it as a ({b}, {h}, {w}) tensor, 1 on "
+                f"real pixels, or say which of the {t} patches are real with mask= of shape "
+                f"({b}, {t})")
+        pixels = real_tokens(pm, f"the input's {PIXEL_MASK!r} entry").to(self.x.device)
+        blocks = pixels.reshape(b, self.gh, self.p, self.gw, self.p)
+        real = blocks.any(dim=4).any(dim=2).flatten(1)  # (B, T): a patch with a real pixel
+        if given:
+            over = self.valid & ~real
+            if bool(over.any()):
+                rows = over.any(dim=1).nonzero().flatten().tolist()
+                raise ValueError(
+                    f"mask= marks {int(over.sum())} patches real (examples {rows[:5]}"
+                    f"{' …' if len(rows) > 5 else ''}) that hold no real pixel by the input's "
+                    f"{PIXEL_MASK!r} entry: their noise would land on padding alone and they "
+                    "would measure about 0, pulling the mean down. Drop mask= (the patches "
+                    "with a real pixel are then the tokens), or pass mask & real, with real = "
+                    f"inputs[{PIXEL_MASK!r}].bool().unflatten(1, ({self.gh}, {self.p}))"
+                    f".unflatten(3, ({self.gw}, {self.p})).any(4).any(2).flatten(1)")
+        else:
+            self.valid = real
+        if not bool((blocks.all(dim=4).all(dim=2).flatten(1) == real).all()):
+            # patches that hold real pixels and padding: their noise is masked (a copy each)
+            self.pixels = pixels.unsqueeze(1).contiguous()
 
     def _clean(self, x: Tensor) -> Tensor:
         """The clean output (:func:`~.base.clean_forward`; a dict input with its entries)."""
@@ -620,12 +690,17 @@ class _BoundPatches(BoundTokens):
         if tok is None:  # whole input: noise (N, T, D) → image layout, padding tokens zeroed
             noise = noise * self.valid.index_select(0, src).unsqueeze(-1).to(noise.dtype)
             grid = noise.view(n, self.gh, self.gw, c, self.p, self.p).permute(0, 3, 1, 4, 2, 5)
+            if self.pixels is not None:  # a pixel_mask's padding pixels get no noise
+                grid = grid * self._view(self.pixels.index_select(0, src)).to(grid.dtype)
             if self.low:
                 self._check_rounding(v, grid)
             v.add_(grid.to(copies.dtype))
         else:
             rows, cols = tok // self.gw, tok % self.gw
             idx = torch.arange(n, device=copies.device)
+            if self.pixels is not None:  # a pixel_mask's padding pixels get no noise
+                real = self._view(self.pixels)[src, :, rows, :, cols, :]  # (N, 1, p, p)
+                noise = (noise.view(n, c, self.p, self.p) * real.to(noise.dtype)).view(n, -1)
             if self.low:
                 self._check_rounding(self._raw(src, tok), noise)
             # advanced indices (n, rows, cols) → a (N, C, p, p) block, one patch per copy
