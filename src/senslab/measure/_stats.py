@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -443,7 +444,10 @@ def result(
     if st.n == 0:
         raise RuntimeError("no examples measured yet: call update(inputs) first")
     est = st.s1 / st.n
+    per_sample = torch.cat(st.samples) if st.samples else torch.zeros(0)
     var_data = (st.s2 - st.n * est * est) / (st.n - 1) if st.n > 1 else float("nan")
+    if var_data != 0 and _alike(st, per_sample, est):
+        var_data = 0.0
     se_data = math.sqrt(max(var_data, 0.0) / st.n) if st.n > 1 else float("nan")
     se_subset = math.sqrt(max(st.within, 0.0)) / st.n if math.isfinite(st.within) else math.nan
     se = se_data if estimand == "data" else se_subset
@@ -460,11 +464,29 @@ def result(
     per_pos[cnt == 0] = float("nan")
     return SensitivityResult(
         estimate=est, stderr=se, ci95=(lo, hi), estimand=estimand, stderr_subset=se_subset,
-        num_examples=st.n, num_forward=st.forward, per_sample=torch.cat(st.samples),
+        num_examples=st.n, num_forward=st.forward, per_sample=per_sample,
         per_position=per_pos, positions=positions, position_counts=st.pos_cnt.clone(),
         sigma=sigma, num_forward_fp32=st.forward_fp32,
         recheck_fraction=st.forward_fp32 / st.checked if st.checked else None,
     )
+
+
+def _alike(st: State, per_sample: Tensor, est: float) -> bool:
+    r"""Whether the data variance of ``st`` is 0: every one of its (two or more) per-example
+    rates ``per_sample`` is the same, and :math:`\sum m^2 - n\bar m^2` is within the rounding
+    of those raw sums. Summed in float64, rates that are all alike leave a remainder of a few
+    units in the last place of :math:`\sum m^2`: five examples at 5/9 each read
+    ``0.5556 ± 0.0000000033``, a standard error that no spread gave, and the warning that rates
+    alike give no standard error (:meth:`.tokenwise.TokenSensitivity._warn_no_spread`, which
+    reads an exact 0) was skipped; at 4/9 the remainder happened to be 0. A real spread is far
+    above that rounding, so its variance is left as it was, to the last bit."""
+    n = st.n
+    if n < 2 or len(per_sample) != n:
+        return False
+    rounding = 4 * (n + 2) * sys.float_info.epsilon * abs(st.s2)
+    if abs(st.s2 - n * est * est) > rounding:
+        return False
+    return bool((per_sample == per_sample[0]).all())
 
 
 def subset_dof(st: State) -> float:

@@ -934,6 +934,16 @@ class TokenSensitivity:
             self.chunk_size = _check_positive("chunk_size", chunk_size)  # type: ignore[arg-type]
         if memory_budget is not None:
             _check_positive("memory_budget", memory_budget, "2**26 (bytes)")
+            if self.chunk_size is not None:
+                # a fixed chunk is never sized: the budget was ignored without a word, every
+                # chunk holding chunk_size copies whatever they allocate
+                raise ValueError(
+                    f"memory_budget={memory_budget} sizes the chunks of chunk_size='auto' (the "
+                    f"default), but chunk_size={chunk_size} fixes them at {chunk_size} copies "
+                    "per forward pass whatever they allocate, so the budget would be ignored. "
+                    "Drop chunk_size to keep each chunk within the budget, or drop "
+                    "memory_budget to keep the fixed chunk (the numbers never change with the "
+                    "chunk size)")
         self.memory_budget = memory_budget
         self.antithetic = _check_flag("antithetic", antithetic)
         if self.antithetic and allocation is not None and repeats == 1:
