@@ -137,14 +137,18 @@ def test_nan_and_inf_are_named_not_drawn_as_nothing(tmp_path: Path) -> None:
              write_run(tmp_path / "c", 0, {"sens/train": float("inf")}, label="c")]
     runs = load_runs(paths)
     rows = {row["label"]: row for row in final_table(runs)}
-    assert str(rows["mlp"]["sens/train"]) == "nan ± nan" and str(rows["c"]["sens/train"]) == "inf"
-    with pytest.warns(UserWarning, match=r"final sens/train of 'mlp' is nan, 'c' is inf"):
+    # a bare NaN in a run's files (written before 2026-11) reads as today's null: the row says
+    # how many runs it rests on
+    assert str(rows["mlp"]["sens/train"]) == "0.3 (1 of 2 runs, 1 null)"
+    assert str(rows["c"]["sens/train"]) == "inf"
+    with pytest.warns(UserWarning, match=r"final sens/train of 'c' is inf"):  # mlp: 1 of 2
         plot_final_bars(runs, tmp_path / "bars.png")
     with pytest.warns(UserWarning) as caught:
         plot_curves(runs, tmp_path / "curves.png")
     said = " ".join(str(w.message) for w in caught)
     assert "curves not drawn where their mean is NaN or inf" in said
-    assert "sens/train of 'mlp' at 2 step(s) (first: step 10, nan)" in said
+    assert "logged the metric as null" in said  # the bare NaN, read as today's null
+    assert "sens/train of 'mlp' at 2 step(s) (first: step 10)" in said
     assert "sens/train of 'c' at 2 step(s) (first: step 10, inf)" in said
     assert "'b'" not in said
     with warnings.catch_warnings():  # finite numbers: no warning

@@ -167,15 +167,14 @@ def final_table(
 
     Each row has ``label``, ``runs`` (how many runs it aggregates), ``seeds`` and, per metric key,
     a :class:`Stat` (mean ± std over the label's runs that logged it, ``n`` of them; a single
-    value shows its own run's ``<key>_se`` when logged). A metric a run never logged, or logged
-    as null last (not known: a NaN or inf is written as null), is left out of that run's mean,
-    and the Stat's text says over how many of the row's runs it is, and how many of the others
-    are null (``0.2 ± 0.14 (2 of 3 runs, 1 null)``); a label whose runs are all null has a
-    Stat that reads ``null`` (NaN mean, ``n`` 0), and one where no run logged it has no entry
-    for it. Per-run
-    rows have ``label``, ``run`` (its name) and ``seed``. An unfinished run (no ``summary.json``)
-    is left out of its label's row and has a row of its own, labelled
-    ``<label> (unfinished, step N)``.
+    value shows its own run's ``<key>_se`` when logged, ``± nan`` when logged as null). A
+    metric a run never logged, or logged as null last (not known: a NaN or inf is written as
+    null), is left out of that run's mean, and the Stat's text says over how many of the row's
+    runs it is, and how many of the others are null (``0.2 ± 0.14 (2 of 3 runs, 1 null)``); a
+    label whose runs are all null has a Stat that reads ``null`` (NaN mean, ``n`` 0), and one
+    where no run logged it has no entry for it. Per-run rows have ``label``, ``run`` (its
+    name) and ``seed``. An unfinished run (no ``summary.json``) is left out of its label's row
+    and has a row of its own, labelled ``<label> (unfinished, step N)``.
     """
     keys = list(keys) if keys is not None else metric_keys(runs)
     groups = [[r] for r in runs] if per_run else list(group_by_label(runs).values())
@@ -198,6 +197,11 @@ def final_table(
                 continue
             # a single value's standard error is that run's, not the label's first run's
             se = supplied[0].get(f"{key}_se") if len(values) == 1 else None
+            if len(values) == 1 and se is None and f"{key}_se" in supplied[0]:
+                # logged as null: not known (a standard error over one example is NaN, written
+                # as null), not absent; it read as a number known exactly ("0.3"), where the
+                # same NaN written bare by an older senslab read "0.3 ± nan (se)"
+                se = math.nan
             stat = summarize(values, se if is_number(se) else None)
             # a run that lacks the metric is left out: the row's run count is not this one's
             row[key] = (replace(stat, of=len(group), null=null) if len(values) < len(group)

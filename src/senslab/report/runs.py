@@ -17,11 +17,13 @@ warn once about such runs.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import math
 import re
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,7 +106,10 @@ class Run:
             return self.relabel
         if self.summary and self.summary.get("label") is not None:
             return str(self.summary["label"])
-        return str(self.config.get("label") or self.own_name)
+        # without a summary (unfinished), the label its trainer will write at the finish: the
+        # attention loop's "sps" (its optimizer) read as the run's name, "example (unfinished,
+        # step 2000)", and was never set beside the finished runs of its label
+        return str(self.config.get("label") or default_label(self.config) or self.own_name)
 
     @property
     def seed(self) -> Any:
@@ -203,11 +208,60 @@ class Experiment:
                 f"`{again}` (finished runs are reused)")
 
 
-def _read_json(path: Path) -> Any:
+#: the label a trainer's summary gives a run whose config.json leaves ``label`` empty, where
+#: that is not the run's name (the other trainers' fallback, as :attr:`Run.label`'s): by
+#: trainer (the one whose configuration has config.json's keys), from the run's config.json;
+#: kept in step with the trainers' ``run.finish({"label": ...})`` in senslab.train.loops
+TRAINER_LABELS: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "attention": lambda config: config.get("optimizer"),  # ``cfg.label or cfg.optimizer``
+    "grokking": lambda config: "modadd",  # every run of the trainer
+    # ``cfg.label or cfg.model.name``, which config.json holds resolved (an older one may not)
+    "fit": lambda config: config["model"].get("name") if isinstance(config.get("model"), dict)
+    else None,
+}
+
+
+@functools.lru_cache(maxsize=64)
+def _trainer_with_keys(keys: frozenset[str]) -> str | None:
+    """The one trainer whose configuration has every top-level key of ``keys`` (a config.json
+    of an older senslab may lack a newer field); None where none has, or several have (a
+    config.json written by hand, ``name`` and ``seed`` alone: no guess), or the trainers
+    cannot be imported here."""
+    try:
+        from senslab.train.trainers import get_trainer, list_trainers
+    except ImportError:
+        return None
+    found = [name for name in list_trainers()
+             if dataclasses.is_dataclass(config_type := get_trainer(name).config_type)
+             and keys <= {f.name for f in dataclasses.fields(config_type)}]
+    return found[0] if len(found) == 1 else None
+
+
+def default_label(config: dict[str, Any]) -> str | None:
+    """The label the run of ``config`` (its config.json, ``label`` empty) gets in its summary
+    when it finishes, where its trainer gives it one other than its name (:data:`
+    TRAINER_LABELS`): an unfinished run is shown under the label its finished runs have."""
+    if not config:
+        return None
+    rule = TRAINER_LABELS.get(_trainer_with_keys(frozenset(config)) or "")
+    label = rule(config) if rule is not None else None
+    return str(label) if label else None
+
+
+def _null(constant: str) -> float | None:
+    """``json.loads``'s reading of a bare ``NaN``: null (not known), as senslab writes it
+    today. An older senslab wrote it bare, and a diverged seed's NaN was averaged in (``nan ±
+    nan``) where today's null is left out and said (``0.5 ± 0.14 (2 of 3 runs, 1 null)``). A
+    bare ``Infinity`` stays the number it is (a mean over it is inf, and says so)."""
+    return None if constant == "NaN" else float(constant)
+
+
+def _read_json(path: Path, nan_as_null: bool = False) -> Any:
     try:
         # UTF-8 whatever the locale: senslab writes it; a file saved in another encoding (a
         # label edited by hand as latin-1) failed as a bare UnicodeDecodeError naming no file
-        return json.loads(path.read_bytes().decode("utf-8"))
+        return json.loads(path.read_bytes().decode("utf-8"),
+                          parse_constant=_null if nan_as_null else None)
     except UnicodeDecodeError as err:
         raise RunFormatError(
             f"{path} is not UTF-8 text (byte {err.start}: {err.reason}); the file was damaged, "
@@ -220,12 +274,13 @@ def _read_json(path: Path) -> Any:
         ) from err
 
 
-def _read_json_dict(path: Path, optional: bool = True) -> dict[str, Any] | None:
+def _read_json_dict(path: Path, optional: bool = True, nan_as_null: bool = False
+                    ) -> dict[str, Any] | None:
     if not path.is_file():
         if optional:
             return None
         raise RunFormatError(f"missing {path}")
-    data = _read_json(path)
+    data = _read_json(path, nan_as_null)
     if not isinstance(data, dict):
         raise RunFormatError(f"{path} must hold a JSON object, found {type(data).__name__}")
     return data
@@ -234,7 +289,8 @@ def _read_json_dict(path: Path, optional: bool = True) -> dict[str, Any] | None:
 def read_metrics(path: PathLike, finished: bool = False) -> list[dict[str, Any]]:
     """Parse a ``metrics.jsonl`` file into a list of dicts.
 
-    Blank lines are ignored. A last line that does not parse is a write cut short by a killed
+    Blank lines are ignored. A bare ``NaN`` (written by an older senslab) is read as null,
+    as senslab writes it today. A last line that does not parse is a write cut short by a killed
     run: it is skipped with a warning. In a ``finished`` run (one with summary.json, written
     after its last record) no crash can cut it, so the warning says the file was damaged since;
     the line is still skipped. A bad line anywhere else means the file is corrupt and is
@@ -252,7 +308,8 @@ def read_metrics(path: PathLike, finished: bool = False) -> list[dict[str, Any]]
     rows: list[tuple[int, dict[str, Any]]] = []
     for pos, (lineno, line) in enumerate(numbered):
         try:
-            row = json.loads(line.decode("utf-8"))
+            # a bare NaN (written by an older senslab) is null, as written today
+            row = json.loads(line.decode("utf-8"), parse_constant=_null)
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             msg = err.msg if isinstance(err, json.JSONDecodeError) else "not UTF-8 text"
             if pos == len(numbered) - 1:
@@ -338,7 +395,7 @@ def load_run(path: PathLike, experiment: Path | None = None) -> Run:
         )
     check_schema(p, "run")
     metrics_file = p / "metrics.jsonl"
-    summary = _read_json_dict(p / "summary.json")
+    summary = _read_json_dict(p / "summary.json", nan_as_null=True)
     if summary is not None and not isinstance(summary.get("final") or {}, dict):
         # read as a dict of final numbers: a list failed as a bare TypeError naming no file
         raise RunFormatError(
