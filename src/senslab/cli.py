@@ -1101,14 +1101,37 @@ def _reproduction(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {out} cannot be written: {out.parent} is not a directory; "
                          "create it first, or choose another --out")
     _check_out(records, "--records")
+    from .reproduction import holds_records, shown_records
+
+    if out.is_file() and not holds_records(records):
+        # a mistyped --records (or the command run from another directory) rendered the
+        # existing file from no records at all: every recorded row became "not run here",
+        # exit status 0, and REPRODUCTION.md lost its results without a word
+        try:
+            shown = shown_records(out.read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            shown = []
+        if shown:
+            what = "no such directory" if not records.is_dir() else "no record in it"
+            names = ", ".join(shown[:5]) + (f" and {len(shown) - 5} more" if len(shown) > 5
+                                             else "")
+            raise UsageError(
+                f"--records {records} holds no record ({what}), but {out} shows "
+                f"{len(shown)} recorded row{'s' if len(shown) != 1 else ''} ({names}): written "
+                f"from {records}, every one would read \"not run here\"; give the --records "
+                "directory those rows were recorded in (default: reproduction, in the working "
+                f"directory), or delete {out} to write it afresh")
     if args.runs is not None and not runs.is_dir():
         # a mistyped --runs recorded nothing and rewrote REPRODUCTION.md, exit status 0
         raise UsageError(f"--runs {runs}: no such directory; give the directory that holds "
                          "the experiment directories (`senslab run NAME --out RUNS/NAME`)")
     if not args.dirs and not any((runs / n / "verdict.json").is_file()
                                  for n in list_experiments()):
+        none = "" if holds_records(records) else " (none: every experiment's row reads \"not " \
+                                                 "run here\")"
         _note(f"no finished experiment in {runs} (no {runs}/<experiment>/verdict.json): nothing "
-              f"new is recorded; {args.out} is written from the records in {args.records}")
+              f"new is recorded; {args.out} is written from the records in {args.records}"
+              f"{none}")
     path = reproduction(args.dirs or None, records=args.records, out=args.out,
                         runs_root=runs)
     print(f"wrote {path}")

@@ -65,9 +65,14 @@ def record_ladder(ladder_dir: str | Path, records: str | Path = "reproduction") 
     for row in summary["rungs"]:
         if row.get("status") == "done":
             rung_dir = ladder_dir / row["rung"]
-            listed = json.loads((rung_dir / "experiment.json").read_text()).get("runs", [])
+            listed = _read_object(rung_dir / "experiment.json", "restore it (it names the "
+                                  "experiment and lists the runs the rung's verdict rests on), "
+                                  "or run the rung again into a new directory").get("runs", [])
             check_verdict(rung_dir, name, row["scale"], [str(r) for r in listed],
-                          json.loads((rung_dir / "verdict.json").read_text()))
+                          _read_object(rung_dir / "verdict.json", f"re-run the rung "
+                                       f"(`{row['command']}`: a damaged verdict.json is set "
+                                       "aside and the verdict computed again from the finished "
+                                       "runs), then record"))
     out = Path(records) / "ladders" / f"{summary['name']}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     for row in summary["rungs"]:  # the command as a user types it, not this machine's path
@@ -82,9 +87,34 @@ def record_ladder(ladder_dir: str | Path, records: str | Path = "reproduction") 
 def ladder_name(ladder_dir: Path) -> str | None:
     """The experiment a ladder directory belongs to: from its ladder.json, or — for a ladder
     still running, which writes ladder.json only when its command ends — from its rung
-    directories, when they all name one registered experiment and are rungs of its ladder."""
-    if (ladder_dir / "ladder.json").is_file():
-        return json.loads((ladder_dir / "ladder.json").read_text())["name"]
+    directories, when they all name one registered experiment and are rungs of its ladder. A
+    damaged ladder.json (cut short, edited: it failed as a bare "name", or as a JSON error naming
+    no file) is read past to the rung directories — recording writes it again from them — and is
+    an error naming it where they name none."""
+    summary = ladder_dir / "ladder.json"
+    if not summary.is_file():
+        return _rung_experiment(ladder_dir)
+    try:
+        held = json.loads(summary.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        held, why = None, f"not valid JSON: {err}"
+    else:
+        why = "it names no experiment ('name')"
+    name = held.get("name") if isinstance(held, dict) else None
+    if isinstance(name, str):
+        return name
+    from_rungs = _rung_experiment(ladder_dir)
+    if from_rungs is None:
+        raise ValueError(f"{summary} is damaged ({why}), and no rung directory beside it names "
+                         "the experiment; restore it, or re-run the ladder's command (`senslab "
+                         f"run NAME --scale ladder --out {ladder_dir}`: finished rungs are "
+                         "reused), which writes it again")
+    return from_rungs
+
+
+def _rung_experiment(ladder_dir: Path) -> str | None:
+    """The registered experiment whose ladder ``ladder_dir``'s rung directories are the rungs
+    of, by their experiment.json (all of them naming one), or None."""
     names = set()
     for exp_file in sorted(ladder_dir.glob("*/experiment.json")):
         try:
@@ -689,6 +719,31 @@ def render(records: dict[str, dict[str, Any]],
                     f"**{rec['verdict']}**{rejudged(rec)} |")
     lines += render_ladders(ladders or {})
     return "\n".join(lines) + "\n"
+
+
+def holds_records(records: str | Path) -> bool:
+    """Whether directory ``records`` holds any record (``*.json``, or ``ladders/*.json``)."""
+    root = Path(records)
+    return root.is_dir() and (any(root.glob("*.json")) or any(root.glob("ladders/*.json")))
+
+
+def shown_records(markdown: str) -> list[str]:
+    """The recorded rows a REPRODUCTION.md (as :func:`render` writes it) shows: ``"name"`` for
+    a CPU-scale row, ``"name (paper)"``, ``"name (ladder)"``; rows of experiments not run are
+    left out."""
+    shown = []
+    ladders = False
+    for line in markdown.splitlines():
+        if line.startswith("## Scale ladders"):
+            ladders = True
+        elif ladders and line.startswith("### `"):
+            shown.append(f"{line.split('`')[1]} (ladder)")
+        elif (not ladders and line.startswith("| `") and line.rstrip().endswith("|")
+              and not line.rstrip().endswith("| not run |")):
+            scale = "paper" if " | paper | " in line else "cpu"
+            name = line.split("`")[1]
+            shown.append(name if scale == "cpu" else f"{name} ({scale})")
+    return shown
 
 
 def reproduction(exp_dirs: list[str | Path] | None = None, records: str | Path = "reproduction",
