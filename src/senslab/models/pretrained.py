@@ -30,10 +30,13 @@ option, what was wrong and the fix, in the command's terms (``option=`` is that 
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from .._seeds import CPU_SEED_END
 
 __all__ = [
     "HF_HEADS",
@@ -99,13 +102,16 @@ def load_hf(name: str, config: Any, seed: int, num_labels: int,
             option: str = "--hf") -> tuple[Any, Any, str]:
     """(model in eval mode, image processor or None, words on its weights) of ``name``.
 
-    A head the checkpoint lacks is initialised from ``seed`` (the global RNG is restored). The
+    A head the checkpoint lacks is initialised from ``seed`` (the global RNG is restored), an int
+    in [0, 2**32) (others alias another seed on torch's CPU generator: refused), with
+    ``num_labels`` (an int, at least 1) classes. The
     weights are loaded as float32 whatever dtype the checkpoint stores: transformers 5 loads a
     config's ``dtype`` (bfloat16, float16) as it is where 4.x loaded float32, so the same
     command measured the same folder in another precision by the library's version, and
     ``--precision float32`` could not undo it. Float32 holds every bfloat16/float16 value
     exactly; the precision of the forwards is ``--precision``'s (the words name the stored
     dtype where it is not float32)."""
+    seed = _check_seed(seed, name, option)
     import torch
     import transformers
 
@@ -116,7 +122,7 @@ def load_hf(name: str, config: Any, seed: int, num_labels: int,
     if cls is None:
         cls = (transformers.AutoModelForImageClassification if image
                else transformers.AutoModelForSequenceClassification)
-        kwargs["num_labels"] = num_labels
+        kwargs["num_labels"] = _check_num_labels(num_labels, name, option)
     transformers.utils.logging.disable_progress_bar()  # stderr: senslab's own lines only
     try:
         with torch.random.fork_rng(devices=[]):
@@ -199,6 +205,42 @@ def load_hf(name: str, config: Any, seed: int, num_labels: int,
                     "unlike its training inputs. Repair the file (or save the processor the "
                     "model was trained with), or delete it to measure on [0, 1] pixels") from None
     return model.eval(), processor, weights
+
+
+def _check_seed(seed: Any, name: str, option: str) -> int:
+    """``seed`` as an ``int`` in [0, 2**32), else a ``ValueError``: the new head is drawn on
+    torch's CPU generator, which took a negative seed as 2**64 + seed (-1 drew the head of
+    2**64 - 1) and keeps only a seed's low 32 bits (2**32 + 3 drew seed 3's head), while the
+    words said "seed -1"; a bool or a float failed inside ``manual_seed``, naming neither. A
+    NumPy integer is taken as the int it is (as ``manual_seed`` took it)."""
+    try:
+        value = None if isinstance(seed, bool) else operator.index(seed)
+    except TypeError:
+        value = None
+    if value is None or not 0 <= value < CPU_SEED_END:
+        raise ValueError(
+            f"{option} {name}: seed must be an int in [0, 2**32) (it seeds any newly "
+            f"initialised head), got {seed!r} ({type(seed).__name__}): torch's CPU generator "
+            "takes a negative seed as 2**64 + seed and keeps only a seed's low 32 bits, so such "
+            f"a seed draws another seed's head. Pass an int from 0 to {CPU_SEED_END - 1}, e.g. "
+            "seed=0")
+    return value
+
+
+def _check_num_labels(num_labels: Any, name: str, option: str) -> int:
+    """``num_labels`` as an ``int`` ≥ 1, else a ``ValueError``: transformers built a head of no
+    outputs from 0 or a negative count (-1 became config.num_labels=0, refused later as "no
+    classifier"), a 1-output head from ``True``, and failed on a float naming neither."""
+    try:
+        value = None if isinstance(num_labels, bool) else operator.index(num_labels)
+    except TypeError:
+        value = None
+    if value is None or value < 1:
+        raise ValueError(
+            f"{option} {name}: num_labels must be an int of at least 1 (the new classification "
+            f"head's number of classes; 2 or more for a classifier), got {num_labels!r} "
+            f"({type(num_labels).__name__}); pass the data's number of classes")
+    return value
 
 
 def _processor_file(transformers: Any, name: str) -> str | None:
