@@ -58,13 +58,13 @@ run:
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...train.rundir import RunDir
 from ..base import Experiment, Run, Rung, Settings, fit_runs, register_experiment
 from ._common import loss_race_verdict
 
@@ -141,13 +141,13 @@ class IBText(Experiment):
 
 
 def loss_curve(run_dir: Path) -> list[list[float]]:
-    """``[[step, train loss], ...]`` of every evaluation logged in ``run_dir/metrics.jsonl``."""
-    curve = []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if "train/loss" in record:
-            curve.append([record["step"], record["train/loss"]])
-    return curve
+    """``[[step, train loss], ...]`` of every evaluation logged in ``run_dir/metrics.jsonl``,
+    read as every other reader reads the log (:meth:`~senslab.train.rundir.RunDir.metrics`):
+    a blank line is skipped, and a log with a step twice or out of order is refused, naming the
+    file (until 2026-12-07 a blank line stopped the verdict with a bare ``JSONDecodeError``, and a
+    repeated step entered the curve twice without a word)."""
+    return [[record["step"], record["train/loss"]] for record in RunDir(run_dir).metrics()
+            if "train/loss" in record]
 
 
 def steps_to(curve: list[list[float]], level: float) -> float:
