@@ -255,7 +255,16 @@ def generator_states(**gens: torch.Generator) -> dict[str, torch.Tensor]:
 
 
 def set_generator_states(states: dict[str, torch.Tensor], **gens: torch.Generator) -> None:
-    """Restore generators saved by :func:`generator_states`."""
+    """Restore generators saved by :func:`generator_states`; a generator the checkpoint holds
+    no state for is an error naming it (it was a bare ``KeyError: 'measure'``)."""
+    missing = [k for k in gens if k not in states]
+    if missing:
+        raise ValueError(
+            f"the checkpoint holds no state for the random generator(s) {', '.join(missing)} "
+            f"(it holds {', '.join(states) or 'none'}): it was written by a version of this loop "
+            "that drew from other generators, so a resume would not continue its random "
+            "streams; train the run anew in another --out directory (or delete the run "
+            "directory)")
     for k, g in gens.items():
         g.set_state(states[k])
 

@@ -181,6 +181,11 @@ class Wandb:
                 f"{self.rd.path} ({type(err).__name__}: {err}); metrics.jsonl is unaffected. "
                 "Fix W&B's settings (wandb login; WANDB_MODE=offline to log without a network, "
                 "then wandb sync), or drop wandb from track.report_to") from err
+        if _disabled(self.run):
+            # WANDB_MODE=disabled: a run that keeps nothing. Recorded as a W&B run, its steps
+            # read as held, and a later sitting with W&B on sent none of them (its W&B run
+            # stayed empty, without a word); the state of the last real W&B run is kept
+            return
         self.id = self.run.id
         # the id at once, the step W&B holds as before: a sitting killed before it finishes
         # continues the same W&B run and sends again what this one was handing over
@@ -220,13 +225,24 @@ class Wandb:
 
     def close(self, failed: bool = False) -> None:
         if self.run is not None:
+            disabled = _disabled(self.run)
             self.run.finish(exit_code=1 if failed else 0)
             self.run = None
+            if disabled:  # W&B received nothing: the steps it holds are those it held
+                self.sent = self.held
+                return
             # finished: W&B holds every row handed to it (marked sent when handed over, a
             # killed sitting's rows, still buffered, were lost from W&B for good: steps 0–40
             # of a run killed at 40, with no warning)
             self.held = self.sent
             self.rd.write_json(WANDB_STATE, {"id": self.id, "step": self.held})
+
+
+def _disabled(run: Any) -> bool:
+    """Whether the W&B run ``run`` is a no-op (``WANDB_MODE=disabled``): it sends nothing."""
+    if getattr(run, "disabled", False) is True:
+        return True
+    return getattr(getattr(run, "settings", None), "mode", None) == "disabled"
 
 
 class Reporters:
