@@ -79,6 +79,23 @@ class VisionComparison(Experiment):
     max_acc_gap = 0.03
     one_thread_at = ("cpu",)
 
+    def resolve(self, scale: str, overrides: list[str] | tuple[str, ...] = ()
+                ) -> tuple[ComparisonSettings, list[Run]]:
+        """As :meth:`Experiment.resolve`, refusing a ``track.sigma`` that is not above 0: the
+        verdict compares the tracked ``sens/train``, which σ = 0 does not measure (until
+        2026-12-07 every run trained, its σ sweep too, and the verdict was "not comparable")."""
+        settings, runs = super().resolve(scale, overrides)
+        for run in runs:
+            sigma = run.config.track.sigma
+            if not sigma > 0:
+                raise ValueError(
+                    f"--set track.sigma={sigma:g}: {self.name} compares the models' token-wise "
+                    f"sensitivity tracked at track.sigma (σ = {SIGMA:g} as the experiment sets "
+                    "it), and a σ that is not above 0 measures none: every run would train for "
+                    "a verdict of \"not comparable\". Leave track.sigma as the experiment sets "
+                    f"it, or give a noise level above 0 (e.g. track.sigma={SIGMA:g})")
+        return settings, runs
+
     def after_run(self, run: Run, path: Path, summary: dict[str, Any], settings: Any,
                   log: Callable[[str], None]) -> dict[str, Any]:
         summary["sigma_sweep"] = sigma_sweep(path, self.sweep)

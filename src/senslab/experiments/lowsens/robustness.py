@@ -183,6 +183,20 @@ class Robustness(FinalMeasureExperiment):
     ladder = REGULARIZED_LADDER
 
     def runs(self, s: RobustnessSettings) -> list[Run]:
+        # refused before training: the final-model sensitivity of part (b) is measured at the
+        # runs' σ, and σ = 0 failed that measurement after the first run had trained
+        if not s.sigma > 0:
+            raise ValueError(f"sigma={s.sigma:g}: robustness compares the final models' "
+                             "sensitivity at σ (part b), and σ = 0 measures none (the first "
+                             "run would train, then its measurement fail); give a noise level "
+                             "above 0, e.g. --set sigma=1.0 (the CPU scale's)")
+        # and so is part (a) without a model to compare the ViTs with: every run trained for a
+        # verdict of "not comparable"
+        if not any(not m.startswith("vit") for m in s.others):
+            raise ValueError(f"others={list(s.others)}: part (a) compares the ViTs with CNNs, "
+                             "which needs at least one model whose name does not start with "
+                             "'vit'; e.g. --set others=[cnn] (the CPU scale's) or "
+                             "others=[resnet18]")
         others = {m: (m, CPU_CNN + [f"model.overrides.sens_patch={s.patch}"] if m == "cnn"
                       else []) for m in s.others}
         return vit_runs(s) + vision_runs(others, s, data=s.dataset)
