@@ -311,7 +311,8 @@ class StaticInt8:
     While :attr:`active` the metric's stand-in model runs it on whole copies (local reuse needs
     the float model's clean maps, so it is off for the int8 pass). If converting or running
     the quantised graph fails, every call returns the float model's outputs (:attr:`failed`;
-    the metric then runs float32)."""
+    the metric then runs float32; a graph that fails after it was built is said once, with a
+    warning)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.float_model = model
@@ -363,9 +364,20 @@ class StaticInt8:
 
     @torch.no_grad()
     def __call__(self, x: Tensor) -> Tensor:
-        if self.model is None:  # failed (:meth:`build` always runs before the first call)
-            return self.float_model(x)
-        return self.model(_channels_last(x))
+        if self.model is not None:  # else failed (:meth:`build` runs before the first call)
+            try:
+                return self.model(_channels_last(x))
+            except Exception as e:  # noqa: BLE001 -- an int8 kernel refusing this input
+                # the float model from here on, said once (the quantised graph's raw error
+                # had ended the measurement, although the docstring promised float's outputs)
+                self.model, self.failed = None, True
+                warnings.warn(
+                    f"precision='int8-checked': the static int8 copy of the model failed on "
+                    f"inputs of shape {tuple(x.shape)} ({type(e).__name__}: {e}); the copies "
+                    "run in float32 from here on (float32's numbers, at float32's speed). "
+                    "Pass precision='float32' to skip the int8 copy", RuntimeWarning,
+                    stacklevel=2)
+        return self.float_model(x)
 
 
 def weights_state(model: Any) -> list[tuple[Any, ...]] | None:
@@ -436,12 +448,31 @@ def _channels_last(x: Tensor) -> Tensor:
 
 def _qconfigs(model: nn.Module) -> Any:
     """x86's default static quantisation settings, but the model's first and last layer
-    (convolution or linear, in module order) kept float: the first takes the noisy input at full
-    precision, the last puts out the margins the check reads."""
+    (convolution or linear, in the order its forward calls them: :func:`_ends`) kept float: the
+    first takes the noisy input at full precision, the last puts out the margins the check
+    reads."""
     from torch.ao.quantization import get_default_qconfig_mapping
 
     mapping = get_default_qconfig_mapping("x86")
-    names = [n for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
-    for name in {names[0], names[-1]}:
+    for name in _ends(model):
         mapping.set_module_name(name, None)
     return mapping
+
+
+def _ends(model: nn.Module) -> set[str]:
+    """Names of the first and last convolution or linear layer that ``model``'s forward calls
+    (its FX graph's order), else, where the graph calls none as a module, in module order.
+    Module order alone follows ``__init__``: a head declared before the last convolution had
+    the head quantised (its outputs clamped to the calibrated range, the margins the check
+    reads among them: 7.3 read as 4.4) and that convolution kept float."""
+    kinds = (nn.Conv2d, nn.Linear)
+    modules = dict(model.named_modules())
+    try:
+        graph = torch.fx.symbolic_trace(model).graph
+        names = [str(n.target) for n in graph.nodes
+                 if n.op == "call_module" and isinstance(modules.get(str(n.target)), kinds)]
+    except Exception:  # noqa: BLE001 -- tracing raises many kinds: module order then
+        names = []
+    if not names:
+        names = [n for n, m in modules.items() if isinstance(m, kinds)]
+    return {names[0], names[-1]} if names else set()

@@ -26,10 +26,11 @@ def _size(t: Tensor) -> Tensor:
 
 
 def _gap(a: Tensor, b: Tensor) -> Tensor:
-    """``|a − b|``, 0 where they are equal (the same ``-inf`` in both), ``inf`` where one is
-    finite and the other not, or either is NaN."""
+    """``|a − b|``, 0 where they are equal (the same ``-inf`` in both) or both NaN (the same
+    undefined value: no sign of randomness or of a batch, :func:`verify_copies` refuses it as
+    NaN), ``inf`` where one is finite and the other not, or one alone is NaN."""
     d = (a - b).abs()
-    return torch.where(a == b, torch.zeros_like(d),
+    return torch.where((a == b) | (a.isnan() & b.isnan()), torch.zeros_like(d),
                        torch.where(torch.isfinite(d), d, torch.full_like(d, math.inf)))
 
 
@@ -283,6 +284,10 @@ def verify_copies(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor
     scale = _size(ref).amax(dim=1, keepdim=True).clamp(min=floor)
     random = _gap(runs[0], runs[1]) > rtol * scale
     diff = _gap(runs[0], ref)
+    # NaN or ±inf at both evaluations where the clean output is finite: refused as such (both
+    # NaN had read as a random forward, both inf as an output that depends on its batch)
+    undefined = (~torch.isfinite(runs[0]) & ~torch.isfinite(runs[1])
+                 & torch.isfinite(ref)).any(dim=1)
     reused = bool(getattr(bound, "reuse", False)) and not whole
     full: list[Tensor] | None = None
     if reused and bool(random.any() or (diff > rtol * scale).any()):
@@ -298,9 +303,12 @@ def verify_copies(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor
                     f"evaluations (by up to {float(_gap(runs[0], runs[1]).max()):.3g}, {size})",
                     "agree with each other and with the clean forward",
                     "the measured flips would count that randomness"))
+            what = ("a copy with zero noise gives a NaN or infinite output where its clean "
+                    f"forward is finite ({size})" if bool(undefined.any()) else
+                    f"a copy with zero noise gives another output than its clean forward "
+                    f"(by up to {float(diff.max()):.3g}, {size})")
             raise RuntimeError(_reuse_at_fault(
-                bound, f"a copy with zero noise gives another output than its clean forward "
-                f"(by up to {float(diff.max()):.3g}, {size})", "reproduce the clean output",
+                bound, what, "reproduce the clean output",
                 "every perturbed copy would be compared with the wrong reference"))
     # full forwards fail too (the model's own fault), or could not be run (reuse first: likely)
     first = _reuse_first(bound) if reused and full is None else ""
@@ -316,6 +324,19 @@ def verify_copies(bound: BoundTokens, clean: Tensor, whole: bool, extent: Tensor
             "(a running mean), a call counter. Make the forward deterministic and stateless "
             "while measuring (with eval_mode=False, put the model in eval() yourself)"
         )
+    if bool(undefined.any()):
+        row = int(undefined.nonzero()[0, 0])
+        raise FloatingPointError(
+            first + f"model output is NaN or infinite on a copy of example {row} with zero "
+            "noise, at both of two evaluations, where the clean forward of the same input is "
+            "finite: sensitivity is undefined there, and every perturbed copy would be refused "
+            "or compared with the wrong reference. The copy runs in a forward of its own, the "
+            "clean inputs as one batch, so the likely cause is a statistic over the batch that "
+            "one example leaves undefined (a standard deviation or variance over the batch: NaN "
+            "for a batch of one; a division by a batch sum or range)"
+            + (f", or state: {state}" if state else "")
+            + ". Make an example's output independent of the other examples in its forward "
+            "(eval() mode, no batch-level statistics)")
     if bool((diff > rtol * scale).any()):
         row = int((diff > rtol * scale).any(dim=1).nonzero()[0, 0])
         head = first + (
