@@ -220,15 +220,17 @@ def _check_draws(draws: int, name: str) -> int:
     return int(draws)
 
 
-def _check_scale(scale: float) -> None:
+def _check_scale(scale: float) -> float:
     """A finite number > 0: NaN or inf made every value NaN, a negative one flipped the sign,
-    and ``True`` passed for 1."""
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) \
+    and ``True`` passed for 1. Any real number, as for ``sigma``: a numpy one (read from an
+    array or a config) was refused as "must be a finite number > 0, got float32 4.0"."""
+    if isinstance(scale, bool) or not isinstance(scale, Real) \
             or not (math.isfinite(scale) and scale > 0):
         raise ValueError(
             f"scale multiplies every reported value and must be a finite number > 0 (e.g. "
             f"scale=4 for Hahn & Rofin's ±1 scale), got {type(scale).__name__} {scale!r}"
         )
+    return float(scale)
 
 
 def _check_examples(inputs: Inputs, what: str) -> None:
@@ -331,8 +333,30 @@ def _excluded(name: str, exclude: Sequence[str]) -> bool:
 
 
 def _exclude_tuple(exclude: Sequence[str] | str) -> tuple[str, ...]:
-    # a bare string would otherwise be iterated character by character
-    return (exclude,) if isinstance(exclude, str) else tuple(exclude)
+    """``exclude`` as a tuple of name substrings. A bare string is one entry (it would otherwise
+    be iterated character by character). ``None`` (a config's ``exclude: null``) and entries
+    that are not strings are refused: torch's "'NoneType' object is not iterable" or "'in
+    <string>' requires string as left operand" named neither the argument nor the fix."""
+    if isinstance(exclude, str):
+        return (exclude,)
+    if exclude is None:
+        raise TypeError(
+            f"exclude=None: pass exclude=() to perturb (and count) every parameter, or a list of "
+            f"substrings of parameter names to leave out ({POSITIONAL!r} for the positional "
+            "embeddings)"
+        )
+    try:
+        entries = tuple(exclude)
+    except TypeError:
+        entries = None
+    bad = [e for e in entries if not isinstance(e, str)] if entries is not None else [exclude]
+    if bad:
+        raise TypeError(
+            f"exclude holds substrings of parameter names (str), got {bad[0]!r} "
+            f"({type(bad[0]).__name__}) in exclude={exclude!r}; pass e.g. exclude=('embed.',) "
+            f"or exclude=() for none"
+        )
+    return entries
 
 
 def _check_exclude(model: nn.Module, names: list[str], exclude: Sequence[str]) -> None:
@@ -1449,7 +1473,7 @@ def loss_sharpness(
     """
     sigma = _check_sigma(sigma, "sigma")
     draws = _check_draws(draws, "draws")
-    _check_scale(scale)
+    scale = _check_scale(scale)
     device = check_device(model, inputs)
     _check_examples(inputs, "loss sharpness")
     exclude = _exclude_tuple(exclude)
@@ -1700,7 +1724,10 @@ def layernorm_factors(
     maximum over positions is over each example's real positions only (pad tokens are no part
     of it; read with the others, an example's blow-up depended on how far its batch was
     padded). A read-out position that is padding in some example, or a LayerNorm with other
-    positions than the mask's, is refused in a padded batch.
+    positions than the mask's, is refused in a padded batch. An ``nn.TransformerEncoder``
+    that would turn a padded batch into a nested tensor in eval mode (its default
+    ``enable_nested_tensor=True``) is read with the padded layout it uses in training, its
+    setting put back after; a nested tensor that reaches a LayerNorm otherwise is refused.
 
     Evaluated in eval mode without gradients; the hooks exist only inside the call.
     """
@@ -1772,6 +1799,13 @@ def layernorm_factors(
 
         def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
             h = args[0]
+            if isinstance(h, Tensor) and h.is_nested:  # torch failed on its shape: "Internal error"
+                raise ValueError(
+                    f"LayerNorm {name!r} got a nested tensor (one sequence per example, no "
+                    "padding), which has no (batch, positions, ...) shape to read the blow-up "
+                    "from. Pass padded inputs, (batch, positions, ...) with an attention_mask "
+                    "marking the padding, to a model that does not build nested tensors itself"
+                )
             _check_normalised_axes(name, module, h)
             positions = h.dim() >= ndim + 2
             if (first is None and mixed and positions and h.shape[0] == b
@@ -1806,6 +1840,12 @@ def layernorm_factors(
         return hook
 
     modes = [(m, m.training) for m in model.modules()]
+    # nn.TransformerEncoder turns a padded batch (src_key_padding_mask given) into a nested
+    # tensor in eval mode, and its layers' LayerNorms saw that: the hook failed with torch's
+    # "Internal error: NestedTensorImpl doesn't support sizes". Read with the padded layout
+    # the encoder uses in training (the same values at the real positions), restored after
+    nested = [m for m in model.modules()
+              if isinstance(m, nn.TransformerEncoder) and getattr(m, "use_nested_tensor", False)]
     handles = [
         m.register_forward_pre_hook(own.hook(hook_for(n, m.eps, len(m.normalized_shape))))
         for n, m in norms
@@ -1814,6 +1854,8 @@ def layernorm_factors(
         for n, m in norms if type(m).forward is not nn.LayerNorm.forward
     ]
     try:
+        for m in nested:
+            m.use_nested_tensor = False
         model.eval()
         # another thread's model.train() (dropout before a LayerNorm) or optimizer.step()
         # within the forward is refused, also where it was undone before the forward ended
@@ -1824,6 +1866,8 @@ def layernorm_factors(
         for handle in handles:
             handle.remove()
         own.close()
+        for m in nested:
+            m.use_nested_tensor = True
         for m, was in modes:
             m.training = was
     if not calls:
