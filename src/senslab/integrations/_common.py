@@ -49,8 +49,9 @@ def check_subset(inputs: Any, options: dict[str, Any], where: str) -> None:
     epoch of training (an empty subset stopped the training with the model's own error on an
     empty batch, BERT's "cannot reshape tensor of 0 elements")."""
     from ..measure._trim import left_padded_message, left_padded_row
-    from ..tokens.base import batch_size
+    from ..tokens.base import MAIN_KEYS, batch_size
 
+    _check_batched(inputs, where, MAIN_KEYS)
     try:
         n = batch_size(inputs)
     except (TypeError, ValueError):  # no tensor: refused, with its reason, before training
@@ -67,6 +68,36 @@ def check_subset(inputs: Any, options: dict[str, Any], where: str) -> None:
     row = left_padded_row(mask)
     if row is not None:
         raise ValueError(f"{where}: {left_padded_message(row, 'attention_mask')}")
+
+
+def _check_batched(inputs: Any, where: str, main_keys: tuple[str, ...]) -> None:
+    """Refuse a dict subset whose ``input_ids`` is one example without its batch axis (shape
+    ``(tokens,)``, as ``dataset[0]`` gives it), or whose examples are a list of tensors (an
+    unpadded ``dataset[:8]``): the first was taken as ``tokens`` examples and stopped the run at
+    its start with the model's "not enough values to unpack (expected 2, got 1)"; the second
+    with "inputs hold no tensor … return_tensors='pt'", which names no padding."""
+    if not isinstance(inputs, Mapping):
+        return
+    ids = inputs.get("input_ids")
+    if isinstance(ids, Tensor) and ids.dim() == 1:
+        raise ValueError(
+            f"{where} got input_ids of shape {tuple(ids.shape)}: one example without its batch "
+            "axis (as dataset[0] gives it), which would be read as "
+            f"{ids.shape[0]} examples. Pass a batch of (examples, tokens) tensors: several "
+            "rows (dataset[:8] with dataset.set_format('torch')), or this one example as "
+            "{k: v.unsqueeze(0) for k, v in subset.items()}")
+    for key in main_keys:
+        value = inputs.get(key)
+        if isinstance(value, (list, tuple)) and value and \
+                all(isinstance(v, Tensor) for v in value):
+            sizes = sorted({tuple(v.shape) for v in value})
+            raise ValueError(
+                f"{where} got {key} as a {type(value).__name__} of {len(value)} tensors "
+                f"(shapes {', '.join(map(str, sizes[:3]))}{', …' if len(sizes) > 3 else ''}), "
+                "not one (examples, tokens) tensor: unpadded examples (dataset[:8] of a "
+                "dataset tokenized without padding, say). Pad them into one batch: "
+                "DataCollatorWithPadding(tokenizer)([dataset[i] for i in range(8)]), or "
+                "tokenizer(texts, padding=True, return_tensors='pt')")
 
 
 class Seed:

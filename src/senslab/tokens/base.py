@@ -402,13 +402,25 @@ def _refuse_meta(model: nn.Module | Any, inputs: Inputs) -> None:
     have shapes but no values, so no output can be computed. Without this the user was told to
     move the images to ``meta`` (a model whose first parameter is there) or got a PyTorch error
     from deep inside the forward (one layer on meta). A model with Hugging Face accelerate's
-    hooks (``_hf_hook``: offloaded weights, moved in at each forward) keeps its parameters on
-    meta by design and is left to them; a buffer on meta (an unused placeholder) is allowed."""
+    hooks (``_hf_hook``) whose weights are offloaded (on meta, moved in at each forward:
+    ``cpu_offload``, ``device_map`` entries ``"cpu"``/``"disk"`` beside a GPU) is refused too,
+    with the fix: it was let through, and the user was told to move the inputs to ``meta``, or
+    the measurement failed inside with "Cannot copy out of meta tensor" (it reads the weights
+    between forwards). A buffer on meta (an unused placeholder) is allowed."""
     if isinstance(model, nn.Module):
         meta = [n for n, t in model.named_parameters() if t.is_meta]
-        if meta and not any(hasattr(m, "_hf_hook") for m in model.modules()):
-            shown = ", ".join(map(repr, meta[:3])) + (f" and {len(meta) - 3} more"
-                                                      if len(meta) > 3 else "")
+        shown = ", ".join(map(repr, meta[:3])) + (f" and {len(meta) - 3} more"
+                                                  if len(meta) > 3 else "")
+        if meta and any(hasattr(m, "_hf_hook") for m in model.modules()):
+            raise ValueError(
+                f"the model's parameters {shown} are offloaded by accelerate: they stay on the "
+                "'meta' device and are moved in at each forward (cpu_offload, disk_offload, or "
+                "from_pretrained(device_map=...) that put some layers on 'cpu' or 'disk'). "
+                "senslab reads the weights between forwards, so it cannot measure such a "
+                "model; load it whole onto one device — from_pretrained(..., "
+                "device_map={'': 'cuda:0'}) or device_map='cpu', or a max_memory that fits "
+                "every layer — and measure that")
+        if meta:
             raise ValueError(
                 f"the model's parameters {shown} are on the 'meta' device: they have shapes "
                 "but no values (a model built under torch.device('meta') or init_empty_weights, "
