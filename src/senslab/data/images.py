@@ -38,6 +38,7 @@ from __future__ import annotations
 import filecmp
 import functools
 import gzip
+import numbers
 import os
 import pickle
 import shutil
@@ -584,8 +585,11 @@ def digits(split: str = "train", root: Any = None, download: bool = False,
     """
     locate("digits", root)  # refuses a root: the data ships with scikit-learn
     _check_split(split, ("train", "test", "all"), "digits")
-    if isinstance(test_fraction, bool) or not 0.0 < test_fraction < 1.0:
-        # a negative fraction cut ``perm[:-k]``: most of each class went to "test", unsaid
+    if isinstance(test_fraction, bool) or not isinstance(test_fraction, numbers.Real) \
+            or not 0.0 < test_fraction < 1.0:
+        # a negative fraction cut ``perm[:-k]``: most of each class went to "test", unsaid; a
+        # string ("1/5") or None (--set data.options.test_fraction=none) failed in the comparison
+        # with a raw "'<' not supported between instances of 'float' and 'str'"
         raise ValueError(f"digits: test_fraction must be in (0, 1), e.g. 0.2 (359 test images), "
                          f"got {test_fraction!r}")
     # torch's raw "manual_seed expected a long" named neither the option nor the fix
@@ -680,7 +684,13 @@ def _read_mnist_pickle_cached(path: str, size: int, mtime_ns: int, inode: int
             f"{path} does not hold the three (images, labels) parts of mnist.pkl.gz (training, "
             "validation, test): put Nielsen's mnist.pkl.gz there, or save yours in that layout")
     out = []
-    for name, (x, y) in zip(("training", "validation", "test"), parts, strict=True):
+    for name, part in zip(("training", "validation", "test"), parts, strict=True):
+        if not isinstance(part, (tuple, list)) or len(part) != 2:
+            raise DataUnavailableError(
+                f"{path}: its {name} part is not a pair (images, labels), as each of "
+                "mnist.pkl.gz's three parts is: put Nielsen's mnist.pkl.gz there, or save yours "
+                "in that layout")
+        x, y = part
         b = np.rint(np.asarray(x, dtype=np.float32) * 256.0)
         if b.ndim != 2 or b.shape[1] != _IDX_HW[0] * _IDX_HW[1]:
             # reshaped to 28×28 regardless, 32×32 rows became other images or a bare ValueError
@@ -697,7 +707,17 @@ def _read_mnist_pickle_cached(path: str, size: int, mtime_ns: int, inode: int
                 f"{path}: its {name} pixels are not bytes/256 in [0, 1)"
                 f"{f' ({bad:,} are NaN or infinite)' if bad else ''}: put Nielsen's "
                 "mnist.pkl.gz there, or save yours as byte / 256 in float32")
-        pair = (b.astype(np.uint8).reshape(-1, 1, 28, 28), _pickle_labels(y))
+        labels = _pickle_labels(y)
+        if labels.ndim != 1 or len(labels) != len(b):
+            # "train" joins the training and validation parts: one label too few in the first
+            # and one too many in the second passed the count check on the whole and shifted
+            # every label of the validation images by one, without a word
+            raise DataUnavailableError(
+                f"{path}: its {name} part holds {len(b):,} images but labels of shape "
+                f"{labels.shape}, where each image has one label, shape ({len(b)},): the file "
+                "is damaged or was saved wrongly; put Nielsen's mnist.pkl.gz there, or save "
+                "yours with one label per image")
+        pair = (b.astype(np.uint8).reshape(-1, 1, 28, 28), labels)
         for a in pair:
             a.setflags(write=False)
         out.append(pair)
