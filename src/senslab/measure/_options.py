@@ -30,6 +30,25 @@ def _resolve_sigma(
             raise ValueError("give either replace_with or a noise level (sigma/variance), not both")
         if replace_with.dim() != 2:
             raise ValueError("replace_with must be a (vocabulary, dim) tensor of token vectors")
+        if len(replace_with) == 0:
+            # the first update failed inside torch ("random_ expects 'from' to be less than
+            # 'to'"), naming neither the option nor the empty vocabulary
+            raise ValueError(
+                f"replace_with is an empty vocabulary ({tuple(replace_with.shape)}): there is "
+                "no token vector to replace a token with; pass at least one row (a vocabulary "
+                "filtered down to nothing, say)")
+        if ((replace_with.is_floating_point() or replace_with.is_complex())
+                and not replace_with.is_meta):
+            bad = (~torch.isfinite(replace_with.detach())).any(dim=1)
+            if bool(bad.any()):  # once, at construction
+                rows = first_few(str(i) for i in bad.nonzero().flatten().tolist())
+                # every copy given such a row had a NaN output, refused as "check the model's
+                # weights and the inputs", neither of which was the cause
+                raise ValueError(
+                    f"replace_with has NaN or infinite entries in {int(bad.sum())} of its "
+                    f"{len(replace_with)} rows (rows {rows}): a token replaced by one gives "
+                    "the model a NaN or infinite input. Drop those rows (replace_with["
+                    "torch.isfinite(replace_with).all(dim=1)]) or fix the vocabulary")
         return None
     if (sigma is None) == (variance is None):
         raise ValueError(
@@ -78,8 +97,12 @@ def _check_positive(name: str, value: Any, example: str = "1") -> int:
 
 
 def _check_flag(name: str, value: Any) -> bool:
-    if isinstance(value, (str, float)) or value is None or value not in (True, False):
-        raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    message = f"{name} must be True or False, got {value!r} ({type(value).__name__})"
+    try:
+        if isinstance(value, (str, float)) or value is None or value not in (True, False):
+            raise TypeError(message)
+    except (ValueError, RuntimeError) as err:  # an array or tensor of several values: "The
+        raise TypeError(message) from err  # truth value ... is ambiguous", naming no option
     return bool(value)
 
 
@@ -237,6 +260,12 @@ def _eval(model: nn.Module) -> Iterator[None]:
     finally:
         for m, training in modes.items():
             m.train(training)
+        # train() sets a module's children too: a submodule registered under two parents
+        # (a frozen backbone in eval mode, shared by two heads of a training model) was put
+        # back in its own mode, then switched by its second parent's train(True) — measuring
+        # left a frozen BatchNorm training. Every flag as it was, whatever the order:
+        for m, training in modes.items():
+            m.training = training
 
 
 @contextmanager
