@@ -82,13 +82,24 @@ def run_ladder(name: str, out_dir: str | Path, rungs: Sequence[str] | None = Non
     """Train the rungs of experiment ``name``'s ladder (default: every CPU rung) into
     ``out_dir/<rung>``, one after another, then write and return the ladder summary
     (:func:`summarize_ladder`). ``extra`` overrides (e.g. ``data.root=DIR``) follow each rung's
-    own. Every rung's overrides are checked before anything trains."""
+    own. Every rung is prepared before anything trains: its overrides checked, its runs' data
+    found and the experiment's own checks passed (:meth:`~senslab.experiments.base.Experiment.
+    prepare`), and its runs checked against those its directory already holds."""
     exp = get_experiment(name)
     chosen = select_rungs(exp, rungs)
     _refuse_rung_keys(chosen, extra, exp.ladder, exp)
-    for rung in chosen:  # a bad rung fails before any training
-        exp.check(rung.scale, [*rung.overrides, *extra])
     out = Path(out_dir)
+    for rung in chosen:  # a bad rung fails before any training
+        # prepared, not only checked, and its runs checked against those in its directory: a
+        # rung whose data is missing (a paper rung's dataset, named with --rungs), that the
+        # experiment refuses (data without the target its verdict needs) or whose directory
+        # holds runs of other extra overrides failed only once every rung below it had trained
+        try:
+            _, runs = exp.prepare(rung.scale, [*rung.overrides, *extra])
+            exp.check_run_dirs(out / rung.name, runs)
+        except Exception:
+            log(f"rung {rung.name} is refused (below); no rung was trained")
+            raise
     for i, rung in enumerate(chosen, 1):
         log(f"== rung {i}/{len(chosen)}: {rung.name} ({rung.note or rung.scale})")
         try:
