@@ -16,6 +16,9 @@ targets, on data made in one of two ways:
 
 At each evaluation (every ``eval_every`` steps and at the last) it logs
 
+* ``epoch`` beside ``step``: passes over the training set in subset training (a step of
+  ``subset_batch`` strings drawn from k is subset_batch / k passes), ``step`` in fresh
+  sampling,
 * ``train/loss`` (mean training MSE since the last evaluation; subset training: the MSE on the
   training set and ``train/acc``), ``test/loss``, ``test/acc`` (fresh sampling),
 * ``sharpness/loss`` (± ``sharpness/loss_se``): :math:`4\,(\mathbb E_\Delta L(\theta+\Delta) -
@@ -208,6 +211,12 @@ def measure(model: nn.Module, x: Tensor, y: Tensor, function: str, n: int, draws
     try:
         with torch.no_grad():
             out = model(x)
+        if not bool(torch.isfinite(out).all()):
+            # a finite training loss whose step made the outputs NaN: the sharpness failed with
+            # "the loss of the clean model is NaN ... check the model, loss_fn, inputs and
+            # targets", a loss_fn the user never gave, not saying that the training diverged
+            raise FloatingPointError("the model's outputs on the evaluation strings became NaN "
+                                     "or infinite: the training diverged")
         sharp = loss_sharpness(model, F.mse_loss, x, y, sigma=SIGMA, draws=draws,
                                exclude=("pos",), generator=gen, scale=SHARPNESS_SCALE)
         blow = layernorm_blowup(model, x)
@@ -316,6 +325,11 @@ def train_boolean(cfg: BooleanRunConfig, path: Path, *, progress: bool | None = 
             start, done = state["step"] + 1, state["done"]
         losses: list[float] = []
         said: set[str] = set()
+        # ``epoch``: passes over the training set (as ``fit`` counts them); fresh sampling has
+        # no training set: its steps. A step of ``subset_batch`` strings drawn from k is
+        # subset_batch / k passes (it was logged as one: 8 passes a step at the paper's k = 128)
+        per_step = (1.0 if subset is None or cfg.subset_batch is None
+                    else cfg.subset_batch / len(subset.train[0]))
         for step in range(start, cfg.steps + 1):
             if done:
                 break
@@ -341,10 +355,14 @@ def train_boolean(cfg: BooleanRunConfig, path: Path, *, progress: bool | None = 
                 first_below = step
             if step % cfg.eval_every and step != cfg.steps:
                 continue
-            with said_once(said):  # a measurement's warning: once per run, not per evaluation
-                record = evaluate(model, cfg, eval_x, eval_y, subset, losses, measure_gen,
-                                  device)
-            record = run.log({"step": step, "epoch": float(step), **record})
+            try:
+                with said_once(said):  # a measurement's warning: once per run, not per evaluation
+                    record = evaluate(model, cfg, eval_x, eval_y, subset, losses, measure_gen,
+                                      device)
+            except FloatingPointError as err:
+                raise FloatingPointError(f"{err} (at the evaluation after step {step}); lower lr "
+                                         f"(now {cfg.lr})") from None
+            record = run.log({"step": step, "epoch": step * per_step, **record})
             losses = []
             done = cfg.stop_below is not None and record["train/loss"] < cfg.stop_below
             run.checkpoint(step, {

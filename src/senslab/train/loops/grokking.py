@@ -18,6 +18,7 @@ epochs trained.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,28 @@ def train_grokking(cfg: GrokkingRun, path: Path, *, progress: bool | None = None
             sgd_step(opt, F.cross_entropy(model(x), y))
             return 1
 
+        def evaluate() -> dict[str, Any]:
+            """Losses and accuracies, then (their outputs finite) the measurements."""
+            rec = classification_record(model, train, test, dict)
+            bad = [f"{k}={rec[k]}" for k in ("train/loss", "test/loss")
+                   if not math.isfinite(rec[k])]
+            if bad:
+                # a finite training loss whose step made the outputs NaN: the run went on to
+                # the sensitivity, which failed with "model output is NaN or infinite ... check
+                # the model's weights and the inputs", not saying that the training diverged
+                state = opt.state[next(model.parameters())]
+                done = int(state["step"]) if "step" in state else 0
+                raise FloatingPointError(
+                    f"the model's outputs became NaN or infinite ({', '.join(bad)}) at the "
+                    f"evaluation after epoch {done}: the training diverged; lower lr (now "
+                    f"{cfg.lr})")
+            model.eval()
+            try:
+                rec.update(measure())
+            finally:
+                model.train()
+            return rec
+
         def after_eval(rec: dict[str, Any], end: int) -> int:
             if rec["epoch"] % (50 * cfg.eval_every) == 0:
                 log(f"  epoch {rec['epoch']}: train {rec['train/acc']:.3f} test "
@@ -174,7 +197,7 @@ def train_grokking(cfg: GrokkingRun, path: Path, *, progress: bool | None = None
 
         return EpochLoop(
             model, opt, train_epoch=train_epoch, after_eval=after_eval,
-            evaluate=lambda: classification_record(model, train, test, measure),
+            evaluate=evaluate,
             summary=lambda h: {"epochs": h[-1]["epoch"], "phases": grokking_phases(h)})
 
     return run_epochs(cfg, path, "modadd", build)
