@@ -578,17 +578,26 @@ class ViTSmall(ImageClassifier):
         # the first block's clean rows of fused attention (Attention._forward_reached)
         clean = None if fused[0] is None else first.attn.clean_mixtures(first.ln1(t), fused[0])
         return {"x": x, "tokens": t, "qkv": qkv, "fused": fused, "clean": clean,
-                "reach": self._reach(x.shape[2], x.shape[3], patch, x.device)}
+                "reach": self._reach(x.shape[2], x.shape[3], patch)}
 
-    def _reach(self, h: int, w: int, patch: int, device: torch.device) -> int:
+    def _reach(self, h: int, w: int, patch: int) -> int:
         """The most tokens one ``patch``×``patch`` patch reaches, over every patch position: a
         fixed number of tokens per copy to recompute, known before any copy (no read of the
-        device per chunk, and no data-dependent shape under ``torch.compile``)."""
+        device per chunk, and no data-dependent shape under ``torch.compile``).
+
+        The tokenizer's pieces of an image whose pixels hold their patch's number (1-based; the
+        shifted copies' zero fill is 0) name the patches each token reads: the tokens that
+        :meth:`reached_tokens` marks for every patch position at once, on the host, in memory of
+        the tokens' size. (One mask per position, (H/p)²·H·W values growing as H⁴, took 1.7 GB
+        and 6 s for 160-pixel images and ``Patches(4)``, again at every chunk's cache.)"""
         gh, gw = h // patch, w // patch
-        mask = torch.zeros(gh * gw, 1, gh, patch, gw, patch, device=device)
-        cells = torch.arange(gh * gw, device=device)
-        mask[cells, :, cells // gw, :, cells % gw, :] = 1.0
-        return int(self.reached_tokens(mask.view(gh * gw, 1, h, w)).sum(1).max())
+        rows = torch.arange(h, dtype=torch.float64)[:, None].div(patch, rounding_mode="floor")
+        cols = torch.arange(w, dtype=torch.float64)[None, :].div(patch, rounding_mode="floor")
+        cells = (rows * gw + cols + 1).view(1, 1, h, w)  # exact in float64
+        read = self.tokenizer.pieces(cells)[0].long()  # (T, 5·p²): the patch of each value
+        hit = torch.zeros(read.shape[0], gh * gw + 1, dtype=torch.bool)
+        hit.scatter_(1, read, True)
+        return int(hit[:, 1:].sum(0).max())
 
     def local_copy_bytes(self, cache: dict[str, Any]) -> int:
         """Bytes per copy of the memory :meth:`forward_local` keeps in ``cache["scratch"]`` from
