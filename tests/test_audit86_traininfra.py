@@ -14,12 +14,16 @@ from senslab.train.rundir import RunDir
 
 @pytest.fixture
 def wandb_env(tmp_path, monkeypatch):
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
     for var, value in {"WANDB_SILENT": "true", "WANDB_CONFIG_DIR": tmp_path / "wandb-config",
                        "WANDB_CACHE_DIR": tmp_path / "wandb-cache",
                        "WANDB_DATA_DIR": tmp_path / "wandb-data"}.items():
         monkeypatch.setenv(var, str(value))
-    return monkeypatch
+    # W&B reads its settings (WANDB_MODE among them) once per process: an earlier test's
+    # offline setup was kept, and this test's WANDB_MODE=disabled went unread
+    wandb.teardown()
+    yield monkeypatch
+    wandb.teardown()
 
 
 def test_a_sitting_with_wandb_disabled_does_not_mark_its_steps_as_sent(tmp_path, wandb_env):
