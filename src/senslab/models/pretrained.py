@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .._seeds import CPU_SEED_END
+from .._seeds import check_cpu_seed
 
 __all__ = [
     "HF_HEADS",
@@ -208,23 +208,10 @@ def load_hf(name: str, config: Any, seed: int, num_labels: int,
 
 
 def _check_seed(seed: Any, name: str, option: str) -> int:
-    """``seed`` as an ``int`` in [0, 2**32), else a ``ValueError``: the new head is drawn on
-    torch's CPU generator, which took a negative seed as 2**64 + seed (-1 drew the head of
-    2**64 - 1) and keeps only a seed's low 32 bits (2**32 + 3 drew seed 3's head), while the
-    words said "seed -1"; a bool or a float failed inside ``manual_seed``, naming neither. A
-    NumPy integer is taken as the int it is (as ``manual_seed`` took it)."""
-    try:
-        value = None if isinstance(seed, bool) else operator.index(seed)
-    except TypeError:
-        value = None
-    if value is None or not 0 <= value < CPU_SEED_END:
-        raise ValueError(
-            f"{option} {name}: seed must be an int in [0, 2**32) (it seeds any newly "
-            f"initialised head), got {seed!r} ({type(seed).__name__}): torch's CPU generator "
-            "takes a negative seed as 2**64 + seed and keeps only a seed's low 32 bits, so such "
-            f"a seed draws another seed's head. Pass an int from 0 to {CPU_SEED_END - 1}, e.g. "
-            "seed=0")
-    return value
+    """``seed`` as an ``int`` in [0, 2**32) (:func:`.._seeds.check_cpu_seed`; a NumPy integer
+    as the int it is): -1 drew the head of 2**64 - 1 and 2**32 + 3 that of seed 3, while the
+    words said "seed -1"."""
+    return check_cpu_seed(seed, f"{option} {name}: seed", "head", numpy=True)
 
 
 def _check_num_labels(num_labels: Any, name: str, option: str) -> int:

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from .._autocast import autocast_on
-from .._seeds import CPU_SEED_END
+from .._seeds import check_cpu_seed
 from ..tokens import Patches
 from ._config import check_choice, check_divides, check_positive, make_config
 from ._registry import register_model
@@ -54,20 +54,10 @@ class ImageConfig:
 
 
 def check_seed(cfg: Any) -> None:
-    """Error unless ``cfg.seed`` is an ``int`` in [0, 2**32): the weights are drawn on torch's CPU
-    generator, which took a negative seed as 2**64 + seed (-1 drew the weights of 2**64 - 1,
-    unsaid) and keeps only a seed's low 32 bits (seed 2**32 + 3 drew seed 3's weights, so two
-    models read as differently seeded were one). A config built directly took a bool or a float
-    (True and 1.0 compare equal to 1) and failed only when the model was built, in
-    ``manual_seed``, naming neither the field nor the fix."""
-    seed = cfg.seed
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < CPU_SEED_END:
-        raise ValueError(
-            f"{type(cfg).__name__}.seed must be an int in [0, 2**32), got {seed!r} "
-            f"({type(seed).__name__}): torch's CPU generator takes a negative seed as 2**64 + "
-            f"seed and keeps only a seed's low 32 bits, so such a seed draws another seed's "
-            f"weights. Pass an int from 0 to {CPU_SEED_END - 1}, e.g. seed=0 (int(seed) for a "
-            f"NumPy integer)")
+    """Error unless ``cfg.seed`` is an ``int`` in [0, 2**32) (:func:`.._seeds.check_cpu_seed`):
+    -1 drew the weights of 2**64 - 1 and seed 2**32 + 3 those of seed 3, unsaid, and a config
+    built directly took a bool or a float, failing only in ``manual_seed``."""
+    check_cpu_seed(cfg.seed, f"{type(cfg).__name__}.seed", "weights")
 
 
 M = TypeVar("M", bound=nn.Module)
