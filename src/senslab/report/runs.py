@@ -17,8 +17,6 @@ warn once about such runs.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
 import math
 import re
@@ -221,29 +219,16 @@ TRAINER_LABELS: dict[str, Callable[[dict[str, Any]], Any]] = {
 }
 
 
-@functools.lru_cache(maxsize=64)
-def _trainer_with_keys(keys: frozenset[str]) -> str | None:
-    """The one trainer whose configuration has every top-level key of ``keys`` (a config.json
-    of an older senslab may lack a newer field); None where none has, or several have (a
-    config.json written by hand, ``name`` and ``seed`` alone: no guess), or the trainers
-    cannot be imported here."""
-    try:
-        from senslab.train.trainers import get_trainer, list_trainers
-    except ImportError:
-        return None
-    found = [name for name in list_trainers()
-             if dataclasses.is_dataclass(config_type := get_trainer(name).config_type)
-             and keys <= {f.name for f in dataclasses.fields(config_type)}]
-    return found[0] if len(found) == 1 else None
-
-
 def default_label(config: dict[str, Any]) -> str | None:
     """The label the run of ``config`` (its config.json, ``label`` empty) gets in its summary
     when it finishes, where its trainer gives it one other than its name (:data:`
     TRAINER_LABELS`): an unfinished run is shown under the label its finished runs have."""
     if not config:
         return None
-    rule = TRAINER_LABELS.get(_trainer_with_keys(frozenset(config)) or "")
+    from senslab.train.trainers import trainer_of
+
+    # a config.json written by hand (``name`` and ``seed`` alone) fits several: no guess
+    rule = TRAINER_LABELS.get(trainer_of(config, unique=True) or "")
     label = rule(config) if rule is not None else None
     return str(label) if label else None
 

@@ -99,15 +99,16 @@ def list_trainers() -> list[str]:
     return TRAINERS.names()
 
 
-def trainer_of(raw: Any, besides: str | None = None) -> str | None:
+def trainer_of(raw: Any, besides: str | None = None, *, unique: bool = False) -> str | None:
     """The registered trainer other than ``besides`` whose configuration has every top-level key
-    of the config.json ``raw`` (of several, the one with the fewest fields ``raw`` lacks), or
-    None — also where every key is one of ``besides``'s own (a run of that trainer)."""
+    of the config.json ``raw`` (of several, the one with the fewest fields ``raw`` lacks; with
+    ``unique``, None: no guess), or None — also where every key is one of ``besides``'s own (a
+    run of that trainer)."""
     import dataclasses
 
     if not isinstance(raw, dict) or not raw:
         return None
-    keys, best, lacking = set(raw), None, 0
+    keys, best, lacking, found = set(raw), None, 0, 0
     if besides is not None and keys <= {
             f.name for f in dataclasses.fields(get_trainer(besides).config_type)}:
         return None
@@ -116,9 +117,11 @@ def trainer_of(raw: Any, besides: str | None = None) -> str | None:
         if name == besides or not dataclasses.is_dataclass(config_type):
             continue
         fields = {f.name for f in dataclasses.fields(config_type)}
-        if keys <= fields and (best is None or len(fields - keys) < lacking):
-            best, lacking = name, len(fields - keys)
-    return best
+        if keys <= fields:
+            found += 1
+            if best is None or len(fields - keys) < lacking:
+                best, lacking = name, len(fields - keys)
+    return None if unique and found > 1 else best
 
 
 def experiment_of(run: Path) -> str:
