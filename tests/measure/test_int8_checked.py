@@ -447,6 +447,42 @@ def test_the_static_int8_copy_falls_back_to_float_if_it_cannot_run(monkeypatch):
     assert torch.equal(m.copies, full.copies)
 
 
+class _RefusingGraph(nn.Module):
+    """A quantised graph whose kernels refuse the inputs of a later batch."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError(f"no int8 kernel for inputs of shape {tuple(x.shape)}")
+
+
+def test_a_static_int8_copy_failing_on_a_later_batch_names_float32(monkeypatch):
+    """A static copy that ran the first batch and fails on a later one falls back to the
+    float model (said once): the result names float32 and why, not int8-checked, and the
+    flips stay float32's. Before, checked_precision still said "int8" and every later copy
+    was 'checked' against float32 again, at twice float32's cost."""
+    model = trained_resnet()
+    x, _ = strips(18, torch.Generator().manual_seed(1))
+    opts = {"sigma": 1.5, "repeats": 2, "generator": 5}
+    full = Recorder(model, Patches(4), precision="float32", **opts)
+    m = Recorder(model, Patches(4), precision="int8-checked", **opts)
+    for metric in (full, m):  # 384 copies: calibrated (256), then checked
+        metric.update(x[:12])
+    static = m._check._static
+    assert static is not None and static.model is not None and not static.failed
+    assert m.checked_precision == "int8" and m.check_bound is not None
+    monkeypatch.setattr(static, "model", _RefusingGraph())
+    with pytest.warns(RuntimeWarning, match="static int8 copy of the model failed"):
+        m.update(x[12:16])
+    assert static.failed
+    assert m.checked_precision == "float32"
+    assert m.float32_reason.startswith("the static int8 copy of the model could not be made")
+    checked = m.state.checked
+    m.update(x[16:])  # later batches: float32 alone, none checked
+    assert m.state.checked == checked
+    for batch in (x[12:16], x[16:]):
+        full.update(batch)
+    assert torch.equal(m.copies, full.copies)
+
+
 def test_paired_comparison_in_checked_int8_equals_float32():
     assert_paired_comparison_equals_float32("int8", dim=64)
 

@@ -281,3 +281,18 @@ def test_masked_logits_keep_the_copy_checks_on(make, words):
     x = torch.randn(8, 1, 4, 4, generator=torch.Generator().manual_seed(1))
     with pytest.raises(RuntimeError, match=words):
         token_sensitivity(model, x, Patches(2), sigma=1.0, repeats=2)
+
+
+@pytest.mark.parametrize("compare", ["l1", "l2"])
+@pytest.mark.parametrize("rule", [{"output_kind": "probabilities"},
+                                  {"output_kind": "scores", "threshold": 0.3}])
+def test_a_decision_rule_with_a_distance_is_refused(compare, rule):
+    """compare='l1'/'l2' reads no class: an output_kind or threshold given with it changed
+    nothing (accepted and ignored), so a user's threshold=0.3 went unread without a word."""
+    model = nn.Sequential(nn.Flatten(), nn.Linear(8, 1))
+    with pytest.raises(ValueError, match=f"compare='{compare}' measures how far") as said:
+        TokenSensitivity(model, Sequence(), sigma=1.0, compare=compare, **rule)
+    assert "drop output_kind=" in str(said.value)
+    # without them the distance is measured as before, and with compare='class' both are read
+    TokenSensitivity(model, Sequence(), sigma=1.0, compare=compare)
+    TokenSensitivity(model, Sequence(), sigma=1.0, compare="class", **rule)

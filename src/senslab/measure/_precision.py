@@ -1160,6 +1160,11 @@ class PrecisionCheck:
         calibration did not see gets float32's decisions, and the wider bound from then on."""
         low = self._checked_copies(forward, rows, n, device, kind, threshold, piece)
         self._rejudge()
+        if self._static is not None and self._static.failed:
+            # the static int8 copy failed on a call after its calibration and fell back to the
+            # float model (said once): these copies were checked as before, the later ones run
+            # in float32 alone, and the result names float32, not int8-checked
+            self._set_idle(True, _STATIC_FAILED)
         return low
 
     def _checked_copies(self, forward: Callable[[Tensor | None], Tensor], rows: Tensor | None,

@@ -751,7 +751,8 @@ class TokenSensitivity:
             model's ``output_kind`` attribute, else logits — but a one-column output entirely
             in [0, 1] (some values strictly inside) is then refused as ambiguous, on the clean
             inputs or, after a clean column of exact 0s and 1s, on the perturbed copies.
-        threshold: the class boundary of ``output_kind="scores"``.
+        threshold: the class boundary of ``output_kind="scores"``. ``output_kind`` and
+            ``threshold`` with ``compare="l1"``/``"l2"`` (which read no class) are refused.
         output: which part of the model's raw output holds the logits: an int index into a
             tuple/list, a str key (or attribute), or a function of the raw output. Default: a
             tensor as it is, ``.logits`` / ``["logits"]``, a one-element tuple's element;
@@ -923,6 +924,16 @@ class TokenSensitivity:
                              "num_tokens, or use mode='token'")
         if compare not in ("class", "l1", "l2"):
             raise ValueError(f"compare must be 'class', 'l1' or 'l2', got {compare!r}")
+        if compare != "class" and (output_kind is not None or threshold is not None):
+            # the distance between outputs reads no decision rule: both were accepted and
+            # ignored, so a user's threshold= changed nothing without a word
+            given = ", ".join(f"{k}={v!r}" for k, v in (("output_kind", output_kind),
+                                                         ("threshold", threshold))
+                              if v is not None)
+            raise ValueError(
+                f"{given} sets how compare='class' reads a class from the outputs, but "
+                f"compare={compare!r} measures how far the outputs move and reads no class; "
+                f"drop {given}, or measure flips of the class with compare='class'")
         check_head(model, compare, output_kind, output)
         if estimand not in ("data", "subset"):
             raise ValueError(f"estimand must be 'data' or 'subset', got {estimand!r}")
