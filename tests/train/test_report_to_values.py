@@ -133,3 +133,19 @@ def test_a_broken_reporter_package_is_an_error_before_anything_is_written(tmp_pa
                                           r"\(TypeError: Descriptors.*senslab\[wandb\]"):
         fit(tiny("track.report_to=wandb"), tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
+
+
+def test_report_to_none_names_the_empty_list(tmp_path):
+    """Hugging Face's ``report_to="none"`` was refused naming only the reporters; the error
+    names the empty list, which the command line takes as ``[]`` (no reporter, as the
+    default), on the command line and in a configuration built in Python alike."""
+    with pytest.raises(ValueError, match=r"must be one of tensorboard, wandb, or none at all: "
+                                         r"an empty list \(--set 'track.report_to=\[\]'"):
+        tiny("track.report_to=none")
+    cfg = tiny()
+    cfg.track.report_to = ["none"]
+    with pytest.raises(ValueError, match=r"none at all: an empty list \(--set "
+                                         r"'track.report_to=\[\]'.*got 'none'"):
+        fit(cfg, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+    assert tiny("track.report_to=[]").track.report_to == []

@@ -126,6 +126,28 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path: Path, name: str) -> None
     assert _untimed(resumed) == _untimed(summary)
 
 
+@pytest.mark.heavy
+@pytest.mark.parametrize("name", TRAINERS)
+def test_the_trainers_label_rule_gives_its_summarys_label(tmp_path: Path, name: str) -> None:
+    """A report shows an unfinished run under the label its summary will have; where the
+    summary's label is neither config.json's ``label`` nor the run's name, the trainer's
+    ``label`` rule, read from config.json alone, must give it (the rule lives beside the
+    trainer's ``run.finish``, and this keeps the two in step)."""
+    from senslab.report.runs import default_label
+
+    cfg = get_trainer(name).example()
+    if "label" in {f.name for f in dataclasses.fields(cfg)}:
+        cfg = dataclasses.replace(cfg, label="")
+    summary = train_run(name, cfg, tmp_path, progress=False, log=_quiet)
+    config = RunDir(tmp_path).read_json("config.json")
+    given = summary.get("label") or ""
+    if config.get("label") or given in ("", config.get("name")):
+        assert default_label(config) in (None, given)
+        return
+    assert get_trainer(name).label is not None, f"{name} labels its summary {given!r} unsaid"
+    assert default_label(config) == given
+
+
 @pytest.mark.parametrize("name", TRAINERS)
 def test_a_run_of_another_configuration_is_refused(tmp_path: Path, name: str) -> None:
     if name == "fit":

@@ -392,8 +392,11 @@ def plot_curves(
                           f"at other steps), as their mean there is not the label's: "
                           f"{'; '.join(fewer)}", stacklevel=2)
         if partial:
+            # a run that logged the metric as null alone (a NaN or inf each time) is one of
+            # "the others" too: it was said to have never logged it
             warnings.warn(f"{out}: some curves are the mean of only some of their label's runs, "
-                          "as the others never logged the metric (the legend says so under the "
+                          "as the others never logged the metric as a number (not at all, or "
+                          "as null alone: a NaN or inf) (the legend says so under the "
                           "label): " + "; ".join(f"{k} of {lb!r}: {n} of {r} runs"
                                                  for lb, notes in partial.items()
                                                  for k, n, r in notes)
@@ -428,11 +431,13 @@ def plot_final_bars(
     out: PathLike,
     *,
     key: str = "sens/train",
-    acc_key: str = "train/acc",
+    acc_key: str | None = None,
     logy: bool = False,
     title: str | None = None,
 ) -> Path:
-    """Final ``key`` per label as bars, annotated with the label's final ``acc_key``.
+    """Final ``key`` per label as bars, annotated with the label's final ``acc_key``
+    (default: ``"train/acc"`` where the runs logged it; one given that no run logged — a typo —
+    is a warning, and the bars carry no annotation).
 
     Error bars: ± std over the label's seeds; a label with one run shows ± 1.96 s.e. (its
     ``<key>_se``), i.e. a 95% interval for that run's estimate; none if neither is known. A
@@ -442,7 +447,14 @@ def plot_final_bars(
     """
     import matplotlib
 
+    given = acc_key is not None
+    acc_key = "train/acc" if acc_key is None else acc_key
     table = final_table(runs, keys=[key, acc_key])
+    if given and not any(acc_key in r for r in table):
+        # a typo (acc_key="test_acc") left every bar without its accuracy, without a word
+        warnings.warn(f"{out}: no run logged a final {acc_key!r}, so the bars carry no "
+                      f"{acc_key}; pass acc_key= a metric the runs logged (their "
+                      "metrics.jsonl)", stacklevel=2)
     rows = [r for r in table if key in r]
     if not rows:
         raise ValueError(f"no run has a final {key!r}; choose a metric the runs logged")

@@ -21,7 +21,7 @@ import json
 import math
 import re
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,7 +102,9 @@ class Run:
         seeds (see :attr:`group_label` for unfinished ones)."""
         if self.relabel is not None:
             return self.relabel
-        if self.summary and self.summary.get("label") is not None:
+        # an empty one (the boolean trainer's summary of a run configured without a label) is
+        # none: it was shown as an empty label once finished, as its name before
+        if self.summary and self.summary.get("label") not in (None, ""):
             return str(self.summary["label"])
         # without a summary (unfinished), the label its trainer will write at the finish: the
         # attention loop's "sps" (its optimizer) read as the run's name, "example (unfinished,
@@ -206,29 +208,18 @@ class Experiment:
                 f"`{again}` (finished runs are reused)")
 
 
-#: the label a trainer's summary gives a run whose config.json leaves ``label`` empty, where
-#: that is not the run's name (the other trainers' fallback, as :attr:`Run.label`'s): by
-#: trainer (the one whose configuration has config.json's keys), from the run's config.json;
-#: kept in step with the trainers' ``run.finish({"label": ...})`` in senslab.train.loops
-TRAINER_LABELS: dict[str, Callable[[dict[str, Any]], Any]] = {
-    "attention": lambda config: config.get("optimizer"),  # ``cfg.label or cfg.optimizer``
-    "grokking": lambda config: "modadd",  # every run of the trainer
-    # ``cfg.label or cfg.model.name``, which config.json holds resolved (an older one may not)
-    "fit": lambda config: config["model"].get("name") if isinstance(config.get("model"), dict)
-    else None,
-}
-
-
 def default_label(config: dict[str, Any]) -> str | None:
     """The label the run of ``config`` (its config.json, ``label`` empty) gets in its summary
-    when it finishes, where its trainer gives it one other than its name (:data:`
-    TRAINER_LABELS`): an unfinished run is shown under the label its finished runs have."""
+    when it finishes, where its trainer gives it one other than its name (the trainer's
+    ``label``, :class:`senslab.train.trainers.Trainer`): an unfinished run is shown under the
+    label its finished runs have."""
     if not config:
         return None
-    from senslab.train.trainers import trainer_of
+    from senslab.train.trainers import get_trainer, trainer_of
 
     # a config.json written by hand (``name`` and ``seed`` alone) fits several: no guess
-    rule = TRAINER_LABELS.get(trainer_of(config, unique=True) or "")
+    name = trainer_of(config, unique=True)
+    rule = get_trainer(name).label if name is not None else None
     label = rule(config) if rule is not None else None
     return str(label) if label else None
 

@@ -99,7 +99,9 @@ def check_value(key: str, value: Any, meta: Any) -> None:
             why = f"; {meta['why']}" if high and "why" in meta else ""
             raise ValueError(f"{key} must be {_describe(meta['range'])}, got {value!r}{why}")
     if "choices" in meta and value not in meta["choices"]:
-        raise ValueError(f"{key} must be one of {', '.join(meta['choices'])}, got {value!r}")
+        also = f", {meta['also']}" if "also" in meta else ""
+        raise ValueError(f"{key} must be one of {', '.join(meta['choices'])}{also}, got "
+                         f"{value!r}")
     if "pattern" in meta and not re.fullmatch(meta["pattern"], str(value)):
         raise ValueError(f"{key} must be {meta['hint']}, got {value!r}")
 
@@ -181,7 +183,10 @@ class TrackConfig:
     # where else every metrics.jsonl record goes (train/report_to.py); logging only: not part of
     # the run's identity (LOGGING_ONLY), so turning it on resumes a run instead of refusing it
     report_to: list[str] = field(default_factory=list,
-                                 metadata={"choices": ("tensorboard", "wandb")})
+                                 metadata={"choices": ("tensorboard", "wandb"),
+                                           # Hugging Face's report_to="none" is the empty list
+                                           "also": "or none at all: an empty list (--set "
+                                                   "'track.report_to=[]', the default)"})
 
 
 @dataclass

@@ -53,6 +53,11 @@ class Trainer:
     run_experiment`): refused by ``train`` only, settings the runs refuse left a finished
     directory reading as unfinished. None: no such check (the refusal then comes from ``train``,
     after the verdict was set aside, which is put back only when no run trained).
+
+    ``label(config)`` is the label the run's summary gives where its configuration leaves
+    ``label`` empty, read from the run's config.json (a dict): a report shows an unfinished
+    run under the label its finished runs have. None: the summary's label is the
+    configuration's own ``label`` (or the run's name), and the report reads it from there.
     """
 
     name: str
@@ -61,6 +66,7 @@ class Trainer:
     check: Callable[[Any], None] | None = None
     example: Callable[[], Any] | None = None
     check_dir: Callable[[Any, Path], None] | None = None
+    label: Callable[[dict[str, Any]], Any] | None = None
 
 
 TRAINERS: Registry[Trainer] = Registry("trainer")  # type: ignore[type-var]
@@ -69,12 +75,13 @@ def register_trainer(name: str, config_type: type,
                      check: Callable[[Any], None] | None = None,
                      example: Callable[[], Any] | None = None,
                      check_dir: Callable[[Any, Path], None] | None = None,
+                     label: Callable[[dict[str, Any]], Any] | None = None,
                      ) -> Callable[[Callable[..., dict[str, Any]]], Callable[..., dict[str, Any]]]:
     """Decorator: register ``fn(config, path, *, progress, log) -> summary`` as trainer
     ``name`` for configurations of type ``config_type`` (see :class:`Trainer`)."""
 
     def deco(fn: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
-        trainer = Trainer(name, config_type, fn, check, example, check_dir)
+        trainer = Trainer(name, config_type, fn, check, example, check_dir, label)
         TRAINERS.register(name)(trainer)  # type: ignore[arg-type]
         return fn
 

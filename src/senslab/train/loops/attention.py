@@ -261,7 +261,9 @@ def example() -> AttentionConfig:
 
 
 @register_trainer("attention", AttentionConfig, check=check_config, example=example,
-                  check_dir=check_dir)
+                  check_dir=check_dir,
+                  # the summary's ``cfg.label or cfg.optimizer`` (below), from config.json
+                  label=lambda config: config.get("optimizer"))
 def train_attention(cfg: AttentionConfig, path: Path, *, progress: bool | None = None,
                     log: Callable[[str], None] = print) -> dict[str, Any]:
     """Train ``cfg`` into run directory ``path`` (module docstring); returns the summary:

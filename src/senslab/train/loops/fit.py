@@ -28,7 +28,16 @@ def check(cfg: RunConfig) -> None:
     locate_data(cfg)
 
 
-@register_trainer("fit", RunConfig, check=check, example=example, check_dir=check_dir)
+def label(config: dict[str, Any]) -> Any:
+    """The summary's label of a run whose ``label`` is empty: ``fit`` resolves it to
+    ``cfg.model.name``, which config.json holds resolved (one written by an older senslab may
+    not)."""
+    model = config.get("model")
+    return model.get("name") if isinstance(model, dict) else None
+
+
+@register_trainer("fit", RunConfig, check=check, example=example, check_dir=check_dir,
+                  label=label)
 def train_fit(cfg: RunConfig, path: Path, *, progress: bool | None = None,
               log: Any = None) -> dict[str, Any]:
     """:func:`senslab.train.loop.fit` (it logs through its progress bar, not ``log``)."""

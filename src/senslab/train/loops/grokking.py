@@ -134,7 +134,12 @@ def example() -> GrokkingRun:
                        eval_every=20, sens_examples=50)
 
 
-@register_trainer("grokking", GrokkingRun, example=example, check_dir=check_dir)
+#: every grokking run's summary label (its configuration has no ``label``)
+LABEL = "modadd"
+
+
+@register_trainer("grokking", GrokkingRun, example=example, check_dir=check_dir,
+                  label=lambda config: LABEL)
 def train_grokking(cfg: GrokkingRun, path: Path, *, progress: bool | None = None,
                    log: Any = print) -> dict[str, Any]:
     def build() -> EpochLoop:
@@ -200,4 +205,4 @@ def train_grokking(cfg: GrokkingRun, path: Path, *, progress: bool | None = None
             evaluate=evaluate,
             summary=lambda h: {"epochs": h[-1]["epoch"], "phases": grokking_phases(h)})
 
-    return run_epochs(cfg, path, "modadd", build)
+    return run_epochs(cfg, path, LABEL, build)
