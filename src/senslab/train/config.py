@@ -639,9 +639,11 @@ def _example(cfg: Any) -> str:
 
 # -- which configurations describe the same run --------------------------------------------------
 
-#: settings that change only where the metrics are sent, never what is trained or measured: a run
-#: directory is the same run whatever they say (docs/run-directory.md#same-configuration)
-LOGGING_ONLY: frozenset[str] = frozenset({"track.report_to"})
+#: settings that change only where the metrics are sent, or how many checkpoints stay on disk,
+#: never what is trained or measured: a run directory is the same run whatever they say
+#: (docs/run-directory.md#same-configuration). ``train.keep_checkpoints`` lowered to resume a
+#: run on a full disk was refused as "a run with a different configuration"
+LOGGING_ONLY: frozenset[str] = frozenset({"track.report_to", "train.keep_checkpoints"})
 
 
 _ABSENT = object()
