@@ -842,7 +842,17 @@ def _train(cfg: RunConfig, rd: RunDir, device: torch.device, rank: int, world: i
         record.update(tracker.measure(loss_kind))
         record["time"] = round(time.perf_counter() - clock, 3)
         rd.log(record)
-        reporters.log(record)
+        try:
+            reporters.log(record)
+        except Exception:
+            # a reporter's failure (W&B's network, a full disk under tensorboard/) ended the run
+            # before this step's checkpoint: the steps since the last one were trained again on
+            # the resume. The record is in metrics.jsonl, which the reporters catch up from;
+            # one process only (every rank takes part in a checkpoint)
+            if world == 1 and pos.step > 0 and not any(
+                    checkpoint_step(p) == pos.step for p in rd.checkpoints()):
+                checkpoint()
+            raise
         bar.set_postfix(record)
         return record
 
