@@ -252,3 +252,15 @@ def test_every_ordering_as_strong_gives_no_interval_claim() -> None:
     assert v["verdict"] == INCONCLUSIVE and part["interval"] == [None, None]
     assert part["detectable"] is None and "(exact over all 120 orderings; p = 1)" in part["method"]
     assert "every ordering of the runs gives a |ρ| at least as large" in v["reason"]
+
+
+def test_a_flat_part_without_a_standard_error_from_a_nan_says_so() -> None:
+    """A fit of three runs, one of them NaN: verdict.json's ``method`` said "has two runs
+    only" (the reason named the NaN run); it now says the fit's s.e. is not a number."""
+    parity = [_len_run("parity", n, 0.1 * n + 0.01 * s) for n in (4, 6, 8) for s in range(3)]
+    first = [_len_run("first", 4, 0.20), _len_run("first", 6, math.nan),
+             _len_run("first", 8, 0.22)]
+    flat = slope_verdict(parity + first)["effects"]["first flat"]
+    assert flat["verdict"] == INCONCLUSIVE and flat["se"] is None
+    assert "two runs only" not in flat["method"]
+    assert "has none (a value among its 3 runs is not a number)" in flat["method"]

@@ -241,11 +241,17 @@ def flatness_effect(sensitive: Effect, other: Effect, ratio: float, what: str = 
     se = math.sqrt(a + b)
     runs = sensitive.seeds + other.seeds
     if not math.isfinite(se):
-        lacking = " and ".join(e.what or "a fit" for e in (sensitive, other)
-                               if not math.isfinite(e.se))
+        # a fit of three runs or more lacks one where a run's value is not a number (a NaN
+        # sharpness): verdict.json's method said "has two runs only" of it too
+        lacking = " and ".join(
+            f"{e.what or 'a fit'} " + ("has two runs only, at least 3 are needed"
+                                       if e.seeds <= 2 else
+                                       f"has none (a value among its {e.seeds} runs is not a "
+                                       "number)")
+            for e in (sensitive, other) if not math.isfinite(e.se))
         return Effect(ratio * abs(sensitive.value) - abs(other.value), math.nan, 0, runs, None,
-                      None, what, f"difference of two least-squares fits; {NO_SE}{lacking} "
-                      "has two runs only, at least 3 are needed", "run")
+                      None, what, f"difference of two least-squares fits; {NO_SE}{lacking}",
+                      "run")
     dfs = (sensitive.df, other.df)
     df = (a + b) ** 2 / (a * a / dfs[0] + b * b / dfs[1]) if a + b > 0 else min(dfs)
     return Effect(ratio * abs(sensitive.value) - abs(other.value), se, df, runs, None, None, what,
