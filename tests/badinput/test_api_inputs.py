@@ -598,7 +598,9 @@ def test_any_output_shape_is_refused_clearly_or_measured(rows, layout, compare, 
             return z.mean(0)
         return torch.cat([z, z]) if rows == "repeat" else z
 
-    opts = {"compare": compare, "output_kind": "logits", "repeats": 2}
+    # output_kind reads a class: compare='l2' reads none and refuses it
+    opts = {"compare": compare, "repeats": 2,
+            **({"output_kind": "logits"} if compare == "class" else {})}
     try:
         r = measure(Wrap(inner, shape), x, **opts)
     except ValueError as err:

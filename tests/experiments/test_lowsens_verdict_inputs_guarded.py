@@ -69,8 +69,12 @@ def test_depth_heads_with_one_variant_is_not_comparable() -> None:
     exp = get_experiment("cifar10_depth_heads")
     # --set depths=[8] heads=[32]: one ViT shape; its "spread" is 0 by construction, and the
     # old verdict read "spread under half the gap" as supported with nothing varied
-    one = exp.settings("paper", ["depths=[8]", "heads=[32]"])
-    assert len({r.config.label for r in exp.runs(one)} - {"resnet18"}) == 1
+    # refused before anything trains (every run trained, then "not comparable")
+    with pytest.raises(ValueError, match=r"give one ViT shape, \(8, 32\).*at least two"):
+        exp.settings("paper", ["depths=[8]", "heads=[32]"])
+    two_shapes = exp.settings("paper", ["depths=[8]", "heads=[16,32]"])
+    assert len({r.config.label for r in exp.runs(two_shapes)} - {"resnet18"}) == 2
+    # the verdict of one shape's runs (runs recorded before): not comparable
     v = exp.verdict(_depth_runs(["vit_small-d8-h32"]))
     assert v["verdict"] == NOT_COMPARABLE and "at least two" in v["reason"]
     # two variants or more: judged as before

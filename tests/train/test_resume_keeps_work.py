@@ -1,5 +1,6 @@
-"""``train.keep_checkpoints`` says how many checkpoints stay on disk, not what is trained: a
-recorded run resumes (or is reused) whatever it says (senslab.train.config.LOGGING_ONLY)."""
+"""A recorded run resumes without losing what it trained: ``train.keep_checkpoints`` (how many
+checkpoints stay on disk, not what is trained; senslab.train.config.LOGGING_ONLY) is no
+difference, and a reporter's failure checkpoints the steps trained before it."""
 
 from __future__ import annotations
 
@@ -49,3 +50,33 @@ def test_a_run_resumes_with_fewer_checkpoints_kept(tmp_path):
     assert fit(tiny("train.keep_checkpoints=5"), run, progress=False) == summary
     with pytest.raises(ValueError, match=r"different configuration \(differs in optim.lr\)"):
         fit(tiny("train.keep_checkpoints=5", "optim.lr=0.01"), run, progress=False)
+
+
+def test_a_reporter_failing_keeps_the_steps_trained_before_it(tmp_path, monkeypatch):
+    """A reporter that fails on a record (W&B's network, a full disk) ended the run before
+    that step's checkpoint: the resume went back to the last one and trained those steps again.
+    The run now checkpoints at that step before the error goes up, and resumes from it to the
+    numbers of a run never interrupted."""
+    from senslab.train import report_to
+
+    cfg = tiny("train.keep_checkpoints=0", "train.checkpoint_every=14")
+    ref = tmp_path / "ref"
+    fit(cfg, ref, progress=False)
+    plain_log = report_to.Reporters.log
+
+    def failing(self, record):
+        if record["step"] == 21:
+            raise ConnectionError("the reporter's server went away")
+        plain_log(self, record)
+
+    run = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        patch.setattr(report_to.Reporters, "log", failing)
+        with pytest.raises(ConnectionError, match="went away"):
+            fit(cfg, run, progress=False)
+    from senslab.train.rundir import checkpoint_step
+
+    assert [checkpoint_step(p) for p in RunDir(run).checkpoints()] == [14, 21]  # was [14]
+    assert _metrics(run)[-1]["step"] == 21
+    fit(cfg, run, progress=False)  # resumed from step 21
+    assert _metrics(run) == _metrics(ref)

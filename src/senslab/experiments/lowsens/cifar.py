@@ -227,6 +227,14 @@ class Cifar10DepthHeads(_Cifar):
     def runs(self, s: DepthHeadsSettings) -> list[Run]:
         shapes = sorted({(d, s.base_heads) for d in s.depths} | {(s.base_depth, h)
                                                                  for h in s.heads})
+        if len(shapes) < 2:
+            # refused before training: every run trained, then the verdict was "not
+            # comparable" (the spread of one shape is 0 by construction)
+            raise ValueError(
+                f"depths={list(s.depths)}, heads={list(s.heads)} (base_depth={s.base_depth}, "
+                f"base_heads={s.base_heads}) give one ViT shape, {shapes[0] if shapes else ()}: "
+                "the claim compares the spread over depths and head counts, which needs at "
+                "least two; e.g. --set depths=[4,8] (every depth at base_heads heads)")
         vits = {f"vit_small-d{d}-h{h}": (
             "vit_small", [f"model.overrides.depth={d}", f"model.overrides.heads={h}"])
             for d, h in shapes}
