@@ -93,10 +93,8 @@ def check(names: Iterable[str]) -> None:
 
     for n in names:
         if n not in _INSTALL:
-            # Hugging Face's report_to="none" was refused naming only the reporters
             raise ValueError(f"unknown reporter {n!r} in track.report_to; use "
-                             f"{' or '.join(REPORTERS)}, or no reporter at all: an empty "
-                             "list (--set 'track.report_to=[]', the default)")
+                             f"{' or '.join(REPORTERS)}")
         package, how, module = _INSTALL[n]
         if importlib.util.find_spec(package) is None:
             raise ImportError(f"track.report_to names {n}, but the {package} package is not "
